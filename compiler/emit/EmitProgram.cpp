@@ -1,0 +1,516 @@
+//===- EmitProgram.cpp - nisa kernel -> kernel program (JSON) -------------===//
+//
+// Walks a lowered kernel function and writes the program format of
+// docs/PROGRAM_FORMAT.md. Index arithmetic on scf.for ivs is folded into
+// affine view offsets; on-chip tiles whose lifetimes do not overlap share a
+// buffer, so the program's scratch memory is what is live at once.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/emit/EmitProgram.h"
+
+#include "dialects/nisa/NisaDialect.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/Base64.h"
+
+#include <map>
+#include <nlohmann/json.hpp>
+
+using namespace mlir;
+using json = nlohmann::json;
+
+namespace {
+
+struct Affine {
+  int64_t constant = 0;
+  std::vector<std::pair<int, int64_t>> terms; // (loop id, coefficient)
+
+  Affine operator+(const Affine &o) const {
+    Affine r = *this;
+    r.constant += o.constant;
+    for (auto [id, c] : o.terms) {
+      auto it = llvm::find_if(r.terms, [&](auto &t) { return t.first == id; });
+      if (it != r.terms.end())
+        it->second += c;
+      else
+        r.terms.push_back({id, c});
+    }
+    return r;
+  }
+  Affine operator*(int64_t k) const {
+    Affine r = *this;
+    r.constant *= k;
+    for (auto &t : r.terms)
+      t.second *= k;
+    return r;
+  }
+  bool isConstant() const {
+    return llvm::all_of(terms, [](auto &t) { return t.second == 0; });
+  }
+  json toJson() const {
+    json t = json::array();
+    for (auto [id, c] : terms)
+      if (c != 0)
+        t.push_back({id, c});
+    return {{"const", constant}, {"terms", t}};
+  }
+};
+
+struct View {
+  int buffer;
+  Affine offset;
+  std::vector<int64_t> shape, strides;
+};
+
+std::optional<std::string> dtypeName(Type t) {
+  if (t.isF32())
+    return "f32";
+  if (t.isBF16())
+    return "bf16";
+  if (t.isF16())
+    return "f16";
+  if (t.isInteger(1))
+    return "bool";
+  if (t.isUnsignedInteger(8))
+    return "u8";
+  if (t.isInteger(8))
+    return "i8";
+  if (t.isInteger(32))
+    return "i32";
+  if (t.isInteger(64))
+    return "i64";
+  return std::nullopt;
+}
+
+std::string spaceName(nisa::MemorySpace space) {
+  return nisa::stringifyMemorySpace(space).str();
+}
+
+/// "file:line" of the innermost source position in `loc`, if any.
+std::optional<std::string> sourceLine(Location loc) {
+  if (auto f = dyn_cast<FileLineColLoc>(loc))
+    return f.getFilename().str() + ":" + std::to_string(f.getLine());
+  if (auto n = dyn_cast<NameLoc>(loc))
+    return sourceLine(n.getChildLoc());
+  if (auto c = dyn_cast<CallSiteLoc>(loc))
+    return sourceLine(c.getCallee());
+  if (auto fused = dyn_cast<FusedLoc>(loc))
+    for (Location l : fused.getLocations())
+      if (auto s = sourceLine(l))
+        return s;
+  return std::nullopt;
+}
+
+class ProgramEmitter {
+public:
+  explicit ProgramEmitter(func::FuncOp kernel) : kernel(kernel) {}
+  FailureOr<json> emit();
+
+private:
+  LogicalResult emitBlock(Block &block, json &out);
+  LogicalResult emitOp(Operation *op, json &out);
+  LogicalResult emitInstruction(Operation *op, json &out);
+  FailureOr<Affine> affineOf(Value v, Operation *user);
+  FailureOr<json> viewOf(Value v, Operation *user);
+  FailureOr<int> addBuffer(Value base, StringRef kind, StringRef name);
+  FailureOr<json> constantBuffer(memref::GetGlobalOp get);
+
+  func::FuncOp kernel;
+  json buffers = json::array();
+  std::vector<std::string> locations;
+  std::map<std::string, int> locationIds;
+  llvm::DenseMap<Value, Affine> indices;
+  llvm::DenseMap<Value, int> bufferIds;
+  llvm::DenseMap<Value, View> views;
+  std::map<std::string, std::vector<int>> freeTiles; // tile key -> buffers
+  llvm::DenseMap<int, std::string> tileKeys;
+  std::map<std::string, int> globals;
+  int nextLoop = 0;
+};
+
+FailureOr<int> ProgramEmitter::addBuffer(Value base, StringRef kind,
+                                         StringRef name) {
+  auto type = cast<MemRefType>(base.getType());
+  auto dtype = dtypeName(type.getElementType());
+  if (!dtype)
+    return emitError(base.getLoc(), "unsupported element type ")
+           << type.getElementType();
+  if (!type.hasStaticShape())
+    return emitError(base.getLoc(), "kernel buffers need static shapes");
+  int id = buffers.size();
+  std::vector<int64_t> shape(type.getShape().begin(), type.getShape().end());
+  buffers.push_back({{"id", id},
+                     {"name", name.str()},
+                     {"space", spaceName(nisa::getMemorySpace(type))},
+                     {"kind", kind.str()},
+                     {"dtype", *dtype},
+                     {"shape", shape}});
+  bufferIds[base] = id;
+  return id;
+}
+
+FailureOr<Affine> ProgramEmitter::affineOf(Value v, Operation *user) {
+  auto it = indices.find(v);
+  if (it != indices.end())
+    return it->second;
+  Operation *def = v.getDefiningOp();
+  if (auto c = dyn_cast_or_null<arith::ConstantIndexOp>(def)) {
+    Affine a;
+    a.constant = c.value();
+    return indices[v] = a;
+  }
+  if (auto add = dyn_cast_or_null<arith::AddIOp>(def)) {
+    auto l = affineOf(add.getLhs(), user), r = affineOf(add.getRhs(), user);
+    if (failed(l) || failed(r))
+      return failure();
+    return indices[v] = *l + *r;
+  }
+  if (auto mul = dyn_cast_or_null<arith::MulIOp>(def)) {
+    auto l = affineOf(mul.getLhs(), user), r = affineOf(mul.getRhs(), user);
+    if (failed(l) || failed(r))
+      return failure();
+    if (l->isConstant())
+      return indices[v] = *r * l->constant;
+    if (r->isConstant())
+      return indices[v] = *l * r->constant;
+  }
+  return user->emitError("index is not affine in the enclosing loop ivs");
+}
+
+FailureOr<json> ProgramEmitter::viewOf(Value v, Operation *user) {
+  View view;
+  if (auto it = views.find(v); it != views.end()) {
+    view = it->second;
+  } else if (auto id = bufferIds.find(v); id != bufferIds.end()) {
+    auto type = cast<MemRefType>(v.getType());
+    view.buffer = id->second;
+    view.shape.assign(type.getShape().begin(), type.getShape().end());
+    view.strides.assign(view.shape.size(), 1);
+    for (int64_t i = (int64_t)view.shape.size() - 2; i >= 0; --i)
+      view.strides[i] = view.strides[i + 1] * view.shape[i + 1];
+  } else {
+    return user->emitError("operand is neither a buffer nor a view of one");
+  }
+  return json{{"buf", view.buffer},
+              {"offset", view.offset.toJson()},
+              {"shape", view.shape},
+              {"strides", view.strides}};
+}
+
+FailureOr<json> ProgramEmitter::constantBuffer(memref::GetGlobalOp get) {
+  auto module = kernel->getParentOfType<ModuleOp>();
+  auto global = module.lookupSymbol<memref::GlobalOp>(get.getNameAttr());
+  if (!global || !global.getInitialValue())
+    return get.emitError("constant has no initial value");
+  auto attr = dyn_cast<DenseElementsAttr>(*global.getInitialValue());
+  if (!attr)
+    return get.emitError("constant must be a dense elements attribute");
+  Type elt = attr.getElementType();
+  auto scalar = [&](auto value) -> json {
+    if (isa<FloatType>(elt))
+      return value.template getSplatValue<APFloat>().convertToDouble();
+    if (elt.isInteger(1))
+      return value.template getSplatValue<bool>() ? 1 : 0;
+    return value.template getSplatValue<APInt>().getSExtValue();
+  };
+  if (attr.isSplat())
+    return json{{"splat", scalar(attr)}};
+  // Little-endian element bytes, one byte per bool.
+  std::vector<char> bytes;
+  auto append = [&](const APInt &bits) {
+    if (bits.getBitWidth() == 1) {
+      bytes.push_back(bits.getBoolValue() ? 1 : 0);
+      return;
+    }
+    for (unsigned i = 0; i < bits.getBitWidth(); i += 8)
+      bytes.push_back((char)bits.extractBitsAsZExtValue(8, i));
+  };
+  if (isa<FloatType>(elt)) {
+    for (APFloat f : attr.getValues<APFloat>())
+      append(f.bitcastToAPInt());
+  } else {
+    for (APInt i : attr.getValues<APInt>())
+      append(i);
+  }
+  return json{{"data", llvm::encodeBase64(bytes)}};
+}
+
+LogicalResult ProgramEmitter::emitBlock(Block &block, json &out) {
+  for (Operation &op : block)
+    if (failed(emitOp(&op, out)))
+      return failure();
+  return success();
+}
+
+LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case<arith::ConstantIndexOp, arith::AddIOp, arith::MulIOp>(
+          [&](Operation *) { return success(); }) // folded into views lazily
+      .Case<scf::ForOp>([&](scf::ForOp loop) -> LogicalResult {
+        auto lb = affineOf(loop.getLowerBound(), loop);
+        auto ub = affineOf(loop.getUpperBound(), loop);
+        auto step = affineOf(loop.getStep(), loop);
+        if (failed(lb) || failed(ub) || failed(step))
+          return failure();
+        if (!lb->isConstant() || !ub->isConstant() || !step->isConstant() ||
+            step->constant <= 0)
+          return loop.emitError("loop bounds must be constants");
+        if (loop.getNumRegionIterArgs() != 0)
+          return loop.emitError("loops with iteration arguments are not "
+                                "kernel loops");
+        int id = nextLoop++;
+        int64_t count =
+            std::max<int64_t>(0, (ub->constant - lb->constant + step->constant -
+                                  1) /
+                                     step->constant);
+        Affine iv;
+        iv.constant = lb->constant;
+        iv.terms.push_back({id, step->constant});
+        indices[loop.getInductionVar()] = iv;
+        json body = json::array();
+        if (failed(emitBlock(*loop.getBody(), body)))
+          return failure();
+        out.push_back({{"loop", id}, {"count", count}, {"body", body}});
+        return success();
+      })
+      .Case<scf::YieldOp, func::ReturnOp>([&](Operation *) { return success(); })
+      .Case<memref::AllocOp>([&](memref::AllocOp alloc) -> LogicalResult {
+        auto type = alloc.getType();
+        if (nisa::getMemorySpace(type) == nisa::MemorySpace::hbm)
+          return addBuffer(alloc, "internal",
+                           "t" + std::to_string(buffers.size()));
+        // Tiles with the same space, dtype and shape reuse a dead buffer.
+        std::string key;
+        llvm::raw_string_ostream os(key);
+        os << type;
+        auto &pool = freeTiles[key];
+        if (!pool.empty()) {
+          bufferIds[alloc] = pool.back();
+          pool.pop_back();
+          return success();
+        }
+        auto id = addBuffer(alloc, "scratch",
+                            "tile" + std::to_string(buffers.size()));
+        if (failed(id))
+          return failure();
+        tileKeys[*id] = key;
+        return success();
+      })
+      .Case<memref::DeallocOp>([&](memref::DeallocOp dealloc) {
+        auto it = bufferIds.find(dealloc.getMemref());
+        if (it != bufferIds.end() && tileKeys.count(it->second))
+          freeTiles[tileKeys[it->second]].push_back(it->second);
+        return success();
+      })
+      .Case<memref::GetGlobalOp>([&](memref::GetGlobalOp get) -> LogicalResult {
+        std::string name = get.getName().str();
+        if (auto it = globals.find(name); it != globals.end()) {
+          bufferIds[get] = it->second;
+          return success();
+        }
+        auto data = constantBuffer(get);
+        auto id = addBuffer(get, "constant", name);
+        if (failed(data) || failed(id))
+          return failure();
+        buffers[*id].update(*data);
+        globals[name] = *id;
+        return success();
+      })
+      .Case<memref::ReinterpretCastOp>(
+          [&](memref::ReinterpretCastOp rc) -> LogicalResult {
+            auto base = bufferIds.find(rc.getSource());
+            if (base == bufferIds.end())
+              return rc.emitError("views must be taken of a buffer");
+            View view;
+            view.buffer = base->second;
+            auto offsets = rc.getMixedOffsets();
+            if (offsets.size() != 1)
+              return rc.emitError("expected one offset");
+            if (auto attr = dyn_cast<Attribute>(offsets[0])) {
+              view.offset.constant = cast_or_null<IntegerAttr>(attr).getInt();
+            } else {
+              auto off = affineOf(cast<Value>(offsets[0]), rc);
+              if (failed(off))
+                return failure();
+              view.offset = *off;
+            }
+            for (int64_t s : rc.getStaticSizes())
+              view.shape.push_back(s);
+            for (int64_t s : rc.getStaticStrides())
+              view.strides.push_back(s);
+            if (llvm::any_of(view.shape, ShapedType::isDynamic) ||
+                llvm::any_of(view.strides, ShapedType::isDynamic))
+              return rc.emitError("views need static sizes and strides");
+            views[rc.getResult()] = view;
+            return success();
+          })
+      .Default([&](Operation *other) -> LogicalResult {
+        if (isa<nisa::NisaDialect>(other->getDialect()))
+          return emitInstruction(other, out);
+        return other->emitError("cannot be emitted into a kernel program");
+      });
+}
+
+LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
+  json inst{{"op", op->getName().stripDialect().str()}};
+  if (auto line = sourceLine(op->getLoc())) {
+    auto [it, inserted] = locationIds.try_emplace(*line, locations.size());
+    if (inserted)
+      locations.push_back(*line);
+    inst["loc"] = it->second;
+  }
+  bool ok = true;
+  auto operand = [&](const char *name, Value v) {
+    if (!v)
+      return;
+    auto view = viewOf(v, op);
+    if (failed(view))
+      ok = false;
+    else
+      inst[name] = *view;
+  };
+  std::string engine = "vector";
+  llvm::TypeSwitch<Operation *>(op)
+      .Case<nisa::DmaCopyOp>([&](auto o) {
+        engine = "sync";
+        operand("src", o.getSrc());
+        operand("dst", o.getDst());
+      })
+      .Case<nisa::DmaGatherOp>([&](auto o) {
+        engine = "gpsimd"; // indirect DMA needs software descriptors
+        operand("table", o.getTable());
+        operand("indices", o.getIndices());
+        operand("dst", o.getDst());
+      })
+      .Case<nisa::MatmulOp>([&](auto o) {
+        engine = "tensor";
+        operand("stationary", o.getStationary());
+        operand("moving", o.getMoving());
+        operand("dst", o.getDst());
+        inst["accumulate"] = o.getAccumulate();
+      })
+      .Case<nisa::ActivationOp>([&](auto o) {
+        engine = "scalar";
+        operand("src", o.getSrc());
+        operand("dst", o.getDst());
+        operand("bias", o.getBias());
+        inst["func"] = nisa::stringifyActivationFn(o.getFunc()).str();
+        inst["scale"] = o.getScale().convertToDouble();
+        inst["bias_imm"] = o.getBiasImm().convertToDouble();
+      })
+      .Case<nisa::TensorTensorOp>([&](auto o) {
+        operand("a", o.getA());
+        operand("b", o.getB());
+        operand("dst", o.getDst());
+        inst["alu_op"] = nisa::stringifyAluOp(o.getOp()).str();
+      })
+      .Case<nisa::TensorScalarOp>([&](auto o) {
+        operand("src", o.getSrc());
+        operand("dst", o.getDst());
+        operand("scalar", o.getScalar());
+        inst["alu_op"] = nisa::stringifyAluOp(o.getOp()).str();
+        inst["imm"] = o.getImm().convertToDouble();
+        inst["reverse"] = o.getReverse();
+      })
+      .Case<nisa::TensorReduceOp>([&](auto o) {
+        operand("src", o.getSrc());
+        operand("dst", o.getDst());
+        inst["alu_op"] = nisa::stringifyAluOp(o.getOp()).str();
+      })
+      .Case<nisa::SelectOp>([&](auto o) {
+        operand("pred", o.getPred());
+        operand("on_true", o.getOnTrue());
+        operand("on_false", o.getOnFalse());
+        operand("dst", o.getDst());
+      })
+      .Case<nisa::CopyOp>([&](auto o) {
+        engine = nisa::stringifyEngine(o.getEngine()).str();
+        operand("src", o.getSrc());
+        operand("dst", o.getDst());
+      })
+      .Case<nisa::MemsetOp>([&](auto o) {
+        operand("dst", o.getDst());
+        inst["value"] = o.getValue().convertToDouble();
+      })
+      .Case<nisa::IotaOp>([&](auto o) {
+        engine = "gpsimd";
+        operand("dst", o.getDst());
+        inst["base"] = o.getBase().convertToDouble();
+        inst["channel_multiplier"] = o.getChannelMultiplier().convertToDouble();
+        inst["multipliers"] = std::vector<double>(o.getMultipliers().begin(),
+                                                  o.getMultipliers().end());
+      })
+      .Default([&](Operation *) {
+        op->emitError("has no kernel program encoding");
+        ok = false;
+      });
+  if (!ok)
+    return failure();
+  inst["engine"] = engine;
+  out.push_back(std::move(inst));
+  return success();
+}
+
+FailureOr<json> ProgramEmitter::emit() {
+  if (!kernel->hasAttr("nisa.kernel"))
+    return kernel.emitError("not a lowered kernel (run neuron-lower-to-nisa)");
+  auto numInputs = kernel->getAttrOfType<IntegerAttr>("nisa.num_inputs");
+  if (!numInputs)
+    return kernel.emitError("kernel lacks nisa.num_inputs");
+  json inputs = json::array(), outputs = json::array();
+  for (auto [i, arg] : llvm::enumerate(kernel.getArguments())) {
+    bool isInput = (int64_t)i < numInputs.getInt();
+    std::string name = isInput ? "in" + std::to_string(i)
+                               : "out" + std::to_string(i - numInputs.getInt());
+    auto id = addBuffer(arg, isInput ? "input" : "output", name);
+    if (failed(id))
+      return failure();
+    (isInput ? inputs : outputs).push_back(*id);
+  }
+  json body = json::array();
+  if (failed(emitBlock(kernel.getBody().front(), body)))
+    return failure();
+  auto module = kernel->getParentOfType<ModuleOp>();
+  std::string target = "trn2";
+  if (auto attr = module->getAttrOfType<StringAttr>(nisa::kTargetAttrName))
+    target = attr.str();
+  return json{{"format", "torchneuron-kernel-program"},
+              {"version", 1},
+              {"name", kernel.getSymName().str()},
+              {"target", target},
+              {"buffers", buffers},
+              {"inputs", inputs},
+              {"outputs", outputs},
+              {"locations", locations},
+              {"body", body}};
+}
+
+} // namespace
+
+FailureOr<std::string> neuron::compiler::emitProgram(func::FuncOp kernel) {
+  auto program = ProgramEmitter(kernel).emit();
+  if (failed(program))
+    return failure();
+  return program->dump();
+}
+
+FailureOr<std::string> neuron::compiler::emitProgram(ModuleOp module) {
+  func::FuncOp kernel;
+  for (auto f : module.getOps<func::FuncOp>()) {
+    if (!f->hasAttr("nisa.kernel"))
+      continue;
+    if (kernel)
+      return module.emitError("expected one kernel function, found several");
+    kernel = f;
+  }
+  if (!kernel)
+    return module.emitError("no kernel function (run neuron-lower-to-nisa)");
+  return emitProgram(kernel);
+}

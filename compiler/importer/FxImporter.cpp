@@ -1,0 +1,1055 @@
+//===- FxImporter.cpp - FX graph document -> `neuron` IR ------------------===//
+//
+// One handler per ATen overload. A handler builds `neuron` ops from the
+// node's arguments and result types, or throws Unsupported with a reason:
+// the partitioner then leaves that node to eager PyTorch. Result types come
+// from the document (what PyTorch computed), so handlers only decide how,
+// never what shape.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/importer/FxImporter.h"
+
+#include "dialects/neuron/NeuronDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Verifier.h"
+#include "llvm/Support/Base64.h"
+
+#include <cmath>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+using namespace mlir;
+using namespace mlir::neuron;
+using json = nlohmann::json;
+
+namespace {
+
+/// A node the device cannot run; the reason is shown to the user.
+struct Unsupported {
+  std::string reason;
+};
+
+[[noreturn]] void unsupported(const std::string &reason) {
+  throw Unsupported{reason};
+}
+void require(bool condition, const std::string &reason) {
+  if (!condition)
+    unsupported(reason);
+}
+
+using Values = SmallVector<Value, 2>;
+
+class Importer;
+using Handler = std::function<Values(Importer &)>;
+const std::unordered_map<std::string, Handler> &handlers();
+
+class Importer {
+public:
+  Importer(MLIRContext &context) : ctx(context), b(&context) {
+    context.loadDialect<NeuronDialect, func::FuncDialect>();
+  }
+
+  /// Imports the document; unsupported nodes are recorded in `failures`
+  /// and stand in as placeholders so that later nodes are still checked.
+  OwningOpRef<ModuleOp> run(const json &doc,
+                            std::map<std::string, std::string> &failures,
+                            bool stopAtFirst);
+
+  // --- what handlers use ---------------------------------------------------
+  const json &arg(size_t i) const {
+    static const json null;
+    const json &args = (*node)["args"];
+    return i < args.size() ? args[i] : null;
+  }
+  const json &kwarg(const char *name) const {
+    static const json null;
+    const json &kwargs = (*node)["kwargs"];
+    auto it = kwargs.find(name);
+    return it == kwargs.end() ? null : *it;
+  }
+  /// Positional argument i, or keyword `name`.
+  const json &param(size_t i, const char *name) const {
+    const json &a = arg(i);
+    return a.is_null() ? kwarg(name) : a;
+  }
+  bool isTensor(const json &v) const { return v.is_object() && v.contains("ref"); }
+  Value tensor(const json &v);
+  int64_t integer(const json &v) const {
+    require(v.is_number_integer(), "expected an integer argument");
+    return v.get<int64_t>();
+  }
+  double number(const json &v) const;
+  std::vector<int64_t> ints(const json &v) const {
+    if (v.is_number_integer())
+      return {v.get<int64_t>()};
+    require(v.is_array(), "expected a list of integers");
+    std::vector<int64_t> out;
+    for (const json &e : v)
+      out.push_back(integer(e));
+    return out;
+  }
+  RankedTensorType resultType(size_t i = 0);
+  size_t numResults() const { return (*node)["outputs"].size(); }
+  Location loc() const { return currentLoc; }
+
+  Type elementType(const std::string &dtype) const;
+  int64_t normDim(int64_t dim, int64_t rank) const {
+    int64_t r = std::max<int64_t>(rank, 1);
+    require(dim >= -r && dim < r, "dimension out of range");
+    return dim < 0 ? dim + r : dim;
+  }
+
+  // Op builders with the graph's conventions.
+  Value splat(double value, RankedTensorType type);
+  Value castTo(Value v, Type elementType);
+  Value broadcastTo(Value v, ArrayRef<int64_t> shape);
+  Value reshape(Value v, ArrayRef<int64_t> shape);
+  Value transpose(Value v, ArrayRef<int64_t> perm);
+  Value unary(UnaryFn fn, Value v);
+  Value binary(BinaryFn fn, Value lhs, Value rhs, RankedTensorType type);
+  /// Binary op on two arguments that may be tensors or scalars, promoted to
+  /// `computeElt` and broadcast to `shape`.
+  Value binaryArgs(BinaryFn fn, const json &lhs, const json &rhs,
+                   Type computeElt, ArrayRef<int64_t> shape);
+  Value operandAs(const json &v, Type elt, ArrayRef<int64_t> shape);
+  Value reduce(ReduceFn fn, Value v, std::vector<int64_t> dims, bool keepdim);
+  Value matmul(Value lhs, Value rhs);
+  Type promote(const json &a, const json &b) const;
+
+  MLIRContext &ctx;
+  OpBuilder b;
+
+private:
+  void importNode(const json &n);
+  void placeholders(const json &n);
+  Value importConstant(const json &c);
+
+  const json *node = nullptr;
+  Location currentLoc = UnknownLoc::get(&ctx);
+  std::map<std::pair<std::string, int64_t>, Value> values;
+};
+
+//===----------------------------------------------------------------------===//
+// Argument decoding
+//===----------------------------------------------------------------------===//
+
+Type Importer::elementType(const std::string &dtype) const {
+  MLIRContext *c = const_cast<MLIRContext *>(&ctx);
+  if (dtype == "float32")
+    return Float32Type::get(c);
+  if (dtype == "bfloat16")
+    return BFloat16Type::get(c);
+  if (dtype == "float16")
+    return Float16Type::get(c);
+  if (dtype == "int64")
+    return IntegerType::get(c, 64);
+  if (dtype == "int32")
+    return IntegerType::get(c, 32);
+  if (dtype == "int8")
+    return IntegerType::get(c, 8);
+  if (dtype == "uint8")
+    return IntegerType::get(c, 8, IntegerType::Unsigned);
+  if (dtype == "bool")
+    return IntegerType::get(c, 1);
+  unsupported("dtype " + dtype + " is not supported by the device");
+}
+
+Value Importer::tensor(const json &v) {
+  require(isTensor(v), "expected a tensor argument");
+  std::string name = v["ref"].get<std::string>();
+  int64_t index = v.value("index", 0);
+  auto it = values.find({name, index});
+  if (it == values.end())
+    unsupported("refers to unknown value '" + name + "'");
+  if (!it->second)
+    unsupported("depends on '" + name + "', which stays on the host");
+  return it->second;
+}
+
+double Importer::number(const json &v) const {
+  if (v.is_number())
+    return v.get<double>();
+  if (v.is_boolean())
+    return v.get<bool>() ? 1.0 : 0.0;
+  if (v.is_object() && v.contains("float")) {
+    std::string s = v["float"].get<std::string>();
+    if (s == "inf")
+      return INFINITY;
+    if (s == "-inf")
+      return -INFINITY;
+    if (s == "nan")
+      return NAN;
+  }
+  unsupported("expected a number argument");
+}
+
+RankedTensorType Importer::resultType(size_t i) {
+  const json &outs = (*node)["outputs"];
+  require(i < outs.size(), "node lacks result metadata");
+  const json &o = outs[i];
+  require(o.contains("shape") && o.contains("dtype"),
+          "node result is not a tensor");
+  return RankedTensorType::get(o["shape"].get<std::vector<int64_t>>(),
+                               elementType(o["dtype"].get<std::string>()));
+}
+
+//===----------------------------------------------------------------------===//
+// Builders
+//===----------------------------------------------------------------------===//
+
+Value Importer::splat(double value, RankedTensorType type) {
+  Type elt = type.getElementType();
+  Attribute scalar;
+  if (auto f = dyn_cast<FloatType>(elt)) {
+    scalar = FloatAttr::get(f, value);
+  } else {
+    require(std::isfinite(value), "non-finite value for an integer tensor");
+    scalar = IntegerAttr::get(elt, elt.isInteger(1) ? (value != 0)
+                                                    : (int64_t)value);
+  }
+  return b.create<ConstantOp>(currentLoc, type,
+                              DenseElementsAttr::get(type, scalar));
+}
+
+Value Importer::castTo(Value v, Type elt) {
+  auto type = cast<RankedTensorType>(v.getType());
+  if (type.getElementType() == elt)
+    return v;
+  return b.create<CastOp>(currentLoc, type.clone(elt), v);
+}
+
+Value Importer::broadcastTo(Value v, ArrayRef<int64_t> shape) {
+  auto type = cast<RankedTensorType>(v.getType());
+  if (type.getShape() == shape)
+    return v;
+  require(type.getRank() <= (int64_t)shape.size(), "cannot broadcast");
+  int64_t shift = shape.size() - type.getRank();
+  for (int64_t i = 0; i < type.getRank(); ++i)
+    require(type.getDimSize(i) == 1 || type.getDimSize(i) == shape[i + shift],
+            "shapes do not broadcast");
+  return b.create<BroadcastOp>(currentLoc, type.clone(shape), v);
+}
+
+Value Importer::reshape(Value v, ArrayRef<int64_t> shape) {
+  auto type = cast<RankedTensorType>(v.getType());
+  if (type.getShape() == shape)
+    return v;
+  return b.create<ReshapeOp>(currentLoc, type.clone(shape), v);
+}
+
+Value Importer::transpose(Value v, ArrayRef<int64_t> perm) {
+  auto type = cast<RankedTensorType>(v.getType());
+  bool identity = true;
+  SmallVector<int64_t> shape;
+  for (auto [i, p] : llvm::enumerate(perm)) {
+    identity &= (int64_t)i == p;
+    shape.push_back(type.getDimSize(p));
+  }
+  if (identity)
+    return v;
+  return b.create<TransposeOp>(currentLoc, type.clone(shape), v,
+                               b.getDenseI64ArrayAttr(perm));
+}
+
+Value Importer::unary(UnaryFn fn, Value v) {
+  auto type = cast<RankedTensorType>(v.getType());
+  auto out = fn == UnaryFn::logical_not ? type.clone(b.getI1Type()) : type;
+  return b.create<UnaryOp>(currentLoc, out, fn, v);
+}
+
+Value Importer::binary(BinaryFn fn, Value lhs, Value rhs,
+                       RankedTensorType type) {
+  return b.create<BinaryOp>(currentLoc, type, fn, lhs, rhs);
+}
+
+Type Importer::promote(const json &a, const json &bArg) const {
+  // Tensors decide; Python scalars are "weak" unless both are scalars.
+  auto eltOf = [&](const json &v) -> Type {
+    if (!isTensor(v))
+      return {};
+    return cast<RankedTensorType>(const_cast<Importer *>(this)->tensor(v).getType())
+        .getElementType();
+  };
+  Type ta = eltOf(a), tb = eltOf(bArg);
+  if (!ta && !tb) {
+    bool anyFloat = !a.is_number_integer() || !bArg.is_number_integer();
+    return anyFloat ? Type(Float32Type::get(b.getContext()))
+                    : Type(IntegerType::get(b.getContext(), 64));
+  }
+  if (!ta || !tb) {
+    Type t = ta ? ta : tb;
+    const json &scalar = ta ? bArg : a;
+    if (isa<IntegerType>(t) && !scalar.is_number_integer() &&
+        !scalar.is_boolean())
+      return Float32Type::get(b.getContext());
+    return t;
+  }
+  if (ta == tb)
+    return ta;
+  bool fa = isa<FloatType>(ta), fb = isa<FloatType>(tb);
+  if (fa != fb)
+    return fa ? ta : tb;
+  if (fa) // bf16 with f16 or f32: f32 holds both
+    return Float32Type::get(b.getContext());
+  return ta.getIntOrFloatBitWidth() >= tb.getIntOrFloatBitWidth() ? ta : tb;
+}
+
+Value Importer::operandAs(const json &v, Type elt, ArrayRef<int64_t> shape) {
+  if (isTensor(v))
+    return broadcastTo(castTo(tensor(v), elt), shape);
+  return splat(number(v), RankedTensorType::get(shape, elt));
+}
+
+Value Importer::binaryArgs(BinaryFn fn, const json &lhs, const json &rhs,
+                           Type computeElt, ArrayRef<int64_t> shape) {
+  Value l = operandAs(lhs, computeElt, shape);
+  Value r = operandAs(rhs, computeElt, shape);
+  Type outElt = isPredicate(fn) ? b.getI1Type() : computeElt;
+  return binary(fn, l, r, RankedTensorType::get(shape, outElt));
+}
+
+Value Importer::reduce(ReduceFn fn, Value v, std::vector<int64_t> dims,
+                       bool keepdim) {
+  auto type = cast<RankedTensorType>(v.getType());
+  int64_t rank = type.getRank();
+  if (rank == 0)
+    return v;
+  if (dims.empty())
+    for (int64_t i = 0; i < rank; ++i)
+      dims.push_back(i);
+  SmallVector<bool> reduced(rank, false);
+  for (int64_t d : dims)
+    reduced[normDim(d, rank)] = true;
+  // Kept dims first, reduced dims last: reductions run along the free axis.
+  SmallVector<int64_t> perm, kept, keptShape;
+  for (int64_t i = 0; i < rank; ++i)
+    if (!reduced[i]) {
+      perm.push_back(i);
+      keptShape.push_back(type.getDimSize(i));
+    }
+  int64_t count = 0;
+  for (int64_t i = 0; i < rank; ++i)
+    if (reduced[i]) {
+      perm.push_back(i);
+      ++count;
+    }
+  for (int64_t i = 0; i < rank; ++i)
+    require(!reduced[i] || type.getDimSize(i) > 0,
+            "reduction over an empty dimension");
+  Value t = transpose(v, perm);
+  Value r = b.create<ReduceOp>(currentLoc, type.clone(keptShape), fn, t,
+                               (uint64_t)count);
+  if (!keepdim)
+    return r;
+  SmallVector<int64_t> shape;
+  for (int64_t i = 0; i < rank; ++i)
+    shape.push_back(reduced[i] ? 1 : type.getDimSize(i));
+  return reshape(r, shape);
+}
+
+Value Importer::matmul(Value lhs, Value rhs) {
+  auto l = cast<RankedTensorType>(lhs.getType());
+  auto r = cast<RankedTensorType>(rhs.getType());
+  require(isa<FloatType>(l.getElementType()),
+          "integer matmul is not supported on TensorE");
+  Type elt = l.getElementType();
+  if (elt != r.getElementType())
+    elt = b.getF32Type();
+  lhs = castTo(lhs, elt);
+  rhs = castTo(rhs, elt);
+  SmallVector<int64_t> shape(l.getShape().drop_back());
+  shape.push_back(r.getShape().back());
+  return b.create<MatmulOp>(currentLoc, RankedTensorType::get(shape, elt), lhs,
+                            rhs);
+}
+
+//===----------------------------------------------------------------------===//
+// Graph walk
+//===----------------------------------------------------------------------===//
+
+void Importer::placeholders(const json &n) {
+  std::string name = n.at("name").get<std::string>();
+  const json &outs = n.value("outputs", json::array());
+  for (size_t i = 0; i < std::max<size_t>(1, outs.size()); ++i) {
+    Value stand;
+    try {
+      node = &n;
+      stand = b.create<UnrealizedConversionCastOp>(currentLoc,
+                                                   TypeRange{resultType(i)},
+                                                   ValueRange{})
+                  .getResult(0);
+    } catch (const Unsupported &) {
+      // A result the device cannot hold: its users stay on the host too.
+    }
+    values[{name, (int64_t)i}] = stand;
+  }
+}
+
+Value Importer::importConstant(const json &c) {
+  auto type = RankedTensorType::get(c["shape"].get<std::vector<int64_t>>(),
+                                    elementType(c["dtype"].get<std::string>()));
+  std::vector<char> bytes;
+  if (auto err = llvm::decodeBase64(c["data"].get<std::string>(), bytes))
+    unsupported("constant '" + c["name"].get<std::string>() +
+                "' has corrupt data: " + llvm::toString(std::move(err)));
+  DenseElementsAttr attr;
+  int64_t n = type.getNumElements();
+  if (type.getElementType().isInteger(1)) {
+    require((int64_t)bytes.size() == n, "constant has the wrong size");
+    SmallVector<bool> bits;
+    for (char byte : bytes)
+      bits.push_back(byte != 0);
+    attr = DenseElementsAttr::get(type, bits);
+  } else {
+    int64_t width = type.getElementTypeBitWidth() / 8;
+    require((int64_t)bytes.size() == n * width, "constant has the wrong size");
+    bool splat = false;
+    require(DenseElementsAttr::isValidRawBuffer(type, bytes, splat),
+            "constant data does not fit its type");
+    attr = DenseElementsAttr::getFromRawBuffer(type, bytes);
+  }
+  return b.create<ConstantOp>(currentLoc, type, attr);
+}
+
+void Importer::importNode(const json &n) {
+  node = &n;
+  std::string name = n.at("name").get<std::string>();
+  std::string target = n.at("target").get<std::string>();
+  currentLoc = NameLoc::get(b.getStringAttr(name), UnknownLoc::get(&ctx));
+  if (auto it = n.find("loc"); it != n.end() && it->is_object())
+    currentLoc = NameLoc::get(
+        b.getStringAttr(name),
+        FileLineColLoc::get(&ctx, (*it).value("file", std::string("?")),
+                            (*it).value("line", 0), (*it).value("col", 0)));
+  auto handler = handlers().find(target);
+  if (handler == handlers().end())
+    unsupported(target + " has no lowering to the device yet");
+  Values results = handler->second(*this);
+  require(results.size() == numResults() || numResults() == 0,
+          "internal: handler produced the wrong number of results");
+  for (auto [i, v] : llvm::enumerate(results)) {
+    RankedTensorType expected = resultType(i);
+    if (v.getType() != expected) {
+      // Handlers compute in the promoted type; match PyTorch's result.
+      auto got = cast<RankedTensorType>(v.getType());
+      require(got.getShape() == expected.getShape(),
+              "internal: shape mismatch for " + target);
+      v = castTo(v, expected.getElementType());
+    }
+    values[{name, (int64_t)i}] = v;
+  }
+}
+
+OwningOpRef<ModuleOp> Importer::run(const json &doc,
+                                    std::map<std::string, std::string> &failures,
+                                    bool stopAtFirst) {
+  if (doc.value("format", "") != "torchneuron-fx-graph" ||
+      doc.value("version", 0) != 1) {
+    failures[""] = "not a version-1 torchneuron FX graph document";
+    return nullptr;
+  }
+  OwningOpRef<ModuleOp> module = ModuleOp::create(b.getUnknownLoc());
+  std::string fnName = doc.value("name", std::string("graph"));
+  SmallVector<Type> inputTypes;
+  for (const json &in : doc.at("inputs"))
+    inputTypes.push_back(RankedTensorType::get(
+        in.at("shape").get<std::vector<int64_t>>(),
+        elementType(in.at("dtype").get<std::string>())));
+  b.setInsertionPointToEnd(module->getBody());
+  auto func = b.create<func::FuncOp>(b.getUnknownLoc(), fnName,
+                                     b.getFunctionType(inputTypes, {}));
+  Block *block = func.addEntryBlock();
+  b.setInsertionPointToStart(block);
+  for (auto [i, in] : llvm::enumerate(doc.at("inputs")))
+    values[{in.at("name").get<std::string>(), 0}] = block->getArgument(i);
+  for (const json &c : doc.value("constants", json::array())) {
+    std::string name = c.at("name").get<std::string>();
+    try {
+      values[{name, 0}] = importConstant(c);
+    } catch (const Unsupported &u) {
+      failures[name] = u.reason;
+      values[{name, 0}] = Value();
+      if (stopAtFirst)
+        return nullptr;
+    }
+  }
+  for (const json &n : doc.at("nodes")) {
+    std::string name = n.at("name").get<std::string>();
+    try {
+      importNode(n);
+    } catch (const Unsupported &u) {
+      std::string where;
+      if (auto l = dyn_cast<FileLineColLoc>(
+              cast<NameLoc>(currentLoc).getChildLoc()))
+        where = " (at " + l.getFilename().str() + ":" +
+                std::to_string(l.getLine()) + ")";
+      failures[name] = n.at("target").get<std::string>() + ": " + u.reason +
+                       where;
+      if (stopAtFirst)
+        return nullptr;
+      // Later nodes are checked against a stand-in of the same type: on the
+      // device they would receive this node's results as kernel inputs.
+      placeholders(n);
+    }
+  }
+  SmallVector<Value> results;
+  node = nullptr;
+  for (const json &o : doc.at("outputs")) {
+    try {
+      results.push_back(tensor(o));
+    } catch (const Unsupported &u) {
+      failures["output"] = u.reason;
+      return nullptr;
+    }
+  }
+  b.create<func::ReturnOp>(b.getUnknownLoc(), results);
+  func.setFunctionType(b.getFunctionType(inputTypes, ValueRange(results).getTypes()));
+  return module;
+}
+
+//===----------------------------------------------------------------------===//
+// Handlers
+//===----------------------------------------------------------------------===//
+
+Values unaryHandler(Importer &im, UnaryFn fn) {
+  Value x = im.tensor(im.arg(0));
+  RankedTensorType out = im.resultType();
+  Type elt = out.getElementType();
+  if (fn == UnaryFn::logical_not)
+    return {im.unary(fn, x)};
+  // Integer inputs of float functions compute in the result's float type.
+  return {im.unary(fn, im.castTo(x, elt))};
+}
+
+Values binaryHandler(Importer &im, BinaryFn fn, bool withAlpha = false,
+                     bool reversed = false) {
+  RankedTensorType out = im.resultType();
+  const json &lhs = im.arg(reversed ? 1 : 0), &rhs = im.arg(reversed ? 0 : 1);
+  Type compute = isPredicate(fn) ? im.promote(lhs, rhs) : out.getElementType();
+  if (isPredicate(fn) && (fn == BinaryFn::logical_and ||
+                          fn == BinaryFn::logical_or ||
+                          fn == BinaryFn::logical_xor))
+    compute = im.b.getI1Type();
+  if (withAlpha) {
+    const json &alpha = im.param(2, "alpha");
+    if (!alpha.is_null() && im.number(alpha) != 1.0) {
+      Value scaled = im.binaryArgs(BinaryFn::mul, rhs, alpha, compute,
+                                   out.getShape());
+      Value l = im.operandAs(lhs, compute, out.getShape());
+      return {im.binary(fn, l, scaled, out.clone(compute))};
+    }
+  }
+  return {im.binaryArgs(fn, lhs, rhs, compute, out.getShape())};
+}
+
+Values viewHandler(Importer &im) {
+  return {im.reshape(im.tensor(im.arg(0)), im.resultType().getShape())};
+}
+
+Values castHandler(Importer &im) {
+  return {im.castTo(im.tensor(im.arg(0)), im.resultType().getElementType())};
+}
+
+Values reduceHandler(Importer &im, ReduceFn fn) {
+  Value x = im.tensor(im.arg(0));
+  RankedTensorType out = im.resultType();
+  const json &dimArg = im.param(1, "dim");
+  std::vector<int64_t> dims = dimArg.is_null() ? std::vector<int64_t>{}
+                                               : im.ints(dimArg);
+  const json &keep = im.param(2, "keepdim");
+  bool keepdim = keep.is_boolean() && keep.get<bool>();
+  Type elt = out.getElementType();
+  if (fn == ReduceFn::sum && elt.isInteger(64) &&
+      cast<RankedTensorType>(x.getType()).getElementType().isInteger(1))
+    elt = im.b.getI64Type();
+  return {im.reduce(fn, im.castTo(x, elt), dims, keepdim)};
+}
+
+Values meanHandler(Importer &im) {
+  Value x = im.tensor(im.arg(0));
+  RankedTensorType out = im.resultType();
+  auto in = cast<RankedTensorType>(x.getType());
+  std::vector<int64_t> dims =
+      im.param(1, "dim").is_null() ? std::vector<int64_t>{}
+                                   : im.ints(im.param(1, "dim"));
+  const json &keep = im.param(2, "keepdim");
+  int64_t count = 1;
+  if (dims.empty())
+    count = in.getNumElements();
+  for (int64_t d : dims)
+    count *= in.getDimSize(im.normDim(d, in.getRank()));
+  require(isa<FloatType>(out.getElementType()), "mean of integers");
+  Value sum = im.reduce(ReduceFn::sum, im.castTo(x, out.getElementType()), dims,
+                        keep.is_boolean() && keep.get<bool>());
+  auto sumType = cast<RankedTensorType>(sum.getType());
+  return {im.binary(BinaryFn::mul, sum, im.splat(1.0 / count, sumType),
+                    sumType)};
+}
+
+/// var (and mean, for var_mean): mean, centered squares, sum / (n - corr).
+Values varHandler(Importer &im, bool withMean) {
+  Value x = im.tensor(im.arg(0));
+  RankedTensorType out = im.resultType();
+  auto in = cast<RankedTensorType>(x.getType());
+  Type elt = out.getElementType();
+  require(isa<FloatType>(elt), "variance of integers");
+  std::vector<int64_t> dims =
+      im.param(1, "dim").is_null() ? std::vector<int64_t>{}
+                                   : im.ints(im.param(1, "dim"));
+  const json &corr = im.kwarg("correction");
+  double correction = corr.is_null() ? 1.0 : im.number(corr);
+  bool keepdim = im.kwarg("keepdim").is_boolean() &&
+                 im.kwarg("keepdim").get<bool>();
+  int64_t count = 1;
+  if (dims.empty())
+    count = in.getNumElements();
+  for (int64_t d : dims)
+    count *= in.getDimSize(im.normDim(d, in.getRank()));
+  x = im.castTo(x, elt);
+  auto xt = cast<RankedTensorType>(x.getType());
+  auto scaled = [&](Value v, double factor) {
+    auto t = cast<RankedTensorType>(v.getType());
+    return im.binary(BinaryFn::mul, v, im.splat(factor, t), t);
+  };
+  Value mean = scaled(im.reduce(ReduceFn::sum, x, dims, true), 1.0 / count);
+  Value centered = im.binary(BinaryFn::sub, x,
+                             im.broadcastTo(mean, xt.getShape()), xt);
+  Value sq = im.binary(BinaryFn::mul, centered, centered, xt);
+  double denom = std::max(0.0, count - correction);
+  Value var = scaled(im.reduce(ReduceFn::sum, sq, dims, keepdim), 1.0 / denom);
+  if (!withMean)
+    return {var};
+  return {var, im.reshape(mean, cast<RankedTensorType>(var.getType()).getShape())};
+}
+
+Values matmulHandler(Importer &im) {
+  Value a = im.tensor(im.arg(0)), c = im.tensor(im.arg(1));
+  return {im.matmul(a, c)};
+}
+
+Values addmmHandler(Importer &im) {
+  RankedTensorType out = im.resultType();
+  Value prod = im.matmul(im.tensor(im.arg(1)), im.tensor(im.arg(2)));
+  auto pt = cast<RankedTensorType>(prod.getType());
+  const json &alpha = im.kwarg("alpha"), &beta = im.kwarg("beta");
+  if (!alpha.is_null() && im.number(alpha) != 1.0)
+    prod = im.binary(BinaryFn::mul, prod, im.splat(im.number(alpha), pt), pt);
+  Value bias = im.operandAs(im.arg(0), pt.getElementType(), out.getShape());
+  if (!beta.is_null() && im.number(beta) != 1.0)
+    bias = im.binary(BinaryFn::mul, bias, im.splat(im.number(beta), pt), pt);
+  return {im.binary(BinaryFn::add, bias, prod, pt)};
+}
+
+Values permuteHandler(Importer &im) {
+  Value x = im.tensor(im.arg(0));
+  int64_t rank = cast<RankedTensorType>(x.getType()).getRank();
+  std::vector<int64_t> perm = im.ints(im.arg(1));
+  for (int64_t &p : perm)
+    p = im.normDim(p, rank);
+  return {im.transpose(x, perm)};
+}
+
+Values transposeHandler(Importer &im) {
+  Value x = im.tensor(im.arg(0));
+  int64_t rank = cast<RankedTensorType>(x.getType()).getRank();
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < rank; ++i)
+    perm.push_back(i);
+  if (rank >= 2) {
+    int64_t d0 = im.normDim(im.arg(1).is_null() ? 0 : im.integer(im.arg(1)), rank);
+    int64_t d1 = im.normDim(im.arg(2).is_null() ? 1 : im.integer(im.arg(2)), rank);
+    std::swap(perm[d0], perm[d1]);
+  }
+  return {im.transpose(x, perm)};
+}
+
+Values expandHandler(Importer &im) {
+  Value x = im.tensor(im.arg(0));
+  return {im.broadcastTo(x, im.resultType().getShape())};
+}
+
+Values sliceHandler(Importer &im) {
+  Value x = im.tensor(im.arg(0));
+  auto type = cast<RankedTensorType>(x.getType());
+  int64_t rank = type.getRank();
+  int64_t dim = im.normDim(im.param(1, "dim").is_null() ? 0
+                                                        : im.integer(im.param(1, "dim")),
+                           rank);
+  int64_t size = type.getDimSize(dim);
+  const json &startArg = im.param(2, "start"), &stepArg = im.param(4, "step");
+  int64_t start = startArg.is_null() ? 0 : im.integer(startArg);
+  int64_t step = stepArg.is_null() ? 1 : im.integer(stepArg);
+  require(step > 0, "slice step must be positive");
+  if (start < 0)
+    start += size;
+  start = std::clamp<int64_t>(start, 0, size);
+  RankedTensorType out = im.resultType();
+  if (out.getNumElements() == 0)
+    start = 0;
+  SmallVector<int64_t> offsets(rank, 0), strides(rank, 1);
+  offsets[dim] = start;
+  strides[dim] = step;
+  return {im.b.create<SliceOp>(im.loc(), out, x,
+                               im.b.getDenseI64ArrayAttr(offsets),
+                               im.b.getDenseI64ArrayAttr(strides))};
+}
+
+Values selectHandler(Importer &im) {
+  Value x = im.tensor(im.arg(0));
+  auto type = cast<RankedTensorType>(x.getType());
+  int64_t rank = type.getRank();
+  int64_t dim = im.normDim(im.integer(im.arg(1)), rank);
+  int64_t index = im.integer(im.arg(2));
+  if (index < 0)
+    index += type.getDimSize(dim);
+  require(index >= 0 && index < type.getDimSize(dim), "index out of range");
+  SmallVector<int64_t> offsets(rank, 0), strides(rank, 1),
+      shape(type.getShape());
+  offsets[dim] = index;
+  shape[dim] = 1;
+  Value s = im.b.create<SliceOp>(im.loc(), type.clone(shape), x,
+                                 im.b.getDenseI64ArrayAttr(offsets),
+                                 im.b.getDenseI64ArrayAttr(strides));
+  return {im.reshape(s, im.resultType().getShape())};
+}
+
+Values catHandler(Importer &im) {
+  RankedTensorType out = im.resultType();
+  const json &list = im.arg(0);
+  require(list.is_array(), "expected a list of tensors");
+  int64_t dim = im.normDim(im.param(1, "dim").is_null() ? 0
+                                                        : im.integer(im.param(1, "dim")),
+                           out.getRank());
+  SmallVector<Value> inputs;
+  for (const json &t : list) {
+    Value v = im.castTo(im.tensor(t), out.getElementType());
+    auto vt = cast<RankedTensorType>(v.getType());
+    // Legacy cat accepts 1-d empty tensors next to anything.
+    if (vt.getNumElements() == 0 && vt.getRank() != out.getRank())
+      continue;
+    inputs.push_back(v);
+  }
+  require(!inputs.empty(), "cat of nothing");
+  if (inputs.size() == 1)
+    return {inputs[0]};
+  return {im.b.create<ConcatOp>(im.loc(), out, inputs,
+                                im.b.getI64IntegerAttr(dim))};
+}
+
+Values fullHandler(Importer &im, size_t valueArg) {
+  return {im.splat(im.number(im.arg(valueArg)), im.resultType())};
+}
+
+Values arangeHandler(Importer &im) {
+  RankedTensorType out = im.resultType();
+  // aten.arange.default(end) or arange.start(_step)(start, end, step)
+  double start = 0, step = 1;
+  if (!im.arg(1).is_null() && !im.arg(1).is_object()) {
+    start = im.number(im.arg(0));
+    if (!im.arg(2).is_null() && !im.arg(2).is_object())
+      step = im.number(im.arg(2));
+  }
+  int64_t n = out.getNumElements();
+  Type elt = out.getElementType();
+  // The program is static: index sequences are folded to constants.
+  SmallVector<Attribute> elements;
+  for (int64_t i = 0; i < n; ++i) {
+    double v = start + step * (double)i;
+    elements.push_back(isa<FloatType>(elt)
+                           ? Attribute(FloatAttr::get(elt, v))
+                           : Attribute(IntegerAttr::get(elt, (int64_t)v)));
+  }
+  return {im.b.create<ConstantOp>(im.loc(), out,
+                                  DenseElementsAttr::get(out, elements))};
+}
+
+Values whereHandler(Importer &im) {
+  RankedTensorType out = im.resultType();
+  Value cond = im.operandAs(im.arg(0), im.b.getI1Type(), out.getShape());
+  Value t = im.operandAs(im.arg(1), out.getElementType(), out.getShape());
+  Value f = im.operandAs(im.arg(2), out.getElementType(), out.getShape());
+  return {im.b.create<SelectOp>(im.loc(), out, cond, t, f)};
+}
+
+Values clampHandler(Importer &im, const json &lo, const json &hi) {
+  RankedTensorType out = im.resultType();
+  Value x = im.castTo(im.tensor(im.arg(0)), out.getElementType());
+  if (!lo.is_null())
+    x = im.binary(BinaryFn::max, x,
+                  im.operandAs(lo, out.getElementType(), out.getShape()), out);
+  if (!hi.is_null())
+    x = im.binary(BinaryFn::min, x,
+                  im.operandAs(hi, out.getElementType(), out.getShape()), out);
+  return {x};
+}
+
+Values gatherRowsHandler(Importer &im, Value table, Value indices) {
+  RankedTensorType out = im.resultType();
+  return {im.b.create<GatherOp>(im.loc(), out, table, indices)};
+}
+
+Values divModeHandler(Importer &im) {
+  RankedTensorType out = im.resultType();
+  const json &mode = im.kwarg("rounding_mode");
+  Type compute = out.getElementType();
+  bool intResult = isa<IntegerType>(compute);
+  if (intResult)
+    compute = im.b.getF32Type();
+  Value q = im.binaryArgs(BinaryFn::div, im.arg(0), im.arg(1), compute,
+                          out.getShape());
+  if (mode.is_string()) {
+    std::string m = mode.get<std::string>();
+    require(m == "trunc" || m == "floor", "unknown rounding mode " + m);
+    q = im.unary(m == "trunc" ? UnaryFn::trunc : UnaryFn::floor, q);
+  }
+  return {im.castTo(q, out.getElementType())};
+}
+
+Values powHandler(Importer &im) {
+  RankedTensorType out = im.resultType();
+  const json &e = im.arg(1);
+  if (!im.isTensor(e) && e.is_number()) {
+    double p = im.number(e);
+    Value x = im.castTo(im.tensor(im.arg(0)), out.getElementType());
+    if (p == 1.0)
+      return {x};
+    if (p == 2.0)
+      return {im.binary(BinaryFn::mul, x, x, out)};
+    if (p == 0.5)
+      return {im.unary(UnaryFn::sqrt, x)};
+    if (p == -0.5)
+      return {im.unary(UnaryFn::rsqrt, x)};
+    if (p == -1.0)
+      return {im.unary(UnaryFn::reciprocal, x)};
+  }
+  return binaryHandler(im, BinaryFn::pow);
+}
+
+Values geluHandler(Importer &im) {
+  const json &approx = im.kwarg("approximate");
+  bool tanh = approx.is_string() && approx.get<std::string>() == "tanh";
+  return unaryHandler(im, tanh ? UnaryFn::gelu_tanh : UnaryFn::gelu);
+}
+
+Values squeezeHandler(Importer &im) {
+  return viewHandler(im);
+}
+
+const std::unordered_map<std::string, Handler> &handlers() {
+  static const std::unordered_map<std::string, Handler> table = [] {
+    std::unordered_map<std::string, Handler> t;
+    auto un = [&](const char *name, UnaryFn fn) {
+      t[name] = [fn](Importer &im) { return unaryHandler(im, fn); };
+    };
+    un("aten.neg.default", UnaryFn::neg);
+    un("aten.abs.default", UnaryFn::abs);
+    un("aten.exp.default", UnaryFn::exp);
+    un("aten.log.default", UnaryFn::log);
+    un("aten.sqrt.default", UnaryFn::sqrt);
+    un("aten.rsqrt.default", UnaryFn::rsqrt);
+    un("aten.reciprocal.default", UnaryFn::reciprocal);
+    un("aten.tanh.default", UnaryFn::tanh);
+    un("aten.sigmoid.default", UnaryFn::sigmoid);
+    un("aten.relu.default", UnaryFn::relu);
+    un("aten.silu.default", UnaryFn::silu);
+    un("aten.erf.default", UnaryFn::erf);
+    un("aten.sin.default", UnaryFn::sin);
+    un("aten.cos.default", UnaryFn::cos);
+    un("aten.sign.default", UnaryFn::sign);
+    un("aten.floor.default", UnaryFn::floor);
+    un("aten.ceil.default", UnaryFn::ceil);
+    un("aten.round.default", UnaryFn::round);
+    un("aten.trunc.default", UnaryFn::trunc);
+    un("aten.log1p.default", UnaryFn::log1p);
+    un("aten.expm1.default", UnaryFn::expm1);
+    un("aten.logical_not.default", UnaryFn::logical_not);
+    t["aten.gelu.default"] = geluHandler;
+
+    auto bin = [&](const char *name, BinaryFn fn, bool alpha = false,
+                   bool reversed = false) {
+      t[name] = [=](Importer &im) {
+        return binaryHandler(im, fn, alpha, reversed);
+      };
+    };
+    bin("aten.add.Tensor", BinaryFn::add, true);
+    bin("aten.add.Scalar", BinaryFn::add, true);
+    bin("aten.sub.Tensor", BinaryFn::sub, true);
+    bin("aten.sub.Scalar", BinaryFn::sub, true);
+    bin("aten.rsub.Scalar", BinaryFn::sub, true, true);
+    bin("aten.rsub.Tensor", BinaryFn::sub, true, true);
+    bin("aten.mul.Tensor", BinaryFn::mul);
+    bin("aten.mul.Scalar", BinaryFn::mul);
+    bin("aten.div.Tensor", BinaryFn::div);
+    bin("aten.div.Scalar", BinaryFn::div);
+    bin("aten.maximum.default", BinaryFn::max);
+    bin("aten.minimum.default", BinaryFn::min);
+    bin("aten.fmod.Tensor", BinaryFn::fmod);
+    bin("aten.fmod.Scalar", BinaryFn::fmod);
+    bin("aten.remainder.Tensor", BinaryFn::remainder);
+    bin("aten.remainder.Scalar", BinaryFn::remainder);
+    bin("aten.logical_and.default", BinaryFn::logical_and);
+    bin("aten.logical_or.default", BinaryFn::logical_or);
+    bin("aten.logical_xor.default", BinaryFn::logical_xor);
+    for (auto [op, fn] : {std::pair{"eq", BinaryFn::eq},
+                          {"ne", BinaryFn::ne},
+                          {"lt", BinaryFn::lt},
+                          {"le", BinaryFn::le},
+                          {"gt", BinaryFn::gt},
+                          {"ge", BinaryFn::ge}}) {
+      bin(("aten." + std::string(op) + ".Tensor").c_str(), fn);
+      bin(("aten." + std::string(op) + ".Scalar").c_str(), fn);
+    }
+    t["aten.div.Tensor_mode"] = divModeHandler;
+    t["aten.div.Scalar_mode"] = divModeHandler;
+    t["aten.pow.Tensor_Scalar"] = powHandler;
+    t["aten.pow.Tensor_Tensor"] = powHandler;
+    t["aten.pow.Scalar"] = [](Importer &im) {
+      return binaryHandler(im, BinaryFn::pow);
+    };
+    t["aten.where.self"] = whereHandler;
+    t["aten.clamp.default"] = [](Importer &im) {
+      return clampHandler(im, im.param(1, "min"), im.param(2, "max"));
+    };
+    t["aten.clamp.Tensor"] = t["aten.clamp.default"];
+    t["aten.clamp_min.default"] = [](Importer &im) {
+      return clampHandler(im, im.arg(1), nullptr);
+    };
+    t["aten.clamp_max.default"] = [](Importer &im) {
+      return clampHandler(im, nullptr, im.arg(1));
+    };
+
+    t["aten._to_copy.default"] = castHandler;
+    t["prims.convert_element_type.default"] = castHandler;
+    t["aten.clone.default"] = castHandler;
+    t["aten.alias.default"] = castHandler;
+    t["aten.detach.default"] = castHandler;
+    t["aten.lift_fresh_copy.default"] = castHandler;
+
+    t["aten.mm.default"] = matmulHandler;
+    t["aten.bmm.default"] = matmulHandler;
+    t["aten.addmm.default"] = addmmHandler;
+
+    t["aten.sum.dim_IntList"] = [](Importer &im) {
+      return reduceHandler(im, ReduceFn::sum);
+    };
+    t["aten.sum.default"] = t["aten.sum.dim_IntList"];
+    t["aten.amax.default"] = [](Importer &im) {
+      return reduceHandler(im, ReduceFn::max);
+    };
+    t["aten.amin.default"] = [](Importer &im) {
+      return reduceHandler(im, ReduceFn::min);
+    };
+    t["aten.prod.dim_int"] = [](Importer &im) {
+      return reduceHandler(im, ReduceFn::prod);
+    };
+    t["aten.mean.dim"] = meanHandler;
+    t["aten.mean.default"] = meanHandler;
+    t["aten.var.correction"] = [](Importer &im) {
+      return varHandler(im, false);
+    };
+    t["aten.var_mean.correction"] = [](Importer &im) {
+      return varHandler(im, true);
+    };
+
+    t["aten.view.default"] = viewHandler;
+    t["aten._unsafe_view.default"] = viewHandler;
+    t["aten.reshape.default"] = viewHandler;
+    t["aten.unsqueeze.default"] = viewHandler;
+    t["aten.squeeze.dim"] = squeezeHandler;
+    t["aten.squeeze.dims"] = squeezeHandler;
+    t["aten.squeeze.default"] = squeezeHandler;
+    t["aten.permute.default"] = permuteHandler;
+    t["aten.transpose.int"] = transposeHandler;
+    t["aten.t.default"] = transposeHandler;
+    t["aten.expand.default"] = expandHandler;
+    t["aten.slice.Tensor"] = sliceHandler;
+    t["aten.select.int"] = selectHandler;
+    t["aten.cat.default"] = catHandler;
+
+    t["aten.full.default"] = [](Importer &im) { return fullHandler(im, 1); };
+    t["aten.full_like.default"] = [](Importer &im) {
+      return fullHandler(im, 1);
+    };
+    t["aten.scalar_tensor.default"] = [](Importer &im) {
+      return fullHandler(im, 0);
+    };
+    t["aten.zeros.default"] = [](Importer &im) {
+      return Values{im.splat(0.0, im.resultType())};
+    };
+    t["aten.ones.default"] = [](Importer &im) {
+      return Values{im.splat(1.0, im.resultType())};
+    };
+    t["aten.arange.default"] = arangeHandler;
+    t["aten.arange.start"] = arangeHandler;
+    t["aten.arange.start_step"] = arangeHandler;
+
+    t["aten.embedding.default"] = [](Importer &im) {
+      return gatherRowsHandler(im, im.tensor(im.arg(0)), im.tensor(im.arg(1)));
+    };
+    t["aten.index_select.default"] = [](Importer &im) {
+      Value table = im.tensor(im.arg(0));
+      int64_t dim = im.normDim(im.integer(im.arg(1)),
+                               cast<RankedTensorType>(table.getType()).getRank());
+      require(dim == 0, "index_select on a dim other than 0");
+      return gatherRowsHandler(im, table, im.tensor(im.arg(2)));
+    };
+    return t;
+  }();
+  return table;
+}
+
+std::map<std::string, std::string>
+importDocument(MLIRContext &context, const std::string &document,
+               bool stopAtFirst, OwningOpRef<ModuleOp> *out) {
+  std::map<std::string, std::string> failures;
+  json doc = json::parse(document, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    failures[""] = "the FX graph document is not valid JSON";
+    return failures;
+  }
+  try {
+    Importer importer(context);
+    OwningOpRef<ModuleOp> module = importer.run(doc, failures, stopAtFirst);
+    if (module && failures.empty() && failed(verify(*module))) {
+      failures[""] = "the imported module does not verify";
+      return failures;
+    }
+    if (out)
+      *out = std::move(module);
+  } catch (const json::exception &e) {
+    failures[""] = std::string("malformed FX graph document: ") + e.what();
+  } catch (const Unsupported &u) {
+    failures[""] = u.reason;
+  }
+  return failures;
+}
+
+} // namespace
+
+namespace neuron::compiler {
+
+std::map<std::string, std::string>
+checkFxGraph(MLIRContext &context, const std::string &document) {
+  return importDocument(context, document, /*stopAtFirst=*/false, nullptr);
+}
+
+OwningOpRef<ModuleOp> importFxGraph(MLIRContext &context,
+                                    const std::string &document,
+                                    std::string &error) {
+  OwningOpRef<ModuleOp> module;
+  auto failures = importDocument(context, document, /*stopAtFirst=*/true,
+                                 &module);
+  if (!failures.empty()) {
+    auto &[name, reason] = *failures.begin();
+    error = name.empty() ? reason : "node '" + name + "': " + reason;
+    return nullptr;
+  }
+  return module;
+}
+
+} // namespace neuron::compiler

@@ -1,0 +1,32 @@
+//===- Pipeline.h - FX graph -> kernel program, in named stages -*- C++ -*-===//
+#ifndef COMPILER_PIPELINE_PIPELINE_H
+#define COMPILER_PIPELINE_PIPELINE_H
+
+#include <map>
+#include <string>
+
+namespace neuron::compiler {
+
+struct CompileOptions {
+  std::string target = "trn2";
+  /// When set, every stage writes its module here as NN-<stage>.mlir.
+  std::string dumpDir;
+};
+
+struct CompileResult {
+  bool ok = false;
+  std::string program; // kernel program (docs/PROGRAM_FORMAT.md) when ok
+  std::string error;   // diagnostics with Python source lines otherwise
+};
+
+/// The named stages, in order: import, canonicalize, lower-to-nisa,
+/// cleanup, emit.
+CompileResult compileFxGraph(const std::string &document,
+                             const CompileOptions &options);
+
+/// Node name -> why it cannot run on the device (see checkFxGraph).
+std::map<std::string, std::string> checkFxGraph(const std::string &document);
+
+} // namespace neuron::compiler
+
+#endif // COMPILER_PIPELINE_PIPELINE_H

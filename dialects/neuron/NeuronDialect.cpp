@@ -1,0 +1,299 @@
+//===- NeuronDialect.cpp - verifiers and folds of `neuron` ops ------------===//
+#include "dialects/neuron/NeuronDialect.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace mlir::neuron;
+
+#include "dialects/neuron/NeuronDialect.cpp.inc"
+#include "dialects/neuron/NeuronEnums.cpp.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "dialects/neuron/NeuronAttrs.cpp.inc"
+
+void NeuronDialect::initialize() {
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "dialects/neuron/NeuronAttrs.cpp.inc"
+      >();
+  addOperations<
+#define GET_OP_LIST
+#include "dialects/neuron/NeuronOps.cpp.inc"
+      >();
+}
+
+Operation *NeuronDialect::materializeConstant(OpBuilder &builder,
+                                              Attribute value, Type type,
+                                              Location loc) {
+  auto elements = dyn_cast<ElementsAttr>(value);
+  if (!elements || elements.getType() != type)
+    return nullptr;
+  return builder.create<ConstantOp>(loc, type, elements);
+}
+
+bool mlir::neuron::isPredicate(BinaryFn fn) {
+  switch (fn) {
+  case BinaryFn::eq:
+  case BinaryFn::ne:
+  case BinaryFn::lt:
+  case BinaryFn::le:
+  case BinaryFn::gt:
+  case BinaryFn::ge:
+  case BinaryFn::logical_and:
+  case BinaryFn::logical_or:
+  case BinaryFn::logical_xor:
+    return true;
+  default:
+    return false;
+  }
+}
+
+static RankedTensorType tensorType(Value v) {
+  return cast<RankedTensorType>(v.getType());
+}
+
+static bool isI1(Type t) { return t.isInteger(1); }
+
+//===----------------------------------------------------------------------===//
+// Sources
+//===----------------------------------------------------------------------===//
+
+OpFoldResult ConstantOp::fold(FoldAdaptor) { return getValue(); }
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+LogicalResult UnaryOp::verify() {
+  auto in = tensorType(getInput()), out = getType();
+  if (in.getShape() != out.getShape())
+    return emitOpError("result shape must equal the input shape");
+  bool predicate = getFn() == UnaryFn::logical_not;
+  if (predicate && !isI1(out.getElementType()))
+    return emitOpError("logical_not produces i1");
+  if (!predicate && in.getElementType() != out.getElementType())
+    return emitOpError("result element type must equal the input's");
+  return success();
+}
+
+LogicalResult BinaryOp::verify() {
+  auto lhs = tensorType(getLhs()), rhs = tensorType(getRhs()), out = getType();
+  if (lhs.getShape() != rhs.getShape() || lhs.getShape() != out.getShape())
+    return emitOpError("operands and result must have the same shape "
+                       "(broadcast explicitly with neuron.broadcast)");
+  if (lhs.getElementType() != rhs.getElementType())
+    return emitOpError("operands must have the same element type");
+  if (isPredicate(getFn())) {
+    if (!isI1(out.getElementType()))
+      return emitOpError("'") << stringifyBinaryFn(getFn())
+                              << "' produces an i1 tensor";
+  } else if (out.getElementType() != lhs.getElementType()) {
+    return emitOpError("result element type must equal the operands'");
+  }
+  return success();
+}
+
+LogicalResult SelectOp::verify() {
+  if (tensorType(getCond()).getShape() != getType().getShape())
+    return emitOpError("condition and values must have the same shape");
+  return success();
+}
+
+LogicalResult CastOp::verify() {
+  if (tensorType(getInput()).getShape() != getType().getShape())
+    return emitOpError("cast keeps the shape");
+  return success();
+}
+
+OpFoldResult CastOp::fold(FoldAdaptor) {
+  if (getInput().getType() == getType())
+    return getInput();
+  return {};
+}
+
+//===----------------------------------------------------------------------===//
+// Contractions and reductions
+//===----------------------------------------------------------------------===//
+
+LogicalResult MatmulOp::verify() {
+  auto lhs = tensorType(getLhs()), rhs = tensorType(getRhs()), out = getType();
+  int64_t rank = lhs.getRank();
+  if (rank < 2 || rhs.getRank() != rank || out.getRank() != rank)
+    return emitOpError("operands and result must have the same rank >= 2");
+  if (lhs.getElementType() != rhs.getElementType())
+    return emitOpError("operands must have the same element type");
+  auto l = lhs.getShape(), r = rhs.getShape(), o = out.getShape();
+  for (int64_t i = 0; i < rank - 2; ++i)
+    if (l[i] != r[i] || l[i] != o[i])
+      return emitOpError("batch dimension ") << i << " differs";
+  if (l[rank - 1] != r[rank - 2])
+    return emitOpError("contraction sizes differ: ")
+           << l[rank - 1] << " vs " << r[rank - 2];
+  if (o[rank - 2] != l[rank - 2] || o[rank - 1] != r[rank - 1])
+    return emitOpError("result must be [..., M, N]");
+  return success();
+}
+
+LogicalResult ReduceOp::verify() {
+  auto in = tensorType(getInput());
+  int64_t count = getCount();
+  if (count < 1 || count > in.getRank())
+    return emitOpError("count ") << count << " out of range for rank "
+                                 << in.getRank();
+  auto kept = in.getShape().drop_back(count);
+  if (getType().getShape() != kept)
+    return emitOpError("result shape must be the input shape without the "
+                       "reduced dims");
+  if (getType().getElementType() != in.getElementType())
+    return emitOpError("result element type must equal the input's");
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Layout
+//===----------------------------------------------------------------------===//
+
+LogicalResult BroadcastOp::verify() {
+  auto in = tensorType(getInput()), out = getType();
+  if (in.getElementType() != out.getElementType())
+    return emitOpError("broadcast keeps the element type");
+  if (in.getRank() > out.getRank())
+    return emitOpError("result rank must be at least the input rank");
+  int64_t shift = out.getRank() - in.getRank();
+  for (int64_t i = 0; i < in.getRank(); ++i) {
+    int64_t s = in.getDimSize(i), d = out.getDimSize(i + shift);
+    if (s != 1 && s != d)
+      return emitOpError("input dim ") << i << " of size " << s
+                                       << " cannot broadcast to " << d;
+  }
+  return success();
+}
+
+OpFoldResult BroadcastOp::fold(FoldAdaptor adaptor) {
+  if (getInput().getType() == getType())
+    return getInput();
+  if (auto splat = dyn_cast_or_null<SplatElementsAttr>(adaptor.getInput()))
+    return SplatElementsAttr::get(getType(), splat.getSplatValue<Attribute>());
+  return {};
+}
+
+LogicalResult TransposeOp::verify() {
+  auto in = tensorType(getInput()), out = getType();
+  ArrayRef<int64_t> perm = getPermutation();
+  if ((int64_t)perm.size() != in.getRank() || out.getRank() != in.getRank())
+    return emitOpError("permutation must list every dimension once");
+  llvm::SmallVector<bool> seen(perm.size(), false);
+  for (auto [i, p] : llvm::enumerate(perm)) {
+    if (p < 0 || p >= in.getRank() || seen[p])
+      return emitOpError("permutation must list every dimension once");
+    seen[p] = true;
+    if (out.getDimSize(i) != in.getDimSize(p))
+      return emitOpError("result dim ") << i << " must be input dim " << p;
+  }
+  if (in.getElementType() != out.getElementType())
+    return emitOpError("transpose keeps the element type");
+  return success();
+}
+
+OpFoldResult TransposeOp::fold(FoldAdaptor) {
+  for (auto [i, p] : llvm::enumerate(getPermutation()))
+    if ((int64_t)i != p)
+      return {};
+  return getInput();
+}
+
+LogicalResult ReshapeOp::verify() {
+  auto in = tensorType(getInput()), out = getType();
+  if (in.getNumElements() != out.getNumElements())
+    return emitOpError("reshape must keep the number of elements (")
+           << in.getNumElements() << " vs " << out.getNumElements() << ")";
+  if (in.getElementType() != out.getElementType())
+    return emitOpError("reshape keeps the element type");
+  return success();
+}
+
+OpFoldResult ReshapeOp::fold(FoldAdaptor adaptor) {
+  if (getInput().getType() == getType())
+    return getInput();
+  if (auto producer = getInput().getDefiningOp<ReshapeOp>()) {
+    getInputMutable().assign(producer.getInput());
+    return getResult();
+  }
+  if (auto dense = dyn_cast_or_null<DenseElementsAttr>(adaptor.getInput()))
+    return dense.reshape(getType());
+  return {};
+}
+
+LogicalResult SliceOp::verify() {
+  auto in = tensorType(getInput()), out = getType();
+  ArrayRef<int64_t> offsets = getOffsets(), strides = getStrides();
+  int64_t rank = in.getRank();
+  if ((int64_t)offsets.size() != rank || (int64_t)strides.size() != rank ||
+      out.getRank() != rank)
+    return emitOpError("offsets and strides need one entry per dimension");
+  for (int64_t i = 0; i < rank; ++i) {
+    if (strides[i] < 1)
+      return emitOpError("stride of dim ") << i << " must be positive";
+    int64_t n = out.getDimSize(i);
+    if (offsets[i] < 0 ||
+        (n > 0 && offsets[i] + (n - 1) * strides[i] >= in.getDimSize(i)))
+      return emitOpError("dim ") << i << " reads outside the input";
+  }
+  if (in.getElementType() != out.getElementType())
+    return emitOpError("slice keeps the element type");
+  return success();
+}
+
+OpFoldResult SliceOp::fold(FoldAdaptor) {
+  if (getInput().getType() != getType())
+    return {};
+  for (auto [o, s] : llvm::zip(getOffsets(), getStrides()))
+    if (o != 0 || s != 1)
+      return {};
+  return getInput();
+}
+
+LogicalResult ConcatOp::verify() {
+  auto out = getType();
+  int64_t dim = getDim();
+  if (getInputs().empty())
+    return emitOpError("needs at least one input");
+  if (dim < 0 || dim >= out.getRank())
+    return emitOpError("dim ") << dim << " out of range";
+  int64_t total = 0;
+  for (Value v : getInputs()) {
+    auto t = tensorType(v);
+    if (t.getRank() != out.getRank() ||
+        t.getElementType() != out.getElementType())
+      return emitOpError("inputs must match the result's rank and type");
+    for (int64_t i = 0; i < out.getRank(); ++i)
+      if (i != dim && t.getDimSize(i) != out.getDimSize(i))
+        return emitOpError("inputs differ from the result in dim ") << i;
+    total += t.getDimSize(dim);
+  }
+  if (total != out.getDimSize(dim))
+    return emitOpError("sizes along dim ") << dim << " add up to " << total
+                                           << ", result has "
+                                           << out.getDimSize(dim);
+  return success();
+}
+
+LogicalResult GatherOp::verify() {
+  auto table = tensorType(getTable()), idx = tensorType(getIndices());
+  if (table.getRank() < 1)
+    return emitOpError("table must have rank >= 1");
+  llvm::SmallVector<int64_t> expect(idx.getShape());
+  llvm::append_range(expect, table.getShape().drop_front());
+  if (getType().getShape() != ArrayRef<int64_t>(expect))
+    return emitOpError("result shape must be indices.shape ++ "
+                       "table.shape[1:]");
+  if (getType().getElementType() != table.getElementType())
+    return emitOpError("result element type must equal the table's");
+  return success();
+}
+
+#define GET_OP_CLASSES
+#include "dialects/neuron/NeuronOps.cpp.inc"

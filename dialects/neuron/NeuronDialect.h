@@ -1,0 +1,28 @@
+//===- NeuronDialect.h - graph-level Neuron dialect ------------*- C++ -*-===//
+#ifndef DIALECTS_NEURON_NEURONDIALECT_H
+#define DIALECTS_NEURON_NEURONDIALECT_H
+
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Dialect.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/Interfaces/InferTypeOpInterface.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#include "dialects/neuron/NeuronDialect.h.inc"
+#include "dialects/neuron/NeuronEnums.h.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "dialects/neuron/NeuronAttrs.h.inc"
+
+#define GET_OP_CLASSES
+#include "dialects/neuron/NeuronOps.h.inc"
+
+namespace mlir::neuron {
+/// True for functions whose result is a predicate (i1) rather than a value.
+bool isPredicate(BinaryFn fn);
+} // namespace mlir::neuron
+
+#endif // DIALECTS_NEURON_NEURONDIALECT_H

@@ -1,0 +1,252 @@
+//===- NeuronOps.td - graph-level Neuron dialect -----------*- tablegen -*-===//
+//
+// Tensors with value semantics, one op per ATen concept the hardware cares
+// about. Shapes are static: the backend specializes symbolic sizes before
+// import. Elementwise ops take operands of identical shape; broadcasting is
+// the explicit `neuron.broadcast`, so every lowering sees plain shapes.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef NEURON_OPS
+#define NEURON_OPS
+
+include "mlir/IR/OpBase.td"
+include "mlir/IR/AttrTypeBase.td"
+include "mlir/IR/EnumAttr.td"
+include "mlir/IR/CommonTypeConstraints.td"
+include "mlir/IR/CommonAttrConstraints.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+
+def Neuron_Dialect : Dialect {
+  let name = "neuron";
+  let cppNamespace = "::mlir::neuron";
+  let summary = "Graph-level operations of the TorchNeuron compiler";
+  let description = [{
+    The `neuron` dialect is what the FX importer produces: a `func.func` of
+    tensor operations, each carrying the location of the Python line it came
+    from. Fusion and FlexAttention lowering work here; `neuron-lower-to-nisa`
+    tiles every op into engine instructions of the `nisa` dialect.
+  }];
+  let useDefaultAttributePrinterParser = 1;
+  let hasConstantMaterializer = 1;
+}
+
+class Neuron_Op<string mnemonic, list<Trait> traits = []>
+    : Op<Neuron_Dialect, mnemonic, !listconcat(traits, [Pure])>;
+
+// Element types the device handles. Integers and booleans exist for indices
+// and masks; arithmetic runs on the engines' fp32 datapath.
+def Neuron_Float : AnyTypeOf<[F32, BF16, F16]>;
+def Neuron_Element : AnyTypeOf<[F32, BF16, F16, I1, I8, I32, I64, UI8]>;
+def Neuron_Tensor : RankedTensorOf<[Neuron_Element]>;
+def Neuron_IndexTensor : RankedTensorOf<[I32, I64]>;
+
+//===----------------------------------------------------------------------===//
+// Function enums
+//===----------------------------------------------------------------------===//
+
+def Neuron_UnaryFn : I32EnumAttr<"UnaryFn", "elementwise function", [
+  I32EnumAttrCase<"neg", 0>, I32EnumAttrCase<"abs", 1>,
+  I32EnumAttrCase<"exp", 2>, I32EnumAttrCase<"log", 3>,
+  I32EnumAttrCase<"sqrt", 4>, I32EnumAttrCase<"rsqrt", 5>,
+  I32EnumAttrCase<"reciprocal", 6>, I32EnumAttrCase<"tanh", 7>,
+  I32EnumAttrCase<"sigmoid", 8>, I32EnumAttrCase<"relu", 9>,
+  I32EnumAttrCase<"gelu", 10>, I32EnumAttrCase<"gelu_tanh", 11>,
+  I32EnumAttrCase<"silu", 12>, I32EnumAttrCase<"erf", 13>,
+  I32EnumAttrCase<"sin", 14>, I32EnumAttrCase<"cos", 15>,
+  I32EnumAttrCase<"sign", 16>, I32EnumAttrCase<"square", 17>,
+  I32EnumAttrCase<"floor", 18>, I32EnumAttrCase<"ceil", 19>,
+  I32EnumAttrCase<"round", 20>, I32EnumAttrCase<"trunc", 21>,
+  I32EnumAttrCase<"log1p", 22>, I32EnumAttrCase<"expm1", 23>,
+  I32EnumAttrCase<"logical_not", 24>
+]> {
+  let cppNamespace = "::mlir::neuron";
+  let genSpecializedAttr = 0;
+}
+def Neuron_UnaryFnAttr : EnumAttr<Neuron_Dialect, Neuron_UnaryFn, "unary_fn">;
+
+def Neuron_BinaryFn : I32EnumAttr<"BinaryFn", "elementwise binary function", [
+  I32EnumAttrCase<"add", 0>, I32EnumAttrCase<"sub", 1>,
+  I32EnumAttrCase<"mul", 2>, I32EnumAttrCase<"div", 3>,
+  I32EnumAttrCase<"max", 4>, I32EnumAttrCase<"min", 5>,
+  I32EnumAttrCase<"pow", 6>, I32EnumAttrCase<"fmod", 7>,
+  I32EnumAttrCase<"remainder", 8>, I32EnumAttrCase<"eq", 9>,
+  I32EnumAttrCase<"ne", 10>, I32EnumAttrCase<"lt", 11>,
+  I32EnumAttrCase<"le", 12>, I32EnumAttrCase<"gt", 13>,
+  I32EnumAttrCase<"ge", 14>, I32EnumAttrCase<"logical_and", 15>,
+  I32EnumAttrCase<"logical_or", 16>, I32EnumAttrCase<"logical_xor", 17>
+]> {
+  let cppNamespace = "::mlir::neuron";
+  let genSpecializedAttr = 0;
+}
+def Neuron_BinaryFnAttr : EnumAttr<Neuron_Dialect, Neuron_BinaryFn, "binary_fn">;
+
+def Neuron_ReduceFn : I32EnumAttr<"ReduceFn", "reduction", [
+  I32EnumAttrCase<"sum", 0>, I32EnumAttrCase<"max", 1>,
+  I32EnumAttrCase<"min", 2>, I32EnumAttrCase<"prod", 3>
+]> {
+  let cppNamespace = "::mlir::neuron";
+  let genSpecializedAttr = 0;
+}
+def Neuron_ReduceFnAttr : EnumAttr<Neuron_Dialect, Neuron_ReduceFn, "reduce_fn">;
+
+//===----------------------------------------------------------------------===//
+// Sources
+//===----------------------------------------------------------------------===//
+
+def Neuron_ConstantOp : Neuron_Op<"constant", [ConstantLike,
+    AllTypesMatch<["value", "result"]>]> {
+  let summary = "a tensor literal (weights captured by value, splats, tables)";
+  let arguments = (ins ElementsAttr:$value);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = "attr-dict $value";
+  let hasFolder = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+def Neuron_UnaryOp : Neuron_Op<"unary"> {
+  let summary = "elementwise function of one tensor";
+  let arguments = (ins Neuron_UnaryFnAttr:$fn, Neuron_Tensor:$input);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = "$fn $input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Neuron_BinaryOp : Neuron_Op<"binary"> {
+  let summary = "elementwise function of two tensors of the same shape";
+  let description = [{
+    Comparisons and logical functions produce `i1`; the others produce the
+    operands' element type.
+  }];
+  let arguments = (ins Neuron_BinaryFnAttr:$fn, Neuron_Tensor:$lhs,
+                   Neuron_Tensor:$rhs);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = [{
+    $fn $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Neuron_SelectOp : Neuron_Op<"select",
+    [AllTypesMatch<["on_true", "on_false", "result"]>]> {
+  let summary = "cond ? on_true : on_false, elementwise";
+  let arguments = (ins RankedTensorOf<[I1]>:$cond, Neuron_Tensor:$on_true,
+                   Neuron_Tensor:$on_false);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = [{
+    $cond `,` $on_true `,` $on_false attr-dict `:` type($cond) `,` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Neuron_CastOp : Neuron_Op<"cast"> {
+  let summary = "element type conversion (round to nearest even for floats)";
+  let arguments = (ins Neuron_Tensor:$input);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Contractions and reductions
+//===----------------------------------------------------------------------===//
+
+def Neuron_MatmulOp : Neuron_Op<"matmul"> {
+  let summary = "[B...,M,K] x [B...,K,N] -> [B...,M,N], fp32 accumulation";
+  let arguments = (ins RankedTensorOf<[Neuron_Float]>:$lhs,
+                   RankedTensorOf<[Neuron_Float]>:$rhs);
+  let results = (outs RankedTensorOf<[Neuron_Float]>:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Neuron_ReduceOp : Neuron_Op<"reduce"> {
+  let summary = "reduction over the innermost `count` dims";
+  let description = [{
+    Reduces the trailing `count` dimensions; the importer transposes other
+    reductions into this form so every reduction runs along the free axis.
+    The result drops the reduced dims (keepdim is an explicit reshape).
+  }];
+  let arguments = (ins Neuron_ReduceFnAttr:$fn, Neuron_Tensor:$input,
+                   I64Attr:$count);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = "$fn $input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Layout
+//===----------------------------------------------------------------------===//
+
+def Neuron_BroadcastOp : Neuron_Op<"broadcast"> {
+  let summary = "numpy-style broadcast (trailing dims aligned, size 1 expands)";
+  let arguments = (ins Neuron_Tensor:$input);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+def Neuron_TransposeOp : Neuron_Op<"transpose"> {
+  let summary = "dimension permutation: result dim i = input dim permutation[i]";
+  let arguments = (ins Neuron_Tensor:$input, DenseI64ArrayAttr:$permutation);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = [{
+    $input `,` $permutation attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+def Neuron_ReshapeOp : Neuron_Op<"reshape"> {
+  let summary = "same elements in row-major order, new shape";
+  let arguments = (ins Neuron_Tensor:$input);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+def Neuron_SliceOp : Neuron_Op<"slice"> {
+  let summary = "strided static slice: result[i] = input[offsets + i * strides]";
+  let arguments = (ins Neuron_Tensor:$input, DenseI64ArrayAttr:$offsets,
+                   DenseI64ArrayAttr:$strides);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = [{
+    $input attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+def Neuron_ConcatOp : Neuron_Op<"concat"> {
+  let summary = "concatenation along `dim`";
+  let arguments = (ins Variadic<Neuron_Tensor>:$inputs, I64Attr:$dim);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = "$inputs attr-dict `:` type($inputs) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Neuron_GatherOp : Neuron_Op<"gather"> {
+  let summary = "rows of `table` picked by `indices` (embedding, index_select)";
+  let description = [{
+    result[i..., :] = table[indices[i...], :] where the result shape is
+    indices.shape ++ table.shape[1:]. Indices out of range are a runtime
+    error on the device, as in PyTorch.
+  }];
+  let arguments = (ins Neuron_Tensor:$table, Neuron_IndexTensor:$indices);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = [{
+    $table `[` $indices `]` attr-dict `:` type($table) `,` type($indices) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+#endif // NEURON_OPS

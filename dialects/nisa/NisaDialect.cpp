@@ -1,0 +1,274 @@
+//===- NisaDialect.cpp - verifiers of `nisa` instructions -----------------===//
+#include "dialects/nisa/NisaDialect.h"
+
+#include "runtime/target/Target.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace mlir::nisa;
+
+#include "dialects/nisa/NisaDialect.cpp.inc"
+#include "dialects/nisa/NisaEnums.cpp.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "dialects/nisa/NisaAttrs.cpp.inc"
+
+void NisaDialect::initialize() {
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "dialects/nisa/NisaAttrs.cpp.inc"
+      >();
+  addOperations<
+#define GET_OP_LIST
+#include "dialects/nisa/NisaOps.cpp.inc"
+      >();
+}
+
+const ::neuron::target::Target *mlir::nisa::lookupTarget(Operation *op) {
+  std::string name = "trn2";
+  for (Operation *p = op; p; p = p->getParentOp())
+    if (auto attr = p->getAttrOfType<StringAttr>(kTargetAttrName)) {
+      name = attr.str();
+      break;
+    }
+  try {
+    return &::neuron::target::getTarget(name);
+  } catch (const std::exception &e) {
+    op->emitError(e.what());
+    return nullptr;
+  }
+}
+
+MemorySpace mlir::nisa::getMemorySpace(MemRefType type) {
+  if (auto attr = dyn_cast_or_null<MemorySpaceAttr>(type.getMemorySpace()))
+    return attr.getValue();
+  return MemorySpace::hbm;
+}
+
+MemRefType mlir::nisa::withMemorySpace(MemRefType type, MemorySpace space) {
+  Attribute attr = space == MemorySpace::hbm
+                       ? Attribute()
+                       : MemorySpaceAttr::get(type.getContext(), space);
+  return MemRefType::get(type.getShape(), type.getElementType(),
+                         type.getLayout(), attr);
+}
+
+//===----------------------------------------------------------------------===//
+// Shared operand rules
+//===----------------------------------------------------------------------===//
+
+static MemRefType memrefType(Value v) { return cast<MemRefType>(v.getType()); }
+
+/// Compute engines read and write on-chip tiles only: [partitions, free...]
+/// with the partition count within the target's.
+static LogicalResult verifyTile(Operation *op, Value v, StringRef name,
+                                bool allowPsum = true) {
+  MemRefType type = memrefType(v);
+  MemorySpace space = getMemorySpace(type);
+  if (space == MemorySpace::hbm)
+    return op->emitOpError(name) << " must be in SBUF or PSUM, not HBM";
+  if (!allowPsum && space == MemorySpace::psum)
+    return op->emitOpError(name) << " must be in SBUF (engine cannot "
+                                    "access PSUM)";
+  if (type.getRank() < 1)
+    return op->emitOpError(name) << " must have a partition dim";
+  const auto *target = lookupTarget(op);
+  if (!target)
+    return failure();
+  if (type.getDimSize(0) > target->partitions)
+    return op->emitOpError(name)
+           << " uses " << type.getDimSize(0) << " partitions; "
+           << target->name << " has " << target->partitions;
+  return success();
+}
+
+static LogicalResult verifySameShape(Operation *op, Value a, Value b,
+                                     StringRef what) {
+  if (memrefType(a).getShape() != memrefType(b).getShape())
+    return op->emitOpError(what) << " must have the same shape";
+  return success();
+}
+
+/// A [P, 1...] column with one value per partition, matching `rows`.
+static LogicalResult verifyColumn(Operation *op, Value column, Value rows,
+                                  StringRef name) {
+  MemRefType c = memrefType(column);
+  if (c.getDimSize(0) != memrefType(rows).getDimSize(0) ||
+      c.getNumElements() != c.getDimSize(0))
+    return op->emitOpError(name) << " must be a [P, 1] column matching the "
+                                    "partitions of the data";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// DMA
+//===----------------------------------------------------------------------===//
+
+LogicalResult DmaCopyOp::verify() {
+  if (failed(verifySameShape(*this, getSrc(), getDst(), "source and "
+                                                        "destination")))
+    return failure();
+  for (Value v : {getSrc(), getDst()})
+    if (getMemorySpace(memrefType(v)) != MemorySpace::hbm &&
+        failed(verifyTile(*this, v, "on-chip operand")))
+      return failure();
+  return success();
+}
+
+LogicalResult DmaGatherOp::verify() {
+  MemRefType table = memrefType(getTable()), dst = memrefType(getDst());
+  if (getMemorySpace(table) != MemorySpace::hbm)
+    return emitOpError("table must be in HBM");
+  if (failed(verifyTile(*this, getIndices(), "indices", false)) ||
+      failed(verifyTile(*this, getDst(), "destination", false)))
+    return failure();
+  if (!memrefType(getIndices()).getElementType().isSignlessInteger())
+    return emitOpError("indices must be integers");
+  if (failed(verifyColumn(*this, getIndices(), getDst(), "indices")))
+    return failure();
+  if (table.getRank() != 2 || dst.getRank() != 2 ||
+      table.getDimSize(1) != dst.getDimSize(1))
+    return emitOpError("table [V, D] and destination [P, D] must agree on D");
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// TensorE
+//===----------------------------------------------------------------------===//
+
+LogicalResult MatmulOp::verify() {
+  MemRefType s = memrefType(getStationary()), m = memrefType(getMoving()),
+             d = memrefType(getDst());
+  if (s.getRank() != 2 || m.getRank() != 2 || d.getRank() != 2)
+    return emitOpError("operands must be 2-d tiles");
+  if (getMemorySpace(s) != MemorySpace::sbuf ||
+      getMemorySpace(m) != MemorySpace::sbuf)
+    return emitOpError("stationary and moving operands must be in SBUF");
+  if (getMemorySpace(d) != MemorySpace::psum)
+    return emitOpError("destination must be in PSUM");
+  if (!d.getElementType().isF32())
+    return emitOpError("PSUM accumulates in f32");
+  if (s.getElementType() != m.getElementType())
+    return emitOpError("stationary and moving must have the same dtype");
+  const auto *target = lookupTarget(*this);
+  if (!target)
+    return failure();
+  int64_t k = s.getDimSize(0), mSize = s.getDimSize(1), n = m.getDimSize(1);
+  if (m.getDimSize(0) != k)
+    return emitOpError("contraction (partition) sizes differ: ")
+           << k << " vs " << m.getDimSize(0);
+  if (k > target->matmulMaxK)
+    return emitOpError("contraction size ") << k << " exceeds "
+                                            << target->matmulMaxK;
+  if (mSize > target->matmulMaxStationaryFree)
+    return emitOpError("stationary free size ")
+           << mSize << " exceeds " << target->matmulMaxStationaryFree;
+  if (n > target->matmulMaxMovingFree)
+    return emitOpError("moving free size ")
+           << n << " exceeds " << target->matmulMaxMovingFree;
+  if (d.getDimSize(0) != mSize || d.getDimSize(1) != n)
+    return emitOpError("destination must be [M, N] = [")
+           << mSize << ", " << n << "]";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// ScalarE / VectorE / GpSimd
+//===----------------------------------------------------------------------===//
+
+LogicalResult ActivationOp::verify() {
+  if (failed(verifyTile(*this, getSrc(), "source")) ||
+      failed(verifyTile(*this, getDst(), "destination")) ||
+      failed(verifySameShape(*this, getSrc(), getDst(),
+                             "source and destination")))
+    return failure();
+  if (getBias() && (failed(verifyTile(*this, getBias(), "bias")) ||
+                    failed(verifyColumn(*this, getBias(), getSrc(), "bias"))))
+    return failure();
+  return success();
+}
+
+LogicalResult TensorTensorOp::verify() {
+  if (failed(verifyTile(*this, getA(), "first operand")) ||
+      failed(verifyTile(*this, getB(), "second operand")) ||
+      failed(verifyTile(*this, getDst(), "destination")) ||
+      failed(verifySameShape(*this, getA(), getB(), "operands")) ||
+      failed(verifySameShape(*this, getA(), getDst(),
+                             "operands and destination")))
+    return failure();
+  if (getMemorySpace(memrefType(getA())) == MemorySpace::psum &&
+      getMemorySpace(memrefType(getB())) == MemorySpace::psum)
+    return emitOpError("at most one operand may be in PSUM");
+  return success();
+}
+
+LogicalResult TensorScalarOp::verify() {
+  if (failed(verifyTile(*this, getSrc(), "source")) ||
+      failed(verifyTile(*this, getDst(), "destination")) ||
+      failed(verifySameShape(*this, getSrc(), getDst(),
+                             "source and destination")))
+    return failure();
+  if (getScalar() &&
+      (failed(verifyTile(*this, getScalar(), "scalar")) ||
+       failed(verifyColumn(*this, getScalar(), getSrc(), "scalar"))))
+    return failure();
+  return success();
+}
+
+LogicalResult TensorReduceOp::verify() {
+  if (failed(verifyTile(*this, getSrc(), "source")) ||
+      failed(verifyTile(*this, getDst(), "destination")) ||
+      failed(verifyColumn(*this, getDst(), getSrc(), "destination")))
+    return failure();
+  switch (getOp()) {
+  case AluOp::add:
+  case AluOp::max:
+  case AluOp::min:
+  case AluOp::multiply:
+    return success();
+  default:
+    return emitOpError("reduction must be add, max, min or multiply");
+  }
+}
+
+LogicalResult SelectOp::verify() {
+  for (auto [v, name] : {std::pair{getPred(), "predicate"},
+                         {getOnTrue(), "on_true"},
+                         {getOnFalse(), "on_false"},
+                         {getDst(), "destination"}})
+    if (failed(verifyTile(*this, v, name)) ||
+        failed(verifySameShape(*this, v, getDst(), "operands")))
+      return failure();
+  return success();
+}
+
+LogicalResult CopyOp::verify() {
+  bool gpsimd = getEngine() == Engine::gpsimd;
+  if (getEngine() == Engine::tensor || getEngine() == Engine::sync)
+    return emitOpError("copy runs on VectorE, ScalarE or GpSimd");
+  if (failed(verifyTile(*this, getSrc(), "source", !gpsimd)) ||
+      failed(verifyTile(*this, getDst(), "destination", !gpsimd)) ||
+      failed(verifySameShape(*this, getSrc(), getDst(),
+                             "source and destination")))
+    return failure();
+  return success();
+}
+
+LogicalResult MemsetOp::verify() {
+  return verifyTile(*this, getDst(), "destination");
+}
+
+LogicalResult IotaOp::verify() {
+  if (failed(verifyTile(*this, getDst(), "destination", false)))
+    return failure();
+  if ((int64_t)getMultipliers().size() != memrefType(getDst()).getRank() - 1)
+    return emitOpError("needs one multiplier per free dim");
+  return success();
+}
+
+#define GET_OP_CLASSES
+#include "dialects/nisa/NisaOps.cpp.inc"

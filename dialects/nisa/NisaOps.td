@@ -1,0 +1,202 @@
+//===- NisaOps.td - kernel-level Neuron ISA dialect --------*- tablegen -*-===//
+//
+// One op per engine instruction of a NeuronCore, named after the NKI ISA.
+// Operands are memref views: HBM buffers (no memory space or #nisa.mem<hbm>)
+// and on-chip tiles in #nisa.mem<sbuf> / #nisa.mem<psum> whose dim 0 is the
+// partition dim. Views are built with memref.reinterpret_cast so every
+// operand is an access pattern (offset affine in scf.for ivs, static sizes
+// and strides), which is exactly what the program emitter writes out.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef NISA_OPS
+#define NISA_OPS
+
+include "mlir/IR/OpBase.td"
+include "mlir/IR/AttrTypeBase.td"
+include "mlir/IR/EnumAttr.td"
+include "mlir/IR/CommonTypeConstraints.td"
+include "mlir/IR/CommonAttrConstraints.td"
+
+def Nisa_Dialect : Dialect {
+  let name = "nisa";
+  let cppNamespace = "::mlir::nisa";
+  let summary = "Engine instructions of a Trainium NeuronCore";
+  let description = [{
+    Kernel-level IR: explicit memories (HBM, SBUF, PSUM), partition dims of at
+    most the target's partition count, and one op per TensorE, VectorE,
+    ScalarE, GpSimd or DMA instruction. Loops stay `scf.for` loops, so the
+    program does not grow with tensor sizes. Verifiers ask the target named
+    by the module attribute `nisa.target` (default `trn2`).
+  }];
+  let useDefaultAttributePrinterParser = 1;
+}
+
+def Nisa_MemorySpace : I32EnumAttr<"MemorySpace", "memory of a NeuronCore", [
+  I32EnumAttrCase<"hbm", 0>, I32EnumAttrCase<"sbuf", 1>,
+  I32EnumAttrCase<"psum", 2>
+]> {
+  let cppNamespace = "::mlir::nisa";
+  let genSpecializedAttr = 0;
+}
+def Nisa_MemorySpaceAttr : EnumAttr<Nisa_Dialect, Nisa_MemorySpace, "mem"> {
+  let assemblyFormat = "`<` $value `>`";
+}
+
+def Nisa_ActivationFn : I32EnumAttr<"ActivationFn", "ScalarE function", [
+  I32EnumAttrCase<"identity", 0>, I32EnumAttrCase<"neg", 1>,
+  I32EnumAttrCase<"abs", 2>, I32EnumAttrCase<"exp", 3>,
+  I32EnumAttrCase<"log", 4>, I32EnumAttrCase<"sqrt", 5>,
+  I32EnumAttrCase<"rsqrt", 6>, I32EnumAttrCase<"reciprocal", 7>,
+  I32EnumAttrCase<"tanh", 8>, I32EnumAttrCase<"sigmoid", 9>,
+  I32EnumAttrCase<"relu", 10>, I32EnumAttrCase<"gelu", 11>,
+  I32EnumAttrCase<"gelu_tanh", 12>, I32EnumAttrCase<"silu", 13>,
+  I32EnumAttrCase<"erf", 14>, I32EnumAttrCase<"sin", 15>,
+  I32EnumAttrCase<"cos", 16>, I32EnumAttrCase<"sign", 17>,
+  I32EnumAttrCase<"square", 18>, I32EnumAttrCase<"floor", 19>,
+  I32EnumAttrCase<"ceil", 20>, I32EnumAttrCase<"round", 21>,
+  I32EnumAttrCase<"trunc", 22>, I32EnumAttrCase<"log1p", 23>,
+  I32EnumAttrCase<"expm1", 24>, I32EnumAttrCase<"logical_not", 25>
+]> {
+  let cppNamespace = "::mlir::nisa";
+  let genSpecializedAttr = 0;
+}
+def Nisa_ActivationFnAttr : EnumAttr<Nisa_Dialect, Nisa_ActivationFn, "act">;
+
+def Nisa_AluOp : I32EnumAttr<"AluOp", "VectorE/GpSimd ALU operation", [
+  I32EnumAttrCase<"add", 0>, I32EnumAttrCase<"subtract", 1>,
+  I32EnumAttrCase<"multiply", 2>, I32EnumAttrCase<"divide", 3>,
+  I32EnumAttrCase<"max", 4>, I32EnumAttrCase<"min", 5>,
+  I32EnumAttrCase<"pow", 6>, I32EnumAttrCase<"mod", 7>,
+  I32EnumAttrCase<"remainder", 8>, I32EnumAttrCase<"eq", 9>,
+  I32EnumAttrCase<"ne", 10>, I32EnumAttrCase<"lt", 11>,
+  I32EnumAttrCase<"le", 12>, I32EnumAttrCase<"gt", 13>,
+  I32EnumAttrCase<"ge", 14>, I32EnumAttrCase<"logical_and", 15>,
+  I32EnumAttrCase<"logical_or", 16>, I32EnumAttrCase<"logical_xor", 17>,
+  I32EnumAttrCase<"bypass", 18>
+]> {
+  let cppNamespace = "::mlir::nisa";
+  let genSpecializedAttr = 0;
+}
+def Nisa_AluOpAttr : EnumAttr<Nisa_Dialect, Nisa_AluOp, "alu">;
+
+def Nisa_Engine : I32EnumAttr<"Engine", "instruction queue", [
+  I32EnumAttrCase<"tensor", 0>, I32EnumAttrCase<"vector", 1>,
+  I32EnumAttrCase<"scalar", 2>, I32EnumAttrCase<"gpsimd", 3>,
+  I32EnumAttrCase<"sync", 4>
+]> {
+  let cppNamespace = "::mlir::nisa";
+  let genSpecializedAttr = 0;
+}
+def Nisa_EngineAttr : EnumAttr<Nisa_Dialect, Nisa_Engine, "engine"> {
+  let assemblyFormat = "`<` $value `>`";
+}
+
+class Nisa_Op<string mnemonic, list<Trait> traits = []>
+    : Op<Nisa_Dialect, mnemonic, traits> {
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// DMA
+//===----------------------------------------------------------------------===//
+
+def Nisa_DmaCopyOp : Nisa_Op<"dma_copy"> {
+  let summary = "DMA transfer between any two memories, with dtype cast";
+  let arguments = (ins AnyMemRef:$src, AnyMemRef:$dst);
+  let assemblyFormat = "$src `,` $dst attr-dict `:` type($src) `,` type($dst)";
+}
+
+def Nisa_DmaGatherOp : Nisa_Op<"dma_gather"> {
+  let summary = "indirect DMA: dst[p, :] = table[indices[p], :]";
+  let arguments = (ins AnyMemRef:$table, AnyMemRef:$indices, AnyMemRef:$dst);
+  let assemblyFormat = [{
+    $table `[` $indices `]` `,` $dst attr-dict `:` type($table) `,` type($indices) `,` type($dst)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// TensorE
+//===----------------------------------------------------------------------===//
+
+def Nisa_MatmulOp : Nisa_Op<"matmul"> {
+  let summary = "dst[M,N] (+)= stationary[K,M]^T @ moving[K,N] into PSUM";
+  let arguments = (ins AnyMemRef:$stationary, AnyMemRef:$moving,
+                   AnyMemRef:$dst, UnitAttr:$accumulate);
+  let assemblyFormat = [{
+    $stationary `,` $moving `,` $dst attr-dict `:` type($stationary) `,` type($moving) `,` type($dst)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// ScalarE / VectorE / GpSimd
+//===----------------------------------------------------------------------===//
+
+def Nisa_ActivationOp : Nisa_Op<"activation"> {
+  let summary = "ScalarE: dst = func(src * scale + bias)";
+  let arguments = (ins AnyMemRef:$src, AnyMemRef:$dst,
+                   Optional<AnyMemRef>:$bias, Nisa_ActivationFnAttr:$func,
+                   DefaultValuedAttr<F64Attr, "1.0">:$scale,
+                   DefaultValuedAttr<F64Attr, "0.0">:$bias_imm);
+  let assemblyFormat = [{
+    $func $src `,` $dst (`bias` $bias^)? attr-dict `:` type($src) `,` type($dst) (`,` type($bias)^)?
+  }];
+}
+
+def Nisa_TensorTensorOp : Nisa_Op<"tensor_tensor"> {
+  let summary = "VectorE: dst = a op b";
+  let arguments = (ins Nisa_AluOpAttr:$op, AnyMemRef:$a, AnyMemRef:$b,
+                   AnyMemRef:$dst);
+  let assemblyFormat = [{
+    $op $a `,` $b `,` $dst attr-dict `:` type($a) `,` type($b) `,` type($dst)
+  }];
+}
+
+def Nisa_TensorScalarOp : Nisa_Op<"tensor_scalar"> {
+  let summary = "VectorE: dst = src op s, s an immediate or a [P,1] column";
+  let arguments = (ins Nisa_AluOpAttr:$op, AnyMemRef:$src, AnyMemRef:$dst,
+                   Optional<AnyMemRef>:$scalar,
+                   DefaultValuedAttr<F64Attr, "0.0">:$imm, UnitAttr:$reverse);
+  let assemblyFormat = [{
+    $op $src `,` $dst (`scalar` $scalar^)? attr-dict `:` type($src) `,` type($dst) (`,` type($scalar)^)?
+  }];
+}
+
+def Nisa_TensorReduceOp : Nisa_Op<"tensor_reduce"> {
+  let summary = "VectorE: dst[p, 0] = reduce of the free elements of src[p]";
+  let arguments = (ins Nisa_AluOpAttr:$op, AnyMemRef:$src, AnyMemRef:$dst);
+  let assemblyFormat = [{
+    $op $src `,` $dst attr-dict `:` type($src) `,` type($dst)
+  }];
+}
+
+def Nisa_SelectOp : Nisa_Op<"select"> {
+  let summary = "VectorE: dst = pred != 0 ? on_true : on_false";
+  let arguments = (ins AnyMemRef:$pred, AnyMemRef:$on_true,
+                   AnyMemRef:$on_false, AnyMemRef:$dst);
+  let assemblyFormat = [{
+    $pred `,` $on_true `,` $on_false `,` $dst attr-dict `:` type($pred) `,` type($on_true) `,` type($on_false) `,` type($dst)
+  }];
+}
+
+def Nisa_CopyOp : Nisa_Op<"copy"> {
+  let summary = "tensor_copy on VectorE, ScalarE or GpSimd, with dtype cast";
+  let arguments = (ins AnyMemRef:$src, AnyMemRef:$dst,
+                   DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
+  let assemblyFormat = "$src `,` $dst attr-dict `:` type($src) `,` type($dst)";
+}
+
+def Nisa_MemsetOp : Nisa_Op<"memset"> {
+  let summary = "VectorE: dst = value";
+  let arguments = (ins AnyMemRef:$dst, F64Attr:$value);
+  let assemblyFormat = "$dst `,` $value attr-dict `:` type($dst)";
+}
+
+def Nisa_IotaOp : Nisa_Op<"iota"> {
+  let summary = "GpSimd: dst[p, i...] = base + p * channel_multiplier + sum(i_k * multipliers[k])";
+  let arguments = (ins AnyMemRef:$dst, F64Attr:$base,
+                   F64Attr:$channel_multiplier, DenseF64ArrayAttr:$multipliers);
+  let assemblyFormat = "$dst attr-dict `:` type($dst)";
+}
+
+#endif // NISA_OPS

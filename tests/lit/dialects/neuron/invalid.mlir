@@ -1,0 +1,311 @@
+// RUN: neuron-opt %s -split-input-file -verify-diagnostics
+
+func.func @constant_type(%a: tensor<4xf32>) {
+  // expected-error @+1 {{all of {value, result} have same type}}
+  %0 = "neuron.constant"() {value = dense<1.0> : tensor<2xf32>} : () -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @unary_shape(%a: tensor<4xf32>) {
+  // expected-error @+1 {{result shape must equal the input shape}}
+  %0 = neuron.unary exp %a : tensor<4xf32> -> tensor<5xf32>
+  return
+}
+
+// -----
+
+func.func @unary_type(%a: tensor<4xf32>) {
+  // expected-error @+1 {{result element type must equal the input's}}
+  %0 = neuron.unary exp %a : tensor<4xf32> -> tensor<4xbf16>
+  return
+}
+
+// -----
+
+func.func @logical_not(%a: tensor<4xf32>) {
+  // expected-error @+1 {{logical_not produces i1}}
+  %0 = neuron.unary logical_not %a : tensor<4xf32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @binary_broadcast(%a: tensor<4xf32>, %b: tensor<1xf32>) {
+  // expected-error @+1 {{broadcast explicitly}}
+  %0 = neuron.binary add %a, %b : tensor<4xf32>, tensor<1xf32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @binary_types(%a: tensor<4xf32>, %b: tensor<4xbf16>) {
+  // expected-error @+1 {{operands must have the same element type}}
+  %0 = neuron.binary add %a, %b : tensor<4xf32>, tensor<4xbf16> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @predicate(%a: tensor<4xf32>) {
+  // expected-error @+1 {{'lt' produces an i1 tensor}}
+  %0 = neuron.binary lt %a, %a : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @binary_result(%a: tensor<4xf32>) {
+  // expected-error @+1 {{result element type must equal the operands'}}
+  %0 = neuron.binary add %a, %a : tensor<4xf32>, tensor<4xf32> -> tensor<4xi1>
+  return
+}
+
+// -----
+
+func.func @select_types(%c: tensor<4xi1>, %a: tensor<4xf32>, %b: tensor<3xf32>) {
+  // expected-error @+1 {{all of {on_true, on_false, result} have same type}}
+  %0 = "neuron.select"(%c, %a, %b) : (tensor<4xi1>, tensor<4xf32>, tensor<3xf32>) -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @select_shape(%c: tensor<3xi1>, %a: tensor<4xf32>) {
+  // expected-error @+1 {{condition and values must have the same shape}}
+  %0 = neuron.select %c, %a, %a : tensor<3xi1>, tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @cast(%a: tensor<4xf32>) {
+  // expected-error @+1 {{cast keeps the shape}}
+  %0 = neuron.cast %a : tensor<4xf32> -> tensor<2xbf16>
+  return
+}
+
+// -----
+
+func.func @matmul_rank(%a: tensor<4xf32>, %b: tensor<4xf32>) {
+  // expected-error @+1 {{same rank >= 2}}
+  %0 = neuron.matmul %a, %b : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @matmul_types(%a: tensor<4x8xf32>, %b: tensor<8x2xbf16>) {
+  // expected-error @+1 {{operands must have the same element type}}
+  %0 = neuron.matmul %a, %b : tensor<4x8xf32>, tensor<8x2xbf16> -> tensor<4x2xf32>
+  return
+}
+
+// -----
+
+func.func @matmul_batch(%a: tensor<2x4x8xf32>, %b: tensor<3x8x2xf32>) {
+  // expected-error @+1 {{batch dimension 0 differs}}
+  %0 = neuron.matmul %a, %b : tensor<2x4x8xf32>, tensor<3x8x2xf32> -> tensor<2x4x2xf32>
+  return
+}
+
+// -----
+
+func.func @matmul_k(%a: tensor<4x8xf32>, %b: tensor<7x2xf32>) {
+  // expected-error @+1 {{contraction sizes differ: 8 vs 7}}
+  %0 = neuron.matmul %a, %b : tensor<4x8xf32>, tensor<7x2xf32> -> tensor<4x2xf32>
+  return
+}
+
+// -----
+
+func.func @matmul_result(%a: tensor<4x8xf32>, %b: tensor<8x2xf32>) {
+  // expected-error @+1 {{result must be [..., M, N]}}
+  %0 = neuron.matmul %a, %b : tensor<4x8xf32>, tensor<8x2xf32> -> tensor<4x3xf32>
+  return
+}
+
+// -----
+
+func.func @reduce_count(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{count 3 out of range for rank 2}}
+  %0 = neuron.reduce sum %a {count = 3} : tensor<4x8xf32> -> tensor<f32>
+  return
+}
+
+// -----
+
+func.func @reduce_shape(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{without the reduced dims}}
+  %0 = neuron.reduce sum %a {count = 1} : tensor<4x8xf32> -> tensor<8xf32>
+  return
+}
+
+// -----
+
+func.func @reduce_type(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{result element type must equal the input's}}
+  %0 = neuron.reduce max %a {count = 1} : tensor<4x8xf32> -> tensor<4xbf16>
+  return
+}
+
+// -----
+
+func.func @broadcast_type(%a: tensor<4xf32>) {
+  // expected-error @+1 {{broadcast keeps the element type}}
+  %0 = neuron.broadcast %a : tensor<4xf32> -> tensor<2x4xbf16>
+  return
+}
+
+// -----
+
+func.func @broadcast_rank(%a: tensor<2x4xf32>) {
+  // expected-error @+1 {{result rank must be at least the input rank}}
+  %0 = neuron.broadcast %a : tensor<2x4xf32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @broadcast_size(%a: tensor<3xf32>) {
+  // expected-error @+1 {{input dim 0 of size 3 cannot broadcast to 4}}
+  %0 = neuron.broadcast %a : tensor<3xf32> -> tensor<2x4xf32>
+  return
+}
+
+// -----
+
+func.func @transpose_perm(%a: tensor<2x4xf32>) {
+  // expected-error @+1 {{permutation must list every dimension once}}
+  %0 = neuron.transpose %a, [0, 0] : tensor<2x4xf32> -> tensor<2x2xf32>
+  return
+}
+
+// -----
+
+func.func @transpose_shape(%a: tensor<2x4xf32>) {
+  // expected-error @+1 {{result dim 0 must be input dim 1}}
+  %0 = neuron.transpose %a, [1, 0] : tensor<2x4xf32> -> tensor<2x4xf32>
+  return
+}
+
+// -----
+
+func.func @transpose_type(%a: tensor<2x4xf32>) {
+  // expected-error @+1 {{transpose keeps the element type}}
+  %0 = neuron.transpose %a, [1, 0] : tensor<2x4xf32> -> tensor<4x2xbf16>
+  return
+}
+
+// -----
+
+func.func @reshape_count(%a: tensor<2x4xf32>) {
+  // expected-error @+1 {{reshape must keep the number of elements (8 vs 9)}}
+  %0 = neuron.reshape %a : tensor<2x4xf32> -> tensor<9xf32>
+  return
+}
+
+// -----
+
+func.func @reshape_type(%a: tensor<2x4xf32>) {
+  // expected-error @+1 {{reshape keeps the element type}}
+  %0 = neuron.reshape %a : tensor<2x4xf32> -> tensor<8xbf16>
+  return
+}
+
+// -----
+
+func.func @slice_entries(%a: tensor<2x4xf32>) {
+  // expected-error @+1 {{one entry per dimension}}
+  %0 = neuron.slice %a {offsets = array<i64: 0>, strides = array<i64: 1, 1>} : tensor<2x4xf32> -> tensor<2x4xf32>
+  return
+}
+
+// -----
+
+func.func @slice_stride(%a: tensor<2x4xf32>) {
+  // expected-error @+1 {{stride of dim 1 must be positive}}
+  %0 = neuron.slice %a {offsets = array<i64: 0, 0>, strides = array<i64: 1, 0>} : tensor<2x4xf32> -> tensor<2x4xf32>
+  return
+}
+
+// -----
+
+func.func @slice_bounds(%a: tensor<2x4xf32>) {
+  // expected-error @+1 {{dim 1 reads outside the input}}
+  %0 = neuron.slice %a {offsets = array<i64: 0, 2>, strides = array<i64: 1, 1>} : tensor<2x4xf32> -> tensor<2x3xf32>
+  return
+}
+
+// -----
+
+func.func @slice_type(%a: tensor<2x4xf32>) {
+  // expected-error @+1 {{slice keeps the element type}}
+  %0 = neuron.slice %a {offsets = array<i64: 0, 0>, strides = array<i64: 1, 1>} : tensor<2x4xf32> -> tensor<2x4xbf16>
+  return
+}
+
+// -----
+
+func.func @concat_empty() {
+  // expected-error @+1 {{needs at least one input}}
+  %0 = "neuron.concat"() {dim = 0 : i64} : () -> tensor<2xf32>
+  return
+}
+
+// -----
+
+func.func @concat_dim(%a: tensor<2xf32>) {
+  // expected-error @+1 {{dim 1 out of range}}
+  %0 = neuron.concat %a {dim = 1} : tensor<2xf32> -> tensor<2xf32>
+  return
+}
+
+// -----
+
+func.func @concat_rank(%a: tensor<2xf32>, %b: tensor<2x1xf32>) {
+  // expected-error @+1 {{inputs must match the result's rank and type}}
+  %0 = neuron.concat %a, %b {dim = 0} : tensor<2xf32>, tensor<2x1xf32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @concat_other_dim(%a: tensor<2x3xf32>, %b: tensor<2x4xf32>) {
+  // expected-error @+1 {{inputs differ from the result in dim 1}}
+  %0 = neuron.concat %a, %b {dim = 0} : tensor<2x3xf32>, tensor<2x4xf32> -> tensor<4x3xf32>
+  return
+}
+
+// -----
+
+func.func @concat_sum(%a: tensor<2xf32>) {
+  // expected-error @+1 {{sizes along dim 0 add up to 4, result has 5}}
+  %0 = neuron.concat %a, %a {dim = 0} : tensor<2xf32>, tensor<2xf32> -> tensor<5xf32>
+  return
+}
+
+// -----
+
+func.func @gather_rank(%t: tensor<f32>, %i: tensor<3xi64>) {
+  // expected-error @+1 {{table must have rank >= 1}}
+  %0 = neuron.gather %t[%i] : tensor<f32>, tensor<3xi64> -> tensor<3xf32>
+  return
+}
+
+// -----
+
+func.func @gather_shape(%t: tensor<8x4xf32>, %i: tensor<3xi64>) {
+  // expected-error @+1 {{indices.shape ++ table.shape[1:]}}
+  %0 = neuron.gather %t[%i] : tensor<8x4xf32>, tensor<3xi64> -> tensor<3x8xf32>
+  return
+}
+
+// -----
+
+func.func @gather_type(%t: tensor<8x4xf32>, %i: tensor<3xi64>) {
+  // expected-error @+1 {{result element type must equal the table's}}
+  %0 = neuron.gather %t[%i] : tensor<8x4xf32>, tensor<3xi64> -> tensor<3x4xbf16>
+  return
+}

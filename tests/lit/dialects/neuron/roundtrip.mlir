@@ -1,0 +1,35 @@
+// RUN: neuron-opt %s | neuron-opt | FileCheck %s
+
+// CHECK-LABEL: func.func @ops
+func.func @ops(%a: tensor<4x8xf32>, %b: tensor<8x16xf32>, %c: tensor<4x8xi1>,
+               %i: tensor<3xi64>) -> tensor<4x16xf32> {
+  // CHECK: neuron.constant dense<1.000000e+00> : tensor<4x8xf32>
+  %one = neuron.constant dense<1.0> : tensor<4x8xf32>
+  // CHECK: neuron.unary exp
+  %e = neuron.unary exp %a : tensor<4x8xf32> -> tensor<4x8xf32>
+  // CHECK: neuron.binary add
+  %s = neuron.binary add %e, %one : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xf32>
+  // CHECK: neuron.binary lt {{.*}} -> tensor<4x8xi1>
+  %p = neuron.binary lt %s, %a : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xi1>
+  // CHECK: neuron.select
+  %w = neuron.select %c, %s, %a : tensor<4x8xi1>, tensor<4x8xf32>
+  // CHECK: neuron.cast {{.*}} -> tensor<4x8xbf16>
+  %h = neuron.cast %w : tensor<4x8xf32> -> tensor<4x8xbf16>
+  // CHECK: neuron.reduce sum {{.*}} {count = 1 : i64}
+  %r = neuron.reduce sum %a {count = 1} : tensor<4x8xf32> -> tensor<4xf32>
+  // CHECK: neuron.broadcast
+  %bc = neuron.broadcast %r : tensor<4xf32> -> tensor<2x4xf32>
+  // CHECK: neuron.transpose {{.*}}, [1, 0]
+  %t = neuron.transpose %a, [1, 0] : tensor<4x8xf32> -> tensor<8x4xf32>
+  // CHECK: neuron.reshape
+  %v = neuron.reshape %t : tensor<8x4xf32> -> tensor<32xf32>
+  // CHECK: neuron.slice {{.*}}offsets = array<i64: 0, 2>{{.*}}strides = array<i64: 1, 2>
+  %sl = neuron.slice %a {offsets = array<i64: 0, 2>, strides = array<i64: 1, 2>} : tensor<4x8xf32> -> tensor<4x3xf32>
+  // CHECK: neuron.concat {{.*}} {dim = 1 : i64}
+  %cc = neuron.concat %a, %a {dim = 1} : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x16xf32>
+  // CHECK: neuron.gather
+  %g = neuron.gather %b[%i] : tensor<8x16xf32>, tensor<3xi64> -> tensor<3x16xf32>
+  // CHECK: neuron.matmul
+  %m = neuron.matmul %a, %b : tensor<4x8xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
+  return %m : tensor<4x16xf32>
+}

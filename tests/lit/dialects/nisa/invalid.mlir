@@ -1,0 +1,259 @@
+// RUN: neuron-opt %s -split-input-file -verify-diagnostics
+
+func.func @dma_shape(%a: memref<4x8xf32>, %b: memref<4x9xf32>) {
+  // expected-error @+1 {{source and destination must have the same shape}}
+  nisa.dma_copy %a, %b : memref<4x8xf32>, memref<4x9xf32>
+  return
+}
+
+// -----
+
+func.func @dma_partitions(%a: memref<129x8xf32>, %b: memref<129x8xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{uses 129 partitions; trn2 has 128}}
+  nisa.dma_copy %a, %b : memref<129x8xf32>, memref<129x8xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+module attributes {nisa.target = "trn9"} {
+  func.func @unknown_target(%a: memref<4x8xf32>, %b: memref<4x8xf32, #nisa.mem<sbuf>>) {
+    // expected-error @+1 {{unknown target}}
+    nisa.dma_copy %a, %b : memref<4x8xf32>, memref<4x8xf32, #nisa.mem<sbuf>>
+    return
+  }
+}
+
+// -----
+
+func.func @gather_table(%t: memref<8x4xf32, #nisa.mem<sbuf>>, %i: memref<4x1xi32, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{table must be in HBM}}
+  nisa.dma_gather %t[%i], %d : memref<8x4xf32, #nisa.mem<sbuf>>, memref<4x1xi32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @gather_psum(%t: memref<8x4xf32>, %i: memref<4x1xi32, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{destination must be in SBUF (engine cannot access PSUM)}}
+  nisa.dma_gather %t[%i], %d : memref<8x4xf32>, memref<4x1xi32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+func.func @gather_index_type(%t: memref<8x4xf32>, %i: memref<4x1xf32, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{indices must be integers}}
+  nisa.dma_gather %t[%i], %d : memref<8x4xf32>, memref<4x1xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @gather_column(%t: memref<8x4xf32>, %i: memref<4x2xi32, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{indices must be a [P, 1] column}}
+  nisa.dma_gather %t[%i], %d : memref<8x4xf32>, memref<4x2xi32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @gather_width(%t: memref<8x4xf32>, %i: memref<4x1xi32, #nisa.mem<sbuf>>, %d: memref<4x5xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{must agree on D}}
+  nisa.dma_gather %t[%i], %d : memref<8x4xf32>, memref<4x1xi32, #nisa.mem<sbuf>>, memref<4x5xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @matmul_rank(%s: memref<4xbf16, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{operands must be 2-d tiles}}
+  nisa.matmul %s, %s, %d : memref<4xbf16, #nisa.mem<sbuf>>, memref<4xbf16, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+func.func @matmul_sbuf(%s: memref<4x4xbf16>, %d: memref<4x4xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{stationary and moving operands must be in SBUF}}
+  nisa.matmul %s, %s, %d : memref<4x4xbf16>, memref<4x4xbf16>, memref<4x4xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+func.func @matmul_psum(%s: memref<4x4xbf16, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{destination must be in PSUM}}
+  nisa.matmul %s, %s, %d : memref<4x4xbf16, #nisa.mem<sbuf>>, memref<4x4xbf16, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @matmul_f32(%s: memref<4x4xbf16, #nisa.mem<sbuf>>, %d: memref<4x4xbf16, #nisa.mem<psum>>) {
+  // expected-error @+1 {{PSUM accumulates in f32}}
+  nisa.matmul %s, %s, %d : memref<4x4xbf16, #nisa.mem<sbuf>>, memref<4x4xbf16, #nisa.mem<sbuf>>, memref<4x4xbf16, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+func.func @matmul_dtypes(%s: memref<4x4xbf16, #nisa.mem<sbuf>>, %m: memref<4x4xf32, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{stationary and moving must have the same dtype}}
+  nisa.matmul %s, %m, %d : memref<4x4xbf16, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+func.func @matmul_k(%s: memref<4x4xbf16, #nisa.mem<sbuf>>, %m: memref<8x4xbf16, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{contraction (partition) sizes differ: 4 vs 8}}
+  nisa.matmul %s, %m, %d : memref<4x4xbf16, #nisa.mem<sbuf>>, memref<8x4xbf16, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+func.func @matmul_kmax(%s: memref<256x4xbf16, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{contraction size 256 exceeds 128}}
+  nisa.matmul %s, %s, %d : memref<256x4xbf16, #nisa.mem<sbuf>>, memref<256x4xbf16, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+func.func @matmul_stationary(%s: memref<4x256xbf16, #nisa.mem<sbuf>>, %m: memref<4x4xbf16, #nisa.mem<sbuf>>, %d: memref<256x4xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{stationary free size 256 exceeds 128}}
+  nisa.matmul %s, %m, %d : memref<4x256xbf16, #nisa.mem<sbuf>>, memref<4x4xbf16, #nisa.mem<sbuf>>, memref<256x4xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+func.func @matmul_moving(%s: memref<4x4xbf16, #nisa.mem<sbuf>>, %m: memref<4x1024xbf16, #nisa.mem<sbuf>>, %d: memref<4x1024xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{moving free size 1024 exceeds 512}}
+  nisa.matmul %s, %m, %d : memref<4x4xbf16, #nisa.mem<sbuf>>, memref<4x1024xbf16, #nisa.mem<sbuf>>, memref<4x1024xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+// Trainium3 matmuls may write up to 4096 fp32 columns (all eight banks).
+module attributes {nisa.target = "trn3"} {
+  func.func @matmul_moving_trn3(%s: memref<4x4xbf16, #nisa.mem<sbuf>>, %m: memref<4x1024xbf16, #nisa.mem<sbuf>>, %d: memref<4x1024xf32, #nisa.mem<psum>>) {
+    nisa.matmul %s, %m, %d : memref<4x4xbf16, #nisa.mem<sbuf>>, memref<4x1024xbf16, #nisa.mem<sbuf>>, memref<4x1024xf32, #nisa.mem<psum>>
+    return
+  }
+}
+
+// -----
+
+func.func @matmul_dst(%s: memref<4x4xbf16, #nisa.mem<sbuf>>, %d: memref<4x8xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{destination must be [M, N] = [4, 4]}}
+  nisa.matmul %s, %s, %d : memref<4x4xbf16, #nisa.mem<sbuf>>, memref<4x4xbf16, #nisa.mem<sbuf>>, memref<4x8xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+func.func @activation_hbm(%a: memref<4x4xf32>, %b: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{source must be in SBUF or PSUM, not HBM}}
+  nisa.activation exp %a, %b : memref<4x4xf32>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @activation_shape(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %b: memref<4x5xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{source and destination must have the same shape}}
+  nisa.activation exp %a, %b : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x5xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @activation_bias(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %c: memref<4x2xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{bias must be a [P, 1] column}}
+  nisa.activation exp %a, %a bias %c : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x2xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @tt_psum(%a: memref<4x4xf32, #nisa.mem<psum>>, %b: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{at most one operand may be in PSUM}}
+  nisa.tensor_tensor add %a, %a, %b : memref<4x4xf32, #nisa.mem<psum>>, memref<4x4xf32, #nisa.mem<psum>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @tt_shape(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %b: memref<4x2xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{operands must have the same shape}}
+  nisa.tensor_tensor add %a, %b, %a : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x2xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @ts_scalar(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %c: memref<2x1xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{scalar must be a [P, 1] column}}
+  nisa.tensor_scalar add %a, %a scalar %c : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<2x1xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @reduce_column(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %c: memref<4x2xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{destination must be a [P, 1] column}}
+  nisa.tensor_reduce add %a, %c : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x2xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @reduce_op(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %c: memref<4x1xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{reduction must be add, max, min or multiply}}
+  nisa.tensor_reduce divide %a, %c : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x1xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @select_shape(%p: memref<4x4xi1, #nisa.mem<sbuf>>, %a: memref<4x4xf32, #nisa.mem<sbuf>>, %b: memref<4x2xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{operands must have the same shape}}
+  nisa.select %p, %a, %b, %a : memref<4x4xi1, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x2xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @copy_engine(%a: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{copy runs on VectorE, ScalarE or GpSimd}}
+  nisa.copy %a, %a {engine = #nisa.engine<tensor>} : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @copy_gpsimd_psum(%a: memref<4x4xf32, #nisa.mem<psum>>, %b: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{source must be in SBUF (engine cannot access PSUM)}}
+  nisa.copy %a, %b {engine = #nisa.engine<gpsimd>} : memref<4x4xf32, #nisa.mem<psum>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @memset_hbm(%a: memref<4x4xf32>) {
+  // expected-error @+1 {{destination must be in SBUF or PSUM, not HBM}}
+  nisa.memset %a, 0.0 : memref<4x4xf32>
+  return
+}
+
+// -----
+
+func.func @iota_multipliers(%a: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{needs one multiplier per free dim}}
+  nisa.iota %a {base = 0.0, channel_multiplier = 1.0, multipliers = array<f64>} : memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}

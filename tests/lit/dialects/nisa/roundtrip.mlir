@@ -1,0 +1,41 @@
+// RUN: neuron-opt %s | neuron-opt | FileCheck %s
+
+!sb = memref<128x64xf32, #nisa.mem<sbuf>>
+!col = memref<128x1xf32, #nisa.mem<sbuf>>
+
+// CHECK-LABEL: func.func @instructions
+func.func @instructions(%in: memref<128x64xf32>, %out: memref<128x64xf32>,
+                        %idx: memref<128x1xi32, #nisa.mem<sbuf>>) {
+  %a = memref.alloc() : !sb
+  %b = memref.alloc() : !sb
+  %c = memref.alloc() : !col
+  %ps = memref.alloc() : memref<64x64xf32, #nisa.mem<psum>>
+  %st = memref.alloc() : memref<128x64xbf16, #nisa.mem<sbuf>>
+  %pr = memref.alloc() : memref<128x64xi1, #nisa.mem<sbuf>>
+  // CHECK: nisa.dma_copy
+  nisa.dma_copy %in, %a : memref<128x64xf32>, !sb
+  // CHECK: nisa.dma_gather
+  nisa.dma_gather %in[%idx], %b : memref<128x64xf32>, memref<128x1xi32, #nisa.mem<sbuf>>, !sb
+  // CHECK: nisa.matmul {{.*}} {accumulate}
+  nisa.matmul %st, %st, %ps {accumulate} : memref<128x64xbf16, #nisa.mem<sbuf>>, memref<128x64xbf16, #nisa.mem<sbuf>>, memref<64x64xf32, #nisa.mem<psum>>
+  // CHECK: nisa.activation exp {{.*}} bias
+  nisa.activation exp %a, %b bias %c {scale = 2.0 : f64} : !sb, !sb, !col
+  // CHECK: nisa.tensor_tensor add
+  nisa.tensor_tensor add %a, %b, %b : !sb, !sb, !sb
+  // CHECK: nisa.tensor_scalar subtract {{.*}} scalar
+  nisa.tensor_scalar subtract %a, %b scalar %c : !sb, !sb, !col
+  // CHECK: nisa.tensor_scalar multiply {{.*}}imm = 5.000000e-01{{.*}}reverse
+  nisa.tensor_scalar multiply %a, %b {imm = 0.5 : f64, reverse} : !sb, !sb
+  // CHECK: nisa.tensor_reduce max
+  nisa.tensor_reduce max %a, %c : !sb, !col
+  // CHECK: nisa.select
+  nisa.select %pr, %a, %b, %b : memref<128x64xi1, #nisa.mem<sbuf>>, !sb, !sb, !sb
+  // CHECK: nisa.copy {{.*}}engine = #nisa.engine<scalar>
+  nisa.copy %a, %st {engine = #nisa.engine<scalar>} : !sb, memref<128x64xbf16, #nisa.mem<sbuf>>
+  // CHECK: nisa.memset
+  nisa.memset %a, 0.0 : !sb
+  // CHECK: nisa.iota
+  nisa.iota %a {base = 0.0, channel_multiplier = 64.0, multipliers = array<f64: 1.0>} : !sb
+  nisa.dma_copy %b, %out : !sb, memref<128x64xf32>
+  return
+}
