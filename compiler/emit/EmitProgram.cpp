@@ -129,15 +129,26 @@ private:
   llvm::DenseMap<Value, Affine> indices;
   llvm::DenseMap<Value, int> bufferIds;
   llvm::DenseMap<Value, View> views;
-  std::map<std::string, std::vector<int>> freeTiles; // tile key -> buffers
-  llvm::DenseMap<int, std::string> tileKeys;
+  /// On-chip tiles live in uniform slots per (space, dtype), each as large as
+  /// the largest tile of that kind, so any dead slot can take any new tile.
+  struct SlotKind {
+    int64_t partitions = 0, freeElements = 0;
+    std::vector<int> free; // dead slots
+  };
+  std::map<std::pair<int, std::string>, SlotKind> slots;
+  llvm::DenseMap<Value, int64_t> tileRowStride; // tile -> slot free size
+  llvm::DenseMap<int, std::pair<int, std::string>> slotKinds;
+  void planSlots();
   std::map<std::string, int> globals;
   int nextLoop = 0;
 };
 
 FailureOr<int> ProgramEmitter::addBuffer(Value base, StringRef kind,
                                          StringRef name) {
-  auto type = cast<MemRefType>(base.getType());
+  auto type = dyn_cast<MemRefType>(base.getType());
+  if (!type)
+    return emitError(base.getLoc(), "kernel buffers must be memrefs, got ")
+           << base.getType();
   auto dtype = dtypeName(type.getElementType());
   if (!dtype)
     return emitError(base.getLoc(), "unsupported element type ")
@@ -195,6 +206,9 @@ FailureOr<json> ProgramEmitter::viewOf(Value v, Operation *user) {
     view.strides.assign(view.shape.size(), 1);
     for (int64_t i = (int64_t)view.shape.size() - 2; i >= 0; --i)
       view.strides[i] = view.strides[i + 1] * view.shape[i + 1];
+    // A tile's partition p is row p of its slot.
+    if (auto row = tileRowStride.find(v); row != tileRowStride.end())
+      view.strides[0] = row->second;
   } else {
     return user->emitError("operand is neither a buffer nor a view of one");
   }
@@ -286,27 +300,35 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
         if (nisa::getMemorySpace(type) == nisa::MemorySpace::hbm)
           return addBuffer(alloc, "internal",
                            "t" + std::to_string(buffers.size()));
-        // Tiles with the same space, dtype and shape reuse a dead buffer.
-        std::string key;
-        llvm::raw_string_ostream os(key);
-        os << type;
-        auto &pool = freeTiles[key];
-        if (!pool.empty()) {
-          bufferIds[alloc] = pool.back();
-          pool.pop_back();
+        if (!dtypeName(type.getElementType()) || type.getRank() < 1 ||
+            !type.hasStaticShape())
+          return alloc.emitError("on-chip tiles need a static [partitions, "
+                                 "free...] shape and a supported dtype");
+        auto key = std::make_pair((int)nisa::getMemorySpace(type),
+                                  *dtypeName(type.getElementType()));
+        SlotKind &kind = slots[key];
+        tileRowStride[alloc] = kind.freeElements;
+        if (!kind.free.empty()) {
+          bufferIds[alloc] = kind.free.back();
+          kind.free.pop_back();
           return success();
         }
-        auto id = addBuffer(alloc, "scratch",
-                            "tile" + std::to_string(buffers.size()));
-        if (failed(id))
-          return failure();
-        tileKeys[*id] = key;
+        int id = buffers.size();
+        buffers.push_back(
+            {{"id", id},
+             {"name", "tile" + std::to_string(id)},
+             {"space", spaceName(nisa::getMemorySpace(type))},
+             {"kind", "scratch"},
+             {"dtype", key.second},
+             {"shape", std::vector<int64_t>{kind.partitions, kind.freeElements}}});
+        bufferIds[alloc] = id;
+        slotKinds[id] = key;
         return success();
       })
       .Case<memref::DeallocOp>([&](memref::DeallocOp dealloc) {
         auto it = bufferIds.find(dealloc.getMemref());
-        if (it != bufferIds.end() && tileKeys.count(it->second))
-          freeTiles[tileKeys[it->second]].push_back(it->second);
+        if (it != bufferIds.end() && slotKinds.count(it->second))
+          slots[slotKinds[it->second]].free.push_back(it->second);
         return success();
       })
       .Case<memref::GetGlobalOp>([&](memref::GetGlobalOp get) -> LogicalResult {
@@ -326,8 +348,9 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
       .Case<memref::ReinterpretCastOp>(
           [&](memref::ReinterpretCastOp rc) -> LogicalResult {
             auto base = bufferIds.find(rc.getSource());
-            if (base == bufferIds.end())
-              return rc.emitError("views must be taken of a buffer");
+            if (base == bufferIds.end() ||
+                tileRowStride.count(rc.getSource()))
+              return rc.emitError("views must be taken of an HBM buffer");
             View view;
             view.buffer = base->second;
             auto offsets = rc.getMixedOffsets();
@@ -354,7 +377,7 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
       .Default([&](Operation *other) -> LogicalResult {
         if (isa<nisa::NisaDialect>(other->getDialect()))
           return emitInstruction(other, out);
-        return other->emitError("cannot be emitted into a kernel program");
+        return other->emitOpError("cannot be emitted into a kernel program");
       });
 }
 
@@ -458,6 +481,21 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
   return success();
 }
 
+void ProgramEmitter::planSlots() {
+  kernel.walk([&](memref::AllocOp alloc) {
+    MemRefType type = alloc.getType();
+    auto dtype = dtypeName(type.getElementType());
+    if (nisa::getMemorySpace(type) == nisa::MemorySpace::hbm || !dtype ||
+        type.getRank() < 1 || !type.hasStaticShape())
+      return;
+    SlotKind &kind = slots[{(int)nisa::getMemorySpace(type), *dtype}];
+    kind.partitions = std::max(kind.partitions, type.getDimSize(0));
+    kind.freeElements = std::max(kind.freeElements,
+                                 type.getNumElements() / std::max<int64_t>(
+                                                             1, type.getDimSize(0)));
+  });
+}
+
 FailureOr<json> ProgramEmitter::emit() {
   if (!kernel->hasAttr("nisa.kernel"))
     return kernel.emitError("not a lowered kernel (run neuron-lower-to-nisa)");
@@ -474,6 +512,7 @@ FailureOr<json> ProgramEmitter::emit() {
       return failure();
     (isInput ? inputs : outputs).push_back(*id);
   }
+  planSlots();
   json body = json::array();
   if (failed(emitBlock(kernel.getBody().front(), body)))
     return failure();

@@ -456,10 +456,17 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
   OwningOpRef<ModuleOp> module = ModuleOp::create(b.getUnknownLoc());
   std::string fnName = doc.value("name", std::string("graph"));
   SmallVector<Type> inputTypes;
-  for (const json &in : doc.at("inputs"))
-    inputTypes.push_back(RankedTensorType::get(
-        in.at("shape").get<std::vector<int64_t>>(),
-        elementType(in.at("dtype").get<std::string>())));
+  for (const json &in : doc.at("inputs")) {
+    try {
+      inputTypes.push_back(RankedTensorType::get(
+          in.at("shape").get<std::vector<int64_t>>(),
+          elementType(in.at("dtype").get<std::string>())));
+    } catch (const Unsupported &u) {
+      failures[""] = "input '" + in.at("name").get<std::string>() +
+                     "': " + u.reason;
+      return nullptr;
+    }
+  }
   b.setInsertionPointToEnd(module->getBody());
   auto func = b.create<func::FuncOp>(b.getUnknownLoc(), fnName,
                                      b.getFunctionType(inputTypes, {}));

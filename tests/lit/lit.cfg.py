@@ -5,7 +5,7 @@ import lit.formats
 
 config.name = "TorchNeuron"
 config.test_format = lit.formats.ShTest(execute_external=True)
-config.suffixes = [".mlir", ".json"]
+config.suffixes = [".mlir", ".test"]
 config.excludes = ["lit.cfg.py", "lit.site.cfg.py", "Inputs"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = config.neuron_obj_root

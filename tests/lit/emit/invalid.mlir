@@ -1,0 +1,51 @@
+// RUN: not neuron-translate --emit-program --split-input-file %s 2>&1 | FileCheck %s
+
+// CHECK: error: no kernel function (run neuron-lower-to-nisa)
+func.func @not_lowered(%x: tensor<4xf32>) -> tensor<4xf32> {
+  return %x : tensor<4xf32>
+}
+
+// -----
+
+// CHECK: error: kernel buffers must be memrefs, got 'index'
+func.func @scalar_arg(%x: memref<4xf32>, %n: index) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  return
+}
+
+// -----
+
+// CHECK: error: loop bounds must be constants
+func.func @dynamic_loop(%x: memref<4xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  scf.for %i = %c0 to %c4 step %c1 {
+    scf.for %j = %c0 to %i step %c1 {
+    }
+  }
+  return
+}
+
+// -----
+
+// CHECK: error: index is not affine in the enclosing loop ivs
+func.func @nonaffine(%x: memref<16xf32>, %y: memref<16xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  scf.for %i = %c0 to %c4 step %c1 {
+    %sq = arith.muli %i, %i : index
+    %v = memref.reinterpret_cast %x to offset: [%sq], sizes: [1, 1], strides: [1, 1] : memref<16xf32> to memref<1x1xf32, strided<[1, 1], offset: ?>>
+    %w = memref.reinterpret_cast %y to offset: [%sq], sizes: [1, 1], strides: [1, 1] : memref<16xf32> to memref<1x1xf32, strided<[1, 1], offset: ?>>
+    nisa.dma_copy %v, %w : memref<1x1xf32, strided<[1, 1], offset: ?>>, memref<1x1xf32, strided<[1, 1], offset: ?>>
+  }
+  return
+}
+
+// -----
+
+// CHECK: error: 'arith.constant' op cannot be emitted into a kernel program
+func.func @foreign(%x: memref<4xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %s = arith.constant 1.0 : f32
+  return
+}
