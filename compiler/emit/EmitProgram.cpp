@@ -20,6 +20,7 @@
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/Base64.h"
 
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -87,6 +88,15 @@ std::optional<std::string> dtypeName(Type t) {
   if (t.isInteger(64))
     return "i64";
   return std::nullopt;
+}
+
+/// A double as the program format writes it: JSON has no inf or nan.
+json number(double v) {
+  if (std::isnan(v))
+    return {{"float", "nan"}};
+  if (std::isinf(v))
+    return {{"float", v > 0 ? "inf" : "-inf"}};
+  return v;
 }
 
 std::string spaceName(nisa::MemorySpace space) {
@@ -229,7 +239,7 @@ FailureOr<json> ProgramEmitter::constantBuffer(memref::GetGlobalOp get) {
   Type elt = attr.getElementType();
   auto scalar = [&](auto value) -> json {
     if (isa<FloatType>(elt))
-      return value.template getSplatValue<APFloat>().convertToDouble();
+      return number(value.template getSplatValue<APFloat>().convertToDouble());
     if (elt.isInteger(1))
       return value.template getSplatValue<bool>() ? 1 : 0;
     return value.template getSplatValue<APInt>().getSExtValue();
@@ -425,8 +435,8 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         operand("dst", o.getDst());
         operand("bias", o.getBias());
         inst["func"] = nisa::stringifyActivationFn(o.getFunc()).str();
-        inst["scale"] = o.getScale().convertToDouble();
-        inst["bias_imm"] = o.getBiasImm().convertToDouble();
+        inst["scale"] = number(o.getScale().convertToDouble());
+        inst["bias_imm"] = number(o.getBiasImm().convertToDouble());
       })
       .Case<nisa::TensorTensorOp>([&](auto o) {
         operand("a", o.getA());
@@ -439,7 +449,7 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         operand("dst", o.getDst());
         operand("scalar", o.getScalar());
         inst["alu_op"] = nisa::stringifyAluOp(o.getOp()).str();
-        inst["imm"] = o.getImm().convertToDouble();
+        inst["imm"] = number(o.getImm().convertToDouble());
         inst["reverse"] = o.getReverse();
       })
       .Case<nisa::TensorReduceOp>([&](auto o) {
@@ -460,13 +470,13 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
       })
       .Case<nisa::MemsetOp>([&](auto o) {
         operand("dst", o.getDst());
-        inst["value"] = o.getValue().convertToDouble();
+        inst["value"] = number(o.getValue().convertToDouble());
       })
       .Case<nisa::IotaOp>([&](auto o) {
         engine = "gpsimd";
         operand("dst", o.getDst());
-        inst["base"] = o.getBase().convertToDouble();
-        inst["channel_multiplier"] = o.getChannelMultiplier().convertToDouble();
+        inst["base"] = number(o.getBase().convertToDouble());
+        inst["channel_multiplier"] = number(o.getChannelMultiplier().convertToDouble());
         inst["multipliers"] = std::vector<double>(o.getMultipliers().begin(),
                                                   o.getMultipliers().end());
       })

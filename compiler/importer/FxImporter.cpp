@@ -18,9 +18,11 @@
 #include "mlir/IR/Verifier.h"
 #include "llvm/Support/Base64.h"
 
+#include <array>
 #include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <unordered_map>
 
 using namespace mlir;
@@ -96,6 +98,10 @@ public:
   RankedTensorType resultType(size_t i = 0);
   size_t numResults() const { return (*node)["outputs"].size(); }
   Location loc() const { return currentLoc; }
+  /// Whether any node or the graph output reads result `index` of the node.
+  bool isUsed(int64_t index) const {
+    return used.count({(*node)["name"].get<std::string>(), index}) != 0;
+  }
 
   Type elementType(const std::string &dtype) const;
   int64_t normDim(int64_t dim, int64_t rank) const {
@@ -132,6 +138,14 @@ private:
   const json *node = nullptr;
   Location currentLoc = UnknownLoc::get(&ctx);
   std::map<std::pair<std::string, int64_t>, Value> values;
+  std::set<std::pair<std::string, int64_t>> used;
+  void collectUses(const json &v) {
+    if (v.is_object() && v.contains("ref"))
+      used.insert({v["ref"].get<std::string>(), v.value("index", 0)});
+    else if (v.is_array() || v.is_object())
+      for (const json &e : v)
+        collectUses(e);
+  }
 };
 
 //===----------------------------------------------------------------------===//
@@ -453,6 +467,11 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
     failures[""] = "not a version-1 torchneuron FX graph document";
     return nullptr;
   }
+  for (const json &n : doc.at("nodes")) {
+    collectUses(n.value("args", json::array()));
+    collectUses(n.value("kwargs", json::object()));
+  }
+  collectUses(doc.at("outputs"));
   OwningOpRef<ModuleOp> module = ModuleOp::create(b.getUnknownLoc());
   std::string fnName = doc.value("name", std::string("graph"));
   SmallVector<Type> inputTypes;
@@ -843,8 +862,213 @@ Values geluHandler(Importer &im) {
   return unaryHandler(im, tanh ? UnaryFn::gelu_tanh : UnaryFn::gelu);
 }
 
+Values splitHandler(Importer &im, bool withSizes) {
+  Value x = im.tensor(im.arg(0));
+  auto type = cast<RankedTensorType>(x.getType());
+  int64_t dim = im.normDim(im.param(2, "dim").is_null() ? 0
+                                                        : im.integer(im.param(2, "dim")),
+                           type.getRank());
+  int64_t size = type.getDimSize(dim);
+  std::vector<int64_t> sizes;
+  if (withSizes) {
+    sizes = im.ints(im.arg(1));
+  } else {
+    int64_t chunk = im.integer(im.arg(1));
+    require(chunk > 0, "split size must be positive");
+    for (int64_t at = 0; at < size; at += chunk)
+      sizes.push_back(std::min(chunk, size - at));
+  }
+  Values parts;
+  int64_t offset = 0;
+  for (int64_t part : sizes) {
+    SmallVector<int64_t> offsets(type.getRank(), 0), strides(type.getRank(), 1),
+        shape(type.getShape());
+    offsets[dim] = offset;
+    shape[dim] = part;
+    require(part >= 0 && offset + part <= size, "split sizes exceed the dim");
+    parts.push_back(im.b.create<SliceOp>(im.loc(), type.clone(shape), x,
+                                         im.b.getDenseI64ArrayAttr(offsets),
+                                         im.b.getDenseI64ArrayAttr(strides)));
+    offset += part;
+  }
+  return parts;
+}
+
+/// Bitwise ops exist on the device for booleans only (masks).
+Values boolHandler(Importer &im, std::optional<BinaryFn> fn) {
+  RankedTensorType out = im.resultType();
+  require(out.getElementType().isInteger(1),
+          "bitwise ops on integers are not supported on the device");
+  if (!fn)
+    return {im.unary(UnaryFn::logical_not, im.tensor(im.arg(0)))};
+  return {im.binaryArgs(*fn, im.arg(0), im.arg(1), im.b.getI1Type(),
+                        out.getShape())};
+}
+
 Values squeezeHandler(Importer &im) {
   return viewHandler(im);
+}
+
+//===----------------------------------------------------------------------===//
+// Convolution and pooling, as windows (strided slices) of a padded input
+//===----------------------------------------------------------------------===//
+
+/// Two spatial parameters from an int list of length 1 or 2 (or empty,
+/// meaning `fallback`).
+std::array<int64_t, 2> pair(Importer &im, const json &v,
+                            std::array<int64_t, 2> fallback) {
+  if (v.is_null())
+    return fallback;
+  std::vector<int64_t> xs = im.ints(v);
+  if (xs.empty())
+    return fallback;
+  require(xs.size() <= 2, "only 2-d windows are supported");
+  return {xs[0], xs.size() == 2 ? xs[1] : xs[0]};
+}
+
+/// x padded by `pad` on both sides of its two trailing dims with `fill`.
+Value padSpatial(Importer &im, Value x, std::array<int64_t, 2> pad,
+                 double fill) {
+  for (int d = 0; d < 2; ++d) {
+    if (pad[d] == 0)
+      continue;
+    auto type = cast<RankedTensorType>(x.getType());
+    int64_t dim = type.getRank() - 2 + d;
+    SmallVector<int64_t> edge(type.getShape()), shape(type.getShape());
+    edge[dim] = pad[d];
+    shape[dim] += 2 * pad[d];
+    Value border = im.splat(fill, type.clone(edge));
+    x = im.b.create<ConcatOp>(im.loc(), type.clone(shape),
+                              ValueRange{border, x, border},
+                              im.b.getI64IntegerAttr(dim));
+  }
+  return x;
+}
+
+/// The [.., Ho, Wo] window of x at kernel position (i, j).
+Value window(Importer &im, Value x, int64_t i, int64_t j,
+             std::array<int64_t, 2> stride, std::array<int64_t, 2> dilation,
+             std::array<int64_t, 2> outSize) {
+  auto type = cast<RankedTensorType>(x.getType());
+  int64_t rank = type.getRank();
+  SmallVector<int64_t> offsets(rank, 0), strides(rank, 1),
+      shape(type.getShape());
+  offsets[rank - 2] = i * dilation[0];
+  offsets[rank - 1] = j * dilation[1];
+  strides[rank - 2] = stride[0];
+  strides[rank - 1] = stride[1];
+  shape[rank - 2] = outSize[0];
+  shape[rank - 1] = outSize[1];
+  return im.b.create<SliceOp>(im.loc(), type.clone(shape), x,
+                              im.b.getDenseI64ArrayAttr(offsets),
+                              im.b.getDenseI64ArrayAttr(strides));
+}
+
+Values convolutionHandler(Importer &im) {
+  Value x = im.tensor(im.arg(0)), w = im.tensor(im.arg(1));
+  RankedTensorType out = im.resultType();
+  auto xt = cast<RankedTensorType>(x.getType());
+  auto wt = cast<RankedTensorType>(w.getType());
+  require(xt.getRank() == 4 && wt.getRank() == 4, "only 2-d convolution");
+  require(!(im.arg(6).is_boolean() && im.arg(6).get<bool>()),
+          "transposed convolution");
+  require(im.arg(8).is_null() || im.integer(im.arg(8)) == 1,
+          "grouped convolution");
+  auto stride = pair(im, im.arg(3), {1, 1});
+  auto padding = pair(im, im.arg(4), {0, 0});
+  auto dilation = pair(im, im.arg(5), {1, 1});
+  int64_t n = xt.getDimSize(0), c = xt.getDimSize(1);
+  int64_t o = wt.getDimSize(0), kh = wt.getDimSize(2), kw = wt.getDimSize(3);
+  std::array<int64_t, 2> outSize = {out.getDimSize(2), out.getDimSize(3)};
+  Type elt = out.getElementType();
+  x = im.castTo(x, elt);
+  w = im.castTo(w, elt);
+  int64_t ckk = c * kh * kw, hw = outSize[0] * outSize[1];
+  Value patches;
+  bool patchify = stride[0] == kh && stride[1] == kw && padding[0] == 0 &&
+                  padding[1] == 0 && dilation[0] == 1 && dilation[1] == 1 &&
+                  xt.getDimSize(2) == outSize[0] * kh &&
+                  xt.getDimSize(3) == outSize[1] * kw;
+  if (patchify) {
+    // Non-overlapping windows (ViT patches): one transpose gathers them.
+    Value r = im.reshape(x, {n, c, outSize[0], kh, outSize[1], kw});
+    Value t = im.transpose(r, {0, 1, 3, 5, 2, 4});
+    patches = im.reshape(t, {n, ckk, hw});
+  } else {
+    Value xp = padSpatial(im, x, padding, 0.0);
+    SmallVector<Value> cols;
+    for (int64_t i = 0; i < kh; ++i)
+      for (int64_t j = 0; j < kw; ++j)
+        cols.push_back(im.reshape(
+            window(im, xp, i, j, stride, dilation, outSize), {n, c, 1, hw}));
+    Value stacked =
+        cols.size() == 1
+            ? cols[0]
+            : im.b.create<ConcatOp>(
+                  im.loc(), RankedTensorType::get({n, c, kh * kw, hw}, elt),
+                  cols, im.b.getI64IntegerAttr(2));
+    patches = im.reshape(stacked, {n, ckk, hw});
+  }
+  // [N, O, CKK] x [N, CKK, HoWo]: the weights are shared by every image.
+  Value wm = im.broadcastTo(im.reshape(w, {o, ckk}), {n, o, ckk});
+  Value y = im.matmul(wm, patches);
+  auto yt = cast<RankedTensorType>(y.getType());
+  if (im.isTensor(im.arg(2))) {
+    Value bias = im.reshape(im.castTo(im.tensor(im.arg(2)), elt), {o, 1});
+    y = im.binary(BinaryFn::add, y, im.broadcastTo(bias, yt.getShape()), yt);
+  }
+  return {im.reshape(y, out.getShape())};
+}
+
+Values poolHandler(Importer &im, bool isMax) {
+  Value x = im.tensor(im.arg(0));
+  RankedTensorType out = im.resultType();
+  auto kernel = pair(im, im.arg(1), {1, 1});
+  auto stride = pair(im, im.arg(2), kernel);
+  auto padding = pair(im, im.arg(3), {0, 0});
+  std::array<int64_t, 2> dilation = {1, 1};
+  std::array<int64_t, 2> outSize = {out.getDimSize(out.getRank() - 2),
+                                    out.getDimSize(out.getRank() - 1)};
+  auto xt = cast<RankedTensorType>(x.getType());
+  for (int d = 0; d < 2; ++d) {
+    int64_t in = xt.getDimSize(xt.getRank() - 2 + d) + 2 * padding[d];
+    // ceil_mode windows that run past the padded input read nothing extra.
+    require((outSize[d] - 1) * stride[d] + kernel[d] <= in,
+            "pooling windows past the padded input (ceil_mode)");
+  }
+  if (isMax) {
+    dilation = pair(im, im.arg(4), {1, 1});
+    require(!im.isUsed(1), "max_pool2d indices are not computed on the device");
+  } else {
+    const json &includePad = im.param(5, "count_include_pad");
+    require(padding == std::array<int64_t, 2>{0, 0} || includePad.is_null() ||
+                includePad.get<bool>(),
+            "avg_pool2d with count_include_pad=False and padding");
+  }
+  Type elt = out.getElementType();
+  x = im.castTo(x, elt);
+  Value xp = padSpatial(im, x, padding, isMax ? -INFINITY : 0.0);
+  RankedTensorType acc = out;
+  Value result;
+  for (int64_t i = 0; i < kernel[0]; ++i)
+    for (int64_t j = 0; j < kernel[1]; ++j) {
+      Value win = window(im, xp, i, j, stride, dilation, outSize);
+      result = result ? im.binary(isMax ? BinaryFn::max : BinaryFn::add, result,
+                                  win, acc)
+                      : win;
+    }
+  if (!isMax) {
+    const json &divisor = im.param(6, "divisor_override");
+    double d = divisor.is_null() ? double(kernel[0] * kernel[1])
+                                 : im.number(divisor);
+    result = im.binary(BinaryFn::mul, result, im.splat(1.0 / d, acc), acc);
+  }
+  if (isMax && im.numResults() == 2) {
+    // Index result stand-in: never read (checked above).
+    RankedTensorType idx = im.resultType(1);
+    return {result, im.splat(0, idx)};
+  }
+  return {result};
 }
 
 const std::unordered_map<std::string, Handler> &handlers() {
@@ -977,6 +1201,24 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.slice.Tensor"] = sliceHandler;
     t["aten.select.int"] = selectHandler;
     t["aten.cat.default"] = catHandler;
+    t["aten.split_with_sizes.default"] = [](Importer &im) {
+      return splitHandler(im, true);
+    };
+    t["aten.split.Tensor"] = [](Importer &im) {
+      return splitHandler(im, false);
+    };
+    t["aten.bitwise_not.default"] = [](Importer &im) {
+      return boolHandler(im, std::nullopt);
+    };
+    t["aten.bitwise_and.Tensor"] = [](Importer &im) {
+      return boolHandler(im, BinaryFn::logical_and);
+    };
+    t["aten.bitwise_or.Tensor"] = [](Importer &im) {
+      return boolHandler(im, BinaryFn::logical_or);
+    };
+    t["aten.bitwise_xor.Tensor"] = [](Importer &im) {
+      return boolHandler(im, BinaryFn::logical_xor);
+    };
 
     t["aten.full.default"] = [](Importer &im) { return fullHandler(im, 1); };
     t["aten.full_like.default"] = [](Importer &im) {
@@ -995,6 +1237,13 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.arange.start"] = arangeHandler;
     t["aten.arange.start_step"] = arangeHandler;
 
+    t["aten.convolution.default"] = convolutionHandler;
+    t["aten.max_pool2d_with_indices.default"] = [](Importer &im) {
+      return poolHandler(im, true);
+    };
+    t["aten.avg_pool2d.default"] = [](Importer &im) {
+      return poolHandler(im, false);
+    };
     t["aten.embedding.default"] = [](Importer &im) {
       return gatherRowsHandler(im, im.tensor(im.arg(0)), im.tensor(im.arg(1)));
     };
