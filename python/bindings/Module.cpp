@@ -54,7 +54,7 @@ class Kernel {
 public:
   Kernel(runtime::Program program, const target::Target &target)
       : program(std::move(program)), target(target) {
-    this->program.verify(target);
+    // The executor verifies the program against the target.
     executor = std::make_unique<runtime::Executor>(this->program, target);
   }
 

@@ -1,0 +1,1093 @@
+//===- Executor.cpp - Functional executor of kernel programs --------------===//
+//
+// Construction flattens the node tree, resolves every view to a buffer index,
+// an affine offset over dense loop slots and a collapsed stride pattern, and
+// allocates all program-owned memory. run() then walks the flattened tree.
+//
+// Each compute instruction gathers its strided operands into fp32 scratch
+// arrays (widening each dtype exactly), computes on them with Eigen, and
+// scatters the result with the destination dtype's rounding. DMA copies move
+// bytes directly when the dtypes agree and convert through fp32 otherwise.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/exec/Executor.h"
+#include "runtime/exec/Numerics.h"
+#include "runtime/target/Target.h"
+
+#include <Eigen/Core>
+#include <unsupported/Eigen/SpecialFunctions>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <new>
+#include <string>
+
+namespace neuron::runtime {
+
+namespace {
+
+using ArrayF = Eigen::Array<float, Eigen::Dynamic, 1>;
+using MapA = Eigen::Map<ArrayF>;
+using ConstMapA = Eigen::Map<const ArrayF>;
+using RowArray =
+    Eigen::Array<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using RowMatrix =
+    Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+//===----------------------------------------------------------------------===//
+// Compiled views and strided iteration
+//===----------------------------------------------------------------------===//
+
+/// A stride pattern with unit dims dropped and contiguous dims merged, so the
+/// innermost run is as long as possible. Rank 0 means a single element.
+struct Pattern {
+  int rank = 0;
+  std::array<int64_t, kMaxViewRank> shape{};
+  std::array<int64_t, kMaxViewRank> strides{};
+};
+
+/// The same for two views walked in lockstep (same logical shape).
+struct PairPattern {
+  int rank = 0;
+  std::array<int64_t, kMaxViewRank> shape{};
+  std::array<int64_t, kMaxViewRank> stridesA{};
+  std::array<int64_t, kMaxViewRank> stridesB{};
+};
+
+Pattern collapse(const std::vector<int64_t> &shape,
+                 const std::vector<int64_t> &strides) {
+  Pattern out;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1)
+      continue;
+    if (out.rank > 0 && out.strides[out.rank - 1] == strides[d] * shape[d]) {
+      out.shape[out.rank - 1] *= shape[d];
+      out.strides[out.rank - 1] = strides[d];
+      continue;
+    }
+    out.shape[out.rank] = shape[d];
+    out.strides[out.rank] = strides[d];
+    ++out.rank;
+  }
+  return out;
+}
+
+PairPattern collapsePair(const std::vector<int64_t> &shape,
+                         const std::vector<int64_t> &stridesA,
+                         const std::vector<int64_t> &stridesB) {
+  PairPattern out;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1)
+      continue;
+    if (out.rank > 0 && out.stridesA[out.rank - 1] == stridesA[d] * shape[d] &&
+        out.stridesB[out.rank - 1] == stridesB[d] * shape[d]) {
+      out.shape[out.rank - 1] *= shape[d];
+      out.stridesA[out.rank - 1] = stridesA[d];
+      out.stridesB[out.rank - 1] = stridesB[d];
+      continue;
+    }
+    out.shape[out.rank] = shape[d];
+    out.stridesA[out.rank] = stridesA[d];
+    out.stridesB[out.rank] = stridesB[d];
+    ++out.rank;
+  }
+  return out;
+}
+
+/// Calls fn(elementOffset, innerStride, innerCount, linearIndex) for each
+/// innermost run of `pattern`, in row-major order.
+template <typename Fn>
+void forEachRun(const Pattern &pattern, int64_t start, Fn &&fn) {
+  if (pattern.rank == 0) {
+    fn(start, int64_t(1), int64_t(1), int64_t(0));
+    return;
+  }
+  int inner = pattern.rank - 1;
+  int64_t innerCount = pattern.shape[inner];
+  int64_t innerStride = pattern.strides[inner];
+  std::array<int64_t, kMaxViewRank> index{};
+  int64_t offset = start;
+  int64_t linear = 0;
+  while (true) {
+    fn(offset, innerStride, innerCount, linear);
+    linear += innerCount;
+    int d = inner - 1;
+    for (; d >= 0; --d) {
+      offset += pattern.strides[d];
+      if (++index[d] < pattern.shape[d])
+        break;
+      offset -= pattern.strides[d] * pattern.shape[d];
+      index[d] = 0;
+    }
+    if (d < 0)
+      return;
+  }
+}
+
+/// Lockstep version: fn(offsetA, strideA, offsetB, strideB, innerCount).
+template <typename Fn>
+void forEachRunPair(const PairPattern &pattern, int64_t startA, int64_t startB,
+                    Fn &&fn) {
+  if (pattern.rank == 0) {
+    fn(startA, int64_t(1), startB, int64_t(1), int64_t(1));
+    return;
+  }
+  int inner = pattern.rank - 1;
+  std::array<int64_t, kMaxViewRank> index{};
+  int64_t offsetA = startA, offsetB = startB;
+  while (true) {
+    fn(offsetA, pattern.stridesA[inner], offsetB, pattern.stridesB[inner],
+       pattern.shape[inner]);
+    int d = inner - 1;
+    for (; d >= 0; --d) {
+      offsetA += pattern.stridesA[d];
+      offsetB += pattern.stridesB[d];
+      if (++index[d] < pattern.shape[d])
+        break;
+      offsetA -= pattern.stridesA[d] * pattern.shape[d];
+      offsetB -= pattern.stridesB[d] * pattern.shape[d];
+      index[d] = 0;
+    }
+    if (d < 0)
+      return;
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Element runs: widening loads, rounding stores, copies
+//===----------------------------------------------------------------------===//
+
+template <DType D>
+void loadRun(const uint8_t *p, int64_t stride, int64_t n, float *out) {
+  using Traits = DTypeTraits<D>;
+  using Storage = typename Traits::Storage;
+  constexpr int64_t size = sizeof(Storage);
+  if (D == DType::F32 && stride == 1) {
+    std::memcpy(out, p, n * size);
+    return;
+  }
+  if (stride == 0) {
+    Storage v;
+    std::memcpy(&v, p, size);
+    std::fill(out, out + n, Traits::load(v));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    Storage v;
+    std::memcpy(&v, p + i * stride * size, size);
+    out[i] = Traits::load(v);
+  }
+}
+
+template <DType D>
+void storeRun(const float *in, uint8_t *p, int64_t stride, int64_t n) {
+  using Traits = DTypeTraits<D>;
+  using Storage = typename Traits::Storage;
+  constexpr int64_t size = sizeof(Storage);
+  if (D == DType::F32 && stride == 1) {
+    std::memcpy(p, in, n * size);
+    return;
+  }
+  if (stride == 0) { // Every element lands on one address: the last wins.
+    Storage v = Traits::store(in[n - 1]);
+    std::memcpy(p, &v, size);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    Storage v = Traits::store(in[i]);
+    std::memcpy(p + i * stride * size, &v, size);
+  }
+}
+
+void loadView(DType dtype, const Pattern &pattern, const uint8_t *base,
+              int64_t start, float *out) {
+  dispatchDType(dtype, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    constexpr int64_t size = sizeof(typename DTypeTraits<D>::Storage);
+    forEachRun(pattern, start,
+               [&](int64_t offset, int64_t stride, int64_t n, int64_t linear) {
+                 loadRun<D>(base + offset * size, stride, n, out + linear);
+               });
+  });
+}
+
+void storeView(DType dtype, const Pattern &pattern, uint8_t *base,
+               int64_t start, const float *in) {
+  dispatchDType(dtype, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    constexpr int64_t size = sizeof(typename DTypeTraits<D>::Storage);
+    forEachRun(pattern, start,
+               [&](int64_t offset, int64_t stride, int64_t n, int64_t linear) {
+                 storeRun<D>(in + linear, base + offset * size, stride, n);
+               });
+  });
+}
+
+/// Integer view (gather indices) read exactly, without the fp32 detour.
+void loadIndices(DType dtype, const Pattern &pattern, const uint8_t *base,
+                 int64_t start, int64_t *out) {
+  dispatchDType(dtype, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    using Storage = typename DTypeTraits<D>::Storage;
+    constexpr int64_t size = sizeof(Storage);
+    forEachRun(pattern, start,
+               [&](int64_t offset, int64_t stride, int64_t n, int64_t linear) {
+                 for (int64_t i = 0; i < n; ++i) {
+                   Storage v;
+                   std::memcpy(&v, base + (offset + i * stride) * size, size);
+                   if constexpr (std::is_integral_v<Storage> &&
+                                 D != DType::Bool)
+                     out[linear + i] = static_cast<int64_t>(v);
+                   else
+                     out[linear + i] = 0; // Verifier admits integers only.
+                 }
+               });
+  });
+}
+
+/// Copies n elements of one dtype between strided runs, bit-exactly.
+void copyRunBytes(const uint8_t *src, int64_t srcStride, uint8_t *dst,
+                  int64_t dstStride, int64_t n, int64_t size) {
+  if (srcStride == 1 && dstStride == 1) {
+    std::memmove(dst, src, n * size);
+    return;
+  }
+  if (dstStride == 0) { // Only the last element survives.
+    std::memmove(dst, src + (n - 1) * srcStride * size, size);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    std::memmove(dst + i * dstStride * size, src + i * srcStride * size, size);
+}
+
+/// Copies n elements between strided runs of different dtypes, through fp32
+/// in small chunks.
+void convertRun(DType srcType, const uint8_t *src, int64_t srcStride,
+                DType dstType, uint8_t *dst, int64_t dstStride, int64_t n) {
+  constexpr int64_t kChunk = 512;
+  float buffer[kChunk];
+  int64_t srcSize = dtypeSize(srcType), dstSize = dtypeSize(dstType);
+  dispatchDType(srcType, [&](auto srcTag) {
+    dispatchDType(dstType, [&](auto dstTag) {
+      for (int64_t done = 0; done < n; done += kChunk) {
+        int64_t count = std::min(kChunk, n - done);
+        loadRun<decltype(srcTag)::value>(src + done * srcStride * srcSize,
+                                         srcStride, count, buffer);
+        storeRun<decltype(dstTag)::value>(
+            buffer, dst + done * dstStride * dstSize, dstStride, count);
+      }
+    });
+  });
+}
+
+/// Stores doubles (iota) with storeFromF64's rule, dispatched once per run.
+template <DType D>
+void storeRunF64(const double *in, uint8_t *p, int64_t stride, int64_t n) {
+  using Storage = typename DTypeTraits<D>::Storage;
+  constexpr int64_t size = sizeof(Storage);
+  for (int64_t i = 0; i < n; ++i)
+    storeFromF64(in[i], p + i * stride * size, D);
+}
+
+/// Fills n strided elements with one encoded element.
+void fillRun(uint8_t *p, int64_t stride, int64_t n, const uint8_t *element,
+             int64_t size) {
+  if (stride == 1 && size == 1) {
+    std::memset(p, element[0], n);
+    return;
+  }
+  if (stride == 0)
+    n = 1;
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(p + i * stride * size, element, size);
+}
+
+//===----------------------------------------------------------------------===//
+// Eigen kernels
+//===----------------------------------------------------------------------===//
+
+/// out = lhs op rhs, elementwise; lhs and rhs are Eigen array expressions of
+/// out's size (maps or constants), so each op is one vectorized expression.
+template <typename Lhs, typename Rhs>
+void applyAlu(AluOp op, const Lhs &lhs, const Rhs &rhs, MapA out) {
+  auto truth = [](const auto &mask) { return mask.template cast<float>(); };
+  switch (op) {
+  case AluOp::Add:
+    out = lhs + rhs;
+    return;
+  case AluOp::Subtract:
+    out = lhs - rhs;
+    return;
+  case AluOp::Multiply:
+    out = lhs * rhs;
+    return;
+  case AluOp::Divide:
+    out = lhs / rhs;
+    return;
+  case AluOp::Max: // NaN-propagating, like torch.maximum.
+    out = lhs.binaryExpr(
+        rhs,
+        Eigen::internal::scalar_max_op<float, float, Eigen::PropagateNaN>());
+    return;
+  case AluOp::Min:
+    out = lhs.binaryExpr(
+        rhs,
+        Eigen::internal::scalar_min_op<float, float, Eigen::PropagateNaN>());
+    return;
+  case AluOp::Pow:
+    out = lhs.binaryExpr(rhs, [](float x, float y) { return std::pow(x, y); });
+    return;
+  case AluOp::Mod:
+    out = lhs.binaryExpr(rhs, [](float x, float y) { return std::fmod(x, y); });
+    return;
+  case AluOp::Remainder: // Python %: the result takes the divisor's sign.
+    out = lhs.binaryExpr(rhs, [](float x, float y) {
+      float r = std::fmod(x, y);
+      if (r != 0.0f && ((r < 0.0f) != (y < 0.0f)))
+        r += y;
+      return r;
+    });
+    return;
+  case AluOp::Eq:
+    out = truth(lhs == rhs);
+    return;
+  case AluOp::Ne:
+    out = truth(lhs != rhs);
+    return;
+  case AluOp::Lt:
+    out = truth(lhs < rhs);
+    return;
+  case AluOp::Le:
+    out = truth(lhs <= rhs);
+    return;
+  case AluOp::Gt:
+    out = truth(lhs > rhs);
+    return;
+  case AluOp::Ge:
+    out = truth(lhs >= rhs);
+    return;
+  case AluOp::LogicalAnd:
+    out = truth((lhs != 0.0f) && (rhs != 0.0f));
+    return;
+  case AluOp::LogicalOr:
+    out = truth((lhs != 0.0f) || (rhs != 0.0f));
+    return;
+  case AluOp::LogicalXor:
+    out = truth((lhs != 0.0f) != (rhs != 0.0f));
+    return;
+  case AluOp::Bypass:
+    out = lhs;
+    return;
+  }
+}
+
+/// x = func(x) in place.
+void applyActivation(ActFunc func, MapA x) {
+  constexpr float kSqrt1_2 = 0.70710678118654752f;
+  constexpr float kSqrt2OverPi = 0.79788456080286536f;
+  switch (func) {
+  case ActFunc::Identity:
+    return;
+  case ActFunc::Neg:
+    x = -x;
+    return;
+  case ActFunc::Abs:
+    x = x.abs();
+    return;
+  case ActFunc::Exp:
+    x = x.exp();
+    return;
+  case ActFunc::Log:
+    x = x.log();
+    return;
+  case ActFunc::Sqrt:
+    x = x.sqrt();
+    return;
+  case ActFunc::Rsqrt:
+    x = x.rsqrt();
+    return;
+  case ActFunc::Reciprocal:
+    x = x.inverse();
+    return;
+  case ActFunc::Tanh:
+    x = x.tanh();
+    return;
+  case ActFunc::Sigmoid:
+    x = x.logistic();
+    return;
+  case ActFunc::Relu: // NaN stays NaN (a comparison with NaN is false).
+    x = (x < 0.0f).select(0.0f, x);
+    return;
+  case ActFunc::Gelu:
+    x = 0.5f * x * (1.0f + (x * kSqrt1_2).erf());
+    return;
+  case ActFunc::GeluTanh:
+    x = 0.5f * x * (1.0f + (kSqrt2OverPi * (x + 0.044715f * x.cube())).tanh());
+    return;
+  case ActFunc::Silu:
+    x = x * x.logistic();
+    return;
+  case ActFunc::Erf:
+    x = x.erf();
+    return;
+  case ActFunc::Sin:
+    x = x.sin();
+    return;
+  case ActFunc::Cos:
+    x = x.cos();
+    return;
+  case ActFunc::Sign:
+    x = (x != x).select(x, x.sign());
+    return;
+  case ActFunc::Square:
+    x = x.square();
+    return;
+  case ActFunc::Floor:
+    x = x.floor();
+    return;
+  case ActFunc::Ceil:
+    x = x.ceil();
+    return;
+  case ActFunc::Round: // Half to even, like torch.round.
+    x = x.rint();
+    return;
+  case ActFunc::Trunc:
+    x = x.unaryExpr([](float v) { return std::trunc(v); });
+    return;
+  case ActFunc::Log1p:
+    x = x.log1p();
+    return;
+  case ActFunc::Expm1:
+    x = x.expm1();
+    return;
+  case ActFunc::LogicalNot:
+    x = (x == 0.0f).cast<float>();
+    return;
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Compiled program
+//===----------------------------------------------------------------------===//
+
+enum Role {
+  RoleDst,
+  RoleSrc,
+  RoleTable,
+  RoleIndices,
+  RoleStationary,
+  RoleMoving,
+  RoleA,
+  RoleB,
+  RoleBias,
+  RoleScalar,
+  RolePred,
+  RoleOnTrue,
+  RoleOnFalse,
+  NumRoles
+};
+
+struct CompiledView {
+  bool present = false;
+  int32_t buffer = 0; // index into Impl::bases
+  DType dtype = DType::F32;
+  int64_t elementSize = 4;
+  int64_t constant = 0;
+  std::vector<std::pair<int32_t, int64_t>> terms; // (loop slot, coeff)
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  Pattern pattern;
+  int64_t numElements = 1;
+  int64_t rows = 1; // shape[0]: partitions (or K / M for matmul)
+  int64_t cols = 1; // numElements / rows
+};
+
+struct CompiledInst {
+  Instruction attrs; // op, engine and attributes; operands live in `views`
+  std::array<CompiledView, NumRoles> views;
+  PairPattern copyPattern; // dma_copy / copy: src (A) and dst (B) in lockstep
+  std::string name;        // "instruction #N (op at loc)" for errors
+};
+
+struct FreeDeleter {
+  void operator()(uint8_t *p) const { std::free(p); }
+};
+
+struct ExecNode {
+  bool isLoop = false;
+  int32_t slot = 0;  // loop: iv slot
+  int64_t count = 0; // loop: trip count
+  size_t end = 0;    // loop: index one past its body
+  int32_t inst = 0;  // instruction: index into Impl::insts
+};
+
+} // namespace
+
+struct Executor::Impl {
+  // Per buffer (program order).
+  std::vector<DType> dtypes;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::string> names;
+  std::vector<uint8_t *> bases;
+  std::vector<std::unique_ptr<uint8_t, FreeDeleter>> storage;
+  std::vector<int32_t> inputBuffers, outputBuffers;
+
+  std::vector<CompiledInst> insts;
+  std::vector<ExecNode> nodes;
+  std::vector<int64_t> ivs; // current value of each loop slot
+
+  // fp32 scratch, sized once for the largest instruction.
+  std::array<std::vector<float>, 4> scratch;
+  std::vector<int64_t> indexScratch;
+  std::vector<double> doubleScratch;
+
+  uint64_t executed = 0;
+
+  void compile(const Program &program);
+  void compileNodes(const std::vector<Node> &nodes,
+                    std::map<int64_t, int32_t> &slots,
+                    const std::map<int64_t, int32_t> &bufferIndex,
+                    const std::vector<std::string> &locations);
+  void allocate(const Program &program);
+
+  void execRange(size_t begin, size_t end);
+  void exec(const CompiledInst &inst);
+
+  int64_t offsetOf(const CompiledView &view) const {
+    int64_t offset = view.constant;
+    for (const auto &[slot, coeff] : view.terms)
+      offset += coeff * ivs[slot];
+    return offset;
+  }
+  void load(const CompiledView &view, float *out) {
+    loadView(view.dtype, view.pattern, bases[view.buffer], offsetOf(view), out);
+  }
+  void store(const CompiledView &view, const float *in) {
+    storeView(view.dtype, view.pattern, bases[view.buffer], offsetOf(view), in);
+  }
+
+  void execCopy(const CompiledInst &inst);
+  void execGather(const CompiledInst &inst);
+  void execMatmul(const CompiledInst &inst);
+  void execActivation(const CompiledInst &inst);
+  void execTensorTensor(const CompiledInst &inst);
+  void execTensorScalar(const CompiledInst &inst);
+  void execTensorReduce(const CompiledInst &inst);
+  void execSelect(const CompiledInst &inst);
+  void execIota(const CompiledInst &inst);
+  void execMemset(const CompiledInst &inst);
+};
+
+namespace {
+
+std::string shapeString(const std::vector<int64_t> &shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+} // namespace
+
+void Executor::Impl::compile(const Program &program) {
+  std::map<int64_t, int32_t> bufferIndex;
+  for (size_t i = 0; i < program.buffers.size(); ++i) {
+    const Buffer &buffer = program.buffers[i];
+    bufferIndex[buffer.id] = static_cast<int32_t>(i);
+    dtypes.push_back(buffer.dtype);
+    shapes.push_back(buffer.shape);
+    names.push_back(buffer.name);
+  }
+  for (int64_t id : program.inputs)
+    inputBuffers.push_back(bufferIndex.at(id));
+  for (int64_t id : program.outputs)
+    outputBuffers.push_back(bufferIndex.at(id));
+
+  std::map<int64_t, int32_t> slots;
+  compileNodes(program.body, slots, bufferIndex, program.locations);
+  ivs.assign(slots.size(), 0);
+  allocate(program);
+}
+
+void Executor::Impl::compileNodes(const std::vector<Node> &body,
+                                  std::map<int64_t, int32_t> &slots,
+                                  const std::map<int64_t, int32_t> &bufferIndex,
+                                  const std::vector<std::string> &locations) {
+  for (const Node &node : body) {
+    if (node.isLoop()) {
+      // Loop ids are unique per program (verified), so one slot each.
+      int32_t slot = static_cast<int32_t>(slots.size());
+      slots[node.loopId] = slot;
+      size_t index = nodes.size();
+      nodes.push_back(ExecNode{true, slot, node.count, 0, 0});
+      compileNodes(node.body, slots, bufferIndex, locations);
+      nodes[index].end = nodes.size();
+      continue;
+    }
+
+    const Instruction &inst = node.inst;
+    CompiledInst compiled;
+    compiled.attrs = inst;
+    const std::optional<View> *operands[NumRoles] = {
+        &inst.dst,        &inst.src,    &inst.table, &inst.indices,
+        &inst.stationary, &inst.moving, &inst.a,     &inst.b,
+        &inst.bias,       &inst.scalar, &inst.pred,  &inst.onTrue,
+        &inst.onFalse};
+    for (int role = 0; role < NumRoles; ++role) {
+      const std::optional<View> &view = *operands[role];
+      if (!view)
+        continue;
+      CompiledView &out = compiled.views[role];
+      out.present = true;
+      out.buffer = bufferIndex.at(view->buffer);
+      out.dtype = dtypes[out.buffer];
+      out.elementSize = dtypeSize(out.dtype);
+      out.constant = view->offset.constant;
+      for (const auto &[iv, coeff] : view->offset.terms)
+        out.terms.emplace_back(slots.at(iv), coeff);
+      out.shape = view->shape;
+      out.strides = view->strides;
+      out.pattern = collapse(view->shape, view->strides);
+      out.numElements = view->numElements();
+      out.rows = view->shape.empty() ? 1 : view->shape[0];
+      out.cols = out.numElements / out.rows;
+    }
+    // Operands now live in `views`; drop the duplicate copies.
+    compiled.attrs.dst.reset();
+    compiled.attrs.src.reset();
+    compiled.attrs.table.reset();
+    compiled.attrs.indices.reset();
+    compiled.attrs.stationary.reset();
+    compiled.attrs.moving.reset();
+    compiled.attrs.a.reset();
+    compiled.attrs.b.reset();
+    compiled.attrs.bias.reset();
+    compiled.attrs.scalar.reset();
+    compiled.attrs.pred.reset();
+    compiled.attrs.onTrue.reset();
+    compiled.attrs.onFalse.reset();
+
+    if (inst.op == Opcode::DmaCopy || inst.op == Opcode::Copy)
+      compiled.copyPattern =
+          collapsePair(inst.src->shape, inst.src->strides, inst.dst->strides);
+
+    compiled.name = "instruction #" + std::to_string(insts.size() + 1) + " (" +
+                    opcodeName(inst.op);
+    if (inst.loc >= 0 && inst.loc < static_cast<int64_t>(locations.size()))
+      compiled.name += " at " + locations[inst.loc];
+    compiled.name += ")";
+
+    nodes.push_back(
+        ExecNode{false, 0, 0, 0, static_cast<int32_t>(insts.size())});
+    insts.push_back(std::move(compiled));
+  }
+}
+
+void Executor::Impl::allocate(const Program &program) {
+  bases.assign(program.buffers.size(), nullptr);
+  storage.resize(program.buffers.size());
+
+  // Scratch sizes: the largest operand each slot ever holds.
+  std::array<int64_t, 4> need{};
+  int64_t indexNeed = 0, doubleNeed = 0;
+  for (const CompiledInst &inst : insts) {
+    const auto &v = inst.views;
+    auto grow = [&](int slot, int64_t n) {
+      need[slot] = std::max(need[slot], n);
+    };
+    switch (inst.attrs.op) {
+    case Opcode::Matmul:
+      grow(0, v[RoleStationary].numElements);
+      grow(1, v[RoleMoving].numElements);
+      grow(2, v[RoleDst].numElements);
+      break;
+    case Opcode::Activation:
+      grow(0, v[RoleSrc].numElements);
+      grow(1, v[RoleSrc].rows);
+      break;
+    case Opcode::TensorTensor:
+      grow(0, v[RoleA].numElements);
+      grow(1, v[RoleB].numElements);
+      break;
+    case Opcode::TensorScalar:
+      grow(0, v[RoleSrc].numElements);
+      grow(1, v[RoleSrc].rows);
+      break;
+    case Opcode::TensorReduce:
+      grow(0, v[RoleSrc].numElements);
+      grow(1, v[RoleSrc].rows);
+      break;
+    case Opcode::Select:
+      grow(0, v[RoleDst].numElements);
+      grow(1, v[RoleDst].numElements);
+      grow(2, v[RoleDst].numElements);
+      break;
+    case Opcode::Iota:
+      doubleNeed = std::max(doubleNeed, v[RoleDst].numElements);
+      break;
+    case Opcode::DmaGather:
+      indexNeed = std::max(indexNeed, v[RoleIndices].numElements);
+      break;
+    default:
+      break;
+    }
+  }
+
+  try {
+    for (size_t i = 0; i < program.buffers.size(); ++i) {
+      const Buffer &buffer = program.buffers[i];
+      if (buffer.kind == BufferKind::Input || buffer.kind == BufferKind::Output)
+        continue; // Host memory, bound per run().
+      size_t size = static_cast<size_t>(buffer.numElements()) *
+                    static_cast<size_t>(dtypeSize(buffer.dtype));
+      // Zeroed so a program that reads before writing is deterministic;
+      // calloc maps zero pages lazily, so large HBM temporaries cost nothing
+      // until touched.
+      storage[i].reset(static_cast<uint8_t *>(std::calloc(size, 1)));
+      if (!storage[i])
+        throw std::bad_alloc();
+      bases[i] = storage[i].get();
+      if (buffer.kind != BufferKind::Constant)
+        continue;
+      if (buffer.splat) {
+        uint8_t element[8];
+        storeFromF64(*buffer.splat, element, buffer.dtype);
+        fillRun(bases[i], 1, buffer.numElements(), element,
+                dtypeSize(buffer.dtype));
+      } else {
+        std::memcpy(bases[i], buffer.data.data(), buffer.data.size());
+      }
+    }
+    for (int slot = 0; slot < 4; ++slot)
+      scratch[slot].resize(need[slot]);
+    indexScratch.resize(indexNeed);
+    doubleScratch.resize(doubleNeed);
+  } catch (const std::bad_alloc &) {
+    throw Error("program '" + program.name +
+                "': not enough host memory for its buffers and scratch");
+  }
+}
+
+void Executor::Impl::execRange(size_t begin, size_t end) {
+  for (size_t i = begin; i < end;) {
+    const ExecNode &node = nodes[i];
+    if (!node.isLoop) {
+      exec(insts[node.inst]);
+      ++executed;
+      ++i;
+      continue;
+    }
+    for (int64_t iv = 0; iv < node.count; ++iv) {
+      ivs[node.slot] = iv;
+      execRange(i + 1, node.end);
+    }
+    i = node.end;
+  }
+}
+
+void Executor::Impl::exec(const CompiledInst &inst) {
+  switch (inst.attrs.op) {
+  case Opcode::DmaCopy:
+  case Opcode::Copy:
+    return execCopy(inst);
+  case Opcode::DmaGather:
+    return execGather(inst);
+  case Opcode::Matmul:
+    return execMatmul(inst);
+  case Opcode::Activation:
+    return execActivation(inst);
+  case Opcode::TensorTensor:
+    return execTensorTensor(inst);
+  case Opcode::TensorScalar:
+    return execTensorScalar(inst);
+  case Opcode::TensorReduce:
+    return execTensorReduce(inst);
+  case Opcode::Select:
+    return execSelect(inst);
+  case Opcode::Iota:
+    return execIota(inst);
+  case Opcode::Memset:
+    return execMemset(inst);
+  }
+}
+
+// dst = src. Same dtype: a bit-exact byte copy (so integers of any width and
+// NaN payloads survive); otherwise through fp32 with the store rounding.
+void Executor::Impl::execCopy(const CompiledInst &inst) {
+  const CompiledView &src = inst.views[RoleSrc];
+  const CompiledView &dst = inst.views[RoleDst];
+  const uint8_t *srcBase = bases[src.buffer];
+  uint8_t *dstBase = bases[dst.buffer];
+  int64_t srcSize = src.elementSize, dstSize = dst.elementSize;
+  bool same = src.dtype == dst.dtype;
+  forEachRunPair(
+      inst.copyPattern, offsetOf(src), offsetOf(dst),
+      [&](int64_t srcOff, int64_t srcStride, int64_t dstOff, int64_t dstStride,
+          int64_t n) {
+        if (same)
+          copyRunBytes(srcBase + srcOff * srcSize, srcStride,
+                       dstBase + dstOff * dstSize, dstStride, n, srcSize);
+        else
+          convertRun(src.dtype, srcBase + srcOff * srcSize, srcStride,
+                     dst.dtype, dstBase + dstOff * dstSize, dstStride, n);
+      });
+}
+
+// dst[p, :] = table[indices[p], :].
+void Executor::Impl::execGather(const CompiledInst &inst) {
+  const CompiledView &table = inst.views[RoleTable];
+  const CompiledView &indices = inst.views[RoleIndices];
+  const CompiledView &dst = inst.views[RoleDst];
+  int64_t *index = indexScratch.data();
+  loadIndices(indices.dtype, indices.pattern, bases[indices.buffer],
+              offsetOf(indices), index);
+
+  int64_t rows = table.shape[0], width = table.shape[1];
+  int64_t tableOff = offsetOf(table), dstOff = offsetOf(dst);
+  const uint8_t *tableBase = bases[table.buffer];
+  uint8_t *dstBase = bases[dst.buffer];
+  for (int64_t p = 0; p < indices.rows; ++p) {
+    if (index[p] < 0 || index[p] >= rows)
+      throw Error(inst.name + ": index " + std::to_string(index[p]) +
+                  " at partition " + std::to_string(p) +
+                  " is out of range [0, " + std::to_string(rows) + ")");
+  }
+  for (int64_t p = 0; p < indices.rows; ++p) {
+    const uint8_t *from = tableBase + (tableOff + index[p] * table.strides[0]) *
+                                          table.elementSize;
+    uint8_t *to = dstBase + (dstOff + p * dst.strides[0]) * dst.elementSize;
+    if (table.dtype == dst.dtype)
+      copyRunBytes(from, table.strides[1], to, dst.strides[1], width,
+                   dst.elementSize);
+    else
+      convertRun(table.dtype, from, table.strides[1], dst.dtype, to,
+                 dst.strides[1], width);
+  }
+}
+
+// dst[M, N] = (accumulate ? dst : 0) + stationary[K, M]^T @ moving[K, N].
+// Operands hold bf16/f16/f32 values widened exactly; products of 16-bit
+// inputs are exact in fp32 and the sums accumulate in fp32.
+void Executor::Impl::execMatmul(const CompiledInst &inst) {
+  const CompiledView &stat = inst.views[RoleStationary];
+  const CompiledView &mov = inst.views[RoleMoving];
+  const CompiledView &dst = inst.views[RoleDst];
+  int64_t k = stat.rows, m = stat.cols, n = mov.cols;
+  float *s = scratch[0].data(), *mv = scratch[1].data(), *d = scratch[2].data();
+  load(stat, s);
+  load(mov, mv);
+  Eigen::Map<const RowMatrix> stationary(s, k, m);
+  Eigen::Map<const RowMatrix> moving(mv, k, n);
+  Eigen::Map<RowMatrix> result(d, m, n);
+  if (inst.attrs.accumulate) {
+    load(dst, d);
+    result.noalias() += stationary.transpose() * moving;
+  } else {
+    result.noalias() = stationary.transpose() * moving;
+  }
+  store(dst, d);
+}
+
+// dst = func(src * scale + bias), bias = bias[p] (if given) + bias_imm.
+void Executor::Impl::execActivation(const CompiledInst &inst) {
+  const CompiledView &src = inst.views[RoleSrc];
+  const CompiledView &bias = inst.views[RoleBias];
+  float *x = scratch[0].data();
+  load(src, x);
+  Eigen::Map<RowArray> tile(x, src.rows, src.cols);
+  float scale = static_cast<float>(inst.attrs.scale);
+  float biasImm = static_cast<float>(inst.attrs.biasImm);
+  if (bias.present) {
+    float *b = scratch[1].data();
+    load(bias, b);
+    MapA biasColumn(b, src.rows);
+    biasColumn += biasImm;
+    tile *= scale;
+    tile.colwise() += biasColumn;
+  } else if (scale != 1.0f || biasImm != 0.0f) {
+    tile = tile * scale + biasImm;
+  }
+  applyActivation(inst.attrs.func, MapA(x, src.numElements));
+  store(inst.views[RoleDst], x);
+}
+
+void Executor::Impl::execTensorTensor(const CompiledInst &inst) {
+  const CompiledView &a = inst.views[RoleA];
+  float *x = scratch[0].data(), *y = scratch[1].data();
+  load(a, x);
+  load(inst.views[RoleB], y);
+  int64_t n = a.numElements;
+  applyAlu(inst.attrs.aluOp, ConstMapA(x, n), ConstMapA(y, n), MapA(x, n));
+  store(inst.views[RoleDst], x);
+}
+
+// dst = src op s (or s op src), s = scalar[p] if given, else imm.
+void Executor::Impl::execTensorScalar(const CompiledInst &inst) {
+  const CompiledView &src = inst.views[RoleSrc];
+  const CompiledView &scalarView = inst.views[RoleScalar];
+  float *x = scratch[0].data();
+  load(src, x);
+  AluOp op = inst.attrs.aluOp;
+  bool reverse = inst.attrs.reverse;
+  auto apply = [&](float *row, int64_t n, float s) {
+    ConstMapA values(row, n);
+    auto constant = ArrayF::Constant(n, s);
+    if (reverse)
+      applyAlu(op, constant, values, MapA(row, n));
+    else
+      applyAlu(op, values, constant, MapA(row, n));
+  };
+  if (scalarView.present) {
+    float *s = scratch[1].data();
+    load(scalarView, s);
+    for (int64_t p = 0; p < src.rows; ++p)
+      apply(x + p * src.cols, src.cols, s[p]);
+  } else {
+    apply(x, src.numElements, static_cast<float>(inst.attrs.imm.value_or(0)));
+  }
+  store(inst.views[RoleDst], x);
+}
+
+// dst[p] = reduce(src[p, ...]) in fp32.
+void Executor::Impl::execTensorReduce(const CompiledInst &inst) {
+  const CompiledView &src = inst.views[RoleSrc];
+  float *x = scratch[0].data(), *out = scratch[1].data();
+  load(src, x);
+  Eigen::Map<const RowArray> tile(x, src.rows, src.cols);
+  MapA result(out, src.rows);
+  switch (inst.attrs.aluOp) {
+  case AluOp::Add:
+    result = tile.rowwise().sum();
+    break;
+  case AluOp::Multiply:
+    result = tile.rowwise().prod();
+    break;
+  case AluOp::Max:
+    for (int64_t p = 0; p < src.rows; ++p)
+      out[p] = tile.row(p).maxCoeff<Eigen::PropagateNaN>();
+    break;
+  case AluOp::Min:
+    for (int64_t p = 0; p < src.rows; ++p)
+      out[p] = tile.row(p).minCoeff<Eigen::PropagateNaN>();
+    break;
+  default:
+    throw Error(inst.name + ": not a reduction");
+  }
+  store(inst.views[RoleDst], out);
+}
+
+void Executor::Impl::execSelect(const CompiledInst &inst) {
+  const CompiledView &dst = inst.views[RoleDst];
+  int64_t n = dst.numElements;
+  float *pred = scratch[0].data(), *onTrue = scratch[1].data(),
+        *onFalse = scratch[2].data();
+  load(inst.views[RolePred], pred);
+  load(inst.views[RoleOnTrue], onTrue);
+  load(inst.views[RoleOnFalse], onFalse);
+  MapA out(pred, n);
+  out = (out != 0.0f).select(ConstMapA(onTrue, n), ConstMapA(onFalse, n));
+  store(dst, pred);
+}
+
+// dst[p, i...] = base + p * channel_multiplier + sum(i_k * multipliers[k]),
+// in double so integer destinations are exact.
+void Executor::Impl::execIota(const CompiledInst &inst) {
+  const CompiledView &dst = inst.views[RoleDst];
+  const Instruction &attrs = inst.attrs;
+  double *values = doubleScratch.data();
+  size_t freeRank = dst.shape.size() - 1;
+  std::array<int64_t, kMaxViewRank> index{};
+  int64_t linear = 0;
+  for (int64_t p = 0; p < dst.rows; ++p) {
+    double rowBase =
+        attrs.base + static_cast<double>(p) * attrs.channelMultiplier;
+    std::fill(index.begin(), index.end(), 0);
+    for (int64_t e = 0; e < dst.cols; ++e) {
+      double value = rowBase;
+      for (size_t k = 0; k < freeRank; ++k)
+        value += static_cast<double>(index[k]) * attrs.multipliers[k];
+      values[linear++] = value;
+      for (size_t k = freeRank; k-- > 0;) {
+        if (++index[k] < dst.shape[k + 1])
+          break;
+        index[k] = 0;
+      }
+    }
+  }
+  dispatchDType(dst.dtype, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    uint8_t *base = bases[dst.buffer];
+    forEachRun(dst.pattern, offsetOf(dst),
+               [&](int64_t offset, int64_t stride, int64_t n, int64_t at) {
+                 storeRunF64<D>(values + at, base + offset * dst.elementSize,
+                                stride, n);
+               });
+  });
+}
+
+void Executor::Impl::execMemset(const CompiledInst &inst) {
+  const CompiledView &dst = inst.views[RoleDst];
+  uint8_t element[8];
+  storeFromF64(inst.attrs.value, element, dst.dtype);
+  uint8_t *base = bases[dst.buffer];
+  forEachRun(dst.pattern, offsetOf(dst),
+             [&](int64_t offset, int64_t stride, int64_t n, int64_t) {
+               fillRun(base + offset * dst.elementSize, stride, n, element,
+                       dst.elementSize);
+             });
+}
+
+//===----------------------------------------------------------------------===//
+// Executor
+//===----------------------------------------------------------------------===//
+
+Executor::Executor(const Program &program, const neuron::target::Target &target)
+    : impl(std::make_unique<Impl>()) {
+  program.verify(target);
+  impl->compile(program);
+}
+
+Executor::~Executor() = default;
+Executor::Executor(Executor &&) noexcept = default;
+Executor &Executor::operator=(Executor &&) noexcept = default;
+
+uint64_t Executor::instructionsExecuted() const { return impl->executed; }
+
+void Executor::run(const std::vector<HostTensor> &inputs,
+                   const std::vector<HostTensor> &outputs) {
+  Impl &state = *impl;
+  auto bind = [&](const std::vector<HostTensor> &tensors,
+                  const std::vector<int32_t> &buffers, const char *what) {
+    if (tensors.size() != buffers.size())
+      throw Error(std::string("run: expected ") +
+                  std::to_string(buffers.size()) + " " + what + ", got " +
+                  std::to_string(tensors.size()));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const HostTensor &tensor = tensors[i];
+      int32_t buffer = buffers[i];
+      std::string where = std::string("run: ") + what + "[" +
+                          std::to_string(i) + "] ('" + state.names[buffer] +
+                          "')";
+      if (tensor.dtype != state.dtypes[buffer])
+        throw Error(where + ": dtype " + dtypeName(tensor.dtype) +
+                    ", expected " + dtypeName(state.dtypes[buffer]));
+      if (tensor.shape != state.shapes[buffer])
+        throw Error(where + ": shape " + shapeString(tensor.shape) +
+                    ", expected " + shapeString(state.shapes[buffer]));
+      if (!tensor.data)
+        throw Error(where + ": null data pointer");
+      state.bases[buffer] = static_cast<uint8_t *>(tensor.data);
+    }
+  };
+  bind(inputs, state.inputBuffers, "inputs");
+  bind(outputs, state.outputBuffers, "outputs");
+  state.executed = 0;
+  state.execRange(0, state.nodes.size());
+}
+
+} // namespace neuron::runtime

@@ -1,0 +1,1285 @@
+//===- Program.cpp - Kernel program parser, verifier and writer -----------===//
+
+#include "runtime/program/Program.h"
+#include "runtime/target/Target.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace neuron::runtime {
+
+using json = nlohmann::json;
+
+//===----------------------------------------------------------------------===//
+// Enum names
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+template <typename Enum, size_t N>
+const char *lookupName(const std::pair<Enum, const char *> (&table)[N],
+                       Enum value) {
+  for (const auto &entry : table)
+    if (entry.first == value)
+      return entry.second;
+  return "?";
+}
+
+template <typename Enum, size_t N>
+std::optional<Enum> lookupValue(const std::pair<Enum, const char *> (&table)[N],
+                                std::string_view name) {
+  for (const auto &entry : table)
+    if (name == entry.second)
+      return entry.first;
+  return std::nullopt;
+}
+
+const std::pair<Space, const char *> kSpaceNames[] = {
+    {Space::HBM, "hbm"}, {Space::SBUF, "sbuf"}, {Space::PSUM, "psum"}};
+
+const std::pair<BufferKind, const char *> kKindNames[] = {
+    {BufferKind::Input, "input"},
+    {BufferKind::Output, "output"},
+    {BufferKind::Internal, "internal"},
+    {BufferKind::Constant, "constant"},
+    {BufferKind::Scratch, "scratch"}};
+
+const std::pair<Opcode, const char *> kOpcodeNames[] = {
+    {Opcode::DmaCopy, "dma_copy"},
+    {Opcode::DmaGather, "dma_gather"},
+    {Opcode::Matmul, "matmul"},
+    {Opcode::Activation, "activation"},
+    {Opcode::TensorTensor, "tensor_tensor"},
+    {Opcode::TensorScalar, "tensor_scalar"},
+    {Opcode::TensorReduce, "tensor_reduce"},
+    {Opcode::Select, "select"},
+    {Opcode::Iota, "iota"},
+    {Opcode::Memset, "memset"},
+    {Opcode::Copy, "copy"}};
+
+const std::pair<Engine, const char *> kEngineNames[] = {
+    {Engine::Tensor, "tensor"},
+    {Engine::Vector, "vector"},
+    {Engine::Scalar, "scalar"},
+    {Engine::GpSimd, "gpsimd"},
+    {Engine::Sync, "sync"}};
+
+const std::pair<ActFunc, const char *> kActFuncNames[] = {
+    {ActFunc::Identity, "identity"},
+    {ActFunc::Neg, "neg"},
+    {ActFunc::Abs, "abs"},
+    {ActFunc::Exp, "exp"},
+    {ActFunc::Log, "log"},
+    {ActFunc::Sqrt, "sqrt"},
+    {ActFunc::Rsqrt, "rsqrt"},
+    {ActFunc::Reciprocal, "reciprocal"},
+    {ActFunc::Tanh, "tanh"},
+    {ActFunc::Sigmoid, "sigmoid"},
+    {ActFunc::Relu, "relu"},
+    {ActFunc::Gelu, "gelu"},
+    {ActFunc::GeluTanh, "gelu_tanh"},
+    {ActFunc::Silu, "silu"},
+    {ActFunc::Erf, "erf"},
+    {ActFunc::Sin, "sin"},
+    {ActFunc::Cos, "cos"},
+    {ActFunc::Sign, "sign"},
+    {ActFunc::Square, "square"},
+    {ActFunc::Floor, "floor"},
+    {ActFunc::Ceil, "ceil"},
+    {ActFunc::Round, "round"},
+    {ActFunc::Trunc, "trunc"},
+    {ActFunc::Log1p, "log1p"},
+    {ActFunc::Expm1, "expm1"},
+    {ActFunc::LogicalNot, "logical_not"}};
+
+const std::pair<AluOp, const char *> kAluOpNames[] = {
+    {AluOp::Add, "add"},
+    {AluOp::Subtract, "subtract"},
+    {AluOp::Multiply, "multiply"},
+    {AluOp::Divide, "divide"},
+    {AluOp::Max, "max"},
+    {AluOp::Min, "min"},
+    {AluOp::Pow, "pow"},
+    {AluOp::Mod, "mod"},
+    {AluOp::Remainder, "remainder"},
+    {AluOp::Eq, "eq"},
+    {AluOp::Ne, "ne"},
+    {AluOp::Lt, "lt"},
+    {AluOp::Le, "le"},
+    {AluOp::Gt, "gt"},
+    {AluOp::Ge, "ge"},
+    {AluOp::LogicalAnd, "logical_and"},
+    {AluOp::LogicalOr, "logical_or"},
+    {AluOp::LogicalXor, "logical_xor"},
+    {AluOp::Bypass, "bypass"}};
+
+} // namespace
+
+const char *spaceName(Space v) { return lookupName(kSpaceNames, v); }
+const char *bufferKindName(BufferKind v) { return lookupName(kKindNames, v); }
+const char *opcodeName(Opcode v) { return lookupName(kOpcodeNames, v); }
+const char *engineName(Engine v) { return lookupName(kEngineNames, v); }
+const char *actFuncName(ActFunc v) { return lookupName(kActFuncNames, v); }
+const char *aluOpName(AluOp v) { return lookupName(kAluOpNames, v); }
+std::optional<Space> parseSpace(std::string_view n) {
+  return lookupValue(kSpaceNames, n);
+}
+std::optional<BufferKind> parseBufferKind(std::string_view n) {
+  return lookupValue(kKindNames, n);
+}
+std::optional<Opcode> parseOpcode(std::string_view n) {
+  return lookupValue(kOpcodeNames, n);
+}
+std::optional<Engine> parseEngine(std::string_view n) {
+  return lookupValue(kEngineNames, n);
+}
+std::optional<ActFunc> parseActFunc(std::string_view n) {
+  return lookupValue(kActFuncNames, n);
+}
+std::optional<AluOp> parseAluOp(std::string_view n) {
+  return lookupValue(kAluOpNames, n);
+}
+
+//===----------------------------------------------------------------------===//
+// Data model helpers
+//===----------------------------------------------------------------------===//
+
+std::optional<int64_t> shapeElements(const std::vector<int64_t> &shape) {
+  int64_t total = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0 || __builtin_mul_overflow(total, dim, &total))
+      return std::nullopt;
+  }
+  return total;
+}
+
+int64_t Buffer::numElements() const { return shapeElements(shape).value_or(0); }
+
+int64_t Buffer::bytesPerPartition() const {
+  if (shape.empty())
+    return dtypeSize(dtype);
+  std::vector<int64_t> freeDims(shape.begin() + 1, shape.end());
+  return shapeElements(freeDims).value_or(0) * dtypeSize(dtype);
+}
+
+int64_t View::numElements() const { return shapeElements(shape).value_or(0); }
+
+std::vector<std::pair<const char *, const View *>>
+Instruction::operands() const {
+  std::vector<std::pair<const char *, const View *>> result;
+  auto add = [&](const char *name, const std::optional<View> &view) {
+    if (view)
+      result.emplace_back(name, &*view);
+  };
+  add("dst", dst);
+  add("src", src);
+  add("table", table);
+  add("indices", indices);
+  add("stationary", stationary);
+  add("moving", moving);
+  add("a", a);
+  add("b", b);
+  add("bias", bias);
+  add("scalar", scalar);
+  add("pred", pred);
+  add("on_true", onTrue);
+  add("on_false", onFalse);
+  return result;
+}
+
+Node Node::makeLoop(int64_t loopId, int64_t count, std::vector<Node> body) {
+  Node node;
+  node.kind = Kind::Loop;
+  node.loopId = loopId;
+  node.count = count;
+  node.body = std::move(body);
+  return node;
+}
+
+Node Node::makeInstruction(Instruction inst) {
+  Node node;
+  node.kind = Kind::Instruction;
+  node.inst = std::move(inst);
+  return node;
+}
+
+const Buffer *Program::findBuffer(int64_t id) const {
+  for (const Buffer &buffer : buffers)
+    if (buffer.id == id)
+      return &buffer;
+  return nullptr;
+}
+
+namespace {
+int64_t countInstructions(const std::vector<Node> &nodes) {
+  int64_t count = 0;
+  for (const Node &node : nodes)
+    count += node.isLoop() ? countInstructions(node.body) : 1;
+  return count;
+}
+} // namespace
+
+int64_t Program::numInstructions() const { return countInstructions(body); }
+
+//===----------------------------------------------------------------------===//
+// Base64
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+const char kBase64Chars[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string encodeBase64(const std::vector<uint8_t> &bytes) {
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    uint32_t word = (bytes[i] << 16) | (bytes[i + 1] << 8) | bytes[i + 2];
+    for (int shift = 18; shift >= 0; shift -= 6)
+      out += kBase64Chars[(word >> shift) & 63];
+  }
+  size_t rest = bytes.size() - i;
+  if (rest) {
+    uint32_t word = bytes[i] << 16;
+    if (rest == 2)
+      word |= bytes[i + 1] << 8;
+    out += kBase64Chars[(word >> 18) & 63];
+    out += kBase64Chars[(word >> 12) & 63];
+    out += rest == 2 ? kBase64Chars[(word >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+/// Strict decoder: standard alphabet, '=' padding to a multiple of 4.
+std::optional<std::vector<uint8_t>> decodeBase64(const std::string &text) {
+  if (text.size() % 4 != 0)
+    return std::nullopt;
+  int8_t table[256];
+  std::fill(std::begin(table), std::end(table), -1);
+  for (int i = 0; i < 64; ++i)
+    table[static_cast<uint8_t>(kBase64Chars[i])] = static_cast<int8_t>(i);
+  std::vector<uint8_t> out;
+  out.reserve(text.size() / 4 * 3);
+  for (size_t i = 0; i < text.size(); i += 4) {
+    bool last = i + 4 == text.size();
+    int pad = 0;
+    uint32_t word = 0;
+    for (int j = 0; j < 4; ++j) {
+      char c = text[i + j];
+      if (c == '=' && last && j >= 2) {
+        ++pad;
+        word <<= 6;
+        continue;
+      }
+      int8_t v = table[static_cast<uint8_t>(c)];
+      if (v < 0 || pad)
+        return std::nullopt;
+      word = (word << 6) | static_cast<uint32_t>(v);
+    }
+    out.push_back(static_cast<uint8_t>(word >> 16));
+    if (pad < 2)
+      out.push_back(static_cast<uint8_t>(word >> 8));
+    if (pad < 1)
+      out.push_back(static_cast<uint8_t>(word));
+  }
+  return out;
+}
+
+//===----------------------------------------------------------------------===//
+// Parser
+//===----------------------------------------------------------------------===//
+
+[[noreturn]] void fail(const std::string &where, const std::string &what) {
+  throw Error(where + ": " + what);
+}
+
+std::string typeName(const json &value) { return value.type_name(); }
+
+void checkKeys(const json &object, const std::set<std::string> &allowed,
+               const std::string &where) {
+  for (auto it = object.begin(); it != object.end(); ++it)
+    if (!allowed.count(it.key()))
+      fail(where, "unknown field '" + it.key() + "'");
+}
+
+const json &requireKey(const json &object, const char *key,
+                       const std::string &where) {
+  auto it = object.find(key);
+  if (it == object.end())
+    fail(where, std::string("missing field '") + key + "'");
+  return *it;
+}
+
+int64_t asInt(const json &value, const std::string &where) {
+  if (value.is_number_unsigned()) {
+    if (value.get<uint64_t>() >
+        static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail(where, "integer out of range");
+    return static_cast<int64_t>(value.get<uint64_t>());
+  }
+  if (!value.is_number_integer())
+    fail(where, "expected an integer, got " + typeName(value));
+  return value.get<int64_t>();
+}
+
+/// A JSON number, or {"float": "inf" | "-inf" | "nan"} for the values JSON
+/// cannot spell (same encoding as FX_GRAPH_FORMAT.md).
+double asNumber(const json &value, const std::string &where) {
+  if (value.is_number())
+    return value.get<double>();
+  if (value.is_object() && value.size() == 1 && value.contains("float") &&
+      value["float"].is_string()) {
+    std::string text = value["float"].get<std::string>();
+    if (text == "inf")
+      return std::numeric_limits<double>::infinity();
+    if (text == "-inf")
+      return -std::numeric_limits<double>::infinity();
+    if (text == "nan")
+      return std::numeric_limits<double>::quiet_NaN();
+  }
+  fail(where, "expected a number or {\"float\": \"inf\"|\"-inf\"|\"nan\"}, "
+              "got " +
+                  value.dump());
+}
+
+bool asBool(const json &value, const std::string &where) {
+  if (!value.is_boolean())
+    fail(where, "expected a boolean, got " + typeName(value));
+  return value.get<bool>();
+}
+
+std::string asString(const json &value, const std::string &where) {
+  if (!value.is_string())
+    fail(where, "expected a string, got " + typeName(value));
+  return value.get<std::string>();
+}
+
+const json &asArray(const json &value, const std::string &where) {
+  if (!value.is_array())
+    fail(where, "expected an array, got " + typeName(value));
+  return value;
+}
+
+void requireObject(const json &value, const std::string &where) {
+  if (!value.is_object())
+    fail(where, "expected an object, got " + typeName(value));
+}
+
+std::vector<int64_t> asIntList(const json &value, const std::string &where) {
+  std::vector<int64_t> result;
+  const json &array = asArray(value, where);
+  for (size_t i = 0; i < array.size(); ++i)
+    result.push_back(asInt(array[i], where + "[" + std::to_string(i) + "]"));
+  return result;
+}
+
+std::string field(const std::string &where, const char *key) {
+  return where + " field '" + key + "'";
+}
+
+View parseView(const json &value, const std::string &where) {
+  requireObject(value, where);
+  checkKeys(value, {"buf", "offset", "shape", "strides"}, where);
+  View view;
+  view.buffer = asInt(requireKey(value, "buf", where), field(where, "buf"));
+  view.shape =
+      asIntList(requireKey(value, "shape", where), field(where, "shape"));
+  view.strides =
+      asIntList(requireKey(value, "strides", where), field(where, "strides"));
+  if (value.contains("offset")) {
+    std::string offWhere = field(where, "offset");
+    const json &offset = value["offset"];
+    requireObject(offset, offWhere);
+    checkKeys(offset, {"const", "terms"}, offWhere);
+    if (offset.contains("const"))
+      view.offset.constant = asInt(offset["const"], field(offWhere, "const"));
+    if (offset.contains("terms")) {
+      std::string termsWhere = field(offWhere, "terms");
+      const json &terms = asArray(offset["terms"], termsWhere);
+      for (size_t i = 0; i < terms.size(); ++i) {
+        std::string termWhere = termsWhere + "[" + std::to_string(i) + "]";
+        const json &term = asArray(terms[i], termWhere);
+        if (term.size() != 2)
+          fail(termWhere, "a term is [iv, coeff]");
+        view.offset.terms.emplace_back(asInt(term[0], termWhere),
+                                       asInt(term[1], termWhere));
+      }
+    }
+  }
+  return view;
+}
+
+struct OpSpec {
+  Opcode op;
+  std::set<std::string> required;
+  std::set<std::string> optional;
+};
+
+const OpSpec &opSpec(Opcode op) {
+  static const std::vector<OpSpec> specs = {
+      {Opcode::DmaCopy, {"src", "dst"}, {}},
+      {Opcode::DmaGather, {"table", "indices", "dst"}, {}},
+      {Opcode::Matmul, {"stationary", "moving", "dst"}, {"accumulate"}},
+      {Opcode::Activation,
+       {"src", "dst", "func"},
+       {"bias", "scale", "bias_imm"}},
+      {Opcode::TensorTensor, {"a", "b", "dst", "alu_op"}, {}},
+      {Opcode::TensorScalar,
+       {"src", "dst", "alu_op"},
+       {"scalar", "imm", "reverse"}},
+      {Opcode::TensorReduce, {"src", "dst", "alu_op"}, {}},
+      {Opcode::Select, {"pred", "on_true", "on_false", "dst"}, {}},
+      {Opcode::Iota, {"dst"}, {"base", "channel_multiplier", "multipliers"}},
+      {Opcode::Memset, {"dst", "value"}, {}},
+      {Opcode::Copy, {"src", "dst"}, {}},
+  };
+  for (const OpSpec &spec : specs)
+    if (spec.op == op)
+      return spec;
+  throw Error("internal error: no spec for op");
+}
+
+class Parser {
+public:
+  Program parseDocument(const json &doc);
+
+private:
+  Buffer parseBuffer(const json &value, const std::string &where);
+  std::vector<Node> parseNodes(const json &value, const std::string &where,
+                               int depth);
+  Instruction parseInstruction(const json &value, const std::string &where);
+};
+
+Program Parser::parseDocument(const json &doc) {
+  const std::string where = "program";
+  requireObject(doc, where);
+  checkKeys(doc,
+            {"format", "version", "name", "target", "buffers", "inputs",
+             "outputs", "locations", "body"},
+            where);
+  std::string format =
+      asString(requireKey(doc, "format", where), field(where, "format"));
+  if (format != kProgramFormat)
+    fail(field(where, "format"), "expected '" + std::string(kProgramFormat) +
+                                     "', got '" + format + "'");
+  const json &versionValue = requireKey(doc, "version", where);
+  if (!versionValue.is_number_integer() ||
+      asInt(versionValue, field(where, "version")) != kProgramVersion)
+    fail(field(where, "version"), "unsupported version " + versionValue.dump() +
+                                      " (this runtime reads version " +
+                                      std::to_string(kProgramVersion) + ")");
+
+  Program program;
+  program.version = kProgramVersion;
+  if (doc.contains("name"))
+    program.name = asString(doc["name"], field(where, "name"));
+  program.target =
+      asString(requireKey(doc, "target", where), field(where, "target"));
+
+  const json &buffers =
+      asArray(requireKey(doc, "buffers", where), field(where, "buffers"));
+  for (size_t i = 0; i < buffers.size(); ++i)
+    program.buffers.push_back(
+        parseBuffer(buffers[i], "buffers[" + std::to_string(i) + "]"));
+
+  program.inputs =
+      asIntList(requireKey(doc, "inputs", where), field(where, "inputs"));
+  program.outputs =
+      asIntList(requireKey(doc, "outputs", where), field(where, "outputs"));
+
+  if (doc.contains("locations")) {
+    const json &locs = asArray(doc["locations"], field(where, "locations"));
+    for (size_t i = 0; i < locs.size(); ++i)
+      program.locations.push_back(
+          asString(locs[i], "locations[" + std::to_string(i) + "]"));
+  }
+
+  program.body = parseNodes(requireKey(doc, "body", where), "body", 0);
+  return program;
+}
+
+Buffer Parser::parseBuffer(const json &value, const std::string &where) {
+  requireObject(value, where);
+  checkKeys(value,
+            {"id", "name", "space", "kind", "dtype", "shape", "data", "splat"},
+            where);
+  Buffer buffer;
+  buffer.id = asInt(requireKey(value, "id", where), field(where, "id"));
+  if (value.contains("name"))
+    buffer.name = asString(value["name"], field(where, "name"));
+
+  std::string space =
+      asString(requireKey(value, "space", where), field(where, "space"));
+  std::optional<Space> parsedSpace = parseSpace(space);
+  if (!parsedSpace)
+    fail(field(where, "space"), "unknown space '" + space + "'");
+  buffer.space = *parsedSpace;
+
+  std::string kind =
+      asString(requireKey(value, "kind", where), field(where, "kind"));
+  std::optional<BufferKind> parsedKind = parseBufferKind(kind);
+  if (!parsedKind)
+    fail(field(where, "kind"), "unknown kind '" + kind + "'");
+  buffer.kind = *parsedKind;
+
+  std::string dtype =
+      asString(requireKey(value, "dtype", where), field(where, "dtype"));
+  std::optional<DType> parsedDType = parseDType(dtype);
+  if (!parsedDType)
+    fail(field(where, "dtype"), "unknown dtype '" + dtype + "'");
+  buffer.dtype = *parsedDType;
+
+  buffer.shape =
+      asIntList(requireKey(value, "shape", where), field(where, "shape"));
+
+  if (value.contains("data")) {
+    std::string text = asString(value["data"], field(where, "data"));
+    std::optional<std::vector<uint8_t>> bytes = decodeBase64(text);
+    if (!bytes)
+      fail(field(where, "data"), "invalid base64");
+    buffer.data = std::move(*bytes);
+  }
+  if (value.contains("splat"))
+    buffer.splat = asNumber(value["splat"], field(where, "splat"));
+  return buffer;
+}
+
+std::vector<Node> Parser::parseNodes(const json &value,
+                                     const std::string &where, int depth) {
+  if (depth > kMaxLoopDepth)
+    fail(where, "loops nested deeper than " + std::to_string(kMaxLoopDepth));
+  const json &array = asArray(value, where);
+  std::vector<Node> nodes;
+  nodes.reserve(array.size());
+  for (size_t i = 0; i < array.size(); ++i) {
+    std::string nodeWhere = where + "[" + std::to_string(i) + "]";
+    const json &item = array[i];
+    requireObject(item, nodeWhere);
+    if (item.contains("loop")) {
+      checkKeys(item, {"loop", "count", "body"}, nodeWhere);
+      int64_t id = asInt(item["loop"], field(nodeWhere, "loop"));
+      int64_t count = asInt(requireKey(item, "count", nodeWhere),
+                            field(nodeWhere, "count"));
+      std::vector<Node> body = parseNodes(requireKey(item, "body", nodeWhere),
+                                          nodeWhere + ".body", depth + 1);
+      nodes.push_back(Node::makeLoop(id, count, std::move(body)));
+    } else if (item.contains("op")) {
+      nodes.push_back(Node::makeInstruction(parseInstruction(item, nodeWhere)));
+    } else {
+      fail(nodeWhere, "a node needs 'loop' or 'op'");
+    }
+  }
+  return nodes;
+}
+
+Instruction Parser::parseInstruction(const json &value,
+                                     const std::string &nodeWhere) {
+  Instruction inst;
+  std::string opName = asString(value["op"], field(nodeWhere, "op"));
+  std::optional<Opcode> op = parseOpcode(opName);
+  if (!op)
+    fail(field(nodeWhere, "op"), "unknown op '" + opName + "'");
+  inst.op = *op;
+  std::string where = nodeWhere + " (" + opName + ")";
+
+  const OpSpec &spec = opSpec(inst.op);
+  std::set<std::string> allowed = {"op", "engine", "loc"};
+  allowed.insert(spec.required.begin(), spec.required.end());
+  allowed.insert(spec.optional.begin(), spec.optional.end());
+  checkKeys(value, allowed, where);
+  for (const std::string &key : spec.required)
+    requireKey(value, key.c_str(), where);
+
+  std::string engine =
+      asString(requireKey(value, "engine", where), field(where, "engine"));
+  std::optional<Engine> parsedEngine = parseEngine(engine);
+  if (!parsedEngine)
+    fail(field(where, "engine"), "unknown engine '" + engine + "'");
+  inst.engine = *parsedEngine;
+
+  if (value.contains("loc")) {
+    inst.loc = asInt(value["loc"], field(where, "loc"));
+    if (inst.loc < 0)
+      fail(field(where, "loc"), "must be a non-negative index");
+  }
+
+  std::map<std::string, std::optional<View> Instruction::*> viewFields = {
+      {"src", &Instruction::src},
+      {"dst", &Instruction::dst},
+      {"table", &Instruction::table},
+      {"indices", &Instruction::indices},
+      {"stationary", &Instruction::stationary},
+      {"moving", &Instruction::moving},
+      {"a", &Instruction::a},
+      {"b", &Instruction::b},
+      {"bias", &Instruction::bias},
+      {"scalar", &Instruction::scalar},
+      {"pred", &Instruction::pred},
+      {"on_true", &Instruction::onTrue},
+      {"on_false", &Instruction::onFalse}};
+
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    const std::string &key = it.key();
+    const json &item = it.value();
+    std::string keyWhere = field(where, key.c_str());
+    auto viewIt = viewFields.find(key);
+    if (viewIt != viewFields.end()) {
+      inst.*(viewIt->second) = parseView(item, keyWhere);
+    } else if (key == "accumulate") {
+      inst.accumulate = asBool(item, keyWhere);
+    } else if (key == "func") {
+      std::string name = asString(item, keyWhere);
+      std::optional<ActFunc> func = parseActFunc(name);
+      if (!func)
+        fail(keyWhere, "unknown activation function '" + name + "'");
+      inst.func = *func;
+    } else if (key == "scale") {
+      inst.scale = asNumber(item, keyWhere);
+    } else if (key == "bias_imm") {
+      inst.biasImm = asNumber(item, keyWhere);
+    } else if (key == "alu_op") {
+      std::string name = asString(item, keyWhere);
+      // PROGRAM_FORMAT.md spells the product reduction "mul".
+      std::optional<AluOp> aluOp = name == "mul"
+                                       ? std::optional<AluOp>(AluOp::Multiply)
+                                       : parseAluOp(name);
+      if (!aluOp)
+        fail(keyWhere, "unknown ALU op '" + name + "'");
+      inst.aluOp = *aluOp;
+    } else if (key == "imm") {
+      inst.imm = asNumber(item, keyWhere);
+    } else if (key == "reverse") {
+      inst.reverse = asBool(item, keyWhere);
+    } else if (key == "base") {
+      inst.base = asNumber(item, keyWhere);
+    } else if (key == "channel_multiplier") {
+      inst.channelMultiplier = asNumber(item, keyWhere);
+    } else if (key == "multipliers") {
+      const json &array = asArray(item, keyWhere);
+      for (size_t i = 0; i < array.size(); ++i)
+        inst.multipliers.push_back(
+            asNumber(array[i], keyWhere + "[" + std::to_string(i) + "]"));
+    } else if (key == "value") {
+      inst.value = asNumber(item, keyWhere);
+    }
+  }
+  return inst;
+}
+
+} // namespace
+
+Program Program::parse(const std::string &text) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception &e) {
+    throw Error(std::string("malformed program JSON: ") + e.what());
+  }
+  try {
+    return Parser().parseDocument(doc);
+  } catch (const json::exception &e) {
+    // Defensive: every access above is type-checked first.
+    throw Error(std::string("malformed program: ") + e.what());
+  }
+}
+
+Program Program::loadFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw Error("cannot open program file '" + path + "'");
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad())
+    throw Error("cannot read program file '" + path + "'");
+  try {
+    return parse(buffer.str());
+  } catch (const Error &e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Verifier
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+using Int128 = __int128;
+
+std::string shapeString(const std::vector<int64_t> &shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+int64_t product(const std::vector<int64_t> &shape, size_t from) {
+  int64_t total = 1;
+  for (size_t i = from; i < shape.size(); ++i)
+    total *= shape[i]; // Bounded: view element counts are checked first.
+  return total;
+}
+
+// Views larger than this are rejected so scratch allocation stays sane.
+constexpr int64_t kMaxViewElements = int64_t(1) << 34;
+
+class Verifier {
+public:
+  Verifier(const Program &program, const neuron::target::Target &target)
+      : program(program), target(target) {}
+  void run();
+
+private:
+  void verifyBuffers();
+  void verifyArguments(const std::vector<int64_t> &ids, BufferKind kind,
+                       const char *fieldName);
+  void verifyNodes(const std::vector<Node> &nodes, const std::string &where);
+  void verifyInstruction(const Instruction &inst, const std::string &where);
+  const Buffer &verifyView(const View &view, const std::string &where);
+  [[noreturn]] void failInst(const Instruction &inst, const std::string &what);
+  std::string instName(const Instruction &inst) const;
+
+  const Program &program;
+  const neuron::target::Target &target;
+  std::map<int64_t, const Buffer *> bufferById;
+  // Loops enclosing the current node: id -> count.
+  std::map<int64_t, int64_t> scope;
+  std::set<int64_t> usedLoopIds;
+  int64_t instIndex = 0;
+  std::string instWhere;
+};
+
+void Verifier::run() {
+  if (program.version != kProgramVersion)
+    throw Error("program: unsupported version " +
+                std::to_string(program.version));
+  if (program.target != target.name)
+    throw Error("program field 'target': program is for '" + program.target +
+                "', not '" + target.name + "'");
+  verifyBuffers();
+  verifyArguments(program.inputs, BufferKind::Input, "inputs");
+  verifyArguments(program.outputs, BufferKind::Output, "outputs");
+  verifyNodes(program.body, "body");
+}
+
+void Verifier::verifyBuffers() {
+  Int128 sbufBytes = 0, psumBytes = 0, hbmBytes = 0;
+  for (size_t i = 0; i < program.buffers.size(); ++i) {
+    const Buffer &buffer = program.buffers[i];
+    std::string where = "buffers[" + std::to_string(i) + "] ('" + buffer.name +
+                        "', id " + std::to_string(buffer.id) + ")";
+    if (!bufferById.emplace(buffer.id, &buffer).second)
+      throw Error(where + " field 'id': duplicate buffer id");
+
+    bool onChip = buffer.isOnChip();
+    if (onChip != (buffer.kind == BufferKind::Scratch))
+      throw Error(where + " field 'space': a " + bufferKindName(buffer.kind) +
+                  " buffer cannot live in " + spaceName(buffer.space) +
+                  " (scratch buffers are on-chip, all others in hbm)");
+
+    for (int64_t dim : buffer.shape)
+      if (dim < 1)
+        throw Error(where + " field 'shape': dimensions must be >= 1, got " +
+                    shapeString(buffer.shape));
+    std::optional<int64_t> elements = shapeElements(buffer.shape);
+    Int128 bytes = 0;
+    if (!elements ||
+        __builtin_mul_overflow(*elements, dtypeSize(buffer.dtype), &bytes))
+      throw Error(where + " field 'shape': buffer size overflows");
+
+    if (onChip) {
+      if (buffer.shape.empty())
+        throw Error(where + " field 'shape': on-chip buffers are "
+                            "[partitions, free...]");
+      if (buffer.shape[0] > target.partitions)
+        throw Error(where + " field 'shape': partition dim " +
+                    std::to_string(buffer.shape[0]) + " exceeds the " +
+                    std::to_string(target.partitions) + " partitions of " +
+                    target.name);
+      (buffer.space == Space::SBUF ? sbufBytes : psumBytes) +=
+          buffer.bytesPerPartition();
+    } else {
+      hbmBytes += bytes;
+    }
+
+    if (buffer.kind == BufferKind::Constant) {
+      bool hasData = !buffer.data.empty();
+      if (hasData == buffer.splat.has_value())
+        throw Error(where + ": a constant needs exactly one of 'data' and "
+                            "'splat'");
+      if (hasData && static_cast<Int128>(buffer.data.size()) != bytes)
+        throw Error(
+            where + " field 'data': " + std::to_string(buffer.data.size()) +
+            " bytes, expected " + std::to_string(static_cast<int64_t>(bytes)) +
+            " (" + shapeString(buffer.shape) + " x " + dtypeName(buffer.dtype) +
+            ")");
+    } else if (!buffer.data.empty() || buffer.splat) {
+      throw Error(where + ": only constant buffers may have 'data' or 'splat'");
+    }
+  }
+  if (sbufBytes > target.sbufBytesPerPartition)
+    throw Error("buffers: SBUF scratch needs " +
+                std::to_string(static_cast<int64_t>(sbufBytes)) +
+                " bytes per partition, " + target.name + " has " +
+                std::to_string(target.sbufBytesPerPartition));
+  if (psumBytes > target.psumBytesPerPartition)
+    throw Error("buffers: PSUM scratch needs " +
+                std::to_string(static_cast<int64_t>(psumBytes)) +
+                " bytes per partition, " + target.name + " has " +
+                std::to_string(target.psumBytesPerPartition));
+  if (hbmBytes > target.hbmBytesPerCore)
+    throw Error("buffers: HBM buffers need " +
+                std::to_string(static_cast<int64_t>(hbmBytes)) + " bytes, " +
+                target.name + " has " + std::to_string(target.hbmBytesPerCore) +
+                " per core");
+}
+
+void Verifier::verifyArguments(const std::vector<int64_t> &ids, BufferKind kind,
+                               const char *fieldName) {
+  std::set<int64_t> seen;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::string where = std::string("program field '") + fieldName + "'[" +
+                        std::to_string(i) + "]";
+    auto it = bufferById.find(ids[i]);
+    if (it == bufferById.end())
+      throw Error(where + ": no buffer with id " + std::to_string(ids[i]));
+    if (it->second->kind != kind)
+      throw Error(where + ": buffer " + std::to_string(ids[i]) + " is " +
+                  bufferKindName(it->second->kind) + ", expected " +
+                  bufferKindName(kind));
+    if (!seen.insert(ids[i]).second)
+      throw Error(where + ": buffer " + std::to_string(ids[i]) +
+                  " listed twice");
+  }
+  for (const Buffer &buffer : program.buffers)
+    if (buffer.kind == kind && !seen.count(buffer.id))
+      throw Error(std::string("program field '") + fieldName +
+                  "': " + bufferKindName(kind) + " buffer " +
+                  std::to_string(buffer.id) + " ('" + buffer.name +
+                  "') is not listed");
+}
+
+void Verifier::verifyNodes(const std::vector<Node> &nodes,
+                           const std::string &where) {
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node &node = nodes[i];
+    std::string nodeWhere = where + "[" + std::to_string(i) + "]";
+    if (!node.isLoop()) {
+      verifyInstruction(node.inst, nodeWhere);
+      continue;
+    }
+    if (scope.count(node.loopId))
+      throw Error(nodeWhere + " field 'loop': iv " +
+                  std::to_string(node.loopId) +
+                  " is already used by an enclosing loop");
+    if (!usedLoopIds.insert(node.loopId).second)
+      throw Error(nodeWhere + " field 'loop': loop id " +
+                  std::to_string(node.loopId) +
+                  " is not unique in the program");
+    if (node.count < 1)
+      throw Error(nodeWhere + " field 'count': must be >= 1, got " +
+                  std::to_string(node.count));
+    if (scope.size() >= static_cast<size_t>(kMaxLoopDepth))
+      throw Error(nodeWhere + ": loops nested deeper than " +
+                  std::to_string(kMaxLoopDepth));
+    scope[node.loopId] = node.count;
+    verifyNodes(node.body, nodeWhere + ".body");
+    scope.erase(node.loopId);
+  }
+}
+
+std::string Verifier::instName(const Instruction &inst) const {
+  std::string name = instWhere + " (instruction #" + std::to_string(instIndex) +
+                     ", " + opcodeName(inst.op);
+  if (inst.loc >= 0 &&
+      inst.loc < static_cast<int64_t>(program.locations.size()))
+    name += " at " + program.locations[inst.loc];
+  return name + ")";
+}
+
+void Verifier::failInst(const Instruction &inst, const std::string &what) {
+  throw Error(instName(inst) + ": " + what);
+}
+
+const Buffer &Verifier::verifyView(const View &view, const std::string &where) {
+  auto it = bufferById.find(view.buffer);
+  if (it == bufferById.end())
+    throw Error(where + " field 'buf': no buffer with id " +
+                std::to_string(view.buffer));
+  const Buffer &buffer = *it->second;
+  if (view.shape.size() != view.strides.size())
+    throw Error(where + ": shape " + shapeString(view.shape) + " and strides " +
+                shapeString(view.strides) + " differ in rank");
+  if (view.shape.size() > static_cast<size_t>(kMaxViewRank))
+    throw Error(where + " field 'shape': more than " +
+                std::to_string(kMaxViewRank) + " dims");
+  for (int64_t dim : view.shape)
+    if (dim < 1)
+      throw Error(where + " field 'shape': dimensions must be >= 1, got " +
+                  shapeString(view.shape));
+  for (int64_t stride : view.strides)
+    if (stride < 0)
+      throw Error(where + " field 'strides': strides must be >= 0, got " +
+                  shapeString(view.strides));
+  std::optional<int64_t> elements = shapeElements(view.shape);
+  if (!elements || *elements > kMaxViewElements)
+    throw Error(where + " field 'shape': view too large " +
+                shapeString(view.shape));
+  if (buffer.isOnChip()) {
+    if (view.shape.empty())
+      throw Error(where + ": on-chip views need a partition dim");
+    if (view.shape[0] > target.partitions)
+      throw Error(where + " field 'shape': partition dim " +
+                  std::to_string(view.shape[0]) + " exceeds the " +
+                  std::to_string(target.partitions) + " partitions of " +
+                  target.name);
+  }
+
+  // Extremes of the offset over the whole iteration space, from the sign of
+  // each coefficient; int128 cannot overflow for int64 inputs of this size.
+  // Each product is below 2^126; stopping once a sum leaves +-2^100 keeps
+  // the int128 sums from overflowing (such a view is out of bounds anyway).
+  const Int128 limit = static_cast<Int128>(1) << 100;
+  Int128 low = view.offset.constant, high = view.offset.constant;
+  bool overflow = false;
+  for (const auto &[iv, coeff] : view.offset.terms) {
+    auto found = scope.find(iv);
+    if (found == scope.end())
+      throw Error(where + " field 'offset': iv " + std::to_string(iv) +
+                  " is not an enclosing loop");
+    Int128 span = static_cast<Int128>(coeff) * (found->second - 1);
+    (span < 0 ? low : high) += span;
+    overflow |= low < -limit || high > limit;
+  }
+  for (size_t d = 0; d < view.shape.size() && !overflow; ++d) {
+    high += static_cast<Int128>(view.shape[d] - 1) * view.strides[d];
+    overflow |= high > limit;
+  }
+  int64_t size = buffer.numElements();
+  if (overflow || low < 0 || high >= size) {
+    auto str = [](Int128 v) {
+      return std::to_string(static_cast<long long>(v));
+    };
+    bool fits = !overflow && low >= std::numeric_limits<long long>::min() &&
+                high <= std::numeric_limits<long long>::max();
+    throw Error(where + ": view out of bounds of buffer " +
+                std::to_string(buffer.id) + " ('" + buffer.name + "', " +
+                std::to_string(size) + " elements): element offsets span " +
+                (fits ? "[" + str(low) + ", " + str(high) + "]"
+                      : std::string("beyond int64")) +
+                " over the loop iterations");
+  }
+  return buffer;
+}
+
+void Verifier::verifyInstruction(const Instruction &inst,
+                                 const std::string &where) {
+  instWhere = where;
+  ++instIndex;
+  std::string name = instName(inst);
+
+  if (inst.loc >= static_cast<int64_t>(program.locations.size()))
+    failInst(inst, "field 'loc': index " + std::to_string(inst.loc) +
+                       " is past the " +
+                       std::to_string(program.locations.size()) + " locations");
+
+  // Operand presence (parse enforces this for files; programs built in
+  // memory get the same check here).
+  const OpSpec &spec = opSpec(inst.op);
+  std::map<std::string, const View *> views;
+  for (const auto &[fieldName, view] : inst.operands())
+    views[fieldName] = view;
+  for (const auto &[fieldName, view] : views)
+    if (!spec.required.count(fieldName) && !spec.optional.count(fieldName))
+      failInst(inst, "unexpected operand '" + fieldName + "'");
+  for (const std::string &key : spec.required)
+    if (key != "func" && key != "alu_op" && key != "value" && !views.count(key))
+      failInst(inst, "missing operand '" + key + "'");
+
+  std::map<std::string, const Buffer *> buffers;
+  for (const auto &[fieldName, view] : views)
+    buffers[fieldName] =
+        &verifyView(*view, name + " field '" + fieldName + "'");
+
+  // Engines: TensorE runs matmul only; DMAs are issued from the sync, scalar
+  // or gpsimd queues; activation functions live on ScalarE.
+  Engine engine = inst.engine;
+  bool isDma = inst.op == Opcode::DmaCopy || inst.op == Opcode::DmaGather;
+  bool engineOk;
+  if (inst.op == Opcode::Matmul)
+    engineOk = engine == Engine::Tensor;
+  else if (isDma)
+    engineOk = engine == Engine::Sync || engine == Engine::Scalar ||
+               engine == Engine::GpSimd;
+  else if (inst.op == Opcode::Activation)
+    engineOk = engine == Engine::Scalar;
+  else
+    engineOk = engine == Engine::Vector || engine == Engine::Scalar ||
+               engine == Engine::GpSimd;
+  if (!engineOk)
+    failInst(inst, std::string("engine '") + engineName(engine) +
+                       "' cannot issue " + opcodeName(inst.op));
+
+  // Compute engines address only SBUF and PSUM; GpSimd cannot reach PSUM.
+  if (!isDma) {
+    for (const auto &[fieldName, buffer] : buffers) {
+      if (!buffer->isOnChip())
+        failInst(inst, "operand '" + fieldName + "' is in hbm; " +
+                           engineName(engine) +
+                           " reads and writes only sbuf/psum");
+      if (engine == Engine::GpSimd && buffer->space == Space::PSUM)
+        failInst(inst,
+                 "operand '" + fieldName + "': gpsimd cannot access psum");
+    }
+  }
+
+  const Buffer &dstBuffer = *buffers.at("dst");
+  if (dstBuffer.kind == BufferKind::Input ||
+      dstBuffer.kind == BufferKind::Constant)
+    failInst(inst, std::string("field 'dst' writes ") +
+                       bufferKindName(dstBuffer.kind) + " buffer " +
+                       std::to_string(dstBuffer.id) + " ('" + dstBuffer.name +
+                       "'), which is read-only");
+
+  auto sameShape = [&](const char *lhs, const char *rhs) {
+    const View &l = *views.at(lhs), &r = *views.at(rhs);
+    if (l.shape != r.shape)
+      failInst(inst, std::string("shape mismatch: '") + lhs + "' is " +
+                         shapeString(l.shape) + " but '" + rhs + "' is " +
+                         shapeString(r.shape));
+  };
+  auto perPartition = [&](const char *fieldName, const View &of) {
+    const View &view = *views.at(fieldName);
+    if (of.shape.empty())
+      failInst(inst, "needs a partition dim");
+    std::vector<int64_t> expected = {of.shape[0], 1};
+    if (view.shape != expected)
+      failInst(inst, std::string("operand '") + fieldName + "' must be " +
+                         shapeString(expected) + ", got " +
+                         shapeString(view.shape));
+  };
+
+  const View &dst = *inst.dst;
+  switch (inst.op) {
+  case Opcode::DmaCopy:
+  case Opcode::Copy:
+    sameShape("src", "dst");
+    break;
+  case Opcode::DmaGather: {
+    const View &table = *inst.table, &indices = *inst.indices;
+    if (table.shape.size() != 2)
+      failInst(inst, "'table' must be [V, D], got " + shapeString(table.shape));
+    if (indices.shape.size() != 2 || indices.shape[1] != 1)
+      failInst(inst,
+               "'indices' must be [P, 1], got " + shapeString(indices.shape));
+    if (!isIntegerDType(buffers.at("indices")->dtype))
+      failInst(inst, std::string("'indices' must have an integer dtype, got ") +
+                         dtypeName(buffers.at("indices")->dtype));
+    std::vector<int64_t> expected = {indices.shape[0], table.shape[1]};
+    if (dst.shape != expected)
+      failInst(inst, "'dst' must be " + shapeString(expected) + ", got " +
+                         shapeString(dst.shape));
+    break;
+  }
+  case Opcode::Matmul: {
+    const View &stat = *inst.stationary, &mov = *inst.moving;
+    if (buffers.at("stationary")->space != Space::SBUF ||
+        buffers.at("moving")->space != Space::SBUF)
+      failInst(inst, "'stationary' and 'moving' must be in sbuf");
+    if (dstBuffer.space != Space::PSUM || dstBuffer.dtype != DType::F32)
+      failInst(inst, "'dst' must be an f32 psum buffer");
+    for (const char *fieldName : {"stationary", "moving"})
+      if (!isFloatDType(buffers.at(fieldName)->dtype))
+        failInst(inst, std::string("'") + fieldName +
+                           "' must be f32, bf16 or f16, got " +
+                           dtypeName(buffers.at(fieldName)->dtype));
+    int64_t k = stat.shape[0];
+    int64_t m = product(stat.shape, 1);
+    int64_t n = product(mov.shape, 1);
+    if (mov.shape[0] != k)
+      failInst(inst, "contraction mismatch: 'stationary' is " +
+                         shapeString(stat.shape) + " but 'moving' is " +
+                         shapeString(mov.shape));
+    if (dst.shape.empty() || dst.shape[0] != m || product(dst.shape, 1) != n)
+      failInst(inst, "'dst' " + shapeString(dst.shape) + " must be [" +
+                         std::to_string(m) + ", " + std::to_string(n) +
+                         "] for 'stationary' " + shapeString(stat.shape) +
+                         " and 'moving' " + shapeString(mov.shape));
+    if (k > target.matmulMaxK)
+      failInst(inst, "K = " + std::to_string(k) + " exceeds " +
+                         std::to_string(target.matmulMaxK));
+    if (m > target.matmulMaxStationaryFree)
+      failInst(inst, "stationary free size " + std::to_string(m) + " exceeds " +
+                         std::to_string(target.matmulMaxStationaryFree));
+    if (n > target.matmulMaxMovingFree)
+      failInst(inst, "moving free size " + std::to_string(n) + " exceeds " +
+                         std::to_string(target.matmulMaxMovingFree));
+    break;
+  }
+  case Opcode::Activation:
+    sameShape("src", "dst");
+    if (inst.bias)
+      perPartition("bias", *inst.src);
+    break;
+  case Opcode::TensorTensor:
+    sameShape("a", "dst");
+    sameShape("b", "dst");
+    break;
+  case Opcode::TensorScalar:
+    sameShape("src", "dst");
+    if (inst.scalar.has_value() == inst.imm.has_value())
+      failInst(inst, "needs exactly one of 'scalar' and 'imm'");
+    if (inst.scalar)
+      perPartition("scalar", *inst.src);
+    break;
+  case Opcode::TensorReduce:
+    if (inst.aluOp != AluOp::Add && inst.aluOp != AluOp::Max &&
+        inst.aluOp != AluOp::Min && inst.aluOp != AluOp::Multiply)
+      failInst(inst, std::string("field 'alu_op': '") + aluOpName(inst.aluOp) +
+                         "' is not a reduction (add, max, min, multiply)");
+    perPartition("dst", *inst.src);
+    break;
+  case Opcode::Select:
+    sameShape("pred", "dst");
+    sameShape("on_true", "dst");
+    sameShape("on_false", "dst");
+    break;
+  case Opcode::Iota:
+    if (inst.multipliers.size() + 1 != dst.shape.size())
+      failInst(inst, "field 'multipliers' has " +
+                         std::to_string(inst.multipliers.size()) +
+                         " entries; 'dst' " + shapeString(dst.shape) + " has " +
+                         std::to_string(dst.shape.size() - 1) + " free dims");
+    break;
+  case Opcode::Memset:
+    break;
+  }
+}
+
+} // namespace
+
+void Program::verify(const neuron::target::Target &target) const {
+  Verifier(*this, target).run();
+}
+
+//===----------------------------------------------------------------------===//
+// Writer
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+json numberJson(double value) {
+  if (std::isnan(value))
+    return json{{"float", "nan"}};
+  if (std::isinf(value))
+    return json{{"float", value > 0 ? "inf" : "-inf"}};
+  return value;
+}
+
+json viewJson(const View &view) {
+  json terms = json::array();
+  for (const auto &[iv, coeff] : view.offset.terms)
+    terms.push_back(json::array({iv, coeff}));
+  return json{{"buf", view.buffer},
+              {"offset", {{"const", view.offset.constant}, {"terms", terms}}},
+              {"shape", view.shape},
+              {"strides", view.strides}};
+}
+
+json instructionJson(const Instruction &inst) {
+  json out;
+  out["op"] = opcodeName(inst.op);
+  out["engine"] = engineName(inst.engine);
+  if (inst.loc >= 0)
+    out["loc"] = inst.loc;
+  for (const auto &[fieldName, view] : inst.operands())
+    out[fieldName] = viewJson(*view);
+  switch (inst.op) {
+  case Opcode::Matmul:
+    out["accumulate"] = inst.accumulate;
+    break;
+  case Opcode::Activation:
+    out["func"] = actFuncName(inst.func);
+    out["scale"] = numberJson(inst.scale);
+    out["bias_imm"] = numberJson(inst.biasImm);
+    break;
+  case Opcode::TensorTensor:
+  case Opcode::TensorReduce:
+    out["alu_op"] = aluOpName(inst.aluOp);
+    break;
+  case Opcode::TensorScalar:
+    out["alu_op"] = aluOpName(inst.aluOp);
+    if (inst.imm)
+      out["imm"] = numberJson(*inst.imm);
+    out["reverse"] = inst.reverse;
+    break;
+  case Opcode::Iota: {
+    out["base"] = numberJson(inst.base);
+    out["channel_multiplier"] = numberJson(inst.channelMultiplier);
+    json multipliers = json::array();
+    for (double m : inst.multipliers)
+      multipliers.push_back(numberJson(m));
+    out["multipliers"] = multipliers;
+    break;
+  }
+  case Opcode::Memset:
+    out["value"] = numberJson(inst.value);
+    break;
+  default:
+    break;
+  }
+  return out;
+}
+
+json nodesJson(const std::vector<Node> &nodes) {
+  json out = json::array();
+  for (const Node &node : nodes) {
+    if (node.isLoop())
+      out.push_back(json{{"loop", node.loopId},
+                         {"count", node.count},
+                         {"body", nodesJson(node.body)}});
+    else
+      out.push_back(instructionJson(node.inst));
+  }
+  return out;
+}
+
+} // namespace
+
+std::string Program::toJson() const {
+  json doc;
+  doc["format"] = kProgramFormat;
+  doc["version"] = version;
+  doc["name"] = name;
+  doc["target"] = target;
+  json bufferList = json::array();
+  for (const Buffer &buffer : buffers) {
+    json entry = {{"id", buffer.id},
+                  {"name", buffer.name},
+                  {"space", spaceName(buffer.space)},
+                  {"kind", bufferKindName(buffer.kind)},
+                  {"dtype", dtypeName(buffer.dtype)},
+                  {"shape", buffer.shape}};
+    if (!buffer.data.empty())
+      entry["data"] = encodeBase64(buffer.data);
+    if (buffer.splat)
+      entry["splat"] = numberJson(*buffer.splat);
+    bufferList.push_back(entry);
+  }
+  doc["buffers"] = bufferList;
+  doc["inputs"] = inputs;
+  doc["outputs"] = outputs;
+  doc["locations"] = locations;
+  doc["body"] = nodesJson(body);
+  return doc.dump();
+}
+
+} // namespace neuron::runtime

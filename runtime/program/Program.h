@@ -1,0 +1,256 @@
+//===- Program.h - Kernel program data model --------------------*- C++ -*-===//
+//
+// The in-memory form of a kernel program (docs/PROGRAM_FORMAT.md): buffers,
+// views with affine offsets, a tree of loops and engine instructions, and the
+// source locations instructions came from.
+//
+// Program::parse checks syntax: JSON types, required and unknown fields, and
+// enum names. Program::verify checks meaning against a target: references,
+// shapes, dtypes, memory spaces, bounds of every view over every loop
+// iteration, partition counts and on-chip capacity. Both throw
+// neuron::runtime::Error with a message naming the offending field or
+// instruction; neither crashes on any input.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef NEURON_RUNTIME_PROGRAM_PROGRAM_H
+#define NEURON_RUNTIME_PROGRAM_PROGRAM_H
+
+#include "runtime/program/DType.h"
+#include "runtime/program/Error.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace neuron::target {
+struct Target;
+} // namespace neuron::target
+
+namespace neuron::runtime {
+
+inline constexpr const char *kProgramFormat = "torchneuron-kernel-program";
+inline constexpr int kProgramVersion = 1;
+
+enum class Space { HBM, SBUF, PSUM };
+enum class BufferKind { Input, Output, Internal, Constant, Scratch };
+
+enum class Opcode {
+  DmaCopy,
+  DmaGather,
+  Matmul,
+  Activation,
+  TensorTensor,
+  TensorScalar,
+  TensorReduce,
+  Select,
+  Iota,
+  Memset,
+  Copy
+};
+
+enum class Engine { Tensor, Vector, Scalar, GpSimd, Sync };
+
+/// ScalarE activation functions.
+enum class ActFunc {
+  Identity,
+  Neg,
+  Abs,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Reciprocal,
+  Tanh,
+  Sigmoid,
+  Relu,
+  Gelu,
+  GeluTanh,
+  Silu,
+  Erf,
+  Sin,
+  Cos,
+  Sign,
+  Square,
+  Floor,
+  Ceil,
+  Round,
+  Trunc,
+  Log1p,
+  Expm1,
+  LogicalNot
+};
+
+/// VectorE/GpSimd ALU operations.
+enum class AluOp {
+  Add,
+  Subtract,
+  Multiply,
+  Divide,
+  Max,
+  Min,
+  Pow,
+  Mod,
+  Remainder,
+  Eq,
+  Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,
+  LogicalAnd,
+  LogicalOr,
+  LogicalXor,
+  Bypass
+};
+
+const char *spaceName(Space space);
+const char *bufferKindName(BufferKind kind);
+const char *opcodeName(Opcode op);
+const char *engineName(Engine engine);
+const char *actFuncName(ActFunc func);
+const char *aluOpName(AluOp op);
+std::optional<Space> parseSpace(std::string_view name);
+std::optional<BufferKind> parseBufferKind(std::string_view name);
+std::optional<Opcode> parseOpcode(std::string_view name);
+std::optional<Engine> parseEngine(std::string_view name);
+std::optional<ActFunc> parseActFunc(std::string_view name);
+std::optional<AluOp> parseAluOp(std::string_view name);
+
+/// Returns the product of `shape` (1 for rank 0), or std::nullopt on int64
+/// overflow or a negative dimension.
+std::optional<int64_t> shapeElements(const std::vector<int64_t> &shape);
+
+struct Buffer {
+  int64_t id = 0;
+  std::string name;
+  Space space = Space::HBM;
+  BufferKind kind = BufferKind::Internal;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  /// Constants: the little-endian element bytes (decoded from base64), or a
+  /// splat value when `splat` is set.
+  std::vector<uint8_t> data;
+  std::optional<double> splat;
+
+  bool isOnChip() const { return space != Space::HBM; }
+  /// Total elements; only meaningful on a verified program (no overflow).
+  int64_t numElements() const;
+  /// Bytes one partition holds: the product of shape[1:] times the element
+  /// size (on-chip buffers only).
+  int64_t bytesPerPartition() const;
+};
+
+/// const + sum(coeff * iv) over `terms` of (loop id, coeff).
+struct AffineExpr {
+  int64_t constant = 0;
+  std::vector<std::pair<int64_t, int64_t>> terms;
+};
+
+/// A strided window of one buffer, in elements.
+struct View {
+  int64_t buffer = 0;
+  AffineExpr offset;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+
+  int64_t numElements() const;
+};
+
+struct Instruction {
+  Opcode op = Opcode::Copy;
+  Engine engine = Engine::Vector;
+  /// Index into Program::locations, or -1 when the instruction has none.
+  int64_t loc = -1;
+
+  // Operands; which ones an op takes is listed in PROGRAM_FORMAT.md.
+  std::optional<View> src, dst;
+  std::optional<View> table, indices;        // dma_gather
+  std::optional<View> stationary, moving;    // matmul
+  std::optional<View> a, b;                  // tensor_tensor
+  std::optional<View> bias;                  // activation
+  std::optional<View> scalar;                // tensor_scalar
+  std::optional<View> pred, onTrue, onFalse; // select
+
+  // Attributes (file names in comments).
+  bool accumulate = false;          // "accumulate" (matmul)
+  ActFunc func = ActFunc::Identity; // "func" (activation)
+  double scale = 1.0;               // "scale" (activation)
+  /// "bias_imm" (activation): added to bias[p] when a bias operand is given.
+  double biasImm = 0.0;
+  /// "alu_op": the ALU operation of tensor_tensor, tensor_scalar and
+  /// tensor_reduce (the format table calls it `op`, which JSON cannot hold
+  /// next to the instruction's own "op"). "mul", the format's name for the
+  /// product reduction, parses as multiply.
+  AluOp aluOp = AluOp::Add;
+  std::optional<double> imm;       // "imm" (tensor_scalar)
+  bool reverse = false;            // "reverse" (tensor_scalar)
+  double base = 0.0;               // "base" (iota)
+  double channelMultiplier = 0.0;  // "channel_multiplier" (iota)
+  std::vector<double> multipliers; // "multipliers" (iota)
+  double value = 0.0;              // "value" (memset)
+
+  /// Operands written by the instruction (dst) and read by it, in a fixed
+  /// order, with their file names; absent operands are skipped.
+  std::vector<std::pair<const char *, const View *>> operands() const;
+};
+
+struct Node {
+  enum class Kind { Loop, Instruction };
+  Kind kind = Kind::Instruction;
+
+  // Kind::Loop: the iv `loopId` runs 0 .. count-1 over `body`.
+  int64_t loopId = 0;
+  int64_t count = 0;
+  std::vector<Node> body;
+
+  // Kind::Instruction.
+  Instruction inst;
+
+  bool isLoop() const { return kind == Kind::Loop; }
+  static Node makeLoop(int64_t loopId, int64_t count, std::vector<Node> body);
+  static Node makeInstruction(Instruction inst);
+};
+
+class Program {
+public:
+  int version = kProgramVersion;
+  std::string name;
+  std::string target;
+  std::vector<Buffer> buffers;
+  std::vector<int64_t> inputs;  // buffer ids, argument order
+  std::vector<int64_t> outputs; // buffer ids, result order
+  std::vector<std::string> locations;
+  std::vector<Node> body;
+
+  /// Parses a program document. Throws Error on malformed JSON, a wrong
+  /// format or version, unknown fields, ops, engines, dtypes, spaces, funcs
+  /// or ALU ops, and wrongly typed values.
+  static Program parse(const std::string &json);
+  /// Reads and parses a file; a missing or unreadable file is an Error.
+  static Program loadFile(const std::string &path);
+
+  /// Checks the program against `target` (see file comment). Throws Error.
+  void verify(const neuron::target::Target &target) const;
+
+  /// Serializes to the program format; parse(toJson()) round-trips.
+  std::string toJson() const;
+
+  /// The buffer with `id`, or nullptr.
+  const Buffer *findBuffer(int64_t id) const;
+  /// Instructions in the tree, counted once each (not per loop iteration).
+  int64_t numInstructions() const;
+};
+
+/// Deepest loop nesting parse accepts; keeps recursion bounded.
+inline constexpr int kMaxLoopDepth = 64;
+/// Most dims a view may have (hardware access patterns have at most 5:
+/// partition + 4 free); bounds the executor's fixed-size index arrays.
+inline constexpr int kMaxViewRank = 12;
+
+} // namespace neuron::runtime
+
+#endif // NEURON_RUNTIME_PROGRAM_PROGRAM_H

@@ -1,0 +1,99 @@
+//===- Target.h - Hardware figures of one Trainium core ---------*- C++ -*-===//
+//
+// One Target per chip generation (trn2 = NeuronCore-v3, trn3 = NeuronCore-v4).
+// The figures live in data files next to this header (trn2.json, trn3.json),
+// each value tagged with its source ([D] documented, [Dv] derived, [E]
+// estimate, from shared/reference/trainium.md). The files are embedded into
+// the library at build time so the runtime is self-contained; setting
+// TORCHNEURON_TARGET_DIR makes the runtime read <dir>/<name>.json instead.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef NEURON_RUNTIME_TARGET_TARGET_H
+#define NEURON_RUNTIME_TARGET_TARGET_H
+
+#include "runtime/program/Error.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace neuron::target {
+
+/// Thrown by getTarget for a name with no data file.
+class UnknownTarget : public neuron::runtime::Error {
+public:
+  using neuron::runtime::Error::Error;
+};
+
+/// One entry of a target data file: {"value": ..., "source": "[D S6] ..."}.
+struct Figure {
+  double value = 0;
+  std::string source;
+};
+
+struct Target {
+  std::string name;
+  std::string description;
+
+  // Geometry and on-chip memory. sbufBytesPerPartition is what a program may
+  // allocate (the total minus the runtime's reservations).
+  int partitions = 0;
+  int64_t sbufBytesPerPartition = 0;
+  int64_t sbufTotalBytesPerPartition = 0;
+  int64_t psumBytesPerPartition = 0;
+  int psumBanks = 0;
+  int64_t psumBankBytes = 0;
+
+  // TensorE tile limits (one matmul instruction).
+  int64_t matmulMaxK = 0;
+  int64_t matmulMaxStationaryFree = 0;
+  int64_t matmulMaxMovingFree = 0;
+
+  // DMA efficiency knees (bytes per partition per transfer).
+  int64_t dmaPreferredBytesPerPartition = 0;
+  int64_t dmaSaturationBytesPerPartition = 0;
+
+  // Clocks.
+  double tensorClockGHz = 0;
+  double vectorClockGHz = 0;
+  double scalarClockGHz = 0;
+  double gpsimdClockGHz = 0;
+  double syncClockGHz = 0;
+
+  // DMA engines and HBM.
+  int dmaEngines = 0;
+  int dmaQueuesPerEngine = 0;
+  double dmaBytesPerNsPerEngine = 0;
+  double dmaFixedLatencyNs = 0;
+  double dmaHwdgeIssueNs = 0;
+  double hbmChipBytesPerNs = 0;
+  int64_t hbmBytesPerCore = 0;
+  int coresPerChip = 0;
+
+  /// Every entry of the data file (including the ones above), for figures
+  /// that only the timing model needs (cost formulas, throttling, ...).
+  std::map<std::string, Figure> figures;
+
+  bool hasFigure(const std::string &key) const;
+  /// Throws neuron::runtime::Error naming the key if the file lacks it.
+  const Figure &figure(const std::string &key) const;
+  double value(const std::string &key) const { return figure(key).value; }
+};
+
+/// Parses a target data file. `origin` names the file in error messages.
+/// Throws neuron::runtime::Error on malformed JSON, a missing required
+/// figure, a figure without "source", or a non-integral integer figure.
+Target parseTarget(const std::string &json, const std::string &origin);
+
+/// The target called `name` (e.g. "trn2"). Loaded once and cached; the
+/// reference stays valid for the life of the process. Throws UnknownTarget.
+const Target &getTarget(const std::string &name);
+
+/// Names of the available targets, sorted.
+std::vector<std::string> targetNames();
+
+} // namespace neuron::target
+
+#endif // NEURON_RUNTIME_TARGET_TARGET_H

@@ -1,0 +1,1050 @@
+//===- ExecutorTest.cpp - Op semantics and numerics of the executor -------===//
+
+#include "runtime/exec/Executor.h"
+#include "tests/unit/CatchCompat.h"
+#include "tests/unit/TestUtil.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+
+using namespace neuron::runtime;
+using neuron::test::base64;
+using neuron::test::buffer;
+using neuron::test::contains;
+using neuron::test::errorOf;
+using neuron::test::programJson;
+using neuron::test::trn2;
+using neuron::test::view;
+
+namespace {
+
+const float kInf = std::numeric_limits<float>::infinity();
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+/// A host tensor of any dtype that owns its bytes.
+struct Tensor {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+
+  static Tensor zeros(DType dtype, std::vector<int64_t> shape) {
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    int64_t n = 1;
+    for (int64_t d : t.shape)
+      n *= d;
+    t.bytes.assign(n * dtypeSize(dtype), 0);
+    return t;
+  }
+  /// Values are stored with the runtime's own store rule.
+  static Tensor of(DType dtype, std::vector<int64_t> shape,
+                   const std::vector<double> &values) {
+    Tensor t = zeros(dtype, std::move(shape));
+    REQUIRE(values.size() == t.size());
+    for (size_t i = 0; i < values.size(); ++i)
+      storeFromF64(values[i], t.bytes.data() + i * dtypeSize(dtype), dtype);
+    return t;
+  }
+  size_t size() const { return bytes.size() / dtypeSize(dtype); }
+  float at(size_t i) const {
+    return loadAsF32(bytes.data() + i * dtypeSize(dtype), dtype);
+  }
+  template <typename T> T raw(size_t i) const {
+    T v;
+    std::memcpy(&v, bytes.data() + i * sizeof(T), sizeof(T));
+    return v;
+  }
+  HostTensor host() { return HostTensor{bytes.data(), dtype, shape}; }
+};
+
+std::string shapeJson(const std::vector<int64_t> &shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+std::string rowMajorStrides(const std::vector<int64_t> &shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;)
+    strides[i - 1] = strides[i] * shape[i];
+  return shapeJson(strides);
+}
+
+/// A dense view of a whole buffer.
+std::string full(int buf, const std::vector<int64_t> &shape) {
+  return view(buf, shapeJson(shape), rowMajorStrides(shape));
+}
+
+/// Tile programs: input i lives in hbm buffer i and is DMA'd into sbuf
+/// scratch 100+i; `compute` (JSON nodes) works on the scratch tiles; sbuf
+/// scratch 200+j is DMA'd to hbm output 50+j.
+struct TileArg {
+  std::string dtype;
+  std::vector<int64_t> shape;
+};
+
+std::string tileProgram(const std::vector<TileArg> &ins,
+                        const std::vector<TileArg> &outs,
+                        const std::string &compute,
+                        const std::string &extraBuffers = "") {
+  std::string buffers, inputs, outputs, body;
+  auto sep = [](std::string &s) {
+    if (!s.empty())
+      s += ", ";
+  };
+  for (size_t i = 0; i < ins.size(); ++i) {
+    int id = static_cast<int>(i);
+    sep(buffers);
+    buffers +=
+        buffer(id, "hbm", "input", ins[i].dtype, shapeJson(ins[i].shape)) +
+        ", " +
+        buffer(100 + id, "sbuf", "scratch", ins[i].dtype,
+               shapeJson(ins[i].shape));
+    sep(inputs);
+    inputs += std::to_string(id);
+    sep(body);
+    body += R"({"op": "dma_copy", "engine": "sync", "src": )" +
+            full(id, ins[i].shape) + R"(, "dst": )" +
+            full(100 + id, ins[i].shape) + "}";
+  }
+  sep(body);
+  body += compute;
+  for (size_t j = 0; j < outs.size(); ++j) {
+    int id = static_cast<int>(j);
+    sep(buffers);
+    buffers += buffer(50 + id, "hbm", "output", outs[j].dtype,
+                      shapeJson(outs[j].shape)) +
+               ", " +
+               buffer(200 + id, "sbuf", "scratch", outs[j].dtype,
+                      shapeJson(outs[j].shape));
+    sep(outputs);
+    outputs += std::to_string(50 + id);
+    body += R"(, {"op": "dma_copy", "engine": "sync", "src": )" +
+            full(200 + id, outs[j].shape) + R"(, "dst": )" +
+            full(50 + id, outs[j].shape) + "}";
+  }
+  if (!extraBuffers.empty())
+    buffers += ", " + extraBuffers;
+  return programJson(buffers, inputs, outputs, body);
+}
+
+void run(const std::string &json, std::vector<Tensor *> ins,
+         std::vector<Tensor *> outs) {
+  std::vector<HostTensor> in, out;
+  for (Tensor *t : ins)
+    in.push_back(t->host());
+  for (Tensor *t : outs)
+    out.push_back(t->host());
+  neuron::test::runProgram(json, in, out);
+}
+
+bool close(double actual, double expected, double rel = 2e-6,
+           double abs = 1e-6) {
+  if (std::isnan(expected))
+    return std::isnan(actual);
+  if (std::isinf(expected))
+    return actual == expected;
+  return std::fabs(actual - expected) <= abs + rel * std::fabs(expected);
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// DMA
+//===----------------------------------------------------------------------===//
+
+TEST_CASE("dma_copy moves data, broadcasts and transposes", "[exec][dma]") {
+  Tensor in = Tensor::zeros(DType::F32, {4, 8});
+  for (size_t i = 0; i < 32; ++i)
+    storeFromF32(static_cast<float>(i), in.bytes.data() + 4 * i, DType::F32);
+
+  SECTION("transposed strides") {
+    Tensor out = Tensor::zeros(DType::F32, {8, 4});
+    std::string json = programJson(
+        buffer(0, "hbm", "input", "f32", "[4, 8]") + "," +
+            buffer(1, "hbm", "output", "f32", "[8, 4]") + "," +
+            buffer(2, "sbuf", "scratch", "f32", "[8, 4]"),
+        "0", "1",
+        R"({"op": "dma_copy", "engine": "sync", "src": )" +
+            view(0, "[8, 4]", "[1, 8]") + R"(, "dst": )" + full(2, {8, 4}) +
+            R"(}, {"op": "dma_copy", "engine": "gpsimd", "src": )" +
+            full(2, {8, 4}) + R"(, "dst": )" + full(1, {8, 4}) + "}");
+    run(json, {&in}, {&out});
+    for (int j = 0; j < 8; ++j)
+      for (int i = 0; i < 4; ++i)
+        CHECK(out.at(j * 4 + i) == in.at(i * 8 + j));
+  }
+
+  SECTION("broadcast with stride 0") {
+    Tensor out = Tensor::zeros(DType::F32, {3, 4, 8});
+    // Row 1 of the input, repeated over 3 x 4 with two zero strides.
+    std::string json =
+        programJson(buffer(0, "hbm", "input", "f32", "[4, 8]") + "," +
+                        buffer(1, "hbm", "output", "f32", "[3, 4, 8]"),
+                    "0", "1",
+                    R"({"op": "dma_copy", "engine": "sync", "src": )" +
+                        view(0, "[3, 4, 8]", "[0, 0, 1]", 8) + R"(, "dst": )" +
+                        full(1, {3, 4, 8}) + "}");
+    run(json, {&in}, {&out});
+    for (size_t i = 0; i < out.size(); ++i)
+      REQUIRE(out.at(i) == 8.0f + static_cast<float>(i % 8));
+  }
+
+  SECTION("dtype conversion rounds to nearest even") {
+    std::vector<double> values = {1.0,
+                                  bitsToFloat(0x3f808000u),
+                                  bitsToFloat(0x3f818000u),
+                                  -3.9,
+                                  1e10,
+                                  kNaN,
+                                  -kInf,
+                                  65520.0};
+    Tensor src = Tensor::of(DType::F32, {8}, values);
+    Tensor bf = Tensor::zeros(DType::BF16, {8});
+    Tensor f16 = Tensor::zeros(DType::F16, {8});
+    Tensor i32 = Tensor::zeros(DType::I32, {8});
+    std::string json =
+        programJson(buffer(0, "hbm", "input", "f32", "[8]") + "," +
+                        buffer(1, "hbm", "output", "bf16", "[8]") + "," +
+                        buffer(2, "hbm", "output", "f16", "[8]") + "," +
+                        buffer(3, "hbm", "output", "i32", "[8]"),
+                    "0", "1, 2, 3",
+                    R"({"op": "dma_copy", "engine": "sync", "src": )" +
+                        full(0, {8}) + R"(, "dst": )" + full(1, {8}) +
+                        R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+                        full(0, {8}) + R"(, "dst": )" + full(2, {8}) +
+                        R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+                        full(0, {8}) + R"(, "dst": )" + full(3, {8}) + "}");
+    run(json, {&src}, {&bf, &f16, &i32});
+    for (size_t i = 0; i < values.size(); ++i) {
+      float v = src.at(i);
+      uint16_t expectBf = f32ToBf16Bits(v), expectF16 = f32ToF16Bits(v);
+      CHECK(bf.raw<uint16_t>(i) == expectBf);
+      CHECK(f16.raw<uint16_t>(i) == expectF16);
+      CHECK(i32.raw<int32_t>(i) == f32ToInt<int32_t>(v));
+    }
+    CHECK(bf.raw<uint16_t>(1) == 0x3f80);
+    CHECK(bf.raw<uint16_t>(2) == 0x3f82);
+    CHECK(f16.raw<uint16_t>(7) == 0x7c00);
+    CHECK(i32.raw<int32_t>(3) == -3);
+    CHECK(i32.raw<int32_t>(4) == std::numeric_limits<int32_t>::max());
+    CHECK(i32.raw<int32_t>(5) == 0);
+  }
+
+  SECTION("same-dtype copies are bit exact") {
+    int64_t big = (int64_t(1) << 53) + 1; // not representable in fp32
+    Tensor src = Tensor::zeros(DType::I64, {2});
+    std::memcpy(src.bytes.data(), &big, 8);
+    Tensor out = Tensor::zeros(DType::I64, {2});
+    std::string json = programJson(
+        buffer(0, "hbm", "input", "i64", "[2]") + "," +
+            buffer(1, "hbm", "output", "i64", "[2]") + "," +
+            buffer(2, "sbuf", "scratch", "i64", "[2, 1]"),
+        "0", "1",
+        R"({"op": "dma_copy", "engine": "sync", "src": )" +
+            view(0, "[2, 1]", "[1, 1]") + R"(, "dst": )" + full(2, {2, 1}) +
+            R"(}, {"op": "copy", "engine": "vector", "src": )" +
+            full(2, {2, 1}) + R"(, "dst": )" + full(2, {2, 1}) +
+            R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+            view(2, "[2]", "[1]") + R"(, "dst": )" + full(1, {2}) + "}");
+    run(json, {&src}, {&out});
+    CHECK(out.raw<int64_t>(0) == big);
+  }
+}
+
+TEST_CASE("loops evaluate affine offsets", "[exec][loop]") {
+  Tensor in = Tensor::zeros(DType::F32, {4, 8});
+  for (size_t i = 0; i < 32; ++i)
+    storeFromF32(static_cast<float>(i), in.bytes.data() + 4 * i, DType::F32);
+  std::string io = buffer(0, "hbm", "input", "f32", "[4, 8]") + "," +
+                   buffer(1, "hbm", "output", "f32", "[4, 8]");
+
+  SECTION("row reversal with a negative coefficient") {
+    Tensor out = Tensor::zeros(DType::F32, {4, 8});
+    std::string json = programJson(
+        io, "0", "1",
+        R"({"loop": 3, "count": 4, "body": [{"op": "dma_copy",
+            "engine": "sync", "src": )" +
+            view(0, "[1, 8]", "[8, 1]", 0, "[[3, 8]]") + R"(, "dst": )" +
+            view(1, "[1, 8]", "[8, 1]", 24, "[[3, -8]]") + "}]}");
+    run(json, {&in}, {&out});
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 8; ++c)
+        CHECK(out.at(r * 8 + c) == in.at((3 - r) * 8 + c));
+  }
+
+  SECTION("nested tile loops through SBUF") {
+    Tensor out = Tensor::zeros(DType::F32, {4, 8});
+    // 2 x 2 tiles of [2, 4]: tile (i, j) starts at 16 i + 4 j.
+    std::string terms = "[[0, 16], [1, 4]]";
+    std::string tile = view(0, "[2, 4]", "[8, 1]", 0, terms);
+    std::string outTile = view(1, "[2, 4]", "[8, 1]", 0, terms);
+    std::string sb = full(2, {2, 4});
+    std::string json = programJson(
+        io + "," + buffer(2, "sbuf", "scratch", "f32", "[2, 4]"), "0", "1",
+        R"({"loop": 0, "count": 2, "body": [
+             {"loop": 1, "count": 2, "body": [
+               {"op": "dma_copy", "engine": "sync", "src": )" +
+            tile + R"(, "dst": )" + sb + R"(},
+               {"op": "activation", "engine": "scalar", "func": "identity",
+                "scale": 2.0, "bias_imm": 1.0, "src": )" +
+            sb + R"(, "dst": )" + sb + R"(},
+               {"op": "dma_copy", "engine": "sync", "src": )" +
+            sb + R"(, "dst": )" + outTile + "}]}]}");
+    Program program = Program::parse(json);
+    Executor executor(program, trn2());
+    std::vector<HostTensor> ins = {in.host()}, outs = {out.host()};
+    executor.run(ins, outs);
+    CHECK(executor.instructionsExecuted() == 12);
+    for (size_t i = 0; i < 32; ++i)
+      CHECK(out.at(i) == 2.0f * in.at(i) + 1.0f);
+    // A second run reuses everything and gives the same answer.
+    std::fill(out.bytes.begin(), out.bytes.end(), 0);
+    executor.run(ins, outs);
+    CHECK(executor.instructionsExecuted() == 12);
+    CHECK(out.at(31) == 63.0f);
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// TensorE
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// stationary [K, M] and moving [K, N] (bf16 in HBM) -> SBUF -> matmul(s)
+/// into PSUM -> f32 output [M, N]. `matmuls` is the matmul node list built
+/// from the three views.
+std::string matmulProgram(
+    int64_t k, int64_t m, int64_t n,
+    const std::function<std::string(const std::string &, const std::string &,
+                                    const std::string &)> &matmuls,
+    const std::string &dtype = "bf16") {
+  std::string buffers =
+      buffer(0, "hbm", "input", dtype, shapeJson({k, m})) + "," +
+      buffer(1, "hbm", "input", dtype, shapeJson({k, n})) + "," +
+      buffer(2, "hbm", "output", "f32", shapeJson({m, n})) + "," +
+      buffer(3, "sbuf", "scratch", dtype, shapeJson({k, m})) + "," +
+      buffer(4, "sbuf", "scratch", dtype, shapeJson({k, n})) + "," +
+      buffer(5, "psum", "scratch", "f32", shapeJson({m, n}));
+  std::string body =
+      R"({"op": "dma_copy", "engine": "sync", "src": )" + full(0, {k, m}) +
+      R"(, "dst": )" + full(3, {k, m}) +
+      R"(}, {"op": "dma_copy", "engine": "scalar", "src": )" + full(1, {k, n}) +
+      R"(, "dst": )" + full(4, {k, n}) + "}, " +
+      matmuls(full(3, {k, m}), full(4, {k, n}), full(5, {m, n})) +
+      R"(, {"op": "dma_copy", "engine": "sync", "src": )" + full(5, {m, n}) +
+      R"(, "dst": )" + full(2, {m, n}) + "}";
+  return programJson(buffers, "0, 1", "2", body);
+}
+
+std::string matmulNode(const std::string &s, const std::string &mv,
+                       const std::string &d, bool accumulate) {
+  return R"({"op": "matmul", "engine": "tensor", "accumulate": )" +
+         std::string(accumulate ? "true" : "false") + R"(, "stationary": )" +
+         s + R"(, "moving": )" + mv + R"(, "dst": )" + d + "}";
+}
+
+} // namespace
+
+TEST_CASE("matmul multiplies bf16 exactly and accumulates in fp32",
+          "[exec][matmul]") {
+  const int64_t k = 128, m = 64, n = 96;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<double> a(k * m), b(k * n);
+  for (double &v : a)
+    v = dist(rng);
+  for (double &v : b)
+    v = dist(rng);
+  Tensor sa = Tensor::of(DType::BF16, {k, m}, a);
+  Tensor sb = Tensor::of(DType::BF16, {k, n}, b);
+  Tensor out = Tensor::zeros(DType::F32, {m, n});
+  run(matmulProgram(
+          k, m, n,
+          [](const std::string &s, const std::string &mv,
+             const std::string &d) { return matmulNode(s, mv, d, false); }),
+      {&sa, &sb}, {&out});
+
+  // Reference in double from the stored bf16 values. fp32 accumulation of
+  // K terms errs by at most about K * 2^-24 * sum|a*b|; bf16 accumulation
+  // would be ~2^16 times worse.
+  double worst = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 0, mag = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        double prod = double(sa.at(p * m + i)) * double(sb.at(p * n + j));
+        ref += prod;
+        mag += std::fabs(prod);
+      }
+      double err = std::fabs(double(out.at(i * n + j)) - ref);
+      REQUIRE(err <= k * std::ldexp(1.0, -24) * mag);
+      worst = std::max(worst, err / mag);
+    }
+  }
+  CHECK(worst < 1e-6);
+}
+
+TEST_CASE("matmul sums beyond bf16 precision exactly", "[exec][matmul]") {
+  // 1 + 127 * 2^-10 needs 11 mantissa bits: exact in fp32 whatever the
+  // summation order, not representable in bf16.
+  const int64_t k = 128;
+  std::vector<double> ones(k, 1.0), moving(k, std::ldexp(1.0, -10));
+  moving[0] = 1.0;
+  Tensor sa = Tensor::of(DType::BF16, {k, 1}, ones);
+  Tensor sb = Tensor::of(DType::BF16, {k, 1}, moving);
+  Tensor out = Tensor::zeros(DType::F32, {1, 1});
+  run(matmulProgram(
+          k, 1, 1,
+          [](const std::string &s, const std::string &mv,
+             const std::string &d) { return matmulNode(s, mv, d, false); }),
+      {&sa, &sb}, {&out});
+  CHECK(out.at(0) == 1.0f + 127.0f / 1024.0f);
+}
+
+TEST_CASE("matmul accumulate adds into PSUM, otherwise overwrites",
+          "[exec][matmul]") {
+  const int64_t k = 16, m = 8, n = 12;
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> dist(-2, 2); // sums stay exact
+  std::vector<double> a(k * m), b(k * n);
+  for (double &v : a)
+    v = dist(rng);
+  for (double &v : b)
+    v = dist(rng);
+  Tensor sa = Tensor::of(DType::BF16, {k, m}, a);
+  Tensor sb = Tensor::of(DType::BF16, {k, n}, b);
+  std::vector<double> product(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p)
+        product[i * n + j] += a[p * m + i] * b[p * n + j];
+
+  Tensor twice = Tensor::zeros(DType::F32, {m, n});
+  run(matmulProgram(k, m, n,
+                    [](const std::string &s, const std::string &mv,
+                       const std::string &d) {
+                      return matmulNode(s, mv, d, false) + ", " +
+                             matmulNode(s, mv, d, true);
+                    }),
+      {&sa, &sb}, {&twice});
+  Tensor once = Tensor::zeros(DType::F32, {m, n});
+  run(matmulProgram(k, m, n,
+                    [](const std::string &s, const std::string &mv,
+                       const std::string &d) {
+                      return matmulNode(s, mv, d, true) + ", " +
+                             matmulNode(s, mv, d, false);
+                    }),
+      {&sa, &sb}, {&once});
+  for (size_t i = 0; i < product.size(); ++i) {
+    CHECK(twice.at(i) == 2 * product[i]);
+    CHECK(once.at(i) == product[i]);
+  }
+}
+
+TEST_CASE("matmul accumulates K tiles over a loop", "[exec][matmul]") {
+  // K = 256 in two tiles of 128: psum = memset 0, then accumulate per tile.
+  const int64_t k = 256, kt = 128, m = 32, n = 48;
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<double> a(k * m), b(k * n);
+  for (double &v : a)
+    v = dist(rng);
+  for (double &v : b)
+    v = dist(rng);
+  Tensor sa = Tensor::of(DType::F16, {k, m}, a);
+  Tensor sb = Tensor::of(DType::F16, {k, n}, b);
+  Tensor out = Tensor::zeros(DType::F32, {m, n});
+  std::string buffers =
+      buffer(0, "hbm", "input", "f16", shapeJson({k, m})) + "," +
+      buffer(1, "hbm", "input", "f16", shapeJson({k, n})) + "," +
+      buffer(2, "hbm", "output", "f32", shapeJson({m, n})) + "," +
+      buffer(3, "sbuf", "scratch", "f16", shapeJson({kt, m})) + "," +
+      buffer(4, "sbuf", "scratch", "f16", shapeJson({kt, n})) + "," +
+      buffer(5, "psum", "scratch", "f32", shapeJson({m, n}));
+  std::string body =
+      R"({"op": "memset", "engine": "vector", "value": 0, "dst": )" +
+      full(5, {m, n}) + R"(}, {"loop": 0, "count": 2, "body": [
+        {"op": "dma_copy", "engine": "sync", "src": )" +
+      view(0, shapeJson({kt, m}), rowMajorStrides({kt, m}), 0,
+           "[[0, " + std::to_string(kt * m) + "]]") +
+      R"(, "dst": )" + full(3, {kt, m}) +
+      R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+      view(1, shapeJson({kt, n}), rowMajorStrides({kt, n}), 0,
+           "[[0, " + std::to_string(kt * n) + "]]") +
+      R"(, "dst": )" + full(4, {kt, n}) + "}, " +
+      matmulNode(full(3, {kt, m}), full(4, {kt, n}), full(5, {m, n}), true) +
+      R"(]}, {"op": "dma_copy", "engine": "sync", "src": )" + full(5, {m, n}) +
+      R"(, "dst": )" + full(2, {m, n}) + "}";
+  run(programJson(buffers, "0, 1", "2", body), {&sa, &sb}, {&out});
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 0, mag = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        double prod = double(sa.at(p * m + i)) * double(sb.at(p * n + j));
+        ref += prod;
+        mag += std::fabs(prod);
+      }
+      REQUIRE(std::fabs(out.at(i * n + j) - ref) <=
+              k * std::ldexp(1.0, -24) * mag);
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// ScalarE
+//===----------------------------------------------------------------------===//
+
+TEST_CASE("activation functions", "[exec][activation]") {
+  const std::vector<double> general = {-3, -1.5, -0.5, -0.1, 0, 0.3, 1, 2.5};
+  const std::vector<double> positive = {0.01, 0.1, 0.5, 1, 2, 3, 7, 10};
+  const std::vector<double> halves = {0.5,  1.5, 2.5,  -0.5,
+                                      -1.5, 2.4, -2.6, 3.5};
+  auto sigmoid = [](double x) { return 1 / (1 + std::exp(-x)); };
+  struct Case {
+    const char *name;
+    const std::vector<double> *inputs;
+    std::function<double(double)> ref;
+  };
+  const std::vector<Case> cases = {
+      {"identity", &general, [](double x) { return x; }},
+      {"neg", &general, [](double x) { return -x; }},
+      {"abs", &general, [](double x) { return std::fabs(x); }},
+      {"exp", &general, [](double x) { return std::exp(x); }},
+      {"log", &positive, [](double x) { return std::log(x); }},
+      {"sqrt", &positive, [](double x) { return std::sqrt(x); }},
+      {"rsqrt", &positive, [](double x) { return 1 / std::sqrt(x); }},
+      {"reciprocal", &positive, [](double x) { return 1 / x; }},
+      {"tanh", &general, [](double x) { return std::tanh(x); }},
+      {"sigmoid", &general, sigmoid},
+      {"relu", &general, [](double x) { return x > 0 ? x : 0; }},
+      {"gelu", &general,
+       [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }},
+      {"gelu_tanh", &general,
+       [](double x) {
+         return 0.5 * x *
+                (1 +
+                 std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+       }},
+      {"silu", &general, [&](double x) { return x * sigmoid(x); }},
+      {"erf", &general, [](double x) { return std::erf(x); }},
+      {"sin", &general, [](double x) { return std::sin(x); }},
+      {"cos", &general, [](double x) { return std::cos(x); }},
+      {"sign", &general,
+       [](double x) { return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0); }},
+      {"square", &general, [](double x) { return x * x; }},
+      {"floor", &halves, [](double x) { return std::floor(x); }},
+      {"ceil", &halves, [](double x) { return std::ceil(x); }},
+      {"round", &halves, [](double x) { return std::nearbyint(x); }},
+      {"trunc", &halves, [](double x) { return std::trunc(x); }},
+      {"log1p", &positive, [](double x) { return std::log1p(x); }},
+      {"expm1", &general, [](double x) { return std::expm1(x); }},
+      {"logical_not", &general, [](double x) { return x == 0 ? 1.0 : 0.0; }},
+  };
+  for (const Case &c : cases) {
+    INFO("func " << c.name);
+    Tensor in = Tensor::of(DType::F32, {2, 4}, *c.inputs);
+    Tensor out = Tensor::zeros(DType::F32, {2, 4});
+    run(tileProgram({{"f32", {2, 4}}}, {{"f32", {2, 4}}},
+                    R"({"op": "activation", "engine": "scalar", "func": ")" +
+                        std::string(c.name) + R"(", "src": )" +
+                        full(100, {2, 4}) + R"(, "dst": )" + full(200, {2, 4}) +
+                        "}"),
+        {&in}, {&out});
+    for (size_t i = 0; i < in.size(); ++i) {
+      INFO("x = " << in.at(i) << ", got " << out.at(i));
+      CHECK(close(out.at(i), c.ref(in.at(i)), 4e-6, 1e-6));
+    }
+  }
+}
+
+TEST_CASE("gelu is the erf form, gelu_tanh the tanh approximation",
+          "[exec][activation]") {
+  Tensor in = Tensor::of(DType::F32, {1, 1}, {1.0});
+  Tensor exact = Tensor::zeros(DType::F32, {1, 1});
+  Tensor approx = Tensor::zeros(DType::F32, {1, 1});
+  std::string body = R"({"op": "activation", "engine": "scalar",
+      "func": "gelu", "src": )" +
+                     full(100, {1, 1}) + R"(, "dst": )" + full(200, {1, 1}) +
+                     R"(}, {"op": "activation", "engine": "scalar",
+      "func": "gelu_tanh", "src": )" +
+                     full(100, {1, 1}) + R"(, "dst": )" + full(201, {1, 1}) +
+                     "}";
+  run(tileProgram({{"f32", {1, 1}}}, {{"f32", {1, 1}}, {"f32", {1, 1}}}, body),
+      {&in}, {&exact, &approx});
+  CHECK(close(exact.at(0), 0.8413447460685429, 1e-6));
+  CHECK(close(approx.at(0), 0.8411919906082768, 1e-6));
+}
+
+TEST_CASE("activation applies scale, per-partition bias and bias_imm",
+          "[exec][activation]") {
+  Tensor in =
+      Tensor::of(DType::F32, {3, 4}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  Tensor bias = Tensor::of(DType::F32, {3, 1}, {100, -100, 0.5});
+  Tensor out = Tensor::zeros(DType::BF16, {3, 4});
+  run(tileProgram({{"f32", {3, 4}}, {"f32", {3, 1}}}, {{"bf16", {3, 4}}},
+                  R"({"op": "activation", "engine": "scalar",
+                      "func": "identity", "scale": -2, "bias_imm": 0.25,
+                      "src": )" +
+                      full(100, {3, 4}) + R"(, "bias": )" + full(101, {3, 1}) +
+                      R"(, "dst": )" + full(200, {3, 4}) + "}"),
+      {&in, &bias}, {&out});
+  for (int p = 0; p < 3; ++p)
+    for (int f = 0; f < 4; ++f) {
+      float expected = -2.0f * in.at(p * 4 + f) + bias.at(p) + 0.25f;
+      CHECK(out.raw<uint16_t>(p * 4 + f) == f32ToBf16Bits(expected));
+    }
+  // exp(0.5 x + 1) without a bias operand.
+  Tensor expOut = Tensor::zeros(DType::F32, {3, 4});
+  run(tileProgram({{"f32", {3, 4}}}, {{"f32", {3, 4}}},
+                  R"({"op": "activation", "engine": "scalar", "func": "exp",
+                      "scale": 0.5, "bias_imm": 1, "src": )" +
+                      full(100, {3, 4}) + R"(, "dst": )" + full(200, {3, 4}) +
+                      "}"),
+      {&in}, {&expOut});
+  for (size_t i = 0; i < 12; ++i)
+    CHECK(close(expOut.at(i), std::exp(0.5 * in.at(i) + 1), 4e-6));
+}
+
+//===----------------------------------------------------------------------===//
+// VectorE / GpSimd
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Runs tensor_scalar on src [P, F] with either a [P, 1] scalar tile or imm.
+std::vector<float> tensorScalar(const std::string &op, bool reverse,
+                                const std::vector<double> &src, int64_t p,
+                                const std::vector<double> *scalar, double imm,
+                                const std::string &engine = "vector") {
+  int64_t f = static_cast<int64_t>(src.size()) / p;
+  Tensor in = Tensor::of(DType::F32, {p, f}, src);
+  Tensor out = Tensor::zeros(DType::F32, {p, f});
+  std::string node = R"({"op": "tensor_scalar", "engine": ")" + engine +
+                     R"(", "alu_op": ")" + op + R"(", "reverse": )" +
+                     (reverse ? "true" : "false") + R"(, "src": )" +
+                     full(100, {p, f}) + R"(, "dst": )" + full(200, {p, f});
+  std::vector<TileArg> ins = {{"f32", {p, f}}};
+  Tensor s;
+  std::vector<Tensor *> inPtrs = {&in};
+  if (scalar) {
+    s = Tensor::of(DType::F32, {p, 1}, *scalar);
+    ins.push_back({"f32", {p, 1}});
+    inPtrs.push_back(&s);
+    node += R"(, "scalar": )" + full(101, {p, 1});
+  } else {
+    node += R"(, "imm": )" + std::to_string(imm);
+  }
+  node += "}";
+  run(tileProgram(ins, {{"f32", {p, f}}}, node), inPtrs, {&out});
+  std::vector<float> result;
+  for (size_t i = 0; i < out.size(); ++i)
+    result.push_back(out.at(i));
+  return result;
+}
+
+} // namespace
+
+TEST_CASE("tensor_scalar with a [P, 1] scalar and reverse", "[exec][alu]") {
+  std::vector<double> src = {1, 2, 3, 4, 5, 6};
+  std::vector<double> scalar = {10, 100};
+  CHECK(tensorScalar("subtract", false, src, 2, &scalar, 0) ==
+        std::vector<float>{-9, -8, -7, -96, -95, -94});
+  CHECK(tensorScalar("subtract", true, src, 2, &scalar, 0) ==
+        std::vector<float>{9, 8, 7, 96, 95, 94});
+  CHECK(tensorScalar("divide", true, src, 2, &scalar, 0, "gpsimd") ==
+        std::vector<float>{10, 5, 10.0f / 3, 25, 20, 100.0f / 6});
+  CHECK(tensorScalar("multiply", false, src, 2, nullptr, 0.5, "scalar") ==
+        std::vector<float>{0.5, 1, 1.5, 2, 2.5, 3});
+  CHECK(tensorScalar("pow", false, src, 2, nullptr, 2) ==
+        std::vector<float>{1, 4, 9, 16, 25, 36});
+  CHECK(tensorScalar("pow", true, {1, 2, 3, 0}, 1, nullptr, 2) ==
+        std::vector<float>{2, 4, 8, 1});
+  // fmod keeps the dividend's sign; Python's % the divisor's.
+  CHECK(tensorScalar("mod", false, {-7, 7, -6, 5.5}, 1, nullptr, 3) ==
+        std::vector<float>{-1, 1, -0.0f, 2.5});
+  CHECK(tensorScalar("remainder", false, {-7, 7, -6, 5.5}, 1, nullptr, 3) ==
+        std::vector<float>{2, 1, 0, 2.5});
+  CHECK(tensorScalar("remainder", false, {-7, 7, 6, 5.5}, 1, nullptr, -3) ==
+        std::vector<float>{-1, -2, 0, -0.5});
+  CHECK(tensorScalar("lt", false, {1, 2, 3, 4}, 1, nullptr, 2.5) ==
+        std::vector<float>{1, 1, 0, 0});
+  CHECK(tensorScalar("ge", true, {1, 2, 3, 4}, 1, nullptr, 2) ==
+        std::vector<float>{1, 1, 0, 0});
+  CHECK(tensorScalar("logical_and", false, {0, 2, 3, 0}, 1, nullptr, 0) ==
+        std::vector<float>{0, 0, 0, 0});
+  CHECK(tensorScalar("logical_or", false, {0, 2, -3, 0}, 1, nullptr, 0) ==
+        std::vector<float>{0, 1, 1, 0});
+  CHECK(tensorScalar("max", false, {-1, 2, -3, 4}, 1, nullptr, 0) ==
+        std::vector<float>{0, 2, 0, 4});
+  CHECK(tensorScalar("bypass", false, {-1, 2, -3, 4}, 1, nullptr, 9) ==
+        std::vector<float>{-1, 2, -3, 4});
+  CHECK(tensorScalar("bypass", true, {-1, 2, -3, 4}, 1, nullptr, 9) ==
+        std::vector<float>{9, 9, 9, 9});
+}
+
+TEST_CASE("tensor_tensor ops", "[exec][alu]") {
+  std::vector<double> a = {1, -2, 3.5, 0, kNaN, 6, -7, 8};
+  std::vector<double> b = {2, 2, -1.5, 0, 1, 0, 3, 8};
+  struct Case {
+    const char *op;
+    std::function<double(double, double)> ref;
+  };
+  const std::vector<Case> cases = {
+      {"add", [](double x, double y) { return x + y; }},
+      {"subtract", [](double x, double y) { return x - y; }},
+      {"multiply", [](double x, double y) { return x * y; }},
+      {"divide", [](double x, double y) { return float(x) / float(y); }},
+      {"max",
+       [](double x, double y) {
+         return std::isnan(x) || std::isnan(y) ? NAN : std::max(x, y);
+       }},
+      {"min",
+       [](double x, double y) {
+         return std::isnan(x) || std::isnan(y) ? NAN : std::min(x, y);
+       }},
+      {"eq", [](double x, double y) { return x == y ? 1.0 : 0.0; }},
+      {"ne", [](double x, double y) { return x != y ? 1.0 : 0.0; }},
+      {"le", [](double x, double y) { return x <= y ? 1.0 : 0.0; }},
+      {"gt", [](double x, double y) { return x > y ? 1.0 : 0.0; }},
+      {"logical_xor",
+       [](double x, double y) { return (x != 0) != (y != 0) ? 1.0 : 0.0; }},
+      {"bypass", [](double x, double) { return x; }},
+  };
+  for (const Case &c : cases) {
+    INFO("op " << c.op);
+    Tensor ta = Tensor::of(DType::F32, {2, 4}, a);
+    Tensor tb = Tensor::of(DType::F32, {2, 4}, b);
+    Tensor out = Tensor::zeros(DType::F32, {2, 4});
+    run(tileProgram({{"f32", {2, 4}}, {"f32", {2, 4}}}, {{"f32", {2, 4}}},
+                    R"({"op": "tensor_tensor", "engine": "vector",
+                        "alu_op": ")" +
+                        std::string(c.op) + R"(", "a": )" + full(100, {2, 4}) +
+                        R"(, "b": )" + full(101, {2, 4}) + R"(, "dst": )" +
+                        full(200, {2, 4}) + "}"),
+        {&ta, &tb}, {&out});
+    for (size_t i = 0; i < a.size(); ++i) {
+      INFO("a = " << a[i] << ", b = " << b[i] << ", got " << out.at(i));
+      CHECK(close(out.at(i), c.ref(ta.at(i), tb.at(i)), 1e-7, 0));
+    }
+  }
+}
+
+TEST_CASE("tensor_reduce over all free elements", "[exec][reduce]") {
+  // src is [3, 2, 4] per partition; a second view reads every other element.
+  std::vector<double> values;
+  for (int i = 0; i < 24; ++i)
+    values.push_back(i % 5 - 1.5);
+  values[9] = kNaN;
+  Tensor in = Tensor::of(DType::F32, {3, 8}, values);
+  auto reduce = [&](const std::string &op, const std::string &srcView) {
+    Tensor out = Tensor::zeros(DType::F32, {3, 1});
+    run(tileProgram({{"f32", {3, 8}}}, {{"f32", {3, 1}}},
+                    R"({"op": "tensor_reduce", "engine": "vector",
+                        "alu_op": ")" +
+                        op + R"(", "src": )" + srcView + R"(, "dst": )" +
+                        full(200, {3, 1}) + "}"),
+        {&in}, {&out});
+    return out;
+  };
+  std::string all = view(100, "[3, 2, 4]", "[8, 4, 1]");
+  std::string evens = view(100, "[3, 4]", "[8, 2]");
+  for (int p = 0; p < 3; ++p) {
+    double sum = 0, prod = 1, mx = -INFINITY, mn = INFINITY, evenSum = 0;
+    bool nan = false;
+    for (int f = 0; f < 8; ++f) {
+      double v = in.at(p * 8 + f);
+      nan |= std::isnan(v);
+      sum += v;
+      prod *= v;
+      mx = std::max(mx, v);
+      mn = std::min(mn, v);
+      if (f % 2 == 0)
+        evenSum += v;
+    }
+    INFO("partition " << p);
+    CHECK(close(reduce("add", all).at(p), sum));
+    CHECK(close(reduce("multiply", all).at(p), prod));
+    CHECK(close(reduce("mul", all).at(p), prod)); // the format's spelling
+    CHECK(close(reduce("max", all).at(p), nan ? NAN : mx));
+    CHECK(close(reduce("min", all).at(p), nan ? NAN : mn));
+    CHECK(close(reduce("add", evens).at(p), evenSum));
+  }
+}
+
+TEST_CASE("select picks by predicate", "[exec][select]") {
+  Tensor pred = Tensor::of(DType::U8, {2, 3}, {0, 1, 2, 0, 0, 255});
+  Tensor onTrue = Tensor::of(DType::F32, {2, 3}, {1, 2, 3, 4, 5, 6});
+  Tensor onFalse = Tensor::of(DType::BF16, {2, 3}, {-1, -2, -3, -4, -5, -6});
+  Tensor out = Tensor::zeros(DType::F32, {2, 3});
+  run(tileProgram({{"u8", {2, 3}}, {"f32", {2, 3}}, {"bf16", {2, 3}}},
+                  {{"f32", {2, 3}}},
+                  R"({"op": "select", "engine": "gpsimd", "pred": )" +
+                      full(100, {2, 3}) + R"(, "on_true": )" +
+                      full(101, {2, 3}) + R"(, "on_false": )" +
+                      full(102, {2, 3}) + R"(, "dst": )" + full(200, {2, 3}) +
+                      "}"),
+      {&pred, &onTrue, &onFalse}, {&out});
+  std::vector<float> expected = {-1, 2, 3, -4, -5, 6};
+  for (size_t i = 0; i < 6; ++i)
+    CHECK(out.at(i) == expected[i]);
+}
+
+TEST_CASE("iota fills base + p * channel + sum(i_k * m_k)", "[exec][iota]") {
+  Tensor i32 = Tensor::zeros(DType::I32, {4, 2, 3});
+  Tensor f32 = Tensor::zeros(DType::F32, {4, 6});
+  Tensor i64 = Tensor::zeros(DType::I64, {4, 1});
+  std::string body =
+      R"({"op": "iota", "engine": "gpsimd", "base": 1,
+          "channel_multiplier": 100, "multipliers": [10, 1], "dst": )" +
+      full(200, {4, 2, 3}) +
+      R"(}, {"op": "iota", "engine": "gpsimd", "base": -1,
+          "channel_multiplier": 0.25, "multipliers": [0.5], "dst": )" +
+      full(201, {4, 6}) +
+      R"(}, {"op": "iota", "engine": "vector", "base": 1099511627776,
+          "channel_multiplier": 1, "multipliers": [1], "dst": )" +
+      full(202, {4, 1}) + "}";
+  run(tileProgram({}, {{"i32", {4, 2, 3}}, {"f32", {4, 6}}, {"i64", {4, 1}}},
+                  body),
+      {}, {&i32, &f32, &i64});
+  for (int p = 0; p < 4; ++p) {
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 3; ++j)
+        CHECK(i32.raw<int32_t>(p * 6 + i * 3 + j) == 1 + 100 * p + 10 * i + j);
+    for (int e = 0; e < 6; ++e)
+      CHECK(f32.at(p * 6 + e) == -1.0f + 0.25f * p + 0.5f * e);
+    // Exact beyond fp32's 24-bit mantissa.
+    CHECK(i64.raw<int64_t>(p) == (int64_t(1) << 40) + p);
+  }
+}
+
+TEST_CASE("memset stores the value rounded to the destination dtype",
+          "[exec][memset]") {
+  Tensor f32 = Tensor::zeros(DType::F32, {2, 4});
+  Tensor bf16 = Tensor::zeros(DType::BF16, {2, 4});
+  Tensor i64 = Tensor::zeros(DType::I64, {2, 4});
+  Tensor u8 = Tensor::zeros(DType::U8, {2, 4});
+  std::string body =
+      R"({"op": "memset", "engine": "vector", "value": {"float": "-inf"},
+          "dst": )" +
+      full(200, {2, 4}) +
+      R"(}, {"op": "memset", "engine": "vector", "value": 7,
+          "dst": )" +
+      view(200, "[2, 2]", "[4, 2]") +
+      R"(}, {"op": "memset", "engine": "gpsimd", "value": 0.333333333333,
+          "dst": )" +
+      full(201, {2, 4}) +
+      R"(}, {"op": "memset", "engine": "scalar", "value": 1099511627777,
+          "dst": )" +
+      full(202, {2, 4}) +
+      R"(}, {"op": "memset", "engine": "vector", "value": 300,
+          "dst": )" +
+      full(203, {2, 4}) + "}";
+  run(tileProgram(
+          {},
+          {{"f32", {2, 4}}, {"bf16", {2, 4}}, {"i64", {2, 4}}, {"u8", {2, 4}}},
+          body),
+      {}, {&f32, &bf16, &i64, &u8});
+  for (int i = 0; i < 8; ++i) {
+    CHECK(f32.at(i) == (i % 2 == 0 ? 7.0f : -kInf));
+    CHECK(bf16.raw<uint16_t>(i) == f32ToBf16Bits(0.333333333333f));
+    CHECK(i64.raw<int64_t>(i) == 1099511627777LL);
+    CHECK(u8.raw<uint8_t>(i) == 255);
+  }
+}
+
+TEST_CASE("copy converts dtypes with the store rules", "[exec][copy]") {
+  std::vector<double> values = {3.9, -3.9, 1e10, kNaN, -0.0, 0.5, 300, -200};
+  Tensor in = Tensor::of(DType::F32, {1, 8}, values);
+  Tensor i32 = Tensor::zeros(DType::I32, {1, 8});
+  Tensor b = Tensor::zeros(DType::Bool, {1, 8});
+  Tensor u8 = Tensor::zeros(DType::U8, {1, 8});
+  Tensor i8 = Tensor::zeros(DType::I8, {1, 8});
+  std::string src = full(100, {1, 8});
+  std::string body;
+  for (int j = 0; j < 4; ++j)
+    body += std::string(j ? ", " : "") +
+            R"({"op": "copy", "engine": "vector", "src": )" + src +
+            R"(, "dst": )" + full(200 + j, {1, 8}) + "}";
+  run(tileProgram(
+          {{"f32", {1, 8}}},
+          {{"i32", {1, 8}}, {"bool", {1, 8}}, {"u8", {1, 8}}, {"i8", {1, 8}}},
+          body),
+      {&in}, {&i32, &b, &u8, &i8});
+  std::vector<int32_t> expectI32 = {3, -3, 2147483647, 0, 0, 0, 300, -200};
+  std::vector<uint8_t> expectBool = {1, 1, 1, 1, 0, 1, 1, 1};
+  std::vector<uint8_t> expectU8 = {3, 0, 255, 0, 0, 0, 255, 0};
+  std::vector<int8_t> expectI8 = {3, -3, 127, 0, 0, 0, 127, -128};
+  for (int i = 0; i < 8; ++i) {
+    INFO("element " << i);
+    CHECK(i32.raw<int32_t>(i) == expectI32[i]);
+    CHECK(b.raw<uint8_t>(i) == expectBool[i]);
+    CHECK(u8.raw<uint8_t>(i) == expectU8[i]);
+    CHECK(i8.raw<int8_t>(i) == expectI8[i]);
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Gather, constants, run() contract
+//===----------------------------------------------------------------------===//
+
+TEST_CASE("dma_gather reads rows by index and rejects bad indices",
+          "[exec][gather]") {
+  std::vector<double> rows;
+  for (int i = 0; i < 24; ++i)
+    rows.push_back(i + 0.5);
+  Tensor table = Tensor::of(DType::BF16, {6, 4}, rows);
+  Tensor indices = Tensor::of(DType::I64, {3, 1}, {5, 0, 2});
+  Tensor out = Tensor::zeros(DType::F32, {3, 4});
+  std::string json = programJson(
+      buffer(0, "hbm", "input", "bf16", "[6, 4]") + "," +
+          buffer(1, "hbm", "input", "i64", "[3, 1]") + "," +
+          buffer(2, "hbm", "output", "f32", "[3, 4]") + "," +
+          buffer(3, "sbuf", "scratch", "f32", "[3, 4]"),
+      "0, 1", "2",
+      R"({"op": "dma_gather", "engine": "gpsimd", "loc": 0, "table": )" +
+          full(0, {6, 4}) + R"(, "indices": )" + full(1, {3, 1}) +
+          R"(, "dst": )" + full(3, {3, 4}) +
+          R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+          full(3, {3, 4}) + R"(, "dst": )" + full(2, {3, 4}) + "}",
+      "trn2", R"(["embed.py:7"])");
+  Executor executor(Program::parse(json), trn2());
+  std::vector<HostTensor> ins = {table.host(), indices.host()};
+  std::vector<HostTensor> outs = {out.host()};
+  executor.run(ins, outs);
+  std::vector<int> picked = {5, 0, 2};
+  for (int p = 0; p < 3; ++p)
+    for (int d = 0; d < 4; ++d)
+      CHECK(out.at(p * 4 + d) == table.at(picked[p] * 4 + d));
+
+  for (int64_t bad : {int64_t(6), int64_t(-1)}) {
+    std::memcpy(indices.bytes.data() + 8, &bad, 8);
+    std::string message = errorOf([&] { executor.run(ins, outs); });
+    INFO(message);
+    CHECK(contains(message, "index " + std::to_string(bad) +
+                                " at partition 1 is out of range [0, 6)"));
+    CHECK(contains(message, "embed.py:7"));
+  }
+  // The executor is still usable.
+  int64_t good = 3;
+  std::memcpy(indices.bytes.data() + 8, &good, 8);
+  executor.run(ins, outs);
+  CHECK(out.at(4) == table.at(12));
+}
+
+TEST_CASE("constants come from base64 data or a splat", "[exec][constant]") {
+  float data[4] = {1.5f, -2.0f, 3.25f, 1e-3f};
+  std::string buffers =
+      buffer(0, "hbm", "constant", "f32", "[4]",
+             R"(, "data": ")" + base64(data, sizeof(data)) + "\"") +
+      "," +
+      buffer(1, "hbm", "constant", "bf16", "[2, 2]", R"(, "splat": 0.1)") +
+      "," + buffer(2, "hbm", "output", "f32", "[4]") + "," +
+      buffer(3, "hbm", "output", "f32", "[2, 2]");
+  std::string body = R"({"op": "dma_copy", "engine": "sync", "src": )" +
+                     full(0, {4}) + R"(, "dst": )" + full(2, {4}) +
+                     R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+                     full(1, {2, 2}) + R"(, "dst": )" + full(3, {2, 2}) + "}";
+  Tensor a = Tensor::zeros(DType::F32, {4});
+  Tensor b = Tensor::zeros(DType::F32, {2, 2});
+  run(programJson(buffers, "", "2, 3", body), {}, {&a, &b});
+  for (int i = 0; i < 4; ++i) {
+    CHECK(a.at(i) == data[i]);
+    CHECK(b.at(i) == bf16BitsToF32(f32ToBf16Bits(0.1f)));
+  }
+}
+
+TEST_CASE("run() checks its arguments", "[exec][run]") {
+  std::string json =
+      programJson(buffer(0, "hbm", "input", "f32", "[4, 8]") + "," +
+                      buffer(1, "hbm", "output", "bf16", "[4, 8]"),
+                  "0", "1",
+                  R"({"op": "dma_copy", "engine": "sync", "src": )" +
+                      full(0, {4, 8}) + R"(, "dst": )" + full(1, {4, 8}) + "}");
+  Executor executor(Program::parse(json), trn2());
+  Tensor in = Tensor::zeros(DType::F32, {4, 8});
+  Tensor out = Tensor::zeros(DType::BF16, {4, 8});
+  Tensor wrongType = Tensor::zeros(DType::F16, {4, 8});
+  Tensor wrongShape = Tensor::zeros(DType::F32, {8, 4});
+  CHECK(contains(errorOf([&] { executor.run({}, {out.host()}); }),
+                 "expected 1 inputs, got 0"));
+  CHECK(
+      contains(errorOf([&] { executor.run({in.host()}, {wrongType.host()}); }),
+               "dtype f16, expected bf16"));
+  CHECK(contains(
+      errorOf([&] { executor.run({wrongShape.host()}, {out.host()}); }),
+      "shape [8, 4], expected [4, 8]"));
+  HostTensor null = in.host();
+  null.data = nullptr;
+  CHECK(contains(errorOf([&] { executor.run({null}, {out.host()}); }),
+                 "null data"));
+  // Still fine afterwards, and repeatable with new data.
+  for (float scale : {1.0f, -3.0f}) {
+    for (int i = 0; i < 32; ++i)
+      storeFromF32(scale * i, in.bytes.data() + 4 * i, DType::F32);
+    executor.run({in.host()}, {out.host()});
+    CHECK(executor.instructionsExecuted() == 1);
+    CHECK(out.at(31) == bf16BitsToF32(f32ToBf16Bits(scale * 31)));
+  }
+}
+
+TEST_CASE("an invalid program cannot build an executor", "[exec][run]") {
+  std::string json =
+      programJson(buffer(0, "hbm", "input", "f32", "[4, 8]") + "," +
+                      buffer(1, "hbm", "output", "f32", "[4, 8]"),
+                  "0", "1",
+                  R"({"op": "dma_copy", "engine": "sync", "src": )" +
+                      view(0, "[4, 8]", "[8, 1]", 1) + R"(, "dst": )" +
+                      full(1, {4, 8}) + "}");
+  Program program = Program::parse(json);
+  CHECK(contains(errorOf([&] { Executor executor(program, trn2()); }),
+                 "out of bounds"));
+}
+
+TEST_CASE("full-size tiles run through the fast paths", "[exec][tile]") {
+  // A [128, 512] bf16 tile: load, silu, add itself, reduce, store; checks
+  // the contiguous fast paths against per-element math.
+  const int64_t p = 128, f = 512;
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<double> dist(-4, 4);
+  std::vector<double> values(p * f);
+  for (double &v : values)
+    v = dist(rng);
+  Tensor in = Tensor::of(DType::BF16, {p, f}, values);
+  Tensor act = Tensor::zeros(DType::BF16, {p, f});
+  Tensor sum = Tensor::zeros(DType::F32, {p, 1});
+  std::string body =
+      R"({"op": "activation", "engine": "scalar", "func": "silu", "src": )" +
+      full(100, {p, f}) + R"(, "dst": )" + full(200, {p, f}) +
+      R"(}, {"op": "tensor_tensor", "engine": "vector", "alu_op": "add",
+          "a": )" +
+      full(200, {p, f}) + R"(, "b": )" + full(200, {p, f}) + R"(, "dst": )" +
+      full(200, {p, f}) +
+      R"(}, {"op": "tensor_reduce", "engine": "vector", "alu_op": "add",
+          "src": )" +
+      full(200, {p, f}) + R"(, "dst": )" + full(201, {p, 1}) + "}";
+  run(tileProgram({{"bf16", {p, f}}}, {{"bf16", {p, f}}, {"f32", {p, 1}}},
+                  body),
+      {&in}, {&act, &sum});
+  for (int64_t row = 0; row < p; row += 17) {
+    double rowSum = 0;
+    for (int64_t col = 0; col < f; ++col) {
+      float x = in.at(row * f + col);
+      float silu = bf16BitsToF32(
+          f32ToBf16Bits(static_cast<float>(x / (1 + std::exp(-double(x))))));
+      float doubled = bf16BitsToF32(f32ToBf16Bits(silu + silu));
+      float got = act.at(row * f + col);
+      // silu may differ by one bf16 ulp where Eigen's fp32 exp rounds the
+      // other way than the double reference.
+      REQUIRE(std::fabs(got - doubled) <=
+              std::fabs(doubled) * 0x1p-7f + 1e-30f);
+      rowSum += got;
+    }
+    CHECK(close(sum.at(row), rowSum, 1e-5, 1e-4));
+  }
+}

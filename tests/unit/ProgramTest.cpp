@@ -1,0 +1,514 @@
+//===- ProgramTest.cpp - Program parsing, verification, rejection ---------===//
+
+#include "runtime/program/Program.h"
+#include "tests/unit/CatchCompat.h"
+#include "tests/unit/TestUtil.h"
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <unistd.h>
+
+using namespace neuron::runtime;
+using neuron::test::buffer;
+using neuron::test::contains;
+using neuron::test::errorOf;
+using neuron::test::programJson;
+using neuron::test::trn2;
+using neuron::test::view;
+
+namespace {
+
+/// A program touching most of the format: constants, a loop with affine
+/// offsets, every attribute kind and source locations.
+std::string fullProgram() {
+  float constData[4] = {1, 2, 3, 4};
+  std::string buffers =
+      buffer(0, "hbm", "input", "bf16", "[4, 8]") + "," +
+      buffer(1, "hbm", "output", "f32", "[4, 8]") + "," +
+      buffer(2, "sbuf", "scratch", "f32", "[4, 8]") + "," +
+      buffer(3, "hbm", "constant", "f32", "[4, 1]",
+             R"(, "data": ")" + neuron::test::base64(constData, 16) + "\"") +
+      "," + buffer(4, "sbuf", "scratch", "f32", "[4, 1]") + "," +
+      buffer(5, "hbm", "constant", "f32", "[2]",
+             R"(, "splat": {"float": "-inf"})");
+  std::string body =
+      R"({"loop": 0, "count": 2, "body": [
+           {"op": "dma_copy", "engine": "sync", "loc": 0,
+            "src": )" +
+      view(0, "[4, 4]", "[8, 1]", 0, "[[0, 4]]") + R"(,
+            "dst": )" +
+      view(2, "[4, 4]", "[8, 1]", 0, "[[0, 4]]") + R"(}]},
+         {"op": "dma_copy", "engine": "scalar",
+          "src": )" +
+      view(3, "[4, 1]", "[1, 1]") + R"(,
+          "dst": )" +
+      view(4, "[4, 1]", "[1, 1]") + R"(},
+         {"op": "activation", "engine": "scalar", "loc": 1, "func": "gelu_tanh",
+          "scale": 0.5, "bias_imm": {"float": "nan"},
+          "src": )" +
+      view(2, "[4, 8]", "[8, 1]") + R"(,
+          "dst": )" +
+      view(2, "[4, 8]", "[8, 1]") + R"(,
+          "bias": )" +
+      view(4, "[4, 1]", "[1, 1]") + R"(},
+         {"op": "tensor_scalar", "engine": "vector", "alu_op": "subtract",
+          "reverse": true, "src": )" +
+      view(2, "[4, 8]", "[8, 1]") + R"(,
+          "dst": )" +
+      view(2, "[4, 8]", "[8, 1]") + R"(,
+          "scalar": )" +
+      view(4, "[4, 1]", "[1, 1]") + R"(},
+         {"op": "iota", "engine": "gpsimd", "base": 1, "channel_multiplier": 8,
+          "multipliers": [1], "dst": )" +
+      view(2, "[4, 8]", "[8, 1]") + R"(},
+         {"op": "dma_copy", "engine": "sync",
+          "src": )" +
+      view(2, "[4, 8]", "[8, 1]") + R"(,
+          "dst": )" +
+      view(1, "[4, 8]", "[8, 1]") + R"(})";
+  return programJson(buffers, "0", "1", body, "trn2",
+                     R"(["model.py:12", "model.py:13"])");
+}
+
+/// Checks that `json` is rejected (by parse or by verify on its target) and
+/// that the message mentions `expected`.
+void requireRejected(const std::string &json, const std::string &expected) {
+  std::string message = errorOf([&] {
+    Program program = Program::parse(json);
+    program.verify(neuron::target::getTarget(program.target));
+  });
+  INFO("message: " << message);
+  CHECK(contains(message, expected));
+  CHECK(!contains(message, "<no error>"));
+  CHECK(!contains(message, "<other exception"));
+}
+
+/// One-instruction program on trn2 with the given buffers and body.
+std::string simple(const std::string &buffers, const std::string &body,
+                   const std::string &inputs = "0",
+                   const std::string &outputs = "1") {
+  return programJson(buffers, inputs, outputs, body);
+}
+
+const std::string kInOut = buffer(0, "hbm", "input", "f32", "[4, 8]") + "," +
+                           buffer(1, "hbm", "output", "f32", "[4, 8]");
+
+std::string copyInOut(const std::string &srcView, const std::string &dstView) {
+  return R"({"op": "dma_copy", "engine": "sync", "src": )" + srcView +
+         R"(, "dst": )" + dstView + "}";
+}
+
+} // namespace
+
+TEST_CASE("a full program parses and verifies", "[program]") {
+  Program program = Program::parse(fullProgram());
+  REQUIRE_NOTHROW(program.verify(trn2()));
+  CHECK(program.name == "test");
+  CHECK(program.target == "trn2");
+  REQUIRE(program.buffers.size() == 6);
+  CHECK(program.buffers[0].dtype == DType::BF16);
+  CHECK(program.buffers[2].space == Space::SBUF);
+  CHECK(program.buffers[2].kind == BufferKind::Scratch);
+  CHECK(program.buffers[3].data.size() == 16);
+  REQUIRE(program.buffers[5].splat);
+  CHECK(std::isinf(*program.buffers[5].splat));
+  CHECK(program.locations.size() == 2);
+  CHECK(program.numInstructions() == 6);
+  REQUIRE(program.body.size() == 6);
+  const Node &loop = program.body[0];
+  REQUIRE(loop.isLoop());
+  CHECK(loop.count == 2);
+  const Instruction &copy = loop.body[0].inst;
+  CHECK(copy.op == Opcode::DmaCopy);
+  CHECK(copy.engine == Engine::Sync);
+  CHECK(copy.loc == 0);
+  REQUIRE(copy.src);
+  CHECK(copy.src->offset.terms ==
+        std::vector<std::pair<int64_t, int64_t>>{{0, 4}});
+  const Instruction &act = program.body[2].inst;
+  CHECK(act.func == ActFunc::GeluTanh);
+  CHECK(act.scale == 0.5);
+  CHECK(std::isnan(act.biasImm));
+  CHECK(act.bias);
+  const Instruction &ts = program.body[3].inst;
+  CHECK(ts.aluOp == AluOp::Subtract);
+  CHECK(ts.reverse);
+  const Instruction &iota = program.body[4].inst;
+  CHECK(iota.channelMultiplier == 8);
+  CHECK(iota.multipliers == std::vector<double>{1});
+}
+
+TEST_CASE("toJson round-trips", "[program]") {
+  Program program = Program::parse(fullProgram());
+  std::string once = program.toJson();
+  Program again = Program::parse(once);
+  REQUIRE_NOTHROW(again.verify(trn2()));
+  CHECK(again.toJson() == once);
+  CHECK(again.buffers[3].data == program.buffers[3].data);
+}
+
+TEST_CASE("loadFile reads programs and rejects missing or truncated files",
+          "[program]") {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("neuron-program-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::string text = fullProgram();
+  {
+    std::ofstream(dir / "good.json") << text;
+    std::ofstream(dir / "truncated.json") << text.substr(0, text.size() / 2);
+    std::ofstream(dir / "empty.json");
+  }
+  Program program = Program::loadFile((dir / "good.json").string());
+  CHECK(program.numInstructions() == 6);
+  CHECK(contains(
+      errorOf([&] { Program::loadFile((dir / "truncated.json").string()); }),
+      "malformed"));
+  CHECK(contains(
+      errorOf([&] { Program::loadFile((dir / "empty.json").string()); }),
+      "malformed"));
+  CHECK(contains(
+      errorOf([&] { Program::loadFile((dir / "missing.json").string()); }),
+      "cannot open"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("malformed JSON is an Error", "[program][reject]") {
+  for (const char *text :
+       {"", "{", "null", "[]", "42", "\"x\"", "{\"format\": }", "\xff\xfe{",
+        "{\"format\": \"torchneuron-kernel-program\", \"version\": 1"}) {
+    INFO("text: " << text);
+    std::string message = errorOf([&] { Program::parse(text); });
+    CHECK(!contains(message, "<no error>"));
+    CHECK(!contains(message, "<other exception"));
+  }
+}
+
+TEST_CASE("every prefix and random corruption of a program is handled",
+          "[program][reject]") {
+  std::string text = fullProgram();
+  for (size_t length = 0; length < text.size(); ++length) {
+    std::string message =
+        errorOf([&] { Program::parse(text.substr(0, length)).verify(trn2()); });
+    REQUIRE(!contains(message, "<other exception"));
+    REQUIRE(!contains(message, "<no error>"));
+  }
+  std::mt19937 rng(3);
+  const std::string alphabet = "0123456789-[]{}\",:. abcefx";
+  int accepted = 0;
+  for (int round = 0; round < 3000; ++round) {
+    std::string mutated = text;
+    int edits = 1 + round % 4;
+    for (int e = 0; e < edits; ++e) {
+      size_t at = rng() % mutated.size();
+      mutated[at] = alphabet[rng() % alphabet.size()];
+    }
+    std::string message = errorOf([&] {
+      Program program = Program::parse(mutated);
+      program.verify(trn2());
+    });
+    REQUIRE(!contains(message, "<other exception"));
+    accepted += message == "<no error>";
+  }
+  CHECK(accepted < 3000);
+}
+
+TEST_CASE("format, version and names are checked", "[program][reject]") {
+  std::string good = fullProgram();
+  auto replaced = [&](const std::string &from, const std::string &to) {
+    std::string text = good;
+    size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    return text.replace(at, from.size(), to);
+  };
+  requireRejected(replaced("torchneuron-kernel-program", "other-format"),
+                  "format");
+  requireRejected(replaced("\"version\": 1", "\"version\": 2"),
+                  "unsupported version 2");
+  requireRejected(replaced("\"version\": 1", "\"version\": \"1\""), "version");
+  requireRejected(replaced("\"op\": \"iota\"", "\"op\": \"iota2\""),
+                  "unknown op 'iota2'");
+  requireRejected(replaced("\"engine\": \"gpsimd\"", "\"engine\": \"pool\""),
+                  "unknown engine 'pool'");
+  requireRejected(replaced("\"dtype\": \"bf16\"", "\"dtype\": \"bfloat16\""),
+                  "unknown dtype 'bfloat16'");
+  requireRejected(replaced("\"space\": \"sbuf\"", "\"space\": \"sram\""),
+                  "unknown space 'sram'");
+  requireRejected(replaced("\"kind\": \"output\"", "\"kind\": \"result\""),
+                  "unknown kind 'result'");
+  requireRejected(replaced("\"gelu_tanh\"", "\"swish\""),
+                  "unknown activation function 'swish'");
+  requireRejected(replaced("\"subtract\"", "\"sub\""), "unknown ALU op 'sub'");
+  requireRejected(replaced("\"reverse\": true", "\"reverse\": 1"),
+                  "expected a boolean");
+  requireRejected(replaced("\"scale\": 0.5", "\"scael\": 0.5"),
+                  "unknown field 'scael'");
+  requireRejected(replaced("\"count\": 2", "\"count\": 2.5"),
+                  "expected an integer");
+  requireRejected(replaced("\"count\": 2", "\"count\": 18446744073709551615"),
+                  "out of range");
+  std::string forTrn3 =
+      replaced("\"target\": \"trn2\"", "\"target\": \"trn3\"");
+  CHECK(contains(errorOf([&] { Program::parse(forTrn3).verify(trn2()); }),
+                 "program is for 'trn3', not 'trn2'"));
+}
+
+TEST_CASE("views must stay in bounds on every loop iteration",
+          "[program][reject]") {
+  // Four row-tiles of [1, 8] over a [4, 8] buffer: iv 0..3 fits, 0..4 does
+  // not, and only the last iteration is out of bounds.
+  auto tiled = [](int count, int64_t offset, int64_t coeff) {
+    std::string terms = "[[0, " + std::to_string(coeff) + "]]";
+    return simple(kInOut,
+                  R"({"loop": 0, "count": )" + std::to_string(count) +
+                      R"(, "body": [)" +
+                      copyInOut(view(0, "[1, 8]", "[8, 1]", offset, terms),
+                                view(1, "[1, 8]", "[8, 1]", offset, terms)) +
+                      "]}");
+  };
+  REQUIRE_NOTHROW(Program::parse(tiled(4, 0, 8)).verify(trn2()));
+  requireRejected(tiled(5, 0, 8), "out of bounds");
+  // Descending tiles: offset 24 - 8 * iv is fine for 4 iterations, and goes
+  // below zero on a fifth.
+  REQUIRE_NOTHROW(Program::parse(tiled(4, 24, -8)).verify(trn2()));
+  requireRejected(tiled(5, 24, -8), "out of bounds");
+  // Strides alone can overrun.
+  requireRejected(simple(kInOut, copyInOut(view(0, "[4, 8]", "[9, 1]"),
+                                           view(1, "[4, 8]", "[8, 1]"))),
+                  "out of bounds");
+  // A term naming a loop that does not enclose the instruction.
+  requireRejected(
+      simple(kInOut, copyInOut(view(0, "[1, 8]", "[8, 1]", 0, "[[7, 8]]"),
+                               view(1, "[1, 8]", "[8, 1]"))),
+      "iv 7 is not an enclosing loop");
+  requireRejected(simple(kInOut, copyInOut(view(0, "[4, 8]", "[8, -1]"),
+                                           view(1, "[4, 8]", "[8, 1]"))),
+                  "strides must be >= 0");
+  requireRejected(simple(kInOut, copyInOut(view(9, "[4, 8]", "[8, 1]"),
+                                           view(1, "[4, 8]", "[8, 1]"))),
+                  "no buffer with id 9");
+  // Huge offsets do not overflow the bounds arithmetic.
+  requireRejected(
+      simple(kInOut, R"({"loop": 0, "count": 9000000000000000000, "body": [)" +
+                         copyInOut(view(0, "[1, 8]", "[8, 1]", 0,
+                                        "[[0, 9000000000000000000]]"),
+                                   view(1, "[1, 8]", "[8, 1]")) +
+                         "]}"),
+      "out of bounds");
+}
+
+TEST_CASE("partition dims and on-chip capacity are checked",
+          "[program][reject]") {
+  std::string io = buffer(0, "hbm", "input", "f32", "[129, 8]") + "," +
+                   buffer(1, "hbm", "output", "f32", "[129, 8]");
+  requireRejected(
+      simple(io + "," + buffer(2, "sbuf", "scratch", "f32", "[129, 8]"),
+             copyInOut(view(0, "[129, 8]", "[8, 1]"),
+                       view(1, "[129, 8]", "[8, 1]"))),
+      "partition dim 129");
+  // A view with 129 partitions over a big enough buffer.
+  requireRejected(
+      simple(io + "," + buffer(2, "sbuf", "scratch", "f32", "[128, 16]"),
+             copyInOut(view(0, "[129, 8]", "[8, 1]"),
+                       view(2, "[129, 8]", "[8, 1]"))),
+      "partition dim 129");
+  // Exactly the usable SBUF of trn2 (212728 B = 53182 f32) fits; one more
+  // element does not.
+  auto sbuf = [](int64_t a, int64_t b) {
+    return simple(
+        kInOut + "," +
+            buffer(2, "sbuf", "scratch", "f32",
+                   "[128, " + std::to_string(a) + "]") +
+            "," +
+            buffer(3, "sbuf", "scratch", "bf16",
+                   "[128, " + std::to_string(b) + "]"),
+        copyInOut(view(0, "[4, 8]", "[8, 1]"), view(1, "[4, 8]", "[8, 1]")));
+  };
+  REQUIRE_NOTHROW(Program::parse(sbuf(53000, 364)).verify(trn2()));
+  requireRejected(sbuf(53000, 365), "SBUF scratch needs 212730 bytes");
+  requireRejected(
+      simple(
+          kInOut + "," + buffer(2, "psum", "scratch", "f32", "[128, 4097]"),
+          copyInOut(view(0, "[4, 8]", "[8, 1]"), view(1, "[4, 8]", "[8, 1]"))),
+      "PSUM scratch needs 16388 bytes");
+  requireRejected(
+      simple(
+          kInOut + "," +
+              buffer(2, "hbm", "internal", "f32", "[1000000, 1000000]"),
+          copyInOut(view(0, "[4, 8]", "[8, 1]"), view(1, "[4, 8]", "[8, 1]"))),
+      "HBM buffers need");
+  requireRejected(
+      simple(
+          kInOut + "," +
+              buffer(2, "hbm", "internal", "f32", "[4611686018427387904, 4]"),
+          copyInOut(view(0, "[4, 8]", "[8, 1]"), view(1, "[4, 8]", "[8, 1]"))),
+      "overflows");
+}
+
+TEST_CASE("shape, dtype, space and engine rules are checked",
+          "[program][reject]") {
+  std::string tiles = kInOut + "," +
+                      buffer(2, "sbuf", "scratch", "f32", "[4, 8]") + "," +
+                      buffer(3, "psum", "scratch", "f32", "[4, 8]") + "," +
+                      buffer(4, "sbuf", "scratch", "i32", "[4, 8]");
+  std::string t = view(2, "[4, 8]", "[8, 1]");
+  std::string half = view(2, "[4, 4]", "[8, 1]");
+  requireRejected(simple(tiles, R"({"op": "tensor_tensor", "engine": "vector",
+      "alu_op": "add", "a": )" + t + R"(, "b": )" +
+                                    half + R"(, "dst": )" + t + "}"),
+                  "shape mismatch");
+  requireRejected(simple(tiles, copyInOut(view(0, "[4, 8]", "[8, 1]"), half)),
+                  "shape mismatch");
+  // Compute engines cannot address HBM.
+  requireRejected(simple(tiles, R"({"op": "copy", "engine": "vector",
+      "src": )" + view(0, "[4, 8]", "[8, 1]") +
+                                    R"(, "dst": )" + t + "}"),
+                  "is in hbm");
+  requireRejected(simple(tiles, R"({"op": "copy", "engine": "gpsimd",
+      "src": )" + view(3, "[4, 8]", "[8, 1]") +
+                                    R"(, "dst": )" + t + "}"),
+                  "gpsimd cannot access psum");
+  requireRejected(simple(tiles, R"({"op": "copy", "engine": "tensor",
+      "src": )" + t + R"(, "dst": )" +
+                                    t + "}"),
+                  "cannot issue copy");
+  requireRejected(simple(tiles, R"({"op": "activation", "engine": "vector",
+      "func": "exp", "src": )" + t + R"(, "dst": )" +
+                                    t + "}"),
+                  "cannot issue activation");
+  // Inputs and constants are read-only.
+  requireRejected(simple(tiles, copyInOut(view(1, "[4, 8]", "[8, 1]"),
+                                          view(0, "[4, 8]", "[8, 1]"))),
+                  "read-only");
+  // matmul: K mismatch, dst dtype/space, sizes.
+  requireRejected(simple(tiles, R"({"op": "matmul", "engine": "tensor",
+          "stationary": )" + view(2, "[4, 4]", "[8, 1]") +
+                                    R"(, "moving": )" +
+                                    view(2, "[3, 8]", "[8, 1]") +
+                                    R"(, "dst": )" +
+                                    view(3, "[4, 8]", "[8, 1]") + "}"),
+                  "contraction mismatch");
+  requireRejected(simple(tiles, R"({"op": "matmul", "engine": "tensor",
+          "stationary": )" + view(2, "[4, 4]", "[8, 1]") +
+                                    R"(, "moving": )" +
+                                    view(2, "[4, 8]", "[8, 1]") +
+                                    R"(, "dst": )" +
+                                    view(2, "[4, 8]", "[8, 1]") + "}"),
+                  "f32 psum");
+  std::string big = kInOut + "," +
+                    buffer(2, "sbuf", "scratch", "bf16", "[128, 1024]") + "," +
+                    buffer(3, "psum", "scratch", "f32", "[128, 1024]");
+  std::string bigMatmul = R"({"op": "matmul", "engine": "tensor",
+      "stationary": )" + view(2, "[128, 128]", "[1024, 1]") +
+                          R"(, "moving": )" +
+                          view(2, "[128, 1024]", "[1024, 1]") + R"(, "dst": )" +
+                          view(3, "[128, 1024]", "[1024, 1]") + "}";
+  requireRejected(simple(big, bigMatmul), "moving free size 1024 exceeds 512");
+  // trn3's PE array writes up to 4096 fp32 columns per matmul.
+  REQUIRE_NOTHROW(Program::parse(programJson(big, "0", "1", bigMatmul, "trn3"))
+                      .verify(neuron::target::getTarget("trn3")));
+  // Gather indices must be integers.
+  requireRejected(simple(tiles, R"({"op": "dma_gather", "engine": "gpsimd",
+      "table": )" + view(0, "[4, 8]", "[8, 1]") +
+                                    R"(, "indices": )" +
+                                    view(2, "[4, 1]", "[8, 1]") +
+                                    R"(, "dst": )" + t + "}"),
+                  "integer dtype");
+  // tensor_scalar needs exactly one scalar source.
+  requireRejected(simple(tiles, R"({"op": "tensor_scalar", "engine": "vector",
+      "alu_op": "add", "src": )" + t +
+                                    R"(, "dst": )" + t + "}"),
+                  "exactly one of 'scalar' and 'imm'");
+  requireRejected(simple(tiles, R"({"op": "tensor_scalar", "engine": "vector",
+      "alu_op": "add", "imm": 1, "src": )" +
+                                    t + R"(, "dst": )" + t + R"(, "scalar": )" +
+                                    view(2, "[4, 1]", "[8, 1]") + "}"),
+                  "exactly one of 'scalar' and 'imm'");
+  requireRejected(simple(tiles, R"({"op": "tensor_scalar", "engine": "vector",
+      "alu_op": "add", "src": )" + t +
+                                    R"(, "dst": )" + t + R"(, "scalar": )" +
+                                    view(2, "[4, 2]", "[8, 1]") + "}"),
+                  "'scalar' must be [4, 1]");
+  requireRejected(simple(tiles, R"({"op": "tensor_reduce", "engine": "vector",
+      "alu_op": "subtract", "src": )" +
+                                    t + R"(, "dst": )" +
+                                    view(2, "[4, 1]", "[8, 1]") + "}"),
+                  "not a reduction");
+  requireRejected(simple(tiles, R"({"op": "iota", "engine": "gpsimd",
+      "multipliers": [1, 2], "dst": )" +
+                                    t + "}"),
+                  "'multipliers' has 2 entries");
+  requireRejected(simple(tiles, R"({"op": "memset", "engine": "vector",
+      "dst": )" + t + "}"),
+                  "missing field 'value'");
+  requireRejected(simple(tiles, R"({"op": "memset", "engine": "vector",
+      "value": 0, "loc": 3, "dst": )" +
+                                    t + "}"),
+                  "past the 0 locations");
+}
+
+TEST_CASE("buffers, arguments and loops are checked", "[program][reject]") {
+  std::string copy =
+      copyInOut(view(0, "[4, 8]", "[8, 1]"), view(1, "[4, 8]", "[8, 1]"));
+  requireRejected(
+      simple(kInOut + "," + buffer(1, "hbm", "internal", "f32", "[2]"), copy),
+      "duplicate buffer id");
+  requireRejected(simple(kInOut, copy, "1", "0"), "expected input");
+  requireRejected(simple(kInOut, copy, "", "1"), "is not listed");
+  requireRejected(simple(kInOut, copy, "0, 0", "1"), "listed twice");
+  requireRejected(
+      simple(kInOut + "," + buffer(2, "sbuf", "internal", "f32", "[4, 8]"),
+             copy),
+      "cannot live in sbuf");
+  requireRejected(simple(kInOut + "," +
+                             buffer(2, "hbm", "constant", "f32", "[4]",
+                                    R"(, "data": "AAAA")"),
+                         copy),
+                  "3 bytes, expected 16");
+  requireRejected(simple(kInOut + "," +
+                             buffer(2, "hbm", "constant", "f32", "[4]",
+                                    R"(, "data": "A!==")"),
+                         copy),
+                  "invalid base64");
+  requireRejected(
+      simple(kInOut + "," + buffer(2, "hbm", "constant", "f32", "[4]"), copy),
+      "exactly one of 'data' and 'splat'");
+  requireRejected(
+      simple(kInOut + "," + buffer(2, "hbm", "internal", "f32", "[0, 4]"),
+             copy),
+      "dimensions must be >= 1");
+  // Loops: a reused iv in a nested loop, a duplicate id, a zero count.
+  requireRejected(simple(kInOut, R"({"loop": 0, "count": 2, "body": [
+                      {"loop": 0, "count": 2, "body": [)" +
+                                     copy + "]}]}"),
+                  "already used by an enclosing loop");
+  requireRejected(
+      simple(kInOut, R"({"loop": 0, "count": 1, "body": [)" + copy +
+                         R"(]}, {"loop": 0, "count": 1, "body": [)" + copy +
+                         "]}"),
+      "not unique");
+  requireRejected(simple(kInOut, R"({"loop": 0, "count": 0, "body": []})"),
+                  "must be >= 1");
+  // Deep nesting is refused without exhausting the stack.
+  std::string deep;
+  for (int i = 0; i < 5000; ++i)
+    deep += R"({"loop": )" + std::to_string(i) + R"(, "count": 1, "body": [)";
+  deep += copy;
+  for (int i = 0; i < 5000; ++i)
+    deep += "]}";
+  requireRejected(simple(kInOut, deep), "nested deeper than");
+}
+
+TEST_CASE("programs built in memory are verified too", "[program]") {
+  Program program = Program::parse(fullProgram());
+  REQUIRE_NOTHROW(program.verify(trn2()));
+  Instruction &copy = program.body.back().inst;
+  copy.src.reset();
+  CHECK(contains(errorOf([&] { program.verify(trn2()); }),
+                 "missing operand 'src'"));
+  copy.src = copy.dst;
+  copy.table = copy.dst;
+  CHECK(contains(errorOf([&] { program.verify(trn2()); }),
+                 "unexpected operand 'table'"));
+}

@@ -1,0 +1,123 @@
+//===- TestUtil.h - Helpers for runtime unit tests --------------*- C++ -*-===//
+
+#ifndef NEURON_TESTS_UNIT_TESTUTIL_H
+#define NEURON_TESTS_UNIT_TESTUTIL_H
+
+#include "runtime/exec/Executor.h"
+#include "runtime/exec/Numerics.h"
+#include "runtime/program/Program.h"
+#include "runtime/target/Target.h"
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace neuron::test {
+
+/// Runs fn and returns the message of the neuron::runtime::Error it throws,
+/// "<no error>" if it returns normally, or "<other exception: ...>" for any
+/// other exception type (which tests treat as a failure).
+template <typename Fn> std::string errorOf(Fn &&fn) {
+  try {
+    fn();
+  } catch (const neuron::runtime::Error &e) {
+    return e.what();
+  } catch (const std::exception &e) {
+    return std::string("<other exception: ") + e.what() + ">";
+  } catch (...) {
+    return "<other exception>";
+  }
+  return "<no error>";
+}
+
+inline bool contains(const std::string &text, const std::string &part) {
+  return text.find(part) != std::string::npos;
+}
+
+/// Wraps buffers/inputs/outputs/body (JSON fragments) into a program.
+inline std::string programJson(const std::string &buffers,
+                               const std::string &inputs,
+                               const std::string &outputs,
+                               const std::string &body,
+                               const std::string &target = "trn2",
+                               const std::string &locations = "[]") {
+  return R"({"format": "torchneuron-kernel-program", "version": 1,
+             "name": "test", "target": ")" +
+         target + R"(", "buffers": [)" + buffers + R"(], "inputs": [)" +
+         inputs + R"(], "outputs": [)" + outputs + R"(], "locations": )" +
+         locations + R"(, "body": [)" + body + "]}";
+}
+
+/// A view JSON fragment: {"buf": b, "offset": {...}, "shape": s,
+/// "strides": t}. `terms` is a JSON array of [iv, coeff] pairs.
+inline std::string view(int buf, const std::string &shape,
+                        const std::string &strides, int64_t offset = 0,
+                        const std::string &terms = "[]") {
+  return R"({"buf": )" + std::to_string(buf) + R"(, "offset": {"const": )" +
+         std::to_string(offset) + R"(, "terms": )" + terms + R"(}, "shape": )" +
+         shape + R"(, "strides": )" + strides + "}";
+}
+
+inline std::string buffer(int id, const std::string &space,
+                          const std::string &kind, const std::string &dtype,
+                          const std::string &shape,
+                          const std::string &extra = "") {
+  return R"({"id": )" + std::to_string(id) + R"(, "name": "b)" +
+         std::to_string(id) + R"(", "space": ")" + space + R"(", "kind": ")" +
+         kind + R"(", "dtype": ")" + dtype + R"(", "shape": )" + shape + extra +
+         "}";
+}
+
+inline std::string base64(const void *data, size_t size) {
+  static const char chars[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const auto *bytes = static_cast<const uint8_t *>(data);
+  std::string out;
+  for (size_t i = 0; i < size; i += 3) {
+    uint32_t word = bytes[i] << 16;
+    if (i + 1 < size)
+      word |= bytes[i + 1] << 8;
+    if (i + 2 < size)
+      word |= bytes[i + 2];
+    out += chars[(word >> 18) & 63];
+    out += chars[(word >> 12) & 63];
+    out += i + 1 < size ? chars[(word >> 6) & 63] : '=';
+    out += i + 2 < size ? chars[word & 63] : '=';
+  }
+  return out;
+}
+
+template <typename T>
+neuron::runtime::HostTensor host(std::vector<T> &data,
+                                 neuron::runtime::DType dtype,
+                                 std::vector<int64_t> shape) {
+  return neuron::runtime::HostTensor{data.data(), dtype, std::move(shape)};
+}
+
+inline std::vector<uint16_t> toBf16(const std::vector<float> &values) {
+  std::vector<uint16_t> out;
+  for (float v : values)
+    out.push_back(neuron::runtime::f32ToBf16Bits(v));
+  return out;
+}
+
+inline const neuron::target::Target &trn2() {
+  return neuron::target::getTarget("trn2");
+}
+
+/// Parses, verifies and runs a program once.
+inline void
+runProgram(const std::string &json,
+           const std::vector<neuron::runtime::HostTensor> &inputs,
+           const std::vector<neuron::runtime::HostTensor> &outputs) {
+  neuron::runtime::Program program = neuron::runtime::Program::parse(json);
+  neuron::runtime::Executor executor(program,
+                                     neuron::target::getTarget(program.target));
+  executor.run(inputs, outputs);
+}
+
+} // namespace neuron::test
+
+#endif // NEURON_TESTS_UNIT_TESTUTIL_H
