@@ -65,14 +65,18 @@ public:
   // --- what handlers use ---------------------------------------------------
   const json &arg(size_t i) const {
     static const json null;
-    const json &args = (*node)["args"];
-    return i < args.size() ? args[i] : null;
+    auto args = node->find("args");
+    if (args == node->end() || !args->is_array())
+      return null;
+    return i < args->size() ? (*args)[i] : null;
   }
   const json &kwarg(const char *name) const {
     static const json null;
-    const json &kwargs = (*node)["kwargs"];
-    auto it = kwargs.find(name);
-    return it == kwargs.end() ? null : *it;
+    auto kwargs = node->find("kwargs");
+    if (kwargs == node->end() || !kwargs->is_object())
+      return null;
+    auto it = kwargs->find(name);
+    return it == kwargs->end() ? null : *it;
   }
   /// Positional argument i, or keyword `name`.
   const json &param(size_t i, const char *name) const {
@@ -96,11 +100,11 @@ public:
     return out;
   }
   RankedTensorType resultType(size_t i = 0);
-  size_t numResults() const { return (*node)["outputs"].size(); }
+  size_t numResults() const { return node->value("outputs", json::array()).size(); }
   Location loc() const { return currentLoc; }
   /// Whether any node or the graph output reads result `index` of the node.
   bool isUsed(int64_t index) const {
-    return used.count({(*node)["name"].get<std::string>(), index}) != 0;
+    return used.count({node->at("name").get<std::string>(), index}) != 0;
   }
 
   Type elementType(const std::string &dtype) const;
@@ -141,7 +145,7 @@ private:
   std::set<std::pair<std::string, int64_t>> used;
   void collectUses(const json &v) {
     if (v.is_object() && v.contains("ref"))
-      used.insert({v["ref"].get<std::string>(), v.value("index", 0)});
+      used.insert({v.at("ref").get<std::string>(), v.value("index", 0)});
     else if (v.is_array() || v.is_object())
       for (const json &e : v)
         collectUses(e);
@@ -151,6 +155,23 @@ private:
 //===----------------------------------------------------------------------===//
 // Argument decoding
 //===----------------------------------------------------------------------===//
+
+/// A tensor shape from the document: non-negative sizes whose product fits
+/// comfortably in memory arithmetic.
+SmallVector<int64_t> shapeOf(const json &v) {
+  require(v.is_array(), "shape must be a list");
+  SmallVector<int64_t> shape;
+  int64_t elements = 1;
+  for (const json &d : v) {
+    require(d.is_number_integer() && d.get<int64_t>() >= 0,
+            "shape sizes must be non-negative integers");
+    shape.push_back(d.get<int64_t>());
+    require(shape.back() == 0 || elements <= (int64_t(1) << 40) / shape.back(),
+            "tensor too large for the device");
+    elements *= shape.back();
+  }
+  return shape;
+}
 
 Type Importer::elementType(const std::string &dtype) const {
   MLIRContext *c = const_cast<MLIRContext *>(&ctx);
@@ -175,7 +196,7 @@ Type Importer::elementType(const std::string &dtype) const {
 
 Value Importer::tensor(const json &v) {
   require(isTensor(v), "expected a tensor argument");
-  std::string name = v["ref"].get<std::string>();
+  std::string name = v.at("ref").get<std::string>();
   int64_t index = v.value("index", 0);
   auto it = values.find({name, index});
   if (it == values.end())
@@ -191,7 +212,7 @@ double Importer::number(const json &v) const {
   if (v.is_boolean())
     return v.get<bool>() ? 1.0 : 0.0;
   if (v.is_object() && v.contains("float")) {
-    std::string s = v["float"].get<std::string>();
+    std::string s = v.at("float").get<std::string>();
     if (s == "inf")
       return INFINITY;
     if (s == "-inf")
@@ -203,13 +224,13 @@ double Importer::number(const json &v) const {
 }
 
 RankedTensorType Importer::resultType(size_t i) {
-  const json &outs = (*node)["outputs"];
+  const json &outs = node->at("outputs");
   require(i < outs.size(), "node lacks result metadata");
-  const json &o = outs[i];
-  require(o.contains("shape") && o.contains("dtype"),
+  const json &o = outs.at(i);
+  require(o.is_object() && o.contains("shape") && o.contains("dtype"),
           "node result is not a tensor");
-  return RankedTensorType::get(o["shape"].get<std::vector<int64_t>>(),
-                               elementType(o["dtype"].get<std::string>()));
+  return RankedTensorType::get(shapeOf(o.at("shape")),
+                               elementType(o.at("dtype").get<std::string>()));
 }
 
 //===----------------------------------------------------------------------===//
@@ -405,11 +426,11 @@ void Importer::placeholders(const json &n) {
 }
 
 Value Importer::importConstant(const json &c) {
-  auto type = RankedTensorType::get(c["shape"].get<std::vector<int64_t>>(),
-                                    elementType(c["dtype"].get<std::string>()));
+  auto type = RankedTensorType::get(shapeOf(c.at("shape")),
+                                    elementType(c.at("dtype").get<std::string>()));
   std::vector<char> bytes;
-  if (auto err = llvm::decodeBase64(c["data"].get<std::string>(), bytes))
-    unsupported("constant '" + c["name"].get<std::string>() +
+  if (auto err = llvm::decodeBase64(c.at("data").get<std::string>(), bytes))
+    unsupported("constant '" + c.at("name").get<std::string>() +
                 "' has corrupt data: " + llvm::toString(std::move(err)));
   DenseElementsAttr attr;
   int64_t n = type.getNumElements();
@@ -478,7 +499,7 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
   for (const json &in : doc.at("inputs")) {
     try {
       inputTypes.push_back(RankedTensorType::get(
-          in.at("shape").get<std::vector<int64_t>>(),
+          shapeOf(in.at("shape")),
           elementType(in.at("dtype").get<std::string>())));
     } catch (const Unsupported &u) {
       failures[""] = "input '" + in.at("name").get<std::string>() +
