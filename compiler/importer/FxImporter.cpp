@@ -617,6 +617,27 @@ Values reduceHandler(Importer &im, ReduceFn fn) {
   return {im.reduce(fn, im.castTo(x, elt), dims, keepdim)};
 }
 
+/// any/all: a max/min reduction of the values as 0/1, compared with 0.
+Values anyAllHandler(Importer &im, bool isAny) {
+  Value x = im.tensor(im.arg(0));
+  RankedTensorType out = im.resultType();
+  const json &dimArg = im.param(1, "dim");
+  std::vector<int64_t> dims = dimArg.is_null() ? std::vector<int64_t>{}
+                                               : im.ints(dimArg);
+  const json &keep = im.param(2, "keepdim");
+  auto xt = cast<RankedTensorType>(x.getType());
+  Value flags = x;
+  if (!xt.getElementType().isInteger(1))
+    flags = im.binary(BinaryFn::ne, x,
+                      im.splat(0.0, xt), xt.clone(im.b.getI1Type()));
+  Value values = im.castTo(flags, im.b.getF32Type());
+  Value r = im.reduce(isAny ? ReduceFn::max : ReduceFn::min, values, dims,
+                      keep.is_boolean() && keep.get<bool>());
+  auto rt = cast<RankedTensorType>(r.getType());
+  require(rt.getShape() == out.getShape(), "unexpected any/all result shape");
+  return {im.binary(BinaryFn::ne, r, im.splat(0.0, rt), out)};
+}
+
 Values meanHandler(Importer &im) {
   Value x = im.tensor(im.arg(0));
   RankedTensorType out = im.resultType();
@@ -1199,6 +1220,10 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.prod.dim_int"] = [](Importer &im) {
       return reduceHandler(im, ReduceFn::prod);
     };
+    for (const char *name : {"aten.any.dim", "aten.any.dims", "aten.any.default"})
+      t[name] = [](Importer &im) { return anyAllHandler(im, true); };
+    for (const char *name : {"aten.all.dim", "aten.all.dims", "aten.all.default"})
+      t[name] = [](Importer &im) { return anyAllHandler(im, false); };
     t["aten.mean.dim"] = meanHandler;
     t["aten.mean.default"] = meanHandler;
     t["aten.var.correction"] = [](Importer &im) {
