@@ -164,6 +164,14 @@ neuron::compiler::compileFxGraph(const std::string &document,
                    file + "\n";
     return result;
   }
+  if (!options.dumpDir.empty()) {
+    llvm::SmallString<256> path(options.dumpDir);
+    llvm::sys::path::append(path, "04-program.json");
+    std::error_code ec;
+    llvm::raw_fd_ostream os(path, ec);
+    if (!ec)
+      os << *program << "\n";
+  }
   result.ok = true;
   result.program = std::move(*program);
   return result;

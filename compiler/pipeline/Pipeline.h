@@ -9,7 +9,8 @@ namespace neuron::compiler {
 
 struct CompileOptions {
   std::string target = "trn2";
-  /// When set, every stage writes its module here as NN-<stage>.mlir.
+  /// When set, every stage writes its module here as NN-<stage>.mlir, and
+  /// the emitted program as 04-program.json.
   std::string dumpDir;
 };
 

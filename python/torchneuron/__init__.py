@@ -1,0 +1,69 @@
+"""TorchNeuron: a PyTorch compiler backend for AWS Trainium, on MLIR.
+
+    torch.compile(model, backend="neuron")        # no import of torchneuron needed
+    torchneuron.set_default_backend("neuron")     # then: model.compile()
+
+Importing this package has no side effects: it neither imports ``torch._dynamo`` nor the C++
+extension, and it does not change ``torch.compile``'s default backend.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torchneuron._stats import STATS as _STATS
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__version__ = "0.1.0"
+__all__ = ["neuron_backend", "reset_stats", "set_default_backend", "stats"]
+
+
+def stats() -> dict[str, Any]:
+    """A copy of the process-wide counters:
+
+    - ``graphs_compiled``: device kernels compiled (one per device region of each ATen graph,
+      and per specialization of a graph with symbolic sizes)
+    - ``ops_on_device``: ATen operator nodes placed in device regions, counted once per compile
+    - ``ops_fallback``: ``{"aten.op.overload": n}`` for operator nodes left to eager PyTorch,
+      counted once per compile (``TORCHNEURON_VERBOSE=1`` says which, why and where)
+    - ``kernels_run``: device kernel calls
+    - ``recompiles``: compiles of a graph with symbolic sizes after its first one
+    - ``compile_seconds``: wall time spent compiling ATen graphs
+    """
+    return _STATS.snapshot()
+
+
+def reset_stats() -> None:
+    """Set every counter of :func:`stats` back to zero."""
+    _STATS.reset()
+
+
+def set_default_backend(name: str | Callable[..., Any] | None = "neuron") -> None:
+    """Make ``name`` the backend of ``torch.compile`` / ``nn.Module.compile`` calls that do not
+    pass ``backend=``; ``None`` restores Inductor. An explicit ``backend=`` still wins.
+
+    Feature-detected: uses ``torch.compiler.set_default_backend`` when torch has it (torch 2.13
+    does); on older torch it sets ``torch.compile.__kwdefaults__["backend"]``, which
+    ``nn.Module.compile`` also reads since it calls ``torch.compile`` at call time.
+    Nothing calls this on import.
+    """
+    import torch
+
+    setter = getattr(torch.compiler, "set_default_backend", None)
+    if setter is not None:
+        setter(name)
+        return
+    defaults = torch.compile.__kwdefaults__
+    if defaults is None or "backend" not in defaults:
+        raise RuntimeError("this torch has no way to change torch.compile's default backend")
+    defaults["backend"] = "inductor" if name is None else name
+
+
+def __getattr__(name: str) -> Any:
+    if name == "neuron_backend":  # imported on use: it brings in torch._dynamo
+        from torchneuron.backend import neuron_backend
+
+        return neuron_backend
+    raise AttributeError(f"module 'torchneuron' has no attribute {name!r}")

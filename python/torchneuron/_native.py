@@ -1,0 +1,48 @@
+"""Lazy access to the C++ extension ``torchneuron._C``.
+
+The extension is imported on first use, not when ``torchneuron`` is imported, so the pure-Python
+parts (serializer, partitioner, stats) work without it. Its API, as this package uses it:
+
+- ``targets() -> list[str]``
+- ``check_graph(graph_json: str) -> dict[str, str]``: node name -> why it cannot be lowered
+- ``compile_graph(graph_json: str, target: str, dump_dir: str = "") -> Kernel``
+- ``Kernel.input_specs`` / ``Kernel.output_specs``: ``list[tuple[str, list[int]]]`` (dtype name
+  as in docs/FX_GRAPH_FORMAT.md, shape)
+- ``Kernel.run(inputs, outputs)``: each a list of ``(data_ptr, dtype_name, shape)``
+- ``CompileError``: raised for compile failures, message naming the user's Python line
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Protocol
+
+__all__ = ["Kernel", "native"]
+
+TensorSpec = tuple[str, list[int]]
+BufferArg = tuple[int, str, list[int]]
+
+
+class Kernel(Protocol):
+    """A compiled device program (``torchneuron._C.Kernel``)."""
+
+    @property
+    def input_specs(self) -> Sequence[TensorSpec]: ...
+
+    @property
+    def output_specs(self) -> Sequence[TensorSpec]: ...
+
+    def run(self, inputs: list[BufferArg], outputs: list[BufferArg]) -> None: ...
+
+
+def native() -> ModuleType:
+    """Return ``torchneuron._C``, importing it on first use."""
+    try:
+        return importlib.import_module("torchneuron._C")
+    except ImportError as e:
+        raise ImportError(
+            "torchneuron._C, the C++ extension, is not available "
+            f"({e}); build and install it with scripts/setup.sh"
+        ) from e

@@ -1,0 +1,61 @@
+"""Process-wide counters behind :func:`torchneuron.stats`."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["STATS", "Stats"]
+
+
+@dataclass
+class Stats:
+    graphs_compiled: int = 0
+    ops_on_device: int = 0
+    ops_fallback: Counter[str] = field(default_factory=Counter)
+    kernels_run: int = 0
+    recompiles: int = 0
+    compile_seconds: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "graphs_compiled": self.graphs_compiled,
+                "ops_on_device": self.ops_on_device,
+                "ops_fallback": dict(self.ops_fallback),
+                "kernels_run": self.kernels_run,
+                "recompiles": self.recompiles,
+                "compile_seconds": self.compile_seconds,
+            }
+
+    def reset(self) -> None:
+        with self.lock:
+            self.graphs_compiled = 0
+            self.ops_on_device = 0
+            self.ops_fallback = Counter()
+            self.kernels_run = 0
+            self.recompiles = 0
+            self.compile_seconds = 0.0
+
+    def record_compile(
+        self, *, graphs: int, ops_on_device: int, fallback: list[str], seconds: float
+    ) -> None:
+        with self.lock:
+            self.graphs_compiled += graphs
+            self.ops_on_device += ops_on_device
+            self.ops_fallback.update(fallback)
+            self.compile_seconds += seconds
+
+    def record_kernel_run(self) -> None:
+        with self.lock:
+            self.kernels_run += 1
+
+    def record_recompile(self) -> None:
+        with self.lock:
+            self.recompiles += 1
+
+
+STATS = Stats()

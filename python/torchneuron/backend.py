@@ -1,0 +1,217 @@
+"""The ``neuron`` torch.compile backend.
+
+Registered through the ``torch_dynamo_backends`` entry point, so ``torch.compile(m,
+backend="neuron")`` works without importing this package. Dynamo's graph goes through
+``aot_autograd`` (forward, backward and inference graphs, decomposed to the ATen ops the
+importer lowers); each ATen graph is split into device regions and eager PyTorch
+(:mod:`torchneuron.partition`), and each device region is compiled into one kernel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from torchneuron import config, fx_json, partition, specialize
+from torchneuron._native import Kernel, native
+from torchneuron._stats import STATS
+from torchneuron.decompositions import math_attention, neuron_decompositions
+from torchneuron.kernel import DeviceKernel
+
+__all__ = ["SpecializingGraph", "build_graph", "compile_aten_graph", "neuron_backend"]
+
+log = logging.getLogger("torchneuron")
+
+_graph_ids = itertools.count()
+
+
+def neuron_backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
+) -> Callable[..., Any]:
+    """``torch.compile`` backend: ``torch.compile(model, backend="neuron", options=...)``.
+
+    ``options={"target": "trn2" | "trn3"}`` picks the chip (default ``trn2``, or
+    ``$TORCHNEURON_TARGET``). ``mode`` is accepted and has no effect.
+    """
+    from torch._dynamo.backends.common import aot_autograd
+
+    options = kwargs.get("options") or {}
+    unknown = sorted(set(options) - config.KNOWN_OPTIONS)
+    if unknown:
+        warnings.warn(
+            f"torchneuron ignores unknown options {unknown}; "
+            f"known options: {sorted(config.KNOWN_OPTIONS)}",
+            stacklevel=2,
+        )
+    target = config.resolve_target(options)
+    dump = config.dump_dir(options)
+
+    def neuron_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        return compile_aten_graph(gm, example_inputs, target=target, dump=dump)
+
+    aot = aot_autograd(
+        fw_compiler=neuron_compiler,
+        bw_compiler=neuron_compiler,
+        inference_compiler=neuron_compiler,
+        decompositions=neuron_decompositions(),
+    )
+    with math_attention():  # forward and backward graphs are traced in this call
+        return aot(gm, example_inputs)
+
+
+def compile_aten_graph(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    target: str,
+    dump: Path | None = None,
+) -> Callable[[list[Any]], Any]:
+    """The AOT compiler: a boxed callable running ``gm`` with its device regions compiled.
+
+    Static graphs compile now; graphs with symbolic sizes compile once per tuple of sizes
+    they are called with (:class:`SpecializingGraph`)."""
+    from functorch.compile import make_boxed_func  # type: ignore[import-untyped]
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    del example_inputs  # node.meta["val"] has everything the compiler needs
+    runner: Callable[..., Any]
+    if specialize.is_static(gm):
+        with unset_fake_temporarily():  # AOT calls compilers inside its fake mode
+            runner = build_graph(gm, target, dump)
+    else:
+        runner = SpecializingGraph(gm, target, dump)
+
+    def run(*args: Any) -> Any:
+        return runner(*args)
+
+    boxed: Callable[[list[Any]], Any] = make_boxed_func(run)
+    return boxed
+
+
+def build_graph(
+    gm: torch.fx.GraphModule, target: str, dump: Path | None = None
+) -> torch.fx.GraphModule:
+    """A copy of a static ``gm`` whose device regions are compiled :class:`DeviceKernel`\\ s."""
+    start = time.perf_counter()
+    work = specialize.copy_graph_module(gm)
+    unsupported = partition.find_unsupported(work, name=f"check_{next(_graph_ids)}")
+    result = partition.partition_graph(work, unsupported)
+    for name in result.device_submodules:
+        sub = work.get_submodule(name)
+        assert isinstance(sub, torch.fx.GraphModule)
+        try:
+            doc = fx_json.serialize_graph(sub, name=f"graph_{next(_graph_ids)}")
+        except fx_json.UnsupportedNodeError as e:
+            raise RuntimeError(
+                f"torchneuron internal error: device region {name} passed the check but "
+                f"cannot be serialized: {e}"
+            ) from e
+        kernel = _compile_document(doc, target, dump)
+        returns_tuple = isinstance(sub.graph.output_node().args[0], (tuple, list))
+        setattr(work, name, DeviceKernel(kernel, doc["name"], returns_tuple))
+    _report_fallback(result.fallback)
+    STATS.record_compile(
+        graphs=len(result.device_submodules),
+        ops_on_device=result.ops_on_device,
+        fallback=[f.target for f in result.fallback],
+        seconds=time.perf_counter() - start,
+    )
+    return work
+
+
+class SpecializingGraph:
+    """Runs a graph with symbolic sizes: one compiled graph per tuple of concrete sizes."""
+
+    def __init__(self, gm: torch.fx.GraphModule, target: str, dump: Path | None = None) -> None:
+        self.gm = gm
+        self.target = target
+        self.dump = dump
+        self.cache: dict[object, Callable[..., Any]] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        key = specialize.size_key(args)
+        compiled = self.cache.get(key)
+        if compiled is None:
+            compiled = self._compile(args)
+            self.cache[key] = compiled
+        return compiled(*args)
+
+    def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
+        if self.cache:
+            STATS.record_recompile()
+        start = time.perf_counter()
+        try:
+            specialized = specialize.specialize(self.gm, args)
+        except Exception as e:  # the graph itself stays valid: run all of it in eager PyTorch
+            first_line = (str(e).strip().splitlines() or [""])[0]
+            reason = f"shapes could not be specialized ({type(e).__name__}: {first_line})"
+            fallback = [
+                partition.FallbackNode(n.name, partition.op_name(n.target), reason, None)
+                for n in self.gm.graph.nodes
+                if partition.is_op(n)
+            ]
+            _report_fallback(fallback)
+            STATS.record_compile(
+                graphs=0,
+                ops_on_device=0,
+                fallback=[f.target for f in fallback],
+                seconds=time.perf_counter() - start,
+            )
+            return self.gm
+        return build_graph(specialized, self.target, self.dump)
+
+
+def _compile_document(doc: dict[str, Any], target: str, dump: Path | None) -> Kernel:
+    text = fx_json.to_json(doc)
+    saved: Path | None = None
+    stages = ""
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+        saved = dump / f"{doc['name']}.json"
+        saved.write_text(fx_json.to_json(doc, indent=1))
+        stages = str(dump / doc["name"])
+    c = native()
+    # DeviceError (when the extension has it): the compiled program failed to load.
+    errors = tuple(getattr(c, n) for n in ("CompileError", "DeviceError") if hasattr(c, n))
+    try:
+        kernel: Kernel = c.compile_graph(text, target, stages)
+        return kernel
+    except errors as e:
+        if saved is None:
+            saved = Path(tempfile.mkdtemp(prefix="torchneuron-")) / f"{doc['name']}.json"
+            saved.write_text(fx_json.to_json(doc, indent=1))
+        note = (
+            f"torchneuron: the graph is saved in {saved}; reproduce without Python with "
+            f"`neuron-translate --import-fx {saved}` (target {target})"
+        )
+        # Dynamo reports only str(error) (it raises BackendCompilerFailed from None), so the
+        # note goes into the message of an error of the same type.
+        try:
+            error = type(e)(f"{e}\n{note}")
+        except Exception:
+            e.add_note(note)
+            raise e from None
+        raise error from e
+
+
+def _report_fallback(fallback: Sequence[partition.FallbackNode]) -> None:
+    if not fallback:
+        return
+    message = "\n".join(
+        [f"torchneuron: {len(fallback)} op(s) run in eager PyTorch:"]
+        + [f"  {f.describe()}" for f in fallback]
+    )
+    if config.verbose() and not log.isEnabledFor(logging.INFO):
+        print(message, file=sys.stderr)
+    else:
+        log.info(message)

@@ -1,0 +1,73 @@
+"""Backend configuration: target chip and diagnostics, from ``options=`` and the environment.
+
+- ``TORCHNEURON_TARGET``: target chip (``trn2`` by default); ``torch.compile(...,
+  options={"target": ...})`` wins over it.
+- ``TORCHNEURON_VERBOSE=1``: print which ops fell back to eager PyTorch, why, and where
+  (the same messages go to the ``torchneuron`` logger at INFO level).
+- ``TORCHNEURON_DUMP_DIR`` (or ``options={"dump_dir": ...}``, which wins): write every FX graph
+  document sent to the compiler into this folder, and every compiler stage of graph ``<name>``
+  (``00-import.mlir`` ... ``03-cleanup.mlir``) into ``<name>/`` beside it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "DUMP_ENV",
+    "KNOWN_OPTIONS",
+    "TARGET_ENV",
+    "VERBOSE_ENV",
+    "available_targets",
+    "dump_dir",
+    "resolve_target",
+    "verbose",
+]
+
+DEFAULT_TARGET = "trn2"
+TARGET_ENV = "TORCHNEURON_TARGET"
+VERBOSE_ENV = "TORCHNEURON_VERBOSE"
+DUMP_ENV = "TORCHNEURON_DUMP_DIR"
+
+#: Keys of ``torch.compile(options=...)`` the backend understands.
+KNOWN_OPTIONS = frozenset({"target", "dump_dir"})
+
+
+def available_targets() -> list[str]:
+    """Target names the compiler knows (``torchneuron._C.targets()``)."""
+    from torchneuron._native import native
+
+    return [str(t) for t in native().targets()]
+
+
+def resolve_target(options: Mapping[str, object] | None = None) -> str:
+    """The target for one compile: ``options["target"]``, else ``$TORCHNEURON_TARGET``, else
+    ``trn2``. Raises ``ValueError`` naming the valid targets when the name is unknown."""
+    requested: object = None
+    source = "default"
+    if options is not None and options.get("target") is not None:
+        requested, source = options["target"], 'options["target"]'
+    elif os.environ.get(TARGET_ENV):
+        requested, source = os.environ[TARGET_ENV], TARGET_ENV
+    target = DEFAULT_TARGET if requested is None else requested
+    valid = available_targets()
+    if not isinstance(target, str) or target not in valid:
+        raise ValueError(
+            f"unknown torchneuron target {target!r} (from {source}); "
+            f"valid targets: {', '.join(valid)}"
+        )
+    return target
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def dump_dir(options: Mapping[str, object] | None = None) -> Path | None:
+    """Where to dump documents and compiler stages: ``options["dump_dir"]``, else
+    ``$TORCHNEURON_DUMP_DIR``, else nowhere."""
+    value = (options or {}).get("dump_dir") or os.environ.get(DUMP_ENV)
+    return Path(str(value)) if value else None

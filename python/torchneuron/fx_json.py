@@ -1,0 +1,454 @@
+"""Write an ATen-level FX graph as the FX graph document (docs/FX_GRAPH_FORMAT.md, version 1).
+
+The document is the only thing the C++ importer sees. Every size in it is concrete: graphs with
+symbolic shapes are specialized first (:mod:`torchneuron.specialize`).
+
+Anything the format cannot express raises :class:`UnsupportedNodeError`; the partitioner keeps
+such nodes in eager PyTorch.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import operator
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.fx
+
+__all__ = [
+    "DTYPE_NAMES",
+    "FORMAT",
+    "SCALAR_TARGETS",
+    "VERSION",
+    "UnsupportedNodeError",
+    "concrete_scalar",
+    "constant_entry",
+    "dtype_from_name",
+    "fetch_attr",
+    "serialize_graph",
+    "serialize_graph_lenient",
+    "source_location",
+    "tensor_from_constant",
+    "tensor_spec",
+    "to_json",
+]
+
+FORMAT = "torchneuron-fx-graph"
+VERSION = 1
+
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+_DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+
+# Scalar helpers that Dynamo and AOT put in graphs with symbolic shapes. They are written as
+# their (specialized) value, never as nodes.
+SCALAR_TARGETS: frozenset[object] = frozenset(
+    {
+        torch.ops.aten.sym_size.int,
+        torch.ops.aten.sym_stride.int,
+        torch.ops.aten.sym_numel.default,
+        torch.ops.aten.sym_storage_offset.default,
+        operator.add,
+        operator.sub,
+        operator.mul,
+        operator.truediv,
+        operator.floordiv,
+        operator.mod,
+        operator.pow,
+        operator.neg,
+        operator.eq,
+        operator.ne,
+        operator.lt,
+        operator.le,
+        operator.gt,
+        operator.ge,
+        torch.sym_float,
+        torch.sym_int,
+        torch.sym_max,
+        torch.sym_min,
+        torch.sym_not,
+        math.ceil,
+        math.floor,
+    }
+)
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+class UnsupportedNodeError(Exception):
+    """A node (or one of its arguments or results) that the document cannot express."""
+
+    def __init__(self, node: str, reason: str) -> None:
+        super().__init__(f"{node}: {reason}")
+        self.node = node
+        self.reason = reason
+
+
+class _Unencodable(Exception):
+    """Raised while encoding one value; becomes an UnsupportedNodeError for its node."""
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """The torch dtype for a document dtype name (``"bfloat16"`` -> ``torch.bfloat16``)."""
+    try:
+        return _DTYPES_BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype name {name!r}") from None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return DTYPE_NAMES[dtype]
+    except KeyError:
+        raise _Unencodable(f"dtype {dtype} is not supported") from None
+
+
+def _concrete_int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+        if is_concrete_int(value):
+            return int(value)
+    return None
+
+
+def tensor_spec(value: object) -> dict[str, Any]:
+    """``{"dtype", "shape"}`` of a (fake) tensor; raises when it is not a concrete tensor."""
+    if not isinstance(value, torch.Tensor):
+        raise _Unencodable(f"result is not a tensor ({type(value).__name__})")
+    shape: list[int] = []
+    for size in value.shape:
+        concrete = _concrete_int(size)
+        if concrete is None:
+            raise _Unencodable(f"symbolic size {size} in shape {list(value.shape)}")
+        shape.append(concrete)
+    return {"dtype": _dtype_name(value.dtype), "shape": shape}
+
+
+def _result_specs(value: object) -> list[dict[str, Any]]:
+    if isinstance(value, (tuple, list)):
+        if not value:
+            raise _Unencodable("operator has no tensor results")
+        return [tensor_spec(v) for v in value]
+    return [tensor_spec(value)]
+
+
+def source_location(stack_trace: str | None) -> dict[str, Any] | None:
+    """``{"file", "line", "col"}`` of the innermost frame outside torch itself in a node's
+    ``stack_trace`` (the innermost frame when every frame is inside torch); ``None`` without
+    frames. The trace carries no column, so ``col`` is 0."""
+    if not stack_trace:
+        return None
+    frames = [(m.group(1), int(m.group(2))) for m in _FRAME_RE.finditer(stack_trace)]
+    if not frames:
+        return None
+    user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
+    file, line = (user or frames)[-1]
+    return {"file": file, "line": line, "col": 0}
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(tensor, FakeTensor) or tensor.device.type == "meta":
+        raise _Unencodable("constant has no data (fake or meta tensor)")
+    t = tensor.detach().to("cpu").contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    array = t.numpy()
+    return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def constant_entry(name: str, tensor: torch.Tensor) -> dict[str, Any]:
+    """A ``constants`` entry: dtype, shape and base64 of the contiguous little-endian bytes."""
+    spec = tensor_spec(tensor)
+    data = base64.b64encode(_tensor_bytes(tensor)).decode("ascii")
+    return {"name": name, **spec, "data": data}
+
+
+def tensor_from_constant(entry: Mapping[str, Any]) -> torch.Tensor:
+    """Inverse of :func:`constant_entry`."""
+    import numpy as np
+
+    dtype = dtype_from_name(entry["dtype"])
+    raw = base64.b64decode(entry["data"])
+    storage_dtype = torch.int16 if dtype == torch.bfloat16 else dtype
+    np_dtype = torch.empty((), dtype=storage_dtype).numpy().dtype.newbyteorder("<")
+    array = np.frombuffer(raw, dtype=np_dtype).astype(np_dtype.newbyteorder("="))
+    tensor = torch.from_numpy(array.copy()).view(storage_dtype)
+    if dtype == torch.bfloat16:
+        tensor = tensor.view(torch.bfloat16)
+    return tensor.reshape(entry["shape"])
+
+
+def _float(value: float) -> Any:
+    if math.isnan(value):
+        return {"float": "nan"}
+    if math.isinf(value):
+        return {"float": "inf" if value > 0 else "-inf"}
+    return float(value)
+
+
+def fetch_attr(gm: torch.fx.GraphModule, target: str) -> object:
+    """The object a ``get_attr`` node reads (``target`` may be a dotted path)."""
+    obj: object = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class _Writer:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        name: str,
+        lenient: bool,
+        constants: Mapping[str, torch.Tensor] | None,
+    ) -> None:
+        self.gm = gm
+        self.name = name
+        self.lenient = lenient
+        self.constant_inputs = dict(constants or {})
+        self.inputs: list[dict[str, Any]] = []
+        self.extra_inputs: list[dict[str, Any]] = []  # unsupported nodes, in lenient mode
+        self.constants: list[dict[str, Any]] = []
+        self.nodes: list[dict[str, Any]] = []
+        self.outputs: list[Any] = []
+        self.refs: dict[torch.fx.Node, Any] = {}  # node -> its JSON reference
+        self.scalars: dict[torch.fx.Node, int | float | bool] = {}
+        self.multi: set[torch.fx.Node] = set()  # written nodes with several results
+        self.external_multi: set[torch.fx.Node] = set()  # unsupported nodes with several
+        self.unsupported: dict[str, str] = {}
+
+    # -- values ----------------------------------------------------------------------------
+    def encode(self, value: object) -> Any:
+        if isinstance(value, torch.fx.Node):
+            return self.encode_ref(value)
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float):
+            return _float(value)
+        if isinstance(value, (list, tuple)):
+            return [self.encode(v) for v in value]
+        if isinstance(value, torch.dtype):
+            return {"dtype": _dtype_name(value)}
+        if isinstance(value, torch.device):
+            return {"device": str(value)}
+        if isinstance(value, (torch.memory_format, torch.layout)):
+            return {"enum": str(value)}
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return self.encode_symbolic(value)
+        raise _Unencodable(f"cannot encode argument of type {type(value).__name__}")
+
+    def encode_symbolic(self, value: torch.SymInt | torch.SymFloat | torch.SymBool) -> Any:
+        scalar = concrete_scalar(value)
+        if scalar is None:
+            raise _Unencodable(f"symbolic value {value} (shapes must be specialized first)")
+        return self.encode(scalar)
+
+    def encode_ref(self, node: torch.fx.Node) -> Any:
+        if node in self.refs:
+            return self.refs[node]
+        if node in self.scalars:
+            return self.encode(self.scalars[node])
+        if node in self.multi:
+            raise _Unencodable(f"uses the tuple result of {node.name} as one value")
+        raise _Unencodable(f"argument {node.name} is not a tensor the device can receive")
+
+    # -- nodes -----------------------------------------------------------------------------
+    def placeholder(self, node: torch.fx.Node) -> None:
+        if node.name in self.constant_inputs:
+            self.add_constant(node, self.constant_inputs[node.name])
+            return
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            try:
+                self.inputs.append({"name": node.name, **tensor_spec(value)})
+            except _Unencodable as e:
+                self.fail(node, f"input {node.name}: {e}", external=False)
+                return
+            self.refs[node] = {"ref": node.name}
+            return
+        scalar = concrete_scalar(value)
+        if scalar is not None:
+            self.scalars[node] = scalar
+
+    def add_constant(self, node: torch.fx.Node, value: object) -> None:
+        if not isinstance(value, torch.Tensor):
+            return  # submodules and other attributes: users referencing them are unsupported
+        try:
+            self.constants.append(constant_entry(node.name, value))
+        except _Unencodable as e:
+            self.fail(node, f"constant {node.name}: {e}", external=False)
+            return
+        self.refs[node] = {"ref": node.name}
+
+    def call_function(self, node: torch.fx.Node) -> None:
+        target = node.target
+        if target is operator.getitem:
+            self.getitem(node)
+            return
+        if target in SCALAR_TARGETS:
+            scalar = concrete_scalar(node.meta.get("val"))
+            if scalar is not None:
+                self.scalars[node] = scalar
+                return
+            self.fail(node, f"symbolic scalar {node.meta.get('val')} (not specialized)")
+            return
+        if not isinstance(target, torch._ops.OpOverload):
+            self.fail(node, f"{_target_name(target)} is not an ATen operator")
+            return
+        try:
+            entry: dict[str, Any] = {
+                "name": node.name,
+                "target": str(target),
+                "args": [self.encode(a) for a in node.args],
+                "kwargs": {str(k): self.encode(v) for k, v in node.kwargs.items()},
+                "outputs": _result_specs(node.meta.get("val")),
+            }
+        except _Unencodable as e:
+            self.fail(node, str(e))
+            return
+        loc = source_location(node.meta.get("stack_trace"))
+        if loc is not None:
+            entry["loc"] = loc
+        self.nodes.append(entry)
+        if isinstance(node.meta.get("val"), (tuple, list)):
+            self.multi.add(node)
+        else:
+            self.refs[node] = {"ref": node.name}
+
+    def getitem(self, node: torch.fx.Node) -> None:
+        source, index = node.args[0], node.args[1]
+        if not isinstance(source, torch.fx.Node) or not isinstance(index, int):
+            self.fail(node, "getitem on a value that is not an operator result")
+            return
+        if source in self.multi:
+            self.refs[node] = {"ref": source.name, "index": index}
+        elif source in self.external_multi:
+            self.make_external(node)
+        # Otherwise the source is unsupported: users of this getitem fail when they encode it.
+
+    def fail(self, node: torch.fx.Node, reason: str, *, external: bool = True) -> None:
+        if not self.lenient:
+            raise UnsupportedNodeError(node.name, reason)
+        if node.op == "call_function":
+            self.unsupported[node.name] = reason
+        if external:
+            self.make_external(node)
+
+    def make_external(self, node: torch.fx.Node) -> None:
+        """Lenient mode: an unsupported node's results reach the device as graph inputs."""
+        value = node.meta.get("val")
+        if isinstance(value, (tuple, list)):
+            self.external_multi.add(node)
+            return
+        try:
+            spec = tensor_spec(value)
+        except _Unencodable:
+            return
+        self.extra_inputs.append({"name": node.name, **spec})
+        self.refs[node] = {"ref": node.name}
+
+    def output(self, node: torch.fx.Node) -> None:
+        results = node.args[0]
+        values = results if isinstance(results, (tuple, list)) else (results,)
+        for value in values:
+            try:
+                self.outputs.append(self.encode(value))
+            except _Unencodable as e:
+                if not self.lenient:
+                    raise UnsupportedNodeError("output", str(e)) from None
+
+    def run(self) -> dict[str, Any]:
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.placeholder(node)
+            elif node.op == "get_attr":
+                self.add_constant(node, fetch_attr(self.gm, str(node.target)))
+            elif node.op == "call_function":
+                self.call_function(node)
+            elif node.op == "output":
+                self.output(node)
+            else:
+                self.fail(node, f"{node.op} nodes are not supported")
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "name": self.name,
+            "inputs": self.inputs + self.extra_inputs,
+            "constants": self.constants,
+            "nodes": self.nodes,
+            "outputs": self.outputs,
+        }
+
+
+def concrete_scalar(value: object) -> int | float | bool | None:
+    """A Python number for a concrete int/float/bool or constant Sym value, else None."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    if (
+        isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+        and value.node.is_constant()
+    ):
+        if isinstance(value, torch.SymInt):
+            return int(value)
+        return float(value) if isinstance(value, torch.SymFloat) else bool(value)
+    return None
+
+
+def _target_name(target: object) -> str:
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher-order op {target.name()}"  # type: ignore[no-untyped-call]
+    name = getattr(target, "__name__", None)
+    module = getattr(target, "__module__", None)
+    return f"{module}.{name}" if module and name else repr(target)
+
+
+def serialize_graph(
+    gm: torch.fx.GraphModule,
+    name: str = "graph_0",
+    *,
+    constants: Mapping[str, torch.Tensor] | None = None,
+) -> dict[str, Any]:
+    """The document for ``gm``; raises :class:`UnsupportedNodeError` on the first node the
+    format cannot express. ``constants`` turns the placeholders it names into constants."""
+    return _Writer(gm, name, lenient=False, constants=constants).run()
+
+
+def serialize_graph_lenient(
+    gm: torch.fx.GraphModule, name: str = "graph_0"
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A document for the importer's checker plus ``{node name: reason}`` for the nodes it
+    leaves out. Left-out nodes whose results are tensors appear as extra inputs, so their
+    users can still be checked."""
+    writer = _Writer(gm, name, lenient=True, constants=None)
+    return writer.run(), writer.unsupported
+
+
+def to_json(doc: Mapping[str, Any], *, indent: int | None = None) -> str:
+    """The document as JSON text (never NaN/Infinity literals)."""
+    return json.dumps(doc, allow_nan=False, indent=indent)

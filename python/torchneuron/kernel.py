@@ -1,0 +1,57 @@
+"""Calling a compiled device kernel from a graph: tensors in, tensors out."""
+
+from __future__ import annotations
+
+import torch
+
+from torchneuron._native import BufferArg, Kernel
+from torchneuron._stats import STATS
+from torchneuron.fx_json import DTYPE_NAMES, dtype_from_name
+
+__all__ = ["DeviceKernel"]
+
+
+def _buffer(tensor: torch.Tensor) -> BufferArg:
+    return (tensor.data_ptr(), DTYPE_NAMES[tensor.dtype], list(tensor.shape))
+
+
+class DeviceKernel(torch.nn.Module):
+    """Stands in for one device region (a ``neuron_graph_<i>`` submodule) of a graph.
+
+    Inputs are made contiguous (and kept alive for the call); outputs are allocated here with
+    the kernel's output specs and filled by ``kernel.run``."""
+
+    def __init__(self, kernel: Kernel, name: str, returns_tuple: bool) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.graph_name = name
+        self.returns_tuple = returns_tuple
+        self.input_specs = [(dtype_from_name(d), tuple(s)) for d, s in kernel.input_specs]
+        self.output_specs = [(dtype_from_name(d), list(s)) for d, s in kernel.output_specs]
+        if not returns_tuple and len(self.output_specs) != 1:
+            raise RuntimeError(
+                f"{name}: kernel has {len(self.output_specs)} outputs, the graph expects 1"
+            )
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if len(args) != len(self.input_specs):
+            raise RuntimeError(
+                f"{self.graph_name}: kernel takes {len(self.input_specs)} inputs, got {len(args)}"
+            )
+        inputs = []
+        for i, (arg, (dtype, shape)) in enumerate(zip(args, self.input_specs, strict=True)):
+            if arg.dtype != dtype or tuple(arg.shape) != shape:
+                raise RuntimeError(
+                    f"{self.graph_name}: input {i} is {arg.dtype}{list(arg.shape)}, "
+                    f"the kernel was compiled for {dtype}{list(shape)}"
+                )
+            inputs.append(arg.detach().contiguous())
+        outputs = [torch.empty(shape, dtype=dtype) for dtype, shape in self.output_specs]
+        self.kernel.run([_buffer(t) for t in inputs], [_buffer(t) for t in outputs])
+        STATS.record_kernel_run()
+        return tuple(outputs) if self.returns_tuple else outputs[0]
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.graph_name}, inputs={len(self.input_specs)}, outputs={len(self.output_specs)}"
+        )

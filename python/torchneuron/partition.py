@@ -1,0 +1,208 @@
+"""Split an ATen FX graph into device regions and eager PyTorch.
+
+The C++ importer decides what it can lower (``_C.check_graph`` on the whole graph's document);
+nodes the document cannot express are unsupported too. Supported nodes are grouped into as few
+regions as the graph's dependencies allow (``CapabilityBasedPartitioner``); each region becomes
+a submodule that is compiled into one kernel. Everything else stays in the outer graph and runs
+in eager PyTorch, so a model never fails because an op is unsupported.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from torchneuron import fx_json
+
+__all__ = [
+    "DEVICE_PREFIX",
+    "FallbackNode",
+    "PartitionResult",
+    "find_unsupported",
+    "is_compute",
+    "is_op",
+    "op_name",
+    "partition_graph",
+]
+
+#: Name prefix of the submodules that hold device regions.
+DEVICE_PREFIX = "neuron_graph_"
+
+_REJECTED = "rejected by the importer"
+_VIEW_ONLY = "only view/metadata ops in this region, no device work"
+
+
+@dataclass(frozen=True)
+class FallbackNode:
+    """A ``call_function`` node left to eager PyTorch."""
+
+    name: str
+    target: str
+    reason: str
+    loc: str | None  # "file:line" of the user's Python source, when known
+
+    def describe(self) -> str:
+        where = f" at {self.loc}" if self.loc else ""
+        return f"{self.target} ({self.name}){where}: {self.reason}"
+
+
+@dataclass
+class PartitionResult:
+    module: torch.fx.GraphModule  # the outer graph; device regions are submodules
+    device_submodules: list[str] = field(default_factory=list)
+    fallback: list[FallbackNode] = field(default_factory=list)
+    ops_on_device: int = 0
+
+
+def op_name(target: object) -> str:
+    """``aten.add.Tensor`` for ATen overloads, a qualified Python name otherwise."""
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"  # type: ignore[no-untyped-call]
+    return torch.fx.node._get_qualified_name(target)  # type: ignore[arg-type]
+
+
+def is_compute(node: torch.fx.Node) -> bool:
+    """Whether a node is device work: views, ``getitem`` and size queries are not."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return False
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return not target.is_view and target not in fx_json.SCALAR_TARGETS
+    return target not in fx_json.SCALAR_TARGETS
+
+
+def is_op(node: torch.fx.Node) -> bool:
+    """Whether a node is an operator call counted in the stats (not ``getitem`` or a size
+    computation)."""
+    return (
+        node.op == "call_function"
+        and node.target is not operator.getitem
+        and node.target not in fx_json.SCALAR_TARGETS
+    )
+
+
+def _loc(node: torch.fx.Node) -> str | None:
+    loc = fx_json.source_location(node.meta.get("stack_trace"))
+    return f"{loc['file']}:{loc['line']}" if loc else None
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self, unsupported: Mapping[str, str]) -> None:
+        self.unsupported = unsupported
+
+    def is_node_supported(
+        self, submodules: Mapping[str, torch.nn.Module], node: torch.fx.Node
+    ) -> bool:
+        if node.op != "call_function" or node.name in self.unsupported:
+            return False
+        if node.target is operator.getitem:
+            source = node.args[0]
+            return isinstance(source, torch.fx.Node) and self.is_node_supported(submodules, source)
+        return isinstance(node.target, torch._ops.OpOverload)
+
+
+def find_unsupported(gm: torch.fx.GraphModule, name: str = "check") -> dict[str, str]:
+    """``{node name: reason}`` for every node that cannot go to the device: those the document
+    cannot express, and those ``_C.check_graph`` rejects. A graph the importer cannot read at
+    all (``_C.CompileError``) is unsupported as a whole."""
+    from torchneuron._native import native
+
+    doc, unsupported = fx_json.serialize_graph_lenient(gm, name)
+    if not doc["nodes"]:
+        return unsupported
+    c = native()
+    try:
+        rejected = c.check_graph(fx_json.to_json(doc))
+    except c.CompileError as e:
+        reason = f"the importer cannot read this graph: {e}"
+        whole = {n.name: reason for n in gm.graph.nodes if is_op(n)}
+        return {**whole, **unsupported}
+    return {**{str(k): str(v) for k, v in rejected.items()}, **unsupported}
+
+
+def partition_graph(
+    gm: torch.fx.GraphModule, unsupported: Mapping[str, str] | Iterable[str]
+) -> PartitionResult:
+    """Move every supported region of ``gm`` into a ``neuron_graph_<i>`` submodule (in place).
+
+    ``unsupported`` names the nodes that must stay in eager PyTorch (a mapping gives the
+    reasons). Regions without device work (only views) stay eager as well. Tensor constants
+    used by a region move into its submodule, so each submodule is a self-contained graph.
+    """
+    reasons: dict[str, str] = (
+        dict(unsupported)
+        if isinstance(unsupported, Mapping)
+        else dict.fromkeys(unsupported, _REJECTED)
+    )
+    support = _Support(reasons)
+    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+    partitions: list[Partition] = [
+        p for p in partitioner.propose_partitions() if any(is_compute(n) for n in p.nodes)
+    ]
+    on_device = {n for p in partitions for n in p.nodes}
+
+    result = PartitionResult(module=gm)
+    for node in gm.graph.nodes:
+        if not is_op(node):
+            continue
+        if node in on_device:
+            result.ops_on_device += 1
+            continue
+        if node.name in reasons:
+            reason = reasons[node.name]
+        elif not isinstance(node.target, torch._ops.OpOverload):
+            reason = "not an ATen operator"
+        elif support.is_node_supported({}, node):
+            reason = _VIEW_ONLY
+        else:
+            reason = "its input comes from an unsupported operator result"
+        result.fallback.append(FallbackNode(node.name, op_name(node.target), reason, _loc(node)))
+
+    if partitions:
+        partitioner.fuse_partitions(partitions, prefix=DEVICE_PREFIX)
+        result.device_submodules = [f"{DEVICE_PREFIX}{i}" for i in range(len(partitions))]
+        for submodule in result.device_submodules:
+            _inline_constants(gm, submodule)
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+    return result
+
+
+def _inline_constants(gm: torch.fx.GraphModule, submodule: str) -> None:
+    """Turn the submodule inputs that are tensor constants of ``gm`` into its own constants."""
+    (call,) = [n for n in gm.graph.nodes if n.op == "call_module" and n.target == submodule]
+    sub = gm.get_submodule(submodule)
+    assert isinstance(sub, torch.fx.GraphModule)
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    assert len(placeholders) == len(call.args)
+    first_body = next(n for n in sub.graph.nodes if n.op != "placeholder")
+    kept_args = []
+    for placeholder, arg in zip(placeholders, call.args, strict=True):
+        value = (
+            fx_json.fetch_attr(gm, str(arg.target))
+            if isinstance(arg, torch.fx.Node) and arg.op == "get_attr"
+            else None
+        )
+        if not isinstance(value, torch.Tensor):
+            kept_args.append(arg)
+            continue
+        attr = placeholder.name
+        sub.register_buffer(attr, value, persistent=False)
+        with sub.graph.inserting_before(first_body):
+            constant = sub.graph.get_attr(attr)
+        constant.meta = dict(placeholder.meta)
+        placeholder.replace_all_uses_with(constant)
+        sub.graph.erase_node(placeholder)
+    if len(kept_args) != len(call.args):
+        call.args = tuple(kept_args)
+        sub.graph.lint()
+        sub.recompile()

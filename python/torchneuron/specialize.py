@@ -1,0 +1,115 @@
+"""Symbolic shapes: specialize a graph to the sizes of one call.
+
+With dynamic shapes, Dynamo passes every size symbol as a ``SymInt`` placeholder and the
+ATen graph computes sizes with ``sym_size`` and integer arithmetic. The device compiler wants
+concrete shapes, so the backend compiles one kernel per tuple of sizes it is called with:
+:func:`specialize` re-runs shape propagation with the call's real inputs and folds every
+scalar node into a literal. Dynamo's guards keep the graph valid for all those sizes.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Hashable, Sequence
+
+import torch
+import torch.fx
+from torch.fx.node import Argument
+
+from torchneuron.fx_json import concrete_scalar
+
+__all__ = ["copy_graph_module", "has_symbols", "is_static", "size_key", "specialize"]
+
+
+def has_symbols(value: object) -> bool:
+    """Whether a node value (tensor, scalar, or a tuple/list of them) has a symbolic size."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return not value.node.is_constant()
+    if isinstance(value, torch.Tensor):
+        return any(has_symbols(s) for s in value.shape)
+    if isinstance(value, (tuple, list)):
+        return any(has_symbols(v) for v in value)
+    return False
+
+
+def is_static(gm: torch.fx.GraphModule) -> bool:
+    """True when no node of ``gm`` has a symbolic size or scalar value."""
+    return not any(has_symbols(node.meta.get("val")) for node in gm.graph.nodes)
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy whose graph (nodes, node.meta dicts) can be rewritten without touching ``gm``.
+
+    Attributes (parameters, constants) are shared, not copied."""
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
+def size_key(args: Sequence[object]) -> Hashable:
+    """What selects a specialization: each tensor's shape and dtype, each scalar's value."""
+    key: list[Hashable] = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            key.append((tuple(arg.shape), arg.dtype))
+        elif isinstance(arg, (bool, int, float, str)) or arg is None:
+            key.append(arg)
+        else:
+            key.append(type(arg).__name__)
+    return tuple(key)
+
+
+def _substitute(node: torch.fx.Node, value: Argument) -> None:
+    for user in list(node.users):
+        user.args = torch.fx.node.map_arg(user.args, lambda n: value if n is node else n)
+        user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda n: value if n is node else n)
+
+
+def specialize(gm: torch.fx.GraphModule, args: Sequence[object]) -> torch.fx.GraphModule:
+    """A copy of ``gm`` for the concrete ``args`` of one call: every node's ``meta["val"]``
+    recomputed with concrete sizes, and every scalar node (SymInt placeholders' uses,
+    ``sym_size``, integer arithmetic, satisfied runtime asserts) folded into a literal.
+
+    Data-dependent sizes (``nonzero``, ``item``) stay symbolic; the serializer rejects the nodes
+    that depend on them, so those run in eager PyTorch."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    out = copy_graph_module(gm)
+    for node in out.graph.nodes:
+        # Symbols of the original ShapeEnv; the propagation below binds fresh ones.
+        node.meta.pop("unbacked_bindings", None)
+    mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True, allow_non_fake_inputs=True)
+    FakeTensorProp(out, mode=mode).propagate(*args)
+
+    graph = out.graph
+    assert_scalar = torch.ops.aten._assert_scalar.default
+    for node in list(graph.nodes):
+        if node.op not in ("placeholder", "call_function"):
+            continue
+        if node.op == "call_function" and node.target is assert_scalar:
+            condition = node.args[0]
+            if condition is True:
+                graph.erase_node(node)
+            elif condition is False:
+                raise AssertionError(f"runtime assert failed for these sizes: {node.args[1]}")
+            continue
+        scalar = concrete_scalar(node.meta.get("val"))
+        if scalar is None:
+            continue
+        if isinstance(node.target, torch._ops.OpOverload) and not _is_size_query(node.target):
+            continue  # an operator with a scalar result (item()) is real work, not a size
+        _substitute(node, scalar)
+        if node.op == "call_function":
+            graph.erase_node(node)
+    graph.lint()
+    out.recompile()
+    return out
+
+
+def _is_size_query(op: torch._ops.OpOverload) -> bool:
+    return op.overloadpacket in (
+        torch.ops.aten.sym_size,
+        torch.ops.aten.sym_stride,
+        torch.ops.aten.sym_numel,
+        torch.ops.aten.sym_storage_offset,
+    )
