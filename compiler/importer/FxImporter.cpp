@@ -143,6 +143,7 @@ private:
   Location currentLoc = UnknownLoc::get(&ctx);
   std::map<std::pair<std::string, int64_t>, Value> values;
   std::set<std::pair<std::string, int64_t>> used;
+  std::map<std::string, std::string> hostReasons; // unusable inputs -> why
   void collectUses(const json &v) {
     if (v.is_object() && v.contains("ref"))
       used.insert({v.at("ref").get<std::string>(), v.value("index", 0)});
@@ -201,8 +202,11 @@ Value Importer::tensor(const json &v) {
   auto it = values.find({name, index});
   if (it == values.end())
     unsupported("refers to unknown value '" + name + "'");
-  if (!it->second)
-    unsupported("depends on '" + name + "', which stays on the host");
+  if (!it->second) {
+    auto why = hostReasons.find(name);
+    unsupported("depends on '" + name + "', which stays on the host" +
+                (why == hostReasons.end() ? "" : " (" + why->second + ")"));
+  }
   return it->second;
 }
 
@@ -418,8 +422,9 @@ void Importer::placeholders(const json &n) {
                                                    TypeRange{resultType(i)},
                                                    ValueRange{})
                   .getResult(0);
-    } catch (const Unsupported &) {
+    } catch (const Unsupported &u) {
       // A result the device cannot hold: its users stay on the host too.
+      hostReasons[name] = u.reason;
     }
     values[{name, (int64_t)i}] = stand;
   }
@@ -496,15 +501,23 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
   OwningOpRef<ModuleOp> module = ModuleOp::create(b.getUnknownLoc());
   std::string fnName = doc.value("name", std::string("graph"));
   SmallVector<Type> inputTypes;
+  // An input the device cannot hold makes its users unsupported (checked
+  // one by one); compiling a graph that reads it is an error.
+  std::vector<bool> usable;
   for (const json &in : doc.at("inputs")) {
     try {
       inputTypes.push_back(RankedTensorType::get(
           shapeOf(in.at("shape")),
           elementType(in.at("dtype").get<std::string>())));
+      usable.push_back(true);
     } catch (const Unsupported &u) {
-      failures[""] = "input '" + in.at("name").get<std::string>() +
-                     "': " + u.reason;
-      return nullptr;
+      if (stopAtFirst) {
+        failures[""] = "input '" + in.at("name").get<std::string>() +
+                       "': " + u.reason;
+        return nullptr;
+      }
+      usable.push_back(false);
+      hostReasons[in.at("name").get<std::string>()] = u.reason;
     }
   }
   b.setInsertionPointToEnd(module->getBody());
@@ -512,8 +525,9 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
                                      b.getFunctionType(inputTypes, {}));
   Block *block = func.addEntryBlock();
   b.setInsertionPointToStart(block);
-  for (auto [i, in] : llvm::enumerate(doc.at("inputs")))
-    values[{in.at("name").get<std::string>(), 0}] = block->getArgument(i);
+  for (unsigned i = 0, arg = 0; i < usable.size(); ++i)
+    values[{doc.at("inputs").at(i).at("name").get<std::string>(), 0}] =
+        usable[i] ? block->getArgument(arg++) : Value();
   for (const json &c : doc.value("constants", json::array())) {
     std::string name = c.at("name").get<std::string>();
     try {
@@ -535,8 +549,10 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
               cast<NameLoc>(currentLoc).getChildLoc()))
         where = " (at " + l.getFilename().str() + ":" +
                 std::to_string(l.getLine()) + ")";
-      failures[name] = n.at("target").get<std::string>() + ": " + u.reason +
-                       where;
+      // The partitioner reports target and source line itself.
+      failures[name] = stopAtFirst ? n.at("target").get<std::string>() +
+                                         ": " + u.reason + where
+                                   : u.reason;
       if (stopAtFirst)
         return nullptr;
       // Later nodes are checked against a stand-in of the same type: on the
@@ -544,6 +560,9 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
       placeholders(n);
     }
   }
+  // Outputs of rejected nodes are not failures of their own.
+  if (!failures.empty())
+    return nullptr;
   SmallVector<Value> results;
   node = nullptr;
   for (const json &o : doc.at("outputs")) {

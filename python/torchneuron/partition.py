@@ -122,7 +122,9 @@ def find_unsupported(gm: torch.fx.GraphModule, name: str = "check") -> dict[str,
     try:
         rejected = c.check_graph(fx_json.to_json(doc))
     except c.CompileError as e:
-        reason = f"the importer cannot read this graph: {e}"
+        rejected = {"": str(e)}
+    if "" in rejected:  # the importer cannot read the document at all
+        reason = f"the importer cannot read this graph: {rejected['']}"
         whole = {n.name: reason for n in gm.graph.nodes if is_op(n)}
         return {**whole, **unsupported}
     return {**{str(k): str(v) for k, v in rejected.items()}, **unsupported}

@@ -1,0 +1,47 @@
+"""Shared fixtures: a clean Dynamo cache and clean stats for every test, and the built extension."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+# Running from a source tree without `pip install -e .`: use python/ (no _C there).
+if importlib.util.find_spec("torchneuron") is None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+
+import torch  # noqa: E402
+import torchneuron  # noqa: E402
+
+
+def _ensure_neuron_backend_name() -> None:
+    """``backend="neuron"`` resolves through the package's entry point once it is installed;
+    from a source tree, register the same function under that name."""
+    import torch._dynamo
+
+    if "neuron" not in torch._dynamo.list_backends(exclude_tags=()):
+        from torchneuron.backend import neuron_backend
+
+        torch._dynamo.register_backend(neuron_backend, name="neuron")
+
+
+_ensure_neuron_backend_name()
+
+
+@pytest.fixture(autouse=True)
+def _clean_state() -> Iterator[None]:
+    torch._dynamo.reset()
+    torchneuron.reset_stats()
+    yield
+    torch._dynamo.reset()
+    torchneuron.reset_stats()
+
+
+@pytest.fixture
+def real_native() -> ModuleType:
+    """The built extension; skips the test when it is not built yet."""
+    return pytest.importorskip("torchneuron._C", reason="torchneuron._C is not built")

@@ -1,0 +1,503 @@
+"""The backend end to end on the built extension ``torchneuron._C`` (the real importer, compiler
+and engine-model runtime): stats, fallback, targets, symbolic shapes, compile errors, training
+graphs, default backend.
+
+Nothing stands in for the device. The ops that fall back are ops the importer really has no
+lowering for (``aten.cumsum``, ``aten.sort``, ``aten.flip``, ``aten.nonzero``, ...; see
+``handlers()`` in compiler/importer/FxImporter.cpp). Where a test needs a failure the compiler
+does not produce on demand, it injects that failure into one call of the real module with
+``monkeypatch`` and says so; spies on ``_C.compile_graph`` record what the compiler received and
+call through to it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+import torchneuron
+from torchneuron import config
+from torchneuron.backend import neuron_backend
+
+# fp32 accumulation on the device, in a different order than the eager CPU kernels.
+F32 = {"atol": 1e-4, "rtol": 1e-4}
+
+
+def mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    h = x @ w1
+    h = F.gelu(h)
+    return torch.tanh(h @ w2)
+
+
+def mlp_with_cumsum(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    h = x @ w1
+    h = torch.cumsum(h, dim=-1)  # the importer has no lowering for aten.cumsum
+    return torch.tanh(h @ w2)
+
+
+MLP_ARGS = (torch.randn(4, 8), torch.randn(8, 16), torch.randn(16, 8))
+CUMSUM_LINE = f"{__file__}:{mlp_with_cumsum.__code__.co_firstlineno + 2}"
+
+
+@dataclass
+class CompileCall:
+    """One call of the real ``_C.compile_graph``."""
+
+    document: dict[str, Any]
+    target: str
+    kernel: Any
+
+
+@pytest.fixture(autouse=True)
+def _no_backend_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests set the backend's environment variables themselves."""
+    for name in (config.TARGET_ENV, config.VERBOSE_ENV, config.DUMP_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def compile_calls(real_native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> list[CompileCall]:
+    """Every ``_C.compile_graph`` call of the test, recorded by a spy that calls the real one."""
+    calls: list[CompileCall] = []
+    real = real_native.compile_graph
+
+    def spy(document: str, target: str = "trn2", *args: Any, **kwargs: Any) -> Any:
+        kernel = real(document, target, *args, **kwargs)
+        calls.append(CompileCall(json.loads(document), target, kernel))
+        return kernel
+
+    monkeypatch.setattr(real_native, "compile_graph", spy)
+    return calls
+
+
+def test_stats_count_compiles_and_runs(compile_calls: list[CompileCall]) -> None:
+    compiled = torch.compile(mlp, backend=neuron_backend)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*MLP_ARGS), mlp(*MLP_ARGS), **F32)
+        compiled(*MLP_ARGS)
+    s = torchneuron.stats()
+    assert s["graphs_compiled"] == 1 and len(compile_calls) == 1
+    assert s["ops_on_device"] == len(compile_calls[0].document["nodes"]) > 0
+    assert s["ops_fallback"] == {} and s["recompiles"] == 0
+    assert s["kernels_run"] == 2
+    assert s["compile_seconds"] > 0.0
+
+
+def test_stats_is_a_copy_and_reset_clears_it(real_native: ModuleType) -> None:
+    with torch.no_grad():
+        torch.compile(mlp_with_cumsum, backend=neuron_backend)(*MLP_ARGS)
+    s = torchneuron.stats()
+    s["ops_fallback"]["x"] = 1
+    s["kernels_run"] = 99
+    assert torchneuron.stats()["ops_fallback"] == {"aten.cumsum.default": 1}
+    assert torchneuron.stats()["kernels_run"] == 2
+    torchneuron.reset_stats()
+    assert torchneuron.stats() == {
+        "graphs_compiled": 0,
+        "ops_on_device": 0,
+        "ops_fallback": {},
+        "kernels_run": 0,
+        "recompiles": 0,
+        "compile_seconds": 0.0,
+    }
+
+
+def test_unsupported_op_falls_back_and_is_reported(
+    compile_calls: list[CompileCall],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("TORCHNEURON_VERBOSE", "1")
+    with torch.no_grad():
+        out = torch.compile(mlp_with_cumsum, backend=neuron_backend)(*MLP_ARGS)
+    torch.testing.assert_close(out, mlp_with_cumsum(*MLP_ARGS), **F32)
+    s = torchneuron.stats()
+    assert s["ops_fallback"] == {"aten.cumsum.default": 1}
+    # The graph splits around cumsum: x @ w1 before it, tanh(h @ w2) after it.
+    assert s["graphs_compiled"] == 2 and s["kernels_run"] == 2
+    regions = sorted(sorted({n["target"] for n in c.document["nodes"]}) for c in compile_calls)
+    assert regions == [["aten.mm.default"], ["aten.mm.default", "aten.tanh.default"]]
+    err = capsys.readouterr().err
+    assert "1 op(s) run in eager PyTorch" in err
+    assert "aten.cumsum.default" in err and "no lowering" in err  # the importer's reason
+    assert CUMSUM_LINE in err
+
+
+def test_fallback_report_goes_to_logging_at_info(
+    real_native: ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    def ranked(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(torch.sort(x @ w, dim=-1).values)
+
+    w = torch.randn(8, 5)
+    with caplog.at_level(logging.INFO, logger="torchneuron"), torch.no_grad():
+        out = torch.compile(ranked, backend=neuron_backend)(MLP_ARGS[0], w)
+    torch.testing.assert_close(out, ranked(MLP_ARGS[0], w), **F32)
+    assert torchneuron.stats()["ops_fallback"] == {"aten.sort.default": 1}
+    (record,) = [r for r in caplog.records if r.name == "torchneuron"]
+    assert record.levelno == logging.INFO
+    assert "aten.sort.default" in record.getMessage()
+    assert f"{__file__}:{ranked.__code__.co_firstlineno + 1}" in record.getMessage()
+
+
+def test_everything_unsupported_still_runs(compile_calls: list[CompileCall]) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.flip(torch.cumsum(torch.cumsum(x, 0), 1), [0])
+
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        out = torch.compile(f, backend=neuron_backend)(x)
+    torch.testing.assert_close(out, f(x))
+    s = torchneuron.stats()
+    assert s["graphs_compiled"] == 0 and s["kernels_run"] == 0 and s["ops_on_device"] == 0
+    assert s["ops_fallback"] == {"aten.cumsum.default": 2, "aten.flip.default": 1}
+    assert compile_calls == []
+
+
+def _inject_compile_error(real_native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Fault injection: ``_C.compile_graph`` raises the extension's own ``CompileError`` for one
+    test (a simulated failure of that call; the device is not replaced). Returns the documents
+    it was given."""
+    received: list[str] = []
+
+    def failing(document: str, *args: Any, **kwargs: Any) -> Any:
+        received.append(document)
+        raise real_native.CompileError("model.py:12: tile does not fit in SBUF")
+
+    monkeypatch.setattr(real_native, "compile_graph", failing)
+    return received
+
+
+def _run_repro_command(message: str) -> None:
+    """Runs the ``neuron-translate --import-fx <saved>`` command the error message gives."""
+    match = re.search(r"`neuron-translate --import-fx (\S+)`", message)
+    assert match, message
+    saved = Path(match.group(1))
+    assert saved.is_file()
+    venv_bin = str(Path(sys.executable).parent)
+    tool = shutil.which("neuron-translate", path=venv_bin) or shutil.which("neuron-translate")
+    if tool is None:
+        return  # the command-line tools are not installed
+    result = subprocess.run(
+        [tool, "--import-fx", str(saved)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"func.func @{saved.stem}(" in result.stdout
+
+
+def test_compile_error_is_raised_not_swallowed(
+    real_native: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    real_compile = real_native.compile_graph
+    received = _inject_compile_error(real_native, monkeypatch)
+    monkeypatch.setenv("TORCHNEURON_DUMP_DIR", str(tmp_path))
+    with pytest.raises(Exception, match="tile does not fit in SBUF") as info, torch.no_grad():
+        torch.compile(mlp, backend=neuron_backend)(*MLP_ARGS)
+    message = str(info.value)
+    assert "model.py:12" in message and "(target trn2)" in message
+    assert isinstance(getattr(info.value, "inner_exception", None), real_native.CompileError)
+    (dumped,) = tmp_path.glob("graph_*.json")
+    assert f"neuron-translate --import-fx {dumped}" in message
+    # The saved document is the one the compiler was given, and the real compiler takes it.
+    assert json.loads(dumped.read_text()) == json.loads(received[0])
+    assert real_compile(dumped.read_text(), "trn2").output_specs == [("float32", [4, 8])]
+    _run_repro_command(message)
+
+
+def test_compile_error_without_dump_dir_saves_the_document(
+    real_native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    received = _inject_compile_error(real_native, monkeypatch)
+    with pytest.raises(Exception, match="tile does not fit in SBUF") as info, torch.no_grad():
+        torch.compile(mlp, backend=neuron_backend)(*MLP_ARGS)
+    match = re.search(r"the graph is saved in (\S+);", str(info.value))
+    assert match, str(info.value)
+    saved = Path(match.group(1))
+    try:
+        assert json.loads(saved.read_text()) == json.loads(received[0])
+        _run_repro_command(str(info.value))
+    finally:
+        shutil.rmtree(saved.parent, ignore_errors=True)
+
+
+def test_dump_dir_gets_every_document(
+    compile_calls: list[CompileCall], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TORCHNEURON_DUMP_DIR", str(tmp_path))
+    with torch.no_grad():
+        torch.compile(mlp_with_cumsum, backend=neuron_backend)(*MLP_ARGS)
+    dumped = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert len(dumped) == len(compile_calls) == torchneuron.stats()["graphs_compiled"] == 2
+    assert dumped == {c.document["name"]: c.document for c in compile_calls}
+
+
+def test_graph_the_importer_cannot_read_runs_eagerly(
+    real_native: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TORCHNEURON_DUMP_DIR", str(tmp_path))  # where a failed compile saves
+    # The device holds no float64: check_graph rejects every node that reads such an input
+    # ("depends on 'arg0_1', which stays on the host (dtype float64 ...)").
+    args = [a.double() for a in MLP_ARGS]
+    with torch.no_grad():
+        out = torch.compile(mlp, backend=neuron_backend)(*args)
+    torch.testing.assert_close(out, mlp(*args))
+    s = torchneuron.stats()
+    assert s["graphs_compiled"] == 0 and s["kernels_run"] == 0
+    assert s["ops_fallback"] == {
+        "aten.mm.default": 2,
+        "aten.gelu.default": 1,
+        "aten.tanh.default": 1,
+    }
+
+
+def test_symbolic_shapes_compile_once_per_size(compile_calls: list[CompileCall]) -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.softmax(x @ w, dim=-1) * x.shape[0]
+
+    w = torch.randn(8, 6)
+    compiled = torch.compile(f, backend=neuron_backend, dynamic=True)
+    with torch.no_grad():
+        for n in (3, 5, 3, 9, 5):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(compiled(x, w), f(x, w), **F32)
+    s = torchneuron.stats()
+    assert s["graphs_compiled"] == 3 and s["recompiles"] == 2 and s["kernels_run"] == 5
+    assert s["ops_fallback"] == {}
+    shapes = [[i["shape"] for i in c.document["inputs"]] for c in compile_calls]
+    assert shapes == [[[3, 8], [8, 6]], [[5, 8], [8, 6]], [[9, 8], [8, 6]]]
+    assert [c.kernel.output_specs for c in compile_calls] == [
+        [("float32", [n, 6])] for n in (3, 5, 9)
+    ]
+    for call in compile_calls:
+        assert not any("sym_size" in n["target"] for n in call.document["nodes"])
+
+
+def test_data_dependent_sizes_stay_eager(real_native: ModuleType) -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        nz = torch.nonzero(x > 0)
+        return x.sin() * 2, nz.sum() + x.cos().sum()
+
+    x = torch.randn(7)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), torch.no_grad():
+        out = torch.compile(f, backend=neuron_backend, fullgraph=True)(x)
+    for got, want in zip(out, f(x), strict=True):
+        torch.testing.assert_close(got, want, **F32)
+    s = torchneuron.stats()
+    assert s["ops_fallback"]["aten.nonzero.default"] == 1
+    assert "aten.sin.default" not in s["ops_fallback"]
+    assert "aten.cos.default" not in s["ops_fallback"]
+    assert s["kernels_run"] > 0
+
+
+def test_graph_that_cannot_be_specialized_runs_eagerly(
+    real_native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchneuron import specialize
+
+    def fail(gm: torch.fx.GraphModule, args: object) -> torch.fx.GraphModule:
+        raise RuntimeError("no\nmore")  # fault injection into the Python specializer
+
+    monkeypatch.setattr(specialize, "specialize", fail)
+    compiled = torch.compile(mlp, backend=neuron_backend, dynamic=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*MLP_ARGS), mlp(*MLP_ARGS))
+    s = torchneuron.stats()
+    assert s["kernels_run"] == 0 and s["graphs_compiled"] == 0
+    assert s["ops_fallback"]["aten.gelu.default"] == 1
+
+
+def test_shape_change_without_dynamic_recompiles_through_dynamo(real_native: ModuleType) -> None:
+    compiled = torch.compile(mlp, backend=neuron_backend)
+    with torch.no_grad():
+        for n in (4, 6, 7):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(compiled(x, *MLP_ARGS[1:]), mlp(x, *MLP_ARGS[1:]), **F32)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert torchneuron.stats()["kernels_run"] == 3
+
+
+def test_training_forward_and_backward(compile_calls: list[CompileCall]) -> None:
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    def leaves() -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(0)
+        shapes = ((2, 4, 8, 16), (2, 2, 8, 16), (2, 2, 8, 16))
+        return [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+
+    ours, ref = leaves(), leaves()
+    loss = torch.compile(attention, backend=neuron_backend)(*ours).square().sum()
+    forward = torchneuron.stats()
+    assert forward["graphs_compiled"] == 1 and forward["kernels_run"] == 1
+    loss.backward()
+    attention(*ref).square().sum().backward()
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, **F32)
+    s = torchneuron.stats()
+    # The backward is a second graph, compiled and run on the device as a whole.
+    assert s["graphs_compiled"] == 2 and s["kernels_run"] == 2
+    assert s["ops_fallback"] == {} and s["ops_on_device"] > forward["ops_on_device"]
+    targets = {n["target"] for c in compile_calls for n in c.document["nodes"]}
+    assert not any("flash_attention" in t for t in targets)
+
+
+def test_training_counts_backward_fallback(real_native: ModuleType) -> None:
+    class Classifier(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(8)
+            self.fc1 = torch.nn.Linear(8, 16)
+            self.fc2 = torch.nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            logits = self.fc2(F.gelu(self.fc1(self.norm(x))))
+            return F.cross_entropy(logits, labels)
+
+    torch.manual_seed(0)
+    ours = Classifier()
+    ref = Classifier()
+    ref.load_state_dict(ours.state_dict())
+    x, labels = torch.randn(6, 8), torch.tensor([0, 3, 1, 2, 3, 0])
+
+    loss = torch.compile(ours, backend=neuron_backend)(x, labels)
+    forward = torchneuron.stats()
+    want = ref(x, labels)
+    torch.testing.assert_close(loss, want, **F32)
+    # cross_entropy picks the label's log-probability with aten.gather: no lowering.
+    assert forward["ops_fallback"] == {"aten.gather.default": 1}
+    assert forward["graphs_compiled"] == forward["kernels_run"] == 2
+    loss.backward()
+    want.backward()
+    for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        assert a.grad is not None, name
+        torch.testing.assert_close(a.grad, b.grad, **F32, msg=name)
+    s = torchneuron.stats()
+    # Its gradient scatters into the one-hot gradient (aten.scatter.value), which stays eager;
+    # the rest of the backward (GELU, layer norm, matmuls) runs as two device graphs.
+    assert s["ops_fallback"] == {"aten.gather.default": 1, "aten.scatter.value": 1}
+    assert s["graphs_compiled"] == s["kernels_run"] == 4
+    assert s["ops_on_device"] > forward["ops_on_device"]
+
+
+def test_target_selection(real_native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert config.available_targets() == list(real_native.targets()) == ["trn2", "trn3"]
+    assert config.resolve_target(None) == "trn2"
+    assert config.resolve_target({"target": "trn3"}) == "trn3"
+    monkeypatch.setenv("TORCHNEURON_TARGET", "trn3")
+    assert config.resolve_target({}) == "trn3"
+    assert config.resolve_target({"target": "trn2"}) == "trn2"  # options win over env
+    monkeypatch.setenv("TORCHNEURON_TARGET", "trn9")
+    with pytest.raises(ValueError, match=r"'trn9' \(from TORCHNEURON_TARGET\).*trn2, trn3"):
+        config.resolve_target(None)
+    with pytest.raises(ValueError, match=r"unknown torchneuron target 'inf2'.*trn2, trn3"):
+        config.resolve_target({"target": "inf2"})
+
+
+def test_target_reaches_the_compiler(
+    compile_calls: list[CompileCall], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with torch.no_grad():
+        out = torch.compile(mlp, backend=neuron_backend, options={"target": "trn3"})(*MLP_ARGS)
+        torch.testing.assert_close(out, mlp(*MLP_ARGS), **F32)
+        torch._dynamo.reset()
+        torch.compile(mlp, backend=neuron_backend)(*MLP_ARGS)
+        torch._dynamo.reset()
+        monkeypatch.setenv("TORCHNEURON_TARGET", "trn3")
+        torch.compile(mlp, backend=neuron_backend)(*MLP_ARGS)
+    assert [c.target for c in compile_calls] == ["trn3", "trn2", "trn3"]
+    assert [c.kernel.target for c in compile_calls] == ["trn3", "trn2", "trn3"]
+    assert torchneuron.stats()["kernels_run"] == 3
+
+
+def test_unknown_target_fails_the_compile(compile_calls: list[CompileCall]) -> None:
+    with pytest.raises(Exception, match="valid targets: trn2, trn3"):
+        torch.compile(mlp, backend=neuron_backend, options={"target": "trn1"})(*MLP_ARGS)
+    assert compile_calls == []
+
+
+def test_mode_is_accepted_and_unknown_options_warn(real_native: ModuleType) -> None:
+    with torch.no_grad():
+        out = torch.compile(mlp, backend=neuron_backend, mode="max-autotune")(*MLP_ARGS)
+        torch.testing.assert_close(out, mlp(*MLP_ARGS), **F32)
+        torch._dynamo.reset()
+        options = {"triton.cudagraphs": True}
+        with pytest.warns(UserWarning, match="unknown options"):
+            out = torch.compile(mlp, backend=neuron_backend, options=options)(*MLP_ARGS)
+        torch.testing.assert_close(out, mlp(*MLP_ARGS), **F32)
+    assert torchneuron.stats()["kernels_run"] == 2
+
+
+def test_backend_name_resolves_to_neuron_backend() -> None:
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("neuron") is neuron_backend
+    assert torchneuron.neuron_backend is neuron_backend
+
+
+def test_entry_point_is_declared() -> None:
+    import importlib.metadata as md
+
+    try:
+        md.distribution("torchneuron")
+    except md.PackageNotFoundError:
+        pytest.skip("torchneuron is not installed (pip install -e .)")
+    (entry,) = md.entry_points(group="torch_dynamo_backends", name="neuron")
+    assert entry.value == "torchneuron.backend:neuron_backend"
+
+
+def test_set_default_backend() -> None:
+    calls: list[int] = []
+
+    def counting_backend(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+        calls.append(1)
+        return gm.forward
+
+    previous = torch.compiler.get_default_backend()
+    try:
+        torchneuron.set_default_backend(counting_backend)
+        assert torch.compiler.get_default_backend() is counting_backend
+        torch.compile(lambda x: x + 1)(torch.randn(3))
+        assert calls == [1]
+        torchneuron.set_default_backend(None)
+        assert torch.compiler.get_default_backend() == "inductor"
+        torchneuron.set_default_backend()
+        assert torch.compiler.get_default_backend() == "neuron"
+    finally:
+        torch.compiler.set_default_backend(previous)
+
+
+def test_set_default_backend_without_torch_support(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(torch.compiler, "set_default_backend")
+    defaults = torch.compile.__kwdefaults__
+    assert defaults is not None
+    monkeypatch.setitem(defaults, "backend", defaults["backend"])  # restored afterwards
+    torchneuron.set_default_backend("neuron")
+    assert defaults["backend"] == "neuron"
+    torchneuron.set_default_backend(None)
+    assert defaults["backend"] == "inductor"
+
+
+def test_import_has_no_side_effects() -> None:
+    code = (
+        "import sys, torchneuron\n"
+        "assert 'torch._dynamo' not in sys.modules, 'dynamo imported'\n"
+        "assert 'torchneuron._C' not in sys.modules, 'extension imported'\n"
+        "import torch\n"
+        "assert torch.compiler.get_default_backend() == 'inductor'\n"
+    )
+    import os
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
