@@ -27,11 +27,12 @@ fi
 PY="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
 PIP_PACKAGES=(torch==2.13.0 numpy expecttest pytest pybind11 scikit-build-core ruff)
-if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.deps-ok" ]; then
-  say "creating $VENV (torch==2.13.0 CPU wheel and test tools)"
-  "$PY" -m venv "$VENV"
+# The stamp holds the package list, so adding a package reinstalls.
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.deps-ok" 2>/dev/null)" != "${PIP_PACKAGES[*]}" ]; then
+  say "setting up $VENV (torch==2.13.0 CPU wheel and test tools)"
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "${PIP_PACKAGES[@]}" >&2
-  touch "$VENV/.deps-ok"
+  echo "${PIP_PACKAGES[*]}" > "$VENV/.deps-ok"
 fi
 
 # The editable install drives CMake into build/. Afterwards an incremental
