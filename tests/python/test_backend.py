@@ -449,12 +449,26 @@ def test_backend_name_resolves_to_neuron_backend() -> None:
 def test_entry_point_is_declared() -> None:
     import importlib.metadata as md
 
-    try:
-        md.distribution("torchneuron")
-    except md.PackageNotFoundError:
-        pytest.skip("torchneuron is not installed (pip install -e .)")
+    md.distribution("torchneuron")  # installed by scripts/setup.sh (pip install -e .)
     (entry,) = md.entry_points(group="torch_dynamo_backends", name="neuron")
     assert entry.value == "torchneuron.backend:neuron_backend"
+
+
+def test_backend_works_without_importing_torchneuron() -> None:
+    # A fresh interpreter that never imports torchneuron itself: the entry point does.
+    code = (
+        "import sys, torch\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))\n"
+        "x = torch.randn(5, 8)\n"
+        "with torch.no_grad():\n"
+        "    out = torch.compile(m, backend='neuron')(x)\n"
+        "    torch.testing.assert_close(out, m(x), atol=1e-4, rtol=1e-4)\n"
+        "assert 'torchneuron' in sys.modules, 'the entry point did not load the backend'\n"
+        "import torchneuron\n"
+        "s = torchneuron.stats()\n"
+        "assert s['kernels_run'] == 1 and s['ops_fallback'] == {}, s\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
 def test_set_default_backend() -> None:
