@@ -14,9 +14,8 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 import torchneuron
+from torch import nn
 
 
 class Block(nn.Module):
@@ -66,7 +65,8 @@ def main() -> None:
                 got = compiled(ids)
                 seconds = time.perf_counter() - start
             err = (got.float() - expected.float()).abs().max().item()
-            status = "ok" if err <= tol * max(1.0, expected.float().abs().max().item()) else "MISMATCH"
+            scale = max(1.0, expected.float().abs().max().item())
+            status = "ok" if err <= tol * scale else "MISMATCH"
             print(
                 f"  {str(dtype):15s} seq={seq:3d}  max |device - eager| = {err:.2e}  "
                 f"[{status}]  ({seconds * 1e3:.0f} ms incl. compile)"

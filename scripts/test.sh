@@ -7,7 +7,7 @@ cd "$ROOT"
 "$ROOT/scripts/setup.sh" || exit 1
 
 echo "== ruff"
-.venv/bin/ruff check python tests/python benchmarks examples
+.venv/bin/ruff check python tests/python examples
 ruff_rc=$?
 
 echo "== ctest (lit, unit)"
