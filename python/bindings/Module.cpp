@@ -10,11 +10,14 @@
 #include "runtime/exec/Executor.h"
 #include "runtime/program/Program.h"
 #include "runtime/target/Target.h"
+#include "runtime/timing/TimingModel.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 
@@ -76,6 +79,34 @@ public:
     executor->run(in, out);
   }
 
+  /// The modeled timeline, computed on first use: runs that are not
+  /// profiled never pay for it.
+  const runtime::Timeline &timeline(bool withEvents) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!cachedTimeline || (withEvents && !cachedHasEvents)) {
+      cachedTimeline = runtime::simulate(program, target, withEvents);
+      cachedHasEvents = withEvents;
+    }
+    return *cachedTimeline;
+  }
+
+  /// Op names of the static instructions, in pre-order (the timeline's
+  /// `node` indexes this list).
+  std::vector<std::string> instructionNames() const {
+    std::vector<std::string> names;
+    std::function<void(const std::vector<runtime::Node> &)> walk =
+        [&](const std::vector<runtime::Node> &nodes) {
+          for (const runtime::Node &n : nodes) {
+            if (n.isLoop())
+              walk(n.body);
+            else
+              names.push_back(runtime::opcodeName(n.inst.op));
+          }
+        };
+    walk(program.body);
+    return names;
+  }
+
   std::vector<Spec> specs(const std::vector<int64_t> &ids) const {
     std::vector<Spec> out;
     for (int64_t id : ids) {
@@ -91,7 +122,26 @@ public:
 private:
   std::unique_ptr<runtime::Executor> executor;
   std::mutex mutex;
+  std::optional<runtime::Timeline> cachedTimeline;
+  bool cachedHasEvents = false;
 };
+
+py::dict timelineSummary(const runtime::Timeline &t) {
+  py::dict d;
+  d["device_ns"] = t.totalNs;
+  d["engine_busy_ns"] = t.engineBusyNs;
+  d["bound"] = t.bound;
+  d["flops"] = t.flops;
+  d["hbm_bytes"] = t.hbmBytes;
+  d["hbm_bytes_read"] = t.hbmBytesRead;
+  d["hbm_bytes_written"] = t.hbmBytesWritten;
+  d["dma_bytes"] = t.dmaBytes;
+  d["instructions"] = t.instructions;
+  d["psum_eviction_ns"] = t.psumEvictionNs;
+  d["tensor_throttle_ns"] = t.tensorThrottleNs;
+  d["activation_table_ns"] = t.activationTableNs;
+  return d;
+}
 
 } // namespace
 
@@ -102,6 +152,22 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<runtime::Error>(m, "DeviceError", PyExc_RuntimeError);
 
   m.def("targets", &target::targetNames, "Names of the available targets.");
+  m.def(
+      "target_peaks",
+      [](const std::string &name) {
+        const target::Target &t = target::getTarget(name);
+        // Dense bf16 TensorE peak (a 128x128 array, 2 FLOPs per MAC) and
+        // the core's HBM roofline (DMA engines, capped by its HBM share).
+        double flops = 2.0 * t.partitions * t.matmulMaxStationaryFree *
+                       t.tensorClockGHz * 1e9;
+        double dma = t.dmaEngines * t.dmaBytesPerNsPerEngine;
+        double hbm = t.hbmChipBytesPerNs / t.value("hbm_sharing_cores");
+        py::dict d;
+        d["flops"] = flops;
+        d["hbm_bytes"] = std::min(dma, hbm) * 1e9;
+        return d;
+      },
+      py::arg("target"), "Peak bf16 FLOP/s and HBM bytes/s of one core.");
 
   m.def(
       "check_graph",
@@ -129,7 +195,37 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly(
           "program_json", [](const Kernel &k) { return k.program.toJson(); })
       .def("run", &Kernel::run, py::arg("inputs"), py::arg("outputs"),
-           "Runs the kernel; each buffer is (data_ptr, dtype name, shape).");
+           "Runs the kernel; each buffer is (data_ptr, dtype name, shape).")
+      .def_property_readonly(
+          "locations", [](const Kernel &k) { return k.program.locations; },
+          "Python source lines (file:line) instructions came from.")
+      .def_property_readonly("instruction_names", &Kernel::instructionNames)
+      .def(
+          "timeline",
+          [](Kernel &k) {
+            py::gil_scoped_release release;
+            const runtime::Timeline &t = k.timeline(false);
+            py::gil_scoped_acquire acquire;
+            return timelineSummary(t);
+          },
+          "Modeled device time of one run and why (computed once).")
+      .def(
+          "timeline_events",
+          [](Kernel &k) {
+            const runtime::Timeline *t;
+            {
+              py::gil_scoped_release release;
+              t = &k.timeline(true);
+            }
+            py::list events;
+            for (const runtime::InstructionTiming &e : t->events)
+              events.append(py::make_tuple(
+                  e.node, runtime::timingUnitName(e.unit), e.queue,
+                  e.queueCount, e.startNs, e.endNs, e.loc));
+            return events;
+          },
+          "(node, unit, queue, queue_count, start_ns, end_ns, loc) per "
+          "event of one run, in program order.");
 
   m.def(
       "compile_graph",

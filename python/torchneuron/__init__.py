@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from torchneuron._stats import STATS as _STATS
+from torchneuron.profile import profile
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 __version__ = "0.1.0"
-__all__ = ["neuron_backend", "reset_stats", "set_default_backend", "stats"]
+__all__ = ["neuron_backend", "profile", "reset_stats", "set_default_backend", "stats"]
 
 
 def stats() -> dict[str, Any]:

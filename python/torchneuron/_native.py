@@ -9,6 +9,10 @@ parts (serializer, partitioner, stats) work without it. Its API, as this package
 - ``Kernel.input_specs`` / ``Kernel.output_specs``: ``list[tuple[str, list[int]]]`` (dtype name
   as in docs/FX_GRAPH_FORMAT.md, shape)
 - ``Kernel.run(inputs, outputs)``: each a list of ``(data_ptr, dtype_name, shape)``
+- ``Kernel.timeline() -> dict`` (modeled device time of one run: ``device_ns``, ``flops``,
+  ``hbm_bytes``, ``engine_busy_ns``, ``bound``, ...), ``Kernel.timeline_events()``,
+  ``Kernel.instruction_names``, ``Kernel.locations``, ``Kernel.target``
+- ``target_peaks(target) -> {"flops": ..., "hbm_bytes": ...}``: per-second peaks of one core
 - ``CompileError``: raised for compile failures, message naming the user's Python line
 """
 
@@ -17,7 +21,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["Kernel", "native"]
 
@@ -35,6 +39,19 @@ class Kernel(Protocol):
     def output_specs(self) -> Sequence[TensorSpec]: ...
 
     def run(self, inputs: list[BufferArg], outputs: list[BufferArg]) -> None: ...
+
+    @property
+    def target(self) -> str: ...
+
+    @property
+    def locations(self) -> list[str]: ...
+
+    @property
+    def instruction_names(self) -> list[str]: ...
+
+    def timeline(self) -> dict[str, Any]: ...
+
+    def timeline_events(self) -> list[tuple[int, str, int, int, float, float, int]]: ...
 
 
 def native() -> ModuleType:

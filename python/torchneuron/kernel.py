@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from torchneuron._native import BufferArg, Kernel
 from torchneuron._stats import STATS
 from torchneuron.fx_json import DTYPE_NAMES, dtype_from_name
+from torchneuron.profile import record_run
 
 __all__ = ["DeviceKernel"]
 
@@ -47,8 +50,16 @@ class DeviceKernel(torch.nn.Module):
                 )
             inputs.append(arg.detach().contiguous())
         outputs = [torch.empty(shape, dtype=dtype) for dtype, shape in self.output_specs]
-        self.kernel.run([_buffer(t) for t in inputs], [_buffer(t) for t in outputs])
+        if torch.autograd.profiler._is_profiler_enabled:
+            # A range in torch.profiler traces, carrying the modeled device time.
+            device_ns = self.kernel.timeline()["device_ns"]
+            args = json.dumps({"device_ns": device_ns, "target": self.kernel.target})
+            with torch.autograd.profiler.record_function(f"neuron:{self.graph_name}", args):
+                self.kernel.run([_buffer(t) for t in inputs], [_buffer(t) for t in outputs])
+        else:
+            self.kernel.run([_buffer(t) for t in inputs], [_buffer(t) for t in outputs])
         STATS.record_kernel_run()
+        record_run(self.kernel, self.graph_name)
         return tuple(outputs) if self.returns_tuple else outputs[0]
 
     def extra_repr(self) -> str:

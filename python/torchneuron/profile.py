@@ -1,0 +1,187 @@
+"""Where device time goes: the engine model's timeline of every kernel run.
+
+    with torchneuron.profile() as prof:
+        model(x)
+    prof.summary()                        # per kernel: time, FLOP/s, bytes/s, utilisation, bound
+    prof.export_chrome_trace("trace.json")  # Perfetto / chrome://tracing: a track per engine
+    prof.total_device_ns
+
+A kernel's timeline is computed once (the program is static) and only when a profile asks
+for it: runs outside ``profile()`` pay nothing. Under ``torch.profiler`` each kernel run also
+appears as a range ``neuron:<kernel>`` whose args carry the modeled device time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torchneuron._native import Kernel
+
+__all__ = ["Profile", "profile"]
+
+# Device resources in trace-track order: the engines' queues, then DMA.
+_UNITS = ("tensor", "vector", "scalar", "gpsimd", "sync", "dma")
+
+
+@dataclass
+class _Run:
+    kernel: Kernel
+    name: str
+    record: dict[str, Any]
+
+
+class Profile:
+    """Kernel runs recorded by :func:`profile`.
+
+    ``kernels`` is a list of dicts, one per run: ``name``, ``target``, ``device_ns``, ``flops``,
+    ``hbm_bytes``, ``engine_busy_ns`` (engine -> ns), ``bound`` (the engine or DMA that limited
+    the run, or ``latency``) and ``source_lines`` (the Python ``file:line`` locations whose
+    instructions ran in it)."""
+
+    def __init__(self) -> None:
+        self._runs: list[_Run] = []
+        self._lock = threading.Lock()
+
+    @property
+    def kernels(self) -> list[dict[str, Any]]:
+        return [dict(r.record) for r in self._runs]
+
+    @property
+    def total_device_ns(self) -> float:
+        """Modeled device time of everything recorded (kernels run one after another)."""
+        return float(sum(r.record["device_ns"] for r in self._runs))
+
+    def record(self, kernel: Kernel, name: str) -> None:
+        t = kernel.timeline()
+        record = {
+            "name": name,
+            "target": kernel.target,
+            "device_ns": t["device_ns"],
+            "flops": t["flops"],
+            "hbm_bytes": t["hbm_bytes"],
+            "engine_busy_ns": dict(t["engine_busy_ns"]),
+            "bound": t["bound"],
+            "instructions": t["instructions"],
+            "source_lines": list(kernel.locations),
+        }
+        with self._lock:
+            self._runs.append(_Run(kernel, name, record))
+
+    def summary(self, file: Any = None) -> str:
+        """A table of the recorded runs; printed (to ``file`` or stdout) and returned."""
+        from torchneuron import _native
+
+        rows = []
+        for r in self._runs:
+            k = r.record
+            peaks = _native.native().target_peaks(k["target"])
+            seconds = max(k["device_ns"], 1e-9) * 1e-9
+            flops_s = k["flops"] / seconds
+            bytes_s = k["hbm_bytes"] / seconds
+            busy = k["engine_busy_ns"]
+            util = "  ".join(
+                f"{u[:3]}={100 * busy.get(u, 0.0) / max(k['device_ns'], 1e-9):3.0f}%"
+                for u in ("tensor", "vector", "scalar", "dma")
+            )
+            rows.append(
+                f"{r.name:<14s} {k['target']:<5s} {k['device_ns'] / 1e3:>10.2f} "
+                f"{flops_s / 1e12:>8.2f} ({100 * flops_s / peaks['flops']:5.1f}%) "
+                f"{bytes_s / 1e9:>8.1f} ({100 * bytes_s / peaks['hbm_bytes']:5.1f}%)  "
+                f"{util}  {k['bound']}"
+            )
+        header = (
+            f"{'kernel':<14s} {'chip':<5s} {'time (us)':>10s} {'TFLOP/s':>8s} {'(peak)':>8s} "
+            f"{'HBM GB/s':>8s} {'(peak)':>8s}  engine utilisation" + " " * 28 + "bound"
+        )
+        total = f"total modeled device time: {self.total_device_ns / 1e3:.2f} us"
+        text = "\n".join([header, *rows, total])
+        print(text, file=file)
+        return text
+
+    def export_chrome_trace(self, path: str | Path) -> None:
+        """Write a Chrome trace (Perfetto, chrome://tracing): one track per engine queue and
+        DMA engine; every instruction is an event whose args carry its Python source line."""
+        events: list[dict[str, Any]] = []
+        pid = 1
+        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": "device"}})
+        tids: dict[tuple[str, int], int] = {}
+
+        def track(unit: str, queue: int) -> int:
+            key = (unit, queue)
+            if key not in tids:
+                tids[key] = len(tids) + 1
+                label = f"dma{queue}" if unit == "dma" else unit
+                events.append(
+                    {
+                        "ph": "M",
+                        "pid": pid,
+                        "tid": tids[key],
+                        "name": "thread_name",
+                        "args": {"name": label},
+                    }
+                )
+            return tids[key]
+
+        for unit in _UNITS[:-1]:
+            track(unit, 0)
+        offset = 0.0
+        for r in self._runs:
+            names = r.kernel.instruction_names
+            lines = r.kernel.locations
+            events.append(
+                {
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": 0,
+                    "name": r.name,
+                    "ts": offset / 1e3,
+                    "dur": r.record["device_ns"] / 1e3,
+                    "args": {"bound": r.record["bound"]},
+                }
+            )
+            for node, unit, queue, count, start, end, loc in r.kernel.timeline_events():
+                args: dict[str, Any] = {"kernel": r.name}
+                if loc >= 0:
+                    args["source"] = lines[loc]
+                if unit == "dma":
+                    args["dma_engines"] = count
+                events.append(
+                    {
+                        "ph": "X",
+                        "pid": pid,
+                        "tid": track(unit, queue),
+                        "name": names[node],
+                        "ts": (offset + start) / 1e3,
+                        "dur": max(end - start, 0.0) / 1e3,
+                        "args": args,
+                    }
+                )
+            offset += r.record["device_ns"]
+        Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
+
+
+_ACTIVE: list[Profile] = []
+
+
+@contextlib.contextmanager
+def profile() -> Iterator[Profile]:
+    """Record every kernel run of compiled models inside the ``with`` block."""
+    prof = Profile()
+    _ACTIVE.append(prof)
+    try:
+        yield prof
+    finally:
+        _ACTIVE.remove(prof)
+
+
+def record_run(kernel: Kernel, name: str) -> None:
+    """Called by every kernel run: hands it to the active profiles, if any."""
+    for prof in _ACTIVE:
+        prof.record(kernel, name)

@@ -1,0 +1,1241 @@
+//===- TimingModel.cpp - Static timeline of a kernel program --------------===//
+//
+// Construction (Model) turns every static instruction into a StaticInst:
+// its resources, its cost in ns and the affine form of each operand's
+// bounding box. simulate() then walks the flattened loop tree once and, per
+// dynamic instance, evaluates the boxes, finds the dependences against the
+// per-buffer access records, places the work on its queues and records its
+// accesses. See TimingModel.h for the model itself.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/timing/TimingModel.h"
+#include "runtime/program/Program.h"
+#include "runtime/target/Target.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace neuron::runtime {
+
+const char *timingUnitName(TimingUnit unit) {
+  switch (unit) {
+  case TimingUnit::Tensor:
+    return "tensor";
+  case TimingUnit::Vector:
+    return "vector";
+  case TimingUnit::Scalar:
+    return "scalar";
+  case TimingUnit::GpSimd:
+    return "gpsimd";
+  case TimingUnit::Sync:
+    return "sync";
+  case TimingUnit::Dma:
+    return "dma";
+  }
+  return "?";
+}
+
+namespace {
+
+using neuron::target::Target;
+
+/// Most DMA engines per core the model supports (bounds stack arrays).
+constexpr int kMaxDmaEngines = 64;
+
+//===----------------------------------------------------------------------===//
+// Figures
+//===----------------------------------------------------------------------===//
+
+/// Every figure the model uses, read once from the target (trn2.json,
+/// trn3.json carry the values and their sources).
+struct Params {
+  int partitions = 0;
+  double clockGHz[kNumTimingUnits] = {};
+
+  // TensorE.
+  double matmulMinIICycles = 0;
+  double matmulFp32Factor = 0;
+  double loadStationaryColumnsPerCycle = 0;
+  double matmulCompletionCycles = 0;
+  double throttleWindowNs = 0;
+  double throttleStartUtilization = 0;
+  double throttleRampNs = 0;
+  double throttleReengageUtilization = 0;
+
+  // VectorE / ScalarE / GpSimd.
+  double minIICycles = 0;
+  double dependentOverheadCycles[kNumTimingUnits] = {};
+  double vectorPerfSpeedup = 0;
+  double vectorPerfStridedSpeedup = 0;
+  double scalarPerfSpeedup = 0;
+  double stridePenaltyBytes = 0;
+  double stridePenaltyFactor = 0;
+  double activationTableSwitchNs = 0;
+
+  // DMA and HBM.
+  int dmaEngines = 0;
+  int partitionsPerDmaEngine = 0;
+  double dmaBytesPerNs = 0;
+  double dmaFixedLatencyNs = 0;
+  double dmaTriggerNs = 0;
+  double swdgeIssueNs = 0;
+  double swdgePerDescriptorNs = 0;
+  double descriptorOverheadNs = 0;
+  double descriptorHiddenBytes = 0;
+  double transposeEfficiencyFromHbm = 0;
+  double transposeEfficiencyFromSbuf = 0;
+  double hbmBytesPerNs = 0;
+
+  double semaphoreLatencyNs = 0;
+  double boundMinUtilization = 0;
+
+  explicit Params(const Target &t) {
+    auto positive = [&](const char *key) {
+      double v = t.value(key);
+      if (!(v > 0))
+        throw Error("target '" + t.name + "': figure '" + key +
+                    "' must be positive for the timing model");
+      return v;
+    };
+    auto nonNegative = [&](const char *key) {
+      double v = t.value(key);
+      if (!(v >= 0))
+        throw Error("target '" + t.name + "': figure '" + key +
+                    "' must not be negative for the timing model");
+      return v;
+    };
+    partitions = t.partitions;
+    clockGHz[int(TimingUnit::Tensor)] = t.tensorClockGHz;
+    clockGHz[int(TimingUnit::Vector)] = t.vectorClockGHz;
+    clockGHz[int(TimingUnit::Scalar)] = t.scalarClockGHz;
+    clockGHz[int(TimingUnit::GpSimd)] = t.gpsimdClockGHz;
+    clockGHz[int(TimingUnit::Sync)] = t.syncClockGHz;
+
+    matmulMinIICycles = nonNegative("matmul_min_ii_cycles");
+    matmulFp32Factor = positive("matmul_fp32_cost_factor");
+    loadStationaryColumnsPerCycle =
+        positive("matmul_load_stationary_columns_per_cycle");
+    matmulCompletionCycles = nonNegative("matmul_completion_fixed_cycles");
+    throttleWindowNs = positive("tensor_throttle_window_ns");
+    throttleStartUtilization = positive("tensor_throttle_start_utilization");
+    throttleRampNs = nonNegative("tensor_throttle_ramp_ns");
+    throttleReengageUtilization =
+        nonNegative("tensor_throttle_reengage_utilization");
+    if (throttleStartUtilization > 1)
+      throw Error("target '" + t.name +
+                  "': tensor_throttle_start_utilization must be <= 1");
+
+    minIICycles = nonNegative("engine_min_ii_cycles");
+    dependentOverheadCycles[int(TimingUnit::Vector)] =
+        nonNegative("vector_dependent_overhead_cycles");
+    // [Dv] a dependent 1-element ScalarE chain issues every
+    // scalar_dependent_ii_cycles, of which MIN_II is the instruction itself.
+    dependentOverheadCycles[int(TimingUnit::Scalar)] =
+        std::max(0.0, nonNegative("scalar_dependent_ii_cycles") - minIICycles);
+    dependentOverheadCycles[int(TimingUnit::GpSimd)] =
+        nonNegative("gpsimd_dependent_overhead_cycles");
+    // 16-bit perf modes: elements per cycle over the lanes, i.e. elements
+    // per lane per cycle (VectorE 512 / 128 = 4x [D S6, S7]; ScalarE 1x on
+    // NC-v3, 256 / 128 = 2x on NC-v4 [D S7]).
+    vectorPerfSpeedup = positive("vector_elems_per_cycle_16bit") / partitions;
+    vectorPerfStridedSpeedup = positive("vector_perf_mode_strided_speedup");
+    scalarPerfSpeedup = positive("scalar_elems_per_cycle_16bit") / partitions;
+    stridePenaltyBytes = nonNegative("stride_penalty_bytes");
+    stridePenaltyFactor = positive("stride_penalty_factor");
+    activationTableSwitchNs = nonNegative("activation_table_switch_ns");
+
+    dmaEngines = t.dmaEngines;
+    partitionsPerDmaEngine =
+        static_cast<int>(positive("dma_partitions_per_engine"));
+    if (dmaEngines < 1 || partitionsPerDmaEngine < 1)
+      throw Error("target '" + t.name +
+                  "': dma_engines and dma_partitions_per_engine must be >= 1");
+    if (dmaEngines > kMaxDmaEngines)
+      throw Error("target '" + t.name +
+                  "': the timing model supports at most " +
+                  std::to_string(kMaxDmaEngines) + " DMA engines");
+    dmaBytesPerNs = t.dmaBytesPerNsPerEngine;
+    dmaFixedLatencyNs = nonNegative("dma_fixed_latency_ns");
+    dmaTriggerNs = nonNegative("dma_trigger_ns");
+    swdgeIssueNs = nonNegative("dma_swdge_issue_ns");
+    swdgePerDescriptorNs = nonNegative("dma_swdge_per_descriptor_ns");
+    descriptorOverheadNs = nonNegative("dma_descriptor_overhead_ns");
+    descriptorHiddenBytes = positive("dma_descriptor_overhead_hidden_bytes");
+    transposeEfficiencyFromHbm =
+        positive("dma_transpose_efficiency_hbm_to_sbuf");
+    transposeEfficiencyFromSbuf =
+        positive("dma_transpose_efficiency_sbuf_to_sbuf");
+    hbmBytesPerNs = t.hbmChipBytesPerNs / positive("hbm_sharing_cores");
+
+    semaphoreLatencyNs = nonNegative("semaphore_latency_ns");
+    boundMinUtilization = nonNegative("timing_bound_min_utilization");
+  }
+
+  double cyclesToNs(TimingUnit unit, double cycles) const {
+    return cycles / clockGHz[int(unit)];
+  }
+};
+
+//===----------------------------------------------------------------------===//
+// Access boxes and records
+//===----------------------------------------------------------------------===//
+
+/// A rectangle of a buffer seen as rows x columns (row = everything after
+/// dim 0: one partition of an on-chip buffer, one leading-dim slice in HBM).
+struct Box {
+  int64_t r0, r1, c0, c1; // inclusive
+};
+
+inline bool overlaps(const Box &a, const Box &b) {
+  return a.r0 <= b.r1 && b.r0 <= a.r1 && a.c0 <= b.c1 && b.c0 <= a.c1;
+}
+
+inline bool containsBox(const Box &outer, const Box &inner) {
+  return outer.r0 <= inner.r0 && inner.r1 <= outer.r1 && outer.c0 <= inner.c0 &&
+         inner.c1 <= outer.c1;
+}
+
+inline Box unionBox(const Box &a, const Box &b) {
+  return {std::min(a.r0, b.r0), std::max(a.r1, b.r1), std::min(a.c0, b.c0),
+          std::max(a.c1, b.c1)};
+}
+
+constexpr uint8_t kMergedUnit = 0xff; // summary of merged records
+
+/// One earlier read or write of a buffer region.
+struct Access {
+  Box box;
+  double end;   // the accessing instruction left its queue
+  double ready; // its result is visible (end + pipeline latency)
+  uint64_t seq; // dynamic instance number (0 for merged summaries)
+  uint8_t unit; // TimingUnit, or kMergedUnit
+  bool write;
+};
+
+/// Most events reserved up front (about 1 GB of InstructionTiming).
+constexpr double kMaxReservedEvents = 2e7;
+
+/// Records per buffer beyond which the oldest half is merged. Not a hardware
+/// figure: it bounds the model's own work per instruction.
+constexpr size_t kMaxRecordsPerBuffer = 48;
+
+//===----------------------------------------------------------------------===//
+// Busy calendars (DMA engines, HBM)
+//===----------------------------------------------------------------------===//
+
+/// Busy intervals of one resource, sorted and disjoint. A job ready at some
+/// time fills every idle gap from then on until its work is done (it may be
+/// split over several gaps), so the resource never idles while booked work
+/// is ready. Jobs are booked in program order, so this is a preemptive
+/// priority by program order: a stand-in for the round-robin arbitration
+/// between DMA queues that keeps each engine work-conserving.
+class Calendar {
+public:
+  struct Placement {
+    double start, end; // first and last moment of work
+  };
+
+  Placement fill(double earliest, double duration) {
+    double cur = std::max(earliest, floor_);
+    if (duration <= 0)
+      return {cur, cur};
+    // Common case: after everything booked.
+    if (busy_.empty() || cur >= busy_.back().second) {
+      if (!busy_.empty() && cur == busy_.back().second)
+        busy_.back().second = cur + duration;
+      else
+        busy_.emplace_back(cur, cur + duration);
+      trim();
+      return {cur, cur + duration};
+    }
+    // Only intervals ending after `cur` can change: take them out, then
+    // put them back interleaved with the new work.
+    size_t i = busy_.size();
+    while (i > 0 && busy_[i - 1].second > cur)
+      --i;
+    tail_.assign(busy_.begin() + static_cast<std::ptrdiff_t>(i), busy_.end());
+    busy_.resize(i);
+    Placement placed{-1, -1};
+    double remaining = duration;
+    size_t j = 0;
+    while (remaining > 0) {
+      if (j < tail_.size() && tail_[j].first <= cur) {
+        append(tail_[j]);
+        cur = std::max(cur, tail_[j].second);
+        ++j;
+        continue;
+      }
+      double gapEnd = j < tail_.size()
+                          ? tail_[j].first
+                          : std::numeric_limits<double>::infinity();
+      double take = std::min(remaining, gapEnd - cur);
+      if (placed.start < 0)
+        placed.start = cur;
+      append({cur, cur + take});
+      remaining -= take;
+      cur += take;
+    }
+    placed.end = cur;
+    for (; j < tail_.size(); ++j)
+      append(tail_[j]);
+    trim();
+    return placed;
+  }
+
+private:
+  /// Appends an interval at or after the last one, joining if they touch.
+  void append(const std::pair<double, double> &interval) {
+    if (!busy_.empty() && busy_.back().second >= interval.first)
+      busy_.back().second = std::max(busy_.back().second, interval.second);
+    else
+      busy_.push_back(interval);
+  }
+
+  void trim() {
+    if (busy_.size() <= kMaxIntervals)
+      return;
+    // Forget the oldest half; nothing may be placed before their end.
+    size_t drop = busy_.size() - kMaxIntervals / 2;
+    floor_ = busy_[drop - 1].second;
+    busy_.erase(busy_.begin(),
+                busy_.begin() + static_cast<std::ptrdiff_t>(drop));
+  }
+
+  /// Bounds the model's own work; not a hardware figure.
+  static constexpr size_t kMaxIntervals = 32;
+  std::vector<std::pair<double, double>> busy_, tail_;
+  double floor_ = 0;
+};
+
+/// The DMA engines' calendars. Engines that received exactly the same work
+/// share one calendar (copy on write), so a 128-partition transfer, which
+/// gives all 16 engines the same share, is placed once instead of 16 times.
+class DmaEngineSet {
+public:
+  struct Share {
+    int engine;
+    double duration;
+  };
+
+  explicit DmaEngineSet(int engines)
+      : calendarOf_(static_cast<size_t>(engines), 0),
+        busy_(static_cast<size_t>(engines), 0.0) {
+    pool_.emplace_back();
+    refs_.push_back(engines);
+  }
+
+  /// Books each share on its engine from `ready` on; returns the first
+  /// start and the last end over the shares.
+  Calendar::Placement fill(double ready, const Share *shares, int count) {
+    struct Group {
+      int calendar;
+      double duration;
+      int members;
+    };
+    Group groups[kMaxDmaEngines];
+    int groupOf[kMaxDmaEngines];
+    int numGroups = 0;
+    for (int k = 0; k < count; ++k) {
+      int calendar = calendarOf_[shares[k].engine];
+      int g = 0;
+      while (g < numGroups && !(groups[g].calendar == calendar &&
+                                groups[g].duration == shares[k].duration))
+        ++g;
+      if (g == numGroups)
+        groups[numGroups++] = Group{calendar, shares[k].duration, 0};
+      ++groups[g].members;
+      groupOf[k] = g;
+      busy_[shares[k].engine] += shares[k].duration;
+    }
+    Calendar::Placement placed{std::numeric_limits<double>::infinity(), ready};
+    for (int g = 0; g < numGroups; ++g) {
+      int calendar = groups[g].calendar;
+      if (refs_[calendar] != groups[g].members) {
+        // Only some of the engines sharing this calendar get this work.
+        int copy = allocate(calendar);
+        refs_[calendar] -= groups[g].members;
+        refs_[copy] = groups[g].members;
+        for (int k = 0; k < count; ++k)
+          if (groupOf[k] == g)
+            calendarOf_[shares[k].engine] = copy;
+        calendar = copy;
+      }
+      Calendar::Placement p = pool_[calendar].fill(ready, groups[g].duration);
+      placed.start = std::min(placed.start, p.start);
+      placed.end = std::max(placed.end, p.end);
+    }
+    return placed;
+  }
+
+  const std::vector<double> &busy() const { return busy_; }
+
+private:
+  int allocate(int cloneOf) {
+    if (!free_.empty()) {
+      int slot = free_.back();
+      free_.pop_back();
+      pool_[slot] = pool_[cloneOf];
+      return slot;
+    }
+    pool_.push_back(pool_[cloneOf]);
+    refs_.push_back(0);
+    return static_cast<int>(pool_.size()) - 1;
+  }
+
+  std::vector<Calendar> pool_;
+  std::vector<int> refs_; // engines sharing each calendar
+  std::vector<int> free_; // unused pool slots
+  std::vector<int> calendarOf_;
+  std::vector<double> busy_;
+};
+
+//===----------------------------------------------------------------------===//
+// Static instructions
+//===----------------------------------------------------------------------===//
+
+struct Term {
+  int32_t slot;
+  int64_t coeff;
+};
+
+/// One operand: its buffer and the affine form of its bounding box.
+struct Operand {
+  int32_t buffer = 0;   // index into Program::buffers
+  bool tracked = false; // the buffer is written somewhere in the program
+  bool onChip = false;
+  int64_t constant = 0;
+  uint32_t termBegin = 0, termEnd = 0;
+  int64_t rowSize = 1;
+  int64_t rowExtent = 0, colExtent = 0, totalExtent = 0;
+  bool separable = true;
+};
+
+constexpr int kMaxOperands = 8;
+
+struct StaticInst {
+  int64_t node = 0;
+  int64_t loc = -1;
+  Opcode op = Opcode::Copy;
+  TimingUnit unit = TimingUnit::Vector;
+  uint32_t operandBegin = 0;
+  uint32_t numReads = 0;   // operands [begin, begin + numReads) are read,
+                           // operand begin + numReads is the destination
+  int stationaryRead = -1; // matmul: index of the stationary among the reads
+
+  // Compute instructions.
+  double costNs = 0;
+  double dependentOverheadNs = 0;
+  bool readsPsum = false;
+  int activationTable = -1; // -1: none; otherwise a table set id
+
+  // Matmul.
+  double loadStationaryNs = 0;
+  double completionNs = 0;
+  double flops = 0;
+
+  // DMA.
+  bool isDma = false;
+  double triggerNs = 0;       // on the issuing queue
+  double descriptorGenNs = 0; // on GpSimd, after the trigger (gathers only)
+  int partitionOperand = -1;  // operand whose partitions pick the engines
+  int64_t rows = 1;           // partitions (or leading-dim rows in HBM)
+  double perRowNs = 0;        // DMA engine time per row
+  double hbmNs = 0;           // HBM occupancy
+  double hbmRead = 0, hbmWritten = 0, dmaBytes = 0;
+};
+
+struct FlatNode {
+  bool isLoop = false;
+  int32_t slot = 0;  // loop: iv slot
+  int64_t count = 0; // loop: trip count
+  size_t end = 0;    // loop: index one past its body
+  uint32_t inst = 0; // instruction: index into insts
+};
+
+bool is16Bit(DType dtype) {
+  return dtype == DType::BF16 || dtype == DType::F16;
+}
+
+int64_t freeElements(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (size_t d = 1; d < shape.size(); ++d)
+    n *= shape[d];
+  return n;
+}
+
+/// Elements of the longest contiguous run at the end of the view; on-chip
+/// views never run across partitions (dim 0).
+int64_t contiguousRun(const View &view, bool onChip) {
+  int64_t run = 1;
+  size_t stop = onChip ? 1 : 0;
+  for (size_t d = view.shape.size(); d-- > stop;) {
+    if (view.shape[d] == 1)
+      continue;
+    if (view.strides[d] != run)
+      break;
+    run *= view.shape[d];
+  }
+  return run;
+}
+
+/// Stride in elements of the innermost free dim that has extent > 1 (1 if
+/// there is none).
+int64_t innermostStride(const View &view) {
+  for (size_t d = view.shape.size(); d-- > 1;)
+    if (view.shape[d] > 1)
+      return view.strides[d];
+  return 1;
+}
+
+bool hasBroadcast(const View &view) {
+  for (size_t d = 0; d < view.shape.size(); ++d)
+    if (view.shape[d] > 1 && view.strides[d] == 0)
+      return true;
+  return false;
+}
+
+/// ScalarE activation table sets [E]: functions that need no table load
+/// (assumed resident in every set) return 0; every other function is
+/// assumed to be its own set.
+int activationTableOf(ActFunc func) {
+  switch (func) {
+  case ActFunc::Identity:
+  case ActFunc::Neg:
+  case ActFunc::Abs:
+  case ActFunc::Relu:
+  case ActFunc::Square:
+    return 0;
+  default:
+    return 1 + static_cast<int>(func);
+  }
+}
+
+class Model {
+public:
+  Model(const Program &source, const Target &target)
+      : program(source), params(target) {
+    for (size_t i = 0; i < program.buffers.size(); ++i)
+      bufferIndex[program.buffers[i].id] = static_cast<int32_t>(i);
+    std::map<int64_t, int32_t> slots;
+    compileNodes(program.body, slots, 1);
+    std::vector<bool> written(program.buffers.size(), false);
+    for (const StaticInst &inst : insts)
+      written[operands[inst.operandBegin + inst.numReads].buffer] = true;
+    for (Operand &op : operands)
+      op.tracked = written[op.buffer];
+    numSlots = static_cast<int32_t>(slots.size());
+  }
+
+  const Program &program;
+  const Params params;
+  std::map<int64_t, int32_t> bufferIndex;
+  std::vector<StaticInst> insts;
+  std::vector<Operand> operands;
+  std::vector<Term> terms;
+  std::vector<FlatNode> nodes;
+  int32_t numSlots = 0;
+  double dynamicInstances = 0; // sum over instructions of their trip counts
+  double dynamicEvents = 0;    // events simulate() emits when keeping them
+
+private:
+  void compileNodes(const std::vector<Node> &body,
+                    std::map<int64_t, int32_t> &slots, double trips) {
+    for (const Node &node : body) {
+      if (node.isLoop()) {
+        int32_t slot = static_cast<int32_t>(slots.size());
+        slots[node.loopId] = slot; // loop ids are unique (verified)
+        size_t index = nodes.size();
+        FlatNode loop;
+        loop.isLoop = true;
+        loop.slot = slot;
+        loop.count = node.count;
+        nodes.push_back(loop);
+        compileNodes(node.body, slots, trips * static_cast<double>(node.count));
+        nodes[index].end = nodes.size();
+        continue;
+      }
+      FlatNode leaf;
+      leaf.inst = static_cast<uint32_t>(insts.size());
+      nodes.push_back(leaf);
+      insts.push_back(compileInst(node.inst, slots));
+      const StaticInst &si = insts.back();
+      dynamicInstances += trips;
+      dynamicEvents +=
+          trips * (si.isDma ? 2 + (si.descriptorGenNs > 0 ? 1 : 0) : 1);
+    }
+  }
+
+  const Buffer &bufferOf(const View &view) const {
+    return program.buffers[bufferIndex.at(view.buffer)];
+  }
+
+  void addOperand(const View &view, const std::map<int64_t, int32_t> &slots) {
+    const Buffer &buffer = bufferOf(view);
+    Operand op;
+    op.buffer = bufferIndex.at(view.buffer);
+    op.onChip = buffer.isOnChip();
+    op.constant = view.offset.constant;
+    op.termBegin = static_cast<uint32_t>(terms.size());
+    for (const auto &[iv, coeff] : view.offset.terms)
+      if (coeff != 0)
+        terms.push_back(Term{slots.at(iv), coeff});
+    op.termEnd = static_cast<uint32_t>(terms.size());
+    int64_t rowSize = 1;
+    for (size_t d = 1; d < buffer.shape.size(); ++d)
+      rowSize *= buffer.shape[d];
+    if (buffer.shape.size() == 1)
+      rowSize = buffer.shape[0]; // a 1-D buffer is one row
+    op.rowSize = std::max<int64_t>(rowSize, 1);
+    for (size_t d = 0; d < view.shape.size(); ++d) {
+      int64_t n = view.shape[d] - 1, s = view.strides[d];
+      if (n == 0 || s == 0)
+        continue;
+      op.totalExtent += n * s;
+      if (s % op.rowSize == 0)
+        op.rowExtent += n * (s / op.rowSize);
+      else if (s < op.rowSize)
+        op.colExtent += n * s;
+      else
+        op.separable = false;
+    }
+    operands.push_back(op);
+  }
+
+  StaticInst compileInst(const Instruction &inst,
+                         const std::map<int64_t, int32_t> &slots) {
+    StaticInst si;
+    si.node = static_cast<int64_t>(insts.size());
+    si.loc = inst.loc;
+    si.op = inst.op;
+    si.unit = static_cast<TimingUnit>(inst.engine);
+    si.operandBegin = static_cast<uint32_t>(operands.size());
+    // Reads first, the destination last.
+    for (const auto &[name, view] : inst.operands()) {
+      if (view == &*inst.dst)
+        continue;
+      if (inst.stationary && view == &*inst.stationary)
+        si.stationaryRead = static_cast<int>(si.numReads);
+      addOperand(*view, slots);
+      ++si.numReads;
+    }
+    addOperand(*inst.dst, slots);
+
+    switch (inst.op) {
+    case Opcode::DmaCopy:
+    case Opcode::DmaGather:
+      costDma(inst, si);
+      break;
+    case Opcode::Matmul:
+      costMatmul(inst, si);
+      break;
+    default:
+      costCompute(inst, si);
+      break;
+    }
+    return si;
+  }
+
+  void costMatmul(const Instruction &inst, StaticInst &si) {
+    const Params &p = params;
+    const View &stat = *inst.stationary, &mov = *inst.moving;
+    double k = static_cast<double>(stat.shape[0]);
+    double m = static_cast<double>(freeElements(stat.shape));
+    double n = static_cast<double>(freeElements(mov.shape));
+    // [D S23] max(min(64, N_stationary), N_moving) cycles; fp32 inputs 4x.
+    double cycles = std::max(std::min(p.matmulMinIICycles, m), n);
+    if (bufferOf(stat).dtype == DType::F32 || bufferOf(mov).dtype == DType::F32)
+      cycles *= p.matmulFp32Factor;
+    si.costNs = p.cyclesToNs(TimingUnit::Tensor, cycles);
+    si.loadStationaryNs = p.cyclesToNs(
+        TimingUnit::Tensor, std::ceil(m / p.loadStationaryColumnsPerCycle));
+    si.completionNs =
+        p.cyclesToNs(TimingUnit::Tensor, p.matmulCompletionCycles);
+    si.flops = 2 * k * m * n;
+  }
+
+  void costCompute(const Instruction &inst, StaticInst &si) {
+    const Params &p = params;
+    const View &dst = *inst.dst;
+    // Streamed inputs: full tensors the engine reads element by element
+    // ([P, 1] bias/scalar operands are per-partition registers).
+    std::vector<const View *> streamed;
+    switch (inst.op) {
+    case Opcode::TensorTensor:
+      streamed = {&*inst.a, &*inst.b};
+      break;
+    case Opcode::Select:
+      streamed = {&*inst.pred, &*inst.onTrue, &*inst.onFalse};
+      break;
+    case Opcode::Activation:
+    case Opcode::TensorScalar:
+    case Opcode::TensorReduce:
+    case Opcode::Copy:
+      streamed = {&*inst.src};
+      break;
+    default: // iota, memset: output only
+      break;
+    }
+    double n = static_cast<double>(freeElements(
+        inst.op == Opcode::TensorReduce ? inst.src->shape : dst.shape));
+    bool all16 = is16Bit(bufferOf(dst).dtype);
+    bool contiguous = innermostStride(dst) == 1;
+    int inPsum = 0;
+    bool strided = false;
+    auto strideBytes = [&](const View &view) {
+      return static_cast<double>(innermostStride(view)) *
+             static_cast<double>(dtypeSize(bufferOf(view).dtype));
+    };
+    strided |= strideBytes(dst) > p.stridePenaltyBytes;
+    bool dstPsum = bufferOf(dst).space == Space::PSUM;
+    for (const View *view : streamed) {
+      const Buffer &buffer = bufferOf(*view);
+      all16 &= is16Bit(buffer.dtype);
+      contiguous &= innermostStride(*view) == 1;
+      inPsum += buffer.space == Space::PSUM;
+      strided |= strideBytes(*view) > p.stridePenaltyBytes;
+    }
+    si.readsPsum = inPsum > 0;
+
+    double passes = std::max<double>(1, static_cast<double>(streamed.size()));
+    double speedup = 1;
+    TimingUnit unit = si.unit;
+    if (unit == TimingUnit::Vector) {
+      // [D S5, S23] a 2-input op takes N instead of 2N cycles with one input
+      // in PSUM; [D S6] also when all tensors are 16-bit in SBUF.
+      if (streamed.size() == 2 &&
+          (inPsum == 1 || (all16 && inPsum == 0 && !dstPsum)))
+        passes = 1;
+      // [D S6] perf mode for 16-bit tensor_copy / tensor_scalar (and memset,
+      // a copy of an immediate [E]): 4x in SBUF and contiguous, else 2x.
+      bool perfOp = inst.op == Opcode::Copy ||
+                    inst.op == Opcode::TensorScalar ||
+                    inst.op == Opcode::Memset;
+      if (perfOp && all16)
+        speedup = (contiguous && inPsum == 0 && !dstPsum)
+                      ? p.vectorPerfSpeedup
+                      : p.vectorPerfStridedSpeedup;
+    } else if (unit == TimingUnit::Scalar) {
+      // [D S7] NC-v4 ScalarE runs 16-bit tensor_copy / tensor_scalar at 2x
+      // (the speedup is 1 on NC-v3).
+      if ((inst.op == Opcode::Copy || inst.op == Opcode::TensorScalar) && all16)
+        speedup = p.scalarPerfSpeedup;
+    }
+    double streamCycles = passes * n / speedup;
+    if (strided)
+      streamCycles *= p.stridePenaltyFactor;
+    double cycles = std::max(p.minIICycles, streamCycles);
+    si.costNs = p.cyclesToNs(unit, cycles);
+    si.dependentOverheadNs =
+        p.cyclesToNs(unit, p.dependentOverheadCycles[int(unit)]);
+    if (inst.op == Opcode::Activation)
+      si.activationTable = activationTableOf(inst.func);
+  }
+
+  void costDma(const Instruction &inst, StaticInst &si) {
+    const Params &p = params;
+    si.isDma = true;
+    const View &dst = *inst.dst;
+    const Buffer &dstBuf = bufferOf(dst);
+    bool gather = inst.op == Opcode::DmaGather;
+    const View &src = gather ? *inst.table : *inst.src;
+    const Buffer &srcBuf = bufferOf(src);
+
+    double elements = static_cast<double>(dst.numElements());
+    int64_t srcSize = dtypeSize(srcBuf.dtype),
+            dstSize = dtypeSize(dstBuf.dtype);
+    double bytes = elements * static_cast<double>(std::max(srcSize, dstSize));
+
+    // Descriptors: contiguous chunks common to both sides.
+    int64_t srcRun = contiguousRun(src, srcBuf.isOnChip() || gather);
+    int64_t dstRun = contiguousRun(dst, dstBuf.isOnChip());
+    if (gather) // gathered rows are scattered: a chunk never spans two rows
+      dstRun = std::min<int64_t>(dstRun, freeElements(dst.shape));
+    int64_t chunk = std::max<int64_t>(1, std::min(srcRun, dstRun));
+    double chunkBytes = static_cast<double>(chunk) *
+                        static_cast<double>(std::max(srcSize, dstSize));
+    double descriptors = std::ceil(elements / static_cast<double>(chunk));
+
+    // Rows split over the engines: SBUF partitions, or leading-dim rows
+    // when both sides are in HBM.
+    const View *mapped = nullptr;
+    int operandOfMapped = -1;
+    auto operandIndexOf = [&](const View &view) -> int {
+      int i = 0;
+      for (const auto &[name, v] : inst.operands()) {
+        if (v == &*inst.dst)
+          continue;
+        if (v == &view)
+          return i;
+        ++i;
+      }
+      return static_cast<int>(si.numReads); // the destination
+    };
+    if (dstBuf.isOnChip()) {
+      mapped = &dst;
+      operandOfMapped = static_cast<int>(si.numReads);
+    } else if (!gather && srcBuf.isOnChip()) {
+      mapped = &src;
+      operandOfMapped = operandIndexOf(src);
+    }
+    si.partitionOperand = operandOfMapped;
+    si.rows = dst.shape.empty() ? 1 : std::max<int64_t>(1, dst.shape[0]);
+    if (mapped)
+      si.rows = std::max<int64_t>(1, mapped->shape[0]);
+    double rows = static_cast<double>(si.rows);
+
+    // DMA transpose [D S6]: one side walks elements the other has
+    // contiguous, 2- or 4-byte elements, into SBUF.
+    bool transpose =
+        !gather && srcSize == dstSize && (srcSize == 2 || srcSize == 4) &&
+        dstBuf.isOnChip() && !hasBroadcast(src) && !hasBroadcast(dst) &&
+        std::min(srcRun, dstRun) == 1 && std::max(srcRun, dstRun) > 1;
+    if (transpose) {
+      double efficiency = srcBuf.isOnChip() ? p.transposeEfficiencyFromSbuf
+                                            : p.transposeEfficiencyFromHbm;
+      si.perRowNs = bytes / rows / (p.dmaBytesPerNs * efficiency);
+    } else {
+      // Per-descriptor overhead, hidden once descriptors are large (fitted
+      // to the S9 efficiency curve and the S8 1,416 ns measurement).
+      double overhead =
+          p.descriptorOverheadNs *
+          std::max(0.0, 1.0 - chunkBytes / p.descriptorHiddenBytes);
+      si.perRowNs = (bytes / p.dmaBytesPerNs + descriptors * overhead) / rows;
+    }
+
+    // HBM traffic.
+    if (!srcBuf.isOnChip())
+      si.hbmRead += elements * static_cast<double>(srcSize);
+    if (gather && !bufferOf(*inst.indices).isOnChip())
+      si.hbmRead +=
+          static_cast<double>(inst.indices->numElements()) *
+          static_cast<double>(dtypeSize(bufferOf(*inst.indices).dtype));
+    if (!dstBuf.isOnChip())
+      si.hbmWritten += elements * static_cast<double>(dstSize);
+    si.hbmNs = (si.hbmRead + si.hbmWritten) / p.hbmBytesPerNs;
+    si.dmaBytes = bytes;
+
+    // Issue: a sequencer trigger with precomputed descriptors, or software
+    // descriptor generation on GpSimd (gathers, and GpSimd-issued copies).
+    double swdge = p.swdgeIssueNs + p.swdgePerDescriptorNs * descriptors;
+    if (si.unit == TimingUnit::GpSimd) {
+      si.triggerNs = swdge;
+    } else {
+      si.triggerNs = p.dmaTriggerNs;
+      if (gather)
+        si.descriptorGenNs = swdge;
+    }
+  }
+};
+
+//===----------------------------------------------------------------------===//
+// Simulation
+//===----------------------------------------------------------------------===//
+
+class Simulator {
+public:
+  Simulator(const Model &model, bool withEvents)
+      : m(model), p(model.params), keepEvents(withEvents),
+        records(model.program.buffers.size()), ivs(model.numSlots, 0),
+        dmaEngines(p.dmaEngines) {
+    // Reserve exactly, unless that is so large that growing on demand (and
+    // failing late, if at all) is the better deal.
+    if (withEvents && m.dynamicEvents <= kMaxReservedEvents)
+      timeline.events.reserve(static_cast<size_t>(m.dynamicEvents));
+  }
+
+  Timeline run() {
+    runRange(0, m.nodes.size());
+    finish();
+    return std::move(timeline);
+  }
+
+private:
+  const Model &m;
+  const Params &p;
+  bool keepEvents;
+  Timeline timeline;
+
+  std::vector<std::vector<Access>> records; // per buffer
+  std::vector<int64_t> ivs;
+  uint64_t seq = 0;
+
+  double queueFree[kNumTimingUnits] = {};
+  uint64_t lastSeq[kNumTimingUnits] = {};
+  double busy[kNumTimingUnits] = {};
+  double endTime = 0;
+
+  DmaEngineSet dmaEngines;
+  Calendar hbmCalendar;
+  double hbmBusy = 0;
+
+  // TensorE: background LoadStationary and the power throttle.
+  double previousMatmulStart = 0;
+  double throttleRamp = 0;    // active ns since the throttle engaged
+  double throttleEngaged = 0; // when it last engaged
+  std::vector<std::pair<double, double>> window; // recent matmul intervals
+  size_t windowHead = 0;
+  double windowSum = 0;
+
+  int activeTable = -1; // ScalarE activation table set loaded
+
+  void runRange(size_t begin, size_t end) {
+    for (size_t i = begin; i < end;) {
+      const FlatNode &node = m.nodes[i];
+      if (!node.isLoop) {
+        execute(m.insts[node.inst]);
+        ++i;
+        continue;
+      }
+      for (int64_t iv = 0; iv < node.count; ++iv) {
+        ivs[node.slot] = iv;
+        runRange(i + 1, node.end);
+      }
+      i = node.end;
+    }
+  }
+
+  Box boxOf(const Operand &op) const {
+    int64_t offset = op.constant;
+    for (uint32_t t = op.termBegin; t < op.termEnd; ++t)
+      offset += m.terms[t].coeff * ivs[m.terms[t].slot];
+    const int64_t rowSize = op.rowSize;
+    if (op.separable) {
+      int64_t r = offset / rowSize, c = offset - r * rowSize;
+      if (c + op.colExtent < rowSize)
+        return {r, r + op.rowExtent, c, c + op.colExtent};
+    }
+    return {offset / rowSize, (offset + op.totalExtent) / rowSize, 0,
+            rowSize - 1};
+  }
+
+  /// When an earlier access stops blocking a consumer on `unit`: its queue
+  /// order covers the same queue, a semaphore any other.
+  double waitFor(const Access &a, uint8_t unit) const {
+    return a.unit == unit ? a.end : a.ready + p.semaphoreLatencyNs;
+  }
+
+  /// `a` makes `old` redundant: every later access that conflicts with `old`
+  /// conflicts with `a` and waits at least as long for it.
+  bool dominates(const Access &a, const Access &old) const {
+    if (!a.write && old.write)
+      return false;
+    if (!containsBox(a.box, old.box))
+      return false;
+    if (a.unit == old.unit)
+      return a.end >= old.end && a.ready >= old.ready;
+    double sem = p.semaphoreLatencyNs;
+    return a.ready >= old.ready && a.end >= old.ready + sem &&
+           (old.unit == kMergedUnit || a.ready + sem >= old.end);
+  }
+
+  void record(int32_t buffer, const Access &access) {
+    std::vector<Access> &list = records[buffer];
+    size_t out = 0;
+    for (size_t i = 0; i < list.size(); ++i)
+      if (!dominates(access, list[i]))
+        list[out++] = list[i];
+    list.resize(out);
+    list.push_back(access);
+    if (list.size() > kMaxRecordsPerBuffer)
+      mergeOldest(list);
+  }
+
+  /// Replaces the oldest half of the records by one write and one read
+  /// summary (union box, latest times, waited on by every queue).
+  static void mergeOldest(std::vector<Access> &list) {
+    size_t half = list.size() / 2;
+    Access merged[2];
+    bool have[2] = {false, false};
+    for (size_t i = 0; i < half; ++i) {
+      const Access &a = list[i];
+      Access &s = merged[a.write];
+      if (!have[a.write]) {
+        s = a;
+        s.unit = kMergedUnit;
+        s.seq = 0;
+        have[a.write] = true;
+        continue;
+      }
+      s.box = unionBox(s.box, a.box);
+      s.end = std::max(s.end, a.end);
+      s.ready = std::max(s.ready, a.ready);
+    }
+    std::vector<Access> rest;
+    rest.reserve(list.size() - half + 2);
+    for (int w = 0; w < 2; ++w)
+      if (have[w])
+        rest.push_back(merged[w]);
+    rest.insert(rest.end(), list.begin() + half, list.end());
+    list.swap(rest);
+  }
+
+  void event(const StaticInst &si, TimingUnit unit, double start, double end,
+             int queue = 0, int queueCount = 1) {
+    if (keepEvents)
+      timeline.events.push_back(InstructionTiming{
+          si.node, unit, queue, queueCount, start, end, si.loc});
+  }
+
+  void execute(const StaticInst &si) {
+    ++seq;
+    ++timeline.instructions;
+    const Operand *ops = &m.operands[si.operandBegin];
+    const uint32_t numOps = si.numReads + 1;
+    Box boxes[kMaxOperands];
+    for (uint32_t i = 0; i < numOps; ++i)
+      boxes[i] = boxOf(ops[i]);
+
+    // Data dependences (the stand-in for compiler-inserted semaphores).
+    const uint8_t unit = static_cast<uint8_t>(si.unit);
+    double waitStationary = 0, waitOther = 0;
+    bool dependent = false;
+    for (uint32_t i = 0; i < si.numReads; ++i) {
+      if (!ops[i].tracked)
+        continue;
+      double wait = 0;
+      for (const Access &a : records[ops[i].buffer]) {
+        if (!a.write || !overlaps(a.box, boxes[i]))
+          continue;
+        wait = std::max(wait, waitFor(a, unit));
+        dependent |= a.unit == unit && a.seq == lastSeq[unit];
+      }
+      if (static_cast<int>(i) == si.stationaryRead)
+        waitStationary = std::max(waitStationary, wait);
+      else
+        waitOther = std::max(waitOther, wait);
+    }
+    const Operand &dstOp = ops[si.numReads];
+    const Box &dstBox = boxes[si.numReads];
+    for (const Access &a : records[dstOp.buffer])
+      if (overlaps(a.box, dstBox))
+        waitOther = std::max(waitOther, waitFor(a, unit));
+
+    double end, ready;
+    if (si.isDma) {
+      executeDma(si, boxes, std::max(waitOther, waitStationary), end);
+      ready = end;
+      lastSeq[unit] = seq;
+      for (uint32_t i = 0; i < si.numReads; ++i)
+        if (ops[i].tracked)
+          record(ops[i].buffer, Access{boxes[i], end, end, seq,
+                                       uint8_t(TimingUnit::Dma), false});
+      record(dstOp.buffer,
+             Access{dstBox, end, end, seq, uint8_t(TimingUnit::Dma), true});
+      return;
+    }
+
+    double start;
+    if (si.op == Opcode::Matmul) {
+      // Background LoadStationary: after the previous matmul started and the
+      // stationary data is ready; the matmul waits for it.
+      double lsEnd =
+          std::max(previousMatmulStart, waitStationary) + si.loadStationaryNs;
+      start = std::max({queueFree[unit], waitOther, lsEnd});
+      double duration = throttledDuration(start, si.costNs);
+      timeline.flops += si.flops;
+      timeline.tensorThrottleNs += duration - si.costNs;
+      end = start + duration;
+      ready = end + si.completionNs;
+      previousMatmulStart = start;
+      pushWindow(start, end);
+    } else {
+      start = std::max(queueFree[unit], waitOther);
+      double duration = si.costNs;
+      if (dependent)
+        duration += si.dependentOverheadNs;
+      if (si.activationTable > 0 && si.activationTable != activeTable) {
+        duration += p.activationTableSwitchNs;
+        timeline.activationTableNs += p.activationTableSwitchNs;
+        activeTable = si.activationTable;
+      }
+      if (si.readsPsum)
+        timeline.psumEvictionNs += duration;
+      end = start + duration;
+      ready = end;
+    }
+    queueFree[unit] = end;
+    lastSeq[unit] = seq;
+    busy[unit] += end - start;
+    endTime = std::max(endTime, ready);
+    event(si, si.unit, start, end);
+
+    for (uint32_t i = 0; i < si.numReads; ++i)
+      if (ops[i].tracked)
+        record(ops[i].buffer, Access{boxes[i], end, end, seq, unit, false});
+    record(dstOp.buffer, Access{dstBox, end, ready, seq, unit, true});
+  }
+
+  void executeDma(const StaticInst &si, const Box *boxes, double wait,
+                  double &completion) {
+    const uint8_t unit = static_cast<uint8_t>(si.unit);
+    double triggerStart = std::max(queueFree[unit], wait);
+    double triggerEnd = triggerStart + si.triggerNs;
+    queueFree[unit] = triggerEnd;
+    busy[unit] += si.triggerNs;
+    event(si, si.unit, triggerStart, triggerEnd);
+
+    double issued = triggerEnd;
+    if (si.descriptorGenNs > 0) {
+      const int g = int(TimingUnit::GpSimd);
+      double genStart = std::max(queueFree[g], triggerEnd);
+      issued = genStart + si.descriptorGenNs;
+      queueFree[g] = issued;
+      busy[g] += si.descriptorGenNs;
+      event(si, TimingUnit::GpSimd, genStart, issued);
+    }
+    double dataReady = issued + p.dmaFixedLatencyNs;
+
+    // Split over the DMA engines by row.
+    const int64_t ppe = p.partitionsPerDmaEngine;
+    const int64_t engines = p.dmaEngines;
+    int64_t firstEngine, lastEngine, rowBegin;
+    if (si.partitionOperand >= 0) {
+      rowBegin = std::max<int64_t>(0, boxes[si.partitionOperand].r0);
+      firstEngine = std::min(engines - 1, rowBegin / ppe);
+      lastEngine = std::min(engines - 1, (rowBegin + si.rows - 1) / ppe);
+    } else {
+      rowBegin = 0;
+      firstEngine = 0;
+      lastEngine = std::min(engines, (si.rows + ppe - 1) / ppe) - 1;
+    }
+    const int64_t used = lastEngine - firstEngine + 1;
+    DmaEngineSet::Share shares[kMaxDmaEngines];
+    int numShares = 0;
+    for (int64_t e = firstEngine; e <= lastEngine; ++e) {
+      double rows;
+      if (si.partitionOperand >= 0) {
+        int64_t lo = std::max(rowBegin, e * ppe);
+        int64_t hi = e == lastEngine
+                         ? rowBegin + si.rows
+                         : std::min(rowBegin + si.rows, (e + 1) * ppe);
+        rows = static_cast<double>(std::max<int64_t>(hi - lo, 0));
+      } else {
+        rows = static_cast<double>(si.rows) / static_cast<double>(used);
+      }
+      double duration = rows * si.perRowNs;
+      if (duration > 0)
+        shares[numShares++] = {static_cast<int>(e), duration};
+    }
+    Calendar::Placement placed = dmaEngines.fill(dataReady, shares, numShares);
+    double dataStart = placed.start;
+    double dataEnd = std::max(dataReady, placed.end);
+    if (!(dataStart < dataEnd))
+      dataStart = dataReady;
+    if (si.hbmNs > 0) {
+      Calendar::Placement hbm = hbmCalendar.fill(dataStart, si.hbmNs);
+      hbmBusy += si.hbmNs;
+      dataEnd = std::max(dataEnd, hbm.end);
+    }
+    completion = dataEnd;
+    endTime = std::max(endTime, completion);
+    timeline.hbmBytesRead += si.hbmRead;
+    timeline.hbmBytesWritten += si.hbmWritten;
+    timeline.dmaBytes += si.dmaBytes;
+    event(si, TimingUnit::Dma, dataStart, completion,
+          static_cast<int>(firstEngine), static_cast<int>(used));
+  }
+
+  //===--------------------------------------------------------------------===//
+  // TensorE power throttle
+  //===--------------------------------------------------------------------===//
+
+  void pushWindow(double start, double end) {
+    window.emplace_back(start, end);
+    windowSum += end - start;
+  }
+
+  /// TensorE busy time within [t - window, t].
+  double busyInWindow(double t) {
+    double from = t - p.throttleWindowNs;
+    while (windowHead < window.size() && window[windowHead].second <= from) {
+      windowSum -= window[windowHead].second - window[windowHead].first;
+      ++windowHead;
+    }
+    if (windowHead > 1024 && windowHead * 2 > window.size()) {
+      window.erase(window.begin(), window.begin() + windowHead);
+      windowHead = 0;
+    }
+    double sum = windowSum;
+    if (windowHead < window.size() && window[windowHead].first < from)
+      sum -= from - window[windowHead].first;
+    return sum;
+  }
+
+  /// Wall time of `work` ns of full-rate matmul starting at `start`: the
+  /// throttle re-engages after a window of low utilization, then the rate
+  /// ramps linearly from the start utilization to 1 over the ramp time.
+  double throttledDuration(double start, double work) {
+    const double w = p.throttleWindowNs;
+    if (start - throttleEngaged >= w &&
+        busyInWindow(start) < p.throttleReengageUtilization * w) {
+      throttleRamp = 0;
+      throttleEngaged = start;
+    }
+    const double r0 = p.throttleStartUtilization, ramp = p.throttleRampNs;
+    if (throttleRamp >= ramp || r0 >= 1)
+      return work;
+    const double x = throttleRamp;
+    const double slope = (1 - r0) / ramp; // rate gained per active ns
+    const double rate = r0 + slope * x;
+    // Work done while finishing the ramp.
+    const double rest = ramp - x;
+    const double rampWork = rate * rest + 0.5 * slope * rest * rest;
+    if (work >= rampWork) {
+      throttleRamp = ramp;
+      return rest + (work - rampWork);
+    }
+    // rate * T + slope / 2 * T^2 = work.
+    const double a = 0.5 * slope;
+    double t = (-rate + std::sqrt(rate * rate + 4 * a * work)) / (2 * a);
+    throttleRamp += t;
+    return t;
+  }
+
+  void finish() {
+    Timeline &tl = timeline;
+    tl.totalNs = endTime;
+    tl.hbmBytes = tl.hbmBytesRead + tl.hbmBytesWritten;
+    double dmaMax = 0, dmaSum = 0;
+    const std::vector<double> &dmaBusy = dmaEngines.busy();
+    for (double b : dmaBusy) {
+      dmaMax = std::max(dmaMax, b);
+      dmaSum += b;
+    }
+    for (int u = 0; u < int(TimingUnit::Dma); ++u)
+      tl.engineBusyNs[timingUnitName(TimingUnit(u))] = busy[u];
+    tl.engineBusyNs["dma"] = dmaMax;
+    tl.engineBusyNs["dma_avg"] = dmaSum / static_cast<double>(dmaBusy.size());
+    tl.engineBusyNs["hbm"] = hbmBusy;
+
+    std::string bound = "latency";
+    double most = 0;
+    for (const char *name :
+         {"tensor", "vector", "scalar", "gpsimd", "sync", "dma", "hbm"}) {
+      double b = tl.engineBusyNs[name];
+      if (b > most) {
+        most = b;
+        bound = name;
+      }
+    }
+    if (tl.totalNs <= 0 || most < p.boundMinUtilization * tl.totalNs)
+      bound = "latency";
+    tl.bound = bound;
+  }
+};
+
+} // namespace
+
+Timeline simulate(const Program &program, const Target &target,
+                  bool keepEvents) {
+  program.verify(target);
+  Model model(program, target);
+  Simulator simulator(model, keepEvents);
+  return simulator.run();
+}
+
+} // namespace neuron::runtime

@@ -1,0 +1,106 @@
+"""torchneuron.profile(): modeled device time per kernel run, its exports, and the range each
+kernel run leaves in torch.profiler traces."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+import torchneuron
+from torch import nn
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(64, 256)
+        self.down = nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.up(x))  # the profile attributes instructions to this line
+        return self.down(h)
+
+
+def _profiled_runs(runs: int, target: str = "trn2") -> torchneuron.profile:
+    model = Mlp().eval()
+    compiled = torch.compile(model, backend="neuron", options={"target": target})
+    x = torch.randn(128, 64)
+    with torch.no_grad():
+        compiled(x)  # compiled and run outside the profile: not recorded
+        with torchneuron.profile() as prof:
+            for _ in range(runs):
+                compiled(x)
+    return prof
+
+
+def test_profile_records_each_kernel_run(real_native: ModuleType) -> None:
+    prof = _profiled_runs(2)
+    assert len(prof.kernels) == 2
+    k = prof.kernels[0]
+    assert k["device_ns"] > 0
+    assert k["flops"] == 2 * 2 * 128 * 64 * 256  # two matmuls, 2 FLOPs per MAC
+    assert k["hbm_bytes"] > 0
+    assert set(k["engine_busy_ns"]) >= {"tensor", "vector", "scalar", "gpsimd", "dma"}
+    assert k["bound"] in set(k["engine_busy_ns"]) | {"latency"}
+    assert any(line.endswith(f"test_profile.py:{_gelu_line()}") for line in k["source_lines"])
+    assert prof.total_device_ns == sum(k["device_ns"] for k in prof.kernels)
+    # The program is static: the same kernel takes the same modeled time every run.
+    assert prof.kernels[0]["device_ns"] == prof.kernels[1]["device_ns"]
+
+
+def _gelu_line() -> int:
+    source = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(source, 1) if "h = F.gelu(" in line)
+
+
+def test_nothing_is_recorded_outside_a_profile(real_native: ModuleType) -> None:
+    prof = _profiled_runs(0)
+    assert prof.kernels == [] and prof.total_device_ns == 0
+
+
+def test_summary_names_kernels_and_bounds(real_native: ModuleType) -> None:
+    prof = _profiled_runs(1)
+    text = prof.summary(file=io.StringIO())
+    lines = text.splitlines()
+    assert "TFLOP/s" in lines[0] and "bound" in lines[0]
+    assert prof.kernels[0]["name"] in lines[1] and prof.kernels[0]["bound"] in lines[1]
+    assert lines[-1].startswith("total modeled device time")
+
+
+def test_chrome_trace_has_engine_tracks_and_source_lines(
+    real_native: ModuleType, tmp_path: Path
+) -> None:
+    prof = _profiled_runs(1)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(path)
+    events = json.loads(path.read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert {"tensor", "vector", "scalar", "gpsimd", "sync"} <= tracks
+    assert any(t.startswith("dma") and t != "dma" for t in tracks)
+    spans = [e for e in events if e["ph"] == "X" and e.get("tid", 0) != 0]
+    assert {e["name"] for e in spans} >= {"matmul", "dma_copy", "activation"}
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
+    assert any(e["args"].get("source", "").endswith(f":{_gelu_line()}") for e in spans)
+    end = max(e["ts"] + e["dur"] for e in spans)
+    assert abs(end - prof.total_device_ns / 1e3) <= 1e-6 * max(1.0, end)
+
+
+def test_trn3_is_not_slower_than_trn2_on_this_kernel(real_native: ModuleType) -> None:
+    trn2 = _profiled_runs(1, "trn2").total_device_ns
+    trn3 = _profiled_runs(1, "trn3").total_device_ns
+    assert 0 < trn3 <= trn2
+
+
+def test_torch_profiler_shows_kernel_ranges(real_native: ModuleType) -> None:
+    compiled = torch.compile(Mlp().eval(), backend="neuron")
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        compiled(x)
+        with torch.profiler.profile() as p:
+            compiled(x)
+    names = [e.key for e in p.key_averages()]
+    assert any(n.startswith("neuron:graph_") for n in names), names
