@@ -4,7 +4,9 @@
 #include "compiler/Registration.h"
 #include "compiler/emit/EmitProgram.h"
 #include "compiler/importer/FxImporter.h"
+#include "runtime/target/Target.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/IR/MLIRContext.h"
@@ -105,45 +107,50 @@ neuron::compiler::checkFxGraph(const std::string &document) {
   return neuron::compiler::checkFxGraph(ctx, document);
 }
 
-neuron::compiler::CompileResult
-neuron::compiler::compileFxGraph(const std::string &document,
-                                 const CompileOptions &options) {
-  CompileResult result;
-  MLIRContext &ctx = threadContext();
-  DiagnosticCollector diagnostics(ctx);
-
-  std::string importError;
-  OwningOpRef<ModuleOp> module = importFxGraph(ctx, document, importError);
-  if (!module) {
-    result.error = importError + "\n" + diagnostics.text;
+/// Lowers and emits `module` (a `neuron` module, or an already lowered
+/// `nisa` one), dumping each stage; diagnostics go to `diagnostics`.
+static neuron::compiler::CompileResult
+runStages(ModuleOp module, const neuron::compiler::CompileOptions &options,
+          DiagnosticCollector &diagnostics, bool imported) {
+  neuron::compiler::CompileResult result;
+  MLIRContext &ctx = *module.getContext();
+  try {
+    ::neuron::target::getTarget(options.target);
+  } catch (const std::exception &e) {
+    result.error = std::string("error: ") + e.what() + "\n";
     return result;
   }
-  module->getOperation()->setAttr("nisa.target",
-                                  StringAttr::get(&ctx, options.target));
+  bool lowered = llvm::any_of(module.getOps<func::FuncOp>(), [](func::FuncOp f) {
+    return f->hasAttr("nisa.kernel");
+  });
+  if (!lowered || !module->hasAttr("nisa.target"))
+    module->setAttr("nisa.target", StringAttr::get(&ctx, options.target));
   int index = 0;
   auto dump = [&](const char *stage) {
     if (!options.dumpDir.empty()) {
       char name[64];
       snprintf(name, sizeof(name), "%02d-%s.mlir", index, stage);
-      writeModule(*module, options.dumpDir, name);
+      writeModule(module, options.dumpDir, name);
     }
     ++index;
   };
-  dump("import");
+  dump(imported ? "import" : "input");
 
   std::string lower = "neuron-lower-to-nisa{target=" + options.target + "}";
   const Stage stages[] = {{"canonicalize", "canonicalize"},
                           {"lower-to-nisa", lower.c_str()},
                           {"cleanup", "canonicalize,cse"}};
   for (const Stage &stage : stages) {
+    if (lowered && llvm::StringRef(stage.name) != "cleanup")
+      continue;
     PassManager pm(&ctx, ModuleOp::getOperationName());
     std::string pipeline = std::string("builtin.module(") + stage.passes + ")";
     if (failed(parsePassPipeline(stage.passes, pm))) {
       result.error = "internal: bad pipeline " + pipeline;
       return result;
     }
-    OwningOpRef<ModuleOp> snapshot(cast<ModuleOp>((*module)->clone()));
-    if (failed(pm.run(*module))) {
+    OwningOpRef<ModuleOp> snapshot(cast<ModuleOp>(module->clone()));
+    if (failed(pm.run(module))) {
       std::string dir = failureDir(options);
       std::string file = writeModule(
           *snapshot, dir, std::string("failed-") + stage.name + ".mlir");
@@ -154,10 +161,10 @@ neuron::compiler::compileFxGraph(const std::string &document,
     }
     dump(stage.name);
   }
-  auto program = emitProgram(*module);
+  auto program = neuron::compiler::emitProgram(module);
   if (failed(program)) {
     std::string dir = failureDir(options);
-    std::string file = writeModule(*module, dir, "failed-emit.mlir");
+    std::string file = writeModule(module, dir, "failed-emit.mlir");
     result.error = diagnostics.text +
                    "stage 'emit' failed; reproduce with:\n  neuron-translate "
                    "--emit-program " +
@@ -175,4 +182,25 @@ neuron::compiler::compileFxGraph(const std::string &document,
   result.ok = true;
   result.program = std::move(*program);
   return result;
+}
+
+neuron::compiler::CompileResult
+neuron::compiler::compileFxGraph(const std::string &document,
+                                 const CompileOptions &options) {
+  MLIRContext &ctx = threadContext();
+  DiagnosticCollector diagnostics(ctx);
+  std::string importError;
+  OwningOpRef<ModuleOp> module = importFxGraph(ctx, document, importError);
+  if (!module) {
+    CompileResult result;
+    result.error = importError + "\n" + diagnostics.text;
+    return result;
+  }
+  return runStages(*module, options, diagnostics, /*imported=*/true);
+}
+
+neuron::compiler::CompileResult
+neuron::compiler::compileModule(ModuleOp module, const CompileOptions &options) {
+  DiagnosticCollector diagnostics(*module.getContext());
+  return runStages(module, options, diagnostics, /*imported=*/false);
 }

@@ -3,6 +3,10 @@
 #define COMPILER_PIPELINE_PIPELINE_H
 
 #include <map>
+
+namespace mlir {
+class ModuleOp;
+}
 #include <string>
 
 namespace neuron::compiler {
@@ -24,6 +28,11 @@ struct CompileResult {
 /// cleanup, emit.
 CompileResult compileFxGraph(const std::string &document,
                              const CompileOptions &options);
+
+/// The same stages for a parsed module: a `neuron` module is lowered; an
+/// already lowered `nisa` module is only cleaned up and emitted.
+CompileResult compileModule(mlir::ModuleOp module,
+                            const CompileOptions &options);
 
 /// Node name -> why it cannot run on the device (see checkFxGraph).
 std::map<std::string, std::string> checkFxGraph(const std::string &document);
