@@ -14,8 +14,9 @@ import time
 
 import torch
 import torch.nn.functional as F
-import torchneuron
 from torch import nn
+
+import torchneuron
 
 
 class Block(nn.Module):

@@ -166,6 +166,59 @@ class Profile:
             offset += r.record["device_ns"]
         Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
 
+    def export_parquet(self, directory: str | Path) -> tuple[Path, Path]:
+        """Write ``kernels.parquet`` (one row per run) and ``instructions.parquet`` (one row per
+        instruction event: kernel run, op, engine/DMA unit and queue, start/end ns, source line)
+        for automated bottleneck analysis. Needs pyarrow."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        runs: dict[str, list[Any]] = {
+            k: [] for k in ("run", "name", "target", "device_ns", "flops", "hbm_bytes", "bound")
+        }
+        busy: dict[str, list[float]] = {f"{u}_busy_ns": [] for u in _UNITS}
+        columns: dict[str, list[Any]] = {
+            k: []
+            for k in (
+                "run",
+                "kernel",
+                "op",
+                "unit",
+                "queue",
+                "dma_engines",
+                "start_ns",
+                "end_ns",
+                "source",
+            )
+        }
+        for i, r in enumerate(self._runs):
+            k = r.record
+            for key in ("name", "target", "device_ns", "flops", "hbm_bytes", "bound"):
+                runs[key].append(k[key])
+            runs["run"].append(i)
+            for u in _UNITS:
+                busy[f"{u}_busy_ns"].append(float(k["engine_busy_ns"].get(u, 0.0)))
+            names, lines = r.kernel.instruction_names, r.kernel.locations
+            for node, unit, queue, count, start, end, loc in r.kernel.timeline_events():
+                for key, value in (
+                    ("run", i),
+                    ("kernel", r.name),
+                    ("op", names[node]),
+                    ("unit", unit),
+                    ("queue", queue),
+                    ("dma_engines", count),
+                    ("start_ns", start),
+                    ("end_ns", end),
+                    ("source", lines[loc] if loc >= 0 else None),
+                ):
+                    columns[key].append(value)
+        kernels_path, instructions_path = out / "kernels.parquet", out / "instructions.parquet"
+        pq.write_table(pa.table({**runs, **busy}), kernels_path)
+        pq.write_table(pa.table(columns), instructions_path)
+        return kernels_path, instructions_path
+
 
 _ACTIVE: list[Profile] = []
 

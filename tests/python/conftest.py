@@ -15,6 +15,7 @@ if importlib.util.find_spec("torchneuron") is None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
 import torch  # noqa: E402
+
 import torchneuron  # noqa: E402
 
 

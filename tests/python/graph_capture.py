@@ -17,6 +17,7 @@ def aten_graphs(
     the backward graph, which AOT compiles when the backward first runs)."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
+
     from torchneuron.decompositions import math_attention, neuron_decompositions
 
     graphs: list[torch.fx.GraphModule] = []

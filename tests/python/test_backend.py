@@ -27,6 +27,7 @@ import pytest
 import torch
 import torch._dynamo
 import torch.nn.functional as F
+
 import torchneuron
 from torchneuron import config
 from torchneuron.backend import neuron_backend

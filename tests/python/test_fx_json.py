@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from graph_capture import aten_graph, aten_graphs, traced
+
 from torchneuron import fx_json, specialize
 
 

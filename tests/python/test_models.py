@@ -15,8 +15,9 @@ from types import ModuleType
 
 import pytest
 import torch
-import torchneuron
 from models import MODELS, ModelCase, make_inputs, make_model
+
+import torchneuron
 
 TOLERANCES = {
     torch.float32: {"atol": 1e-4, "rtol": 1e-4},

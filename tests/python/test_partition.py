@@ -11,6 +11,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from graph_capture import aten_graph
+
 from torchneuron import fx_json, partition
 
 

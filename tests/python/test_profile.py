@@ -10,8 +10,9 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
-import torchneuron
 from torch import nn
+
+import torchneuron
 
 
 class Mlp(nn.Module):
@@ -87,6 +88,22 @@ def test_chrome_trace_has_engine_tracks_and_source_lines(
     assert any(e["args"].get("source", "").endswith(f":{_gelu_line()}") for e in spans)
     end = max(e["ts"] + e["dur"] for e in spans)
     assert abs(end - prof.total_device_ns / 1e3) <= 1e-6 * max(1.0, end)
+
+
+def test_parquet_tables(real_native: ModuleType, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    prof = _profiled_runs(2)
+    kernels_path, instructions_path = prof.export_parquet(tmp_path)
+    kernels = pq.read_table(kernels_path).to_pylist()
+    assert [k["run"] for k in kernels] == [0, 1]
+    assert kernels[0]["device_ns"] == prof.kernels[0]["device_ns"]
+    assert kernels[0]["tensor_busy_ns"] == prof.kernels[0]["engine_busy_ns"]["tensor"]
+    rows = pq.read_table(instructions_path).to_pylist()
+    assert {r["run"] for r in rows} == {0, 1}
+    matmuls = [r for r in rows if r["op"] == "matmul"]
+    assert matmuls and all(r["unit"] == "tensor" for r in matmuls)
+    assert max(r["end_ns"] for r in rows if r["run"] == 0) <= prof.kernels[0]["device_ns"] + 1e-6
 
 
 def test_trn3_is_not_slower_than_trn2_on_this_kernel(real_native: ModuleType) -> None:
