@@ -1178,6 +1178,8 @@ const std::unordered_map<std::string, Handler> &handlers() {
     bin("aten.mul.Scalar", BinaryFn::mul);
     bin("aten.div.Tensor", BinaryFn::div);
     bin("aten.div.Scalar", BinaryFn::div);
+    bin("aten.true_divide.Tensor", BinaryFn::div);
+    bin("aten.true_divide.Scalar", BinaryFn::div);
     bin("aten.maximum.default", BinaryFn::max);
     bin("aten.minimum.default", BinaryFn::min);
     bin("aten.fmod.Tensor", BinaryFn::fmod);

@@ -58,3 +58,39 @@ def test_default_backend_and_module_compile(case: ModelCase, real_native: Module
     stats = torchneuron.stats()
     assert stats["kernels_run"] >= 2
     assert stats["ops_fallback"] == {}
+
+
+def test_training_loop_with_a_smaller_last_batch(real_native: ModuleType) -> None:
+    # Batches of 8, 8 and 5: the last one makes Dynamo hand over graphs with symbolic sizes,
+    # which the backend specializes; every step matches eager training.
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    reference = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    step = torch.compile(lambda x, y: torch.nn.functional.mse_loss(model(x), y), backend="neuron")
+    for n in (8, 8, 5):
+        x, y = torch.randn(n, 16), torch.randn(n, 4)
+        loss = step(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_loss = torch.nn.functional.mse_loss(reference(x), y)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        torch.testing.assert_close(loss, ref_loss, **TOLERANCES[torch.float32])
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, **TOLERANCES[torch.float32])
+    stats = torchneuron.stats()
+    assert stats["kernels_run"] >= 6  # forward and backward of every step
+    # With a symbolic batch size, mse_loss's mean divides by the element count as a float64
+    # host scalar; the device has no float64, so exactly those scalar ops stay eager.
+    host_scalar_ops = {
+        "aten.scalar_tensor.default",
+        "prims.convert_element_type.default",
+        "aten.true_divide.Tensor",
+    }
+    assert set(stats["ops_fallback"]) <= host_scalar_ops

@@ -257,3 +257,35 @@ func.func @iota_multipliers(%a: memref<4x4xf32, #nisa.mem<sbuf>>) {
   nisa.iota %a {base = 0.0, channel_multiplier = 1.0, multipliers = array<f64>} : memref<4x4xf32, #nisa.mem<sbuf>>
   return
 }
+
+// -----
+
+func.func @tt_dst(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %d: memref<4x2xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{operands and destination must have the same shape}}
+  nisa.tensor_tensor add %a, %a, %d : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x2xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @iota_psum(%a: memref<4x4xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{destination must be in SBUF (engine cannot access PSUM)}}
+  nisa.iota %a {base = 0.0, channel_multiplier = 1.0, multipliers = array<f64: 1.0>} : memref<4x4xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+func.func @tile_rank(%a: memref<f32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{destination must have a partition dim}}
+  nisa.memset %a, 0.0 : memref<f32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @ts_shape(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %d: memref<4x2xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{source and destination must have the same shape}}
+  nisa.tensor_scalar add %a, %d {imm = 1.0 : f64} : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x2xf32, #nisa.mem<sbuf>>
+  return
+}
