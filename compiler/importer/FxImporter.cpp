@@ -1132,6 +1132,12 @@ Values poolHandler(Importer &im, bool isMax) {
   return {result};
 }
 
+/// A handler that calls `fn(im, args...)`: one function serves several ops.
+template <typename Fn, typename... Args>
+Handler with(Fn fn, Args... args) {
+  return [=](Importer &im) { return fn(im, args...); };
+}
+
 const std::unordered_map<std::string, Handler> &handlers() {
   static const std::unordered_map<std::string, Handler> table = [] {
     std::unordered_map<std::string, Handler> t;
@@ -1202,9 +1208,7 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.div.Scalar_mode"] = divModeHandler;
     t["aten.pow.Tensor_Scalar"] = powHandler;
     t["aten.pow.Tensor_Tensor"] = powHandler;
-    t["aten.pow.Scalar"] = [](Importer &im) {
-      return binaryHandler(im, BinaryFn::pow);
-    };
+    bin("aten.pow.Scalar", BinaryFn::pow);
     t["aten.where.self"] = whereHandler;
     t["aten.clamp.default"] = [](Importer &im) {
       return clampHandler(im, im.param(1, "min"), im.param(2, "max"));
@@ -1228,31 +1232,19 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.bmm.default"] = matmulHandler;
     t["aten.addmm.default"] = addmmHandler;
 
-    t["aten.sum.dim_IntList"] = [](Importer &im) {
-      return reduceHandler(im, ReduceFn::sum);
-    };
+    t["aten.sum.dim_IntList"] = with(reduceHandler, ReduceFn::sum);
     t["aten.sum.default"] = t["aten.sum.dim_IntList"];
-    t["aten.amax.default"] = [](Importer &im) {
-      return reduceHandler(im, ReduceFn::max);
-    };
-    t["aten.amin.default"] = [](Importer &im) {
-      return reduceHandler(im, ReduceFn::min);
-    };
-    t["aten.prod.dim_int"] = [](Importer &im) {
-      return reduceHandler(im, ReduceFn::prod);
-    };
+    t["aten.amax.default"] = with(reduceHandler, ReduceFn::max);
+    t["aten.amin.default"] = with(reduceHandler, ReduceFn::min);
+    t["aten.prod.dim_int"] = with(reduceHandler, ReduceFn::prod);
     for (const char *name : {"aten.any.dim", "aten.any.dims", "aten.any.default"})
       t[name] = [](Importer &im) { return anyAllHandler(im, true); };
     for (const char *name : {"aten.all.dim", "aten.all.dims", "aten.all.default"})
       t[name] = [](Importer &im) { return anyAllHandler(im, false); };
     t["aten.mean.dim"] = meanHandler;
     t["aten.mean.default"] = meanHandler;
-    t["aten.var.correction"] = [](Importer &im) {
-      return varHandler(im, false);
-    };
-    t["aten.var_mean.correction"] = [](Importer &im) {
-      return varHandler(im, true);
-    };
+    t["aten.var.correction"] = with(varHandler, false);
+    t["aten.var_mean.correction"] = with(varHandler, true);
 
     t["aten.view.default"] = viewHandler;
     t["aten._unsafe_view.default"] = viewHandler;
@@ -1268,32 +1260,16 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.slice.Tensor"] = sliceHandler;
     t["aten.select.int"] = selectHandler;
     t["aten.cat.default"] = catHandler;
-    t["aten.split_with_sizes.default"] = [](Importer &im) {
-      return splitHandler(im, true);
-    };
-    t["aten.split.Tensor"] = [](Importer &im) {
-      return splitHandler(im, false);
-    };
-    t["aten.bitwise_not.default"] = [](Importer &im) {
-      return boolHandler(im, std::nullopt);
-    };
-    t["aten.bitwise_and.Tensor"] = [](Importer &im) {
-      return boolHandler(im, BinaryFn::logical_and);
-    };
-    t["aten.bitwise_or.Tensor"] = [](Importer &im) {
-      return boolHandler(im, BinaryFn::logical_or);
-    };
-    t["aten.bitwise_xor.Tensor"] = [](Importer &im) {
-      return boolHandler(im, BinaryFn::logical_xor);
-    };
+    t["aten.split_with_sizes.default"] = with(splitHandler, true);
+    t["aten.split.Tensor"] = with(splitHandler, false);
+    t["aten.bitwise_not.default"] = with(boolHandler, std::nullopt);
+    t["aten.bitwise_and.Tensor"] = with(boolHandler, BinaryFn::logical_and);
+    t["aten.bitwise_or.Tensor"] = with(boolHandler, BinaryFn::logical_or);
+    t["aten.bitwise_xor.Tensor"] = with(boolHandler, BinaryFn::logical_xor);
 
-    t["aten.full.default"] = [](Importer &im) { return fullHandler(im, 1); };
-    t["aten.full_like.default"] = [](Importer &im) {
-      return fullHandler(im, 1);
-    };
-    t["aten.scalar_tensor.default"] = [](Importer &im) {
-      return fullHandler(im, 0);
-    };
+    t["aten.full.default"] = with(fullHandler, 1);
+    t["aten.full_like.default"] = with(fullHandler, 1);
+    t["aten.scalar_tensor.default"] = with(fullHandler, 0);
     t["aten.zeros.default"] = [](Importer &im) {
       return Values{im.splat(0.0, im.resultType())};
     };
@@ -1305,12 +1281,8 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.arange.start_step"] = arangeHandler;
 
     t["aten.convolution.default"] = convolutionHandler;
-    t["aten.max_pool2d_with_indices.default"] = [](Importer &im) {
-      return poolHandler(im, true);
-    };
-    t["aten.avg_pool2d.default"] = [](Importer &im) {
-      return poolHandler(im, false);
-    };
+    t["aten.max_pool2d_with_indices.default"] = with(poolHandler, true);
+    t["aten.avg_pool2d.default"] = with(poolHandler, false);
     t["aten.embedding.default"] = [](Importer &im) {
       return gatherRowsHandler(im, im.tensor(im.arg(0)), im.tensor(im.arg(1)));
     };
