@@ -403,8 +403,10 @@ Value Importer::matmul(Value lhs, Value rhs) {
   rhs = castTo(rhs, elt);
   SmallVector<int64_t> shape(l.getShape().drop_back());
   shape.push_back(r.getShape().back());
-  return b.create<MatmulOp>(currentLoc, RankedTensorType::get(shape, elt), lhs,
-                            rhs);
+  auto type = RankedTensorType::get(shape, elt);
+  if (l.getShape().back() == 0) // an empty sum
+    return splat(0.0, type);
+  return b.create<MatmulOp>(currentLoc, type, lhs, rhs);
 }
 
 //===----------------------------------------------------------------------===//
@@ -883,9 +885,10 @@ Values gatherRowsHandler(Importer &im, Value table, Value indices) {
 Values divModeHandler(Importer &im) {
   RankedTensorType out = im.resultType();
   const json &mode = im.kwarg("rounding_mode");
+  // The quotient is rounded (floor/trunc) before it is rounded to the
+  // result dtype, as eager does: compute it in f32.
   Type compute = out.getElementType();
-  bool intResult = isa<IntegerType>(compute);
-  if (intResult)
+  if (isa<IntegerType>(compute) || (mode.is_string() && !compute.isF32()))
     compute = im.b.getF32Type();
   Value q = im.binaryArgs(BinaryFn::div, im.arg(0), im.arg(1), compute,
                           out.getShape());

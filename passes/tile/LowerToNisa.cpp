@@ -482,6 +482,16 @@ void KernelLowering::lowerGather(GatherOp op) {
 
 LogicalResult KernelLowering::lower(Operation *op) {
   loc = op->getLoc();
+  // An empty result needs a buffer but no instructions.
+  if (op->getNumResults() == 1 && !isa<ConstantOp, ReshapeOp>(op) &&
+      tensorType(op->getResult(0)).getNumElements() == 0) {
+    resultBuffer(op->getResult(0));
+    return success();
+  }
+  if (auto mm = dyn_cast<MatmulOp>(op))
+    if (tensorType(mm.getLhs()).getShape().back() == 0)
+      return op->emitOpError("has an empty contraction (the importer folds "
+                             "it to zeros)");
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
       .Case<ConstantOp>([&](auto) { return success(); })
       .Case<UnaryOp>([&](UnaryOp u) {
@@ -612,7 +622,7 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     Value dst = entry->getArgument(numInputs + i);
     Value src = bufferOf(v);
-    if (src == dst)
+    if (src == dst || tensorType(v).getNumElements() == 0)
       continue;
     auto shape = tensorType(v).getShape();
     SmallVector<int64_t> dims(shape);

@@ -1079,7 +1079,7 @@ void Executor::run(const std::vector<HostTensor> &inputs,
       if (tensor.shape != state.shapes[buffer])
         throw Error(where + ": shape " + shapeString(tensor.shape) +
                     ", expected " + shapeString(state.shapes[buffer]));
-      if (!tensor.data)
+      if (!tensor.data && shapeElements(tensor.shape).value_or(0) > 0)
         throw Error(where + ": null data pointer");
       state.bases[buffer] = static_cast<uint8_t *>(tensor.data);
     }

@@ -785,9 +785,11 @@ void Verifier::verifyBuffers() {
                   " buffer cannot live in " + spaceName(buffer.space) +
                   " (scratch buffers are on-chip, all others in hbm)");
 
+    // Empty HBM tensors exist (and have no instructions); tiles never are.
     for (int64_t dim : buffer.shape)
-      if (dim < 1)
-        throw Error(where + " field 'shape': dimensions must be >= 1, got " +
+      if (dim < (onChip ? 1 : 0))
+        throw Error(where + " field 'shape': dimensions must be >= " +
+                    (onChip ? "1" : "0") + ", got " +
                     shapeString(buffer.shape));
     std::optional<int64_t> elements = shapeElements(buffer.shape);
     Int128 bytes = 0;

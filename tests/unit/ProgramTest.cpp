@@ -475,7 +475,17 @@ TEST_CASE("buffers, arguments and loops are checked", "[program][reject]") {
       simple(kInOut + "," + buffer(2, "hbm", "constant", "f32", "[4]"), copy),
       "exactly one of 'data' and 'splat'");
   requireRejected(
-      simple(kInOut + "," + buffer(2, "hbm", "internal", "f32", "[0, 4]"),
+      simple(kInOut + "," + buffer(2, "hbm", "internal", "f32", "[-1, 4]"),
+             copy),
+      "dimensions must be >= 0");
+  // Empty HBM tensors are fine; empty tiles are not.
+  REQUIRE_NOTHROW(
+      Program::parse(simple(kInOut + "," +
+                                buffer(2, "hbm", "internal", "f32", "[0, 4]"),
+                            copy))
+          .verify(neuron::target::getTarget("trn2")));
+  requireRejected(
+      simple(kInOut + "," + buffer(2, "sbuf", "scratch", "f32", "[0, 4]"),
              copy),
       "dimensions must be >= 1");
   // Loops: a reused iv in a nested loop, a duplicate id, a zero count.

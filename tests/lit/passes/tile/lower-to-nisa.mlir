@@ -85,3 +85,12 @@ func.func @concat(%a: tensor<2x3xf32>, %b: tensor<2x4xf32>) -> tensor<2x7xf32> {
   %c = neuron.concat %a, %b {dim = 1} : tensor<2x3xf32>, tensor<2x4xf32> -> tensor<2x7xf32>
   return %c : tensor<2x7xf32>
 }
+
+// An empty result has a buffer but no instructions.
+// CHECK-LABEL: func.func @empty
+// CHECK-NOT: nisa.
+// CHECK: return
+func.func @empty(%x: tensor<4x0xf32>) -> tensor<4x0xf32> {
+  %e = neuron.unary exp %x : tensor<4x0xf32> -> tensor<4x0xf32>
+  return %e : tensor<4x0xf32>
+}
