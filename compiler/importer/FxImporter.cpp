@@ -659,6 +659,17 @@ Values anyAllHandler(Importer &im, bool isAny) {
   return {im.binary(BinaryFn::ne, r, im.splat(0.0, rt), out)};
 }
 
+/// Elements each output of a reduction over `dims` (all when empty) sums.
+int64_t reducedCount(Importer &im, RankedTensorType in,
+                     const std::vector<int64_t> &dims) {
+  if (dims.empty() || in.getRank() == 0)
+    return in.getNumElements(); // a 0-d tensor reduces to itself
+  int64_t count = 1;
+  for (int64_t d : dims)
+    count *= in.getDimSize(im.normDim(d, in.getRank()));
+  return count;
+}
+
 Values meanHandler(Importer &im) {
   Value x = im.tensor(im.arg(0));
   RankedTensorType out = im.resultType();
@@ -667,11 +678,7 @@ Values meanHandler(Importer &im) {
       im.param(1, "dim").is_null() ? std::vector<int64_t>{}
                                    : im.ints(im.param(1, "dim"));
   const json &keep = im.param(2, "keepdim");
-  int64_t count = 1;
-  if (dims.empty())
-    count = in.getNumElements();
-  for (int64_t d : dims)
-    count *= in.getDimSize(im.normDim(d, in.getRank()));
+  int64_t count = reducedCount(im, in, dims);
   require(isa<FloatType>(out.getElementType()), "mean of integers");
   Value sum = im.reduce(ReduceFn::sum, im.castTo(x, out.getElementType()), dims,
                         keep.is_boolean() && keep.get<bool>());
@@ -694,11 +701,7 @@ Values varHandler(Importer &im, bool withMean) {
   double correction = corr.is_null() ? 1.0 : im.number(corr);
   bool keepdim = im.kwarg("keepdim").is_boolean() &&
                  im.kwarg("keepdim").get<bool>();
-  int64_t count = 1;
-  if (dims.empty())
-    count = in.getNumElements();
-  for (int64_t d : dims)
-    count *= in.getDimSize(im.normDim(d, in.getRank()));
+  int64_t count = reducedCount(im, in, dims);
   x = im.castTo(x, elt);
   auto xt = cast<RankedTensorType>(x.getType());
   auto scaled = [&](Value v, double factor) {
@@ -867,7 +870,7 @@ Values whereHandler(Importer &im) {
 
 Values clampHandler(Importer &im, const json &lo, const json &hi) {
   RankedTensorType out = im.resultType();
-  Value x = im.castTo(im.tensor(im.arg(0)), out.getElementType());
+  Value x = im.operandAs(im.arg(0), out.getElementType(), out.getShape());
   if (!lo.is_null())
     x = im.binary(BinaryFn::max, x,
                   im.operandAs(lo, out.getElementType(), out.getShape()), out);
@@ -885,10 +888,11 @@ Values gatherRowsHandler(Importer &im, Value table, Value indices) {
 Values divModeHandler(Importer &im) {
   RankedTensorType out = im.resultType();
   const json &mode = im.kwarg("rounding_mode");
-  // The quotient is rounded (floor/trunc) before it is rounded to the
-  // result dtype, as eager does: compute it in f32.
+  // Eager floors the f32 quotient of 16-bit floats but truncates the
+  // quotient already rounded to the result dtype: do the same.
   Type compute = out.getElementType();
-  if (isa<IntegerType>(compute) || (mode.is_string() && !compute.isF32()))
+  bool floorMode = mode.is_string() && mode.get<std::string>() == "floor";
+  if (isa<IntegerType>(compute) || (floorMode && !compute.isF32()))
     compute = im.b.getF32Type();
   Value q = im.binaryArgs(BinaryFn::div, im.arg(0), im.arg(1), compute,
                           out.getShape());
@@ -1291,8 +1295,9 @@ const std::unordered_map<std::string, Handler> &handlers() {
     };
     t["aten.index_select.default"] = [](Importer &im) {
       Value table = im.tensor(im.arg(0));
-      int64_t dim = im.normDim(im.integer(im.arg(1)),
-                               cast<RankedTensorType>(table.getType()).getRank());
+      int64_t rank = cast<RankedTensorType>(table.getType()).getRank();
+      require(rank >= 1, "index_select of a 0-d tensor");
+      int64_t dim = im.normDim(im.integer(im.arg(1)), rank);
       require(dim == 0, "index_select on a dim other than 0");
       return gatherRowsHandler(im, table, im.tensor(im.arg(2)));
     };

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -390,6 +391,7 @@ void applyAlu(AluOp op, const Lhs &lhs, const Rhs &rhs, MapA out) {
 void applyActivation(ActFunc func, MapA x) {
   constexpr float kSqrt1_2 = 0.70710678118654752f;
   constexpr float kSqrt2OverPi = 0.79788456080286536f;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
   switch (func) {
   case ActFunc::Identity:
     return;
@@ -399,14 +401,14 @@ void applyActivation(ActFunc func, MapA x) {
   case ActFunc::Abs:
     x = x.abs();
     return;
-  case ActFunc::Exp:
-    x = x.exp();
+  case ActFunc::Exp: // Eigen's vectorized exp leaves a denormal at -inf.
+    x = (x == -kInf).select(0.0f, x.exp());
     return;
   case ActFunc::Log:
     x = x.log();
     return;
-  case ActFunc::Sqrt:
-    x = x.sqrt();
+  case ActFunc::Sqrt: // ... and its vectorized sqrt a NaN at +inf.
+    x = (x == kInf).select(kInf, x.sqrt());
     return;
   case ActFunc::Rsqrt:
     x = x.rsqrt();
@@ -418,7 +420,7 @@ void applyActivation(ActFunc func, MapA x) {
     x = x.tanh();
     return;
   case ActFunc::Sigmoid:
-    x = x.logistic();
+    x = (x == -kInf).select(0.0f, x.logistic());
     return;
   case ActFunc::Relu: // NaN stays NaN (a comparison with NaN is false).
     x = (x < 0.0f).select(0.0f, x);
@@ -430,7 +432,7 @@ void applyActivation(ActFunc func, MapA x) {
     x = 0.5f * x * (1.0f + (kSqrt2OverPi * (x + 0.044715f * x.cube())).tanh());
     return;
   case ActFunc::Silu:
-    x = x * x.logistic();
+    x = x * (x == -kInf).select(0.0f, x.logistic());
     return;
   case ActFunc::Erf:
     x = x.erf();
@@ -441,8 +443,8 @@ void applyActivation(ActFunc func, MapA x) {
   case ActFunc::Cos:
     x = x.cos();
     return;
-  case ActFunc::Sign:
-    x = (x != x).select(x, x.sign());
+  case ActFunc::Sign: // sign(NaN) is 0, as in PyTorch.
+    x = (x != x).select(0.0f, x.sign());
     return;
   case ActFunc::Square:
     x = x.square();

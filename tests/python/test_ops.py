@@ -1,0 +1,876 @@
+"""Golden checks of every op the device lowers, on PyTorch's OpInfo samples, against eager CPU.
+
+One test per (OpInfo entry, dtype) -- float32, and bfloat16 where the entry supports it on CPU.
+Each selected sample runs through ``torch.compile(fn, backend="neuron", fullgraph=True)`` under
+``torch.no_grad()``; its outputs (tuples and lists element by element) and any inputs the op
+updates in place are compared with eager PyTorch, and ``torchneuron.stats()`` must show that
+the work ran on the device: no fallback, at least one kernel run.
+
+``CASES`` is the curated list of entries (``FxImporter.cpp``'s ``handlers()`` plus what
+``torchneuron/decompositions.py`` and core ATen decompose into them). What an entry may do
+differently is stated there, with the reason:
+
+- ``skip``: samples that cannot be compared (random ops).
+- ``fallback``: samples with an argument the importer rejects on purpose (float64, grouped
+  convolution, ceil_mode pooling, ...): they must fall back (counted in ``ops_fallback``) and
+  still match eager.
+- ``bugs``: samples hitting a known device or compiler bug. They leave ``test_op`` and run in
+  ``test_known_bug``, marked ``xfail(strict=True)``: when the bug is fixed the test fails and
+  asks for the entry to be removed.
+- ``xfail``: the whole entry fails (a missing lowering, or a bug in every sample).
+
+Samples: the first ``SCAN`` OpInfo samples, of which a spread of ``SAMPLES[dtype]`` that run on
+the device and ``FALLBACK_SAMPLES`` expected fallbacks; for elementwise math also up to
+``EXTREMAL_SAMPLES[dtype]`` OpInfo *reference* samples holding inf, nan or values beyond 1e3.
+Only float tensors are under test: integer results (count_nonzero, indices) are computed in
+fp32 on the engines, exact below 2**24, which OpInfo's values stay far below.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.testing._internal.opinfo.core import OpInfo, SampleInput
+
+import torchneuron
+
+# OpInfo's var/std samples include single-element reductions (eager warns, returns nan/inf).
+pytestmark = pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0:UserWarning")
+
+F32 = torch.float32
+BF16 = torch.bfloat16
+DTYPES: tuple[torch.dtype, ...] = (F32, BF16)
+
+# ----------------------------------------------------------------------------------------------
+# Tolerances: (atol, rtol) per dtype.
+#
+# float32: torch.testing's defaults for float32 (atol 1e-5, rtol 1.3e-6, about 11 ulp). The
+#   device runs fp32 arithmetic with fp32 accumulation, so plain arithmetic, reductions and
+#   matmuls (small K in OpInfo samples) stay within them.
+# float32, transcendental functions: rtol 1e-5 (about 80 ulp). The device computes exp, log,
+#   tanh, erf, ... in fp32 with its own ScalarE activation-function implementations, eager CPU
+#   uses SLEEF or libm: both are accurate to a few ulp but not bit-identical, and composites
+#   (softmax, layer_norm, gelu, logsumexp, attention, ...) chain several of them. (The engine
+#   model currently stays within the plain float32 bounds on these samples, except attention;
+#   the margin is for table-based activation functions.)
+# bfloat16: atol = rtol = 1.6e-2 (one bf16 ulp is 2**-7 = 7.8e-3 relative; torch.testing's
+#   bf16 rtol). Inputs are bf16 and the device computes in fp32, rounding once on output, like
+#   eager's bf16 kernels; ops that PyTorch decomposes before the device sees them (addcdiv,
+#   lerp, norms, ...) round their intermediates to bf16 too, so a few entries state looser
+#   bounds where an intermediate of OpInfo's magnitude (up to 9) loses an ulp.
+# ----------------------------------------------------------------------------------------------
+Tol = tuple[float, float]
+TOLERANCES: dict[torch.dtype, Tol] = {F32: (1e-5, 1.3e-6), BF16: (1.6e-2, 1.6e-2)}
+TRANSCENDENTAL: dict[torch.dtype, Tol] = {F32: (1e-5, 1e-5), BF16: TOLERANCES[BF16]}
+# bf16 ops decomposed into several bf16-rounded steps: one ulp of an intermediate of magnitude
+# up to 9 (OpInfo's value range) is 2**-4 = 0.0625.
+BF16_COMPOSITE: dict[torch.dtype, Tol] = {F32: TOLERANCES[F32], BF16: (6.3e-2, 1.6e-2)}
+# Attention outputs are softmax-weighted sums of values up to 9: where they cancel to near 0,
+# a few fp32 ulp of the terms (~1e-6 each, after two matmuls and an exp) remain.
+ATTENTION: dict[torch.dtype, Tol] = {F32: (1e-4, 1e-5), BF16: TOLERANCES[BF16]}
+
+# Samples per test, to bound the run time (every sample is a Dynamo trace and a device compile).
+SCAN = 64  # OpInfo samples read per entry (some generators yield more than a thousand)
+SAMPLES: dict[torch.dtype, int] = {F32: 6, BF16: 3}  # spread over the samples that run
+EXTREMAL_SAMPLES: dict[torch.dtype, int] = {F32: 3, BF16: 1}
+FALLBACK_SAMPLES = 2  # samples of expected fallbacks, per test
+KNOWN_BUG_SAMPLES = 1
+
+# ----------------------------------------------------------------------------------------------
+# Samples and the predicates that classify them
+# ----------------------------------------------------------------------------------------------
+
+
+def _tensors(value: object) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """An OpInfo sample and its eager result (rules may look at both)."""
+
+    input: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    expected: Any
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return list(_tensors([self.input, self.args, self.kwargs]))
+
+    def arg(self, name: str, index: int, default: object = None) -> object:
+        """An argument given by keyword or at position ``index`` of ``args``."""
+        if name in self.kwargs:
+            return self.kwargs[name]
+        return self.args[index] if len(self.args) > index else default
+
+
+Predicate = Callable[[Sample], bool]
+
+
+def zero_size_input(s: Sample) -> bool:
+    return any(t.numel() == 0 for t in s.tensors)
+
+
+def reduces_empty_dim(x: torch.Tensor, dim: object) -> bool:
+    dims = dim if isinstance(dim, (list, tuple)) else [dim]
+    return any(isinstance(d, int) and x.dim() > 0 and x.shape[d] == 0 for d in dims)
+
+
+def extremal(s: SampleInput) -> bool:
+    """Holds inf, nan or values beyond 1e3, and is small enough to be cheap."""
+    tensors = list(_tensors([s.input, s.args, s.kwargs]))
+    return all(t.numel() <= 20_000 for t in tensors) and any(
+        t.numel() > 0
+        and t.is_floating_point()
+        and not bool(torch.isfinite(t).all() and t.abs().max() <= 1e3)
+        for t in tensors
+    )
+
+
+def zero_dim_input(s: Sample) -> bool:
+    return isinstance(s.input, torch.Tensor) and s.input.dim() == 0
+
+
+def has_complex(s: Sample) -> bool:
+    values = [s.input, *s.args, *s.kwargs.values()]
+    return any(isinstance(v, complex) for v in values) or any(t.is_complex() for t in s.tensors)
+
+
+def kwarg(name: str, test: Callable[[object], bool]) -> Predicate:
+    return lambda s: name in s.kwargs and test(s.kwargs[name])
+
+
+def float64_dtype(s: Sample) -> bool:
+    return s.kwargs.get("dtype") in (torch.float64, torch.complex64, torch.complex128)
+
+
+def einsum_diagonal(s: Sample) -> bool:
+    """An einsum term repeating an index within one operand ('ii->i'): a diagonal."""
+    equation = s.args[0] if s.args else ""
+    terms = str(equation).split("->")[0].split(",")
+    return any(len(set(term)) < len(term) for term in terms)
+
+
+def conv_same_uneven_padding(s: Sample) -> bool:
+    if s.arg("padding", 3) != "same":
+        return False
+    weight = s.args[0]
+    dilation = _pair(s.arg("dilation", 4, 1), 1)
+    return any(dilation[i] * (weight.shape[2 + i] - 1) % 2 == 1 for i in range(2))
+
+
+def _pair(value: object, default: object) -> tuple[int, int]:
+    """A pooling or convolution size argument (int, [n] or [h, w]) as (h, w)."""
+    if value is None or value == []:
+        value = default
+    if isinstance(value, int):
+        return value, value
+    values = list(cast(Sequence[int], value))
+    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+def _ceil_adds_windows(s: Sample, kernel: object, stride: object, pad: object, dil: object) -> bool:
+    """Whether ceil_mode gave the eager result more windows than floor mode would."""
+    expected = s.expected[0] if isinstance(s.expected, tuple) else s.expected
+    k, st, p, d = _pair(kernel, 1), _pair(stride, kernel), _pair(pad, 0), _pair(dil, 1)
+    size = s.input.shape[-2:]
+    floor = [(size[i] + 2 * p[i] - d[i] * (k[i] - 1) - 1) // st[i] + 1 for i in range(2)]
+    return list(expected.shape[-2:]) != floor
+
+
+def max_pool_ceil(s: Sample) -> bool:
+    return bool(s.arg("ceil_mode", 4, False)) and _ceil_adds_windows(
+        s,
+        s.arg("kernel_size", 0),
+        s.arg("stride", 1),
+        s.arg("padding", 2, 0),
+        s.arg("dilation", 3, 1),
+    )
+
+
+def avg_pool_ceil(s: Sample) -> bool:
+    return bool(s.arg("ceil_mode", 3, False)) and _ceil_adds_windows(
+        s, s.arg("kernel_size", 0), s.arg("stride", 1), s.arg("padding", 2, 0), 1
+    )
+
+
+def avg_pool_excludes_padding(s: Sample) -> bool:
+    pad = s.arg("padding", 2, 0)
+    pads = pad if isinstance(pad, (list, tuple)) else [pad]
+    return not s.arg("count_include_pad", 4, True) and any(v != 0 for v in pads)
+
+
+# ----------------------------------------------------------------------------------------------
+# The table
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """Samples of one entry that behave differently, and why."""
+
+    key: str  # short name, used in test ids
+    reason: str
+    applies: Predicate
+    dtypes: frozenset[torch.dtype] = frozenset(DTYPES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str  # OpInfo name, with ".variant_test_name" when it has one
+    extremal: bool = False  # add OpInfo reference samples with inf/nan/large values
+    # Clone the outputs: a graph of views only does no device work (the partitioner leaves
+    # it to eager PyTorch), so layout ops are checked by materializing their result.
+    materialize: bool = False
+    fn: Callable[..., Any] | None = None  # instead of the OpInfo's op
+    tol: Mapping[torch.dtype, Tol] = dataclasses.field(default_factory=dict)
+    skip: tuple[Rule, ...] = ()
+    fallback: tuple[Rule, ...] = ()
+    bugs: tuple[Rule, ...] = ()
+    xfail: Mapping[torch.dtype, str] = dataclasses.field(default_factory=dict)
+
+
+def _all(reason: str) -> dict[torch.dtype, str]:
+    return dict.fromkeys(DTYPES, reason)
+
+
+FLOAT64 = Rule(
+    "float64",
+    "dtype=float64: the device has no 64-bit types; the importer rejects the node "
+    "('dtype float64 is not supported by the device')",
+    float64_dtype,
+)
+EMPTY_REDUCTION = Rule(
+    "empty",
+    "a reduction over an empty dimension (var/std: nan) is rejected by the importer",
+    zero_size_input,
+)
+EMPTY_SOFTMAX_DIM = Rule(
+    "empty_dim",
+    "softmax over an empty dimension: the importer rejects the sum over it",
+    lambda s: isinstance(s.input, torch.Tensor) and reduces_empty_dim(s.input, s.arg("dim", 0)),
+)
+COMPLEX = Rule(
+    "complex",
+    "a complex scalar makes the result complex: the device has no complex types",
+    has_complex,
+)
+RANDOM_DROPOUT = Rule(
+    "dropout",
+    "dropout_p > 0 draws a random mask: eager and compiled runs cannot be compared",
+    kwarg("dropout_p", lambda p: isinstance(p, float) and p > 0),
+)
+
+
+def elementwise(name: str, **kw: Any) -> Case:
+    return Case(name, extremal=True, **kw)
+
+
+def transcendental(name: str, **kw: Any) -> Case:
+    return Case(name, extremal=True, tol=TRANSCENDENTAL, **kw)
+
+
+def layout(name: str, **kw: Any) -> Case:
+    return Case(name, materialize=True, **kw)
+
+
+CASES: tuple[Case, ...] = (
+    # -- elementwise unary ---------------------------------------------------------------------
+    elementwise("abs"),
+    elementwise("neg"),
+    transcendental("exp"),
+    transcendental("log"),
+    transcendental("sqrt"),
+    transcendental("rsqrt"),
+    transcendental("reciprocal"),
+    transcendental("tanh"),
+    transcendental("sigmoid"),
+    elementwise("nn.functional.relu"),
+    transcendental("erf"),
+    transcendental("sin"),
+    transcendental("cos"),
+    elementwise("sign"),
+    elementwise("sgn"),
+    elementwise("floor"),
+    elementwise("ceil"),
+    elementwise("round"),
+    elementwise(
+        "round.decimals_3",
+        xfail=_all("aten.round.decimals has no lowering or decomposition: falls back"),
+    ),
+    elementwise("trunc"),
+    elementwise("frac"),
+    transcendental("log1p"),
+    transcendental("expm1"),
+    elementwise("logical_not"),
+    elementwise("square"),
+    elementwise("positive", materialize=True),
+    elementwise("rad2deg"),
+    elementwise("deg2rad"),
+    transcendental("logit"),
+    transcendental("sinc"),
+    transcendental("special.ndtr"),
+    elementwise("isfinite"),
+    elementwise("isposinf"),
+    elementwise("isneginf"),
+    # -- elementwise binary / ternary ----------------------------------------------------------
+    elementwise("add"),
+    elementwise("sub"),
+    elementwise("mul"),
+    elementwise("rsub"),
+    elementwise("__rsub__"),
+    elementwise("__rdiv__"),
+    elementwise("__rmod__"),
+    elementwise("__rpow__", tol=TRANSCENDENTAL),
+    elementwise("div.no_rounding_mode"),
+    elementwise("div.trunc_rounding"),
+    elementwise("div.floor_rounding"),
+    elementwise("floor_divide"),
+    elementwise("pow", tol=TRANSCENDENTAL),
+    elementwise("maximum"),
+    elementwise("minimum"),
+    elementwise("fmod"),
+    elementwise("remainder"),
+    elementwise("clamp"),
+    elementwise("clamp_min"),
+    elementwise("clamp_max"),
+    elementwise("where", fallback=(COMPLEX,)),
+    elementwise("masked_fill"),
+    elementwise("eq"),
+    elementwise("ne"),
+    elementwise("lt"),
+    elementwise("le"),
+    elementwise("gt"),
+    elementwise("ge"),
+    elementwise("logical_and"),
+    elementwise("logical_or"),
+    elementwise("logical_xor"),
+    elementwise("lerp", tol=BF16_COMPOSITE),
+    elementwise("addcmul", tol=BF16_COMPOSITE),
+    elementwise("addcdiv", tol=BF16_COMPOSITE),
+    elementwise("logaddexp", tol=TRANSCENDENTAL),
+    # -- activations and normalization ---------------------------------------------------------
+    transcendental("nn.functional.gelu"),
+    transcendental("nn.functional.silu"),
+    elementwise("nn.functional.hardswish"),
+    elementwise("nn.functional.hardsigmoid"),
+    transcendental("nn.functional.mish"),
+    transcendental("nn.functional.logsigmoid"),
+    elementwise("nn.functional.softsign"),
+    transcendental("nn.functional.tanhshrink"),
+    transcendental("nn.functional.softplus"),
+    transcendental("nn.functional.celu"),
+    elementwise("nn.functional.threshold"),
+    elementwise("nn.functional.softshrink"),
+    elementwise("nn.functional.hardshrink"),
+    Case("nn.functional.prelu"),
+    Case("nn.functional.glu", tol=TRANSCENDENTAL),
+    Case("softmax", tol=TRANSCENDENTAL, fallback=(EMPTY_SOFTMAX_DIM,)),
+    Case("log_softmax", tol=TRANSCENDENTAL, fallback=(EMPTY_SOFTMAX_DIM,)),
+    Case("nn.functional.softmin", tol=TRANSCENDENTAL, fallback=(EMPTY_SOFTMAX_DIM,)),
+    Case("torch.ops.aten._safe_softmax.default", tol=TRANSCENDENTAL),
+    Case("nn.functional.layer_norm", tol=TRANSCENDENTAL),
+    Case("native_layer_norm", tol=TRANSCENDENTAL),
+    Case("nn.functional.rms_norm", tol=TRANSCENDENTAL),
+    Case("nn.functional.batch_norm", tol=TRANSCENDENTAL),
+    Case("native_batch_norm", tol=TRANSCENDENTAL),
+    Case("_native_batch_norm_legit", tol=TRANSCENDENTAL),
+    # -- reductions ----------------------------------------------------------------------------
+    Case("sum"),
+    Case("mean"),
+    Case("amax"),
+    Case("amin"),
+    Case("aminmax"),
+    Case("var", tol=TRANSCENDENTAL, fallback=(EMPTY_REDUCTION,)),
+    Case("var.unbiased", fallback=(EMPTY_REDUCTION,)),
+    Case("var_mean", fallback=(EMPTY_REDUCTION,)),
+    Case("std", tol=TRANSCENDENTAL, fallback=(EMPTY_REDUCTION,)),
+    Case("std.unbiased", fallback=(EMPTY_REDUCTION,)),
+    Case("std_mean", tol=TRANSCENDENTAL, fallback=(EMPTY_REDUCTION,)),
+    Case(
+        "prod",
+        xfail=_all(
+            "aten.prod.default (prod without dim) has no lowering, only aten.prod.dim_int: "
+            "falls back"
+        ),
+    ),
+    Case("logsumexp", tol=TRANSCENDENTAL),
+    Case("any"),
+    Case("all"),
+    Case("count_nonzero"),
+    layout("sum_to_size"),
+    # -- matmul --------------------------------------------------------------------------------
+    Case("matmul"),
+    Case("mm"),
+    Case("bmm"),
+    Case("addmm"),
+    Case("baddbmm"),
+    Case("dot"),
+    Case("mv"),
+    Case("addr", tol=BF16_COMPOSITE),
+    Case("outer"),
+    Case("inner"),
+    Case(
+        "einsum",
+        bugs=(
+            Rule(
+                "diagonal",
+                "an index repeated within one operand ('iji->j') takes a diagonal: "
+                "aten.diagonal has no lowering, falls back",
+                einsum_diagonal,
+            ),
+        ),
+    ),
+    Case("tensordot"),
+    Case("kron"),
+    Case(
+        "linalg.vecdot",
+        fallback=(
+            Rule(
+                "empty_dim",
+                "a sum over an empty dimension is rejected by the importer",
+                lambda s: reduces_empty_dim(s.input, s.kwargs.get("dim", -1)),
+            ),
+        ),
+    ),
+    Case("linalg.multi_dot"),
+    Case("__rmatmul__"),
+    Case("nn.functional.linear"),
+    # -- layout --------------------------------------------------------------------------------
+    layout("view"),
+    layout("reshape"),
+    layout("flatten"),
+    layout("unflatten"),
+    layout("ravel"),
+    layout("permute"),
+    layout("movedim"),
+    layout("transpose"),
+    layout("t"),
+    layout("T"),
+    layout("mT"),
+    layout("expand"),
+    layout("broadcast_to"),
+    layout("unsqueeze"),
+    layout("squeeze"),
+    layout("squeeze.multiple"),
+    layout(
+        "narrow",
+        fallback=(
+            Rule(
+                "tensor_start",
+                "start given as a tensor: reading its value (aten._local_scalar_dense) is "
+                "host work",
+                lambda s: isinstance(s.arg("start", 1), torch.Tensor),
+            ),
+        ),
+    ),
+    layout("select"),
+    layout("slice"),
+    layout("split"),
+    layout("split.list_args"),
+    layout("split_with_sizes"),
+    layout("chunk"),
+    layout("unbind"),
+    layout("contiguous"),
+    layout("clone"),
+    Case("cat"),
+    Case("stack"),
+    Case("hstack"),
+    Case("vstack"),
+    Case("dstack"),
+    Case("column_stack"),
+    Case("tril"),
+    Case("triu"),
+    Case("nn.functional.pixel_shuffle"),
+    Case("nn.functional.pixel_unshuffle"),
+    Case("nn.functional.channel_shuffle"),
+    # -- indexing and creation -----------------------------------------------------------------
+    Case(
+        "index_select",
+        bugs=(
+            Rule(
+                "0d",
+                "index_select of a 0-d input: the imported module does not verify, so "
+                "_C.check_graph rejects the whole graph ('the importer cannot read this graph')",
+                zero_dim_input,
+            ),
+        ),
+        fallback=(
+            Rule(
+                "dim",
+                "index_select on a dim other than 0 is rejected by the importer",
+                lambda s: s.arg("dim", 0) not in (0, -s.input.dim()),
+            ),
+        ),
+    ),
+    Case(
+        "nn.functional.embedding",
+        fallback=(
+            Rule(
+                "max_norm",
+                "max_norm renormalizes the weight in place (aten.embedding_renorm), which has "
+                "no lowering",
+                kwarg("max_norm", lambda v: v is not None),
+            ),
+        ),
+    ),
+    Case("zeros_like", fallback=(FLOAT64,)),
+    Case("ones_like", fallback=(FLOAT64,)),
+    Case("full_like", fallback=(FLOAT64,)),
+    Case("new_zeros", fallback=(FLOAT64,)),
+    Case("new_ones", fallback=(FLOAT64,)),
+    Case("new_full", fallback=(FLOAT64,)),
+    Case("arange"),
+    # -- convolution, pooling, attention, losses -----------------------------------------------
+    Case(
+        "nn.functional.conv2d",
+        bugs=(
+            Rule(
+                "same_pad",
+                "padding='same' needing uneven padding (dilation * (kernel - 1) odd) pads with "
+                "aten.constant_pad_nd, which has no lowering: falls back",
+                conv_same_uneven_padding,
+            ),
+        ),
+        fallback=(
+            Rule(
+                "groups",
+                "grouped convolution is rejected by the importer",
+                kwarg("groups", lambda g: g != 1),
+            ),
+        ),
+    ),
+    Case(
+        "nn.functional.max_pool2d",
+        fallback=(
+            Rule(
+                "ceil_mode",
+                "ceil_mode windows past the padded input are rejected by the importer",
+                max_pool_ceil,
+            ),
+            Rule(
+                "indices",
+                "return_indices=True: max_pool2d indices are not computed on the device",
+                kwarg("return_indices", bool),
+            ),
+        ),
+    ),
+    Case(
+        "nn.functional.avg_pool2d",
+        fallback=(
+            Rule(
+                "ceil_mode",
+                "ceil_mode windows past the padded input are rejected by the importer",
+                avg_pool_ceil,
+            ),
+            Rule(
+                "exclude_pad",
+                "count_include_pad=False with padding is rejected by the importer",
+                avg_pool_excludes_padding,
+            ),
+        ),
+    ),
+    Case(
+        "nn.functional.scaled_dot_product_attention",
+        fn=F.scaled_dot_product_attention,  # the OpInfo's op wraps it in an untraceable seed
+        tol=ATTENTION,
+        skip=(RANDOM_DROPOUT,),
+    ),
+    Case("nn.functional.mse_loss"),
+    Case("nn.functional.l1_loss"),
+    Case("nn.functional.smooth_l1_loss"),
+    Case("nn.functional.huber_loss"),
+    Case("nn.functional.binary_cross_entropy_with_logits", tol=TRANSCENDENTAL),
+    # -- gaps: entries whose lowering is missing (xfail until the device runs them) ------------
+    Case(
+        "nn.functional.hardtanh",
+        xfail=_all("aten.hardtanh.default has no lowering (a clamp): falls back"),
+    ),
+    Case(
+        "nn.functional.relu6",
+        xfail=_all("aten.hardtanh.default has no lowering (relu6 = hardtanh(0, 6)): falls back"),
+    ),
+    Case(
+        "nn.functional.leaky_relu",
+        xfail=_all("aten.leaky_relu.default has no lowering or decomposition: falls back"),
+    ),
+    Case(
+        "nn.functional.elu",
+        xfail=_all("aten.elu.default has no lowering or decomposition: falls back"),
+    ),
+    Case(
+        "nn.functional.group_norm",
+        xfail=_all(
+            "the native_group_norm decomposition emits aten.as_strided, which has no lowering: "
+            "falls back"
+        ),
+    ),
+    Case(
+        "nn.functional.normalize",
+        xfail=_all("aten.linalg_vector_norm.default has no lowering or decomposition"),
+    ),
+    Case(
+        "max.reduction_with_dim",
+        xfail=_all("aten.max.dim (values and indices) has no lowering: falls back"),
+    ),
+    Case("argmax", xfail=_all("aten.argmax.default has no lowering: falls back")),
+    Case(
+        "nn.functional.pad.constant",
+        xfail=_all("aten.constant_pad_nd.default has no lowering: falls back"),
+    ),
+    Case(
+        "nn.functional.adaptive_avg_pool2d",
+        xfail=_all("aten._adaptive_avg_pool2d.default has no lowering: falls back"),
+    ),
+    Case("nan_to_num", xfail=_all("aten.isnan.default has no lowering: falls back")),
+    Case(
+        "nn.functional.cross_entropy",
+        xfail=_all("aten.gather.default (picking the target class) has no lowering"),
+    ),
+    Case("repeat", xfail=_all("aten.repeat.default has no lowering: falls back")),
+)
+
+OPS: dict[str, OpInfo] = {
+    op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""): op for op in op_db
+}
+CASE_BY_NAME: dict[str, Case] = {case.name: case for case in CASES}
+assert len(CASE_BY_NAME) == len(CASES), "duplicate entries in CASES"
+
+# ----------------------------------------------------------------------------------------------
+# Running samples
+# ----------------------------------------------------------------------------------------------
+
+
+class OpCheckFailed(AssertionError):
+    """Samples of an entry failed; the only failure the xfail marks accept."""
+
+
+def _dtypes(case: Case) -> list[torch.dtype]:
+    """float32, and bfloat16 where the OpInfo entry supports it on CPU."""
+    if case.name not in OPS:  # test_cases_name_opinfo_entries reports it
+        return []
+    supported = OPS[case.name].supported_dtypes("cpu")
+    return [dtype for dtype in DTYPES if dtype in supported]
+
+
+def _clone_outputs(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, (tuple, list)):
+        return type(out)(_clone_outputs(o) for o in out)
+    return out
+
+
+def _function(case: Case) -> Callable[..., Any]:
+    op: Callable[..., Any] = case.fn if case.fn is not None else OPS[case.name].op
+    if not case.materialize:
+        return op
+
+    def materialized(*args: Any, **kwargs: Any) -> Any:
+        return _clone_outputs(op(*args, **kwargs))
+
+    return materialized
+
+
+def _eager(fn: Callable[..., Any], s: SampleInput) -> Sample:
+    args = (s.input, tuple(s.args), dict(s.kwargs))
+    x, a, k = copy.deepcopy(args)
+    with torch.no_grad():
+        expected = fn(x, *a, **k)
+    return Sample(*args, expected=expected)
+
+
+def _samples(
+    case: Case, dtype: torch.dtype, extremal_samples: int
+) -> tuple[list[Sample], list[Sample]]:
+    """(regular samples, extremal reference samples), deterministic."""
+    op = OPS[case.name]
+    fn = _function(case)
+    torch.manual_seed(0)
+    found = itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=False), SCAN)
+    regular = [_eager(fn, s) for s in found]
+    extra: list[Sample] = []
+    if case.extremal:
+        torch.manual_seed(0)
+        references = op.reference_inputs("cpu", dtype, requires_grad=False)
+        chosen = itertools.islice((s for s in references if extremal(s)), extremal_samples)
+        extra = [_eager(fn, s) for s in chosen]
+    return regular, extra
+
+
+def _spread(samples: Sequence[Any], n: int) -> list[Any]:
+    if len(samples) <= n:
+        return list(samples)
+    return [samples[i * len(samples) // n] for i in range(n)]
+
+
+def _rule(rules: Sequence[Rule], dtype: torch.dtype, sample: Sample) -> Rule | None:
+    return next((r for r in rules if dtype in r.dtypes and r.applies(sample)), None)
+
+
+def _describe(sample: Sample) -> str:
+    def brief(value: object) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"T{list(value.shape)}"
+        if isinstance(value, (list, tuple)):
+            return "[" + ", ".join(brief(v) for v in value) + "]"
+        return repr(value)
+
+    parts = [brief(sample.input), *(brief(a) for a in sample.args)]
+    parts += [f"{k}={brief(v)}" for k, v in sample.kwargs.items()]
+    return "(" + ", ".join(parts) + ")"
+
+
+def _summary(error: BaseException) -> str:
+    """The first line of an error, plus assert_close's mismatch statistics."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    # Dynamo's BackendCompilerFailed starts with "backend='neuron' raised:".
+    lines = [line for line in lines if not line.startswith("backend=")] or lines or [""]
+    details = [line for line in lines[1:] if line.startswith(("Mismatched", "Greatest"))]
+    return f"{type(error).__name__}: " + "; ".join([lines[0][:300], *details])
+
+
+def check_sample(
+    fn: Callable[..., Any], sample: Sample, tol: Tol, expect_fallback: Rule | None = None
+) -> None:
+    """Run one sample compiled; compare with eager; check where it ran."""
+    inputs = (sample.input, sample.args, sample.kwargs)
+    e_input, e_args, e_kwargs = copy.deepcopy(inputs)
+    d_input, d_args, d_kwargs = copy.deepcopy(inputs)
+    torch._dynamo.reset()
+    torchneuron.reset_stats()
+    with torch.no_grad():
+        expected = fn(e_input, *e_args, **e_kwargs)
+        actual = torch.compile(fn, backend="neuron", fullgraph=True)(d_input, *d_args, **d_kwargs)
+    stats = torchneuron.stats()
+    atol, rtol = tol
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=True)
+    # Inputs the op updates in place (batch_norm's running stats) must match too.
+    torch.testing.assert_close(
+        list(_tensors([d_input, d_args, d_kwargs])),
+        list(_tensors([e_input, e_args, e_kwargs])),
+        atol=atol,
+        rtol=rtol,
+        equal_nan=True,
+    )
+    if expect_fallback is not None:
+        assert stats["ops_fallback"], (
+            f"expected a fallback ({expect_fallback.reason}), but everything ran on the device"
+        )
+    else:
+        assert stats["ops_fallback"] == {}, f"ops fell back to eager: {stats['ops_fallback']}"
+        assert stats["kernels_run"] >= 1, f"no device kernel ran: {stats}"
+
+
+def _run_samples(
+    case: Case, plan: Sequence[tuple[Sample, Rule | None]], dtype: torch.dtype
+) -> None:
+    fn = _function(case)
+    tol = case.tol.get(dtype, TOLERANCES[dtype])
+    failures: list[str] = []
+    for i, (sample, fallback) in enumerate(plan):
+        try:
+            check_sample(fn, sample, tol, fallback)
+        except Exception as e:
+            failures.append(f"  sample {i} {_describe(sample)}: {_summary(e)}")
+    if failures:
+        raise OpCheckFailed(
+            f"{case.name} {dtype}: {len(failures)} of {len(plan)} samples failed\n"
+            + "\n".join(failures)
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Tests
+# ----------------------------------------------------------------------------------------------
+
+
+def _id(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _xfail(reason: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(strict=True, raises=OpCheckFailed, reason=reason)
+
+
+def _op_params() -> Iterator[Any]:
+    for case in CASES:
+        for dtype in _dtypes(case):
+            marks = [_xfail(case.xfail[dtype])] if dtype in case.xfail else []
+            yield pytest.param(case.name, dtype, id=f"{case.name}-{_id(dtype)}", marks=marks)
+
+
+def _bug_params() -> Iterator[Any]:
+    for case in CASES:
+        for bug in case.bugs:
+            for dtype in _dtypes(case):
+                if dtype in bug.dtypes:
+                    test_id = f"{case.name}-{bug.key}-{_id(dtype)}"
+                    yield pytest.param(
+                        case.name, bug.key, dtype, id=test_id, marks=_xfail(bug.reason)
+                    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_guard_latency_profiling() -> Iterator[None]:
+    """Dynamo times every new guard set once, after flushing the CPU caches, for a compile
+    metric; that is a third of the time per sample here, so this module skips it."""
+    import torch._dynamo.guards as guards
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(guards, "profile_guard_manager", lambda *args: 0.0, raising=False)
+        yield
+
+
+@pytest.mark.parametrize(("name", "dtype"), list(_op_params()))
+def test_op(name: str, dtype: torch.dtype) -> None:
+    case = CASE_BY_NAME[name]
+    regular, extra = _samples(case, dtype, EXTREMAL_SAMPLES[dtype])
+    on_device: list[tuple[Sample, Rule | None]] = []
+    falling_back: list[tuple[Sample, Rule | None]] = []
+    for s in regular:
+        if _rule(case.bugs, dtype, s) is None and _rule(case.skip, dtype, s) is None:
+            fallback = _rule(case.fallback, dtype, s)
+            (on_device if fallback is None else falling_back).append((s, fallback))
+    assert on_device, f"no sample of {name} can run on the device: the test would prove nothing"
+    plan = _spread(on_device, SAMPLES[dtype]) + _spread(falling_back, FALLBACK_SAMPLES)
+    plan += [(s, _rule(case.fallback, dtype, s)) for s in extra if not _rule(case.bugs, dtype, s)]
+    _run_samples(case, plan, dtype)
+
+
+@pytest.mark.parametrize(("name", "bug", "dtype"), list(_bug_params()))
+def test_known_bug(
+    name: str, bug: str, dtype: torch.dtype, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case = CASE_BY_NAME[name]
+    rule = next(r for r in case.bugs if r.key == bug)
+    regular, extra = _samples(case, dtype, max(EXTREMAL_SAMPLES.values()))
+    hits = [s for s in regular + extra if rule.applies(s)][:KNOWN_BUG_SAMPLES]
+    if not hits:
+        pytest.fail(f"no OpInfo sample of {name} {dtype} matches known bug {bug!r}: update CASES")
+    # A failed compile saves its graph: keep those files out of /tmp.
+    monkeypatch.setenv("TORCHNEURON_DUMP_DIR", str(tmp_path / "dump"))
+    _run_samples(case, [(s, None) for s in hits], dtype)
+
+
+def test_cases_name_opinfo_entries() -> None:
+    missing = [case.name for case in CASES if case.name not in OPS]
+    assert not missing, f"not in op_db: {missing}"
