@@ -995,21 +995,51 @@ std::array<int64_t, 2> pair(Importer &im, const json &v,
 }
 
 /// x padded by `pad` on both sides of its two trailing dims with `fill`.
+/// x with `before`/`after` elements of `fill` around dim `dim` (negative
+/// amounts crop).
+Value padDim(Importer &im, Value x, int64_t dim, int64_t before,
+             int64_t after, double fill) {
+  auto type = cast<RankedTensorType>(x.getType());
+  if (before < 0 || after < 0) {
+    int64_t lo = std::max<int64_t>(0, -before), hi = std::max<int64_t>(0, -after);
+    int64_t size = type.getDimSize(dim) - lo - hi;
+    require(size >= 0, "padding crops more than the dim holds");
+    SmallVector<int64_t> offsets(type.getRank(), 0), strides(type.getRank(), 1),
+        shape(type.getShape());
+    offsets[dim] = lo;
+    shape[dim] = size;
+    x = im.b.create<SliceOp>(im.loc(), type.clone(shape), x,
+                             im.b.getDenseI64ArrayAttr(offsets),
+                             im.b.getDenseI64ArrayAttr(strides));
+    return padDim(im, x, dim, std::max<int64_t>(0, before),
+                  std::max<int64_t>(0, after), fill);
+  }
+  if (before == 0 && after == 0)
+    return x;
+  SmallVector<Value> parts;
+  SmallVector<int64_t> shape(type.getShape());
+  for (int64_t amount : {before, int64_t(-1), after}) {
+    if (amount == -1) {
+      parts.push_back(x);
+      continue;
+    }
+    if (amount == 0)
+      continue;
+    SmallVector<int64_t> edge(type.getShape());
+    edge[dim] = amount;
+    parts.push_back(im.splat(fill, type.clone(edge)));
+    shape[dim] += amount;
+  }
+  return im.b.create<ConcatOp>(im.loc(), type.clone(shape), parts,
+                               im.b.getI64IntegerAttr(dim));
+}
+
+/// x padded by `pad` on both sides of its two trailing dims with `fill`.
 Value padSpatial(Importer &im, Value x, std::array<int64_t, 2> pad,
                  double fill) {
-  for (int d = 0; d < 2; ++d) {
-    if (pad[d] == 0)
-      continue;
-    auto type = cast<RankedTensorType>(x.getType());
-    int64_t dim = type.getRank() - 2 + d;
-    SmallVector<int64_t> edge(type.getShape()), shape(type.getShape());
-    edge[dim] = pad[d];
-    shape[dim] += 2 * pad[d];
-    Value border = im.splat(fill, type.clone(edge));
-    x = im.b.create<ConcatOp>(im.loc(), type.clone(shape),
-                              ValueRange{border, x, border},
-                              im.b.getI64IntegerAttr(dim));
-  }
+  int64_t rank = cast<RankedTensorType>(x.getType()).getRank();
+  for (int d = 0; d < 2; ++d)
+    x = padDim(im, x, rank - 2 + d, pad[d], pad[d], fill);
   return x;
 }
 
@@ -1137,6 +1167,100 @@ Values poolHandler(Importer &im, bool isMax) {
     return {result, im.splat(0, idx)};
   }
   return {result};
+}
+
+Values constantPadHandler(Importer &im) {
+  Value x = im.tensor(im.arg(0));
+  RankedTensorType out = im.resultType();
+  std::vector<int64_t> pad = im.ints(im.arg(1));
+  const json &value = im.param(2, "value");
+  int64_t rank = out.getRank();
+  require(pad.size() % 2 == 0 && (int64_t)pad.size() <= 2 * rank,
+          "pad needs (before, after) pairs for at most every dim");
+  x = im.castTo(x, out.getElementType());
+  // Pairs run from the last dim backwards.
+  for (size_t i = 0; i < pad.size(); i += 2)
+    x = padDim(im, x, rank - 1 - i / 2, pad[i], pad[i + 1],
+               value.is_null() ? 0.0 : im.number(value));
+  return {x};
+}
+
+Values repeatHandler(Importer &im) {
+  Value x = im.tensor(im.arg(0));
+  RankedTensorType out = im.resultType();
+  std::vector<int64_t> repeats = im.ints(im.arg(1));
+  auto type = cast<RankedTensorType>(x.getType());
+  int64_t lead = (int64_t)repeats.size() - type.getRank();
+  require(lead >= 0, "repeat needs a count for every dim");
+  // [a, b] repeated [r, s]: view as [1, a, 1, b], broadcast to [r, a, s, b].
+  SmallVector<int64_t> unit, wide;
+  for (int64_t i = 0; i < (int64_t)repeats.size(); ++i) {
+    int64_t size = i < lead ? 1 : type.getDimSize(i - lead);
+    unit.append({1, size});
+    wide.append({repeats[i], size});
+  }
+  Value b = im.broadcastTo(im.reshape(x, unit), wide);
+  return {im.reshape(b, out.getShape())};
+}
+
+/// x where x > 0, else negative(x): leaky_relu and elu.
+Values rectifierHandler(Importer &im, bool elu) {
+  RankedTensorType out = im.resultType();
+  require(isa<FloatType>(out.getElementType()), "rectifier of integers");
+  Value x = im.castTo(im.tensor(im.arg(0)), out.getElementType());
+  Value positive = im.binary(BinaryFn::gt, x, im.splat(0.0, out),
+                             out.clone(im.b.getI1Type()));
+  auto scaled = [&](Value v, double k) {
+    return k == 1.0 ? v : im.binary(BinaryFn::mul, v, im.splat(k, out), out);
+  };
+  auto number = [&](size_t i, const char *name, double fallback) {
+    const json &v = im.param(i, name);
+    return v.is_null() ? fallback : im.number(v);
+  };
+  Value onTrue = x, onFalse;
+  if (elu) {
+    double alpha = number(1, "alpha", 1.0), scale = number(2, "scale", 1.0);
+    double inputScale = number(3, "input_scale", 1.0);
+    onTrue = scaled(x, scale);
+    Value e = im.unary(UnaryFn::expm1, scaled(x, inputScale));
+    onFalse = scaled(e, scale * alpha);
+  } else {
+    onFalse = scaled(x, number(1, "negative_slope", 0.01));
+  }
+  return {im.b.create<SelectOp>(im.loc(), out, positive, onTrue, onFalse)};
+}
+
+Values maxDimHandler(Importer &im) {
+  require(!im.isUsed(1), "max.dim indices are not computed on the device");
+  Values values = reduceHandler(im, ReduceFn::max);
+  return {values[0], im.splat(0, im.resultType(1))};
+}
+
+Values adaptiveAvgPoolHandler(Importer &im) {
+  Value x = im.tensor(im.arg(0));
+  RankedTensorType out = im.resultType();
+  auto xt = cast<RankedTensorType>(x.getType());
+  int64_t rank = xt.getRank();
+  require(rank >= 2, "adaptive pooling needs two spatial dims");
+  std::array<int64_t, 2> kernel;
+  for (int d = 0; d < 2; ++d) {
+    int64_t in = xt.getDimSize(rank - 2 + d), o = out.getDimSize(rank - 2 + d);
+    require(o > 0 && in % o == 0,
+            "adaptive pooling with windows of different sizes");
+    kernel[d] = in / o;
+  }
+  // Equal windows: an average pool with kernel = stride = in / out.
+  Type elt = out.getElementType();
+  x = im.castTo(x, elt);
+  Value result;
+  for (int64_t i = 0; i < kernel[0]; ++i)
+    for (int64_t j = 0; j < kernel[1]; ++j) {
+      Value win = window(im, x, i, j, kernel, {1, 1},
+                         {out.getDimSize(rank - 2), out.getDimSize(rank - 1)});
+      result = result ? im.binary(BinaryFn::add, result, win, out) : win;
+    }
+  return {im.binary(BinaryFn::mul, result,
+                    im.splat(1.0 / (kernel[0] * kernel[1]), out), out)};
 }
 
 /// A handler that calls `fn(im, args...)`: one function serves several ops.
@@ -1289,6 +1413,23 @@ const std::unordered_map<std::string, Handler> &handlers() {
 
     t["aten.convolution.default"] = convolutionHandler;
     t["aten.max_pool2d_with_indices.default"] = with(poolHandler, true);
+    t["aten._adaptive_avg_pool2d.default"] = adaptiveAvgPoolHandler;
+    t["aten.constant_pad_nd.default"] = constantPadHandler;
+    t["aten.repeat.default"] = repeatHandler;
+    t["aten.leaky_relu.default"] = with(rectifierHandler, false);
+    t["aten.elu.default"] = with(rectifierHandler, true);
+    t["aten.max.dim"] = maxDimHandler;
+    t["aten.prod.default"] = with(reduceHandler, ReduceFn::prod);
+    t["aten.hardtanh.default"] = [](Importer &im) {
+      const json &lo = im.param(1, "min_val"), &hi = im.param(2, "max_val");
+      return clampHandler(im, lo.is_null() ? json(-1.0) : lo,
+                          hi.is_null() ? json(1.0) : hi);
+    };
+    t["aten.isnan.default"] = [](Importer &im) {
+      return Values{im.binaryArgs(BinaryFn::ne, im.arg(0), im.arg(0),
+                                  im.promote(im.arg(0), im.arg(0)),
+                                  im.resultType().getShape())};
+    };
     t["aten.avg_pool2d.default"] = with(poolHandler, false);
     t["aten.embedding.default"] = [](Importer &im) {
       return gatherRowsHandler(im, im.tensor(im.arg(0)), im.tensor(im.arg(1)));

@@ -169,14 +169,6 @@ def einsum_diagonal(s: Sample) -> bool:
     return any(len(set(term)) < len(term) for term in terms)
 
 
-def conv_same_uneven_padding(s: Sample) -> bool:
-    if s.arg("padding", 3) != "same":
-        return False
-    weight = s.args[0]
-    dilation = _pair(s.arg("dilation", 4, 1), 1)
-    return any(dilation[i] * (weight.shape[2 + i] - 1) % 2 == 1 for i in range(2))
-
-
 def _pair(value: object, default: object) -> tuple[int, int]:
     """A pooling or convolution size argument (int, [n] or [h, w]) as (h, w)."""
     if value is None or value == []:
@@ -405,13 +397,7 @@ CASES: tuple[Case, ...] = (
     Case("std", tol=TRANSCENDENTAL, fallback=(EMPTY_REDUCTION,)),
     Case("std.unbiased", fallback=(EMPTY_REDUCTION,)),
     Case("std_mean", tol=TRANSCENDENTAL, fallback=(EMPTY_REDUCTION,)),
-    Case(
-        "prod",
-        xfail=_all(
-            "aten.prod.default (prod without dim) has no lowering, only aten.prod.dim_int: "
-            "falls back"
-        ),
-    ),
+    Case("prod"),
     Case("logsumexp", tol=TRANSCENDENTAL),
     Case("any"),
     Case("all"),
@@ -542,14 +528,6 @@ CASES: tuple[Case, ...] = (
     # -- convolution, pooling, attention, losses -----------------------------------------------
     Case(
         "nn.functional.conv2d",
-        bugs=(
-            Rule(
-                "same_pad",
-                "padding='same' needing uneven padding (dilation * (kernel - 1) odd) pads with "
-                "aten.constant_pad_nd, which has no lowering: falls back",
-                conv_same_uneven_padding,
-            ),
-        ),
         fallback=(
             Rule(
                 "groups",
@@ -599,23 +577,14 @@ CASES: tuple[Case, ...] = (
     Case("nn.functional.smooth_l1_loss"),
     Case("nn.functional.huber_loss"),
     Case("nn.functional.binary_cross_entropy_with_logits", tol=TRANSCENDENTAL),
+    elementwise("nn.functional.hardtanh"),
+    elementwise("nn.functional.relu6"),
+    elementwise("nn.functional.leaky_relu"),
+    transcendental("nn.functional.elu"),
+    elementwise("nan_to_num"),
+    Case("nn.functional.pad.constant"),
+    layout("repeat"),
     # -- gaps: entries whose lowering is missing (xfail until the device runs them) ------------
-    Case(
-        "nn.functional.hardtanh",
-        xfail=_all("aten.hardtanh.default has no lowering (a clamp): falls back"),
-    ),
-    Case(
-        "nn.functional.relu6",
-        xfail=_all("aten.hardtanh.default has no lowering (relu6 = hardtanh(0, 6)): falls back"),
-    ),
-    Case(
-        "nn.functional.leaky_relu",
-        xfail=_all("aten.leaky_relu.default has no lowering or decomposition: falls back"),
-    ),
-    Case(
-        "nn.functional.elu",
-        xfail=_all("aten.elu.default has no lowering or decomposition: falls back"),
-    ),
     Case(
         "nn.functional.group_norm",
         xfail=_all(
@@ -629,23 +598,20 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "max.reduction_with_dim",
-        xfail=_all("aten.max.dim (values and indices) has no lowering: falls back"),
+        xfail=_all("max.dim returns its indices, which the device does not compute: falls back"),
     ),
     Case("argmax", xfail=_all("aten.argmax.default has no lowering: falls back")),
     Case(
-        "nn.functional.pad.constant",
-        xfail=_all("aten.constant_pad_nd.default has no lowering: falls back"),
-    ),
-    Case(
         "nn.functional.adaptive_avg_pool2d",
-        xfail=_all("aten._adaptive_avg_pool2d.default has no lowering: falls back"),
+        xfail=_all(
+            "adaptive_avg_pool2d with windows of different sizes (e.g. 8 -> 5) has no lowering; "
+            "equal windows (8 -> 4) do: falls back"
+        ),
     ),
-    Case("nan_to_num", xfail=_all("aten.isnan.default has no lowering: falls back")),
     Case(
         "nn.functional.cross_entropy",
         xfail=_all("aten.gather.default (picking the target class) has no lowering"),
     ),
-    Case("repeat", xfail=_all("aten.repeat.default has no lowering: falls back")),
 )
 
 OPS: dict[str, OpInfo] = {
