@@ -100,6 +100,22 @@ public:
     return out;
   }
   RankedTensorType resultType(size_t i = 0);
+  /// A reduction's `dim` argument (position 1; empty: every dim).
+  std::vector<int64_t> reductionDims() const {
+    const json &dim = param(1, "dim");
+    return dim.is_null() ? std::vector<int64_t>{} : ints(dim);
+  }
+  /// A dimension argument at position `i` (or keyword "dim"), normalized for
+  /// `rank`; `fallback` when absent.
+  int64_t dimParam(size_t i, int64_t rank, int64_t fallback = 0) const {
+    const json &v = param(i, "dim");
+    return normDim(v.is_null() ? fallback : integer(v), rank);
+  }
+  /// A boolean flag at position `i` or keyword `name`, false when absent.
+  bool flag(size_t i, const char *name) const {
+    const json &v = param(i, name);
+    return v.is_boolean() && v.get<bool>();
+  }
   size_t numResults() const { return node->value("outputs", json::array()).size(); }
   Location loc() const { return currentLoc; }
   /// Whether any node or the graph output reads result `index` of the node.
@@ -626,11 +642,8 @@ Values castHandler(Importer &im) {
 Values reduceHandler(Importer &im, ReduceFn fn) {
   Value x = im.tensor(im.arg(0));
   RankedTensorType out = im.resultType();
-  const json &dimArg = im.param(1, "dim");
-  std::vector<int64_t> dims = dimArg.is_null() ? std::vector<int64_t>{}
-                                               : im.ints(dimArg);
-  const json &keep = im.param(2, "keepdim");
-  bool keepdim = keep.is_boolean() && keep.get<bool>();
+  std::vector<int64_t> dims = im.reductionDims();
+  bool keepdim = im.flag(2, "keepdim");
   Type elt = out.getElementType();
   if (fn == ReduceFn::sum && elt.isInteger(64) &&
       cast<RankedTensorType>(x.getType()).getElementType().isInteger(1))
@@ -642,10 +655,7 @@ Values reduceHandler(Importer &im, ReduceFn fn) {
 Values anyAllHandler(Importer &im, bool isAny) {
   Value x = im.tensor(im.arg(0));
   RankedTensorType out = im.resultType();
-  const json &dimArg = im.param(1, "dim");
-  std::vector<int64_t> dims = dimArg.is_null() ? std::vector<int64_t>{}
-                                               : im.ints(dimArg);
-  const json &keep = im.param(2, "keepdim");
+  std::vector<int64_t> dims = im.reductionDims();
   auto xt = cast<RankedTensorType>(x.getType());
   Value flags = x;
   if (!xt.getElementType().isInteger(1))
@@ -653,7 +663,7 @@ Values anyAllHandler(Importer &im, bool isAny) {
                       im.splat(0.0, xt), xt.clone(im.b.getI1Type()));
   Value values = im.castTo(flags, im.b.getF32Type());
   Value r = im.reduce(isAny ? ReduceFn::max : ReduceFn::min, values, dims,
-                      keep.is_boolean() && keep.get<bool>());
+                      im.flag(2, "keepdim"));
   auto rt = cast<RankedTensorType>(r.getType());
   require(rt.getShape() == out.getShape(), "unexpected any/all result shape");
   return {im.binary(BinaryFn::ne, r, im.splat(0.0, rt), out)};
@@ -674,14 +684,11 @@ Values meanHandler(Importer &im) {
   Value x = im.tensor(im.arg(0));
   RankedTensorType out = im.resultType();
   auto in = cast<RankedTensorType>(x.getType());
-  std::vector<int64_t> dims =
-      im.param(1, "dim").is_null() ? std::vector<int64_t>{}
-                                   : im.ints(im.param(1, "dim"));
-  const json &keep = im.param(2, "keepdim");
+  std::vector<int64_t> dims = im.reductionDims();
   int64_t count = reducedCount(im, in, dims);
   require(isa<FloatType>(out.getElementType()), "mean of integers");
   Value sum = im.reduce(ReduceFn::sum, im.castTo(x, out.getElementType()), dims,
-                        keep.is_boolean() && keep.get<bool>());
+                        im.flag(2, "keepdim"));
   auto sumType = cast<RankedTensorType>(sum.getType());
   return {im.binary(BinaryFn::mul, sum, im.splat(1.0 / count, sumType),
                     sumType)};
@@ -694,13 +701,10 @@ Values varHandler(Importer &im, bool withMean) {
   auto in = cast<RankedTensorType>(x.getType());
   Type elt = out.getElementType();
   require(isa<FloatType>(elt), "variance of integers");
-  std::vector<int64_t> dims =
-      im.param(1, "dim").is_null() ? std::vector<int64_t>{}
-                                   : im.ints(im.param(1, "dim"));
+  std::vector<int64_t> dims = im.reductionDims();
   const json &corr = im.kwarg("correction");
   double correction = corr.is_null() ? 1.0 : im.number(corr);
-  bool keepdim = im.kwarg("keepdim").is_boolean() &&
-                 im.kwarg("keepdim").get<bool>();
+  bool keepdim = im.flag(2, "keepdim"); // keyword-only in var.correction
   int64_t count = reducedCount(im, in, dims);
   x = im.castTo(x, elt);
   auto xt = cast<RankedTensorType>(x.getType());
@@ -769,9 +773,7 @@ Values sliceHandler(Importer &im) {
   Value x = im.tensor(im.arg(0));
   auto type = cast<RankedTensorType>(x.getType());
   int64_t rank = type.getRank();
-  int64_t dim = im.normDim(im.param(1, "dim").is_null() ? 0
-                                                        : im.integer(im.param(1, "dim")),
-                           rank);
+  int64_t dim = im.dimParam(1, rank);
   int64_t size = type.getDimSize(dim);
   const json &startArg = im.param(2, "start"), &stepArg = im.param(4, "step");
   int64_t start = startArg.is_null() ? 0 : im.integer(startArg);
@@ -814,9 +816,7 @@ Values catHandler(Importer &im) {
   RankedTensorType out = im.resultType();
   const json &list = im.arg(0);
   require(list.is_array(), "expected a list of tensors");
-  int64_t dim = im.normDim(im.param(1, "dim").is_null() ? 0
-                                                        : im.integer(im.param(1, "dim")),
-                           out.getRank());
+  int64_t dim = im.dimParam(1, out.getRank());
   SmallVector<Value> inputs;
   for (const json &t : list) {
     Value v = im.castTo(im.tensor(t), out.getElementType());
@@ -933,9 +933,7 @@ Values geluHandler(Importer &im) {
 Values splitHandler(Importer &im, bool withSizes) {
   Value x = im.tensor(im.arg(0));
   auto type = cast<RankedTensorType>(x.getType());
-  int64_t dim = im.normDim(im.param(2, "dim").is_null() ? 0
-                                                        : im.integer(im.param(2, "dim")),
-                           type.getRank());
+  int64_t dim = im.dimParam(2, type.getRank());
   int64_t size = type.getDimSize(dim);
   std::vector<int64_t> sizes;
   if (withSizes) {
@@ -1068,7 +1066,7 @@ Values convolutionHandler(Importer &im) {
   auto xt = cast<RankedTensorType>(x.getType());
   auto wt = cast<RankedTensorType>(w.getType());
   require(xt.getRank() == 4 && wt.getRank() == 4, "only 2-d convolution");
-  require(!(im.arg(6).is_boolean() && im.arg(6).get<bool>()),
+  require(!im.flag(6, "transposed"),
           "transposed convolution");
   require(im.arg(8).is_null() || im.integer(im.arg(8)) == 1,
           "grouped convolution");

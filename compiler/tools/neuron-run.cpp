@@ -95,16 +95,16 @@ static int run() {
   runtime::Timeline t = runtime::simulate(program, target, true);
 
   double us = t.totalNs / 1e3, seconds = std::max(t.totalNs, 1e-9) * 1e-9;
-  double peakFlops = 2.0 * target.partitions *
-                     target.matmulMaxStationaryFree * target.tensorClockGHz *
-                     1e9;
   printf("%s on %s: %lld static / %lld dynamic instructions\n",
          program.name.c_str(), target.name.c_str(),
          (long long)program.numInstructions(), (long long)t.instructions);
   printf("modeled device time: %.3f us, bound by %s\n", us, t.bound.c_str());
   printf("matmul: %.3g FLOP, %.2f TFLOP/s (%.1f%% of TensorE peak)\n", t.flops,
-         t.flops / seconds / 1e12, 100 * t.flops / seconds / peakFlops);
-  printf("HBM: %.3g bytes, %.1f GB/s\n", t.hbmBytes, t.hbmBytes / seconds / 1e9);
+         t.flops / seconds / 1e12,
+         100 * t.flops / seconds / target.peakFlopsPerSecond());
+  printf("HBM: %.3g bytes, %.1f GB/s (%.1f%% of the roofline)\n", t.hbmBytes,
+         t.hbmBytes / seconds / 1e9,
+         100 * t.hbmBytes / seconds / target.peakHbmBytesPerSecond());
   printf("%-8s %12s %6s\n", "engine", "busy (us)", "util");
   for (auto &[engine, ns] : t.engineBusyNs)
     printf("%-8s %12.3f %5.1f%%\n", engine.c_str(), ns / 1e3,

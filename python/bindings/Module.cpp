@@ -156,15 +156,9 @@ PYBIND11_MODULE(_C, m) {
       "target_peaks",
       [](const std::string &name) {
         const target::Target &t = target::getTarget(name);
-        // Dense bf16 TensorE peak (a 128x128 array, 2 FLOPs per MAC) and
-        // the core's HBM roofline (DMA engines, capped by its HBM share).
-        double flops = 2.0 * t.partitions * t.matmulMaxStationaryFree *
-                       t.tensorClockGHz * 1e9;
-        double dma = t.dmaEngines * t.dmaBytesPerNsPerEngine;
-        double hbm = t.hbmChipBytesPerNs / t.value("hbm_sharing_cores");
         py::dict d;
-        d["flops"] = flops;
-        d["hbm_bytes"] = std::min(dma, hbm) * 1e9;
+        d["flops"] = t.peakFlopsPerSecond();
+        d["hbm_bytes"] = t.peakHbmBytesPerSecond();
         return d;
       },
       py::arg("target"), "Peak bf16 FLOP/s and HBM bytes/s of one core.");

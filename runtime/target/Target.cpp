@@ -253,4 +253,14 @@ const Target &getTarget(const std::string &name) {
   return *inserted.first->second;
 }
 
+double Target::peakFlopsPerSecond() const {
+  return 2.0 * partitions * matmulMaxStationaryFree * tensorClockGHz * 1e9;
+}
+
+double Target::peakHbmBytesPerSecond() const {
+  double dma = dmaEngines * dmaBytesPerNsPerEngine;
+  double hbm = hbmChipBytesPerNs / value("hbm_sharing_cores");
+  return std::min(dma, hbm) * 1e9;
+}
+
 } // namespace neuron::target

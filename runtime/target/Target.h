@@ -80,6 +80,12 @@ struct Target {
   /// Throws neuron::runtime::Error naming the key if the file lacks it.
   const Figure &figure(const std::string &key) const;
   double value(const std::string &key) const { return figure(key).value; }
+
+  /// Dense bf16 TensorE peak of one core: a partitions x stationary-free PE
+  /// array, 2 FLOPs per MAC per cycle.
+  double peakFlopsPerSecond() const;
+  /// The core's HBM roofline: its DMA engines, capped by its HBM share.
+  double peakHbmBytesPerSecond() const;
 };
 
 /// Parses a target data file. `origin` names the file in error messages.
