@@ -7,6 +7,9 @@
 namespace mlir::nisa {
 class NisaDialect;
 }
+namespace mlir::neuron {
+class NeuronDialect;
+}
 namespace mlir::scf {
 class SCFDialect;
 }

@@ -48,4 +48,98 @@ def NeuronLowerToNisa : Pass<"neuron-lower-to-nisa", "mlir::ModuleOp"> {
   ];
 }
 
+def NeuronFuseElementwise : Pass<"neuron-fuse-elementwise", "mlir::ModuleOp"> {
+  let summary = "Group elementwise ops, row reductions and broadcasts into neuron.fusion";
+  let description = [{
+    Chains of elementwise ops, reductions over the innermost dims and the
+    broadcasts and reshapes between them become one `neuron.fusion`, which
+    the lowering tiles as a whole: inputs are read from HBM once, outputs
+    written once, intermediates stay in SBUF. Softmax, LayerNorm and RMSNorm
+    each become one fusion. A group is tiled by rows when it reduces or
+    broadcasts (each row of C elements in one tile, so C times the widest
+    element must fit in `row-bytes` per partition), otherwise flat.
+
+    Before:
+    ```mlir
+    %m = neuron.reduce max %x {count = 1} : tensor<64x32xf32> -> tensor<64xf32>
+    %r = neuron.reshape %m : tensor<64xf32> -> tensor<64x1xf32>
+    %b = neuron.broadcast %r : tensor<64x1xf32> -> tensor<64x32xf32>
+    %d = neuron.binary sub %x, %b : ...
+    ```
+    After:
+    ```mlir
+    %d = neuron.fusion (%x) : (tensor<64x32xf32>) -> tensor<64x32xf32> {
+    ^bb0(%a: tensor<64x32xf32>):
+      %m = neuron.reduce max %a {count = 1} : ...
+      ...
+      neuron.yield %d : tensor<64x32xf32>
+    }
+    ```
+  }];
+  let dependentDialects = ["mlir::neuron::NeuronDialect"];
+  let options = [
+    Option<"rowBytes", "row-bytes", "int64_t", /*default=*/"16384",
+           "Most bytes per partition one row of a row-tiled group may take">
+  ];
+}
+
+def NisaAllocate : Pass<"nisa-allocate", "mlir::ModuleOp"> {
+  let summary = "Place every SBUF/PSUM tile at a byte address, reusing dead space";
+  let description = [{
+    Gives each on-chip `memref.alloc` of a kernel a `nisa.address`: its byte
+    offset inside every partition. A tile is live from its alloc to its last
+    use (a use inside a loop keeps it live to the end of that loop); tiles
+    whose lifetimes overlap get disjoint byte ranges, dead ranges are reused
+    first-fit. PSUM tiles that fit in one bank never straddle two (a matmul
+    accumulates within a bank). Tiles that already carry an address keep it.
+    Fails, naming the tile, only when the tiles live at one point exceed
+    the target's SBUF or PSUM bytes per partition.
+
+    Before:
+    ```mlir
+    %a = memref.alloc() : memref<128x512xf32, #nisa.mem<sbuf>>
+    %b = memref.alloc() : memref<128x512xf32, #nisa.mem<sbuf>>
+    ```
+    After:
+    ```mlir
+    %a = memref.alloc() {nisa.address = 0 : i64} : memref<128x512xf32, #nisa.mem<sbuf>>
+    %b = memref.alloc() {nisa.address = 2048 : i64} : memref<128x512xf32, #nisa.mem<sbuf>>
+    ```
+  }];
+  let dependentDialects = ["mlir::nisa::NisaDialect"];
+}
+
+def NisaInsertSync : Pass<"nisa-insert-sync", "mlir::ModuleOp"> {
+  let summary = "Make every instruction wait for the ones whose data it needs";
+  let description = [{
+    Engines run their queues in order but independently of each other, and
+    DMA transfers complete out of order, so an instruction that reads or
+    overwrites bytes another instruction writes or reads (RAW, WAR, WAW)
+    must wait for it on a semaphore. This pass numbers the instructions of
+    each kernel (`nisa.id`, pre-order) and lists, in `nisa.waits`, the ids
+    whose earlier instances must have completed before the instruction
+    issues; the kernel gets `nisa.synchronized` and the emitted program
+    `"sync": "explicit"`, which the timing model honours (and checks).
+
+    Conflicts are found on physical storage: SBUF/PSUM byte ranges from
+    `nisa.address` (run `nisa-allocate` first), HBM buffers by element
+    ranges over all loop iterations. An instruction waits on one that
+    precedes it in program order or in an earlier iteration of a loop they
+    share. No wait is needed between compute instructions of one engine
+    queue (in order); DMAs always need one.
+
+    Before:
+    ```mlir
+    nisa.dma_copy %x, %t : ...
+    nisa.activation exp %t, %u : ...
+    ```
+    After:
+    ```mlir
+    nisa.dma_copy %x, %t {nisa.id = 0 : i64} : ...
+    nisa.activation exp %t, %u {nisa.id = 1 : i64, nisa.waits = array<i64: 0>} : ...
+    ```
+  }];
+  let dependentDialects = ["mlir::nisa::NisaDialect"];
+}
+
 #endif // NEURON_PASSES

@@ -118,9 +118,22 @@ std::optional<std::string> sourceLine(Location loc) {
   return std::nullopt;
 }
 
+/// An on-chip tile's program buffer: space, byte address, dtype and free
+/// size (tiles that share all four share a buffer).
+using TileKey = std::tuple<int, int64_t, std::string, int64_t>;
+TileKey tileKey(memref::AllocOp alloc) {
+  MemRefType type = alloc.getType();
+  auto address = alloc->getAttrOfType<IntegerAttr>(nisa::kAddressAttrName);
+  return {(int)nisa::getMemorySpace(type), address.getInt(),
+          *dtypeName(type.getElementType()),
+          type.getNumElements() / std::max<int64_t>(1, type.getDimSize(0))};
+}
+
 class ProgramEmitter {
 public:
-  explicit ProgramEmitter(func::FuncOp kernel) : kernel(kernel) {}
+  explicit ProgramEmitter(func::FuncOp kernel)
+      : kernel(kernel),
+        synchronized(kernel->hasAttr(nisa::kSynchronizedAttrName)) {}
   FailureOr<json> emit();
 
 private:
@@ -139,16 +152,19 @@ private:
   llvm::DenseMap<Value, Affine> indices;
   llvm::DenseMap<Value, int> bufferIds;
   llvm::DenseMap<Value, View> views;
-  /// On-chip tiles live in uniform slots per (space, dtype), each as large as
-  /// the largest tile of that kind, so any dead slot can take any new tile.
-  struct SlotKind {
-    int64_t partitions = 0, freeElements = 0;
-    std::vector<int> free; // dead slots
+  /// On-chip tiles with one TileKey share a program buffer with the most
+  /// partitions any of them has; nisa-allocate made their lifetimes
+  /// disjoint. Buffers of different keys may share bytes at other times.
+  struct TileBuffer {
+    int64_t partitions = 0;
+    int id = -1;
   };
-  std::map<std::pair<int, std::string>, SlotKind> slots;
-  llvm::DenseMap<Value, int64_t> tileRowStride; // tile -> slot free size
-  llvm::DenseMap<int, std::pair<int, std::string>> slotKinds;
-  void planSlots();
+  std::map<TileKey, TileBuffer> tileBuffers;
+  /// Synchronized kernels: nisa.id -> static instruction index.
+  llvm::DenseMap<int64_t, int64_t> instructionIndex;
+  bool synchronized = false;
+  LogicalResult planTiles();
+  LogicalResult numberInstructions();
   std::map<std::string, int> globals;
   int nextLoop = 0;
 };
@@ -216,9 +232,6 @@ FailureOr<json> ProgramEmitter::viewOf(Value v, Operation *user) {
     view.strides.assign(view.shape.size(), 1);
     for (int64_t i = (int64_t)view.shape.size() - 2; i >= 0; --i)
       view.strides[i] = view.strides[i + 1] * view.shape[i + 1];
-    // A tile's partition p is row p of its slot.
-    if (auto row = tileRowStride.find(v); row != tileRowStride.end())
-      view.strides[0] = row->second;
   } else {
     return user->emitError("operand is neither a buffer nor a view of one");
   }
@@ -310,37 +323,23 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
         if (nisa::getMemorySpace(type) == nisa::MemorySpace::hbm)
           return addBuffer(alloc, "internal",
                            "t" + std::to_string(buffers.size()));
-        if (!dtypeName(type.getElementType()) || type.getRank() < 1 ||
-            !type.hasStaticShape())
-          return alloc.emitError("on-chip tiles need a static [partitions, "
-                                 "free...] shape and a supported dtype");
-        auto key = std::make_pair((int)nisa::getMemorySpace(type),
-                                  *dtypeName(type.getElementType()));
-        SlotKind &kind = slots[key];
-        tileRowStride[alloc] = kind.freeElements;
-        if (!kind.free.empty()) {
-          bufferIds[alloc] = kind.free.back();
-          kind.free.pop_back();
-          return success();
+        TileBuffer &tb = tileBuffers[tileKey(alloc)];
+        if (tb.id < 0) {
+          tb.id = buffers.size();
+          auto [space, address, dtype, freeElements] = tileKey(alloc);
+          buffers.push_back(
+              {{"id", tb.id},
+               {"name", "tile" + std::to_string(tb.id)},
+               {"space", spaceName(nisa::getMemorySpace(type))},
+               {"kind", "scratch"},
+               {"dtype", dtype},
+               {"address", address},
+               {"shape", std::vector<int64_t>{tb.partitions, freeElements}}});
         }
-        int id = buffers.size();
-        buffers.push_back(
-            {{"id", id},
-             {"name", "tile" + std::to_string(id)},
-             {"space", spaceName(nisa::getMemorySpace(type))},
-             {"kind", "scratch"},
-             {"dtype", key.second},
-             {"shape", std::vector<int64_t>{kind.partitions, kind.freeElements}}});
-        bufferIds[alloc] = id;
-        slotKinds[id] = key;
+        bufferIds[alloc] = tb.id;
         return success();
       })
-      .Case<memref::DeallocOp>([&](memref::DeallocOp dealloc) {
-        auto it = bufferIds.find(dealloc.getMemref());
-        if (it != bufferIds.end() && slotKinds.count(it->second))
-          slots[slotKinds[it->second]].free.push_back(it->second);
-        return success();
-      })
+      .Case<memref::DeallocOp>([&](memref::DeallocOp) { return success(); })
       .Case<memref::GetGlobalOp>([&](memref::GetGlobalOp get) -> LogicalResult {
         std::string name = get.getName().str();
         if (auto it = globals.find(name); it != globals.end()) {
@@ -358,9 +357,8 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
       .Case<memref::ReinterpretCastOp>(
           [&](memref::ReinterpretCastOp rc) -> LogicalResult {
             auto base = bufferIds.find(rc.getSource());
-            if (base == bufferIds.end() ||
-                tileRowStride.count(rc.getSource()))
-              return rc.emitError("views must be taken of an HBM buffer");
+            if (base == bufferIds.end())
+              return rc.emitError("views must be taken of a buffer");
             View view;
             view.buffer = base->second;
             auto offsets = rc.getMixedOffsets();
@@ -409,28 +407,26 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
     else
       inst[name] = *view;
   };
-  std::string engine = "vector";
+  std::optional<nisa::Issue> issue = nisa::issueOf(op);
+  if (!issue)
+    return op->emitError("has no kernel program encoding");
   llvm::TypeSwitch<Operation *>(op)
       .Case<nisa::DmaCopyOp>([&](auto o) {
-        engine = "sync";
         operand("src", o.getSrc());
         operand("dst", o.getDst());
       })
       .Case<nisa::DmaGatherOp>([&](auto o) {
-        engine = "gpsimd"; // indirect DMA needs software descriptors
         operand("table", o.getTable());
         operand("indices", o.getIndices());
         operand("dst", o.getDst());
       })
       .Case<nisa::MatmulOp>([&](auto o) {
-        engine = "tensor";
         operand("stationary", o.getStationary());
         operand("moving", o.getMoving());
         operand("dst", o.getDst());
         inst["accumulate"] = o.getAccumulate();
       })
       .Case<nisa::ActivationOp>([&](auto o) {
-        engine = "scalar";
         operand("src", o.getSrc());
         operand("dst", o.getDst());
         operand("bias", o.getBias());
@@ -464,7 +460,6 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         operand("dst", o.getDst());
       })
       .Case<nisa::CopyOp>([&](auto o) {
-        engine = nisa::stringifyEngine(o.getEngine()).str();
         operand("src", o.getSrc());
         operand("dst", o.getDst());
       })
@@ -473,7 +468,6 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         inst["value"] = number(o.getValue().convertToDouble());
       })
       .Case<nisa::IotaOp>([&](auto o) {
-        engine = "gpsimd";
         operand("dst", o.getDst());
         inst["base"] = number(o.getBase().convertToDouble());
         inst["channel_multiplier"] = number(o.getChannelMultiplier().convertToDouble());
@@ -484,26 +478,61 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         op->emitError("has no kernel program encoding");
         ok = false;
       });
+  if (auto waits = op->getAttrOfType<DenseI64ArrayAttr>(nisa::kWaitsAttrName);
+      waits && synchronized) {
+    std::vector<int64_t> indices;
+    for (int64_t id : waits.asArrayRef()) {
+      auto it = instructionIndex.find(id);
+      if (it == instructionIndex.end())
+        return op->emitError("waits for unknown instruction id ") << id;
+      indices.push_back(it->second);
+    }
+    inst["waits"] = indices;
+  }
   if (!ok)
     return failure();
-  inst["engine"] = engine;
+  inst["engine"] = nisa::stringifyEngine(issue->engine).str();
   out.push_back(std::move(inst));
   return success();
 }
 
-void ProgramEmitter::planSlots() {
-  kernel.walk([&](memref::AllocOp alloc) {
+LogicalResult ProgramEmitter::planTiles() {
+  WalkResult walk = kernel.walk([&](memref::AllocOp alloc) {
     MemRefType type = alloc.getType();
-    auto dtype = dtypeName(type.getElementType());
-    if (nisa::getMemorySpace(type) == nisa::MemorySpace::hbm || !dtype ||
-        type.getRank() < 1 || !type.hasStaticShape())
-      return;
-    SlotKind &kind = slots[{(int)nisa::getMemorySpace(type), *dtype}];
-    kind.partitions = std::max(kind.partitions, type.getDimSize(0));
-    kind.freeElements = std::max(kind.freeElements,
-                                 type.getNumElements() / std::max<int64_t>(
-                                                             1, type.getDimSize(0)));
+    if (nisa::getMemorySpace(type) == nisa::MemorySpace::hbm)
+      return WalkResult::advance();
+    if (!dtypeName(type.getElementType()) || type.getRank() < 1 ||
+        !type.hasStaticShape()) {
+      alloc.emitError("on-chip tiles need a static [partitions, free...] "
+                      "shape and a supported dtype");
+      return WalkResult::interrupt();
+    }
+    if (!alloc->hasAttr(nisa::kAddressAttrName)) {
+      alloc.emitError("on-chip tile has no nisa.address (run nisa-allocate)");
+      return WalkResult::interrupt();
+    }
+    TileBuffer &tb = tileBuffers[tileKey(alloc)];
+    tb.partitions = std::max(tb.partitions, type.getDimSize(0));
+    return WalkResult::advance();
   });
+  return failure(walk.wasInterrupted());
+}
+
+LogicalResult ProgramEmitter::numberInstructions() {
+  int64_t next = 0;
+  WalkResult walk = kernel.walk<WalkOrder::PreOrder>([&](Operation *op) {
+    if (!nisa::issueOf(op))
+      return WalkResult::advance();
+    auto id = op->getAttrOfType<IntegerAttr>(nisa::kIdAttrName);
+    if (!id || !instructionIndex.try_emplace(id.getInt(), next++).second) {
+      op->emitError("instruction of a synchronized kernel needs a unique "
+                    "nisa.id (run nisa-insert-sync after changing "
+                    "instructions)");
+      return WalkResult::interrupt();
+    }
+    return WalkResult::advance();
+  });
+  return failure(walk.wasInterrupted());
 }
 
 FailureOr<json> ProgramEmitter::emit() {
@@ -522,7 +551,8 @@ FailureOr<json> ProgramEmitter::emit() {
       return failure();
     (isInput ? inputs : outputs).push_back(*id);
   }
-  planSlots();
+  if (failed(planTiles()) || (synchronized && failed(numberInstructions())))
+    return failure();
   json body = json::array();
   if (failed(emitBlock(kernel.getBody().front(), body)))
     return failure();
@@ -530,15 +560,18 @@ FailureOr<json> ProgramEmitter::emit() {
   std::string target = "trn2";
   if (auto attr = module->getAttrOfType<StringAttr>(nisa::kTargetAttrName))
     target = attr.str();
-  return json{{"format", "torchneuron-kernel-program"},
-              {"version", 1},
+  json program{{"format", "torchneuron-kernel-program"},
+               {"version", 1},
               {"name", kernel.getSymName().str()},
               {"target", target},
               {"buffers", buffers},
               {"inputs", inputs},
               {"outputs", outputs},
               {"locations", locations},
-              {"body", body}};
+               {"body", body}};
+  if (synchronized)
+    program["sync"] = "explicit";
+  return program;
 }
 
 } // namespace

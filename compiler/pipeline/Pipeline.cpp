@@ -139,9 +139,12 @@ runStages(ModuleOp module, const neuron::compiler::CompileOptions &options,
   std::string lower = "neuron-lower-to-nisa{target=" + options.target + "}";
   const Stage stages[] = {{"canonicalize", "canonicalize"},
                           {"lower-to-nisa", lower.c_str()},
-                          {"cleanup", "canonicalize,cse"}};
+                          {"cleanup", "canonicalize,cse"},
+                          {"schedule", "nisa-allocate,nisa-insert-sync"}};
   for (const Stage &stage : stages) {
-    if (lowered && llvm::StringRef(stage.name) != "cleanup")
+    // A module that arrives lowered is still cleaned up and scheduled.
+    llvm::StringRef name = stage.name;
+    if (lowered && (name == "canonicalize" || name == "lower-to-nisa"))
       continue;
     PassManager pm(&ctx, ModuleOp::getOperationName());
     std::string pipeline = std::string("builtin.module(") + stage.passes + ")";
@@ -173,7 +176,9 @@ runStages(ModuleOp module, const neuron::compiler::CompileOptions &options,
   }
   if (!options.dumpDir.empty()) {
     llvm::SmallString<256> path(options.dumpDir);
-    llvm::sys::path::append(path, "04-program.json");
+    char name[64];
+    snprintf(name, sizeof(name), "%02d-program.json", index);
+    llvm::sys::path::append(path, name);
     std::error_code ec;
     llvm::raw_fd_ostream os(path, ec);
     if (!ec)

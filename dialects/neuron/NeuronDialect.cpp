@@ -297,3 +297,21 @@ LogicalResult GatherOp::verify() {
 
 #define GET_OP_CLASSES
 #include "dialects/neuron/NeuronOps.cpp.inc"
+
+LogicalResult FusionOp::verify() {
+  Block &body = getBody().front();
+  if (body.getNumArguments() != getInputs().size() ||
+      !llvm::equal(body.getArgumentTypes(), getInputs().getTypes()))
+    return emitOpError("body arguments must match the inputs' types");
+  auto yield = dyn_cast<YieldOp>(body.getTerminator());
+  if (!yield)
+    return emitOpError("body must end in neuron.yield");
+  if (!llvm::equal(yield.getValues().getTypes(), getResultTypes()))
+    return emitOpError("yielded types must match the results' types");
+  for (Operation &op : body.without_terminator())
+    if (!isa<UnaryOp, BinaryOp, SelectOp, CastOp, ReduceOp, BroadcastOp,
+             ReshapeOp, ConstantOp>(op))
+      return op.emitOpError("cannot be fused (a fusion holds elementwise, "
+                            "reduce, broadcast, reshape and constant ops)");
+  return success();
+}

@@ -17,6 +17,7 @@ include "mlir/IR/CommonTypeConstraints.td"
 include "mlir/IR/CommonAttrConstraints.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
+include "mlir/Interfaces/ControlFlowInterfaces.td"
 
 def Neuron_Dialect : Dialect {
   let name = "neuron";
@@ -247,6 +248,44 @@ def Neuron_GatherOp : Neuron_Op<"gather"> {
     $table `[` $indices `]` attr-dict `:` type($table) `,` type($indices) `->` type($result)
   }];
   let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Fusion
+//===----------------------------------------------------------------------===//
+
+def Neuron_FusionOp : Op<Neuron_Dialect, "fusion",
+    [IsolatedFromAbove, SingleBlock, RecursiveMemoryEffects]> {
+  let summary = "ops lowered together: inputs read from HBM once, outputs written once";
+  let description = [{
+    A group chosen by `neuron-fuse-elementwise`: elementwise ops, row
+    reductions over the innermost dims and the broadcasts and reshapes
+    between them. The body sees the group's inputs as block arguments and
+    yields its outputs; `neuron-lower-to-nisa` tiles the whole body at once,
+    keeping intermediates in SBUF.
+
+    ```mlir
+    %r = neuron.fusion (%x) : (tensor<4x8xf32>) -> tensor<4x8xf32> {
+    ^bb0(%a: tensor<4x8xf32>):
+      %e = neuron.unary exp %a : tensor<4x8xf32> -> tensor<4x8xf32>
+      neuron.yield %e : tensor<4x8xf32>
+    }
+    ```
+  }];
+  let arguments = (ins Variadic<Neuron_Tensor>:$inputs);
+  let results = (outs Variadic<Neuron_Tensor>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    `(` $inputs `)` attr-dict `:` functional-type($inputs, results) $body
+  }];
+  let hasVerifier = 1;
+}
+
+def Neuron_YieldOp : Neuron_Op<"yield", [Terminator, HasParent<"FusionOp">,
+                                         ReturnLike]> {
+  let summary = "the results of a fusion body";
+  let arguments = (ins Variadic<Neuron_Tensor>:$values);
+  let assemblyFormat = "$values attr-dict `:` type($values)";
 }
 
 #endif // NEURON_OPS

@@ -3,6 +3,8 @@
 
 #include "runtime/target/Target.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/DialectImplementation.h"
@@ -55,6 +57,100 @@ MemRefType mlir::nisa::withMemorySpace(MemRefType type, MemorySpace space) {
                        : MemorySpaceAttr::get(type.getContext(), space);
   return MemRefType::get(type.getShape(), type.getElementType(),
                          type.getLayout(), attr);
+}
+
+std::optional<Issue> mlir::nisa::issueOf(Operation *op) {
+  return llvm::TypeSwitch<Operation *, std::optional<Issue>>(op)
+      .Case<DmaCopyOp>([](auto) { return Issue{Engine::sync, true}; })
+      // Indirect DMA needs software descriptors, written by GpSimd.
+      .Case<DmaGatherOp>([](auto) { return Issue{Engine::gpsimd, true}; })
+      .Case<MatmulOp>([](auto) { return Issue{Engine::tensor, false}; })
+      .Case<ActivationOp>([](auto) { return Issue{Engine::scalar, false}; })
+      .Case<TensorTensorOp, TensorScalarOp, TensorReduceOp, SelectOp,
+            MemsetOp>([](auto) { return Issue{Engine::vector, false}; })
+      .Case<CopyOp>([](CopyOp c) { return Issue{c.getEngine(), false}; })
+      .Case<IotaOp>([](auto) { return Issue{Engine::gpsimd, false}; })
+      .Default([](Operation *) { return std::nullopt; });
+}
+
+Value mlir::nisa::writtenOperand(Operation *op) {
+  return llvm::TypeSwitch<Operation *, Value>(op)
+      .Case<DmaCopyOp, DmaGatherOp, MatmulOp, ActivationOp, TensorTensorOp,
+            TensorScalarOp, TensorReduceOp, SelectOp, CopyOp, MemsetOp,
+            IotaOp>([](auto o) { return o.getDst(); })
+      .Default([](Operation *) { return Value(); });
+}
+
+int64_t mlir::nisa::bytesPerPartition(MemRefType tile) {
+  int64_t bytes = std::max<int64_t>(1, tile.getElementTypeBitWidth() / 8);
+  for (int64_t d : tile.getShape().drop_front())
+    bytes *= d;
+  return bytes;
+}
+
+//===----------------------------------------------------------------------===//
+// Pass attributes
+//===----------------------------------------------------------------------===//
+
+/// A tile's address must keep it inside its memory, and a PSUM tile that
+/// fits in one bank inside that bank (matmul accumulates within a bank).
+static LogicalResult verifyAddress(Operation *op, Attribute value) {
+  auto address = dyn_cast<IntegerAttr>(value);
+  if (!address || address.getInt() < 0)
+    return op->emitError("'nisa.address' must be a non-negative integer");
+  auto alloc = dyn_cast<memref::AllocOp>(op);
+  MemorySpace space =
+      alloc ? getMemorySpace(alloc.getType()) : MemorySpace::hbm;
+  if (space == MemorySpace::hbm || !alloc.getType().hasStaticShape() ||
+      alloc.getType().getRank() < 1)
+    return op->emitError("'nisa.address' belongs on the memref.alloc of a "
+                         "static SBUF or PSUM tile");
+  const auto *target = lookupTarget(op);
+  if (!target)
+    return failure();
+  int64_t begin = address.getInt();
+  int64_t bytes = bytesPerPartition(alloc.getType());
+  int64_t capacity = space == MemorySpace::sbuf ? target->sbufBytesPerPartition
+                                                : target->psumBytesPerPartition;
+  if (begin + bytes > capacity)
+    return op->emitError("tile at byte ")
+           << begin << " needs " << bytes << " bytes per partition; "
+           << stringifyMemorySpace(space) << " has " << capacity;
+  int64_t bank = target->psumBankBytes;
+  if (space == MemorySpace::psum && bytes <= bank &&
+      begin / bank != (begin + bytes - 1) / bank)
+    return op->emitError("PSUM tile at byte ")
+           << begin << " (" << bytes << " bytes) crosses a " << bank
+           << "-byte bank boundary";
+  return success();
+}
+
+LogicalResult NisaDialect::verifyOperationAttribute(Operation *op,
+                                                    NamedAttribute attr) {
+  StringRef name = attr.getName().strref();
+  if (name == kAddressAttrName)
+    return verifyAddress(op, attr.getValue());
+  if (name == kIdAttrName || name == kWaitsAttrName) {
+    if (!issueOf(op))
+      return op->emitError("'") << name << "' belongs on a nisa instruction";
+    if (name == kWaitsAttrName && !isa<DenseI64ArrayAttr>(attr.getValue()))
+      return op->emitError("'nisa.waits' must be an array<i64> of ids");
+    auto id = dyn_cast<IntegerAttr>(attr.getValue());
+    if (name == kIdAttrName && (!id || id.getInt() < 0))
+      return op->emitError("'nisa.id' must be a non-negative integer");
+    return success();
+  }
+  if (name == kSynchronizedAttrName) {
+    if (!isa<func::FuncOp>(op) || !isa<UnitAttr>(attr.getValue()))
+      return op->emitError("'nisa.synchronized' is a unit attribute of a "
+                           "kernel function");
+    return success();
+  }
+  if (name == kTargetAttrName || name == "nisa.kernel" ||
+      name == "nisa.num_inputs")
+    return success(); // read where they are used
+
+  return op->emitError("unknown nisa attribute '") << name << "'";
 }
 
 //===----------------------------------------------------------------------===//

@@ -32,6 +32,26 @@ const ::neuron::target::Target *lookupTarget(Operation *op);
 /// The memory a memref lives in; memrefs without a memory space are HBM.
 MemorySpace getMemorySpace(MemRefType type);
 MemRefType withMemorySpace(MemRefType type, MemorySpace space);
+
+/// Attributes of the allocation and synchronisation passes (NisaOps.td).
+constexpr llvm::StringLiteral kAddressAttrName = "nisa.address";
+constexpr llvm::StringLiteral kIdAttrName = "nisa.id";
+constexpr llvm::StringLiteral kWaitsAttrName = "nisa.waits";
+constexpr llvm::StringLiteral kSynchronizedAttrName = "nisa.synchronized";
+
+/// How an instruction is issued: the queue that runs (or, for a DMA,
+/// triggers) it. std::nullopt for ops that are not nisa instructions.
+struct Issue {
+  Engine engine;
+  bool dma;
+};
+std::optional<Issue> issueOf(Operation *op);
+
+/// The operand an instruction writes.
+Value writtenOperand(Operation *op);
+
+/// Bytes one partition of an on-chip tile holds (bool: one byte).
+int64_t bytesPerPartition(MemRefType tile);
 } // namespace mlir::nisa
 
 #endif // DIALECTS_NISA_NISADIALECT_H

@@ -28,8 +28,16 @@ def Nisa_Dialect : Dialect {
     ScalarE, GpSimd or DMA instruction. Loops stay `scf.for` loops, so the
     program does not grow with tensor sizes. Verifiers ask the target named
     by the module attribute `nisa.target` (default `trn2`).
+
+    Discardable attributes written by the `nisa` passes, checked by the
+    dialect: `nisa.address` (i64, on an SBUF/PSUM `memref.alloc`: the byte
+    offset of the tile in every partition, from `nisa-allocate`), and, from
+    `nisa-insert-sync`, `nisa.id` (i64, on an instruction), `nisa.waits`
+    (array<i64>, on an instruction: ids whose earlier instances must have
+    completed before it issues) and `nisa.synchronized` (unit, on the kernel).
   }];
   let useDefaultAttributePrinterParser = 1;
+  let hasOperationAttrVerify = 1;
 }
 
 def Nisa_MemorySpace : I32EnumAttr<"MemorySpace", "memory of a NeuronCore", [

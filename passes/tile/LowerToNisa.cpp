@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/Passes.h"
+#include "passes/fuse/FusionPlan.h"
 
 #include "dialects/neuron/NeuronDialect.h"
 #include "dialects/nisa/NisaDialect.h"
@@ -141,30 +142,6 @@ private:
       body(index(full * tileSize), rem);
   }
 
-  /// Walks `n` contiguous elements as [rows, cols] tiles (rows on the
-  /// partitions): full [P, F] tiles in a loop, then the rest.
-  void forFlatTiles(int64_t n,
-                    llvm::function_ref<void(Value, int64_t, int64_t)> body) {
-    int64_t p = target.partitions;
-    int64_t freeMax = std::max<int64_t>(1, tileBytes / 4);
-    int64_t cols = n >= p * freeMax ? freeMax : std::max<int64_t>(1, n / p);
-    int64_t chunk = p * cols, full = n / chunk, rem = n % chunk;
-    if (full == 1) {
-      body(index(0), p, cols);
-    } else if (full > 1) {
-      auto loop = b.create<scf::ForOp>(loc, index(0), index(full * chunk),
-                                       index(chunk));
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPoint(loop.getBody()->getTerminator());
-      body(loop.getInductionVar(), p, cols);
-    }
-    int64_t base = full * chunk;
-    if (rem / cols)
-      body(index(base), rem / cols, cols);
-    if (rem % cols)
-      body(index(base + rem / cols * cols), 1, rem % cols);
-  }
-
   void dma(Value src, Value dst) { b.create<nisa::DmaCopyOp>(loc, src, dst); }
 
   Value load(Value base, Value offset, int64_t rows, int64_t cols,
@@ -190,14 +167,17 @@ private:
     buffers[result] = buffer;
     return buffer;
   }
-  std::optional<double> splatValue(Value tensor);
 
   // --- op lowerings -------------------------------------------------------
   LogicalResult lower(Operation *op);
-  void lowerElementwise(Operation *op, ValueRange inputs,
-                        llvm::function_ref<void(ArrayRef<Value>, Value)> tileFn);
-  void lowerBinary(BinaryOp op);
+  void lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
+                  ArrayRef<std::pair<Value, Value>> inputs,
+                  ArrayRef<std::pair<Value, Value>> outputs);
+  void lowerFusion(FusionOp fusion);
   void lowerMatmul(MatmulOp op);
+  void forEach(int64_t count, llvm::function_ref<void(Value)> body);
+  void forEachAlternating(int64_t first, int64_t count,
+                          llvm::function_ref<void(Value, int)> body);
   void lowerReduce(ReduceOp op);
   void lowerStridedCopy(Value input, Value result, ArrayRef<int64_t> shape,
                         ArrayRef<int64_t> strides, int64_t offset);
@@ -214,6 +194,7 @@ private:
   DenseMap<Value, Value> destinations; // returned tensor -> output argument
   SmallVector<SmallVector<Value>> scopeTiles;
   unsigned constantCount = 0;
+  bool hadError = false; // a lowering emitted an error
 };
 
 Value KernelLowering::bufferOf(Value tensor) {
@@ -236,21 +217,6 @@ Value KernelLowering::bufferOf(Value tensor) {
       b.create<memref::GetGlobalOp>(constant.getLoc(), type, global.getName());
   buffers[tensor] = buffer;
   return buffer;
-}
-
-std::optional<double> KernelLowering::splatValue(Value tensor) {
-  auto constant = tensor.getDefiningOp<ConstantOp>();
-  if (!constant)
-    return std::nullopt;
-  auto splat = dyn_cast<SplatElementsAttr>(constant.getValue());
-  if (!splat)
-    return std::nullopt;
-  Type elt = splat.getElementType();
-  if (isa<FloatType>(elt))
-    return splat.getSplatValue<APFloat>().convertToDouble();
-  if (elt.isInteger(1))
-    return splat.getSplatValue<bool>() ? 1.0 : 0.0;
-  return (double)splat.getSplatValue<APInt>().getSExtValue();
 }
 
 nisa::ActivationFn activationFor(UnaryFn fn) {
@@ -289,49 +255,259 @@ nisa::AluOp aluFor(ReduceFn fn) {
   llvm_unreachable("unknown reduction");
 }
 
-void KernelLowering::lowerElementwise(
-    Operation *op, ValueRange inputs,
-    llvm::function_ref<void(ArrayRef<Value>, Value)> tileFn) {
-  Value result = op->getResult(0);
-  auto type = tensorType(result);
-  SmallVector<Value> inBuffers;
-  for (Value in : inputs)
-    inBuffers.push_back(bufferOf(in));
-  Value out = resultBuffer(result);
-  forFlatTiles(type.getNumElements(), [&](Value off, int64_t rows,
-                                          int64_t cols) {
-    TileScope scope(*this);
-    SmallVector<Value> tiles;
-    for (Value in : inBuffers)
-      tiles.push_back(load(in, off, rows, cols, cols));
-    Value o = tile(MemorySpace::sbuf, {rows, cols}, type.getElementType());
-    tileFn(tiles, o);
-    dma(o, rowView(out, off, rows, cols, cols));
-  });
-}
+/// One step's tiles of a fused group.
+struct GroupStep {
+  const FusionPlan &plan;
+  int64_t rows, cols;
+  llvm::DenseMap<Value, Value> tiles; // value -> its tile in this step
 
-void KernelLowering::lowerBinary(BinaryOp op) {
-  nisa::AluOp alu = aluFor(op.getFn());
-  std::optional<double> lhsSplat = splatValue(op.getLhs());
-  std::optional<double> rhsSplat = splatValue(op.getRhs());
-  if (rhsSplat || lhsSplat) {
-    // A splat operand rides along as the instruction's immediate.
-    bool reverse = !rhsSplat;
-    double imm = reverse ? *lhsSplat : *rhsSplat;
-    Value data = reverse ? op.getRhs() : op.getLhs();
-    lowerElementwise(op, data, [&](ArrayRef<Value> in, Value out) {
-      b.create<nisa::TensorScalarOp>(loc, alu, in[0], out, Value(),
-                                     APFloat(imm), reverse);
-    });
+  Value tileOf(Value v) const { return tiles.lookup(v); }
+  bool fullish(Value v) const {
+    Rep r = plan.rep(v);
+    return r == Rep::Full || r == Rep::Col;
+  }
+};
+
+void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
+                                ArrayRef<std::pair<Value, Value>> inputs,
+                                ArrayRef<std::pair<Value, Value>> outputs) {
+  SmallVector<Value> outputValues;
+  for (auto [v, buffer] : outputs)
+    outputValues.push_back(v);
+  std::string reason;
+  std::optional<FusionPlan> maybePlan =
+      FusionPlan::analyze(ops, outputValues, reason);
+  if (!maybePlan) {
+    anchor->emitOpError("cannot be tiled as one group: ") << reason;
+    hadError = true;
     return;
   }
-  lowerElementwise(op, {op.getLhs(), op.getRhs()},
-                   [&](ArrayRef<Value> in, Value out) {
-                     b.create<nisa::TensorTensorOp>(loc, alu, in[0], in[1],
-                                                    out);
-                   });
+  const FusionPlan &plan = *maybePlan;
+  int64_t p = target.partitions;
+  int64_t widest = 1;
+  for (Operation *op : ops)
+    for (Value v : op->getResults())
+      widest = std::max<int64_t>(widest,
+                                 tensorType(v).getElementTypeBitWidth() / 8);
+  // Tile geometry: a row of C per partition, or flat [P, F] tiles.
+  int64_t cols = plan.byRows
+                     ? plan.numCols
+                     : std::min(plan.numCols,
+                                std::max<int64_t>(1, tileBytes / widest));
+
+  // Tiles DMAs read or write alternate between two slots, so the transfers
+  // of one step overlap the compute of the other.
+  llvm::DenseMap<Value, Value> slots, columns;
+  auto slotWidth = [&](Value v) -> int64_t {
+    return plan.rep(v) == Rep::Row ? 1 : cols;
+  };
+  auto elt = [&](Value v) { return tensorType(v).getElementType(); };
+  for (auto [v, buffer] : inputs) {
+    Rep rep = plan.rep(v);
+    if (rep == Rep::Full || rep == Rep::Row)
+      slots[v] = tile(MemorySpace::sbuf, {p, 2 * slotWidth(v)}, elt(v));
+    if (rep == Rep::Col) {
+      // One row, broadcast to every partition, loaded once.
+      Value t = tile(MemorySpace::sbuf, {p, cols}, elt(v));
+      dma(view(buffer, index(0), {p, cols}, {0, 1}), t);
+      columns[v] = t;
+    }
+  }
+  for (auto [v, buffer] : outputs)
+    if (!slots.count(v))
+      slots[v] = tile(MemorySpace::sbuf, {p, 2 * slotWidth(v)}, elt(v));
+  llvm::DenseSet<Value> isOutput(outputValues.begin(), outputValues.end());
+
+  // One step: `base` is the first row (by rows) or element (flat).
+  auto step = [&](Value base, int64_t rows, int64_t stepCols, int parity) {
+    TileScope scope(*this);
+    GroupStep st{plan, rows, stepCols, {}};
+    auto slot = [&](Value v) {
+      int64_t width = slotWidth(v);
+      return view(slots[v], index(parity * width),
+                  {rows, width == 1 ? 1 : stepCols}, {2 * width, 1});
+    };
+    // The HBM window of a value in this step.
+    auto window = [&](Value v, Value buffer) {
+      if (plan.rep(v) == Rep::Row) {
+        if (tensorType(v).getNumElements() == 1)
+          return view(buffer, index(0), {rows, 1}, {0, 1});
+        return view(buffer, base, {rows, 1}, {1, 1});
+      }
+      int64_t stride = plan.byRows ? plan.numCols : stepCols;
+      return view(buffer, plan.byRows ? scale(base, plan.numCols) : base,
+                  {rows, stepCols}, {stride, 1});
+    };
+    for (auto [v, buffer] : inputs) {
+      switch (plan.rep(v)) {
+      case Rep::Full:
+      case Rep::Row:
+        st.tiles[v] = slot(v);
+        dma(window(v, buffer), st.tiles[v]);
+        break;
+      case Rep::Col:
+        st.tiles[v] = view(columns[v], index(0), {rows, stepCols}, {cols, 1});
+        break;
+      case Rep::Splat:
+        break;
+      }
+    }
+    auto dstFor = [&](Value v) {
+      if (isOutput.contains(v))
+        return slot(v);
+      bool row = plan.rep(v) == Rep::Row;
+      return tile(MemorySpace::sbuf, {rows, row ? 1 : stepCols}, elt(v));
+    };
+    // A row or splat operand as a tile of the result's shape (select takes
+    // equal shapes).
+    auto asTile = [&](Value v, bool rowResult) -> Value {
+      Rep rep = plan.rep(v);
+      if (rep == Rep::Full || rep == Rep::Col || (rowResult && rep == Rep::Row))
+        return st.tileOf(v);
+      Value t =
+          tile(MemorySpace::sbuf, {rows, rowResult ? 1 : stepCols}, elt(v));
+      double fill = rep == Rep::Splat ? plan.splats.lookup(v) : 0.0;
+      b.create<nisa::MemsetOp>(loc, t, APFloat(fill));
+      if (rep == Rep::Row)
+        b.create<nisa::TensorScalarOp>(loc, nisa::AluOp::add, t, t,
+                                       st.tileOf(v), APFloat(0.0), false);
+      return t;
+    };
+    for (Operation *op : ops) {
+      loc = op->getLoc();
+      if (isa<ConstantOp>(op))
+        continue;
+      Value result = op->getResult(0);
+      if (isa<BroadcastOp, ReshapeOp>(op)) {
+        st.tiles[result] = st.tileOf(op->getOperand(0));
+        continue;
+      }
+      Value dst = dstFor(result);
+      st.tiles[result] = dst;
+      if (auto u = dyn_cast<UnaryOp>(op)) {
+        b.create<nisa::ActivationOp>(loc, st.tileOf(u.getInput()), dst,
+                                     Value(), activationFor(u.getFn()),
+                                     APFloat(1.0), APFloat(0.0));
+      } else if (auto bin = dyn_cast<BinaryOp>(op)) {
+        nisa::AluOp alu = aluFor(bin.getFn());
+        Value l = bin.getLhs(), r = bin.getRhs();
+        Rep rl = plan.rep(l), rr = plan.rep(r);
+        if (rl == Rep::Splat || rr == Rep::Splat) {
+          bool reverse = rl == Rep::Splat;
+          double imm = plan.splats.lookup(reverse ? l : r);
+          b.create<nisa::TensorScalarOp>(loc, alu, st.tileOf(reverse ? r : l),
+                                         dst, Value(), APFloat(imm), reverse);
+        } else if (st.fullish(l) != st.fullish(r)) {
+          // A row broadcast against a full tile: a per-partition scalar.
+          bool reverse = !st.fullish(l);
+          b.create<nisa::TensorScalarOp>(loc, alu, st.tileOf(reverse ? r : l),
+                                         dst, st.tileOf(reverse ? l : r),
+                                         APFloat(0.0), reverse);
+        } else {
+          b.create<nisa::TensorTensorOp>(loc, alu, st.tileOf(l), st.tileOf(r),
+                                         dst);
+        }
+      } else if (auto sel = dyn_cast<SelectOp>(op)) {
+        bool rowResult = plan.rep(result) == Rep::Row;
+        Value c = asTile(sel.getCond(), rowResult);
+        Value t = asTile(sel.getOnTrue(), rowResult);
+        Value f = asTile(sel.getOnFalse(), rowResult);
+        b.create<nisa::SelectOp>(loc, c, t, f, dst);
+      } else if (auto c = dyn_cast<CastOp>(op)) {
+        b.create<nisa::CopyOp>(loc, st.tileOf(c.getInput()), dst);
+      } else if (auto r = dyn_cast<ReduceOp>(op)) {
+        b.create<nisa::TensorReduceOp>(loc, aluFor(r.getFn()),
+                                       st.tileOf(r.getInput()), dst);
+      }
+    }
+    for (auto [v, buffer] : outputs) {
+      loc = v.getLoc();
+      dma(st.tileOf(v), window(v, buffer));
+    }
+  };
+
+  if (plan.byRows) {
+    int64_t full = plan.numRows / p, rem = plan.numRows % p;
+    forEachAlternating(0, full, [&](Value i, int parity) {
+      step(scale(i, p), p, cols, parity);
+    });
+    if (rem)
+      step(index(full * p), rem, cols, full % 2);
+    return;
+  }
+  int64_t n = plan.numCols, chunk = p * cols, full = n / chunk;
+  forEachAlternating(0, full, [&](Value i, int parity) {
+    step(scale(i, chunk), p, cols, parity);
+  });
+  int64_t rem = n % chunk, at = full * chunk;
+  int parity = full % 2;
+  if (rem / cols) {
+    step(index(at), rem / cols, cols, parity);
+    parity = 1 - parity;
+  }
+  if (rem % cols)
+    step(index(at + rem / cols * cols), 1, rem % cols, parity);
 }
 
+void KernelLowering::lowerFusion(FusionOp fusion) {
+  Block &body = fusion.getBody().front();
+  SmallVector<Operation *> ops;
+  for (Operation &op : body.without_terminator())
+    ops.push_back(&op);
+  SmallVector<std::pair<Value, Value>> inputs, outputs;
+  for (auto [arg, operand] :
+       llvm::zip(body.getArguments(), fusion.getInputs()))
+    inputs.push_back({arg, bufferOf(operand)});
+  auto yield = cast<YieldOp>(body.getTerminator());
+  for (auto [v, result] : llvm::zip(yield.getValues(), fusion.getResults())) {
+    if (isa<BlockArgument>(v)) {
+      fusion.emitOpError("yields an input unchanged");
+      hadError = true;
+      return;
+    }
+    outputs.push_back({v, resultBuffer(result)});
+  }
+  lowerGroup(fusion, ops, inputs, outputs);
+}
+
+/// Runs `body(i)` for i in [0, count): once inline when count is 1, else
+/// in an scf.for loop.
+void KernelLowering::forEach(int64_t count,
+                             llvm::function_ref<void(Value)> body) {
+  if (count == 1) {
+    body(index(0));
+  } else if (count > 1) {
+    auto loop = b.create<scf::ForOp>(loc, index(0), index(count), index(1));
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPoint(loop.getBody()->getTerminator());
+    body(loop.getInductionVar());
+  }
+}
+
+/// Steps [first, first + count) of a pipeline that alternates between two
+/// buffers by step parity: pairs run in a loop (the body unrolled twice, so
+/// each copy names its buffer by a constant offset), an odd step runs alone.
+void KernelLowering::forEachAlternating(
+    int64_t first, int64_t count,
+    llvm::function_ref<void(Value step, int parity)> body) {
+  int parity = first % 2;
+  forEach(count / 2, [&](Value pair) {
+    Value step = addOffset(scale(pair, 2), first);
+    body(step, parity);
+    body(addOffset(step, 1), 1 - parity);
+  });
+  if (count % 2)
+    body(index(first + count - 1), (first + count - 1) % 2);
+}
+
+/// GEMM, with the operand reuse that keeps TensorE fed:
+///  - an M block of up to four 128-row tiles keeps its A^T panel (all of K)
+///    in SBUF, loaded once by DMA transposes;
+///  - B streams through SBUF in [128, N group] tiles, double-buffered, each
+///    feeding every M tile of the block;
+///  - each (M tile, 512-column N tile) accumulates over K in its own PSUM
+///    bank; two sets of banks alternate between N groups, so TensorE fills
+///    one set while ScalarE and VectorE evict the other.
 void KernelLowering::lowerMatmul(MatmulOp op) {
   auto lhsType = tensorType(op.getLhs()), rhsType = tensorType(op.getRhs());
   auto outType = op.getType();
@@ -341,54 +517,118 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
   int64_t batch = product(lhsType.getShape().drop_back(2));
   Value lhs = bufferOf(op.getLhs()), rhs = bufferOf(op.getRhs());
   Value out = resultBuffer(op.getResult());
-  Type inElt = lhsType.getElementType(), f32 = b.getF32Type();
+  Type inElt = lhsType.getElementType(), outElt = outType.getElementType();
+  Type f32 = b.getF32Type();
+  int64_t eltBytes = std::max<int64_t>(1, lhsType.getElementTypeBitWidth() / 8);
+
+  const int64_t kTile = target.matmulMaxK;
+  const int64_t mTile = target.matmulMaxStationaryFree;
+  const int64_t nTile = std::min(target.matmulMaxMovingFree,
+                                 target.psumBankBytes / 4); // fp32 per bank
+  const int64_t banksPerSet = std::max<int64_t>(1, target.psumBanks / 2);
+  int64_t kTiles = (k + kTile - 1) / kTile;
+  int64_t kRows = std::min(k, kTile);
+  // M tiles per block: as many as PSUM and the panel budget allow (a panel
+  // over half of SBUF would crowd out the streams).
+  int64_t mTilesTotal = (m + mTile - 1) / mTile;
+  int64_t mTiles = std::min<int64_t>(mTilesTotal, banksPerSet);
+  while (mTiles > 1 &&
+         kTiles * mTiles * mTile * eltBytes > target.sbufBytesPerPartition / 2)
+    --mTiles;
+  // N tiles per B transfer: fill the bank set the M tiles leave free.
+  int64_t nTilesTotal = (n + nTile - 1) / nTile;
+  int64_t nTiles = std::max<int64_t>(
+      1, std::min<int64_t>(nTilesTotal, banksPerSet / mTiles));
+  int64_t mBlock = mTiles * mTile, nGroup = nTiles * nTile;
 
   auto body = [&](Value bOff) {
     Value lhsBase = scale(bOff, m * k), rhsBase = scale(bOff, k * n);
     Value outBase = scale(bOff, m * n);
-    forTiles(m, target.matmulMaxStationaryFree, [&](Value m0, int64_t mt) {
-      forTiles(n, target.matmulMaxMovingFree, [&](Value n0, int64_t nt) {
-        TileScope scope(*this);
-        Value acc = tile(MemorySpace::psum, {mt, nt}, f32);
-        // K tiles accumulate in one PSUM bank; the first one overwrites it.
-        auto kTile = [&](Value k0, int64_t kt, bool accumulate) {
-          TileScope kScope(*this);
-          Value stationary = tile(MemorySpace::sbuf, {kt, mt}, inElt);
-          Value moving = tile(MemorySpace::sbuf, {kt, nt}, inElt);
-          // A^T tile [kt, mt]: contraction on the partitions.
-          dma(view(lhs, addOffsets(addOffsets(lhsBase, scale(m0, k)), k0),
-                   {kt, mt}, {1, k}),
-              stationary);
-          dma(view(rhs, addOffsets(addOffsets(rhsBase, scale(k0, n)), n0),
-                   {kt, nt}, {n, 1}),
-              moving);
-          auto mm = b.create<nisa::MatmulOp>(loc, stationary, moving, acc);
-          if (accumulate)
-            mm.setAccumulate(true);
+    forTiles(m, mBlock, [&](Value m0, int64_t mRows) {
+      TileScope blockScope(*this);
+      int64_t blockTiles = (mRows + mTile - 1) / mTile;
+      // A^T panel: K on the partitions, column kIdx * mRows + row of A.
+      int64_t panelCols = kTiles * mRows;
+      Value panel = tile(MemorySpace::sbuf, {kRows, panelCols}, inElt);
+      auto loadPanel = [&](Value kIdx, int64_t kt) {
+        Value src = addOffsets(addOffsets(lhsBase, scale(m0, k)),
+                               scale(kIdx, kTile));
+        dma(view(lhs, src, {kt, mRows}, {1, k}),
+            view(panel, scale(kIdx, mRows), {kt, mRows}, {panelCols, 1}));
+      };
+      forEach(k / kTile, [&](Value kIdx) { loadPanel(kIdx, kTile); });
+      if (k % kTile)
+        loadPanel(index(k / kTile), k % kTile);
+
+      // Double-buffered B tiles, two PSUM bank sets, two output staging sets.
+      Value moving = tile(MemorySpace::sbuf, {kRows, 2 * nGroup}, inElt);
+      Value acc = tile(MemorySpace::psum, {mTile, 2 * banksPerSet * nTile}, f32);
+      Value staged = tile(MemorySpace::sbuf,
+                          {mTile, 2 * blockTiles * nGroup}, outElt);
+      auto nStep = [&](Value g, int set, int64_t cols) {
+        Value n0 = scale(g, nGroup);
+        int64_t groupTiles = (cols + nTile - 1) / nTile;
+        auto bank = [&](int64_t mi, int64_t ni, int64_t rows, int64_t width) {
+          int64_t col = (set * banksPerSet + mi * groupTiles + ni) * nTile;
+          return view(acc, index(col), {rows, width}, {2 * banksPerSet * nTile, 1});
         };
-        int64_t kMax = target.matmulMaxK;
-        int64_t first = std::min(k, kMax);
-        kTile(index(0), first, false);
-        if (k > first)
-          forTiles(k - first, kMax, [&](Value k0, int64_t kt) {
-            kTile(addOffset(k0, first), kt, true);
+        auto kStep = [&](Value kIdx, int slot, int64_t kt, bool first) {
+          Value src = addOffsets(addOffsets(rhsBase, scale(kIdx, kTile * n)), n0);
+          Value bTile = view(moving, index(slot * nGroup), {kt, cols},
+                             {2 * nGroup, 1});
+          dma(view(rhs, src, {kt, cols}, {n, 1}), bTile);
+          for (int64_t mi = 0; mi < blockTiles; ++mi) {
+            int64_t mt = std::min(mTile, mRows - mi * mTile);
+            Value stationary =
+                view(panel, addOffset(scale(kIdx, mRows), mi * mTile), {kt, mt},
+                     {panelCols, 1});
+            for (int64_t ni = 0; ni < groupTiles; ++ni) {
+              int64_t nt = std::min(nTile, cols - ni * nTile);
+              Value mov = view(moving, index(slot * nGroup + ni * nTile),
+                               {kt, nt}, {2 * nGroup, 1});
+              auto mm = b.create<nisa::MatmulOp>(loc, stationary, mov,
+                                                 bank(mi, ni, mt, nt));
+              if (!first)
+                mm.setAccumulate(true);
+            }
+          }
+        };
+        int64_t fullK = k / kTile;
+        if (fullK > 0) {
+          kStep(index(0), 0, kTile, true);
+          forEachAlternating(1, fullK - 1, [&](Value kIdx, int slot) {
+            kStep(kIdx, slot, kTile, false);
           });
-        Value result = tile(MemorySpace::sbuf, {mt, nt},
-                            outType.getElementType());
-        b.create<nisa::CopyOp>(loc, acc, result);
-        dma(result, view(out, addOffsets(addOffsets(outBase, scale(m0, n)), n0),
-                         {mt, nt}, {n, 1}));
+        }
+        if (k % kTile)
+          kStep(index(fullK), fullK % 2, k % kTile, fullK == 0);
+        // Evict each bank (alternating VectorE and ScalarE) and store.
+        for (int64_t mi = 0; mi < blockTiles; ++mi) {
+          int64_t mt = std::min(mTile, mRows - mi * mTile);
+          Value stage = view(staged, index((set * blockTiles + mi) * nGroup),
+                             {mt, cols}, {2 * blockTiles * nGroup, 1});
+          for (int64_t ni = 0; ni < groupTiles; ++ni) {
+            int64_t nt = std::min(nTile, cols - ni * nTile);
+            Value part = view(staged,
+                              index((set * blockTiles + mi) * nGroup + ni * nTile),
+                              {mt, nt}, {2 * blockTiles * nGroup, 1});
+            auto engine = (mi * groupTiles + ni) % 2 ? nisa::Engine::scalar
+                                                     : nisa::Engine::vector;
+            b.create<nisa::CopyOp>(loc, bank(mi, ni, mt, nt), part, engine);
+          }
+          Value dst = addOffsets(
+              addOffsets(outBase, scale(addOffset(m0, mi * mTile), n)), n0);
+          dma(stage, view(out, dst, {mt, cols}, {n, 1}));
+        }
+      };
+      forEachAlternating(0, n / nGroup, [&](Value g, int set) {
+        nStep(g, set, nGroup);
       });
+      if (n % nGroup)
+        nStep(index(n / nGroup), (n / nGroup) % 2, n % nGroup);
     });
   };
-  if (batch == 1) {
-    body(index(0));
-  } else {
-    auto loop = b.create<scf::ForOp>(loc, index(0), index(batch), index(1));
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPoint(loop.getBody()->getTerminator());
-    body(loop.getInductionVar());
-  }
+  forEach(batch, [&](Value bIdx) { body(bIdx); });
 }
 
 void KernelLowering::lowerReduce(ReduceOp op) {
@@ -494,31 +734,19 @@ LogicalResult KernelLowering::lower(Operation *op) {
                              "it to zeros)");
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
       .Case<ConstantOp>([&](auto) { return success(); })
-      .Case<UnaryOp>([&](UnaryOp u) {
-        auto fn = activationFor(u.getFn());
-        lowerElementwise(u, u.getInput(), [&](ArrayRef<Value> in, Value out) {
-          b.create<nisa::ActivationOp>(loc, in[0], out, Value(), fn,
-                                      APFloat(1.0), APFloat(0.0));
-        });
-        return success();
+      .Case<UnaryOp, BinaryOp, SelectOp, CastOp>([&](Operation *e) {
+        // One elementwise op is a group of one.
+        SmallVector<std::pair<Value, Value>> inputs;
+        for (Value operand : e->getOperands())
+          inputs.push_back(
+              {operand, splatValueOf(operand) ? Value() : bufferOf(operand)});
+        Value result = e->getResult(0);
+        lowerGroup(e, e, inputs, {{result, resultBuffer(result)}});
+        return failure(hadError);
       })
-      .Case<BinaryOp>([&](BinaryOp bin) {
-        lowerBinary(bin);
-        return success();
-      })
-      .Case<SelectOp>([&](SelectOp s) {
-        lowerElementwise(s, {s.getCond(), s.getOnTrue(), s.getOnFalse()},
-                         [&](ArrayRef<Value> in, Value out) {
-                           b.create<nisa::SelectOp>(loc, in[0], in[1], in[2],
-                                                    out);
-                         });
-        return success();
-      })
-      .Case<CastOp>([&](CastOp c) {
-        lowerElementwise(c, c.getInput(), [&](ArrayRef<Value> in, Value out) {
-          b.create<nisa::CopyOp>(loc, in[0], out);
-        });
-        return success();
+      .Case<FusionOp>([&](FusionOp f) {
+        lowerFusion(f);
+        return failure(hadError);
       })
       .Case<MatmulOp>([&](MatmulOp m) {
         lowerMatmul(m);

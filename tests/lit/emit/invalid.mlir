@@ -49,3 +49,29 @@ func.func @foreign(%x: memref<4xf32>) attributes {nisa.kernel, nisa.num_inputs =
   %s = arith.constant 1.0 : f32
   return
 }
+
+// -----
+
+// CHECK: error: on-chip tile has no nisa.address (run nisa-allocate)
+func.func @unallocated(%x: memref<128x4xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %t = memref.alloc() : memref<128x4xf32, #nisa.mem<sbuf>>
+  nisa.dma_copy %x, %t : memref<128x4xf32>, memref<128x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+// CHECK: error: instruction of a synchronized kernel needs a unique nisa.id
+func.func @unnumbered(%x: memref<4x4xf32>, %y: memref<4x4xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64, nisa.synchronized} {
+  nisa.dma_copy %x, %y {nisa.id = 0 : i64} : memref<4x4xf32>, memref<4x4xf32>
+  nisa.dma_copy %x, %y : memref<4x4xf32>, memref<4x4xf32>
+  return
+}
+
+// -----
+
+// CHECK: error: waits for unknown instruction id 7
+func.func @unknown_wait(%x: memref<4x4xf32>, %y: memref<4x4xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64, nisa.synchronized} {
+  nisa.dma_copy %x, %y {nisa.id = 0 : i64, nisa.waits = array<i64: 7>} : memref<4x4xf32>, memref<4x4xf32>
+  return
+}

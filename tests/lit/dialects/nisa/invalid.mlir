@@ -289,3 +289,73 @@ func.func @ts_shape(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %d: memref<4x2xf32, #n
   nisa.tensor_scalar add %a, %d {imm = 1.0 : f64} : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x2xf32, #nisa.mem<sbuf>>
   return
 }
+
+// -----
+
+func.func @address_negative() {
+  // expected-error @+1 {{'nisa.address' must be a non-negative integer}}
+  %t = memref.alloc() {nisa.address = -4 : i64} : memref<128x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @address_hbm() {
+  // expected-error @+1 {{'nisa.address' belongs on the memref.alloc of a static SBUF or PSUM tile}}
+  %t = memref.alloc() {nisa.address = 0 : i64} : memref<128x4xf32>
+  return
+}
+
+// -----
+
+func.func @address_capacity() {
+  // expected-error @+1 {{tile at byte 212000 needs 1024 bytes per partition; sbuf has 212728}}
+  %t = memref.alloc() {nisa.address = 212000 : i64} : memref<128x256xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @address_bank() {
+  // expected-error @+1 {{PSUM tile at byte 1024 (2048 bytes) crosses a 2048-byte bank boundary}}
+  %t = memref.alloc() {nisa.address = 1024 : i64} : memref<128x512xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+func.func @id_not_instruction() {
+  // expected-error @+1 {{'nisa.id' belongs on a nisa instruction}}
+  %t = memref.alloc() {nisa.id = 0 : i64} : memref<4xf32>
+  return
+}
+
+// -----
+
+func.func @id_negative(%a: memref<4x8xf32>, %b: memref<4x8xf32>) {
+  // expected-error @+1 {{'nisa.id' must be a non-negative integer}}
+  nisa.dma_copy %a, %b {nisa.id = -1 : i64} : memref<4x8xf32>, memref<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @waits_type(%a: memref<4x8xf32>, %b: memref<4x8xf32>) {
+  // expected-error @+1 {{'nisa.waits' must be an array<i64> of ids}}
+  nisa.dma_copy %a, %b {nisa.waits = [0]} : memref<4x8xf32>, memref<4x8xf32>
+  return
+}
+
+// -----
+
+// expected-error @+1 {{'nisa.synchronized' is a unit attribute of a kernel function}}
+module attributes {nisa.synchronized} {
+}
+
+// -----
+
+func.func @unknown_attr(%a: memref<4x8xf32>, %b: memref<4x8xf32>) {
+  // expected-error @+1 {{unknown nisa attribute 'nisa.wait'}}
+  nisa.dma_copy %a, %b {nisa.wait = array<i64: 0>} : memref<4x8xf32>, memref<4x8xf32>
+  return
+}

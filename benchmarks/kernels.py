@@ -1,0 +1,649 @@
+"""Kernel benchmark: how close TorchNeuron's kernels come to the NeuronCore's rooflines.
+
+Run from the repository root, after ``scripts/setup.sh``:
+
+    .venv/bin/python benchmarks/kernels.py                          # everything, trn2 and trn3
+    .venv/bin/python benchmarks/kernels.py --small                  # every size / 8: smoke test
+    .venv/bin/python benchmarks/kernels.py --only gemm --targets trn2
+
+Every workload (bf16, ``torch.manual_seed(0)``, inputs ``torch.randn * 0.1``) is compiled with
+``torch.compile(fn, backend="neuron", options={"target": ...})`` and run once under
+``torchneuron.profile()``. For each (workload, target) one table row gives the modeled device
+time, achieved TFLOP/s, the efficiency against the roofline, HBM traffic against its minimum,
+the engine that bounds the kernel, the host compile time and the ops that fell back to eager.
+The decoder layer also gets the sum of its per-op roofline times (from an ATen trace) and the
+host wall time of a compiled call against an eager one. A closing "targets" section checks the
+figures on trn2 against the performance targets of the issue.
+
+The full-size run is slow: the engine model computes real numbers on the host, and the decoder
+layer alone can take minutes per target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import operator
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._pytree import tree_leaves
+
+import torchneuron
+from torchneuron._native import native
+
+DTYPE = torch.bfloat16
+SCALE = 0.1  # keeps bf16 inputs (and everything computed from them) comfortably finite
+
+# ATen ops that only re-describe memory: free in the per-op roofline sum. Any other op whose
+# schema marks it as a view (``OpOverload.is_view``: squeeze, unsqueeze, slice, alias, ...) and
+# ``operator.getitem`` (picking an output of a multi-output op) are free as well.
+FREE_OPS = frozenset(
+    {"view", "reshape", "permute", "expand", "t", "transpose", "_unsafe_view", "detach"}
+)
+MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
+
+
+# --------------------------------------------------------------------------------------------
+# Workloads
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a @ b
+
+
+def elementwise_chain(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (x * torch.sigmoid(x) + y) * 0.5
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight)
+
+
+class LlamaMlp(nn.Module):
+    """SiLU-gated MLP: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(hidden, intermediate, bias=False)
+        self.up = nn.Linear(hidden, intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class DecoderLayer(nn.Module):
+    """A Llama-style decoder layer (pre-norm, causal self-attention, SiLU-gated MLP).
+
+    Rotary position embeddings are deliberately left out: they are elementwise work on q and k
+    that does not change the shape of the problem this benchmark looks at."""
+
+    def __init__(self, hidden: int, heads: int, intermediate: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.head_dim = hidden // heads
+        self.attn_norm = RMSNorm(hidden)
+        self.q_proj = nn.Linear(hidden, hidden, bias=False)
+        self.k_proj = nn.Linear(hidden, hidden, bias=False)
+        self.v_proj = nn.Linear(hidden, hidden, bias=False)
+        self.o_proj = nn.Linear(hidden, hidden, bias=False)
+        self.mlp_norm = RMSNorm(hidden)
+        self.mlp = LlamaMlp(hidden, intermediate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.q_proj(h).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+@dataclass
+class Built:
+    """A workload ready to run: ``fn(*inputs)``; ``state`` are tensors ``fn`` reads besides its
+    inputs (a module's weights); ``flops`` the useful FLOPs (matmuls; causal attention halved)."""
+
+    fn: Callable[..., Any]
+    inputs: tuple[torch.Tensor, ...]
+    flops: float
+    state: tuple[torch.Tensor, ...] = ()
+    module: nn.Module | None = None
+
+
+@dataclass
+class Workload:
+    key: str  # the full-size name, used by the targets section
+    name: str  # the sizes actually run (differs from key under --small)
+    kind: str  # "gemm" | "memory" | "mlp" | "decoder"
+    build: Callable[[], Built]
+
+
+def randn(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, dtype=DTYPE) * SCALE
+
+
+def as_module(module: nn.Module, inputs: tuple[torch.Tensor, ...], flops: float) -> Built:
+    module = module.eval().to(DTYPE).requires_grad_(False)
+    state = tuple(p.detach() for p in module.parameters())
+    return Built(fn=module, inputs=inputs, flops=flops, state=state, module=module)
+
+
+def workloads(small: bool) -> list[Workload]:
+    def s(n: int) -> int:
+        return n // 8 if small and n // 8 >= 1 else n
+
+    out: list[Workload] = []
+
+    def gemm(m: int, n: int, k: int) -> None:
+        # "gemm MxNxK": A is [M, K], B is [K, N]
+        def build(m: int = s(m), n: int = s(n), k: int = s(k)) -> Built:
+            return Built(fn=matmul, inputs=(randn(m, k), randn(k, n)), flops=2.0 * m * n * k)
+
+        out.append(Workload(f"gemm {m}x{n}x{k}", f"gemm {s(m)}x{s(n)}x{s(k)}", "gemm", build))
+
+    gemm(512, 512, 512)
+    gemm(2048, 2048, 2048)
+    gemm(4096, 4096, 4096)
+    gemm(4096, 4096, 128)
+    gemm(1, 4096, 4096)  # decode-shaped: one row of activations against a weight
+
+    r, c = s(4096), s(4096)  # 16M elements at full size
+    out.append(
+        Workload(
+            "eltwise chain 4096x4096",
+            f"eltwise chain {r}x{c}",
+            "memory",
+            lambda: Built(fn=elementwise_chain, inputs=(randn(r, c), randn(r, c)), flops=0.0),
+        )
+    )
+    out.append(
+        Workload(
+            "softmax 4096x4096",
+            f"softmax {r}x{c}",
+            "memory",
+            lambda: Built(fn=softmax, inputs=(randn(r, c),), flops=0.0),
+        )
+    )
+    out.append(
+        Workload(
+            "rmsnorm 4096x4096",
+            f"rmsnorm {r}x{c}",
+            "memory",
+            lambda: Built(fn=rms_norm, inputs=(randn(r, c), randn(c)), flops=0.0),
+        )
+    )
+
+    tokens, hidden, inter = s(2048), s(4096), s(11008)
+    # Under --small the head count is divided too and the head dim (128) stays hidden // heads.
+    heads = s(32)
+
+    def build_mlp() -> Built:
+        flops = 3 * 2.0 * tokens * hidden * inter
+        return as_module(LlamaMlp(hidden, inter), (randn(tokens, hidden),), flops)
+
+    def build_decoder() -> Built:
+        head_dim = hidden // heads
+        flops = (
+            4 * 2.0 * tokens * hidden * hidden  # q, k, v, o projections
+            + 4.0 * heads * tokens * tokens * head_dim / 2  # QK^T and PV, causal: half
+            + 3 * 2.0 * tokens * hidden * inter  # MLP
+        )
+        layer = DecoderLayer(hidden, heads, inter)
+        return as_module(layer, (randn(1, tokens, hidden),), flops)
+
+    out.append(
+        Workload(
+            "llama mlp 2048x4096x11008",
+            f"llama mlp {tokens}x{hidden}x{inter}",
+            "mlp",
+            build_mlp,
+        )
+    )
+    out.append(
+        Workload(
+            "decoder layer 2048x4096",
+            f"decoder layer {tokens}x{hidden}",
+            "decoder",
+            build_decoder,
+        )
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Measurements
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def unique_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for t in tensors:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key not in seen:
+            seen.add(key)
+            total += tensor_bytes(t)
+    return total
+
+
+def fallback_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: n - before.get(k, 0) for k, n in after.items() if n - before.get(k, 0) > 0}
+
+
+@dataclass
+class Row:
+    workload: Workload
+    target: str
+    device_ns: float
+    flops: float  # useful FLOPs of the workload
+    device_flops: float  # FLOPs the profile counted
+    hbm_bytes: float
+    min_bytes: float
+    bound: str
+    kernels: int
+    compile_s: float
+    fallback: dict[str, int]
+    finite: bool
+    peak_flops: float
+    peak_hbm: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def compute_bound(self) -> bool:
+        return self.flops / self.peak_flops > self.min_bytes / self.peak_hbm
+
+    @property
+    def roofline_ns(self) -> float:
+        return 1e9 * max(self.flops / self.peak_flops, self.min_bytes / self.peak_hbm)
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / max(self.device_ns, 1e-9) / 1e3
+
+    @property
+    def efficiency(self) -> float:
+        """% of TensorE peak when compute-bound, else % of the DMA roofline."""
+        if self.compute_bound:
+            return 100.0 * self.tflops * 1e12 / self.peak_flops
+        return 100.0 * self.roofline_ns / max(self.device_ns, 1e-9)
+
+    @property
+    def bytes_ratio(self) -> float:
+        return self.hbm_bytes / max(self.min_bytes, 1.0)
+
+
+@dataclass
+class OpCost:
+    op: str
+    flops: float
+    bytes: float
+
+    def roofline_ns(self, peak_flops: float, peak_hbm: float) -> float:
+        return 1e9 * max(self.flops / peak_flops, self.bytes / peak_hbm)
+
+
+def _vals(value: Any) -> list[torch.Tensor]:
+    return [v for v in tree_leaves(value) if isinstance(v, torch.Tensor)]
+
+
+def _bound_args(node: torch.fx.Node) -> dict[str, Any]:
+    schema = node.target._schema  # type: ignore[union-attr]
+    bound: dict[str, Any] = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            bound[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            bound[arg.name] = node.kwargs[arg.name]
+        else:
+            bound[arg.name] = arg.default_value if arg.has_default_value() else None
+    return bound
+
+
+def op_costs(gm: torch.fx.GraphModule) -> list[OpCost]:
+    """FLOPs and bytes of every non-free ATen op of a make_fx trace."""
+    costs: list[OpCost] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        target = node.target
+        name = getattr(getattr(target, "overloadpacket", None), "__name__", str(target))
+        if name in FREE_OPS or getattr(target, "is_view", False):
+            continue
+        inputs: dict[torch.fx.Node, list[torch.Tensor]] = {}
+        for a in tree_leaves((node.args, node.kwargs)):
+            if isinstance(a, torch.fx.Node):
+                inputs[a] = _vals(a.meta.get("val"))
+        in_bytes = sum(tensor_bytes(t) for ts in inputs.values() for t in ts)
+        outs = _vals(node.meta.get("val"))
+        out_bytes = sum(tensor_bytes(t) for t in outs)
+        flops = 0.0
+        if name in MATMUL_OPS and outs:
+            mats = [a.meta["val"] for a in node.args if isinstance(a, torch.fx.Node)]
+            first = mats[-2]  # addmm/baddbmm: (bias, a, b); mm/bmm: (a, b)
+            flops = 2.0 * outs[0].numel() * first.shape[-1]
+        elif "attention" in name or "scaled_dot_product" in name:
+            args = _bound_args(node)
+            q, k = args["query"].meta["val"], args["key"].meta["val"]
+            batch_heads = math.prod(q.shape[:-2])
+            flops = 4.0 * batch_heads * q.shape[-2] * k.shape[-2] * q.shape[-1]
+            if args.get("is_causal"):
+                flops /= 2
+        costs.append(OpCost(name, flops, float(in_bytes + out_bytes)))
+    return costs
+
+
+def trace_costs(built: Built) -> list[OpCost]:
+    """Per-op costs of ``built`` from its ATen graph (traced with fake tensors: no compute)."""
+    fn: Callable[..., Any]
+    if built.module is not None:
+        module = built.module
+        names = [n for n, _ in module.named_parameters()]
+        n_inputs = len(built.inputs)
+
+        def fn(*args: torch.Tensor) -> Any:
+            params = dict(zip(names, args[: len(names)], strict=True))
+            return functional_call(module, params, args[len(names) :])
+
+        args = (*built.state, *built.inputs)
+        assert len(args) == len(names) + n_inputs
+    else:
+        fn, args = built.fn, built.inputs
+    with torch.no_grad():
+        gm = make_fx(fn, tracing_mode="fake")(*args)
+    return op_costs(gm)
+
+
+def wall(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> float:
+    """Host wall time of one call ``fn(*inputs)``, in seconds."""
+    with torch.no_grad():
+        start = time.perf_counter()
+        fn(*inputs)
+        return time.perf_counter() - start
+
+
+def measure(workload: Workload, built: Built, target: str) -> tuple[Row, Callable[..., Any]]:
+    """Compile ``built`` for ``target`` and run it once under the profiler; returns the row and
+    the compiled callable."""
+    peaks = native().target_peaks(target)
+    torch._dynamo.reset()
+    compiled = torch.compile(built.fn, backend="neuron", options={"target": target})
+    before = torchneuron.stats()
+    # The first call compiles and runs; only kernel runs are recorded, so compiling inside the
+    # profile does not change the modeled device time.
+    with torch.no_grad(), torchneuron.profile() as prof:
+        result = compiled(*built.inputs)
+    after = torchneuron.stats()
+    outs = _vals(result)
+    kernels = prof.kernels
+    longest = max(kernels, key=lambda k: k["device_ns"]) if kernels else None
+    row = Row(
+        workload=workload,
+        target=target,
+        device_ns=prof.total_device_ns,
+        flops=built.flops,
+        device_flops=float(sum(k["flops"] for k in kernels)),
+        hbm_bytes=float(sum(k["hbm_bytes"] for k in kernels)),
+        min_bytes=float(unique_bytes([*built.inputs, *built.state]) + unique_bytes(outs)),
+        bound=str(longest["bound"]) if longest else "-",
+        kernels=len(kernels),
+        compile_s=after["compile_seconds"] - before["compile_seconds"],
+        fallback=fallback_delta(before["ops_fallback"], after["ops_fallback"]),
+        finite=all(bool(torch.isfinite(t).all()) for t in outs if t.is_floating_point()),
+        peak_flops=peaks["flops"],
+        peak_hbm=peaks["hbm_bytes"],
+    )
+    return row, compiled
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+
+COLUMNS = (
+    ("workload", 30, "<"),
+    ("chip", 5, "<"),
+    ("device us", 11, ">"),
+    ("TFLOP/s", 8, ">"),
+    ("efficiency", 10, ">"),
+    ("HBM MB", 9, ">"),
+    ("min MB", 9, ">"),
+    ("x min", 6, ">"),
+    ("bound", 8, ">"),
+    ("kern", 4, ">"),
+    ("compile s", 9, ">"),
+    ("fallback", 8, ">"),
+)
+
+LEGEND = """\
+columns:
+  device us   modeled device time of one call (sum over its kernels), microseconds
+  TFLOP/s     useful FLOPs (matmuls; causal attention counted half) / modeled time
+  efficiency  compute-bound ("TE"): achieved FLOP/s as % of the TensorE bf16 peak of one core;
+              memory-bound ("DMA"): roofline time / modeled time, where roofline time =
+              max(FLOPs / peak FLOP/s, min bytes / peak HBM bytes/s); compute-bound when the
+              FLOPs term is the larger
+  HBM MB      bytes the kernels moved to and from HBM (profile), 1e6 bytes
+  min MB      minimum: every input (and weight) read once, every output written once
+  x min       HBM MB / min MB
+  bound       engine or DMA that bounds the longest kernel (profile), or "latency"
+  kern        kernel runs in the call (more than one: graph breaks or eager fallback between)
+  compile s   host compile time of the first call (delta of stats()["compile_seconds"]: the
+              backend's partitioning and kernel compilation, not Dynamo/AOT tracing)
+  fallback    ATen ops left to eager PyTorch (delta of stats()["ops_fallback"]); named below
+"""
+
+
+def fmt_row(cells: Sequence[str]) -> str:
+    return " ".join(
+        f"{c:{align}{width}s}" for c, (_, width, align) in zip(cells, COLUMNS, strict=True)
+    )
+
+
+def row_cells(r: Row) -> list[str]:
+    eff = f"{r.efficiency:5.1f}% {'TE ' if r.compute_bound else 'DMA'}"
+    return [
+        r.workload.name,
+        r.target,
+        f"{r.device_ns / 1e3:.1f}",
+        f"{r.tflops:.2f}" if r.flops else "-",
+        eff,
+        f"{r.hbm_bytes / 1e6:.1f}",
+        f"{r.min_bytes / 1e6:.1f}",
+        f"{r.bytes_ratio:.3f}",
+        r.bound,
+        str(r.kernels),
+        f"{r.compile_s:.3f}",
+        str(sum(r.fallback.values())),
+    ]
+
+
+def notes(r: Row) -> list[str]:
+    lines = []
+    if r.fallback:
+        ops = ", ".join(f"{k} x{n}" for k, n in sorted(r.fallback.items()))
+        lines.append(f"    fell back to eager: {ops}")
+    if not r.finite:
+        lines.append("    output has non-finite values")
+    if r.flops and abs(r.device_flops / r.flops - 1) > 0.01:
+        lines.append(
+            f"    the device counted {r.device_flops / r.flops:.2f}x the useful FLOPs "
+            f"({r.device_flops / 1e9:.1f} vs {r.flops / 1e9:.1f} GFLOP)"
+        )
+    if "roofline_sum_ns" in r.extra:
+        total = r.extra["roofline_sum_ns"]
+        lines.append(
+            f"    sum of per-op roofline times: {total / 1e3:.1f} us over "
+            f"{int(r.extra['ops'])} ATen ops; modeled/sum = {r.device_ns / total:.2f}x"
+        )
+    if "compiled_wall_s" in r.extra:
+        c, e = r.extra["compiled_wall_s"], r.extra["eager_wall_s"]
+        lines.append(
+            f"    host wall of one call: compiled {c:.2f} s, eager {e:.2f} s; "
+            f"runtime/eager wall = {c / e:.2f}x"
+        )
+    return lines
+
+
+def report_targets(rows: list[Row], small: bool) -> None:
+    print("\ntargets (the issue's, on trn2):")
+    if small:
+        print("  (--small: sizes are / 8, so these figures are not the issue's workloads)")
+    by_key = {r.workload.key: r for r in rows if r.target == "trn2"}
+    checks: list[tuple[str, str, Callable[[Row], tuple[bool, str]]]] = [
+        (
+            "gemm 4096x4096x4096",
+            ">= 90% of TensorE peak",
+            lambda r: (
+                (p := 100 * r.tflops * 1e12 / r.peak_flops) >= 90,
+                f"{p:.1f}%",
+            ),
+        ),
+    ]
+    for key in ("eltwise chain 4096x4096", "softmax 4096x4096", "rmsnorm 4096x4096"):
+        checks.append(
+            (
+                key,
+                ">= 85% of DMA roofline",
+                lambda r: (
+                    (p := 100 * r.roofline_ns / r.device_ns) >= 85,
+                    f"{p:.1f}%",
+                ),
+            )
+        )
+        checks.append(
+            (
+                key,
+                "HBM bytes within 5% of minimum",
+                lambda r: (r.bytes_ratio <= 1.05, f"{r.bytes_ratio:.3f}x"),
+            )
+        )
+    decoder = "decoder layer 2048x4096"
+    checks += [
+        (
+            decoder,
+            "<= 1.3x sum of per-op rooflines",
+            lambda r: (
+                (x := r.device_ns / r.extra["roofline_sum_ns"]) <= 1.3,
+                f"{x:.2f}x",
+            ),
+        ),
+        (decoder, "compile < 2 s", lambda r: (r.compile_s < 2, f"{r.compile_s:.2f} s")),
+        (
+            decoder,
+            "runtime/eager wall <= 2x",
+            lambda r: (
+                (x := r.extra["compiled_wall_s"] / r.extra["eager_wall_s"]) <= 2,
+                f"{x:.2f}x",
+            ),
+        ),
+    ]
+    for key, what, check in checks:
+        row = by_key.get(key)
+        if row is None:
+            verdict, figure = "NOT RUN", "-"
+        else:
+            met, figure = check(row)
+            verdict = "MET" if met else "NOT MET"
+        print(f"  {key:<26s} {what:<34s} {figure:>10s}  {verdict}")
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--only", default="", help="run workloads whose name contains this")
+    parser.add_argument("--small", action="store_true", help="divide every size by 8")
+    parser.add_argument("--targets", default="trn2,trn3", help="comma-separated target chips")
+    args = parser.parse_args(argv)
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    known = native().targets()
+    for t in targets:
+        if t not in known:
+            parser.error(f"unknown target {t!r}; known: {', '.join(known)}")
+
+    selected = [w for w in workloads(args.small) if args.only in w.name or args.only in w.key]
+    if not selected:
+        parser.error(f"no workload name contains {args.only!r}")
+
+    print(LEGEND)
+    for t in targets:
+        p = native().target_peaks(t)
+        print(
+            f"{t}: TensorE peak {p['flops'] / 1e12:.1f} TFLOP/s (bf16), "
+            f"HBM peak {p['hbm_bytes'] / 1e9:.1f} GB/s per core"
+        )
+    print()
+    header = fmt_row([name for name, _, _ in COLUMNS])
+    print(header)
+    print("-" * len(header), flush=True)
+
+    rows: list[Row] = []
+    for w in selected:
+        torch.manual_seed(0)
+        built = w.build()
+        costs = trace_costs(built) if w.kind == "decoder" else None
+        eager_wall: float | None = None
+        for target in targets:
+            print(f"compiling {w.name} for {target}...", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            try:
+                row, compiled = measure(w, built, target)
+                if costs is not None:
+                    row.extra["roofline_sum_ns"] = sum(
+                        c.roofline_ns(row.peak_flops, row.peak_hbm) for c in costs
+                    )
+                    row.extra["ops"] = len(costs)
+                    row.extra["compiled_wall_s"] = wall(compiled, built.inputs)
+                    if eager_wall is None:  # the same on every target: measured once
+                        # Warm eager up on the first 8 tokens (cheap; the compiled call being
+                        # timed is not a first call either), then time the full call.
+                        wall(built.fn, [built.inputs[0][:, :8]])
+                        eager_wall = wall(built.fn, built.inputs)
+                    row.extra["eager_wall_s"] = eager_wall
+            except Exception as e:  # one failing workload should not hide the others
+                first = (str(e).strip().splitlines() or [""])[0]
+                print(f"{w.name:<30s} {target:<5s} FAILED: {type(e).__name__}: {first}")
+                print(f"  ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
+                continue
+            rows.append(row)
+            print(fmt_row(row_cells(row)))
+            for line in notes(row):
+                print(line)
+            sys.stdout.flush()
+            print(f"  done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        del built
+        torch._dynamo.reset()
+
+    report_targets(rows, args.small)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+//===- AllocateOnChip.cpp - byte addresses for SBUF/PSUM tiles ------------===//
+//
+// Linear scan over tile lifetimes in program order: a tile is live from its
+// alloc to the end of the outermost op, in the alloc's block, that holds its
+// last use. Each new tile takes the lowest byte range not used by a live
+// tile of the same memory.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/Passes.h"
+
+#include "dialects/nisa/NisaDialect.h"
+#include "runtime/target/Target.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/DenseMap.h"
+
+namespace mlir::neuron {
+#define GEN_PASS_DEF_NISAALLOCATE
+#include "passes/Passes.h.inc"
+} // namespace mlir::neuron
+
+using namespace mlir;
+using nisa::MemorySpace;
+
+namespace {
+
+struct Tile {
+  memref::AllocOp alloc;
+  MemorySpace space;
+  int64_t bytes, align;
+  int64_t start, end; // program positions, inclusive
+  int64_t address = -1;
+};
+
+/// Pre-order position of every op of `func`, and the last position inside
+/// each op (its own position when it has no regions).
+struct ProgramOrder {
+  llvm::DenseMap<Operation *, int64_t> position, last;
+  explicit ProgramOrder(func::FuncOp func) {
+    int64_t next = 0;
+    func.walk<WalkOrder::PreOrder>([&](Operation *op) {
+      position[op] = next++;
+    });
+    func.walk<WalkOrder::PostOrder>([&](Operation *op) {
+      last[op] = next - 1;
+      int64_t end = position[op];
+      for (Region &r : op->getRegions())
+        for (Block &b : r)
+          if (!b.empty())
+            end = std::max(end, last[&b.back()]);
+      last[op] = end;
+    });
+  }
+};
+
+class Allocator {
+public:
+  Allocator(const ::neuron::target::Target &target) : target(target) {}
+
+  /// The lowest address where `tile` fits beside the live `others`, or -1.
+  int64_t place(const Tile &tile, ArrayRef<const Tile *> others) const {
+    int64_t capacity = tile.space == MemorySpace::sbuf
+                           ? target.sbufBytesPerPartition
+                           : target.psumBytesPerPartition;
+    SmallVector<int64_t> candidates{0};
+    for (const Tile *o : others)
+      candidates.push_back(o->address + o->bytes);
+    llvm::sort(candidates);
+    for (int64_t c : candidates) {
+      int64_t addr = llvm::alignTo(c, tile.align);
+      addr = keepInBank(tile, addr);
+      if (addr + tile.bytes > capacity)
+        continue;
+      bool clash = llvm::any_of(others, [&](const Tile *o) {
+        return addr < o->address + o->bytes && o->address < addr + tile.bytes;
+      });
+      if (!clash)
+        return addr;
+    }
+    return -1;
+  }
+
+private:
+  /// A PSUM tile that fits in one bank starts where it does not straddle two.
+  int64_t keepInBank(const Tile &tile, int64_t addr) const {
+    int64_t bank = target.psumBankBytes;
+    if (tile.space != MemorySpace::psum || bank <= 0)
+      return addr;
+    if (tile.bytes > bank)
+      return llvm::alignTo(addr, bank);
+    if (addr / bank != (addr + tile.bytes - 1) / bank)
+      return llvm::alignTo(addr, bank);
+    return addr;
+  }
+  const ::neuron::target::Target &target;
+};
+
+struct NisaAllocatePass
+    : public mlir::neuron::impl::NisaAllocateBase<NisaAllocatePass> {
+  using NisaAllocateBase::NisaAllocateBase;
+
+  LogicalResult allocate(func::FuncOp func,
+                         const ::neuron::target::Target &target);
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    const auto *target = nisa::lookupTarget(module);
+    if (!target)
+      return signalPassFailure();
+    for (auto func : module.getOps<func::FuncOp>())
+      if (func->hasAttr("nisa.kernel") && failed(allocate(func, *target)))
+        return signalPassFailure();
+  }
+};
+
+LogicalResult NisaAllocatePass::allocate(func::FuncOp func,
+                                         const ::neuron::target::Target &target) {
+  ProgramOrder order(func);
+  std::vector<Tile> tiles;
+  WalkResult walk = func.walk<WalkOrder::PreOrder>([&](memref::AllocOp alloc) {
+    MemRefType type = alloc.getType();
+    MemorySpace space = nisa::getMemorySpace(type);
+    if (space == MemorySpace::hbm)
+      return WalkResult::advance();
+    if (!type.hasStaticShape() || type.getRank() < 1) {
+      alloc.emitOpError("on-chip tiles need a static [partitions, free...] "
+                        "shape");
+      return WalkResult::interrupt();
+    }
+    Tile tile{alloc,
+              space,
+              nisa::bytesPerPartition(type),
+              std::max<int64_t>(1, type.getElementTypeBitWidth() / 8),
+              order.position[alloc],
+              order.position[alloc]};
+    Block *block = alloc->getBlock();
+    for (Operation *user : alloc->getUsers())
+      if (Operation *holder = block->findAncestorOpInBlock(*user))
+        tile.end = std::max(tile.end, order.last[holder]);
+    if (auto fixed = alloc->getAttrOfType<IntegerAttr>(nisa::kAddressAttrName))
+      tile.address = fixed.getInt();
+    tiles.push_back(tile);
+    return WalkResult::advance();
+  });
+  if (walk.wasInterrupted())
+    return failure();
+
+  Allocator allocator(target);
+  std::vector<const Tile *> live;
+  for (Tile &tile : tiles) {
+    llvm::erase_if(live, [&](const Tile *t) { return t->end < tile.start; });
+    SmallVector<const Tile *> sameSpace;
+    for (const Tile *t : live)
+      if (t->space == tile.space)
+        sameSpace.push_back(t);
+    if (tile.address < 0) {
+      tile.address = allocator.place(tile, sameSpace);
+      if (tile.address < 0) {
+        int64_t used = 0;
+        for (const Tile *t : sameSpace)
+          used += t->bytes;
+        return tile.alloc.emitOpError("needs ")
+               << tile.bytes << " bytes per partition of "
+               << nisa::stringifyMemorySpace(tile.space) << " but "
+               << sameSpace.size() << " live tiles already use " << used
+               << " (the lowering must split this work into smaller tiles)";
+      }
+      tile.alloc->setAttr(nisa::kAddressAttrName,
+                          IntegerAttr::get(IntegerType::get(&getContext(), 64),
+                                           tile.address));
+    }
+    live.push_back(&tile);
+  }
+  return success();
+}
+
+} // namespace

@@ -1,0 +1,194 @@
+//===- FuseElementwise.cpp - group elementwise ops and row reductions -----===//
+//
+// Greedy, in program order: an op joins the groups of the operands it
+// consumes when the merged group still has a FusionPlan, fits the row
+// budget, and stays legal to place at the op (no op outside the group,
+// before it, uses a value of the group). Each group with at least two ops,
+// one of them computing, becomes a neuron.fusion at its last op.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/Passes.h"
+
+#include "dialects/neuron/NeuronDialect.h"
+#include "passes/fuse/FusionPlan.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/SetVector.h"
+
+namespace mlir::neuron {
+#define GEN_PASS_DEF_NEURONFUSEELEMENTWISE
+#include "passes/Passes.h.inc"
+} // namespace mlir::neuron
+
+using namespace mlir;
+using namespace mlir::neuron;
+
+namespace {
+
+bool isFusible(Operation *op) {
+  return isa<UnaryOp, BinaryOp, SelectOp, CastOp, ReduceOp, BroadcastOp,
+             ReshapeOp>(op);
+}
+
+bool computes(Operation *op) { return !isa<BroadcastOp, ReshapeOp>(op); }
+
+using Group = SmallVector<Operation *>;
+
+/// Values of `group` that ops outside it use, in program order.
+SmallVector<Value> outputsOf(ArrayRef<Operation *> group) {
+  llvm::SmallPtrSet<Operation *, 16> members(group.begin(), group.end());
+  SmallVector<Value> outputs;
+  for (Operation *op : group)
+    for (Value v : op->getResults())
+      if (llvm::any_of(v.getUsers(),
+                       [&](Operation *u) { return !members.contains(u); }))
+        outputs.push_back(v);
+  return outputs;
+}
+
+struct FusePass
+    : public mlir::neuron::impl::NeuronFuseElementwiseBase<FusePass> {
+  using NeuronFuseElementwiseBase::NeuronFuseElementwiseBase;
+
+  /// The group can be placed at its last op: every use outside the group
+  /// comes after that op.
+  static bool placeable(ArrayRef<Operation *> group) {
+    Operation *last = group.back();
+    llvm::SmallPtrSet<Operation *, 16> members(group.begin(), group.end());
+    for (Operation *op : group)
+      for (Operation *user : op->getUsers())
+        if (!members.contains(user) && !last->isBeforeInBlock(user))
+          return false;
+    return true;
+  }
+
+  /// The group has a plan within the row budget. While a group grows, its
+  /// outputs are not checked: a broadcast it cannot store may yet be
+  /// consumed by an op that joins later.
+  bool fits(ArrayRef<Operation *> group, bool checkOutputs) const {
+    std::string reason;
+    SmallVector<Value> outputs;
+    if (checkOutputs)
+      outputs = outputsOf(group);
+    auto plan = FusionPlan::analyze(group, outputs, reason);
+    if (!plan)
+      return false;
+    if (!plan->byRows)
+      return true;
+    int64_t widest = 1;
+    for (Operation *op : group)
+      for (Value v : op->getResults())
+        widest = std::max<int64_t>(
+            widest,
+            cast<RankedTensorType>(v.getType()).getElementTypeBitWidth() / 8);
+    return plan->numCols * widest <= rowBytes;
+  }
+
+  void fuseBlock(Block &block);
+  void materialize(ArrayRef<Operation *> group);
+
+  void runOnOperation() override {
+    getOperation().walk([&](func::FuncOp func) {
+      if (!func.isExternal())
+        fuseBlock(func.getBody().front());
+    });
+  }
+};
+
+void FusePass::fuseBlock(Block &block) {
+  std::vector<Group> groups;
+  llvm::DenseMap<Operation *, size_t> groupOf;
+  for (Operation &opRef : block) {
+    Operation *op = &opRef;
+    if (!isFusible(op))
+      continue;
+    // Candidate: the groups of the producers of op's operands, plus op.
+    llvm::SetVector<size_t> joined;
+    for (Value operand : op->getOperands())
+      if (Operation *def = operand.getDefiningOp())
+        if (auto it = groupOf.find(def); it != groupOf.end())
+          joined.insert(it->second);
+    Group merged;
+    for (size_t g : joined)
+      merged.append(groups[g]);
+    llvm::sort(merged, [](Operation *a, Operation *b) {
+      return a->isBeforeInBlock(b);
+    });
+    merged.push_back(op);
+    if (!joined.empty() && placeable(merged) && fits(merged, false)) {
+      size_t id = joined.front();
+      for (size_t g : joined)
+        if (g != id)
+          groups[g].clear();
+      groups[id] = merged;
+      for (Operation *member : merged)
+        groupOf[member] = id;
+      continue;
+    }
+    groups.push_back({op});
+    groupOf[op] = groups.size() - 1;
+  }
+  for (Group &group : groups) {
+    // Layout ops whose results the group could only store materialized
+    // stay outside it, lowered on their own.
+    while (!group.empty() && !computes(group.back()) && !fits(group, true))
+      group.pop_back();
+    if (group.size() >= 2 && llvm::any_of(group, computes) &&
+        fits(group, true))
+      materialize(group);
+  }
+}
+
+void FusePass::materialize(ArrayRef<Operation *> group) {
+  llvm::SmallPtrSet<Operation *, 16> members(group.begin(), group.end());
+  llvm::SetVector<Value> inputs;
+  SmallVector<Operation *> splats;
+  for (Operation *op : group)
+    for (Value operand : op->getOperands()) {
+      Operation *def = operand.getDefiningOp();
+      if (def && members.contains(def))
+        continue;
+      // Splat constants ride along as immediates; clone them inside.
+      if (def && isa<ConstantOp>(def) && splatValueOf(operand))
+        splats.push_back(def);
+      else
+        inputs.insert(operand);
+    }
+  SmallVector<Value> outputs = outputsOf(group);
+
+  Operation *last = group.back();
+  OpBuilder b(last);
+  b.setInsertionPointAfter(last);
+  SmallVector<Location> locs;
+  for (Operation *op : group)
+    locs.push_back(op->getLoc());
+  Location loc = b.getFusedLoc(locs);
+  auto fusion = b.create<FusionOp>(loc, ValueRange(outputs).getTypes(),
+                                   inputs.getArrayRef());
+  Block *body = b.createBlock(&fusion.getBody());
+  IRMapping map;
+  for (Value in : inputs)
+    map.map(in, body->addArgument(in.getType(), in.getLoc()));
+  for (Operation *c : splats)
+    if (!map.contains(c->getResult(0)))
+      b.clone(*c, map);
+  for (Operation *op : group)
+    b.clone(*op, map);
+  SmallVector<Value> yielded;
+  for (Value out : outputs)
+    yielded.push_back(map.lookup(out));
+  b.create<YieldOp>(loc, yielded);
+
+  for (auto [out, result] : llvm::zip(outputs, fusion.getResults()))
+    out.replaceUsesWithIf(result, [&](OpOperand &use) {
+      return !members.contains(use.getOwner());
+    });
+  for (Operation *op : llvm::reverse(group))
+    op->erase();
+}
+
+} // namespace

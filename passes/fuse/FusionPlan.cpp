@@ -1,0 +1,201 @@
+//===- FusionPlan.cpp - how a group of elementwise ops is tiled -----------===//
+#include "passes/fuse/FusionPlan.h"
+
+#include "dialects/neuron/NeuronDialect.h"
+
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace mlir::neuron;
+
+namespace {
+
+int64_t numElements(Value v) {
+  return cast<RankedTensorType>(v.getType()).getNumElements();
+}
+
+/// What a broadcast does to the [rows, cols] picture.
+struct BroadcastShape {
+  enum Kind { Same, Scalar, Row, Col } kind;
+  int64_t cols = 0; // Row, Col: the row length C it implies
+};
+
+std::optional<BroadcastShape> classify(BroadcastOp op) {
+  auto in = cast<RankedTensorType>(op.getInput().getType());
+  auto out = op.getType();
+  if (in.getNumElements() == out.getNumElements())
+    return BroadcastShape{BroadcastShape::Same};
+  if (in.getNumElements() == 1)
+    return BroadcastShape{BroadcastShape::Scalar};
+  int64_t rank = out.getRank(), shift = rank - in.getRank();
+  SmallVector<bool> expanded(rank);
+  int64_t first = rank, last = -1;
+  for (int64_t i = 0; i < rank; ++i) {
+    int64_t inDim = i < shift ? 1 : in.getDimSize(i - shift);
+    expanded[i] = inDim == 1 && out.getDimSize(i) != 1;
+    if (expanded[i]) {
+      first = std::min(first, i);
+      last = i;
+    }
+  }
+  auto productFrom = [&](int64_t begin) {
+    int64_t p = 1;
+    for (int64_t i = begin; i < rank; ++i)
+      p *= out.getDimSize(i);
+    return p;
+  };
+  bool suffix = true, prefix = true;
+  for (int64_t i = 0; i < rank; ++i) {
+    if (out.getDimSize(i) == 1)
+      continue;
+    if (i >= first && !expanded[i])
+      suffix = false;
+    if (i <= last && !expanded[i])
+      prefix = false;
+  }
+  if (suffix)
+    return BroadcastShape{BroadcastShape::Row, productFrom(first)};
+  if (prefix)
+    return BroadcastShape{BroadcastShape::Col, productFrom(last + 1)};
+  return std::nullopt;
+}
+
+} // namespace
+
+std::optional<double> mlir::neuron::splatValueOf(Value tensor) {
+  auto constant = tensor.getDefiningOp<ConstantOp>();
+  if (!constant)
+    return std::nullopt;
+  auto splat = dyn_cast<SplatElementsAttr>(constant.getValue());
+  if (!splat)
+    return std::nullopt;
+  Type elt = splat.getElementType();
+  if (isa<FloatType>(elt))
+    return splat.getSplatValue<APFloat>().convertToDouble();
+  if (elt.isInteger(1))
+    return splat.getSplatValue<bool>() ? 1.0 : 0.0;
+  return (double)splat.getSplatValue<APInt>().getSExtValue();
+}
+
+std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
+                                              ArrayRef<Value> outputs,
+                                              std::string &reason) {
+  FusionPlan plan;
+  auto fail = [&](const Twine &why) -> std::optional<FusionPlan> {
+    reason = why.str();
+    return std::nullopt;
+  };
+
+  // Geometry: reductions and row/column broadcasts fix the row length C;
+  // without them the group is tiled flat.
+  int64_t cols = 0, full = 0;
+  auto constrain = [&](int64_t c, int64_t n) {
+    if ((cols && cols != c) || (full && full != n))
+      return false;
+    cols = c;
+    full = n;
+    return true;
+  };
+  for (Operation *op : ops) {
+    if (auto r = dyn_cast<ReduceOp>(op)) {
+      auto shape = cast<RankedTensorType>(r.getInput().getType()).getShape();
+      int64_t c = 1;
+      for (int64_t d : shape.take_back(r.getCount()))
+        c *= d;
+      if (!constrain(c, numElements(r.getInput())))
+        return fail("reductions and broadcasts disagree on the row length");
+    } else if (auto b = dyn_cast<BroadcastOp>(op)) {
+      auto shape = classify(b);
+      if (!shape)
+        return fail("broadcast along interior dims");
+      if ((shape->kind == BroadcastShape::Row ||
+           shape->kind == BroadcastShape::Col) &&
+          !constrain(shape->cols, numElements(b.getResult())))
+        return fail("reductions and broadcasts disagree on the row length");
+    }
+  }
+  if (cols > 0) {
+    plan.byRows = true;
+    plan.numCols = cols;
+    plan.numRows = full / cols;
+  } else {
+    for (Operation *op : ops)
+      if (!isa<ConstantOp>(op) && op->getNumResults() == 1)
+        full = std::max(full, numElements(op->getResult(0)));
+    plan.numCols = full;
+  }
+  if (full == 0)
+    return fail("empty tensors");
+
+  auto repOfInput = [&](Value v, Operation *user) -> std::optional<Rep> {
+    if (auto splat = splatValueOf(v)) {
+      plan.splats[v] = *splat;
+      return Rep::Splat;
+    }
+    int64_t n = numElements(v);
+    if (auto b = dyn_cast<BroadcastOp>(user)) {
+      auto shape = classify(b);
+      if (shape->kind == BroadcastShape::Col)
+        return Rep::Col;
+      if (shape->kind != BroadcastShape::Same)
+        return Rep::Row;
+    }
+    if (n == full)
+      return Rep::Full;
+    if (n == 1 || (plan.byRows && n == plan.numRows))
+      return Rep::Row;
+    return std::nullopt;
+  };
+
+  llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
+  for (Operation *op : ops) {
+    if (isa<ConstantOp>(op))
+      continue; // held by its users, like an input
+    SmallVector<Rep> in;
+    for (Value operand : op->getOperands()) {
+      auto it = plan.reps.find(operand);
+      if (it == plan.reps.end()) {
+        Operation *def = operand.getDefiningOp();
+        if (def && members.contains(def) && !isa<ConstantOp>(def))
+          return fail("operand used before it is computed");
+        auto rep = repOfInput(operand, op);
+        if (!rep)
+          return fail("an input is neither full-size, a row nor a column");
+        it = plan.reps.try_emplace(operand, *rep).first;
+      }
+      in.push_back(it->second);
+    }
+    bool anyFull = llvm::any_of(
+        in, [](Rep r) { return r == Rep::Full || r == Rep::Col; });
+    bool anyRow = llvm::is_contained(in, Rep::Row);
+    Rep combined = anyFull ? Rep::Full : anyRow ? Rep::Row : Rep::Splat;
+    std::optional<Rep> result =
+        llvm::TypeSwitch<Operation *, std::optional<Rep>>(op)
+            .Case<UnaryOp, BinaryOp, SelectOp, CastOp>(
+                [&](Operation *) -> std::optional<Rep> {
+                  if (combined == Rep::Splat)
+                    return std::nullopt;
+                  return combined;
+                })
+            .Case<ReduceOp>([&](ReduceOp) -> std::optional<Rep> {
+              if (in[0] != Rep::Full)
+                return std::nullopt;
+              return Rep::Row;
+            })
+            .Case<BroadcastOp, ReshapeOp>(
+                [&](Operation *) -> std::optional<Rep> { return in[0]; })
+            .Default([](Operation *) { return std::nullopt; });
+    if (!result)
+      return fail(Twine("cannot fuse '") + op->getName().getStringRef() + "'");
+    plan.reps[op->getResult(0)] = *result;
+  }
+  for (Value out : outputs) {
+    Rep rep = plan.rep(out);
+    int64_t n = numElements(out);
+    if (!plan.reps.count(out) || rep == Rep::Col || rep == Rep::Splat ||
+        (rep == Rep::Full && n != full) ||
+        (rep == Rep::Row && (!plan.byRows || n != plan.numRows)))
+      return fail("an output would have to materialize a broadcast");
+  }
+  return plan;
+}

@@ -1,0 +1,52 @@
+//===- FusionPlan.h - how a group of elementwise ops is tiled ---*- C++ -*-===//
+//
+// The analysis shared by neuron-fuse-elementwise (which groups may form)
+// and neuron-lower-to-nisa (how a group is tiled). A group is a sequence of
+// elementwise, reduce, broadcast and reshape ops. It is tiled either
+//   - by rows: every full-size tensor is R rows of C elements (row-major),
+//     reductions run along a row, and row vectors (R elements) or column
+//     vectors (C elements) broadcast against full tensors; or
+//   - flat: every tensor has the same N elements and is cut into tiles of
+//     any shape (no reductions, no broadcasts).
+// Each value is held per tile as a full tile, a [rows, 1] row tile, a
+// column tile loaded once with its row broadcast to every partition, or a
+// splat immediate.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PASSES_FUSE_FUSIONPLAN_H
+#define PASSES_FUSE_FUSIONPLAN_H
+
+#include "mlir/IR/Operation.h"
+#include "mlir/IR/Value.h"
+#include "llvm/ADT/DenseMap.h"
+
+#include <string>
+
+namespace mlir::neuron {
+
+enum class Rep { Full, Row, Col, Splat };
+
+struct FusionPlan {
+  bool byRows = false;
+  /// byRows: R and C. Flat: numRows = 1, numCols = N.
+  int64_t numRows = 1, numCols = 1;
+  llvm::DenseMap<Value, Rep> reps;
+  llvm::DenseMap<Value, double> splats;
+
+  Rep rep(Value v) const { return reps.lookup(v); }
+
+  /// Plans `ops` (in program order); operands they do not define are the
+  /// group's inputs and `outputs` the values it must store. On failure,
+  /// returns std::nullopt and says why in `reason`.
+  static std::optional<FusionPlan> analyze(ArrayRef<Operation *> ops,
+                                           ArrayRef<Value> outputs,
+                                           std::string &reason);
+};
+
+/// The splat value of a constant tensor, if it is one.
+std::optional<double> splatValueOf(Value tensor);
+
+} // namespace mlir::neuron
+
+#endif // PASSES_FUSE_FUSIONPLAN_H

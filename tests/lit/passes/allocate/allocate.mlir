@@ -1,0 +1,71 @@
+// RUN: neuron-opt %s --nisa-allocate --split-input-file --verify-diagnostics | FileCheck %s
+
+// Tiles live at once get disjoint byte ranges; a dead tile's range is
+// reused by the next one (first fit, lowest address).
+// CHECK-LABEL: func.func @reuse
+// CHECK: %[[A:.*]] = memref.alloc() {nisa.address = 0 : i64} : memref<128x512xf32, #nisa.mem<sbuf>>
+// CHECK: %[[B:.*]] = memref.alloc() {nisa.address = 2048 : i64} : memref<128x512xbf16, #nisa.mem<sbuf>>
+// CHECK: %[[C:.*]] = memref.alloc() {nisa.address = 0 : i64} : memref<128x16xf32, #nisa.mem<sbuf>>
+func.func @reuse(%x: memref<128x512xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %a = memref.alloc() : memref<128x512xf32, #nisa.mem<sbuf>>
+  %b = memref.alloc() : memref<128x512xbf16, #nisa.mem<sbuf>>
+  nisa.dma_copy %x, %a : memref<128x512xf32>, memref<128x512xf32, #nisa.mem<sbuf>>
+  nisa.copy %a, %b : memref<128x512xf32, #nisa.mem<sbuf>>, memref<128x512xbf16, #nisa.mem<sbuf>>
+  memref.dealloc %a : memref<128x512xf32, #nisa.mem<sbuf>>
+  %c = memref.alloc() : memref<128x16xf32, #nisa.mem<sbuf>>
+  nisa.memset %c, 0.0 : memref<128x16xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+// A tile allocated outside a loop and used inside it stays live for the
+// whole loop, so a tile allocated in the loop body never overlaps it.
+// CHECK-LABEL: func.func @loop_liveness
+// CHECK: memref.alloc() {nisa.address = 0 : i64} : memref<128x4xf32, #nisa.mem<sbuf>>
+// CHECK: scf.for
+// CHECK: memref.alloc() {nisa.address = 16 : i64} : memref<128x4xf32, #nisa.mem<sbuf>>
+func.func @loop_liveness() attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  %acc = memref.alloc() : memref<128x4xf32, #nisa.mem<sbuf>>
+  scf.for %i = %c0 to %c4 step %c1 {
+    %t = memref.alloc() : memref<128x4xf32, #nisa.mem<sbuf>>
+    nisa.memset %t, 1.0 : memref<128x4xf32, #nisa.mem<sbuf>>
+    nisa.tensor_tensor add %acc, %t, %acc : memref<128x4xf32, #nisa.mem<sbuf>>, memref<128x4xf32, #nisa.mem<sbuf>>, memref<128x4xf32, #nisa.mem<sbuf>>
+    memref.dealloc %t : memref<128x4xf32, #nisa.mem<sbuf>>
+  }
+  return
+}
+
+// -----
+
+// PSUM tiles that fit in a 2 KiB bank never straddle two banks; a fixed
+// address is kept; HBM allocations are not on-chip tiles.
+// CHECK-LABEL: func.func @psum_banks
+// CHECK: memref.alloc() {nisa.address = 0 : i64} : memref<128x384xf32, #nisa.mem<psum>>
+// CHECK: memref.alloc() {nisa.address = 2048 : i64} : memref<128x256xf32, #nisa.mem<psum>>
+// CHECK: memref.alloc() {nisa.address = 4096 : i64} : memref<128x8xf32, #nisa.mem<sbuf>>
+// CHECK: memref.alloc() : memref<16xf32>
+func.func @psum_banks() attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %p0 = memref.alloc() : memref<128x384xf32, #nisa.mem<psum>>
+  %p1 = memref.alloc() : memref<128x256xf32, #nisa.mem<psum>>
+  %s = memref.alloc() {nisa.address = 4096 : i64} : memref<128x8xf32, #nisa.mem<sbuf>>
+  %h = memref.alloc() : memref<16xf32>
+  nisa.memset %p0, 0.0 : memref<128x384xf32, #nisa.mem<psum>>
+  nisa.memset %p1, 0.0 : memref<128x256xf32, #nisa.mem<psum>>
+  nisa.memset %s, 0.0 : memref<128x8xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+// More live tiles than SBUF holds is an error naming the tile.
+func.func @too_big() attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %a = memref.alloc() : memref<128x40000xf32, #nisa.mem<sbuf>>
+  // expected-error @+1 {{needs 160000 bytes per partition of sbuf but 1 live tiles already use 160000}}
+  %b = memref.alloc() : memref<128x40000xf32, #nisa.mem<sbuf>>
+  nisa.tensor_tensor add %a, %a, %b : memref<128x40000xf32, #nisa.mem<sbuf>>, memref<128x40000xf32, #nisa.mem<sbuf>>, memref<128x40000xf32, #nisa.mem<sbuf>>
+  return
+}

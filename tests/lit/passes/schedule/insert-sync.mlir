@@ -1,0 +1,141 @@
+// RUN: neuron-opt %s --nisa-insert-sync --split-input-file --verify-diagnostics | FileCheck %s
+
+!t = memref<128x64xf32, #nisa.mem<sbuf>>
+
+// A compute instruction waits for the DMA that loads its input, the store
+// waits for the instruction that produced its data; two instructions of one
+// compute queue need no semaphore between them.
+// CHECK-LABEL: func.func @chain
+// CHECK-SAME: nisa.synchronized
+// CHECK: nisa.dma_copy %{{.*}}, %[[T:.*]] {nisa.id = 0 : i64}
+// CHECK: nisa.activation {{ *}}exp %[[T]], %[[U:.*]] {nisa.id = 1 : i64, nisa.waits = array<i64: 0>}
+// CHECK: nisa.activation {{ *}}tanh %[[U]], %[[U]] {nisa.id = 2 : i64}
+// CHECK: nisa.dma_copy %[[U]], %{{.*}} {nisa.id = 3 : i64, nisa.waits = array<i64: 2>}
+func.func @chain(%x: memref<128x64xf32>, %y: memref<128x64xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %t = memref.alloc() {nisa.address = 0 : i64} : !t
+  %u = memref.alloc() {nisa.address = 256 : i64} : !t
+  nisa.dma_copy %x, %t : memref<128x64xf32>, !t
+  nisa.activation exp %t, %u : !t, !t
+  nisa.activation tanh %u, %u : !t, !t
+  nisa.dma_copy %u, %y : !t, memref<128x64xf32>
+  return
+}
+
+// -----
+
+!t = memref<128x64xf32, #nisa.mem<sbuf>>
+
+// In a loop, the next load into a tile waits for the instruction of the
+// previous iteration that read it (WAR). Its wait for its own previous
+// instance (WAW) is implied by that one and dropped; so is the store's.
+// CHECK-LABEL: func.func @loop
+// CHECK: scf.for
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 0 : i64, nisa.waits = array<i64: 1>}
+// CHECK: nisa.activation {{.*}} {nisa.id = 1 : i64, nisa.waits = array<i64: 0, 2>}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 2 : i64, nisa.waits = array<i64: 1>}
+func.func @loop(%x: memref<512x64xf32>, %y: memref<512x64xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %c0 = arith.constant 0 : index
+  %c4 = arith.constant 4 : index
+  %c8192 = arith.constant 8192 : index
+  %c32768 = arith.constant 32768 : index
+  scf.for %i = %c0 to %c32768 step %c8192 {
+    %t = memref.alloc() {nisa.address = 0 : i64} : !t
+    %u = memref.alloc() {nisa.address = 256 : i64} : !t
+    %xv = memref.reinterpret_cast %x to offset: [%i], sizes: [128, 64], strides: [64, 1] : memref<512x64xf32> to memref<128x64xf32, strided<[64, 1], offset: ?>>
+    %yv = memref.reinterpret_cast %y to offset: [%i], sizes: [128, 64], strides: [64, 1] : memref<512x64xf32> to memref<128x64xf32, strided<[64, 1], offset: ?>>
+    nisa.dma_copy %xv, %t : memref<128x64xf32, strided<[64, 1], offset: ?>>, !t
+    nisa.activation exp %t, %u : !t, !t
+    nisa.dma_copy %u, %yv : !t, memref<128x64xf32, strided<[64, 1], offset: ?>>
+  }
+  return
+}
+
+// -----
+
+!t = memref<128x64xf32, #nisa.mem<sbuf>>
+
+// A wait implied by a nearer one is dropped: the second load overwrites %t
+// (WAW with the first load, WAR with the copy), and the copy already
+// waited for the first load.
+// CHECK-LABEL: func.func @implied
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.copy {{.*}} {nisa.id = 1 : i64, nisa.waits = array<i64: 0>}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 2 : i64, nisa.waits = array<i64: 1>}
+func.func @implied(%x: memref<128x64xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %t = memref.alloc() {nisa.address = 0 : i64} : !t
+  %u = memref.alloc() {nisa.address = 256 : i64} : !t
+  nisa.dma_copy %x, %t : memref<128x64xf32>, !t
+  nisa.copy %t, %u : !t, !t
+  nisa.dma_copy %x, %t : memref<128x64xf32>, !t
+  return
+}
+
+// -----
+
+// Tiles of different dtypes at overlapping addresses are the same storage;
+// at disjoint addresses they are not.
+// CHECK-LABEL: func.func @aliasing
+// CHECK: nisa.memset {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.iota {{.*}}nisa.id = 1 : i64, nisa.waits = array<i64: 0>}
+// CHECK: nisa.iota {{.*}}nisa.id = 2 : i64}
+func.func @aliasing() attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %a = memref.alloc() {nisa.address = 0 : i64} : memref<128x64xf32, #nisa.mem<sbuf>>
+  %b = memref.alloc() {nisa.address = 128 : i64} : memref<128x64xbf16, #nisa.mem<sbuf>>
+  %c = memref.alloc() {nisa.address = 256 : i64} : memref<128x64xbf16, #nisa.mem<sbuf>>
+  nisa.memset %a, 0.0 : memref<128x64xf32, #nisa.mem<sbuf>>
+  nisa.iota %b {base = 0.0 : f64, channel_multiplier = 0.0 : f64, multipliers = array<f64: 1.0>} : memref<128x64xbf16, #nisa.mem<sbuf>>
+  nisa.iota %c {base = 0.0 : f64, channel_multiplier = 0.0 : f64, multipliers = array<f64: 1.0>} : memref<128x64xbf16, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+// HBM accesses conflict only where their element ranges meet: two stores
+// into disjoint halves of one buffer run concurrently, the load of the
+// whole buffer waits for both.
+// CHECK-LABEL: func.func @hbm_ranges
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 1 : i64}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 2 : i64, nisa.waits = array<i64: 0, 1>}
+func.func @hbm_ranges(%x: memref<2x64xf32>, %y: memref<2x64xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %h = memref.alloc() : memref<4x64xf32>
+  %lo = memref.reinterpret_cast %h to offset: [0], sizes: [2, 64], strides: [64, 1] : memref<4x64xf32> to memref<2x64xf32, strided<[64, 1]>>
+  %hi = memref.reinterpret_cast %h to offset: [128], sizes: [2, 64], strides: [64, 1] : memref<4x64xf32> to memref<2x64xf32, strided<[64, 1], offset: 128>>
+  %all = memref.reinterpret_cast %h to offset: [0], sizes: [2, 64], strides: [128, 1] : memref<4x64xf32> to memref<2x64xf32, strided<[128, 1]>>
+  nisa.dma_copy %x, %lo : memref<2x64xf32>, memref<2x64xf32, strided<[64, 1]>>
+  nisa.dma_copy %x, %hi : memref<2x64xf32>, memref<2x64xf32, strided<[64, 1], offset: 128>>
+  nisa.dma_copy %all, %y : memref<2x64xf32, strided<[128, 1]>>, memref<2x64xf32>
+  return
+}
+
+// -----
+
+// Views into the two halves of one tile (double buffering) are disjoint
+// bytes of every partition: the load into the second half need not wait
+// for the reader of the first. A reader of the whole tile waits for both.
+// CHECK-LABEL: func.func @slots
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.activation {{.*}} {nisa.id = 1 : i64, nisa.waits = array<i64: 0>}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 2 : i64}
+// CHECK: nisa.copy {{.*}} {nisa.id = 3 : i64, nisa.waits = array<i64: 0, 2>}
+func.func @slots(%x: memref<128x64xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %t = memref.alloc() {nisa.address = 0 : i64} : memref<128x128xf32, #nisa.mem<sbuf>>
+  %u = memref.alloc() {nisa.address = 512 : i64} : memref<128x64xf32, #nisa.mem<sbuf>>
+  %w = memref.alloc() {nisa.address = 768 : i64} : memref<128x128xf32, #nisa.mem<sbuf>>
+  %s0 = memref.reinterpret_cast %t to offset: [0], sizes: [128, 64], strides: [128, 1] : memref<128x128xf32, #nisa.mem<sbuf>> to memref<128x64xf32, strided<[128, 1]>, #nisa.mem<sbuf>>
+  %s1 = memref.reinterpret_cast %t to offset: [64], sizes: [128, 64], strides: [128, 1] : memref<128x128xf32, #nisa.mem<sbuf>> to memref<128x64xf32, strided<[128, 1], offset: 64>, #nisa.mem<sbuf>>
+  nisa.dma_copy %x, %s0 : memref<128x64xf32>, memref<128x64xf32, strided<[128, 1]>, #nisa.mem<sbuf>>
+  nisa.activation exp %s0, %u : memref<128x64xf32, strided<[128, 1]>, #nisa.mem<sbuf>>, memref<128x64xf32, #nisa.mem<sbuf>>
+  nisa.dma_copy %x, %s1 : memref<128x64xf32>, memref<128x64xf32, strided<[128, 1], offset: 64>, #nisa.mem<sbuf>>
+  nisa.copy %t, %w : memref<128x128xf32, #nisa.mem<sbuf>>, memref<128x128xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @unallocated(%x: memref<128x4xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %t = memref.alloc() : memref<128x4xf32, #nisa.mem<sbuf>>
+  // expected-error @+1 {{reads or writes an on-chip tile without a nisa.address (run nisa-allocate first)}}
+  nisa.dma_copy %x, %t : memref<128x4xf32>, memref<128x4xf32, #nisa.mem<sbuf>>
+  return
+}
