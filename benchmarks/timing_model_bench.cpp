@@ -8,7 +8,8 @@
 //
 // Two workloads: a tiled GEMM (`scale` M tiles; default 256: ~9.5 million
 // dynamic instructions) and softmax-like rows (8192 * `scale` tiles; ~10.5
-// million). A benchmark prints a figure; it asserts nothing.
+// million), the latter also with explicit sync (the model then checks the
+// program's waits). A benchmark prints a figure; it asserts nothing.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 using namespace neuron::runtime;
@@ -102,8 +104,12 @@ std::string gemmProgram(const std::string &target, long long mTiles,
 
 /// Softmax-like rows: per [128, 512] f32 tile, load, exp (ScalarE), row
 /// sum (VectorE), divide by it (VectorE), store. `passes` passes over 4096
-/// tiles (2 GiB of HBM), double-buffered in SBUF.
-std::string softmaxProgram(const std::string &target, long long passes) {
+/// tiles (2 GiB of HBM), double-buffered in SBUF. With `explicitSync` the
+/// program carries its waits; a wait covers every earlier instance of an
+/// instruction, so each buffer gets instructions of its own (the pair loop
+/// unrolled) to keep the two buffers overlapping.
+std::string softmaxProgram(const std::string &target, long long passes,
+                           bool explicitSync = false) {
   auto s = [](long long v) { return std::to_string(v); };
   const long long tiles = 4096, width = 512 * tiles;
   std::string buffers =
@@ -112,39 +118,60 @@ std::string softmaxProgram(const std::string &target, long long passes) {
       buffer(2, "sbuf", "scratch", "f32", "[128, 1024]") + "," +
       buffer(3, "sbuf", "scratch", "f32", "[128, 1024]") + "," +
       buffer(4, "sbuf", "scratch", "f32", "[128, 2]");
-  // Loop ids: 0 = pass, 1 = tile pair, 2 = tile within the pair.
-  std::string hbm = "[[1, 1024], [2, 512]]";
-  std::string x = view(2, "[128, 512]", "[1024, 1]", 0, "[[2, 512]]");
-  std::string e = view(3, "[128, 512]", "[1024, 1]", 0, "[[2, 512]]");
-  std::string sum = view(4, "[128, 1]", "[2, 1]", 0, "[[2, 1]]");
-  std::string body =
-      "{\"op\": \"dma_copy\", \"engine\": \"sync\", \"loc\": 0, \"src\": " +
-      view(0, "[128, 512]", "[" + s(width) + ", 1]", 0, hbm) +
-      ", \"dst\": " + x +
-      "}, {\"op\": \"activation\", \"engine\": \"scalar\", \"loc\": 1, "
-      "\"func\": \"exp\", \"src\": " +
-      x + ", \"dst\": " + e +
-      "}, {\"op\": \"tensor_reduce\", \"engine\": \"vector\", \"loc\": 1, "
-      "\"alu_op\": \"add\", \"src\": " +
-      e + ", \"dst\": " + sum +
-      "}, {\"op\": \"tensor_scalar\", \"engine\": \"vector\", \"loc\": 2, "
-      "\"alu_op\": \"divide\", \"src\": " +
-      e + ", \"scalar\": " + sum + ", \"dst\": " + e +
-      "}, {\"op\": \"dma_copy\", \"engine\": \"scalar\", \"loc\": 2, "
-      "\"src\": " +
-      e +
-      ", \"dst\": " + view(1, "[128, 512]", "[" + s(width) + ", 1]", 0, hbm) +
-      "}";
+  // Loop ids: 0 = pass, 1 = tile pair, 2 = tile within the pair (when not
+  // unrolled). The body for tile `slot` of the pair, or with `looped` for
+  // both (iv 2); `first` is its load's static index.
+  auto tileBody = [&](long long slot, bool looped, long long first) {
+    auto waits = [&](std::initializer_list<long long> list) {
+      if (!explicitSync)
+        return std::string();
+      std::string out = "\"waits\": [";
+      for (long long k : list)
+        out += (out.back() == '[' ? "" : ", ") + s(first + k);
+      return out + "], ";
+    };
+    std::string hbm = looped ? "[[1, 1024], [2, 512]]" : "[[1, 1024]]";
+    std::string tileTerms = looped ? "[[2, 512]]" : "[]";
+    std::string x = view(2, "[128, 512]", "[1024, 1]", 512 * slot, tileTerms);
+    std::string e = view(3, "[128, 512]", "[1024, 1]", 512 * slot, tileTerms);
+    std::string sum =
+        view(4, "[128, 1]", "[2, 1]", slot, looped ? "[[2, 1]]" : "[]");
+    // Each waits for its producers, the earlier readers and writers of what
+    // it writes on other queues, and (DMAs) its own earlier instances.
+    return "{" + waits({0, 1}) +
+           "\"op\": \"dma_copy\", \"engine\": \"sync\", \"loc\": 0, "
+           "\"src\": " +
+           view(0, "[128, 512]", "[" + s(width) + ", 1]", 512 * slot, hbm) +
+           ", \"dst\": " + x + "}, {" + waits({0, 2, 3, 4}) +
+           "\"op\": \"activation\", \"engine\": \"scalar\", \"loc\": 1, "
+           "\"func\": \"exp\", \"src\": " +
+           x + ", \"dst\": " + e + "}, {" + waits({1}) +
+           "\"op\": \"tensor_reduce\", \"engine\": \"vector\", \"loc\": 1, "
+           "\"alu_op\": \"add\", \"src\": " +
+           e + ", \"dst\": " + sum + "}, {" + waits({1, 4}) +
+           "\"op\": \"tensor_scalar\", \"engine\": \"vector\", \"loc\": 2, "
+           "\"alu_op\": \"divide\", \"src\": " +
+           e + ", \"scalar\": " + sum + ", \"dst\": " + e + "}, {" +
+           waits({3, 4}) +
+           "\"op\": \"dma_copy\", \"engine\": \"scalar\", \"loc\": 2, "
+           "\"src\": " +
+           e + ", \"dst\": " +
+           view(1, "[128, 512]", "[" + s(width) + ", 1]", 512 * slot, hbm) +
+           "}";
+  };
+  std::string pair = explicitSync
+                         ? tileBody(0, false, 0) + ", " + tileBody(1, false, 5)
+                         : "{\"loop\": 2, \"count\": 2, \"body\": [" +
+                               tileBody(0, true, 0) + "]}";
   return "{\"format\": \"torchneuron-kernel-program\", \"version\": 1, "
          "\"name\": \"softmax\", \"target\": \"" +
-         target + "\", \"buffers\": [" + buffers +
+         target + "\", " + (explicitSync ? "\"sync\": \"explicit\", " : "") +
+         "\"buffers\": [" + buffers +
          "], \"inputs\": [0], \"outputs\": [1], \"locations\": "
          "[\"softmax.py:1\", \"softmax.py:2\", \"softmax.py:3\"], "
          "\"body\": [{\"loop\": 0, \"count\": " +
          s(passes) + ", \"body\": [{\"loop\": 1, \"count\": " + s(tiles / 2) +
-         ", \"body\": [{\"loop\": 2, \"count\": 2, "
-         "\"body\": [" +
-         body + "]}]}]}]}";
+         ", \"body\": [" + pair + "]}]}]}";
 }
 
 /// Simulates `json` three times with and without events; prints the best.
@@ -206,6 +233,8 @@ int main(int argc, char **argv) {
     bench("softmax rows, " + std::to_string(passes * 4096) +
               " tiles of [128, 512] f32",
           softmaxProgram(targetName, passes), target);
+    bench("softmax rows, explicit sync",
+          softmaxProgram(targetName, passes, true), target);
   } catch (const std::exception &e) {
     std::fprintf(stderr, "neuron-timing-bench: %s\n", e.what());
     return 1;

@@ -462,7 +462,7 @@ Program Parser::parseDocument(const json &doc) {
   const std::string where = "program";
   requireObject(doc, where);
   checkKeys(doc,
-            {"format", "version", "name", "target", "buffers", "inputs",
+            {"format", "version", "name", "target", "sync", "buffers", "inputs",
              "outputs", "locations", "body"},
             where);
   std::string format =
@@ -483,6 +483,15 @@ Program Parser::parseDocument(const json &doc) {
     program.name = asString(doc["name"], field(where, "name"));
   program.target =
       asString(requireKey(doc, "target", where), field(where, "target"));
+  if (doc.contains("sync")) {
+    // Derived sync is spelled by leaving the field out.
+    std::string sync = asString(doc["sync"], field(where, "sync"));
+    if (sync != "explicit")
+      fail(field(where, "sync"),
+           "expected \"explicit\" (omit the field for derived sync), got '" +
+               sync + "'");
+    program.explicitSync = true;
+  }
 
   const json &buffers =
       asArray(requireKey(doc, "buffers", where), field(where, "buffers"));
@@ -509,7 +518,8 @@ Program Parser::parseDocument(const json &doc) {
 Buffer Parser::parseBuffer(const json &value, const std::string &where) {
   requireObject(value, where);
   checkKeys(value,
-            {"id", "name", "space", "kind", "dtype", "shape", "data", "splat"},
+            {"id", "name", "space", "kind", "dtype", "shape", "data", "splat",
+             "address"},
             where);
   Buffer buffer;
   buffer.id = asInt(requireKey(value, "id", where), field(where, "id"));
@@ -549,6 +559,11 @@ Buffer Parser::parseBuffer(const json &value, const std::string &where) {
   }
   if (value.contains("splat"))
     buffer.splat = asNumber(value["splat"], field(where, "splat"));
+  if (value.contains("address")) {
+    buffer.address = asInt(value["address"], field(where, "address"));
+    if (*buffer.address < 0)
+      fail(field(where, "address"), "must be a non-negative byte offset");
+  }
   return buffer;
 }
 
@@ -591,7 +606,7 @@ Instruction Parser::parseInstruction(const json &value,
   std::string where = nodeWhere + " (" + opName + ")";
 
   const OpSpec &spec = opSpec(inst.op);
-  std::set<std::string> allowed = {"op", "engine", "loc"};
+  std::set<std::string> allowed = {"op", "engine", "loc", "waits"};
   allowed.insert(spec.required.begin(), spec.required.end());
   allowed.insert(spec.optional.begin(), spec.optional.end());
   checkKeys(value, allowed, where);
@@ -609,6 +624,14 @@ Instruction Parser::parseInstruction(const json &value,
     inst.loc = asInt(value["loc"], field(where, "loc"));
     if (inst.loc < 0)
       fail(field(where, "loc"), "must be a non-negative index");
+  }
+  if (value.contains("waits")) {
+    std::string waitsWhere = field(where, "waits");
+    inst.waits = asIntList(value["waits"], waitsWhere);
+    for (size_t i = 0; i < inst.waits.size(); ++i)
+      if (inst.waits[i] < 0)
+        fail(waitsWhere + "[" + std::to_string(i) + "]",
+             "must be a non-negative instruction index");
   }
 
   std::map<std::string, std::optional<View> Instruction::*> viewFields = {
@@ -754,6 +777,7 @@ private:
   std::map<int64_t, int64_t> scope;
   std::set<int64_t> usedLoopIds;
   int64_t instIndex = 0;
+  int64_t numInstructions = 0;
   std::string instWhere;
 };
 
@@ -767,11 +791,14 @@ void Verifier::run() {
   verifyBuffers();
   verifyArguments(program.inputs, BufferKind::Input, "inputs");
   verifyArguments(program.outputs, BufferKind::Output, "outputs");
+  numInstructions = program.numInstructions();
   verifyNodes(program.body, "body");
 }
 
 void Verifier::verifyBuffers() {
   Int128 sbufBytes = 0, psumBytes = 0, hbmBytes = 0;
+  // The first on-chip buffer with and the first without an address.
+  std::string addressed, unaddressed;
   for (size_t i = 0; i < program.buffers.size(); ++i) {
     const Buffer &buffer = program.buffers[i];
     std::string where = "buffers[" + std::to_string(i) + "] ('" + buffer.name +
@@ -808,7 +835,30 @@ void Verifier::verifyBuffers() {
                     target.name);
       (buffer.space == Space::SBUF ? sbufBytes : psumBytes) +=
           buffer.bytesPerPartition();
+      if (buffer.address) {
+        // Addressed buffers may overlap; each must fit on its own.
+        bool sbuf = buffer.space == Space::SBUF;
+        int64_t capacity =
+            sbuf ? target.sbufBytesPerPartition : target.psumBytesPerPartition;
+        Int128 end =
+            static_cast<Int128>(*buffer.address) + buffer.bytesPerPartition();
+        if (*buffer.address < 0 || end > capacity)
+          throw Error(where + " field 'address': bytes [" +
+                      std::to_string(*buffer.address) + ", " +
+                      std::to_string(static_cast<int64_t>(end)) +
+                      ") per partition do not fit the " +
+                      std::to_string(capacity) + " bytes of " +
+                      (sbuf ? "SBUF" : "PSUM") + " per partition of " +
+                      target.name);
+        if (addressed.empty())
+          addressed = where;
+      } else if (unaddressed.empty()) {
+        unaddressed = where;
+      }
     } else {
+      if (buffer.address)
+        throw Error(where + " field 'address': only sbuf and psum buffers "
+                            "have an address");
       hbmBytes += bytes;
     }
 
@@ -827,12 +877,17 @@ void Verifier::verifyBuffers() {
       throw Error(where + ": only constant buffers may have 'data' or 'splat'");
     }
   }
-  if (sbufBytes > target.sbufBytesPerPartition)
+  if (!addressed.empty() && !unaddressed.empty())
+    throw Error("buffers: either every on-chip buffer has an 'address' or "
+                "none does; " +
+                addressed + " has one, " + unaddressed + " has none");
+  // Without addresses every buffer needs bytes of its own.
+  if (addressed.empty() && sbufBytes > target.sbufBytesPerPartition)
     throw Error("buffers: SBUF scratch needs " +
                 std::to_string(static_cast<int64_t>(sbufBytes)) +
                 " bytes per partition, " + target.name + " has " +
                 std::to_string(target.sbufBytesPerPartition));
-  if (psumBytes > target.psumBytesPerPartition)
+  if (addressed.empty() && psumBytes > target.psumBytesPerPartition)
     throw Error("buffers: PSUM scratch needs " +
                 std::to_string(static_cast<int64_t>(psumBytes)) +
                 " bytes per partition, " + target.name + " has " +
@@ -992,6 +1047,20 @@ void Verifier::verifyInstruction(const Instruction &inst,
     failInst(inst, "field 'loc': index " + std::to_string(inst.loc) +
                        " is past the " +
                        std::to_string(program.locations.size()) + " locations");
+
+  if (!inst.waits.empty() && !program.explicitSync)
+    failInst(inst, "field 'waits': waits need \"sync\": \"explicit\"");
+  std::set<int64_t> waited;
+  for (int64_t k : inst.waits) {
+    if (k < 0 || k >= numInstructions)
+      failInst(inst, "field 'waits': " + std::to_string(k) +
+                         " is not an instruction index (the program's " +
+                         std::to_string(numInstructions) +
+                         " instructions are numbered from 0 in pre-order)");
+    if (!waited.insert(k).second)
+      failInst(inst, "field 'waits': instruction " + std::to_string(k) +
+                         " is listed twice");
+  }
 
   // Operand presence (parse enforces this for files; programs built in
   // memory get the same check here).
@@ -1202,6 +1271,8 @@ json instructionJson(const Instruction &inst) {
   out["engine"] = engineName(inst.engine);
   if (inst.loc >= 0)
     out["loc"] = inst.loc;
+  if (!inst.waits.empty())
+    out["waits"] = inst.waits;
   for (const auto &[fieldName, view] : inst.operands())
     out[fieldName] = viewJson(*view);
   switch (inst.op) {
@@ -1262,6 +1333,8 @@ std::string Program::toJson() const {
   doc["version"] = version;
   doc["name"] = name;
   doc["target"] = target;
+  if (explicitSync)
+    doc["sync"] = "explicit";
   json bufferList = json::array();
   for (const Buffer &buffer : buffers) {
     json entry = {{"id", buffer.id},
@@ -1274,6 +1347,8 @@ std::string Program::toJson() const {
       entry["data"] = encodeBase64(buffer.data);
     if (buffer.splat)
       entry["splat"] = numberJson(*buffer.splat);
+    if (buffer.address)
+      entry["address"] = *buffer.address;
     bufferList.push_back(entry);
   }
   doc["buffers"] = bufferList;

@@ -7,9 +7,10 @@
 // Program::parse checks syntax: JSON types, required and unknown fields, and
 // enum names. Program::verify checks meaning against a target: references,
 // shapes, dtypes, memory spaces, bounds of every view over every loop
-// iteration, partition counts and on-chip capacity. Both throw
-// neuron::runtime::Error with a message naming the offending field or
-// instruction; neither crashes on any input.
+// iteration, partition counts, on-chip capacity and addresses, and the
+// instruction indices of `waits`. Both throw neuron::runtime::Error with a
+// message naming the offending field or instruction; neither crashes on any
+// input.
 //
 //===----------------------------------------------------------------------===//
 
@@ -135,6 +136,10 @@ struct Buffer {
   /// splat value when `splat` is set.
   std::vector<uint8_t> data;
   std::optional<double> splat;
+  /// On-chip buffers: byte offset inside each partition. Buffers may share
+  /// bytes (the compiler time-multiplexes them); either every on-chip buffer
+  /// of a program has one or none does.
+  std::optional<int64_t> address;
 
   bool isOnChip() const { return space != Space::HBM; }
   /// Total elements; only meaningful on a verified program (no overflow).
@@ -165,6 +170,10 @@ struct Instruction {
   Engine engine = Engine::Vector;
   /// Index into Program::locations, or -1 when the instruction has none.
   int64_t loc = -1;
+  /// "waits" (explicit sync only): static instruction indices (pre-order,
+  /// loops not counted) whose every earlier dynamic instance must have
+  /// completed before this instruction issues.
+  std::vector<int64_t> waits;
 
   // Operands; which ones an op takes is listed in PROGRAM_FORMAT.md.
   std::optional<View> src, dst;
@@ -225,6 +234,9 @@ public:
   std::vector<int64_t> outputs; // buffer ids, result order
   std::vector<std::string> locations;
   std::vector<Node> body;
+  /// "sync": "explicit": instructions carry the compiler's `waits`; absent,
+  /// the timing model derives the waits from data hazards.
+  bool explicitSync = false;
 
   /// Parses a program document. Throws Error on malformed JSON, a wrong
   /// format or version, unknown fields, ops, engines, dtypes, spaces, funcs

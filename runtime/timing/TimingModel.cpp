@@ -4,7 +4,9 @@
 // its resources, its cost in ns and the affine form of each operand's
 // bounding box. simulate() then walks the flattened loop tree once and, per
 // dynamic instance, evaluates the boxes, finds the dependences against the
-// per-buffer access records, places the work on its queues and records its
+// access records (per buffer, or per space for addressed on-chip buffers),
+// waits for them (derived sync) or checks that the program's waits cover
+// them (explicit sync), places the work on its queues and records its
 // accesses. See TimingModel.h for the model itself.
 //
 //===----------------------------------------------------------------------===//
@@ -207,12 +209,14 @@ inline Box unionBox(const Box &a, const Box &b) {
 
 constexpr uint8_t kMergedUnit = 0xff; // summary of merged records
 
-/// One earlier read or write of a buffer region.
+/// One earlier read or write of a buffer region (of an on-chip space, for
+/// addressed buffers).
 struct Access {
   Box box;
   double end;   // the accessing instruction left its queue
   double ready; // its result is visible (end + pipeline latency)
   uint64_t seq; // dynamic instance number (0 for merged summaries)
+  int32_t node; // static instruction index (-1 for merged summaries)
   uint8_t unit; // TimingUnit, or kMergedUnit
   bool write;
 };
@@ -220,7 +224,7 @@ struct Access {
 /// Most events reserved up front (about 1 GB of InstructionTiming).
 constexpr double kMaxReservedEvents = 2e7;
 
-/// Records per buffer beyond which the oldest half is merged. Not a hardware
+/// Records per key beyond which the oldest half is merged. Not a hardware
 /// figure: it bounds the model's own work per instruction.
 constexpr size_t kMaxRecordsPerBuffer = 48;
 
@@ -403,16 +407,30 @@ struct Term {
   int64_t coeff;
 };
 
-/// One operand: its buffer and the affine form of its bounding box.
+/// One operand: where its accesses are recorded and the affine form of its
+/// bounding box.
 struct Operand {
-  int32_t buffer = 0;   // index into Program::buffers
-  bool tracked = false; // the buffer is written somewhere in the program
+  /// Records slot: the index into Program::buffers, or for addressed
+  /// on-chip buffers, which alias physically, one slot per space.
+  int32_t key = 0;
+  bool tracked = false; // the key is written somewhere in the program
   bool onChip = false;
   int64_t constant = 0;
   uint32_t termBegin = 0, termEnd = 0;
   int64_t rowSize = 1;
   int64_t rowExtent = 0, colExtent = 0, totalExtent = 0;
   bool separable = true;
+  /// Added to box columns: for addressed buffers, whose boxes are in bytes,
+  /// the address; 0 otherwise.
+  int64_t colBase = 0;
+};
+
+/// An entry of an instruction's "waits".
+struct Wait {
+  int32_t node;
+  /// `node` is a compute instruction on the waiter's queue: queue order,
+  /// not a semaphore, orders them.
+  bool sameQueue;
 };
 
 constexpr int kMaxOperands = 8;
@@ -426,6 +444,7 @@ struct StaticInst {
   uint32_t numReads = 0;   // operands [begin, begin + numReads) are read,
                            // operand begin + numReads is the destination
   int stationaryRead = -1; // matmul: index of the stationary among the reads
+  uint32_t waitBegin = 0, waitEnd = 0; // range of Model::waits
 
   // Compute instructions.
   double costNs = 0;
@@ -521,14 +540,20 @@ public:
       : program(source), params(target) {
     for (size_t i = 0; i < program.buffers.size(); ++i)
       bufferIndex[program.buffers[i].id] = static_cast<int32_t>(i);
+    numKeys = static_cast<int32_t>(program.buffers.size()) + 2;
     std::map<int64_t, int32_t> slots;
     compileNodes(program.body, slots, 1);
-    std::vector<bool> written(program.buffers.size(), false);
+    std::vector<bool> written(static_cast<size_t>(numKeys), false);
     for (const StaticInst &inst : insts)
-      written[operands[inst.operandBegin + inst.numReads].buffer] = true;
+      written[operands[inst.operandBegin + inst.numReads].key] = true;
     for (Operand &op : operands)
-      op.tracked = written[op.buffer];
+      op.tracked = written[op.key];
     numSlots = static_cast<int32_t>(slots.size());
+    for (const StaticInst &si : insts)
+      for (uint32_t w = si.waitBegin; w < si.waitEnd; ++w) {
+        const StaticInst &k = insts[static_cast<size_t>(waits[w].node)];
+        waits[w].sameQueue = !k.isDma && k.unit == si.unit;
+      }
   }
 
   const Program &program;
@@ -537,8 +562,11 @@ public:
   std::vector<StaticInst> insts;
   std::vector<Operand> operands;
   std::vector<Term> terms;
+  std::vector<Wait> waits;
   std::vector<FlatNode> nodes;
   int32_t numSlots = 0;
+  /// Records slots: one per buffer, then SBUF and PSUM (addressed buffers).
+  int32_t numKeys = 0;
   double dynamicInstances = 0; // sum over instructions of their trip counts
   double dynamicEvents = 0;    // events simulate() emits when keeping them
 
@@ -577,7 +605,7 @@ private:
   void addOperand(const View &view, const std::map<int64_t, int32_t> &slots) {
     const Buffer &buffer = bufferOf(view);
     Operand op;
-    op.buffer = bufferIndex.at(view.buffer);
+    op.key = bufferIndex.at(view.buffer);
     op.onChip = buffer.isOnChip();
     op.constant = view.offset.constant;
     op.termBegin = static_cast<uint32_t>(terms.size());
@@ -588,7 +616,7 @@ private:
     int64_t rowSize = 1;
     for (size_t d = 1; d < buffer.shape.size(); ++d)
       rowSize *= buffer.shape[d];
-    if (buffer.shape.size() == 1)
+    if (buffer.shape.size() == 1 && !buffer.address)
       rowSize = buffer.shape[0]; // a 1-D buffer is one row
     op.rowSize = std::max<int64_t>(rowSize, 1);
     for (size_t d = 0; d < view.shape.size(); ++d) {
@@ -603,6 +631,21 @@ private:
       else
         op.separable = false;
     }
+    if (buffer.address) {
+      // Rows are partitions and columns bytes of the space, shared by every
+      // addressed buffer in it, so buffers that share bytes conflict. Scaled
+      // here, the boxes come out in bytes at no cost per instance.
+      const int64_t size = dtypeSize(buffer.dtype);
+      op.key = static_cast<int32_t>(program.buffers.size()) +
+               (buffer.space == Space::SBUF ? 0 : 1);
+      op.colBase = *buffer.address;
+      op.constant *= size;
+      for (uint32_t t = op.termBegin; t < op.termEnd; ++t)
+        terms[t].coeff *= size;
+      op.rowSize *= size;
+      op.totalExtent *= size;
+      op.colExtent = op.colExtent * size + size - 1; // to the last byte
+    }
     operands.push_back(op);
   }
 
@@ -613,6 +656,10 @@ private:
     si.loc = inst.loc;
     si.op = inst.op;
     si.unit = static_cast<TimingUnit>(inst.engine);
+    si.waitBegin = static_cast<uint32_t>(waits.size());
+    for (int64_t k : inst.waits) // queue flags are set once all are compiled
+      waits.push_back(Wait{static_cast<int32_t>(k), false});
+    si.waitEnd = static_cast<uint32_t>(waits.size());
     si.operandBegin = static_cast<uint32_t>(operands.size());
     // Reads first, the destination last.
     for (const auto &[name, view] : inst.operands()) {
@@ -836,12 +883,15 @@ private:
 // Simulation
 //===----------------------------------------------------------------------===//
 
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
 class Simulator {
 public:
   Simulator(const Model &model, bool withEvents)
       : m(model), p(model.params), keepEvents(withEvents),
-        records(model.program.buffers.size()), ivs(model.numSlots, 0),
-        dmaEngines(p.dmaEngines) {
+        records(static_cast<size_t>(model.numKeys)), ivs(model.numSlots, 0),
+        doneEnd(model.insts.size(), -kInfinity),
+        doneReady(model.insts.size(), -kInfinity), dmaEngines(p.dmaEngines) {
     // Reserve exactly, unless that is so large that growing on demand (and
     // failing late, if at all) is the better deal.
     if (withEvents && m.dynamicEvents <= kMaxReservedEvents)
@@ -849,7 +899,11 @@ public:
   }
 
   Timeline run() {
-    runRange(0, m.nodes.size());
+    // One instantiation per mode keeps the mode test out of the inner loops.
+    if (m.program.explicitSync)
+      runRange<true>(0, m.nodes.size());
+    else
+      runRange<false>(0, m.nodes.size());
     finish();
     return std::move(timeline);
   }
@@ -860,9 +914,12 @@ private:
   bool keepEvents;
   Timeline timeline;
 
-  std::vector<std::vector<Access>> records; // per buffer
+  std::vector<std::vector<Access>> records; // per Operand::key
   std::vector<int64_t> ivs;
   uint64_t seq = 0;
+  // Per static instruction, the latest end and ready time of its instances
+  // so far (-inf before the first): what a wait on it waits for.
+  std::vector<double> doneEnd, doneReady;
 
   double queueFree[kNumTimingUnits] = {};
   uint64_t lastSeq[kNumTimingUnits] = {};
@@ -883,17 +940,19 @@ private:
 
   int activeTable = -1; // ScalarE activation table set loaded
 
-  void runRange(size_t begin, size_t end) {
+  /// Explicit: waits come from the program and are checked against the
+  /// records; otherwise the records give the waits.
+  template <bool Explicit> void runRange(size_t begin, size_t end) {
     for (size_t i = begin; i < end;) {
       const FlatNode &node = m.nodes[i];
       if (!node.isLoop) {
-        execute(m.insts[node.inst]);
+        execute<Explicit>(m.insts[node.inst]);
         ++i;
         continue;
       }
       for (int64_t iv = 0; iv < node.count; ++iv) {
         ivs[node.slot] = iv;
-        runRange(i + 1, node.end);
+        runRange<Explicit>(i + 1, node.end);
       }
       i = node.end;
     }
@@ -903,14 +962,14 @@ private:
     int64_t offset = op.constant;
     for (uint32_t t = op.termBegin; t < op.termEnd; ++t)
       offset += m.terms[t].coeff * ivs[m.terms[t].slot];
-    const int64_t rowSize = op.rowSize;
+    const int64_t rowSize = op.rowSize, base = op.colBase;
     if (op.separable) {
       int64_t r = offset / rowSize, c = offset - r * rowSize;
       if (c + op.colExtent < rowSize)
-        return {r, r + op.rowExtent, c, c + op.colExtent};
+        return {r, r + op.rowExtent, base + c, base + c + op.colExtent};
     }
-    return {offset / rowSize, (offset + op.totalExtent) / rowSize, 0,
-            rowSize - 1};
+    return {offset / rowSize, (offset + op.totalExtent) / rowSize, base,
+            base + rowSize - 1};
   }
 
   /// When an earlier access stops blocking a consumer on `unit`: its queue
@@ -920,12 +979,19 @@ private:
   }
 
   /// `a` makes `old` redundant: every later access that conflicts with `old`
-  /// conflicts with `a` and waits at least as long for it.
+  /// conflicts with `a` and waits at least as long for it (derived sync), or
+  /// is ordered after `old` once it is ordered after `a` (explicit sync: a
+  /// write was checked against `old`; reads on one compute queue retire in
+  /// order; DMA reads do not).
+  template <bool Explicit>
   bool dominates(const Access &a, const Access &old) const {
     if (!a.write && old.write)
       return false;
     if (!containsBox(a.box, old.box))
       return false;
+    if constexpr (Explicit)
+      return a.write ||
+             (a.unit == old.unit && a.unit != uint8_t(TimingUnit::Dma));
     if (a.unit == old.unit)
       return a.end >= old.end && a.ready >= old.ready;
     double sem = p.semaphoreLatencyNs;
@@ -933,11 +999,11 @@ private:
            (old.unit == kMergedUnit || a.ready + sem >= old.end);
   }
 
-  void record(int32_t buffer, const Access &access) {
-    std::vector<Access> &list = records[buffer];
+  template <bool Explicit> void record(int32_t key, const Access &access) {
+    std::vector<Access> &list = records[key];
     size_t out = 0;
     for (size_t i = 0; i < list.size(); ++i)
-      if (!dominates(access, list[i]))
+      if (!dominates<Explicit>(access, list[i]))
         list[out++] = list[i];
     list.resize(out);
     list.push_back(access);
@@ -958,6 +1024,7 @@ private:
         s = a;
         s.unit = kMergedUnit;
         s.seq = 0;
+        s.node = -1;
         have[a.write] = true;
         continue;
       }
@@ -981,7 +1048,7 @@ private:
           si.node, unit, queue, queueCount, start, end, si.loc});
   }
 
-  void execute(const StaticInst &si) {
+  template <bool Explicit> void execute(const StaticInst &si) {
     ++seq;
     ++timeline.instructions;
     const Operand *ops = &m.operands[si.operandBegin];
@@ -990,18 +1057,23 @@ private:
     for (uint32_t i = 0; i < numOps; ++i)
       boxes[i] = boxOf(ops[i]);
 
-    // Data dependences (the stand-in for compiler-inserted semaphores).
+    // Data dependences: the waits themselves under derived sync (a stand-in
+    // for semaphores); under explicit sync, each must be covered by a wait.
     const uint8_t unit = static_cast<uint8_t>(si.unit);
+    const int32_t node = static_cast<int32_t>(si.node);
     double waitStationary = 0, waitOther = 0;
     bool dependent = false;
     for (uint32_t i = 0; i < si.numReads; ++i) {
       if (!ops[i].tracked)
         continue;
       double wait = 0;
-      for (const Access &a : records[ops[i].buffer]) {
+      for (const Access &a : records[ops[i].key]) {
         if (!a.write || !overlaps(a.box, boxes[i]))
           continue;
-        wait = std::max(wait, waitFor(a, unit));
+        if constexpr (Explicit)
+          checkCovered(si, a, false, ops[i].key, boxes[i]);
+        else
+          wait = std::max(wait, waitFor(a, unit));
         dependent |= a.unit == unit && a.seq == lastSeq[unit];
       }
       if (static_cast<int>(i) == si.stationaryRead)
@@ -1011,21 +1083,30 @@ private:
     }
     const Operand &dstOp = ops[si.numReads];
     const Box &dstBox = boxes[si.numReads];
-    for (const Access &a : records[dstOp.buffer])
-      if (overlaps(a.box, dstBox))
+    for (const Access &a : records[dstOp.key]) {
+      if (!overlaps(a.box, dstBox))
+        continue;
+      if constexpr (Explicit)
+        checkCovered(si, a, true, dstOp.key, dstBox);
+      else
         waitOther = std::max(waitOther, waitFor(a, unit));
+    }
+    if constexpr (Explicit)
+      waitStationary = waitOther = explicitWait(si);
 
     double end, ready;
     if (si.isDma) {
       executeDma(si, boxes, std::max(waitOther, waitStationary), end);
       ready = end;
       lastSeq[unit] = seq;
+      doneEnd[node] = std::max(doneEnd[node], end);
+      doneReady[node] = std::max(doneReady[node], end);
       for (uint32_t i = 0; i < si.numReads; ++i)
         if (ops[i].tracked)
-          record(ops[i].buffer, Access{boxes[i], end, end, seq,
-                                       uint8_t(TimingUnit::Dma), false});
-      record(dstOp.buffer,
-             Access{dstBox, end, end, seq, uint8_t(TimingUnit::Dma), true});
+          record<Explicit>(ops[i].key, Access{boxes[i], end, end, seq, node,
+                                              uint8_t(TimingUnit::Dma), false});
+      record<Explicit>(dstOp.key, Access{dstBox, end, end, seq, node,
+                                         uint8_t(TimingUnit::Dma), true});
       return;
     }
 
@@ -1062,12 +1143,80 @@ private:
     lastSeq[unit] = seq;
     busy[unit] += end - start;
     endTime = std::max(endTime, ready);
+    doneEnd[node] = std::max(doneEnd[node], end);
+    doneReady[node] = std::max(doneReady[node], ready);
     event(si, si.unit, start, end);
 
     for (uint32_t i = 0; i < si.numReads; ++i)
       if (ops[i].tracked)
-        record(ops[i].buffer, Access{boxes[i], end, end, seq, unit, false});
-    record(dstOp.buffer, Access{dstBox, end, ready, seq, unit, true});
+        record<Explicit>(ops[i].key,
+                         Access{boxes[i], end, end, seq, node, unit, false});
+    record<Explicit>(dstOp.key,
+                     Access{dstBox, end, ready, seq, node, unit, true});
+  }
+
+  /// Explicit sync: when every earlier instance of each instruction `si`
+  /// waits for is done (its end on the same compute queue, else its ready
+  /// time plus a semaphore). No instance yet: no wait.
+  double explicitWait(const StaticInst &si) const {
+    double wait = 0;
+    for (uint32_t w = si.waitBegin; w < si.waitEnd; ++w) {
+      const Wait &k = m.waits[w];
+      wait = std::max(wait, k.sameQueue
+                                ? doneEnd[k.node]
+                                : doneReady[k.node] + p.semaphoreLatencyNs);
+    }
+    return wait;
+  }
+
+  /// Explicit sync: the earlier access `a` conflicts with this instance of
+  /// `si`, which must wait for a's instruction unless both are compute
+  /// instructions on one (in-order) queue. DMAs complete out of order, so
+  /// queue order never covers them.
+  void checkCovered(const StaticInst &si, const Access &a, bool writes,
+                    int32_t key, const Box &box) const {
+    if (a.unit == kMergedUnit)
+      return; // which instruction it was is forgotten
+    if (!si.isDma && a.unit == uint8_t(si.unit))
+      return;
+    for (uint32_t w = si.waitBegin; w < si.waitEnd; ++w)
+      if (m.waits[w].node == a.node)
+        return;
+    throw Error(missingSync(si, a, writes, key, box));
+  }
+
+  std::string describe(const StaticInst &si) const {
+    std::string text = "instruction " + std::to_string(si.node) + " (" +
+                       opcodeName(si.op) + " on " + timingUnitName(si.unit);
+    if (si.loc >= 0)
+      text += ", " + m.program.locations[static_cast<size_t>(si.loc)];
+    return text + ")";
+  }
+
+  std::string missingSync(const StaticInst &si, const Access &a, bool writes,
+                          int32_t key, const Box &box) const {
+    std::string what;
+    const size_t numBuffers = m.program.buffers.size();
+    if (static_cast<size_t>(key) < numBuffers) {
+      const Buffer &buffer = m.program.buffers[static_cast<size_t>(key)];
+      what = std::string(spaceName(buffer.space)) + " buffer " +
+             std::to_string(buffer.id) + " ('" + buffer.name + "')";
+    } else {
+      auto range = [](int64_t lo, int64_t hi) {
+        return "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+      };
+      what = std::string(static_cast<size_t>(key) == numBuffers ? "sbuf"
+                                                                : "psum") +
+             " bytes " +
+             range(std::max(box.c0, a.box.c0), std::min(box.c1, a.box.c1)) +
+             " of partitions " +
+             range(std::max(box.r0, a.box.r0), std::min(box.r1, a.box.r1));
+    }
+    return "missing synchronisation: " + describe(si) +
+           (writes ? " writes " : " reads ") + what +
+           (a.write ? " written by " : " read by ") +
+           describe(m.insts[static_cast<size_t>(a.node)]) +
+           " without waiting for it";
   }
 
   void executeDma(const StaticInst &si, const Box *boxes, double wait,

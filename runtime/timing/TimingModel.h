@@ -49,19 +49,38 @@
 //     descriptors (256 B/partition ~28%, 2 KiB ~80%, 4 KiB ~92%, >= 8 KiB
 //     100% of peak). DMA transposes run at the documented efficiency.
 //
-// Dependencies. Programs do not yet carry semaphores (the compiler's
-// scheduling pass will add them), so the model derives them from data, as
-// a stand-in for the semaphores that pass will insert: an instruction waits
-// for every earlier instruction (program order) that wrote bytes it reads
-// (RAW), or that read or wrote bytes it writes (WAR, WAW). Accesses are
-// compared as bounding boxes (buffer rows x columns) of their views, which
-// is exact for row/column tiles and conservative otherwise. A wait on
-// another queue's instruction adds the target's semaphore latency; a wait on
-// the same queue is free (queues are in order). Records that a newer access
-// makes redundant are dropped; when a buffer accumulates many disjoint
-// records the oldest are merged conservatively (at worst a false wait on
-// long-finished work). DMA and HBM calendars likewise remember only their
-// recent busy intervals and never place work before the forgotten ones.
+// Dependencies. Every dynamic instance's accesses are recorded as bounding
+// boxes of its views (rows x columns: exact for row/column tiles,
+// conservative otherwise), keyed by buffer, or, for on-chip buffers with an
+// "address", by space with columns in bytes of the partition, so buffers
+// that share bytes (of any dtypes) conflict. Against these records an
+// instruction has a data dependence on every earlier instruction (program
+// order) that wrote bytes it reads (RAW), or read or wrote bytes it writes
+// (WAR, WAW). What the model does with them depends on the program's sync:
+//
+//   * derived (no "sync" field): the dependences are the waits, a stand-in
+//     for the semaphores a compiler would insert. A wait on another queue's
+//     instruction adds the target's semaphore latency; a wait on the same
+//     queue is free (queues are in order).
+//   * explicit ("sync": "explicit"): only each instruction's "waits" delay
+//     it: for every listed instruction k, until every earlier instance of k
+//     is done (its end when k is a compute instruction on the same queue,
+//     else its ready time, a DMA's completion, plus the semaphore latency).
+//     A matmul's LoadStationary waits for the same. A checker then demands
+//     that every data dependence on an instruction a be covered: a is in the
+//     waits, or a and the instruction are compute instructions on one queue.
+//     DMAs complete out of order, so queue order never covers them (an
+//     instruction may list itself for its own earlier instances). An
+//     uncovered dependence is an Error ("missing synchronisation: ...").
+//
+// Records that a newer access makes redundant are dropped (derived: waiting
+// for it waits at least as long; explicit: it is ordered after them, so
+// whatever is ordered after it is too). When a key accumulates many disjoint
+// records the oldest are merged conservatively: derived sync may then wait
+// falsely on long-finished work, and the checker skips the summaries (whose
+// instructions are forgotten). DMA and HBM calendars likewise remember only
+// their recent busy intervals and never place work before the forgotten
+// ones. Records also drive the dependent-instruction overhead in both modes.
 //
 // Not modelled yet (documented limits): port conflicts (VectorE and ScalarE
 // on one PSUM bank, VectorE perf mode sharing the SBUF bus with GpSimd),

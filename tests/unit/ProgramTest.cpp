@@ -522,3 +522,175 @@ TEST_CASE("programs built in memory are verified too", "[program]") {
   CHECK(contains(errorOf([&] { program.verify(trn2()); }),
                  "unexpected operand 'table'"));
 }
+
+//===----------------------------------------------------------------------===//
+// Explicit synchronisation and on-chip addresses
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+using neuron::test::explicitSync;
+using neuron::test::withWaits;
+
+std::string address(int64_t bytes) {
+  return R"(, "address": )" + std::to_string(bytes);
+}
+
+/// Load a tile into SBUF, copy it on VectorE, store the copy: instructions
+/// 0, 1, 2, each waiting for its producer and for the previous iteration's
+/// readers and writers of what it writes. Two tiles of different dtypes
+/// share address 0.
+std::string syncedProgram() {
+  std::string buffers =
+      kInOut + "," + buffer(2, "sbuf", "scratch", "f32", "[4, 8]", address(0)) +
+      "," + buffer(3, "sbuf", "scratch", "bf16", "[4, 16]", address(0)) + "," +
+      buffer(4, "sbuf", "scratch", "f32", "[4, 8]", address(64)) + "," +
+      buffer(5, "psum", "scratch", "f32", "[4, 8]", address(2048));
+  std::string tile = view(2, "[4, 8]", "[8, 1]");
+  std::string body =
+      R"({"loop": 0, "count": 2, "body": [)" +
+      withWaits(copyInOut(view(0, "[4, 8]", "[8, 1]"), tile), "[0, 1]") + "," +
+      withWaits(R"({"op": "copy", "engine": "vector", "src": )" + tile +
+                    R"(, "dst": )" + view(4, "[4, 8]", "[8, 1]") + "}",
+                "[0, 2]") +
+      "," +
+      withWaits(
+          copyInOut(view(4, "[4, 8]", "[8, 1]"), view(1, "[4, 8]", "[8, 1]")),
+          "[1, 2]") +
+      "]}";
+  return explicitSync(simple(buffers, body));
+}
+
+/// syncedProgram() with `from` replaced by `to` (which must occur).
+std::string syncedWith(const std::string &from, const std::string &to) {
+  std::string text = syncedProgram();
+  size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  return text.replace(at, from.size(), to);
+}
+
+} // namespace
+
+TEST_CASE("sync, waits and addresses parse and round-trip", "[program][sync]") {
+  Program program = Program::parse(syncedProgram());
+  REQUIRE_NOTHROW(program.verify(trn2()));
+  CHECK(program.explicitSync);
+  REQUIRE(program.buffers.size() == 6);
+  CHECK(!program.buffers[0].address);
+  CHECK(program.buffers[2].address == 0);
+  CHECK(program.buffers[4].address == 64);
+  CHECK(program.buffers[5].address == 2048);
+  const std::vector<Node> &loop = program.body[0].body;
+  REQUIRE(loop.size() == 3);
+  CHECK(loop[0].inst.waits == std::vector<int64_t>{0, 1});
+  CHECK(loop[1].inst.waits == std::vector<int64_t>{0, 2});
+  CHECK(loop[2].inst.waits == std::vector<int64_t>{1, 2});
+
+  std::string once = program.toJson();
+  CHECK(contains(once, R"("sync":"explicit")"));
+  CHECK(contains(once, R"("waits":[1,2])"));
+  CHECK(contains(once, R"("address":2048)"));
+  Program again = Program::parse(once);
+  REQUIRE_NOTHROW(again.verify(trn2()));
+  CHECK(again.toJson() == once);
+  CHECK(again.explicitSync);
+  CHECK(again.buffers[4].address == 64);
+  CHECK(again.body[0].body[2].inst.waits == std::vector<int64_t>{1, 2});
+
+  // Derived sync and no addresses write none of the fields.
+  std::string plain = Program::parse(fullProgram()).toJson();
+  CHECK(!contains(plain, "\"sync\":"));
+  CHECK(!contains(plain, "\"waits\":"));
+  CHECK(!contains(plain, "\"address\":"));
+  CHECK(!Program::parse(plain).explicitSync);
+}
+
+TEST_CASE("sync and waits are checked", "[program][sync][reject]") {
+  requireRejected(syncedWith(R"("sync": "explicit")", R"("sync": "derived")"),
+                  "field 'sync': expected \"explicit\"");
+  requireRejected(syncedWith(R"("sync": "explicit")", R"("sync": true)"),
+                  "field 'sync': expected a string");
+  requireRejected(syncedWith(R"("waits": [0, 2])", R"("waits": [-1])"),
+                  "field 'waits'[0]: must be a non-negative instruction index");
+  requireRejected(syncedWith(R"("waits": [0, 2])", R"("waits": [0.5])"),
+                  "field 'waits'[0]: expected an integer");
+  requireRejected(syncedWith(R"("waits": [0, 2])", R"("waits": 0)"),
+                  "field 'waits': expected an array");
+  // Indices are static instruction indices: this program has 3 (0..2).
+  REQUIRE_NOTHROW(
+      Program::parse(syncedWith(R"("waits": [0, 2])", R"("waits": [2, 1])"))
+          .verify(trn2()));
+  requireRejected(syncedWith(R"("waits": [0, 2])", R"("waits": [3])"),
+                  "field 'waits': 3 is not an instruction index (the "
+                  "program's 3 instructions are numbered from 0");
+  requireRejected(syncedWith(R"("waits": [1, 2])", R"("waits": [2, 1, 2])"),
+                  "field 'waits': instruction 2 is listed twice");
+  // An instruction may wait for its own earlier instances.
+  REQUIRE_NOTHROW(
+      Program::parse(syncedWith(R"("waits": [0, 2])", R"("waits": [1, 0, 2])"))
+          .verify(trn2()));
+  requireRejected(syncedWith(R"("sync": "explicit", )", ""),
+                  R"(field 'waits': waits need "sync": "explicit")");
+  // Programs built in memory get the same checks.
+  Program program = Program::parse(syncedProgram());
+  program.body[0].body[1].inst.waits = {-1};
+  CHECK(contains(errorOf([&] { program.verify(trn2()); }),
+                 "-1 is not an instruction index"));
+  program.body[0].body[1].inst.waits = {0, 2};
+  program.explicitSync = false;
+  CHECK(contains(errorOf([&] { program.verify(trn2()); }),
+                 R"(waits need "sync": "explicit")"));
+}
+
+TEST_CASE("on-chip addresses are checked", "[program][sync][reject]") {
+  requireRejected(syncedWith(address(64), R"(, "address": -64)"),
+                  "field 'address': must be a non-negative byte offset");
+  requireRejected(syncedWith(address(64), R"(, "address": "64")"),
+                  "field 'address': expected an integer");
+  // All on-chip buffers or none.
+  requireRejected(syncedWith(address(64), ""),
+                  "either every on-chip buffer has an 'address' or none does; "
+                  "buffers[2] ('b2', id 2) has one, buffers[4] ('b4', id 4) "
+                  "has none");
+  requireRejected(
+      syncedWith(R"("kind": "input", "dtype": "f32", "shape": [4, 8])",
+                 R"("kind": "input", "dtype": "f32", "shape": [4, 8],
+                    "address": 0)"),
+      "buffers[0] ('b0', id 0) field 'address': only sbuf and psum buffers "
+      "have an address");
+
+  // Each buffer fits on its own: trn2 has 212728 SBUF and 16384 PSUM bytes
+  // per partition; [4, 1024] f32 is 4096 bytes per partition.
+  auto placed = [](const std::string &space, int64_t at) {
+    return simple(
+        kInOut + "," +
+            buffer(2, space, "scratch", "f32", "[4, 1024]", address(at)),
+        copyInOut(view(0, "[4, 8]", "[8, 1]"), view(1, "[4, 8]", "[8, 1]")));
+  };
+  REQUIRE_NOTHROW(Program::parse(placed("sbuf", 212728 - 4096)).verify(trn2()));
+  requireRejected(placed("sbuf", 212728 - 4095),
+                  "buffers[2] ('b2', id 2) field 'address': bytes [208633, "
+                  "212729) per partition do not fit the 212728 bytes of SBUF "
+                  "per partition of trn2");
+  REQUIRE_NOTHROW(Program::parse(placed("psum", 16384 - 4096)).verify(trn2()));
+  requireRejected(placed("psum", 16384 - 4095),
+                  "bytes [12289, 16385) per partition do not fit the 16384 "
+                  "bytes of PSUM");
+
+  // Buffers may share addresses, so together they may exceed the capacity;
+  // without addresses the sum still may not.
+  auto twoBig = [](const std::string &extraA, const std::string &extraB) {
+    return simple(
+        kInOut + "," +
+            buffer(2, "sbuf", "scratch", "f32", "[128, 40000]", extraA) + "," +
+            buffer(3, "sbuf", "scratch", "bf16", "[128, 80000]", extraB),
+        copyInOut(view(0, "[4, 8]", "[8, 1]"), view(1, "[4, 8]", "[8, 1]")));
+  };
+  REQUIRE_NOTHROW(
+      Program::parse(twoBig(address(0), address(0))).verify(trn2()));
+  REQUIRE_NOTHROW(
+      Program::parse(twoBig(address(0), address(40000))).verify(trn2()));
+  requireRejected(twoBig(address(0), address(52729)),
+                  "bytes [52729, 212729) per partition do not fit");
+  requireRejected(twoBig("", ""), "SBUF scratch needs 320000 bytes");
+}

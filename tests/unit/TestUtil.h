@@ -50,6 +50,17 @@ inline std::string programJson(const std::string &buffers,
          locations + R"(, "body": [)" + body + "]}";
 }
 
+/// `program` (a programJson document) with "sync": "explicit".
+inline std::string explicitSync(const std::string &program) {
+  return "{\"sync\": \"explicit\", " + program.substr(1);
+}
+
+/// `inst` (an instruction JSON object) with "waits": `waits` (a JSON array).
+inline std::string withWaits(const std::string &inst,
+                             const std::string &waits) {
+  return "{\"waits\": " + waits + ", " + inst.substr(1);
+}
+
 /// A view JSON fragment: {"buf": b, "offset": {...}, "shape": s,
 /// "strides": t}. `terms` is a JSON array of [iv, coeff] pairs.
 inline std::string view(int buf, const std::string &shape,

@@ -17,7 +17,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -922,4 +924,340 @@ TEST_CASE("the timeline reports what bounded the run", "[timing]") {
                        copyOp(tile(0, 2, 8, 4), tile(0, 2, 4, 4))));
                  }),
                  "out of bounds"));
+}
+
+//===----------------------------------------------------------------------===//
+// Explicit synchronisation
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+using neuron::test::explicitSync;
+using neuron::test::withWaits;
+
+std::string address(int64_t bytes) {
+  return R"(, "address": )" + std::to_string(bytes);
+}
+
+std::string withLoc(const std::string &inst, int loc) {
+  return R"({"loc": )" + str(loc) + ", " + inst.substr(1);
+}
+
+/// `tiles` iterations of: load a [128, 512] f32 tile into x (instruction 0,
+/// SyncE), copy x to y on VectorE (1), store y (2, ScalarE queue); x and y
+/// single-buffered. `waits` holds each instruction's "waits" (explicit sync
+/// when given); `xAt` and `yAt` are extra fields of x and y (addresses).
+std::string loadCopyStore(int64_t tiles, const std::vector<std::string> &waits,
+                          const std::string &xAt = "",
+                          const std::string &yAt = "") {
+  const int64_t width = 512 * tiles;
+  std::string buffers =
+      buffer(0, "hbm", "input", "f32", shape2(128, width)) + "," +
+      buffer(1, "hbm", "output", "f32", shape2(128, width)) + "," +
+      buffer(2, "sbuf", "scratch", "f32", "[128, 512]", xAt) + "," +
+      buffer(3, "sbuf", "scratch", "f32", "[128, 512]", yAt);
+  std::string x = tile(2, 128, 512, 512), y = tile(3, 128, 512, 512);
+  std::vector<std::string> insts = {
+      withLoc(dma(tile(0, 128, 512, width, 0, "[[0, 512]]"), x), 0),
+      withLoc(copyOp(x, y), 1),
+      withLoc(dma(y, tile(1, 128, 512, width, 0, "[[0, 512]]"), "scalar"), 2)};
+  std::string body;
+  for (size_t i = 0; i < insts.size(); ++i) {
+    if (i)
+      body += ",";
+    body += waits.empty() ? insts[i] : withWaits(insts[i], waits[i]);
+  }
+  std::string json = programJson(buffers, "0", "1", loop(0, tiles, body),
+                                 "trn2", R"(["k.py:1", "k.py:2", "k.py:3"])");
+  return waits.empty() ? json : explicitSync(json);
+}
+
+/// What loadCopyStore needs: the load waits for its own previous instance
+/// (WAW on x, DMAs complete out of order) and the copy that read x (WAR);
+/// the copy for the load (RAW) and the store that read y (WAR); the store
+/// for the copy (RAW).
+const std::vector<std::string> kLoadCopyStoreWaits = {"[0, 1]", "[0, 2]",
+                                                      "[1]"};
+
+void checkSameEvents(const Timeline &a, const Timeline &b) {
+  CHECK(a.totalNs == b.totalNs);
+  CHECK(a.engineBusyNs == b.engineBusyNs);
+  REQUIRE(a.events.size() == b.events.size());
+  for (size_t i = 0; i < a.events.size(); ++i) {
+    INFO("event " << i);
+    CHECK(a.events[i].unit == b.events[i].unit);
+    CHECK(a.events[i].startNs == b.events[i].startNs);
+    CHECK(a.events[i].endNs == b.events[i].endNs);
+  }
+}
+
+} // namespace
+
+TEST_CASE("explicit waits reproduce the derived timeline", "[timing][sync]") {
+  // The waits are exactly the derived dependences here (single buffering,
+  // so "every earlier instance" is the one instance each depends on), and
+  // both modes charge a semaphore for a cross-queue wait: same timeline.
+  Timeline derived = run(loadCopyStore(8, {}), true);
+  Timeline synced = run(loadCopyStore(8, kLoadCopyStoreWaits), true);
+  checkPhysical(synced, getTarget("trn2"));
+  REQUIRE(derived.events.size() == 8 * 5);
+  checkSameEvents(derived, synced);
+  // The copy of tile 1 waited for its load (not just for the queue).
+  const double sem = getTarget("trn2").value("semaphore_latency_ns");
+  CHECK(synced.events[7].startNs == Approx(synced.events[6].endNs + sem));
+  // Disjoint addresses change nothing, in either mode.
+  checkSameEvents(derived,
+                  run(loadCopyStore(8, {}, address(0), address(2048)), true));
+  checkSameEvents(derived, run(loadCopyStore(8, kLoadCopyStoreWaits, address(0),
+                                             address(2048)),
+                               true));
+}
+
+TEST_CASE("a missing wait is a missing-synchronisation error",
+          "[timing][sync]") {
+  auto without = [](size_t inst, const std::string &waits) {
+    std::vector<std::string> w = kLoadCopyStoreWaits;
+    w[inst] = waits;
+    return errorOf([&] { run(loadCopyStore(4, w)); });
+  };
+  CHECK(without(1, "[2]") ==
+        "missing synchronisation: instruction 1 (copy on vector, k.py:2) "
+        "reads sbuf buffer 2 ('b2') written by instruction 0 (dma_copy on "
+        "sync, k.py:1) without waiting for it");
+  CHECK(without(1, "[0]") ==
+        "missing synchronisation: instruction 1 (copy on vector, k.py:2) "
+        "writes sbuf buffer 3 ('b3') read by instruction 2 (dma_copy on "
+        "scalar, k.py:3) without waiting for it");
+  CHECK(without(2, "[]") ==
+        "missing synchronisation: instruction 2 (dma_copy on scalar, k.py:3) "
+        "reads sbuf buffer 3 ('b3') written by instruction 1 (copy on vector, "
+        "k.py:2) without waiting for it");
+  CHECK(without(0, "[1]") ==
+        "missing synchronisation: instruction 0 (dma_copy on sync, k.py:1) "
+        "writes sbuf buffer 2 ('b2') written by instruction 0 (dma_copy on "
+        "sync, k.py:1) without waiting for it");
+  CHECK(without(0, "[0]") ==
+        "missing synchronisation: instruction 0 (dma_copy on sync, k.py:1) "
+        "writes sbuf buffer 2 ('b2') read by instruction 1 (copy on vector, "
+        "k.py:2) without waiting for it");
+  // Addressed buffers report the bytes.
+  std::vector<std::string> w = kLoadCopyStoreWaits;
+  w[2] = "[]";
+  CHECK(contains(
+      errorOf([&] { run(loadCopyStore(4, w, address(0), address(4096))); }),
+      "instruction 2 (dma_copy on scalar, k.py:3) reads sbuf bytes [4096, "
+      "6143] of partitions [0, 127] written by instruction 1"));
+}
+
+TEST_CASE("queue order covers compute instructions only", "[timing][sync]") {
+  const double sem = getTarget("trn2").value("semaphore_latency_ns");
+  std::string buffers = buffer(0, "hbm", "input", "f32", "[128, 64]") + "," +
+                        buffer(1, "hbm", "output", "f32", "[128, 64]") + "," +
+                        buffer(2, "sbuf", "scratch", "f32", "[128, 64]") + "," +
+                        buffer(3, "sbuf", "scratch", "f32", "[128, 64]") + "," +
+                        buffer(4, "hbm", "output", "f32", "[128, 64]");
+  std::string in = tile(0, 128, 64, 64), out = tile(1, 128, 64, 64),
+              x = tile(2, 128, 64, 64), y = tile(3, 128, 64, 64);
+  auto program = [&](const std::string &body) {
+    return explicitSync(programJson(buffers, "0", "1, 4", body));
+  };
+  // A load and a store of the loaded tile, both from the SyncE queue: the
+  // store's trigger follows the load's in order, but the transfers do not.
+  std::string load = dma(in, x);
+  CHECK(errorOf([&] { run(program(load + "," + dma(x, out))); }) ==
+        "missing synchronisation: instruction 1 (dma_copy on sync) reads "
+        "sbuf buffer 2 ('b2') written by instruction 0 (dma_copy on sync) "
+        "without waiting for it");
+  Timeline tl = run(program(load + "," + withWaits(dma(x, out), "[0]")), true);
+  REQUIRE(tl.events.size() == 4);
+  CHECK(tl.events[2].startNs == Approx(tl.events[1].endNs + sem));
+  // A DMA issued from ScalarE after a ScalarE copy it reads needs a wait.
+  std::string scalarCopy = copyOp(x, y, "scalar");
+  CHECK(contains(
+      errorOf([&] { run(program(scalarCopy + "," + dma(y, out, "scalar"))); }),
+      "instruction 1 (dma_copy on scalar) reads sbuf buffer 3 "
+      "('b3') written by instruction 0 (copy on scalar)"));
+  REQUIRE_NOTHROW(
+      run(program(scalarCopy + "," + withWaits(dma(y, out, "scalar"), "[0]"))));
+  // Every reader must be waited for: a later store of x does not cover an
+  // earlier one (transfers complete out of order).
+  std::string twoStores =
+      load + "," + withWaits(dma(x, out), "[0]") + "," +
+      withWaits(dma(x, tile(4, 128, 64, 64), "scalar"), "[0]") + ",";
+  CHECK(contains(errorOf([&] {
+                   run(program(twoStores + withWaits(copyOp(y, x), "[0, 2]")));
+                 }),
+                 "instruction 3 (copy on vector) writes sbuf buffer 2 ('b2') "
+                 "read by instruction 1 (dma_copy on sync)"));
+  REQUIRE_NOTHROW(
+      run(program(twoStores + withWaits(copyOp(y, x), "[0, 1, 2]"))));
+  // Compute instructions on one queue need none; on two queues they do.
+  REQUIRE_NOTHROW(run(program(copyOp(x, y) + "," + copyOp(y, x))));
+  CHECK(contains(
+      errorOf(
+          [&] { run(program(copyOp(x, y) + "," + copyOp(y, x, "gpsimd"))); }),
+      "instruction 1 (copy on gpsimd) reads sbuf buffer 3 ('b3') written by "
+      "instruction 0 (copy on vector)"));
+}
+
+TEST_CASE("waits delay an instruction even without a data dependence",
+          "[timing][sync]") {
+  // Semaphore semantics: the program's waits are honoured whether or not
+  // the data needs them.
+  const Target &t = getTarget("trn2");
+  const double sem = t.value("semaphore_latency_ns");
+  std::string buffers = buffer(0, "hbm", "input", "bf16", "[128, 8192]") + "," +
+                        buffer(1, "sbuf", "scratch", "bf16", "[128, 8192]") +
+                        "," + buffer(2, "sbuf", "scratch", "f32", "[128, 64]") +
+                        "," +
+                        buffer(3, "sbuf", "scratch", "bf16", "[128, 128]") +
+                        "," + buffer(4, "psum", "scratch", "f32", "[128, 64]");
+  std::string memset = R"({"op": "memset", "engine": "vector", "value": 1, )"
+                       R"("dst": )" +
+                       tile(2, 128, 64, 64) + "}";
+  std::string mm = matmul(tile(3, 128, 128, 128), tile(3, 128, 64, 128),
+                          tile(4, 128, 64, 64));
+  auto program = [&](const std::string &memsetWaits,
+                     const std::string &matmulWaits) {
+    return explicitSync(programJson(
+        buffers, "0", "",
+        dma(tile(0, 128, 8192, 8192), tile(1, 128, 8192, 8192)) + "," +
+            withWaits(memset, memsetWaits) + "," + withWaits(memset, "[1]") +
+            "," + withWaits(mm, matmulWaits) + "," +
+            // Waits for an instruction with no earlier instance: none.
+            withWaits(memset, "[5]") + "," + memset));
+  };
+  Timeline free = run(program("[]", "[]"), true);
+  REQUIRE(free.events.size() == 7);
+  CHECK(free.events[2].startNs == 0);
+  Timeline tl = run(program("[0]", "[0]"), true);
+  REQUIRE(tl.events.size() == 7);
+  const double loaded = tl.events[1].endNs; // the 2 MiB load completes
+  CHECK(loaded > 5000);
+  // The memset waits for the unrelated load's completion + a semaphore.
+  CHECK(tl.events[2].startNs == Approx(loaded + sem));
+  // A wait on the same compute queue costs nothing beyond queue order.
+  CHECK(tl.events[3].startNs == tl.events[2].endNs);
+  // The matmul's LoadStationary (ceil(128 / 4) cycles) starts after the
+  // wait too, and the matmul after it.
+  const double loadStationary = 32 / t.tensorClockGHz;
+  CHECK(tl.events[4].startNs == Approx(loaded + sem + loadStationary));
+  CHECK(tl.events[5].startNs == tl.events[3].endNs);
+}
+
+TEST_CASE("addressed buffers conflict when they share bytes",
+          "[timing][sync]") {
+  // A VectorE memset of an f32 [128, 16] tile at address 0 (bytes 0..63),
+  // then a ScalarE copy into 16 bf16 columns from column `col` of a
+  // [128, 64] bf16 tile at `at` (bytes at + 2 col .. at + 2 col + 31), from
+  // an f32 tile in `srcSpace` at `srcAt`.
+  const double sem = getTarget("trn2").value("semaphore_latency_ns");
+  auto program = [&](int64_t at, int64_t col, bool synced,
+                     const std::string &srcSpace = "sbuf",
+                     int64_t srcAt = 1024) {
+    std::string buffers =
+        buffer(0, "sbuf", "scratch", "f32", "[128, 16]", address(0)) + "," +
+        buffer(1, "sbuf", "scratch", "bf16", "[128, 64]", address(at)) + "," +
+        buffer(2, srcSpace, "scratch", "f32", "[128, 16]", address(srcAt));
+    std::string body =
+        R"({"op": "memset", "engine": "vector", "value": 0, "dst": )" +
+        tile(0, 128, 16, 16) + "}," +
+        copyOp(tile(2, 128, 16, 16), tile(1, 128, 16, 64, col), "scalar");
+    std::string json = programJson(buffers, "", "", body);
+    return synced ? explicitSync(json) : json;
+  };
+  CHECK(errorOf([&] { run(program(0, 0, true)); }) ==
+        "missing synchronisation: instruction 1 (copy on scalar) writes sbuf "
+        "bytes [0, 31] of partitions [0, 127] written by instruction 0 "
+        "(memset on vector) without waiting for it");
+  // Element 31 of the bf16 tile is bytes 62..63, the memset's last ones.
+  CHECK(contains(errorOf([&] { run(program(0, 31, true)); }),
+                 "writes sbuf bytes [62, 63] of partitions [0, 127]"));
+  REQUIRE_NOTHROW(run(program(0, 32, true)));
+  REQUIRE_NOTHROW(run(program(64, 0, true)));
+  // Reading the memset's bytes conflicts too, unless they are in PSUM.
+  CHECK(contains(errorOf([&] { run(program(64, 0, true, "sbuf", 0)); }),
+                 "reads sbuf bytes [0, 63] of partitions [0, 127] written by "
+                 "instruction 0"));
+  REQUIRE_NOTHROW(run(program(64, 0, true, "psum", 0)));
+  // Derived sync turns the same conflict into a semaphore wait.
+  Timeline shared = run(program(0, 31, false), true);
+  CHECK(shared.events[1].startNs == Approx(shared.events[0].endNs + sem));
+  Timeline disjoint = run(program(0, 32, false), true);
+  CHECK(disjoint.events[1].startNs == 0);
+}
+
+TEST_CASE("complete explicit waits order every conflicting pair",
+          "[timing][sync][random]") {
+  // The random programs of the derived-sync test, given as waits every
+  // static dependence found by brute force (minus compute-on-one-queue
+  // pairs): the checker accepts them, and every conflicting pair of
+  // instances is ordered.
+  std::mt19937 rng(77);
+  for (int trial = 0; trial < 30; ++trial) {
+    const Target &t = getTarget(trial % 2 ? "trn3" : "trn2");
+    Program program = Program::parse(randomProgram(rng, t.name));
+    std::vector<Instruction *> statics;
+    std::function<void(std::vector<Node> &)> collect =
+        [&](std::vector<Node> &nodes) {
+          for (Node &node : nodes) {
+            if (node.isLoop())
+              collect(node.body);
+            else
+              statics.push_back(&node.inst);
+          }
+        };
+    collect(program.body);
+    std::vector<Instance> instances;
+    std::vector<int64_t> ivs(2, 0);
+    unroll(program.body, ivs, instances);
+    auto indexOf = [&](const Instruction *inst) {
+      return static_cast<int64_t>(
+          std::find(statics.begin(), statics.end(), inst) - statics.begin());
+    };
+    auto isDma = [](const Instruction *inst) {
+      return inst->op == Opcode::DmaCopy;
+    };
+    auto conflict = [](const Instance &a, const Instance &b) {
+      bool c = intersects(a.write, b.write);
+      for (const auto &r : b.reads)
+        c |= intersects(a.write, r);
+      for (const auto &r : a.reads)
+        c |= intersects(r, b.write);
+      return c;
+    };
+    std::vector<std::set<int64_t>> waits(statics.size());
+    for (size_t j = 0; j < instances.size(); ++j)
+      for (size_t i = 0; i < j; ++i) {
+        const Instruction *a = instances[i].inst, *b = instances[j].inst;
+        bool sameQueue = !isDma(a) && !isDma(b) && a->engine == b->engine;
+        if (!sameQueue && conflict(instances[i], instances[j]))
+          waits[indexOf(b)].insert(indexOf(a));
+      }
+    program.explicitSync = true;
+    for (size_t s = 0; s < statics.size(); ++s)
+      statics[s]->waits.assign(waits[s].begin(), waits[s].end());
+    INFO(program.toJson());
+    Timeline tl;
+    std::string err = errorOf([&] { tl = simulate(program, t, true); });
+    REQUIRE(err == "<no error>");
+    checkPhysical(tl, t);
+
+    std::vector<std::pair<double, double>> span;
+    size_t e = 0;
+    for (const Instance &instance : instances) {
+      size_t n = isDma(instance.inst) ? 2 : 1;
+      REQUIRE(e + n <= tl.events.size());
+      span.emplace_back(tl.events[e].startNs, tl.events[e + n - 1].endNs);
+      e += n;
+    }
+    REQUIRE(e == tl.events.size());
+    for (size_t j = 0; j < instances.size(); ++j)
+      for (size_t i = 0; i < j; ++i)
+        if (conflict(instances[i], instances[j]) &&
+            span[j].first < span[i].second)
+          FAIL("instance " << j << " starts at " << span[j].first
+                           << " before instance " << i << " ends at "
+                           << span[i].second);
+  }
 }
