@@ -445,7 +445,8 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         operand("dst", o.getDst());
         operand("scalar", o.getScalar());
         inst["alu_op"] = nisa::stringifyAluOp(o.getOp()).str();
-        inst["imm"] = number(o.getImm().convertToDouble());
+        if (!o.getScalar())
+          inst["imm"] = number(o.getImm().convertToDouble());
         inst["reverse"] = o.getReverse();
       })
       .Case<nisa::TensorReduceOp>([&](auto o) {

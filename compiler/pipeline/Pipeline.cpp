@@ -138,13 +138,15 @@ runStages(ModuleOp module, const neuron::compiler::CompileOptions &options,
 
   std::string lower = "neuron-lower-to-nisa{target=" + options.target + "}";
   const Stage stages[] = {{"canonicalize", "canonicalize"},
+                          {"fuse", "neuron-fuse-elementwise"},
                           {"lower-to-nisa", lower.c_str()},
                           {"cleanup", "canonicalize,cse"},
                           {"schedule", "nisa-allocate,nisa-insert-sync"}};
   for (const Stage &stage : stages) {
     // A module that arrives lowered is still cleaned up and scheduled.
     llvm::StringRef name = stage.name;
-    if (lowered && (name == "canonicalize" || name == "lower-to-nisa"))
+    if (lowered &&
+        (name == "canonicalize" || name == "fuse" || name == "lower-to-nisa"))
       continue;
     PassManager pm(&ctx, ModuleOp::getOperationName());
     std::string pipeline = std::string("builtin.module(") + stage.passes + ")";

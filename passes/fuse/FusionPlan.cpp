@@ -152,7 +152,17 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
     if (isa<ConstantOp>(op))
       continue; // held by its users, like an input
     SmallVector<Rep> in;
+    // An op of splats alone computes on its first operand as a tensor.
+    bool allSplats = !isa<BroadcastOp, ReshapeOp>(op) &&
+                     llvm::all_of(op->getOperands(), [&](Value v) {
+                       return !plan.reps.count(v) && splatValueOf(v);
+                     });
     for (Value operand : op->getOperands()) {
+      if (allSplats && operand == op->getOperand(0) &&
+          !plan.reps.count(operand)) {
+        int64_t n = numElements(operand);
+        plan.reps[operand] = n == full ? Rep::Full : Rep::Row;
+      }
       auto it = plan.reps.find(operand);
       if (it == plan.reps.end()) {
         Operation *def = operand.getDefiningOp();
@@ -182,7 +192,28 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
                 return std::nullopt;
               return Rep::Row;
             })
-            .Case<BroadcastOp, ReshapeOp>(
+            .Case<BroadcastOp>([&](BroadcastOp b) -> std::optional<Rep> {
+              // A row vector only broadcasts along rows, a column vector
+              // along columns.
+              switch (classify(b)->kind) {
+              case BroadcastShape::Row:
+                if (in[0] != Rep::Row)
+                  return std::nullopt;
+                break;
+              case BroadcastShape::Col:
+                if (in[0] != Rep::Col)
+                  return std::nullopt;
+                break;
+              case BroadcastShape::Scalar:
+                if (in[0] == Rep::Full || in[0] == Rep::Col)
+                  return std::nullopt;
+                break;
+              case BroadcastShape::Same:
+                break;
+              }
+              return in[0];
+            })
+            .Case<ReshapeOp>(
                 [&](Operation *) -> std::optional<Rep> { return in[0]; })
             .Default([](Operation *) { return std::nullopt; });
     if (!result)

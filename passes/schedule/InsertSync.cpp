@@ -22,6 +22,7 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SetVector.h"
 
+#include <functional>
 #include <limits>
 
 namespace mlir::neuron {
@@ -82,7 +83,47 @@ struct Access {
   const void *storage;
   Interval range;
   bool write;
+  /// HBM views moved by one loop: the view starts at phase + k * period
+  /// (k = 0, 1, ...) and spans `extent` elements past its start.
+  int64_t period = 0, phase = 0, extent = 0;
 };
+
+/// The period and phase of an offset `c + coeff * iv` over one scf.for.
+std::optional<std::pair<int64_t, int64_t>> periodOf(Value offset) {
+  int64_t constant = 0, coeff = 0;
+  Value iv;
+  std::function<bool(Value, int64_t)> walk = [&](Value v, int64_t k) {
+    if (auto c = v.getDefiningOp<arith::ConstantIndexOp>()) {
+      constant += k * c.value();
+      return true;
+    }
+    if (auto add = v.getDefiningOp<arith::AddIOp>())
+      return walk(add.getLhs(), k) && walk(add.getRhs(), k);
+    if (auto mul = v.getDefiningOp<arith::MulIOp>()) {
+      for (auto [x, y] : {std::pair(mul.getLhs(), mul.getRhs()),
+                          std::pair(mul.getRhs(), mul.getLhs())})
+        if (auto c = y.getDefiningOp<arith::ConstantIndexOp>())
+          return walk(x, k * c.value());
+      return false;
+    }
+    if (scf::getForInductionVarOwner(v) && (!iv || iv == v)) {
+      iv = v;
+      coeff += k;
+      return true;
+    }
+    return false;
+  };
+  if (!walk(offset, 1) || !iv || coeff <= 0)
+    return std::nullopt;
+  auto loop = scf::getForInductionVarOwner(iv);
+  auto lb = intervalOf(loop.getLowerBound());
+  auto step = intervalOf(loop.getStep());
+  if (!lb || !step || lb->lo != lb->hi || step->lo != step->hi || step->lo <= 0)
+    return std::nullopt;
+  int64_t period = coeff * step->lo;
+  int64_t phase = ((constant + coeff * lb->lo) % period + period) % period;
+  return std::pair(period, phase);
+}
 
 struct Instruction {
   Operation *op;
@@ -98,7 +139,8 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
   // from its base; the whole base when unknown.
   Value base = v;
   std::optional<Interval> range;
-  int64_t partitionStride = 0;
+  std::optional<std::pair<int64_t, int64_t>> period;
+  int64_t partitionStride = 0, extent = 0;
   if (auto view = v.getDefiningOp<memref::ReinterpretCastOp>()) {
     base = view.getSource();
     OpFoldResult off = view.getMixedOffsets().front();
@@ -106,13 +148,14 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
     if (auto attr = dyn_cast<Attribute>(off))
       offset = Interval{cast<IntegerAttr>(attr).getInt(),
                         cast<IntegerAttr>(attr).getInt()};
-    else
+    else {
       offset = intervalOf(cast<Value>(off));
+      period = periodOf(cast<Value>(off));
+    }
     auto sizes = view.getStaticSizes(), strides = view.getStaticStrides();
     if (offset && llvm::all_of(strides, [](int64_t s) { return s >= 0; })) {
       // On chip, the partition dim is not part of a partition's bytes.
       bool onChip = nisa::getMemorySpace(view.getType()) != nisa::MemorySpace::hbm;
-      int64_t extent = 0;
       for (size_t d = onChip ? 1 : 0; d < sizes.size(); ++d)
         extent += (sizes[d] - 1) * strides[d];
       range = Interval{offset->lo, offset->hi + extent};
@@ -149,16 +192,38 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
   if (!range)
     range = Interval{0, kUnbounded};
   // Every use of one constant global is the same storage.
+  const void *storage = base.getAsOpaquePointer();
   if (auto global = base.getDefiningOp<memref::GetGlobalOp>())
-    return Access{global.getNameAttr().getAsOpaquePointer(), *range, write};
-  return Access{base.getAsOpaquePointer(), *range, write};
+    storage = global.getNameAttr().getAsOpaquePointer();
+  Access access{storage, *range, write};
+  if (period && range->hi != kUnbounded) {
+    access.period = period->first;
+    access.phase = period->second;
+    access.extent = extent;
+  }
+  return access;
+}
+
+/// Two periodic views with one period never meet when their windows within
+/// a period are disjoint (compared round the period, as residues).
+bool disjointPeriodic(const Access &x, const Access &y) {
+  int64_t p = x.period;
+  if (p <= 0 || y.period != p || x.extent + y.extent + 2 > p)
+    return false;
+  for (int64_t shift : {-p, int64_t(0), p}) {
+    int64_t lo = y.phase + shift, hi = lo + y.extent;
+    if (x.phase <= hi && lo <= x.phase + x.extent)
+      return false;
+  }
+  return true;
 }
 
 bool conflict(const Instruction &a, const Instruction &b) {
   for (const Access &x : a.accesses)
     for (const Access &y : b.accesses)
       if ((x.write || y.write) && x.storage == y.storage &&
-          x.range.lo <= y.range.hi && y.range.lo <= x.range.hi)
+          x.range.lo <= y.range.hi && y.range.lo <= x.range.hi &&
+          !disjointPeriodic(x, y))
         return true;
   return false;
 }

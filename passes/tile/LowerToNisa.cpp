@@ -283,29 +283,49 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     return;
   }
   const FusionPlan &plan = *maybePlan;
+  TileScope groupScope(*this);
   int64_t p = target.partitions;
   int64_t widest = 1;
   for (Operation *op : ops)
     for (Value v : op->getResults())
       widest = std::max<int64_t>(widest,
                                  tensorType(v).getElementTypeBitWidth() / 8);
-  // Tile geometry: a row of C per partition, or flat [P, F] tiles.
-  int64_t cols = plan.byRows
-                     ? plan.numCols
-                     : std::min(plan.numCols,
-                                std::max<int64_t>(1, tileBytes / widest));
+  // Tile geometry: a row of C per partition, or flat [P, F] tiles (F
+  // smaller when that keeps every partition busy).
+  int64_t cols = plan.numCols;
+  if (!plan.byRows) {
+    int64_t freeMax = std::max<int64_t>(1, tileBytes / widest);
+    cols = cols >= p * freeMax ? freeMax : std::max<int64_t>(1, cols / p);
+  }
 
+  int64_t steps;
+  if (plan.byRows) {
+    steps = (plan.numRows + p - 1) / p;
+  } else {
+    int64_t rem = plan.numCols % (p * cols);
+    steps = plan.numCols / (p * cols) + (rem / cols > 0) + (rem % cols > 0);
+  }
   // Tiles DMAs read or write alternate between two slots, so the transfers
   // of one step overlap the compute of the other.
+  int64_t numSlots = steps > 1 ? 2 : 1;
   llvm::DenseMap<Value, Value> slots, columns;
   auto slotWidth = [&](Value v) -> int64_t {
     return plan.rep(v) == Rep::Row ? 1 : cols;
   };
   auto elt = [&](Value v) { return tensorType(v).getElementType(); };
-  for (auto [v, buffer] : inputs) {
+  // Constants in the group that the plan holds as tensors load like inputs.
+  SmallVector<std::pair<Value, Value>> groupInputs(inputs);
+  for (Operation *op : ops)
+    if (isa<ConstantOp>(op) && plan.reps.count(op->getResult(0)))
+      groupInputs.push_back({op->getResult(0), Value()});
+  SmallVector<std::pair<Value, Value>> loaded;
+  for (auto [v, given] : groupInputs) {
     Rep rep = plan.rep(v);
+    // A splat the plan holds as a tensor needs its constant buffer.
+    Value buffer = given || rep == Rep::Splat ? given : bufferOf(v);
+    loaded.push_back({v, buffer});
     if (rep == Rep::Full || rep == Rep::Row)
-      slots[v] = tile(MemorySpace::sbuf, {p, 2 * slotWidth(v)}, elt(v));
+      slots[v] = tile(MemorySpace::sbuf, {p, numSlots * slotWidth(v)}, elt(v));
     if (rep == Rep::Col) {
       // One row, broadcast to every partition, loaded once.
       Value t = tile(MemorySpace::sbuf, {p, cols}, elt(v));
@@ -315,7 +335,7 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   }
   for (auto [v, buffer] : outputs)
     if (!slots.count(v))
-      slots[v] = tile(MemorySpace::sbuf, {p, 2 * slotWidth(v)}, elt(v));
+      slots[v] = tile(MemorySpace::sbuf, {p, numSlots * slotWidth(v)}, elt(v));
   llvm::DenseSet<Value> isOutput(outputValues.begin(), outputValues.end());
 
   // One step: `base` is the first row (by rows) or element (flat).
@@ -325,7 +345,7 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     auto slot = [&](Value v) {
       int64_t width = slotWidth(v);
       return view(slots[v], index(parity * width),
-                  {rows, width == 1 ? 1 : stepCols}, {2 * width, 1});
+                  {rows, width == 1 ? 1 : stepCols}, {numSlots * width, 1});
     };
     // The HBM window of a value in this step.
     auto window = [&](Value v, Value buffer) {
@@ -338,7 +358,7 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
       return view(buffer, plan.byRows ? scale(base, plan.numCols) : base,
                   {rows, stepCols}, {stride, 1});
     };
-    for (auto [v, buffer] : inputs) {
+    for (auto [v, buffer] : loaded) {
       switch (plan.rep(v)) {
       case Rep::Full:
       case Rep::Row:
@@ -539,7 +559,7 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
   int64_t nTilesTotal = (n + nTile - 1) / nTile;
   int64_t nTiles = std::max<int64_t>(
       1, std::min<int64_t>(nTilesTotal, banksPerSet / mTiles));
-  int64_t mBlock = mTiles * mTile, nGroup = nTiles * nTile;
+  int64_t mBlock = mTiles * mTile, nGroup = std::min(n, nTiles * nTile);
 
   auto body = [&](Value bOff) {
     Value lhsBase = scale(bOff, m * k), rhsBase = scale(bOff, k * n);

@@ -6,7 +6,7 @@
   (the same messages go to the ``torchneuron`` logger at INFO level).
 - ``TORCHNEURON_DUMP_DIR`` (or ``options={"dump_dir": ...}``, which wins): write every FX graph
   document sent to the compiler into this folder, and every compiler stage of graph ``<name>``
-  (``00-import.mlir`` ... ``04-schedule.mlir``, ``05-program.json``) into ``<name>/`` beside it.
+  (``00-import.mlir`` ... ``05-schedule.mlir``, ``06-program.json``) into ``<name>/`` beside it.
 """
 
 from __future__ import annotations

@@ -979,19 +979,12 @@ private:
   }
 
   /// `a` makes `old` redundant: every later access that conflicts with `old`
-  /// conflicts with `a` and waits at least as long for it (derived sync), or
-  /// is ordered after `old` once it is ordered after `a` (explicit sync: a
-  /// write was checked against `old`; reads on one compute queue retire in
-  /// order; DMA reads do not).
-  template <bool Explicit>
+  /// conflicts with `a` and waits at least as long for it.
   bool dominates(const Access &a, const Access &old) const {
     if (!a.write && old.write)
       return false;
     if (!containsBox(a.box, old.box))
       return false;
-    if constexpr (Explicit)
-      return a.write ||
-             (a.unit == old.unit && a.unit != uint8_t(TimingUnit::Dma));
     if (a.unit == old.unit)
       return a.end >= old.end && a.ready >= old.ready;
     double sem = p.semaphoreLatencyNs;
@@ -999,11 +992,11 @@ private:
            (old.unit == kMergedUnit || a.ready + sem >= old.end);
   }
 
-  template <bool Explicit> void record(int32_t key, const Access &access) {
+  void record(int32_t key, const Access &access) {
     std::vector<Access> &list = records[key];
     size_t out = 0;
     for (size_t i = 0; i < list.size(); ++i)
-      if (!dominates<Explicit>(access, list[i]))
+      if (!dominates(access, list[i]))
         list[out++] = list[i];
     list.resize(out);
     list.push_back(access);
@@ -1058,7 +1051,8 @@ private:
       boxes[i] = boxOf(ops[i]);
 
     // Data dependences: the waits themselves under derived sync (a stand-in
-    // for semaphores); under explicit sync, each must be covered by a wait.
+    // for semaphores); under explicit sync, the instance must not start
+    // before any of them is done (checked once its start is known).
     const uint8_t unit = static_cast<uint8_t>(si.unit);
     const int32_t node = static_cast<int32_t>(si.node);
     double waitStationary = 0, waitOther = 0;
@@ -1071,7 +1065,7 @@ private:
         if (!a.write || !overlaps(a.box, boxes[i]))
           continue;
         if constexpr (Explicit)
-          checkCovered(si, a, false, ops[i].key, boxes[i]);
+          hazards.note(si, a, false, ops[i].key, boxes[i]);
         else
           wait = std::max(wait, waitFor(a, unit));
         dependent |= a.unit == unit && a.seq == lastSeq[unit];
@@ -1087,12 +1081,22 @@ private:
       if (!overlaps(a.box, dstBox))
         continue;
       if constexpr (Explicit)
-        checkCovered(si, a, true, dstOp.key, dstBox);
+        hazards.note(si, a, true, dstOp.key, dstBox);
       else
         waitOther = std::max(waitOther, waitFor(a, unit));
     }
-    if constexpr (Explicit)
+    if constexpr (Explicit) {
       waitStationary = waitOther = explicitWait(si);
+      // A DMA's semaphore gates its trigger; a compute instruction starts
+      // no earlier than its queue and its waits allow.
+      double start = std::max(queueFree[unit], waitOther);
+      if (si.op == Opcode::Matmul)
+        start = std::max(start, std::max(previousMatmulStart, waitOther) +
+                                    si.loadStationaryNs);
+      if (start < hazards.required)
+        throw Error(missingSync(si, hazards));
+      hazards = Hazards();
+    }
 
     double end, ready;
     if (si.isDma) {
@@ -1103,9 +1107,9 @@ private:
       doneReady[node] = std::max(doneReady[node], end);
       for (uint32_t i = 0; i < si.numReads; ++i)
         if (ops[i].tracked)
-          record<Explicit>(ops[i].key, Access{boxes[i], end, end, seq, node,
+          record(ops[i].key, Access{boxes[i], end, end, seq, node,
                                               uint8_t(TimingUnit::Dma), false});
-      record<Explicit>(dstOp.key, Access{dstBox, end, end, seq, node,
+      record(dstOp.key, Access{dstBox, end, end, seq, node,
                                          uint8_t(TimingUnit::Dma), true});
       return;
     }
@@ -1149,9 +1153,9 @@ private:
 
     for (uint32_t i = 0; i < si.numReads; ++i)
       if (ops[i].tracked)
-        record<Explicit>(ops[i].key,
+        record(ops[i].key,
                          Access{boxes[i], end, end, seq, node, unit, false});
-    record<Explicit>(dstOp.key,
+    record(dstOp.key,
                      Access{dstBox, end, ready, seq, node, unit, true});
   }
 
@@ -1169,21 +1173,35 @@ private:
     return wait;
   }
 
-  /// Explicit sync: the earlier access `a` conflicts with this instance of
-  /// `si`, which must wait for a's instruction unless both are compute
-  /// instructions on one (in-order) queue. DMAs complete out of order, so
-  /// queue order never covers them.
-  void checkCovered(const StaticInst &si, const Access &a, bool writes,
-                    int32_t key, const Box &box) const {
-    if (a.unit == kMergedUnit)
-      return; // which instruction it was is forgotten
-    if (!si.isDma && a.unit == uint8_t(si.unit))
-      return;
-    for (uint32_t w = si.waitBegin; w < si.waitEnd; ++w)
-      if (m.waits[w].node == a.node)
+  /// Explicit sync: the latest moment an earlier conflicting access is
+  /// done (a write visible, a read finished), and which access that is. Its
+  /// instance must not start before then: the program's waits, directly or
+  /// through other instructions, must have ordered it after. Compute
+  /// instructions of one queue are ordered by the queue (DMAs never are:
+  /// they complete out of order). Merged records are checked by their
+  /// latest times.
+  struct Hazards {
+    double required = 0;
+    Access access{};
+    bool writes = false;
+    int32_t key = 0;
+    Box box{};
+
+    void note(const StaticInst &si, const Access &a, bool isWrite, int32_t k,
+              const Box &b) {
+      if (!si.isDma && a.unit == uint8_t(si.unit))
         return;
-    throw Error(missingSync(si, a, writes, key, box));
-  }
+      double done = a.write ? a.ready : a.end;
+      if (done <= required)
+        return;
+      required = done;
+      access = a;
+      writes = isWrite;
+      key = k;
+      box = b;
+    }
+  };
+  Hazards hazards;
 
   std::string describe(const StaticInst &si) const {
     std::string text = "instruction " + std::to_string(si.node) + " (" +
@@ -1193,8 +1211,11 @@ private:
     return text + ")";
   }
 
-  std::string missingSync(const StaticInst &si, const Access &a, bool writes,
-                          int32_t key, const Box &box) const {
+  std::string missingSync(const StaticInst &si, const Hazards &h) const {
+    const Access &a = h.access;
+    const Box &box = h.box;
+    const int32_t key = h.key;
+    const bool writes = h.writes;
     std::string what;
     const size_t numBuffers = m.program.buffers.size();
     if (static_cast<size_t>(key) < numBuffers) {
@@ -1215,8 +1236,9 @@ private:
     return "missing synchronisation: " + describe(si) +
            (writes ? " writes " : " reads ") + what +
            (a.write ? " written by " : " read by ") +
-           describe(m.insts[static_cast<size_t>(a.node)]) +
-           " without waiting for it";
+           (a.node >= 0 ? describe(m.insts[static_cast<size_t>(a.node)])
+                        : std::string("earlier instructions")) +
+           " before that is done (a wait is missing)";
   }
 
   void executeDma(const StaticInst &si, const Box *boxes, double wait,

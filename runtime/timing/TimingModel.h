@@ -67,20 +67,23 @@
 //     is done (its end when k is a compute instruction on the same queue,
 //     else its ready time, a DMA's completion, plus the semaphore latency).
 //     A matmul's LoadStationary waits for the same. A checker then demands
-//     that every data dependence on an instruction a be covered: a is in the
-//     waits, or a and the instruction are compute instructions on one queue.
-//     DMAs complete out of order, so queue order never covers them (an
-//     instruction may list itself for its own earlier instances). An
-//     uncovered dependence is an Error ("missing synchronisation: ...").
+//     that the schedule has no race: no instance starts (a DMA: triggers)
+//     before every conflicting earlier access is done (a write visible, a
+//     read finished), unless both are compute instructions of one in-order
+//     queue. Ordering may come from the instruction's own waits or through
+//     other instructions' (the compiler drops waits others imply). A race
+//     is an Error ("missing synchronisation: ..."). The check is on the
+//     modeled schedule: a missing wait whose race this timeline happens
+//     not to contain goes unreported, but a reported time never rests on
+//     one.
 //
-// Records that a newer access makes redundant are dropped (derived: waiting
-// for it waits at least as long; explicit: it is ordered after them, so
-// whatever is ordered after it is too). When a key accumulates many disjoint
-// records the oldest are merged conservatively: derived sync may then wait
-// falsely on long-finished work, and the checker skips the summaries (whose
-// instructions are forgotten). DMA and HBM calendars likewise remember only
-// their recent busy intervals and never place work before the forgotten
-// ones. Records also drive the dependent-instruction overhead in both modes.
+// Records that a newer access makes redundant are dropped (waiting for it
+// waits at least as long). When a key accumulates many disjoint records the
+// oldest are merged conservatively: derived sync may then wait falsely on
+// long-finished work, and the checker holds instructions to the summary's
+// latest times. DMA and HBM calendars likewise remember only their recent
+// busy intervals and never place work before the forgotten ones. Records
+// also drive the dependent-instruction overhead in both modes.
 //
 // Not modelled yet (documented limits): port conflicts (VectorE and ScalarE
 // on one PSUM bank, VectorE perf mode sharing the SBUF bus with GpSimd),

@@ -1023,23 +1023,23 @@ TEST_CASE("a missing wait is a missing-synchronisation error",
   CHECK(without(1, "[2]") ==
         "missing synchronisation: instruction 1 (copy on vector, k.py:2) "
         "reads sbuf buffer 2 ('b2') written by instruction 0 (dma_copy on "
-        "sync, k.py:1) without waiting for it");
-  CHECK(without(1, "[0]") ==
-        "missing synchronisation: instruction 1 (copy on vector, k.py:2) "
-        "writes sbuf buffer 3 ('b3') read by instruction 2 (dma_copy on "
-        "scalar, k.py:3) without waiting for it");
+        "sync, k.py:1) before that is done (a wait is missing)");
+  // The checker reports races the timeline contains. Without its wait on
+  // the previous store, the copy still starts after that store is done in
+  // this schedule (it waits for a load that follows the store's trigger),
+  // so the missing wait does not show.
+  CHECK(without(1, "[0]") == "<no error>");
   CHECK(without(2, "[]") ==
         "missing synchronisation: instruction 2 (dma_copy on scalar, k.py:3) "
         "reads sbuf buffer 3 ('b3') written by instruction 1 (copy on vector, "
-        "k.py:2) without waiting for it");
-  CHECK(without(0, "[1]") ==
-        "missing synchronisation: instruction 0 (dma_copy on sync, k.py:1) "
-        "writes sbuf buffer 2 ('b2') written by instruction 0 (dma_copy on "
-        "sync, k.py:1) without waiting for it");
+        "k.py:2) before that is done (a wait is missing)");
+  // A load's wait for its own previous instance is implied by its wait for
+  // the copy, which waited for that instance.
+  CHECK(without(0, "[1]") == "<no error>");
   CHECK(without(0, "[0]") ==
         "missing synchronisation: instruction 0 (dma_copy on sync, k.py:1) "
         "writes sbuf buffer 2 ('b2') read by instruction 1 (copy on vector, "
-        "k.py:2) without waiting for it");
+        "k.py:2) before that is done (a wait is missing)");
   // Addressed buffers report the bytes.
   std::vector<std::string> w = kLoadCopyStoreWaits;
   w[2] = "[]";
@@ -1067,28 +1067,26 @@ TEST_CASE("queue order covers compute instructions only", "[timing][sync]") {
   CHECK(errorOf([&] { run(program(load + "," + dma(x, out))); }) ==
         "missing synchronisation: instruction 1 (dma_copy on sync) reads "
         "sbuf buffer 2 ('b2') written by instruction 0 (dma_copy on sync) "
-        "without waiting for it");
+        "before that is done (a wait is missing)");
   Timeline tl = run(program(load + "," + withWaits(dma(x, out), "[0]")), true);
   REQUIRE(tl.events.size() == 4);
   CHECK(tl.events[2].startNs == Approx(tl.events[1].endNs + sem));
-  // A DMA issued from ScalarE after a ScalarE copy it reads needs a wait.
+  // A DMA triggered from ScalarE after a ScalarE copy it reads is ordered
+  // by the queue: the trigger issues once the copy is done.
   std::string scalarCopy = copyOp(x, y, "scalar");
-  CHECK(contains(
-      errorOf([&] { run(program(scalarCopy + "," + dma(y, out, "scalar"))); }),
-      "instruction 1 (dma_copy on scalar) reads sbuf buffer 3 "
-      "('b3') written by instruction 0 (copy on scalar)"));
+  REQUIRE_NOTHROW(run(program(scalarCopy + "," + dma(y, out, "scalar"))));
   REQUIRE_NOTHROW(
       run(program(scalarCopy + "," + withWaits(dma(y, out, "scalar"), "[0]"))));
-  // Every reader must be waited for: a later store of x does not cover an
-  // earlier one (transfers complete out of order).
+  // Every reader must be done before a write: overwriting x while the
+  // stores that read it are in flight is a race.
   std::string twoStores =
       load + "," + withWaits(dma(x, out), "[0]") + "," +
       withWaits(dma(x, tile(4, 128, 64, 64), "scalar"), "[0]") + ",";
   CHECK(contains(errorOf([&] {
-                   run(program(twoStores + withWaits(copyOp(y, x), "[0, 2]")));
+                   run(program(twoStores + withWaits(copyOp(y, x), "[0]")));
                  }),
                  "instruction 3 (copy on vector) writes sbuf buffer 2 ('b2') "
-                 "read by instruction 1 (dma_copy on sync)"));
+                 "read by instruction"));
   REQUIRE_NOTHROW(
       run(program(twoStores + withWaits(copyOp(y, x), "[0, 1, 2]"))));
   // Compute instructions on one queue need none; on two queues they do.
@@ -1169,7 +1167,7 @@ TEST_CASE("addressed buffers conflict when they share bytes",
   CHECK(errorOf([&] { run(program(0, 0, true)); }) ==
         "missing synchronisation: instruction 1 (copy on scalar) writes sbuf "
         "bytes [0, 31] of partitions [0, 127] written by instruction 0 "
-        "(memset on vector) without waiting for it");
+        "(memset on vector) before that is done (a wait is missing)");
   // Element 31 of the bf16 tile is bytes 62..63, the memset's last ones.
   CHECK(contains(errorOf([&] { run(program(0, 31, true)); }),
                  "writes sbuf bytes [62, 63] of partitions [0, 127]"));

@@ -4,23 +4,27 @@
 // RUN: not neuron-opt %s --neuron-lower-to-nisa=target=trn9 2>&1 | FileCheck %s --check-prefix=BAD
 // RUN: not neuron-opt %s --neuron-lower-to-nisa=free-tile-bytes=2 2>&1 | FileCheck %s --check-prefix=TINY
 
-// Tensors become HBM buffers; results are trailing output arguments.
+// Tensors become HBM buffers; results are trailing output arguments. Each
+// elementwise op is a group of one (neuron-fuse-elementwise makes larger
+// ones).
 // CHECK-LABEL: func.func @elementwise
 // CHECK-SAME: (%[[X:.*]]: memref<256x64xf32>, %[[OUT:.*]]: memref<256x64xf32>)
 // CHECK-SAME: attributes {nisa.kernel, nisa.num_inputs = 1 : i64}
-// 16384 elements = 128 partitions x 128: one [128, 128] tile.
+// 16384 elements = 128 partitions x 128: one step, so one slot per stream.
 // CHECK: memref.alloc() : memref<128x128xf32, #nisa.mem<sbuf>>
 // CHECK: nisa.dma_copy
 // CHECK: nisa.activation exp
 // The splat operand rides along as an immediate.
 // CHECK: nisa.tensor_scalar multiply {{.*}} {imm = 2.000000e+00 : f64}
-// CHECK: nisa.dma_copy {{.*}}, %{{.*}} : memref<128x128xf32, #nisa.mem<sbuf>>
+// CHECK: nisa.dma_copy {{.*}}, %{{.*}} : memref<128x128xf32, strided<[128, 1], offset: ?>, #nisa.mem<sbuf>>
 // CHECK: memref.dealloc
 // CHECK: return
 // TRN3: module attributes {nisa.target = "trn3"}
-// 256 bytes per partition: [128, 64] tiles in a loop of 2.
-// SMALL: scf.for
-// SMALL: memref.alloc() : memref<128x64xf32, #nisa.mem<sbuf>>
+// 256 bytes per partition: two [128, 64] steps, alternating between the two
+// halves of each stream's tile.
+// SMALL: memref.alloc() : memref<128x128xf32, #nisa.mem<sbuf>>
+// SMALL: memref.reinterpret_cast %{{.*}} to offset: [%c0{{.*}}], sizes: [128, 64], strides: [128, 1]
+// SMALL: memref.reinterpret_cast %{{.*}} to offset: [%c64{{.*}}], sizes: [128, 64], strides: [128, 1]
 // BAD: error: unknown target 'trn9'
 // TINY: error: free-tile-bytes must be at least 4
 func.func @elementwise(%x: tensor<256x64xf32>) -> tensor<256x64xf32> {
@@ -30,16 +34,23 @@ func.func @elementwise(%x: tensor<256x64xf32>) -> tensor<256x64xf32> {
   return %m : tensor<256x64xf32>
 }
 
-// K = 300 accumulates in one PSUM bank over three K tiles: the first
-// overwrites, the rest accumulate; M = 200 takes two stationary tiles.
+// K = 300 accumulates in one PSUM bank per output tile over three K
+// tiles: the first overwrites, the rest accumulate. M = 200 is one block of
+// two M tiles whose A^T panel (all of K) is loaded once by transposing DMAs.
 // CHECK-LABEL: func.func @matmul
-// CHECK: memref.alloc() : memref<128x256xf32, #nisa.mem<psum>>
-// CHECK: nisa.matmul {{.*}} : memref<128x128xbf16, #nisa.mem<sbuf>>, memref<128x256xbf16, #nisa.mem<sbuf>>, memref<128x256xf32, #nisa.mem<psum>>
+// CHECK: memref.alloc() : memref<128x600xbf16, #nisa.mem<sbuf>>
+// CHECK: scf.for
+// CHECK: nisa.dma_copy {{.*}} : memref<128x200xbf16, strided<[1, 300], offset: ?>>, memref<128x200xbf16, strided<[600, 1], offset: ?>, #nisa.mem<sbuf>>
+// Two sets of four 512-column PSUM banks alternate between N groups.
+// CHECK: memref.alloc() : memref<128x4096xf32, #nisa.mem<psum>>
+// CHECK: nisa.matmul {{.*}} : memref<128x128xbf16, strided<[600, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x256xbf16, strided<[512, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x256xf32, strided<[4096, 1], offset: ?>, #nisa.mem<psum>>
 // CHECK-NOT: accumulate
+// CHECK: nisa.matmul {{.*}} : memref<128x72xbf16
 // CHECK: nisa.matmul {{.*}} {accumulate} : memref<128x128xbf16
-// CHECK: nisa.matmul {{.*}} {accumulate} : memref<44x128xbf16
-// CHECK: nisa.copy
-// CHECK: memref.alloc() : memref<72x256xf32, #nisa.mem<psum>>
+// CHECK: nisa.matmul {{.*}} {accumulate} : memref<44x72xbf16
+// Evictions alternate between VectorE and ScalarE.
+// CHECK: nisa.copy {{.*}} : memref<128x256xf32
+// CHECK: nisa.copy {{.*}} {engine = #nisa.engine<scalar>} : memref<72x256xf32
 func.func @matmul(%a: tensor<200x300xbf16>, %b: tensor<300x256xbf16>) -> tensor<200x256xbf16> {
   %m = neuron.matmul %a, %b : tensor<200x300xbf16>, tensor<300x256xbf16> -> tensor<200x256xbf16>
   return %m : tensor<200x256xbf16>
