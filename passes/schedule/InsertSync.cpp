@@ -34,95 +34,142 @@ using namespace mlir;
 
 namespace {
 
-constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
+constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max() / 4;
 
-/// [lo, hi] of an index over every iteration of the enclosing loops.
-struct Interval {
-  int64_t lo, hi;
+/// An index as constant + sum(coeff * iv) over scf.for ivs.
+struct Linear {
+  int64_t constant = 0;
+  SmallVector<std::pair<scf::ForOp, int64_t>, 2> terms;
 };
 
-std::optional<Interval> intervalOf(Value v) {
-  if (auto c = v.getDefiningOp<arith::ConstantIndexOp>())
-    return Interval{c.value(), c.value()};
-  if (auto add = v.getDefiningOp<arith::AddIOp>()) {
-    auto l = intervalOf(add.getLhs()), r = intervalOf(add.getRhs());
-    if (l && r)
-      return Interval{l->lo + r->lo, l->hi + r->hi};
-    return std::nullopt;
-  }
-  if (auto mul = v.getDefiningOp<arith::MulIOp>()) {
-    auto l = intervalOf(mul.getLhs()), r = intervalOf(mul.getRhs());
-    if (!l || !r)
-      return std::nullopt;
-    if (r->lo != r->hi)
-      std::swap(l, r);
-    if (r->lo != r->hi)
-      return std::nullopt;
-    int64_t a = l->lo * r->lo, b = l->hi * r->lo;
-    return Interval{std::min(a, b), std::max(a, b)};
-  }
-  if (auto loop = scf::getForInductionVarOwner(v)) {
-    auto lb = intervalOf(loop.getLowerBound());
-    auto ub = intervalOf(loop.getUpperBound());
-    auto step = intervalOf(loop.getStep());
-    if (!lb || !ub || !step || lb->lo != lb->hi || ub->lo != ub->hi ||
-        step->lo != step->hi || step->lo <= 0)
-      return std::nullopt;
-    int64_t lastIv = ub->lo > lb->lo
-                         ? lb->lo + (ub->lo - lb->lo - 1) / step->lo * step->lo
-                         : lb->lo;
-    return Interval{lb->lo, lastIv};
-  }
-  return std::nullopt;
-}
-
-/// What one operand touches: a storage (an on-chip memory, or an HBM
-/// buffer) and the range of it, in bytes per partition on chip and in
-/// elements in HBM.
-struct Access {
-  const void *storage;
-  Interval range;
-  bool write;
-  /// HBM views moved by one loop: the view starts at phase + k * period
-  /// (k = 0, 1, ...) and spans `extent` elements past its start.
-  int64_t period = 0, phase = 0, extent = 0;
-};
-
-/// The period and phase of an offset `c + coeff * iv` over one scf.for.
-std::optional<std::pair<int64_t, int64_t>> periodOf(Value offset) {
-  int64_t constant = 0, coeff = 0;
-  Value iv;
-  std::function<bool(Value, int64_t)> walk = [&](Value v, int64_t k) {
-    if (auto c = v.getDefiningOp<arith::ConstantIndexOp>()) {
-      constant += k * c.value();
+std::optional<Linear> linearOf(Value v) {
+  Linear out;
+  std::function<bool(Value, int64_t)> walk = [&](Value x, int64_t k) {
+    if (auto c = x.getDefiningOp<arith::ConstantIndexOp>()) {
+      out.constant += k * c.value();
       return true;
     }
-    if (auto add = v.getDefiningOp<arith::AddIOp>())
+    if (auto add = x.getDefiningOp<arith::AddIOp>())
       return walk(add.getLhs(), k) && walk(add.getRhs(), k);
-    if (auto mul = v.getDefiningOp<arith::MulIOp>()) {
-      for (auto [x, y] : {std::pair(mul.getLhs(), mul.getRhs()),
+    if (auto mul = x.getDefiningOp<arith::MulIOp>()) {
+      for (auto [y, z] : {std::pair(mul.getLhs(), mul.getRhs()),
                           std::pair(mul.getRhs(), mul.getLhs())})
-        if (auto c = y.getDefiningOp<arith::ConstantIndexOp>())
-          return walk(x, k * c.value());
+        if (auto c = z.getDefiningOp<arith::ConstantIndexOp>())
+          return walk(y, k * c.value());
       return false;
     }
-    if (scf::getForInductionVarOwner(v) && (!iv || iv == v)) {
-      iv = v;
-      coeff += k;
+    if (auto loop = scf::getForInductionVarOwner(x)) {
+      for (auto &[l, coeff] : out.terms)
+        if (l == loop) {
+          coeff += k;
+          return true;
+        }
+      out.terms.push_back({loop, k});
       return true;
     }
     return false;
   };
-  if (!walk(offset, 1) || !iv || coeff <= 0)
+  if (!walk(v, 1))
     return std::nullopt;
-  auto loop = scf::getForInductionVarOwner(iv);
-  auto lb = intervalOf(loop.getLowerBound());
-  auto step = intervalOf(loop.getStep());
-  if (!lb || !step || lb->lo != lb->hi || step->lo != step->hi || step->lo <= 0)
+  return out;
+}
+
+/// First and last value of a loop's iv and its step (constant bounds).
+struct LoopRange {
+  int64_t first, last, step;
+};
+
+std::optional<LoopRange> rangeOf(scf::ForOp loop) {
+  auto lb = linearOf(loop.getLowerBound()), ub = linearOf(loop.getUpperBound());
+  auto step = linearOf(loop.getStep());
+  if (!lb || !ub || !step || !lb->terms.empty() || !ub->terms.empty() ||
+      !step->terms.empty() || step->constant <= 0)
     return std::nullopt;
-  int64_t period = coeff * step->lo;
-  int64_t phase = ((constant + coeff * lb->lo) % period + period) % period;
-  return std::pair(period, phase);
+  int64_t first = lb->constant, end = ub->constant, s = step->constant;
+  int64_t last = end > first ? first + (end - first - 1) / s * s : first;
+  return LoopRange{first, last, s};
+}
+
+/// What an access covers along one dimension, over every loop iteration:
+/// [lo, hi]; and when a single loop moves it, where it starts (phase +
+/// k * period, k = 0, 1, ...) and how far past its start it reaches.
+struct Span {
+  int64_t lo = 0, hi = kUnbounded;
+  int64_t period = 0, phase = 0, extent = 0;
+  Operation *loop = nullptr;
+};
+
+std::optional<Span> spanOf(int64_t constant,
+                           ArrayRef<std::pair<scf::ForOp, int64_t>> terms,
+                           int64_t extent) {
+  Span s;
+  s.lo = s.hi = constant;
+  for (auto [loop, coeff] : terms) {
+    auto r = rangeOf(loop);
+    if (!r)
+      return std::nullopt;
+    s.lo += std::min(coeff * r->first, coeff * r->last);
+    s.hi += std::max(coeff * r->first, coeff * r->last);
+  }
+  s.hi += extent;
+  if (terms.size() == 1 && terms[0].second > 0) {
+    auto r = *rangeOf(terms[0].first);
+    s.period = terms[0].second * r.step;
+    s.phase = ((constant + terms[0].second * r.first) % s.period + s.period) %
+              s.period;
+    s.extent = extent;
+    s.loop = terms[0].first;
+  }
+  return s;
+}
+
+Span whole(int64_t lo, int64_t hi) {
+  Span s;
+  s.lo = lo;
+  s.hi = hi;
+  return s;
+}
+
+/// Two spans never meet: their intervals are apart, or one loop moves both
+/// by a period longer than they reach and their starts differ enough.
+bool apart(const Span &x, const Span &y) {
+  if (x.hi < y.lo || y.hi < x.lo)
+    return true;
+  int64_t p = x.period;
+  if (p <= 0 || y.period != p || x.extent + y.extent + 2 > p)
+    return false;
+  for (int64_t shift : {-p, int64_t(0), p}) {
+    int64_t lo = y.phase + shift, hi = lo + y.extent;
+    if (x.phase <= hi && lo <= x.phase + x.extent)
+      return false;
+  }
+  return true;
+}
+
+/// What one operand touches: a storage (an on-chip memory, or an HBM
+/// buffer) and, over every loop iteration, the bytes of each partition on
+/// chip or the elements in HBM: as one linear span, and in HBM also as a
+/// box of rows x columns of the buffer's innermost dim when the view stays
+/// within rows.
+struct Access {
+  const void *storage;
+  bool write;
+  Span linear;
+  bool boxed = false;
+  Span rows, cols;
+
+  /// The spans a loop may move.
+  SmallVector<const Span *, 3> spans() const {
+    if (boxed)
+      return {&linear, &rows, &cols};
+    return {&linear};
+  }
+};
+
+bool apart(const Access &x, const Access &y) {
+  if (apart(x.linear, y.linear))
+    return true;
+  return x.boxed && y.boxed && (apart(x.rows, y.rows) || apart(x.cols, y.cols));
 }
 
 struct Instruction {
@@ -132,39 +179,28 @@ struct Instruction {
   SmallVector<Operation *, 4> loops; // enclosing scf.for ops
 };
 
-/// The storage and range of a memref operand, or failure with a diagnostic.
+/// The storage and spans of a memref operand, or failure with a diagnostic.
 FailureOr<Access> accessOf(Operation *user, Value v, bool write,
                            MLIRContext *ctx) {
-  // The element range a view covers (over every loop iteration), measured
-  // from its base; the whole base when unknown.
   Value base = v;
-  std::optional<Interval> range;
-  std::optional<std::pair<int64_t, int64_t>> period;
-  int64_t partitionStride = 0, extent = 0;
+  std::optional<Linear> offset;
+  SmallVector<int64_t> sizes, strides;
   if (auto view = v.getDefiningOp<memref::ReinterpretCastOp>()) {
     base = view.getSource();
     OpFoldResult off = view.getMixedOffsets().front();
-    std::optional<Interval> offset;
     if (auto attr = dyn_cast<Attribute>(off))
-      offset = Interval{cast<IntegerAttr>(attr).getInt(),
-                        cast<IntegerAttr>(attr).getInt()};
-    else {
-      offset = intervalOf(cast<Value>(off));
-      period = periodOf(cast<Value>(off));
-    }
-    auto sizes = view.getStaticSizes(), strides = view.getStaticStrides();
-    if (offset && llvm::all_of(strides, [](int64_t s) { return s >= 0; })) {
-      // On chip, the partition dim is not part of a partition's bytes.
-      bool onChip = nisa::getMemorySpace(view.getType()) != nisa::MemorySpace::hbm;
-      for (size_t d = onChip ? 1 : 0; d < sizes.size(); ++d)
-        extent += (sizes[d] - 1) * strides[d];
-      range = Interval{offset->lo, offset->hi + extent};
-      partitionStride = strides.empty() ? 0 : strides.front();
-    }
+      offset = Linear{cast<IntegerAttr>(attr).getInt(), {}};
+    else
+      offset = linearOf(cast<Value>(off));
+    sizes.assign(view.getStaticSizes().begin(), view.getStaticSizes().end());
+    strides.assign(view.getStaticStrides().begin(),
+                   view.getStaticStrides().end());
+    if (llvm::any_of(strides, [](int64_t s) { return s < 0; }))
+      offset.reset();
   }
-
   auto type = cast<MemRefType>(base.getType());
   nisa::MemorySpace space = nisa::getMemorySpace(type);
+
   if (space != nisa::MemorySpace::hbm) {
     auto alloc = base.getDefiningOp<memref::AllocOp>();
     auto address =
@@ -179,53 +215,99 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
     int64_t begin = address.getInt();
     int64_t bytes = nisa::bytesPerPartition(type);
     int64_t elt = std::max<int64_t>(1, type.getElementTypeBitWidth() / 8);
-    int64_t rowElements = bytes / elt;
-    // A view that starts in partition 0's row and stays in it (rows being
-    // the tile's partitions) covers those bytes of every partition.
-    if (range && partitionStride == rowElements && range->lo >= 0 &&
-        range->hi < rowElements)
-      return Access{storage,
-                    {begin + range->lo * elt, begin + (range->hi + 1) * elt - 1},
-                    write};
-    return Access{storage, {begin, begin + bytes - 1}, write};
+    Access access{storage, write, whole(begin, begin + bytes - 1)};
+    // A view whose partition stride is the tile's row covers, in every
+    // partition, the bytes its free dims reach from its offset.
+    if (offset && !strides.empty() && strides[0] * elt == bytes) {
+      int64_t reach = 0;
+      for (size_t d = 1; d < sizes.size(); ++d)
+        reach += (sizes[d] - 1) * strides[d];
+      SmallVector<std::pair<scf::ForOp, int64_t>, 2> byteTerms;
+      for (auto [loop, coeff] : offset->terms)
+        byteTerms.push_back({loop, coeff * elt});
+      auto span = spanOf(begin + offset->constant * elt, byteTerms,
+                         (reach + 1) * elt - 1);
+      if (span && span->lo >= begin && span->hi < begin + bytes)
+        access.linear = *span;
+    }
+    return access;
   }
-  if (!range)
-    range = Interval{0, kUnbounded};
+
   // Every use of one constant global is the same storage.
   const void *storage = base.getAsOpaquePointer();
   if (auto global = base.getDefiningOp<memref::GetGlobalOp>())
     storage = global.getNameAttr().getAsOpaquePointer();
-  Access access{storage, *range, write};
-  if (period && range->hi != kUnbounded) {
-    access.period = period->first;
-    access.phase = period->second;
-    access.extent = extent;
+  Access access{storage, write, whole(0, kUnbounded)};
+  if (!offset)
+    return access;
+  int64_t reach = 0;
+  for (auto [size, stride] : llvm::zip(sizes, strides))
+    reach += (size - 1) * stride;
+  if (auto span = spanOf(offset->constant, offset->terms, reach))
+    access.linear = *span;
+  // Rows x columns of the innermost dim, when no term or stride wraps a row.
+  int64_t row = type.getRank() > 1 ? type.getShape().back() : 0;
+  if (row <= 1)
+    return access;
+  SmallVector<std::pair<scf::ForOp, int64_t>, 2> rowTerms, colTerms;
+  for (auto [loop, coeff] : offset->terms)
+    (coeff % row == 0 ? rowTerms : colTerms)
+        .push_back({loop, coeff % row == 0 ? coeff / row : coeff});
+  int64_t rowReach = 0, colReach = 0;
+  for (auto [size, stride] : llvm::zip(sizes, strides)) {
+    if (stride % row == 0)
+      rowReach += (size - 1) * (stride / row);
+    else if (stride < row)
+      colReach += (size - 1) * stride;
+    else
+      return access;
+  }
+  auto rows = spanOf(offset->constant / row, rowTerms, rowReach);
+  auto cols = spanOf(offset->constant % row, colTerms, colReach);
+  if (rows && cols && cols->lo >= 0 && cols->hi < row) {
+    access.boxed = true;
+    access.rows = *rows;
+    access.cols = *cols;
   }
   return access;
 }
 
-/// Two periodic views with one period never meet when their windows within
-/// a period are disjoint (compared round the period, as residues).
-bool disjointPeriodic(const Access &x, const Access &y) {
-  int64_t p = x.period;
-  if (p <= 0 || y.period != p || x.extent + y.extent + 2 > p)
+/// An access that the innermost loop around its instruction moves by more
+/// than it reaches meets the instruction's other instances only in other
+/// iterations of the outer loops.
+bool movesWithInnermostLoop(const Instruction &inst, const Access &x) {
+  if (inst.loops.empty())
     return false;
-  for (int64_t shift : {-p, int64_t(0), p}) {
-    int64_t lo = y.phase + shift, hi = lo + y.extent;
-    if (x.phase <= hi && lo <= x.phase + x.extent)
-      return false;
-  }
-  return true;
+  return llvm::any_of(x.spans(), [&](const Span *s) {
+    return s->period > s->extent && s->loop == inst.loops.front();
+  });
 }
 
+bool touches(const Access &x, const Access &y) {
+  return (x.write || y.write) && x.storage == y.storage && !apart(x, y);
+}
+
+/// Whether instances of `a` and `b` touch a common byte, one writing.
 bool conflict(const Instruction &a, const Instruction &b) {
   for (const Access &x : a.accesses)
-    for (const Access &y : b.accesses)
-      if ((x.write || y.write) && x.storage == y.storage &&
-          x.range.lo <= y.range.hi && y.range.lo <= x.range.hi &&
-          !disjointPeriodic(x, y))
+    for (const Access &y : b.accesses) {
+      if (&a == &b && &x == &y && movesWithInnermostLoop(a, x) &&
+          a.loops.size() == 1)
+        continue;
+      if (touches(x, y))
         return true;
+    }
   return false;
+}
+
+/// An instruction conflicts with its own earlier instances only across
+/// iterations of loops outside its innermost one.
+bool selfConflictSkipsInnermost(const Instruction &a) {
+  for (const Access &x : a.accesses)
+    for (const Access &y : a.accesses)
+      if (touches(x, y) && !(&x == &y && movesWithInnermostLoop(a, x)))
+        return false;
+  return true;
 }
 
 /// Some instance of `earlier` can precede some instance of `later` in
@@ -258,8 +340,9 @@ bool needsWait(const Instruction &a, int64_t aIndex, const Instruction &b,
 ///    between them (c < a < b); `a` may come after b in a shared loop;
 ///  - c after b, in a loop around both: b follows c of the previous
 ///    iteration, so `a` must sit in [b, c] (inside that loop).
-/// Witnesses after b are used only once their waits are final (b runs in
-/// decreasing order in that case), so justifications never go round.
+/// In both, c runs inside every loop around both a and b. Witnesses after
+/// b are used only once their waits are final (b runs in decreasing order
+/// in that case), so justifications never go round.
 bool covered(ArrayRef<Instruction> insts, ArrayRef<SmallVector<int64_t>> waits,
              int64_t a, int64_t b, bool loopCarried) {
   auto waitedFor = [&](int64_t c) {
@@ -267,8 +350,23 @@ bool covered(ArrayRef<Instruction> insts, ArrayRef<SmallVector<int64_t>> waits,
            (llvm::is_contained(waits[c], a) ||
             queueOrdered(insts[a], insts[c]));
   };
+  // The instance of c that b follows must come after the instances of a
+  // that b needs; those include a's instances in earlier iterations of any
+  // loop around both, so c must run inside every such loop.
+  // (For an instruction whose instances meet only across outer iterations,
+  // its innermost loop does not count.)
+  Operation *skipped = a == b && !insts[a].loops.empty() &&
+                               selfConflictSkipsInnermost(insts[a])
+                           ? insts[a].loops.front()
+                           : nullptr;
+  auto insideSharedLoops = [&](int64_t c) {
+    return llvm::all_of(insts[a].loops, [&](Operation *loop) {
+      return loop == skipped || !llvm::is_contained(insts[b].loops, loop) ||
+             llvm::is_contained(insts[c].loops, loop);
+    });
+  };
   auto covers = [&](int64_t c) {
-    if (!waitedFor(c))
+    if (!waitedFor(c) || !insideSharedLoops(c))
       return false;
     if (!loopCarried)
       return c < b && !(c < a && a < b);

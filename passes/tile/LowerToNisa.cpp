@@ -176,8 +176,9 @@ private:
   void lowerFusion(FusionOp fusion);
   void lowerMatmul(MatmulOp op);
   void forEach(int64_t count, llvm::function_ref<void(Value)> body);
-  void forEachAlternating(int64_t first, int64_t count,
-                          llvm::function_ref<void(Value, int)> body);
+  void forEachRotating(int64_t first, int64_t count, int64_t slots,
+                       llvm::function_ref<void(Value, int64_t)> body);
+  int64_t streamSlots(double transferNs, double computeNs) const;
   void lowerReduce(ReduceOp op);
   void lowerStridedCopy(Value input, Value result, ArrayRef<int64_t> shape,
                         ArrayRef<int64_t> strides, int64_t offset);
@@ -305,9 +306,22 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     int64_t rem = plan.numCols % (p * cols);
     steps = plan.numCols / (p * cols) + (rem / cols > 0) + (rem % cols > 0);
   }
-  // Tiles DMAs read or write alternate between two slots, so the transfers
-  // of one step overlap the compute of the other.
-  int64_t numSlots = steps > 1 ? 2 : 1;
+  // Tiles DMAs read or write rotate over a few slots, so transfers of later
+  // steps overlap the compute of this one; as many as hide a transfer,
+  // within half of SBUF.
+  int64_t streams = inputs.size() + outputs.size();
+  int64_t computeOps = llvm::count_if(ops, [](Operation *op) {
+    return !isa<ConstantOp, BroadcastOp, ReshapeOp>(op);
+  });
+  double stepBytes = double(p * cols * widest);
+  double transferNs =
+      stepBytes / (target.dmaEngines * target.dmaBytesPerNsPerEngine);
+  double computeNs = double(computeOps * cols) / target.vectorClockGHz;
+  int64_t numSlots =
+      std::min(steps, streamSlots(transferNs * streams, computeNs));
+  while (numSlots > 1 && streams * numSlots * cols * widest >
+                             target.sbufBytesPerPartition / 2)
+    --numSlots;
   llvm::DenseMap<Value, Value> slots, columns;
   auto slotWidth = [&](Value v) -> int64_t {
     return plan.rep(v) == Rep::Row ? 1 : cols;
@@ -339,12 +353,12 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   llvm::DenseSet<Value> isOutput(outputValues.begin(), outputValues.end());
 
   // One step: `base` is the first row (by rows) or element (flat).
-  auto step = [&](Value base, int64_t rows, int64_t stepCols, int parity) {
+  auto step = [&](Value base, int64_t rows, int64_t stepCols, int64_t slotIndex) {
     TileScope scope(*this);
     GroupStep st{plan, rows, stepCols, {}};
     auto slot = [&](Value v) {
       int64_t width = slotWidth(v);
-      return view(slots[v], index(parity * width),
+      return view(slots[v], index(slotIndex % numSlots * width),
                   {rows, width == 1 ? 1 : stepCols}, {numSlots * width, 1});
     };
     // The HBM window of a value in this step.
@@ -448,25 +462,22 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
 
   if (plan.byRows) {
     int64_t full = plan.numRows / p, rem = plan.numRows % p;
-    forEachAlternating(0, full, [&](Value i, int parity) {
-      step(scale(i, p), p, cols, parity);
+    forEachRotating(0, full, numSlots, [&](Value i, int64_t slot) {
+      step(scale(i, p), p, cols, slot);
     });
     if (rem)
-      step(index(full * p), rem, cols, full % 2);
+      step(index(full * p), rem, cols, full);
     return;
   }
   int64_t n = plan.numCols, chunk = p * cols, full = n / chunk;
-  forEachAlternating(0, full, [&](Value i, int parity) {
-    step(scale(i, chunk), p, cols, parity);
+  forEachRotating(0, full, numSlots, [&](Value i, int64_t slot) {
+    step(scale(i, chunk), p, cols, slot);
   });
-  int64_t rem = n % chunk, at = full * chunk;
-  int parity = full % 2;
-  if (rem / cols) {
-    step(index(at), rem / cols, cols, parity);
-    parity = 1 - parity;
-  }
+  int64_t rem = n % chunk, at = full * chunk, next = full;
+  if (rem / cols)
+    step(index(at), rem / cols, cols, next++);
   if (rem % cols)
-    step(index(at + rem / cols * cols), 1, rem % cols, parity);
+    step(index(at + rem / cols * cols), 1, rem % cols, next);
 }
 
 void KernelLowering::lowerFusion(FusionOp fusion) {
@@ -504,20 +515,29 @@ void KernelLowering::forEach(int64_t count,
   }
 }
 
-/// Steps [first, first + count) of a pipeline that alternates between two
-/// buffers by step parity: pairs run in a loop (the body unrolled twice, so
-/// each copy names its buffer by a constant offset), an odd step runs alone.
-void KernelLowering::forEachAlternating(
-    int64_t first, int64_t count,
-    llvm::function_ref<void(Value step, int parity)> body) {
-  int parity = first % 2;
-  forEach(count / 2, [&](Value pair) {
-    Value step = addOffset(scale(pair, 2), first);
-    body(step, parity);
-    body(addOffset(step, 1), 1 - parity);
+/// Steps [first, first + count) of a pipeline that rotates over `slots`
+/// buffers (step i uses buffer i % slots): groups of `slots` steps run in a
+/// loop whose body is unrolled, so each copy names its buffer by a constant
+/// offset; the steps left over run alone.
+void KernelLowering::forEachRotating(
+    int64_t first, int64_t count, int64_t slots,
+    llvm::function_ref<void(Value step, int64_t slot)> body) {
+  forEach(count / slots, [&](Value group) {
+    Value start = addOffset(scale(group, slots), first);
+    for (int64_t i = 0; i < slots; ++i)
+      body(addOffset(start, i), (first + i) % slots);
   });
-  if (count % 2)
-    body(index(first + count - 1), (first + count - 1) % 2);
+  for (int64_t i = count / slots * slots; i < count; ++i)
+    body(index(first + i), (first + i) % slots);
+}
+
+/// How many buffers keep a stream of DMA transfers ahead of the work that
+/// consumes them: enough to cover a transfer (fixed latency included) with
+/// the compute of the steps in between, at least two, at most four.
+int64_t KernelLowering::streamSlots(double transferNs, double computeNs) const {
+  double cover = (target.dmaFixedLatencyNs + transferNs) /
+                 std::max(computeNs, 1.0);
+  return std::clamp<int64_t>((int64_t)std::ceil(cover) + 1, 2, 4);
 }
 
 /// GEMM, with the operand reuse that keeps TensorE fed:
@@ -580,22 +600,30 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
       if (k % kTile)
         loadPanel(index(k / kTile), k % kTile);
 
-      // Double-buffered B tiles, two PSUM bank sets, two output staging sets.
-      Value moving = tile(MemorySpace::sbuf, {kRows, 2 * nGroup}, inElt);
+      // B tiles rotate over enough slots to hide a load behind the matmuls
+      // of the steps before it; two PSUM bank sets and two output staging
+      // sets alternate between N groups.
+      double loadNs = double(kRows * nGroup * eltBytes) /
+                      (target.dmaEngines * target.dmaBytesPerNsPerEngine);
+      double stepNs = double(blockTiles * nTiles *
+                             std::max<int64_t>(nTile, 64)) /
+                      target.tensorClockGHz;
+      int64_t bSlots = streamSlots(loadNs, stepNs);
+      Value moving = tile(MemorySpace::sbuf, {kRows, bSlots * nGroup}, inElt);
       Value acc = tile(MemorySpace::psum, {mTile, 2 * banksPerSet * nTile}, f32);
       Value staged = tile(MemorySpace::sbuf,
                           {mTile, 2 * blockTiles * nGroup}, outElt);
-      auto nStep = [&](Value g, int set, int64_t cols) {
+      auto nStep = [&](Value g, int64_t set, int64_t cols) {
         Value n0 = scale(g, nGroup);
         int64_t groupTiles = (cols + nTile - 1) / nTile;
         auto bank = [&](int64_t mi, int64_t ni, int64_t rows, int64_t width) {
           int64_t col = (set * banksPerSet + mi * groupTiles + ni) * nTile;
           return view(acc, index(col), {rows, width}, {2 * banksPerSet * nTile, 1});
         };
-        auto kStep = [&](Value kIdx, int slot, int64_t kt, bool first) {
+        auto kStep = [&](Value kIdx, int64_t slot, int64_t kt, bool first) {
           Value src = addOffsets(addOffsets(rhsBase, scale(kIdx, kTile * n)), n0);
           Value bTile = view(moving, index(slot * nGroup), {kt, cols},
-                             {2 * nGroup, 1});
+                             {bSlots * nGroup, 1});
           dma(view(rhs, src, {kt, cols}, {n, 1}), bTile);
           for (int64_t mi = 0; mi < blockTiles; ++mi) {
             int64_t mt = std::min(mTile, mRows - mi * mTile);
@@ -605,7 +633,7 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
             for (int64_t ni = 0; ni < groupTiles; ++ni) {
               int64_t nt = std::min(nTile, cols - ni * nTile);
               Value mov = view(moving, index(slot * nGroup + ni * nTile),
-                               {kt, nt}, {2 * nGroup, 1});
+                               {kt, nt}, {bSlots * nGroup, 1});
               auto mm = b.create<nisa::MatmulOp>(loc, stationary, mov,
                                                  bank(mi, ni, mt, nt));
               if (!first)
@@ -616,12 +644,12 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
         int64_t fullK = k / kTile;
         if (fullK > 0) {
           kStep(index(0), 0, kTile, true);
-          forEachAlternating(1, fullK - 1, [&](Value kIdx, int slot) {
+          forEachRotating(1, fullK - 1, bSlots, [&](Value kIdx, int64_t slot) {
             kStep(kIdx, slot, kTile, false);
           });
         }
         if (k % kTile)
-          kStep(index(fullK), fullK % 2, k % kTile, fullK == 0);
+          kStep(index(fullK), fullK % bSlots, k % kTile, fullK == 0);
         // Evict each bank (alternating VectorE and ScalarE) and store.
         for (int64_t mi = 0; mi < blockTiles; ++mi) {
           int64_t mt = std::min(mTile, mRows - mi * mTile);
@@ -641,7 +669,7 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
           dma(stage, view(out, dst, {mt, cols}, {n, 1}));
         }
       };
-      forEachAlternating(0, n / nGroup, [&](Value g, int set) {
+      forEachRotating(0, n / nGroup, 2, [&](Value g, int64_t set) {
         nStep(g, set, nGroup);
       });
       if (n % nGroup)

@@ -540,14 +540,16 @@ public:
       : program(source), params(target) {
     for (size_t i = 0; i < program.buffers.size(); ++i)
       bufferIndex[program.buffers[i].id] = static_cast<int32_t>(i);
-    numKeys = static_cast<int32_t>(program.buffers.size()) + 2;
+    numKeys = static_cast<int32_t>(program.buffers.size());
     std::map<int64_t, int32_t> slots;
     compileNodes(program.body, slots, 1);
+    findAliases();
     std::vector<bool> written(static_cast<size_t>(numKeys), false);
     for (const StaticInst &inst : insts)
       written[operands[inst.operandBegin + inst.numReads].key] = true;
     for (Operand &op : operands)
-      op.tracked = written[op.key];
+      for (int32_t k : aliases[op.key])
+        op.tracked = op.tracked || written[k];
     numSlots = static_cast<int32_t>(slots.size());
     for (const StaticInst &si : insts)
       for (uint32_t w = si.waitBegin; w < si.waitEnd; ++w) {
@@ -567,6 +569,27 @@ public:
   int32_t numSlots = 0;
   /// Records slots: one per buffer, then SBUF and PSUM (addressed buffers).
   int32_t numKeys = 0;
+  /// Per buffer, the buffers whose records its accesses must be compared
+  /// with: itself, and the addressed buffers of its space sharing bytes.
+  std::vector<std::vector<int32_t>> aliases;
+
+  void findAliases() {
+    const auto &buffers = program.buffers;
+    aliases.assign(buffers.size(), {});
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      aliases[i].push_back(static_cast<int32_t>(i));
+      if (!buffers[i].address)
+        continue;
+      int64_t lo = *buffers[i].address, hi = lo + buffers[i].bytesPerPartition();
+      for (size_t j = 0; j < buffers.size(); ++j) {
+        const Buffer &other = buffers[j];
+        if (j == i || !other.address || other.space != buffers[i].space)
+          continue;
+        if (*other.address < hi && lo < *other.address + other.bytesPerPartition())
+          aliases[i].push_back(static_cast<int32_t>(j));
+      }
+    }
+  }
   double dynamicInstances = 0; // sum over instructions of their trip counts
   double dynamicEvents = 0;    // events simulate() emits when keeping them
 
@@ -632,12 +655,10 @@ private:
         op.separable = false;
     }
     if (buffer.address) {
-      // Rows are partitions and columns bytes of the space, shared by every
-      // addressed buffer in it, so buffers that share bytes conflict. Scaled
-      // here, the boxes come out in bytes at no cost per instance.
+      // Rows are partitions and columns bytes of the space, so the boxes of
+      // buffers that share bytes (their aliases) compare. Scaled here, the
+      // boxes come out in bytes at no cost per instance.
       const int64_t size = dtypeSize(buffer.dtype);
-      op.key = static_cast<int32_t>(program.buffers.size()) +
-               (buffer.space == Space::SBUF ? 0 : 1);
       op.colBase = *buffer.address;
       op.constant *= size;
       for (uint32_t t = op.termBegin; t < op.termEnd; ++t)
@@ -1061,15 +1082,16 @@ private:
       if (!ops[i].tracked)
         continue;
       double wait = 0;
-      for (const Access &a : records[ops[i].key]) {
-        if (!a.write || !overlaps(a.box, boxes[i]))
-          continue;
-        if constexpr (Explicit)
-          hazards.note(si, a, false, ops[i].key, boxes[i]);
-        else
-          wait = std::max(wait, waitFor(a, unit));
-        dependent |= a.unit == unit && a.seq == lastSeq[unit];
-      }
+      for (int32_t key : m.aliases[ops[i].key])
+        for (const Access &a : records[key]) {
+          if (!a.write || !overlaps(a.box, boxes[i]))
+            continue;
+          if constexpr (Explicit)
+            hazards.note(si, a, false, key, boxes[i]);
+          else
+            wait = std::max(wait, waitFor(a, unit));
+          dependent |= a.unit == unit && a.seq == lastSeq[unit];
+        }
       if (static_cast<int>(i) == si.stationaryRead)
         waitStationary = std::max(waitStationary, wait);
       else
@@ -1077,14 +1099,15 @@ private:
     }
     const Operand &dstOp = ops[si.numReads];
     const Box &dstBox = boxes[si.numReads];
-    for (const Access &a : records[dstOp.key]) {
-      if (!overlaps(a.box, dstBox))
-        continue;
-      if constexpr (Explicit)
-        hazards.note(si, a, true, dstOp.key, dstBox);
-      else
-        waitOther = std::max(waitOther, waitFor(a, unit));
-    }
+    for (int32_t key : m.aliases[dstOp.key])
+      for (const Access &a : records[key]) {
+        if (!overlaps(a.box, dstBox))
+          continue;
+        if constexpr (Explicit)
+          hazards.note(si, a, true, key, dstBox);
+        else
+          waitOther = std::max(waitOther, waitFor(a, unit));
+      }
     if constexpr (Explicit) {
       waitStationary = waitOther = explicitWait(si);
       // A DMA's semaphore gates its trigger; a compute instruction starts
@@ -1189,7 +1212,8 @@ private:
 
     void note(const StaticInst &si, const Access &a, bool isWrite, int32_t k,
               const Box &b) {
-      if (!si.isDma && a.unit == uint8_t(si.unit))
+      // Merged summaries over-approximate (union boxes, latest times).
+      if (a.unit == kMergedUnit || (!si.isDma && a.unit == uint8_t(si.unit)))
         return;
       double done = a.write ? a.ready : a.end;
       if (done <= required)
@@ -1217,18 +1241,15 @@ private:
     const int32_t key = h.key;
     const bool writes = h.writes;
     std::string what;
-    const size_t numBuffers = m.program.buffers.size();
-    if (static_cast<size_t>(key) < numBuffers) {
-      const Buffer &buffer = m.program.buffers[static_cast<size_t>(key)];
+    const Buffer &buffer = m.program.buffers[static_cast<size_t>(key)];
+    if (!buffer.address) {
       what = std::string(spaceName(buffer.space)) + " buffer " +
              std::to_string(buffer.id) + " ('" + buffer.name + "')";
     } else {
       auto range = [](int64_t lo, int64_t hi) {
         return "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
       };
-      what = std::string(static_cast<size_t>(key) == numBuffers ? "sbuf"
-                                                                : "psum") +
-             " bytes " +
+      what = std::string(spaceName(buffer.space)) + " bytes " +
              range(std::max(box.c0, a.box.c0), std::min(box.c1, a.box.c1)) +
              " of partitions " +
              range(std::max(box.r0, a.box.r0), std::min(box.r1, a.box.r1));

@@ -80,8 +80,10 @@
 // Records that a newer access makes redundant are dropped (waiting for it
 // waits at least as long). When a key accumulates many disjoint records the
 // oldest are merged conservatively: derived sync may then wait falsely on
-// long-finished work, and the checker holds instructions to the summary's
-// latest times. DMA and HBM calendars likewise remember only their recent
+// long-finished work, and the checker skips the summaries (their union
+// boxes and latest times over-approximate). Records are kept per buffer;
+// an addressed buffer's accesses are compared with the records of every
+// buffer sharing its bytes. DMA and HBM calendars likewise remember only their recent
 // busy intervals and never place work before the forgotten ones. Records
 // also drive the dependent-instruction overhead in both modes.
 //

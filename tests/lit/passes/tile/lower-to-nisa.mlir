@@ -41,9 +41,11 @@ func.func @elementwise(%x: tensor<256x64xf32>) -> tensor<256x64xf32> {
 // CHECK: memref.alloc() : memref<128x600xbf16, #nisa.mem<sbuf>>
 // CHECK: scf.for
 // CHECK: nisa.dma_copy {{.*}} : memref<128x200xbf16, strided<[1, 300], offset: ?>>, memref<128x200xbf16, strided<[600, 1], offset: ?>, #nisa.mem<sbuf>>
-// Two sets of four 512-column PSUM banks alternate between N groups.
-// CHECK: memref.alloc() : memref<128x4096xf32, #nisa.mem<psum>>
-// CHECK: nisa.matmul {{.*}} : memref<128x128xbf16, strided<[600, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x256xbf16, strided<[512, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x256xf32, strided<[4096, 1], offset: ?>, #nisa.mem<psum>>
+// B tiles rotate over four slots (a load takes longer than a K step); two
+// sets of four 512-column PSUM banks alternate between N groups.
+// CHECK: memref.alloc() : memref<128x1024xbf16, #nisa.mem<sbuf>>
+// CHECK-NEXT: memref.alloc() : memref<128x4096xf32, #nisa.mem<psum>>
+// CHECK: nisa.matmul {{.*}} : memref<128x128xbf16, strided<[600, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x256xbf16, strided<[1024, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x256xf32, strided<[4096, 1], offset: ?>, #nisa.mem<psum>>
 // CHECK-NOT: accumulate
 // CHECK: nisa.matmul {{.*}} : memref<128x72xbf16
 // CHECK: nisa.matmul {{.*}} {accumulate} : memref<128x128xbf16
