@@ -157,6 +157,16 @@ private:
     return MemRefType::get(t.getShape(), t.getElementType());
   }
   Value bufferOf(Value tensor);
+  /// Where a tensor's elements are: a buffer, an element offset and a
+  /// stride per dim (a layout op's result is such a window of its input
+  /// until a consumer needs it contiguous).
+  struct Window {
+    Value buffer;
+    int64_t offset = 0;
+    SmallVector<int64_t> strides;
+  };
+  Window windowOf(Value tensor);
+  void lowerLayout(Operation *op);
   Value resultBuffer(Value result) {
     auto it = destinations.find(result);
     Value buffer = it != destinations.end()
@@ -180,8 +190,6 @@ private:
                        llvm::function_ref<void(Value, int64_t)> body);
   int64_t streamSlots(double transferNs, double computeNs) const;
   void lowerReduce(ReduceOp op);
-  void lowerStridedCopy(Value input, Value result, ArrayRef<int64_t> shape,
-                        ArrayRef<int64_t> strides, int64_t offset);
   void lowerConcat(ConcatOp op);
   void lowerGather(GatherOp op);
 
@@ -193,6 +201,12 @@ private:
   Block *entry = nullptr;
   DenseMap<Value, Value> buffers;      // tensor -> HBM base buffer
   DenseMap<Value, Value> destinations; // returned tensor -> output argument
+  /// Results of layout ops not copied yet, and where they came from.
+  struct LazyView {
+    Window window;
+    Location loc;
+  };
+  DenseMap<Value, LazyView> lazyViews;
   SmallVector<SmallVector<Value>> scopeTiles;
   unsigned constantCount = 0;
   bool hadError = false; // a lowering emitted an error
@@ -201,8 +215,27 @@ private:
 Value KernelLowering::bufferOf(Value tensor) {
   if (Value buffer = buffers.lookup(tensor))
     return buffer;
-  // Only constants are materialized on first use: splats feeding
-  // tensor_scalar instructions never need a buffer.
+  if (auto it = lazyViews.find(tensor); it != lazyViews.end()) {
+    // A consumer needs it contiguous: one strided DMA, HBM to HBM.
+    LazyView lazy = it->second;
+    Location consumer = loc;
+    loc = lazy.loc;
+    auto shape = tensorType(tensor).getShape();
+    Value out = resultBuffer(tensor);
+    if (tensorType(tensor).getNumElements() == 0)
+      ; // nothing to move
+    else if (shape.empty())
+      dma(view(lazy.window.buffer, index(lazy.window.offset), {1}, {1}),
+          view(out, index(0), {1}, {1}));
+    else
+      dma(view(lazy.window.buffer, index(lazy.window.offset), shape,
+               lazy.window.strides),
+          view(out, index(0), shape, contiguousStrides(shape)));
+    loc = consumer;
+    return out;
+  }
+  // Constants are materialized on first use: splats feeding tensor_scalar
+  // instructions never need a buffer.
   auto constant = tensor.getDefiningOp<ConstantOp>();
   assert(constant && "operand lowered before its producer");
   auto type = hbmType(tensorType(tensor));
@@ -218,6 +251,103 @@ Value KernelLowering::bufferOf(Value tensor) {
       b.create<memref::GetGlobalOp>(constant.getLoc(), type, global.getName());
   buffers[tensor] = buffer;
   return buffer;
+}
+
+KernelLowering::Window KernelLowering::windowOf(Value tensor) {
+  if (auto it = lazyViews.find(tensor); it != lazyViews.end())
+    return it->second.window;
+  auto shape = tensorType(tensor).getShape();
+  return {bufferOf(tensor), 0, contiguousStrides(shape)};
+}
+
+/// Strides that show a strided window of `shape` as `newShape` without
+/// moving data (numpy's no-copy reshape), or std::nullopt.
+std::optional<SmallVector<int64_t>>
+reshapedStrides(ArrayRef<int64_t> shape, ArrayRef<int64_t> strides,
+                ArrayRef<int64_t> newShape) {
+  SmallVector<int64_t> oldDims, oldStrides;
+  for (auto [d, st] : llvm::zip(shape, strides))
+    if (d != 1) {
+      oldDims.push_back(d);
+      oldStrides.push_back(st);
+    }
+  SmallVector<int64_t> newDims, where;
+  for (auto [i, d] : llvm::enumerate(newShape))
+    if (d != 1) {
+      newDims.push_back(d);
+      where.push_back(i);
+    }
+  SmallVector<int64_t> out(newShape.size(), 0);
+  size_t oi = 0, ni = 0;
+  while (oi < oldDims.size() && ni < newDims.size()) {
+    size_t oj = oi + 1, nj = ni + 1;
+    int64_t op = oldDims[oi], np = newDims[ni];
+    while (op != np) {
+      if (np < op) {
+        if (nj >= newDims.size())
+          return std::nullopt;
+        np *= newDims[nj++];
+      } else {
+        if (oj >= oldDims.size())
+          return std::nullopt;
+        op *= oldDims[oj++];
+      }
+    }
+    for (size_t k = oi; k + 1 < oj; ++k)
+      if (oldStrides[k] != oldDims[k + 1] * oldStrides[k + 1])
+        return std::nullopt;
+    int64_t st = oldStrides[oj - 1];
+    for (size_t k = nj; k-- > ni;) {
+      out[where[k]] = st;
+      st *= newDims[k];
+    }
+    oi = oj;
+    ni = nj;
+  }
+  if (oi != oldDims.size() || ni != newDims.size())
+    return std::nullopt;
+  return out;
+}
+
+/// Transpose, broadcast, slice and reshape move no data here: the result
+/// is a window of the input's buffer, copied only if a consumer needs it
+/// contiguous (matmul operands and these ops themselves never do).
+void KernelLowering::lowerLayout(Operation *op) {
+  Value input = op->getOperand(0), result = op->getResult(0);
+  Window in = windowOf(input);
+  auto inShape = tensorType(input).getShape();
+  auto outType = tensorType(result);
+  Window out{in.buffer, in.offset, {}};
+  if (auto t = dyn_cast<TransposeOp>(op)) {
+    for (int64_t p : t.getPermutation())
+      out.strides.push_back(in.strides[p]);
+  } else if (isa<BroadcastOp>(op)) {
+    int64_t shift = outType.getRank() - (int64_t)inShape.size();
+    out.strides.assign(outType.getRank(), 0);
+    for (auto [i, d] : llvm::enumerate(inShape))
+      if (d != 1)
+        out.strides[i + shift] = in.strides[i];
+  } else if (auto sl = dyn_cast<SliceOp>(op)) {
+    for (auto [i, st] : llvm::enumerate(in.strides)) {
+      out.offset += st * sl.getOffsets()[i];
+      out.strides.push_back(st * sl.getStrides()[i]);
+    }
+  } else {
+    auto strides =
+        reshapedStrides(inShape, in.strides, outType.getShape());
+    if (!strides) {
+      // Not expressible as a window: the input becomes contiguous first.
+      buffers[result] = bufferOf(input);
+      return;
+    }
+    if (!lazyViews.count(input) &&
+        *strides == contiguousStrides(outType.getShape())) {
+      buffers[result] = in.buffer; // same row-major order: an alias
+      return;
+    }
+    out.strides = *strides;
+  }
+  lazyViews.try_emplace(result, LazyView{out, op->getLoc()});
 }
 
 nisa::ActivationFn activationFor(UnaryFn fn) {
@@ -554,8 +684,12 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
   int64_t rank = lhsType.getRank();
   int64_t m = lhsType.getDimSize(rank - 2), k = lhsType.getDimSize(rank - 1);
   int64_t n = rhsType.getDimSize(rank - 1);
-  int64_t batch = product(lhsType.getShape().drop_back(2));
-  Value lhs = bufferOf(op.getLhs()), rhs = bufferOf(op.getRhs());
+  // Operands are read through their windows: a transposed operand (a
+  // linear layer's weight) is loaded by transposing DMAs, never copied.
+  Window a = windowOf(op.getLhs()), bw = windowOf(op.getRhs());
+  Value lhs = a.buffer, rhs = bw.buffer;
+  int64_t aRow = a.strides[rank - 2], aCol = a.strides[rank - 1];
+  int64_t bRow = bw.strides[rank - 2], bCol = bw.strides[rank - 1];
   Value out = resultBuffer(op.getResult());
   Type inElt = lhsType.getElementType(), outElt = outType.getElementType();
   Type f32 = b.getF32Type();
@@ -581,9 +715,7 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
       1, std::min<int64_t>(nTilesTotal, banksPerSet / mTiles));
   int64_t mBlock = mTiles * mTile, nGroup = std::min(n, nTiles * nTile);
 
-  auto body = [&](Value bOff) {
-    Value lhsBase = scale(bOff, m * k), rhsBase = scale(bOff, k * n);
-    Value outBase = scale(bOff, m * n);
+  auto body = [&](Value lhsBase, Value rhsBase, Value outBase) {
     forTiles(m, mBlock, [&](Value m0, int64_t mRows) {
       TileScope blockScope(*this);
       int64_t blockTiles = (mRows + mTile - 1) / mTile;
@@ -591,9 +723,9 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
       int64_t panelCols = kTiles * mRows;
       Value panel = tile(MemorySpace::sbuf, {kRows, panelCols}, inElt);
       auto loadPanel = [&](Value kIdx, int64_t kt) {
-        Value src = addOffsets(addOffsets(lhsBase, scale(m0, k)),
-                               scale(kIdx, kTile));
-        dma(view(lhs, src, {kt, mRows}, {1, k}),
+        Value src = addOffsets(addOffsets(lhsBase, scale(m0, aRow)),
+                               scale(kIdx, kTile * aCol));
+        dma(view(lhs, src, {kt, mRows}, {aCol, aRow}),
             view(panel, scale(kIdx, mRows), {kt, mRows}, {panelCols, 1}));
       };
       forEach(k / kTile, [&](Value kIdx) { loadPanel(kIdx, kTile); });
@@ -621,10 +753,11 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
           return view(acc, index(col), {rows, width}, {2 * banksPerSet * nTile, 1});
         };
         auto kStep = [&](Value kIdx, int64_t slot, int64_t kt, bool first) {
-          Value src = addOffsets(addOffsets(rhsBase, scale(kIdx, kTile * n)), n0);
+          Value src = addOffsets(addOffsets(rhsBase, scale(kIdx, kTile * bRow)),
+                                 scale(n0, bCol));
           Value bTile = view(moving, index(slot * nGroup), {kt, cols},
                              {bSlots * nGroup, 1});
-          dma(view(rhs, src, {kt, cols}, {n, 1}), bTile);
+          dma(view(rhs, src, {kt, cols}, {bRow, bCol}), bTile);
           for (int64_t mi = 0; mi < blockTiles; ++mi) {
             int64_t mt = std::min(mTile, mRows - mi * mTile);
             Value stationary =
@@ -676,7 +809,19 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
         nStep(index(n / nGroup), (n / nGroup) % 2, n % nGroup);
     });
   };
-  forEach(batch, [&](Value bIdx) { body(bIdx); });
+  // One loop per batch dim: windows may stride them any way.
+  auto outStrides = contiguousStrides(outType.getShape());
+  std::function<void(int64_t, Value, Value, Value)> batches =
+      [&](int64_t d, Value lo, Value ro, Value oo) {
+        if (d == rank - 2)
+          return body(lo, ro, oo);
+        forEach(outType.getDimSize(d), [&](Value i) {
+          batches(d + 1, addOffsets(lo, scale(i, a.strides[d])),
+                  addOffsets(ro, scale(i, bw.strides[d])),
+                  addOffsets(oo, scale(i, outStrides[d])));
+        });
+      };
+  batches(0, index(a.offset), index(bw.offset), index(0));
 }
 
 void KernelLowering::lowerReduce(ReduceOp op) {
@@ -710,20 +855,6 @@ void KernelLowering::lowerReduce(ReduceOp op) {
     b.create<nisa::CopyOp>(loc, acc, result);
     dma(result, view(out, r0, {rt, 1}, {1, 1}));
   });
-}
-
-void KernelLowering::lowerStridedCopy(Value input, Value result,
-                                      ArrayRef<int64_t> shape,
-                                      ArrayRef<int64_t> strides,
-                                      int64_t offset) {
-  // One DMA moves the whole tensor HBM -> HBM through an access pattern.
-  Value in = bufferOf(input), out = resultBuffer(result);
-  if (shape.empty()) {
-    dma(view(in, index(offset), {1}, {1}), view(out, index(0), {1}, {1}));
-    return;
-  }
-  dma(view(in, index(offset), shape, strides),
-      view(out, index(0), shape, contiguousStrides(shape)));
 }
 
 void KernelLowering::lowerConcat(ConcatOp op) {
@@ -804,44 +935,11 @@ LogicalResult KernelLowering::lower(Operation *op) {
         lowerReduce(r);
         return success();
       })
-      .Case<ReshapeOp>([&](ReshapeOp r) {
-        // Row-major order is unchanged: the result aliases the input.
-        buffers[r.getResult()] = bufferOf(r.getInput());
-        return success();
-      })
-      .Case<TransposeOp>([&](TransposeOp t) {
-        auto inStrides = contiguousStrides(tensorType(t.getInput()).getShape());
-        SmallVector<int64_t> strides;
-        for (int64_t p : t.getPermutation())
-          strides.push_back(inStrides[p]);
-        lowerStridedCopy(t.getInput(), t.getResult(), t.getType().getShape(),
-                         strides, 0);
-        return success();
-      })
-      .Case<BroadcastOp>([&](BroadcastOp br) {
-        auto inType = tensorType(br.getInput());
-        auto inStrides = contiguousStrides(inType.getShape());
-        int64_t shift = br.getType().getRank() - inType.getRank();
-        SmallVector<int64_t> strides(br.getType().getRank(), 0);
-        for (int64_t i = 0; i < inType.getRank(); ++i)
-          if (inType.getDimSize(i) != 1)
-            strides[i + shift] = inStrides[i];
-        lowerStridedCopy(br.getInput(), br.getResult(),
-                         br.getType().getShape(), strides, 0);
-        return success();
-      })
-      .Case<SliceOp>([&](SliceOp s) {
-        auto inStrides = contiguousStrides(tensorType(s.getInput()).getShape());
-        SmallVector<int64_t> strides;
-        int64_t offset = 0;
-        for (auto [i, st] : llvm::enumerate(inStrides)) {
-          strides.push_back(st * s.getStrides()[i]);
-          offset += st * s.getOffsets()[i];
-        }
-        lowerStridedCopy(s.getInput(), s.getResult(), s.getType().getShape(),
-                         strides, offset);
-        return success();
-      })
+      .Case<ReshapeOp, TransposeOp, BroadcastOp, SliceOp>(
+          [&](Operation *layout) {
+            lowerLayout(layout);
+            return success();
+          })
       .Case<ConcatOp>([&](ConcatOp c) {
         lowerConcat(c);
         return success();
