@@ -2,6 +2,7 @@
 #include "dialects/neuron/NeuronDialect.h"
 
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/PatternMatch.h"
 #include "mlir/IR/DialectImplementation.h"
 #include "llvm/ADT/TypeSwitch.h"
 
@@ -314,4 +315,73 @@ LogicalResult FusionOp::verify() {
       return op.emitOpError("cannot be fused (a fusion holds elementwise, "
                             "reduce, broadcast, reshape and constant ops)");
   return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Canonicalization: transposes sink below elementwise ops
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// elementwise(transpose(x), splat) -> transpose(elementwise(x, splat')):
+/// a transpose moves no data only where its consumer reads it through a
+/// strided window (a matmul); sinking it below elementwise ops carries it
+/// there instead of materializing it for them.
+template <typename OpTy>
+struct SinkTranspose : public OpRewritePattern<OpTy> {
+  using OpRewritePattern<OpTy>::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(OpTy op,
+                                PatternRewriter &rewriter) const override {
+    std::optional<ArrayRef<int64_t>> perm;
+    for (Value v : op->getOperands()) {
+      auto t = v.template getDefiningOp<TransposeOp>();
+      if (!t)
+        continue;
+      if (perm && *perm != t.getPermutation())
+        return failure();
+      perm = t.getPermutation();
+    }
+    if (!perm)
+      return failure();
+    auto resultType = cast<RankedTensorType>(op.getType());
+    SmallVector<int64_t> shape(resultType.getRank());
+    for (auto [i, p] : llvm::enumerate(*perm))
+      shape[p] = resultType.getDimSize(i);
+    SmallVector<Value> operands;
+    for (Value v : op->getOperands()) {
+      if (auto t = v.template getDefiningOp<TransposeOp>()) {
+        operands.push_back(t.getInput());
+        continue;
+      }
+      auto constant = v.template getDefiningOp<ConstantOp>();
+      auto splat = constant ? dyn_cast<SplatElementsAttr>(constant.getValue())
+                            : SplatElementsAttr();
+      if (!splat)
+        return failure();
+      auto type = RankedTensorType::get(shape, splat.getElementType());
+      operands.push_back(rewriter.create<ConstantOp>(
+          constant.getLoc(), type, splat.resizeSplat(type)));
+    }
+    Operation *inner = rewriter.clone(*op);
+    inner->setOperands(operands);
+    inner->getResult(0).setType(
+        RankedTensorType::get(shape, resultType.getElementType()));
+    rewriter.replaceOpWithNewOp<TransposeOp>(op, resultType,
+                                             inner->getResult(0), *perm);
+    return success();
+  }
+};
+} // namespace
+
+void UnaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                          MLIRContext *context) {
+  patterns.add<SinkTranspose<UnaryOp>>(context);
+}
+void BinaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                           MLIRContext *context) {
+  patterns.add<SinkTranspose<BinaryOp>>(context);
+}
+void CastOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                         MLIRContext *context) {
+  patterns.add<SinkTranspose<CastOp>>(context);
 }

@@ -114,6 +114,7 @@ def Neuron_UnaryOp : Neuron_Op<"unary"> {
   let arguments = (ins Neuron_UnaryFnAttr:$fn, Neuron_Tensor:$input);
   let results = (outs Neuron_Tensor:$result);
   let assemblyFormat = "$fn $input attr-dict `:` type($input) `->` type($result)";
+  let hasCanonicalizer = 1;
   let hasVerifier = 1;
 }
 
@@ -129,6 +130,7 @@ def Neuron_BinaryOp : Neuron_Op<"binary"> {
   let assemblyFormat = [{
     $fn $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
   }];
+  let hasCanonicalizer = 1;
   let hasVerifier = 1;
 }
 
@@ -149,6 +151,7 @@ def Neuron_CastOp : Neuron_Op<"cast"> {
   let arguments = (ins Neuron_Tensor:$input);
   let results = (outs Neuron_Tensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasCanonicalizer = 1;
   let hasVerifier = 1;
   let hasFolder = 1;
 }

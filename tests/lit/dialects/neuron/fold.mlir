@@ -19,3 +19,32 @@ func.func @identities(%a: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<32xf32>, 
   // CHECK: return %arg0, %[[R]], %[[S]]
   return %s, %r2, %b : tensor<4x8xf32>, tensor<32xf32>, tensor<2x4xf32>
 }
+
+// A transpose sinks below elementwise ops whose other operands are splats
+// or the same transpose, so it reaches the matmul that reads it through a
+// strided window instead of being copied for the elementwise op.
+// CHECK-LABEL: func.func @sink_transpose
+// CHECK: %[[S:.*]] = neuron.constant dense<5.000000e-01> : tensor<4x8xf32>
+// CHECK: %[[M:.*]] = neuron.binary mul %arg0, %[[S]] : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xf32>
+// CHECK: %[[E:.*]] = neuron.unary exp %[[M]] : tensor<4x8xf32> -> tensor<4x8xf32>
+// CHECK: %[[T:.*]] = neuron.transpose %[[E]], [1, 0] : tensor<4x8xf32> -> tensor<8x4xf32>
+// CHECK: neuron.matmul %[[T]], %arg1
+func.func @sink_transpose(%x: tensor<4x8xf32>, %w: tensor<4x2xf32>) -> tensor<8x2xf32> {
+  %t = neuron.transpose %x, [1, 0] : tensor<4x8xf32> -> tensor<8x4xf32>
+  %c = neuron.constant dense<0.5> : tensor<8x4xf32>
+  %m = neuron.binary mul %t, %c : tensor<8x4xf32>, tensor<8x4xf32> -> tensor<8x4xf32>
+  %e = neuron.unary exp %m : tensor<8x4xf32> -> tensor<8x4xf32>
+  %r = neuron.matmul %e, %w : tensor<8x4xf32>, tensor<4x2xf32> -> tensor<8x2xf32>
+  return %r : tensor<8x2xf32>
+}
+
+// Different permutations, or an operand that is neither a transpose nor a
+// splat, keep the op where it is.
+// CHECK-LABEL: func.func @keep_transpose
+// CHECK: neuron.transpose %arg0
+// CHECK-NEXT: neuron.binary add
+func.func @keep_transpose(%x: tensor<4x8xf32>, %y: tensor<8x4xf32>) -> tensor<8x4xf32> {
+  %t = neuron.transpose %x, [1, 0] : tensor<4x8xf32> -> tensor<8x4xf32>
+  %a = neuron.binary add %t, %y : tensor<8x4xf32>, tensor<8x4xf32> -> tensor<8x4xf32>
+  return %a : tensor<8x4xf32>
+}
