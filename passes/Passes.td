@@ -42,9 +42,9 @@ def NeuronLowerToNisa : Pass<"neuron-lower-to-nisa", "mlir::ModuleOp"> {
     Option<"target", "target", "std::string", /*default=*/"\"\"",
            "Target chip (trn2, trn3); default: the module's nisa.target "
            "attribute, else trn2">,
-    Option<"freeTileBytes", "free-tile-bytes", "int64_t", /*default=*/"2048",
-           "Bytes per partition of one elementwise/reduction tile (DMA "
-           "transfers of >= 2 KiB per partition run near peak)">
+    Option<"freeTileBytes", "free-tile-bytes", "int64_t", /*default=*/"8192",
+           "Bytes per partition of one flat elementwise tile (DMA "
+           "descriptors of >= 8 KiB per partition hide their overhead)">
   ];
 }
 

@@ -67,8 +67,8 @@ std::optional<Issue> mlir::nisa::issueOf(Operation *op) {
       .Case<MatmulOp>([](auto) { return Issue{Engine::tensor, false}; })
       .Case<ActivationOp>([](auto) { return Issue{Engine::scalar, false}; })
       .Case<TensorTensorOp, TensorScalarOp, TensorReduceOp, SelectOp,
-            MemsetOp>([](auto) { return Issue{Engine::vector, false}; })
-      .Case<CopyOp>([](CopyOp c) { return Issue{c.getEngine(), false}; })
+            MemsetOp, CopyOp>(
+          [](auto o) { return Issue{o.getEngine(), false}; })
       .Case<IotaOp>([](auto) { return Issue{Engine::gpsimd, false}; })
       .Default([](Operation *) { return std::nullopt; });
 }
@@ -288,7 +288,25 @@ LogicalResult ActivationOp::verify() {
   return success();
 }
 
+/// ALU instructions run on VectorE or GpSimd (some also on ScalarE);
+/// GpSimd cannot reach PSUM.
+static LogicalResult verifyAluEngine(Operation *op, Engine engine,
+                                     bool scalarToo) {
+  if (engine == Engine::tensor || engine == Engine::sync ||
+      (engine == Engine::scalar && !scalarToo))
+    return op->emitOpError("runs on VectorE")
+           << (scalarToo ? ", ScalarE" : "") << " or GpSimd, not "
+           << stringifyEngine(engine);
+  if (engine == Engine::gpsimd)
+    for (Value v : op->getOperands())
+      if (getMemorySpace(memrefType(v)) == MemorySpace::psum)
+        return op->emitOpError("on GpSimd cannot access PSUM");
+  return success();
+}
+
 LogicalResult TensorTensorOp::verify() {
+  if (failed(verifyAluEngine(*this, getEngine(), false)))
+    return failure();
   if (failed(verifyTile(*this, getA(), "first operand")) ||
       failed(verifyTile(*this, getB(), "second operand")) ||
       failed(verifyTile(*this, getDst(), "destination")) ||
@@ -303,6 +321,8 @@ LogicalResult TensorTensorOp::verify() {
 }
 
 LogicalResult TensorScalarOp::verify() {
+  if (failed(verifyAluEngine(*this, getEngine(), true)))
+    return failure();
   if (failed(verifyTile(*this, getSrc(), "source")) ||
       failed(verifyTile(*this, getDst(), "destination")) ||
       failed(verifySameShape(*this, getSrc(), getDst(),
@@ -316,6 +336,8 @@ LogicalResult TensorScalarOp::verify() {
 }
 
 LogicalResult TensorReduceOp::verify() {
+  if (failed(verifyAluEngine(*this, getEngine(), false)))
+    return failure();
   if (failed(verifyTile(*this, getSrc(), "source")) ||
       failed(verifyTile(*this, getDst(), "destination")) ||
       failed(verifyColumn(*this, getDst(), getSrc(), "destination")))
@@ -332,6 +354,8 @@ LogicalResult TensorReduceOp::verify() {
 }
 
 LogicalResult SelectOp::verify() {
+  if (failed(verifyAluEngine(*this, getEngine(), false)))
+    return failure();
   for (auto [v, name] : {std::pair{getPred(), "predicate"},
                          {getOnTrue(), "on_true"},
                          {getOnFalse(), "on_false"},
@@ -355,6 +379,8 @@ LogicalResult CopyOp::verify() {
 }
 
 LogicalResult MemsetOp::verify() {
+  if (failed(verifyAluEngine(*this, getEngine(), false)))
+    return failure();
   return verifyTile(*this, getDst(), "destination");
 }
 

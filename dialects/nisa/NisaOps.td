@@ -152,36 +152,38 @@ def Nisa_ActivationOp : Nisa_Op<"activation"> {
 }
 
 def Nisa_TensorTensorOp : Nisa_Op<"tensor_tensor"> {
-  let summary = "VectorE: dst = a op b";
+  let summary = "VectorE or GpSimd: dst = a op b";
   let arguments = (ins Nisa_AluOpAttr:$op, AnyMemRef:$a, AnyMemRef:$b,
-                   AnyMemRef:$dst);
+                   AnyMemRef:$dst, DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
   let assemblyFormat = [{
     $op $a `,` $b `,` $dst attr-dict `:` type($a) `,` type($b) `,` type($dst)
   }];
 }
 
 def Nisa_TensorScalarOp : Nisa_Op<"tensor_scalar"> {
-  let summary = "VectorE: dst = src op s, s an immediate or a [P,1] column";
+  let summary = "VectorE, GpSimd or ScalarE: dst = src op s, s an immediate or a [P,1] column";
   let arguments = (ins Nisa_AluOpAttr:$op, AnyMemRef:$src, AnyMemRef:$dst,
                    Optional<AnyMemRef>:$scalar,
-                   DefaultValuedAttr<F64Attr, "0.0">:$imm, UnitAttr:$reverse);
+                   DefaultValuedAttr<F64Attr, "0.0">:$imm, UnitAttr:$reverse,
+                   DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
   let assemblyFormat = [{
     $op $src `,` $dst (`scalar` $scalar^)? attr-dict `:` type($src) `,` type($dst) (`,` type($scalar)^)?
   }];
 }
 
 def Nisa_TensorReduceOp : Nisa_Op<"tensor_reduce"> {
-  let summary = "VectorE: dst[p, 0] = reduce of the free elements of src[p]";
-  let arguments = (ins Nisa_AluOpAttr:$op, AnyMemRef:$src, AnyMemRef:$dst);
+  let summary = "VectorE or GpSimd: dst[p, 0] = reduce of the free elements of src[p]";
+  let arguments = (ins Nisa_AluOpAttr:$op, AnyMemRef:$src, AnyMemRef:$dst,
+                   DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
   let assemblyFormat = [{
     $op $src `,` $dst attr-dict `:` type($src) `,` type($dst)
   }];
 }
 
 def Nisa_SelectOp : Nisa_Op<"select"> {
-  let summary = "VectorE: dst = pred != 0 ? on_true : on_false";
+  let summary = "VectorE or GpSimd: dst = pred != 0 ? on_true : on_false";
   let arguments = (ins AnyMemRef:$pred, AnyMemRef:$on_true,
-                   AnyMemRef:$on_false, AnyMemRef:$dst);
+                   AnyMemRef:$on_false, AnyMemRef:$dst, DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
   let assemblyFormat = [{
     $pred `,` $on_true `,` $on_false `,` $dst attr-dict `:` type($pred) `,` type($on_true) `,` type($on_false) `,` type($dst)
   }];
@@ -195,8 +197,8 @@ def Nisa_CopyOp : Nisa_Op<"copy"> {
 }
 
 def Nisa_MemsetOp : Nisa_Op<"memset"> {
-  let summary = "VectorE: dst = value";
-  let arguments = (ins AnyMemRef:$dst, F64Attr:$value);
+  let summary = "VectorE or GpSimd: dst = value";
+  let arguments = (ins AnyMemRef:$dst, F64Attr:$value, DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
   let assemblyFormat = "$dst `,` $value attr-dict `:` type($dst)";
 }
 

@@ -184,11 +184,18 @@ private:
                   ArrayRef<std::pair<Value, Value>> inputs,
                   ArrayRef<std::pair<Value, Value>> outputs);
   void lowerFusion(FusionOp fusion);
+  llvm::DenseMap<Operation *, nisa::Engine>
+  assignEngines(ArrayRef<Operation *> ops,
+                const llvm::DenseSet<Operation *> &folded,
+                const FusionPlan &plan, int64_t cols) const;
   void lowerMatmul(MatmulOp op);
   void forEach(int64_t count, llvm::function_ref<void(Value)> body);
   void forEachRotating(int64_t first, int64_t count, int64_t slots,
                        llvm::function_ref<void(Value, int64_t)> body);
   int64_t streamSlots(double transferNs, double computeNs) const;
+  void forEachPipelined(int64_t count, int64_t slots,
+                        llvm::function_ref<void(Value, int64_t)> load,
+                        llvm::function_ref<void(Value, int64_t)> compute);
   void lowerReduce(ReduceOp op);
   void lowerConcat(ConcatOp op);
   void lowerGather(GatherOp op);
@@ -399,6 +406,102 @@ struct GroupStep {
   }
 };
 
+/// Engines for a group's instructions. Each engine's queue runs in order,
+/// so a step's chain of instructions flows through the engines without
+/// going back to one (engine A for a first run of instructions, B for the
+/// next, ...): then every engine works on a later step while the next
+/// engine finishes this one. Among such splits (activations need ScalarE;
+/// ALU ops VectorE or GpSimd, and tensor_scalar and copies also ScalarE),
+/// the one whose busiest engine has the least work, by the target's
+/// clocks; if none fits, ALU ops stay on VectorE.
+llvm::DenseMap<Operation *, nisa::Engine>
+KernelLowering::assignEngines(ArrayRef<Operation *> ops,
+                              const llvm::DenseSet<Operation *> &folded,
+                              const FusionPlan &plan, int64_t cols) const {
+  using nisa::Engine;
+  SmallVector<Operation *> work;
+  for (Operation *op : ops)
+    if (!isa<ConstantOp, BroadcastOp, ReshapeOp>(op) && !folded.contains(op))
+      work.push_back(op);
+  // tensor_scalar (a binary op with a splat or row operand) and copies run
+  // on ScalarE too; other ALU ops on VectorE or GpSimd.
+  auto allowed = [&](Operation *op, Engine e) {
+    if (isa<UnaryOp>(op))
+      return e == Engine::scalar;
+    if (e != Engine::scalar || isa<CastOp>(op))
+      return true;
+    auto bin = dyn_cast<BinaryOp>(op);
+    if (!bin)
+      return false;
+    Rep l = plan.rep(bin.getLhs()), r = plan.rep(bin.getRhs());
+    auto full = [](Rep x) { return x == Rep::Full || x == Rep::Col; };
+    return l == Rep::Splat || r == Rep::Splat || full(l) != full(r);
+  };
+  // Streaming cost, as the engines charge it: elements x inputs streamed /
+  // clock; on VectorE two 16-bit inputs stream together and 16-bit
+  // tensor_scalar/copy run in perf mode.
+  auto is16 = [](Value v) {
+    return cast<RankedTensorType>(v.getType()).getElementTypeBitWidth() == 16;
+  };
+  auto cost = [&](Operation *op, Engine e) {
+    Value out = op->getResult(0);
+    Value measured = isa<ReduceOp>(op) ? op->getOperand(0) : out;
+    double n = plan.rep(measured) == Rep::Row ? 1.0 : double(cols);
+    SmallVector<Value> streamed;
+    for (Value v : op->getOperands())
+      if (plan.rep(v) == Rep::Full || plan.rep(v) == Rep::Col)
+        streamed.push_back(v);
+    bool all16 = is16(out) && llvm::all_of(streamed, is16);
+    double passes = std::max<size_t>(1, streamed.size());
+    double speedup = 1;
+    if (e == Engine::vector) {
+      if (streamed.size() == 2 && all16)
+        passes = 1;
+      bool perfOp = isa<CastOp>(op) || (isa<BinaryOp>(op) && streamed.size() == 1);
+      if (perfOp && all16)
+        speedup = double(target.value("vector_elems_per_cycle_16bit")) /
+                  target.partitions;
+    }
+    double clock = e == Engine::vector   ? target.vectorClockGHz
+                   : e == Engine::gpsimd ? target.gpsimdClockGHz
+                                         : target.scalarClockGHz;
+    return std::max(n * passes / speedup, 64.0) / clock;
+  };
+  llvm::DenseMap<Operation *, Engine> best;
+  for (Operation *op : work)
+    best[op] = isa<UnaryOp>(op) ? Engine::scalar : Engine::vector;
+  double bestLoad = std::numeric_limits<double>::infinity();
+  const Engine all[3] = {Engine::vector, Engine::gpsimd, Engine::scalar};
+  size_t n = work.size();
+  if (n > 24)
+    return best;
+  // Orders of up to three engines and two cut points.
+  for (int a = 0; a < 3; ++a)
+    for (int b2 = 0; b2 < 3; ++b2)
+      for (int c = 0; c < 3; ++c) {
+        if (a == b2 || a == c || b2 == c)
+          continue;
+        Engine order[3] = {all[a], all[b2], all[c]};
+        for (size_t cut1 = 0; cut1 <= n; ++cut1)
+          for (size_t cut2 = cut1; cut2 <= n; ++cut2) {
+            double load[3] = {0, 0, 0};
+            bool ok = true;
+            for (size_t i = 0; i < n && ok; ++i) {
+              int seg = i < cut1 ? 0 : i < cut2 ? 1 : 2;
+              ok = allowed(work[i], order[seg]);
+              load[seg] += cost(work[i], order[seg]);
+            }
+            double worst = std::max({load[0], load[1], load[2]});
+            if (!ok || worst >= bestLoad)
+              continue;
+            bestLoad = worst;
+            for (size_t i = 0; i < n; ++i)
+              best[work[i]] = order[i < cut1 ? 0 : i < cut2 ? 1 : 2];
+          }
+      }
+  return best;
+}
+
 void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
                                 ArrayRef<std::pair<Value, Value>> inputs,
                                 ArrayRef<std::pair<Value, Value>> outputs) {
@@ -436,22 +539,16 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     int64_t rem = plan.numCols % (p * cols);
     steps = plan.numCols / (p * cols) + (rem / cols > 0) + (rem % cols > 0);
   }
-  // Tiles DMAs read or write rotate over a few slots, so transfers of later
-  // steps overlap the compute of this one; as many as hide a transfer,
-  // within half of SBUF.
+  // Tiles DMAs read or write rotate over up to four slots, so loads run
+  // ahead of the compute and stores trail it (within half of SBUF); the
+  // tiles in between alternate between two, so one step's instructions
+  // never wait for the previous step's to free a tile.
   int64_t streams = inputs.size() + outputs.size();
-  int64_t computeOps = llvm::count_if(ops, [](Operation *op) {
-    return !isa<ConstantOp, BroadcastOp, ReshapeOp>(op);
-  });
-  double stepBytes = double(p * cols * widest);
-  double transferNs =
-      stepBytes / (target.dmaEngines * target.dmaBytesPerNsPerEngine);
-  double computeNs = double(computeOps * cols) / target.vectorClockGHz;
-  int64_t numSlots =
-      std::min(steps, streamSlots(transferNs * streams, computeNs));
+  int64_t numSlots = std::min<int64_t>(steps, 4);
   while (numSlots > 1 && streams * numSlots * cols * widest >
                              target.sbufBytesPerPartition / 2)
     --numSlots;
+  int64_t innerSlots = std::min<int64_t>(steps, 2);
   llvm::DenseMap<Value, Value> slots, columns;
   auto slotWidth = [&](Value v) -> int64_t {
     return plan.rep(v) == Rep::Row ? 1 : cols;
@@ -482,8 +579,76 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
       slots[v] = tile(MemorySpace::sbuf, {p, numSlots * slotWidth(v)}, elt(v));
   llvm::DenseSet<Value> isOutput(outputValues.begin(), outputValues.end());
 
-  // One step: `base` is the first row (by rows) or element (flat).
-  auto step = [&](Value base, int64_t rows, int64_t stepCols, int64_t slotIndex) {
+  // Instructions saved by reading values as the engines do (every operand
+  // is widened to fp32 and every result rounded once on store):
+  //  - a widening cast (bf16/f16 to f32) is exact: its users read the input;
+  //  - a narrowing cast of a value used only by it: the producer stores in
+  //    the narrow type directly (one rounding either way);
+  //  - f(x - m) (or +) in fp32 with m a row broadcast: one activation with
+  //    m as its per-partition bias.
+  llvm::DenseSet<Operation *> folded;
+  llvm::DenseMap<Value, Value> narrowedBy; // producer result -> cast result
+  llvm::DenseMap<Operation *, Operation *> biasOf; // unary -> its add/sub
+  llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
+  auto onlyUse = [&](Value v) -> Operation * {
+    if (!v.hasOneUse() || isOutput.contains(v))
+      return nullptr;
+    return *v.getUsers().begin();
+  };
+  for (Operation *op : ops) {
+    if (auto c = dyn_cast<CastOp>(op)) {
+      Type from = tensorType(c.getInput()).getElementType();
+      Type to = c.getType().getElementType();
+      Operation *producer = c.getInput().getDefiningOp();
+      if ((from.isBF16() || from.isF16()) && to.isF32()) {
+        folded.insert(op);
+      } else if (from.isF32() && isa<FloatType>(to) && producer &&
+                 members.contains(producer) &&
+                 !isa<BroadcastOp, ReshapeOp, ConstantOp>(producer) &&
+                 !folded.contains(producer) && onlyUse(c.getInput()) == op &&
+                 plan.rep(c.getInput()) == plan.rep(c.getResult())) {
+        narrowedBy[c.getInput()] = c.getResult();
+        folded.insert(op);
+      }
+    }
+    if (auto u = dyn_cast<UnaryOp>(op)) {
+      auto bin = u.getInput().getDefiningOp<BinaryOp>();
+      if (bin && members.contains(bin) && onlyUse(bin.getResult()) == op &&
+          (bin.getFn() == BinaryFn::sub || bin.getFn() == BinaryFn::add) &&
+          bin.getType().getElementType().isF32() &&
+          plan.rep(bin.getLhs()) == Rep::Full &&
+          plan.rep(bin.getRhs()) == Rep::Row) {
+        biasOf[op] = bin;
+        folded.insert(bin);
+      }
+    }
+  }
+
+  llvm::DenseMap<Operation *, nisa::Engine> engineFor =
+      assignEngines(ops, folded, plan, cols);
+  llvm::DenseMap<Value, Value> inner; // intermediate -> its two-slot tile
+  int64_t innerBytes = 0;
+  for (Operation *op : ops)
+    if (!isa<ConstantOp, BroadcastOp, ReshapeOp>(op) && !folded.contains(op) &&
+        !isOutput.contains(op->getResult(0)))
+      innerBytes += slotWidth(op->getResult(0)) * widest;
+  if (innerBytes * innerSlots > target.sbufBytesPerPartition / 4)
+    innerSlots = 1;
+  for (Operation *op : ops) {
+    Value v = op->getResult(0);
+    if (isa<ConstantOp, BroadcastOp, ReshapeOp>(op) || folded.contains(op) ||
+        isOutput.contains(v) ||
+        (narrowedBy.count(v) && isOutput.contains(narrowedBy.lookup(v))))
+      continue;
+    Type storage = narrowedBy.count(v) ? elt(narrowedBy.lookup(v)) : elt(v);
+    inner[v] = tile(MemorySpace::sbuf, {p, innerSlots * slotWidth(v)}, storage);
+  }
+
+  // One step: `base` is the first row (by rows) or element (flat). Its
+  // loads and its compute are emitted apart, so loads can run ahead.
+  enum class Phase { Load, Compute };
+  auto step = [&](Phase phase, Value base, int64_t rows, int64_t stepCols,
+                  int64_t slotIndex) {
     TileScope scope(*this);
     GroupStep st{plan, rows, stepCols, {}};
     auto slot = [&](Value v) {
@@ -507,7 +672,8 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
       case Rep::Full:
       case Rep::Row:
         st.tiles[v] = slot(v);
-        dma(window(v, buffer), st.tiles[v]);
+        if (phase == Phase::Load)
+          dma(window(v, buffer), st.tiles[v]);
         break;
       case Rep::Col:
         st.tiles[v] = view(columns[v], index(0), {rows, stepCols}, {cols, 1});
@@ -516,11 +682,17 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
         break;
       }
     }
+    if (phase == Phase::Load)
+      return;
     auto dstFor = [&](Value v) {
       if (isOutput.contains(v))
         return slot(v);
-      bool row = plan.rep(v) == Rep::Row;
-      return tile(MemorySpace::sbuf, {rows, row ? 1 : stepCols}, elt(v));
+      if (Value narrowed = narrowedBy.lookup(v);
+          narrowed && isOutput.contains(narrowed))
+        return slot(narrowed);
+      int64_t width = slotWidth(v);
+      return view(inner[v], index(slotIndex % innerSlots * width),
+                  {rows, width == 1 ? 1 : stepCols}, {innerSlots * width, 1});
     };
     // A row or splat operand as a tile of the result's shape (select takes
     // equal shapes).
@@ -537,21 +709,38 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
                                        st.tileOf(v), APFloat(0.0), false);
       return t;
     };
+    auto width = [&](Value v) {
+      return plan.rep(v) == Rep::Row ? 1.0 : double(stepCols);
+    };
     for (Operation *op : ops) {
       loc = op->getLoc();
       if (isa<ConstantOp>(op))
         continue;
       Value result = op->getResult(0);
-      if (isa<BroadcastOp, ReshapeOp>(op)) {
+      if (isa<BroadcastOp, ReshapeOp>(op) || folded.contains(op)) {
         st.tiles[result] = st.tileOf(op->getOperand(0));
         continue;
       }
       Value dst = dstFor(result);
       st.tiles[result] = dst;
       if (auto u = dyn_cast<UnaryOp>(op)) {
-        b.create<nisa::ActivationOp>(loc, st.tileOf(u.getInput()), dst,
-                                     Value(), activationFor(u.getFn()),
-                                     APFloat(1.0), APFloat(0.0));
+        // exp(x - m) with m a row: the row rides along as the bias.
+        Value src = u.getInput(), bias;
+        if (auto shift = biasOf.lookup(op)) {
+          auto bin = cast<BinaryOp>(shift);
+          src = bin.getLhs();
+          bias = st.tileOf(bin.getRhs());
+          if (bin.getFn() == BinaryFn::sub) {
+            Value negated = tile(MemorySpace::sbuf, {rows, 1}, b.getF32Type());
+            b.create<nisa::TensorScalarOp>(loc, nisa::AluOp::multiply, bias,
+                                           negated, Value(), APFloat(-1.0),
+                                           false, engineFor.lookup(op));
+            bias = negated;
+          }
+        }
+        b.create<nisa::ActivationOp>(loc, st.tileOf(src), dst, bias,
+                                     activationFor(u.getFn()), APFloat(1.0),
+                                     APFloat(0.0));
       } else if (auto bin = dyn_cast<BinaryOp>(op)) {
         nisa::AluOp alu = aluFor(bin.getFn());
         Value l = bin.getLhs(), r = bin.getRhs();
@@ -560,28 +749,32 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
           bool reverse = rl == Rep::Splat;
           double imm = plan.splats.lookup(reverse ? l : r);
           b.create<nisa::TensorScalarOp>(loc, alu, st.tileOf(reverse ? r : l),
-                                         dst, Value(), APFloat(imm), reverse);
+                                         dst, Value(), APFloat(imm), reverse,
+                                         engineFor.lookup(op));
         } else if (st.fullish(l) != st.fullish(r)) {
           // A row broadcast against a full tile: a per-partition scalar.
           bool reverse = !st.fullish(l);
           b.create<nisa::TensorScalarOp>(loc, alu, st.tileOf(reverse ? r : l),
                                          dst, st.tileOf(reverse ? l : r),
-                                         APFloat(0.0), reverse);
+                                         APFloat(0.0), reverse,
+                                         engineFor.lookup(op));
         } else {
           b.create<nisa::TensorTensorOp>(loc, alu, st.tileOf(l), st.tileOf(r),
-                                         dst);
+                                         dst, engineFor.lookup(op));
         }
       } else if (auto sel = dyn_cast<SelectOp>(op)) {
         bool rowResult = plan.rep(result) == Rep::Row;
         Value c = asTile(sel.getCond(), rowResult);
         Value t = asTile(sel.getOnTrue(), rowResult);
         Value f = asTile(sel.getOnFalse(), rowResult);
-        b.create<nisa::SelectOp>(loc, c, t, f, dst);
+        b.create<nisa::SelectOp>(loc, c, t, f, dst, engineFor.lookup(op));
       } else if (auto c = dyn_cast<CastOp>(op)) {
-        b.create<nisa::CopyOp>(loc, st.tileOf(c.getInput()), dst);
+        b.create<nisa::CopyOp>(loc, st.tileOf(c.getInput()), dst,
+                               engineFor.lookup(op));
       } else if (auto r = dyn_cast<ReduceOp>(op)) {
         b.create<nisa::TensorReduceOp>(loc, aluFor(r.getFn()),
-                                       st.tileOf(r.getInput()), dst);
+                                       st.tileOf(r.getInput()), dst,
+                                       engineFor.lookup(op));
       }
     }
     for (auto [v, buffer] : outputs) {
@@ -590,24 +783,37 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     }
   };
 
+  // Full steps pipelined (loads run numSlots - 1 steps ahead), then the
+  // smaller steps at the end.
+  auto run = [&](int64_t full, int64_t stride, int64_t rows) {
+    forEachPipelined(
+        full, numSlots,
+        [&](Value i, int64_t slot) {
+          step(Phase::Load, scale(i, stride), rows, cols, slot);
+        },
+        [&](Value i, int64_t slot) {
+          step(Phase::Compute, scale(i, stride), rows, cols, slot);
+        });
+  };
+  auto single = [&](int64_t base, int64_t rows, int64_t stepCols,
+                    int64_t slot) {
+    step(Phase::Load, index(base), rows, stepCols, slot);
+    step(Phase::Compute, index(base), rows, stepCols, slot);
+  };
   if (plan.byRows) {
     int64_t full = plan.numRows / p, rem = plan.numRows % p;
-    forEachRotating(0, full, numSlots, [&](Value i, int64_t slot) {
-      step(scale(i, p), p, cols, slot);
-    });
+    run(full, p, p);
     if (rem)
-      step(index(full * p), rem, cols, full);
+      single(full * p, rem, cols, full);
     return;
   }
   int64_t n = plan.numCols, chunk = p * cols, full = n / chunk;
-  forEachRotating(0, full, numSlots, [&](Value i, int64_t slot) {
-    step(scale(i, chunk), p, cols, slot);
-  });
+  run(full, chunk, p);
   int64_t rem = n % chunk, at = full * chunk, next = full;
   if (rem / cols)
-    step(index(at), rem / cols, cols, next++);
+    single(at, rem / cols, cols, next++);
   if (rem % cols)
-    step(index(at + rem / cols * cols), 1, rem % cols, next);
+    single(at + rem / cols * cols, 1, rem % cols, next);
 }
 
 void KernelLowering::lowerFusion(FusionOp fusion) {
@@ -661,13 +867,35 @@ void KernelLowering::forEachRotating(
     body(index(first + i), (first + i) % slots);
 }
 
+/// Steps [0, count) of a stream whose loads go to buffer step % slots:
+/// the loads of the first slots - 1 steps, then per step the load of the
+/// step slots - 1 ahead before the step's compute. In program order (which
+/// is each DMA queue's issue order) a load thus never waits behind the
+/// store of an earlier step.
+void KernelLowering::forEachPipelined(
+    int64_t count, int64_t slots,
+    llvm::function_ref<void(Value step, int64_t slot)> load,
+    llvm::function_ref<void(Value step, int64_t slot)> compute) {
+  int64_t ahead = std::min(slots - 1, count);
+  for (int64_t i = 0; i < ahead; ++i)
+    load(index(i), i % slots);
+  int64_t steady = count - ahead;
+  forEachRotating(0, steady, slots, [&](Value i, int64_t slot) {
+    load(addOffset(i, ahead), (slot + ahead) % slots);
+    compute(i, slot);
+  });
+  for (int64_t i = steady; i < count; ++i)
+    compute(index(i), i % slots);
+}
+
 /// How many buffers keep a stream of DMA transfers ahead of the work that
 /// consumes them: enough to cover a transfer (fixed latency included) with
-/// the compute of the steps in between, at least two, at most four.
+/// the compute of the steps in between, at least three (so one transfer
+/// can finish while another is issued), at most four.
 int64_t KernelLowering::streamSlots(double transferNs, double computeNs) const {
   double cover = (target.dmaFixedLatencyNs + transferNs) /
                  std::max(computeNs, 1.0);
-  return std::clamp<int64_t>((int64_t)std::ceil(cover) + 1, 2, 4);
+  return std::clamp<int64_t>((int64_t)std::ceil(cover) + 1, 3, 4);
 }
 
 /// GEMM, with the operand reuse that keeps TensorE fed:

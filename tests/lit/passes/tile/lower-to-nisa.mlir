@@ -15,7 +15,7 @@
 // CHECK: nisa.dma_copy
 // CHECK: nisa.activation exp
 // The splat operand rides along as an immediate.
-// CHECK: nisa.tensor_scalar multiply {{.*}} {imm = 2.000000e+00 : f64}
+// CHECK: nisa.tensor_scalar multiply {{.*}}imm = 2.000000e+00 : f64}
 // CHECK: nisa.dma_copy {{.*}}, %{{.*}} : memref<128x128xf32, strided<[128, 1], offset: ?>, #nisa.mem<sbuf>>
 // CHECK: memref.dealloc
 // CHECK: return
@@ -60,12 +60,12 @@ func.func @matmul(%a: tensor<200x300xbf16>, %b: tensor<300x256xbf16>) -> tensor<
 
 // Rows on the partitions, the reduced dim along the free axis in chunks.
 // CHECK-LABEL: func.func @reduce
-// CHECK: nisa.tensor_reduce max {{.*}} : memref<128x512xf32, #nisa.mem<sbuf>>, memref<128x1xf32, #nisa.mem<sbuf>>
+// CHECK: nisa.tensor_reduce max {{.*}} : memref<128x2048xf32, #nisa.mem<sbuf>>, memref<128x1xf32, #nisa.mem<sbuf>>
 // CHECK: scf.for
 // CHECK: nisa.tensor_reduce max
 // CHECK: nisa.tensor_tensor max
-func.func @reduce(%x: tensor<128x1536xf32>) -> tensor<128xf32> {
-  %r = neuron.reduce max %x {count = 1} : tensor<128x1536xf32> -> tensor<128xf32>
+func.func @reduce(%x: tensor<128x6144xf32>) -> tensor<128xf32> {
+  %r = neuron.reduce max %x {count = 1} : tensor<128x6144xf32> -> tensor<128xf32>
   return %r : tensor<128xf32>
 }
 
