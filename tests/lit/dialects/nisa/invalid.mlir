@@ -359,3 +359,27 @@ func.func @unknown_attr(%a: memref<4x8xf32>, %b: memref<4x8xf32>) {
   nisa.dma_copy %a, %b {nisa.wait = array<i64: 0>} : memref<4x8xf32>, memref<4x8xf32>
   return
 }
+
+// -----
+
+func.func @tensor_tensor_on_scalar(%a: memref<4x8xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{runs on VectorE or GpSimd, not scalar}}
+  nisa.tensor_tensor add %a, %a, %a {engine = #nisa.engine<scalar>} : memref<4x8xf32, #nisa.mem<sbuf>>, memref<4x8xf32, #nisa.mem<sbuf>>, memref<4x8xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @tensor_scalar_on_tensor(%a: memref<4x8xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{runs on VectorE, ScalarE or GpSimd, not tensor}}
+  nisa.tensor_scalar multiply %a, %a {engine = #nisa.engine<tensor>, imm = 2.0 : f64} : memref<4x8xf32, #nisa.mem<sbuf>>, memref<4x8xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @gpsimd_psum(%a: memref<4x8xf32, #nisa.mem<psum>>, %b: memref<4x1xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{on GpSimd cannot access PSUM}}
+  nisa.tensor_reduce add %a, %b {engine = #nisa.engine<gpsimd>} : memref<4x8xf32, #nisa.mem<psum>>, memref<4x1xf32, #nisa.mem<sbuf>>
+  return
+}

@@ -28,6 +28,11 @@ func.func @instructions(%in: memref<128x64xf32>, %out: memref<128x64xf32>,
   nisa.tensor_scalar multiply %a, %b {imm = 0.5 : f64, reverse} : !sb, !sb
   // CHECK: nisa.tensor_reduce max
   nisa.tensor_reduce max %a, %c : !sb, !col
+  // ALU instructions may run on GpSimd (and tensor_scalar on ScalarE).
+  // CHECK: nisa.tensor_tensor add {{.*}}engine = #nisa.engine<gpsimd>
+  nisa.tensor_tensor add %a, %b, %b {engine = #nisa.engine<gpsimd>} : !sb, !sb, !sb
+  // CHECK: nisa.tensor_scalar add {{.*}}engine = #nisa.engine<scalar>
+  nisa.tensor_scalar add %a, %b {engine = #nisa.engine<scalar>, imm = 1.0 : f64} : !sb, !sb
   // CHECK: nisa.select
   nisa.select %pr, %a, %b, %b : memref<128x64xi1, #nisa.mem<sbuf>>, !sb, !sb, !sb
   // CHECK: nisa.copy {{.*}}engine = #nisa.engine<scalar>

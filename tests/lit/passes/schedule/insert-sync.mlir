@@ -133,6 +133,40 @@ func.func @slots(%x: memref<128x64xf32>) attributes {nisa.kernel, nisa.num_input
 
 // -----
 
+// Rows x columns of an HBM buffer: stores of two M tiles (rows 0-127 and
+// 128-255 of every 256-row block) into column groups a loop moves never
+// meet, so neither waits for the other. (Each still waits for its own
+// earlier instances: that they differ in rows or in columns is beyond the
+// per-dimension test.)
+// CHECK-LABEL: func.func @boxes
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 0 : i64, nisa.waits = array<i64: 0>}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 1 : i64, nisa.waits = array<i64: 1>}
+func.func @boxes(%out: memref<512x1024xf32>) attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c256 = arith.constant 256 : index
+  %c512 = arith.constant 512 : index
+  %c131072 = arith.constant 131072 : index
+  %c262144 = arith.constant 262144 : index
+  %t = memref.alloc() {nisa.address = 0 : i64} : memref<128x512xf32, #nisa.mem<sbuf>>
+  scf.for %m = %c0 to %c2 step %c1 {
+    scf.for %g = %c0 to %c2 step %c1 {
+      %row = arith.muli %m, %c262144 : index
+      %col = arith.muli %g, %c512 : index
+      %o0 = arith.addi %row, %col : index
+      %o1 = arith.addi %o0, %c131072 : index
+      %v0 = memref.reinterpret_cast %out to offset: [%o0], sizes: [128, 512], strides: [1024, 1] : memref<512x1024xf32> to memref<128x512xf32, strided<[1024, 1], offset: ?>>
+      %v1 = memref.reinterpret_cast %out to offset: [%o1], sizes: [128, 512], strides: [1024, 1] : memref<512x1024xf32> to memref<128x512xf32, strided<[1024, 1], offset: ?>>
+      nisa.dma_copy %t, %v0 : memref<128x512xf32, #nisa.mem<sbuf>>, memref<128x512xf32, strided<[1024, 1], offset: ?>>
+      nisa.dma_copy %t, %v1 : memref<128x512xf32, #nisa.mem<sbuf>>, memref<128x512xf32, strided<[1024, 1], offset: ?>>
+    }
+  }
+  return
+}
+
+// -----
+
 func.func @unallocated(%x: memref<128x4xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
   %t = memref.alloc() : memref<128x4xf32, #nisa.mem<sbuf>>
   // expected-error @+1 {{reads or writes an on-chip tile without a nisa.address (run nisa-allocate first)}}

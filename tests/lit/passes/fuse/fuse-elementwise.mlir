@@ -1,0 +1,96 @@
+// RUN: neuron-opt %s --neuron-fuse-elementwise --split-input-file | FileCheck %s
+// RUN: neuron-opt %s --neuron-fuse-elementwise=row-bytes=64 --split-input-file | FileCheck %s --check-prefix=NARROW
+
+// Softmax is one fusion: the reductions, the broadcasts of their results
+// and the elementwise ops between them; only x comes in, only y goes out.
+// CHECK-LABEL: func.func @softmax
+// CHECK: %[[F:.*]] = neuron.fusion(%arg0) : (tensor<64x32xf32>) -> tensor<64x32xf32> {
+// CHECK: neuron.reduce max
+// CHECK: neuron.broadcast
+// CHECK: neuron.binary sub
+// CHECK: neuron.unary exp
+// CHECK: neuron.reduce sum
+// CHECK: neuron.binary div
+// CHECK: neuron.yield
+// CHECK: return %[[F]]
+// With rows wider than row-bytes, reductions stay apart; the elementwise
+// ops between them still form a flat group.
+// NARROW-LABEL: func.func @softmax
+// NARROW: neuron.reduce max %arg0
+// NARROW: neuron.fusion
+// NARROW: neuron.binary sub
+// NARROW-NEXT: neuron.unary exp
+// NARROW-NEXT: neuron.yield
+// NARROW: neuron.reduce sum
+func.func @softmax(%x: tensor<64x32xf32>) -> tensor<64x32xf32> {
+  %m = neuron.reduce max %x {count = 1} : tensor<64x32xf32> -> tensor<64xf32>
+  %r = neuron.reshape %m : tensor<64xf32> -> tensor<64x1xf32>
+  %b = neuron.broadcast %r : tensor<64x1xf32> -> tensor<64x32xf32>
+  %d = neuron.binary sub %x, %b : tensor<64x32xf32>, tensor<64x32xf32> -> tensor<64x32xf32>
+  %e = neuron.unary exp %d : tensor<64x32xf32> -> tensor<64x32xf32>
+  %s = neuron.reduce sum %e {count = 1} : tensor<64x32xf32> -> tensor<64xf32>
+  %r2 = neuron.reshape %s : tensor<64xf32> -> tensor<64x1xf32>
+  %b2 = neuron.broadcast %r2 : tensor<64x1xf32> -> tensor<64x32xf32>
+  %y = neuron.binary div %e, %b2 : tensor<64x32xf32>, tensor<64x32xf32> -> tensor<64x32xf32>
+  return %y : tensor<64x32xf32>
+}
+
+// -----
+
+// An elementwise chain is one flat group; a splat constant is cloned into
+// the body (it rides along as an immediate) and a value used after the
+// group is one of its results.
+// CHECK-LABEL: func.func @chain
+// CHECK: %[[F:.*]]:2 = neuron.fusion(%arg0, %arg1) : (tensor<8x8xbf16>, tensor<8x8xbf16>) -> (tensor<8x8xbf16>, tensor<8x8xbf16>) {
+// CHECK: neuron.constant dense<5.000000e-01>
+// CHECK: neuron.unary sigmoid
+// CHECK: neuron.yield
+// CHECK: neuron.matmul %[[F]]#0, %[[F]]#1
+func.func @chain(%x: tensor<8x8xbf16>, %y: tensor<8x8xbf16>) -> tensor<8x8xbf16> {
+  %s = neuron.unary sigmoid %x : tensor<8x8xbf16> -> tensor<8x8xbf16>
+  %m = neuron.binary mul %x, %s : tensor<8x8xbf16>, tensor<8x8xbf16> -> tensor<8x8xbf16>
+  %a = neuron.binary add %m, %y : tensor<8x8xbf16>, tensor<8x8xbf16> -> tensor<8x8xbf16>
+  %h = neuron.constant dense<0.5> : tensor<8x8xbf16>
+  %o = neuron.binary mul %a, %h : tensor<8x8xbf16>, tensor<8x8xbf16> -> tensor<8x8xbf16>
+  %r = neuron.matmul %m, %o : tensor<8x8xbf16>, tensor<8x8xbf16> -> tensor<8x8xbf16>
+  return %r : tensor<8x8xbf16>
+}
+
+// -----
+
+// RMSNorm: the weight (a column vector) broadcasts along rows inside the
+// group.
+// CHECK-LABEL: func.func @rmsnorm
+// CHECK: neuron.fusion(%arg0, %arg1)
+// CHECK-NOT: neuron.fusion
+func.func @rmsnorm(%x: tensor<16x32xf32>, %w: tensor<32xf32>) -> tensor<16x32xf32> {
+  %sq = neuron.binary mul %x, %x : tensor<16x32xf32>, tensor<16x32xf32> -> tensor<16x32xf32>
+  %s = neuron.reduce sum %sq {count = 1} : tensor<16x32xf32> -> tensor<16xf32>
+  %n = neuron.constant dense<3.125e-02> : tensor<16xf32>
+  %mean = neuron.binary mul %s, %n : tensor<16xf32>, tensor<16xf32> -> tensor<16xf32>
+  %r = neuron.unary rsqrt %mean : tensor<16xf32> -> tensor<16xf32>
+  %r2 = neuron.reshape %r : tensor<16xf32> -> tensor<16x1xf32>
+  %b = neuron.broadcast %r2 : tensor<16x1xf32> -> tensor<16x32xf32>
+  %xn = neuron.binary mul %x, %b : tensor<16x32xf32>, tensor<16x32xf32> -> tensor<16x32xf32>
+  %wb = neuron.broadcast %w : tensor<32xf32> -> tensor<16x32xf32>
+  %y = neuron.binary mul %xn, %wb : tensor<16x32xf32>, tensor<16x32xf32> -> tensor<16x32xf32>
+  return %y : tensor<16x32xf32>
+}
+
+// -----
+
+// A reduction's row vector broadcast along columns (a transpose in
+// disguise) cannot share its group: the reduction ends one group, and the
+// next takes its result as a column vector.
+// CHECK-LABEL: func.func @wrong_axis
+// CHECK: %[[M:.*]] = neuron.fusion(%arg0) : (tensor<5x5xf32>) -> tensor<1x5xf32>
+// CHECK: neuron.fusion(%[[M]], %arg0)
+// CHECK-NEXT: ^bb0(%[[COL:.*]]: tensor<1x5xf32>,
+// CHECK-NEXT: neuron.broadcast %[[COL]] : tensor<1x5xf32> -> tensor<5x5xf32>
+func.func @wrong_axis(%x: tensor<5x5xf32>) -> tensor<5x5xf32> {
+  %m = neuron.reduce max %x {count = 1} : tensor<5x5xf32> -> tensor<5xf32>
+  %r = neuron.reshape %m : tensor<5xf32> -> tensor<1x5xf32>
+  %b = neuron.broadcast %r : tensor<1x5xf32> -> tensor<5x5xf32>
+  %d = neuron.binary sub %x, %b : tensor<5x5xf32>, tensor<5x5xf32> -> tensor<5x5xf32>
+  return %d : tensor<5x5xf32>
+}

@@ -1,0 +1,47 @@
+// RUN: neuron-opt %s --neuron-lower-to-nisa | FileCheck %s
+
+// A fused softmax on bf16 rows: the widening cast costs nothing (engines
+// read bf16 exactly as fp32), x - max and exp are one activation with the
+// negated row max as its bias, the narrowing cast folds into the divide
+// (which stores bf16 straight into the output tile), and the instructions
+// spread over VectorE, ScalarE and GpSimd. Steps alternate between slots.
+// CHECK-LABEL: func.func @softmax_bf16
+// CHECK-NOT: nisa.copy
+// CHECK: nisa.dma_copy
+// CHECK: nisa.tensor_reduce max {{.*}} : memref<128x64xbf16, {{.*}}>, memref<128x1xf32
+// CHECK: nisa.tensor_scalar multiply {{.*}}imm = -1.000000e+00 : f64}
+// CHECK: nisa.activation exp %{{.*}}, %{{.*}} bias %{{.*}} : memref<128x64xbf16
+// CHECK: nisa.tensor_reduce add {{.*}}engine = #nisa.engine<gpsimd>
+// CHECK: nisa.tensor_scalar divide {{.*}} scalar {{.*}} : memref<128x64xf32, {{.*}}>, memref<128x64xbf16
+// CHECK-NOT: nisa.copy
+// CHECK: return
+func.func @softmax_bf16(%x: tensor<256x64xbf16>) -> tensor<256x64xbf16> {
+  %r = neuron.fusion(%x) : (tensor<256x64xbf16>) -> tensor<256x64xbf16> {
+  ^bb0(%a: tensor<256x64xbf16>):
+    %w = neuron.cast %a : tensor<256x64xbf16> -> tensor<256x64xf32>
+    %m = neuron.reduce max %w {count = 1} : tensor<256x64xf32> -> tensor<256xf32>
+    %r1 = neuron.reshape %m : tensor<256xf32> -> tensor<256x1xf32>
+    %b = neuron.broadcast %r1 : tensor<256x1xf32> -> tensor<256x64xf32>
+    %d = neuron.binary sub %w, %b : tensor<256x64xf32>, tensor<256x64xf32> -> tensor<256x64xf32>
+    %e = neuron.unary exp %d : tensor<256x64xf32> -> tensor<256x64xf32>
+    %s = neuron.reduce sum %e {count = 1} : tensor<256x64xf32> -> tensor<256xf32>
+    %r2 = neuron.reshape %s : tensor<256xf32> -> tensor<256x1xf32>
+    %b2 = neuron.broadcast %r2 : tensor<256x1xf32> -> tensor<256x64xf32>
+    %y = neuron.binary div %e, %b2 : tensor<256x64xf32>, tensor<256x64xf32> -> tensor<256x64xf32>
+    %n = neuron.cast %y : tensor<256x64xf32> -> tensor<256x64xbf16>
+    neuron.yield %n : tensor<256x64xbf16>
+  }
+  return %r : tensor<256x64xbf16>
+}
+
+// A linear layer's weight transpose moves no data: the matmul streams the
+// weight through transposing DMA windows ([K, N] read from [N, K]).
+// CHECK-LABEL: func.func @linear
+// CHECK-NOT: memref.alloc() : memref<256x512xbf16>
+// CHECK: memref.reinterpret_cast %arg1 to offset: [%{{.*}}], sizes: [128, 512], strides: [1, 256]
+// CHECK: nisa.matmul
+func.func @linear(%x: tensor<128x256xbf16>, %w: tensor<512x256xbf16>) -> tensor<128x512xbf16> {
+  %t = neuron.transpose %w, [1, 0] : tensor<512x256xbf16> -> tensor<256x512xbf16>
+  %y = neuron.matmul %x, %t : tensor<128x256xbf16>, tensor<256x512xbf16> -> tensor<128x512xbf16>
+  return %y : tensor<128x512xbf16>
+}
