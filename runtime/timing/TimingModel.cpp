@@ -188,23 +188,28 @@ struct Params {
 //===----------------------------------------------------------------------===//
 
 /// A rectangle of a buffer seen as rows x columns (row = everything after
-/// dim 0: one partition of an on-chip buffer, one leading-dim slice in HBM).
+/// dim 0: one partition of an on-chip buffer, one leading-dim slice in HBM),
+/// and the span [l0, l1] of the buffer's flattened elements (bytes when
+/// addressed) the access reaches, which is what separates views that wrap
+/// rows. Spans compare only within one buffer.
 struct Box {
   int64_t r0, r1, c0, c1; // inclusive
+  int64_t l0, l1;         // inclusive
 };
 
-inline bool overlaps(const Box &a, const Box &b) {
-  return a.r0 <= b.r1 && b.r0 <= a.r1 && a.c0 <= b.c1 && b.c0 <= a.c1;
+inline bool overlaps(const Box &a, const Box &b, bool sameBuffer) {
+  return a.r0 <= b.r1 && b.r0 <= a.r1 && a.c0 <= b.c1 && b.c0 <= a.c1 &&
+         (!sameBuffer || (a.l0 <= b.l1 && b.l0 <= a.l1));
 }
 
 inline bool containsBox(const Box &outer, const Box &inner) {
   return outer.r0 <= inner.r0 && inner.r1 <= outer.r1 && outer.c0 <= inner.c0 &&
-         inner.c1 <= outer.c1;
+         inner.c1 <= outer.c1 && outer.l0 <= inner.l0 && inner.l1 <= outer.l1;
 }
 
 inline Box unionBox(const Box &a, const Box &b) {
   return {std::min(a.r0, b.r0), std::max(a.r1, b.r1), std::min(a.c0, b.c0),
-          std::max(a.c1, b.c1)};
+          std::max(a.c1, b.c1), std::min(a.l0, b.l0), std::max(a.l1, b.l1)};
 }
 
 constexpr uint8_t kMergedUnit = 0xff; // summary of merged records
@@ -419,6 +424,7 @@ struct Operand {
   uint32_t termBegin = 0, termEnd = 0;
   int64_t rowSize = 1;
   int64_t rowExtent = 0, colExtent = 0, totalExtent = 0;
+  int64_t linearExtent = 0; // to the last element (byte when addressed)
   bool separable = true;
   /// Added to box columns: for addressed buffers, whose boxes are in bytes,
   /// the address; 0 otherwise.
@@ -654,6 +660,7 @@ private:
       else
         op.separable = false;
     }
+    op.linearExtent = op.totalExtent;
     if (buffer.address) {
       // Rows are partitions and columns bytes of the space, so the boxes of
       // buffers that share bytes (their aliases) compare. Scaled here, the
@@ -665,6 +672,7 @@ private:
         terms[t].coeff *= size;
       op.rowSize *= size;
       op.totalExtent *= size;
+      op.linearExtent = op.totalExtent + size - 1;
       op.colExtent = op.colExtent * size + size - 1; // to the last byte
     }
     operands.push_back(op);
@@ -984,13 +992,14 @@ private:
     for (uint32_t t = op.termBegin; t < op.termEnd; ++t)
       offset += m.terms[t].coeff * ivs[m.terms[t].slot];
     const int64_t rowSize = op.rowSize, base = op.colBase;
+    const int64_t l0 = offset, l1 = offset + op.linearExtent;
     if (op.separable) {
       int64_t r = offset / rowSize, c = offset - r * rowSize;
       if (c + op.colExtent < rowSize)
-        return {r, r + op.rowExtent, base + c, base + c + op.colExtent};
+        return {r, r + op.rowExtent, base + c, base + c + op.colExtent, l0, l1};
     }
     return {offset / rowSize, (offset + op.totalExtent) / rowSize, base,
-            base + rowSize - 1};
+            base + rowSize - 1, l0, l1};
   }
 
   /// When an earlier access stops blocking a consumer on `unit`: its queue
@@ -1084,7 +1093,7 @@ private:
       double wait = 0;
       for (int32_t key : m.aliases[ops[i].key])
         for (const Access &a : records[key]) {
-          if (!a.write || !overlaps(a.box, boxes[i]))
+          if (!a.write || !overlaps(a.box, boxes[i], key == ops[i].key))
             continue;
           if constexpr (Explicit)
             hazards.note(si, a, false, key, boxes[i]);
@@ -1101,7 +1110,7 @@ private:
     const Box &dstBox = boxes[si.numReads];
     for (int32_t key : m.aliases[dstOp.key])
       for (const Access &a : records[key]) {
-        if (!overlaps(a.box, dstBox))
+        if (!overlaps(a.box, dstBox, key == dstOp.key))
           continue;
         if constexpr (Explicit)
           hazards.note(si, a, true, key, dstBox);

@@ -1259,3 +1259,23 @@ TEST_CASE("complete explicit waits order every conflicting pair",
                            << span[i].second);
   }
 }
+
+TEST_CASE("views that wrap rows conflict only where their elements meet",
+          "[timing][sync]") {
+  // [128, 512] tiles stored flat into a buffer whose rows are 640 wide:
+  // the boxes of the two halves share a row, their elements do not.
+  std::string buffers = buffer(0, "hbm", "output", "f32", "[256, 640]") + "," +
+                        buffer(1, "sbuf", "scratch", "f32", "[128, 512]");
+  auto program = [&](int64_t second) {
+    std::string t = tile(1, 128, 512, 512);
+    return explicitSync(programJson(
+        buffers, "", "0",
+        R"({"op": "memset", "engine": "vector", "value": 1.0, "dst": )" + t +
+            "}," +
+            withWaits(dma(t, tile(0, 128, 512, 512, 0)), "[0]") + "," +
+            withWaits(dma(t, tile(0, 128, 512, 512, second)), "[0]")));
+  };
+  REQUIRE_NOTHROW(run(program(65536)));
+  CHECK(contains(errorOf([&] { run(program(512)); }),
+                 "writes hbm buffer 0 ('b0') written by instruction 1"));
+}
