@@ -61,7 +61,7 @@ MemRefType mlir::nisa::withMemorySpace(MemRefType type, MemorySpace space) {
 
 std::optional<Issue> mlir::nisa::issueOf(Operation *op) {
   return llvm::TypeSwitch<Operation *, std::optional<Issue>>(op)
-      .Case<DmaCopyOp>([](auto) { return Issue{Engine::sync, true}; })
+      .Case<DmaCopyOp>([](DmaCopyOp d) { return Issue{d.getEngine(), true}; })
       // Indirect DMA needs software descriptors, written by GpSimd.
       .Case<DmaGatherOp>([](auto) { return Issue{Engine::gpsimd, true}; })
       .Case<MatmulOp>([](auto) { return Issue{Engine::tensor, false}; })
@@ -205,6 +205,9 @@ static LogicalResult verifyColumn(Operation *op, Value column, Value rows,
 //===----------------------------------------------------------------------===//
 
 LogicalResult DmaCopyOp::verify() {
+  if (getEngine() == Engine::tensor || getEngine() == Engine::vector)
+    return emitOpError("DMAs are triggered by SyncE, ScalarE or GpSimd, not ")
+           << stringifyEngine(getEngine());
   if (failed(verifySameShape(*this, getSrc(), getDst(), "source and "
                                                         "destination")))
     return failure();

@@ -111,7 +111,13 @@ class Nisa_Op<string mnemonic, list<Trait> traits = []>
 
 def Nisa_DmaCopyOp : Nisa_Op<"dma_copy"> {
   let summary = "DMA transfer between any two memories, with dtype cast";
-  let arguments = (ins AnyMemRef:$src, AnyMemRef:$dst);
+  let description = [{
+    `engine` is the queue that triggers the transfer: SyncE by default, or
+    ScalarE or GpSimd, so transfers that must wait (a store waiting for its
+    data) need not hold up the others queued behind them.
+  }];
+  let arguments = (ins AnyMemRef:$src, AnyMemRef:$dst,
+                   DefaultValuedAttr<Nisa_EngineAttr, "Engine::sync">:$engine);
   let assemblyFormat = "$src `,` $dst attr-dict `:` type($src) `,` type($dst)";
 }
 

@@ -895,7 +895,9 @@ void KernelLowering::forEachPipelined(
 int64_t KernelLowering::streamSlots(double transferNs, double computeNs) const {
   double cover = (target.dmaFixedLatencyNs + transferNs) /
                  std::max(computeNs, 1.0);
-  return std::clamp<int64_t>((int64_t)std::ceil(cover) + 1, 3, 4);
+  // A slot is refilled once the step that read it is done and used
+  // slots - 1 steps later; one more covers the trigger and semaphores.
+  return std::clamp<int64_t>((int64_t)std::ceil(cover) + 2, 3, 4);
 }
 
 /// GEMM, with the operand reuse that keeps TensorE fed:
@@ -930,12 +932,12 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
   const int64_t banksPerSet = std::max<int64_t>(1, target.psumBanks / 2);
   int64_t kTiles = (k + kTile - 1) / kTile;
   int64_t kRows = std::min(k, kTile);
-  // M tiles per block: as many as PSUM and the panel budget allow (a panel
-  // over half of SBUF would crowd out the streams).
+  // M tiles per block: as many as PSUM and the panel budget allow (two
+  // panels over half of SBUF would crowd out the streams).
   int64_t mTilesTotal = (m + mTile - 1) / mTile;
   int64_t mTiles = std::min<int64_t>(mTilesTotal, banksPerSet);
-  while (mTiles > 1 &&
-         kTiles * mTiles * mTile * eltBytes > target.sbufBytesPerPartition / 2)
+  while (mTiles > 1 && 2 * kTiles * mTiles * mTile * eltBytes >
+                            target.sbufBytesPerPartition / 2)
     --mTiles;
   // N tiles per B transfer: fill the bank set the M tiles leave free.
   int64_t nTilesTotal = (n + nTile - 1) / nTile;
@@ -944,22 +946,32 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
   int64_t mBlock = mTiles * mTile, nGroup = std::min(n, nTiles * nTile);
 
   auto body = [&](Value lhsBase, Value rhsBase, Value outBase) {
-    forTiles(m, mBlock, [&](Value m0, int64_t mRows) {
+    // The panel of the next M block loads while this block computes: full
+    // blocks alternate between two panel slots.
+    int64_t fullBlocks = m / mBlock;
+    int64_t panelSlots = std::min<int64_t>(fullBlocks, 2);
+    auto loadPanel = [&](Value m0, int64_t mRows, Value panel, Value panelAt,
+                         int64_t panelStride) {
+      // One transfer for the full K tiles ([k in tile, tile, row of A]),
+      // one for the partial tile.
+      Value rows0 = addOffsets(lhsBase, scale(m0, aRow));
+      if (int64_t full = k / kTile)
+        dma(view(lhs, rows0, {kTile, full, mRows}, {aCol, kTile * aCol, aRow}),
+            view(panel, panelAt, {kTile, full, mRows},
+                 {panelStride, mRows, 1}));
+      if (int64_t kt = k % kTile)
+        dma(view(lhs, addOffset(rows0, k / kTile * kTile * aCol), {kt, mRows},
+                 {aCol, aRow}),
+            view(panel, addOffset(panelAt, k / kTile * mRows), {kt, mRows},
+                 {panelStride, 1}));
+    };
+    // `prefetch` runs after the block's first N group: the next panel then
+    // loads behind this block's first B loads, not in front of them.
+    auto block = [&](Value m0, int64_t mRows, Value panel, Value panelAt,
+                     int64_t panelStride, llvm::function_ref<void()> prefetch) {
       TileScope blockScope(*this);
       int64_t blockTiles = (mRows + mTile - 1) / mTile;
       // A^T panel: K on the partitions, column kIdx * mRows + row of A.
-      int64_t panelCols = kTiles * mRows;
-      Value panel = tile(MemorySpace::sbuf, {kRows, panelCols}, inElt);
-      auto loadPanel = [&](Value kIdx, int64_t kt) {
-        Value src = addOffsets(addOffsets(lhsBase, scale(m0, aRow)),
-                               scale(kIdx, kTile * aCol));
-        dma(view(lhs, src, {kt, mRows}, {aCol, aRow}),
-            view(panel, scale(kIdx, mRows), {kt, mRows}, {panelCols, 1}));
-      };
-      forEach(k / kTile, [&](Value kIdx) { loadPanel(kIdx, kTile); });
-      if (k % kTile)
-        loadPanel(index(k / kTile), k % kTile);
-
       // B tiles rotate over enough slots to hide a load behind the matmuls
       // of the steps before it; two PSUM bank sets and two output staging
       // sets alternate between N groups.
@@ -988,9 +1000,9 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
           dma(view(rhs, src, {kt, cols}, {bRow, bCol}), bTile);
           for (int64_t mi = 0; mi < blockTiles; ++mi) {
             int64_t mt = std::min(mTile, mRows - mi * mTile);
-            Value stationary =
-                view(panel, addOffset(scale(kIdx, mRows), mi * mTile), {kt, mt},
-                     {panelCols, 1});
+            Value stationary = view(
+                panel, addOffsets(panelAt, addOffset(scale(kIdx, mRows), mi * mTile)),
+                {kt, mt}, {panelStride, 1});
             for (int64_t ni = 0; ni < groupTiles; ++ni) {
               int64_t nt = std::min(nTile, cols - ni * nTile);
               Value mov = view(moving, index(slot * nGroup + ni * nTile),
@@ -1027,15 +1039,49 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
           }
           Value dst = addOffsets(
               addOffsets(outBase, scale(addOffset(m0, mi * mTile), n)), n0);
-          dma(stage, view(out, dst, {mt, cols}, {n, 1}));
+          // From ScalarE's queue: a store waits for its eviction, and on
+          // SyncE's it would hold up the next group's B loads.
+          b.create<nisa::DmaCopyOp>(loc, stage,
+                                    view(out, dst, {mt, cols}, {n, 1}),
+                                    nisa::Engine::scalar);
         }
       };
-      forEachRotating(0, n / nGroup, 2, [&](Value g, int64_t set) {
-        nStep(g, set, nGroup);
-      });
+      int64_t groups = n / nGroup;
+      if (groups > 0)
+        nStep(index(0), 0, nGroup);
+      prefetch();
+      forEachRotating(1, std::max<int64_t>(groups - 1, 0), 2,
+                      [&](Value g, int64_t set) { nStep(g, set, nGroup); });
       if (n % nGroup)
-        nStep(index(n / nGroup), (n / nGroup) % 2, n % nGroup);
-    });
+        nStep(index(groups), groups % 2, n % nGroup);
+    };
+    if (fullBlocks > 0) {
+      TileScope panels(*this);
+      int64_t panelCols = kTiles * mBlock;
+      Value panel =
+          tile(MemorySpace::sbuf, {kRows, panelSlots * panelCols}, inElt);
+      auto at = [&](int64_t slot) { return index(slot * panelCols); };
+      int64_t stride = panelSlots * panelCols;
+      auto load = [&](Value i, int64_t slot) {
+        loadPanel(scale(i, mBlock), mBlock, panel, at(slot), stride);
+      };
+      load(index(0), 0);
+      forEachRotating(0, fullBlocks - 1, panelSlots, [&](Value i, int64_t slot) {
+        block(scale(i, mBlock), mBlock, panel, at(slot), stride, [&] {
+          load(addOffset(i, 1), (slot + 1) % panelSlots);
+        });
+      });
+      int64_t last = fullBlocks - 1;
+      block(index(last * mBlock), mBlock, panel, at(last % panelSlots), stride,
+            [] {});
+    }
+    if (int64_t rest = m % mBlock) {
+      TileScope panels(*this);
+      Value panel = tile(MemorySpace::sbuf, {kRows, kTiles * rest}, inElt);
+      Value m0 = index(fullBlocks * mBlock);
+      loadPanel(m0, rest, panel, index(0), kTiles * rest);
+      block(m0, rest, panel, index(0), kTiles * rest, [] {});
+    }
   };
   // One loop per batch dim: windows may stride them any way.
   auto outStrides = contiguousStrides(outType.getShape());

@@ -37,10 +37,13 @@ func.func @elementwise(%x: tensor<256x64xf32>) -> tensor<256x64xf32> {
 // K = 300 accumulates in one PSUM bank per output tile over three K
 // tiles: the first overwrites, the rest accumulate. M = 200 is one block of
 // two M tiles whose A^T panel (all of K) is loaded once by transposing DMAs.
+// Stores go from ScalarE's queue.
 // CHECK-LABEL: func.func @matmul
+// The full K tiles come in one transposing transfer ([k, tile, row]), the
+// partial one in another.
 // CHECK: memref.alloc() : memref<128x600xbf16, #nisa.mem<sbuf>>
-// CHECK: scf.for
-// CHECK: nisa.dma_copy {{.*}} : memref<128x200xbf16, strided<[1, 300], offset: ?>>, memref<128x200xbf16, strided<[600, 1], offset: ?>, #nisa.mem<sbuf>>
+// CHECK: nisa.dma_copy {{.*}} : memref<128x2x200xbf16, strided<[1, 128, 300], offset: ?>>, memref<128x2x200xbf16, strided<[600, 200, 1], offset: ?>, #nisa.mem<sbuf>>
+// CHECK: nisa.dma_copy {{.*}} : memref<44x200xbf16, strided<[1, 300], offset: ?>>, memref<44x200xbf16, strided<[600, 1], offset: ?>, #nisa.mem<sbuf>>
 // B tiles rotate over four slots (a load takes longer than a K step); two
 // sets of four 512-column PSUM banks alternate between N groups.
 // CHECK: memref.alloc() : memref<128x1024xbf16, #nisa.mem<sbuf>>
@@ -53,6 +56,7 @@ func.func @elementwise(%x: tensor<256x64xf32>) -> tensor<256x64xf32> {
 // Evictions alternate between VectorE and ScalarE.
 // CHECK: nisa.copy {{.*}} : memref<128x256xf32
 // CHECK: nisa.copy {{.*}} {engine = #nisa.engine<scalar>} : memref<72x256xf32
+// CHECK: nisa.dma_copy {{.*}} {engine = #nisa.engine<scalar>}
 func.func @matmul(%a: tensor<200x300xbf16>, %b: tensor<300x256xbf16>) -> tensor<200x256xbf16> {
   %m = neuron.matmul %a, %b : tensor<200x300xbf16>, tensor<300x256xbf16> -> tensor<200x256xbf16>
   return %m : tensor<200x256xbf16>
