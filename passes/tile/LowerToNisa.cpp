@@ -965,10 +965,11 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
             view(panel, addOffset(panelAt, k / kTile * mRows), {kt, mRows},
                  {panelStride, 1}));
     };
-    // `prefetch` runs after the block's first N group: the next panel then
-    // loads behind this block's first B loads, not in front of them.
+    // `prefetch(g, first)` runs after each N group g: the next panel loads
+    // behind this block's B loads, not in front of them.
     auto block = [&](Value m0, int64_t mRows, Value panel, Value panelAt,
-                     int64_t panelStride, llvm::function_ref<void()> prefetch) {
+                     int64_t panelStride,
+                     llvm::function_ref<void(Value, bool)> prefetch) {
       TileScope blockScope(*this);
       int64_t blockTiles = (mRows + mTile - 1) / mTile;
       // A^T panel: K on the partitions, column kIdx * mRows + row of A.
@@ -1049,9 +1050,12 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
       int64_t groups = n / nGroup;
       if (groups > 0)
         nStep(index(0), 0, nGroup);
-      prefetch();
+      prefetch(index(0), true);
       forEachRotating(1, std::max<int64_t>(groups - 1, 0), 2,
-                      [&](Value g, int64_t set) { nStep(g, set, nGroup); });
+                      [&](Value g, int64_t set) {
+                        nStep(g, set, nGroup);
+                        prefetch(g, false);
+                      });
       if (n % nGroup)
         nStep(index(groups), groups % 2, n % nGroup);
     };
@@ -1066,21 +1070,42 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
         loadPanel(scale(i, mBlock), mBlock, panel, at(slot), stride);
       };
       load(index(0), 0);
+      // Spread over the N groups, a K chunk per group, when they divide K
+      // evenly: the DMA engines then never serve a whole panel at once.
+      int64_t groups = n / nGroup;
+      bool chunked = groups >= 2 && k % kTile == 0 && kTiles % groups == 0;
+      int64_t chunk = chunked ? kTiles / groups : 0;
+      auto prefetchNext = [&](Value i, int64_t slot) {
+        return [&, i, slot](Value g, bool first) {
+          Value m0 = scale(addOffset(i, 1), mBlock);
+          int64_t next = (slot + 1) % panelSlots;
+          if (!chunked) {
+            if (first)
+              loadPanel(m0, mBlock, panel, at(next), stride);
+            return;
+          }
+          Value src = addOffsets(addOffsets(lhsBase, scale(m0, aRow)),
+                                 scale(g, chunk * kTile * aCol));
+          dma(view(lhs, src, {kTile, chunk, mBlock},
+                   {aCol, kTile * aCol, aRow}),
+              view(panel, addOffsets(at(next), scale(g, chunk * mBlock)),
+                   {kTile, chunk, mBlock}, {stride, mBlock, 1}));
+        };
+      };
       forEachRotating(0, fullBlocks - 1, panelSlots, [&](Value i, int64_t slot) {
-        block(scale(i, mBlock), mBlock, panel, at(slot), stride, [&] {
-          load(addOffset(i, 1), (slot + 1) % panelSlots);
-        });
+        block(scale(i, mBlock), mBlock, panel, at(slot), stride,
+              prefetchNext(i, slot));
       });
       int64_t last = fullBlocks - 1;
       block(index(last * mBlock), mBlock, panel, at(last % panelSlots), stride,
-            [] {});
+            [](Value, bool) {});
     }
     if (int64_t rest = m % mBlock) {
       TileScope panels(*this);
       Value panel = tile(MemorySpace::sbuf, {kRows, kTiles * rest}, inElt);
       Value m0 = index(fullBlocks * mBlock);
       loadPanel(m0, rest, panel, index(0), kTiles * rest);
-      block(m0, rest, panel, index(0), kTiles * rest, [] {});
+      block(m0, rest, panel, index(0), kTiles * rest, [](Value, bool) {});
     }
   };
   // One loop per batch dim: windows may stride them any way.
