@@ -374,7 +374,7 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
             }
             for (int64_t s : rc.getStaticSizes())
               view.shape.push_back(s);
-            for (int64_t s : rc.getStaticStrides())
+            for (int64_t s : nisa::viewStrides(rc))
               view.strides.push_back(s);
             if (llvm::any_of(view.shape, ShapedType::isDynamic) ||
                 llvm::any_of(view.strides, ShapedType::isDynamic))

@@ -5,6 +5,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/DialectImplementation.h"
@@ -79,6 +80,13 @@ Value mlir::nisa::writtenOperand(Operation *op) {
             TensorScalarOp, TensorReduceOp, SelectOp, CopyOp, MemsetOp,
             IotaOp>([](auto o) { return o.getDst(); })
       .Default([](Operation *) { return Value(); });
+}
+
+SmallVector<int64_t> mlir::nisa::viewStrides(Operation *op) {
+  SmallVector<int64_t> strides;
+  for (OpFoldResult s : cast<memref::ReinterpretCastOp>(op).getMixedStrides())
+    strides.push_back(getConstantIntValue(s).value_or(ShapedType::kDynamic));
+  return strides;
 }
 
 int64_t mlir::nisa::bytesPerPartition(MemRefType tile) {

@@ -50,6 +50,10 @@ std::optional<Issue> issueOf(Operation *op);
 /// The operand an instruction writes.
 Value writtenOperand(Operation *op);
 
+/// The strides of a view, constant operands included; ShapedType::kDynamic
+/// where a stride is not a constant.
+SmallVector<int64_t> viewStrides(Operation *reinterpretCast);
+
 /// Bytes one partition of an on-chip tile holds (bool: one byte).
 int64_t bytesPerPartition(MemRefType tile);
 } // namespace mlir::nisa

@@ -20,6 +20,7 @@
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/BitVector.h"
 #include "llvm/ADT/SetVector.h"
 
 #include <functional>
@@ -177,6 +178,8 @@ struct Instruction {
   nisa::Issue issue;
   SmallVector<Access, 4> accesses;
   SmallVector<Operation *, 4> loops; // enclosing scf.for ops
+  /// The nearest earlier compute instruction of the same queue, or -1.
+  int64_t queuePredecessor = -1;
 };
 
 /// The storage and spans of a memref operand, or failure with a diagnostic.
@@ -193,8 +196,7 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
     else
       offset = linearOf(cast<Value>(off));
     sizes.assign(view.getStaticSizes().begin(), view.getStaticSizes().end());
-    strides.assign(view.getStaticStrides().begin(),
-                   view.getStaticStrides().end());
+    strides = nisa::viewStrides(view);
     if (llvm::any_of(strides, [](int64_t s) { return s < 0; }))
       offset.reset();
   }
@@ -332,6 +334,18 @@ bool needsWait(const Instruction &a, int64_t aIndex, const Instruction &b,
          conflict(a, b);
 }
 
+/// The waits of every instruction, as lists and as bit sets for lookup.
+struct Waits {
+  std::vector<SmallVector<int64_t>> lists;
+  std::vector<llvm::BitVector> sets;
+  explicit Waits(int64_t n) : lists(n), sets(n, llvm::BitVector(n)) {}
+  bool has(int64_t b, int64_t a) const { return sets[b].test(a); }
+  void add(int64_t b, int64_t a) {
+    lists[b].push_back(a);
+    sets[b].set(a);
+  }
+};
+
 /// Instruction `b` need not wait for `a` when it waits for (or follows on
 /// its queue) an instruction `c` that itself waited for `a`, provided no
 /// instance of `a` can run between the instance of `c` that `b` waits for
@@ -343,11 +357,11 @@ bool needsWait(const Instruction &a, int64_t aIndex, const Instruction &b,
 /// In both, c runs inside every loop around both a and b. Witnesses after
 /// b are used only once their waits are final (b runs in decreasing order
 /// in that case), so justifications never go round.
-bool covered(ArrayRef<Instruction> insts, ArrayRef<SmallVector<int64_t>> waits,
-             int64_t a, int64_t b, bool loopCarried) {
+bool covered(ArrayRef<Instruction> insts, const Waits &waits, int64_t a,
+             int64_t b, bool loopCarried) {
   auto waitedFor = [&](int64_t c) {
     return c != a && c != b &&
-           (llvm::is_contained(waits[c], a) ||
+           (waits.has(c, a) ||
             queueOrdered(insts[a], insts[c]));
   };
   // The instance of c that b follows must come after the instances of a
@@ -372,13 +386,11 @@ bool covered(ArrayRef<Instruction> insts, ArrayRef<SmallVector<int64_t>> waits,
       return c < b && !(c < a && a < b);
     return c > b && b <= a && a < c && canPrecede(insts[c], c, insts[b], b);
   };
-  if (llvm::any_of(waits[b], covers))
+  if (llvm::any_of(waits.lists[b], covers))
     return true;
   // The nearest earlier instruction of b's own queue runs before b.
-  for (int64_t c = b - 1; !loopCarried && c >= 0; --c)
-    if (queueOrdered(insts[c], insts[b]))
-      return covers(c);
-  return false;
+  int64_t c = insts[b].queuePredecessor;
+  return !loopCarried && c >= 0 && covers(c);
 }
 
 struct NisaInsertSyncPass
@@ -422,30 +434,77 @@ LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
   // (closest first); then those implied by a later witness in a shared
   // loop, in reverse order.
   int64_t n = insts.size();
-  std::vector<SmallVector<int64_t>> waits(n);
+  int64_t lastOnQueue[5] = {-1, -1, -1, -1, -1};
+  // Only instructions that touch a common region can conflict: an HBM
+  // buffer is one region, the on-chip memories are cut into 4 KiB of a
+  // partition (their spans are always bounded).
+  constexpr int64_t kRegionBytes = 4096;
+  using Region = std::pair<const void *, int64_t>;
+  const void *sbuf =
+      nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::sbuf).getAsOpaquePointer();
+  const void *psum =
+      nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::psum).getAsOpaquePointer();
+  auto regionsOf = [&](const Access &x, auto &&fn) {
+    if (x.storage != sbuf && x.storage != psum)
+      return fn(Region{x.storage, 0});
+    for (int64_t r = x.linear.lo / kRegionBytes;
+         r <= x.linear.hi / kRegionBytes; ++r)
+      fn(Region{x.storage, r});
+  };
+  llvm::DenseMap<Region, SmallVector<int64_t>> byRegion;
   for (int64_t b = 0; b < n; ++b) {
+    Instruction &inst = insts[b];
+    if (!inst.issue.dma) {
+      int64_t &last = lastOnQueue[(int)inst.issue.engine];
+      inst.queuePredecessor = last;
+      last = b;
+    }
+    for (const Access &x : inst.accesses)
+      regionsOf(x, [&](Region r) {
+        SmallVector<int64_t> &users = byRegion[r];
+        if (users.empty() || users.back() != b)
+          users.push_back(b);
+      });
+  }
+  // Instructions sharing a region with b, marked by stamping b.
+  std::vector<int64_t> seen(n, -1);
+  auto markCandidates = [&](int64_t b) {
+    for (const Access &x : insts[b].accesses)
+      regionsOf(x, [&](Region r) {
+        for (int64_t a : byRegion[r])
+          seen[a] = b;
+      });
+  };
+  Waits waits(n);
+  for (int64_t b = 0; b < n; ++b) {
+    markCandidates(b);
+    auto consider = [&](int64_t a) {
+      if (seen[a] == b && needsWait(insts[a], a, insts[b], b) &&
+          !covered(insts, waits, a, b, /*loopCarried=*/false))
+        waits.add(b, a);
+    };
     for (int64_t a = b - 1; a >= 0; --a)
-      if (needsWait(insts[a], a, insts[b], b) &&
-          !covered(insts, waits, a, b, /*loopCarried=*/false))
-        waits[b].push_back(a);
+      consider(a);
     for (int64_t a = b; a < n; ++a)
-      if (needsWait(insts[a], a, insts[b], b) &&
-          !covered(insts, waits, a, b, /*loopCarried=*/false))
-        waits[b].push_back(a);
+      consider(a);
   }
   for (int64_t b = n - 1; b >= 0; --b)
-    llvm::erase_if(waits[b], [&](int64_t a) {
-      return a >= b && covered(insts, waits, a, b, /*loopCarried=*/true);
+    llvm::erase_if(waits.lists[b], [&](int64_t a) {
+      bool drop = a >= b && covered(insts, waits, a, b, /*loopCarried=*/true);
+      if (drop)
+        waits.sets[b].reset(a);
+      return drop;
     });
   Type i64 = IntegerType::get(ctx, 64);
   for (int64_t b = 0; b < n; ++b) {
     Operation *op = insts[b].op;
     op->setAttr(nisa::kIdAttrName, IntegerAttr::get(i64, b));
-    llvm::sort(waits[b]);
-    if (waits[b].empty())
+    SmallVector<int64_t> &list = waits.lists[b];
+    llvm::sort(list);
+    if (list.empty())
       op->removeAttr(nisa::kWaitsAttrName);
     else
-      op->setAttr(nisa::kWaitsAttrName, DenseI64ArrayAttr::get(ctx, waits[b]));
+      op->setAttr(nisa::kWaitsAttrName, DenseI64ArrayAttr::get(ctx, list));
   }
   func->setAttr(nisa::kSynchronizedAttrName, UnitAttr::get(ctx));
   return success();

@@ -89,15 +89,22 @@ private:
   Value view(Value base, Value offset, ArrayRef<int64_t> shape,
              ArrayRef<int64_t> strides) {
     auto baseType = cast<MemRefType>(base.getType());
+    // A zero (broadcast) stride is a constant operand: the strided layout
+    // syntax has no zero, and the IR must print and parse back.
+    SmallVector<int64_t> layoutStrides(strides);
+    SmallVector<OpFoldResult> sizes, strideValues;
+    for (int64_t &s : layoutStrides) {
+      strideValues.push_back(s == 0 ? OpFoldResult(index(0))
+                                    : OpFoldResult(b.getIndexAttr(s)));
+      if (s == 0)
+        s = ShapedType::kDynamic;
+    }
     auto layout = StridedLayoutAttr::get(b.getContext(), ShapedType::kDynamic,
-                                         strides);
+                                         layoutStrides);
     auto type = MemRefType::get(shape, baseType.getElementType(), layout,
                                 baseType.getMemorySpace());
-    SmallVector<OpFoldResult> sizes, strideValues;
     for (int64_t s : shape)
       sizes.push_back(b.getIndexAttr(s));
-    for (int64_t s : strides)
-      strideValues.push_back(b.getIndexAttr(s));
     return b.create<memref::ReinterpretCastOp>(loc, type, base, offset, sizes,
                                                strideValues);
   }
