@@ -21,7 +21,6 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/BitVector.h"
-#include "llvm/ADT/SetVector.h"
 
 #include <functional>
 #include <limits>

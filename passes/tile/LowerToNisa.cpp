@@ -1,9 +1,12 @@
 //===- LowerToNisa.cpp - tile `neuron` ops into engine instructions -------===//
 //
-// Every tensor lives in an HBM buffer in row-major order. Each `neuron` op
-// becomes loops over tiles: DMA loads into SBUF, engine instructions, DMA
-// stores. Tiles belong to the op that allocates them and are released when
-// it is done, so on-chip memory is reused op after op.
+// Every tensor lives in an HBM buffer in row-major order, or is a strided
+// window of another's (layout ops move no data until a consumer needs it
+// contiguous). Each op, or fused group of ops, becomes loops over tiles:
+// DMA loads into SBUF running ahead of the compute over rotating buffer
+// slots, engine instructions, DMA stores. GEMMs keep A^T panels resident,
+// stream B and accumulate in PSUM. Tiles are scoped to the op that
+// allocates them; nisa-allocate gives them addresses afterwards.
 //
 //===----------------------------------------------------------------------===//
 
@@ -657,7 +660,7 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   auto step = [&](Phase phase, Value base, int64_t rows, int64_t stepCols,
                   int64_t slotIndex) {
     TileScope scope(*this);
-    GroupStep st{plan, rows, stepCols, {}};
+    GroupStep st{plan, rows, stepCols, llvm::DenseMap<Value, Value>()};
     auto slot = [&](Value v) {
       int64_t width = slotWidth(v);
       return view(slots[v], index(slotIndex % numSlots * width),
@@ -715,9 +718,6 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
         b.create<nisa::TensorScalarOp>(loc, nisa::AluOp::add, t, t,
                                        st.tileOf(v), APFloat(0.0), false);
       return t;
-    };
-    auto width = [&](Value v) {
-      return plan.rep(v) == Rep::Row ? 1.0 : double(stepCols);
     };
     for (Operation *op : ops) {
       loc = op->getLoc();
