@@ -1,9 +1,10 @@
 //===- FuseElementwise.cpp - group elementwise ops and row reductions -----===//
 //
 // Greedy, in program order: an op joins the groups of the operands it
-// consumes when the merged group still has a FusionPlan, fits the row
-// budget, and stays legal to place at the op (no op outside the group,
-// before it, uses a value of the group). Each group with at least two ops,
+// consumes (all of them, else the first one that works alone) when the
+// merged group still has a FusionPlan, fits the row budget, and stays
+// legal to place at the op (no op outside the group, before it, uses a
+// value of the group). Each group with at least two ops,
 // one of them computing, becomes a neuron.fusion at its last op.
 //
 //===----------------------------------------------------------------------===//
@@ -106,29 +107,35 @@ void FusePass::fuseBlock(Block &block) {
     Operation *op = &opRef;
     if (!isFusible(op))
       continue;
-    // Candidate: the groups of the producers of op's operands, plus op.
+    // Candidates: the groups of the producers of op's operands all merged
+    // with op, else each of them alone with op.
     llvm::SetVector<size_t> joined;
     for (Value operand : op->getOperands())
       if (Operation *def = operand.getDefiningOp())
         if (auto it = groupOf.find(def); it != groupOf.end())
           joined.insert(it->second);
-    Group merged;
-    for (size_t g : joined)
-      merged.append(groups[g]);
-    llvm::sort(merged, [](Operation *a, Operation *b) {
-      return a->isBeforeInBlock(b);
-    });
-    merged.push_back(op);
-    if (!joined.empty() && placeable(merged) && fits(merged, false)) {
-      size_t id = joined.front();
-      for (size_t g : joined)
-        if (g != id)
-          groups[g].clear();
-      groups[id] = merged;
+    auto tryJoin = [&](ArrayRef<size_t> ids) {
+      Group merged;
+      for (size_t g : ids)
+        merged.append(groups[g]);
+      llvm::sort(merged, [](Operation *a, Operation *b) {
+        return a->isBeforeInBlock(b);
+      });
+      merged.push_back(op);
+      if (!placeable(merged) || !fits(merged, false))
+        return false;
+      for (size_t g : ids.drop_front())
+        groups[g].clear();
+      groups[ids.front()] = merged;
       for (Operation *member : merged)
-        groupOf[member] = id;
+        groupOf[member] = ids.front();
+      return true;
+    };
+    if (!joined.empty() && tryJoin(joined.getArrayRef()))
       continue;
-    }
+    if (joined.size() > 1 &&
+        llvm::any_of(joined, [&](size_t g) { return tryJoin(g); }))
+      continue;
     groups.push_back({op});
     groupOf[op] = groups.size() - 1;
   }

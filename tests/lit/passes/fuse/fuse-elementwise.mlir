@@ -94,3 +94,25 @@ func.func @wrong_axis(%x: tensor<5x5xf32>) -> tensor<5x5xf32> {
   %d = neuron.binary sub %x, %b : tensor<5x5xf32>, tensor<5x5xf32> -> tensor<5x5xf32>
   return %d : tensor<5x5xf32>
 }
+
+// -----
+
+// An op whose operands come from two groups that cannot merge (rows of 64
+// vs a 1024-element column broadcast) joins the one it can: the centring
+// joins the mean's group, and the broadcast of the mean stays inside it.
+// CHECK-LABEL: func.func @partial_join
+// CHECK: %[[X:.*]] = neuron.fusion(%arg1, %arg0)
+// CHECK: %[[Y:.*]] = neuron.fusion(%[[X]]) : (tensor<2x16x64xf32>) -> tensor<2x16x64xf32>
+// CHECK: neuron.reduce sum
+// CHECK: neuron.broadcast {{.*}} : tensor<2x16x1xf32> -> tensor<2x16x64xf32>
+// CHECK: neuron.binary sub
+// CHECK: return %[[Y]]
+func.func @partial_join(%tok: tensor<2x16x64xf32>, %pos: tensor<16x64xf32>) -> tensor<2x16x64xf32> {
+  %e = neuron.broadcast %pos : tensor<16x64xf32> -> tensor<2x16x64xf32>
+  %x = neuron.binary add %tok, %e : tensor<2x16x64xf32>, tensor<2x16x64xf32> -> tensor<2x16x64xf32>
+  %s = neuron.reduce sum %x {count = 1} : tensor<2x16x64xf32> -> tensor<2x16xf32>
+  %r = neuron.reshape %s : tensor<2x16xf32> -> tensor<2x16x1xf32>
+  %b = neuron.broadcast %r : tensor<2x16x1xf32> -> tensor<2x16x64xf32>
+  %d = neuron.binary sub %x, %b : tensor<2x16x64xf32>, tensor<2x16x64xf32> -> tensor<2x16x64xf32>
+  return %d : tensor<2x16x64xf32>
+}
