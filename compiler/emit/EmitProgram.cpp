@@ -149,7 +149,7 @@ private:
   json buffers = json::array();
   std::vector<std::string> locations;
   std::map<std::string, int> locationIds;
-  llvm::DenseMap<Value, Affine> indices;
+  llvm::DenseMap<Value, Affine> ivs; // scf.for iv -> lb + step * counter
   llvm::DenseMap<Value, int> bufferIds;
   llvm::DenseMap<Value, View> views;
   /// On-chip tiles with one TileKey share a program buffer with the most
@@ -194,31 +194,19 @@ FailureOr<int> ProgramEmitter::addBuffer(Value base, StringRef kind,
 }
 
 FailureOr<Affine> ProgramEmitter::affineOf(Value v, Operation *user) {
-  auto it = indices.find(v);
-  if (it != indices.end())
-    return it->second;
-  Operation *def = v.getDefiningOp();
-  if (auto c = dyn_cast_or_null<arith::ConstantIndexOp>(def)) {
-    Affine a;
-    a.constant = c.value();
-    return indices[v] = a;
+  std::optional<nisa::AffineIndex> index = nisa::affineIndexOf(v);
+  if (!index)
+    return user->emitError("index is not affine in the enclosing loop ivs");
+  // Each iv is its loop's lower bound plus step times the loop's counter.
+  Affine a;
+  a.constant = index->constant;
+  for (auto [iv, coeff] : index->terms) {
+    auto it = ivs.find(iv);
+    if (it == ivs.end())
+      return user->emitError("index uses a loop iv outside its loop");
+    a = a + it->second * coeff;
   }
-  if (auto add = dyn_cast_or_null<arith::AddIOp>(def)) {
-    auto l = affineOf(add.getLhs(), user), r = affineOf(add.getRhs(), user);
-    if (failed(l) || failed(r))
-      return failure();
-    return indices[v] = *l + *r;
-  }
-  if (auto mul = dyn_cast_or_null<arith::MulIOp>(def)) {
-    auto l = affineOf(mul.getLhs(), user), r = affineOf(mul.getRhs(), user);
-    if (failed(l) || failed(r))
-      return failure();
-    if (l->isConstant())
-      return indices[v] = *r * l->constant;
-    if (r->isConstant())
-      return indices[v] = *l * r->constant;
-  }
-  return user->emitError("index is not affine in the enclosing loop ivs");
+  return a;
 }
 
 FailureOr<json> ProgramEmitter::viewOf(Value v, Operation *user) {
@@ -310,7 +298,7 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
         Affine iv;
         iv.constant = lb->constant;
         iv.terms.push_back({id, step->constant});
-        indices[loop.getInductionVar()] = iv;
+        ivs[loop.getInductionVar()] = iv;
         json body = json::array();
         if (failed(emitBlock(*loop.getBody(), body)))
           return failure();

@@ -3,13 +3,17 @@
 
 #include "runtime/target/Target.h"
 
+#include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Utils/StaticValueUtils.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/DialectImplementation.h"
 #include "llvm/ADT/TypeSwitch.h"
+
+#include <functional>
 
 using namespace mlir;
 using namespace mlir::nisa;
@@ -80,6 +84,37 @@ Value mlir::nisa::writtenOperand(Operation *op) {
             TensorScalarOp, TensorReduceOp, SelectOp, CopyOp, MemsetOp,
             IotaOp>([](auto o) { return o.getDst(); })
       .Default([](Operation *) { return Value(); });
+}
+
+std::optional<AffineIndex> mlir::nisa::affineIndexOf(Value index) {
+  AffineIndex out;
+  std::function<bool(Value, int64_t)> walk = [&](Value x, int64_t k) {
+    if (auto c = x.getDefiningOp<arith::ConstantIndexOp>()) {
+      out.constant += k * c.value();
+      return true;
+    }
+    if (auto add = x.getDefiningOp<arith::AddIOp>())
+      return walk(add.getLhs(), k) && walk(add.getRhs(), k);
+    if (auto mul = x.getDefiningOp<arith::MulIOp>()) {
+      for (auto [y, z] : {std::pair(mul.getLhs(), mul.getRhs()),
+                          std::pair(mul.getRhs(), mul.getLhs())})
+        if (auto c = z.getDefiningOp<arith::ConstantIndexOp>())
+          return walk(y, k * c.value());
+      return false;
+    }
+    if (!scf::getForInductionVarOwner(x))
+      return false;
+    for (auto &[iv, coeff] : out.terms)
+      if (iv == x) {
+        coeff += k;
+        return true;
+      }
+    out.terms.push_back({x, k});
+    return true;
+  };
+  if (!walk(index, 1))
+    return std::nullopt;
+  return out;
 }
 
 SmallVector<int64_t> mlir::nisa::viewStrides(Operation *op) {

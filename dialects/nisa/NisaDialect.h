@@ -50,6 +50,16 @@ std::optional<Issue> issueOf(Operation *op);
 /// The operand an instruction writes.
 Value writtenOperand(Operation *op);
 
+/// An index as constant + sum(coeff * iv) over scf.for induction variables.
+struct AffineIndex {
+  int64_t constant = 0;
+  SmallVector<std::pair<Value, int64_t>, 2> terms; // (iv, coefficient)
+};
+/// The affine form of an index built from index constants, addi, muli by a
+/// constant and scf.for ivs (how kernels compute view offsets), or
+/// std::nullopt.
+std::optional<AffineIndex> affineIndexOf(Value index);
+
 /// The strides of a view, constant operands included; ShapedType::kDynamic
 /// where a stride is not a constant.
 SmallVector<int64_t> viewStrides(Operation *reinterpretCast);

@@ -22,7 +22,6 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/BitVector.h"
 
-#include <functional>
 #include <limits>
 
 namespace mlir::neuron {
@@ -36,52 +35,15 @@ namespace {
 
 constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max() / 4;
 
-/// An index as constant + sum(coeff * iv) over scf.for ivs.
-struct Linear {
-  int64_t constant = 0;
-  SmallVector<std::pair<scf::ForOp, int64_t>, 2> terms;
-};
-
-std::optional<Linear> linearOf(Value v) {
-  Linear out;
-  std::function<bool(Value, int64_t)> walk = [&](Value x, int64_t k) {
-    if (auto c = x.getDefiningOp<arith::ConstantIndexOp>()) {
-      out.constant += k * c.value();
-      return true;
-    }
-    if (auto add = x.getDefiningOp<arith::AddIOp>())
-      return walk(add.getLhs(), k) && walk(add.getRhs(), k);
-    if (auto mul = x.getDefiningOp<arith::MulIOp>()) {
-      for (auto [y, z] : {std::pair(mul.getLhs(), mul.getRhs()),
-                          std::pair(mul.getRhs(), mul.getLhs())})
-        if (auto c = z.getDefiningOp<arith::ConstantIndexOp>())
-          return walk(y, k * c.value());
-      return false;
-    }
-    if (auto loop = scf::getForInductionVarOwner(x)) {
-      for (auto &[l, coeff] : out.terms)
-        if (l == loop) {
-          coeff += k;
-          return true;
-        }
-      out.terms.push_back({loop, k});
-      return true;
-    }
-    return false;
-  };
-  if (!walk(v, 1))
-    return std::nullopt;
-  return out;
-}
-
 /// First and last value of a loop's iv and its step (constant bounds).
 struct LoopRange {
   int64_t first, last, step;
 };
 
 std::optional<LoopRange> rangeOf(scf::ForOp loop) {
-  auto lb = linearOf(loop.getLowerBound()), ub = linearOf(loop.getUpperBound());
-  auto step = linearOf(loop.getStep());
+  auto lb = nisa::affineIndexOf(loop.getLowerBound());
+  auto ub = nisa::affineIndexOf(loop.getUpperBound());
+  auto step = nisa::affineIndexOf(loop.getStep());
   if (!lb || !ub || !step || !lb->terms.empty() || !ub->terms.empty() ||
       !step->terms.empty() || step->constant <= 0)
     return std::nullopt;
@@ -99,13 +61,13 @@ struct Span {
   Operation *loop = nullptr;
 };
 
-std::optional<Span> spanOf(int64_t constant,
-                           ArrayRef<std::pair<scf::ForOp, int64_t>> terms,
-                           int64_t extent) {
+using Terms = ArrayRef<std::pair<Value, int64_t>>; // (iv, coefficient)
+
+std::optional<Span> spanOf(int64_t constant, Terms terms, int64_t extent) {
   Span s;
   s.lo = s.hi = constant;
-  for (auto [loop, coeff] : terms) {
-    auto r = rangeOf(loop);
+  for (auto [iv, coeff] : terms) {
+    auto r = rangeOf(scf::getForInductionVarOwner(iv));
     if (!r)
       return std::nullopt;
     s.lo += std::min(coeff * r->first, coeff * r->last);
@@ -113,12 +75,13 @@ std::optional<Span> spanOf(int64_t constant,
   }
   s.hi += extent;
   if (terms.size() == 1 && terms[0].second > 0) {
-    auto r = *rangeOf(terms[0].first);
+    scf::ForOp loop = scf::getForInductionVarOwner(terms[0].first);
+    auto r = *rangeOf(loop);
     s.period = terms[0].second * r.step;
     s.phase = ((constant + terms[0].second * r.first) % s.period + s.period) %
               s.period;
     s.extent = extent;
-    s.loop = terms[0].first;
+    s.loop = loop;
   }
   return s;
 }
@@ -185,15 +148,15 @@ struct Instruction {
 FailureOr<Access> accessOf(Operation *user, Value v, bool write,
                            MLIRContext *ctx) {
   Value base = v;
-  std::optional<Linear> offset;
+  std::optional<nisa::AffineIndex> offset;
   SmallVector<int64_t> sizes, strides;
   if (auto view = v.getDefiningOp<memref::ReinterpretCastOp>()) {
     base = view.getSource();
     OpFoldResult off = view.getMixedOffsets().front();
     if (auto attr = dyn_cast<Attribute>(off))
-      offset = Linear{cast<IntegerAttr>(attr).getInt(), {}};
+      offset = nisa::AffineIndex{cast<IntegerAttr>(attr).getInt(), {}};
     else
-      offset = linearOf(cast<Value>(off));
+      offset = nisa::affineIndexOf(cast<Value>(off));
     sizes.assign(view.getStaticSizes().begin(), view.getStaticSizes().end());
     strides = nisa::viewStrides(view);
     if (llvm::any_of(strides, [](int64_t s) { return s < 0; }))
@@ -223,9 +186,9 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
       int64_t reach = 0;
       for (size_t d = 1; d < sizes.size(); ++d)
         reach += (sizes[d] - 1) * strides[d];
-      SmallVector<std::pair<scf::ForOp, int64_t>, 2> byteTerms;
-      for (auto [loop, coeff] : offset->terms)
-        byteTerms.push_back({loop, coeff * elt});
+      SmallVector<std::pair<Value, int64_t>, 2> byteTerms;
+      for (auto [iv, coeff] : offset->terms)
+        byteTerms.push_back({iv, coeff * elt});
       auto span = spanOf(begin + offset->constant * elt, byteTerms,
                          (reach + 1) * elt - 1);
       if (span && span->lo >= begin && span->hi < begin + bytes)
@@ -250,10 +213,10 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
   int64_t row = type.getRank() > 1 ? type.getShape().back() : 0;
   if (row <= 1)
     return access;
-  SmallVector<std::pair<scf::ForOp, int64_t>, 2> rowTerms, colTerms;
-  for (auto [loop, coeff] : offset->terms)
+  SmallVector<std::pair<Value, int64_t>, 2> rowTerms, colTerms;
+  for (auto [iv, coeff] : offset->terms)
     (coeff % row == 0 ? rowTerms : colTerms)
-        .push_back({loop, coeff % row == 0 ? coeff / row : coeff});
+        .push_back({iv, coeff % row == 0 ? coeff / row : coeff});
   int64_t rowReach = 0, colReach = 0;
   for (auto [size, stride] : llvm::zip(sizes, strides)) {
     if (stride % row == 0)
