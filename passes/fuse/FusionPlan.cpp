@@ -176,7 +176,7 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
       in.push_back(it->second);
     }
     bool anyFull = llvm::any_of(
-        in, [](Rep r) { return r == Rep::Full || r == Rep::Col; });
+        in, heldAsTile);
     bool anyRow = llvm::is_contained(in, Rep::Row);
     Rep combined = anyFull ? Rep::Full : anyRow ? Rep::Row : Rep::Splat;
     std::optional<Rep> result =
@@ -205,7 +205,7 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
                   return std::nullopt;
                 break;
               case BroadcastShape::Scalar:
-                if (in[0] == Rep::Full || in[0] == Rep::Col)
+                if (heldAsTile(in[0]))
                   return std::nullopt;
                 break;
               case BroadcastShape::Same:

@@ -27,6 +27,9 @@ namespace mlir::neuron {
 
 enum class Rep { Full, Row, Col, Splat };
 
+/// Full values and column vectors are held as [rows, C] tiles.
+inline bool heldAsTile(Rep r) { return r == Rep::Full || r == Rep::Col; }
+
 struct FusionPlan {
   bool byRows = false;
   /// byRows: R and C. Flat: numRows = 1, numCols = N.

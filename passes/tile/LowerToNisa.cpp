@@ -406,14 +406,10 @@ nisa::AluOp aluFor(ReduceFn fn) {
 /// One step's tiles of a fused group.
 struct GroupStep {
   const FusionPlan &plan;
-  int64_t rows, cols;
   llvm::DenseMap<Value, Value> tiles; // value -> its tile in this step
 
   Value tileOf(Value v) const { return tiles.lookup(v); }
-  bool fullish(Value v) const {
-    Rep r = plan.rep(v);
-    return r == Rep::Full || r == Rep::Col;
-  }
+  bool fullish(Value v) const { return heldAsTile(plan.rep(v)); }
 };
 
 /// Engines for a group's instructions. Each engine's queue runs in order,
@@ -444,8 +440,7 @@ KernelLowering::assignEngines(ArrayRef<Operation *> ops,
     if (!bin)
       return false;
     Rep l = plan.rep(bin.getLhs()), r = plan.rep(bin.getRhs());
-    auto full = [](Rep x) { return x == Rep::Full || x == Rep::Col; };
-    return l == Rep::Splat || r == Rep::Splat || full(l) != full(r);
+    return l == Rep::Splat || r == Rep::Splat || heldAsTile(l) != heldAsTile(r);
   };
   // Streaming cost, as the engines charge it: elements x inputs streamed /
   // clock; on VectorE two 16-bit inputs stream together and 16-bit
@@ -459,7 +454,7 @@ KernelLowering::assignEngines(ArrayRef<Operation *> ops,
     double n = plan.rep(measured) == Rep::Row ? 1.0 : double(cols);
     SmallVector<Value> streamed;
     for (Value v : op->getOperands())
-      if (plan.rep(v) == Rep::Full || plan.rep(v) == Rep::Col)
+      if (heldAsTile(plan.rep(v)))
         streamed.push_back(v);
     bool all16 = is16(out) && llvm::all_of(streamed, is16);
     double passes = std::max<size_t>(1, streamed.size());
@@ -660,7 +655,7 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   auto step = [&](Phase phase, Value base, int64_t rows, int64_t stepCols,
                   int64_t slotIndex) {
     TileScope scope(*this);
-    GroupStep st{plan, rows, stepCols, llvm::DenseMap<Value, Value>()};
+    GroupStep st{plan, llvm::DenseMap<Value, Value>()};
     auto slot = [&](Value v) {
       int64_t width = slotWidth(v);
       return view(slots[v], index(slotIndex % numSlots * width),
@@ -708,7 +703,7 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     // equal shapes).
     auto asTile = [&](Value v, bool rowResult) -> Value {
       Rep rep = plan.rep(v);
-      if (rep == Rep::Full || rep == Rep::Col || (rowResult && rep == Rep::Row))
+      if (heldAsTile(rep) || (rowResult && rep == Rep::Row))
         return st.tileOf(v);
       Value t =
           tile(MemorySpace::sbuf, {rows, rowResult ? 1 : stepCols}, elt(v));
