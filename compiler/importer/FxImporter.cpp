@@ -118,6 +118,7 @@ public:
   }
   size_t numResults() const { return node->value("outputs", json::array()).size(); }
   Location loc() const { return currentLoc; }
+  const json &current() const { return *node; }
   /// Whether any node or the graph output reads result `index` of the node.
   bool isUsed(int64_t index) const {
     return used.count({node->at("name").get<std::string>(), index}) != 0;
@@ -147,8 +148,14 @@ public:
   Value matmul(Value lhs, Value rhs);
   Type promote(const json &a, const json &b) const;
 
+  /// Imports a FlexAttention modifier (a nested document) into `block`,
+  /// whose arguments stand for its inputs, ending in neuron.yield.
+  void importModifier(const json &doc, Block *block);
+
   MLIRContext &ctx;
   OpBuilder b;
+  /// Importing a FlexAttention modifier, whose values are 0-d tensors.
+  bool inModifier = false;
 
 private:
   void importNode(const json &n);
@@ -596,9 +603,173 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
   return module;
 }
 
+void Importer::importModifier(const json &doc, Block *block) {
+  Importer sub(ctx);
+  sub.inModifier = true;
+  sub.b.setInsertionPointToStart(block);
+  const json &inputs = doc.at("inputs");
+  require(inputs.is_array() && inputs.size() == block->getNumArguments(),
+          "modifier has the wrong number of inputs");
+  for (auto [i, in] : llvm::enumerate(inputs)) {
+    auto type = RankedTensorType::get(
+        shapeOf(in.at("shape")), elementType(in.at("dtype").get<std::string>()));
+    require(type.getShape() ==
+                cast<RankedTensorType>(block->getArgument(i).getType())
+                    .getShape(),
+            "modifier input " + std::to_string(i) + " has the wrong shape");
+    block->getArgument(i).setType(type);
+    sub.values[{in.at("name").get<std::string>(), 0}] = block->getArgument(i);
+  }
+  for (const json &n : doc.at("nodes")) {
+    sub.collectUses(n.value("args", json::array()));
+    sub.collectUses(n.value("kwargs", json::object()));
+  }
+  for (const json &c : doc.value("constants", json::array()))
+    sub.values[{c.at("name").get<std::string>(), 0}] = sub.importConstant(c);
+  for (const json &n : doc.at("nodes"))
+    sub.importNode(n);
+  const json &outputs = doc.at("outputs");
+  require(outputs.is_array() && outputs.size() == 1,
+          "modifier must return one value");
+  sub.node = nullptr;
+  sub.b.create<YieldOp>(currentLoc, ValueRange{sub.tensor(outputs[0])});
+}
+
 //===----------------------------------------------------------------------===//
 // Handlers
 //===----------------------------------------------------------------------===//
+
+/// `flex_attention(q, k, v, ...)`: one neuron.flex_attention op. The HOP's
+/// log-sum-exp is in base 2; the op's is natural.
+Values flexAttentionHandler(Importer &im) {
+  Value q = im.tensor(im.arg(0)), k = im.tensor(im.arg(1)),
+        v = im.tensor(im.arg(2));
+  auto qType = cast<RankedTensorType>(q.getType());
+  auto kType = cast<RankedTensorType>(k.getType());
+  auto vType = cast<RankedTensorType>(v.getType());
+  require(qType.getRank() == 4 && kType.getRank() == 4 && vType.getRank() == 4,
+          "query, key and value must be [batch, heads, rows, dim]");
+  require(isa<FloatType>(qType.getElementType()) &&
+              qType.getElementType() == kType.getElementType() &&
+              qType.getElementType() == vType.getElementType(),
+          "query, key and value must have one float type");
+  int64_t batch = qType.getDimSize(0), heads = qType.getDimSize(1);
+  require(kType.getDimSize(1) > 0 && heads % kType.getDimSize(1) == 0,
+          "key heads must divide query heads");
+  double scale = im.number(im.kwarg("scale"));
+  std::vector<int64_t> blockSize = im.ints(im.kwarg("block_size"));
+  require(blockSize.size() == 2 && blockSize[0] > 0 && blockSize[1] > 0,
+          "block sizes must be positive");
+  auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  int64_t qBlocks = ceilDiv(qType.getDimSize(2), blockSize[0]);
+  int64_t kvBlocks = ceilDiv(kType.getDimSize(2), blockSize[1]);
+  auto i8 = IntegerType::get(&im.ctx, 8);
+  DenseElementsAttr blocks;
+  const json &bj = im.kwarg("blocks");
+  if (bj.is_null()) { // content unknown when compiled: every block partial
+    auto type = RankedTensorType::get({1, 1, qBlocks, kvBlocks}, i8);
+    blocks = DenseElementsAttr::get(type, APInt(8, 1));
+  } else {
+    require(bj.is_object() && bj.contains("shape") && bj.contains("data"),
+            "malformed block classes");
+    SmallVector<int64_t> shape = shapeOf(bj.at("shape"));
+    require(shape.size() == 4 && (shape[0] == 1 || shape[0] == batch) &&
+                (shape[1] == 1 || shape[1] == heads) && shape[2] == qBlocks &&
+                shape[3] == kvBlocks,
+            "block classes do not match the BlockMask's block counts");
+    std::vector<char> bytes;
+    if (auto err = llvm::decodeBase64(bj.at("data").get<std::string>(), bytes))
+      unsupported("corrupt block classes: " + llvm::toString(std::move(err)));
+    auto type = RankedTensorType::get(shape, i8);
+    require((int64_t)bytes.size() == type.getNumElements(),
+            "block classes have the wrong size");
+    for (char c : bytes)
+      require(c >= 0 && c <= 2, "block classes must be 0, 1 or 2");
+    bool splat = false;
+    require(DenseElementsAttr::isValidRawBuffer(type, bytes, splat),
+            "block classes do not fit their type");
+    blocks = DenseElementsAttr::getFromRawBuffer(type, bytes);
+  }
+  SmallVector<Value> scoreBuffers, maskBuffers;
+  for (const json &t : im.kwarg("score_buffers"))
+    scoreBuffers.push_back(im.tensor(t));
+  for (const json &t : im.kwarg("mask_buffers"))
+    maskBuffers.push_back(im.tensor(t));
+  RankedTensorType outType = im.resultType(0);
+  auto lseType = RankedTensorType::get(im.resultType(1).getShape(),
+                                       Float32Type::get(&im.ctx));
+  auto op = im.b.create<FlexAttentionOp>(
+      im.loc(), outType, lseType, q, k, v, scoreBuffers, maskBuffers,
+      im.b.getF64FloatAttr(scale), im.b.getDenseI64ArrayAttr(blockSize),
+      blocks);
+  // The modifiers' arguments: 0-d scalars, then the buffers. The documents
+  // give the scalars' types.
+  auto scalar = [&](Type t) { return RankedTensorType::get({}, t); };
+  Type i32 = IntegerType::get(&im.ctx, 32);
+  auto addBlock = [&](Region &region, unsigned scalars, bool withScore,
+                      ValueRange buffers) {
+    Block *block = new Block();
+    region.push_back(block);
+    for (unsigned i = 0; i < scalars; ++i)
+      block->addArgument(
+          scalar(withScore && i == 0 ? Type(Float32Type::get(&im.ctx)) : i32),
+          im.loc());
+    for (Value buffer : buffers)
+      block->addArgument(buffer.getType(), im.loc());
+    return block;
+  };
+  const json &node = im.current();
+  try {
+    im.importModifier(node.at("score_mod"),
+                      addBlock(op.getScoreMod(), 5, true, scoreBuffers));
+  } catch (const Unsupported &u) {
+    unsupported("score_mod: " + u.reason);
+  }
+  try {
+    im.importModifier(node.at("mask_mod"),
+                      addBlock(op.getMaskMod(), 4, false, maskBuffers));
+  } catch (const Unsupported &u) {
+    unsupported("mask_mod: " + u.reason);
+  }
+  if (failed(mlir::verify(op, /*verifyRecursively=*/false)))
+    unsupported("the FlexAttention call is malformed (see the diagnostic)");
+  Value lse = op.getLse();
+  auto log2e = im.splat(1.0 / std::log(2.0), lseType);
+  return {op.getOut(), im.binary(BinaryFn::mul, lse, log2e, lseType)};
+}
+
+/// `table[i0, i1, ...]` with one 0-d index per dim, inside a FlexAttention
+/// modifier: a gather from the flattened table.
+Values modifierIndexHandler(Importer &im) {
+  require(im.inModifier, "advanced indexing is supported inside FlexAttention "
+                         "score_mod/mask_mod only");
+  Value table = im.tensor(im.arg(0));
+  auto tableType = cast<RankedTensorType>(table.getType());
+  const json &indices = im.arg(1);
+  require(indices.is_array() &&
+              (int64_t)indices.size() == tableType.getRank() &&
+              tableType.getRank() > 0,
+          "index a captured tensor with one index per dimension");
+  auto i64 = IntegerType::get(&im.ctx, 64);
+  auto scalarI64 = RankedTensorType::get({}, i64);
+  Value flat;
+  int64_t stride = 1;
+  for (int64_t d = tableType.getRank() - 1; d >= 0; --d) {
+    require(im.isTensor(indices[d]), "index a captured tensor with tensors");
+    Value idx = im.tensor(indices[d]);
+    auto idxType = cast<RankedTensorType>(idx.getType());
+    require(idxType.getRank() == 0 && idxType.getElementType().isSignlessInteger(),
+            "indices into a captured tensor must be 0-d integers");
+    Value term = im.castTo(idx, i64);
+    if (stride != 1)
+      term = im.binary(BinaryFn::mul, term, im.splat(stride, scalarI64),
+                       scalarI64);
+    flat = flat ? im.binary(BinaryFn::add, flat, term, scalarI64) : term;
+    stride *= tableType.getDimSize(d);
+  }
+  Value rows = im.reshape(table, {tableType.getNumElements()});
+  return {im.b.create<GatherOp>(im.loc(), im.resultType(), rows, flat)};
+}
 
 Values unaryHandler(Importer &im, UnaryFn fn) {
   Value x = im.tensor(im.arg(0));
@@ -1294,6 +1465,13 @@ const std::unordered_map<std::string, Handler> &handlers() {
     un("aten.trunc.default", UnaryFn::trunc);
     un("aten.log1p.default", UnaryFn::log1p);
     un("aten.expm1.default", UnaryFn::expm1);
+    t["aten.exp2.default"] = [](Importer &im) { // 2^x = e^(x ln 2)
+      RankedTensorType type = im.resultType();
+      Value x = im.operandAs(im.arg(0), type.getElementType(), type.getShape());
+      return Values{im.unary(
+          UnaryFn::exp,
+          im.binary(BinaryFn::mul, x, im.splat(std::log(2.0), type), type))};
+    };
     un("aten.logical_not.default", UnaryFn::logical_not);
     t["aten.gelu.default"] = geluHandler;
 
@@ -1429,6 +1607,8 @@ const std::unordered_map<std::string, Handler> &handlers() {
                                   im.resultType().getShape())};
     };
     t["aten.avg_pool2d.default"] = with(poolHandler, false);
+    t["higher_order.flex_attention"] = flexAttentionHandler;
+    t["aten.index.Tensor"] = modifierIndexHandler;
     t["aten.embedding.default"] = [](Importer &im) {
       return gatherRowsHandler(im, im.tensor(im.arg(0)), im.tensor(im.arg(1)));
     };

@@ -318,6 +318,103 @@ LogicalResult FusionOp::verify() {
 }
 
 //===----------------------------------------------------------------------===//
+// FlexAttentionOp
+//===----------------------------------------------------------------------===//
+
+/// A modifier region: `scalars` 0-d arguments (the first of type `first`
+/// when given, the others integers), then one per buffer, yielding a 0-d
+/// value whose element type satisfies `yields`.
+static LogicalResult verifyModifier(FlexAttentionOp op, Region &region,
+                                    StringRef name, unsigned scalars,
+                                    bool scoreFirst, ValueRange buffers,
+                                    function_ref<bool(Type)> yields,
+                                    StringRef yieldsWhat) {
+  Block &body = region.front();
+  if (body.getNumArguments() != scalars + buffers.size())
+    return op.emitOpError() << name << " takes " << scalars
+                            << " scalars and one argument per buffer";
+  for (auto [i, arg] : llvm::enumerate(body.getArguments())) {
+    auto type = dyn_cast<RankedTensorType>(arg.getType());
+    if (i >= scalars) {
+      if (arg.getType() != buffers[i - scalars].getType())
+        return op.emitOpError()
+               << name << " argument " << i << " must match its buffer";
+      continue;
+    }
+    bool isScore = scoreFirst && i == 0;
+    if (!type || type.getRank() != 0 ||
+        !(isScore ? isa<FloatType>(type.getElementType())
+                  : type.getElementType().isSignlessInteger()))
+      return op.emitOpError()
+             << name << " argument " << i << " must be a 0-d "
+             << (isScore ? "float" : "integer") << " tensor";
+  }
+  auto yield = dyn_cast<YieldOp>(body.getTerminator());
+  if (!yield || yield.getValues().size() != 1)
+    return op.emitOpError() << name << " must yield one value";
+  auto type = dyn_cast<RankedTensorType>(yield.getValues()[0].getType());
+  if (!type || type.getRank() != 0 || !yields(type.getElementType()))
+    return op.emitOpError() << name << " must yield a 0-d " << yieldsWhat;
+  return success();
+}
+
+LogicalResult FlexAttentionOp::verify() {
+  auto q = cast<RankedTensorType>(getQuery().getType());
+  auto k = cast<RankedTensorType>(getKey().getType());
+  auto v = cast<RankedTensorType>(getValue().getType());
+  if (q.getRank() != 4 || k.getRank() != 4 || v.getRank() != 4)
+    return emitOpError("query, key and value must be [batch, heads, rows, dim]");
+  if (q.getElementType() != k.getElementType() ||
+      q.getElementType() != v.getElementType())
+    return emitOpError("query, key and value must have one element type");
+  int64_t batch = q.getDimSize(0), heads = q.getDimSize(1);
+  if (k.getDimSize(0) != batch || v.getDimSize(0) != batch)
+    return emitOpError("query, key and value must have one batch size");
+  if (k.getDimSize(1) != v.getDimSize(1) || k.getDimSize(1) == 0 ||
+      heads % k.getDimSize(1) != 0)
+    return emitOpError("key and value heads must divide the query heads");
+  if (k.getDimSize(2) != v.getDimSize(2))
+    return emitOpError("key and value must have one number of rows");
+  if (k.getDimSize(3) != q.getDimSize(3))
+    return emitOpError("query and key must have one head dim");
+  auto out = cast<RankedTensorType>(getOut().getType());
+  auto lse = cast<RankedTensorType>(getLse().getType());
+  if (out.getShape() != ArrayRef<int64_t>{batch, heads, q.getDimSize(2),
+                                          v.getDimSize(3)} ||
+      out.getElementType() != q.getElementType())
+    return emitOpError("out must be [batch, heads, query rows, value dim] of "
+                       "the query's type");
+  if (lse.getShape() != ArrayRef<int64_t>{batch, heads, q.getDimSize(2)})
+    return emitOpError("lse must be [batch, heads, query rows]");
+  ArrayRef<int64_t> blockSize = getBlockSize();
+  if (blockSize.size() != 2 || blockSize[0] <= 0 || blockSize[1] <= 0)
+    return emitOpError("block_size must be two positive sizes");
+  auto blocksType = dyn_cast<RankedTensorType>(getBlocks().getType());
+  if (!blocksType || blocksType.getRank() != 4 ||
+      !blocksType.getElementType().isInteger(8))
+    return emitOpError("blocks must be a rank-4 i8 tensor");
+  ArrayRef<int64_t> bs = blocksType.getShape();
+  auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  if ((bs[0] != 1 && bs[0] != batch) || (bs[1] != 1 && bs[1] != heads) ||
+      bs[2] != ceilDiv(q.getDimSize(2), blockSize[0]) ||
+      bs[3] != ceilDiv(k.getDimSize(2), blockSize[1]))
+    return emitOpError("blocks must be [1 or batch, 1 or heads, query blocks, "
+                       "key blocks] for block_size");
+  for (APInt value : getBlocks().getValues<APInt>())
+    if (value.getSExtValue() < 0 || value.getSExtValue() > 2)
+      return emitOpError("blocks values must be 0 (masked), 1 (partial) or "
+                         "2 (full)");
+  if (failed(verifyModifier(
+          *this, getScoreMod(), "score_mod", 5, /*scoreFirst=*/true,
+          getScoreBuffers(), [](Type t) { return isa<FloatType>(t); },
+          "float")))
+    return failure();
+  return verifyModifier(*this, getMaskMod(), "mask_mod", 4,
+                        /*scoreFirst=*/false, getMaskBuffers(),
+                        [](Type t) { return t.isInteger(1); }, "i1");
+}
+
+//===----------------------------------------------------------------------===//
 // Canonicalization: transposes sink below elementwise ops
 //===----------------------------------------------------------------------===//
 

@@ -254,6 +254,53 @@ def Neuron_GatherOp : Neuron_Op<"gather"> {
 }
 
 //===----------------------------------------------------------------------===//
+// Attention
+//===----------------------------------------------------------------------===//
+
+def Neuron_FlexAttentionOp : Op<Neuron_Dialect, "flex_attention",
+    [IsolatedFromAbove, RecursiveMemoryEffects, AttrSizedOperandSegments]> {
+  let summary = "FlexAttention: softmax(score_mod(q k^T * scale), masked) v";
+  let description = [{
+    PyTorch's `flex_attention` higher-order op (and SDPA). Per batch `b`,
+    query head `h`, query row `q` and key row `kv`:
+
+        s = score_mod(dot(query[b,h,q], key[b,h/G,kv]) * scale, b, h, q, kv)
+        s = mask_mod(b, h, q, kv) ? s : -inf
+        out[b,h,q] = softmax_kv(s) @ value[b,h/G]
+        lse[b,h,q] = logsumexp_kv(s)   (natural log; -inf for a fully masked row)
+
+    where G = query heads / key heads (GQA). The `score_mod` region takes
+    the 0-d score (fp32), b, h, q, kv (0-d integers) and the tensors in
+    `score_buffers`, and yields the new score; `mask_mod` takes b, h, q,
+    kv and `mask_buffers` and yields an i1. Scores are fp32 whatever the
+    inputs' type.
+
+    `blocks` is the block-sparsity of the user's BlockMask at
+    `block_size` = [query rows, key rows] granularity, one byte per block,
+    indexed [b, h, query block, key block] (size-1 leading dims broadcast):
+    0 = fully masked (skipped), 1 = partial (mask_mod applied),
+    2 = full (mask_mod skipped).
+  }];
+  let arguments = (ins RankedTensorOf<[Neuron_Float]>:$query,
+                   RankedTensorOf<[Neuron_Float]>:$key,
+                   RankedTensorOf<[Neuron_Float]>:$value,
+                   Variadic<Neuron_Tensor>:$score_buffers,
+                   Variadic<Neuron_Tensor>:$mask_buffers,
+                   F64Attr:$scale, DenseI64ArrayAttr:$block_size,
+                   ElementsAttr:$blocks);
+  let results = (outs RankedTensorOf<[Neuron_Float]>:$out,
+                 RankedTensorOf<[F32]>:$lse);
+  let regions = (region SizedRegion<1>:$score_mod, SizedRegion<1>:$mask_mod);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value (`score_buffers` `(` $score_buffers^ `:` type($score_buffers) `)`)?
+    (`mask_buffers` `(` $mask_buffers^ `:` type($mask_buffers) `)`)?
+    attr-dict `:` type($query) `,` type($key) `,` type($value) `->` type($out) `,` type($lse)
+    `score_mod` $score_mod `mask_mod` $mask_mod
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // Fusion
 //===----------------------------------------------------------------------===//
 
@@ -284,9 +331,9 @@ def Neuron_FusionOp : Op<Neuron_Dialect, "fusion",
   let hasVerifier = 1;
 }
 
-def Neuron_YieldOp : Neuron_Op<"yield", [Terminator, HasParent<"FusionOp">,
-                                         ReturnLike]> {
-  let summary = "the results of a fusion body";
+def Neuron_YieldOp : Neuron_Op<"yield", [Terminator,
+    ParentOneOf<["FusionOp", "FlexAttentionOp"]>, ReturnLike]> {
+  let summary = "the results of a fusion body or a FlexAttention modifier";
   let arguments = (ins Variadic<Neuron_Tensor>:$values);
   let assemblyFormat = "$values attr-dict `:` type($values)";
 }

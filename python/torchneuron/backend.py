@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchneuron import config, fx_json, partition, specialize
+from torchneuron import config, flex, fx_json, partition, specialize
 from torchneuron._native import Kernel, native
 from torchneuron._stats import STATS
 from torchneuron.decompositions import math_attention, neuron_decompositions
@@ -85,7 +85,7 @@ def compile_aten_graph(
 
     del example_inputs  # node.meta["val"] has everything the compiler needs
     runner: Callable[..., Any]
-    if specialize.is_static(gm):
+    if specialize.is_static(gm) and not flex.flex_nodes(gm):
         with unset_fake_temporarily():  # AOT calls compilers inside its fake mode
             runner = build_graph(gm, target, dump)
     else:
@@ -105,6 +105,7 @@ def build_graph(
     start = time.perf_counter()
     work = specialize.copy_graph_module(gm)
     unsupported = partition.find_unsupported(work, name=f"check_{next(_graph_ids)}")
+    flex.detach_block_masks(work, unsupported)
     result = partition.partition_graph(work, unsupported)
     for name in result.device_submodules:
         sub = work.get_submodule(name)
@@ -130,31 +131,40 @@ def build_graph(
 
 
 class SpecializingGraph:
-    """Runs a graph with symbolic sizes: one compiled graph per tuple of concrete sizes."""
+    """Runs a graph that needs its call's inputs to compile: one compiled graph per tuple of
+    concrete sizes (symbolic shapes) and per BlockMask content (FlexAttention, see
+    :mod:`torchneuron.flex`)."""
 
     def __init__(self, gm: torch.fx.GraphModule, target: str, dump: Path | None = None) -> None:
         self.gm = gm
         self.target = target
         self.dump = dump
+        self.static = specialize.is_static(gm)
+        self.block_masks = flex.BlockMaskValues(gm)
         self.cache: dict[object, Callable[..., Any]] = {}
 
     def __call__(self, *args: Any) -> Any:
-        key = specialize.size_key(args)
+        masks = self.block_masks(args)
+        key = (specialize.size_key(args), self.block_masks.key(masks))
         compiled = self.cache.get(key)
         if compiled is None:
-            compiled = self._compile(args)
+            compiled = self._compile(args, masks)
             self.cache[key] = compiled
         return compiled(*args)
 
-    def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
+    def _compile(self, args: Sequence[Any], masks: dict[str, torch.Tensor]) -> Callable[..., Any]:
         if self.cache:
             STATS.record_recompile()
         start = time.perf_counter()
         try:
-            specialized = specialize.specialize(self.gm, args)
+            if self.static:
+                specialized = specialize.copy_graph_module(self.gm)
+            else:
+                specialized = specialize.specialize(self.gm, args)
+            flex.annotate(specialized, masks)
         except Exception as e:  # the graph itself stays valid: run all of it in eager PyTorch
             first_line = (str(e).strip().splitlines() or [""])[0]
-            reason = f"shapes could not be specialized ({type(e).__name__}: {first_line})"
+            reason = f"could not specialize to this call ({type(e).__name__}: {first_line})"
             fallback = [
                 partition.FallbackNode(n.name, partition.op_name(n.target), reason, None)
                 for n in self.gm.graph.nodes

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from torchneuron import flex
+
 __all__ = [
     "DTYPE_NAMES",
     "FORMAT",
@@ -240,6 +242,7 @@ class _Writer:
         self.multi: set[torch.fx.Node] = set()  # written nodes with several results
         self.external_multi: set[torch.fx.Node] = set()  # unsupported nodes with several
         self.unsupported: dict[str, str] = {}
+        self.numbers: dict[str, int | float | bool] = {}  # placeholders given as literals
 
     # -- values ----------------------------------------------------------------------------
     def encode(self, value: object) -> Any:
@@ -280,6 +283,9 @@ class _Writer:
 
     # -- nodes -----------------------------------------------------------------------------
     def placeholder(self, node: torch.fx.Node) -> None:
+        if node.name in self.numbers:
+            self.scalars[node] = self.numbers[node.name]
+            return
         if node.name in self.constant_inputs:
             self.add_constant(node, self.constant_inputs[node.name])
             return
@@ -318,6 +324,9 @@ class _Writer:
                 return
             self.fail(node, f"symbolic scalar {node.meta.get('val')} (not specialized)")
             return
+        if flex.is_flex_attention(node):
+            self.flex_attention(node)
+            return
         if not isinstance(target, torch._ops.OpOverload):
             self.fail(node, f"{_target_name(target)} is not an ATen operator")
             return
@@ -340,6 +349,80 @@ class _Writer:
             self.multi.add(node)
         else:
             self.refs[node] = {"ref": node.name}
+
+    def flex_attention(self, node: torch.fx.Node) -> None:
+        """``flex_attention(q, k, v, score_mod, block_mask, scale, kernel_options,
+        score_mod_buffers, mask_mod_buffers)``: the modifiers as nested documents, the block
+        classes (when :func:`flex.annotate` found them) as int8 bytes."""
+        try:
+            q, k, v, score_mod, block_mask, scale, options = node.args[:7]
+            score_buffers, mask_buffers = (tuple(a) for a in node.args[7:9])  # type: ignore[arg-type]
+            try:
+                mask = flex.parse_block_mask(block_mask)  # type: ignore[arg-type]
+            except ValueError as e:
+                raise _Unencodable(str(e)) from None
+            if isinstance(options, Mapping) and options.get("OUTPUT_MAX"):
+                if any(u.target is operator.getitem and u.args[1] == 2 for u in node.users):
+                    raise _Unencodable("the max-score output (OUTPUT_MAX) is not supported")
+            blocks = node.meta.get(flex.BLOCKS_META)
+            entry: dict[str, Any] = {
+                "name": node.name,
+                "target": "higher_order.flex_attention",
+                "args": [self.encode(q), self.encode(k), self.encode(v)],
+                "kwargs": {
+                    "scale": self.encode(scale),
+                    "block_size": [mask.q_block, mask.kv_block],
+                    "blocks": None
+                    if blocks is None
+                    else {
+                        "shape": list(blocks.shape),
+                        "data": base64.b64encode(blocks.numpy().tobytes()).decode("ascii"),
+                    },
+                    "score_buffers": [self.encode(b) for b in score_buffers if _is_node(b)],
+                    "mask_buffers": [self.encode(b) for b in mask_buffers if _is_node(b)],
+                },
+                "score_mod": self.subgraph(score_mod, "score_mod", 5, score_buffers),
+                "mask_mod": self.subgraph(mask.mask_mod, "mask_mod", 4, mask_buffers),
+                "outputs": _result_specs(node.meta.get("val"))[:2],
+            }
+        except _Unencodable as e:
+            self.fail(node, str(e))
+            return
+        loc = source_location(node.meta.get("stack_trace"))
+        if loc is not None:
+            entry["loc"] = loc
+        self.nodes.append(entry)
+        self.multi.add(node)
+
+    def subgraph(
+        self, attr: object, what: str, indices: int, buffers: tuple[object, ...]
+    ) -> dict[str, Any]:
+        """A ``get_attr`` submodule (a FlexAttention modifier) as a nested document. Its
+        placeholders are ``indices`` index scalars, then one per buffer; a buffer that is a
+        number (a specialized closure variable) becomes a literal."""
+        if not isinstance(attr, torch.fx.Node) or attr.op != "get_attr":
+            raise _Unencodable(f"{what} is not a traced subgraph")
+        sub = fetch_attr(self.gm, str(attr.target))
+        if not isinstance(sub, torch.fx.GraphModule):
+            raise _Unencodable(f"{what} is not a traced subgraph")
+        placeholders = sub.graph.find_nodes(op="placeholder")
+        if len(placeholders) != indices + len(buffers):
+            raise _Unencodable(
+                f"{what} takes {len(placeholders)} arguments, not "
+                f"{indices} indices and {len(buffers)} buffers"
+            )
+        writer = _Writer(sub, what, lenient=False, constants=None)
+        for node, buffer in zip(placeholders[indices:], buffers, strict=True):
+            if not _is_node(buffer):
+                scalar = concrete_scalar(buffer)
+                if scalar is None:
+                    raise _Unencodable(f"{what} captures {buffer!r}, not a tensor or number")
+                writer.numbers[node.name] = scalar
+        try:
+            doc = writer.run()
+        except UnsupportedNodeError as e:
+            raise _Unencodable(f"{what}: {e}") from None
+        return {key: doc[key] for key in ("inputs", "constants", "nodes", "outputs")}
 
     def getitem(self, node: torch.fx.Node) -> None:
         source, index = node.args[0], node.args[1]
@@ -404,6 +487,10 @@ class _Writer:
             "nodes": self.nodes,
             "outputs": self.outputs,
         }
+
+
+def _is_node(value: object) -> bool:
+    return isinstance(value, torch.fx.Node)
 
 
 def concrete_scalar(value: object) -> int | float | bool | None:

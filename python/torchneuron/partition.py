@@ -18,7 +18,7 @@ import torch.fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from torchneuron import fx_json
+from torchneuron import flex, fx_json
 
 __all__ = [
     "DEVICE_PREFIX",
@@ -106,7 +106,7 @@ class _Support(OperatorSupportBase):
         if node.target is operator.getitem:
             source = node.args[0]
             return isinstance(source, torch.fx.Node) and self.is_node_supported(submodules, source)
-        return isinstance(node.target, torch._ops.OpOverload)
+        return isinstance(node.target, torch._ops.OpOverload) or flex.is_flex_attention(node)
 
 
 def find_unsupported(gm: torch.fx.GraphModule, name: str = "check") -> dict[str, str]:
@@ -160,7 +160,9 @@ def partition_graph(
             continue
         if node.name in reasons:
             reason = reasons[node.name]
-        elif not isinstance(node.target, torch._ops.OpOverload):
+        elif not isinstance(node.target, torch._ops.OpOverload) and not flex.is_flex_attention(
+            node
+        ):
             reason = "not an ATen operator"
         elif support.is_node_supported({}, node):
             reason = _VIEW_ONLY
@@ -180,7 +182,8 @@ def partition_graph(
 
 
 def _inline_constants(gm: torch.fx.GraphModule, submodule: str) -> None:
-    """Turn the submodule inputs that are tensor constants of ``gm`` into its own constants."""
+    """Turn the submodule inputs that are tensor constants or subgraphs (FlexAttention
+    modifiers) of ``gm`` into its own attributes."""
     (call,) = [n for n in gm.graph.nodes if n.op == "call_module" and n.target == submodule]
     sub = gm.get_submodule(submodule)
     assert isinstance(sub, torch.fx.GraphModule)
@@ -194,11 +197,14 @@ def _inline_constants(gm: torch.fx.GraphModule, submodule: str) -> None:
             if isinstance(arg, torch.fx.Node) and arg.op == "get_attr"
             else None
         )
-        if not isinstance(value, torch.Tensor):
+        if not isinstance(value, (torch.Tensor, torch.fx.GraphModule)):
             kept_args.append(arg)
             continue
         attr = placeholder.name
-        sub.register_buffer(attr, value, persistent=False)
+        if isinstance(value, torch.Tensor):
+            sub.register_buffer(attr, value, persistent=False)
+        else:
+            sub.add_submodule(attr, value)
         with sub.graph.inserting_before(first_body):
             constant = sub.graph.get_attr(attr)
         constant.meta = dict(placeholder.meta)

@@ -1,0 +1,228 @@
+"""FlexAttention: reading the ``flex_attention`` higher-order op and its BlockMask.
+
+Under ``aot_autograd`` a ``flex_attention(q, k, v, score_mod=..., block_mask=...)`` call stays
+one ``torch.ops.higher_order.flex_attention`` node whose ``score_mod``/``mask_mod`` are ATen
+subgraphs. The device kernel skips the key blocks the BlockMask leaves out and applies
+``mask_mod`` only on partial blocks, so the block structure must be known when the kernel is
+compiled: the backend compiles one kernel per distinct BlockMask it is called with
+(:class:`BlockMaskValues`), after :func:`annotate` has stored each node's block classes in
+``node.meta``; the BlockMask tensors then no longer reach the device
+(:func:`detach_block_masks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+__all__ = [
+    "BLOCKS_META",
+    "BlockMaskArgs",
+    "BlockMaskValues",
+    "annotate",
+    "block_classes",
+    "detach_block_masks",
+    "flex_nodes",
+    "is_flex_attention",
+    "parse_block_mask",
+]
+
+#: ``node.meta`` key of a flex node's block classes (see :func:`block_classes`).
+BLOCKS_META = "neuron_flex_blocks"
+
+#: Classes of a block: as the ``neuron.flex_attention`` op's ``blocks`` attribute spells them.
+MASKED, PARTIAL, FULL = 0, 1, 2
+
+
+def is_flex_attention(node: torch.fx.Node) -> bool:
+    """Whether ``node`` calls the ``flex_attention`` higher-order op."""
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, torch._ops.HigherOrderOperator)
+        and target.name() == "flex_attention"  # type: ignore[no-untyped-call]
+    )
+
+
+def flex_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if is_flex_attention(n)]
+
+
+@dataclass(frozen=True)
+class BlockMaskArgs:
+    """The parts of a BlockMask tuple the device kernel uses (tensors as graph nodes)."""
+
+    q_len: int
+    kv_len: int
+    kv_num_blocks: object
+    kv_indices: object
+    full_kv_num_blocks: object | None
+    full_kv_indices: object | None
+    q_block: int
+    kv_block: int
+    mask_mod: object
+
+    def tensors(self) -> tuple[object, ...]:
+        return (self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks, self.full_kv_indices)
+
+
+# Known layouts of BlockMask.as_tuple() by length. torch 2.13 writes 17 entries:
+# (Q_LEN, KV_LEN, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, q_num_blocks,
+#  q_indices, full_q_num_blocks, full_q_indices, four dq_* schedule entries, Q_BLOCK_SIZE,
+#  KV_BLOCK_SIZE, mask_mod); 2.6-2.12 wrote the first ten, the block sizes and mask_mod (13).
+_LAYOUTS = {17: 2, 13: 2}
+
+
+def parse_block_mask(block_mask: Sequence[object]) -> BlockMaskArgs:
+    """The BlockMask tuple of a ``flex_attention`` node; ``ValueError`` naming the torch
+    version when its layout is not one this backend knows."""
+    first_tensor = _LAYOUTS.get(len(block_mask))
+    problem = None
+    if first_tensor is None:
+        problem = f"{len(block_mask)} entries"
+    else:
+        q_len, kv_len = block_mask[0], block_mask[1]
+        q_block, kv_block = block_mask[-3], block_mask[-2]
+        if not all(isinstance(v, int) for v in (q_len, kv_len, q_block, kv_block)):
+            problem = "sequence lengths or block sizes are not integers"
+    if problem is not None:
+        raise ValueError(
+            f"unknown FlexAttention BlockMask layout ({problem}) in torch {torch.__version__}; "
+            "torchneuron reads the layouts of torch 2.6 to 2.13"
+        )
+    t = block_mask[first_tensor : first_tensor + 4]
+    return BlockMaskArgs(
+        q_len=int(q_len),  # type: ignore[call-overload]
+        kv_len=int(kv_len),  # type: ignore[call-overload]
+        kv_num_blocks=t[0],
+        kv_indices=t[1],
+        full_kv_num_blocks=t[2],
+        full_kv_indices=t[3],
+        q_block=int(q_block),  # type: ignore[call-overload]
+        kv_block=int(kv_block),  # type: ignore[call-overload]
+        mask_mod=block_mask[-1],
+    )
+
+
+def block_classes(
+    mask: BlockMaskArgs, tensors: Sequence[torch.Tensor | None], q_len: int, kv_len: int
+) -> torch.Tensor:
+    """``int8 [B or 1, H or 1, query blocks, key blocks]``: MASKED, PARTIAL or FULL per block,
+    from the BlockMask's real ``kv_num_blocks``/``kv_indices`` (and ``full_*``) tensors."""
+    kv_num, kv_idx, full_num, full_idx = tensors
+    assert kv_num is not None and kv_idx is not None
+    n_q = -(-q_len // mask.q_block)
+    n_kv = -(-kv_len // mask.kv_block)
+    if kv_num.dim() != 3 or kv_idx.dim() != 4 or kv_num.shape[-1] < n_q:
+        raise ValueError(
+            f"BlockMask with {tuple(kv_num.shape)} block counts does not cover {q_len} query "
+            f"rows in blocks of {mask.q_block}"
+        )
+    classes = torch.full((*kv_num.shape[:2], n_q, n_kv + 1), MASKED, dtype=torch.int8)
+
+    def mark(num: torch.Tensor, idx: torch.Tensor, value: int) -> None:
+        num, idx = num[..., :n_q].long(), idx[..., :n_q, :].long()
+        listed = torch.arange(idx.shape[-1]) < num.unsqueeze(-1)
+        valid = listed & (idx >= 0) & (idx < n_kv)
+        classes.scatter_(-1, torch.where(valid, idx, n_kv), value)
+
+    mark(kv_num, kv_idx, PARTIAL)
+    if full_num is not None and full_idx is not None:
+        mark(full_num, full_idx, FULL)
+    return classes[..., :n_kv].contiguous()
+
+
+class BlockMaskValues:
+    """Evaluates the BlockMask tensors of a graph's flex nodes for one call: graph inputs are
+    read, tensors computed in the graph (``create_block_mask`` traced with the model, or the
+    default mask of ``block_mask=None``) are computed from the call's inputs in eager PyTorch,
+    once when they depend on no input."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.gm = gm
+        wanted: list[torch.fx.Node] = []
+        for node in flex_nodes(gm):
+            mask = parse_block_mask(node.args[4])  # type: ignore[arg-type]
+            wanted += [t for t in mask.tensors() if isinstance(t, torch.fx.Node)]
+        needed: set[torch.fx.Node] = set()
+        stack = list(wanted)
+        while stack:
+            n = stack.pop()
+            if n not in needed:
+                needed.add(n)
+                stack.extend(n.all_input_nodes)
+        self.nodes = [n for n in gm.graph.nodes if n in needed]
+        self.wanted = wanted
+        self.constant = not any(n.op == "placeholder" for n in self.nodes)
+        self.cached: dict[str, torch.Tensor] | None = None
+
+    def __call__(self, args: Sequence[object]) -> dict[str, torch.Tensor]:
+        """``{node name: tensor}`` for every BlockMask tensor node."""
+        if self.cached is not None:
+            return self.cached
+        inputs = iter(args)
+        env: dict[torch.fx.Node, object] = {}
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                env[node] = next(inputs)
+            if node not in env and node in self.nodes:
+                fetch = torch.fx.node.map_arg  # resolves nested node arguments
+                a = fetch(node.args, lambda n: env[n])
+                kw = fetch(node.kwargs, lambda n: env[n])
+                if node.op == "get_attr":
+                    obj: object = self.gm
+                    for part in str(node.target).split("."):
+                        obj = getattr(obj, part)
+                    env[node] = obj
+                else:
+                    env[node] = node.target(*a, **kw)  # type: ignore[operator]
+        values = {n.name: v for n in self.wanted if isinstance(v := env[n], torch.Tensor)}
+        if self.constant:
+            self.cached = values
+        return values
+
+    def key(self, values: dict[str, torch.Tensor]) -> Hashable:
+        """What selects a kernel besides sizes: the BlockMask tensors' contents."""
+        return tuple(
+            (name, tuple(t.shape), t.detach().to("cpu").contiguous().numpy().tobytes())
+            for name, t in sorted(values.items())
+        )
+
+
+def annotate(gm: torch.fx.GraphModule, values: dict[str, torch.Tensor]) -> None:
+    """Store the block classes of each flex node of ``gm`` whose BlockMask tensors are in
+    ``values`` (by node name)."""
+    for node in flex_nodes(gm):
+        mask = parse_block_mask(node.args[4])  # type: ignore[arg-type]
+        tensors = [
+            values.get(t.name) if isinstance(t, torch.fx.Node) else None for t in mask.tensors()
+        ]
+        if tensors[0] is None or tensors[1] is None or (tensors[2] is None) != (tensors[3] is None):
+            continue
+        query, key = node.args[0], node.args[1]
+        assert isinstance(query, torch.fx.Node) and isinstance(key, torch.fx.Node)
+        q_len = int(query.meta["val"].shape[-2])
+        kv_len = int(key.meta["val"].shape[-2])
+        node.meta[BLOCKS_META] = block_classes(mask, tensors, q_len, kv_len)  # type: ignore[arg-type]
+
+
+def detach_block_masks(gm: torch.fx.GraphModule, unsupported: Collection[str]) -> None:
+    """Flex nodes going to the device with known block classes no longer read their
+    BlockMask tensors: drop them from the node, so the code computing them goes too."""
+    changed = False
+    for node in flex_nodes(gm):
+        if node.name in unsupported or BLOCKS_META not in node.meta:
+            continue
+        block_mask = tuple(node.args[4])  # type: ignore[arg-type]
+        stripped = tuple(
+            None if isinstance(v, torch.fx.Node) and i < len(block_mask) - 1 else v
+            for i, v in enumerate(block_mask)
+        )
+        node.args = (*node.args[:4], stripped, *node.args[5:])
+        changed = True
+    if changed:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
