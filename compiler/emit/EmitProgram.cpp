@@ -291,10 +291,9 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
           return loop.emitError("loops with iteration arguments are not "
                                 "kernel loops");
         int id = nextLoop++;
-        int64_t count =
-            std::max<int64_t>(0, (ub->constant - lb->constant + step->constant -
-                                  1) /
-                                     step->constant);
+        int64_t count = std::max<int64_t>(
+            0, (ub->constant - lb->constant + step->constant - 1) /
+                   step->constant);
         Affine iv;
         iv.constant = lb->constant;
         iv.terms.push_back({id, step->constant});
@@ -305,7 +304,8 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
         out.push_back({{"loop", id}, {"count", count}, {"body", body}});
         return success();
       })
-      .Case<scf::YieldOp, func::ReturnOp>([&](Operation *) { return success(); })
+      .Case<scf::YieldOp, func::ReturnOp>(
+          [&](Operation *) { return success(); })
       .Case<memref::AllocOp>([&](memref::AllocOp alloc) -> LogicalResult {
         auto type = alloc.getType();
         if (nisa::getMemorySpace(type) == nisa::MemorySpace::hbm)
@@ -459,7 +459,8 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
       .Case<nisa::IotaOp>([&](auto o) {
         operand("dst", o.getDst());
         inst["base"] = number(o.getBase().convertToDouble());
-        inst["channel_multiplier"] = number(o.getChannelMultiplier().convertToDouble());
+        inst["channel_multiplier"] =
+            number(o.getChannelMultiplier().convertToDouble());
         inst["multipliers"] = std::vector<double>(o.getMultipliers().begin(),
                                                   o.getMultipliers().end());
       })
@@ -551,12 +552,12 @@ FailureOr<json> ProgramEmitter::emit() {
     target = attr.str();
   json program{{"format", "torchneuron-kernel-program"},
                {"version", 1},
-              {"name", kernel.getSymName().str()},
-              {"target", target},
-              {"buffers", buffers},
-              {"inputs", inputs},
-              {"outputs", outputs},
-              {"locations", locations},
+               {"name", kernel.getSymName().str()},
+               {"target", target},
+               {"buffers", buffers},
+               {"inputs", inputs},
+               {"outputs", outputs},
+               {"locations", locations},
                {"body", body}};
   if (synchronized)
     program["sync"] = "explicit";

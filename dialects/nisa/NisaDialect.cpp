@@ -71,9 +71,8 @@ std::optional<Issue> mlir::nisa::issueOf(Operation *op) {
       .Case<DmaGatherOp>([](auto) { return Issue{Engine::gpsimd, true}; })
       .Case<MatmulOp>([](auto) { return Issue{Engine::tensor, false}; })
       .Case<ActivationOp>([](auto) { return Issue{Engine::scalar, false}; })
-      .Case<TensorTensorOp, TensorScalarOp, TensorReduceOp, SelectOp,
-            MemsetOp, CopyOp>(
-          [](auto o) { return Issue{o.getEngine(), false}; })
+      .Case<TensorTensorOp, TensorScalarOp, TensorReduceOp, SelectOp, MemsetOp,
+            CopyOp>([](auto o) { return Issue{o.getEngine(), false}; })
       .Case<IotaOp>([](auto) { return Issue{Engine::gpsimd, false}; })
       .Default([](Operation *) { return std::nullopt; });
 }
@@ -81,8 +80,8 @@ std::optional<Issue> mlir::nisa::issueOf(Operation *op) {
 Value mlir::nisa::writtenOperand(Operation *op) {
   return llvm::TypeSwitch<Operation *, Value>(op)
       .Case<DmaCopyOp, DmaGatherOp, MatmulOp, ActivationOp, TensorTensorOp,
-            TensorScalarOp, TensorReduceOp, SelectOp, CopyOp, MemsetOp,
-            IotaOp>([](auto o) { return o.getDst(); })
+            TensorScalarOp, TensorReduceOp, SelectOp, CopyOp, MemsetOp, IotaOp>(
+          [](auto o) { return o.getDst(); })
       .Default([](Operation *) { return Value(); });
 }
 
@@ -220,8 +219,8 @@ static LogicalResult verifyTile(Operation *op, Value v, StringRef name,
     return failure();
   if (type.getDimSize(0) > target->partitions)
     return op->emitOpError(name)
-           << " uses " << type.getDimSize(0) << " partitions; "
-           << target->name << " has " << target->partitions;
+           << " uses " << type.getDimSize(0) << " partitions; " << target->name
+           << " has " << target->partitions;
   return success();
 }
 
@@ -251,8 +250,9 @@ LogicalResult DmaCopyOp::verify() {
   if (getEngine() == Engine::tensor || getEngine() == Engine::vector)
     return emitOpError("DMAs are triggered by SyncE, ScalarE or GpSimd, not ")
            << stringifyEngine(getEngine());
-  if (failed(verifySameShape(*this, getSrc(), getDst(), "source and "
-                                                        "destination")))
+  if (failed(verifySameShape(*this, getSrc(), getDst(),
+                             "source and "
+                             "destination")))
     return failure();
   for (Value v : {getSrc(), getDst()})
     if (getMemorySpace(memrefType(v)) != MemorySpace::hbm &&
@@ -304,8 +304,8 @@ LogicalResult MatmulOp::verify() {
     return emitOpError("contraction (partition) sizes differ: ")
            << k << " vs " << m.getDimSize(0);
   if (k > target->matmulMaxK)
-    return emitOpError("contraction size ") << k << " exceeds "
-                                            << target->matmulMaxK;
+    return emitOpError("contraction size ")
+           << k << " exceeds " << target->matmulMaxK;
   if (mSize > target->matmulMaxStationaryFree)
     return emitOpError("stationary free size ")
            << mSize << " exceeds " << target->matmulMaxStationaryFree;
@@ -325,8 +325,8 @@ LogicalResult MatmulOp::verify() {
 LogicalResult ActivationOp::verify() {
   if (failed(verifyTile(*this, getSrc(), "source")) ||
       failed(verifyTile(*this, getDst(), "destination")) ||
-      failed(verifySameShape(*this, getSrc(), getDst(),
-                             "source and destination")))
+      failed(
+          verifySameShape(*this, getSrc(), getDst(), "source and destination")))
     return failure();
   if (getBias() && (failed(verifyTile(*this, getBias(), "bias")) ||
                     failed(verifyColumn(*this, getBias(), getSrc(), "bias"))))
@@ -357,8 +357,8 @@ LogicalResult TensorTensorOp::verify() {
       failed(verifyTile(*this, getB(), "second operand")) ||
       failed(verifyTile(*this, getDst(), "destination")) ||
       failed(verifySameShape(*this, getA(), getB(), "operands")) ||
-      failed(verifySameShape(*this, getA(), getDst(),
-                             "operands and destination")))
+      failed(
+          verifySameShape(*this, getA(), getDst(), "operands and destination")))
     return failure();
   if (getMemorySpace(memrefType(getA())) == MemorySpace::psum &&
       getMemorySpace(memrefType(getB())) == MemorySpace::psum)
@@ -371,8 +371,8 @@ LogicalResult TensorScalarOp::verify() {
     return failure();
   if (failed(verifyTile(*this, getSrc(), "source")) ||
       failed(verifyTile(*this, getDst(), "destination")) ||
-      failed(verifySameShape(*this, getSrc(), getDst(),
-                             "source and destination")))
+      failed(
+          verifySameShape(*this, getSrc(), getDst(), "source and destination")))
     return failure();
   if (getScalar() &&
       (failed(verifyTile(*this, getScalar(), "scalar")) ||
@@ -418,8 +418,8 @@ LogicalResult CopyOp::verify() {
     return emitOpError("copy runs on VectorE, ScalarE or GpSimd");
   if (failed(verifyTile(*this, getSrc(), "source", !gpsimd)) ||
       failed(verifyTile(*this, getDst(), "destination", !gpsimd)) ||
-      failed(verifySameShape(*this, getSrc(), getDst(),
-                             "source and destination")))
+      failed(
+          verifySameShape(*this, getSrc(), getDst(), "source and destination")))
     return failure();
   return success();
 }

@@ -41,9 +41,8 @@ struct ProgramOrder {
   llvm::DenseMap<Operation *, int64_t> position, last;
   explicit ProgramOrder(func::FuncOp func) {
     int64_t next = 0;
-    func.walk<WalkOrder::PreOrder>([&](Operation *op) {
-      position[op] = next++;
-    });
+    func.walk<WalkOrder::PreOrder>(
+        [&](Operation *op) { position[op] = next++; });
     func.walk<WalkOrder::PostOrder>([&](Operation *op) {
       last[op] = next - 1;
       int64_t end = position[op];
@@ -116,8 +115,9 @@ struct NisaAllocatePass
   }
 };
 
-LogicalResult NisaAllocatePass::allocate(func::FuncOp func,
-                                         const ::neuron::target::Target &target) {
+LogicalResult
+NisaAllocatePass::allocate(func::FuncOp func,
+                           const ::neuron::target::Target &target) {
   ProgramOrder order(func);
   std::vector<Tile> tiles;
   WalkResult walk = func.walk<WalkOrder::PreOrder>([&](memref::AllocOp alloc) {
@@ -168,9 +168,9 @@ LogicalResult NisaAllocatePass::allocate(func::FuncOp func,
                << sameSpace.size() << " live tiles already use " << used
                << " (the lowering must split this work into smaller tiles)";
       }
-      tile.alloc->setAttr(nisa::kAddressAttrName,
-                          IntegerAttr::get(IntegerType::get(&getContext(), 64),
-                                           tile.address));
+      tile.alloc->setAttr(
+          nisa::kAddressAttrName,
+          IntegerAttr::get(IntegerType::get(&getContext(), 64), tile.address));
     }
     live.push_back(&tile);
   }

@@ -586,12 +586,14 @@ public:
       aliases[i].push_back(static_cast<int32_t>(i));
       if (!buffers[i].address)
         continue;
-      int64_t lo = *buffers[i].address, hi = lo + buffers[i].bytesPerPartition();
+      int64_t lo = *buffers[i].address,
+              hi = lo + buffers[i].bytesPerPartition();
       for (size_t j = 0; j < buffers.size(); ++j) {
         const Buffer &other = buffers[j];
         if (j == i || !other.address || other.space != buffers[i].space)
           continue;
-        if (*other.address < hi && lo < *other.address + other.bytesPerPartition())
+        if (*other.address < hi &&
+            lo < *other.address + other.bytesPerPartition())
           aliases[i].push_back(static_cast<int32_t>(j));
       }
     }
@@ -998,8 +1000,12 @@ private:
       if (c + op.colExtent < rowSize)
         return {r, r + op.rowExtent, base + c, base + c + op.colExtent, l0, l1};
     }
-    return {offset / rowSize, (offset + op.totalExtent) / rowSize, base,
-            base + rowSize - 1, l0, l1};
+    return {offset / rowSize,
+            (offset + op.totalExtent) / rowSize,
+            base,
+            base + rowSize - 1,
+            l0,
+            l1};
   }
 
   /// When an earlier access stops blocking a consumer on `unit`: its queue
@@ -1140,9 +1146,9 @@ private:
       for (uint32_t i = 0; i < si.numReads; ++i)
         if (ops[i].tracked)
           record(ops[i].key, Access{boxes[i], end, end, seq, node,
-                                              uint8_t(TimingUnit::Dma), false});
+                                    uint8_t(TimingUnit::Dma), false});
       record(dstOp.key, Access{dstBox, end, end, seq, node,
-                                         uint8_t(TimingUnit::Dma), true});
+                               uint8_t(TimingUnit::Dma), true});
       return;
     }
 
@@ -1185,10 +1191,8 @@ private:
 
     for (uint32_t i = 0; i < si.numReads; ++i)
       if (ops[i].tracked)
-        record(ops[i].key,
-                         Access{boxes[i], end, end, seq, node, unit, false});
-    record(dstOp.key,
-                     Access{dstBox, end, ready, seq, node, unit, true});
+        record(ops[i].key, Access{boxes[i], end, end, seq, node, unit, false});
+    record(dstOp.key, Access{dstBox, end, ready, seq, node, unit, true});
   }
 
   /// Explicit sync: when every earlier instance of each instruction `si`

@@ -480,9 +480,9 @@ TEST_CASE("buffers, arguments and loops are checked", "[program][reject]") {
       "dimensions must be >= 0");
   // Empty HBM tensors are fine; empty tiles are not.
   REQUIRE_NOTHROW(
-      Program::parse(simple(kInOut + "," +
-                                buffer(2, "hbm", "internal", "f32", "[0, 4]"),
-                            copy))
+      Program::parse(
+          simple(kInOut + "," + buffer(2, "hbm", "internal", "f32", "[0, 4]"),
+                 copy))
           .verify(neuron::target::getTarget("trn2")));
   requireRejected(
       simple(kInOut + "," + buffer(2, "sbuf", "scratch", "f32", "[0, 4]"),

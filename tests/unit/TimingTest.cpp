@@ -1271,8 +1271,7 @@ TEST_CASE("views that wrap rows conflict only where their elements meet",
     return explicitSync(programJson(
         buffers, "", "0",
         R"({"op": "memset", "engine": "vector", "value": 1.0, "dst": )" + t +
-            "}," +
-            withWaits(dma(t, tile(0, 128, 512, 512, 0)), "[0]") + "," +
+            "}," + withWaits(dma(t, tile(0, 128, 512, 512, 0)), "[0]") + "," +
             withWaits(dma(t, tile(0, 128, 512, 512, second)), "[0]")));
   };
   REQUIRE_NOTHROW(run(program(65536)));
