@@ -2,8 +2,8 @@
 //
 // Linear scan over tile lifetimes in program order: a tile is live from its
 // alloc to the end of the outermost op, in the alloc's block, that holds its
-// last use. Each new tile takes the lowest byte range not used by a live
-// tile of the same memory.
+// last use, directly or through a view of it. Each new tile takes the lowest
+// byte range not used by a live tile of the same memory.
 //
 //===----------------------------------------------------------------------===//
 
@@ -136,10 +136,18 @@ NisaAllocatePass::allocate(func::FuncOp func,
               std::max<int64_t>(1, type.getElementTypeBitWidth() / 8),
               order.position[alloc],
               order.position[alloc]};
+    // Instructions use a tile through views of it as often as directly
+    // (any operand: an activation's accumulate column is used like its
+    // dst), and a view may be taken before the loop that uses it.
     Block *block = alloc->getBlock();
-    for (Operation *user : alloc->getUsers())
-      if (Operation *holder = block->findAncestorOpInBlock(*user))
-        tile.end = std::max(tile.end, order.last[holder]);
+    SmallVector<Value> uses{alloc.getResult()};
+    while (!uses.empty())
+      for (Operation *user : uses.pop_back_val().getUsers()) {
+        if (auto view = dyn_cast<memref::ReinterpretCastOp>(user))
+          uses.push_back(view.getResult());
+        if (Operation *holder = block->findAncestorOpInBlock(*user))
+          tile.end = std::max(tile.end, order.last[holder]);
+      }
     if (auto fixed = alloc->getAttrOfType<IntegerAttr>(nisa::kAddressAttrName))
       tile.address = fixed.getInt();
     tiles.push_back(tile);
