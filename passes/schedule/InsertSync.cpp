@@ -375,9 +375,14 @@ LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
     if (!issue)
       return WalkResult::advance();
     Instruction inst{op, *issue, {}, {}};
-    Value written = nisa::writtenOperand(op);
+    // Every written operand is a write (an activation's row sums as much
+    // as its dst); index operands (an iota's offset) touch no memory.
+    SmallVector<Value, 2> written = nisa::writtenOperands(op);
     for (Value operand : op->getOperands()) {
-      auto access = accessOf(op, operand, operand == written, ctx);
+      if (!isa<MemRefType>(operand.getType()))
+        continue;
+      auto access =
+          accessOf(op, operand, llvm::is_contained(written, operand), ctx);
       if (failed(access))
         return WalkResult::interrupt();
       inst.accesses.push_back(*access);
