@@ -418,6 +418,10 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         operand("src", o.getSrc());
         operand("dst", o.getDst());
         operand("bias", o.getBias());
+        operand("scale_col", o.getScaleCol());
+        // "accumulate" is matmul's boolean in the format; the row sums take
+        // NKI's name for them.
+        operand("reduce_res", o.getAccumulate());
         inst["func"] = nisa::stringifyActivationFn(o.getFunc()).str();
         inst["scale"] = number(o.getScale().convertToDouble());
         inst["bias_imm"] = number(o.getBiasImm().convertToDouble());
@@ -427,6 +431,16 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         operand("b", o.getB());
         operand("dst", o.getDst());
         inst["alu_op"] = nisa::stringifyAluOp(o.getOp()).str();
+      })
+      .Case<nisa::ScalarTensorTensorOp>([&](auto o) {
+        operand("a", o.getA());
+        operand("b", o.getB());
+        operand("dst", o.getDst());
+        operand("scalar", o.getScalar());
+        inst["alu_op0"] = nisa::stringifyAluOp(o.getOp0()).str();
+        inst["alu_op1"] = nisa::stringifyAluOp(o.getOp1()).str();
+        if (!o.getScalar())
+          inst["imm"] = number(o.getImm().convertToDouble());
       })
       .Case<nisa::TensorScalarOp>([&](auto o) {
         operand("src", o.getSrc());
@@ -459,6 +473,14 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
       .Case<nisa::IotaOp>([&](auto o) {
         operand("dst", o.getDst());
         inst["base"] = number(o.getBase().convertToDouble());
+        // The same affine encoding as a view's element offset.
+        if (Value offset = o.getOffset()) {
+          auto affine = affineOf(offset, op);
+          if (failed(affine))
+            ok = false;
+          else
+            inst["offset"] = affine->toJson();
+        }
         inst["channel_multiplier"] =
             number(o.getChannelMultiplier().convertToDouble());
         inst["multipliers"] = std::vector<double>(o.getMultipliers().begin(),
