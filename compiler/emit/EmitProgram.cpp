@@ -291,10 +291,9 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
           return loop.emitError("loops with iteration arguments are not "
                                 "kernel loops");
         int id = nextLoop++;
-        int64_t count =
-            std::max<int64_t>(0, (ub->constant - lb->constant + step->constant -
-                                  1) /
-                                     step->constant);
+        int64_t count = std::max<int64_t>(
+            0, (ub->constant - lb->constant + step->constant - 1) /
+                   step->constant);
         Affine iv;
         iv.constant = lb->constant;
         iv.terms.push_back({id, step->constant});
@@ -305,7 +304,8 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
         out.push_back({{"loop", id}, {"count", count}, {"body", body}});
         return success();
       })
-      .Case<scf::YieldOp, func::ReturnOp>([&](Operation *) { return success(); })
+      .Case<scf::YieldOp, func::ReturnOp>(
+          [&](Operation *) { return success(); })
       .Case<memref::AllocOp>([&](memref::AllocOp alloc) -> LogicalResult {
         auto type = alloc.getType();
         if (nisa::getMemorySpace(type) == nisa::MemorySpace::hbm)
@@ -418,6 +418,10 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         operand("src", o.getSrc());
         operand("dst", o.getDst());
         operand("bias", o.getBias());
+        operand("scale_col", o.getScaleCol());
+        // "accumulate" is matmul's boolean in the format; the row sums take
+        // NKI's name for them.
+        operand("reduce_res", o.getAccumulate());
         inst["func"] = nisa::stringifyActivationFn(o.getFunc()).str();
         inst["scale"] = number(o.getScale().convertToDouble());
         inst["bias_imm"] = number(o.getBiasImm().convertToDouble());
@@ -427,6 +431,16 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         operand("b", o.getB());
         operand("dst", o.getDst());
         inst["alu_op"] = nisa::stringifyAluOp(o.getOp()).str();
+      })
+      .Case<nisa::ScalarTensorTensorOp>([&](auto o) {
+        operand("a", o.getA());
+        operand("b", o.getB());
+        operand("dst", o.getDst());
+        operand("scalar", o.getScalar());
+        inst["alu_op0"] = nisa::stringifyAluOp(o.getOp0()).str();
+        inst["alu_op1"] = nisa::stringifyAluOp(o.getOp1()).str();
+        if (!o.getScalar())
+          inst["imm"] = number(o.getImm().convertToDouble());
       })
       .Case<nisa::TensorScalarOp>([&](auto o) {
         operand("src", o.getSrc());
@@ -459,7 +473,16 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
       .Case<nisa::IotaOp>([&](auto o) {
         operand("dst", o.getDst());
         inst["base"] = number(o.getBase().convertToDouble());
-        inst["channel_multiplier"] = number(o.getChannelMultiplier().convertToDouble());
+        // The same affine encoding as a view's element offset.
+        if (Value offset = o.getOffset()) {
+          auto affine = affineOf(offset, op);
+          if (failed(affine))
+            ok = false;
+          else
+            inst["offset"] = affine->toJson();
+        }
+        inst["channel_multiplier"] =
+            number(o.getChannelMultiplier().convertToDouble());
         inst["multipliers"] = std::vector<double>(o.getMultipliers().begin(),
                                                   o.getMultipliers().end());
       })
@@ -551,12 +574,12 @@ FailureOr<json> ProgramEmitter::emit() {
     target = attr.str();
   json program{{"format", "torchneuron-kernel-program"},
                {"version", 1},
-              {"name", kernel.getSymName().str()},
-              {"target", target},
-              {"buffers", buffers},
-              {"inputs", inputs},
-              {"outputs", outputs},
-              {"locations", locations},
+               {"name", kernel.getSymName().str()},
+               {"target", target},
+               {"buffers", buffers},
+               {"inputs", inputs},
+               {"outputs", outputs},
+               {"locations", locations},
                {"body", body}};
   if (synchronized)
     program["sync"] = "explicit";

@@ -71,19 +71,27 @@ std::optional<Issue> mlir::nisa::issueOf(Operation *op) {
       .Case<DmaGatherOp>([](auto) { return Issue{Engine::gpsimd, true}; })
       .Case<MatmulOp>([](auto) { return Issue{Engine::tensor, false}; })
       .Case<ActivationOp>([](auto) { return Issue{Engine::scalar, false}; })
-      .Case<TensorTensorOp, TensorScalarOp, TensorReduceOp, SelectOp,
-            MemsetOp, CopyOp>(
+      .Case<TensorTensorOp, ScalarTensorTensorOp, TensorScalarOp,
+            TensorReduceOp, SelectOp, MemsetOp, CopyOp>(
           [](auto o) { return Issue{o.getEngine(), false}; })
       .Case<IotaOp>([](auto) { return Issue{Engine::gpsimd, false}; })
       .Default([](Operation *) { return std::nullopt; });
 }
 
-Value mlir::nisa::writtenOperand(Operation *op) {
-  return llvm::TypeSwitch<Operation *, Value>(op)
-      .Case<DmaCopyOp, DmaGatherOp, MatmulOp, ActivationOp, TensorTensorOp,
-            TensorScalarOp, TensorReduceOp, SelectOp, CopyOp, MemsetOp,
-            IotaOp>([](auto o) { return o.getDst(); })
-      .Default([](Operation *) { return Value(); });
+SmallVector<Value, 2> mlir::nisa::writtenOperands(Operation *op) {
+  return llvm::TypeSwitch<Operation *, SmallVector<Value, 2>>(op)
+      // The row sums are a second result tile, written like dst.
+      .Case<ActivationOp>([](ActivationOp o) {
+        SmallVector<Value, 2> written{o.getDst()};
+        if (o.getAccumulate())
+          written.push_back(o.getAccumulate());
+        return written;
+      })
+      .Case<DmaCopyOp, DmaGatherOp, MatmulOp, TensorTensorOp,
+            ScalarTensorTensorOp, TensorScalarOp, TensorReduceOp, SelectOp,
+            CopyOp, MemsetOp, IotaOp>(
+          [](auto o) { return SmallVector<Value, 2>{o.getDst()}; })
+      .Default([](Operation *) { return SmallVector<Value, 2>(); });
 }
 
 std::optional<AffineIndex> mlir::nisa::affineIndexOf(Value index) {
@@ -220,8 +228,8 @@ static LogicalResult verifyTile(Operation *op, Value v, StringRef name,
     return failure();
   if (type.getDimSize(0) > target->partitions)
     return op->emitOpError(name)
-           << " uses " << type.getDimSize(0) << " partitions; "
-           << target->name << " has " << target->partitions;
+           << " uses " << type.getDimSize(0) << " partitions; " << target->name
+           << " has " << target->partitions;
   return success();
 }
 
@@ -251,8 +259,9 @@ LogicalResult DmaCopyOp::verify() {
   if (getEngine() == Engine::tensor || getEngine() == Engine::vector)
     return emitOpError("DMAs are triggered by SyncE, ScalarE or GpSimd, not ")
            << stringifyEngine(getEngine());
-  if (failed(verifySameShape(*this, getSrc(), getDst(), "source and "
-                                                        "destination")))
+  if (failed(verifySameShape(*this, getSrc(), getDst(),
+                             "source and "
+                             "destination")))
     return failure();
   for (Value v : {getSrc(), getDst()})
     if (getMemorySpace(memrefType(v)) != MemorySpace::hbm &&
@@ -304,8 +313,8 @@ LogicalResult MatmulOp::verify() {
     return emitOpError("contraction (partition) sizes differ: ")
            << k << " vs " << m.getDimSize(0);
   if (k > target->matmulMaxK)
-    return emitOpError("contraction size ") << k << " exceeds "
-                                            << target->matmulMaxK;
+    return emitOpError("contraction size ")
+           << k << " exceeds " << target->matmulMaxK;
   if (mSize > target->matmulMaxStationaryFree)
     return emitOpError("stationary free size ")
            << mSize << " exceeds " << target->matmulMaxStationaryFree;
@@ -325,12 +334,24 @@ LogicalResult MatmulOp::verify() {
 LogicalResult ActivationOp::verify() {
   if (failed(verifyTile(*this, getSrc(), "source")) ||
       failed(verifyTile(*this, getDst(), "destination")) ||
-      failed(verifySameShape(*this, getSrc(), getDst(),
-                             "source and destination")))
+      failed(
+          verifySameShape(*this, getSrc(), getDst(), "source and destination")))
     return failure();
   if (getBias() && (failed(verifyTile(*this, getBias(), "bias")) ||
                     failed(verifyColumn(*this, getBias(), getSrc(), "bias"))))
     return failure();
+  // ScalarE keeps the per-partition scale and the row sums in fp32
+  // registers; other dtypes would need a conversion the engine lacks.
+  for (auto [v, name] : {std::pair{getScaleCol(), "scale_col"},
+                         {getAccumulate(), "accumulate"}}) {
+    if (!v)
+      continue;
+    if (failed(verifyTile(*this, v, name)) ||
+        failed(verifyColumn(*this, v, getSrc(), name)))
+      return failure();
+    if (!memrefType(v).getElementType().isF32())
+      return emitOpError(name) << " must be f32";
+  }
   return success();
 }
 
@@ -357,9 +378,30 @@ LogicalResult TensorTensorOp::verify() {
       failed(verifyTile(*this, getB(), "second operand")) ||
       failed(verifyTile(*this, getDst(), "destination")) ||
       failed(verifySameShape(*this, getA(), getB(), "operands")) ||
-      failed(verifySameShape(*this, getA(), getDst(),
-                             "operands and destination")))
+      failed(
+          verifySameShape(*this, getA(), getDst(), "operands and destination")))
     return failure();
+  if (getMemorySpace(memrefType(getA())) == MemorySpace::psum &&
+      getMemorySpace(memrefType(getB())) == MemorySpace::psum)
+    return emitOpError("at most one operand may be in PSUM");
+  return success();
+}
+
+LogicalResult ScalarTensorTensorOp::verify() {
+  if (failed(verifyAluEngine(*this, getEngine(), false)))
+    return failure();
+  if (failed(verifyTile(*this, getA(), "first operand")) ||
+      failed(verifyTile(*this, getB(), "second operand")) ||
+      failed(verifyTile(*this, getDst(), "destination")) ||
+      failed(verifySameShape(*this, getA(), getB(), "operands")) ||
+      failed(
+          verifySameShape(*this, getA(), getDst(), "operands and destination")))
+    return failure();
+  if (getScalar() &&
+      (failed(verifyTile(*this, getScalar(), "scalar")) ||
+       failed(verifyColumn(*this, getScalar(), getA(), "scalar"))))
+    return failure();
+  // Like tensor_tensor: the engine streams at most one tensor from PSUM.
   if (getMemorySpace(memrefType(getA())) == MemorySpace::psum &&
       getMemorySpace(memrefType(getB())) == MemorySpace::psum)
     return emitOpError("at most one operand may be in PSUM");
@@ -371,8 +413,8 @@ LogicalResult TensorScalarOp::verify() {
     return failure();
   if (failed(verifyTile(*this, getSrc(), "source")) ||
       failed(verifyTile(*this, getDst(), "destination")) ||
-      failed(verifySameShape(*this, getSrc(), getDst(),
-                             "source and destination")))
+      failed(
+          verifySameShape(*this, getSrc(), getDst(), "source and destination")))
     return failure();
   if (getScalar() &&
       (failed(verifyTile(*this, getScalar(), "scalar")) ||
@@ -418,8 +460,8 @@ LogicalResult CopyOp::verify() {
     return emitOpError("copy runs on VectorE, ScalarE or GpSimd");
   if (failed(verifyTile(*this, getSrc(), "source", !gpsimd)) ||
       failed(verifyTile(*this, getDst(), "destination", !gpsimd)) ||
-      failed(verifySameShape(*this, getSrc(), getDst(),
-                             "source and destination")))
+      failed(
+          verifySameShape(*this, getSrc(), getDst(), "source and destination")))
     return failure();
   return success();
 }
@@ -435,7 +477,40 @@ LogicalResult IotaOp::verify() {
     return failure();
   if ((int64_t)getMultipliers().size() != memrefType(getDst()).getRank() - 1)
     return emitOpError("needs one multiplier per free dim");
+  // The program format stores the offset as an affine form, like a view's.
+  if (getOffset() && !affineIndexOf(getOffset()))
+    return emitOpError("offset must be built from index constants, "
+                       "arith.addi, arith.muli by a constant and scf.for ivs");
   return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Custom assembly
+//===----------------------------------------------------------------------===//
+
+/// `, type` for each optional operand that was parsed (activation's bias,
+/// scale_col and accumulate), in operand order.
+static ParseResult parseOptionalTypes(
+    OpAsmParser &parser, std::optional<OpAsmParser::UnresolvedOperand> first,
+    Type &firstType, std::optional<OpAsmParser::UnresolvedOperand> second,
+    Type &secondType, std::optional<OpAsmParser::UnresolvedOperand> third,
+    Type &thirdType) {
+  for (auto [operand, type] : {std::pair{&first, &firstType},
+                               {&second, &secondType},
+                               {&third, &thirdType}})
+    if (operand->has_value() &&
+        (parser.parseComma() || parser.parseType(*type)))
+      return failure();
+  return success();
+}
+
+static void printOptionalTypes(OpAsmPrinter &printer, Operation *, Value first,
+                               Type firstType, Value second, Type secondType,
+                               Value third, Type thirdType) {
+  for (auto [operand, type] :
+       {std::pair{first, firstType}, {second, secondType}, {third, thirdType}})
+    if (operand)
+      printer << ", " << type;
 }
 
 #define GET_OP_CLASSES

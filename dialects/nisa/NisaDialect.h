@@ -47,8 +47,9 @@ struct Issue {
 };
 std::optional<Issue> issueOf(Operation *op);
 
-/// The operand an instruction writes.
-Value writtenOperand(Operation *op);
+/// The operands an instruction writes: its dst, and for an activation with
+/// `accumulate` also that tile. Every other memref operand is read.
+SmallVector<Value, 2> writtenOperands(Operation *op);
 
 /// An index as constant + sum(coeff * iv) over scf.for induction variables.
 struct AffineIndex {

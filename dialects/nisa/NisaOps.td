@@ -146,15 +146,45 @@ def Nisa_MatmulOp : Nisa_Op<"matmul"> {
 // ScalarE / VectorE / GpSimd
 //===----------------------------------------------------------------------===//
 
-def Nisa_ActivationOp : Nisa_Op<"activation"> {
-  let summary = "ScalarE: dst = func(src * scale + bias)";
+def Nisa_ActivationOp : Nisa_Op<"activation", [AttrSizedOperandSegments]> {
+  let summary = "ScalarE: dst = func(src * scale + bias), optionally with row sums";
+  let description = [{
+    `bias` is a [P, 1] column added to `bias_imm`. `scale_col`, a [P, 1] f32
+    column, multiplies the `scale` attribute per partition (NKI's tensor
+    `scale`). `accumulate`, a [P, 1] f32 tile, receives for each partition
+    the sum over the free elements of the fp32 function results, before
+    they are rounded to dst's dtype (NKI's `reduce_op=add, reduce_res`); it
+    is overwritten, not added to, and costs nothing extra on ScalarE. The
+    instruction then writes two operands: dst and accumulate.
+
+    Types follow the data types, in operand order: src, dst, then those of
+    bias, scale_col and accumulate that are present.
+  }];
   let arguments = (ins AnyMemRef:$src, AnyMemRef:$dst,
-                   Optional<AnyMemRef>:$bias, Nisa_ActivationFnAttr:$func,
+                   Optional<AnyMemRef>:$bias, Optional<AnyMemRef>:$scale_col,
+                   Optional<AnyMemRef>:$accumulate,
+                   Nisa_ActivationFnAttr:$func,
                    DefaultValuedAttr<F64Attr, "1.0">:$scale,
                    DefaultValuedAttr<F64Attr, "0.0">:$bias_imm);
+  // The trailing types of the optional operands are printed only for those
+  // present; a declarative `(`,` type($x)^)?` per operand would be
+  // ambiguous when an earlier one is absent.
   let assemblyFormat = [{
-    $func $src `,` $dst (`bias` $bias^)? attr-dict `:` type($src) `,` type($dst) (`,` type($bias)^)?
+    $func $src `,` $dst (`bias` $bias^)? (`scale_col` $scale_col^)?
+    (`accumulate` $accumulate^)? attr-dict `:` type($src) `,` type($dst) ``
+    custom<OptionalTypes>(ref($bias), type($bias), ref($scale_col),
+                          type($scale_col), ref($accumulate), type($accumulate))
   }];
+  // The signature before scale_col and accumulate existed, so lowerings that
+  // use neither need not spell two null operands.
+  let builders = [
+    OpBuilder<(ins "Value":$src, "Value":$dst, "Value":$bias,
+                   "ActivationFn":$func, "llvm::APFloat":$scale,
+                   "llvm::APFloat":$bias_imm), [{
+      build($_builder, $_state, src, dst, bias, /*scale_col=*/Value(),
+            /*accumulate=*/Value(), func, scale, bias_imm);
+    }]>
+  ];
 }
 
 def Nisa_TensorTensorOp : Nisa_Op<"tensor_tensor"> {
@@ -163,6 +193,24 @@ def Nisa_TensorTensorOp : Nisa_Op<"tensor_tensor"> {
                    AnyMemRef:$dst, DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
   let assemblyFormat = [{
     $op $a `,` $b `,` $dst attr-dict `:` type($a) `,` type($b) `,` type($dst)
+  }];
+}
+
+def Nisa_ScalarTensorTensorOp : Nisa_Op<"scalar_tensor_tensor"> {
+  let summary = "VectorE or GpSimd: dst = (a op0 s) op1 b, s an immediate or a [P,1] column";
+  let description = [{
+    NKI's `scalar_tensor_tensor`: one streaming pass over two tensors with a
+    per-partition scalar folded in, computed in fp32 and rounded to dst's
+    dtype once. `s` is `scalar[p]` when the [P, 1] `scalar` column is given,
+    else `imm`. Costs like a `tensor_tensor` of the same shape.
+  }];
+  let arguments = (ins Nisa_AluOpAttr:$op0, Nisa_AluOpAttr:$op1,
+                   AnyMemRef:$a, AnyMemRef:$b, AnyMemRef:$dst,
+                   Optional<AnyMemRef>:$scalar,
+                   DefaultValuedAttr<F64Attr, "0.0">:$imm,
+                   DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
+  let assemblyFormat = [{
+    $op0 `,` $op1 $a `,` $b `,` $dst (`scalar` $scalar^)? attr-dict `:` type($a) `,` type($b) `,` type($dst) (`,` type($scalar)^)?
   }];
 }
 
@@ -209,10 +257,25 @@ def Nisa_MemsetOp : Nisa_Op<"memset"> {
 }
 
 def Nisa_IotaOp : Nisa_Op<"iota"> {
-  let summary = "GpSimd: dst[p, i...] = base + p * channel_multiplier + sum(i_k * multipliers[k])";
-  let arguments = (ins AnyMemRef:$dst, F64Attr:$base,
+  let summary = "GpSimd: dst[p, i...] = base + offset + p * channel_multiplier + sum(i_k * multipliers[k])";
+  let description = [{
+    `offset` (optional, index) is built like a view's element offset: index
+    constants, `arith.addi`, `arith.muli` by a constant and `scf.for` ivs,
+    so an iota can number the elements of the tile a loop iteration covers
+    (NKI iota expressions may contain loop indices).
+  }];
+  let arguments = (ins AnyMemRef:$dst, Optional<Index>:$offset, F64Attr:$base,
                    F64Attr:$channel_multiplier, DenseF64ArrayAttr:$multipliers);
-  let assemblyFormat = "$dst attr-dict `:` type($dst)";
+  let assemblyFormat = "$dst (`offset` $offset^)? attr-dict `:` type($dst)";
+  // The signature before `offset` existed.
+  let builders = [
+    OpBuilder<(ins "Value":$dst, "llvm::APFloat":$base,
+                   "llvm::APFloat":$channel_multiplier,
+                   "llvm::ArrayRef<double>":$multipliers), [{
+      build($_builder, $_state, dst, /*offset=*/Value(), base,
+            channel_multiplier, multipliers);
+    }]>
+  ];
 }
 
 #endif // NISA_OPS

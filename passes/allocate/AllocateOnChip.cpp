@@ -2,8 +2,8 @@
 //
 // Linear scan over tile lifetimes in program order: a tile is live from its
 // alloc to the end of the outermost op, in the alloc's block, that holds its
-// last use. Each new tile takes the lowest byte range not used by a live
-// tile of the same memory.
+// last use, directly or through a view of it. Each new tile takes the lowest
+// byte range not used by a live tile of the same memory.
 //
 //===----------------------------------------------------------------------===//
 
@@ -41,9 +41,8 @@ struct ProgramOrder {
   llvm::DenseMap<Operation *, int64_t> position, last;
   explicit ProgramOrder(func::FuncOp func) {
     int64_t next = 0;
-    func.walk<WalkOrder::PreOrder>([&](Operation *op) {
-      position[op] = next++;
-    });
+    func.walk<WalkOrder::PreOrder>(
+        [&](Operation *op) { position[op] = next++; });
     func.walk<WalkOrder::PostOrder>([&](Operation *op) {
       last[op] = next - 1;
       int64_t end = position[op];
@@ -116,8 +115,9 @@ struct NisaAllocatePass
   }
 };
 
-LogicalResult NisaAllocatePass::allocate(func::FuncOp func,
-                                         const ::neuron::target::Target &target) {
+LogicalResult
+NisaAllocatePass::allocate(func::FuncOp func,
+                           const ::neuron::target::Target &target) {
   ProgramOrder order(func);
   std::vector<Tile> tiles;
   WalkResult walk = func.walk<WalkOrder::PreOrder>([&](memref::AllocOp alloc) {
@@ -136,10 +136,18 @@ LogicalResult NisaAllocatePass::allocate(func::FuncOp func,
               std::max<int64_t>(1, type.getElementTypeBitWidth() / 8),
               order.position[alloc],
               order.position[alloc]};
+    // Instructions use a tile through views of it as often as directly
+    // (any operand: an activation's accumulate column is used like its
+    // dst), and a view may be taken before the loop that uses it.
     Block *block = alloc->getBlock();
-    for (Operation *user : alloc->getUsers())
-      if (Operation *holder = block->findAncestorOpInBlock(*user))
-        tile.end = std::max(tile.end, order.last[holder]);
+    SmallVector<Value> uses{alloc.getResult()};
+    while (!uses.empty())
+      for (Operation *user : uses.pop_back_val().getUsers()) {
+        if (auto view = dyn_cast<memref::ReinterpretCastOp>(user))
+          uses.push_back(view.getResult());
+        if (Operation *holder = block->findAncestorOpInBlock(*user))
+          tile.end = std::max(tile.end, order.last[holder]);
+      }
     if (auto fixed = alloc->getAttrOfType<IntegerAttr>(nisa::kAddressAttrName))
       tile.address = fixed.getInt();
     tiles.push_back(tile);
@@ -168,9 +176,9 @@ LogicalResult NisaAllocatePass::allocate(func::FuncOp func,
                << sameSpace.size() << " live tiles already use " << used
                << " (the lowering must split this work into smaller tiles)";
       }
-      tile.alloc->setAttr(nisa::kAddressAttrName,
-                          IntegerAttr::get(IntegerType::get(&getContext(), 64),
-                                           tile.address));
+      tile.alloc->setAttr(
+          nisa::kAddressAttrName,
+          IntegerAttr::get(IntegerType::get(&getContext(), 64), tile.address));
     }
     live.push_back(&tile);
   }

@@ -19,8 +19,8 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/BuiltinOps.h"
-#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/BitVector.h"
+#include "llvm/ADT/DenseMap.h"
 
 #include <limits>
 
@@ -323,18 +323,17 @@ bool covered(ArrayRef<Instruction> insts, const Waits &waits, int64_t a,
              int64_t b, bool loopCarried) {
   auto waitedFor = [&](int64_t c) {
     return c != a && c != b &&
-           (waits.has(c, a) ||
-            queueOrdered(insts[a], insts[c]));
+           (waits.has(c, a) || queueOrdered(insts[a], insts[c]));
   };
   // The instance of c that b follows must come after the instances of a
   // that b needs; those include a's instances in earlier iterations of any
   // loop around both, so c must run inside every such loop.
   // (For an instruction whose instances meet only across outer iterations,
   // its innermost loop does not count.)
-  Operation *skipped = a == b && !insts[a].loops.empty() &&
-                               selfConflictSkipsInnermost(insts[a])
-                           ? insts[a].loops.front()
-                           : nullptr;
+  Operation *skipped =
+      a == b && !insts[a].loops.empty() && selfConflictSkipsInnermost(insts[a])
+          ? insts[a].loops.front()
+          : nullptr;
   auto insideSharedLoops = [&](int64_t c) {
     return llvm::all_of(insts[a].loops, [&](Operation *loop) {
       return loop == skipped || !llvm::is_contained(insts[b].loops, loop) ||
@@ -376,9 +375,14 @@ LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
     if (!issue)
       return WalkResult::advance();
     Instruction inst{op, *issue, {}, {}};
-    Value written = nisa::writtenOperand(op);
+    // Every written operand is a write (an activation's row sums as much
+    // as its dst); index operands (an iota's offset) touch no memory.
+    SmallVector<Value, 2> written = nisa::writtenOperands(op);
     for (Value operand : op->getOperands()) {
-      auto access = accessOf(op, operand, operand == written, ctx);
+      if (!isa<MemRefType>(operand.getType()))
+        continue;
+      auto access =
+          accessOf(op, operand, llvm::is_contained(written, operand), ctx);
       if (failed(access))
         return WalkResult::interrupt();
       inst.accesses.push_back(*access);
@@ -402,10 +406,10 @@ LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
   // partition (their spans are always bounded).
   constexpr int64_t kRegionBytes = 4096;
   using Region = std::pair<const void *, int64_t>;
-  const void *sbuf =
-      nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::sbuf).getAsOpaquePointer();
-  const void *psum =
-      nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::psum).getAsOpaquePointer();
+  const void *sbuf = nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::sbuf)
+                         .getAsOpaquePointer();
+  const void *psum = nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::psum)
+                         .getAsOpaquePointer();
   auto regionsOf = [&](const Access &x, auto &&fn) {
     if (x.storage != sbuf && x.storage != psum)
       return fn(Region{x.storage, 0});

@@ -21,9 +21,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <limits>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <new>
 #include <string>
@@ -491,6 +491,8 @@ enum Role {
   RolePred,
   RoleOnTrue,
   RoleOnFalse,
+  RoleScaleCol,
+  RoleReduceRes,
   NumRoles
 };
 
@@ -513,7 +515,10 @@ struct CompiledInst {
   Instruction attrs; // op, engine and attributes; operands live in `views`
   std::array<CompiledView, NumRoles> views;
   PairPattern copyPattern; // dma_copy / copy: src (A) and dst (B) in lockstep
-  std::string name;        // "instruction #N (op at loc)" for errors
+  // iota: its offset over loop slots (zero without one).
+  int64_t offsetConstant = 0;
+  std::vector<std::pair<int32_t, int64_t>> offsetTerms;
+  std::string name; // "instruction #N (op at loc)" for errors
 };
 
 struct FreeDeleter {
@@ -578,6 +583,7 @@ struct Executor::Impl {
   void execMatmul(const CompiledInst &inst);
   void execActivation(const CompiledInst &inst);
   void execTensorTensor(const CompiledInst &inst);
+  void execScalarTensorTensor(const CompiledInst &inst);
   void execTensorScalar(const CompiledInst &inst);
   void execTensorReduce(const CompiledInst &inst);
   void execSelect(const CompiledInst &inst);
@@ -636,10 +642,10 @@ void Executor::Impl::compileNodes(const std::vector<Node> &body,
     CompiledInst compiled;
     compiled.attrs = inst;
     const std::optional<View> *operands[NumRoles] = {
-        &inst.dst,        &inst.src,    &inst.table, &inst.indices,
-        &inst.stationary, &inst.moving, &inst.a,     &inst.b,
-        &inst.bias,       &inst.scalar, &inst.pred,  &inst.onTrue,
-        &inst.onFalse};
+        &inst.dst,        &inst.src,      &inst.table,    &inst.indices,
+        &inst.stationary, &inst.moving,   &inst.a,        &inst.b,
+        &inst.bias,       &inst.scalar,   &inst.pred,     &inst.onTrue,
+        &inst.onFalse,    &inst.scaleCol, &inst.reduceRes};
     for (int role = 0; role < NumRoles; ++role) {
       const std::optional<View> &view = *operands[role];
       if (!view)
@@ -673,6 +679,13 @@ void Executor::Impl::compileNodes(const std::vector<Node> &body,
     compiled.attrs.pred.reset();
     compiled.attrs.onTrue.reset();
     compiled.attrs.onFalse.reset();
+    compiled.attrs.scaleCol.reset();
+    compiled.attrs.reduceRes.reset();
+    if (inst.op == Opcode::Iota && inst.offset) {
+      compiled.offsetConstant = inst.offset->constant;
+      for (const auto &[iv, coeff] : inst.offset->terms)
+        compiled.offsetTerms.emplace_back(slots.at(iv), coeff);
+    }
 
     if (inst.op == Opcode::DmaCopy || inst.op == Opcode::Copy)
       compiled.copyPattern =
@@ -710,11 +723,18 @@ void Executor::Impl::allocate(const Program &program) {
       break;
     case Opcode::Activation:
       grow(0, v[RoleSrc].numElements);
-      grow(1, v[RoleSrc].rows);
+      grow(1, v[RoleSrc].rows); // bias
+      grow(2, v[RoleSrc].rows); // scale column
+      grow(3, v[RoleSrc].rows); // row sums
       break;
     case Opcode::TensorTensor:
       grow(0, v[RoleA].numElements);
       grow(1, v[RoleB].numElements);
+      break;
+    case Opcode::ScalarTensorTensor:
+      grow(0, v[RoleA].numElements);
+      grow(1, v[RoleB].numElements);
+      grow(2, v[RoleA].rows);
       break;
     case Opcode::TensorScalar:
       grow(0, v[RoleSrc].numElements);
@@ -805,6 +825,8 @@ void Executor::Impl::exec(const CompiledInst &inst) {
     return execActivation(inst);
   case Opcode::TensorTensor:
     return execTensorTensor(inst);
+  case Opcode::ScalarTensorTensor:
+    return execScalarTensorTensor(inst);
   case Opcode::TensorScalar:
     return execTensorScalar(inst);
   case Opcode::TensorReduce:
@@ -895,15 +917,27 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
   store(dst, d);
 }
 
-// dst = func(src * scale + bias), bias = bias[p] (if given) + bias_imm.
+// dst = func(src * scale + bias), scale = scale_col[p] (if given) * scale,
+// bias = bias[p] (if given) + bias_imm; reduce_res[p] = the fp32 sum of
+// partition p's results, taken before they are rounded to dst's dtype.
 void Executor::Impl::execActivation(const CompiledInst &inst) {
   const CompiledView &src = inst.views[RoleSrc];
   const CompiledView &bias = inst.views[RoleBias];
+  const CompiledView &scaleCol = inst.views[RoleScaleCol];
+  const CompiledView &reduceRes = inst.views[RoleReduceRes];
   float *x = scratch[0].data();
   load(src, x);
   Eigen::Map<RowArray> tile(x, src.rows, src.cols);
   float scale = static_cast<float>(inst.attrs.scale);
   float biasImm = static_cast<float>(inst.attrs.biasImm);
+  if (scaleCol.present) {
+    float *s = scratch[2].data();
+    load(scaleCol, s);
+    MapA scales(s, src.rows);
+    scales *= scale;
+    tile.colwise() *= scales;
+    scale = 1.0f; // applied
+  }
   if (bias.present) {
     float *b = scratch[1].data();
     load(bias, b);
@@ -916,6 +950,11 @@ void Executor::Impl::execActivation(const CompiledInst &inst) {
   }
   applyActivation(inst.attrs.func, MapA(x, src.numElements));
   store(inst.views[RoleDst], x);
+  if (reduceRes.present) {
+    float *sums = scratch[3].data();
+    MapA(sums, src.rows) = tile.rowwise().sum();
+    store(reduceRes, sums);
+  }
 }
 
 void Executor::Impl::execTensorTensor(const CompiledInst &inst) {
@@ -925,6 +964,33 @@ void Executor::Impl::execTensorTensor(const CompiledInst &inst) {
   load(inst.views[RoleB], y);
   int64_t n = a.numElements;
   applyAlu(inst.attrs.aluOp, ConstMapA(x, n), ConstMapA(y, n), MapA(x, n));
+  store(inst.views[RoleDst], x);
+}
+
+// dst = (a op0 s) op1 b, s = scalar[p] if given, else imm; the intermediate
+// stays in fp32 and only dst is rounded.
+void Executor::Impl::execScalarTensorTensor(const CompiledInst &inst) {
+  const CompiledView &a = inst.views[RoleA];
+  const CompiledView &scalarView = inst.views[RoleScalar];
+  float *x = scratch[0].data(), *y = scratch[1].data();
+  load(a, x);
+  load(inst.views[RoleB], y);
+  AluOp op0 = inst.attrs.aluOp;
+  if (scalarView.present) {
+    float *s = scratch[2].data();
+    load(scalarView, s);
+    for (int64_t p = 0; p < a.rows; ++p) {
+      float *row = x + p * a.cols;
+      applyAlu(op0, ConstMapA(row, a.cols), ArrayF::Constant(a.cols, s[p]),
+               MapA(row, a.cols));
+    }
+  } else {
+    float imm = static_cast<float>(inst.attrs.imm.value_or(0));
+    applyAlu(op0, ConstMapA(x, a.numElements),
+             ArrayF::Constant(a.numElements, imm), MapA(x, a.numElements));
+  }
+  int64_t n = a.numElements;
+  applyAlu(inst.attrs.aluOp1, ConstMapA(x, n), ConstMapA(y, n), MapA(x, n));
   store(inst.views[RoleDst], x);
 }
 
@@ -996,8 +1062,9 @@ void Executor::Impl::execSelect(const CompiledInst &inst) {
   store(dst, pred);
 }
 
-// dst[p, i...] = base + p * channel_multiplier + sum(i_k * multipliers[k]),
-// in double so integer destinations are exact.
+// dst[p, i...] = base + offset + p * channel_multiplier +
+// sum(i_k * multipliers[k]), in double so integer destinations are exact;
+// offset is evaluated at the current loop ivs.
 void Executor::Impl::execIota(const CompiledInst &inst) {
   const CompiledView &dst = inst.views[RoleDst];
   const Instruction &attrs = inst.attrs;
@@ -1005,9 +1072,13 @@ void Executor::Impl::execIota(const CompiledInst &inst) {
   size_t freeRank = dst.shape.size() - 1;
   std::array<int64_t, kMaxViewRank> index{};
   int64_t linear = 0;
+  // Verified to stay within int64 on every iteration.
+  int64_t offset = inst.offsetConstant;
+  for (const auto &[slot, coeff] : inst.offsetTerms)
+    offset += coeff * ivs[slot];
+  double base = attrs.base + static_cast<double>(offset);
   for (int64_t p = 0; p < dst.rows; ++p) {
-    double rowBase =
-        attrs.base + static_cast<double>(p) * attrs.channelMultiplier;
+    double rowBase = base + static_cast<double>(p) * attrs.channelMultiplier;
     std::fill(index.begin(), index.end(), 0);
     for (int64_t e = 0; e < dst.cols; ++e) {
       double value = rowBase;

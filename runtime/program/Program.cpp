@@ -56,6 +56,7 @@ const std::pair<Opcode, const char *> kOpcodeNames[] = {
     {Opcode::Matmul, "matmul"},
     {Opcode::Activation, "activation"},
     {Opcode::TensorTensor, "tensor_tensor"},
+    {Opcode::ScalarTensorTensor, "scalar_tensor_tensor"},
     {Opcode::TensorScalar, "tensor_scalar"},
     {Opcode::TensorReduce, "tensor_reduce"},
     {Opcode::Select, "select"},
@@ -178,6 +179,7 @@ Instruction::operands() const {
       result.emplace_back(name, &*view);
   };
   add("dst", dst);
+  add("reduce_res", reduceRes);
   add("src", src);
   add("table", table);
   add("indices", indices);
@@ -186,11 +188,16 @@ Instruction::operands() const {
   add("a", a);
   add("b", b);
   add("bias", bias);
+  add("scale_col", scaleCol);
   add("scalar", scalar);
   add("pred", pred);
   add("on_true", onTrue);
   add("on_false", onFalse);
   return result;
+}
+
+bool Instruction::writes(std::string_view field) {
+  return field == "dst" || field == "reduce_res";
 }
 
 Node Node::makeLoop(int64_t loopId, int64_t count, std::vector<Node> body) {
@@ -385,6 +392,28 @@ std::string field(const std::string &where, const char *key) {
   return where + " field '" + key + "'";
 }
 
+/// {"const": c, "terms": [[iv, coeff], ...]}, both fields optional.
+AffineExpr parseAffine(const json &value, const std::string &where) {
+  requireObject(value, where);
+  checkKeys(value, {"const", "terms"}, where);
+  AffineExpr expr;
+  if (value.contains("const"))
+    expr.constant = asInt(value["const"], field(where, "const"));
+  if (value.contains("terms")) {
+    std::string termsWhere = field(where, "terms");
+    const json &terms = asArray(value["terms"], termsWhere);
+    for (size_t i = 0; i < terms.size(); ++i) {
+      std::string termWhere = termsWhere + "[" + std::to_string(i) + "]";
+      const json &term = asArray(terms[i], termWhere);
+      if (term.size() != 2)
+        fail(termWhere, "a term is [iv, coeff]");
+      expr.terms.emplace_back(asInt(term[0], termWhere),
+                              asInt(term[1], termWhere));
+    }
+  }
+  return expr;
+}
+
 View parseView(const json &value, const std::string &where) {
   requireObject(value, where);
   checkKeys(value, {"buf", "offset", "shape", "strides"}, where);
@@ -394,27 +423,19 @@ View parseView(const json &value, const std::string &where) {
       asIntList(requireKey(value, "shape", where), field(where, "shape"));
   view.strides =
       asIntList(requireKey(value, "strides", where), field(where, "strides"));
-  if (value.contains("offset")) {
-    std::string offWhere = field(where, "offset");
-    const json &offset = value["offset"];
-    requireObject(offset, offWhere);
-    checkKeys(offset, {"const", "terms"}, offWhere);
-    if (offset.contains("const"))
-      view.offset.constant = asInt(offset["const"], field(offWhere, "const"));
-    if (offset.contains("terms")) {
-      std::string termsWhere = field(offWhere, "terms");
-      const json &terms = asArray(offset["terms"], termsWhere);
-      for (size_t i = 0; i < terms.size(); ++i) {
-        std::string termWhere = termsWhere + "[" + std::to_string(i) + "]";
-        const json &term = asArray(terms[i], termWhere);
-        if (term.size() != 2)
-          fail(termWhere, "a term is [iv, coeff]");
-        view.offset.terms.emplace_back(asInt(term[0], termWhere),
-                                       asInt(term[1], termWhere));
-      }
-    }
-  }
+  if (value.contains("offset"))
+    view.offset = parseAffine(value["offset"], field(where, "offset"));
   return view;
+}
+
+/// The instruction fields that are views (operands); the others are
+/// attributes.
+bool isViewField(const std::string &key) {
+  static const std::set<std::string> names = {
+      "src",        "dst",    "table", "indices", "stationary",
+      "moving",     "a",      "b",     "bias",    "scale_col",
+      "reduce_res", "scalar", "pred",  "on_true", "on_false"};
+  return names.count(key) > 0;
 }
 
 struct OpSpec {
@@ -430,14 +451,19 @@ const OpSpec &opSpec(Opcode op) {
       {Opcode::Matmul, {"stationary", "moving", "dst"}, {"accumulate"}},
       {Opcode::Activation,
        {"src", "dst", "func"},
-       {"bias", "scale", "bias_imm"}},
+       {"bias", "scale_col", "reduce_res", "scale", "bias_imm"}},
       {Opcode::TensorTensor, {"a", "b", "dst", "alu_op"}, {}},
+      {Opcode::ScalarTensorTensor,
+       {"a", "b", "dst", "alu_op0", "alu_op1"},
+       {"scalar", "imm"}},
       {Opcode::TensorScalar,
        {"src", "dst", "alu_op"},
        {"scalar", "imm", "reverse"}},
       {Opcode::TensorReduce, {"src", "dst", "alu_op"}, {}},
       {Opcode::Select, {"pred", "on_true", "on_false", "dst"}, {}},
-      {Opcode::Iota, {"dst"}, {"base", "channel_multiplier", "multipliers"}},
+      {Opcode::Iota,
+       {"dst"},
+       {"offset", "base", "channel_multiplier", "multipliers"}},
       {Opcode::Memset, {"dst", "value"}, {}},
       {Opcode::Copy, {"src", "dst"}, {}},
   };
@@ -644,6 +670,8 @@ Instruction Parser::parseInstruction(const json &value,
       {"a", &Instruction::a},
       {"b", &Instruction::b},
       {"bias", &Instruction::bias},
+      {"scale_col", &Instruction::scaleCol},
+      {"reduce_res", &Instruction::reduceRes},
       {"scalar", &Instruction::scalar},
       {"pred", &Instruction::pred},
       {"on_true", &Instruction::onTrue},
@@ -668,7 +696,7 @@ Instruction Parser::parseInstruction(const json &value,
       inst.scale = asNumber(item, keyWhere);
     } else if (key == "bias_imm") {
       inst.biasImm = asNumber(item, keyWhere);
-    } else if (key == "alu_op") {
+    } else if (key == "alu_op" || key == "alu_op0") {
       std::string name = asString(item, keyWhere);
       // PROGRAM_FORMAT.md spells the product reduction "mul".
       std::optional<AluOp> aluOp = name == "mul"
@@ -677,12 +705,20 @@ Instruction Parser::parseInstruction(const json &value,
       if (!aluOp)
         fail(keyWhere, "unknown ALU op '" + name + "'");
       inst.aluOp = *aluOp;
+    } else if (key == "alu_op1") {
+      std::string name = asString(item, keyWhere);
+      std::optional<AluOp> aluOp = parseAluOp(name);
+      if (!aluOp)
+        fail(keyWhere, "unknown ALU op '" + name + "'");
+      inst.aluOp1 = *aluOp;
     } else if (key == "imm") {
       inst.imm = asNumber(item, keyWhere);
     } else if (key == "reverse") {
       inst.reverse = asBool(item, keyWhere);
     } else if (key == "base") {
       inst.base = asNumber(item, keyWhere);
+    } else if (key == "offset") {
+      inst.offset = parseAffine(item, keyWhere);
     } else if (key == "channel_multiplier") {
       inst.channelMultiplier = asNumber(item, keyWhere);
     } else if (key == "multipliers") {
@@ -767,6 +803,7 @@ private:
   void verifyNodes(const std::vector<Node> &nodes, const std::string &where);
   void verifyInstruction(const Instruction &inst, const std::string &where);
   const Buffer &verifyView(const View &view, const std::string &where);
+  void verifyIotaOffset(const Instruction &inst, const AffineExpr &offset);
   [[noreturn]] void failInst(const Instruction &inst, const std::string &what);
   std::string instName(const Instruction &inst) const;
 
@@ -1037,6 +1074,28 @@ const Buffer &Verifier::verifyView(const View &view, const std::string &where) {
   return buffer;
 }
 
+/// An iota's offset names enclosing loops and stays within int64 on every
+/// iteration, so the executor can evaluate it without overflow.
+void Verifier::verifyIotaOffset(const Instruction &inst,
+                                const AffineExpr &offset) {
+  const Int128 limit = std::numeric_limits<int64_t>::max();
+  Int128 low = offset.constant, high = offset.constant;
+  for (const auto &[iv, coeff] : offset.terms) {
+    auto found = scope.find(iv);
+    if (found == scope.end())
+      failInst(inst, "field 'offset': iv " + std::to_string(iv) +
+                         " is not an enclosing loop");
+    Int128 span = static_cast<Int128>(coeff) * (found->second - 1);
+    (span < 0 ? low : high) += span;
+    // Each span is below 2^126 in magnitude; stopping here keeps the sums
+    // within int128, and every partial sum (and each term) of the value
+    // lies between low and high.
+    if (span < -limit || span > limit || low < -limit || high > limit)
+      failInst(inst, "field 'offset': its value leaves int64 over the loop "
+                     "iterations");
+  }
+}
+
 void Verifier::verifyInstruction(const Instruction &inst,
                                  const std::string &where) {
   instWhere = where;
@@ -1072,8 +1131,11 @@ void Verifier::verifyInstruction(const Instruction &inst,
     if (!spec.required.count(fieldName) && !spec.optional.count(fieldName))
       failInst(inst, "unexpected operand '" + fieldName + "'");
   for (const std::string &key : spec.required)
-    if (key != "func" && key != "alu_op" && key != "value" && !views.count(key))
+    if (isViewField(key) && !views.count(key))
       failInst(inst, "missing operand '" + key + "'");
+  // The one attribute that names loops: verified below for iota only.
+  if (inst.offset && inst.op != Opcode::Iota)
+    failInst(inst, "unexpected field 'offset'");
 
   std::map<std::string, const Buffer *> buffers;
   for (const auto &[fieldName, view] : views)
@@ -1092,6 +1154,8 @@ void Verifier::verifyInstruction(const Instruction &inst,
                engine == Engine::GpSimd;
   else if (inst.op == Opcode::Activation)
     engineOk = engine == Engine::Scalar;
+  else if (inst.op == Opcode::ScalarTensorTensor)
+    engineOk = engine == Engine::Vector || engine == Engine::GpSimd;
   else
     engineOk = engine == Engine::Vector || engine == Engine::Scalar ||
                engine == Engine::GpSimd;
@@ -1112,13 +1176,15 @@ void Verifier::verifyInstruction(const Instruction &inst,
     }
   }
 
+  for (const auto &[fieldName, buffer] : buffers)
+    if (Instruction::writes(fieldName) &&
+        (buffer->kind == BufferKind::Input ||
+         buffer->kind == BufferKind::Constant))
+      failInst(inst, "field '" + fieldName + "' writes " +
+                         bufferKindName(buffer->kind) + " buffer " +
+                         std::to_string(buffer->id) + " ('" + buffer->name +
+                         "'), which is read-only");
   const Buffer &dstBuffer = *buffers.at("dst");
-  if (dstBuffer.kind == BufferKind::Input ||
-      dstBuffer.kind == BufferKind::Constant)
-    failInst(inst, std::string("field 'dst' writes ") +
-                       bufferKindName(dstBuffer.kind) + " buffer " +
-                       std::to_string(dstBuffer.id) + " ('" + dstBuffer.name +
-                       "'), which is read-only");
 
   auto sameShape = [&](const char *lhs, const char *rhs) {
     const View &l = *views.at(lhs), &r = *views.at(rhs);
@@ -1199,10 +1265,27 @@ void Verifier::verifyInstruction(const Instruction &inst,
     sameShape("src", "dst");
     if (inst.bias)
       perPartition("bias", *inst.src);
+    // ScalarE holds the per-partition scale and the row sums in fp32.
+    for (const char *fieldName : {"scale_col", "reduce_res"}) {
+      if (!views.count(fieldName))
+        continue;
+      perPartition(fieldName, *inst.src);
+      if (buffers.at(fieldName)->dtype != DType::F32)
+        failInst(inst, std::string("'") + fieldName + "' must be f32, got " +
+                           dtypeName(buffers.at(fieldName)->dtype));
+    }
     break;
   case Opcode::TensorTensor:
     sameShape("a", "dst");
     sameShape("b", "dst");
+    break;
+  case Opcode::ScalarTensorTensor:
+    sameShape("a", "dst");
+    sameShape("b", "dst");
+    if (inst.scalar.has_value() == inst.imm.has_value())
+      failInst(inst, "needs exactly one of 'scalar' and 'imm'");
+    if (inst.scalar)
+      perPartition("scalar", *inst.a);
     break;
   case Opcode::TensorScalar:
     sameShape("src", "dst");
@@ -1229,6 +1312,8 @@ void Verifier::verifyInstruction(const Instruction &inst,
                          std::to_string(inst.multipliers.size()) +
                          " entries; 'dst' " + shapeString(dst.shape) + " has " +
                          std::to_string(dst.shape.size() - 1) + " free dims");
+    if (inst.offset)
+      verifyIotaOffset(inst, *inst.offset);
     break;
   case Opcode::Memset:
     break;
@@ -1255,12 +1340,16 @@ json numberJson(double value) {
   return value;
 }
 
-json viewJson(const View &view) {
+json affineJson(const AffineExpr &expr) {
   json terms = json::array();
-  for (const auto &[iv, coeff] : view.offset.terms)
+  for (const auto &[iv, coeff] : expr.terms)
     terms.push_back(json::array({iv, coeff}));
+  return json{{"const", expr.constant}, {"terms", terms}};
+}
+
+json viewJson(const View &view) {
   return json{{"buf", view.buffer},
-              {"offset", {{"const", view.offset.constant}, {"terms", terms}}},
+              {"offset", affineJson(view.offset)},
               {"shape", view.shape},
               {"strides", view.strides}};
 }
@@ -1288,6 +1377,12 @@ json instructionJson(const Instruction &inst) {
   case Opcode::TensorReduce:
     out["alu_op"] = aluOpName(inst.aluOp);
     break;
+  case Opcode::ScalarTensorTensor:
+    out["alu_op0"] = aluOpName(inst.aluOp);
+    out["alu_op1"] = aluOpName(inst.aluOp1);
+    if (inst.imm)
+      out["imm"] = numberJson(*inst.imm);
+    break;
   case Opcode::TensorScalar:
     out["alu_op"] = aluOpName(inst.aluOp);
     if (inst.imm)
@@ -1296,6 +1391,8 @@ json instructionJson(const Instruction &inst) {
     break;
   case Opcode::Iota: {
     out["base"] = numberJson(inst.base);
+    if (inst.offset)
+      out["offset"] = affineJson(*inst.offset);
     out["channel_multiplier"] = numberJson(inst.channelMultiplier);
     json multipliers = json::array();
     for (double m : inst.multipliers)

@@ -45,6 +45,7 @@ enum class Opcode {
   Matmul,
   Activation,
   TensorTensor,
+  ScalarTensorTensor,
   TensorScalar,
   TensorReduce,
   Select,
@@ -177,34 +178,48 @@ struct Instruction {
 
   // Operands; which ones an op takes is listed in PROGRAM_FORMAT.md.
   std::optional<View> src, dst;
-  std::optional<View> table, indices;        // dma_gather
-  std::optional<View> stationary, moving;    // matmul
-  std::optional<View> a, b;                  // tensor_tensor
-  std::optional<View> bias;                  // activation
-  std::optional<View> scalar;                // tensor_scalar
+  std::optional<View> table, indices;     // dma_gather
+  std::optional<View> stationary, moving; // matmul
+  std::optional<View> a, b;               // (scalar_)tensor_tensor
+  std::optional<View> bias;               // activation
+  std::optional<View> scaleCol;           // "scale_col" (activation)
+  /// "reduce_res" (activation): [P, 1] f32, written with the row sums of
+  /// the fp32 results (NKI's reduce_res).
+  std::optional<View> reduceRes;
+  std::optional<View> scalar; // tensor_scalar, scalar_tensor_tensor
   std::optional<View> pred, onTrue, onFalse; // select
 
   // Attributes (file names in comments).
   bool accumulate = false;          // "accumulate" (matmul)
   ActFunc func = ActFunc::Identity; // "func" (activation)
-  double scale = 1.0;               // "scale" (activation)
+  /// "scale" (activation), times scale_col[p] when that is given.
+  double scale = 1.0;
   /// "bias_imm" (activation): added to bias[p] when a bias operand is given.
   double biasImm = 0.0;
   /// "alu_op": the ALU operation of tensor_tensor, tensor_scalar and
   /// tensor_reduce (the format table calls it `op`, which JSON cannot hold
   /// next to the instruction's own "op"). "mul", the format's name for the
-  /// product reduction, parses as multiply.
+  /// product reduction, parses as multiply. scalar_tensor_tensor's first
+  /// operation, "alu_op0", is kept here too.
   AluOp aluOp = AluOp::Add;
-  std::optional<double> imm;       // "imm" (tensor_scalar)
-  bool reverse = false;            // "reverse" (tensor_scalar)
-  double base = 0.0;               // "base" (iota)
+  AluOp aluOp1 = AluOp::Add; // "alu_op1" (scalar_tensor_tensor)
+  std::optional<double> imm; // "imm" (tensor_scalar, scalar_tensor_tensor)
+  bool reverse = false;      // "reverse" (tensor_scalar)
+  double base = 0.0;         // "base" (iota)
+  /// "offset" (iota): added to base; affine in the loop ivs like a view's
+  /// offset, so each iteration numbers its own elements.
+  std::optional<AffineExpr> offset;
   double channelMultiplier = 0.0;  // "channel_multiplier" (iota)
   std::vector<double> multipliers; // "multipliers" (iota)
   double value = 0.0;              // "value" (memset)
 
-  /// Operands written by the instruction (dst) and read by it, in a fixed
-  /// order, with their file names; absent operands are skipped.
+  /// Operands written by the instruction (dst, reduce_res) and read by it,
+  /// in a fixed order (written ones first), with their file names; absent
+  /// operands are skipped.
   std::vector<std::pair<const char *, const View *>> operands() const;
+  /// Whether the operand named `field` (a name operands() returns) is
+  /// written: dst and reduce_res are, every other operand is read.
+  static bool writes(std::string_view field);
 };
 
 struct Node {

@@ -448,7 +448,8 @@ struct StaticInst {
   TimingUnit unit = TimingUnit::Vector;
   uint32_t operandBegin = 0;
   uint32_t numReads = 0;   // operands [begin, begin + numReads) are read,
-                           // operand begin + numReads is the destination
+  uint32_t numWrites = 1;  // the next numWrites are written: dst first, then
+                           // an activation's reduce_res
   int stationaryRead = -1; // matmul: index of the stationary among the reads
   uint32_t waitBegin = 0, waitEnd = 0; // range of Model::waits
 
@@ -552,7 +553,8 @@ public:
     findAliases();
     std::vector<bool> written(static_cast<size_t>(numKeys), false);
     for (const StaticInst &inst : insts)
-      written[operands[inst.operandBegin + inst.numReads].key] = true;
+      for (uint32_t w = 0; w < inst.numWrites; ++w)
+        written[operands[inst.operandBegin + inst.numReads + w].key] = true;
     for (Operand &op : operands)
       for (int32_t k : aliases[op.key])
         op.tracked = op.tracked || written[k];
@@ -586,12 +588,14 @@ public:
       aliases[i].push_back(static_cast<int32_t>(i));
       if (!buffers[i].address)
         continue;
-      int64_t lo = *buffers[i].address, hi = lo + buffers[i].bytesPerPartition();
+      int64_t lo = *buffers[i].address,
+              hi = lo + buffers[i].bytesPerPartition();
       for (size_t j = 0; j < buffers.size(); ++j) {
         const Buffer &other = buffers[j];
         if (j == i || !other.address || other.space != buffers[i].space)
           continue;
-        if (*other.address < hi && lo < *other.address + other.bytesPerPartition())
+        if (*other.address < hi &&
+            lo < *other.address + other.bytesPerPartition())
           aliases[i].push_back(static_cast<int32_t>(j));
       }
     }
@@ -690,16 +694,22 @@ private:
       waits.push_back(Wait{static_cast<int32_t>(k), false});
     si.waitEnd = static_cast<uint32_t>(waits.size());
     si.operandBegin = static_cast<uint32_t>(operands.size());
-    // Reads first, the destination last.
-    for (const auto &[name, view] : inst.operands()) {
-      if (view == &*inst.dst)
+    // Reads first, then the written operands (dst first).
+    const auto named = inst.operands();
+    for (const auto &[name, view] : named) {
+      if (Instruction::writes(name))
         continue;
       if (inst.stationary && view == &*inst.stationary)
         si.stationaryRead = static_cast<int>(si.numReads);
       addOperand(*view, slots);
       ++si.numReads;
     }
-    addOperand(*inst.dst, slots);
+    si.numWrites = 0;
+    for (const auto &[name, view] : named)
+      if (Instruction::writes(name)) {
+        addOperand(*view, slots);
+        ++si.numWrites;
+      }
 
     switch (inst.op) {
     case Opcode::DmaCopy:
@@ -742,12 +752,13 @@ private:
     std::vector<const View *> streamed;
     switch (inst.op) {
     case Opcode::TensorTensor:
+    case Opcode::ScalarTensorTensor: // its scalar is a per-partition register
       streamed = {&*inst.a, &*inst.b};
       break;
     case Opcode::Select:
       streamed = {&*inst.pred, &*inst.onTrue, &*inst.onFalse};
       break;
-    case Opcode::Activation:
+    case Opcode::Activation: // scale_col, bias, reduce_res: registers (free)
     case Opcode::TensorScalar:
     case Opcode::TensorReduce:
     case Opcode::Copy:
@@ -843,7 +854,7 @@ private:
     auto operandIndexOf = [&](const View &view) -> int {
       int i = 0;
       for (const auto &[name, v] : inst.operands()) {
-        if (v == &*inst.dst)
+        if (Instruction::writes(name))
           continue;
         if (v == &view)
           return i;
@@ -998,8 +1009,12 @@ private:
       if (c + op.colExtent < rowSize)
         return {r, r + op.rowExtent, base + c, base + c + op.colExtent, l0, l1};
     }
-    return {offset / rowSize, (offset + op.totalExtent) / rowSize, base,
-            base + rowSize - 1, l0, l1};
+    return {offset / rowSize,
+            (offset + op.totalExtent) / rowSize,
+            base,
+            base + rowSize - 1,
+            l0,
+            l1};
   }
 
   /// When an earlier access stops blocking a consumer on `unit`: its queue
@@ -1075,7 +1090,7 @@ private:
     ++seq;
     ++timeline.instructions;
     const Operand *ops = &m.operands[si.operandBegin];
-    const uint32_t numOps = si.numReads + 1;
+    const uint32_t numOps = si.numReads + si.numWrites;
     Box boxes[kMaxOperands];
     for (uint32_t i = 0; i < numOps; ++i)
       boxes[i] = boxOf(ops[i]);
@@ -1106,17 +1121,18 @@ private:
       else
         waitOther = std::max(waitOther, wait);
     }
-    const Operand &dstOp = ops[si.numReads];
-    const Box &dstBox = boxes[si.numReads];
-    for (int32_t key : m.aliases[dstOp.key])
-      for (const Access &a : records[key]) {
-        if (!overlaps(a.box, dstBox, key == dstOp.key))
-          continue;
-        if constexpr (Explicit)
-          hazards.note(si, a, true, key, dstBox);
-        else
-          waitOther = std::max(waitOther, waitFor(a, unit));
-      }
+    // Every written operand (an activation's reduce_res as much as its dst)
+    // conflicts with any earlier access to its bytes.
+    for (uint32_t i = si.numReads; i < numOps; ++i)
+      for (int32_t key : m.aliases[ops[i].key])
+        for (const Access &a : records[key]) {
+          if (!overlaps(a.box, boxes[i], key == ops[i].key))
+            continue;
+          if constexpr (Explicit)
+            hazards.note(si, a, true, key, boxes[i]);
+          else
+            waitOther = std::max(waitOther, waitFor(a, unit));
+        }
     if constexpr (Explicit) {
       waitStationary = waitOther = explicitWait(si);
       // A DMA's semaphore gates its trigger; a compute instruction starts
@@ -1140,9 +1156,10 @@ private:
       for (uint32_t i = 0; i < si.numReads; ++i)
         if (ops[i].tracked)
           record(ops[i].key, Access{boxes[i], end, end, seq, node,
-                                              uint8_t(TimingUnit::Dma), false});
-      record(dstOp.key, Access{dstBox, end, end, seq, node,
-                                         uint8_t(TimingUnit::Dma), true});
+                                    uint8_t(TimingUnit::Dma), false});
+      for (uint32_t i = si.numReads; i < numOps; ++i)
+        record(ops[i].key, Access{boxes[i], end, end, seq, node,
+                                  uint8_t(TimingUnit::Dma), true});
       return;
     }
 
@@ -1185,10 +1202,9 @@ private:
 
     for (uint32_t i = 0; i < si.numReads; ++i)
       if (ops[i].tracked)
-        record(ops[i].key,
-                         Access{boxes[i], end, end, seq, node, unit, false});
-    record(dstOp.key,
-                     Access{dstBox, end, ready, seq, node, unit, true});
+        record(ops[i].key, Access{boxes[i], end, end, seq, node, unit, false});
+    for (uint32_t i = si.numReads; i < numOps; ++i)
+      record(ops[i].key, Access{boxes[i], end, ready, seq, node, unit, true});
   }
 
   /// Explicit sync: when every earlier instance of each instruction `si`

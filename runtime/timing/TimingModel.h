@@ -33,7 +33,10 @@
 //     window drops below 50% the throttle re-engages.
 //   * VectorE/ScalarE/GpSimd: max(64 cycles, passes * N / speedup) with N the
 //     elements per partition, passes the streamed input tensors (2 for
-//     tensor_tensor, 1 when one input is in PSUM or all are 16-bit in SBUF),
+//     tensor_tensor and scalar_tensor_tensor, 1 when one input is in PSUM
+//     or all are 16-bit in SBUF; [P, 1] columns are per-partition registers
+//     and cost nothing, so an activation's scale column, bias and row sums
+//     are free [D S5]),
 //     perf-mode speedups for 16-bit tensor_copy/tensor_scalar, x2 for an
 //     innermost stride above 16 B, plus a static overhead when the
 //     instruction reads the result of the instruction just before it on the
@@ -56,7 +59,8 @@
 // that share bytes (of any dtypes) conflict. Against these records an
 // instruction has a data dependence on every earlier instruction (program
 // order) that wrote bytes it reads (RAW), or read or wrote bytes it writes
-// (WAR, WAW). What the model does with them depends on the program's sync:
+// (WAR, WAW). An activation with reduce_res writes two operands; both are
+// writes here. What the model does with them depends on the program's sync:
 //
 //   * derived (no "sync" field): the dependences are the waits, a stand-in
 //     for the semaphores a compiler would insert. A wait on another queue's
@@ -83,8 +87,8 @@
 // long-finished work, and the checker skips the summaries (their union
 // boxes and latest times over-approximate). Records are kept per buffer;
 // an addressed buffer's accesses are compared with the records of every
-// buffer sharing its bytes. DMA and HBM calendars likewise remember only their recent
-// busy intervals and never place work before the forgotten ones. Records
+// buffer sharing its bytes. DMA and HBM calendars likewise remember only their
+// recent busy intervals and never place work before the forgotten ones. Records
 // also drive the dependent-instruction overhead in both modes.
 //
 // Not modelled yet (documented limits): port conflicts (VectorE and ScalarE

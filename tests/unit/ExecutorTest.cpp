@@ -611,6 +611,81 @@ TEST_CASE("activation applies scale, per-partition bias and bias_imm",
     CHECK(close(expOut.at(i), std::exp(0.5 * in.at(i) + 1), 4e-6));
 }
 
+TEST_CASE("activation scales by a per-partition column times scale",
+          "[exec][activation]") {
+  Tensor in = Tensor::of(DType::F32, {3, 2}, {1, 2, 3, 4, 5, 6});
+  Tensor scales = Tensor::of(DType::F32, {3, 1}, {2, -4, 0});
+  Tensor bias = Tensor::of(DType::F32, {3, 1}, {10, 20, 30});
+  Tensor out = Tensor::zeros(DType::F32, {3, 2});
+  run(tileProgram({{"f32", {3, 2}}, {"f32", {3, 1}}, {"f32", {3, 1}}},
+                  {{"f32", {3, 2}}},
+                  R"({"op": "activation", "engine": "scalar",
+                      "func": "identity", "scale": 0.5, "bias_imm": 1,
+                      "src": )" +
+                      full(100, {3, 2}) + R"(, "scale_col": )" +
+                      full(101, {3, 1}) + R"(, "bias": )" + full(102, {3, 1}) +
+                      R"(, "dst": )" + full(200, {3, 2}) + "}"),
+      {&in, &scales, &bias}, {&out});
+  // x * (scale_col[p] * 0.5) + bias[p] + 1.
+  CHECK(out.at(0) == 1 * 1.0f + 11);
+  CHECK(out.at(1) == 2 * 1.0f + 11);
+  CHECK(out.at(2) == 3 * -2.0f + 21);
+  CHECK(out.at(3) == 4 * -2.0f + 21);
+  CHECK(out.at(4) == 31);
+  CHECK(out.at(5) == 31);
+}
+
+TEST_CASE("activation writes fp32 row sums of its results to reduce_res",
+          "[exec][activation]") {
+  // 1 + 2^-8 rounds to 1 in bf16 (ties to even), so sums of the rounded
+  // results would lose what the fp32 sums keep.
+  const double eps = 1.0 / 256;
+  std::vector<double> values = {1 + eps, 1 + eps, 1 + eps, 1 + eps,
+                                2,       -1,      0.5,     0.25,
+                                -3,      3,       -3,      3 + 2 * eps};
+  Tensor in = Tensor::of(DType::F32, {3, 4}, values);
+  Tensor out = Tensor::zeros(DType::BF16, {3, 4});
+  Tensor sums = Tensor::zeros(DType::F32, {3, 1});
+  Tensor expSums = Tensor::zeros(DType::F32, {3, 1});
+  // The row sums overwrite their tile: it holds 1000 before each
+  // activation.
+  std::string body =
+      R"({"op": "memset", "engine": "gpsimd", "value": 1000, "dst": )" +
+      full(201, {3, 1}) + R"(},
+      {"op": "activation", "engine": "scalar", "func": "identity", "src": )" +
+      full(100, {3, 4}) + R"(, "dst": )" + full(200, {3, 4}) +
+      R"(, "reduce_res": )" + full(201, {3, 1}) + R"(},
+      {"op": "memset", "engine": "vector", "value": 1000, "dst": )" +
+      full(202, {3, 1}) + R"(},
+      {"op": "activation", "engine": "scalar", "func": "exp",
+       "scale": -1, "src": )" +
+      full(100, {3, 4}) + R"(, "dst": )" + full(203, {3, 4}) +
+      R"(, "reduce_res": )" + full(202, {3, 1}) + "}";
+  Tensor expOut = Tensor::zeros(DType::BF16, {3, 4});
+  run(tileProgram({{"f32", {3, 4}}},
+                  {{"bf16", {3, 4}},
+                   {"f32", {3, 1}},
+                   {"f32", {3, 1}},
+                   {"bf16", {3, 4}}},
+                  body),
+      {&in}, {&out, &sums, &expSums, &expOut});
+  for (int p = 0; p < 3; ++p) {
+    double sum = 0, expSum = 0;
+    for (int f = 0; f < 4; ++f) {
+      float x = in.at(p * 4 + f);
+      CHECK(out.raw<uint16_t>(p * 4 + f) == f32ToBf16Bits(x));
+      sum += x;
+      expSum += std::exp(-static_cast<double>(x));
+      CHECK(expOut.raw<uint16_t>(p * 4 + f) == f32ToBf16Bits(std::exp(-x)));
+    }
+    INFO("partition " << p);
+    CHECK(sums.at(p) == static_cast<float>(sum));
+    CHECK(close(expSums.at(p), expSum, 1e-6));
+  }
+  CHECK(sums.at(0) == static_cast<float>(4 + 4 * eps));
+  CHECK(sums.at(2) == static_cast<float>(2 * eps));
+}
+
 //===----------------------------------------------------------------------===//
 // VectorE / GpSimd
 //===----------------------------------------------------------------------===//
@@ -735,6 +810,87 @@ TEST_CASE("tensor_tensor ops", "[exec][alu]") {
   }
 }
 
+namespace {
+
+/// Runs scalar_tensor_tensor on a and b [P, F] with either a [P, 1] scalar
+/// tile or imm, into a dst of `dstType`.
+Tensor scalarTensorTensor(const std::string &op0, const std::string &op1,
+                          const std::vector<double> &a,
+                          const std::vector<double> &b, int64_t p,
+                          const std::vector<double> *scalar, double imm,
+                          const std::string &engine = "vector",
+                          DType dstType = DType::F32) {
+  int64_t f = static_cast<int64_t>(a.size()) / p;
+  Tensor ta = Tensor::of(DType::F32, {p, f}, a);
+  Tensor tb = Tensor::of(DType::F32, {p, f}, b);
+  Tensor out = Tensor::zeros(dstType, {p, f});
+  std::string node = R"({"op": "scalar_tensor_tensor", "engine": ")" + engine +
+                     R"(", "alu_op0": ")" + op0 + R"(", "alu_op1": ")" + op1 +
+                     R"(", "a": )" + full(100, {p, f}) + R"(, "b": )" +
+                     full(101, {p, f}) + R"(, "dst": )" + full(200, {p, f});
+  std::vector<TileArg> ins = {{"f32", {p, f}}, {"f32", {p, f}}};
+  std::vector<Tensor *> inPtrs = {&ta, &tb};
+  Tensor s;
+  if (scalar) {
+    s = Tensor::of(DType::F32, {p, 1}, *scalar);
+    ins.push_back({"f32", {p, 1}});
+    inPtrs.push_back(&s);
+    node += R"(, "scalar": )" + full(102, {p, 1});
+  } else {
+    node += R"(, "imm": )" + std::to_string(imm);
+  }
+  node += "}";
+  run(tileProgram(ins, {{dtypeName(dstType), {p, f}}}, node), inPtrs, {&out});
+  return out;
+}
+
+std::vector<float> values(const Tensor &t) {
+  std::vector<float> out;
+  for (size_t i = 0; i < t.size(); ++i)
+    out.push_back(t.at(i));
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("scalar_tensor_tensor computes (a op0 s) op1 b", "[exec][alu][stt]") {
+  std::vector<double> a = {1, 2, 3, 4, 5, 6};
+  std::vector<double> b = {10, 20, 30, -1, -2, -3};
+  std::vector<double> column = {1, 10};
+  // A [P, 1] column: (a - s[p]) * b.
+  CHECK(
+      values(scalarTensorTensor("subtract", "multiply", a, b, 2, &column, 0)) ==
+      std::vector<float>{0, 20, 60, 6, 10, 12});
+  // An immediate: (a * 0.5) + b, on GpSimd.
+  CHECK(values(scalarTensorTensor("multiply", "add", a, b, 2, nullptr, 0.5,
+                                  "gpsimd")) ==
+        std::vector<float>{10.5, 21, 31.5, 1, 0.5, 0});
+  // A comparison as op0 makes a mask: (a > s[p]) * b.
+  CHECK(values(scalarTensorTensor("gt", "multiply", a, b, 2, &column, 0)) ==
+        std::vector<float>{0, 20, 30, 0, 0, 0});
+  // op1 may be any ALU op, here max(a - 3, b).
+  CHECK(values(scalarTensorTensor("subtract", "max", a, b, 2, nullptr, 3)) ==
+        std::vector<float>{10, 20, 30, 1, 2, 3});
+}
+
+TEST_CASE("scalar_tensor_tensor keeps its intermediate in fp32",
+          "[exec][alu][stt]") {
+  // (1 + 2^-8) * 1 - 1 = 2^-8, which bf16 holds; had the intermediate been
+  // rounded to bf16 (to 1) the result would be 0.
+  const double eps = 1.0 / 256;
+  std::vector<double> a = {1 + eps, 1 + eps}, b = {1, 1};
+  Tensor out = scalarTensorTensor("multiply", "subtract", a, b, 1, nullptr, 1,
+                                  "vector", DType::BF16);
+  CHECK(out.at(0) == static_cast<float>(eps));
+  CHECK(out.at(1) == static_cast<float>(eps));
+  // With a column the result is rounded once, to the destination dtype:
+  // 1 + 0 + 3 * 2^-9 is 1 + 2^-7 in bf16.
+  std::vector<double> zero = {0};
+  Tensor rounded = scalarTensorTensor("add", "add", {1}, {3 * eps / 2}, 1,
+                                      &zero, 0, "vector", DType::BF16);
+  CHECK(rounded.at(0) == 1 + 2 * static_cast<float>(eps));
+}
+
 TEST_CASE("tensor_reduce over all free elements", "[exec][reduce]") {
   // src is [3, 2, 4] per partition; a second view reads every other element.
   std::vector<double> values;
@@ -821,6 +977,44 @@ TEST_CASE("iota fills base + p * channel + sum(i_k * m_k)", "[exec][iota]") {
     // Exact beyond fp32's 24-bit mantissa.
     CHECK(i64.raw<int64_t>(p) == (int64_t(1) << 40) + p);
   }
+}
+
+TEST_CASE("iota's offset takes each loop iteration's value", "[exec][iota]") {
+  // Loop 0 writes column block j of a [4, 24] output: element (p, j * 8 + i)
+  // = 1 + 5 + 8 j + 100 p + i. A nested loop pair adds two terms.
+  Tensor out = Tensor::zeros(DType::I32, {4, 24});
+  Tensor nested = Tensor::zeros(DType::F32, {2, 3});
+  std::string buffers = buffer(0, "hbm", "output", "i32", "[4, 24]") + "," +
+                        buffer(1, "hbm", "output", "f32", "[2, 3]") + "," +
+                        buffer(2, "sbuf", "scratch", "i32", "[4, 8]") + "," +
+                        buffer(3, "sbuf", "scratch", "f32", "[1, 1]");
+  std::string body =
+      R"({"loop": 0, "count": 3, "body": [
+           {"op": "iota", "engine": "gpsimd", "base": 1,
+            "channel_multiplier": 100, "multipliers": [1],
+            "offset": {"const": 5, "terms": [[0, 8]]}, "dst": )" +
+      full(2, {4, 8}) + R"(},
+           {"op": "dma_copy", "engine": "sync", "src": )" +
+      full(2, {4, 8}) + R"(, "dst": )" +
+      view(0, "[4, 8]", "[24, 1]", 0, "[[0, 8]]") + R"(}]},
+         {"loop": 1, "count": 2, "body": [
+           {"loop": 2, "count": 3, "body": [
+             {"op": "iota", "engine": "gpsimd", "base": 0.5,
+              "channel_multiplier": 0, "multipliers": [0],
+              "offset": {"const": -3, "terms": [[1, 1000], [2, -10]]},
+              "dst": )" +
+      full(3, {1, 1}) + R"(},
+             {"op": "dma_copy", "engine": "sync", "src": )" +
+      full(3, {1, 1}) + R"(, "dst": )" +
+      view(1, "[1, 1]", "[3, 1]", 0, "[[1, 3], [2, 1]]") + "}]}]}";
+  run(programJson(buffers, "", "0, 1", body), {}, {&out, &nested});
+  for (int p = 0; p < 4; ++p)
+    for (int j = 0; j < 3; ++j)
+      for (int i = 0; i < 8; ++i)
+        CHECK(out.raw<int32_t>(p * 24 + j * 8 + i) == 6 + 8 * j + 100 * p + i);
+  for (int i = 0; i < 2; ++i)
+    for (int k = 0; k < 3; ++k)
+      CHECK(nested.at(i * 3 + k) == 0.5f - 3 + 1000 * i - 10 * k);
 }
 
 TEST_CASE("memset stores the value rounded to the destination dtype",

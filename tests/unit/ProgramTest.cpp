@@ -20,8 +20,9 @@ using neuron::test::view;
 
 namespace {
 
-/// A program touching most of the format: constants, a loop with affine
-/// offsets, every attribute kind and source locations.
+/// A program touching most of the format: constants, loops with affine
+/// offsets (of views and of an iota), every attribute kind, both operands
+/// an activation may write and source locations.
 std::string fullProgram() {
   float constData[4] = {1, 2, 3, 4};
   std::string buffers =
@@ -32,7 +33,8 @@ std::string fullProgram() {
              R"(, "data": ")" + neuron::test::base64(constData, 16) + "\"") +
       "," + buffer(4, "sbuf", "scratch", "f32", "[4, 1]") + "," +
       buffer(5, "hbm", "constant", "f32", "[2]",
-             R"(, "splat": {"float": "-inf"})");
+             R"(, "splat": {"float": "-inf"})") +
+      "," + buffer(6, "sbuf", "scratch", "f32", "[4, 1]");
   std::string body =
       R"({"loop": 0, "count": 2, "body": [
            {"op": "dma_copy", "engine": "sync", "loc": 0,
@@ -63,6 +65,29 @@ std::string fullProgram() {
          {"op": "iota", "engine": "gpsimd", "base": 1, "channel_multiplier": 8,
           "multipliers": [1], "dst": )" +
       view(2, "[4, 8]", "[8, 1]") + R"(},
+         {"loop": 1, "count": 2, "body": [
+           {"op": "iota", "engine": "gpsimd", "base": 0,
+            "channel_multiplier": 8, "multipliers": [1],
+            "offset": {"const": 3, "terms": [[1, 16]]}, "dst": )" +
+      view(2, "[4, 8]", "[8, 1]") + R"(},
+           {"op": "activation", "engine": "scalar", "func": "exp",
+            "src": )" +
+      view(2, "[4, 8]", "[8, 1]") + R"(,
+            "dst": )" +
+      view(2, "[4, 8]", "[8, 1]") + R"(,
+            "scale_col": )" +
+      view(4, "[4, 1]", "[1, 1]") + R"(,
+            "reduce_res": )" +
+      view(6, "[4, 1]", "[1, 1]") + R"(},
+           {"op": "scalar_tensor_tensor", "engine": "vector",
+            "alu_op0": "subtract", "alu_op1": "multiply", "a": )" +
+      view(2, "[4, 8]", "[8, 1]") + R"(, "b": )" + view(2, "[4, 8]", "[8, 1]") +
+      R"(, "dst": )" + view(2, "[4, 8]", "[8, 1]") + R"(, "scalar": )" +
+      view(6, "[4, 1]", "[1, 1]") + R"(},
+           {"op": "scalar_tensor_tensor", "engine": "gpsimd",
+            "alu_op0": "max", "alu_op1": "add", "imm": -1, "a": )" +
+      view(2, "[4, 8]", "[8, 1]") + R"(, "b": )" + view(2, "[4, 8]", "[8, 1]") +
+      R"(, "dst": )" + view(2, "[4, 8]", "[8, 1]") + R"(}]},
          {"op": "dma_copy", "engine": "sync",
           "src": )" +
       view(2, "[4, 8]", "[8, 1]") + R"(,
@@ -107,7 +132,7 @@ TEST_CASE("a full program parses and verifies", "[program]") {
   REQUIRE_NOTHROW(program.verify(trn2()));
   CHECK(program.name == "test");
   CHECK(program.target == "trn2");
-  REQUIRE(program.buffers.size() == 6);
+  REQUIRE(program.buffers.size() == 7);
   CHECK(program.buffers[0].dtype == DType::BF16);
   CHECK(program.buffers[2].space == Space::SBUF);
   CHECK(program.buffers[2].kind == BufferKind::Scratch);
@@ -115,8 +140,8 @@ TEST_CASE("a full program parses and verifies", "[program]") {
   REQUIRE(program.buffers[5].splat);
   CHECK(std::isinf(*program.buffers[5].splat));
   CHECK(program.locations.size() == 2);
-  CHECK(program.numInstructions() == 6);
-  REQUIRE(program.body.size() == 6);
+  CHECK(program.numInstructions() == 10);
+  REQUIRE(program.body.size() == 7);
   const Node &loop = program.body[0];
   REQUIRE(loop.isLoop());
   CHECK(loop.count == 2);
@@ -138,6 +163,36 @@ TEST_CASE("a full program parses and verifies", "[program]") {
   const Instruction &iota = program.body[4].inst;
   CHECK(iota.channelMultiplier == 8);
   CHECK(iota.multipliers == std::vector<double>{1});
+  CHECK(!iota.offset);
+  const Node &flash = program.body[5];
+  REQUIRE(flash.isLoop());
+  REQUIRE(flash.body.size() == 4);
+  const Instruction &movingIota = flash.body[0].inst;
+  REQUIRE(movingIota.offset);
+  CHECK(movingIota.offset->constant == 3);
+  CHECK(movingIota.offset->terms ==
+        std::vector<std::pair<int64_t, int64_t>>{{1, 16}});
+  const Instruction &sums = flash.body[1].inst;
+  REQUIRE(sums.scaleCol);
+  REQUIRE(sums.reduceRes);
+  CHECK(sums.reduceRes->buffer == 6);
+  // Written operands come first, both marked as writes.
+  auto operands = sums.operands();
+  REQUIRE(operands.size() == 4);
+  CHECK(std::string(operands[0].first) == "dst");
+  CHECK(std::string(operands[1].first) == "reduce_res");
+  CHECK(Instruction::writes(operands[1].first));
+  CHECK(!Instruction::writes("scale_col"));
+  const Instruction &stt = flash.body[2].inst;
+  CHECK(stt.op == Opcode::ScalarTensorTensor);
+  CHECK(stt.aluOp == AluOp::Subtract);
+  CHECK(stt.aluOp1 == AluOp::Multiply);
+  CHECK(stt.scalar);
+  CHECK(!stt.imm);
+  const Instruction &sttImm = flash.body[3].inst;
+  CHECK(sttImm.engine == Engine::GpSimd);
+  REQUIRE(sttImm.imm);
+  CHECK(*sttImm.imm == -1);
 }
 
 TEST_CASE("toJson round-trips", "[program]") {
@@ -161,7 +216,7 @@ TEST_CASE("loadFile reads programs and rejects missing or truncated files",
     std::ofstream(dir / "empty.json");
   }
   Program program = Program::loadFile((dir / "good.json").string());
-  CHECK(program.numInstructions() == 6);
+  CHECK(program.numInstructions() == 10);
   CHECK(contains(
       errorOf([&] { Program::loadFile((dir / "truncated.json").string()); }),
       "malformed"));
@@ -448,6 +503,114 @@ TEST_CASE("shape, dtype, space and engine rules are checked",
                   "past the 0 locations");
 }
 
+TEST_CASE("activation columns, iota offsets and scalar_tensor_tensor are "
+          "checked",
+          "[program][reject]") {
+  std::string tiles = kInOut + "," +
+                      buffer(2, "sbuf", "scratch", "f32", "[4, 8]") + "," +
+                      buffer(3, "sbuf", "scratch", "bf16", "[4, 8]") + "," +
+                      buffer(4, "sbuf", "scratch", "f32", "[4, 1]");
+  std::string t = view(2, "[4, 8]", "[8, 1]");
+  std::string col = view(4, "[4, 1]", "[1, 1]");
+  std::string bf16Col = view(3, "[4, 1]", "[8, 1]");
+  auto activation = [&](const std::string &extra) {
+    return R"({"op": "activation", "engine": "scalar", "func": "exp", "src": )" +
+           t + R"(, "dst": )" + t + extra + "}";
+  };
+  REQUIRE_NOTHROW(
+      Program::parse(simple(tiles, activation(R"(, "scale_col": )" + col +
+                                              R"(, "reduce_res": )" + col)))
+          .verify(trn2()));
+  requireRejected(simple(tiles, activation(R"(, "scale_col": )" +
+                                           view(2, "[4, 2]", "[8, 1]"))),
+                  "operand 'scale_col' must be [4, 1], got [4, 2]");
+  requireRejected(simple(tiles, activation(R"(, "reduce_res": )" +
+                                           view(4, "[2, 1]", "[1, 1]"))),
+                  "operand 'reduce_res' must be [4, 1], got [2, 1]");
+  requireRejected(simple(tiles, activation(R"(, "scale_col": )" + bf16Col)),
+                  "'scale_col' must be f32, got bf16");
+  requireRejected(simple(tiles, activation(R"(, "reduce_res": )" + bf16Col)),
+                  "'reduce_res' must be f32, got bf16");
+  requireRejected(simple(tiles, activation(R"(, "reduce_res": )" +
+                                           view(1, "[4, 1]", "[8, 1]"))),
+                  "operand 'reduce_res' is in hbm");
+  requireRejected(simple(tiles, activation(R"(, "reduce_res": 3)")),
+                  "field 'reduce_res': expected an object");
+  requireRejected(simple(tiles, activation(R"(, "reduce_res": )" +
+                                           view(9, "[4, 1]", "[1, 1]"))),
+                  "field 'reduce_res' field 'buf': no buffer with id 9");
+  requireRejected(simple(tiles, R"({"op": "copy", "engine": "vector",
+      "reduce_res": )" + col + R"(, "src": )" +
+                                    t + R"(, "dst": )" + t + "}"),
+                  "unknown field 'reduce_res'");
+
+  auto iota = [&](const std::string &offset) {
+    return R"({"loop": 0, "count": 4, "body": [{"op": "iota",
+        "engine": "gpsimd", "multipliers": [1], "offset": )" +
+           offset + R"(, "dst": )" + t + "}]}";
+  };
+  REQUIRE_NOTHROW(
+      Program::parse(simple(tiles, iota(R"({"const": -3, "terms": [[0, 8]]})")))
+          .verify(trn2()));
+  requireRejected(simple(tiles, iota(R"({"const": 0, "terms": [[1, 8]]})")),
+                  "field 'offset': iv 1 is not an enclosing loop");
+  requireRejected(
+      simple(tiles,
+             iota(R"({"const": 0, "terms": [[0, 4611686018427387904]]})")),
+      "field 'offset': its value leaves int64");
+  requireRejected(
+      simple(tiles,
+             iota(R"({"const": 9223372036854775807, "terms": [[0, 1]]})")),
+      "field 'offset': its value leaves int64");
+  requireRejected(simple(tiles, iota(R"({"const": "x"})")),
+                  "field 'offset' field 'const': expected an integer");
+  requireRejected(simple(tiles, iota(R"({"terms": [[0]]})")),
+                  "a term is [iv, coeff]");
+  requireRejected(simple(tiles, iota(R"({"step": 1})")),
+                  "unknown field 'step'");
+  requireRejected(simple(tiles, iota("[0]")),
+                  "field 'offset': expected an object");
+
+  auto stt = [&](const std::string &engine, const std::string &fields) {
+    return R"({"op": "scalar_tensor_tensor", "engine": ")" + engine +
+           R"(", "a": )" + t + R"(, "b": )" + t + R"(, "dst": )" + t + fields +
+           "}";
+  };
+  const std::string ops = R"(, "alu_op0": "subtract", "alu_op1": "multiply")";
+  REQUIRE_NOTHROW(
+      Program::parse(
+          simple(tiles, stt("vector", ops + R"(, "scalar": )" + col)))
+          .verify(trn2()));
+  REQUIRE_NOTHROW(
+      Program::parse(simple(tiles, stt("gpsimd", ops + R"(, "imm": 2)")))
+          .verify(trn2()));
+  requireRejected(simple(tiles, stt("vector", ops)),
+                  "exactly one of 'scalar' and 'imm'");
+  requireRejected(
+      simple(tiles, stt("vector", ops + R"(, "imm": 1, "scalar": )" + col)),
+      "exactly one of 'scalar' and 'imm'");
+  requireRejected(simple(tiles, stt("vector", ops + R"(, "scalar": )" +
+                                                  view(2, "[4, 2]", "[8, 1]"))),
+                  "operand 'scalar' must be [4, 1], got [4, 2]");
+  requireRejected(simple(tiles, stt("scalar", ops + R"(, "imm": 1)")),
+                  "engine 'scalar' cannot issue scalar_tensor_tensor");
+  requireRejected(
+      simple(tiles, stt("vector", R"(, "alu_op0": "add", "imm": 1)")),
+      "missing field 'alu_op1'");
+  requireRejected(simple(tiles, stt("vector", R"(, "alu_op0": "add",
+                                    "alu_op1": "fma", "imm": 1)")),
+                  "field 'alu_op1': unknown ALU op 'fma'");
+  requireRejected(
+      simple(tiles, stt("vector", ops + R"(, "alu_op": "add", "imm": 1)")),
+      "unknown field 'alu_op'");
+  requireRejected(simple(tiles, R"({"op": "scalar_tensor_tensor",
+      "engine": "vector", "imm": 1, "a": )" +
+                                    t + R"(, "b": )" +
+                                    view(2, "[4, 4]", "[8, 1]") +
+                                    R"(, "dst": )" + t + ops + "}"),
+                  "shape mismatch");
+}
+
 TEST_CASE("buffers, arguments and loops are checked", "[program][reject]") {
   std::string copy =
       copyInOut(view(0, "[4, 8]", "[8, 1]"), view(1, "[4, 8]", "[8, 1]"));
@@ -480,9 +643,9 @@ TEST_CASE("buffers, arguments and loops are checked", "[program][reject]") {
       "dimensions must be >= 0");
   // Empty HBM tensors are fine; empty tiles are not.
   REQUIRE_NOTHROW(
-      Program::parse(simple(kInOut + "," +
-                                buffer(2, "hbm", "internal", "f32", "[0, 4]"),
-                            copy))
+      Program::parse(
+          simple(kInOut + "," + buffer(2, "hbm", "internal", "f32", "[0, 4]"),
+                 copy))
           .verify(neuron::target::getTarget("trn2")));
   requireRejected(
       simple(kInOut + "," + buffer(2, "sbuf", "scratch", "f32", "[0, 4]"),
@@ -521,6 +684,10 @@ TEST_CASE("programs built in memory are verified too", "[program]") {
   copy.table = copy.dst;
   CHECK(contains(errorOf([&] { program.verify(trn2()); }),
                  "unexpected operand 'table'"));
+  copy.table.reset();
+  copy.offset = AffineExpr{0, {{7, 1}}};
+  CHECK(contains(errorOf([&] { program.verify(trn2()); }),
+                 "unexpected field 'offset'"));
 }
 
 //===----------------------------------------------------------------------===//

@@ -412,6 +412,44 @@ TEST_CASE("VectorE perf modes and two-input costs", "[timing][vector]") {
         Approx(512));
 }
 
+TEST_CASE("scalar_tensor_tensor costs a tensor_tensor of its shape",
+          "[timing][vector]") {
+  // trainium.md 3.2 [D S11]: "(data op0 s) op1 t; about the cost of a
+  // tensor_tensor"; its scalar is a per-partition register.
+  const Target &t = getTarget("trn2");
+  const int64_t n = 2048;
+  auto busy = [&](const std::string &dtype, const std::string &spaceA,
+                  const std::string &engine, bool stt) {
+    std::string buffers =
+        buffer(0, spaceA, "scratch", dtype, shape2(128, n)) + "," +
+        buffer(1, "sbuf", "scratch", dtype, shape2(128, n)) + "," +
+        buffer(2, "sbuf", "scratch", dtype, shape2(128, n)) + "," +
+        buffer(3, "sbuf", "scratch", "f32", "[128, 1]");
+    std::string operands = R"("a": )" + tile(0, 128, n, n) + R"(, "b": )" +
+                           tile(1, 128, n, n) + R"(, "dst": )" +
+                           tile(2, 128, n, n);
+    std::string body =
+        stt ? R"({"op": "scalar_tensor_tensor", "engine": ")" + engine +
+                  R"(", "alu_op0": "subtract", "alu_op1": "multiply", )" +
+                  operands + R"(, "scalar": )" + tile(3, 128, 1, 1) + "}"
+            : R"({"op": "tensor_tensor", "engine": ")" + engine +
+                  R"(", "alu_op": "add", )" + operands + "}";
+    return run(programJson(buffers, "", "", body)).engineBusyNs.at(engine);
+  };
+  for (const char *dtype : {"f32", "bf16"})
+    for (const char *engine : {"vector", "gpsimd"}) {
+      INFO(dtype << " on " << engine);
+      CHECK(busy(dtype, "sbuf", engine, true) ==
+            busy(dtype, "sbuf", engine, false));
+    }
+  CHECK(busy("f32", "psum", "vector", true) ==
+        busy("f32", "psum", "vector", false));
+  // 2N cycles with two fp32 tensors in SBUF, N with one in PSUM.
+  CHECK(busy("f32", "sbuf", "vector", true) * t.vectorClockGHz ==
+        Approx(2 * n));
+  CHECK(busy("f32", "psum", "vector", true) * t.vectorClockGHz == Approx(n));
+}
+
 TEST_CASE("ScalarE activation costs N cycles and table loads",
           "[timing][scalar]") {
   // trainium.md 2.4 / 6.3 [D S5, S12]: activation max(64, N) cycles at
@@ -436,6 +474,35 @@ TEST_CASE("ScalarE activation costs N cycles and table loads",
         Approx(3 * t.value("activation_table_switch_ns")));
   CHECK(tl.engineBusyNs.at("scalar") ==
         Approx(5 * each + tl.activationTableNs));
+}
+
+TEST_CASE("activation row sums and a scale column cost nothing extra",
+          "[timing][scalar]") {
+  // trainium.md 2.4 / 6.3 [D S5]: scale, bias and the free-axis reduction
+  // are part of ScalarE's pipeline; the [P, 1] operands are per-partition
+  // registers, not streamed tensors.
+  const Target &t = getTarget("trn2");
+  std::string buffers = buffer(0, "sbuf", "scratch", "f32", "[128, 1024]") +
+                        "," +
+                        buffer(1, "sbuf", "scratch", "bf16", "[128, 1024]") +
+                        "," + buffer(2, "sbuf", "scratch", "f32", "[128, 3]");
+  auto act = [&](const std::string &extra) {
+    return programJson(buffers, "", "",
+                       R"({"op": "activation", "engine": "scalar",
+                           "func": "exp", "src": )" +
+                           tile(0, 128, 1024, 1024) + R"(, "dst": )" +
+                           tile(1, 128, 1024, 1024) + extra + "}");
+  };
+  Timeline plain = run(act(""));
+  Timeline fused = run(act(R"(, "bias": )" + tile(2, 128, 1, 3, 0) +
+                           R"(, "scale_col": )" + tile(2, 128, 1, 3, 1) +
+                           R"(, "reduce_res": )" + tile(2, 128, 1, 3, 2)));
+  checkPhysical(fused, t);
+  CHECK(fused.totalNs == plain.totalNs);
+  CHECK(fused.engineBusyNs.at("scalar") == plain.engineBusyNs.at("scalar"));
+  CHECK(
+      plain.engineBusyNs.at("scalar") ==
+      Approx(1024 / t.scalarClockGHz + t.value("activation_table_switch_ns")));
 }
 
 //===----------------------------------------------------------------------===//
@@ -1049,6 +1116,53 @@ TEST_CASE("a missing wait is a missing-synchronisation error",
       "6143] of partitions [0, 127] written by instruction 1"));
 }
 
+TEST_CASE("an activation's row sums are a write the waits must order",
+          "[timing][sync]") {
+  // Instruction 0 (ScalarE) writes exp(x) and its row sums; 1 (VectorE)
+  // reads only the sums; 2 (a load) overwrites the sums' tile.
+  std::string buffers = buffer(0, "hbm", "input", "f32", "[128, 1]") + "," +
+                        buffer(2, "sbuf", "scratch", "f32", "[128, 512]") +
+                        "," +
+                        buffer(3, "sbuf", "scratch", "f32", "[128, 512]") +
+                        "," + buffer(4, "sbuf", "scratch", "f32", "[128, 1]") +
+                        "," + buffer(5, "sbuf", "scratch", "f32", "[128, 1]");
+  std::string sums = tile(4, 128, 1, 1);
+  auto program = [&](const std::string &copyWaits,
+                     const std::string &loadWaits) {
+    std::string body =
+        R"({"op": "activation", "engine": "scalar", "func": "exp", "src": )" +
+        tile(2, 128, 512, 512) + R"(, "dst": )" + tile(3, 128, 512, 512) +
+        R"(, "reduce_res": )" + sums + "}," +
+        withWaits(copyOp(sums, tile(5, 128, 1, 1)), copyWaits) + "," +
+        withWaits(dma(tile(0, 128, 1, 1), sums), loadWaits);
+    return explicitSync(programJson(buffers, "0", "", body));
+  };
+  CHECK(errorOf([&] { run(program("[0]", "[0, 1]")); }) == "<no error>");
+  CHECK(errorOf([&] { run(program("[]", "[0, 1]")); }) ==
+        "missing synchronisation: instruction 1 (copy on vector) reads sbuf "
+        "buffer 4 ('b4') written by instruction 0 (activation on scalar) "
+        "before that is done (a wait is missing)");
+  // The load waits for the copy, which waited for the activation: that
+  // orders the two writes of the sums' tile.
+  CHECK(errorOf([&] { run(program("[0]", "[1]")); }) == "<no error>");
+  CHECK(errorOf([&] { run(program("[0]", "[]")); }) ==
+        "missing synchronisation: instruction 2 (dma_copy on sync) writes "
+        "sbuf buffer 4 ('b4') read by instruction 1 (copy on vector) before "
+        "that is done (a wait is missing)");
+
+  // Derived sync waits for the sums as for dst: the copy starts only once
+  // the activation is done.
+  std::string derived = programJson(
+      buffers, "0", "",
+      R"({"op": "activation", "engine": "scalar", "func": "exp", "src": )" +
+          tile(2, 128, 512, 512) + R"(, "dst": )" + tile(3, 128, 512, 512) +
+          R"(, "reduce_res": )" + sums + "}," +
+          copyOp(sums, tile(5, 128, 1, 1)));
+  Timeline tl = run(derived, true);
+  REQUIRE(tl.events.size() == 2);
+  CHECK(tl.events[1].startNs >= tl.events[0].endNs);
+}
+
 TEST_CASE("queue order covers compute instructions only", "[timing][sync]") {
   const double sem = getTarget("trn2").value("semaphore_latency_ns");
   std::string buffers = buffer(0, "hbm", "input", "f32", "[128, 64]") + "," +
@@ -1271,8 +1385,7 @@ TEST_CASE("views that wrap rows conflict only where their elements meet",
     return explicitSync(programJson(
         buffers, "", "0",
         R"({"op": "memset", "engine": "vector", "value": 1.0, "dst": )" + t +
-            "}," +
-            withWaits(dma(t, tile(0, 128, 512, 512, 0)), "[0]") + "," +
+            "}," + withWaits(dma(t, tile(0, 128, 512, 512, 0)), "[0]") + "," +
             withWaits(dma(t, tile(0, 128, 512, 512, second)), "[0]")));
   };
   REQUIRE_NOTHROW(run(program(65536)));

@@ -180,6 +180,135 @@ func.func @activation_bias(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %c: memref<4x2x
 
 // -----
 
+func.func @activation_scale_col_shape(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %s: memref<4x2xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{scale_col must be a [P, 1] column matching the partitions of the data}}
+  nisa.activation exp %a, %a scale_col %s : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x2xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @activation_scale_col_partitions(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %s: memref<2x1xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{scale_col must be a [P, 1] column matching the partitions of the data}}
+  nisa.activation exp %a, %a scale_col %s : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<2x1xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @activation_scale_col_dtype(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %s: memref<4x1xbf16, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{scale_col must be f32}}
+  nisa.activation exp %a, %a scale_col %s : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x1xbf16, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @activation_scale_col_hbm(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %s: memref<4x1xf32>) {
+  // expected-error @+1 {{scale_col must be in SBUF or PSUM, not HBM}}
+  nisa.activation exp %a, %a scale_col %s : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x1xf32>
+  return
+}
+
+// -----
+
+func.func @activation_accumulate_shape(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %r: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{accumulate must be a [P, 1] column matching the partitions of the data}}
+  nisa.activation exp %a, %a accumulate %r : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @activation_accumulate_partitions(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %r: memref<8x1xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{accumulate must be a [P, 1] column matching the partitions of the data}}
+  nisa.activation exp %a, %a accumulate %r : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<8x1xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @activation_accumulate_dtype(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %b: memref<4x4xbf16, #nisa.mem<sbuf>>, %r: memref<4x1xbf16, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{accumulate must be f32}}
+  nisa.activation exp %a, %b accumulate %r : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xbf16, #nisa.mem<sbuf>>, memref<4x1xbf16, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @activation_accumulate_hbm(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %r: memref<4x1xf32>) {
+  // expected-error @+1 {{accumulate must be in SBUF or PSUM, not HBM}}
+  nisa.activation exp %a, %a accumulate %r : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x1xf32>
+  return
+}
+
+// -----
+
+func.func @activation_types(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %r: memref<4x1xf32, #nisa.mem<sbuf>>) {
+  // Each present optional operand needs its type after dst's.
+  // expected-error @+1 {{expected ','}}
+  nisa.activation exp %a, %a accumulate %r : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @stt_engine(%a: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{runs on VectorE or GpSimd, not scalar}}
+  nisa.scalar_tensor_tensor multiply, add %a, %a, %a {engine = #nisa.engine<scalar>} : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @stt_gpsimd_psum(%a: memref<4x4xf32, #nisa.mem<psum>>, %b: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{on GpSimd cannot access PSUM}}
+  nisa.scalar_tensor_tensor multiply, add %a, %b, %b {engine = #nisa.engine<gpsimd>} : memref<4x4xf32, #nisa.mem<psum>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @stt_hbm(%a: memref<4x4xf32>, %b: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{first operand must be in SBUF or PSUM, not HBM}}
+  nisa.scalar_tensor_tensor multiply, add %a, %b, %b : memref<4x4xf32>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @stt_shape(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %b: memref<4x2xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{operands must have the same shape}}
+  nisa.scalar_tensor_tensor multiply, add %a, %b, %a : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x2xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @stt_dst(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %d: memref<4x2xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{operands and destination must have the same shape}}
+  nisa.scalar_tensor_tensor multiply, add %a, %a, %d : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x2xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @stt_scalar(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %c: memref<2x1xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{scalar must be a [P, 1] column matching the partitions of the data}}
+  nisa.scalar_tensor_tensor subtract, multiply %a, %a, %a scalar %c : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<2x1xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @stt_psum(%a: memref<4x4xf32, #nisa.mem<psum>>, %b: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{at most one operand may be in PSUM}}
+  nisa.scalar_tensor_tensor multiply, add %a, %a, %b : memref<4x4xf32, #nisa.mem<psum>>, memref<4x4xf32, #nisa.mem<psum>>, memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
 func.func @tt_psum(%a: memref<4x4xf32, #nisa.mem<psum>>, %b: memref<4x4xf32, #nisa.mem<sbuf>>) {
   // expected-error @+1 {{at most one operand may be in PSUM}}
   nisa.tensor_tensor add %a, %a, %b : memref<4x4xf32, #nisa.mem<psum>>, memref<4x4xf32, #nisa.mem<psum>>, memref<4x4xf32, #nisa.mem<sbuf>>
@@ -255,6 +384,29 @@ func.func @memset_hbm(%a: memref<4x4xf32>) {
 func.func @iota_multipliers(%a: memref<4x4xf32, #nisa.mem<sbuf>>) {
   // expected-error @+1 {{needs one multiplier per free dim}}
   nisa.iota %a {base = 0.0, channel_multiplier = 1.0, multipliers = array<f64>} : memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @iota_offset_argument(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %o: index) {
+  // expected-error @+1 {{offset must be built from index constants, arith.addi, arith.muli by a constant and scf.for ivs}}
+  nisa.iota %a offset %o {base = 0.0, channel_multiplier = 1.0, multipliers = array<f64: 1.0>} : memref<4x4xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @iota_offset_not_affine(%a: memref<4x4xf32, #nisa.mem<sbuf>>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  scf.for %i = %c0 to %c4 step %c1 {
+    // A product of two ivs is not affine.
+    %o = arith.muli %i, %i : index
+    // expected-error @+1 {{offset must be built from index constants}}
+    nisa.iota %a offset %o {base = 0.0, channel_multiplier = 1.0, multipliers = array<f64: 1.0>} : memref<4x4xf32, #nisa.mem<sbuf>>
+  }
   return
 }
 

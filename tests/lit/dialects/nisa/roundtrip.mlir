@@ -41,6 +41,29 @@ func.func @instructions(%in: memref<128x64xf32>, %out: memref<128x64xf32>,
   nisa.memset %a, 0.0 : !sb
   // CHECK: nisa.iota
   nisa.iota %a {base = 0.0, channel_multiplier = 64.0, multipliers = array<f64: 1.0>} : !sb
+  // Optional operands print with their types after dst's, in operand order.
+  // CHECK: nisa.activation exp %{{.*}}, %{{.*}} bias %{{.*}} scale_col %{{.*}} accumulate %{{.*}} {scale = 5.000000e-01 : f64} : memref<128x64xf32, #nisa.mem<sbuf>>, memref<128x64xf32, #nisa.mem<sbuf>>, memref<128x1xf32, #nisa.mem<sbuf>>, memref<128x1xf32, #nisa.mem<sbuf>>, memref<128x1xf32, #nisa.mem<sbuf>>
+  nisa.activation exp %a, %b bias %c scale_col %c accumulate %c {scale = 0.5 : f64} : !sb, !sb, !col, !col, !col
+  // CHECK: nisa.activation exp %{{.*}}, %{{.*}} accumulate %{{.*}} : memref<128x64xf32, #nisa.mem<sbuf>>, memref<128x64xbf16, #nisa.mem<sbuf>>, memref<128x1xf32, #nisa.mem<sbuf>>
+  nisa.activation exp %a, %st accumulate %c : !sb, memref<128x64xbf16, #nisa.mem<sbuf>>, !col
+  // CHECK: nisa.activation exp %{{.*}}, %{{.*}} scale_col %{{.*}} : memref<128x64xf32, #nisa.mem<sbuf>>, memref<128x64xf32, #nisa.mem<sbuf>>, memref<128x1xf32, #nisa.mem<sbuf>>
+  nisa.activation exp %a, %b scale_col %c : !sb, !sb, !col
+  // CHECK: nisa.scalar_tensor_tensor subtract, multiply %{{.*}}, %{{.*}}, %{{.*}} scalar %{{.*}} : {{.*}}, memref<128x1xf32, #nisa.mem<sbuf>>
+  nisa.scalar_tensor_tensor subtract, multiply %a, %b, %b scalar %c : !sb, !sb, !sb, !col
+  // CHECK: nisa.scalar_tensor_tensor multiply, add {{.*}}engine = #nisa.engine<gpsimd>, imm = 5.000000e-01
+  nisa.scalar_tensor_tensor multiply, add %a, %b, %b {engine = #nisa.engine<gpsimd>, imm = 0.5 : f64} : !sb, !sb, !sb
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  %c16 = arith.constant 16 : index
+  // CHECK: scf.for %[[I:.*]] =
+  scf.for %i = %c0 to %c4 step %c1 {
+    // CHECK: %[[OFF:.*]] = arith.addi
+    %base = arith.muli %i, %c16 : index
+    %off = arith.addi %base, %c1 : index
+    // CHECK: nisa.iota %{{.*}} offset %[[OFF]] {base = 0.000000e+00 : f64
+    nisa.iota %a offset %off {base = 0.0, channel_multiplier = 64.0, multipliers = array<f64: 1.0>} : !sb
+  }
   nisa.dma_copy %b, %out : !sb, memref<128x64xf32>
   return
 }

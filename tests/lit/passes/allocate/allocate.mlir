@@ -41,6 +41,31 @@ func.func @loop_liveness() attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
 
 // -----
 
+// A tile used only through a view (here the row sums an activation writes)
+// is live until the last instruction using the view, not just the view: a
+// view taken before a loop keeps its tile through the loop, so the tile
+// allocated inside the loop gets bytes of its own.
+// CHECK-LABEL: func.func @view_liveness
+// CHECK: memref.alloc() {nisa.address = 0 : i64} : memref<128x2xf32, #nisa.mem<sbuf>>
+// CHECK: scf.for
+// CHECK: memref.alloc() {nisa.address = 8 : i64} : memref<128x4xf32, #nisa.mem<sbuf>>
+func.func @view_liveness() attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %sums = memref.alloc() : memref<128x2xf32, #nisa.mem<sbuf>>
+  %col = memref.reinterpret_cast %sums to offset: [1], sizes: [128, 1], strides: [2, 1] : memref<128x2xf32, #nisa.mem<sbuf>> to memref<128x1xf32, strided<[2, 1], offset: 1>, #nisa.mem<sbuf>>
+  scf.for %i = %c0 to %c2 step %c1 {
+    %t = memref.alloc() : memref<128x4xf32, #nisa.mem<sbuf>>
+    nisa.memset %t, 1.0 : memref<128x4xf32, #nisa.mem<sbuf>>
+    nisa.activation exp %t, %t accumulate %col : memref<128x4xf32, #nisa.mem<sbuf>>, memref<128x4xf32, #nisa.mem<sbuf>>, memref<128x1xf32, strided<[2, 1], offset: 1>, #nisa.mem<sbuf>>
+    memref.dealloc %t : memref<128x4xf32, #nisa.mem<sbuf>>
+  }
+  return
+}
+
+// -----
+
 // PSUM tiles that fit in a 2 KiB bank never straddle two banks; a fixed
 // address is kept; HBM allocations are not on-chip tiles.
 // CHECK-LABEL: func.func @psum_banks

@@ -167,6 +167,84 @@ func.func @boxes(%out: memref<512x1024xf32>) attributes {nisa.kernel, nisa.num_i
 
 // -----
 
+!t = memref<128x64xf32, #nisa.mem<sbuf>>
+!col = memref<128x1xf32, #nisa.mem<sbuf>>
+
+// An activation writes its row sums (accumulate) as it writes dst: it waits
+// for the GpSimd memset of that tile (WAW), and the VectorE instruction
+// that reads only the sums waits for it (RAW). The per-partition scale is
+// read, so the activation waits for its load too.
+// CHECK-LABEL: func.func @accumulate
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 1 : i64}
+// CHECK: nisa.memset {{.*}} {engine = #nisa.engine<gpsimd>, nisa.id = 2 : i64}
+// CHECK: nisa.activation {{.*}} {nisa.id = 3 : i64, nisa.waits = array<i64: 0, 1, 2>}
+// CHECK: nisa.tensor_scalar {{.*}} {imm = 2.000000e+00 : f64, nisa.id = 4 : i64, nisa.waits = array<i64: 3>}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 5 : i64, nisa.waits = array<i64: 4>}
+func.func @accumulate(%x: memref<128x64xf32>, %s: memref<128x1xf32>, %y: memref<128x1xf32>) attributes {nisa.kernel, nisa.num_inputs = 2 : i64} {
+  %t = memref.alloc() {nisa.address = 0 : i64} : !t
+  %u = memref.alloc() {nisa.address = 256 : i64} : !t
+  %sc = memref.alloc() {nisa.address = 512 : i64} : !col
+  %acc = memref.alloc() {nisa.address = 516 : i64} : !col
+  %r = memref.alloc() {nisa.address = 520 : i64} : !col
+  nisa.dma_copy %x, %t : memref<128x64xf32>, !t
+  nisa.dma_copy %s, %sc : memref<128x1xf32>, !col
+  nisa.memset %acc, 0.0 {engine = #nisa.engine<gpsimd>} : !col
+  nisa.activation exp %t, %u scale_col %sc accumulate %acc : !t, !t, !col, !col
+  nisa.tensor_scalar multiply %acc, %r {imm = 2.0 : f64} : !col, !col
+  nisa.dma_copy %r, %y : !col, memref<128x1xf32>
+  return
+}
+
+// -----
+
+!t = memref<128x64xf32, #nisa.mem<sbuf>>
+!col = memref<128x1xf32, #nisa.mem<sbuf>>
+
+// scalar_tensor_tensor is an instruction of its engine's queue: it waits
+// for the loads of both tensors and of its scalar column, and the store
+// waits for it.
+// CHECK-LABEL: func.func @scalar_tensor_tensor
+// CHECK: nisa.scalar_tensor_tensor {{.*}}nisa.id = 2 : i64, nisa.waits = array<i64: 0, 1>
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 3 : i64, nisa.waits = array<i64: 2>}
+func.func @scalar_tensor_tensor(%x: memref<128x64xf32>, %s: memref<128x1xf32>, %y: memref<128x64xf32>) attributes {nisa.kernel, nisa.num_inputs = 2 : i64} {
+  %t = memref.alloc() {nisa.address = 0 : i64} : !t
+  %c = memref.alloc() {nisa.address = 256 : i64} : !col
+  %u = memref.alloc() {nisa.address = 260 : i64} : !t
+  nisa.dma_copy %x, %t : memref<128x64xf32>, !t
+  nisa.dma_copy %s, %c : memref<128x1xf32>, !col
+  nisa.scalar_tensor_tensor subtract, multiply %t, %t, %u scalar %c {engine = #nisa.engine<gpsimd>} : !t, !t, !t, !col
+  nisa.dma_copy %u, %y : !t, memref<128x64xf32>
+  return
+}
+
+// -----
+
+!t = memref<128x64xf32, #nisa.mem<sbuf>>
+
+// An iota's index offset is no memory access: the iota writes its tile, the
+// store waits for it, and the next iteration's iota waits for the store.
+// CHECK-LABEL: func.func @iota_offset
+// CHECK: scf.for
+// CHECK: nisa.iota {{.*}} offset {{.*}}nisa.id = 0 : i64, nisa.waits = array<i64: 1>
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 1 : i64, nisa.waits = array<i64: 0>}
+func.func @iota_offset(%y: memref<512x64xf32>) attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  %c8192 = arith.constant 8192 : index
+  %t = memref.alloc() {nisa.address = 0 : i64} : !t
+  scf.for %i = %c0 to %c4 step %c1 {
+    %o = arith.muli %i, %c8192 : index
+    %yv = memref.reinterpret_cast %y to offset: [%o], sizes: [128, 64], strides: [64, 1] : memref<512x64xf32> to memref<128x64xf32, strided<[64, 1], offset: ?>>
+    nisa.iota %t offset %o {base = 0.0, channel_multiplier = 64.0, multipliers = array<f64: 1.0>} : !t
+    nisa.dma_copy %t, %yv : !t, memref<128x64xf32, strided<[64, 1], offset: ?>>
+  }
+  return
+}
+
+// -----
+
 func.func @unallocated(%x: memref<128x4xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
   %t = memref.alloc() : memref<128x4xf32, #nisa.mem<sbuf>>
   // expected-error @+1 {{reads or writes an on-chip tile without a nisa.address (run nisa-allocate first)}}
