@@ -21,7 +21,6 @@
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <cmath>
-#include <functional>
 #include <limits>
 
 namespace mlir::neuron {
@@ -211,32 +210,8 @@ Value FlexAttentionLowering::iota(const Affine &a, const Step &at,
                                   bool asFull) {
   bool full = asFull || a.ckv != 0;
   Value t = k.tile(MemorySpace::sbuf, {at.rows, full ? at.width : 1}, f32);
-  // TEMPORARY until nisa.iota takes a loop offset.
-  std::function<std::optional<int64_t>(Value)> eval =
-      [&](Value v) -> std::optional<int64_t> {
-    if (auto c = getConstantIntValue(v))
-      return c;
-    Operation *d = v.getDefiningOp();
-    if (!d || d->getNumOperands() != 2)
-      return std::nullopt;
-    auto x = eval(d->getOperand(0)), y = eval(d->getOperand(1));
-    if (!x || !y)
-      return std::nullopt;
-    if (isa<arith::AddIOp>(d))
-      return *x + *y;
-    if (isa<arith::MulIOp>(d))
-      return *x * *y;
-    return std::nullopt;
-  };
-  auto off = eval(indexValue(a, at));
-  if (!off) {
-    op.emitOpError("TEMP: iota offset in a loop");
-    failed = true;
-    off = 0;
-  }
-  b.create<nisa::IotaOp>(k.loc, t, APFloat((double)(a.c0 + *off)),
-                         APFloat((double)a.cq),
-                         b.getDenseF64ArrayAttr({(double)a.ckv}));
+  b.create<nisa::IotaOp>(k.loc, t, indexValue(a, at), APFloat((double)a.c0),
+                         APFloat((double)a.cq), ArrayRef<double>{(double)a.ckv});
   return t;
 }
 
@@ -898,19 +873,16 @@ void FlexAttentionLowering::scalarTensorTensor(Value a, Value sCol, double sImm,
                                                nisa::AluOp op0, Value other,
                                                nisa::AluOp op1, Value dst,
                                                nisa::Engine engine) {
-  auto shape = cast<MemRefType>(a.getType()).getShape();
-  Value t = k.tile(MemorySpace::sbuf, shape, f32);
-  b.create<nisa::TensorScalarOp>(k.loc, op0, a, t, sCol, APFloat(sImm), false,
-                                 engine);
-  b.create<nisa::TensorTensorOp>(k.loc, op1, t, other, dst, engine);
+  b.create<nisa::ScalarTensorTensorOp>(k.loc, op0, op1, a, other, dst, sCol,
+                                       APFloat(sImm), engine);
 }
 
-/// p = exp(src * scale + bias) on ScalarE, with the row sums of p (fp32).
+/// p = exp(src * scale + bias) on ScalarE, with the fp32 row sums of p.
 void FlexAttentionLowering::expWithRowSum(Value src, Value p, double scale,
                                           Value bias, Value rowSums) {
-  b.create<nisa::ActivationOp>(k.loc, src, p, bias, nisa::ActivationFn::exp,
-                               APFloat(scale), APFloat(0.0));
-  b.create<nisa::TensorReduceOp>(k.loc, nisa::AluOp::add, p, rowSums);
+  b.create<nisa::ActivationOp>(k.loc, src, p, bias, Value(), rowSums,
+                               nisa::ActivationFn::exp, APFloat(scale),
+                               APFloat(0.0));
 }
 
 } // namespace mlir::neuron
