@@ -438,7 +438,7 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
 //===----------------------------------------------------------------------===//
 
 /// K^T [dim, keys] and V [128 keys, units x vDim] of one (batch, key head)
-/// into slot `slot`: one DMA each (on GpSimd's queue, so they never wait
+/// into slot `slot`: one DMA each (on ScalarE's queue, so they never wait
 /// behind the query tiles' transfers), K transposed on TensorE.
 void FlexAttentionLowering::loadKeys(Value batchIdx, Value kvHead,
                                      int64_t slot) {
@@ -455,7 +455,7 @@ void FlexAttentionLowering::loadKeys(Value batchIdx, Value kvHead,
   Value kIn = k.tile(MemorySpace::sbuf, {kUnit, kvUnits * dim}, inElt);
   int64_t vAt = slot * kvUnits * vDim;
   auto load = [&](Value src, Value dst) {
-    b.create<nisa::DmaCopyOp>(k.loc, src, dst, nisa::Engine::gpsimd);
+    b.create<nisa::DmaCopyOp>(k.loc, src, dst, nisa::Engine::scalar);
   };
   if (fullUnits) {
     load(k.view(key.buffer, kBase, {kUnit, fullUnits, dim},

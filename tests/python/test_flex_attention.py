@@ -160,6 +160,11 @@ def test_soft_cap(dtype: torch.dtype) -> None:
     run(*qkv(1, 2, 256, 64, dtype), score_mod=soft_cap(5.0))
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a captured table indexed by kv_idx - q_idx + c is read backwards along the query "
+    "rows; the kernel cannot load it yet (a compile error says so)",
+)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_relative_position_bias(dtype: torch.dtype) -> None:
     s, h = 200, 2

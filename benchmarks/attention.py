@@ -1,0 +1,105 @@
+"""Attention benchmark: FlexAttention (causal and full) on the NeuronCore engine model.
+
+Run from the repository root, after ``scripts/setup.sh``:
+
+    .venv/bin/python benchmarks/attention.py                 # B=1, H=16, S=4096, D=128, bf16
+    .venv/bin/python benchmarks/attention.py --seq 1024      # quicker
+    .venv/bin/python benchmarks/attention.py --targets trn2
+
+Each case is ``flex_attention(q, k, v, block_mask=...)`` compiled with
+``torch.compile(backend="neuron")`` and run once under ``torchneuron.profile()``. Printed per
+target: modeled device time, TFLOP/s and % of the TensorE bf16 peak counting only unmasked
+FLOPs (4 * B * H * D per unmasked (query, key) pair), the engine that bounds the kernel and
+its busy share, and the causal / full time ratio (block skipping makes it about 0.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+import torchneuron
+from torchneuron._native import native
+
+
+def causal(b: Any, h: Any, q: Any, kv: Any) -> Any:
+    return q >= kv
+
+
+def run_case(
+    target: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any
+) -> dict[str, Any]:
+    torch._dynamo.reset()
+    attend = torch.compile(
+        lambda q, k, v: flex_attention(q, k, v, block_mask=mask),
+        backend="neuron",
+        options={"target": target},
+    )
+    before = torchneuron.stats()
+    with torch.no_grad(), torchneuron.profile() as prof:
+        attend(q, k, v)
+    after = torchneuron.stats()
+    (kernel,) = prof.kernels
+    return {
+        "ns": prof.total_device_ns,
+        "bound": kernel["bound"],
+        "fallback": sum(after["ops_fallback"].values()) - sum(before["ops_fallback"].values()),
+        "compile_s": after["compile_seconds"] - before["compile_seconds"],
+        "engines": kernel.get("engine_busy_ns", {}),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--targets", default="trn2,trn3")
+    args = parser.parse_args(argv)
+    b, h, s, d = 1, args.heads, args.seq, args.dim
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16) for _ in range(3))
+    cases = {
+        "full": (None, float(s * s)),
+        "causal": (create_block_mask(causal, None, None, s, s, device="cpu"), s * (s + 1) / 2),
+    }
+    print(f"flex_attention B={b} H={h} S={s} D={d} bf16")
+    print(
+        f"{'case':8s} {'chip':5s} {'device us':>10s} {'TFLOP/s':>8s} {'% TE peak':>9s} "
+        f"{'bound':>8s} {'compile s':>9s} {'fallback':>8s}"
+    )
+    causal_share: dict[str, float] = {}
+    for target in args.targets.split(","):
+        peak = native().target_peaks(target)["flops"]
+        times: dict[str, float] = {}
+        for name, (mask, pairs) in cases.items():
+            r = run_case(target, q, k, v, mask)
+            flops = 4.0 * b * h * d * pairs
+            tflops = flops / (r["ns"] * 1e-9) / 1e12
+            times[name] = r["ns"]
+            print(
+                f"{name:8s} {target:5s} {r['ns'] / 1e3:10.1f} {tflops:8.1f} "
+                f"{100 * flops / (r['ns'] * 1e-9) / peak:8.1f}% {r['bound']:>8s} "
+                f"{r['compile_s']:9.2f} {r['fallback']:8d}"
+            )
+            if name == "causal":
+                causal_share[target] = 100 * flops / (r["ns"] * 1e-9) / peak
+        ratio = times["causal"] / times["full"]
+        print(
+            f"{'':8s} {target:5s} causal / full time = {ratio:.2f} (target <= 0.60: "
+            f"{'MET' if ratio <= 0.6 else 'NOT MET'})"
+        )
+    if "trn2" in causal_share:
+        share = causal_share["trn2"]
+        print(
+            f"causal on trn2: {share:.1f}% of TensorE peak (target >= 35%: "
+            f"{'MET' if share >= 35 else 'NOT MET'})"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+// RUN: neuron-opt %s | neuron-opt | FileCheck %s
+
+// CHECK-LABEL: func.func @flex
+// CHECK: neuron.flex_attention %{{.*}}, %{{.*}}, %{{.*}} score_buffers(%{{.*}} : tensor<2x511xf32>)
+// CHECK-SAME: block_size = array<i64: 128, 128>
+// CHECK: score_mod
+// CHECK: neuron.gather
+// CHECK: mask_mod
+// CHECK: neuron.binary ge
+func.func @flex(%q: tensor<1x2x256x64xf32>, %k: tensor<1x2x256x64xf32>, %v: tensor<1x2x256x64xf32>, %t: tensor<2x511xf32>) -> (tensor<1x2x256x64xf32>, tensor<1x2x256xf32>) {
+  %o, %l = neuron.flex_attention %q, %k, %v score_buffers(%t : tensor<2x511xf32>) {block_size = array<i64: 128, 128>, blocks = dense<[[[[1, 0], [2, 1]]]]> : tensor<1x1x2x2xi8>, scale = 1.250000e-01 : f64} : tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32> -> tensor<1x2x256x64xf32>, tensor<1x2x256xf32>
+    score_mod {
+    ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>, %tab: tensor<2x511xf32>):
+      %flat = neuron.reshape %tab : tensor<2x511xf32> -> tensor<1022xf32>
+      %x = neuron.gather %flat[%qi] : tensor<1022xf32>, tensor<i32> -> tensor<f32>
+      %r = neuron.binary add %s, %x : tensor<f32>, tensor<f32> -> tensor<f32>
+      neuron.yield %r : tensor<f32>
+    } mask_mod {
+    ^bb0(%bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      %m = neuron.binary ge %qi, %kvi : tensor<i32>, tensor<i32> -> tensor<i1>
+      neuron.yield %m : tensor<i1>
+    }
+  return %o, %l : tensor<1x2x256x64xf32>, tensor<1x2x256xf32>
+}
