@@ -48,8 +48,7 @@ struct KvTile {
 struct Affine {
   int64_t c0 = 0, cb = 0, ch = 0, cq = 0, ckv = 0;
   bool operator==(const Affine &o) const {
-    return c0 == o.c0 && cb == o.cb && ch == o.ch && cq == o.cq &&
-           ckv == o.ckv;
+    return c0 == o.c0 && cb == o.cb && ch == o.ch && cq == o.cq && ckv == o.ckv;
   }
 };
 
@@ -132,8 +131,8 @@ private:
 /// The kind of every 128 x 128 unit for (b, h) of the blocks attribute
 /// (masked, full, or partial when it overlaps blocks of different kinds or
 /// a partial block).
-SmallVector<SmallVector<Kind>> FlexAttentionLowering::unitKinds(int64_t bm,
-                                                                int64_t hm) const {
+SmallVector<SmallVector<Kind>>
+FlexAttentionLowering::unitKinds(int64_t bm, int64_t hm) const {
   auto blocks = cast<ElementsAttr>(op.getBlocks());
   ArrayRef<int64_t> shape = cast<ShapedType>(blocks.getType()).getShape();
   int64_t qb = op.getBlockSize()[0], kb = op.getBlockSize()[1];
@@ -144,8 +143,8 @@ SmallVector<SmallVector<Kind>> FlexAttentionLowering::unitKinds(int64_t bm,
     return (Kind)values[((bm * shape[1] + hm) * shape[2] + i) * shape[3] + j];
   };
   int64_t qTiles = (qLen + kUnit - 1) / kUnit;
-  SmallVector<SmallVector<Kind>> kinds(qTiles,
-                                       SmallVector<Kind>(kvUnits, Kind::masked));
+  SmallVector<SmallVector<Kind>> kinds(
+      qTiles, SmallVector<Kind>(kvUnits, Kind::masked));
   for (int64_t t = 0; t < qTiles; ++t) {
     int64_t qFirst = t * kUnit / qb;
     int64_t qLast = (std::min(qLen, (t + 1) * kUnit) - 1) / qb;
@@ -211,7 +210,8 @@ Value FlexAttentionLowering::iota(const Affine &a, const Step &at,
   bool full = asFull || a.ckv != 0;
   Value t = k.tile(MemorySpace::sbuf, {at.rows, full ? at.width : 1}, f32);
   b.create<nisa::IotaOp>(k.loc, t, indexValue(a, at), APFloat((double)a.c0),
-                         APFloat((double)a.cq), ArrayRef<double>{(double)a.ckv});
+                         APFloat((double)a.cq),
+                         ArrayRef<double>{(double)a.ckv});
   return t;
 }
 
@@ -332,9 +332,9 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
       span(a.cq, qLen);
       span(a.ckv, kvLen);
       if (lo < 0 || hi >= table.elements)
-        return fail("indexes a captured tensor of " +
-                    Twine(table.elements) + " elements at " + Twine(lo) +
-                    ".." + Twine(hi) + " (out of bounds)");
+        return fail("indexes a captured tensor of " + Twine(table.elements) +
+                    " elements at " + Twine(lo) + ".." + Twine(hi) +
+                    " (out of bounds)");
       if (a.cq < 0 || a.ckv < 0)
         return fail("indexes a captured tensor backwards along q_idx or "
                     "kv_idx (not supported yet)");
@@ -391,7 +391,8 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
         bool rTile = r.kind == Operand::full ||
                      (r.kind == Operand::index && r.affine.ckv != 0);
         bool full = lTile || rTile;
-        Value t = k.tile(MemorySpace::sbuf, {at.rows, full ? at.width : 1}, f32);
+        Value t =
+            k.tile(MemorySpace::sbuf, {at.rows, full ? at.width : 1}, f32);
         if (l.kind == Operand::imm || r.kind == Operand::imm) {
           bool reverse = l.kind == Operand::imm;
           Value src = materialize(reverse ? r : l, at, false);
@@ -403,8 +404,8 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
           bool reverse = !lTile;
           Value src = materialize(reverse ? r : l, at, false);
           Value col = materialize(reverse ? l : r, at, false);
-          b.create<nisa::TensorScalarOp>(k.loc, alu, src, t, col,
-                                         APFloat(0.0), reverse);
+          b.create<nisa::TensorScalarOp>(k.loc, alu, src, t, col, APFloat(0.0),
+                                         reverse);
         } else {
           b.create<nisa::TensorTensorOp>(k.loc, alu, materialize(l, at, false),
                                          materialize(r, at, false), t);
@@ -464,13 +465,14 @@ void FlexAttentionLowering::loadKeys(Value batchIdx, Value kvHead,
                 {kvUnits * dim, dim, 1}));
     load(k.view(value.buffer, vBase, {kUnit, fullUnits, vDim},
                 {vs, kUnit * vs, vd}),
-         k.view(vS, k.index(vAt), {kUnit, fullUnits, vDim}, {vSStride, vDim, 1}));
+         k.view(vS, k.index(vAt), {kUnit, fullUnits, vDim},
+                {vSStride, vDim, 1}));
   }
   if (rest) {
-    load(k.view(key.buffer, k.addOffset(kBase, fullUnits * kUnit * ks),
-                {rest, dim}, {ks, kd}),
-         k.view(kIn, k.index(fullUnits * dim), {rest, dim},
-                {kvUnits * dim, 1}));
+    load(
+        k.view(key.buffer, k.addOffset(kBase, fullUnits * kUnit * ks),
+               {rest, dim}, {ks, kd}),
+        k.view(kIn, k.index(fullUnits * dim), {rest, dim}, {kvUnits * dim, 1}));
     load(k.view(value.buffer, k.addOffset(vBase, fullUnits * kUnit * vs),
                 {rest, vDim}, {vs, vd}),
          k.view(vS, k.index(vAt + fullUnits * vDim), {rest, vDim},
@@ -485,8 +487,7 @@ void FlexAttentionLowering::loadKeys(Value batchIdx, Value kvHead,
     for (int64_t u = u0; u < u0 + n; ++u) {
       int64_t rows = std::min(kUnit, kvLen - u * kUnit);
       b.create<nisa::MatmulOp>(
-          k.loc,
-          k.view(kIn, k.index(u * dim), {rows, dim}, {kvUnits * dim, 1}),
+          k.loc, k.view(kIn, k.index(u * dim), {rows, dim}, {kvUnits * dim, 1}),
           k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}),
           k.view(miscPsum, k.index(at + (u - u0) * kUnit), {dim, rows},
                  {2 * bank, 1}));
@@ -655,10 +656,10 @@ void FlexAttentionLowering::queryTile(const Step &at, int64_t slot,
   Value qTile = k.view(qIn, k.index(slot * dim), {rows, dim}, {2 * dim, 1});
   k.dma(k.view(q.buffer, qOffset, {rows, dim}, {q.strides[2], q.strides[3]}),
         qTile);
-  Value qPs = k.view(miscPsum, k.index(slot * bank), {dim, rows}, {2 * bank, 1});
-  b.create<nisa::MatmulOp>(k.loc, qTile,
-                           k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}),
-                           qPs);
+  Value qPs =
+      k.view(miscPsum, k.index(slot * bank), {dim, rows}, {2 * bank, 1});
+  b.create<nisa::MatmulOp>(
+      k.loc, qTile, k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}), qPs);
   Value qTs = k.view(qT, k.index(slot * kUnit), {dim, rows}, {2 * kUnit, 1});
   b.create<nisa::CopyOp>(k.loc, qPs, qTs, nisa::Engine::scalar);
   auto column = [&](Value t, int64_t i, int64_t n) {
@@ -704,10 +705,9 @@ void FlexAttentionLowering::queryTile(const Step &at, int64_t slot,
   Value res = k.view(oOut, k.index(slot * vDim), {rows, vDim}, {2 * vDim, 1});
   b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::divide, os, res, lcs,
                                  APFloat(0.0), false);
-  Value outOffset = k.addOffsets(
-      k.addOffsets(k.scale(at.batch, outStrides[0]),
-                   k.scale(at.head, outStrides[1])),
-      k.scale(at.q0, outStrides[2]));
+  Value outOffset = k.addOffsets(k.addOffsets(k.scale(at.batch, outStrides[0]),
+                                              k.scale(at.head, outStrides[1])),
+                                 k.scale(at.q0, outStrides[2]));
   k.dma(res, k.view(out, outOffset, {rows, vDim}, {outStrides[2], 1}));
   if (lse) {
     // lse = max + log(l): -inf for a fully masked row.
@@ -715,12 +715,12 @@ void FlexAttentionLowering::queryTile(const Step &at, int64_t slot,
     b.create<nisa::ActivationOp>(k.loc, ls, lt, Value(),
                                  nisa::ActivationFn::log, APFloat(1.0),
                                  APFloat(0.0));
-    b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::subtract, lt,
-                                   negmFinal, lt);
-    Value lseOffset = k.addOffsets(
-        k.addOffsets(k.scale(at.batch, lseStrides[0]),
-                     k.scale(at.head, lseStrides[1])),
-        at.q0);
+    b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::subtract, lt, negmFinal,
+                                   lt);
+    Value lseOffset =
+        k.addOffsets(k.addOffsets(k.scale(at.batch, lseStrides[0]),
+                                  k.scale(at.head, lseStrides[1])),
+                     at.q0);
     k.dma(lt, k.view(lse, lseOffset, {rows, 1}, {1, 1}));
   }
 }
@@ -733,8 +733,8 @@ void FlexAttentionLowering::keyStep(const Step &at, const KvTile &tile,
   KernelLowering::TileScope scope(k);
   int64_t rows = at.rows, width = at.width;
   auto column = [&]() { return k.tile(MemorySpace::sbuf, {rows, 1}, f32); };
-  Value s = k.view(scorePsum, k.index(parity * bank), {rows, width},
-                   {2 * bank, 1});
+  Value s =
+      k.view(scorePsum, k.index(parity * bank), {rows, width}, {2 * bank, 1});
   b.create<nisa::MatmulOp>(
       k.loc, qTs,
       k.view(kT, k.addOffset(k.scale(at.unit, kUnit), kvSlot * kvUnits * kUnit),
@@ -827,8 +827,8 @@ void FlexAttentionLowering::keyStep(const Step &at, const KvTile &tile,
                      nisa::AluOp::add, ls, nisa::Engine::vector);
   // P^T, a 128-key chunk at a time, into one PSUM bank; then O += P V.
   Value pT = k.tile(MemorySpace::sbuf, {kUnit, tile.units * rows}, inElt);
-  Value oPs = k.view(outPsum, k.index(parity * bank), {rows, vDim},
-                     {2 * bank, 1});
+  Value oPs =
+      k.view(outPsum, k.index(parity * bank), {rows, vDim}, {2 * bank, 1});
   for (int64_t c = 0; c < tile.units; ++c) {
     int64_t keys = std::min(kUnit, width - c * kUnit);
     Value chunk = k.view(p, k.index(c * kUnit), {rows, keys}, {width, 1});
@@ -839,27 +839,28 @@ void FlexAttentionLowering::keyStep(const Step &at, const KvTile &tile,
   }
   int64_t fullChunks = width / kUnit;
   if (fullChunks)
-    b.create<nisa::CopyOp>(
-        k.loc,
-        k.view(ptPsum, k.index(parity * bank), {kUnit, fullChunks * rows},
-               {2 * bank, 1}),
-        k.view(pT, k.index(0), {kUnit, fullChunks * rows}, {tile.units * rows, 1}),
-        nisa::Engine::vector);
+    b.create<nisa::CopyOp>(k.loc,
+                           k.view(ptPsum, k.index(parity * bank),
+                                  {kUnit, fullChunks * rows}, {2 * bank, 1}),
+                           k.view(pT, k.index(0), {kUnit, fullChunks * rows},
+                                  {tile.units * rows, 1}),
+                           nisa::Engine::vector);
   if (int64_t rest = width % kUnit)
-    b.create<nisa::CopyOp>(
-        k.loc,
-        k.view(ptPsum, k.index(parity * bank + fullChunks * rows), {rest, rows},
-               {2 * bank, 1}),
-        k.view(pT, k.index(fullChunks * rows), {rest, rows}, {tile.units * rows, 1}),
-        nisa::Engine::vector);
+    b.create<nisa::CopyOp>(k.loc,
+                           k.view(ptPsum,
+                                  k.index(parity * bank + fullChunks * rows),
+                                  {rest, rows}, {2 * bank, 1}),
+                           k.view(pT, k.index(fullChunks * rows), {rest, rows},
+                                  {tile.units * rows, 1}),
+                           nisa::Engine::vector);
   for (int64_t c = 0; c < tile.units; ++c) {
     int64_t keys = std::min(kUnit, width - c * kUnit);
     Value stationary =
         k.view(pT, k.index(c * rows), {keys, rows}, {tile.units * rows, 1});
-    Value moving = k.view(vS,
-                          k.addOffset(k.scale(at.unit, vDim),
-                                      kvSlot * kvUnits * vDim + c * vDim),
-                          {keys, vDim}, {vSStride, 1});
+    Value moving = k.view(
+        vS,
+        k.addOffset(k.scale(at.unit, vDim), kvSlot * kvUnits * vDim + c * vDim),
+        {keys, vDim}, {vSStride, 1});
     auto mm = b.create<nisa::MatmulOp>(k.loc, stationary, moving, oPs);
     if (c > 0)
       mm.setAccumulate(true);

@@ -64,9 +64,7 @@ private:
   friend class FlexAttentionLowering;
 
   // --- building blocks --------------------------------------------------
-  Value index(int64_t v) {
-    return b.create<arith::ConstantIndexOp>(loc, v);
-  }
+  Value index(int64_t v) { return b.create<arith::ConstantIndexOp>(loc, v); }
   Value addOffset(Value offset, int64_t c) {
     if (c == 0)
       return offset;
@@ -112,16 +110,18 @@ private:
 
   /// An on-chip tile, released at the end of the enclosing TileScope.
   Value tile(MemorySpace space, ArrayRef<int64_t> shape, Type elementType) {
-    auto type = MemRefType::get(
-        shape, elementType, MemRefLayoutAttrInterface(),
-        nisa::MemorySpaceAttr::get(b.getContext(), space));
+    auto type =
+        MemRefType::get(shape, elementType, MemRefLayoutAttrInterface(),
+                        nisa::MemorySpaceAttr::get(b.getContext(), space));
     Value t = b.create<memref::AllocOp>(loc, type);
     scopeTiles.back().push_back(t);
     return t;
   }
   struct TileScope {
     KernelLowering &k;
-    explicit TileScope(KernelLowering &k) : k(k) { k.scopeTiles.emplace_back(); }
+    explicit TileScope(KernelLowering &k) : k(k) {
+      k.scopeTiles.emplace_back();
+    }
     ~TileScope() {
       for (Value t : llvm::reverse(k.scopeTiles.back()))
         k.b.create<memref::DeallocOp>(k.loc, t);
@@ -173,11 +173,11 @@ private:
   void lowerLayout(Operation *op);
   Value resultBuffer(Value result) {
     auto it = destinations.find(result);
-    Value buffer = it != destinations.end()
-                       ? it->second
-                       : b.create<memref::AllocOp>(loc,
-                                                   hbmType(tensorType(result)))
-                             .getResult();
+    Value buffer =
+        it != destinations.end()
+            ? it->second
+            : b.create<memref::AllocOp>(loc, hbmType(tensorType(result)))
+                  .getResult();
     buffers[result] = buffer;
     return buffer;
   }
@@ -225,7 +225,6 @@ private:
   bool hadError = false; // a lowering emitted an error
 };
 
-
 inline nisa::ActivationFn activationFor(UnaryFn fn) {
   // The enums share spellings; ScalarE's table has every neuron function.
   return *nisa::symbolizeActivationFn(stringifyUnaryFn(fn));
@@ -261,7 +260,6 @@ inline nisa::AluOp aluFor(ReduceFn fn) {
   }
   llvm_unreachable("unknown reduction");
 }
-
 
 } // namespace mlir::neuron
 

@@ -341,6 +341,9 @@ class _Writer:
         except _Unencodable as e:
             self.fail(node, str(e))
             return
+        self.add_node(node, entry)
+
+    def add_node(self, node: torch.fx.Node, entry: dict[str, Any]) -> None:
         loc = source_location(node.meta.get("stack_trace"))
         if loc is not None:
             entry["loc"] = loc
@@ -388,11 +391,7 @@ class _Writer:
         except _Unencodable as e:
             self.fail(node, str(e))
             return
-        loc = source_location(node.meta.get("stack_trace"))
-        if loc is not None:
-            entry["loc"] = loc
-        self.nodes.append(entry)
-        self.multi.add(node)
+        self.add_node(node, entry)
 
     def subgraph(
         self, attr: object, what: str, indices: int, buffers: tuple[object, ...]
