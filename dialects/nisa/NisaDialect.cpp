@@ -371,40 +371,33 @@ static LogicalResult verifyAluEngine(Operation *op, Engine engine,
   return success();
 }
 
-LogicalResult TensorTensorOp::verify() {
-  if (failed(verifyAluEngine(*this, getEngine(), false)))
+/// An ALU op on two same-shape tensors `a` and `b` into `dst`; the engine
+/// streams at most one of them from PSUM.
+template <typename OpTy> static LogicalResult verifyTwoTensorAlu(OpTy op) {
+  if (failed(verifyAluEngine(op, op.getEngine(), false)))
     return failure();
-  if (failed(verifyTile(*this, getA(), "first operand")) ||
-      failed(verifyTile(*this, getB(), "second operand")) ||
-      failed(verifyTile(*this, getDst(), "destination")) ||
-      failed(verifySameShape(*this, getA(), getB(), "operands")) ||
-      failed(
-          verifySameShape(*this, getA(), getDst(), "operands and destination")))
+  if (failed(verifyTile(op, op.getA(), "first operand")) ||
+      failed(verifyTile(op, op.getB(), "second operand")) ||
+      failed(verifyTile(op, op.getDst(), "destination")) ||
+      failed(verifySameShape(op, op.getA(), op.getB(), "operands")) ||
+      failed(verifySameShape(op, op.getA(), op.getDst(),
+                             "operands and destination")))
     return failure();
-  if (getMemorySpace(memrefType(getA())) == MemorySpace::psum &&
-      getMemorySpace(memrefType(getB())) == MemorySpace::psum)
-    return emitOpError("at most one operand may be in PSUM");
+  if (getMemorySpace(memrefType(op.getA())) == MemorySpace::psum &&
+      getMemorySpace(memrefType(op.getB())) == MemorySpace::psum)
+    return op.emitOpError("at most one operand may be in PSUM");
   return success();
 }
 
+LogicalResult TensorTensorOp::verify() { return verifyTwoTensorAlu(*this); }
+
 LogicalResult ScalarTensorTensorOp::verify() {
-  if (failed(verifyAluEngine(*this, getEngine(), false)))
-    return failure();
-  if (failed(verifyTile(*this, getA(), "first operand")) ||
-      failed(verifyTile(*this, getB(), "second operand")) ||
-      failed(verifyTile(*this, getDst(), "destination")) ||
-      failed(verifySameShape(*this, getA(), getB(), "operands")) ||
-      failed(
-          verifySameShape(*this, getA(), getDst(), "operands and destination")))
+  if (failed(verifyTwoTensorAlu(*this)))
     return failure();
   if (getScalar() &&
       (failed(verifyTile(*this, getScalar(), "scalar")) ||
        failed(verifyColumn(*this, getScalar(), getA(), "scalar"))))
     return failure();
-  // Like tensor_tensor: the engine streams at most one tensor from PSUM.
-  if (getMemorySpace(memrefType(getA())) == MemorySpace::psum &&
-      getMemorySpace(memrefType(getB())) == MemorySpace::psum)
-    return emitOpError("at most one operand may be in PSUM");
   return success();
 }
 

@@ -82,6 +82,7 @@ private:
   };
 
   SmallVector<SmallVector<Kind>> unitKinds(int64_t bm, int64_t hm) const;
+  SmallVector<Operand> tableOperands(ValueRange buffers);
   SmallVector<KvTile> keyTiles(ArrayRef<Kind> row) const;
   void loadKeys(Value batchIdx, Value kvHead, int64_t slot);
   void queryHeads(Value batchIdx, Value kvHead, int64_t bm, int64_t slot);
@@ -103,13 +104,19 @@ private:
 
   KernelLowering &k;
   OpBuilder &b;
-  mutable FlexAttentionOp op;
+  FlexAttentionOp op;
   bool failed = false;
 
   int64_t batch = 0, heads = 0, kvHeads = 0, group = 0;
   int64_t qLen = 0, kvLen = 0, dim = 0, vDim = 0;
   int64_t kvUnits = 0, bank = 0, kvSlots = 1;
-  bool plainScores = false; // score_mod returns the score unchanged
+  bool plainScores = false;       // score_mod returns the score unchanged
+  SmallVector<int8_t> blockKinds; // the blocks attribute, row-major
+  ArrayRef<int64_t> blocksShape;
+  int64_t qBlock = 0, kvBlock = 0;
+  // The modifiers' arguments but the score: b, h, q_idx, kv_idx, then the
+  // captured tensors (resolved before any loop is emitted).
+  SmallVector<Operand> scoreArgs, maskArgs;
   Type inElt, f32;
   KernelLowering::Window q, key, value;
   Value out, lse;
@@ -133,14 +140,11 @@ private:
 /// a partial block).
 SmallVector<SmallVector<Kind>>
 FlexAttentionLowering::unitKinds(int64_t bm, int64_t hm) const {
-  auto blocks = cast<ElementsAttr>(op.getBlocks());
-  ArrayRef<int64_t> shape = cast<ShapedType>(blocks.getType()).getShape();
-  int64_t qb = op.getBlockSize()[0], kb = op.getBlockSize()[1];
-  SmallVector<int8_t> values;
-  for (APInt v : blocks.getValues<APInt>())
-    values.push_back((int8_t)v.getSExtValue());
+  ArrayRef<int64_t> shape = blocksShape;
+  int64_t qb = qBlock, kb = kvBlock;
   auto at = [&](int64_t i, int64_t j) {
-    return (Kind)values[((bm * shape[1] + hm) * shape[2] + i) * shape[3] + j];
+    return (
+        Kind)blockKinds[((bm * shape[1] + hm) * shape[2] + i) * shape[3] + j];
   };
   int64_t qTiles = (qLen + kUnit - 1) / kUnit;
   SmallVector<SmallVector<Kind>> kinds(
@@ -500,6 +504,26 @@ void FlexAttentionLowering::loadKeys(Value batchIdx, Value kvHead,
   }
 }
 
+/// Captured tensors as flat tables: their buffers, contiguous (a strided
+/// window is copied once, here, outside every loop).
+SmallVector<Operand> FlexAttentionLowering::tableOperands(ValueRange buffers) {
+  SmallVector<Operand> tables;
+  for (Value buffer : buffers) {
+    KernelLowering::Window w = k.windowOf(buffer);
+    Operand v;
+    v.kind = Operand::table;
+    v.buffer = w.buffer;
+    v.offset = w.offset;
+    v.elements = tensorType(buffer).getNumElements();
+    if (w.strides != contiguousStrides(tensorType(buffer).getShape())) {
+      v.buffer = k.bufferOf(buffer);
+      v.offset = 0;
+    }
+    tables.push_back(v);
+  }
+  return tables;
+}
+
 LogicalResult FlexAttentionLowering::run() {
   auto qType = tensorType(op.getQuery()), kType = tensorType(op.getKey()),
        vType = tensorType(op.getValue());
@@ -534,6 +558,22 @@ LogicalResult FlexAttentionLowering::run() {
            << kvLen << " rows do not fit in SBUF (streaming them is not "
            << "supported yet)";
 
+  auto blocks = cast<ElementsAttr>(op.getBlocks());
+  blocksShape = cast<ShapedType>(blocks.getType()).getShape();
+  for (APInt v : blocks.getValues<APInt>())
+    blockKinds.push_back((int8_t)v.getSExtValue());
+  qBlock = op.getBlockSize()[0];
+  kvBlock = op.getBlockSize()[1];
+  for (Affine a : {Affine{0, 1, 0, 0, 0}, Affine{0, 0, 1, 0, 0},
+                   Affine{0, 0, 0, 1, 0}, Affine{0, 0, 0, 0, 1}}) {
+    Operand index;
+    index.kind = Operand::index;
+    index.affine = a;
+    scoreArgs.push_back(index);
+  }
+  maskArgs = scoreArgs;
+  scoreArgs.append(tableOperands(op.getScoreBuffers()));
+  maskArgs.append(tableOperands(op.getMaskBuffers()));
   q = k.windowOf(op.getQuery());
   key = k.windowOf(op.getKey());
   value = k.windowOf(op.getValue());
@@ -572,7 +612,6 @@ LogicalResult FlexAttentionLowering::run() {
   kT = k.tile(MemorySpace::sbuf, {dim, kTStride}, inElt);
   vS = k.tile(MemorySpace::sbuf, {kUnit, vSStride}, inElt);
 
-  auto blocksShape = cast<ShapedType>(op.getBlocks().getType()).getShape();
   bool perBatch = blocksShape[0] != 1, perHead = blocksShape[1] != 1;
   // Batches and key heads with one block structure run in loops (per-head
   // structures unroll the heads); the next key head's K and V load into
@@ -609,7 +648,7 @@ LogicalResult FlexAttentionLowering::run() {
 /// The query heads of one key head, against its K^T and V in `slot`.
 void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
                                        int64_t slot) {
-  bool perHead = cast<ShapedType>(op.getBlocks().getType()).getShape()[1] != 1;
+  bool perHead = blocksShape[1] != 1;
   auto body = [&](Value g, int64_t hm) {
     Value h = k.addOffsets(k.scale(kvHead, group), g);
     SmallVector<SmallVector<Kind>> kinds = unitKinds(bm, hm);
@@ -754,50 +793,21 @@ void FlexAttentionLowering::keyStep(const Step &at, const KvTile &tile,
     b.create<nisa::ActivationOp>(k.loc, s, sc, Value(),
                                  nisa::ActivationFn::identity, APFloat(scale),
                                  APFloat(0.0));
-    Step idx = at;
-    auto indices = [&](SmallVector<Operand> &args) {
-      for (int which = 0; which < 4; ++which) {
-        Operand v;
-        v.kind = Operand::index;
-        (which == 0   ? v.affine.cb
-         : which == 1 ? v.affine.ch
-         : which == 2 ? v.affine.cq
-                      : v.affine.ckv) = 1;
-        args.push_back(v);
-      }
-    };
-    auto tables = [&](SmallVector<Operand> &args, ValueRange buffers) {
-      for (Value buffer : buffers) {
-        KernelLowering::Window w = k.windowOf(buffer);
-        Operand v;
-        v.kind = Operand::table;
-        v.buffer = w.buffer;
-        v.offset = w.offset;
-        v.elements = tensorType(buffer).getNumElements();
-        if (w.strides != contiguousStrides(tensorType(buffer).getShape()))
-          v.buffer = k.bufferOf(buffer), v.offset = 0;
-        args.push_back(v);
-      }
-    };
     if (!plainScores) {
       Operand score;
       score.kind = Operand::full;
       score.tile = sc;
       SmallVector<Operand> args{score};
-      indices(args);
-      tables(args, op.getScoreBuffers());
-      FailureOr<Operand> r = modifier(op.getScoreMod(), args, idx);
+      args.append(scoreArgs);
+      FailureOr<Operand> r = modifier(op.getScoreMod(), args, at);
       if (::mlir::failed(r)) {
         failed = true;
         return;
       }
-      sc = materialize(*r, idx, true);
+      sc = materialize(*r, at, true);
     }
     if (tile.partial) {
-      SmallVector<Operand> args;
-      indices(args);
-      tables(args, op.getMaskBuffers());
-      FailureOr<Operand> r = modifier(op.getMaskMod(), args, idx);
+      FailureOr<Operand> r = modifier(op.getMaskMod(), maskArgs, at);
       if (::mlir::failed(r)) {
         failed = true;
         return;
@@ -808,7 +818,7 @@ void FlexAttentionLowering::keyStep(const Step &at, const KvTile &tile,
         if (r->kind == Operand::imm)
           b.create<nisa::CopyOp>(k.loc, inf, masked);
         else
-          b.create<nisa::SelectOp>(k.loc, materialize(*r, idx, true), sc, inf,
+          b.create<nisa::SelectOp>(k.loc, materialize(*r, at, true), sc, inf,
                                    masked);
         sc = masked;
       }

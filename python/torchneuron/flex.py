@@ -12,6 +12,7 @@ compiled: the backend compiles one kernel per distinct BlockMask it is called wi
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 
@@ -168,17 +169,12 @@ class BlockMaskValues:
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 env[node] = next(inputs)
-            if node not in env and node in self.nodes:
-                fetch = torch.fx.node.map_arg  # resolves nested node arguments
-                a = fetch(node.args, lambda n: env[n])
-                kw = fetch(node.kwargs, lambda n: env[n])
-                if node.op == "get_attr":
-                    obj: object = self.gm
-                    for part in str(node.target).split("."):
-                        obj = getattr(obj, part)
-                    env[node] = obj
-                else:
-                    env[node] = node.target(*a, **kw)  # type: ignore[operator]
+            elif node.op == "get_attr" and node in self.nodes:
+                env[node] = operator.attrgetter(str(node.target))(self.gm)
+            elif node in self.nodes:
+                args_ = torch.fx.node.map_arg(node.args, env.__getitem__)
+                kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
+                env[node] = node.target(*args_, **kwargs)  # type: ignore[operator]
         values = {n.name: v for n in self.wanted if isinstance(v := env[n], torch.Tensor)}
         if self.constant:
             self.cached = values

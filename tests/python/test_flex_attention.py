@@ -240,3 +240,22 @@ def test_block_mask_change_recompiles() -> None:
     # One kernel per block structure (whether Dynamo or the backend recompiles).
     assert torchneuron.stats()["graphs_compiled"] >= 2
     assert torchneuron.stats()["ops_fallback"] == {}
+
+
+def test_captured_view_of_a_table() -> None:
+    # The score_mod reads a transposed view computed in the graph: the kernel makes it
+    # contiguous once, before its loops.
+    q, k, v = qkv(1, 2, 256, 32, torch.float32)
+    table = torch.randn(256, 2, generator=torch.Generator().manual_seed(2))
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
+        per_head = table.t() * 2.0
+
+        def bias(score: Any, b: Any, h: Any, qi: Any, kv: Any) -> Any:
+            return score + per_head[h, kv]
+
+        return flex_attention(q, k, v, score_mod=bias)
+
+    out = torch.compile(attend, backend="neuron", fullgraph=True)(q, k, v)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    torch.testing.assert_close(out, attend(q, k, v), atol=2e-5, rtol=2e-5)
