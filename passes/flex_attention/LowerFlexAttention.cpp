@@ -81,19 +81,62 @@ private:
     int64_t rows = 0, width = 0;
   };
 
+  /// A key step in a lane's stream: key tile `keys` of query tile `q`.
+  struct LaneStep {
+    int64_t q;
+    KvTile keys;
+    int64_t set;      // the query tile's state set (alternates in a lane)
+    bool first, last; // the query tile's first / last key step
+  };
+  using Lane = SmallVector<LaneStep>;
+
+  /// A lane's step during emission: which, where, and its buffer parity.
+  struct Cursor {
+    int64_t lane;
+    const LaneStep *step;
+    Step at;
+    int64_t parity;
+  };
+
   SmallVector<SmallVector<Kind>> unitKinds(int64_t bm, int64_t hm) const;
   SmallVector<Operand> tableOperands(ValueRange buffers);
   SmallVector<KvTile> keyTiles(ArrayRef<Kind> row) const;
-  void loadKeys(Value batchIdx, Value kvHead, int64_t slot);
+  SmallVector<Lane> laneStreams(ArrayRef<SmallVector<Kind>> kinds,
+                                SmallVectorImpl<int64_t> &empty) const;
+  bool sameRound(ArrayRef<Lane> lanes, int64_t r, int64_t r2) const;
+
+  // The kernel.
+  void loadRows(Value buffer, Value base, int64_t rowStride,
+                int64_t eltStride, int64_t len, int64_t width, Value dst,
+                int64_t dstStride, int64_t dstCol);
+  void loadHead(Value batchIdx, Value kvHead, int64_t slot);
+  void transposeRows(Value raw, int64_t rawStride, int64_t rawCol,
+                     int64_t len, Value dst, int64_t dstStride,
+                     int64_t dstCol);
+  void transposeHead(int64_t slot);
   void queryHeads(Value batchIdx, Value kvHead, int64_t bm, int64_t slot);
-  void queryTile(const Step &at, int64_t slot, ArrayRef<KvTile> tiles);
-  void keyStep(const Step &at, const KvTile &tile, int64_t parity, Value qTs,
-               Value negmOld, Value negmNew, Value ls, Value os);
+  void emptyTile(const Step &at);
+  void round(const Step &head, Value qTHead, ArrayRef<Lane> lanes, int64_t r,
+             Value rIdx, int64_t parity, bool affine);
+  Value queryT(const Cursor &c, Value qTHead);
+  void startTile(const Cursor &c);
+  void scores(const Cursor &c, Value qTs);
+  void rowMax(const Cursor &c);
+  void emitRowMax(const Cursor &c, Value src);
+  Value probabilities(const Cursor &c);
+  void rescaleFactor(const Cursor &c);
+  void finishTile(const Cursor &c);
+
+  // Per-lane buffers.
+  Value psumBank(int64_t bank, int64_t rows, int64_t cols);
+  Value column(Value t, int64_t i, int64_t rows);
+  Value scoresOf(const Cursor &c);
+  Value expSource(const Cursor &c);
+  Value negmOf(int64_t lane, int64_t parity, int64_t rows);
+
   void scalarTensorTensor(Value a, Value sCol, double sImm, nisa::AluOp op0,
                           Value other, nisa::AluOp op1, Value dst,
                           nisa::Engine engine);
-  void expWithRowSum(Value src, Value p, double scale, Value bias,
-                     Value rowSums);
 
   // Modifiers.
   FailureOr<Operand> modifier(Region &region, ArrayRef<Operand> args,
@@ -109,8 +152,10 @@ private:
 
   int64_t batch = 0, heads = 0, kvHeads = 0, group = 0;
   int64_t qLen = 0, kvLen = 0, dim = 0, vDim = 0;
-  int64_t kvUnits = 0, bank = 0, kvSlots = 1;
-  bool plainScores = false;       // score_mod returns the score unchanged
+  int64_t qUnits = 0, kvUnits = 0, bank = 0, kvSlots = 1;
+  double scale = 1.0;
+  bool plainScores = false; // score_mod returns the score unchanged
+  bool scaleOnExp = false;  // the softmax scale rides on exp (plain scores)
   SmallVector<int8_t> blockKinds; // the blocks attribute, row-major
   ArrayRef<int64_t> blocksShape;
   int64_t qBlock = 0, kvBlock = 0;
@@ -121,14 +166,26 @@ private:
   KernelLowering::Window q, key, value;
   Value out, lse;
   SmallVector<int64_t> outStrides, lseStrides;
-  // Kernel-wide tiles; the pairs alternate between consecutive query tiles
-  // or key steps so they overlap.
-  Value ident, negInf;
-  Value scorePsum, ptPsum, outPsum, miscPsum;
-  Value qIn, qT, oOut, negm, l, o, lc, lseTile;
-  Value kT, vS; // K^T [dim, slots x keys], V [128, slots x units x vDim]
-  int64_t kTStride = 0, vSStride = 0;
-  int64_t kvSlot = 0; // the slot of the key head being computed
+
+  // `lanes` query tiles run interleaved stage by stage, so one tile's
+  // softmax overlaps another's matmuls. Per lane, buffers of consecutive
+  // key steps alternate (parity) and so do the states of consecutive query
+  // tiles (set). PSUM: per lane two score banks, one P^T bank, one O bank.
+  int64_t lanes = 1;
+  Value psum;
+  Value ident, negInf, negmInit;
+  Value negm, alpha;                 // [128, lanes x 2 parities]
+  Value l, o, oOut, lseTile;         // per lane x 2 sets
+  Value expSrc;                      // [128, lanes x 2 parities x bank]
+  int64_t transposeBank = 0;         // round robin over the score banks
+  // K^T [dim, slots x keys], V [128, slots x units x vDim] and, when
+  // `qResident`, Q^T of the key head's query heads [dim, slots x group x
+  // queries]; raw K and Q rows stage their transposes.
+  bool qResident = false;
+  Value kT, vS, qT, kRaw, qRaw;
+  int64_t kTStride = 0, vSStride = 0, qTStride = 0;
+  Value qLaneIn, qLaneT; // per query tile Q when not resident
+  int64_t kvSlot = 0;    // the slot of the key head being computed
 };
 
 //===----------------------------------------------------------------------===//
@@ -442,66 +499,89 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
 // The kernel
 //===----------------------------------------------------------------------===//
 
-/// K^T [dim, keys] and V [128 keys, units x vDim] of one (batch, key head)
-/// into slot `slot`: one DMA each (on ScalarE's queue, so they never wait
-/// behind the query tiles' transfers), K transposed on TensorE.
-void FlexAttentionLowering::loadKeys(Value batchIdx, Value kvHead,
+/// Rows [0, len) of a [len, width] window of `buffer` at `base` into `dst`,
+/// a unit of 128 rows per `width` columns from `dstCol` (row r of unit u on
+/// partition r): one DMA for the full units and one for the rest, on
+/// ScalarE's queue so they never wait behind the output stores.
+void FlexAttentionLowering::loadRows(Value buffer, Value base,
+                                     int64_t rowStride, int64_t eltStride,
+                                     int64_t len, int64_t width, Value dst,
+                                     int64_t dstStride, int64_t dstCol) {
+  int64_t fullUnits = len / kUnit, rest = len % kUnit;
+  auto load = [&](Value src, Value to) {
+    b.create<nisa::DmaCopyOp>(k.loc, src, to, nisa::Engine::scalar);
+  };
+  if (fullUnits)
+    load(k.view(buffer, base, {kUnit, fullUnits, width},
+                {rowStride, kUnit * rowStride, eltStride}),
+         k.view(dst, k.index(dstCol), {kUnit, fullUnits, width},
+                {dstStride, width, 1}));
+  if (rest)
+    load(k.view(buffer, k.addOffset(base, fullUnits * kUnit * rowStride),
+                {rest, width}, {rowStride, eltStride}),
+         k.view(dst, k.index(dstCol + fullUnits * width), {rest, width},
+                {dstStride, 1}));
+}
+
+/// The DMAs of one (batch, key head) into slot `slot`: V in place, K (and
+/// Q of its query heads when resident) as rows for transposeHead.
+void FlexAttentionLowering::loadHead(Value batchIdx, Value kvHead,
                                      int64_t slot) {
-  int64_t fullUnits = kvLen / kUnit, rest = kvLen % kUnit;
-  auto base = [&](const KernelLowering::Window &w) {
+  auto base = [&](const KernelLowering::Window &w, Value head) {
     return k.addOffsets(k.addOffset(k.scale(batchIdx, w.strides[0]), w.offset),
-                        k.scale(kvHead, w.strides[1]));
+                        k.scale(head, w.strides[1]));
   };
-  Value kBase = base(key), vBase = base(value);
-  int64_t ks = key.strides[2], kd = key.strides[3];
-  int64_t vs = value.strides[2], vd = value.strides[3];
-  KernelLowering::TileScope scope(k);
-  // K rows land on the partitions (unit u at columns u * dim), as V's do.
-  Value kIn = k.tile(MemorySpace::sbuf, {kUnit, kvUnits * dim}, inElt);
-  int64_t vAt = slot * kvUnits * vDim;
-  auto load = [&](Value src, Value dst) {
-    b.create<nisa::DmaCopyOp>(k.loc, src, dst, nisa::Engine::scalar);
-  };
-  if (fullUnits) {
-    load(k.view(key.buffer, kBase, {kUnit, fullUnits, dim},
-                {ks, kUnit * ks, kd}),
-         k.view(kIn, k.index(0), {kUnit, fullUnits, dim},
-                {kvUnits * dim, dim, 1}));
-    load(k.view(value.buffer, vBase, {kUnit, fullUnits, vDim},
-                {vs, kUnit * vs, vd}),
-         k.view(vS, k.index(vAt), {kUnit, fullUnits, vDim},
-                {vSStride, vDim, 1}));
-  }
-  if (rest) {
-    load(
-        k.view(key.buffer, k.addOffset(kBase, fullUnits * kUnit * ks),
-               {rest, dim}, {ks, kd}),
-        k.view(kIn, k.index(fullUnits * dim), {rest, dim}, {kvUnits * dim, 1}));
-    load(k.view(value.buffer, k.addOffset(vBase, fullUnits * kUnit * vs),
-                {rest, vDim}, {vs, vd}),
-         k.view(vS, k.index(vAt + fullUnits * vDim), {rest, vDim},
-                {vSStride, 1}));
-  }
-  // A PSUM bank takes four transposed units; one copy per bank.
+  loadRows(key.buffer, base(key, kvHead), key.strides[2], key.strides[3],
+           kvLen, dim, kRaw, kvUnits * dim, 0);
+  loadRows(value.buffer, base(value, kvHead), value.strides[2],
+           value.strides[3], kvLen, vDim, vS, vSStride,
+           slot * kvUnits * vDim);
+  if (!qResident)
+    return;
+  for (int64_t g = 0; g < group; ++g)
+    loadRows(q.buffer, base(q, k.addOffset(k.scale(kvHead, group), g)),
+             q.strides[2], q.strides[3], qLen, dim, qRaw,
+             group * qUnits * dim, g * qUnits * dim);
+}
+
+/// Rows [0, len) staged by loadRows in `raw` (from rawCol) -> their
+/// transpose in columns [dstCol, + len) of `dst`: TensorE transposes, four
+/// units per PSUM bank, the banks rotating (and their copies alternating
+/// between VectorE and ScalarE) so transposes and copies overlap.
+void FlexAttentionLowering::transposeRows(Value raw, int64_t rawStride,
+                                          int64_t rawCol, int64_t len,
+                                          Value dst, int64_t dstStride,
+                                          int64_t dstCol) {
+  int64_t units = (len + kUnit - 1) / kUnit;
   int64_t perBank = std::max<int64_t>(1, bank / kUnit);
-  for (int64_t u0 = 0; u0 < kvUnits; u0 += perBank) {
-    int64_t n = std::min(perBank, kvUnits - u0);
-    int64_t cols = std::min(kvLen, (u0 + n) * kUnit) - u0 * kUnit;
-    int64_t at = ((u0 / perBank) % 2) * bank;
+  for (int64_t u0 = 0; u0 < units; u0 += perBank) {
+    int64_t n = std::min(perBank, units - u0);
+    int64_t cols = std::min(len, (u0 + n) * kUnit) - u0 * kUnit;
+    int64_t at = transposeBank++ % (2 * lanes);
     for (int64_t u = u0; u < u0 + n; ++u) {
-      int64_t rows = std::min(kUnit, kvLen - u * kUnit);
+      int64_t rows = std::min(kUnit, len - u * kUnit);
       b.create<nisa::MatmulOp>(
-          k.loc, k.view(kIn, k.index(u * dim), {rows, dim}, {kvUnits * dim, 1}),
+          k.loc,
+          k.view(raw, k.index(rawCol + u * dim), {rows, dim}, {rawStride, 1}),
           k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}),
-          k.view(miscPsum, k.index(at + (u - u0) * kUnit), {dim, rows},
-                 {2 * bank, 1}));
+          k.view(psum, k.index(at * bank + (u - u0) * kUnit), {dim, rows},
+                 {4 * lanes * bank, 1}));
     }
     b.create<nisa::CopyOp>(
-        k.loc, k.view(miscPsum, k.index(at), {dim, cols}, {2 * bank, 1}),
-        k.view(kT, k.index(slot * kvUnits * kUnit + u0 * kUnit), {dim, cols},
-               {kTStride, 1}),
-        (u0 / perBank) % 2 ? nisa::Engine::scalar : nisa::Engine::vector);
+        k.loc, psumBank(at, dim, cols),
+        k.view(dst, k.index(dstCol + u0 * kUnit), {dim, cols}, {dstStride, 1}),
+        at % 2 ? nisa::Engine::scalar : nisa::Engine::vector);
   }
+}
+
+/// K^T (and Q^T when resident) of the key head loaded into `slot`.
+void FlexAttentionLowering::transposeHead(int64_t slot) {
+  transposeRows(kRaw, kvUnits * dim, 0, kvLen, kT, kTStride,
+                slot * kvUnits * kUnit);
+  if (qResident)
+    for (int64_t g = 0; g < group; ++g)
+      transposeRows(qRaw, group * qUnits * dim, g * qUnits * dim, qLen, qT,
+                    qTStride, (slot * group + g) * qLen);
 }
 
 /// Captured tensors as flat tables: their buffers, contiguous (a strided
@@ -535,28 +615,51 @@ LogicalResult FlexAttentionLowering::run() {
   group = heads / kvHeads;
   kvLen = kType.getDimSize(2);
   vDim = vType.getDimSize(3);
+  qUnits = (qLen + kUnit - 1) / kUnit;
   kvUnits = (kvLen + kUnit - 1) / kUnit;
   bank = k.target.psumBankBytes / 4; // fp32 columns per PSUM bank
   inElt = qType.getElementType();
   f32 = b.getF32Type();
+  scale = op.getScale().convertToDouble();
   Block &scoreBody = op.getScoreMod().front();
   plainScores = cast<YieldOp>(scoreBody.getTerminator()).getValues()[0] ==
                 scoreBody.getArgument(0);
+  scaleOnExp = plainScores && scale > 0;
   if (dim > k.target.matmulMaxK || vDim > bank)
     return op.emitOpError("head dims above ")
            << k.target.matmulMaxK << " (query and key) or " << bank
            << " (value) are not supported";
   if (qLen == 0 || kvLen == 0 || batch == 0 || heads == 0)
     return op.emitOpError("has an empty dimension");
-  int64_t eltBytes = std::max<int64_t>(1, qType.getElementTypeBitWidth() / 8);
-  // K^T and V of two key heads (the next loads while this one computes)
-  // when they fit in half of SBUF.
-  int64_t kvBytes = kvUnits * (kUnit + vDim) * eltBytes;
-  kvSlots = 2 * kvBytes <= k.target.sbufBytesPerPartition / 2 ? 2 : 1;
-  if (kvSlots * kvBytes > k.target.sbufBytesPerPartition * 3 / 4)
+  // Two lanes need eight PSUM banks (two for scores, one for P^T and one
+  // for O each).
+  lanes = 4 * 2 <= k.target.psumBanks ? 2 : 1;
+  // SBUF: per key-head slot K^T, V and (resident) Q^T of its query heads;
+  // once, the K (and Q) rows the transposes read. Two slots let the next
+  // key head load while this one computes; resident Q^T saves a load and
+  // transpose in front of every query tile. The rest of the kernel's tiles
+  // fit in the remaining quarter.
+  int64_t elt = std::max<int64_t>(1, qType.getElementTypeBitWidth() / 8);
+  int64_t kvBytes = (kvLen + kvUnits * vDim) * elt;
+  int64_t qBytes = group * qLen * elt;
+  int64_t kRawBytes = kvUnits * dim * elt, qRawBytes = group * qUnits * dim * elt;
+  int64_t budget = k.target.sbufBytesPerPartition * 3 / 4;
+  auto fits = [&](int64_t slots, bool resident) {
+    return slots * (kvBytes + (resident ? qBytes : 0)) + kRawBytes +
+               (resident ? qRawBytes : 0) <=
+           budget;
+  };
+  std::pair<int64_t, bool> choices[] = {
+      {2, true}, {1, true}, {2, false}, {1, false}};
+  auto choice = llvm::find_if(choices, [&](const std::pair<int64_t, bool> &c) {
+    return fits(c.first, c.second);
+  });
+  if (choice == std::end(choices))
     return op.emitOpError("keys of ")
            << kvLen << " rows do not fit in SBUF (streaming them is not "
            << "supported yet)";
+  kvSlots = choice->first;
+  qResident = choice->second;
 
   auto blocks = cast<ElementsAttr>(op.getBlocks());
   blocksShape = cast<ShapedType>(blocks.getType()).getShape();
@@ -595,45 +698,58 @@ LogicalResult FlexAttentionLowering::run() {
   negInf = k.tile(MemorySpace::sbuf, {kUnit, bank}, f32);
   b.create<nisa::MemsetOp>(k.loc, negInf,
                            APFloat(-std::numeric_limits<float>::infinity()));
-  scorePsum = k.tile(MemorySpace::psum, {kUnit, 2 * bank}, f32);
-  ptPsum = k.tile(MemorySpace::psum, {kUnit, 2 * bank}, f32);
-  outPsum = k.tile(MemorySpace::psum, {kUnit, 2 * bank}, f32);
-  miscPsum = k.tile(MemorySpace::psum, {kUnit, 2 * bank}, f32);
-  qIn = k.tile(MemorySpace::sbuf, {kUnit, 2 * dim}, inElt);
-  qT = k.tile(MemorySpace::sbuf, {dim, 2 * kUnit}, inElt);
-  negm = k.tile(MemorySpace::sbuf, {kUnit, 4}, f32); // two per query slot
-  l = k.tile(MemorySpace::sbuf, {kUnit, 2}, f32);
-  lc = k.tile(MemorySpace::sbuf, {kUnit, 2}, f32);
-  lseTile = k.tile(MemorySpace::sbuf, {kUnit, 2}, f32);
-  o = k.tile(MemorySpace::sbuf, {kUnit, 2 * vDim}, f32);
-  oOut = k.tile(MemorySpace::sbuf, {kUnit, 2 * vDim}, inElt);
+  // -max starts huge but finite: exp(s - max) of a masked -inf score is 0,
+  // never NaN.
+  negmInit = k.tile(MemorySpace::sbuf, {kUnit, 1}, f32);
+  b.create<nisa::MemsetOp>(k.loc, negmInit,
+                           APFloat(std::numeric_limits<float>::max()));
+  psum = k.tile(MemorySpace::psum, {kUnit, 4 * lanes * bank}, f32);
+  negm = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
+  alpha = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
+  l = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
+  lseTile = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
+  o = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * vDim}, f32);
+  oOut = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * vDim}, inElt);
+  expSrc = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * bank}, f32);
   kTStride = kvSlots * kvUnits * kUnit;
   vSStride = kvSlots * kvUnits * vDim;
   kT = k.tile(MemorySpace::sbuf, {dim, kTStride}, inElt);
   vS = k.tile(MemorySpace::sbuf, {kUnit, vSStride}, inElt);
+  kRaw = k.tile(MemorySpace::sbuf, {kUnit, kvUnits * dim}, inElt);
+  if (qResident) {
+    qTStride = kvSlots * group * qLen;
+    qT = k.tile(MemorySpace::sbuf, {dim, qTStride}, inElt);
+    qRaw = k.tile(MemorySpace::sbuf, {kUnit, group * qUnits * dim}, inElt);
+  } else {
+    qLaneIn = k.tile(MemorySpace::sbuf, {kUnit, lanes * dim}, inElt);
+    qLaneT = k.tile(MemorySpace::sbuf, {dim, 2 * lanes * kUnit}, inElt);
+  }
 
   bool perBatch = blocksShape[0] != 1, perHead = blocksShape[1] != 1;
   // Batches and key heads with one block structure run in loops (per-head
-  // structures unroll the heads); the next key head's K and V load into
-  // the other slot while this one computes.
+  // structures unroll the heads). The next key head's DMAs are issued
+  // before this one computes, its transposes after.
   for (int64_t bm = 0; bm < blocksShape[0]; ++bm) {
     auto batchBody = [&](Value batchIdx) {
+      auto head = [&](Value h, int64_t slot) {
+        loadHead(batchIdx, h, slot);
+        transposeHead(slot);
+        queryHeads(batchIdx, h, bm, slot);
+      };
       if (perHead || kvSlots == 1) {
-        auto each = [&](Value h) {
-          loadKeys(batchIdx, h, 0);
-          queryHeads(batchIdx, h, bm, 0);
-        };
         if (perHead)
           for (int64_t h = 0; h < kvHeads; ++h)
-            each(k.index(h));
+            head(k.index(h), 0);
         else
-          k.forEach(kvHeads, each);
+          k.forEach(kvHeads, [&](Value h) { head(h, 0); });
         return;
       }
-      loadKeys(batchIdx, k.index(0), 0);
+      loadHead(batchIdx, k.index(0), 0);
+      transposeHead(0);
       k.forEachRotating(0, kvHeads - 1, 2, [&](Value h, int64_t slot) {
-        loadKeys(batchIdx, k.addOffset(h, 1), 1 - slot);
+        loadHead(batchIdx, k.addOffset(h, 1), 1 - slot);
         queryHeads(batchIdx, h, bm, slot);
+        transposeHead(1 - slot);
       });
       queryHeads(batchIdx, k.index(kvHeads - 1), bm, (kvHeads - 1) % 2);
     };
@@ -645,31 +761,90 @@ LogicalResult FlexAttentionLowering::run() {
   return failure(failed);
 }
 
+/// The query tiles of one query head as `lanes` streams of key steps, each
+/// query tile in the lane with the fewest steps so far. Query tiles without
+/// any key go to `empty`.
+SmallVector<FlexAttentionLowering::Lane>
+FlexAttentionLowering::laneStreams(ArrayRef<SmallVector<Kind>> kinds,
+                                   SmallVectorImpl<int64_t> &empty) const {
+  SmallVector<Lane> streams(lanes);
+  SmallVector<int64_t> tilesIn(lanes, 0);
+  for (int64_t t = 0; t < (int64_t)kinds.size(); ++t) {
+    SmallVector<KvTile> tiles = keyTiles(kinds[t]);
+    if (tiles.empty()) {
+      empty.push_back(t);
+      continue;
+    }
+    Lane &lane = *llvm::min_element(streams, [](const Lane &a, const Lane &c) {
+      return a.size() < c.size();
+    });
+    int64_t set = tilesIn[&lane - streams.data()]++ % 2;
+    for (size_t i = 0; i < tiles.size(); ++i)
+      lane.push_back({t, tiles[i], set, i == 0, i + 1 == tiles.size()});
+  }
+  return streams;
+}
+
+/// Whether round r2 does what round r does, shifted by r2 - r key tiles in
+/// every lane (so rounds r..r2 can be one loop).
+bool FlexAttentionLowering::sameRound(ArrayRef<Lane> lanes, int64_t r,
+                                      int64_t r2) const {
+  for (const Lane &lane : lanes) {
+    int64_t n = lane.size();
+    for (int64_t s : {r, r + 1}) {
+      int64_t s2 = s + (r2 - r);
+      if ((s < n) != (s2 < n))
+        return false;
+      if (s >= n)
+        continue;
+      const LaneStep &a = lane[s], &c = lane[s2];
+      if (a.q != c.q || !a.keys.sameShape(c.keys) || a.first != c.first ||
+          a.last != c.last ||
+          c.keys.firstUnit != a.keys.firstUnit + (r2 - r) * a.keys.units)
+        return false;
+    }
+  }
+  return true;
+}
+
 /// The query heads of one key head, against its K^T and V in `slot`.
 void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
                                        int64_t slot) {
   bool perHead = blocksShape[1] != 1;
   auto body = [&](Value g, int64_t hm) {
-    Value h = k.addOffsets(k.scale(kvHead, group), g);
-    SmallVector<SmallVector<Kind>> kinds = unitKinds(bm, hm);
-    int64_t qTiles = kinds.size();
-    // Query tiles with the same key units (and rows) run in one loop.
-    for (int64_t t = 0; t < qTiles;) {
-      SmallVector<KvTile> tiles = keyTiles(kinds[t]);
-      int64_t rows = std::min(kUnit, qLen - t * kUnit);
-      int64_t run = t + 1;
-      while (run < qTiles && kinds[run] == kinds[t] &&
-             std::min(kUnit, qLen - run * kUnit) == rows)
-        ++run;
-      k.forEachRotating(t, run - t, 2, [&](Value ti, int64_t parity) {
-        Step at;
-        at.batch = batchIdx;
-        at.head = h;
-        at.q0 = k.scale(ti, kUnit);
-        at.rows = rows;
-        queryTile(at, parity, tiles);
-      });
-      t = run;
+    Step head;
+    head.batch = batchIdx;
+    head.head = k.addOffsets(k.scale(kvHead, group), g);
+    Value qTHead = qResident ? k.addOffset(k.scale(g, qLen),
+                                           slot * group * qLen)
+                             : Value();
+    SmallVector<int64_t> empty;
+    SmallVector<Lane> streams = laneStreams(unitKinds(bm, hm), empty);
+    for (int64_t t : empty) {
+      Step at = head;
+      at.q0 = k.index(t * kUnit);
+      at.rows = std::min(kUnit, qLen - t * kUnit);
+      emptyTile(at);
+    }
+    // Round r computes the scores of step r + 1 and finishes step r of
+    // every lane; rounds that repeat with shifted keys run in loops.
+    int64_t rounds = 0;
+    for (const Lane &lane : streams)
+      rounds = std::max<int64_t>(rounds, lane.size());
+    round(head, qTHead, streams, -1, Value(), 1, false);
+    for (int64_t r = 0; r < rounds;) {
+      int64_t len = 1;
+      while (r + len < rounds && sameRound(streams, r, r + len))
+        ++len;
+      if (len >= 4) {
+        k.forEachRotating(r, len, 2, [&](Value idx, int64_t parity) {
+          round(head, qTHead, streams, r, idx, parity, true);
+        });
+      } else {
+        for (int64_t i = r; i < r + len; ++i)
+          round(head, qTHead, streams, i, k.index(i), i % 2, false);
+      }
+      r += len;
     }
   };
   kvSlot = slot;
@@ -684,115 +859,222 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
   }
 }
 
-/// One query tile: Q^T, its key steps, then out = O / l and the lse.
-void FlexAttentionLowering::queryTile(const Step &at, int64_t slot,
-                                      ArrayRef<KvTile> tiles) {
-  int64_t rows = at.rows;
-  Value qOffset = k.addOffsets(
-      k.addOffsets(k.addOffset(k.scale(at.batch, q.strides[0]), q.offset),
-                   k.scale(at.head, q.strides[1])),
-      k.scale(at.q0, q.strides[2]));
-  Value qTile = k.view(qIn, k.index(slot * dim), {rows, dim}, {2 * dim, 1});
-  k.dma(k.view(q.buffer, qOffset, {rows, dim}, {q.strides[2], q.strides[3]}),
-        qTile);
-  Value qPs =
-      k.view(miscPsum, k.index(slot * bank), {dim, rows}, {2 * bank, 1});
-  b.create<nisa::MatmulOp>(
-      k.loc, qTile, k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}), qPs);
-  Value qTs = k.view(qT, k.index(slot * kUnit), {dim, rows}, {2 * kUnit, 1});
-  b.create<nisa::CopyOp>(k.loc, qPs, qTs, nisa::Engine::scalar);
-  auto column = [&](Value t, int64_t i, int64_t n) {
-    return k.view(t, k.index(i), {rows, 1}, {n, 1});
-  };
-  // This slot's running state: -max (two, alternating between key steps),
-  // the row sums and the unnormalized output.
-  Value ls = column(l, slot, 2);
-  Value os = k.view(o, k.index(slot * vDim), {rows, vDim}, {2 * vDim, 1});
-  Value negms[2] = {column(negm, 2 * slot, 4), column(negm, 2 * slot + 1, 4)};
-  // -max starts huge but finite: exp(s - max) of a masked -inf score is 0,
-  // never NaN, and the first step's rescale factor exp(-huge) is 0.
-  b.create<nisa::MemsetOp>(k.loc, negms[0],
-                           APFloat(std::numeric_limits<float>::max()));
-  b.create<nisa::MemsetOp>(k.loc, ls, APFloat(0.0));
-  b.create<nisa::MemsetOp>(k.loc, os, APFloat(0.0));
-  // Key tiles of one shape at consecutive units run in one loop.
-  int64_t steps = 0;
-  for (size_t i = 0; i < tiles.size();) {
-    size_t j = i + 1;
-    while (j < tiles.size() && tiles[j].sameShape(tiles[i]) &&
-           tiles[j].firstUnit == tiles[j - 1].firstUnit + tiles[i].units)
-      ++j;
-    const KvTile &tile = tiles[i];
-    int64_t start = steps;
-    k.forEachRotating(start, j - i, 2, [&](Value s, int64_t parity) {
-      Step step = at;
-      step.width = tile.width;
-      step.unit = k.addOffset(k.scale(k.addOffset(s, -start), tile.units),
-                              tile.firstUnit);
-      keyStep(step, tile, parity, qTs, negms[parity], negms[1 - parity], ls,
-              os);
-    });
-    steps += j - i;
-    i = j;
-  }
-  Value negmFinal = negms[steps % 2];
-  // out = O / max(l, tiny): a fully masked row has O = 0 and l = 0.
-  Value lcs = column(lc, slot, 2);
-  b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::max, ls, lcs, Value(),
-                                 APFloat(std::numeric_limits<float>::min()),
-                                 false);
-  Value res = k.view(oOut, k.index(slot * vDim), {rows, vDim}, {2 * vDim, 1});
-  b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::divide, os, res, lcs,
-                                 APFloat(0.0), false);
+/// A query tile whose keys are all masked: out = 0 and lse = -inf.
+void FlexAttentionLowering::emptyTile(const Step &at) {
+  KernelLowering::TileScope scope(k);
+  Value zeros = k.tile(MemorySpace::sbuf, {at.rows, vDim}, inElt);
+  b.create<nisa::MemsetOp>(k.loc, zeros, APFloat(0.0));
   Value outOffset = k.addOffsets(k.addOffsets(k.scale(at.batch, outStrides[0]),
                                               k.scale(at.head, outStrides[1])),
                                  k.scale(at.q0, outStrides[2]));
-  k.dma(res, k.view(out, outOffset, {rows, vDim}, {outStrides[2], 1}));
-  if (lse) {
-    // lse = max + log(l): -inf for a fully masked row.
-    Value lt = column(lseTile, slot, 2);
-    b.create<nisa::ActivationOp>(k.loc, ls, lt, Value(),
-                                 nisa::ActivationFn::log, APFloat(1.0),
-                                 APFloat(0.0));
-    b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::subtract, lt, negmFinal,
-                                   lt);
-    Value lseOffset =
-        k.addOffsets(k.addOffsets(k.scale(at.batch, lseStrides[0]),
-                                  k.scale(at.head, lseStrides[1])),
-                     at.q0);
-    k.dma(lt, k.view(lse, lseOffset, {rows, 1}, {1, 1}));
-  }
+  k.dma(zeros, k.view(out, outOffset, {at.rows, vDim}, {outStrides[2], 1}));
+  if (!lse)
+    return;
+  Value ninf = k.tile(MemorySpace::sbuf, {at.rows, 1}, f32);
+  b.create<nisa::MemsetOp>(k.loc, ninf,
+                           APFloat(-std::numeric_limits<float>::infinity()));
+  Value lseOffset = k.addOffsets(k.addOffsets(k.scale(at.batch, lseStrides[0]),
+                                              k.scale(at.head, lseStrides[1])),
+                                 at.q0);
+  k.dma(ninf, k.view(lse, lseOffset, {at.rows, 1}, {1, 1}));
 }
 
-/// One key tile of one query tile: scores, modifiers, the online softmax
-/// update and O += P V. `parity` alternates between consecutive steps.
-void FlexAttentionLowering::keyStep(const Step &at, const KvTile &tile,
-                                    int64_t parity, Value qTs, Value negmOld,
-                                    Value negmNew, Value ls, Value os) {
+/// Round r of a query head: every lane's scores and -max of step r + 1,
+/// then its step r: P, P^T, O += P V, and the query tile's output after its
+/// last step. Stages run lane by lane so the engines overlap the lanes.
+/// In a loop (`affine`), round r is the template and `rIdx` the round.
+void FlexAttentionLowering::round(const Step &head, Value qTHead,
+                                  ArrayRef<Lane> streams, int64_t r,
+                                  Value rIdx, int64_t parity, bool affine) {
   KernelLowering::TileScope scope(k);
-  int64_t rows = at.rows, width = at.width;
-  auto column = [&]() { return k.tile(MemorySpace::sbuf, {rows, 1}, f32); };
-  Value s =
-      k.view(scorePsum, k.index(parity * bank), {rows, width}, {2 * bank, 1});
+  auto cursor = [&](int64_t lane, int64_t s,
+                    int64_t par) -> std::optional<Cursor> {
+    if (s < 0 || s >= (int64_t)streams[lane].size())
+      return std::nullopt;
+    const LaneStep &step = streams[lane][s];
+    Cursor c{lane, &step, head, par};
+    c.at.q0 = k.index(step.q * kUnit);
+    c.at.rows = std::min(kUnit, qLen - step.q * kUnit);
+    c.at.width = step.keys.width;
+    c.at.unit = affine ? k.addOffset(k.scale(k.addOffset(rIdx, -r),
+                                             step.keys.units),
+                                     step.keys.firstUnit)
+                       : k.index(step.keys.firstUnit);
+    return c;
+  };
+  SmallVector<std::optional<Cursor>> next, cur;
+  for (int64_t i = 0; i < lanes; ++i) {
+    next.push_back(cursor(i, r + 1, 1 - parity));
+    cur.push_back(cursor(i, r, parity));
+  }
+  for (auto &c : next)
+    if (c) {
+      if (c->step->first && !qResident)
+        startTile(*c);
+      scores(*c, queryT(*c, qTHead));
+    }
+  for (auto &c : next)
+    if (c)
+      rowMax(*c);
+  SmallVector<Value> ps(lanes), pTs(lanes);
+  for (auto &c : cur)
+    if (c)
+      ps[c->lane] = probabilities(*c);
+  // P^T a 128-key chunk at a time into the lane's P^T bank, then to SBUF on
+  // ScalarE (VectorE has the max and the rescales).
+  for (auto &c : cur) {
+    if (!c)
+      continue;
+    int64_t rows = c->at.rows, width = c->at.width;
+    for (int64_t i = 0; i * kUnit < width; ++i) {
+      int64_t keys = std::min(kUnit, width - i * kUnit);
+      b.create<nisa::MatmulOp>(
+          k.loc,
+          k.view(ps[c->lane], k.index(i * kUnit), {rows, keys}, {width, 1}),
+          k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}),
+          k.view(psum, k.index((2 * lanes + c->lane) * bank + i * rows),
+                 {keys, rows}, {4 * lanes * bank, 1}));
+    }
+  }
+  for (auto &c : cur) {
+    if (!c)
+      continue;
+    int64_t rows = c->at.rows, units = c->step->keys.units;
+    int64_t keys = std::min(kUnit, c->at.width);
+    pTs[c->lane] = k.tile(MemorySpace::sbuf, {kUnit, units * rows}, inElt);
+    // A last chunk of fewer keys leaves rows of P^T unwritten: not read.
+    b.create<nisa::CopyOp>(
+        k.loc,
+        k.view(psum, k.index((2 * lanes + c->lane) * bank), {keys, units * rows},
+               {4 * lanes * bank, 1}),
+        k.view(pTs[c->lane], k.index(0), {keys, units * rows},
+               {units * rows, 1}),
+        nisa::Engine::scalar);
+  }
+  for (auto &c : cur) {
+    if (!c)
+      continue;
+    int64_t rows = c->at.rows, width = c->at.width;
+    const LaneStep &step = *c->step;
+    Value oPs = psumBank(3 * lanes + c->lane, rows, vDim);
+    for (int64_t i = 0; i * kUnit < width; ++i) {
+      int64_t keys = std::min(kUnit, width - i * kUnit);
+      Value stationary = k.view(pTs[c->lane], k.index(i * rows), {keys, rows},
+                                {step.keys.units * rows, 1});
+      Value moving =
+          k.view(vS,
+                 k.addOffset(k.scale(c->at.unit, vDim),
+                             kvSlot * kvUnits * vDim + i * vDim),
+                 {keys, vDim}, {vSStride, 1});
+      auto mm = b.create<nisa::MatmulOp>(k.loc, stationary, moving, oPs);
+      if (i > 0)
+        mm.setAccumulate(true);
+    }
+    Value os = k.view(o, k.index((2 * c->lane + step.set) * vDim), {rows, vDim},
+                      {2 * lanes * vDim, 1});
+    if (step.first)
+      b.create<nisa::CopyOp>(k.loc, oPs, os, nisa::Engine::vector);
+    else
+      scalarTensorTensor(os, column(alpha, 2 * c->lane + c->parity, rows), 0.0,
+                         nisa::AluOp::multiply, oPs, nisa::AluOp::add, os,
+                         nisa::Engine::vector);
+  }
+  for (auto &c : cur)
+    if (c && c->step->last)
+      finishTile(*c);
+  for (auto &c : next)
+    if (c && !c->step->first)
+      rescaleFactor(*c);
+}
+
+Value FlexAttentionLowering::psumBank(int64_t bankIdx, int64_t rows,
+                                      int64_t cols) {
+  return k.view(psum, k.index(bankIdx * bank), {rows, cols},
+                {4 * lanes * bank, 1});
+}
+
+/// Column i of a [128, n] tile, `rows` rows.
+Value FlexAttentionLowering::column(Value t, int64_t i, int64_t rows) {
+  int64_t n = cast<MemRefType>(t.getType()).getShape()[1];
+  return k.view(t, k.index(i), {rows, 1}, {n, 1});
+}
+
+Value FlexAttentionLowering::scoresOf(const Cursor &c) {
+  return psumBank(2 * c.lane + c.parity, c.at.rows, c.at.width);
+}
+
+/// What exp reads: the raw scores in PSUM (scale on exp, nothing to mask)
+/// or the modified, masked scores in SBUF.
+Value FlexAttentionLowering::expSource(const Cursor &c) {
+  if (scaleOnExp && !c.step->keys.partial)
+    return scoresOf(c);
+  return k.view(expSrc, k.index((2 * c.lane + c.parity) * bank),
+                {c.at.rows, c.at.width}, {2 * lanes * bank, 1});
+}
+
+Value FlexAttentionLowering::negmOf(int64_t lane, int64_t parity,
+                                    int64_t rows) {
+  return column(negm, 2 * lane + parity, rows);
+}
+
+/// Q^T of the cursor's query tile: resident, or loaded by startTile.
+Value FlexAttentionLowering::queryT(const Cursor &c, Value qTHead) {
+  if (qResident)
+    return k.view(qT, k.addOffsets(qTHead, c.at.q0), {dim, c.at.rows},
+                  {qTStride, 1});
+  return k.view(qLaneT, k.index((2 * c.lane + c.step->set) * kUnit),
+                {dim, c.at.rows}, {2 * lanes * kUnit, 1});
+}
+
+/// Q^T of a query tile when Q is not resident: a DMA and a TensorE
+/// transpose (through the lane's P^T bank, free at this point).
+void FlexAttentionLowering::startTile(const Cursor &c) {
+  int64_t rows = c.at.rows;
+  Value qOffset = k.addOffsets(
+      k.addOffsets(k.addOffset(k.scale(c.at.batch, q.strides[0]), q.offset),
+                   k.scale(c.at.head, q.strides[1])),
+      k.scale(c.at.q0, q.strides[2]));
+  Value qIn = k.view(qLaneIn, k.index(c.lane * dim), {rows, dim},
+                     {lanes * dim, 1});
+  k.dma(k.view(q.buffer, qOffset, {rows, dim}, {q.strides[2], q.strides[3]}),
+        qIn);
+  Value qPs = psumBank(2 * lanes + c.lane, dim, rows);
+  b.create<nisa::MatmulOp>(
+      k.loc, qIn, k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}), qPs);
+  b.create<nisa::CopyOp>(k.loc, qPs, queryT(c, Value()),
+                         nisa::Engine::vector);
+}
+
+/// S = Q K^T of the cursor's step into its score bank.
+void FlexAttentionLowering::scores(const Cursor &c, Value qTs) {
   b.create<nisa::MatmulOp>(
       k.loc, qTs,
-      k.view(kT, k.addOffset(k.scale(at.unit, kUnit), kvSlot * kvUnits * kUnit),
-             {dim, width}, {kTStride, 1}),
-      s);
-  double scale = op.getScale().convertToDouble();
-  Value mt = column(), rs = column();
-  Value p = k.tile(MemorySpace::sbuf, {rows, width}, inElt);
-  if (!tile.partial && plainScores && scale > 0) {
-    // max(scale * s) = scale * max(s): the scale rides on the exp.
-    b.create<nisa::TensorReduceOp>(k.loc, nisa::AluOp::max, s, mt);
-    scalarTensorTensor(mt, Value(), -scale, nisa::AluOp::multiply, negmOld,
-                       nisa::AluOp::min, negmNew, nisa::Engine::vector);
-    expWithRowSum(s, p, scale, negmNew, rs);
-  } else {
+      k.view(kT,
+             k.addOffset(k.scale(c.at.unit, kUnit), kvSlot * kvUnits * kUnit),
+             {dim, c.at.width}, {kTStride, 1}),
+      scoresOf(c));
+}
+
+/// score_mod and mask_mod on the step's scores (into expSource), then the
+/// new -max: min(-max(row), previous -max).
+void FlexAttentionLowering::rowMax(const Cursor &c) {
+  const Step &at = c.at;
+  int64_t rows = at.rows, width = at.width;
+  Value dst = expSource(c);
+  if (scaleOnExp && !c.step->keys.partial) {
+    emitRowMax(c, dst);
+    return;
+  }
+  // `src` is what the scores are so far; `inPsum` while they are raw.
+  Value src = scoresOf(c);
+  bool inPsum = true;
+  if (!scaleOnExp) {
     Value sc = k.tile(MemorySpace::sbuf, {rows, width}, f32);
-    b.create<nisa::ActivationOp>(k.loc, s, sc, Value(),
+    b.create<nisa::ActivationOp>(k.loc, src, sc, Value(),
                                  nisa::ActivationFn::identity, APFloat(scale),
                                  APFloat(0.0));
+    src = sc;
+    inPsum = false;
     if (!plainScores) {
       Operand score;
       score.kind = Operand::full;
@@ -804,79 +1086,107 @@ void FlexAttentionLowering::keyStep(const Step &at, const KvTile &tile,
         failed = true;
         return;
       }
-      sc = materialize(*r, at, true);
+      src = materialize(*r, at, true);
     }
-    if (tile.partial) {
-      FailureOr<Operand> r = modifier(op.getMaskMod(), maskArgs, at);
-      if (::mlir::failed(r)) {
-        failed = true;
-        return;
-      }
-      if (r->kind != Operand::imm || r->value == 0.0) {
-        Value masked = k.tile(MemorySpace::sbuf, {rows, width}, f32);
-        Value inf = k.view(negInf, k.index(0), {rows, width}, {bank, 1});
-        if (r->kind == Operand::imm)
-          b.create<nisa::CopyOp>(k.loc, inf, masked);
-        else
-          b.create<nisa::SelectOp>(k.loc, materialize(*r, at, true), sc, inf,
-                                   masked);
-        sc = masked;
-      }
+  }
+  bool atDst = false;
+  if (c.step->keys.partial) {
+    FailureOr<Operand> r = modifier(op.getMaskMod(), maskArgs, at);
+    if (::mlir::failed(r)) {
+      failed = true;
+      return;
     }
-    b.create<nisa::TensorReduceOp>(k.loc, nisa::AluOp::max, sc, mt);
-    scalarTensorTensor(mt, Value(), -1.0, nisa::AluOp::multiply, negmOld,
-                       nisa::AluOp::min, negmNew, nisa::Engine::vector);
-    expWithRowSum(sc, p, 1.0, negmNew, rs);
+    if (r->kind != Operand::imm) {
+      b.create<nisa::SelectOp>(k.loc, materialize(*r, at, true), src,
+                               k.view(negInf, k.index(0), {rows, width},
+                                      {bank, 1}),
+                               dst);
+      atDst = true;
+    } else if (r->value == 0.0) {
+      src = k.view(negInf, k.index(0), {rows, width}, {bank, 1});
+      inPsum = false;
+    }
   }
-  // alpha = exp(max_old - max_new) rescales what came before.
-  Value alpha = column();
-  b.create<nisa::ActivationOp>(k.loc, negmOld, alpha, negmNew,
-                               nisa::ActivationFn::exp, APFloat(-1.0),
-                               APFloat(0.0));
-  scalarTensorTensor(ls, alpha, 0.0, nisa::AluOp::multiply, rs,
-                     nisa::AluOp::add, ls, nisa::Engine::vector);
-  // P^T, a 128-key chunk at a time, into one PSUM bank; then O += P V.
-  Value pT = k.tile(MemorySpace::sbuf, {kUnit, tile.units * rows}, inElt);
-  Value oPs =
-      k.view(outPsum, k.index(parity * bank), {rows, vDim}, {2 * bank, 1});
-  for (int64_t c = 0; c < tile.units; ++c) {
-    int64_t keys = std::min(kUnit, width - c * kUnit);
-    Value chunk = k.view(p, k.index(c * kUnit), {rows, keys}, {width, 1});
-    Value id = k.view(ident, k.index(0), {rows, rows}, {kUnit, 1});
-    Value dst = k.view(ptPsum, k.index(parity * bank + c * rows), {keys, rows},
-                       {2 * bank, 1});
-    b.create<nisa::MatmulOp>(k.loc, chunk, id, dst);
-  }
-  int64_t fullChunks = width / kUnit;
-  if (fullChunks)
-    b.create<nisa::CopyOp>(k.loc,
-                           k.view(ptPsum, k.index(parity * bank),
-                                  {kUnit, fullChunks * rows}, {2 * bank, 1}),
-                           k.view(pT, k.index(0), {kUnit, fullChunks * rows},
-                                  {tile.units * rows, 1}),
-                           nisa::Engine::vector);
-  if (int64_t rest = width % kUnit)
-    b.create<nisa::CopyOp>(k.loc,
-                           k.view(ptPsum,
-                                  k.index(parity * bank + fullChunks * rows),
-                                  {rest, rows}, {2 * bank, 1}),
-                           k.view(pT, k.index(fullChunks * rows), {rest, rows},
-                                  {tile.units * rows, 1}),
-                           nisa::Engine::vector);
-  for (int64_t c = 0; c < tile.units; ++c) {
-    int64_t keys = std::min(kUnit, width - c * kUnit);
-    Value stationary =
-        k.view(pT, k.index(c * rows), {keys, rows}, {tile.units * rows, 1});
-    Value moving = k.view(
-        vS,
-        k.addOffset(k.scale(at.unit, vDim), kvSlot * kvUnits * vDim + c * vDim),
-        {keys, vDim}, {vSStride, 1});
-    auto mm = b.create<nisa::MatmulOp>(k.loc, stationary, moving, oPs);
-    if (c > 0)
-      mm.setAccumulate(true);
-  }
-  scalarTensorTensor(os, alpha, 0.0, nisa::AluOp::multiply, oPs,
-                     nisa::AluOp::add, os, nisa::Engine::vector);
+  // GpSimd is idle but cannot read PSUM.
+  if (!atDst)
+    b.create<nisa::CopyOp>(k.loc, src, dst,
+                           inPsum ? nisa::Engine::vector
+                                  : nisa::Engine::gpsimd);
+  emitRowMax(c, dst);
+}
+
+/// -max of the step's final scores `src`: min(-max(row), previous -max).
+void FlexAttentionLowering::emitRowMax(const Cursor &c, Value src) {
+  int64_t rows = c.at.rows;
+  Value mt = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
+  b.create<nisa::TensorReduceOp>(k.loc, nisa::AluOp::max, src, mt);
+  Value old = c.step->first ? column(negmInit, 0, rows)
+                            : negmOf(c.lane, 1 - c.parity, rows);
+  scalarTensorTensor(mt, Value(), scaleOnExp ? -scale : -1.0,
+                     nisa::AluOp::multiply, old, nisa::AluOp::min,
+                     negmOf(c.lane, c.parity, rows), nisa::Engine::vector);
+}
+
+/// P = exp(S - max) on ScalarE with its fp32 row sums; l = l * alpha + sums
+/// (the sums themselves at a query tile's first step).
+Value FlexAttentionLowering::probabilities(const Cursor &c) {
+  int64_t rows = c.at.rows;
+  const LaneStep &step = *c.step;
+  Value p = k.tile(MemorySpace::sbuf, {rows, c.at.width}, inElt);
+  Value ls = column(l, 2 * c.lane + step.set, rows);
+  Value sums = step.first ? ls : k.tile(MemorySpace::sbuf, {rows, 1}, f32);
+  b.create<nisa::ActivationOp>(k.loc, expSource(c), p,
+                               negmOf(c.lane, c.parity, rows), Value(), sums,
+                               nisa::ActivationFn::exp,
+                               APFloat(scaleOnExp ? scale : 1.0), APFloat(0.0));
+  if (!step.first)
+    scalarTensorTensor(ls, column(alpha, 2 * c.lane + c.parity, rows), 0.0,
+                       nisa::AluOp::multiply, sums, nisa::AluOp::add, ls,
+                       nisa::Engine::gpsimd);
+  return p;
+}
+
+/// alpha = exp(max_old - max_new) rescales what came before this step.
+void FlexAttentionLowering::rescaleFactor(const Cursor &c) {
+  int64_t rows = c.at.rows;
+  b.create<nisa::ActivationOp>(
+      k.loc, negmOf(c.lane, 1 - c.parity, rows),
+      column(alpha, 2 * c.lane + c.parity, rows),
+      negmOf(c.lane, c.parity, rows), nisa::ActivationFn::exp, APFloat(-1.0),
+      APFloat(0.0));
+}
+
+/// out = O / max(l, tiny) (a fully masked row has O = 0 and l = 0) and
+/// lse = max + log(l) (-inf for such a row), stored.
+void FlexAttentionLowering::finishTile(const Cursor &c) {
+  const Step &at = c.at;
+  int64_t rows = at.rows, at2 = 2 * c.lane + c.step->set;
+  Value ls = column(l, at2, rows);
+  Value lc = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
+  b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::max, ls, lc, Value(),
+                                 APFloat(std::numeric_limits<float>::min()),
+                                 false);
+  Value res = k.view(oOut, k.index(at2 * vDim), {rows, vDim},
+                     {2 * lanes * vDim, 1});
+  b.create<nisa::TensorScalarOp>(
+      k.loc, nisa::AluOp::divide,
+      k.view(o, k.index(at2 * vDim), {rows, vDim}, {2 * lanes * vDim, 1}), res,
+      lc, APFloat(0.0), false);
+  Value outOffset = k.addOffsets(k.addOffsets(k.scale(at.batch, outStrides[0]),
+                                              k.scale(at.head, outStrides[1])),
+                                 k.scale(at.q0, outStrides[2]));
+  k.dma(res, k.view(out, outOffset, {rows, vDim}, {outStrides[2], 1}));
+  if (!lse)
+    return;
+  Value lt = column(lseTile, at2, rows);
+  b.create<nisa::ActivationOp>(k.loc, ls, lt, Value(), nisa::ActivationFn::log,
+                               APFloat(1.0), APFloat(0.0));
+  b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::subtract, lt,
+                                 negmOf(c.lane, c.parity, rows), lt);
+  Value lseOffset = k.addOffsets(k.addOffsets(k.scale(at.batch, lseStrides[0]),
+                                              k.scale(at.head, lseStrides[1])),
+                                 at.q0);
+  k.dma(lt, k.view(lse, lseOffset, {rows, 1}, {1, 1}));
 }
 
 /// dst = (a op0 s) op1 other, s a column or an immediate.
@@ -886,14 +1196,6 @@ void FlexAttentionLowering::scalarTensorTensor(Value a, Value sCol, double sImm,
                                                nisa::Engine engine) {
   b.create<nisa::ScalarTensorTensorOp>(k.loc, op0, op1, a, other, dst, sCol,
                                        APFloat(sImm), engine);
-}
-
-/// p = exp(src * scale + bias) on ScalarE, with the fp32 row sums of p.
-void FlexAttentionLowering::expWithRowSum(Value src, Value p, double scale,
-                                          Value bias, Value rowSums) {
-  b.create<nisa::ActivationOp>(k.loc, src, p, bias, Value(), rowSums,
-                               nisa::ActivationFn::exp, APFloat(scale),
-                               APFloat(0.0));
 }
 
 } // namespace mlir::neuron

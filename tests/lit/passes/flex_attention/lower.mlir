@@ -4,30 +4,39 @@
 
 // Causal blocks of a 256-row sequence: query tile 0 sees key unit 0 (partial)
 // and skips unit 1 (masked); query tile 1 sees unit 0 (full: no mask_mod) and
-// unit 1 (partial). Matmuls: 2 K transposes, per query tile a Q transpose,
-// per key step S = QK^T, P^T and PV (3 steps): 13. mask_mod (iota indices and
-// a select) runs on the 2 partial steps only.
+// unit 1 (partial). The tiles run in two lanes, interleaved. Matmuls: 2 K
+// and 2 Q transposes, per key step S = QK^T, P^T and PV (3 steps): 13.
+// mask_mod (iota indices and a select) runs on the 2 partial steps only.
 // MATMULS: 13
 // SELECTS: 2
 
 // CHECK-LABEL: func.func @causal
 // CHECK: nisa.iota %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 1.000000e+00 : f64, multipliers = array<f64: -1.000000e+00>}
-// First query tile, its partial step: S, the kv index (a row) and q index (a
-// column) by iota, q >= kv, select, the online softmax, P^T and PV.
-// CHECK: nisa.matmul
+// K and Q: DMAs, then TensorE transposes.
+// CHECK-COUNT-3: nisa.dma_copy
+// CHECK-COUNT-2: nisa.matmul
+// CHECK: nisa.copy
+// CHECK-COUNT-2: nisa.matmul
+// CHECK: nisa.copy
+// The first round: both lanes' scores; lane 0's partial step applies the
+// mask (kv index as a row, q index as a column, by iota; q >= kv; select)
+// before its row max; lane 1's full step has no select.
+// CHECK-COUNT-2: nisa.matmul
 // CHECK: nisa.iota %{{.*}} offset %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 0.000000e+00 : f64, multipliers = array<f64: 1.000000e+00>}
 // CHECK: nisa.iota %{{.*}} offset %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 1.000000e+00 : f64, multipliers = array<f64: 0.000000e+00>}
 // CHECK: nisa.tensor_scalar ge
 // CHECK: nisa.select
 // CHECK: nisa.tensor_reduce max
-// CHECK: nisa.activation exp {{.*}} accumulate
 // CHECK: nisa.scalar_tensor_tensor
-// Second query tile: the full step has no select.
-// CHECK: nisa.dma_copy
-// CHECK: nisa.matmul
 // CHECK-NOT: nisa.select
-// CHECK: nisa.activation exp {{.*}} accumulate
+// CHECK: nisa.tensor_reduce max
+// CHECK: nisa.scalar_tensor_tensor
+// The next round: lane 1's second (partial) scores, then both lanes' first
+// probabilities with their row sums.
+// CHECK: nisa.matmul
 // CHECK: nisa.select
+// CHECK: nisa.activation exp {{.*}} accumulate
+// CHECK: nisa.activation exp {{.*}} accumulate
 func.func @causal(%q: tensor<1x1x256x64xf32>, %k: tensor<1x1x256x64xf32>, %v: tensor<1x1x256x64xf32>) -> tensor<1x1x256x64xf32> {
   %o, %l = neuron.flex_attention %q, %k, %v {block_size = array<i64: 128, 128>, blocks = dense<[[[[1, 0], [2, 1]]]]> : tensor<1x1x2x2xi8>, scale = 1.250000e-01 : f64} : tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32> -> tensor<1x1x256x64xf32>, tensor<1x1x256xf32>
     score_mod {
