@@ -103,7 +103,17 @@ private:
   SmallVector<KvTile> keyTiles(ArrayRef<Kind> row) const;
   SmallVector<Lane> laneStreams(ArrayRef<SmallVector<Kind>> kinds,
                                 SmallVectorImpl<int64_t> &empty) const;
-  bool sameRound(ArrayRef<Lane> lanes, int64_t r, int64_t r2) const;
+  bool sameRound(ArrayRef<Lane> lanes, int64_t r, int64_t r2,
+                 int64_t qShift) const;
+  /// Rounds repeating for later query tiles: `count` periods of `rounds`
+  /// rounds, each `tiles` query tiles further.
+  struct Period {
+    int64_t rounds = 0, tiles = 0, count = 0;
+  };
+  Period periodAt(ArrayRef<Lane> lanes, int64_t r, int64_t rounds) const;
+  int64_t rowsOf(int64_t qTile) const {
+    return std::min(kUnit, qLen - qTile * kUnit);
+  }
 
   // The kernel.
   void loadRows(Value buffer, Value base, int64_t rowStride,
@@ -117,7 +127,7 @@ private:
   void queryHeads(Value batchIdx, Value kvHead, int64_t bm, int64_t slot);
   void emptyTile(const Step &at);
   void round(const Step &head, Value qTHead, ArrayRef<Lane> lanes, int64_t r,
-             Value rIdx, int64_t parity, bool affine);
+             Value rIdx, int64_t parity, Value qShift, bool affine);
   Value queryT(const Cursor &c, Value qTHead);
   void startTile(const Cursor &c);
   void scores(const Cursor &c, Value qTs);
@@ -156,6 +166,7 @@ private:
   double scale = 1.0;
   bool plainScores = false; // score_mod returns the score unchanged
   bool scaleOnExp = false;  // the softmax scale rides on exp (plain scores)
+  bool maskTrivial = false; // mask_mod is constant true: no unit is partial
   SmallVector<int8_t> blockKinds; // the blocks attribute, row-major
   ArrayRef<int64_t> blocksShape;
   int64_t qBlock = 0, kvBlock = 0;
@@ -173,7 +184,7 @@ private:
   // tiles (set). PSUM: per lane two score banks, one P^T bank, one O bank.
   int64_t lanes = 1;
   Value psum;
-  Value ident, negInf, negmInit;
+  Value ident, negInf, zeros, negmInit;
   Value negm, alpha;                 // [128, lanes x 2 parities]
   Value l, o, oOut, lseTile;         // per lane x 2 sets
   Value expSrc;                      // [128, lanes x 2 parities x bank]
@@ -219,7 +230,9 @@ FlexAttentionLowering::unitKinds(int64_t bm, int64_t hm) const {
           any |= kind != Kind::masked;
           allFull &= kind == Kind::full;
         }
-      kinds[t][u] = !any ? Kind::masked : allFull ? Kind::full : Kind::partial;
+      kinds[t][u] = !any                    ? Kind::masked
+                    : allFull || maskTrivial ? Kind::full
+                                             : Kind::partial;
     }
   }
   return kinds;
@@ -294,7 +307,7 @@ Value FlexAttentionLowering::materialize(const Operand &v, const Step &at,
     Value t = k.tile(MemorySpace::sbuf, {at.rows, at.width}, f32);
     b.create<nisa::MemsetOp>(k.loc, t, APFloat(0.0));
     b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::add, t, t, v.tile,
-                                   APFloat(0.0), false);
+                                   APFloat(0.0), false, nisa::Engine::gpsimd);
     return t;
   }
   case Operand::full:
@@ -307,7 +320,8 @@ Value FlexAttentionLowering::materialize(const Operand &v, const Step &at,
 
 /// Emits `region` on the tile of step `at`; `args` stand for its block
 /// arguments. Fails (with an error at the offending op) on what the device
-/// cannot compute per element.
+/// cannot compute per element. Arithmetic runs on GpSimd (its operands are
+/// SBUF tiles), off VectorE, which has the softmax.
 FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
                                                    ArrayRef<Operand> args,
                                                    const Step &at) {
@@ -459,17 +473,18 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
           Value src = materialize(reverse ? r : l, at, false);
           b.create<nisa::TensorScalarOp>(k.loc, alu, src, t, Value(),
                                          APFloat(reverse ? l.value : r.value),
-                                         reverse);
+                                         reverse, nisa::Engine::gpsimd);
         } else if (lTile != rTile) {
           // A column operand is the per-partition scalar.
           bool reverse = !lTile;
           Value src = materialize(reverse ? r : l, at, false);
           Value col = materialize(reverse ? l : r, at, false);
           b.create<nisa::TensorScalarOp>(k.loc, alu, src, t, col, APFloat(0.0),
-                                         reverse);
+                                         reverse, nisa::Engine::gpsimd);
         } else {
           b.create<nisa::TensorTensorOp>(k.loc, alu, materialize(l, at, false),
-                                         materialize(r, at, false), t);
+                                         materialize(r, at, false), t,
+                                         nisa::Engine::gpsimd);
         }
         result.kind = full ? Operand::full : Operand::column;
         result.tile = t;
@@ -483,7 +498,8 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
       Value t = k.tile(MemorySpace::sbuf, {at.rows, at.width}, f32);
       b.create<nisa::SelectOp>(k.loc, materialize(c, at, true),
                                materialize(x, at, true),
-                               materialize(y, at, true), t);
+                               materialize(y, at, true), t,
+                               nisa::Engine::gpsimd);
       result.kind = Operand::full;
       result.tile = t;
     } else {
@@ -625,6 +641,11 @@ LogicalResult FlexAttentionLowering::run() {
   plainScores = cast<YieldOp>(scoreBody.getTerminator()).getValues()[0] ==
                 scoreBody.getArgument(0);
   scaleOnExp = plainScores && scale > 0;
+  Value keep =
+      cast<YieldOp>(op.getMaskMod().front().getTerminator()).getValues()[0];
+  if (auto c = keep.getDefiningOp<ConstantOp>())
+    if (auto attr = dyn_cast<DenseElementsAttr>(c.getValue()))
+      maskTrivial = attr.isSplat() && attr.getSplatValue<bool>();
   if (dim > k.target.matmulMaxK || vDim > bank)
     return op.emitOpError("head dims above ")
            << k.target.matmulMaxK << " (query and key) or " << bank
@@ -698,6 +719,8 @@ LogicalResult FlexAttentionLowering::run() {
   negInf = k.tile(MemorySpace::sbuf, {kUnit, bank}, f32);
   b.create<nisa::MemsetOp>(k.loc, negInf,
                            APFloat(-std::numeric_limits<float>::infinity()));
+  zeros = k.tile(MemorySpace::sbuf, {kUnit, bank}, f32);
+  b.create<nisa::MemsetOp>(k.loc, zeros, APFloat(0.0));
   // -max starts huge but finite: exp(s - max) of a masked -inf score is 0,
   // never NaN.
   negmInit = k.tile(MemorySpace::sbuf, {kUnit, 1}, f32);
@@ -769,12 +792,19 @@ FlexAttentionLowering::laneStreams(ArrayRef<SmallVector<Kind>> kinds,
                                    SmallVectorImpl<int64_t> &empty) const {
   SmallVector<Lane> streams(lanes);
   SmallVector<int64_t> tilesIn(lanes, 0);
+  // Longest query tiles first, so the lanes end together.
+  SmallVector<std::pair<int64_t, SmallVector<KvTile>>> order;
   for (int64_t t = 0; t < (int64_t)kinds.size(); ++t) {
     SmallVector<KvTile> tiles = keyTiles(kinds[t]);
-    if (tiles.empty()) {
+    if (tiles.empty())
       empty.push_back(t);
-      continue;
-    }
+    else
+      order.emplace_back(t, std::move(tiles));
+  }
+  llvm::stable_sort(order, [](const auto &x, const auto &y) {
+    return x.second.size() > y.second.size();
+  });
+  for (auto &[t, tiles] : order) {
     Lane &lane = *llvm::min_element(streams, [](const Lane &a, const Lane &c) {
       return a.size() < c.size();
     });
@@ -785,10 +815,12 @@ FlexAttentionLowering::laneStreams(ArrayRef<SmallVector<Kind>> kinds,
   return streams;
 }
 
-/// Whether round r2 does what round r does, shifted by r2 - r key tiles in
-/// every lane (so rounds r..r2 can be one loop).
+/// Whether round r2 does what round r does, either in the same query tiles
+/// with keys shifted by r2 - r key tiles (`qShift` 0) or in query tiles
+/// `qShift` tiles further with the same keys (so rounds r..r2 can be one
+/// loop).
 bool FlexAttentionLowering::sameRound(ArrayRef<Lane> lanes, int64_t r,
-                                      int64_t r2) const {
+                                      int64_t r2, int64_t qShift) const {
   for (const Lane &lane : lanes) {
     int64_t n = lane.size();
     for (int64_t s : {r, r + 1}) {
@@ -798,13 +830,47 @@ bool FlexAttentionLowering::sameRound(ArrayRef<Lane> lanes, int64_t r,
       if (s >= n)
         continue;
       const LaneStep &a = lane[s], &c = lane[s2];
-      if (a.q != c.q || !a.keys.sameShape(c.keys) || a.first != c.first ||
-          a.last != c.last ||
-          c.keys.firstUnit != a.keys.firstUnit + (r2 - r) * a.keys.units)
+      int64_t unitShift = qShift ? 0 : (r2 - r) * a.keys.units;
+      if (c.q != a.q + qShift || !a.keys.sameShape(c.keys) ||
+          c.keys.firstUnit != a.keys.firstUnit + unitShift ||
+          a.first != c.first || a.last != c.last || a.set != c.set ||
+          rowsOf(a.q) != rowsOf(c.q))
         return false;
     }
   }
   return true;
+}
+
+/// Periods of rounds from r that repeat for query tiles further on: the
+/// period (even, so buffer parities repeat), the query tiles a period
+/// advances, and how many periods repeat (0 if none).
+FlexAttentionLowering::Period
+FlexAttentionLowering::periodAt(ArrayRef<Lane> lanes, int64_t r,
+                                int64_t rounds) const {
+  const Lane *first = llvm::find_if(
+      lanes, [&](const Lane &lane) { return r < (int64_t)lane.size(); });
+  if (first == lanes.end())
+    return {};
+  constexpr int64_t kMaxPeriod = 256;
+  for (int64_t p = 2; p <= kMaxPeriod && r + 2 * p <= rounds; p += 2) {
+    if (r + p >= (int64_t)first->size())
+      break;
+    int64_t shift = (*first)[r + p].q - (*first)[r].q;
+    if (shift <= 0)
+      continue;
+    int64_t count = 1;
+    auto repeats = [&](int64_t j) {
+      for (int64_t i = r; i < r + p; ++i)
+        if (!sameRound(lanes, i, i + j * p, j * shift))
+          return false;
+      return true;
+    };
+    while (r + (count + 1) * p <= rounds && repeats(count))
+      ++count;
+    if (count >= 2)
+      return {p, shift, count};
+  }
+  return {};
 }
 
 /// The query heads of one key head, against its K^T and V in `slot`.
@@ -827,23 +893,42 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
       emptyTile(at);
     }
     // Round r computes the scores of step r + 1 and finishes step r of
-    // every lane; rounds that repeat with shifted keys run in loops.
+    // every lane. Rounds that repeat with shifted keys run in loops, and so
+    // do periods of rounds that repeat for later query tiles.
     int64_t rounds = 0;
     for (const Lane &lane : streams)
       rounds = std::max<int64_t>(rounds, lane.size());
-    round(head, qTHead, streams, -1, Value(), 1, false);
-    for (int64_t r = 0; r < rounds;) {
-      int64_t len = 1;
-      while (r + len < rounds && sameRound(streams, r, r + len))
-        ++len;
-      if (len >= 4) {
-        k.forEachRotating(r, len, 2, [&](Value idx, int64_t parity) {
-          round(head, qTHead, streams, r, idx, parity, true);
-        });
-      } else {
-        for (int64_t i = r; i < r + len; ++i)
-          round(head, qTHead, streams, i, k.index(i), i % 2, false);
+    auto emitRounds = [&](int64_t from, int64_t to, Value qShift) {
+      for (int64_t r = from; r < to;) {
+        int64_t len = 1;
+        while (r + len < to && sameRound(streams, r, r + len, 0))
+          ++len;
+        if (len >= 4) {
+          k.forEachRotating(r, len, 2, [&](Value idx, int64_t parity) {
+            round(head, qTHead, streams, r, idx, parity, qShift, true);
+          });
+        } else {
+          for (int64_t i = r; i < r + len; ++i)
+            round(head, qTHead, streams, i, k.index(i), i % 2, qShift,
+                  false);
+        }
+        r += len;
       }
+    };
+    round(head, qTHead, streams, -1, Value(), 1, Value(), false);
+    for (int64_t r = 0; r < rounds;) {
+      Period period = periodAt(streams, r, rounds);
+      if (period.count) {
+        k.forEach(period.count, [&](Value m) {
+          emitRounds(r, r + period.rounds, k.scale(m, period.tiles * kUnit));
+        });
+        r += period.count * period.rounds;
+        continue;
+      }
+      int64_t len = 1;
+      while (r + len < rounds && sameRound(streams, r, r + len, 0))
+        ++len;
+      emitRounds(r, r + len, Value());
       r += len;
     }
   };
@@ -882,10 +967,12 @@ void FlexAttentionLowering::emptyTile(const Step &at) {
 /// Round r of a query head: every lane's scores and -max of step r + 1,
 /// then its step r: P, P^T, O += P V, and the query tile's output after its
 /// last step. Stages run lane by lane so the engines overlap the lanes.
-/// In a loop (`affine`), round r is the template and `rIdx` the round.
+/// In a loop (`affine`), round r is the template and `rIdx` the round;
+/// `qShift` (rows) moves every query tile (in a loop over periods).
 void FlexAttentionLowering::round(const Step &head, Value qTHead,
                                   ArrayRef<Lane> streams, int64_t r,
-                                  Value rIdx, int64_t parity, bool affine) {
+                                  Value rIdx, int64_t parity, Value qShift,
+                                  bool affine) {
   KernelLowering::TileScope scope(k);
   auto cursor = [&](int64_t lane, int64_t s,
                     int64_t par) -> std::optional<Cursor> {
@@ -894,7 +981,9 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
     const LaneStep &step = streams[lane][s];
     Cursor c{lane, &step, head, par};
     c.at.q0 = k.index(step.q * kUnit);
-    c.at.rows = std::min(kUnit, qLen - step.q * kUnit);
+    if (qShift)
+      c.at.q0 = k.addOffsets(c.at.q0, qShift);
+    c.at.rows = rowsOf(step.q);
     c.at.width = step.keys.width;
     c.at.unit = affine ? k.addOffset(k.scale(k.addOffset(rIdx, -r),
                                              step.keys.units),
@@ -943,13 +1032,21 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
     int64_t keys = std::min(kUnit, c->at.width);
     pTs[c->lane] = k.tile(MemorySpace::sbuf, {kUnit, units * rows}, inElt);
     // A last chunk of fewer keys leaves rows of P^T unwritten: not read.
-    b.create<nisa::CopyOp>(
-        k.loc,
-        k.view(psum, k.index((2 * lanes + c->lane) * bank), {keys, units * rows},
-               {4 * lanes * bank, 1}),
-        k.view(pTs[c->lane], k.index(0), {keys, units * rows},
-               {units * rows, 1}),
-        nisa::Engine::scalar);
+    // ScalarE copies all but the last of four chunks, VectorE that one: it
+    // balances their loads (VectorE has the max and O's rescale).
+    int64_t onScalar = units < 4 ? units : units - 1;
+    auto copy = [&](int64_t from, int64_t n, nisa::Engine engine) {
+      b.create<nisa::CopyOp>(
+          k.loc,
+          k.view(psum, k.index((2 * lanes + c->lane) * bank + from * rows),
+                 {keys, n * rows}, {4 * lanes * bank, 1}),
+          k.view(pTs[c->lane], k.index(from * rows), {keys, n * rows},
+                 {units * rows, 1}),
+          engine);
+    };
+    copy(0, onScalar, nisa::Engine::scalar);
+    if (onScalar < units)
+      copy(onScalar, units - onScalar, nisa::Engine::vector);
   }
   for (auto &c : cur) {
     if (!c)
@@ -1097,10 +1194,21 @@ void FlexAttentionLowering::rowMax(const Cursor &c) {
       return;
     }
     if (r->kind != Operand::imm) {
-      b.create<nisa::SelectOp>(k.loc, materialize(*r, at, true), src,
-                               k.view(negInf, k.index(0), {rows, width},
-                                      {bank, 1}),
-                               dst);
+      // GpSimd selects in SBUF; raw scores in PSUM get the mask as an
+      // additive 0 / -inf bias on VectorE, a third of a select's cost.
+      Value keep = materialize(*r, at, true);
+      Value inf = k.view(negInf, k.index(0), {rows, width}, {bank, 1});
+      if (inPsum) {
+        Value bias = k.tile(MemorySpace::sbuf, {rows, width}, f32);
+        b.create<nisa::SelectOp>(
+            k.loc, keep, k.view(zeros, k.index(0), {rows, width}, {bank, 1}),
+            inf, bias, nisa::Engine::gpsimd);
+        b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, src, bias,
+                                       dst);
+      } else {
+        b.create<nisa::SelectOp>(k.loc, keep, src, inf, dst,
+                                 nisa::Engine::gpsimd);
+      }
       atDst = true;
     } else if (r->value == 0.0) {
       src = k.view(negInf, k.index(0), {rows, width}, {bank, 1});
@@ -1124,7 +1232,7 @@ void FlexAttentionLowering::emitRowMax(const Cursor &c, Value src) {
                             : negmOf(c.lane, 1 - c.parity, rows);
   scalarTensorTensor(mt, Value(), scaleOnExp ? -scale : -1.0,
                      nisa::AluOp::multiply, old, nisa::AluOp::min,
-                     negmOf(c.lane, c.parity, rows), nisa::Engine::vector);
+                     negmOf(c.lane, c.parity, rows), nisa::Engine::gpsimd);
 }
 
 /// P = exp(S - max) on ScalarE with its fp32 row sums; l = l * alpha + sums

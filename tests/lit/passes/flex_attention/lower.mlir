@@ -4,7 +4,7 @@
 
 // Causal blocks of a 256-row sequence: query tile 0 sees key unit 0 (partial)
 // and skips unit 1 (masked); query tile 1 sees unit 0 (full: no mask_mod) and
-// unit 1 (partial). The tiles run in two lanes, interleaved. Matmuls: 2 K
+// unit 1 (partial). The tiles run in two lanes, interleaved, longest first. Matmuls: 2 K
 // and 2 Q transposes, per key step S = QK^T, P^T and PV (3 steps): 13.
 // mask_mod (iota indices and a select) runs on the 2 partial steps only.
 // MATMULS: 13
@@ -18,20 +18,22 @@
 // CHECK: nisa.copy
 // CHECK-COUNT-2: nisa.matmul
 // CHECK: nisa.copy
-// The first round: both lanes' scores; lane 0's partial step applies the
-// mask (kv index as a row, q index as a column, by iota; q >= kv; select)
-// before its row max; lane 1's full step has no select.
+// The first round: both lanes' scores. Lane 0 has the longer query tile 1,
+// whose full step has no mask; lane 1's query tile 0 is partial: kv index (a
+// row) and q index (a column) by iota, q >= kv and a 0 / -inf bias on GpSimd,
+// added to the raw scores before the row max.
 // CHECK-COUNT-2: nisa.matmul
-// CHECK: nisa.iota %{{.*}} offset %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 0.000000e+00 : f64, multipliers = array<f64: 1.000000e+00>}
-// CHECK: nisa.iota %{{.*}} offset %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 1.000000e+00 : f64, multipliers = array<f64: 0.000000e+00>}
-// CHECK: nisa.tensor_scalar ge
-// CHECK: nisa.select
-// CHECK: nisa.tensor_reduce max
-// CHECK: nisa.scalar_tensor_tensor
 // CHECK-NOT: nisa.select
 // CHECK: nisa.tensor_reduce max
 // CHECK: nisa.scalar_tensor_tensor
-// The next round: lane 1's second (partial) scores, then both lanes' first
+// CHECK: nisa.iota %{{.*}} offset %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 0.000000e+00 : f64, multipliers = array<f64: 1.000000e+00>}
+// CHECK: nisa.iota %{{.*}} offset %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 1.000000e+00 : f64, multipliers = array<f64: 0.000000e+00>}
+// CHECK: nisa.tensor_scalar ge {{.*}}engine = #nisa.engine<gpsimd>
+// CHECK: nisa.select {{.*}}engine = #nisa.engine<gpsimd>
+// CHECK: nisa.tensor_tensor add
+// CHECK: nisa.tensor_reduce max
+// CHECK: nisa.scalar_tensor_tensor
+// The next round: lane 0's second (partial) scores, then both lanes' first
 // probabilities with their row sums.
 // CHECK: nisa.matmul
 // CHECK: nisa.select
