@@ -33,14 +33,17 @@ constexpr int64_t kUnit = 128;
 
 enum class Kind : int8_t { masked = 0, partial = 1, full = 2 };
 
-/// One key tile of a query tile: keys [firstUnit * 128, + width).
+/// One key tile of a query tile: keys [firstUnit * 128, + width), and the
+/// runs of its units (offset in the tile, count) that need mask_mod.
 struct KvTile {
   int64_t firstUnit;
   int64_t units;
   int64_t width;
-  bool partial;
+  SmallVector<std::pair<int64_t, int64_t>, 2> partialRuns;
+  bool partial() const { return !partialRuns.empty(); }
   bool sameShape(const KvTile &o) const {
-    return units == o.units && width == o.width && partial == o.partial;
+    return units == o.units && width == o.width &&
+           partialRuns == o.partialRuns;
   }
 };
 
@@ -116,14 +119,7 @@ private:
   }
 
   // The kernel.
-  void loadRows(Value buffer, Value base, int64_t rowStride,
-                int64_t eltStride, int64_t len, int64_t width, Value dst,
-                int64_t dstStride, int64_t dstCol);
   void loadHead(Value batchIdx, Value kvHead, int64_t slot);
-  void transposeRows(Value raw, int64_t rawStride, int64_t rawCol,
-                     int64_t len, Value dst, int64_t dstStride,
-                     int64_t dstCol);
-  void transposeHead(int64_t slot);
   void queryHeads(Value batchIdx, Value kvHead, int64_t bm, int64_t slot);
   void emptyTile(const Step &at);
   void round(const Step &head, Value qTHead, ArrayRef<Lane> lanes, int64_t r,
@@ -133,6 +129,7 @@ private:
   void scores(const Cursor &c, Value qTs);
   void rowMax(const Cursor &c);
   void emitRowMax(const Cursor &c, Value src);
+  bool mask(const Step &at, Value src, Value dst, bool inPsum);
   Value probabilities(const Cursor &c);
   void rescaleFactor(const Cursor &c);
   void finishTile(const Cursor &c);
@@ -141,6 +138,9 @@ private:
   Value psumBank(int64_t bank, int64_t rows, int64_t cols);
   Value column(Value t, int64_t i, int64_t rows);
   Value scoresOf(const Cursor &c);
+  int64_t scoreBankOf(const Cursor &c) const {
+    return 2 * c.lane + c.parity;
+  }
   Value expSource(const Cursor &c);
   Value negmOf(int64_t lane, int64_t parity, int64_t rows);
 
@@ -162,7 +162,7 @@ private:
 
   int64_t batch = 0, heads = 0, kvHeads = 0, group = 0;
   int64_t qLen = 0, kvLen = 0, dim = 0, vDim = 0;
-  int64_t qUnits = 0, kvUnits = 0, bank = 0, kvSlots = 1;
+  int64_t kvUnits = 0, bank = 0, kvSlots = 1;
   double scale = 1.0;
   bool plainScores = false; // score_mod returns the score unchanged
   bool scaleOnExp = false;  // the softmax scale rides on exp (plain scores)
@@ -181,21 +181,22 @@ private:
   // `lanes` query tiles run interleaved stage by stage, so one tile's
   // softmax overlaps another's matmuls. Per lane, buffers of consecutive
   // key steps alternate (parity) and so do the states of consecutive query
-  // tiles (set). PSUM: per lane two score banks, one P^T bank, one O bank.
+  // tiles (set). PSUM: per lane two score banks (P^T goes into the bank of
+  // the scores it came from) and vDim columns for O.
   int64_t lanes = 1;
   Value psum;
+  int64_t psumCols = 0;
   Value ident, negInf, zeros, negmInit;
   Value negm, alpha;                 // [128, lanes x 2 parities]
   Value l, o, oOut, lseTile;         // per lane x 2 sets
   Value expSrc;                      // [128, lanes x 2 parities x bank]
-  int64_t transposeBank = 0;         // round robin over the score banks
   // K^T [dim, slots x keys], V [128, slots x units x vDim] and, when
   // `qResident`, Q^T of the key head's query heads [dim, slots x group x
-  // queries]; raw K and Q rows stage their transposes.
+  // queries].
   bool qResident = false;
-  Value kT, vS, qT, kRaw, qRaw;
+  Value kT, vS, qT;
   int64_t kTStride = 0, vSStride = 0, qTStride = 0;
-  Value qLaneIn, qLaneT; // per query tile Q when not resident
+  Value qLaneT;        // per query tile Q^T when not resident
   int64_t kvSlot = 0;    // the slot of the key head being computed
 };
 
@@ -238,8 +239,9 @@ FlexAttentionLowering::unitKinds(int64_t bm, int64_t hm) const {
   return kinds;
 }
 
-/// The key tiles of one query tile: runs of consecutive unmasked units of
-/// one kind, up to a PSUM bank of fp32 scores (512) each.
+/// The key tiles of one query tile: runs of consecutive unmasked units, up
+/// to a PSUM bank of fp32 scores (512) each. Plain scores mask in PSUM, so
+/// a tile mixes full and partial units; otherwise a tile has one kind.
 SmallVector<KvTile> FlexAttentionLowering::keyTiles(ArrayRef<Kind> row) const {
   int64_t maxUnits = std::max<int64_t>(
       1, std::min(k.target.matmulMaxMovingFree, k.target.psumBankBytes / 4) /
@@ -251,11 +253,21 @@ SmallVector<KvTile> FlexAttentionLowering::keyTiles(ArrayRef<Kind> row) const {
       continue;
     }
     int64_t first = u;
-    while (u < (int64_t)row.size() && row[u] == row[first] &&
-           u - first < maxUnits)
+    while (u < (int64_t)row.size() && row[u] != Kind::masked &&
+           (scaleOnExp || row[u] == row[first]) && u - first < maxUnits)
       ++u;
-    int64_t width = std::min(kvLen, u * kUnit) - first * kUnit;
-    tiles.push_back({first, u - first, width, row[first] == Kind::partial});
+    KvTile tile{first, u - first, std::min(kvLen, u * kUnit) - first * kUnit,
+                {}};
+    for (int64_t v = first; v < u; ++v) {
+      if (row[v] != Kind::partial)
+        continue;
+      auto &runs = tile.partialRuns;
+      if (!runs.empty() && runs.back().first + runs.back().second == v - first)
+        ++runs.back().second;
+      else
+        runs.push_back({v - first, 1});
+    }
+    tiles.push_back(std::move(tile));
   }
   return tiles;
 }
@@ -515,89 +527,44 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
 // The kernel
 //===----------------------------------------------------------------------===//
 
-/// Rows [0, len) of a [len, width] window of `buffer` at `base` into `dst`,
-/// a unit of 128 rows per `width` columns from `dstCol` (row r of unit u on
-/// partition r): one DMA for the full units and one for the rest, on
-/// ScalarE's queue so they never wait behind the output stores.
-void FlexAttentionLowering::loadRows(Value buffer, Value base,
-                                     int64_t rowStride, int64_t eltStride,
-                                     int64_t len, int64_t width, Value dst,
-                                     int64_t dstStride, int64_t dstCol) {
-  int64_t fullUnits = len / kUnit, rest = len % kUnit;
+/// V [128 keys, units x vDim] of one (batch, key head) into `slot` (row r
+/// of unit u on partition r); K^T [dim, keys] and, when resident, Q^T of
+/// its query heads by transposing DMAs. All on ScalarE's DMA queue, so they
+/// never wait behind the output stores.
+void FlexAttentionLowering::loadHead(Value batchIdx, Value kvHead,
+                                     int64_t slot) {
   auto load = [&](Value src, Value to) {
     b.create<nisa::DmaCopyOp>(k.loc, src, to, nisa::Engine::scalar);
   };
-  if (fullUnits)
-    load(k.view(buffer, base, {kUnit, fullUnits, width},
-                {rowStride, kUnit * rowStride, eltStride}),
-         k.view(dst, k.index(dstCol), {kUnit, fullUnits, width},
-                {dstStride, width, 1}));
-  if (rest)
-    load(k.view(buffer, k.addOffset(base, fullUnits * kUnit * rowStride),
-                {rest, width}, {rowStride, eltStride}),
-         k.view(dst, k.index(dstCol + fullUnits * width), {rest, width},
-                {dstStride, 1}));
-}
-
-/// The DMAs of one (batch, key head) into slot `slot`: V in place, K (and
-/// Q of its query heads when resident) as rows for transposeHead.
-void FlexAttentionLowering::loadHead(Value batchIdx, Value kvHead,
-                                     int64_t slot) {
   auto base = [&](const KernelLowering::Window &w, Value head) {
     return k.addOffsets(k.addOffset(k.scale(batchIdx, w.strides[0]), w.offset),
                         k.scale(head, w.strides[1]));
   };
-  loadRows(key.buffer, base(key, kvHead), key.strides[2], key.strides[3],
-           kvLen, dim, kRaw, kvUnits * dim, 0);
-  loadRows(value.buffer, base(value, kvHead), value.strides[2],
-           value.strides[3], kvLen, vDim, vS, vSStride,
-           slot * kvUnits * vDim);
+  Value vBase = base(value, kvHead);
+  int64_t vs = value.strides[2], vd = value.strides[3];
+  int64_t fullUnits = kvLen / kUnit, rest = kvLen % kUnit;
+  int64_t vAt = slot * kvUnits * vDim;
+  if (fullUnits)
+    load(k.view(value.buffer, vBase, {kUnit, fullUnits, vDim},
+                {vs, kUnit * vs, vd}),
+         k.view(vS, k.index(vAt), {kUnit, fullUnits, vDim},
+                {vSStride, vDim, 1}));
+  if (rest)
+    load(k.view(value.buffer, k.addOffset(vBase, fullUnits * kUnit * vs),
+                {rest, vDim}, {vs, vd}),
+         k.view(vS, k.index(vAt + fullUnits * vDim), {rest, vDim},
+                {vSStride, 1}));
+  load(k.view(key.buffer, base(key, kvHead), {dim, kvLen},
+              {key.strides[3], key.strides[2]}),
+       k.view(kT, k.index(slot * kvUnits * kUnit), {dim, kvLen},
+              {kTStride, 1}));
   if (!qResident)
     return;
   for (int64_t g = 0; g < group; ++g)
-    loadRows(q.buffer, base(q, k.addOffset(k.scale(kvHead, group), g)),
-             q.strides[2], q.strides[3], qLen, dim, qRaw,
-             group * qUnits * dim, g * qUnits * dim);
-}
-
-/// Rows [0, len) staged by loadRows in `raw` (from rawCol) -> their
-/// transpose in columns [dstCol, + len) of `dst`: TensorE transposes, four
-/// units per PSUM bank, the banks rotating (and their copies alternating
-/// between VectorE and ScalarE) so transposes and copies overlap.
-void FlexAttentionLowering::transposeRows(Value raw, int64_t rawStride,
-                                          int64_t rawCol, int64_t len,
-                                          Value dst, int64_t dstStride,
-                                          int64_t dstCol) {
-  int64_t units = (len + kUnit - 1) / kUnit;
-  int64_t perBank = std::max<int64_t>(1, bank / kUnit);
-  for (int64_t u0 = 0; u0 < units; u0 += perBank) {
-    int64_t n = std::min(perBank, units - u0);
-    int64_t cols = std::min(len, (u0 + n) * kUnit) - u0 * kUnit;
-    int64_t at = transposeBank++ % (2 * lanes);
-    for (int64_t u = u0; u < u0 + n; ++u) {
-      int64_t rows = std::min(kUnit, len - u * kUnit);
-      b.create<nisa::MatmulOp>(
-          k.loc,
-          k.view(raw, k.index(rawCol + u * dim), {rows, dim}, {rawStride, 1}),
-          k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}),
-          k.view(psum, k.index(at * bank + (u - u0) * kUnit), {dim, rows},
-                 {4 * lanes * bank, 1}));
-    }
-    b.create<nisa::CopyOp>(
-        k.loc, psumBank(at, dim, cols),
-        k.view(dst, k.index(dstCol + u0 * kUnit), {dim, cols}, {dstStride, 1}),
-        at % 2 ? nisa::Engine::scalar : nisa::Engine::vector);
-  }
-}
-
-/// K^T (and Q^T when resident) of the key head loaded into `slot`.
-void FlexAttentionLowering::transposeHead(int64_t slot) {
-  transposeRows(kRaw, kvUnits * dim, 0, kvLen, kT, kTStride,
-                slot * kvUnits * kUnit);
-  if (qResident)
-    for (int64_t g = 0; g < group; ++g)
-      transposeRows(qRaw, group * qUnits * dim, g * qUnits * dim, qLen, qT,
-                    qTStride, (slot * group + g) * qLen);
+    load(k.view(q.buffer, base(q, k.addOffset(k.scale(kvHead, group), g)),
+                {dim, qLen}, {q.strides[3], q.strides[2]}),
+         k.view(qT, k.index((slot * group + g) * qLen), {dim, qLen},
+                {qTStride, 1}));
 }
 
 /// Captured tensors as flat tables: their buffers, contiguous (a strided
@@ -631,7 +598,6 @@ LogicalResult FlexAttentionLowering::run() {
   group = heads / kvHeads;
   kvLen = kType.getDimSize(2);
   vDim = vType.getDimSize(3);
-  qUnits = (qLen + kUnit - 1) / kUnit;
   kvUnits = (kvLen + kUnit - 1) / kUnit;
   bank = k.target.psumBankBytes / 4; // fp32 columns per PSUM bank
   inElt = qType.getElementType();
@@ -652,28 +618,27 @@ LogicalResult FlexAttentionLowering::run() {
            << " (value) are not supported";
   if (qLen == 0 || kvLen == 0 || batch == 0 || heads == 0)
     return op.emitOpError("has an empty dimension");
-  // Two lanes need eight PSUM banks (two for scores, one for P^T and one
-  // for O each).
-  lanes = 4 * 2 <= k.target.psumBanks ? 2 : 1;
-  // SBUF: per key-head slot K^T, V and (resident) Q^T of its query heads;
-  // once, the K (and Q) rows the transposes read. Two slots let the next
-  // key head load while this one computes; resident Q^T saves a load and
-  // transpose in front of every query tile. The rest of the kernel's tiles
-  // fit in the remaining quarter.
+  // A lane needs two PSUM banks for scores (P^T reuses the bank of the
+  // scores it came from) and vDim columns of a bank for O.
+  int64_t outsPerBank = std::max<int64_t>(1, bank / vDim);
+  auto psumBanksFor = [&](int64_t n) {
+    return 2 * n + (n + outsPerBank - 1) / outsPerBank;
+  };
+  for (lanes = 3; lanes > 1 && psumBanksFor(lanes) > k.target.psumBanks;)
+    --lanes;
+  psumCols = psumBanksFor(lanes) * bank;
+  // SBUF: per key-head slot K^T, V and (resident) Q^T of its query heads.
+  // Two slots let the next key head load while this one computes; resident
+  // Q^T saves a load in front of every query tile. The rest of the
+  // kernel's tiles fit in the remaining quarter.
   int64_t elt = std::max<int64_t>(1, qType.getElementTypeBitWidth() / 8);
   int64_t kvBytes = (kvLen + kvUnits * vDim) * elt;
   int64_t qBytes = group * qLen * elt;
-  int64_t kRawBytes = kvUnits * dim * elt, qRawBytes = group * qUnits * dim * elt;
   int64_t budget = k.target.sbufBytesPerPartition * 3 / 4;
-  auto fits = [&](int64_t slots, bool resident) {
-    return slots * (kvBytes + (resident ? qBytes : 0)) + kRawBytes +
-               (resident ? qRawBytes : 0) <=
-           budget;
-  };
   std::pair<int64_t, bool> choices[] = {
       {2, true}, {1, true}, {2, false}, {1, false}};
   auto choice = llvm::find_if(choices, [&](const std::pair<int64_t, bool> &c) {
-    return fits(c.first, c.second);
+    return c.first * (kvBytes + (c.second ? qBytes : 0)) <= budget;
   });
   if (choice == std::end(choices))
     return op.emitOpError("keys of ")
@@ -726,7 +691,7 @@ LogicalResult FlexAttentionLowering::run() {
   negmInit = k.tile(MemorySpace::sbuf, {kUnit, 1}, f32);
   b.create<nisa::MemsetOp>(k.loc, negmInit,
                            APFloat(std::numeric_limits<float>::max()));
-  psum = k.tile(MemorySpace::psum, {kUnit, 4 * lanes * bank}, f32);
+  psum = k.tile(MemorySpace::psum, {kUnit, psumCols}, f32);
   negm = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
   alpha = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
   l = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
@@ -738,41 +703,35 @@ LogicalResult FlexAttentionLowering::run() {
   vSStride = kvSlots * kvUnits * vDim;
   kT = k.tile(MemorySpace::sbuf, {dim, kTStride}, inElt);
   vS = k.tile(MemorySpace::sbuf, {kUnit, vSStride}, inElt);
-  kRaw = k.tile(MemorySpace::sbuf, {kUnit, kvUnits * dim}, inElt);
   if (qResident) {
     qTStride = kvSlots * group * qLen;
     qT = k.tile(MemorySpace::sbuf, {dim, qTStride}, inElt);
-    qRaw = k.tile(MemorySpace::sbuf, {kUnit, group * qUnits * dim}, inElt);
   } else {
-    qLaneIn = k.tile(MemorySpace::sbuf, {kUnit, lanes * dim}, inElt);
     qLaneT = k.tile(MemorySpace::sbuf, {dim, 2 * lanes * kUnit}, inElt);
   }
 
   bool perBatch = blocksShape[0] != 1, perHead = blocksShape[1] != 1;
   // Batches and key heads with one block structure run in loops (per-head
-  // structures unroll the heads). The next key head's DMAs are issued
-  // before this one computes, its transposes after.
+  // structures unroll the heads); the next key head loads while this one
+  // computes.
   for (int64_t bm = 0; bm < blocksShape[0]; ++bm) {
     auto batchBody = [&](Value batchIdx) {
-      auto head = [&](Value h, int64_t slot) {
-        loadHead(batchIdx, h, slot);
-        transposeHead(slot);
-        queryHeads(batchIdx, h, bm, slot);
-      };
       if (perHead || kvSlots == 1) {
+        auto each = [&](Value h) {
+          loadHead(batchIdx, h, 0);
+          queryHeads(batchIdx, h, bm, 0);
+        };
         if (perHead)
           for (int64_t h = 0; h < kvHeads; ++h)
-            head(k.index(h), 0);
+            each(k.index(h));
         else
-          k.forEach(kvHeads, [&](Value h) { head(h, 0); });
+          k.forEach(kvHeads, each);
         return;
       }
       loadHead(batchIdx, k.index(0), 0);
-      transposeHead(0);
       k.forEachRotating(0, kvHeads - 1, 2, [&](Value h, int64_t slot) {
         loadHead(batchIdx, k.addOffset(h, 1), 1 - slot);
         queryHeads(batchIdx, h, bm, slot);
-        transposeHead(1 - slot);
       });
       queryHeads(batchIdx, k.index(kvHeads - 1), bm, (kvHeads - 1) % 2);
     };
@@ -1009,8 +968,8 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
   for (auto &c : cur)
     if (c)
       ps[c->lane] = probabilities(*c);
-  // P^T a 128-key chunk at a time into the lane's P^T bank, then to SBUF on
-  // ScalarE (VectorE has the max and the rescales).
+  // P^T a 128-key chunk at a time into the bank of the step's scores (exp
+  // has read them), then to SBUF.
   for (auto &c : cur) {
     if (!c)
       continue;
@@ -1021,8 +980,8 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
           k.loc,
           k.view(ps[c->lane], k.index(i * kUnit), {rows, keys}, {width, 1}),
           k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}),
-          k.view(psum, k.index((2 * lanes + c->lane) * bank + i * rows),
-                 {keys, rows}, {4 * lanes * bank, 1}));
+          k.view(psum, k.index(scoreBankOf(*c) * bank + i * rows),
+                 {keys, rows}, {psumCols, 1}));
     }
   }
   for (auto &c : cur) {
@@ -1038,8 +997,8 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
     auto copy = [&](int64_t from, int64_t n, nisa::Engine engine) {
       b.create<nisa::CopyOp>(
           k.loc,
-          k.view(psum, k.index((2 * lanes + c->lane) * bank + from * rows),
-                 {keys, n * rows}, {4 * lanes * bank, 1}),
+          k.view(psum, k.index(scoreBankOf(*c) * bank + from * rows),
+                 {keys, n * rows}, {psumCols, 1}),
           k.view(pTs[c->lane], k.index(from * rows), {keys, n * rows},
                  {units * rows, 1}),
           engine);
@@ -1053,7 +1012,11 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
       continue;
     int64_t rows = c->at.rows, width = c->at.width;
     const LaneStep &step = *c->step;
-    Value oPs = psumBank(3 * lanes + c->lane, rows, vDim);
+    int64_t outsPerBank = std::max<int64_t>(1, bank / vDim);
+    Value oPs = k.view(psum,
+                       k.index((2 * lanes + c->lane / outsPerBank) * bank +
+                               c->lane % outsPerBank * vDim),
+                       {rows, vDim}, {psumCols, 1});
     for (int64_t i = 0; i * kUnit < width; ++i) {
       int64_t keys = std::min(kUnit, width - i * kUnit);
       Value stationary = k.view(pTs[c->lane], k.index(i * rows), {keys, rows},
@@ -1087,7 +1050,7 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
 Value FlexAttentionLowering::psumBank(int64_t bankIdx, int64_t rows,
                                       int64_t cols) {
   return k.view(psum, k.index(bankIdx * bank), {rows, cols},
-                {4 * lanes * bank, 1});
+                {psumCols, 1});
 }
 
 /// Column i of a [128, n] tile, `rows` rows.
@@ -1097,13 +1060,13 @@ Value FlexAttentionLowering::column(Value t, int64_t i, int64_t rows) {
 }
 
 Value FlexAttentionLowering::scoresOf(const Cursor &c) {
-  return psumBank(2 * c.lane + c.parity, c.at.rows, c.at.width);
+  return psumBank(scoreBankOf(c), c.at.rows, c.at.width);
 }
 
-/// What exp reads: the raw scores in PSUM (scale on exp, nothing to mask)
-/// or the modified, masked scores in SBUF.
+/// What exp reads: plain scores in PSUM (masked in place; the scale rides on
+/// exp) or the modified, masked scores in SBUF.
 Value FlexAttentionLowering::expSource(const Cursor &c) {
-  if (scaleOnExp && !c.step->keys.partial)
+  if (scaleOnExp)
     return scoresOf(c);
   return k.view(expSrc, k.index((2 * c.lane + c.parity) * bank),
                 {c.at.rows, c.at.width}, {2 * lanes * bank, 1});
@@ -1123,23 +1086,15 @@ Value FlexAttentionLowering::queryT(const Cursor &c, Value qTHead) {
                 {dim, c.at.rows}, {2 * lanes * kUnit, 1});
 }
 
-/// Q^T of a query tile when Q is not resident: a DMA and a TensorE
-/// transpose (through the lane's P^T bank, free at this point).
+/// Q^T of a query tile when Q is not resident: a transposing DMA.
 void FlexAttentionLowering::startTile(const Cursor &c) {
-  int64_t rows = c.at.rows;
   Value qOffset = k.addOffsets(
       k.addOffsets(k.addOffset(k.scale(c.at.batch, q.strides[0]), q.offset),
                    k.scale(c.at.head, q.strides[1])),
       k.scale(c.at.q0, q.strides[2]));
-  Value qIn = k.view(qLaneIn, k.index(c.lane * dim), {rows, dim},
-                     {lanes * dim, 1});
-  k.dma(k.view(q.buffer, qOffset, {rows, dim}, {q.strides[2], q.strides[3]}),
-        qIn);
-  Value qPs = psumBank(2 * lanes + c.lane, dim, rows);
-  b.create<nisa::MatmulOp>(
-      k.loc, qIn, k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}), qPs);
-  b.create<nisa::CopyOp>(k.loc, qPs, queryT(c, Value()),
-                         nisa::Engine::vector);
+  k.dma(k.view(q.buffer, qOffset, {dim, c.at.rows},
+               {q.strides[3], q.strides[2]}),
+        queryT(c, Value()));
 }
 
 /// S = Q K^T of the cursor's step into its score bank.
@@ -1153,74 +1108,85 @@ void FlexAttentionLowering::scores(const Cursor &c, Value qTs) {
 }
 
 /// score_mod and mask_mod on the step's scores (into expSource), then the
-/// new -max: min(-max(row), previous -max).
+/// new -max. Plain scores stay in PSUM: mask_mod adds a 0 / -inf bias to
+/// the partial units in place.
 void FlexAttentionLowering::rowMax(const Cursor &c) {
   const Step &at = c.at;
   int64_t rows = at.rows, width = at.width;
-  Value dst = expSource(c);
-  if (scaleOnExp && !c.step->keys.partial) {
-    emitRowMax(c, dst);
+  Value s = scoresOf(c), dst = expSource(c);
+  if (scaleOnExp) {
+    for (auto [offset, count] : c.step->keys.partialRuns) {
+      Step sub = at;
+      sub.unit = k.addOffset(at.unit, offset);
+      sub.width = std::min(count * kUnit, width - offset * kUnit);
+      Value part = k.view(psum,
+                          k.index(scoreBankOf(c) * bank + offset * kUnit),
+                          {rows, sub.width}, {psumCols, 1});
+      if (!mask(sub, part, part, true))
+        return;
+    }
+    emitRowMax(c, s);
     return;
   }
-  // `src` is what the scores are so far; `inPsum` while they are raw.
-  Value src = scoresOf(c);
-  bool inPsum = true;
-  if (!scaleOnExp) {
-    Value sc = k.tile(MemorySpace::sbuf, {rows, width}, f32);
-    b.create<nisa::ActivationOp>(k.loc, src, sc, Value(),
-                                 nisa::ActivationFn::identity, APFloat(scale),
-                                 APFloat(0.0));
-    src = sc;
-    inPsum = false;
-    if (!plainScores) {
-      Operand score;
-      score.kind = Operand::full;
-      score.tile = sc;
-      SmallVector<Operand> args{score};
-      args.append(scoreArgs);
-      FailureOr<Operand> r = modifier(op.getScoreMod(), args, at);
-      if (::mlir::failed(r)) {
-        failed = true;
-        return;
-      }
-      src = materialize(*r, at, true);
-    }
-  }
-  bool atDst = false;
-  if (c.step->keys.partial) {
-    FailureOr<Operand> r = modifier(op.getMaskMod(), maskArgs, at);
+  Value sc = k.tile(MemorySpace::sbuf, {rows, width}, f32);
+  b.create<nisa::ActivationOp>(k.loc, s, sc, Value(),
+                               nisa::ActivationFn::identity, APFloat(scale),
+                               APFloat(0.0));
+  Value src = sc;
+  if (!plainScores) {
+    Operand score;
+    score.kind = Operand::full;
+    score.tile = sc;
+    SmallVector<Operand> args{score};
+    args.append(scoreArgs);
+    FailureOr<Operand> r = modifier(op.getScoreMod(), args, at);
     if (::mlir::failed(r)) {
       failed = true;
       return;
     }
-    if (r->kind != Operand::imm) {
-      // GpSimd selects in SBUF; raw scores in PSUM get the mask as an
-      // additive 0 / -inf bias on VectorE, a third of a select's cost.
-      Value keep = materialize(*r, at, true);
-      Value inf = k.view(negInf, k.index(0), {rows, width}, {bank, 1});
-      if (inPsum) {
-        Value bias = k.tile(MemorySpace::sbuf, {rows, width}, f32);
-        b.create<nisa::SelectOp>(
-            k.loc, keep, k.view(zeros, k.index(0), {rows, width}, {bank, 1}),
-            inf, bias, nisa::Engine::gpsimd);
-        b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, src, bias,
-                                       dst);
-      } else {
-        b.create<nisa::SelectOp>(k.loc, keep, src, inf, dst,
-                                 nisa::Engine::gpsimd);
-      }
-      atDst = true;
-    } else if (r->value == 0.0) {
-      src = k.view(negInf, k.index(0), {rows, width}, {bank, 1});
-      inPsum = false;
-    }
+    src = materialize(*r, at, true);
   }
-  // GpSimd is idle but cannot read PSUM.
-  if (!atDst)
-    b.create<nisa::CopyOp>(k.loc, src, dst,
-                           inPsum ? nisa::Engine::vector
-                                  : nisa::Engine::gpsimd);
+  // Tiles of one kind: a partial tile is masked whole.
+  if (c.step->keys.partial()) {
+    if (!mask(at, src, dst, false))
+      return;
+  } else {
+    b.create<nisa::CopyOp>(k.loc, src, dst, nisa::Engine::gpsimd);
+  }
   emitRowMax(c, dst);
+}
+
+/// dst = src where mask_mod holds, else -inf, at step `at`. False (and the
+/// lowering failed) when mask_mod cannot be lowered.
+bool FlexAttentionLowering::mask(const Step &at, Value src, Value dst,
+                                 bool inPsum) {
+  FailureOr<Operand> r = modifier(op.getMaskMod(), maskArgs, at);
+  if (::mlir::failed(r)) {
+    failed = true;
+    return false;
+  }
+  Value inf = k.view(negInf, k.index(0), {at.rows, at.width}, {bank, 1});
+  if (r->kind == Operand::imm) {
+    if (r->value == 0.0)
+      b.create<nisa::CopyOp>(k.loc, inf, dst, nisa::Engine::vector);
+    else if (src != dst)
+      b.create<nisa::CopyOp>(k.loc, src, dst, nisa::Engine::vector);
+    return true;
+  }
+  Value keep = materialize(*r, at, true);
+  if (!inPsum) {
+    b.create<nisa::SelectOp>(k.loc, keep, src, inf, dst,
+                             nisa::Engine::gpsimd);
+    return true;
+  }
+  // GpSimd cannot read PSUM: it makes the mask a 0 / -inf bias, which
+  // VectorE adds (a third of a select's cost).
+  Value bias = k.tile(MemorySpace::sbuf, {at.rows, at.width}, f32);
+  b.create<nisa::SelectOp>(
+      k.loc, keep, k.view(zeros, k.index(0), {at.rows, at.width}, {bank, 1}),
+      inf, bias, nisa::Engine::gpsimd);
+  b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, src, bias, dst);
+  return true;
 }
 
 /// -max of the step's final scores `src`: min(-max(row), previous -max).
@@ -1265,7 +1231,8 @@ void FlexAttentionLowering::rescaleFactor(const Cursor &c) {
 }
 
 /// out = O / max(l, tiny) (a fully masked row has O = 0 and l = 0) and
-/// lse = max + log(l) (-inf for such a row), stored.
+/// lse = max + log(l) (-inf for such a row), stored. All in SBUF: GpSimd
+/// computes it, off VectorE.
 void FlexAttentionLowering::finishTile(const Cursor &c) {
   const Step &at = c.at;
   int64_t rows = at.rows, at2 = 2 * c.lane + c.step->set;
@@ -1273,13 +1240,13 @@ void FlexAttentionLowering::finishTile(const Cursor &c) {
   Value lc = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
   b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::max, ls, lc, Value(),
                                  APFloat(std::numeric_limits<float>::min()),
-                                 false);
+                                 false, nisa::Engine::gpsimd);
   Value res = k.view(oOut, k.index(at2 * vDim), {rows, vDim},
                      {2 * lanes * vDim, 1});
   b.create<nisa::TensorScalarOp>(
       k.loc, nisa::AluOp::divide,
       k.view(o, k.index(at2 * vDim), {rows, vDim}, {2 * lanes * vDim, 1}), res,
-      lc, APFloat(0.0), false);
+      lc, APFloat(0.0), false, nisa::Engine::gpsimd);
   Value outOffset = k.addOffsets(k.addOffsets(k.scale(at.batch, outStrides[0]),
                                               k.scale(at.head, outStrides[1])),
                                  k.scale(at.q0, outStrides[2]));
@@ -1290,7 +1257,8 @@ void FlexAttentionLowering::finishTile(const Cursor &c) {
   b.create<nisa::ActivationOp>(k.loc, ls, lt, Value(), nisa::ActivationFn::log,
                                APFloat(1.0), APFloat(0.0));
   b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::subtract, lt,
-                                 negmOf(c.lane, c.parity, rows), lt);
+                                 negmOf(c.lane, c.parity, rows), lt,
+                                 nisa::Engine::gpsimd);
   Value lseOffset = k.addOffsets(k.addOffsets(k.scale(at.batch, lseStrides[0]),
                                               k.scale(at.head, lseStrides[1])),
                                  at.q0);

@@ -3,42 +3,38 @@
 // RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | grep -c "nisa.select" | FileCheck %s --check-prefix=SELECTS
 
 // Causal blocks of a 256-row sequence: query tile 0 sees key unit 0 (partial)
-// and skips unit 1 (masked); query tile 1 sees unit 0 (full: no mask_mod) and
-// unit 1 (partial). The tiles run in two lanes, interleaved, longest first. Matmuls: 2 K
-// and 2 Q transposes, per key step S = QK^T, P^T and PV (3 steps): 13.
-// mask_mod (iota indices and a select) runs on the 2 partial steps only.
-// MATMULS: 13
+// and skips unit 1 (masked); query tile 1 sees unit 0 (full) and unit 1
+// (partial), one key step of 256 keys that masks its second unit only. The
+// tiles run in lanes, interleaved, longest first. Matmuls: per key step
+// S = QK^T (2), per unit P^T and PV (3 + 3): 8. mask_mod (iota indices and
+// a select) runs on the 2 partial units only.
+// MATMULS: 8
 // SELECTS: 2
 
 // CHECK-LABEL: func.func @causal
 // CHECK: nisa.iota %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 1.000000e+00 : f64, multipliers = array<f64: -1.000000e+00>}
-// K and Q: DMAs, then TensorE transposes.
+// V, then K^T and Q^T by transposing DMAs.
 // CHECK-COUNT-3: nisa.dma_copy
-// CHECK-COUNT-2: nisa.matmul
-// CHECK: nisa.copy
-// CHECK-COUNT-2: nisa.matmul
-// CHECK: nisa.copy
-// The first round: both lanes' scores. Lane 0 has the longer query tile 1,
-// whose full step has no mask; lane 1's query tile 0 is partial: kv index (a
-// row) and q index (a column) by iota, q >= kv and a 0 / -inf bias on GpSimd,
-// added to the raw scores before the row max.
-// CHECK-COUNT-2: nisa.matmul
-// CHECK-NOT: nisa.select
-// CHECK: nisa.tensor_reduce max
-// CHECK: nisa.scalar_tensor_tensor
+// The first round: both lanes' scores (query tile 0: 128 keys, tile 1: 256),
+// then each masks its partial unit in PSUM: kv index (a row) and q index (a
+// column) by iota, q >= kv and a 0 / -inf bias on GpSimd, added in place;
+// then the max over all the step's keys.
+// CHECK: nisa.matmul {{.*}}, memref<128x128xf32, {{.*}}psum
+// CHECK: nisa.matmul {{.*}}, memref<128x256xf32, {{.*}}psum
 // CHECK: nisa.iota %{{.*}} offset %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 0.000000e+00 : f64, multipliers = array<f64: 1.000000e+00>}
 // CHECK: nisa.iota %{{.*}} offset %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 1.000000e+00 : f64, multipliers = array<f64: 0.000000e+00>}
 // CHECK: nisa.tensor_scalar ge {{.*}}engine = #nisa.engine<gpsimd>
 // CHECK: nisa.select {{.*}}engine = #nisa.engine<gpsimd>
-// CHECK: nisa.tensor_tensor add
-// CHECK: nisa.tensor_reduce max
+// CHECK: nisa.tensor_tensor add [[PART:%[a-z_0-9]+]], %{{[a-z_0-9]+}}, [[PART]] : memref<128x128xf32, {{.*}}psum
+// CHECK: nisa.tensor_reduce max %{{.*}} : memref<128x128xf32
 // CHECK: nisa.scalar_tensor_tensor
-// The next round: lane 0's second (partial) scores, then both lanes' first
-// probabilities with their row sums.
-// CHECK: nisa.matmul
 // CHECK: nisa.select
+// CHECK: nisa.tensor_tensor add [[PART2:%[a-z_0-9]+]], %{{[a-z_0-9]+}}, [[PART2]] : memref<128x128xf32, {{.*}}psum
+// CHECK: nisa.tensor_reduce max %{{.*}} : memref<128x256xf32
+// The next round: both lanes' probabilities with their row sums.
 // CHECK: nisa.activation exp {{.*}} accumulate
 // CHECK: nisa.activation exp {{.*}} accumulate
+// CHECK-NOT: nisa.select
 func.func @causal(%q: tensor<1x1x256x64xf32>, %k: tensor<1x1x256x64xf32>, %v: tensor<1x1x256x64xf32>) -> tensor<1x1x256x64xf32> {
   %o, %l = neuron.flex_attention %q, %k, %v {block_size = array<i64: 128, 128>, blocks = dense<[[[[1, 0], [2, 1]]]]> : tensor<1x1x2x2xi8>, scale = 1.250000e-01 : f64} : tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32> -> tensor<1x1x256x64xf32>, tensor<1x1x256xf32>
     score_mod {
