@@ -129,7 +129,8 @@ private:
   void scores(const Cursor &c, Value qTs);
   void rowMax(const Cursor &c);
   void emitRowMax(const Cursor &c, Value src);
-  bool mask(const Step &at, Value src, Value dst, bool inPsum);
+  void maskBias(const Cursor &c);
+  Value biasOf(const Cursor &c, int64_t offset, int64_t cols);
   Value probabilities(const Cursor &c);
   void rescaleFactor(const Cursor &c);
   void finishTile(const Cursor &c);
@@ -190,6 +191,7 @@ private:
   Value negm, alpha;                 // [128, lanes x 2 parities]
   Value l, o, oOut, lseTile;         // per lane x 2 sets
   Value expSrc;                      // [128, lanes x 2 parities x bank]
+  Value maskBiases;                  // [128, lanes x 2 parities x bank]
   // K^T [dim, slots x keys], V [128, slots x units x vDim] and, when
   // `qResident`, Q^T of the key head's query heads [dim, slots x group x
   // queries].
@@ -699,6 +701,7 @@ LogicalResult FlexAttentionLowering::run() {
   o = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * vDim}, f32);
   oOut = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * vDim}, inElt);
   expSrc = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * bank}, f32);
+  maskBiases = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * bank}, f32);
   kTStride = kvSlots * kvUnits * kUnit;
   vSStride = kvSlots * kvUnits * vDim;
   kT = k.tile(MemorySpace::sbuf, {dim, kTStride}, inElt);
@@ -782,7 +785,7 @@ bool FlexAttentionLowering::sameRound(ArrayRef<Lane> lanes, int64_t r,
                                       int64_t r2, int64_t qShift) const {
   for (const Lane &lane : lanes) {
     int64_t n = lane.size();
-    for (int64_t s : {r, r + 1}) {
+    for (int64_t s : {r, r + 1, r + 2}) {
       int64_t s2 = s + (r2 - r);
       if ((s < n) != (s2 < n))
         return false;
@@ -955,6 +958,12 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
     next.push_back(cursor(i, r + 1, 1 - parity));
     cur.push_back(cursor(i, r, parity));
   }
+  // mask_mod depends on indices only: GpSimd computes it two steps ahead,
+  // so the masking never waits for it.
+  if (r == -1)
+    for (int64_t i = 0; i < lanes; ++i)
+      if (auto c = cursor(i, 0, 0); c && c->step->keys.partial())
+        maskBias(*c);
   for (auto &c : next)
     if (c) {
       if (c->step->first && !qResident)
@@ -1045,6 +1054,9 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
   for (auto &c : next)
     if (c && !c->step->first)
       rescaleFactor(*c);
+  for (int64_t i = 0; i < lanes; ++i)
+    if (auto c = cursor(i, r + 2, parity); c && c->step->keys.partial())
+      maskBias(*c);
 }
 
 Value FlexAttentionLowering::psumBank(int64_t bankIdx, int64_t rows,
@@ -1107,23 +1119,21 @@ void FlexAttentionLowering::scores(const Cursor &c, Value qTs) {
       scoresOf(c));
 }
 
-/// score_mod and mask_mod on the step's scores (into expSource), then the
-/// new -max. Plain scores stay in PSUM: mask_mod adds a 0 / -inf bias to
-/// the partial units in place.
+/// score_mod and the mask on the step's scores (into expSource), then the
+/// new -max. Plain scores stay in PSUM: the partial units get their mask
+/// bias added in place.
 void FlexAttentionLowering::rowMax(const Cursor &c) {
   const Step &at = c.at;
   int64_t rows = at.rows, width = at.width;
   Value s = scoresOf(c), dst = expSource(c);
   if (scaleOnExp) {
     for (auto [offset, count] : c.step->keys.partialRuns) {
-      Step sub = at;
-      sub.unit = k.addOffset(at.unit, offset);
-      sub.width = std::min(count * kUnit, width - offset * kUnit);
+      int64_t cols = std::min(count * kUnit, width - offset * kUnit);
       Value part = k.view(psum,
                           k.index(scoreBankOf(c) * bank + offset * kUnit),
-                          {rows, sub.width}, {psumCols, 1});
-      if (!mask(sub, part, part, true))
-        return;
+                          {rows, cols}, {psumCols, 1});
+      b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, part,
+                                     biasOf(c, offset, cols), part);
     }
     emitRowMax(c, s);
     return;
@@ -1146,47 +1156,49 @@ void FlexAttentionLowering::rowMax(const Cursor &c) {
     }
     src = materialize(*r, at, true);
   }
-  // Tiles of one kind: a partial tile is masked whole.
-  if (c.step->keys.partial()) {
-    if (!mask(at, src, dst, false))
-      return;
-  } else {
+  // Tiles of one kind here: a partial tile is masked whole.
+  if (c.step->keys.partial())
+    b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, src,
+                                   biasOf(c, 0, width), dst,
+                                   nisa::Engine::gpsimd);
+  else
     b.create<nisa::CopyOp>(k.loc, src, dst, nisa::Engine::gpsimd);
-  }
   emitRowMax(c, dst);
 }
 
-/// dst = src where mask_mod holds, else -inf, at step `at`. False (and the
-/// lowering failed) when mask_mod cannot be lowered.
-bool FlexAttentionLowering::mask(const Step &at, Value src, Value dst,
-                                 bool inPsum) {
-  FailureOr<Operand> r = modifier(op.getMaskMod(), maskArgs, at);
-  if (::mlir::failed(r)) {
-    failed = true;
-    return false;
+/// The mask of a step's partial units as a 0 / -inf bias (GpSimd).
+void FlexAttentionLowering::maskBias(const Cursor &c) {
+  for (auto [offset, count] : c.step->keys.partialRuns) {
+    Step sub = c.at;
+    sub.unit = k.addOffset(c.at.unit, offset);
+    sub.width = std::min(count * kUnit, c.at.width - offset * kUnit);
+    Value bias = biasOf(c, offset, sub.width);
+    FailureOr<Operand> r = modifier(op.getMaskMod(), maskArgs, sub);
+    if (::mlir::failed(r)) {
+      failed = true;
+      return;
+    }
+    if (r->kind == Operand::imm) {
+      b.create<nisa::MemsetOp>(
+          k.loc, bias,
+          APFloat(r->value != 0.0 ? 0.0
+                                  : -std::numeric_limits<float>::infinity()));
+      continue;
+    }
+    auto full = [&](Value t) {
+      return k.view(t, k.index(0), {sub.rows, sub.width}, {bank, 1});
+    };
+    b.create<nisa::SelectOp>(k.loc, materialize(*r, sub, true), full(zeros),
+                             full(negInf), bias, nisa::Engine::gpsimd);
   }
-  Value inf = k.view(negInf, k.index(0), {at.rows, at.width}, {bank, 1});
-  if (r->kind == Operand::imm) {
-    if (r->value == 0.0)
-      b.create<nisa::CopyOp>(k.loc, inf, dst, nisa::Engine::vector);
-    else if (src != dst)
-      b.create<nisa::CopyOp>(k.loc, src, dst, nisa::Engine::vector);
-    return true;
-  }
-  Value keep = materialize(*r, at, true);
-  if (!inPsum) {
-    b.create<nisa::SelectOp>(k.loc, keep, src, inf, dst,
-                             nisa::Engine::gpsimd);
-    return true;
-  }
-  // GpSimd cannot read PSUM: it makes the mask a 0 / -inf bias, which
-  // VectorE adds (a third of a select's cost).
-  Value bias = k.tile(MemorySpace::sbuf, {at.rows, at.width}, f32);
-  b.create<nisa::SelectOp>(
-      k.loc, keep, k.view(zeros, k.index(0), {at.rows, at.width}, {bank, 1}),
-      inf, bias, nisa::Engine::gpsimd);
-  b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, src, bias, dst);
-  return true;
+}
+
+/// Columns [offset units, + cols) of a step's mask bias.
+Value FlexAttentionLowering::biasOf(const Cursor &c, int64_t offset,
+                                    int64_t cols) {
+  return k.view(maskBiases,
+                k.index((2 * c.lane + c.parity) * bank + offset * kUnit),
+                {c.at.rows, cols}, {2 * lanes * bank, 1});
 }
 
 /// -max of the step's final scores `src`: min(-max(row), previous -max).

@@ -15,20 +15,21 @@
 // CHECK: nisa.iota %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 1.000000e+00 : f64, multipliers = array<f64: -1.000000e+00>}
 // V, then K^T and Q^T by transposing DMAs.
 // CHECK-COUNT-3: nisa.dma_copy
-// The first round: both lanes' scores (query tile 0: 128 keys, tile 1: 256),
-// then each masks its partial unit in PSUM: kv index (a row) and q index (a
-// column) by iota, q >= kv and a 0 / -inf bias on GpSimd, added in place;
-// then the max over all the step's keys.
-// CHECK: nisa.matmul {{.*}}, memref<128x128xf32, {{.*}}psum
-// CHECK: nisa.matmul {{.*}}, memref<128x256xf32, {{.*}}psum
+// mask_mod of both lanes' first steps, ahead of their scores, on GpSimd: kv
+// index (a row) and q index (a column) by iota, q >= kv, a 0 / -inf bias.
 // CHECK: nisa.iota %{{.*}} offset %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 0.000000e+00 : f64, multipliers = array<f64: 1.000000e+00>}
 // CHECK: nisa.iota %{{.*}} offset %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 1.000000e+00 : f64, multipliers = array<f64: 0.000000e+00>}
 // CHECK: nisa.tensor_scalar ge {{.*}}engine = #nisa.engine<gpsimd>
 // CHECK: nisa.select {{.*}}engine = #nisa.engine<gpsimd>
+// CHECK: nisa.select {{.*}}engine = #nisa.engine<gpsimd>
+// The first round: both lanes' scores (query tile 0: 128 keys, tile 1: 256),
+// each partial unit's bias added in place in PSUM, then the max over all the
+// step's keys.
+// CHECK: nisa.matmul {{.*}}, memref<128x128xf32, {{.*}}psum
+// CHECK: nisa.matmul {{.*}}, memref<128x256xf32, {{.*}}psum
 // CHECK: nisa.tensor_tensor add [[PART:%[a-z_0-9]+]], %{{[a-z_0-9]+}}, [[PART]] : memref<128x128xf32, {{.*}}psum
 // CHECK: nisa.tensor_reduce max %{{.*}} : memref<128x128xf32
 // CHECK: nisa.scalar_tensor_tensor
-// CHECK: nisa.select
 // CHECK: nisa.tensor_tensor add [[PART2:%[a-z_0-9]+]], %{{[a-z_0-9]+}}, [[PART2]] : memref<128x128xf32, {{.*}}psum
 // CHECK: nisa.tensor_reduce max %{{.*}} : memref<128x256xf32
 // The next round: both lanes' probabilities with their row sums.
