@@ -153,6 +153,8 @@ private:
   FailureOr<Operand> modifier(Region &region, ArrayRef<Operand> args,
                               const Step &at);
   Value materialize(const Operand &v, const Step &at, bool asFull);
+  Value gatherWindow(Value buffer, Value first, int64_t rowStride,
+                     int64_t colStride, int64_t rows, int64_t cols);
   Value iota(const Affine &a, const Step &at, bool asFull);
   Value indexValue(const Affine &a, const Step &at);
 
@@ -187,6 +189,10 @@ private:
   int64_t lanes = 1;
   Value psum;
   int64_t psumCols = 0;
+  // With captured tensors: a PSUM bank and anti-identities (by size) that
+  // flip windows read backwards.
+  int64_t miscBank = 0;
+  DenseMap<int64_t, Value> antiIdentity;
   Value ident, negInf, zeros, negmInit;
   Value negm, alpha;                 // [128, lanes x 2 parities]
   Value l, o, oOut, lseTile;         // per lane x 2 sets
@@ -290,6 +296,48 @@ Value FlexAttentionLowering::indexValue(const Affine &a, const Step &at) {
   if (a.ckv != 0)
     term(k.scale(at.unit, kUnit), a.ckv);
   return v;
+}
+
+/// The [rows, cols] window of a captured table whose element (i, j) is at
+/// `first` + i * rowStride + j * colStride, as an fp32 SBUF tile. DMAs need
+/// positive strides: a window read backwards along one axis is loaded in
+/// reverse and flipped back by a TensorE matmul against an anti-identity.
+Value FlexAttentionLowering::gatherWindow(Value buffer, Value first,
+                                          int64_t rowStride, int64_t colStride,
+                                          int64_t rows, int64_t cols) {
+  Value t = k.tile(MemorySpace::sbuf, {rows, cols}, f32);
+  if (rowStride >= 0 && colStride >= 0) {
+    k.dma(k.view(buffer, first, {rows, cols}, {rowStride, colStride}), t);
+    return t;
+  }
+  Value flipped = k.view(psum, k.index(miscBank * bank), {rows, cols},
+                         {psumCols, 1});
+  if (rowStride < 0) {
+    // R[i'] = window[rows - 1 - i'], then window = J^T R.
+    Value reversed = k.tile(MemorySpace::sbuf, {rows, cols}, f32);
+    k.dma(k.view(buffer, k.addOffset(first, rowStride * (rows - 1)),
+                 {rows, cols}, {-rowStride, colStride}),
+          reversed);
+    b.create<nisa::MatmulOp>(k.loc, antiIdentity.lookup(rows), reversed,
+                             flipped);
+  } else {
+    // Per chunk of up to 128 columns from the right: its reversed transpose
+    // R^T (a transposing DMA), then window[:, chunk] = (R^T)^T J.
+    for (int64_t c0 = 0; c0 < cols; c0 += kUnit) {
+      int64_t n = std::min(kUnit, cols - c0);
+      Value reversedT = k.tile(MemorySpace::sbuf, {n, rows}, f32);
+      int64_t lastCol = cols - 1 - c0;
+      k.dma(k.view(buffer, k.addOffset(first, colStride * lastCol), {n, rows},
+                   {-colStride, rowStride}),
+            reversedT);
+      b.create<nisa::MatmulOp>(
+          k.loc, reversedT, antiIdentity.lookup(n),
+          k.view(psum, k.index(miscBank * bank + cols - c0 - n), {rows, n},
+                 {psumCols, 1}));
+    }
+  }
+  b.create<nisa::CopyOp>(k.loc, flipped, t, nisa::Engine::scalar);
+  return t;
 }
 
 /// An affine index as fp32 values: a column (no kv term) or a tile.
@@ -424,17 +472,14 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
         return fail("indexes a captured tensor of " + Twine(table.elements) +
                     " elements at " + Twine(lo) + ".." + Twine(hi) +
                     " (out of bounds)");
-      if (a.cq < 0 || a.ckv < 0)
-        return fail("indexes a captured tensor backwards along q_idx or "
-                    "kv_idx (not supported yet)");
       bool full = a.ckv != 0;
-      Value t = k.tile(MemorySpace::sbuf, {at.rows, full ? at.width : 1}, f32);
+      if (a.cq < 0 && a.ckv < 0)
+        return fail("indexes a captured tensor backwards along both q_idx "
+                    "and kv_idx (not supported)");
       Value offset = k.addOffset(indexValue(a, at), table.offset + a.c0);
-      k.dma(k.view(table.buffer, offset, {at.rows, full ? at.width : 1},
-                   {a.cq, full ? a.ckv : 1}),
-            t);
       result.kind = full ? Operand::full : Operand::column;
-      result.tile = t;
+      result.tile = gatherWindow(table.buffer, offset, a.cq, full ? a.ckv : 1,
+                                 at.rows, full ? at.width : 1);
     } else if (auto unary = dyn_cast<UnaryOp>(inner)) {
       Operand x = get(unary.getInput());
       if (x.kind == Operand::table)
@@ -626,9 +671,13 @@ LogicalResult FlexAttentionLowering::run() {
   auto psumBanksFor = [&](int64_t n) {
     return 2 * n + (n + outsPerBank - 1) / outsPerBank;
   };
-  for (lanes = 3; lanes > 1 && psumBanksFor(lanes) > k.target.psumBanks;)
+  bool tables = !op.getScoreBuffers().empty() || !op.getMaskBuffers().empty();
+  int64_t extra = tables ? 1 : 0;
+  for (lanes = 3;
+       lanes > 1 && psumBanksFor(lanes) + extra > k.target.psumBanks;)
     --lanes;
-  psumCols = psumBanksFor(lanes) * bank;
+  miscBank = psumBanksFor(lanes);
+  psumCols = (miscBank + extra) * bank;
   // SBUF: per key-head slot K^T, V and (resident) Q^T of its query heads.
   // Two slots let the next key head load while this one computes; resident
   // Q^T saves a load in front of every query tile. The rest of the
@@ -694,6 +743,19 @@ LogicalResult FlexAttentionLowering::run() {
   b.create<nisa::MemsetOp>(k.loc, negmInit,
                            APFloat(std::numeric_limits<float>::max()));
   psum = k.tile(MemorySpace::psum, {kUnit, psumCols}, f32);
+  if (tables)
+    for (int64_t n : {kUnit, qLen % kUnit, kvLen % kUnit}) {
+      if (n == 0 || antiIdentity.count(n))
+        continue;
+      // (p + j) - (n - 1) == 0.
+      Value sum = k.tile(MemorySpace::sbuf, {n, n}, f32);
+      b.create<nisa::IotaOp>(k.loc, sum, APFloat((double)(1 - n)),
+                             APFloat(1.0), b.getDenseF64ArrayAttr({1.0}));
+      Value j = k.tile(MemorySpace::sbuf, {n, n}, f32);
+      b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::eq, sum, j, Value(),
+                                     APFloat(0.0), false);
+      antiIdentity[n] = j;
+    }
   negm = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
   alpha = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
   l = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);

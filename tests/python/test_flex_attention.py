@@ -160,20 +160,19 @@ def test_soft_cap(dtype: torch.dtype) -> None:
     run(*qkv(1, 2, 256, 64, dtype), score_mod=soft_cap(5.0))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a captured table indexed by kv_idx - q_idx + c is read backwards along the query "
-    "rows; the kernel cannot load it yet (a compile error says so)",
-)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_relative_position_bias(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("direction", ["kv-q", "q-kv"])
+def test_relative_position_bias(dtype: torch.dtype, direction: str) -> None:
+    # The table is read backwards along the query rows (kv - q) or the keys
+    # (q - kv): the kernel loads it reversed and flips it on TensorE.
     s, h = 200, 2
     table = torch.randn(h, 2 * s - 1, generator=torch.Generator().manual_seed(1))
 
     def bias(score: Any, b: Any, hh: Any, q: Any, kv: Any) -> Any:
-        return score + table[hh, kv - q + s - 1]
+        offset = kv - q if direction == "kv-q" else q - kv
+        return score + table[hh, offset + s - 1]
 
-    run(*qkv(1, h, s, 32, dtype), score_mod=bias)
+    run(*qkv(1, h, s, 32, dtype), score_mod=bias, block_mask=block_mask(causal, s))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,6 +1,6 @@
 // RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | FileCheck %s
-// RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | grep -c "nisa.matmul" | FileCheck %s --check-prefix=MATMULS
-// RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | grep -c "nisa.select" | FileCheck %s --check-prefix=SELECTS
+// RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | sed -n '/@causal/,/@relative_bias/p' | grep -c "nisa.matmul" | FileCheck %s --check-prefix=MATMULS
+// RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | sed -n '/@causal/,/@relative_bias/p' | grep -c "nisa.select" | FileCheck %s --check-prefix=SELECTS
 
 // Causal blocks of a 256-row sequence: query tile 0 sees key unit 0 (partial)
 // and skips unit 1 (masked); query tile 1 sees unit 0 (full) and unit 1
@@ -41,6 +41,33 @@ func.func @causal(%q: tensor<1x1x256x64xf32>, %k: tensor<1x1x256x64xf32>, %v: te
     score_mod {
     ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
       neuron.yield %s : tensor<f32>
+    } mask_mod {
+    ^bb0(%bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      %m = neuron.binary ge %qi, %kvi : tensor<i32>, tensor<i32> -> tensor<i1>
+      neuron.yield %m : tensor<i1>
+    }
+  return %o : tensor<1x1x256x64xf32>
+}
+
+// A relative position bias table[kv - q + 255] is read backwards along the
+// query rows: each window is loaded in reverse (positive strides) and flipped
+// back by a matmul against the anti-identity (iota p + j - 127 == 0).
+// CHECK-LABEL: func.func @relative_bias
+// CHECK: nisa.iota %{{.*}} {base = -1.270000e+02 : f64, channel_multiplier = 1.000000e+00 : f64, multipliers = array<f64: 1.000000e+00>}
+// CHECK: nisa.tensor_scalar eq
+// CHECK: nisa.dma_copy %{{.*}}, %[[REV:[a-z_0-9]+]] : memref<128x128xf32, strided<[1, 1], offset: ?>>
+// CHECK: nisa.matmul %{{.*}}, %[[REV]], %{{.*}} : memref<128x128xf32
+// CHECK: nisa.copy
+func.func @relative_bias(%q: tensor<1x1x256x64xf32>, %k: tensor<1x1x256x64xf32>, %v: tensor<1x1x256x64xf32>, %t: tensor<511xf32>) -> tensor<1x1x256x64xf32> {
+  %o, %l = neuron.flex_attention %q, %k, %v score_buffers(%t : tensor<511xf32>) {block_size = array<i64: 128, 128>, blocks = dense<[[[[1, 0], [2, 1]]]]> : tensor<1x1x2x2xi8>, scale = 1.250000e-01 : f64} : tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32> -> tensor<1x1x256x64xf32>, tensor<1x1x256xf32>
+    score_mod {
+    ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>, %tab: tensor<511xf32>):
+      %d = neuron.binary sub %kvi, %qi : tensor<i32>, tensor<i32> -> tensor<i32>
+      %c = neuron.constant dense<255> : tensor<i32>
+      %i = neuron.binary add %d, %c : tensor<i32>, tensor<i32> -> tensor<i32>
+      %x = neuron.gather %tab[%i] : tensor<511xf32>, tensor<i32> -> tensor<f32>
+      %r = neuron.binary add %s, %x : tensor<f32>, tensor<f32> -> tensor<f32>
+      neuron.yield %r : tensor<f32>
     } mask_mod {
     ^bb0(%bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
       %m = neuron.binary ge %qi, %kvi : tensor<i32>, tensor<i32> -> tensor<i1>
