@@ -24,13 +24,15 @@ BlockMask), so fully masked blocks are skipped and fully kept ones skip the mask
 
 Graphs that need gradients keep SDPA's math decomposition (matmul + softmax + matmul, see
 :func:`torchneuron.decompositions.math_attention`): the FlexAttention kernel has no backward yet.
-Calls with ``dropout_p > 0``, inputs that are not 4-D, head dims above 128 or sizes the kernel
-cannot see as static also keep the math path.
+Calls with ``dropout_p > 0``, inputs that are not 4-D or head dims above 128 also keep the math
+path (a head dim that is symbolic when the graph is traced, ``dynamic=True``, is checked when
+it is specialized: above 128 the call falls back to eager SDPA, counted in the stats).
 """
 
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -153,8 +155,21 @@ def _static(value: object) -> int | None:
     return None
 
 
+def _same(*sizes: object) -> bool:
+    """Whether sizes (ints or SymInts) are equal for every value of their symbols (no guard
+    is added)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return all(statically_known_true(a == b) for a, b in itertools.pairwise(sizes))  # type: ignore[arg-type]
+
+
+#: Element types of query, key and value the kernel takes.
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def _routable(call: dict[str, Any]) -> bool:
-    """Whether the FlexAttention kernel computes this SDPA call (see the module docstring)."""
+    """Whether the FlexAttention kernel computes this SDPA call (see the module docstring).
+    Sizes may be symbolic: the backend specializes them per call."""
     if call["dropout_p"] not in (0, 0.0) or not isinstance(call["is_causal"], bool):
         return False
     if not isinstance(call["enable_gqa"], bool):
@@ -169,18 +184,23 @@ def _routable(call: dict[str, Any]) -> bool:
             return False
         vals.append(val)
     q, k, v = vals
-    if not q.dtype.is_floating_point or not q.dtype == k.dtype == v.dtype:
+    if q.dtype not in _DTYPES or not q.dtype == k.dtype == v.dtype:
         return False
-    dims = [_static(s) for s in (*q.shape, *k.shape, *v.shape)]
-    if any(d is None for d in dims):
+    if not (
+        _same(q.shape[0], k.shape[0], v.shape[0])
+        and _same(k.shape[1], v.shape[1])
+        and _same(k.shape[2], v.shape[2])
+        and _same(q.shape[3], k.shape[3])
+    ):
         return False
-    (b, h, _, e), (bk, hk, s, ek), (bv, hv, sv, ev) = dims[:4], dims[4:8], dims[8:]
-    if not (b == bk == bv and hk == hv and s == sv and e == ek):
-        return False
-    if not (hk == h or (call["enable_gqa"] and hk > 0 and h % hk == 0)):
-        return False
-    if not (0 < e <= MAX_HEAD_DIM and 0 < ev <= MAX_HEAD_DIM):  # type: ignore[operator]
-        return False
+    if not (_same(q.shape[1], k.shape[1]) or call["enable_gqa"]):
+        return False  # with enable_gqa, SDPA itself checked that key heads divide query heads
+    # A symbolic head dim is checked when the graph is specialized (a counted fallback to
+    # eager SDPA when it is above the limit then).
+    for dim in (q.shape[3], v.shape[3]):
+        static = _static(dim)
+        if static is not None and not 0 < static <= MAX_HEAD_DIM:
+            return False
     mask = call["attn_mask"]
     if mask is None:
         return True
@@ -190,7 +210,7 @@ def _routable(call: dict[str, Any]) -> bool:
     return (
         isinstance(m, torch.Tensor)
         and m.dim() <= 4
-        and (m.dtype == torch.bool or m.dtype.is_floating_point)
+        and (m.dtype == torch.bool or m.dtype in _DTYPES)
     )
 
 
@@ -356,8 +376,10 @@ def flex_form(node: torch.fx.Node) -> FlexForm:
 
     q, k, _, mask, is_causal, scale, _ = node.args
     assert isinstance(q, torch.fx.Node) and isinstance(k, torch.fx.Node)
-    qv, kv = q.meta["val"], k.meta["val"]
+    qv, kv, vv = q.meta["val"], k.meta["val"], node.args[2].meta["val"]  # type: ignore[union-attr]
     q_len, kv_len = int(qv.shape[-2]), int(kv.shape[-2])
+    if int(qv.shape[-1]) > MAX_HEAD_DIM or int(vv.shape[-1]) > MAX_HEAD_DIM:
+        raise ValueError(f"head dims above {MAX_HEAD_DIM} are not supported by the kernel")
     score = torch.zeros((), dtype=qv.dtype)
     blocks = node.meta.get(BLOCKS_META)
     if mask is None:

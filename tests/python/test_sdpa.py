@@ -237,6 +237,45 @@ def test_module_with_parameters_under_no_grad(compile_calls: list[CompileCall]) 
     assert not any("bmm" in t or "exp" in t or "amax" in t for t in targets), targets
 
 
+def test_dynamic_shapes_with_a_mask(compile_calls: list[CompileCall]) -> None:
+    # All sizes symbolic (head dim too): one kernel per call size, each a flex node.
+    attend = torch.compile(F.scaled_dot_product_attention, backend="neuron", dynamic=True)
+    for s in (100, 260):
+        q, k, v = qkv(1, 2, s, 16, torch.float32)
+        mask = torch.rand(1, 1, s, s, generator=torch.Generator().manual_seed(s)) > 0.4
+        with torch.no_grad():
+            out = attend(q, k, v, mask)
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, mask))
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {} and stats["recompiles"] >= 1
+    assert len(flex_nodes(compile_calls)) == 2
+
+
+def test_symbolic_head_dim_above_128_is_a_counted_fallback(
+    compile_calls: list[CompileCall],
+) -> None:
+    q, k, v = qkv(1, 1, 64, 160, torch.float32)
+    with torch.no_grad():
+        attend = torch.compile(F.scaled_dot_product_attention, backend="neuron", dynamic=True)
+        out = attend(q, k, v, is_causal=True)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, ref)
+    assert torchneuron.stats()["ops_fallback"] == {"torchneuron.attention.default": 1}
+    assert flex_nodes(compile_calls) == []
+
+
+def test_float16(compile_calls: list[CompileCall]) -> None:
+    q, k, v = qkv(1, 2, 200, 32, torch.float16)
+    with torch.no_grad():
+        out = torch.compile(F.scaled_dot_product_attention, backend="neuron")(
+            q, k, v, None, 0.0, True
+        )
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out.float(), ref.float(), atol=3e-3, rtol=3e-3)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert len(flex_nodes(compile_calls)) == 1
+
+
 def math_targets(calls: list[CompileCall]) -> set[str]:
     targets = {n["target"] for c in calls for n in c.document["nodes"]}
     return {t for t in targets if t.split(".")[1] in ("bmm", "exp", "amax", "div", "sum")}
