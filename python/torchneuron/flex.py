@@ -184,11 +184,15 @@ class BlockMaskValues:
         self.wanted = wanted
         self.constant = not any(n.op == "placeholder" for n in self.nodes)
         self.cached: dict[str, torch.Tensor] | None = None
+        self.structures: set[Hashable] = set()  # SDPA mask block structures compiled for
 
     def __call__(self, args: Sequence[object]) -> dict[str, torch.Tensor]:
         """``{node name: tensor}`` for every BlockMask tensor node, and ``{SDPA node name:
-        block classes}`` for every routed SDPA call with a mask."""
-        from torchneuron.sdpa import mask_block_classes
+        block classes}`` for every routed SDPA call with a mask. After
+        :data:`~torchneuron.sdpa.MAX_MASK_STRUCTURES` distinct block structures, a mask with
+        yet another one gets no entry: its kernel treats every block as partial (correct for
+        any mask), so masks that change their structure every call stop compiling kernels."""
+        from torchneuron.sdpa import MAX_MASK_STRUCTURES, mask_block_classes
 
         if self.cached is not None:
             return self.cached
@@ -208,13 +212,20 @@ class BlockMaskValues:
             values.pop(mask.name, None)
             value = env[mask]
             assert isinstance(value, torch.Tensor)
-            values[node.name] = mask_block_classes(value)
+            classes = mask_block_classes(value)
+            structure = (node.name, tuple(classes.shape), classes.numpy().tobytes())
+            if structure not in self.structures:
+                if len(self.structures) >= MAX_MASK_STRUCTURES:
+                    continue
+                self.structures.add(structure)
+            values[node.name] = classes
         if self.constant:
             self.cached = values
         return values
 
     def key(self, values: dict[str, torch.Tensor]) -> Hashable:
-        """What selects a kernel besides sizes: the BlockMask tensors' contents."""
+        """What selects a kernel besides sizes: the BlockMask tensors' contents (the block
+        classes of SDPA masks)."""
         return tuple(
             (name, tuple(t.shape), t.detach().to("cpu").contiguous().numpy().tobytes())
             for name, t in sorted(values.items())

@@ -20,7 +20,8 @@ express SDPA's arguments (:func:`flex_form`):
 
 Block classes of a tensor mask are computed from its content when the graph is called
 (:func:`mask_block_classes`; the backend compiles one kernel per block structure, like for a
-BlockMask), so fully masked blocks are skipped and fully kept ones skip the mask.
+BlockMask), so fully masked blocks are skipped and fully kept ones skip the mask. Past
+:data:`MAX_MASK_STRUCTURES` structures, further ones share a kernel whose blocks are all partial.
 
 Graphs that need gradients keep SDPA's math decomposition (matmul + softmax + matmul, see
 :func:`torchneuron.decompositions.math_attention`): the FlexAttention kernel has no backward yet.
@@ -44,6 +45,7 @@ import torch.nn.functional as F
 __all__ = [
     "ATTENTION",
     "MAX_HEAD_DIM",
+    "MAX_MASK_STRUCTURES",
     "SDPA_BLOCK",
     "FlexForm",
     "causal_block_classes",
@@ -60,6 +62,10 @@ SDPA_BLOCK = 128
 #: Largest query/key and value head dim the FlexAttention kernel takes (TensorE contracts over
 #: at most 128 partitions).
 MAX_HEAD_DIM = 128
+
+#: Distinct block structures of SDPA masks a compiled graph gets kernels for; masks with other
+#: structures share one kernel that treats every block as partial.
+MAX_MASK_STRUCTURES = 8
 
 #: Classes of a block, as in :mod:`torchneuron.flex`.
 _MASKED, _PARTIAL, _FULL = 0, 1, 2

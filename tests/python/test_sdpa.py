@@ -214,6 +214,25 @@ def test_mask_content_with_the_same_blocks_reuses_the_kernel(
     ]
 
 
+def test_masks_past_the_structure_limit_share_an_all_partial_kernel(
+    compile_calls: list[CompileCall], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A padding mask whose structure changes every call: after the limit, one kernel whose
+    # blocks are all partial serves every further structure.
+    monkeypatch.setattr("torchneuron.sdpa.MAX_MASK_STRUCTURES", 1)
+    q, k, v = qkv(1, 2, 256, 32, torch.float32)
+    attend = torch.compile(F.scaled_dot_product_attention, backend="neuron")
+    for length in (256, 100, 200, 20):
+        mask = (torch.arange(256) < length)[None, :]
+        with torch.no_grad():
+            out = attend(q, k, v, mask)
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, mask))
+    assert torchneuron.stats()["ops_fallback"] == {}
+    first, partial = flex_nodes(compile_calls)
+    assert blocks_of(first).unique().tolist() == [FULL]
+    assert partial["kwargs"]["blocks"] is None
+
+
 def test_module_with_parameters_under_no_grad(compile_calls: list[CompileCall]) -> None:
     # Parameters require grad, but grad mode is off: an inference graph, so SDPA is routed.
     class Attention(torch.nn.Module):
