@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchneuron import config, flex, fx_json, partition, specialize
+from torchneuron import config, flex, fx_json, partition, sdpa, specialize
 from torchneuron._native import Kernel, native
 from torchneuron._stats import STATS
 from torchneuron.decompositions import math_attention, neuron_decompositions
@@ -42,6 +42,10 @@ def neuron_backend(
 
     ``options={"target": "trn2" | "trn3"}`` picks the chip (default ``trn2``, or
     ``$TORCHNEURON_TARGET``). ``mode`` is accepted and has no effect.
+
+    A graph that needs no gradient has its SDPA calls routed to the FlexAttention kernel
+    (:mod:`torchneuron.sdpa`); a training graph keeps SDPA's math path (matmul + softmax +
+    matmul), differentiable by ``aot_autograd``, because that kernel has no backward yet.
     """
     from torch._dynamo.backends.common import aot_autograd
 
@@ -65,6 +69,8 @@ def neuron_backend(
         inference_compiler=neuron_compiler,
         decompositions=neuron_decompositions(),
     )
+    if not sdpa.needs_grad(gm, example_inputs):
+        sdpa.route_attention(gm)
     with math_attention():  # forward and backward graphs are traced in this call
         return aot(gm, example_inputs)
 
@@ -85,7 +91,7 @@ def compile_aten_graph(
 
     del example_inputs  # node.meta["val"] has everything the compiler needs
     runner: Callable[..., Any]
-    if specialize.is_static(gm) and not flex.flex_nodes(gm):
+    if specialize.is_static(gm) and not flex.call_dependent(gm):
         with unset_fake_temporarily():  # AOT calls compilers inside its fake mode
             runner = build_graph(gm, target, dump)
     else:
@@ -133,7 +139,7 @@ def build_graph(
 class SpecializingGraph:
     """Runs a graph that needs its call's inputs to compile: one compiled graph per tuple of
     concrete sizes (symbolic shapes) and per BlockMask content (FlexAttention, see
-    :mod:`torchneuron.flex`)."""
+    :mod:`torchneuron.flex`) or SDPA mask block structure (:mod:`torchneuron.sdpa`)."""
 
     def __init__(self, gm: torch.fx.GraphModule, target: str, dump: Path | None = None) -> None:
         self.gm = gm

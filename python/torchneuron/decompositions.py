@@ -60,6 +60,10 @@ def math_attention() -> contextlib.AbstractContextManager[None]:
     attention weights as the flash kernel's logsumexp: wrong gradients. A decomposition-table
     entry for ``aten.scaled_dot_product_attention`` cannot fix this: composite ops decompose in
     C++ before the table is consulted. The backend choice can.
+
+    In graphs that need no gradient the SDPA calls the FlexAttention kernel takes are no longer
+    SDPA when this applies (:mod:`torchneuron.sdpa`): the math path is for training graphs and
+    for the calls the kernel does not take.
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -8,6 +8,10 @@ compiled: the backend compiles one kernel per distinct BlockMask it is called wi
 (:class:`BlockMaskValues`), after :func:`annotate` has stored each node's block classes in
 ``node.meta``; the BlockMask tensors then no longer reach the device
 (:func:`detach_block_masks`).
+
+SDPA calls routed to the same kernel (:mod:`torchneuron.sdpa`) with a tensor ``attn_mask`` get
+their block classes the same way: computed from the mask each call, one kernel per block
+structure.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ __all__ = [
     "BlockMaskValues",
     "annotate",
     "block_classes",
+    "call_dependent",
     "detach_block_masks",
     "flex_nodes",
     "is_flex_attention",
@@ -50,6 +55,23 @@ def is_flex_attention(node: torch.fx.Node) -> bool:
 
 def flex_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if is_flex_attention(n)]
+
+
+def _masked_attention(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
+    """``(node, attn_mask node)`` of each routed SDPA call with a tensor mask."""
+    from torchneuron.sdpa import is_attention
+
+    return [
+        (n, n.args[3])
+        for n in gm.graph.nodes
+        if is_attention(n) and isinstance(n.args[3], torch.fx.Node)
+    ]
+
+
+def call_dependent(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm``'s kernels depend on tensor contents of each call: a FlexAttention
+    BlockMask or an SDPA mask (block classes are part of the program)."""
+    return bool(flex_nodes(gm) or _masked_attention(gm))
 
 
 @dataclass(frozen=True)
@@ -140,7 +162,8 @@ class BlockMaskValues:
     """Evaluates the BlockMask tensors of a graph's flex nodes for one call: graph inputs are
     read, tensors computed in the graph (``create_block_mask`` traced with the model, or the
     default mask of ``block_mask=None``) are computed from the call's inputs in eager PyTorch,
-    once when they depend on no input."""
+    once when they depend on no input. The masks of routed SDPA calls are evaluated the same
+    way and reduced to their block classes (:func:`torchneuron.sdpa.mask_block_classes`)."""
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
         self.gm = gm
@@ -148,6 +171,8 @@ class BlockMaskValues:
         for node in flex_nodes(gm):
             mask = parse_block_mask(node.args[4])  # type: ignore[arg-type]
             wanted += [t for t in mask.tensors() if isinstance(t, torch.fx.Node)]
+        self.attention_masks = _masked_attention(gm)
+        wanted += [m for _, m in self.attention_masks]
         needed: set[torch.fx.Node] = set()
         stack = list(wanted)
         while stack:
@@ -159,9 +184,16 @@ class BlockMaskValues:
         self.wanted = wanted
         self.constant = not any(n.op == "placeholder" for n in self.nodes)
         self.cached: dict[str, torch.Tensor] | None = None
+        self.structures: set[Hashable] = set()  # SDPA mask block structures compiled for
 
     def __call__(self, args: Sequence[object]) -> dict[str, torch.Tensor]:
-        """``{node name: tensor}`` for every BlockMask tensor node."""
+        """``{node name: tensor}`` for every BlockMask tensor node, and ``{SDPA node name:
+        block classes}`` for every routed SDPA call with a mask. After
+        :data:`~torchneuron.sdpa.MAX_MASK_STRUCTURES` distinct block structures, a mask with
+        yet another one gets no entry: its kernel treats every block as partial (correct for
+        any mask), so masks that change their structure every call stop compiling kernels."""
+        from torchneuron.sdpa import MAX_MASK_STRUCTURES, mask_block_classes
+
         if self.cached is not None:
             return self.cached
         inputs = iter(args)
@@ -176,12 +208,24 @@ class BlockMaskValues:
                 kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
                 env[node] = node.target(*args_, **kwargs)  # type: ignore[operator]
         values = {n.name: v for n in self.wanted if isinstance(v := env[n], torch.Tensor)}
+        for node, mask in self.attention_masks:
+            values.pop(mask.name, None)
+            value = env[mask]
+            assert isinstance(value, torch.Tensor)
+            classes = mask_block_classes(value)
+            structure = (node.name, tuple(classes.shape), classes.numpy().tobytes())
+            if structure not in self.structures:
+                if len(self.structures) >= MAX_MASK_STRUCTURES:
+                    continue
+                self.structures.add(structure)
+            values[node.name] = classes
         if self.constant:
             self.cached = values
         return values
 
     def key(self, values: dict[str, torch.Tensor]) -> Hashable:
-        """What selects a kernel besides sizes: the BlockMask tensors' contents."""
+        """What selects a kernel besides sizes: the BlockMask tensors' contents (the block
+        classes of SDPA masks)."""
         return tuple(
             (name, tuple(t.shape), t.detach().to("cpu").contiguous().numpy().tobytes())
             for name, t in sorted(values.items())
@@ -190,7 +234,18 @@ class BlockMaskValues:
 
 def annotate(gm: torch.fx.GraphModule, values: dict[str, torch.Tensor]) -> None:
     """Store the block classes of each flex node of ``gm`` whose BlockMask tensors are in
-    ``values`` (by node name)."""
+    ``values`` (by node name), and of each routed SDPA call whose mask's classes are."""
+    from torchneuron.sdpa import expand_block_classes
+
+    for node, _ in _masked_attention(gm):
+        if node.name in values:
+            query, key = node.args[0], node.args[1]
+            assert isinstance(query, torch.fx.Node) and isinstance(key, torch.fx.Node)
+            node.meta[BLOCKS_META] = expand_block_classes(
+                values[node.name],
+                int(query.meta["val"].shape[-2]),
+                int(key.meta["val"].shape[-2]),
+            )
     for node in flex_nodes(gm):
         mask = parse_block_mask(node.args[4])  # type: ignore[arg-type]
         tensors = [

@@ -15,13 +15,13 @@ import math
 import operator
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
-from torchneuron import flex
+from torchneuron import flex, sdpa
 
 __all__ = [
     "DTYPE_NAMES",
@@ -327,6 +327,9 @@ class _Writer:
         if flex.is_flex_attention(node):
             self.flex_attention(node)
             return
+        if sdpa.is_attention(node):
+            self.attention(node)
+            return
         if not isinstance(target, torch._ops.OpOverload):
             self.fail(node, f"{_target_name(target)} is not an ATen operator")
             return
@@ -367,43 +370,102 @@ class _Writer:
             if isinstance(options, Mapping) and options.get("OUTPUT_MAX"):
                 if any(u.target is operator.getitem and u.args[1] == 2 for u in node.users):
                     raise _Unencodable("the max-score output (OUTPUT_MAX) is not supported")
-            blocks = node.meta.get(flex.BLOCKS_META)
-            entry: dict[str, Any] = {
-                "name": node.name,
-                "target": "higher_order.flex_attention",
-                "args": [self.encode(q), self.encode(k), self.encode(v)],
-                "kwargs": {
-                    "scale": self.encode(scale),
-                    "block_size": [mask.q_block, mask.kv_block],
-                    "blocks": None
-                    if blocks is None
-                    else {
-                        "shape": list(blocks.shape),
-                        "data": base64.b64encode(blocks.numpy().tobytes()).decode("ascii"),
-                    },
-                    "score_buffers": [self.encode(b) for b in score_buffers if _is_node(b)],
-                    "mask_buffers": [self.encode(b) for b in mask_buffers if _is_node(b)],
-                },
-                "score_mod": self.subgraph(score_mod, "score_mod", 5, score_buffers),
-                "mask_mod": self.subgraph(mask.mask_mod, "mask_mod", 4, mask_buffers),
-                "outputs": _result_specs(node.meta.get("val"))[:2],
-            }
+            entry = self.flex_entry(
+                node,
+                (q, k, v),
+                scale,
+                (mask.q_block, mask.kv_block),
+                node.meta.get(flex.BLOCKS_META),
+                [b for b in score_buffers if _is_node(b)],
+                [b for b in mask_buffers if _is_node(b)],
+                self.subgraph(score_mod, "score_mod", 5, score_buffers),
+                self.subgraph(mask.mask_mod, "mask_mod", 4, mask_buffers),
+                _result_specs(node.meta.get("val"))[:2],
+            )
         except _Unencodable as e:
             self.fail(node, str(e))
             return
         self.add_node(node, entry)
 
+    def attention(self, node: torch.fx.Node) -> None:
+        """``torchneuron::attention`` (an SDPA call, :mod:`torchneuron.sdpa`) as the
+        FlexAttention node computing it; its log-sum-exp output is left unused."""
+        try:
+            try:
+                form = sdpa.flex_form(node)
+            except Exception as e:  # a counted fallback to eager SDPA, never a crash
+                raise _Unencodable(f"SDPA call not expressible as FlexAttention: {e}") from None
+            out = tensor_spec(node.meta.get("val"))
+            lse = {"dtype": "float32", "shape": out["shape"][:-1]}
+            entry = self.flex_entry(
+                node,
+                node.args[:3],
+                form.scale,
+                (sdpa.SDPA_BLOCK, sdpa.SDPA_BLOCK),
+                form.blocks,
+                list(form.score_buffers),
+                list(form.mask_buffers),
+                self.module_doc(form.score_mod, "score_mod", 5, form.score_buffers),
+                self.module_doc(form.mask_mod, "mask_mod", 4, form.mask_buffers),
+                [out, lse],
+            )
+        except _Unencodable as e:
+            self.fail(node, str(e))
+            return
+        self.add_node(node, entry)
+
+    def flex_entry(
+        self,
+        node: torch.fx.Node,
+        qkv: Sequence[object],
+        scale: object,
+        block_size: tuple[int, int],
+        blocks: torch.Tensor | None,
+        score_buffers: list[object],
+        mask_buffers: list[object],
+        score_mod: dict[str, Any],
+        mask_mod: dict[str, Any],
+        outputs: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        """A ``higher_order.flex_attention`` document node."""
+        return {
+            "name": node.name,
+            "target": "higher_order.flex_attention",
+            "args": [self.encode(t) for t in qkv],
+            "kwargs": {
+                "scale": self.encode(scale),
+                "block_size": list(block_size),
+                "blocks": None
+                if blocks is None
+                else {
+                    "shape": list(blocks.shape),
+                    "data": base64.b64encode(blocks.numpy().tobytes()).decode("ascii"),
+                },
+                "score_buffers": [self.encode(b) for b in score_buffers],
+                "mask_buffers": [self.encode(b) for b in mask_buffers],
+            },
+            "score_mod": score_mod,
+            "mask_mod": mask_mod,
+            "outputs": outputs,
+        }
+
     def subgraph(
         self, attr: object, what: str, indices: int, buffers: tuple[object, ...]
     ) -> dict[str, Any]:
-        """A ``get_attr`` submodule (a FlexAttention modifier) as a nested document. Its
-        placeholders are ``indices`` index scalars, then one per buffer; a buffer that is a
-        number (a specialized closure variable) becomes a literal."""
+        """A ``get_attr`` submodule (a FlexAttention modifier) as a nested document."""
         if not isinstance(attr, torch.fx.Node) or attr.op != "get_attr":
             raise _Unencodable(f"{what} is not a traced subgraph")
         sub = fetch_attr(self.gm, str(attr.target))
         if not isinstance(sub, torch.fx.GraphModule):
             raise _Unencodable(f"{what} is not a traced subgraph")
+        return self.module_doc(sub, what, indices, buffers)
+
+    def module_doc(
+        self, sub: torch.fx.GraphModule, what: str, indices: int, buffers: tuple[object, ...]
+    ) -> dict[str, Any]:
+        """A FlexAttention modifier graph as a nested document. Its placeholders are
+        ``indices`` index scalars, then one per buffer; a buffer that is a number (a
+        specialized closure variable) becomes a literal."""
         placeholders = sub.graph.find_nodes(op="placeholder")
         if len(placeholders) != indices + len(buffers):
             raise _Unencodable(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,7 @@ if importlib.util.find_spec("torchneuron") is None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
 import torch  # noqa: E402
+from graph_capture import CompileCall  # noqa: E402
 
 import torchneuron  # noqa: E402
 
@@ -49,3 +52,18 @@ def real_native() -> ModuleType:
     import importlib
 
     return importlib.import_module("torchneuron._C")
+
+
+@pytest.fixture
+def compile_calls(real_native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> list[CompileCall]:
+    """Every ``_C.compile_graph`` call of the test, recorded by a spy that calls the real one."""
+    calls: list[CompileCall] = []
+    real = real_native.compile_graph
+
+    def spy(document: str, target: str = "trn2", *args: Any, **kwargs: Any) -> Any:
+        kernel = real(document, target, *args, **kwargs)
+        calls.append(CompileCall(json.loads(document), target, kernel))
+        return kernel
+
+    monkeypatch.setattr(real_native, "compile_graph", spy)
+    return calls

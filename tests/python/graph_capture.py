@@ -1,12 +1,23 @@
-"""Capture the ATen graphs the backend would see, without compiling them."""
+"""Capture the ATen graphs the backend would see, without compiling them, and the documents
+it compiles (:class:`CompileCall`, recorded by the ``compile_calls`` fixture of conftest.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
+
+
+@dataclass
+class CompileCall:
+    """One call of the real ``_C.compile_graph``."""
+
+    document: dict[str, Any]
+    target: str
+    kernel: Any
 
 
 def aten_graphs(

@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,6 +26,7 @@ import pytest
 import torch
 import torch._dynamo
 import torch.nn.functional as F
+from graph_capture import CompileCall
 
 import torchneuron
 from torchneuron import config
@@ -52,35 +52,11 @@ MLP_ARGS = (torch.randn(4, 8), torch.randn(8, 16), torch.randn(16, 8))
 CUMSUM_LINE = f"{__file__}:{mlp_with_cumsum.__code__.co_firstlineno + 2}"
 
 
-@dataclass
-class CompileCall:
-    """One call of the real ``_C.compile_graph``."""
-
-    document: dict[str, Any]
-    target: str
-    kernel: Any
-
-
 @pytest.fixture(autouse=True)
 def _no_backend_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests set the backend's environment variables themselves."""
     for name in (config.TARGET_ENV, config.VERBOSE_ENV, config.DUMP_ENV):
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def compile_calls(real_native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> list[CompileCall]:
-    """Every ``_C.compile_graph`` call of the test, recorded by a spy that calls the real one."""
-    calls: list[CompileCall] = []
-    real = real_native.compile_graph
-
-    def spy(document: str, target: str = "trn2", *args: Any, **kwargs: Any) -> Any:
-        kernel = real(document, target, *args, **kwargs)
-        calls.append(CompileCall(json.loads(document), target, kernel))
-        return kernel
-
-    monkeypatch.setattr(real_native, "compile_graph", spy)
-    return calls
 
 
 def test_stats_count_compiles_and_runs(compile_calls: list[CompileCall]) -> None:

@@ -1,0 +1,374 @@
+"""``F.scaled_dot_product_attention`` on the FlexAttention kernel (inference graphs): golden
+checks against eager SDPA on CPU.
+
+Every inference case asserts that nothing fell back to eager and that the compiled document
+is one ``higher_order.flex_attention`` node, with none of the math path's matmul + softmax
+ops; block classes are checked where they decide which blocks the kernel skips. Training
+graphs keep the math path (matmul + softmax + matmul), which ``aot_autograd`` differentiates.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from graph_capture import CompileCall
+
+import torchneuron
+from torchneuron.sdpa import causal_block_classes, expand_block_classes, mask_block_classes
+
+# As in test_flex_attention.py: fp32 scores and softmax on the device; bf16 rounds P before
+# P @ V on TensorE where eager keeps fp32.
+TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
+DTYPES = [torch.float32, torch.bfloat16]
+FLEX = "higher_order.flex_attention"
+MASKED, PARTIAL, FULL = 0, 1, 2
+
+
+def qkv(
+    b: int, h: int, s: int, d: int, dtype: torch.dtype, *, kv_heads: int = 0, kv_len: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    kv_heads, kv_len = kv_heads or h, kv_len or s
+    q = torch.randn(b, h, s, d, generator=g).to(dtype)
+    k = torch.randn(b, kv_heads, kv_len, d, generator=g).to(dtype)
+    v = torch.randn(b, kv_heads, kv_len, d, generator=g).to(dtype)
+    return q, k, v
+
+
+def flex_nodes(calls: list[CompileCall]) -> list[dict[str, Any]]:
+    return [n for c in calls for n in c.document["nodes"] if n["target"] == FLEX]
+
+
+def blocks_of(node: dict[str, Any]) -> torch.Tensor:
+    blocks = node["kwargs"]["blocks"]
+    data = bytearray(base64.b64decode(blocks["data"]))
+    return torch.frombuffer(data, dtype=torch.int8).reshape(blocks["shape"])
+
+
+def run(
+    calls: list[CompileCall],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
+    """Compiles and runs SDPA without gradients, checks it against eager and that it became
+    one FlexAttention node; returns that node."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: Any) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kw)
+
+    with torch.no_grad():
+        ref = attend(q, k, v, mask)
+        out = torch.compile(attend, backend="neuron", fullgraph=True)(q, k, v, mask)
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {}, stats
+    tol = TOL[q.dtype]
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+    (doc,) = [c.document for c in calls]
+    assert [n["target"] for n in doc["nodes"]] == [FLEX]
+    (node,) = doc["nodes"]
+    return node
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_causal(compile_calls: list[CompileCall], dtype: torch.dtype) -> None:
+    node = run(compile_calls, *qkv(1, 2, 300, 32, dtype), is_causal=True)
+    blocks = blocks_of(node)
+    # 3 x 3 units: above the diagonal skipped, below it without the mask.
+    expected = [[PARTIAL, MASKED, MASKED], [FULL, PARTIAL, MASKED], [FULL, FULL, PARTIAL]]
+    assert blocks.tolist() == [[expected]]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("q_len", "kv_len"), [(200, 333), (333, 200), (1, 77)])
+def test_causal_cross_lengths(
+    compile_calls: list[CompileCall], dtype: torch.dtype, q_len: int, kv_len: int
+) -> None:
+    # SDPA's causal mask is top-left aligned: query i sees keys 0..i whatever the lengths.
+    run(compile_calls, *qkv(1, 2, q_len, 32, dtype, kv_len=kv_len), is_causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shape", [(200, 300), (1, 1, 200, 300), (2, 1, 200, 300), (2, 2, 200, 300), (2, 1, 1, 300)]
+)
+def test_bool_mask(
+    compile_calls: list[CompileCall], dtype: torch.dtype, shape: tuple[int, ...]
+) -> None:
+    mask = torch.rand(shape, generator=torch.Generator().manual_seed(1)) > 0.3
+    node = run(compile_calls, *qkv(2, 2, 200, 32, dtype, kv_len=300), mask)
+    assert node["kwargs"]["mask_buffers"] and not node["kwargs"]["score_buffers"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_padding_mask_skips_blocks(compile_calls: list[CompileCall], dtype: torch.dtype) -> None:
+    # [B, 1, 1, S]: batch 0 keeps 100 keys, batch 1 all 384; keys 256.. of batch 0 are one
+    # masked unit the kernel skips, keys 0..127 of both a unit it reads without the mask.
+    lengths = torch.tensor([100, 384])
+    mask = (torch.arange(384) < lengths[:, None])[:, None, None, :]
+    node = run(compile_calls, *qkv(2, 2, 256, 32, dtype, kv_len=384), mask)
+    blocks = blocks_of(node)
+    assert blocks.shape == (2, 1, 2, 3)
+    assert blocks[0, 0].tolist() == [[PARTIAL, MASKED, MASKED]] * 2
+    assert blocks[1, 0].tolist() == [[FULL, FULL, FULL]] * 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(200, 300), (2, 2, 200, 300), (2, 1, 1, 300)])
+def test_additive_mask(
+    compile_calls: list[CompileCall], dtype: torch.dtype, shape: tuple[int, ...]
+) -> None:
+    mask = torch.randn(shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    node = run(compile_calls, *qkv(2, 2, 200, 32, dtype, kv_len=300), mask)
+    assert node["kwargs"]["score_buffers"] == node["kwargs"]["mask_buffers"] != []
+    assert blocks_of(node).unique().tolist() == [FULL]  # finite everywhere: no mask needed
+
+
+def test_additive_mask_with_inf(compile_calls: list[CompileCall]) -> None:
+    # -inf entries are masked (mask_mod), so blocks of -inf are skipped, and rows that are
+    # -inf throughout give 0 like eager SDPA (whose softmax is "safe": no NaN).
+    mask = torch.randn(1, 1, 256, 256, generator=torch.Generator().manual_seed(3))
+    mask[..., 128:] = float("-inf")
+    mask[..., 5, :] = float("-inf")
+    node = run(compile_calls, *qkv(1, 2, 256, 32, torch.float32), mask)
+    assert blocks_of(node).tolist() == [[[[PARTIAL, MASKED], [FULL, MASKED]]]]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fully_masked_rows_are_zero_like_eager(
+    compile_calls: list[CompileCall], dtype: torch.dtype
+) -> None:
+    # Eager SDPA gives 0 (not NaN) for a query row whose keys are all masked; so does the
+    # kernel: row 3 in a partial block, rows 140.. in a block of their own.
+    mask = torch.ones(150, 150, dtype=torch.bool).tril()
+    mask[3] = False
+    mask[128:] = False
+    mask[128:140, :5] = True
+    q, k, v = qkv(1, 2, 150, 16, dtype)
+    with torch.no_grad():
+        out = torch.compile(F.scaled_dot_product_attention, backend="neuron")(q, k, v, mask)
+        ref = F.scaled_dot_product_attention(q, k, v, mask)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert len(flex_nodes(compile_calls)) == 1
+    assert (ref[:, :, 3] == 0).all() and (ref[:, :, 140:] == 0).all()
+    torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    assert (out[:, :, 3] == 0).all() and (out[:, :, 140:] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gqa(compile_calls: list[CompileCall], dtype: torch.dtype) -> None:
+    node = run(
+        compile_calls, *qkv(1, 8, 256, 64, dtype, kv_heads=2), is_causal=True, enable_gqa=True
+    )
+    assert node["outputs"][0]["shape"] == [1, 8, 256, 64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gqa_with_mask(compile_calls: list[CompileCall], dtype: torch.dtype) -> None:
+    mask = torch.rand(1, 4, 130, 130, generator=torch.Generator().manual_seed(4)) > 0.5
+    run(compile_calls, *qkv(1, 4, 130, 32, dtype, kv_heads=2), mask, enable_gqa=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_custom_scale(compile_calls: list[CompileCall], dtype: torch.dtype) -> None:
+    node = run(compile_calls, *qkv(1, 2, 200, 32, dtype), is_causal=True, scale=0.3)
+    assert node["kwargs"]["scale"] == 0.3
+    mask = torch.randn(200, 200, generator=torch.Generator().manual_seed(5))
+    compile_calls.clear()
+    torchneuron.reset_stats()
+    run(compile_calls, *qkv(1, 2, 200, 32, dtype), mask, scale=0.05)
+
+
+def test_default_scale(compile_calls: list[CompileCall]) -> None:
+    node = run(compile_calls, *qkv(1, 2, 64, 48, torch.float32))
+    assert node["kwargs"]["scale"] == pytest.approx(48**-0.5)
+    assert blocks_of(node).tolist() == [[[[FULL]]]]
+
+
+def test_mask_content_with_the_same_blocks_reuses_the_kernel(
+    compile_calls: list[CompileCall],
+) -> None:
+    # The kernel depends on the mask's block classes, not on its content: two masks with the
+    # same classes share one kernel, a third with other classes compiles another.
+    q, k, v = qkv(1, 2, 256, 32, torch.float32)
+    attend = torch.compile(F.scaled_dot_product_attention, backend="neuron")
+    g = torch.Generator().manual_seed(6)
+    first = torch.rand(256, 256, generator=g) > 0.5
+    second = torch.rand(256, 256, generator=g) > 0.5
+    third = first.clone()
+    third[:128, 128:] = False
+    for mask in (first, second, third):
+        with torch.no_grad():
+            out = attend(q, k, v, mask)
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, mask))
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert len(compile_calls) == 2
+    assert blocks_of(flex_nodes(compile_calls)[1]).tolist() == [
+        [[[PARTIAL, MASKED], [PARTIAL, PARTIAL]]]
+    ]
+
+
+def test_masks_past_the_structure_limit_share_an_all_partial_kernel(
+    compile_calls: list[CompileCall], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A padding mask whose structure changes every call: after the limit, one kernel whose
+    # blocks are all partial serves every further structure.
+    monkeypatch.setattr("torchneuron.sdpa.MAX_MASK_STRUCTURES", 1)
+    q, k, v = qkv(1, 2, 256, 32, torch.float32)
+    attend = torch.compile(F.scaled_dot_product_attention, backend="neuron")
+    for length in (256, 100, 200, 20):
+        mask = (torch.arange(256) < length)[None, :]
+        with torch.no_grad():
+            out = attend(q, k, v, mask)
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, mask))
+    assert torchneuron.stats()["ops_fallback"] == {}
+    first, partial = flex_nodes(compile_calls)
+    assert blocks_of(first).unique().tolist() == [FULL]
+    assert partial["kwargs"]["blocks"] is None
+
+
+def test_module_with_parameters_under_no_grad(compile_calls: list[CompileCall]) -> None:
+    # Parameters require grad, but grad mode is off: an inference graph, so SDPA is routed.
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(32, 96)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).view(1, -1, 3, 2, 16).permute(2, 0, 3, 1, 4).unbind(0)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    torch.manual_seed(0)
+    model = Attention()
+    x = torch.randn(1, 140, 32)
+    with torch.no_grad():
+        out = torch.compile(model, backend="neuron")(x)
+        torch.testing.assert_close(out, model(x), atol=1e-4, rtol=1e-4)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert len(flex_nodes(compile_calls)) == 1
+    targets = [n["target"] for c in compile_calls for n in c.document["nodes"]]
+    assert not any("bmm" in t or "exp" in t or "amax" in t for t in targets), targets
+
+
+def test_dynamic_shapes_with_a_mask(compile_calls: list[CompileCall]) -> None:
+    # All sizes symbolic (head dim too): one kernel per call size, each a flex node.
+    attend = torch.compile(F.scaled_dot_product_attention, backend="neuron", dynamic=True)
+    for s in (100, 260):
+        q, k, v = qkv(1, 2, s, 16, torch.float32)
+        mask = torch.rand(1, 1, s, s, generator=torch.Generator().manual_seed(s)) > 0.4
+        with torch.no_grad():
+            out = attend(q, k, v, mask)
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, mask))
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {} and stats["recompiles"] >= 1
+    assert len(flex_nodes(compile_calls)) == 2
+
+
+def test_symbolic_head_dim_above_128_is_a_counted_fallback(
+    compile_calls: list[CompileCall],
+) -> None:
+    q, k, v = qkv(1, 1, 64, 160, torch.float32)
+    with torch.no_grad():
+        attend = torch.compile(F.scaled_dot_product_attention, backend="neuron", dynamic=True)
+        out = attend(q, k, v, is_causal=True)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, ref)
+    assert torchneuron.stats()["ops_fallback"] == {"torchneuron.attention.default": 1}
+    assert flex_nodes(compile_calls) == []
+
+
+def test_float16(compile_calls: list[CompileCall]) -> None:
+    q, k, v = qkv(1, 2, 200, 32, torch.float16)
+    with torch.no_grad():
+        out = torch.compile(F.scaled_dot_product_attention, backend="neuron")(
+            q, k, v, None, 0.0, True
+        )
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out.float(), ref.float(), atol=3e-3, rtol=3e-3)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert len(flex_nodes(compile_calls)) == 1
+
+
+def math_targets(calls: list[CompileCall]) -> set[str]:
+    targets = {n["target"] for c in calls for n in c.document["nodes"]}
+    return {t for t in targets if t.split(".")[1] in ("bmm", "exp", "amax", "div", "sum")}
+
+
+def test_training_keeps_the_math_path(compile_calls: list[CompileCall]) -> None:
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def leaves() -> list[torch.Tensor]:
+        return [t.requires_grad_() for t in qkv(1, 2, 140, 16, torch.float32)]
+
+    ours, ref = leaves(), leaves()
+    out = torch.compile(attention, backend="neuron")(*ours)
+    out.square().sum().backward()
+    attention(*ref).square().sum().backward()
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert flex_nodes(compile_calls) == []
+    assert {"aten.bmm.default", "aten.exp.default"} <= math_targets(compile_calls)
+
+
+def test_dropout_keeps_the_math_path(compile_calls: list[CompileCall]) -> None:
+    # dropout_p > 0 (the caller's choice even without gradients) is not a FlexAttention
+    # call: the math path with its random mask, on the device where it can be.
+    q, k, v = qkv(1, 2, 64, 16, torch.float32)
+    with torch.no_grad():
+        out = torch.compile(
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.5),
+            backend="neuron",
+        )(q, k, v)
+    assert out.shape == (1, 2, 64, 16)
+    assert flex_nodes(compile_calls) == []
+    assert "aten.bmm.default" in math_targets(compile_calls)
+
+
+def test_head_dim_above_128_keeps_the_math_path(compile_calls: list[CompileCall]) -> None:
+    q, k, v = qkv(1, 1, 64, 160, torch.float32)
+    with torch.no_grad():
+        out = torch.compile(F.scaled_dot_product_attention, backend="neuron")(q, k, v)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), atol=1e-4, rtol=1e-4)
+    assert flex_nodes(compile_calls) == []
+    assert "aten.bmm.default" in math_targets(compile_calls)
+
+
+# -- block classes ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("q_len", "kv_len"), [(300, 300), (1, 77), (130, 500), (500, 130)])
+def test_causal_classes_are_the_classes_of_the_causal_mask(q_len: int, kv_len: int) -> None:
+    tril = torch.ones(q_len, kv_len, dtype=torch.bool).tril()
+    assert torch.equal(causal_block_classes(q_len, kv_len), mask_block_classes(tril))
+
+
+def test_mask_classes() -> None:
+    mask = torch.zeros(2, 1, 200, 260, dtype=torch.bool)
+    mask[0, :, :128, :128] = True  # full unit
+    mask[0, :, 150, 3] = True  # one entry
+    mask[1, :, 128:, 256:] = True  # the ragged corner unit: 72 x 4 entries, all kept
+    classes = mask_block_classes(mask)
+    assert classes.tolist() == [
+        [[[FULL, MASKED, MASKED], [PARTIAL, MASKED, MASKED]]],
+        [[[MASKED, MASKED, MASKED], [MASKED, MASKED, FULL]]],
+    ]
+    additive = torch.zeros(1, 260)
+    additive[0, 128:256] = float("-inf")
+    assert mask_block_classes(additive).tolist() == [[[[FULL, MASKED, FULL]]]]
+
+
+def test_broadcast_mask_classes_expand_to_the_call() -> None:
+    padding = torch.arange(300)[None, None, None, :] < torch.tensor([100, 300])[:, None, None, None]
+    classes = mask_block_classes(padding)
+    assert classes.shape == (2, 1, 1, 3)
+    expanded = expand_block_classes(classes, 140, 300)
+    assert expanded.shape == (2, 1, 2, 3)
+    assert expanded[0, 0].tolist() == [[PARTIAL, MASKED, MASKED]] * 2
