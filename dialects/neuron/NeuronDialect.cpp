@@ -324,94 +324,120 @@ LogicalResult FusionOp::verify() {
 /// A modifier region: `scalars` 0-d arguments (the first of type `first`
 /// when given, the others integers), then one per buffer, yielding a 0-d
 /// value whose element type satisfies `yields`.
-static LogicalResult verifyModifier(FlexAttentionOp op, Region &region,
+/// A FlexAttention modifier region: `scalars` 0-d arguments (floats at
+/// `floats`, integers elsewhere), then one per buffer; it yields one 0-d
+/// value satisfying `yields`.
+static LogicalResult verifyModifier(Operation *op, Region &region,
                                     StringRef name, unsigned scalars,
-                                    bool scoreFirst, ValueRange buffers,
+                                    ArrayRef<unsigned> floats,
+                                    ValueRange buffers,
                                     function_ref<bool(Type)> yields,
                                     StringRef yieldsWhat) {
   Block &body = region.front();
   if (body.getNumArguments() != scalars + buffers.size())
-    return op.emitOpError() << name << " takes " << scalars
-                            << " scalars and one argument per buffer";
+    return op->emitOpError() << name << " takes " << scalars
+                             << " scalars and one argument per buffer";
   for (auto [i, arg] : llvm::enumerate(body.getArguments())) {
     auto type = dyn_cast<RankedTensorType>(arg.getType());
     if (i >= scalars) {
       if (arg.getType() != buffers[i - scalars].getType())
-        return op.emitOpError()
+        return op->emitOpError()
                << name << " argument " << i << " must match its buffer";
       continue;
     }
-    bool isScore = scoreFirst && i == 0;
+    bool isFloat = llvm::is_contained(floats, i);
     if (!type || type.getRank() != 0 ||
-        !(isScore ? isa<FloatType>(type.getElementType())
+        !(isFloat ? isa<FloatType>(type.getElementType())
                   : type.getElementType().isSignlessInteger()))
-      return op.emitOpError()
+      return op->emitOpError()
              << name << " argument " << i << " must be a 0-d "
-             << (isScore ? "float" : "integer") << " tensor";
+             << (isFloat ? "float" : "integer") << " tensor";
   }
   auto yield = dyn_cast<YieldOp>(body.getTerminator());
   if (!yield || yield.getValues().size() != 1)
-    return op.emitOpError() << name << " must yield one value";
+    return op->emitOpError() << name << " must yield one value";
   auto type = dyn_cast<RankedTensorType>(yield.getValues()[0].getType());
   if (!type || type.getRank() != 0 || !yields(type.getElementType()))
-    return op.emitOpError() << name << " must yield a 0-d " << yieldsWhat;
+    return op->emitOpError() << name << " must yield a 0-d " << yieldsWhat;
   return success();
 }
 
-LogicalResult FlexAttentionOp::verify() {
-  auto q = cast<RankedTensorType>(getQuery().getType());
-  auto k = cast<RankedTensorType>(getKey().getType());
-  auto v = cast<RankedTensorType>(getValue().getType());
+/// What the forward and backward FlexAttention ops share: query, key and
+/// value, out and lse shapes, the block classes, score_mod and mask_mod.
+template <typename OpTy>
+static LogicalResult verifyAttention(OpTy op, Value outValue, Value lseValue) {
+  auto q = cast<RankedTensorType>(op.getQuery().getType());
+  auto k = cast<RankedTensorType>(op.getKey().getType());
+  auto v = cast<RankedTensorType>(op.getValue().getType());
   if (q.getRank() != 4 || k.getRank() != 4 || v.getRank() != 4)
-    return emitOpError("query, key and value must be [batch, heads, rows, dim]");
+    return op.emitOpError(
+        "query, key and value must be [batch, heads, rows, dim]");
   if (q.getElementType() != k.getElementType() ||
       q.getElementType() != v.getElementType())
-    return emitOpError("query, key and value must have one element type");
+    return op.emitOpError("query, key and value must have one element type");
   int64_t batch = q.getDimSize(0), heads = q.getDimSize(1);
   if (k.getDimSize(0) != batch || v.getDimSize(0) != batch)
-    return emitOpError("query, key and value must have one batch size");
+    return op.emitOpError("query, key and value must have one batch size");
   if (k.getDimSize(1) != v.getDimSize(1) || k.getDimSize(1) == 0 ||
       heads % k.getDimSize(1) != 0)
-    return emitOpError("key and value heads must divide the query heads");
+    return op.emitOpError("key and value heads must divide the query heads");
   if (k.getDimSize(2) != v.getDimSize(2))
-    return emitOpError("key and value must have one number of rows");
+    return op.emitOpError("key and value must have one number of rows");
   if (k.getDimSize(3) != q.getDimSize(3))
-    return emitOpError("query and key must have one head dim");
-  auto out = cast<RankedTensorType>(getOut().getType());
-  auto lse = cast<RankedTensorType>(getLse().getType());
+    return op.emitOpError("query and key must have one head dim");
+  auto out = cast<RankedTensorType>(outValue.getType());
+  auto lse = cast<RankedTensorType>(lseValue.getType());
   if (out.getShape() != ArrayRef<int64_t>{batch, heads, q.getDimSize(2),
                                           v.getDimSize(3)} ||
       out.getElementType() != q.getElementType())
-    return emitOpError("out must be [batch, heads, query rows, value dim] of "
-                       "the query's type");
+    return op.emitOpError("out must be [batch, heads, query rows, value dim] "
+                          "of the query's type");
   if (lse.getShape() != ArrayRef<int64_t>{batch, heads, q.getDimSize(2)})
-    return emitOpError("lse must be [batch, heads, query rows]");
-  ArrayRef<int64_t> blockSize = getBlockSize();
+    return op.emitOpError("lse must be [batch, heads, query rows]");
+  ArrayRef<int64_t> blockSize = op.getBlockSize();
   if (blockSize.size() != 2 || blockSize[0] <= 0 || blockSize[1] <= 0)
-    return emitOpError("block_size must be two positive sizes");
-  auto blocksType = dyn_cast<RankedTensorType>(getBlocks().getType());
+    return op.emitOpError("block_size must be two positive sizes");
+  auto blocksType = dyn_cast<RankedTensorType>(op.getBlocks().getType());
   if (!blocksType || blocksType.getRank() != 4 ||
       !blocksType.getElementType().isInteger(8))
-    return emitOpError("blocks must be a rank-4 i8 tensor");
+    return op.emitOpError("blocks must be a rank-4 i8 tensor");
   ArrayRef<int64_t> bs = blocksType.getShape();
   auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   if ((bs[0] != 1 && bs[0] != batch) || (bs[1] != 1 && bs[1] != heads) ||
       bs[2] != ceilDiv(q.getDimSize(2), blockSize[0]) ||
       bs[3] != ceilDiv(k.getDimSize(2), blockSize[1]))
-    return emitOpError("blocks must be [1 or batch, 1 or heads, query blocks, "
-                       "key blocks] for block_size");
-  for (APInt value : getBlocks().getValues<APInt>())
+    return op.emitOpError("blocks must be [1 or batch, 1 or heads, query "
+                          "blocks, key blocks] for block_size");
+  for (APInt value : op.getBlocks().template getValues<APInt>())
     if (value.getSExtValue() < 0 || value.getSExtValue() > 2)
-      return emitOpError("blocks values must be 0 (masked), 1 (partial) or "
-                         "2 (full)");
-  if (failed(verifyModifier(
-          *this, getScoreMod(), "score_mod", 5, /*scoreFirst=*/true,
-          getScoreBuffers(), [](Type t) { return isa<FloatType>(t); },
-          "float")))
+      return op.emitOpError("blocks values must be 0 (masked), 1 (partial) "
+                            "or 2 (full)");
+  auto isFloat = [](Type t) { return isa<FloatType>(t); };
+  if (failed(verifyModifier(op, op.getScoreMod(), "score_mod", 5, {0},
+                            op.getScoreBuffers(), isFloat, "float")))
     return failure();
-  return verifyModifier(*this, getMaskMod(), "mask_mod", 4,
-                        /*scoreFirst=*/false, getMaskBuffers(),
+  return verifyModifier(op, op.getMaskMod(), "mask_mod", 4, {},
+                        op.getMaskBuffers(),
                         [](Type t) { return t.isInteger(1); }, "i1");
+}
+
+LogicalResult FlexAttentionOp::verify() {
+  return verifyAttention(*this, getOut(), getLse());
+}
+
+LogicalResult FlexAttentionBackwardOp::verify() {
+  if (failed(verifyAttention(*this, getOut(), getLse())))
+    return failure();
+  if (getGradOut().getType() != getOut().getType())
+    return emitOpError("grad_out must have the type of out");
+  if (getGradQuery().getType() != getQuery().getType() ||
+      getGradKey().getType() != getKey().getType() ||
+      getGradValue().getType() != getValue().getType())
+    return emitOpError("gradients must have the types of query, key and "
+                       "value");
+  return verifyModifier(*this, getScoreGrad(), "score_grad", 6, {0, 5},
+                        getScoreBuffers(),
+                        [](Type t) { return isa<FloatType>(t); }, "float");
 }
 
 //===----------------------------------------------------------------------===//

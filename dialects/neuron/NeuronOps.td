@@ -300,6 +300,53 @@ def Neuron_FlexAttentionOp : Op<Neuron_Dialect, "flex_attention",
   let hasVerifier = 1;
 }
 
+def Neuron_FlexAttentionBackwardOp : Op<Neuron_Dialect, "flex_attention_backward",
+    [IsolatedFromAbove, RecursiveMemoryEffects, AttrSizedOperandSegments]> {
+  let summary = "the gradients of neuron.flex_attention";
+  let description = [{
+    PyTorch's `flex_attention_backward` higher-order op: given the forward's
+    operands, attributes and modifiers, its `out` and natural-log `lse`,
+    and the gradient of `out`, the gradients of the query, key and value:
+
+        s = score_mod(dot(q, k) * scale, b, h, q, kv), masked as forward
+        p = exp(s - lse)
+        dv += p * grad_out
+        ds = p * (dot(grad_out, v) - rowsum(grad_out * out))
+        ds = score_grad(dot(q, k) * scale, b, h, q, kv, ds)
+        dq += ds * k * scale,  dk += ds * q * scale
+
+    `score_grad` takes score_mod's arguments (the score is the one given
+    to score_mod), then the gradient of score_mod's result (fp32), then
+    `score_buffers`, and yields the gradient of the score. Key and value
+    gradients sum over the query heads sharing a key head (GQA).
+  }];
+  let arguments = (ins RankedTensorOf<[Neuron_Float]>:$query,
+                   RankedTensorOf<[Neuron_Float]>:$key,
+                   RankedTensorOf<[Neuron_Float]>:$value,
+                   RankedTensorOf<[Neuron_Float]>:$out,
+                   RankedTensorOf<[F32]>:$lse,
+                   RankedTensorOf<[Neuron_Float]>:$grad_out,
+                   Variadic<Neuron_Tensor>:$score_buffers,
+                   Variadic<Neuron_Tensor>:$mask_buffers,
+                   F64Attr:$scale, DenseI64ArrayAttr:$block_size,
+                   ElementsAttr:$blocks);
+  let results = (outs RankedTensorOf<[Neuron_Float]>:$grad_query,
+                 RankedTensorOf<[Neuron_Float]>:$grad_key,
+                 RankedTensorOf<[Neuron_Float]>:$grad_value);
+  let regions = (region SizedRegion<1>:$score_mod, SizedRegion<1>:$score_grad,
+                 SizedRegion<1>:$mask_mod);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value `,` $out `,` $lse `,` $grad_out
+    (`score_buffers` `(` $score_buffers^ `:` type($score_buffers) `)`)?
+    (`mask_buffers` `(` $mask_buffers^ `:` type($mask_buffers) `)`)?
+    attr-dict `:` type($query) `,` type($key) `,` type($value) `,` type($out)
+    `,` type($lse) `,` type($grad_out) `->` type($grad_query) `,`
+    type($grad_key) `,` type($grad_value)
+    `score_mod` $score_mod `score_grad` $score_grad `mask_mod` $mask_mod
+  }];
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Fusion
 //===----------------------------------------------------------------------===//
@@ -332,7 +379,8 @@ def Neuron_FusionOp : Op<Neuron_Dialect, "fusion",
 }
 
 def Neuron_YieldOp : Neuron_Op<"yield", [Terminator,
-    ParentOneOf<["FusionOp", "FlexAttentionOp"]>, ReturnLike]> {
+    ParentOneOf<["FusionOp", "FlexAttentionOp", "FlexAttentionBackwardOp"]>,
+    ReturnLike]> {
   let summary = "the results of a fusion body or a FlexAttention modifier";
   let arguments = (ins Variadic<Neuron_Tensor>:$values);
   let assemblyFormat = "$values attr-dict `:` type($values)";

@@ -237,3 +237,79 @@ func.func @mask_yield(%q: tensor<1x2x256x64xf32>, %k: tensor<1x2x256x64xf32>, %v
     }
   return
 }
+
+// -----
+
+func.func @backward_grad_out(%q: tensor<1x2x256x64xf32>, %k: tensor<1x2x256x64xf32>, %v: tensor<1x2x256x64xf32>, %o: tensor<1x2x256x64xf32>, %l: tensor<1x2x256xf32>, %go: tensor<1x2x256x32xf32>) {
+  // expected-error @+1 {{grad_out must have the type of out}}
+  %dq, %dk, %dv = neuron.flex_attention_backward %q, %k, %v, %o, %l, %go {block_size = array<i64: 128, 128>, blocks = dense<[[[[1, 0], [2, 1]]]]> : tensor<1x1x2x2xi8>, scale = 1.250000e-01 : f64} : tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256xf32>, tensor<1x2x256x32xf32> -> tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>
+    score_mod {
+    ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      neuron.yield %s : tensor<f32>
+    } score_grad {
+    ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>, %g: tensor<f32>):
+      neuron.yield %g : tensor<f32>
+    } mask_mod {
+    ^bb0(%bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      %m = neuron.binary ge %qi, %kvi : tensor<i32>, tensor<i32> -> tensor<i1>
+      neuron.yield %m : tensor<i1>
+    }
+  return
+}
+
+// -----
+
+func.func @backward_grad_types(%q: tensor<1x2x256x64xf32>, %k: tensor<1x2x256x64xf32>, %v: tensor<1x2x256x64xf32>, %o: tensor<1x2x256x64xf32>, %l: tensor<1x2x256xf32>, %go: tensor<1x2x256x64xf32>) {
+  // expected-error @+1 {{gradients must have the types of query, key and value}}
+  %dq, %dk, %dv = neuron.flex_attention_backward %q, %k, %v, %o, %l, %go {block_size = array<i64: 128, 128>, blocks = dense<[[[[1, 0], [2, 1]]]]> : tensor<1x1x2x2xi8>, scale = 1.250000e-01 : f64} : tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256xf32>, tensor<1x2x256x64xf32> -> tensor<1x2x256x64xbf16>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>
+    score_mod {
+    ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      neuron.yield %s : tensor<f32>
+    } score_grad {
+    ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>, %g: tensor<f32>):
+      neuron.yield %g : tensor<f32>
+    } mask_mod {
+    ^bb0(%bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      %m = neuron.binary ge %qi, %kvi : tensor<i32>, tensor<i32> -> tensor<i1>
+      neuron.yield %m : tensor<i1>
+    }
+  return
+}
+
+// -----
+
+func.func @backward_score_grad_args(%q: tensor<1x2x256x64xf32>, %k: tensor<1x2x256x64xf32>, %v: tensor<1x2x256x64xf32>, %o: tensor<1x2x256x64xf32>, %l: tensor<1x2x256xf32>, %go: tensor<1x2x256x64xf32>) {
+  // expected-error @+1 {{score_grad argument 5 must be a 0-d float tensor}}
+  %dq, %dk, %dv = neuron.flex_attention_backward %q, %k, %v, %o, %l, %go {block_size = array<i64: 128, 128>, blocks = dense<[[[[1, 0], [2, 1]]]]> : tensor<1x1x2x2xi8>, scale = 1.250000e-01 : f64} : tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256xf32>, tensor<1x2x256x64xf32> -> tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>
+    score_mod {
+    ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      neuron.yield %s : tensor<f32>
+    } score_grad {
+    ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>, %g: tensor<i32>):
+      neuron.yield %s : tensor<f32>
+    } mask_mod {
+    ^bb0(%bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      %m = neuron.binary ge %qi, %kvi : tensor<i32>, tensor<i32> -> tensor<i1>
+      neuron.yield %m : tensor<i1>
+    }
+  return
+}
+
+// -----
+
+func.func @backward_score_grad_yield(%q: tensor<1x2x256x64xf32>, %k: tensor<1x2x256x64xf32>, %v: tensor<1x2x256x64xf32>, %o: tensor<1x2x256x64xf32>, %l: tensor<1x2x256xf32>, %go: tensor<1x2x256x64xf32>) {
+  // expected-error @+1 {{score_grad must yield a 0-d float}}
+  %dq, %dk, %dv = neuron.flex_attention_backward %q, %k, %v, %o, %l, %go {block_size = array<i64: 128, 128>, blocks = dense<[[[[1, 0], [2, 1]]]]> : tensor<1x1x2x2xi8>, scale = 1.250000e-01 : f64} : tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256xf32>, tensor<1x2x256x64xf32> -> tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>
+    score_mod {
+    ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      neuron.yield %s : tensor<f32>
+    } score_grad {
+    ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>, %g: tensor<f32>):
+      neuron.yield %bi : tensor<i32>
+    } mask_mod {
+    ^bb0(%bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      %m = neuron.binary ge %qi, %kvi : tensor<i32>, tensor<i32> -> tensor<i1>
+      neuron.yield %m : tensor<i1>
+    }
+  return
+}
