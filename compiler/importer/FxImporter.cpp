@@ -639,14 +639,25 @@ void Importer::importModifier(const json &doc, Block *block) {
 // Handlers
 //===----------------------------------------------------------------------===//
 
-/// `flex_attention(q, k, v, ...)`: one neuron.flex_attention op. The HOP's
-/// log-sum-exp is in base 2; the op's is natural.
-Values flexAttentionHandler(Importer &im) {
-  Value q = im.tensor(im.arg(0)), k = im.tensor(im.arg(1)),
-        v = im.tensor(im.arg(2));
-  auto qType = cast<RankedTensorType>(q.getType());
-  auto kType = cast<RankedTensorType>(k.getType());
-  auto vType = cast<RankedTensorType>(v.getType());
+/// What the FlexAttention forward and backward nodes share: query, key and
+/// value (arguments 0-2), the scale, the block size and classes, and the
+/// tensors the modifiers capture.
+struct FlexOperands {
+  Value q, k, v;
+  double scale = 0;
+  std::vector<int64_t> blockSize;
+  DenseElementsAttr blocks;
+  SmallVector<Value> scoreBuffers, maskBuffers;
+};
+
+FlexOperands flexOperands(Importer &im) {
+  FlexOperands f;
+  f.q = im.tensor(im.arg(0));
+  f.k = im.tensor(im.arg(1));
+  f.v = im.tensor(im.arg(2));
+  auto qType = cast<RankedTensorType>(f.q.getType());
+  auto kType = cast<RankedTensorType>(f.k.getType());
+  auto vType = cast<RankedTensorType>(f.v.getType());
   require(qType.getRank() == 4 && kType.getRank() == 4 && vType.getRank() == 4,
           "query, key and value must be [batch, heads, rows, dim]");
   require(isa<FloatType>(qType.getElementType()) &&
@@ -656,19 +667,18 @@ Values flexAttentionHandler(Importer &im) {
   int64_t batch = qType.getDimSize(0), heads = qType.getDimSize(1);
   require(kType.getDimSize(1) > 0 && heads % kType.getDimSize(1) == 0,
           "key heads must divide query heads");
-  double scale = im.number(im.kwarg("scale"));
-  std::vector<int64_t> blockSize = im.ints(im.kwarg("block_size"));
-  require(blockSize.size() == 2 && blockSize[0] > 0 && blockSize[1] > 0,
+  f.scale = im.number(im.kwarg("scale"));
+  f.blockSize = im.ints(im.kwarg("block_size"));
+  require(f.blockSize.size() == 2 && f.blockSize[0] > 0 && f.blockSize[1] > 0,
           "block sizes must be positive");
   auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
-  int64_t qBlocks = ceilDiv(qType.getDimSize(2), blockSize[0]);
-  int64_t kvBlocks = ceilDiv(kType.getDimSize(2), blockSize[1]);
+  int64_t qBlocks = ceilDiv(qType.getDimSize(2), f.blockSize[0]);
+  int64_t kvBlocks = ceilDiv(kType.getDimSize(2), f.blockSize[1]);
   auto i8 = IntegerType::get(&im.ctx, 8);
-  DenseElementsAttr blocks;
   const json &bj = im.kwarg("blocks");
   if (bj.is_null()) { // content unknown when compiled: every block partial
     auto type = RankedTensorType::get({1, 1, qBlocks, kvBlocks}, i8);
-    blocks = DenseElementsAttr::get(type, APInt(8, 1));
+    f.blocks = DenseElementsAttr::get(type, APInt(8, 1));
   } else {
     require(bj.is_object() && bj.contains("shape") && bj.contains("data"),
             "malformed block classes");
@@ -688,54 +698,84 @@ Values flexAttentionHandler(Importer &im) {
     bool splat = false;
     require(DenseElementsAttr::isValidRawBuffer(type, bytes, splat),
             "block classes do not fit their type");
-    blocks = DenseElementsAttr::getFromRawBuffer(type, bytes);
+    f.blocks = DenseElementsAttr::getFromRawBuffer(type, bytes);
   }
-  SmallVector<Value> scoreBuffers, maskBuffers;
   for (const json &t : im.kwarg("score_buffers"))
-    scoreBuffers.push_back(im.tensor(t));
+    f.scoreBuffers.push_back(im.tensor(t));
   for (const json &t : im.kwarg("mask_buffers"))
-    maskBuffers.push_back(im.tensor(t));
+    f.maskBuffers.push_back(im.tensor(t));
+  return f;
+}
+
+/// Imports the document `key` of the current node into `region`: `scalars`
+/// 0-d arguments (fp32 at `floats`, i32 elsewhere; the document gives the
+/// real types), then one per buffer.
+void importModifierRegion(Importer &im, const char *key, Region &region,
+                          unsigned scalars, ArrayRef<unsigned> floats,
+                          ValueRange buffers) {
+  Block *block = new Block();
+  region.push_back(block);
+  Type f32 = Float32Type::get(&im.ctx), i32 = IntegerType::get(&im.ctx, 32);
+  for (unsigned i = 0; i < scalars; ++i)
+    block->addArgument(
+        RankedTensorType::get({}, llvm::is_contained(floats, i) ? f32 : i32),
+        im.loc());
+  for (Value buffer : buffers)
+    block->addArgument(buffer.getType(), im.loc());
+  try {
+    im.importModifier(im.current().at(key), block);
+  } catch (const Unsupported &u) {
+    unsupported(std::string(key) + ": " + u.reason);
+  }
+}
+
+/// `flex_attention(q, k, v, ...)`: one neuron.flex_attention op. The HOP's
+/// log-sum-exp is in base 2; the op's is natural.
+Values flexAttentionHandler(Importer &im) {
+  FlexOperands f = flexOperands(im);
   RankedTensorType outType = im.resultType(0);
   auto lseType = RankedTensorType::get(im.resultType(1).getShape(),
                                        Float32Type::get(&im.ctx));
   auto op = im.b.create<FlexAttentionOp>(
-      im.loc(), outType, lseType, q, k, v, scoreBuffers, maskBuffers,
-      im.b.getF64FloatAttr(scale), im.b.getDenseI64ArrayAttr(blockSize),
-      blocks);
-  // The modifiers' arguments: 0-d scalars, then the buffers. The documents
-  // give the scalars' types.
-  auto scalar = [&](Type t) { return RankedTensorType::get({}, t); };
-  Type i32 = IntegerType::get(&im.ctx, 32);
-  auto addBlock = [&](Region &region, unsigned scalars, bool withScore,
-                      ValueRange buffers) {
-    Block *block = new Block();
-    region.push_back(block);
-    for (unsigned i = 0; i < scalars; ++i)
-      block->addArgument(
-          scalar(withScore && i == 0 ? Type(Float32Type::get(&im.ctx)) : i32),
-          im.loc());
-    for (Value buffer : buffers)
-      block->addArgument(buffer.getType(), im.loc());
-    return block;
-  };
-  const json &node = im.current();
-  try {
-    im.importModifier(node.at("score_mod"),
-                      addBlock(op.getScoreMod(), 5, true, scoreBuffers));
-  } catch (const Unsupported &u) {
-    unsupported("score_mod: " + u.reason);
-  }
-  try {
-    im.importModifier(node.at("mask_mod"),
-                      addBlock(op.getMaskMod(), 4, false, maskBuffers));
-  } catch (const Unsupported &u) {
-    unsupported("mask_mod: " + u.reason);
-  }
+      im.loc(), outType, lseType, f.q, f.k, f.v, f.scoreBuffers,
+      f.maskBuffers, im.b.getF64FloatAttr(f.scale),
+      im.b.getDenseI64ArrayAttr(f.blockSize), f.blocks);
+  importModifierRegion(im, "score_mod", op.getScoreMod(), 5, {0},
+                       f.scoreBuffers);
+  importModifierRegion(im, "mask_mod", op.getMaskMod(), 4, {}, f.maskBuffers);
   if (failed(mlir::verify(op, /*verifyRecursively=*/false)))
     unsupported("the FlexAttention call is malformed (see the diagnostic)");
   Value lse = op.getLse();
   auto log2e = im.splat(1.0 / std::log(2.0), lseType);
   return {op.getOut(), im.binary(BinaryFn::mul, lse, log2e, lseType)};
+}
+
+/// `flex_attention_backward(q, k, v, out, lse, grad_out, ...)`: one
+/// neuron.flex_attention_backward op; the joint graph (score_mod's
+/// gradient) becomes its score_grad region. The HOP's lse is in base 2.
+Values flexAttentionBackwardHandler(Importer &im) {
+  FlexOperands f = flexOperands(im);
+  Value out = im.tensor(im.arg(3)), lse2 = im.tensor(im.arg(4)),
+        gradOut = im.tensor(im.arg(5));
+  auto lseType = dyn_cast<RankedTensorType>(lse2.getType());
+  require(lseType && lseType.getElementType().isF32(),
+          "the log-sum-exp must be float32");
+  Value lse = im.binary(BinaryFn::mul, lse2, im.splat(std::log(2.0), lseType),
+                        lseType);
+  auto op = im.b.create<FlexAttentionBackwardOp>(
+      im.loc(), im.resultType(0), im.resultType(1), im.resultType(2), f.q,
+      f.k, f.v, out, lse, gradOut, f.scoreBuffers, f.maskBuffers,
+      im.b.getF64FloatAttr(f.scale), im.b.getDenseI64ArrayAttr(f.blockSize),
+      f.blocks);
+  importModifierRegion(im, "score_mod", op.getScoreMod(), 5, {0},
+                       f.scoreBuffers);
+  importModifierRegion(im, "score_grad", op.getScoreGrad(), 6, {0, 5},
+                       f.scoreBuffers);
+  importModifierRegion(im, "mask_mod", op.getMaskMod(), 4, {}, f.maskBuffers);
+  if (failed(mlir::verify(op, /*verifyRecursively=*/false)))
+    unsupported("the FlexAttention backward call is malformed (see the "
+                "diagnostic)");
+  return {op.getGradQuery(), op.getGradKey(), op.getGradValue()};
 }
 
 /// `table[i0, i1, ...]` with one 0-d index per dim, inside a FlexAttention
@@ -1608,6 +1648,15 @@ const std::unordered_map<std::string, Handler> &handlers() {
     };
     t["aten.avg_pool2d.default"] = with(poolHandler, false);
     t["higher_order.flex_attention"] = flexAttentionHandler;
+    t["higher_order.flex_attention_backward"] = flexAttentionBackwardHandler;
+    t["aten.tanh_backward.default"] = [](Importer &im) { // g * (1 - y^2)
+      RankedTensorType type = im.resultType();
+      Value g = im.operandAs(im.arg(0), type.getElementType(), type.getShape());
+      Value y = im.operandAs(im.arg(1), type.getElementType(), type.getShape());
+      Value y2 = im.binary(BinaryFn::mul, y, y, type);
+      Value d = im.binary(BinaryFn::sub, im.splat(1.0, type), y2, type);
+      return Values{im.binary(BinaryFn::mul, g, d, type)};
+    };
     t["aten.index.Tensor"] = modifierIndexHandler;
     t["aten.embedding.default"] = [](Importer &im) {
       return gatherRowsHandler(im, im.tensor(im.arg(0)), im.tensor(im.arg(1)));

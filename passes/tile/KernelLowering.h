@@ -48,7 +48,9 @@ inline RankedTensorType tensorType(Value v) {
   return cast<RankedTensorType>(v.getType());
 }
 
+namespace flex {
 class FlexAttentionLowering;
+} // namespace flex
 
 /// Lowers the ops of one function; owns the tensor -> HBM buffer mapping.
 class KernelLowering {
@@ -61,7 +63,7 @@ public:
   LogicalResult lowerFunction(func::FuncOp func);
 
 private:
-  friend class FlexAttentionLowering;
+  friend class flex::FlexAttentionLowering;
 
   // --- building blocks --------------------------------------------------
   Value index(int64_t v) { return b.create<arith::ConstantIndexOp>(loc, v); }
@@ -203,8 +205,9 @@ private:
   void lowerReduce(ReduceOp op);
   void lowerConcat(ConcatOp op);
   void lowerGather(GatherOp op);
-  /// In passes/flex_attention/LowerFlexAttention.cpp.
+  /// In passes/flex_attention/LowerFlexAttention(Backward).cpp.
   LogicalResult lowerFlexAttention(FlexAttentionOp op);
+  LogicalResult lowerFlexAttentionBackward(FlexAttentionBackwardOp op);
 
   OpBuilder &b;
   ModuleOp module;

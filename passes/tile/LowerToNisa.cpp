@@ -1019,6 +1019,9 @@ LogicalResult KernelLowering::lower(Operation *op) {
       })
       .Case<FlexAttentionOp>(
           [&](FlexAttentionOp f) { return lowerFlexAttention(f); })
+      .Case<FlexAttentionBackwardOp>([&](FlexAttentionBackwardOp f) {
+        return lowerFlexAttentionBackward(f);
+      })
       .Default([&](Operation *other) {
         return other->emitOpError("has no lowering to nisa");
       });

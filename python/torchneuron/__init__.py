@@ -18,7 +18,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 __version__ = "0.1.0"
-__all__ = ["neuron_backend", "profile", "reset_stats", "set_default_backend", "stats"]
+__all__ = [
+    "allow_flex_attention_training",
+    "neuron_backend",
+    "profile",
+    "reset_stats",
+    "set_default_backend",
+    "stats",
+]
 
 
 def stats() -> dict[str, Any]:
@@ -41,9 +48,20 @@ def reset_stats() -> None:
     _STATS.reset()
 
 
+def allow_flex_attention_training() -> None:
+    """Let ``torch.compile`` trace FlexAttention on CPU tensors that require grad (torch's
+    ``flex_attention`` refuses them while Dynamo traces, before any backend runs): the check is
+    skipped while Dynamo compiles, and eager calls keep it. :func:`set_default_backend` calls
+    this for ``"neuron"``; call it yourself with ``torch.compile(..., backend="neuron")``."""
+    from torchneuron.flex import allow_training
+
+    allow_training()
+
+
 def set_default_backend(name: str | Callable[..., Any] | None = "neuron") -> None:
     """Make ``name`` the backend of ``torch.compile`` / ``nn.Module.compile`` calls that do not
-    pass ``backend=``; ``None`` restores Inductor. An explicit ``backend=`` still wins.
+    pass ``backend=``; ``None`` restores Inductor. An explicit ``backend=`` still wins. For
+    ``"neuron"`` it also lets FlexAttention train (:func:`allow_flex_attention_training`).
 
     Feature-detected: uses ``torch.compiler.set_default_backend`` when torch has it (torch 2.13
     does); on older torch it sets ``torch.compile.__kwdefaults__["backend"]``, which
@@ -52,6 +70,8 @@ def set_default_backend(name: str | Callable[..., Any] | None = "neuron") -> Non
     """
     import torch
 
+    if name == "neuron":
+        allow_flex_attention_training()
     setter = getattr(torch.compiler, "set_default_backend", None)
     if setter is not None:
         setter(name)

@@ -31,8 +31,12 @@ __all__ = [
     "block_classes",
     "call_dependent",
     "detach_block_masks",
+    "allow_training",
+    "block_mask_of",
     "flex_nodes",
+    "is_flex",
     "is_flex_attention",
+    "is_flex_backward",
     "parse_block_mask",
 ]
 
@@ -43,18 +47,64 @@ BLOCKS_META = "neuron_flex_blocks"
 MASKED, PARTIAL, FULL = 0, 1, 2
 
 
+#: Position of the BlockMask tuple in the arguments of each FlexAttention higher-order op.
+_BLOCK_MASK_ARG = {"flex_attention": 4, "flex_attention_backward": 9}
+
+
+def _hop_name(node: torch.fx.Node) -> str | None:
+    target = node.target
+    if node.op == "call_function" and isinstance(target, torch._ops.HigherOrderOperator):
+        return str(target.name())  # type: ignore[no-untyped-call]
+    return None
+
+
 def is_flex_attention(node: torch.fx.Node) -> bool:
     """Whether ``node`` calls the ``flex_attention`` higher-order op."""
-    target = node.target
-    return (
-        node.op == "call_function"
-        and isinstance(target, torch._ops.HigherOrderOperator)
-        and target.name() == "flex_attention"  # type: ignore[no-untyped-call]
-    )
+    return _hop_name(node) == "flex_attention"
+
+
+def is_flex_backward(node: torch.fx.Node) -> bool:
+    """Whether ``node`` calls ``flex_attention_backward`` (in ``aot_autograd``'s backward
+    graphs)."""
+    return _hop_name(node) == "flex_attention_backward"
+
+
+def is_flex(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a FlexAttention forward or backward call."""
+    return _hop_name(node) in _BLOCK_MASK_ARG
 
 
 def flex_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    return [n for n in gm.graph.nodes if is_flex_attention(n)]
+    return [n for n in gm.graph.nodes if is_flex(n)]
+
+
+def block_mask_of(node: torch.fx.Node) -> Sequence[object]:
+    """The BlockMask tuple a FlexAttention forward or backward node was called with."""
+    return node.args[_BLOCK_MASK_ARG[str(_hop_name(node))]]  # type: ignore[return-value]
+
+
+def allow_training() -> None:
+    """Let FlexAttention with inputs that require grad through ``torch.compile`` on CPU tensors.
+
+    ``flex_attention``'s Python wrapper refuses CPU tensors that require grad ("FlexAttention
+    does not support backward on CPU"), and Dynamo runs that check while tracing, before any
+    backend sees the graph. This replaces the check with one that skips the CPU refusal while
+    Dynamo compiles (the backward then reaches the backend as ``flex_attention_backward`` and
+    runs on the device); eager calls keep torch's check unchanged. Called by
+    :func:`torchneuron.set_default_backend`; idempotent."""
+    import torch.nn.attention.flex_attention as fa
+
+    original = fa._validate_device
+    if getattr(original, "_torchneuron", False):
+        return
+
+    def validate_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        if torch.compiler.is_dynamo_compiling() and query.device.type == "cpu":
+            return
+        original(query, key, value)
+
+    validate_device._torchneuron = True  # type: ignore[attr-defined]
+    fa._validate_device = validate_device
 
 
 def _masked_attention(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
@@ -169,7 +219,7 @@ class BlockMaskValues:
         self.gm = gm
         wanted: list[torch.fx.Node] = []
         for node in flex_nodes(gm):
-            mask = parse_block_mask(node.args[4])  # type: ignore[arg-type]
+            mask = parse_block_mask(block_mask_of(node))
             wanted += [t for t in mask.tensors() if isinstance(t, torch.fx.Node)]
         self.attention_masks = _masked_attention(gm)
         wanted += [m for _, m in self.attention_masks]
@@ -247,7 +297,7 @@ def annotate(gm: torch.fx.GraphModule, values: dict[str, torch.Tensor]) -> None:
                 int(key.meta["val"].shape[-2]),
             )
     for node in flex_nodes(gm):
-        mask = parse_block_mask(node.args[4])  # type: ignore[arg-type]
+        mask = parse_block_mask(block_mask_of(node))
         tensors = [
             values.get(t.name) if isinstance(t, torch.fx.Node) else None for t in mask.tensors()
         ]
@@ -267,12 +317,13 @@ def detach_block_masks(gm: torch.fx.GraphModule, unsupported: Collection[str]) -
     for node in flex_nodes(gm):
         if node.name in unsupported or BLOCKS_META not in node.meta:
             continue
-        block_mask = tuple(node.args[4])  # type: ignore[arg-type]
+        block_mask = tuple(block_mask_of(node))
         stripped = tuple(
             None if isinstance(v, torch.fx.Node) and i < len(block_mask) - 1 else v
             for i, v in enumerate(block_mask)
         )
-        node.args = (*node.args[:4], stripped, *node.args[5:])
+        at = _BLOCK_MASK_ARG[str(_hop_name(node))]
+        node.args = (*node.args[:at], stripped, *node.args[at + 1 :])
         changed = True
     if changed:
         gm.graph.eliminate_dead_code()

@@ -327,6 +327,9 @@ class _Writer:
         if flex.is_flex_attention(node):
             self.flex_attention(node)
             return
+        if flex.is_flex_backward(node):
+            self.flex_backward(node)
+            return
         if sdpa.is_attention(node):
             self.attention(node)
             return
@@ -385,6 +388,48 @@ class _Writer:
         except _Unencodable as e:
             self.fail(node, str(e))
             return
+        self.add_node(node, entry)
+
+    def flex_backward(self, node: torch.fx.Node) -> None:
+        """``flex_attention_backward(q, k, v, out, lse, grad_out, grad_lse, fw_graph,
+        joint_graph, block_mask, scale, kernel_options, score_mod_buffers, mask_mod_buffers)
+        -> (dq, dk, dv, buffer grads)``: like :meth:`flex_attention`, with the joint graph (the
+        gradient of score_mod) as ``score_grad``."""
+        try:
+            q, k, v, out, lse, grad_out, grad_lse, fw_graph, joint, block_mask, scale = node.args[
+                :11
+            ]
+            score_buffers, mask_buffers = (tuple(a) for a in node.args[12:14])  # type: ignore[arg-type]
+            if grad_lse is not None:
+                raise _Unencodable("a gradient of the log-sum-exp output is not supported")
+            if any(u.target is operator.getitem and u.args[1] == 3 for u in node.users):
+                raise _Unencodable("gradients of tensors captured by score_mod are not supported")
+            try:
+                mask = flex.parse_block_mask(block_mask)  # type: ignore[arg-type]
+            except ValueError as e:
+                raise _Unencodable(str(e)) from None
+            score_grad = self.subgraph(joint, "score_grad", 6, score_buffers)
+            # The joint graph returns the score's gradient, then None for the indices.
+            if any(o is not None for o in score_grad["outputs"][1:]):
+                raise _Unencodable("score_grad returns gradients of the indices")
+            score_grad["outputs"] = score_grad["outputs"][:1]
+            entry = self.flex_entry(
+                node,
+                (q, k, v, out, lse, grad_out),
+                scale,
+                (mask.q_block, mask.kv_block),
+                node.meta.get(flex.BLOCKS_META),
+                [b for b in score_buffers if _is_node(b)],
+                [b for b in mask_buffers if _is_node(b)],
+                self.subgraph(fw_graph, "score_mod", 5, score_buffers),
+                self.subgraph(mask.mask_mod, "mask_mod", 4, mask_buffers),
+                _result_specs(tuple(node.meta.get("val") or ())[:3]),
+            )
+        except _Unencodable as e:
+            self.fail(node, str(e))
+            return
+        entry["target"] = "higher_order.flex_attention_backward"
+        entry["score_grad"] = score_grad
         self.add_node(node, entry)
 
     def attention(self, node: torch.fx.Node) -> None:

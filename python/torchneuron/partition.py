@@ -106,7 +106,7 @@ class _Support(OperatorSupportBase):
         if node.target is operator.getitem:
             source = node.args[0]
             return isinstance(source, torch.fx.Node) and self.is_node_supported(submodules, source)
-        return isinstance(node.target, torch._ops.OpOverload) or flex.is_flex_attention(node)
+        return isinstance(node.target, torch._ops.OpOverload) or flex.is_flex(node)
 
 
 def find_unsupported(gm: torch.fx.GraphModule, name: str = "check") -> dict[str, str]:
@@ -160,9 +160,7 @@ def partition_graph(
             continue
         if node.name in reasons:
             reason = reasons[node.name]
-        elif not isinstance(node.target, torch._ops.OpOverload) and not flex.is_flex_attention(
-            node
-        ):
+        elif not isinstance(node.target, torch._ops.OpOverload) and not flex.is_flex(node):
             reason = "not an ATen operator"
         elif support.is_node_supported({}, node):
             reason = _VIEW_ONLY

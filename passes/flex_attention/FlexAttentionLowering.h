@@ -1,0 +1,242 @@
+//===- FlexAttentionLowering.h - neuron.flex_attention(_backward) -> nisa -===//
+//
+// The FlexAttention kernels' lowering state, shared by the forward
+// (LowerFlexAttention.cpp) and backward (LowerFlexAttentionBackward.cpp)
+// kernels: block classes, the modifiers' lowering and the PSUM/SBUF tiles
+// they use.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PASSES_FLEX_ATTENTION_FLEXATTENTIONLOWERING_H
+#define PASSES_FLEX_ATTENTION_FLEXATTENTIONLOWERING_H
+
+#include "passes/tile/KernelLowering.h"
+
+namespace mlir::neuron {
+
+namespace flex {
+
+/// The attention kernel works on 128 x 128 blocks ("units") of the score
+/// matrix whatever the BlockMask's block size.
+constexpr int64_t kUnit = 128;
+
+enum class Kind : int8_t { masked = 0, partial = 1, full = 2 };
+
+/// One key tile of a query tile: keys [firstUnit * 128, + width), and the
+/// runs of its units (offset in the tile, count) that need mask_mod.
+struct KvTile {
+  int64_t firstUnit;
+  int64_t units;
+  int64_t width;
+  SmallVector<std::pair<int64_t, int64_t>, 2> partialRuns;
+  bool partial() const { return !partialRuns.empty(); }
+  bool sameShape(const KvTile &o) const {
+    return units == o.units && width == o.width &&
+           partialRuns == o.partialRuns;
+  }
+};
+
+/// An integer affine function of the modifier's indices b, h, q, kv.
+struct Affine {
+  int64_t c0 = 0, cb = 0, ch = 0, cq = 0, ckv = 0;
+  bool operator==(const Affine &o) const {
+    return c0 == o.c0 && cb == o.cb && ch == o.ch && cq == o.cq && ckv == o.ckv;
+  }
+};
+
+/// A modifier value during lowering: a compile-time number, an affine index
+/// not materialized yet, a [rows, 1] column, a [rows, width] tile, or a
+/// captured tensor (flattened).
+struct Operand {
+  enum Kind { imm, index, column, full, table } kind = imm;
+  double value = 0;
+  Affine affine;
+  Value tile;
+  Value buffer;
+  int64_t offset = 0, elements = 0;
+};
+
+
+class FlexAttentionLowering {
+public:
+  FlexAttentionLowering(KernelLowering &k, FlexAttentionOp op)
+      : k(k), b(k.b), op(op) {}
+  FlexAttentionLowering(KernelLowering &k, FlexAttentionBackwardOp op)
+      : k(k), b(k.b), bwOp(op) {}
+  /// The forward kernel (LowerFlexAttention.cpp).
+  LogicalResult run();
+  /// The backward kernel (LowerFlexAttentionBackward.cpp).
+  LogicalResult runBackward();
+
+private:
+  /// Where a key step is: loop indices (index values) and static sizes.
+  struct Step {
+    Value batch, head; // query head
+    Value q0;          // first query row
+    Value unit;        // first key unit (128 keys)
+    int64_t rows = 0, width = 0;
+  };
+
+  /// A key step in a lane's stream: key tile `keys` of query tile `q`.
+  struct LaneStep {
+    int64_t q;
+    KvTile keys;
+    int64_t set;      // the query tile's state set (alternates in a lane)
+    bool first, last; // the query tile's first / last key step
+  };
+  using Lane = SmallVector<LaneStep>;
+
+  /// A lane's step during emission: which, where, and its buffer parity.
+  struct Cursor {
+    int64_t lane;
+    const LaneStep *step;
+    Step at;
+    int64_t parity;
+  };
+
+  LogicalResult setUpCommon(Operation *o, Value query, Value keyV,
+                            Value valueV, double opScale,
+                            ArrayRef<int64_t> blockSize, ElementsAttr blocks,
+                            ValueRange scoreBuffers, ValueRange maskBuffers);
+  template <typename OpTy> LogicalResult setUp(OpTy o) {
+    return setUpCommon(o, o.getQuery(), o.getKey(), o.getValue(),
+                       o.getScale().convertToDouble(), o.getBlockSize(),
+                       o.getBlocks(), o.getScoreBuffers(), o.getMaskBuffers());
+  }
+  void makeAntiIdentities();
+
+  // The backward kernel.
+  struct BackwardTiles {
+    Value kRows, kT, vT;                  // the key head's
+    Value qRows, qT, doRows, doT, oRows;  // the query head's
+    Value negLse, delta;                  // per query tile columns
+    Value dQ, dK, dV;                     // fp32 accumulators
+    Value outDQ, outDK, outDV;            // results (HBM)
+    KernelLowering::Window o, dO, lseIn;
+    Region *scoreGrad = nullptr;
+    bool plainScoreGrad = false;
+  };
+  BackwardTiles bw;
+  void backwardKeyHead(Value batchIdx, Value kvHead, int64_t bm);
+  void backwardQueryHead(Value batchIdx, Value kvHead, Value g, int64_t bm,
+                         int64_t hm);
+  void backwardStep(const Step &at, int64_t t, int64_t u, bool partial,
+                    bool first, int64_t parity);
+  Value loadRowsOf(const KernelLowering::Window &w, Value base, int64_t len,
+                   int64_t width, Value dst);
+  Value loadTransposed(const KernelLowering::Window &w, Value base,
+                       int64_t len, int64_t width, Value dst);
+  void storeRows(Value src, int64_t width, int64_t len, Value buffer,
+                 Value base, int64_t rowStride, double factor);
+  SmallVector<SmallVector<Kind>> unitKinds(int64_t bm, int64_t hm) const;
+  SmallVector<Operand> tableOperands(ValueRange buffers);
+  SmallVector<KvTile> keyTiles(ArrayRef<Kind> row) const;
+  SmallVector<Lane> laneStreams(ArrayRef<SmallVector<Kind>> kinds,
+                                SmallVectorImpl<int64_t> &empty) const;
+  bool sameRound(ArrayRef<Lane> lanes, int64_t r, int64_t r2,
+                 int64_t qShift) const;
+  /// Rounds repeating for later query tiles: `count` periods of `rounds`
+  /// rounds, each `tiles` query tiles further.
+  struct Period {
+    int64_t rounds = 0, tiles = 0, count = 0;
+  };
+  Period periodAt(ArrayRef<Lane> lanes, int64_t r, int64_t rounds) const;
+  int64_t rowsOf(int64_t qTile) const {
+    return std::min(kUnit, qLen - qTile * kUnit);
+  }
+
+  // The kernel.
+  void loadHead(Value batchIdx, Value kvHead, int64_t slot);
+  void queryHeads(Value batchIdx, Value kvHead, int64_t bm, int64_t slot);
+  void emptyTile(const Step &at);
+  void round(const Step &head, Value qTHead, ArrayRef<Lane> lanes, int64_t r,
+             Value rIdx, int64_t parity, Value qShift, bool affine);
+  Value queryT(const Cursor &c, Value qTHead);
+  void startTile(const Cursor &c);
+  void scores(const Cursor &c, Value qTs);
+  void rowMax(const Cursor &c);
+  void emitRowMax(const Cursor &c, Value src);
+  void maskBias(const Cursor &c);
+  Value biasOf(const Cursor &c, int64_t offset, int64_t cols);
+  Value probabilities(const Cursor &c);
+  void rescaleFactor(const Cursor &c);
+  void finishTile(const Cursor &c);
+
+  // Per-lane buffers.
+  Value psumBank(int64_t bank, int64_t rows, int64_t cols);
+  Value column(Value t, int64_t i, int64_t rows);
+  Value scoresOf(const Cursor &c);
+  int64_t scoreBankOf(const Cursor &c) const {
+    return 2 * c.lane + c.parity;
+  }
+  Value expSource(const Cursor &c);
+  Value negmOf(int64_t lane, int64_t parity, int64_t rows);
+
+  void scalarTensorTensor(Value a, Value sCol, double sImm, nisa::AluOp op0,
+                          Value other, nisa::AluOp op1, Value dst,
+                          nisa::Engine engine);
+
+  // Modifiers.
+  FailureOr<Operand> modifier(Region &region, ArrayRef<Operand> args,
+                              const Step &at);
+  Value materialize(const Operand &v, const Step &at, bool asFull);
+  Value gatherWindow(Value buffer, Value first, int64_t rowStride,
+                     int64_t colStride, int64_t rows, int64_t cols);
+  Value iota(const Affine &a, const Step &at, bool asFull);
+  Value indexValue(const Affine &a, const Step &at);
+
+  KernelLowering &k;
+  OpBuilder &b;
+  FlexAttentionOp op;           // the forward kernel's
+  FlexAttentionBackwardOp bwOp; // the backward kernel's
+  bool failed = false;
+
+  int64_t batch = 0, heads = 0, kvHeads = 0, group = 0;
+  int64_t qLen = 0, kvLen = 0, dim = 0, vDim = 0;
+  int64_t kvUnits = 0, bank = 0, kvSlots = 1;
+  double scale = 1.0;
+  bool plainScores = false; // score_mod returns the score unchanged
+  bool scaleOnExp = false;  // the softmax scale rides on exp (plain scores)
+  bool maskTrivial = false; // mask_mod is constant true: no unit is partial
+  SmallVector<int8_t> blockKinds; // the blocks attribute, row-major
+  ArrayRef<int64_t> blocksShape;
+  int64_t qBlock = 0, kvBlock = 0;
+  // The modifiers' arguments but the score: b, h, q_idx, kv_idx, then the
+  // captured tensors (resolved before any loop is emitted).
+  SmallVector<Operand> scoreArgs, maskArgs;
+  Type inElt, f32;
+  KernelLowering::Window q, key, value;
+  Value out, lse;
+  SmallVector<int64_t> outStrides, lseStrides;
+
+  // `lanes` query tiles run interleaved stage by stage, so one tile's
+  // softmax overlaps another's matmuls. Per lane, buffers of consecutive
+  // key steps alternate (parity) and so do the states of consecutive query
+  // tiles (set). PSUM: per lane two score banks (P^T goes into the bank of
+  // the scores it came from) and vDim columns for O.
+  int64_t lanes = 1;
+  Value psum;
+  int64_t psumCols = 0;
+  // With captured tensors: a PSUM bank and anti-identities (by size) that
+  // flip windows read backwards.
+  int64_t miscBank = 0;
+  DenseMap<int64_t, Value> antiIdentity;
+  Value ident, negInf, zeros, negmInit;
+  Value negm, alpha;                 // [128, lanes x 2 parities]
+  Value l, o, oOut, lseTile;         // per lane x 2 sets
+  Value expSrc;                      // [128, lanes x 2 parities x bank]
+  Value maskBiases;                  // [128, lanes x 2 parities x bank]
+  // K^T [dim, slots x keys], V [128, slots x units x vDim] and, when
+  // `qResident`, Q^T of the key head's query heads [dim, slots x group x
+  // queries].
+  bool qResident = false;
+  Value kT, vS, qT;
+  int64_t kTStride = 0, vSStride = 0, qTStride = 0;
+  Value qLaneT;        // per query tile Q^T when not resident
+  int64_t kvSlot = 0;    // the slot of the key head being computed
+};
+
+} // namespace flex
+} // namespace mlir::neuron
+
+#endif // PASSES_FLEX_ATTENTION_FLEXATTENTIONLOWERING_H
