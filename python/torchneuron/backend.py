@@ -69,8 +69,7 @@ def neuron_backend(
         inference_compiler=neuron_compiler,
         decompositions=neuron_decompositions(),
     )
-    if not sdpa.needs_grad(gm, example_inputs):
-        sdpa.route_attention(gm)
+    sdpa.route_attention(gm, training=sdpa.needs_grad(gm, example_inputs))
     with math_attention():  # forward and backward graphs are traced in this call
         return aot(gm, example_inputs)
 

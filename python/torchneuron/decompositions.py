@@ -61,9 +61,8 @@ def math_attention() -> contextlib.AbstractContextManager[None]:
     entry for ``aten.scaled_dot_product_attention`` cannot fix this: composite ops decompose in
     C++ before the table is consulted. The backend choice can.
 
-    In graphs that need no gradient the SDPA calls the FlexAttention kernel takes are no longer
-    SDPA when this applies (:mod:`torchneuron.sdpa`): the math path is for training graphs and
-    for the calls the kernel does not take.
+    The SDPA calls the FlexAttention kernels take are no longer SDPA when this applies
+    (:mod:`torchneuron.sdpa`): the math path is for the calls they do not take.
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -148,6 +148,10 @@ def tensor_spec(value: object) -> dict[str, Any]:
     return {"dtype": _dtype_name(value.dtype), "shape": shape}
 
 
+def _first(value: object) -> object:
+    return value[0] if isinstance(value, (tuple, list)) else value
+
+
 def _result_specs(value: object) -> list[dict[str, Any]]:
     if isinstance(value, (tuple, list)):
         if not value:
@@ -433,18 +437,26 @@ class _Writer:
         self.add_node(node, entry)
 
     def attention(self, node: torch.fx.Node) -> None:
-        """``torchneuron::attention`` (an SDPA call, :mod:`torchneuron.sdpa`) as the
-        FlexAttention node computing it; its log-sum-exp output is left unused."""
+        """An SDPA call (:mod:`torchneuron.sdpa`) as the FlexAttention node computing it:
+        ``torchneuron::attention`` (its log-sum-exp output is left unused), ``attention_fwd``
+        (out and the base-2 log-sum-exp, as ``flex_attention``) or ``attention_bwd``
+        (``flex_attention_backward`` of its query, key, value, out, lse and grad_out)."""
         try:
             try:
                 form = sdpa.flex_form(node)
             except Exception as e:  # a counted fallback to eager SDPA, never a crash
                 raise _Unencodable(f"SDPA call not expressible as FlexAttention: {e}") from None
-            out = tensor_spec(node.meta.get("val"))
-            lse = {"dtype": "float32", "shape": out["shape"][:-1]}
+            backward = node.target is sdpa.ATTENTION_BWD
+            if backward:
+                outputs = _result_specs(node.meta.get("val"))
+                tensors = (*node.args[:3], *node.args[7:10])
+            else:
+                out = tensor_spec(_first(node.meta.get("val")))
+                outputs = [out, {"dtype": "float32", "shape": out["shape"][:-1]}]
+                tensors = node.args[:3]
             entry = self.flex_entry(
                 node,
-                node.args[:3],
+                tensors,
                 form.scale,
                 (sdpa.SDPA_BLOCK, sdpa.SDPA_BLOCK),
                 form.blocks,
@@ -452,8 +464,13 @@ class _Writer:
                 list(form.mask_buffers),
                 self.module_doc(form.score_mod, "score_mod", 5, form.score_buffers),
                 self.module_doc(form.mask_mod, "mask_mod", 4, form.mask_buffers),
-                [out, lse],
+                outputs,
             )
+            if backward:
+                entry["target"] = "higher_order.flex_attention_backward"
+                entry["score_grad"] = self.module_doc(
+                    form.score_grad, "score_grad", 6, form.score_buffers
+                )
         except _Unencodable as e:
             self.fail(node, str(e))
             return

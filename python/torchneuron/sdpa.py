@@ -1,12 +1,12 @@
-"""``F.scaled_dot_product_attention`` through the FlexAttention kernel, in graphs without
-gradients.
+"""``F.scaled_dot_product_attention`` through the FlexAttention kernels.
 
-In an inference graph (no input requires grad, or grad mode is off) every SDPA call the
-FlexAttention kernel can run is replaced, in Dynamo's graph and before ``aot_autograd`` traces
-it, with the custom op ``torchneuron::attention``: ``aot_autograd`` keeps it whole (its eager
-implementation is SDPA itself, so a fallback to eager PyTorch computes what the model asked
-for), and the FX document writes it as a ``higher_order.flex_attention`` node whose modifiers
-express SDPA's arguments (:func:`flex_form`):
+Every SDPA call the FlexAttention kernel can run is replaced, in Dynamo's graph and before
+``aot_autograd`` traces it, with a custom op ``aot_autograd`` keeps whole: in a graph that
+needs no gradient ``torchneuron::attention``; in one that may, ``torchneuron::attention_fwd``
+(the output and its log-sum-exp), whose backward is ``torchneuron::attention_bwd``. Their
+eager implementations are SDPA's math, so a fallback to eager PyTorch computes what the model
+asked for. The FX document writes them as ``higher_order.flex_attention`` and
+``flex_attention_backward`` nodes whose modifiers express SDPA's arguments (:func:`flex_form`):
 
 - ``is_causal``: mask_mod ``q_idx >= kv_idx`` (SDPA's top-left aligned causal mask, also when
   the query and key lengths differ); block classes from the shape: blocks above the diagonal
@@ -23,17 +23,19 @@ Block classes of a tensor mask are computed from its content when the graph is c
 BlockMask), so fully masked blocks are skipped and fully kept ones skip the mask. Past
 :data:`MAX_MASK_STRUCTURES` structures, further ones share a kernel whose blocks are all partial.
 
-Graphs that need gradients keep SDPA's math decomposition (matmul + softmax + matmul, see
-:func:`torchneuron.decompositions.math_attention`): the FlexAttention kernel has no backward yet.
-Calls with ``dropout_p > 0``, inputs that are not 4-D or head dims above 128 also keep the math
-path (a head dim that is symbolic when the graph is traced, ``dynamic=True``, is checked when
-it is specialized: above 128 the call falls back to eager SDPA, counted in the stats).
+Calls with ``dropout_p > 0``, inputs that are not 4-D, head dims above 128 or (in training) an
+additive mask that requires grad keep the math path (a head dim that is symbolic when the
+graph is traced, ``dynamic=True``, is checked when it is specialized: above 128 the call falls
+back to eager SDPA, counted in the stats).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
+import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +46,8 @@ import torch.nn.functional as F
 
 __all__ = [
     "ATTENTION",
+    "ATTENTION_BWD",
+    "ATTENTION_FWD",
     "MAX_HEAD_DIM",
     "MAX_MASK_STRUCTURES",
     "SDPA_BLOCK",
@@ -107,8 +111,122 @@ def _(
     return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 
+def _math(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDPA's math in fp32: the output and the base-2 log-sum-exp of each query row (-inf for
+    a row whose keys are all masked, whose output is 0), as FlexAttention returns them."""
+    q, k, v = (t.float() for t in (query, key, value))
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
+    factor = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
+    s = (q @ k.transpose(-2, -1)) * factor
+    if is_causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    elif attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            s = s.masked_fill(~attn_mask, float("-inf"))
+        else:
+            s = s + attn_mask.float()
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse).unsqueeze(-1))
+    out = (p @ v).to(query.dtype)
+    return out, lse / math.log(2.0)
+
+
+@torch.library.custom_op("torchneuron::attention_fwd", mutates_args=())
+def _attention_fwd(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDPA in a training graph: the output and its base-2 log-sum-exp (saved for the
+    backward), as the FlexAttention kernel returns them."""
+    out, lse = _math(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    return out.contiguous(), lse.contiguous()
+
+
+@_attention_fwd.register_fake
+def _(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    out = query.new_empty((*query.shape[:-1], value.shape[-1]))
+    return out, query.new_empty(query.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("torchneuron::attention_bwd", mutates_args=())
+def _attention_bwd(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of query, key and value of :func:`_attention_fwd`, given its outputs
+    (the device kernel reads them; eager recomputes them and differentiates the math)."""
+    with torch.enable_grad():
+        inputs = [t.detach().requires_grad_() for t in (query, key, value)]
+        out, _ = _math(*inputs, attn_mask, is_causal, scale, enable_gqa)
+        grads = torch.autograd.grad(out, inputs, grad_out)
+    return tuple(g.to(t.dtype).contiguous() for g, t in zip(grads, inputs, strict=True))  # type: ignore[return-value]
+
+
+@_attention_bwd.register_fake
+def _(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.inputs = inputs
+    ctx.outputs = output
+
+
+def _backward(ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor | None) -> tuple[Any, ...]:
+    dq, dk, dv = _attention_bwd(*ctx.inputs, *ctx.outputs, grad_out)
+    return dq, dk, dv, None, None, None, None
+
+
+_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
 #: The op an SDPA call becomes in an inference graph.
 ATTENTION: torch._ops.OpOverload = torch.ops.torchneuron.attention.default
+#: The ops an SDPA call becomes in a training graph (forward with its log-sum-exp; backward).
+ATTENTION_FWD: torch._ops.OpOverload = torch.ops.torchneuron.attention_fwd.default
+ATTENTION_BWD: torch._ops.OpOverload = torch.ops.torchneuron.attention_bwd.default
 
 _SDPA = torch._C._nn.scaled_dot_product_attention
 _SDPA_PARAMS = inspect.Signature(
@@ -129,8 +247,9 @@ _SDPA_PARAMS = inspect.Signature(
 
 
 def is_attention(node: torch.fx.Node) -> bool:
-    """Whether ``node`` calls ``torchneuron::attention``."""
-    return node.op == "call_function" and node.target is ATTENTION
+    """Whether ``node`` calls ``torchneuron::attention``, ``attention_fwd`` or
+    ``attention_bwd`` (an SDPA call and its gradients; arguments 0-6 are SDPA's)."""
+    return node.op == "call_function" and node.target in (ATTENTION, ATTENTION_FWD, ATTENTION_BWD)
 
 
 def needs_grad(gm: torch.fx.GraphModule, example_inputs: Any) -> bool:
@@ -220,10 +339,11 @@ def _routable(call: dict[str, Any]) -> bool:
     )
 
 
-def route_attention(gm: torch.fx.GraphModule) -> int:
+def route_attention(gm: torch.fx.GraphModule, training: bool = False) -> int:
     """Replace, in Dynamo's graph ``gm``, every SDPA call the FlexAttention kernel computes
-    with ``torchneuron::attention``; returns how many. Only for graphs that need no gradient
-    (:func:`needs_grad`): the op has no backward."""
+    with ``torchneuron::attention`` or, when the graph may need gradients (:func:`needs_grad`),
+    ``torchneuron::attention_fwd`` (whose backward is ``attention_bwd``, the FlexAttention
+    backward kernel); returns how many."""
     routed = 0
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target is not _SDPA:
@@ -236,8 +356,13 @@ def route_attention(gm: torch.fx.GraphModule) -> int:
         if not _routable(call.arguments):
             continue
         a = call.arguments
+        mask = a["attn_mask"]
+        if training and isinstance(mask, torch.fx.Node):
+            m = mask.meta.get("example_value")
+            if isinstance(m, torch.Tensor) and m.requires_grad:
+                continue  # a learned additive mask: its gradient is not computed here
         scale = None if a["scale"] is None else float(a["scale"])
-        node.target = ATTENTION
+        node.target = ATTENTION_FWD if training else ATTENTION
         node.args = (
             a["query"],
             a["key"],
@@ -248,6 +373,11 @@ def route_attention(gm: torch.fx.GraphModule) -> int:
             a["enable_gqa"],
         )
         node.kwargs = {}
+        if training:  # the output is the first of (out, lse)
+            with gm.graph.inserting_after(node):
+                out = gm.graph.call_function(operator.getitem, (node, 0))
+            node.replace_all_uses_with(out, delete_user_cb=functools.partial(operator.is_not, out))
+            out.meta = dict(node.meta)
         routed += 1
     if routed:
         gm.recompile()
@@ -321,6 +451,7 @@ class FlexForm:
 
     scale: float
     score_mod: torch.fx.GraphModule
+    score_grad: torch.fx.GraphModule
     mask_mod: torch.fx.GraphModule
     score_buffers: tuple[torch.fx.Node, ...]
     mask_buffers: tuple[torch.fx.Node, ...]
@@ -369,6 +500,16 @@ def _identity_score(score: Any, b: Any, h: Any, q: Any, kv: Any) -> torch.Tensor
     return score  # type: ignore[no-any-return]
 
 
+def _identity_grad(score: Any, b: Any, h: Any, q: Any, kv: Any, grad: Any) -> torch.Tensor:
+    return grad  # type: ignore[no-any-return]
+
+
+def _identity_grad_with(
+    score: Any, b: Any, h: Any, q: Any, kv: Any, grad: Any, mask: torch.Tensor
+) -> torch.Tensor:
+    return grad  # type: ignore[no-any-return]
+
+
 def _add_mask(score: Any, b: Any, h: Any, q: Any, kv: Any, mask: torch.Tensor) -> torch.Tensor:
     return score + _lookup(mask, b, h, q, kv)  # type: ignore[no-any-return]
 
@@ -380,14 +521,17 @@ def flex_form(node: torch.fx.Node) -> FlexForm:
     the mask_mod decides every entry)."""
     from torchneuron.flex import BLOCKS_META
 
-    q, k, _, mask, is_causal, scale, _ = node.args
+    q, k, _, mask, is_causal, scale, _ = node.args[:7]
     assert isinstance(q, torch.fx.Node) and isinstance(k, torch.fx.Node)
     qv, kv, vv = q.meta["val"], k.meta["val"], node.args[2].meta["val"]  # type: ignore[union-attr]
     q_len, kv_len = int(qv.shape[-2]), int(kv.shape[-2])
     if int(qv.shape[-1]) > MAX_HEAD_DIM or int(vv.shape[-1]) > MAX_HEAD_DIM:
         raise ValueError(f"head dims above {MAX_HEAD_DIM} are not supported by the kernel")
     score = torch.zeros((), dtype=qv.dtype)
+    grad = torch.zeros((), dtype=torch.float32)
     blocks = node.meta.get(BLOCKS_META)
+    # score_mod adds the mask at most: its gradient passes the score's through.
+    identity_grad = _trace(_identity_grad, score, *_indices(), grad)
     if mask is None:
         score_mod = _trace(_identity_score, score, *_indices())
         mask_mod = _trace(_causal_mask if is_causal else _noop_mask, *_indices())
@@ -396,17 +540,18 @@ def flex_form(node: torch.fx.Node) -> FlexForm:
         elif blocks is None:
             n_q, n_kv = -(-q_len // SDPA_BLOCK), -(-kv_len // SDPA_BLOCK)
             blocks = torch.full((1, 1, n_q, n_kv), _FULL, dtype=torch.int8)
-        return FlexForm(_scale(scale, qv), score_mod, mask_mod, (), (), blocks)
+        return FlexForm(_scale(scale, qv), score_mod, identity_grad, mask_mod, (), (), blocks)
     assert isinstance(mask, torch.fx.Node)
     mv = mask.meta["val"]
     example = torch.zeros(tuple(int(s) for s in mv.shape), dtype=mv.dtype)
     if mv.dtype == torch.bool:
         score_mod = _trace(_identity_score, score, *_indices())
         mask_mod = _trace(_bool_mask, *_indices(), example)
-        return FlexForm(_scale(scale, qv), score_mod, mask_mod, (), (mask,), blocks)
+        return FlexForm(_scale(scale, qv), score_mod, identity_grad, mask_mod, (), (mask,), blocks)
     score_mod = _trace(_add_mask, score, *_indices(), example)
+    score_grad = _trace(_identity_grad_with, score, *_indices(), grad, example)
     mask_mod = _trace(_finite_mask, *_indices(), example)
-    return FlexForm(_scale(scale, qv), score_mod, mask_mod, (mask,), (mask,), blocks)
+    return FlexForm(_scale(scale, qv), score_mod, score_grad, mask_mod, (mask,), (mask,), blocks)
 
 
 def _scale(scale: object, query: torch.Tensor) -> float:

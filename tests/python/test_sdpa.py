@@ -4,7 +4,7 @@ checks against eager SDPA on CPU.
 Every inference case asserts that nothing fell back to eager and that the compiled document
 is one ``higher_order.flex_attention`` node, with none of the math path's matmul + softmax
 ops; block classes are checked where they decide which blocks the kernel skips. Training
-graphs keep the math path (matmul + softmax + matmul), which ``aot_autograd`` differentiates.
+graphs run the FlexAttention forward and backward kernels.
 """
 
 from __future__ import annotations
@@ -300,22 +300,55 @@ def math_targets(calls: list[CompileCall]) -> set[str]:
     return {t for t in targets if t.split(".")[1] in ("bmm", "exp", "amax", "div", "sum")}
 
 
-def test_training_keeps_the_math_path(compile_calls: list[CompileCall]) -> None:
+def _bool_mask(s: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(5)
+    mask = torch.rand(1, 1, s, s, generator=g) > 0.3
+    return mask | torch.eye(s, dtype=torch.bool)  # every row keeps a key
+
+
+def _additive_mask(s: int) -> torch.Tensor:
+    m = torch.randn(1, 2, s, s, generator=torch.Generator().manual_seed(6))
+    return m.masked_fill(~_bool_mask(s), float("-inf"))
+
+
+@pytest.mark.parametrize(
+    ("case", "dtype"),
+    [
+        ("causal", torch.float32),
+        ("causal", torch.bfloat16),
+        ("bool", torch.float32),
+        ("additive", torch.float32),
+        ("gqa", torch.float32),
+    ],
+)
+def test_training_runs_on_the_flex_kernels(
+    compile_calls: list[CompileCall], case: str, dtype: torch.dtype
+) -> None:
+    # Forward and backward are the FlexAttention forward and backward kernels, not the math
+    # path; the gradients match eager SDPA's.
+    s = 140
+    mask = {"bool": _bool_mask(s), "additive": _additive_mask(s)}.get(case)
+
     def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=case in ("causal", "gqa"), enable_gqa=case == "gqa"
+        )
 
     def leaves() -> list[torch.Tensor]:
-        return [t.requires_grad_() for t in qkv(1, 2, 140, 16, torch.float32)]
+        kv_heads = 1 if case == "gqa" else 0
+        return [t.requires_grad_() for t in qkv(1, 2, s, 16, dtype, kv_heads=kv_heads)]
 
     ours, ref = leaves(), leaves()
     out = torch.compile(attention, backend="neuron")(*ours)
-    out.square().sum().backward()
-    attention(*ref).square().sum().backward()
+    out.float().square().sum().backward()
+    attention(*ref).float().square().sum().backward()
+    tol = {torch.float32: 1e-4, torch.bfloat16: 5e-2}[dtype]
     for a, b in zip(ours, ref, strict=True):
-        torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a.grad.float(), b.grad.float(), atol=tol, rtol=tol)
     assert torchneuron.stats()["ops_fallback"] == {}
-    assert flex_nodes(compile_calls) == []
-    assert {"aten.bmm.default", "aten.exp.default"} <= math_targets(compile_calls)
+    targets = [n["target"] for c in compile_calls for n in c.document["nodes"]]
+    assert targets.count(FLEX) == 1 and targets.count(FLEX + "_backward") == 1, targets
+    assert not math_targets(compile_calls)
 
 
 def test_dropout_keeps_the_math_path(compile_calls: list[CompileCall]) -> None:
