@@ -5,12 +5,15 @@ Run from the repository root, after ``scripts/setup.sh``:
     .venv/bin/python benchmarks/attention.py                 # B=1, H=16, S=4096, D=128, bf16
     .venv/bin/python benchmarks/attention.py --seq 1024      # quicker
     .venv/bin/python benchmarks/attention.py --targets trn2
+    .venv/bin/python benchmarks/attention.py --backward      # also the training backward kernel
 
 Each case is ``flex_attention(q, k, v, block_mask=...)`` compiled with
 ``torch.compile(backend="neuron")`` and run once under ``torchneuron.profile()``. Printed per
 target: modeled device time, TFLOP/s and % of the TensorE bf16 peak counting only unmasked
 FLOPs (4 * B * H * D per unmasked (query, key) pair), the engine that bounds the kernel and
-its busy share, and the causal / full time ratio (block skipping makes it about 0.5).
+its busy share, and the causal / full time ratio (block skipping makes it about 0.5). With
+``--backward`` each case also runs ``out.sum().backward()`` and prints the backward kernel
+(``flex_attention_backward``: 10 * D FLOPs per unmasked pair).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def causal(b: Any, h: Any, q: Any, kv: Any) -> Any:
 
 
 def run_case(
-    target: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any
+    target: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, backward: bool
 ) -> dict[str, Any]:
     torch._dynamo.reset()
     attend = torch.compile(
@@ -40,12 +43,20 @@ def run_case(
         options={"target": target},
     )
     before = torchneuron.stats()
-    with torch.no_grad(), torchneuron.profile() as prof:
-        attend(q, k, v)
+    if backward:
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        with torchneuron.profile() as prof:
+            attend(*leaves).sum().backward()
+        kernel, backward_kernel = prof.kernels
+    else:
+        with torch.no_grad(), torchneuron.profile() as prof:
+            attend(q, k, v)
+        (kernel,) = prof.kernels
     after = torchneuron.stats()
-    (kernel,) = prof.kernels
     return {
-        "ns": prof.total_device_ns,
+        "ns": kernel["device_ns"],
+        "backward_ns": backward_kernel["device_ns"] if backward else None,
+        "backward_bound": backward_kernel["bound"] if backward else None,
         "bound": kernel["bound"],
         "fallback": sum(after["ops_fallback"].values()) - sum(before["ops_fallback"].values()),
         "compile_s": after["compile_seconds"] - before["compile_seconds"],
@@ -59,12 +70,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--targets", default="trn2,trn3")
+    parser.add_argument("--backward", action="store_true", help="also the backward kernel")
     args = parser.parse_args(argv)
+    if args.backward:
+        torchneuron.allow_flex_attention_training()
     b, h, s, d = 1, args.heads, args.seq, args.dim
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16) for _ in range(3))
+    # In training the default BlockMask of block_mask=None would be built inside the forward
+    # graph (by ops that fall back): pass one keeping every block instead.
+    everything = create_block_mask(lambda b, h, q, kv: q >= 0, None, None, s, s, device="cpu")
     cases = {
-        "full": (None, float(s * s)),
+        "full": (everything if args.backward else None, float(s * s)),
         "causal": (create_block_mask(causal, None, None, s, s, device="cpu"), s * (s + 1) / 2),
     }
     print(f"flex_attention B={b} H={h} S={s} D={d} bf16")
@@ -77,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         peak = native().target_peaks(target)["flops"]
         times: dict[str, float] = {}
         for name, (mask, pairs) in cases.items():
-            r = run_case(target, q, k, v, mask)
+            r = run_case(target, q, k, v, mask, args.backward)
             flops = 4.0 * b * h * d * pairs
             tflops = flops / (r["ns"] * 1e-9) / 1e12
             times[name] = r["ns"]
@@ -86,6 +103,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{100 * flops / (r['ns'] * 1e-9) / peak:8.1f}% {r['bound']:>8s} "
                 f"{r['compile_s']:9.2f} {r['fallback']:8d}"
             )
+            if r["backward_ns"] is not None:
+                ns = r["backward_ns"]
+                share = 100 * 2.5 * flops / (ns * 1e-9) / peak
+                print(
+                    f"{name + ' bwd':8s} {target:5s} {ns / 1e3:10.1f} "
+                    f"{2.5 * flops / ns / 1e3:8.1f} {share:8.1f}% {r['backward_bound']:>8s}"
+                )
             if name == "causal":
                 causal_share[target] = 100 * flops / (r["ns"] * 1e-9) / peak
         ratio = times["causal"] / times["full"]
