@@ -111,6 +111,7 @@ private:
     Value qRows, qT, doRows, doT, oRows;  // the query head's
     Value negLse, delta;                  // per query tile columns
     Value dQ, dK, dV;                     // fp32 accumulators
+    Value pIn, dSIn; // P and dS as matmul inputs, two steps' worth
     Value outDQ, outDK, outDV;            // results (HBM)
     KernelLowering::Window o, dO, lseIn;
     Region *scoreGrad = nullptr;
@@ -120,8 +121,10 @@ private:
   void backwardKeyHead(Value batchIdx, Value kvHead, int64_t bm);
   void backwardQueryHead(Value batchIdx, Value kvHead, Value g, int64_t bm,
                          int64_t hm);
-  void backwardStep(const Step &at, int64_t t, int64_t u, bool partial,
-                    bool first, int64_t parity);
+  void backwardScores(const Step &at, int64_t t, int64_t u, bool partial,
+                      int64_t parity);
+  void backwardGrads(const Step &at, int64_t t, int64_t u, bool first,
+                     int64_t parity);
   Value loadRowsOf(const KernelLowering::Window &w, Value base, int64_t len,
                    int64_t width, Value dst);
   Value loadTransposed(const KernelLowering::Window &w, Value base,

@@ -7,7 +7,8 @@
 //  - per query head of that key head: Q, Q^T, dO, dO^T and O in SBUF; per
 //    query tile -lse and delta = rowsum(dO * O); an fp32 dQ accumulator;
 //  - per key unit (128 keys), over the query tiles its blocks keep:
-//    S = Q K^T recomputed, score_mod and the mask as in the forward,
+//    S = Q K^T recomputed (one step ahead of the gradients), score_mod and
+//    the mask as in the forward,
 //    P = exp(S - lse); dV += P^T dO and dK += dS^T Q accumulate in PSUM
 //    across the query tiles, dS = score_grad(P * (dO V^T - delta)), and
 //    dQ += dS K through a TensorE transpose of dS.
@@ -149,6 +150,8 @@ LogicalResult FlexAttentionLowering::runBackward() {
   bw.dQ = k.tile(MemorySpace::sbuf, {kUnit, qTiles * dim}, f32);
   bw.dK = k.tile(MemorySpace::sbuf, {kUnit, kvUnits * dim}, f32);
   bw.dV = k.tile(MemorySpace::sbuf, {kUnit, kvUnits * vDim}, f32);
+  bw.pIn = k.tile(MemorySpace::sbuf, {kUnit, 2 * kUnit}, inElt);
+  bw.dSIn = k.tile(MemorySpace::sbuf, {kUnit, 2 * kUnit}, inElt);
 
   bool perBatch = blocksShape[0] != 1, perHead = blocksShape[1] != 1;
   for (int64_t bm = 0; bm < blocksShape[0]; ++bm) {
@@ -249,11 +252,18 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
     b.create<nisa::TensorReduceOp>(k.loc, nisa::AluOp::add, prod,
                                    col(bw.delta));
   }
+  // The kept (key unit, query tile) steps, key unit by key unit; each
+  // step's scores are computed one step ahead of its gradients, so the
+  // engines overlap consecutive steps.
+  struct BackwardStep {
+    Step at;
+    int64_t t, u;
+    bool partial, first, last;
+  };
+  SmallVector<BackwardStep> steps;
   SmallVector<SmallVector<Kind>> kinds = unitKinds(bm, hm);
-  int64_t parity = 0;
   for (int64_t u = 0; u < kvUnits; ++u) {
-    bool first = true;
-    int64_t keys = std::min(kUnit, kvLen - u * kUnit);
+    size_t unitStart = steps.size();
     for (int64_t t = 0; t < qTiles; ++t) {
       if (kinds[t][u] == Kind::masked)
         continue;
@@ -263,17 +273,31 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
       at.q0 = k.index(t * kUnit);
       at.unit = k.index(u);
       at.rows = std::min(kUnit, qLen - t * kUnit);
-      at.width = keys;
-      backwardStep(at, t, u, kinds[t][u] == Kind::partial, first, parity);
-      parity ^= 1;
-      first = false;
+      at.width = std::min(kUnit, kvLen - u * kUnit);
+      steps.push_back({at, t, u, kinds[t][u] == Kind::partial,
+                       steps.size() == unitStart, false});
     }
-    if (first)
-      continue; // every block of this key unit is masked
+    if (steps.size() > unitStart)
+      steps.back().last = true;
+  }
+  auto scores = [&](size_t i) {
+    const BackwardStep &s = steps[i];
+    backwardScores(s.at, s.t, s.u, s.partial, i % 2);
+  };
+  if (!steps.empty())
+    scores(0);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (i + 1 < steps.size())
+      scores(i + 1);
+    const BackwardStep &s = steps[i];
+    backwardGrads(s.at, s.t, s.u, s.first, i % 2);
+    if (!s.last)
+      continue;
     // dV and dK of this unit, summed over the query tiles in PSUM, into the
     // accumulators (which also sum the query heads of the key head).
+    int64_t keys = s.at.width;
     auto acc = [&](Value tile, int64_t width, int64_t psumCol) {
-      Value dst = k.view(tile, k.index(u * width), {keys, width},
+      Value dst = k.view(tile, k.index(s.u * width), {keys, width},
                          {kvUnits * width, 1});
       Value src = k.view(psum, k.index(kGradKVBank * bank + psumCol),
                          {keys, width}, {psumCols, 1});
@@ -290,16 +314,16 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
             qStrides[2], scale);
 }
 
-/// Query tile t against key unit u: P recomputed, then its share of dV,
-/// dK and dQ. `first`: the unit's first step (its PSUM sums start).
-void FlexAttentionLowering::backwardStep(const Step &at, int64_t t, int64_t u,
-                                         bool partial, bool first,
-                                         int64_t parity) {
+/// Query tile t against key unit u, first half: P recomputed and dS (into
+/// this parity's pIn and dSIn).
+void FlexAttentionLowering::backwardScores(const Step &at, int64_t t,
+                                           int64_t u, bool partial,
+                                           int64_t parity) {
   KernelLowering::TileScope scope(k);
   int64_t rows = at.rows, keys = at.width;
   int64_t qTiles = (qLen + kUnit - 1) / kUnit;
-  auto bankView = [&](int64_t bankIdx, int64_t col, int64_t r, int64_t c) {
-    return k.view(psum, k.index(bankIdx * bank + col), {r, c}, {psumCols, 1});
+  auto bankView = [&](int64_t bankIdx, int64_t r, int64_t c) {
+    return k.view(psum, k.index(bankIdx * bank), {r, c}, {psumCols, 1});
   };
   auto full = [&](Value tile) {
     Operand v;
@@ -307,15 +331,18 @@ void FlexAttentionLowering::backwardStep(const Step &at, int64_t t, int64_t u,
     v.tile = tile;
     return v;
   };
-  auto fail = [&](FailureOr<Operand> r) -> Value {
+  auto lowered = [&](FailureOr<Operand> r) -> Value {
     if (::mlir::failed(r)) {
       failed = true;
       return Value();
     }
     return materialize(*r, at, true);
   };
-  // S = Q K^T, scaled; score_mod; the mask as a 0 / -inf bias.
-  Value s = bankView(kScoreBanks + parity, 0, rows, keys);
+  auto slot = [&](Value tile) {
+    return k.view(tile, k.index(parity * kUnit), {rows, keys}, {2 * kUnit, 1});
+  };
+  // S = Q K^T, scaled; score_mod; the mask.
+  Value s = bankView(kScoreBanks + parity, rows, keys);
   b.create<nisa::MatmulOp>(
       k.loc, k.view(bw.qT, k.index(t * kUnit), {dim, rows}, {qLen, 1}),
       k.view(bw.kT, k.index(u * kUnit), {dim, keys}, {kvLen, 1}), s);
@@ -327,41 +354,36 @@ void FlexAttentionLowering::backwardStep(const Step &at, int64_t t, int64_t u,
   if (!plainScores) {
     SmallVector<Operand> args{full(sc)};
     args.append(scoreArgs);
-    scores = fail(modifier(bwOp.getScoreMod(), args, at));
+    scores = lowered(modifier(bwOp.getScoreMod(), args, at));
     if (!scores)
       return;
   }
   if (partial) {
-    Value keep = fail(modifier(bwOp.getMaskMod(), maskArgs, at));
+    Value keep = lowered(modifier(bwOp.getMaskMod(), maskArgs, at));
     if (!keep)
       return;
-    auto part = [&](Value t) {
-      return k.view(t, k.index(0), {rows, keys}, {kUnit, 1});
-    };
     Value masked = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
-    b.create<nisa::SelectOp>(k.loc, keep, scores, part(negInf), masked,
-                             nisa::Engine::gpsimd);
+    b.create<nisa::SelectOp>(
+        k.loc, keep, scores,
+        k.view(negInf, k.index(0), {rows, keys}, {kUnit, 1}), masked,
+        nisa::Engine::gpsimd);
     scores = masked;
   }
-  // P = exp(s - lse).
-  Value p = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
+  // P = exp(s - lse); matmul inputs in the inputs' type.
+  bool f32Inputs = inElt == f32;
+  Value p = f32Inputs ? slot(bw.pIn) : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
   b.create<nisa::ActivationOp>(
       k.loc, scores, p, k.view(bw.negLse, k.index(t), {rows, 1}, {qTiles, 1}),
       nisa::ActivationFn::exp, APFloat(1.0), APFloat(0.0));
-  auto asInput = [&](Value v) {
-    if (inElt == f32)
-      return v;
-    Value c = k.tile(MemorySpace::sbuf, {rows, keys}, inElt);
-    b.create<nisa::CopyOp>(k.loc, v, c, nisa::Engine::gpsimd);
-    return c;
-  };
-  Value pIn = asInput(p);
+  if (!f32Inputs)
+    b.create<nisa::CopyOp>(k.loc, p, slot(bw.pIn), nisa::Engine::gpsimd);
   // dP = dO V^T; dS = P * (dP - delta), then through score_mod's gradient.
-  Value dP = bankView(kDPBanks + parity, 0, rows, keys);
+  Value dP = bankView(kDPBanks + parity, rows, keys);
   b.create<nisa::MatmulOp>(
       k.loc, k.view(bw.doT, k.index(t * kUnit), {vDim, rows}, {qLen, 1}),
       k.view(bw.vT, k.index(u * kUnit), {vDim, keys}, {kvLen, 1}), dP);
-  Value dS = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
+  bool direct = f32Inputs && bw.plainScoreGrad;
+  Value dS = direct ? slot(bw.dSIn) : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
   b.create<nisa::ScalarTensorTensorOp>(
       k.loc, nisa::AluOp::subtract, nisa::AluOp::multiply, dP, p, dS,
       k.view(bw.delta, k.index(t), {rows, 1}, {qTiles, 1}), APFloat(0.0),
@@ -371,15 +393,31 @@ void FlexAttentionLowering::backwardStep(const Step &at, int64_t t, int64_t u,
     args.append(scoreArgs.begin(), scoreArgs.begin() + 4);
     args.push_back(full(dS));
     args.append(scoreArgs.begin() + 4, scoreArgs.end());
-    dS = fail(modifier(*bw.scoreGrad, args, at));
+    dS = lowered(modifier(*bw.scoreGrad, args, at));
     if (!dS)
       return;
   }
-  Value dSIn = asInput(dS);
-  // dV += P^T dO and dK += dS^T Q (scaled when stored), summed in PSUM.
+  if (!direct)
+    b.create<nisa::CopyOp>(k.loc, dS, slot(bw.dSIn), nisa::Engine::gpsimd);
+}
+
+/// Query tile t against key unit u, second half: its share of dV and dK
+/// (summed in PSUM; `first`: the unit's first step) and of dQ.
+void FlexAttentionLowering::backwardGrads(const Step &at, int64_t t, int64_t u,
+                                          bool first, int64_t parity) {
+  KernelLowering::TileScope scope(k);
+  int64_t rows = at.rows, keys = at.width;
+  int64_t qTiles = (qLen + kUnit - 1) / kUnit;
+  auto bankView = [&](int64_t bankIdx, int64_t col, int64_t r, int64_t c) {
+    return k.view(psum, k.index(bankIdx * bank + col), {r, c}, {psumCols, 1});
+  };
+  auto slot = [&](Value tile) {
+    return k.view(tile, k.index(parity * kUnit), {rows, keys}, {2 * kUnit, 1});
+  };
   auto rowsOf = [&](Value tile, int64_t width) {
     return k.view(tile, k.index(t * width), {rows, width}, {qTiles * width, 1});
   };
+  Value pIn = slot(bw.pIn), dSIn = slot(bw.dSIn);
   auto dv = b.create<nisa::MatmulOp>(k.loc, pIn, rowsOf(bw.doRows, vDim),
                                      bankView(kGradKVBank, 0, keys, vDim));
   auto dk = b.create<nisa::MatmulOp>(k.loc, dSIn, rowsOf(bw.qRows, dim),

@@ -18,22 +18,28 @@
 // CHECK: nisa.tensor_reduce add
 // CHECK: nisa.tensor_tensor multiply
 // CHECK: nisa.tensor_reduce add
-// Key unit 0 with query tile 0 (partial): S, the mask, P, dP, dS = P (dP -
-// delta); dV and dK start their PSUM sums (no accumulate), then dS^T and dQ.
+// Steps run scores one step ahead of gradients. Step 0 (key unit 0, query
+// tile 0: partial): S, the mask, P, dP, dS = P (dP - delta).
 // CHECK: nisa.matmul
 // CHECK: nisa.select
 // CHECK: nisa.activation exp
 // CHECK: nisa.matmul
 // CHECK: nisa.scalar_tensor_tensor subtract, multiply
+// Step 1 (key unit 0, query tile 1: full, no mask) before step 0's gradients.
+// CHECK-NOT: nisa.select
+// CHECK: nisa.activation exp
+// CHECK: nisa.scalar_tensor_tensor subtract, multiply
+// Step 0's gradients: dV and dK start their PSUM sums (no accumulate), then
+// dS^T and dQ.
 // CHECK-NOT: accumulate
 // CHECK: nisa.copy
-// Key unit 0 with query tile 1 (full): no mask; dV and dK accumulate.
-// CHECK: nisa.activation exp
-// CHECK-NOT: nisa.select
-// CHECK: nisa.matmul {{.*}}accumulate
-// CHECK: nisa.matmul {{.*}}accumulate
-// Key unit 1 with query tile 1 (partial) only.
+// Step 2's scores (key unit 1, query tile 1: partial), then step 1's
+// gradients: dV and dK accumulate.
 // CHECK: nisa.select
+// CHECK: nisa.matmul {{.*}}accumulate
+// CHECK: nisa.matmul {{.*}}accumulate
+// CHECK: nisa.copy
+// Step 2's gradients start key unit 1's sums.
 // CHECK-NOT: accumulate
 // CHECK: nisa.copy
 func.func @causal_backward(%q: tensor<1x1x256x64xf32>, %k: tensor<1x1x256x64xf32>, %v: tensor<1x1x256x64xf32>, %o: tensor<1x1x256x64xf32>, %l: tensor<1x1x256xf32>, %go: tensor<1x1x256x64xf32>) -> (tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32>) {
