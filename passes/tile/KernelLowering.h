@@ -193,6 +193,7 @@ private:
   llvm::DenseMap<Operation *, nisa::Engine>
   assignEngines(ArrayRef<Operation *> ops,
                 const llvm::DenseSet<Operation *> &folded,
+                const llvm::DenseSet<Operation *> &activations,
                 const FusionPlan &plan, int64_t cols) const;
   void lowerMatmul(MatmulOp op);
   void forEach(int64_t count, llvm::function_ref<void(Value)> body);

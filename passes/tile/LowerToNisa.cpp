@@ -191,6 +191,7 @@ struct GroupStep {
 llvm::DenseMap<Operation *, nisa::Engine>
 KernelLowering::assignEngines(ArrayRef<Operation *> ops,
                               const llvm::DenseSet<Operation *> &folded,
+                              const llvm::DenseSet<Operation *> &activations,
                               const FusionPlan &plan, int64_t cols) const {
   using nisa::Engine;
   SmallVector<Operation *> work;
@@ -200,7 +201,7 @@ KernelLowering::assignEngines(ArrayRef<Operation *> ops,
   // tensor_scalar (a binary op with a splat or row operand) and copies run
   // on ScalarE too; other ALU ops on VectorE or GpSimd.
   auto allowed = [&](Operation *op, Engine e) {
-    if (isa<UnaryOp>(op))
+    if (isa<UnaryOp>(op) || activations.contains(op))
       return e == Engine::scalar;
     if (e != Engine::scalar || isa<CastOp>(op))
       return true;
@@ -225,7 +226,8 @@ KernelLowering::assignEngines(ArrayRef<Operation *> ops,
       if (heldAsTile(plan.rep(v)))
         streamed.push_back(v);
     bool all16 = is16(out) && llvm::all_of(streamed, is16);
-    double passes = std::max<size_t>(1, streamed.size());
+    double passes =
+        activations.contains(op) ? 1.0 : std::max<size_t>(1, streamed.size());
     double speedup = 1;
     if (e == Engine::vector) {
       if (streamed.size() == 2 && all16)
@@ -242,7 +244,8 @@ KernelLowering::assignEngines(ArrayRef<Operation *> ops,
   };
   llvm::DenseMap<Operation *, Engine> best;
   for (Operation *op : work)
-    best[op] = isa<UnaryOp>(op) ? Engine::scalar : Engine::vector;
+    best[op] = isa<UnaryOp>(op) || activations.contains(op) ? Engine::scalar
+                                                            : Engine::vector;
   double bestLoad = std::numeric_limits<double>::infinity();
   const Engine all[3] = {Engine::vector, Engine::gpsimd, Engine::scalar};
   size_t n = work.size();
@@ -316,10 +319,14 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   // ahead of the compute and stores trail it (within half of SBUF); the
   // tiles in between alternate between two, so one step's instructions
   // never wait for the previous step's to free a tile.
-  int64_t streams = inputs.size() + outputs.size();
+  int64_t streamBytes = 0; // per slot: a tile of every input and output
+  for (auto [v, buffer] : inputs)
+    streamBytes += cols * (tensorType(v).getElementTypeBitWidth() + 7) / 8;
+  for (auto [v, buffer] : outputs)
+    streamBytes += cols * (tensorType(v).getElementTypeBitWidth() + 7) / 8;
   int64_t numSlots = std::min<int64_t>(steps, 4);
-  while (numSlots > 1 && streams * numSlots * cols * widest >
-                             target.sbufBytesPerPartition / 2)
+  while (numSlots > 1 &&
+         numSlots * streamBytes > target.sbufBytesPerPartition / 2)
     --numSlots;
   int64_t innerSlots = std::min<int64_t>(steps, 2);
   llvm::DenseMap<Value, Value> slots, columns;
@@ -358,8 +365,16 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   //  - a narrowing cast of a value used only by it: the producer stores in
   //    the narrow type directly (one rounding either way);
   //  - f(x - m) (or +) in fp32 with m a row broadcast: one activation with
-  //    m as its per-partition bias.
+  //    m as its per-partition bias;
+  //  - a row sum of f(x) (or of x * x): the activation computing f sums its
+  //    rows as it goes (ScalarE's accumulate);
+  //  - (x op m) op' w with m a row broadcast, the first result used only
+  //    by the second: one scalar_tensor_tensor.
   llvm::DenseSet<Operation *> folded;
+  llvm::DenseMap<Operation *, ReduceOp> rowSumOf; // activation -> its sum
+  llvm::DenseSet<Operation *> summed;              // sums activations make
+  llvm::DenseSet<Operation *> activations; // x * x: activation square
+  llvm::DenseMap<Operation *, BinaryOp> scaledBy; // outer binary -> inner
   llvm::DenseMap<Value, Value> narrowedBy; // producer result -> cast result
   llvm::DenseMap<Operation *, Operation *> biasOf; // unary -> its add/sub
   llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
@@ -396,26 +411,82 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
       }
     }
   }
+  auto isSquare = [&](Operation *op) {
+    auto bin = dyn_cast<BinaryOp>(op);
+    return bin && bin.getFn() == BinaryFn::mul && bin.getLhs() == bin.getRhs() &&
+           plan.rep(bin.getLhs()) == Rep::Full;
+  };
+  for (Operation *op : ops) {
+    auto r = dyn_cast<ReduceOp>(op);
+    if (!r || r.getFn() != ReduceFn::sum || plan.rep(r.getResult()) != Rep::Row)
+      continue;
+    Operation *producer = r.getInput().getDefiningOp();
+    if (!producer || !members.contains(producer) ||
+        folded.contains(producer) || rowSumOf.count(producer) ||
+        !(isa<UnaryOp>(producer) || isSquare(producer)) ||
+        plan.rep(r.getInput()) != Rep::Full)
+      continue;
+    rowSumOf[producer] = r;
+    summed.insert(op);
+    if (isSquare(producer))
+      activations.insert(producer);
+  }
+  for (Operation *op : ops) {
+    auto outer = dyn_cast<BinaryOp>(op);
+    if (!outer || folded.contains(op) || summed.contains(op))
+      continue;
+    for (bool innerOnLeft : {true, false}) {
+      Value innerValue = innerOnLeft ? outer.getLhs() : outer.getRhs();
+      Value other = innerOnLeft ? outer.getRhs() : outer.getLhs();
+      auto inner = innerValue.getDefiningOp<BinaryOp>();
+      bool commutes = outer.getFn() == BinaryFn::mul ||
+                      outer.getFn() == BinaryFn::add;
+      if (!inner || !members.contains(inner) || folded.contains(inner) ||
+          onlyUse(innerValue) != op || (!innerOnLeft && !commutes) ||
+          biasOf.count(op) || !heldAsTile(plan.rep(other)) ||
+          !heldAsTile(plan.rep(innerValue)) ||
+          plan.rep(inner.getLhs()) != Rep::Full ||
+          plan.rep(inner.getRhs()) != Rep::Row ||
+          inner.getType().getElementType() != outer.getType().getElementType())
+        continue;
+      scaledBy[op] = inner;
+      folded.insert(inner);
+      break;
+    }
+  }
 
+  llvm::DenseSet<Operation *> unassigned(folded.begin(), folded.end());
+  unassigned.insert(summed.begin(), summed.end());
   llvm::DenseMap<Operation *, nisa::Engine> engineFor =
-      assignEngines(ops, folded, plan, cols);
+      assignEngines(ops, unassigned, activations, plan, cols);
   llvm::DenseMap<Value, Value> inner; // intermediate -> its two-slot tile
-  int64_t innerBytes = 0;
-  for (Operation *op : ops)
-    if (!isa<ConstantOp, BroadcastOp, ReshapeOp>(op) && !folded.contains(op) &&
-        !isOutput.contains(op->getResult(0)))
-      innerBytes += slotWidth(op->getResult(0)) * widest;
-  if (innerBytes * innerSlots > target.sbufBytesPerPartition / 4)
-    innerSlots = 1;
+  // The intermediates that get a tile, stored in their own type (or the
+  // type of the cast that narrows them).
+  SmallVector<std::pair<Value, Type>> intermediates;
   for (Operation *op : ops) {
     Value v = op->getResult(0);
     if (isa<ConstantOp, BroadcastOp, ReshapeOp>(op) || folded.contains(op) ||
         isOutput.contains(v) ||
         (narrowedBy.count(v) && isOutput.contains(narrowedBy.lookup(v))))
       continue;
-    Type storage = narrowedBy.count(v) ? elt(narrowedBy.lookup(v)) : elt(v);
-    inner[v] = tile(MemorySpace::sbuf, {p, innerSlots * slotWidth(v)}, storage);
+    intermediates.push_back(
+        {v, narrowedBy.count(v) ? elt(narrowedBy.lookup(v)) : elt(v)});
   }
+  int64_t innerBytes = 0;
+  for (auto [v, storage] : intermediates)
+    innerBytes += slotWidth(v) * ((storage.getIntOrFloatBitWidth() + 7) / 8);
+  if (innerBytes * innerSlots > target.sbufBytesPerPartition / 4)
+    innerSlots = 1;
+  // Row values (a max, a sum: one column) take as many slots as the DMA
+  // streams, so the next steps' reductions never wait for this one's
+  // readers.
+  auto slotsOf = [&](Value v) {
+    return plan.rep(v) == Rep::Row ? std::max(innerSlots, numSlots)
+                                   : innerSlots;
+  };
+  for (auto [v, storage] : intermediates)
+    inner[v] =
+        tile(MemorySpace::sbuf, {p, slotsOf(v) * slotWidth(v)}, storage);
 
   // One step: `base` is the first row (by rows) or element (flat). Its
   // loads and its compute are emitted apart, so loads can run ahead.
@@ -464,8 +535,9 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
           narrowed && isOutput.contains(narrowed))
         return slot(narrowed);
       int64_t width = slotWidth(v);
-      return view(inner[v], index(slotIndex % innerSlots * width),
-                  {rows, width == 1 ? 1 : stepCols}, {innerSlots * width, 1});
+      int64_t n = slotsOf(v);
+      return view(inner[v], index(slotIndex % n * width),
+                  {rows, width == 1 ? 1 : stepCols}, {n * width, 1});
     };
     // A row or splat operand as a tile of the result's shape (select takes
     // equal shapes).
@@ -487,12 +559,46 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
       if (isa<ConstantOp>(op))
         continue;
       Value result = op->getResult(0);
+      if (summed.contains(op))
+        continue; // its activation wrote it
       if (isa<BroadcastOp, ReshapeOp>(op) || folded.contains(op)) {
         st.tiles[result] = st.tileOf(op->getOperand(0));
         continue;
       }
       Value dst = dstFor(result);
       st.tiles[result] = dst;
+      // The row sums an activation accumulates, fp32 on ScalarE.
+      auto rowSums = [&]() -> std::pair<Value, Value> {
+        ReduceOp sum = rowSumOf.lookup(op);
+        if (!sum)
+          return {};
+        Value sums = dstFor(sum.getResult());
+        st.tiles[sum.getResult()] = sums;
+        if (cast<MemRefType>(sums.getType()).getElementType().isF32())
+          return {sums, Value()};
+        return {tile(MemorySpace::sbuf, {rows, 1}, b.getF32Type()), sums};
+      };
+      if (activations.contains(op)) {
+        auto [acc, narrow] = rowSums();
+        b.create<nisa::ActivationOp>(loc, st.tileOf(op->getOperand(0)), dst,
+                                     Value(), Value(), acc,
+                                     nisa::ActivationFn::square, APFloat(1.0),
+                                     APFloat(0.0));
+        if (narrow)
+          b.create<nisa::CopyOp>(loc, acc, narrow, nisa::Engine::gpsimd);
+        continue;
+      }
+      if (BinaryOp inner = scaledBy.lookup(op)) {
+        // (x op0 m) op1 w.
+        auto bin = cast<BinaryOp>(op);
+        bool innerOnLeft = bin.getLhs() == inner.getResult();
+        Value w = innerOnLeft ? bin.getRhs() : bin.getLhs();
+        b.create<nisa::ScalarTensorTensorOp>(
+            loc, aluFor(inner.getFn()), aluFor(bin.getFn()),
+            st.tileOf(inner.getLhs()), st.tileOf(w), dst,
+            st.tileOf(inner.getRhs()), APFloat(0.0), engineFor.lookup(op));
+        continue;
+      }
       if (auto u = dyn_cast<UnaryOp>(op)) {
         // exp(x - m) with m a row: the row rides along as the bias.
         Value src = u.getInput(), bias;
@@ -508,9 +614,12 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
             bias = negated;
           }
         }
-        b.create<nisa::ActivationOp>(loc, st.tileOf(src), dst, bias,
-                                     activationFor(u.getFn()), APFloat(1.0),
-                                     APFloat(0.0));
+        auto [acc, narrow] = rowSums();
+        b.create<nisa::ActivationOp>(loc, st.tileOf(src), dst, bias, Value(),
+                                     acc, activationFor(u.getFn()),
+                                     APFloat(1.0), APFloat(0.0));
+        if (narrow)
+          b.create<nisa::CopyOp>(loc, acc, narrow, nisa::Engine::gpsimd);
       } else if (auto bin = dyn_cast<BinaryOp>(op)) {
         nisa::AluOp alu = aluFor(bin.getFn());
         Value l = bin.getLhs(), r = bin.getRhs();

@@ -2,16 +2,17 @@
 
 // A fused softmax on bf16 rows: the widening cast costs nothing (engines
 // read bf16 exactly as fp32), x - max and exp are one activation with the
-// negated row max as its bias, the narrowing cast folds into the divide
-// (which stores bf16 straight into the output tile), and the instructions
-// spread over VectorE, ScalarE and GpSimd. Steps alternate between slots.
+// negated row max as its bias that also sums its rows (no tensor_reduce
+// add), the narrowing cast folds into the divide (which stores bf16
+// straight into the output tile), and the instructions spread over VectorE,
+// ScalarE and GpSimd. Steps alternate between slots.
 // CHECK-LABEL: func.func @softmax_bf16
 // CHECK-NOT: nisa.copy
 // CHECK: nisa.dma_copy
 // CHECK: nisa.tensor_reduce max {{.*}} : memref<128x64xbf16, {{.*}}>, memref<128x1xf32
 // CHECK: nisa.tensor_scalar multiply {{.*}}imm = -1.000000e+00 : f64}
-// CHECK: nisa.activation exp %{{.*}}, %{{.*}} bias %{{.*}} : memref<128x64xbf16
-// CHECK: nisa.tensor_reduce add {{.*}}engine = #nisa.engine<gpsimd>
+// CHECK: nisa.activation exp %{{.*}}, %{{.*}} bias %{{.*}} accumulate %{{.*}} : memref<128x64xbf16
+// CHECK-NOT: nisa.tensor_reduce add
 // CHECK: nisa.tensor_scalar divide {{.*}} scalar {{.*}} : memref<128x64xf32, {{.*}}>, memref<128x64xbf16
 // CHECK-NOT: nisa.copy
 // CHECK: return
@@ -44,4 +45,33 @@ func.func @linear(%x: tensor<128x256xbf16>, %w: tensor<512x256xbf16>) -> tensor<
   %t = neuron.transpose %w, [1, 0] : tensor<512x256xbf16> -> tensor<256x512xbf16>
   %y = neuron.matmul %x, %t : tensor<128x256xbf16>, tensor<256x512xbf16> -> tensor<128x512xbf16>
   return %y : tensor<128x512xbf16>
+}
+
+// RMSNorm: x * x and its row sum are one activation (square, accumulating
+// fp32 sums; a bf16 sum is copied narrow), and x * rsqrt(...) * w is one
+// scalar_tensor_tensor with the row as its scalar.
+// CHECK-LABEL: func.func @rms_norm
+// CHECK: nisa.activation square %{{.*}}, %{{.*}} accumulate %[[SUMS:[a-z_0-9]+]]
+// CHECK-NOT: nisa.tensor_reduce
+// CHECK: nisa.copy %[[SUMS]]
+// CHECK: nisa.activation rsqrt
+// CHECK: nisa.scalar_tensor_tensor multiply, multiply
+func.func @rms_norm(%x: tensor<256x512xbf16>, %w: tensor<512xbf16>) -> tensor<256x512xbf16> {
+  %r = neuron.fusion(%x, %w) : (tensor<256x512xbf16>, tensor<512xbf16>) -> tensor<256x512xbf16> {
+  ^bb0(%a: tensor<256x512xbf16>, %g: tensor<512xbf16>):
+    %inv = neuron.constant dense<1.953130e-03> : tensor<256x1xbf16>
+    %eps = neuron.constant dense<9.983770e-07> : tensor<256x1xbf16>
+    %sq = neuron.binary mul %a, %a : tensor<256x512xbf16>, tensor<256x512xbf16> -> tensor<256x512xbf16>
+    %s = neuron.reduce sum %sq {count = 1} : tensor<256x512xbf16> -> tensor<256xbf16>
+    %s1 = neuron.reshape %s : tensor<256xbf16> -> tensor<256x1xbf16>
+    %m = neuron.binary mul %s1, %inv : tensor<256x1xbf16>, tensor<256x1xbf16> -> tensor<256x1xbf16>
+    %e = neuron.binary add %m, %eps : tensor<256x1xbf16>, tensor<256x1xbf16> -> tensor<256x1xbf16>
+    %rs = neuron.unary rsqrt %e : tensor<256x1xbf16> -> tensor<256x1xbf16>
+    %b = neuron.broadcast %rs : tensor<256x1xbf16> -> tensor<256x512xbf16>
+    %n = neuron.binary mul %a, %b : tensor<256x512xbf16>, tensor<256x512xbf16> -> tensor<256x512xbf16>
+    %gb = neuron.broadcast %g : tensor<512xbf16> -> tensor<256x512xbf16>
+    %y = neuron.binary mul %n, %gb : tensor<256x512xbf16>, tensor<256x512xbf16> -> tensor<256x512xbf16>
+    neuron.yield %y : tensor<256x512xbf16>
+  }
+  return %r : tensor<256x512xbf16>
 }
