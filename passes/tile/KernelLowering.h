@@ -203,6 +203,7 @@ private:
   void lowerReduce(ReduceOp op);
   void lowerConcat(ConcatOp op);
   void lowerGather(GatherOp op);
+  void lowerRand(RandOp op);
   /// In passes/flex_attention/LowerFlexAttention.cpp.
   LogicalResult lowerFlexAttention(FlexAttentionOp op);
 
