@@ -65,6 +65,7 @@ EXTRA_DECOMPOSITIONS: tuple[tuple[torch._ops.OpOverloadPacket, str], ...] = (
     (_aten.addcmul, "elementwise mul + add"),
     (_aten.addcdiv, "elementwise div + add"),
     (_aten.lerp, "elementwise sub/mul/add"),
+    (_aten.native_dropout, "rand_like > p, then masks: the device's rand (see rng.py)"),
     # The CPU SDPA kernel, should a graph name it directly: torch's decomposition goes through
     # the math path. Graphs traced by the backend never contain it (see math_attention).
     (_aten._scaled_dot_product_flash_attention_for_cpu, "matmul + softmax + matmul"),

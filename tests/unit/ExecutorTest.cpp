@@ -980,8 +980,7 @@ TEST_CASE("iota fills base + p * channel + sum(i_k * m_k)", "[exec][iota]") {
   }
 }
 
-TEST_CASE("Philox4x32-10 matches the Random123 known answers",
-          "[exec][rand]") {
+TEST_CASE("Philox4x32-10 matches the Random123 known answers", "[exec][rand]") {
   // kat_vectors of Random123: counter, key -> output.
   CHECK(philox4x32({0, 0, 0, 0}, {0, 0}) ==
         PhiloxBlock{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8});
@@ -1015,9 +1014,9 @@ TEST_CASE("rand numbers element p * channel + sum(i_k * m_k) under each "
   float lo = 1, hi = 0;
   for (int p = 0; p < 4; ++p)
     for (int e = 0; e < 6; ++e) {
-      float want = philoxUniform(static_cast<uint32_t>(int32_t(keys[2 * p])),
-                                 static_cast<uint32_t>(int32_t(keys[2 * p + 1])),
-                                 p * 6 + e, 7);
+      float want = philoxUniform(
+          static_cast<uint32_t>(int32_t(keys[2 * p])),
+          static_cast<uint32_t>(int32_t(keys[2 * p + 1])), p * 6 + e, 7);
       CHECK(out.at(p * 6 + e) == want);
       // Stored with the destination's rounding (round to nearest even).
       CHECK(narrow.at(p * 6 + e) ==

@@ -507,13 +507,15 @@ TEST_CASE("shape, dtype, space and engine rules are checked",
     CHECK_NOTHROW(ok.verify(neuron::target::getTarget(ok.target)));
     CHECK(ok.body[0].inst.stream == 3);
   }
-  requireRejected(rand(view(4, "[4, 1]", "[8, 1]"), t), "'seed' must be [4, 2]");
+  requireRejected(rand(view(4, "[4, 1]", "[8, 1]"), t),
+                  "'seed' must be [4, 2]");
   requireRejected(rand(view(2, "[4, 2]", "[8, 1]"), t), "'seed' must be i32");
   requireRejected(rand(seed, view(4, "[4, 8]", "[8, 1]")),
                   "'dst' must be f32, bf16 or f16");
   requireRejected(rand(seed, t, R"("stream": -1, )"), "'stream' must fit");
   requireRejected(simple(tiles, R"({"op": "rand", "engine": "gpsimd",
-      "multipliers": [1], "dst": )" + t + "}"),
+      "multipliers": [1], "dst": )" +
+                                    t + "}"),
                   "missing field 'seed'");
   requireRejected(simple(tiles, R"({"op": "memset", "engine": "vector",
       "dst": )" + t + "}"),
