@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchneuron import config, flex, fx_json, partition, rng, specialize
+from torchneuron import config, flex, fx_json, optimizer, partition, rng, specialize
 from torchneuron._native import Kernel, native
 from torchneuron._stats import STATS
 from torchneuron.decompositions import math_attention, neuron_decompositions
@@ -59,9 +59,14 @@ def neuron_backend(
     def neuron_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         return compile_aten_graph(gm, example_inputs, target=target, dump=dump)
 
+    def backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        optimizer.install_step_hook()  # training: the optimizer step is eager, and counted
+        return neuron_compiler(gm, example_inputs)
+
+    optimizer.track_parameters(example_inputs)
     aot = aot_autograd(
         fw_compiler=neuron_compiler,
-        bw_compiler=neuron_compiler,
+        bw_compiler=backward_compiler,
         inference_compiler=neuron_compiler,
         decompositions=neuron_decompositions(),
     )
