@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchneuron import config, flex, fx_json, optimizer, partition, rng, specialize
+from torchneuron import config, flex, fx_json, optimizer, partition, rewrite, rng, specialize
 from torchneuron._native import Kernel, native
 from torchneuron._stats import STATS
 from torchneuron.decompositions import math_attention, neuron_decompositions
@@ -110,6 +110,7 @@ def build_graph(
     start = time.perf_counter()
     work = specialize.copy_graph_module(gm)
     rng.seed_random_ops(work)
+    rewrite.as_strided_views(work)
     unsupported = partition.find_unsupported(work, name=f"check_{next(_graph_ids)}")
     flex.detach_block_masks(work, unsupported)
     result = partition.partition_graph(work, unsupported)

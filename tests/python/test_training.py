@@ -139,6 +139,30 @@ CASES: list[tuple[str, Callable[..., torch.Tensor], Callable[[], tuple[object, .
         lambda: (_randn(4, 3, 5, 5), 1 + 0.1 * _randn(3, seed=1), _randn(3, seed=2)),
     ),
     (
+        "group_norm",
+        lambda x, w, b: F.group_norm(x, 2, w, b),
+        lambda: (_randn(3, 4, 5, 5), 1 + 0.1 * _randn(4, seed=1), _randn(4, seed=2)),
+    ),
+    (
+        "rms_norm",
+        lambda x, w: w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
+        lambda: (_randn(4, 32), 1 + 0.1 * _randn(32, seed=1)),
+    ),
+    ("log_softmax", lambda x: F.log_softmax(x, -1), lambda: (_randn(4, 32),)),
+    (
+        "activations",
+        lambda x: (
+            torch.sigmoid(x)
+            + torch.tanh(x)
+            + F.leaky_relu(x)
+            + F.elu(x)
+            + F.hardtanh(x)
+            + F.hardswish(x)
+            + F.mish(x)
+        ),
+        lambda: (_randn(4, 32),),
+    ),
+    (
         "linear",
         lambda x, w, b: F.linear(x, w, b),
         lambda: (_randn(5, 16), _randn(8, 16, seed=1) * 0.2, _randn(8, seed=2)),
