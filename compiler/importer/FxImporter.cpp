@@ -1602,6 +1602,10 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.ones.default"] = [](Importer &im) {
       return Values{im.splat(1.0, im.resultType())};
     };
+    // Uninitialized memory may hold anything; zeros. (Backward graphs build
+    // full_like(empty_permuted(...)) for a shape.)
+    t["aten.empty_permuted.default"] = t["aten.zeros.default"];
+    t["aten.empty.memory_format"] = t["aten.zeros.default"];
     t["aten.arange.default"] = arangeHandler;
     t["aten.arange.start"] = arangeHandler;
     t["aten.arange.start_step"] = arangeHandler;

@@ -22,8 +22,8 @@ decomposes into scatters and gathers by index, become device math here:
   (max pooling recomputes which element was each window's first maximum, as PyTorch's CPU kernel
   picks it, so ``max_pool2d_with_indices`` needs no indices on the device);
 - ``slice_scatter`` (a sliced view's backward): a concat of the untouched parts and the slice;
-- ``embedding_dense_backward``: one-hot(indices)^T @ grad, a TensorE matmul instead of a
-  scatter-add;
+- ``embedding_dense_backward`` and ``index_put`` with ``accumulate`` (index_select's
+  backward): one-hot(indices)^T @ grad, a TensorE matmul instead of a scatter-add;
 - ``gather`` / ``scatter`` / ``scatter_add`` along a dim (cross-entropy's ``nll_loss`` and its
   backward, gather's backward): compares with an iota (one-hot), then a select and a sum.
 """
@@ -277,6 +277,27 @@ def embedding_dense_backward(
     return torch.matmul(hit.to(g.dtype).t(), g).reshape(num_weights, *grad.shape[indices.dim() :])
 
 
+def index_put(
+    t: torch.Tensor,
+    indices: Sequence[torch.Tensor | None],
+    values: torch.Tensor,
+    accumulate: bool = False,
+) -> object:
+    """``t[index] += values`` with one index tensor on dim 0 (index_select's and index_add's
+    backward): one-hot(index)^T @ values, like the embedding gradient. Without ``accumulate``
+    repeated indices leave the winner unspecified, so that form stays eager."""
+    if not accumulate or len(indices) != 1 or indices[0] is None or t.dim() == 0:
+        return NotImplemented
+    (index,) = indices
+    if index.dtype == torch.bool or values.shape != (*index.shape, *t.shape[1:]):
+        return NotImplemented
+    flat = index.reshape(-1)
+    hit = flat.unsqueeze(1) == torch.arange(t.shape[0], device=t.device)
+    rows = values.reshape(flat.numel(), -1)
+    added = torch.matmul(hit.to(rows.dtype).t(), rows).reshape(t.shape)
+    return t + added.to(t.dtype)
+
+
 def _along_last(t: torch.Tensor, index: torch.Tensor, dim: int) -> bool:
     """Whether ``index`` matches ``t`` in every dim but ``dim`` (the one-hot forms need it)."""
     return (
@@ -360,6 +381,7 @@ TRAINING_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.avg_pool2d_backward.default: avg_pool2d_backward,
     _aten.max_pool2d_with_indices_backward.default: max_pool2d_with_indices_backward,
     _aten.embedding_dense_backward.default: embedding_dense_backward,
+    _aten.index_put.default: index_put,
     _aten.gather.default: gather,
     _aten.scatter.value: scatter_value,
     _aten.scatter.src: scatter_src,

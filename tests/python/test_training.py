@@ -125,6 +125,18 @@ CASES: list[tuple[str, Callable[..., torch.Tensor], Callable[[], tuple[object, .
         lambda: (_randn(3, 6), torch.tensor([[0, 5], [2, 2], [4, 1]])),
     ),
     ("slice", lambda x: x[:, 1:4] * 3, lambda: (_randn(3, 6),)),
+    # Its backward accumulates rows with index_put(accumulate=True): a one-hot matmul.
+    (
+        "index_select",
+        lambda x, i: torch.index_select(x, 0, i) * 2,
+        lambda: (_randn(6, 5), torch.tensor([1, 1, 4, 0])),
+    ),
+    # Its backward builds full_like(empty_permuted(...)): the importer reads empty as zeros.
+    (
+        "addcdiv",
+        lambda a, b, c: torch.addcdiv(a, b, c, value=0.5),
+        lambda: (_randn(4, 5), _randn(4, 5, seed=1), 2 + _randn(4, 5, seed=2).abs()),
+    ),
     ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), lambda: (_randn(4, 32),)),
     ("gelu_silu", lambda x: F.gelu(x) * F.silu(x), lambda: (_randn(4, 32),)),
     ("relu_softmax", lambda x: F.softmax(F.relu(x), -1), lambda: (_randn(4, 32),)),
