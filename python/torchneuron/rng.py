@@ -10,7 +10,9 @@ bit for bit, when the op stays in eager PyTorch.
 The seed is drawn from torch's default CPU generator each time the graph runs
 (:func:`next_seed`, two int32 words), so ``torch.manual_seed`` reproduces a run. The numbers
 are not eager PyTorch's (its CPU generator is an MT19937 stream consumed in order), but they
-have the same distribution: uniform on the 2^24 multiples of 2^-24 in [0, 1).
+have the same distribution: uniform on the 2^24 multiples of 2^-24 in [0, 1). A run also
+advances torch's generator differently from eager (one small draw per graph run instead of
+one number per element), so later eager random calls see different numbers too.
 
 Importing this module registers the op with ``torch.library``; the backend imports it.
 """
