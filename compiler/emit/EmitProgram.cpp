@@ -486,6 +486,22 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         inst["multipliers"] = std::vector<double>(o.getMultipliers().begin(),
                                                   o.getMultipliers().end());
       })
+      .Case<nisa::RandOp>([&](auto o) {
+        operand("dst", o.getDst());
+        operand("seed", o.getSeed());
+        if (Value offset = o.getOffset()) {
+          auto affine = affineOf(offset, op);
+          if (failed(affine))
+            ok = false;
+          else
+            inst["offset"] = affine->toJson();
+        }
+        inst["stream"] = o.getStream();
+        inst["channel_multiplier"] =
+            number(o.getChannelMultiplier().convertToDouble());
+        inst["multipliers"] = std::vector<double>(o.getMultipliers().begin(),
+                                                  o.getMultipliers().end());
+      })
       .Default([&](Operation *) {
         op->emitError("has no kernel program encoding");
         ok = false;

@@ -1472,6 +1472,25 @@ Values adaptiveAvgPoolHandler(Importer &im) {
                     im.splat(1.0 / (kernel[0] * kernel[1]), out), out)};
 }
 
+/// torchneuron.philox_rand(seed, stream, size, dtype):
+/// python/torchneuron/rng.py puts it where a graph drew random numbers; the
+/// seed is a graph input.
+Values philoxRandHandler(Importer &im) {
+  Value seed = im.tensor(im.arg(0));
+  RankedTensorType out = im.resultType();
+  auto seedType = cast<RankedTensorType>(seed.getType());
+  require(seedType.getShape() == ArrayRef<int64_t>{2} &&
+              seedType.getElementType().isInteger(32),
+          "the seed must be an int32 tensor of 2 elements");
+  require(isa<FloatType>(out.getElementType()),
+          "random numbers of a non-float dtype");
+  int64_t stream = im.integer(im.arg(1));
+  require(stream >= 0 && stream <= 0xFFFFFFFFll,
+          "the stream must fit in 32 unsigned bits");
+  return {
+      im.b.create<RandOp>(im.loc(), out, seed, im.b.getI64IntegerAttr(stream))};
+}
+
 /// A handler that calls `fn(im, args...)`: one function serves several ops.
 template <typename Fn, typename... Args>
 Handler with(Fn fn, Args... args) {
@@ -1623,6 +1642,10 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.ones.default"] = [](Importer &im) {
       return Values{im.splat(1.0, im.resultType())};
     };
+    // Uninitialized memory may hold anything; zeros. (Backward graphs build
+    // full_like(empty_permuted(...)) for a shape.)
+    t["aten.empty_permuted.default"] = t["aten.zeros.default"];
+    t["aten.empty.memory_format"] = t["aten.zeros.default"];
     t["aten.arange.default"] = arangeHandler;
     t["aten.arange.start"] = arangeHandler;
     t["aten.arange.start_step"] = arangeHandler;
@@ -1657,6 +1680,7 @@ const std::unordered_map<std::string, Handler> &handlers() {
       Value d = im.binary(BinaryFn::sub, im.splat(1.0, type), y2, type);
       return Values{im.binary(BinaryFn::mul, g, d, type)};
     };
+    t["torchneuron.philox_rand.default"] = philoxRandHandler;
     t["aten.index.Tensor"] = modifierIndexHandler;
     t["aten.embedding.default"] = [](Importer &im) {
       return gatherRowsHandler(im, im.tensor(im.arg(0)), im.tensor(im.arg(1)));

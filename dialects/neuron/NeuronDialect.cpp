@@ -296,6 +296,14 @@ LogicalResult GatherOp::verify() {
   return success();
 }
 
+LogicalResult RandOp::verify() {
+  if (tensorType(getSeed()).getShape() != ArrayRef<int64_t>{2})
+    return emitOpError("seed must be a tensor<2xi32> (the Philox key)");
+  if (getStream() < 0 || getStream() > 0xFFFFFFFFll)
+    return emitOpError("stream must fit in 32 unsigned bits");
+  return success();
+}
+
 #define GET_OP_CLASSES
 #include "dialects/neuron/NeuronOps.cpp.inc"
 

@@ -254,6 +254,27 @@ def Neuron_GatherOp : Neuron_Op<"gather"> {
 }
 
 //===----------------------------------------------------------------------===//
+// Random numbers
+//===----------------------------------------------------------------------===//
+
+def Neuron_RandOp : Neuron_Op<"rand"> {
+  let summary = "uniform [0, 1) numbers: Philox4x32-10 of (seed, stream, element index)";
+  let description = [{
+    result[i] (i the row-major element index) is the first word of
+    Philox4x32-10 with key (seed[0], seed[1]) and counter (i mod 2^32,
+    i div 2^32, stream, 0), its top 24 bits over 2^24, rounded to the
+    result type. A pure function of its operands: the seed is an input the
+    caller draws afresh for each run (from torch's generator), and
+    `stream` tells the random tensors of one graph apart.
+  }];
+  let arguments = (ins RankedTensorOf<[I32]>:$seed,
+                   DefaultValuedAttr<I64Attr, "0">:$stream);
+  let results = (outs RankedTensorOf<[Neuron_Float]>:$result);
+  let assemblyFormat = "$seed attr-dict `:` type($seed) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // Attention
 //===----------------------------------------------------------------------===//
 

@@ -74,7 +74,7 @@ std::optional<Issue> mlir::nisa::issueOf(Operation *op) {
       .Case<TensorTensorOp, ScalarTensorTensorOp, TensorScalarOp,
             TensorReduceOp, SelectOp, MemsetOp, CopyOp>(
           [](auto o) { return Issue{o.getEngine(), false}; })
-      .Case<IotaOp>([](auto) { return Issue{Engine::gpsimd, false}; })
+      .Case<IotaOp, RandOp>([](auto) { return Issue{Engine::gpsimd, false}; })
       .Default([](Operation *) { return std::nullopt; });
 }
 
@@ -89,7 +89,7 @@ SmallVector<Value, 2> mlir::nisa::writtenOperands(Operation *op) {
       })
       .Case<DmaCopyOp, DmaGatherOp, MatmulOp, TensorTensorOp,
             ScalarTensorTensorOp, TensorScalarOp, TensorReduceOp, SelectOp,
-            CopyOp, MemsetOp, IotaOp>(
+            CopyOp, MemsetOp, IotaOp, RandOp>(
           [](auto o) { return SmallVector<Value, 2>{o.getDst()}; })
       .Default([](Operation *) { return SmallVector<Value, 2>(); });
 }
@@ -471,6 +471,27 @@ LogicalResult IotaOp::verify() {
   if ((int64_t)getMultipliers().size() != memrefType(getDst()).getRank() - 1)
     return emitOpError("needs one multiplier per free dim");
   // The program format stores the offset as an affine form, like a view's.
+  if (getOffset() && !affineIndexOf(getOffset()))
+    return emitOpError("offset must be built from index constants, "
+                       "arith.addi, arith.muli by a constant and scf.for ivs");
+  return success();
+}
+
+LogicalResult RandOp::verify() {
+  if (failed(verifyTile(*this, getDst(), "destination", false)) ||
+      failed(verifyTile(*this, getSeed(), "seed", false)))
+    return failure();
+  MemRefType dst = memrefType(getDst()), seed = memrefType(getSeed());
+  if (!isa<FloatType>(dst.getElementType()))
+    return emitOpError("destination must have a float element type");
+  if (seed.getRank() != 2 || seed.getDimSize(0) != dst.getDimSize(0) ||
+      seed.getDimSize(1) != 2 || !seed.getElementType().isInteger(32))
+    return emitOpError("seed must be an i32 [P, 2] tile matching the "
+                       "destination's partitions");
+  if ((int64_t)getMultipliers().size() != dst.getRank() - 1)
+    return emitOpError("needs one multiplier per free dim");
+  if (getStream() < 0 || getStream() > 0xFFFFFFFFll)
+    return emitOpError("stream must fit in 32 unsigned bits");
   if (getOffset() && !affineIndexOf(getOffset()))
     return emitOpError("offset must be built from index constants, "
                        "arith.addi, arith.muli by a constant and scf.for ivs");

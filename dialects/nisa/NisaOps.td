@@ -278,4 +278,25 @@ def Nisa_IotaOp : Nisa_Op<"iota"> {
   ];
 }
 
+def Nisa_RandOp : Nisa_Op<"rand"> {
+  let summary = "GpSimd: dst[p, i...] = Philox4x32-10 uniform in [0, 1) of element offset + p * channel_multiplier + sum(i_k * multipliers[k])";
+  let description = [{
+    The element's number n (built like an iota's value, `offset` affine in
+    the loop ivs) is the Philox counter (n mod 2^32, n div 2^32, `stream`,
+    0) under the key seed[p, 0..1]; the first output word's top 24 bits over
+    2^24 is the value, stored with dst's rounding. `seed` is an i32 [P, 2]
+    tile (one key per partition, normally the same one broadcast). Every
+    element is a function of (seed, stream, n) only, so tiling and engine
+    order never change the numbers (docs/PROGRAM_FORMAT.md).
+  }];
+  let arguments = (ins AnyMemRef:$dst, AnyMemRef:$seed,
+                   Optional<Index>:$offset,
+                   DefaultValuedAttr<I64Attr, "0">:$stream,
+                   F64Attr:$channel_multiplier,
+                   DenseF64ArrayAttr:$multipliers);
+  let assemblyFormat = [{
+    $dst `,` $seed (`offset` $offset^)? attr-dict `:` type($dst) `,` type($seed)
+  }];
+}
+
 #endif // NISA_OPS

@@ -206,6 +206,7 @@ private:
   void lowerReduce(ReduceOp op);
   void lowerConcat(ConcatOp op);
   void lowerGather(GatherOp op);
+  void lowerRand(RandOp op);
   /// In passes/flex_attention/LowerFlexAttention(Backward).cpp.
   LogicalResult lowerFlexAttention(FlexAttentionOp op);
   LogicalResult lowerFlexAttentionBackward(FlexAttentionBackwardOp op);

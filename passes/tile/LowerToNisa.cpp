@@ -1077,6 +1077,34 @@ void KernelLowering::lowerGather(GatherOp op) {
   });
 }
 
+/// GpSimd numbers the result's elements in row-major order, P x F at a
+/// time (rows of F, then one short row), each partition under the same key:
+/// the seed, broadcast to every partition by one DMA.
+void KernelLowering::lowerRand(RandOp op) {
+  auto type = tensorType(op.getResult());
+  int64_t n = type.getNumElements(), p = target.partitions;
+  int64_t eltBytes = std::max<int64_t>(1, type.getElementTypeBitWidth() / 8);
+  int64_t cols = std::clamp<int64_t>(n / p, 1, tileBytes / eltBytes);
+  Value out = resultBuffer(op.getResult());
+  TileScope scope(*this);
+  Value seed = tile(MemorySpace::sbuf, {p, 2}, b.getI32Type());
+  dma(view(bufferOf(op.getSeed()), index(0), {p, 2}, {0, 1}), seed);
+  auto rand = [&](Value base, int64_t rows, int64_t width) {
+    TileScope s(*this);
+    Value t = tile(MemorySpace::sbuf, {rows, width}, type.getElementType());
+    b.create<nisa::RandOp>(loc, t, view(seed, index(0), {rows, 2}, {2, 1}),
+                           base, op.getStream(), APFloat(double(cols)),
+                           ArrayRef<double>{1.0});
+    dma(t, view(out, base, {rows, width}, {cols, 1}));
+  };
+  forTiles(n, p * cols, [&](Value base, int64_t count) {
+    if (count / cols)
+      rand(base, count / cols, cols);
+    if (count % cols)
+      rand(addOffset(base, count / cols * cols), 1, count % cols);
+  });
+}
+
 LogicalResult KernelLowering::lower(Operation *op) {
   loc = op->getLoc();
   // An empty result needs a buffer but no instructions.
@@ -1124,6 +1152,10 @@ LogicalResult KernelLowering::lower(Operation *op) {
       })
       .Case<GatherOp>([&](GatherOp g) {
         lowerGather(g);
+        return success();
+      })
+      .Case<RandOp>([&](RandOp r) {
+        lowerRand(r);
         return success();
       })
       .Case<FlexAttentionOp>(

@@ -35,7 +35,9 @@ def stats() -> dict[str, Any]:
       and per specialization of a graph with symbolic sizes)
     - ``ops_on_device``: ATen operator nodes placed in device regions, counted once per compile
     - ``ops_fallback``: ``{"aten.op.overload": n}`` for operator nodes left to eager PyTorch,
-      counted once per compile (``TORCHNEURON_VERBOSE=1`` says which, why and where)
+      counted once per compile (``TORCHNEURON_VERBOSE=1`` says which, why and where); an
+      optimizer stepping parameters of a trained compiled model runs eagerly and is counted
+      once per optimizer as ``"optimizer.step (<class>)"`` (:mod:`torchneuron.optimizer`)
     - ``kernels_run``: device kernel calls
     - ``recompiles``: compiles of a graph with symbolic sizes after its first one
     - ``compile_seconds``: wall time spent compiling ATen graphs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,10 @@ class Stats:
     recompiles: int = 0
     compile_seconds: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # Objects whose eager work is already counted (optimizers): once each until reset.
+    counted: weakref.WeakSet[object] = field(
+        default_factory=weakref.WeakSet, repr=False, compare=False
+    )
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
@@ -39,6 +44,7 @@ class Stats:
             self.kernels_run = 0
             self.recompiles = 0
             self.compile_seconds = 0.0
+            self.counted = weakref.WeakSet()
 
     def record_compile(
         self, *, graphs: int, ops_on_device: int, fallback: list[str], seconds: float
@@ -48,6 +54,13 @@ class Stats:
             self.ops_on_device += ops_on_device
             self.ops_fallback.update(fallback)
             self.compile_seconds += seconds
+
+    def record_eager_once(self, owner: object, name: str) -> None:
+        """Count ``name`` in ``ops_fallback`` the first time ``owner`` does eager work."""
+        with self.lock:
+            if owner not in self.counted:
+                self.counted.add(owner)
+                self.ops_fallback[name] += 1
 
     def record_kernel_run(self) -> None:
         with self.lock:

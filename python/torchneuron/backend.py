@@ -22,7 +22,17 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchneuron import config, flex, fx_json, partition, sdpa, specialize
+from torchneuron import (
+    config,
+    flex,
+    fx_json,
+    optimizer,
+    partition,
+    rewrite,
+    rng,
+    sdpa,
+    specialize,
+)
 from torchneuron._native import Kernel, native
 from torchneuron._stats import STATS
 from torchneuron.decompositions import math_attention, neuron_decompositions
@@ -43,9 +53,9 @@ def neuron_backend(
     ``options={"target": "trn2" | "trn3"}`` picks the chip (default ``trn2``, or
     ``$TORCHNEURON_TARGET``). ``mode`` is accepted and has no effect.
 
-    A graph that needs no gradient has its SDPA calls routed to the FlexAttention kernel
-    (:mod:`torchneuron.sdpa`); a training graph keeps SDPA's math path (matmul + softmax +
-    matmul), differentiable by ``aot_autograd``, because that kernel has no backward yet.
+    SDPA calls the FlexAttention kernels compute are routed to them (:mod:`torchneuron.sdpa`):
+    the forward kernel in graphs that need no gradient, the forward and backward kernels in
+    training graphs.
     """
     from torch._dynamo.backends.common import aot_autograd
 
@@ -63,9 +73,14 @@ def neuron_backend(
     def neuron_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         return compile_aten_graph(gm, example_inputs, target=target, dump=dump)
 
+    def backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        optimizer.install_step_hook()  # training: the optimizer step is eager, and counted
+        return neuron_compiler(gm, example_inputs)
+
+    optimizer.track_parameters(example_inputs)
     aot = aot_autograd(
         fw_compiler=neuron_compiler,
-        bw_compiler=neuron_compiler,
+        bw_compiler=backward_compiler,
         inference_compiler=neuron_compiler,
         decompositions=neuron_decompositions(),
     )
@@ -109,6 +124,8 @@ def build_graph(
     """A copy of a static ``gm`` whose device regions are compiled :class:`DeviceKernel`\\ s."""
     start = time.perf_counter()
     work = specialize.copy_graph_module(gm)
+    rng.seed_random_ops(work)
+    rewrite.as_strided_views(work)
     unsupported = partition.find_unsupported(work, name=f"check_{next(_graph_ids)}")
     flex.detach_block_masks(work, unsupported)
     result = partition.partition_graph(work, unsupported)

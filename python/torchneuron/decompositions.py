@@ -11,17 +11,39 @@ Kept whole on purpose (not decomposed):
 - ``aten.gelu``, ``aten.sigmoid``, ``aten.tanh``: single ScalarE activation functions.
 - ``aten.embedding``, ``aten.addmm``, ``aten.avg_pool2d``, ``aten.max_pool2d_with_indices``:
   core ops the importer lowers directly (gather, matmul + bias, pooling windows).
+
+Training graphs (:data:`TRAINING_DECOMPOSITIONS`): backward ops that torch keeps whole, or
+decomposes into scatters and gathers by index, become device math here:
+
+- convolution backward: ``grad_weight`` is a matmul of the output gradient with the input's
+  patches (im2col, as the forward); ``grad_input`` is the weights' transpose times the gradient,
+  summed back onto the input's positions window by window (col2im);
+- pooling backward: each window position's share of the gradient, summed back the same way
+  (max pooling recomputes which element was each window's first maximum, as PyTorch's CPU kernel
+  picks it, so ``max_pool2d_with_indices`` needs no indices on the device);
+- ``slice_scatter`` (a sliced view's backward): a concat of the untouched parts and the slice;
+- ``embedding_dense_backward`` and ``index_put`` with ``accumulate`` (index_select's
+  backward): one-hot(indices)^T @ grad, a TensorE matmul instead of a scatter-add;
+- ``gather`` / ``scatter`` / ``scatter_add`` along a dim (cross-entropy's ``nll_loss`` and its
+  backward, gather's backward): compares with an iota (one-hot), then a select and a sum.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["EXTRA_DECOMPOSITIONS", "math_attention", "neuron_decompositions"]
+__all__ = [
+    "EXTRA_DECOMPOSITIONS",
+    "TRAINING_DECOMPOSITIONS",
+    "math_attention",
+    "neuron_decompositions",
+]
 
 _aten = torch.ops.aten
 
@@ -43,10 +65,329 @@ EXTRA_DECOMPOSITIONS: tuple[tuple[torch._ops.OpOverloadPacket, str], ...] = (
     (_aten.addcmul, "elementwise mul + add"),
     (_aten.addcdiv, "elementwise div + add"),
     (_aten.lerp, "elementwise sub/mul/add"),
+    (_aten.native_dropout, "rand_like > p, then masks: the device's rand (see rng.py)"),
     # The CPU SDPA kernel, should a graph name it directly: torch's decomposition goes through
     # the math path. Graphs traced by the backend never contain it (see math_attention).
     (_aten._scaled_dot_product_flash_attention_for_cpu, "matmul + softmax + matmul"),
 )
+
+
+# -- training: backward ops as device math -------------------------------------------------
+
+Pair = tuple[int, int]
+
+
+def _pair(value: Sequence[int] | int | None, default: Pair) -> Pair:
+    values = [value] if isinstance(value, int) else list(value or [])
+    if not values:
+        return default
+    return (values[0], values[-1])
+
+
+def _window(
+    x: torch.Tensor, i: int, j: int, stride: Pair, dilation: Pair, out: Pair
+) -> torch.Tensor:
+    """``x[..., Ho, Wo]`` read by kernel position ``(i, j)`` of every window."""
+    h0, w0 = i * dilation[0], j * dilation[1]
+    return x[
+        ...,
+        h0 : h0 + stride[0] * (out[0] - 1) + 1 : stride[0],
+        w0 : w0 + stride[1] * (out[1] - 1) + 1 : stride[1],
+    ]
+
+
+def _place(
+    part: torch.Tensor, i: int, j: int, stride: Pair, dilation: Pair, padded: Pair
+) -> torch.Tensor:
+    """Inverse of :func:`_window`: ``part[..., Ho, Wo]`` at the positions kernel position
+    ``(i, j)`` reads in a ``[..., Hp, Wp]`` input, zeros elsewhere (zero insertion by
+    pad + reshape, then a pad to the window's offset)."""
+    ho, wo = part.shape[-2:]
+    if stride[1] > 1:
+        part = F.pad(part.unsqueeze(-1), (0, stride[1] - 1)).flatten(-2)
+        part = part[..., : (wo - 1) * stride[1] + 1]
+    if stride[0] > 1:
+        part = F.pad(part.unsqueeze(-2), (0, 0, 0, stride[0] - 1)).flatten(-3, -2)
+        part = part[..., : (ho - 1) * stride[0] + 1, :]
+    h0, w0 = i * dilation[0], j * dilation[1]
+    h, w = part.shape[-2:]
+    return F.pad(part, (w0, padded[1] - w0 - w, h0, padded[0] - h0 - h))
+
+
+def _windows_fit(
+    size: Pair, padding: Pair, kernel: Pair, stride: Pair, dilation: Pair, out: Pair
+) -> bool:
+    """Whether every window lies inside the padded input (not so for some ceil_mode shapes)."""
+    return all(
+        (out[d] - 1) * stride[d] + (kernel[d] - 1) * dilation[d] + 1 <= size[d] + 2 * padding[d]
+        for d in range(2)
+    )
+
+
+def _accumulation_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float32 if t.dtype in (torch.bfloat16, torch.float16) else t.dtype
+
+
+def _sum_back(
+    parts: Sequence[tuple[int, int, torch.Tensor]],
+    stride: Pair,
+    dilation: Pair,
+    size: Pair,
+    padding: Pair,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """col2im: every kernel position's ``[..., Ho, Wo]`` share summed onto the input's
+    positions (in fp32 for 16-bit types), the padding cropped."""
+    padded = (size[0] + 2 * padding[0], size[1] + 2 * padding[1])
+    total: torch.Tensor | None = None
+    for i, j, part in parts:
+        placed = _place(part.to(_accumulation_dtype(part)), i, j, stride, dilation, padded)
+        total = placed if total is None else total + placed
+    assert total is not None
+    cropped = total[..., padding[0] : padding[0] + size[0], padding[1] : padding[1] + size[1]]
+    return cropped.to(dtype)
+
+
+def convolution_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias_sizes: Sequence[int] | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    transposed: bool,
+    output_padding: Sequence[int],
+    groups: int,
+    output_mask: Sequence[bool],
+) -> object:
+    """2-d, ungrouped, not transposed: ``grad_weight`` = grad x patches^T (im2col),
+    ``grad_input`` = col2im(weight^T x grad), ``grad_bias`` = grad summed."""
+    if transposed or groups != 1 or x.dim() != 4 or weight.dim() != 4:
+        return NotImplemented
+    n, c, h, w = x.shape
+    o, _, kh, kw = weight.shape
+    ho, wo = grad.shape[-2:]
+    s, p, d = _pair(stride, (1, 1)), _pair(padding, (0, 0)), _pair(dilation, (1, 1))
+    if not _windows_fit((h, w), p, (kh, kw), s, d, (ho, wo)):
+        return NotImplemented
+    g = grad.reshape(n, o, ho * wo)
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        cols = torch.matmul(weight.reshape(o, c * kh * kw).t(), g)
+        cols = cols.reshape(n, c, kh, kw, ho, wo)
+        parts = [(i, j, cols[:, :, i, j]) for i in range(kh) for j in range(kw)]
+        grad_input = _sum_back(parts, s, d, (h, w), p, x.dtype)
+    if output_mask[1]:
+        xp = F.pad(x, (p[1], p[1], p[0], p[0]))
+        windows = [
+            _window(xp, i, j, s, d, (ho, wo)).unsqueeze(2) for i in range(kh) for j in range(kw)
+        ]
+        patches = torch.cat(windows, dim=2).reshape(n, c * kh * kw, ho * wo)
+        per_image = torch.matmul(g, patches.transpose(1, 2))
+        grad_weight = per_image.sum(0).reshape(weight.shape)
+    if output_mask[2]:
+        grad_bias = grad.sum((0, 2, 3))
+    return grad_input, grad_weight, grad_bias
+
+
+def avg_pool2d_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: int | None,
+) -> object:
+    """Each window's gradient / divisor, summed back onto the input (col2im)."""
+    k = _pair(kernel_size, (1, 1))
+    s, p = _pair(stride, k), _pair(padding, (0, 0))
+    size: Pair = (x.shape[-2], x.shape[-1])
+    out: Pair = (grad.shape[-2], grad.shape[-1])
+    if not _windows_fit(size, p, k, s, (1, 1), out):
+        return NotImplemented
+    if divisor_override is None and not count_include_pad and p != (0, 0):
+        return NotImplemented  # windows of different sizes divide differently
+    divisor = divisor_override or k[0] * k[1]
+    g = grad.to(_accumulation_dtype(grad)) * (1.0 / divisor)
+    parts = [(i, j, g) for i in range(k[0]) for j in range(k[1])]
+    return _sum_back(parts, s, (1, 1), size, p, x.dtype)
+
+
+def max_pool2d_with_indices_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    ceil_mode: bool,
+    indices: torch.Tensor,
+) -> object:
+    """The gradient goes to each window's first maximum in row-major order (the element
+    PyTorch's CPU kernel records as the index), recomputed from ``x`` instead of read from
+    ``indices``."""
+    del indices
+    k = _pair(kernel_size, (1, 1))
+    s, p, d = _pair(stride, k), _pair(padding, (0, 0)), _pair(dilation, (1, 1))
+    size: Pair = (x.shape[-2], x.shape[-1])
+    out: Pair = (grad.shape[-2], grad.shape[-1])
+    if not _windows_fit(size, p, k, s, d, out):
+        return NotImplemented
+    xp = F.pad(x, (p[1], p[1], p[0], p[0]), value=-math.inf) if p != (0, 0) else x
+    positions = [(i, j) for i in range(k[0]) for j in range(k[1])]
+    windows = [_window(xp, i, j, s, d, out) for i, j in positions]
+    best = windows[0]
+    for win in windows[1:]:
+        best = torch.maximum(best, win)
+    taken: torch.Tensor | None = None
+    parts = []
+    for (i, j), win in zip(positions, windows, strict=True):
+        hit = win == best
+        if taken is not None:
+            hit = hit & ~taken
+            taken = taken | hit
+        else:
+            taken = hit
+        parts.append((i, j, torch.where(hit, grad, 0.0)))
+    return _sum_back(parts, s, d, size, p, x.dtype)
+
+
+def embedding_dense_backward(
+    grad: torch.Tensor,
+    indices: torch.Tensor,
+    num_weights: int,
+    padding_idx: int,
+    scale_grad_by_freq: bool,
+) -> object:
+    """one_hot(indices)^T @ grad: a matmul on TensorE instead of a scatter-add (0/1 times
+    the gradient is exact in any dtype; PSUM accumulates in fp32, one rounding at the end).
+    The one-hot is a [tokens, vocab] tensor in HBM and the matmul costs as much as an output
+    projection onto the vocabulary: right for small vocabularies; large ones want a DMA
+    scatter-add (``dma_compute``), which the device does not model yet."""
+    if scale_grad_by_freq:
+        return NotImplemented
+    flat = indices.reshape(-1)
+    hit = flat.unsqueeze(1) == torch.arange(num_weights, device=flat.device)
+    if padding_idx >= 0:
+        hit = hit & (flat != padding_idx).unsqueeze(1)
+    g = grad.reshape(flat.numel(), -1)
+    return torch.matmul(hit.to(g.dtype).t(), g).reshape(num_weights, *grad.shape[indices.dim() :])
+
+
+def index_put(
+    t: torch.Tensor,
+    indices: Sequence[torch.Tensor | None],
+    values: torch.Tensor,
+    accumulate: bool = False,
+) -> object:
+    """``t[index] += values`` with one index tensor on dim 0 (index_select's and index_add's
+    backward): one-hot(index)^T @ values, like the embedding gradient. Without ``accumulate``
+    repeated indices leave the winner unspecified, so that form stays eager."""
+    if not accumulate or len(indices) != 1 or indices[0] is None or t.dim() == 0:
+        return NotImplemented
+    (index,) = indices
+    if index.dtype == torch.bool or values.shape != (*index.shape, *t.shape[1:]):
+        return NotImplemented
+    flat = index.reshape(-1)
+    hit = flat.unsqueeze(1) == torch.arange(t.shape[0], device=t.device)
+    rows = values.reshape(flat.numel(), -1)
+    added = torch.matmul(hit.to(rows.dtype).t(), rows).reshape(t.shape)
+    return t + added.to(t.dtype)
+
+
+def _along_last(t: torch.Tensor, index: torch.Tensor, dim: int) -> bool:
+    """Whether ``index`` matches ``t`` in every dim but ``dim`` (the one-hot forms need it)."""
+    return (
+        t.dim() == index.dim()
+        and t.dim() > 0
+        and all(
+            a == b for k, (a, b) in enumerate(zip(t.shape, index.shape, strict=True)) if k != dim
+        )
+    )
+
+
+def gather(t: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = False) -> object:
+    """Compare with an iota (one-hot), select and sum: ``t[..., index[..., k]]``."""
+    dim = dim % max(t.dim(), 1)
+    if not t.is_floating_point() or not _along_last(t, index, dim):
+        return NotImplemented
+    x, idx = t.movedim(dim, -1), index.movedim(dim, -1)
+    hit = idx.unsqueeze(-1) == torch.arange(x.shape[-1], device=t.device)
+    picked = torch.where(hit, x.unsqueeze(-2), 0.0).sum(-1)
+    return picked.movedim(-1, dim)
+
+
+def _scatter(t: torch.Tensor, dim: int, index: torch.Tensor, value: torch.Tensor | float) -> object:
+    dim = dim % max(t.dim(), 1)
+    if not _along_last(t, index, dim):
+        return NotImplemented
+    if isinstance(value, torch.Tensor) and (value.shape != index.shape or index.shape[dim] != 1):
+        return NotImplemented  # several sources per row: which one wins is unspecified
+    x, idx = t.movedim(dim, -1), index.movedim(dim, -1)
+    hit = (idx.unsqueeze(-1) == torch.arange(x.shape[-1], device=t.device)).any(-2)
+    src = value.movedim(dim, -1) if isinstance(value, torch.Tensor) else value
+    return torch.where(hit, src, x).movedim(-1, dim)
+
+
+def scatter_value(t: torch.Tensor, dim: int, index: torch.Tensor, value: float) -> object:
+    """``t`` with ``value`` where some ``index[..., k]`` points (cross-entropy's backward)."""
+    return _scatter(t, dim, index, value)
+
+
+def scatter_src(t: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> object:
+    """``t`` with ``src[..., 0]`` at ``index[..., 0]`` (one source per row)."""
+    return _scatter(t, dim, index, src)
+
+
+def scatter_add(t: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> object:
+    """``t`` plus every ``src[..., k]`` at ``index[..., k]`` (gather's backward): one-hot
+    times the sources, summed over ``k``."""
+    dim = dim % max(t.dim(), 1)
+    if not t.is_floating_point() or not _along_last(t, index, dim) or src.shape != index.shape:
+        return NotImplemented
+    x, idx, values = t.movedim(dim, -1), index.movedim(dim, -1), src.movedim(dim, -1)
+    hit = idx.unsqueeze(-1) == torch.arange(x.shape[-1], device=t.device)
+    added = torch.where(hit, values.unsqueeze(-1), 0.0).sum(-2)
+    return (x + added.to(x.dtype)).movedim(-1, dim)
+
+
+def slice_scatter(
+    t: torch.Tensor,
+    src: torch.Tensor,
+    dim: int = 0,
+    start: int | None = None,
+    end: int | None = None,
+    step: int = 1,
+) -> object:
+    """``t`` with ``src`` in a contiguous slice (a sliced view's backward): a concat."""
+    dim = dim % max(t.dim(), 1)
+    size = t.shape[dim]
+    lo = 0 if start is None else (start + size if start < 0 else start)
+    lo = min(max(lo, 0), size)
+    if step != 1 or t.dim() == 0:
+        return NotImplemented
+    hi = lo + src.shape[dim]
+    pieces = [t.narrow(dim, 0, lo), src.to(t.dtype), t.narrow(dim, hi, size - hi)]
+    return torch.cat([piece for piece in pieces if piece.shape[dim] > 0], dim=dim)
+
+
+#: Backward (and index) ops lowered as device math; each returns ``NotImplemented`` for
+#: argument combinations it does not cover, which then stay eager and are counted.
+TRAINING_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
+    _aten.convolution_backward.default: convolution_backward,
+    _aten.avg_pool2d_backward.default: avg_pool2d_backward,
+    _aten.max_pool2d_with_indices_backward.default: max_pool2d_with_indices_backward,
+    _aten.embedding_dense_backward.default: embedding_dense_backward,
+    _aten.index_put.default: index_put,
+    _aten.gather.default: gather,
+    _aten.scatter.value: scatter_value,
+    _aten.scatter.src: scatter_src,
+    _aten.scatter_add.default: scatter_add,
+    _aten.slice_scatter.default: slice_scatter,
+}
 
 
 def math_attention() -> contextlib.AbstractContextManager[None]:
@@ -76,6 +417,7 @@ def neuron_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., objec
 
     table: dict[torch._ops.OperatorBase, Callable[..., object]] = dict(core_aten_decompositions())
     table.update(get_decompositions([op for op, _ in EXTRA_DECOMPOSITIONS]))
+    table.update(TRAINING_DECOMPOSITIONS)
     missing = [
         str(op)
         for op, _ in EXTRA_DECOMPOSITIONS

@@ -18,7 +18,7 @@ import torch.fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from torchneuron import flex, fx_json
+from torchneuron import flex, fx_json, rng
 
 __all__ = [
     "DEVICE_PREFIX",
@@ -80,12 +80,13 @@ def is_compute(node: torch.fx.Node) -> bool:
 
 
 def is_op(node: torch.fx.Node) -> bool:
-    """Whether a node is an operator call counted in the stats (not ``getitem`` or a size
-    computation)."""
+    """Whether a node is an operator call counted in the stats (not ``getitem``, a size
+    computation or the host drawing a random seed, :func:`rng.next_seed`)."""
     return (
         node.op == "call_function"
         and node.target is not operator.getitem
         and node.target not in fx_json.SCALAR_TARGETS
+        and node.target is not rng.next_seed
     )
 
 

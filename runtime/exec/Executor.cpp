@@ -13,6 +13,7 @@
 
 #include "runtime/exec/Executor.h"
 #include "runtime/exec/Numerics.h"
+#include "runtime/exec/Philox.h"
 #include "runtime/target/Target.h"
 
 #include <Eigen/Core>
@@ -493,6 +494,7 @@ enum Role {
   RoleOnFalse,
   RoleScaleCol,
   RoleReduceRes,
+  RoleSeed,
   NumRoles
 };
 
@@ -515,7 +517,7 @@ struct CompiledInst {
   Instruction attrs; // op, engine and attributes; operands live in `views`
   std::array<CompiledView, NumRoles> views;
   PairPattern copyPattern; // dma_copy / copy: src (A) and dst (B) in lockstep
-  // iota: its offset over loop slots (zero without one).
+  // iota, rand: its offset over loop slots (zero without one).
   int64_t offsetConstant = 0;
   std::vector<std::pair<int32_t, int64_t>> offsetTerms;
   std::string name; // "instruction #N (op at loc)" for errors
@@ -589,6 +591,7 @@ struct Executor::Impl {
   void execSelect(const CompiledInst &inst);
   void execIota(const CompiledInst &inst);
   void execMemset(const CompiledInst &inst);
+  void execRand(const CompiledInst &inst);
 };
 
 namespace {
@@ -642,10 +645,10 @@ void Executor::Impl::compileNodes(const std::vector<Node> &body,
     CompiledInst compiled;
     compiled.attrs = inst;
     const std::optional<View> *operands[NumRoles] = {
-        &inst.dst,        &inst.src,      &inst.table,    &inst.indices,
-        &inst.stationary, &inst.moving,   &inst.a,        &inst.b,
-        &inst.bias,       &inst.scalar,   &inst.pred,     &inst.onTrue,
-        &inst.onFalse,    &inst.scaleCol, &inst.reduceRes};
+        &inst.dst,        &inst.src,      &inst.table,     &inst.indices,
+        &inst.stationary, &inst.moving,   &inst.a,         &inst.b,
+        &inst.bias,       &inst.scalar,   &inst.pred,      &inst.onTrue,
+        &inst.onFalse,    &inst.scaleCol, &inst.reduceRes, &inst.seed};
     for (int role = 0; role < NumRoles; ++role) {
       const std::optional<View> &view = *operands[role];
       if (!view)
@@ -681,7 +684,8 @@ void Executor::Impl::compileNodes(const std::vector<Node> &body,
     compiled.attrs.onFalse.reset();
     compiled.attrs.scaleCol.reset();
     compiled.attrs.reduceRes.reset();
-    if (inst.op == Opcode::Iota && inst.offset) {
+    compiled.attrs.seed.reset();
+    if ((inst.op == Opcode::Iota || inst.op == Opcode::Rand) && inst.offset) {
       compiled.offsetConstant = inst.offset->constant;
       for (const auto &[iv, coeff] : inst.offset->terms)
         compiled.offsetTerms.emplace_back(slots.at(iv), coeff);
@@ -751,6 +755,10 @@ void Executor::Impl::allocate(const Program &program) {
       break;
     case Opcode::Iota:
       doubleNeed = std::max(doubleNeed, v[RoleDst].numElements);
+      break;
+    case Opcode::Rand:
+      grow(0, v[RoleDst].numElements);
+      indexNeed = std::max(indexNeed, v[RoleSeed].numElements);
       break;
     case Opcode::DmaGather:
       indexNeed = std::max(indexNeed, v[RoleIndices].numElements);
@@ -837,6 +845,8 @@ void Executor::Impl::exec(const CompiledInst &inst) {
     return execIota(inst);
   case Opcode::Memset:
     return execMemset(inst);
+  case Opcode::Rand:
+    return execRand(inst);
   }
 }
 
@@ -1101,6 +1111,46 @@ void Executor::Impl::execIota(const CompiledInst &inst) {
                                 stride, n);
                });
   });
+}
+
+// dst[p, i...] = Philox4x32-10 uniform of counter offset + p *
+// channel_multiplier + sum(i_k * multipliers[k]) (Philox.h) under the key
+// seed[p, :], stored with the destination's rounding.
+void Executor::Impl::execRand(const CompiledInst &inst) {
+  const CompiledView &dst = inst.views[RoleDst];
+  const CompiledView &seed = inst.views[RoleSeed];
+  const Instruction &attrs = inst.attrs;
+  int64_t *key = indexScratch.data();
+  loadIndices(seed.dtype, seed.pattern, bases[seed.buffer], offsetOf(seed),
+              key);
+  float *values = scratch[0].data();
+  size_t freeRank = dst.shape.size() - 1;
+  std::array<int64_t, kMaxViewRank> index{};
+  int64_t offset = inst.offsetConstant;
+  for (const auto &[slot, coeff] : inst.offsetTerms)
+    offset += coeff * ivs[slot];
+  auto stream = static_cast<uint32_t>(attrs.stream);
+  int64_t linear = 0;
+  for (int64_t p = 0; p < dst.rows; ++p) {
+    auto lo = static_cast<uint32_t>(key[2 * p]);
+    auto hi = static_cast<uint32_t>(key[2 * p + 1]);
+    int64_t rowBase =
+        offset + p * static_cast<int64_t>(attrs.channelMultiplier);
+    std::fill(index.begin(), index.end(), 0);
+    for (int64_t e = 0; e < dst.cols; ++e) {
+      int64_t counter = rowBase;
+      for (size_t k = 0; k < freeRank; ++k)
+        counter += index[k] * static_cast<int64_t>(attrs.multipliers[k]);
+      values[linear++] =
+          philoxUniform(lo, hi, static_cast<uint64_t>(counter), stream);
+      for (size_t k = freeRank; k-- > 0;) {
+        if (++index[k] < dst.shape[k + 1])
+          break;
+        index[k] = 0;
+      }
+    }
+  }
+  store(dst, values);
 }
 
 void Executor::Impl::execMemset(const CompiledInst &inst) {

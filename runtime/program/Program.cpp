@@ -62,6 +62,7 @@ const std::pair<Opcode, const char *> kOpcodeNames[] = {
     {Opcode::Select, "select"},
     {Opcode::Iota, "iota"},
     {Opcode::Memset, "memset"},
+    {Opcode::Rand, "rand"},
     {Opcode::Copy, "copy"}};
 
 const std::pair<Engine, const char *> kEngineNames[] = {
@@ -193,6 +194,7 @@ Instruction::operands() const {
   add("pred", pred);
   add("on_true", onTrue);
   add("on_false", onFalse);
+  add("seed", seed);
   return result;
 }
 
@@ -432,9 +434,9 @@ View parseView(const json &value, const std::string &where) {
 /// attributes.
 bool isViewField(const std::string &key) {
   static const std::set<std::string> names = {
-      "src",        "dst",    "table", "indices", "stationary",
-      "moving",     "a",      "b",     "bias",    "scale_col",
-      "reduce_res", "scalar", "pred",  "on_true", "on_false"};
+      "src",  "dst",     "table",    "indices",   "stationary", "moving",
+      "a",    "b",       "bias",     "scale_col", "reduce_res", "scalar",
+      "pred", "on_true", "on_false", "seed"};
   return names.count(key) > 0;
 }
 
@@ -465,6 +467,9 @@ const OpSpec &opSpec(Opcode op) {
        {"dst"},
        {"offset", "base", "channel_multiplier", "multipliers"}},
       {Opcode::Memset, {"dst", "value"}, {}},
+      {Opcode::Rand,
+       {"dst", "seed"},
+       {"offset", "stream", "channel_multiplier", "multipliers"}},
       {Opcode::Copy, {"src", "dst"}, {}},
   };
   for (const OpSpec &spec : specs)
@@ -675,7 +680,8 @@ Instruction Parser::parseInstruction(const json &value,
       {"scalar", &Instruction::scalar},
       {"pred", &Instruction::pred},
       {"on_true", &Instruction::onTrue},
-      {"on_false", &Instruction::onFalse}};
+      {"on_false", &Instruction::onFalse},
+      {"seed", &Instruction::seed}};
 
   for (auto it = value.begin(); it != value.end(); ++it) {
     const std::string &key = it.key();
@@ -728,6 +734,8 @@ Instruction Parser::parseInstruction(const json &value,
             asNumber(array[i], keyWhere + "[" + std::to_string(i) + "]"));
     } else if (key == "value") {
       inst.value = asNumber(item, keyWhere);
+    } else if (key == "stream") {
+      inst.stream = asInt(item, keyWhere);
     }
   }
   return inst;
@@ -1133,8 +1141,8 @@ void Verifier::verifyInstruction(const Instruction &inst,
   for (const std::string &key : spec.required)
     if (isViewField(key) && !views.count(key))
       failInst(inst, "missing operand '" + key + "'");
-  // The one attribute that names loops: verified below for iota only.
-  if (inst.offset && inst.op != Opcode::Iota)
+  // The one attribute that names loops: verified below for iota and rand.
+  if (inst.offset && inst.op != Opcode::Iota && inst.op != Opcode::Rand)
     failInst(inst, "unexpected field 'offset'");
 
   std::map<std::string, const Buffer *> buffers;
@@ -1306,6 +1314,21 @@ void Verifier::verifyInstruction(const Instruction &inst,
     sameShape("on_true", "dst");
     sameShape("on_false", "dst");
     break;
+  case Opcode::Rand: {
+    std::vector<int64_t> seedShape = {dst.shape.empty() ? 0 : dst.shape[0], 2};
+    if (inst.seed->shape != seedShape)
+      failInst(inst, "'seed' must be " + shapeString(seedShape) + ", got " +
+                         shapeString(inst.seed->shape));
+    if (buffers.at("seed")->dtype != DType::I32)
+      failInst(inst, std::string("'seed' must be i32, got ") +
+                         dtypeName(buffers.at("seed")->dtype));
+    if (!isFloatDType(dstBuffer.dtype))
+      failInst(inst, std::string("'dst' must be f32, bf16 or f16, got ") +
+                         dtypeName(dstBuffer.dtype));
+    if (inst.stream < 0 || inst.stream > 0xFFFFFFFFll)
+      failInst(inst, "field 'stream' must fit in 32 unsigned bits");
+    [[fallthrough]];
+  }
   case Opcode::Iota:
     if (inst.multipliers.size() + 1 != dst.shape.size())
       failInst(inst, "field 'multipliers' has " +
@@ -1389,8 +1412,12 @@ json instructionJson(const Instruction &inst) {
       out["imm"] = numberJson(*inst.imm);
     out["reverse"] = inst.reverse;
     break;
+  case Opcode::Rand:
   case Opcode::Iota: {
-    out["base"] = numberJson(inst.base);
+    if (inst.op == Opcode::Iota)
+      out["base"] = numberJson(inst.base);
+    else
+      out["stream"] = inst.stream;
     if (inst.offset)
       out["offset"] = affineJson(*inst.offset);
     out["channel_multiplier"] = numberJson(inst.channelMultiplier);

@@ -51,7 +51,8 @@ enum class Opcode {
   Select,
   Iota,
   Memset,
-  Copy
+  Copy,
+  Rand
 };
 
 enum class Engine { Tensor, Vector, Scalar, GpSimd, Sync };
@@ -188,6 +189,8 @@ struct Instruction {
   std::optional<View> reduceRes;
   std::optional<View> scalar; // tensor_scalar, scalar_tensor_tensor
   std::optional<View> pred, onTrue, onFalse; // select
+  /// "seed" (rand): [P, 2] int32, the Philox key of each partition's row.
+  std::optional<View> seed;
 
   // Attributes (file names in comments).
   bool accumulate = false;          // "accumulate" (matmul)
@@ -206,11 +209,12 @@ struct Instruction {
   std::optional<double> imm; // "imm" (tensor_scalar, scalar_tensor_tensor)
   bool reverse = false;      // "reverse" (tensor_scalar)
   double base = 0.0;         // "base" (iota)
-  /// "offset" (iota): added to base; affine in the loop ivs like a view's
-  /// offset, so each iteration numbers its own elements.
+  /// "offset" (iota, rand): added to base; affine in the loop ivs like a
+  /// view's offset, so each iteration numbers its own elements.
   std::optional<AffineExpr> offset;
-  double channelMultiplier = 0.0;  // "channel_multiplier" (iota)
-  std::vector<double> multipliers; // "multipliers" (iota)
+  double channelMultiplier = 0.0;  // "channel_multiplier" (iota, rand)
+  std::vector<double> multipliers; // "multipliers" (iota, rand)
+  int64_t stream = 0;              // "stream" (rand): Philox counter word 2
   double value = 0.0;              // "value" (memset)
 
   /// Operands written by the instruction (dst, reduce_res) and read by it,

@@ -764,7 +764,7 @@ private:
     case Opcode::Copy:
       streamed = {&*inst.src};
       break;
-    default: // iota, memset: output only
+    default: // iota, memset, rand: output only (rand's seed is a register)
       break;
     }
     double n = static_cast<double>(freeElements(

@@ -1,6 +1,7 @@
 //===- ExecutorTest.cpp - Op semantics and numerics of the executor -------===//
 
 #include "runtime/exec/Executor.h"
+#include "runtime/exec/Philox.h"
 #include "tests/unit/CatchCompat.h"
 #include "tests/unit/TestUtil.h"
 
@@ -976,6 +977,91 @@ TEST_CASE("iota fills base + p * channel + sum(i_k * m_k)", "[exec][iota]") {
       CHECK(f32.at(p * 6 + e) == -1.0f + 0.25f * p + 0.5f * e);
     // Exact beyond fp32's 24-bit mantissa.
     CHECK(i64.raw<int64_t>(p) == (int64_t(1) << 40) + p);
+  }
+}
+
+TEST_CASE("Philox4x32-10 matches the Random123 known answers", "[exec][rand]") {
+  // kat_vectors of Random123: counter, key -> output.
+  CHECK(philox4x32({0, 0, 0, 0}, {0, 0}) ==
+        PhiloxBlock{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8});
+  CHECK(philox4x32({~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}) ==
+        PhiloxBlock{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd});
+  CHECK(philox4x32({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+                   {0xa4093822, 0x299f31d0}) ==
+        PhiloxBlock{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1});
+  // The uniform is the first word's top 24 bits over 2^24.
+  CHECK(philoxUniform(0, 0, 0, 0) == float(0x6627e8d5u >> 8) / 16777216.0f);
+}
+
+TEST_CASE("rand numbers element p * channel + sum(i_k * m_k) under each "
+          "partition's seed",
+          "[exec][rand]") {
+  // Partitions get different keys; stream 7 is the counter's third word.
+  std::vector<double> keys = {1, 2, -3, 4, 5, 2147483647, 0, -1};
+  Tensor seed = Tensor::of(DType::I32, {4, 2}, keys);
+  Tensor out = Tensor::zeros(DType::F32, {4, 2, 3});
+  Tensor narrow = Tensor::zeros(DType::BF16, {4, 6});
+  std::string body =
+      R"({"op": "rand", "engine": "gpsimd", "stream": 7,
+          "channel_multiplier": 6, "multipliers": [3, 1], "seed": )" +
+      full(100, {4, 2}) + R"(, "dst": )" + full(200, {4, 2, 3}) +
+      R"(}, {"op": "rand", "engine": "gpsimd", "stream": 7,
+          "channel_multiplier": 6, "multipliers": [1], "seed": )" +
+      full(100, {4, 2}) + R"(, "dst": )" + full(201, {4, 6}) + "}";
+  run(tileProgram({{"i32", {4, 2}}}, {{"f32", {4, 2, 3}}, {"bf16", {4, 6}}},
+                  body),
+      {&seed}, {&out, &narrow});
+  float lo = 1, hi = 0;
+  for (int p = 0; p < 4; ++p)
+    for (int e = 0; e < 6; ++e) {
+      float want = philoxUniform(
+          static_cast<uint32_t>(int32_t(keys[2 * p])),
+          static_cast<uint32_t>(int32_t(keys[2 * p + 1])), p * 6 + e, 7);
+      CHECK(out.at(p * 6 + e) == want);
+      // Stored with the destination's rounding (round to nearest even).
+      CHECK(narrow.at(p * 6 + e) ==
+            loadAsF32(Tensor::of(DType::BF16, {1}, {want}).bytes.data(),
+                      DType::BF16));
+      lo = std::min(lo, want);
+      hi = std::max(hi, want);
+    }
+  CHECK(lo >= 0.0f);
+  CHECK(hi < 1.0f);
+  CHECK(hi - lo > 0.5f); // 24 numbers spread over [0, 1)
+}
+
+TEST_CASE("rand is a function of the element's number, not of the tiling",
+          "[exec][rand]") {
+  // A [4, 8] block in one instruction, and the same numbers as two [4, 4]
+  // column blocks of a loop whose offset moves by 4 per iteration.
+  Tensor seed = Tensor::of(DType::I32, {4, 2}, {9, 8, 9, 8, 9, 8, 9, 8});
+  Tensor whole = Tensor::zeros(DType::F32, {4, 8});
+  Tensor tiled = Tensor::zeros(DType::F32, {4, 8});
+  std::string buffers = buffer(0, "hbm", "input", "i32", "[4, 2]") + "," +
+                        buffer(1, "hbm", "output", "f32", "[4, 8]") + "," +
+                        buffer(2, "hbm", "output", "f32", "[4, 8]") + "," +
+                        buffer(3, "sbuf", "scratch", "i32", "[4, 2]") + "," +
+                        buffer(4, "sbuf", "scratch", "f32", "[4, 8]") + "," +
+                        buffer(5, "sbuf", "scratch", "f32", "[4, 4]");
+  std::string body =
+      R"({"op": "dma_copy", "engine": "sync", "src": )" + full(0, {4, 2}) +
+      R"(, "dst": )" + full(3, {4, 2}) +
+      R"(}, {"op": "rand", "engine": "gpsimd", "channel_multiplier": 8,
+          "multipliers": [1], "seed": )" +
+      full(3, {4, 2}) + R"(, "dst": )" + full(4, {4, 8}) +
+      R"(}, {"op": "dma_copy", "engine": "sync", "src": )" + full(4, {4, 8}) +
+      R"(, "dst": )" + full(1, {4, 8}) +
+      R"(}, {"loop": 0, "count": 2, "body": [
+           {"op": "rand", "engine": "gpsimd", "channel_multiplier": 8,
+            "multipliers": [1], "offset": {"const": 0, "terms": [[0, 4]]},
+            "seed": )" +
+      full(3, {4, 2}) + R"(, "dst": )" + full(5, {4, 4}) +
+      R"(}, {"op": "dma_copy", "engine": "sync", "src": )" + full(5, {4, 4}) +
+      R"(, "dst": )" + view(2, "[4, 4]", "[8, 1]", 0, "[[0, 4]]") + "}]}";
+  run(programJson(buffers, "0", "1, 2", body), {&seed}, {&whole, &tiled});
+  for (size_t i = 0; i < 32; ++i) {
+    CHECK(tiled.at(i) == whole.at(i));
+    CHECK(whole.at(i) == philoxUniform(9, 8, i, 0));
   }
 }
 

@@ -494,6 +494,29 @@ TEST_CASE("shape, dtype, space and engine rules are checked",
       "multipliers": [1, 2], "dst": )" +
                                     t + "}"),
                   "'multipliers' has 2 entries");
+  // rand: an i32 [P, 2] seed per partition, a float destination.
+  std::string seed = view(4, "[4, 2]", "[8, 1]");
+  auto rand = [&](const std::string &seedView, const std::string &dst,
+                  const std::string &extra = "") {
+    return simple(tiles, R"({"op": "rand", "engine": "gpsimd", )" + extra +
+                             R"("multipliers": [1], "seed": )" + seedView +
+                             R"(, "dst": )" + dst + "}");
+  };
+  {
+    Program ok = Program::parse(rand(seed, t, R"("stream": 3, )"));
+    CHECK_NOTHROW(ok.verify(neuron::target::getTarget(ok.target)));
+    CHECK(ok.body[0].inst.stream == 3);
+  }
+  requireRejected(rand(view(4, "[4, 1]", "[8, 1]"), t),
+                  "'seed' must be [4, 2]");
+  requireRejected(rand(view(2, "[4, 2]", "[8, 1]"), t), "'seed' must be i32");
+  requireRejected(rand(seed, view(4, "[4, 8]", "[8, 1]")),
+                  "'dst' must be f32, bf16 or f16");
+  requireRejected(rand(seed, t, R"("stream": -1, )"), "'stream' must fit");
+  requireRejected(simple(tiles, R"({"op": "rand", "engine": "gpsimd",
+      "multipliers": [1], "dst": )" +
+                                    t + "}"),
+                  "missing field 'seed'");
   requireRejected(simple(tiles, R"({"op": "memset", "engine": "vector",
       "dst": )" + t + "}"),
                   "missing field 'value'");

@@ -309,3 +309,27 @@ func.func @gather_type(%t: tensor<8x4xf32>, %i: tensor<3xi64>) {
   %0 = neuron.gather %t[%i] : tensor<8x4xf32>, tensor<3xi64> -> tensor<3x4xbf16>
   return
 }
+
+// -----
+
+func.func @rand_seed(%s: tensor<3xi32>) {
+  // expected-error @+1 {{seed must be a tensor<2xi32> (the Philox key)}}
+  %0 = neuron.rand %s : tensor<3xi32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @rand_stream(%s: tensor<2xi32>) {
+  // expected-error @+1 {{stream must fit in 32 unsigned bits}}
+  %0 = neuron.rand %s {stream = 4294967296} : tensor<2xi32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @rand_integer(%s: tensor<2xi32>) {
+  // expected-error @+1 {{result #0 must be ranked tensor of}}
+  %0 = neuron.rand %s : tensor<2xi32> -> tensor<4xi32>
+  return
+}

@@ -31,5 +31,8 @@ func.func @ops(%a: tensor<4x8xf32>, %b: tensor<8x16xf32>, %c: tensor<4x8xi1>,
   %g = neuron.gather %b[%i] : tensor<8x16xf32>, tensor<3xi64> -> tensor<3x16xf32>
   // CHECK: neuron.matmul
   %m = neuron.matmul %a, %b : tensor<4x8xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
+  // CHECK: neuron.rand {{.*}} {stream = 3 : i64} : tensor<2xi32> -> tensor<4x8xbf16>
+  %seed = neuron.constant dense<[1, 2]> : tensor<2xi32>
+  %rnd = neuron.rand %seed {stream = 3} : tensor<2xi32> -> tensor<4x8xbf16>
   return %m : tensor<4x16xf32>
 }

@@ -535,3 +535,51 @@ func.func @gpsimd_psum(%a: memref<4x8xf32, #nisa.mem<psum>>, %b: memref<4x1xf32,
   nisa.tensor_reduce add %a, %b {engine = #nisa.engine<gpsimd>} : memref<4x8xf32, #nisa.mem<psum>>, memref<4x1xf32, #nisa.mem<sbuf>>
   return
 }
+
+// -----
+
+func.func @rand_seed_shape(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %s: memref<4x1xi32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{seed must be an i32 [P, 2] tile matching the destination's partitions}}
+  nisa.rand %a, %s {channel_multiplier = 4.0, multipliers = array<f64: 1.0>} : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x1xi32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @rand_seed_type(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %s: memref<4x2xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{seed must be an i32 [P, 2] tile}}
+  nisa.rand %a, %s {channel_multiplier = 4.0, multipliers = array<f64: 1.0>} : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x2xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @rand_integer_dst(%a: memref<4x4xi32, #nisa.mem<sbuf>>, %s: memref<4x2xi32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{destination must have a float element type}}
+  nisa.rand %a, %s {channel_multiplier = 4.0, multipliers = array<f64: 1.0>} : memref<4x4xi32, #nisa.mem<sbuf>>, memref<4x2xi32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @rand_multipliers(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %s: memref<4x2xi32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{needs one multiplier per free dim}}
+  nisa.rand %a, %s {channel_multiplier = 4.0, multipliers = array<f64>} : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x2xi32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @rand_psum(%a: memref<4x4xf32, #nisa.mem<psum>>, %s: memref<4x2xi32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{destination must be in SBUF (engine cannot access PSUM)}}
+  nisa.rand %a, %s {channel_multiplier = 4.0, multipliers = array<f64: 1.0>} : memref<4x4xf32, #nisa.mem<psum>>, memref<4x2xi32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @rand_stream(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %s: memref<4x2xi32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{stream must fit in 32 unsigned bits}}
+  nisa.rand %a, %s {stream = -1, channel_multiplier = 4.0, multipliers = array<f64: 1.0>} : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x2xi32, #nisa.mem<sbuf>>
+  return
+}

@@ -100,6 +100,24 @@ func.func @gather(%t: tensor<10x16xf32>, %i: tensor<3xi64>) -> tensor<3x16xf32> 
   return %g : tensor<3x16xf32>
 }
 
+// Random numbers: the seed is broadcast to every partition by one DMA; 301
+// elements are one [128, 2] tile numbered p * 2 + i from 0, then 22 rows of
+// 2 from 256, then a row of 1 from 300; each goes to HBM row-major.
+// CHECK-LABEL: func.func @rand
+// CHECK: %[[KEY:.*]] = memref.alloc() : memref<128x2xi32, #nisa.mem<sbuf>>
+// CHECK: %[[SEED:.*]] = memref.reinterpret_cast %arg0 to offset: [{{.*}}], sizes: [128, 2], strides: [%{{.*}}, 1]
+// CHECK: nisa.dma_copy %[[SEED]], %[[KEY]]
+// CHECK: nisa.rand %{{.*}}, %{{.*}} offset %{{.*}} {channel_multiplier = 2.000000e+00 : f64, multipliers = array<f64: 1.000000e+00>, stream = 5 : i64} : memref<128x2xf32, #nisa.mem<sbuf>>
+// CHECK: nisa.dma_copy
+// CHECK: %[[C256:.*]] = arith.constant 256 : index
+// CHECK: nisa.rand %{{.*}}, %{{.*}} offset %[[C256]] {{.*}} : memref<22x2xf32, #nisa.mem<sbuf>>
+// CHECK: %[[LAST:.*]] = arith.addi %[[C256]], %{{.*}} : index
+// CHECK: nisa.rand %{{.*}}, %{{.*}} offset %[[LAST]] {{.*}} : memref<1x1xf32, #nisa.mem<sbuf>>
+func.func @rand(%seed: tensor<2xi32>) -> tensor<7x43xf32> {
+  %r = neuron.rand %seed {stream = 5} : tensor<2xi32> -> tensor<7x43xf32>
+  return %r : tensor<7x43xf32>
+}
+
 // CHECK-LABEL: func.func @concat
 // CHECK: sizes: [2, 3], strides: [7, 1]
 // CHECK: sizes: [2, 4], strides: [7, 1]
