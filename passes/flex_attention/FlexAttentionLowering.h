@@ -103,6 +103,7 @@ private:
                        o.getScale().convertToDouble(), o.getBlockSize(),
                        o.getBlocks(), o.getScoreBuffers(), o.getMaskBuffers());
   }
+  void makeConstants(int64_t cols);
   void makeAntiIdentities();
 
   // The backward kernel.

@@ -451,6 +451,22 @@ SmallVector<Operand> FlexAttentionLowering::tableOperands(ValueRange buffers) {
   return tables;
 }
 
+/// The identity for TensorE transposes ((p - j) == 0), and 0 and -inf
+/// tiles of `cols` columns for masks.
+void FlexAttentionLowering::makeConstants(int64_t cols) {
+  Value diff = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, f32);
+  b.create<nisa::IotaOp>(k.loc, diff, APFloat(0.0), APFloat(1.0),
+                         b.getDenseF64ArrayAttr({-1.0}));
+  ident = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, inElt);
+  b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::eq, diff, ident, Value(),
+                                 APFloat(0.0), false);
+  negInf = k.tile(MemorySpace::sbuf, {kUnit, cols}, f32);
+  b.create<nisa::MemsetOp>(k.loc, negInf,
+                           APFloat(-std::numeric_limits<float>::infinity()));
+  zeros = k.tile(MemorySpace::sbuf, {kUnit, cols}, f32);
+  b.create<nisa::MemsetOp>(k.loc, zeros, APFloat(0.0));
+}
+
 /// The anti-identities gatherWindow flips windows with: (p + j) == n - 1 for
 /// the window sizes a kernel has (128, and the query and key remainders).
 void FlexAttentionLowering::makeAntiIdentities() {
@@ -571,18 +587,7 @@ LogicalResult FlexAttentionLowering::run() {
   }
 
   KernelLowering::TileScope scope(k);
-  // The identity for TensorE transposes: (p - j) == 0.
-  Value diff = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, f32);
-  b.create<nisa::IotaOp>(k.loc, diff, APFloat(0.0), APFloat(1.0),
-                         b.getDenseF64ArrayAttr({-1.0}));
-  ident = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, inElt);
-  b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::eq, diff, ident, Value(),
-                                 APFloat(0.0), false);
-  negInf = k.tile(MemorySpace::sbuf, {kUnit, bank}, f32);
-  b.create<nisa::MemsetOp>(k.loc, negInf,
-                           APFloat(-std::numeric_limits<float>::infinity()));
-  zeros = k.tile(MemorySpace::sbuf, {kUnit, bank}, f32);
-  b.create<nisa::MemsetOp>(k.loc, zeros, APFloat(0.0));
+  makeConstants(bank);
   // -max starts huge but finite: exp(s - max) of a masked -inf score is 0,
   // never NaN.
   negmInit = k.tile(MemorySpace::sbuf, {kUnit, 1}, f32);

@@ -120,18 +120,7 @@ LogicalResult FlexAttentionLowering::runBackward() {
   bw.outDV = k.resultBuffer(o.getGradValue());
 
   KernelLowering::TileScope scope(k);
-  Value diff = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, f32);
-  b.create<nisa::IotaOp>(k.loc, diff, APFloat(0.0), APFloat(1.0),
-                         b.getDenseF64ArrayAttr({-1.0}));
-  ident = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, inElt);
-  b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::eq, diff, ident, Value(),
-                                 APFloat(0.0), false);
-  negInf = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, f32);
-  b.create<nisa::MemsetOp>(k.loc, negInf,
-                           APFloat(-std::numeric_limits<float>::infinity()));
-  zeros = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, f32);
-  b.create<nisa::MemsetOp>(k.loc, zeros, APFloat(0.0));
-  bank = k.target.psumBankBytes / 4;
+  makeConstants(kUnit);
   psumCols = kBanks * bank;
   miscBank = kMiscBank;
   psum = k.tile(MemorySpace::psum, {kUnit, psumCols}, f32);
