@@ -145,3 +145,16 @@ def test_gqa_and_batch(compile_calls: list[CompileCall]) -> None:
         enable_gqa=True,
         block_mask=block_mask(and_masks(causal, sliding_window(100)), 256),
     )
+
+
+def test_sequence_too_long_for_the_backward_is_a_clear_error() -> None:
+    # The backward keeps a head's inputs and fp32 gradient sums in SBUF: 8192 tokens at head
+    # dim 128 do not fit, and the compile error says so (the forward runs).
+    s = 8192
+    q, k, v = (t.requires_grad_() for t in qkv(1, 1, s, 128, torch.bfloat16))
+    mask = block_mask(causal, s)
+    out = torch.compile(lambda q, k, v: flex_attention(q, k, v, block_mask=mask), backend="neuron")(
+        q, k, v
+    )
+    with pytest.raises(Exception, match="do not fit in SBUF for the backward"):
+        out.sum().backward()
