@@ -579,8 +579,30 @@ LogicalResult FlexAttentionLowering::run() {
   kvSlots = choice->first;
   qResident = choice->second;
 
-  out = k.resultBuffer(op.getOut());
-  outStrides = contiguousStrides(tensorType(op.getOut()).getShape());
+  // An output read only through transpose(1, 2) (an attention layer
+  // putting the heads side by side) is written in that layout, [B, L, H,
+  // D]: the transpose, and the reshape after it, then move no data.
+  Value result = op.getOut();
+  auto outShape = tensorType(result).getShape();
+  bool headsInner =
+      !result.use_empty() && !k.destinations.count(result) &&
+      llvm::all_of(result.getUsers(), [](Operation *user) {
+        auto t = dyn_cast<TransposeOp>(user);
+        return t && t.getPermutation() == ArrayRef<int64_t>{0, 2, 1, 3};
+      });
+  if (headsInner) {
+    out = b.create<memref::AllocOp>(
+        k.loc, MemRefType::get({outShape[0], outShape[2], outShape[1],
+                                outShape[3]},
+                               tensorType(result).getElementType()));
+    int64_t rowStride = outShape[1] * outShape[3];
+    outStrides = {outShape[2] * rowStride, outShape[3], rowStride, 1};
+    k.lazyViews.try_emplace(
+        result, KernelLowering::LazyView{{out, 0, outStrides}, op.getLoc()});
+  } else {
+    out = k.resultBuffer(result);
+    outStrides = contiguousStrides(outShape);
+  }
   if (!op.getLse().use_empty()) {
     lse = k.resultBuffer(op.getLse());
     lseStrides = contiguousStrides(tensorType(op.getLse()).getShape());

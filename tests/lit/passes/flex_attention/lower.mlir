@@ -75,3 +75,23 @@ func.func @relative_bias(%q: tensor<1x1x256x64xf32>, %k: tensor<1x1x256x64xf32>,
     }
   return %o : tensor<1x1x256x64xf32>
 }
+
+// An output read only through transpose(1, 2) is written in the layout the
+// transpose gives, [B, L, H, D]: each query tile's rows are stored H * D = 128
+// apart, and the transposed result is already contiguous.
+// CHECK-LABEL: func.func @heads_inner
+// CHECK: memref.alloc() : memref<1x256x2x64xf32>
+// CHECK: nisa.dma_copy %{{.*}}, %{{.*}} : memref<128x64xf32, {{.*}}#nisa.mem<sbuf>>, memref<128x64xf32, strided<[128, 1], offset: ?>>
+func.func @heads_inner(%q: tensor<1x2x256x64xf32>, %k: tensor<1x2x256x64xf32>, %v: tensor<1x2x256x64xf32>) -> tensor<1x256x2x64xf32> {
+  %o, %l = neuron.flex_attention %q, %k, %v {block_size = array<i64: 128, 128>, blocks = dense<[[[[2, 2], [2, 2]]]]> : tensor<1x1x2x2xi8>, scale = 1.250000e-01 : f64} : tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32> -> tensor<1x2x256x64xf32>, tensor<1x2x256xf32>
+    score_mod {
+    ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      neuron.yield %s : tensor<f32>
+    } mask_mod {
+    ^bb0(%bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      %m = neuron.binary ge %qi, %kvi : tensor<i32>, tensor<i32> -> tensor<i1>
+      neuron.yield %m : tensor<i1>
+    }
+  %t = neuron.transpose %o, [0, 2, 1, 3] : tensor<1x2x256x64xf32> -> tensor<1x256x2x64xf32>
+  return %t : tensor<1x256x2x64xf32>
+}
