@@ -104,6 +104,7 @@ private:
                        o.getBlocks(), o.getScoreBuffers(), o.getMaskBuffers());
   }
   void makeConstants(int64_t cols);
+  std::pair<Value, SmallVector<int64_t>> resultLayout(Value result);
   void makeAntiIdentities();
 
   // The backward kernel.
@@ -114,6 +115,7 @@ private:
     Value dQ, dK, dV;                     // fp32 accumulators
     Value pIn, dSIn; // P and dS as matmul inputs, two steps' worth
     Value outDQ, outDK, outDV;            // results (HBM)
+    SmallVector<int64_t> dqStrides, dkStrides, dvStrides;
     KernelLowering::Window o, dO, lseIn;
     Region *scoreGrad = nullptr;
     bool plainScoreGrad = false;

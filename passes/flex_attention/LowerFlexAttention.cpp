@@ -467,6 +467,31 @@ void FlexAttentionLowering::makeConstants(int64_t cols) {
   b.create<nisa::MemsetOp>(k.loc, zeros, APFloat(0.0));
 }
 
+/// The buffer a [B, H, L, D] result is written to, and its strides. A
+/// result read only through transpose(1, 2) (an attention layer putting the
+/// heads side by side) is written in that layout, [B, L, H, D]: the
+/// transpose, and the reshape after it, then move no data.
+std::pair<Value, SmallVector<int64_t>>
+FlexAttentionLowering::resultLayout(Value result) {
+  auto shape = tensorType(result).getShape();
+  bool headsInner =
+      !result.use_empty() && !k.destinations.count(result) &&
+      llvm::all_of(result.getUsers(), [](Operation *user) {
+        auto t = dyn_cast<TransposeOp>(user);
+        return t && t.getPermutation() == ArrayRef<int64_t>{0, 2, 1, 3};
+      });
+  if (!headsInner)
+    return {k.resultBuffer(result), contiguousStrides(shape)};
+  Value buffer = b.create<memref::AllocOp>(
+      k.loc, MemRefType::get({shape[0], shape[2], shape[1], shape[3]},
+                             tensorType(result).getElementType()));
+  int64_t rowStride = shape[1] * shape[3];
+  SmallVector<int64_t> strides{shape[2] * rowStride, shape[3], rowStride, 1};
+  k.lazyViews.try_emplace(
+      result, KernelLowering::LazyView{{buffer, 0, strides}, result.getLoc()});
+  return {buffer, strides};
+}
+
 /// The anti-identities gatherWindow flips windows with: (p + j) == n - 1 for
 /// the window sizes a kernel has (128, and the query and key remainders).
 void FlexAttentionLowering::makeAntiIdentities() {
@@ -579,30 +604,7 @@ LogicalResult FlexAttentionLowering::run() {
   kvSlots = choice->first;
   qResident = choice->second;
 
-  // An output read only through transpose(1, 2) (an attention layer
-  // putting the heads side by side) is written in that layout, [B, L, H,
-  // D]: the transpose, and the reshape after it, then move no data.
-  Value result = op.getOut();
-  auto outShape = tensorType(result).getShape();
-  bool headsInner =
-      !result.use_empty() && !k.destinations.count(result) &&
-      llvm::all_of(result.getUsers(), [](Operation *user) {
-        auto t = dyn_cast<TransposeOp>(user);
-        return t && t.getPermutation() == ArrayRef<int64_t>{0, 2, 1, 3};
-      });
-  if (headsInner) {
-    out = b.create<memref::AllocOp>(
-        k.loc, MemRefType::get({outShape[0], outShape[2], outShape[1],
-                                outShape[3]},
-                               tensorType(result).getElementType()));
-    int64_t rowStride = outShape[1] * outShape[3];
-    outStrides = {outShape[2] * rowStride, outShape[3], rowStride, 1};
-    k.lazyViews.try_emplace(
-        result, KernelLowering::LazyView{{out, 0, outStrides}, op.getLoc()});
-  } else {
-    out = k.resultBuffer(result);
-    outStrides = contiguousStrides(outShape);
-  }
+  std::tie(out, outStrides) = resultLayout(op.getOut());
   if (!op.getLse().use_empty()) {
     lse = k.resultBuffer(op.getLse());
     lseStrides = contiguousStrides(tensorType(op.getLse()).getShape());

@@ -115,9 +115,9 @@ LogicalResult FlexAttentionLowering::runBackward() {
   bw.o = k.windowOf(o.getOut());
   bw.dO = k.windowOf(o.getGradOut());
   bw.lseIn = k.windowOf(o.getLse());
-  bw.outDQ = k.resultBuffer(o.getGradQuery());
-  bw.outDK = k.resultBuffer(o.getGradKey());
-  bw.outDV = k.resultBuffer(o.getGradValue());
+  std::tie(bw.outDQ, bw.dqStrides) = resultLayout(o.getGradQuery());
+  std::tie(bw.outDK, bw.dkStrides) = resultLayout(o.getGradKey());
+  std::tie(bw.outDV, bw.dvStrides) = resultLayout(o.getGradValue());
 
   KernelLowering::TileScope scope(k);
   makeConstants(kUnit);
@@ -183,11 +183,15 @@ void FlexAttentionLowering::backwardKeyHead(Value batchIdx, Value kvHead,
       backwardQueryHead(batchIdx, kvHead, g, bm, 0);
     });
   }
-  auto kvStrides = contiguousStrides(tensorType(bwOp.getGradKey()).getShape());
-  Value kvBase = k.addOffsets(k.scale(batchIdx, kvStrides[0]),
-                              k.scale(kvHead, kvStrides[1]));
-  storeRows(bw.dK, dim, kvLen, bw.outDK, kvBase, kvStrides[2], scale);
-  storeRows(bw.dV, vDim, kvLen, bw.outDV, kvBase, kvStrides[2], 1.0);
+  auto store = [&](Value acc, int64_t width, Value buffer,
+                   ArrayRef<int64_t> strides, double factor) {
+    storeRows(acc, width, kvLen, buffer,
+              k.addOffsets(k.scale(batchIdx, strides[0]),
+                           k.scale(kvHead, strides[1])),
+              strides[2], factor);
+  };
+  store(bw.dK, dim, bw.outDK, bw.dkStrides, scale);
+  store(bw.dV, vDim, bw.outDV, bw.dvStrides, 1.0);
 }
 
 /// One query head against the key head in SBUF: its inputs, every kept
@@ -295,8 +299,7 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
     acc(bw.dV, vDim, 0);
     acc(bw.dK, dim, vDim);
   }
-  auto qStrides =
-      contiguousStrides(tensorType(bwOp.getGradQuery()).getShape());
+  ArrayRef<int64_t> qStrides = bw.dqStrides;
   storeRows(bw.dQ, dim, qLen, bw.outDQ,
             k.addOffsets(k.scale(batchIdx, qStrides[0]),
                          k.scale(h, qStrides[1])),
