@@ -844,11 +844,14 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
             view(panel, addOffset(panelAt, k / kTile * mRows), {kt, mRows},
                  {panelStride, 1}));
     };
-    // `prefetch(g, first)` runs after each N group g: the next panel loads
-    // behind this block's B loads, not in front of them.
+    // `prefetch(g, first, piece, pieces)` loads piece `piece` of `pieces`
+    // of the next panel's share for N group g: spread over the group's k
+    // steps, between its B loads, it never holds the DMA engines long
+    // enough to starve them (up to `maxPieces`; 1 loads it in one go).
+    using Prefetch = llvm::function_ref<void(Value, bool, Value, int64_t)>;
     auto block = [&](Value m0, int64_t mRows, Value panel, Value panelAt,
-                     int64_t panelStride,
-                     llvm::function_ref<void(Value, bool)> prefetch) {
+                     int64_t panelStride, Prefetch prefetch,
+                     int64_t maxPieces) {
       TileScope blockScope(*this);
       int64_t blockTiles = (mRows + mTile - 1) / mTile;
       // A^T panel: K on the partitions, column kIdx * mRows + row of A.
@@ -865,7 +868,8 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
       Value acc = tile(MemorySpace::psum, {mTile, 2 * banksPerSet * nTile}, f32);
       Value staged = tile(MemorySpace::sbuf,
                           {mTile, 2 * blockTiles * nGroup}, outElt);
-      auto nStep = [&](Value g, int64_t set, int64_t cols) {
+      auto nStep = [&](Value g, int64_t set, int64_t cols, bool first,
+                       bool prefetches) {
         Value n0 = scale(g, nGroup);
         int64_t groupTiles = (cols + nTile - 1) / nTile;
         auto bank = [&](int64_t mi, int64_t ni, int64_t rows, int64_t width) {
@@ -895,12 +899,31 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
           }
         };
         int64_t fullK = k / kTile;
-        if (fullK > 0) {
+        // k steps 1.. in rounds of bSlots (static slots); the first
+        // `pieces` rounds each load a piece of the next panel.
+        int64_t rounds = fullK > 0 ? (fullK - 1) / bSlots : 0;
+        int64_t pieces = std::min(maxPieces, rounds);
+        while (pieces > 1 && (!llvm::isPowerOf2_64(pieces) || mRows % pieces))
+          --pieces;
+        auto round = [&](Value r) {
+          for (int64_t i = 0; i < bSlots; ++i)
+            kStep(addOffset(scale(r, bSlots), 1 + i), (1 + i) % bSlots, kTile,
+                  false);
+        };
+        int64_t spread = pieces > 1 ? pieces : 0;
+        if (fullK > 0)
           kStep(index(0), 0, kTile, true);
-          forEachRotating(1, fullK - 1, bSlots, [&](Value kIdx, int64_t slot) {
-            kStep(kIdx, slot, kTile, false);
-          });
-        }
+        if (prefetches && !spread)
+          prefetch(g, first, index(0), 1);
+        forEach(spread, [&](Value r) {
+          round(r);
+          if (prefetches)
+            prefetch(g, first, r, pieces);
+        });
+        forEach(rounds - spread,
+                [&](Value r) { round(addOffset(r, spread)); });
+        for (int64_t s = 1 + rounds * bSlots; s < fullK; ++s)
+          kStep(index(s), s % bSlots, kTile, false);
         if (k % kTile)
           kStep(index(fullK), fullK % bSlots, k % kTile, fullK == 0);
         // Evict each bank (alternating VectorE and ScalarE) and store.
@@ -928,15 +951,15 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
       };
       int64_t groups = n / nGroup;
       if (groups > 0)
-        nStep(index(0), 0, nGroup);
-      prefetch(index(0), true);
+        nStep(index(0), 0, nGroup, true, true);
+      else
+        prefetch(index(0), true, index(0), 1);
       forEachRotating(1, std::max<int64_t>(groups - 1, 0), 2,
                       [&](Value g, int64_t set) {
-                        nStep(g, set, nGroup);
-                        prefetch(g, false);
+                        nStep(g, set, nGroup, false, true);
                       });
       if (n % nGroup)
-        nStep(index(groups), groups % 2, n % nGroup);
+        nStep(index(groups), groups % 2, n % nGroup, false, false);
     };
     if (fullBlocks > 0) {
       TileScope panels(*this);
@@ -955,7 +978,7 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
       bool chunked = groups >= 2 && k % kTile == 0 && kTiles % groups == 0;
       int64_t chunk = chunked ? kTiles / groups : 0;
       auto prefetchNext = [&](Value i, int64_t slot) {
-        return [&, i, slot](Value g, bool first) {
+        return [&, i, slot](Value g, bool first, Value piece, int64_t pieces) {
           Value m0 = scale(addOffset(i, 1), mBlock);
           int64_t next = (slot + 1) % panelSlots;
           if (!chunked) {
@@ -963,28 +986,33 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
               loadPanel(m0, mBlock, panel, at(next), stride);
             return;
           }
-          Value src = addOffsets(addOffsets(lhsBase, scale(m0, aRow)),
-                                 scale(g, chunk * kTile * aCol));
-          dma(view(lhs, src, {kTile, chunk, mBlock},
-                   {aCol, kTile * aCol, aRow}),
-              view(panel, addOffsets(at(next), scale(g, chunk * mBlock)),
-                   {kTile, chunk, mBlock}, {stride, mBlock, 1}));
+          int64_t rows = mBlock / pieces;
+          Value r0 = scale(piece, rows);
+          Value src = addOffsets(
+              addOffsets(lhsBase, scale(addOffsets(m0, r0), aRow)),
+              scale(g, chunk * kTile * aCol));
+          dma(view(lhs, src, {kTile, chunk, rows}, {aCol, kTile * aCol, aRow}),
+              view(panel,
+                   addOffsets(addOffsets(at(next), scale(g, chunk * mBlock)),
+                              r0),
+                   {kTile, chunk, rows}, {stride, mBlock, 1}));
         };
       };
       forEachRotating(0, fullBlocks - 1, panelSlots, [&](Value i, int64_t slot) {
         block(scale(i, mBlock), mBlock, panel, at(slot), stride,
-              prefetchNext(i, slot));
+              prefetchNext(i, slot), chunked ? mBlock : 1);
       });
       int64_t last = fullBlocks - 1;
       block(index(last * mBlock), mBlock, panel, at(last % panelSlots), stride,
-            [](Value, bool) {});
+            [](Value, bool, Value, int64_t) {}, 1);
     }
     if (int64_t rest = m % mBlock) {
       TileScope panels(*this);
       Value panel = tile(MemorySpace::sbuf, {kRows, kTiles * rest}, inElt);
       Value m0 = index(fullBlocks * mBlock);
       loadPanel(m0, rest, panel, index(0), kTiles * rest);
-      block(m0, rest, panel, index(0), kTiles * rest, [](Value, bool) {});
+      block(m0, rest, panel, index(0), kTiles * rest,
+            [](Value, bool, Value, int64_t) {}, 1);
     }
   };
   // One loop per batch dim: windows may stride them any way.
