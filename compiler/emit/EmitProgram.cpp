@@ -395,6 +395,17 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
     else
       inst[name] = *view;
   };
+  // An index offset in the loop indices (iota, rand): the same affine
+  // encoding as a view's element offset.
+  auto affineOffset = [&](Value offset) {
+    if (!offset)
+      return;
+    auto affine = affineOf(offset, op);
+    if (failed(affine))
+      ok = false;
+    else
+      inst["offset"] = affine->toJson();
+  };
   std::optional<nisa::Issue> issue = nisa::issueOf(op);
   if (!issue)
     return op->emitError("has no kernel program encoding");
@@ -473,14 +484,7 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
       .Case<nisa::IotaOp>([&](auto o) {
         operand("dst", o.getDst());
         inst["base"] = number(o.getBase().convertToDouble());
-        // The same affine encoding as a view's element offset.
-        if (Value offset = o.getOffset()) {
-          auto affine = affineOf(offset, op);
-          if (failed(affine))
-            ok = false;
-          else
-            inst["offset"] = affine->toJson();
-        }
+        affineOffset(o.getOffset());
         inst["channel_multiplier"] =
             number(o.getChannelMultiplier().convertToDouble());
         inst["multipliers"] = std::vector<double>(o.getMultipliers().begin(),
@@ -489,13 +493,7 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
       .Case<nisa::RandOp>([&](auto o) {
         operand("dst", o.getDst());
         operand("seed", o.getSeed());
-        if (Value offset = o.getOffset()) {
-          auto affine = affineOf(offset, op);
-          if (failed(affine))
-            ok = false;
-          else
-            inst["offset"] = affine->toJson();
-        }
+        affineOffset(o.getOffset());
         inst["stream"] = o.getStream();
         inst["channel_multiplier"] =
             number(o.getChannelMultiplier().convertToDouble());
