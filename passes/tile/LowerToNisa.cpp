@@ -899,31 +899,34 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
           }
         };
         int64_t fullK = k / kTile;
-        // k steps 1.. in rounds of bSlots (static slots); the first
-        // `pieces` rounds each load a piece of the next panel.
-        int64_t rounds = fullK > 0 ? (fullK - 1) / bSlots : 0;
+        // Full k steps in rounds of bSlots (static slots): round 0 peeled
+        // (its first step starts the sums), the others in one loop; round r
+        // loads piece r of the next panel while there are pieces.
+        int64_t rounds = fullK / bSlots;
         int64_t pieces = std::min(maxPieces, rounds);
         while (pieces > 1 && (!llvm::isPowerOf2_64(pieces) || mRows % pieces))
           --pieces;
-        auto round = [&](Value r) {
+        auto round = [&](Value r, bool firstRound) {
           for (int64_t i = 0; i < bSlots; ++i)
-            kStep(addOffset(scale(r, bSlots), 1 + i), (1 + i) % bSlots, kTile,
-                  false);
-        };
-        int64_t spread = pieces > 1 ? pieces : 0;
-        if (fullK > 0)
-          kStep(index(0), 0, kTile, true);
-        if (prefetches && !spread)
-          prefetch(g, first, index(0), 1);
-        forEach(spread, [&](Value r) {
-          round(r);
-          if (prefetches)
+            kStep(addOffset(scale(r, bSlots), i), i, kTile,
+                  firstRound && i == 0);
+          if (prefetches && pieces > 1)
             prefetch(g, first, r, pieces);
+        };
+        if (rounds > 0)
+          round(index(0), true);
+        if (prefetches && pieces <= 1)
+          prefetch(g, first, index(0), 1);
+        forEach(std::max<int64_t>(pieces, 1) - 1,
+                [&](Value r) { round(addOffset(r, 1), false); });
+        int64_t spread = std::max<int64_t>(pieces, 1);
+        forEach(rounds - spread, [&](Value r) {
+          for (int64_t i = 0; i < bSlots; ++i)
+            kStep(addOffset(scale(addOffset(r, spread), bSlots), i), i, kTile,
+                  false);
         });
-        forEach(rounds - spread,
-                [&](Value r) { round(addOffset(r, spread)); });
-        for (int64_t s = 1 + rounds * bSlots; s < fullK; ++s)
-          kStep(index(s), s % bSlots, kTile, false);
+        for (int64_t s = rounds * bSlots; s < fullK; ++s)
+          kStep(index(s), s % bSlots, kTile, s == 0);
         if (k % kTile)
           kStep(index(fullK), fullK % bSlots, k % kTile, fullK == 0);
         // Evict each bank (alternating VectorE and ScalarE) and store.
