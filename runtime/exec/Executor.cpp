@@ -912,18 +912,30 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
   const CompiledView &mov = inst.views[RoleMoving];
   const CompiledView &dst = inst.views[RoleDst];
   int64_t k = stat.rows, m = stat.cols, n = mov.cols;
-  float *s = scratch[0].data(), *mv = scratch[1].data(), *d = scratch[2].data();
+  float *s = scratch[0].data(), *mv = scratch[1].data();
   load(stat, s);
   load(mov, mv);
   Eigen::Map<const RowMatrix> stationary(s, k, m);
   Eigen::Map<const RowMatrix> moving(mv, k, n);
-  Eigen::Map<RowMatrix> result(d, m, n);
-  if (inst.attrs.accumulate) {
-    load(dst, d);
-    result.noalias() += stationary.transpose() * moving;
-  } else {
-    result.noalias() = stationary.transpose() * moving;
+  auto product = [&](auto &&result) {
+    if (inst.attrs.accumulate)
+      result.noalias() += stationary.transpose() * moving;
+    else
+      result.noalias() = stationary.transpose() * moving;
+  };
+  // PSUM holds fp32 rows: multiply into them in place, without copying the
+  // accumulator out and back.
+  if (dst.dtype == DType::F32 && dst.shape.size() == 2 && dst.strides[1] == 1 &&
+      dst.strides[0] >= n) {
+    float *rows = reinterpret_cast<float *>(bases[dst.buffer]) + offsetOf(dst);
+    product(Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>(
+        rows, m, n, Eigen::OuterStride<>(dst.strides[0])));
+    return;
   }
+  float *d = scratch[2].data();
+  if (inst.attrs.accumulate)
+    load(dst, d);
+  product(Eigen::Map<RowMatrix>(d, m, n));
   store(dst, d);
 }
 
