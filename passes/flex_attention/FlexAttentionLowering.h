@@ -199,7 +199,7 @@ private:
 
   int64_t batch = 0, heads = 0, kvHeads = 0, group = 0;
   int64_t qLen = 0, kvLen = 0, dim = 0, vDim = 0;
-  int64_t kvUnits = 0, bank = 0, kvSlots = 1;
+  int64_t qTiles = 0, kvUnits = 0, bank = 0, kvSlots = 1;
   double scale = 1.0;
   bool plainScores = false; // score_mod returns the score unchanged
   bool scaleOnExp = false;  // the softmax scale rides on exp (plain scores)

@@ -40,7 +40,6 @@ FlexAttentionLowering::unitKinds(int64_t bm, int64_t hm) const {
     return (
         Kind)blockKinds[((bm * shape[1] + hm) * shape[2] + i) * shape[3] + j];
   };
-  int64_t qTiles = (qLen + kUnit - 1) / kUnit;
   SmallVector<SmallVector<Kind>> kinds(
       qTiles, SmallVector<Kind>(kvUnits, Kind::masked));
   for (int64_t t = 0; t < qTiles; ++t) {
@@ -519,6 +518,7 @@ LogicalResult FlexAttentionLowering::setUpCommon(
   batch = qType.getDimSize(0);
   heads = qType.getDimSize(1);
   qLen = qType.getDimSize(2);
+  qTiles = (qLen + kUnit - 1) / kUnit;
   dim = qType.getDimSize(3);
   kvHeads = kType.getDimSize(1);
   group = heads / kvHeads;

@@ -101,7 +101,6 @@ LogicalResult FlexAttentionLowering::runBackward() {
   if (k.target.psumBanks < kBanks || dim + vDim > bank)
     return o.emitOpError("the backward needs ")
            << kBanks << " PSUM banks and dV and dK side by side in one";
-  int64_t qTiles = (qLen + kUnit - 1) / kUnit;
   int64_t elt = std::max<int64_t>(1, tensorType(o.getQuery()).getElementTypeBitWidth() / 8);
   // Per partition: K rows, K^T, V^T; Q, Q^T, dO, dO^T, O; fp32 dQ, dK, dV.
   int64_t bytes = (kvUnits * dim + 2 * kvLen) * elt +
@@ -210,7 +209,6 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
   loadTransposed(bw.dO, base(bw.dO), qLen, vDim, bw.doT);
   loadRowsOf(bw.o, base(bw.o), qLen, vDim, bw.oRows);
   b.create<nisa::MemsetOp>(k.loc, bw.dQ, APFloat(0.0));
-  int64_t qTiles = (qLen + kUnit - 1) / kUnit;
   Value lseBase =
       k.addOffsets(k.addOffset(k.scale(batchIdx, bw.lseIn.strides[0]),
                                bw.lseIn.offset),
@@ -313,7 +311,6 @@ void FlexAttentionLowering::backwardScores(const Step &at, int64_t t,
                                            int64_t parity) {
   KernelLowering::TileScope scope(k);
   int64_t rows = at.rows, keys = at.width;
-  int64_t qTiles = (qLen + kUnit - 1) / kUnit;
   auto bankView = [&](int64_t bankIdx, int64_t r, int64_t c) {
     return k.view(psum, k.index(bankIdx * bank), {r, c}, {psumCols, 1});
   };
@@ -399,7 +396,6 @@ void FlexAttentionLowering::backwardGrads(const Step &at, int64_t t, int64_t u,
                                           bool first, int64_t parity) {
   KernelLowering::TileScope scope(k);
   int64_t rows = at.rows, keys = at.width;
-  int64_t qTiles = (qLen + kUnit - 1) / kUnit;
   auto bankView = [&](int64_t bankIdx, int64_t col, int64_t r, int64_t c) {
     return k.view(psum, k.index(bankIdx * bank + col), {r, c}, {psumCols, 1});
   };

@@ -477,16 +477,10 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     innerBytes += slotWidth(v) * ((storage.getIntOrFloatBitWidth() + 7) / 8);
   if (innerBytes * innerSlots > target.sbufBytesPerPartition / 4)
     innerSlots = 1;
-  // Row values (a max, a sum: one column) take as many slots as the DMA
-  // streams, so the next steps' reductions never wait for this one's
-  // readers.
-  auto slotsOf = [&](Value v) {
-    return plan.rep(v) == Rep::Row ? std::max(innerSlots, numSlots)
-                                   : innerSlots;
-  };
+
   for (auto [v, storage] : intermediates)
     inner[v] =
-        tile(MemorySpace::sbuf, {p, slotsOf(v) * slotWidth(v)}, storage);
+        tile(MemorySpace::sbuf, {p, innerSlots * slotWidth(v)}, storage);
 
   // One step: `base` is the first row (by rows) or element (flat). Its
   // loads and its compute are emitted apart, so loads can run ahead.
@@ -535,9 +529,8 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
           narrowed && isOutput.contains(narrowed))
         return slot(narrowed);
       int64_t width = slotWidth(v);
-      int64_t n = slotsOf(v);
-      return view(inner[v], index(slotIndex % n * width),
-                  {rows, width == 1 ? 1 : stepCols}, {n * width, 1});
+      return view(inner[v], index(slotIndex % innerSlots * width),
+                  {rows, width == 1 ? 1 : stepCols}, {innerSlots * width, 1});
     };
     // A row or splat operand as a tile of the result's shape (select takes
     // equal shapes).
