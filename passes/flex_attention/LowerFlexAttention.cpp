@@ -1,19 +1,20 @@
 //===- LowerFlexAttention.cpp - neuron.flex_attention -> flash attention --===//
 //
 // One blockwise flash-attention kernel per neuron.flex_attention:
-//  - per (batch, key head): K^T (head dim on the partitions) and V (key
-//    rows on the partitions) stay in SBUF, K transposed on TensorE; the
-//    next head's K and V load while this head computes;
-//  - per query head of that key head (GQA) and 128-row query tile: Q^T by a
-//    TensorE transpose, then the tile's key tiles, each up to 512 keys of
-//    the blocks the BlockMask keeps. Fully masked blocks are never visited;
-//    full blocks skip mask_mod;
-//  - per key tile: S = Q K^T in a PSUM bank; score_mod and mask_mod as
-//    VectorE/ScalarE/GpSimd instructions on the tile (indices from iota,
-//    captured tensors by DMA); the online softmax: running max and sum in
-//    fp32, P = exp(S - max) on ScalarE summing its rows as it goes; P^T on
-//    TensorE; O += P V accumulated in PSUM and rescaled on VectorE.
-//
+//  - per (batch, key head): K^T and Q^T of its query heads (by transposing
+//    DMAs) and V stay in SBUF; the next key head's load while this one
+//    computes;
+//  - per query head: its 128-row query tiles run in up to three lanes,
+//    interleaved stage by stage, each one key step ahead (the scores and
+//    -max of step r + 1 before P, P^T and P V of step r); each query tile's
+//    key tiles are up to 512 keys of the blocks the BlockMask keeps. Fully
+//    masked blocks are never visited; full blocks skip mask_mod;
+//  - per key step: S = Q K^T in a PSUM bank; plain scores are masked in
+//    place by a 0 / -inf bias GpSimd computes two steps ahead, score_mod and
+//    mask_mod otherwise run as engine instructions on the tile (indices from
+//    iota, captured tensors by DMA); the online softmax keeps -max and the
+//    row sums in fp32, P = exp(S - max) on ScalarE summing its rows as it
+//    goes; P^T on TensorE into the scores' bank; O = O * alpha + P V.
 //===----------------------------------------------------------------------===//
 
 #include "passes/flex_attention/FlexAttentionLowering.h"
