@@ -6,14 +6,18 @@
 //
 // Each compute instruction gathers its strided operands into fp32 scratch
 // arrays (widening each dtype exactly), computes on them with Eigen, and
-// scatters the result with the destination dtype's rounding. DMA copies move
-// bytes directly when the dtypes agree and convert through fp32 otherwise.
+// scatters the result with the destination dtype's rounding; matmuls run on
+// Gemm.h's kernels, which read bf16 operands in place. DMA copies move bytes
+// directly when the dtypes agree and convert through fp32 otherwise. Large
+// matmuls and copies are split between the WorkerPool's threads.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/exec/Executor.h"
+#include "runtime/exec/Gemm.h"
 #include "runtime/exec/Numerics.h"
 #include "runtime/exec/Philox.h"
+#include "runtime/exec/WorkerPool.h"
 #include "runtime/target/Target.h"
 
 #include <Eigen/Core>
@@ -24,9 +28,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <new>
+#include <optional>
 #include <string>
 
 namespace neuron::runtime {
@@ -38,8 +44,6 @@ using MapA = Eigen::Map<ArrayF>;
 using ConstMapA = Eigen::Map<const ArrayF>;
 using RowArray =
     Eigen::Array<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using RowMatrix =
-    Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 //===----------------------------------------------------------------------===//
 // Compiled views and strided iteration
@@ -99,6 +103,25 @@ PairPattern collapsePair(const std::vector<int64_t> &shape,
     ++out.rank;
   }
   return out;
+}
+
+/// True when no two indices of the view address the same element (checked
+/// conservatively: each dim, by increasing stride, steps past the span of the
+/// dims below it).
+bool isInjective(const std::vector<int64_t> &shape,
+                 const std::vector<int64_t> &strides) {
+  std::vector<std::pair<int64_t, int64_t>> dims; // (|stride|, extent)
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] > 1)
+      dims.emplace_back(std::abs(strides[d]), shape[d]);
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 0; // largest offset reached by the dims so far
+  for (const auto &[stride, extent] : dims) {
+    if (stride <= span)
+      return false;
+    span += stride * (extent - 1);
+  }
+  return true;
 }
 
 /// Calls fn(elementOffset, innerStride, innerCount, linearIndex) for each
@@ -252,6 +275,22 @@ void loadIndices(DType dtype, const Pattern &pattern, const uint8_t *base,
   });
 }
 
+/// Dispatches on an element size of 1, 2, 4 or 8 bytes to fn(T{}) with T an
+/// unsigned integer of that size, so strided copies move whole elements
+/// without a call per element.
+template <typename Fn> void dispatchSize(int64_t size, Fn &&fn) {
+  switch (size) {
+  case 1:
+    return fn(uint8_t{});
+  case 2:
+    return fn(uint16_t{});
+  case 4:
+    return fn(uint32_t{});
+  default:
+    return fn(uint64_t{});
+  }
+}
+
 /// Copies n elements of one dtype between strided runs, bit-exactly.
 void copyRunBytes(const uint8_t *src, int64_t srcStride, uint8_t *dst,
                   int64_t dstStride, int64_t n, int64_t size) {
@@ -263,8 +302,47 @@ void copyRunBytes(const uint8_t *src, int64_t srcStride, uint8_t *dst,
     std::memmove(dst, src + (n - 1) * srcStride * size, size);
     return;
   }
-  for (int64_t i = 0; i < n; ++i)
-    std::memmove(dst + i * dstStride * size, src + i * srcStride * size, size);
+  dispatchSize(size, [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t i = 0; i < n; ++i) {
+      T v;
+      std::memcpy(&v, src + i * srcStride * size, sizeof(T));
+      std::memcpy(dst + i * dstStride * size, &v, sizeof(T));
+    }
+  });
+}
+
+/// Copies a rows x cols block whose rows are contiguous on one side and
+/// whose columns on the other (a DMA transpose). Goes through an L1-resident
+/// tile, so that both sides move whole cache lines: walking either side
+/// element by element misses the cache on every element, as the power-of-two
+/// row strides map the lines to one cache set.
+void transposeBlock(const uint8_t *src, int64_t srcRow, int64_t srcCol,
+                    uint8_t *dst, int64_t dstRow, int64_t dstCol, int64_t rows,
+                    int64_t cols, int64_t size) {
+  constexpr int64_t kTile = 32;
+  dispatchSize(size, [&](auto tag) {
+    using T = decltype(tag);
+    auto at = [](auto *base, int64_t index) {
+      return base + index * sizeof(T);
+    };
+    T tile[kTile][kTile]; // [col][row]
+    for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+      int64_t nr = std::min(kTile, rows - r0);
+      for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+        int64_t nc = std::min(kTile, cols - c0);
+        for (int64_t c = 0; c < nc; ++c)
+          for (int64_t r = 0; r < nr; ++r)
+            std::memcpy(&tile[c][r],
+                        at(src, (r0 + r) * srcRow + (c0 + c) * srcCol),
+                        sizeof(T));
+        for (int64_t r = 0; r < nr; ++r)
+          for (int64_t c = 0; c < nc; ++c)
+            std::memcpy(at(dst, (r0 + r) * dstRow + (c0 + c) * dstCol),
+                        &tile[c][r], sizeof(T));
+      }
+    }
+  });
 }
 
 /// Copies n elements between strided runs of different dtypes, through fp32
@@ -517,6 +595,9 @@ struct CompiledInst {
   Instruction attrs; // op, engine and attributes; operands live in `views`
   std::array<CompiledView, NumRoles> views;
   PairPattern copyPattern; // dma_copy / copy: src (A) and dst (B) in lockstep
+  // dma_copy / copy between two buffers into distinct elements: the order in
+  // which elements move does not matter.
+  bool orderFree = false;
   // iota, rand: its offset over loop slots (zero without one).
   int64_t offsetConstant = 0;
   std::vector<std::pair<int32_t, int64_t>> offsetTerms;
@@ -556,6 +637,7 @@ struct Executor::Impl {
   std::vector<double> doubleScratch;
 
   uint64_t executed = 0;
+  WorkerPool &pool = WorkerPool::shared();
 
   void compile(const Program &program);
   void compileNodes(const std::vector<Node> &nodes,
@@ -581,6 +663,8 @@ struct Executor::Impl {
   }
 
   void execCopy(const CompiledInst &inst);
+  void copyRuns(const CompiledInst &inst, const PairPattern &pattern,
+                int64_t srcStart, int64_t dstStart);
   void execGather(const CompiledInst &inst);
   void execMatmul(const CompiledInst &inst);
   void execActivation(const CompiledInst &inst);
@@ -691,9 +775,12 @@ void Executor::Impl::compileNodes(const std::vector<Node> &body,
         compiled.offsetTerms.emplace_back(slots.at(iv), coeff);
     }
 
-    if (inst.op == Opcode::DmaCopy || inst.op == Opcode::Copy)
+    if (inst.op == Opcode::DmaCopy || inst.op == Opcode::Copy) {
       compiled.copyPattern =
           collapsePair(inst.src->shape, inst.src->strides, inst.dst->strides);
+      compiled.orderFree = inst.src->buffer != inst.dst->buffer &&
+                           isInjective(inst.dst->shape, inst.dst->strides);
+    }
 
     compiled.name = "instruction #" + std::to_string(insts.size() + 1) + " (" +
                     opcodeName(inst.op);
@@ -850,17 +937,65 @@ void Executor::Impl::exec(const CompiledInst &inst) {
   }
 }
 
-// dst = src. Same dtype: a bit-exact byte copy (so integers of any width and
-// NaN payloads survive); otherwise through fp32 with the store rounding.
+// dst = src.
 void Executor::Impl::execCopy(const CompiledInst &inst) {
+  const CompiledView &src = inst.views[RoleSrc];
+  const CompiledView &dst = inst.views[RoleDst];
+  const PairPattern &pattern = inst.copyPattern;
+  int64_t srcStart = offsetOf(src), dstStart = offsetOf(dst);
+  constexpr int64_t kMinSplitBytes = 64 << 10;
+  if (!inst.orderFree || pattern.rank == 0 ||
+      src.numElements * src.elementSize < kMinSplitBytes) {
+    copyRuns(inst, pattern, srcStart, dstStart);
+    return;
+  }
+  // Large copies are split along their outermost dim between the threads.
+  int64_t rows = pattern.shape[0];
+  int64_t chunks = std::min<int64_t>(pool.threads(), rows);
+  int64_t per = (rows + chunks - 1) / chunks;
+  pool.run(chunks, [&](int64_t chunk) {
+    int64_t begin = chunk * per;
+    if (begin >= rows)
+      return;
+    PairPattern part = pattern;
+    part.shape[0] = std::min(rows, begin + per) - begin;
+    copyRuns(inst, part, srcStart + begin * pattern.stridesA[0],
+             dstStart + begin * pattern.stridesB[0]);
+  });
+}
+
+// The elements of `pattern` from srcStart to dstStart. Same dtype: a
+// bit-exact byte copy (so integers of any width and NaN payloads survive);
+// otherwise through fp32 with the store rounding.
+void Executor::Impl::copyRuns(const CompiledInst &inst,
+                              const PairPattern &pattern, int64_t srcStart,
+                              int64_t dstStart) {
   const CompiledView &src = inst.views[RoleSrc];
   const CompiledView &dst = inst.views[RoleDst];
   const uint8_t *srcBase = bases[src.buffer];
   uint8_t *dstBase = bases[dst.buffer];
   int64_t srcSize = src.elementSize, dstSize = dst.elementSize;
   bool same = src.dtype == dst.dtype;
+  int inner = pattern.rank - 1;
+  if (same && inst.orderFree && pattern.rank >= 2 &&
+      (pattern.stridesA[inner - 1] == 1 || pattern.stridesB[inner - 1] == 1) &&
+      pattern.stridesA[inner] != 1) {
+    // A transpose: walk the outer dims, and the last two as one block.
+    PairPattern outer = pattern;
+    outer.rank = inner;
+    int64_t cols = pattern.shape[inner];
+    forEachRunPair(outer, srcStart, dstStart,
+                   [&](int64_t srcOff, int64_t srcRow, int64_t dstOff,
+                       int64_t dstRow, int64_t rows) {
+                     transposeBlock(
+                         srcBase + srcOff * srcSize, srcRow,
+                         pattern.stridesA[inner], dstBase + dstOff * dstSize,
+                         dstRow, pattern.stridesB[inner], rows, cols, srcSize);
+                   });
+    return;
+  }
   forEachRunPair(
-      inst.copyPattern, offsetOf(src), offsetOf(dst),
+      pattern, srcStart, dstStart,
       [&](int64_t srcOff, int64_t srcStride, int64_t dstOff, int64_t dstStride,
           int64_t n) {
         if (same)
@@ -904,39 +1039,75 @@ void Executor::Impl::execGather(const CompiledInst &inst) {
   }
 }
 
+/// A 2-D view as a strided matrix, when its free dims walk one stride.
+template <typename T>
+std::optional<StridedMatrix<T>> matrixOf(const CompiledView &view,
+                                         const uint8_t *base, int64_t offset) {
+  if (view.shape.empty())
+    return std::nullopt;
+  Pattern free = collapse({view.shape.begin() + 1, view.shape.end()},
+                          {view.strides.begin() + 1, view.strides.end()});
+  if (free.rank > 1)
+    return std::nullopt;
+  return StridedMatrix<T>{reinterpret_cast<const T *>(base) + offset, view.rows,
+                          view.cols, view.strides[0],
+                          free.rank ? free.strides[0] : 1};
+}
+
 // dst[M, N] = (accumulate ? dst : 0) + stationary[K, M]^T @ moving[K, N].
 // Operands hold bf16/f16/f32 values widened exactly; products of 16-bit
-// inputs are exact in fp32 and the sums accumulate in fp32.
+// inputs are exact in fp32 and the sums accumulate in fp32. Large matmuls
+// are split by output columns between the host threads.
 void Executor::Impl::execMatmul(const CompiledInst &inst) {
   const CompiledView &stat = inst.views[RoleStationary];
   const CompiledView &mov = inst.views[RoleMoving];
   const CompiledView &dst = inst.views[RoleDst];
   int64_t k = stat.rows, m = stat.cols, n = mov.cols;
-  float *s = scratch[0].data(), *mv = scratch[1].data();
-  load(stat, s);
-  load(mov, mv);
-  Eigen::Map<const RowMatrix> stationary(s, k, m);
-  Eigen::Map<const RowMatrix> moving(mv, k, n);
-  auto product = [&](auto &&result) {
-    if (inst.attrs.accumulate)
-      result.noalias() += stationary.transpose() * moving;
-    else
-      result.noalias() = stationary.transpose() * moving;
-  };
-  // PSUM holds fp32 rows: multiply into them in place, without copying the
-  // accumulator out and back.
-  if (dst.dtype == DType::F32 && dst.shape.size() == 2 && dst.strides[1] == 1 &&
-      dst.strides[0] >= n) {
-    float *rows = reinterpret_cast<float *>(bases[dst.buffer]) + offsetOf(dst);
-    product(Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>(
-        rows, m, n, Eigen::OuterStride<>(dst.strides[0])));
-    return;
+  bool accumulate = inst.attrs.accumulate;
+  // PSUM holds fp32 rows: multiply into them in place.
+  bool inPlace = dst.dtype == DType::F32 && dst.shape.size() == 2 &&
+                 dst.strides[1] == 1 && dst.strides[0] >= n;
+  float *out = scratch[2].data();
+  int64_t ldOut = n;
+  if (inPlace) {
+    out = reinterpret_cast<float *>(bases[dst.buffer]) + offsetOf(dst);
+    ldOut = dst.strides[0];
+  } else if (accumulate) {
+    load(dst, out);
   }
-  float *d = scratch[2].data();
-  if (inst.attrs.accumulate)
-    load(dst, d);
-  product(Eigen::Map<RowMatrix>(d, m, n));
-  store(dst, d);
+
+  std::function<void(int64_t, int64_t)> columns;
+  auto statBf16 =
+      stat.dtype == DType::BF16
+          ? matrixOf<uint16_t>(stat, bases[stat.buffer], offsetOf(stat))
+          : std::nullopt;
+  auto movBf16 = mov.dtype == DType::BF16
+                     ? matrixOf<uint16_t>(mov, bases[mov.buffer], offsetOf(mov))
+                     : std::nullopt;
+  if (statBf16 && movBf16) {
+    columns = [&](int64_t begin, int64_t end) {
+      matmulBf16(*statBf16, *movBf16, out, ldOut, accumulate, begin, end);
+    };
+  } else {
+    float *s = scratch[0].data(), *mv = scratch[1].data();
+    load(stat, s);
+    load(mov, mv);
+    columns = [&, s, mv](int64_t begin, int64_t end) {
+      matmulF32({s, k, m, m, 1}, {mv, k, n, n, 1}, out, ldOut, accumulate,
+                begin, end);
+    };
+  }
+  // Chunks of whole register tiles, one per thread; small matmuls stay on
+  // the caller's thread, where the hand-off would cost more than it saves.
+  constexpr int64_t kMinSplitMacs = 1 << 21, kColumnAlign = 32;
+  int64_t chunks = k * m * n < kMinSplitMacs ? 1 : pool.threads();
+  int64_t width = (n + chunks - 1) / chunks;
+  width = (width + kColumnAlign - 1) / kColumnAlign * kColumnAlign;
+  pool.run((n + width - 1) / width, [&](int64_t chunk) {
+    columns(chunk * width, std::min(n, (chunk + 1) * width));
+  });
+  if (!inPlace)
+    store(dst, out);
 }
 
 // dst = func(src * scale + bias), scale = scale_col[p] (if given) * scale,

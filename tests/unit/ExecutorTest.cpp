@@ -257,6 +257,39 @@ TEST_CASE("dma_copy moves data, broadcasts and transposes", "[exec][dma]") {
   }
 }
 
+TEST_CASE("large copies and transposes are split between threads",
+          "[exec][dma]") {
+  // 128 KiB per copy, past the size where the executor splits a copy: a
+  // transposing load, a converting store and a plain store.
+  const int64_t rows = 512, cols = 128;
+  std::vector<double> values(rows * cols);
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = static_cast<double>(i % 4099) - 2000.0;
+  Tensor in = Tensor::of(DType::BF16, {rows, cols}, values);
+  Tensor same = Tensor::zeros(DType::BF16, {cols, rows});
+  Tensor wide = Tensor::zeros(DType::F32, {cols, rows});
+  std::string json = programJson(
+      buffer(0, "hbm", "input", "bf16", "[512, 128]") + "," +
+          buffer(1, "hbm", "output", "bf16", "[128, 512]") + "," +
+          buffer(2, "hbm", "output", "f32", "[128, 512]") + "," +
+          buffer(3, "sbuf", "scratch", "bf16", "[128, 512]"),
+      "0", "1, 2",
+      R"({"op": "dma_copy", "engine": "sync", "src": )" +
+          view(0, "[128, 512]", "[1, 128]") + R"(, "dst": )" +
+          full(3, {cols, rows}) +
+          R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+          full(3, {cols, rows}) + R"(, "dst": )" + full(1, {cols, rows}) +
+          R"(}, {"op": "dma_copy", "engine": "gpsimd", "src": )" +
+          full(3, {cols, rows}) + R"(, "dst": )" + full(2, {cols, rows}) + "}");
+  run(json, {&in}, {&same, &wide});
+  for (int64_t i = 0; i < cols; ++i)
+    for (int64_t j = 0; j < rows; ++j) {
+      REQUIRE(same.raw<uint16_t>(i * rows + j) ==
+              in.raw<uint16_t>(j * cols + i));
+      REQUIRE(wide.at(i * rows + j) == in.at(j * cols + i));
+    }
+}
+
 TEST_CASE("loops evaluate affine offsets", "[exec][loop]") {
   Tensor in = Tensor::zeros(DType::F32, {4, 8});
   for (size_t i = 0; i < 32; ++i)

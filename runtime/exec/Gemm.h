@@ -1,0 +1,47 @@
+//===- Gemm.h - TensorE matrix multiply on the host -------------*- C++ -*-===//
+//
+// The tile kernels behind the executor's matmul: out[M, N] (+)= a[K, M]^T @
+// b[K, N] with fp32 accumulation, over a range of output columns so that
+// the executor can split one instruction between threads.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef NEURON_RUNTIME_EXEC_GEMM_H
+#define NEURON_RUNTIME_EXEC_GEMM_H
+
+#include <cstdint>
+
+namespace neuron::runtime {
+
+/// A [rows, cols] matrix whose element (r, c) is data[r * rowStride + c *
+/// colStride].
+template <typename T> struct StridedMatrix {
+  const T *data = nullptr;
+  int64_t rows = 0, cols = 0;
+  int64_t rowStride = 0, colStride = 0;
+};
+
+/// out[i, j] = (accumulate ? out[i, j] : 0) + sum_k a[k, i] * b[k, j] for the
+/// columns j in [begin, end); out is row-major fp32 with leading dimension
+/// ldOut. The sum is formed in fp32 and then added to out, as the PE array
+/// adds its column sums into PSUM.
+void matmulF32(const StridedMatrix<float> &a, const StridedMatrix<float> &b,
+               float *out, int64_t ldOut, bool accumulate, int64_t begin,
+               int64_t end);
+
+/// The same for bf16 operands given as bit patterns. Products of bf16 values
+/// are exact in fp32. Where the build has AVX512-BF16 this runs on its dot
+/// product instructions, which read subnormal inputs as zero and flush
+/// subnormal products and sums: each output may then differ from the IEEE
+/// fp32 sum by up to K * 2^-126 beyond the usual rounding, far below the
+/// rounding error of any sum above 2^-100.
+void matmulBf16(const StridedMatrix<uint16_t> &a,
+                const StridedMatrix<uint16_t> &b, float *out, int64_t ldOut,
+                bool accumulate, int64_t begin, int64_t end);
+
+/// True when matmulBf16 can use bf16 dot product instructions.
+bool hasBf16DotProduct();
+
+} // namespace neuron::runtime
+
+#endif // NEURON_RUNTIME_EXEC_GEMM_H

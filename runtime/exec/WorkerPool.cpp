@@ -1,0 +1,138 @@
+//===- WorkerPool.cpp - Host threads for large instructions ---------------===//
+
+#include "runtime/exec/WorkerPool.h"
+#include "runtime/program/Error.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define NEURON_SPIN_PAUSE() _mm_pause()
+#else
+#define NEURON_SPIN_PAUSE() std::this_thread::yield()
+#endif
+
+namespace neuron::runtime {
+
+namespace {
+
+/// How long a worker keeps polling for the next task before it sleeps: a
+/// little more than the gap between two large instructions.
+constexpr std::chrono::microseconds kSpinTime{200};
+
+} // namespace
+
+struct WorkerPool::State {
+  std::vector<std::thread> workers;
+  pid_t owner = getpid();
+
+  // The task in flight; written before `generation` is bumped.
+  const std::function<void(int64_t)> *fn = nullptr;
+  int64_t count = 0;
+  std::atomic<int64_t> next{0};
+  std::atomic<int> busy{0}; // workers still on the current task
+
+  std::atomic<uint64_t> generation{0};
+  std::mutex mutex; // guards sleeping workers' wake-ups and `stopping`
+  std::condition_variable wake;
+  bool stopping = false;
+
+  std::atomic<bool> running{false}; // one run() at a time
+
+  void work() {
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < count;)
+      (*fn)(i);
+  }
+
+  void workerLoop() {
+    uint64_t seen = 0;
+    while (true) {
+      auto changed = [&] {
+        return generation.load(std::memory_order_acquire) != seen;
+      };
+      auto deadline = std::chrono::steady_clock::now() + kSpinTime;
+      while (!changed() && std::chrono::steady_clock::now() < deadline)
+        for (int i = 0; i < 64 && !changed(); ++i)
+          NEURON_SPIN_PAUSE();
+      if (!changed()) {
+        std::unique_lock<std::mutex> lock(mutex);
+        wake.wait(lock, [&] { return stopping || changed(); });
+        if (stopping)
+          return;
+      }
+      seen = generation.load(std::memory_order_acquire);
+      work();
+      busy.fetch_sub(1, std::memory_order_release);
+    }
+  }
+};
+
+int parseHostThreads(const char *value) {
+  char *end = nullptr;
+  long threads = std::strtol(value, &end, 10);
+  if (end == value || *end != '\0' || threads < 1 || threads > 1024)
+    throw Error(std::string("TORCHNEURON_HOST_THREADS must be a positive "
+                            "integer, got '") +
+                value + "'");
+  return static_cast<int>(threads);
+}
+
+WorkerPool &WorkerPool::shared() {
+  static WorkerPool pool([] {
+    if (const char *value = std::getenv("TORCHNEURON_HOST_THREADS"))
+      return parseHostThreads(value);
+    return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  }());
+  return pool;
+}
+
+WorkerPool::WorkerPool(int threads)
+    : numThreads(std::max(1, threads)), state(std::make_unique<State>()) {
+  for (int i = 1; i < numThreads; ++i)
+    state->workers.emplace_back([s = state.get()] { s->workerLoop(); });
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->stopping = true;
+  }
+  state->wake.notify_all();
+  for (std::thread &worker : state->workers)
+    worker.join();
+}
+
+void WorkerPool::run(int64_t count, const std::function<void(int64_t)> &fn) {
+  State &s = *state;
+  if (numThreads == 1 || count < 2 || getpid() != s.owner ||
+      s.running.exchange(true, std::memory_order_acquire)) {
+    for (int64_t i = 0; i < count; ++i)
+      fn(i);
+    return;
+  }
+  s.fn = &fn;
+  s.count = count;
+  s.next.store(0, std::memory_order_relaxed);
+  s.busy.store(numThreads - 1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.generation.fetch_add(1, std::memory_order_release);
+  }
+  s.wake.notify_all();
+  s.work();
+  while (s.busy.load(std::memory_order_acquire) != 0)
+    NEURON_SPIN_PAUSE();
+  s.running.store(false, std::memory_order_release);
+}
+
+} // namespace neuron::runtime

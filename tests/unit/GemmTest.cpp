@@ -1,0 +1,186 @@
+//===- GemmTest.cpp - Host matmul kernels and the worker pool -------------===//
+
+#include "runtime/exec/Gemm.h"
+#include "runtime/exec/Numerics.h"
+#include "runtime/exec/WorkerPool.h"
+#include "runtime/program/Error.h"
+#include "tests/unit/CatchCompat.h"
+
+#include <atomic>
+#include <cmath>
+#include <random>
+#include <vector>
+
+using namespace neuron::runtime;
+
+namespace {
+
+/// A [rows, cols] bf16 operand stored with a row pitch and a column step
+/// larger than dense, so the kernels' strided paths run too.
+struct Operand {
+  std::vector<uint16_t> storage;
+  StridedMatrix<uint16_t> matrix;
+  double at(int64_t r, int64_t c) const {
+    return bf16BitsToF32(
+        matrix.data[r * matrix.rowStride + c * matrix.colStride]);
+  }
+};
+
+Operand makeOperand(int64_t rows, int64_t cols, int64_t colStride,
+                    const std::function<uint16_t()> &next) {
+  Operand op;
+  int64_t rowStride = cols * colStride + 3;
+  op.storage.assign(static_cast<size_t>(rows * rowStride), 0xffff); // NaN
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      op.storage[r * rowStride + c * colStride] = next();
+  op.matrix = {op.storage.data(), rows, cols, rowStride, colStride};
+  return op;
+}
+
+/// Runs matmulBf16 on columns [begin, end) of a [m, n] output (leading
+/// dimension n + 5) that starts as `initial`, and checks every element: the
+/// fp64 sum of the exact products within fp32 accumulation error (plus the
+/// K * 2^-126 the dot-product instructions may flush), and the columns
+/// outside the range untouched.
+void checkMatmul(const Operand &a, const Operand &b, bool accumulate,
+                 int64_t begin, int64_t end, double initial) {
+  int64_t k = a.matrix.rows, m = a.matrix.cols, n = b.matrix.cols;
+  int64_t ld = n + 5;
+  std::vector<float> out(static_cast<size_t>(m * ld),
+                         static_cast<float>(initial));
+  matmulBf16(a.matrix, b.matrix, out.data(), ld, accumulate, begin, end);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < ld; ++j) {
+      float got = out[i * ld + j];
+      if (j < begin || j >= end) {
+        REQUIRE(got == static_cast<float>(initial));
+        continue;
+      }
+      double ref = accumulate ? initial : 0.0, mag = std::fabs(ref);
+      for (int64_t p = 0; p < k; ++p) {
+        double product = a.at(p, i) * b.at(p, j);
+        ref += product;
+        mag += std::fabs(product);
+      }
+      double bound = (k + 1) * std::ldexp(mag, -24) + k * std::ldexp(1.0, -126);
+      REQUIRE(std::fabs(got - ref) <= bound);
+    }
+}
+
+uint16_t bf16Of(double value) {
+  return f32ToBf16Bits(static_cast<float>(value));
+}
+
+} // namespace
+
+TEST_CASE("bf16 matmul sums exact products in fp32", "[gemm]") {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> dist(-2.0, 2.0);
+  auto random = [&] { return bf16Of(dist(rng)); };
+  struct Shape {
+    int64_t k, m, n;
+  };
+  // Full tiles, and every kind of edge: odd K, partial 8-row and 32-column
+  // register tiles, single elements.
+  for (Shape s : {Shape{128, 128, 512}, Shape{7, 5, 3}, Shape{33, 17, 70},
+                  Shape{1, 1, 1}, Shape{128, 9, 33}}) {
+    for (int64_t colStride : {1, 2}) {
+      Operand a = makeOperand(s.k, s.m, colStride, random);
+      Operand b = makeOperand(s.k, s.n, colStride, random);
+      checkMatmul(a, b, false, 0, s.n, 0.0);
+      checkMatmul(a, b, true, 0, s.n, 0.75);
+      if (s.n > 40) // A column range starting mid-way, as a thread's share.
+        checkMatmul(a, b, true, 32, s.n - 3, -1.5);
+    }
+  }
+}
+
+TEST_CASE("bf16 matmul is exact where fp32 sums are", "[gemm]") {
+  // Small integers: every partial sum is exact in any order.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> dist(-3, 3);
+  auto random = [&] { return bf16Of(dist(rng)); };
+  Operand a = makeOperand(65, 19, 1, random);
+  Operand b = makeOperand(65, 45, 1, random);
+  std::vector<float> out(19 * 45, 2.0f);
+  matmulBf16(a.matrix, b.matrix, out.data(), 45, true, 0, 45);
+  for (int64_t i = 0; i < 19; ++i)
+    for (int64_t j = 0; j < 45; ++j) {
+      double ref = 2.0;
+      for (int64_t p = 0; p < 65; ++p)
+        ref += a.at(p, i) * b.at(p, j);
+      REQUIRE(out[i * 45 + j] == ref);
+    }
+}
+
+TEST_CASE("bf16 matmul with subnormal inputs stays within K * 2^-126",
+          "[gemm]") {
+  // Softmax probabilities reach bf16's subnormal range; the dot-product
+  // instructions read those as zero.
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> pick(0, 3);
+  std::uniform_int_distribution<int> mantissa(1, 0x7f);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  auto mixed = [&]() -> uint16_t {
+    switch (pick(rng)) {
+    case 0:
+      return static_cast<uint16_t>(mantissa(rng)); // subnormal
+    case 1:
+      return bf16Of(std::ldexp(dist(rng), -120)); // tiny products
+    default:
+      return bf16Of(dist(rng));
+    }
+  };
+  Operand a = makeOperand(128, 16, 1, mixed);
+  Operand b = makeOperand(128, 64, 1, mixed);
+  checkMatmul(a, b, false, 0, 64, 0.0);
+}
+
+TEST_CASE("fp32 matmul on column ranges", "[gemm]") {
+  const int64_t k = 20, m = 6, n = 50;
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> a(k * m), b(k * n * 2);
+  for (float &v : a)
+    v = dist(rng);
+  for (float &v : b)
+    v = dist(rng);
+  for (int64_t colStride : {1, 2}) {
+    std::vector<float> out(m * n, 1.0f);
+    StridedMatrix<float> lhs{a.data(), k, m, m, 1};
+    StridedMatrix<float> rhs{b.data(), k, n, n * colStride, colStride};
+    matmulF32(lhs, rhs, out.data(), n, true, 10, 40);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = 1.0;
+        if (j >= 10 && j < 40)
+          for (int64_t p = 0; p < k; ++p)
+            ref += double(a[p * m + i]) * b[p * n * colStride + j * colStride];
+        REQUIRE(std::fabs(out[i * n + j] - ref) <= 1e-5);
+      }
+  }
+}
+
+TEST_CASE("the worker pool runs every chunk once", "[pool]") {
+  WorkerPool pool(4);
+  REQUIRE(pool.threads() == 4);
+  for (int64_t count : {0, 1, 3, 1000}) {
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(count));
+    pool.run(count, [&](int64_t i) { hits[i].fetch_add(1); });
+    for (auto &h : hits)
+      REQUIRE(h.load() == 1);
+  }
+  // A run inside a run executes on the calling thread instead of waiting
+  // for workers that are busy with the outer one.
+  std::atomic<int> inner{0};
+  pool.run(
+      4, [&](int64_t) { pool.run(10, [&](int64_t) { inner.fetch_add(1); }); });
+  CHECK(inner.load() == 40);
+}
+
+TEST_CASE("TORCHNEURON_HOST_THREADS must be a positive integer", "[pool]") {
+  CHECK(parseHostThreads("3") == 3);
+  for (const char *bad : {"0", "-2", "", "two", "2x"})
+    CHECK_THROWS_AS(parseHostThreads(bad), Error);
+}
