@@ -23,6 +23,10 @@
 #include <Eigen/Core>
 #include <unsupported/Eigen/SpecialFunctions>
 
+#ifdef __AVX512BW__
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -103,6 +107,26 @@ PairPattern collapsePair(const std::vector<int64_t> &shape,
     ++out.rank;
   }
   return out;
+}
+
+/// For a copy whose innermost run is strided on the source (a transpose),
+/// moves a dim that is contiguous on the source, else one contiguous on the
+/// destination, next to the innermost: copyRuns then moves the two as one
+/// 2-D block. Only for copies whose element order does not matter.
+void moveContiguousDimInward(PairPattern &pattern) {
+  int inner = pattern.rank - 1;
+  if (inner < 1 || pattern.stridesA[inner] == 1)
+    return;
+  for (const auto *strides : {&pattern.stridesA, &pattern.stridesB}) {
+    for (int d = inner - 1; d >= 0; --d) {
+      if ((*strides)[d] != 1)
+        continue;
+      std::swap(pattern.shape[d], pattern.shape[inner - 1]);
+      std::swap(pattern.stridesA[d], pattern.stridesA[inner - 1]);
+      std::swap(pattern.stridesB[d], pattern.stridesB[inner - 1]);
+      return;
+    }
+  }
 }
 
 /// True when no two indices of the view address the same element (checked
@@ -312,11 +336,44 @@ void copyRunBytes(const uint8_t *src, int64_t srcStride, uint8_t *dst,
   });
 }
 
+#ifdef __AVX512BW__
+/// Transposes a 32 x 32 block of 16-bit elements in registers: element
+/// (r, c) at src[r + c * srcCol] moves to dst[r * dstRow + c]. Five rounds
+/// each swap one bit of the row index with the same bit of the column index.
+void transpose32x32x16(const uint16_t *src, int64_t srcCol, uint16_t *dst,
+                       int64_t dstRow) {
+  __m512i v[32];
+  for (int c = 0; c < 32; ++c)
+    v[c] = _mm512_loadu_si512(src + c * srcCol);
+  for (int bit = 1; bit < 32; bit <<= 1) {
+    alignas(64) uint16_t low[32], high[32];
+    for (int j = 0; j < 32; ++j) {
+      bool set = j & bit;
+      low[j] = static_cast<uint16_t>(set ? 32 + j - bit : j);
+      high[j] = static_cast<uint16_t>(set ? 32 + j : j + bit);
+    }
+    __m512i lowIndex = _mm512_load_si512(low);
+    __m512i highIndex = _mm512_load_si512(high);
+    for (int i = 0; i < 32; ++i) {
+      if (i & bit)
+        continue;
+      __m512i a = v[i], b = v[i + bit];
+      v[i] = _mm512_permutex2var_epi16(a, lowIndex, b);
+      v[i + bit] = _mm512_permutex2var_epi16(a, highIndex, b);
+    }
+  }
+  for (int r = 0; r < 32; ++r)
+    _mm512_storeu_si512(dst + r * dstRow, v[r]);
+}
+#endif
+
 /// Copies a rows x cols block whose rows are contiguous on one side and
 /// whose columns on the other (a DMA transpose). Goes through an L1-resident
 /// tile, so that both sides move whole cache lines: walking either side
 /// element by element misses the cache on every element, as the power-of-two
-/// row strides map the lines to one cache set.
+/// row strides map the lines to one cache set. Whole 32 x 32 blocks of
+/// 16-bit elements read along rows and written along columns are transposed
+/// in registers.
 void transposeBlock(const uint8_t *src, int64_t srcRow, int64_t srcCol,
                     uint8_t *dst, int64_t dstRow, int64_t dstCol, int64_t rows,
                     int64_t cols, int64_t size) {
@@ -331,6 +388,17 @@ void transposeBlock(const uint8_t *src, int64_t srcRow, int64_t srcCol,
       int64_t nr = std::min(kTile, rows - r0);
       for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
         int64_t nc = std::min(kTile, cols - c0);
+#ifdef __AVX512BW__
+        if constexpr (sizeof(T) == 2) {
+          if (nr == kTile && nc == kTile && srcRow == 1 && dstCol == 1) {
+            transpose32x32x16(
+                reinterpret_cast<const uint16_t *>(at(src, r0 + c0 * srcCol)),
+                srcCol, reinterpret_cast<uint16_t *>(at(dst, r0 * dstRow + c0)),
+                dstRow);
+            continue;
+          }
+        }
+#endif
         for (int64_t c = 0; c < nc; ++c)
           for (int64_t r = 0; r < nr; ++r)
             std::memcpy(&tile[c][r],
@@ -780,6 +848,8 @@ void Executor::Impl::compileNodes(const std::vector<Node> &body,
           collapsePair(inst.src->shape, inst.src->strides, inst.dst->strides);
       compiled.orderFree = inst.src->buffer != inst.dst->buffer &&
                            isInjective(inst.dst->shape, inst.dst->strides);
+      if (compiled.orderFree)
+        moveContiguousDimInward(compiled.copyPattern);
     }
 
     compiled.name = "instruction #" + std::to_string(insts.size() + 1) + " (" +

@@ -66,22 +66,23 @@ void packPairs(const StridedMatrix<uint16_t> &a, int64_t begin, int64_t width,
   int64_t pairs = (a.rows + 1) / 2;
   int64_t panels = (width + lanes - 1) / lanes;
   packed.resize(static_cast<size_t>(panels * pairs * lanes));
-  gathered.resize(static_cast<size_t>(2 * lanes));
-  for (int64_t panel = 0; panel < panels; ++panel) {
-    int64_t first = begin + panel * lanes;
-    int64_t count = std::min(lanes, width - panel * lanes);
-    for (int64_t p = 0; p < pairs; ++p) {
-      const uint16_t *rows[2] = {nullptr, nullptr};
-      for (int64_t r = 0; r < 2 && 2 * p + r < a.rows; ++r) {
-        rows[r] = a.data + (2 * p + r) * a.rowStride + first * a.colStride;
-        if (a.colStride != 1) { // Gather the strided run first.
-          uint16_t *run = gathered.data() + r * lanes;
-          for (int64_t lane = 0; lane < count; ++lane)
-            run[lane] = rows[r][lane * a.colStride];
-          rows[r] = run;
-        }
+  gathered.resize(static_cast<size_t>(2 * width));
+  // Row pairs outermost: each source row is read once, front to back.
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint16_t *rows[2] = {nullptr, nullptr};
+    for (int64_t r = 0; r < 2 && 2 * p + r < a.rows; ++r) {
+      rows[r] = a.data + (2 * p + r) * a.rowStride + begin * a.colStride;
+      if (a.colStride != 1) { // Gather the strided row first.
+        uint16_t *run = gathered.data() + r * width;
+        for (int64_t c = 0; c < width; ++c)
+          run[c] = rows[r][c * a.colStride];
+        rows[r] = run;
       }
-      packRowPair(rows[0], rows[1], count, lanes,
+    }
+    for (int64_t panel = 0; panel < panels; ++panel) {
+      int64_t first = panel * lanes;
+      packRowPair(rows[0] + first, rows[1] ? rows[1] + first : nullptr,
+                  std::min(lanes, width - first), lanes,
                   packed.data() + (panel * pairs + p) * lanes);
     }
   }
