@@ -31,8 +31,7 @@ struct KvTile {
   SmallVector<std::pair<int64_t, int64_t>, 2> partialRuns;
   bool partial() const { return !partialRuns.empty(); }
   bool sameShape(const KvTile &o) const {
-    return units == o.units && width == o.width &&
-           partialRuns == o.partialRuns;
+    return units == o.units && width == o.width && partialRuns == o.partialRuns;
   }
 };
 
@@ -55,7 +54,6 @@ struct Operand {
   Value buffer;
   int64_t offset = 0, elements = 0;
 };
-
 
 class FlexAttentionLowering {
 public:
@@ -94,10 +92,10 @@ private:
     int64_t parity;
   };
 
-  LogicalResult setUpCommon(Operation *o, Value query, Value keyV,
-                            Value valueV, double opScale,
-                            ArrayRef<int64_t> blockSize, ElementsAttr blocks,
-                            ValueRange scoreBuffers, ValueRange maskBuffers);
+  LogicalResult setUpCommon(Operation *o, Value query, Value keyV, Value valueV,
+                            double opScale, ArrayRef<int64_t> blockSize,
+                            ElementsAttr blocks, ValueRange scoreBuffers,
+                            ValueRange maskBuffers);
   template <typename OpTy> LogicalResult setUp(OpTy o) {
     return setUpCommon(o, o.getQuery(), o.getKey(), o.getValue(),
                        o.getScale().convertToDouble(), o.getBlockSize(),
@@ -109,29 +107,38 @@ private:
 
   // The backward kernel.
   struct BackwardTiles {
-    Value kRows, kT, vT;                  // the key head's
-    Value qRows, qT, doRows, doT, oRows;  // the query head's
-    Value negLse, delta;                  // per query tile columns
-    Value dQ, dK, dV;                     // fp32 accumulators
-    Value pIn, dSIn; // P and dS as matmul inputs, two steps' worth
-    Value outDQ, outDK, outDV;            // results (HBM)
+    Value kRows, kT, vT;                 // the key head's
+    Value qRows, qT, doRows, doT, oRows; // the query head's
+    Value negLse, delta;                 // per query tile columns
+    Value dQ, dK, dV;                    // fp32 accumulators
+    Value pIn, dSIn;           // P and dS as matmul inputs, two steps' worth
+    Value outDQ, outDK, outDV; // results (HBM)
     SmallVector<int64_t> dqStrides, dkStrides, dvStrides;
+    // Streaming: queries and keys pass through SBUF in chunks of at most
+    // qCap and kvCap rows (whole sequences when they fit; otherwise
+    // multiples of 128). The chunk being computed starts at query tile t0
+    // and key unit u0. With several key chunks, dQ sums over them in
+    // dQPartial, fp32 in HBM.
+    int64_t qCap = 0, kvCap = 0, qCapTiles = 0, kvCapUnits = 0;
+    int64_t t0 = 0, u0 = 0, chunkUnits = 0;
+    KernelLowering::Window dQPartial;
     KernelLowering::Window o, dO, lseIn;
     Region *scoreGrad = nullptr;
     bool plainScoreGrad = false;
   };
   BackwardTiles bw;
+  LogicalResult planChunks(FlexAttentionBackwardOp o);
   void backwardKeyHead(Value batchIdx, Value kvHead, int64_t bm);
   void backwardQueryHead(Value batchIdx, Value kvHead, Value g, int64_t bm,
-                         int64_t hm);
+                         int64_t hm, int64_t kvChunk);
   void backwardScores(const Step &at, int64_t t, int64_t u, bool partial,
                       int64_t parity);
   void backwardGrads(const Step &at, int64_t t, int64_t u, bool first,
                      int64_t parity);
   Value loadRowsOf(const KernelLowering::Window &w, Value base, int64_t len,
                    int64_t width, Value dst);
-  Value loadTransposed(const KernelLowering::Window &w, Value base,
-                       int64_t len, int64_t width, Value dst);
+  Value loadTransposed(const KernelLowering::Window &w, Value base, int64_t len,
+                       int64_t width, Value dst);
   void storeRows(Value src, int64_t width, int64_t len, Value buffer,
                  Value base, int64_t rowStride, double factor);
   SmallVector<SmallVector<Kind>> unitKinds(int64_t bm, int64_t hm) const;
@@ -172,9 +179,7 @@ private:
   Value psumBank(int64_t bank, int64_t rows, int64_t cols);
   Value column(Value t, int64_t i, int64_t rows);
   Value scoresOf(const Cursor &c);
-  int64_t scoreBankOf(const Cursor &c) const {
-    return 2 * c.lane + c.parity;
-  }
+  int64_t scoreBankOf(const Cursor &c) const { return 2 * c.lane + c.parity; }
   Value expSource(const Cursor &c);
   Value negmOf(int64_t lane, int64_t parity, int64_t rows);
 
@@ -228,18 +233,18 @@ private:
   int64_t miscBank = 0;
   DenseMap<int64_t, Value> antiIdentity;
   Value ident, negInf, zeros, negmInit;
-  Value negm, alpha;                 // [128, lanes x 2 parities]
-  Value l, o, oOut, lseTile;         // per lane x 2 sets
-  Value expSrc;                      // [128, lanes x 2 parities x bank]
-  Value maskBiases;                  // [128, lanes x 2 parities x bank]
+  Value negm, alpha;         // [128, lanes x 2 parities]
+  Value l, o, oOut, lseTile; // per lane x 2 sets
+  Value expSrc;              // [128, lanes x 2 parities x bank]
+  Value maskBiases;          // [128, lanes x 2 parities x bank]
   // K^T [dim, slots x keys], V [128, slots x units x vDim] and, when
   // `qResident`, Q^T of the key head's query heads [dim, slots x group x
   // queries].
   bool qResident = false;
   Value kT, vS, qT;
   int64_t kTStride = 0, vSStride = 0, qTStride = 0;
-  Value qLaneT;        // per query tile Q^T when not resident
-  int64_t kvSlot = 0;    // the slot of the key head being computed
+  Value qLaneT;       // per query tile Q^T when not resident
+  int64_t kvSlot = 0; // the slot of the key head being computed
 };
 
 } // namespace flex

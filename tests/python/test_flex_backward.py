@@ -8,7 +8,9 @@ fell back, and the backward document holds one ``flex_attention_backward`` node.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,8 @@ from test_flex_attention import alibi, block_mask, causal, qkv, sliding_window, 
 from torch.nn.attention.flex_attention import BlockMask, and_masks, flex_attention
 
 import torchneuron
+
+REPO = Path(__file__).resolve().parents[2]
 
 # fp32: the device keeps scores, P and dS in fp32. bf16: P and dS are rounded to bf16 before
 # the TensorE matmuls; the reference computes in float64 from the same bf16 inputs.
@@ -39,6 +43,7 @@ def check_grads(
     score_mod: Callable[..., Any] | None = None,
     block_mask: BlockMask | None = None,
     enable_gqa: bool = False,
+    options: dict[str, Any] | None = None,
 ) -> None:
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
         return flex_attention(
@@ -47,7 +52,7 @@ def check_grads(
 
     grad_out = torch.randn(q.shape[:-1] + v.shape[-1:], generator=torch.Generator().manual_seed(3))
     ours = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = torch.compile(attend, backend="neuron", fullgraph=True)(*ours)
+    out = torch.compile(attend, backend="neuron", fullgraph=True, options=options)(*ours)
     (out.float() * grad_out).sum().backward()
     stats = torchneuron.stats()
     assert stats["ops_fallback"] == {}, stats
@@ -147,14 +152,27 @@ def test_gqa_and_batch(compile_calls: list[CompileCall]) -> None:
     )
 
 
-def test_sequence_too_long_for_the_backward_is_a_clear_error() -> None:
-    # The backward keeps a head's inputs and fp32 gradient sums in SBUF: 8192 tokens at head
-    # dim 128 do not fit, and the compile error says so (the forward runs).
+def test_long_sequence_streams_through_sbuf(compile_calls: list[CompileCall]) -> None:
+    # 8192 tokens at head dim 128 do not fit in SBUF for the backward: keys and queries go
+    # through it in chunks, and dQ sums over the key chunks in HBM.
     s = 8192
-    q, k, v = (t.requires_grad_() for t in qkv(1, 1, s, 128, torch.bfloat16))
-    mask = block_mask(causal, s)
-    out = torch.compile(lambda q, k, v: flex_attention(q, k, v, block_mask=mask), backend="neuron")(
-        q, k, v
+    check_grads(compile_calls, *qkv(1, 1, s, 128, torch.bfloat16), block_mask=block_mask(causal, s))
+
+
+def test_chunks_on_a_small_sbuf(
+    compile_calls: list[CompileCall], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Trn2 with 96 KiB per partition streams 3072 tokens in two key chunks and two query
+    # chunks of unequal sizes; causal masking skips the chunk pair above the diagonal.
+    spec = json.loads((REPO / "runtime" / "target" / "trn2.json").read_text())
+    spec["name"] = "trn2small"
+    spec["sbuf_bytes_per_partition"]["value"] = 96 * 1024
+    (tmp_path / "trn2small.json").write_text(json.dumps(spec))
+    monkeypatch.setenv("TORCHNEURON_TARGET_DIR", str(tmp_path))
+    s = 3072
+    check_grads(
+        compile_calls,
+        *qkv(1, 2, s, 64, torch.float32),
+        block_mask=block_mask(causal, s),
+        options={"target": "trn2small"},
     )
-    with pytest.raises(Exception, match="do not fit in SBUF for the backward"):
-        out.sum().backward()
