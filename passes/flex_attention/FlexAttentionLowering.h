@@ -111,7 +111,7 @@ private:
     Value qRows, qT, doRows, doT, oRows; // the query head's
     Value negLse, delta;                 // per query tile columns
     Value dQ, dK, dV;                    // fp32 accumulators
-    Value pIn, dSIn;           // P and dS as matmul inputs, two steps' worth
+    Value pIn, dSIn, dSTIn;    // matmul inputs P, dS, dS^T: two steps' worth
     Value outDQ, outDK, outDV; // results (HBM)
     SmallVector<int64_t> dqStrides, dkStrides, dvStrides;
     // Streaming: queries and keys pass through SBUF in chunks of at most
@@ -132,9 +132,10 @@ private:
   void backwardQueryHead(Value batchIdx, Value kvHead, Value g, int64_t bm,
                          int64_t hm, int64_t kvChunk);
   void backwardScores(const Step &at, int64_t t, int64_t u, bool partial,
-                      int64_t parity);
+                      int64_t slot);
   void backwardGrads(const Step &at, int64_t t, int64_t u, bool first,
-                     int64_t parity);
+                     int64_t slot, int64_t parity, int64_t kvBank);
+  void backwardDQ(const Step &at, int64_t t, int64_t u, int64_t parity);
   Value loadRowsOf(const KernelLowering::Window &w, Value base, int64_t len,
                    int64_t width, Value dst);
   Value loadTransposed(const KernelLowering::Window &w, Value base, int64_t len,

@@ -56,7 +56,7 @@ FlexAttentionLowering::unitKinds(int64_t bm, int64_t hm) const {
           any |= kind != Kind::masked;
           allFull &= kind == Kind::full;
         }
-      kinds[t][u] = !any                    ? Kind::masked
+      kinds[t][u] = !any                     ? Kind::masked
                     : allFull || maskTrivial ? Kind::full
                                              : Kind::partial;
     }
@@ -81,8 +81,8 @@ SmallVector<KvTile> FlexAttentionLowering::keyTiles(ArrayRef<Kind> row) const {
     while (u < (int64_t)row.size() && row[u] != Kind::masked &&
            (scaleOnExp || row[u] == row[first]) && u - first < maxUnits)
       ++u;
-    KvTile tile{first, u - first, std::min(kvLen, u * kUnit) - first * kUnit,
-                {}};
+    KvTile tile{
+        first, u - first, std::min(kvLen, u * kUnit) - first * kUnit, {}};
     for (int64_t v = first; v < u; ++v) {
       if (row[v] != Kind::partial)
         continue;
@@ -127,8 +127,8 @@ Value FlexAttentionLowering::gatherWindow(Value buffer, Value first,
     k.dma(k.view(buffer, first, {rows, cols}, {rowStride, colStride}), t);
     return t;
   }
-  Value flipped = k.view(psum, k.index(miscBank * bank), {rows, cols},
-                         {psumCols, 1});
+  Value flipped =
+      k.view(psum, k.index(miscBank * bank), {rows, cols}, {psumCols, 1});
   if (rowStride < 0) {
     // R[i'] = window[rows - 1 - i'], then window = J^T R.
     Value reversed = k.tile(MemorySpace::sbuf, {rows, cols}, f32);
@@ -147,10 +147,10 @@ Value FlexAttentionLowering::gatherWindow(Value buffer, Value first,
       k.dma(k.view(buffer, k.addOffset(first, colStride * lastCol), {n, rows},
                    {-colStride, rowStride}),
             reversedT);
-      b.create<nisa::MatmulOp>(
-          k.loc, reversedT, antiIdentity.lookup(n),
-          k.view(psum, k.index(miscBank * bank + cols - c0 - n), {rows, n},
-                 {psumCols, 1}));
+      b.create<nisa::MatmulOp>(k.loc, reversedT, antiIdentity.lookup(n),
+                               k.view(psum,
+                                      k.index(miscBank * bank + cols - c0 - n),
+                                      {rows, n}, {psumCols, 1}));
     }
   }
   b.create<nisa::CopyOp>(k.loc, flipped, t, nisa::Engine::scalar);
@@ -372,10 +372,9 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
           y.kind == Operand::table)
         return fail("selects whole captured tensors");
       Value t = k.tile(MemorySpace::sbuf, {at.rows, at.width}, f32);
-      b.create<nisa::SelectOp>(k.loc, materialize(c, at, true),
-                               materialize(x, at, true),
-                               materialize(y, at, true), t,
-                               nisa::Engine::gpsimd);
+      b.create<nisa::SelectOp>(
+          k.loc, materialize(c, at, true), materialize(x, at, true),
+          materialize(y, at, true), t, nisa::Engine::gpsimd);
       result.kind = Operand::full;
       result.tile = t;
     } else {
@@ -418,10 +417,10 @@ void FlexAttentionLowering::loadHead(Value batchIdx, Value kvHead,
                 {rest, vDim}, {vs, vd}),
          k.view(vS, k.index(vAt + fullUnits * vDim), {rest, vDim},
                 {vSStride, 1}));
-  load(k.view(key.buffer, base(key, kvHead), {dim, kvLen},
-              {key.strides[3], key.strides[2]}),
-       k.view(kT, k.index(slot * kvUnits * kUnit), {dim, kvLen},
-              {kTStride, 1}));
+  load(
+      k.view(key.buffer, base(key, kvHead), {dim, kvLen},
+             {key.strides[3], key.strides[2]}),
+      k.view(kT, k.index(slot * kvUnits * kUnit), {dim, kvLen}, {kTStride, 1}));
   if (!qResident)
     return;
   for (int64_t g = 0; g < group; ++g)
@@ -770,9 +769,9 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
     Step head;
     head.batch = batchIdx;
     head.head = k.addOffsets(k.scale(kvHead, group), g);
-    Value qTHead = qResident ? k.addOffset(k.scale(g, qLen),
-                                           slot * group * qLen)
-                             : Value();
+    Value qTHead = qResident
+                       ? k.addOffset(k.scale(g, qLen), slot * group * qLen)
+                       : Value();
     SmallVector<int64_t> empty;
     SmallVector<Lane> streams = laneStreams(unitKinds(bm, hm), empty);
     for (int64_t t : empty) {
@@ -798,8 +797,7 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
           });
         } else {
           for (int64_t i = r; i < r + len; ++i)
-            round(head, qTHead, streams, i, k.index(i), i % 2, qShift,
-                  false);
+            round(head, qTHead, streams, i, k.index(i), i % 2, qShift, false);
         }
         r += len;
       }
@@ -859,9 +857,8 @@ void FlexAttentionLowering::emptyTile(const Step &at) {
 /// In a loop (`affine`), round r is the template and `rIdx` the round;
 /// `qShift` (rows) moves every query tile (in a loop over periods).
 void FlexAttentionLowering::round(const Step &head, Value qTHead,
-                                  ArrayRef<Lane> streams, int64_t r,
-                                  Value rIdx, int64_t parity, Value qShift,
-                                  bool affine) {
+                                  ArrayRef<Lane> streams, int64_t r, Value rIdx,
+                                  int64_t parity, Value qShift, bool affine) {
   KernelLowering::TileScope scope(k);
   auto cursor = [&](int64_t lane, int64_t s,
                     int64_t par) -> std::optional<Cursor> {
@@ -874,10 +871,10 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
       c.at.q0 = k.addOffsets(c.at.q0, qShift);
     c.at.rows = rowsOf(step.q);
     c.at.width = step.keys.width;
-    c.at.unit = affine ? k.addOffset(k.scale(k.addOffset(rIdx, -r),
-                                             step.keys.units),
-                                     step.keys.firstUnit)
-                       : k.index(step.keys.firstUnit);
+    c.at.unit =
+        affine ? k.addOffset(k.scale(k.addOffset(rIdx, -r), step.keys.units),
+                             step.keys.firstUnit)
+               : k.index(step.keys.firstUnit);
     return c;
   };
   SmallVector<std::optional<Cursor>> next, cur;
@@ -916,8 +913,8 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
           k.loc,
           k.view(ps[c->lane], k.index(i * kUnit), {rows, keys}, {width, 1}),
           k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}),
-          k.view(psum, k.index(scoreBankOf(*c) * bank + i * rows),
-                 {keys, rows}, {psumCols, 1}));
+          k.view(psum, k.index(scoreBankOf(*c) * bank + i * rows), {keys, rows},
+                 {psumCols, 1}));
     }
   }
   for (auto &c : cur) {
@@ -957,11 +954,10 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
       int64_t keys = std::min(kUnit, width - i * kUnit);
       Value stationary = k.view(pTs[c->lane], k.index(i * rows), {keys, rows},
                                 {step.keys.units * rows, 1});
-      Value moving =
-          k.view(vS,
-                 k.addOffset(k.scale(c->at.unit, vDim),
-                             kvSlot * kvUnits * vDim + i * vDim),
-                 {keys, vDim}, {vSStride, 1});
+      Value moving = k.view(vS,
+                            k.addOffset(k.scale(c->at.unit, vDim),
+                                        kvSlot * kvUnits * vDim + i * vDim),
+                            {keys, vDim}, {vSStride, 1});
       auto mm = b.create<nisa::MatmulOp>(k.loc, stationary, moving, oPs);
       if (i > 0)
         mm.setAccumulate(true);
@@ -988,8 +984,7 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
 
 Value FlexAttentionLowering::psumBank(int64_t bankIdx, int64_t rows,
                                       int64_t cols) {
-  return k.view(psum, k.index(bankIdx * bank), {rows, cols},
-                {psumCols, 1});
+  return k.view(psum, k.index(bankIdx * bank), {rows, cols}, {psumCols, 1});
 }
 
 /// Column i of a [128, n] tile, `rows` rows.
@@ -1031,9 +1026,9 @@ void FlexAttentionLowering::startTile(const Cursor &c) {
       k.addOffsets(k.addOffset(k.scale(c.at.batch, q.strides[0]), q.offset),
                    k.scale(c.at.head, q.strides[1])),
       k.scale(c.at.q0, q.strides[2]));
-  k.dma(k.view(q.buffer, qOffset, {dim, c.at.rows},
-               {q.strides[3], q.strides[2]}),
-        queryT(c, Value()));
+  k.dma(
+      k.view(q.buffer, qOffset, {dim, c.at.rows}, {q.strides[3], q.strides[2]}),
+      queryT(c, Value()));
 }
 
 /// S = Q K^T of the cursor's step into its score bank.
@@ -1056,8 +1051,7 @@ void FlexAttentionLowering::rowMax(const Cursor &c) {
   if (scaleOnExp) {
     for (auto [offset, count] : c.step->keys.partialRuns) {
       int64_t cols = std::min(count * kUnit, width - offset * kUnit);
-      Value part = k.view(psum,
-                          k.index(scoreBankOf(c) * bank + offset * kUnit),
+      Value part = k.view(psum, k.index(scoreBankOf(c) * bank + offset * kUnit),
                           {rows, cols}, {psumCols, 1});
       b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, part,
                                      biasOf(c, offset, cols), part);
@@ -1148,10 +1142,9 @@ Value FlexAttentionLowering::probabilities(const Cursor &c) {
   Value p = k.tile(MemorySpace::sbuf, {rows, c.at.width}, inElt);
   Value ls = column(l, 2 * c.lane + step.set, rows);
   Value sums = step.first ? ls : k.tile(MemorySpace::sbuf, {rows, 1}, f32);
-  b.create<nisa::ActivationOp>(k.loc, expSource(c), p,
-                               negmOf(c.lane, c.parity, rows), Value(), sums,
-                               nisa::ActivationFn::exp,
-                               APFloat(scaleOnExp ? scale : 1.0), APFloat(0.0));
+  b.create<nisa::ActivationOp>(
+      k.loc, expSource(c), p, negmOf(c.lane, c.parity, rows), Value(), sums,
+      nisa::ActivationFn::exp, APFloat(scaleOnExp ? scale : 1.0), APFloat(0.0));
   if (!step.first)
     scalarTensorTensor(ls, column(alpha, 2 * c.lane + c.parity, rows), 0.0,
                        nisa::AluOp::multiply, sums, nisa::AluOp::add, ls,
@@ -1162,11 +1155,11 @@ Value FlexAttentionLowering::probabilities(const Cursor &c) {
 /// alpha = exp(max_old - max_new) rescales what came before this step.
 void FlexAttentionLowering::rescaleFactor(const Cursor &c) {
   int64_t rows = c.at.rows;
-  b.create<nisa::ActivationOp>(
-      k.loc, negmOf(c.lane, 1 - c.parity, rows),
-      column(alpha, 2 * c.lane + c.parity, rows),
-      negmOf(c.lane, c.parity, rows), nisa::ActivationFn::exp, APFloat(-1.0),
-      APFloat(0.0));
+  b.create<nisa::ActivationOp>(k.loc, negmOf(c.lane, 1 - c.parity, rows),
+                               column(alpha, 2 * c.lane + c.parity, rows),
+                               negmOf(c.lane, c.parity, rows),
+                               nisa::ActivationFn::exp, APFloat(-1.0),
+                               APFloat(0.0));
 }
 
 /// out = O / max(l, tiny) (a fully masked row has O = 0 and l = 0) and
@@ -1180,8 +1173,8 @@ void FlexAttentionLowering::finishTile(const Cursor &c) {
   b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::max, ls, lc, Value(),
                                  APFloat(std::numeric_limits<float>::min()),
                                  false, nisa::Engine::gpsimd);
-  Value res = k.view(oOut, k.index(at2 * vDim), {rows, vDim},
-                     {2 * lanes * vDim, 1});
+  Value res =
+      k.view(oOut, k.index(at2 * vDim), {rows, vDim}, {2 * lanes * vDim, 1});
   b.create<nisa::TensorScalarOp>(
       k.loc, nisa::AluOp::divide,
       k.view(o, k.index(at2 * vDim), {rows, vDim}, {2 * lanes * vDim, 1}), res,

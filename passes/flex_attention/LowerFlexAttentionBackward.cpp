@@ -26,11 +26,14 @@
 namespace mlir::neuron::flex {
 
 namespace {
-// PSUM banks of the backward kernel: scores and dP alternate between two
-// banks each; dV and dK accumulate side by side in one; dS^T and a dQ
-// partial get one each; the last flips captured tables (gatherWindow).
-constexpr int64_t kScoreBanks = 0, kDPBanks = 2, kGradKVBank = 4, kDSTBank = 5,
-                  kDQBank = 6, kMiscBank = 7, kBanks = 8;
+// Scores run kAhead steps ahead of the gradients, in kSlots rotating
+// buffers. PSUM banks: the scores' slots in one, dP's in another; dV and dK
+// accumulate side by side in one of two banks, which alternate by key unit;
+// dS^T and dQ partials take two slots each of one bank; the last flips
+// captured tables (gatherWindow).
+constexpr int64_t kAhead = 2, kSlots = kAhead + 1;
+constexpr int64_t kScoreBank = 0, kDPBank = 1, kGradKVBanks[2] = {2, 3},
+                  kTransposeBank = 4, kMiscBank = 7, kBanks = 8;
 } // namespace
 
 /// `len` rows of `width` elements of window `w` from `base` (rows at stride
@@ -150,9 +153,12 @@ LogicalResult FlexAttentionLowering::runBackward() {
   if (vDim > k.target.matmulMaxK)
     return o.emitOpError("value head dims above ")
            << k.target.matmulMaxK << " are not supported in the backward";
-  if (k.target.psumBanks < kBanks || dim + vDim > bank)
+  if (k.target.psumBanks < kBanks || dim + vDim > bank ||
+      2 * (kUnit + dim) > bank || kSlots * kUnit > bank)
     return o.emitOpError("the backward needs ")
-           << kBanks << " PSUM banks and dV and dK side by side in one";
+           << kBanks
+           << " PSUM banks, dV and dK side by side in one, and two dS^T and "
+              "dQ partials in one";
   if (::mlir::failed(planChunks(o)))
     return failure();
   bw.o = k.windowOf(o.getOut());
@@ -183,8 +189,9 @@ LogicalResult FlexAttentionLowering::runBackward() {
   bw.dQ = k.tile(MemorySpace::sbuf, {kUnit, tiles * dim}, f32);
   bw.dK = k.tile(MemorySpace::sbuf, {kUnit, units * dim}, f32);
   bw.dV = k.tile(MemorySpace::sbuf, {kUnit, units * vDim}, f32);
-  bw.pIn = k.tile(MemorySpace::sbuf, {kUnit, 2 * kUnit}, inElt);
-  bw.dSIn = k.tile(MemorySpace::sbuf, {kUnit, 2 * kUnit}, inElt);
+  bw.pIn = k.tile(MemorySpace::sbuf, {kUnit, kSlots * kUnit}, inElt);
+  bw.dSIn = k.tile(MemorySpace::sbuf, {kUnit, kSlots * kUnit}, inElt);
+  bw.dSTIn = k.tile(MemorySpace::sbuf, {kUnit, 2 * kUnit}, inElt);
 
   bool perBatch = blocksShape[0] != 1, perHead = blocksShape[1] != 1;
   for (int64_t bm = 0; bm < blocksShape[0]; ++bm) {
@@ -360,31 +367,43 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
       if (steps.size() > unitStart)
         steps.back().last = true;
     }
+    // A software pipeline over the steps: step i's scores are emitted
+    // kAhead steps ahead of its dV, dK and dS^T, and its dQ one step behind
+    // them, so that no engine waits on the one before it in a step.
     auto scores = [&](size_t i) {
       const BackwardStep &s = steps[i];
-      backwardScores(s.at, s.t, s.u, s.partial, i % 2);
+      backwardScores(s.at, s.t, s.u, s.partial, i % kSlots);
     };
-    if (!steps.empty())
-      scores(0);
-    for (size_t i = 0; i < steps.size(); ++i) {
-      if (i + 1 < steps.size())
-        scores(i + 1);
-      const BackwardStep &s = steps[i];
-      backwardGrads(s.at, s.t, s.u, s.first, i % 2);
-      if (!s.last)
-        continue;
-      // dV and dK of this unit, summed over the query tiles in PSUM, into
-      // the accumulators (which also sum the query heads of the key head).
-      int64_t keys = s.at.width;
-      auto acc = [&](Value tile, int64_t width, int64_t psumCol) {
-        Value dst = k.view(tile, k.index((s.u - bw.u0) * width), {keys, width},
-                           {bw.kvCapUnits * width, 1});
-        Value src = k.view(psum, k.index(kGradKVBank * bank + psumCol),
-                           {keys, width}, {psumCols, 1});
-        b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, dst, src, dst);
-      };
-      acc(bw.dV, vDim, 0);
-      acc(bw.dK, dim, vDim);
+    for (size_t i = 0; i < std::min<size_t>(kAhead, steps.size()); ++i)
+      scores(i);
+    for (size_t i = 0; i <= steps.size(); ++i) {
+      if (i + kAhead < steps.size())
+        scores(i + kAhead);
+      if (i < steps.size()) {
+        const BackwardStep &s = steps[i];
+        int64_t kvBank = kGradKVBanks[s.u % 2];
+        backwardGrads(s.at, s.t, s.u, s.first, i % kSlots, i % 2, kvBank);
+        if (s.last) {
+          // dV and dK of this unit, summed over the query tiles in PSUM,
+          // into the accumulators (which also sum the query heads of the
+          // key head).
+          int64_t keys = s.at.width;
+          auto acc = [&](Value tile, int64_t width, int64_t psumCol) {
+            Value dst = k.view(tile, k.index((s.u - bw.u0) * width),
+                               {keys, width}, {bw.kvCapUnits * width, 1});
+            Value src = k.view(psum, k.index(kvBank * bank + psumCol),
+                               {keys, width}, {psumCols, 1});
+            b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, dst, src,
+                                           dst);
+          };
+          acc(bw.dV, vDim, 0);
+          acc(bw.dK, dim, vDim);
+        }
+      }
+      if (i > 0) {
+        const BackwardStep &s = steps[i - 1];
+        backwardDQ(s.at, s.t, s.u, (i - 1) % 2);
+      }
     }
     if (kvChunk == lastChunk) {
       ArrayRef<int64_t> qStrides = bw.dqStrides;
@@ -401,13 +420,13 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
 }
 
 /// Query tile t against key unit u, first half: P recomputed and dS (into
-/// this parity's pIn and dSIn).
+/// this slot's pIn and dSIn).
 void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
-                                           bool partial, int64_t parity) {
+                                           bool partial, int64_t slotIdx) {
   KernelLowering::TileScope scope(k);
   int64_t rows = at.rows, keys = at.width;
-  auto bankView = [&](int64_t bankIdx, int64_t r, int64_t c) {
-    return k.view(psum, k.index(bankIdx * bank), {r, c}, {psumCols, 1});
+  auto bankView = [&](int64_t bankIdx, int64_t col, int64_t r, int64_t c) {
+    return k.view(psum, k.index(bankIdx * bank + col), {r, c}, {psumCols, 1});
   };
   auto full = [&](Value tile) {
     Operand v;
@@ -423,18 +442,25 @@ void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
     return materialize(*r, at, true);
   };
   auto slot = [&](Value tile) {
-    return k.view(tile, k.index(parity * kUnit), {rows, keys}, {2 * kUnit, 1});
+    return k.view(tile, k.index(slotIdx * kUnit), {rows, keys},
+                  {kSlots * kUnit, 1});
   };
   // S = Q K^T, scaled; score_mod; the mask.
-  Value s = bankView(kScoreBanks + parity, rows, keys);
+  Value s = bankView(kScoreBank, slotIdx * kUnit, rows, keys);
   int64_t tl = t - bw.t0, ul = u - bw.u0; // in the chunks in SBUF
   b.create<nisa::MatmulOp>(
       k.loc, k.view(bw.qT, k.index(tl * kUnit), {dim, rows}, {bw.qCap, 1}),
       k.view(bw.kT, k.index(ul * kUnit), {dim, keys}, {bw.kvCap, 1}), s);
-  Value sc = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
-  b.create<nisa::ActivationOp>(k.loc, s, sc, Value(),
-                               nisa::ActivationFn::identity, APFloat(scale),
-                               APFloat(0.0));
+  // Plain scores of a full unit go from PSUM straight into exp, which
+  // applies the scale; anything else reads them scaled, in SBUF.
+  bool expFromPsum = plainScores && bw.plainScoreGrad && !partial;
+  Value sc = s;
+  if (!expFromPsum) {
+    sc = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
+    b.create<nisa::ActivationOp>(k.loc, s, sc, Value(),
+                                 nisa::ActivationFn::identity, APFloat(scale),
+                                 APFloat(0.0));
+  }
   Value scores = sc;
   if (!plainScores) {
     SmallVector<Operand> args{full(sc)};
@@ -461,17 +487,20 @@ void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
   b.create<nisa::ActivationOp>(
       k.loc, scores, p,
       k.view(bw.negLse, k.index(tl), {rows, 1}, {bw.qCapTiles, 1}),
-      nisa::ActivationFn::exp, APFloat(1.0), APFloat(0.0));
+      nisa::ActivationFn::exp, APFloat(expFromPsum ? scale : 1.0),
+      APFloat(0.0));
   if (!f32Inputs)
     b.create<nisa::CopyOp>(k.loc, p, slot(bw.pIn), nisa::Engine::gpsimd);
   // dP = dO V^T; dS = P * (dP - delta), then through score_mod's gradient.
-  Value dP = bankView(kDPBanks + parity, rows, keys);
+  Value dP = bankView(kDPBank, slotIdx * kUnit, rows, keys);
   b.create<nisa::MatmulOp>(
       k.loc, k.view(bw.doT, k.index(tl * kUnit), {vDim, rows}, {bw.qCap, 1}),
       k.view(bw.vT, k.index(ul * kUnit), {vDim, keys}, {bw.kvCap, 1}), dP);
-  bool direct = f32Inputs && bw.plainScoreGrad;
+  // Without score_mod's gradient, dS is only a matmul input: stored (and
+  // rounded) straight into its slot.
+  bool dSInPlace = bw.plainScoreGrad;
   Value dS =
-      direct ? slot(bw.dSIn) : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
+      dSInPlace ? slot(bw.dSIn) : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
   b.create<nisa::ScalarTensorTensorOp>(
       k.loc, nisa::AluOp::subtract, nisa::AluOp::multiply, dP, p, dS,
       k.view(bw.delta, k.index(tl), {rows, 1}, {bw.qCapTiles, 1}), APFloat(0.0),
@@ -485,45 +514,62 @@ void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
     if (!dS)
       return;
   }
-  if (!direct)
+  if (!dSInPlace)
     b.create<nisa::CopyOp>(k.loc, dS, slot(bw.dSIn), nisa::Engine::gpsimd);
 }
 
 /// Query tile t against key unit u, second half: its share of dV and dK
-/// (summed in PSUM; `first`: the unit's first step) and of dQ.
+/// (summed in PSUM bank `kvBank`; `first`: the unit's first step), and dS^T
+/// for its dQ.
 void FlexAttentionLowering::backwardGrads(const Step &at, int64_t t, int64_t u,
-                                          bool first, int64_t parity) {
+                                          bool first, int64_t slotIdx,
+                                          int64_t parity, int64_t kvBank) {
   KernelLowering::TileScope scope(k);
   int64_t rows = at.rows, keys = at.width;
-  auto bankView = [&](int64_t bankIdx, int64_t col, int64_t r, int64_t c) {
-    return k.view(psum, k.index(bankIdx * bank + col), {r, c}, {psumCols, 1});
-  };
   auto slot = [&](Value tile) {
-    return k.view(tile, k.index(parity * kUnit), {rows, keys}, {2 * kUnit, 1});
+    return k.view(tile, k.index(slotIdx * kUnit), {rows, keys},
+                  {kSlots * kUnit, 1});
   };
-  int64_t tl = t - bw.t0, ul = u - bw.u0; // in the chunks in SBUF
+  int64_t tl = t - bw.t0; // in the chunk in SBUF
   auto rowsOf = [&](Value tile, int64_t width) {
     return k.view(tile, k.index(tl * width), {rows, width},
                   {bw.qCapTiles * width, 1});
   };
+  auto bankView = [&](int64_t col, int64_t r, int64_t c) {
+    return k.view(psum, k.index(kvBank * bank + col), {r, c}, {psumCols, 1});
+  };
   Value pIn = slot(bw.pIn), dSIn = slot(bw.dSIn);
   auto dv = b.create<nisa::MatmulOp>(k.loc, pIn, rowsOf(bw.doRows, vDim),
-                                     bankView(kGradKVBank, 0, keys, vDim));
+                                     bankView(0, keys, vDim));
   auto dk = b.create<nisa::MatmulOp>(k.loc, dSIn, rowsOf(bw.qRows, dim),
-                                     bankView(kGradKVBank, vDim, keys, dim));
+                                     bankView(vDim, keys, dim));
   dv.setAccumulate(!first);
   dk.setAccumulate(!first);
-  // dQ += dS K: dS^T by a TensorE transpose.
-  Value dST = bankView(kDSTBank, 0, keys, rows);
+  // dS^T by a TensorE transpose, into this parity's dSTIn.
+  Value dST = k.view(psum, k.index(kTransposeBank * bank + parity * kUnit),
+                     {keys, rows}, {psumCols, 1});
   b.create<nisa::MatmulOp>(
       k.loc, dSIn, k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}), dST);
-  Value dSTIn = k.tile(MemorySpace::sbuf, {keys, rows}, inElt);
-  b.create<nisa::CopyOp>(k.loc, dST, dSTIn, nisa::Engine::scalar);
-  Value dQPart = bankView(kDQBank, 0, rows, dim);
-  b.create<nisa::MatmulOp>(k.loc, dSTIn,
-                           k.view(bw.kRows, k.index(ul * dim), {keys, dim},
-                                  {bw.kvCapUnits * dim, 1}),
-                           dQPart);
+  b.create<nisa::CopyOp>(
+      k.loc, dST,
+      k.view(bw.dSTIn, k.index(parity * kUnit), {keys, rows}, {2 * kUnit, 1}),
+      nisa::Engine::scalar);
+}
+
+/// Query tile t against key unit u, last: dQ += dS K.
+void FlexAttentionLowering::backwardDQ(const Step &at, int64_t t, int64_t u,
+                                       int64_t parity) {
+  int64_t rows = at.rows, keys = at.width;
+  int64_t tl = t - bw.t0, ul = u - bw.u0; // in the chunks in SBUF
+  Value dQPart =
+      k.view(psum, k.index(kTransposeBank * bank + 2 * kUnit + parity * dim),
+             {rows, dim}, {psumCols, 1});
+  b.create<nisa::MatmulOp>(
+      k.loc,
+      k.view(bw.dSTIn, k.index(parity * kUnit), {keys, rows}, {2 * kUnit, 1}),
+      k.view(bw.kRows, k.index(ul * dim), {keys, dim},
+             {bw.kvCapUnits * dim, 1}),
+      dQPart);
   Value dQ =
       k.view(bw.dQ, k.index(tl * dim), {rows, dim}, {bw.qCapTiles * dim, 1});
   b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, dQ, dQPart, dQ);

@@ -18,30 +18,40 @@
 // CHECK: nisa.tensor_reduce add
 // CHECK: nisa.tensor_tensor multiply
 // CHECK: nisa.tensor_reduce add
-// Steps run scores one step ahead of gradients. Step 0 (key unit 0, query
-// tile 0: partial): S, the mask, P, dP, dS = P (dP - delta).
+// Steps run scores two steps ahead of their gradients, and dQ one step
+// behind those. Step 0 (key unit 0, query tile 0: partial): S, scaled into
+// SBUF for the mask, P, dP, dS = P (dP - delta).
 // CHECK: nisa.matmul
+// CHECK: nisa.activation identity
 // CHECK: nisa.select
 // CHECK: nisa.activation exp
 // CHECK: nisa.matmul
 // CHECK: nisa.scalar_tensor_tensor subtract, multiply
-// Step 1 (key unit 0, query tile 1: full, no mask) before step 0's gradients.
+// Step 1 (key unit 0, query tile 1: full, no mask): exp reads S from PSUM
+// and applies the scale itself.
+// CHECK: nisa.matmul
 // CHECK-NOT: nisa.select
-// CHECK: nisa.activation exp
+// CHECK-NOT: nisa.activation identity
+// CHECK: nisa.activation exp {{.*}} {scale = 1.250000e-01
+// CHECK: nisa.scalar_tensor_tensor subtract, multiply
+// Step 2 (key unit 1, query tile 1: partial) before step 0's gradients.
+// CHECK: nisa.select
 // CHECK: nisa.scalar_tensor_tensor subtract, multiply
 // Step 0's gradients: dV and dK start their PSUM sums (no accumulate), then
-// dS^T and dQ.
+// dS^T, copied for its dQ.
 // CHECK-NOT: accumulate
 // CHECK: nisa.copy
-// Step 2's scores (key unit 1, query tile 1: partial), then step 1's
-// gradients: dV and dK accumulate.
-// CHECK: nisa.select
+// Step 1's gradients: dV and dK accumulate; then step 0's dQ.
 // CHECK: nisa.matmul {{.*}}accumulate
 // CHECK: nisa.matmul {{.*}}accumulate
 // CHECK: nisa.copy
-// Step 2's gradients start key unit 1's sums.
+// CHECK: nisa.matmul
+// Step 2's gradients start key unit 1's sums; then the dQ of steps 1 and 2.
 // CHECK-NOT: accumulate
 // CHECK: nisa.copy
+// CHECK-COUNT-2: nisa.matmul
+// CHECK-NOT: accumulate
+
 func.func @causal_backward(%q: tensor<1x1x256x64xf32>, %k: tensor<1x1x256x64xf32>, %v: tensor<1x1x256x64xf32>, %o: tensor<1x1x256x64xf32>, %l: tensor<1x1x256xf32>, %go: tensor<1x1x256x64xf32>) -> (tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32>) {
   %dq, %dk, %dv = neuron.flex_attention_backward %q, %k, %v, %o, %l, %go {block_size = array<i64: 128, 128>, blocks = dense<[[[[1, 0], [2, 1]]]]> : tensor<1x1x2x2xi8>, scale = 1.250000e-01 : f64} : tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32>, tensor<1x1x256xf32>, tensor<1x1x256x64xf32> -> tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32>
     score_mod {
