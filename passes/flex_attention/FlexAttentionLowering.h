@@ -71,6 +71,7 @@ private:
   struct Step {
     Value batch, head; // query head
     Value q0;          // first query row
+    Value qTile;       // its query tile (forward kernel)
     Value unit;        // first key unit (128 keys)
     int64_t rows = 0, width = 0;
   };
@@ -175,6 +176,8 @@ private:
   Value probabilities(const Cursor &c);
   void rescaleFactor(const Cursor &c);
   void finishTile(const Cursor &c);
+  void storeLseParts(const Step &at, Value sums, Value negMax);
+  void finishLse(const Step &head);
 
   // Per-lane buffers.
   Value psumBank(int64_t bank, int64_t rows, int64_t cols);
@@ -234,10 +237,11 @@ private:
   int64_t miscBank = 0;
   DenseMap<int64_t, Value> antiIdentity;
   Value ident, negInf, zeros, negmInit;
-  Value negm, alpha;         // [128, lanes x 2 parities]
-  Value l, o, oOut, lseTile; // per lane x 2 sets
-  Value expSrc;              // [128, lanes x 2 parities x bank]
-  Value maskBiases;          // [128, lanes x 2 parities x bank]
+  Value negm, alpha;        // [128, lanes x 2 parities]
+  Value l, o, oOut;         // per lane x 2 sets
+  Value lseSums, lseNegMax; // [128, query tiles] of the head, for its lse
+  Value expSrc;             // [128, lanes x 2 parities x bank]
+  Value maskBiases;         // [128, lanes x 2 parities x bank]
   // K^T [dim, slots x keys], V [128, slots x units x vDim] and, when
   // `qResident`, Q^T of the key head's query heads [dim, slots x group x
   // queries].

@@ -623,7 +623,13 @@ LogicalResult FlexAttentionLowering::run() {
   negm = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
   alpha = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
   l = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
-  lseTile = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
+  if (lse) {
+    // Each query tile of a head leaves its row sums and -max here; their
+    // logs are taken once per head (finishLse): ScalarE would otherwise
+    // switch activation tables (exp, log, exp) for every query tile.
+    lseSums = k.tile(MemorySpace::sbuf, {kUnit, qTiles}, f32);
+    lseNegMax = k.tile(MemorySpace::sbuf, {kUnit, qTiles}, f32);
+  }
   o = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * vDim}, f32);
   oOut = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * vDim}, inElt);
   expSrc = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * bank}, f32);
@@ -776,6 +782,7 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
     SmallVector<Lane> streams = laneStreams(unitKinds(bm, hm), empty);
     for (int64_t t : empty) {
       Step at = head;
+      at.qTile = k.index(t);
       at.q0 = k.index(t * kUnit);
       at.rows = std::min(kUnit, qLen - t * kUnit);
       emptyTile(at);
@@ -807,7 +814,7 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
       Period period = periodAt(streams, r, rounds);
       if (period.count) {
         k.forEach(period.count, [&](Value m) {
-          emitRounds(r, r + period.rounds, k.scale(m, period.tiles * kUnit));
+          emitRounds(r, r + period.rounds, k.scale(m, period.tiles));
         });
         r += period.count * period.rounds;
         continue;
@@ -818,6 +825,8 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
       emitRounds(r, r + len, Value());
       r += len;
     }
+    if (lse)
+      finishLse(head);
   };
   kvSlot = slot;
   if (!perHead) {
@@ -842,20 +851,17 @@ void FlexAttentionLowering::emptyTile(const Step &at) {
   k.dma(zeros, k.view(out, outOffset, {at.rows, vDim}, {outStrides[2], 1}));
   if (!lse)
     return;
-  Value ninf = k.tile(MemorySpace::sbuf, {at.rows, 1}, f32);
-  b.create<nisa::MemsetOp>(k.loc, ninf,
-                           APFloat(-std::numeric_limits<float>::infinity()));
-  Value lseOffset = k.addOffsets(k.addOffsets(k.scale(at.batch, lseStrides[0]),
-                                              k.scale(at.head, lseStrides[1])),
-                                 at.q0);
-  k.dma(ninf, k.view(lse, lseOffset, {at.rows, 1}, {1, 1}));
+  // Row sum 0 and -max 0: lse = log(0) - 0 = -inf.
+  Value zero = k.tile(MemorySpace::sbuf, {at.rows, 1}, f32);
+  b.create<nisa::MemsetOp>(k.loc, zero, APFloat(0.0));
+  storeLseParts(at, zero, zero);
 }
 
 /// Round r of a query head: every lane's scores and -max of step r + 1,
 /// then its step r: P, P^T, O += P V, and the query tile's output after its
 /// last step. Stages run lane by lane so the engines overlap the lanes.
 /// In a loop (`affine`), round r is the template and `rIdx` the round;
-/// `qShift` (rows) moves every query tile (in a loop over periods).
+/// `qShift` (query tiles) moves every query tile (in a loop over periods).
 void FlexAttentionLowering::round(const Step &head, Value qTHead,
                                   ArrayRef<Lane> streams, int64_t r, Value rIdx,
                                   int64_t parity, Value qShift, bool affine) {
@@ -866,9 +872,12 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
       return std::nullopt;
     const LaneStep &step = streams[lane][s];
     Cursor c{lane, &step, head, par};
+    c.at.qTile = k.index(step.q);
     c.at.q0 = k.index(step.q * kUnit);
-    if (qShift)
-      c.at.q0 = k.addOffsets(c.at.q0, qShift);
+    if (qShift) {
+      c.at.qTile = k.addOffsets(c.at.qTile, qShift);
+      c.at.q0 = k.scale(c.at.qTile, kUnit);
+    }
     c.at.rows = rowsOf(step.q);
     c.at.width = step.keys.width;
     c.at.unit =
@@ -1183,18 +1192,44 @@ void FlexAttentionLowering::finishTile(const Cursor &c) {
                                               k.scale(at.head, outStrides[1])),
                                  k.scale(at.q0, outStrides[2]));
   k.dma(res, k.view(out, outOffset, {rows, vDim}, {outStrides[2], 1}));
-  if (!lse)
-    return;
-  Value lt = column(lseTile, at2, rows);
-  b.create<nisa::ActivationOp>(k.loc, ls, lt, Value(), nisa::ActivationFn::log,
-                               APFloat(1.0), APFloat(0.0));
-  b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::subtract, lt,
-                                 negmOf(c.lane, c.parity, rows), lt,
-                                 nisa::Engine::gpsimd);
-  Value lseOffset = k.addOffsets(k.addOffsets(k.scale(at.batch, lseStrides[0]),
-                                              k.scale(at.head, lseStrides[1])),
-                                 at.q0);
-  k.dma(lt, k.view(lse, lseOffset, {rows, 1}, {1, 1}));
+  if (lse)
+    storeLseParts(at, ls, negmOf(c.lane, c.parity, rows));
+}
+
+/// A query tile's row sums and -max into column at.qTile of lseSums and
+/// lseNegMax.
+void FlexAttentionLowering::storeLseParts(const Step &at, Value sums,
+                                          Value negMax) {
+  auto col = [&](Value t) {
+    return k.view(t, at.qTile, {at.rows, 1}, {qTiles, 1});
+  };
+  b.create<nisa::CopyOp>(k.loc, sums, col(lseSums), nisa::Engine::gpsimd);
+  b.create<nisa::CopyOp>(k.loc, negMax, col(lseNegMax), nisa::Engine::gpsimd);
+}
+
+/// lse = log(row sum) - (-max) of every query of a head: one ScalarE table
+/// load for the whole head. Query q is row q % 128 of column q / 128.
+void FlexAttentionLowering::finishLse(const Step &head) {
+  Value lseBase = k.addOffsets(k.scale(head.batch, lseStrides[0]),
+                               k.scale(head.head, lseStrides[1]));
+  int64_t full = qLen / kUnit, rest = qLen % kUnit;
+  auto block = [&](int64_t col, int64_t rows, int64_t cols) {
+    auto sbuf = [&](Value t) {
+      return k.view(t, k.index(col), {rows, cols}, {qTiles, 1});
+    };
+    b.create<nisa::ActivationOp>(k.loc, sbuf(lseSums), sbuf(lseSums), Value(),
+                                 nisa::ActivationFn::log, APFloat(1.0),
+                                 APFloat(0.0));
+    b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::subtract, sbuf(lseSums),
+                                   sbuf(lseNegMax), sbuf(lseSums),
+                                   nisa::Engine::gpsimd);
+    k.dma(sbuf(lseSums), k.view(lse, k.addOffset(lseBase, col * kUnit),
+                                {rows, cols}, {1, kUnit}));
+  };
+  if (full)
+    block(0, kUnit, full);
+  if (rest)
+    block(full, rest, 1);
 }
 
 /// dst = (a op0 s) op1 other, s a column or an immediate.

@@ -132,6 +132,7 @@ def build_graph(
     for name in result.device_submodules:
         sub = work.get_submodule(name)
         assert isinstance(sub, torch.fx.GraphModule)
+        output_map = _dedupe_outputs(sub)
         try:
             doc = fx_json.serialize_graph(sub, name=f"graph_{next(_graph_ids)}")
         except fx_json.UnsupportedNodeError as e:
@@ -141,7 +142,7 @@ def build_graph(
             ) from e
         kernel = _compile_document(doc, target, dump)
         returns_tuple = isinstance(sub.graph.output_node().args[0], (tuple, list))
-        setattr(work, name, DeviceKernel(kernel, doc["name"], returns_tuple))
+        setattr(work, name, DeviceKernel(kernel, doc["name"], returns_tuple, output_map))
     _report_fallback(result.fallback)
     STATS.record_compile(
         graphs=len(result.device_submodules),
@@ -150,6 +151,41 @@ def build_graph(
         seconds=time.perf_counter() - start,
     )
     return work
+
+
+def _dedupe_outputs(sub: torch.fx.GraphModule) -> list[int] | None:
+    """Make a region return each of its values once: a value returned twice, directly or
+    through ``aten.alias`` (aot_autograd's forward returns an alias of each output it also
+    saves for the backward), would otherwise be written into two buffers, one more full copy
+    on the device. Returns, per original output, its index among the kept ones; None when
+    nothing repeats."""
+
+    def root(value: Any) -> Any:
+        while isinstance(value, torch.fx.Node) and value.target is torch.ops.aten.alias.default:
+            value = value.args[0]
+        return value
+
+    output = sub.graph.output_node()
+    values = output.args[0]
+    if not isinstance(values, (tuple, list)):
+        return None
+    kept: list[Any] = []
+    first: dict[torch.fx.Node, int] = {}
+    index: list[int] = []
+    for value in values:
+        base = root(value)
+        if isinstance(base, torch.fx.Node) and base in first:
+            index.append(first[base])
+            continue
+        if isinstance(base, torch.fx.Node):
+            first[base] = len(kept)
+        index.append(len(kept))
+        kept.append(value)
+    if len(kept) == len(values):
+        return None
+    output.args = (tuple(kept),)
+    sub.recompile()
+    return index
 
 
 class SpecializingGraph:

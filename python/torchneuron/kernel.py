@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import torch
 
@@ -24,11 +25,19 @@ class DeviceKernel(torch.nn.Module):
     Inputs are made contiguous (and kept alive for the call); outputs are allocated here with
     the kernel's output specs and filled by ``kernel.run``."""
 
-    def __init__(self, kernel: Kernel, name: str, returns_tuple: bool) -> None:
+    def __init__(
+        self,
+        kernel: Kernel,
+        name: str,
+        returns_tuple: bool,
+        output_map: Sequence[int] | None = None,
+    ) -> None:
         super().__init__()
         self.kernel = kernel
         self.graph_name = name
         self.returns_tuple = returns_tuple
+        # The graph's outputs by kernel output: a value the graph returns twice is one output.
+        self.output_map = list(output_map) if output_map is not None else None
         self.input_specs = [(dtype_from_name(d), tuple(s)) for d, s in kernel.input_specs]
         self.output_specs = [(dtype_from_name(d), list(s)) for d, s in kernel.output_specs]
         if not returns_tuple and len(self.output_specs) != 1:
@@ -60,6 +69,8 @@ class DeviceKernel(torch.nn.Module):
             self.kernel.run([_buffer(t) for t in inputs], [_buffer(t) for t in outputs])
         STATS.record_kernel_run()
         record_run(self.kernel, self.graph_name)
+        if self.output_map is not None:
+            outputs = [outputs[i] for i in self.output_map]
         return tuple(outputs) if self.returns_tuple else outputs[0]
 
     def extra_repr(self) -> str:

@@ -492,3 +492,21 @@ def test_import_has_no_side_effects() -> None:
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+
+
+def test_a_value_returned_twice_is_written_once(compile_calls: list[CompileCall]) -> None:
+    # exp saves its result for the backward: aot_autograd's forward graph returns that tensor
+    # both as the output and as a saved value. The kernel writes it into one buffer and the
+    # graph returns it in both places.
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(x * 0.5)
+
+    x = torch.randn(8, 16)
+    leaf = x.clone().requires_grad_()
+    out = torch.compile(fn, backend=neuron_backend)(leaf)
+    out.sum().backward()
+    torch.testing.assert_close(out, fn(x), **F32)
+    assert leaf.grad is not None
+    torch.testing.assert_close(leaf.grad, 0.5 * fn(x), **F32)
+    forward = compile_calls[0].document
+    assert len(forward["outputs"]) == 1, forward["outputs"]

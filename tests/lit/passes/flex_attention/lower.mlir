@@ -95,3 +95,29 @@ func.func @heads_inner(%q: tensor<1x2x256x64xf32>, %k: tensor<1x2x256x64xf32>, %
   %t = neuron.transpose %o, [0, 2, 1, 3] : tensor<1x2x256x64xf32> -> tensor<1x256x2x64xf32>
   return %t : tensor<1x256x2x64xf32>
 }
+
+// With the log-sum-exp returned, each query tile leaves its row sums and
+// -max in SBUF columns; the head's logs are taken once, after its last tile
+// (one ScalarE table load instead of two per tile), and stored in one DMA.
+// CHECK-LABEL: func.func @with_lse
+// CHECK-NOT: nisa.activation log
+// CHECK-COUNT-2: nisa.copy {{.*}} : memref<128x1xf32, strided<[6, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x1xf32, strided<[2, 1], offset: ?>
+// CHECK-NOT: nisa.activation log
+// CHECK-COUNT-2: nisa.copy {{.*}} : memref<128x1xf32, strided<[6, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x1xf32, strided<[2, 1], offset: ?>
+// CHECK: nisa.activation log {{.*}}: memref<128x2xf32
+// CHECK: nisa.tensor_tensor subtract
+// CHECK: nisa.dma_copy {{.*}} : memref<128x2xf32, strided<[2, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x2xf32, strided<[1, 128], offset: ?>>
+// CHECK-NOT: nisa.activation log
+// CHECK: return
+func.func @with_lse(%q: tensor<1x1x256x64xf32>, %k: tensor<1x1x256x64xf32>, %v: tensor<1x1x256x64xf32>) -> (tensor<1x1x256x64xf32>, tensor<1x1x256xf32>) {
+  %o, %l = neuron.flex_attention %q, %k, %v {block_size = array<i64: 128, 128>, blocks = dense<[[[[1, 0], [2, 1]]]]> : tensor<1x1x2x2xi8>, scale = 1.250000e-01 : f64} : tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32>, tensor<1x1x256x64xf32> -> tensor<1x1x256x64xf32>, tensor<1x1x256xf32>
+    score_mod {
+    ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      neuron.yield %s : tensor<f32>
+    } mask_mod {
+    ^bb0(%bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      %m = neuron.binary ge %qi, %kvi : tensor<i32>, tensor<i32> -> tensor<i1>
+      neuron.yield %m : tensor<i1>
+    }
+  return %o, %l : tensor<1x1x256x64xf32>, tensor<1x1x256xf32>
+}
