@@ -9,8 +9,8 @@
 //    accumulator (summed over key chunks through HBM when there are
 //    several);
 //  - per key unit (128 keys), over the query tiles its blocks keep:
-//    S = Q K^T recomputed (one step ahead of the gradients), score_mod and
-//    the mask as in the forward,
+//    S = Q K^T recomputed (two steps ahead of the gradients, which run one
+//    step ahead of dQ), score_mod and the mask as in the forward,
 //    P = exp(S - lse); dV += P^T dO and dK += dS^T Q accumulate in PSUM
 //    across the query tiles, dS = score_grad(P * (dO V^T - delta)), and
 //    dQ += dS K through a TensorE transpose of dS.

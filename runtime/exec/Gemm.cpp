@@ -191,6 +191,4 @@ void matmulBf16(const StridedMatrix<uint16_t> &a,
 #endif
 }
 
-bool hasBf16DotProduct() { return NEURON_HAS_BF16_DOT; }
-
 } // namespace neuron::runtime

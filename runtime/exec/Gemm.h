@@ -39,9 +39,6 @@ void matmulBf16(const StridedMatrix<uint16_t> &a,
                 const StridedMatrix<uint16_t> &b, float *out, int64_t ldOut,
                 bool accumulate, int64_t begin, int64_t end);
 
-/// True when matmulBf16 can use bf16 dot product instructions.
-bool hasBf16DotProduct();
-
 } // namespace neuron::runtime
 
 #endif // NEURON_RUNTIME_EXEC_GEMM_H
