@@ -148,6 +148,42 @@ bool isInjective(const std::vector<int64_t> &shape,
   return true;
 }
 
+bool sameView(const View &a, const View &b) {
+  return a.buffer == b.buffer && a.offset.constant == b.offset.constant &&
+         a.offset.terms == b.offset.terms && a.shape == b.shape &&
+         a.strides == b.strides;
+}
+
+/// True when an instruction computing each row of its outputs from the same
+/// row of its inputs may run its rows in any order: every output is
+/// injective, in a buffer of its own, and each input either lives elsewhere
+/// or is that very output (in place).
+bool rowsIndependent(
+    std::initializer_list<const std::optional<View> *> reads,
+    std::initializer_list<const std::optional<View> *> writes) {
+  std::vector<const View *> outputs;
+  for (const std::optional<View> *w : writes) {
+    if (!*w)
+      continue;
+    if ((*w)->shape.empty() || !isInjective((*w)->shape, (*w)->strides))
+      return false;
+    for (const View *other : outputs)
+      if (other->buffer == (*w)->buffer)
+        return false;
+    outputs.push_back(&**w);
+  }
+  for (const std::optional<View> *r : reads) {
+    if (!*r)
+      continue;
+    if ((*r)->shape.empty())
+      return false;
+    for (const View *w : outputs)
+      if (w->buffer == (*r)->buffer && !sameView(*w, **r))
+        return false;
+  }
+  return true;
+}
+
 /// Calls fn(elementOffset, innerStride, innerCount, linearIndex) for each
 /// innermost run of `pattern`, in row-major order.
 template <typename Fn>
@@ -666,6 +702,9 @@ struct CompiledInst {
   // dma_copy / copy between two buffers into distinct elements: the order in
   // which elements move does not matter.
   bool orderFree = false;
+  // activation: its rows can be computed in any order (outputs are written
+  // in place or to buffers it does not read, into distinct elements).
+  bool rowSplittable = false;
   // iota, rand: its offset over loop slots (zero without one).
   int64_t offsetConstant = 0;
   std::vector<std::pair<int32_t, int64_t>> offsetTerms;
@@ -729,6 +768,25 @@ struct Executor::Impl {
   void store(const CompiledView &view, const float *in) {
     storeView(view.dtype, view.pattern, bases[view.buffer], offsetOf(view), in);
   }
+  /// load / store of rows [r0, r1) of a view (dim 0: its rows).
+  void loadRows(const CompiledView &view, int64_t r0, int64_t r1, float *out) {
+    if (r0 == 0 && r1 == view.rows)
+      return load(view, out);
+    loadView(view.dtype, rowPattern(view, r1 - r0), bases[view.buffer],
+             offsetOf(view) + r0 * view.strides[0], out);
+  }
+  void storeRows(const CompiledView &view, int64_t r0, int64_t r1,
+                 const float *in) {
+    if (r0 == 0 && r1 == view.rows)
+      return store(view, in);
+    storeView(view.dtype, rowPattern(view, r1 - r0), bases[view.buffer],
+              offsetOf(view) + r0 * view.strides[0], in);
+  }
+  static Pattern rowPattern(const CompiledView &view, int64_t rows) {
+    std::vector<int64_t> shape = view.shape;
+    shape[0] = rows;
+    return collapse(shape, view.strides);
+  }
 
   void execCopy(const CompiledInst &inst);
   void copyRuns(const CompiledInst &inst, const PairPattern &pattern,
@@ -736,6 +794,7 @@ struct Executor::Impl {
   void execGather(const CompiledInst &inst);
   void execMatmul(const CompiledInst &inst);
   void execActivation(const CompiledInst &inst);
+  void activationRows(const CompiledInst &inst, int64_t r0, int64_t r1);
   void execTensorTensor(const CompiledInst &inst);
   void execScalarTensorTensor(const CompiledInst &inst);
   void execTensorScalar(const CompiledInst &inst);
@@ -851,6 +910,10 @@ void Executor::Impl::compileNodes(const std::vector<Node> &body,
       if (compiled.orderFree)
         moveContiguousDimInward(compiled.copyPattern);
     }
+    if (inst.op == Opcode::Activation)
+      compiled.rowSplittable =
+          rowsIndependent({&inst.src, &inst.bias, &inst.scaleCol},
+                          {&inst.dst, &inst.reduceRes});
 
     compiled.name = "instruction #" + std::to_string(insts.size() + 1) + " (" +
                     opcodeName(inst.op);
@@ -1185,38 +1248,58 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
 // partition p's results, taken before they are rounded to dst's dtype.
 void Executor::Impl::execActivation(const CompiledInst &inst) {
   const CompiledView &src = inst.views[RoleSrc];
+  constexpr int64_t kMinSplitElements = 64 << 10;
+  if (!inst.rowSplittable || src.numElements < kMinSplitElements) {
+    activationRows(inst, 0, src.rows);
+    return;
+  }
+  // Every row is computed on its own: the rows are split between threads.
+  int64_t chunks = std::min<int64_t>(pool.threads(), src.rows);
+  int64_t per = (src.rows + chunks - 1) / chunks;
+  pool.run(chunks, [&](int64_t chunk) {
+    int64_t r0 = chunk * per;
+    if (r0 < src.rows)
+      activationRows(inst, r0, std::min(src.rows, r0 + per));
+  });
+}
+
+// Rows [r0, r1) of an activation; each row uses its own slice of scratch.
+void Executor::Impl::activationRows(const CompiledInst &inst, int64_t r0,
+                                    int64_t r1) {
+  const CompiledView &src = inst.views[RoleSrc];
   const CompiledView &bias = inst.views[RoleBias];
   const CompiledView &scaleCol = inst.views[RoleScaleCol];
   const CompiledView &reduceRes = inst.views[RoleReduceRes];
-  float *x = scratch[0].data();
-  load(src, x);
-  Eigen::Map<RowArray> tile(x, src.rows, src.cols);
+  int64_t rows = r1 - r0;
+  float *x = scratch[0].data() + r0 * src.cols;
+  loadRows(src, r0, r1, x);
+  Eigen::Map<RowArray> tile(x, rows, src.cols);
   float scale = static_cast<float>(inst.attrs.scale);
   float biasImm = static_cast<float>(inst.attrs.biasImm);
   if (scaleCol.present) {
-    float *s = scratch[2].data();
-    load(scaleCol, s);
-    MapA scales(s, src.rows);
+    float *s = scratch[2].data() + r0;
+    loadRows(scaleCol, r0, r1, s);
+    MapA scales(s, rows);
     scales *= scale;
     tile.colwise() *= scales;
     scale = 1.0f; // applied
   }
   if (bias.present) {
-    float *b = scratch[1].data();
-    load(bias, b);
-    MapA biasColumn(b, src.rows);
+    float *b = scratch[1].data() + r0;
+    loadRows(bias, r0, r1, b);
+    MapA biasColumn(b, rows);
     biasColumn += biasImm;
     tile *= scale;
     tile.colwise() += biasColumn;
   } else if (scale != 1.0f || biasImm != 0.0f) {
     tile = tile * scale + biasImm;
   }
-  applyActivation(inst.attrs.func, MapA(x, src.numElements));
-  store(inst.views[RoleDst], x);
+  applyActivation(inst.attrs.func, MapA(x, rows * src.cols));
+  storeRows(inst.views[RoleDst], r0, r1, x);
   if (reduceRes.present) {
-    float *sums = scratch[3].data();
-    MapA(sums, src.rows) = tile.rowwise().sum();
-    store(reduceRes, sums);
+    float *sums = scratch[3].data() + r0;
+    MapA(sums, rows) = tile.rowwise().sum();
+    storeRows(reduceRes, r0, r1, sums);
   }
 }
 

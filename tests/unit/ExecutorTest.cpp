@@ -669,6 +669,50 @@ TEST_CASE("activation scales by a per-partition column times scale",
   CHECK(out.at(5) == 31);
 }
 
+TEST_CASE("large activations split their rows between threads",
+          "[exec][activation]") {
+  // [128, 512]: past the size where the executor splits an activation's
+  // rows. exp(x * scale_col[p] * 0.5 + bias[p]) with row sums, then tanh in
+  // place.
+  const int64_t p = 128, f = 512;
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<double> dist(-2, 2);
+  std::vector<double> values(p * f), scaleValues(p), biasValues(p);
+  for (double &v : values)
+    v = dist(rng);
+  for (int64_t i = 0; i < p; ++i) {
+    scaleValues[i] = dist(rng);
+    biasValues[i] = dist(rng);
+  }
+  Tensor in = Tensor::of(DType::F32, {p, f}, values);
+  Tensor scales = Tensor::of(DType::F32, {p, 1}, scaleValues);
+  Tensor bias = Tensor::of(DType::F32, {p, 1}, biasValues);
+  Tensor out = Tensor::zeros(DType::F32, {p, f});
+  Tensor sums = Tensor::zeros(DType::F32, {p, 1});
+  std::string body =
+      R"({"op": "activation", "engine": "scalar", "func": "exp",
+          "scale": 0.5, "src": )" +
+      full(100, {p, f}) + R"(, "scale_col": )" + full(101, {p, 1}) +
+      R"(, "bias": )" + full(102, {p, 1}) + R"(, "dst": )" + full(200, {p, f}) +
+      R"(, "reduce_res": )" + full(201, {p, 1}) +
+      R"(}, {"op": "activation", "engine": "scalar", "func": "tanh", "src": )" +
+      full(200, {p, f}) + R"(, "dst": )" + full(200, {p, f}) + "}";
+  run(tileProgram({{"f32", {p, f}}, {"f32", {p, 1}}, {"f32", {p, 1}}},
+                  {{"f32", {p, f}}, {"f32", {p, 1}}}, body),
+      {&in, &scales, &bias}, {&out, &sums});
+  for (int64_t row = 0; row < p; ++row) {
+    double rowSum = 0;
+    for (int64_t col = 0; col < f; ++col) {
+      double e = std::exp(double(in.at(row * f + col)) *
+                              (double(scales.at(row)) * 0.5) +
+                          double(bias.at(row)));
+      rowSum += e;
+      REQUIRE(close(out.at(row * f + col), std::tanh(e), 1e-5, 1e-6));
+    }
+    REQUIRE(close(sums.at(row), rowSum, 1e-5, 1e-5));
+  }
+}
+
 TEST_CASE("activation writes fp32 row sums of its results to reduce_res",
           "[exec][activation]") {
   // 1 + 2^-8 rounds to 1 in bf16 (ties to even), so sums of the rounded
