@@ -402,9 +402,10 @@ LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
   int64_t n = insts.size();
   int64_t lastOnQueue[5] = {-1, -1, -1, -1, -1};
   // Only instructions that touch a common region can conflict: an HBM
-  // buffer is one region, the on-chip memories are cut into 4 KiB of a
-  // partition (their spans are always bounded).
-  constexpr int64_t kRegionBytes = 4096;
+  // buffer is one region, the on-chip memories are cut into 1 KiB of a
+  // partition (their spans are always bounded; half a PSUM bank, so that
+  // the slots of a bank are apart).
+  constexpr int64_t kRegionBytes = 1024;
   using Region = std::pair<const void *, int64_t>;
   const void *sbuf = nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::sbuf)
                          .getAsOpaquePointer();
