@@ -9,7 +9,8 @@
 // scatters the result with the destination dtype's rounding; matmuls run on
 // Gemm.h's kernels, which read bf16 operands in place. DMA copies move bytes
 // directly when the dtypes agree and convert through fp32 otherwise. Large
-// matmuls and copies are split between the WorkerPool's threads.
+// matmuls, copies and activations are split between the WorkerPool's
+// threads.
 //
 //===----------------------------------------------------------------------===//
 
