@@ -7,7 +7,7 @@ cd "$ROOT"
 "$ROOT/scripts/setup.sh" || exit 1
 
 echo "== ruff"
-.venv/bin/ruff check python tests/python examples
+.venv/bin/ruff check python tests/python examples scripts
 ruff_rc=$?
 
 echo "== ctest (lit, unit)"

@@ -253,6 +253,8 @@ def _compile_document(doc: dict[str, Any], target: str, dump: Path | None) -> Ke
     errors = tuple(getattr(c, n) for n in ("CompileError", "DeviceError") if hasattr(c, n))
     try:
         kernel: Kernel = c.compile_graph(text, target, stages)
+        if config.check():
+            kernel.timeline()  # raises DeviceError for a missing wait
         return kernel
     except errors as e:
         if saved is None:

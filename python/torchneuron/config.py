@@ -7,6 +7,9 @@
 - ``TORCHNEURON_DUMP_DIR`` (or ``options={"dump_dir": ...}``, which wins): write every FX graph
   document sent to the compiler into this folder, and every compiler stage of graph ``<name>``
   (``00-import.mlir`` ... ``05-schedule.mlir``, ``06-program.json``) into ``<name>/`` beside it.
+- ``TORCHNEURON_CHECK=1``: compute and verify every compiled kernel's modeled timeline as soon as
+  it is compiled (the timing model raises ``DeviceError`` for an instruction that may start
+  before an earlier conflicting one is done: a wait the program lacks). The test suite sets it.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = [
+    "CHECK_ENV",
     "DEFAULT_TARGET",
     "DUMP_ENV",
     "KNOWN_OPTIONS",
     "TARGET_ENV",
     "VERBOSE_ENV",
     "available_targets",
+    "check",
     "dump_dir",
     "resolve_target",
     "verbose",
@@ -31,6 +36,7 @@ DEFAULT_TARGET = "trn2"
 TARGET_ENV = "TORCHNEURON_TARGET"
 VERBOSE_ENV = "TORCHNEURON_VERBOSE"
 DUMP_ENV = "TORCHNEURON_DUMP_DIR"
+CHECK_ENV = "TORCHNEURON_CHECK"
 
 #: Keys of ``torch.compile(options=...)`` the backend understands.
 KNOWN_OPTIONS = frozenset({"target", "dump_dir"})
@@ -62,8 +68,17 @@ def resolve_target(options: Mapping[str, object] | None = None) -> str:
     return target
 
 
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def verbose() -> bool:
-    return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+    return _flag(VERBOSE_ENV)
+
+
+def check() -> bool:
+    """Whether every compiled kernel's timeline is verified right away (``TORCHNEURON_CHECK``)."""
+    return _flag(CHECK_ENV)
 
 
 def dump_dir(options: Mapping[str, object] | None = None) -> Path | None:

@@ -187,8 +187,8 @@ struct Params {
 // Access boxes and records
 //===----------------------------------------------------------------------===//
 
-/// A rectangle of a buffer seen as rows x columns (row = everything after
-/// dim 0: one partition of an on-chip buffer, one leading-dim slice in HBM),
+/// A rectangle of a buffer seen as rows x columns (a row is one partition of
+/// an on-chip buffer, one run of the innermost dim in HBM),
 /// and the span [l0, l1] of the buffer's flattened elements (bytes when
 /// addressed) the access reaches, which is what separates views that wrap
 /// rows. Spans compare only within one buffer.
@@ -646,11 +646,17 @@ private:
       if (coeff != 0)
         terms.push_back(Term{slots.at(iv), coeff});
     op.termEnd = static_cast<uint32_t>(terms.size());
+    // On chip a row is a partition. In HBM it is the innermost dim, as in
+    // nisa-insert-sync: views that write disjoint columns of the same rows
+    // (the pieces of a cat) must be apart here whenever the pass found them
+    // apart, or a program it left without a wait would be flagged.
     int64_t rowSize = 1;
-    for (size_t d = 1; d < buffer.shape.size(); ++d)
-      rowSize *= buffer.shape[d];
-    if (buffer.shape.size() == 1 && !buffer.address)
-      rowSize = buffer.shape[0]; // a 1-D buffer is one row
+    if (buffer.address) {
+      for (size_t d = 1; d < buffer.shape.size(); ++d)
+        rowSize *= buffer.shape[d];
+    } else if (!buffer.shape.empty()) {
+      rowSize = buffer.shape.back();
+    }
     op.rowSize = std::max<int64_t>(rowSize, 1);
     for (size_t d = 0; d < view.shape.size(); ++d) {
       int64_t n = view.shape[d] - 1, s = view.strides[d];

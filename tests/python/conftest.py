@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,10 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+# Every kernel a test compiles has its timeline computed and checked, so a program that lacks a
+# wait (and would race on the chip) fails the test that compiled it.
+os.environ["TORCHNEURON_CHECK"] = "1"
 
 # Running from a source tree without `pip install -e .`: use python/ (no _C there).
 if importlib.util.find_spec("torchneuron") is None:
