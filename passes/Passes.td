@@ -57,7 +57,8 @@ def NeuronFuseElementwise : Pass<"neuron-fuse-elementwise", "mlir::ModuleOp"> {
     written once, intermediates stay in SBUF. Softmax, LayerNorm and RMSNorm
     each become one fusion. A group is tiled by rows when it reduces or
     broadcasts (each row of C elements in one tile, so C times the widest
-    element must fit in `row-bytes` per partition), otherwise flat.
+    element must fit in `row-bytes` per partition, and the rows of all its
+    values together in `group-bytes`), otherwise flat.
 
     Before:
     ```mlir
@@ -79,7 +80,11 @@ def NeuronFuseElementwise : Pass<"neuron-fuse-elementwise", "mlir::ModuleOp"> {
   let dependentDialects = ["mlir::neuron::NeuronDialect"];
   let options = [
     Option<"rowBytes", "row-bytes", "int64_t", /*default=*/"16384",
-           "Most bytes per partition one row of a row-tiled group may take">
+           "Most bytes per partition one row of a row-tiled group may take">,
+    Option<"groupBytes", "group-bytes", "int64_t", /*default=*/"196608",
+           "Most bytes per partition the rows of every value of a row-tiled "
+           "group (inputs, outputs, intermediates) may take together; the "
+           "lowering holds them all in SBUF at once">
   ];
 }
 

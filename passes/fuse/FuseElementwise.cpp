@@ -2,7 +2,7 @@
 //
 // Greedy, in program order: an op joins the groups of the operands it
 // consumes (all of them, else the first one that works alone) when the
-// merged group still has a FusionPlan, fits the row budget, and stays
+// merged group still has a FusionPlan, fits the row and group budgets, and stays
 // legal to place at the op (no op outside the group, before it, uses a
 // value of the group). Each group with at least two ops,
 // one of them computing, becomes a neuron.fusion at its last op.
@@ -80,13 +80,31 @@ struct FusePass
       return false;
     if (!plan->byRows)
       return true;
-    int64_t widest = 1;
-    for (Operation *op : group)
-      for (Value v : op->getResults())
-        widest = std::max<int64_t>(
-            widest,
-            cast<RankedTensorType>(v.getType()).getElementTypeBitWidth() / 8);
-    return plan->numCols * widest <= rowBytes;
+    // A row of every value the lowering may hold in SBUF at once (inputs,
+    // outputs, intermediates): flat groups shrink their tiles to fit, but a
+    // row-tiled group's rows are whole.
+    auto eltBytes = [](Value v) {
+      return std::max<int64_t>(
+          1, cast<RankedTensorType>(v.getType()).getElementTypeBitWidth() / 8);
+    };
+    auto rowBytesOf = [&](Value v) {
+      return (plan->rep(v) == Rep::Row ? 1 : plan->numCols) * eltBytes(v);
+    };
+    llvm::SmallPtrSet<Operation *, 16> members(group.begin(), group.end());
+    llvm::SmallPtrSet<Value, 16> inputs;
+    int64_t widest = 1, held = 0;
+    for (Operation *op : group) {
+      for (Value v : op->getResults()) {
+        widest = std::max(widest, eltBytes(v));
+        if (!isa<ConstantOp, BroadcastOp, ReshapeOp>(op))
+          held += rowBytesOf(v);
+      }
+      for (Value v : op->getOperands())
+        if ((!v.getDefiningOp() || !members.contains(v.getDefiningOp())) &&
+            plan->rep(v) != Rep::Splat && inputs.insert(v).second)
+          held += rowBytesOf(v);
+    }
+    return plan->numCols * widest <= rowBytes && held <= groupBytes;
   }
 
   void fuseBlock(Block &block);

@@ -293,70 +293,6 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     return;
   }
   const FusionPlan &plan = *maybePlan;
-  TileScope groupScope(*this);
-  int64_t p = target.partitions;
-  int64_t widest = 1;
-  for (Operation *op : ops)
-    for (Value v : op->getResults())
-      widest = std::max<int64_t>(widest,
-                                 tensorType(v).getElementTypeBitWidth() / 8);
-  // Tile geometry: a row of C per partition, or flat [P, F] tiles (F
-  // smaller when that keeps every partition busy).
-  int64_t cols = plan.numCols;
-  if (!plan.byRows) {
-    int64_t freeMax = std::max<int64_t>(1, tileBytes / widest);
-    cols = cols >= p * freeMax ? freeMax : std::max<int64_t>(1, cols / p);
-  }
-
-  int64_t steps;
-  if (plan.byRows) {
-    steps = (plan.numRows + p - 1) / p;
-  } else {
-    int64_t rem = plan.numCols % (p * cols);
-    steps = plan.numCols / (p * cols) + (rem / cols > 0) + (rem % cols > 0);
-  }
-  // Tiles DMAs read or write rotate over up to four slots, so loads run
-  // ahead of the compute and stores trail it (within half of SBUF); the
-  // tiles in between alternate between two, so one step's instructions
-  // never wait for the previous step's to free a tile.
-  int64_t streamBytes = 0; // per slot: a tile of every input and output
-  for (auto [v, buffer] : inputs)
-    streamBytes += cols * (tensorType(v).getElementTypeBitWidth() + 7) / 8;
-  for (auto [v, buffer] : outputs)
-    streamBytes += cols * (tensorType(v).getElementTypeBitWidth() + 7) / 8;
-  int64_t numSlots = std::min<int64_t>(steps, 4);
-  while (numSlots > 1 &&
-         numSlots * streamBytes > target.sbufBytesPerPartition / 2)
-    --numSlots;
-  int64_t innerSlots = std::min<int64_t>(steps, 2);
-  llvm::DenseMap<Value, Value> slots, columns;
-  auto slotWidth = [&](Value v) -> int64_t {
-    return plan.rep(v) == Rep::Row ? 1 : cols;
-  };
-  auto elt = [&](Value v) { return tensorType(v).getElementType(); };
-  // Constants in the group that the plan holds as tensors load like inputs.
-  SmallVector<std::pair<Value, Value>> groupInputs(inputs);
-  for (Operation *op : ops)
-    if (isa<ConstantOp>(op) && plan.reps.count(op->getResult(0)))
-      groupInputs.push_back({op->getResult(0), Value()});
-  SmallVector<std::pair<Value, Value>> loaded;
-  for (auto [v, given] : groupInputs) {
-    Rep rep = plan.rep(v);
-    // A splat the plan holds as a tensor needs its constant buffer.
-    Value buffer = given || rep == Rep::Splat ? given : bufferOf(v);
-    loaded.push_back({v, buffer});
-    if (rep == Rep::Full || rep == Rep::Row)
-      slots[v] = tile(MemorySpace::sbuf, {p, numSlots * slotWidth(v)}, elt(v));
-    if (rep == Rep::Col) {
-      // One row, broadcast to every partition, loaded once.
-      Value t = tile(MemorySpace::sbuf, {p, cols}, elt(v));
-      dma(view(buffer, index(0), {p, cols}, {0, 1}), t);
-      columns[v] = t;
-    }
-  }
-  for (auto [v, buffer] : outputs)
-    if (!slots.count(v))
-      slots[v] = tile(MemorySpace::sbuf, {p, numSlots * slotWidth(v)}, elt(v));
   llvm::DenseSet<Value> isOutput(outputValues.begin(), outputValues.end());
 
   // Instructions saved by reading values as the engines do (every operand
@@ -455,11 +391,17 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     }
   }
 
-  llvm::DenseSet<Operation *> unassigned(folded.begin(), folded.end());
-  unassigned.insert(summed.begin(), summed.end());
-  llvm::DenseMap<Operation *, nisa::Engine> engineFor =
-      assignEngines(ops, unassigned, activations, plan, cols);
-  llvm::DenseMap<Value, Value> inner; // intermediate -> its two-slot tile
+  TileScope groupScope(*this);
+  int64_t p = target.partitions;
+  int64_t widest = 1;
+  for (Operation *op : ops)
+    for (Value v : op->getResults())
+      widest = std::max<int64_t>(widest,
+                                 tensorType(v).getElementTypeBitWidth() / 8);
+  auto elt = [&](Value v) { return tensorType(v).getElementType(); };
+  auto bytes = [](Type t) -> int64_t {
+    return (t.getIntOrFloatBitWidth() + 7) / 8;
+  };
   // The intermediates that get a tile, stored in their own type (or the
   // type of the cast that narrows them).
   SmallVector<std::pair<Value, Type>> intermediates;
@@ -472,12 +414,112 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     intermediates.push_back(
         {v, narrowedBy.count(v) ? elt(narrowedBy.lookup(v)) : elt(v)});
   }
-  int64_t innerBytes = 0;
-  for (auto [v, storage] : intermediates)
-    innerBytes += slotWidth(v) * ((storage.getIntOrFloatBitWidth() + 7) / 8);
-  if (innerBytes * innerSlots > target.sbufBytesPerPartition / 4)
-    innerSlots = 1;
+  // Constants in the group that the plan holds as tensors load like inputs.
+  SmallVector<std::pair<Value, Value>> groupInputs(inputs);
+  for (Operation *op : ops)
+    if (isa<ConstantOp>(op) && plan.reps.count(op->getResult(0)))
+      groupInputs.push_back({op->getResult(0), Value()});
 
+  // Tile geometry: a row of C per partition, or flat [P, F] tiles (F
+  // smaller when that keeps every partition busy). Tiles DMAs read or write
+  // rotate over up to four slots, so loads run ahead of the compute and
+  // stores trail it (within half of SBUF); the tiles in between alternate
+  // between two, so one step's instructions never wait for the previous
+  // step's to free a tile.
+  int64_t cols = 0, steps = 0, numSlots = 0, innerSlots = 0;
+  auto slotWidth = [&](Value v) -> int64_t {
+    return plan.rep(v) == Rep::Row ? 1 : cols;
+  };
+  auto layOut = [&](int64_t width) {
+    cols = width;
+    if (plan.byRows) {
+      steps = (plan.numRows + p - 1) / p;
+    } else {
+      int64_t rem = plan.numCols % (p * cols);
+      steps = plan.numCols / (p * cols) + (rem / cols > 0) + (rem % cols > 0);
+    }
+    // Per slot, about a tile of every input and output (bits rounded up
+    // per column: an over-estimate kept so that programs stay as they were).
+    int64_t streamBytes = 0;
+    for (auto [v, buffer] : inputs)
+      streamBytes += cols * (tensorType(v).getElementTypeBitWidth() + 7) / 8;
+    for (auto [v, buffer] : outputs)
+      streamBytes += cols * (tensorType(v).getElementTypeBitWidth() + 7) / 8;
+    numSlots = std::min<int64_t>(steps, 4);
+    while (numSlots > 1 &&
+           numSlots * streamBytes > target.sbufBytesPerPartition / 2)
+      --numSlots;
+    int64_t innerBytes = 0;
+    for (auto [v, storage] : intermediates)
+      innerBytes += slotWidth(v) * bytes(storage);
+    innerSlots = std::min<int64_t>(steps, 2);
+    if (innerBytes * innerSlots > target.sbufBytesPerPartition / 4)
+      innerSlots = 1;
+  };
+  // What the group's tiles take per partition (they are all live at once).
+  auto held = [&] {
+    int64_t total = 0;
+    llvm::DenseSet<Value> streamed;
+    for (auto [v, given] : groupInputs) {
+      Rep rep = plan.rep(v);
+      if (rep == Rep::Full || rep == Rep::Row)
+        total += numSlots * slotWidth(v) * bytes(elt(v));
+      else if (rep == Rep::Col)
+        total += cols * bytes(elt(v));
+      streamed.insert(v);
+    }
+    for (auto [v, buffer] : outputs)
+      if (streamed.insert(v).second)
+        total += numSlots * slotWidth(v) * bytes(elt(v));
+    for (auto [v, storage] : intermediates)
+      total += innerSlots * slotWidth(v) * bytes(storage);
+    return total;
+  };
+  int64_t width = plan.numCols;
+  if (!plan.byRows) {
+    int64_t freeMax = std::max<int64_t>(1, tileBytes / widest);
+    width = width >= p * freeMax ? freeMax : std::max<int64_t>(1, width / p);
+  }
+  layOut(width);
+  // A group with many values gives up pipelining slots, then (flat) tile
+  // width, until its tiles fit; a row-tiled group too wide even then is
+  // refused by nisa-allocate (neuron-fuse-elementwise's group-bytes keeps
+  // such groups from forming).
+  while (held() > target.sbufBytesPerPartition) {
+    if (numSlots > 1)
+      --numSlots;
+    else if (innerSlots > 1)
+      innerSlots = 1;
+    else if (!plan.byRows && cols > 1)
+      layOut(cols / 2);
+    else
+      break;
+  }
+  llvm::DenseMap<Value, Value> slots, columns;
+  SmallVector<std::pair<Value, Value>> loaded;
+  for (auto [v, given] : groupInputs) {
+    Rep rep = plan.rep(v);
+    // A splat the plan holds as a tensor needs its constant buffer.
+    Value buffer = given || rep == Rep::Splat ? given : bufferOf(v);
+    loaded.push_back({v, buffer});
+    if (rep == Rep::Full || rep == Rep::Row)
+      slots[v] = tile(MemorySpace::sbuf, {p, numSlots * slotWidth(v)}, elt(v));
+    if (rep == Rep::Col) {
+      // One row, broadcast to every partition, loaded once.
+      Value t = tile(MemorySpace::sbuf, {p, cols}, elt(v));
+      dma(view(buffer, index(0), {p, cols}, {0, 1}), t);
+      columns[v] = t;
+    }
+  }
+  for (auto [v, buffer] : outputs)
+    if (!slots.count(v))
+      slots[v] = tile(MemorySpace::sbuf, {p, numSlots * slotWidth(v)}, elt(v));
+
+  llvm::DenseSet<Operation *> unassigned(folded.begin(), folded.end());
+  unassigned.insert(summed.begin(), summed.end());
+  llvm::DenseMap<Operation *, nisa::Engine> engineFor =
+      assignEngines(ops, unassigned, activations, plan, cols);
+  llvm::DenseMap<Value, Value> inner; // intermediate -> its two-slot tile
   for (auto [v, storage] : intermediates)
     inner[v] =
         tile(MemorySpace::sbuf, {p, innerSlots * slotWidth(v)}, storage);

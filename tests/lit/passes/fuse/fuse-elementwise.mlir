@@ -1,5 +1,6 @@
 // RUN: neuron-opt %s --neuron-fuse-elementwise --split-input-file | FileCheck %s
 // RUN: neuron-opt %s --neuron-fuse-elementwise=row-bytes=64 --split-input-file | FileCheck %s --check-prefix=NARROW
+// RUN: neuron-opt %s --neuron-fuse-elementwise=group-bytes=400 --split-input-file | FileCheck %s --check-prefix=GROUP
 
 // Softmax is one fusion: the reductions, the broadcasts of their results
 // and the elementwise ops between them; only x comes in, only y goes out.
@@ -22,6 +23,15 @@
 // NARROW-NEXT: neuron.unary exp
 // NARROW-NEXT: neuron.yield
 // NARROW: neuron.reduce sum
+// When the rows of all its values exceed group-bytes (x, the difference,
+// the exponentials and the quotient: four 128-byte rows and two row sums),
+// the group stops growing: the division is left out.
+// GROUP-LABEL: func.func @softmax
+// GROUP: %[[F:.*]]:2 = neuron.fusion(%arg0)
+// GROUP: neuron.reduce max
+// GROUP: neuron.reduce sum
+// GROUP: neuron.yield
+// GROUP: neuron.binary div %[[F]]#0
 func.func @softmax(%x: tensor<64x32xf32>) -> tensor<64x32xf32> {
   %m = neuron.reduce max %x {count = 1} : tensor<64x32xf32> -> tensor<64xf32>
   %r = neuron.reshape %m : tensor<64xf32> -> tensor<64x1xf32>
