@@ -13,8 +13,10 @@ import itertools
 import logging
 import sys
 import tempfile
+import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -129,6 +131,7 @@ def build_graph(
     unsupported = partition.find_unsupported(work, name=f"check_{next(_graph_ids)}")
     flex.detach_block_masks(work, unsupported)
     result = partition.partition_graph(work, unsupported)
+    compiled = 0
     for name in result.device_submodules:
         sub = work.get_submodule(name)
         assert isinstance(sub, torch.fx.GraphModule)
@@ -140,17 +143,47 @@ def build_graph(
                 f"torchneuron internal error: device region {name} passed the check but "
                 f"cannot be serialized: {e}"
             ) from e
-        kernel = _compile_document(doc, target, dump)
+        kernel, fresh = _compile_shared(doc, target, dump)
+        compiled += fresh
         returns_tuple = isinstance(sub.graph.output_node().args[0], (tuple, list))
         setattr(work, name, DeviceKernel(kernel, doc["name"], returns_tuple, output_map))
     _report_fallback(result.fallback)
     STATS.record_compile(
-        graphs=len(result.device_submodules),
+        graphs=compiled,
         ops_on_device=result.ops_on_device,
         fallback=[f.target for f in result.fallback],
         seconds=time.perf_counter() - start,
     )
     return work
+
+
+# Kernels by (target, document without its name), while some compiled graph holds them: threads
+# that compile the same graph at once (Dynamo compiles a new frame in each thread that calls it
+# first) share one compile and one kernel.
+_kernels: weakref.WeakValueDictionary[tuple[str, str], Kernel] = weakref.WeakValueDictionary()
+_kernels_lock = threading.Lock()
+_compiling: dict[tuple[str, str], threading.Lock] = {}
+
+
+def _compile_shared(doc: dict[str, Any], target: str, dump: Path | None) -> tuple[Kernel, bool]:
+    """The kernel of ``doc`` and whether this call compiled it."""
+    key = (target, fx_json.to_json({**doc, "name": ""}))
+    with _kernels_lock:
+        kernel = _kernels.get(key)
+        if kernel is not None:
+            return kernel, False
+        lock = _compiling.setdefault(key, threading.Lock())
+    with lock:
+        kernel = _kernels.get(key)
+        if kernel is not None:
+            return kernel, False
+        try:
+            kernel = _compile_document(doc, target, dump)
+            _kernels[key] = kernel
+        finally:
+            with _kernels_lock:
+                _compiling.pop(key, None)
+    return kernel, True
 
 
 def _dedupe_outputs(sub: torch.fx.GraphModule) -> list[int] | None:
