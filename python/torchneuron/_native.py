@@ -19,6 +19,9 @@ parts (serializer, partitioner, stats) work without it. Its API, as this package
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Protocol
@@ -54,8 +57,20 @@ class Kernel(Protocol):
     def timeline_events(self) -> list[tuple[int, str, int, int, float, float, int]]: ...
 
 
+#: Loads the extension from this file instead (a sanitizer build: ``scripts/test.sh --sanitize``).
+LIBRARY_ENV = "TORCHNEURON_NATIVE_LIBRARY"
+
+
 def native() -> ModuleType:
     """Return ``torchneuron._C``, importing it on first use."""
+    path = os.environ.get(LIBRARY_ENV)
+    if path and "torchneuron._C" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("torchneuron._C", path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{LIBRARY_ENV}={path} is not a Python extension module")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["torchneuron._C"] = module
     try:
         return importlib.import_module("torchneuron._C")
     except ImportError as e:
