@@ -40,6 +40,7 @@ c10::Stream streamOf(int device, int64_t streamId) {
 
 PYBIND11_MODULE(_device, m) {
   m.doc() = "The neuron PyTorch device (PrivateUse1); see torchneuron.device";
+  routeCpuKernelsThroughFallback();
 
   // Configuration.
   m.def("_device_count", [] { return static_cast<int>(deviceCount()); });
@@ -65,6 +66,7 @@ PYBIND11_MODULE(_device, m) {
   // Eager fallback counters.
   m.def("_fallback_counts", &fallbackCounts);
   m.def("_reset_fallback_counts", &resetFallbackCounts);
+  m.def("_cpu_numerics_ops", &routeCpuKernelsThroughFallback);
 
   // Generators (the default generator of each device).
   m.def("_manual_seed", [](int d, uint64_t seed) {

@@ -27,6 +27,8 @@
 #include <ATen/native/CPUFallback.h>
 #include <torch/library.h>
 
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -204,6 +206,44 @@ std::map<std::string, int64_t> fallbackCounts() {
 void resetFallbackCounts() {
   std::lock_guard<std::mutex> lock(countsMutex);
   counts.clear();
+}
+
+std::vector<std::string> routeCpuKernelsThroughFallback() {
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<torch::Library>> libraries;
+  static std::deque<std::string> names; // the libraries keep pointers to them
+  static std::vector<std::string> routed;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!libraries.empty())
+    return routed;
+  auto &dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName &name : dispatcher.getAllOpNames()) {
+    auto op = dispatcher.findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        !op->hasKernelForDispatchKey(
+            c10::DispatchKey::CompositeExplicitAutograd) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
+      continue;
+    size_t sep = name.name.find("::");
+    if (sep == std::string::npos)
+      continue;
+    std::string ns = name.name.substr(0, sep);
+    names.push_back(
+        name.name.substr(sep + 2) +
+        (name.overload_name.empty() ? "" : "." + name.overload_name));
+    libraries.push_back(std::make_unique<torch::Library>(
+        torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__,
+        __LINE__));
+    libraries.back()->impl(
+        names.back().c_str(),
+        torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
+    routed.push_back(name.name + (name.overload_name.empty()
+                                      ? ""
+                                      : "." + name.overload_name));
+  }
+  if (libraries.empty())
+    libraries.push_back(nullptr); // done, nothing to route
+  return routed;
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

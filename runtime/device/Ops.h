@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace neuron::device {
 
@@ -28,6 +29,15 @@ at::Tensor cpuAlias(const at::Tensor &t);
 /// ("aten::add.Tensor").
 std::map<std::string, int64_t> fallbackCounts();
 void resetFallbackCounts();
+
+/// Sends the ops that have both a CPU kernel and a CompositeExplicitAutograd
+/// kernel (native_layer_norm, native_group_norm, addr, any.dims...) to the
+/// CPU fallback, which would otherwise lose to the composite kernel: the
+/// composite decomposes differently (math_native_layer_norm rounds unlike
+/// CPU's fused kernel), and eager on neuron must match CPU eager bit for bit
+/// until the op has a device kernel. Call once all libraries are loaded
+/// (torchneuron._device does at import); returns the ops it routed.
+std::vector<std::string> routeCpuKernelsThroughFallback();
 
 } // namespace neuron::device
 
