@@ -37,7 +37,9 @@ def stats() -> dict[str, Any]:
     - ``ops_fallback``: ``{"aten.op.overload": n}`` for operator nodes left to eager PyTorch,
       counted once per compile (``TORCHNEURON_VERBOSE=1`` says which, why and where); an
       optimizer stepping parameters of a trained compiled model runs eagerly and is counted
-      once per optimizer as ``"optimizer.step (<class>)"`` (:mod:`torchneuron.optimizer`)
+      once per optimizer as ``"optimizer.step (<class>)"`` (:mod:`torchneuron.optimizer`); an
+      eager op on neuron tensors without a device kernel runs as a CPU fallback and is counted
+      per call as ``"aten.<op>.<overload> (eager)"`` (:mod:`torchneuron.device`)
     - ``kernels_run``: device kernel calls
     - ``recompiles``: compiles of a graph with symbolic sizes after its first one
     - ``compile_seconds``: wall time spent compiling ATen graphs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections import Counter
@@ -27,10 +28,12 @@ class Stats:
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
+            fallback = Counter(self.ops_fallback)
+            fallback.update(_eager_fallbacks())
             return {
                 "graphs_compiled": self.graphs_compiled,
                 "ops_on_device": self.ops_on_device,
-                "ops_fallback": dict(self.ops_fallback),
+                "ops_fallback": dict(fallback),
                 "kernels_run": self.kernels_run,
                 "recompiles": self.recompiles,
                 "compile_seconds": self.compile_seconds,
@@ -45,6 +48,9 @@ class Stats:
             self.recompiles = 0
             self.compile_seconds = 0.0
             self.counted = weakref.WeakSet()
+            device = sys.modules.get("torchneuron._device")
+            if device is not None:
+                device._reset_fallback_counts()
 
     def record_compile(
         self, *, graphs: int, ops_on_device: int, fallback: list[str], seconds: float
@@ -69,6 +75,17 @@ class Stats:
     def record_recompile(self) -> None:
         with self.lock:
             self.recompiles += 1
+
+
+def _eager_fallbacks() -> dict[str, int]:
+    """CPU-fallback calls of eager ops on neuron tensors, as ``"aten.add.out (eager)"``: counted
+    per call by the device library (only if it is loaded: this never loads it)."""
+    device = sys.modules.get("torchneuron._device")
+    if device is None:
+        return {}
+    return {
+        name.replace("::", ".", 1) + " (eager)": n for name, n in device._fallback_counts().items()
+    }
 
 
 STATS = Stats()

@@ -58,7 +58,12 @@ class DeviceKernel(torch.nn.Module):
                     f"the kernel was compiled for {dtype}{list(shape)}"
                 )
             inputs.append(arg.detach().contiguous())
-        outputs = [torch.empty(shape, dtype=dtype) for dtype, shape in self.output_specs]
+        # Outputs live where the inputs do: neuron device memory is host memory, so the kernel
+        # reads and writes neuron tensors in place, as it does CPU tensors.
+        device = next((t.device for t in inputs if t.device.type != "cpu"), None)
+        outputs = [
+            torch.empty(shape, dtype=dtype, device=device) for dtype, shape in self.output_specs
+        ]
         if torch.autograd.profiler._is_profiler_enabled:
             # A range in torch.profiler traces, carrying the modeled device time.
             device_ns = self.kernel.timeline()["device_ns"]

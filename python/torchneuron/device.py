@@ -1,0 +1,335 @@
+"""The ``neuron`` PyTorch device: ``torch.neuron``.
+
+One device per visible NeuronCore of the target (``TORCHNEURON_TARGET``, default ``trn2``): by
+default every core of one chip (8 on trn2 and trn3); ``TORCHNEURON_VISIBLE_CORES="0,1"`` or
+``"0-3"`` picks cores, device ``i`` being the ``i``-th listed. Device memory is host memory
+standing for each core's HBM share (the target's ``hbm_bytes_per_core``: 12 GiB on trn2, 18 GiB
+on trn3), managed by a caching allocator that raises ``torch.OutOfMemoryError`` past it.
+
+What runs today: tensor creation, views, copies, ``fill_``/``zero_`` and ``.item()`` are device
+kernels (host copies: the memory is host memory); every other op runs as a CPU fallback (inputs
+copied out, results copied back), counted in ``torchneuron.stats()["ops_fallback"]`` as
+``"aten.<op>.<overload> (eager)"`` and warned about once per op. Streams are host-ordered
+queues: work runs when issued. Each stream keeps a modeled-time cursor that events record;
+until device kernels place their modeled time on it, ``Event.elapsed_time`` is 0 for eager work.
+
+The package's ``torch.backends`` entry point registers the device when torch is imported
+(``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` or ``TORCHNEURON_DEVICE_AUTOLOAD=0`` turn that off; then
+``import torchneuron.device`` registers it). Loading the device never loads the compiler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import torch
+
+__all__ = [
+    "current_device",
+    "current_stream",
+    "default_stream",
+    "device",
+    "device_count",
+    "empty_cache",
+    "get_device_capacity",
+    "get_rng_state",
+    "get_rng_state_all",
+    "init",
+    "initial_seed",
+    "is_available",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_per_process_memory_fraction",
+    "set_rng_state",
+    "set_rng_state_all",
+    "stream",
+    "synchronize",
+    "target",
+    "visible_cores",
+]
+
+_NAME = "neuron"
+_lock = threading.Lock()
+_registered = False
+_native: ModuleType | None = None
+
+
+def _C() -> ModuleType:
+    """The C++ device library (importing it registers the device's kernels and hooks)."""
+    global _native
+    if _native is None:
+        from torchneuron import _device
+
+        _native = _device
+    return _native
+
+
+def register() -> None:
+    """Make ``neuron`` a PyTorch device (idempotent): load the device library, name
+    PrivateUse1 ``neuron``, install this module as ``torch.neuron`` and add ``Tensor.neuron()``,
+    ``Tensor.is_neuron``, ``Module.neuron()`` and the storage methods."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        _C()
+        current = torch._C._get_privateuse1_backend_name()
+        if current != _NAME:
+            if current != "privateuseone":
+                raise RuntimeError(
+                    f"PrivateUse1 is already the {current!r} device: torchneuron cannot register "
+                    f"{_NAME!r} in the same process"
+                )
+            torch.utils.rename_privateuse1_backend(_NAME)
+        import sys
+
+        torch._register_device_module(_NAME, sys.modules[__name__])
+        if not hasattr(torch.Tensor, "is_" + _NAME):
+            torch.utils.generate_methods_for_privateuse1_backend(
+                for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+            )
+        _registered = True
+
+
+# ---- devices ------------------------------------------------------------------------------
+
+
+def _index(dev: Any, optional: bool = True) -> int:
+    if dev is None:
+        return current_device()
+    if isinstance(dev, str):
+        dev = torch.device(dev)
+    if isinstance(dev, torch.device):
+        if dev.type != _NAME:
+            raise ValueError(f"expected a {_NAME} device, got {dev}")
+        return current_device() if dev.index is None else dev.index
+    return int(dev)
+
+
+def is_available() -> bool:
+    return device_count() > 0
+
+
+def device_count() -> int:
+    return _C()._device_count()
+
+
+def current_device() -> int:
+    return _C()._current_device()
+
+
+def set_device(dev: Any) -> None:
+    _C()._set_device(_index(dev))
+
+
+def target() -> str:
+    """The target whose cores the devices stand for (``TORCHNEURON_TARGET``, default trn2)."""
+    return _C()._target()
+
+
+def visible_cores() -> list[int]:
+    """The physical core of each device (``TORCHNEURON_VISIBLE_CORES``)."""
+    return list(_C()._visible_cores())
+
+
+def is_initialized() -> bool:
+    return _registered
+
+
+def init() -> None:
+    register()
+
+
+def _lazy_init() -> None:
+    register()
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+class device:
+    """Context manager that makes ``dev`` the current neuron device."""
+
+    def __init__(self, dev: Any) -> None:
+        self.idx = -1 if dev is None else _index(dev)
+        self.prev = -1
+
+    def __enter__(self) -> None:
+        self.prev = _C()._exchange_device(self.idx)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.idx >= 0:
+            _C()._set_device(self.prev)
+
+
+def synchronize(dev: Any = None) -> None:
+    """Wait for the device's work: a no-op today (work runs when issued)."""
+    torch.accelerator.synchronize(_index(dev))
+
+
+# ---- streams ------------------------------------------------------------------------------
+
+
+def current_stream(dev: Any = None) -> torch.Stream:
+    return torch.accelerator.current_stream(_index(dev))
+
+
+def default_stream(dev: Any = None) -> torch.Stream:
+    return torch.Stream(stream_id=0, device_index=_index(dev), device_type=_device_type())
+
+
+def _device_type() -> int:
+    return torch._C._autograd.DeviceType.PrivateUse1.value  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def stream(s: torch.Stream | None) -> Iterator[None]:
+    """Make ``s`` the current stream of its device inside the block."""
+    if s is None:
+        yield
+        return
+    with s:
+        yield
+
+
+def _modeled_time_ns(s: torch.Stream | None = None) -> float:
+    """The modeled-time cursor of stream ``s`` (default: current stream), in ns."""
+    s = s or current_stream()
+    return _C()._stream_cursor_ns(device=s.device_index, stream=s.stream_id)
+
+
+def _place_modeled_work(ns: float, s: torch.Stream | None = None) -> tuple[float, float]:
+    """Put ``ns`` of modeled work on stream ``s`` (default: current stream) and return its
+    (start, end). Device kernels will do this for every op; tests use it directly."""
+    s = s or current_stream()
+    start, end = _C()._place_modeled_work(ns=ns, device=s.device_index, stream=s.stream_id)
+    return start, end
+
+
+# ---- memory -------------------------------------------------------------------------------
+
+
+def get_device_capacity(dev: Any = None) -> int:
+    """Bytes the device may hold: the core's HBM share, or less after
+    :func:`set_per_process_memory_fraction`."""
+    return _C()._capacity(_index(dev))
+
+
+def set_per_process_memory_fraction(fraction: float, dev: Any = None) -> None:
+    """Limit the device to ``fraction`` of its core's HBM share (``0 < fraction <= 1``)."""
+    _C()._set_memory_fraction(float(fraction), _index(dev))
+
+
+def memory_stats(dev: Any = None) -> OrderedDict[str, Any]:
+    return torch.accelerator.memory_stats(_index(dev))
+
+
+def memory_allocated(dev: Any = None) -> int:
+    return torch.accelerator.memory_allocated(_index(dev))
+
+
+def max_memory_allocated(dev: Any = None) -> int:
+    return torch.accelerator.max_memory_allocated(_index(dev))
+
+
+def memory_reserved(dev: Any = None) -> int:
+    return torch.accelerator.memory_reserved(_index(dev))
+
+
+def max_memory_reserved(dev: Any = None) -> int:
+    return torch.accelerator.max_memory_reserved(_index(dev))
+
+
+def reset_peak_memory_stats(dev: Any = None) -> None:
+    torch.accelerator.reset_peak_memory_stats(_index(dev))
+
+
+def reset_accumulated_memory_stats(dev: Any = None) -> None:
+    torch.accelerator.reset_accumulated_memory_stats(_index(dev))
+
+
+def empty_cache() -> None:
+    """Return every cached (free) block of every neuron device to the host."""
+    torch.accelerator.empty_cache()
+
+
+def mem_get_info(dev: Any = None) -> tuple[int, int]:
+    """(free, total) bytes: capacity minus reserved, and capacity."""
+    return torch.accelerator.get_memory_info(_index(dev))
+
+
+# ---- random numbers -----------------------------------------------------------------------
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the current device's default generator."""
+    _C()._manual_seed(current_device(), int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every device's default generator (``torch.manual_seed`` calls this)."""
+    for i in range(device_count()):
+        _C()._manual_seed(i, int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+def seed() -> None:
+    _C()._seed(current_device())
+
+
+def seed_all() -> None:
+    s = _C()._seed(0) if device_count() else 0
+    for i in range(1, device_count()):
+        _C()._manual_seed(i, s)
+
+
+def initial_seed() -> int:
+    return _C()._initial_seed(current_device())
+
+
+def get_rng_state(dev: Any = "neuron") -> torch.Tensor:
+    """The default generator's state: 16 bytes (seed, offset) as a CPU uint8 tensor."""
+    raw = _C()._get_rng_state(_index(dev))
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+def set_rng_state(state: torch.Tensor, dev: Any = "neuron") -> None:
+    _C()._set_rng_state(_index(dev), bytes(state.cpu().contiguous().view(torch.uint8).numpy()))
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(states: list[torch.Tensor]) -> None:
+    for i, state in enumerate(states):
+        set_rng_state(state, i)
+
+
+# ---- autocast -----------------------------------------------------------------------------
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+def _fallback_counts() -> dict[str, int]:
+    """CPU-fallback calls per ATen operator (``"aten::add.Tensor"``) since the last reset."""
+    return dict(_C()._fallback_counts())

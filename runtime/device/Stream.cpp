@@ -1,0 +1,118 @@
+//===- Stream.cpp - Streams, events and the modeled timeline --------------===//
+
+#include "runtime/device/Stream.h"
+
+#include "runtime/device/Device.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+namespace neuron::device {
+
+namespace {
+
+std::mutex timelineMutex;
+// cursors[device][stream id], ns.
+std::vector<std::vector<double>> cursors;
+
+std::vector<double> &deviceCursors(c10::DeviceIndex device) {
+  if (cursors.empty())
+    cursors.resize(std::max<int>(deviceCount(), 1), std::vector<double>(1));
+  return cursors.at(device);
+}
+
+double &cursor(c10::Stream stream) {
+  auto &streams = deviceCursors(stream.device_index());
+  TORCH_CHECK(stream.id() >= 0 &&
+                  static_cast<size_t>(stream.id()) < streams.size(),
+              "unknown neuron stream ", stream.id(),
+              " on neuron:", static_cast<int>(stream.device_index()));
+  return streams[stream.id()];
+}
+
+thread_local std::vector<c10::StreamId> tlsCurrentStreams;
+
+c10::StreamId &currentStreamId(c10::DeviceIndex device) {
+  if (tlsCurrentStreams.empty())
+    tlsCurrentStreams.resize(std::max<int>(deviceCount(), 1), 0);
+  return tlsCurrentStreams.at(device);
+}
+
+c10::Stream makeStream(c10::DeviceIndex device, c10::StreamId id) {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kDeviceType, device), id);
+}
+
+} // namespace
+
+c10::Stream defaultStream(c10::DeviceIndex device) {
+  device = resolveDevice(device);
+  return makeStream(device, 0);
+}
+
+c10::Stream currentStream(c10::DeviceIndex device) {
+  device = resolveDevice(device);
+  return makeStream(device, currentStreamId(device));
+}
+
+c10::Stream exchangeStream(c10::Stream stream) {
+  c10::DeviceIndex device = resolveDevice(stream.device_index());
+  c10::StreamId &current = currentStreamId(device);
+  c10::Stream previous = makeStream(device, current);
+  current = stream.id();
+  return previous;
+}
+
+c10::Stream newStream(c10::DeviceIndex device) {
+  device = resolveDevice(device);
+  std::lock_guard<std::mutex> lock(timelineMutex);
+  auto &streams = deviceCursors(device);
+  streams.push_back(0);
+  return makeStream(device, static_cast<c10::StreamId>(streams.size() - 1));
+}
+
+double streamCursorNs(c10::Stream stream) {
+  std::lock_guard<std::mutex> lock(timelineMutex);
+  return cursor(stream);
+}
+
+std::pair<double, double> placeWork(c10::Stream stream, double durationNs) {
+  TORCH_CHECK(durationNs >= 0, "modeled work cannot take negative time");
+  std::lock_guard<std::mutex> lock(timelineMutex);
+  double &at = cursor(stream);
+  double start = at;
+  at += durationNs;
+  return {start, at};
+}
+
+void recordEvent(Event &event, c10::Stream stream) {
+  std::lock_guard<std::mutex> lock(timelineMutex);
+  event.timeNs = cursor(stream);
+  event.device = stream.device_index();
+  event.recorded = true;
+}
+
+void streamWaitEvent(c10::Stream stream, const Event &event) {
+  if (!event.recorded)
+    return;
+  std::lock_guard<std::mutex> lock(timelineMutex);
+  double &at = cursor(stream);
+  at = std::max(at, event.timeNs);
+}
+
+double elapsedMs(const Event &start, const Event &end) {
+  TORCH_CHECK(start.timing && end.timing,
+              "elapsed_time needs both events created with "
+              "enable_timing=True");
+  TORCH_CHECK(start.recorded && end.recorded,
+              "elapsed_time needs both events recorded first");
+  TORCH_CHECK(start.device == end.device,
+              "elapsed_time needs events of one device, got neuron:",
+              static_cast<int>(start.device),
+              " and neuron:", static_cast<int>(end.device));
+  return (end.timeNs - start.timeNs) / 1e6;
+}
+
+} // namespace neuron::device
