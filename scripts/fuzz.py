@@ -460,6 +460,8 @@ class RoundingNoise:
             """For a sum or a matmul, the rounding error of summing its terms in some order:
             u * sqrt(terms) * the sum of their magnitudes (a typical, not worst, bound)."""
             name = func._schema.name
+            if not all(t.is_floating_point() for t in args if isinstance(t, torch.Tensor)):
+                return None
             if name in ("aten::sum", "aten::mean"):
                 x = args[0]
                 dims = args[1] if len(args) > 1 and args[1] else list(range(x.dim()))
