@@ -441,8 +441,9 @@ def rel_error(y: Any, ref: Any) -> float:
 
 class RoundingNoise:
     """A dispatch mode that multiplies the result of every computing ATen op (forward and
-    backward) by 1 + u * U(-1, 1): float64 arithmetic behaving like a backward-stable
-    implementation with unit roundoff u."""
+    backward) by 1 + u * U(-1, 1), and moves a sum's or a matmul's by the error of adding up its
+    terms in another order: float64 arithmetic behaving like an implementation with unit roundoff
+    u that is free to choose its summation order, as the device's engines are."""
 
     def __init__(self, unit: float, seed: int) -> None:
         import torch
