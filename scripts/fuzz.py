@@ -229,10 +229,12 @@ class Generator:
             "{a} - {b}",
             "{a} * {b}",
             "{a} / ({b}.abs() + 1)",
-            "torch.maximum({a}, {b})",
-            "torch.where({a} > {b}, {a}, {b} * 0.5)",
             "{a} * torch.sigmoid({b})",
         ]
+        if self.program.dtype == "float32":
+            # Comparing two computed values: in bfloat16 many pairs are within a rounding of
+            # each other, so eager and the device legitimately take different branches.
+            forms += ["torch.maximum({a}, {b})", "torch.where({a} > {b}, {a}, {b} * 0.5)"]
         return self.rng.choice(forms).format(a=a, b=b)
 
     def matmul(self) -> str | None:
