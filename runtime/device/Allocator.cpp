@@ -174,6 +174,19 @@ void NeuronAllocator::recordStream(const c10::DataPtr &, c10::Stream) {
   // as its last tensor dies.
 }
 
+namespace {
+/// Every counter of `stats` kept per pool (allocation, segment, bytes, ...).
+template <typename Fn>
+void forEachStat(c10::CachingDeviceAllocator::DeviceStats &stats, Fn fn) {
+  for (auto *array :
+       {&stats.allocation, &stats.segment, &stats.active, &stats.inactive_split,
+        &stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes,
+        &stats.inactive_split_bytes, &stats.requested_bytes})
+    for (auto &stat : *array)
+      fn(stat);
+}
+} // namespace
+
 c10::CachingDeviceAllocator::DeviceStats
 NeuronAllocator::getDeviceStats(c10::DeviceIndex device) {
   device = resolveDevice(device);
@@ -185,12 +198,7 @@ void NeuronAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
   device = resolveDevice(device);
   std::lock_guard<std::mutex> lock(mutex_);
   auto &stats = state(device).stats;
-  for (auto *array :
-       {&stats.allocation, &stats.segment, &stats.active, &stats.inactive_split,
-        &stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes,
-        &stats.inactive_split_bytes, &stats.requested_bytes})
-    for (auto &stat : *array)
-      stat.reset_accumulated();
+  forEachStat(stats, [](auto &s) { s.reset_accumulated(); });
   stats.num_alloc_retries = 0;
   stats.num_ooms = 0;
   stats.num_device_alloc = 0;
@@ -200,13 +208,7 @@ void NeuronAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
 void NeuronAllocator::resetPeakStats(c10::DeviceIndex device) {
   device = resolveDevice(device);
   std::lock_guard<std::mutex> lock(mutex_);
-  auto &stats = state(device).stats;
-  for (auto *array :
-       {&stats.allocation, &stats.segment, &stats.active, &stats.inactive_split,
-        &stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes,
-        &stats.inactive_split_bytes, &stats.requested_bytes})
-    for (auto &stat : *array)
-      stat.reset_peak();
+  forEachStat(state(device).stats, [](auto &s) { s.reset_peak(); });
 }
 
 std::pair<size_t, size_t>
