@@ -11,7 +11,9 @@ if [ "${1:-}" = "--sanitize" ]; then
   # C++ hardest, with the instrumented extension loaded into an uninstrumented Python.
   shift
   "$ROOT/scripts/build-sanitize.sh" || exit 1
-  export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1"
+  # allow_user_poisoning=0: see scripts/fuzz-parsers.sh (LLVM allocators shared with libMLIR).
+  export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:allow_user_poisoning=0"
+  export UBSAN_OPTIONS="print_stacktrace=1"
   echo "== ctest (sanitized)"
   ctest --test-dir build-sanitize --output-on-failure
   ctest_rc=$?
