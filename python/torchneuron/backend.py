@@ -157,6 +157,12 @@ def build_graph(
     return work
 
 
+def clear_kernel_cache() -> None:
+    """Forget the kernels compiled so far: the next compile of every graph compiles anew."""
+    with _kernels_lock:
+        _kernels.clear()
+
+
 # Kernels by (target, document without its name), while some compiled graph holds them: threads
 # that compile the same graph at once (Dynamo compiles a new frame in each thread that calls it
 # first) share one compile and one kernel.
@@ -166,7 +172,9 @@ _compiling: dict[tuple[str, str], threading.Lock] = {}
 
 
 def _compile_shared(doc: dict[str, Any], target: str, dump: Path | None) -> tuple[Kernel, bool]:
-    """The kernel of ``doc`` and whether this call compiled it."""
+    """The kernel of ``doc`` and whether this call compiled it (always, when stages are dumped)."""
+    if dump is not None:
+        return _compile_document(doc, target, dump), True
     key = (target, fx_json.to_json({**doc, "name": ""}))
     with _kernels_lock:
         kernel = _kernels.get(key)

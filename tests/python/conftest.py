@@ -43,7 +43,10 @@ _ensure_neuron_backend_name()
 
 @pytest.fixture(autouse=True)
 def _clean_state() -> Iterator[None]:
+    from torchneuron import backend
+
     torch._dynamo.reset()
+    backend.clear_kernel_cache()  # each test compiles its graphs itself
     torchneuron.reset_stats()
     yield
     torch._dynamo.reset()

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from graph_capture import CompileCall
 
 import torchneuron
-from torchneuron import config
+from torchneuron import backend, config
 from torchneuron.backend import neuron_backend
 
 # fp32 accumulation on the device, in a different order than the eager CPU kernels.
@@ -391,11 +391,29 @@ def test_target_reaches_the_compiler(
         torch._dynamo.reset()
         torch.compile(mlp, backend=neuron_backend)(*MLP_ARGS)
         torch._dynamo.reset()
+        backend.clear_kernel_cache()  # the first trn3 kernel would be reused
         monkeypatch.setenv("TORCHNEURON_TARGET", "trn3")
         torch.compile(mlp, backend=neuron_backend)(*MLP_ARGS)
     assert [c.target for c in compile_calls] == ["trn3", "trn2", "trn3"]
     assert [c.kernel.target for c in compile_calls] == ["trn3", "trn2", "trn3"]
     assert torchneuron.stats()["kernels_run"] == 3
+
+
+def test_a_graph_compiled_again_reuses_its_kernel(compile_calls: list[CompileCall]) -> None:
+    """A second torch.compile of the same graph for the same target (here after a Dynamo reset)
+    runs the kernel compiled first, while that one is alive; another target compiles anew."""
+    with torch.no_grad():
+        first = torch.compile(mlp, backend=neuron_backend)
+        first(*MLP_ARGS)
+        torch._dynamo.reset()
+        out = torch.compile(mlp, backend=neuron_backend)(*MLP_ARGS)
+        torch.testing.assert_close(out, mlp(*MLP_ARGS), **F32)
+        torch._dynamo.reset()
+        torch.compile(mlp, backend=neuron_backend, options={"target": "trn3"})(*MLP_ARGS)
+    assert [c.target for c in compile_calls] == ["trn2", "trn3"]
+    assert torchneuron.stats()["graphs_compiled"] == 2
+    assert torchneuron.stats()["kernels_run"] == 3
+    del first
 
 
 def test_unknown_target_fails_the_compile(compile_calls: list[CompileCall]) -> None:
