@@ -90,6 +90,9 @@ def register() -> None:
         if _registered:
             return
         _C()
+        from torchneuron import eager
+
+        eager.install()  # the compiler side; it loads the compiler on the first eager op
         current = torch._C._get_privateuse1_backend_name()
         if current != _NAME:
             if current != "privateuseone":
