@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -44,6 +45,7 @@ _ensure_neuron_backend_name()
 @pytest.fixture(autouse=True)
 def _clean_state() -> Iterator[None]:
     torch._dynamo.reset()
+    gc.collect()  # kernels of earlier tests' graphs would be shared, not compiled (backend.py)
     torchneuron.reset_stats()
     yield
     torch._dynamo.reset()
