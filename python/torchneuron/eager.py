@@ -228,7 +228,11 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> _Answer:
             isinstance(self_value, tuple)
             and fx_json.dtype_from_name(self_value[1]).is_floating_point
         )
-        if floating and isinstance(by_name.get(form[0]), float):
+        if isinstance(by_name.get(form[0]), float):
+            if not floating:
+                # The device keys this float argument by kind once the op has a runtime-scalar
+                # kernel: a kernel with the value built in would serve other values too.
+                raise _Reject(f"a float {form[0]} with a tensor that is not floating point")
             runtime_scalar = form[0]
     values: dict[str, Any] = {}
     inputs: list[int] = []  # argument index of each traced input

@@ -137,6 +137,20 @@ def test_a_changing_scalar_argument_reuses_one_kernel() -> None:
     assert eager.counts()["compiles"] == compiles
 
 
+def test_a_float_scalar_with_integer_tensors_keeps_its_value() -> None:
+    a = torch.arange(6).reshape(2, 3)
+    torch.mul(_randn(2, 3).to("neuron"), 1.5)  # mul by a float: a runtime scalar from now on
+    torch.ops.aten.mul.Scalar(_randn(2, 3).to("neuron"), 1.5)
+    for value in (2.5, -0.5):  # an int tensor times a float: never a kernel with 2.5 built in
+        _close(a.to("neuron") * value, a * value, PLAIN)
+        _close(torch.ops.aten.mul.Scalar(a.to("neuron"), value), a * value, PLAIN)
+        _close(
+            torch.lerp(_randn(2, 3).to("neuron"), a.float().to("neuron"), value),
+            torch.lerp(_randn(2, 3), a.float(), value),
+            PLAIN,
+        )
+
+
 def test_an_op_the_compiler_does_not_lower_falls_back_and_is_counted() -> None:
     x, y = _randn(4, 3), _randn(4, 3)
     torchneuron.reset_stats()
