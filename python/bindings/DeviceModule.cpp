@@ -11,6 +11,7 @@
 #include "runtime/device/Allocator.h"
 #include "runtime/device/Device.h"
 #include "runtime/device/Generator.h"
+#include "runtime/device/KernelProvider.h"
 #include "runtime/device/Ops.h"
 #include "runtime/device/Stream.h"
 
@@ -35,6 +36,118 @@ c10::Stream streamOf(int device, int64_t streamId) {
   return c10::Stream(c10::Stream::UNSAFE,
                      c10::Device(kDeviceType, resolveDevice(device)), streamId);
 }
+
+const char *dtypeName(at::ScalarType t) {
+  switch (t) {
+  case at::kFloat:
+    return "float32";
+  case at::kBFloat16:
+    return "bfloat16";
+  case at::kHalf:
+    return "float16";
+  case at::kDouble:
+    return "float64";
+  case at::kInt:
+    return "int32";
+  case at::kLong:
+    return "int64";
+  case at::kShort:
+    return "int16";
+  case at::kChar:
+    return "int8";
+  case at::kByte:
+    return "uint8";
+  case at::kBool:
+    return "bool";
+  default:
+    return "unsupported";
+  }
+}
+
+/// An argument as the Python provider sees it: a tensor is ("tensor", dtype,
+/// sizes, strides, is_cpu_scalar), with a CPU 0-d float64 tensor (a wrapped
+/// Python number) given as float32, the way the kernel receives it.
+py::object describe(const c10::IValue &v) {
+  if (v.isTensor()) {
+    const at::Tensor &t = v.toTensor();
+    if (!t.defined())
+      return py::none();
+    bool cpuScalar = t.device().is_cpu();
+    at::ScalarType dtype = t.scalar_type();
+    if (cpuScalar && dtype == at::kDouble)
+      dtype = at::kFloat;
+    return py::make_tuple("tensor", dtypeName(dtype), t.sizes().vec(),
+                          t.strides().vec(), cpuScalar);
+  }
+  if (v.isNone())
+    return py::none();
+  if (v.isBool())
+    return py::bool_(v.toBool());
+  if (v.isInt())
+    return py::int_(v.toInt());
+  if (v.isDouble())
+    return py::float_(v.toDouble());
+  if (v.isString())
+    return py::str(v.toStringRef());
+  if (v.isIntList())
+    return py::cast(v.toIntList().vec());
+  if (v.isDoubleList())
+    return py::cast(v.toDoubleList().vec());
+  if (v.isBoolList())
+    return py::cast(v.toBoolList().vec());
+  throw std::invalid_argument("no Python description for this argument");
+}
+
+/// The compiler side, in Python (torchneuron.eager): provider(op, overload,
+/// args, target) -> None or (name, program_json, device_ns, inputs,
+/// outputs, returns, id, scalar_args); recorder(id) after each run while profiling.
+class PythonKernelProvider : public KernelProvider {
+public:
+  PythonKernelProvider(py::function provider, py::function recorder)
+      : provider(provider.release().ptr()), recorder(recorder.release().ptr()) {
+  }
+  // The functions are never released: the provider can outlive the
+  // interpreter (a static shared_ptr destroyed at exit).
+  ~PythonKernelProvider() override = default;
+
+  std::optional<ProvidedKernel> kernelFor(const c10::OperatorHandle &op,
+                                          c10::ArrayRef<c10::IValue> args,
+                                          const std::string &target) override {
+    if (!Py_IsInitialized())
+      return std::nullopt;
+    py::gil_scoped_acquire gil;
+    py::list described;
+    for (const c10::IValue &v : args)
+      described.append(describe(v));
+    const c10::OperatorName &name = op.schema().operator_name();
+    py::object answer = py::reinterpret_borrow<py::function>(provider)(
+        name.name, name.overload_name, described, target);
+    if (answer.is_none())
+      return std::nullopt;
+    auto t = answer.cast<py::tuple>();
+    ProvidedKernel k;
+    k.name = t[0].cast<std::string>();
+    k.program = t[1].cast<std::string>();
+    k.deviceNs = t[2].cast<double>();
+    k.inputs = t[3].cast<std::vector<int>>();
+    k.outputs = t[4].cast<std::vector<int>>();
+    k.returns = t[5].cast<std::vector<int>>();
+    k.id = t[6].cast<int64_t>();
+    k.scalarArgs = t[7].cast<std::vector<int>>();
+    return k;
+  }
+
+  void recordRun(int64_t id) override {
+    if (!Py_IsInitialized())
+      return;
+    py::gil_scoped_acquire gil;
+    py::reinterpret_borrow<py::function>(recorder)(id);
+  }
+
+private:
+  PyObject *provider;
+  PyObject *recorder;
+};
 
 } // namespace
 
@@ -67,6 +180,22 @@ PYBIND11_MODULE(_device, m) {
   m.def("_fallback_counts", &fallbackCounts);
   m.def("_reset_fallback_counts", &resetFallbackCounts);
   m.def("_cpu_numerics_ops", &routeCpuKernelsThroughFallback);
+
+  // Eager ops as device kernels (KernelProvider.h).
+  m.def("_set_kernel_provider", [](py::object provider, py::object recorder) {
+    if (provider.is_none()) {
+      setKernelProvider(nullptr);
+      return;
+    }
+    setKernelProvider(std::make_shared<PythonKernelProvider>(
+        provider.cast<py::function>(), recorder.cast<py::function>()));
+  });
+  m.def("_set_eager_kernels", &setEagerKernelsEnabled);
+  m.def("_eager_kernels_enabled", &eagerKernelsEnabled);
+  m.def("_set_eager_profiling", &setEagerProfiling);
+  m.def("_clear_eager_kernel_cache", &clearEagerKernelCache);
+  m.def("_eager_kernel_counts", &eagerKernelCounts);
+  m.def("_reset_eager_kernel_counts", &resetEagerKernelCounts);
 
   // Generators (the default generator of each device).
   m.def("_manual_seed", [](int d, uint64_t seed) {

@@ -34,7 +34,7 @@ class Stats:
                 "graphs_compiled": self.graphs_compiled,
                 "ops_on_device": self.ops_on_device,
                 "ops_fallback": dict(fallback),
-                "kernels_run": self.kernels_run,
+                "kernels_run": self.kernels_run + _eager_kernel_runs(),
                 "recompiles": self.recompiles,
                 "compile_seconds": self.compile_seconds,
             }
@@ -51,6 +51,7 @@ class Stats:
             device = sys.modules.get("torchneuron._device")
             if device is not None:
                 device._reset_fallback_counts()
+                device._reset_eager_kernel_counts()
 
     def record_compile(
         self, *, graphs: int, ops_on_device: int, fallback: list[str], seconds: float
@@ -86,6 +87,14 @@ def _eager_fallbacks() -> dict[str, int]:
     return {
         name.replace("::", ".", 1) + " (eager)": n for name, n in device._fallback_counts().items()
     }
+
+
+def _eager_kernel_runs() -> int:
+    """Device kernel runs of eager ops on neuron tensors (:mod:`torchneuron.eager`)."""
+    device = sys.modules.get("torchneuron._device")
+    if device is None:
+        return 0
+    return int(device._eager_kernel_counts()["runs"])
 
 
 STATS = Stats()

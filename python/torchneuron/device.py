@@ -6,16 +6,19 @@ default every core of one chip (8 on trn2 and trn3); ``TORCHNEURON_VISIBLE_CORES
 standing for each core's HBM share (the target's ``hbm_bytes_per_core``: 12 GiB on trn2, 18 GiB
 on trn3), managed by a caching allocator that raises ``torch.OutOfMemoryError`` past it.
 
-What runs today: tensor creation, views, copies, ``fill_``/``zero_`` and ``.item()`` are device
-kernels (host copies: the memory is host memory); every other op runs as a CPU fallback (inputs
-copied out, results copied back), counted in ``torchneuron.stats()["ops_fallback"]`` as
-``"aten.<op>.<overload> (eager)"`` and warned about once per op. Streams are host-ordered
-queues: work runs when issued. Each stream keeps a modeled-time cursor that events record;
-until device kernels place their modeled time on it, ``Event.elapsed_time`` is 0 for eager work.
+What runs: tensor creation, views, copies, ``fill_``/``zero_`` and ``.item()`` are device
+kernels (host copies: the memory is host memory); every other op the compiler lowers runs as a
+device kernel compiled for the call's sizes and dtypes and cached (:mod:`torchneuron.eager`);
+the rest run as a CPU fallback (inputs copied out, results copied back), counted in
+``torchneuron.stats()["ops_fallback"]`` as ``"aten.<op>.<overload> (eager)"`` and warned about
+once per op. Streams are host-ordered queues: work runs when issued. Each stream keeps a
+modeled-time cursor that events record and device kernels advance by their modeled time, so
+``Event.elapsed_time`` is modeled milliseconds.
 
 The package's ``torch.backends`` entry point registers the device when torch is imported
 (``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` or ``TORCHNEURON_DEVICE_AUTOLOAD=0`` turn that off; then
-``import torchneuron.device`` registers it). Loading the device never loads the compiler.
+``import torchneuron.device`` registers it). Loading the device does not load the compiler; the
+first eager op that needs a kernel does.
 """
 
 from __future__ import annotations
@@ -90,6 +93,9 @@ def register() -> None:
         if _registered:
             return
         _C()
+        from torchneuron import eager
+
+        eager.install()  # the compiler side; it loads the compiler on the first eager op
         current = torch._C._get_privateuse1_backend_name()
         if current != _NAME:
             if current != "privateuseone":
@@ -218,7 +224,7 @@ def _modeled_time_ns(s: torch.Stream | None = None) -> float:
 
 def _place_modeled_work(ns: float, s: torch.Stream | None = None) -> tuple[float, float]:
     """Put ``ns`` of modeled work on stream ``s`` (default: current stream) and return its
-    (start, end). Device kernels will do this for every op; tests use it directly."""
+    (start, end). Eager device kernels do this for every run; tests use it directly."""
     s = s or current_stream()
     start, end = _C()._place_modeled_work(ns=ns, device=s.device_index, stream=s.stream_id)
     return start, end

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -225,13 +226,24 @@ _ACTIVE: list[Profile] = []
 
 @contextlib.contextmanager
 def profile() -> Iterator[Profile]:
-    """Record every kernel run of compiled models inside the ``with`` block."""
+    """Record every kernel run inside the ``with`` block: compiled models' kernels and the
+    device kernels of eager ops on neuron tensors."""
     prof = Profile()
     _ACTIVE.append(prof)
+    _eager_profiling()
     try:
         yield prof
     finally:
         _ACTIVE.remove(prof)
+        _eager_profiling()
+
+
+def _eager_profiling() -> None:
+    """Have the device report eager kernel runs (:mod:`torchneuron.eager`) while a profile is
+    active; it never loads the device library."""
+    device = sys.modules.get("torchneuron._device")
+    if device is not None:
+        device._set_eager_profiling(bool(_ACTIVE))
 
 
 def record_run(kernel: Kernel, name: str) -> None:

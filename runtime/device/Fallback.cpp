@@ -1,7 +1,9 @@
 //===- Fallback.cpp - The counted CPU fallback of the neuron device -------===//
 //
 // Every ATen op without a neuron kernel lands here (a boxed fallback for the
-// PrivateUse1 key). Most go through ATen's cpu_fallback: neuron inputs are
+// PrivateUse1 key). It first asks for a device kernel compiled for the call
+// (runEagerKernel, KernelProvider.h); only ops without one are counted and
+// run on the CPU. Most of those go through ATen's cpu_fallback: neuron inputs are
 // copied to the CPU, the CPU kernel runs, and results are copied back; inputs
 // the op mutates (in-place, out=) are written back into the neuron tensors.
 // Two cases need more:
@@ -19,6 +21,7 @@
 
 #include "runtime/device/Device.h"
 #include "runtime/device/Generator.h"
+#include "runtime/device/KernelProvider.h"
 #include "runtime/device/Ops.h"
 
 #include <ATen/ATen.h>
@@ -187,6 +190,8 @@ void viewFallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
 }
 
 void neuronFallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
+  if (runEagerKernel(op, stack))
+    return; // a device kernel compiled for this call (EagerKernels.cpp)
   const c10::FunctionSchema &schema = op.schema();
   recordFallback(schema.operator_name());
   substituteGenerators(schema, stack);

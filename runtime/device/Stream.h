@@ -1,16 +1,16 @@
 //===- Stream.h - Streams, events and the modeled timeline ------*- C++ -*-===//
 //
-// A neuron stream is a queue on the device's modeled timeline. Today its
-// work runs synchronously on the host when it is issued (every eager op is a
-// CPU fallback), so a stream is host-ordered: query() is always true and
-// synchronize() returns at once. What a stream keeps is a modeled-time
+// A neuron stream is a queue on the device's modeled timeline. Its work runs
+// synchronously on the host when it is issued, so a stream is host-ordered:
+// query() is always true and synchronize() returns at once. What a stream
+// keeps is a modeled-time
 // cursor, in nanoseconds: placeWork(stream, ns) puts a piece of modeled work
 // at the cursor and moves it on. An event records a stream's cursor, a
 // stream waiting for an event moves its cursor to the event's time, and
 // elapsed_time is the difference of two events' times, in milliseconds.
-// Until device kernels place their modeled duration on their stream, nothing
-// in eager execution moves a cursor, so elapsed_time between two events is 0
-// unless work was placed explicitly (torch.neuron._place_modeled_work).
+// Every eager device kernel (EagerKernels.cpp) places its modeled duration
+// on the current stream; CPU fallbacks and copies place nothing yet.
+// torch.neuron._place_modeled_work places work explicitly (tests).
 //
 // Stream ids: 0 is each device's default stream; torch.Stream(device=...)
 // gets a new id (1, 2, ...) every time. The current stream is per thread and

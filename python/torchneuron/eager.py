@@ -1,0 +1,325 @@
+"""Eager ops on neuron tensors as device kernels: the compiler side of the device's kernel
+provider (``runtime/device/KernelProvider.h``).
+
+The device library keys every eager call that reaches its fallback by the operator and the
+arguments' dtypes, sizes and strides (and the values of non-tensor arguments), and asks
+:func:`provide` once per key. The answer is the program of the op compiled by the
+``torch.compile`` pipeline, or None (the op stays a counted CPU fallback). The device keeps the
+answer in memory, so a second call with the same key costs a lookup and the run, with no Python.
+
+How an op becomes a kernel: a mutating overload (``add.out``, ``add_.Tensor``) is replaced by
+its functional overload (``add.Tensor``), whose results the device writes into the mutated
+arguments; the functional op is traced with ``make_fx`` under the backend's decompositions
+(:func:`torchneuron.decompositions.neuron_decompositions`) on tensors of the call's sizes and
+dtypes, checked with ``_C.check_graph`` (any op the importer rejects: no kernel) and compiled
+with ``_C.compile_graph``. Inputs reach the kernel contiguous; CPU 0-d tensors (Python numbers
+that PyTorch wrapped) are kernel inputs too, float64 ones as float32.
+
+Not provided (CPU fallback): random ops, ops taking generators, devices, layouts or memory
+formats, ops that mutate an argument other than ``out=`` or ``self`` of an in-place op, results
+that are None, and anything the importer does not lower.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+import torch
+
+__all__ = ["counts", "enabled", "install", "provide", "record", "rejected", "set_enabled"]
+
+log = logging.getLogger("torchneuron")
+
+# torch's ScalarType enumeration (c10/core/ScalarType.h): how a dtype argument reaches us.
+_SCALAR_TYPES: dict[int, torch.dtype] = {
+    0: torch.uint8,
+    1: torch.int8,
+    2: torch.int16,
+    3: torch.int32,
+    4: torch.int64,
+    5: torch.float16,
+    6: torch.float32,
+    7: torch.float64,
+    11: torch.bool,
+    15: torch.bfloat16,
+}
+
+_lock = threading.Lock()
+# Kernels handed to the device, by the id the device passes back to :func:`record`.
+_kernels: list[tuple[Any, str]] = []
+# Why ops were not provided: "aten.op.overload" -> reason (the latest one).
+_rejected: dict[str, str] = {}
+_names: Counter[str] = Counter()
+
+
+class _Reject(Exception):
+    pass
+
+
+def _aten(name: str) -> Any:
+    return getattr(torch.ops.aten, name)
+
+
+def _scalar_forms() -> dict[Any, tuple[str, Any]]:
+    """Functional ops whose float ``Scalar`` argument becomes a kernel input: (argument, the
+    op written with that argument as a 0-d tensor)."""
+    add, sub, mul, div = (_aten(n).Tensor for n in ("add", "sub", "mul", "div"))
+    return {
+        _aten("addcdiv").default: (
+            "value",
+            lambda self, tensor1, tensor2, value: add(self, mul(div(tensor1, tensor2), value)),
+        ),
+        _aten("addcmul").default: (
+            "value",
+            lambda self, tensor1, tensor2, value: add(self, mul(mul(tensor1, tensor2), value)),
+        ),
+        _aten("add").Tensor: ("alpha", lambda self, other, alpha: add(self, mul(other, alpha))),
+        _aten("sub").Tensor: ("alpha", lambda self, other, alpha: sub(self, mul(other, alpha))),
+        _aten("lerp").Scalar: (
+            "weight",
+            lambda self, end, weight: _aten("lerp").Tensor(self, end, weight),
+        ),
+        _aten("mul").Scalar: ("other", lambda self, other: mul(self, other)),
+        _aten("div").Scalar: ("other", lambda self, other: div(self, other)),
+        _aten("add").Scalar: (
+            "other",
+            lambda self, other, alpha: add(self, other, alpha=alpha),
+        ),
+    }
+
+
+_SCALAR_FORMS = _scalar_forms()
+
+
+def install() -> None:
+    """Register :func:`provide` with the device library (``device.register`` calls this)."""
+    from torchneuron import device
+
+    device._C()._set_kernel_provider(provide, record)
+
+
+def set_enabled(on: bool) -> None:
+    """Run eager ops as device kernels (the default) or send every op to the counted CPU
+    fallback (``TORCHNEURON_EAGER_KERNELS=0`` starts with them off): CPU's results bit for
+    bit, and no modeled time."""
+    from torchneuron import device
+
+    device._C()._set_eager_kernels(bool(on))
+
+
+def enabled() -> bool:
+    from torchneuron import device
+
+    return bool(device._C()._eager_kernels_enabled())
+
+
+def counts() -> dict[str, int]:
+    """``runs`` (device kernel runs of eager ops), ``compiles`` (calls compiled into a
+    kernel), ``rejected`` (calls left to the CPU fallback) and ``cached_kernels``, since the
+    last ``torchneuron.reset_stats()``."""
+    from torchneuron import device
+
+    return dict(device._C()._eager_kernel_counts())
+
+
+def rejected() -> dict[str, str]:
+    """Why each op that reached the provider was not compiled (``"aten.addcdiv.out"`` ->
+    reason)."""
+    with _lock:
+        return dict(_rejected)
+
+
+def record(kernel_id: int) -> None:
+    """Called by the device after each eager kernel run while a profile is active."""
+    from torchneuron.profile import record_run
+
+    kernel, name = _kernels[kernel_id]
+    record_run(kernel, name)
+
+
+_Answer = tuple[str, str, float, list[int], list[int], list[int], int, list[int]]
+
+
+def provide(name: str, overload: str, args: list[Any], target: str) -> _Answer | None:
+    """The device asks for the kernel of ``name.overload`` at ``args`` (tensors described as
+    ``("tensor", dtype, sizes, strides, is_cpu_scalar)``); returns ``(kernel name, program
+    JSON, modeled ns, program input -> argument, program output -> argument written or -1,
+    op return -> argument or -(output + 1), kernel id, runtime scalar arguments)`` or None.
+
+    A runtime scalar argument (the ``value`` of ``addcdiv``, an ``alpha``, ``lerp``'s
+    ``weight``: numbers an optimizer changes every step) is a 0-d float32 kernel input, so the
+    device keys that argument of the op by its kind, not its value, and one kernel serves every
+    value."""
+    qualified = f"{name.replace('::', '.')}.{overload or 'default'}"
+    try:
+        return _provide(name, overload or "default", args, target)
+    except _Reject as e:
+        reason = str(e)
+    except Exception as e:  # the op stays a CPU fallback; the model keeps running
+        reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    with _lock:
+        _rejected[qualified] = reason
+    log.debug("torchneuron: %s stays a CPU fallback: %s", qualified, reason)
+    return None
+
+
+def _op(name: str, overload: str) -> torch._ops.OpOverload:
+    namespace, op_name = name.split("::", 1)
+    packet = getattr(getattr(torch.ops, namespace), op_name)
+    return getattr(packet, overload)  # type: ignore[no-any-return]
+
+
+def _writes(arg: Any) -> bool:
+    return arg.alias_info is not None and arg.alias_info.is_write
+
+
+def _functional(op: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, list[int]]:
+    """The functional overload computing ``op``'s results, and the arguments ``op`` writes
+    them into (empty for a functional op)."""
+    schema = op._schema
+    written = [i for i, a in enumerate(schema.arguments) if _writes(a)]
+    if not written:
+        return op, []
+    namespace, op_name = schema.name.split("::", 1)
+    if all(schema.arguments[i].kwarg_only for i in written):  # out= variant
+        kept = [(a.name, str(a.type)) for a in schema.arguments if not _writes(a)]
+        packet = getattr(getattr(torch.ops, namespace), op_name)
+        for overload in packet.overloads():
+            candidate = getattr(packet, overload)
+            cs = candidate._schema
+            if any(a.alias_info is not None for a in cs.arguments):
+                continue
+            if [(a.name, str(a.type)) for a in cs.arguments] == kept and len(cs.returns) == len(
+                written
+            ):
+                return candidate, written
+        raise _Reject("no functional overload with the out= variant's arguments")
+    if written == [0] and op_name.endswith("_"):  # in-place on self
+        packet = getattr(getattr(torch.ops, namespace), op_name[:-1], None)
+        candidate = getattr(packet, schema.overload_name or "default", None)
+        if candidate is not None and len(candidate._schema.returns) == 1:
+            return candidate, written
+    raise _Reject("mutates arguments other than out= or an in-place self")
+
+
+def _provide(name: str, overload: str, args: list[Any], target: str) -> _Answer:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchneuron import backend, fx_json, partition, rewrite
+    from torchneuron.decompositions import neuron_decompositions
+
+    op = _op(name, overload)
+    if torch.Tag.nondeterministic_seeded in op.tags:
+        raise _Reject("draws random numbers (CPU fallback with the device's generator)")
+    schema = op._schema
+    functional, written = _functional(op)
+
+    # The functional call: tensors (and runtime scalars) become the traced function's inputs.
+    by_name = {a.name: v for a, v in zip(schema.arguments, args, strict=True)}
+    index = {a.name: i for i, a in enumerate(schema.arguments)}
+    form = _SCALAR_FORMS.get(functional)
+    runtime_scalar = None
+    if form is not None:
+        self_value = by_name.get("self")
+        floating = (
+            isinstance(self_value, tuple)
+            and fx_json.dtype_from_name(self_value[1]).is_floating_point
+        )
+        if isinstance(by_name.get(form[0]), float):
+            if not floating:
+                # The device keys this float argument by kind once the op has a runtime-scalar
+                # kernel: a kernel with the value built in would serve other values too.
+                raise _Reject(f"a float {form[0]} with a tensor that is not floating point")
+            runtime_scalar = form[0]
+    values: dict[str, Any] = {}
+    inputs: list[int] = []  # argument index of each traced input
+    examples: list[torch.Tensor] = []
+    traced: list[str] = []  # argument name of each traced input
+    for a in functional._schema.arguments:
+        value = by_name[a.name]
+        type_name = str(a.type)
+        if a.name == runtime_scalar:
+            examples.append(torch.empty((), dtype=torch.float32))
+            inputs.append(index[a.name])
+            traced.append(a.name)
+        elif isinstance(value, tuple) and value and value[0] == "tensor":
+            _, dtype_name, sizes, _strides, _cpu_scalar = value
+            examples.append(torch.empty(sizes, dtype=fx_json.dtype_from_name(dtype_name)))
+            inputs.append(index[a.name])
+            traced.append(a.name)
+        elif any(t in type_name for t in ("Generator", "Device", "Layout", "MemoryFormat")):
+            if value is not None:
+                raise _Reject(f"argument {a.name} of type {type_name}")
+        elif "ScalarType" in type_name and isinstance(value, int):
+            if value not in _SCALAR_TYPES:
+                raise _Reject(f"dtype argument {a.name} = {value}")
+            value = _SCALAR_TYPES[value]
+        values[a.name] = value
+
+    def call(*tensors: torch.Tensor) -> Any:
+        named = {**values, **dict(zip(traced, tensors, strict=True))}
+        if runtime_scalar is not None:
+            assert form is not None
+            return form[1](**named)
+        pos = [named[a.name] for a in functional._schema.arguments if not a.kwarg_only]
+        kw = {a.name: named[a.name] for a in functional._schema.arguments if a.kwarg_only}
+        return functional(*pos, **kw)
+
+    gm = make_fx(call, decomposition_table=neuron_decompositions(), tracing_mode="fake")(*examples)
+    results = gm.graph.output_node().args[0]
+    results = list(results) if isinstance(results, (tuple, list)) else [results]
+    if not results or any(not isinstance(r, torch.fx.Node) for r in results):
+        raise _Reject("a result is not a computed tensor (None or an input)")
+    if any(r.op == "placeholder" for r in results):
+        raise _Reject("a result is an input")
+    if written and len(results) != len(written):
+        raise _Reject(f"{len(results)} results for {len(written)} written arguments")
+    rewrite.as_strided_views(gm)
+    if not any(partition.is_compute(n) for n in gm.graph.nodes):
+        raise _Reject("no device work (views only)")
+    unsupported = partition.find_unsupported(gm, name="eager_check")
+    if unsupported:
+        node, reason = next(iter(unsupported.items()))
+        raise _Reject(f"{node}: {reason}")
+    if backend._dedupe_outputs(gm) is not None:
+        raise _Reject("returns one value twice")
+
+    short = f"{name.split('::', 1)[1]}_{overload}"
+    with _lock:
+        _names[short] += 1
+        kernel_name = f"eager_{short}_{_names[short]}"
+    doc = fx_json.serialize_graph(gm, name=kernel_name)
+    kernel, _ = backend._compile_shared(doc, target, None)
+    if len(kernel.input_specs) != len(inputs) or len(kernel.output_specs) != len(results):
+        raise _Reject("the program's inputs or outputs differ from the graph's")
+    device_ns = float(kernel.timeline()["device_ns"])  # once per kernel
+
+    outputs = written if written else [-1] * len(results)
+    returns: list[int] = []
+    for j, ret in enumerate(schema.returns):
+        if ret.alias_info is not None:  # returns the argument it wrote
+            (i,) = [
+                i
+                for i, a in enumerate(schema.arguments)
+                if a.alias_info is not None and a.alias_info.before_set == ret.alias_info.before_set
+            ]
+            returns.append(i)
+        else:
+            returns.append(-j - 1)
+    with _lock:
+        _kernels.append((kernel, kernel_name))
+        kernel_id = len(_kernels) - 1
+    scalars = [index[runtime_scalar]] if runtime_scalar is not None else []
+    return (
+        kernel_name,
+        kernel.program_json,
+        device_ns,
+        inputs,
+        outputs,
+        returns,
+        kernel_id,
+        scalars,
+    )

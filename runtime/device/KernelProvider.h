@@ -1,0 +1,89 @@
+//===- KernelProvider.h - Device kernels for eager ops ----------*- C++ -*-===//
+//
+// Eager ops on neuron tensors run as device kernels when a kernel provider
+// can give the program of the op at the call's sizes, dtypes and strides.
+// The device library defines the interface and never links the compiler: the
+// compiler side implements it and registers it when it loads (today a Python
+// provider, python/torchneuron/eager.py, over the torch.compile pipeline).
+//
+// The dispatcher (EagerKernels.cpp) keys each call by its operator and, per
+// argument, the tensor's device kind, dtype, sizes and strides, or the value
+// of a non-tensor argument (a number the provider made a kernel input: its
+// kind only); it asks the provider once per key and keeps the
+// answer in memory (a loaded program with its executor, or "no kernel", which
+// sends the op to the counted CPU fallback). A later call with the same key
+// costs the key, one hash lookup, the output allocations and the run.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef NEURON_RUNTIME_DEVICE_KERNELPROVIDER_H
+#define NEURON_RUNTIME_DEVICE_KERNELPROVIDER_H
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace neuron::device {
+
+/// The program of one eager op call, and where its buffers come from.
+struct ProvidedKernel {
+  std::string name;    ///< for profiles
+  std::string program; ///< kernel program JSON (docs/PROGRAM_FORMAT.md)
+  double deviceNs = 0; ///< modeled time of one run
+  /// Per program input: the index of the op argument that feeds it (a
+  /// tensor; a CPU 0-d float64 tensor is passed as float32).
+  std::vector<int> inputs;
+  /// Per program output: the argument it is written into (out=, in-place),
+  /// or -1 for a new neuron tensor.
+  std::vector<int> outputs;
+  /// Per op return: an argument index (>= 0) or -(program output) - 1.
+  std::vector<int> returns;
+  int64_t id = -1; ///< the provider's handle, passed back to the recorder
+  /// Arguments (numbers) that the program takes as 0-d inputs instead of
+  /// constants: later calls of the op key them by kind, not value, so one
+  /// kernel serves every value (an optimizer's step size).
+  std::vector<int> scalarArgs;
+};
+
+class KernelProvider {
+public:
+  virtual ~KernelProvider() = default;
+  /// The kernel of `op` called with `args` for `target`, or nullopt when the
+  /// op cannot run on the device at these arguments. Tensor arguments are
+  /// neuron tensors, undefined, or CPU 0-d tensors; the provider reads only
+  /// their metadata. Called once per call key.
+  virtual std::optional<ProvidedKernel>
+  kernelFor(const c10::OperatorHandle &op, c10::ArrayRef<c10::IValue> args,
+            const std::string &target) = 0;
+  /// Called after every run of kernel `id` while profiling is on.
+  virtual void recordRun(int64_t id) = 0;
+};
+
+/// Installs the provider (nullptr: none; every op falls back to the CPU) and
+/// forgets every cached kernel.
+void setKernelProvider(std::shared_ptr<KernelProvider> provider);
+/// Device kernels on or off (TORCHNEURON_EAGER_KERNELS=0 starts off).
+void setEagerKernelsEnabled(bool enabled);
+bool eagerKernelsEnabled();
+/// Call KernelProvider::recordRun after every run.
+void setEagerProfiling(bool enabled);
+void clearEagerKernelCache();
+
+/// Runs the op on `stack` as a device kernel if there is one (popping the
+/// arguments and pushing the returns); false leaves the stack untouched.
+bool runEagerKernel(const c10::OperatorHandle &op, torch::jit::Stack *stack);
+
+/// Counters since the last reset: "runs" (device kernel runs), "compiles"
+/// (provider calls that gave a kernel), "rejected" (that gave none),
+/// "cached_kernels".
+std::map<std::string, int64_t> eagerKernelCounts();
+void resetEagerKernelCounts();
+
+} // namespace neuron::device
+
+#endif // NEURON_RUNTIME_DEVICE_KERNELPROVIDER_H
