@@ -6,8 +6,9 @@ one change, next to the same loop on the CPU.
 The device registers itself when torch is imported (no ``import torchneuron`` needed). Every
 eager op the compiler lowers runs as a device kernel, compiled for its sizes and dtypes on
 first use and cached (the first step compiles, later steps only look kernels up); the rest
-are counted CPU fallbacks. The losses match CPU eager's within float32 rounding. The run ends
-with the modeled device time of one step, what fell back and the device's memory figures.
+are counted CPU fallbacks. The losses match CPU eager's within float32 rounding (the script
+exits with status 1 if one does not). The run ends with the modeled device time of one step,
+what fell back and the device's memory figures.
 ``TORCHNEURON_EAGER_KERNELS=0`` runs every op as a CPU fallback (CPU's numbers bit for bit).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 import warnings
 
 import torch
@@ -36,6 +38,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
     step_ns = 0.0
+    different = []
     for step in range(args.steps):
         x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
         losses = []
@@ -53,6 +56,7 @@ def main() -> None:
             same = "close"
         else:
             same = "DIFFERENT"
+            different.append(step)
         print(f"step {step:3d}  cpu {losses[0]:.6f}  neuron {losses[1]:.6f}  ({same})")
 
     print(f"accelerator: {torch.accelerator.current_accelerator()}")
@@ -70,6 +74,8 @@ def main() -> None:
     print(f"CPU fallbacks: {sum(fallback.values())} calls of {len(fallback)} ops")
     for name, n in sorted(fallback.items(), key=lambda kv: -kv[1])[:8]:
         print(f"  {n:5d}  {name}")
+    if different:
+        sys.exit(f"MISMATCH: the neuron loss differs from the CPU loss at steps {different}")
 
 
 if __name__ == "__main__":

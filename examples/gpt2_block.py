@@ -3,13 +3,14 @@
     scripts/run-example.sh            # or: .venv/bin/python examples/gpt2_block.py [--target trn3]
 
 Prints how closely the device results match eager PyTorch on the CPU, in float32 and bfloat16,
-and what ran on the device.
+and what ran on the device; exits with status 1 if any result is off by more than the tolerance.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 
 import torch
@@ -55,6 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"GPT-2 style block on the {args.target} engine model")
+    mismatches = []
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 5e-2)):
         model = Block().eval().to(dtype)
         compiled = torch.compile(model, backend="neuron", options={"target": args.target})
@@ -69,6 +71,8 @@ def main() -> None:
             err = (got.float() - expected.float()).abs().max().item()
             scale = max(1.0, expected.float().abs().max().item())
             status = "ok" if err <= tol * scale else "MISMATCH"
+            if status != "ok":
+                mismatches.append(f"{dtype} seq={seq}: {err:.2e} > {tol * scale:.2e}")
             print(
                 f"  {str(dtype):15s} seq={seq:3d}  max |device - eager| = {err:.2e}  "
                 f"[{status}]  modeled device time {prof.total_device_ns / 1e3:8.1f} us  "
@@ -82,6 +86,8 @@ def main() -> None:
     )
     print("\nwhere the device time goes (last run):")
     prof.summary()
+    if mismatches:
+        sys.exit("MISMATCH with eager PyTorch: " + "; ".join(mismatches))
 
 
 if __name__ == "__main__":

@@ -5,12 +5,15 @@
 
 Prints, per step, the loss and the modeled device time of that step's kernels (forward and
 backward; the optimizer step runs in eager PyTorch and is counted in ``torchneuron.stats()``).
-The task (the next token is the current one plus 1) is easy, so the loss falls quickly.
+The task (the next token is the current one plus 1) is easy, so the loss falls quickly: the
+script exits with status 1 if a loss is not finite, or if it did not fall over 10 or more steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +78,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(1)
 
     print(f"training on the {args.target} engine model ({'bf16 autocast' if args.bf16 else 'f32'})")
+    losses = []
     for step in range(args.steps):
         data = batch(g)
         with torchneuron.profile() as prof:
@@ -83,6 +87,7 @@ def main() -> None:
             loss.backward()
         opt.step()
         opt.zero_grad()
+        losses.append(loss.item())
         print(
             f"step {step:3d}  loss {loss.item():.4f}  "
             f"modeled device time {prof.total_device_ns / 1e3:8.1f} us "
@@ -94,6 +99,10 @@ def main() -> None:
         f"kernels run: {s['kernels_run']}, eager: {s['ops_fallback'] or 'nothing'}"
     )
     torchneuron.set_default_backend(None)
+    if not all(math.isfinite(x) for x in losses):
+        sys.exit(f"FAILED: a loss is not finite: {losses}")
+    if len(losses) >= 10 and not losses[-1] < losses[0]:
+        sys.exit(f"FAILED: the loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})")
 
 
 if __name__ == "__main__":

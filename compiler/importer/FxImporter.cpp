@@ -1685,13 +1685,34 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.embedding.default"] = [](Importer &im) {
       return gatherRowsHandler(im, im.tensor(im.arg(0)), im.tensor(im.arg(1)));
     };
+    // A 0-d index selects like a 1-element one (the result keeps the dim),
+    // and a 0-d input is a 1-row table whose row is the result (its index
+    // holds one element, 0): both gather [1]-shaped indices and reshape. Gather
+    // itself keeps indices' shape, so passing them through would build a
+    // module that fails verification, and the whole graph would stay eager.
     t["aten.index_select.default"] = [](Importer &im) {
       Value table = im.tensor(im.arg(0));
-      int64_t rank = cast<RankedTensorType>(table.getType()).getRank();
-      require(rank >= 1, "index_select of a 0-d tensor");
+      Value indices = im.tensor(im.arg(2));
+      auto tableType = cast<RankedTensorType>(table.getType());
+      auto indexType = cast<RankedTensorType>(indices.getType());
+      int64_t rank = tableType.getRank();
       int64_t dim = im.normDim(im.integer(im.arg(1)), rank);
       require(dim == 0, "index_select on a dim other than 0");
-      return gatherRowsHandler(im, table, im.tensor(im.arg(2)));
+      require(indexType.getRank() <= 1, "index_select with a multi-dim index");
+      RankedTensorType out = im.resultType();
+      if (rank == 0) {
+        require(indexType.getNumElements() == 1,
+                "index_select of a 0-d tensor takes exactly one index");
+        table = im.reshape(table, {1});
+      }
+      int64_t count = indexType.getNumElements();
+      indices = im.reshape(indices, {count});
+      SmallVector<int64_t> shape = {count};
+      auto rowShape = cast<RankedTensorType>(table.getType()).getShape();
+      llvm::append_range(shape, rowShape.drop_front());
+      Value rows =
+          im.b.create<GatherOp>(im.loc(), out.clone(shape), table, indices);
+      return Values{im.reshape(rows, out.getShape())};
     };
     return t;
   }();

@@ -5,12 +5,13 @@
 // allocates all program-owned memory. run() then walks the flattened tree.
 //
 // Each compute instruction gathers its strided operands into fp32 scratch
-// arrays (widening each dtype exactly), computes on them with Eigen, and
+// arrays (widening each dtype exactly), computes on them with Eigen in fixed
+// blocks (so no result depends on an array's address), and
 // scatters the result with the destination dtype's rounding; matmuls run on
 // Gemm.h's kernels, which read bf16 operands in place. DMA copies move bytes
 // directly when the dtypes agree and convert through fp32 otherwise. Large
 // matmuls, copies and activations are split between the WorkerPool's
-// threads.
+// threads, in ways that leave every result's bits unchanged.
 //
 //===----------------------------------------------------------------------===//
 
@@ -39,16 +40,11 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace neuron::runtime {
 
 namespace {
-
-using ArrayF = Eigen::Array<float, Eigen::Dynamic, 1>;
-using MapA = Eigen::Map<ArrayF>;
-using ConstMapA = Eigen::Map<const ArrayF>;
-using RowArray =
-    Eigen::Array<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 //===----------------------------------------------------------------------===//
 // Compiled views and strided iteration
@@ -493,167 +489,293 @@ void fillRun(uint8_t *p, int64_t stride, int64_t n, const uint8_t *element,
 }
 
 //===----------------------------------------------------------------------===//
-// Eigen kernels
+// Eigen kernels, independent of addresses
 //===----------------------------------------------------------------------===//
+//
+// Eigen's loops over a dynamic-size array start their vector iterations at
+// its first 64-byte-aligned element and handle the elements before it (and
+// after the last whole vector) with its scalar functors, which round
+// differently from its vector ones (std::exp against its polynomial exp,
+// 1 / std::sqrt against rsqrt14 and a Newton step, ...); its reductions also
+// begin their vector partial sums at that element. The results would then
+// depend on where the scratch arrays happen to live and on where a thread's
+// chunk starts. These kernels instead walk every array in fixed-size blocks
+// from its first element, the last block zero-padded, and fold reductions in
+// an order fixed by the element count: every element of an array takes the
+// same code path whatever its address.
 
-/// out = lhs op rhs, elementwise; lhs and rhs are Eigen array expressions of
-/// out's size (maps or constants), so each op is one vectorized expression.
-template <typename Lhs, typename Rhs>
-void applyAlu(AluOp op, const Lhs &lhs, const Rhs &rhs, MapA out) {
-  auto truth = [](const auto &mask) { return mask.template cast<float>(); };
-  switch (op) {
-  case AluOp::Add:
-    out = lhs + rhs;
-    return;
-  case AluOp::Subtract:
-    out = lhs - rhs;
-    return;
-  case AluOp::Multiply:
-    out = lhs * rhs;
-    return;
-  case AluOp::Divide:
-    out = lhs / rhs;
-    return;
-  case AluOp::Max: // NaN-propagating, like torch.maximum.
-    out = lhs.binaryExpr(
-        rhs,
-        Eigen::internal::scalar_max_op<float, float, Eigen::PropagateNaN>());
-    return;
-  case AluOp::Min:
-    out = lhs.binaryExpr(
-        rhs,
-        Eigen::internal::scalar_min_op<float, float, Eigen::PropagateNaN>());
-    return;
-  case AluOp::Pow:
-    out = lhs.binaryExpr(rhs, [](float x, float y) { return std::pow(x, y); });
-    return;
-  case AluOp::Mod:
-    out = lhs.binaryExpr(rhs, [](float x, float y) { return std::fmod(x, y); });
-    return;
-  case AluOp::Remainder: // Python %: the result takes the divisor's sign.
-    out = lhs.binaryExpr(rhs, [](float x, float y) {
-      float r = std::fmod(x, y);
-      if (r != 0.0f && ((r < 0.0f) != (y < 0.0f)))
-        r += y;
-      return r;
-    });
-    return;
-  case AluOp::Eq:
-    out = truth(lhs == rhs);
-    return;
-  case AluOp::Ne:
-    out = truth(lhs != rhs);
-    return;
-  case AluOp::Lt:
-    out = truth(lhs < rhs);
-    return;
-  case AluOp::Le:
-    out = truth(lhs <= rhs);
-    return;
-  case AluOp::Gt:
-    out = truth(lhs > rhs);
-    return;
-  case AluOp::Ge:
-    out = truth(lhs >= rhs);
-    return;
-  case AluOp::LogicalAnd:
-    out = truth((lhs != 0.0f) && (rhs != 0.0f));
-    return;
-  case AluOp::LogicalOr:
-    out = truth((lhs != 0.0f) || (rhs != 0.0f));
-    return;
-  case AluOp::LogicalXor:
-    out = truth((lhs != 0.0f) != (rhs != 0.0f));
-    return;
-  case AluOp::Bypass:
-    out = lhs;
-    return;
+constexpr int64_t kLanes = 16; // one AVX-512 vector of floats (two AVX ones)
+using Block = Eigen::Array<float, kLanes, 1>;
+using BlockMap = Eigen::Map<Block>; // unaligned: loads anywhere
+using ConstBlockMap = Eigen::Map<const Block>;
+
+/// An elementwise operand: n floats ...
+struct Values {
+  const float *data;
+  /// Block [i, i + count); a partial block is copied into `pad`, zero-filled.
+  ConstBlockMap block(int64_t i, int64_t count, float *pad) const {
+    if (count == kLanes)
+      return ConstBlockMap(data + i);
+    std::fill(pad, pad + kLanes, 0.0f);
+    std::copy(data + i, data + i + count, pad);
+    return ConstBlockMap(pad);
+  }
+};
+
+/// ... or one value for every element.
+struct Splat {
+  float value;
+  auto block(int64_t, int64_t, float *) const { return Block::Constant(value); }
+};
+
+/// Calls fn(BlockMap out, operand blocks...) for each block of n elements;
+/// the last, partial block goes through the same call on padded copies.
+template <typename Fn, typename... Operands, size_t... Index>
+void blockwise(std::index_sequence<Index...>, int64_t n, float *out, Fn &&fn,
+               const Operands &...operands) {
+  alignas(64) float padOut[kLanes];
+  alignas(64) float pads[sizeof...(Operands)][kLanes];
+  for (int64_t i = 0; i < n; i += kLanes) {
+    int64_t count = std::min(kLanes, n - i);
+    float *dst = count == kLanes ? out + i : padOut;
+    fn(BlockMap(dst), operands.block(i, count, pads[Index])...);
+    if (count < kLanes)
+      std::copy(padOut, padOut + count, out + i);
   }
 }
 
-/// x = func(x) in place.
-void applyActivation(ActFunc func, MapA x) {
-  constexpr float kSqrt1_2 = 0.70710678118654752f;
-  constexpr float kSqrt2OverPi = 0.79788456080286536f;
-  constexpr float kInf = std::numeric_limits<float>::infinity();
+template <typename Fn, typename... Operands>
+void blockwise(int64_t n, float *out, Fn &&fn, const Operands &...operands) {
+  blockwise(std::index_sequence_for<Operands...>(), n, out,
+            std::forward<Fn>(fn), operands...);
+}
+
+/// out = lhs op rhs, elementwise over n elements; lhs and rhs are Values or
+/// Splat, each op one vectorized expression per block. out may be lhs or
+/// rhs.
+template <typename Lhs, typename Rhs>
+void applyAlu(AluOp op, int64_t n, const Lhs &lhs, const Rhs &rhs, float *out) {
+  auto each = [&](auto &&fn) { blockwise(n, out, fn, lhs, rhs); };
+  auto truth = [](const auto &mask) { return mask.template cast<float>(); };
+  using MaxOp =
+      Eigen::internal::scalar_max_op<float, float, Eigen::PropagateNaN>;
+  using MinOp =
+      Eigen::internal::scalar_min_op<float, float, Eigen::PropagateNaN>;
+  switch (op) {
+  case AluOp::Add:
+    return each([](BlockMap o, const auto &a, const auto &b) { o = a + b; });
+  case AluOp::Subtract:
+    return each([](BlockMap o, const auto &a, const auto &b) { o = a - b; });
+  case AluOp::Multiply:
+    return each([](BlockMap o, const auto &a, const auto &b) { o = a * b; });
+  case AluOp::Divide:
+    return each([](BlockMap o, const auto &a, const auto &b) { o = a / b; });
+  case AluOp::Max: // NaN-propagating, like torch.maximum.
+    return each([](BlockMap o, const auto &a, const auto &b) {
+      o = a.binaryExpr(b, MaxOp());
+    });
+  case AluOp::Min:
+    return each([](BlockMap o, const auto &a, const auto &b) {
+      o = a.binaryExpr(b, MinOp());
+    });
+  case AluOp::Pow:
+    return each([](BlockMap o, const auto &a, const auto &b) {
+      o = a.binaryExpr(b, [](float x, float y) { return std::pow(x, y); });
+    });
+  case AluOp::Mod:
+    return each([](BlockMap o, const auto &a, const auto &b) {
+      o = a.binaryExpr(b, [](float x, float y) { return std::fmod(x, y); });
+    });
+  case AluOp::Remainder: // Python %: the result takes the divisor's sign.
+    return each([](BlockMap o, const auto &a, const auto &b) {
+      o = a.binaryExpr(b, [](float x, float y) {
+        float r = std::fmod(x, y);
+        if (r != 0.0f && ((r < 0.0f) != (y < 0.0f)))
+          r += y;
+        return r;
+      });
+    });
+  case AluOp::Eq:
+    return each(
+        [&](BlockMap o, const auto &a, const auto &b) { o = truth(a == b); });
+  case AluOp::Ne:
+    return each(
+        [&](BlockMap o, const auto &a, const auto &b) { o = truth(a != b); });
+  case AluOp::Lt:
+    return each(
+        [&](BlockMap o, const auto &a, const auto &b) { o = truth(a < b); });
+  case AluOp::Le:
+    return each(
+        [&](BlockMap o, const auto &a, const auto &b) { o = truth(a <= b); });
+  case AluOp::Gt:
+    return each(
+        [&](BlockMap o, const auto &a, const auto &b) { o = truth(a > b); });
+  case AluOp::Ge:
+    return each(
+        [&](BlockMap o, const auto &a, const auto &b) { o = truth(a >= b); });
+  case AluOp::LogicalAnd:
+    return each([&](BlockMap o, const auto &a, const auto &b) {
+      o = truth((a != 0.0f) && (b != 0.0f));
+    });
+  case AluOp::LogicalOr:
+    return each([&](BlockMap o, const auto &a, const auto &b) {
+      o = truth((a != 0.0f) || (b != 0.0f));
+    });
+  case AluOp::LogicalXor:
+    return each([&](BlockMap o, const auto &a, const auto &b) {
+      o = truth((a != 0.0f) != (b != 0.0f));
+    });
+  case AluOp::Bypass:
+    return each([](BlockMap o, const auto &a, const auto &) { o = a; });
+  }
+}
+
+constexpr float kSqrt1_2 = 0.70710678118654752f;
+constexpr float kSqrt2OverPi = 0.79788456080286536f;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+/// x = func(x) in place, over n elements.
+void applyActivation(ActFunc func, int64_t n, float *data) {
+  auto each = [&](auto &&fn) { blockwise(n, data, fn, Values{data}); };
   switch (func) {
   case ActFunc::Identity:
     return;
   case ActFunc::Neg:
-    x = -x;
-    return;
+    return each([](BlockMap o, const auto &x) { o = -x; });
   case ActFunc::Abs:
-    x = x.abs();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.abs(); });
   case ActFunc::Exp: // Eigen's vectorized exp leaves a denormal at -inf.
-    x = (x == -kInf).select(0.0f, x.exp());
-    return;
+    return each([](BlockMap o, const auto &x) {
+      o = (x == -kInf).select(0.0f, x.exp());
+    });
   case ActFunc::Log:
-    x = x.log();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.log(); });
   case ActFunc::Sqrt: // ... and its vectorized sqrt a NaN at +inf.
-    x = (x == kInf).select(kInf, x.sqrt());
-    return;
+    return each([](BlockMap o, const auto &x) {
+      o = (x == kInf).select(kInf, x.sqrt());
+    });
   case ActFunc::Rsqrt:
-    x = x.rsqrt();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.rsqrt(); });
   case ActFunc::Reciprocal:
-    x = x.inverse();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.inverse(); });
   case ActFunc::Tanh:
-    x = x.tanh();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.tanh(); });
   case ActFunc::Sigmoid:
-    x = (x == -kInf).select(0.0f, x.logistic());
-    return;
+    return each([](BlockMap o, const auto &x) {
+      o = (x == -kInf).select(0.0f, x.logistic());
+    });
   case ActFunc::Relu: // NaN stays NaN (a comparison with NaN is false).
-    x = (x < 0.0f).select(0.0f, x);
-    return;
+    return each(
+        [](BlockMap o, const auto &x) { o = (x < 0.0f).select(0.0f, x); });
   case ActFunc::Gelu:
-    x = 0.5f * x * (1.0f + (x * kSqrt1_2).erf());
-    return;
+    return each([](BlockMap o, const auto &x) {
+      o = 0.5f * x * (1.0f + (x * kSqrt1_2).erf());
+    });
   case ActFunc::GeluTanh:
-    x = 0.5f * x * (1.0f + (kSqrt2OverPi * (x + 0.044715f * x.cube())).tanh());
-    return;
+    return each([](BlockMap o, const auto &x) {
+      o = 0.5f * x *
+          (1.0f + (kSqrt2OverPi * (x + 0.044715f * x.cube())).tanh());
+    });
   case ActFunc::Silu:
-    x = x * (x == -kInf).select(0.0f, x.logistic());
-    return;
+    return each([](BlockMap o, const auto &x) {
+      o = x * (x == -kInf).select(0.0f, x.logistic());
+    });
   case ActFunc::Erf:
-    x = x.erf();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.erf(); });
   case ActFunc::Sin:
-    x = x.sin();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.sin(); });
   case ActFunc::Cos:
-    x = x.cos();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.cos(); });
   case ActFunc::Sign: // sign(NaN) is 0, as in PyTorch.
-    x = (x != x).select(0.0f, x.sign());
-    return;
+    return each(
+        [](BlockMap o, const auto &x) { o = (x != x).select(0.0f, x.sign()); });
   case ActFunc::Square:
-    x = x.square();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.square(); });
   case ActFunc::Floor:
-    x = x.floor();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.floor(); });
   case ActFunc::Ceil:
-    x = x.ceil();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.ceil(); });
   case ActFunc::Round: // Half to even, like torch.round.
-    x = x.rint();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.rint(); });
   case ActFunc::Trunc:
-    x = x.unaryExpr([](float v) { return std::trunc(v); });
-    return;
+    return each([](BlockMap o, const auto &x) {
+      o = x.unaryExpr([](float v) { return std::trunc(v); });
+    });
   case ActFunc::Log1p:
-    x = x.log1p();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.log1p(); });
   case ActFunc::Expm1:
-    x = x.expm1();
-    return;
+    return each([](BlockMap o, const auto &x) { o = x.expm1(); });
   case ActFunc::LogicalNot:
-    x = (x == 0.0f).cast<float>();
-    return;
+    return each([](BlockMap o, const auto &x) {
+      o = (x == 0.0f).template cast<float>();
+    });
+  }
+}
+
+/// Folds x[0, n) (n >= 1) with op in an order fixed by n alone: whole
+/// blocks from x[0] into two interleaved vector partial results, their lanes
+/// combined in a fixed tree, then the remaining elements one by one.
+/// blockOp(Block, ConstBlockMap) -> Block and scalarOp(float, float) -> float
+/// are the same operation.
+template <typename BlockOp, typename ScalarOp>
+float foldRun(const float *x, int64_t n, BlockOp &&blockOp,
+              ScalarOp &&scalarOp) {
+  int64_t whole = n / kLanes * kLanes;
+  if (whole == 0) {
+    float result = x[0];
+    for (int64_t i = 1; i < n; ++i)
+      result = scalarOp(result, x[i]);
+    return result;
+  }
+  Block acc = ConstBlockMap(x);
+  if (whole >= 2 * kLanes) {
+    Block acc1 = ConstBlockMap(x + kLanes);
+    int64_t i = 2 * kLanes;
+    for (; i + 2 * kLanes <= whole; i += 2 * kLanes) {
+      acc = blockOp(acc, ConstBlockMap(x + i));
+      acc1 = blockOp(acc1, ConstBlockMap(x + i + kLanes));
+    }
+    acc = blockOp(acc, ConstBlockMap(acc1.data()));
+    if (i < whole)
+      acc = blockOp(acc, ConstBlockMap(x + i));
+  }
+  for (int64_t half = kLanes / 2; half > 0; half /= 2)
+    for (int64_t lane = 0; lane < half; ++lane)
+      acc[lane] = scalarOp(acc[lane], acc[lane + half]);
+  float result = acc[0];
+  for (int64_t i = whole; i < n; ++i)
+    result = scalarOp(result, x[i]);
+  return result;
+}
+
+/// out[r] = the fold of row r of x [rows, cols] (row-major) with op.
+void reduceRows(AluOp op, const float *x, int64_t rows, int64_t cols,
+                float *out) {
+  auto each = [&](auto &&blockOp, auto &&scalarOp) {
+    for (int64_t r = 0; r < rows; ++r)
+      out[r] = foldRun(x + r * cols, cols, blockOp, scalarOp);
+  };
+  using MaxOp =
+      Eigen::internal::scalar_max_op<float, float, Eigen::PropagateNaN>;
+  using MinOp =
+      Eigen::internal::scalar_min_op<float, float, Eigen::PropagateNaN>;
+  switch (op) {
+  case AluOp::Add:
+    return each([](const Block &a, const auto &b) -> Block { return a + b; },
+                [](float a, float b) { return a + b; });
+  case AluOp::Multiply:
+    return each([](const Block &a, const auto &b) -> Block { return a * b; },
+                [](float a, float b) { return a * b; });
+  case AluOp::Max:
+    return each([](const Block &a,
+                   const auto &b) -> Block { return a.binaryExpr(b, MaxOp()); },
+                MaxOp());
+  case AluOp::Min:
+    return each([](const Block &a,
+                   const auto &b) -> Block { return a.binaryExpr(b, MinOp()); },
+                MinOp());
+  default:
+    break;
   }
 }
 
@@ -745,7 +867,7 @@ struct Executor::Impl {
   std::vector<double> doubleScratch;
 
   uint64_t executed = 0;
-  WorkerPool &pool = WorkerPool::shared();
+  WorkerPool *pool = nullptr; // splits large instructions between threads
 
   void compile(const Program &program);
   void compileNodes(const std::vector<Node> &nodes,
@@ -1085,9 +1207,9 @@ void Executor::Impl::execCopy(const CompiledInst &inst) {
   }
   // Large copies are split along their outermost dim between the threads.
   int64_t rows = pattern.shape[0];
-  int64_t chunks = std::min<int64_t>(pool.threads(), rows);
+  int64_t chunks = std::min<int64_t>(pool->threads(), rows);
   int64_t per = (rows + chunks - 1) / chunks;
-  pool.run(chunks, [&](int64_t chunk) {
+  pool->run(chunks, [&](int64_t chunk) {
     int64_t begin = chunk * per;
     if (begin >= rows)
       return;
@@ -1191,7 +1313,8 @@ std::optional<StridedMatrix<T>> matrixOf(const CompiledView &view,
 // dst[M, N] = (accumulate ? dst : 0) + stationary[K, M]^T @ moving[K, N].
 // Operands hold bf16/f16/f32 values widened exactly; products of 16-bit
 // inputs are exact in fp32 and the sums accumulate in fp32. Large matmuls
-// are split by output columns between the host threads.
+// are split by output columns between the host threads, without changing
+// any output's bits.
 void Executor::Impl::execMatmul(const CompiledInst &inst) {
   const CompiledView &stat = inst.views[RoleStationary];
   const CompiledView &mov = inst.views[RoleMoving];
@@ -1231,13 +1354,24 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
                 begin, end);
     };
   }
-  // Chunks of whole register tiles, one per thread; small matmuls stay on
-  // the caller's thread, where the hand-off would cost more than it saves.
+  // Chunks of whole register tiles; small matmuls stay on the caller's
+  // thread, where the hand-off would cost more than it saves. The bf16 dot
+  // kernel computes a column the same way whatever chunk it is in: one chunk
+  // per thread. Eigen's fp32 GEMM blocks each call by its width (and turns a
+  // one-column call into a GEMV), so that a column's sums would change with
+  // the number of threads: there the chunks depend on the shape alone.
   constexpr int64_t kMinSplitMacs = 1 << 21, kColumnAlign = 32;
-  int64_t chunks = k * m * n < kMinSplitMacs ? 1 : pool.threads();
-  int64_t width = (n + chunks - 1) / chunks;
-  width = (width + kColumnAlign - 1) / kColumnAlign * kColumnAlign;
-  pool.run((n + width - 1) / width, [&](int64_t chunk) {
+  constexpr int64_t kShapeChunks = 8, kMinShapeChunkWidth = 128;
+  bool anyChunks = statBf16 && movBf16 && matmulBf16ColumnsIndependent();
+  int64_t width = n;
+  if (k * m * n >= kMinSplitMacs) {
+    int64_t chunks = anyChunks ? pool->threads() : kShapeChunks;
+    width = (n + chunks - 1) / chunks;
+    if (!anyChunks)
+      width = std::max(width, kMinShapeChunkWidth);
+    width = (width + kColumnAlign - 1) / kColumnAlign * kColumnAlign;
+  }
+  pool->run((n + width - 1) / width, [&](int64_t chunk) {
     columns(chunk * width, std::min(n, (chunk + 1) * width));
   });
   if (!inPlace)
@@ -1255,9 +1389,9 @@ void Executor::Impl::execActivation(const CompiledInst &inst) {
     return;
   }
   // Every row is computed on its own: the rows are split between threads.
-  int64_t chunks = std::min<int64_t>(pool.threads(), src.rows);
+  int64_t chunks = std::min<int64_t>(pool->threads(), src.rows);
   int64_t per = (src.rows + chunks - 1) / chunks;
-  pool.run(chunks, [&](int64_t chunk) {
+  pool->run(chunks, [&](int64_t chunk) {
     int64_t r0 = chunk * per;
     if (r0 < src.rows)
       activationRows(inst, r0, std::min(src.rows, r0 + per));
@@ -1271,35 +1405,43 @@ void Executor::Impl::activationRows(const CompiledInst &inst, int64_t r0,
   const CompiledView &bias = inst.views[RoleBias];
   const CompiledView &scaleCol = inst.views[RoleScaleCol];
   const CompiledView &reduceRes = inst.views[RoleReduceRes];
-  int64_t rows = r1 - r0;
-  float *x = scratch[0].data() + r0 * src.cols;
+  int64_t rows = r1 - r0, cols = src.cols;
+  float *x = scratch[0].data() + r0 * cols;
   loadRows(src, r0, r1, x);
-  Eigen::Map<RowArray> tile(x, rows, src.cols);
   float scale = static_cast<float>(inst.attrs.scale);
   float biasImm = static_cast<float>(inst.attrs.biasImm);
-  if (scaleCol.present) {
-    float *s = scratch[2].data() + r0;
-    loadRows(scaleCol, r0, r1, s);
-    MapA scales(s, rows);
-    scales *= scale;
-    tile.colwise() *= scales;
-    scale = 1.0f; // applied
+  float *scales = scratch[2].data() + r0, *biases = scratch[1].data() + r0;
+  if (scaleCol.present)
+    loadRows(scaleCol, r0, r1, scales);
+  if (bias.present)
+    loadRows(bias, r0, r1, biases);
+  // x * (scale_col[p] * scale) + (bias[p] + bias_imm), rounded after the
+  // product and after the sum (the build does not contract them into FMAs);
+  // steps that cannot change x are skipped.
+  bool add = bias.present || biasImm != 0.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    float *row = x + r * cols;
+    float rowScale = scaleCol.present ? scales[r] * scale : scale;
+    if (add) {
+      float rowBias = bias.present ? biases[r] + biasImm : biasImm;
+      blockwise(
+          cols, row,
+          [](BlockMap o, const auto &v, const auto &k, const auto &c) {
+            o = v * k + c;
+          },
+          Values{row}, Splat{rowScale}, Splat{rowBias});
+    } else if (rowScale != 1.0f) {
+      blockwise(
+          cols, row,
+          [](BlockMap o, const auto &v, const auto &k) { o = v * k; },
+          Values{row}, Splat{rowScale});
+    }
   }
-  if (bias.present) {
-    float *b = scratch[1].data() + r0;
-    loadRows(bias, r0, r1, b);
-    MapA biasColumn(b, rows);
-    biasColumn += biasImm;
-    tile *= scale;
-    tile.colwise() += biasColumn;
-  } else if (scale != 1.0f || biasImm != 0.0f) {
-    tile = tile * scale + biasImm;
-  }
-  applyActivation(inst.attrs.func, MapA(x, rows * src.cols));
+  applyActivation(inst.attrs.func, rows * cols, x);
   storeRows(inst.views[RoleDst], r0, r1, x);
   if (reduceRes.present) {
     float *sums = scratch[3].data() + r0;
-    MapA(sums, rows) = tile.rowwise().sum();
+    reduceRows(AluOp::Add, x, rows, cols, sums);
     storeRows(reduceRes, r0, r1, sums);
   }
 }
@@ -1309,8 +1451,7 @@ void Executor::Impl::execTensorTensor(const CompiledInst &inst) {
   float *x = scratch[0].data(), *y = scratch[1].data();
   load(a, x);
   load(inst.views[RoleB], y);
-  int64_t n = a.numElements;
-  applyAlu(inst.attrs.aluOp, ConstMapA(x, n), ConstMapA(y, n), MapA(x, n));
+  applyAlu(inst.attrs.aluOp, a.numElements, Values{x}, Values{y}, x);
   store(inst.views[RoleDst], x);
 }
 
@@ -1328,16 +1469,13 @@ void Executor::Impl::execScalarTensorTensor(const CompiledInst &inst) {
     load(scalarView, s);
     for (int64_t p = 0; p < a.rows; ++p) {
       float *row = x + p * a.cols;
-      applyAlu(op0, ConstMapA(row, a.cols), ArrayF::Constant(a.cols, s[p]),
-               MapA(row, a.cols));
+      applyAlu(op0, a.cols, Values{row}, Splat{s[p]}, row);
     }
   } else {
     float imm = static_cast<float>(inst.attrs.imm.value_or(0));
-    applyAlu(op0, ConstMapA(x, a.numElements),
-             ArrayF::Constant(a.numElements, imm), MapA(x, a.numElements));
+    applyAlu(op0, a.numElements, Values{x}, Splat{imm}, x);
   }
-  int64_t n = a.numElements;
-  applyAlu(inst.attrs.aluOp1, ConstMapA(x, n), ConstMapA(y, n), MapA(x, n));
+  applyAlu(inst.attrs.aluOp1, a.numElements, Values{x}, Values{y}, x);
   store(inst.views[RoleDst], x);
 }
 
@@ -1350,12 +1488,10 @@ void Executor::Impl::execTensorScalar(const CompiledInst &inst) {
   AluOp op = inst.attrs.aluOp;
   bool reverse = inst.attrs.reverse;
   auto apply = [&](float *row, int64_t n, float s) {
-    ConstMapA values(row, n);
-    auto constant = ArrayF::Constant(n, s);
     if (reverse)
-      applyAlu(op, constant, values, MapA(row, n));
+      applyAlu(op, n, Splat{s}, Values{row}, row);
     else
-      applyAlu(op, values, constant, MapA(row, n));
+      applyAlu(op, n, Values{row}, Splat{s}, row);
   };
   if (scalarView.present) {
     float *s = scratch[1].data();
@@ -1372,27 +1508,12 @@ void Executor::Impl::execTensorScalar(const CompiledInst &inst) {
 void Executor::Impl::execTensorReduce(const CompiledInst &inst) {
   const CompiledView &src = inst.views[RoleSrc];
   float *x = scratch[0].data(), *out = scratch[1].data();
-  load(src, x);
-  Eigen::Map<const RowArray> tile(x, src.rows, src.cols);
-  MapA result(out, src.rows);
-  switch (inst.attrs.aluOp) {
-  case AluOp::Add:
-    result = tile.rowwise().sum();
-    break;
-  case AluOp::Multiply:
-    result = tile.rowwise().prod();
-    break;
-  case AluOp::Max:
-    for (int64_t p = 0; p < src.rows; ++p)
-      out[p] = tile.row(p).maxCoeff<Eigen::PropagateNaN>();
-    break;
-  case AluOp::Min:
-    for (int64_t p = 0; p < src.rows; ++p)
-      out[p] = tile.row(p).minCoeff<Eigen::PropagateNaN>();
-    break;
-  default:
+  AluOp op = inst.attrs.aluOp;
+  if (op != AluOp::Add && op != AluOp::Multiply && op != AluOp::Max &&
+      op != AluOp::Min)
     throw Error(inst.name + ": not a reduction");
-  }
+  load(src, x);
+  reduceRows(op, x, src.rows, src.cols, out);
   store(inst.views[RoleDst], out);
 }
 
@@ -1404,8 +1525,12 @@ void Executor::Impl::execSelect(const CompiledInst &inst) {
   load(inst.views[RolePred], pred);
   load(inst.views[RoleOnTrue], onTrue);
   load(inst.views[RoleOnFalse], onFalse);
-  MapA out(pred, n);
-  out = (out != 0.0f).select(ConstMapA(onTrue, n), ConstMapA(onFalse, n));
+  blockwise(
+      n, pred,
+      [](BlockMap o, const auto &p, const auto &t, const auto &f) {
+        o = (p != 0.0f).select(t, f);
+      },
+      Values{pred}, Values{onTrue}, Values{onFalse});
   store(dst, pred);
 }
 
@@ -1507,8 +1632,13 @@ void Executor::Impl::execMemset(const CompiledInst &inst) {
 //===----------------------------------------------------------------------===//
 
 Executor::Executor(const Program &program, const neuron::target::Target &target)
+    : Executor(program, target, WorkerPool::shared()) {}
+
+Executor::Executor(const Program &program, const neuron::target::Target &target,
+                   WorkerPool &pool)
     : impl(std::make_unique<Impl>()) {
   program.verify(target);
+  impl->pool = &pool;
   impl->compile(program);
 }
 

@@ -23,6 +23,8 @@ struct Target;
 
 namespace neuron::runtime {
 
+class WorkerPool;
+
 /// A contiguous row-major host array owned by the caller.
 struct HostTensor {
   void *data = nullptr;
@@ -36,6 +38,11 @@ public:
   /// compiles its views and allocates internal, scratch and constant buffers
   /// once. The executor keeps no reference to `program` or `target`.
   Executor(const Program &program, const neuron::target::Target &target);
+  /// The same, splitting large instructions between `pool`'s threads instead
+  /// of the process's (WorkerPool::shared()). `pool` must outlive the
+  /// executor. The results do not depend on the pool's size.
+  Executor(const Program &program, const neuron::target::Target &target,
+           WorkerPool &pool);
   ~Executor();
   Executor(Executor &&) noexcept;
   Executor &operator=(Executor &&) noexcept;

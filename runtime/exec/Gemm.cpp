@@ -11,6 +11,12 @@
 
 #include "runtime/exec/Gemm.h"
 
+// Eigen evaluates products with m + n + k below this threshold coefficient
+// by coefficient, vectorized from the first 64-byte-aligned output element:
+// the sum order (and FMA use) would then depend on the output's address.
+// Every product goes through the packed GEMM (or GEMV) kernels instead, whose
+// results depend on the shape alone.
+#define EIGEN_GEMM_TO_COEFFBASED_THRESHOLD 0
 #include <Eigen/Core>
 
 #include <algorithm>
@@ -174,6 +180,8 @@ void matmulF32(const StridedMatrix<float> &a, const StridedMatrix<float> &b,
   multiply(Map(a.data, a.rows, a.cols, Stride(a.rowStride, a.colStride)),
            Map(bData, b.rows, end - begin, Stride(b.rowStride, b.colStride)));
 }
+
+bool matmulBf16ColumnsIndependent() { return NEURON_HAS_BF16_DOT; }
 
 void matmulBf16(const StridedMatrix<uint16_t> &a,
                 const StridedMatrix<uint16_t> &b, float *out, int64_t ldOut,

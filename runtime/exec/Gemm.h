@@ -39,6 +39,13 @@ void matmulBf16(const StridedMatrix<uint16_t> &a,
                 const StridedMatrix<uint16_t> &b, float *out, int64_t ldOut,
                 bool accumulate, int64_t begin, int64_t end);
 
+/// True when matmulBf16 computes each output column the same way whatever
+/// [begin, end) it is called with (the AVX512-BF16 kernel). Otherwise, as
+/// for matmulF32 (Eigen's GEMM, which blocks each call by its width), a
+/// column's result can depend on the range: callers that split a matmul
+/// between threads must then cut it the same way every time.
+bool matmulBf16ColumnsIndependent();
+
 } // namespace neuron::runtime
 
 #endif // NEURON_RUNTIME_EXEC_GEMM_H

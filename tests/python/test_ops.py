@@ -145,10 +145,6 @@ def extremal(s: SampleInput) -> bool:
     )
 
 
-def zero_dim_input(s: Sample) -> bool:
-    return isinstance(s.input, torch.Tensor) and s.input.dim() == 0
-
-
 def has_complex(s: Sample) -> bool:
     values = [s.input, *s.args, *s.kwargs.values()]
     return any(isinstance(v, complex) for v in values) or any(t.is_complex() for t in s.tensors)
@@ -493,14 +489,6 @@ CASES: tuple[Case, ...] = (
     # -- indexing and creation -----------------------------------------------------------------
     Case(
         "index_select",
-        bugs=(
-            Rule(
-                "0d",
-                "index_select of a 0-d input: the imported module does not verify, so "
-                "_C.check_graph rejects the whole graph ('the importer cannot read this graph')",
-                zero_dim_input,
-            ),
-        ),
         fallback=(
             Rule(
                 "dim",
@@ -833,3 +821,36 @@ def test_known_bug(
 def test_cases_name_opinfo_entries() -> None:
     missing = [case.name for case in CASES if case.name not in OPS]
     assert not missing, f"not in op_db: {missing}"
+
+
+@pytest.mark.parametrize(
+    ("x", "dim", "index"),
+    [
+        (torch.tensor(3.5), 0, torch.tensor([0])),
+        (torch.tensor(3.5), -1, torch.tensor(0)),
+        (torch.arange(5.0), 0, torch.tensor(2)),
+        (torch.arange(10.0).view(5, 2), -2, torch.tensor(4)),
+    ],
+    ids=["0d_input", "0d_input_and_index", "0d_index", "0d_index_2d_input"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_id)
+def test_index_select_with_a_0d_input_or_index_runs_on_the_device(
+    x: torch.Tensor, dim: int, index: torch.Tensor, dtype: torch.dtype
+) -> None:
+    """A 0-d index keeps its dim in the result (like a 1-element index) and a 0-d input is
+    selected by its one index. Both once built a gather the verifier rejected (a 0-d index:
+    the whole graph went back to eager) or were refused (a 0-d input); with ops around it the
+    graph is still one kernel."""
+
+    def fn(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return torch.index_select(x * 2, dim, index) + 1
+
+    x = x.to(dtype)
+    got = torch.compile(fn, backend="neuron", fullgraph=True)(x, index)
+    want = fn(x, index)
+    assert got.shape == want.shape
+    assert torch.equal(got, want)
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {}
+    assert stats["ops_on_device"] == 3
+    assert stats["kernels_run"] == 1

@@ -2,12 +2,14 @@
 
 #include "runtime/exec/Executor.h"
 #include "runtime/exec/Philox.h"
+#include "runtime/exec/WorkerPool.h"
 #include "tests/unit/CatchCompat.h"
 #include "tests/unit/TestUtil.h"
 
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 
 using namespace neuron::runtime;
@@ -1403,5 +1405,206 @@ TEST_CASE("full-size tiles run through the fast paths", "[exec][tile]") {
       rowSum += got;
     }
     CHECK(close(sum.at(row), rowSum, 1e-5, 1e-4));
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Reproducibility
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Runs `json` on a new executor splitting work between `pool`'s threads,
+/// with every input and output placed `shift` floats into a larger host
+/// array, and returns the outputs' bytes. `filler` small allocations are
+/// live while the executor is built, so its buffers and scratch land at
+/// other heap addresses (and alignments) than in another call.
+std::vector<std::vector<uint8_t>>
+runPlaced(const std::string &json, std::vector<Tensor *> ins,
+          std::vector<Tensor *> outs, WorkerPool &pool, int shift, int filler) {
+  std::vector<std::unique_ptr<uint8_t[]>> fill;
+  for (int i = 0; i < filler; ++i)
+    fill.emplace_back(new uint8_t[16 + 8 * i]);
+  Program program = Program::parse(json);
+  Executor executor(program, trn2(), pool);
+  fill.clear();
+  std::vector<std::vector<uint8_t>> inStore, outStore;
+  std::vector<HostTensor> in, out;
+  auto place = [&](Tensor *t, std::vector<std::vector<uint8_t>> &store,
+                   std::vector<HostTensor> &hosts) {
+    store.emplace_back(t->bytes.size() + 64, 0xA5);
+    uint8_t *at = store.back().data() + shift * 4;
+    std::memcpy(at, t->bytes.data(), t->bytes.size());
+    hosts.push_back(HostTensor{at, t->dtype, t->shape});
+  };
+  inStore.reserve(ins.size());
+  outStore.reserve(outs.size());
+  for (Tensor *t : ins)
+    place(t, inStore, in);
+  for (Tensor *t : outs)
+    place(t, outStore, out);
+  executor.run(in, out);
+  std::vector<std::vector<uint8_t>> result;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const uint8_t *at = outStore[i].data() + shift * 4;
+    result.emplace_back(at, at + outs[i]->bytes.size());
+  }
+  return result;
+}
+
+/// How many 4-byte words of two runs' output differ (0: bit-identical).
+int64_t differingWords(const std::vector<uint8_t> &a,
+                       const std::vector<uint8_t> &b) {
+  REQUIRE(a.size() == b.size());
+  int64_t count = 0;
+  for (size_t i = 0; i < a.size(); i += 4)
+    count += std::memcmp(a.data() + i, b.data() + i, 4) != 0;
+  return count;
+}
+
+Tensor randomTensor(std::mt19937 &rng, std::vector<int64_t> shape,
+                    DType dtype = DType::F32) {
+  std::uniform_real_distribution<double> dist(-3, 3);
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  std::vector<double> values(n);
+  for (double &v : values)
+    v = dist(rng);
+  return Tensor::of(dtype, std::move(shape), values);
+}
+
+} // namespace
+
+TEST_CASE("results do not depend on host addresses or thread counts",
+          "[exec][determinism]") {
+  // The same program and inputs must give the same bits whatever the
+  // addresses (and so the alignments) of the host arrays, of the executor's
+  // buffers and scratch, and however many host threads split its large
+  // instructions: vectorized kernels must not peel differently, sum in
+  // another order or take their scalar path for other elements.
+  std::mt19937 rng(29);
+  WorkerPool one(1), two(2), three(3);
+  WorkerPool *pools[] = {&one, &two, &three};
+
+  SECTION("small tiles (LayerNorm-like row statistics, activations, a tiny "
+          "fp32 matmul)") {
+    const int64_t p = 8, f = 37;
+    Tensor x = randomTensor(rng, {p, f});
+    Tensor col = randomTensor(rng, {p, 1});
+    Tensor stat = randomTensor(rng, {4, p});
+    Tensor mov = randomTensor(rng, {4, 5});
+    std::vector<Tensor> outs = {
+        Tensor::zeros(DType::F32, {p, f}), Tensor::zeros(DType::F32, {p, 1}),
+        Tensor::zeros(DType::F32, {p, f}), Tensor::zeros(DType::F32, {p, 1}),
+        Tensor::zeros(DType::F32, {p, 1}), Tensor::zeros(DType::F32, {p, f}),
+        Tensor::zeros(DType::F32, {p, 5}), Tensor::zeros(DType::F32, {p, f})};
+    std::string body =
+        R"({"op": "activation", "engine": "scalar", "func": "square",
+            "src": )" +
+        full(100, {p, f}) + R"(, "dst": )" + full(300, {p, f}) +
+        R"(, "reduce_res": )" + full(201, {p, 1}) +
+        R"(}, {"op": "activation", "engine": "scalar", "func": "rsqrt",
+            "scale": 0.5, "bias_imm": 0.25, "src": )" +
+        full(300, {p, f}) + R"(, "dst": )" + full(200, {p, f}) +
+        R"(}, {"op": "activation", "engine": "scalar", "func": "gelu",
+            "src": )" +
+        full(100, {p, f}) + R"(, "bias": )" + full(101, {p, 1}) +
+        R"(, "dst": )" + full(202, {p, f}) +
+        R"(}, {"op": "tensor_reduce", "engine": "vector", "alu_op": "add",
+            "src": )" +
+        full(202, {p, f}) + R"(, "dst": )" + full(203, {p, 1}) +
+        R"(}, {"op": "tensor_reduce", "engine": "vector", "alu_op": "max",
+            "src": )" +
+        full(100, {p, f}) + R"(, "dst": )" + full(204, {p, 1}) +
+        R"(}, {"op": "scalar_tensor_tensor", "engine": "vector",
+            "alu_op0": "multiply", "alu_op1": "add", "a": )" +
+        full(100, {p, f}) + R"(, "scalar": )" + full(101, {p, 1}) +
+        R"(, "b": )" + full(202, {p, f}) + R"(, "dst": )" + full(205, {p, f}) +
+        R"(}, {"op": "matmul", "engine": "tensor", "accumulate": false,
+            "stationary": )" +
+        full(102, {4, p}) + R"(, "moving": )" + full(103, {4, 5}) +
+        R"(, "dst": )" + full(301, {p, 5}) +
+        R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+        full(301, {p, 5}) + R"(, "dst": )" + full(206, {p, 5}) +
+        R"(}, {"op": "activation", "engine": "scalar", "func": "tanh",
+            "src": )" +
+        full(202, {p, f}) + R"(, "dst": )" + full(207, {p, f}) + "}";
+    std::vector<TileArg> outArgs;
+    std::vector<Tensor *> outPtrs;
+    for (Tensor &t : outs) {
+      outArgs.push_back({"f32", t.shape});
+      outPtrs.push_back(&t);
+    }
+    std::string json = tileProgram(
+        {{"f32", {p, f}}, {"f32", {p, 1}}, {"f32", {4, p}}, {"f32", {4, 5}}},
+        outArgs, body,
+        buffer(300, "sbuf", "scratch", "f32", shapeJson({p, f})) + ", " +
+            buffer(301, "psum", "scratch", "f32", shapeJson({p, 5})));
+    auto reference =
+        runPlaced(json, {&x, &col, &stat, &mov}, outPtrs, one, 0, 0);
+    for (int trial = 1; trial < 24; ++trial) {
+      INFO("threads " << pools[trial % 3]->threads() << ", shift " << trial % 16
+                      << " floats, filler " << trial);
+      auto got = runPlaced(json, {&x, &col, &stat, &mov}, outPtrs,
+                           *pools[trial % 3], trial % 16, trial);
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO("output " << i);
+        CHECK(differingWords(got[i], reference[i]) == 0);
+      }
+    }
+  }
+
+  SECTION("large instructions split between threads") {
+    // [128, 520] activations (split by rows) and a 128 x 128 x 129 fp32
+    // matmul (split by columns): 1, 2 and 3 threads cut them differently.
+    const int64_t p = 128, f = 520, n = 129;
+    Tensor x = randomTensor(rng, {p, f});
+    Tensor stat = randomTensor(rng, {p, p});
+    Tensor mov = randomTensor(rng, {p, n});
+    Tensor movBf16 = randomTensor(rng, {p, n}, DType::BF16);
+    Tensor statBf16 = randomTensor(rng, {p, p}, DType::BF16);
+    Tensor act = Tensor::zeros(DType::F32, {p, f});
+    Tensor sums = Tensor::zeros(DType::F32, {p, 1});
+    Tensor prod = Tensor::zeros(DType::F32, {p, n});
+    Tensor prodBf16 = Tensor::zeros(DType::F32, {p, n});
+    std::string body =
+        R"({"op": "activation", "engine": "scalar", "func": "gelu_tanh",
+            "scale": 0.75, "src": )" +
+        full(100, {p, f}) + R"(, "dst": )" + full(200, {p, f}) +
+        R"(, "reduce_res": )" + full(201, {p, 1}) +
+        R"(}, {"op": "matmul", "engine": "tensor", "accumulate": false,
+            "stationary": )" +
+        full(101, {p, p}) + R"(, "moving": )" + full(102, {p, n}) +
+        R"(, "dst": )" + full(300, {p, n}) +
+        R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+        full(300, {p, n}) + R"(, "dst": )" + full(202, {p, n}) +
+        R"(}, {"op": "matmul", "engine": "tensor", "accumulate": false,
+            "stationary": )" +
+        full(104, {p, p}) + R"(, "moving": )" + full(103, {p, n}) +
+        R"(, "dst": )" + full(300, {p, n}) +
+        R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+        full(300, {p, n}) + R"(, "dst": )" + full(203, {p, n}) + "}";
+    std::string json = tileProgram(
+        {{"f32", {p, f}},
+         {"f32", {p, p}},
+         {"f32", {p, n}},
+         {"bf16", {p, n}},
+         {"bf16", {p, p}}},
+        {{"f32", {p, f}}, {"f32", {p, 1}}, {"f32", {p, n}}, {"f32", {p, n}}},
+        body, buffer(300, "psum", "scratch", "f32", shapeJson({p, n})));
+    std::vector<Tensor *> ins = {&x, &stat, &mov, &movBf16, &statBf16};
+    std::vector<Tensor *> outs = {&act, &sums, &prod, &prodBf16};
+    auto reference = runPlaced(json, ins, outs, one, 0, 0);
+    for (int trial = 1; trial < 6; ++trial) {
+      INFO("threads " << pools[trial % 3]->threads() << ", shift "
+                      << trial % 4);
+      auto got =
+          runPlaced(json, ins, outs, *pools[trial % 3], trial % 4, trial);
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO("output " << i);
+        CHECK(differingWords(got[i], reference[i]) == 0);
+      }
+    }
   }
 }

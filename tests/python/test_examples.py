@@ -1,0 +1,65 @@
+"""The quick examples run as scripts, as a user runs them, and must exit 0.
+
+Each example compares what it computes on the device with eager PyTorch (or checks its losses)
+and exits non-zero on a mismatch, so a wrong result fails here. They run concurrently, a few
+seconds each; ``examples/eager_device.py`` runs in ``test_device.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+# (script, arguments that keep it quick)
+QUICK = [
+    ("gpt2_block.py", []),
+    ("compare_targets.py", []),
+    ("flex_attention.py", ["--seq", "256", "--heads", "2", "--window", "64"]),
+    ("train.py", ["--steps", "2"]),
+]
+
+# Adds 1 to every floating-point output of every device kernel: a wrong device.
+WRONG_DEVICE = """
+import runpy, sys
+from torchneuron import kernel
+
+run = kernel.DeviceKernel.forward
+
+def forward(self, *args):
+    out = run(self, *args)
+    for t in out if isinstance(out, tuple) else (out,):
+        if t.is_floating_point():
+            t.add_(1.0)
+    return out
+
+kernel.DeviceKernel.forward = forward
+sys.argv = [sys.argv[1]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _start(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_quick_examples_exit_zero() -> None:
+    runs = {name: _start([str(EXAMPLES / name), *args]) for name, args in QUICK}
+    failures = []
+    for name, proc in runs.items():
+        out, err = proc.communicate(timeout=300)
+        if proc.returncode != 0 or "MISMATCH" in out:
+            failures.append(f"{name} exited {proc.returncode}\n{out[-2000:]}\n{err[-2000:]}")
+    assert not failures, "\n\n".join(failures)
+
+
+def test_an_example_exits_nonzero_on_a_mismatch() -> None:
+    proc = _start(["-c", WRONG_DEVICE, str(EXAMPLES / "gpt2_block.py")])
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out + err
+    assert "[MISMATCH]" in out
+    assert "MISMATCH with eager PyTorch" in err
