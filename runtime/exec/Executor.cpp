@@ -507,6 +507,9 @@ void fillRun(uint8_t *p, int64_t stride, int64_t n, const uint8_t *element,
 constexpr int64_t kLanes = 16; // one AVX-512 vector of floats (two AVX ones)
 using Block = Eigen::Array<float, kLanes, 1>;
 using BlockMap = Eigen::Map<Block>; // unaligned: loads anywhere
+/// max and min that return NaN when either operand is NaN (as torch.maximum does).
+using MaxOp = Eigen::internal::scalar_max_op<float, float, Eigen::PropagateNaN>;
+using MinOp = Eigen::internal::scalar_min_op<float, float, Eigen::PropagateNaN>;
 using ConstBlockMap = Eigen::Map<const Block>;
 
 /// An elementwise operand: n floats ...
@@ -557,10 +560,6 @@ template <typename Lhs, typename Rhs>
 void applyAlu(AluOp op, int64_t n, const Lhs &lhs, const Rhs &rhs, float *out) {
   auto each = [&](auto &&fn) { blockwise(n, out, fn, lhs, rhs); };
   auto truth = [](const auto &mask) { return mask.template cast<float>(); };
-  using MaxOp =
-      Eigen::internal::scalar_max_op<float, float, Eigen::PropagateNaN>;
-  using MinOp =
-      Eigen::internal::scalar_min_op<float, float, Eigen::PropagateNaN>;
   switch (op) {
   case AluOp::Add:
     return each([](BlockMap o, const auto &a, const auto &b) { o = a + b; });
@@ -755,10 +754,6 @@ void reduceRows(AluOp op, const float *x, int64_t rows, int64_t cols,
     for (int64_t r = 0; r < rows; ++r)
       out[r] = foldRun(x + r * cols, cols, blockOp, scalarOp);
   };
-  using MaxOp =
-      Eigen::internal::scalar_max_op<float, float, Eigen::PropagateNaN>;
-  using MinOp =
-      Eigen::internal::scalar_min_op<float, float, Eigen::PropagateNaN>;
   switch (op) {
   case AluOp::Add:
     return each([](const Block &a, const auto &b) -> Block { return a + b; },
