@@ -44,6 +44,18 @@ void require(bool condition, const std::string &reason) {
     unsupported(reason);
 }
 
+/// Integer field `key` of `object`, or `fallback` when it is absent. Any
+/// other number is refused: nlohmann converts a float with a C++ cast, which
+/// is undefined when it is out of range (found by tests/fuzz/FuzzFxImport).
+int64_t intField(const json &object, const char *key, int64_t fallback) {
+  auto it = object.find(key);
+  if (it == object.end())
+    return fallback;
+  require(it->is_number_integer(),
+          std::string("expected an integer '") + key + "' in the document");
+  return it->get<int64_t>();
+}
+
 using Values = SmallVector<Value, 2>;
 
 class Importer;
@@ -169,7 +181,7 @@ private:
   std::map<std::string, std::string> hostReasons; // unusable inputs -> why
   void collectUses(const json &v) {
     if (v.is_object() && v.contains("ref"))
-      used.insert({v.at("ref").get<std::string>(), v.value("index", 0)});
+      used.insert({v.at("ref").get<std::string>(), intField(v, "index", 0)});
     else if (v.is_array() || v.is_object())
       for (const json &e : v)
         collectUses(e);
@@ -221,7 +233,7 @@ Type Importer::elementType(const std::string &dtype) const {
 Value Importer::tensor(const json &v) {
   require(isTensor(v), "expected a tensor argument");
   std::string name = v.at("ref").get<std::string>();
-  int64_t index = v.value("index", 0);
+  int64_t index = intField(v, "index", 0);
   auto it = values.find({name, index});
   if (it == values.end())
     unsupported("refers to unknown value '" + name + "'");
@@ -490,7 +502,7 @@ void Importer::importNode(const json &n) {
     currentLoc = NameLoc::get(
         b.getStringAttr(name),
         FileLineColLoc::get(&ctx, (*it).value("file", std::string("?")),
-                            (*it).value("line", 0), (*it).value("col", 0)));
+                            intField(*it, "line", 0), intField(*it, "col", 0)));
   auto handler = handlers().find(target);
   if (handler == handlers().end())
     unsupported(target + " has no lowering to the device yet");
@@ -514,7 +526,7 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
                                     std::map<std::string, std::string> &failures,
                                     bool stopAtFirst) {
   if (doc.value("format", "") != "torchneuron-fx-graph" ||
-      doc.value("version", 0) != 1) {
+      intField(doc, "version", 0) != 1) {
     failures[""] = "not a version-1 torchneuron FX graph document";
     return nullptr;
   }
