@@ -431,6 +431,8 @@ Value Importer::matmul(Value lhs, Value rhs) {
   auto r = cast<RankedTensorType>(rhs.getType());
   require(isa<FloatType>(l.getElementType()),
           "integer matmul is not supported on TensorE");
+  require(l.getRank() >= 1 && r.getRank() >= 1,
+          "a matmul operand is 0-d (found by tests/fuzz/FuzzFxImport)");
   Type elt = l.getElementType();
   if (elt != r.getElementType())
     elt = b.getF32Type();
