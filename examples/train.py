@@ -50,7 +50,7 @@ class GPT(nn.Module):
         self.head = nn.Linear(dim, vocab, bias=False)
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.ln(x))

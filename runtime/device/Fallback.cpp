@@ -33,6 +33,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -189,10 +190,52 @@ void viewFallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   }
 }
 
+// As on CUDA, an op's tensors live on one device: neuron tensors of one core,
+// and CPU tensors only as 0-d numbers or as indices (a List[Optional[Tensor]]
+// argument, e.g. x[cpu_index]). Without this check the CPU fallback would
+// quietly compute with whatever it was given.
+void checkSameDevice(const c10::FunctionSchema &schema,
+                     c10::ArrayRef<c10::IValue> args) {
+  std::optional<c10::Device> first;
+  auto check = [&](const at::Tensor &t, size_t i, bool indices) {
+    if (!t.defined())
+      return;
+    c10::Device d = t.device();
+    if (d.is_cpu() && (t.dim() == 0 || indices))
+      return;
+    if (!first) {
+      first = d;
+      return;
+    }
+    TORCH_CHECK(d == *first,
+                "Expected all tensors to be on the same device, but found at "
+                "least two devices, ",
+                *first, " and ", d, "! (when checking argument for argument ",
+                schema.arguments()[i].name(), " in method ", schema.name(),
+                ")");
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue &v = args[i];
+    if (v.isTensor()) {
+      check(v.toTensor(), i, false);
+    } else if (v.isTensorList()) {
+      for (const at::Tensor &t : v.toTensorList().vec())
+        check(t, i, false);
+    } else if (v.isList()) {
+      for (const c10::IValue &e : v.toListRef())
+        if (e.isTensor())
+          check(e.toTensor(), i, true);
+    }
+  }
+}
+
 void neuronFallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
+  const c10::FunctionSchema &schema = op.schema();
+  size_t nargs = schema.arguments().size();
+  checkSameDevice(schema, c10::ArrayRef<c10::IValue>(
+                              stack->data() + stack->size() - nargs, nargs));
   if (runEagerKernel(op, stack))
     return; // a device kernel compiled for this call (EagerKernels.cpp)
-  const c10::FunctionSchema &schema = op.schema();
   recordFallback(schema.operator_name());
   substituteGenerators(schema, stack);
   if (returnsView(schema))

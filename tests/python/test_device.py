@@ -431,6 +431,20 @@ def test_fallback_is_counted_in_stats() -> None:
     assert "aten.atan2.out (eager)" not in torchneuron.stats()["ops_fallback"]
 
 
+def test_tensors_of_two_devices_are_refused_as_on_cuda() -> None:
+    w = torch.randn(10, 4, device="neuron")
+    with pytest.raises(RuntimeError, match=r"same device.*neuron:0 and cpu.*argument index"):
+        torch.nn.functional.embedding(torch.arange(3), w)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.cat([w, torch.zeros(1, 4)])
+    if torch.neuron.device_count() > 1:
+        with pytest.raises(RuntimeError, match="neuron:0 and neuron:1"):
+            torch.atan2(w, w.to("neuron:1"))
+    # What CUDA accepts: CPU numbers (0-d tensors) and CPU indices.
+    assert (w * torch.tensor(2.0)).device == DEV
+    torch.testing.assert_close(w[torch.tensor([1, 2])].cpu(), w.cpu()[1:3])
+
+
 def test_fallback_warns_once_per_op() -> None:
     code = (
         "import warnings, torch; warnings.simplefilter('always');\n"
