@@ -66,7 +66,8 @@ const char *dtypeName(at::ScalarType t) {
 
 /// An argument as the Python provider sees it: a tensor is ("tensor", dtype,
 /// sizes, strides, is_cpu_scalar), with a CPU 0-d float64 tensor (a wrapped
-/// Python number) given as float32, the way the kernel receives it.
+/// Python number) given as float32, the way the kernel receives it; a tensor
+/// list a list of those; a generator ("generator",).
 py::object describe(const c10::IValue &v) {
   if (v.isTensor()) {
     const at::Tensor &t = v.toTensor();
@@ -79,6 +80,14 @@ py::object describe(const c10::IValue &v) {
     return py::make_tuple("tensor", dtypeName(dtype), t.sizes().vec(),
                           t.strides().vec(), cpuScalar);
   }
+  if (v.isTensorList()) {
+    py::list tensors;
+    for (const at::Tensor &t : v.toTensorList().vec())
+      tensors.append(describe(c10::IValue(t)));
+    return tensors;
+  }
+  if (v.isGenerator())
+    return py::make_tuple("generator");
   if (v.isNone())
     return py::none();
   if (v.isBool())
@@ -99,8 +108,8 @@ py::object describe(const c10::IValue &v) {
 }
 
 /// The compiler side, in Python (torchneuron.eager): provider(op, overload,
-/// args, target) -> None or (name, program_json, device_ns, inputs,
-/// outputs, returns, id, scalar_args); recorder(id) after each run while profiling.
+/// args, target) -> None or a torchneuron.eager.Provided (the fields of
+/// ProvidedKernel); recorder(id) after each run while profiling.
 class PythonKernelProvider : public KernelProvider {
 public:
   PythonKernelProvider(py::function provider, py::function recorder)
@@ -124,16 +133,19 @@ public:
         name.name, name.overload_name, described, target);
     if (answer.is_none())
       return std::nullopt;
-    auto t = answer.cast<py::tuple>();
     ProvidedKernel k;
-    k.name = t[0].cast<std::string>();
-    k.program = t[1].cast<std::string>();
-    k.deviceNs = t[2].cast<double>();
-    k.inputs = t[3].cast<std::vector<int>>();
-    k.outputs = t[4].cast<std::vector<int>>();
-    k.returns = t[5].cast<std::vector<int>>();
-    k.id = t[6].cast<int64_t>();
-    k.scalarArgs = t[7].cast<std::vector<int>>();
+    k.name = answer.attr("name").cast<std::string>();
+    k.program = answer.attr("program").cast<std::string>();
+    k.deviceNs = answer.attr("device_ns").cast<double>();
+    k.engineBusyNs =
+        answer.attr("engine_busy_ns").cast<std::map<std::string, double>>();
+    for (auto [argument, element] :
+         answer.attr("inputs").cast<std::vector<std::pair<int, int>>>())
+      k.inputs.push_back({argument, element});
+    k.outputs = answer.attr("outputs").cast<std::vector<int>>();
+    k.returns = answer.attr("returns").cast<std::vector<int>>();
+    k.id = answer.attr("id").cast<int64_t>();
+    k.scalarArgs = answer.attr("scalar_args").cast<std::vector<int>>();
     return k;
   }
 

@@ -374,6 +374,23 @@ def slice_scatter(
     return torch.cat([piece for piece in pieces if piece.shape[dim] > 0], dim=dim)
 
 
+def whole_max(t: torch.Tensor) -> object:
+    """``t.max()`` (every element): ``amax`` over all dims."""
+    return torch.amax(t, dim=list(range(t.dim()))) if t.dim() else t.clone()
+
+
+def whole_min(t: torch.Tensor) -> object:
+    """``t.min()`` (every element): ``amin`` over all dims."""
+    return torch.amin(t, dim=list(range(t.dim()))) if t.dim() else t.clone()
+
+
+#: Reductions of a whole tensor, which the importer knows as reductions over every dim.
+WHOLE_REDUCTIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
+    _aten.max.default: whole_max,
+    _aten.min.default: whole_min,
+}
+
+
 #: Backward (and index) ops lowered as device math; each returns ``NotImplemented`` for
 #: argument combinations it does not cover, which then stay eager and are counted.
 TRAINING_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
@@ -418,6 +435,7 @@ def neuron_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., objec
     table: dict[torch._ops.OperatorBase, Callable[..., object]] = dict(core_aten_decompositions())
     table.update(get_decompositions([op for op, _ in EXTRA_DECOMPOSITIONS]))
     table.update(TRAINING_DECOMPOSITIONS)
+    table.update(WHOLE_REDUCTIONS)
     missing = [
         str(op)
         for op, _ in EXTRA_DECOMPOSITIONS

@@ -13,11 +13,17 @@ arguments; the functional op is traced with ``make_fx`` under the backend's deco
 (:func:`torchneuron.decompositions.neuron_decompositions`) on tensors of the call's sizes and
 dtypes, checked with ``_C.check_graph`` (any op the importer rejects: no kernel) and compiled
 with ``_C.compile_graph``. Inputs reach the kernel contiguous; CPU 0-d tensors (Python numbers
-that PyTorch wrapped) are kernel inputs too, float64 ones as float32.
+that PyTorch wrapped) are kernel inputs too, float64 ones as float32; tensor lists (``cat``)
+are one input per element.
 
-Not provided (CPU fallback): random ops, ops taking generators, devices, layouts or memory
-formats, ops that mutate an argument other than ``out=`` or ``self`` of an in-place op, results
-that are None, and anything the importer does not lower.
+Random ops (dropout, ``rand``, ``uniform_``, ``bernoulli_``) draw their numbers with the device's
+Philox ``rand`` instruction (:mod:`torchneuron.rng`): the kernel takes a seed input that the
+device fills on every run from the op's generator (or the device's default generator, which
+``torch.manual_seed`` seeds), so runs are reproducible and every run draws new numbers.
+
+Not provided (CPU fallback): random ops other than uniform ones (``normal_``), ops taking
+devices, layouts or memory formats, ops that mutate an argument other than ``out=`` or ``self``
+of an in-place op, results that are None, and anything the importer does not lower.
 """
 
 from __future__ import annotations
@@ -25,11 +31,21 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["counts", "enabled", "install", "provide", "record", "rejected", "set_enabled"]
+__all__ = [
+    "Provided",
+    "counts",
+    "enabled",
+    "install",
+    "provide",
+    "record",
+    "rejected",
+    "set_enabled",
+]
 
 log = logging.getLogger("torchneuron")
 
@@ -94,6 +110,63 @@ def _scalar_forms() -> dict[Any, tuple[str, Any]]:
 _SCALAR_FORMS = _scalar_forms()
 
 
+def _random_forms() -> dict[Any, Any]:
+    """Random ops written with ``rand_like``, which becomes the device's Philox numbers."""
+
+    def uniform(self: torch.Tensor, **kw: Any) -> torch.Tensor:
+        low, high = kw.get("from", 0.0), kw.get("to", 1.0)
+        return torch.rand_like(self) * (high - low) + low
+
+    def bernoulli(self: torch.Tensor, p: float = 0.5, generator: None = None) -> torch.Tensor:
+        return (torch.rand_like(self, dtype=torch.float32) < p).to(self.dtype)
+
+    def normal(
+        self: torch.Tensor, mean: float = 0.0, std: float = 1.0, generator: None = None
+    ) -> torch.Tensor:
+        # Box-Muller on two uniform streams; 1 - u is in (0, 1], so the log is finite.
+        u1 = 1.0 - torch.rand_like(self, dtype=torch.float32)
+        u2 = torch.rand_like(self, dtype=torch.float32)
+        z = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * torch.pi) * u2)
+        return (z * std + mean).to(self.dtype)
+
+    return {
+        _aten("uniform").default: uniform,
+        _aten("bernoulli").p: bernoulli,
+        _aten("normal_functional").default: normal,
+    }
+
+
+_RANDOM_FORMS = _random_forms()
+#: In-place random ops whose functional form has another overload name.
+_IN_PLACE_RANDOM = {
+    "bernoulli_.float": ("bernoulli", "p"),
+    "normal_.default": ("normal_functional", "default"),
+}
+
+
+@dataclass(frozen=True)
+class Provided:
+    """The provider's answer (``ProvidedKernel`` in ``runtime/device/KernelProvider.h``)."""
+
+    name: str
+    program: str  # program JSON
+    device_ns: float  # modeled time of one run
+    engine_busy_ns: dict[str, float]
+    #: Per program input: (argument, element of a tensor list or -1); argument -1 is the seed.
+    inputs: list[tuple[int, int]]
+    #: Per program output: the argument it is written into, or -1 for a new tensor.
+    outputs: list[int]
+    #: Per op return: an argument index (>= 0) or -(program output) - 1.
+    returns: list[int]
+    id: int
+    #: Float arguments that are 0-d kernel inputs (one kernel serves every value).
+    scalar_args: list[int] = field(default_factory=list)
+
+
+#: ``Provided.inputs`` argument of the seed input.
+SEED_INPUT = -1
+
+
 def install() -> None:
     """Register :func:`provide` with the device library (``device.register`` calls this)."""
     from torchneuron import device
@@ -140,14 +213,10 @@ def record(kernel_id: int) -> None:
     record_run(kernel, name)
 
 
-_Answer = tuple[str, str, float, list[int], list[int], list[int], int, list[int]]
-
-
-def provide(name: str, overload: str, args: list[Any], target: str) -> _Answer | None:
+def provide(name: str, overload: str, args: list[Any], target: str) -> Provided | None:
     """The device asks for the kernel of ``name.overload`` at ``args`` (tensors described as
-    ``("tensor", dtype, sizes, strides, is_cpu_scalar)``); returns ``(kernel name, program
-    JSON, modeled ns, program input -> argument, program output -> argument written or -1,
-    op return -> argument or -(output + 1), kernel id, runtime scalar arguments)`` or None.
+    ``("tensor", dtype, sizes, strides, is_cpu_scalar)``, tensor lists as lists of those, a
+    generator as ``("generator",)``); returns the kernel or None.
 
     A runtime scalar argument (the ``value`` of ``addcdiv``, an ``alpha``, ``lerp``'s
     ``weight``: numbers an optimizer changes every step) is a 0-d float32 kernel input, so the
@@ -198,22 +267,35 @@ def _functional(op: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, list[
                 return candidate, written
         raise _Reject("no functional overload with the out= variant's arguments")
     if written == [0] and op_name.endswith("_"):  # in-place on self
-        packet = getattr(getattr(torch.ops, namespace), op_name[:-1], None)
-        candidate = getattr(packet, schema.overload_name or "default", None)
+        functional_name, overload = _IN_PLACE_RANDOM.get(
+            f"{op_name}.{schema.overload_name or 'default'}",
+            (op_name[:-1], schema.overload_name or "default"),
+        )
+        packet = getattr(getattr(torch.ops, namespace), functional_name, None)
+        candidate = getattr(packet, overload, None)
         if candidate is not None and len(candidate._schema.returns) == 1:
             return candidate, written
     raise _Reject("mutates arguments other than out= or an in-place self")
 
 
-def _provide(name: str, overload: str, args: list[Any], target: str) -> _Answer:
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, tuple) and bool(value) and value[0] == "tensor"
+
+
+def _example(value: Any) -> torch.Tensor:
+    from torchneuron import fx_json
+
+    _, dtype_name, sizes, _strides, _cpu_scalar = value
+    return torch.empty(sizes, dtype=fx_json.dtype_from_name(dtype_name))
+
+
+def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from torchneuron import backend, fx_json, partition, rewrite
     from torchneuron.decompositions import neuron_decompositions
 
     op = _op(name, overload)
-    if torch.Tag.nondeterministic_seeded in op.tags:
-        raise _Reject("draws random numbers (CPU fallback with the device's generator)")
     schema = op._schema
     functional, written = _functional(op)
 
@@ -235,22 +317,30 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> _Answer:
                 raise _Reject(f"a float {form[0]} with a tensor that is not floating point")
             runtime_scalar = form[0]
     values: dict[str, Any] = {}
-    inputs: list[int] = []  # argument index of each traced input
+    inputs: list[tuple[int, int]] = []  # (argument, list element or -1) of each traced input
     examples: list[torch.Tensor] = []
-    traced: list[str] = []  # argument name of each traced input
+    traced: list[tuple[str, int]] = []  # (argument name, list element or -1) of each
     for a in functional._schema.arguments:
         value = by_name[a.name]
         type_name = str(a.type)
         if a.name == runtime_scalar:
             examples.append(torch.empty((), dtype=torch.float32))
-            inputs.append(index[a.name])
-            traced.append(a.name)
-        elif isinstance(value, tuple) and value and value[0] == "tensor":
-            _, dtype_name, sizes, _strides, _cpu_scalar = value
-            examples.append(torch.empty(sizes, dtype=fx_json.dtype_from_name(dtype_name)))
-            inputs.append(index[a.name])
-            traced.append(a.name)
-        elif any(t in type_name for t in ("Generator", "Device", "Layout", "MemoryFormat")):
+            inputs.append((index[a.name], -1))
+            traced.append((a.name, -1))
+        elif _is_tensor(value):
+            examples.append(_example(value))
+            inputs.append((index[a.name], -1))
+            traced.append((a.name, -1))
+        elif isinstance(value, list) and value and all(_is_tensor(v) for v in value):
+            for k, element in enumerate(value):
+                examples.append(_example(element))
+                inputs.append((index[a.name], k))
+                traced.append((a.name, k))
+            values[a.name] = [None] * len(value)
+            continue
+        elif "Generator" in type_name:
+            value = None  # its numbers are the kernel's seed input (SEED_INPUT)
+        elif any(t in type_name for t in ("Device", "Layout", "MemoryFormat")):
             if value is not None:
                 raise _Reject(f"argument {a.name} of type {type_name}")
         elif "ScalarType" in type_name and isinstance(value, int):
@@ -260,15 +350,24 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> _Answer:
         values[a.name] = value
 
     def call(*tensors: torch.Tensor) -> Any:
-        named = {**values, **dict(zip(traced, tensors, strict=True))}
+        named = {k: list(v) if isinstance(v, list) else v for k, v in values.items()}
+        for (arg_name, element), t in zip(traced, tensors, strict=True):
+            if element >= 0:
+                named[arg_name][element] = t
+            else:
+                named[arg_name] = t
         if runtime_scalar is not None:
             assert form is not None
             return form[1](**named)
+        if functional in _RANDOM_FORMS:
+            return _RANDOM_FORMS[functional](**named)
         pos = [named[a.name] for a in functional._schema.arguments if not a.kwarg_only]
         kw = {a.name: named[a.name] for a in functional._schema.arguments if a.kwarg_only}
         return functional(*pos, **kw)
 
     gm = make_fx(call, decomposition_table=neuron_decompositions(), tracing_mode="fake")(*examples)
+    if _seed_input(gm):
+        inputs.append((SEED_INPUT, -1))
     results = gm.graph.output_node().args[0]
     results = list(results) if isinstance(results, (tuple, list)) else [results]
     if not results or any(not isinstance(r, torch.fx.Node) for r in results):
@@ -295,9 +394,7 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> _Answer:
     kernel, _ = backend._compile_shared(doc, target, None)
     if len(kernel.input_specs) != len(inputs) or len(kernel.output_specs) != len(results):
         raise _Reject("the program's inputs or outputs differ from the graph's")
-    device_ns = float(kernel.timeline()["device_ns"])  # once per kernel
 
-    outputs = written if written else [-1] * len(results)
     returns: list[int] = []
     for j, ret in enumerate(schema.returns):
         if ret.alias_info is not None:  # returns the argument it wrote
@@ -312,14 +409,41 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> _Answer:
     with _lock:
         _kernels.append((kernel, kernel_name))
         kernel_id = len(_kernels) - 1
-    scalars = [index[runtime_scalar]] if runtime_scalar is not None else []
-    return (
-        kernel_name,
-        kernel.program_json,
-        device_ns,
-        inputs,
-        outputs,
-        returns,
-        kernel_id,
-        scalars,
+    timeline = kernel.timeline()  # once per kernel
+    return Provided(
+        name=kernel_name,
+        program=kernel.program_json,
+        device_ns=float(timeline["device_ns"]),
+        engine_busy_ns={k: float(v) for k, v in timeline["engine_busy_ns"].items()},
+        inputs=inputs,
+        outputs=written if written else [-1] * len(results),
+        returns=returns,
+        id=kernel_id,
+        scalar_args=[index[runtime_scalar]] if runtime_scalar is not None else [],
     )
+
+
+def _seed_input(gm: torch.fx.GraphModule) -> bool:
+    """Turn the traced graph's uniform random numbers into the device's Philox numbers under
+    a seed that is the graph's last input (the device draws it per run); whether there were
+    any. Other random ops (``normal``) cannot run on the device."""
+    from torchneuron import rng
+
+    nodes = list(gm.graph.nodes)
+    seeded = False
+    if any(n.op == "call_function" and n.target in rng.RANDOM_TARGETS for n in nodes):
+        placeholders = [n for n in nodes if n.op == "placeholder"]
+        with (
+            gm.graph.inserting_after(placeholders[-1])
+            if placeholders
+            else gm.graph.inserting_before(nodes[0])
+        ):
+            seed = gm.graph.placeholder("seed")
+        seed.meta["val"] = torch.empty(2, dtype=torch.int32)
+        seeded = rng.seed_random_ops(gm, seed=seed) > 0
+    for n in gm.graph.nodes:
+        if isinstance(n.target, torch._ops.OpOverload) and (
+            torch.Tag.nondeterministic_seeded in n.target.tags
+        ):
+            raise _Reject(f"{n.target} draws random numbers the device cannot draw")
+    return seeded

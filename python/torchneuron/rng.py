@@ -87,11 +87,12 @@ def next_seed() -> torch.Tensor:
     return torch.randint(-(2**31), 2**31, (2,), dtype=torch.int32)
 
 
-def seed_random_ops(gm: torch.fx.GraphModule) -> int:
+def seed_random_ops(gm: torch.fx.GraphModule, seed: torch.fx.Node | None = None) -> int:
     """Replace every ``aten.rand``/``aten.rand_like`` of a concrete float shape in ``gm`` by
-    ``philox_rand(seed, stream, size, dtype)`` (in place), one stream per op and one
-    :func:`next_seed` call per run of the graph. Returns how many were replaced; others (a
-    ``generator`` argument, a symbolic size) stay as they are."""
+    ``philox_rand(seed, stream, size, dtype)`` (in place), one stream per op, under ``seed``
+    (an int32 ``[2]`` node; by default one :func:`next_seed` call per run of the graph).
+    Returns how many were replaced; others (a ``generator`` argument, a symbolic size) stay
+    as they are."""
     randoms = [
         n
         for n in gm.graph.nodes
@@ -104,11 +105,12 @@ def seed_random_ops(gm: torch.fx.GraphModule) -> int:
     ]
     if not randoms:
         return 0
-    # At the top: the seed depends on nothing, and no device region is split around it.
-    first = next(n for n in gm.graph.nodes if n.op != "placeholder")
-    with gm.graph.inserting_before(first):
-        seed = gm.graph.call_function(next_seed)
-    seed.meta["val"] = torch.empty(2, dtype=torch.int32)
+    if seed is None:
+        # At the top: the seed depends on nothing, and no device region is split around it.
+        first = next(n for n in gm.graph.nodes if n.op != "placeholder")
+        with gm.graph.inserting_before(first):
+            seed = gm.graph.call_function(next_seed)
+        seed.meta["val"] = torch.empty(2, dtype=torch.int32)
     for stream, node in enumerate(randoms):
         value = node.meta["val"]
         with gm.graph.inserting_before(node):

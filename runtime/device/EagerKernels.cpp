@@ -17,6 +17,7 @@
 #include "runtime/device/KernelProvider.h"
 
 #include "runtime/device/Device.h"
+#include "runtime/device/Generator.h"
 #include "runtime/device/Stream.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/program/Program.h"
@@ -121,6 +122,36 @@ void appendInts(std::string &key, c10::IntArrayRef values) {
              values.size() * sizeof(int64_t));
 }
 
+/// Appends a tensor argument's part of a call key; false when the tensor
+/// cannot be a kernel operand (`device`, `anyNeuron` as in callKey).
+bool appendTensor(std::string &key, const at::Tensor &t,
+                  c10::DeviceIndex &device, bool &anyNeuron) {
+  if (!t.defined()) {
+    key.push_back('u');
+    return true;
+  }
+  if (!programDType(t.scalar_type()) &&
+      !(t.scalar_type() == at::kDouble && t.device().is_cpu()))
+    return false;
+  if (t.device().type() == kDeviceType) {
+    if (anyNeuron && t.device().index() != device)
+      return false; // the fallback reports the mismatch
+    anyNeuron = true;
+    device = t.device().index();
+    key.push_back('t');
+    append(key, t.scalar_type());
+    appendInts(key, t.sizes());
+    appendInts(key, t.strides());
+    return true;
+  }
+  if (t.device().is_cpu() && t.dim() == 0) {
+    key.push_back('c');
+    append(key, t.scalar_type());
+    return true;
+  }
+  return false;
+}
+
 /// The call's key, or nullopt when it cannot run as a device kernel.
 /// `device` is the neuron device of its tensors.
 std::optional<std::string> callKey(const c10::OperatorHandle &op,
@@ -136,29 +167,20 @@ std::optional<std::string> callKey(const c10::OperatorHandle &op,
     if (i < scalars.size() && scalars[i] && v.isDouble()) {
       key.push_back('S');
     } else if (v.isTensor()) {
-      const at::Tensor &t = v.toTensor();
-      if (!t.defined()) {
-        key.push_back('u');
-        continue;
-      }
-      if (!programDType(t.scalar_type()) &&
-          !(t.scalar_type() == at::kDouble && t.device().is_cpu()))
+      if (!appendTensor(key, v.toTensor(), device, anyNeuron))
         return std::nullopt;
-      if (t.device().type() == kDeviceType) {
-        if (anyNeuron && t.device().index() != device)
-          return std::nullopt; // the CPU fallback reports the mismatch
-        anyNeuron = true;
-        device = t.device().index();
-        key.push_back('t');
-        append(key, t.scalar_type());
-        appendInts(key, t.sizes());
-        appendInts(key, t.strides());
-      } else if (t.device().is_cpu() && t.dim() == 0) {
-        key.push_back('c');
-        append(key, t.scalar_type());
-      } else {
+    } else if (v.isTensorList()) {
+      key.push_back('L');
+      for (const at::Tensor &t : v.toTensorList().vec())
+        if (!appendTensor(key, t, device, anyNeuron))
+          return std::nullopt;
+      key.push_back(';');
+    } else if (v.isGenerator()) {
+      // Its numbers are drawn on each run (KernelInput::kSeed): its kind is
+      // the key. The CPU fallback takes CPU generators.
+      if (v.toGenerator().device().type() != kDeviceType)
         return std::nullopt;
-      }
+      key.push_back('G');
     } else if (v.isNone()) {
       key.push_back('N');
     } else if (v.isBool()) {
@@ -189,7 +211,7 @@ std::optional<std::string> callKey(const c10::OperatorHandle &op,
         append(key, b);
       key.push_back(';');
     } else {
-      return std::nullopt; // generators, tensor lists, devices, ...
+      return std::nullopt; // devices, optional-tensor lists, ...
     }
   }
   if (!anyNeuron)
@@ -284,6 +306,26 @@ std::shared_ptr<Entry> lookup(const c10::OperatorHandle &op,
   return entry;
 }
 
+/// The seed of one run of a random op's kernel: two int32 words drawn from
+/// its generator argument, or from the device's default generator.
+at::Tensor seedWords(c10::ArrayRef<c10::IValue> args,
+                     c10::DeviceIndex device) {
+  at::Generator gen;
+  for (const c10::IValue &v : args)
+    if (v.isGenerator())
+      gen = v.toGenerator();
+  if (!gen.defined())
+    gen = defaultGenerator(device);
+  uint64_t seed;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    seed = at::check_generator<NeuronGenerator>(gen)->nextSubstreamSeed();
+  }
+  at::Tensor words = at::empty({2}, at::TensorOptions().dtype(at::kInt));
+  std::memcpy(words.data_ptr(), &seed, sizeof(seed));
+  return words;
+}
+
 bool overlapsAny(const at::Tensor &t, const std::vector<at::Tensor> &others) {
   for (const at::Tensor &o : others)
     if (t.storage().is_alias_of(o.storage()))
@@ -353,7 +395,19 @@ bool runEagerKernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   std::vector<runtime::HostTensor> in, out;
   inputs.reserve(k.inputs.size());
   for (size_t i = 0; i < k.inputs.size(); ++i) {
-    const c10::IValue &arg = args[k.inputs[i]];
+    const KernelInput &source = k.inputs[i];
+    if (source.argument == KernelInput::kSeed) {
+      at::Tensor t = seedWords(args, device);
+      in.push_back({t.data_ptr(), entry->inputs[i].programDType,
+                    entry->inputs[i].shape});
+      inputs.push_back(std::move(t));
+      continue;
+    }
+    const c10::IValue &whole = args[source.argument];
+    const c10::IValue arg =
+        source.element >= 0
+            ? c10::IValue(whole.toTensorList().get(source.element))
+            : whole;
     if (!arg.isTensor()) { // a runtime scalar
       at::Tensor t = at::scalar_tensor(
           arg.toScalar(), at::TensorOptions().dtype(entry->inputs[i].dtype));

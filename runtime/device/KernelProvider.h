@@ -7,9 +7,9 @@
 // provider, python/torchneuron/eager.py, over the torch.compile pipeline).
 //
 // The dispatcher (EagerKernels.cpp) keys each call by its operator and, per
-// argument, the tensor's device kind, dtype, sizes and strides, or the value
-// of a non-tensor argument (a number the provider made a kernel input: its
-// kind only); it asks the provider once per key and keeps the
+// argument, the tensor's device kind, dtype, sizes and strides (of each
+// element of a tensor list), or the value of a non-tensor argument (a number
+// the provider made a kernel input, or a generator: its kind only); it asks the provider once per key and keeps the
 // answer in memory (a loaded program with its executor, or "no kernel", which
 // sends the op to the counted CPU fallback). A later call with the same key
 // costs the key, one hash lookup, the output allocations and the run.
@@ -30,14 +30,27 @@
 
 namespace neuron::device {
 
+/// Where a program input's data comes from: op argument `argument` (a
+/// tensor, a number, or element `element` of a tensor list; a CPU 0-d float64
+/// tensor is passed as float32), or, for kSeed, two int32 words drawn from the
+/// op's generator (its generator argument, or the device's default one) on
+/// every run: the seed of the program's Philox `rand` numbers.
+struct KernelInput {
+  static constexpr int kSeed = -1;
+  int argument = 0;
+  int element = -1; ///< in a tensor-list argument; -1: the whole argument
+};
+
 /// The program of one eager op call, and where its buffers come from.
 struct ProvidedKernel {
   std::string name;    ///< for profiles
   std::string program; ///< kernel program JSON (docs/PROGRAM_FORMAT.md)
   double deviceNs = 0; ///< modeled time of one run
-  /// Per program input: the index of the op argument that feeds it (a
-  /// tensor; a CPU 0-d float64 tensor is passed as float32).
-  std::vector<int> inputs;
+  /// Busy time of each engine and the DMA in one run ("tensor", "dma", ...):
+  /// what kernels on other streams compete for (Stream.h).
+  std::map<std::string, double> engineBusyNs;
+  /// Per program input, where its data comes from.
+  std::vector<KernelInput> inputs;
   /// Per program output: the argument it is written into (out=, in-place),
   /// or -1 for a new neuron tensor.
   std::vector<int> outputs;

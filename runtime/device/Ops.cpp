@@ -2,7 +2,7 @@
 //
 // Device memory is host-addressable, so the kernels here work on CPU tensors
 // that alias it (cpuAlias): creating, viewing, resizing and copying tensors,
-// fill_/zero_ and .item(). Every other ATen op goes to the boxed fallback
+// fill_/zero_/arange and .item(). Every other ATen op goes to the boxed fallback
 // (Fallback.cpp), which runs it on the CPU.
 //
 //===----------------------------------------------------------------------===//
@@ -150,6 +150,19 @@ at::Tensor &fillTensor(at::Tensor &self, const at::Tensor &value) {
 
 at::Tensor &zero(at::Tensor &self) { return fillScalar(self, 0); }
 
+// Positions (torch.arange(n, device="neuron")) are written like a fill: the
+// values computed on the host, resized into and copied to the device.
+at::Tensor &arangeOut(const at::Scalar &start, const at::Scalar &end,
+                      const at::Scalar &step, at::Tensor &out) {
+  at::Tensor values = at::empty({0}, out.options().device(at::kCPU));
+  at::arange_out(values, start, end, step);
+  if (out.sizes() != values.sizes())
+    at::native::resize_output(out, values.sizes());
+  if (out.numel() != 0)
+    cpuAlias(out).copy_(values);
+  return out;
+}
+
 at::Tensor &setStorageOffset(at::Tensor &self, c10::Storage source,
                              int64_t storageOffset, c10::IntArrayRef size,
                              c10::IntArrayRef stride) {
@@ -181,6 +194,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("fill_.Scalar", fillScalar);
   m.impl("fill_.Tensor", fillTensor);
   m.impl("zero_", zero);
+  m.impl("arange.start_out", arangeOut);
   m.impl("set_.source_Storage_storage_offset", setStorageOffset);
   m.impl("set_.source_Storage", setStorage);
   m.impl("set_.source_Tensor", setTensor);

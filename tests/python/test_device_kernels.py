@@ -173,6 +173,72 @@ def test_disabled_kernels_fall_back_to_cpu() -> None:
     assert eager.counts()["runs"] == 0
 
 
+def test_tensor_lists_and_whole_tensor_reductions_run_as_kernels() -> None:
+    a, b = _randn(5, 3), _randn(2, 3)
+    torchneuron.reset_stats()
+    _close(torch.cat([a.to("neuron"), b.to("neuron")]), torch.cat([a, b]), PLAIN)
+    _close(torch.stack([a.to("neuron"), a.to("neuron") * 2], 1), torch.stack([a, a * 2], 1), PLAIN)
+    out = torch.empty(0, device="neuron")
+    torch.cat([b.to("neuron"), a.to("neuron")], out=out)
+    _close(out, torch.cat([b, a]), PLAIN)
+    _close(a.to("neuron").max(), a.max(), PLAIN)
+    _close(a.to("neuron").min(), a.min(), PLAIN)
+    _close(torch.arange(2, 9, 3, device="neuron"), torch.arange(2, 9, 3), PLAIN)
+    _no_fallback()
+
+
+RANDOM_OPS: list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = [
+    ("dropout", lambda x: F.dropout(x, 0.25, training=True)),
+    ("rand_like", torch.rand_like),
+    ("uniform_", lambda x: x.uniform_(-2.0, 3.0)),
+    ("bernoulli_", lambda x: x.bernoulli_(0.3)),
+    ("normal_", lambda x: x.normal_(1.0, 2.0)),
+]
+
+
+@pytest.mark.parametrize(("name", "draw"), RANDOM_OPS, ids=[r[0] for r in RANDOM_OPS])
+def test_random_ops_use_the_device_philox_reproducibly(
+    name: str, draw: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    x = torch.ones(256, 64, device="neuron")
+    torchneuron.reset_stats()
+    torch.manual_seed(7)
+    first, second = draw(x.clone()).cpu(), draw(x.clone()).cpu()
+    torch.manual_seed(7)
+    again = draw(x.clone()).cpu()
+    _no_fallback()
+    assert eager.counts()["runs"] == 3
+    assert torch.equal(first, again)  # torch.manual_seed reproduces the numbers
+    assert not torch.equal(first, second)  # and every call draws new ones
+    n = first.numel()
+    if name == "dropout":
+        assert set(first.unique().tolist()) <= {0.0, torch.tensor(1 / 0.75).item()}
+        assert abs((first == 0).float().mean().item() - 0.25) < 5 * (0.25 * 0.75 / n) ** 0.5
+    elif name == "rand_like":
+        assert 0 <= first.min() and first.max() < 1
+        assert abs(first.mean().item() - 0.5) < 5 * (1 / 12 / n) ** 0.5
+    elif name == "uniform_":
+        assert -2 <= first.min() and first.max() < 3
+        assert abs(first.mean().item() - 0.5) < 5 * (25 / 12 / n) ** 0.5
+    elif name == "bernoulli_":
+        assert set(first.unique().tolist()) <= {0.0, 1.0}
+        assert abs(first.mean().item() - 0.3) < 5 * (0.21 / n) ** 0.5
+    else:
+        assert abs(first.mean().item() - 1.0) < 5 * (4 / n) ** 0.5
+        assert abs(first.std().item() - 2.0) < 0.05
+
+
+def test_a_generator_argument_draws_from_that_generator() -> None:
+    x = torch.empty(1000, device="neuron")
+    g = torch.Generator(device="neuron")
+    g.manual_seed(3)
+    a = x.uniform_(generator=g).cpu()
+    torch.manual_seed(0)  # the default generator plays no part
+    g.manual_seed(3)
+    assert torch.equal(x.uniform_(generator=g).cpu(), a)
+    _no_fallback()
+
+
 def test_events_measure_the_modeled_time_of_device_kernels() -> None:
     s = torch.Stream(device="neuron")
     x = _randn(128, 128).to("neuron")
