@@ -109,12 +109,14 @@ py::object describe(const c10::IValue &v) {
 
 /// The compiler side, in Python (torchneuron.eager): provider(op, overload,
 /// args, target) -> None or a torchneuron.eager.Provided (the fields of
-/// ProvidedKernel); recorder(id) after each run while profiling.
+/// ProvidedKernel); recorder(id) after each run and copyRecorder(kind,
+/// bytes, device_ns) after each copy while profiling.
 class PythonKernelProvider : public KernelProvider {
 public:
-  PythonKernelProvider(py::function provider, py::function recorder)
-      : provider(provider.release().ptr()), recorder(recorder.release().ptr()) {
-  }
+  PythonKernelProvider(py::function provider, py::function recorder,
+                       py::function copyRecorder)
+      : provider(provider.release().ptr()), recorder(recorder.release().ptr()),
+        copyRecorder(copyRecorder.release().ptr()) {}
   // The functions are never released: the provider can outlive the
   // interpreter (a static shared_ptr destroyed at exit).
   ~PythonKernelProvider() override = default;
@@ -156,9 +158,18 @@ public:
     py::reinterpret_borrow<py::function>(recorder)(id);
   }
 
+  void recordCopy(const std::string &kind, int64_t bytes,
+                  double deviceNs) override {
+    if (!Py_IsInitialized())
+      return;
+    py::gil_scoped_acquire gil;
+    py::reinterpret_borrow<py::function>(copyRecorder)(kind, bytes, deviceNs);
+  }
+
 private:
   PyObject *provider;
   PyObject *recorder;
+  PyObject *copyRecorder;
 };
 
 } // namespace
@@ -194,13 +205,15 @@ PYBIND11_MODULE(_device, m) {
   m.def("_cpu_numerics_ops", &routeCpuKernelsThroughFallback);
 
   // Eager ops as device kernels (KernelProvider.h).
-  m.def("_set_kernel_provider", [](py::object provider, py::object recorder) {
+  m.def("_set_kernel_provider", [](py::object provider, py::object recorder,
+                                   py::object copyRecorder) {
     if (provider.is_none()) {
       setKernelProvider(nullptr);
       return;
     }
     setKernelProvider(std::make_shared<PythonKernelProvider>(
-        provider.cast<py::function>(), recorder.cast<py::function>()));
+        provider.cast<py::function>(), recorder.cast<py::function>(),
+        copyRecorder.cast<py::function>()));
   });
   m.def("_set_eager_kernels", &setEagerKernelsEnabled);
   m.def("_eager_kernels_enabled", &eagerKernelsEnabled);
@@ -248,8 +261,9 @@ PYBIND11_MODULE(_device, m) {
       py::arg("device"), py::arg("stream"));
   m.def(
       "_place_modeled_work",
-      [](double ns, int d, int64_t stream) {
-        return placeWork(streamOf(d, stream), ns);
+      [](double ns, int d, int64_t stream,
+         std::map<std::string, double> busy) {
+        return placeWork(streamOf(d, stream), {ns, std::move(busy)});
       },
-      py::arg("ns"), py::arg("device"), py::arg("stream"));
+      py::arg("ns"), py::arg("device"), py::arg("stream"), py::arg("busy"));
 }

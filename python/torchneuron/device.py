@@ -222,11 +222,16 @@ def _modeled_time_ns(s: torch.Stream | None = None) -> float:
     return _C()._stream_cursor_ns(device=s.device_index, stream=s.stream_id)
 
 
-def _place_modeled_work(ns: float, s: torch.Stream | None = None) -> tuple[float, float]:
-    """Put ``ns`` of modeled work on stream ``s`` (default: current stream) and return its
-    (start, end). Eager device kernels do this for every run; tests use it directly."""
+def _place_modeled_work(
+    ns: float, s: torch.Stream | None = None, busy: dict[str, float] | None = None
+) -> tuple[float, float]:
+    """Put ``ns`` of modeled work that keeps the device's resources ``busy`` (``"tensor"``:
+    ns, ...) on stream ``s`` (default: current stream) and return its (start, end). Eager
+    device kernels and copies do this; tests use it directly."""
     s = s or current_stream()
-    start, end = _C()._place_modeled_work(ns=ns, device=s.device_index, stream=s.stream_id)
+    start, end = _C()._place_modeled_work(
+        ns=ns, device=s.device_index, stream=s.stream_id, busy=busy or {}
+    )
     return start, end
 
 

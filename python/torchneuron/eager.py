@@ -43,6 +43,7 @@ __all__ = [
     "install",
     "provide",
     "record",
+    "record_copy",
     "rejected",
     "set_enabled",
 ]
@@ -171,7 +172,7 @@ def install() -> None:
     """Register :func:`provide` with the device library (``device.register`` calls this)."""
     from torchneuron import device
 
-    device._C()._set_kernel_provider(provide, record)
+    device._C()._set_kernel_provider(provide, record, record_copy)
 
 
 def set_enabled(on: bool) -> None:
@@ -210,7 +211,15 @@ def record(kernel_id: int) -> None:
     from torchneuron.profile import record_run
 
     kernel, name = _kernels[kernel_id]
-    record_run(kernel, name)
+    record_run(kernel, name, eager=True)
+
+
+def record_copy(kind: str, nbytes: int, device_ns: float) -> None:
+    """Called by the device after each copy to, from or between neuron devices while a
+    profile is active."""
+    from torchneuron.profile import record_copy as record
+
+    record(kind, nbytes, device_ns)
 
 
 def provide(name: str, overload: str, args: list[Any], target: str) -> Provided | None:
@@ -414,7 +423,10 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
         name=kernel_name,
         program=kernel.program_json,
         device_ns=float(timeline["device_ns"]),
-        engine_busy_ns={k: float(v) for k, v in timeline["engine_busy_ns"].items()},
+        # What the kernel competes for with other streams' work (dma_avg is a statistic).
+        engine_busy_ns={
+            k: float(v) for k, v in timeline["engine_busy_ns"].items() if not k.endswith("_avg")
+        },
         inputs=inputs,
         outputs=written if written else [-1] * len(results),
         returns=returns,

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 if TYPE_CHECKING:
     from torchneuron._native import Kernel
 
@@ -33,9 +35,28 @@ _UNITS = ("tensor", "vector", "scalar", "gpsimd", "sync", "dma")
 
 @dataclass
 class _Run:
-    kernel: Kernel
+    kernel: Kernel | None  # None for a copy
     name: str
     record: dict[str, Any]
+
+
+def _user_line() -> str | None:
+    """``file:line`` of the innermost caller outside torch and torchneuron: where an eager op
+    or a copy was written."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not any(part in path for part in _LIBRARY_PATHS):
+            return f"{path}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+_LIBRARY_PATHS = (
+    str(Path(__file__).resolve().parent),
+    str(Path(torch.__file__).resolve().parent),
+    "<frozen ",
+)
 
 
 class Profile:
@@ -44,7 +65,11 @@ class Profile:
     ``kernels`` is a list of dicts, one per run: ``name``, ``target``, ``device_ns``, ``flops``,
     ``hbm_bytes``, ``engine_busy_ns`` (engine -> ns), ``bound`` (the engine or DMA that limited
     the run, or ``latency``) and ``source_lines`` (the Python ``file:line`` locations whose
-    instructions ran in it)."""
+    instructions ran in it; for an eager op's kernel, the line that called the op).
+
+    Copies to, from and between neuron devices are runs too, named ``copy_h2d``, ``copy_d2h``
+    or ``copy_d2d``, with ``bytes`` and their modeled time (the host link or the DMA engines,
+    from the target) and ``source_lines`` the line that copied."""
 
     def __init__(self) -> None:
         self._runs: list[_Run] = []
@@ -59,7 +84,7 @@ class Profile:
         """Modeled device time of everything recorded (kernels run one after another)."""
         return float(sum(r.record["device_ns"] for r in self._runs))
 
-    def record(self, kernel: Kernel, name: str) -> None:
+    def record(self, kernel: Kernel, name: str, eager: bool = False) -> None:
         t = kernel.timeline()
         record = {
             "name": name,
@@ -70,10 +95,27 @@ class Profile:
             "engine_busy_ns": dict(t["engine_busy_ns"]),
             "bound": t["bound"],
             "instructions": t["instructions"],
-            "source_lines": list(kernel.locations),
+            "source_lines": [_user_line() or "?"] if eager else list(kernel.locations),
         }
         with self._lock:
             self._runs.append(_Run(kernel, name, record))
+
+    def record_copy(self, kind: str, nbytes: int, device_ns: float, target: str) -> None:
+        link = "host_link" if kind in ("h2d", "d2h") else "dma"
+        record = {
+            "name": f"copy_{kind}",
+            "target": target,
+            "device_ns": device_ns,
+            "flops": 0,
+            "hbm_bytes": nbytes,
+            "bytes": nbytes,
+            "engine_busy_ns": {link: device_ns},
+            "bound": link,
+            "instructions": 0,
+            "source_lines": [_user_line() or "?"],
+        }
+        with self._lock:
+            self._runs.append(_Run(None, record["name"], record))
 
     def summary(self, file: Any = None) -> str:
         """A table of the recorded runs; printed (to ``file`` or stdout) and returned."""
@@ -134,8 +176,6 @@ class Profile:
             track(unit, 0)
         offset = 0.0
         for r in self._runs:
-            names = r.kernel.instruction_names
-            lines = r.kernel.locations
             events.append(
                 {
                     "ph": "X",
@@ -144,9 +184,14 @@ class Profile:
                     "name": r.name,
                     "ts": offset / 1e3,
                     "dur": r.record["device_ns"] / 1e3,
-                    "args": {"bound": r.record["bound"]},
+                    "args": {"bound": r.record["bound"], "source": r.record["source_lines"]},
                 }
             )
+            if r.kernel is None:  # a copy: one event
+                offset += r.record["device_ns"]
+                continue
+            names = r.kernel.instruction_names
+            lines = r.kernel.locations
             for node, unit, queue, count, start, end, loc in r.kernel.timeline_events():
                 args: dict[str, Any] = {"kernel": r.name}
                 if loc >= 0:
@@ -201,6 +246,8 @@ class Profile:
             runs["run"].append(i)
             for u in _UNITS:
                 busy[f"{u}_busy_ns"].append(float(k["engine_busy_ns"].get(u, 0.0)))
+            if r.kernel is None:  # a copy: no instructions
+                continue
             names, lines = r.kernel.instruction_names, r.kernel.locations
             for node, unit, queue, count, start, end, loc in r.kernel.timeline_events():
                 for key, value in (
@@ -246,7 +293,17 @@ def _eager_profiling() -> None:
         device._set_eager_profiling(bool(_ACTIVE))
 
 
-def record_run(kernel: Kernel, name: str) -> None:
-    """Called by every kernel run: hands it to the active profiles, if any."""
+def record_run(kernel: Kernel, name: str, eager: bool = False) -> None:
+    """Called by every kernel run (``eager``: an eager op's kernel on the device): hands it to
+    the active profiles, if any."""
     for prof in _ACTIVE:
-        prof.record(kernel, name)
+        prof.record(kernel, name, eager)
+
+
+def record_copy(kind: str, nbytes: int, device_ns: float) -> None:
+    """Called by the device after every copy while a profile is active."""
+    from torchneuron import device
+
+    target = device._C()._target()
+    for prof in _ACTIVE:
+        prof.record_copy(kind, nbytes, device_ns, target)

@@ -347,6 +347,23 @@ void setEagerKernelsEnabled(bool on) { enabled = on; }
 bool eagerKernelsEnabled() { return enabled; }
 void setEagerProfiling(bool on) { profiling = on; }
 
+void placeCopy(const at::Tensor &src, const at::Tensor &dst) {
+  bool toDevice = dst.device().type() == kDeviceType;
+  bool fromDevice = src.device().type() == kDeviceType;
+  int64_t bytes = static_cast<int64_t>(dst.numel() * dst.element_size());
+  if (bytes == 0 || !(toDevice || fromDevice))
+    return;
+  c10::DeviceIndex device =
+      toDevice ? dst.device().index() : src.device().index();
+  Work work = copyWork(bytes, !(toDevice && fromDevice));
+  placeWork(currentStream(device), work);
+  if (!profiling)
+    return;
+  if (std::shared_ptr<KernelProvider> p = provider)
+    p->recordCopy(!fromDevice ? "h2d" : !toDevice ? "d2h" : "d2d", bytes,
+                  work.durationNs);
+}
+
 void clearEagerKernelCache() {
   std::lock_guard<std::mutex> compileLock(providerMutex);
   std::unique_lock<std::shared_mutex> lock(cacheMutex);
@@ -454,13 +471,11 @@ bool runEagerKernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   for (size_t j = 0; j < k.outputs.size(); ++j)
     if (written[j].defined())
       written[j].copy_(results[j]);
-  placeWork(currentStream(device), k.deviceNs);
+  placeWork(currentStream(device), {k.deviceNs, k.engineBusyNs});
   ++runs;
-  if (profiling) {
-    std::shared_ptr<KernelProvider> p = provider;
-    if (p)
+  if (profiling)
+    if (std::shared_ptr<KernelProvider> p = provider)
       p->recordRun(k.id);
-  }
 
   std::vector<c10::IValue> returns;
   returns.reserve(k.returns.size());

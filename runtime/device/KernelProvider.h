@@ -19,6 +19,7 @@
 #ifndef NEURON_RUNTIME_DEVICE_KERNELPROVIDER_H
 #define NEURON_RUNTIME_DEVICE_KERNELPROVIDER_H
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstdint>
@@ -75,6 +76,10 @@ public:
             const std::string &target) = 0;
   /// Called after every run of kernel `id` while profiling is on.
   virtual void recordRun(int64_t id) = 0;
+  /// Called after every copy to, from or between neuron devices while
+  /// profiling is on (`kind`: "h2d", "d2h" or "d2d"; its modeled time).
+  virtual void recordCopy(const std::string &kind, int64_t bytes,
+                          double deviceNs) = 0;
 };
 
 /// Installs the provider (nullptr: none; every op falls back to the CPU) and
@@ -83,8 +88,12 @@ void setKernelProvider(std::shared_ptr<KernelProvider> provider);
 /// Device kernels on or off (TORCHNEURON_EAGER_KERNELS=0 starts off).
 void setEagerKernelsEnabled(bool enabled);
 bool eagerKernelsEnabled();
-/// Call KernelProvider::recordRun after every run.
+/// Call KernelProvider::recordRun after every run and recordCopy after every
+/// copy.
 void setEagerProfiling(bool enabled);
+/// Places a copy of `bytes` on the timeline (the current stream of the neuron
+/// side, the destination's if both are) and reports it to profiles.
+void placeCopy(const at::Tensor &src, const at::Tensor &dst);
 void clearEagerKernelCache();
 
 /// Runs the op on `stack` as a device kernel if there is one (popping the

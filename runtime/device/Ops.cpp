@@ -9,6 +9,7 @@
 
 #include "runtime/device/Ops.h"
 #include "runtime/device/Device.h"
+#include "runtime/device/KernelProvider.h"
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
@@ -106,10 +107,12 @@ at::Tensor copyFrom(const at::Tensor &self, const at::Tensor &dst,
                     bool nonBlocking) {
   // self is the source. Both sides may be neuron (same or another core) or
   // one may be a CPU tensor; neuron memory is host memory, so every case is
-  // a host copy (with dtype conversion and broadcasting by ATen's CPU copy).
+  // a host copy (with dtype conversion and broadcasting by ATen's CPU copy),
+  // charged to the modeled timeline at the link's speed (placeCopy).
   TORCH_CHECK(self.defined() && dst.defined(), "copy_ of an undefined tensor");
   if (dst.numel() == 0)
     return dst;
+  placeCopy(self, dst);
   at::Tensor src = self.device().type() == kDeviceType ? cpuAlias(self) : self;
   if (dst.device().type() == kDeviceType) {
     at::Tensor target = cpuAlias(dst);
@@ -128,7 +131,9 @@ at::Tensor copyFromAndResize(const at::Tensor &self, const at::Tensor &dst) {
 }
 
 at::Scalar localScalarDense(const at::Tensor &self) {
-  return at::native::_local_scalar_dense_cpu(cpuAlias(self));
+  at::Tensor alias = cpuAlias(self);
+  placeCopy(self, alias); // .item() reads device memory
+  return at::native::_local_scalar_dense_cpu(alias);
 }
 
 at::Tensor &fillScalar(at::Tensor &self, const at::Scalar &value) {

@@ -3,6 +3,7 @@
 #include "runtime/device/Stream.h"
 
 #include "runtime/device/Device.h"
+#include "runtime/target/Target.h"
 
 #include <c10/util/Exception.h>
 
@@ -17,6 +18,8 @@ namespace {
 std::mutex timelineMutex;
 // cursors[device][stream id], ns.
 std::vector<std::vector<double>> cursors;
+// resourceFree[device][resource]: when the resource is next free, ns.
+std::vector<std::map<std::string, double>> resourceFree;
 
 std::vector<double> &deviceCursors(c10::DeviceIndex device) {
   if (cursors.empty())
@@ -68,8 +71,10 @@ c10::Stream exchangeStream(c10::Stream stream) {
 c10::Stream newStream(c10::DeviceIndex device) {
   device = resolveDevice(device);
   std::lock_guard<std::mutex> lock(timelineMutex);
+  // A new stream starts where the device's latest work ends, so that it
+  // neither goes back in time nor waits for resources it never shared.
   auto &streams = deviceCursors(device);
-  streams.push_back(0);
+  streams.push_back(*std::max_element(streams.begin(), streams.end()));
   return makeStream(device, static_cast<c10::StreamId>(streams.size() - 1));
 }
 
@@ -78,13 +83,42 @@ double streamCursorNs(c10::Stream stream) {
   return cursor(stream);
 }
 
-std::pair<double, double> placeWork(c10::Stream stream, double durationNs) {
-  TORCH_CHECK(durationNs >= 0, "modeled work cannot take negative time");
+std::pair<double, double> placeWork(c10::Stream stream, const Work &work) {
+  TORCH_CHECK(work.durationNs >= 0, "modeled work cannot take negative time");
   std::lock_guard<std::mutex> lock(timelineMutex);
   double &at = cursor(stream);
+  if (resourceFree.empty())
+    resourceFree.resize(cursors.size());
+  std::map<std::string, double> &free = resourceFree.at(stream.device_index());
   double start = at;
-  at += durationNs;
-  return {start, at};
+  double end = start + work.durationNs;
+  for (const auto &[resource, busy] : work.busyNs) {
+    TORCH_CHECK(busy >= 0, "modeled work cannot keep ", resource,
+                " busy for negative time");
+    double &freeAt = free[resource];
+    freeAt = std::max(freeAt, start) + busy;
+    end = std::max(end, freeAt);
+  }
+  at = end;
+  return {start, end};
+}
+
+Work copyWork(int64_t bytes, bool hostSide) {
+  const target::Target &t = target::getTarget(config().target);
+  double hbmBytesPerNs = t.hbmChipBytesPerNs / t.value("hbm_sharing_cores");
+  auto n = static_cast<double>(bytes);
+  Work work;
+  if (hostSide) {
+    double link = n / t.value("host_link_bytes_per_ns");
+    work.busyNs = {{"host_link", link}, {"hbm", n / hbmBytesPerNs}};
+    work.durationNs = t.dmaFixedLatencyNs + link;
+  } else { // read and write HBM, through the core's DMA engines
+    double dma = n / (t.dmaEngines * t.dmaBytesPerNsPerEngine);
+    double hbm = 2 * n / hbmBytesPerNs;
+    work.busyNs = {{"dma", dma}, {"hbm", hbm}};
+    work.durationNs = t.dmaFixedLatencyNs + std::max(dma, hbm);
+  }
+  return work;
 }
 
 void recordEvent(Event &event, c10::Stream stream) {

@@ -3,17 +3,27 @@
 // A neuron stream is a queue on the device's modeled timeline. Its work runs
 // synchronously on the host when it is issued, so a stream is host-ordered:
 // query() is always true and synchronize() returns at once. What a stream
-// keeps is a modeled-time
-// cursor, in nanoseconds: placeWork(stream, ns) puts a piece of modeled work
-// at the cursor and moves it on. An event records a stream's cursor, a
-// stream waiting for an event moves its cursor to the event's time, and
-// elapsed_time is the difference of two events' times, in milliseconds.
-// Every eager device kernel (EagerKernels.cpp) places its modeled duration
-// on the current stream; CPU fallbacks and copies place nothing yet.
-// torch.neuron._place_modeled_work places work explicitly (tests).
+// keeps is a modeled-time cursor, in nanoseconds, and what the device keeps
+// is when each of its resources (TensorE, VectorE, ScalarE, GpSimd, the DMA
+// queues, HBM, the host link) is next free. placeWork(stream, work) starts a
+// piece of work at the stream's cursor; it ends after its own duration, or
+// later if a resource it needs is still busy with earlier work of another
+// stream: then it takes that resource's time after the other work (as if
+// its use of each resource came first in its span: an approximation of how
+// the engines' queues interleave, exact for one stream and for work that
+// shares nothing). So kernels on two streams overlap where the engines
+// allow: a matmul kernel and a copy overlap, two matmul kernels mostly not.
+//
+// An event records a stream's cursor, a stream waiting for an event moves its
+// cursor to the event's time, and elapsed_time is the difference of two
+// events' times, in milliseconds. Eager device kernels (EagerKernels.cpp)
+// and copies (Ops.cpp, copyWork) place their modeled time on the current
+// stream; CPU fallbacks place nothing. torch.neuron._place_modeled_work
+// places work explicitly (tests).
 //
 // Stream ids: 0 is each device's default stream; torch.Stream(device=...)
-// gets a new id (1, 2, ...) every time. The current stream is per thread and
+// gets a new id (1, 2, ...) every time, and a cursor at the end of the
+// device's latest work. The current stream is per thread and
 // per device, as for CUDA.
 //
 //===----------------------------------------------------------------------===//
@@ -23,6 +33,9 @@
 
 #include <c10/core/Stream.h>
 
+#include <cstdint>
+#include <map>
+#include <string>
 #include <utility>
 
 namespace neuron::device {
@@ -36,9 +49,21 @@ c10::Stream newStream(c10::DeviceIndex device);
 /// The stream's modeled-time cursor (ns since the process started the
 /// device's timeline).
 double streamCursorNs(c10::Stream stream);
-/// Places `durationNs` of modeled work at the stream's cursor; returns its
-/// [start, end) in ns and moves the cursor to the end.
-std::pair<double, double> placeWork(c10::Stream stream, double durationNs);
+/// A piece of device work: its duration on an idle device and the busy time
+/// of each resource it uses, by the timing model's names ("tensor", "dma",
+/// "hbm", ...; "host_link" for the host's PCIe link).
+struct Work {
+  double durationNs = 0;
+  std::map<std::string, double> busyNs;
+};
+
+/// Places `work` at the stream's cursor (see above); returns its [start, end)
+/// in ns and moves the cursor to the end.
+std::pair<double, double> placeWork(c10::Stream stream, const Work &work);
+
+/// The modeled work of copying `bytes` to or from a neuron device: over the
+/// host link when one side is the CPU, else by the DMA engines through HBM.
+Work copyWork(int64_t bytes, bool hostSide);
 
 /// A recorded point on the timeline (the backend object behind c10::Event).
 struct Event {

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -384,6 +384,60 @@ def test_events_measure_modeled_time() -> None:
     with pytest.raises((RuntimeError, ValueError), match="enable_timing"):
         start.elapsed_time(untimed)
     s2.wait_stream(s1)
+
+
+def test_streams_overlap_where_the_engines_allow() -> None:
+    torch.neuron._place_modeled_work(1e3, busy={"tensor": 1e3})  # on the default stream
+    s1, s2, s3 = (torch.Stream(device="neuron") for _ in range(3))
+    # New streams start where the device's latest work ends.
+    start = torch.neuron._modeled_time_ns(s1)
+    assert start >= torch.neuron._modeled_time_ns() and start == torch.neuron._modeled_time_ns(s3)
+    # Two kernels that keep TensorE busy 8 of their 10 us: the second waits for TensorE.
+    _, end1 = torch.neuron._place_modeled_work(10e3, s1, busy={"tensor": 8e3})
+    _, end2 = torch.neuron._place_modeled_work(10e3, s2, busy={"tensor": 8e3})
+    assert end1 - start == pytest.approx(10e3) and end2 - start == pytest.approx(16e3)
+    # A copy on the host link shares nothing with them: it runs alongside.
+    _, end3 = torch.neuron._place_modeled_work(5e3, s3, busy={"host_link": 5e3})
+    assert end3 - start == pytest.approx(5e3)
+    # On one stream work follows work, whatever it uses.
+    begin, end = torch.neuron._place_modeled_work(1e3, s1, busy={"tensor": 1e3})
+    assert begin == end1 and end == pytest.approx(max(end1, end2) + 1e3)
+
+
+def test_copies_are_charged_on_the_timeline() -> None:
+    small, large = torch.randn(64, 256), torch.randn(256, 256)
+    s = torch.Stream(device="neuron")  # starts after all earlier work: nothing to wait for
+
+    def timed(fn: Callable[[], object]) -> float:
+        before = torch.neuron._modeled_time_ns(s)
+        with s:
+            fn()
+        return torch.neuron._modeled_time_ns(s) - before
+
+    h2d_small, h2d_large = timed(lambda: small.to("neuron")), timed(lambda: large.to("neuron"))
+    assert h2d_small > 0 and h2d_large > h2d_small
+    # A fixed latency plus the bytes over the link: 4x the bytes, 4x the transfer time.
+    latency = (4 * h2d_small - h2d_large) / 3
+    assert 0 < latency < h2d_small
+    with s:
+        on_device = large.to("neuron")
+    assert timed(lambda: on_device.cpu()) == pytest.approx(h2d_large)
+    d2d = timed(lambda: on_device.clone())  # between HBM buffers: the DMA engines, faster
+    assert 0 < d2d < h2d_large
+    with torchneuron.profile() as prof, s:
+        on_device.cpu()
+        on_device[0, 0].item()
+    copy, item = prof.kernels
+    assert item["name"] == "copy_d2h" and item["bytes"] == 4  # .item() reads the device too
+    assert copy["name"] == "copy_d2h" and copy["bytes"] == large.numel() * 4
+    assert copy["device_ns"] == pytest.approx(h2d_large)
+    assert copy["source_lines"] == [f"{__file__}:{_line_of('on_device.cpu()', 2)}"]
+
+
+def _line_of(text: str, occurrence: int = 1) -> int:
+    """The line number of the ``occurrence``-th line of this file that contains ``text``."""
+    lines = [i for i, line in enumerate(open(__file__), 1) if text in line]
+    return lines[occurrence - 1]
 
 
 # ---- random numbers --------------------------------------------------------------------------

@@ -245,6 +245,7 @@ def test_events_measure_the_modeled_time_of_device_kernels() -> None:
     x @ x  # compiled and cached, so the profile below sees one kernel per op
     start = torch.Event(device="neuron", enable_timing=True)
     end = torch.Event(device="neuron", enable_timing=True)
+    s.wait_stream(torch.accelerator.current_stream())  # after the copy of x
     with s:
         start.record(s)
         with torchneuron.profile() as prof:
@@ -254,6 +255,10 @@ def test_events_measure_the_modeled_time_of_device_kernels() -> None:
     ms = start.elapsed_time(end)
     assert ms > 0
     assert [k["name"].split("_")[1] for k in prof.kernels] == ["mm", "relu"]
+    # Each eager kernel points at the line that called its op.
+    assert {k["source_lines"][0] for k in prof.kernels} == {
+        f"{__file__}:{next(i for i, s in enumerate(open(__file__), 1) if 'y = torch.relu(' in s)}"
+    }
     assert ms == pytest.approx(prof.total_device_ns / 1e6)
     default = torch.accelerator.current_stream()
     assert default.stream_id != s.stream_id  # the kernels went on the current stream: s
@@ -314,4 +319,6 @@ def test_mlp_training_on_device_kernels_matches_cpu(opt: type, kwargs: dict) -> 
     assert stats["ops_fallback"] == {}, stats["ops_fallback"]
     assert stats["kernels_run"] == eager.counts()["runs"] > 0
     assert prof.total_device_ns > 0  # type: ignore[attr-defined]
-    assert all(k["name"].startswith("eager_") for k in prof.kernels)  # type: ignore[attr-defined]
+    names = [k["name"] for k in prof.kernels]  # type: ignore[attr-defined]
+    assert all(n.startswith(("eager_", "copy_")) for n in names)
+    assert "copy_h2d" in names and "copy_d2h" in names  # the batches in, the losses out
