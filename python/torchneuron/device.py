@@ -23,6 +23,7 @@ first eager op that needs a kernel does.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 from collections import OrderedDict
@@ -111,7 +112,27 @@ def register() -> None:
             torch.utils.generate_methods_for_privateuse1_backend(
                 for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
             )
+        atexit.register(_drain_autograd_worker)
         _registered = True
+
+
+def _drain_autograd_worker() -> None:
+    """At exit, let the autograd engine's neuron worker thread finish with the last backward.
+
+    Each ``backward()`` on neuron tensors runs on the engine's thread for the device, and that
+    thread may drop the last reference to the finished graph after ``backward()`` has returned;
+    the graph holds a Python object (the context ``torch.autograd`` stashes), so dropping it
+    takes the GIL. During interpreter shutdown that thread is killed inside a destructor and
+    the process aborts ("terminate called without an active exception"). One more backward
+    through that thread, with no Python objects in it, waits until it is done with the last."""
+    if device_count() == 0:
+        return
+    with torch.enable_grad():
+        x = torch.zeros((), device=_NAME, requires_grad=True)
+        y = x.clone()  # CloneBackward runs on the device's worker: no kernel, no fallback
+        # The engine directly: torch.autograd.backward would stash a Python object again.
+        engine = torch.autograd.graph.Variable._execution_engine  # type: ignore[attr-defined]
+        engine.run_backward((y,), (torch.ones((), device=_NAME),), False, False, (), True, True)
 
 
 # ---- devices ------------------------------------------------------------------------------

@@ -298,4 +298,14 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
 }
 
+// Convolutions have no CPU kernel to route: their composite kernels lead a
+// backend that is not CPU or CUDA to convolution_overrideable, which throws.
+// The fallback takes them whole: a device kernel, or the CPU's convolution.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution",
+         torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
+  m.impl("convolution_backward",
+         torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
+}
+
 } // namespace neuron::device
