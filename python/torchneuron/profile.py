@@ -7,8 +7,10 @@
     prof.total_device_ns
 
 A kernel's timeline is computed once (the program is static) and only when a profile asks
-for it: runs outside ``profile()`` pay nothing. Under ``torch.profiler`` each kernel run also
-appears as a range ``neuron:<kernel>`` whose args carry the modeled device time.
+for it: runs outside ``profile()`` pay nothing. Under ``torch.profiler`` each compiled kernel
+run also appears as a range ``neuron:<kernel>`` whose args carry the modeled device time; eager
+kernels on the ``neuron`` device appear as ranges ``neuron::<kernel>`` and, with the PrivateUse1
+activity, as device events of their modeled duration (``runtime/device/Profiler.cpp``).
 """
 
 from __future__ import annotations

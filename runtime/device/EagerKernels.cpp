@@ -18,6 +18,7 @@
 
 #include "runtime/device/Device.h"
 #include "runtime/device/Generator.h"
+#include "runtime/device/Profiler.h"
 #include "runtime/device/Stream.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/program/Program.h"
@@ -391,6 +392,7 @@ bool runEagerKernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   const ProvidedKernel &k = entry->provided;
 
   c10::DeviceGuard guard(c10::Device(kDeviceType, device));
+  ProfiledKernelRun profiled(k.name, currentStream(device), k.deviceNs);
   std::vector<at::Tensor> inputs;
   std::vector<runtime::HostTensor> in, out;
   inputs.reserve(k.inputs.size());

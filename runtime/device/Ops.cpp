@@ -9,6 +9,7 @@
 
 #include "runtime/device/Ops.h"
 #include "runtime/device/Device.h"
+#include "runtime/device/Profiler.h"
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
@@ -110,6 +111,7 @@ at::Tensor copyFrom(const at::Tensor &self, const at::Tensor &dst,
   TORCH_CHECK(self.defined() && dst.defined(), "copy_ of an undefined tensor");
   if (dst.numel() == 0)
     return dst;
+  ProfiledCopy profiled(self, dst);
   at::Tensor src = self.device().type() == kDeviceType ? cpuAlias(self) : self;
   if (dst.device().type() == kDeviceType) {
     at::Tensor target = cpuAlias(dst);
