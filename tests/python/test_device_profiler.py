@@ -103,7 +103,9 @@ def test_privateuse1_activity_puts_kernels_on_a_device_track(tmp_path: Path) -> 
         assert (k["pid"], k["tid"]) == (0, 0)
         launch = ranges[k["args"]["External id"]]
         assert launch["name"] == k["name"]
-        assert k["ts"] >= launch["ts"] - 1e-3  # issued first, then run
+        # Issued inside its range, then run; torch times ranges with its approximate clock
+        # converted to wall time, the plugin reads wall time: allow that conversion's error.
+        assert k["ts"] >= launch["ts"] - 0.5
     # One stream runs one kernel at a time.
     ordered = sorted(kernels, key=lambda e: e["ts"])
     for before, after in zip(ordered, ordered[1:], strict=False):
