@@ -35,6 +35,7 @@
 #include <libkineto.h>
 #include <output_base.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <map>
@@ -112,6 +113,12 @@ public:
                     libkineto::getLinkedActivityCallback linkedActivity,
                     int64_t, int64_t) override {
     std::lock_guard<std::mutex> lock(sessionMutex);
+    // Runs are recorded as they finish; threads sharing a stream (the
+    // autograd engine's and the caller's) are placed in the order they issued.
+    std::stable_sort(runs.begin(), runs.end(),
+                     [](const KernelRecord &a, const KernelRecord &b) {
+                       return a.issuedNs < b.issuedNs;
+                     });
     std::map<std::pair<c10::DeviceIndex, c10::StreamId>, int64_t> trackEnd;
     int32_t id = 0;
     for (const KernelRecord &run : runs) {
