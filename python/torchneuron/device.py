@@ -15,6 +15,10 @@ once per op. Streams are host-ordered queues: work runs when issued. Each stream
 modeled-time cursor that events record and device kernels advance by their modeled time, so
 ``Event.elapsed_time`` is modeled milliseconds.
 
+``torch.autocast("neuron")`` uses PyTorch's CUDA autocast op lists (``runtime/device/
+Autocast.cpp``) with bfloat16 as the default dtype (set for the thread that loads the device;
+PyTorch keeps autocast dtypes per thread, so threads started later begin at float16).
+
 The package's ``torch.backends`` entry point registers the device when torch is imported
 (``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` or ``TORCHNEURON_DEVICE_AUTOLOAD=0`` turn that off; then
 ``import torchneuron.device`` registers it). Loading the device does not load the compiler; the
@@ -359,6 +363,8 @@ def set_rng_state_all(states: list[torch.Tensor]) -> None:
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
+    """The dtypes ``torch.autocast("neuron", dtype=...)`` accepts (torch asks the device
+    module); bfloat16 is the default."""
     return [torch.bfloat16, torch.float16]
 
 

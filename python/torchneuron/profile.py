@@ -7,8 +7,10 @@
     prof.total_device_ns
 
 A kernel's timeline is computed once (the program is static) and only when a profile asks
-for it: runs outside ``profile()`` pay nothing. Under ``torch.profiler`` each kernel run also
-appears as a range ``neuron:<kernel>`` whose args carry the modeled device time.
+for it: runs outside ``profile()`` pay nothing. Under ``torch.profiler`` each compiled kernel
+run also appears as a range ``neuron:<kernel>`` whose args carry the modeled device time; eager
+kernels on the ``neuron`` device appear as ranges ``neuron::<kernel>`` and, with the PrivateUse1
+activity, as device events of their modeled duration (``runtime/device/Profiler.cpp``).
 """
 
 from __future__ import annotations
@@ -67,8 +69,8 @@ class Profile:
     the run, or ``latency``) and ``source_lines`` (the Python ``file:line`` locations whose
     instructions ran in it; for an eager op's kernel, the line that called the op).
 
-    Copies to, from and between neuron devices are runs too, named ``copy_h2d``, ``copy_d2h``
-    or ``copy_d2d``, with ``bytes`` and their modeled time (the host link or the DMA engines,
+    Copies to, from and between neuron devices are runs too, named ``copy_host_to_device``,
+    ``copy_device_to_host`` or ``copy_device_to_device``, with ``bytes`` and their modeled time (the host link or the DMA engines,
     from the target) and ``source_lines`` the line that copied."""
 
     def __init__(self) -> None:
@@ -101,7 +103,7 @@ class Profile:
             self._runs.append(_Run(kernel, name, record))
 
     def record_copy(self, kind: str, nbytes: int, device_ns: float, target: str) -> None:
-        link = "host_link" if kind in ("h2d", "d2h") else "dma"
+        link = "dma" if kind == "device_to_device" else "host_link"
         record = {
             "name": f"copy_{kind}",
             "target": target,

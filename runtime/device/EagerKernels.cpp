@@ -18,6 +18,7 @@
 
 #include "runtime/device/Device.h"
 #include "runtime/device/Generator.h"
+#include "runtime/device/Profiler.h"
 #include "runtime/device/Stream.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/program/Program.h"
@@ -347,21 +348,13 @@ void setEagerKernelsEnabled(bool on) { enabled = on; }
 bool eagerKernelsEnabled() { return enabled; }
 void setEagerProfiling(bool on) { profiling = on; }
 
-void placeCopy(const at::Tensor &src, const at::Tensor &dst) {
-  bool toDevice = dst.device().type() == kDeviceType;
-  bool fromDevice = src.device().type() == kDeviceType;
-  int64_t bytes = static_cast<int64_t>(dst.numel() * dst.element_size());
-  if (bytes == 0 || !(toDevice || fromDevice))
+void placeCopy(const std::optional<PlannedCopy> &copy) {
+  if (!copy)
     return;
-  c10::DeviceIndex device =
-      toDevice ? dst.device().index() : src.device().index();
-  Work work = copyWork(bytes, !(toDevice && fromDevice));
-  placeWork(currentStream(device), work);
-  if (!profiling)
-    return;
-  if (std::shared_ptr<KernelProvider> p = provider)
-    p->recordCopy(!fromDevice ? "h2d" : !toDevice ? "d2h" : "d2d", bytes,
-                  work.durationNs);
+  placeWork(copy->stream, copy->work);
+  if (profiling)
+    if (std::shared_ptr<KernelProvider> p = provider)
+      p->recordCopy(copy->kind, copy->bytes, copy->work.durationNs);
 }
 
 void clearEagerKernelCache() {
@@ -408,6 +401,7 @@ bool runEagerKernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   const ProvidedKernel &k = entry->provided;
 
   c10::DeviceGuard guard(c10::Device(kDeviceType, device));
+  ProfiledKernelRun profiled(k.name, currentStream(device), k.deviceNs);
   std::vector<at::Tensor> inputs;
   std::vector<runtime::HostTensor> in, out;
   inputs.reserve(k.inputs.size());

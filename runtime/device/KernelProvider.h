@@ -19,7 +19,8 @@
 #ifndef NEURON_RUNTIME_DEVICE_KERNELPROVIDER_H
 #define NEURON_RUNTIME_DEVICE_KERNELPROVIDER_H
 
-#include <ATen/core/Tensor.h>
+#include "runtime/device/Stream.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstdint>
@@ -77,7 +78,8 @@ public:
   /// Called after every run of kernel `id` while profiling is on.
   virtual void recordRun(int64_t id) = 0;
   /// Called after every copy to, from or between neuron devices while
-  /// profiling is on (`kind`: "h2d", "d2h" or "d2d"; its modeled time).
+  /// profiling is on (`kind`: "host_to_device", "device_to_host" or
+  /// "device_to_device"; its modeled time).
   virtual void recordCopy(const std::string &kind, int64_t bytes,
                           double deviceNs) = 0;
 };
@@ -91,9 +93,9 @@ bool eagerKernelsEnabled();
 /// Call KernelProvider::recordRun after every run and recordCopy after every
 /// copy.
 void setEagerProfiling(bool enabled);
-/// Places a copy of `bytes` on the timeline (the current stream of the neuron
-/// side, the destination's if both are) and reports it to profiles.
-void placeCopy(const at::Tensor &src, const at::Tensor &dst);
+/// Places a planned copy (Stream.h) on the timeline and reports it to
+/// torchneuron profiles.
+void placeCopy(const std::optional<PlannedCopy> &copy);
 void clearEagerKernelCache();
 
 /// Runs the op on `stack` as a device kernel if there is one (popping the

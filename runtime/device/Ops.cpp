@@ -10,6 +10,7 @@
 #include "runtime/device/Ops.h"
 #include "runtime/device/Device.h"
 #include "runtime/device/KernelProvider.h"
+#include "runtime/device/Profiler.h"
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
@@ -112,7 +113,9 @@ at::Tensor copyFrom(const at::Tensor &self, const at::Tensor &dst,
   TORCH_CHECK(self.defined() && dst.defined(), "copy_ of an undefined tensor");
   if (dst.numel() == 0)
     return dst;
-  placeCopy(self, dst);
+  std::optional<PlannedCopy> copy = planCopy(self, dst);
+  ProfiledCopy profiled(copy);
+  placeCopy(copy);
   at::Tensor src = self.device().type() == kDeviceType ? cpuAlias(self) : self;
   if (dst.device().type() == kDeviceType) {
     at::Tensor target = cpuAlias(dst);
@@ -132,7 +135,9 @@ at::Tensor copyFromAndResize(const at::Tensor &self, const at::Tensor &dst) {
 
 at::Scalar localScalarDense(const at::Tensor &self) {
   at::Tensor alias = cpuAlias(self);
-  placeCopy(self, alias); // .item() reads device memory
+  std::optional<PlannedCopy> copy = planCopy(self, alias); // a device read
+  ProfiledCopy profiled(copy);
+  placeCopy(copy);
   return at::native::_local_scalar_dense_cpu(alias);
 }
 

@@ -103,12 +103,25 @@ std::pair<double, double> placeWork(c10::Stream stream, const Work &work) {
   return {start, end};
 }
 
-Work copyWork(int64_t bytes, bool hostSide) {
+std::optional<PlannedCopy> planCopy(const at::Tensor &src,
+                                    const at::Tensor &dst) {
+  bool toDevice = dst.device().type() == kDeviceType;
+  bool fromDevice = src.device().type() == kDeviceType;
+  auto bytes = static_cast<int64_t>(dst.nbytes());
+  if (bytes == 0 || !(toDevice || fromDevice))
+    return std::nullopt;
   const target::Target &t = target::getTarget(config().target);
   double hbmBytesPerNs = t.hbmChipBytesPerNs / t.value("hbm_sharing_cores");
   auto n = static_cast<double>(bytes);
-  Work work;
-  if (hostSide) {
+  PlannedCopy copy{
+      currentStream(toDevice ? dst.device().index() : src.device().index()),
+      {},
+      bytes,
+      !fromDevice ? "host_to_device"
+      : !toDevice ? "device_to_host"
+                  : "device_to_device"};
+  Work &work = copy.work;
+  if (!(toDevice && fromDevice)) {
     double link = n / t.value("host_link_bytes_per_ns");
     work.busyNs = {{"host_link", link}, {"hbm", n / hbmBytesPerNs}};
     work.durationNs = t.dmaFixedLatencyNs + link;
@@ -118,7 +131,7 @@ Work copyWork(int64_t bytes, bool hostSide) {
     work.busyNs = {{"dma", dma}, {"hbm", hbm}};
     work.durationNs = t.dmaFixedLatencyNs + std::max(dma, hbm);
   }
-  return work;
+  return copy;
 }
 
 void recordEvent(Event &event, c10::Stream stream) {

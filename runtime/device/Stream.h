@@ -17,7 +17,7 @@
 // An event records a stream's cursor, a stream waiting for an event moves its
 // cursor to the event's time, and elapsed_time is the difference of two
 // events' times, in milliseconds. Eager device kernels (EagerKernels.cpp)
-// and copies (Ops.cpp, copyWork) place their modeled time on the current
+// and copies (Ops.cpp, planCopy) place their modeled time on the current
 // stream; CPU fallbacks place nothing. torch.neuron._place_modeled_work
 // places work explicitly (tests).
 //
@@ -31,10 +31,12 @@
 #ifndef NEURON_RUNTIME_DEVICE_STREAM_H
 #define NEURON_RUNTIME_DEVICE_STREAM_H
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Stream.h>
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -61,9 +63,21 @@ struct Work {
 /// in ns and moves the cursor to the end.
 std::pair<double, double> placeWork(c10::Stream stream, const Work &work);
 
-/// The modeled work of copying `bytes` to or from a neuron device: over the
-/// host link when one side is the CPU, else by the DMA engines through HBM.
-Work copyWork(int64_t bytes, bool hostSide);
+/// A copy to, from or between neuron devices, as the timeline sees it: the
+/// current stream of the neuron side (the destination's if both are) and the
+/// modeled work: over the host link when one side is the CPU, else by the
+/// DMA engines through HBM.
+struct PlannedCopy {
+  c10::Stream stream;
+  Work work;
+  int64_t bytes = 0;
+  const char *kind = ""; ///< "host_to_device", "device_to_host", ...
+};
+
+/// The plan of copying `src` into `dst`; nothing for an empty or CPU-to-CPU
+/// copy. Placing it is the caller's (placeCopy, KernelProvider.h).
+std::optional<PlannedCopy> planCopy(const at::Tensor &src,
+                                    const at::Tensor &dst);
 
 /// A recorded point on the timeline (the backend object behind c10::Event).
 struct Event {
