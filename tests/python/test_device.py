@@ -606,7 +606,15 @@ def test_compiled_model_on_neuron_tensors_stays_on_the_device() -> None:
     dev_model = copy.deepcopy(cpu_model).to("neuron")
     x = torch.randn(8, 16)
     ref = torch.compile(cpu_model, backend="neuron")(x)
-    out = torch.compile(dev_model, backend="neuron")(x.to("neuron"))
+    compiled = torch.compile(dev_model, backend="neuron")
+    x_dev = x.to("neuron")
+    with torch.no_grad():
+        compiled(x_dev)
+        with torchneuron.profile() as prof:
+            compiled(x_dev)
+    # One compiled kernel reading and writing device memory: no copy through the host.
+    assert [k["name"].startswith("graph_") for k in prof.kernels] == [True]
+    out = compiled(x_dev)
     # The kernel wrote device memory in place. Not bit-exact, and not because of the device: the
     # same model compiled twice on CPU tensors (same program, same inputs) already differs by
     # about 1 ulp in training mode (LayerNorm statistics), depending on where its buffers live.
