@@ -16,12 +16,12 @@ with ``_C.compile_graph``. Inputs reach the kernel contiguous; CPU 0-d tensors (
 that PyTorch wrapped) are kernel inputs too, float64 ones as float32; tensor lists (``cat``)
 are one input per element.
 
-Random ops (dropout, ``rand``, ``uniform_``, ``bernoulli_``) draw their numbers with the device's
-Philox ``rand`` instruction (:mod:`torchneuron.rng`): the kernel takes a seed input that the
-device fills on every run from the op's generator (or the device's default generator, which
-``torch.manual_seed`` seeds), so runs are reproducible and every run draws new numbers.
+Random ops (dropout, ``rand``, ``uniform_``, ``bernoulli_``, ``normal_``) draw their numbers with
+the device's Philox ``rand`` instruction (:mod:`torchneuron.rng`): the kernel takes a seed input
+that the device fills on every run from the op's generator (or the device's default generator,
+which ``torch.manual_seed`` seeds), so runs are reproducible and every run draws new numbers.
 
-Not provided (CPU fallback): random ops other than uniform ones (``normal_``), ops taking
+Not provided (CPU fallback): other random ops (``exponential_``, ``multinomial``), ops taking
 devices, layouts or memory formats, ops that mutate an argument other than ``out=`` or ``self``
 of an in-place op, results that are None, and anything the importer does not lower.
 """
@@ -217,9 +217,9 @@ def record(kernel_id: int) -> None:
 def record_copy(kind: str, nbytes: int, device_ns: float) -> None:
     """Called by the device after each copy to, from or between neuron devices while a
     profile is active."""
-    from torchneuron.profile import record_copy as record
+    from torchneuron.profile import record_copy as to_profiles
 
-    record(kind, nbytes, device_ns)
+    to_profiles(kind, nbytes, device_ns)
 
 
 def provide(name: str, overload: str, args: list[Any], target: str) -> Provided | None:

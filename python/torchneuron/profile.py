@@ -70,8 +70,9 @@ class Profile:
     instructions ran in it; for an eager op's kernel, the line that called the op).
 
     Copies to, from and between neuron devices are runs too, named ``copy_host_to_device``,
-    ``copy_device_to_host`` or ``copy_device_to_device``, with ``bytes`` and their modeled time (the host link or the DMA engines,
-    from the target) and ``source_lines`` the line that copied."""
+    ``copy_device_to_host`` or ``copy_device_to_device``, with ``bytes``, their modeled time
+    (the host link or the DMA engines, from the target) and ``source_lines`` the line that
+    copied."""
 
     def __init__(self) -> None:
         self._runs: list[_Run] = []

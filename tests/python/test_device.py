@@ -428,7 +428,7 @@ def test_copies_are_charged_on_the_timeline() -> None:
         on_device.cpu()
         on_device[0, 0].item()
     copy, item = prof.kernels
-    assert item["name"] == "copy_device_to_host" and item["bytes"] == 4  # .item() reads the device too
+    assert item["name"] == "copy_device_to_host" and item["bytes"] == 4  # .item() reads it
     assert copy["name"] == "copy_device_to_host" and copy["bytes"] == large.numel() * 4
     assert copy["device_ns"] == pytest.approx(h2d_large)
     assert copy["source_lines"] == [f"{__file__}:{_line_of('on_device.cpu()', 2)}"]

@@ -321,4 +321,5 @@ def test_mlp_training_on_device_kernels_matches_cpu(opt: type, kwargs: dict) -> 
     assert prof.total_device_ns > 0  # type: ignore[attr-defined]
     names = [k["name"] for k in prof.kernels]  # type: ignore[attr-defined]
     assert all(n.startswith(("eager_", "copy_")) for n in names)
-    assert "copy_host_to_device" in names and "copy_device_to_host" in names  # the batches in, the losses out
+    # The batches go in, the losses come out.
+    assert "copy_host_to_device" in names and "copy_device_to_host" in names
