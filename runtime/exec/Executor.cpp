@@ -1101,8 +1101,10 @@ void Executor::Impl::allocate(const Program &program) {
     case Opcode::DmaGather:
       indexNeed = std::max(indexNeed, v[RoleIndices].numElements);
       break;
-    default:
-      break;
+    case Opcode::DmaCopy:
+    case Opcode::Copy:
+    case Opcode::Memset:
+      break; // no scratch
     }
   }
 

@@ -22,130 +22,100 @@ using json = nlohmann::json;
 
 namespace {
 
+/// The value of `values` whose name is `name`.
 template <typename Enum, size_t N>
-const char *lookupName(const std::pair<Enum, const char *> (&table)[N],
-                       Enum value) {
-  for (const auto &entry : table)
-    if (entry.first == value)
-      return entry.second;
-  return "?";
-}
-
-template <typename Enum, size_t N>
-std::optional<Enum> lookupValue(const std::pair<Enum, const char *> (&table)[N],
-                                std::string_view name) {
-  for (const auto &entry : table)
-    if (name == entry.second)
-      return entry.first;
+std::optional<Enum> parseName(const Enum (&values)[N],
+                              const char *(*nameOf)(Enum),
+                              std::string_view name) {
+  for (Enum value : values)
+    if (name == nameOf(value))
+      return value;
   return std::nullopt;
 }
 
-const std::pair<Space, const char *> kSpaceNames[] = {
-    {Space::HBM, "hbm"}, {Space::SBUF, "sbuf"}, {Space::PSUM, "psum"}};
-
-const std::pair<BufferKind, const char *> kKindNames[] = {
-    {BufferKind::Input, "input"},
-    {BufferKind::Output, "output"},
-    {BufferKind::Internal, "internal"},
-    {BufferKind::Constant, "constant"},
-    {BufferKind::Scratch, "scratch"}};
-
-const std::pair<Opcode, const char *> kOpcodeNames[] = {
-    {Opcode::DmaCopy, "dma_copy"},
-    {Opcode::DmaGather, "dma_gather"},
-    {Opcode::Matmul, "matmul"},
-    {Opcode::Activation, "activation"},
-    {Opcode::TensorTensor, "tensor_tensor"},
-    {Opcode::ScalarTensorTensor, "scalar_tensor_tensor"},
-    {Opcode::TensorScalar, "tensor_scalar"},
-    {Opcode::TensorReduce, "tensor_reduce"},
-    {Opcode::Select, "select"},
-    {Opcode::Iota, "iota"},
-    {Opcode::Memset, "memset"},
-    {Opcode::Rand, "rand"},
-    {Opcode::Copy, "copy"}};
-
-const std::pair<Engine, const char *> kEngineNames[] = {
-    {Engine::Tensor, "tensor"},
-    {Engine::Vector, "vector"},
-    {Engine::Scalar, "scalar"},
-    {Engine::GpSimd, "gpsimd"},
-    {Engine::Sync, "sync"}};
-
-const std::pair<ActFunc, const char *> kActFuncNames[] = {
-    {ActFunc::Identity, "identity"},
-    {ActFunc::Neg, "neg"},
-    {ActFunc::Abs, "abs"},
-    {ActFunc::Exp, "exp"},
-    {ActFunc::Log, "log"},
-    {ActFunc::Sqrt, "sqrt"},
-    {ActFunc::Rsqrt, "rsqrt"},
-    {ActFunc::Reciprocal, "reciprocal"},
-    {ActFunc::Tanh, "tanh"},
-    {ActFunc::Sigmoid, "sigmoid"},
-    {ActFunc::Relu, "relu"},
-    {ActFunc::Gelu, "gelu"},
-    {ActFunc::GeluTanh, "gelu_tanh"},
-    {ActFunc::Silu, "silu"},
-    {ActFunc::Erf, "erf"},
-    {ActFunc::Sin, "sin"},
-    {ActFunc::Cos, "cos"},
-    {ActFunc::Sign, "sign"},
-    {ActFunc::Square, "square"},
-    {ActFunc::Floor, "floor"},
-    {ActFunc::Ceil, "ceil"},
-    {ActFunc::Round, "round"},
-    {ActFunc::Trunc, "trunc"},
-    {ActFunc::Log1p, "log1p"},
-    {ActFunc::Expm1, "expm1"},
-    {ActFunc::LogicalNot, "logical_not"}};
-
-const std::pair<AluOp, const char *> kAluOpNames[] = {
-    {AluOp::Add, "add"},
-    {AluOp::Subtract, "subtract"},
-    {AluOp::Multiply, "multiply"},
-    {AluOp::Divide, "divide"},
-    {AluOp::Max, "max"},
-    {AluOp::Min, "min"},
-    {AluOp::Pow, "pow"},
-    {AluOp::Mod, "mod"},
-    {AluOp::Remainder, "remainder"},
-    {AluOp::Eq, "eq"},
-    {AluOp::Ne, "ne"},
-    {AluOp::Lt, "lt"},
-    {AluOp::Le, "le"},
-    {AluOp::Gt, "gt"},
-    {AluOp::Ge, "ge"},
-    {AluOp::LogicalAnd, "logical_and"},
-    {AluOp::LogicalOr, "logical_or"},
-    {AluOp::LogicalXor, "logical_xor"},
-    {AluOp::Bypass, "bypass"}};
+constexpr BufferKind kAllBufferKinds[] = {
+    BufferKind::Input, BufferKind::Output, BufferKind::Internal,
+    BufferKind::Constant, BufferKind::Scratch};
 
 } // namespace
 
-const char *spaceName(Space v) { return lookupName(kSpaceNames, v); }
-const char *bufferKindName(BufferKind v) { return lookupName(kKindNames, v); }
-const char *opcodeName(Opcode v) { return lookupName(kOpcodeNames, v); }
-const char *engineName(Engine v) { return lookupName(kEngineNames, v); }
-const char *actFuncName(ActFunc v) { return lookupName(kActFuncNames, v); }
-const char *aluOpName(AluOp v) { return lookupName(kAluOpNames, v); }
+const char *spaceName(Space v) {
+  switch (v) {
+#define NEURON_MEMORY_SPACE(Name, Spelling)                                    \
+  case Space::Name:                                                            \
+    return Spelling;
+#include "runtime/program/InstructionSet.def"
+  }
+  return "?";
+}
+const char *bufferKindName(BufferKind v) {
+  switch (v) {
+  case BufferKind::Input:
+    return "input";
+  case BufferKind::Output:
+    return "output";
+  case BufferKind::Internal:
+    return "internal";
+  case BufferKind::Constant:
+    return "constant";
+  case BufferKind::Scratch:
+    return "scratch";
+  }
+  return "?";
+}
+const char *opcodeName(Opcode v) {
+  switch (v) {
+#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines)                          \
+  case Opcode::Name:                                                           \
+    return Mnemonic;
+#include "runtime/program/InstructionSet.def"
+  }
+  return "?";
+}
+const char *engineName(Engine v) {
+  switch (v) {
+#define NEURON_ENGINE(Name, Spelling)                                          \
+  case Engine::Name:                                                           \
+    return Spelling;
+#include "runtime/program/InstructionSet.def"
+  }
+  return "?";
+}
+const char *actFuncName(ActFunc v) {
+  switch (v) {
+#define NEURON_ACT_FUNC(Name, Spelling)                                        \
+  case ActFunc::Name:                                                          \
+    return Spelling;
+#include "runtime/program/InstructionSet.def"
+  }
+  return "?";
+}
+const char *aluOpName(AluOp v) {
+  switch (v) {
+#define NEURON_ALU_OP(Name, Spelling)                                          \
+  case AluOp::Name:                                                            \
+    return Spelling;
+#include "runtime/program/InstructionSet.def"
+  }
+  return "?";
+}
 std::optional<Space> parseSpace(std::string_view n) {
-  return lookupValue(kSpaceNames, n);
+  return parseName(kAllSpaces, spaceName, n);
 }
 std::optional<BufferKind> parseBufferKind(std::string_view n) {
-  return lookupValue(kKindNames, n);
+  return parseName(kAllBufferKinds, bufferKindName, n);
 }
 std::optional<Opcode> parseOpcode(std::string_view n) {
-  return lookupValue(kOpcodeNames, n);
+  return parseName(kAllOpcodes, opcodeName, n);
 }
 std::optional<Engine> parseEngine(std::string_view n) {
-  return lookupValue(kEngineNames, n);
+  return parseName(kAllEngines, engineName, n);
 }
 std::optional<ActFunc> parseActFunc(std::string_view n) {
-  return lookupValue(kActFuncNames, n);
+  return parseName(kAllActFuncs, actFuncName, n);
 }
 std::optional<AluOp> parseAluOp(std::string_view n) {
-  return lookupValue(kAluOpNames, n);
+  return parseName(kAllAluOps, aluOpName, n);
 }
 
 //===----------------------------------------------------------------------===//
@@ -446,36 +416,52 @@ struct OpSpec {
   std::set<std::string> optional;
 };
 
-const OpSpec &opSpec(Opcode op) {
-  static const std::vector<OpSpec> specs = {
-      {Opcode::DmaCopy, {"src", "dst"}, {}},
-      {Opcode::DmaGather, {"table", "indices", "dst"}, {}},
-      {Opcode::Matmul, {"stationary", "moving", "dst"}, {"accumulate"}},
-      {Opcode::Activation,
-       {"src", "dst", "func"},
-       {"bias", "scale_col", "reduce_res", "scale", "bias_imm"}},
-      {Opcode::TensorTensor, {"a", "b", "dst", "alu_op"}, {}},
-      {Opcode::ScalarTensorTensor,
-       {"a", "b", "dst", "alu_op0", "alu_op1"},
-       {"scalar", "imm"}},
-      {Opcode::TensorScalar,
-       {"src", "dst", "alu_op"},
-       {"scalar", "imm", "reverse"}},
-      {Opcode::TensorReduce, {"src", "dst", "alu_op"}, {}},
-      {Opcode::Select, {"pred", "on_true", "on_false", "dst"}, {}},
-      {Opcode::Iota,
-       {"dst"},
-       {"offset", "base", "channel_multiplier", "multipliers"}},
-      {Opcode::Memset, {"dst", "value"}, {}},
-      {Opcode::Rand,
-       {"dst", "seed"},
-       {"offset", "stream", "channel_multiplier", "multipliers"}},
-      {Opcode::Copy, {"src", "dst"}, {}},
-  };
-  for (const OpSpec &spec : specs)
-    if (spec.op == op)
-      return spec;
+/// The fields of each instruction besides op, engine, loc and waits.
+OpSpec makeOpSpec(Opcode op) {
+  switch (op) {
+  case Opcode::DmaCopy:
+    return {op, {"src", "dst"}, {}};
+  case Opcode::DmaGather:
+    return {op, {"table", "indices", "dst"}, {}};
+  case Opcode::Matmul:
+    return {op, {"stationary", "moving", "dst"}, {"accumulate"}};
+  case Opcode::Activation:
+    return {op,
+            {"src", "dst", "func"},
+            {"bias", "scale_col", "reduce_res", "scale", "bias_imm"}};
+  case Opcode::TensorTensor:
+    return {op, {"a", "b", "dst", "alu_op"}, {}};
+  case Opcode::ScalarTensorTensor:
+    return {op, {"a", "b", "dst", "alu_op0", "alu_op1"}, {"scalar", "imm"}};
+  case Opcode::TensorScalar:
+    return {op, {"src", "dst", "alu_op"}, {"scalar", "imm", "reverse"}};
+  case Opcode::TensorReduce:
+    return {op, {"src", "dst", "alu_op"}, {}};
+  case Opcode::Select:
+    return {op, {"pred", "on_true", "on_false", "dst"}, {}};
+  case Opcode::Iota:
+    return {
+        op, {"dst"}, {"offset", "base", "channel_multiplier", "multipliers"}};
+  case Opcode::Memset:
+    return {op, {"dst", "value"}, {}};
+  case Opcode::Rand:
+    return {op,
+            {"dst", "seed"},
+            {"offset", "stream", "channel_multiplier", "multipliers"}};
+  case Opcode::Copy:
+    return {op, {"src", "dst"}, {}};
+  }
   throw Error("internal error: no spec for op");
+}
+
+const OpSpec &opSpec(Opcode op) {
+  static const std::vector<OpSpec> specs = [] {
+    std::vector<OpSpec> all;
+    for (Opcode each : kAllOpcodes)
+      all.push_back(makeOpSpec(each));
+    return all;
+  }();
+  return specs.at(static_cast<size_t>(op));
 }
 
 class Parser {
@@ -1430,8 +1416,11 @@ json instructionJson(const Instruction &inst) {
   case Opcode::Memset:
     out["value"] = numberJson(inst.value);
     break;
-  default:
-    break;
+  case Opcode::DmaCopy:
+  case Opcode::DmaGather:
+  case Opcode::Select:
+  case Opcode::Copy:
+    break; // operands only
   }
   return out;
 }

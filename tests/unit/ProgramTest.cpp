@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 
 #include <unistd.h>
 
@@ -15,6 +16,7 @@ using neuron::test::buffer;
 using neuron::test::contains;
 using neuron::test::errorOf;
 using neuron::test::programJson;
+using neuron::test::sampleProgram;
 using neuron::test::trn2;
 using neuron::test::view;
 
@@ -193,6 +195,26 @@ TEST_CASE("a full program parses and verifies", "[program]") {
   CHECK(sttImm.engine == Engine::GpSimd);
   REQUIRE(sttImm.imm);
   CHECK(*sttImm.imm == -1);
+}
+
+TEST_CASE("the instruction set's names round-trip", "[program][isa]") {
+  // InstructionSet.def: every value has one name, parsed back to it.
+  auto check = [](const auto &values, auto nameOf, auto parse) {
+    std::set<std::string> names;
+    for (auto value : values) {
+      std::string name = nameOf(value);
+      INFO(name);
+      CHECK(parse(name) == value);
+      CHECK(names.insert(name).second);
+    }
+  };
+  check(kAllOpcodes, opcodeName, parseOpcode);
+  check(kAllEngines, engineName, parseEngine);
+  check(kAllSpaces, spaceName, parseSpace);
+  check(kAllActFuncs, actFuncName, parseActFunc);
+  check(kAllAluOps, aluOpName, parseAluOp);
+  CHECK_FALSE(parseOpcode("nisa.matmul"));
+  CHECK_FALSE(parseEngine("Tensor"));
 }
 
 TEST_CASE("toJson round-trips", "[program]") {

@@ -33,6 +33,7 @@ using neuron::test::buffer;
 using neuron::test::contains;
 using neuron::test::errorOf;
 using neuron::test::programJson;
+using neuron::test::sampleProgram;
 using neuron::test::view;
 
 namespace {
@@ -658,6 +659,21 @@ TEST_CASE("trn3 DMA engines move 33 B/ns", "[timing][dma][trn3]") {
   REQUIRE(tl.events.size() == 2);
   CHECK(tl.events[1].endNs - tl.events[1].startNs ==
         Approx(32768.0 / 33).epsilon(1e-9));
+}
+
+TEST_CASE("every instruction has a cost", "[timing][isa]") {
+  // The cost switch lists every opcode; each costs time on its engine.
+  for (Opcode op : kAllOpcodes)
+    for (Engine engine : kAllEngines) {
+      if (!canIssue(op, engine))
+        continue;
+      INFO(opcodeName(op) << " on " << engineName(engine));
+      Timeline tl = run(sampleProgram(op, engineName(engine)), true);
+      REQUIRE_FALSE(tl.events.empty());
+      CHECK(tl.events[0].unit == static_cast<TimingUnit>(engine));
+      CHECK(tl.events[0].endNs > tl.events[0].startNs);
+      checkPhysical(tl, getTarget("trn2"));
+    }
 }
 
 TEST_CASE("gathers generate descriptors on GpSimd", "[timing][dma]") {
