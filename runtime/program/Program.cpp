@@ -1136,29 +1136,15 @@ void Verifier::verifyInstruction(const Instruction &inst,
     buffers[fieldName] =
         &verifyView(*view, name + " field '" + fieldName + "'");
 
-  // Engines: TensorE runs matmul only; DMAs are issued from the sync, scalar
-  // or gpsimd queues; activation functions live on ScalarE.
+  // Which engines may issue which instruction: InstructionSet.def.
   Engine engine = inst.engine;
-  bool isDma = inst.op == Opcode::DmaCopy || inst.op == Opcode::DmaGather;
-  bool engineOk;
-  if (inst.op == Opcode::Matmul)
-    engineOk = engine == Engine::Tensor;
-  else if (isDma)
-    engineOk = engine == Engine::Sync || engine == Engine::Scalar ||
-               engine == Engine::GpSimd;
-  else if (inst.op == Opcode::Activation)
-    engineOk = engine == Engine::Scalar;
-  else if (inst.op == Opcode::ScalarTensorTensor)
-    engineOk = engine == Engine::Vector || engine == Engine::GpSimd;
-  else
-    engineOk = engine == Engine::Vector || engine == Engine::Scalar ||
-               engine == Engine::GpSimd;
-  if (!engineOk)
+  bool dma = isDma(inst.op);
+  if (!canIssue(inst.op, engine))
     failInst(inst, std::string("engine '") + engineName(engine) +
                        "' cannot issue " + opcodeName(inst.op));
 
   // Compute engines address only SBUF and PSUM; GpSimd cannot reach PSUM.
-  if (!isDma) {
+  if (!dma) {
     for (const auto &[fieldName, buffer] : buffers) {
       if (!buffer->isOnChip())
         failInst(inst, "operand '" + fieldName + "' is in hbm; " +

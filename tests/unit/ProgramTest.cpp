@@ -217,6 +217,23 @@ TEST_CASE("the instruction set's names round-trip", "[program][isa]") {
   CHECK_FALSE(parseEngine("Tensor"));
 }
 
+TEST_CASE("an engine issues exactly the instructions the table gives it",
+          "[program][isa]") {
+  for (Opcode op : kAllOpcodes)
+    for (Engine engine : kAllEngines) {
+      std::string name =
+          std::string(opcodeName(op)) + " on " + engineName(engine);
+      INFO(name);
+      std::string error = errorOf([&] {
+        Program::parse(sampleProgram(op, engineName(engine))).verify(trn2());
+      });
+      if (canIssue(op, engine))
+        CHECK(error == "<no error>");
+      else
+        CHECK(contains(error, "' cannot issue " + std::string(opcodeName(op))));
+    }
+}
+
 TEST_CASE("toJson round-trips", "[program]") {
   Program program = Program::parse(fullProgram());
   std::string once = program.toJson();
