@@ -130,13 +130,13 @@ struct HasEngineAttr<OpTy,
                      std::void_t<decltype(std::declval<OpTy>().getEngine())>>
     : std::true_type {};
 
-template <typename OpTy> Engine engineOf(OpTy op, rt::Opcode opcode) {
+template <rt::Opcode Opcode, typename OpTy> Engine engineOf(OpTy op) {
   if constexpr (HasEngineAttr<OpTy>::value) {
     return op.getEngine();
   } else {
-    rt::EngineSet engines = rt::issuingEngines(opcode);
-    assert(engines && !(engines & (engines - 1)) &&
-           "an instruction without an engine attribute has one engine");
+    constexpr rt::EngineSet engines = rt::issuingEngines(Opcode);
+    static_assert(engines && !(engines & (engines - 1)),
+                  "an op without an engine attribute has one legal engine");
     return static_cast<Engine>(llvm::countr_zero(engines));
   }
 }
@@ -146,7 +146,7 @@ std::optional<Issue> mlir::nisa::issueOf(Operation *op) {
   return llvm::TypeSwitch<Operation *, std::optional<Issue>>(op)
 #define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines)                          \
   .Case<Name##Op>(                                                             \
-      [](Name##Op o) { return Issue{engineOf(o, rt::Opcode::Name), IsDma}; })
+      [](Name##Op o) { return Issue{engineOf<rt::Opcode::Name>(o), IsDma}; })
 #include "runtime/program/InstructionSet.def"
       .Default([](Operation *) { return std::nullopt; });
 }
