@@ -145,31 +145,24 @@ int64_t View::numElements() const { return shapeElements(shape).value_or(0); }
 std::vector<std::pair<const char *, const View *>>
 Instruction::operands() const {
   std::vector<std::pair<const char *, const View *>> result;
-  auto add = [&](const char *name, const std::optional<View> &view) {
-    if (view)
-      result.emplace_back(name, &*view);
-  };
-  add("dst", dst);
-  add("reduce_res", reduceRes);
-  add("src", src);
-  add("table", table);
-  add("indices", indices);
-  add("stationary", stationary);
-  add("moving", moving);
-  add("a", a);
-  add("b", b);
-  add("bias", bias);
-  add("scale_col", scaleCol);
-  add("scalar", scalar);
-  add("pred", pred);
-  add("on_true", onTrue);
-  add("on_false", onFalse);
-  add("seed", seed);
+  for (const OperandField &field : kOperandFields)
+    if (const std::optional<View> &view = this->*field.member)
+      result.emplace_back(field.name, &*view);
   return result;
 }
 
+namespace {
+const OperandField *findOperandField(std::string_view name) {
+  for (const OperandField &field : kOperandFields)
+    if (name == field.name)
+      return &field;
+  return nullptr;
+}
+} // namespace
+
 bool Instruction::writes(std::string_view field) {
-  return field == "dst" || field == "reduce_res";
+  const OperandField *found = findOperandField(field);
+  return found && found->written;
 }
 
 Node Node::makeLoop(int64_t loopId, int64_t count, std::vector<Node> body) {
@@ -398,16 +391,6 @@ View parseView(const json &value, const std::string &where) {
   if (value.contains("offset"))
     view.offset = parseAffine(value["offset"], field(where, "offset"));
   return view;
-}
-
-/// The instruction fields that are views (operands); the others are
-/// attributes.
-bool isViewField(const std::string &key) {
-  static const std::set<std::string> names = {
-      "src",  "dst",     "table",    "indices",   "stationary", "moving",
-      "a",    "b",       "bias",     "scale_col", "reduce_res", "scalar",
-      "pred", "on_true", "on_false", "seed"};
-  return names.count(key) > 0;
 }
 
 struct OpSpec {
@@ -651,31 +634,12 @@ Instruction Parser::parseInstruction(const json &value,
              "must be a non-negative instruction index");
   }
 
-  std::map<std::string, std::optional<View> Instruction::*> viewFields = {
-      {"src", &Instruction::src},
-      {"dst", &Instruction::dst},
-      {"table", &Instruction::table},
-      {"indices", &Instruction::indices},
-      {"stationary", &Instruction::stationary},
-      {"moving", &Instruction::moving},
-      {"a", &Instruction::a},
-      {"b", &Instruction::b},
-      {"bias", &Instruction::bias},
-      {"scale_col", &Instruction::scaleCol},
-      {"reduce_res", &Instruction::reduceRes},
-      {"scalar", &Instruction::scalar},
-      {"pred", &Instruction::pred},
-      {"on_true", &Instruction::onTrue},
-      {"on_false", &Instruction::onFalse},
-      {"seed", &Instruction::seed}};
-
   for (auto it = value.begin(); it != value.end(); ++it) {
     const std::string &key = it.key();
     const json &item = it.value();
     std::string keyWhere = field(where, key.c_str());
-    auto viewIt = viewFields.find(key);
-    if (viewIt != viewFields.end()) {
-      inst.*(viewIt->second) = parseView(item, keyWhere);
+    if (const OperandField *operand = findOperandField(key)) {
+      inst.*(operand->member) = parseView(item, keyWhere);
     } else if (key == "accumulate") {
       inst.accumulate = asBool(item, keyWhere);
     } else if (key == "func") {
@@ -1125,7 +1089,7 @@ void Verifier::verifyInstruction(const Instruction &inst,
     if (!spec.required.count(fieldName) && !spec.optional.count(fieldName))
       failInst(inst, "unexpected operand '" + fieldName + "'");
   for (const std::string &key : spec.required)
-    if (isViewField(key) && !views.count(key))
+    if (findOperandField(key) && !views.count(key))
       failInst(inst, "missing operand '" + key + "'");
   // The one attribute that names loops: verified below for iota and rand.
   if (inst.offset && inst.op != Opcode::Iota && inst.op != Opcode::Rand)

@@ -191,7 +191,8 @@ struct Instruction {
   /// completed before this instruction issues.
   std::vector<int64_t> waits;
 
-  // Operands; which ones an op takes is listed in PROGRAM_FORMAT.md.
+  // Operands (kOperandFields); which ones an op takes is listed in
+  // PROGRAM_FORMAT.md.
   std::optional<View> src, dst;
   std::optional<View> table, indices;     // dma_gather
   std::optional<View> stationary, moving; // matmul
@@ -238,6 +239,19 @@ struct Instruction {
   /// Whether the operand named `field` (a name operands() returns) is
   /// written: dst and reduce_res are, every other operand is read.
   static bool writes(std::string_view field);
+};
+
+/// An operand field of instructions (InstructionSet.def).
+struct OperandField {
+  const char *name;
+  std::optional<View> Instruction::*member;
+  bool written;
+};
+/// Every operand field, in the order Instruction::operands() lists them.
+inline constexpr OperandField kOperandFields[] = {
+#define NEURON_OPERAND(Member, Spelling, Written)                              \
+  {Spelling, &Instruction::Member, Written},
+#include "runtime/program/InstructionSet.def"
 };
 
 struct Node {

@@ -4,6 +4,7 @@
 #include "tests/unit/CatchCompat.h"
 #include "tests/unit/TestUtil.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -215,6 +216,31 @@ TEST_CASE("the instruction set's names round-trip", "[program][isa]") {
   check(kAllAluOps, aluOpName, parseAluOp);
   CHECK_FALSE(parseOpcode("nisa.matmul"));
   CHECK_FALSE(parseEngine("Tensor"));
+  std::set<std::string> fields;
+  for (const OperandField &field : kOperandFields) {
+    INFO(field.name);
+    CHECK(fields.insert(field.name).second);
+    CHECK(Instruction::writes(field.name) == field.written);
+  }
+  CHECK_FALSE(Instruction::writes("alu_op"));
+}
+
+TEST_CASE("every instruction round-trips through toJson", "[program][isa]") {
+  for (Opcode op : kAllOpcodes) {
+    INFO(opcodeName(op));
+    Engine engine =
+        *std::find_if(std::begin(kAllEngines), std::end(kAllEngines),
+                      [&](Engine e) { return canIssue(op, e); });
+    Program program = Program::parse(sampleProgram(op, engineName(engine)));
+    std::string json = program.toJson();
+    Program again = Program::parse(json);
+    again.verify(trn2());
+    CHECK(again.toJson() == json);
+    REQUIRE(again.body.size() == 1);
+    CHECK(again.body[0].inst.op == op);
+    CHECK(again.body[0].inst.operands().size() ==
+          program.body[0].inst.operands().size());
+  }
 }
 
 TEST_CASE("an engine issues exactly the instructions the table gives it",
