@@ -3,13 +3,16 @@
 // Walks a lowered kernel function and writes the program format of
 // docs/PROGRAM_FORMAT.md. Index arithmetic on scf.for ivs is folded into
 // affine view offsets; on-chip tiles whose lifetimes do not overlap share a
-// buffer, so the program's scratch memory is what is live at once.
+// buffer, so the program's scratch memory is what is live at once. Opcodes
+// and the spellings of enums come from runtime/program/InstructionSet.def,
+// through the runtime's names.
 //
 //===----------------------------------------------------------------------===//
 
 #include "compiler/emit/EmitProgram.h"
 
 #include "dialects/nisa/NisaDialect.h"
+#include "runtime/program/Program.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -26,6 +29,7 @@
 
 using namespace mlir;
 using json = nlohmann::json;
+namespace rt = neuron::runtime;
 
 namespace {
 
@@ -70,23 +74,23 @@ struct View {
   std::vector<int64_t> shape, strides;
 };
 
-std::optional<std::string> dtypeName(Type t) {
+std::optional<rt::DType> dtypeOf(Type t) {
   if (t.isF32())
-    return "f32";
+    return rt::DType::F32;
   if (t.isBF16())
-    return "bf16";
+    return rt::DType::BF16;
   if (t.isF16())
-    return "f16";
+    return rt::DType::F16;
   if (t.isInteger(1))
-    return "bool";
+    return rt::DType::Bool;
   if (t.isUnsignedInteger(8))
-    return "u8";
+    return rt::DType::U8;
   if (t.isInteger(8))
-    return "i8";
+    return rt::DType::I8;
   if (t.isInteger(32))
-    return "i32";
+    return rt::DType::I32;
   if (t.isInteger(64))
-    return "i64";
+    return rt::DType::I64;
   return std::nullopt;
 }
 
@@ -99,8 +103,8 @@ json number(double v) {
   return v;
 }
 
-std::string spaceName(nisa::MemorySpace space) {
-  return nisa::stringifyMemorySpace(space).str();
+const char *spaceName(nisa::MemorySpace space) {
+  return rt::spaceName(nisa::toProgram(space));
 }
 
 /// "file:line" of the innermost source position in `loc`, if any.
@@ -120,12 +124,12 @@ std::optional<std::string> sourceLine(Location loc) {
 
 /// An on-chip tile's program buffer: space, byte address, dtype and free
 /// size (tiles that share all four share a buffer).
-using TileKey = std::tuple<int, int64_t, std::string, int64_t>;
+using TileKey = std::tuple<int, int64_t, rt::DType, int64_t>;
 TileKey tileKey(memref::AllocOp alloc) {
   MemRefType type = alloc.getType();
   auto address = alloc->getAttrOfType<IntegerAttr>(nisa::kAddressAttrName);
   return {(int)nisa::getMemorySpace(type), address.getInt(),
-          *dtypeName(type.getElementType()),
+          *dtypeOf(type.getElementType()),
           type.getNumElements() / std::max<int64_t>(1, type.getDimSize(0))};
 }
 
@@ -142,7 +146,7 @@ private:
   LogicalResult emitInstruction(Operation *op, json &out);
   FailureOr<Affine> affineOf(Value v, Operation *user);
   FailureOr<json> viewOf(Value v, Operation *user);
-  FailureOr<int> addBuffer(Value base, StringRef kind, StringRef name);
+  FailureOr<int> addBuffer(Value base, rt::BufferKind kind, StringRef name);
   FailureOr<json> constantBuffer(memref::GetGlobalOp get);
 
   func::FuncOp kernel;
@@ -169,13 +173,13 @@ private:
   int nextLoop = 0;
 };
 
-FailureOr<int> ProgramEmitter::addBuffer(Value base, StringRef kind,
+FailureOr<int> ProgramEmitter::addBuffer(Value base, rt::BufferKind kind,
                                          StringRef name) {
   auto type = dyn_cast<MemRefType>(base.getType());
   if (!type)
     return emitError(base.getLoc(), "kernel buffers must be memrefs, got ")
            << base.getType();
-  auto dtype = dtypeName(type.getElementType());
+  auto dtype = dtypeOf(type.getElementType());
   if (!dtype)
     return emitError(base.getLoc(), "unsupported element type ")
            << type.getElementType();
@@ -186,8 +190,8 @@ FailureOr<int> ProgramEmitter::addBuffer(Value base, StringRef kind,
   buffers.push_back({{"id", id},
                      {"name", name.str()},
                      {"space", spaceName(nisa::getMemorySpace(type))},
-                     {"kind", kind.str()},
-                     {"dtype", *dtype},
+                     {"kind", rt::bufferKindName(kind)},
+                     {"dtype", rt::dtypeName(*dtype)},
                      {"shape", shape}});
   bufferIds[base] = id;
   return id;
@@ -309,7 +313,7 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
       .Case<memref::AllocOp>([&](memref::AllocOp alloc) -> LogicalResult {
         auto type = alloc.getType();
         if (nisa::getMemorySpace(type) == nisa::MemorySpace::hbm)
-          return addBuffer(alloc, "internal",
+          return addBuffer(alloc, rt::BufferKind::Internal,
                            "t" + std::to_string(buffers.size()));
         TileBuffer &tb = tileBuffers[tileKey(alloc)];
         if (tb.id < 0) {
@@ -319,8 +323,8 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
               {{"id", tb.id},
                {"name", "tile" + std::to_string(tb.id)},
                {"space", spaceName(nisa::getMemorySpace(type))},
-               {"kind", "scratch"},
-               {"dtype", dtype},
+               {"kind", rt::bufferKindName(rt::BufferKind::Scratch)},
+               {"dtype", rt::dtypeName(dtype)},
                {"address", address},
                {"shape", std::vector<int64_t>{tb.partitions, freeElements}}});
         }
@@ -335,7 +339,7 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
           return success();
         }
         auto data = constantBuffer(get);
-        auto id = addBuffer(get, "constant", name);
+        auto id = addBuffer(get, rt::BufferKind::Constant, name);
         if (failed(data) || failed(id))
           return failure();
         buffers[*id].update(*data);
@@ -378,7 +382,10 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
 }
 
 LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
-  json inst{{"op", op->getName().stripDialect().str()}};
+  std::optional<nisa::Issue> issue = nisa::issueOf(op);
+  if (!issue)
+    return op->emitError("has no kernel program encoding");
+  json inst{{"op", rt::opcodeName(*nisa::opcodeOf(op))}};
   if (auto line = sourceLine(op->getLoc())) {
     auto [it, inserted] = locationIds.try_emplace(*line, locations.size());
     if (inserted)
@@ -406,9 +413,6 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
     else
       inst["offset"] = affine->toJson();
   };
-  std::optional<nisa::Issue> issue = nisa::issueOf(op);
-  if (!issue)
-    return op->emitError("has no kernel program encoding");
   llvm::TypeSwitch<Operation *>(op)
       .Case<nisa::DmaCopyOp>([&](auto o) {
         operand("src", o.getSrc());
@@ -433,7 +437,7 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         // "accumulate" is matmul's boolean in the format; the row sums take
         // NKI's name for them.
         operand("reduce_res", o.getAccumulate());
-        inst["func"] = nisa::stringifyActivationFn(o.getFunc()).str();
+        inst["func"] = rt::actFuncName(nisa::toProgram(o.getFunc()));
         inst["scale"] = number(o.getScale().convertToDouble());
         inst["bias_imm"] = number(o.getBiasImm().convertToDouble());
       })
@@ -441,15 +445,15 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         operand("a", o.getA());
         operand("b", o.getB());
         operand("dst", o.getDst());
-        inst["alu_op"] = nisa::stringifyAluOp(o.getOp()).str();
+        inst["alu_op"] = rt::aluOpName(nisa::toProgram(o.getOp()));
       })
       .Case<nisa::ScalarTensorTensorOp>([&](auto o) {
         operand("a", o.getA());
         operand("b", o.getB());
         operand("dst", o.getDst());
         operand("scalar", o.getScalar());
-        inst["alu_op0"] = nisa::stringifyAluOp(o.getOp0()).str();
-        inst["alu_op1"] = nisa::stringifyAluOp(o.getOp1()).str();
+        inst["alu_op0"] = rt::aluOpName(nisa::toProgram(o.getOp0()));
+        inst["alu_op1"] = rt::aluOpName(nisa::toProgram(o.getOp1()));
         if (!o.getScalar())
           inst["imm"] = number(o.getImm().convertToDouble());
       })
@@ -457,7 +461,7 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         operand("src", o.getSrc());
         operand("dst", o.getDst());
         operand("scalar", o.getScalar());
-        inst["alu_op"] = nisa::stringifyAluOp(o.getOp()).str();
+        inst["alu_op"] = rt::aluOpName(nisa::toProgram(o.getOp()));
         if (!o.getScalar())
           inst["imm"] = number(o.getImm().convertToDouble());
         inst["reverse"] = o.getReverse();
@@ -465,7 +469,7 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
       .Case<nisa::TensorReduceOp>([&](auto o) {
         operand("src", o.getSrc());
         operand("dst", o.getDst());
-        inst["alu_op"] = nisa::stringifyAluOp(o.getOp()).str();
+        inst["alu_op"] = rt::aluOpName(nisa::toProgram(o.getOp()));
       })
       .Case<nisa::SelectOp>([&](auto o) {
         operand("pred", o.getPred());
@@ -517,7 +521,7 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
   }
   if (!ok)
     return failure();
-  inst["engine"] = nisa::stringifyEngine(issue->engine).str();
+  inst["engine"] = rt::engineName(nisa::toProgram(issue->engine));
   out.push_back(std::move(inst));
   return success();
 }
@@ -527,7 +531,7 @@ LogicalResult ProgramEmitter::planTiles() {
     MemRefType type = alloc.getType();
     if (nisa::getMemorySpace(type) == nisa::MemorySpace::hbm)
       return WalkResult::advance();
-    if (!dtypeName(type.getElementType()) || type.getRank() < 1 ||
+    if (!dtypeOf(type.getElementType()) || type.getRank() < 1 ||
         !type.hasStaticShape()) {
       alloc.emitError("on-chip tiles need a static [partitions, free...] "
                       "shape and a supported dtype");
@@ -572,7 +576,8 @@ FailureOr<json> ProgramEmitter::emit() {
     bool isInput = (int64_t)i < numInputs.getInt();
     std::string name = isInput ? "in" + std::to_string(i)
                                : "out" + std::to_string(i - numInputs.getInt());
-    auto id = addBuffer(arg, isInput ? "input" : "output", name);
+    auto id = addBuffer(
+        arg, isInput ? rt::BufferKind::Input : rt::BufferKind::Output, name);
     if (failed(id))
       return failure();
     (isInput ? inputs : outputs).push_back(*id);
@@ -586,8 +591,8 @@ FailureOr<json> ProgramEmitter::emit() {
   std::string target = "trn2";
   if (auto attr = module->getAttrOfType<StringAttr>(nisa::kTargetAttrName))
     target = attr.str();
-  json program{{"format", "torchneuron-kernel-program"},
-               {"version", 1},
+  json program{{"format", rt::kProgramFormat},
+               {"version", rt::kProgramVersion},
                {"name", kernel.getSymName().str()},
                {"target", target},
                {"buffers", buffers},

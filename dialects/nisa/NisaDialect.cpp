@@ -64,18 +64,106 @@ MemRefType mlir::nisa::withMemorySpace(MemRefType type, MemorySpace space) {
                          type.getLayout(), attr);
 }
 
+//===----------------------------------------------------------------------===//
+// The instruction set (runtime/program/InstructionSet.def)
+//===----------------------------------------------------------------------===//
+
+namespace rt = ::neuron::runtime;
+
+/// Whether the op name `opName` is "nisa." followed by `mnemonic`.
+static constexpr bool isNamed(llvm::StringRef opName,
+                              std::string_view mnemonic) {
+  std::string_view name(opName.data(), opName.size());
+  return name.substr(0, 5) == "nisa." && name.substr(5) == mnemonic;
+}
+#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines)                          \
+  static_assert(isNamed(Name##Op::getOperationName(), Mnemonic),               \
+                "nisa::" #Name "Op must be named nisa." Mnemonic);
+#include "runtime/program/InstructionSet.def"
+
+/// Every op of the dialect is an instruction of the table.
+template <typename... Ops> static constexpr size_t countOps() {
+  return sizeof...(Ops);
+}
+static_assert(countOps<
+#define GET_OP_LIST
+#include "dialects/nisa/NisaOps.cpp.inc"
+                  >() == std::size(rt::kAllOpcodes),
+              "every nisa op needs an entry in InstructionSet.def");
+
+static_assert(getMaxEnumValForEngine() + 1 == std::size(rt::kAllEngines));
+static_assert(getMaxEnumValForActivationFn() + 1 ==
+              std::size(rt::kAllActFuncs));
+static_assert(getMaxEnumValForAluOp() + 1 == std::size(rt::kAllAluOps));
+static_assert(getMaxEnumValForMemorySpace() + 1 == std::size(rt::kAllSpaces));
+
+rt::Engine mlir::nisa::toProgram(Engine engine) {
+  return static_cast<rt::Engine>(engine);
+}
+rt::Space mlir::nisa::toProgram(MemorySpace space) {
+  return static_cast<rt::Space>(space);
+}
+rt::ActFunc mlir::nisa::toProgram(ActivationFn func) {
+  return static_cast<rt::ActFunc>(func);
+}
+rt::AluOp mlir::nisa::toProgram(AluOp op) { return static_cast<rt::AluOp>(op); }
+
+std::optional<rt::Opcode> mlir::nisa::opcodeOf(Operation *op) {
+  return llvm::TypeSwitch<Operation *, std::optional<rt::Opcode>>(op)
+#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines)                          \
+  .Case<Name##Op>([](auto) { return rt::Opcode::Name; })
+#include "runtime/program/InstructionSet.def"
+      .Default([](Operation *) { return std::nullopt; });
+}
+
+bool mlir::nisa::canIssue(rt::Opcode op, Engine engine) {
+  return rt::canIssue(op, toProgram(engine));
+}
+
+namespace {
+/// Instructions with an `engine` attribute run where it says; the others
+/// have one engine that may issue them.
+template <typename OpTy, typename = void>
+struct HasEngineAttr : std::false_type {};
+template <typename OpTy>
+struct HasEngineAttr<OpTy,
+                     std::void_t<decltype(std::declval<OpTy>().getEngine())>>
+    : std::true_type {};
+
+template <rt::Opcode Opcode, typename OpTy> Engine engineOf(OpTy op) {
+  if constexpr (HasEngineAttr<OpTy>::value) {
+    return op.getEngine();
+  } else {
+    constexpr rt::EngineSet engines = rt::issuingEngines(Opcode);
+    static_assert(engines && !(engines & (engines - 1)),
+                  "an op without an engine attribute has one legal engine");
+    return static_cast<Engine>(llvm::countr_zero(engines));
+  }
+}
+} // namespace
+
 std::optional<Issue> mlir::nisa::issueOf(Operation *op) {
   return llvm::TypeSwitch<Operation *, std::optional<Issue>>(op)
-      .Case<DmaCopyOp>([](DmaCopyOp d) { return Issue{d.getEngine(), true}; })
-      // Indirect DMA needs software descriptors, written by GpSimd.
-      .Case<DmaGatherOp>([](auto) { return Issue{Engine::gpsimd, true}; })
-      .Case<MatmulOp>([](auto) { return Issue{Engine::tensor, false}; })
-      .Case<ActivationOp>([](auto) { return Issue{Engine::scalar, false}; })
-      .Case<TensorTensorOp, ScalarTensorTensorOp, TensorScalarOp,
-            TensorReduceOp, SelectOp, MemsetOp, CopyOp>(
-          [](auto o) { return Issue{o.getEngine(), false}; })
-      .Case<IotaOp, RandOp>([](auto) { return Issue{Engine::gpsimd, false}; })
+#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines)                          \
+  .Case<Name##Op>(                                                             \
+      [](Name##Op o) { return Issue{engineOf<rt::Opcode::Name>(o), IsDma}; })
+#include "runtime/program/InstructionSet.def"
       .Default([](Operation *) { return std::nullopt; });
+}
+
+/// The engine an instruction names must be one the table allows.
+static LogicalResult verifyEngine(Operation *op, Engine engine) {
+  rt::Opcode opcode = *opcodeOf(op);
+  if (canIssue(opcode, engine))
+    return success();
+  SmallVector<StringRef> allowed;
+  for (rt::Engine e : rt::kAllEngines)
+    if (rt::canIssue(opcode, e))
+      allowed.push_back(rt::engineName(e));
+  InFlightDiagnostic diag = op->emitOpError("runs on ");
+  for (auto [i, name] : llvm::enumerate(allowed))
+    diag << (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") << name;
+  return diag << ", not " << stringifyEngine(engine);
 }
 
 SmallVector<Value, 2> mlir::nisa::writtenOperands(Operation *op) {
@@ -87,10 +175,10 @@ SmallVector<Value, 2> mlir::nisa::writtenOperands(Operation *op) {
           written.push_back(o.getAccumulate());
         return written;
       })
-      .Case<DmaCopyOp, DmaGatherOp, MatmulOp, TensorTensorOp,
-            ScalarTensorTensorOp, TensorScalarOp, TensorReduceOp, SelectOp,
-            CopyOp, MemsetOp, IotaOp, RandOp>(
-          [](auto o) { return SmallVector<Value, 2>{o.getDst()}; })
+  // Every other instruction writes its dst (each must have one).
+#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines)                          \
+  .Case<Name##Op>([](Name##Op o) { return SmallVector<Value, 2>{o.getDst()}; })
+#include "runtime/program/InstructionSet.def"
       .Default([](Operation *) { return SmallVector<Value, 2>(); });
 }
 
@@ -256,9 +344,8 @@ static LogicalResult verifyColumn(Operation *op, Value column, Value rows,
 //===----------------------------------------------------------------------===//
 
 LogicalResult DmaCopyOp::verify() {
-  if (getEngine() == Engine::tensor || getEngine() == Engine::vector)
-    return emitOpError("DMAs are triggered by SyncE, ScalarE or GpSimd, not ")
-           << stringifyEngine(getEngine());
+  if (failed(verifyEngine(*this, getEngine())))
+    return failure();
   if (failed(verifySameShape(*this, getSrc(), getDst(),
                              "source and "
                              "destination")))
@@ -355,15 +442,10 @@ LogicalResult ActivationOp::verify() {
   return success();
 }
 
-/// ALU instructions run on VectorE or GpSimd (some also on ScalarE);
-/// GpSimd cannot reach PSUM.
-static LogicalResult verifyAluEngine(Operation *op, Engine engine,
-                                     bool scalarToo) {
-  if (engine == Engine::tensor || engine == Engine::sync ||
-      (engine == Engine::scalar && !scalarToo))
-    return op->emitOpError("runs on VectorE")
-           << (scalarToo ? ", ScalarE" : "") << " or GpSimd, not "
-           << stringifyEngine(engine);
+/// ALU instructions run where the table says; GpSimd cannot reach PSUM.
+static LogicalResult verifyAluEngine(Operation *op, Engine engine) {
+  if (failed(verifyEngine(op, engine)))
+    return failure();
   if (engine == Engine::gpsimd)
     for (Value v : op->getOperands())
       if (getMemorySpace(memrefType(v)) == MemorySpace::psum)
@@ -374,7 +456,7 @@ static LogicalResult verifyAluEngine(Operation *op, Engine engine,
 /// An ALU op on two same-shape tensors `a` and `b` into `dst`; the engine
 /// streams at most one of them from PSUM.
 template <typename OpTy> static LogicalResult verifyTwoTensorAlu(OpTy op) {
-  if (failed(verifyAluEngine(op, op.getEngine(), false)))
+  if (failed(verifyAluEngine(op, op.getEngine())))
     return failure();
   if (failed(verifyTile(op, op.getA(), "first operand")) ||
       failed(verifyTile(op, op.getB(), "second operand")) ||
@@ -402,7 +484,7 @@ LogicalResult ScalarTensorTensorOp::verify() {
 }
 
 LogicalResult TensorScalarOp::verify() {
-  if (failed(verifyAluEngine(*this, getEngine(), true)))
+  if (failed(verifyAluEngine(*this, getEngine())))
     return failure();
   if (failed(verifyTile(*this, getSrc(), "source")) ||
       failed(verifyTile(*this, getDst(), "destination")) ||
@@ -417,7 +499,7 @@ LogicalResult TensorScalarOp::verify() {
 }
 
 LogicalResult TensorReduceOp::verify() {
-  if (failed(verifyAluEngine(*this, getEngine(), false)))
+  if (failed(verifyAluEngine(*this, getEngine())))
     return failure();
   if (failed(verifyTile(*this, getSrc(), "source")) ||
       failed(verifyTile(*this, getDst(), "destination")) ||
@@ -435,7 +517,7 @@ LogicalResult TensorReduceOp::verify() {
 }
 
 LogicalResult SelectOp::verify() {
-  if (failed(verifyAluEngine(*this, getEngine(), false)))
+  if (failed(verifyAluEngine(*this, getEngine())))
     return failure();
   for (auto [v, name] : {std::pair{getPred(), "predicate"},
                          {getOnTrue(), "on_true"},
@@ -449,8 +531,8 @@ LogicalResult SelectOp::verify() {
 
 LogicalResult CopyOp::verify() {
   bool gpsimd = getEngine() == Engine::gpsimd;
-  if (getEngine() == Engine::tensor || getEngine() == Engine::sync)
-    return emitOpError("copy runs on VectorE, ScalarE or GpSimd");
+  if (failed(verifyEngine(*this, getEngine())))
+    return failure();
   if (failed(verifyTile(*this, getSrc(), "source", !gpsimd)) ||
       failed(verifyTile(*this, getDst(), "destination", !gpsimd)) ||
       failed(
@@ -460,7 +542,7 @@ LogicalResult CopyOp::verify() {
 }
 
 LogicalResult MemsetOp::verify() {
-  if (failed(verifyAluEngine(*this, getEngine(), false)))
+  if (failed(verifyAluEngine(*this, getEngine())))
     return failure();
   return verifyTile(*this, getDst(), "destination");
 }

@@ -8,6 +8,8 @@
 #include "mlir/IR/OpDefinition.h"
 #include "mlir/IR/OpImplementation.h"
 
+#include "runtime/program/Program.h"
+
 #include "dialects/nisa/NisaDialect.h.inc"
 #include "dialects/nisa/NisaEnums.h.inc"
 
@@ -39,8 +41,23 @@ constexpr llvm::StringLiteral kIdAttrName = "nisa.id";
 constexpr llvm::StringLiteral kWaitsAttrName = "nisa.waits";
 constexpr llvm::StringLiteral kSynchronizedAttrName = "nisa.synchronized";
 
+/// The program opcode of a nisa instruction (nisa::<Name>Op for each entry
+/// of runtime/program/InstructionSet.def), or std::nullopt for other ops.
+std::optional<::neuron::runtime::Opcode> opcodeOf(Operation *op);
+
+/// The runtime's value of a dialect enum: both are generated from
+/// InstructionSet.def, in the same order.
+::neuron::runtime::Engine toProgram(Engine engine);
+::neuron::runtime::Space toProgram(MemorySpace space);
+::neuron::runtime::ActFunc toProgram(ActivationFn func);
+::neuron::runtime::AluOp toProgram(AluOp op);
+
+/// Whether `engine` may issue `op` (InstructionSet.def).
+bool canIssue(::neuron::runtime::Opcode op, Engine engine);
+
 /// How an instruction is issued: the queue that runs (or, for a DMA,
-/// triggers) it. std::nullopt for ops that are not nisa instructions.
+/// triggers) it: its `engine` attribute, or the one engine that may issue
+/// it. std::nullopt for ops that are not nisa instructions.
 struct Issue {
   Engine engine;
   bool dma;

@@ -17,6 +17,8 @@ include "mlir/IR/AttrTypeBase.td"
 include "mlir/IR/EnumAttr.td"
 include "mlir/IR/CommonTypeConstraints.td"
 include "mlir/IR/CommonAttrConstraints.td"
+// The enum cases, from runtime/program/InstructionSet.def (NisaEnums.cmake).
+include "dialects/nisa/NisaEnumCases.td"
 
 def Nisa_Dialect : Dialect {
   let name = "nisa";
@@ -40,10 +42,8 @@ def Nisa_Dialect : Dialect {
   let hasOperationAttrVerify = 1;
 }
 
-def Nisa_MemorySpace : I32EnumAttr<"MemorySpace", "memory of a NeuronCore", [
-  I32EnumAttrCase<"hbm", 0>, I32EnumAttrCase<"sbuf", 1>,
-  I32EnumAttrCase<"psum", 2>
-]> {
+def Nisa_MemorySpace : I32EnumAttr<"MemorySpace", "memory of a NeuronCore",
+                                   Nisa_MEMORY_SPACE_CASES> {
   let cppNamespace = "::mlir::nisa";
   let genSpecializedAttr = 0;
 }
@@ -51,48 +51,22 @@ def Nisa_MemorySpaceAttr : EnumAttr<Nisa_Dialect, Nisa_MemorySpace, "mem"> {
   let assemblyFormat = "`<` $value `>`";
 }
 
-def Nisa_ActivationFn : I32EnumAttr<"ActivationFn", "ScalarE function", [
-  I32EnumAttrCase<"identity", 0>, I32EnumAttrCase<"neg", 1>,
-  I32EnumAttrCase<"abs", 2>, I32EnumAttrCase<"exp", 3>,
-  I32EnumAttrCase<"log", 4>, I32EnumAttrCase<"sqrt", 5>,
-  I32EnumAttrCase<"rsqrt", 6>, I32EnumAttrCase<"reciprocal", 7>,
-  I32EnumAttrCase<"tanh", 8>, I32EnumAttrCase<"sigmoid", 9>,
-  I32EnumAttrCase<"relu", 10>, I32EnumAttrCase<"gelu", 11>,
-  I32EnumAttrCase<"gelu_tanh", 12>, I32EnumAttrCase<"silu", 13>,
-  I32EnumAttrCase<"erf", 14>, I32EnumAttrCase<"sin", 15>,
-  I32EnumAttrCase<"cos", 16>, I32EnumAttrCase<"sign", 17>,
-  I32EnumAttrCase<"square", 18>, I32EnumAttrCase<"floor", 19>,
-  I32EnumAttrCase<"ceil", 20>, I32EnumAttrCase<"round", 21>,
-  I32EnumAttrCase<"trunc", 22>, I32EnumAttrCase<"log1p", 23>,
-  I32EnumAttrCase<"expm1", 24>, I32EnumAttrCase<"logical_not", 25>
-]> {
+def Nisa_ActivationFn : I32EnumAttr<"ActivationFn", "ScalarE function",
+                                    Nisa_ACT_FUNC_CASES> {
   let cppNamespace = "::mlir::nisa";
   let genSpecializedAttr = 0;
 }
 def Nisa_ActivationFnAttr : EnumAttr<Nisa_Dialect, Nisa_ActivationFn, "act">;
 
-def Nisa_AluOp : I32EnumAttr<"AluOp", "VectorE/GpSimd ALU operation", [
-  I32EnumAttrCase<"add", 0>, I32EnumAttrCase<"subtract", 1>,
-  I32EnumAttrCase<"multiply", 2>, I32EnumAttrCase<"divide", 3>,
-  I32EnumAttrCase<"max", 4>, I32EnumAttrCase<"min", 5>,
-  I32EnumAttrCase<"pow", 6>, I32EnumAttrCase<"mod", 7>,
-  I32EnumAttrCase<"remainder", 8>, I32EnumAttrCase<"eq", 9>,
-  I32EnumAttrCase<"ne", 10>, I32EnumAttrCase<"lt", 11>,
-  I32EnumAttrCase<"le", 12>, I32EnumAttrCase<"gt", 13>,
-  I32EnumAttrCase<"ge", 14>, I32EnumAttrCase<"logical_and", 15>,
-  I32EnumAttrCase<"logical_or", 16>, I32EnumAttrCase<"logical_xor", 17>,
-  I32EnumAttrCase<"bypass", 18>
-]> {
+def Nisa_AluOp : I32EnumAttr<"AluOp", "VectorE/GpSimd ALU operation",
+                             Nisa_ALU_OP_CASES> {
   let cppNamespace = "::mlir::nisa";
   let genSpecializedAttr = 0;
 }
 def Nisa_AluOpAttr : EnumAttr<Nisa_Dialect, Nisa_AluOp, "alu">;
 
-def Nisa_Engine : I32EnumAttr<"Engine", "instruction queue", [
-  I32EnumAttrCase<"tensor", 0>, I32EnumAttrCase<"vector", 1>,
-  I32EnumAttrCase<"scalar", 2>, I32EnumAttrCase<"gpsimd", 3>,
-  I32EnumAttrCase<"sync", 4>
-]> {
+def Nisa_Engine : I32EnumAttr<"Engine", "instruction queue",
+                              Nisa_ENGINE_CASES> {
   let cppNamespace = "::mlir::nisa";
   let genSpecializedAttr = 0;
 }

@@ -190,11 +190,11 @@ private:
                   ArrayRef<std::pair<Value, Value>> inputs,
                   ArrayRef<std::pair<Value, Value>> outputs);
   void lowerFusion(FusionOp fusion);
-  llvm::DenseMap<Operation *, nisa::Engine>
-  assignEngines(ArrayRef<Operation *> ops,
-                const llvm::DenseSet<Operation *> &folded,
-                const llvm::DenseSet<Operation *> &activations,
-                const FusionPlan &plan, int64_t cols) const;
+  llvm::DenseMap<Operation *, nisa::Engine> assignEngines(
+      ArrayRef<Operation *> ops, const llvm::DenseSet<Operation *> &folded,
+      const llvm::DenseSet<Operation *> &activations,
+      llvm::function_ref<::neuron::runtime::Opcode(Operation *)> instructionOf,
+      const FusionPlan &plan, int64_t cols) const;
   void lowerMatmul(MatmulOp op);
   void forEach(int64_t count, llvm::function_ref<void(Value)> body);
   void forEachRotating(int64_t first, int64_t count, int64_t slots,

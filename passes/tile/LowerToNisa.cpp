@@ -184,32 +184,22 @@ struct GroupStep {
 /// so a step's chain of instructions flows through the engines without
 /// going back to one (engine A for a first run of instructions, B for the
 /// next, ...): then every engine works on a later step while the next
-/// engine finishes this one. Among such splits (activations need ScalarE;
-/// ALU ops VectorE or GpSimd, and tensor_scalar and copies also ScalarE),
-/// the one whose busiest engine has the least work, by the target's
-/// clocks; if none fits, ALU ops stay on VectorE.
-llvm::DenseMap<Operation *, nisa::Engine>
-KernelLowering::assignEngines(ArrayRef<Operation *> ops,
-                              const llvm::DenseSet<Operation *> &folded,
-                              const llvm::DenseSet<Operation *> &activations,
-                              const FusionPlan &plan, int64_t cols) const {
+/// engine finishes this one. Among such splits (each instruction on an
+/// engine that may issue it: InstructionSet.def), the one whose busiest
+/// engine has the least work, by the target's clocks; if none fits, ALU ops
+/// stay on VectorE.
+llvm::DenseMap<Operation *, nisa::Engine> KernelLowering::assignEngines(
+    ArrayRef<Operation *> ops, const llvm::DenseSet<Operation *> &folded,
+    const llvm::DenseSet<Operation *> &activations,
+    llvm::function_ref<::neuron::runtime::Opcode(Operation *)> instructionOf,
+    const FusionPlan &plan, int64_t cols) const {
   using nisa::Engine;
   SmallVector<Operation *> work;
   for (Operation *op : ops)
     if (!isa<ConstantOp, BroadcastOp, ReshapeOp>(op) && !folded.contains(op))
       work.push_back(op);
-  // tensor_scalar (a binary op with a splat or row operand) and copies run
-  // on ScalarE too; other ALU ops on VectorE or GpSimd.
   auto allowed = [&](Operation *op, Engine e) {
-    if (isa<UnaryOp>(op) || activations.contains(op))
-      return e == Engine::scalar;
-    if (e != Engine::scalar || isa<CastOp>(op))
-      return true;
-    auto bin = dyn_cast<BinaryOp>(op);
-    if (!bin)
-      return false;
-    Rep l = plan.rep(bin.getLhs()), r = plan.rep(bin.getRhs());
-    return l == Rep::Splat || r == Rep::Splat || heldAsTile(l) != heldAsTile(r);
+    return nisa::canIssue(instructionOf(op), e);
   };
   // Streaming cost, as the engines charge it: elements x inputs streamed /
   // clock; on VectorE two 16-bit inputs stream together and 16-bit
@@ -517,8 +507,29 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
 
   llvm::DenseSet<Operation *> unassigned(folded.begin(), folded.end());
   unassigned.insert(summed.begin(), summed.end());
+  // The instruction each op becomes in the loop below.
+  auto instructionOf = [&](Operation *op) {
+    using ::neuron::runtime::Opcode;
+    if (isa<UnaryOp>(op) || activations.contains(op))
+      return Opcode::Activation;
+    if (scaledBy.count(op))
+      return Opcode::ScalarTensorTensor;
+    if (auto bin = dyn_cast<BinaryOp>(op)) {
+      // A splat or a row broadcast against a full tile is a scalar.
+      Rep l = plan.rep(bin.getLhs()), r = plan.rep(bin.getRhs());
+      bool scalar =
+          l == Rep::Splat || r == Rep::Splat || heldAsTile(l) != heldAsTile(r);
+      return scalar ? Opcode::TensorScalar : Opcode::TensorTensor;
+    }
+    if (isa<SelectOp>(op))
+      return Opcode::Select;
+    if (isa<CastOp>(op))
+      return Opcode::Copy;
+    assert(isa<ReduceOp>(op) && "an op of a group without an instruction");
+    return Opcode::TensorReduce;
+  };
   llvm::DenseMap<Operation *, nisa::Engine> engineFor =
-      assignEngines(ops, unassigned, activations, plan, cols);
+      assignEngines(ops, unassigned, activations, instructionOf, plan, cols);
   llvm::DenseMap<Value, Value> inner; // intermediate -> its two-slot tile
   for (auto [v, storage] : intermediates)
     inner[v] =

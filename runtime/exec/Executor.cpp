@@ -998,22 +998,8 @@ void Executor::Impl::compileNodes(const std::vector<Node> &body,
       out.cols = out.numElements / out.rows;
     }
     // Operands now live in `views`; drop the duplicate copies.
-    compiled.attrs.dst.reset();
-    compiled.attrs.src.reset();
-    compiled.attrs.table.reset();
-    compiled.attrs.indices.reset();
-    compiled.attrs.stationary.reset();
-    compiled.attrs.moving.reset();
-    compiled.attrs.a.reset();
-    compiled.attrs.b.reset();
-    compiled.attrs.bias.reset();
-    compiled.attrs.scalar.reset();
-    compiled.attrs.pred.reset();
-    compiled.attrs.onTrue.reset();
-    compiled.attrs.onFalse.reset();
-    compiled.attrs.scaleCol.reset();
-    compiled.attrs.reduceRes.reset();
-    compiled.attrs.seed.reset();
+    for (const OperandField &field : kOperandFields)
+      (compiled.attrs.*field.member).reset();
     if ((inst.op == Opcode::Iota || inst.op == Opcode::Rand) && inst.offset) {
       compiled.offsetConstant = inst.offset->constant;
       for (const auto &[iv, coeff] : inst.offset->terms)
@@ -1101,8 +1087,10 @@ void Executor::Impl::allocate(const Program &program) {
     case Opcode::DmaGather:
       indexNeed = std::max(indexNeed, v[RoleIndices].numElements);
       break;
-    default:
-      break;
+    case Opcode::DmaCopy:
+    case Opcode::Copy:
+    case Opcode::Memset:
+      break; // no scratch
     }
   }
 

@@ -22,130 +22,100 @@ using json = nlohmann::json;
 
 namespace {
 
+/// The value of `values` whose name is `name`.
 template <typename Enum, size_t N>
-const char *lookupName(const std::pair<Enum, const char *> (&table)[N],
-                       Enum value) {
-  for (const auto &entry : table)
-    if (entry.first == value)
-      return entry.second;
-  return "?";
-}
-
-template <typename Enum, size_t N>
-std::optional<Enum> lookupValue(const std::pair<Enum, const char *> (&table)[N],
-                                std::string_view name) {
-  for (const auto &entry : table)
-    if (name == entry.second)
-      return entry.first;
+std::optional<Enum> parseName(const Enum (&values)[N],
+                              const char *(*nameOf)(Enum),
+                              std::string_view name) {
+  for (Enum value : values)
+    if (name == nameOf(value))
+      return value;
   return std::nullopt;
 }
 
-const std::pair<Space, const char *> kSpaceNames[] = {
-    {Space::HBM, "hbm"}, {Space::SBUF, "sbuf"}, {Space::PSUM, "psum"}};
-
-const std::pair<BufferKind, const char *> kKindNames[] = {
-    {BufferKind::Input, "input"},
-    {BufferKind::Output, "output"},
-    {BufferKind::Internal, "internal"},
-    {BufferKind::Constant, "constant"},
-    {BufferKind::Scratch, "scratch"}};
-
-const std::pair<Opcode, const char *> kOpcodeNames[] = {
-    {Opcode::DmaCopy, "dma_copy"},
-    {Opcode::DmaGather, "dma_gather"},
-    {Opcode::Matmul, "matmul"},
-    {Opcode::Activation, "activation"},
-    {Opcode::TensorTensor, "tensor_tensor"},
-    {Opcode::ScalarTensorTensor, "scalar_tensor_tensor"},
-    {Opcode::TensorScalar, "tensor_scalar"},
-    {Opcode::TensorReduce, "tensor_reduce"},
-    {Opcode::Select, "select"},
-    {Opcode::Iota, "iota"},
-    {Opcode::Memset, "memset"},
-    {Opcode::Rand, "rand"},
-    {Opcode::Copy, "copy"}};
-
-const std::pair<Engine, const char *> kEngineNames[] = {
-    {Engine::Tensor, "tensor"},
-    {Engine::Vector, "vector"},
-    {Engine::Scalar, "scalar"},
-    {Engine::GpSimd, "gpsimd"},
-    {Engine::Sync, "sync"}};
-
-const std::pair<ActFunc, const char *> kActFuncNames[] = {
-    {ActFunc::Identity, "identity"},
-    {ActFunc::Neg, "neg"},
-    {ActFunc::Abs, "abs"},
-    {ActFunc::Exp, "exp"},
-    {ActFunc::Log, "log"},
-    {ActFunc::Sqrt, "sqrt"},
-    {ActFunc::Rsqrt, "rsqrt"},
-    {ActFunc::Reciprocal, "reciprocal"},
-    {ActFunc::Tanh, "tanh"},
-    {ActFunc::Sigmoid, "sigmoid"},
-    {ActFunc::Relu, "relu"},
-    {ActFunc::Gelu, "gelu"},
-    {ActFunc::GeluTanh, "gelu_tanh"},
-    {ActFunc::Silu, "silu"},
-    {ActFunc::Erf, "erf"},
-    {ActFunc::Sin, "sin"},
-    {ActFunc::Cos, "cos"},
-    {ActFunc::Sign, "sign"},
-    {ActFunc::Square, "square"},
-    {ActFunc::Floor, "floor"},
-    {ActFunc::Ceil, "ceil"},
-    {ActFunc::Round, "round"},
-    {ActFunc::Trunc, "trunc"},
-    {ActFunc::Log1p, "log1p"},
-    {ActFunc::Expm1, "expm1"},
-    {ActFunc::LogicalNot, "logical_not"}};
-
-const std::pair<AluOp, const char *> kAluOpNames[] = {
-    {AluOp::Add, "add"},
-    {AluOp::Subtract, "subtract"},
-    {AluOp::Multiply, "multiply"},
-    {AluOp::Divide, "divide"},
-    {AluOp::Max, "max"},
-    {AluOp::Min, "min"},
-    {AluOp::Pow, "pow"},
-    {AluOp::Mod, "mod"},
-    {AluOp::Remainder, "remainder"},
-    {AluOp::Eq, "eq"},
-    {AluOp::Ne, "ne"},
-    {AluOp::Lt, "lt"},
-    {AluOp::Le, "le"},
-    {AluOp::Gt, "gt"},
-    {AluOp::Ge, "ge"},
-    {AluOp::LogicalAnd, "logical_and"},
-    {AluOp::LogicalOr, "logical_or"},
-    {AluOp::LogicalXor, "logical_xor"},
-    {AluOp::Bypass, "bypass"}};
+constexpr BufferKind kAllBufferKinds[] = {
+    BufferKind::Input, BufferKind::Output, BufferKind::Internal,
+    BufferKind::Constant, BufferKind::Scratch};
 
 } // namespace
 
-const char *spaceName(Space v) { return lookupName(kSpaceNames, v); }
-const char *bufferKindName(BufferKind v) { return lookupName(kKindNames, v); }
-const char *opcodeName(Opcode v) { return lookupName(kOpcodeNames, v); }
-const char *engineName(Engine v) { return lookupName(kEngineNames, v); }
-const char *actFuncName(ActFunc v) { return lookupName(kActFuncNames, v); }
-const char *aluOpName(AluOp v) { return lookupName(kAluOpNames, v); }
+const char *spaceName(Space v) {
+  switch (v) {
+#define NEURON_MEMORY_SPACE(Name, Spelling)                                    \
+  case Space::Name:                                                            \
+    return Spelling;
+#include "runtime/program/InstructionSet.def"
+  }
+  return "?";
+}
+const char *bufferKindName(BufferKind v) {
+  switch (v) {
+  case BufferKind::Input:
+    return "input";
+  case BufferKind::Output:
+    return "output";
+  case BufferKind::Internal:
+    return "internal";
+  case BufferKind::Constant:
+    return "constant";
+  case BufferKind::Scratch:
+    return "scratch";
+  }
+  return "?";
+}
+const char *opcodeName(Opcode v) {
+  switch (v) {
+#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines)                          \
+  case Opcode::Name:                                                           \
+    return Mnemonic;
+#include "runtime/program/InstructionSet.def"
+  }
+  return "?";
+}
+const char *engineName(Engine v) {
+  switch (v) {
+#define NEURON_ENGINE(Name, Spelling)                                          \
+  case Engine::Name:                                                           \
+    return Spelling;
+#include "runtime/program/InstructionSet.def"
+  }
+  return "?";
+}
+const char *actFuncName(ActFunc v) {
+  switch (v) {
+#define NEURON_ACT_FUNC(Name, Spelling)                                        \
+  case ActFunc::Name:                                                          \
+    return Spelling;
+#include "runtime/program/InstructionSet.def"
+  }
+  return "?";
+}
+const char *aluOpName(AluOp v) {
+  switch (v) {
+#define NEURON_ALU_OP(Name, Spelling)                                          \
+  case AluOp::Name:                                                            \
+    return Spelling;
+#include "runtime/program/InstructionSet.def"
+  }
+  return "?";
+}
 std::optional<Space> parseSpace(std::string_view n) {
-  return lookupValue(kSpaceNames, n);
+  return parseName(kAllSpaces, spaceName, n);
 }
 std::optional<BufferKind> parseBufferKind(std::string_view n) {
-  return lookupValue(kKindNames, n);
+  return parseName(kAllBufferKinds, bufferKindName, n);
 }
 std::optional<Opcode> parseOpcode(std::string_view n) {
-  return lookupValue(kOpcodeNames, n);
+  return parseName(kAllOpcodes, opcodeName, n);
 }
 std::optional<Engine> parseEngine(std::string_view n) {
-  return lookupValue(kEngineNames, n);
+  return parseName(kAllEngines, engineName, n);
 }
 std::optional<ActFunc> parseActFunc(std::string_view n) {
-  return lookupValue(kActFuncNames, n);
+  return parseName(kAllActFuncs, actFuncName, n);
 }
 std::optional<AluOp> parseAluOp(std::string_view n) {
-  return lookupValue(kAluOpNames, n);
+  return parseName(kAllAluOps, aluOpName, n);
 }
 
 //===----------------------------------------------------------------------===//
@@ -175,31 +145,24 @@ int64_t View::numElements() const { return shapeElements(shape).value_or(0); }
 std::vector<std::pair<const char *, const View *>>
 Instruction::operands() const {
   std::vector<std::pair<const char *, const View *>> result;
-  auto add = [&](const char *name, const std::optional<View> &view) {
-    if (view)
-      result.emplace_back(name, &*view);
-  };
-  add("dst", dst);
-  add("reduce_res", reduceRes);
-  add("src", src);
-  add("table", table);
-  add("indices", indices);
-  add("stationary", stationary);
-  add("moving", moving);
-  add("a", a);
-  add("b", b);
-  add("bias", bias);
-  add("scale_col", scaleCol);
-  add("scalar", scalar);
-  add("pred", pred);
-  add("on_true", onTrue);
-  add("on_false", onFalse);
-  add("seed", seed);
+  for (const OperandField &field : kOperandFields)
+    if (const std::optional<View> &view = this->*field.member)
+      result.emplace_back(field.name, &*view);
   return result;
 }
 
+namespace {
+const OperandField *findOperandField(std::string_view name) {
+  for (const OperandField &field : kOperandFields)
+    if (name == field.name)
+      return &field;
+  return nullptr;
+}
+} // namespace
+
 bool Instruction::writes(std::string_view field) {
-  return field == "dst" || field == "reduce_res";
+  const OperandField *found = findOperandField(field);
+  return found && found->written;
 }
 
 Node Node::makeLoop(int64_t loopId, int64_t count, std::vector<Node> body) {
@@ -430,52 +393,58 @@ View parseView(const json &value, const std::string &where) {
   return view;
 }
 
-/// The instruction fields that are views (operands); the others are
-/// attributes.
-bool isViewField(const std::string &key) {
-  static const std::set<std::string> names = {
-      "src",  "dst",     "table",    "indices",   "stationary", "moving",
-      "a",    "b",       "bias",     "scale_col", "reduce_res", "scalar",
-      "pred", "on_true", "on_false", "seed"};
-  return names.count(key) > 0;
-}
-
 struct OpSpec {
   Opcode op;
   std::set<std::string> required;
   std::set<std::string> optional;
 };
 
-const OpSpec &opSpec(Opcode op) {
-  static const std::vector<OpSpec> specs = {
-      {Opcode::DmaCopy, {"src", "dst"}, {}},
-      {Opcode::DmaGather, {"table", "indices", "dst"}, {}},
-      {Opcode::Matmul, {"stationary", "moving", "dst"}, {"accumulate"}},
-      {Opcode::Activation,
-       {"src", "dst", "func"},
-       {"bias", "scale_col", "reduce_res", "scale", "bias_imm"}},
-      {Opcode::TensorTensor, {"a", "b", "dst", "alu_op"}, {}},
-      {Opcode::ScalarTensorTensor,
-       {"a", "b", "dst", "alu_op0", "alu_op1"},
-       {"scalar", "imm"}},
-      {Opcode::TensorScalar,
-       {"src", "dst", "alu_op"},
-       {"scalar", "imm", "reverse"}},
-      {Opcode::TensorReduce, {"src", "dst", "alu_op"}, {}},
-      {Opcode::Select, {"pred", "on_true", "on_false", "dst"}, {}},
-      {Opcode::Iota,
-       {"dst"},
-       {"offset", "base", "channel_multiplier", "multipliers"}},
-      {Opcode::Memset, {"dst", "value"}, {}},
-      {Opcode::Rand,
-       {"dst", "seed"},
-       {"offset", "stream", "channel_multiplier", "multipliers"}},
-      {Opcode::Copy, {"src", "dst"}, {}},
-  };
-  for (const OpSpec &spec : specs)
-    if (spec.op == op)
-      return spec;
+/// The fields of each instruction besides op, engine, loc and waits.
+OpSpec makeOpSpec(Opcode op) {
+  switch (op) {
+  case Opcode::DmaCopy:
+    return {op, {"src", "dst"}, {}};
+  case Opcode::DmaGather:
+    return {op, {"table", "indices", "dst"}, {}};
+  case Opcode::Matmul:
+    return {op, {"stationary", "moving", "dst"}, {"accumulate"}};
+  case Opcode::Activation:
+    return {op,
+            {"src", "dst", "func"},
+            {"bias", "scale_col", "reduce_res", "scale", "bias_imm"}};
+  case Opcode::TensorTensor:
+    return {op, {"a", "b", "dst", "alu_op"}, {}};
+  case Opcode::ScalarTensorTensor:
+    return {op, {"a", "b", "dst", "alu_op0", "alu_op1"}, {"scalar", "imm"}};
+  case Opcode::TensorScalar:
+    return {op, {"src", "dst", "alu_op"}, {"scalar", "imm", "reverse"}};
+  case Opcode::TensorReduce:
+    return {op, {"src", "dst", "alu_op"}, {}};
+  case Opcode::Select:
+    return {op, {"pred", "on_true", "on_false", "dst"}, {}};
+  case Opcode::Iota:
+    return {
+        op, {"dst"}, {"offset", "base", "channel_multiplier", "multipliers"}};
+  case Opcode::Memset:
+    return {op, {"dst", "value"}, {}};
+  case Opcode::Rand:
+    return {op,
+            {"dst", "seed"},
+            {"offset", "stream", "channel_multiplier", "multipliers"}};
+  case Opcode::Copy:
+    return {op, {"src", "dst"}, {}};
+  }
   throw Error("internal error: no spec for op");
+}
+
+const OpSpec &opSpec(Opcode op) {
+  static const std::vector<OpSpec> specs = [] {
+    std::vector<OpSpec> all;
+    for (Opcode each : kAllOpcodes)
+      all.push_back(makeOpSpec(each));
+    return all;
+  }();
+  return specs.at(static_cast<size_t>(op));
 }
 
 class Parser {
@@ -665,31 +634,12 @@ Instruction Parser::parseInstruction(const json &value,
              "must be a non-negative instruction index");
   }
 
-  std::map<std::string, std::optional<View> Instruction::*> viewFields = {
-      {"src", &Instruction::src},
-      {"dst", &Instruction::dst},
-      {"table", &Instruction::table},
-      {"indices", &Instruction::indices},
-      {"stationary", &Instruction::stationary},
-      {"moving", &Instruction::moving},
-      {"a", &Instruction::a},
-      {"b", &Instruction::b},
-      {"bias", &Instruction::bias},
-      {"scale_col", &Instruction::scaleCol},
-      {"reduce_res", &Instruction::reduceRes},
-      {"scalar", &Instruction::scalar},
-      {"pred", &Instruction::pred},
-      {"on_true", &Instruction::onTrue},
-      {"on_false", &Instruction::onFalse},
-      {"seed", &Instruction::seed}};
-
   for (auto it = value.begin(); it != value.end(); ++it) {
     const std::string &key = it.key();
     const json &item = it.value();
     std::string keyWhere = field(where, key.c_str());
-    auto viewIt = viewFields.find(key);
-    if (viewIt != viewFields.end()) {
-      inst.*(viewIt->second) = parseView(item, keyWhere);
+    if (const OperandField *operand = findOperandField(key)) {
+      inst.*(operand->member) = parseView(item, keyWhere);
     } else if (key == "accumulate") {
       inst.accumulate = asBool(item, keyWhere);
     } else if (key == "func") {
@@ -1139,7 +1089,7 @@ void Verifier::verifyInstruction(const Instruction &inst,
     if (!spec.required.count(fieldName) && !spec.optional.count(fieldName))
       failInst(inst, "unexpected operand '" + fieldName + "'");
   for (const std::string &key : spec.required)
-    if (isViewField(key) && !views.count(key))
+    if (findOperandField(key) && !views.count(key))
       failInst(inst, "missing operand '" + key + "'");
   // The one attribute that names loops: verified below for iota and rand.
   if (inst.offset && inst.op != Opcode::Iota && inst.op != Opcode::Rand)
@@ -1150,29 +1100,15 @@ void Verifier::verifyInstruction(const Instruction &inst,
     buffers[fieldName] =
         &verifyView(*view, name + " field '" + fieldName + "'");
 
-  // Engines: TensorE runs matmul only; DMAs are issued from the sync, scalar
-  // or gpsimd queues; activation functions live on ScalarE.
+  // Which engines may issue which instruction: InstructionSet.def.
   Engine engine = inst.engine;
-  bool isDma = inst.op == Opcode::DmaCopy || inst.op == Opcode::DmaGather;
-  bool engineOk;
-  if (inst.op == Opcode::Matmul)
-    engineOk = engine == Engine::Tensor;
-  else if (isDma)
-    engineOk = engine == Engine::Sync || engine == Engine::Scalar ||
-               engine == Engine::GpSimd;
-  else if (inst.op == Opcode::Activation)
-    engineOk = engine == Engine::Scalar;
-  else if (inst.op == Opcode::ScalarTensorTensor)
-    engineOk = engine == Engine::Vector || engine == Engine::GpSimd;
-  else
-    engineOk = engine == Engine::Vector || engine == Engine::Scalar ||
-               engine == Engine::GpSimd;
-  if (!engineOk)
+  bool dma = isDma(inst.op);
+  if (!canIssue(inst.op, engine))
     failInst(inst, std::string("engine '") + engineName(engine) +
                        "' cannot issue " + opcodeName(inst.op));
 
   // Compute engines address only SBUF and PSUM; GpSimd cannot reach PSUM.
-  if (!isDma) {
+  if (!dma) {
     for (const auto &[fieldName, buffer] : buffers) {
       if (!buffer->isOnChip())
         failInst(inst, "operand '" + fieldName + "' is in hbm; " +
@@ -1430,8 +1366,11 @@ json instructionJson(const Instruction &inst) {
   case Opcode::Memset:
     out["value"] = numberJson(inst.value);
     break;
-  default:
-    break;
+  case Opcode::DmaCopy:
+  case Opcode::DmaGather:
+  case Opcode::Select:
+  case Opcode::Copy:
+    break; // operands only
   }
   return out;
 }

@@ -36,79 +36,93 @@ namespace neuron::runtime {
 inline constexpr const char *kProgramFormat = "torchneuron-kernel-program";
 inline constexpr int kProgramVersion = 1;
 
-enum class Space { HBM, SBUF, PSUM };
+enum class Space {
+#define NEURON_MEMORY_SPACE(Name, Spelling) Name,
+#include "runtime/program/InstructionSet.def"
+};
 enum class BufferKind { Input, Output, Internal, Constant, Scratch };
 
+// The instruction set: runtime/program/InstructionSet.def.
 enum class Opcode {
-  DmaCopy,
-  DmaGather,
-  Matmul,
-  Activation,
-  TensorTensor,
-  ScalarTensorTensor,
-  TensorScalar,
-  TensorReduce,
-  Select,
-  Iota,
-  Memset,
-  Copy,
-  Rand
+#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines) Name,
+#include "runtime/program/InstructionSet.def"
 };
 
-enum class Engine { Tensor, Vector, Scalar, GpSimd, Sync };
+enum class Engine {
+#define NEURON_ENGINE(Name, Spelling) Name,
+#include "runtime/program/InstructionSet.def"
+};
 
 /// ScalarE activation functions.
 enum class ActFunc {
-  Identity,
-  Neg,
-  Abs,
-  Exp,
-  Log,
-  Sqrt,
-  Rsqrt,
-  Reciprocal,
-  Tanh,
-  Sigmoid,
-  Relu,
-  Gelu,
-  GeluTanh,
-  Silu,
-  Erf,
-  Sin,
-  Cos,
-  Sign,
-  Square,
-  Floor,
-  Ceil,
-  Round,
-  Trunc,
-  Log1p,
-  Expm1,
-  LogicalNot
+#define NEURON_ACT_FUNC(Name, Spelling) Name,
+#include "runtime/program/InstructionSet.def"
 };
 
 /// VectorE/GpSimd ALU operations.
 enum class AluOp {
-  Add,
-  Subtract,
-  Multiply,
-  Divide,
-  Max,
-  Min,
-  Pow,
-  Mod,
-  Remainder,
-  Eq,
-  Ne,
-  Lt,
-  Le,
-  Gt,
-  Ge,
-  LogicalAnd,
-  LogicalOr,
-  LogicalXor,
-  Bypass
+#define NEURON_ALU_OP(Name, Spelling) Name,
+#include "runtime/program/InstructionSet.def"
 };
+
+/// Every value of each enum, in declaration order.
+inline constexpr Space kAllSpaces[] = {
+#define NEURON_MEMORY_SPACE(Name, Spelling) Space::Name,
+#include "runtime/program/InstructionSet.def"
+};
+inline constexpr Opcode kAllOpcodes[] = {
+#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines) Opcode::Name,
+#include "runtime/program/InstructionSet.def"
+};
+inline constexpr Engine kAllEngines[] = {
+#define NEURON_ENGINE(Name, Spelling) Engine::Name,
+#include "runtime/program/InstructionSet.def"
+};
+inline constexpr ActFunc kAllActFuncs[] = {
+#define NEURON_ACT_FUNC(Name, Spelling) ActFunc::Name,
+#include "runtime/program/InstructionSet.def"
+};
+inline constexpr AluOp kAllAluOps[] = {
+#define NEURON_ALU_OP(Name, Spelling) AluOp::Name,
+#include "runtime/program/InstructionSet.def"
+};
+
+/// A set of engines, one bit per Engine.
+using EngineSet = unsigned;
+constexpr EngineSet engineBit(Engine engine) {
+  return 1u << static_cast<unsigned>(engine);
+}
+
+/// The engines that may issue `op`.
+constexpr EngineSet issuingEngines(Opcode op) {
+#define NEURON_ENGINE(Name, Spelling)                                          \
+  constexpr EngineSet Name = engineBit(Engine::Name);
+#include "runtime/program/InstructionSet.def"
+  switch (op) {
+#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines)                          \
+  case Opcode::Name:                                                           \
+    return Engines;
+#include "runtime/program/InstructionSet.def"
+  }
+  return 0;
+}
+
+/// Whether `engine` may issue `op` (for a DMA: trigger it).
+constexpr bool canIssue(Opcode op, Engine engine) {
+  return (issuingEngines(op) & engineBit(engine)) != 0;
+}
+
+/// Whether `op` is a DMA (between any memories) rather than a compute
+/// instruction (on SBUF/PSUM tiles).
+constexpr bool isDma(Opcode op) {
+  switch (op) {
+#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines)                          \
+  case Opcode::Name:                                                           \
+    return IsDma;
+#include "runtime/program/InstructionSet.def"
+  }
+  return false;
+}
 
 const char *spaceName(Space space);
 const char *bufferKindName(BufferKind kind);
@@ -177,7 +191,8 @@ struct Instruction {
   /// completed before this instruction issues.
   std::vector<int64_t> waits;
 
-  // Operands; which ones an op takes is listed in PROGRAM_FORMAT.md.
+  // Operands (kOperandFields); which ones an op takes is listed in
+  // PROGRAM_FORMAT.md.
   std::optional<View> src, dst;
   std::optional<View> table, indices;     // dma_gather
   std::optional<View> stationary, moving; // matmul
@@ -224,6 +239,19 @@ struct Instruction {
   /// Whether the operand named `field` (a name operands() returns) is
   /// written: dst and reduce_res are, every other operand is read.
   static bool writes(std::string_view field);
+};
+
+/// An operand field of instructions (InstructionSet.def).
+struct OperandField {
+  const char *name;
+  std::optional<View> Instruction::*member;
+  bool written;
+};
+/// Every operand field, in the order Instruction::operands() lists them.
+inline constexpr OperandField kOperandFields[] = {
+#define NEURON_OPERAND(Member, Spelling, Written)                              \
+  {Spelling, &Instruction::Member, Written},
+#include "runtime/program/InstructionSet.def"
 };
 
 struct Node {

@@ -24,6 +24,12 @@
 
 namespace neuron::runtime {
 
+// An instruction's queue is the timing unit of its engine.
+#define NEURON_ENGINE(Name, Spelling)                                          \
+  static_assert(static_cast<int>(TimingUnit::Name) ==                          \
+                static_cast<int>(Engine::Name));
+#include "runtime/program/InstructionSet.def"
+
 const char *timingUnitName(TimingUnit unit) {
   switch (unit) {
   case TimingUnit::Tensor:
@@ -725,7 +731,16 @@ private:
     case Opcode::Matmul:
       costMatmul(inst, si);
       break;
-    default:
+    case Opcode::Activation:
+    case Opcode::TensorTensor:
+    case Opcode::ScalarTensorTensor:
+    case Opcode::TensorScalar:
+    case Opcode::TensorReduce:
+    case Opcode::Select:
+    case Opcode::Iota:
+    case Opcode::Memset:
+    case Opcode::Copy:
+    case Opcode::Rand:
       costCompute(inst, si);
       break;
     }
@@ -770,8 +785,14 @@ private:
     case Opcode::Copy:
       streamed = {&*inst.src};
       break;
-    default: // iota, memset, rand: output only (rand's seed is a register)
+    case Opcode::Iota:
+    case Opcode::Memset:
+    case Opcode::Rand: // output only (rand's seed is a register)
       break;
+    case Opcode::DmaCopy:
+    case Opcode::DmaGather:
+    case Opcode::Matmul:
+      break; // costed by costDma and costMatmul
     }
     double n = static_cast<double>(freeElements(
         inst.op == Opcode::TensorReduce ? inst.src->shape : dst.shape));

@@ -1042,7 +1042,7 @@ TEST_CASE("iota fills base + p * channel + sum(i_k * m_k)", "[exec][iota]") {
       R"(}, {"op": "iota", "engine": "gpsimd", "base": -1,
           "channel_multiplier": 0.25, "multipliers": [0.5], "dst": )" +
       full(201, {4, 6}) +
-      R"(}, {"op": "iota", "engine": "vector", "base": 1099511627776,
+      R"(}, {"op": "iota", "engine": "gpsimd", "base": 1099511627776,
           "channel_multiplier": 1, "multipliers": [1], "dst": )" +
       full(202, {4, 1}) + "}";
   run(tileProgram({}, {{"i32", {4, 2, 3}}, {"f32", {4, 6}}, {"i64", {4, 1}}},
@@ -1198,7 +1198,7 @@ TEST_CASE("memset stores the value rounded to the destination dtype",
       R"(}, {"op": "memset", "engine": "gpsimd", "value": 0.333333333333,
           "dst": )" +
       full(201, {2, 4}) +
-      R"(}, {"op": "memset", "engine": "scalar", "value": 1099511627777,
+      R"(}, {"op": "memset", "engine": "gpsimd", "value": 1099511627777,
           "dst": )" +
       full(202, {2, 4}) +
       R"(}, {"op": "memset", "engine": "vector", "value": 300,

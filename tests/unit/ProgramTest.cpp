@@ -4,9 +4,11 @@
 #include "tests/unit/CatchCompat.h"
 #include "tests/unit/TestUtil.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 
 #include <unistd.h>
 
@@ -15,6 +17,7 @@ using neuron::test::buffer;
 using neuron::test::contains;
 using neuron::test::errorOf;
 using neuron::test::programJson;
+using neuron::test::sampleProgram;
 using neuron::test::trn2;
 using neuron::test::view;
 
@@ -193,6 +196,68 @@ TEST_CASE("a full program parses and verifies", "[program]") {
   CHECK(sttImm.engine == Engine::GpSimd);
   REQUIRE(sttImm.imm);
   CHECK(*sttImm.imm == -1);
+}
+
+TEST_CASE("the instruction set's names round-trip", "[program][isa]") {
+  // InstructionSet.def: every value has one name, parsed back to it.
+  auto check = [](const auto &values, auto nameOf, auto parse) {
+    std::set<std::string> names;
+    for (auto value : values) {
+      std::string name = nameOf(value);
+      INFO(name);
+      CHECK(parse(name) == value);
+      CHECK(names.insert(name).second);
+    }
+  };
+  check(kAllOpcodes, opcodeName, parseOpcode);
+  check(kAllEngines, engineName, parseEngine);
+  check(kAllSpaces, spaceName, parseSpace);
+  check(kAllActFuncs, actFuncName, parseActFunc);
+  check(kAllAluOps, aluOpName, parseAluOp);
+  CHECK_FALSE(parseOpcode("nisa.matmul"));
+  CHECK_FALSE(parseEngine("Tensor"));
+  std::set<std::string> fields;
+  for (const OperandField &field : kOperandFields) {
+    INFO(field.name);
+    CHECK(fields.insert(field.name).second);
+    CHECK(Instruction::writes(field.name) == field.written);
+  }
+  CHECK_FALSE(Instruction::writes("alu_op"));
+}
+
+TEST_CASE("every instruction round-trips through toJson", "[program][isa]") {
+  for (Opcode op : kAllOpcodes) {
+    INFO(opcodeName(op));
+    Engine engine =
+        *std::find_if(std::begin(kAllEngines), std::end(kAllEngines),
+                      [&](Engine e) { return canIssue(op, e); });
+    Program program = Program::parse(sampleProgram(op, engineName(engine)));
+    std::string json = program.toJson();
+    Program again = Program::parse(json);
+    again.verify(trn2());
+    CHECK(again.toJson() == json);
+    REQUIRE(again.body.size() == 1);
+    CHECK(again.body[0].inst.op == op);
+    CHECK(again.body[0].inst.operands().size() ==
+          program.body[0].inst.operands().size());
+  }
+}
+
+TEST_CASE("an engine issues exactly the instructions the table gives it",
+          "[program][isa]") {
+  for (Opcode op : kAllOpcodes)
+    for (Engine engine : kAllEngines) {
+      std::string name =
+          std::string(opcodeName(op)) + " on " + engineName(engine);
+      INFO(name);
+      std::string error = errorOf([&] {
+        Program::parse(sampleProgram(op, engineName(engine))).verify(trn2());
+      });
+      if (canIssue(op, engine))
+        CHECK(error == "<no error>");
+      else
+        CHECK(contains(error, "' cannot issue " + std::string(opcodeName(op))));
+    }
 }
 
 TEST_CASE("toJson round-trips", "[program]") {

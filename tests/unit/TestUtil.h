@@ -129,6 +129,81 @@ runProgram(const std::string &json,
   executor.run(inputs, outputs);
 }
 
+/// A trn2 program of one valid instruction of `op` issued by `engine`, for
+/// tests over the whole instruction set. The switch has no default: a new
+/// opcode needs a sample here.
+inline std::string sampleProgram(neuron::runtime::Opcode op,
+                                 const std::string &engine) {
+  using neuron::runtime::Opcode;
+  auto full = [](int buf) { return view(buf, "[128, 64]", "[64, 1]"); };
+  const std::string column = view(4, "[128, 1]", "[1, 1]");
+  const std::string indices = view(5, "[128, 1]", "[2, 1]");
+  const std::string seed = view(5, "[128, 2]", "[2, 1]");
+  std::string fields;
+  switch (op) {
+  case Opcode::DmaCopy:
+    fields = R"("src": )" + full(0) + R"(, "dst": )" + full(1);
+    break;
+  case Opcode::DmaGather:
+    fields = R"("table": )" + full(0) + R"(, "indices": )" + indices +
+             R"(, "dst": )" + full(1);
+    break;
+  case Opcode::Matmul:
+    fields = R"("accumulate": false, "stationary": )" + full(1) +
+             R"(, "moving": )" + full(2) + R"(, "dst": )" +
+             view(6, "[64, 64]", "[64, 1]");
+    break;
+  case Opcode::Activation:
+    fields = R"("func": "exp", "src": )" + full(1) + R"(, "dst": )" + full(3);
+    break;
+  case Opcode::TensorTensor:
+    fields = R"("alu_op": "add", "a": )" + full(1) + R"(, "b": )" + full(2) +
+             R"(, "dst": )" + full(3);
+    break;
+  case Opcode::ScalarTensorTensor:
+    fields = R"("alu_op0": "multiply", "alu_op1": "add", "imm": 2, "a": )" +
+             full(1) + R"(, "b": )" + full(2) + R"(, "dst": )" + full(3);
+    break;
+  case Opcode::TensorScalar:
+    fields = R"("alu_op": "add", "imm": 1, "src": )" + full(1) +
+             R"(, "dst": )" + full(3);
+    break;
+  case Opcode::TensorReduce:
+    fields = R"("alu_op": "add", "src": )" + full(1) + R"(, "dst": )" + column;
+    break;
+  case Opcode::Select:
+    fields = R"("pred": )" + full(1) + R"(, "on_true": )" + full(2) +
+             R"(, "on_false": )" + full(2) + R"(, "dst": )" + full(3);
+    break;
+  case Opcode::Iota:
+    fields = R"("base": 0, "channel_multiplier": 64, "multipliers": [1], )"
+             R"("dst": )" +
+             full(3);
+    break;
+  case Opcode::Memset:
+    fields = R"("value": 0, "dst": )" + full(3);
+    break;
+  case Opcode::Copy:
+    fields = R"("src": )" + full(1) + R"(, "dst": )" + full(3);
+    break;
+  case Opcode::Rand:
+    fields = R"("channel_multiplier": 64, "multipliers": [1], "seed": )" +
+             seed + R"(, "dst": )" + full(3);
+    break;
+  }
+  std::string buffers = buffer(0, "hbm", "input", "f32", "[128, 64]") + "," +
+                        buffer(1, "sbuf", "scratch", "f32", "[128, 64]") + "," +
+                        buffer(2, "sbuf", "scratch", "f32", "[128, 64]") + "," +
+                        buffer(3, "sbuf", "scratch", "f32", "[128, 64]") + "," +
+                        buffer(4, "sbuf", "scratch", "f32", "[128, 1]") + "," +
+                        buffer(5, "sbuf", "scratch", "i32", "[128, 2]") + "," +
+                        buffer(6, "psum", "scratch", "f32", "[128, 64]");
+  std::string inst = R"({"op": ")" +
+                     std::string(neuron::runtime::opcodeName(op)) +
+                     R"(", "engine": ")" + engine + R"(", )" + fields + "}";
+  return programJson(buffers, "0", "", inst);
+}
+
 } // namespace neuron::test
 
 #endif // NEURON_TESTS_UNIT_TESTUTIL_H

@@ -254,7 +254,7 @@ func.func @activation_types(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %r: memref<4x1
 // -----
 
 func.func @stt_engine(%a: memref<4x4xf32, #nisa.mem<sbuf>>) {
-  // expected-error @+1 {{runs on VectorE or GpSimd, not scalar}}
+  // expected-error @+1 {{runs on vector or gpsimd, not scalar}}
   nisa.scalar_tensor_tensor multiply, add %a, %a, %a {engine = #nisa.engine<scalar>} : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
   return
 }
@@ -358,7 +358,7 @@ func.func @select_shape(%p: memref<4x4xi1, #nisa.mem<sbuf>>, %a: memref<4x4xf32,
 // -----
 
 func.func @copy_engine(%a: memref<4x4xf32, #nisa.mem<sbuf>>) {
-  // expected-error @+1 {{copy runs on VectorE, ScalarE or GpSimd}}
+  // expected-error @+1 {{runs on vector, scalar or gpsimd, not tensor}}
   nisa.copy %a, %a {engine = #nisa.engine<tensor>} : memref<4x4xf32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<sbuf>>
   return
 }
@@ -515,15 +515,31 @@ func.func @unknown_attr(%a: memref<4x8xf32>, %b: memref<4x8xf32>) {
 // -----
 
 func.func @tensor_tensor_on_scalar(%a: memref<4x8xf32, #nisa.mem<sbuf>>) {
-  // expected-error @+1 {{runs on VectorE or GpSimd, not scalar}}
+  // expected-error @+1 {{runs on vector or gpsimd, not scalar}}
   nisa.tensor_tensor add %a, %a, %a {engine = #nisa.engine<scalar>} : memref<4x8xf32, #nisa.mem<sbuf>>, memref<4x8xf32, #nisa.mem<sbuf>>, memref<4x8xf32, #nisa.mem<sbuf>>
   return
 }
 
 // -----
 
+func.func @dma_on_vector(%a: memref<4x8xf32>, %b: memref<4x8xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{runs on scalar, gpsimd or sync, not vector}}
+  nisa.dma_copy %a, %b {engine = #nisa.engine<vector>} : memref<4x8xf32>, memref<4x8xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @memset_on_scalar(%a: memref<4x8xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{runs on vector or gpsimd, not scalar}}
+  nisa.memset %a, 0.0 {engine = #nisa.engine<scalar>} : memref<4x8xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
 func.func @tensor_scalar_on_tensor(%a: memref<4x8xf32, #nisa.mem<sbuf>>) {
-  // expected-error @+1 {{runs on VectorE, ScalarE or GpSimd, not tensor}}
+  // expected-error @+1 {{runs on vector, scalar or gpsimd, not tensor}}
   nisa.tensor_scalar multiply %a, %a {engine = #nisa.engine<tensor>, imm = 2.0 : f64} : memref<4x8xf32, #nisa.mem<sbuf>>, memref<4x8xf32, #nisa.mem<sbuf>>
   return
 }
