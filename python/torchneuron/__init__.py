@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 __all__ = [
     "allow_flex_attention_training",
+    "cache_info",
+    "clear_cache",
     "neuron_backend",
     "profile",
     "reset_stats",
@@ -43,6 +45,8 @@ def stats() -> dict[str, Any]:
     - ``kernels_run``: device kernel calls
     - ``recompiles``: compiles of a graph with symbolic sizes after its first one
     - ``compile_seconds``: wall time spent compiling ATen graphs
+    - ``cache_hits`` / ``cache_misses``: device regions loaded from / not found in the
+      persistent compile cache (:func:`cache_info`)
     """
     return _STATS.snapshot()
 
@@ -50,6 +54,21 @@ def stats() -> dict[str, Any]:
 def reset_stats() -> None:
     """Set every counter of :func:`stats` back to zero."""
     _STATS.reset()
+
+
+def cache_info() -> dict[str, Any]:
+    """The persistent compile cache (:mod:`torchneuron.cache`): ``directory`` (None when it is
+    off), ``entries``, ``bytes``, ``max_bytes``, and this process's ``hits`` and ``misses``."""
+    from torchneuron import cache, config
+
+    return cache.info(config.cache_dir())
+
+
+def clear_cache() -> None:
+    """Remove every entry of the persistent compile cache (``TORCHNEURON_CACHE_DIR``)."""
+    from torchneuron import cache, config
+
+    cache.clear(config.cache_dir())
 
 
 def allow_flex_attention_training() -> None:

@@ -20,6 +20,8 @@ class Stats:
     kernels_run: int = 0
     recompiles: int = 0
     compile_seconds: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # Objects whose eager work is already counted (optimizers): once each until reset.
     counted: weakref.WeakSet[object] = field(
@@ -37,6 +39,8 @@ class Stats:
                 "kernels_run": self.kernels_run + _eager_kernel_runs(),
                 "recompiles": self.recompiles,
                 "compile_seconds": self.compile_seconds,
+                "cache_hits": self.cache_hits,
+                "cache_misses": self.cache_misses,
             }
 
     def reset(self) -> None:
@@ -47,6 +51,8 @@ class Stats:
             self.kernels_run = 0
             self.recompiles = 0
             self.compile_seconds = 0.0
+            self.cache_hits = 0
+            self.cache_misses = 0
             self.counted = weakref.WeakSet()
             device = sys.modules.get("torchneuron._device")
             if device is not None:
@@ -61,6 +67,13 @@ class Stats:
             self.ops_on_device += ops_on_device
             self.ops_fallback.update(fallback)
             self.compile_seconds += seconds
+
+    def record_cache(self, hit: bool) -> None:
+        with self.lock:
+            if hit:
+                self.cache_hits += 1
+            else:
+                self.cache_misses += 1
 
     def record_eager_once(self, owner: object, name: str) -> None:
         """Count ``name`` in ``ops_fallback`` the first time ``owner`` does eager work."""

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from torchneuron import cache as compile_cache
 from torchneuron import (
     config,
     flex,
@@ -71,9 +72,10 @@ def neuron_backend(
         )
     target = config.resolve_target(options)
     dump = config.dump_dir(options)
+    cache = config.cache_dir(options)
 
     def neuron_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        return compile_aten_graph(gm, example_inputs, target=target, dump=dump)
+        return compile_aten_graph(gm, example_inputs, target=target, dump=dump, cache=cache)
 
     def backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         optimizer.install_step_hook()  # training: the optimizer step is eager, and counted
@@ -97,6 +99,7 @@ def compile_aten_graph(
     *,
     target: str,
     dump: Path | None = None,
+    cache: Path | None = None,
 ) -> Callable[[list[Any]], Any]:
     """The AOT compiler: a boxed callable running ``gm`` with its device regions compiled.
 
@@ -109,9 +112,9 @@ def compile_aten_graph(
     runner: Callable[..., Any]
     if specialize.is_static(gm) and not flex.call_dependent(gm):
         with unset_fake_temporarily():  # AOT calls compilers inside its fake mode
-            runner = build_graph(gm, target, dump)
+            runner = build_graph(gm, target, dump, cache)
     else:
-        runner = SpecializingGraph(gm, target, dump)
+        runner = SpecializingGraph(gm, target, dump, cache)
 
     def run(*args: Any) -> Any:
         return runner(*args)
@@ -121,9 +124,10 @@ def compile_aten_graph(
 
 
 def build_graph(
-    gm: torch.fx.GraphModule, target: str, dump: Path | None = None
+    gm: torch.fx.GraphModule, target: str, dump: Path | None = None, cache: Path | None = None
 ) -> torch.fx.GraphModule:
-    """A copy of a static ``gm`` whose device regions are compiled :class:`DeviceKernel`\\ s."""
+    """A copy of a static ``gm`` whose device regions are compiled :class:`DeviceKernel`\\ s
+    (loaded from the persistent compile cache in ``cache``, when given, if it has them)."""
     start = time.perf_counter()
     work = specialize.copy_graph_module(gm)
     rng.seed_random_ops(work)
@@ -143,7 +147,7 @@ def build_graph(
                 f"torchneuron internal error: device region {name} passed the check but "
                 f"cannot be serialized: {e}"
             ) from e
-        kernel, fresh = _compile_shared(doc, target, dump)
+        kernel, fresh = _compile_shared(doc, target, dump, cache)
         compiled += fresh
         returns_tuple = isinstance(sub.graph.output_node().args[0], (tuple, list))
         setattr(work, name, DeviceKernel(kernel, doc["name"], returns_tuple, output_map))
@@ -171,8 +175,11 @@ _kernels_lock = threading.Lock()
 _compiling: dict[tuple[str, str], threading.Lock] = {}
 
 
-def _compile_shared(doc: dict[str, Any], target: str, dump: Path | None) -> tuple[Kernel, bool]:
-    """The kernel of ``doc`` and whether this call compiled it (always, when stages are dumped)."""
+def _compile_shared(
+    doc: dict[str, Any], target: str, dump: Path | None, cache: Path | None
+) -> tuple[Kernel, bool]:
+    """The kernel of ``doc`` and whether this call compiled it (always, when stages are dumped):
+    shared with other threads in memory, and with other processes through ``cache``."""
     if dump is not None:
         return _compile_document(doc, target, dump), True
     key = (target, fx_json.to_json({**doc, "name": ""}))
@@ -186,11 +193,30 @@ def _compile_shared(doc: dict[str, Any], target: str, dump: Path | None) -> tupl
         if kernel is not None:
             return kernel, False
         try:
-            kernel = _compile_document(doc, target, dump)
+            kernel, fresh = _compile_cached(doc, key[1], target, cache)
             _kernels[key] = kernel
         finally:
             with _kernels_lock:
                 _compiling.pop(key, None)
+    return kernel, fresh
+
+
+def _compile_cached(
+    doc: dict[str, Any], nameless: str, target: str, cache: Path | None
+) -> tuple[Kernel, bool]:
+    """The kernel of ``doc`` from the persistent cache, or compiled (and stored): whether it
+    was compiled. Processes that miss one key at once compile it once (a file lock)."""
+    if cache is None:
+        return _compile_document(doc, target, None), True
+    entry = compile_cache.key(nameless, target)
+    with compile_cache.locked(cache, entry):
+        kernel = compile_cache.load(cache, entry, target)
+        if kernel is not None:
+            if config.check():
+                kernel.timeline()
+            return kernel, False
+        kernel = _compile_document(doc, target, None)
+        compile_cache.store(cache, entry, kernel)
     return kernel, True
 
 
@@ -234,10 +260,17 @@ class SpecializingGraph:
     concrete sizes (symbolic shapes) and per BlockMask content (FlexAttention, see
     :mod:`torchneuron.flex`) or SDPA mask block structure (:mod:`torchneuron.sdpa`)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, target: str, dump: Path | None = None) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        target: str,
+        dump: Path | None = None,
+        cache: Path | None = None,
+    ) -> None:
         self.gm = gm
         self.target = target
         self.dump = dump
+        self.cache = cache
         self.static = specialize.is_static(gm)
         self.block_masks = flex.BlockMaskValues(gm)
         self.cache: dict[object, Callable[..., Any]] = {}
@@ -277,7 +310,7 @@ class SpecializingGraph:
                 seconds=time.perf_counter() - start,
             )
             return self.gm
-        return build_graph(specialized, self.target, self.dump)
+        return build_graph(specialized, self.target, self.dump, self.cache)
 
 
 def _compile_document(doc: dict[str, Any], target: str, dump: Path | None) -> Kernel:

@@ -10,6 +10,9 @@
 - ``TORCHNEURON_CHECK=1``: compute and verify every compiled kernel's modeled timeline as soon as
   it is compiled (the timing model raises ``DeviceError`` for an instruction that may start
   before an earlier conflicting one is done: a wait the program lacks). The test suite sets it.
+- ``TORCHNEURON_CACHE_DIR``: the persistent compile cache's folder (:mod:`torchneuron.cache`;
+  default ``$XDG_CACHE_HOME/torchneuron``, i.e. ``~/.cache/torchneuron``);
+  ``TORCHNEURON_CACHE=0`` or ``options={"cache": False}`` turn the cache off.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = [
+    "CACHE_DIR_ENV",
+    "CACHE_ENV",
     "CHECK_ENV",
     "DEFAULT_TARGET",
     "DUMP_ENV",
@@ -26,6 +31,7 @@ __all__ = [
     "TARGET_ENV",
     "VERBOSE_ENV",
     "available_targets",
+    "cache_dir",
     "check",
     "dump_dir",
     "resolve_target",
@@ -37,9 +43,11 @@ TARGET_ENV = "TORCHNEURON_TARGET"
 VERBOSE_ENV = "TORCHNEURON_VERBOSE"
 DUMP_ENV = "TORCHNEURON_DUMP_DIR"
 CHECK_ENV = "TORCHNEURON_CHECK"
+CACHE_ENV = "TORCHNEURON_CACHE"
+CACHE_DIR_ENV = "TORCHNEURON_CACHE_DIR"
 
 #: Keys of ``torch.compile(options=...)`` the backend understands.
-KNOWN_OPTIONS = frozenset({"target", "dump_dir"})
+KNOWN_OPTIONS = frozenset({"target", "dump_dir", "cache"})
 
 
 def available_targets() -> list[str]:
@@ -86,3 +94,16 @@ def dump_dir(options: Mapping[str, object] | None = None) -> Path | None:
     ``$TORCHNEURON_DUMP_DIR``, else nowhere."""
     value = (options or {}).get("dump_dir") or os.environ.get(DUMP_ENV)
     return Path(str(value)) if value else None
+
+
+def cache_dir(options: Mapping[str, object] | None = None) -> Path | None:
+    """The persistent compile cache's folder, or None when it is off (``options["cache"]``
+    false, or ``$TORCHNEURON_CACHE`` set to 0/false/no/off)."""
+    if not (options or {}).get("cache", True):
+        return None
+    if os.environ.get(CACHE_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "torchneuron"

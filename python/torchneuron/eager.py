@@ -301,7 +301,7 @@ def _example(value: Any) -> torch.Tensor:
 def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided:
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from torchneuron import backend, fx_json, partition, rewrite
+    from torchneuron import backend, config, fx_json, partition, rewrite
     from torchneuron.decompositions import neuron_decompositions
 
     op = _op(name, overload)
@@ -400,7 +400,7 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
         _names[short] += 1
         kernel_name = f"eager_{short}_{_names[short]}"
     doc = fx_json.serialize_graph(gm, name=kernel_name)
-    kernel, _ = backend._compile_shared(doc, target, None)
+    kernel, _ = backend._compile_shared(doc, target, None, config.cache_dir())
     if len(kernel.input_specs) != len(inputs) or len(kernel.output_specs) != len(results):
         raise _Reject("the program's inputs or outputs differ from the graph's")
 

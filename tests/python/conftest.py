@@ -16,6 +16,9 @@ import pytest
 # Every kernel a test compiles has its timeline computed and checked, so a program that lacks a
 # wait (and would race on the chip) fails the test that compiled it.
 os.environ["TORCHNEURON_CHECK"] = "1"
+# Each test compiles what it compiles: the persistent compile cache would turn a compile into a
+# load when an earlier test (or run) compiled the same graph. test_cache.py turns it on.
+os.environ["TORCHNEURON_CACHE"] = "0"
 
 # Running from a source tree without `pip install -e .`: use python/ (no _C there).
 if importlib.util.find_spec("torchneuron") is None:
