@@ -270,7 +270,7 @@ class SpecializingGraph:
         self.gm = gm
         self.target = target
         self.dump = dump
-        self.cache = cache
+        self.cache_dir = cache
         self.static = specialize.is_static(gm)
         self.block_masks = flex.BlockMaskValues(gm)
         self.cache: dict[object, Callable[..., Any]] = {}
@@ -310,7 +310,7 @@ class SpecializingGraph:
                 seconds=time.perf_counter() - start,
             )
             return self.gm
-        return build_graph(specialized, self.target, self.dump, self.cache)
+        return build_graph(specialized, self.target, self.dump, self.cache_dir)
 
 
 def _compile_document(doc: dict[str, Any], target: str, dump: Path | None) -> Kernel:

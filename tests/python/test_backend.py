@@ -88,6 +88,8 @@ def test_stats_is_a_copy_and_reset_clears_it(real_native: ModuleType) -> None:
         "kernels_run": 0,
         "recompiles": 0,
         "compile_seconds": 0.0,
+        "cache_hits": 0,
+        "cache_misses": 0,
     }
 
 

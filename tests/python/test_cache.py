@@ -179,3 +179,21 @@ def test_eager_device_kernels_use_the_cache(cache_dir: Path) -> None:
     torchneuron.reset_stats()
     assert torch.equal(torch.tanh(x).cpu(), expected)
     assert torchneuron.stats()["cache_hits"] == 1 and eager.counts()["runs"] == 1
+
+
+def test_graphs_with_symbolic_sizes_use_the_cache(cache_dir: Path) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * 2 + 1).sum(-1)
+
+    def run() -> list[torch.Tensor]:
+        torch._dynamo.reset()
+        backend.clear_kernel_cache()
+        compiled = torch.compile(f, backend="neuron", dynamic=True)
+        return [compiled(torch.ones(n, 8)) for n in (3, 5)]
+
+    first = run()
+    assert len(_entries(cache_dir)) == 2  # one program per size
+    torchneuron.reset_stats()
+    second = run()
+    assert torchneuron.stats()["cache_hits"] == 2 and torchneuron.stats()["graphs_compiled"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
