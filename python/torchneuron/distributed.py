@@ -60,15 +60,22 @@ def is_registered() -> bool:
 
 
 def _create_backend(opts: Any, backend_options: Any) -> Any:
-    """``register_backend``'s creator (extended API): a Gloo process group over the same store
-    and ranks, wrapped by the C++ backend."""
-    from torch.distributed import ProcessGroupGloo
+    """``register_backend``'s creator (extended API): one Gloo process group over the same
+    store and ranks moves the bytes; the C++ ``neuron`` backend wraps it for neuron tensors, and
+    CPU tensors of the group go to the Gloo group itself (as ``"cpu:gloo,neuron:neuron"``).
+
+    It returns a whole ``ProcessGroup`` (torch keeps such a group as it is), not only the
+    backend: torch 2.13's ``init_process_group()`` without a backend name marks Gloo as the
+    default backend of the group whenever the accelerator's backend is not NCCL, so every
+    ``ProcessGroup.getBackendName()`` (DDP's constructor calls it) would fail on a group with
+    no Gloo backend. Here the default backend is the neuron one."""
+    from torch.distributed import ProcessGroup, ProcessGroupGloo
 
     from torchneuron import _distributed, device
 
     timeout: timedelta = opts.timeout
     transport = ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, timeout)
-    return _distributed._create_backend(
+    backend = _distributed._create_backend(
         transport,
         opts.group_rank,
         opts.group_size,
@@ -76,6 +83,11 @@ def _create_backend(opts: Any, backend_options: Any) -> Any:
         device._C()._collective_timeline(),
         timeout.total_seconds(),
     )
+    pg = ProcessGroup(opts.store, opts.group_rank, opts.group_size)
+    pg._set_default_backend(ProcessGroup.BackendType.CUSTOM)
+    pg._register_backend(torch.device(BACKEND), ProcessGroup.BackendType.CUSTOM, backend)
+    pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, transport)
+    return pg
 
 
 def collective_cost(
