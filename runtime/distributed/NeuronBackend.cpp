@@ -102,7 +102,8 @@ public:
                       c10::str("neuron ", collective_, " on rank ", rank_,
                                " of ", size_, " failed: ", e.what()));
     }
-    finishOnce();
+    if (done)
+      finishOnce();
     return done;
   }
 
@@ -221,12 +222,14 @@ NeuronBackend::run(Collective c, c10d::OpType op, int64_t bytes,
                    std::function<void()> finish) {
   const char *name = collectiveName(c);
   CollectiveCost cost = collectiveCost(topology_, c, bytes, ranks);
+  // Issued first: a collective the transport refuses charges nothing.
+  c10::intrusive_ptr<c10d::Work> inner = issue();
   // The collective path (links and collective engines) is the resource:
   // two collectives of one device queue, kernels overlap them.
   timeline_->place(device, name, bytes,
                    {cost.durationNs, {{"neuronlink", cost.durationNs}}});
-  return c10::make_intrusive<NeuronWork>(issue(), getRank(), getSize(), op,
-                                         name, std::move(outputs),
+  return c10::make_intrusive<NeuronWork>(std::move(inner), getRank(), getSize(),
+                                         op, name, std::move(outputs),
                                          std::move(finish));
 }
 

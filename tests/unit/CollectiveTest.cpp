@@ -203,6 +203,8 @@ public:
   allreduce(std::vector<at::Tensor> &tensors,
             const c10d::AllreduceOptions &opts) override {
     REQUIRE(opts.reduceOp.op_ == c10d::ReduceOp::SUM);
+    if (refuse)
+      throw std::invalid_argument("the transport refuses this tensor");
     for (at::Tensor &t : tensors) {
       REQUIRE(t.device().is_cpu());
       t.add_(peer);
@@ -211,6 +213,7 @@ public:
   }
   float peer;
   bool fail;
+  bool refuse = false;
 };
 
 const device::CollectiveTimeline &timeline() {
@@ -280,6 +283,15 @@ TEST_CASE("the neuron backend names the collective when the transport fails",
           std::string::npos);
     CHECK(what.find("Connection closed by peer") != std::string::npos);
   }
+  // A collective the transport refuses is not charged.
+  auto refusing = c10::make_intrusive<FakeTransport>(1.0f);
+  refusing->refuse = true;
+  auto backend = c10::make_intrusive<NeuronBackend>(
+      refusing, 0, 2, std::vector<int64_t>{}, trn2(), &timeline(),
+      std::chrono::milliseconds(1000));
+  double before = device::streamCursorNs(device::currentStream(0));
+  CHECK_THROWS_AS(backend->allreduce(tensors, {}), std::invalid_argument);
+  CHECK(device::streamCursorNs(device::currentStream(0)) == before);
   // CPU tensors are not the neuron backend's.
   std::vector<at::Tensor> cpu{at::ones({4})};
   CHECK_THROWS_AS(backendOver(1.0f)->allreduce(cpu, {}), c10::Error);
