@@ -287,6 +287,9 @@ def main() -> None:
         results["backend"] = dist.get_backend()
         x = torch.ones(4, device=dev)
         dist.all_reduce(x)
+        on_cpu = torch.full((2,), float(rank + 1))  # a neuron group's CPU tensors go to Gloo
+        dist.all_reduce(on_cpu)
+        results["cpu_all_reduce"] = on_cpu
         if rank == 1:
             os._exit(3)  # no goodbye: the peer must notice on its own
         time.sleep(0.5)

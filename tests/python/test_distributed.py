@@ -185,6 +185,7 @@ def test_a_rank_that_dies_makes_the_other_raise(tmp_path: Path) -> None:
     assert procs[0].returncode == 0, procs[0].stderr[-4000:]
     results = _load(tmp_path, 0)
     assert results["backend"] == "neuron"
+    torch.testing.assert_close(results["cpu_all_reduce"], torch.full((2,), 3.0))
     assert results["error"] is not None, "all_reduce with a dead peer returned"
     kind, message, mro = results["error"]
     assert "DistBackendError" in mro

@@ -296,3 +296,23 @@ TEST_CASE("the neuron backend names the collective when the transport fails",
   std::vector<at::Tensor> cpu{at::ones({4})};
   CHECK_THROWS_AS(backendOver(1.0f)->allreduce(cpu, {}), c10::Error);
 }
+
+TEST_CASE("collectives queue on the collective path and overlap compute",
+          "[collective]") {
+  using namespace neuron::device;
+  c10::Stream a = newStream(0), b = newStream(0), c = newStream(0);
+  double start = streamCursorNs(a);
+  Work collective{5e3, {{"neuronlink", 5e3}}};
+  // The current stream is the one placeCollective charges.
+  c10::Stream previous = exchangeStream(a);
+  placeCollective(0, "all_reduce", 1024, collective);
+  exchangeStream(b);
+  auto [s2, e2] = placeCollective(0, "all_gather", 1024, collective);
+  exchangeStream(previous);
+  CHECK(streamCursorNs(a) - start == Approx(5e3));
+  CHECK(e2 - start == Approx(10e3)); // waited for the first collective
+  // A kernel on a third stream does not wait for either.
+  auto [s3, e3] = placeWork(c, {4e3, {{"tensor", 4e3}}});
+  CHECK(s3 == start);
+  CHECK(e3 - start == Approx(4e3));
+}
