@@ -52,7 +52,7 @@ def group(d: torch.device) -> Any:
     return GROUPS[d.type]
 
 
-def both(results: Results, name: str, fn: Callable[[torch.device], Any], dev: torch.device):
+def both(results: Results, name: str, fn: Callable[[torch.device], Any], dev: torch.device) -> None:
     """``fn`` on neuron tensors (the neuron backend) and on CPU tensors (Gloo)."""
     results[name] = (cpu(fn(dev)), cpu(fn(torch.device("cpu"))))
 
