@@ -40,7 +40,7 @@ fi
 # artifacts are refreshed only then.
 stamp() {
   cat pyproject.toml CMakeLists.txt
-  stat -c '%n %Y' build/python/torchneuron/_C*.so build/python/torchneuron/_device*.so build/bin/* 2>/dev/null || true
+  stat -c '%n %Y' build/python/torchneuron/_C*.so build/python/torchneuron/_device*.so build/python/torchneuron/_distributed*.so build/bin/* 2>/dev/null || true
 }
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 if [ -f build/build.ninja ] && [ -f build/.install-stamp ]; then

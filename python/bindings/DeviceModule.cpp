@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/device/Allocator.h"
+#include "runtime/device/CollectiveTimeline.h"
 #include "runtime/device/Device.h"
 #include "runtime/device/Generator.h"
 #include "runtime/device/KernelProvider.h"
@@ -109,14 +110,17 @@ py::object describe(const c10::IValue &v) {
 
 /// The compiler side, in Python (torchneuron.eager): provider(op, overload,
 /// args, target) -> None or a torchneuron.eager.Provided (the fields of
-/// ProvidedKernel); recorder(id) after each run and copyRecorder(kind,
-/// bytes, device_ns) after each copy while profiling.
+/// ProvidedKernel); recorder(id) after each run, copyRecorder(kind,
+/// bytes, device_ns) after each copy and collectiveRecorder(name, bytes,
+/// device_ns) after each collective while profiling.
 class PythonKernelProvider : public KernelProvider {
 public:
   PythonKernelProvider(py::function provider, py::function recorder,
-                       py::function copyRecorder)
+                       py::function copyRecorder,
+                       py::function collectiveRecorder)
       : provider(provider.release().ptr()), recorder(recorder.release().ptr()),
-        copyRecorder(copyRecorder.release().ptr()) {}
+        copyRecorder(copyRecorder.release().ptr()),
+        collectiveRecorder(collectiveRecorder.release().ptr()) {}
   // The functions are never released: the provider can outlive the
   // interpreter (a static shared_ptr destroyed at exit).
   ~PythonKernelProvider() override = default;
@@ -166,11 +170,29 @@ public:
     py::reinterpret_borrow<py::function>(copyRecorder)(kind, bytes, deviceNs);
   }
 
+  void recordCollective(const std::string &name, int64_t bytes,
+                        double deviceNs) override {
+    if (!Py_IsInitialized())
+      return;
+    py::gil_scoped_acquire gil;
+    py::reinterpret_borrow<py::function>(collectiveRecorder)(name, bytes,
+                                                             deviceNs);
+  }
+
 private:
   PyObject *provider;
   PyObject *recorder;
   PyObject *copyRecorder;
+  PyObject *collectiveRecorder;
 };
+
+const CollectiveTimeline collectiveTimeline = [] {
+  CollectiveTimeline t;
+  t.target = [] { return config().target; };
+  t.currentDevice = [] { return currentDevice(); };
+  t.place = &placeCollective;
+  return t;
+}();
 
 } // namespace
 
@@ -205,16 +227,18 @@ PYBIND11_MODULE(_device, m) {
   m.def("_cpu_numerics_ops", &routeCpuKernelsThroughFallback);
 
   // Eager ops as device kernels (KernelProvider.h).
-  m.def("_set_kernel_provider", [](py::object provider, py::object recorder,
-                                   py::object copyRecorder) {
-    if (provider.is_none()) {
-      setKernelProvider(nullptr);
-      return;
-    }
-    setKernelProvider(std::make_shared<PythonKernelProvider>(
-        provider.cast<py::function>(), recorder.cast<py::function>(),
-        copyRecorder.cast<py::function>()));
-  });
+  m.def("_set_kernel_provider",
+        [](py::object provider, py::object recorder, py::object copyRecorder,
+           py::object collectiveRecorder) {
+          if (provider.is_none()) {
+            setKernelProvider(nullptr);
+            return;
+          }
+          setKernelProvider(std::make_shared<PythonKernelProvider>(
+              provider.cast<py::function>(), recorder.cast<py::function>(),
+              copyRecorder.cast<py::function>(),
+              collectiveRecorder.cast<py::function>()));
+        });
   m.def("_set_eager_kernels", &setEagerKernelsEnabled);
   m.def("_eager_kernels_enabled", &eagerKernelsEnabled);
   m.def("_set_eager_profiling", &setEagerProfiling);
@@ -255,6 +279,11 @@ PYBIND11_MODULE(_device, m) {
   });
 
   // The modeled timeline.
+  m.def("_collective_timeline", [] {
+    // Not owned: the table is static and outlives every module.
+    return py::capsule(const_cast<CollectiveTimeline *>(&collectiveTimeline),
+                       CollectiveTimeline::kCapsuleName);
+  });
   m.def(
       "_stream_cursor_ns",
       [](int d, int64_t stream) { return streamCursorNs(streamOf(d, stream)); },

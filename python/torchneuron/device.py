@@ -117,6 +117,9 @@ def register() -> None:
                 for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
             )
         atexit.register(_drain_autograd_worker)
+        from torchneuron import distributed
+
+        distributed.register()  # the torch.distributed backend "neuron"
         _registered = True
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "install",
     "provide",
     "record",
+    "record_collective",
     "record_copy",
     "rejected",
     "set_enabled",
@@ -172,7 +173,7 @@ def install() -> None:
     """Register :func:`provide` with the device library (``device.register`` calls this)."""
     from torchneuron import device
 
-    device._C()._set_kernel_provider(provide, record, record_copy)
+    device._C()._set_kernel_provider(provide, record, record_copy, record_collective)
 
 
 def set_enabled(on: bool) -> None:
@@ -220,6 +221,14 @@ def record_copy(kind: str, nbytes: int, device_ns: float) -> None:
     from torchneuron.profile import record_copy as to_profiles
 
     to_profiles(kind, nbytes, device_ns)
+
+
+def record_collective(name: str, nbytes: int, device_ns: float) -> None:
+    """Called by the device after each collective of the ``neuron`` process-group backend
+    (:mod:`torchneuron.distributed`) while a profile is active."""
+    from torchneuron.profile import record_collective as to_profiles
+
+    to_profiles(name, nbytes, device_ns)
 
 
 def provide(name: str, overload: str, args: list[Any], target: str) -> Provided | None:

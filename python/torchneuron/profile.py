@@ -72,7 +72,10 @@ class Profile:
     Copies to, from and between neuron devices are runs too, named ``copy_host_to_device``,
     ``copy_device_to_host`` or ``copy_device_to_device``, with ``bytes``, their modeled time
     (the host link or the DMA engines, from the target) and ``source_lines`` the line that
-    copied."""
+    copied. So are the collectives of the ``neuron`` process-group backend (``all_reduce``,
+    ``all_gather``, ``reduce_scatter``, ``broadcast``, ``all_to_all``, ``send_recv``,
+    ``barrier``; :mod:`torchneuron.distributed`), bound by ``neuronlink``, the collective path
+    between cores."""
 
     def __init__(self) -> None:
         self._runs: list[_Run] = []
@@ -119,6 +122,22 @@ class Profile:
         }
         with self._lock:
             self._runs.append(_Run(None, record["name"], record))
+
+    def record_collective(self, name: str, nbytes: int, device_ns: float, target: str) -> None:
+        record = {
+            "name": name,
+            "target": target,
+            "device_ns": device_ns,
+            "flops": 0,
+            "hbm_bytes": nbytes,
+            "bytes": nbytes,
+            "engine_busy_ns": {"neuronlink": device_ns},
+            "bound": "neuronlink",
+            "instructions": 0,
+            "source_lines": [_user_line() or "?"],
+        }
+        with self._lock:
+            self._runs.append(_Run(None, name, record))
 
     def summary(self, file: Any = None) -> str:
         """A table of the recorded runs; printed (to ``file`` or stdout) and returned."""
@@ -190,7 +209,7 @@ class Profile:
                     "args": {"bound": r.record["bound"], "source": r.record["source_lines"]},
                 }
             )
-            if r.kernel is None:  # a copy: one event
+            if r.kernel is None:  # a copy or a collective: one event
                 offset += r.record["device_ns"]
                 continue
             names = r.kernel.instruction_names
@@ -249,7 +268,7 @@ class Profile:
             runs["run"].append(i)
             for u in _UNITS:
                 busy[f"{u}_busy_ns"].append(float(k["engine_busy_ns"].get(u, 0.0)))
-            if r.kernel is None:  # a copy: no instructions
+            if r.kernel is None:  # a copy or a collective: no instructions
                 continue
             names, lines = r.kernel.instruction_names, r.kernel.locations
             for node, unit, queue, count, start, end, loc in r.kernel.timeline_events():
@@ -310,3 +329,12 @@ def record_copy(kind: str, nbytes: int, device_ns: float) -> None:
     target = device._C()._target()
     for prof in _ACTIVE:
         prof.record_copy(kind, nbytes, device_ns, target)
+
+
+def record_collective(name: str, nbytes: int, device_ns: float) -> None:
+    """Called by the device after every collective while a profile is active."""
+    from torchneuron import device
+
+    target = device._C()._target()
+    for prof in _ACTIVE:
+        prof.record_collective(name, nbytes, device_ns, target)

@@ -357,6 +357,18 @@ void placeCopy(const std::optional<PlannedCopy> &copy) {
       p->recordCopy(copy->kind, copy->bytes, copy->work.durationNs);
 }
 
+std::pair<double, double> placeCollective(c10::DeviceIndex device,
+                                          const std::string &name,
+                                          int64_t bytes, const Work &work) {
+  c10::Stream stream = currentStream(device);
+  ProfiledKernelRun profiled(name, stream, work.durationNs, bytes);
+  std::pair<double, double> span = placeWork(stream, work);
+  if (profiling)
+    if (std::shared_ptr<KernelProvider> p = provider)
+      p->recordCollective(name, bytes, work.durationNs);
+  return span;
+}
+
 void clearEagerKernelCache() {
   std::lock_guard<std::mutex> compileLock(providerMutex);
   std::unique_lock<std::shared_mutex> lock(cacheMutex);

@@ -28,6 +28,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace neuron::device {
@@ -82,6 +83,11 @@ public:
   /// "device_to_device"; its modeled time).
   virtual void recordCopy(const std::string &kind, int64_t bytes,
                           double deviceNs) = 0;
+  /// Called after every collective of the `neuron` process-group backend
+  /// (runtime/distributed) while profiling is on: its name ("all_reduce",
+  /// ...), the bytes it moves and its modeled time.
+  virtual void recordCollective(const std::string &name, int64_t bytes,
+                                double deviceNs) = 0;
 };
 
 /// Installs the provider (nullptr: none; every op falls back to the CPU) and
@@ -96,6 +102,13 @@ void setEagerProfiling(bool enabled);
 /// Places a planned copy (Stream.h) on the timeline and reports it to
 /// torchneuron profiles.
 void placeCopy(const std::optional<PlannedCopy> &copy);
+/// Places a collective's modeled work on the current stream of `device` and
+/// shows it to the profilers as a copy is shown: a range "neuron::<name>"
+/// with its bytes and a device event for torch.profiler, a run in
+/// torchneuron profiles. Returns its [start, end) in ns.
+std::pair<double, double> placeCollective(c10::DeviceIndex device,
+                                          const std::string &name,
+                                          int64_t bytes, const Work &work);
 void clearEagerKernelCache();
 
 /// Runs the op on `stack` as a device kernel if there is one (popping the

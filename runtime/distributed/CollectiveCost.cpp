@@ -1,0 +1,139 @@
+//===- CollectiveCost.cpp - Modeled time of a collective ------------------===//
+
+#include "runtime/distributed/CollectiveCost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+namespace neuron::distributed {
+
+namespace {
+
+const std::pair<Collective, const char *> kNames[] = {
+    {Collective::AllReduce, "all_reduce"},
+    {Collective::AllGather, "all_gather"},
+    {Collective::ReduceScatter, "reduce_scatter"},
+    {Collective::Broadcast, "broadcast"},
+    {Collective::AllToAll, "all_to_all"},
+    {Collective::SendRecv, "send_recv"},
+    {Collective::Barrier, "barrier"},
+};
+
+} // namespace
+
+const char *collectiveName(Collective c) {
+  for (const auto &[collective, name] : kNames)
+    if (collective == c)
+      return name;
+  throw std::invalid_argument("unknown collective");
+}
+
+Collective parseCollective(const std::string &name) {
+  for (const auto &[collective, n] : kNames)
+    if (name == n)
+      return collective;
+  throw std::invalid_argument("unknown collective '" + name + "'");
+}
+
+Topology Topology::of(const target::Target &t) {
+  Topology topo;
+  topo.coresPerChip = t.coresPerChip;
+  topo.chipsPerInstance = static_cast<int>(t.value("chips_per_instance"));
+  topo.coreBytesPerNs = t.value("core_to_core_bytes_per_ns");
+  topo.coreLatencyNs = t.value("core_to_core_latency_ns");
+  double chip = t.value("neuronlink_bytes_per_ns_per_chip");
+  // The chip's figure counts both directions: half of it leaves the chip.
+  topo.chipSendBytesPerNs = chip / 2;
+  topo.linkBytesPerNs =
+      topo.chipSendBytesPerNs / t.value("neuronlink_links_per_chip");
+  topo.linkLatencyNs = t.value("neuronlink_latency_ns");
+  if (topo.coresPerChip <= 0 || topo.chipsPerInstance <= 0 ||
+      !(topo.coreBytesPerNs > 0) || !(topo.linkBytesPerNs > 0) ||
+      topo.coreLatencyNs < 0 || topo.linkLatencyNs < 0)
+    throw std::invalid_argument("target '" + t.name +
+                                "' has no usable collective topology");
+  return topo;
+}
+
+CollectiveCost collectiveCost(const Topology &topo, Collective c, int64_t bytes,
+                              const std::vector<int64_t> &ranks) {
+  if (bytes < 0)
+    throw std::invalid_argument("a collective cannot move negative bytes");
+  if (ranks.empty())
+    throw std::invalid_argument("a collective needs at least one rank");
+  if (c == Collective::SendRecv && ranks.size() != 2)
+    throw std::invalid_argument(
+        "send/recv is modeled between two ranks, the sender and the receiver");
+  std::set<int64_t> seen;
+  std::map<int, int64_t> ranksOnChip;
+  for (int64_t r : ranks) {
+    if (r < 0 || r >= topo.cores())
+      throw std::invalid_argument(
+          "rank " + std::to_string(r) + " is outside the instance's " +
+          std::to_string(topo.cores()) + " NeuronCores (" +
+          std::to_string(topo.chipsPerInstance) + " chips of " +
+          std::to_string(topo.coresPerChip) +
+          "): collectives across instances are not modeled");
+    if (!seen.insert(r).second)
+      throw std::invalid_argument("rank " + std::to_string(r) +
+                                  " appears twice in the group");
+    ++ranksOnChip[topo.chipOf(r)];
+  }
+
+  CollectiveCost cost;
+  cost.crossesChips = ranksOnChip.size() > 1;
+  auto n = static_cast<double>(ranks.size());
+  auto b = static_cast<double>(bytes);
+  // A ring step goes at its slowest hop: a core's DMA engines, and the
+  // chip's NeuronLink once the ring leaves the chip (one rank per chip sends
+  // across at each step, so the chip's links carry one chunk at a time).
+  double bw = topo.coreBytesPerNs;
+  if (cost.crossesChips)
+    bw = std::min(bw, topo.chipSendBytesPerNs);
+  double latency = cost.crossesChips ? topo.linkLatencyNs : topo.coreLatencyNs;
+  cost.busBytesPerNs = bw;
+  if (ranks.size() == 1) // nothing leaves the core
+    return cost;
+
+  switch (c) {
+  case Collective::AllReduce:
+    cost.durationNs = 2 * (n - 1) / n * b / bw + 2 * (n - 1) * latency;
+    break;
+  case Collective::AllGather:
+  case Collective::ReduceScatter:
+    cost.durationNs = (n - 1) / n * b / bw + (n - 1) * latency;
+    break;
+  case Collective::Broadcast:
+    cost.durationNs = b / bw + (n - 1) * latency;
+    break;
+  case Collective::AllToAll: {
+    double own = (n - 1) / n * b / topo.coreBytesPerNs;
+    double offChip = 0;
+    for (const auto &[chip, m] : ranksOnChip) {
+      auto here = static_cast<double>(m);
+      offChip = std::max(offChip,
+                         here * (n - here) / n * b / topo.chipSendBytesPerNs);
+    }
+    cost.durationNs = std::max(own, offChip) + (n - 1) * latency;
+    break;
+  }
+  case Collective::SendRecv: {
+    // One hop: a single NeuronLink link when the peers are on two chips.
+    double hop = cost.crossesChips
+                     ? std::min(topo.coreBytesPerNs, topo.linkBytesPerNs)
+                     : topo.coreBytesPerNs;
+    cost.busBytesPerNs = hop;
+    cost.durationNs = b / hop + latency;
+    break;
+  }
+  case Collective::Barrier:
+    cost.durationNs = std::ceil(std::log2(n)) * latency;
+    break;
+  }
+  return cost;
+}
+
+} // namespace neuron::distributed

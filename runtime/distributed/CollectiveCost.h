@@ -1,0 +1,92 @@
+//===- CollectiveCost.h - Modeled time of a collective ----------*- C++ -*-===//
+//
+// How long a collective would take on the instance's NeuronCores, from the
+// target's topology figures (cores per chip, chips per instance, the cores'
+// DMA path within a chip, NeuronLink between chips). Rank r of the process
+// group sits on core r % cores_per_chip of chip r / cores_per_chip, so the
+// model knows whether a group stays on one chip.
+//
+// The algorithms are rings, as the collective engines run them: each of the
+// n ranks sends to the next one in rank order, one chunk per step. A step
+// goes as fast as its slowest hop: within a chip the sending core's DMA
+// engines (core_to_core_bytes_per_ns); across chips also the chip's
+// NeuronLink (half of neuronlink_bytes_per_ns_per_chip out of each chip,
+// spread over its links). With B the bytes and bw that hop bandwidth:
+//   all_reduce      2(n-1) steps of B/n:  2(n-1)/n * B/bw + 2(n-1) * latency
+//   all_gather      (n-1) steps of B/n:   (n-1)/n * B/bw + (n-1) * latency
+//                   (B: the gathered output)
+//   reduce_scatter  as all_gather, B the input that is scattered
+//   broadcast       pipelined along the ring: B/bw + (n-1) * latency
+//   all_to_all      every rank sends (n-1)/n of its B: the larger of its own
+//                   DMA time and its chip's share of the NeuronLink traffic,
+//                   + (n-1) * latency
+//   send / recv     B over one hop (one NeuronLink link across chips)
+//   barrier         a dissemination barrier: ceil(log2 n) * latency
+// where latency is a step's fixed cost: core_to_core_latency_ns within a
+// chip, neuronlink_latency_ns when the group spans chips. It depends on the
+// runtime's target only: no libtorch, no MLIR.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef NEURON_RUNTIME_DISTRIBUTED_COLLECTIVECOST_H
+#define NEURON_RUNTIME_DISTRIBUTED_COLLECTIVECOST_H
+
+#include "runtime/target/Target.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace neuron::distributed {
+
+enum class Collective {
+  AllReduce,
+  AllGather,
+  ReduceScatter,
+  Broadcast,
+  AllToAll,
+  SendRecv,
+  Barrier,
+};
+
+/// "all_reduce", "all_gather", ...: the names profiles show.
+const char *collectiveName(Collective c);
+/// The inverse of collectiveName; throws std::invalid_argument.
+Collective parseCollective(const std::string &name);
+
+/// The target's topology figures, read once.
+struct Topology {
+  int coresPerChip = 0;
+  int chipsPerInstance = 0;
+  double coreBytesPerNs = 0;     ///< one core to another of its chip
+  double coreLatencyNs = 0;      ///< a step within a chip
+  double chipSendBytesPerNs = 0; ///< out of one chip, all links
+  double linkBytesPerNs = 0;     ///< one link, one direction
+  double linkLatencyNs = 0;      ///< a step across chips
+
+  static Topology of(const target::Target &t);
+  int cores() const { return coresPerChip * chipsPerInstance; }
+  int chipOf(int64_t rank) const {
+    return static_cast<int>(rank / coresPerChip);
+  }
+};
+
+struct CollectiveCost {
+  double durationNs = 0;
+  /// The ring's bottleneck hop (bytes/ns): the bus bandwidth that large
+  /// messages approach (the link peak of benchmarks/collectives.py).
+  double busBytesPerNs = 0;
+  bool crossesChips = false;
+};
+
+/// The modeled cost of `c` moving `bytes` (see above for what B is) among
+/// `ranks`, the group's ranks in the instance (global ranks, in group
+/// order; for send/recv the sender and the receiver). Throws
+/// std::invalid_argument for a rank outside the instance, a repeated rank,
+/// a send/recv not between two ranks, or negative bytes.
+CollectiveCost collectiveCost(const Topology &topology, Collective c,
+                              int64_t bytes, const std::vector<int64_t> &ranks);
+
+} // namespace neuron::distributed
+
+#endif // NEURON_RUNTIME_DISTRIBUTED_COLLECTIVECOST_H
