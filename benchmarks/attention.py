@@ -121,6 +121,8 @@ def check_case(
     heads = heads_to_check(q.shape[1])
     want_out, want_grads = eager_attention(q, k, v, causal, backward)
     checks = [("out", compare(r["out"][:, heads], want_out, FORWARD_TOL, q.shape[2]))]
+    if not backward:
+        return checks
     for name, got, want in zip(("dq", "dk", "dv"), r["grads"], want_grads, strict=True):
         checks.append((name, compare(got[:, heads], want, BACKWARD_TOL, q.shape[2])))
     return checks
