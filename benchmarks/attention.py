@@ -40,9 +40,13 @@ from kernels import BF16_ULP, Check, compare  # noqa: E402
 
 REFERENCE_HEADS = 2  # heads checked against eager: the first and the last
 # (rtol, atol as a fraction of the reference's RMS). The forward rounds P to bf16 before P @ V
-# and the output once; the backward's gradients go through more bf16 roundings (dP, dS).
+# and the output once (full size, trn2: worst element at 49% of the bound). The backward
+# rounds P and dS = P * (dP - D) to bf16 before its TensorE matmuls, as FlashAttention does,
+# and dS cancels: in the first rows of a causal mask dq sums a few such terms. At full size
+# causal dq's worst element (row 1) is off by 0.0048, 1.07x an 8-ulp bound; a float32
+# emulation of those roundings is off by up to 0.012 in the same rows. Hence 16 ulps.
 FORWARD_TOL = (4 * BF16_ULP, 4 * BF16_ULP)
-BACKWARD_TOL = (8 * BF16_ULP, 8 * BF16_ULP)
+BACKWARD_TOL = (16 * BF16_ULP, 16 * BF16_ULP)
 
 
 def causal(b: Any, h: Any, q: Any, kv: Any) -> Any:
