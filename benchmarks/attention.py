@@ -14,12 +14,19 @@ FLOPs (4 * B * H * D per unmasked (query, key) pair), the engine that bounds the
 its busy share, and the causal / full time ratio (block skipping makes it about 0.5). With
 ``--backward`` each case also runs ``out.sum().backward()`` and prints the backward kernel
 (``flex_attention_backward``: 10 * D FLOPs per unmasked pair).
+
+Every output (and with ``--backward`` every gradient of q, k and v) is checked against eager
+PyTorch on CPU: attention computed in float32 (scores, mask, softmax, weighted sum) on the same
+bf16 values, for REFERENCE_HEADS of the heads (heads are independent; all of them when there
+are few). A mismatch, printed with the case and the worst element, makes the exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +34,19 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import torchneuron
 from torchneuron._native import native
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import BF16_ULP, Check, compare  # noqa: E402
+
+REFERENCE_HEADS = 2  # heads checked against eager: the first and the last
+# (rtol, atol as a fraction of the reference's RMS). The forward rounds P to bf16 before P @ V
+# and the output once (full size, trn2: worst element at 49% of the bound). The backward
+# rounds P and dS = P * (dP - D) to bf16 before its TensorE matmuls, as FlashAttention does,
+# and dS cancels: in the first rows of a causal mask dq sums a few such terms. At full size
+# causal dq's worst element (row 1) is off by 0.0048, 1.07x an 8-ulp bound; a float32
+# emulation of those roundings is off by up to 0.012 in the same rows. Hence 16 ulps.
+FORWARD_TOL = (4 * BF16_ULP, 4 * BF16_ULP)
+BACKWARD_TOL = (16 * BF16_ULP, 16 * BF16_ULP)
 
 
 def causal(b: Any, h: Any, q: Any, kv: Any) -> Any:
@@ -43,14 +63,17 @@ def run_case(
         options={"target": target},
     )
     before = torchneuron.stats()
+    grads: list[torch.Tensor] = []
     if backward:
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         with torchneuron.profile() as prof:
-            attend(*leaves).sum().backward()
+            out = attend(*leaves)
+            out.sum().backward()
         kernel, backward_kernel = prof.kernels
+        grads = [t.grad for t in leaves if t.grad is not None]
     else:
         with torch.no_grad(), torchneuron.profile() as prof:
-            attend(q, k, v)
+            out = attend(q, k, v)
         (kernel,) = prof.kernels
     after = torchneuron.stats()
     return {
@@ -61,10 +84,55 @@ def run_case(
         "fallback": sum(after["ops_fallback"].values()) - sum(before["ops_fallback"].values()),
         "compile_s": after["compile_seconds"] - before["compile_seconds"],
         "engines": kernel.get("engine_busy_ns", {}),
+        "out": out.detach(),
+        "grads": grads,
     }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def heads_to_check(h: int) -> list[int]:
+    return list(range(h)) if h <= REFERENCE_HEADS else [0, h - 1]
+
+
+def eager_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, backward: bool
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Eager PyTorch in float32 on CPU: the output and (``backward``) the gradients of
+    ``out.sum()`` for q, k and v, on the heads :func:`heads_to_check` picks."""
+    heads = heads_to_check(q.shape[1])
+    leaves = [t[:, heads].float().requires_grad_(backward) for t in (q, k, v)]
+    with torch.set_grad_enabled(backward):
+        qq, kk, vv = leaves
+        scores = (qq @ kk.transpose(-2, -1)) * qq.shape[-1] ** -0.5
+        if causal:
+            s = scores.shape[-1]
+            keep = torch.ones(s, s, dtype=torch.bool).tril()
+            scores = scores.masked_fill(~keep, float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ vv
+        if backward:
+            out.sum().backward()
+    return out.detach(), [t.grad for t in leaves if t.grad is not None]
+
+
+def check_case(
+    r: dict[str, Any],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    backward: bool,
+) -> list[tuple[str, Check]]:
+    """(what, check) of the output and, with ``backward``, of each gradient."""
+    heads = heads_to_check(q.shape[1])
+    want_out, want_grads = eager_attention(q, k, v, causal, backward)
+    checks = [("out", compare(r["out"][:, heads], want_out, FORWARD_TOL, q.shape[2]))]
+    if not backward:
+        return checks
+    for name, got, want in zip(("dq", "dk", "dv"), r["grads"], want_grads, strict=True):
+        checks.append((name, compare(got[:, heads], want, BACKWARD_TOL, q.shape[2])))
+    return checks
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--heads", type=int, default=16)
@@ -90,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{'bound':>8s} {'compile s':>9s} {'fallback':>8s}"
     )
     causal_share: dict[str, float] = {}
+    mismatches: list[str] = []
+    worst = 0.0
     for target in args.targets.split(","):
         peak = native().target_peaks(target)["flops"]
         times: dict[str, float] = {}
@@ -110,6 +180,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f"{name + ' bwd':8s} {target:5s} {ns / 1e3:10.1f} "
                     f"{2.5 * flops / ns / 1e3:8.1f} {share:8.1f}% {r['backward_bound']:>8s}"
                 )
+            for what, c in check_case(r, q, k, v, name == "causal", args.backward):
+                worst = max(worst, c.worst)
+                if not c.ok:
+                    mismatches.append(f"{name} {what} on {target}")
+                    print(
+                        f"    MISMATCH with eager PyTorch: {name} {what}: max |error| "
+                        f"{c.max_error:.4g}, worst {c.detail} ({c.worst:.3g}x the tolerance)"
+                    )
             if name == "causal":
                 causal_share[target] = 100 * flops / (r["ns"] * 1e-9) / peak
         ratio = times["causal"] / times["full"]
@@ -123,7 +201,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"causal on trn2: {share:.1f}% of TensorE peak (target >= 35%: "
             f"{'MET' if share >= 35 else 'NOT MET'})"
         )
+    heads = len(heads_to_check(h))
+    print(
+        f"numeric check against eager PyTorch (float32, {heads} of {h} heads): "
+        f"{'MISMATCH in ' + ', '.join(mismatches) if mismatches else 'all match'} "
+        f"(worst err/tol {worst:.3f})"
+    )
+    return 1 if mismatches else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,6 +5,7 @@ Run from the repository root, after ``scripts/setup.sh``:
     .venv/bin/python benchmarks/kernels.py                          # everything, trn2 and trn3
     .venv/bin/python benchmarks/kernels.py --small                  # every size / 8: smoke test
     .venv/bin/python benchmarks/kernels.py --only gemm --targets trn2
+    .venv/bin/python benchmarks/kernels.py --only decoder --targets trn2 --sdpa-math
 
 Every workload (bf16, ``torch.manual_seed(0)``, inputs ``torch.randn * 0.1``) is compiled with
 ``torch.compile(fn, backend="neuron", options={"target": ...})`` and run once under
@@ -15,6 +16,12 @@ The decoder layer also gets the sum of its per-op roofline times (from an ATen t
 host wall time of a compiled call against an eager one. A closing "targets" section checks the
 figures on trn2 against the performance targets of the issue.
 
+Every run's output is checked against eager PyTorch on CPU (float32 on the same bf16 values; a
+sample of 256 rows where rows are independent and there are more): a mismatch, or a workload
+that fails to compile or run, is printed and makes the exit status 1. ``--sdpa-math`` keeps the
+decoder layer's attention on SDPA's math path (matmul, softmax, matmul) instead of the
+FlexAttention kernel, the baseline of the README's decoder-layer figure.
+
 The full-size run is slow: the engine model computes real numbers on the host, and the decoder
 layer alone can take minutes per target.
 """
@@ -22,11 +29,13 @@ layer alone can take minutes per target.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import math
 import operator
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +142,10 @@ class Built:
     flops: float
     state: tuple[torch.Tensor, ...] = ()
     module: nn.Module | None = None
+    # Inputs whose dim 0 indexes independent rows of the output (row i of the output reads
+    # row i of each of them and all of every other input): the eager reference may be
+    # computed on a sample of rows. Empty: the reference is computed in full.
+    row_inputs: tuple[int, ...] = ()
 
 
 @dataclass
@@ -162,7 +175,8 @@ def workloads(small: bool) -> list[Workload]:
     def gemm(m: int, n: int, k: int) -> None:
         # "gemm MxNxK": A is [M, K], B is [K, N]
         def build(m: int = s(m), n: int = s(n), k: int = s(k)) -> Built:
-            return Built(fn=matmul, inputs=(randn(m, k), randn(k, n)), flops=2.0 * m * n * k)
+            inputs = (randn(m, k), randn(k, n))
+            return Built(fn=matmul, inputs=inputs, flops=2.0 * m * n * k, row_inputs=(0,))
 
         out.append(Workload(f"gemm {m}x{n}x{k}", f"gemm {s(m)}x{s(n)}x{s(k)}", "gemm", build))
 
@@ -178,7 +192,12 @@ def workloads(small: bool) -> list[Workload]:
             "eltwise chain 4096x4096",
             f"eltwise chain {r}x{c}",
             "memory",
-            lambda: Built(fn=elementwise_chain, inputs=(randn(r, c), randn(r, c)), flops=0.0),
+            lambda: Built(
+                fn=elementwise_chain,
+                inputs=(randn(r, c), randn(r, c)),
+                flops=0.0,
+                row_inputs=(0, 1),
+            ),
         )
     )
     out.append(
@@ -186,7 +205,7 @@ def workloads(small: bool) -> list[Workload]:
             "softmax 4096x4096",
             f"softmax {r}x{c}",
             "memory",
-            lambda: Built(fn=softmax, inputs=(randn(r, c),), flops=0.0),
+            lambda: Built(fn=softmax, inputs=(randn(r, c),), flops=0.0, row_inputs=(0,)),
         )
     )
     out.append(
@@ -194,7 +213,7 @@ def workloads(small: bool) -> list[Workload]:
             "rmsnorm 4096x4096",
             f"rmsnorm {r}x{c}",
             "memory",
-            lambda: Built(fn=rms_norm, inputs=(randn(r, c), randn(c)), flops=0.0),
+            lambda: Built(fn=rms_norm, inputs=(randn(r, c), randn(c)), flops=0.0, row_inputs=(0,)),
         )
     )
 
@@ -204,7 +223,9 @@ def workloads(small: bool) -> list[Workload]:
 
     def build_mlp() -> Built:
         flops = 3 * 2.0 * tokens * hidden * inter
-        return as_module(LlamaMlp(hidden, inter), (randn(tokens, hidden),), flops)
+        built = as_module(LlamaMlp(hidden, inter), (randn(tokens, hidden),), flops)
+        built.row_inputs = (0,)
+        return built
 
     def build_decoder() -> Built:
         head_dim = hidden // heads
@@ -272,6 +293,7 @@ class Row:
     compile_s: float
     fallback: dict[str, int]
     finite: bool
+    check: Check
     peak_flops: float
     peak_hbm: float
     extra: dict[str, float] = field(default_factory=dict)
@@ -389,9 +411,139 @@ def wall(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> float:
         return time.perf_counter() - start
 
 
-def measure(workload: Workload, built: Built, target: str) -> tuple[Row, Callable[..., Any]]:
-    """Compile ``built`` for ``target`` and run it once under the profiler; returns the row and
-    the compiled callable."""
+# --------------------------------------------------------------------------------------------
+# Numeric check
+#
+# Every run's output is compared with eager PyTorch on CPU, computed in float32 on the same
+# values (the bf16 inputs and weights, upcast exactly): the device reads the same bf16 numbers
+# and accumulates in fp32, so it differs from that reference only by its bf16 roundings (of the
+# output, and of the intermediates a kernel writes to HBM in bf16). An element passes when
+# |device - reference| <= rtol * |reference| + atol * rms(reference); rtol is two bf16 ulps
+# (2 * 2**-7) for one rounding, more where intermediates are rounded too, and the atol term
+# covers outputs that cancel to near zero (a matmul's error scales with the sum's magnitude,
+# not with the result's).
+#
+# Workloads whose rows are independent (GEMMs, elementwise, softmax, RMSNorm, MLP) are checked
+# on REFERENCE_ROWS rows sampled with a fixed seed when they have more (eager float32 on all
+# 4096 rows of a 4096^3 GEMM is slow on a small host); the decoder layer's rows are not
+# independent (causal attention), so its reference is the full layer.
+
+REFERENCE_ROWS = 256
+BF16_ULP = 2.0**-7
+# kind -> (rtol, atol as a fraction of the reference's RMS)
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "gemm": (2 * BF16_ULP, 2 * BF16_ULP),  # one rounding of the fp32 PSUM sum
+    "memory": (2 * BF16_ULP, 2 * BF16_ULP),  # fp32 on the engines, one rounding
+    # Layers: a chain of bf16 intermediates (the gate and up projections; the norms, q, k, v,
+    # attention and the residual) each add up to half an ulp that the next matmul sums over
+    # thousands of terms. At full size the decoder's worst element takes 49% of this bound,
+    # eager bf16 on CPU's own worst 48%; a wrong kernel is off by about the RMS itself.
+    "mlp": (8 * BF16_ULP, 8 * BF16_ULP),
+    "decoder": (8 * BF16_ULP, 8 * BF16_ULP),
+}
+
+
+@dataclass
+class Check:
+    """The device output against eager PyTorch (float32 on CPU)."""
+
+    rows: int  # rows compared
+    total_rows: int
+    worst: float  # max over elements of |error| / tolerance: <= 1 passes (inf: non-finite)
+    max_error: float
+    detail: str  # the worst element: index, device and eager values
+
+    @property
+    def ok(self) -> bool:
+        return self.worst <= 1.0
+
+
+def sample_rows(n: int) -> torch.Tensor | None:
+    """Up to REFERENCE_ROWS row indices out of ``n`` (the first and last included), or None
+    for all of them."""
+    if n <= REFERENCE_ROWS:
+        return None
+    g = torch.Generator().manual_seed(1)
+    middle = torch.randperm(n - 2, generator=g)[: REFERENCE_ROWS - 2] + 1
+    return torch.cat([torch.tensor([0, n - 1]), middle]).sort().values
+
+
+def eager_reference(built: Built, rows: torch.Tensor | None) -> torch.Tensor:
+    """The workload run by eager PyTorch in float32 on CPU (on ``rows`` of the row inputs)."""
+    inputs = [
+        t[rows] if rows is not None and i in built.row_inputs else t
+        for i, t in enumerate(built.inputs)
+    ]
+    fn = built.fn if built.module is None else copy.deepcopy(built.module).float()
+    with torch.no_grad():
+        out = fn(*(t.float() for t in inputs))
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+def compare(
+    got: torch.Tensor, want: torch.Tensor, tol: tuple[float, float], total_rows: int
+) -> Check:
+    """``got`` (the device's) against ``want`` (eager float32) within ``tol`` = (rtol, atol as a
+    fraction of the reference's RMS); ``total_rows``: rows of the full output."""
+    rtol, atol = tol
+    got = got.float()
+    if got.shape != want.shape:
+        return Check(0, total_rows, math.inf, math.inf, f"shape {list(got.shape)} != eager")
+    error = (got - want).abs()
+    scale = float(want.square().mean().sqrt()) if want.numel() else 0.0
+    ratio = error / (rtol * want.abs() + atol * scale + 1e-30)
+    ratio = torch.where(torch.isfinite(got), ratio, torch.full_like(ratio, math.inf))
+    worst = int(ratio.flatten().argmax()) if ratio.numel() else 0
+    at = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), ratio.shape))
+    return Check(
+        rows=got.shape[0] if got.dim() else 1,
+        total_rows=total_rows,
+        worst=float(ratio.flatten()[worst]) if ratio.numel() else 0.0,
+        max_error=float(error.max()) if error.numel() else 0.0,
+        detail=f"at {list(at)}: device {float(got[at]):.6g}, eager {float(want[at]):.6g}",
+    )
+
+
+class Reference:
+    """The eager reference of one workload, computed on first use and shared by the targets."""
+
+    def __init__(self, built: Built, kind: str) -> None:
+        self.built, self.kind = built, kind
+        self.rows: torch.Tensor | None = None
+        self.want: torch.Tensor | None = None
+
+    def check(self, out: torch.Tensor) -> Check:
+        total = out.shape[0] if out.dim() else 1
+        if self.want is None:
+            self.rows = sample_rows(total) if self.built.row_inputs else None
+            self.want = eager_reference(self.built, self.rows)
+        got = out[self.rows] if self.rows is not None else out
+        return compare(got, self.want, TOLERANCES[self.kind], total)
+
+
+@contextlib.contextmanager
+def sdpa_math_path(enabled: bool) -> Iterator[None]:
+    """With ``enabled``, SDPA calls keep their math path (matmul, softmax, matmul) instead of
+    becoming the FlexAttention kernel: the backend's routing (torchneuron/sdpa.py) is off."""
+    if not enabled:
+        yield
+        return
+    from torchneuron import sdpa
+
+    route = sdpa.route_attention
+    sdpa.route_attention = lambda gm, training=False: 0  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sdpa.route_attention = route
+
+
+def measure(
+    workload: Workload, built: Built, target: str, reference: Reference
+) -> tuple[Row, Callable[..., Any]]:
+    """Compile ``built`` for ``target``, run it once under the profiler and check its output
+    against ``reference``; returns the row and the compiled callable."""
     peaks = native().target_peaks(target)
     torch._dynamo.reset()
     compiled = torch.compile(built.fn, backend="neuron", options={"target": target})
@@ -402,6 +554,8 @@ def measure(workload: Workload, built: Built, target: str) -> tuple[Row, Callabl
         result = compiled(*built.inputs)
     after = torchneuron.stats()
     outs = _vals(result)
+    if len(outs) != 1:
+        raise RuntimeError(f"expected one output tensor, got {len(outs)}")
     kernels = prof.kernels
     longest = max(kernels, key=lambda k: k["device_ns"]) if kernels else None
     row = Row(
@@ -417,6 +571,7 @@ def measure(workload: Workload, built: Built, target: str) -> tuple[Row, Callabl
         compile_s=after["compile_seconds"] - before["compile_seconds"],
         fallback=fallback_delta(before["ops_fallback"], after["ops_fallback"]),
         finite=all(bool(torch.isfinite(t).all()) for t in outs if t.is_floating_point()),
+        check=reference.check(outs[0]),
         peak_flops=peaks["flops"],
         peak_hbm=peaks["hbm_bytes"],
     )
@@ -439,6 +594,7 @@ COLUMNS = (
     ("kern", 4, ">"),
     ("compile s", 9, ">"),
     ("fallback", 8, ">"),
+    ("err/tol", 8, ">"),
 )
 
 LEGEND = """\
@@ -457,6 +613,9 @@ columns:
   compile s   host compile time of the first call (delta of stats()["compile_seconds"]: the
               backend's partitioning and kernel compilation, not Dynamo/AOT tracing)
   fallback    ATen ops left to eager PyTorch (delta of stats()["ops_fallback"]); named below
+  err/tol     numeric check against eager PyTorch (float32 on CPU, same bf16 values): the worst
+              element's |device - eager| / tolerance; above 1 is a MISMATCH (exit status 1).
+              Row-independent workloads with more than 256 rows compare 256 sampled rows.
 """
 
 
@@ -481,11 +640,20 @@ def row_cells(r: Row) -> list[str]:
         str(r.kernels),
         f"{r.compile_s:.3f}",
         str(sum(r.fallback.values())),
+        f"{r.check.worst:.3f}" if r.check.ok else "MISMATCH",
     ]
 
 
 def notes(r: Row) -> list[str]:
     lines = []
+    if not r.check.ok:
+        c = r.check
+        rtol, atol = TOLERANCES[r.workload.kind]
+        lines.append(
+            f"    MISMATCH with eager PyTorch ({c.rows} of {c.total_rows} rows): max |error| "
+            f"{c.max_error:.4g}, worst {c.detail} ({c.worst:.3g}x the tolerance "
+            f"rtol {rtol:.3g}, atol {atol:.3g} x RMS)"
+        )
     if r.fallback:
         ops = ", ".join(f"{k} x{n}" for k, n in sorted(r.fallback.items()))
         lines.append(f"    fell back to eager: {ops}")
@@ -577,11 +745,17 @@ def report_targets(rows: list[Row], small: bool) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--only", default="", help="run workloads whose name contains this")
     parser.add_argument("--small", action="store_true", help="divide every size by 8")
     parser.add_argument("--targets", default="trn2,trn3", help="comma-separated target chips")
+    parser.add_argument(
+        "--sdpa-math",
+        action="store_true",
+        help="keep SDPA on its math path (matmul, softmax, matmul), not the FlexAttention "
+        "kernel: the decoder layer's baseline",
+    )
     args = parser.parse_args(argv)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     known = native().targets()
@@ -594,6 +768,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"no workload name contains {args.only!r}")
 
     print(LEGEND)
+    if args.sdpa_math:
+        print("--sdpa-math: attention runs as matmul + softmax + matmul, not the kernel\n")
     for t in targets:
         p = native().target_peaks(t)
         print(
@@ -606,16 +782,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("-" * len(header), flush=True)
 
     rows: list[Row] = []
+    failed: list[str] = []
     for w in selected:
         torch.manual_seed(0)
         built = w.build()
+        reference = Reference(built, w.kind)
         costs = trace_costs(built) if w.kind == "decoder" else None
         eager_wall: float | None = None
         for target in targets:
             print(f"compiling {w.name} for {target}...", file=sys.stderr, flush=True)
             start = time.perf_counter()
             try:
-                row, compiled = measure(w, built, target)
+                with sdpa_math_path(args.sdpa_math):
+                    row, compiled = measure(w, built, target, reference)
                 if costs is not None:
                     row.extra["roofline_sum_ns"] = sum(
                         c.roofline_ns(row.peak_flops, row.peak_hbm) for c in costs
@@ -632,18 +811,30 @@ def main(argv: Sequence[str] | None = None) -> None:
                 first = (str(e).strip().splitlines() or [""])[0]
                 print(f"{w.name:<30s} {target:<5s} FAILED: {type(e).__name__}: {first}")
                 print(f"  ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
+                failed.append(f"{w.name} on {target}: {type(e).__name__}: {first}")
                 continue
             rows.append(row)
             print(fmt_row(row_cells(row)))
             for line in notes(row):
                 print(line)
+            if not row.check.ok:
+                failed.append(f"{w.name} on {target}: MISMATCH with eager PyTorch")
             sys.stdout.flush()
             print(f"  done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-        del built
+        del built, reference
         torch._dynamo.reset()
 
     report_targets(rows, args.small)
+    worst = max((r.check.worst for r in rows), default=0.0)
+    print(
+        f"\nnumeric check: {sum(r.check.ok for r in rows)} of {len(rows)} runs match eager "
+        f"PyTorch (worst err/tol {worst:.3f})"
+    )
+    if failed:
+        print("FAILED:\n" + "\n".join(f"  {f}" for f in failed))
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

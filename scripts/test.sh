@@ -29,7 +29,7 @@ if [ "${1:-}" = "--sanitize" ]; then
 fi
 
 echo "== ruff"
-.venv/bin/ruff check python tests/python examples scripts
+.venv/bin/ruff check python tests/python examples scripts benchmarks
 ruff_rc=$?
 
 echo "== ctest (lit, unit)"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 import torch
@@ -65,11 +64,17 @@ class DeviceKernel(torch.nn.Module):
             torch.empty(shape, dtype=dtype, device=device) for dtype, shape in self.output_specs
         ]
         if torch.autograd.profiler._is_profiler_enabled:
-            # A range in torch.profiler traces, carrying the modeled device time.
-            device_ns = self.kernel.timeline()["device_ns"]
-            args = json.dumps({"device_ns": device_ns, "target": self.kernel.target})
-            with torch.autograd.profiler.record_function(f"neuron:{self.graph_name}", args):
+            # A range in torch.profiler traces whose one input is the modeled device time (ns).
+            # torch records a range's inputs under record_shapes=True, and only numbers among
+            # them: record_function's string argument is dropped ("Concrete Inputs": [""]).
+            device_ns = float(self.kernel.timeline()["device_ns"])
+            handle = torch.autograd._record_function_with_args_enter(
+                f"neuron:{self.graph_name}", device_ns
+            )
+            try:
                 self.kernel.run([_buffer(t) for t in inputs], [_buffer(t) for t in outputs])
+            finally:
+                torch.autograd._record_function_with_args_exit(handle)
         else:
             self.kernel.run([_buffer(t) for t in inputs], [_buffer(t) for t in outputs])
         STATS.record_kernel_run()

@@ -8,7 +8,8 @@
 
 A kernel's timeline is computed once (the program is static) and only when a profile asks
 for it: runs outside ``profile()`` pay nothing. Under ``torch.profiler`` each compiled kernel
-run also appears as a range ``neuron:<kernel>`` whose args carry the modeled device time; eager
+run also appears as a range ``neuron:<kernel>`` whose input (recorded with ``record_shapes=True``:
+``FunctionEvent.concrete_inputs``, "Concrete Inputs" in a trace) is the modeled device time; eager
 kernels on the ``neuron`` device appear as ranges ``neuron::<kernel>`` and, with the PrivateUse1
 activity, as device events of their modeled duration (``runtime/device/Profiler.cpp``).
 """

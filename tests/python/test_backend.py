@@ -222,6 +222,97 @@ def test_dump_dir_gets_every_document(
     assert dumped == {c.document["name"]: c.document for c in compile_calls}
 
 
+STAGE_FILES = [
+    "00-import.mlir",
+    "01-canonicalize.mlir",
+    "02-fuse.mlir",
+    "03-lower-to-nisa.mlir",
+    "04-cleanup.mlir",
+    "05-schedule.mlir",
+    "06-program.json",
+]
+
+
+def test_dump_dir_gets_every_stage_of_every_graph(
+    compile_calls: list[CompileCall], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """README (Compiler engineers): TORCHNEURON_DUMP_DIR writes every stage of every graph,
+    00-import.mlir ... 06-program.json, next to the graph's FX document."""
+    monkeypatch.setenv("TORCHNEURON_DUMP_DIR", str(tmp_path))
+    with torch.no_grad():
+        torch.compile(mlp_with_cumsum, backend=neuron_backend)(*MLP_ARGS)
+    names = sorted(c.document["name"] for c in compile_calls)
+    assert len(names) == 2  # the cumsum splits the graph in two device regions
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*names, *(f"{n}.json" for n in names)]
+    )
+    for call in compile_calls:
+        stages = tmp_path / call.document["name"]
+        assert sorted(p.name for p in stages.iterdir()) == STAGE_FILES
+        text = {name: (stages / name).read_text() for name in STAGE_FILES}
+        # Each stage is the module after that stage: neuron ops, then nisa instructions.
+        assert "neuron.matmul" in text["00-import.mlir"]
+        assert "neuron.matmul" in text["02-fuse.mlir"] and "nisa.matmul" not in text["02-fuse.mlir"]
+        assert "nisa.matmul" in text["03-lower-to-nisa.mlir"]
+        assert "neuron.matmul" not in text["03-lower-to-nisa.mlir"]
+        assert "nisa.address" in text["05-schedule.mlir"]
+        assert "nisa.address" not in text["04-cleanup.mlir"]
+        # The program is the one the kernel runs.
+        program = json.loads(text["06-program.json"])
+        assert program == json.loads(call.kernel.program_json)
+
+
+def _flex_with_a_table_read_backwards() -> tuple[Any, tuple[torch.Tensor, ...]]:
+    """A FlexAttention score_mod reading a captured table at ``c - q_idx - kv_idx``: backwards
+    along both indices, which the FlexAttention lowering refuses (a compile error)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    s = 64
+    table = torch.randn(2 * s, generator=torch.Generator().manual_seed(0))
+
+    def bias(score: Any, b: Any, h: Any, q: Any, kv: Any) -> Any:
+        return score + table[2 * s - 2 - q - kv]
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return flex_attention(q, k, v, score_mod=bias)
+
+    g = torch.Generator().manual_seed(1)
+    return attend, tuple(torch.randn(1, 1, s, 16, generator=g) for _ in range(3))
+
+
+def test_failing_stage_prints_the_neuron_opt_command_that_reproduces_it(
+    real_native: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """README (Compiler engineers): a failing stage writes the module it failed on and prints
+    the neuron-opt command that reproduces it. The failure is a real one: the FlexAttention
+    lowering refuses a captured tensor read backwards along both q_idx and kv_idx."""
+    monkeypatch.setenv("TORCHNEURON_DUMP_DIR", str(tmp_path))
+    attend, args = _flex_with_a_table_read_backwards()
+    with pytest.raises(Exception, match="backwards along both q_idx") as info, torch.no_grad():
+        torch.compile(attend, backend=neuron_backend, fullgraph=True)(*args)
+    message = str(info.value)
+    match = re.search(
+        r"stage 'lower-to-nisa' failed; reproduce with:\n"
+        r"  neuron-opt (\S+) --pass-pipeline='([^']+)'",
+        message,
+    )
+    assert match, message
+    saved, pipeline = Path(match.group(1)), match.group(2)
+    assert saved.parent.parent == tmp_path and saved.name == "failed-lower-to-nisa.mlir"
+    assert pipeline == "builtin.module(neuron-lower-to-nisa{target=trn2})"
+    assert "neuron.flex_attention" in saved.read_text()  # the module the stage was given
+    tool = shutil.which("neuron-opt", path=str(Path(sys.executable).parent))
+    assert tool, "neuron-opt is not installed next to the Python interpreter"
+    result = subprocess.run(
+        [tool, str(saved), f"--pass-pipeline={pipeline}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0, result.stdout
+    assert "backwards along both q_idx and kv_idx" in result.stderr
+
+
 def test_graph_the_importer_cannot_read_runs_eagerly(
     real_native: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -12,12 +12,18 @@ differently is stated there, with the reason:
 
 - ``skip``: samples that cannot be compared (random ops).
 - ``fallback``: samples with an argument the importer rejects on purpose (float64, grouped
-  convolution, ceil_mode pooling, ...): they must fall back (counted in ``ops_fallback``) and
-  still match eager.
+  convolution, ceil_mode pooling, ...): they must fall back (counted in ``ops_fallback``; the op
+  the rule names, when it names one, and no other) and still match eager.
 - ``bugs``: samples hitting a known device or compiler bug. They leave ``test_op`` and run in
   ``test_known_bug``, marked ``xfail(strict=True)``: when the bug is fixed the test fails and
   asks for the entry to be removed.
-- ``xfail``: the whole entry fails (a missing lowering, or a bug in every sample).
+- ``xfail``: the whole entry falls back (a missing lowering).
+
+An expected failure is only ever an expected *fallback*: ``xfail`` entries (``Gap``) and ``bugs``
+rules name the ATen op that falls back, and the xfail holds only while every failing sample
+failed by that op, and nothing else, falling back to eager. A wrong answer, a crash or another
+op falling back fails the test, xfail or not (``OpCheckFailed`` is raised only for the named
+fallback), so an op that starts giving wrong numbers cannot hide behind its xfail.
 
 Samples: the first ``SCAN`` OpInfo samples, of which a spread of ``SAMPLES[dtype]`` that run on
 the device and ``FALLBACK_SAMPLES`` expected fallbacks; for elementwise math also up to
@@ -200,6 +206,14 @@ def avg_pool_ceil(s: Sample) -> bool:
     )
 
 
+def adaptive_pool_unequal_windows(s: Sample) -> bool:
+    """An adaptive pooling output size that does not divide the input size (None keeps it)."""
+    size = s.arg("output_size", 0)
+    sizes = list(size) if isinstance(size, (list, tuple)) else [size, size]
+    inputs = s.input.shape[-2:]
+    return any(o is not None and n % o != 0 for n, o in zip(inputs, sizes, strict=True))
+
+
 def avg_pool_excludes_padding(s: Sample) -> bool:
     pad = s.arg("padding", 2, 0)
     pads = pad if isinstance(pad, (list, tuple)) else [pad]
@@ -212,6 +226,15 @@ def avg_pool_excludes_padding(s: Sample) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class Gap:
+    """An op the device does not run yet: it must fall back (counted in ``ops_fallback`` as
+    ``falls_back``, e.g. ``"aten.argmax.default"``), and the result must still match eager."""
+
+    falls_back: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Rule:
     """Samples of one entry that behave differently, and why."""
 
@@ -219,6 +242,9 @@ class Rule:
     reason: str
     applies: Predicate
     dtypes: frozenset[torch.dtype] = frozenset(DTYPES)
+    # The op that must fall back: for a ``fallback`` rule, the only one that may (unset: any);
+    # for a ``bugs`` rule, the known bug's only accepted symptom (required).
+    falls_back: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,11 +259,11 @@ class Case:
     skip: tuple[Rule, ...] = ()
     fallback: tuple[Rule, ...] = ()
     bugs: tuple[Rule, ...] = ()
-    xfail: Mapping[torch.dtype, str] = dataclasses.field(default_factory=dict)
+    xfail: Mapping[torch.dtype, Gap] = dataclasses.field(default_factory=dict)
 
 
-def _all(reason: str) -> dict[torch.dtype, str]:
-    return dict.fromkeys(DTYPES, reason)
+def _all(falls_back: str, reason: str) -> dict[torch.dtype, Gap]:
+    return dict.fromkeys(DTYPES, Gap(falls_back, reason))
 
 
 FLOAT64 = Rule(
@@ -302,7 +328,7 @@ CASES: tuple[Case, ...] = (
     elementwise("round"),
     elementwise(
         "round.decimals_3",
-        xfail=_all("aten.round.decimals has no lowering or decomposition: falls back"),
+        xfail=_all("aten.round.decimals", "round with decimals has no lowering or decomposition"),
     ),
     elementwise("trunc"),
     elementwise("frac"),
@@ -420,6 +446,7 @@ CASES: tuple[Case, ...] = (
                 "an index repeated within one operand ('iji->j') takes a diagonal: "
                 "aten.diagonal has no lowering, falls back",
                 einsum_diagonal,
+                falls_back="aten.diagonal.default",
             ),
         ),
     ),
@@ -579,18 +606,27 @@ CASES: tuple[Case, ...] = (
     # -- gaps: entries whose lowering is missing (xfail until the device runs them) ------------
     Case(
         "nn.functional.normalize",
-        xfail=_all("aten.linalg_vector_norm.default has no lowering or decomposition"),
+        xfail=_all(
+            "aten.linalg_vector_norm.default", "linalg_vector_norm has no lowering or decomposition"
+        ),
     ),
     Case(
         "max.reduction_with_dim",
-        xfail=_all("max.dim returns its indices, which the device does not compute: falls back"),
+        xfail=_all(
+            "aten.max.dim", "max.dim returns its indices, which the device does not compute"
+        ),
     ),
-    Case("argmax", xfail=_all("aten.argmax.default has no lowering: falls back")),
+    Case("argmax", xfail=_all("aten.argmax.default", "argmax has no lowering")),
     Case(
         "nn.functional.adaptive_avg_pool2d",
-        xfail=_all(
-            "adaptive_avg_pool2d with windows of different sizes (e.g. 8 -> 5) has no lowering; "
-            "equal windows (8 -> 4) do: falls back"
+        fallback=(
+            Rule(
+                "unequal_windows",
+                "adaptive_avg_pool2d with windows of different sizes (e.g. 8 -> 5) has no "
+                "lowering; equal windows (8 -> 4) do",
+                adaptive_pool_unequal_windows,
+                falls_back="aten._adaptive_avg_pool2d.default",
+            ),
         ),
     ),
 )
@@ -607,7 +643,21 @@ assert len(CASE_BY_NAME) == len(CASES), "duplicate entries in CASES"
 
 
 class OpCheckFailed(AssertionError):
-    """Samples of an entry failed; the only failure the xfail marks accept."""
+    """Every failing sample of an entry failed by the op its ``Gap`` names falling back: the
+    only failure the xfail marks accept."""
+
+
+class SamplesFailed(AssertionError):
+    """Samples of an entry failed otherwise (a wrong answer, an error, another fallback):
+    never an expected failure."""
+
+
+class WrongAnswer(AssertionError):
+    """The compiled result differs from eager PyTorch."""
+
+
+class FellBack(AssertionError):
+    """The op a ``Gap`` names fell back to eager (and the result matched eager)."""
 
 
 def _dtypes(case: Case) -> list[torch.dtype]:
@@ -696,9 +746,15 @@ def _summary(error: BaseException) -> str:
 
 
 def check_sample(
-    fn: Callable[..., Any], sample: Sample, tol: Tol, expect_fallback: Rule | None = None
+    fn: Callable[..., Any],
+    sample: Sample,
+    tol: Tol,
+    expect_fallback: Rule | None = None,
+    gap: str | None = None,
 ) -> None:
-    """Run one sample compiled; compare with eager; check where it ran."""
+    """Run one sample compiled; compare with eager; check where it ran. With ``gap`` (an op
+    that may fall back), that op alone falling back raises :class:`FellBack`; a numeric
+    mismatch raises :class:`WrongAnswer` whatever ran where."""
     inputs = (sample.input, sample.args, sample.kwargs)
     e_input, e_args, e_kwargs = copy.deepcopy(inputs)
     d_input, d_args, d_kwargs = copy.deepcopy(inputs)
@@ -709,37 +765,55 @@ def check_sample(
         actual = torch.compile(fn, backend="neuron", fullgraph=True)(d_input, *d_args, **d_kwargs)
     stats = torchneuron.stats()
     atol, rtol = tol
-    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=True)
-    # Inputs the op updates in place (batch_norm's running stats) must match too.
-    torch.testing.assert_close(
-        list(_tensors([d_input, d_args, d_kwargs])),
-        list(_tensors([e_input, e_args, e_kwargs])),
-        atol=atol,
-        rtol=rtol,
-        equal_nan=True,
-    )
+    try:
+        torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=True)
+        # Inputs the op updates in place (batch_norm's running stats) must match too.
+        torch.testing.assert_close(
+            list(_tensors([d_input, d_args, d_kwargs])),
+            list(_tensors([e_input, e_args, e_kwargs])),
+            atol=atol,
+            rtol=rtol,
+            equal_nan=True,
+        )
+    except AssertionError as e:
+        raise WrongAnswer(f"wrong answer (ops that fell back: {stats['ops_fallback']}): {e}") from e
     if expect_fallback is not None:
         assert stats["ops_fallback"], (
             f"expected a fallback ({expect_fallback.reason}), but everything ran on the device"
         )
+        if expect_fallback.falls_back is not None:
+            assert set(stats["ops_fallback"]) == {expect_fallback.falls_back}, (
+                f"expected only {expect_fallback.falls_back} to fall back, got "
+                f"{stats['ops_fallback']}"
+            )
+    elif gap is not None and set(stats["ops_fallback"]) == {gap}:
+        raise FellBack(f"{gap} fell back (expected)")
     else:
         assert stats["ops_fallback"] == {}, f"ops fell back to eager: {stats['ops_fallback']}"
         assert stats["kernels_run"] >= 1, f"no device kernel ran: {stats}"
 
 
 def _run_samples(
-    case: Case, plan: Sequence[tuple[Sample, Rule | None]], dtype: torch.dtype
+    case: Case,
+    plan: Sequence[tuple[Sample, Rule | None]],
+    dtype: torch.dtype,
+    gap: str | None = None,
 ) -> None:
+    """Checks every sample of ``plan``. Raises :class:`OpCheckFailed` only when every failure
+    is ``gap`` falling back (what an xfail accepts), else :class:`SamplesFailed`."""
     fn = _function(case)
     tol = case.tol.get(dtype, TOLERANCES[dtype])
     failures: list[str] = []
+    expected_only = True
     for i, (sample, fallback) in enumerate(plan):
         try:
-            check_sample(fn, sample, tol, fallback)
+            check_sample(fn, sample, tol, fallback, gap)
         except Exception as e:
+            expected_only &= isinstance(e, FellBack)
             failures.append(f"  sample {i} {_describe(sample)}: {_summary(e)}")
     if failures:
-        raise OpCheckFailed(
+        error = OpCheckFailed if expected_only else SamplesFailed
+        raise error(
             f"{case.name} {dtype}: {len(failures)} of {len(plan)} samples failed\n"
             + "\n".join(failures)
         )
@@ -754,14 +828,17 @@ def _id(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _xfail(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, raises=OpCheckFailed, reason=reason)
+def _xfail(falls_back: str, reason: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(
+        strict=True, raises=OpCheckFailed, reason=f"{reason}: {falls_back} falls back"
+    )
 
 
 def _op_params() -> Iterator[Any]:
     for case in CASES:
         for dtype in _dtypes(case):
-            marks = [_xfail(case.xfail[dtype])] if dtype in case.xfail else []
+            gap = case.xfail.get(dtype)
+            marks = [_xfail(gap.falls_back, gap.reason)] if gap else []
             yield pytest.param(case.name, dtype, id=f"{case.name}-{_id(dtype)}", marks=marks)
 
 
@@ -771,9 +848,9 @@ def _bug_params() -> Iterator[Any]:
             for dtype in _dtypes(case):
                 if dtype in bug.dtypes:
                     test_id = f"{case.name}-{bug.key}-{_id(dtype)}"
-                    yield pytest.param(
-                        case.name, bug.key, dtype, id=test_id, marks=_xfail(bug.reason)
-                    )
+                    assert bug.falls_back, f"{case.name} bug {bug.key}: name the op"
+                    marks = _xfail(bug.falls_back, bug.reason)
+                    yield pytest.param(case.name, bug.key, dtype, id=test_id, marks=marks)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -800,7 +877,8 @@ def test_op(name: str, dtype: torch.dtype) -> None:
     assert on_device, f"no sample of {name} can run on the device: the test would prove nothing"
     plan = _spread(on_device, SAMPLES[dtype]) + _spread(falling_back, FALLBACK_SAMPLES)
     plan += [(s, _rule(case.fallback, dtype, s)) for s in extra if not _rule(case.bugs, dtype, s)]
-    _run_samples(case, plan, dtype)
+    gap = case.xfail.get(dtype)
+    _run_samples(case, plan, dtype, gap.falls_back if gap else None)
 
 
 @pytest.mark.parametrize(("name", "bug", "dtype"), list(_bug_params()))
@@ -815,12 +893,33 @@ def test_known_bug(
         pytest.fail(f"no OpInfo sample of {name} {dtype} matches known bug {bug!r}: update CASES")
     # A failed compile saves its graph: keep those files out of /tmp.
     monkeypatch.setenv("TORCHNEURON_DUMP_DIR", str(tmp_path / "dump"))
-    _run_samples(case, [(s, None) for s in hits], dtype)
+    _run_samples(case, [(s, None) for s in hits], dtype, rule.falls_back)
 
 
 def test_cases_name_opinfo_entries() -> None:
     missing = [case.name for case in CASES if case.name not in OPS]
     assert not missing, f"not in op_db: {missing}"
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
+def test_an_expected_fallback_xfail_does_not_accept_a_wrong_answer(wrong: bool) -> None:
+    """The harness itself: with argmax expected to fall back, a sample whose argmax falls back
+    and whose result matches is the failure the xfail accepts (OpCheckFailed); the same sample
+    giving a wrong answer on the device side is not (SamplesFailed)."""
+
+    def argmax_plus(x: torch.Tensor) -> torch.Tensor:
+        # Under torch.compile a wrong device: the compiled graph adds 1, eager does not.
+        shift = 1.0 if wrong and torch.compiler.is_compiling() else 0.0
+        return torch.argmax(x, dim=-1).float() + x.sum() * 0 + shift
+
+    case = Case("argmax_plus", fn=argmax_plus)
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    sample = Sample(x, (), {}, expected=argmax_plus(x))
+    expected_error = SamplesFailed if wrong else OpCheckFailed
+    with pytest.raises(AssertionError) as info:
+        _run_samples(case, [(sample, None)], F32, gap="aten.argmax.default")
+    assert type(info.value) is expected_error, str(info.value)
+    assert ("WrongAnswer" in str(info.value)) == wrong, str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -121,3 +121,28 @@ def test_torch_profiler_shows_kernel_ranges(real_native: ModuleType) -> None:
             compiled(x)
     names = [e.key for e in p.key_averages()]
     assert any(n.startswith("neuron:graph_") for n in names), names
+
+
+def test_torch_profiler_range_carries_the_modeled_device_time(
+    real_native: ModuleType, tmp_path: Path
+) -> None:
+    """README (Profiling): under torch.profiler every compiled kernel run is a range
+    ``neuron:<kernel>`` carrying the modeled device time: its one recorded input (torch records
+    inputs with ``record_shapes=True``), in the event and in the exported trace."""
+    compiled = torch.compile(Mlp().eval(), backend="neuron", options={"target": "trn3"})
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        compiled(x)
+        with torchneuron.profile() as prof, torch.profiler.profile(record_shapes=True) as p:
+            compiled(x)
+    (kernel,) = prof.kernels
+    assert kernel["device_ns"] > 0
+    ranges = [e for e in p.events() if e.name.startswith("neuron:graph_")]
+    assert len(ranges) == 1, [e.name for e in p.events()]
+    assert ranges[0].concrete_inputs == [kernel["device_ns"]]
+    path = tmp_path / "trace.json"
+    p.export_chrome_trace(str(path))
+    (event,) = [
+        e for e in json.loads(path.read_text())["traceEvents"] if e["name"] == ranges[0].name
+    ]
+    assert [float(v) for v in event["args"]["Concrete Inputs"]] == [kernel["device_ns"]]
