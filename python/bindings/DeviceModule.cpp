@@ -142,8 +142,8 @@ public:
     ProvidedKernel k;
     k.name = answer.attr("name").cast<std::string>();
     k.program = answer.attr("program").cast<std::string>();
-    k.deviceNs = answer.attr("device_ns").cast<double>();
-    k.engineBusyNs =
+    k.work.durationNs = answer.attr("device_ns").cast<double>();
+    k.work.busyNs =
         answer.attr("engine_busy_ns").cast<std::map<std::string, double>>();
     for (auto [argument, element] :
          answer.attr("inputs").cast<std::vector<std::pair<int, int>>>())

@@ -413,7 +413,7 @@ bool runEagerKernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   const ProvidedKernel &k = entry->provided;
 
   c10::DeviceGuard guard(c10::Device(kDeviceType, device));
-  ProfiledKernelRun profiled(k.name, currentStream(device), k.deviceNs);
+  ProfiledKernelRun profiled(k.name, currentStream(device), k.work.durationNs);
   std::vector<at::Tensor> inputs;
   std::vector<runtime::HostTensor> in, out;
   inputs.reserve(k.inputs.size());
@@ -477,7 +477,7 @@ bool runEagerKernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   for (size_t j = 0; j < k.outputs.size(); ++j)
     if (written[j].defined())
       written[j].copy_(results[j]);
-  placeWork(currentStream(device), {k.deviceNs, k.engineBusyNs});
+  placeWork(currentStream(device), k.work);
   ++runs;
   if (profiling)
     if (std::shared_ptr<KernelProvider> p = provider)

@@ -48,10 +48,10 @@ struct KernelInput {
 struct ProvidedKernel {
   std::string name;    ///< for profiles
   std::string program; ///< kernel program JSON (docs/PROGRAM_FORMAT.md)
-  double deviceNs = 0; ///< modeled time of one run
-  /// Busy time of each engine and the DMA in one run ("tensor", "dma", ...):
-  /// what kernels on other streams compete for (Stream.h).
-  std::map<std::string, double> engineBusyNs;
+  /// One run's modeled time, and the busy time of each engine, the DMA and
+  /// HBM in it ("tensor", "dma", ...): what kernels on other streams compete
+  /// for (Stream.h).
+  Work work;
   /// Per program input, where its data comes from.
   std::vector<KernelInput> inputs;
   /// Per program output: the argument it is written into (out=, in-place),

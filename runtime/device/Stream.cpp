@@ -22,8 +22,10 @@ std::vector<std::vector<double>> cursors;
 std::vector<std::map<std::string, double>> resourceFree;
 
 std::vector<double> &deviceCursors(c10::DeviceIndex device) {
-  if (cursors.empty())
+  if (cursors.empty()) {
     cursors.resize(std::max<int>(deviceCount(), 1), std::vector<double>(1));
+    resourceFree.resize(cursors.size());
+  }
   return cursors.at(device);
 }
 
@@ -87,8 +89,6 @@ std::pair<double, double> placeWork(c10::Stream stream, const Work &work) {
   TORCH_CHECK(work.durationNs >= 0, "modeled work cannot take negative time");
   std::lock_guard<std::mutex> lock(timelineMutex);
   double &at = cursor(stream);
-  if (resourceFree.empty())
-    resourceFree.resize(cursors.size());
   std::map<std::string, double> &free = resourceFree.at(stream.device_index());
   double start = at;
   double end = start + work.durationNs;

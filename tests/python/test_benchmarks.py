@@ -22,24 +22,8 @@ ATTENTION_SHORT = [
 ]
 WORKLOADS = 10  # benchmarks/kernels.py's workloads, each run on trn2 and trn3
 
-# Runs a script with every device kernel's floating-point outputs off by one: a wrong device.
-WRONG_DEVICE = """
-import runpy, sys
-from torchneuron import kernel
-
-run = kernel.DeviceKernel.forward
-
-def forward(self, *args):
-    out = run(self, *args)
-    for t in out if isinstance(out, tuple) else (out,):
-        if t.is_floating_point():
-            t.add_(1.0)
-    return out
-
-kernel.DeviceKernel.forward = forward
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+# Runs a script on a wrong device (kernel outputs off by one).
+WRONG_DEVICE = str(Path(__file__).resolve().parent / "wrong_device.py")
 
 
 def _start(args: list[str]) -> subprocess.Popen[str]:
@@ -72,9 +56,9 @@ def test_benchmarks_run_and_match_eager() -> None:
 
 
 def test_benchmarks_exit_nonzero_on_a_wrong_answer() -> None:
-    kernels = _start(["-c", WRONG_DEVICE, *KERNELS_SMALL, "--only", "softmax", "--targets", "trn2"])
+    kernels = _start([WRONG_DEVICE, *KERNELS_SMALL, "--only", "softmax", "--targets", "trn2"])
     # Forward only here (the other test runs the backward too).
-    attention = _start(["-c", WRONG_DEVICE, *ATTENTION_SHORT[:-1]])
+    attention = _start([WRONG_DEVICE, *ATTENTION_SHORT[:-1]])
 
     rc, out = _finish(kernels)
     assert rc == 1, out

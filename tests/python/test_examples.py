@@ -21,24 +21,8 @@ QUICK = [
     ("train.py", ["--steps", "2"]),
 ]
 
-# Adds 1 to every floating-point output of every device kernel: a wrong device.
-WRONG_DEVICE = """
-import runpy, sys
-from torchneuron import kernel
-
-run = kernel.DeviceKernel.forward
-
-def forward(self, *args):
-    out = run(self, *args)
-    for t in out if isinstance(out, tuple) else (out,):
-        if t.is_floating_point():
-            t.add_(1.0)
-    return out
-
-kernel.DeviceKernel.forward = forward
-sys.argv = [sys.argv[1]]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+# Runs a script on a wrong device (kernel outputs off by one).
+WRONG_DEVICE = str(Path(__file__).resolve().parent / "wrong_device.py")
 
 
 def _start(args: list[str]) -> subprocess.Popen[str]:
@@ -58,7 +42,7 @@ def test_quick_examples_exit_zero() -> None:
 
 
 def test_an_example_exits_nonzero_on_a_mismatch() -> None:
-    proc = _start(["-c", WRONG_DEVICE, str(EXAMPLES / "gpt2_block.py")])
+    proc = _start([WRONG_DEVICE, str(EXAMPLES / "gpt2_block.py")])
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, out + err
     assert "[MISMATCH]" in out
