@@ -110,17 +110,15 @@ py::object describe(const c10::IValue &v) {
 
 /// The compiler side, in Python (torchneuron.eager): provider(op, overload,
 /// args, target) -> None or a torchneuron.eager.Provided (the fields of
-/// ProvidedKernel); recorder(id) after each run, copyRecorder(kind,
-/// bytes, device_ns) after each copy and collectiveRecorder(name, bytes,
-/// device_ns) after each collective while profiling.
+/// ProvidedKernel); recorder(id) after each run and transferRecorder(name,
+/// resource, bytes, device_ns) after each copy or collective while
+/// profiling.
 class PythonKernelProvider : public KernelProvider {
 public:
   PythonKernelProvider(py::function provider, py::function recorder,
-                       py::function copyRecorder,
-                       py::function collectiveRecorder)
+                       py::function transferRecorder)
       : provider(provider.release().ptr()), recorder(recorder.release().ptr()),
-        copyRecorder(copyRecorder.release().ptr()),
-        collectiveRecorder(collectiveRecorder.release().ptr()) {}
+        transferRecorder(transferRecorder.release().ptr()) {}
   // The functions are never released: the provider can outlive the
   // interpreter (a static shared_ptr destroyed at exit).
   ~PythonKernelProvider() override = default;
@@ -162,28 +160,19 @@ public:
     py::reinterpret_borrow<py::function>(recorder)(id);
   }
 
-  void recordCopy(const std::string &kind, int64_t bytes,
-                  double deviceNs) override {
+  void recordTransfer(const std::string &name, const std::string &resource,
+                      int64_t bytes, double deviceNs) override {
     if (!Py_IsInitialized())
       return;
     py::gil_scoped_acquire gil;
-    py::reinterpret_borrow<py::function>(copyRecorder)(kind, bytes, deviceNs);
-  }
-
-  void recordCollective(const std::string &name, int64_t bytes,
-                        double deviceNs) override {
-    if (!Py_IsInitialized())
-      return;
-    py::gil_scoped_acquire gil;
-    py::reinterpret_borrow<py::function>(collectiveRecorder)(name, bytes,
-                                                             deviceNs);
+    py::reinterpret_borrow<py::function>(transferRecorder)(name, resource,
+                                                           bytes, deviceNs);
   }
 
 private:
   PyObject *provider;
   PyObject *recorder;
-  PyObject *copyRecorder;
-  PyObject *collectiveRecorder;
+  PyObject *transferRecorder;
 };
 
 const CollectiveTimeline collectiveTimeline = [] {
@@ -228,16 +217,15 @@ PYBIND11_MODULE(_device, m) {
 
   // Eager ops as device kernels (KernelProvider.h).
   m.def("_set_kernel_provider",
-        [](py::object provider, py::object recorder, py::object copyRecorder,
-           py::object collectiveRecorder) {
+        [](py::object provider, py::object recorder,
+           py::object transferRecorder) {
           if (provider.is_none()) {
             setKernelProvider(nullptr);
             return;
           }
           setKernelProvider(std::make_shared<PythonKernelProvider>(
               provider.cast<py::function>(), recorder.cast<py::function>(),
-              copyRecorder.cast<py::function>(),
-              collectiveRecorder.cast<py::function>()));
+              transferRecorder.cast<py::function>()));
         });
   m.def("_set_eager_kernels", &setEagerKernelsEnabled);
   m.def("_eager_kernels_enabled", &eagerKernelsEnabled);

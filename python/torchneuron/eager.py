@@ -43,8 +43,7 @@ __all__ = [
     "install",
     "provide",
     "record",
-    "record_collective",
-    "record_copy",
+    "record_transfer",
     "rejected",
     "set_enabled",
 ]
@@ -173,7 +172,7 @@ def install() -> None:
     """Register :func:`provide` with the device library (``device.register`` calls this)."""
     from torchneuron import device
 
-    device._C()._set_kernel_provider(provide, record, record_copy, record_collective)
+    device._C()._set_kernel_provider(provide, record, record_transfer)
 
 
 def set_enabled(on: bool) -> None:
@@ -215,20 +214,11 @@ def record(kernel_id: int) -> None:
     record_run(kernel, name, eager=True)
 
 
-def record_copy(kind: str, nbytes: int, device_ns: float) -> None:
-    """Called by the device after each copy to, from or between neuron devices while a
-    profile is active."""
-    from torchneuron.profile import record_copy as to_profiles
+def record_transfer(name: str, resource: str, nbytes: int, device_ns: float) -> None:
+    """Called by the device after each copy or collective while a profile is active."""
+    from torchneuron.profile import record_transfer as to_profiles
 
-    to_profiles(kind, nbytes, device_ns)
-
-
-def record_collective(name: str, nbytes: int, device_ns: float) -> None:
-    """Called by the device after each collective of the ``neuron`` process-group backend
-    (:mod:`torchneuron.distributed`) while a profile is active."""
-    from torchneuron.profile import record_collective as to_profiles
-
-    to_profiles(name, nbytes, device_ns)
+    to_profiles(name, resource, nbytes, device_ns)
 
 
 def provide(name: str, overload: str, args: list[Any], target: str) -> Provided | None:

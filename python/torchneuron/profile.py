@@ -38,7 +38,7 @@ _UNITS = ("tensor", "vector", "scalar", "gpsimd", "sync", "dma")
 
 @dataclass
 class _Run:
-    kernel: Kernel | None  # None for a copy
+    kernel: Kernel | None  # None for a copy or a collective
     name: str
     record: dict[str, Any]
 
@@ -107,24 +107,11 @@ class Profile:
         with self._lock:
             self._runs.append(_Run(kernel, name, record))
 
-    def record_copy(self, kind: str, nbytes: int, device_ns: float, target: str) -> None:
-        link = "dma" if kind == "device_to_device" else "host_link"
-        record = {
-            "name": f"copy_{kind}",
-            "target": target,
-            "device_ns": device_ns,
-            "flops": 0,
-            "hbm_bytes": nbytes,
-            "bytes": nbytes,
-            "engine_busy_ns": {link: device_ns},
-            "bound": link,
-            "instructions": 0,
-            "source_lines": [_user_line() or "?"],
-        }
-        with self._lock:
-            self._runs.append(_Run(None, record["name"], record))
-
-    def record_collective(self, name: str, nbytes: int, device_ns: float, target: str) -> None:
+    def record_transfer(
+        self, name: str, resource: str, nbytes: int, device_ns: float, target: str
+    ) -> None:
+        """A copy or a collective: ``resource`` (``host_link``, ``dma``, ``neuronlink``)
+        carries it for ``device_ns``."""
         record = {
             "name": name,
             "target": target,
@@ -132,8 +119,8 @@ class Profile:
             "flops": 0,
             "hbm_bytes": nbytes,
             "bytes": nbytes,
-            "engine_busy_ns": {"neuronlink": device_ns},
-            "bound": "neuronlink",
+            "engine_busy_ns": {resource: device_ns},
+            "bound": resource,
             "instructions": 0,
             "source_lines": [_user_line() or "?"],
         }
@@ -323,19 +310,10 @@ def record_run(kernel: Kernel, name: str, eager: bool = False) -> None:
         prof.record(kernel, name, eager)
 
 
-def record_copy(kind: str, nbytes: int, device_ns: float) -> None:
-    """Called by the device after every copy while a profile is active."""
+def record_transfer(name: str, resource: str, nbytes: int, device_ns: float) -> None:
+    """Called by the device after every copy or collective while a profile is active."""
     from torchneuron import device
 
     target = device._C()._target()
     for prof in _ACTIVE:
-        prof.record_copy(kind, nbytes, device_ns, target)
-
-
-def record_collective(name: str, nbytes: int, device_ns: float) -> None:
-    """Called by the device after every collective while a profile is active."""
-    from torchneuron import device
-
-    target = device._C()._target()
-    for prof in _ACTIVE:
-        prof.record_collective(name, nbytes, device_ns, target)
+        prof.record_transfer(name, resource, nbytes, device_ns, target)

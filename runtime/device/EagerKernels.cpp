@@ -354,7 +354,11 @@ void placeCopy(const std::optional<PlannedCopy> &copy) {
   placeWork(copy->stream, copy->work);
   if (profiling)
     if (std::shared_ptr<KernelProvider> p = provider)
-      p->recordCopy(copy->kind, copy->bytes, copy->work.durationNs);
+      p->recordTransfer(std::string("copy_") + copy->kind,
+                        std::string(copy->kind) == "device_to_device"
+                            ? "dma"
+                            : "host_link",
+                        copy->bytes, copy->work.durationNs);
 }
 
 std::pair<double, double> placeCollective(c10::DeviceIndex device,
@@ -365,7 +369,7 @@ std::pair<double, double> placeCollective(c10::DeviceIndex device,
   std::pair<double, double> span = placeWork(stream, work);
   if (profiling)
     if (std::shared_ptr<KernelProvider> p = provider)
-      p->recordCollective(name, bytes, work.durationNs);
+      p->recordTransfer(name, "neuronlink", bytes, work.durationNs);
   return span;
 }
 

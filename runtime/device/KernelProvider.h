@@ -78,16 +78,14 @@ public:
             const std::string &target) = 0;
   /// Called after every run of kernel `id` while profiling is on.
   virtual void recordRun(int64_t id) = 0;
-  /// Called after every copy to, from or between neuron devices while
-  /// profiling is on (`kind`: "host_to_device", "device_to_host" or
-  /// "device_to_device"; its modeled time).
-  virtual void recordCopy(const std::string &kind, int64_t bytes,
-                          double deviceNs) = 0;
-  /// Called after every collective of the `neuron` process-group backend
-  /// (runtime/distributed) while profiling is on: its name ("all_reduce",
-  /// ...), the bytes it moves and its modeled time.
-  virtual void recordCollective(const std::string &name, int64_t bytes,
-                                double deviceNs) = 0;
+  /// Called after every copy to, from or between neuron devices and every
+  /// collective of the `neuron` process-group backend (runtime/distributed)
+  /// while profiling is on: its name ("copy_host_to_device", "all_reduce",
+  /// ...), the resource that carries it ("host_link", "dma", "neuronlink"),
+  /// the bytes it moves and its modeled time.
+  virtual void recordTransfer(const std::string &name,
+                              const std::string &resource, int64_t bytes,
+                              double deviceNs) = 0;
 };
 
 /// Installs the provider (nullptr: none; every op falls back to the CPU) and
@@ -96,8 +94,8 @@ void setKernelProvider(std::shared_ptr<KernelProvider> provider);
 /// Device kernels on or off (TORCHNEURON_EAGER_KERNELS=0 starts off).
 void setEagerKernelsEnabled(bool enabled);
 bool eagerKernelsEnabled();
-/// Call KernelProvider::recordRun after every run and recordCopy after every
-/// copy.
+/// Call KernelProvider::recordRun after every run and recordTransfer after
+/// every copy and collective.
 void setEagerProfiling(bool enabled);
 /// Places a planned copy (Stream.h) on the timeline and reports it to
 /// torchneuron profiles.
