@@ -147,7 +147,9 @@ public:
          answer.attr("inputs").cast<std::vector<std::pair<int, int>>>())
       k.inputs.push_back({argument, element});
     k.outputs = answer.attr("outputs").cast<std::vector<int>>();
-    k.returns = answer.attr("returns").cast<std::vector<int>>();
+    for (std::optional<int> r :
+         answer.attr("returns").cast<std::vector<std::optional<int>>>())
+      k.returns.push_back(r.value_or(ProvidedKernel::kUndefinedReturn));
     k.id = answer.attr("id").cast<int64_t>();
     k.scalarArgs = answer.attr("scalar_args").cast<std::vector<int>>();
     return k;

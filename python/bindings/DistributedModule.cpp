@@ -66,6 +66,7 @@ PYBIND11_MODULE(_distributed, m) {
         d["duration_ns"] = cost.durationNs;
         d["bus_bytes_per_ns"] = cost.busBytesPerNs;
         d["crosses_chips"] = cost.crossesChips;
+        d["algorithm"] = cost.algorithm;
         return d;
       },
       py::arg("collective"), py::arg("bytes"), py::arg("ranks"),

@@ -71,6 +71,8 @@ __all__ = [
     "synchronize",
     "target",
     "visible_cores",
+    "Event",
+    "Stream",
 ]
 
 _NAME = "neuron"
@@ -220,6 +222,26 @@ def synchronize(dev: Any = None) -> None:
 
 
 # ---- streams ------------------------------------------------------------------------------
+
+
+class Stream(torch.Stream):
+    """A stream of neuron device ``device`` (default: the current one), as ``torch.cuda.Stream``:
+    code that asks ``torch.<device>`` for its stream class (FSDP2, DDP) gets one. ``priority``
+    is kept; the modeled device gives every stream the same engines."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
+        return super().__new__(cls, device=torch.device(_NAME, _index(device)), priority=priority)
+
+
+class Event(torch.Event):
+    """An event of the current neuron device, as ``torch.cuda.Event``. Its times are modeled
+    device time; ``blocking`` and ``interprocess`` are accepted for compatibility (work runs
+    when issued, so there is nothing to block on)."""
+
+    def __new__(
+        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> Event:
+        return super().__new__(cls, device=torch.device(_NAME), enable_timing=enable_timing)
 
 
 def current_stream(dev: Any = None) -> torch.Stream:

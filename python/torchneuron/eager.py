@@ -157,8 +157,9 @@ class Provided:
     inputs: list[tuple[int, int]]
     #: Per program output: the argument it is written into, or -1 for a new tensor.
     outputs: list[int]
-    #: Per op return: an argument index (>= 0) or -(program output) - 1.
-    returns: list[int]
+    #: Per op return: an argument index (>= 0), -(program output) - 1, or None for an
+    #: undefined tensor (a result the op leaves out, as output_mask does).
+    returns: list[int | None]
     id: int
     #: Float arguments that are 0-d kernel inputs (one kernel serves every value).
     scalar_args: list[int] = field(default_factory=list)
@@ -376,10 +377,19 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
     gm = make_fx(call, decomposition_table=neuron_decompositions(), tracing_mode="fake")(*examples)
     if _seed_input(gm):
         inputs.append((SEED_INPUT, -1))
-    results = gm.graph.output_node().args[0]
-    results = list(results) if isinstance(results, (tuple, list)) else [results]
+    output = gm.graph.output_node()
+    returned = output.args[0]
+    returned = list(returned) if isinstance(returned, (tuple, list)) else [returned]
+    # None results (a backward's gradients that output_mask leaves out) return undefined
+    # tensors; the kernel computes the others.
+    results = [r for r in returned if r is not None]
     if not results or any(not isinstance(r, torch.fx.Node) for r in results):
         raise _Reject("a result is not a computed tensor (None or an input)")
+    if written and len(results) != len(returned):
+        raise _Reject("an in-place or out= op with a None result")
+    if len(results) != len(returned):
+        output.args = (tuple(results),)
+        gm.recompile()
     if any(r.op == "placeholder" for r in results):
         raise _Reject("a result is an input")
     if written and len(results) != len(written):
@@ -403,7 +413,13 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
     if len(kernel.input_specs) != len(inputs) or len(kernel.output_specs) != len(results):
         raise _Reject("the program's inputs or outputs differ from the graph's")
 
-    returns: list[int] = []
+    # Program output of each returned value (None: an undefined tensor).
+    output_of: list[int | None] = []
+    computed = 0
+    for r in returned:
+        output_of.append(None if r is None else computed)
+        computed += r is not None
+    returns: list[int | None] = []
     for j, ret in enumerate(schema.returns):
         if ret.alias_info is not None:  # returns the argument it wrote
             (i,) = [
@@ -413,7 +429,8 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
             ]
             returns.append(i)
         else:
-            returns.append(-j - 1)
+            out = output_of[j]
+            returns.append(None if out is None else -out - 1)
     with _lock:
         _kernels.append((kernel, kernel_name))
         kernel_id = len(_kernels) - 1

@@ -490,7 +490,10 @@ bool runEagerKernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   std::vector<c10::IValue> returns;
   returns.reserve(k.returns.size());
   for (int r : k.returns)
-    returns.push_back(r >= 0 ? args[r] : c10::IValue(results[-r - 1]));
+    returns.push_back(r == ProvidedKernel::kUndefinedReturn
+                          ? c10::IValue(at::Tensor())
+                          : r >= 0 ? args[r]
+                                   : c10::IValue(results[-r - 1]));
   torch::jit::drop(*stack, nargs);
   for (c10::IValue &r : returns)
     stack->push_back(std::move(r));

@@ -24,6 +24,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -57,8 +58,11 @@ struct ProvidedKernel {
   /// Per program output: the argument it is written into (out=, in-place),
   /// or -1 for a new neuron tensor.
   std::vector<int> outputs;
-  /// Per op return: an argument index (>= 0) or -(program output) - 1.
+  /// Per op return: an argument index (>= 0), -(program output) - 1, or
+  /// kUndefinedReturn (an undefined tensor: a result the op leaves out, as a
+  /// backward's output_mask does).
   std::vector<int> returns;
+  static constexpr int kUndefinedReturn = std::numeric_limits<int>::min();
   int64_t id = -1; ///< the provider's handle, passed back to the recorder
   /// Arguments (numbers) that the program takes as 0-d inputs instead of
   /// constants: later calls of the op key them by kind, not value, so one

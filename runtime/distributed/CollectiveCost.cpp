@@ -20,6 +20,9 @@ const std::pair<Collective, const char *> kNames[] = {
     {Collective::AllToAll, "all_to_all"},
     {Collective::SendRecv, "send_recv"},
     {Collective::Barrier, "barrier"},
+    {Collective::Reduce, "reduce"},
+    {Collective::Gather, "gather"},
+    {Collective::Scatter, "scatter"},
 };
 
 } // namespace
@@ -98,16 +101,33 @@ CollectiveCost collectiveCost(const Topology &topo, Collective c, int64_t bytes,
   if (ranks.size() == 1) // nothing leaves the core
     return cost;
 
+  // A tree is ceil(log2 n) steps deep.
+  double depth = std::ceil(std::log2(n));
+  auto use = [&cost](const char *algorithm, double ns) {
+    cost.algorithm = algorithm;
+    cost.durationNs = ns;
+  };
   switch (c) {
-  case Collective::AllReduce:
-    cost.durationNs = 2 * (n - 1) / n * b / bw + 2 * (n - 1) * latency;
+  case Collective::AllReduce: {
+    double ring = 2 * (n - 1) / n * b / bw + 2 * (n - 1) * latency;
+    double tree = 2 * (b / bw + depth * latency);
+    if (tree < ring)
+      use("tree", tree);
+    else
+      use("ring", ring);
     break;
+  }
   case Collective::AllGather:
   case Collective::ReduceScatter:
-    cost.durationNs = (n - 1) / n * b / bw + (n - 1) * latency;
+    use("ring", (n - 1) / n * b / bw + (n - 1) * latency);
     break;
   case Collective::Broadcast:
-    cost.durationNs = b / bw + (n - 1) * latency;
+  case Collective::Reduce:
+    use("tree", b / bw + depth * latency);
+    break;
+  case Collective::Gather:
+  case Collective::Scatter:
+    use("tree", (n - 1) / n * b / bw + depth * latency);
     break;
   case Collective::AllToAll: {
     double own = (n - 1) / n * b / topo.coreBytesPerNs;
@@ -117,7 +137,7 @@ CollectiveCost collectiveCost(const Topology &topo, Collective c, int64_t bytes,
       offChip = std::max(offChip,
                          here * (n - here) / n * b / topo.chipSendBytesPerNs);
     }
-    cost.durationNs = std::max(own, offChip) + (n - 1) * latency;
+    use("direct", std::max(own, offChip) + (n - 1) * latency);
     break;
   }
   case Collective::SendRecv: {
@@ -126,11 +146,11 @@ CollectiveCost collectiveCost(const Topology &topo, Collective c, int64_t bytes,
                      ? std::min(topo.coreBytesPerNs, topo.linkBytesPerNs)
                      : topo.coreBytesPerNs;
     cost.busBytesPerNs = hop;
-    cost.durationNs = b / hop + latency;
+    use("direct", b / hop + latency);
     break;
   }
   case Collective::Barrier:
-    cost.durationNs = std::ceil(std::log2(n)) * latency;
+    use("tree", depth * latency);
     break;
   }
   return cost;

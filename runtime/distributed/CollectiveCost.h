@@ -6,22 +6,31 @@
 // group sits on core r % cores_per_chip of chip r / cores_per_chip, so the
 // model knows whether a group stays on one chip.
 //
-// The algorithms are rings, as the collective engines run them: each of the
-// n ranks sends to the next one in rank order, one chunk per step. A step
+// The algorithms are those of the collective engines: rings, where each of
+// the n ranks sends to the next one in rank order, one chunk per step, and
+// for small messages trees (two binary trees each carrying half the bytes, as
+// NCCL's double binary tree: B/bw per pass, ceil(log2 n) steps deep). A step
 // goes as fast as its slowest hop: within a chip the sending core's DMA
 // engines (core_to_core_bytes_per_ns); across chips also the chip's
 // NeuronLink (half of neuronlink_bytes_per_ns_per_chip out of each chip,
-// spread over its links). With B the bytes and bw that hop bandwidth:
-//   all_reduce      2(n-1) steps of B/n:  2(n-1)/n * B/bw + 2(n-1) * latency
-//   all_gather      (n-1) steps of B/n:   (n-1)/n * B/bw + (n-1) * latency
+// spread over its links). With B the bytes, bw that hop bandwidth and
+// d = ceil(log2 n):
+//   all_reduce      the cheaper of a ring, 2(n-1) steps of B/n:
+//                     2(n-1)/n * B/bw + 2(n-1) * latency,
+//                   and a tree (reduce up, broadcast down):
+//                     2 * (B/bw + d * latency)
+//   all_gather      ring, (n-1) steps of B/n: (n-1)/n * B/bw + (n-1) * latency
 //                   (B: the gathered output)
 //   reduce_scatter  as all_gather, B the input that is scattered
-//   broadcast       pipelined along the ring: B/bw + (n-1) * latency
+//   broadcast       tree: B/bw + d * latency; reduce likewise, up the tree
+//   gather          the root takes in (n-1)/n of B (the gathered output)
+//                   through its DMA along a tree: (n-1)/n * B/bw + d * latency;
+//                   scatter likewise, B the scattered input
 //   all_to_all      every rank sends (n-1)/n of its B: the larger of its own
 //                   DMA time and its chip's share of the NeuronLink traffic,
 //                   + (n-1) * latency
 //   send / recv     B over one hop (one NeuronLink link across chips)
-//   barrier         a dissemination barrier: ceil(log2 n) * latency
+//   barrier         a dissemination barrier: d * latency
 // where latency is a step's fixed cost: core_to_core_latency_ns within a
 // chip, neuronlink_latency_ns when the group spans chips. It depends on the
 // runtime's target only: no libtorch, no MLIR.
@@ -47,6 +56,9 @@ enum class Collective {
   AllToAll,
   SendRecv,
   Barrier,
+  Reduce,
+  Gather,
+  Scatter,
 };
 
 /// "all_reduce", "all_gather", ...: the names profiles show.
@@ -77,6 +89,8 @@ struct CollectiveCost {
   /// messages approach (the link peak of benchmarks/collectives.py).
   double busBytesPerNs = 0;
   bool crossesChips = false;
+  /// "ring", "tree", "direct" (all_to_all, send/recv) or "none" (one rank).
+  const char *algorithm = "none";
 };
 
 /// The modeled cost of `c` moving `bytes` (see above for what B is) among

@@ -272,6 +272,53 @@ c10::intrusive_ptr<c10d::Work> NeuronBackend::allreduce_coalesced(
 }
 
 c10::intrusive_ptr<c10d::Work>
+NeuronBackend::reduce(std::vector<at::Tensor> &tensors,
+                      const c10d::ReduceOptions &opts) {
+  c10::DeviceIndex device = deviceOf(tensors, "reduce");
+  auto host = hostAliases(tensors);
+  c10d::ReduceOptions o = opts;
+  bool average = sumForAverage(o.reduceOp, tensors, "reduce");
+  // Only the root's result is defined, so only the root divides.
+  bool rootDivides = average && opts.rootRank == getRank();
+  return run(
+      Collective::Reduce, c10d::OpType::REDUCE, bytesOf(tensors), globalRanks_,
+      device, tensors, [&] { return transport_->reduce(host, o); },
+      rootDivides ? divideBy(host, getSize()) : nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work>
+NeuronBackend::gather(std::vector<std::vector<at::Tensor>> &outputs,
+                      std::vector<at::Tensor> &inputs,
+                      const c10d::GatherOptions &opts) {
+  // Only the root has outputs: the gathered bytes are the input's n times.
+  std::vector<at::Tensor> flat = flatten(outputs);
+  c10::DeviceIndex device = deviceOf(inputs, "gather");
+  if (!flat.empty())
+    deviceOf(flat, "gather");
+  auto hostOut = hostAliases(outputs);
+  auto hostIn = hostAliases(inputs);
+  return run(Collective::Gather, c10d::OpType::GATHER,
+             bytesOf(inputs) * getSize(), globalRanks_, device, flat,
+             [&] { return transport_->gather(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work>
+NeuronBackend::scatter(std::vector<at::Tensor> &outputs,
+                       std::vector<std::vector<at::Tensor>> &inputs,
+                       const c10d::ScatterOptions &opts) {
+  // Only the root has inputs: the scattered bytes are the output's n times.
+  std::vector<at::Tensor> flat = flatten(inputs);
+  c10::DeviceIndex device = deviceOf(outputs, "scatter");
+  if (!flat.empty())
+    deviceOf(flat, "scatter");
+  auto hostOut = hostAliases(outputs);
+  auto hostIn = hostAliases(inputs);
+  return run(Collective::Scatter, c10d::OpType::SCATTER,
+             bytesOf(outputs) * getSize(), globalRanks_, device, outputs,
+             [&] { return transport_->scatter(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work>
 NeuronBackend::allgather(std::vector<std::vector<at::Tensor>> &outputs,
                          std::vector<at::Tensor> &inputs,
                          const c10d::AllgatherOptions &opts) {
@@ -295,6 +342,20 @@ NeuronBackend::_allgather_base(at::Tensor &output, at::Tensor &input,
       Collective::AllGather, c10d::OpType::_ALLGATHER_BASE,
       static_cast<int64_t>(output.nbytes()), globalRanks_, device, {output},
       [&] { return transport_->_allgather_base(hostOut, hostIn, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> NeuronBackend::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+    const c10d::AllgatherOptions &opts) {
+  c10::DeviceIndex device = deviceOf(inputs, "all_gather");
+  deviceOf(outputs, "all_gather");
+  auto hostOut = hostAliases(outputs);
+  auto hostIn = hostAliases(inputs);
+  return run(Collective::AllGather, c10d::OpType::COALESCED, bytesOf(outputs),
+             globalRanks_, device, outputs, [&] {
+               return transport_->allgather_into_tensor_coalesced(
+                   hostOut, hostIn, opts);
+             });
 }
 
 c10::intrusive_ptr<c10d::Work>
@@ -328,6 +389,24 @@ NeuronBackend::_reduce_scatter_base(at::Tensor &output, at::Tensor &input,
       static_cast<int64_t>(input.nbytes()), globalRanks_, device, {output},
       [&] { return transport_->_reduce_scatter_base(hostOut, hostIn, o); },
       average ? divideBy({hostOut}, getSize()) : nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> NeuronBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+    const c10d::ReduceScatterOptions &opts) {
+  c10::DeviceIndex device = deviceOf(outputs, "reduce_scatter");
+  deviceOf(inputs, "reduce_scatter");
+  auto hostOut = hostAliases(outputs);
+  auto hostIn = hostAliases(inputs);
+  c10d::ReduceScatterOptions o = opts;
+  bool average = sumForAverage(o.reduceOp, outputs, "reduce_scatter");
+  return run(
+      Collective::ReduceScatter, c10d::OpType::COALESCED, bytesOf(inputs),
+      globalRanks_, device, outputs,
+      [&] {
+        return transport_->reduce_scatter_tensor_coalesced(hostOut, hostIn, o);
+      },
+      average ? divideBy(hostOut, getSize()) : nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> NeuronBackend::alltoall_base(

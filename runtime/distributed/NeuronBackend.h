@@ -57,6 +57,17 @@ public:
   allreduce_coalesced(std::vector<at::Tensor> &tensors,
                       const c10d::AllreduceCoalescedOptions &opts) override;
   c10::intrusive_ptr<c10d::Work>
+  reduce(std::vector<at::Tensor> &tensors,
+         const c10d::ReduceOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work>
+  gather(std::vector<std::vector<at::Tensor>> &outputs,
+         std::vector<at::Tensor> &inputs,
+         const c10d::GatherOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work>
+  scatter(std::vector<at::Tensor> &outputs,
+          std::vector<std::vector<at::Tensor>> &inputs,
+          const c10d::ScatterOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work>
   allgather(std::vector<std::vector<at::Tensor>> &outputs,
             std::vector<at::Tensor> &inputs,
             const c10d::AllgatherOptions &opts) override;
@@ -64,12 +75,20 @@ public:
   _allgather_base(at::Tensor &output, at::Tensor &input,
                   const c10d::AllgatherOptions &opts) override;
   c10::intrusive_ptr<c10d::Work>
+  allgather_into_tensor_coalesced(std::vector<at::Tensor> &outputs,
+                                  std::vector<at::Tensor> &inputs,
+                                  const c10d::AllgatherOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work>
   reduce_scatter(std::vector<at::Tensor> &outputs,
                  std::vector<std::vector<at::Tensor>> &inputs,
                  const c10d::ReduceScatterOptions &opts) override;
   c10::intrusive_ptr<c10d::Work>
   _reduce_scatter_base(at::Tensor &output, at::Tensor &input,
                        const c10d::ReduceScatterOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work>
+  reduce_scatter_tensor_coalesced(std::vector<at::Tensor> &outputs,
+                                  std::vector<at::Tensor> &inputs,
+                                  const c10d::ReduceScatterOptions &opts) override;
   c10::intrusive_ptr<c10d::Work>
   alltoall_base(at::Tensor &output, at::Tensor &input,
                 std::vector<int64_t> &outputSplits,

@@ -8,6 +8,9 @@ CPU). Scenarios:
   ``neuron``); every collective on neuron tensors and the same one on CPU tensors over a Gloo
   group; the modeled time on the stream and in the profilers; DDP training of a
   small MLP and the same training in one process.
+- ``parallel``: FSDP2 and tensor parallelism (with sequence parallelism) training a
+  transformer MLP block, each against the same training in one process.
+- ``mesh_2d`` (4 ranks): FSDP x tensor parallelism over a 2 x 2 device mesh.
 - ``dies``: ``init_process_group("neuron")``; rank 1 exits abruptly after one all_reduce, rank
   0's next all_reduce must raise; rank 0 records the error and how long it took.
 """
@@ -143,6 +146,22 @@ def collectives(rank: int, world: int, dev: torch.device, results: Results) -> N
             dist.send(x, dst=0, group=group(d))
         return x
 
+    def reduce_to_root(d: torch.device) -> torch.Tensor:
+        x = base.to(d, copy=True)
+        dist.reduce(x, dst=1, group=group(d))
+        return x if rank == 1 else torch.empty(0)  # only the root's result is defined
+
+    def gather(d: torch.device) -> list[torch.Tensor]:
+        out = [torch.empty(6, device=d) for _ in range(world)] if rank == 0 else None
+        dist.gather(base.to(d, copy=True), out, dst=0, group=group(d))
+        return out or []
+
+    def scatter(d: torch.device) -> torch.Tensor:
+        out = torch.empty(3, device=d)
+        pieces = list(base.to(d, copy=True).chunk(world)) if rank == 1 else None
+        dist.scatter(out, pieces, src=1, group=group(d))
+        return out
+
     def async_all_reduce(d: torch.device) -> list[Any]:
         x = base.to(d, copy=True)
         work = dist.all_reduce(x, async_op=True, group=group(d))
@@ -160,6 +179,9 @@ def collectives(rank: int, world: int, dev: torch.device, results: Results) -> N
         all_to_all_uneven,
         all_to_all,
         send_recv,
+        reduce_to_root,
+        gather,
+        scatter,
         async_all_reduce,
     ]:
         both(results, fn.__name__, fn, dev)
@@ -268,6 +290,141 @@ def ddp(rank: int, world: int, dev: torch.device, results: Results) -> None:
     results["ddp_grad_devices"] = sorted({str(p.grad.device.type) for p in model.parameters()})
 
 
+class Block(torch.nn.Module):
+    """A transformer MLP block: what tensor parallelism splits (norm, up, down)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.up = torch.nn.Linear(16, 32)
+        self.down = torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+def block_data() -> torch.Tensor:
+    """Three steps of (batch 4, sequence 8, width 16) inputs."""
+    return torch.randn(3, 4, 8, 16, generator=torch.Generator().manual_seed(7))
+
+
+def train_block(
+    model: torch.nn.Module, dev: torch.device, part: Callable[[torch.Tensor], torch.Tensor]
+) -> list[float]:
+    """AdamW steps of the block on ``part`` of each input; the loss is the mean square over
+    the whole input, so each rank's share adds up to it (summed over the ranks that hold
+    different parts)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    losses = []
+    for x in block_data():
+        out = model(part(x).to(dev))
+        loss = out.pow(2).sum() / x.numel()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach().clone())
+    return [float(v) for v in losses]
+
+
+def single_block(dev: torch.device) -> tuple[list[float], dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = Block().to(dev)
+    losses = train_block(model, dev, lambda x: x)
+    return losses, {k: cpu(v) for k, v in model.state_dict().items()}
+
+
+def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters of a model whose parameters may be DTensors, whole, on the CPU."""
+    from torch.distributed.tensor import DTensor
+
+    return {
+        k: cpu(v.full_tensor() if isinstance(v, DTensor) else v)
+        for k, v in model.state_dict().items()
+    }
+
+
+def summed(losses: list[float], group: Any = None) -> list[float]:
+    t = torch.tensor(losses, device="neuron")
+    dist.all_reduce(t, group=group)
+    return t.tolist()
+
+
+def fsdp(rank: int, world: int, dev: torch.device, results: Results) -> None:
+    """FSDP2 (``fully_shard``) on the batch split over the ranks, against one process."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    results["fsdp_single"] = single_block(dev)
+    torch.manual_seed(0)
+    model = Block().to(dev)
+    fully_shard(model.up)
+    fully_shard(model.down)
+    fully_shard(model)
+    weight = model.up.weight
+    assert isinstance(weight, DTensor)
+    results["fsdp_shard"] = (tuple(weight.to_local().shape), weight.to_local().device.type)
+    rows = 4 // world
+    losses = train_block(model, dev, lambda x: x[rank * rows : (rank + 1) * rows])
+    results["fsdp"] = (summed(losses), full_state(model))
+
+
+def tensor_parallel(rank: int, world: int, dev: torch.device, results: Results) -> None:
+    """Megatron-style tensor parallelism with sequence parallelism (the plan Llama models use:
+    the norm on sequence shards, ``up`` column-wise, ``down`` row-wise back to sequence
+    shards) against one process."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    results["tp_single"] = single_block(dev)
+    torch.manual_seed(0)
+    model = Block().to(dev)
+    mesh = init_device_mesh("neuron", (world,))
+    parallelize_module(
+        model,
+        mesh,
+        {
+            "norm": SequenceParallel(),
+            "up": ColwiseParallel(input_layouts=Shard(1)),
+            "down": RowwiseParallel(output_layouts=Shard(1)),
+        },
+    )
+    results["tp_up_shard"] = tuple(model.up.weight.to_local().shape)
+    seq = 8 // world
+    losses = train_block(model, dev, lambda x: x[:, rank * seq : (rank + 1) * seq])
+    results["tp"] = (summed(losses), full_state(model))
+
+
+def mesh_2d(rank: int, world: int, dev: torch.device, results: Results) -> None:
+    """FSDP over the ``dp`` dimension of a 2 x (world/2) mesh, tensor parallelism over
+    ``tp``: each dp group gets half of the batch, whole sequences."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    results["mesh_single"] = single_block(dev)
+    torch.manual_seed(0)
+    model = Block().to(dev)
+    mesh = init_device_mesh("neuron", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    dp = mesh["dp"].get_local_rank()
+    rows = 2
+    losses = train_block(model, dev, lambda x: x[dp * rows : (dp + 1) * rows])
+    # Each dp group's loss is its half's share; the tp ranks of a group hold the same one.
+    results["mesh"] = (summed(losses, mesh["dp"].get_group()), full_state(model))
+    results["mesh_up_local"] = tuple(model.up.weight.to_local().shape)
+
+
 def main() -> None:
     scenario, out_dir = sys.argv[1], Path(sys.argv[2])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -281,6 +438,17 @@ def main() -> None:
         collectives(rank, world, dev, results)
         modeled_time(rank, world, dev, results)
         ddp(rank, world, dev, results)
+        dist.destroy_process_group()
+    elif scenario == "parallel":
+        dist.init_process_group(timeout=timedelta(seconds=60))
+        fsdp(rank, world, dev, results)
+        tensor_parallel(rank, world, dev, results)
+        results["fallbacks"] = torchneuron.stats()["ops_fallback"]
+        dist.destroy_process_group()
+    elif scenario == "mesh_2d":
+        dist.init_process_group(timeout=timedelta(seconds=60))
+        mesh_2d(rank, world, dev, results)
+        results["fallbacks"] = torchneuron.stats()["ops_fallback"]
         dist.destroy_process_group()
     elif scenario == "dies":
         dist.init_process_group("neuron", timeout=timedelta(seconds=20))

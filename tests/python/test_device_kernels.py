@@ -114,6 +114,28 @@ def test_in_place_and_out_variants_write_into_their_tensors() -> None:
     _no_fallback()
 
 
+def test_results_an_op_leaves_out_are_undefined() -> None:
+    # A LayerNorm backward whose output_mask asks for the input's gradient only (as tensor
+    # parallelism's sharded norms do): the kernel computes it, the other two are None.
+    x, grad, w = _randn(4, 16), _randn(4, 16), _randn(16)
+    mean, rstd = (
+        x.mean(-1, keepdim=True),
+        torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-5),
+    )
+
+    def backward(*t: torch.Tensor) -> tuple:
+        return torch.ops.aten.native_layer_norm_backward(
+            t[0], t[1], [16], t[2], t[3], t[4], None, [True, False, False]
+        )
+
+    expected = backward(grad, x, mean, rstd, w)
+    torchneuron.reset_stats()
+    dx, dw, db = backward(*[t.to("neuron") for t in (grad, x, mean, rstd, w)])
+    assert dw is None and db is None and expected[1] is None
+    _close(dx, expected[0], TRANSCENDENTAL)
+    _no_fallback()
+
+
 def test_second_call_hits_the_cache() -> None:
     a, b = _randn(3, 11, 5).to("neuron"), _randn(3, 11, 5).to("neuron")
     before = eager.counts()

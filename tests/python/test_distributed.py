@@ -35,17 +35,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(scenario: str, out: Path, timeout: float = 90) -> list[subprocess.CompletedProcess]:
-    """Run the 2 ranks of ``scenario``; kill both if they outlive ``timeout`` seconds."""
+def _launch(
+    scenario: str, out: Path, timeout: float = 90, world: int = WORLD
+) -> list[subprocess.CompletedProcess]:
+    """Run the ``world`` ranks of ``scenario``; kill them all if they outlive ``timeout``
+    seconds."""
     port = _free_port()
     procs = []
-    for rank in range(WORLD):
+    for rank in range(world):
         env = dict(
             os.environ,
             RANK=str(rank),
             LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(WORLD),
-            LOCAL_WORLD_SIZE=str(WORLD),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             GLOO_SOCKET_IFNAME="lo",
@@ -105,6 +108,9 @@ COLLECTIVES = [
     "all_to_all_uneven",
     "all_to_all",
     "send_recv",
+    "reduce_to_root",
+    "gather",
+    "scatter",
 ]
 
 
@@ -177,6 +183,58 @@ def test_ddp_matches_one_process(collectives: list[dict[str, Any]]) -> None:
     # Both ranks end with the same parameters (they started different on rank 1).
     for p, q in zip(collectives[0]["ddp_params"][0], collectives[1]["ddp_params"][0], strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def _launched(scenario: str, out: Path, world: int) -> list[dict[str, Any]]:
+    procs = _launch(scenario, out, timeout=240, world=world)
+    for rank, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {rank} failed:\n{p.stderr[-4000:]}"
+    return [_load(out, r) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def parallel(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return _launched("parallel", tmp_path_factory.mktemp("parallel"), WORLD)
+
+
+def _matches_one_process(results: dict[str, Any], name: str, single: str) -> None:
+    losses, state = results[name]
+    single_losses, single_state = results[single]
+    # Different reduction orders: float32 rounding, nothing more.
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(single_losses), rtol=1e-5, atol=0)
+    assert state.keys() == single_state.keys()
+    for k, v in state.items():
+        torch.testing.assert_close(v, single_state[k], rtol=1e-4, atol=1e-5, msg=f"{name}: {k}")
+    # Training moved the parameters: the comparison is not of two initializations.
+    assert not torch.equal(single_state["up.weight"], _initial_up_weight())
+
+
+def _initial_up_weight() -> torch.Tensor:
+    torch.manual_seed(0)  # the block's first random parameter (its LayerNorm draws nothing)
+    return torch.nn.Linear(16, 32).weight.detach()
+
+
+def test_fsdp2_trains_as_one_process(parallel: list[dict[str, Any]]) -> None:
+    for results in parallel:
+        _matches_one_process(results, "fsdp", "fsdp_single")
+        # Each rank keeps half of each parameter, on its neuron device.
+        assert results["fsdp_shard"] == ((32 // WORLD, 16), "neuron")
+        assert results["fallbacks"] == {}
+
+
+def test_tensor_parallel_trains_as_one_process(parallel: list[dict[str, Any]]) -> None:
+    for results in parallel:
+        _matches_one_process(results, "tp", "tp_single")
+        assert results["tp_up_shard"] == (32 // WORLD, 16)
+
+
+def test_fsdp_times_tensor_parallel_on_a_2d_mesh(tmp_path: Path) -> None:
+    runs = _launched("mesh_2d", tmp_path, world=4)
+    for results in runs:
+        _matches_one_process(results, "mesh", "mesh_single")
+        # up.weight (32, 16): split in 2 by tp (rows), then in 2 by FSDP (rows again).
+        assert results["mesh_up_local"] == (8, 16)
+        assert results["fallbacks"] == {}
 
 
 def test_a_rank_that_dies_makes_the_other_raise(tmp_path: Path) -> None:

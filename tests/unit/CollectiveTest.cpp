@@ -68,7 +68,7 @@ TEST_CASE("the trn2 topology comes from the target file", "[collective]") {
 TEST_CASE("ring all-reduce within a chip: 2(n-1)/n B/bw + 2(n-1) steps",
           "[collective]") {
   Topology t = trn2();
-  const int64_t b = 1 << 20;
+  const int64_t b = int64_t(64) << 20; // large: the ring wins
   for (int n : {2, 4, 8}) {
     CollectiveCost c =
         collectiveCost(t, Collective::AllReduce, b, firstRanks(n));
@@ -132,14 +132,39 @@ TEST_CASE("all-to-all across chips is bound by the chips' NeuronLink share",
         Approx(offChip + 15 * t.linkLatencyNs));
 }
 
-TEST_CASE("broadcast and barrier", "[collective]") {
+TEST_CASE("broadcast, reduce, gather, scatter and barrier go along trees",
+          "[collective]") {
   Topology t = trn2();
-  CHECK(costNs(Collective::Broadcast, 4096, firstRanks(4)) ==
-        Approx(4096 / t.coreBytesPerNs + 3 * t.coreLatencyNs));
+  for (Collective c : {Collective::Broadcast, Collective::Reduce})
+    CHECK(costNs(c, 4096, firstRanks(4)) ==
+          Approx(4096 / t.coreBytesPerNs + 2 * t.coreLatencyNs));
+  // The root takes in (or sends out) the other ranks' share.
+  for (Collective c : {Collective::Gather, Collective::Scatter})
+    CHECK(costNs(c, 4096, firstRanks(4)) ==
+          Approx(0.75 * 4096 / t.coreBytesPerNs + 2 * t.coreLatencyNs));
   CHECK(costNs(Collective::Barrier, 0, firstRanks(8)) ==
         Approx(3 * t.coreLatencyNs));
   CHECK(costNs(Collective::Barrier, 0, firstRanks(5)) ==
         Approx(3 * t.coreLatencyNs));
+}
+
+TEST_CASE("all-reduce takes a tree for small messages, a ring for large ones",
+          "[collective]") {
+  Topology t = trn2();
+  auto ranks = firstRanks(8);
+  CollectiveCost small = collectiveCost(t, Collective::AllReduce, 1024, ranks);
+  CHECK(std::string(small.algorithm) == "tree");
+  CHECK(small.durationNs ==
+        Approx(2 * (1024 / t.coreBytesPerNs + 3 * t.coreLatencyNs)));
+  CollectiveCost large =
+      collectiveCost(t, Collective::AllReduce, 64 << 20, ranks);
+  CHECK(std::string(large.algorithm) == "ring");
+  // Two ranks: the ring is never worse.
+  CHECK(std::string(
+            collectiveCost(t, Collective::AllReduce, 8, {0, 1}).algorithm) ==
+        "ring");
+  CHECK(std::string(collectiveCost(t, Collective::AllReduce, 8, {3}).algorithm) ==
+        "none");
 }
 
 TEST_CASE("trn3's faster DMA and links make collectives faster",
