@@ -177,14 +177,6 @@ private:
   PyObject *transferRecorder;
 };
 
-const CollectiveTimeline collectiveTimeline = [] {
-  CollectiveTimeline t;
-  t.target = [] { return config().target; };
-  t.currentDevice = [] { return currentDevice(); };
-  t.place = &placeCollective;
-  return t;
-}();
-
 } // namespace
 
 PYBIND11_MODULE(_device, m) {
@@ -271,7 +263,7 @@ PYBIND11_MODULE(_device, m) {
   // The modeled timeline.
   m.def("_collective_timeline", [] {
     // Not owned: the table is static and outlives every module.
-    return py::capsule(const_cast<CollectiveTimeline *>(&collectiveTimeline),
+    return py::capsule(const_cast<CollectiveTimeline *>(&collectiveTimeline()),
                        CollectiveTimeline::kCapsuleName);
   });
   m.def(

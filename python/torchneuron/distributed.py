@@ -7,21 +7,35 @@ backend too, for the ``neuron`` device, so both of these work with neuron tensor
     torch.neuron.set_device(local_rank)
     dist.all_reduce(torch.ones(4, device="neuron"))
 
-Ranks are ordinary processes (``torchrun --nproc-per-node=N``), each using one neuron device.
-The bytes move over Gloo's transport (torch ships it), on CPU tensors that alias the neuron
-tensors' memory (device memory is host memory), so the results land in the neuron tensors
-without a copy. Each collective also gets a modeled duration on the instance's topology
-(``runtime/distributed/CollectiveCost.h``: rings within a chip or across NeuronLink; rank ``r``
-sits on core ``r % cores_per_chip`` of chip ``r // cores_per_chip``), placed on the current
-stream of the tensors' device when it is issued, where events, :func:`torchneuron.profile` and
-``torch.profiler`` see it (resource ``neuronlink``). Each rank charges its own timeline; the
-ranks' timelines are not synchronized with each other.
+Ranks are ordinary processes (``torchrun --nproc-per-node=N``), each using one neuron device;
+several hosts join through torchrun's rendezvous (``--nnodes``, ``--rdzv-endpoint``) as with any
+backend, though the cost model places every rank within one instance. The bytes move over
+Gloo's transport (torch ships it), on CPU tensors that alias the neuron tensors' memory (device
+memory is host memory), so the results land in the neuron tensors without a copy.
+
+Each collective also gets a modeled duration on the instance's topology
+(``runtime/distributed/CollectiveCost.h``: rings, or trees for small all-reduces and for
+broadcast/reduce/gather/scatter, within a chip or across NeuronLink; rank ``r`` sits on core
+``r % cores_per_chip`` of chip ``r // cores_per_chip``). As on a GPU with NCCL, it runs on the
+device's collective stream, after the work issued before it on the current stream, and the
+current stream does not wait for it until its result is waited for (``work.wait()``, or its
+future's ``wait()``, which DDP's reducer calls at the end of the backward): kernels issued in
+between overlap it. Events, :func:`torchneuron.profile` and ``torch.profiler`` see it (resource
+``neuronlink``). Each rank charges its own timeline; the ranks' timelines are not synchronized
+with each other (exact when the ranks do the same work, as in DDP, FSDP and tensor
+parallelism).
 
 Collectives: all_reduce (sum, avg, max, min, product), all_gather, all_gather_into_tensor,
-reduce_scatter, reduce_scatter_tensor, broadcast, all_to_all, all_to_all_single, send, recv,
-barrier; async work handles whose ``wait()`` and ``get_future()`` give the neuron tensors back.
-A peer that fails makes ``wait()`` raise ``torch.distributed.DistBackendError`` naming the
-collective and rank, within the process group's timeout.
+reduce_scatter, reduce_scatter_tensor (and their coalesced forms), broadcast, reduce, gather,
+scatter, all_to_all, all_to_all_single, send, recv, barrier; async work handles whose
+``wait()`` and ``get_future()`` give the neuron tensors back. A peer that fails makes
+``wait()`` raise ``torch.distributed.DistBackendError`` naming the collective and rank, within
+the process group's timeout.
+
+On top of these, torch's parallelisms run unchanged on neuron devices: ``DistributedDataParallel``,
+FSDP2 (``fully_shard``), tensor and sequence parallelism (``parallelize_module`` with
+``ColwiseParallel``/``RowwiseParallel``/``SequenceParallel`` over
+``init_device_mesh("neuron", ...)``) and 2-D meshes (FSDP x TP); ``examples/train_fsdp.py``.
 """
 
 from __future__ import annotations
@@ -94,12 +108,13 @@ def collective_cost(
     collective: str, nbytes: int, ranks: list[int], target: str | None = None
 ) -> dict[str, Any]:
     """The modeled cost of ``collective`` (``"all_reduce"``, ``"all_gather"``,
-    ``"reduce_scatter"``, ``"broadcast"``, ``"all_to_all"``, ``"send_recv"``, ``"barrier"``)
-    moving ``nbytes`` among global ``ranks`` on ``target`` (default: the device's):
-    ``duration_ns``, ``bus_bytes_per_ns`` (the ring's bottleneck hop, the peak that large
-    messages approach) and ``crosses_chips``. ``nbytes`` is the tensor for all_reduce and
+    ``"reduce_scatter"``, ``"broadcast"``, ``"reduce"``, ``"gather"``, ``"scatter"``,
+    ``"all_to_all"``, ``"send_recv"``, ``"barrier"``) moving ``nbytes`` among global ``ranks``
+    on ``target`` (default: the device's): ``duration_ns``, ``bus_bytes_per_ns`` (the
+    bottleneck hop, the peak that large messages approach), ``crosses_chips`` and
+    ``algorithm`` (``"ring"``, ``"tree"``, ``"direct"`` or ``"none"`` for one rank). ``nbytes`` is the tensor for all_reduce and
     broadcast, the gathered output for all_gather, the scattered input for reduce_scatter,
-    each rank's input for all_to_all."""
+    each rank's input for all_to_all; for gather and scatter the root's whole buffer."""
     from torchneuron import _distributed, device
 
     return dict(

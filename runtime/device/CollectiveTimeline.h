@@ -19,13 +19,14 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 
 namespace neuron::device {
 
 struct CollectiveTimeline {
-  static constexpr int kVersion = 1;
+  static constexpr int kVersion = 2;
   static constexpr const char *kCapsuleName =
       "torchneuron._device.CollectiveTimeline";
   int version = kVersion;
@@ -37,7 +38,16 @@ struct CollectiveTimeline {
   std::pair<double, double> (*place)(c10::DeviceIndex device,
                                      const std::string &name, int64_t bytes,
                                      const Work &work) = nullptr;
+  /// The calling thread's current stream of `device` waits until `timeNs`
+  /// (a collective's Work::wait()).
+  void (*waitUntil)(c10::DeviceIndex device, double timeNs) = nullptr;
+  /// runAtTime (Stream.h): completes a collective's future at its end.
+  void (*runAtTime)(c10::DeviceIndex device, double timeNs,
+                    const std::function<void()> &fn) = nullptr;
 };
+
+/// The device's table (EagerKernels.cpp), one per process.
+const CollectiveTimeline &collectiveTimeline();
 
 } // namespace neuron::device
 

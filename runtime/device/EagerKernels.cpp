@@ -16,6 +16,7 @@
 
 #include "runtime/device/KernelProvider.h"
 
+#include "runtime/device/CollectiveTimeline.h"
 #include "runtime/device/Device.h"
 #include "runtime/device/Generator.h"
 #include "runtime/device/Profiler.h"
@@ -364,13 +365,32 @@ void placeCopy(const std::optional<PlannedCopy> &copy) {
 std::pair<double, double> placeCollective(c10::DeviceIndex device,
                                           const std::string &name,
                                           int64_t bytes, const Work &work) {
-  c10::Stream stream = currentStream(device);
+  // The collective queues after what its stream issued before it.
+  Event issued;
+  recordEvent(issued, currentStream(device));
+  c10::Stream stream = collectiveStream(device);
+  streamWaitEvent(stream, issued);
   ProfiledKernelRun profiled(name, stream, work.durationNs, bytes);
   std::pair<double, double> span = placeWork(stream, work);
   if (profiling)
     if (std::shared_ptr<KernelProvider> p = provider)
       p->recordTransfer(name, "neuronlink", bytes, work.durationNs);
   return span;
+}
+
+const CollectiveTimeline &collectiveTimeline() {
+  static const CollectiveTimeline table = [] {
+    CollectiveTimeline t;
+    t.target = [] { return config().target; };
+    t.currentDevice = [] { return currentDevice(); };
+    t.place = &placeCollective;
+    t.waitUntil = [](c10::DeviceIndex device, double timeNs) {
+      streamWaitUntil(currentStream(device), timeNs);
+    };
+    t.runAtTime = &runAtTime;
+    return t;
+  }();
+  return table;
 }
 
 void clearEagerKernelCache() {

@@ -52,7 +52,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return newStream(d.index());
   }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override {
-    return newStream(d.index());
+    return poolStream(d.index());
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
     return device::exchangeStream(s);

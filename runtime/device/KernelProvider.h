@@ -104,7 +104,9 @@ void setEagerProfiling(bool enabled);
 /// Places a planned copy (Stream.h) on the timeline and reports it to
 /// torchneuron profiles.
 void placeCopy(const std::optional<PlannedCopy> &copy);
-/// Places a collective's modeled work on the current stream of `device` and
+/// Places a collective's modeled work on the collective stream of `device`
+/// (Stream.h: after the work issued before it on the current stream, which
+/// does not wait for it) and
 /// shows it to the profilers as a copy is shown: a range "neuron::<name>"
 /// with its bytes and a device event for torch.profiler, a run in
 /// torchneuron profiles. Returns its [start, end) in ns.

@@ -80,6 +80,30 @@ c10::Stream newStream(c10::DeviceIndex device) {
   return makeStream(device, static_cast<c10::StreamId>(streams.size() - 1));
 }
 
+c10::Stream poolStream(c10::DeviceIndex device) {
+  constexpr size_t kPoolSize = 32;
+  device = resolveDevice(device);
+  static std::mutex poolMutex;
+  static std::map<c10::DeviceIndex, std::pair<std::vector<c10::Stream>, size_t>>
+      pools;
+  std::lock_guard<std::mutex> lock(poolMutex);
+  auto &[streams, next] = pools[device];
+  if (streams.size() < kPoolSize)
+    streams.push_back(newStream(device));
+  return streams.at(next++ % streams.size());
+}
+
+c10::Stream collectiveStream(c10::DeviceIndex device) {
+  device = resolveDevice(device);
+  static std::mutex collectiveMutex;
+  static std::map<c10::DeviceIndex, c10::Stream> streams;
+  std::lock_guard<std::mutex> lock(collectiveMutex);
+  auto it = streams.find(device);
+  if (it == streams.end())
+    it = streams.emplace(device, newStream(device)).first;
+  return it->second;
+}
+
 double streamCursorNs(c10::Stream stream) {
   std::lock_guard<std::mutex> lock(timelineMutex);
   return cursor(stream);
@@ -147,6 +171,36 @@ void streamWaitEvent(c10::Stream stream, const Event &event) {
   std::lock_guard<std::mutex> lock(timelineMutex);
   double &at = cursor(stream);
   at = std::max(at, event.timeNs);
+}
+
+void streamWaitUntil(c10::Stream stream, double timeNs) {
+  std::lock_guard<std::mutex> lock(timelineMutex);
+  double &at = cursor(stream);
+  at = std::max(at, timeNs);
+}
+
+void runAtTime(c10::DeviceIndex device, double timeNs,
+               const std::function<void()> &fn) {
+  device = resolveDevice(device);
+  // One marker stream per thread and device: nothing else queues on it, and
+  // fn may complete futures whose callbacks come back here.
+  thread_local std::map<c10::DeviceIndex, c10::Stream> markers;
+  auto it = markers.find(device);
+  if (it == markers.end())
+    it = markers.emplace(device, newStream(device)).first;
+  c10::Stream marker = it->second;
+  {
+    std::lock_guard<std::mutex> lock(timelineMutex);
+    cursor(marker) = timeNs;
+  }
+  c10::Stream previous = exchangeStream(marker);
+  try {
+    fn();
+  } catch (...) {
+    exchangeStream(previous);
+    throw;
+  }
+  exchangeStream(previous);
 }
 
 double elapsedMs(const Event &start, const Event &end) {

@@ -35,6 +35,7 @@
 #include <c10/core/Stream.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -47,6 +48,16 @@ c10::Stream currentStream(c10::DeviceIndex device);
 /// Makes `stream` current for its device on this thread; returns the old one.
 c10::Stream exchangeStream(c10::Stream stream);
 c10::Stream newStream(c10::DeviceIndex device);
+
+/// A stream of the device's pool (torch's getStreamFromGlobalPool, which
+/// c10 futures use for their callbacks): 32 per device, handed out in turn,
+/// so the pool does not grow with every callback.
+c10::Stream poolStream(c10::DeviceIndex device);
+/// The device's queue for collectives, made on first use. A collective
+/// starts there after the work issued before it on the issuing stream, and
+/// the issuing stream does not wait for it: later kernels overlap it until
+/// the collective's result is waited for (as NCCL's internal stream).
+c10::Stream collectiveStream(c10::DeviceIndex device);
 
 /// The stream's modeled-time cursor (ns since the process started the
 /// device's timeline).
@@ -90,6 +101,13 @@ struct Event {
 void recordEvent(Event &event, c10::Stream stream);
 /// The stream's later work starts no earlier than the event's time.
 void streamWaitEvent(c10::Stream stream, const Event &event);
+/// The stream's later work starts no earlier than `timeNs`.
+void streamWaitUntil(c10::Stream stream, double timeNs);
+/// Runs `fn` with the calling thread's current stream of `device` set to a
+/// stream of its own whose cursor is `timeNs`: the events `fn` records
+/// (a c10 future's completion events) mark that time.
+void runAtTime(c10::DeviceIndex device, double timeNs,
+               const std::function<void()> &fn);
 /// Modeled milliseconds from `start` to `end`.
 double elapsedMs(const Event &start, const Event &end);
 

@@ -72,15 +72,22 @@ std::function<void()> divideBy(std::vector<at::Tensor> hostOutputs, int size) {
 
 /// The transport's Work, seen from the device: wait() and the future give
 /// the neuron tensors back, after `finish` (the AVG division) ran once; a
-/// transport error is rethrown naming the collective.
+/// transport error is rethrown naming the collective. The collective ends at
+/// `endNs` on the device's collective stream: wait() makes the waiting
+/// thread's current stream wait until then, and the future completes there
+/// (its completion events mark `endNs`), so whoever waits on either sees the
+/// collective done, and kernels issued before that overlap it.
 class NeuronWork final : public c10d::Work {
 public:
   NeuronWork(c10::intrusive_ptr<c10d::Work> inner, int rank, int size,
              c10d::OpType op, const char *collective,
-             std::vector<at::Tensor> outputs, std::function<void()> finish)
+             std::vector<at::Tensor> outputs, std::function<void()> finish,
+             const device::CollectiveTimeline *timeline,
+             c10::DeviceIndex device, double endNs)
       : c10d::Work(rank, op), inner_(std::move(inner)), size_(size),
         collective_(collective), outputs_(std::move(outputs)),
-        finish_(std::move(finish)) {}
+        finish_(std::move(finish)), timeline_(timeline), device_(device),
+        endNs_(endNs) {}
 
   bool isCompleted() override {
     bool done = inner_->isCompleted();
@@ -102,22 +109,31 @@ public:
                       c10::str("neuron ", collective_, " on rank ", rank_,
                                " of ", size_, " failed: ", e.what()));
     }
-    if (done)
+    if (done) {
       finishOnce();
+      timeline_->waitUntil(device_, endNs_);
+    }
     return done;
   }
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     std::lock_guard<std::mutex> lock(futureMutex_);
     if (!future_) {
+      future_ = c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()),
+          std::vector<c10::Device>{c10::Device(kNeuron, device_)});
       auto self =
           c10::intrusive_ptr<NeuronWork>::unsafe_reclaim_from_nonowning(this);
-      future_ = inner_->getFuture()->then(
-          [self](c10::ivalue::Future &) {
-            self->finishOnce();
-            return c10::IValue(self->outputs_);
-          },
-          c10::ListType::create(c10::TensorType::get()));
+      inner_->getFuture()->addCallback([self](c10::ivalue::Future &inner) {
+        if (inner.hasError()) {
+          self->future_->setError(inner.exception_ptr());
+          return;
+        }
+        self->finishOnce();
+        self->timeline_->runAtTime(self->device_, self->endNs_, [&self] {
+          self->future_->markCompleted(c10::IValue(self->outputs_));
+        });
+      });
     }
     return future_;
   }
@@ -134,6 +150,9 @@ private:
   std::vector<at::Tensor> outputs_;
   std::function<void()> finish_;
   std::once_flag finished_;
+  const device::CollectiveTimeline *timeline_;
+  c10::DeviceIndex device_;
+  double endNs_;
   std::mutex futureMutex_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
@@ -226,11 +245,12 @@ NeuronBackend::run(Collective c, c10d::OpType op, int64_t bytes,
   c10::intrusive_ptr<c10d::Work> inner = issue();
   // The collective path (links and collective engines) is the resource:
   // two collectives of one device queue, kernels overlap them.
-  timeline_->place(device, name, bytes,
-                   {cost.durationNs, {{"neuronlink", cost.durationNs}}});
-  return c10::make_intrusive<NeuronWork>(std::move(inner), getRank(), getSize(),
-                                         op, name, std::move(outputs),
-                                         std::move(finish));
+  double end = timeline_->place(
+      device, name, bytes,
+      {cost.durationNs, {{"neuronlink", cost.durationNs}}}).second;
+  return c10::make_intrusive<NeuronWork>(
+      std::move(inner), getRank(), getSize(), op, name, std::move(outputs),
+      std::move(finish), timeline_, device, end);
 }
 
 c10::intrusive_ptr<c10d::Work>

@@ -6,9 +6,12 @@
 // that alias the neuron tensors' memory: results land in the neuron tensors
 // with no copy. What the backend adds is the device's view: every
 // collective's modeled duration on the instance's topology (CollectiveCost.h)
-// is placed on the current stream of the tensors' device when it is issued,
-// so events and profilers see it, and its Work hands back the neuron
-// tensors (DDP reads the gradients from the Work's future).
+// is placed on the collective stream of the tensors' device when it is
+// issued (after the current stream's earlier work, which does not wait for
+// it), so events and profilers see it and kernels overlap it; its Work hands
+// back the neuron tensors, and waiting for the Work or its future holds the
+// waiter's current stream back until the collective ends (DDP's reducer
+// waits on the future at the end of the backward).
 //
 // ReduceOp.AVG, which Gloo lacks, is a sum divided by the group size once
 // the sum has arrived. A transport failure (a peer that died, a timeout)

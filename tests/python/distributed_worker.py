@@ -211,10 +211,13 @@ def modeled_time(rank: int, world: int, dev: torch.device, results: Results) -> 
     results["all_reduce_model_ns"] = expected["duration_ns"]
 
     out = torch.empty(world * x.numel(), device=dev)
+    issued = torch.Event(device=dev, enable_timing=True)
     start.record()
     work = dist.all_gather_into_tensor(out, x, async_op=True)
-    end.record()  # charged when issued, before wait
+    issued.record()  # the stream goes on without it until it is waited for
     work.wait()
+    end.record()
+    results["all_gather_issued_ns"] = start.elapsed_time(issued) * 1e6
     results["all_gather_event_ns"] = start.elapsed_time(end) * 1e6
     results["all_gather_model_ns"] = neuron_dist.collective_cost(
         "all_gather", out.nbytes, list(range(world))
@@ -425,6 +428,45 @@ def mesh_2d(rank: int, world: int, dev: torch.device, results: Results) -> None:
     results["mesh_up_local"] = tuple(model.up.weight.to_local().shape)
 
 
+def ddp_overlap(rank: int, world: int, dev: torch.device, results: Results) -> None:
+    """The modeled time of a DDP backward whose gradient buckets all-reduce while the rest of
+    the backward runs, against the same backward with free collectives."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    def deep() -> torch.nn.Module:
+        torch.manual_seed(0)
+        layers: list[torch.nn.Module] = []
+        for _ in range(6):
+            layers += [torch.nn.Linear(256, 256), torch.nn.GELU()]
+        return torch.nn.Sequential(*layers).to(dev)
+
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(rank)).to(dev)
+
+    def backward_ns(model: torch.nn.Module) -> float:
+        loss = model(x).pow(2).mean()
+        torch.neuron.synchronize()
+        start = torch.Event(device=dev, enable_timing=True)
+        end = torch.Event(device=dev, enable_timing=True)
+        start.record()
+        loss.backward()
+        end.record()
+        return start.elapsed_time(end) * 1e6
+
+    # The same DDP backward in a group of one rank: the same bucket copies, collectives that
+    # cost nothing. 256 KiB buckets: a bucket per layer (each layer's weight is 256 KiB).
+    alone_groups = [dist.new_group([r]) for r in range(world)]
+    alone = DistributedDataParallel(deep(), bucket_cap_mb=0.3, process_group=alone_groups[rank])
+    backward_ns(alone)  # compile the kernels first
+    results["backward_alone_ns"] = backward_ns(alone)
+    net = DistributedDataParallel(deep(), bucket_cap_mb=0.3)
+    backward_ns(net)
+    with torchneuron.profile() as prof:
+        results["backward_ddp_ns"] = backward_ns(net)
+    results["ddp_all_reduce_ns"] = [
+        k["device_ns"] for k in prof.kernels if k["name"] == "all_reduce"
+    ]
+
+
 def main() -> None:
     scenario, out_dir = sys.argv[1], Path(sys.argv[2])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -438,6 +480,7 @@ def main() -> None:
         collectives(rank, world, dev, results)
         modeled_time(rank, world, dev, results)
         ddp(rank, world, dev, results)
+        ddp_overlap(rank, world, dev, results)
         dist.destroy_process_group()
     elif scenario == "parallel":
         dist.init_process_group(timeout=timedelta(seconds=60))

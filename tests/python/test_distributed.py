@@ -154,6 +154,8 @@ def test_modeled_collective_time_is_on_the_stream(collectives: list[dict[str, An
             (1 << 18) / topo["core_bytes_per_ns"] + 2 * topo["core_latency_ns"]
         )
         assert results["all_reduce_event_ns"] == pytest.approx(model, rel=1e-6)
+        # An async collective holds its stream back only once it is waited for.
+        assert results["all_gather_issued_ns"] == 0
         assert results["all_gather_event_ns"] == pytest.approx(
             results["all_gather_model_ns"], rel=1e-6
         )
@@ -235,6 +237,18 @@ def test_fsdp_times_tensor_parallel_on_a_2d_mesh(tmp_path: Path) -> None:
         # up.weight (32, 16): split in 2 by tp (rows), then in 2 by FSDP (rows again).
         assert results["mesh_up_local"] == (8, 16)
         assert results["fallbacks"] == {}
+
+
+def test_ddp_all_reduce_overlaps_the_backward(collectives: list[dict[str, Any]]) -> None:
+    for results in collectives:
+        alone = results["backward_alone_ns"]
+        comm = results["ddp_all_reduce_ns"]
+        ddp = results["backward_ddp_ns"]
+        assert len(comm) >= 3, "expected several gradient buckets"
+        # Serialized, the backward would take alone + sum(comm); overlapped, all but the
+        # buckets' tail hides behind the compute.
+        assert ddp < alone + sum(comm) - 0.5 * sum(comm[:-1])
+        assert ddp >= max(alone, sum(comm))
 
 
 def test_a_rank_that_dies_makes_the_other_raise(tmp_path: Path) -> None:

@@ -241,21 +241,10 @@ public:
   bool refuse = false;
 };
 
-const device::CollectiveTimeline &timeline() {
-  static const device::CollectiveTimeline table = [] {
-    device::CollectiveTimeline t;
-    t.target = [] { return device::config().target; };
-    t.currentDevice = [] { return device::currentDevice(); };
-    t.place = &device::placeCollective;
-    return t;
-  }();
-  return table;
-}
-
 c10::intrusive_ptr<NeuronBackend> backendOver(float peer, bool fail = false) {
   return c10::make_intrusive<NeuronBackend>(
       c10::make_intrusive<FakeTransport>(peer, fail), 0, 2,
-      std::vector<int64_t>{}, trn2(), &timeline(),
+      std::vector<int64_t>{}, trn2(), &device::collectiveTimeline(),
       std::chrono::milliseconds(1000));
 }
 
@@ -270,6 +259,9 @@ TEST_CASE("the neuron backend reduces into neuron tensors and charges the "
   at::Tensor x = at::arange(8, at::kFloat).to(neuron);
   auto backend = backendOver(10.0f);
   c10::Stream stream = device::currentStream(0);
+  // Earlier tests' collectives may end later than this stream's work.
+  device::streamWaitUntil(
+      stream, device::streamCursorNs(device::collectiveStream(0)));
   double before = device::streamCursorNs(stream);
 
   std::vector<at::Tensor> tensors{x};
@@ -312,7 +304,7 @@ TEST_CASE("the neuron backend names the collective when the transport fails",
   auto refusing = c10::make_intrusive<FakeTransport>(1.0f);
   refusing->refuse = true;
   auto backend = c10::make_intrusive<NeuronBackend>(
-      refusing, 0, 2, std::vector<int64_t>{}, trn2(), &timeline(),
+      refusing, 0, 2, std::vector<int64_t>{}, trn2(), &device::collectiveTimeline(),
       std::chrono::milliseconds(1000));
   double before = device::streamCursorNs(device::currentStream(0));
   CHECK_THROWS_AS(backend->allreduce(tensors, {}), std::invalid_argument);
@@ -322,22 +314,54 @@ TEST_CASE("the neuron backend names the collective when the transport fails",
   CHECK_THROWS_AS(backendOver(1.0f)->allreduce(cpu, {}), c10::Error);
 }
 
-TEST_CASE("collectives queue on the collective path and overlap compute",
+TEST_CASE("collectives queue on the collective stream and overlap compute",
           "[collective]") {
   using namespace neuron::device;
-  c10::Stream a = newStream(0), b = newStream(0), c = newStream(0);
+  c10::Stream a = newStream(0), b = newStream(0);
+  streamWaitUntil(a, streamCursorNs(collectiveStream(0)));
   double start = streamCursorNs(a);
   Work collective{5e3, {{"neuronlink", 5e3}}};
-  // The current stream is the one placeCollective charges.
+  // A collective starts after the work its stream issued before it; the
+  // stream goes on without it, so a kernel issued next overlaps it.
   c10::Stream previous = exchangeStream(a);
-  placeCollective(0, "all_reduce", 1024, collective);
+  auto [s1, e1] = placeCollective(0, "all_reduce", 1024, collective);
+  CHECK(s1 == start);
+  CHECK(streamCursorNs(a) == start);
+  auto [s2, e2] = placeWork(a, {4e3, {{"tensor", 4e3}}});
+  CHECK(s2 == start);
+  // A second collective, from another stream, queues behind the first.
   exchangeStream(b);
-  auto [s2, e2] = placeCollective(0, "all_gather", 1024, collective);
+  auto [s3, e3] = placeCollective(0, "all_gather", 1024, collective);
   exchangeStream(previous);
-  CHECK(streamCursorNs(a) - start == Approx(5e3));
-  CHECK(e2 - start == Approx(10e3)); // waited for the first collective
-  // A kernel on a third stream does not wait for either.
-  auto [s3, e3] = placeWork(c, {4e3, {{"tensor", 4e3}}});
-  CHECK(s3 == start);
-  CHECK(e3 - start == Approx(4e3));
+  CHECK(s3 == e1);
+  CHECK(e3 - start == Approx(10e3));
+  // Waiting for it moves the waiting stream to its end.
+  streamWaitUntil(a, e3);
+  CHECK(streamCursorNs(a) == e3);
+}
+
+TEST_CASE("a collective's wait and future hold back only their waiter",
+          "[collective]") {
+  using namespace neuron::device;
+  const c10::Device neuron(kDeviceType, 0);
+  std::vector<at::Tensor> tensors{at::ones({1024}, at::kFloat).to(neuron)};
+  auto backend = backendOver(1.0f);
+  c10::Stream stream = currentStream(0);
+  streamWaitUntil(stream, streamCursorNs(collectiveStream(0)));
+  double before = streamCursorNs(stream);
+  double modeled =
+      collectiveCost(trn2(), Collective::AllReduce, 4096, {0, 1}).durationNs;
+
+  auto work = backend->allreduce(tensors, {});
+  CHECK(streamCursorNs(stream) == before); // issued, not waited for
+  // A c10 future waits through its device events, as DDP's reducer does.
+  auto future = work->getFuture();
+  future->wait();
+  CHECK(streamCursorNs(stream) == Approx(before + modeled));
+  CHECK(future->value().toTensorVector()[0].is_same(tensors[0]));
+
+  auto second = backend->allreduce(tensors, {});
+  second->wait();
+  CHECK(streamCursorNs(stream) == Approx(before + 2 * modeled));
+  CHECK(at::equal(tensors[0].cpu(), at::full({1024}, 3.0f)));
 }
