@@ -124,9 +124,11 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         h = self.attn_norm(x)
-        q = self.q_proj(h).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        # -1 heads, as Hugging Face's Llama writes it: tensor parallelism leaves each rank a
+        # share of the heads (benchmarks/scaling.py).
+        q = self.q_proj(h).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(b, s, -1, self.head_dim).transpose(1, 2)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
         return x + self.mlp(self.mlp_norm(x))
