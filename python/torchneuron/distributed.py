@@ -11,7 +11,7 @@ Ranks are ordinary processes (``torchrun --nproc-per-node=N``), each using one n
 The bytes move over Gloo's transport (torch ships it), on CPU tensors that alias the neuron
 tensors' memory (device memory is host memory), so the results land in the neuron tensors
 without a copy. Each collective also gets a modeled duration on the instance's topology
-(``runtime/distributed/CollectiveCost.h``: rings within a chip or across NeuronLink; rank ``r``
+(``runtime/timing/CollectiveCost.h``: rings within a chip or across NeuronLink; rank ``r``
 sits on core ``r % cores_per_chip`` of chip ``r // cores_per_chip``), placed on the current
 stream of the tensors' device when it is issued, where events, :func:`torchneuron.profile` and
 ``torch.profiler`` see it (resource ``neuronlink``). Each rank charges its own timeline; the

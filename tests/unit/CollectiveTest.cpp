@@ -12,7 +12,7 @@
 #include "runtime/device/Device.h"
 #include "runtime/device/KernelProvider.h"
 #include "runtime/device/Stream.h"
-#include "runtime/distributed/CollectiveCost.h"
+#include "runtime/timing/CollectiveCost.h"
 #include "runtime/distributed/NeuronBackend.h"
 #include "runtime/target/Target.h"
 
