@@ -35,8 +35,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(scenario: str, out: Path, timeout: float = 90) -> list[subprocess.CompletedProcess]:
-    """Run the 2 ranks of ``scenario``; kill both if they outlive ``timeout`` seconds."""
+def _launch(
+    scenario: str, out: Path, timeout: float = 90, worker: Path = WORKER
+) -> list[subprocess.CompletedProcess]:
+    """Run the 2 ranks of ``scenario`` of ``worker`` (no scenario argument when empty); kill
+    both if they outlive ``timeout`` seconds."""
     port = _free_port()
     procs = []
     for rank in range(WORLD):
@@ -55,7 +58,7 @@ def _launch(scenario: str, out: Path, timeout: float = 90) -> list[subprocess.Co
         env.pop("TORCHNEURON_VISIBLE_CORES", None)
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(WORKER), scenario, str(out)],
+                [sys.executable, str(worker), *([scenario] if scenario else []), str(out)],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
