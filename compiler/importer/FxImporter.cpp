@@ -879,9 +879,9 @@ Values collectiveHandler(Importer &im, CollectiveKind kind) {
           "all_gather and reduce_scatter of a 0-d tensor");
   require(!average || isa<FloatType>(inType.getElementType()),
           "avg of an integer tensor is not supported on the device");
-  Value result = im.b.create<CollectiveOp>(
-      im.loc(), out, input, kind, reduce, im.b.getStringAttr(group),
-      im.b.getDenseI64ArrayAttr(ranks));
+  Value result = im.b.create<CollectiveOp>(im.loc(), out, input, kind, reduce,
+                                           im.b.getStringAttr(group),
+                                           im.b.getDenseI64ArrayAttr(ranks));
   if (average)
     result = im.binary(BinaryFn::div, result, im.splat(double(n), out), out);
   return {result};

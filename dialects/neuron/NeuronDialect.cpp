@@ -315,8 +315,7 @@ LogicalResult CollectiveOp::verify() {
   for (int64_t r : ranks)
     if (r < 0 || !seen.insert(r).second)
       return emitOpError("rank ") << r << " is negative or listed twice";
-  if (getKind() != CollectiveKind::all_gather &&
-      getReduce() == ReduceFn::prod)
+  if (getKind() != CollectiveKind::all_gather && getReduce() == ReduceFn::prod)
     return emitOpError("reduces with sum, max or min");
   if (getKind() == CollectiveKind::all_reduce) {
     if (in.getShape() != out.getShape())

@@ -11,10 +11,10 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/device/CollectiveTimeline.h"
-#include "runtime/timing/CollectiveCost.h"
 #include "runtime/distributed/NeuronBackend.h"
 #include "runtime/distributed/ProcessGroupCollectives.h"
 #include "runtime/target/Target.h"
+#include "runtime/timing/CollectiveCost.h"
 
 #include <torch/csrc/utils/pybind.h>
 

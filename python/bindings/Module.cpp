@@ -195,8 +195,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly(
           "num_instructions",
           [](const Kernel &k) { return k.program.numInstructions(); })
-      .def_property_readonly(
-          "program_json", [](const Kernel &k) { return k.program.toJson(); })
+      .def_property_readonly("program_json",
+                             [](const Kernel &k) { return k.program.toJson(); })
       .def("run", &Kernel::run, py::arg("inputs"), py::arg("outputs"),
            py::arg("collectives") = py::none(),
            "Runs the kernel; each buffer is (data_ptr, dtype name, shape). "

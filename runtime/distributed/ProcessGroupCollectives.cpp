@@ -56,13 +56,14 @@ void run(const rt::CollectiveCall &call) {
   c10::intrusive_ptr<c10d::ProcessGroup> group =
       c10d::resolve_process_group(call.group);
   if (group->getSize() != call.groupSize)
-    throw std::invalid_argument(
-        "process group '" + std::string(call.group) + "' has " +
-        std::to_string(group->getSize()) + " ranks; the kernel was compiled "
-        "for " + std::to_string(call.groupSize));
+    throw std::invalid_argument("process group '" + std::string(call.group) +
+                                "' has " + std::to_string(group->getSize()) +
+                                " ranks; the kernel was compiled "
+                                "for " +
+                                std::to_string(call.groupSize));
   auto options = at::TensorOptions().dtype(scalarTypeOf(call.dtype));
-  at::Tensor src = at::from_blob(const_cast<void *>(call.src),
-                                 {call.srcElements}, options);
+  at::Tensor src =
+      at::from_blob(const_cast<void *>(call.src), {call.srcElements}, options);
   at::Tensor dst = at::from_blob(call.dst, {call.dstElements}, options);
   switch (call.kind) {
   case rt::Collective::AllReduce: {

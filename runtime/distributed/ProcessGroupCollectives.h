@@ -1,4 +1,5 @@
-//===- ProcessGroupCollectives.h - Collectives of compiled kernels -*- C++ -*-===//
+//===- ProcessGroupCollectives.h - Collectives of compiled kernels -*- C++
+//-*-===//
 //
 // The collective handler (runtime/exec/CollectiveHandler.h) that compiled
 // kernels run their collective instructions through: the instruction's

@@ -39,8 +39,7 @@ struct CollectiveCall {
 
 struct CollectiveHandler {
   static constexpr int kVersion = 1;
-  static constexpr const char *kCapsuleName =
-      "torchneuron.CollectiveHandler";
+  static constexpr const char *kCapsuleName = "torchneuron.CollectiveHandler";
   int version = kVersion;
   void *context = nullptr;
   /// Runs `call` to completion on this rank (every rank of the group runs

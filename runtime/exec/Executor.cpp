@@ -1206,7 +1206,8 @@ void Executor::Impl::execCollective(const CompiledInst &inst) {
   call.dst = bases[dst.buffer] + offsetOf(dst) * dst.elementSize;
   call.dstElements = dst.numElements;
   char error[512] = "";
-  int status = collectives->run(collectives->context, &call, error, sizeof error);
+  int status =
+      collectives->run(collectives->context, &call, error, sizeof error);
   error[sizeof error - 1] = 0;
   if (status != 0)
     throw Error(inst.name + ": " + collectiveName(call.kind) + " in group '" +

@@ -887,10 +887,10 @@ private:
     const CollectiveGroup &group =
         program.groups[static_cast<size_t>(inst.group)];
     try {
-      si.collectiveNs = distributed::collectiveCost(
-                            *topology, inst.collective,
-                            static_cast<int64_t>(bytes), group.ranks)
-                            .durationNs;
+      si.collectiveNs =
+          distributed::collectiveCost(*topology, inst.collective,
+                                      static_cast<int64_t>(bytes), group.ranks)
+              .durationNs;
     } catch (const std::invalid_argument &e) {
       throw Error("collective in group '" + group.name + "': " + e.what());
     }
@@ -1233,8 +1233,8 @@ private:
       lastSeq[unit] = seq;
       doneEnd[node] = std::max(doneEnd[node], end);
       doneReady[node] = std::max(doneReady[node], end);
-      const uint8_t transferUnit = uint8_t(
-          si.isCollective ? TimingUnit::Neuronlink : TimingUnit::Dma);
+      const uint8_t transferUnit =
+          uint8_t(si.isCollective ? TimingUnit::Neuronlink : TimingUnit::Dma);
       for (uint32_t i = 0; i < si.numReads; ++i)
         if (ops[i].tracked)
           record(ops[i].key,
@@ -1536,9 +1536,8 @@ private:
 
     std::string bound = "latency";
     double most = 0;
-    for (const char *name :
-         {"tensor", "vector", "scalar", "gpsimd", "sync", "dma", "hbm",
-          "neuronlink"}) {
+    for (const char *name : {"tensor", "vector", "scalar", "gpsimd", "sync",
+                             "dma", "hbm", "neuronlink"}) {
       double b = tl.engineBusyNs[name];
       if (b > most) {
         most = b;

@@ -149,9 +149,10 @@ const char *timingUnitName(TimingUnit unit);
 /// One scheduled piece of work of one dynamic instruction instance. Compute
 /// instructions have one event. A collective has a trigger event on its
 /// issuing queue and a transfer event on "neuronlink". A DMA has a trigger
-/// event on its issuing queue, a descriptor-generation event on GpSimd when software DGE is
-/// used, and a transfer event on the DMA engines (start: first byte on any
-/// engine; end: the last engine done, i.e. the completion semaphore).
+/// event on its issuing queue, a descriptor-generation event on GpSimd when
+/// software DGE is used, and a transfer event on the DMA engines (start: first
+/// byte on any engine; end: the last engine done, i.e. the completion
+/// semaphore).
 struct InstructionTiming {
   /// Static instruction index: position among the program's instructions in
   /// pre-order (loops not counted), as Program::numInstructions counts them.

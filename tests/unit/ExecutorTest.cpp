@@ -1,7 +1,7 @@
 //===- ExecutorTest.cpp - Op semantics and numerics of the executor -------===//
 
-#include "runtime/exec/CollectiveHandler.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/exec/CollectiveHandler.h"
 #include "runtime/exec/Philox.h"
 #include "runtime/exec/WorkerPool.h"
 #include "tests/unit/CatchCompat.h"
@@ -1651,14 +1651,15 @@ std::string gatherProgram() {
   std::string inst =
       R"({"op": "collective", "engine": "gpsimd", "kind": "all_gather",
           "group": 0, "src": )" +
-      view(0, "[4, 8]", "[8, 1]") + R"(, "dst": )" + view(1, "[8, 8]", "[8, 1]") +
-      "}";
+      view(0, "[4, 8]", "[8, 1]") + R"(, "dst": )" +
+      view(1, "[8, 8]", "[8, 1]") + "}";
   return neuron::test::withGroups(programJson(buffers, "0", "1", inst),
                                   R"([{"name": "tp", "ranks": [4, 5]}])");
 }
 } // namespace
 
-TEST_CASE("collective instructions run through the handler", "[exec][collective]") {
+TEST_CASE("collective instructions run through the handler",
+          "[exec][collective]") {
   Program program = Program::parse(gatherProgram());
   Executor executor(program, trn2());
   std::vector<float> in(32), out(64, -1);

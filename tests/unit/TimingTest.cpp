@@ -1477,9 +1477,9 @@ TEST_CASE("a collective is charged on neuronlink and overlaps independent work",
       R"({"op": "dma_copy", "engine": "sync", "src": )" +
       view(1, "[512, 512]", "[512, 1]") + R"(, "dst": )" +
       view(2, "[512, 512]", "[512, 1]") + "}";
-  std::string program = neuron::test::withGroups(
-      programJson(buffers, "0", "2", body),
-      R"([{"name": "0", "ranks": [0, 1]}])");
+  std::string program =
+      neuron::test::withGroups(programJson(buffers, "0", "2", body),
+                               R"([{"name": "0", "ranks": [0, 1]}])");
   Timeline tl = run(program, true);
   const InstructionTiming *link = nullptr, *memset = nullptr, *copy = nullptr;
   for (const InstructionTiming &e : tl.events) {
@@ -1493,11 +1493,10 @@ TEST_CASE("a collective is charged on neuronlink and overlaps independent work",
   REQUIRE(link);
   REQUIRE(memset);
   REQUIRE(copy);
-  double expected =
-      neuron::distributed::collectiveCost(
-          neuron::distributed::Topology::of(t), Collective::AllReduce,
-          512 * 512 * 4, {0, 1})
-          .durationNs;
+  double expected = neuron::distributed::collectiveCost(
+                        neuron::distributed::Topology::of(t),
+                        Collective::AllReduce, 512 * 512 * 4, {0, 1})
+                        .durationNs;
   CHECK(link->endNs - link->startNs == Approx(expected).epsilon(1e-9));
   CHECK(tl.engineBusyNs.at("neuronlink") == Approx(expected).epsilon(1e-9));
   // Independent work runs while the collective is in flight.
@@ -1521,10 +1520,10 @@ TEST_CASE("collectives of one core run one at a time, in program order",
       R"({"op": "collective", "engine": "gpsimd", "kind": "all_gather",
           "group": 0, "src": )" +
       src + R"(, "dst": )" + view(2, "[128, 64]", "[64, 1]") + "}";
-  Timeline tl = run(neuron::test::withGroups(
-                        programJson(buffers, "0", "1, 2", body),
-                        R"([{"name": "0", "ranks": [0, 1]}])"),
-                    true);
+  Timeline tl =
+      run(neuron::test::withGroups(programJson(buffers, "0", "1, 2", body),
+                                   R"([{"name": "0", "ranks": [0, 1]}])"),
+          true);
   std::vector<const InstructionTiming *> link;
   for (const InstructionTiming &e : tl.events)
     if (e.unit == TimingUnit::Neuronlink)
