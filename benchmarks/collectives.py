@@ -6,7 +6,7 @@ Run from the repository root, after ``scripts/setup.sh``:
     .venv/bin/python benchmarks/collectives.py --target trn3
     .venv/bin/python benchmarks/collectives.py --measure        # also 2 real ranks, up to 4 MiB
 
-The table is the cost model itself (``runtime/distributed/CollectiveCost.h``, through
+The table is the cost model itself (``runtime/timing/CollectiveCost.h``, through
 ``torchneuron.distributed.collective_cost``): the duration the backend charges on each rank's
 stream for one collective of the given size, for all_reduce, all_gather and reduce_scatter on
 2, 4 and 8 ranks of one chip and on 8 ranks one per chip (ranks 0, 8, ..., 56). Large sizes are

@@ -153,6 +153,10 @@ private:
   json buffers = json::array();
   std::vector<std::string> locations;
   std::map<std::string, int> locationIds;
+  /// The program's "groups": the process groups of collective instructions
+  /// by name, in order of first use.
+  json groups = json::array();
+  std::map<std::string, int64_t> groupIds;
   llvm::DenseMap<Value, Affine> ivs; // scf.for iv -> lb + step * counter
   llvm::DenseMap<Value, int> bufferIds;
   llvm::DenseMap<Value, View> views;
@@ -504,6 +508,24 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
         inst["multipliers"] = std::vector<double>(o.getMultipliers().begin(),
                                                   o.getMultipliers().end());
       })
+      .Case<nisa::CollectiveOp>([&](auto o) {
+        operand("src", o.getSrc());
+        operand("dst", o.getDst());
+        inst["kind"] = rt::collectiveName(nisa::toProgram(o.getKind()));
+        if (o.getKind() != nisa::Collective::all_gather)
+          inst["alu_op"] = rt::aluOpName(nisa::toProgram(o.getReduce()));
+        std::string group = o.getGroup().str();
+        std::vector<int64_t> ranks(o.getRanks().begin(), o.getRanks().end());
+        auto [it, inserted] = groupIds.try_emplace(group, groupIds.size());
+        if (inserted)
+          groups.push_back(json{{"name", group}, {"ranks", ranks}});
+        else if (groups[it->second]["ranks"] != json(ranks)) {
+          op->emitError("group '") << group << "' has other ranks elsewhere "
+                                   << "in the kernel";
+          ok = false;
+        }
+        inst["group"] = it->second;
+      })
       .Default([&](Operation *) {
         op->emitError("has no kernel program encoding");
         ok = false;
@@ -602,6 +624,8 @@ FailureOr<json> ProgramEmitter::emit() {
                {"body", body}};
   if (synchronized)
     program["sync"] = "explicit";
+  if (!groups.empty())
+    program["groups"] = groups;
   return program;
 }
 

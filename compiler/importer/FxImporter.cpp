@@ -825,6 +825,68 @@ Values modifierIndexHandler(Importer &im) {
   return {im.b.create<GatherOp>(im.loc(), im.resultType(), rows, flat)};
 }
 
+/// torch's functional collectives. The document gives each one the
+/// process group its name resolves to ("group": {"name", "ranks"}; see
+/// fx_json.py); avg is a sum divided by the group's size.
+Values collectiveHandler(Importer &im, CollectiveKind kind) {
+  const json &node = im.current();
+  auto groupIt = node.find("group");
+  require(groupIt != node.end() && groupIt->is_object() &&
+              groupIt->contains("name") && (*groupIt)["name"].is_string() &&
+              groupIt->contains("ranks"),
+          "the document does not say which process group this collective "
+          "runs in");
+  std::string group = (*groupIt)["name"].get<std::string>();
+  std::vector<int64_t> ranks = im.ints((*groupIt)["ranks"]);
+  require(!ranks.empty(), "the collective's process group has no ranks");
+  auto n = static_cast<int64_t>(ranks.size());
+  // Arguments: (input, [reduce_op,] [group_size,] group_name).
+  bool reduces = kind != CollectiveKind::all_gather;
+  size_t next = 1;
+  std::string reduceOp = "sum";
+  if (reduces) {
+    const json &op = im.arg(next++);
+    require(op.is_string(), "expected the reduce op as a string");
+    reduceOp = op.get<std::string>();
+  }
+  if (kind != CollectiveKind::all_reduce) {
+    require(im.integer(im.arg(next++)) == n,
+            "group_size differs from the size of group '" + group + "'");
+  }
+  const json &name = im.arg(next);
+  require(name.is_string() && name.get<std::string>() == group,
+          "the collective's group name differs from its document group");
+  ReduceFn reduce = ReduceFn::sum;
+  bool average = false;
+  if (reduceOp == "max")
+    reduce = ReduceFn::max;
+  else if (reduceOp == "min")
+    reduce = ReduceFn::min;
+  else if (reduceOp == "avg")
+    average = true;
+  else
+    require(reduceOp == "sum", "reduce op '" + reduceOp +
+                                   "' is not supported on the device (sum, "
+                                   "avg, max, min)");
+  Value input = im.tensor(im.arg(0));
+  auto inType = cast<RankedTensorType>(input.getType());
+  RankedTensorType out = im.resultType();
+  require(inType.getElementType() == out.getElementType(),
+          "internal: collective changes the dtype");
+  require(!inType.getElementType().isInteger(1),
+          "collectives of bool tensors are not supported on the device");
+  require(kind == CollectiveKind::all_reduce || inType.getRank() >= 1,
+          "all_gather and reduce_scatter of a 0-d tensor");
+  require(!average || isa<FloatType>(inType.getElementType()),
+          "avg of an integer tensor is not supported on the device");
+  Value result = im.b.create<CollectiveOp>(im.loc(), out, input, kind, reduce,
+                                           im.b.getStringAttr(group),
+                                           im.b.getDenseI64ArrayAttr(ranks));
+  if (average)
+    result = im.binary(BinaryFn::div, result, im.splat(double(n), out), out);
+  return {result};
+}
+
 Values unaryHandler(Importer &im, UnaryFn fn) {
   Value x = im.tensor(im.arg(0));
   RankedTensorType out = im.resultType();
@@ -1607,6 +1669,21 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.alias.default"] = castHandler;
     t["aten.detach.default"] = castHandler;
     t["aten.lift_fresh_copy.default"] = castHandler;
+
+    t["_c10d_functional.all_reduce.default"] = [](Importer &im) {
+      return collectiveHandler(im, CollectiveKind::all_reduce);
+    };
+    t["_c10d_functional.all_gather_into_tensor.default"] = [](Importer &im) {
+      return collectiveHandler(im, CollectiveKind::all_gather);
+    };
+    t["_c10d_functional.reduce_scatter_tensor.default"] = [](Importer &im) {
+      return collectiveHandler(im, CollectiveKind::reduce_scatter);
+    };
+    // The point where a collective's result is needed: a data dependence,
+    // which the kernel's synchronisation already honours.
+    t["_c10d_functional.wait_tensor.default"] = [](Importer &im) {
+      return Values{im.tensor(im.arg(0))};
+    };
 
     t["aten.mm.default"] = matmulHandler;
     t["aten.bmm.default"] = matmulHandler;

@@ -304,6 +304,45 @@ LogicalResult RandOp::verify() {
   return success();
 }
 
+LogicalResult CollectiveOp::verify() {
+  RankedTensorType in = tensorType(getInput()), out = getType();
+  if (in.getElementType() != out.getElementType())
+    return emitOpError("input and result must have one element type");
+  ArrayRef<int64_t> ranks = getRanks();
+  if (ranks.empty())
+    return emitOpError("needs the group's ranks");
+  llvm::SmallDenseSet<int64_t> seen;
+  for (int64_t r : ranks)
+    if (r < 0 || !seen.insert(r).second)
+      return emitOpError("rank ") << r << " is negative or listed twice";
+  if (getKind() != CollectiveKind::all_gather && getReduce() == ReduceFn::prod)
+    return emitOpError("reduces with sum, max or min");
+  if (getKind() == CollectiveKind::all_reduce) {
+    if (in.getShape() != out.getShape())
+      return emitOpError("all_reduce keeps the input's shape");
+    return success();
+  }
+  // all_gather and reduce_scatter work on dim 0.
+  auto n = static_cast<int64_t>(ranks.size());
+  if (in.getRank() < 1 || in.getRank() != out.getRank() ||
+      in.getShape().drop_front() != out.getShape().drop_front())
+    return emitOpError("input and result must agree on every dim but dim 0");
+  if (getKind() == CollectiveKind::all_gather) {
+    if (out.getDimSize(0) != in.getDimSize(0) * n)
+      return emitOpError("all_gather's result dim 0 must be ")
+             << n << " (the group's size) times the input's";
+    return success();
+  }
+  if (in.getDimSize(0) % n != 0)
+    return emitOpError("reduce_scatter's input dim 0 (")
+           << in.getDimSize(0) << ") must be divisible by the group's size ("
+           << n << ")";
+  if (out.getDimSize(0) * n != in.getDimSize(0))
+    return emitOpError("reduce_scatter's result dim 0 must be the input's / ")
+           << n;
+  return success();
+}
+
 #define GET_OP_CLASSES
 #include "dialects/neuron/NeuronOps.cpp.inc"
 

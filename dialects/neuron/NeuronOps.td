@@ -275,6 +275,44 @@ def Neuron_RandOp : Neuron_Op<"rand"> {
 }
 
 //===----------------------------------------------------------------------===//
+// Collectives
+//===----------------------------------------------------------------------===//
+
+def Neuron_CollectiveKind : I32EnumAttr<"CollectiveKind", "collective", [
+  I32EnumAttrCase<"all_reduce", 0>, I32EnumAttrCase<"all_gather", 1>,
+  I32EnumAttrCase<"reduce_scatter", 2>
+]> {
+  let cppNamespace = "::mlir::neuron";
+  let genSpecializedAttr = 0;
+}
+def Neuron_CollectiveKindAttr
+    : EnumAttr<Neuron_Dialect, Neuron_CollectiveKind, "collective">;
+
+// Not Pure: every rank of the group must issue the same collectives in the
+// same order, so none may be dropped, merged or moved past another.
+def Neuron_CollectiveOp : Op<Neuron_Dialect, "collective"> {
+  let summary = "a collective among the ranks of a process group";
+  let description = [{
+    torch's functional collectives (`_c10d_functional.all_reduce`,
+    `all_gather_into_tensor`, `reduce_scatter_tensor`; their
+    `wait_tensor` is where the result is used, i.e. its data dependence).
+    all_reduce: the result is `reduce` over the ranks' inputs; all_gather:
+    the ranks' inputs concatenated along dim 0 in group order;
+    reduce_scatter: this rank's dim-0 slice of the reduction. `group` is
+    torch's group name, which the runtime resolves to the process group;
+    `ranks` are its members' global ranks in group order.
+  }];
+  let arguments = (ins Neuron_Tensor:$input, Neuron_CollectiveKindAttr:$kind,
+                   DefaultValuedAttr<Neuron_ReduceFnAttr, "ReduceFn::sum">:$reduce,
+                   StrAttr:$group, DenseI64ArrayAttr:$ranks);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = [{
+    $kind $input attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // Attention
 //===----------------------------------------------------------------------===//
 

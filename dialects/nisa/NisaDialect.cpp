@@ -96,6 +96,8 @@ static_assert(getMaxEnumValForActivationFn() + 1 ==
               std::size(rt::kAllActFuncs));
 static_assert(getMaxEnumValForAluOp() + 1 == std::size(rt::kAllAluOps));
 static_assert(getMaxEnumValForMemorySpace() + 1 == std::size(rt::kAllSpaces));
+static_assert(getMaxEnumValForCollective() + 1 ==
+              std::size(rt::kAllCollectives));
 
 rt::Engine mlir::nisa::toProgram(Engine engine) {
   return static_cast<rt::Engine>(engine);
@@ -107,6 +109,9 @@ rt::ActFunc mlir::nisa::toProgram(ActivationFn func) {
   return static_cast<rt::ActFunc>(func);
 }
 rt::AluOp mlir::nisa::toProgram(AluOp op) { return static_cast<rt::AluOp>(op); }
+rt::Collective mlir::nisa::toProgram(Collective kind) {
+  return static_cast<rt::Collective>(kind);
+}
 
 std::optional<rt::Opcode> mlir::nisa::opcodeOf(Operation *op) {
   return llvm::TypeSwitch<Operation *, std::optional<rt::Opcode>>(op)
@@ -611,3 +616,56 @@ static void printOptionalTypes(OpAsmPrinter &printer, Operation *, Value first,
 
 #define GET_OP_CLASSES
 #include "dialects/nisa/NisaOps.cpp.inc"
+
+//===----------------------------------------------------------------------===//
+// Collectives
+//===----------------------------------------------------------------------===//
+
+LogicalResult CollectiveOp::verify() {
+  MemRefType src = memrefType(getSrc()), dst = memrefType(getDst());
+  if (getMemorySpace(src) != MemorySpace::hbm ||
+      getMemorySpace(dst) != MemorySpace::hbm)
+    return emitOpError("source and destination must be in HBM");
+  if (src.getElementType() != dst.getElementType())
+    return emitOpError("source and destination must have one element type");
+  if (!src.hasStaticShape() || !dst.hasStaticShape())
+    return emitOpError("needs static shapes");
+  ArrayRef<int64_t> ranks = getRanks();
+  if (ranks.empty())
+    return emitOpError("needs the group's ranks");
+  llvm::SmallDenseSet<int64_t> seen;
+  for (int64_t r : ranks)
+    if (r < 0 || !seen.insert(r).second)
+      return emitOpError("rank ") << r << " is negative or listed twice";
+  auto n = static_cast<int64_t>(ranks.size());
+  int64_t in = src.getNumElements(), out = dst.getNumElements();
+  switch (getKind()) {
+  case Collective::all_reduce:
+    if (in != out)
+      return emitOpError("all_reduce needs as many destination elements as "
+                         "source elements");
+    break;
+  case Collective::all_gather:
+    if (out != in * n)
+      return emitOpError("all_gather needs ")
+             << n << " (the group's size) times the source's elements in "
+             << "the destination";
+    break;
+  case Collective::reduce_scatter:
+    if (in != out * n)
+      return emitOpError("reduce_scatter needs ")
+             << n << " (the group's size) times the destination's elements "
+             << "in the source";
+    break;
+  default:
+    return emitOpError("kind must be all_reduce, all_gather or "
+                       "reduce_scatter, not ")
+           << stringifyCollective(getKind());
+  }
+  AluOp reduce = getReduce();
+  if (getKind() != Collective::all_gather && reduce != AluOp::add &&
+      reduce != AluOp::max && reduce != AluOp::min)
+    return emitOpError("reduces with add, max or min, not ")
+           << stringifyAluOp(reduce);
+  return success();
+}

@@ -51,6 +51,7 @@ std::optional<::neuron::runtime::Opcode> opcodeOf(Operation *op);
 ::neuron::runtime::Space toProgram(MemorySpace space);
 ::neuron::runtime::ActFunc toProgram(ActivationFn func);
 ::neuron::runtime::AluOp toProgram(AluOp op);
+::neuron::runtime::Collective toProgram(Collective kind);
 
 /// Whether `engine` may issue `op` (InstructionSet.def).
 bool canIssue(::neuron::runtime::Opcode op, Engine engine);

@@ -1,14 +1,14 @@
 # Writes NisaEnumCases.td: the cases of the nisa dialect's enums (Engine,
-# MemorySpace, ActivationFn, AluOp) in the order and spelling of
+# MemorySpace, ActivationFn, AluOp, Collective) in the order and spelling of
 # runtime/program/InstructionSet.def, so the dialect's enums and the
 # runtime's are one definition (the emitter converts between them by value).
 # Included from CMakeLists.txt; CMake re-runs when the table changes.
 set(NISA_ISA_DEF ${PROJECT_SOURCE_DIR}/runtime/program/InstructionSet.def)
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${NISA_ISA_DEF})
 file(STRINGS ${NISA_ISA_DEF} nisa_isa_lines
-  REGEX "^NEURON_(ENGINE|MEMORY_SPACE|ACT_FUNC|ALU_OP)\\(")
+  REGEX "^NEURON_(ENGINE|MEMORY_SPACE|ACT_FUNC|ALU_OP|COLLECTIVE)\\(")
 set(nisa_enum_td "// Generated from runtime/program/InstructionSet.def by NisaEnums.cmake.\n")
-foreach(kind ENGINE MEMORY_SPACE ACT_FUNC ALU_OP)
+foreach(kind ENGINE MEMORY_SPACE ACT_FUNC ALU_OP COLLECTIVE)
   set(cases)
   set(value 0)
   foreach(line IN LISTS nisa_isa_lines)

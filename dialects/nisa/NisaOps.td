@@ -65,6 +65,13 @@ def Nisa_AluOp : I32EnumAttr<"AluOp", "VectorE/GpSimd ALU operation",
 }
 def Nisa_AluOpAttr : EnumAttr<Nisa_Dialect, Nisa_AluOp, "alu">;
 
+def Nisa_Collective : I32EnumAttr<"Collective", "collective among ranks",
+                                  Nisa_COLLECTIVE_CASES> {
+  let cppNamespace = "::mlir::nisa";
+  let genSpecializedAttr = 0;
+}
+def Nisa_CollectiveAttr : EnumAttr<Nisa_Dialect, Nisa_Collective, "collective">;
+
 def Nisa_Engine : I32EnumAttr<"Engine", "instruction queue",
                               Nisa_ENGINE_CASES> {
   let cppNamespace = "::mlir::nisa";
@@ -270,6 +277,32 @@ def Nisa_RandOp : Nisa_Op<"rand"> {
                    DenseF64ArrayAttr:$multipliers);
   let assemblyFormat = [{
     $dst `,` $seed (`offset` $offset^)? attr-dict `:` type($dst) `,` type($seed)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Collectives
+//===----------------------------------------------------------------------===//
+
+def Nisa_CollectiveOp : Nisa_Op<"collective"> {
+  let summary = "collective among the ranks of a process group, HBM to HBM";
+  let description = [{
+    `kind` is all_reduce (dst = `reduce` over the ranks' src), all_gather
+    (dst = the ranks' src one after another, in group order) or
+    reduce_scatter (dst = this rank's slice of the reduction of the ranks'
+    src). `group` names the process group the runtime resolves (torch's
+    group name); `ranks` are its members' global ranks in group order, which
+    size the result and place the ring on the instance for the cost model.
+    Triggered from GpSimd's queue; like a DMA it completes asynchronously,
+    so `nisa-insert-sync` makes readers of dst (and writers of src) wait
+    for it, and independent instructions overlap it.
+  }];
+  let arguments = (ins AnyMemRef:$src, AnyMemRef:$dst,
+                   Nisa_CollectiveAttr:$kind,
+                   DefaultValuedAttr<Nisa_AluOpAttr, "AluOp::add">:$reduce,
+                   StrAttr:$group, DenseI64ArrayAttr:$ranks);
+  let assemblyFormat = [{
+    $kind $src `,` $dst attr-dict `:` type($src) `,` type($dst)
   }];
 }
 

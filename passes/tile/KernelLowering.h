@@ -207,6 +207,7 @@ private:
   void lowerConcat(ConcatOp op);
   void lowerGather(GatherOp op);
   void lowerRand(RandOp op);
+  void lowerCollective(CollectiveOp op);
   /// In passes/flex_attention/LowerFlexAttention(Backward).cpp.
   LogicalResult lowerFlexAttention(FlexAttentionOp op);
   LogicalResult lowerFlexAttentionBackward(FlexAttentionBackwardOp op);

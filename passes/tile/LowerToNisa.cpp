@@ -1182,6 +1182,22 @@ void KernelLowering::lowerRand(RandOp op) {
   });
 }
 
+/// One collective instruction from the input's buffer (made contiguous) to
+/// the result's: the process group moves whole tensors.
+void KernelLowering::lowerCollective(CollectiveOp op) {
+  auto flat = [&](Value buffer, RankedTensorType type) {
+    SmallVector<int64_t> shape(type.getShape());
+    if (shape.empty())
+      shape.push_back(1);
+    return view(buffer, index(0), shape, contiguousStrides(shape));
+  };
+  Value in = flat(bufferOf(op.getInput()), tensorType(op.getInput()));
+  Value out = flat(resultBuffer(op.getResult()), op.getType());
+  auto kind = *nisa::symbolizeCollective(stringifyCollectiveKind(op.getKind()));
+  b.create<nisa::CollectiveOp>(loc, in, out, kind, aluFor(op.getReduce()),
+                               op.getGroup(), op.getRanks());
+}
+
 LogicalResult KernelLowering::lower(Operation *op) {
   loc = op->getLoc();
   // An empty result needs a buffer but no instructions.
@@ -1233,6 +1249,10 @@ LogicalResult KernelLowering::lower(Operation *op) {
       })
       .Case<RandOp>([&](RandOp r) {
         lowerRand(r);
+        return success();
+      })
+      .Case<CollectiveOp>([&](CollectiveOp c) {
+        lowerCollective(c);
         return success();
       })
       .Case<FlexAttentionOp>(

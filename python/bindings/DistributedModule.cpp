@@ -11,9 +11,10 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/device/CollectiveTimeline.h"
-#include "runtime/distributed/CollectiveCost.h"
 #include "runtime/distributed/NeuronBackend.h"
+#include "runtime/distributed/ProcessGroupCollectives.h"
 #include "runtime/target/Target.h"
+#include "runtime/timing/CollectiveCost.h"
 
 #include <torch/csrc/utils/pybind.h>
 
@@ -71,6 +72,17 @@ PYBIND11_MODULE(_distributed, m) {
       },
       py::arg("collective"), py::arg("bytes"), py::arg("ranks"),
       py::arg("target"));
+
+  m.def(
+      "_collective_handler",
+      [] {
+        // The handler is static; the capsule only lends it.
+        const runtime::CollectiveHandler &handler = processGroupCollectives();
+        return py::capsule(static_cast<const void *>(&handler),
+                           runtime::CollectiveHandler::kCapsuleName);
+      },
+      "The handler compiled kernels run collective instructions through "
+      "(the c10d process group of each instruction's group name).");
 
   m.def(
       "_topology",

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/pipeline/Pipeline.h"
+#include "runtime/exec/CollectiveHandler.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/program/Program.h"
 #include "runtime/target/Target.h"
@@ -62,7 +63,15 @@ public:
   }
 
   void run(const std::vector<BufferArg> &inputs,
-           const std::vector<BufferArg> &outputs) {
+           const std::vector<BufferArg> &outputs,
+           const std::optional<py::capsule> &collectives) {
+    const runtime::CollectiveHandler *handler = nullptr;
+    if (collectives) {
+      if (std::string(collectives->name()) !=
+          runtime::CollectiveHandler::kCapsuleName)
+        throw py::type_error("collectives: not a CollectiveHandler capsule");
+      handler = collectives->get_pointer<runtime::CollectiveHandler>();
+    }
     auto convert = [](const std::vector<BufferArg> &args) {
       std::vector<runtime::HostTensor> tensors;
       for (auto &[ptr, dtype, shape] : args) {
@@ -76,7 +85,7 @@ public:
     auto in = convert(inputs), out = convert(outputs);
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(mutex); // scratch memory is per kernel
-    executor->run(in, out);
+    executor->run(in, out, handler);
   }
 
   /// The modeled timeline, computed on first use: runs that are not
@@ -186,10 +195,16 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly(
           "num_instructions",
           [](const Kernel &k) { return k.program.numInstructions(); })
-      .def_property_readonly(
-          "program_json", [](const Kernel &k) { return k.program.toJson(); })
+      .def_property_readonly("program_json",
+                             [](const Kernel &k) { return k.program.toJson(); })
       .def("run", &Kernel::run, py::arg("inputs"), py::arg("outputs"),
-           "Runs the kernel; each buffer is (data_ptr, dtype name, shape).")
+           py::arg("collectives") = py::none(),
+           "Runs the kernel; each buffer is (data_ptr, dtype name, shape). "
+           "Collective instructions run through `collectives` (a "
+           "CollectiveHandler capsule, torchneuron._distributed).")
+      .def_property_readonly(
+          "has_collectives",
+          [](const Kernel &k) { return k.program.hasCollectives(); })
       .def_property_readonly(
           "locations", [](const Kernel &k) { return k.program.locations; },
           "Python source lines (file:line) instructions came from.")

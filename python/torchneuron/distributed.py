@@ -14,7 +14,7 @@ Gloo's transport (torch ships it), on CPU tensors that alias the neuron tensors'
 memory is host memory), so the results land in the neuron tensors without a copy.
 
 Each collective also gets a modeled duration on the instance's topology
-(``runtime/distributed/CollectiveCost.h``: rings, or trees for small all-reduces and for
+(``runtime/timing/CollectiveCost.h``: rings, or trees for small all-reduces and for
 broadcast/reduce/gather/scatter, within a chip or across NeuronLink; rank ``r`` sits on core
 ``r % cores_per_chip`` of chip ``r // cores_per_chip``). As on a GPU with NCCL, it runs on the
 device's collective stream, after the work issued before it on the current stream, and the

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchneuron import flex, sdpa
+from torchneuron import collectives, flex, sdpa
 
 __all__ = [
     "DTYPE_NAMES",
@@ -348,6 +348,11 @@ class _Writer:
                 "kwargs": {str(k): self.encode(v) for k, v in node.kwargs.items()},
                 "outputs": _result_specs(node.meta.get("val")),
             }
+            if collectives.is_collective(node):
+                try:
+                    entry["group"] = collectives.group_entry(node)
+                except LookupError as e:
+                    raise _Unencodable(str(e)) from None
         except _Unencodable as e:
             self.fail(node, str(e))
             return

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from torchneuron import collectives
 from torchneuron._native import BufferArg, Kernel
 from torchneuron._stats import STATS
 from torchneuron.fx_json import DTYPE_NAMES, dtype_from_name
@@ -39,6 +40,8 @@ class DeviceKernel(torch.nn.Module):
         self.output_map = list(output_map) if output_map is not None else None
         self.input_specs = [(dtype_from_name(d), tuple(s)) for d, s in kernel.input_specs]
         self.output_specs = [(dtype_from_name(d), list(s)) for d, s in kernel.output_specs]
+        # Collective instructions run through the c10d process groups they name.
+        self.collectives = collectives.handler() if kernel.has_collectives else None
         if not returns_tuple and len(self.output_specs) != 1:
             raise RuntimeError(
                 f"{name}: kernel has {len(self.output_specs)} outputs, the graph expects 1"
@@ -72,16 +75,21 @@ class DeviceKernel(torch.nn.Module):
                 f"neuron:{self.graph_name}", device_ns
             )
             try:
-                self.kernel.run([_buffer(t) for t in inputs], [_buffer(t) for t in outputs])
+                self._run(inputs, outputs)
             finally:
                 torch.autograd._record_function_with_args_exit(handle)
         else:
-            self.kernel.run([_buffer(t) for t in inputs], [_buffer(t) for t in outputs])
+            self._run(inputs, outputs)
         STATS.record_kernel_run()
         record_run(self.kernel, self.graph_name)
         if self.output_map is not None:
             outputs = [outputs[i] for i in self.output_map]
         return tuple(outputs) if self.returns_tuple else outputs[0]
+
+    def _run(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        self.kernel.run(
+            [_buffer(t) for t in inputs], [_buffer(t) for t in outputs], self.collectives
+        )
 
     def extra_repr(self) -> str:
         return (

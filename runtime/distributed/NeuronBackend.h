@@ -23,7 +23,7 @@
 #define NEURON_RUNTIME_DISTRIBUTED_NEURONBACKEND_H
 
 #include "runtime/device/CollectiveTimeline.h"
-#include "runtime/distributed/CollectiveCost.h"
+#include "runtime/timing/CollectiveCost.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 

@@ -16,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/exec/Executor.h"
+#include "runtime/exec/CollectiveHandler.h"
 #include "runtime/exec/Gemm.h"
 #include "runtime/exec/Numerics.h"
 #include "runtime/exec/Philox.h"
@@ -864,6 +865,12 @@ struct Executor::Impl {
   uint64_t executed = 0;
   WorkerPool *pool = nullptr; // splits large instructions between threads
 
+  // Collective instructions: the groups by index, and the handler of the
+  // current run().
+  std::vector<CollectiveGroup> groups;
+  int64_t collectiveCount = 0;
+  const CollectiveHandler *collectives = nullptr;
+
   void compile(const Program &program);
   void compileNodes(const std::vector<Node> &nodes,
                     std::map<int64_t, int32_t> &slots,
@@ -921,6 +928,7 @@ struct Executor::Impl {
   void execIota(const CompiledInst &inst);
   void execMemset(const CompiledInst &inst);
   void execRand(const CompiledInst &inst);
+  void execCollective(const CompiledInst &inst);
 };
 
 namespace {
@@ -948,6 +956,7 @@ void Executor::Impl::compile(const Program &program) {
   for (int64_t id : program.outputs)
     outputBuffers.push_back(bufferIndex.at(id));
 
+  groups = program.groups;
   std::map<int64_t, int32_t> slots;
   compileNodes(program.body, slots, bufferIndex, program.locations);
   ivs.assign(slots.size(), 0);
@@ -1019,6 +1028,8 @@ void Executor::Impl::compileNodes(const std::vector<Node> &body,
           rowsIndependent({&inst.src, &inst.bias, &inst.scaleCol},
                           {&inst.dst, &inst.reduceRes});
 
+    if (inst.op == Opcode::Collective)
+      ++collectiveCount;
     compiled.name = "instruction #" + std::to_string(insts.size() + 1) + " (" +
                     opcodeName(inst.op);
     if (inst.loc >= 0 && inst.loc < static_cast<int64_t>(locations.size()))
@@ -1090,6 +1101,7 @@ void Executor::Impl::allocate(const Program &program) {
     case Opcode::DmaCopy:
     case Opcode::Copy:
     case Opcode::Memset:
+    case Opcode::Collective:
       break; // no scratch
     }
   }
@@ -1173,7 +1185,33 @@ void Executor::Impl::exec(const CompiledInst &inst) {
     return execMemset(inst);
   case Opcode::Rand:
     return execRand(inst);
+  case Opcode::Collective:
+    return execCollective(inst);
   }
+}
+
+// dst = the collective of every rank's src (CollectiveHandler.h). Verified
+// views are contiguous at a fixed offset.
+void Executor::Impl::execCollective(const CompiledInst &inst) {
+  const CompiledView &src = inst.views[RoleSrc], &dst = inst.views[RoleDst];
+  const CollectiveGroup &group = groups[static_cast<size_t>(inst.attrs.group)];
+  CollectiveCall call;
+  call.kind = inst.attrs.collective;
+  call.reduce = inst.attrs.aluOp;
+  call.group = group.name.c_str();
+  call.groupSize = static_cast<int64_t>(group.ranks.size());
+  call.dtype = src.dtype;
+  call.src = bases[src.buffer] + offsetOf(src) * src.elementSize;
+  call.srcElements = src.numElements;
+  call.dst = bases[dst.buffer] + offsetOf(dst) * dst.elementSize;
+  call.dstElements = dst.numElements;
+  char error[512] = "";
+  int status =
+      collectives->run(collectives->context, &call, error, sizeof error);
+  error[sizeof error - 1] = 0;
+  if (status != 0)
+    throw Error(inst.name + ": " + collectiveName(call.kind) + " in group '" +
+                group.name + "' failed: " + error);
 }
 
 // dst = src.
@@ -1632,8 +1670,20 @@ Executor &Executor::operator=(Executor &&) noexcept = default;
 uint64_t Executor::instructionsExecuted() const { return impl->executed; }
 
 void Executor::run(const std::vector<HostTensor> &inputs,
-                   const std::vector<HostTensor> &outputs) {
+                   const std::vector<HostTensor> &outputs,
+                   const CollectiveHandler *collectives) {
   Impl &state = *impl;
+  if (state.collectiveCount > 0) {
+    if (!collectives || !collectives->run)
+      throw Error("run: the program has " +
+                  std::to_string(state.collectiveCount) +
+                  " collective instruction(s) and no collective handler was "
+                  "given (run it with one, e.g. from torchneuron)");
+    if (collectives->version != CollectiveHandler::kVersion)
+      throw Error("run: collective handler of another build (version " +
+                  std::to_string(collectives->version) + ")");
+  }
+  state.collectives = collectives;
   auto bind = [&](const std::vector<HostTensor> &tensors,
                   const std::vector<int32_t> &buffers, const char *what) {
     if (tensors.size() != buffers.size())

@@ -24,6 +24,7 @@ struct Target;
 namespace neuron::runtime {
 
 class WorkerPool;
+struct CollectiveHandler;
 
 /// A contiguous row-major host array owned by the caller.
 struct HostTensor {
@@ -54,9 +55,12 @@ public:
   /// exactly (Error otherwise). Runtime faults (an out-of-range gather index)
   /// throw Error; the executor stays usable. Not reentrant: one run() at a
   /// time per executor. Scratch and internal buffers keep their contents
-  /// between runs, as on-chip memory would.
+  /// between runs, as on-chip memory would. Collective instructions run
+  /// through `collectives` (which must outlive the call); a program with
+  /// collectives run without a handler is an Error.
   void run(const std::vector<HostTensor> &inputs,
-           const std::vector<HostTensor> &outputs);
+           const std::vector<HostTensor> &outputs,
+           const CollectiveHandler *collectives = nullptr);
 
   /// Instructions executed by the most recent run() (each loop iteration
   /// counts its body again).

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -99,6 +100,15 @@ const char *aluOpName(AluOp v) {
   }
   return "?";
 }
+const char *collectiveName(Collective v) {
+  switch (v) {
+#define NEURON_COLLECTIVE(Name, Spelling)                                      \
+  case Collective::Name:                                                       \
+    return Spelling;
+#include "runtime/program/InstructionSet.def"
+  }
+  return "?";
+}
 std::optional<Space> parseSpace(std::string_view n) {
   return parseName(kAllSpaces, spaceName, n);
 }
@@ -116,6 +126,9 @@ std::optional<ActFunc> parseActFunc(std::string_view n) {
 }
 std::optional<AluOp> parseAluOp(std::string_view n) {
   return parseName(kAllAluOps, aluOpName, n);
+}
+std::optional<Collective> parseCollective(std::string_view n) {
+  return parseName(kAllCollectives, collectiveName, n);
 }
 
 //===----------------------------------------------------------------------===//
@@ -198,6 +211,18 @@ int64_t countInstructions(const std::vector<Node> &nodes) {
 } // namespace
 
 int64_t Program::numInstructions() const { return countInstructions(body); }
+
+bool Program::hasCollectives() const {
+  std::function<bool(const std::vector<Node> &)> any =
+      [&](const std::vector<Node> &nodes) {
+        for (const Node &node : nodes)
+          if (node.isLoop() ? any(node.body)
+                            : node.inst.op == Opcode::Collective)
+            return true;
+        return false;
+      };
+  return any(body);
+}
 
 //===----------------------------------------------------------------------===//
 // Base64
@@ -433,6 +458,8 @@ OpSpec makeOpSpec(Opcode op) {
             {"offset", "stream", "channel_multiplier", "multipliers"}};
   case Opcode::Copy:
     return {op, {"src", "dst"}, {}};
+  case Opcode::Collective:
+    return {op, {"src", "dst", "kind", "group"}, {"alu_op"}};
   }
   throw Error("internal error: no spec for op");
 }
@@ -463,7 +490,7 @@ Program Parser::parseDocument(const json &doc) {
   requireObject(doc, where);
   checkKeys(doc,
             {"format", "version", "name", "target", "sync", "buffers", "inputs",
-             "outputs", "locations", "body"},
+             "outputs", "locations", "groups", "body"},
             where);
   std::string format =
       asString(requireKey(doc, "format", where), field(where, "format"));
@@ -509,6 +536,21 @@ Program Parser::parseDocument(const json &doc) {
     for (size_t i = 0; i < locs.size(); ++i)
       program.locations.push_back(
           asString(locs[i], "locations[" + std::to_string(i) + "]"));
+  }
+
+  if (doc.contains("groups")) {
+    const json &groups = asArray(doc["groups"], field(where, "groups"));
+    for (size_t i = 0; i < groups.size(); ++i) {
+      std::string groupWhere = "groups[" + std::to_string(i) + "]";
+      requireObject(groups[i], groupWhere);
+      checkKeys(groups[i], {"name", "ranks"}, groupWhere);
+      CollectiveGroup group;
+      group.name = asString(requireKey(groups[i], "name", groupWhere),
+                            field(groupWhere, "name"));
+      group.ranks = asIntList(requireKey(groups[i], "ranks", groupWhere),
+                              field(groupWhere, "ranks"));
+      program.groups.push_back(std::move(group));
+    }
   }
 
   program.body = parseNodes(requireKey(doc, "body", where), "body", 0);
@@ -686,6 +728,14 @@ Instruction Parser::parseInstruction(const json &value,
       inst.value = asNumber(item, keyWhere);
     } else if (key == "stream") {
       inst.stream = asInt(item, keyWhere);
+    } else if (key == "kind") {
+      std::string name = asString(item, keyWhere);
+      std::optional<Collective> kind = parseCollective(name);
+      if (!kind)
+        fail(keyWhere, "unknown collective '" + name + "'");
+      inst.collective = *kind;
+    } else if (key == "group") {
+      inst.group = asInt(item, keyWhere);
     }
   }
   return inst;
@@ -745,6 +795,18 @@ int64_t product(const std::vector<int64_t> &shape, size_t from) {
   return total;
 }
 
+/// Whether `view` walks its elements in row-major order without gaps
+/// (strides of size-1 dims do not matter).
+bool isContiguous(const View &view) {
+  int64_t expected = 1;
+  for (size_t d = view.shape.size(); d-- > 0;) {
+    if (view.shape[d] != 1 && view.strides[d] != expected)
+      return false;
+    expected *= view.shape[d];
+  }
+  return true;
+}
+
 // Views larger than this are rejected so scratch allocation stays sane.
 constexpr int64_t kMaxViewElements = int64_t(1) << 34;
 
@@ -756,10 +818,13 @@ public:
 
 private:
   void verifyBuffers();
+  void verifyGroups();
   void verifyArguments(const std::vector<int64_t> &ids, BufferKind kind,
                        const char *fieldName);
   void verifyNodes(const std::vector<Node> &nodes, const std::string &where);
   void verifyInstruction(const Instruction &inst, const std::string &where);
+  void verifyCollective(const Instruction &inst,
+                        const std::map<std::string, const Buffer *> &buffers);
   const Buffer &verifyView(const View &view, const std::string &where);
   void verifyIotaOffset(const Instruction &inst, const AffineExpr &offset);
   [[noreturn]] void failInst(const Instruction &inst, const std::string &what);
@@ -784,10 +849,28 @@ void Verifier::run() {
     throw Error("program field 'target': program is for '" + program.target +
                 "', not '" + target.name + "'");
   verifyBuffers();
+  verifyGroups();
   verifyArguments(program.inputs, BufferKind::Input, "inputs");
   verifyArguments(program.outputs, BufferKind::Output, "outputs");
   numInstructions = program.numInstructions();
   verifyNodes(program.body, "body");
+}
+
+void Verifier::verifyGroups() {
+  std::set<std::string> names;
+  for (size_t i = 0; i < program.groups.size(); ++i) {
+    const CollectiveGroup &group = program.groups[i];
+    std::string where = "program field 'groups[" + std::to_string(i) + "]'";
+    if (!names.insert(group.name).second)
+      throw Error(where + ": group '" + group.name + "' is listed twice");
+    if (group.ranks.empty())
+      throw Error(where + ": group '" + group.name + "' has no ranks");
+    std::set<int64_t> ranks;
+    for (int64_t r : group.ranks)
+      if (r < 0 || !ranks.insert(r).second)
+        throw Error(where + ": rank " + std::to_string(r) +
+                    " is negative or listed twice");
+  }
 }
 
 void Verifier::verifyBuffers() {
@@ -1276,7 +1359,66 @@ void Verifier::verifyInstruction(const Instruction &inst,
     break;
   case Opcode::Memset:
     break;
+  case Opcode::Collective:
+    verifyCollective(inst, buffers);
+    break;
   }
+}
+
+void Verifier::verifyCollective(
+    const Instruction &inst,
+    const std::map<std::string, const Buffer *> &buffers) {
+  if (inst.group < 0 ||
+      inst.group >= static_cast<int64_t>(program.groups.size()))
+    failInst(inst, "field 'group': " + std::to_string(inst.group) +
+                       " is not an index into the program's " +
+                       std::to_string(program.groups.size()) + " groups");
+  auto n = static_cast<int64_t>(program.groups[inst.group].ranks.size());
+  const Buffer &src = *buffers.at("src"), &dst = *buffers.at("dst");
+  if (src.isOnChip() || dst.isOnChip())
+    failInst(inst, "'src' and 'dst' must be in hbm");
+  if (src.dtype != dst.dtype)
+    failInst(inst, "'src' and 'dst' must have one dtype");
+  // The handler sees flat host arrays: every element once, in order.
+  for (const char *fieldName : {"src", "dst"}) {
+    const View &view = fieldName[0] == 's' ? *inst.src : *inst.dst;
+    if (!isContiguous(view) || !view.offset.terms.empty())
+      failInst(inst, std::string("'") + fieldName +
+                         "' must be a contiguous view at a fixed offset");
+  }
+  int64_t in = inst.src->numElements(), out = inst.dst->numElements();
+  switch (inst.collective) {
+  case Collective::AllReduce:
+    if (in != out)
+      failInst(inst, "all_reduce: 'src' and 'dst' must have as many elements");
+    break;
+  case Collective::AllGather:
+    if (out != in * n)
+      failInst(inst, "all_gather: 'dst' must have " + std::to_string(n) +
+                         " times the elements of 'src' (the group's size)");
+    break;
+  case Collective::ReduceScatter:
+    if (in != out * n)
+      failInst(inst, "reduce_scatter: 'src' must have " + std::to_string(n) +
+                         " times the elements of 'dst' (the group's size)");
+    break;
+  case Collective::Broadcast:
+  case Collective::AllToAll:
+  case Collective::SendRecv:
+  case Collective::Barrier:
+  case Collective::Reduce:
+  case Collective::Gather:
+  case Collective::Scatter:
+    failInst(inst, std::string("field 'kind': ") +
+                       collectiveName(inst.collective) +
+                       " is not a collective instruction (all_reduce, "
+                       "all_gather, reduce_scatter)");
+  }
+  bool reduces = inst.collective != Collective::AllGather;
+  if (reduces && inst.aluOp != AluOp::Add && inst.aluOp != AluOp::Max &&
+      inst.aluOp != AluOp::Min)
+    failInst(inst, std::string("field 'alu_op': '") + aluOpName(inst.aluOp) +
+                       "' is not a collective reduction (add, max, min)");
 }
 
 } // namespace
@@ -1366,6 +1508,12 @@ json instructionJson(const Instruction &inst) {
   case Opcode::Memset:
     out["value"] = numberJson(inst.value);
     break;
+  case Opcode::Collective:
+    out["kind"] = collectiveName(inst.collective);
+    out["group"] = inst.group;
+    if (inst.collective != Collective::AllGather)
+      out["alu_op"] = aluOpName(inst.aluOp);
+    break;
   case Opcode::DmaCopy:
   case Opcode::DmaGather:
   case Opcode::Select:
@@ -1418,6 +1566,12 @@ std::string Program::toJson() const {
   doc["inputs"] = inputs;
   doc["outputs"] = outputs;
   doc["locations"] = locations;
+  if (!groups.empty()) {
+    json groupList = json::array();
+    for (const CollectiveGroup &group : groups)
+      groupList.push_back(json{{"name", group.name}, {"ranks", group.ranks}});
+    doc["groups"] = groupList;
+  }
   doc["body"] = nodesJson(body);
   return doc.dump();
 }

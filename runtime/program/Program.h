@@ -65,6 +65,12 @@ enum class AluOp {
 #include "runtime/program/InstructionSet.def"
 };
 
+/// Collectives among the ranks of a process group.
+enum class Collective {
+#define NEURON_COLLECTIVE(Name, Spelling) Name,
+#include "runtime/program/InstructionSet.def"
+};
+
 /// Every value of each enum, in declaration order.
 inline constexpr Space kAllSpaces[] = {
 #define NEURON_MEMORY_SPACE(Name, Spelling) Space::Name,
@@ -84,6 +90,10 @@ inline constexpr ActFunc kAllActFuncs[] = {
 };
 inline constexpr AluOp kAllAluOps[] = {
 #define NEURON_ALU_OP(Name, Spelling) AluOp::Name,
+#include "runtime/program/InstructionSet.def"
+};
+inline constexpr Collective kAllCollectives[] = {
+#define NEURON_COLLECTIVE(Name, Spelling) Collective::Name,
 #include "runtime/program/InstructionSet.def"
 };
 
@@ -130,12 +140,14 @@ const char *opcodeName(Opcode op);
 const char *engineName(Engine engine);
 const char *actFuncName(ActFunc func);
 const char *aluOpName(AluOp op);
+const char *collectiveName(Collective c);
 std::optional<Space> parseSpace(std::string_view name);
 std::optional<BufferKind> parseBufferKind(std::string_view name);
 std::optional<Opcode> parseOpcode(std::string_view name);
 std::optional<Engine> parseEngine(std::string_view name);
 std::optional<ActFunc> parseActFunc(std::string_view name);
 std::optional<AluOp> parseAluOp(std::string_view name);
+std::optional<Collective> parseCollective(std::string_view name);
 
 /// Returns the product of `shape` (1 for rank 0), or std::nullopt on int64
 /// overflow or a negative dimension.
@@ -231,6 +243,11 @@ struct Instruction {
   std::vector<double> multipliers; // "multipliers" (iota, rand)
   int64_t stream = 0;              // "stream" (rand): Philox counter word 2
   double value = 0.0;              // "value" (memset)
+  /// "kind" (collective): all_reduce, all_gather or reduce_scatter; the
+  /// reduction of all_reduce and reduce_scatter is "alu_op" (add, max, min).
+  Collective collective = Collective::AllReduce;
+  /// "group" (collective): index into Program::groups.
+  int64_t group = 0;
 
   /// Operands written by the instruction (dst, reduce_res) and read by it,
   /// in a fixed order (written ones first), with their file names; absent
@@ -252,6 +269,16 @@ inline constexpr OperandField kOperandFields[] = {
 #define NEURON_OPERAND(Member, Spelling, Written)                              \
   {Spelling, &Instruction::Member, Written},
 #include "runtime/program/InstructionSet.def"
+};
+
+/// A process group collective instructions run among (Program::groups).
+struct CollectiveGroup {
+  /// The name that resolves the group at run time (torch.distributed's
+  /// group name, as functional collectives carry it).
+  std::string name;
+  /// Its members' global ranks, in group order: where they sit in the
+  /// instance, for the cost model.
+  std::vector<int64_t> ranks;
 };
 
 struct Node {
@@ -280,6 +307,8 @@ public:
   std::vector<int64_t> inputs;  // buffer ids, argument order
   std::vector<int64_t> outputs; // buffer ids, result order
   std::vector<std::string> locations;
+  /// "groups": the process groups of collective instructions.
+  std::vector<CollectiveGroup> groups;
   std::vector<Node> body;
   /// "sync": "explicit": instructions carry the compiler's `waits`; absent,
   /// the timing model derives the waits from data hazards.
@@ -302,6 +331,9 @@ public:
   const Buffer *findBuffer(int64_t id) const;
   /// Instructions in the tree, counted once each (not per loop iteration).
   int64_t numInstructions() const;
+  /// Whether any instruction is a collective (running the program needs a
+  /// CollectiveHandler).
+  bool hasCollectives() const;
 };
 
 /// Deepest loop nesting parse accepts; keeps recursion bounded.

@@ -14,11 +14,14 @@
 #include "runtime/timing/TimingModel.h"
 #include "runtime/program/Program.h"
 #include "runtime/target/Target.h"
+#include "runtime/timing/CollectiveCost.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -44,6 +47,8 @@ const char *timingUnitName(TimingUnit unit) {
     return "sync";
   case TimingUnit::Dma:
     return "dma";
+  case TimingUnit::Neuronlink:
+    return "neuronlink";
   }
   return "?";
 }
@@ -470,6 +475,10 @@ struct StaticInst {
   double completionNs = 0;
   double flops = 0;
 
+  // Collective (also isDma: it completes asynchronously).
+  bool isCollective = false;
+  double collectiveNs = 0; // on the collective path
+
   // DMA.
   bool isDma = false;
   double triggerNs = 0;       // on the issuing queue
@@ -551,6 +560,13 @@ class Model {
 public:
   Model(const Program &source, const Target &target)
       : program(source), params(target) {
+    if (program.hasCollectives()) {
+      try {
+        topology = distributed::Topology::of(target);
+      } catch (const std::invalid_argument &e) {
+        throw Error(e.what());
+      }
+    }
     for (size_t i = 0; i < program.buffers.size(); ++i)
       bufferIndex[program.buffers[i].id] = static_cast<int32_t>(i);
     numKeys = static_cast<int32_t>(program.buffers.size());
@@ -574,6 +590,8 @@ public:
 
   const Program &program;
   const Params params;
+  /// The instance's topology, for programs with collectives.
+  std::optional<distributed::Topology> topology;
   std::map<int64_t, int32_t> bufferIndex;
   std::vector<StaticInst> insts;
   std::vector<Operand> operands;
@@ -743,6 +761,9 @@ private:
     case Opcode::Rand:
       costCompute(inst, si);
       break;
+    case Opcode::Collective:
+      costCollective(inst, si);
+      break;
     }
     return si;
   }
@@ -792,6 +813,7 @@ private:
     case Opcode::DmaCopy:
     case Opcode::DmaGather:
     case Opcode::Matmul:
+    case Opcode::Collective:
       break; // costed by costDma and costMatmul
     }
     double n = static_cast<double>(freeElements(
@@ -848,6 +870,33 @@ private:
         p.cyclesToNs(unit, p.dependentOverheadCycles[int(unit)]);
     if (inst.op == Opcode::Activation)
       si.activationTable = activationTableOf(inst.func);
+  }
+
+  /// The ring cost of the collective among its group's ranks: B is the
+  /// tensor for all_reduce, the gathered output for all_gather, the
+  /// scattered input for reduce_scatter (CollectiveCost.h).
+  void costCollective(const Instruction &inst, StaticInst &si) {
+    si.isDma = true;
+    si.isCollective = true;
+    const Buffer &srcBuf = bufferOf(*inst.src), &dstBuf = bufferOf(*inst.dst);
+    double in = static_cast<double>(inst.src->numElements()) *
+                static_cast<double>(dtypeSize(srcBuf.dtype));
+    double out = static_cast<double>(inst.dst->numElements()) *
+                 static_cast<double>(dtypeSize(dstBuf.dtype));
+    double bytes = inst.collective == Collective::AllGather ? out : in;
+    const CollectiveGroup &group =
+        program.groups[static_cast<size_t>(inst.group)];
+    try {
+      si.collectiveNs =
+          distributed::collectiveCost(*topology, inst.collective,
+                                      static_cast<int64_t>(bytes), group.ranks)
+              .durationNs;
+    } catch (const std::invalid_argument &e) {
+      throw Error("collective in group '" + group.name + "': " + e.what());
+    }
+    si.triggerNs = params.dmaTriggerNs;
+    si.hbmRead = in;
+    si.hbmWritten = out;
   }
 
   void costDma(const Instruction &inst, StaticInst &si) {
@@ -1175,18 +1224,24 @@ private:
 
     double end, ready;
     if (si.isDma) {
-      executeDma(si, boxes, std::max(waitOther, waitStationary), end);
+      double wait = std::max(waitOther, waitStationary);
+      if (si.isCollective)
+        executeCollective(si, wait, end);
+      else
+        executeDma(si, boxes, wait, end);
       ready = end;
       lastSeq[unit] = seq;
       doneEnd[node] = std::max(doneEnd[node], end);
       doneReady[node] = std::max(doneReady[node], end);
+      const uint8_t transferUnit =
+          uint8_t(si.isCollective ? TimingUnit::Neuronlink : TimingUnit::Dma);
       for (uint32_t i = 0; i < si.numReads; ++i)
         if (ops[i].tracked)
-          record(ops[i].key, Access{boxes[i], end, end, seq, node,
-                                    uint8_t(TimingUnit::Dma), false});
+          record(ops[i].key,
+                 Access{boxes[i], end, end, seq, node, transferUnit, false});
       for (uint32_t i = si.numReads; i < numOps; ++i)
-        record(ops[i].key, Access{boxes[i], end, end, seq, node,
-                                  uint8_t(TimingUnit::Dma), true});
+        record(ops[i].key,
+               Access{boxes[i], end, end, seq, node, transferUnit, true});
       return;
     }
 
@@ -1312,6 +1367,28 @@ private:
            (a.node >= 0 ? describe(m.insts[static_cast<size_t>(a.node)])
                         : std::string("earlier instructions")) +
            " before that is done (a wait is missing)";
+  }
+
+  /// A trigger on the issuing queue, then the transfer on the collective
+  /// path once the previous collective is done.
+  void executeCollective(const StaticInst &si, double wait,
+                         double &completion) {
+    const uint8_t unit = static_cast<uint8_t>(si.unit);
+    double triggerStart = std::max(queueFree[unit], wait);
+    double triggerEnd = triggerStart + si.triggerNs;
+    queueFree[unit] = triggerEnd;
+    busy[unit] += si.triggerNs;
+    event(si, si.unit, triggerStart, triggerEnd);
+
+    const int link = int(TimingUnit::Neuronlink);
+    double start = std::max(queueFree[link], triggerEnd);
+    completion = start + si.collectiveNs;
+    queueFree[link] = completion;
+    busy[link] += si.collectiveNs;
+    endTime = std::max(endTime, completion);
+    timeline.hbmBytesRead += si.hbmRead;
+    timeline.hbmBytesWritten += si.hbmWritten;
+    event(si, TimingUnit::Neuronlink, start, completion);
   }
 
   void executeDma(const StaticInst &si, const Box *boxes, double wait,
@@ -1455,11 +1532,12 @@ private:
     tl.engineBusyNs["dma"] = dmaMax;
     tl.engineBusyNs["dma_avg"] = dmaSum / static_cast<double>(dmaBusy.size());
     tl.engineBusyNs["hbm"] = hbmBusy;
+    tl.engineBusyNs["neuronlink"] = busy[int(TimingUnit::Neuronlink)];
 
     std::string bound = "latency";
     double most = 0;
-    for (const char *name :
-         {"tensor", "vector", "scalar", "gpsimd", "sync", "dma", "hbm"}) {
+    for (const char *name : {"tensor", "vector", "scalar", "gpsimd", "sync",
+                             "dma", "hbm", "neuronlink"}) {
       double b = tl.engineBusyNs[name];
       if (b > most) {
         most = b;

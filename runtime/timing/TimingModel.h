@@ -51,6 +51,15 @@
 //     bandwidth plus a per-descriptor overhead that is hidden for large
 //     descriptors (256 B/partition ~28%, 2 KiB ~80%, 4 KiB ~92%, >= 8 KiB
 //     100% of peak). DMA transposes run at the documented efficiency.
+//   * Collective (all_reduce, all_gather, reduce_scatter among a process
+//     group's ranks): the issuing queue spends a DMA trigger, then the
+//     transfer occupies the core's collective path ("neuronlink", one
+//     collective at a time, in program order) for the ring cost of
+//     CollectiveCost.h, the same figure eager collectives are charged. Like
+//     a DMA it completes asynchronously: instructions that do not depend on
+//     it run meanwhile, which is how compute overlaps communication. Its
+//     HBM and DMA-engine traffic is not booked against the core's (a
+//     documented limit: it would slow overlapping loads slightly).
 //
 // Dependencies. Every dynamic instance's accesses are recorded as bounding
 // boxes of its views (rows x columns: exact for row/column tiles,
@@ -121,18 +130,29 @@ namespace neuron::runtime {
 class Program;
 
 /// A resource that executes timed work: the sequencer queues of the four
-/// compute engines and SyncE (same order as Engine), plus the DMA engines.
-enum class TimingUnit : uint8_t { Tensor, Vector, Scalar, GpSimd, Sync, Dma };
-inline constexpr int kNumTimingUnits = 6;
+/// compute engines and SyncE (same order as Engine), the DMA engines, and
+/// the collective path to the other ranks (collective instructions).
+enum class TimingUnit : uint8_t {
+  Tensor,
+  Vector,
+  Scalar,
+  GpSimd,
+  Sync,
+  Dma,
+  Neuronlink
+};
+inline constexpr int kNumTimingUnits = 7;
 
-/// "tensor", "vector", "scalar", "gpsimd", "sync" or "dma".
+/// "tensor", "vector", "scalar", "gpsimd", "sync", "dma" or "neuronlink".
 const char *timingUnitName(TimingUnit unit);
 
 /// One scheduled piece of work of one dynamic instruction instance. Compute
-/// instructions have one event. A DMA has a trigger event on its issuing
-/// queue, a descriptor-generation event on GpSimd when software DGE is
-/// used, and a transfer event on the DMA engines (start: first byte on any
-/// engine; end: the last engine done, i.e. the completion semaphore).
+/// instructions have one event. A collective has a trigger event on its
+/// issuing queue and a transfer event on "neuronlink". A DMA has a trigger
+/// event on its issuing queue, a descriptor-generation event on GpSimd when
+/// software DGE is used, and a transfer event on the DMA engines (start: first
+/// byte on any engine; end: the last engine done, i.e. the completion
+/// semaphore).
 struct InstructionTiming {
   /// Static instruction index: position among the program's instructions in
   /// pre-order (loops not counted), as Program::numInstructions counts them.
@@ -153,7 +173,8 @@ struct Timeline {
   double totalNs = 0;
   /// Busy time per resource: "tensor", "vector", "scalar", "gpsimd", "sync"
   /// (queue occupancy), "dma" (the busiest DMA engine), "dma_avg" (mean over
-  /// the DMA engines) and "hbm" (HBM bytes / the core's HBM bandwidth).
+  /// the DMA engines), "hbm" (HBM bytes / the core's HBM bandwidth) and
+  /// "neuronlink" (collective instructions in flight).
   std::map<std::string, double> engineBusyNs;
   /// The resource with the most busy time; "latency" when even that one is
   /// busy less than the target's timing_bound_min_utilization of totalNs

@@ -36,10 +36,14 @@ def _free_port() -> int:
 
 
 def _launch(
-    scenario: str, out: Path, timeout: float = 90, world: int = WORLD
+    scenario: str,
+    out: Path,
+    timeout: float = 90,
+    world: int = WORLD,
+    worker: Path = WORKER,
 ) -> list[subprocess.CompletedProcess]:
-    """Run the ``world`` ranks of ``scenario``; kill them all if they outlive ``timeout``
-    seconds."""
+    """Run the ``world`` ranks of ``scenario`` of ``worker`` (no scenario argument when
+    empty); kill them all if they outlive ``timeout`` seconds."""
     port = _free_port()
     procs = []
     for rank in range(world):
@@ -58,7 +62,7 @@ def _launch(
         env.pop("TORCHNEURON_VISIBLE_CORES", None)
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(WORKER), scenario, str(out)],
+                [sys.executable, str(worker), *([scenario] if scenario else []), str(out)],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -12,9 +12,9 @@
 #include "runtime/device/Device.h"
 #include "runtime/device/KernelProvider.h"
 #include "runtime/device/Stream.h"
-#include "runtime/distributed/CollectiveCost.h"
 #include "runtime/distributed/NeuronBackend.h"
 #include "runtime/target/Target.h"
+#include "runtime/timing/CollectiveCost.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>

@@ -1,12 +1,14 @@
 //===- ExecutorTest.cpp - Op semantics and numerics of the executor -------===//
 
 #include "runtime/exec/Executor.h"
+#include "runtime/exec/CollectiveHandler.h"
 #include "runtime/exec/Philox.h"
 #include "runtime/exec/WorkerPool.h"
 #include "tests/unit/CatchCompat.h"
 #include "tests/unit/TestUtil.h"
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -1607,4 +1609,115 @@ TEST_CASE("results do not depend on host addresses or thread counts",
       }
     }
   }
+}
+
+namespace {
+/// A collective handler that plays a two-rank group whose other rank holds
+/// `peerScale` times this rank's data; it records what it was asked.
+struct FakeCollectives {
+  CollectiveCall last;
+  std::string group;
+  int calls = 0;
+  float peerScale = 10;
+  const char *failWith = nullptr;
+
+  static int run(void *context, const CollectiveCall *call, char *error,
+                 size_t errorSize) {
+    auto &self = *static_cast<FakeCollectives *>(context);
+    ++self.calls;
+    self.last = *call;
+    self.group = call->group;
+    if (self.failWith) {
+      std::snprintf(error, errorSize, "%s", self.failWith);
+      return 1;
+    }
+    const auto *src = static_cast<const float *>(call->src);
+    auto *dst = static_cast<float *>(call->dst);
+    for (int64_t i = 0; i < call->srcElements; ++i) // all_gather of 2 ranks
+      dst[i] = src[i], dst[call->srcElements + i] = src[i] * self.peerScale;
+    return 0;
+  }
+  CollectiveHandler handler() {
+    CollectiveHandler h;
+    h.context = this;
+    h.run = &FakeCollectives::run;
+    return h;
+  }
+};
+
+std::string gatherProgram() {
+  std::string buffers = buffer(0, "hbm", "input", "f32", "[4, 8]") + "," +
+                        buffer(1, "hbm", "output", "f32", "[8, 8]");
+  std::string inst =
+      R"({"op": "collective", "engine": "gpsimd", "kind": "all_gather",
+          "group": 0, "src": )" +
+      view(0, "[4, 8]", "[8, 1]") + R"(, "dst": )" +
+      view(1, "[8, 8]", "[8, 1]") + "}";
+  return neuron::test::withGroups(programJson(buffers, "0", "1", inst),
+                                  R"([{"name": "tp", "ranks": [4, 5]}])");
+}
+} // namespace
+
+TEST_CASE("collective instructions run through the handler",
+          "[exec][collective]") {
+  Program program = Program::parse(gatherProgram());
+  Executor executor(program, trn2());
+  std::vector<float> in(32), out(64, -1);
+  for (int i = 0; i < 32; ++i)
+    in[i] = float(i);
+  FakeCollectives fake;
+  CollectiveHandler handler = fake.handler();
+  executor.run({neuron::test::host(in, DType::F32, {4, 8})},
+               {neuron::test::host(out, DType::F32, {8, 8})}, &handler);
+  CHECK(fake.calls == 1);
+  CHECK(fake.group == "tp");
+  CHECK(fake.last.kind == Collective::AllGather);
+  CHECK(fake.last.groupSize == 2);
+  CHECK(fake.last.dtype == DType::F32);
+  CHECK(fake.last.src == in.data());
+  CHECK(fake.last.dst == out.data());
+  CHECK(fake.last.srcElements == 32);
+  CHECK(fake.last.dstElements == 64);
+  for (int i = 0; i < 32; ++i) {
+    CHECK(out[i] == float(i));
+    CHECK(out[32 + i] == float(i) * 10);
+  }
+}
+
+TEST_CASE("a collective without a handler, or failing, is an error",
+          "[exec][collective]") {
+  Program program = Program::parse(gatherProgram());
+  Executor executor(program, trn2());
+  std::vector<float> in(32), out(64);
+  std::vector<HostTensor> ins{neuron::test::host(in, DType::F32, {4, 8})};
+  std::vector<HostTensor> outs{neuron::test::host(out, DType::F32, {8, 8})};
+  CHECK(contains(errorOf([&] { executor.run(ins, outs); }),
+                 "no collective handler"));
+  FakeCollectives fake;
+  fake.failWith = "peer went away";
+  CollectiveHandler handler = fake.handler();
+  std::string error = errorOf([&] { executor.run(ins, outs, &handler); });
+  CHECK(contains(error, "all_gather in group 'tp' failed: peer went away"));
+  // The executor stays usable.
+  fake.failWith = nullptr;
+  executor.run(ins, outs, &handler);
+  CHECK(fake.calls == 2);
+}
+
+TEST_CASE("the program verifier checks collective instructions",
+          "[program][collective]") {
+  std::string good = gatherProgram();
+  auto replaced = [&](const std::string &from, const std::string &to) {
+    std::string s = good;
+    s.replace(s.find(from), from.size(), to);
+    return errorOf([&] { Program::parse(s).verify(trn2()); });
+  };
+  CHECK(contains(replaced(R"("ranks": [4, 5])", R"("ranks": [4, 5, 6])"),
+                 "all_gather: 'dst' must have 3 times the elements of 'src'"));
+  CHECK(contains(replaced(R"("group": 0)", R"("group": 1)"),
+                 "field 'group': 1 is not an index"));
+  CHECK(contains(replaced(R"("kind": "all_gather")", R"("kind": "barrier")"),
+                 "barrier is not a collective instruction"));
+  CHECK(contains(replaced(R"("ranks": [4, 5])", R"("ranks": [4, 4])"),
+                 "rank 4 is negative or listed twice"));
 }

@@ -55,6 +55,13 @@ inline std::string explicitSync(const std::string &program) {
   return "{\"sync\": \"explicit\", " + program.substr(1);
 }
 
+/// `program` (a programJson document) with "groups": `groups` (a JSON
+/// array of {"name", "ranks"}).
+inline std::string withGroups(const std::string &program,
+                              const std::string &groups) {
+  return "{\"groups\": " + groups + ", " + program.substr(1);
+}
+
 /// `inst` (an instruction JSON object) with "waits": `waits` (a JSON array).
 inline std::string withWaits(const std::string &inst,
                              const std::string &waits) {
@@ -190,6 +197,10 @@ inline std::string sampleProgram(neuron::runtime::Opcode op,
     fields = R"("channel_multiplier": 64, "multipliers": [1], "seed": )" +
              seed + R"(, "dst": )" + full(3);
     break;
+  case Opcode::Collective:
+    fields = R"("kind": "all_reduce", "alu_op": "add", "group": 0, "src": )" +
+             full(0) + R"(, "dst": )" + full(7);
+    break;
   }
   std::string buffers = buffer(0, "hbm", "input", "f32", "[128, 64]") + "," +
                         buffer(1, "sbuf", "scratch", "f32", "[128, 64]") + "," +
@@ -197,11 +208,13 @@ inline std::string sampleProgram(neuron::runtime::Opcode op,
                         buffer(3, "sbuf", "scratch", "f32", "[128, 64]") + "," +
                         buffer(4, "sbuf", "scratch", "f32", "[128, 1]") + "," +
                         buffer(5, "sbuf", "scratch", "i32", "[128, 2]") + "," +
-                        buffer(6, "psum", "scratch", "f32", "[128, 64]");
+                        buffer(6, "psum", "scratch", "f32", "[128, 64]") + "," +
+                        buffer(7, "hbm", "internal", "f32", "[128, 64]");
   std::string inst = R"({"op": ")" +
                      std::string(neuron::runtime::opcodeName(op)) +
                      R"(", "engine": ")" + engine + R"(", )" + fields + "}";
-  return programJson(buffers, "0", "", inst);
+  return withGroups(programJson(buffers, "0", "", inst),
+                    R"([{"name": "0", "ranks": [0, 1]}])");
 }
 
 } // namespace neuron::test

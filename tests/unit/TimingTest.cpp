@@ -10,6 +10,7 @@
 
 #include "runtime/program/Program.h"
 #include "runtime/target/Target.h"
+#include "runtime/timing/CollectiveCost.h"
 #include "runtime/timing/TimingModel.h"
 #include "tests/unit/CatchCompat.h"
 #include "tests/unit/TestUtil.h"
@@ -1455,4 +1456,78 @@ TEST_CASE("views that wrap rows conflict only where their elements meet",
   REQUIRE_NOTHROW(run(program(65536)));
   CHECK(contains(errorOf([&] { run(program(512)); }),
                  "writes hbm buffer 0 ('b0') written by instruction 1"));
+}
+
+TEST_CASE("a collective is charged on neuronlink and overlaps independent work",
+          "[timing][collective]") {
+  // 1 MiB all_reduce among ranks 0 and 1 (one chip) while VectorE memsets an
+  // unrelated tile; a copy of the result waits for the collective.
+  const Target &t = getTarget("trn2");
+  std::string buffers = buffer(0, "hbm", "input", "f32", "[512, 512]") + "," +
+                        buffer(1, "hbm", "internal", "f32", "[512, 512]") +
+                        "," + buffer(2, "hbm", "output", "f32", "[512, 512]") +
+                        "," + buffer(3, "sbuf", "scratch", "f32", "[128, 64]");
+  std::string full = view(0, "[512, 512]", "[512, 1]");
+  std::string body =
+      R"({"op": "collective", "engine": "gpsimd", "kind": "all_reduce",
+          "alu_op": "add", "group": 0, "src": )" +
+      full + R"(, "dst": )" + view(1, "[512, 512]", "[512, 1]") + "}," +
+      R"({"op": "memset", "engine": "vector", "value": 1, "dst": )" +
+      view(3, "[128, 64]", "[64, 1]") + "}," +
+      R"({"op": "dma_copy", "engine": "sync", "src": )" +
+      view(1, "[512, 512]", "[512, 1]") + R"(, "dst": )" +
+      view(2, "[512, 512]", "[512, 1]") + "}";
+  std::string program =
+      neuron::test::withGroups(programJson(buffers, "0", "2", body),
+                               R"([{"name": "0", "ranks": [0, 1]}])");
+  Timeline tl = run(program, true);
+  const InstructionTiming *link = nullptr, *memset = nullptr, *copy = nullptr;
+  for (const InstructionTiming &e : tl.events) {
+    if (e.unit == TimingUnit::Neuronlink)
+      link = &e;
+    if (e.node == 1)
+      memset = &e;
+    if (e.node == 2 && e.unit == TimingUnit::Dma)
+      copy = &e;
+  }
+  REQUIRE(link);
+  REQUIRE(memset);
+  REQUIRE(copy);
+  double expected = neuron::distributed::collectiveCost(
+                        neuron::distributed::Topology::of(t),
+                        Collective::AllReduce, 512 * 512 * 4, {0, 1})
+                        .durationNs;
+  CHECK(link->endNs - link->startNs == Approx(expected).epsilon(1e-9));
+  CHECK(tl.engineBusyNs.at("neuronlink") == Approx(expected).epsilon(1e-9));
+  // Independent work runs while the collective is in flight.
+  CHECK(memset->startNs < link->endNs);
+  CHECK(memset->endNs < link->endNs);
+  // The consumer of its result waits for it.
+  CHECK(copy->startNs >= link->endNs);
+  CHECK(tl.totalNs >= link->endNs);
+}
+
+TEST_CASE("collectives of one core run one at a time, in program order",
+          "[timing][collective]") {
+  std::string buffers = buffer(0, "hbm", "input", "f32", "[64, 64]") + "," +
+                        buffer(1, "hbm", "output", "f32", "[64, 64]") + "," +
+                        buffer(2, "hbm", "output", "f32", "[128, 64]");
+  std::string src = view(0, "[64, 64]", "[64, 1]");
+  std::string body =
+      R"({"op": "collective", "engine": "gpsimd", "kind": "all_reduce",
+          "alu_op": "add", "group": 0, "src": )" +
+      src + R"(, "dst": )" + view(1, "[64, 64]", "[64, 1]") + "}," +
+      R"({"op": "collective", "engine": "gpsimd", "kind": "all_gather",
+          "group": 0, "src": )" +
+      src + R"(, "dst": )" + view(2, "[128, 64]", "[64, 1]") + "}";
+  Timeline tl =
+      run(neuron::test::withGroups(programJson(buffers, "0", "1, 2", body),
+                                   R"([{"name": "0", "ranks": [0, 1]}])"),
+          true);
+  std::vector<const InstructionTiming *> link;
+  for (const InstructionTiming &e : tl.events)
+    if (e.unit == TimingUnit::Neuronlink)
+      link.push_back(&e);
+  REQUIRE(link.size() == 2);
+  CHECK(link[1]->startNs >= link[0]->endNs);
 }

@@ -33,13 +33,16 @@
 //   barrier         a dissemination barrier: d * latency
 // where latency is a step's fixed cost: core_to_core_latency_ns within a
 // chip, neuronlink_latency_ns when the group spans chips. It depends on the
-// runtime's target only: no libtorch, no MLIR.
+// runtime's target only (no libtorch, no MLIR), so the `neuron` process-group
+// backend (eager collectives) and the timing model (collective instructions
+// of compiled kernels) charge the same time.
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef NEURON_RUNTIME_DISTRIBUTED_COLLECTIVECOST_H
-#define NEURON_RUNTIME_DISTRIBUTED_COLLECTIVECOST_H
+#ifndef NEURON_RUNTIME_TIMING_COLLECTIVECOST_H
+#define NEURON_RUNTIME_TIMING_COLLECTIVECOST_H
 
+#include "runtime/program/Program.h"
 #include "runtime/target/Target.h"
 
 #include <cstdint>
@@ -48,21 +51,11 @@
 
 namespace neuron::distributed {
 
-enum class Collective {
-  AllReduce,
-  AllGather,
-  ReduceScatter,
-  Broadcast,
-  AllToAll,
-  SendRecv,
-  Barrier,
-  Reduce,
-  Gather,
-  Scatter,
-};
+/// The collectives: runtime/program/InstructionSet.def.
+using runtime::Collective;
 
 /// "all_reduce", "all_gather", ...: the names profiles show.
-const char *collectiveName(Collective c);
+using runtime::collectiveName;
 /// The inverse of collectiveName; throws std::invalid_argument.
 Collective parseCollective(const std::string &name);
 
@@ -103,4 +96,4 @@ CollectiveCost collectiveCost(const Topology &topology, Collective c,
 
 } // namespace neuron::distributed
 
-#endif // NEURON_RUNTIME_DISTRIBUTED_COLLECTIVECOST_H
+#endif // NEURON_RUNTIME_TIMING_COLLECTIVECOST_H

@@ -1,6 +1,6 @@
 //===- CollectiveCost.cpp - Modeled time of a collective ------------------===//
 
-#include "runtime/distributed/CollectiveCost.h"
+#include "runtime/timing/CollectiveCost.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,34 +10,9 @@
 
 namespace neuron::distributed {
 
-namespace {
-
-const std::pair<Collective, const char *> kNames[] = {
-    {Collective::AllReduce, "all_reduce"},
-    {Collective::AllGather, "all_gather"},
-    {Collective::ReduceScatter, "reduce_scatter"},
-    {Collective::Broadcast, "broadcast"},
-    {Collective::AllToAll, "all_to_all"},
-    {Collective::SendRecv, "send_recv"},
-    {Collective::Barrier, "barrier"},
-    {Collective::Reduce, "reduce"},
-    {Collective::Gather, "gather"},
-    {Collective::Scatter, "scatter"},
-};
-
-} // namespace
-
-const char *collectiveName(Collective c) {
-  for (const auto &[collective, name] : kNames)
-    if (collective == c)
-      return name;
-  throw std::invalid_argument("unknown collective");
-}
-
 Collective parseCollective(const std::string &name) {
-  for (const auto &[collective, n] : kNames)
-    if (name == n)
-      return collective;
+  if (std::optional<Collective> c = runtime::parseCollective(name))
+    return *c;
   throw std::invalid_argument("unknown collective '" + name + "'");
 }
 
