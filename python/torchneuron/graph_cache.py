@@ -25,6 +25,7 @@ it, and the program-level lock still makes them compile each region once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
@@ -219,6 +220,12 @@ def _attribute(gm: torch.fx.GraphModule, target: str) -> Any:
     raise Unkeyable(f"attribute {target} is a {type(value).__name__}")
 
 
+@functools.lru_cache(maxsize=1024)
+def _location(stack_trace: str | None) -> dict[str, Any] | None:
+    """A node's source line, as the document has it (the same trace repeats across nodes)."""
+    return fx_json.source_location(stack_trace)
+
+
 def _graph_lines(gm: torch.fx.GraphModule) -> list[Any]:
     lines: list[Any] = []
     for node in gm.graph.nodes:
@@ -239,7 +246,7 @@ def _graph_lines(gm: torch.fx.GraphModule) -> list[Any]:
                 _value(node.args),
                 _value(node.kwargs),
                 _spec(node.meta.get("val")),
-                fx_json.source_location(node.meta.get("stack_trace")),
+                _location(node.meta.get("stack_trace")),
                 None if blocks is None else [list(blocks.shape), _tensor_digest(blocks)],
             ]
         )
