@@ -14,6 +14,7 @@ restarted job would be). Per process:
     .venv/bin/python benchmarks/compile_cache.py             # the Llama-style decoder layer
     .venv/bin/python benchmarks/compile_cache.py --train     # its forward and backward
     .venv/bin/python benchmarks/compile_cache.py --repeat 5  # medians of 5 pairs of processes
+    .venv/bin/python benchmarks/compile_cache.py --layers 4  # four layers
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def backend(gm, example_inputs, **kwargs):
         in_backend[1] += torchneuron.stats()["compile_seconds"] - compiled
 
 torch.manual_seed(0)
-layer = DecoderLayer(hidden=256, heads=4, intermediate=688)
+layer = torch.nn.Sequential(
+    *(DecoderLayer(hidden=256, heads=4, intermediate=688) for _ in range({layers}))
+)
 x = torch.randn(1, 128, 256, requires_grad={train})
 if {train}:
     torchneuron.allow_flex_attention_training()
@@ -60,9 +63,9 @@ print(json.dumps(stats))
 """
 
 
-def run(cache: Path, train: bool) -> dict[str, float]:
+def run(cache: Path, train: bool, layers: int) -> dict[str, float]:
     env = {**os.environ, "TORCHNEURON_CACHE_DIR": str(cache), "TORCHNEURON_CACHE": "1"}
-    code = RUN.format(bench=str(Path(__file__).resolve().parent), train=train)
+    code = RUN.format(bench=str(Path(__file__).resolve().parent), train=train, layers=layers)
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
@@ -74,11 +77,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", action="store_true", help="compile forward and backward")
     parser.add_argument("--repeat", type=int, default=1, help="pairs of processes (medians)")
+    parser.add_argument("--layers", type=int, default=1, help="decoder layers in the model")
     args = parser.parse_args()
     pairs = []
     for _ in range(args.repeat):
         with tempfile.TemporaryDirectory() as tmp:
-            pairs.append((run(Path(tmp), args.train), run(Path(tmp), args.train)))
+            first = run(Path(tmp), args.train, args.layers)
+            pairs.append((first, run(Path(tmp), args.train, args.layers)))
     columns = ("compile_seconds", "backend_seconds", "first_call_seconds")
 
     def median(which: int, column: str) -> float:
