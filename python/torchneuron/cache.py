@@ -18,7 +18,7 @@ use it too.
 - The folder is capped (``$TORCHNEURON_CACHE_MAX_MB``, default 2048): after a store, the least
   recently used entries (a hit touches its file) are removed until it fits.
 
-Two levels share this machinery (one entry layout, the same checks, writes, lock files and cap):
+Two levels share this machinery (one entry layout, the same checks, atomic writes and cap):
 
 - program entries (``<key>.json``, :func:`load`/:func:`store`): one device region's program, by
   its FX document; what the eager device kernels and the backend's regions use;
@@ -26,7 +26,8 @@ Two levels share this machinery (one entry layout, the same checks, writes, lock
   :mod:`torchneuron.graph_cache`): everything the backend built from one whole ATen graph (the
   partition and every region's program), by the graph itself, so that a second process skips
   partitioning and serializing too. Their key adds the hash of this package's Python sources
-  (:func:`source_id`): the partition is Python's work.
+  (:func:`source_id`): the partition is Python's work. They take no lock (the programs they
+  are built from do).
 
 :func:`info` and :func:`clear` are ``torchneuron.cache_info()`` and ``torchneuron.clear_cache()``.
 """
