@@ -53,13 +53,15 @@ std::string torchName(runtime::DType dtype) {
 using Spec = std::pair<std::string, std::vector<int64_t>>;
 using BufferArg = std::tuple<uintptr_t, std::string, std::vector<int64_t>>;
 
-/// A verified program with its executor; what a compiled graph calls.
+/// A verified program with its executor; what a compiled graph calls. The
+/// executor (its buffers: most of a load's time, zero-filled pages) is made at
+/// the first run, so a program loaded from the compile cache is ready sooner
+/// and one never run holds no buffers.
 class Kernel {
 public:
   Kernel(runtime::Program program, const target::Target &target)
       : program(std::move(program)), target(target) {
-    // The executor verifies the program against the target.
-    executor = std::make_unique<runtime::Executor>(this->program, target);
+    this->program.verify(this->target);
   }
 
   void run(const std::vector<BufferArg> &inputs,
@@ -85,6 +87,8 @@ public:
     auto in = convert(inputs), out = convert(outputs);
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(mutex); // scratch memory is per kernel
+    if (!executor)
+      executor = std::make_unique<runtime::Executor>(program, target);
     executor->run(in, out, handler);
   }
 

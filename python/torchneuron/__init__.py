@@ -45,8 +45,9 @@ def stats() -> dict[str, Any]:
     - ``kernels_run``: device kernel calls
     - ``recompiles``: compiles of a graph with symbolic sizes after its first one
     - ``compile_seconds``: wall time spent compiling ATen graphs
-    - ``cache_hits`` / ``cache_misses``: device regions loaded from / not found in the
-      persistent compile cache (:func:`cache_info`)
+    - ``cache_hits`` / ``cache_misses``: lookups in the persistent compile cache that found a
+      usable entry / did not, of whole graphs and of single device regions' programs (a
+      graph hit compiles nothing and looks up no programs; :func:`cache_info` splits them)
     """
     return _STATS.snapshot()
 
@@ -58,7 +59,10 @@ def reset_stats() -> None:
 
 def cache_info() -> dict[str, Any]:
     """The persistent compile cache (:mod:`torchneuron.cache`): ``directory`` (None when it is
-    off), ``entries``, ``bytes``, ``max_bytes``, and this process's ``hits`` and ``misses``."""
+    off), ``entries`` (``graph_entries`` of them whole graphs), ``bytes``, ``max_bytes``, and
+    this process's ``hits`` and ``misses`` (``graph_hits`` and ``graph_misses`` of them graph
+    lookups) and ``graph_skipped`` (graphs that could not be keyed, so their programs were
+    looked up one by one)."""
     from torchneuron import cache, config
 
     return cache.info(config.cache_dir())

@@ -22,6 +22,10 @@ class Stats:
     compile_seconds: float = 0.0
     cache_hits: int = 0
     cache_misses: int = 0
+    # Of those, lookups of whole graphs (:mod:`torchneuron.graph_cache`), and graphs not keyed.
+    graph_cache_hits: int = 0
+    graph_cache_misses: int = 0
+    graph_cache_skipped: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # Objects whose eager work is already counted (optimizers): once each until reset.
     counted: weakref.WeakSet[object] = field(
@@ -53,6 +57,9 @@ class Stats:
             self.compile_seconds = 0.0
             self.cache_hits = 0
             self.cache_misses = 0
+            self.graph_cache_hits = 0
+            self.graph_cache_misses = 0
+            self.graph_cache_skipped = 0
             self.counted = weakref.WeakSet()
             device = sys.modules.get("torchneuron._device")
             if device is not None:
@@ -68,12 +75,26 @@ class Stats:
             self.ops_fallback.update(fallback)
             self.compile_seconds += seconds
 
-    def record_cache(self, hit: bool) -> None:
+    def record_cache(self, hit: bool, graph: bool = False) -> None:
         with self.lock:
             if hit:
                 self.cache_hits += 1
+                self.graph_cache_hits += graph
             else:
                 self.cache_misses += 1
+                self.graph_cache_misses += graph
+
+    def record_graph_skipped(self) -> None:
+        with self.lock:
+            self.graph_cache_skipped += 1
+
+    def graph_cache_counts(self) -> dict[str, int]:
+        with self.lock:
+            return {
+                "graph_hits": self.graph_cache_hits,
+                "graph_misses": self.graph_cache_misses,
+                "graph_skipped": self.graph_cache_skipped,
+            }
 
     def record_eager_once(self, owner: object, name: str) -> None:
         """Count ``name`` in ``ops_fallback`` the first time ``owner`` does eager work."""

@@ -29,6 +29,7 @@ from torchneuron import (
     config,
     flex,
     fx_json,
+    graph_cache,
     optimizer,
     partition,
     rewrite,
@@ -40,6 +41,7 @@ from torchneuron._native import Kernel, native
 from torchneuron._stats import STATS
 from torchneuron.decompositions import math_attention, neuron_decompositions
 from torchneuron.kernel import DeviceKernel
+from torchneuron.progress import Progress
 
 __all__ = ["SpecializingGraph", "build_graph", "compile_aten_graph", "neuron_backend"]
 
@@ -126,17 +128,49 @@ def compile_aten_graph(
 def build_graph(
     gm: torch.fx.GraphModule, target: str, dump: Path | None = None, cache: Path | None = None
 ) -> torch.fx.GraphModule:
-    """A copy of a static ``gm`` whose device regions are compiled :class:`DeviceKernel`\\ s
-    (loaded from the persistent compile cache in ``cache``, when given, if it has them)."""
+    """A copy of a static ``gm`` whose device regions are compiled :class:`DeviceKernel`\\ s.
+
+    With a persistent compile cache in ``cache``: rebuilt from the graph's entry when it has one
+    (:mod:`torchneuron.graph_cache`: no partitioning, serializing or compiling), else built with
+    each region's program loaded from its program entry or compiled, and stored whole. A long
+    compile says what it is doing on a terminal (:mod:`torchneuron.progress`)."""
+    ops = sum(partition.is_op(n) for n in gm.graph.nodes)
+    with Progress(f"graph of {ops} ops ({target})") as progress:
+        return _build_graph(gm, target, dump, cache, progress)
+
+
+def _build_graph(
+    gm: torch.fx.GraphModule,
+    target: str,
+    dump: Path | None,
+    cache: Path | None,
+    progress: Progress,
+) -> torch.fx.GraphModule:
     start = time.perf_counter()
+    key = graph_cache.key(gm, target) if cache is not None and dump is None else None
+    if cache is not None and key is not None:
+        progress.stage("loading it from the compile cache")
+        hit = graph_cache.load(cache, key, gm, target, lambda: f"graph_{next(_graph_ids)}")
+        if hit is not None:
+            _report_fallback(hit.fallback)
+            STATS.record_compile(
+                graphs=0,
+                ops_on_device=hit.ops_on_device,
+                fallback=[f.target for f in hit.fallback],
+                seconds=time.perf_counter() - start,
+            )
+            return hit.module
+    progress.stage("checking which ops the device runs")
     work = specialize.copy_graph_module(gm)
     rng.seed_random_ops(work)
     rewrite.as_strided_views(work)
     unsupported = partition.find_unsupported(work, name=f"check_{next(_graph_ids)}")
     flex.detach_block_masks(work, unsupported)
+    progress.stage("partitioning")
     result = partition.partition_graph(work, unsupported)
     compiled = 0
-    for name in result.device_submodules:
+    for i, name in enumerate(result.device_submodules):
+        progress.stage(f"compiling kernel {i + 1}/{len(result.device_submodules)}")
         sub = work.get_submodule(name)
         assert isinstance(sub, torch.fx.GraphModule)
         output_map = _dedupe_outputs(sub)
@@ -151,6 +185,8 @@ def build_graph(
         compiled += fresh
         returns_tuple = isinstance(sub.graph.output_node().args[0], (tuple, list))
         setattr(work, name, DeviceKernel(kernel, doc["name"], returns_tuple, output_map))
+    if cache is not None and key is not None:
+        graph_cache.store(cache, key, gm, work, result.ops_on_device, result.fallback)
     _report_fallback(result.fallback)
     STATS.record_compile(
         graphs=compiled,

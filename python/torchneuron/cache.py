@@ -18,6 +18,17 @@ use it too.
 - The folder is capped (``$TORCHNEURON_CACHE_MAX_MB``, default 2048): after a store, the least
   recently used entries (a hit touches its file) are removed until it fits.
 
+Two levels share this machinery (one entry layout, the same checks, atomic writes and cap):
+
+- program entries (``<key>.json``, :func:`load`/:func:`store`): one device region's program, by
+  its FX document; what the eager device kernels and the backend's regions use;
+- graph entries (``<key>.graph.json``, :func:`load_graph`/:func:`store_graph`, written by
+  :mod:`torchneuron.graph_cache`): everything the backend built from one whole ATen graph (the
+  partition and every region's program), by the graph itself, so that a second process skips
+  partitioning and serializing too. Their key adds the hash of this package's Python sources
+  (:func:`source_id`): the partition is Python's work. They take no lock (the programs they
+  are built from do).
+
 :func:`info` and :func:`clear` are ``torchneuron.cache_info()`` and ``torchneuron.clear_cache()``.
 """
 
@@ -30,10 +41,11 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torchneuron import _native
 from torchneuron._stats import STATS
@@ -41,24 +53,87 @@ from torchneuron._stats import STATS
 if TYPE_CHECKING:
     from torchneuron._native import Kernel
 
-__all__ = ["clear", "info", "key", "load", "locked", "store"]
+__all__ = [
+    "clear",
+    "graph_key",
+    "info",
+    "key",
+    "load",
+    "load_graph",
+    "locked",
+    "source_id",
+    "store",
+    "store_graph",
+]
+
+T = TypeVar("T")
 
 #: The entry layout; a change makes every older entry a miss.
 FORMAT = 1
 #: Lock files per cache folder: two keys that share one only wait for each other.
 _LOCKS = 64
 _DEFAULT_MAX_MB = 2048
+#: A file whose status changed less than this long ago (ns) is not trusted by its status.
+_RACY_NS = 2_000_000_000
+
+
+def build_id() -> str:
+    """A hash of the compiler extension's file: programs of another build are other keys."""
+    return _identity()[0]
+
+
+def source_id() -> str:
+    """A hash of this package's Python sources: graph entries of other sources are other keys."""
+    return _identity()[1]
 
 
 @functools.cache
-def build_id() -> str:
-    """A hash of the compiler extension's file: programs of another build are other keys."""
-    path = _native.native().__file__
-    digest = hashlib.sha256()
-    with open(str(path), "rb") as f:
+def _identity() -> tuple[str, str]:
+    """:func:`build_id` and :func:`source_id`.
+
+    Hashing the files costs about as much as loading a program, so the hashes are kept in the
+    cache folder's ``identity`` with the files' status (device, inode, size, modification and
+    change times: a write changes the change time, and no program can set it back) and reused
+    while every status is the same. Files changed in the last seconds are not memoized: a
+    rewrite within one tick of a coarse clock would keep its status (git's "racy" entries)."""
+    from torchneuron import config
+
+    extension = Path(str(_native.native().__file__))
+    sources = sorted(Path(__file__).parent.glob("*.py"))
+    stats = [(path, path.stat()) for path in (extension, *sources)]
+    stamp = [
+        [str(p), s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns] for p, s in stats
+    ]
+    folder = config.cache_dir()
+    memo = folder / "identity" if folder is not None else None
+    if memo is not None:
+        with contextlib.suppress(OSError, ValueError):
+            saved = json.loads(memo.read_text())
+            if isinstance(saved, dict) and saved.get("stamp") == stamp:
+                ids = saved.get("ids")
+                if isinstance(ids, list) and len(ids) == 2:
+                    if all(isinstance(i, str) and len(i) == 64 for i in ids):
+                        return str(ids[0]), str(ids[1])
+    build = hashlib.sha256()
+    with open(extension, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+            build.update(block)
+    source = hashlib.sha256()
+    for path in sources:
+        source.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    ids = [build.hexdigest(), source.hexdigest()]
+    if memo is not None and all(time.time_ns() - s.st_ctime_ns > _RACY_NS for _, s in stats):
+        with contextlib.suppress(OSError):
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=memo.parent, prefix=".tmp-", suffix=".identity")
+            try:
+                with os.fdopen(fd, "w") as out:
+                    json.dump({"stamp": stamp, "ids": ids}, out)
+                os.replace(tmp, memo)
+            except OSError:
+                os.unlink(tmp)
+                raise
+    return ids[0], ids[1]
 
 
 def key(document: str, target: str) -> str:
@@ -67,52 +142,60 @@ def key(document: str, target: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _entry(directory: Path, k: str) -> Path:
-    return directory / f"{k}.json"
+def graph_key(graph: str, target: str) -> str:
+    """The entry key of a whole ATen graph (its text, :func:`graph_cache.graph_text`)."""
+    import torch
+
+    text = (
+        f"torchneuron-graph-cache {FORMAT}\n{build_id()}\n{source_id()}\n{torch.__version__}\n"
+        f"{target}\n{graph}"
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
-def load(directory: Path, k: str, target: str) -> Kernel | None:
-    """The kernel stored under ``k``, or None (a miss, or a bad entry: warned and removed)."""
-    path = _entry(directory, k)
+def _entry(directory: Path, k: str, field: str = "program") -> Path:
+    return directory / (f"{k}.json" if field == "program" else f"{k}.{field}.json")
+
+
+def _read(path: Path, k: str, field: str, use: Callable[[str], T]) -> T | None:
+    """``use(payload)`` of the entry at ``path``: None when there is none, or when it is bad
+    (it does not parse, is for another key or format, fails its checksum, or ``use`` rejects
+    it): then it is warned about, removed and never used."""
     try:
         raw = path.read_bytes()
     except (FileNotFoundError, NotADirectoryError):
-        STATS.record_cache(hit=False)
         return None
     try:
         entry = json.loads(raw)
         if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != k:
             raise ValueError("not an entry of this cache format")
-        program = entry["program"]
-        if hashlib.sha256(program.encode()).hexdigest() != entry["sha256"]:
+        payload = entry[field]
+        if hashlib.sha256(payload.encode()).hexdigest() != entry["sha256"]:
             raise ValueError("checksum mismatch")
-        kernel: Kernel = _native.native().load_program(program, target)
+        value = use(payload)
     except Exception as e:  # corrupt, truncated or foreign: never loaded
         reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         warnings.warn(
             f"torchneuron: compile cache entry {path} is unusable ({reason}); removed, "
             "compiling anew",
-            stacklevel=2,
+            stacklevel=3,
         )
         with contextlib.suppress(OSError):
             path.unlink()
-        STATS.record_cache(hit=False)
         return None
     with contextlib.suppress(OSError):
         os.utime(path)  # recently used
-    STATS.record_cache(hit=True)
-    return kernel
+    return value
 
 
-def store(directory: Path, k: str, kernel: Kernel) -> None:
-    """Write ``kernel``'s program under ``k`` (atomically), then keep the folder under its cap.
-    A cache that cannot be written (read-only, full disk) only warns."""
-    program = kernel.program_json
+def _write(directory: Path, k: str, field: str, payload: str) -> None:
+    """Write ``payload`` under ``k`` (atomically), then keep the folder under its cap. A cache
+    that cannot be written (read-only, full disk) only warns."""
     entry = {
         "format": FORMAT,
         "key": k,
-        "sha256": hashlib.sha256(program.encode()).hexdigest(),
-        "program": program,
+        "sha256": hashlib.sha256(payload.encode()).hexdigest(),
+        field: payload,
     }
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -120,7 +203,7 @@ def store(directory: Path, k: str, kernel: Kernel) -> None:
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(entry, f)
-            os.replace(tmp, _entry(directory, k))
+            os.replace(tmp, _entry(directory, k, field))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -128,8 +211,36 @@ def store(directory: Path, k: str, kernel: Kernel) -> None:
         _evict(directory, _max_bytes())
     except OSError as e:
         warnings.warn(
-            f"torchneuron: cannot write the compile cache in {directory}: {e}", stacklevel=2
+            f"torchneuron: cannot write the compile cache in {directory}: {e}", stacklevel=3
         )
+
+
+def load(directory: Path, k: str, target: str) -> Kernel | None:
+    """The kernel stored under ``k``, or None (a miss, or a bad entry: warned and removed)."""
+    kernel: Kernel | None = _read(
+        _entry(directory, k), k, "program", lambda p: _native.native().load_program(p, target)
+    )
+    STATS.record_cache(hit=kernel is not None)
+    return kernel
+
+
+def store(directory: Path, k: str, kernel: Kernel) -> None:
+    """Write ``kernel``'s program under ``k`` (atomically), then keep the folder under its cap.
+    A cache that cannot be written (read-only, full disk) only warns."""
+    _write(directory, k, "program", kernel.program_json)
+
+
+def load_graph(directory: Path, k: str, use: Callable[[str], T]) -> T | None:
+    """``use(payload)`` of the graph entry under ``k``, or None (a miss, or a bad entry, or
+    one ``use`` raises for: warned and removed)."""
+    value = _read(_entry(directory, k, "graph"), k, "graph", use)
+    STATS.record_cache(hit=value is not None, graph=True)
+    return value
+
+
+def store_graph(directory: Path, k: str, payload: str) -> None:
+    """Write a graph entry (atomically, like :func:`store`)."""
+    _write(directory, k, "graph", payload)
 
 
 @contextlib.contextmanager
@@ -179,17 +290,24 @@ def _evict(directory: Path, max_bytes: int) -> None:
 
 
 def info(directory: Path | None) -> dict[str, Any]:
-    """``directory`` (None: the cache is off), ``entries``, ``bytes``, ``max_bytes``, and this
-    process's ``hits`` and ``misses`` since the last ``torchneuron.reset_stats()``."""
+    """``directory`` (None: the cache is off), ``entries`` (of which ``graph_entries`` are
+    whole graphs), ``bytes``, ``max_bytes``, and this process's ``hits`` and ``misses`` (lookups
+    at either level, as ``stats()["cache_hits"/"cache_misses"]``), of which ``graph_hits`` and
+    ``graph_misses`` were graph lookups, and ``graph_skipped``: graphs that could not be keyed
+    (:mod:`torchneuron.graph_cache`) and took the program-level path, since the last
+    ``torchneuron.reset_stats()``."""
     entries = _entries(directory) if directory is not None and directory.is_dir() else []
     counts = STATS.snapshot()
+    graph = STATS.graph_cache_counts()
     return {
         "directory": str(directory) if directory is not None else None,
         "entries": len(entries),
+        "graph_entries": sum(path.name.endswith(".graph.json") for _, _, path in entries),
         "bytes": sum(size for _, size, _ in entries),
         "max_bytes": _max_bytes(),
         "hits": counts["cache_hits"],
         "misses": counts["cache_misses"],
+        **graph,
     }
 
 
