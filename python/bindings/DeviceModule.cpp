@@ -155,20 +155,20 @@ public:
     return k;
   }
 
-  void recordRun(int64_t id) override {
+  void recordRun(int64_t id, double startNs) override {
     if (!Py_IsInitialized())
       return;
     py::gil_scoped_acquire gil;
-    py::reinterpret_borrow<py::function>(recorder)(id);
+    py::reinterpret_borrow<py::function>(recorder)(id, startNs);
   }
 
   void recordTransfer(const std::string &name, const std::string &resource,
-                      int64_t bytes, double deviceNs) override {
+                      int64_t bytes, double deviceNs, double startNs) override {
     if (!Py_IsInitialized())
       return;
     py::gil_scoped_acquire gil;
-    py::reinterpret_borrow<py::function>(transferRecorder)(name, resource,
-                                                           bytes, deviceNs);
+    py::reinterpret_borrow<py::function>(transferRecorder)(
+        name, resource, bytes, deviceNs, startNs);
   }
 
 private:

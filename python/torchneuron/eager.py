@@ -207,19 +207,22 @@ def rejected() -> dict[str, str]:
         return dict(_rejected)
 
 
-def record(kernel_id: int) -> None:
-    """Called by the device after each eager kernel run while a profile is active."""
+def record(kernel_id: int, start_ns: float) -> None:
+    """Called by the device after each eager kernel run while a profile is active, with when
+    it started on the device's timeline."""
     from torchneuron.profile import record_run
 
     kernel, name = _kernels[kernel_id]
-    record_run(kernel, name, eager=True)
+    record_run(kernel, name, eager=True, start_ns=start_ns)
 
 
-def record_transfer(name: str, resource: str, nbytes: int, device_ns: float) -> None:
+def record_transfer(
+    name: str, resource: str, nbytes: int, device_ns: float, start_ns: float
+) -> None:
     """Called by the device after each copy or collective while a profile is active."""
     from torchneuron.profile import record_transfer as to_profiles
 
-    to_profiles(name, resource, nbytes, device_ns)
+    to_profiles(name, resource, nbytes, device_ns, start_ns)
 
 
 def provide(name: str, overload: str, args: list[Any], target: str) -> Provided | None:
@@ -303,6 +306,7 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
 
     from torchneuron import backend, config, fx_json, partition, rewrite
     from torchneuron.decompositions import neuron_decompositions
+    from torchneuron.kernel import modeled_work
 
     op = _op(name, overload)
     schema = op._schema
@@ -434,15 +438,12 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
     with _lock:
         _kernels.append((kernel, kernel_name))
         kernel_id = len(_kernels) - 1
-    timeline = kernel.timeline()  # once per kernel
+    device_ns, busy = modeled_work(kernel)  # once per kernel
     return Provided(
         name=kernel_name,
         program=kernel.program_json,
-        device_ns=float(timeline["device_ns"]),
-        # What the kernel competes for with other streams' work (dma_avg is a statistic).
-        engine_busy_ns={
-            k: float(v) for k, v in timeline["engine_busy_ns"].items() if not k.endswith("_avg")
-        },
+        device_ns=device_ns,
+        engine_busy_ns=busy,
         inputs=inputs,
         outputs=written if written else [-1] * len(results),
         returns=returns,

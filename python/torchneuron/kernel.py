@@ -12,7 +12,15 @@ from torchneuron._stats import STATS
 from torchneuron.fx_json import DTYPE_NAMES, dtype_from_name
 from torchneuron.profile import record_run
 
-__all__ = ["DeviceKernel"]
+__all__ = ["DeviceKernel", "modeled_work"]
+
+
+def modeled_work(kernel: Kernel) -> tuple[float, dict[str, float]]:
+    """One run's modeled time and what it keeps busy (ns per engine, DMA, HBM): what kernels
+    on other streams compete for (``runtime/device/Stream.h``)."""
+    t = kernel.timeline()
+    busy = {k: float(v) for k, v in t["engine_busy_ns"].items() if not k.endswith("_avg")}
+    return float(t["device_ns"]), busy  # dma_avg is a statistic, not a resource
 
 
 def _buffer(tensor: torch.Tensor) -> BufferArg:
@@ -23,7 +31,9 @@ class DeviceKernel(torch.nn.Module):
     """Stands in for one device region (a ``neuron_graph_<i>`` submodule) of a graph.
 
     Inputs are made contiguous (and kept alive for the call); outputs are allocated here with
-    the kernel's output specs and filled by ``kernel.run``."""
+    the kernel's output specs and filled by ``kernel.run``. On neuron tensors, the run's
+    modeled time goes on the current stream of their device, as an eager kernel's does, so
+    events and profiles place it on the device's timeline."""
 
     def __init__(
         self,
@@ -42,6 +52,7 @@ class DeviceKernel(torch.nn.Module):
         self.output_specs = [(dtype_from_name(d), list(s)) for d, s in kernel.output_specs]
         # Collective instructions run through the c10d process groups they name.
         self.collectives = collectives.handler() if kernel.has_collectives else None
+        self._work: tuple[float, dict[str, float]] | None = None  # (ns, busy ns per resource)
         if not returns_tuple and len(self.output_specs) != 1:
             raise RuntimeError(
                 f"{name}: kernel has {len(self.output_specs)} outputs, the graph expects 1"
@@ -81,10 +92,21 @@ class DeviceKernel(torch.nn.Module):
         else:
             self._run(inputs, outputs)
         STATS.record_kernel_run()
-        record_run(self.kernel, self.graph_name)
+        start_ns = self._place(device) if device is not None else None
+        record_run(self.kernel, self.graph_name, start_ns=start_ns)
         if self.output_map is not None:
             outputs = [outputs[i] for i in self.output_map]
         return tuple(outputs) if self.returns_tuple else outputs[0]
+
+    def _place(self, device: torch.device) -> float:
+        """Put the run's modeled time on ``device``'s current stream; when it started."""
+        from torchneuron import device as neuron_device
+
+        if self._work is None:
+            self._work = modeled_work(self.kernel)
+        ns, busy = self._work
+        start, _ = neuron_device._place_modeled_work(ns, neuron_device.current_stream(device), busy)
+        return start
 
     def _run(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
         self.kernel.run(

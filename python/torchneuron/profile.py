@@ -91,10 +91,13 @@ class Profile:
         """Modeled device time of everything recorded (kernels run one after another)."""
         return float(sum(r.record["device_ns"] for r in self._runs))
 
-    def record(self, kernel: Kernel, name: str, eager: bool = False) -> None:
+    def record(
+        self, kernel: Kernel, name: str, eager: bool = False, start_ns: float | None = None
+    ) -> None:
         t = kernel.timeline()
         record = {
             "name": name,
+            "start_ns": start_ns,
             "target": kernel.target,
             "device_ns": t["device_ns"],
             "flops": t["flops"],
@@ -108,12 +111,19 @@ class Profile:
             self._runs.append(_Run(kernel, name, record))
 
     def record_transfer(
-        self, name: str, resource: str, nbytes: int, device_ns: float, target: str
+        self,
+        name: str,
+        resource: str,
+        nbytes: int,
+        device_ns: float,
+        target: str,
+        start_ns: float | None = None,
     ) -> None:
         """A copy or a collective: ``resource`` (``host_link``, ``dma``, ``neuronlink``)
-        carries it for ``device_ns``."""
+        carries it for ``device_ns`` from ``start_ns`` on the device's timeline."""
         record = {
             "name": name,
+            "start_ns": start_ns,
             "target": target,
             "device_ns": device_ns,
             "flops": 0,
@@ -158,19 +168,44 @@ class Profile:
         print(text, file=file)
         return text
 
-    def export_chrome_trace(self, path: str | Path) -> None:
+    def export_chrome_trace(self, path: str | Path, all_ranks: bool = False) -> None:
         """Write a Chrome trace (Perfetto, chrome://tracing): one track per engine queue and
-        DMA engine; every instruction is an event whose args carry its Python source line."""
-        events: list[dict[str, Any]] = []
-        pid = 1
-        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": "device"}})
+        DMA engine, where every instruction is an event whose args carry its Python source
+        line, and one per transfer resource (``neuronlink`` for collectives, ``host_link`` and
+        ``dma`` for copies) with an event per copy or collective.
+
+        Runs on neuron tensors sit where they ran on the device's timeline (so a collective
+        that overlaps kernels is drawn under them); a profile with runs on CPU tensors lays
+        its runs end to end instead. ``all_ranks=True`` in a torch.distributed job: every rank
+        must call it; rank 0 writes one trace with a process per rank (each rank's timeline
+        starting at its first run), the others write nothing."""
+        events = self._chrome_events(pid=0, label="device")
+        if all_ranks and torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank = torch.distributed.get_rank()
+            gathered: list[Any] | None = (
+                [None] * torch.distributed.get_world_size() if rank == 0 else None
+            )
+            mine = self._chrome_events(pid=rank, label=f"rank {rank}")
+            torch.distributed.gather_object(mine, gathered, dst=0)
+            if rank != 0:
+                return
+            assert gathered is not None
+            events = [e for rank_events in gathered for e in rank_events]
+        Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
+
+    def _chrome_events(self, pid: int, label: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = [
+            {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": label}}
+        ]
         tids: dict[tuple[str, int], int] = {}
 
-        def track(unit: str, queue: int) -> int:
+        def track(unit: str, queue: int = 0) -> int:
             key = (unit, queue)
             if key not in tids:
                 tids[key] = len(tids) + 1
-                label = f"dma{queue}" if unit == "dma" else unit
+                label = (
+                    f"{unit} transfers" if queue < 0 else f"dma{queue}" if unit == "dma" else unit
+                )
                 events.append(
                     {
                         "ph": "M",
@@ -183,26 +218,41 @@ class Profile:
             return tids[key]
 
         for unit in _UNITS[:-1]:
-            track(unit, 0)
+            track(unit)
+        timed = bool(self._runs) and all(r.record["start_ns"] is not None for r in self._runs)
+        origin = min((r.record["start_ns"] for r in self._runs), default=0.0) if timed else 0.0
         offset = 0.0
         for r in self._runs:
+            start = r.record["start_ns"] - origin if timed else offset
+            offset += r.record["device_ns"]
+            if r.kernel is None:  # a copy or a collective: one event on its resource's track
+                events.append(
+                    {
+                        "ph": "X",
+                        "pid": pid,
+                        # -1: the transfer tracks, apart from the DMA queues' instructions.
+                        "tid": track(r.record["bound"], -1),
+                        "name": r.name,
+                        "ts": start / 1e3,
+                        "dur": r.record["device_ns"] / 1e3,
+                        "args": {"bytes": r.record["bytes"], "source": r.record["source_lines"]},
+                    }
+                )
+                continue
             events.append(
                 {
                     "ph": "X",
                     "pid": pid,
                     "tid": 0,
                     "name": r.name,
-                    "ts": offset / 1e3,
+                    "ts": start / 1e3,
                     "dur": r.record["device_ns"] / 1e3,
                     "args": {"bound": r.record["bound"], "source": r.record["source_lines"]},
                 }
             )
-            if r.kernel is None:  # a copy or a collective: one event
-                offset += r.record["device_ns"]
-                continue
             names = r.kernel.instruction_names
             lines = r.kernel.locations
-            for node, unit, queue, count, start, end, loc in r.kernel.timeline_events():
+            for node, unit, queue, count, begin, end, loc in r.kernel.timeline_events():
                 args: dict[str, Any] = {"kernel": r.name}
                 if loc >= 0:
                     args["source"] = lines[loc]
@@ -214,13 +264,12 @@ class Profile:
                         "pid": pid,
                         "tid": track(unit, queue),
                         "name": names[node],
-                        "ts": (offset + start) / 1e3,
-                        "dur": max(end - start, 0.0) / 1e3,
+                        "ts": (start + begin) / 1e3,
+                        "dur": max(end - begin, 0.0) / 1e3,
                         "args": args,
                     }
                 )
-            offset += r.record["device_ns"]
-        Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
+        return events
 
     def export_parquet(self, directory: str | Path) -> tuple[Path, Path]:
         """Write ``kernels.parquet`` (one row per run) and ``instructions.parquet`` (one row per
@@ -303,17 +352,22 @@ def _eager_profiling() -> None:
         device._set_eager_profiling(bool(_ACTIVE))
 
 
-def record_run(kernel: Kernel, name: str, eager: bool = False) -> None:
-    """Called by every kernel run (``eager``: an eager op's kernel on the device): hands it to
-    the active profiles, if any."""
+def record_run(
+    kernel: Kernel, name: str, eager: bool = False, start_ns: float | None = None
+) -> None:
+    """Called by every kernel run (``eager``: an eager op's kernel on the device; ``start_ns``:
+    when it started on the device's timeline, for runs on neuron tensors): hands it to the
+    active profiles, if any."""
     for prof in _ACTIVE:
-        prof.record(kernel, name, eager)
+        prof.record(kernel, name, eager, start_ns)
 
 
-def record_transfer(name: str, resource: str, nbytes: int, device_ns: float) -> None:
+def record_transfer(
+    name: str, resource: str, nbytes: int, device_ns: float, start_ns: float
+) -> None:
     """Called by the device after every copy or collective while a profile is active."""
     from torchneuron import device
 
     target = device._C()._target()
     for prof in _ACTIVE:
-        prof.record_transfer(name, resource, nbytes, device_ns, target)
+        prof.record_transfer(name, resource, nbytes, device_ns, target, start_ns)

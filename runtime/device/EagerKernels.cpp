@@ -352,14 +352,14 @@ void setEagerProfiling(bool on) { profiling = on; }
 void placeCopy(const std::optional<PlannedCopy> &copy) {
   if (!copy)
     return;
-  placeWork(copy->stream, copy->work);
+  double start = placeWork(copy->stream, copy->work).first;
   if (profiling)
     if (std::shared_ptr<KernelProvider> p = provider)
       p->recordTransfer(std::string("copy_") + copy->kind,
                         std::string(copy->kind) == "device_to_device"
                             ? "dma"
                             : "host_link",
-                        copy->bytes, copy->work.durationNs);
+                        copy->bytes, copy->work.durationNs, start);
 }
 
 std::pair<double, double> placeCollective(c10::DeviceIndex device,
@@ -374,7 +374,8 @@ std::pair<double, double> placeCollective(c10::DeviceIndex device,
   std::pair<double, double> span = placeWork(stream, work);
   if (profiling)
     if (std::shared_ptr<KernelProvider> p = provider)
-      p->recordTransfer(name, "neuronlink", bytes, work.durationNs);
+      p->recordTransfer(name, "neuronlink", bytes, work.durationNs,
+                        span.first);
   return span;
 }
 
@@ -501,11 +502,11 @@ bool runEagerKernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   for (size_t j = 0; j < k.outputs.size(); ++j)
     if (written[j].defined())
       written[j].copy_(results[j]);
-  placeWork(currentStream(device), k.work);
+  double start = placeWork(currentStream(device), k.work).first;
   ++runs;
   if (profiling)
     if (std::shared_ptr<KernelProvider> p = provider)
-      p->recordRun(k.id);
+      p->recordRun(k.id, start);
 
   std::vector<c10::IValue> returns;
   returns.reserve(k.returns.size());

@@ -80,16 +80,17 @@ public:
   virtual std::optional<ProvidedKernel>
   kernelFor(const c10::OperatorHandle &op, c10::ArrayRef<c10::IValue> args,
             const std::string &target) = 0;
-  /// Called after every run of kernel `id` while profiling is on.
-  virtual void recordRun(int64_t id) = 0;
+  /// Called after every run of kernel `id` while profiling is on, with when
+  /// it started on the device's timeline (ns).
+  virtual void recordRun(int64_t id, double startNs) = 0;
   /// Called after every copy to, from or between neuron devices and every
   /// collective of the `neuron` process-group backend (runtime/distributed)
   /// while profiling is on: its name ("copy_host_to_device", "all_reduce",
   /// ...), the resource that carries it ("host_link", "dma", "neuronlink"),
-  /// the bytes it moves and its modeled time.
+  /// the bytes it moves, its modeled time and when it started.
   virtual void recordTransfer(const std::string &name,
                               const std::string &resource, int64_t bytes,
-                              double deviceNs) = 0;
+                              double deviceNs, double startNs) = 0;
 };
 
 /// Installs the provider (nullptr: none; every op falls back to the CPU) and

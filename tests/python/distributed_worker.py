@@ -17,6 +17,7 @@ CPU). Scenarios:
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -233,6 +234,18 @@ def modeled_time(rank: int, world: int, dev: torch.device, results: Results) -> 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
         dist.broadcast(x, src=0)
     results["torch_profiler_names"] = sorted({e.name for e in p.events()})
+
+    # An async all_reduce under a matmul that does not need it, in one trace for both ranks.
+    a = torch.randn(256, 256, generator=torch.Generator().manual_seed(3)).to(dev)
+    with torchneuron.profile() as prof:
+        work = dist.all_reduce(x, async_op=True)
+        a @ a
+        work.wait()
+    trace = Path(os.environ["TRACE_DIR"]) / "merged.json"
+    prof.export_chrome_trace(trace, all_ranks=True)
+    dist.barrier()
+    if rank == 0:
+        results["merged_trace"] = json.loads(trace.read_text())["traceEvents"]
 
 
 class MLP(torch.nn.Module):

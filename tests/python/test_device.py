@@ -614,6 +614,15 @@ def test_compiled_model_on_neuron_tensors_stays_on_the_device() -> None:
             compiled(x_dev)
     # One compiled kernel reading and writing device memory: no copy through the host.
     assert [k["name"].startswith("graph_") for k in prof.kernels] == [True]
+    # Its modeled time is on the device's timeline, where events measure it.
+    start = torch.Event(device=DEV, enable_timing=True)
+    end = torch.Event(device=DEV, enable_timing=True)
+    with torch.no_grad():
+        start.record()
+        compiled(x_dev)
+        end.record()
+    assert start.elapsed_time(end) * 1e6 == pytest.approx(prof.kernels[0]["device_ns"])
+    assert prof.kernels[0]["start_ns"] is not None
     out = compiled(x_dev)
     # The kernel wrote device memory in place. Not bit-exact, and not because of the device: the
     # same model compiled twice on CPU tensors (same program, same inputs) already differs by

@@ -60,6 +60,7 @@ def _launch(
             TORCHNEURON_TARGET="trn2",
         )
         env.pop("TORCHNEURON_VISIBLE_CORES", None)
+        env["TRACE_DIR"] = str(out)
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(worker), *([scenario] if scenario else []), str(out)],
@@ -171,6 +172,24 @@ def test_profilers_see_collectives(collectives: list[dict[str, Any]]) -> None:
         assert (name, nbytes, bound) == ("all_reduce", 1 << 18, "neuronlink")
         assert device_ns == pytest.approx(results["all_reduce_model_ns"])
         assert "neuron::broadcast" in results["torch_profiler_names"]
+
+
+def test_one_trace_shows_every_rank_and_the_overlap(collectives: list[dict[str, Any]]) -> None:
+    events = collectives[0]["merged_trace"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert names == {0: "rank 0", 1: "rank 1"}
+    for rank in range(WORLD):
+        spans = [e for e in events if e["pid"] == rank and e["ph"] == "X"]
+        (comm,) = [e for e in spans if e["name"] == "all_reduce"]
+        tracks = {
+            (e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"
+        }
+        assert tracks[(rank, comm["tid"])] == "neuronlink transfers"
+        # The matmul's kernel starts with the collective (it does not wait for it) and on
+        # the engines' tracks, not the collective's.
+        (mm,) = [e for e in spans if e["tid"] == 0]
+        assert mm["ts"] == comm["ts"] == 0
+        assert mm["tid"] != comm["tid"]
 
 
 def test_ddp_matches_one_process(collectives: list[dict[str, Any]]) -> None:
