@@ -19,6 +19,20 @@ QUICK = [
     ("compare_targets.py", []),
     ("flex_attention.py", ["--seq", "256", "--heads", "2", "--window", "64"]),
     ("train.py", ["--steps", "2"]),
+    # torchrun's launcher as a module: 2 ranks of tensor parallelism (a 1 x 2 mesh).
+    (
+        "-m",
+        [
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            "--standalone",
+            str(EXAMPLES / "train_fsdp.py"),
+            "--tp",
+            "2",
+            "--steps",
+            "4",
+        ],
+    ),
 ]
 
 # Runs a script on a wrong device (kernel outputs off by one).
@@ -32,7 +46,10 @@ def _start(args: list[str]) -> subprocess.Popen[str]:
 
 
 def test_quick_examples_exit_zero() -> None:
-    runs = {name: _start([str(EXAMPLES / name), *args]) for name, args in QUICK}
+    runs = {
+        " ".join([name, *args]): _start([name if name == "-m" else str(EXAMPLES / name), *args])
+        for name, args in QUICK
+    }
     failures = []
     for name, proc in runs.items():
         out, err = proc.communicate(timeout=300)
