@@ -383,6 +383,16 @@ def fsdp(rank: int, world: int, dev: torch.device, results: Results) -> None:
     losses = train_block(model, dev, lambda x: x[rank * rows : (rank + 1) * rows])
     results["fsdp"] = (summed(losses), full_state(model))
 
+    # The same under torch.compile: the compute compiles, FSDP's hooks (Dynamo skips them by
+    # default) gather and reduce-scatter in eager.
+    torch.manual_seed(0)
+    model = Block().to(dev)
+    fully_shard(model)
+    compiled = torch.compile(model, backend="neuron")
+    losses = train_block(compiled, dev, lambda x: x[rank * rows : (rank + 1) * rows])
+    results["fsdp_compiled"] = (summed(losses), full_state(model))
+    results["compiled_graphs"] = torchneuron.stats()["graphs_compiled"]  # the cache is off
+
 
 def tensor_parallel(rank: int, world: int, dev: torch.device, results: Results) -> None:
     """Megatron-style tensor parallelism with sequence parallelism (the plan Llama models use:

@@ -242,6 +242,8 @@ def _initial_up_weight() -> torch.Tensor:
 def test_fsdp2_trains_as_one_process(parallel: list[dict[str, Any]]) -> None:
     for results in parallel:
         _matches_one_process(results, "fsdp", "fsdp_single")
+        _matches_one_process(results, "fsdp_compiled", "fsdp_single")
+        assert results["compiled_graphs"] >= 2  # forward and backward
         # Each rank keeps half of each parameter, on its neuron device.
         assert results["fsdp_shard"] == ((32 // WORLD, 16), "neuron")
         assert results["fallbacks"] == {}
