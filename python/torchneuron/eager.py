@@ -9,7 +9,8 @@ answer in memory, so a second call with the same key costs a lookup and the run,
 
 How an op becomes a kernel: a mutating overload (``add.out``, ``add_.Tensor``) is replaced by
 its functional overload (``add.Tensor``), whose results the device writes into the mutated
-arguments; the functional op is traced with ``make_fx`` under the backend's decompositions
+arguments (batch norm in training: ``_native_batch_norm_legit_functional``, whose new running
+statistics the device writes into the module's buffers); the functional op is traced with ``make_fx`` under the backend's decompositions
 (:func:`torchneuron.decompositions.neuron_decompositions`) on tensors of the call's sizes and
 dtypes, checked with ``_C.check_graph`` (any op the importer rejects: no kernel) and compiled
 with ``_C.compile_graph``. Inputs reach the kernel contiguous; CPU 0-d tensors (Python numbers
@@ -142,6 +143,17 @@ _RANDOM_FORMS = _random_forms()
 _IN_PLACE_RANDOM = {
     "bernoulli_.float": ("bernoulli", "p"),
     "normal_.default": ("normal_functional", "default"),
+}
+
+
+#: Ops that update arguments their schema does not mark as written: batch norm in training
+#: updates its running statistics (when it has them). Their functional form returns the op's
+#: results and then the new values of these arguments, which the device writes back.
+_UPDATES: dict[Any, tuple[Any, tuple[str, ...]]] = {
+    torch.ops.aten.native_batch_norm.default: (
+        torch.ops.aten._native_batch_norm_legit_functional.default,
+        ("running_mean", "running_var"),
+    ),
 }
 
 
@@ -315,6 +327,11 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
     # The functional call: tensors (and runtime scalars) become the traced function's inputs.
     by_name = {a.name: v for a, v in zip(schema.arguments, args, strict=True)}
     index = {a.name: i for i, a in enumerate(schema.arguments)}
+    updated: list[int] = []  # arguments the last results are written into (_UPDATES)
+    if op in _UPDATES and by_name.get("training") is True:
+        update_form, names = _UPDATES[op]
+        if all(_is_tensor(by_name[n]) for n in names):
+            functional, updated = update_form, [index[n] for n in names]
     form = _SCALAR_FORMS.get(functional)
     runtime_scalar = None
     if form is not None:
@@ -445,7 +462,7 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
         device_ns=device_ns,
         engine_busy_ns=busy,
         inputs=inputs,
-        outputs=written if written else [-1] * len(results),
+        outputs=written if written else [-1] * (len(results) - len(updated)) + updated,
         returns=returns,
         id=kernel_id,
         scalar_args=[index[runtime_scalar]] if runtime_scalar is not None else [],

@@ -136,6 +136,25 @@ def test_results_an_op_leaves_out_are_undefined() -> None:
     _no_fallback()
 
 
+@pytest.mark.parametrize("track", [True, False], ids=["running_stats", "batch_stats_only"])
+def test_batch_norm_training_updates_running_statistics_on_the_device(track: bool) -> None:
+    cpu_bn = torch.nn.BatchNorm2d(6, track_running_stats=track)
+    dev_bn = copy.deepcopy(cpu_bn).to("neuron")
+    torchneuron.reset_stats()
+    for step in range(2):
+        x = _randn(4, 6, 5, 5) * (step + 1) + step
+        _close(dev_bn(x.to("neuron")), cpu_bn(x), TRANSCENDENTAL)
+    for name, buffer in cpu_bn.named_buffers():
+        _close(dict(dev_bn.named_buffers())[name], buffer, TRANSCENDENTAL)
+    if track:  # the statistics moved from their initial 0 and 1
+        assert not torch.equal(cpu_bn.running_mean, torch.zeros(6))
+        cpu_bn.eval()
+        dev_bn.eval()
+        x = _randn(2, 6, 5, 5)
+        _close(dev_bn(x.to("neuron")), cpu_bn(x), TRANSCENDENTAL)
+    _no_fallback()
+
+
 def test_second_call_hits_the_cache() -> None:
     a, b = _randn(3, 11, 5).to("neuron"), _randn(3, 11, 5).to("neuron")
     before = eager.counts()
