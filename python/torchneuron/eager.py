@@ -10,7 +10,8 @@ answer in memory, so a second call with the same key costs a lookup and the run,
 How an op becomes a kernel: a mutating overload (``add.out``, ``add_.Tensor``) is replaced by
 its functional overload (``add.Tensor``), whose results the device writes into the mutated
 arguments (batch norm in training: ``_native_batch_norm_legit_functional``, whose new running
-statistics the device writes into the module's buffers); the functional op is traced with ``make_fx`` under the backend's decompositions
+statistics the device writes into the module's buffers); the functional op is traced with
+``make_fx`` under the backend's decompositions
 (:func:`torchneuron.decompositions.neuron_decompositions`) on tensors of the call's sizes and
 dtypes, checked with ``_C.check_graph`` (any op the importer rejects: no kernel) and compiled
 with ``_C.compile_graph``. Inputs reach the kernel contiguous; CPU 0-d tensors (Python numbers
