@@ -263,6 +263,29 @@ PYBIND11_MODULE(_C, m) {
       "Compiles an FX graph document into a kernel for `target`.");
 
   m.def(
+      "compile_kernel",
+      [](const std::string &text, const std::string &name,
+         const std::string &targetName, const std::string &dumpDir) {
+        const target::Target &target = target::getTarget(targetName);
+        compiler::CompileResult result;
+        {
+          py::gil_scoped_release release;
+          compiler::CompileOptions options;
+          options.target = targetName;
+          options.dumpDir = dumpDir;
+          result = compiler::compileKernelText(text, name, options);
+        }
+        if (!result.ok)
+          throw CompileFailure(result.error);
+        return std::make_unique<Kernel>(runtime::Program::parse(result.program),
+                                        target);
+      },
+      py::arg("text"), py::arg("name") = "kernel", py::arg("target") = "trn2",
+      py::arg("dump_dir") = "",
+      "Compiles a `nisa` kernel module (MLIR text, e.g. a traced NKI kernel) "
+      "from allocation on into a kernel for `target`.");
+
+  m.def(
       "load_program",
       [](const std::string &json, const std::string &targetName) {
         return std::make_unique<Kernel>(runtime::Program::parse(json),
