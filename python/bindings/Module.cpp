@@ -177,6 +177,21 @@ PYBIND11_MODULE(_C, m) {
       py::arg("target"), "Peak bf16 FLOP/s and HBM bytes/s of one core.");
 
   m.def(
+      "target_memory",
+      [](const std::string &name) {
+        const target::Target &t = target::getTarget(name);
+        py::dict d;
+        d["partitions"] = t.partitions;
+        d["sbuf_bytes_per_partition"] = t.sbufBytesPerPartition;
+        d["psum_bytes_per_partition"] = t.psumBytesPerPartition;
+        d["psum_bank_bytes"] = t.psumBankBytes;
+        return d;
+      },
+      py::arg("target"),
+      "On-chip memory of one core: partitions and SBUF/PSUM bytes per "
+      "partition a program may allocate.");
+
+  m.def(
       "check_graph",
       [](const std::string &document) {
         py::gil_scoped_release release;

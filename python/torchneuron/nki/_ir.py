@@ -368,6 +368,7 @@ class Loop:
     var: int
     body: Block
     loc: Location
+    copies: int = 1  # iterations traced into the body per step
 
 
 class Block:
@@ -554,8 +555,9 @@ def current() -> Builder:
 
 
 class Builder:
-    def __init__(self, name: str, grid: tuple[int, ...], target: str) -> None:
+    def __init__(self, name: str, grid: tuple[int, ...], target: str, rotate: int = 1) -> None:
         self.name = name
+        self.rotate = rotate  # copies of an affine_range iteration per loop step
         self.grid = grid
         self.target = target
         self.root = Block()
@@ -566,6 +568,9 @@ class Builder:
         self.grid_vars: list[Affine] = []
         self.identities: dict[DType, Tensor] = {}
         self.def_loc: Location = ("<unknown>", 0)
+        # Bytes per partition a program may allocate, by memory (from the target): how much
+        # of it rotating loop bodies may hold at once.
+        self.capacity: dict[str, int] = {}
 
     def __enter__(self) -> Builder:
         _CURRENT.append(self)
@@ -598,19 +603,25 @@ class Builder:
         return Tensor(self, View(buf, Affine(0), buf.shape, buf.strides()))
 
     # -- loops --
-    def loop(self, start: int, stop: int, step: int) -> Iterator[Affine]:
+    def loop(self, start: int, stop: int, step: int, rotate: int = 1) -> Iterator[Affine]:
+        """One ``scf.for``. With ``rotate`` > 1 (independent iterations) the body is traced
+        that many times per loop step, so each copy has tiles of its own: the next
+        iterations' loads fill their tiles while the engines work on this one's."""
         loc = user_location()
         if step <= 0:
             raise error("loop steps must be positive", loc)
+        count = len(range(start, stop, step))
+        copies = next(u for u in (rotate, 4, 2, 1) if u <= rotate and count % u == 0)
         var = len(self.loops)
         body = Block(outer=self.block)
-        loop = Loop(start, stop, step, var, body, loc)
+        loop = Loop(start, stop, step * copies, var, body, loc, copies)
         body.parent = loop
         self.loops[var] = loop
         self.block.items.append(loop)
         self.block = body
         try:
-            yield Affine(0, {var: 1})
+            for k in range(copies):
+                yield Affine(k * step, {var: 1})
         finally:
             self.block = body.outer  # type: ignore[assignment]
 
@@ -726,6 +737,10 @@ class Builder:
 # ----------------------------------------------------------------------------------------------
 
 
+def _bytes_per_partition(buf: Buffer) -> int:
+    return math.prod(buf.shape[1:]) * buf.dtype.itemsize
+
+
 def _loc(loc: Location) -> str:
     file = loc[0].replace("\\", "\\\\").replace('"', '\\"')
     return f'loc("{file}":{loc[1]}:1)'
@@ -793,7 +808,31 @@ class _Renderer:
                         idx = next(i for i, it in enumerate(home.items) if it is item)
                         first = idx if first is None else min(first, idx)
             placement[id(buf)] = (home, first or 0)
+        self._rotate(placement)
         return placement
+
+    def _rotate(self, placement: dict[int, tuple[Block, int]]) -> None:
+        """In a loop whose body holds several iterations, every tile of the body is allocated
+        at the body's start, so the copies' tiles are live together and get addresses of their
+        own: iteration i + 1 loads while iteration i computes. Only while the body's tiles fit
+        in half of each memory; otherwise the copies share addresses (correct, serialized)."""
+        by_loop: dict[int, list[Buffer]] = {}
+        for buf in self.b.buffers:
+            place = placement.get(id(buf))
+            if place is None or buf.space == HBM:
+                continue
+            loop = place[0].parent
+            if loop is not None and loop.copies > 1:
+                by_loop.setdefault(id(loop), []).append(buf)
+        for bufs in by_loop.values():
+            fits = True
+            for space in (SBUF, PSUM):
+                used = sum(_bytes_per_partition(b) for b in bufs if b.space == space)
+                if used > self.b.capacity.get(space, 0) // 2:
+                    fits = False
+            if fits:
+                for buf in bufs:
+                    placement[id(buf)] = (placement[id(buf)][0], 0)
 
     def index(self, a: Affine) -> str:
         const = self.fresh("c")

@@ -70,10 +70,13 @@ class Kernel:
     ``kernel[g0, g1](...)`` launches an SPMD grid. Each distinct signature (array shapes and
     dtypes, other arguments' values, grid) is traced and compiled once."""
 
-    def __init__(self, fn: Callable[..., Any], target: str | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any], target: str | None = None, rotate: int = 4) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.target = target
+        if rotate < 1:
+            raise ValueError("rotate must be at least 1")
+        self.rotate = rotate
         self._cache: dict[Any, Traced] = {}
 
     def __getitem__(self, grid: Any) -> _Launch:
@@ -114,12 +117,17 @@ class Kernel:
         from torchneuron._native import native
 
         name = self.fn.__name__
-        b = _ir.Builder(name, grid, target)
+        b = _ir.Builder(name, grid, target, self.rotate)
         try:
             file = inspect.getsourcefile(self.fn) or self.fn.__code__.co_filename
         except TypeError:
             file = self.fn.__code__.co_filename
         b.def_loc = (file, self.fn.__code__.co_firstlineno)
+        memory = native().target_memory(target)
+        b.capacity = {
+            _ir.SBUF: int(memory["sbuf_bytes_per_partition"]),
+            _ir.PSUM: int(memory["psum_bytes_per_partition"]),
+        }
         positions = [i for i, a in enumerate(args) if _is_array(a)]
         with b:
             call_args = list(args)
@@ -227,12 +235,22 @@ def _run_numpy(traced: Traced, arrays: Sequence[Any]) -> Any:
     return tuple(outputs) if traced.returns_tuple else outputs[0]
 
 
-def jit(fn: Callable[..., Any] | None = None, *, target: str | None = None, **kwargs: Any) -> Any:
-    """Make ``fn`` an NKI kernel (``@nki.jit`` or ``@nki.jit(target="trn3")``). NKI's other
-    options (``mode=``, ``platform_target=``...) are accepted and ignored."""
+def jit(
+    fn: Callable[..., Any] | None = None,
+    *,
+    target: str | None = None,
+    rotate: int = 4,
+    **kwargs: Any,
+) -> Any:
+    """Make ``fn`` an NKI kernel (``@nki.jit`` or ``@nki.jit(target="trn3")``).
+
+    ``rotate``: iterations of an ``nl.affine_range`` loop traced into each step of its loop
+    (at most; a divisor of the trip count), whose tiles get addresses of their own so loads
+    run ahead of compute (1: every iteration reuses the same tiles). NKI's other options
+    (``mode=``, ``platform_target=``...) are accepted and ignored."""
     if fn is None:
-        return lambda f: Kernel(f, target)
-    return Kernel(fn, target)
+        return lambda f: Kernel(f, target, rotate)
+    return Kernel(fn, target, rotate)
 
 
 def simulate_kernel(kernel: Any, *args: Any, **kwargs: Any) -> Any:

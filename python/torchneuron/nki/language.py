@@ -90,8 +90,11 @@ def _range_args(start: int, stop: int | None, step: int) -> tuple[int, int, int]
 
 
 def affine_range(start: int, stop: int | None = None, step: int = 1) -> Iterator[Affine]:
-    """A loop whose iterations are independent: one ``scf.for`` in the kernel, never unrolled."""
-    return current().loop(*_range_args(start, stop, step))
+    """A loop whose iterations are independent: one ``scf.for`` whose body holds up to
+    ``rotate`` copies of the iteration (``nki.jit(rotate=4)``; the body is traced once per
+    copy), so the tiles each copy allocates rotate and loads run ahead of compute."""
+    b = current()
+    return b.loop(*_range_args(start, stop, step), rotate=b.rotate)
 
 
 def sequential_range(start: int, stop: int | None = None, step: int = 1) -> Iterator[Affine]:
