@@ -332,7 +332,7 @@ class Buffer:
         return tuple(reversed(strides))
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: offsets are Affine, which refuses ==
 class View:
     """An access pattern over a buffer, in elements: what every instruction operand is."""
 
@@ -348,7 +348,7 @@ class View:
         return f"memref<{dims}x{self.buffer.dtype.mlir}, strided<[{strides}], offset: ?>{space}>"
 
 
-@dataclass
+@dataclass(eq=False)
 class Instr:
     """One engine instruction: ``nisa.<op> <operands> {attrs}`` at a kernel line."""
 
@@ -360,7 +360,7 @@ class Instr:
     writes: list[int] = field(default_factory=list)  # indices of written operands
 
 
-@dataclass
+@dataclass(eq=False)
 class Loop:
     start: int
     stop: int
