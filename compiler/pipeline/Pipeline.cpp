@@ -10,6 +10,7 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "llvm/Support/FileSystem.h"
@@ -210,4 +211,23 @@ neuron::compiler::CompileResult
 neuron::compiler::compileModule(ModuleOp module, const CompileOptions &options) {
   DiagnosticCollector diagnostics(*module.getContext());
   return runStages(module, options, diagnostics, /*imported=*/false);
+}
+
+neuron::compiler::CompileResult
+neuron::compiler::compileKernelText(const std::string &text,
+                                    const std::string &bufferName,
+                                    const CompileOptions &options) {
+  MLIRContext &ctx = threadContext();
+  DiagnosticCollector diagnostics(ctx);
+  ParserConfig config(&ctx);
+  OwningOpRef<ModuleOp> module =
+      parseSourceString<ModuleOp>(text, config, bufferName);
+  if (!module) {
+    CompileResult result;
+    result.error = diagnostics.text;
+    if (result.error.empty())
+      result.error = bufferName + ": error: not a kernel module\n";
+    return result;
+  }
+  return runStages(*module, options, diagnostics, /*imported=*/false);
 }

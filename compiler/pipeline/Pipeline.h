@@ -34,6 +34,15 @@ CompileResult compileFxGraph(const std::string &document,
 CompileResult compileModule(mlir::ModuleOp module,
                             const CompileOptions &options);
 
+/// Parses `text` (a `nisa` kernel module, e.g. traced from an NKI kernel;
+/// `bufferName` names it in diagnostics when its ops carry no locations),
+/// verifies it and runs the stages from cleanup on: allocation of the tiles
+/// that have no address, sync insertion and emission. Parse and verifier
+/// errors are reported at the ops' locations like every other stage's.
+CompileResult compileKernelText(const std::string &text,
+                                const std::string &bufferName,
+                                const CompileOptions &options);
+
 /// Node name -> why it cannot run on the device (see checkFxGraph).
 std::map<std::string, std::string> checkFxGraph(const std::string &document);
 

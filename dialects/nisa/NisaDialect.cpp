@@ -397,6 +397,12 @@ LogicalResult MatmulOp::verify() {
     return emitOpError("PSUM accumulates in f32");
   if (s.getElementType() != m.getElementType())
     return emitOpError("stationary and moving must have the same dtype");
+  // The PE array multiplies floating-point numbers only (fp8, bf16, fp16,
+  // fp32 in its tf32/fp32 modes), whatever the chip.
+  if (!isa<FloatType>(s.getElementType()) ||
+      s.getElementType().getIntOrFloatBitWidth() > 32)
+    return emitOpError("TensorE takes fp8, bf16, fp16 or fp32 operands, not ")
+           << s.getElementType();
   const auto *target = lookupTarget(*this);
   if (!target)
     return failure();

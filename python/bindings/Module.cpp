@@ -177,6 +177,21 @@ PYBIND11_MODULE(_C, m) {
       py::arg("target"), "Peak bf16 FLOP/s and HBM bytes/s of one core.");
 
   m.def(
+      "target_memory",
+      [](const std::string &name) {
+        const target::Target &t = target::getTarget(name);
+        py::dict d;
+        d["partitions"] = t.partitions;
+        d["sbuf_bytes_per_partition"] = t.sbufBytesPerPartition;
+        d["psum_bytes_per_partition"] = t.psumBytesPerPartition;
+        d["psum_bank_bytes"] = t.psumBankBytes;
+        return d;
+      },
+      py::arg("target"),
+      "On-chip memory of one core: partitions and SBUF/PSUM bytes per "
+      "partition a program may allocate.");
+
+  m.def(
       "check_graph",
       [](const std::string &document) {
         py::gil_scoped_release release;
@@ -261,6 +276,29 @@ PYBIND11_MODULE(_C, m) {
       py::arg("document"), py::arg("target") = "trn2",
       py::arg("dump_dir") = "",
       "Compiles an FX graph document into a kernel for `target`.");
+
+  m.def(
+      "compile_kernel",
+      [](const std::string &text, const std::string &name,
+         const std::string &targetName, const std::string &dumpDir) {
+        const target::Target &target = target::getTarget(targetName);
+        compiler::CompileResult result;
+        {
+          py::gil_scoped_release release;
+          compiler::CompileOptions options;
+          options.target = targetName;
+          options.dumpDir = dumpDir;
+          result = compiler::compileKernelText(text, name, options);
+        }
+        if (!result.ok)
+          throw CompileFailure(result.error);
+        return std::make_unique<Kernel>(runtime::Program::parse(result.program),
+                                        target);
+      },
+      py::arg("text"), py::arg("name") = "kernel", py::arg("target") = "trn2",
+      py::arg("dump_dir") = "",
+      "Compiles a `nisa` kernel module (MLIR text, e.g. a traced NKI kernel) "
+      "from allocation on into a kernel for `target`.");
 
   m.def(
       "load_program",

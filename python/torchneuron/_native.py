@@ -6,6 +6,9 @@ parts (serializer, partitioner, stats) work without it. Its API, as this package
 - ``targets() -> list[str]``
 - ``check_graph(graph_json: str) -> dict[str, str]``: node name -> why it cannot be lowered
 - ``compile_graph(graph_json: str, target: str, dump_dir: str = "") -> Kernel``
+- ``compile_kernel(text: str, name: str, target: str, dump_dir: str = "") -> Kernel``: a
+  ``nisa`` kernel module (MLIR text, e.g. a traced NKI kernel) from allocation on
+- ``target_memory(target) -> dict``: partitions and SBUF/PSUM bytes per partition
 - ``Kernel.input_specs`` / ``Kernel.output_specs``: ``list[tuple[str, list[int]]]`` (dtype name
   as in docs/FX_GRAPH_FORMAT.md, shape)
 - ``Kernel.run(inputs, outputs)``: each a list of ``(data_ptr, dtype_name, shape)``

@@ -106,6 +106,14 @@ func.func @matmul_dtypes(%s: memref<4x4xbf16, #nisa.mem<sbuf>>, %m: memref<4x4xf
 
 // -----
 
+func.func @matmul_int(%s: memref<4x4xi32, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{TensorE takes fp8, bf16, fp16 or fp32 operands, not 'i32'}}
+  nisa.matmul %s, %s, %d : memref<4x4xi32, #nisa.mem<sbuf>>, memref<4x4xi32, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
 func.func @matmul_k(%s: memref<4x4xbf16, #nisa.mem<sbuf>>, %m: memref<8x4xbf16, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<psum>>) {
   // expected-error @+1 {{contraction (partition) sizes differ: 4 vs 8}}
   nisa.matmul %s, %m, %d : memref<4x4xbf16, #nisa.mem<sbuf>>, memref<8x4xbf16, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<psum>>

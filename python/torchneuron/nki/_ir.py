@@ -1,0 +1,944 @@
+"""The tracer behind ``torchneuron.nki``: a kernel's calls become ``nisa`` dialect text.
+
+A kernel runs once per argument signature with tracing values in place of its arrays. Every
+``nl``/``nisa`` call appends an instruction to the current block (a loop body or the kernel);
+each instruction remembers the kernel line that made it, which becomes its MLIR location, so the
+compiler's diagnostics (verifiers, allocation) name that line. Indices are affine expressions in
+the loop variables (:class:`Affine`); every operand is an access pattern (offset, sizes,
+strides) over a buffer, written as a ``memref.reinterpret_cast`` exactly as the compiler's own
+lowering writes them. Allocation, synchronisation and emission are the compiler's
+(``_C.compile_kernel``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Affine",
+    "Builder",
+    "DType",
+    "IndexExpr",
+    "KernelError",
+    "Tensor",
+    "current",
+    "user_location",
+]
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class KernelError(Exception):
+    """A kernel that cannot be traced or compiled; the message starts with ``file:line:``."""
+
+
+Location = tuple[str, int]
+
+
+def user_location() -> Location:
+    """The innermost frame outside this package: the kernel line being traced."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if os.path.dirname(filename) != _PACKAGE_DIR:
+            return (frame.f_code.co_filename, frame.f_lineno)
+        frame = frame.f_back  # type: ignore[assignment]
+    return ("<unknown>", 0)
+
+
+def error(message: str, loc: Location | None = None) -> KernelError:
+    file, line = loc or user_location()
+    return KernelError(f"{file}:{line}: error: {message}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Data types
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DType:
+    """An NKI data type: its name (also torch's and the program's) and MLIR element type."""
+
+    name: str
+    mlir: str
+    itemsize: int
+    is_float: bool
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+
+FLOAT32 = DType("float32", "f32", 4, True)
+BFLOAT16 = DType("bfloat16", "bf16", 2, True)
+FLOAT16 = DType("float16", "f16", 2, True)
+INT32 = DType("int32", "i32", 4, False)
+INT64 = DType("int64", "i64", 8, False)
+INT8 = DType("int8", "i8", 1, False)
+UINT8 = DType("uint8", "ui8", 1, False)
+BOOL = DType("bool", "i1", 1, False)
+DTYPES = {d.name: d for d in (FLOAT32, BFLOAT16, FLOAT16, INT32, INT64, INT8, UINT8, BOOL)}
+
+
+def as_dtype(value: Any) -> DType:
+    """An NKI dtype from ``nl.float32``, a NumPy/torch dtype or a name."""
+    if isinstance(value, DType):
+        return value
+    name = getattr(value, "name", None)  # numpy dtypes and scalar types
+    if name is None and isinstance(value, type):
+        name = value.__name__
+    if name is None:
+        name = str(value).removeprefix("torch.")
+    name = {"bool_": "bool", "bfloat16": "bfloat16"}.get(name, name)
+    if name in DTYPES:
+        return DTYPES[name]
+    raise error(f"dtype {value!r} is not supported (supported: {', '.join(DTYPES)})")
+
+
+def promote(a: DType, b: DType) -> DType:
+    if a == b:
+        return a
+    if a.is_float != b.is_float:
+        return a if a.is_float else b
+    return a if a.itemsize >= b.itemsize else b
+
+
+# ----------------------------------------------------------------------------------------------
+# Affine index expressions in the loop variables
+# ----------------------------------------------------------------------------------------------
+
+
+class Affine:
+    """``const + sum(coeff * loop_var)``: a loop variable, ``nl.program_id``, or arithmetic on
+    them with integers. Kernels may not branch on one (its value differs per iteration)."""
+
+    __slots__ = ("const", "terms")
+
+    def __init__(self, const: int = 0, terms: dict[int, int] | None = None) -> None:
+        self.const = const
+        self.terms = {k: v for k, v in (terms or {}).items() if v != 0}
+
+    @staticmethod
+    def of(value: Any) -> Affine:
+        if isinstance(value, Affine):
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            import numbers
+
+            if isinstance(value, numbers.Integral):
+                return Affine(int(value))
+            raise error(f"index {value!r} is not an integer or a loop variable expression")
+        return Affine(value)
+
+    def is_const(self) -> bool:
+        return not self.terms
+
+    def __add__(self, other: Any) -> Any:
+        if isinstance(other, IndexExpr):
+            return other + self
+        o = Affine.of(other)
+        terms = dict(self.terms)
+        for k, v in o.terms.items():
+            terms[k] = terms.get(k, 0) + v
+        return Affine(self.const + o.const, terms)
+
+    __radd__ = __add__
+
+    def __neg__(self) -> Affine:
+        return Affine(-self.const, {k: -v for k, v in self.terms.items()})
+
+    def __sub__(self, other: Any) -> Any:
+        return self + (-other)
+
+    def __rsub__(self, other: Any) -> Any:
+        return (-self) + other
+
+    def __mul__(self, other: Any) -> Any:
+        if isinstance(other, IndexExpr):
+            return other * self
+        o = Affine.of(other)
+        if o.terms and self.terms:
+            raise error("a product of two loop variables is not an affine index")
+        k, scaled = (o.const, self) if not o.terms else (self.const, o)
+        return Affine(scaled.const * k, {i: v * k for i, v in scaled.terms.items()})
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other: Any) -> Affine:
+        if self.is_const() and isinstance(other, int):
+            return Affine(self.const // other)
+        raise error("dividing a loop variable is not an affine index (iterate over the quotient)")
+
+    def __mod__(self, other: Any) -> Affine:
+        if self.is_const() and isinstance(other, int):
+            return Affine(self.const % other)
+        raise error("a loop variable modulo a number is not an affine index")
+
+    def __index__(self) -> int:
+        if self.is_const():
+            return self.const
+        raise error(
+            "a loop variable was used where Python needs a number; use nl.static_range to "
+            "unroll the loop in Python"
+        )
+
+    def __bool__(self) -> bool:
+        raise error(
+            "a kernel cannot branch on a loop variable or program id (its value differs per "
+            "iteration); use nl.static_range to unroll the loop in Python"
+        )
+
+    def __lt__(self, other: Any) -> bool:
+        return self.__bool__()
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (int, Affine)) and not isinstance(other, bool):
+            return self.__bool__()
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        return self.__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        parts = [f"{v}*i{k}" for k, v in self.terms.items()]
+        return " + ".join(parts + [str(self.const)]) if parts else str(self.const)
+
+
+class IndexExpr:
+    """An NKI index expression (``nl.arange``, ``nl.mgrid``, arithmetic on them): a base
+    (affine in loop variables) plus a coefficient per axis of a NumPy-like shape."""
+
+    __slots__ = ("base", "coeffs", "shape")
+
+    def __init__(self, base: Affine, coeffs: Sequence[int], shape: Sequence[int]) -> None:
+        self.base = base
+        self.coeffs = tuple(coeffs)
+        self.shape = tuple(shape)
+
+    @staticmethod
+    def arange(start: int, stop: int, step: int = 1) -> IndexExpr:
+        n = max(0, -(-(stop - start) // step))
+        return IndexExpr(Affine(start), (step,), (n,))
+
+    def __getitem__(self, key: Any) -> IndexExpr:
+        # Only new axes and full slices: ``nl.arange(n)[:, None]``.
+        key = key if isinstance(key, tuple) else (key,)
+        coeffs, shape, axis = [], [], 0
+        for k in key:
+            if k is None:
+                coeffs.append(0)
+                shape.append(1)
+            elif isinstance(k, slice) and k == slice(None):
+                coeffs.append(self.coeffs[axis])
+                shape.append(self.shape[axis])
+                axis += 1
+            else:
+                raise error("index expressions take only ':' and None subscripts")
+        coeffs += self.coeffs[axis:]
+        shape += self.shape[axis:]
+        return IndexExpr(self.base, coeffs, shape)
+
+    def _aligned(self, ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        pad = ndim - len(self.shape)
+        return (0,) * pad + self.coeffs, (1,) * pad + self.shape
+
+    def __add__(self, other: Any) -> IndexExpr:
+        if isinstance(other, IndexExpr):
+            ndim = max(len(self.shape), len(other.shape))
+            ca, sa = self._aligned(ndim)
+            cb, sb = other._aligned(ndim)
+            shape = []
+            for x, y in zip(sa, sb, strict=True):
+                if x != y and 1 not in (x, y):
+                    raise error(f"index shapes {self.shape} and {other.shape} do not broadcast")
+                shape.append(max(x, y))
+            return IndexExpr(
+                self.base + other.base, [a + b for a, b in zip(ca, cb, strict=True)], shape
+            )
+        return IndexExpr(self.base + other, self.coeffs, self.shape)
+
+    __radd__ = __add__
+
+    def __neg__(self) -> IndexExpr:
+        return IndexExpr(-self.base, [-c for c in self.coeffs], self.shape)
+
+    def __sub__(self, other: Any) -> IndexExpr:
+        return self + (-other)
+
+    def __rsub__(self, other: Any) -> IndexExpr:
+        return (-self) + other
+
+    def __mul__(self, other: Any) -> IndexExpr:
+        if isinstance(other, IndexExpr):
+            raise error("a product of two index expressions is not an affine index")
+        k = Affine.of(other)
+        if not k.is_const():
+            raise error("an index expression times a loop variable is not an affine index")
+        return IndexExpr(self.base * k.const, [c * k.const for c in self.coeffs], self.shape)
+
+    __rmul__ = __mul__
+
+    def __lt__(self, other: Any) -> bool:
+        raise error("masks (comparisons of index expressions) are not supported yet")
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+    def __repr__(self) -> str:
+        return f"IndexExpr({self.base}, coeffs={self.coeffs}, shape={self.shape})"
+
+
+# ----------------------------------------------------------------------------------------------
+# Buffers, views and instructions
+# ----------------------------------------------------------------------------------------------
+
+SBUF, PSUM, HBM = "sbuf", "psum", "hbm"
+
+
+class Buffer:
+    """A memref the kernel reads or writes: an input or output argument, or an allocation."""
+
+    def __init__(self, kind: str, shape: Sequence[int], dtype: DType, space: str, loc: Location):
+        self.kind = kind  # "input", "output", "alloc"
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.space = space
+        self.loc = loc
+        self.name = ""  # SSA name, given when rendered
+        self.block: Block | None = None  # where an alloc was made
+        self.position = 0  # its position in that block at the time
+        self.users: list[Instr] = []
+        self.returned = False
+
+    @property
+    def type(self) -> str:
+        dims = "x".join(str(d) for d in self.shape)
+        space = "" if self.space == HBM else f", #nisa.mem<{self.space}>"
+        return f"memref<{dims}x{self.dtype.mlir}{space}>"
+
+    def strides(self) -> tuple[int, ...]:
+        strides, acc = [], 1
+        for d in reversed(self.shape):
+            strides.append(acc)
+            acc *= d
+        return tuple(reversed(strides))
+
+
+@dataclass(eq=False)  # compared by identity: offsets are Affine, which refuses ==
+class View:
+    """An access pattern over a buffer, in elements: what every instruction operand is."""
+
+    buffer: Buffer
+    offset: Affine
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    def type(self) -> str:
+        dims = "x".join(str(d) for d in self.shape)
+        strides = ", ".join("?" if s == 0 else str(s) for s in self.strides)
+        space = "" if self.buffer.space == HBM else f", #nisa.mem<{self.buffer.space}>"
+        return f"memref<{dims}x{self.buffer.dtype.mlir}, strided<[{strides}], offset: ?>{space}>"
+
+
+@dataclass(eq=False)
+class Instr:
+    """One engine instruction: ``nisa.<op> <operands> {attrs}`` at a kernel line."""
+
+    op: str
+    prefix: str  # e.g. "exp " or "add " (the enum operand written before the views)
+    operands: list[tuple[str, View]]  # (keyword before it, or "", view)
+    attrs: dict[str, str]
+    loc: Location
+    writes: list[int] = field(default_factory=list)  # indices of written operands
+
+
+@dataclass(eq=False)
+class Loop:
+    start: int
+    stop: int
+    step: int
+    var: int
+    body: Block
+    loc: Location
+    copies: int = 1  # iterations traced into the body per step
+
+
+class Block:
+    def __init__(self, parent: Loop | None = None, outer: Block | None = None) -> None:
+        self.items: list[Instr | Loop | Buffer] = []
+        self.parent = parent
+        self.outer = outer
+
+    def ancestors(self) -> list[Block]:
+        chain: list[Block] = []
+        b: Block | None = self
+        while b is not None:
+            chain.append(b)
+            b = b.outer
+        return chain
+
+
+def _contiguous(v: View) -> bool:
+    expected = 1
+    for d, st in reversed(list(zip(v.shape, v.strides, strict=True))):
+        if d != 1 and st != expected:
+            return False
+        expected *= d
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# The values a kernel sees
+# ----------------------------------------------------------------------------------------------
+
+
+class Tensor:
+    """An NKI tensor or tile: a view of an HBM buffer, or of an SBUF/PSUM tile. Indexing gives a
+    view; arithmetic operators are the ``nl`` functions of the same name."""
+
+    def __init__(self, builder: Builder, view: View) -> None:
+        self._builder = builder
+        self.view = view
+        # The instruction that wrote this whole tile last, while no one has read it: an
+        # assignment or ``+=`` may retarget it instead of copying.
+        self.producer: Instr | None = None
+
+    # -- NKI tensor attributes --
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.view.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.view.buffer.dtype
+
+    @property
+    def buffer(self) -> str:
+        return self.view.buffer.space
+
+    @property
+    def ndim(self) -> int:
+        return len(self.view.shape)
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.buffer}, {list(self.shape)}, {self.dtype})"
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __iter__(self) -> Iterator[Any]:
+        raise error("iterating over a tensor is not supported; index it instead")
+
+    def __bool__(self) -> bool:
+        raise error("a kernel cannot branch on a tensor's values")
+
+    # -- indexing --
+    def __getitem__(self, key: Any) -> Tensor:
+        return Tensor(self._builder, self._builder.index(self.view, key))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        from torchneuron.nki import language
+
+        target = self[key]
+        language._assign(target, value)
+
+    def reshape(self, shape: Sequence[int]) -> Tensor:
+        """The same elements with another shape (a contiguous tensor or tile only)."""
+        shape = tuple(int(d) for d in shape)
+        v = self.view
+        if math.prod(shape) != math.prod(v.shape):
+            raise error(f"cannot reshape {list(v.shape)} to {list(shape)}")
+        if not _contiguous(v):
+            raise error("reshape needs a contiguous tensor (index after reshaping)")
+        buf = Buffer("view", shape, v.buffer.dtype, v.buffer.space, v.buffer.loc)
+        return Tensor(self._builder, View(v.buffer, v.offset, shape, buf.strides()))
+
+    def broadcast_to(self, shape: Sequence[int]) -> Tensor:
+        """Repeat unit dimensions up to ``shape``: a zero-stride view (a DMA reads it as often
+        as it is repeated); a tile repeated along partitions is copied by a broadcasting DMA."""
+        shape = tuple(int(d) for d in shape)
+        v = self.view
+        if len(shape) != len(v.shape) or any(
+            a != b and a != 1 for a, b in zip(v.shape, shape, strict=True)
+        ):
+            raise error(f"cannot broadcast {list(v.shape)} to {list(shape)}")
+        strides = tuple(
+            0 if a == 1 and b != 1 else s for a, b, s in zip(v.shape, shape, v.strides, strict=True)
+        )
+        view = View(v.buffer, v.offset, shape, strides)
+        if v.buffer.space == HBM or v.shape[0] == shape[0]:
+            return Tensor(self._builder, view)
+        out = self._builder.alloc(shape, v.buffer.dtype, SBUF)
+        self._builder.emit("dma_copy", [("", view), ("", out.view)])
+        return out
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802 (NKI's spelling)
+        from torchneuron.nki import language
+
+        return language.transpose(self)
+
+    # -- arithmetic (the nl functions) --
+    def _binary(name: str, reverse: bool = False) -> Any:  # type: ignore[misc]  # noqa: N805
+        def method(self: Tensor, other: Any) -> Tensor:
+            from torchneuron.nki import language
+
+            fn = getattr(language, name)
+            return fn(other, self) if reverse else fn(self, other)
+
+        return method
+
+    __add__ = _binary("add")
+    __radd__ = _binary("add", reverse=True)
+    __sub__ = _binary("subtract")
+    __rsub__ = _binary("subtract", reverse=True)
+    __mul__ = _binary("multiply")
+    __rmul__ = _binary("multiply", reverse=True)
+    __truediv__ = _binary("divide")
+    __rtruediv__ = _binary("divide", reverse=True)
+    __pow__ = _binary("power")
+    __lt__ = _binary("less")
+    __le__ = _binary("less_equal")
+    __gt__ = _binary("greater")
+    __ge__ = _binary("greater_equal")
+    __eq__ = _binary("equal")  # type: ignore[assignment]
+    __ne__ = _binary("not_equal")  # type: ignore[assignment]
+    __hash__ = object.__hash__  # type: ignore[assignment]
+
+    def __neg__(self) -> Tensor:
+        from torchneuron.nki import language
+
+        return language.negative(self)
+
+    def __iadd__(self, other: Any) -> Tensor:
+        from torchneuron.nki import language
+
+        language._accumulate(self, other, "add")
+        return self
+
+    def __isub__(self, other: Any) -> Tensor:
+        from torchneuron.nki import language
+
+        language._accumulate(self, other, "subtract")
+        return self
+
+    def __imul__(self, other: Any) -> Tensor:
+        from torchneuron.nki import language
+
+        language._accumulate(self, other, "multiply")
+        return self
+
+
+# ----------------------------------------------------------------------------------------------
+# The builder
+# ----------------------------------------------------------------------------------------------
+
+_CURRENT: list[Builder] = []
+
+
+def current() -> Builder:
+    """The builder of the kernel being traced; outside a kernel, an error naming the call."""
+    if not _CURRENT:
+        raise KernelError(
+            "nki.language functions run only while a @nki.jit kernel is traced "
+            "(call the kernel, or nki.simulate_kernel(kernel, ...))"
+        )
+    return _CURRENT[-1]
+
+
+class Builder:
+    def __init__(self, name: str, grid: tuple[int, ...], target: str, rotate: int = 1) -> None:
+        self.name = name
+        self.rotate = rotate  # copies of an affine_range iteration per loop step
+        self.grid = grid
+        self.target = target
+        self.root = Block()
+        self.block = self.root
+        self.inputs: list[Buffer] = []
+        self.buffers: list[Buffer] = []
+        self.loops: dict[int, Loop] = {}
+        self.grid_vars: list[Affine] = []
+        self.identities: dict[DType, Tensor] = {}
+        self.def_loc: Location = ("<unknown>", 0)
+        # Bytes per partition a program may allocate, by memory (from the target): how much
+        # of it rotating loop bodies may hold at once.
+        self.capacity: dict[str, int] = {}
+
+    def __enter__(self) -> Builder:
+        _CURRENT.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _CURRENT.pop()
+
+    # -- buffers --
+    def input(self, shape: Sequence[int], dtype: DType, loc: Location) -> Tensor:
+        buf = Buffer("input", shape, dtype, HBM, loc)
+        self.inputs.append(buf)
+        return self.full_view(buf)
+
+    def alloc(
+        self, shape: Sequence[int], dtype: DType, space: str, loc: Location | None = None
+    ) -> Tensor:
+        loc = loc or user_location()
+        shape = tuple(int(d) for d in shape)
+        if not shape or any(d <= 0 for d in shape):
+            raise error(f"tensor shape {list(shape)} must have positive sizes", loc)
+        buf = Buffer("alloc", shape, dtype, space, loc)
+        buf.block = self.block
+        buf.position = len(self.block.items)
+        self.block.items.append(buf)
+        self.buffers.append(buf)
+        return self.full_view(buf)
+
+    def full_view(self, buf: Buffer) -> Tensor:
+        return Tensor(self, View(buf, Affine(0), buf.shape, buf.strides()))
+
+    # -- loops --
+    def loop(self, start: int, stop: int, step: int, rotate: int = 1) -> Iterator[Affine]:
+        """One ``scf.for``. With ``rotate`` > 1 (independent iterations) the body is traced
+        that many times per loop step, so each copy has tiles of its own: the next
+        iterations' loads fill their tiles while the engines work on this one's."""
+        loc = user_location()
+        if step <= 0:
+            raise error("loop steps must be positive", loc)
+        count = len(range(start, stop, step))
+        copies = next(u for u in (rotate, 4, 2, 1) if u <= rotate and count % u == 0)
+        var = len(self.loops)
+        body = Block(outer=self.block)
+        loop = Loop(start, stop, step * copies, var, body, loc, copies)
+        body.parent = loop
+        self.loops[var] = loop
+        self.block.items.append(loop)
+        self.block = body
+        try:
+            for k in range(copies):
+                yield Affine(k * step, {var: 1})
+        finally:
+            self.block = body.outer  # type: ignore[assignment]
+
+    def range_of(self, a: Affine) -> tuple[int, int]:
+        lo = hi = a.const
+        for var, coeff in a.terms.items():
+            loop = self.loops[var]
+            last = loop.start + max(0, (loop.stop - loop.start - 1) // loop.step) * loop.step
+            lo += min(coeff * loop.start, coeff * last)
+            hi += max(coeff * loop.start, coeff * last)
+        return lo, hi
+
+    # -- views --
+    def index(self, view: View, key: Any) -> View:
+        """The view ``view[key]``: integers and loop expressions select, slices and index
+        expressions make the axes of the result (NumPy's basic and advanced indexing)."""
+        key = key if isinstance(key, tuple) else (key,)
+        if any(k is Ellipsis for k in key):
+            i = next(n for n, k in enumerate(key) if k is Ellipsis)
+            fill = (slice(None),) * (len(view.shape) - len(key) + 1)
+            key = key[:i] + fill + key[i + 1 :]
+        if len(key) > len(view.shape):
+            raise error(f"{len(key)} indices for a tensor of rank {len(view.shape)}")
+        key = key + (slice(None),) * (len(view.shape) - len(key))
+        advanced = [k for k in key if isinstance(k, IndexExpr)]
+        exprs: list[IndexExpr] = []
+        if advanced:
+            ndim = max(len(k.shape) for k in advanced)
+            for k, size in zip(key, view.shape, strict=True):
+                if isinstance(k, IndexExpr):
+                    exprs.append(k)
+                elif isinstance(k, slice):
+                    if k != slice(None) or size != 1:
+                        raise error(
+                            "mixing slices with nl.arange/nl.mgrid indices is not supported"
+                        )
+                    exprs.append(IndexExpr(Affine(0), (), ()))
+                else:
+                    exprs.append(IndexExpr(Affine.of(k), (), ()))
+        else:
+            slices = [k for k in key if isinstance(k, slice)]
+            ndim = len(slices)
+            axis = 0
+            for k, size in zip(key, view.shape, strict=True):
+                if isinstance(k, slice):
+                    start = Affine(0) if k.start is None else Affine.of(k.start)
+                    step = 1 if k.step is None else int(k.step)
+                    if k.stop is None:
+                        stop = Affine(size)
+                    else:
+                        stop = Affine.of(k.stop)
+                    extent = stop - start
+                    if not isinstance(extent, Affine) or not extent.is_const():
+                        raise error("a slice's length must not depend on a loop variable")
+                    n = max(0, -(-extent.const // step))
+                    coeffs = [0] * ndim
+                    shape = [1] * ndim
+                    coeffs[axis], shape[axis] = step, n
+                    exprs.append(IndexExpr(start, coeffs, shape))
+                    axis += 1
+                else:
+                    exprs.append(IndexExpr(Affine.of(k), (), ()))
+        shape = [1] * ndim
+        for e in exprs:
+            _, s = e._aligned(ndim)
+            for i, d in enumerate(s):
+                if d != 1:
+                    if shape[i] not in (1, d):
+                        raise error("index expressions do not broadcast to one shape")
+                    shape[i] = d
+        offset = view.offset
+        strides = [0] * ndim
+        for e, stride, size in zip(exprs, view.strides, view.shape, strict=True):
+            coeffs, s = e._aligned(ndim)
+            lo, hi = self.range_of(e.base)
+            for c, d in zip(coeffs, s, strict=True):
+                lo += min(0, c * (d - 1))
+                hi += max(0, c * (d - 1))
+            if lo < 0 or hi >= size:
+                raise error(
+                    f"index out of bounds: [{lo}, {hi}] on a dimension of size {size} "
+                    f"(tensor shape {list(view.shape)})"
+                )
+            offset = offset + e.base * stride
+            for i, c in enumerate(coeffs):
+                strides[i] += c * stride
+        # Axes of extent 1 carry no stride; a zero stride of one would be a needless broadcast.
+        strides = [
+            s if d != 1 else (strides[i] or 1)
+            for i, (s, d) in enumerate(zip(strides, shape, strict=True))
+        ]
+        return View(view.buffer, offset, tuple(shape), tuple(strides))
+
+    # -- instructions --
+    def emit(
+        self,
+        op: str,
+        operands: list[tuple[str, View]],
+        prefix: str = "",
+        attrs: dict[str, str] | None = None,
+        writes: Sequence[int] = (),
+        loc: Location | None = None,
+    ) -> Instr:
+        instr = Instr(op, prefix, operands, attrs or {}, loc or user_location(), list(writes))
+        for _, v in operands:
+            v.buffer.users.append(instr)
+        self.block.items.append(instr)
+        return instr
+
+
+# ----------------------------------------------------------------------------------------------
+# Rendering to MLIR text
+# ----------------------------------------------------------------------------------------------
+
+
+def _bytes_per_partition(buf: Buffer) -> int:
+    return math.prod(buf.shape[1:]) * buf.dtype.itemsize
+
+
+def _loc(loc: Location) -> str:
+    file = loc[0].replace("\\", "\\\\").replace('"', '\\"')
+    return f'loc("{file}":{loc[1]}:1)'
+
+
+class _Renderer:
+    def __init__(self, builder: Builder, outputs: list[Buffer]) -> None:
+        self.b = builder
+        self.outputs = outputs
+        self.lines: list[str] = []
+        self.counter = 0
+        self.indent = 2
+        self.loop_vars: dict[int, str] = {}
+        self.loc: Location | None = None  # of the instruction being written
+        self.placement = self._place_allocs()
+
+    def fresh(self, stem: str) -> str:
+        self.counter += 1
+        return f"%{stem}{self.counter}"
+
+    def line(self, text: str) -> None:
+        if self.loc is not None:
+            text += " " + _loc(self.loc)
+        self.lines.append("  " * self.indent + text)
+
+    def _item_chain(self, instr_block: Block, item: object) -> list[tuple[Block, object]]:
+        """(block, item of that block) from ``instr_block`` out to the kernel's body."""
+        chain: list[tuple[Block, object]] = [(instr_block, item)]
+        b = instr_block
+        while b.outer is not None:
+            chain.append((b.outer, b.parent))
+            b = b.outer
+        return chain
+
+    def _place_allocs(self) -> dict[int, tuple[Block, int]]:
+        """Where each used on-chip or scratch allocation goes: in the innermost block holding
+        all its uses, just before the first item that uses it, so a tile lives (for the
+        allocator) only as long as the kernel uses it, and one made in a loop but read after
+        it is still in scope."""
+        where: dict[int, list[tuple[Block, object]]] = {}
+
+        def walk(block: Block) -> None:
+            for item in block.items:
+                if isinstance(item, Instr):
+                    for _, v in item.operands:
+                        where.setdefault(id(v.buffer), []).append((block, item))
+                elif isinstance(item, Loop):
+                    walk(item.body)
+
+        walk(self.b.root)
+        placement: dict[int, tuple[Block, int]] = {}
+        for buf in self.b.buffers:
+            if buf.kind != "alloc" or buf.returned or id(buf) not in where:
+                continue
+            chains = [self._item_chain(block, item) for block, item in where[id(buf)]]
+            common = None
+            for chain in chains:
+                blocks = [b for b, _ in chain]
+                common = blocks if common is None else [b for b in common if b in blocks]
+            home = common[0]  # type: ignore[index]
+            first = None
+            for chain in chains:
+                for block, item in chain:
+                    if block is home:
+                        idx = next(i for i, it in enumerate(home.items) if it is item)
+                        first = idx if first is None else min(first, idx)
+            placement[id(buf)] = (home, first or 0)
+        self._rotate(placement)
+        return placement
+
+    def _rotate(self, placement: dict[int, tuple[Block, int]]) -> None:
+        """In a loop whose body holds several iterations, every tile of the body is allocated
+        at the body's start, so the copies' tiles are live together and get addresses of their
+        own: iteration i + 1 loads while iteration i computes. Only while the body's tiles fit
+        in half of each memory; otherwise the copies share addresses (correct, serialized)."""
+        by_loop: dict[int, list[Buffer]] = {}
+        for buf in self.b.buffers:
+            place = placement.get(id(buf))
+            if place is None or buf.space == HBM:
+                continue
+            loop = place[0].parent
+            if loop is not None and loop.copies > 1:
+                by_loop.setdefault(id(loop), []).append(buf)
+        for bufs in by_loop.values():
+            fits = True
+            for space in (SBUF, PSUM):
+                used = sum(_bytes_per_partition(b) for b in bufs if b.space == space)
+                if used > self.b.capacity.get(space, 0) // 2:
+                    fits = False
+            if fits:
+                for buf in bufs:
+                    placement[id(buf)] = (placement[id(buf)][0], 0)
+
+    def index(self, a: Affine) -> str:
+        const = self.fresh("c")
+        self.line(f"{const} = arith.constant {a.const} : index")
+        value = const
+        for var, coeff in a.terms.items():
+            iv = self.loop_vars[var]
+            if coeff != 1:
+                k = self.fresh("c")
+                self.line(f"{k} = arith.constant {coeff} : index")
+                term = self.fresh("t")
+                self.line(f"{term} = arith.muli {iv}, {k} : index")
+            else:
+                term = iv
+            s = self.fresh("s")
+            self.line(f"{s} = arith.addi {value}, {term} : index")
+            value = s
+        return value
+
+    def view(self, v: View) -> str:
+        off = self.index(v.offset)
+        strides = []
+        for s in v.strides:
+            if s == 0:
+                zero = self.fresh("c")
+                self.line(f"{zero} = arith.constant 0 : index")
+                strides.append(zero)
+            else:
+                strides.append(str(s))
+        name = self.fresh("v")
+        sizes = ", ".join(str(d) for d in v.shape)
+        self.line(
+            f"{name} = memref.reinterpret_cast {v.buffer.name} to offset: [{off}], "
+            f"sizes: [{sizes}], strides: [{', '.join(strides)}] : {v.buffer.type} to {v.type()}"
+        )
+        return name
+
+    def render(self) -> str:
+        b = self.b
+        args = []
+        for i, buf in enumerate(b.inputs):
+            buf.name = f"%in{i}"
+            args.append(f"{buf.name}: {buf.type} {_loc(buf.loc)}")
+        for i, buf in enumerate(self.outputs):
+            buf.name = f"%out{i}"
+            args.append(f"{buf.name}: {buf.type} {_loc(buf.loc)}")
+        self.lines.append(f'module attributes {{nisa.target = "{b.target}"}} {{')
+        self.lines.append(
+            f"  func.func @{b.name}({', '.join(args)}) attributes "
+            f"{{nisa.kernel, nisa.num_inputs = {len(b.inputs)} : i64}} {{"
+        )
+        self.indent = 2
+        self.block(b.root)
+        self.line("return")
+        self.lines.append(f"  }} {_loc(b.def_loc)}")
+        self.lines.append("}")
+        return "\n".join(self.lines) + "\n"
+
+    def block(self, block: Block) -> None:
+        pending: dict[int, list[Buffer]] = {}
+        for buf in self.b.buffers:
+            place = self.placement.get(id(buf))
+            if place is not None and place[0] is block:
+                pending.setdefault(place[1], []).append(buf)
+        for i, item in enumerate(block.items):
+            for buf in pending.get(i, []):
+                buf.name = self.fresh("buf")
+                self.line(f"{buf.name} = memref.alloc() : {buf.type} {_loc(buf.loc)}")
+            if isinstance(item, Instr):
+                self.instr(item)
+            elif isinstance(item, Loop):
+                lb, ub, st = self.fresh("lb"), self.fresh("ub"), self.fresh("st")
+                self.line(f"{lb} = arith.constant {item.start} : index")
+                self.line(f"{ub} = arith.constant {item.stop} : index")
+                self.line(f"{st} = arith.constant {item.step} : index")
+                iv = self.fresh("i")
+                self.loop_vars[item.var] = iv
+                self.line(f"scf.for {iv} = {lb} to {ub} step {st} {{")
+                self.indent += 1
+                self.block(item.body)
+                self.indent -= 1
+                self.line(f"}} {_loc(item.loc)}")
+
+    def instr(self, instr: Instr) -> None:
+        self.loc = instr.loc
+        names = [(kw, self.view(v), v) for kw, v in instr.operands]
+        self.loc = None
+        parts = []
+        for kw, name, _ in names:
+            parts.append(f"{kw} {name}" if kw else name)
+        # Positional operands are comma-separated; keyword ones follow with a space.
+        text = ""
+        for i, p in enumerate(parts):
+            sep = "" if i == 0 else (" " if names[i][0] else ", ")
+            text += sep + p
+        attrs_d = dict(instr.attrs)
+        if instr.op == "memset":  # its value is positional: nisa.memset %dst, 0.0
+            text += ", " + attrs_d.pop("value").split(" :")[0]
+        attrs = ""
+        if attrs_d:
+            attrs = " {" + ", ".join(f"{k} = {v}" if v else k for k, v in attrs_d.items()) + "}"
+        types = ", ".join(v.type() for _, _, v in names)
+        self.loc = instr.loc
+        self.line(f"nisa.{instr.op} {instr.prefix}{text}{attrs} : {types}")
+        self.loc = None
+
+
+def render(builder: Builder, outputs: list[Buffer]) -> str:
+    return _Renderer(builder, outputs).render()

@@ -1,0 +1,365 @@
+"""``@nki.jit`` kernels: traced per argument signature, compiled, run on the engine model."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchneuron.nki import _ir
+
+__all__ = ["BenchmarkResult", "Kernel", "benchmark", "jit", "simulate_kernel"]
+
+# Which operand each instruction writes (the others it reads).
+_WRITTEN = {
+    "dma_copy": 1,
+    "copy": 1,
+    "tensor_tensor": 2,
+    "tensor_scalar": 1,
+    "activation": 1,
+    "matmul": 2,
+    "tensor_reduce": 1,
+    "memset": 0,
+    "iota": 0,
+}
+
+
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, _ir.Tensor)
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _spec(x: Any) -> tuple[tuple[int, ...], _ir.DType]:
+    return tuple(int(d) for d in x.shape), _ir.as_dtype(x.dtype)
+
+
+def _static_key(x: Any) -> Any:
+    try:
+        hash(x)
+    except TypeError:
+        return ("repr", repr(x))
+    return ("value", type(x).__name__, x)
+
+
+@dataclass
+class Traced:
+    """One specialization of a kernel: its ``nisa`` text and compiled program."""
+
+    name: str
+    mlir: str
+    kernel: Any  # torchneuron._C.Kernel
+    array_positions: list[int]
+    returns_tuple: bool
+    _device_kernel: Any = field(default=None, repr=False)
+
+    def device_kernel(self) -> Any:
+        if self._device_kernel is None:
+            from torchneuron.kernel import DeviceKernel
+
+            self._device_kernel = DeviceKernel(self.kernel, self.name, self.returns_tuple)
+        return self._device_kernel
+
+
+class Kernel:
+    """A ``@nki.jit`` kernel. Call it with torch tensors (CPU or ``neuron``) or NumPy arrays;
+    ``kernel[g0, g1](...)`` launches an SPMD grid. Each distinct signature (array shapes and
+    dtypes, other arguments' values, grid) is traced and compiled once."""
+
+    def __init__(self, fn: Callable[..., Any], target: str | None = None, rotate: int = 4) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.target = target
+        if rotate < 1:
+            raise ValueError("rotate must be at least 1")
+        self.rotate = rotate
+        self._cache: dict[Any, Traced] = {}
+
+    def __getitem__(self, grid: Any) -> _Launch:
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        grid = tuple(int(g) for g in grid)
+        if not grid or any(g <= 0 for g in grid):
+            raise ValueError(f"launch grid {list(grid)} must have positive sizes")
+        return _Launch(self, grid)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._run((), args, kwargs)
+
+    # -- tracing --
+    def specialize(self, *args: Any, grid: Sequence[int] = (), **kwargs: Any) -> Traced:
+        """Trace and compile for these arguments (cached); ``.mlir`` is the traced kernel."""
+        return self._traced(tuple(grid), args, kwargs)
+
+    def _traced(self, grid: tuple[int, ...], args: Sequence[Any], kwargs: dict[str, Any]) -> Traced:
+        from torchneuron import config
+
+        target = config.resolve_target({"target": self.target})
+        key = (
+            target,
+            grid,
+            tuple(("array", _spec(a)) if _is_array(a) else _static_key(a) for a in args),
+            tuple(sorted((k, _static_key(v)) for k, v in kwargs.items())),
+        )
+        traced = self._cache.get(key)
+        if traced is None:
+            traced = self._trace(target, grid, args, kwargs)
+            self._cache[key] = traced
+        return traced
+
+    def _trace(
+        self, target: str, grid: tuple[int, ...], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Traced:
+        from torchneuron import config
+        from torchneuron._native import native
+
+        name = self.fn.__name__
+        b = _ir.Builder(name, grid, target, self.rotate)
+        try:
+            file = inspect.getsourcefile(self.fn) or self.fn.__code__.co_filename
+        except TypeError:
+            file = self.fn.__code__.co_filename
+        b.def_loc = (file, self.fn.__code__.co_firstlineno)
+        memory = native().target_memory(target)
+        b.capacity = {
+            _ir.SBUF: int(memory["sbuf_bytes_per_partition"]),
+            _ir.PSUM: int(memory["psum_bytes_per_partition"]),
+        }
+        positions = [i for i, a in enumerate(args) if _is_array(a)]
+        with b:
+            call_args = list(args)
+            for i in positions:
+                shape, dtype = _spec(args[i])
+                call_args[i] = b.input(shape, dtype, b.def_loc)
+            for k, v in kwargs.items():
+                if _is_array(v):
+                    raise TypeError(f"{name}: pass arrays positionally (got {k}=...)")
+            loops = [b.loop(0, g, 1) for g in grid]
+            for loop in loops:
+                b.grid_vars.append(next(loop))
+            result = self.fn(*call_args, **kwargs)
+            for loop in reversed(loops):
+                next(loop, None)
+        self._check_writes(b)
+        returns_tuple = isinstance(result, (tuple, list))
+        results = list(result) if returns_tuple else [result]
+        outputs: list[_ir.Buffer] = []
+        for r in results:
+            if (
+                not isinstance(r, _ir.Tensor)
+                or r.view.buffer.kind != "shared"
+                or r.shape != r.view.buffer.shape
+            ):
+                raise _ir.error(
+                    f"{name} must return tensors made with nl.ndarray(..., buffer=nl.shared_hbm)"
+                    f" (whole tensors), got {r!r}",
+                    b.def_loc,
+                )
+            if r.view.buffer in outputs:
+                raise _ir.error(f"{name} returns one tensor twice", b.def_loc)
+            r.view.buffer.returned = True
+            outputs.append(r.view.buffer)
+        text = _ir.render(b, outputs)
+        dump = config.dump_dir()
+        try:
+            kernel = native().compile_kernel(
+                text, name=f"{name}.nki.mlir", target=target, dump_dir=str(dump) if dump else ""
+            )
+        except native().CompileError as e:
+            raise _ir.KernelError(str(e).rstrip()) from None
+        if config.check():
+            kernel.timeline()  # raises DeviceError for a missing wait
+        return Traced(name, text, kernel, positions, returns_tuple)
+
+    @staticmethod
+    def _check_writes(b: _ir.Builder) -> None:
+        def walk(block: _ir.Block) -> None:
+            for item in block.items:
+                if isinstance(item, _ir.Loop):
+                    walk(item.body)
+                elif isinstance(item, _ir.Instr):
+                    written = item.operands[_WRITTEN[item.op]][1].buffer
+                    if written.kind == "input":
+                        raise _ir.error(
+                            "a kernel may not write its input arguments; write a tensor made "
+                            "with nl.ndarray(..., buffer=nl.shared_hbm) and return it",
+                            item.loc,
+                        )
+
+        walk(b.root)
+
+    # -- running --
+    def _run(self, grid: tuple[int, ...], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        traced = self._traced(grid, args, kwargs)
+        arrays = [args[i] for i in traced.array_positions]
+        if arrays and all(_is_torch(a) for a in arrays):
+            return traced.device_kernel()(*arrays)
+        if any(_is_torch(a) for a in arrays):
+            raise TypeError(f"{traced.name}: pass either torch tensors or NumPy arrays, not both")
+        return _run_numpy(traced, arrays)
+
+
+class _Launch:
+    def __init__(self, kernel: Kernel, grid: tuple[int, ...]) -> None:
+        self.kernel, self.grid = kernel, grid
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.kernel._run(self.grid, args, kwargs)
+
+    def specialize(self, *args: Any, **kwargs: Any) -> Traced:
+        return self.kernel._traced(self.grid, args, kwargs)
+
+
+def _run_numpy(traced: Traced, arrays: Sequence[Any]) -> Any:
+    import numpy as np
+
+    from torchneuron.profile import record_run
+
+    inputs = [np.ascontiguousarray(a) for a in arrays]
+    outputs = []
+    for dtype, shape in traced.kernel.output_specs:
+        if dtype == "bfloat16":
+            raise TypeError(
+                f"{traced.name}: a bfloat16 output needs torch tensors (NumPy has none)"
+            )
+        outputs.append(np.empty(shape, dtype=np.dtype("bool" if dtype == "bool" else dtype)))
+
+    def buf(a: Any) -> tuple[int, str, list[int]]:
+        return (a.ctypes.data, _ir.as_dtype(a.dtype).name, list(a.shape))
+
+    traced.kernel.run([buf(a) for a in inputs], [buf(a) for a in outputs])
+    record_run(traced.kernel, traced.name)
+    return tuple(outputs) if traced.returns_tuple else outputs[0]
+
+
+def jit(
+    fn: Callable[..., Any] | None = None,
+    *,
+    target: str | None = None,
+    rotate: int = 4,
+    **kwargs: Any,
+) -> Any:
+    """Make ``fn`` an NKI kernel (``@nki.jit`` or ``@nki.jit(target="trn3")``).
+
+    ``rotate``: iterations of an ``nl.affine_range`` loop traced into each step of its loop
+    (at most; a divisor of the trip count), whose tiles get addresses of their own so loads
+    run ahead of compute (1: every iteration reuses the same tiles). NKI's other options
+    (``mode=``, ``platform_target=``...) are accepted and ignored."""
+    if fn is None:
+        return lambda f: Kernel(f, target, rotate)
+    return Kernel(fn, target, rotate)
+
+
+def simulate_kernel(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run ``kernel`` (``kernel`` or ``kernel[grid]``) on NumPy arrays and return NumPy arrays,
+    like NKI's simulator: numerics of the engine model, no device needed."""
+    if isinstance(kernel, _Launch):
+        return kernel(*args, **kwargs)
+    if not isinstance(kernel, Kernel):
+        raise TypeError("simulate_kernel takes a @nki.jit kernel")
+    return kernel(*args, **kwargs)
+
+
+@dataclass
+class BenchmarkResult:
+    """The modeled cost of one run of a kernel on the engine model."""
+
+    name: str
+    target: str
+    device_ns: float
+    bound: str
+    flops: float
+    hbm_bytes: float
+    instructions: int
+    engine_busy_ns: dict[str, float]
+    peak_flops: float
+
+    @property
+    def latency_us(self) -> float:
+        return self.device_ns / 1e3
+
+    @property
+    def utilization(self) -> dict[str, float]:
+        """Busy fraction of each engine (and DMA/HBM) over the kernel's time."""
+        t = self.device_ns or 1.0
+        return {k: v / t for k, v in self.engine_busy_ns.items()}
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.device_ns / 1e3 if self.device_ns else 0.0
+
+    @property
+    def tensor_peak_fraction(self) -> float:
+        """Matmul FLOP/s over TensorE's bf16 peak: the figure the NKI tutorials chase."""
+        if not self.device_ns:
+            return 0.0
+        return self.flops / (self.device_ns * 1e-9) / self.peak_flops
+
+    def summary(self) -> str:
+        util = ", ".join(
+            f"{k} {v:.0%}" for k, v in self.utilization.items() if k not in ("dma_avg",)
+        )
+        return (
+            f"{self.name} on {self.target}: {self.latency_us:.2f} us modeled, bound by "
+            f"{self.bound}; {self.tflops:.1f} TFLOP/s ({self.tensor_peak_fraction:.0%} of "
+            f"TensorE peak); {self.instructions} instructions; busy: {util}"
+        )
+
+    # NKI's ``benchmark_result.nc_latency.get_latency_percentile(p)`` (microseconds): the model
+    # has no run-to-run variation, so every percentile is the modeled latency.
+    @property
+    def nc_latency(self) -> BenchmarkResult:
+        return self
+
+    def get_latency_percentile(self, percentile: float) -> float:
+        return self.latency_us
+
+
+def _benchmark_traced(traced: Traced) -> BenchmarkResult:
+    from torchneuron._native import native
+
+    t = traced.kernel.timeline()
+    return BenchmarkResult(
+        name=traced.name,
+        target=traced.kernel.target,
+        device_ns=float(t["device_ns"]),
+        bound=str(t["bound"]),
+        flops=float(t["flops"]),
+        hbm_bytes=float(t["hbm_bytes"]),
+        instructions=int(t["instructions"]),
+        engine_busy_ns={str(k): float(v) for k, v in t["engine_busy_ns"].items()},
+        peak_flops=float(native().target_peaks(traced.kernel.target)["flops"]),
+    )
+
+
+class _Benchmarked:
+    """``@nki.benchmark(...)``-decorated kernel: a call runs it and sets ``benchmark_result``."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self.benchmark_result: BenchmarkResult | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.kernel(*args, **kwargs)
+        self.benchmark_result = _benchmark_traced(self.kernel._traced((), args, kwargs))
+        return out
+
+
+def benchmark(kernel: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """The modeled latency and engine utilisation of ``kernel`` on these arguments:
+    ``nki.benchmark(kernel, a, b)`` or ``nki.benchmark(kernel[grid], a, b)`` (traced and
+    compiled, not run: the time is a property of the program). As a decorator factory
+    (``@nki.benchmark(warmup=..., iters=...)``, NKI's form) it wraps a kernel whose calls run
+    and record ``benchmark_result``."""
+    if kernel is None or not isinstance(kernel, (Kernel, _Launch)):
+        if isinstance(kernel, Callable) and not isinstance(kernel, (Kernel, _Launch)):  # type: ignore[arg-type]
+            return _Benchmarked(jit(kernel))
+        return lambda k: _Benchmarked(k if isinstance(k, Kernel) else jit(k))
+    if isinstance(kernel, _Launch):
+        traced = kernel.specialize(*args, **kwargs)
+    else:
+        traced = kernel.specialize(*args, **kwargs)
+    return _benchmark_traced(traced)

@@ -1,0 +1,781 @@
+"""``torchneuron.nki.language`` (``nl``): NKI's tile-level language, traced onto the engine model.
+
+The tile-returning style of the Neuron SDK 2.2x releases: ``nl.load`` gives an SBUF tile,
+operators and ``nl`` functions give new tiles (ScalarE for activation functions, VectorE for
+arithmetic and reductions, TensorE for ``nl.matmul`` and ``nl.transpose``, whose results are
+PSUM tiles), ``nl.store`` writes HBM. Only meaningful while a ``@nki.jit`` kernel is traced.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from torchneuron.nki import _ir
+from torchneuron.nki._ir import (
+    BFLOAT16,
+    BOOL,
+    FLOAT16,
+    FLOAT32,
+    HBM,
+    INT8,
+    INT32,
+    INT64,
+    PSUM,
+    SBUF,
+    UINT8,
+    Affine,
+    DType,
+    IndexExpr,
+    Instr,
+    Tensor,
+    View,
+    current,
+    error,
+)
+
+# ----------------------------------------------------------------------------------------------
+# Data types, memories, sizes
+# ----------------------------------------------------------------------------------------------
+
+float32 = FLOAT32
+bfloat16 = BFLOAT16
+float16 = FLOAT16
+int32 = INT32
+int64 = INT64
+int8 = INT8
+uint8 = UINT8
+bool_ = BOOL
+
+
+class _Memory:
+    def __init__(self, name: str, space: str, shared: bool = False) -> None:
+        self.name, self.space, self.shared = name, space, shared
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+
+sbuf = _Memory("sbuf", SBUF)
+psum = _Memory("psum", PSUM)
+hbm = _Memory("hbm", HBM)
+private_hbm = _Memory("private_hbm", HBM)
+shared_hbm = _Memory("shared_hbm", HBM, shared=True)
+
+
+class tile_size:  # noqa: N801 (NKI's spelling)
+    """The engines' tile limits (NeuronCore-v3 as NKI states them)."""
+
+    pmax = 128  # partitions
+    psum_fmax = 512  # fp32 elements of one PSUM bank per partition
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+
+
+def par_dim(n: int) -> int:
+    """Marks the partition dimension of a shape (it is always the first one here)."""
+    return n
+
+
+# ----------------------------------------------------------------------------------------------
+# Loops, grids and index expressions
+# ----------------------------------------------------------------------------------------------
+
+
+def _range_args(start: int, stop: int | None, step: int) -> tuple[int, int, int]:
+    if stop is None:
+        start, stop = 0, start
+    return int(start), int(stop), int(step)
+
+
+def affine_range(start: int, stop: int | None = None, step: int = 1) -> Iterator[Affine]:
+    """A loop whose iterations are independent: one ``scf.for`` whose body holds up to
+    ``rotate`` copies of the iteration (``nki.jit(rotate=4)``; the body is traced once per
+    copy), so the tiles each copy allocates rotate and loads run ahead of compute."""
+    b = current()
+    return b.loop(*_range_args(start, stop, step), rotate=b.rotate)
+
+
+def sequential_range(start: int, stop: int | None = None, step: int = 1) -> Iterator[Affine]:
+    """A loop with a dependence between iterations: one ``scf.for``, iterations in order (the
+    compiler's synchronisation orders every conflicting access, so both loops are safe)."""
+    return current().loop(*_range_args(start, stop, step))
+
+
+def static_range(start: int, stop: int | None = None, step: int = 1) -> range:
+    """A loop unrolled while tracing: its variable is a Python ``int``."""
+    return range(*_range_args(start, stop, step))
+
+
+def program_id(axis: int) -> Affine:
+    """This program's index along ``axis`` of the launch grid (``kernel[g0, g1](...)``)."""
+    grid = current().grid_vars
+    if not 0 <= axis < len(grid):
+        if not grid and axis == 0:
+            return Affine(0)
+        raise error(f"nl.program_id({axis}): the launch grid has {len(grid)} dimensions")
+    return grid[axis]
+
+
+def num_programs(axes: int | None = None) -> int:
+    grid = current().grid or (1,)
+    if axes is None:
+        return math.prod(grid)
+    if not 0 <= axes < len(grid):
+        raise error(f"nl.num_programs({axes}): the launch grid has {len(grid)} dimensions")
+    return grid[axes]
+
+
+def program_ndim() -> int:
+    return len(current().grid)
+
+
+def arange(start: int, stop: int | None = None, step: int = 1) -> IndexExpr:
+    """An index expression over ``range(start, stop, step)``; ``[:, None]`` / ``[None, :]``
+    make it a partition or free index of a 2-D access."""
+    return IndexExpr.arange(*_range_args(start, stop, step))
+
+
+class _MGridResult(tuple):  # type: ignore[type-arg]
+    @property
+    def p(self) -> IndexExpr:
+        return self[0]  # type: ignore[no-any-return]
+
+    @property
+    def x(self) -> IndexExpr:
+        return self[1]  # type: ignore[no-any-return]
+
+
+class _MGrid:
+    """``nl.mgrid[0:128, 0:512]``: one index expression per axis, broadcast against each other."""
+
+    def __getitem__(self, key: Any) -> _MGridResult:
+        key = key if isinstance(key, tuple) else (key,)
+        out = []
+        for axis, k in enumerate(key):
+            if not isinstance(k, slice) or k.stop is None:
+                raise error("nl.mgrid takes bounded slices, e.g. nl.mgrid[0:128, 0:512]")
+            e = IndexExpr.arange(k.start or 0, k.stop, k.step or 1)
+            coeffs = [0] * len(key)
+            shape = [1] * len(key)
+            coeffs[axis], shape[axis] = e.coeffs[0], e.shape[0]
+            out.append(IndexExpr(e.base, coeffs, shape))
+        return _MGridResult(out)
+
+
+mgrid = _MGrid()
+
+# ----------------------------------------------------------------------------------------------
+# Creating tensors
+# ----------------------------------------------------------------------------------------------
+
+
+def _memory(buffer: Any) -> _Memory:
+    if isinstance(buffer, _Memory):
+        return buffer
+    raise error(f"buffer={buffer!r}: expected nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm")
+
+
+def ndarray(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = "") -> Tensor:
+    """A new tensor: an SBUF/PSUM tile, or an HBM tensor (``nl.shared_hbm``: a kernel output
+    when the kernel returns it)."""
+    mem = _memory(buffer)
+    t = current().alloc(shape, _ir.as_dtype(dtype), mem.space)
+    t.view.buffer.kind = "shared" if mem.shared else "alloc"
+    return t
+
+
+def zeros(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = "") -> Tensor:
+    return full(shape, 0.0, dtype, buffer)
+
+
+def ones(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = "") -> Tensor:
+    return full(shape, 1.0, dtype, buffer)
+
+
+def full(
+    shape: Sequence[int], fill_value: float, dtype: Any, buffer: Any = sbuf, name: str = ""
+) -> Tensor:
+    mem = _memory(buffer)
+    if mem.space == HBM:
+        raise error("nl.full/zeros/ones make on-chip tiles; use nl.sbuf or nl.psum")
+    t = ndarray(shape, dtype, buffer)
+    t.producer = current().emit("memset", [("", t.view)], attrs={"value": _f64(fill_value)})
+    t.producer.writes = [0]
+    return t
+
+
+def zeros_like(a: Tensor, dtype: Any = None, buffer: Any = sbuf, name: str = "") -> Tensor:
+    return zeros(a.shape, dtype or a.dtype, buffer)
+
+
+def empty_like(a: Tensor, dtype: Any = None, buffer: Any = sbuf, name: str = "") -> Tensor:
+    return ndarray(a.shape, dtype or a.dtype, buffer)
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _f64(x: float) -> str:
+    x = float(x)
+    if math.isinf(x):
+        return ("0x7FF0000000000000" if x > 0 else "0xFFF0000000000000") + " : f64"
+    if math.isnan(x):
+        return "0x7FF8000000000000 : f64"
+    text = repr(x)
+    if "." not in text:  # MLIR float literals need a '.': 1e-06 -> 1.0e-06
+        mantissa, _, exponent = text.partition("e")
+        text = mantissa + ".0" + ("e" + exponent if exponent else "")
+    return f"{text} : f64"
+
+
+def _tensor(x: Any, what: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise error(f"{what} must be a tensor or tile, got {type(x).__name__}")
+    return x
+
+
+def _on_chip(x: Any, what: str) -> Tensor:
+    t = _tensor(x, what)
+    if t.view.buffer.space == HBM:
+        raise error(f"{what} is an HBM tensor; nl.load it into SBUF first")
+    return t
+
+
+def _new(shape: Sequence[int], dtype: DType, space: str = SBUF) -> Tensor:
+    return current().alloc(shape, dtype, space)
+
+
+def _produce(t: Tensor, instr: Instr, dst_index: int) -> Tensor:
+    instr.writes = [dst_index]
+    t.producer = instr
+    return t
+
+
+def _reshaped(view: View, shape: Sequence[int]) -> View:
+    """``view`` seen with ``shape``, which differs from its own by unit dimensions only."""
+    shape = tuple(shape)
+    if view.shape == shape:
+        return view
+    squeeze = [(d, s) for d, s in zip(view.shape, view.strides, strict=True) if d != 1]
+    if [d for d in shape if d != 1] != [d for d, _ in squeeze]:
+        raise error(f"shapes {list(view.shape)} and {list(shape)} differ")
+    strides, it = [], iter(squeeze)
+    for d in shape:
+        strides.append(next(it)[1] if d != 1 else 1)
+    return View(view.buffer, view.offset, shape, tuple(strides))
+
+
+def _same_view(a: View, b: View) -> bool:
+    return (
+        a.buffer is b.buffer
+        and a.offset.const == b.offset.const
+        and a.offset.terms == b.offset.terms
+        and a.shape == b.shape
+        and a.strides == b.strides
+    )
+
+
+def _retarget(value: Tensor, target: View) -> bool:
+    """Make the instruction that produced ``value`` (a fresh, unread tile) write ``target``
+    instead, when that saves a copy."""
+    instr = value.producer
+    buf = value.view.buffer
+    if (
+        instr is None
+        or len(instr.writes) != 1
+        or buf.users != [instr]
+        or buf.space == HBM
+        or target.buffer.space == HBM
+        or value.view.shape != target.shape
+        or not _same_view(value.view, current().full_view(buf).view)
+    ):
+        return False
+    i = instr.writes[0]
+    kw, _ = instr.operands[i]
+    instr.operands[i] = (kw, target)
+    buf.users.remove(instr)
+    target.buffer.users.append(instr)
+    value.producer = None
+    return True
+
+
+def _assign(target: Tensor, value: Any) -> None:
+    """``target[...] = value``."""
+    b = current()
+    if isinstance(value, Tensor):
+        if _same_view(value.view, target.view):
+            return
+        if target.view.buffer.space == HBM:
+            store(target, value)
+        elif value.view.buffer.space == HBM:
+            b.emit("dma_copy", [("", _reshaped(value.view, target.shape)), ("", target.view)])
+        elif not _retarget(value, target.view):
+            b.emit("copy", [("", _reshaped(value.view, target.shape)), ("", target.view)])
+    elif isinstance(value, (int, float)):
+        if target.view.buffer.space == HBM:
+            raise error("assigning a number to an HBM tensor; store a tile with nl.store")
+        b.emit("memset", [("", target.view)], attrs={"value": _f64(value)})
+    else:
+        raise error(f"cannot assign a {type(value).__name__} to a tile")
+
+
+def _accumulate(target: Tensor, other: Any, op: str) -> None:
+    """``target op= other``: a matmul just made into PSUM accumulates there; anything else is
+    an elementwise instruction writing ``target`` in place."""
+    producer = other.producer if isinstance(other, Tensor) else None
+    if (
+        op == "add"
+        and producer is not None
+        and producer.op == "matmul"
+        and target.view.buffer.space == PSUM
+        and _retarget(other, target.view)
+    ):
+        producer.attrs["accumulate"] = ""
+        return
+    _binary(op, target, other, None, out=target)
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory movement
+# ----------------------------------------------------------------------------------------------
+
+
+def _no_mask(mask: Any, fn: str) -> None:
+    if mask is not None:
+        raise error(f"{fn}(mask=...) is not supported yet: index whole tiles")
+
+
+def load(src: Any, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
+    """Copy an HBM tensor (a view of one) into a new SBUF tile, by DMA."""
+    _no_mask(mask, "nl.load")
+    t = _tensor(src, "nl.load's source")
+    if t.view.buffer.space != HBM:
+        raise error(f"nl.load's source is in {t.buffer}; it must be an HBM tensor")
+    out = _new(t.shape, _ir.as_dtype(dtype) if dtype is not None else t.dtype)
+    return _produce(out, current().emit("dma_copy", [("", t.view), ("", out.view)]), 1)
+
+
+def load_transpose2d(src: Any, dtype: Any = None, mask: Any = None) -> Tensor:
+    """Load a 2-D HBM tensor [A, B] as an SBUF tile [B, A] with a transposing DMA."""
+    _no_mask(mask, "nl.load_transpose2d")
+    t = _tensor(src, "nl.load_transpose2d's source")
+    if t.view.buffer.space != HBM or len(t.shape) != 2:
+        raise error("nl.load_transpose2d takes a 2-D HBM tensor")
+    v = t.view
+    tv = View(v.buffer, v.offset, (v.shape[1], v.shape[0]), (v.strides[1], v.strides[0]))
+    out = _new(tv.shape, _ir.as_dtype(dtype) if dtype is not None else t.dtype)
+    return _produce(out, current().emit("dma_copy", [("", tv), ("", out.view)]), 1)
+
+
+def store(dst: Any, value: Any, mask: Any = None, **kwargs: Any) -> None:
+    """Write an SBUF tile into an HBM tensor (a view of one), by DMA."""
+    _no_mask(mask, "nl.store")
+    d = _tensor(dst, "nl.store's destination")
+    if d.view.buffer.space != HBM:
+        raise error(f"nl.store's destination is in {d.buffer}; it must be an HBM tensor")
+    v = _on_chip(value, "nl.store's value")
+    if v.view.buffer.space != SBUF:
+        raise error(
+            f"nl.store's value is in {v.buffer}; DMA reads SBUF (copy a PSUM tile to SBUF with "
+            "nl.copy first)"
+        )
+    current().emit("dma_copy", [("", _reshaped(v.view, d.shape)), ("", d.view)])
+
+
+def copy(x: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
+    """A new SBUF tile with ``x``'s values (and ``dtype``): how PSUM results are evicted."""
+    t = _on_chip(x, "nl.copy's source")
+    out = _new(t.shape, _ir.as_dtype(dtype) if dtype is not None else t.dtype)
+    return _produce(out, current().emit("copy", [("", t.view), ("", out.view)]), 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Elementwise arithmetic (VectorE) and activation functions (ScalarE)
+# ----------------------------------------------------------------------------------------------
+
+
+def _is_column(t: Tensor, other: Tensor) -> bool:
+    return t.shape[0] == other.shape[0] and all(d == 1 for d in t.shape[1:])
+
+
+def _binary(op: str, x: Any, y: Any, dtype: Any, out: Tensor | None = None) -> Any:
+    b = current()
+    xt, yt = isinstance(x, Tensor), isinstance(y, Tensor)
+    if not xt and not yt:
+        raise error(f"nl.{op} needs at least one tile operand")
+    if xt:
+        _on_chip(x, f"nl.{op}'s first operand")
+    if yt:
+        _on_chip(y, f"nl.{op}'s second operand")
+    if xt and yt:
+        res_dtype = _ir.promote(x.dtype, y.dtype)
+    else:
+        res_dtype = (x if xt else y).dtype
+    if dtype is not None:
+        res_dtype = _ir.as_dtype(dtype)
+    if xt and yt and x.shape == y.shape:
+        dst = out or _new(x.shape, res_dtype)
+        instr = b.emit(
+            "tensor_tensor", [("", x.view), ("", y.view), ("", dst.view)], prefix=op + " "
+        )
+        return _produce(dst, instr, 2)
+    if xt and yt:
+        if _is_column(y, x):
+            data, col, reverse = x, y, False
+        elif _is_column(x, y):
+            data, col, reverse = y, x, True
+        else:
+            raise error(
+                f"nl.{op}: shapes {list(x.shape)} and {list(y.shape)} do not broadcast on the "
+                "engines (a [P, 1] column broadcasts along the free dimensions; nothing "
+                "broadcasts along partitions)"
+            )
+        dst = out or _new(data.shape, res_dtype)
+        if dst.shape != data.shape:
+            raise error(f"nl.{op}: the result {list(data.shape)} does not fit {list(dst.shape)}")
+        col_view = _reshaped(col.view, (col.shape[0], 1))
+        instr = b.emit(
+            "tensor_scalar",
+            [("", data.view), ("", dst.view), ("scalar", col_view)],
+            prefix=op + " ",
+            attrs={"reverse": ""} if reverse else {},
+        )
+        return _produce(dst, instr, 1)
+    data, imm, reverse = (x, y, False) if xt else (y, x, True)
+    if not isinstance(imm, (int, float)):
+        raise error(f"nl.{op}: {type(imm).__name__} operand is neither a tile nor a number")
+    dst = out or _new(data.shape, res_dtype)
+    attrs = {"imm": _f64(imm)}
+    if reverse:
+        attrs["reverse"] = ""
+    instr = b.emit("tensor_scalar", [("", data.view), ("", dst.view)], prefix=op + " ", attrs=attrs)
+    return _produce(dst, instr, 1)
+
+
+def add(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("add", x, y, dtype)
+
+
+def subtract(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("subtract", x, y, dtype)
+
+
+def multiply(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("multiply", x, y, dtype)
+
+
+def divide(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("divide", x, y, dtype)
+
+
+def maximum(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("max", x, y, dtype)
+
+
+def minimum(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("min", x, y, dtype)
+
+
+def power(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("pow", x, y, dtype)
+
+
+def equal(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("eq", x, y, dtype)
+
+
+def not_equal(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("ne", x, y, dtype)
+
+
+def less(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("lt", x, y, dtype)
+
+
+def less_equal(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("le", x, y, dtype)
+
+
+def greater(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("gt", x, y, dtype)
+
+
+def greater_equal(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("ge", x, y, dtype)
+
+
+def logical_and(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("logical_and", x, y, dtype)
+
+
+def logical_or(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("logical_or", x, y, dtype)
+
+
+def logical_xor(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _binary("logical_xor", x, y, dtype)
+
+
+def _activation(func: str, x: Any, dtype: Any, scale: float = 1.0, bias: Any = None) -> Tensor:
+    t = _on_chip(x, f"nl.{func}'s operand")
+    out = _new(t.shape, _ir.as_dtype(dtype) if dtype is not None else t.dtype)
+    operands: list[tuple[str, View]] = [("", t.view), ("", out.view)]
+    attrs: dict[str, str] = {}
+    if bias is not None:
+        bt = _on_chip(bias, "bias")
+        operands.append(("bias", _reshaped(bt.view, (bt.shape[0], 1))))
+    if scale != 1.0:
+        attrs["scale"] = _f64(scale)
+    instr = current().emit("activation", operands, prefix=func + " ", attrs=attrs)
+    return _produce(out, instr, 1)
+
+
+def _unary(func: str, doc: str) -> Any:
+    def fn(x: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
+        if kwargs.get("mask") is not None:
+            _no_mask(kwargs["mask"], fn.__name__)
+        return _activation(func, x, dtype)
+
+    fn.__doc__ = f"{doc} (ScalarE activation ``{func}``)."
+    return fn
+
+
+exp = _unary("exp", "e**x")
+log = _unary("log", "natural logarithm")
+tanh = _unary("tanh", "hyperbolic tangent")
+sigmoid = _unary("sigmoid", "logistic sigmoid")
+relu = _unary("relu", "max(x, 0)")
+gelu = _unary("gelu", "GELU (erf form)")
+gelu_apprx_tanh = _unary("gelu_tanh", "GELU (tanh approximation)")
+silu = _unary("silu", "x * sigmoid(x)")
+sqrt = _unary("sqrt", "square root")
+rsqrt = _unary("rsqrt", "1 / sqrt(x)")
+abs = _unary("abs", "absolute value")  # noqa: A001 (NKI's name)
+negative = _unary("neg", "-x")
+reciprocal = _unary("reciprocal", "1 / x")
+square = _unary("square", "x * x")
+sin = _unary("sin", "sine")
+cos = _unary("cos", "cosine")
+sign = _unary("sign", "sign")
+floor = _unary("floor", "floor")
+ceil = _unary("ceil", "ceiling")
+trunc = _unary("trunc", "truncation toward zero")
+erf = _unary("erf", "error function")
+log1p = _unary("log1p", "log(1 + x)")
+expm1 = _unary("expm1", "exp(x) - 1")
+
+# ----------------------------------------------------------------------------------------------
+# Reductions (VectorE)
+# ----------------------------------------------------------------------------------------------
+
+
+def _reduce(op: str, name: str, x: Any, axis: Any, dtype: Any, keepdims: bool) -> Tensor:
+    t = _on_chip(x, f"nl.{name}'s operand")
+    axes = axis if isinstance(axis, (list, tuple)) else [axis]
+    axes = sorted(int(a) % t.ndim for a in axes)
+    if axes != list(range(1, t.ndim)):
+        raise error(
+            f"nl.{name}(axis={axis}) on a {t.ndim}-d tile: the engines reduce all free axes "
+            f"(axis={list(range(1, t.ndim))}); transpose to reduce along partitions"
+        )
+    out = _new((t.shape[0], 1), _ir.as_dtype(dtype) if dtype is not None else t.dtype)
+    instr = current().emit("tensor_reduce", [("", t.view), ("", out.view)], prefix=op + " ")
+    return _produce(out, instr, 1)
+
+
+def sum(x: Any, axis: Any, dtype: Any = None, keepdims: bool = False, **kw: Any) -> Tensor:  # noqa: A001
+    """Sum over the free axes; the result is a [P, 1] column whatever ``keepdims``."""
+    return _reduce("add", "sum", x, axis, dtype, keepdims)
+
+
+def max(x: Any, axis: Any, dtype: Any = None, keepdims: bool = False, **kw: Any) -> Tensor:  # noqa: A001
+    return _reduce("max", "max", x, axis, dtype, keepdims)
+
+
+def min(x: Any, axis: Any, dtype: Any = None, keepdims: bool = False, **kw: Any) -> Tensor:  # noqa: A001
+    return _reduce("min", "min", x, axis, dtype, keepdims)
+
+
+def prod(x: Any, axis: Any, dtype: Any = None, keepdims: bool = False, **kw: Any) -> Tensor:
+    return _reduce("multiply", "prod", x, axis, dtype, keepdims)
+
+
+def mean(x: Any, axis: Any, dtype: Any = None, keepdims: bool = False, **kw: Any) -> Tensor:
+    t = _on_chip(x, "nl.mean's operand")
+    s = _reduce("add", "mean", t, axis, FLOAT32, keepdims)
+    n = math.prod(t.shape[1:])
+    return _binary("multiply", s, 1.0 / n, dtype or t.dtype)  # type: ignore[no-any-return]
+
+
+# ----------------------------------------------------------------------------------------------
+# TensorE
+# ----------------------------------------------------------------------------------------------
+
+
+def _identity(dtype: DType) -> Tensor:
+    """A 128x128 identity in SBUF, made once per kernel and dtype at its start (GpSimd iota of
+    p - i, then VectorE p - i == 0)."""
+    b = current()
+    if dtype in b.identities:
+        return b.identities[dtype]
+    saved, b.block = b.block, b.root
+    start = len(b.root.items)
+    try:
+        n = tile_size.pmax
+        ramp = b.alloc((n, n), FLOAT32, SBUF)
+        b.emit(
+            "iota",
+            [("", ramp.view)],
+            attrs={
+                "base": _f64(0.0),
+                "channel_multiplier": _f64(1.0),
+                "multipliers": "array<f64: -1.0>",
+            },
+        )
+        ident = b.alloc((n, n), dtype, SBUF)
+        b.emit(
+            "tensor_scalar",
+            [("", ramp.view), ("", ident.view)],
+            prefix="eq ",
+            attrs={"imm": _f64(0.0)},
+        )
+    finally:
+        b.block = saved
+    # Move what was just made to the kernel's start, ahead of every loop.
+    made = b.root.items[start:]
+    del b.root.items[start:]
+    b.root.items[0:0] = made
+    b.identities[dtype] = ident
+    return ident
+
+
+def transpose(x: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
+    """Swap partitions and the free axis of a 2-D SBUF tile on TensorE (a matmul by the
+    identity); the result is a PSUM tile (fp32)."""
+    t = _on_chip(x, "nl.transpose's operand")
+    if t.ndim != 2:
+        raise error(f"nl.transpose takes a 2-D tile, got shape {list(t.shape)}")
+    p, f = t.shape
+    ident = _identity(t.dtype)[0:p, 0:p]
+    out = _new((f, p), FLOAT32, PSUM)
+    instr = current().emit("matmul", [("", t.view), ("", ident.view), ("", out.view)])
+    return _produce(out, instr, 2)
+
+
+def matmul(x: Any, y: Any, transpose_x: bool = False, mask: Any = None, **kwargs: Any) -> Tensor:
+    """``x @ y`` (``x.T @ y`` with ``transpose_x=True``) on TensorE into a new PSUM tile (fp32).
+    With ``transpose_x=True``, x is the stationary [K, M] tile and y the moving [K, N] one, both
+    in SBUF; without it x [M, K] is first transposed on TensorE. ``psum_tile += nl.matmul(...)``
+    accumulates in PSUM."""
+    _no_mask(mask, "nl.matmul")
+    xt = _on_chip(x, "nl.matmul's x")
+    yt = _on_chip(y, "nl.matmul's y")
+    if not transpose_x:
+        xt = copy(transpose(xt), dtype=xt.dtype)
+    if xt.ndim != 2 or yt.ndim != 2:
+        raise error("nl.matmul takes 2-D tiles")
+    out = _new((xt.shape[1], yt.shape[1]), FLOAT32, PSUM)
+    instr = current().emit("matmul", [("", xt.view), ("", yt.view), ("", out.view)])
+    return _produce(out, instr, 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# The rest of NKI's public API: named, so that a kernel using it learns at its line that it is
+# not supported yet (rather than a bare AttributeError).
+# ----------------------------------------------------------------------------------------------
+
+_NOT_YET = {
+    "all",
+    "any",
+    "arctan",
+    "atomic_rmw",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "broadcast_to",
+    "device_print",
+    "dropout",
+    "expand_dims",
+    "gather_flattened",
+    "invert",
+    "left_shift",
+    "loop_reduce",
+    "mod",
+    "fmod",
+    "nc",
+    "random_seed",
+    "rand",
+    "right_shift",
+    "rms_norm",
+    "select",
+    "shared_constant",
+    "shared_identity_matrix",
+    "softmax",
+    "spmd_dim",
+    "tan",
+    "var",
+    "where",
+    "dynamic_range",
+    "float8_e4m3",
+    "float8_e5m2",
+    "tfloat32",
+    "uint16",
+    "int16",
+    "uint32",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NOT_YET:
+        raise error(f"nl.{name} is not supported by torchneuron.nki yet")
+    raise AttributeError(f"module 'torchneuron.nki.language' has no attribute {name!r}")
+
+
+# The engine operation behind each nl function that nki.isa instructions take as ``op=``.
+ALU_OPS: dict[Any, str] = {
+    add: "add",
+    subtract: "subtract",
+    multiply: "multiply",
+    divide: "divide",
+    maximum: "max",
+    minimum: "min",
+    power: "pow",
+    equal: "eq",
+    not_equal: "ne",
+    less: "lt",
+    less_equal: "le",
+    greater: "gt",
+    greater_equal: "ge",
+    logical_and: "logical_and",
+    logical_or: "logical_or",
+    logical_xor: "logical_xor",
+}
+ACTIVATIONS: dict[Any, str] = {
+    exp: "exp",
+    log: "log",
+    tanh: "tanh",
+    sigmoid: "sigmoid",
+    relu: "relu",
+    gelu: "gelu",
+    gelu_apprx_tanh: "gelu_tanh",
+    silu: "silu",
+    sqrt: "sqrt",
+    rsqrt: "rsqrt",
+    abs: "abs",
+    negative: "neg",
+    reciprocal: "reciprocal",
+    square: "square",
+    sin: "sin",
+    cos: "cos",
+    sign: "sign",
+    floor: "floor",
+    ceil: "ceil",
+    trunc: "trunc",
+    erf: "erf",
+    log1p: "log1p",
+    expm1: "expm1",
+}
