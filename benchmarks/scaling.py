@@ -149,6 +149,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     args = parser.parse_args()
     os.environ["TORCHNEURON_TARGET"] = args.target
+    # DDP's logger warns that it times only CPU and CUDA devices, once per rank and run.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     os.environ.pop("TORCHNEURON_VISIBLE_CORES", None)
 
     print(
