@@ -13,8 +13,9 @@ namespace neuron::compiler {
 
 struct CompileOptions {
   std::string target = "trn2";
-  /// When set, every stage writes its module here as NN-<stage>.mlir, and
-  /// the emitted program as 04-program.json.
+  /// When set, every stage writes its module here as NN-<stage>.mlir
+  /// (00-import ... 05-schedule), and the emitted program as
+  /// 06-program.json.
   std::string dumpDir;
 };
 
@@ -24,8 +25,8 @@ struct CompileResult {
   std::string error;   // diagnostics with Python source lines otherwise
 };
 
-/// The named stages, in order: import, canonicalize, lower-to-nisa,
-/// cleanup, emit.
+/// The named stages, in order: import, canonicalize, fuse, lower-to-nisa,
+/// cleanup, schedule (allocation and sync insertion), emit.
 CompileResult compileFxGraph(const std::string &document,
                              const CompileOptions &options);
 
