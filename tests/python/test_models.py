@@ -1,6 +1,6 @@
 """The six models of tests/python/models.py through ``torch.compile(backend="neuron")``.
 
-Each runs at two sizes (the second makes Dynamo recompile with symbolic sizes) on the built
+Each runs at two sizes, for trn2 and trn3, (the second makes Dynamo recompile with symbolic sizes) on the built
 extension ``torchneuron._C`` (skipped until it is built) and is compared with eager PyTorch; every
 op of every model must run on the device (no fallback).
 
@@ -25,11 +25,15 @@ TOLERANCES = {
 }
 
 
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("case", MODELS, ids=[c.name for c in MODELS])
-def test_model_matches_eager(case: ModelCase, dtype: torch.dtype, real_native: ModuleType) -> None:
+def test_model_matches_eager(
+    case: ModelCase, dtype: torch.dtype, target: str, real_native: ModuleType
+) -> None:
+    # trn3's kernels are tiled and allocated for its own engines and memories.
     model = make_model(case, dtype)
-    compiled = torch.compile(model, backend="neuron")
+    compiled = torch.compile(model, backend="neuron", options={"target": target})
     with torch.no_grad():
         for size in (0, 1):
             inputs = make_inputs(case, size, dtype)
