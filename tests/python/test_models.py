@@ -1,8 +1,8 @@
 """The six models of tests/python/models.py through ``torch.compile(backend="neuron")``.
 
-Each runs at two sizes, for trn2 and trn3, (the second makes Dynamo recompile with symbolic sizes) on the built
-extension ``torchneuron._C`` (skipped until it is built) and is compared with eager PyTorch; every
-op of every model must run on the device (no fallback).
+Each runs at two sizes (the second makes Dynamo recompile with symbolic sizes), compiled for trn2
+and for trn3, on the built extension ``torchneuron._C`` (skipped until it is built) and is
+compared with eager PyTorch; every op of every model must run on the device (no fallback).
 
 Tolerances: float32 atol = rtol = 1e-4 (fp32 accumulation everywhere); bfloat16 atol = rtol =
 2e-2 (about one bf16 ulp at the outputs' magnitude, which reach 4, plus rounding of
