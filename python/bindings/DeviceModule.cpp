@@ -15,6 +15,7 @@
 #include "runtime/device/KernelProvider.h"
 #include "runtime/device/Ops.h"
 #include "runtime/device/Stream.h"
+#include "runtime/target/Target.h"
 
 #include <ATen/core/Generator.h>
 #include <c10/core/DeviceGuard.h>
@@ -187,6 +188,12 @@ PYBIND11_MODULE(_device, m) {
   m.def("_device_count", [] { return static_cast<int>(deviceCount()); });
   m.def("_config_error", [] { return config().error; });
   m.def("_target", [] { return config().target; });
+  m.def("_device_name",
+        [] { return neuron::target::getTarget(config().target).deviceName; });
+  m.def("_neuron_core_version", [] {
+    return static_cast<int>(
+        neuron::target::getTarget(config().target).value("neuron_core_version"));
+  });
   m.def("_visible_cores", [] { return config().coreIds; });
   m.def("_hbm_bytes_per_core", [] { return config().hbmBytesPerCore; });
   m.def("_parse_visible_cores", &parseVisibleCores);

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -71,8 +72,15 @@ __all__ = [
     "synchronize",
     "target",
     "visible_cores",
+    "DeviceProperties",
     "Event",
     "Stream",
+    "get_device_capability",
+    "get_device_name",
+    "get_device_properties",
+    "is_bf16_supported",
+    "memory_summary",
+    "set_stream",
 ]
 
 _NAME = "neuron"
@@ -216,6 +224,47 @@ class device:
             _C()._set_device(self.prev)
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceProperties:
+    """What ``torch.neuron.get_device_properties`` tells, as ``torch.cuda``'s does for the
+    fields code reads: ``name``, ``total_memory`` (the core's HBM share), ``major``/``minor``
+    (the NeuronCore version), and the target the device models."""
+
+    name: str
+    total_memory: int
+    major: int
+    minor: int
+    target: str
+
+
+def get_device_name(dev: Any = None) -> str:
+    """The modeled core, e.g. ``"AWS Trainium2 NeuronCore-v3"``."""
+    _index(dev)
+    return str(_C()._device_name())
+
+
+def get_device_capability(dev: Any = None) -> tuple[int, int]:
+    """(NeuronCore version, 0): (3, 0) on trn2, (4, 0) on trn3."""
+    _index(dev)
+    return int(_C()._neuron_core_version()), 0
+
+
+def get_device_properties(dev: Any = None) -> DeviceProperties:
+    major, minor = get_device_capability(dev)
+    return DeviceProperties(
+        name=get_device_name(dev),
+        total_memory=int(_C()._hbm_bytes_per_core()),
+        major=major,
+        minor=minor,
+        target=target(),
+    )
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 is the engines' native 16-bit format."""
+    return True
+
+
 def synchronize(dev: Any = None) -> None:
     """Wait for the device's work: a no-op today (work runs when issued)."""
     torch.accelerator.synchronize(_index(dev))
@@ -254,6 +303,11 @@ def default_stream(dev: Any = None) -> torch.Stream:
 
 def _device_type() -> int:
     return torch._C._autograd.DeviceType.PrivateUse1.value  # type: ignore[attr-defined]
+
+
+def set_stream(s: torch.Stream) -> None:
+    """Make ``s`` the current stream of its device."""
+    torch.accelerator.set_stream(s)
 
 
 @contextlib.contextmanager
@@ -330,6 +384,20 @@ def reset_accumulated_memory_stats(dev: Any = None) -> None:
 def empty_cache() -> None:
     """Return every cached (free) block of every neuron device to the host."""
     torch.accelerator.empty_cache()
+
+
+def memory_summary(dev: Any = None, abbreviated: bool = False) -> str:
+    """A short table of the device's allocator statistics (current and peak bytes)."""
+    index = _index(dev)
+    stats = memory_stats(index)
+    rows = [f"neuron:{index} ({get_device_name(index)}) memory"]
+    for key, label in (("allocated_bytes", "allocated"), ("reserved_bytes", "reserved")):
+        current = stats.get(f"{key}.all.current", 0)
+        peak = stats.get(f"{key}.all.peak", 0)
+        rows.append(f"  {label:<10s} {current / 2**20:12.2f} MiB   (peak {peak / 2**20:.2f} MiB)")
+    free, total = mem_get_info(index)
+    rows.append(f"  {'free':<10s} {free / 2**20:12.2f} MiB   of {total / 2**20:.2f} MiB")
+    return "\n".join(rows)
 
 
 def mem_get_info(dev: Any = None) -> tuple[int, int]:

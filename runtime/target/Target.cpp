@@ -74,11 +74,12 @@ Target parseTargetJson(const json &doc, const std::string &origin) {
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     const std::string &key = it.key();
     const json &entry = it.value();
-    if (key == "name" || key == "description") {
+    if (key == "name" || key == "description" || key == "device_name") {
       if (!entry.is_string())
         throw Error(origin + ": '" + key + "' must be a string");
-      (key == "name" ? target.name : target.description) =
-          entry.get<std::string>();
+      (key == "name"          ? target.name
+       : key == "description" ? target.description
+                              : target.deviceName) = entry.get<std::string>();
       continue;
     }
     // Every figure carries its source so the [D]/[E] provenance survives.

@@ -36,6 +36,8 @@ struct Figure {
 struct Target {
   std::string name;
   std::string description;
+  /// What torch.neuron.get_device_name() says ("AWS Trainium2 NeuronCore-v3").
+  std::string deviceName;
 
   // Geometry and on-chip memory. sbufBytesPerPartition is what a program may
   // allocate (the total minus the runtime's reservations).

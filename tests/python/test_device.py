@@ -76,6 +76,31 @@ def test_accelerator_reports_the_neuron_device() -> None:
     assert torch.nn.Linear(2, 2).neuron().weight.device == DEV
 
 
+def test_device_module_answers_what_cuda_code_asks() -> None:
+    n = torch.neuron
+    assert n.get_device_name() == "AWS Trainium2 NeuronCore-v3"
+    assert n.get_device_capability(0) == (3, 0)
+    props = n.get_device_properties(DEV)
+    assert props.total_memory == n.get_device_capacity() and props.major == 3
+    assert n.is_bf16_supported()
+    assert "neuron:0" in n.memory_summary() and "allocated" in n.memory_summary()
+    # Stream and Event classes, as FSDP2 builds them from the device module.
+    s = n.Stream(priority=-1)
+    assert isinstance(s, torch.Stream) and s.device == DEV
+    previous = n.current_stream()
+    n.set_stream(s)
+    assert n.current_stream() == s
+    n.set_stream(previous)
+    e = n.Event(enable_timing=True)
+    e.record(s)
+    assert isinstance(e, torch.Event) and e.device == DEV
+    out = _run(
+        "import torch; print(torch.neuron.get_device_name(), torch.neuron.get_device_capability())",
+        TORCHNEURON_TARGET="trn3",
+    )
+    assert out.stdout.strip() == "AWS Trainium3 NeuronCore-v4 (4, 0)", out.stderr
+
+
 def test_set_device_index_changes_where_tensors_go() -> None:
     assert torch.accelerator.current_device_index() == 0
     try:
