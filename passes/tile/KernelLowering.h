@@ -207,6 +207,10 @@ private:
   void lowerConcat(ConcatOp op);
   void lowerGather(GatherOp op);
   void lowerRand(RandOp op);
+  /// In passes/tile/LowerScan.cpp.
+  void lowerCumsum(CumsumOp op);
+  /// In passes/tile/LowerTopK.cpp.
+  void lowerTopK(TopKOp op);
   void lowerCollective(CollectiveOp op);
   /// In passes/flex_attention/LowerFlexAttention(Backward).cpp.
   LogicalResult lowerFlexAttention(FlexAttentionOp op);
