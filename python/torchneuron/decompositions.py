@@ -283,19 +283,29 @@ def index_put(
     values: torch.Tensor,
     accumulate: bool = False,
 ) -> object:
-    """``t[index] += values`` with one index tensor on dim 0 (index_select's and index_add's
-    backward): one-hot(index)^T @ values, like the embedding gradient. Without ``accumulate``
-    repeated indices leave the winner unspecified, so that form stays eager."""
-    if not accumulate or len(indices) != 1 or indices[0] is None or t.dim() == 0:
+    """``t[..., index] += values`` with one index tensor on dim ``d`` after ``d`` whole dims
+    (index_select's backward; ``index_add``, which core ATen turns into this, on any dim):
+    one-hot(index)^T @ values, like the embedding gradient, with dim ``d`` moved first.
+    Without ``accumulate`` repeated indices leave the winner unspecified, so that form stays
+    eager."""
+    if not accumulate or not indices or t.dim() == 0:
         return NotImplemented
-    (index,) = indices
-    if index.dtype == torch.bool or values.shape != (*index.shape, *t.shape[1:]):
+    dim = len(indices) - 1
+    index = indices[dim]
+    if index is None or any(i is not None for i in indices[:dim]) or index.dtype == torch.bool:
         return NotImplemented
-    flat = index.reshape(-1)
-    hit = flat.unsqueeze(1) == torch.arange(t.shape[0], device=t.device)
-    rows = values.reshape(flat.numel(), -1)
-    added = torch.matmul(hit.to(rows.dtype).t(), rows).reshape(t.shape)
-    return t + added.to(t.dtype)
+    if index.dim() != 1:
+        if dim != 0 or values.shape != (*index.shape, *t.shape[1:]):
+            return NotImplemented
+        index, values = index.reshape(-1), values.reshape(index.numel(), *t.shape[1:])
+    expected = (*t.shape[:dim], index.numel(), *t.shape[dim + 1 :])
+    if values.shape != expected:
+        return NotImplemented
+    x, src = t.movedim(dim, 0), values.movedim(dim, 0)
+    hit = index.unsqueeze(1) == torch.arange(x.shape[0], device=t.device)
+    rows = src.reshape(index.numel(), -1)
+    added = torch.matmul(hit.to(rows.dtype).t(), rows).reshape(x.shape)
+    return (x + added.to(t.dtype)).movedim(0, dim)
 
 
 def _along_last(t: torch.Tensor, index: torch.Tensor, dim: int) -> bool:
@@ -310,13 +320,16 @@ def _along_last(t: torch.Tensor, index: torch.Tensor, dim: int) -> bool:
 
 
 def gather(t: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = False) -> object:
-    """Compare with an iota (one-hot), select and sum: ``t[..., index[..., k]]``."""
+    """Compare with an iota (one-hot), select and sum: ``t[..., index[..., k]]`` (integer
+    tables too: the one nonzero term of each sum is exact in the engines' fp32 below 2**24).
+    For the few columns models gather from (top-k weights, token types) the one-hot pass is
+    cheaper than an indirect DMA per element."""
     dim = dim % max(t.dim(), 1)
-    if not t.is_floating_point() or not _along_last(t, index, dim):
+    if t.dtype == torch.bool or not _along_last(t, index, dim):
         return NotImplemented
     x, idx = t.movedim(dim, -1), index.movedim(dim, -1)
     hit = idx.unsqueeze(-1) == torch.arange(x.shape[-1], device=t.device)
-    picked = torch.where(hit, x.unsqueeze(-2), 0.0).sum(-1)
+    picked = torch.where(hit, x.unsqueeze(-2), 0).sum(-1, dtype=t.dtype)
     return picked.movedim(-1, dim)
 
 
