@@ -288,19 +288,27 @@ def index_put(
     one-hot(index)^T @ values, like the embedding gradient, with dim ``d`` moved first.
     Without ``accumulate`` repeated indices leave the winner unspecified, so that form stays
     eager."""
-    if not accumulate or not indices or t.dim() == 0:
+    if not accumulate or not indices:
         return NotImplemented
+    if t.dim() == 0:  # a 0-d tensor indexed by [0]s: a one-row table
+        added = index_put(t.reshape(1), indices, values.reshape(-1), accumulate)
+        return NotImplemented if added is NotImplemented else added.reshape(())  # type: ignore[union-attr]
     dim = len(indices) - 1
     index = indices[dim]
     if index is None or any(i is not None for i in indices[:dim]) or index.dtype == torch.bool:
         return NotImplemented
-    if index.dim() != 1:
-        if dim != 0 or values.shape != (*index.shape, *t.shape[1:]):
-            return NotImplemented
-        index, values = index.reshape(-1), values.reshape(index.numel(), *t.shape[1:])
-    expected = (*t.shape[:dim], index.numel(), *t.shape[dim + 1 :])
-    if values.shape != expected:
+    if index.dim() != 1 and dim != 0:
         return NotImplemented
+    # values broadcast to the indexed result, as index_put allows
+    expected = (*t.shape[:dim], *index.shape, *t.shape[dim + 1 :])
+    try:
+        if torch.broadcast_shapes(values.shape, expected) != expected:
+            return NotImplemented
+    except RuntimeError:
+        return NotImplemented
+    values = values.expand(expected)
+    if index.dim() != 1:
+        index, values = index.reshape(-1), values.reshape(index.numel(), *t.shape[1:])
     x, src = t.movedim(dim, 0), values.movedim(dim, 0)
     hit = index.unsqueeze(1) == torch.arange(x.shape[0], device=t.device)
     rows = src.reshape(index.numel(), -1)
