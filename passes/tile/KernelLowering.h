@@ -209,6 +209,8 @@ private:
   void lowerRand(RandOp op);
   /// In passes/tile/LowerScan.cpp.
   void lowerCumsum(CumsumOp op);
+  void lowerRowScan(Value in, Value out, int64_t rows, int64_t len, Type mmElt,
+                    Value tri, Value identity);
   /// In passes/tile/LowerTopK.cpp.
   void lowerTopK(TopKOp op);
   void lowerCollective(CollectiveOp op);
