@@ -112,9 +112,10 @@ def collective_cost(
     ``"all_to_all"``, ``"send_recv"``, ``"barrier"``) moving ``nbytes`` among global ``ranks``
     on ``target`` (default: the device's): ``duration_ns``, ``bus_bytes_per_ns`` (the
     bottleneck hop, the peak that large messages approach), ``crosses_chips`` and
-    ``algorithm`` (``"ring"``, ``"tree"``, ``"direct"`` or ``"none"`` for one rank). ``nbytes`` is the tensor for all_reduce and
-    broadcast, the gathered output for all_gather, the scattered input for reduce_scatter,
-    each rank's input for all_to_all; for gather and scatter the root's whole buffer."""
+    ``algorithm`` (``"ring"``, ``"tree"``, ``"direct"`` or ``"none"`` for one rank).
+    ``nbytes`` is the tensor for all_reduce and broadcast, the gathered output for all_gather,
+    the scattered input for reduce_scatter, each rank's input for all_to_all; for gather and
+    scatter the root's whole buffer."""
     from torchneuron import _distributed, device
 
     return dict(
