@@ -25,7 +25,8 @@ decomposes into scatters and gathers by index, become device math here:
 - ``embedding_dense_backward`` and ``index_put`` with ``accumulate`` (index_select's
   backward): one-hot(indices)^T @ grad, a TensorE matmul instead of a scatter-add;
 - ``gather`` / ``scatter`` / ``scatter_add`` along a dim (cross-entropy's ``nll_loss`` and its
-  backward, gather's backward): compares with an iota (one-hot), then a select and a sum.
+  backward, gather's and topk's backward): compares with an iota (one-hot), then a select and
+  a sum.
 """
 
 from __future__ import annotations
@@ -345,12 +346,24 @@ def _scatter(t: torch.Tensor, dim: int, index: torch.Tensor, value: torch.Tensor
     dim = dim % max(t.dim(), 1)
     if not _along_last(t, index, dim):
         return NotImplemented
-    if isinstance(value, torch.Tensor) and (value.shape != index.shape or index.shape[dim] != 1):
-        return NotImplemented  # several sources per row: which one wins is unspecified
+    if isinstance(value, torch.Tensor) and value.shape != index.shape:
+        return NotImplemented
     x, idx = t.movedim(dim, -1), index.movedim(dim, -1)
-    hit = (idx.unsqueeze(-1) == torch.arange(x.shape[-1], device=t.device)).any(-2)
-    src = value.movedim(dim, -1) if isinstance(value, torch.Tensor) else value
-    return torch.where(hit, src, x).movedim(-1, dim)
+    hits = idx.unsqueeze(-1) == torch.arange(x.shape[-1], device=t.device)
+    hit = hits.any(-2)
+    if not isinstance(value, torch.Tensor):
+        return torch.where(hit, value, x).movedim(-1, dim)
+    src = value.movedim(dim, -1)
+    if src.shape[-1] == 1:
+        return torch.where(hit, src, x).movedim(-1, dim)
+    # Several sources per row (topk's backward): where two point at one element, the last
+    # one wins, as on CPU, which writes them in order. Source k is kept where it is the last
+    # hit: its number k equals the largest one hitting the element.
+    k = torch.arange(src.shape[-1], device=t.device).unsqueeze(-1)
+    numbered = torch.where(hits, k, -1)
+    last = numbered == numbered.amax(-2, keepdim=True)
+    picked = torch.where(hits & last, src.unsqueeze(-1), 0).sum(-2, dtype=src.dtype)
+    return torch.where(hit, picked, x).movedim(-1, dim)
 
 
 def scatter_value(t: torch.Tensor, dim: int, index: torch.Tensor, value: float) -> object:
@@ -359,7 +372,7 @@ def scatter_value(t: torch.Tensor, dim: int, index: torch.Tensor, value: float) 
 
 
 def scatter_src(t: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> object:
-    """``t`` with ``src[..., 0]`` at ``index[..., 0]`` (one source per row)."""
+    """``t`` with ``src[..., k]`` at ``index[..., k]`` (the last ``k`` where several hit)."""
     return _scatter(t, dim, index, src)
 
 
