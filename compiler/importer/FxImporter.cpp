@@ -1172,6 +1172,208 @@ Values gatherRowsHandler(Importer &im, Value table, Value indices) {
   return {im.b.create<GatherOp>(im.loc(), out, table, indices)};
 }
 
+/// table[..., i_0, ..., i_{j-1}, ...] with integer index tensors (of one
+/// broadcast shape) on the adjacent dims [first, first + j): the indexed dims
+/// move to the front and flatten into the rows of a table, the indices into
+/// one row number (with `wrapNegative`, negative ones count from the end, as
+/// advanced indexing does; index_select rejects them at run time), and
+/// one gather (rows by indirect DMA) picks them. The result is the dims
+/// before `first`, the index shape, then the dims after.
+Value gatherDims(Importer &im, Value table, int64_t first,
+                 ArrayRef<Value> indices, ArrayRef<int64_t> indexShape,
+                 bool wrapNegative) {
+  auto tableType = cast<RankedTensorType>(table.getType());
+  ArrayRef<int64_t> shape = tableType.getShape();
+  int64_t rank = tableType.getRank(), count = indices.size();
+  auto i64 = IntegerType::get(&im.ctx, 64);
+  auto indexType = RankedTensorType::get(indexShape, i64);
+  auto predType = RankedTensorType::get(indexShape, im.b.getI1Type());
+  Value row;
+  int64_t stride = 1;
+  for (int64_t k = count - 1; k >= 0; --k) {
+    int64_t size = shape[first + k];
+    Value idx = im.broadcastTo(im.castTo(indices[k], i64), indexShape);
+    if (wrapNegative) {
+      Value negative =
+          im.binary(BinaryFn::lt, idx, im.splat(0, indexType), predType);
+      Value wrapped =
+          im.binary(BinaryFn::add, idx, im.splat(size, indexType), indexType);
+      idx = im.b.create<SelectOp>(im.loc(), indexType, negative, wrapped, idx);
+    }
+    if (stride != 1)
+      idx =
+          im.binary(BinaryFn::mul, idx, im.splat(stride, indexType), indexType);
+    row = row ? im.binary(BinaryFn::add, row, idx, indexType) : idx;
+    stride *= size;
+  }
+  SmallVector<int64_t> perm, rows = {stride};
+  for (int64_t d = first; d < first + count; ++d)
+    perm.push_back(d);
+  for (int64_t d = 0; d < rank; ++d)
+    if (d < first || d >= first + count) {
+      perm.push_back(d);
+      rows.push_back(shape[d]);
+    }
+  Value flat = im.reshape(im.transpose(table, perm), rows);
+  SmallVector<int64_t> gathered(indexShape);
+  llvm::append_range(gathered, ArrayRef<int64_t>(rows).drop_front());
+  Value result =
+      im.b.create<GatherOp>(im.loc(), tableType.clone(gathered), flat, row);
+  if (first == 0)
+    return result;
+  // [index..., before..., after...] -> [before..., index..., after...]
+  int64_t ir = indexShape.size();
+  SmallVector<int64_t> back;
+  for (int64_t d = 0; d < first; ++d)
+    back.push_back(ir + d);
+  for (int64_t d = 0; d < ir; ++d)
+    back.push_back(d);
+  for (int64_t d = ir + first; d < (int64_t)gathered.size(); ++d)
+    back.push_back(d);
+  return im.transpose(result, back);
+}
+
+/// aten.index.Tensor: advanced indexing by integer tensors on adjacent dims
+/// (a run of non-None indices; None keeps a dim whole).
+Values indexHandler(Importer &im) {
+  if (im.inModifier)
+    return modifierIndexHandler(im);
+  Value table = im.tensor(im.arg(0));
+  auto tableType = cast<RankedTensorType>(table.getType());
+  const json &list = im.arg(1);
+  require(list.is_array() && !list.empty() &&
+              (int64_t)list.size() <= tableType.getRank(),
+          "index with at most one index per dimension");
+  int64_t first = -1, last = -1;
+  for (int64_t d = 0; d < (int64_t)list.size(); ++d)
+    if (!list[d].is_null()) {
+      if (first < 0)
+        first = d;
+      last = d;
+    }
+  require(first >= 0, "index without index tensors");
+  SmallVector<Value> indices;
+  SmallVector<int64_t> shape;
+  for (int64_t d = first; d <= last; ++d) {
+    require(!list[d].is_null(),
+            "index tensors separated by a full slice (their dims go first "
+            "in the result)");
+    require(im.isTensor(list[d]), "index with tensors");
+    Value idx = im.tensor(list[d]);
+    auto idxType = cast<RankedTensorType>(idx.getType());
+    require(idxType.getElementType().isSignlessInteger() &&
+                !idxType.getElementType().isInteger(1),
+            "indexing by a boolean mask has a data-dependent shape");
+    // numpy broadcasting of the index shapes
+    ArrayRef<int64_t> s = idxType.getShape();
+    SmallVector<int64_t> merged(std::max(shape.size(), s.size()), 1);
+    for (size_t i = 0; i < merged.size(); ++i) {
+      int64_t a = i < merged.size() - shape.size()
+                      ? 1
+                      : shape[i - (merged.size() - shape.size())];
+      int64_t c =
+          i < merged.size() - s.size() ? 1 : s[i - (merged.size() - s.size())];
+      require(a == c || a == 1 || c == 1, "index shapes do not broadcast");
+      merged[i] = a == 1 ? c : a;
+    }
+    shape = merged;
+    indices.push_back(idx);
+  }
+  RankedTensorType out = im.resultType();
+  Value result = gatherDims(im, table, first, indices, shape,
+                            /*wrapNegative=*/true);
+  require(cast<RankedTensorType>(result.getType()).getShape() == out.getShape(),
+          "internal: index result shape differs from the graph's");
+  return {result};
+}
+
+/// The cumulative sum (aten.cumsum): the `dtype` argument, or integers and
+/// booleans widening to int64, is the result type; the input is converted
+/// first where PyTorch converts it (booleans, another float type).
+Values cumsumHandler(Importer &im) {
+  RankedTensorType out = im.resultType();
+  Value x = im.tensor(im.arg(0));
+  auto xType = cast<RankedTensorType>(x.getType());
+  Type elt = out.getElementType();
+  Type in = xType.getElementType();
+  if (in.isInteger(1) || (isa<FloatType>(in) && in != elt))
+    x = im.castTo(x, elt);
+  int64_t dim = im.normDim(im.integer(im.arg(1)), xType.getRank());
+  if (xType.getRank() == 0)
+    return {im.castTo(x, elt)};
+  return {im.b.create<CumsumOp>(im.loc(), out, x, dim)};
+}
+
+/// The work topk/sort costs on the device: k rounds over each row of n
+/// (passes/tile/LowerTopK.cpp), seven fp32 rows of n per partition in SBUF.
+/// Larger selections stay eager: a sort of thousands wants a merge network.
+constexpr int64_t kMaxSelectRow = 4096;
+constexpr int64_t kMaxSelectWork = 65536; // k * n
+
+/// topk(x, k, dim, largest) and sort(x, dim, descending) (k = the whole
+/// dim) as neuron.topk along the last dim; another dim is transposed there
+/// and back.
+Values selectionHandler(Importer &im, Value x, int64_t k, int64_t dim,
+                        bool largest) {
+  auto xType = cast<RankedTensorType>(x.getType());
+  RankedTensorType values = im.resultType(0), indices = im.resultType(1);
+  require(!xType.getElementType().isInteger(1),
+          "sorting booleans is not supported on the device");
+  if (xType.getRank() == 0) // one element: itself, at index 0
+    return {x, im.splat(0, indices)};
+  int64_t rank = xType.getRank();
+  int64_t n = xType.getDimSize(dim);
+  require(n <= kMaxSelectRow && k * n <= kMaxSelectWork,
+          "selecting " + std::to_string(k) + " of " + std::to_string(n) +
+              " elements is more than the device's select rounds take (k * "
+              "n <= " +
+              std::to_string(kMaxSelectWork) + ")");
+  SmallVector<int64_t> perm;
+  for (int64_t d = 0; d < rank; ++d)
+    if (d != dim)
+      perm.push_back(d);
+  perm.push_back(dim);
+  Value moved = im.transpose(x, perm);
+  SmallVector<int64_t> shape(
+      cast<RankedTensorType>(moved.getType()).getShape());
+  shape.back() = k;
+  auto op = im.b.create<TopKOp>(
+      im.loc(), values.clone(shape), indices.clone(shape), moved,
+      im.b.getI64IntegerAttr(k), im.b.getBoolAttr(largest));
+  SmallVector<int64_t> back(rank);
+  for (int64_t d = 0; d < rank; ++d)
+    back[perm[d]] = d;
+  return {im.transpose(op.getValues(), back),
+          im.transpose(op.getIndices(), back)};
+}
+
+Values topkHandler(Importer &im) {
+  Value x = im.tensor(im.arg(0));
+  int64_t rank = cast<RankedTensorType>(x.getType()).getRank();
+  int64_t k = im.integer(im.arg(1));
+  const json &largest = im.param(3, "largest");
+  return selectionHandler(im, x, k, im.dimParam(2, rank, -1),
+                          largest.is_null() || largest.get<bool>());
+}
+
+/// sort.default(x, dim, descending) and sort.stable(x, *, stable, dim,
+/// descending): the device's sort is stable either way.
+Values sortHandler(Importer &im, bool stableOverload) {
+  Value x = im.tensor(im.arg(0));
+  auto xType = cast<RankedTensorType>(x.getType());
+  int64_t rank = xType.getRank();
+  int64_t dim = stableOverload ? im.normDim(im.kwarg("dim").is_null()
+                                                ? -1
+                                                : im.integer(im.kwarg("dim")),
+                                            rank)
+                               : im.dimParam(1, rank, -1);
+  bool descending = stableOverload ? im.kwarg("descending").is_boolean() &&
+                                         im.kwarg("descending").get<bool>()
+                                   : im.flag(2, "descending");
+  int64_t n = rank == 0 ? 1 : xType.getDimSize(dim);
+  return selectionHandler(im, x, n, dim, descending);
+}
+
 Values divModeHandler(Importer &im) {
   RankedTensorType out = im.resultType();
   const json &mode = im.kwarg("rounding_mode");
@@ -1772,7 +1974,13 @@ const std::unordered_map<std::string, Handler> &handlers() {
       return Values{im.binary(BinaryFn::mul, g, d, type)};
     };
     t["torchneuron.philox_rand.default"] = philoxRandHandler;
-    t["aten.index.Tensor"] = modifierIndexHandler;
+    t["aten.index.Tensor"] = indexHandler;
+    t["aten.cumsum.default"] = cumsumHandler;
+    t["aten.topk.default"] = topkHandler;
+    t["aten.sort.default"] = [](Importer &im) {
+      return sortHandler(im, false);
+    };
+    t["aten.sort.stable"] = [](Importer &im) { return sortHandler(im, true); };
     t["aten.embedding.default"] = [](Importer &im) {
       return gatherRowsHandler(im, im.tensor(im.arg(0)), im.tensor(im.arg(1)));
     };
@@ -1788,7 +1996,6 @@ const std::unordered_map<std::string, Handler> &handlers() {
       auto indexType = cast<RankedTensorType>(indices.getType());
       int64_t rank = tableType.getRank();
       int64_t dim = im.normDim(im.integer(im.arg(1)), rank);
-      require(dim == 0, "index_select on a dim other than 0");
       require(indexType.getRank() <= 1, "index_select with a multi-dim index");
       RankedTensorType out = im.resultType();
       if (rank == 0) {
@@ -1797,12 +2004,8 @@ const std::unordered_map<std::string, Handler> &handlers() {
         table = im.reshape(table, {1});
       }
       int64_t count = indexType.getNumElements();
-      indices = im.reshape(indices, {count});
-      SmallVector<int64_t> shape = {count};
-      auto rowShape = cast<RankedTensorType>(table.getType()).getShape();
-      llvm::append_range(shape, rowShape.drop_front());
-      Value rows =
-          im.b.create<GatherOp>(im.loc(), out.clone(shape), table, indices);
+      Value rows = gatherDims(im, table, dim, {im.reshape(indices, {count})},
+                              {count}, /*wrapNegative=*/false);
       return Values{im.reshape(rows, out.getShape())};
     };
     return t;

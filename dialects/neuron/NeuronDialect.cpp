@@ -296,6 +296,38 @@ LogicalResult GatherOp::verify() {
   return success();
 }
 
+LogicalResult CumsumOp::verify() {
+  RankedTensorType in = tensorType(getInput()), out = getType();
+  if (in.getShape() != out.getShape())
+    return emitOpError("result must have the input's shape");
+  if (getDim() < 0 || getDim() >= in.getRank())
+    return emitOpError("dim ")
+           << getDim() << " is out of range for rank " << in.getRank();
+  if (isI1(in.getElementType()) || isI1(out.getElementType()))
+    return emitOpError("sums numbers: cast i1 to an integer type first");
+  return success();
+}
+
+LogicalResult TopKOp::verify() {
+  RankedTensorType in = tensorType(getInput());
+  if (in.getRank() < 1)
+    return emitOpError("input must have rank >= 1");
+  if (isI1(in.getElementType()))
+    return emitOpError("orders numbers: cast i1 to an integer type first");
+  int64_t n = in.getShape().back();
+  if (getK() < 0 || getK() > n)
+    return emitOpError("k = ") << getK() << " is outside [0, " << n << "]";
+  SmallVector<int64_t> expect(in.getShape());
+  expect.back() = getK();
+  for (Value r : {getValues(), getIndices()})
+    if (tensorType(r).getShape() != ArrayRef<int64_t>(expect))
+      return emitOpError("results must have the input's shape with k as the "
+                         "last dim");
+  if (tensorType(getValues()).getElementType() != in.getElementType())
+    return emitOpError("values must have the input's element type");
+  return success();
+}
+
 LogicalResult RandOp::verify() {
   if (tensorType(getSeed()).getShape() != ArrayRef<int64_t>{2})
     return emitOpError("seed must be a tensor<2xi32> (the Philox key)");

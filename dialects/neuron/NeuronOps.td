@@ -254,6 +254,43 @@ def Neuron_GatherOp : Neuron_Op<"gather"> {
 }
 
 //===----------------------------------------------------------------------===//
+// Scans and selection
+//===----------------------------------------------------------------------===//
+
+def Neuron_CumsumOp : Neuron_Op<"cumsum"> {
+  let summary = "inclusive prefix sum along `dim`";
+  let description = [{
+    result[..., i, ...] = sum of input[..., j, ...] for j <= i along `dim`,
+    accumulated in fp32 (the engines' datapath; PSUM) and rounded to the
+    result type once per element. Integer inputs and results are exact while
+    the running sums stay below 2^24 in magnitude (fp32's integer range),
+    which covers counts such as position ids built from a mask.
+  }];
+  let arguments = (ins Neuron_Tensor:$input, I64Attr:$dim);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Neuron_TopKOp : Neuron_Op<"topk"> {
+  let summary = "the k largest (or smallest) elements along the last dim, and where they are";
+  let description = [{
+    For each row (all dims but the last), `values` holds the row's k largest
+    elements in descending order (`largest`) or its k smallest in ascending
+    order, and `indices` their positions in the row. Among equal elements the
+    one at the lower position comes first, so with k equal to the row's
+    length this is a stable sort (torch.sort, argsort). Comparisons are in
+    fp32; NaN inputs are not ordered as PyTorch orders them (largest).
+  }];
+  let arguments = (ins Neuron_Tensor:$input, I64Attr:$k, BoolAttr:$largest);
+  let results = (outs Neuron_Tensor:$values, Neuron_IndexTensor:$indices);
+  let assemblyFormat = [{
+    $input attr-dict `:` type($input) `->` type($values) `,` type($indices)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // Random numbers
 //===----------------------------------------------------------------------===//
 

@@ -207,6 +207,12 @@ private:
   void lowerConcat(ConcatOp op);
   void lowerGather(GatherOp op);
   void lowerRand(RandOp op);
+  /// In passes/tile/LowerScan.cpp.
+  void lowerCumsum(CumsumOp op);
+  void lowerRowScan(Value in, Value out, int64_t rows, int64_t len, Type mmElt,
+                    Value tri, Value identity);
+  /// In passes/tile/LowerTopK.cpp.
+  void lowerTopK(TopKOp op);
   void lowerCollective(CollectiveOp op);
   /// In passes/flex_attention/LowerFlexAttention(Backward).cpp.
   LogicalResult lowerFlexAttention(FlexAttentionOp op);

@@ -1247,6 +1247,14 @@ LogicalResult KernelLowering::lower(Operation *op) {
         lowerGather(g);
         return success();
       })
+      .Case<CumsumOp>([&](CumsumOp c) {
+        lowerCumsum(c);
+        return success();
+      })
+      .Case<TopKOp>([&](TopKOp t) {
+        lowerTopK(t);
+        return success();
+      })
       .Case<RandOp>([&](RandOp r) {
         lowerRand(r);
         return success();

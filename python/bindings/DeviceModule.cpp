@@ -69,7 +69,8 @@ const char *dtypeName(at::ScalarType t) {
 /// An argument as the Python provider sees it: a tensor is ("tensor", dtype,
 /// sizes, strides, is_cpu_scalar), with a CPU 0-d float64 tensor (a wrapped
 /// Python number) given as float32, the way the kernel receives it; a tensor
-/// list a list of those; a generator ("generator",).
+/// list a list of those (None for the absent ones of a Tensor?[]); a
+/// generator ("generator",).
 py::object describe(const c10::IValue &v) {
   if (v.isTensor()) {
     const at::Tensor &t = v.toTensor();
@@ -106,6 +107,14 @@ py::object describe(const c10::IValue &v) {
     return py::cast(v.toDoubleList().vec());
   if (v.isBoolList())
     return py::cast(v.toBoolList().vec());
+  // Tensor?[] (after the typed lists, which are lists too): None or a tensor
+  // each.
+  if (v.isList()) {
+    py::list elements;
+    for (const c10::IValue &e : v.toListRef())
+      elements.append(describe(e));
+    return elements;
+  }
   throw std::invalid_argument("no Python description for this argument");
 }
 

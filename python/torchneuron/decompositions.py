@@ -25,7 +25,8 @@ decomposes into scatters and gathers by index, become device math here:
 - ``embedding_dense_backward`` and ``index_put`` with ``accumulate`` (index_select's
   backward): one-hot(indices)^T @ grad, a TensorE matmul instead of a scatter-add;
 - ``gather`` / ``scatter`` / ``scatter_add`` along a dim (cross-entropy's ``nll_loss`` and its
-  backward, gather's backward): compares with an iota (one-hot), then a select and a sum.
+  backward, gather's and topk's backward): compares with an iota (one-hot), then a select and
+  a sum.
 """
 
 from __future__ import annotations
@@ -283,19 +284,37 @@ def index_put(
     values: torch.Tensor,
     accumulate: bool = False,
 ) -> object:
-    """``t[index] += values`` with one index tensor on dim 0 (index_select's and index_add's
-    backward): one-hot(index)^T @ values, like the embedding gradient. Without ``accumulate``
-    repeated indices leave the winner unspecified, so that form stays eager."""
-    if not accumulate or len(indices) != 1 or indices[0] is None or t.dim() == 0:
+    """``t[..., index] += values`` with one index tensor on dim ``d`` after ``d`` whole dims
+    (index_select's backward; ``index_add``, which core ATen turns into this, on any dim):
+    one-hot(index)^T @ values, like the embedding gradient, with dim ``d`` moved first.
+    Without ``accumulate`` repeated indices leave the winner unspecified, so that form stays
+    eager."""
+    if not accumulate or not indices:
         return NotImplemented
-    (index,) = indices
-    if index.dtype == torch.bool or values.shape != (*index.shape, *t.shape[1:]):
+    if t.dim() == 0:  # a 0-d tensor indexed by [0]s: a one-row table
+        added = index_put(t.reshape(1), indices, values.reshape(-1), accumulate)
+        return NotImplemented if added is NotImplemented else added.reshape(())  # type: ignore[union-attr]
+    dim = len(indices) - 1
+    index = indices[dim]
+    if index is None or any(i is not None for i in indices[:dim]) or index.dtype == torch.bool:
         return NotImplemented
-    flat = index.reshape(-1)
-    hit = flat.unsqueeze(1) == torch.arange(t.shape[0], device=t.device)
-    rows = values.reshape(flat.numel(), -1)
-    added = torch.matmul(hit.to(rows.dtype).t(), rows).reshape(t.shape)
-    return t + added.to(t.dtype)
+    if index.dim() != 1 and dim != 0:
+        return NotImplemented
+    # values broadcast to the indexed result, as index_put allows
+    expected = (*t.shape[:dim], *index.shape, *t.shape[dim + 1 :])
+    try:
+        if torch.broadcast_shapes(values.shape, expected) != expected:
+            return NotImplemented
+    except RuntimeError:
+        return NotImplemented
+    values = values.expand(expected)
+    if index.dim() != 1:
+        index, values = index.reshape(-1), values.reshape(index.numel(), *t.shape[1:])
+    x, src = t.movedim(dim, 0), values.movedim(dim, 0)
+    hit = index.unsqueeze(1) == torch.arange(x.shape[0], device=t.device)
+    rows = src.reshape(index.numel(), -1)
+    added = torch.matmul(hit.to(rows.dtype).t(), rows).reshape(x.shape)
+    return (x + added.to(t.dtype)).movedim(0, dim)
 
 
 def _along_last(t: torch.Tensor, index: torch.Tensor, dim: int) -> bool:
@@ -310,13 +329,16 @@ def _along_last(t: torch.Tensor, index: torch.Tensor, dim: int) -> bool:
 
 
 def gather(t: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = False) -> object:
-    """Compare with an iota (one-hot), select and sum: ``t[..., index[..., k]]``."""
+    """Compare with an iota (one-hot), select and sum: ``t[..., index[..., k]]`` (integer
+    tables too: the one nonzero term of each sum is exact in the engines' fp32 below 2**24).
+    For the few columns models gather from (top-k weights, token types) the one-hot pass is
+    cheaper than an indirect DMA per element."""
     dim = dim % max(t.dim(), 1)
-    if not t.is_floating_point() or not _along_last(t, index, dim):
+    if t.dtype == torch.bool or not _along_last(t, index, dim):
         return NotImplemented
     x, idx = t.movedim(dim, -1), index.movedim(dim, -1)
     hit = idx.unsqueeze(-1) == torch.arange(x.shape[-1], device=t.device)
-    picked = torch.where(hit, x.unsqueeze(-2), 0.0).sum(-1)
+    picked = torch.where(hit, x.unsqueeze(-2), 0).sum(-1, dtype=t.dtype)
     return picked.movedim(-1, dim)
 
 
@@ -324,12 +346,24 @@ def _scatter(t: torch.Tensor, dim: int, index: torch.Tensor, value: torch.Tensor
     dim = dim % max(t.dim(), 1)
     if not _along_last(t, index, dim):
         return NotImplemented
-    if isinstance(value, torch.Tensor) and (value.shape != index.shape or index.shape[dim] != 1):
-        return NotImplemented  # several sources per row: which one wins is unspecified
+    if isinstance(value, torch.Tensor) and value.shape != index.shape:
+        return NotImplemented
     x, idx = t.movedim(dim, -1), index.movedim(dim, -1)
-    hit = (idx.unsqueeze(-1) == torch.arange(x.shape[-1], device=t.device)).any(-2)
-    src = value.movedim(dim, -1) if isinstance(value, torch.Tensor) else value
-    return torch.where(hit, src, x).movedim(-1, dim)
+    hits = idx.unsqueeze(-1) == torch.arange(x.shape[-1], device=t.device)
+    hit = hits.any(-2)
+    if not isinstance(value, torch.Tensor):
+        return torch.where(hit, value, x).movedim(-1, dim)
+    src = value.movedim(dim, -1)
+    if src.shape[-1] == 1:
+        return torch.where(hit, src, x).movedim(-1, dim)
+    # Several sources per row (topk's backward): where two point at one element, the last
+    # one wins, as on CPU, which writes them in order. Source k is kept where it is the last
+    # hit: its number k equals the largest one hitting the element.
+    k = torch.arange(src.shape[-1], device=t.device).unsqueeze(-1)
+    numbered = torch.where(hits, k, -1)
+    last = numbered == numbered.amax(-2, keepdim=True)
+    picked = torch.where(hits & last, src.unsqueeze(-1), 0).sum(-2, dtype=src.dtype)
+    return torch.where(hit, picked, x).movedim(-1, dim)
 
 
 def scatter_value(t: torch.Tensor, dim: int, index: torch.Tensor, value: float) -> object:
@@ -338,7 +372,7 @@ def scatter_value(t: torch.Tensor, dim: int, index: torch.Tensor, value: float) 
 
 
 def scatter_src(t: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> object:
-    """``t`` with ``src[..., 0]`` at ``index[..., 0]`` (one source per row)."""
+    """``t`` with ``src[..., k]`` at ``index[..., k]`` (the last ``k`` where several hit)."""
     return _scatter(t, dim, index, src)
 
 

@@ -16,7 +16,8 @@ statistics the device writes into the module's buffers); the functional op is tr
 dtypes, checked with ``_C.check_graph`` (any op the importer rejects: no kernel) and compiled
 with ``_C.compile_graph``. Inputs reach the kernel contiguous; CPU 0-d tensors (Python numbers
 that PyTorch wrapped) are kernel inputs too, float64 ones as float32; tensor lists (``cat``)
-are one input per element.
+are one input per element, and so are the tensors of a ``Tensor?[]`` (advanced indexing's
+indices; its Nones stay in the traced call).
 
 Random ops (dropout, ``rand``, ``uniform_``, ``bernoulli_``, ``normal_``) draw their numbers with
 the device's Philox ``rand`` instruction (:mod:`torchneuron.rng`): the kernel takes a seed input
@@ -240,8 +241,9 @@ def record_transfer(
 
 def provide(name: str, overload: str, args: list[Any], target: str) -> Provided | None:
     """The device asks for the kernel of ``name.overload`` at ``args`` (tensors described as
-    ``("tensor", dtype, sizes, strides, is_cpu_scalar)``, tensor lists as lists of those, a
-    generator as ``("generator",)``); returns the kernel or None.
+    ``("tensor", dtype, sizes, strides, is_cpu_scalar)``, tensor lists as lists of those (with
+    None for the absent entries of a ``Tensor?[]``), a generator as ``("generator",)``);
+    returns the kernel or None.
 
     A runtime scalar argument (the ``value`` of ``addcdiv``, an ``alpha``, ``lerp``'s
     ``weight``: numbers an optimizer changes every step) is a 0-d float32 kernel input, so the
@@ -362,8 +364,14 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
             examples.append(_example(value))
             inputs.append((index[a.name], -1))
             traced.append((a.name, -1))
-        elif isinstance(value, list) and value and all(_is_tensor(v) for v in value):
+        elif (
+            isinstance(value, list)
+            and any(_is_tensor(v) for v in value)
+            and all(_is_tensor(v) or v is None for v in value)
+        ):  # a tensor list, or a Tensor?[] (advanced indexing) with its Nones kept
             for k, element in enumerate(value):
+                if element is None:
+                    continue
                 examples.append(_example(element))
                 inputs.append((index[a.name], k))
                 traced.append((a.name, k))

@@ -212,8 +212,20 @@ std::optional<std::string> callKey(const c10::OperatorHandle &op,
       for (bool b : v.toBoolList().vec())
         append(key, b);
       key.push_back(';');
+    } else if (v.isList()) {
+      // Tensor?[] (advanced indexing's indices; after the typed lists,
+      // which are lists too): None or a tensor each.
+      key.push_back('O');
+      for (const c10::IValue &e : v.toListRef()) {
+        if (e.isNone())
+          key.push_back('N');
+        else if (!e.isTensor() ||
+                 !appendTensor(key, e.toTensor(), device, anyNeuron))
+          return std::nullopt;
+      }
+      key.push_back(';');
     } else {
-      return std::nullopt; // devices, optional-tensor lists, ...
+      return std::nullopt; // devices, ...
     }
   }
   if (!anyNeuron)
@@ -453,9 +465,10 @@ bool runEagerKernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
     }
     const c10::IValue &whole = args[source.argument];
     const c10::IValue arg =
-        source.element >= 0
+        source.element < 0 ? whole
+        : whole.isTensorList()
             ? c10::IValue(whole.toTensorList().get(source.element))
-            : whole;
+            : whole.toListRef()[source.element];
     if (!arg.isTensor()) { // a runtime scalar
       at::Tensor t = at::scalar_tensor(
           arg.toScalar(), at::TensorOptions().dtype(entry->inputs[i].dtype));

@@ -1,4 +1,4 @@
-"""Six small models written with plain torch.nn, for end-to-end tests of the backend.
+"""Eight small models written with plain torch.nn, for end-to-end tests of the backend.
 
 Each :class:`ModelCase` builds its model in eval mode (deterministic weights) and gives example
 inputs at two sizes, so a compiled model sees a shape change (Dynamo then recompiles with
@@ -210,6 +210,67 @@ class ViTEncoder(nn.Module):
         return self.norm(x)[:, 0]
 
 
+class RobertaEmbeddings(nn.Module):
+    """Hugging Face's RoBERTa embeddings: position ids from the padding mask by ``cumsum``
+    (``create_position_ids_from_input_ids``), token types gathered from a buffer by position
+    (``torch.gather``, as BertEmbeddings does without token_type_ids), then LayerNorm."""
+
+    def __init__(self, vocab: int = 64, hidden: int = 32, max_positions: int = 40) -> None:
+        super().__init__()
+        self.padding_idx = 1
+        self.word_embeddings = nn.Embedding(vocab, hidden, padding_idx=self.padding_idx)
+        self.position_embeddings = nn.Embedding(max_positions, hidden, padding_idx=1)
+        self.token_type_embeddings = nn.Embedding(2, hidden)
+        self.register_buffer(
+            "token_type_ids", (torch.arange(max_positions) % 2)[None, :], persistent=False
+        )
+        self.norm = nn.LayerNorm(hidden, eps=1e-5)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        mask = input_ids.ne(self.padding_idx).int()
+        incremental_indices = torch.cumsum(mask, dim=1).type_as(mask) * mask
+        position_ids = incremental_indices.long() + self.padding_idx
+        buffered = self.token_type_ids.expand(position_ids.shape[0], -1)
+        token_type_ids = torch.gather(buffered, dim=1, index=position_ids)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        return self.norm(x + self.position_embeddings(position_ids))
+
+
+class SparseMoeBlock(nn.Module):
+    """A Mixtral-style MoE layer with static shapes: the router's softmax in float32, top-2 of
+    8 experts, renormalized weights; tokens sorted by expert (``argsort``) and gathered
+    (``hidden[token]``, advanced indexing), each row through its expert's gated MLP (expert
+    weights gathered per row), scaled by its routing weight and summed back per token
+    (``index_add_``, as Mixtral's experts loop does)."""
+
+    def __init__(self, hidden: int = 32, inner: int = 48, experts: int = 8, top_k: int = 2):
+        super().__init__()
+        self.top_k = top_k
+        self.gate = nn.Linear(hidden, experts, bias=False)
+        self.w_gate = nn.Parameter(torch.randn(experts, hidden, inner) / math.sqrt(hidden))
+        self.w_up = nn.Parameter(torch.randn(experts, hidden, inner) / math.sqrt(hidden))
+        self.w_down = nn.Parameter(torch.randn(experts, inner, hidden) / math.sqrt(inner))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        b, t, c = hidden_states.shape
+        x = hidden_states.view(-1, c)
+        router_logits = self.gate(x)
+        routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)
+        routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
+        routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
+        routing_weights = routing_weights.to(x.dtype)
+        flat_experts = selected_experts.reshape(-1)
+        order = torch.argsort(flat_experts, stable=True)
+        token = order // self.top_k
+        expert = flat_experts[order]
+        rows = x[token].unsqueeze(1)
+        h = F.silu(rows @ self.w_gate[expert]) * (rows @ self.w_up[expert])
+        out = (h @ self.w_down[expert]).squeeze(1) * routing_weights.reshape(-1)[order, None]
+        final = torch.zeros_like(x)
+        final.index_add_(0, token, out)
+        return final.view(b, t, c)
+
+
 @dataclass(frozen=True)
 class ModelCase:
     name: str
@@ -230,6 +291,13 @@ def _bert_inputs(size: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
     return _randn(g, batch, seq, 32), padding
 
 
+def _roberta_inputs(size: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    batch, seq = ((2, 10), (3, 16))[size]
+    ids = torch.randint(2, 64, (batch, seq), generator=g)
+    ids[1:, seq // 2 :] = 1  # right padding (padding_idx 1) after the first row
+    return (ids,)
+
+
 MODELS: tuple[ModelCase, ...] = (
     ModelCase("gelu_mlp", GeluMLP, lambda s, g: (_randn(g, *((2, 8, 32), (3, 12, 32))[s]),)),
     ModelCase("small_cnn", SmallCNN, lambda s, g: (_randn(g, (2, 5)[s], 3, 16, 16),)),
@@ -245,6 +313,8 @@ MODELS: tuple[ModelCase, ...] = (
     ModelCase(
         "vit_encoder", ViTEncoder, lambda s, g: (_randn(g, (2, 3)[s], 3, *((12, 12), (16, 16))[s]),)
     ),
+    ModelCase("roberta_embeddings", RobertaEmbeddings, _roberta_inputs),
+    ModelCase("sparse_moe", SparseMoeBlock, lambda s, g: (_randn(g, (2, 3)[s], (8, 12)[s], 32),)),
 )
 
 

@@ -85,6 +85,48 @@ def test_eager_op_runs_as_a_device_kernel(
     assert eager.counts()["runs"] >= 1
 
 
+def _outputs(result: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return result if isinstance(result, tuple) else (result,)
+
+
+_MASK = (torch.rand(3, 200, generator=torch.Generator().manual_seed(1)) > 0.3).long()
+_INDEX = torch.tensor([[1, 9], [0, -1]])
+
+# Scans, selection and indexing (torchneuron.eager traces each to the compiled kernels): the
+# int64 results are compared exactly, float ones with the float tolerances.
+INDEXING: list[tuple[str, Callable[..., object], tuple[torch.Tensor, ...], tuple[float, float]]] = [
+    ("position_ids", lambda m: m.cumsum(1) * m + 1, (_MASK,), PLAIN),
+    ("cumsum_bf16", lambda x: x.cumsum(0), (_randn(150, 4, dtype=torch.bfloat16),), BF16),
+    ("topk", lambda x: torch.topk(x, 2), (_randn(7, 16),), PLAIN),
+    ("sort", lambda x: torch.sort(x, dim=0, descending=True), (_randn(9, 3),), PLAIN),
+    ("argsort_ties", lambda x: torch.argsort(x, stable=True), (_MASK[0, :40],), PLAIN),
+    ("index_rows", lambda t, i: t[i], (_randn(10, 4), _INDEX), PLAIN),
+    ("index_none_first", lambda t, i: t[:, i], (_randn(2, 10, 3), _INDEX), PLAIN),
+    ("index_select_dim1", lambda t, i: t.index_select(1, i), (_randn(3, 4), _INDEX[0, :1]), PLAIN),
+    (
+        "index_add",
+        lambda t, i, s: t.index_add(0, i, s),
+        (_randn(10, 4), _INDEX[0], _randn(2, 4)),
+        PLAIN,
+    ),
+    ("gather_int", lambda t, i: torch.gather(t, 1, i), (_MASK[:2, :10], _INDEX.abs()), PLAIN),
+]
+
+
+@pytest.mark.parametrize(("name", "fn", "args", "tol"), INDEXING, ids=[c[0] for c in INDEXING])
+def test_scans_selection_and_indexing_run_as_device_kernels(
+    name: str, fn: Callable[..., object], args: tuple[torch.Tensor, ...], tol: tuple[float, float]
+) -> None:
+    expected = _outputs(fn(*args))  # type: ignore[arg-type]
+    torchneuron.reset_stats()
+    before = eager.counts()["runs"]
+    actual = _outputs(fn(*[a.to("neuron") for a in args]))  # type: ignore[arg-type]
+    for a, e in zip(actual, expected, strict=True):
+        _close(a, e, tol)
+    _no_fallback()
+    assert eager.counts()["runs"] > before
+
+
 def test_non_contiguous_zero_dim_and_bf16_inputs() -> None:
     a, b = _randn(8, 6), _randn(6, 8)
     torchneuron.reset_stats()

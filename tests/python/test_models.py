@@ -1,4 +1,4 @@
-"""The six models of tests/python/models.py through ``torch.compile(backend="neuron")``.
+"""The eight models of tests/python/models.py through ``torch.compile(backend="neuron")``.
 
 Each runs at two sizes (the second makes Dynamo recompile with symbolic sizes), compiled for trn2
 and for trn3, on the built extension ``torchneuron._C`` (skipped until it is built) and is

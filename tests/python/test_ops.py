@@ -164,6 +164,30 @@ def float64_dtype(s: Sample) -> bool:
     return s.kwargs.get("dtype") in (torch.float64, torch.complex64, torch.complex128)
 
 
+def topk_ties(s: Sample) -> bool:
+    """Equal values along topk's dim: which of them eager returns first is unspecified (its
+    partial sort), the device returns the lowest position first."""
+    x, dim = s.input, s.arg("dim", 1, -1)
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or not isinstance(dim, int):
+        return False
+    rows = x.movedim(dim, -1).reshape(-1, x.shape[dim])
+    return any(len(set(row.tolist())) < len(row) for row in rows)
+
+
+def long_sort(s: Sample) -> bool:
+    """A sort longer than the device's select rounds take (FxImporter.cpp kMaxSelectWork)."""
+    x, dim = s.input, s.arg("dim", 0, -1)
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or not isinstance(dim, int):
+        return False
+    return x.shape[dim] ** 2 > 65536
+
+
+def index_rank_differs(s: Sample) -> bool:
+    """gather of a 0-d input, or with an index of another rank than the input (empty)."""
+    index = s.arg("index", 1)
+    return s.input.dim() == 0 or (isinstance(index, torch.Tensor) and index.dim() != s.input.dim())
+
+
 def einsum_diagonal(s: Sample) -> bool:
     """An einsum term repeating an index within one operand ('ii->i'): a diagonal."""
     equation = s.args[0] if s.args else ""
@@ -514,13 +538,62 @@ CASES: tuple[Case, ...] = (
     Case("nn.functional.pixel_unshuffle"),
     Case("nn.functional.channel_shuffle"),
     # -- indexing and creation -----------------------------------------------------------------
+    Case("index_select"),
+    Case("index_add"),
     Case(
-        "index_select",
+        "gather",
         fallback=(
             Rule(
-                "dim",
-                "index_select on a dim other than 0 is rejected by the importer",
-                lambda s: s.arg("dim", 0) not in (0, -s.input.dim()),
+                "rank",
+                "an index of another rank than the input (0-d input, empty index): the "
+                "one-hot form compares along matching dims",
+                index_rank_differs,
+                falls_back="aten.gather.default",
+            ),
+        ),
+    ),
+    Case("take_along_dim"),
+    Case("roll"),
+    Case("__getitem__", materialize=True),
+    # -- scans and selection -------------------------------------------------------------------
+    Case("cumsum"),
+    Case(
+        "topk",
+        skip=(Rule("ties", "equal values: eager's order among them is unspecified", topk_ties),),
+    ),
+    Case(
+        "sort",
+        fallback=(
+            Rule(
+                "long",
+                "sorting more than 256 elements (k * n > 65536) is left eager: the device's "
+                "sort is k rounds of selection",
+                long_sort,
+                falls_back="aten.sort.default",
+            ),
+        ),
+    ),
+    Case(
+        "argsort",
+        fallback=(
+            Rule(
+                "long",
+                "sorting more than 256 elements (k * n > 65536) is left eager: the device's "
+                "sort is k rounds of selection",
+                long_sort,
+                falls_back="aten.sort.default",
+            ),
+        ),
+    ),
+    Case(
+        "msort",
+        fallback=(
+            Rule(
+                "long",
+                "sorting more than 256 elements (k * n > 65536) is left eager: the device's "
+                "sort is k rounds of selection",
+                long_sort,
+                falls_back="aten.sort.default",
             ),
         ),
     ),

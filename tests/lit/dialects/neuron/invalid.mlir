@@ -333,3 +333,67 @@ func.func @rand_integer(%s: tensor<2xi32>) {
   %0 = neuron.rand %s : tensor<2xi32> -> tensor<4xi32>
   return
 }
+
+// -----
+
+func.func @cumsum_shape(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{result must have the input's shape}}
+  %0 = neuron.cumsum %a {dim = 1} : tensor<4x8xf32> -> tensor<4x7xf32>
+  return
+}
+
+// -----
+
+func.func @cumsum_dim(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{dim 2 is out of range for rank 2}}
+  %0 = neuron.cumsum %a {dim = 2} : tensor<4x8xf32> -> tensor<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @cumsum_bool(%a: tensor<4x8xi1>) {
+  // expected-error @+1 {{sums numbers: cast i1 to an integer type first}}
+  %0 = neuron.cumsum %a {dim = 1} : tensor<4x8xi1> -> tensor<4x8xi64>
+  return
+}
+
+// -----
+
+func.func @topk_rank(%a: tensor<f32>) {
+  // expected-error @+1 {{input must have rank >= 1}}
+  %v, %i = neuron.topk %a {k = 1, largest = true} : tensor<f32> -> tensor<f32>, tensor<i64>
+  return
+}
+
+// -----
+
+func.func @topk_bool(%a: tensor<4x8xi1>) {
+  // expected-error @+1 {{orders numbers: cast i1 to an integer type first}}
+  %v, %i = neuron.topk %a {k = 2, largest = true} : tensor<4x8xi1> -> tensor<4x2xi1>, tensor<4x2xi64>
+  return
+}
+
+// -----
+
+func.func @topk_k(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{k = 9 is outside [0, 8]}}
+  %v, %i = neuron.topk %a {k = 9, largest = true} : tensor<4x8xf32> -> tensor<4x9xf32>, tensor<4x9xi64>
+  return
+}
+
+// -----
+
+func.func @topk_shape(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{results must have the input's shape with k as the last dim}}
+  %v, %i = neuron.topk %a {k = 2, largest = true} : tensor<4x8xf32> -> tensor<4x2xf32>, tensor<4x3xi64>
+  return
+}
+
+// -----
+
+func.func @topk_type(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{values must have the input's element type}}
+  %v, %i = neuron.topk %a {k = 2, largest = true} : tensor<4x8xf32> -> tensor<4x2xbf16>, tensor<4x2xi64>
+  return
+}

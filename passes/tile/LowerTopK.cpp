@@ -1,0 +1,91 @@
+//===- LowerTopK.cpp - neuron.topk as k rounds of select-the-extreme -----===//
+//
+// Rows on the partitions (128 at a time), each row's n elements on the free
+// axis, in fp32 (a casting DMA loads them). Each of the k rounds picks every
+// row's extreme at once:
+//
+//   m   = reduce max (min) of w                       VectorE  -> values[:, r]
+//   eq  = w == m
+//   idx = reduce min of (eq ? alive : n)              VectorE  -> indices[:, r]
+//   hit = iota == idx
+//   w   = hit ? -inf (+inf) : w;  alive = hit ? n : alive
+//
+// where `alive` is the column number of every element not taken yet (n once
+// taken), so the lowest untaken position among equal values wins: ties come
+// out in position order, and k = n is a stable sort. Seven passes over the
+// row per round: O(k n) per row, against a bitonic network's
+// O(n log^2 n) compare-exchange passes, which for the sizes models use
+// (top-2 of 8..64 experts, top-8 of 256; argsort of a few dozen) needs more
+// instructions than k rounds do. The importer keeps larger sorts eager.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/tile/KernelLowering.h"
+
+#include <limits>
+
+namespace mlir::neuron {
+
+void KernelLowering::lowerTopK(TopKOp op) {
+  auto inType = tensorType(op.getInput());
+  int64_t n = inType.getShape().back();
+  int64_t rows = product(inType.getShape().drop_back());
+  int64_t k = op.getK();
+  Value outValues = resultBuffer(op.getValues());
+  Value outIndices = resultBuffer(op.getIndices());
+  if (k == 0 || rows == 0)
+    return;
+  Value in = bufferOf(op.getInput());
+  bool largest = op.getLargest();
+  nisa::AluOp extreme = largest ? nisa::AluOp::max : nisa::AluOp::min;
+  double taken = largest ? -std::numeric_limits<double>::infinity()
+                         : std::numeric_limits<double>::infinity();
+
+  Type f32 = b.getF32Type();
+  const int64_t p = target.partitions;
+  TileScope scope(*this);
+  // Per row: column numbers, "no column" (n) and the value of a taken
+  // element.
+  auto filled = [&](double value) {
+    Value t = tile(MemorySpace::sbuf, {p, n}, f32);
+    b.create<nisa::MemsetOp>(loc, t, APFloat(value), nisa::Engine::gpsimd);
+    return t;
+  };
+  Value iota = tile(MemorySpace::sbuf, {p, n}, f32);
+  b.create<nisa::IotaOp>(loc, iota, APFloat(0.0), APFloat(0.0),
+                         ArrayRef<double>{1.0});
+  Value none = filled(double(n));
+  Value takenValue = filled(taken);
+
+  forTiles(rows, p, [&](Value r0, int64_t rt) {
+    TileScope s(*this);
+    auto rowsOf = [&](Value t) { return view(t, index(0), {rt, n}, {n, 1}); };
+    Value w = tile(MemorySpace::sbuf, {rt, n}, f32);
+    dma(view(in, scale(r0, n), {rt, n}, {n, 1}), w);
+    Value alive = tile(MemorySpace::sbuf, {rt, n}, f32);
+    b.create<nisa::CopyOp>(loc, rowsOf(iota), alive, nisa::Engine::gpsimd);
+    Value eq = tile(MemorySpace::sbuf, {rt, n}, f32);
+    Value candidates = tile(MemorySpace::sbuf, {rt, n}, f32);
+    Value values = tile(MemorySpace::sbuf, {rt, k}, f32);
+    Value indices = tile(MemorySpace::sbuf, {rt, k}, f32);
+    forEach(k, [&](Value r) {
+      Value m = view(values, r, {rt, 1}, {k, 1});
+      Value at = view(indices, r, {rt, 1}, {k, 1});
+      b.create<nisa::TensorReduceOp>(loc, extreme, w, m);
+      b.create<nisa::TensorScalarOp>(loc, nisa::AluOp::eq, w, eq, m,
+                                     APFloat(0.0), false);
+      b.create<nisa::SelectOp>(loc, eq, alive, rowsOf(none), candidates);
+      b.create<nisa::TensorReduceOp>(loc, nisa::AluOp::min, candidates, at);
+      b.create<nisa::TensorScalarOp>(loc, nisa::AluOp::eq, rowsOf(iota), eq, at,
+                                     APFloat(0.0), false);
+      b.create<nisa::SelectOp>(loc, eq, rowsOf(takenValue), w, w);
+      // Off the chain of the next round's reduction: GpSimd.
+      b.create<nisa::SelectOp>(loc, eq, rowsOf(none), alive, alive,
+                               nisa::Engine::gpsimd);
+    });
+    dma(values, view(outValues, scale(r0, k), {rt, k}, {k, 1}));
+    dma(indices, view(outIndices, scale(r0, k), {rt, k}, {k, 1}));
+  });
+}
+
+} // namespace mlir::neuron
