@@ -157,6 +157,8 @@ public:
          answer.attr("inputs").cast<std::vector<std::pair<int, int>>>())
       k.inputs.push_back({argument, element});
     k.outputs = answer.attr("outputs").cast<std::vector<int>>();
+    k.outputElements =
+        answer.attr("output_elements").cast<std::vector<int>>();
     for (std::optional<int> r :
          answer.attr("returns").cast<std::vector<std::optional<int>>>())
       k.returns.push_back(r.value_or(ProvidedKernel::kUndefinedReturn));

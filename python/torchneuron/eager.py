@@ -141,6 +141,47 @@ def _random_forms() -> dict[Any, Any]:
 
 
 _RANDOM_FORMS = _random_forms()
+
+
+def _grad_scaler_forms() -> dict[Any, Any]:
+    """``torch.amp.GradScaler``'s two ops, written with ops the device runs (their functional
+    forms: the device writes the results into the gradients, ``found_inf``, the scale and the
+    growth tracker). As PyTorch's kernels: a gradient times ``1 / scale``, ``found_inf`` set to
+    1 when any gradient holds an inf or a NaN; the scale backs off after an overflow and grows
+    after ``growth_interval`` clean steps (if the grown scale is finite)."""
+
+    def unscale(
+        self: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        found = found_inf
+        for t in self:
+            found = torch.maximum(found, (~torch.isfinite(t)).any().to(found.dtype))
+        return [(t * inv_scale).to(t.dtype) for t in self], found
+
+    def update_scale(
+        self: torch.Tensor,
+        growth_tracker: torch.Tensor,
+        found_inf: torch.Tensor,
+        scale_growth_factor: float,
+        scale_backoff_factor: float,
+        growth_interval: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        overflow = found_inf > 0
+        clean_steps = torch.where(overflow, torch.zeros_like(growth_tracker), growth_tracker + 1)
+        grown = self * scale_growth_factor
+        grow = (clean_steps == growth_interval) & torch.isfinite(grown)
+        scale = torch.where(overflow, self * scale_backoff_factor, torch.where(grow, grown, self))
+        tracker = torch.where(clean_steps == growth_interval, 0, clean_steps)
+        return scale, tracker.to(growth_tracker.dtype)
+
+    return {
+        _aten("_amp_foreach_non_finite_check_and_unscale").default: unscale,
+        _aten("_amp_update_scale").default: update_scale,
+    }
+
+
+#: Functional ops traced from a Python form instead of themselves.
+_PYTHON_FORMS = {**_RANDOM_FORMS, **_grad_scaler_forms()}
 #: In-place random ops whose functional form has another overload name.
 _IN_PLACE_RANDOM = {
     "bernoulli_.float": ("bernoulli", "p"),
@@ -177,6 +218,9 @@ class Provided:
     id: int
     #: Float arguments that are 0-d kernel inputs (one kernel serves every value).
     scalar_args: list[int] = field(default_factory=list)
+    #: Per program output written into an argument: the element of a tensor-list argument
+    #: (-1: the whole argument); empty when no output is written into a list.
+    output_elements: list[int] = field(default_factory=list)
 
 
 #: ``Provided.inputs`` argument of the seed input.
@@ -293,14 +337,14 @@ def _functional(op: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, list[
             ):
                 return candidate, written
         raise _Reject("no functional overload with the out= variant's arguments")
-    if written == [0] and op_name.endswith("_"):  # in-place on self
+    if 0 in written and op_name.endswith("_"):  # in place on self (and maybe other arguments)
         functional_name, overload = _IN_PLACE_RANDOM.get(
             f"{op_name}.{schema.overload_name or 'default'}",
             (op_name[:-1], schema.overload_name or "default"),
         )
         packet = getattr(getattr(torch.ops, namespace), functional_name, None)
         candidate = getattr(packet, overload, None)
-        if candidate is not None and len(candidate._schema.returns) == 1:
+        if candidate is not None and len(candidate._schema.returns) == len(written):
             return candidate, written
     raise _Reject("mutates arguments other than out= or an in-place self")
 
@@ -398,8 +442,8 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
         if runtime_scalar is not None:
             assert form is not None
             return form[1](**named)
-        if functional in _RANDOM_FORMS:
-            return _RANDOM_FORMS[functional](**named)
+        if functional in _PYTHON_FORMS:
+            return _PYTHON_FORMS[functional](**named)
         pos = [named[a.name] for a in functional._schema.arguments if not a.kwarg_only]
         kw = {a.name: named[a.name] for a in functional._schema.arguments if a.kwarg_only}
         return functional(*pos, **kw)
@@ -410,6 +454,15 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
     output = gm.graph.output_node()
     returned = output.args[0]
     returned = list(returned) if isinstance(returned, (tuple, list)) else [returned]
+    # Where each result goes: (argument, element of a tensor-list argument or -1).
+    targets = [
+        (i, k)
+        for i in written
+        for k in (range(len(args[i])) if isinstance(args[i], list) else [-1])
+    ]
+    nested = any(isinstance(r, (list, tuple)) for r in returned)
+    if written and nested:  # a written tensor list's new values: one result per element
+        returned = [x for r in returned for x in (r if isinstance(r, (list, tuple)) else [r])]
     # None results (a backward's gradients that output_mask leaves out) return undefined
     # tensors; the kernel computes the others.
     results = [r for r in returned if r is not None]
@@ -417,13 +470,13 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
         raise _Reject("a result is not a computed tensor (None or an input)")
     if written and len(results) != len(returned):
         raise _Reject("an in-place or out= op with a None result")
-    if len(results) != len(returned):
+    if len(results) != len(returned) or nested:
         output.args = (tuple(results),)
         gm.recompile()
     if any(r.op == "placeholder" for r in results):
         raise _Reject("a result is an input")
-    if written and len(results) != len(written):
-        raise _Reject(f"{len(results)} results for {len(written)} written arguments")
+    if written and len(results) != len(targets):
+        raise _Reject(f"{len(results)} results for {len(targets)} written tensors")
     rewrite.as_strided_views(gm)
     if not any(partition.is_compute(n) for n in gm.graph.nodes):
         raise _Reject("no device work (views only)")
@@ -471,7 +524,10 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
         device_ns=device_ns,
         engine_busy_ns=busy,
         inputs=inputs,
-        outputs=written if written else [-1] * (len(results) - len(updated)) + updated,
+        outputs=[i for i, _ in targets]
+        if written
+        else [-1] * (len(results) - len(updated)) + updated,
+        output_elements=[k for _, k in targets],
         returns=returns,
         id=kernel_id,
         scalar_args=[index[runtime_scalar]] if runtime_scalar is not None else [],

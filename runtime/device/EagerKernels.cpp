@@ -492,7 +492,9 @@ bool runEagerKernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
     const Spec &spec = entry->outputs[j];
     at::Tensor target;
     if (k.outputs[j] >= 0) {
-      target = args[k.outputs[j]].toTensor();
+      const c10::IValue &arg = args[k.outputs[j]];
+      int element = j < k.outputElements.size() ? k.outputElements[j] : -1;
+      target = element >= 0 ? arg.toTensorList().get(element) : arg.toTensor();
       if (target.sizes() != c10::IntArrayRef(spec.shape))
         at::native::resize_output(target, spec.shape);
       if (target.scalar_type() == spec.dtype && target.is_contiguous() &&

@@ -58,6 +58,9 @@ struct ProvidedKernel {
   /// Per program output: the argument it is written into (out=, in-place),
   /// or -1 for a new neuron tensor.
   std::vector<int> outputs;
+  /// Per program output written into a tensor-list argument: its element
+  /// (-1: the whole argument). Empty: no output goes into a list.
+  std::vector<int> outputElements;
   /// Per op return: an argument index (>= 0), -(program output) - 1, or
   /// kUndefinedReturn (an undefined tensor: a result the op leaves out, as a
   /// backward's output_mask does).

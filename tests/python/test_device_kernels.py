@@ -197,6 +197,37 @@ def test_batch_norm_training_updates_running_statistics_on_the_device(track: boo
     _no_fallback()
 
 
+def test_grad_scaler_unscales_and_updates_on_the_device() -> None:
+    # GradScaler's unscale (a tensor list written in place) and scale update: the same steps on
+    # the CPU and on the device, with an overflow at step 1 and growth after 2 clean steps.
+    def run(device: str) -> tuple[list[float], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**8, growth_interval=2)
+        scales = []
+        for step in range(5):
+            loss = model(_randn(2, 4).to(device)).square().sum()
+            scaler.scale(loss).backward()
+            if step == 1:
+                model.weight.grad[0, 0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            scales.append(scaler.get_scale())
+        return scales, [p.detach().cpu() for p in model.parameters()]
+
+    cpu_scales, cpu_params = run("cpu")
+    torchneuron.reset_stats()
+    scales, params = run("neuron")
+    assert scales == cpu_scales == [256.0, 128.0, 128.0, 256.0, 256.0]
+    for p, q in zip(params, cpu_params, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+    # The scale's reciprocal is computed in float64: the device's counted fallback.
+    fallbacks = torchneuron.stats()["ops_fallback"]
+    assert set(fallbacks) <= {"aten.reciprocal.out (eager)"}, fallbacks
+
+
 def test_second_call_hits_the_cache() -> None:
     a, b = _randn(3, 11, 5).to("neuron"), _randn(3, 11, 5).to("neuron")
     before = eager.counts()
