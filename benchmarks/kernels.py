@@ -73,6 +73,48 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a @ b
 
 
+def column_sum(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(0)
+
+
+def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, x.shape[-1:], w, b)
+
+
+def layer_norm_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """The backward of ``layer_norm`` as a training step's backward graph computes it from the
+    statistics the forward saved: the input gradient, and the weight and bias gradients (column
+    sums over the rows)."""
+    return torch.ops.aten.native_layer_norm_backward(
+        grad, x, x.shape[-1:], mean, rstd, w, b, [True, True, True]
+    )
+
+
+def layer_norm_statistics(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and 1/std the forward of ``layer_norm`` saves for its backward."""
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, x.shape[-1:], None, None, 1e-5)
+    return mean, rstd
+
+
+def rms_norm_backward(
+    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward of ``rms_norm`` (x * rstd * w) as autograd derives it: the input gradient and
+    the weight gradient (a column sum over the rows)."""
+    rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    xhat = x * rstd
+    gx = grad * w
+    dx = rstd * (gx - xhat * (gx * xhat).mean(-1, keepdim=True))
+    return dx, (grad * xhat).sum(0)
+
+
 def elementwise_chain(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (x * torch.sigmoid(x) + y) * 0.5
 
@@ -216,6 +258,57 @@ def workloads(small: bool) -> list[Workload]:
             f"rmsnorm {r}x{c}",
             "memory",
             lambda: Built(fn=rms_norm, inputs=(randn(r, c), randn(c)), flops=0.0, row_inputs=(0,)),
+        )
+    )
+
+    out.append(
+        Workload(
+            "column sum 4096x4096",
+            f"column sum {r}x{c}",
+            "memory",
+            lambda: Built(fn=column_sum, inputs=(randn(r, c),), flops=0.0),
+        )
+    )
+    out.append(
+        Workload(
+            "layernorm 4096x4096",
+            f"layernorm {r}x{c}",
+            "memory",
+            lambda: Built(
+                fn=layer_norm,
+                inputs=(randn(r, c), randn(c), randn(c)),
+                flops=0.0,
+                row_inputs=(0,),
+            ),
+        )
+    )
+    # Backward workloads: every output is checked, against the full reference.
+    out.append(
+        Workload(
+            "layernorm backward 4096x4096",
+            f"layernorm backward {r}x{c}",
+            "memory",
+            lambda: Built(
+                fn=layer_norm_backward,
+                inputs=(
+                    randn(r, c),
+                    x := randn(r, c),
+                    *layer_norm_statistics(x),
+                    randn(c),
+                    randn(c),
+                ),
+                flops=0.0,
+            ),
+        )
+    )
+    out.append(
+        Workload(
+            "rmsnorm backward 4096x4096",
+            f"rmsnorm backward {r}x{c}",
+            "memory",
+            lambda: Built(
+                fn=rms_norm_backward, inputs=(randn(r, c), randn(r, c), randn(c)), flops=0.0
+            ),
         )
     )
 
@@ -470,17 +563,16 @@ def sample_rows(n: int) -> torch.Tensor | None:
     return torch.cat([torch.tensor([0, n - 1]), middle]).sort().values
 
 
-def eager_reference(built: Built, rows: torch.Tensor | None) -> torch.Tensor:
-    """The workload run by eager PyTorch in float32 on CPU (on ``rows`` of the row inputs)."""
+def eager_reference(built: Built, rows: torch.Tensor | None) -> list[torch.Tensor]:
+    """The workload's outputs by eager PyTorch in float32 on CPU (on ``rows`` of the row
+    inputs)."""
     inputs = [
         t[rows] if rows is not None and i in built.row_inputs else t
         for i, t in enumerate(built.inputs)
     ]
     fn = built.fn if built.module is None else copy.deepcopy(built.module).float()
     with torch.no_grad():
-        out = fn(*(t.float() for t in inputs))
-    assert isinstance(out, torch.Tensor)
-    return out
+        return _vals(fn(*(t.float() for t in inputs)))
 
 
 def compare(
@@ -513,15 +605,28 @@ class Reference:
     def __init__(self, built: Built, kind: str) -> None:
         self.built, self.kind = built, kind
         self.rows: torch.Tensor | None = None
-        self.want: torch.Tensor | None = None
+        self.want: list[torch.Tensor] | None = None
 
-    def check(self, out: torch.Tensor) -> Check:
-        total = out.shape[0] if out.dim() else 1
+    def check(self, outs: list[torch.Tensor]) -> Check:
+        """Every output against its reference; the worst of them (row sampling only applies
+        to single-output workloads)."""
+        total = outs[0].shape[0] if outs[0].dim() else 1
         if self.want is None:
-            self.rows = sample_rows(total) if self.built.row_inputs else None
+            sampled = self.built.row_inputs and len(outs) == 1
+            self.rows = sample_rows(total) if sampled else None
             self.want = eager_reference(self.built, self.rows)
-        got = out[self.rows] if self.rows is not None else out
-        return compare(got, self.want, TOLERANCES[self.kind], total)
+        if len(outs) != len(self.want):
+            return Check(0, total, math.inf, math.inf, f"{len(outs)} outputs != eager's")
+        checks = [
+            compare(
+                out[self.rows] if self.rows is not None else out,
+                want,
+                TOLERANCES[self.kind],
+                out.shape[0] if out.dim() else 1,
+            )
+            for out, want in zip(outs, self.want, strict=True)
+        ]
+        return max(checks, key=lambda c: c.worst)
 
 
 @contextlib.contextmanager
@@ -556,8 +661,6 @@ def measure(
         result = compiled(*built.inputs)
     after = torchneuron.stats()
     outs = _vals(result)
-    if len(outs) != 1:
-        raise RuntimeError(f"expected one output tensor, got {len(outs)}")
     kernels = prof.kernels
     longest = max(kernels, key=lambda k: k["device_ns"]) if kernels else None
     row = Row(
@@ -573,7 +676,7 @@ def measure(
         compile_s=after["compile_seconds"] - before["compile_seconds"],
         fallback=fallback_delta(before["ops_fallback"], after["ops_fallback"]),
         finite=all(bool(torch.isfinite(t).all()) for t in outs if t.is_floating_point()),
-        check=reference.check(outs[0]),
+        check=reference.check(outs),
         peak_flops=peaks["flops"],
         peak_hbm=peaks["hbm_bytes"],
     )
@@ -712,6 +815,28 @@ def report_targets(rows: list[Row], small: bool) -> None:
                 key,
                 "HBM bytes within 5% of minimum",
                 lambda r: (r.bytes_ratio <= 1.05, f"{r.bytes_ratio:.3f}x"),
+            )
+        )
+    checks.append(
+        (
+            "column sum 4096x4096",
+            ">= 80% of DMA roofline",
+            lambda r: (
+                (p := 100 * r.roofline_ns / r.device_ns) >= 80,
+                f"{p:.1f}%",
+            ),
+        )
+    )
+    for norm in ("layernorm", "rmsnorm"):
+        forward = by_key.get(f"{norm} 4096x4096")
+        checks.append(
+            (
+                f"{norm} backward 4096x4096",
+                "<= 2x the forward's time",
+                lambda r, f=forward: (
+                    (x := r.device_ns / f.device_ns) <= 2 if f else False,
+                    f"{x:.2f}x" if f else "no fwd",
+                ),
             )
         )
     decoder = "decoder layer 2048x4096"

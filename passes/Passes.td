@@ -13,8 +13,10 @@ def NeuronLowerToNisa : Pass<"neuron-lower-to-nisa", "mlir::ModuleOp"> {
     loops over tiles of at most the target's partition count: DMA loads into
     SBUF, TensorE matmuls accumulating in PSUM over K tiles, ScalarE/VectorE
     instructions, and DMA stores. Layout ops (transpose, broadcast, slice,
-    concat) are strided DMA copies; reshape is free. Loops keep the program
-    size independent of tensor sizes.
+    concat) are strided DMA copies; reshape is free. A sum over leading dims
+    (a column sum) reads its rows in place and sums them across partitions
+    on TensorE: matmuls with a ones vector accumulating row tiles in PSUM.
+    Loops keep the program size independent of tensor sizes.
 
     Before:
     ```mlir
@@ -58,7 +60,9 @@ def NeuronFuseElementwise : Pass<"neuron-fuse-elementwise", "mlir::ModuleOp"> {
     each become one fusion. A group is tiled by rows when it reduces or
     broadcasts (each row of C elements in one tile, so C times the widest
     element must fit in `row-bytes` per partition, and the rows of all its
-    values together in `group-bytes`), otherwise flat.
+    values together in `group-bytes`), otherwise flat. Column sums (a sum of
+    a transpose that keeps the source's innermost dim) stay out: lowered
+    alone they read the source in place.
 
     Before:
     ```mlir

@@ -31,6 +31,8 @@ using namespace mlir::neuron;
 namespace {
 
 bool isFusible(Operation *op) {
+  if (isColumnSum(op))
+    return false; // read in place by its own lowering
   return isa<UnaryOp, BinaryOp, SelectOp, CastOp, ReduceOp, BroadcastOp,
              ReshapeOp>(op);
 }

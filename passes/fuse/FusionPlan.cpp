@@ -230,3 +230,23 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
   }
   return plan;
 }
+
+bool mlir::neuron::isTensorESum(Operation *op) {
+  auto r = dyn_cast<ReduceOp>(op);
+  if (!r || r.getFn() != ReduceFn::sum)
+    return false;
+  Type elt = cast<RankedTensorType>(r.getType()).getElementType();
+  return elt.isBF16() || elt.isF16() || elt.isF32();
+}
+
+bool mlir::neuron::isColumnSum(Operation *op) {
+  if (!isTensorESum(op))
+    return false;
+  auto r = cast<ReduceOp>(op);
+  auto t = r.getInput().getDefiningOp<TransposeOp>();
+  if (!t)
+    return false;
+  auto perm = t.getPermutation();
+  int64_t kept = (int64_t)perm.size() - (int64_t)r.getCount();
+  return kept > 0 && perm[kept - 1] == (int64_t)perm.size() - 1;
+}

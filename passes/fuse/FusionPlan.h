@@ -47,6 +47,18 @@ struct FusionPlan {
                                            std::string &reason);
 };
 
+/// A sum over the leading dims of a tensor (the importer writes it as a
+/// reduction of a transpose that keeps the source's innermost dim): its
+/// rows are not rows of memory. Lowered alone it reads the source's rows in
+/// place and sums them across partitions on TensorE
+/// (KernelLowering::lowerColumnSum); in a group it would need a transposed
+/// copy, so neuron-fuse-elementwise leaves it out.
+bool isColumnSum(Operation *op);
+
+/// A reduction TensorE can do as a matmul with a ones vector: a sum of a
+/// float type its matmuls take (products with 1 exact, fp32 accumulation).
+bool isTensorESum(Operation *op);
+
 /// The splat value of a constant tensor, if it is one.
 std::optional<double> splatValueOf(Value tensor);
 

@@ -204,6 +204,9 @@ private:
                         llvm::function_ref<void(Value, int64_t)> load,
                         llvm::function_ref<void(Value, int64_t)> compute);
   void lowerReduce(ReduceOp op);
+  /// In LowerColumnSum.cpp: a sum over leading dims, read in place and
+  /// reduced across partitions on TensorE; false if `op` is not one.
+  bool lowerColumnSum(ReduceOp op);
   void lowerConcat(ConcatOp op);
   void lowerGather(GatherOp op);
   void lowerRand(RandOp op);

@@ -1080,6 +1080,8 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
 }
 
 void KernelLowering::lowerReduce(ReduceOp op) {
+  if (lowerColumnSum(op))
+    return;
   auto inType = tensorType(op.getInput());
   int64_t cols = product(inType.getShape().take_back(op.getCount()));
   int64_t rows = product(inType.getShape().drop_back(op.getCount()));

@@ -126,3 +126,25 @@ func.func @partial_join(%tok: tensor<2x16x64xf32>, %pos: tensor<16x64xf32>) -> t
   %d = neuron.binary sub %x, %b : tensor<2x16x64xf32>, tensor<2x16x64xf32> -> tensor<2x16x64xf32>
   return %d : tensor<2x16x64xf32>
 }
+
+// -----
+
+// Column sums (the weight and bias gradients of a norm) stay out of groups:
+// lowered alone they read the transposed tensor in place on TensorE. The
+// casts and the add of their results still form a group.
+// CHECK-LABEL: func.func @column_sums
+// CHECK: %[[W:.*]] = neuron.reduce sum %{{.*}} {count = 2 : i64} : tensor<256x2x8xf32> -> tensor<256xf32>
+// CHECK: %[[B:.*]] = neuron.reduce sum %{{.*}} {count = 2 : i64} : tensor<256x2x8xf32> -> tensor<256xf32>
+// CHECK: neuron.fusion(%[[W]], %[[B]])
+// CHECK-NOT: neuron.reduce
+// CHECK: neuron.yield
+func.func @column_sums(%g: tensor<2x8x256xf32>, %x: tensor<2x8x256xf32>) -> tensor<256xbf16> {
+  %t = neuron.transpose %g, [2, 0, 1] : tensor<2x8x256xf32> -> tensor<256x2x8xf32>
+  %u = neuron.transpose %x, [2, 0, 1] : tensor<2x8x256xf32> -> tensor<256x2x8xf32>
+  %w = neuron.reduce sum %t {count = 2} : tensor<256x2x8xf32> -> tensor<256xf32>
+  %b = neuron.reduce sum %u {count = 2} : tensor<256x2x8xf32> -> tensor<256xf32>
+  %wc = neuron.cast %w : tensor<256xf32> -> tensor<256xbf16>
+  %bc = neuron.cast %b : tensor<256xf32> -> tensor<256xbf16>
+  %s = neuron.binary add %wc, %bc : tensor<256xbf16>, tensor<256xbf16> -> tensor<256xbf16>
+  return %s : tensor<256xbf16>
+}
