@@ -145,3 +145,41 @@ def test_norm_weight_gradients_match_cpu(norm: str, dtype: torch.dtype) -> None:
     tol = F32 if dtype == torch.float32 else {"atol": 0.5, "rtol": 3e-2}
     for name, a, e in zip(("x", "weight", "bias"), got, want, strict=True):
         torch.testing.assert_close(a.float(), e, **tol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+# Whole-tensor reductions (x.sum(), x.mean(), a loss): rows on every partition, then the sum
+# of the row sums (decompositions.whole_sum); small or odd-sized tensors keep the direct path.
+WHOLE = [
+    ("sum", lambda x: x.sum()),
+    ("mean", lambda x: x.mean()),
+    ("sum_every_dim_keepdim", lambda x: x.sum(dim=(0, 1, 2), keepdim=True)),
+    ("mean_every_dim", lambda x: x.mean(dim=(2, 0, 1))),
+    ("loss", lambda x: x.float().pow(2).mean()),
+]
+
+
+@pytest.mark.parametrize("shape", [(2, 256, 1024), (3, 5, 7)], ids=["large", "small"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize(("name", "fn"), WHOLE, ids=[w[0] for w in WHOLE])
+def test_whole_tensor_reductions(
+    name: str, fn: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype, shape: tuple
+) -> None:
+    x = _randn(*shape, dtype=dtype)
+    want = fn(x.float()).to(fn(x).dtype)  # in float32, rounded to the op's result dtype
+    tol = F32 if dtype == torch.float32 else BF16
+    torchneuron.reset_stats()
+    compiled = torch.compile(fn, backend="neuron", dynamic=False)(x)
+    eager = fn(x.to("neuron"))
+    for got in (compiled, eager.cpu()):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want, **tol)
+    assert torchneuron.stats()["ops_fallback"] == {}
+
+
+def test_a_large_whole_tensor_sum_runs_on_every_partition() -> None:
+    x = _randn(2, 256, 1024).to("neuron")
+    x.mean()  # compile
+    with torchneuron.profile() as prof:
+        x.mean()
+    # One row on one partition took 1 ms; 128 rows take what their 2 MiB take to load.
+    assert prof.total_device_ns < 50_000, prof.kernels
