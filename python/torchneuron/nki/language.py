@@ -8,6 +8,7 @@ PSUM tiles), ``nl.store`` writes HBM. Only meaningful while a ``@nki.jit`` kerne
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -295,7 +296,20 @@ def _retarget(value: Tensor, target: View) -> bool:
     ):
         return False
     i = instr.writes[0]
-    kw, _ = instr.operands[i]
+    kw, written = instr.operands[i]
+    if written.shape != target.shape:
+        # A masked instruction wrote part of the tile: write the same part of the target.
+        full = current().full_view(buf).view
+        if written.strides != full.strides or not written.offset.is_const():
+            return False
+        rest, starts = written.offset.const, []
+        for st in full.strides:
+            starts.append(rest // st)
+            rest %= st
+        offset = target.offset
+        for start, st in zip(starts, target.strides, strict=True):
+            offset = offset + start * st
+        target = View(target.buffer, offset, written.shape, target.strides)
     instr.operands[i] = (kw, target)
     buf.users.remove(instr)
     target.buffer.users.append(instr)
@@ -344,14 +358,21 @@ def _accumulate(target: Tensor, other: Any, op: str) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _no_mask(mask: Any, fn: str) -> None:
-    if mask is not None:
-        raise error(f"{fn}(mask=...) is not supported yet: index whole tiles")
+def _maskable(fn: Any) -> Any:
+    """``fn`` with NKI's ``mask=``: its instructions run on the operands' masked part."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, mask: Any = None, **kwargs: Any) -> Any:
+        if mask is None:
+            return fn(*args, **kwargs)
+        with current().masked(mask):
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def load(src: Any, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
     """Copy an HBM tensor (a view of one) into a new SBUF tile, by DMA."""
-    _no_mask(mask, "nl.load")
     t = _tensor(src, "nl.load's source")
     if t.view.buffer.space != HBM:
         raise error(f"nl.load's source is in {t.buffer}; it must be an HBM tensor")
@@ -361,7 +382,6 @@ def load(src: Any, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor
 
 def load_transpose2d(src: Any, dtype: Any = None, mask: Any = None) -> Tensor:
     """Load a 2-D HBM tensor [A, B] as an SBUF tile [B, A] with a transposing DMA."""
-    _no_mask(mask, "nl.load_transpose2d")
     t = _tensor(src, "nl.load_transpose2d's source")
     if t.view.buffer.space != HBM or len(t.shape) != 2:
         raise error("nl.load_transpose2d takes a 2-D HBM tensor")
@@ -373,7 +393,6 @@ def load_transpose2d(src: Any, dtype: Any = None, mask: Any = None) -> Tensor:
 
 def store(dst: Any, value: Any, mask: Any = None, **kwargs: Any) -> None:
     """Write an SBUF tile into an HBM tensor (a view of one), by DMA."""
-    _no_mask(mask, "nl.store")
     d = _tensor(dst, "nl.store's destination")
     if d.view.buffer.space != HBM:
         raise error(f"nl.store's destination is in {d.buffer}; it must be an HBM tensor")
@@ -536,8 +555,6 @@ def _activation(func: str, x: Any, dtype: Any, scale: float = 1.0, bias: Any = N
 
 def _unary(func: str, doc: str) -> Any:
     def fn(x: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
-        if kwargs.get("mask") is not None:
-            _no_mask(kwargs["mask"], fn.__name__)
         return _activation(func, x, dtype)
 
     fn.__doc__ = f"{doc} (ScalarE activation ``{func}``)."
@@ -671,7 +688,6 @@ def matmul(x: Any, y: Any, transpose_x: bool = False, mask: Any = None, **kwargs
     With ``transpose_x=True``, x is the stationary [K, M] tile and y the moving [K, N] one, both
     in SBUF; without it x [M, K] is first transposed on TensorE. ``psum_tile += nl.matmul(...)``
     accumulates in PSUM."""
-    _no_mask(mask, "nl.matmul")
     xt = _on_chip(x, "nl.matmul's x")
     yt = _on_chip(y, "nl.matmul's y")
     if not transpose_x:
@@ -734,6 +750,18 @@ def __getattr__(name: str) -> Any:
         raise error(f"nl.{name} is not supported by torchneuron.nki yet")
     raise AttributeError(f"module 'torchneuron.nki.language' has no attribute {name!r}")
 
+
+# Every call that makes instructions takes NKI's ``mask=``.
+for _name in (
+    "load", "load_transpose2d", "store", "copy", "add", "subtract", "multiply", "divide",
+    "maximum", "minimum", "power", "equal", "not_equal", "less", "less_equal", "greater",
+    "greater_equal", "logical_and", "logical_or", "logical_xor", "exp", "log", "tanh",
+    "sigmoid", "relu", "gelu", "gelu_apprx_tanh", "silu", "sqrt", "rsqrt", "abs", "negative",
+    "reciprocal", "square", "sin", "cos", "sign", "floor", "ceil", "trunc", "erf", "log1p",
+    "expm1", "sum", "max", "min", "prod", "mean", "transpose", "matmul", "full", "zeros",
+    "ones",
+):  # fmt: skip
+    globals()[_name] = _maskable(globals()[_name])
 
 # The engine operation behind each nl function that nki.isa instructions take as ``op=``.
 ALU_OPS: dict[Any, str] = {
