@@ -550,6 +550,20 @@ class Tensor:
         buf = Buffer("view", shape, v.buffer.dtype, v.buffer.space, v.buffer.loc)
         return Tensor(self._builder, View(v.buffer, v.offset, shape, buf.strides()))
 
+    def ap(self, pattern: Sequence[Sequence[int]], offset: int = 0, **kwargs: Any) -> Tensor:
+        """NKI's access pattern: ``[[stride, size], ...]`` in elements over this tensor's
+        buffer (the first pair is the partition axis), from ``offset``."""
+        if self.view.oob:
+            raise KernelError(self.view.oob)
+        strides = tuple(int(p[0]) for p in pattern)
+        shape = tuple(int(p[1]) for p in pattern)
+        v = self.view
+        hi = sum((d - 1) * abs(st) for st, d in zip(strides, shape, strict=True))
+        lo_off, hi_off = self._builder.range_of(v.offset + offset)
+        if lo_off < 0 or hi_off + hi >= math.prod(v.buffer.shape):
+            raise error(f"access pattern {list(map(list, pattern))} leaves the tensor")
+        return Tensor(self._builder, View(v.buffer, v.offset + offset, shape, strides))
+
     def broadcast_to(self, shape: Sequence[int]) -> Tensor:
         """Repeat unit dimensions up to ``shape``: a zero-stride view (a DMA reads it as often
         as it is repeated); a tile repeated along partitions is copied by a broadcasting DMA."""

@@ -48,7 +48,16 @@ def _write(dst: Any, value: Tensor, name: str) -> None:
     nl._assign(d, value)
 
 
+def _as_nl(op: Any) -> Any:
+    """NKI accepts NumPy's functions (``np.subtract``) for the ``nl`` ones of the same name."""
+    fname = getattr(op, "__name__", None)
+    if op in nl.ALU_OPS or op in nl.ACTIVATIONS or not isinstance(fname, str):
+        return op
+    return nl.__dict__.get(fname, op)
+
+
 def _alu(op: Any, name: str) -> str:
+    op = _as_nl(op)
     if op not in nl.ALU_OPS:
         raise error(f"nisa.{name}: op={getattr(op, '__name__', op)!r} is not an ALU operation")
     return nl.ALU_OPS[op]
@@ -126,7 +135,7 @@ def activation(*args: Any, **kwargs: Any) -> Any:
     for k in kwargs:
         if k not in names and k not in ("name",):
             raise error(f"nisa.activation({k}=...) is not supported by torchneuron.nki yet")
-    op, data = params.get("op"), params.get("data")
+    op, data = _as_nl(params.get("op")), params.get("data")
     scale = params.get("scale", 1.0)
     if op not in nl.ACTIVATIONS:
         raise error(f"nisa.activation: op={getattr(op, '__name__', op)!r} is not supported")

@@ -8,7 +8,9 @@ PSUM tiles), ``nl.store`` writes HBM. Only meaningful while a ``@nki.jit`` kerne
 
 from __future__ import annotations
 
+import builtins
 import functools
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -130,6 +132,11 @@ def num_programs(axes: int | None = None) -> int:
 
 def program_ndim() -> int:
     return len(current().grid)
+
+
+def ds(start: Any, size: int) -> slice:
+    """``nl.ds(start, size)``: the slice ``start : start + size`` (start may be a loop index)."""
+    return slice(start, start + size)
 
 
 def arange(start: int, stop: int | None = None, step: int = 1) -> IndexExpr:
@@ -437,7 +444,7 @@ def _binary(op: str, x: Any, y: Any, dtype: Any, out: Tensor | None = None) -> A
     if dtype is not None:
         res_dtype = _ir.as_dtype(dtype)
     if xt and yt and x.shape == y.shape:
-        dst = out or _new(x.shape, res_dtype)
+        dst = out if out is not None else _new(x.shape, res_dtype)
         instr = b.emit(
             "tensor_tensor", [("", x.view), ("", y.view), ("", dst.view)], prefix=op + " "
         )
@@ -453,7 +460,7 @@ def _binary(op: str, x: Any, y: Any, dtype: Any, out: Tensor | None = None) -> A
                 "engines (a [P, 1] column broadcasts along the free dimensions; nothing "
                 "broadcasts along partitions)"
             )
-        dst = out or _new(data.shape, res_dtype)
+        dst = out if out is not None else _new(data.shape, res_dtype)
         if dst.shape != data.shape:
             raise error(f"nl.{op}: the result {list(data.shape)} does not fit {list(dst.shape)}")
         col_view = _reshaped(col.view, (col.shape[0], 1))
@@ -467,7 +474,7 @@ def _binary(op: str, x: Any, y: Any, dtype: Any, out: Tensor | None = None) -> A
     data, imm, reverse = (x, y, False) if xt else (y, x, True)
     if not isinstance(imm, (int, float)):
         raise error(f"nl.{op}: {type(imm).__name__} operand is neither a tile nor a number")
-    dst = out or _new(data.shape, res_dtype)
+    dst = out if out is not None else _new(data.shape, res_dtype)
     attrs = {"imm": _f64(imm)}
     if reverse:
         attrs["reverse"] = ""
@@ -594,6 +601,8 @@ def _reduce(op: str, name: str, x: Any, axis: Any, dtype: Any, keepdims: bool) -
     t = _on_chip(x, f"nl.{name}'s operand")
     axes = axis if isinstance(axis, (list, tuple)) else [axis]
     axes = sorted(int(a) % t.ndim for a in axes)
+    if axes and 0 not in axes and axes != list(range(1, t.ndim)):
+        return _reduce_some(op, name, t, axes, dtype)
     if axes != list(range(1, t.ndim)):
         raise error(
             f"nl.{name}(axis={axis}) on a {t.ndim}-d tile: the engines reduce all free axes "
@@ -602,6 +611,35 @@ def _reduce(op: str, name: str, x: Any, axis: Any, dtype: Any, keepdims: bool) -
     out = _new((t.shape[0], 1), _ir.as_dtype(dtype) if dtype is not None else t.dtype)
     instr = current().emit("tensor_reduce", [("", t.view), ("", out.view)], prefix=op + " ")
     return _produce(out, instr, 1)
+
+
+def _reduce_some(op: str, name: str, t: Tensor, axes: list[int], dtype: Any) -> Tensor:
+    """A reduction over some free axes (average pooling's window axes): one VectorE
+    ``tensor_tensor`` per element of the reduced window, on strided views of the tile (the
+    engines' tensor_reduce folds every free axis into one column)."""
+    v = t.view
+    kept = [a for a in range(1, t.ndim) if a not in axes]
+    window = [range(t.shape[a]) for a in axes]
+    count = math.prod(len(r) for r in window)
+    if count > 64:
+        raise error(
+            f"nl.{name}(axis={axes}) keeps free axes {kept} and reduces {count} elements per "
+            "output; reducing only some free axes is supported up to 64 (reduce all free "
+            "axes, or transpose)"
+        )
+    shape = (t.shape[0], *[t.shape[a] for a in kept])
+    strides = (v.strides[0], *[v.strides[a] for a in kept])
+    out = _new(shape, _ir.as_dtype(dtype) if dtype is not None else t.dtype)
+    parts = []
+    for idx in itertools.product(*window):
+        offset = v.offset + builtins.sum(i * v.strides[a] for i, a in zip(idx, axes, strict=True))
+        parts.append(Tensor(current(), View(v.buffer, offset, shape, strides)))
+    if len(parts) == 1:
+        return copy(parts[0], dtype=out.dtype)
+    _binary(op, parts[0], parts[1], None, out=out)
+    for part in parts[2:]:
+        _binary(op, out, part, None, out=out)
+    return out
 
 
 def sum(x: Any, axis: Any, dtype: Any = None, keepdims: bool = False, **kw: Any) -> Tensor:  # noqa: A001
