@@ -682,7 +682,7 @@ class Builder:
         # traced; emit() shortens operands to them.
         self.mask: list[tuple[int, int, int, int]] | None = None
         self.mask_skip = False
-        self.hoist = True  # see _Renderer._hoist
+        self.hoist = 1.0  # the share of memory _Renderer._hoist may use (0: none)
 
     def __enter__(self) -> Builder:
         _CURRENT.append(self)
@@ -1104,8 +1104,16 @@ class _Renderer:
                 continue
             key = (id(place[0]), buf.loc, buf.space, buf.shape, buf.dtype)
             groups.setdefault(key, []).append(buf)
-        budget = {SBUF: self.b.capacity.get(SBUF, 0) // 4, PSUM: self.b.capacity.get(PSUM, 0) // 2}
-        for bufs in groups.values():
+        # A share of each memory per block (blocks run one after another).
+        budgets: dict[int, dict[str, int]] = {}
+        for key, bufs in groups.items():
+            budget = budgets.setdefault(
+                key[0],
+                {
+                    SBUF: int(self.b.capacity.get(SBUF, 0) * self.b.hoist / 4),
+                    PSUM: int(self.b.capacity.get(PSUM, 0) * self.b.hoist / 2),
+                },
+            )
             if len(bufs) < 2:
                 continue
             bufs.sort(key=lambda b: placement[id(b)][1])

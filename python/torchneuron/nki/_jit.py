@@ -196,17 +196,12 @@ class Kernel:
                 raise _ir.error(f"{name} returns one tensor twice", b.def_loc)
             r.view.buffer.returned = True
             outputs.append(r.view.buffer)
-        text = _ir.render(b, outputs)
+        # Early allocation of unrolled tiles (_Renderer._hoist) may be what overflows a
+        # memory: compile with less of it, then none, before reporting the first error.
         dump = config.dump_dir()
-        try:
-            kernel = native().compile_kernel(
-                text, name=f"{name}.nki.mlir", target=target, dump_dir=str(dump) if dump else ""
-            )
-        except native().CompileError as e:
-            error = str(e).rstrip()
-            # Early allocation of unrolled tiles (_Renderer._hoist) may be what overflowed
-            # a memory: compile once more without it before reporting.
-            b.hoist = False
+        first_error = ""
+        for share in (1.0, 0.5, 0.0):
+            b.hoist = share
             text = _ir.render(b, outputs)
             try:
                 kernel = native().compile_kernel(
@@ -215,8 +210,11 @@ class Kernel:
                     target=target,
                     dump_dir=str(dump) if dump else "",
                 )
-            except native().CompileError:
-                raise _ir.KernelError(error) from None
+                break
+            except native().CompileError as e:
+                first_error = first_error or str(e).rstrip()
+        else:
+            raise _ir.KernelError(first_error) from None
         if config.check():
             kernel.timeline()  # raises DeviceError for a missing wait
         return Traced(name, text, kernel, positions, returns_tuple)

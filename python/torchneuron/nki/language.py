@@ -103,7 +103,7 @@ def affine_range(start: int, stop: int | None = None, step: int = 1) -> Iterator
 def sequential_range(start: int, stop: int | None = None, step: int = 1) -> Iterator[Affine]:
     """A loop with a dependence between iterations: one ``scf.for``, iterations in order (the
     compiler's synchronisation orders every conflicting access, so both loops are safe)."""
-    return current().loop(*_range_args(start, stop, step))
+    return current().loop(*_range_args(start, stop, step), rotate=2 if current().rotate > 1 else 1)
 
 
 def static_range(start: int, stop: int | None = None, step: int = 1) -> range:
