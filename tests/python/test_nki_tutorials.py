@@ -375,7 +375,7 @@ def mm_fully_optimized(lhs_t, rhs, bm_tiles=16, bn_tiles=2, bk_tiles=8):
             for _bm in range(bm_tiles):
                 tiles = []
                 for _bn in range(bn_tiles):
-                    t = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.sbuf)
+                    t = nl.ndarray((TILE_M, TILE_N), dtype=lhs_t.dtype, buffer=nl.sbuf)
                     nisa.memset(dst=t, value=0)
                     tiles.append(t)
                 rows.append(tiles)
@@ -409,7 +409,7 @@ def mm_fully_optimized(lhs_t, rhs, bm_tiles=16, bn_tiles=2, bk_tiles=8):
                         nisa.tensor_tensor(dst=s, data1=s, data2=acc, op=nl.add)
         for m in nl.affine_range(m_size // block_m):
             for bm in nl.affine_range(bm_tiles):
-                packed = nl.ndarray((TILE_M, block_n), dtype=out.dtype, buffer=nl.sbuf)
+                packed = nl.ndarray((TILE_M, block_n), dtype=nl.float32, buffer=nl.sbuf)
                 for bn in nl.affine_range(bn_tiles):
                     nisa.tensor_copy(
                         dst=packed[0:TILE_M, bn * TILE_N : (bn + 1) * TILE_N], src=sums[m][bm][bn]

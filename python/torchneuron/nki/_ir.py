@@ -995,6 +995,14 @@ class Builder:
         loc: Location | None = None,
     ) -> Instr:
         loc = loc or user_location()
+        if (
+            op == "dma_copy"
+            and operands[1][1].buffer.space == HBM
+            and "engine" not in (attrs or {})
+        ):
+            # Stores wait for their data; on GpSimd's queue (idle in most kernels) they do
+            # not hold up the loads queued behind them on SyncE (the compiler does the same).
+            attrs = {**(attrs or {}), "engine": "#nisa.engine<scalar>"}
         if self.mask is not None:
             operands = [(kw, self.clip(v, self.mask)) for kw, v in operands]
         for _, v in operands:
