@@ -12,6 +12,7 @@ lowering writes them. Allocation, synchronisation and emission are the compiler'
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -182,6 +183,11 @@ class Affine:
     def __index__(self) -> int:
         if self.is_const():
             return self.const
+        if len(self.terms) == 1 and _CURRENT:
+            # A loop variable indexing a Python list (NKI's lists of tiles): that loop, and
+            # the earlier loops of its trip count that may have filled the list, unroll.
+            (var,) = self.terms
+            _CURRENT[-1].request_unroll(var)
         raise error(
             "a loop variable was used where Python needs a number; use nl.static_range to "
             "unroll the loop in Python"
@@ -287,13 +293,91 @@ class IndexExpr:
 
     __rmul__ = __mul__
 
-    def __lt__(self, other: Any) -> bool:
-        raise error("masks (comparisons of index expressions) are not supported yet")
+    # Comparisons make masks: ``i * 128 + i_p < n`` keeps the first rows of a partial tile.
+    def _compare(self, op: str, other: Any) -> Mask:
+        if isinstance(other, IndexExpr):
+            raise error(
+                "a mask comparing two index expressions (e.g. i_p >= i_f) is not supported "
+                "yet; masks compare one index expression with a number"
+            )
+        return Mask([(self, op, Affine.of(other))])
 
-    __le__ = __gt__ = __ge__ = __lt__
+    def __lt__(self, other: Any) -> Mask:  # type: ignore[override]
+        return self._compare("<", other)
+
+    def __le__(self, other: Any) -> Mask:  # type: ignore[override]
+        return self._compare("<=", other)
+
+    def __gt__(self, other: Any) -> Mask:  # type: ignore[override]
+        return self._compare(">", other)
+
+    def __ge__(self, other: Any) -> Mask:  # type: ignore[override]
+        return self._compare(">=", other)
 
     def __repr__(self) -> str:
         return f"IndexExpr({self.base}, coeffs={self.coeffs}, shape={self.shape})"
+
+
+class Mask:
+    """NKI's ``mask=``: a conjunction of ``index_expr <op> bound`` conditions. Each condition
+    must vary along at most one axis, where it keeps a contiguous range of indices; the
+    instruction then runs on that range of every operand (a shortened access pattern). A
+    condition that depends on a loop variable and cuts only the loop's last iteration makes
+    the tracer peel that iteration off the loop (traced once more with a constant index)."""
+
+    __slots__ = ("conds",)
+
+    def __init__(self, conds: list[tuple[IndexExpr, str, Affine]]) -> None:
+        self.conds = conds
+
+    def __and__(self, other: Any) -> Mask:
+        if not isinstance(other, Mask):
+            raise error("masks combine with '&' only with other masks")
+        return Mask(self.conds + other.conds)
+
+    __rand__ = __and__
+
+    def __or__(self, other: Any) -> Mask:
+        raise error("masks joined with '|' are not supported (only '&' of conditions)")
+
+    def __bool__(self) -> bool:
+        raise error("a mask is not a Python condition; pass it as mask=...")
+
+    def __repr__(self) -> str:
+        return " & ".join(f"({e} {op} {b})" for e, op, b in self.conds)
+
+
+def _range_of_cond(c: int, d: int, op: str, rel: int) -> tuple[int, int] | None:
+    """The indices t in [0, d) with ``c * t <op> rel``, a range (None if empty)."""
+    if op == "<":
+        op, rel = "<=", rel - 1
+    elif op == ">":
+        op, rel = ">=", rel + 1
+    if c == 0:
+        ok = 0 <= rel if op == "<=" else 0 >= rel
+        return (0, d) if ok else None
+    if (op == "<=") == (c > 0):  # t <= floor(rel / c)
+        lo, hi = 0, math.floor(rel / c) + 1
+    else:  # t >= ceil(rel / c)
+        lo, hi = math.ceil(rel / c), d
+    lo, hi = max(lo, 0), min(hi, d)
+    return (lo, hi) if lo < hi else None
+
+
+class _Unroll(Exception):  # noqa: N818 (control flow, not an error)
+    """Raised while tracing: the loops at these lines must unroll in Python."""
+
+    def __init__(self, locs: set[Location]) -> None:
+        super().__init__(locs)
+        self.locs = locs
+
+
+class _Peel(Exception):  # noqa: N818 (control flow, not an error)
+    """Raised while tracing: loop ``var``'s last iteration must be traced on its own."""
+
+    def __init__(self, loc: Location) -> None:
+        super().__init__(loc)
+        self.loc = loc
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,6 +424,10 @@ class View:
     offset: Affine
     shape: tuple[int, ...]
     strides: tuple[int, ...]
+    # Index bounds this view breaks unless a mask shortens it first: (base, coefficient per
+    # view axis, dimension size) for each indexed dimension, with the error to raise.
+    checks: tuple[tuple[Affine, tuple[int, ...], int], ...] = ()
+    oob: str = ""
 
     def type(self) -> str:
         dims = "x".join(str(d) for d in self.shape)
@@ -369,6 +457,7 @@ class Loop:
     body: Block
     loc: Location
     copies: int = 1  # iterations traced into the body per step
+    count: int = 0  # the trip count the kernel asked for
 
 
 class Block:
@@ -460,6 +549,20 @@ class Tensor:
             raise error("reshape needs a contiguous tensor (index after reshaping)")
         buf = Buffer("view", shape, v.buffer.dtype, v.buffer.space, v.buffer.loc)
         return Tensor(self._builder, View(v.buffer, v.offset, shape, buf.strides()))
+
+    def ap(self, pattern: Sequence[Sequence[int]], offset: int = 0, **kwargs: Any) -> Tensor:
+        """NKI's access pattern: ``[[stride, size], ...]`` in elements over this tensor's
+        buffer (the first pair is the partition axis), from ``offset``."""
+        if self.view.oob:
+            raise KernelError(self.view.oob)
+        strides = tuple(int(p[0]) for p in pattern)
+        shape = tuple(int(p[1]) for p in pattern)
+        v = self.view
+        hi = sum((d - 1) * abs(st) for st, d in zip(strides, shape, strict=True))
+        lo_off, hi_off = self._builder.range_of(v.offset + offset)
+        if lo_off < 0 or hi_off + hi >= math.prod(v.buffer.shape):
+            raise error(f"access pattern {list(map(list, pattern))} leaves the tensor")
+        return Tensor(self._builder, View(v.buffer, v.offset + offset, shape, strides))
 
     def broadcast_to(self, shape: Sequence[int]) -> Tensor:
         """Repeat unit dimensions up to ``shape``: a zero-stride view (a DMA reads it as often
@@ -571,6 +674,15 @@ class Builder:
         # Bytes per partition a program may allocate, by memory (from the target): how much
         # of it rotating loop bodies may hold at once.
         self.capacity: dict[str, int] = {}
+        self.next_var = 0  # loop variables are numbered in creation order, stable per trace
+        # Loops (by line) whose last iteration is traced on its own, and loops unrolled.
+        self.peel: set[Location] = set()
+        self.unroll: set[Location] = set()
+        # Axis ranges ([axis, extent, lo, hi) or None: skip) of the mask= of the call being
+        # traced; emit() shortens operands to them.
+        self.mask: list[tuple[int, int, int, int]] | None = None
+        self.mask_skip = False
+        self.hoist = 1.0  # the share of memory _Renderer._hoist may use (0: none)
 
     def __enter__(self) -> Builder:
         _CURRENT.append(self)
@@ -610,20 +722,152 @@ class Builder:
         loc = user_location()
         if step <= 0:
             raise error("loop steps must be positive", loc)
+        var = self.next_var
+        self.next_var += 1
         count = len(range(start, stop, step))
-        copies = next(u for u in (rotate, 4, 2, 1) if u <= rotate and count % u == 0)
-        var = len(self.loops)
-        body = Block(outer=self.block)
-        loop = Loop(start, stop, step * copies, var, body, loc, copies)
-        body.parent = loop
-        self.loops[var] = loop
-        self.block.items.append(loop)
-        self.block = body
+        if loc in self.unroll:
+            for i in range(start, stop, step):
+                yield Affine(i)
+            return
+        peel = loc in self.peel and count > 0
+        main = count - 1 if peel else count
+        if main > 0:
+            copies = next(u for u in (rotate, 4, 2, 1) if u <= rotate and main % u == 0)
+            body = Block(outer=self.block)
+            loop = Loop(start, start + main * step, step * copies, var, body, loc, copies, count)
+            body.parent = loop
+            self.loops[var] = loop
+            self.block.items.append(loop)
+            self.block = body
+            try:
+                for k in range(copies):
+                    yield Affine(k * step, {var: 1})
+            finally:
+                self.block = body.outer  # type: ignore[assignment]
+        if peel:
+            # The partial last iteration, after the loop: its index is a number, so masks
+            # on it become static shortened access patterns.
+            yield Affine(start + (count - 1) * step)
+
+    def request_unroll(self, var: int) -> None:
+        loop = self.loops.get(var)
+        if loop is None:
+            return
+        home = loop.body.outer
+        assert home is not None
+        chain = home.ancestors()
+        locs = {loop.loc}
+        for other in self.loops.values():
+            if (
+                other.var < var
+                and other.count == loop.count
+                and other.body.outer in chain
+                and other.loc not in self.unroll
+            ):
+                locs.add(other.loc)
+        if not locs <= self.unroll:
+            raise _Unroll(locs)
+
+    # -- masks --
+    @contextlib.contextmanager
+    def masked(self, mask: Any) -> Iterator[None]:
+        """Instructions emitted inside run on the part of their operands ``mask`` keeps."""
+        if mask is None:
+            yield
+            return
+        if not isinstance(mask, Mask):
+            raise error(
+                f"mask={mask!r}: expected a comparison of an index expression with a number, "
+                "e.g. mask=(i * 128 + i_p < n)"
+            )
+        ranges = self.mask_ranges(mask)
+        saved = (self.mask, self.mask_skip)
+        if ranges is None:
+            self.mask_skip = True
+        else:
+            self.mask = (self.mask or []) + ranges
         try:
-            for k in range(copies):
-                yield Affine(k * step, {var: 1})
+            yield
         finally:
-            self.block = body.outer  # type: ignore[assignment]
+            self.mask, self.mask_skip = saved
+
+    def mask_ranges(self, mask: Mask) -> list[tuple[int, int, int, int]] | None:
+        """``mask`` as (axis, extent, lo, hi) ranges of the instruction's axes (None: the
+        instruction runs nowhere). Peels a loop (``_Peel``) whose last iteration alone is
+        partial."""
+        ranges: list[tuple[int, int, int, int]] = []
+        for expr, op, bound in mask.conds:
+            axes = [
+                (i, c, d)
+                for i, (c, d) in enumerate(zip(expr.coeffs, expr.shape, strict=True))
+                if c != 0 and d > 1
+            ]
+            if len(axes) > 1:
+                raise error(
+                    f"mask {expr} {op} {bound} varies along several axes; masks keep "
+                    "a range of one axis per condition"
+                )
+            rel = bound - expr.base  # condition: c * t  op  rel
+            if not isinstance(rel, Affine):
+                raise error(f"mask bound {bound!r} is not a number")
+            axis, c, d = axes[0] if axes else (0, 0, 1)
+            if rel.is_const():
+                r = _range_of_cond(c, d, op, rel.const)
+                if r is None:
+                    return None
+                if r != (0, d):
+                    ranges.append((axis, d, r[0], r[1]))
+                continue
+            # Depends on loop variables: every iteration but the last must be whole.
+            if len(rel.terms) != 1:
+                raise error(f"mask {expr} {op} {bound} depends on several loop variables")
+            ((var, coeff),) = rel.terms.items()
+            loop = self.loops.get(var)
+            if loop is None:
+                raise error(f"mask {expr} {op} {bound}: unknown loop variable")
+            values = list(range(loop.start, loop.stop, loop.step))
+            partial = [
+                v for v in values if _range_of_cond(c, d, op, rel.const + coeff * v) != (0, d)
+            ]
+            if not partial:
+                continue
+            if loop.loc not in self.peel and partial == [values[-1]]:
+                raise _Peel(loop.loc)
+            raise error(
+                f"mask {expr} {op} {bound} cuts iterations other than the last of the loop "
+                f"at line {loop.loc[1]}; only a partial last tile is supported"
+            )
+        return ranges
+
+    def clip(self, v: View, ranges: list[tuple[int, int, int, int]]) -> View:
+        """``v`` shortened to the mask's ranges on the axes where it has the mask's extent."""
+        offset, shape, checks = v.offset, list(v.shape), list(v.checks)
+        for mask_axis, extent, lo, hi in ranges:
+            axis = mask_axis
+            if axis >= len(shape) or shape[axis] != extent:
+                # The mask's grid may have more axes than the operand (mgrid's unit axes):
+                # its free axis is the operand's one free axis of that extent.
+                same = [j for j in range(1, len(shape)) if shape[j] == extent]
+                if mask_axis == 0 or len(same) != 1:
+                    continue
+                axis = same[0]
+            offset = offset + lo * v.strides[axis]
+            shape[axis] = hi - lo
+            checks = [(base + coeffs[axis] * lo, coeffs, size) for base, coeffs, size in checks]
+        out = View(v.buffer, offset, tuple(shape), v.strides, tuple(checks), v.oob)
+        if out.checks and self._in_bounds(out):
+            out.checks, out.oob = (), ""
+        return out
+
+    def _in_bounds(self, v: View) -> bool:
+        for base, coeffs, size in v.checks:
+            lo, hi = self.range_of(base)
+            for c, d in zip(coeffs, v.shape, strict=True):
+                lo += min(0, c * (d - 1))
+                hi += max(0, c * (d - 1))
+            if lo < 0 or hi >= size:
+                return False
+        return True
 
     def range_of(self, a: Affine) -> tuple[int, int]:
         lo = hi = a.const
@@ -638,6 +882,8 @@ class Builder:
     def index(self, view: View, key: Any) -> View:
         """The view ``view[key]``: integers and loop expressions select, slices and index
         expressions make the axes of the result (NumPy's basic and advanced indexing)."""
+        if view.oob:
+            raise KernelError(view.oob)
         key = key if isinstance(key, tuple) else (key,)
         if any(k is Ellipsis for k in key):
             i = next(n for n, k in enumerate(key) if k is Ellipsis)
@@ -694,16 +940,23 @@ class Builder:
                     shape[i] = d
         offset = view.offset
         strides = [0] * ndim
+        checks: list[tuple[Affine, tuple[int, ...], int]] = []
+        oob = ""
         for e, stride, size in zip(exprs, view.strides, view.shape, strict=True):
             coeffs, s = e._aligned(ndim)
             lo, hi = self.range_of(e.base)
             for c, d in zip(coeffs, s, strict=True):
                 lo += min(0, c * (d - 1))
                 hi += max(0, c * (d - 1))
-            if lo < 0 or hi >= size:
-                raise error(
-                    f"index out of bounds: [{lo}, {hi}] on a dimension of size {size} "
-                    f"(tensor shape {list(view.shape)})"
+            # Out of bounds is an error when an instruction uses the view, unless its mask=
+            # shortens the view back inside first.
+            checks.append((e.base, tuple(coeffs), size))
+            if (lo < 0 or hi >= size) and not oob:
+                oob = str(
+                    error(
+                        f"index out of bounds: [{lo}, {hi}] on a dimension of size {size} "
+                        f"(tensor shape {list(view.shape)})"
+                    )
                 )
             offset = offset + e.base * stride
             for i, c in enumerate(coeffs):
@@ -713,7 +966,23 @@ class Builder:
             s if d != 1 else (strides[i] or 1)
             for i, (s, d) in enumerate(zip(strides, shape, strict=True))
         ]
-        return View(view.buffer, offset, tuple(shape), tuple(strides))
+        if advanced and ndim > len(view.shape):
+            # NKI's mgrid idiom indexes a 2-D tensor with 3-D index grids (a unit axis for
+            # another operand): unit free axes that no index spans go, down to the rank.
+            drop: list[int] = []
+            for i in range(ndim - 1, 0, -1):
+                if len(drop) == ndim - len(view.shape):
+                    break
+                if shape[i] == 1:
+                    drop.append(i)
+            keep = [i for i in range(ndim) if i not in drop]
+            shape = [shape[i] for i in keep]
+            strides = [strides[i] for i in keep]
+            checks = [(b_, tuple(c[i] for i in keep), n) for b_, c, n in checks]
+        if not oob:
+            return View(view.buffer, offset, tuple(shape), tuple(strides))
+        # Unit axes of the index shape keep their coefficients (clip() never shortens them).
+        return View(view.buffer, offset, tuple(shape), tuple(strides), tuple(checks), oob)
 
     # -- instructions --
     def emit(
@@ -725,7 +994,23 @@ class Builder:
         writes: Sequence[int] = (),
         loc: Location | None = None,
     ) -> Instr:
-        instr = Instr(op, prefix, operands, attrs or {}, loc or user_location(), list(writes))
+        loc = loc or user_location()
+        if (
+            op == "dma_copy"
+            and operands[1][1].buffer.space == HBM
+            and "engine" not in (attrs or {})
+        ):
+            # Stores wait for their data; on GpSimd's queue (idle in most kernels) they do
+            # not hold up the loads queued behind them on SyncE (the compiler does the same).
+            attrs = {**(attrs or {}), "engine": "#nisa.engine<scalar>"}
+        if self.mask is not None:
+            operands = [(kw, self.clip(v, self.mask)) for kw, v in operands]
+        for _, v in operands:
+            if v.oob:  # reported at the line that indexed it
+                raise KernelError(v.oob)
+        instr = Instr(op, prefix, operands, attrs or {}, loc, list(writes))
+        if self.mask_skip:  # the mask keeps no element: the instruction does nothing
+            return instr
         for _, v in operands:
             v.buffer.users.append(instr)
         self.block.items.append(instr)
@@ -808,8 +1093,48 @@ class _Renderer:
                         idx = next(i for i, it in enumerate(home.items) if it is item)
                         first = idx if first is None else min(first, idx)
             placement[id(buf)] = (home, first or 0)
+        if self.b.hoist:
+            self._hoist(placement)
         self._rotate(placement)
         return placement
+
+    def _hoist(self, placement: dict[int, tuple[Block, int]]) -> None:
+        """Tiles made at one kernel line, one after another in a block (an unrolled loop's
+        iterations), are allocated a few generations early: the next ones get addresses of
+        their own, so TensorE fills the next PSUM bank while VectorE drains this one and the
+        next loads run while this tile is computed on (NKI's compiler rotates such tiles
+        too). A bounded share of each memory goes to it; ``Kernel`` retraces without it if
+        allocation then fails."""
+        groups: dict[tuple[Any, ...], list[Buffer]] = {}
+        for buf in self.b.buffers:
+            place = placement.get(id(buf))
+            if place is None or buf.space == HBM:
+                continue
+            key = (id(place[0]), buf.loc, buf.space, buf.shape, buf.dtype)
+            groups.setdefault(key, []).append(buf)
+        # A share of each memory per block (blocks run one after another).
+        budgets: dict[int, dict[str, int]] = {}
+        for key, bufs in groups.items():
+            budget = budgets.setdefault(
+                key[0],
+                {
+                    SBUF: int(self.b.capacity.get(SBUF, 0) * self.b.hoist / 4),
+                    PSUM: int(self.b.capacity.get(PSUM, 0) * self.b.hoist / 2),
+                },
+            )
+            if len(bufs) < 2:
+                continue
+            bufs.sort(key=lambda b: placement[id(b)][1])
+            space, size = bufs[0].space, _bytes_per_partition(bufs[0])
+            # A tile allocated `depth` generations early overlaps about 2 * depth others.
+            depth = min(len(bufs) - 1, 8, budget[space] // max(2 * size, 1))
+            if depth <= 0:
+                continue
+            budget[space] -= 2 * depth * size
+            firsts = [placement[id(b)][1] for b in bufs]
+            for i in range(depth, len(bufs)):
+                home, _ = placement[id(bufs[i])]
+                placement[id(bufs[i])] = (home, min(firsts[i], firsts[i - depth]))
 
     def _rotate(self, placement: dict[int, tuple[Block, int]]) -> None:
         """In a loop whose body holds several iterations, every tile of the body is allocated

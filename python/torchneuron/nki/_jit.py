@@ -113,11 +113,40 @@ class Kernel:
     def _trace(
         self, target: str, grid: tuple[int, ...], args: Sequence[Any], kwargs: dict[str, Any]
     ) -> Traced:
+
+        # A mask that cuts the last iteration of a loop peels that iteration off: the kernel
+        # is traced again with the loop split (loops are numbered in creation order).
+        # A loop variable indexing a Python list unrolls that loop (and the loops that may
+        # have filled the list) the same way.
+        peel: set[_ir.Location] = set()
+        unroll: set[_ir.Location] = set()
+        while True:
+            try:
+                return self._trace_once(target, grid, args, kwargs, peel, unroll)
+            except _ir._Peel as p:
+                if p.loc in peel:
+                    raise
+                peel.add(p.loc)
+            except _ir._Unroll as u:
+                if u.locs <= unroll:
+                    raise
+                unroll |= u.locs
+
+    def _trace_once(
+        self,
+        target: str,
+        grid: tuple[int, ...],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        peel: set[_ir.Location],
+        unroll: set[_ir.Location],
+    ) -> Traced:
         from torchneuron import config
         from torchneuron._native import native
 
         name = self.fn.__name__
         b = _ir.Builder(name, grid, target, self.rotate)
+        b.peel, b.unroll = peel, unroll
         try:
             file = inspect.getsourcefile(self.fn) or self.fn.__code__.co_filename
         except TypeError:
@@ -142,7 +171,12 @@ class Kernel:
                 b.grid_vars.append(next(loop))
             result = self.fn(*call_args, **kwargs)
             for loop in reversed(loops):
-                next(loop, None)
+                if next(loop, None) is not None:
+                    raise _ir.error(
+                        "a mask cuts the last program of the launch grid; masks may cut "
+                        "only the last iteration of kernel loops",
+                        b.def_loc,
+                    )
         self._check_writes(b)
         returns_tuple = isinstance(result, (tuple, list))
         results = list(result) if returns_tuple else [result]
@@ -162,14 +196,25 @@ class Kernel:
                 raise _ir.error(f"{name} returns one tensor twice", b.def_loc)
             r.view.buffer.returned = True
             outputs.append(r.view.buffer)
-        text = _ir.render(b, outputs)
+        # Early allocation of unrolled tiles (_Renderer._hoist) may be what overflows a
+        # memory: compile with less of it, then none, before reporting the first error.
         dump = config.dump_dir()
-        try:
-            kernel = native().compile_kernel(
-                text, name=f"{name}.nki.mlir", target=target, dump_dir=str(dump) if dump else ""
-            )
-        except native().CompileError as e:
-            raise _ir.KernelError(str(e).rstrip()) from None
+        first_error = ""
+        for share in (1.0, 0.5, 0.0):
+            b.hoist = share
+            text = _ir.render(b, outputs)
+            try:
+                kernel = native().compile_kernel(
+                    text,
+                    name=f"{name}.nki.mlir",
+                    target=target,
+                    dump_dir=str(dump) if dump else "",
+                )
+                break
+            except native().CompileError as e:
+                first_error = first_error or str(e).rstrip()
+        else:
+            raise _ir.KernelError(first_error) from None
         if config.check():
             kernel.timeline()  # raises DeviceError for a missing wait
         return Traced(name, text, kernel, positions, returns_tuple)

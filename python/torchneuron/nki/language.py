@@ -8,6 +8,9 @@ PSUM tiles), ``nl.store`` writes HBM. Only meaningful while a ``@nki.jit`` kerne
 
 from __future__ import annotations
 
+import builtins
+import functools
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -100,7 +103,7 @@ def affine_range(start: int, stop: int | None = None, step: int = 1) -> Iterator
 def sequential_range(start: int, stop: int | None = None, step: int = 1) -> Iterator[Affine]:
     """A loop with a dependence between iterations: one ``scf.for``, iterations in order (the
     compiler's synchronisation orders every conflicting access, so both loops are safe)."""
-    return current().loop(*_range_args(start, stop, step))
+    return current().loop(*_range_args(start, stop, step), rotate=2 if current().rotate > 1 else 1)
 
 
 def static_range(start: int, stop: int | None = None, step: int = 1) -> range:
@@ -129,6 +132,11 @@ def num_programs(axes: int | None = None) -> int:
 
 def program_ndim() -> int:
     return len(current().grid)
+
+
+def ds(start: Any, size: int) -> slice:
+    """``nl.ds(start, size)``: the slice ``start : start + size`` (start may be a loop index)."""
+    return slice(start, start + size)
 
 
 def arange(start: int, stop: int | None = None, step: int = 1) -> IndexExpr:
@@ -295,7 +303,20 @@ def _retarget(value: Tensor, target: View) -> bool:
     ):
         return False
     i = instr.writes[0]
-    kw, _ = instr.operands[i]
+    kw, written = instr.operands[i]
+    if written.shape != target.shape:
+        # A masked instruction wrote part of the tile: write the same part of the target.
+        full = current().full_view(buf).view
+        if written.strides != full.strides or not written.offset.is_const():
+            return False
+        rest, starts = written.offset.const, []
+        for st in full.strides:
+            starts.append(rest // st)
+            rest %= st
+        offset = target.offset
+        for start, st in zip(starts, target.strides, strict=True):
+            offset = offset + start * st
+        target = View(target.buffer, offset, written.shape, target.strides)
     instr.operands[i] = (kw, target)
     buf.users.remove(instr)
     target.buffer.users.append(instr)
@@ -344,14 +365,21 @@ def _accumulate(target: Tensor, other: Any, op: str) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _no_mask(mask: Any, fn: str) -> None:
-    if mask is not None:
-        raise error(f"{fn}(mask=...) is not supported yet: index whole tiles")
+def _maskable(fn: Any) -> Any:
+    """``fn`` with NKI's ``mask=``: its instructions run on the operands' masked part."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, mask: Any = None, **kwargs: Any) -> Any:
+        if mask is None:
+            return fn(*args, **kwargs)
+        with current().masked(mask):
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def load(src: Any, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor:
     """Copy an HBM tensor (a view of one) into a new SBUF tile, by DMA."""
-    _no_mask(mask, "nl.load")
     t = _tensor(src, "nl.load's source")
     if t.view.buffer.space != HBM:
         raise error(f"nl.load's source is in {t.buffer}; it must be an HBM tensor")
@@ -361,7 +389,6 @@ def load(src: Any, dtype: Any = None, mask: Any = None, **kwargs: Any) -> Tensor
 
 def load_transpose2d(src: Any, dtype: Any = None, mask: Any = None) -> Tensor:
     """Load a 2-D HBM tensor [A, B] as an SBUF tile [B, A] with a transposing DMA."""
-    _no_mask(mask, "nl.load_transpose2d")
     t = _tensor(src, "nl.load_transpose2d's source")
     if t.view.buffer.space != HBM or len(t.shape) != 2:
         raise error("nl.load_transpose2d takes a 2-D HBM tensor")
@@ -373,7 +400,6 @@ def load_transpose2d(src: Any, dtype: Any = None, mask: Any = None) -> Tensor:
 
 def store(dst: Any, value: Any, mask: Any = None, **kwargs: Any) -> None:
     """Write an SBUF tile into an HBM tensor (a view of one), by DMA."""
-    _no_mask(mask, "nl.store")
     d = _tensor(dst, "nl.store's destination")
     if d.view.buffer.space != HBM:
         raise error(f"nl.store's destination is in {d.buffer}; it must be an HBM tensor")
@@ -418,7 +444,7 @@ def _binary(op: str, x: Any, y: Any, dtype: Any, out: Tensor | None = None) -> A
     if dtype is not None:
         res_dtype = _ir.as_dtype(dtype)
     if xt and yt and x.shape == y.shape:
-        dst = out or _new(x.shape, res_dtype)
+        dst = out if out is not None else _new(x.shape, res_dtype)
         instr = b.emit(
             "tensor_tensor", [("", x.view), ("", y.view), ("", dst.view)], prefix=op + " "
         )
@@ -434,7 +460,7 @@ def _binary(op: str, x: Any, y: Any, dtype: Any, out: Tensor | None = None) -> A
                 "engines (a [P, 1] column broadcasts along the free dimensions; nothing "
                 "broadcasts along partitions)"
             )
-        dst = out or _new(data.shape, res_dtype)
+        dst = out if out is not None else _new(data.shape, res_dtype)
         if dst.shape != data.shape:
             raise error(f"nl.{op}: the result {list(data.shape)} does not fit {list(dst.shape)}")
         col_view = _reshaped(col.view, (col.shape[0], 1))
@@ -448,7 +474,7 @@ def _binary(op: str, x: Any, y: Any, dtype: Any, out: Tensor | None = None) -> A
     data, imm, reverse = (x, y, False) if xt else (y, x, True)
     if not isinstance(imm, (int, float)):
         raise error(f"nl.{op}: {type(imm).__name__} operand is neither a tile nor a number")
-    dst = out or _new(data.shape, res_dtype)
+    dst = out if out is not None else _new(data.shape, res_dtype)
     attrs = {"imm": _f64(imm)}
     if reverse:
         attrs["reverse"] = ""
@@ -536,8 +562,6 @@ def _activation(func: str, x: Any, dtype: Any, scale: float = 1.0, bias: Any = N
 
 def _unary(func: str, doc: str) -> Any:
     def fn(x: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
-        if kwargs.get("mask") is not None:
-            _no_mask(kwargs["mask"], fn.__name__)
         return _activation(func, x, dtype)
 
     fn.__doc__ = f"{doc} (ScalarE activation ``{func}``)."
@@ -577,6 +601,8 @@ def _reduce(op: str, name: str, x: Any, axis: Any, dtype: Any, keepdims: bool) -
     t = _on_chip(x, f"nl.{name}'s operand")
     axes = axis if isinstance(axis, (list, tuple)) else [axis]
     axes = sorted(int(a) % t.ndim for a in axes)
+    if axes and 0 not in axes and axes != list(range(1, t.ndim)):
+        return _reduce_some(op, name, t, axes, dtype)
     if axes != list(range(1, t.ndim)):
         raise error(
             f"nl.{name}(axis={axis}) on a {t.ndim}-d tile: the engines reduce all free axes "
@@ -585,6 +611,35 @@ def _reduce(op: str, name: str, x: Any, axis: Any, dtype: Any, keepdims: bool) -
     out = _new((t.shape[0], 1), _ir.as_dtype(dtype) if dtype is not None else t.dtype)
     instr = current().emit("tensor_reduce", [("", t.view), ("", out.view)], prefix=op + " ")
     return _produce(out, instr, 1)
+
+
+def _reduce_some(op: str, name: str, t: Tensor, axes: list[int], dtype: Any) -> Tensor:
+    """A reduction over some free axes (average pooling's window axes): one VectorE
+    ``tensor_tensor`` per element of the reduced window, on strided views of the tile (the
+    engines' tensor_reduce folds every free axis into one column)."""
+    v = t.view
+    kept = [a for a in range(1, t.ndim) if a not in axes]
+    window = [range(t.shape[a]) for a in axes]
+    count = math.prod(len(r) for r in window)
+    if count > 64:
+        raise error(
+            f"nl.{name}(axis={axes}) keeps free axes {kept} and reduces {count} elements per "
+            "output; reducing only some free axes is supported up to 64 (reduce all free "
+            "axes, or transpose)"
+        )
+    shape = (t.shape[0], *[t.shape[a] for a in kept])
+    strides = (v.strides[0], *[v.strides[a] for a in kept])
+    out = _new(shape, _ir.as_dtype(dtype) if dtype is not None else t.dtype)
+    parts = []
+    for idx in itertools.product(*window):
+        offset = v.offset + builtins.sum(i * v.strides[a] for i, a in zip(idx, axes, strict=True))
+        parts.append(Tensor(current(), View(v.buffer, offset, shape, strides)))
+    if len(parts) == 1:
+        return copy(parts[0], dtype=out.dtype)
+    _binary(op, parts[0], parts[1], None, out=out)
+    for part in parts[2:]:
+        _binary(op, out, part, None, out=out)
+    return out
 
 
 def sum(x: Any, axis: Any, dtype: Any = None, keepdims: bool = False, **kw: Any) -> Tensor:  # noqa: A001
@@ -671,7 +726,6 @@ def matmul(x: Any, y: Any, transpose_x: bool = False, mask: Any = None, **kwargs
     With ``transpose_x=True``, x is the stationary [K, M] tile and y the moving [K, N] one, both
     in SBUF; without it x [M, K] is first transposed on TensorE. ``psum_tile += nl.matmul(...)``
     accumulates in PSUM."""
-    _no_mask(mask, "nl.matmul")
     xt = _on_chip(x, "nl.matmul's x")
     yt = _on_chip(y, "nl.matmul's y")
     if not transpose_x:
@@ -734,6 +788,18 @@ def __getattr__(name: str) -> Any:
         raise error(f"nl.{name} is not supported by torchneuron.nki yet")
     raise AttributeError(f"module 'torchneuron.nki.language' has no attribute {name!r}")
 
+
+# Every call that makes instructions takes NKI's ``mask=``.
+for _name in (
+    "load", "load_transpose2d", "store", "copy", "add", "subtract", "multiply", "divide",
+    "maximum", "minimum", "power", "equal", "not_equal", "less", "less_equal", "greater",
+    "greater_equal", "logical_and", "logical_or", "logical_xor", "exp", "log", "tanh",
+    "sigmoid", "relu", "gelu", "gelu_apprx_tanh", "silu", "sqrt", "rsqrt", "abs", "negative",
+    "reciprocal", "square", "sin", "cos", "sign", "floor", "ceil", "trunc", "erf", "log1p",
+    "expm1", "sum", "max", "min", "prod", "mean", "transpose", "matmul", "full", "zeros",
+    "ones",
+):  # fmt: skip
+    globals()[_name] = _maskable(globals()[_name])
 
 # The engine operation behind each nl function that nki.isa instructions take as ``op=``.
 ALU_OPS: dict[Any, str] = {
