@@ -245,7 +245,7 @@ def test_grad_scaler_scales_unscales_and_skips_steps_with_inf_gradients() -> Non
     assert all(
         torch.equal(p.cpu(), b.cpu()) for p, b in zip(model.parameters(), before, strict=True)
     )
-    # The two scaler ops run as the counted CPU fallback.
+    # The two scaler ops run on the device; the scale's float64 reciprocal is the counted
+    # CPU fallback.
     fallbacks = torchneuron.stats()["ops_fallback"]
-    assert fallbacks.get("aten._amp_foreach_non_finite_check_and_unscale_ (eager)", 0) >= 2
-    assert fallbacks.get("aten._amp_update_scale_ (eager)", 0) == 2
+    assert set(fallbacks) <= {"aten.reciprocal.out (eager)"}, fallbacks
