@@ -11,8 +11,8 @@ the work ran on the device: no fallback, at least one kernel run.
 differently is stated there, with the reason:
 
 - ``skip``: samples that cannot be compared (random ops).
-- ``fallback``: samples with an argument the importer rejects on purpose (float64, grouped
-  convolution, ceil_mode pooling, ...): they must fall back (counted in ``ops_fallback``; the op
+- ``fallback``: samples with an argument the importer rejects on purpose (float64,
+  ceil_mode pooling, ...): they must fall back (counted in ``ops_fallback``; the op
   the rule names, when it names one, and no other) and still match eager.
 - ``bugs``: samples hitting a known device or compiler bug. They leave ``test_op`` and run in
   ``test_known_bug``, marked ``xfail(strict=True)``: when the bug is fixed the test fails and
@@ -616,15 +616,13 @@ CASES: tuple[Case, ...] = (
     Case("new_full", fallback=(FLOAT64,)),
     Case("arange"),
     # -- convolution, pooling, attention, losses -----------------------------------------------
+    Case("nn.functional.conv1d"),
+    Case("nn.functional.conv2d"),
+    Case("nn.functional.conv_transpose1d"),
+    Case("nn.functional.conv_transpose2d"),
     Case(
-        "nn.functional.conv2d",
-        fallback=(
-            Rule(
-                "groups",
-                "grouped convolution is rejected by the importer",
-                kwarg("groups", lambda g: g != 1),
-            ),
-        ),
+        "nn.functional.conv3d",
+        xfail=_all("aten.convolution.default", "3-d convolution has no lowering"),
     ),
     Case(
         "nn.functional.max_pool2d",
@@ -676,13 +674,9 @@ CASES: tuple[Case, ...] = (
     elementwise("nan_to_num"),
     Case("nn.functional.pad.constant"),
     layout("repeat"),
+    Case("nn.functional.normalize"),
+    Case("linalg.vector_norm"),
     # -- gaps: entries whose lowering is missing (xfail until the device runs them) ------------
-    Case(
-        "nn.functional.normalize",
-        xfail=_all(
-            "aten.linalg_vector_norm.default", "linalg_vector_norm has no lowering or decomposition"
-        ),
-    ),
     Case(
         "max.reduction_with_dim",
         xfail=_all(
