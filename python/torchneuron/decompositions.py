@@ -234,10 +234,12 @@ def _weight_grad(
         for j in range(kw)
     ]
     ckk = (c // groups) * kh * kw
+    # Images and positions form one contraction, summed in PSUM's fp32 and rounded once.
     patches = torch.cat(windows, dim=2).reshape(n, groups, ckk, ho * wo)
-    gm = g.reshape(n, groups, o // groups, ho * wo)
-    per_image = torch.matmul(gm, patches.transpose(-1, -2))
-    return per_image.sum(0).reshape(o, c // groups, kh, kw)
+    patches = patches.permute(1, 0, 3, 2).reshape(groups, n * ho * wo, ckk)
+    gm = g.reshape(n, groups, o // groups, ho * wo).permute(1, 2, 0, 3)
+    gm = gm.reshape(groups, o // groups, n * ho * wo)
+    return torch.matmul(gm, patches).reshape(o, c // groups, kh, kw)
 
 
 def convolution_backward(
