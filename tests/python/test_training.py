@@ -254,14 +254,12 @@ def test_gradients_match_eager(
 
 
 def test_unsupported_backward_is_a_counted_fallback(real_native: ModuleType) -> None:
-    # Grouped convolution has no lowering, forward or backward: both stay eager, counted,
-    # and the gradients are still right.
-    x, w = _randn(2, 4, 6, 6).requires_grad_(), _randn(6, 2, 3, 3, seed=1).requires_grad_()
+    # 3-d convolution has no lowering, forward or backward: both stay eager, counted, and
+    # the gradients are still right.
+    x, w = _randn(2, 2, 4, 4, 4).requires_grad_(), _randn(3, 2, 3, 3, 3, seed=1).requires_grad_()
     xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-    torch.compile(lambda x, w: F.conv2d(x, w, groups=2).relu(), backend="neuron")(
-        x, w
-    ).sum().backward()
-    F.conv2d(xr, wr, groups=2).relu().sum().backward()
+    torch.compile(lambda x, w: F.conv3d(x, w).relu(), backend="neuron")(x, w).sum().backward()
+    F.conv3d(xr, wr).relu().sum().backward()
     fallback = torchneuron.stats()["ops_fallback"]
     assert fallback["aten.convolution.default"] == 1
     assert fallback["aten.convolution_backward.default"] == 1
