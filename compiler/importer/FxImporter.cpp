@@ -1549,36 +1549,122 @@ Value window(Importer &im, Value x, int64_t i, int64_t j,
                               im.b.getDenseI64ArrayAttr(strides));
 }
 
+/// A convolution's stride, padding or dilation as (height, width): a 1-d
+/// convolution runs as a 2-d one of unit height, so its value goes to the
+/// width and the height gets `unit`.
+std::array<int64_t, 2> convParam(Importer &im, const json &v, int64_t spatial,
+                                 int64_t unit) {
+  if (spatial == 2)
+    return pair(im, v, {unit, unit});
+  std::array<int64_t, 2> p = pair(im, v, {unit, unit});
+  return {unit, p[1]};
+}
+
+/// Depthwise convolution (one input channel per group, `multiplier` outputs
+/// for each): out[n, o] = sum over the window of w[o, i, j] * x[n, o / m].
+/// On VectorE, as kh * kw multiply-accumulates of a window by its per-channel
+/// weight: each output element costs one multiply and one add per tap,
+/// where the im2col matmul would give TensorE a contraction of only kh * kw
+/// rows per group (kh * kw of its 128 rows busy, one group at a time) and
+/// move every window through PSUM. Accumulates in fp32 like PSUM does.
+Value depthwiseConvolution(Importer &im, Value x, Value w,
+                           std::array<int64_t, 2> stride,
+                           std::array<int64_t, 2> padding,
+                           std::array<int64_t, 2> dilation,
+                           std::array<int64_t, 2> outSize, Type elt) {
+  auto xt = cast<RankedTensorType>(x.getType());
+  auto wt = cast<RankedTensorType>(w.getType());
+  int64_t n = xt.getDimSize(0), c = xt.getDimSize(1), h = xt.getDimSize(2),
+          wd = xt.getDimSize(3);
+  int64_t o = wt.getDimSize(0), kh = wt.getDimSize(2), kw = wt.getDimSize(3);
+  Type acc = elt.getIntOrFloatBitWidth() < 32 ? im.b.getF32Type() : elt;
+  x = im.castTo(x, acc);
+  w = im.castTo(w, acc);
+  if (o != c) // channel c feeds outputs c * m .. c * m + m - 1
+    x = im.reshape(
+        im.broadcastTo(im.reshape(x, {n, c, 1, h, wd}), {n, c, o / c, h, wd}),
+        {n, o, h, wd});
+  Value xp = padSpatial(im, x, padding, 0.0);
+  auto yt = RankedTensorType::get({n, o, outSize[0], outSize[1]}, acc);
+  Value weights = im.reshape(w, {o, kh * kw});
+  Value y;
+  for (int64_t i = 0; i < kh; ++i)
+    for (int64_t j = 0; j < kw; ++j) {
+      Value tap = im.b.create<SliceOp>(
+          im.loc(), RankedTensorType::get({o, 1}, acc), weights,
+          im.b.getDenseI64ArrayAttr({0, i * kw + j}),
+          im.b.getDenseI64ArrayAttr({1, 1}));
+      Value scale =
+          im.broadcastTo(im.reshape(tap, {1, o, 1, 1}), yt.getShape());
+      Value term =
+          im.binary(BinaryFn::mul,
+                    window(im, xp, i, j, stride, dilation, outSize), scale, yt);
+      y = y ? im.binary(BinaryFn::add, y, term, yt) : term;
+    }
+  return im.castTo(y, elt);
+}
+
+/// 1-d and 2-d convolutions, grouped or not (a 1-d one as a 2-d one of unit
+/// height). Ungrouped: one im2col matmul on TensorE. Grouped: the same
+/// matmul batched over groups, [N, G, O/G, C/G*K] x [N, G, C/G*K, HoWo], so
+/// each group contracts only its own channels (a block-diagonal weight would
+/// multiply G times the zeros). Depthwise: VectorE (depthwiseConvolution).
 Values convolutionHandler(Importer &im) {
   Value x = im.tensor(im.arg(0)), w = im.tensor(im.arg(1));
   RankedTensorType out = im.resultType();
   auto xt = cast<RankedTensorType>(x.getType());
   auto wt = cast<RankedTensorType>(w.getType());
-  require(xt.getRank() == 4 && wt.getRank() == 4, "only 2-d convolution");
-  require(!im.flag(6, "transposed"),
-          "transposed convolution");
-  require(im.arg(8).is_null() || im.integer(im.arg(8)) == 1,
-          "grouped convolution");
-  auto stride = pair(im, im.arg(3), {1, 1});
-  auto padding = pair(im, im.arg(4), {0, 0});
-  auto dilation = pair(im, im.arg(5), {1, 1});
+  int64_t spatial = xt.getRank() - 2;
+  require((spatial == 1 || spatial == 2) && wt.getRank() == xt.getRank(),
+          "only 1-d and 2-d convolution");
+  require(!im.flag(6, "transposed"), "transposed convolution");
+  int64_t groups = im.arg(8).is_null() ? 1 : im.integer(im.arg(8));
+  auto stride = convParam(im, im.arg(3), spatial, 1);
+  auto padding = convParam(im, im.arg(4), spatial, 0);
+  auto dilation = convParam(im, im.arg(5), spatial, 1);
   int64_t n = xt.getDimSize(0), c = xt.getDimSize(1);
-  int64_t o = wt.getDimSize(0), kh = wt.getDimSize(2), kw = wt.getDimSize(3);
-  std::array<int64_t, 2> outSize = {out.getDimSize(2), out.getDimSize(3)};
+  int64_t o = wt.getDimSize(0);
+  require(groups >= 1 && c % groups == 0 && o % groups == 0 &&
+              wt.getDimSize(1) * groups == c,
+          "convolution groups do not divide the channels");
+  if (spatial == 1) {
+    x = im.reshape(x, {n, c, 1, xt.getDimSize(2)});
+    w = im.reshape(w, {o, wt.getDimSize(1), 1, wt.getDimSize(2)});
+    wt = cast<RankedTensorType>(w.getType());
+  }
+  int64_t kh = wt.getDimSize(2), kw = wt.getDimSize(3);
+  std::array<int64_t, 2> outSize = {spatial == 2 ? out.getDimSize(2) : 1,
+                                    out.getDimSize(spatial + 1)};
   Type elt = out.getElementType();
   x = im.castTo(x, elt);
   w = im.castTo(w, elt);
-  int64_t ckk = c * kh * kw, hw = outSize[0] * outSize[1];
+  auto withBias = [&](Value y) -> Values {
+    // y is [N, O, Ho * Wo] or [N, O, Ho, Wo].
+    auto yt = cast<RankedTensorType>(y.getType());
+    if (im.isTensor(im.arg(2))) {
+      SmallVector<int64_t> shape(yt.getRank(), 1);
+      shape[1] = o;
+      Value bias = im.reshape(im.castTo(im.tensor(im.arg(2)), elt), shape);
+      y = im.binary(BinaryFn::add, y, im.broadcastTo(bias, yt.getShape()), yt);
+    }
+    return {im.reshape(y, out.getShape())};
+  };
+  if (groups > 1 && groups == c)
+    return withBias(depthwiseConvolution(im, x, w, stride, padding, dilation,
+                                         outSize, elt));
+  int64_t cg = c / groups, og = o / groups;
+  int64_t ckk = cg * kh * kw, hw = outSize[0] * outSize[1];
   Value patches;
-  bool patchify = stride[0] == kh && stride[1] == kw && padding[0] == 0 &&
-                  padding[1] == 0 && dilation[0] == 1 && dilation[1] == 1 &&
-                  xt.getDimSize(2) == outSize[0] * kh &&
-                  xt.getDimSize(3) == outSize[1] * kw;
+  bool patchify =
+      stride[0] == kh && stride[1] == kw && padding[0] == 0 &&
+      padding[1] == 0 && dilation[0] == 1 && dilation[1] == 1 &&
+      cast<RankedTensorType>(x.getType()).getDimSize(2) == outSize[0] * kh &&
+      cast<RankedTensorType>(x.getType()).getDimSize(3) == outSize[1] * kw;
   if (patchify) {
     // Non-overlapping windows (ViT patches): one transpose gathers them.
     Value r = im.reshape(x, {n, c, outSize[0], kh, outSize[1], kw});
     Value t = im.transpose(r, {0, 1, 3, 5, 2, 4});
-    patches = im.reshape(t, {n, ckk, hw});
+    patches = im.reshape(t, {n, groups, ckk, hw});
   } else {
     Value xp = padSpatial(im, x, padding, 0.0);
     SmallVector<Value> cols;
@@ -1592,17 +1678,19 @@ Values convolutionHandler(Importer &im) {
             : im.b.create<ConcatOp>(
                   im.loc(), RankedTensorType::get({n, c, kh * kw, hw}, elt),
                   cols, im.b.getI64IntegerAttr(2));
-    patches = im.reshape(stacked, {n, ckk, hw});
+    patches = im.reshape(stacked, {n, groups, ckk, hw});
   }
-  // [N, O, CKK] x [N, CKK, HoWo]: the weights are shared by every image.
-  Value wm = im.broadcastTo(im.reshape(w, {o, ckk}), {n, o, ckk});
-  Value y = im.matmul(wm, patches);
-  auto yt = cast<RankedTensorType>(y.getType());
-  if (im.isTensor(im.arg(2))) {
-    Value bias = im.reshape(im.castTo(im.tensor(im.arg(2)), elt), {o, 1});
-    y = im.binary(BinaryFn::add, y, im.broadcastTo(bias, yt.getShape()), yt);
+  // [N, G, O/G, CKK] x [N, G, CKK, HoWo]: the weights are shared by every
+  // image.
+  Value wm;
+  if (groups == 1) {
+    patches = im.reshape(patches, {n, ckk, hw});
+    wm = im.broadcastTo(im.reshape(w, {o, ckk}), {n, o, ckk});
+  } else {
+    wm = im.broadcastTo(im.reshape(w, {groups, og, ckk}), {n, groups, og, ckk});
   }
-  return {im.reshape(y, out.getShape())};
+  Value y = im.reshape(im.matmul(wm, patches), {n, o, hw});
+  return withBias(y);
 }
 
 Values poolHandler(Importer &im, bool isMax) {

@@ -15,9 +15,14 @@ Kept whole on purpose (not decomposed):
 Training graphs (:data:`TRAINING_DECOMPOSITIONS`): backward ops that torch keeps whole, or
 decomposes into scatters and gathers by index, become device math here:
 
-- convolution backward: ``grad_weight`` is a matmul of the output gradient with the input's
-  patches (im2col, as the forward); ``grad_input`` is the weights' transpose times the gradient,
-  summed back onto the input's positions window by window (col2im);
+- convolution backward (1-d as 2-d of unit height, grouped, depthwise, transposed):
+  ``grad_weight`` is a matmul of the output gradient with the input's patches (im2col, as the
+  forward; batched over groups); ``grad_input`` is the weights' transpose times the gradient,
+  summed back onto the input's positions window by window (col2im). Depthwise convolutions
+  use VectorE multiply-accumulates per tap instead, as their forward does;
+- transposed convolution (forward, in every graph): the input gradient of the ordinary
+  convolution it is the adjoint of, col2im(weight^T x x);
+- ``_weight_norm_interface_backward`` (weight norm's backward): reductions and elementwise math;
 - pooling backward: each window position's share of the gradient, summed back the same way
   (max pooling recomputes which element was each window's first maximum, as PyTorch's CPU kernel
   picks it, so ``max_pool2d_with_indices`` needs no indices on the device);
@@ -66,6 +71,7 @@ EXTRA_DECOMPOSITIONS: tuple[tuple[torch._ops.OpOverloadPacket, str], ...] = (
     (_aten.addcmul, "elementwise mul + add"),
     (_aten.addcdiv, "elementwise div + add"),
     (_aten.lerp, "elementwise sub/mul/add"),
+    (_aten.linalg_vector_norm, "abs/pow + sum + root (weight norm's norms)"),
     (_aten.native_dropout, "rand_like > p, then masks: the device's rand (see rng.py)"),
     # The CPU SDPA kernel, should a graph name it directly: torch's decomposition goes through
     # the math path. Graphs traced by the backend never contain it (see math_attention).
@@ -149,6 +155,93 @@ def _sum_back(
     return cropped.to(dtype)
 
 
+def _conv_params(
+    x: torch.Tensor, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]
+) -> tuple[Pair, Pair, Pair]:
+    """Stride, padding and dilation as (height, width); a 1-d convolution (``x`` of rank 3)
+    is a 2-d one of unit height, as the importer runs it."""
+
+    def param(v: Sequence[int], unit: int) -> Pair:
+        p = _pair(v, (unit, unit))
+        return (unit, p[1]) if x.dim() == 3 else p
+
+    return param(stride, 1), param(padding, 0), param(dilation, 1)
+
+
+def _input_grad(
+    g: torch.Tensor,
+    weight: torch.Tensor,
+    size: Pair,
+    stride: Pair,
+    padding: Pair,
+    dilation: Pair,
+    groups: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """col2im(weight^T x g) of a 2-d convolution: ``g`` is ``[N, O, Ho, Wo]``, ``weight``
+    ``[O, C/G, kh, kw]``, the result ``[N, C, *size]``. Grouped: one matmul batched over the
+    groups. Depthwise (one input channel per group): each tap's share is the gradient times
+    the tap's per-channel weight, elementwise on VectorE (a matmul would contract one row)."""
+    n, o, ho, wo = g.shape
+    cg, kh, kw = weight.shape[1:]
+    c = cg * groups
+    if groups > 1 and cg == 1:
+        acc = _accumulation_dtype(g)
+        gm = g.to(acc).reshape(n, c, o // c, ho, wo)
+        wm = weight.to(acc).reshape(1, c, o // c, kh * kw, 1, 1)
+        parts = [
+            (i, j, (gm * wm[:, :, :, i * kw + j]).sum(2)) for i in range(kh) for j in range(kw)
+        ]
+        return _sum_back(parts, stride, dilation, size, padding, dtype)
+    og, ckk = o // groups, cg * kh * kw
+    wt = weight.reshape(groups, og, ckk).transpose(1, 2)
+    cols = torch.matmul(wt, g.reshape(n, groups, og, ho * wo))
+    cols = cols.reshape(n, c, kh, kw, ho, wo)
+    parts = [(i, j, cols[:, :, i, j]) for i in range(kh) for j in range(kw)]
+    return _sum_back(parts, stride, dilation, size, padding, dtype)
+
+
+def _weight_grad(
+    g: torch.Tensor,
+    x: torch.Tensor,
+    kernel: Pair,
+    stride: Pair,
+    padding: Pair,
+    dilation: Pair,
+    groups: int,
+) -> torch.Tensor:
+    """``[O, C/G, kh, kw]``: g x patches(x)^T summed over images (im2col, as the forward),
+    batched over groups; depthwise: per tap, the gradient times the window, summed (VectorE
+    multiply and reduce; the contraction has no channel dim for TensorE)."""
+    n, o, ho, wo = g.shape
+    c = x.shape[1]
+    kh, kw = kernel
+    xp = F.pad(x, (padding[1], padding[1], padding[0], padding[0]))
+    if groups > 1 and groups == c:
+        acc = _accumulation_dtype(g)
+        m = o // c
+        xe = xp.to(acc).unsqueeze(2).expand(-1, -1, m, -1, -1).reshape(n, o, *xp.shape[2:])
+        ge = g.to(acc)
+        taps = [
+            (ge * _window(xe, i, j, stride, dilation, (ho, wo))).sum((0, 2, 3))
+            for i in range(kh)
+            for j in range(kw)
+        ]
+        return torch.stack(taps, dim=1).reshape(o, 1, kh, kw).to(x.dtype)
+    windows = [
+        _window(xp, i, j, stride, dilation, (ho, wo)).unsqueeze(2)
+        for i in range(kh)
+        for j in range(kw)
+    ]
+    ckk = (c // groups) * kh * kw
+    # Images and positions form one contraction, summed in PSUM's fp32 and rounded once.
+    patches = torch.cat(windows, dim=2).reshape(n, groups, ckk, ho * wo)
+    patches = patches.permute(1, 0, 3, 2).reshape(groups, n * ho * wo, ckk)
+    gm = g.reshape(n, groups, o // groups, ho * wo).permute(1, 2, 0, 3)
+    gm = gm.reshape(groups, o // groups, n * ho * wo)
+    return torch.matmul(gm, patches).reshape(o, c // groups, kh, kw)
+
+
 def convolution_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
@@ -162,34 +255,71 @@ def convolution_backward(
     groups: int,
     output_mask: Sequence[bool],
 ) -> object:
-    """2-d, ungrouped, not transposed: ``grad_weight`` = grad x patches^T (im2col),
-    ``grad_input`` = col2im(weight^T x grad), ``grad_bias`` = grad summed."""
-    if transposed or groups != 1 or x.dim() != 4 or weight.dim() != 4:
+    """1-d (as 2-d of unit height) and 2-d, grouped or depthwise, ordinary or transposed:
+    ``grad_weight`` = grad x patches^T (im2col), ``grad_input`` = col2im(weight^T x grad),
+    ``grad_bias`` = grad summed. A transposed convolution is the adjoint of an ordinary one,
+    so its roles swap: ``grad_input`` is the ordinary convolution of ``grad``, and
+    ``grad_weight`` the ordinary weight gradient with ``x`` as the output gradient."""
+    if x.dim() not in (3, 4) or weight.dim() != x.dim():
         return NotImplemented
-    n, c, h, w = x.shape
-    o, _, kh, kw = weight.shape
-    ho, wo = grad.shape[-2:]
-    s, p, d = _pair(stride, (1, 1)), _pair(padding, (0, 0)), _pair(dilation, (1, 1))
-    if not _windows_fit((h, w), p, (kh, kw), s, d, (ho, wo)):
+    s, p, d = _conv_params(x, stride, padding, dilation)
+    one_d = x.dim() == 3
+    if one_d:
+        grad, x, weight = grad.unsqueeze(2), x.unsqueeze(2), weight.unsqueeze(2)
+    kernel: Pair = (weight.shape[2], weight.shape[3])
+    # The ordinary convolution's input and output sides.
+    inner, outer = (grad, x) if transposed else (x, grad)
+    size: Pair = (inner.shape[2], inner.shape[3])
+    if not _windows_fit(size, p, kernel, s, d, (outer.shape[2], outer.shape[3])):
         return NotImplemented
-    g = grad.reshape(n, o, ho * wo)
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
-        cols = torch.matmul(weight.reshape(o, c * kh * kw).t(), g)
-        cols = cols.reshape(n, c, kh, kw, ho, wo)
-        parts = [(i, j, cols[:, :, i, j]) for i in range(kh) for j in range(kw)]
-        grad_input = _sum_back(parts, s, d, (h, w), p, x.dtype)
+        if transposed:
+            grad_input = F.conv2d(grad, weight, None, s, p, d, groups)
+        else:
+            grad_input = _input_grad(grad, weight, size, s, p, d, groups, x.dtype)
+        grad_input = grad_input.squeeze(2) if one_d else grad_input
     if output_mask[1]:
-        xp = F.pad(x, (p[1], p[1], p[0], p[0]))
-        windows = [
-            _window(xp, i, j, s, d, (ho, wo)).unsqueeze(2) for i in range(kh) for j in range(kw)
-        ]
-        patches = torch.cat(windows, dim=2).reshape(n, c * kh * kw, ho * wo)
-        per_image = torch.matmul(g, patches.transpose(1, 2))
-        grad_weight = per_image.sum(0).reshape(weight.shape)
+        grad_weight = _weight_grad(outer, inner, kernel, s, p, d, groups)
+        grad_weight = grad_weight.squeeze(2) if one_d else grad_weight
     if output_mask[2]:
         grad_bias = grad.sum((0, 2, 3))
     return grad_input, grad_weight, grad_bias
+
+
+def transposed_convolution(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    transposed: bool,
+    output_padding: Sequence[int],
+    groups: int,
+) -> object:
+    """A transposed convolution is the input gradient of an ordinary one (its adjoint):
+    col2im(weight^T x x) on TensorE, as :func:`convolution_backward` computes it; ordinary
+    convolutions are the importer's."""
+    if not transposed or x.dim() not in (3, 4) or weight.dim() != x.dim():
+        return NotImplemented
+    s, p, d = _conv_params(x, stride, padding, dilation)
+    op = _conv_params(x, output_padding, output_padding, output_padding)[1]
+    one_d = x.dim() == 3
+    if one_d:
+        x, weight = x.unsqueeze(2), weight.unsqueeze(2)
+    kernel: Pair = (weight.shape[2], weight.shape[3])
+    inner: Pair = (x.shape[2], x.shape[3])
+    size = tuple(
+        (inner[k] - 1) * s[k] - 2 * p[k] + d[k] * (kernel[k] - 1) + op[k] + 1 for k in range(2)
+    )
+    if any(op[k] >= max(s[k], d[k]) for k in range(2)):
+        return NotImplemented
+    # weight [C_in, C_out/G, kh, kw] is the ordinary convolution's [O, C/G, kh, kw].
+    y = _input_grad(x, weight, (size[0], size[1]), s, p, d, groups, x.dtype)
+    if bias is not None:
+        y = y + bias.to(y.dtype).reshape(1, -1, 1, 1)
+    return y.squeeze(2) if one_d else y
 
 
 def avg_pool2d_backward(
@@ -408,6 +538,25 @@ def slice_scatter(
     return torch.cat([piece for piece in pieces if piece.shape[dim] > 0], dim=dim)
 
 
+def weight_norm_backward(
+    grad_w: torch.Tensor,
+    saved_v: torch.Tensor,
+    saved_g: torch.Tensor,
+    saved_norms: torch.Tensor,
+    dim: int,
+) -> object:
+    """``w = g * v / |v|`` (norms over every dim but ``dim``, kept): ``grad_g = sum(grad_w *
+    v) / |v|`` and ``grad_v = g / |v| * (grad_w - v * grad_g / |v|)``, reductions and
+    elementwise math in fp32 as PyTorch's kernel computes them."""
+    acc = _accumulation_dtype(saved_v)
+    dims = [k for k in range(saved_v.dim()) if k != dim % max(saved_v.dim(), 1)]
+    gw, v, g = grad_w.to(acc), saved_v.to(acc), saved_g.to(acc)
+    norms = saved_norms.to(acc)
+    grad_g = (gw * v).sum(dims, keepdim=True) / norms
+    grad_v = g / norms * (gw - v * (grad_g / norms))
+    return grad_v.to(saved_v.dtype), grad_g.to(saved_g.dtype)
+
+
 def whole_max(t: torch.Tensor) -> object:
     """``t.max()`` (every element): ``amax`` over all dims."""
     return torch.amax(t, dim=list(range(t.dim()))) if t.dim() else t.clone()
@@ -501,6 +650,8 @@ WHOLE_REDUCTIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
 #: argument combinations it does not cover, which then stay eager and are counted.
 TRAINING_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.convolution_backward.default: convolution_backward,
+    _aten.convolution.default: transposed_convolution,
+    _aten._weight_norm_interface_backward.default: weight_norm_backward,
     _aten.avg_pool2d_backward.default: avg_pool2d_backward,
     _aten.max_pool2d_with_indices_backward.default: max_pool2d_with_indices_backward,
     _aten.embedding_dense_backward.default: embedding_dense_backward,

@@ -271,6 +271,51 @@ class SparseMoeBlock(nn.Module):
         return final.view(b, t, c)
 
 
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block: 7x7 depthwise convolution, LayerNorm over channels (channels last),
+    pointwise MLP (Linear, GELU, Linear), layer scale, residual."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(0.5 * torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dwconv(x).permute(0, 2, 3, 1)
+        y = self.pwconv2(F.gelu(self.pwconv1(self.norm(y))))
+        return x + (self.gamma * y).permute(0, 3, 1, 2)
+
+
+class Wav2Vec2FeatureEncoder(nn.Module):
+    """wav2vec2's convolutional front end, small: stacked strided Conv1d without bias, group
+    norm (one group per channel) after the first, GELU after each; then its positional
+    convolution, grouped, under weight norm over the kernel dim, one trailing step cut
+    (even kernel), GELU, added back."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.convs = nn.ModuleList(
+            [
+                nn.Conv1d(1, dim, 10, stride=5, bias=False),
+                nn.Conv1d(dim, dim, 3, stride=2, bias=False),
+                nn.Conv1d(dim, dim, 2, stride=2, bias=False),
+            ]
+        )
+        self.norm = nn.GroupNorm(dim, dim)
+        self.pos_conv = nn.utils.parametrizations.weight_norm(
+            nn.Conv1d(dim, dim, 4, padding=2, groups=4), dim=2
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, conv in enumerate(self.convs):
+            x = conv(x)
+            x = F.gelu(self.norm(x) if i == 0 else x)
+        return x + F.gelu(self.pos_conv(x)[..., :-1])
+
+
 @dataclass(frozen=True)
 class ModelCase:
     name: str
@@ -314,6 +359,12 @@ MODELS: tuple[ModelCase, ...] = (
         "vit_encoder", ViTEncoder, lambda s, g: (_randn(g, (2, 3)[s], 3, *((12, 12), (16, 16))[s]),)
     ),
     ModelCase("roberta_embeddings", RobertaEmbeddings, _roberta_inputs),
+    ModelCase("convnext_block", ConvNeXtBlock, lambda s, g: (_randn(g, (2, 3)[s], 16, 9, 9),)),
+    ModelCase(
+        "wav2vec2_features",
+        Wav2Vec2FeatureEncoder,
+        lambda s, g: (_randn(g, (2, 3)[s], 1, (160, 200)[s]),),
+    ),
     ModelCase("sparse_moe", SparseMoeBlock, lambda s, g: (_randn(g, (2, 3)[s], (8, 12)[s], 32),)),
 )
 

@@ -112,6 +112,49 @@ CASES: list[tuple[str, Callable[..., torch.Tensor], Callable[[], tuple[object, .
         lambda x, w, b: F.conv2d(x, w, b, stride=4),
         lambda: (_randn(2, 3, 8, 8), _randn(6, 3, 4, 4, seed=1) * 0.2, _randn(6, seed=2)),
     ),
+    # wav2vec2's feature encoder: 1-d, strided, dilated (as 2-d of unit height).
+    (
+        "conv1d_stride_pad_dilation",
+        lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1, dilation=2),
+        lambda: (_randn(2, 3, 20), _randn(4, 3, 3, seed=1) * 0.3, _randn(4, seed=2)),
+    ),
+    (
+        "conv2d_grouped",
+        lambda x, w, b: F.conv2d(x, w, b, padding=1, groups=2),
+        lambda: (_randn(2, 4, 7, 7), _randn(6, 2, 3, 3, seed=1) * 0.3, _randn(6, seed=2)),
+    ),
+    # ConvNeXt's 7x7 depthwise convolution (VectorE multiply-accumulates).
+    (
+        "conv2d_depthwise",
+        lambda x, w, b: F.conv2d(x, w, b, padding=3, groups=4),
+        lambda: (_randn(2, 4, 9, 9), _randn(4, 1, 7, 7, seed=1) * 0.2, _randn(4, seed=2)),
+    ),
+    (
+        "conv2d_depthwise_multiplier_stride",
+        lambda x, w: F.conv2d(x, w, stride=2, padding=1, groups=3),
+        lambda: (_randn(2, 3, 9, 9), _randn(6, 1, 3, 3, seed=1) * 0.3),
+    ),
+    (
+        "conv1d_depthwise",
+        lambda x, w: F.conv1d(x, w, padding=2, groups=4),
+        lambda: (_randn(2, 4, 16), _randn(4, 1, 5, seed=1) * 0.3),
+    ),
+    (
+        "conv_transpose2d",
+        lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1),
+        lambda: (_randn(2, 4, 5, 5), _randn(4, 3, 3, 3, seed=1) * 0.3, _randn(3, seed=2)),
+    ),
+    (
+        "conv_transpose1d_grouped",
+        lambda x, w: F.conv_transpose1d(x, w, stride=2, groups=2),
+        lambda: (_randn(2, 4, 7), _randn(4, 3, 4, seed=1) * 0.3),
+    ),
+    # wav2vec2's positional convolution: weight norm over the kernel dim (dim=2).
+    (
+        "weight_norm_conv1d",
+        lambda x, v, g: F.conv1d(x, torch._weight_norm(v, g, 2), padding=2, groups=2),
+        lambda: (_randn(2, 4, 12), _randn(4, 2, 5, seed=1), 1 + 0.1 * _randn(1, 1, 5, seed=2)),
+    ),
     ("avg_pool2d_padded", lambda x: F.avg_pool2d(x, 3, 2, 1), lambda: (_randn(2, 3, 9, 9),)),
     ("avg_pool2d", lambda x: F.avg_pool2d(x, 2), lambda: (_randn(2, 3, 8, 8),)),
     # After relu many windows hold several zero maxima: the first one gets the gradient.
@@ -211,14 +254,12 @@ def test_gradients_match_eager(
 
 
 def test_unsupported_backward_is_a_counted_fallback(real_native: ModuleType) -> None:
-    # Grouped convolution has no lowering, forward or backward: both stay eager, counted,
-    # and the gradients are still right.
-    x, w = _randn(2, 4, 6, 6).requires_grad_(), _randn(6, 2, 3, 3, seed=1).requires_grad_()
+    # 3-d convolution has no lowering, forward or backward: both stay eager, counted, and
+    # the gradients are still right.
+    x, w = _randn(2, 2, 4, 4, 4).requires_grad_(), _randn(3, 2, 3, 3, 3, seed=1).requires_grad_()
     xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-    torch.compile(lambda x, w: F.conv2d(x, w, groups=2).relu(), backend="neuron")(
-        x, w
-    ).sum().backward()
-    F.conv2d(xr, wr, groups=2).relu().sum().backward()
+    torch.compile(lambda x, w: F.conv3d(x, w).relu(), backend="neuron")(x, w).sum().backward()
+    F.conv3d(xr, wr).relu().sum().backward()
     fallback = torchneuron.stats()["ops_fallback"]
     assert fallback["aten.convolution.default"] == 1
     assert fallback["aten.convolution_backward.default"] == 1
