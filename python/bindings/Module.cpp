@@ -156,6 +156,27 @@ py::dict timelineSummary(const runtime::Timeline &t) {
   return d;
 }
 
+/// Runs `compile` for `targetName` without the GIL and loads its program as a
+/// Kernel; a failed compile raises CompileFailure with its diagnostics.
+std::unique_ptr<Kernel> compileToKernel(
+    const std::string &targetName, const std::string &dumpDir,
+    const std::function<compiler::CompileResult(
+        const compiler::CompileOptions &)> &compile) {
+  const target::Target &target = target::getTarget(targetName);
+  compiler::CompileResult result;
+  {
+    py::gil_scoped_release release;
+    compiler::CompileOptions options;
+    options.target = targetName;
+    options.dumpDir = dumpDir;
+    result = compile(options);
+  }
+  if (!result.ok)
+    throw CompileFailure(result.error);
+  return std::make_unique<Kernel>(runtime::Program::parse(result.program),
+                                  target);
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -259,19 +280,11 @@ PYBIND11_MODULE(_C, m) {
       "compile_graph",
       [](const std::string &document, const std::string &targetName,
          const std::string &dumpDir) {
-        const target::Target &target = target::getTarget(targetName);
-        compiler::CompileResult result;
-        {
-          py::gil_scoped_release release;
-          compiler::CompileOptions options;
-          options.target = targetName;
-          options.dumpDir = dumpDir;
-          result = compiler::compileFxGraph(document, options);
-        }
-        if (!result.ok)
-          throw CompileFailure(result.error);
-        return std::make_unique<Kernel>(runtime::Program::parse(result.program),
-                                        target);
+        return compileToKernel(targetName, dumpDir,
+                               [&](const compiler::CompileOptions &options) {
+                                 return compiler::compileFxGraph(document,
+                                                                 options);
+                               });
       },
       py::arg("document"), py::arg("target") = "trn2",
       py::arg("dump_dir") = "",
@@ -281,19 +294,11 @@ PYBIND11_MODULE(_C, m) {
       "compile_kernel",
       [](const std::string &text, const std::string &name,
          const std::string &targetName, const std::string &dumpDir) {
-        const target::Target &target = target::getTarget(targetName);
-        compiler::CompileResult result;
-        {
-          py::gil_scoped_release release;
-          compiler::CompileOptions options;
-          options.target = targetName;
-          options.dumpDir = dumpDir;
-          result = compiler::compileKernelText(text, name, options);
-        }
-        if (!result.ok)
-          throw CompileFailure(result.error);
-        return std::make_unique<Kernel>(runtime::Program::parse(result.program),
-                                        target);
+        return compileToKernel(targetName, dumpDir,
+                               [&](const compiler::CompileOptions &options) {
+                                 return compiler::compileKernelText(text, name,
+                                                                    options);
+                               });
       },
       py::arg("text"), py::arg("name") = "kernel", py::arg("target") = "trn2",
       py::arg("dump_dir") = "",

@@ -580,59 +580,47 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor | None:
     return t.reshape(_PARALLEL_ROWS, -1)
 
 
-def whole_sum(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> object:
-    """``t.sum()``: a sum per row on every partition, then the sum of the row sums, accumulated
-    in float32 and rounded once, as PyTorch's CPU kernel does for 16-bit inputs."""
+def _whole_sum(t: torch.Tensor, dtype: torch.dtype | None, mean: bool) -> object:
+    """``t.sum()`` (or ``t.mean()``): a sum per row on every partition, then the sum of the row
+    sums, accumulated in float32 and rounded once, as PyTorch's CPU kernel does for 16-bit
+    inputs."""
     rows = _as_rows(t)
     if rows is None or (dtype is not None and dtype != t.dtype):
         return NotImplemented
-    partial = rows.sum(1, dtype=_accumulation_dtype(t))
-    return partial.sum().to(t.dtype)
-
-
-def whole_mean(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> object:
-    """``t.mean()``: :func:`whole_sum` over the element count."""
-    rows = _as_rows(t)
-    if rows is None or (dtype is not None and dtype != t.dtype):
-        return NotImplemented
-    partial = rows.sum(1, dtype=_accumulation_dtype(t))
-    return (partial.sum() / t.numel()).to(t.dtype)
+    total = rows.sum(1, dtype=_accumulation_dtype(t)).sum()
+    return (total / t.numel() if mean else total).to(t.dtype)
 
 
 def _every_dim(t: torch.Tensor, dim: Sequence[int] | None) -> bool:
     return not dim or sorted(d % max(t.dim(), 1) for d in dim) == list(range(t.dim()))
 
 
-def sum_dims(
-    t: torch.Tensor,
-    dim: Sequence[int] | None,
-    keepdim: bool = False,
-    *,
-    dtype: torch.dtype | None = None,
-) -> object:
-    """``t.sum(dims)`` over every dim (eager ``x.sum()`` arrives as this): :func:`whole_sum`."""
-    if not _every_dim(t, dim):
-        return NotImplemented
-    total = whole_sum(t, dtype=dtype)
-    if total is NotImplemented or not keepdim:
-        return total
-    return total.reshape([1] * t.dim())  # type: ignore[attr-defined]
+def _whole_reduction(mean: bool) -> tuple[Callable[..., object], Callable[..., object]]:
+    """The decompositions of ``sum``/``mean`` over every element, and over a list of dims
+    (how eager ``x.sum()`` arrives), which apply when that list covers every dim."""
+
+    def whole(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> object:
+        return _whole_sum(t, dtype, mean)
+
+    def over_dims(
+        t: torch.Tensor,
+        dim: Sequence[int] | None,
+        keepdim: bool = False,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> object:
+        if not _every_dim(t, dim):
+            return NotImplemented
+        total = _whole_sum(t, dtype, mean)
+        if total is NotImplemented or not keepdim:
+            return total
+        return total.reshape([1] * t.dim())  # type: ignore[attr-defined]
+
+    return whole, over_dims
 
 
-def mean_dims(
-    t: torch.Tensor,
-    dim: Sequence[int] | None,
-    keepdim: bool = False,
-    *,
-    dtype: torch.dtype | None = None,
-) -> object:
-    """``t.mean(dims)`` over every dim: :func:`whole_mean`."""
-    if not _every_dim(t, dim):
-        return NotImplemented
-    total = whole_mean(t, dtype=dtype)
-    if total is NotImplemented or not keepdim:
-        return total
-    return total.reshape([1] * t.dim())  # type: ignore[attr-defined]
+whole_sum, sum_dims = _whole_reduction(mean=False)
+whole_mean, mean_dims = _whole_reduction(mean=True)
 
 
 #: Reductions of a whole tensor, which the importer knows as reductions over every dim.
