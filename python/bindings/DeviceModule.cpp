@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "python/bindings/TorchErrors.h"
 #include "runtime/device/Allocator.h"
 #include "runtime/device/CollectiveTimeline.h"
 #include "runtime/device/Device.h"
@@ -192,6 +193,7 @@ private:
 } // namespace
 
 PYBIND11_MODULE(_device, m) {
+  neuron::bindings::registerTorchErrors();
   m.doc() = "The neuron PyTorch device (PrivateUse1); see torchneuron.device";
   routeCpuKernelsThroughFallback();
 

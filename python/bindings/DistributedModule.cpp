@@ -10,6 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "python/bindings/TorchErrors.h"
 #include "runtime/device/CollectiveTimeline.h"
 #include "runtime/distributed/NeuronBackend.h"
 #include "runtime/distributed/ProcessGroupCollectives.h"
@@ -36,6 +37,7 @@ Topology topologyOf(const std::string &targetName) {
 } // namespace
 
 PYBIND11_MODULE(_distributed, m) {
+  neuron::bindings::registerTorchErrors();
   m.doc() = "The neuron torch.distributed backend; see torchneuron.distributed";
 
   m.def(

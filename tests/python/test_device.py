@@ -101,6 +101,14 @@ def test_device_module_answers_what_cuda_code_asks() -> None:
     assert out.stdout.strip() == "AWS Trainium3 NeuronCore-v4 (4, 0)", out.stderr
 
 
+def test_device_errors_read_as_torch_errors() -> None:
+    # The message the user reads at their line, without libtorch's C++ frames.
+    with pytest.raises(RuntimeError) as info:
+        torch.neuron.set_device(torch.neuron.device_count() + 1)
+    assert "is out of range" in str(info.value)
+    assert "frame #" not in str(info.value) and "Exception raised from" not in str(info.value)
+
+
 def test_set_device_index_changes_where_tensors_go() -> None:
     assert torch.accelerator.current_device_index() == 0
     try:
