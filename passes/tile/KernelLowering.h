@@ -212,6 +212,11 @@ private:
   void lowerRand(RandOp op);
   /// In passes/tile/LowerScan.cpp.
   void lowerCumsum(CumsumOp op);
+  /// A scan's blocks of `partitions` rows (the last one shorter): `block(index,
+  /// slot, rows, first)`, the middle ones rotating over `slots`.
+  void forEachScanBlock(
+      int64_t len, int64_t slots,
+      llvm::function_ref<void(Value, int64_t, int64_t, bool)> block);
   void lowerRowScan(Value in, Value out, int64_t rows, int64_t len, Type mmElt,
                     Value tri, Value identity);
   /// In passes/tile/LowerTopK.cpp.

@@ -36,6 +36,20 @@ namespace mlir::neuron {
 /// The carry is a [rows, 1] column of running totals: the eviction adds it
 /// (tensor_scalar on the PSUM result, the eviction the block needs anyway),
 /// and the block's last column becomes the next carry.
+void KernelLowering::forEachScanBlock(
+    int64_t len, int64_t slots,
+    llvm::function_ref<void(Value, int64_t, int64_t, bool)> block) {
+  const int64_t p = target.partitions;
+  int64_t full = len / p, rem = len % p;
+  if (full > 0)
+    block(index(0), 0, p, true);
+  if (full > 1)
+    forEachRotating(1, full - 1, slots,
+                    [&](Value blk, int64_t slot) { block(blk, slot, p, false); });
+  if (rem)
+    block(index(full), full % slots, rem, full == 0);
+}
+
 void KernelLowering::lowerRowScan(Value in, Value out, int64_t rows,
                                   int64_t len, Type mmElt, Value tri,
                                   Value identity) {
@@ -78,15 +92,7 @@ void KernelLowering::lowerRowScan(Value in, Value out, int64_t rows,
       b.create<nisa::DmaCopyOp>(loc, result, view(out, at, {rt, kt}, {len, 1}),
                                 nisa::Engine::scalar);
     };
-    int64_t full = len / p, rem = len % p;
-    if (full > 0)
-      block(index(0), 0, p, true);
-    if (full > 1)
-      forEachRotating(1, full - 1, slots, [&](Value blk, int64_t slot) {
-        block(blk, slot, p, false);
-      });
-    if (rem)
-      block(index(full), full % slots, rem, full == 0);
+    forEachScanBlock(len, slots, block);
   });
 }
 
@@ -182,15 +188,7 @@ void KernelLowering::lowerCumsum(CumsumOp op) {
       b.create<nisa::DmaCopyOp>(loc, onChip(carries, slot), hbm(out),
                                 nisa::Engine::scalar);
     };
-    int64_t full = len / p, rem = len % p;
-    if (full > 0)
-      block(index(0), 0, p, true);
-    if (full > 1)
-      forEachRotating(1, full - 1, slots, [&](Value blk, int64_t slot) {
-        block(blk, slot, p, false);
-      });
-    if (rem)
-      block(index(full), full % slots, rem, full == 0);
+    forEachScanBlock(len, slots, block);
   };
 
   forTiles(outer, group, [&](Value o0, int64_t gt) {
