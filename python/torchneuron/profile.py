@@ -203,7 +203,7 @@ class Profile:
             key = (unit, queue)
             if key not in tids:
                 tids[key] = len(tids) + 1
-                label = (
+                track_name = (
                     f"{unit} transfers" if queue < 0 else f"dma{queue}" if unit == "dma" else unit
                 )
                 events.append(
@@ -212,7 +212,7 @@ class Profile:
                         "pid": pid,
                         "tid": tids[key],
                         "name": "thread_name",
-                        "args": {"name": label},
+                        "args": {"name": track_name},
                     }
                 )
             return tids[key]
