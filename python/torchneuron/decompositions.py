@@ -10,7 +10,24 @@ Kept whole on purpose (not decomposed):
 - ``aten.var_mean.correction``: one VectorE pass (``bn_stats``/``bn_aggr``) gives both results.
 - ``aten.gelu``, ``aten.sigmoid``, ``aten.tanh``: single ScalarE activation functions.
 - ``aten.embedding``, ``aten.addmm``, ``aten.avg_pool2d``, ``aten.max_pool2d_with_indices``:
-  core ops the importer lowers directly (gather, matmul + bias, pooling windows).
+  core ops the importer lowers directly (gather, matmul + bias, pooling windows). The pooling
+  decompositions below only add what the importer refuses (ceil_mode's extra windows, max
+  pooling's indices, divisors that exclude padding) around the op itself, kept whole.
+
+Ops core ATen keeps whole (:data:`OP_DECOMPOSITIONS`), as ops the device runs:
+
+- layout: ``flip`` (gathers of reversed rows), ``diagonal`` (a strided window of the two dims
+  flattened) and its scatter, ``unfold`` (one gather);
+- scans: ``cumprod``, ``cummax``/``cummin``, ``logcumsumexp`` by doubling (log2(n) elementwise
+  steps); ``max``/``min`` along a dim and ``argmax``/``argmin``: the extreme, then the first
+  position holding it;
+- indexing: ``index_put`` (any leading block of index tensors, overwrite or accumulate),
+  ``put``, ``scatter_reduce``, ``index_reduce``, ``masked_scatter``, ``searchsorted``: one-hot
+  compares with an iota, selects, reductions and TensorE matmuls;
+- pooling and convolution: 3-d convolutions as sums of 2-d ones over the depth taps,
+  adaptive average pooling with unequal windows as matmuls with window matrices;
+- the elementwise functions the engines have no instruction for:
+  :mod:`torchneuron.elementwise_math`.
 
 Training graphs (:data:`TRAINING_DECOMPOSITIONS`): backward ops that torch keeps whole, or
 decomposes into scatters and gathers by index, become device math here:
@@ -37,12 +54,16 @@ decomposes into scatters and gathers by index, become device math here:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
+
+from torchneuron.elementwise_math import ELEMENTWISE_DECOMPOSITIONS
 
 __all__ = [
     "EXTRA_DECOMPOSITIONS",
@@ -76,6 +97,20 @@ EXTRA_DECOMPOSITIONS: tuple[tuple[torch._ops.OpOverloadPacket, str], ...] = (
     # The CPU SDPA kernel, should a graph name it directly: torch's decomposition goes through
     # the math path. Graphs traced by the backend never contain it (see math_attention).
     (_aten._scaled_dot_product_flash_attention_for_cpu, "matmul + softmax + matmul"),
+    # PyTorch's own decompositions outside core ATen, into ops the device runs.
+    (_aten.addmv, "matmul + scaled add"),
+    (_aten.isinf, "abs == inf"),
+    (_aten.ldexp, "x * 2^e"),
+    (_aten.dist, "norm of the difference"),
+    (_aten.narrow_copy, "a slice, copied"),
+    (_aten.max_pool3d_with_indices, "maxima of shifted windows, indices by comparison"),
+    (_aten._batch_norm_with_update, "training batch norm: reductions + math"),
+    (_aten._batch_norm_with_update_functional, "training batch norm: reductions + math"),
+    (_aten.view_copy, "a view, copied"),
+    (_aten.permute_copy, "a permutation, copied"),
+    (_aten.unbind_copy, "selects, copied"),
+    (_aten.new_empty_strided, "uninitialized memory: zeros"),
+    (_aten.index_copy, "index_put"),
 )
 
 
@@ -322,6 +357,70 @@ def transposed_convolution(
     return y.squeeze(2) if one_d else y
 
 
+def convolution(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    transposed: bool,
+    output_padding: Sequence[int],
+    groups: int,
+) -> object:
+    """3-d convolutions as 2-d ones (below); transposed ones as :func:`transposed_convolution`;
+    ordinary 1-d and 2-d ones are the importer's."""
+    if weight.dim() == 5 and not transposed:
+        return _convolution3d(x, weight, bias, stride, padding, dilation, groups)
+    return transposed_convolution(
+        x, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+    )
+
+
+def _convolution3d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+) -> object:
+    """A 3-d convolution is a sum over the kernel's depth taps of 2-d convolutions: tap ``kd``
+    convolves every output depth's input plane (a strided slice of the depth-padded input,
+    depths folded into the batch) with the weights' plane ``kd``. Each is the device's 2-d
+    convolution (im2col + TensorE matmul); the taps are summed in float32 and rounded once."""
+    unbatched = x.dim() == 4
+    if unbatched:
+        x = x.unsqueeze(0)
+    if x.dim() != 5 or isinstance(padding, str):
+        return NotImplemented
+    s = [stride[k] if len(stride) > 1 else stride[0] for k in range(3)]
+    p = [padding[k] if len(padding) > 1 else padding[0] for k in range(3)]
+    d = [dilation[k] if len(dilation) > 1 else dilation[0] for k in range(3)]
+    n, c, depth = x.shape[:3]
+    o, kd = weight.shape[0], weight.shape[2]
+    out_depth = (depth + 2 * p[0] - d[0] * (kd - 1) - 1) // s[0] + 1
+    acc = _accumulation_dtype(x)
+    xp = F.pad(x.to(acc), (0, 0, 0, 0, p[0], p[0])) if p[0] else x.to(acc)
+    w = weight.to(acc)
+    y: torch.Tensor | None = None
+    for tap in range(kd):
+        start = tap * d[0]
+        planes = xp[:, :, start : start + s[0] * (out_depth - 1) + 1 : s[0]]
+        planes = planes.transpose(1, 2).reshape(n * out_depth, c, *x.shape[3:])
+        part = _aten.convolution.default(
+            planes, w[:, :, tap], None, s[1:], p[1:], d[1:], False, [0, 0], groups
+        )
+        y = part if y is None else y + part
+    assert y is not None
+    y = y.reshape(n, out_depth, o, *y.shape[2:]).transpose(1, 2)
+    if bias is not None:
+        y = y + bias.to(acc).reshape(1, -1, 1, 1, 1)
+    y = y.to(x.dtype)
+    return y.squeeze(0) if unbatched else y
+
+
 def avg_pool2d_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
@@ -360,11 +459,18 @@ def max_pool2d_with_indices_backward(
     """The gradient goes to each window's first maximum in row-major order (the element
     PyTorch's CPU kernel records as the index), recomputed from ``x`` instead of read from
     ``indices``."""
-    del indices
     k = _pair(kernel_size, (1, 1))
     s, p, d = _pair(stride, k), _pair(padding, (0, 0)), _pair(dilation, (1, 1))
     size: Pair = (x.shape[-2], x.shape[-1])
     out: Pair = (grad.shape[-2], grad.shape[-1])
+    extra = _ceil_padding(size, k, s, p, d, out)
+    if extra != (0, 0):  # ceil_mode's last windows: on an input grown with -inf, cropped back
+        grown = F.pad(x, (0, extra[1], 0, extra[0]), value=-math.inf)
+        back = max_pool2d_with_indices_backward(
+            grad, grown, kernel_size, stride, padding, dilation, False, indices
+        )
+        return back[..., : size[0], : size[1]]  # type: ignore[index]
+    del indices
     if not _windows_fit(size, p, k, s, d, out):
         return NotImplemented
     xp = F.pad(x, (p[1], p[1], p[0], p[0]), value=-math.inf) if p != (0, 0) else x
@@ -414,37 +520,104 @@ def index_put(
     values: torch.Tensor,
     accumulate: bool = False,
 ) -> object:
-    """``t[..., index] += values`` with one index tensor on dim ``d`` after ``d`` whole dims
-    (index_select's backward; ``index_add``, which core ATen turns into this, on any dim):
-    one-hot(index)^T @ values, like the embedding gradient, with dim ``d`` moved first.
-    Without ``accumulate`` repeated indices leave the winner unspecified, so that form stays
+    """``t[..., i0, i1, ...] = values`` (or ``+=`` with ``accumulate``: index_select's and
+    index_add's backward) for one block of integer index tensors after whole dims: the
+    indexed dims flattened to rows, each index tuple a row number, and a one-hot(rows)^T @
+    values matmul on TensorE (like the embedding gradient) instead of a scatter. Without
+    ``accumulate`` a row written twice keeps the last write, as PyTorch's CPU kernel does
+    (for a sequential scatter): the one-hot keeps only the last hit of each row. A bool mask
+    with one value is a select. Other forms (masks with many values, indices apart) stay
     eager."""
-    if not accumulate or not indices:
+    if not indices:
         return NotImplemented
+    lead = 0
+    while lead < len(indices) and indices[lead] is None:
+        lead += 1
+    block = list(indices[lead:])
+    if not block or any(i is None for i in block) or t.dtype == torch.bool:
+        return NotImplemented
+    tensors = cast(list[torch.Tensor], block)
+    if any(i.dtype in (torch.bool, torch.uint8) for i in tensors):
+        return _masked_put(t, lead, tensors, values, accumulate)
     if t.dim() == 0:  # a 0-d tensor indexed by [0]s: a one-row table
-        added = index_put(t.reshape(1), indices, values.reshape(-1), accumulate)
-        return NotImplemented if added is NotImplemented else added.reshape(())  # type: ignore[union-attr]
-    dim = len(indices) - 1
-    index = indices[dim]
-    if index is None or any(i is not None for i in indices[:dim]) or index.dtype == torch.bool:
+        put = index_put(t.reshape(1), indices, values.reshape(-1), accumulate)
+        return NotImplemented if put is NotImplemented else put.reshape(())  # type: ignore[union-attr]
+    k = len(tensors)
+    if lead + k > t.dim():
         return NotImplemented
-    if index.dim() != 1 and dim != 0:
+    try:
+        shape = torch.broadcast_shapes(*(i.shape for i in tensors))
+    except RuntimeError:
         return NotImplemented
-    # values broadcast to the indexed result, as index_put allows
-    expected = (*t.shape[:dim], *index.shape, *t.shape[dim + 1 :])
+    expected = (*t.shape[:lead], *shape, *t.shape[lead + k :])
     try:
         if torch.broadcast_shapes(values.shape, expected) != expected:
             return NotImplemented
     except RuntimeError:
         return NotImplemented
-    values = values.expand(expected)
-    if index.dim() != 1:
-        index, values = index.reshape(-1), values.reshape(index.numel(), *t.shape[1:])
-    x, src = t.movedim(dim, 0), values.movedim(dim, 0)
-    hit = index.unsqueeze(1) == torch.arange(x.shape[0], device=t.device)
-    rows = src.reshape(index.numel(), -1)
-    added = torch.matmul(hit.to(rows.dtype).t(), rows).reshape(x.shape)
-    return (x + added.to(t.dtype)).movedim(0, dim)
+    dims = t.shape[lead : lead + k]
+    if math.prod(shape) == 0 or t.numel() == 0:
+        return t.clone()
+    flat: torch.Tensor | None = None
+    for i, n in zip(tensors, dims, strict=True):
+        i = torch.where(i < 0, i + n, i).expand(shape)
+        flat = i if flat is None else flat * n + i
+    assert flat is not None
+    # The indexed dims first, then the whole dims before them, then the rest.
+    moved = (tuple(range(lead)), tuple(range(k, k + lead)))
+    x = t.movedim(*moved)
+    v = (
+        values.to(t.dtype)
+        .expand(expected)
+        .movedim(tuple(range(lead)), tuple(range(len(shape), len(shape) + lead)))
+    )
+    rows_n = math.prod(dims)
+    rows = x.reshape(rows_n, -1)
+    flat = flat.reshape(-1)
+    vals = v.reshape(flat.numel(), -1)
+    hit = flat.unsqueeze(1) == torch.arange(rows_n, device=t.device)
+    if not accumulate:
+        numbered = torch.where(hit, torch.arange(flat.numel(), device=t.device).unsqueeze(1), -1)
+        hit = hit & (numbered == numbered.amax(0, keepdim=True))
+    mm = torch.float32 if not t.is_floating_point() else vals.dtype
+    placed = torch.matmul(hit.to(mm).t(), vals.to(mm))
+    if accumulate:
+        out = rows + placed.to(t.dtype)
+    else:
+        out = torch.where(hit.any(0).unsqueeze(1), placed.to(t.dtype), rows)
+    return out.reshape(x.shape).movedim(moved[1], moved[0])
+
+
+def _masked_put(
+    t: torch.Tensor,
+    lead: int,
+    masks: list[torch.Tensor],
+    values: torch.Tensor,
+    accumulate: bool,
+) -> object:
+    """``t[mask] = v`` with one mask over leading dims: a select. ``v`` is either one value
+    (or row) for every masked position, or one per masked position in order, which the
+    k-th masked position reads as row k (a running count of the mask, cumsum on TensorE,
+    and a gather)."""
+    if len(masks) != 1 or lead != 0:
+        return NotImplemented
+    mask = masks[0].to(torch.bool)
+    m = mask.dim()
+    if m > t.dim() or mask.shape != t.shape[:m]:
+        return NotImplemented
+    rest = t.shape[m:]
+    v = values.to(t.dtype)
+    if v.dim() > len(rest):  # one row per masked position
+        if v.dim() != len(rest) + 1:
+            return NotImplemented
+        flat = mask.reshape(-1)
+        order = torch.clamp(torch.cumsum(flat.to(torch.int64), 0) - 1, min=0)
+        rows = v.expand(v.shape[0], *rest).reshape(v.shape[0], -1)
+        if rows.shape[0] == 0:
+            return t.clone()
+        v = torch.index_select(rows, 0, order).reshape(t.shape)
+    keep = mask.reshape(*mask.shape, *([1] * len(rest)))
+    return torch.where(keep, t + v if accumulate else v, t)
 
 
 def _along_last(t: torch.Tensor, index: torch.Tensor, dim: int) -> bool:
@@ -634,11 +807,651 @@ WHOLE_REDUCTIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
 }
 
 
+# -- ops core ATen keeps whole, as ops the device runs -------------------------------------
+
+
+def _reversed(n: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(n - 1, -1, -1, device=device)
+
+
+def flip(t: torch.Tensor, dims: Sequence[int]) -> object:
+    """Reversal along ``dims``: a gather of the rows in reverse order per dim (index_select,
+    an indirect DMA), as a strided window cannot step backwards."""
+    out = t
+    for d in {d % max(t.dim(), 1) for d in dims}:
+        if t.dim() == 0 or t.shape[d] <= 1:
+            continue
+        out = torch.index_select(out, d, _reversed(t.shape[d], t.device))
+    return out.clone() if out is t else out
+
+
+def diagonal(t: torch.Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> object:
+    """The diagonal as a strided window: the two dims moved last and flattened, then every
+    ``(n2 + 1)``-th element from the first diagonal entry (a slice with a step)."""
+    rank = t.dim()
+    d1, d2 = dim1 % rank, dim2 % rank
+    n1, n2 = t.shape[d1], t.shape[d2]
+    length = max(0, min(n1, n2 - offset) if offset >= 0 else min(n1 + offset, n2))
+    x = t.movedim((d1, d2), (-2, -1)).reshape(
+        *[t.shape[k] for k in range(rank) if k not in (d1, d2)], n1 * n2
+    )
+    if length == 0:
+        return x[..., :0].clone()
+    start = offset if offset >= 0 else -offset * n2
+    return x[..., start : start + (length - 1) * (n2 + 1) + 1 : n2 + 1]
+
+
+_WHOLE = contextvars.ContextVar("torchneuron_kept_whole", default=False)
+
+
+@contextlib.contextmanager
+def _kept_whole() -> Iterator[None]:
+    """Inside: the decompositions below that call their own op keep it whole (the importer
+    lowers that form), instead of decomposing it again."""
+    token = _WHOLE.set(True)
+    try:
+        yield
+    finally:
+        _WHOLE.reset(token)
+
+
+def _pool_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """PyTorch's pooling output size (a ceil_mode window must start inside the input)."""
+    span = size + 2 * p - d * (k - 1) - 1
+    out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _ceil_padding(size: Pair, k: Pair, s: Pair, p: Pair, d: Pair, out: Pair) -> Pair:
+    """Extra padding at the end so that ceil_mode's last windows fit the padded input."""
+    return (
+        max(0, (out[0] - 1) * s[0] + d[0] * (k[0] - 1) + 1 - (size[0] + 2 * p[0])),
+        max(0, (out[1] - 1) * s[1] + d[1] * (k[1] - 1) + 1 - (size[1] + 2 * p[1])),
+    )
+
+
+def max_pool2d_with_indices(
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Sequence[int] = (0,),
+    dilation: Sequence[int] = (1,),
+    ceil_mode: bool = False,
+) -> object:
+    """Values: the importer's pooling windows (the op kept whole, on an input padded with
+    -inf, ceil_mode's extra windows included). Indices, when the graph reads them: each
+    window's first maximum in row-major order, as PyTorch's CPU kernel records it: the
+    window positions compared with the maximum, last to first, each hit taking its flat
+    input position."""
+    if _WHOLE.get() or x.dim() not in (3, 4):
+        return NotImplemented
+    k = _pair(kernel_size, (1, 1))
+    s, p, d = _pair(stride, k), _pair(padding, (0, 0)), _pair(dilation, (1, 1))
+    size: Pair = (x.shape[-2], x.shape[-1])
+    out = (
+        _pool_size(size[0], k[0], s[0], p[0], d[0], ceil_mode),
+        _pool_size(size[1], k[1], s[1], p[1], d[1], ceil_mode),
+    )
+    extra = _ceil_padding(size, k, s, p, d, out)
+    pads = (p[1], p[1] + extra[1], p[0], p[0] + extra[0])
+    xp = F.pad(x, pads, value=-math.inf) if any(pads) else x
+    with _kept_whole():
+        best = _aten.max_pool2d_with_indices.default(xp, list(k), list(s), [0, 0], list(d))[0]
+    rows = torch.arange(out[0], device=x.device).unsqueeze(1) * s[0] - p[0]
+    cols = torch.arange(out[1], device=x.device) * s[1] - p[1]
+    index: torch.Tensor | None = None
+    for i in reversed(range(k[0])):
+        for j in reversed(range(k[1])):
+            at = (rows + i * d[0]) * size[1] + (cols + j * d[1])
+            hit = _window(xp, i, j, s, d, out) == best
+            index = at.expand(hit.shape) if index is None else torch.where(hit, at, index)
+    assert index is not None
+    return best, index
+
+
+def avg_pool2d(
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Sequence[int] = (0,),
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> object:
+    """The forms the importer refuses (ceil_mode's extra windows; padding not counted): the
+    window sums from the importer (the op kept whole, divisor 1, on a zero-padded input)
+    divided by each window's element count, computed from iotas as PyTorch's kernel
+    clips its windows."""
+    if _WHOLE.get() or x.dim() not in (3, 4):
+        return NotImplemented
+    k = _pair(kernel_size, (1, 1))
+    s, p = _pair(stride, k), _pair(padding, (0, 0))
+    size: Pair = (x.shape[-2], x.shape[-1])
+    out = (
+        _pool_size(size[0], k[0], s[0], p[0], 1, ceil_mode),
+        _pool_size(size[1], k[1], s[1], p[1], 1, ceil_mode),
+    )
+    extra = _ceil_padding(size, k, s, p, (1, 1), out)
+    if extra == (0, 0) and (count_include_pad or p == (0, 0)):
+        return NotImplemented
+    pads = (p[1], p[1] + extra[1], p[0], p[0] + extra[0])
+    acc = _accumulation_dtype(x)
+    with _kept_whole():
+        sums = _aten.avg_pool2d.default(
+            F.pad(x.to(acc), pads), list(k), list(s), [0, 0], False, True, 1
+        )
+    if divisor_override:
+        return (sums / divisor_override).to(x.dtype)
+
+    def counts(n: int, size: int, k: int, s: int, p: int) -> torch.Tensor:
+        start = torch.arange(n, device=x.device) * s - p
+        end = torch.clamp(start + k, max=size + p)
+        if not count_include_pad:
+            start, end = torch.clamp(start, min=0), torch.clamp(end, max=size)
+        return (end - start).to(acc)
+
+    divisor = counts(out[0], size[0], k[0], s[0], p[0]).unsqueeze(1) * counts(
+        out[1], size[1], k[1], s[1], p[1]
+    )
+    return (sums / divisor).to(x.dtype)
+
+
+def _adaptive_windows(size: int, out: int, device: torch.device) -> torch.Tensor:
+    """[out, size] 0/1: row i marks adaptive window i, [floor(i size / out),
+    ceil((i + 1) size / out))."""
+    i = torch.arange(out, device=device).unsqueeze(1)
+    start = torch.div(i * size, out, rounding_mode="floor")
+    end = torch.div((i + 1) * size + out - 1, out, rounding_mode="floor")
+    j = torch.arange(size, device=device)
+    return ((j >= start) & (j < end)).to(torch.float32)
+
+
+def _adaptive_avg_pool(x: torch.Tensor, output_size: Sequence[int]) -> object:
+    """Adaptive average pooling with windows of different sizes: along each pooled dim, a
+    matmul with the 0/1 window matrix (TensorE sums every window at once, in float32),
+    then a division by the window sizes. Equal windows stay the importer's pooling."""
+    spatial = len(output_size)
+    sizes = x.shape[-spatial:]
+    if spatial == 2 and all(n % o == 0 for n, o in zip(sizes, output_size, strict=True)):
+        return NotImplemented
+    if any(o <= 0 for o in output_size):
+        return NotImplemented
+    y = x.to(torch.float32)
+    count: torch.Tensor | None = None
+    for k, (n, o) in enumerate(zip(sizes, output_size, strict=True)):
+        windows = _adaptive_windows(n, o, x.device)
+        dim = x.dim() - spatial + k
+        y = torch.matmul(y.movedim(dim, -1), windows.t()).movedim(-1, dim)
+        shape = [1] * spatial
+        shape[k] = o
+        lengths = windows.sum(1).reshape(shape)
+        count = lengths if count is None else count * lengths
+    return (y / count).to(x.dtype)
+
+
+def adaptive_avg_pool2d(x: torch.Tensor, output_size: Sequence[int]) -> object:
+    return _adaptive_avg_pool(x, output_size)
+
+
+def adaptive_avg_pool3d(x: torch.Tensor, output_size: Sequence[int]) -> object:
+    return _adaptive_avg_pool(x, output_size)
+
+
+def diagonal_scatter(
+    t: torch.Tensor, src: torch.Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1
+) -> object:
+    """``t`` with ``src`` on its diagonal: a select between ``t`` and ``src`` laid along the
+    rows (padded to every row), where column - row == offset."""
+    rank = t.dim()
+    d1, d2 = dim1 % rank, dim2 % rank
+    x = t.movedim((d1, d2), (-2, -1))
+    n1, n2 = x.shape[-2:]
+    first_row = max(0, -offset)
+    length = src.shape[-1]
+    rows = torch.arange(n1, device=t.device).unsqueeze(1)
+    cols = torch.arange(n2, device=t.device)
+    on_diagonal = cols - rows == offset
+    pad = (first_row, n1 - first_row - length)
+    along_rows = F.pad(src.to(t.dtype), pad) if any(pad) else src.to(t.dtype)
+    out = torch.where(on_diagonal, along_rows.unsqueeze(-1), x)
+    return out.movedim((-2, -1), (d1, d2))
+
+
+def unfold(t: torch.Tensor, dim: int, size: int, step: int) -> object:
+    """``t.unfold(dim, size, step)``: one gather of every window's elements along ``dim``
+    (window-major), reshaped to [windows, size] and the size dim moved last."""
+    if t.dim() == 0:
+        return t.reshape(1).clone()
+    dim = dim % t.dim()
+    windows = (t.shape[dim] - size) // step + 1
+    starts = torch.arange(windows, device=t.device) * step
+    index = (starts.unsqueeze(1) + torch.arange(size, device=t.device)).reshape(-1)
+    picked = torch.index_select(t, dim, index)
+    shape = (*t.shape[:dim], windows, size, *t.shape[dim + 1 :])
+    return picked.reshape(shape).movedim(dim + 1, -1)
+
+
+def _shifted(x: torch.Tensor, dim: int, by: int, fill: torch.Tensor) -> torch.Tensor:
+    """``x`` moved ``by`` places forward along ``dim``, ``fill`` in the places it left."""
+    head = fill.expand(*x.shape[:dim], by, *x.shape[dim + 1 :])
+    return torch.cat([head, x.narrow(dim, 0, x.shape[dim] - by)], dim=dim)
+
+
+def _scan(
+    x: torch.Tensor,
+    dim: int,
+    combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    identity: float,
+) -> torch.Tensor:
+    """Inclusive scan by doubling (Hillis-Steele): ceil(log2 n) steps, each one elementwise
+    ``combine`` of ``x`` with itself shifted by 1, 2, 4, ... places. Whole-tensor VectorE
+    passes instead of one step per element; exact for max/min, a balanced product order
+    (error ~log2(n) ulp, like a pairwise sum) for multiplication."""
+    if x.shape[dim] <= 1:
+        return x.clone()
+    fill = torch.full((), identity, dtype=x.dtype, device=x.device)
+    by = 1
+    while by < x.shape[dim]:
+        x = combine(_shifted(x, dim, by, fill), x)
+        by *= 2
+    return x
+
+
+def cumprod(t: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None) -> object:
+    """Cumulative product: a doubling scan of multiplications (:func:`_scan`)."""
+    x = t.to(dtype) if dtype is not None else t
+    if not x.is_floating_point():
+        return NotImplemented
+    if x.dim() == 0:
+        return x.clone()
+    return _scan(x, dim % x.dim(), torch.mul, 1.0)
+
+
+def logcumsumexp(t: torch.Tensor, dim: int) -> object:
+    """log(cumsum(exp(x))): a doubling scan of ``logaddexp``, which never leaves the log
+    domain (a shift by the maximum would underflow the terms far below it)."""
+    if not t.is_floating_point():
+        return NotImplemented
+    if t.dim() == 0:
+        return t.clone()
+    return _scan(t, dim % t.dim(), torch.logaddexp, -math.inf)
+
+
+def _cumulative_extreme(largest: bool) -> Callable[..., object]:
+    def scan(t: torch.Tensor, dim: int) -> object:
+        """(running max/min, the last position it was reached at): a doubling scan of
+        (value, index) pairs; the later element wins ties, as in PyTorch's kernel, and a NaN,
+        once seen, stays."""
+        if t.dim() == 0:
+            return t.clone(), torch.zeros((), dtype=torch.int64, device=t.device)
+        dim = dim % t.dim()
+        n = t.shape[dim]
+        shape = [1] * t.dim()
+        shape[dim] = n
+        index = torch.arange(n, device=t.device).reshape(shape).expand(t.shape)
+        values, at = t, index
+        by = 1
+        while by < n:
+            v0 = values.narrow(dim, 0, n - by)
+            i0 = at.narrow(dim, 0, n - by)
+            v1 = values.narrow(dim, by, n - by)
+            i1 = at.narrow(dim, by, n - by)
+            better = (v0 > v1) if largest else (v0 < v1)
+            # the earlier part wins only when strictly better or a NaN (NaNs propagate)
+            earlier = better | (torch.isnan(v0) & ~torch.isnan(v1))
+            v = torch.where(earlier, v0, v1)
+            i = torch.where(earlier, i0, i1)
+            values = torch.cat([values.narrow(dim, 0, by), v], dim=dim)
+            at = torch.cat([at.narrow(dim, 0, by), i], dim=dim)
+            by *= 2
+        return values, at
+
+    return scan
+
+
+def _dim_extreme(largest: bool) -> Callable[..., object]:
+    def reduce(t: torch.Tensor, dim: int, keepdim: bool = False) -> object:
+        """(max/min along ``dim``, the first position holding it): amax, then the smallest
+        position where the element equals it (a NaN is the extreme, as in eager)."""
+        if t.dim() == 0:
+            return t.clone(), torch.zeros((), dtype=torch.int64, device=t.device)
+        if t.dtype == torch.bool:
+            return NotImplemented
+        dim = dim % t.dim()
+        n = t.shape[dim]
+        m = (torch.amax if largest else torch.amin)(t, dim, keepdim=True)
+        shape = [1] * t.dim()
+        shape[dim] = n
+        index = torch.arange(n, device=t.device).reshape(shape)
+        hit = (t == m) | torch.isnan(t) if t.is_floating_point() else t == m
+        first = torch.amin(torch.where(hit, index, n), dim, keepdim=True)
+        if not keepdim:
+            return m.squeeze(dim), first.squeeze(dim)
+        return m, first
+
+    return reduce
+
+
+def _arg_extreme(largest: bool) -> Callable[..., object]:
+    reduce = _dim_extreme(largest)
+
+    def arg(t: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> object:
+        """The first position of the max/min (over every element when ``dim`` is None)."""
+        if dim is None:
+            found = reduce(t.reshape(-1), 0, False)
+            if found is NotImplemented:
+                return found
+            first = found[1]  # type: ignore[index]
+            return first.reshape([1] * t.dim()) if keepdim else first
+        found = reduce(t, dim, keepdim)
+        return found if found is NotImplemented else found[1]  # type: ignore[index]
+
+    return arg
+
+
+def copy(t: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> object:
+    """``t.copy_(src)`` made functional (a slice assignment): ``src`` in ``t``'s dtype,
+    broadcast to its shape."""
+    return src.to(t.dtype).expand(t.shape).clone()
+
+
+def empty_strided(
+    size: Sequence[int],
+    stride: Sequence[int],
+    *,
+    dtype: torch.dtype | None = None,
+    layout: object = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> object:
+    """Uninitialized memory may hold anything: zeros, as ``empty`` in the importer."""
+    return torch.zeros(size, dtype=dtype, device=device)
+
+
+def addbmm(
+    t: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, *, beta: float = 1, alpha: float = 1
+) -> object:
+    """beta * t + alpha * sum_b b1[b] @ b2[b]: one matmul contracting batch and k together.
+    16-bit types accumulate batch by batch in float32, rounding after each, as PyTorch's
+    CPU kernel does (one addmm per batch)."""
+    if b1.dtype in (torch.bfloat16, torch.float16):
+        base = t.to(torch.float32) * beta if beta != 0 else t.new_zeros((), dtype=torch.float32)
+        acc = base.to(t.dtype)
+        acc = acc.expand(b1.shape[1], b2.shape[2])
+        for b in range(b1.shape[0]):
+            step = torch.matmul(b1[b].to(torch.float32), b2[b].to(torch.float32))
+            acc = (acc.to(torch.float32) + alpha * step).to(t.dtype)
+        return acc
+    n = b1.shape[1]
+    product = torch.matmul(b1.transpose(0, 1).reshape(n, -1), b2.reshape(-1, b2.shape[2]))
+    out = product if alpha == 1 else alpha * product
+    if beta == 0:
+        return out.expand(t.shape[:-2] + out.shape) if t.dim() > 2 else out
+    return (t if beta == 1 else beta * t) + out
+
+
+def put(
+    t: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False
+) -> object:
+    """``t.put_(index, source)``: an index_put into the flattened tensor."""
+    flat = index_put(t.reshape(-1), [index.reshape(-1)], source.reshape(-1), accumulate)
+    return flat if flat is NotImplemented else flat.reshape(t.shape)  # type: ignore[union-attr]
+
+
+def masked_scatter(t: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> object:
+    """The masked positions take ``source``'s elements in order: the k-th set position reads
+    source element k, with k a running count of the mask (cumsum on TensorE) and the read
+    a gather (index_select)."""
+    t, mask = torch.broadcast_tensors(t, mask)
+    flat_mask = mask.reshape(-1)
+    if flat_mask.numel() == 0:
+        return t.clone()
+    order = torch.cumsum(flat_mask.to(torch.int64), 0) - 1
+    picked = torch.index_select(source.reshape(-1), 0, torch.clamp(order, min=0))
+    return torch.where(flat_mask, picked.to(t.dtype), t.reshape(-1)).reshape(t.shape)
+
+
+def searchsorted(
+    sorted_sequence: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    out_int32: bool = False,
+    right: bool = False,
+    side: str | None = None,
+    sorter: torch.Tensor | None = None,
+) -> object:
+    """The insertion point of each value: how many boundaries lie below it (a compare with
+    every boundary and a sum)."""
+    if sorted_sequence.dim() == 0:
+        return NotImplemented
+    right = right or side == "right"
+    seq = sorted_sequence
+    if seq.shape[-1] == 0 or values.numel() == 0:  # no boundaries: every value goes first
+        return torch.zeros(values.shape, dtype=torch.int32 if out_int32 else torch.int64)
+    if sorter is not None:  # the sequence in sorted order
+        seq = torch.gather(seq, -1, sorter)
+    if seq.dim() == 1:
+        below = (seq <= values.unsqueeze(-1)) if right else (seq < values.unsqueeze(-1))
+    elif seq.shape[:-1] == values.shape[:-1]:
+        s, v = seq.unsqueeze(-2), values.unsqueeze(-1)
+        below = (s <= v) if right else (s < v)
+    else:
+        return NotImplemented
+    return below.sum(-1, dtype=torch.int32 if out_int32 else torch.int64)
+
+
+def bucketize(
+    t: torch.Tensor, boundaries: torch.Tensor, *, out_int32: bool = False, right: bool = False
+) -> object:
+    """The bucket of each value: :func:`searchsorted` of the value among the boundaries."""
+    return searchsorted(boundaries, t, out_int32=out_int32, right=right)
+
+
+def _pairwise_distance(x: torch.Tensor, y: torch.Tensor, p: float) -> torch.Tensor:
+    """The p-norm of every row difference: [..., r1, r2]."""
+    diff = (x.unsqueeze(-2) - y.unsqueeze(-3)).abs()
+    if p == 0:
+        return (diff != 0).sum(-1).to(x.dtype)
+    if math.isinf(p):
+        return diff.amax(-1)
+    if p == 1:
+        return diff.sum(-1)
+    if p == 2:
+        return torch.sqrt((diff * diff).sum(-1))
+    return diff.pow(p).sum(-1).pow(1.0 / p)
+
+
+def cdist_forward(
+    x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: int | None = None
+) -> object:
+    """Pairwise p-norm distances from the row differences (not the |x|^2 + |y|^2 - 2xy
+    matmul form, which cancels for near points)."""
+    return _pairwise_distance(x1, x2, p)
+
+
+def pdist_forward(t: torch.Tensor, p: float = 2) -> object:
+    """Distances of every row pair i < j, in row-major order: the full distance matrix's
+    upper triangle, picked by a gather."""
+    n = t.shape[0]
+    if n < 2:
+        return t.new_zeros((0,))
+    full = _pairwise_distance(t, t, p).reshape(-1)
+    # pair q lies in row i = the number of rows r >= 1 whose first pair s_r is <= q, where
+    # s_r = r n - r (r + 1) / 2; its column is j = q - s_i + i + 1.
+    q = torch.arange(n * (n - 1) // 2, device=t.device)
+    r = torch.arange(n, device=t.device)
+    starts = r * n - torch.div(r * (r + 1), 2, rounding_mode="floor")
+    row = (q.unsqueeze(1) >= starts[1:]).sum(1)
+    first = row * n - torch.div(row * (row + 1), 2, rounding_mode="floor")
+    col = q - first + row + 1
+    return torch.index_select(full, 0, row * n + col)
+
+
+_REDUCE_FILL = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "amax": -math.inf, "amin": math.inf}
+
+
+def _one_hot_reduce(
+    x: torch.Tensor,
+    hit: torch.Tensor,
+    src: torch.Tensor,
+    reduce: str,
+    include_self: bool,
+) -> torch.Tensor:
+    """``x[..., n]`` combined with every ``src[..., m]`` whose ``hit[..., m, n]`` holds."""
+    fill = _REDUCE_FILL[reduce]
+    spread = torch.where(hit, src.unsqueeze(-1), fill)
+    if reduce in ("sum", "mean"):
+        combined = spread.sum(-2)
+    elif reduce == "prod":
+        combined = spread.prod(-2)
+    elif reduce == "amax":
+        combined = spread.amax(-2)
+    else:
+        combined = spread.amin(-2)
+    touched = hit.any(-2)
+    if reduce == "mean":
+        count = hit.sum(-2).to(x.dtype) + (1 if include_self else 0)
+        total = combined + x if include_self else combined
+        mean = total / torch.clamp(count, min=1)
+        out = torch.div(mean, 1, rounding_mode="floor") if not x.is_floating_point() else mean
+    elif not include_self:
+        out = combined
+    elif reduce == "sum":
+        out = combined + x
+    elif reduce == "prod":
+        out = combined * x
+    elif reduce == "amax":
+        out = torch.maximum(combined, x)
+    else:
+        out = torch.minimum(combined, x)
+    return torch.where(touched, out.to(x.dtype), x)
+
+
+def scatter_reduce(
+    t: torch.Tensor,
+    dim: int,
+    index: torch.Tensor,
+    src: torch.Tensor,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> object:
+    """``t`` combined with the ``src`` elements each ``index`` sends to it along ``dim``:
+    a one-hot compare with an iota, a select and a reduction over the sources (as gather
+    and scatter_add are)."""
+    if reduce not in _REDUCE_FILL or not t.is_floating_point():
+        return NotImplemented
+    if t.dim() == 0:  # one element: a 1-element dim
+        one = scatter_reduce(
+            t.reshape(1), 0, index.reshape(-1), src.reshape(-1), reduce, include_self=include_self
+        )
+        return one if one is NotImplemented else one.reshape(())  # type: ignore[union-attr]
+    dim = dim % t.dim()
+    if index.shape != src.shape:
+        src = src[tuple(slice(0, n) for n in index.shape)]
+    if index.dim() != t.dim() or any(
+        index.shape[k] > t.shape[k] for k in range(t.dim()) if k != dim
+    ):
+        return NotImplemented
+    # A smaller index along the other dims leaves the rest of t alone: pad it with -1
+    # (matches no position) and the sources with anything.
+    pads: list[int] = []
+    for k in reversed(range(t.dim())):
+        pads += [0, 0 if k == dim else t.shape[k] - index.shape[k]]
+    if any(pads):
+        index, src = F.pad(index, pads, value=-1), F.pad(src, pads)
+    x, idx, values = t.movedim(dim, -1), index.movedim(dim, -1), src.movedim(dim, -1)
+    hit = idx.unsqueeze(-1) == torch.arange(x.shape[-1], device=t.device)
+    return _one_hot_reduce(x, hit, values.to(t.dtype), reduce, include_self).movedim(-1, dim)
+
+
+def index_reduce(
+    t: torch.Tensor,
+    dim: int,
+    index: torch.Tensor,
+    source: torch.Tensor,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> object:
+    """``t`` combined along ``dim`` with the slices of ``source`` that ``index`` sends to
+    each position: one-hot(index) against an iota, a select and a reduction."""
+    if reduce not in _REDUCE_FILL or not t.is_floating_point():
+        return NotImplemented
+    if t.dim() == 0:  # one element: a 1-element dim
+        one = index_reduce(
+            t.reshape(1),
+            0,
+            index.reshape(-1),
+            source.reshape(-1),
+            reduce,
+            include_self=include_self,
+        )
+        return one if one is NotImplemented else one.reshape(())  # type: ignore[union-attr]
+    dim = dim % t.dim()
+    x, values = t.movedim(dim, -1), source.movedim(dim, -1)
+    hit = index.reshape(-1, 1) == torch.arange(x.shape[-1], device=t.device)
+    return _one_hot_reduce(x, hit, values.to(t.dtype), reduce, include_self).movedim(-1, dim)
+
+
+def signbit(t: torch.Tensor) -> object:
+    """x < 0, or -0 (whose reciprocal is -inf)."""
+    if not t.is_floating_point():
+        return t < 0
+    return (t < 0) | (1.0 / t < 0)
+
+
+def angle(t: torch.Tensor) -> object:
+    """The angle of a real number: pi below 0, else 0 (NaN stays NaN)."""
+    if t.is_complex():
+        return NotImplemented
+    x = t if t.is_floating_point() else t.to(torch.float32)
+    return torch.where(x < 0, math.pi, torch.where(torch.isnan(x), x, 0.0)).to(x.dtype)
+
+
+#: Ops core ATen keeps whole, as ops the device runs (each returns ``NotImplemented`` where it
+#: does not apply; those calls stay eager and are counted).
+OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
+    _aten.flip.default: flip,
+    _aten.diagonal.default: diagonal,
+    _aten.diagonal_copy.default: diagonal,
+    _aten.diagonal_scatter.default: diagonal_scatter,
+    _aten.unfold.default: unfold,
+    _aten.cumprod.default: cumprod,
+    _aten.logcumsumexp.default: logcumsumexp,
+    _aten.cummax.default: _cumulative_extreme(largest=True),
+    _aten.cummin.default: _cumulative_extreme(largest=False),
+    _aten.max.dim: _dim_extreme(largest=True),
+    _aten.min.dim: _dim_extreme(largest=False),
+    _aten.argmax.default: _arg_extreme(largest=True),
+    _aten.argmin.default: _arg_extreme(largest=False),
+    _aten.copy.default: copy,
+    _aten.empty_strided.default: empty_strided,
+    _aten.addbmm.default: addbmm,
+    _aten.put.default: put,
+    _aten.masked_scatter.default: masked_scatter,
+    _aten.searchsorted.Tensor: searchsorted,
+    _aten.bucketize.Tensor: bucketize,
+    _aten._cdist_forward.default: cdist_forward,
+    _aten._pdist_forward.default: pdist_forward,
+    _aten.scatter_reduce.two: scatter_reduce,
+    _aten.index_reduce.default: index_reduce,
+    _aten.signbit.default: signbit,
+    _aten.angle.default: angle,
+    _aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
+    _aten.avg_pool2d.default: avg_pool2d,
+    _aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
+    _aten._adaptive_avg_pool3d.default: adaptive_avg_pool3d,
+}
+
+
 #: Backward (and index) ops lowered as device math; each returns ``NotImplemented`` for
 #: argument combinations it does not cover, which then stay eager and are counted.
 TRAINING_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.convolution_backward.default: convolution_backward,
-    _aten.convolution.default: transposed_convolution,
+    _aten.convolution.default: convolution,
     _aten._weight_norm_interface_backward.default: weight_norm_backward,
     _aten.avg_pool2d_backward.default: avg_pool2d_backward,
     _aten.max_pool2d_with_indices_backward.default: max_pool2d_with_indices_backward,
@@ -681,6 +1494,8 @@ def neuron_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., objec
     table.update(get_decompositions([op for op, _ in EXTRA_DECOMPOSITIONS]))
     table.update(TRAINING_DECOMPOSITIONS)
     table.update(WHOLE_REDUCTIONS)
+    table.update(OP_DECOMPOSITIONS)
+    table.update(ELEMENTWISE_DECOMPOSITIONS)
     missing = [
         str(op)
         for op, _ in EXTRA_DECOMPOSITIONS

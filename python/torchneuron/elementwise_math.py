@@ -1,0 +1,386 @@
+"""Elementwise functions the engines have no instruction for, as the math they do have.
+
+ScalarE's activation table (``runtime/program/InstructionSet.def``) has exp, log, log1p,
+sqrt, tanh, sin, cos, erf, ...; the inverse trigonometric and hyperbolic functions and
+PyTorch's special functions are built here from those and VectorE arithmetic, in float32
+(16-bit inputs are widened and the result rounded once, as PyTorch's CPU kernels compute
+them). Each is a decomposition (:func:`torchneuron.decompositions.neuron_decompositions`
+adds :data:`ELEMENTWISE_DECOMPOSITIONS`), so it fuses with its neighbours like any
+elementwise chain. Accuracy: a few float32 ulp over the whole domain, within the float32
+``TRANSCENDENTAL`` bounds of ``tests/python/test_ops.py``; infinities and NaN map as in eager.
+
+- ``atan``: Cephes' ``atanf``: reduce ``|x|`` to ``[0, tan(pi/8)]`` with ``-1/x`` or
+  ``(x-1)/(x+1)`` and evaluate a degree-9 odd polynomial (relative error ~1e-7). ``atan2``,
+  ``asin`` (``atan(x / sqrt((1-x)(1+x)))``) and ``acos`` (``2 atan(sqrt((1-x)/(1+x)))``,
+  no cancellation near 1) are built on it.
+- ``asinh``, ``acosh``, ``atanh``, ``sinh``, ``cosh``, ``tan``: their logarithmic and
+  exponential forms, through ``log1p``/``expm1`` near 0 where the plain forms cancel.
+- ``copysign``, ``fmax``/``fmin``, ``hypot`` (scaled: no overflow), ``log2``/``log10``,
+  ``round(decimals=)``: selects and arithmetic.
+- ``lgamma``, ``digamma``, ``polygamma``: the recurrence shifts the argument to >= 8 (20
+  for polygamma's Hurwitz zeta), where Stirling's / the asymptotic / Euler-Maclaurin series
+  converge to float32 precision in four terms; x <= 0 by reflection formulas.
+- ``erfinv``, ``special.ndtri``: Giles' single-precision polynomials; ``erfc`` = 1 - erf
+  (absolute precision).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["ELEMENTWISE_DECOMPOSITIONS"]
+
+_aten = torch.ops.aten
+
+# Above this, x*x overflows float32 long before asinh/acosh do: use log(2x) (exact there).
+_LARGE = 1e10
+
+
+def _in_float32(fn: Callable[..., torch.Tensor]) -> Callable[..., object]:
+    """Compute in float32 and round once to the input's (16-bit) dtype; other dtypes
+    (integers, float64) keep the op whole (it stays eager, counted)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: torch.Tensor) -> object:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        dtype = torch.result_type(*args) if len(args) > 1 else tensors[0].dtype
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            return NotImplemented
+        wide = [a.to(torch.float32) if isinstance(a, torch.Tensor) else a for a in args]
+        return fn(*wide).to(dtype)
+
+    return wrapper
+
+
+def _odd(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``r`` (computed from ``|x|``) with the sign of ``x``; NaN stays NaN."""
+    return torch.where(x < 0, -r, r)
+
+
+def _atan_abs(t: torch.Tensor) -> torch.Tensor:
+    """atan of ``t >= 0`` (Cephes atanf)."""
+    big = t > 2.414213562373095  # tan(3 pi / 8)
+    mid = t > 0.4142135623730950  # tan(pi / 8)
+    z = torch.where(big, -1.0 / t, torch.where(mid, (t - 1.0) / (t + 1.0), t))
+    base = torch.where(big, math.pi / 2, torch.where(mid, math.pi / 4, 0.0))
+    zz = z * z
+    poly = ((8.05374449538e-2 * zz - 1.38776856032e-1) * zz + 1.99777106478e-1) * zz
+    return base + ((poly - 3.33329491539e-1) * zz * z + z)
+
+
+def _atan(x: torch.Tensor) -> torch.Tensor:
+    return _odd(x, _atan_abs(x.abs()))
+
+
+def _atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    y, x = torch.broadcast_tensors(y, x)
+    # Both infinite: the angle of (sign y, sign x); both zero: 0 (x = +0's answer).
+    both_inf = torch.isinf(x) & torch.isinf(y)
+    both_zero = (x == 0) & (y == 0)
+    xs = torch.where(both_inf, torch.sign(x), torch.where(both_zero, 1.0, x))
+    ys = torch.where(both_inf, torch.sign(y), y)
+    q = _atan(ys / xs)
+    return torch.where(xs < 0, torch.where(ys < 0, q - math.pi, q + math.pi), q)
+
+
+def _asin(x: torch.Tensor) -> torch.Tensor:
+    return _atan(x / torch.sqrt((1.0 - x) * (1.0 + x)))
+
+
+def _acos(x: torch.Tensor) -> torch.Tensor:
+    return 2.0 * _atan_abs(torch.sqrt((1.0 - x) / (1.0 + x)))
+
+
+def _asinh(x: torch.Tensor) -> torch.Tensor:
+    a = x.abs()
+    small = torch.log1p(a + a * a / (1.0 + torch.sqrt(1.0 + a * a)))
+    return _odd(x, torch.where(a > _LARGE, torch.log(a) + math.log(2.0), small))
+
+
+def _acosh(x: torch.Tensor) -> torch.Tensor:
+    t = x - 1.0
+    near = torch.log1p(t + torch.sqrt(t * (x + 1.0)))
+    return torch.where(x > _LARGE, torch.log(x) + math.log(2.0), near)
+
+
+def _atanh(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * torch.log1p(2.0 * x / (1.0 - x))
+
+
+def _sinh(x: torch.Tensor) -> torch.Tensor:
+    # (e^x - e^-x) / 2 = (u + u / (u + 1)) / 2 with u = expm1(|x|): no cancellation near 0;
+    # e^|x| / 2 * 2 overflows 1 ulp early, so large |x| uses e^(|x| - ln 2).
+    a = x.abs()
+    u = torch.expm1(a)
+    r = torch.where(a > 80.0, torch.exp(a - math.log(2.0)), 0.5 * (u + u / (u + 1.0)))
+    return _odd(x, r)
+
+
+def _cosh(x: torch.Tensor) -> torch.Tensor:
+    a = x.abs()
+    e = torch.exp(a)
+    return torch.where(a > 80.0, torch.exp(a - math.log(2.0)), 0.5 * (e + 1.0 / e))
+
+
+def _tan(x: torch.Tensor) -> torch.Tensor:
+    return torch.sin(x) / torch.cos(x)
+
+
+def _negative(x: torch.Tensor) -> torch.Tensor:
+    """The sign bit: x < 0, or -0 (whose reciprocal is -inf). NaN's sign is not visible."""
+    return (x < 0) | (1.0 / x < 0)
+
+
+def _copysign(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    a, b = torch.broadcast_tensors(a, b)
+    return torch.where(_negative(b), -a.abs(), a.abs())
+
+
+def _fmax(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """maximum that ignores a NaN operand (NaN only when both are)."""
+    return torch.where(torch.isnan(a), b, torch.where(torch.isnan(b), a, torch.maximum(a, b)))
+
+
+def _fmin(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isnan(a), b, torch.where(torch.isnan(b), a, torch.minimum(a, b)))
+
+
+def _hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sqrt(a^2 + b^2) scaled by the larger magnitude, so neither square overflows."""
+    a, b = a.abs(), b.abs()
+    big, small = torch.maximum(a, b), torch.minimum(a, b)
+    ratio = torch.where(big == 0, 0.0, small / big)
+    r = big * torch.sqrt(1.0 + ratio * ratio)
+    return torch.where(torch.isinf(a) | torch.isinf(b), math.inf, r)
+
+
+def _log2(x: torch.Tensor) -> torch.Tensor:
+    return torch.log(x) * (1.0 / math.log(2.0))
+
+
+def _log10(x: torch.Tensor) -> torch.Tensor:
+    return torch.log(x) * (1.0 / math.log(10.0))
+
+
+def _round_decimals(x: torch.Tensor, *, decimals: int = 0) -> torch.Tensor:
+    """PyTorch's formula: round(x * 10^d) / 10^d (x / 10^-d * 10^-d for d < 0)."""
+    if decimals >= 0:
+        scale = 10.0**decimals
+        return torch.round(x * scale) / scale
+    scale = 10.0**-decimals
+    return torch.round(x / scale) * scale
+
+
+def _round_decimals_op(x: torch.Tensor, *, decimals: int = 0) -> object:
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return NotImplemented
+    return _round_decimals(x.to(torch.float32), decimals=decimals).to(x.dtype)
+
+
+# -- gamma-family functions: shift up by recurrence, then an asymptotic series ------------
+
+_SHIFT = 8  # terms of the recurrence: the series below run at z >= 8, where they converge fast
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _lgamma_positive(x: torch.Tensor) -> torch.Tensor:
+    """lgamma for x > 0: Stirling's series at z = x + 8 (error < 1e-9 there), less the log of
+    x (x + 1) ... (x + 7); large x use the series directly."""
+    small = x < _SHIFT
+    z = torch.where(small, x + _SHIFT, x)
+    product = x
+    for k in range(1, _SHIFT):
+        product = product * (x + k)
+    inv = 1.0 / z
+    inv2 = inv * inv
+    series = inv * (1.0 / 12 - inv2 * (1.0 / 360 - inv2 * (1.0 / 1260)))
+    stirling = (z - 0.5) * torch.log(z) - z + _HALF_LOG_2PI + series
+    return torch.where(small, stirling - torch.log(product), stirling)
+
+
+def _sin_pi_abs(x: torch.Tensor) -> torch.Tensor:
+    """|sin(pi x)|, reduced to [-1/2, 1/2] first (pi x itself loses the fraction)."""
+    return torch.sin(math.pi * (x - torch.round(x))).abs()
+
+
+def _cot_pi(r: torch.Tensor) -> torch.Tensor:
+    """cot(pi r) for r in [-1/2, 1/2]: cos(pi r) as sin(pi (1/2 - |r|)), exact near r = 1/2
+    where cos itself is small and would carry its absolute error."""
+    return torch.sin(math.pi * (0.5 - r.abs())) / torch.sin(math.pi * r)
+
+
+def _lgamma(x: torch.Tensor) -> torch.Tensor:
+    """lgamma; x <= 0 by the reflection lgamma(x) = log(pi / |sin(pi x)|) - lgamma(1 - x)
+    (inf at the poles, as in eager)."""
+    reflected = torch.log(math.pi / _sin_pi_abs(x)) - _lgamma_positive(1.0 - x)
+    r = torch.where(x > 0, _lgamma_positive(x), reflected)
+    return torch.where(torch.isinf(x), math.inf, r)
+
+
+def _digamma_positive(x: torch.Tensor) -> torch.Tensor:
+    small = x < _SHIFT
+    z = torch.where(small, x + _SHIFT, x)
+    shift = 1.0 / x
+    for k in range(1, _SHIFT):
+        shift = shift + 1.0 / (x + k)
+    inv2 = 1.0 / (z * z)
+    series = inv2 * (1.0 / 12 - inv2 * (1.0 / 120 - inv2 * (1.0 / 252 - inv2 * (1.0 / 240))))
+    asymptotic = torch.log(z) - 0.5 / z - series
+    return torch.where(small, asymptotic - shift, asymptotic)
+
+
+def _digamma(x: torch.Tensor) -> torch.Tensor:
+    """digamma; x <= 0 by the reflection psi(x) = psi(1 - x) - pi / tan(pi x): -inf at 0,
+    NaN at the negative integers, as in eager."""
+    r = x - torch.round(x)
+    reflected = _digamma_positive(1.0 - x) - math.pi * _cot_pi(r)
+    out = torch.where(x > 0, _digamma_positive(x), reflected)
+    out = torch.where((x < 0) & (r == 0), math.nan, out)
+    return torch.where(x == 0, -math.inf, torch.where(x == math.inf, math.inf, out))
+
+
+# Bernoulli numbers B2, B4, B6, B8 for the Euler-Maclaurin tail of the Hurwitz zeta.
+_BERNOULLI = (1.0 / 6, -1.0 / 30, 1.0 / 42, -1.0 / 30)
+_ZETA_SHIFT = 20  # sum the first terms directly: the tail's series then starts at x + 20
+
+
+def _hurwitz_zeta(s: int, x: torch.Tensor) -> torch.Tensor:
+    """zeta(s, x) = sum_k (x + k)^-s for an integer s >= 2 and x > 0: 20 terms, then
+    Euler-Maclaurin."""
+    total = torch.zeros_like(x)
+    for k in range(_ZETA_SHIFT):
+        total = total + torch.pow(x + k, -float(s))
+    z = x + _ZETA_SHIFT
+    tail = torch.pow(z, 1.0 - s) / (s - 1) + 0.5 * torch.pow(z, -float(s))
+    rising = float(s)  # s (s + 1) ... (s + 2j - 2)
+    for j, b in enumerate(_BERNOULLI, start=1):
+        tail = tail + b / math.factorial(2 * j) * rising * torch.pow(z, -float(s + 2 * j - 1))
+        rising *= (s + 2 * j - 1) * (s + 2 * j)
+    return total + tail
+
+
+def _cot_derivative(n: int, c: torch.Tensor) -> torch.Tensor:
+    """d^n/du^n cot(u) as a polynomial in c = cot(u): P0 = c, P(k+1) = -(1 + c^2) P(k)'."""
+    coeffs = [0.0, 1.0]  # coefficient of c^i
+    for _ in range(n):
+        deriv = [i * coeffs[i] for i in range(1, len(coeffs))]
+        grown = [0.0] * (len(deriv) + 2)
+        for i, a in enumerate(deriv):
+            grown[i] -= a
+            grown[i + 2] -= a
+        coeffs = grown
+    out = torch.full_like(c, coeffs[-1])
+    for a in reversed(coeffs[:-1]):
+        out = out * c + a
+    return out
+
+
+def _polygamma_positive(n: int, x: torch.Tensor) -> torch.Tensor:
+    sign = 1.0 if n % 2 == 1 else -1.0
+    return sign * math.factorial(n) * _hurwitz_zeta(n + 1, x)
+
+
+def _polygamma(n: int, x: torch.Tensor) -> torch.Tensor:
+    """psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x); x < 0 by the reflection
+    psi^(n)(x) = (-1)^(n+1) ((-1)^n pi d^n/dx^n cot(pi x) - psi^(n)(1 - x))."""
+    if n == 0:
+        return _digamma(x)
+    r = x - torch.round(x)
+    sign = (-1.0) ** (n + 1)
+    reflected = sign * (
+        (-1.0) ** n * math.pi ** (n + 1) * _cot_derivative(n, _cot_pi(r))
+        - _polygamma_positive(n, 1.0 - x)
+    )
+    out = torch.where(x < 0, reflected, _polygamma_positive(n, x))
+    # As eager's zeta: poles at the non-positive integers (+inf for odd n, NaN for even n),
+    # NaN at +inf and (-1)^(n+1) inf at -inf.
+    out = torch.where((x <= 0) & (r == 0), math.inf if n % 2 else math.nan, out)
+    return torch.where(x == math.inf, math.nan, torch.where(x == -math.inf, sign * math.inf, out))
+
+
+def _polygamma_op(n: int, x: torch.Tensor) -> object:
+    if n < 0 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return NotImplemented
+    return _polygamma(n, x.to(torch.float32)).to(x.dtype)
+
+
+def _erfinv_from(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Giles' single-precision erfinv ("Approximating the erfinv function", GPU Computing
+    Gems, 2011), given w = -log((1 - x)(1 + x)): two polynomials, relative error < 4e-7."""
+    central = w - 2.5
+    p = torch.full_like(w, 2.81022636e-08)
+    for c in (
+        3.43273939e-07,
+        -3.5233877e-06,
+        -4.39150654e-06,
+        0.00021858087,
+        -0.00125372503,
+        -0.00417768164,
+        0.246640727,
+        1.50140941,
+    ):
+        p = c + p * central
+    tail = torch.sqrt(w) - 3.0
+    q = torch.full_like(w, -0.000200214257)
+    for c in (
+        0.000100950558,
+        0.00134934322,
+        -0.00367342844,
+        0.00573950773,
+        -0.0076224613,
+        0.00943887047,
+        1.00167406,
+        2.83297682,
+    ):
+        q = c + q * tail
+    y = torch.where(w < 5.0, p, q) * x
+    return torch.where(x.abs() == 1.0, x * math.inf, y)
+
+
+def _erfinv(x: torch.Tensor) -> torch.Tensor:
+    return _erfinv_from(-torch.log1p(-x * x), x)
+
+
+def _ndtri(p: torch.Tensor) -> torch.Tensor:
+    """sqrt(2) erfinv(2p - 1), with w from p itself: -log(4 p (1 - p)) keeps the tails'
+    precision that 2p - 1 would round away."""
+    w = -torch.log(4.0 * p * (1.0 - p))
+    return math.sqrt(2.0) * _erfinv_from(w, 2.0 * p - 1.0)
+
+
+def _erfc(x: torch.Tensor) -> torch.Tensor:
+    """1 - erf(x): exact to float32's absolute precision (relative precision is lost
+    in the far right tail, where erfc < 1e-7)."""
+    return 1.0 - torch.erf(x)
+
+
+#: op -> its decomposition (``NotImplemented`` for dtypes it does not cover).
+ELEMENTWISE_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
+    _aten.atan.default: _in_float32(_atan),
+    _aten.atan2.default: _in_float32(_atan2),
+    _aten.asin.default: _in_float32(_asin),
+    _aten.acos.default: _in_float32(_acos),
+    _aten.asinh.default: _in_float32(_asinh),
+    _aten.acosh.default: _in_float32(_acosh),
+    _aten.atanh.default: _in_float32(_atanh),
+    _aten.sinh.default: _in_float32(_sinh),
+    _aten.cosh.default: _in_float32(_cosh),
+    _aten.tan.default: _in_float32(_tan),
+    _aten.copysign.Tensor: _in_float32(_copysign),
+    _aten.fmax.default: _in_float32(_fmax),
+    _aten.fmin.default: _in_float32(_fmin),
+    _aten.hypot.default: _in_float32(_hypot),
+    _aten.log2.default: _in_float32(_log2),
+    _aten.log10.default: _in_float32(_log10),
+    _aten.round.decimals: _round_decimals_op,
+    _aten.lgamma.default: _in_float32(_lgamma),
+    _aten.digamma.default: _in_float32(_digamma),
+    _aten.polygamma.default: _polygamma_op,
+    _aten.erfinv.default: _in_float32(_erfinv),
+    _aten.special_ndtri.default: _in_float32(_ndtri),
+    _aten.erfc.default: _in_float32(_erfc),
+}
