@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import cast
@@ -999,6 +1000,143 @@ def adaptive_avg_pool3d(x: torch.Tensor, output_size: Sequence[int]) -> object:
     return _adaptive_avg_pool(x, output_size)
 
 
+def _adaptive_max_pool(x: torch.Tensor, output_size: Sequence[int]) -> object:
+    """Adaptive max pooling (values and first-maximum indices): window position ``a`` of
+    every window along a dim is a gather of rows ``min(start + a, end - 1)`` (a window
+    shorter than the longest repeats its last row, which changes neither its maximum nor
+    where that first occurs); the maximum over positions, then the first position holding
+    it, last to first, as max pooling's indices."""
+    spatial = len(output_size)
+    sizes = list(x.shape[-spatial:])
+    if any(o <= 0 for o in output_size) or x.numel() == 0:
+        return NotImplemented
+    rows: list[list[torch.Tensor]] = []  # per dim, per window position: [out] input rows
+    for n, o in zip(sizes, output_size, strict=True):
+        i = torch.arange(o, device=x.device)
+        start = torch.div(i * n, o, rounding_mode="floor")
+        end = torch.div((i + 1) * n + o - 1, o, rounding_mode="floor")
+        longest = max(-(-(k + 1) * n // o) - (k * n // o) for k in range(o))
+        rows.append([torch.minimum(start + a, end - 1) for a in range(longest)])
+    positions = list(itertools.product(*(range(len(r)) for r in rows)))
+    windows = []
+    for position in positions:
+        w = x
+        for d, a in enumerate(position):
+            w = torch.index_select(w, x.dim() - spatial + d, rows[d][a])
+        windows.append(w)
+    best = windows[0]
+    for w in windows[1:]:
+        best = torch.maximum(best, w)
+    index: torch.Tensor | None = None
+    for position, w in zip(reversed(positions), reversed(windows), strict=True):
+        flat: torch.Tensor | None = None
+        for d, a in enumerate(position):
+            shape = [1] * spatial
+            shape[d] = output_size[d]
+            at = rows[d][a].reshape(shape)
+            flat = at if flat is None else flat * sizes[d] + at
+        assert flat is not None
+        hit = (w == best) | torch.isnan(w)
+        index = flat.expand(hit.shape) if index is None else torch.where(hit, flat, index)
+    return best, index
+
+
+def adaptive_max_pool2d(x: torch.Tensor, output_size: Sequence[int]) -> object:
+    return _adaptive_max_pool(x, output_size)
+
+
+def adaptive_max_pool3d(x: torch.Tensor, output_size: Sequence[int]) -> object:
+    return _adaptive_max_pool(x, output_size)
+
+
+def trilinear(
+    i1: torch.Tensor,
+    i2: torch.Tensor,
+    i3: torch.Tensor,
+    expand1: Sequence[int],
+    expand2: Sequence[int],
+    expand3: Sequence[int],
+    sumdim: Sequence[int],
+    unroll_dim: int = 1,
+) -> object:
+    """``_trilinear`` (bilinear layers): the three inputs broadcast by their expanded dims,
+    multiplied and summed over ``sumdim``, its definition."""
+    a, b, c = i1, i2, i3
+    for d in sorted(expand1):
+        a = a.unsqueeze(d)
+    for d in sorted(expand2):
+        b = b.unsqueeze(d)
+    for d in sorted(expand3):
+        c = c.unsqueeze(d)
+    product = a * b * c
+    return product.sum(list(sumdim)) if sumdim else product
+
+
+def kthvalue(t: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False) -> object:
+    """The k-th smallest along ``dim`` and its position: the device's top-k (smallest
+    first), its last row."""
+    if t.dim() == 0:
+        return t.clone(), torch.zeros((), dtype=torch.int64, device=t.device)
+    values, indices = torch.topk(t, k, dim, largest=False)
+    dim = dim % t.dim()
+    value, index = values.narrow(dim, k - 1, 1), indices.narrow(dim, k - 1, 1)
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
+
+
+def median(t: torch.Tensor) -> object:
+    """The lower median of every element ((n - 1) // 2-th smallest, by top-k); NaN if any
+    element is NaN, as in eager."""
+    if t.numel() == 0:
+        return NotImplemented
+    flat = t.reshape(-1)
+    value = kthvalue(flat, (flat.numel() - 1) // 2 + 1, 0)[0]  # type: ignore[index]
+    if not t.is_floating_point():
+        return value
+    return torch.where(torch.isnan(flat).any(), math.nan, value)
+
+
+def median_dim(t: torch.Tensor, dim: int, keepdim: bool = False) -> object:
+    """The lower median along ``dim`` and its position (by top-k; rows holding a NaN keep
+    eager's NaN and its position)."""
+    if t.dim() == 0:
+        return t.clone(), torch.zeros((), dtype=torch.int64, device=t.device)
+    dim = dim % t.dim()
+    n = t.shape[dim]
+    if n == 0:
+        return NotImplemented
+    value, index = kthvalue(t, (n - 1) // 2 + 1, dim, keepdim=True)  # type: ignore[misc]
+    if t.is_floating_point():
+        nan = torch.isnan(t)
+        positions = torch.arange(n, device=t.device).reshape(
+            [n if d == dim else 1 for d in range(t.dim())]
+        )
+        first_nan = torch.amin(torch.where(nan, positions, n), dim, keepdim=True)
+        has_nan = first_nan < n
+        value = torch.where(has_nan, math.nan, value)
+        index = torch.where(has_nan, first_nan, index)
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
+
+
+def histc(t: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> object:  # noqa: A002
+    """Counts per bin: each element's bin from its position in [min, max] (the data's range
+    when both are 0), compared with every bin number and summed; elements outside the
+    range are not counted, max goes to the last bin."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return NotImplemented
+    x = t.reshape(-1).to(torch.float32)
+    lo = torch.full((), float(min), device=t.device)
+    hi = torch.full((), float(max), device=t.device)
+    if min == 0 and max == 0:
+        lo, hi = x.amin(), x.amax()
+    same = lo == hi
+    lo, hi = torch.where(same, lo - 1, lo), torch.where(same, hi + 1, hi)
+    inside = (x >= lo) & (x <= hi)
+    which = torch.floor((x - lo) * bins / (hi - lo))
+    which = torch.where(which == bins, bins - 1, which)
+    hit = inside.unsqueeze(1) & (which.unsqueeze(1) == torch.arange(bins, device=t.device))
+    return hit.sum(0).to(t.dtype)
+
+
 def diagonal_scatter(
     t: torch.Tensor, src: torch.Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1
 ) -> object:
@@ -1444,6 +1582,13 @@ OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.avg_pool2d.default: avg_pool2d,
     _aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
     _aten._adaptive_avg_pool3d.default: adaptive_avg_pool3d,
+    _aten.adaptive_max_pool2d.default: adaptive_max_pool2d,
+    _aten.adaptive_max_pool3d.default: adaptive_max_pool3d,
+    _aten._trilinear.default: trilinear,
+    _aten.kthvalue.default: kthvalue,
+    _aten.median.default: median,
+    _aten.median.dim: median_dim,
+    _aten.histc.default: histc,
 }
 
 
