@@ -1117,6 +1117,34 @@ def median_dim(t: torch.Tensor, dim: int, keepdim: bool = False) -> object:
     return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
 
 
+def nanmedian_dim(t: torch.Tensor, dim: int, keepdim: bool = False) -> object:
+    """The lower median of the non-NaN values along ``dim``: sorted with NaN as +inf (the
+    device's sort), then the element at (count - 1) // 2, picked by a one-hot gather; NaN
+    where a row is all NaN."""
+    if t.dim() == 0:
+        return t.clone(), torch.zeros((), dtype=torch.int64, device=t.device)
+    if not t.is_floating_point():
+        return median_dim(t, dim, keepdim)
+    dim = dim % t.dim()
+    if t.shape[dim] == 0:
+        return NotImplemented
+    nan = torch.isnan(t)
+    values, order = torch.sort(torch.where(nan, math.inf, t), dim=dim, stable=True)
+    count = (~nan).sum(dim, keepdim=True)
+    at = torch.clamp(torch.div(count - 1, 2, rounding_mode="floor"), min=0)
+    value = torch.gather(values, dim, at)
+    index = torch.gather(order, dim, at)
+    value = torch.where(count == 0, math.nan, value)
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
+
+
+def nanmedian(t: torch.Tensor) -> object:
+    if t.numel() == 0:
+        return NotImplemented
+    found = nanmedian_dim(t.reshape(-1), 0)
+    return found if found is NotImplemented else found[0]  # type: ignore[index]
+
+
 def histc(t: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> object:  # noqa: A002
     """Counts per bin: each element's bin from its position in [min, max] (the data's range
     when both are 0), compared with every bin number and summed; elements outside the
@@ -1588,6 +1616,8 @@ OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.kthvalue.default: kthvalue,
     _aten.median.default: median,
     _aten.median.dim: median_dim,
+    _aten.nanmedian.default: nanmedian,
+    _aten.nanmedian.dim: nanmedian_dim,
     _aten.histc.default: histc,
 }
 
