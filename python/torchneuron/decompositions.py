@@ -1232,7 +1232,8 @@ def cumprod(t: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None) -> o
         return NotImplemented
     if x.dim() == 0:
         return x.clone()
-    return _scan(x, dim % x.dim(), torch.mul, 1.0)
+    # 16-bit types accumulate in float32 and round once, as PyTorch's CPU kernel does
+    return _scan(x.to(_accumulation_dtype(x)), dim % x.dim(), torch.mul, 1.0).to(x.dtype)
 
 
 def logcumsumexp(t: torch.Tensor, dim: int) -> object:
@@ -1242,7 +1243,8 @@ def logcumsumexp(t: torch.Tensor, dim: int) -> object:
         return NotImplemented
     if t.dim() == 0:
         return t.clone()
-    return _scan(t, dim % t.dim(), torch.logaddexp, -math.inf)
+    wide = t.to(_accumulation_dtype(t))
+    return _scan(wide, dim % t.dim(), torch.logaddexp, -math.inf).to(t.dtype)
 
 
 def _cumulative_extreme(largest: bool) -> Callable[..., object]:
