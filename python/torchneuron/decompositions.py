@@ -351,8 +351,12 @@ def transposed_convolution(
     )
     if any(op[k] >= max(s[k], d[k]) for k in range(2)):
         return NotImplemented
-    # weight [C_in, C_out/G, kh, kw] is the ordinary convolution's [O, C/G, kh, kw].
-    y = _input_grad(x, weight, (size[0], size[1]), s, p, d, groups, x.dtype)
+    # weight [C_in, C_out/G, kh, kw] is the ordinary convolution's [O, C/G, kh, kw]. 16-bit
+    # inputs multiply in float32: a 16-bit matmul would round every window position's share
+    # before the shares are summed (several ulps off eager's one rounding, in OpInfo's bf16
+    # samples 0.07 at magnitude 5).
+    acc = _accumulation_dtype(x)
+    y = _input_grad(x.to(acc), weight.to(acc), (size[0], size[1]), s, p, d, groups, x.dtype)
     if bias is not None:
         y = y + bias.to(y.dtype).reshape(1, -1, 1, 1)
     return y.squeeze(2) if one_d else y
