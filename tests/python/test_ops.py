@@ -967,21 +967,22 @@ def test_cases_name_opinfo_entries() -> None:
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
 def test_an_expected_fallback_xfail_does_not_accept_a_wrong_answer(wrong: bool) -> None:
-    """The harness itself: with argmax expected to fall back, a sample whose argmax falls back
-    and whose result matches is the failure the xfail accepts (OpCheckFailed); the same sample
-    giving a wrong answer on the device side is not (SamplesFailed)."""
+    """The harness itself: with bessel_j0 (no lowering) expected to fall back, a sample whose
+    bessel_j0 falls back and whose result matches is the failure the xfail accepts
+    (OpCheckFailed); the same sample giving a wrong answer on the device side is not
+    (SamplesFailed)."""
 
-    def argmax_plus(x: torch.Tensor) -> torch.Tensor:
+    def bessel_plus(x: torch.Tensor) -> torch.Tensor:
         # Under torch.compile a wrong device: the compiled graph adds 1, eager does not.
         shift = 1.0 if wrong and torch.compiler.is_compiling() else 0.0
-        return torch.argmax(x, dim=-1).float() + x.sum() * 0 + shift
+        return torch.special.bessel_j0(x) + x.sum() * 0 + shift
 
-    case = Case("argmax_plus", fn=argmax_plus)
+    case = Case("bessel_plus", fn=bessel_plus)
     x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
-    sample = Sample(x, (), {}, expected=argmax_plus(x))
+    sample = Sample(x, (), {}, expected=bessel_plus(x))
     expected_error = SamplesFailed if wrong else OpCheckFailed
     with pytest.raises(AssertionError) as info:
-        _run_samples(case, [(sample, None)], F32, gap="aten.argmax.default")
+        _run_samples(case, [(sample, None)], F32, gap="aten.special_bessel_j0.default")
     assert type(info.value) is expected_error, str(info.value)
     assert ("WrongAnswer" in str(info.value)) == wrong, str(info.value)
 

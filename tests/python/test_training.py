@@ -254,12 +254,13 @@ def test_gradients_match_eager(
 
 
 def test_unsupported_backward_is_a_counted_fallback(real_native: ModuleType) -> None:
-    # 3-d convolution has no lowering, forward or backward: both stay eager, counted, and
-    # the gradients are still right.
-    x, w = _randn(2, 2, 4, 4, 4).requires_grad_(), _randn(3, 2, 3, 3, 3, seed=1).requires_grad_()
+    # 3-d transposed convolution has no lowering, forward or backward: both stay eager,
+    # counted, and the gradients are still right.
+    x, w = _randn(2, 2, 4, 4, 4).requires_grad_(), _randn(2, 3, 3, 3, 3, seed=1).requires_grad_()
     xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-    torch.compile(lambda x, w: F.conv3d(x, w).relu(), backend="neuron")(x, w).sum().backward()
-    F.conv3d(xr, wr).relu().sum().backward()
+    compiled = torch.compile(lambda x, w: F.conv_transpose3d(x, w).relu(), backend="neuron")
+    compiled(x, w).sum().backward()
+    F.conv_transpose3d(xr, wr).relu().sum().backward()
     fallback = torchneuron.stats()["ops_fallback"]
     assert fallback["aten.convolution.default"] == 1
     assert fallback["aten.convolution_backward.default"] == 1
