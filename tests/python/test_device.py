@@ -292,6 +292,18 @@ def test_printing_matches_cpu() -> None:
     assert repr(torch.tensor(2, device="neuron")) == "tensor(2, device='neuron:0')"
 
 
+def test_printing_runs_no_device_ops() -> None:
+    # torch's formatter runs masked_select and float64 min/max on what it prints: formatted from
+    # a host copy, printing compiles nothing and falls back nowhere, and keeps grad_fn.
+    x = (torch.randn(40, 30).to("neuron").requires_grad_() * 3).to(torch.bfloat16)
+    torchneuron.reset_stats()
+    text = repr(x)
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {} and stats["kernels_run"] == 0, stats
+    assert "grad_fn=<ToCopyBackward0>" in text and "dtype=torch.bfloat16" in text
+    assert text.split("device=")[0] == repr(x.detach().cpu()).split("dtype=")[0]
+
+
 def test_save_and_load() -> None:
     model = torch.nn.Linear(3, 2).to("neuron")
     buf = io.BytesIO()
