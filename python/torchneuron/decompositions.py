@@ -28,7 +28,11 @@ decomposes into scatters and gathers by index, become device math here:
   picks it, so ``max_pool2d_with_indices`` needs no indices on the device);
 - ``slice_scatter`` (a sliced view's backward): a concat of the untouched parts and the slice;
 - ``embedding_dense_backward`` and ``index_put`` with ``accumulate`` (index_select's
-  backward): one-hot(indices)^T @ grad, a TensorE matmul instead of a scatter-add;
+  backward): one-hot(indices)^T @ grad, a TensorE matmul instead of a scatter-add; without
+  ``accumulate``, a row maximum finds each position's last writer, then a gather;
+- mixture-of-experts routing: ``histc`` (token counts per expert) as a one-hot sum;
+  ``_grouped_mm`` and Transformers' ``grouped_mm_fallback`` (and its backward) as every
+  group's matmul masked to the group's rows; ``copy`` (cache updates) as a cast + broadcast;
 - ``gather`` / ``scatter`` / ``scatter_add`` along a dim (cross-entropy's ``nll_loss`` and its
   backward, gather's and topk's backward): compares with an iota (one-hot), then a select and
   a sum.
@@ -39,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import struct
 from collections.abc import Callable, Sequence
 
 import torch
@@ -417,10 +422,15 @@ def index_put(
     """``t[..., index] += values`` with one index tensor on dim ``d`` after ``d`` whole dims
     (index_select's backward; ``index_add``, which core ATen turns into this, on any dim):
     one-hot(index)^T @ values, like the embedding gradient, with dim ``d`` moved first.
-    Without ``accumulate`` repeated indices leave the winner unspecified, so that form stays
-    eager."""
-    if not accumulate or not indices:
+    Without ``accumulate`` (``t[index] = values``: MoE routing's inverse permutation), each
+    position takes the values of the last index naming it, as PyTorch's serial CPU loop
+    leaves it: the last one found as a row maximum over the indices' positions (VectorE),
+    then a gather of those value rows. A boolean mask over the leading dims with values
+    that do not depend on which elements it selects (``x[mask] = v``) is a select."""
+    if not indices:
         return NotImplemented
+    if len(indices) == 1 and indices[0] is not None and indices[0].dtype == torch.bool:
+        return _put_masked(t, indices[0], values, accumulate)
     if t.dim() == 0:  # a 0-d tensor indexed by [0]s: a one-row table
         added = index_put(t.reshape(1), indices, values.reshape(-1), accumulate)
         return NotImplemented if added is NotImplemented else added.reshape(())  # type: ignore[union-attr]
@@ -441,10 +451,159 @@ def index_put(
     if index.dim() != 1:
         index, values = index.reshape(-1), values.reshape(index.numel(), *t.shape[1:])
     x, src = t.movedim(dim, 0), values.movedim(dim, 0)
+    if not accumulate:
+        if index.numel() >= 2**24:  # positions are exact float32 integers below 2**24
+            return NotImplemented
+        return _put_last_wins(x, index, src).movedim(0, dim)
     hit = index.unsqueeze(1) == torch.arange(x.shape[0], device=t.device)
     rows = src.reshape(index.numel(), -1)
     added = torch.matmul(hit.to(rows.dtype).t(), rows).reshape(x.shape)
     return (x + added.to(t.dtype)).movedim(0, dim)
+
+
+def copy(t: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> object:
+    """``aten.copy`` (what an in-place ``copy_`` into a buffer becomes, e.g. a KV or
+    convolution-state cache update): ``src`` cast to ``t``'s dtype and broadcast to its shape."""
+    del non_blocking
+    if t.device != src.device:
+        return NotImplemented
+    return src.to(t.dtype).expand(t.shape).clone()
+
+
+def histc(t: torch.Tensor, bins: int = 100, min: float = 0.0, max: float = 0.0) -> object:  # noqa: A002
+    """``torch.histc`` with a given range (MoE routers count tokens per expert with it):
+    each element's bin compared with every bin index (one-hot), summed over the elements.
+
+    The bin is PyTorch's CPU formula, ``(x - min) * bins / (max - min)`` in the input's
+    dtype, truncated, the top
+    edge in the last bin and values outside ``[min, max]`` in none. With ``min == max`` the
+    range is the data's (widened by 1 each way when that is a single value too)."""
+    if not t.dtype.is_floating_point or t.dtype == torch.float64 or bins <= 0 or not t.numel():
+        return NotImplemented
+    flat = t.reshape(-1)
+    lo: torch.Tensor | float
+    hi: torch.Tensor | float
+    if min == max:
+        lo, hi = flat.min(), flat.max()
+        same = lo == hi
+        lo, hi = torch.where(same, lo - 1, lo), torch.where(same, hi + 1, hi)
+        width: torch.Tensor | float = hi - lo
+    else:
+        lo, hi = _rounded(min, t.dtype), _rounded(max, t.dtype)
+        width = _rounded(hi - lo, t.dtype)
+    pos = ((flat - lo) * bins / width).floor().clamp(max=bins - 1)
+    inside = (flat >= lo) & (flat <= hi)
+    onehot = (pos.unsqueeze(1) == torch.arange(bins, device=t.device, dtype=t.dtype)) & (
+        inside.unsqueeze(1)
+    )
+    return onehot.to(t.dtype).sum(0)
+
+
+def _rounded(x: float, dtype: torch.dtype) -> float:
+    """``x`` rounded to ``dtype`` (to nearest, ties to even), as the CPU kernel holds it."""
+    if dtype == torch.float16:
+        return float(struct.unpack("e", struct.pack("e", x))[0])
+    single = struct.unpack("f", struct.pack("f", x))[0]
+    if dtype != torch.bfloat16:
+        return float(single)
+    bits = struct.unpack("I", struct.pack("f", single))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return float(struct.unpack("f", struct.pack("I", bits))[0])
+
+
+def _group_masks(offs: torch.Tensor, length: int, like: torch.Tensor) -> torch.Tensor:
+    """``[groups, length]``: whether position ``i`` of a jagged dimension is in group ``g``
+    (``offs[g - 1] <= i < offs[g]``; positions from ``offs[-1]`` on are in none)."""
+    pos = torch.arange(length, device=offs.device, dtype=offs.dtype)
+    group = (offs.unsqueeze(0) <= pos.unsqueeze(1)).to(torch.int32).sum(1)
+    ids = torch.arange(offs.shape[0], device=offs.device, dtype=torch.int32)
+    return (group.unsqueeze(0) == ids.unsqueeze(1)).to(like.dtype)
+
+
+def grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> object:
+    """``torch._grouped_mm`` (``F.grouped_mm``, Transformers' MoE experts): every group's
+    matmul over all rows, masked to the group's rows and summed, so each output element is
+    one group's product, exactly as a per-group GEMM gives it.
+
+    Group boundaries come from data, and a kernel's shape cannot, so this does the groups'
+    work ``groups`` times over: right for the expert counts of small models, and the place a
+    grouped-GEMM kernel (token blocks with their expert's weights gathered) belongs."""
+    if out_dtype not in (None, a.dtype) or a.dtype != b.dtype:
+        return NotImplemented
+    if offs is None:
+        out = torch.bmm(a, b) if a.dim() == 3 and b.dim() == 3 else NotImplemented
+    elif a.dim() == 2 and b.dim() == 3:  # rows of a in groups: (M, K) x (G, K, N) -> (M, N)
+        mask = _group_masks(offs, a.shape[0], a)
+        out = (torch.matmul(a.unsqueeze(0), b) * mask.unsqueeze(2)).sum(0)
+    elif a.dim() == 2 and b.dim() == 2:  # K in groups (weight gradients): -> (G, M, N)
+        mask = _group_masks(offs, a.shape[1], a)
+        out = torch.matmul(a.unsqueeze(0) * mask.unsqueeze(1), b)
+    elif a.dim() == 3 and b.dim() == 2:  # columns of b in groups: (G, M, K) x (K, N) -> (M, N)
+        mask = _group_masks(offs, b.shape[1], a)
+        out = (torch.matmul(a, b) * mask.unsqueeze(1)).sum(0)
+    else:
+        return NotImplemented
+    if out is NotImplemented or bias is None:
+        return out
+    return out + bias
+
+
+def transformers_grouped_mm(
+    x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor
+) -> torch.Tensor:
+    """Transformers' ``grouped_mm_fallback`` op: ``x`` (S, K) rows in groups, ``weight``
+    (E, K, N); rows past the last group are zeros (as its loop leaves them)."""
+    return grouped_mm(x, weight, offs)  # type: ignore[return-value]
+
+
+def transformers_grouped_mm_backward(
+    x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, grad: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Its backward: the input's gradient row groups times the weights transposed, and each
+    expert's weight gradient its rows of ``x`` transposed times theirs of ``grad``."""
+    grad_x = grouped_mm(grad, weight.transpose(1, 2), offs)
+    grad_w = grouped_mm(x.t(), grad, offs)
+    return grad_x, grad_w  # type: ignore[return-value]
+
+
+def _put_masked(
+    t: torch.Tensor, mask: torch.Tensor, values: torch.Tensor, accumulate: bool
+) -> object:
+    """``t[mask] = values`` (or ``+=``) for values broadcast along the selected elements."""
+    inner = t.shape[mask.dim() :]
+    if mask.shape != t.shape[: mask.dim()] or values.dim() > len(inner) + 1:
+        return NotImplemented
+    if values.dim() == len(inner) + 1:
+        if values.shape[0] != 1:  # one row per selected element: their count is data
+            return NotImplemented
+        values = values[0]
+    try:
+        if torch.broadcast_shapes(values.shape, inner) != inner:
+            return NotImplemented
+    except RuntimeError:
+        return NotImplemented
+    selected = mask.reshape(*mask.shape, *([1] * len(inner)))
+    new = (t + values) if accumulate else values.to(t.dtype).expand(t.shape)
+    return torch.where(selected, new.to(t.dtype), t)
+
+
+def _put_last_wins(x: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``x[index] = src`` along dim 0, a repeated index taking its last row of ``src``."""
+    n, count = x.shape[0], index.shape[0]
+    index = torch.where(index < 0, index + n, index)
+    rows = torch.arange(n, device=x.device, dtype=index.dtype)
+    positions = torch.arange(count, device=x.device, dtype=torch.float32)
+    named = rows.unsqueeze(1) == index.unsqueeze(0)  # [n, count]: row r named by index i
+    last = torch.where(named, positions, -1.0).amax(1)  # the last index naming each row
+    taken = src[last.clamp(min=0).to(torch.int64)]
+    written = (last >= 0).reshape(n, *([1] * (x.dim() - 1)))
+    return torch.where(written, taken.to(x.dtype), x)
 
 
 def _along_last(t: torch.Tensor, index: torch.Tensor, dim: int) -> bool:
@@ -649,6 +808,15 @@ TRAINING_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.scatter.src: scatter_src,
     _aten.scatter_add.default: scatter_add,
     _aten.slice_scatter.default: slice_scatter,
+    _aten.copy.default: copy,
+    _aten.histc.default: histc,
+    _aten._grouped_mm.default: grouped_mm,
+}
+
+#: Ops of libraries models use (registered when the library is imported), by qualified name.
+LIBRARY_DECOMPOSITIONS: dict[str, Callable[..., object]] = {
+    "transformers::grouped_mm_fallback": transformers_grouped_mm,
+    "transformers::grouped_mm_fallback_backward": transformers_grouped_mm_backward,
 }
 
 
@@ -672,8 +840,21 @@ def math_attention() -> contextlib.AbstractContextManager[None]:
     return sdpa_kernel([SDPBackend.MATH])
 
 
-@functools.cache
 def neuron_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., object]]:
+    """Core ATen decompositions plus :data:`EXTRA_DECOMPOSITIONS`, and the
+    :data:`LIBRARY_DECOMPOSITIONS` of the libraries imported so far."""
+    table = _aten_decompositions()
+    library = {}
+    for name, fn in LIBRARY_DECOMPOSITIONS.items():
+        namespace, op = name.split("::")
+        packet = getattr(getattr(torch.ops, namespace), op, None)  # None until registered
+        if packet is not None:
+            library[packet.default] = fn
+    return {**table, **library} if library else table
+
+
+@functools.cache
+def _aten_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., object]]:
     """Core ATen decompositions plus :data:`EXTRA_DECOMPOSITIONS` (built once, then cached)."""
     from torch._decomp import core_aten_decompositions, get_decompositions
 

@@ -558,6 +558,8 @@ CASES: tuple[Case, ...] = (
     ),
     Case("take_along_dim"),
     Case("roll"),
+    Case("index_put"),
+    Case("histc"),
     Case("__getitem__", materialize=True),
     # -- scans and selection -------------------------------------------------------------------
     Case("cumsum"),
@@ -1020,3 +1022,32 @@ def test_index_select_with_a_0d_input_or_index_runs_on_the_device(
     assert stats["ops_fallback"] == {}
     assert stats["ops_on_device"] == 3
     assert stats["kernels_run"] == 1
+
+
+# (mat_a shape, mat_b shape, which part of the result the groups define: rows / all / columns)
+GROUPED_MM = {
+    "rows": ((16, 8), (3, 8, 16), (slice(0, 12), slice(None))),
+    "k": ((8, 16), (16, 8), (slice(None), slice(None), slice(None))),
+    "columns": ((3, 8, 16), (16, 16), (slice(None), slice(0, 12))),
+    "batched": ((3, 8, 16), (3, 16, 8), (slice(None), slice(None), slice(None))),
+}
+
+
+@pytest.mark.parametrize("layout", list(GROUPED_MM))
+def test_grouped_mm_matches_eager(layout: str) -> None:
+    """``torch._grouped_mm`` (bf16 only, as its compile-time check requires) in each of its
+    layouts (an MoE forward, its weight gradient, ...) with group offsets from data, an empty
+    group among them. Past the last offset PyTorch leaves the result unspecified, so only the
+    groups' part is compared."""
+    a_shape, b_shape, region = GROUPED_MM[layout]
+    offs = None if layout == "batched" else torch.tensor([5, 5, 12], dtype=torch.int32)
+    a, b = torch.randn(a_shape, dtype=torch.bfloat16), torch.randn(b_shape, dtype=torch.bfloat16)
+
+    def fn(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> torch.Tensor:
+        return torch._grouped_mm(a, b, offs=offs)
+
+    got = torch.compile(fn, backend="neuron", fullgraph=True)(a, b, offs)
+    want = fn(a, b, offs)
+    torch.testing.assert_close(got[region], want[region], atol=2e-2, rtol=2e-2)
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {} and stats["kernels_run"] == 1
