@@ -327,6 +327,83 @@ def transposed_convolution(
     return y.squeeze(2) if one_d else y
 
 
+def _pooled_size(size: int, kernel: int, stride: int, pad: int, ceil_mode: bool) -> int:
+    """PyTorch's pooling output size (a ceil_mode window must start inside the input or its
+    left padding)."""
+    span = size + 2 * pad - kernel + (stride - 1 if ceil_mode else 0)
+    out = span // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+def _pool_windows(
+    size: int, kernel: int, stride: int, pad: int, out: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per output position along one dim: which inputs its window sums (``[out, size]``,
+    0/1), its length counting padding (up to the padded input's end) and without it."""
+    start = torch.arange(out, device=device) * stride - pad
+    end = torch.clamp(start + kernel, max=size + pad)
+    first, last = torch.clamp(start, min=0), torch.clamp(end, max=size)
+    i = torch.arange(size, device=device)
+    members = (i >= first.unsqueeze(1)) & (i < last.unsqueeze(1))
+    return members.to(torch.float32), end - start, torch.clamp(last - first, min=0)
+
+
+def avg_pool2d(
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Sequence[int] = (0, 0),
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> object:
+    """``avg_pool2d`` whose windows differ in size, which the importer's fixed windows cannot
+    express: ceil_mode windows running past the padded input (EfficientNet's pooler, a window
+    larger than the whole feature map) and ``count_include_pad=False`` with padding. Window
+    sums as two matmuls with 0/1 window-membership matrices (rows, then columns; float32,
+    exact sums of the inputs), divided by each window's divisor as PyTorch's CPU kernel
+    computes it. Other shapes stay whole for the importer."""
+    k = _pair(kernel_size, (1, 1))
+    s, p = _pair(stride, k), _pair(padding, (0, 0))
+    size: Pair = (x.shape[-2], x.shape[-1])
+    out: Pair = (
+        _pooled_size(size[0], k[0], s[0], p[0], ceil_mode),
+        _pooled_size(size[1], k[1], s[1], p[1], ceil_mode),
+    )
+    if x.dim() not in (3, 4) or min(out) <= 0:
+        return NotImplemented
+    if _windows_fit(size, p, k, s, (1, 1), out) and (count_include_pad or p == (0, 0)):
+        return NotImplemented
+    rows, cols, divisors = _pool_divisors(
+        size, k, s, p, out, count_include_pad, divisor_override, x.device
+    )
+    sums = torch.matmul(torch.matmul(rows, x.to(torch.float32)), cols.t())  # [..., Ho, Wo]
+    return (sums / divisors).to(x.dtype)
+
+
+def _pool_divisors(
+    size: Pair,
+    k: Pair,
+    s: Pair,
+    p: Pair,
+    out: Pair,
+    count_include_pad: bool,
+    divisor_override: int | None,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
+    """The window-membership matrices of both dims and each window's divisor."""
+    (rows, padded_h, real_h), (cols, padded_w, real_w) = (
+        _pool_windows(size[d], k[d], s[d], p[d], out[d], device) for d in range(2)
+    )
+    if divisor_override:
+        return rows, cols, divisor_override
+    if count_include_pad:
+        return rows, cols, padded_h.unsqueeze(1) * padded_w
+    return rows, cols, real_h.unsqueeze(1) * real_w
+
+
 def avg_pool2d_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
@@ -337,15 +414,20 @@ def avg_pool2d_backward(
     count_include_pad: bool,
     divisor_override: int | None,
 ) -> object:
-    """Each window's gradient / divisor, summed back onto the input (col2im)."""
+    """Each window's gradient / divisor, summed back onto the input (col2im); for windows
+    of different sizes (see :func:`avg_pool2d`) through the transposed membership matrices."""
     k = _pair(kernel_size, (1, 1))
     s, p = _pair(stride, k), _pair(padding, (0, 0))
     size: Pair = (x.shape[-2], x.shape[-1])
     out: Pair = (grad.shape[-2], grad.shape[-1])
-    if not _windows_fit(size, p, k, s, (1, 1), out):
-        return NotImplemented
-    if divisor_override is None and not count_include_pad and p != (0, 0):
-        return NotImplemented  # windows of different sizes divide differently
+    if not _windows_fit(size, p, k, s, (1, 1), out) or (
+        divisor_override is None and not count_include_pad and p != (0, 0)
+    ):
+        rows, cols, divisors = _pool_divisors(
+            size, k, s, p, out, count_include_pad, divisor_override, x.device
+        )
+        g = grad.to(torch.float32) / divisors
+        return torch.matmul(torch.matmul(rows.t(), g), cols).to(x.dtype)
     divisor = divisor_override or k[0] * k[1]
     g = grad.to(_accumulation_dtype(grad)) * (1.0 / divisor)
     parts = [(i, j, g) for i in range(k[0]) for j in range(k[1])]
@@ -799,6 +881,7 @@ TRAINING_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.convolution_backward.default: convolution_backward,
     _aten.convolution.default: transposed_convolution,
     _aten._weight_norm_interface_backward.default: weight_norm_backward,
+    _aten.avg_pool2d.default: avg_pool2d,
     _aten.avg_pool2d_backward.default: avg_pool2d_backward,
     _aten.max_pool2d_with_indices_backward.default: max_pool2d_with_indices_backward,
     _aten.embedding_dense_backward.default: embedding_dense_backward,

@@ -228,24 +228,12 @@ def max_pool_ceil(s: Sample) -> bool:
     )
 
 
-def avg_pool_ceil(s: Sample) -> bool:
-    return bool(s.arg("ceil_mode", 3, False)) and _ceil_adds_windows(
-        s, s.arg("kernel_size", 0), s.arg("stride", 1), s.arg("padding", 2, 0), 1
-    )
-
-
 def adaptive_pool_unequal_windows(s: Sample) -> bool:
     """An adaptive pooling output size that does not divide the input size (None keeps it)."""
     size = s.arg("output_size", 0)
     sizes = list(size) if isinstance(size, (list, tuple)) else [size, size]
     inputs = s.input.shape[-2:]
     return any(o is not None and n % o != 0 for n, o in zip(inputs, sizes, strict=True))
-
-
-def avg_pool_excludes_padding(s: Sample) -> bool:
-    pad = s.arg("padding", 2, 0)
-    pads = pad if isinstance(pad, (list, tuple)) else [pad]
-    return not s.arg("count_include_pad", 4, True) and any(v != 0 for v in pads)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -641,21 +629,9 @@ CASES: tuple[Case, ...] = (
             ),
         ),
     ),
-    Case(
-        "nn.functional.avg_pool2d",
-        fallback=(
-            Rule(
-                "ceil_mode",
-                "ceil_mode windows past the padded input are rejected by the importer",
-                avg_pool_ceil,
-            ),
-            Rule(
-                "exclude_pad",
-                "count_include_pad=False with padding is rejected by the importer",
-                avg_pool_excludes_padding,
-            ),
-        ),
-    ),
+    # ceil_mode windows past the padded input and count_include_pad=False with padding too
+    # (windows of different sizes: decompositions.avg_pool2d).
+    Case("nn.functional.avg_pool2d"),
     Case(
         "nn.functional.scaled_dot_product_attention",
         fn=F.scaled_dot_product_attention,  # the OpInfo's op wraps it in an untraceable seed
@@ -1051,3 +1027,27 @@ def test_grouped_mm_matches_eager(layout: str) -> None:
     torch.testing.assert_close(got[region], want[region], atol=2e-2, rtol=2e-2)
     stats = torchneuron.stats()
     assert stats["ops_fallback"] == {} and stats["kernels_run"] == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"kernel_size": 3, "stride": 2, "ceil_mode": True},
+        {"kernel_size": 3, "stride": 2, "padding": 1, "count_include_pad": False},
+        {"kernel_size": 4, "stride": 3, "padding": 1, "ceil_mode": True, "divisor_override": 5},
+        {"kernel_size": 40, "ceil_mode": True},  # EfficientNet's pooler: one window past it all
+    ],
+    ids=["ceil", "exclude_pad", "divisor", "window_past_the_input"],
+)
+def test_avg_pool2d_windows_of_different_sizes_train_on_the_device(args: dict[str, Any]) -> None:
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(x, **args).square().sum()
+
+    x = torch.randn(2, 3, 10, 9, requires_grad=True)
+    twin = x.detach().clone().requires_grad_()
+    loss(x).backward()
+    got = torch.compile(loss, backend="neuron")(twin)
+    got.backward()
+    torch.testing.assert_close(got, loss(x.detach()), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(twin.grad, x.grad, atol=1e-5, rtol=1e-5)
+    assert torchneuron.stats()["ops_fallback"] == {}
