@@ -241,8 +241,9 @@ def dma_latency_ns(target: str) -> float:
     return float(transfer[4] - trigger[5])
 
 
-def dma_issue_ns(target: str) -> float:
-    """Time a dma_copy occupies the SyncE queue that issues it (the trigger)."""
+def hwdge_issue_ns(target: str) -> float:
+    """From a hardware-DGE dma_copy's issue on SyncE to its descriptors' readiness: the DMA
+    transfer's start less the fixed semaphore-to-start latency."""
     buffers = [
         _buffer(0, "hbm", "input", "bf16", [128, 64]),
         _buffer(1, "sbuf", "scratch", "bf16", [128, 64]),
@@ -250,12 +251,14 @@ def dma_issue_ns(target: str) -> float:
     dma = {
         "op": "dma_copy",
         "engine": "sync",
+        "dge": "hwdge",
         "src": _tile(0, 128, 64, 64),
         "dst": _tile(1, 128, 64, 64),
     }
     events = _kernel(_program(target, buffers, [dma], [0]), target).timeline_events()
     trigger = next(e for e in events if e[1] == "sync")
-    return float(trigger[5] - trigger[4])
+    transfer = next(e for e in events if e[1] == "dma")
+    return float(transfer[4] - trigger[4]) - _target(target)["dma_fixed_latency_ns"]
 
 
 def dma_transpose_efficiency(target: str, from_sbuf: bool) -> float:
@@ -346,16 +349,11 @@ class Point:
     measure: Callable[[str], float]
     fits: tuple[str, ...] = ()  # fit points: the fitted target figures they confirm
     why: str = ""  # where the model departs from the figure on purpose: why
-    # A documented cost the model leaves out on purpose (``why`` says why): the test then pins
-    # the model's value to this instead of the tolerance, so modelling it must update the point.
-    not_modelled: float | None = None
 
     def model(self) -> float:
         return self.measure(self.target)
 
     def ok(self, model: float) -> bool:
-        if self.not_modelled is not None:
-            return abs(model - self.not_modelled) <= 1e-6 * max(1.0, abs(self.not_modelled))
         return abs(self.error(model)) <= self.tolerance
 
     def error(self, model: float) -> float:
@@ -522,19 +520,14 @@ def _points_for(target: str) -> list[Point]:
             f"{t}.hwdge_issue",
             t,
             "validation",
-            "A hardware-DGE dma_copy occupies its issuing engine (SyncE or ScalarE) ~600 ns",
+            "A hardware-DGE dma_copy takes ~600 ns on its issuing engine before its "
+            "descriptors exist",
             ("S6", "S15"),
             600,
             600,
             "ns",
-            0.0,
-            dma_issue_ns,
-            not_modelled=_target(t)["dma_trigger_ns"],
-            why="Not modelled: the programs this compiler emits have static access patterns, "
-            "whose descriptors the runtime precomputes (dge_mode none, S15), so the issuing "
-            "engine pays only a trigger (dma_trigger_ns, estimated 50 ns); the program format "
-            "has no DGE mode to mark a hardware-DGE transfer (runtime/timing/TimingModel.h lists "
-            "it among the limits).",
+            0.01,
+            hwdge_issue_ns,
         ),
     ]
     if t == "trn2":
@@ -660,12 +653,7 @@ def generate() -> str:
         "the published value or range (0 inside the range).",
         "",
     ]
-    validations = [
-        (p, m) for p, m in evaluated if p.role == "validation" and p.not_modelled is None
-    ]
-    left_out = sorted(
-        {p.ident.split(".", 1)[1] for p, _ in evaluated if p.not_modelled is not None}
-    )
+    validations = [(p, m) for p, m in evaluated if p.role == "validation"]
     worst = max(validations, key=lambda pm: abs(pm[0].error(pm[1])))
     fitted = sorted(
         {
@@ -683,9 +671,6 @@ def generate() -> str:
         f"- Validation points: {len(validations)}; worst error "
         f"{_error(worst[0].error(worst[1]))} (`{worst[0].ident}`"
         + (", a deliberate departure explained below)." if worst[0].why else ")."),
-        "- Documented costs not modelled (pinned, explained below): "
-        + ", ".join(f"`{i}`" for i in left_out)
-        + ".",
         "",
     ]
     for target in TARGETS:
@@ -699,11 +684,10 @@ def generate() -> str:
             if p.target != target:
                 continue
             role = p.role + (f" ({', '.join(f'`{f}`' for f in p.fits)})" if p.fits else "")
-            tolerance = "not modelled" if p.not_modelled is not None else f"{p.tolerance:.0%}"
             lines.append(
                 f"| `{p.ident}` | {role} | {p.figure} | {_sources(p.sources)} "
                 f"| {_published(p)} {p.unit} | {_fmt(m, p.unit)} | {_error(p.error(m))} "
-                f"| {tolerance} |"
+                f"| {p.tolerance:.0%} |"
             )
         lines.append("")
     lines += ["## Notes: where the model departs, and why", ""]
