@@ -96,6 +96,7 @@ struct Params {
   double dmaBytesPerNs = 0;
   double dmaFixedLatencyNs = 0;
   double dmaTriggerNs = 0;
+  double hwdgeIssueNs = 0;
   double swdgeIssueNs = 0;
   double swdgePerDescriptorNs = 0;
   double descriptorOverheadNs = 0;
@@ -175,6 +176,7 @@ struct Params {
     dmaBytesPerNs = t.dmaBytesPerNsPerEngine;
     dmaFixedLatencyNs = nonNegative("dma_fixed_latency_ns");
     dmaTriggerNs = nonNegative("dma_trigger_ns");
+    hwdgeIssueNs = nonNegative("dma_hwdge_issue_ns");
     swdgeIssueNs = nonNegative("dma_swdge_issue_ns");
     swdgePerDescriptorNs = nonNegative("dma_swdge_per_descriptor_ns");
     descriptorOverheadNs = nonNegative("dma_descriptor_overhead_ns");
@@ -483,6 +485,7 @@ struct StaticInst {
   bool isDma = false;
   double triggerNs = 0;       // on the issuing queue
   double descriptorGenNs = 0; // on GpSimd, after the trigger (gathers only)
+  double dgeNs = 0; // hardware DGE: descriptors ready this long after issue
   int partitionOperand = -1;  // operand whose partitions pick the engines
   int64_t rows = 1;           // partitions (or leading-dim rows in HBM)
   double perRowNs = 0;        // DMA engine time per row
@@ -987,6 +990,14 @@ private:
     double swdge = p.swdgeIssueNs + p.swdgePerDescriptorNs * descriptors;
     if (si.unit == TimingUnit::GpSimd) {
       si.triggerNs = swdge;
+    } else if (inst.hwdge) {
+      // Hardware DGE [D S6, S15]: ~600 ns per instruction before its
+      // descriptors exist. SyncE's sequencer is held for it; ScalarE's data
+      // path is a separate resource and keeps computing [D S6], so its queue
+      // pays only the trigger. The two DGE blocks' contention is not modelled.
+      si.dgeNs = p.hwdgeIssueNs;
+      si.triggerNs =
+          si.unit == TimingUnit::Sync ? p.hwdgeIssueNs : p.dmaTriggerNs;
     } else {
       si.triggerNs = p.dmaTriggerNs;
       if (gather)
@@ -1400,7 +1411,7 @@ private:
     busy[unit] += si.triggerNs;
     event(si, si.unit, triggerStart, triggerEnd);
 
-    double issued = triggerEnd;
+    double issued = std::max(triggerEnd, triggerStart + si.dgeNs);
     if (si.descriptorGenNs > 0) {
       const int g = int(TimingUnit::GpSimd);
       double genStart = std::max(queueFree[g], triggerEnd);
