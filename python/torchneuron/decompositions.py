@@ -623,6 +623,34 @@ whole_sum, sum_dims = _whole_reduction(mean=False)
 whole_mean, mean_dims = _whole_reduction(mean=True)
 
 
+def native_layer_norm(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> object:
+    """``layer_norm`` as torch's reference computes it (16-bit inputs in float32, ``var_mean``,
+    the result rounded once), with the weight applied before ``1/std``:
+    ``(x - mean) * w`` and ``t * rstd + b`` are then each one engine instruction with a per-row
+    scalar (``scalar_tensor_tensor``), where ``((x - mean) * rstd) * w + b`` takes three."""
+    if x.is_complex() or len(normalized_shape) < 1:
+        return NotImplemented
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    acc = x.to(_accumulation_dtype(x))
+    var, mean = torch.var_mean(acc, dim=dims, correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    out = acc - mean
+    if weight is not None:
+        out = out * weight
+    out = out * rstd
+    if bias is not None:
+        out = out + bias
+    if x.device.type in ("cpu", "mtia"):  # as torch's reference: its CPU kernel's dtypes
+        mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
+    return out.to(x.dtype), mean, rstd
+
+
 #: Reductions of a whole tensor, which the importer knows as reductions over every dim.
 WHOLE_REDUCTIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.max.default: whole_max,
@@ -681,6 +709,7 @@ def neuron_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., objec
     table.update(get_decompositions([op for op, _ in EXTRA_DECOMPOSITIONS]))
     table.update(TRAINING_DECOMPOSITIONS)
     table.update(WHOLE_REDUCTIONS)
+    table[_aten.native_layer_norm.default] = native_layer_norm
     missing = [
         str(op)
         for op, _ in EXTRA_DECOMPOSITIONS
