@@ -541,12 +541,21 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     if (rep == Rep::Full || rep == Rep::Row)
       slots[v] = tile(MemorySpace::sbuf, {p, numSlots * slotWidth(v)}, elt(v));
     if (rep == Rep::Col) {
-      // One row, loaded once into one partition and copied on chip to every
-      // other: HBM gives its bytes once, not once per partition.
+      // One row broadcast to every partition, loaded once. A long row goes
+      // to one partition and is copied on chip to the others, so HBM gives
+      // its bytes once, not once per partition; a short one is read from
+      // HBM by every partition (a second transfer's latency would cost more
+      // than the bytes).
       Value t = tile(MemorySpace::sbuf, {p, cols}, elt(v));
-      Value row = tile(MemorySpace::sbuf, {1, cols}, elt(v));
-      dma(view(buffer, index(0), {1, cols}, {0, 1}), row);
-      dma(view(row, index(0), {p, cols}, {0, 1}), t);
+      double repeatedNs = double((p - 1) * cols * bytes(elt(v))) /
+                          (target.peakHbmBytesPerSecond() * 1e-9);
+      if (repeatedNs > target.dmaFixedLatencyNs) {
+        Value row = tile(MemorySpace::sbuf, {1, cols}, elt(v));
+        dma(view(buffer, index(0), {1, cols}, {0, 1}), row);
+        dma(view(row, index(0), {p, cols}, {0, 1}), t);
+      } else {
+        dma(view(buffer, index(0), {p, cols}, {0, 1}), t);
+      }
       columns[v] = t;
     }
   }
