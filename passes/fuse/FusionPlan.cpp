@@ -131,16 +131,18 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
   // norm's weight cast to float32 before it broadcasts): column vectors,
   // even when a row has as many elements (square tensors).
   llvm::DenseSet<Value> colSide;
+  auto colBroadcast = [](Operation *op) {
+    auto b = dyn_cast<BroadcastOp>(op);
+    auto shape = b ? classify(b) : std::nullopt;
+    return shape && shape->kind == BroadcastShape::Col;
+  };
   for (Operation *op : llvm::reverse(ops)) {
-    if (auto b = dyn_cast<BroadcastOp>(op)) {
-      if (classify(b) && classify(b)->kind == BroadcastShape::Col)
-        colSide.insert(b.getInput());
+    if (colBroadcast(op)) {
+      colSide.insert(op->getOperand(0));
     } else if (isa<CastOp, UnaryOp>(op) && colSide.contains(op->getResult(0)) &&
                llvm::all_of(op->getResult(0).getUsers(), [&](Operation *u) {
-                 auto b = dyn_cast<BroadcastOp>(u);
-                 return (b && classify(b)->kind == BroadcastShape::Col) ||
-                        (isa<CastOp, UnaryOp>(u) &&
-                         colSide.contains(u->getResult(0)));
+                 return colBroadcast(u) || (isa<CastOp, UnaryOp>(u) &&
+                                            colSide.contains(u->getResult(0)));
                })) {
       colSide.insert(op->getOperand(0));
     }

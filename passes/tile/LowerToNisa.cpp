@@ -589,13 +589,18 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   // Row sums of a full tile no activation computes: VectorE's tensor_reduce
   // or ScalarE's identity activation accumulating (ScalarE's clock is
   // faster, and in a norm VectorE has the affine part to do).
+  // The activation writes the elements to a scratch tile: only where SBUF
+  // has room for one.
   llvm::DenseSet<Operation *> scalarSums;
-  for (Operation *op : ops)
-    if (auto r = dyn_cast<ReduceOp>(op); r && r.getFn() == ReduceFn::sum &&
-                                         !summed.contains(op) &&
-                                         plan.rep(r.getInput()) == Rep::Full &&
-                                         plan.rep(r.getResult()) == Rep::Row)
+  int64_t spare = target.sbufBytesPerPartition - held();
+  for (Operation *op : ops) {
+    auto r = dyn_cast<ReduceOp>(op);
+    if (r && r.getFn() == ReduceFn::sum && !summed.contains(op) &&
+        plan.rep(r.getInput()) == Rep::Full &&
+        plan.rep(r.getResult()) == Rep::Row &&
+        (spare -= cols * bytes(elt(r.getInput()))) >= 0)
       scalarSums.insert(op);
+  }
   llvm::DenseMap<Operation *, nisa::Engine> engineFor = assignEngines(
       ops, unassigned, activations, scalarSums, instructionOf, plan, cols);
   llvm::DenseMap<Value, Value> inner; // intermediate -> its two-slot tile
