@@ -47,6 +47,7 @@ import struct
 from collections.abc import Callable, Sequence
 
 import torch
+import torch._refs
 import torch.nn.functional as F
 
 __all__ = [
@@ -864,6 +865,80 @@ whole_sum, sum_dims = _whole_reduction(mean=False)
 whole_mean, mean_dims = _whole_reduction(mean=True)
 
 
+def native_layer_norm(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> object:
+    """``layer_norm`` as torch's reference computes it (16-bit inputs in float32, ``var_mean``,
+    the result rounded once), with the weight applied before ``1/std``:
+    ``(x - mean) * w`` and ``t * rstd + b`` are then each one engine instruction with a per-row
+    scalar (``scalar_tensor_tensor``), where ``((x - mean) * rstd) * w + b`` takes three."""
+    if x.is_complex() or len(normalized_shape) < 1:  # torch's reference says what is wrong
+        return torch._refs.native_layer_norm(x, normalized_shape, weight, bias, eps)
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    acc = x.to(_accumulation_dtype(x))
+    var, mean = torch.var_mean(acc, dim=dims, correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    out = acc - mean
+    if weight is not None:
+        out = out * weight
+    out = out * rstd
+    if bias is not None:
+        out = out + bias
+    if x.device.type in ("cpu", "mtia"):  # as torch's reference: its CPU kernel's dtypes
+        mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
+    return out.to(x.dtype), mean, rstd
+
+
+def native_layer_norm_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    output_mask: Sequence[bool],
+) -> object:
+    """torch's decomposition of ``layer_norm``'s backward, ordered for the device: the input
+    gradient first, rounded to its dtype before the column sums (the fusion pass groups ops in
+    program order, so the whole per-row chain is one group), and the bias gradient summed from
+    the 16-bit gradient itself (TensorE multiplies by ones exactly and accumulates in fp32, as
+    eager's sum of the float32 copy does) instead of a float32 copy written to HBM."""
+    axis = x.dim() - len(normalized_shape)
+    inner = list(range(axis, x.dim()))
+    outer = list(range(axis))
+    n = math.prod(x.shape[axis:])
+    if n == 0 or math.prod(x.shape[:axis]) == 0 or not outer:  # no rows to sum over
+        from torch._decomp import decompositions
+
+        return decompositions.native_layer_norm_backward(
+            grad, x, normalized_shape, mean, rstd, weight, bias, output_mask
+        )
+    acc = _accumulation_dtype(x)
+    g, xf = grad.to(acc), x.to(acc)
+    # The saved statistics with a 1 for every normalized dim, as torch's decomposition has them.
+    mean = mean.reshape(mean.shape + (1,) * (x.dim() - mean.dim()))
+    rstd = rstd.reshape(rstd.shape + (1,) * (x.dim() - rstd.dim()))
+    x_hat = (xf - mean) * rstd
+    grad_x_hat = g * weight.to(acc) if weight is not None else g
+    d_input = None
+    if output_mask[0]:
+        b = torch.sum(grad_x_hat, inner, True)
+        c = torch.sum(grad_x_hat * x_hat, inner, True)
+        d_input = ((rstd / n) * (grad_x_hat * n - b - x_hat * c)).to(x.dtype)
+    d_weight = d_bias = None
+    if output_mask[1] and weight is not None:
+        d_weight = torch.sum(g * x_hat, outer).to(weight.dtype)
+    if output_mask[2] and bias is not None:
+        same = grad.dtype == bias.dtype
+        d_bias = torch.sum(grad if same else g, outer).to(bias.dtype)
+    return d_input, d_weight, d_bias
+
+
 #: Reductions of a whole tensor, which the importer knows as reductions over every dim.
 WHOLE_REDUCTIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.max.default: whole_max,
@@ -945,6 +1020,8 @@ def _aten_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., object
     table.update(get_decompositions([op for op, _ in EXTRA_DECOMPOSITIONS]))
     table.update(TRAINING_DECOMPOSITIONS)
     table.update(WHOLE_REDUCTIONS)
+    table[_aten.native_layer_norm.default] = native_layer_norm
+    table[_aten.native_layer_norm_backward.default] = native_layer_norm_backward
     missing = [
         str(op)
         for op, _ in EXTRA_DECOMPOSITIONS
