@@ -486,10 +486,10 @@ struct StaticInst {
   double triggerNs = 0;       // on the issuing queue
   double descriptorGenNs = 0; // on GpSimd, after the trigger (gathers only)
   double dgeNs = 0; // hardware DGE: descriptors ready this long after issue
-  int partitionOperand = -1;  // operand whose partitions pick the engines
-  int64_t rows = 1;           // partitions (or leading-dim rows in HBM)
-  double perRowNs = 0;        // DMA engine time per row
-  double hbmNs = 0;           // HBM occupancy
+  int partitionOperand = -1; // operand whose partitions pick the engines
+  int64_t rows = 1;          // partitions (or leading-dim rows in HBM)
+  double perRowNs = 0;       // DMA engine time per row
+  double hbmNs = 0;          // HBM occupancy
   double hbmRead = 0, hbmWritten = 0, dmaBytes = 0;
 };
 
@@ -514,6 +514,14 @@ int64_t freeElements(const std::vector<int64_t> &shape) {
 
 /// Elements of the longest contiguous run at the end of the view; on-chip
 /// views never run across partitions (dim 0).
+/// Per-descriptor overhead, hidden once descriptors are large (fitted to the
+/// S9 efficiency curve and the S8 1,416 ns measurement).
+double dmaTransferNs(double bytesPerNs, double overheadNs, double hiddenBytes,
+                     double bytes, double chunkBytes, double descriptors) {
+  double overhead = overheadNs * std::max(0.0, 1.0 - chunkBytes / hiddenBytes);
+  return bytes / bytesPerNs + descriptors * overhead;
+}
+
 int64_t contiguousRun(const View &view, bool onChip) {
   int64_t run = 1;
   size_t stop = onChip ? 1 : 0;
@@ -965,12 +973,10 @@ private:
                                             : p.transposeEfficiencyFromHbm;
       si.perRowNs = bytes / rows / (p.dmaBytesPerNs * efficiency);
     } else {
-      // Per-descriptor overhead, hidden once descriptors are large (fitted
-      // to the S9 efficiency curve and the S8 1,416 ns measurement).
-      double overhead =
-          p.descriptorOverheadNs *
-          std::max(0.0, 1.0 - chunkBytes / p.descriptorHiddenBytes);
-      si.perRowNs = (bytes / p.dmaBytesPerNs + descriptors * overhead) / rows;
+      si.perRowNs = dmaTransferNs(p.dmaBytesPerNs, p.descriptorOverheadNs,
+                                  p.descriptorHiddenBytes, bytes, chunkBytes,
+                                  descriptors) /
+                    rows;
     }
 
     // HBM traffic.
@@ -1569,6 +1575,14 @@ Timeline simulate(const Program &program, const Target &target,
   Model model(program, target);
   Simulator simulator(model, keepEvents);
   return simulator.run();
+}
+
+double dmaEngineNs(const Target &target, double bytes, double chunkBytes,
+                   double descriptors) {
+  return dmaTransferNs(target.dmaBytesPerNsPerEngine,
+                       target.value("dma_descriptor_overhead_ns"),
+                       target.value("dma_descriptor_overhead_hidden_bytes"),
+                       bytes, chunkBytes, descriptors);
 }
 
 } // namespace neuron::runtime

@@ -106,12 +106,12 @@
 // Not modelled yet (documented limits): port conflicts (VectorE and ScalarE
 // on one PSUM bank, VectorE perf mode sharing the SBUF bus with GpSimd),
 // TensorE row/column tiling and Trn3 background transposes, DMA QoS,
-// contention for the two hardware DGE blocks, instruction fetch. Estimates to revisit: fp32 VectorE ops stream
-// one element per lane per cycle (trainium.md 6.3 and the 6.5 eviction
-// arithmetic, not the 256 el/cycle peak figure); divide costs like any ALU
-// op; every activation function except identity/neg/abs/relu/square is its
-// own table set; HBM-to-HBM copies are split by leading-dim rows (a one-row
-// copy uses one engine).
+// contention for the two hardware DGE blocks, instruction fetch. Estimates to
+// revisit: fp32 VectorE ops stream one element per lane per cycle
+// (trainium.md 6.3 and the 6.5 eviction arithmetic, not the 256 el/cycle peak
+// figure); divide costs like any ALU op; every activation function except
+// identity/neg/abs/relu/square is its own table set; HBM-to-HBM copies are
+// split by leading-dim rows (a one-row copy uses one engine).
 //
 //===----------------------------------------------------------------------===//
 
@@ -207,6 +207,14 @@ struct Timeline {
 /// result (a run that does not ask for a profile need not call it).
 Timeline simulate(const Program &program, const neuron::target::Target &target,
                   bool keepEvents = false);
+
+/// Engine time (ns, summed over the DMA engines that share the work) to move
+/// `bytes` as `descriptors` contiguous chunks of `chunkBytes`: the bytes at one
+/// engine's rate plus a per-descriptor overhead that chunks of
+/// dma_descriptor_overhead_hidden_bytes hide. The one formula behind the
+/// timing model's DMA instructions and the eager device's copies.
+double dmaEngineNs(const neuron::target::Target &target, double bytes,
+                   double chunkBytes, double descriptors);
 
 } // namespace neuron::runtime
 

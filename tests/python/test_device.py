@@ -469,6 +469,14 @@ def test_copies_are_charged_on_the_timeline() -> None:
     assert timed(lambda: on_device.cpu()) == pytest.approx(h2d_large)
     d2d = timed(lambda: on_device.clone())  # between HBM buffers: the DMA engines, faster
     assert 0 < d2d < h2d_large
+    # A transpose goes through SBUF (a transposing DMA, then a store): about a clone's time.
+    transposed = timed(lambda: on_device.t().contiguous())
+    assert d2d <= transposed < 2.5 * d2d
+    # Short runs (8 floats of each row) pay a descriptor each: far more than the same bytes
+    # in one run.
+    wide = torch.randn(4096, 512).to("neuron")
+    narrow = timed(lambda: wide[:, :8].contiguous())
+    assert narrow > 3 * timed(lambda: wide[:64].clone())
     with torchneuron.profile() as prof, s:
         on_device.cpu()
         on_device[0, 0].item()
