@@ -74,11 +74,13 @@ class tile_size:  # noqa: N801 (NKI's spelling)
     psum_fmax = 512  # fp32 elements of one PSUM bank per partition
     gemm_stationary_fmax = 128
     gemm_moving_fmax = 512
+    bn_stats_fmax = 512  # free elements one nisa.bn_stats takes
 
 
 def par_dim(n: int) -> int:
-    """Marks the partition dimension of a shape (it is always the first one here)."""
-    return n
+    """Marks the partition dimension of a shape: ``(n, par_dim(128), f)`` is a block of n
+    [128, f] tiles (its partition axis is the second)."""
+    return _ir.ParDim(n)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -128,6 +130,28 @@ def num_programs(axes: int | None = None) -> int:
     if not 0 <= axes < len(grid):
         raise error(f"nl.num_programs({axes}): the launch grid has {len(grid)} dimensions")
     return grid[axes]
+
+
+class nc:  # noqa: N801 (NKI's spelling)
+    """``nl.nc(k)``: spread a launch-grid axis over k NeuronCores (with ``nl.spmd_dim``)."""
+
+    def __init__(self, cores: int) -> None:
+        if int(cores) < 1:
+            raise ValueError(f"nl.nc({cores}): need at least one core")
+        self.cores = int(cores)
+
+
+def spmd_dim(size: int, *cores: nc) -> int:
+    """``nl.spmd_dim(n, nl.nc(k))``: a launch-grid axis of n * k programs, program i on core
+    i % k. The engine model runs one core, so all n * k programs run on it one after
+    another: the numbers are the grid's, the modeled time that of one core doing all of it
+    (about k times the multi-core time)."""
+    total = int(size)
+    for c in cores:
+        if not isinstance(c, nc):
+            raise TypeError(f"nl.spmd_dim takes nl.nc(k) after the size, got {c!r}")
+        total *= c.cores
+    return total
 
 
 def program_ndim() -> int:
@@ -209,7 +233,8 @@ def full(
     if mem.space == HBM:
         raise error("nl.full/zeros/ones make on-chip tiles; use nl.sbuf or nl.psum")
     t = ndarray(shape, dtype, buffer)
-    t.producer = current().emit("memset", [("", t.view)], attrs={"value": _f64(fill_value)})
+    whole = current().full_view(t.view.buffer).view  # partitions first, even with par_dim
+    t.producer = current().emit("memset", [("", whole)], attrs={"value": _f64(fill_value)})
     t.producer.writes = [0]
     return t
 
@@ -298,6 +323,7 @@ def _retarget(value: Tensor, target: View) -> bool:
         or buf.users != [instr]
         or buf.space == HBM
         or target.buffer.space == HBM
+        or (instr.op == "matmul" and target.buffer.space != PSUM)  # TensorE writes PSUM only
         or value.view.shape != target.shape
         or not _same_view(value.view, current().full_view(buf).view)
     ):
@@ -546,15 +572,30 @@ def logical_xor(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
     return _binary("logical_xor", x, y, dtype)
 
 
-def _activation(func: str, x: Any, dtype: Any, scale: float = 1.0, bias: Any = None) -> Tensor:
+def _column(x: Any, what: str, rows: int) -> View:
+    """A [P, 1] per-partition operand (a [P] or [P, 1] tile) as a view."""
+    t = _on_chip(x, what)
+    if math.prod(t.shape) != t.shape[0] or t.shape[0] != rows:
+        raise error(
+            f"{what} must be a [{rows}, 1] tile (one value per partition), got {list(t.shape)}"
+        )
+    return _reshaped(t.view, (t.shape[0], 1))
+
+
+def _activation(func: str, x: Any, dtype: Any, scale: Any = 1.0, bias: Any = None) -> Tensor:
     t = _on_chip(x, f"nl.{func}'s operand")
     out = _new(t.shape, _ir.as_dtype(dtype) if dtype is not None else t.dtype)
     operands: list[tuple[str, View]] = [("", t.view), ("", out.view)]
     attrs: dict[str, str] = {}
     if bias is not None:
-        bt = _on_chip(bias, "bias")
-        operands.append(("bias", _reshaped(bt.view, (bt.shape[0], 1))))
-    if scale != 1.0:
+        operands.append(("bias", _column(bias, "bias", t.shape[0])))
+    if isinstance(scale, Tensor):
+        # A per-partition scale: ScalarE's scale column, read as fp32.
+        col = _column(scale, "scale", t.shape[0])
+        if scale.dtype != FLOAT32:
+            col = copy(Tensor(current(), col), dtype=FLOAT32).view
+        operands.append(("scale_col", col))
+    elif float(scale) != 1.0:
         attrs["scale"] = _f64(scale)
     instr = current().emit("activation", operands, prefix=func + " ", attrs=attrs)
     return _produce(out, instr, 1)
@@ -760,7 +801,6 @@ _NOT_YET = {
     "loop_reduce",
     "mod",
     "fmod",
-    "nc",
     "random_seed",
     "rand",
     "right_shift",
@@ -769,7 +809,6 @@ _NOT_YET = {
     "shared_constant",
     "shared_identity_matrix",
     "softmax",
-    "spmd_dim",
     "tan",
     "var",
     "where",
