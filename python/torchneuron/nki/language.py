@@ -104,8 +104,11 @@ def affine_range(start: int, stop: int | None = None, step: int = 1) -> Iterator
 
 def sequential_range(start: int, stop: int | None = None, step: int = 1) -> Iterator[Affine]:
     """A loop with a dependence between iterations: one ``scf.for``, iterations in order (the
-    compiler's synchronisation orders every conflicting access, so both loops are safe)."""
-    return current().loop(*_range_args(start, stop, step), rotate=2 if current().rotate > 1 else 1)
+    compiler's synchronisation orders every conflicting access, so both loops are safe). Its
+    body holds up to ``rotate`` iterations like ``affine_range``'s, so each copy's tiles get
+    addresses of their own and the next iteration's loads need not wait for this one's
+    readers (effects stay in program order)."""
+    return current().loop(*_range_args(start, stop, step), rotate=current().rotate)
 
 
 def static_range(start: int, stop: int | None = None, step: int = 1) -> range:
