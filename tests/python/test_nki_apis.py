@@ -192,3 +192,88 @@ def transpose_into_sbuf(x):
 def test_transpose_assigned_to_sbuf() -> None:
     x = rand(64, 128)
     np.testing.assert_array_equal(nki.simulate_kernel(transpose_into_sbuf, x), x.T)
+
+
+@nki.jit
+def scratch_roundtrip(x):
+    """A shared_hbm tensor the kernel does not return is HBM scratch: stored, loaded back."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    scratch = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(scratch, value=nl.exp(nl.load(x)))
+    nl.store(out, value=nl.load(scratch) + 1.0)
+    return out
+
+
+def test_unreturned_shared_hbm_is_scratch() -> None:
+    x = rand(128, 16)
+    np.testing.assert_allclose(
+        nki.simulate_kernel(scratch_roundtrip, x), np.exp(x) + 1.0, rtol=1e-5
+    )
+
+
+@nki.jit
+def softmax_rows_isa(x):
+    """Softmax with ScalarE's row sums (activation reduce_res), tensor_reduce(negate=True),
+    tensor_scalar_reduce, and the identity as nl.shared_constant transposing on TensorE."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    outT = nl.ndarray((x.shape[1], x.shape[0]), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    row_max = nl.ndarray((128, 1), dtype=nl.float32)
+    scaled = nisa.tensor_scalar_reduce(data=t, op0=nl.multiply, operand0=1.0, reduce_op=nl.max,
+                                       reduce_res=row_max, engine=nisa.vector_engine)  # fmt: skip
+    neg_max = nisa.tensor_reduce(op=nl.max, data=scaled, axis=1, negate=True)
+    sums = nl.ndarray((128, 1), dtype=nl.float32)
+    e = nisa.activation(op=nl.exp, data=scaled, bias=neg_max, reduce_op=nl.add, reduce_res=sums,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)  # fmt: skip
+    sm = nisa.tensor_scalar(data=e, op0=nl.multiply, operand0=nisa.reciprocal(sums))
+    nl.store(out, value=sm)
+    ident = nl.load(nl.shared_constant(np.identity(128, dtype=np.int8), dtype=nl.float32))
+    nl.store(outT, value=nisa.nc_matmul(sm, ident))
+    return out, outT
+
+
+def test_softmax_with_row_sum_apis() -> None:
+    x = rand(128, 64)
+    e = np.exp(x - x.max(1, keepdims=True))
+    ref = e / e.sum(1, keepdims=True)
+    got, got_t = nki.simulate_kernel(softmax_rows_isa, x)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got_t, ref.T, rtol=1e-4, atol=1e-6)
+
+
+def test_compiler_directives_and_unsupported_hand_allocation() -> None:
+    @nki.compiler.skip_middle_end_transformations
+    @nki.jit
+    def hand_placed(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        for _ in nl.sequential_range(1, directives=nki.compiler.no_reorder()):
+            t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nki.compiler.sbuf.mod_alloc(base_addr=0))
+            t[...] = nl.load(x)
+            nl.store(out, value=t)
+        return out
+
+    with pytest.raises(
+        nki.KernelError, match=r"test_nki_apis\.py:\d+: error: nki\.compiler\.sbuf\.mod_alloc"
+    ):
+        nki.simulate_kernel(hand_placed, rand(128, 8))
+
+
+def test_static_cast() -> None:
+    x = np.linspace(-1, 1, 6)
+    assert nl.static_cast(x, nl.float32).dtype == np.float32
+    assert str(nl.static_cast(x, nl.bfloat16).dtype) == "torch.bfloat16"
+
+
+@nki.jit
+def matmul_by_transposed(x, w):
+    """nl.matmul whose moving operand is nl.transpose's PSUM result: copied to SBUF first."""
+    out = nl.ndarray((x.shape[0], w.shape[0]), dtype=x.dtype, buffer=nl.shared_hbm)
+    wt = nl.transpose(nl.load(w))  # [K, N] in PSUM
+    nl.store(out, value=nl.matmul(nl.load(x), wt, transpose_x=False))
+    return out
+
+
+def test_matmul_reads_a_psum_operand_through_sbuf() -> None:
+    x, w = rand(128, 128), rand(64, 128)
+    np.testing.assert_allclose(nki.simulate_kernel(matmul_by_transposed, x, w), x @ w.T,
+                               rtol=1e-4, atol=1e-4)  # fmt: skip

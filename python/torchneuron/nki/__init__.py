@@ -24,7 +24,7 @@ README's "Writing NKI kernels" section for what is supported.
 
 from __future__ import annotations
 
-from torchneuron.nki import isa, language, typing
+from torchneuron.nki import compiler, isa, language, typing
 from torchneuron.nki._ir import KernelError
 from torchneuron.nki._jit import (
     BenchmarkResult,
@@ -42,6 +42,7 @@ __all__ = [
     "KernelError",
     "baremetal",
     "benchmark",
+    "compiler",
     "isa",
     "jit",
     "language",

@@ -687,6 +687,8 @@ class Builder:
         self.mask: list[tuple[int, int, int, int]] | None = None
         self.mask_skip = False
         self.hoist = 1.0  # the share of memory _Renderer._hoist may use (0: none)
+        # nl.shared_constant values (CPU torch tensors): kernel inputs after the arrays.
+        self.constants: list[Any] = []
         # nisa-allocate's choice among free addresses: "least_recent" keeps a new tile off
         # the bytes a tile just freed (whose readers may still run), "lowest" packs tighter.
         self.reuse = "least_recent"

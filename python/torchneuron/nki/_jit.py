@@ -64,6 +64,7 @@ class Traced:
     kernel: Any  # torchneuron._C.Kernel
     array_positions: list[int]
     returns_tuple: bool
+    constants: list[Any] = field(default_factory=list)  # CPU torch tensors, inputs last
     _device_kernel: Any = field(default=None, repr=False)
 
     def device_kernel(self) -> Any:
@@ -205,6 +206,10 @@ class Kernel:
                 raise _ir.error(f"{name} returns one tensor twice", b.def_loc)
             r.view.buffer.returned = True
             outputs.append(r.view.buffer)
+        # nl.shared_hbm tensors the kernel does not return are its HBM scratch.
+        for buf in b.buffers:
+            if buf.kind == "shared" and not buf.returned:
+                buf.kind = "alloc"
         # Early allocation of unrolled tiles (_Renderer._hoist) may be what overflows a
         # memory: compile with less of it, then none, before reporting the first error.
         dump = config.dump_dir()
@@ -232,7 +237,7 @@ class Kernel:
             raise _ir.KernelError(first_error) from None
         if config.check():
             kernel.timeline()  # raises DeviceError for a missing wait
-        return Traced(name, text, kernel, positions, returns_tuple)
+        return Traced(name, text, kernel, positions, returns_tuple, b.constants)
 
     @staticmethod
     def _check_writes(b: _ir.Builder) -> None:
@@ -256,7 +261,8 @@ class Kernel:
         traced = self._traced(grid, args, kwargs)
         arrays = [args[i] for i in traced.array_positions]
         if arrays and all(_is_torch(a) for a in arrays):
-            return traced.device_kernel()(*arrays)
+            consts = [c.to(arrays[0].device) for c in traced.constants]
+            return traced.device_kernel()(*arrays, *consts)
         if any(_is_torch(a) for a in arrays):
             raise TypeError(f"{traced.name}: pass either torch tensors or NumPy arrays, not both")
         return _run_numpy(traced, arrays)
@@ -290,7 +296,8 @@ def _run_numpy(traced: Traced, arrays: Sequence[Any]) -> Any:
     def buf(a: Any) -> tuple[int, str, list[int]]:
         return (a.ctypes.data, _ir.as_dtype(a.dtype).name, list(a.shape))
 
-    traced.kernel.run([buf(a) for a in inputs], [buf(a) for a in outputs])
+    consts = [(c.data_ptr(), _ir.as_dtype(c.dtype).name, list(c.shape)) for c in traced.constants]
+    traced.kernel.run([buf(a) for a in inputs] + consts, [buf(a) for a in outputs])
     record_run(traced.kernel, traced.name)
     return tuple(outputs) if traced.returns_tuple else outputs[0]
 

@@ -18,6 +18,31 @@ from torchneuron.nki import language as nl
 from torchneuron.nki._ir import Tensor, View, error
 
 
+# NKI's engine names for ``engine=`` (which engine runs an instruction is this compiler's
+# choice: VectorE for tensor_tensor/tensor_scalar/copies, ScalarE for activations).
+class engine:  # noqa: N801 (NKI's spelling)
+    unknown = "unknown"
+    tensor = "tensor"
+    vector = "vector"
+    scalar = "scalar"
+    gpsimd = "gpsimd"
+    sync = "sync"
+
+
+unknown_engine, tensor_engine, vector_engine = engine.unknown, engine.tensor, engine.vector
+scalar_engine, gpsimd_engine, sync_engine = engine.scalar, engine.gpsimd, engine.sync
+
+
+class reduce_cmd:  # noqa: N801 (NKI's spelling)
+    """How an instruction's ``reduce_res`` combines with what it held: ``reset_reduce``
+    (overwrite; also the meaning when not given) is supported."""
+
+    idle = "idle"
+    reset = "reset"
+    reset_reduce = "reset_reduce"
+    reduce = "reduce"
+
+
 def _is_tile(x: Any) -> bool:
     return isinstance(x, Tensor)
 
@@ -136,7 +161,7 @@ def activation(*args: Any, **kwargs: Any) -> Any:
     """``op(data * scale + bias)`` on ScalarE: ``scale`` a number, ``bias`` a [P, 1] tile.
     ``activation(op, data, ...)`` or ``activation(dst, op, data, ...)``."""
     dst, rest = _split_dst(args, kwargs, bool(args) and _is_tile(args[0]))
-    names = ["op", "data", "bias", "scale", "dtype"]
+    names = ["op", "data", "bias", "scale", "reduce_op", "reduce_res", "reduce_cmd", "dtype"]
     params = dict(zip(names, rest, strict=False))
     params.update({k: v for k, v in kwargs.items() if k in names})
     for k in kwargs:
@@ -148,9 +173,59 @@ def activation(*args: Any, **kwargs: Any) -> Any:
         raise error(f"nisa.activation: op={getattr(op, '__name__', op)!r} is not supported")
     dtype = params.get("dtype") or (dst.dtype if dst is not None else None)
     value = nl._activation(nl.ACTIVATIONS[op], data, dtype, scale, params.get("bias"))
+    if params.get("reduce_res") is not None:
+        _row_sums(value, params, "activation")
     if dst is None:
         return value
     _write(dst, value, "activation")
+    return None
+
+
+def _row_sums(value: Tensor, params: dict[str, Any], name: str) -> None:
+    """ScalarE's free row sums of an activation's results into ``reduce_res`` (the
+    instruction's accumulate operand: overwritten, NKI's ``reset_reduce``)."""
+    if _alu(params.get("reduce_op", nl.add), name) != "add":
+        raise error(f"nisa.{name}: only reduce_op=nl.add is supported (ScalarE sums rows)")
+    cmd = params.get("reduce_cmd") or reduce_cmd.reset_reduce
+    if cmd != reduce_cmd.reset_reduce:
+        raise error(f"nisa.{name}(reduce_cmd={cmd}) is not supported yet (reset_reduce only)")
+    instr = value.producer
+    assert instr is not None and instr.op == "activation"
+    res = params["reduce_res"]
+    col = nl._column(res, "reduce_res", value.shape[0])
+    if res.dtype != _ir.FLOAT32:
+        raise error("nisa.activation: reduce_res must be a float32 tile")
+    instr.operands.append(("accumulate", col))
+    col.buffer.users.append(instr)
+
+
+@_maskable
+def activation_reduce(*args: Any, **kwargs: Any) -> Any:
+    """``activation`` whose row sums go to ``reduce_res`` (``reduce_op=nl.add``)."""
+    return activation(*args, **kwargs)
+
+
+@_maskable
+def tensor_scalar_reduce(*args: Any, **kwargs: Any) -> Any:
+    """``(data op0 operand0)`` with its free-axis reduction by ``reduce_op`` into
+    ``reduce_res``: on the engine model a VectorE ``tensor_scalar`` then a ``tensor_reduce``
+    of its result (two instructions where the hardware takes one)."""
+    kwargs.pop("engine", None)
+    dst, rest = _split_dst(args, kwargs, len(args) >= 2 and _is_tile(args[0]) and _is_tile(args[1]))
+    names = ["data", "op0", "operand0", "reduce_op", "reduce_res", "reverse0", "dtype"]
+    p = dict(zip(names, rest, strict=False))
+    p.update({k: v for k, v in kwargs.items() if k in names})
+    t = nl._on_chip(p.get("data"), "data")
+    dtype = p.get("dtype") or (dst.dtype if dst is not None else None)
+    x, y = (p.get("operand0"), t) if p.get("reverse0") else (t, p.get("operand0"))
+    out = nl._binary(_alu(p.get("op0"), "tensor_scalar_reduce"), x, y, dtype)
+    res = nl._on_chip(p.get("reduce_res"), "reduce_res")
+    folded = nl._reduce(_alu(p.get("reduce_op"), "tensor_scalar_reduce"), "tensor_scalar_reduce",
+                        out, tuple(range(1, out.ndim)), res.dtype, False)  # fmt: skip
+    _write(res, folded, "tensor_scalar_reduce")
+    if dst is None:
+        return out
+    _write(dst, out, "tensor_scalar_reduce")
     return None
 
 
@@ -216,12 +291,14 @@ def tensor_reduce(*args: Any, **kwargs: Any) -> Any:
     ``tensor_reduce(dst, op, data, axis)``."""
     kwargs.pop("engine", None)
     dst, rest = _split_dst(args, kwargs, bool(args) and _is_tile(args[0]))
-    names = ["op", "data", "axis", "dtype", "keepdims"]
+    names = ["op", "data", "axis", "dtype", "keepdims", "negate"]
     p = dict(zip(names, rest, strict=False))
     p.update({k: v for k, v in kwargs.items() if k in names})
     name = _alu(p.get("op"), "tensor_reduce")
     dtype = p.get("dtype") or (dst.dtype if dst is not None else None)
     value = nl._reduce(name, "tensor_reduce", p.get("data"), p.get("axis"), dtype, False)
+    if p.get("negate"):
+        value = nl._binary("multiply", value, -1.0, None, out=value)
     if dst is None:
         return value
     _write(dst, value, "tensor_reduce")
@@ -455,7 +532,6 @@ def _col_at(view: View, i: Any) -> View:
 
 
 _NOT_YET = {
-    "activation_reduce",
     "affine_select",
     "dma_transpose",
     "dropout",
@@ -470,7 +546,6 @@ _NOT_YET = {
     "select_reduce",
     "sequence_bounds",
     "tensor_partition_reduce",
-    "tensor_scalar_reduce",
     "nc_n_gather",
     "exponential",
     "rng",

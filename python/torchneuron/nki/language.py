@@ -94,7 +94,9 @@ def _range_args(start: int, stop: int | None, step: int) -> tuple[int, int, int]
     return int(start), int(stop), int(step)
 
 
-def affine_range(start: int, stop: int | None = None, step: int = 1) -> Iterator[Affine]:
+def affine_range(
+    start: int, stop: int | None = None, step: int = 1, directives: Any = None
+) -> Iterator[Affine]:
     """A loop whose iterations are independent: one ``scf.for`` whose body holds up to
     ``rotate`` copies of the iteration (``nki.jit(rotate=4)``; the body is traced once per
     copy), so the tiles each copy allocates rotate and loads run ahead of compute."""
@@ -102,7 +104,9 @@ def affine_range(start: int, stop: int | None = None, step: int = 1) -> Iterator
     return b.loop(*_range_args(start, stop, step), rotate=b.rotate)
 
 
-def sequential_range(start: int, stop: int | None = None, step: int = 1) -> Iterator[Affine]:
+def sequential_range(
+    start: int, stop: int | None = None, step: int = 1, directives: Any = None
+) -> Iterator[Affine]:
     """A loop with a dependence between iterations: one ``scf.for``, iterations in order (the
     compiler's synchronisation orders every conflicting access, so both loops are safe). Its
     body holds up to ``rotate`` iterations like ``affine_range``'s, so each copy's tiles get
@@ -111,7 +115,9 @@ def sequential_range(start: int, stop: int | None = None, step: int = 1) -> Iter
     return current().loop(*_range_args(start, stop, step), rotate=current().rotate)
 
 
-def static_range(start: int, stop: int | None = None, step: int = 1) -> range:
+def static_range(
+    start: int, stop: int | None = None, step: int = 1, directives: Any = None
+) -> range:
     """A loop unrolled while tracing: its variable is a Python ``int``."""
     return range(*_range_args(start, stop, step))
 
@@ -219,6 +225,35 @@ def ndarray(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = ""
     t = current().alloc(shape, _ir.as_dtype(dtype), mem.space)
     t.view.buffer.kind = "shared" if mem.shared else "alloc"
     return t
+
+
+def shared_constant(constant: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
+    """An HBM tensor holding ``constant`` (a NumPy array, cast to ``dtype``): an extra kernel
+    input the kernel's calls pass along."""
+    import numpy as np
+    import torch
+
+    b = current()
+    arr = np.asarray(constant)
+    dt = _ir.as_dtype(dtype if dtype is not None else arr.dtype)
+    value = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64)).to(
+        getattr(torch, dt.name)
+    )
+    b.constants.append(value)
+    return b.input(tuple(arr.shape), dt, _ir.user_location())
+
+
+def static_cast(x: Any, dtype: Any) -> Any:
+    """A NumPy array (outside kernels) converted to ``dtype``; NumPy has no bfloat16, so a
+    bfloat16 result is a torch tensor."""
+    import numpy as np
+
+    dt = _ir.as_dtype(dtype)
+    if dt.name == "bfloat16":
+        import torch
+
+        return torch.from_numpy(np.asarray(x, dtype=np.float32)).to(torch.bfloat16)
+    return np.asarray(x).astype(np.bool_ if dt.name == "bool" else dt.name)
 
 
 def zeros(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = "") -> Tensor:
@@ -434,10 +469,8 @@ def store(dst: Any, value: Any, mask: Any = None, **kwargs: Any) -> None:
         raise error(f"nl.store's destination is in {d.buffer}; it must be an HBM tensor")
     v = _on_chip(value, "nl.store's value")
     if v.view.buffer.space != SBUF:
-        raise error(
-            f"nl.store's value is in {v.buffer}; DMA reads SBUF (copy a PSUM tile to SBUF with "
-            "nl.copy first)"
-        )
+        # DMA reads SBUF: a PSUM value is evicted by a VectorE copy first (as NKI does).
+        v = copy(v)
     current().emit("dma_copy", [("", _reshaped(v.view, d.shape)), ("", d.view)])
 
 
@@ -715,6 +748,12 @@ def mean(x: Any, axis: Any, dtype: Any = None, keepdims: bool = False, **kw: Any
 # ----------------------------------------------------------------------------------------------
 
 
+def _in_sbuf(t: Tensor) -> Tensor:
+    """TensorE reads SBUF: a PSUM operand of nl.matmul/nl.transpose (an earlier matmul's
+    result) is copied there first, as NKI's compiler does, in the dtype it holds."""
+    return copy(t) if t.view.buffer.space == PSUM else t
+
+
 def _identity(dtype: DType) -> Tensor:
     """A 128x128 identity in SBUF, made once per kernel and dtype at its start (GpSimd iota of
     p - i, then VectorE p - i == 0)."""
@@ -755,7 +794,7 @@ def _identity(dtype: DType) -> Tensor:
 def transpose(x: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
     """Swap partitions and the free axis of a 2-D SBUF tile on TensorE (a matmul by the
     identity); the result is a PSUM tile (fp32)."""
-    t = _on_chip(x, "nl.transpose's operand")
+    t = _in_sbuf(_on_chip(x, "nl.transpose's operand"))
     if t.ndim != 2:
         raise error(f"nl.transpose takes a 2-D tile, got shape {list(t.shape)}")
     p, f = t.shape
@@ -770,8 +809,8 @@ def matmul(x: Any, y: Any, transpose_x: bool = False, mask: Any = None, **kwargs
     With ``transpose_x=True``, x is the stationary [K, M] tile and y the moving [K, N] one, both
     in SBUF; without it x [M, K] is first transposed on TensorE. ``psum_tile += nl.matmul(...)``
     accumulates in PSUM."""
-    xt = _on_chip(x, "nl.matmul's x")
-    yt = _on_chip(y, "nl.matmul's y")
+    xt = _in_sbuf(_on_chip(x, "nl.matmul's x"))
+    yt = _in_sbuf(_on_chip(y, "nl.matmul's y"))
     if not transpose_x:
         xt = copy(transpose(xt), dtype=xt.dtype)
     if xt.ndim != 2 or yt.ndim != 2:
@@ -809,7 +848,6 @@ _NOT_YET = {
     "right_shift",
     "rms_norm",
     "select",
-    "shared_constant",
     "shared_identity_matrix",
     "softmax",
     "tan",
