@@ -82,9 +82,11 @@ def block_tiles(x):
 
 
 def test_par_dim_block_tiles() -> None:
-    x = rand(512, 96)
+    x = rand(512, 512)
     got = nki.simulate_kernel(block_tiles, x)
-    np.testing.assert_allclose(got, x.reshape(4, 128, 96).sum(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, x.reshape(4, 128, 512).sum(0), rtol=1e-5, atol=1e-5)
+    # Partitions first: 8 KiB per partition (the blocks side by side), not 256 KiB.
+    assert "memref<128x4x512xf32, #nisa.mem<sbuf>>" in block_tiles.specialize(x).mlir
 
 
 @nki.jit
