@@ -49,8 +49,12 @@ def test_benchmark_and_profile_wrappers_run_and_write_files(tmp_path, monkeypatc
     np.testing.assert_array_equal(bench(x), x * 2)
     assert bench.benchmark_result.latency_us > 0
     assert (tmp_path / "k.neff").exists() and (tmp_path / "k.ntff").exists()
-    prof = nki.profile(working_directory=str(tmp_path / "prof"), save_neff_name="file.neff",
-                       save_trace_name="profile.ntff", profile_nth=2)(double)  # fmt: skip
+    prof = nki.profile(
+        working_directory=str(tmp_path / "prof"),
+        save_neff_name="file.neff",
+        save_trace_name="profile.ntff",
+        profile_nth=2,
+    )(double)
     np.testing.assert_array_equal(prof(x), x * 2)
     program = json.loads((tmp_path / "prof" / "file.neff").read_text())
     assert program["name"]
@@ -145,8 +149,9 @@ def mean_var(x):
     i_f = nl.arange(fmax)[None, :]
     i_s = nl.arange(6)[None, :]
     for j in nl.affine_range(chunks):
-        stats[i_p, j * 6 + i_s] = nisa.bn_stats(t[i_p, j * fmax + i_f],
-                                                mask=(j * fmax + i_f < x.shape[1]))  # fmt: skip
+        stats[i_p, j * 6 + i_s] = nisa.bn_stats(
+            t[i_p, j * fmax + i_f], mask=(j * fmax + i_f < x.shape[1])
+        )
     nl.store(out, value=nisa.bn_aggr(stats))
     return out
 
@@ -163,8 +168,7 @@ def test_bn_stats_and_bn_aggr(cols: int) -> None:
 def linear_recurrence(a, b):
     """h[t] = a[t] * h[t-1] + b[t] along the free axis, h[-1] = 0.5."""
     out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
-    h = nki.isa.tensor_tensor_scan(nl.load(a), nl.load(b), initial=0.5, op0=np.multiply,
-                                   op1=np.add)  # fmt: skip
+    h = nki.isa.tensor_tensor_scan(nl.load(a), nl.load(b), initial=0.5, op0=np.multiply, op1=np.add)
     nl.store(out, value=h)
     return out
 
@@ -176,8 +180,9 @@ def test_tensor_tensor_scan() -> None:
     for t in range(a.shape[1]):
         h = a[:, t] * h + b[:, t]
         ref[:, t] = h
-    np.testing.assert_allclose(nki.simulate_kernel(linear_recurrence, a, b), ref, rtol=1e-4,
-                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        nki.simulate_kernel(linear_recurrence, a, b), ref, rtol=1e-4, atol=1e-5
+    )
 
 
 @nki.jit
@@ -221,12 +226,24 @@ def softmax_rows_isa(x):
     outT = nl.ndarray((x.shape[1], x.shape[0]), dtype=x.dtype, buffer=nl.shared_hbm)
     t = nl.load(x)
     row_max = nl.ndarray((128, 1), dtype=nl.float32)
-    scaled = nisa.tensor_scalar_reduce(data=t, op0=nl.multiply, operand0=1.0, reduce_op=nl.max,
-                                       reduce_res=row_max, engine=nisa.vector_engine)  # fmt: skip
+    scaled = nisa.tensor_scalar_reduce(
+        data=t,
+        op0=nl.multiply,
+        operand0=1.0,
+        reduce_op=nl.max,
+        reduce_res=row_max,
+        engine=nisa.vector_engine,
+    )
     neg_max = nisa.tensor_reduce(op=nl.max, data=scaled, axis=1, negate=True)
     sums = nl.ndarray((128, 1), dtype=nl.float32)
-    e = nisa.activation(op=nl.exp, data=scaled, bias=neg_max, reduce_op=nl.add, reduce_res=sums,
-                        reduce_cmd=nisa.reduce_cmd.reset_reduce)  # fmt: skip
+    e = nisa.activation(
+        op=nl.exp,
+        data=scaled,
+        bias=neg_max,
+        reduce_op=nl.add,
+        reduce_res=sums,
+        reduce_cmd=nisa.reduce_cmd.reset_reduce,
+    )
     sm = nisa.tensor_scalar(data=e, op0=nl.multiply, operand0=nisa.reciprocal(sums))
     nl.store(out, value=sm)
     ident = nl.load(nl.shared_constant(np.identity(128, dtype=np.int8), dtype=nl.float32))
@@ -277,5 +294,6 @@ def matmul_by_transposed(x, w):
 
 def test_matmul_reads_a_psum_operand_through_sbuf() -> None:
     x, w = rand(128, 128), rand(64, 128)
-    np.testing.assert_allclose(nki.simulate_kernel(matmul_by_transposed, x, w), x @ w.T,
-                               rtol=1e-4, atol=1e-4)  # fmt: skip
+    np.testing.assert_allclose(
+        nki.simulate_kernel(matmul_by_transposed, x, w), x @ w.T, rtol=1e-4, atol=1e-4
+    )

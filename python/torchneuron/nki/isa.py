@@ -76,8 +76,14 @@ def _write(dst: Any, value: Tensor, name: str) -> None:
 
 
 # Reductions NKI takes as an ALU op (``op=np.max``, ``op=nl.sum``): the binary op they fold.
-_FOLDS = {"max": "maximum", "amax": "maximum", "min": "minimum", "amin": "minimum",
-          "sum": "add", "prod": "multiply"}  # fmt: skip
+_FOLDS = {
+    "max": "maximum",
+    "amax": "maximum",
+    "min": "minimum",
+    "amin": "minimum",
+    "sum": "add",
+    "prod": "multiply",
+}
 
 
 def _as_nl(op: Any) -> Any:
@@ -108,7 +114,10 @@ def nc_matmul(*args: Any, accumulate: Any = None, **kwargs: Any) -> Any:
     dst, rest = _split_dst(args, kwargs, len(args) == 3 and all(_is_tile(a) for a in args))
     stationary = _arg(kwargs, "stationary", rest)
     moving = _arg(kwargs, "moving", rest)
-    value = nl.matmul(stationary, moving, transpose_x=True)
+    value = nl._nc_matmul(
+        nl._on_chip(stationary, "nisa.nc_matmul's stationary"),
+        nl._on_chip(moving, "nisa.nc_matmul's moving"),
+    )
     if dst is None:
         return value
     d = nl._tensor(dst, "nisa.nc_matmul's dst")
@@ -220,8 +229,14 @@ def tensor_scalar_reduce(*args: Any, **kwargs: Any) -> Any:
     x, y = (p.get("operand0"), t) if p.get("reverse0") else (t, p.get("operand0"))
     out = nl._binary(_alu(p.get("op0"), "tensor_scalar_reduce"), x, y, dtype)
     res = nl._on_chip(p.get("reduce_res"), "reduce_res")
-    folded = nl._reduce(_alu(p.get("reduce_op"), "tensor_scalar_reduce"), "tensor_scalar_reduce",
-                        out, tuple(range(1, out.ndim)), res.dtype, False)  # fmt: skip
+    folded = nl._reduce(
+        _alu(p.get("reduce_op"), "tensor_scalar_reduce"),
+        "tensor_scalar_reduce",
+        out,
+        tuple(range(1, out.ndim)),
+        res.dtype,
+        False,
+    )
     _write(res, folded, "tensor_scalar_reduce")
     if dst is None:
         return out
@@ -374,12 +389,21 @@ def _unmasked(data: Tensor) -> Iterator[View | None]:
 
 def _sub(view: View, start: int, size: int, step: int) -> View:
     """Free-axis elements start, start + step, ... (size of them) of a 2-D view."""
-    return View(view.buffer, view.offset + start * view.strides[1], (view.shape[0], size),
-                (view.strides[0], view.strides[1] * step))  # fmt: skip
+    return View(
+        view.buffer,
+        view.offset + start * view.strides[1],
+        (view.shape[0], size),
+        (view.strides[0], view.strides[1] * step),
+    )
 
 
-def _emit(op: str, operands: list[tuple[str, View]], written: int, prefix: str = "",
-          attrs: dict[str, str] | None = None) -> _ir.Instr:  # fmt: skip
+def _emit(
+    op: str,
+    operands: list[tuple[str, View]],
+    written: int,
+    prefix: str = "",
+    attrs: dict[str, str] | None = None,
+) -> _ir.Instr:
     instr = _ir.current().emit(op, operands, prefix=prefix, attrs=attrs)
     instr.writes = [written]
     return instr
@@ -405,29 +429,53 @@ def bn_stats(*args: Any, **kwargs: Any) -> Any:
             return None
         n = view.shape[1]
         if n > nl.tile_size.bn_stats_fmax:
-            raise error(f"nisa.bn_stats: {n} free elements, more than "
-                        f"nl.tile_size.bn_stats_fmax ({nl.tile_size.bn_stats_fmax})")  # fmt: skip
+            raise error(
+                f"nisa.bn_stats: {n} free elements, more than "
+                f"nl.tile_size.bn_stats_fmax ({nl.tile_size.bn_stats_fmax})"
+            )
         scratch = nl._new((p, (n + 1) // 2), _ir.FLOAT32)
         neg_mean = nl._new((p, 1), _ir.FLOAT32)
         for half, count in ((0, (n + 1) // 2), (1, n // 2)):
             col = [_sub(out.view, 3 * half + i, 1, 1) for i in range(3)]
             _emit("memset", [("", col[0])], 0, attrs={"value": nl._f64(count)})
             if count == 0:
-                _emit("memset", [("", _sub(out.view, 3 * half + 1, 2, 1))], 0,
-                      attrs={"value": nl._f64(0.0)})  # fmt: skip
+                _emit(
+                    "memset",
+                    [("", _sub(out.view, 3 * half + 1, 2, 1))],
+                    0,
+                    attrs={"value": nl._f64(0.0)},
+                )
                 continue
             elems = _sub(view, half, count, 2)
             work = _sub(scratch.view, 0, count, 1)
             # sum(x) on the fly, then mean = sum / count and -mean for the bias
-            _emit("activation", [("", elems), ("", work), ("accumulate", col[1])], 1,
-                  prefix="identity ")  # fmt: skip
-            _emit("tensor_scalar", [("", col[1]), ("", neg_mean.view)], 1, prefix="multiply ",
-                  attrs={"imm": nl._f64(-1.0 / count)})  # fmt: skip
-            _emit("tensor_scalar", [("", neg_mean.view), ("", col[1])], 1, prefix="multiply ",
-                  attrs={"imm": nl._f64(-1.0)})  # fmt: skip
+            _emit(
+                "activation",
+                [("", elems), ("", work), ("accumulate", col[1])],
+                1,
+                prefix="identity ",
+            )
+            _emit(
+                "tensor_scalar",
+                [("", col[1]), ("", neg_mean.view)],
+                1,
+                prefix="multiply ",
+                attrs={"imm": nl._f64(-1.0 / count)},
+            )
+            _emit(
+                "tensor_scalar",
+                [("", neg_mean.view), ("", col[1])],
+                1,
+                prefix="multiply ",
+                attrs={"imm": nl._f64(-1.0)},
+            )
             # sum((x - mean)^2): count * variance
-            _emit("activation", [("", elems), ("", work), ("bias", neg_mean.view),
-                                 ("accumulate", col[2])], 1, prefix="square ")  # fmt: skip
+            _emit(
+                "activation",
+                [("", elems), ("", work), ("bias", neg_mean.view), ("accumulate", col[2])],
+                1,
+                prefix="square ",
+            )
     if dst is None:
         return out
     _write(dst, out, "bn_stats")
@@ -494,8 +542,10 @@ def tensor_tensor_scan(*args: Any, **kwargs: Any) -> Any:
     d0 = nl._on_chip(prm.get("data0"), "data0")
     d1 = nl._on_chip(prm.get("data1"), "data1")
     if d0.shape != d1.shape or d0.ndim != 2:
-        raise error(f"nisa.tensor_tensor_scan: data0 {list(d0.shape)} and data1 "
-                    f"{list(d1.shape)} must be [P, F] tiles of one shape")  # fmt: skip
+        raise error(
+            f"nisa.tensor_tensor_scan: data0 {list(d0.shape)} and data1 "
+            f"{list(d1.shape)} must be [P, F] tiles of one shape"
+        )
     op0 = _alu(prm.get("op0"), "tensor_tensor_scan")
     op1 = _alu(prm.get("op1"), "tensor_tensor_scan")
     dtype = prm.get("dtype") or (dst.dtype if dst is not None else _ir.promote(d0.dtype, d1.dtype))
@@ -513,13 +563,22 @@ def tensor_tensor_scan(*args: Any, **kwargs: Any) -> Any:
             first.append(("scalar", nl._column(initial, "initial", p)))
             _emit("scalar_tensor_tensor", first, 2, prefix=stt)
         else:
-            _emit("scalar_tensor_tensor", first, 2, prefix=stt,
-                  attrs={"imm": nl._f64(float(initial))})  # fmt: skip
+            _emit(
+                "scalar_tensor_tensor", first, 2, prefix=stt, attrs={"imm": nl._f64(float(initial))}
+            )
         if v0.shape[1] > 1:
             for i in b.loop(1, v0.shape[1], 1):
-                _emit("scalar_tensor_tensor", [
-                    ("", _col_at(v0, i)), ("", _col_at(v1, i)), ("", _col_at(out.view, i)),
-                    ("scalar", _col_at(out.view, i - 1))], 2, prefix=stt)  # fmt: skip
+                _emit(
+                    "scalar_tensor_tensor",
+                    [
+                        ("", _col_at(v0, i)),
+                        ("", _col_at(v1, i)),
+                        ("", _col_at(out.view, i)),
+                        ("scalar", _col_at(out.view, i - 1)),
+                    ],
+                    2,
+                    prefix=stt,
+                )
     if dst is None:
         return out
     _write(dst, out, "tensor_tensor_scan")
@@ -527,8 +586,9 @@ def tensor_tensor_scan(*args: Any, **kwargs: Any) -> Any:
 
 
 def _col_at(view: View, i: Any) -> View:
-    return View(view.buffer, view.offset + i * view.strides[1], (view.shape[0], 1),
-                (view.strides[0], 1))  # fmt: skip
+    return View(
+        view.buffer, view.offset + i * view.strides[1], (view.shape[0], 1), (view.strides[0], 1)
+    )
 
 
 _NOT_YET = {

@@ -813,6 +813,12 @@ def matmul(x: Any, y: Any, transpose_x: bool = False, mask: Any = None, **kwargs
     yt = _in_sbuf(_on_chip(y, "nl.matmul's y"))
     if not transpose_x:
         xt = copy(transpose(xt), dtype=xt.dtype)
+    return _nc_matmul(xt, yt)
+
+
+def _nc_matmul(xt: Tensor, yt: Tensor) -> Tensor:
+    """One TensorE matmul, stationary.T @ moving, into a new PSUM tile: the operands as given
+    (nisa.nc_matmul's, which the verifier wants in SBUF)."""
     if xt.ndim != 2 or yt.ndim != 2:
         raise error("nl.matmul takes 2-D tiles")
     out = _new((xt.shape[1], yt.shape[1]), FLOAT32, PSUM)
