@@ -99,7 +99,10 @@ def NisaAllocate : Pass<"nisa-allocate", "mlir::ModuleOp"> {
     offset inside every partition. A tile is live from its alloc to its last
     use (a use inside a loop keeps it live to the end of that loop); tiles
     whose lifetimes overlap get disjoint byte ranges, dead ranges are reused
-    first-fit. PSUM tiles that fit in one bank never straddle two (a matmul
+    first-fit; a kernel with `nisa.reuse = "least_recent"` (NKI kernels)
+    takes never-used bytes first, then those freed longest ago, so a new
+    tile's writes need not wait for the readers of the tile that just died
+    at the same address. PSUM tiles that fit in one bank never straddle two (a matmul
     accumulates within a bank). Tiles that already carry an address keep it.
     Fails, naming the tile, only when the tiles live at one point exceed
     the target's SBUF or PSUM bytes per partition.

@@ -290,6 +290,14 @@ LogicalResult NisaDialect::verifyOperationAttribute(Operation *op,
                            "kernel function");
     return success();
   }
+  if (name == kReuseAttrName) {
+    auto value = dyn_cast<StringAttr>(attr.getValue());
+    if (!isa<func::FuncOp>(op) || !value ||
+        (value.getValue() != "lowest" && value.getValue() != "least_recent"))
+      return op->emitError("'nisa.reuse' is \"lowest\" or \"least_recent\" "
+                           "on a kernel function");
+    return success();
+  }
   if (name == kTargetAttrName || name == "nisa.kernel" ||
       name == "nisa.num_inputs")
     return success(); // read where they are used

@@ -40,6 +40,9 @@ constexpr llvm::StringLiteral kAddressAttrName = "nisa.address";
 constexpr llvm::StringLiteral kIdAttrName = "nisa.id";
 constexpr llvm::StringLiteral kWaitsAttrName = "nisa.waits";
 constexpr llvm::StringLiteral kSynchronizedAttrName = "nisa.synchronized";
+/// A kernel's choice of free addresses in nisa-allocate: "lowest" (the
+/// default) or "least_recent".
+constexpr llvm::StringLiteral kReuseAttrName = "nisa.reuse";
 
 /// The program opcode of a nisa instruction (nisa::<Name>Op for each entry
 /// of runtime/program/InstructionSet.def), or std::nullopt for other ops.

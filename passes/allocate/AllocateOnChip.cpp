@@ -3,7 +3,10 @@
 // Linear scan over tile lifetimes in program order: a tile is live from its
 // alloc to the end of the outermost op, in the alloc's block, that holds its
 // last use, directly or through a view of it. Each new tile takes the lowest
-// byte range not used by a live tile of the same memory.
+// byte range not used by a live tile of the same memory; a kernel marked
+// `nisa.reuse = "least_recent"` instead takes, of the ranges that fit, the
+// one whose earlier tiles died longest ago (so a load into a new tile does
+// not wait for the instructions still reading the tile that just died there).
 //
 //===----------------------------------------------------------------------===//
 
@@ -55,19 +58,36 @@ struct ProgramOrder {
   }
 };
 
+/// A byte range of one memory and the program position where the last tile
+/// that held it died.
+struct Freed {
+  int64_t begin, end, when;
+};
+
 class Allocator {
 public:
   Allocator(const ::neuron::target::Target &target) : target(target) {}
 
-  /// The lowest address where `tile` fits beside the live `others`, or -1.
-  int64_t place(const Tile &tile, ArrayRef<const Tile *> others) const {
+  /// Where `tile` fits beside the live `others`, or -1: the lowest such
+  /// address, or with `freed` the one whose bytes were freed longest ago
+  /// (never-used bytes first), the lowest of those on a tie.
+  int64_t place(const Tile &tile, ArrayRef<const Tile *> others,
+                const std::vector<Freed> *freed = nullptr) const {
     int64_t capacity = tile.space == MemorySpace::sbuf
                            ? target.sbufBytesPerPartition
                            : target.psumBytesPerPartition;
     SmallVector<int64_t> candidates{0};
     for (const Tile *o : others)
       candidates.push_back(o->address + o->bytes);
+    if (freed)
+      for (const Freed &f : *freed) {
+        candidates.push_back(f.begin);
+        candidates.push_back(f.end);
+      }
     llvm::sort(candidates);
+    candidates.erase(std::unique(candidates.begin(), candidates.end()),
+                     candidates.end());
+    int64_t best = -1, bestWhen = 0;
     for (int64_t c : candidates) {
       int64_t addr = llvm::alignTo(c, tile.align);
       addr = keepInBank(tile, addr);
@@ -76,10 +96,20 @@ public:
       bool clash = llvm::any_of(others, [&](const Tile *o) {
         return addr < o->address + o->bytes && o->address < addr + tile.bytes;
       });
-      if (!clash)
+      if (clash)
+        continue;
+      if (!freed)
         return addr;
+      int64_t when = -1;
+      for (const Freed &f : *freed)
+        if (addr < f.end && f.begin < addr + tile.bytes)
+          when = std::max(when, f.when);
+      if (best < 0 || when < bestWhen || (when == bestWhen && addr < best)) {
+        best = addr;
+        bestWhen = when;
+      }
     }
-    return -1;
+    return best;
   }
 
 private:
@@ -157,15 +187,36 @@ NisaAllocatePass::allocate(func::FuncOp func,
     return failure();
 
   Allocator allocator(target);
+  auto reuse = func->getAttrOfType<StringAttr>(nisa::kReuseAttrName);
+  bool leastRecent = reuse && reuse.getValue() == "least_recent";
+  // Per memory: when each byte range was last freed (newer ranges replace
+  // the older ones they cover, so the list stays about as long as the
+  // number of distinct tile placements).
+  llvm::DenseMap<unsigned, std::vector<Freed>> freed;
   std::vector<const Tile *> live;
   for (Tile &tile : tiles) {
-    llvm::erase_if(live, [&](const Tile *t) { return t->end < tile.start; });
+    llvm::erase_if(live, [&](const Tile *t) {
+      if (t->end >= tile.start)
+        return false;
+      if (leastRecent) {
+        std::vector<Freed> &f = freed[static_cast<unsigned>(t->space)];
+        Freed dead{t->address, t->address + t->bytes, t->end};
+        llvm::erase_if(f, [&](const Freed &o) {
+          return dead.begin <= o.begin && o.end <= dead.end &&
+                 o.when <= dead.when;
+        });
+        f.push_back(dead);
+      }
+      return true;
+    });
     SmallVector<const Tile *> sameSpace;
     for (const Tile *t : live)
       if (t->space == tile.space)
         sameSpace.push_back(t);
     if (tile.address < 0) {
-      tile.address = allocator.place(tile, sameSpace);
+      tile.address = allocator.place(
+          tile, sameSpace,
+          leastRecent ? &freed[static_cast<unsigned>(tile.space)] : nullptr);
       if (tile.address < 0) {
         int64_t used = 0;
         for (const Tile *t : sameSpace)

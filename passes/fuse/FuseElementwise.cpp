@@ -2,8 +2,8 @@
 //
 // Greedy, in program order: an op joins the groups of the operands it
 // consumes (all of them, else the first one that works alone) when the
-// merged group still has a FusionPlan, fits the row and group budgets, and stays
-// legal to place at the op (no op outside the group, before it, uses a
+// merged group still has a FusionPlan, fits the row and group budgets, and
+// stays legal to place at the op (no op outside the group, before it, uses a
 // value of the group). Each group with at least two ops,
 // one of them computing, becomes a neuron.fusion at its last op.
 //
@@ -38,6 +38,16 @@ bool isFusible(Operation *op) {
 }
 
 bool computes(Operation *op) { return !isa<BroadcastOp, ReshapeOp>(op); }
+
+/// bf16/f16 -> f32: free in a group (lowerGroup folds it).
+bool widens(Operation *op) {
+  auto c = dyn_cast<CastOp>(op);
+  if (!c)
+    return false;
+  Type from = cast<RankedTensorType>(c.getInput().getType()).getElementType();
+  return (from.isBF16() || from.isF16()) &&
+         c.getType().getElementType().isF32();
+}
 
 using Group = SmallVector<Operation *>;
 
@@ -98,7 +108,9 @@ struct FusePass
     for (Operation *op : group) {
       for (Value v : op->getResults()) {
         widest = std::max(widest, eltBytes(v));
-        if (!isa<ConstantOp, BroadcastOp, ReshapeOp>(op))
+        // Widening casts hold nothing: the engines read 16-bit floats as
+        // fp32, so the lowering reads the cast's input.
+        if (!isa<ConstantOp, BroadcastOp, ReshapeOp>(op) && !widens(op))
           held += rowBytesOf(v);
       }
       for (Value v : op->getOperands())
@@ -164,8 +176,7 @@ void FusePass::fuseBlock(Block &block) {
     // stay outside it, lowered on their own.
     while (!group.empty() && !computes(group.back()) && !fits(group, true))
       group.pop_back();
-    if (group.size() >= 2 && llvm::any_of(group, computes) &&
-        fits(group, true))
+    if (group.size() >= 2 && llvm::any_of(group, computes) && fits(group, true))
       materialize(group);
   }
 }

@@ -127,6 +127,27 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
   if (full == 0)
     return fail("empty tensors");
 
+  // Values that only feed column broadcasts through casts and unary ops (a
+  // norm's weight cast to float32 before it broadcasts): column vectors,
+  // even when a row has as many elements (square tensors).
+  llvm::DenseSet<Value> colSide;
+  auto colBroadcast = [](Operation *op) {
+    auto b = dyn_cast<BroadcastOp>(op);
+    auto shape = b ? classify(b) : std::nullopt;
+    return shape && shape->kind == BroadcastShape::Col;
+  };
+  for (Operation *op : llvm::reverse(ops)) {
+    if (colBroadcast(op)) {
+      colSide.insert(op->getOperand(0));
+    } else if (isa<CastOp, UnaryOp>(op) && colSide.contains(op->getResult(0)) &&
+               llvm::all_of(op->getResult(0).getUsers(), [&](Operation *u) {
+                 return colBroadcast(u) || (isa<CastOp, UnaryOp>(u) &&
+                                            colSide.contains(u->getResult(0)));
+               })) {
+      colSide.insert(op->getOperand(0));
+    }
+  }
+
   auto repOfInput = [&](Value v, Operation *user) -> std::optional<Rep> {
     if (auto splat = splatValueOf(v)) {
       plan.splats[v] = *splat;
@@ -140,6 +161,8 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
       if (shape->kind != BroadcastShape::Same)
         return Rep::Row;
     }
+    if (plan.byRows && n == plan.numCols && colSide.contains(v))
+      return Rep::Col;
     if (n == full)
       return Rep::Full;
     if (n == 1 || (plan.byRows && n == plan.numRows))
@@ -175,10 +198,13 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
       }
       in.push_back(it->second);
     }
-    bool anyFull = llvm::any_of(
-        in, heldAsTile);
+    bool anyFull = llvm::any_of(in, heldAsTile);
     bool anyRow = llvm::is_contained(in, Rep::Row);
     Rep combined = anyFull ? Rep::Full : anyRow ? Rep::Row : Rep::Splat;
+    // Casts and unary ops of a column vector stay column vectors.
+    if (isa<CastOp, UnaryOp>(op) && in[0] == Rep::Col &&
+        colSide.contains(op->getResult(0)))
+      combined = Rep::Col;
     std::optional<Rep> result =
         llvm::TypeSwitch<Operation *, std::optional<Rep>>(op)
             .Case<UnaryOp, BinaryOp, SelectOp, CastOp>(

@@ -193,6 +193,7 @@ private:
   llvm::DenseMap<Operation *, nisa::Engine> assignEngines(
       ArrayRef<Operation *> ops, const llvm::DenseSet<Operation *> &folded,
       const llvm::DenseSet<Operation *> &activations,
+      const llvm::DenseSet<Operation *> &scalarSums,
       llvm::function_ref<::neuron::runtime::Opcode(Operation *)> instructionOf,
       const FusionPlan &plan, int64_t cols) const;
   void lowerMatmul(MatmulOp op);

@@ -152,8 +152,7 @@ void KernelLowering::lowerLayout(Operation *op) {
       out.strides.push_back(st * sl.getStrides()[i]);
     }
   } else {
-    auto strides =
-        reshapedStrides(inShape, in.strides, outType.getShape());
+    auto strides = reshapedStrides(inShape, in.strides, outType.getShape());
     if (!strides) {
       // Not expressible as a window: the input becomes contiguous first.
       buffers[result] = bufferOf(input);
@@ -187,10 +186,12 @@ struct GroupStep {
 /// engine finishes this one. Among such splits (each instruction on an
 /// engine that may issue it: InstructionSet.def), the one whose busiest
 /// engine has the least work, by the target's clocks; if none fits, ALU ops
-/// stay on VectorE.
+/// stay on VectorE. Row sums in `scalarSums` may also go to ScalarE, as an
+/// identity activation that accumulates.
 llvm::DenseMap<Operation *, nisa::Engine> KernelLowering::assignEngines(
     ArrayRef<Operation *> ops, const llvm::DenseSet<Operation *> &folded,
     const llvm::DenseSet<Operation *> &activations,
+    const llvm::DenseSet<Operation *> &scalarSums,
     llvm::function_ref<::neuron::runtime::Opcode(Operation *)> instructionOf,
     const FusionPlan &plan, int64_t cols) const {
   using nisa::Engine;
@@ -199,6 +200,8 @@ llvm::DenseMap<Operation *, nisa::Engine> KernelLowering::assignEngines(
     if (!isa<ConstantOp, BroadcastOp, ReshapeOp>(op) && !folded.contains(op))
       work.push_back(op);
   auto allowed = [&](Operation *op, Engine e) {
+    if (e == Engine::scalar && scalarSums.contains(op))
+      return nisa::canIssue(::neuron::runtime::Opcode::Activation, e);
     return nisa::canIssue(instructionOf(op), e);
   };
   // Streaming cost, as the engines charge it: elements x inputs streamed /
@@ -222,7 +225,8 @@ llvm::DenseMap<Operation *, nisa::Engine> KernelLowering::assignEngines(
     if (e == Engine::vector) {
       if (streamed.size() == 2 && all16)
         passes = 1;
-      bool perfOp = isa<CastOp>(op) || (isa<BinaryOp>(op) && streamed.size() == 1);
+      bool perfOp =
+          isa<CastOp>(op) || (isa<BinaryOp>(op) && streamed.size() == 1);
       if (perfOp && all16)
         speedup = double(target.value("vector_elems_per_cycle_16bit")) /
                   target.partitions;
@@ -298,8 +302,8 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   //    by the second: one scalar_tensor_tensor.
   llvm::DenseSet<Operation *> folded;
   llvm::DenseMap<Operation *, ReduceOp> rowSumOf; // activation -> its sum
-  llvm::DenseSet<Operation *> summed;              // sums activations make
-  llvm::DenseSet<Operation *> activations; // x * x: activation square
+  llvm::DenseSet<Operation *> summed;             // sums activations make
+  llvm::DenseSet<Operation *> activations;        // x * x: activation square
   llvm::DenseMap<Operation *, BinaryOp> scaledBy; // outer binary -> inner
   llvm::DenseMap<Value, Value> narrowedBy; // producer result -> cast result
   llvm::DenseMap<Operation *, Operation *> biasOf; // unary -> its add/sub
@@ -339,16 +343,16 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   }
   auto isSquare = [&](Operation *op) {
     auto bin = dyn_cast<BinaryOp>(op);
-    return bin && bin.getFn() == BinaryFn::mul && bin.getLhs() == bin.getRhs() &&
-           plan.rep(bin.getLhs()) == Rep::Full;
+    return bin && bin.getFn() == BinaryFn::mul &&
+           bin.getLhs() == bin.getRhs() && plan.rep(bin.getLhs()) == Rep::Full;
   };
   for (Operation *op : ops) {
     auto r = dyn_cast<ReduceOp>(op);
     if (!r || r.getFn() != ReduceFn::sum || plan.rep(r.getResult()) != Rep::Row)
       continue;
     Operation *producer = r.getInput().getDefiningOp();
-    if (!producer || !members.contains(producer) ||
-        folded.contains(producer) || rowSumOf.count(producer) ||
+    if (!producer || !members.contains(producer) || folded.contains(producer) ||
+        rowSumOf.count(producer) ||
         !(isa<UnaryOp>(producer) || isSquare(producer)) ||
         plan.rep(r.getInput()) != Rep::Full)
       continue;
@@ -357,6 +361,22 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     if (isSquare(producer))
       activations.insert(producer);
   }
+  // (x - m)^2 with m a row (a variance): the square activation takes -m as
+  // its bias, so x - m is never written.
+  for (Operation *op : activations) {
+    auto bin = op->getOperand(0).getDefiningOp<BinaryOp>();
+    Value v = op->getOperand(0);
+    if (bin && members.contains(bin) && !folded.contains(bin) &&
+        !isOutput.contains(v) &&
+        llvm::all_of(v.getUsers(), [&](Operation *u) { return u == op; }) &&
+        (bin.getFn() == BinaryFn::sub || bin.getFn() == BinaryFn::add) &&
+        bin.getType().getElementType().isF32() &&
+        plan.rep(bin.getLhs()) == Rep::Full &&
+        plan.rep(bin.getRhs()) == Rep::Row) {
+      biasOf[op] = bin;
+      folded.insert(bin);
+    }
+  }
   for (Operation *op : ops) {
     auto outer = dyn_cast<BinaryOp>(op);
     if (!outer || folded.contains(op) || summed.contains(op))
@@ -364,17 +384,34 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     for (bool innerOnLeft : {true, false}) {
       Value innerValue = innerOnLeft ? outer.getLhs() : outer.getRhs();
       Value other = innerOnLeft ? outer.getRhs() : outer.getLhs();
+      // x * rstd cast to bf16 and then scaled by the weight (Llama's RMSNorm):
+      // the instruction keeps x * rstd in fp32 and rounds once, at the
+      // store, as fused kernels do (PyTorch's Inductor too); eager rounds
+      // the product to bf16 first, so the two differ by that rounding.
+      CastOp narrowing;
+      if (auto c = innerValue.getDefiningOp<CastOp>();
+          c && members.contains(c) && narrowedBy.count(c.getInput()) &&
+          narrowedBy.lookup(c.getInput()) == c.getResult() &&
+          onlyUse(c.getResult()) == op) {
+        narrowing = c;
+        innerValue = c.getInput();
+      }
       auto inner = innerValue.getDefiningOp<BinaryOp>();
-      bool commutes = outer.getFn() == BinaryFn::mul ||
-                      outer.getFn() == BinaryFn::add;
+      bool commutes =
+          outer.getFn() == BinaryFn::mul || outer.getFn() == BinaryFn::add;
+      Value innerUse = narrowing ? narrowing.getResult() : innerValue;
       if (!inner || !members.contains(inner) || folded.contains(inner) ||
-          onlyUse(innerValue) != op || (!innerOnLeft && !commutes) ||
-          biasOf.count(op) || !heldAsTile(plan.rep(other)) ||
-          !heldAsTile(plan.rep(innerValue)) ||
+          onlyUse(innerUse) != op ||
+          (narrowing && onlyUse(innerValue) != narrowing) ||
+          (!innerOnLeft && !commutes) || biasOf.count(op) ||
+          !heldAsTile(plan.rep(other)) || !heldAsTile(plan.rep(innerValue)) ||
           plan.rep(inner.getLhs()) != Rep::Full ||
           plan.rep(inner.getRhs()) != Rep::Row ||
-          inner.getType().getElementType() != outer.getType().getElementType())
+          (!narrowing && inner.getType().getElementType() !=
+                             outer.getType().getElementType()))
         continue;
+      if (narrowing)
+        narrowedBy.erase(innerValue); // the cast is folded: nothing stores
       scaledBy[op] = inner;
       folded.insert(inner);
       break;
@@ -386,8 +423,8 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   int64_t widest = 1;
   for (Operation *op : ops)
     for (Value v : op->getResults())
-      widest = std::max<int64_t>(widest,
-                                 tensorType(v).getElementTypeBitWidth() / 8);
+      widest =
+          std::max<int64_t>(widest, tensorType(v).getElementTypeBitWidth() / 8);
   auto elt = [&](Value v) { return tensorType(v).getElementType(); };
   auto bytes = [](Type t) -> int64_t {
     return (t.getIntOrFloatBitWidth() + 7) / 8;
@@ -401,8 +438,15 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
         isOutput.contains(v) ||
         (narrowedBy.count(v) && isOutput.contains(narrowedBy.lookup(v))))
       continue;
-    intermediates.push_back(
-        {v, narrowedBy.count(v) ? elt(narrowedBy.lookup(v)) : elt(v)});
+    Type storage = narrowedBy.count(v) ? elt(narrowedBy.lookup(v)) : elt(v);
+    // An activation kept only for the row sums it accumulates (a variance's
+    // squares): nothing reads its elements, so they take 16 bits.
+    if (rowSumOf.count(op) && isa<FloatType>(storage) &&
+        llvm::all_of(v.getUsers(), [&](Operation *u) {
+          return u == rowSumOf.lookup(op).getOperation();
+        }))
+      storage = b.getBF16Type();
+    intermediates.push_back({v, storage});
   }
   // Constants in the group that the plan holds as tensors load like inputs.
   SmallVector<std::pair<Value, Value>> groupInputs(inputs);
@@ -432,7 +476,9 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     // per column: an over-estimate kept so that programs stay as they were).
     int64_t streamBytes = 0;
     for (auto [v, buffer] : inputs)
-      streamBytes += cols * (tensorType(v).getElementTypeBitWidth() + 7) / 8;
+      if (plan.rep(v) == Rep::Full ||
+          plan.rep(v) == Rep::Row) // not loaded once
+        streamBytes += cols * (tensorType(v).getElementTypeBitWidth() + 7) / 8;
     for (auto [v, buffer] : outputs)
       streamBytes += cols * (tensorType(v).getElementTypeBitWidth() + 7) / 8;
     numSlots = std::min<int64_t>(steps, 4);
@@ -495,9 +541,21 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     if (rep == Rep::Full || rep == Rep::Row)
       slots[v] = tile(MemorySpace::sbuf, {p, numSlots * slotWidth(v)}, elt(v));
     if (rep == Rep::Col) {
-      // One row, broadcast to every partition, loaded once.
+      // One row broadcast to every partition, loaded once. A long row goes
+      // to one partition and is copied on chip to the others, so HBM gives
+      // its bytes once, not once per partition; a short one is read from
+      // HBM by every partition (a second transfer's latency would cost more
+      // than the bytes).
       Value t = tile(MemorySpace::sbuf, {p, cols}, elt(v));
-      dma(view(buffer, index(0), {p, cols}, {0, 1}), t);
+      double repeatedNs = double((p - 1) * cols * bytes(elt(v))) /
+                          (target.peakHbmBytesPerSecond() * 1e-9);
+      if (repeatedNs > target.dmaFixedLatencyNs) {
+        Value row = tile(MemorySpace::sbuf, {1, cols}, elt(v));
+        dma(view(buffer, index(0), {1, cols}, {0, 1}), row);
+        dma(view(row, index(0), {p, cols}, {0, 1}), t);
+      } else {
+        dma(view(buffer, index(0), {p, cols}, {0, 1}), t);
+      }
       columns[v] = t;
     }
   }
@@ -528,12 +586,26 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     assert(isa<ReduceOp>(op) && "an op of a group without an instruction");
     return Opcode::TensorReduce;
   };
-  llvm::DenseMap<Operation *, nisa::Engine> engineFor =
-      assignEngines(ops, unassigned, activations, instructionOf, plan, cols);
+  // Row sums of a full tile no activation computes: VectorE's tensor_reduce
+  // or ScalarE's identity activation accumulating (ScalarE's clock is
+  // faster, and in a norm VectorE has the affine part to do).
+  // The activation writes the elements to a scratch tile: only where SBUF
+  // has room for one.
+  llvm::DenseSet<Operation *> scalarSums;
+  int64_t spare = target.sbufBytesPerPartition - held();
+  for (Operation *op : ops) {
+    auto r = dyn_cast<ReduceOp>(op);
+    if (r && r.getFn() == ReduceFn::sum && !summed.contains(op) &&
+        plan.rep(r.getInput()) == Rep::Full &&
+        plan.rep(r.getResult()) == Rep::Row &&
+        (spare -= cols * bytes(elt(r.getInput()))) >= 0)
+      scalarSums.insert(op);
+  }
+  llvm::DenseMap<Operation *, nisa::Engine> engineFor = assignEngines(
+      ops, unassigned, activations, scalarSums, instructionOf, plan, cols);
   llvm::DenseMap<Value, Value> inner; // intermediate -> its two-slot tile
   for (auto [v, storage] : intermediates)
-    inner[v] =
-        tile(MemorySpace::sbuf, {p, innerSlots * slotWidth(v)}, storage);
+    inner[v] = tile(MemorySpace::sbuf, {p, innerSlots * slotWidth(v)}, storage);
 
   // One step: `base` is the first row (by rows) or element (flat). Its
   // loads and its compute are emitted apart, so loads can run ahead.
@@ -624,10 +696,27 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
           return {sums, Value()};
         return {tile(MemorySpace::sbuf, {rows, 1}, b.getF32Type()), sums};
       };
+      // f(x - m) with m a row: the activation reads x and takes the row
+      // (negated) as its per-partition bias.
+      auto biasedSource = [&](Value src) -> std::pair<Value, Value> {
+        auto shift = biasOf.lookup(op);
+        if (!shift)
+          return {st.tileOf(src), Value()};
+        auto bin = cast<BinaryOp>(shift);
+        Value bias = st.tileOf(bin.getRhs());
+        if (bin.getFn() == BinaryFn::sub) {
+          Value negated = tile(MemorySpace::sbuf, {rows, 1}, b.getF32Type());
+          b.create<nisa::TensorScalarOp>(loc, nisa::AluOp::multiply, bias,
+                                         negated, Value(), APFloat(-1.0), false,
+                                         engineFor.lookup(op));
+          bias = negated;
+        }
+        return {st.tileOf(bin.getLhs()), bias};
+      };
       if (activations.contains(op)) {
+        auto [src, bias] = biasedSource(op->getOperand(0));
         auto [acc, narrow] = rowSums();
-        b.create<nisa::ActivationOp>(loc, st.tileOf(op->getOperand(0)), dst,
-                                     Value(), Value(), acc,
+        b.create<nisa::ActivationOp>(loc, src, dst, bias, Value(), acc,
                                      nisa::ActivationFn::square, APFloat(1.0),
                                      APFloat(0.0));
         if (narrow)
@@ -637,7 +726,12 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
       if (BinaryOp inner = scaledBy.lookup(op)) {
         // (x op0 m) op1 w.
         auto bin = cast<BinaryOp>(op);
-        bool innerOnLeft = bin.getLhs() == inner.getResult();
+        auto readsInner = [&](Value v) {
+          auto c = v.getDefiningOp<CastOp>();
+          return v == inner.getResult() ||
+                 (c && c.getInput() == inner.getResult());
+        };
+        bool innerOnLeft = readsInner(bin.getLhs());
         Value w = innerOnLeft ? bin.getRhs() : bin.getLhs();
         b.create<nisa::ScalarTensorTensorOp>(
             loc, aluFor(inner.getFn()), aluFor(bin.getFn()),
@@ -647,23 +741,11 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
       }
       if (auto u = dyn_cast<UnaryOp>(op)) {
         // exp(x - m) with m a row: the row rides along as the bias.
-        Value src = u.getInput(), bias;
-        if (auto shift = biasOf.lookup(op)) {
-          auto bin = cast<BinaryOp>(shift);
-          src = bin.getLhs();
-          bias = st.tileOf(bin.getRhs());
-          if (bin.getFn() == BinaryFn::sub) {
-            Value negated = tile(MemorySpace::sbuf, {rows, 1}, b.getF32Type());
-            b.create<nisa::TensorScalarOp>(loc, nisa::AluOp::multiply, bias,
-                                           negated, Value(), APFloat(-1.0),
-                                           false, engineFor.lookup(op));
-            bias = negated;
-          }
-        }
+        auto [src, bias] = biasedSource(u.getInput());
         auto [acc, narrow] = rowSums();
-        b.create<nisa::ActivationOp>(loc, st.tileOf(src), dst, bias, Value(),
-                                     acc, activationFor(u.getFn()),
-                                     APFloat(1.0), APFloat(0.0));
+        b.create<nisa::ActivationOp>(loc, src, dst, bias, Value(), acc,
+                                     activationFor(u.getFn()), APFloat(1.0),
+                                     APFloat(0.0));
         if (narrow)
           b.create<nisa::CopyOp>(loc, acc, narrow, nisa::Engine::gpsimd);
       } else if (auto bin = dyn_cast<BinaryOp>(op)) {
@@ -696,6 +778,20 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
       } else if (auto c = dyn_cast<CastOp>(op)) {
         b.create<nisa::CopyOp>(loc, st.tileOf(c.getInput()), dst,
                                engineFor.lookup(op));
+      } else if (auto r = dyn_cast<ReduceOp>(op);
+                 r && engineFor.lookup(op) == nisa::Engine::scalar) {
+        // identity(x) written to a scratch tile, its fp32 row sums kept.
+        Value src = st.tileOf(r.getInput());
+        Value scratch = tile(MemorySpace::sbuf, {rows, stepCols},
+                             cast<MemRefType>(src.getType()).getElementType());
+        bool f32 = cast<MemRefType>(dst.getType()).getElementType().isF32();
+        Value acc =
+            f32 ? dst : tile(MemorySpace::sbuf, {rows, 1}, b.getF32Type());
+        b.create<nisa::ActivationOp>(loc, src, scratch, Value(), Value(), acc,
+                                     nisa::ActivationFn::identity, APFloat(1.0),
+                                     APFloat(0.0));
+        if (!f32)
+          b.create<nisa::CopyOp>(loc, acc, dst, nisa::Engine::gpsimd);
       } else if (auto r = dyn_cast<ReduceOp>(op)) {
         b.create<nisa::TensorReduceOp>(loc, aluFor(r.getFn()),
                                        st.tileOf(r.getInput()), dst,
@@ -747,8 +843,7 @@ void KernelLowering::lowerFusion(FusionOp fusion) {
   for (Operation &op : body.without_terminator())
     ops.push_back(&op);
   SmallVector<std::pair<Value, Value>> inputs, outputs;
-  for (auto [arg, operand] :
-       llvm::zip(body.getArguments(), fusion.getInputs()))
+  for (auto [arg, operand] : llvm::zip(body.getArguments(), fusion.getInputs()))
     inputs.push_back({arg, bufferOf(operand)});
   auto yield = cast<YieldOp>(body.getTerminator());
   for (auto [v, result] : llvm::zip(yield.getValues(), fusion.getResults())) {
@@ -818,8 +913,8 @@ void KernelLowering::forEachPipelined(
 /// the compute of the steps in between, at least three (so one transfer
 /// can finish while another is issued), at most four.
 int64_t KernelLowering::streamSlots(double transferNs, double computeNs) const {
-  double cover = (target.dmaFixedLatencyNs + transferNs) /
-                 std::max(computeNs, 1.0);
+  double cover =
+      (target.dmaFixedLatencyNs + transferNs) / std::max(computeNs, 1.0);
   // A slot is refilled once the step that read it is done and used
   // slots - 1 steps later; one more covers the trigger and semaphores.
   return std::clamp<int64_t>((int64_t)std::ceil(cover) + 2, 3, 4);
@@ -862,7 +957,7 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
   int64_t mTilesTotal = (m + mTile - 1) / mTile;
   int64_t mTiles = std::min<int64_t>(mTilesTotal, banksPerSet);
   while (mTiles > 1 && 2 * kTiles * mTiles * mTile * eltBytes >
-                            target.sbufBytesPerPartition / 2)
+                           target.sbufBytesPerPartition / 2)
     --mTiles;
   // N tiles per B transfer: fill the bank set the M tiles leave free.
   int64_t nTilesTotal = (n + nTile - 1) / nTile;
@@ -906,21 +1001,23 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
       // sets alternate between N groups.
       double loadNs = double(kRows * nGroup * eltBytes) /
                       (target.dmaEngines * target.dmaBytesPerNsPerEngine);
-      double stepNs = double(blockTiles * nTiles *
-                             std::max<int64_t>(nTile, 64)) /
-                      target.tensorClockGHz;
+      double stepNs =
+          double(blockTiles * nTiles * std::max<int64_t>(nTile, 64)) /
+          target.tensorClockGHz;
       int64_t bSlots = streamSlots(loadNs, stepNs);
       Value moving = tile(MemorySpace::sbuf, {kRows, bSlots * nGroup}, inElt);
-      Value acc = tile(MemorySpace::psum, {mTile, 2 * banksPerSet * nTile}, f32);
-      Value staged = tile(MemorySpace::sbuf,
-                          {mTile, 2 * blockTiles * nGroup}, outElt);
+      Value acc =
+          tile(MemorySpace::psum, {mTile, 2 * banksPerSet * nTile}, f32);
+      Value staged =
+          tile(MemorySpace::sbuf, {mTile, 2 * blockTiles * nGroup}, outElt);
       auto nStep = [&](Value g, int64_t set, int64_t cols, bool first,
                        bool prefetches) {
         Value n0 = scale(g, nGroup);
         int64_t groupTiles = (cols + nTile - 1) / nTile;
         auto bank = [&](int64_t mi, int64_t ni, int64_t rows, int64_t width) {
           int64_t col = (set * banksPerSet + mi * groupTiles + ni) * nTile;
-          return view(acc, index(col), {rows, width}, {2 * banksPerSet * nTile, 1});
+          return view(acc, index(col), {rows, width},
+                      {2 * banksPerSet * nTile, 1});
         };
         auto kStep = [&](Value kIdx, int64_t slot, int64_t kt, bool first) {
           Value src = addOffsets(addOffsets(rhsBase, scale(kIdx, kTile * bRow)),
@@ -931,7 +1028,8 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
           for (int64_t mi = 0; mi < blockTiles; ++mi) {
             int64_t mt = std::min(mTile, mRows - mi * mTile);
             Value stationary = view(
-                panel, addOffsets(panelAt, addOffset(scale(kIdx, mRows), mi * mTile)),
+                panel,
+                addOffsets(panelAt, addOffset(scale(kIdx, mRows), mi * mTile)),
                 {kt, mt}, {panelStride, 1});
             for (int64_t ni = 0; ni < groupTiles; ++ni) {
               int64_t nt = std::min(nTile, cols - ni * nTile);
@@ -982,9 +1080,9 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
                              {mt, cols}, {2 * blockTiles * nGroup, 1});
           for (int64_t ni = 0; ni < groupTiles; ++ni) {
             int64_t nt = std::min(nTile, cols - ni * nTile);
-            Value part = view(staged,
-                              index((set * blockTiles + mi) * nGroup + ni * nTile),
-                              {mt, nt}, {2 * blockTiles * nGroup, 1});
+            Value part = view(
+                staged, index((set * blockTiles + mi) * nGroup + ni * nTile),
+                {mt, nt}, {2 * blockTiles * nGroup, 1});
             auto engine = (mi * groupTiles + ni) % 2 ? nisa::Engine::scalar
                                                      : nisa::Engine::vector;
             b.create<nisa::CopyOp>(loc, bank(mi, ni, mt, nt), part, engine);
@@ -1003,10 +1101,9 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
         nStep(index(0), 0, nGroup, true, true);
       else
         prefetch(index(0), true, index(0), 1);
-      forEachRotating(1, std::max<int64_t>(groups - 1, 0), 2,
-                      [&](Value g, int64_t set) {
-                        nStep(g, set, nGroup, false, true);
-                      });
+      forEachRotating(
+          1, std::max<int64_t>(groups - 1, 0), 2,
+          [&](Value g, int64_t set) { nStep(g, set, nGroup, false, true); });
       if (n % nGroup)
         nStep(index(groups), groups % 2, n % nGroup, false, false);
     };
@@ -1037,9 +1134,9 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
           }
           int64_t rows = mBlock / pieces;
           Value r0 = scale(piece, rows);
-          Value src = addOffsets(
-              addOffsets(lhsBase, scale(addOffsets(m0, r0), aRow)),
-              scale(g, chunk * kTile * aCol));
+          Value src =
+              addOffsets(addOffsets(lhsBase, scale(addOffsets(m0, r0), aRow)),
+                         scale(g, chunk * kTile * aCol));
           dma(view(lhs, src, {kTile, chunk, rows}, {aCol, kTile * aCol, aRow}),
               view(panel,
                    addOffsets(addOffsets(at(next), scale(g, chunk * mBlock)),
@@ -1047,21 +1144,24 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
                    {kTile, chunk, rows}, {stride, mBlock, 1}));
         };
       };
-      forEachRotating(0, fullBlocks - 1, panelSlots, [&](Value i, int64_t slot) {
-        block(scale(i, mBlock), mBlock, panel, at(slot), stride,
-              prefetchNext(i, slot), chunked ? mBlock : 1);
-      });
+      forEachRotating(0, fullBlocks - 1, panelSlots,
+                      [&](Value i, int64_t slot) {
+                        block(scale(i, mBlock), mBlock, panel, at(slot), stride,
+                              prefetchNext(i, slot), chunked ? mBlock : 1);
+                      });
       int64_t last = fullBlocks - 1;
-      block(index(last * mBlock), mBlock, panel, at(last % panelSlots), stride,
-            [](Value, bool, Value, int64_t) {}, 1);
+      block(
+          index(last * mBlock), mBlock, panel, at(last % panelSlots), stride,
+          [](Value, bool, Value, int64_t) {}, 1);
     }
     if (int64_t rest = m % mBlock) {
       TileScope panels(*this);
       Value panel = tile(MemorySpace::sbuf, {kRows, kTiles * rest}, inElt);
       Value m0 = index(fullBlocks * mBlock);
       loadPanel(m0, rest, panel, index(0), kTiles * rest);
-      block(m0, rest, panel, index(0), kTiles * rest,
-            [](Value, bool, Value, int64_t) {}, 1);
+      block(
+          m0, rest, panel, index(0), kTiles * rest,
+          [](Value, bool, Value, int64_t) {}, 1);
     }
   };
   // One loop per batch dim: windows may stride them any way.
@@ -1102,8 +1202,8 @@ void KernelLowering::lowerReduce(ReduceOp op) {
     if (cols > first)
       forTiles(cols - first, chunk, [&](Value c0, int64_t ct) {
         TileScope s(*this);
-        Value t = load(in, addOffsets(rowBase, addOffset(c0, first)), rt, ct,
-                       cols);
+        Value t =
+            load(in, addOffsets(rowBase, addOffset(c0, first)), rt, ct, cols);
         Value part = tile(MemorySpace::sbuf, {rt, 1}, f32);
         b.create<nisa::TensorReduceOp>(loc, alu, t, part);
         b.create<nisa::TensorTensorOp>(loc, alu, acc, part, acc);
@@ -1139,7 +1239,8 @@ void KernelLowering::lowerGather(GatherOp op) {
   Value table = bufferOf(op.getTable()), idx = bufferOf(op.getIndices());
   Value out = resultBuffer(op.getResult());
   // Gathered rows land in SBUF; keep each chunk within a few tiles' bytes.
-  int64_t eltBytes = std::max<int64_t>(1, tableType.getElementTypeBitWidth() / 8);
+  int64_t eltBytes =
+      std::max<int64_t>(1, tableType.getElementTypeBitWidth() / 8);
   int64_t chunk = std::max<int64_t>(1, 4 * tileBytes / eltBytes);
   forTiles(rows, target.partitions, [&](Value r0, int64_t rt) {
     TileScope scope(*this);
@@ -1150,8 +1251,8 @@ void KernelLowering::lowerGather(GatherOp op) {
           tile(MemorySpace::sbuf, {rt, ct}, tableType.getElementType());
       b.create<nisa::DmaGatherOp>(loc, view(table, c0, {vocab, ct}, {width, 1}),
                                   indices, rowsTile);
-      dma(rowsTile, view(out, addOffsets(scale(r0, width), c0), {rt, ct},
-                         {width, 1}));
+      dma(rowsTile,
+          view(out, addOffsets(scale(r0, width), c0), {rt, ct}, {width, 1}));
     });
   });
 }
@@ -1278,8 +1379,8 @@ LogicalResult KernelLowering::lower(Operation *op) {
 LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
   FunctionType fnType = func.getFunctionType();
   SmallVector<Type> argTypes;
-  for (Type t : llvm::concat<const Type>(fnType.getInputs(),
-                                         fnType.getResults())) {
+  for (Type t :
+       llvm::concat<const Type>(fnType.getInputs(), fnType.getResults())) {
     auto tensor = dyn_cast<RankedTensorType>(t);
     if (!tensor)
       return func.emitOpError("kernel arguments and results must be ranked "

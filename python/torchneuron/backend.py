@@ -164,6 +164,7 @@ def _build_graph(
     work = specialize.copy_graph_module(gm)
     rng.seed_random_ops(work)
     rewrite.as_strided_views(work)
+    rewrite.float32_scalar_inputs(work)
     unsupported = partition.find_unsupported(work, name=f"check_{next(_graph_ids)}")
     flex.detach_block_masks(work, unsupported)
     progress.stage("partitioning")

@@ -136,9 +136,23 @@ def _identity() -> tuple[str, str]:
     return ids[0], ids[1]
 
 
+def target_id(target: str) -> str:
+    """``target``, with a hash of its data file when ``TORCHNEURON_TARGET_DIR`` replaces the
+    built-in one (the built-in figures are part of the build): programs compiled for other
+    figures are other keys."""
+    folder = os.environ.get("TORCHNEURON_TARGET_DIR")
+    if not folder:
+        return target
+    try:
+        data = (Path(folder) / f"{target}.json").read_bytes()
+    except OSError:
+        return f"{target} from an unreadable {folder}"
+    return f"{target} {hashlib.sha256(data).hexdigest()}"
+
+
 def key(document: str, target: str) -> str:
     """The entry key of a name-less FX ``document`` compiled for ``target``."""
-    text = f"torchneuron-cache {FORMAT}\n{build_id()}\n{target}\n{document}"
+    text = f"torchneuron-cache {FORMAT}\n{build_id()}\n{target_id(target)}\n{document}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -148,7 +162,7 @@ def graph_key(graph: str, target: str) -> str:
 
     text = (
         f"torchneuron-graph-cache {FORMAT}\n{build_id()}\n{source_id()}\n{torch.__version__}\n"
-        f"{target}\n{graph}"
+        f"{target_id(target)}\n{graph}"
     )
     return hashlib.sha256(text.encode()).hexdigest()
 

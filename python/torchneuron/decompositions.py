@@ -45,7 +45,11 @@ decomposes into scatters and gathers by index, become device math here:
   picks it, so ``max_pool2d_with_indices`` needs no indices on the device);
 - ``slice_scatter`` (a sliced view's backward): a concat of the untouched parts and the slice;
 - ``embedding_dense_backward`` and ``index_put`` with ``accumulate`` (index_select's
-  backward): one-hot(indices)^T @ grad, a TensorE matmul instead of a scatter-add;
+  backward): one-hot(indices)^T @ grad, a TensorE matmul instead of a scatter-add; without
+  ``accumulate``, a row maximum finds each position's last writer, then a gather;
+- mixture-of-experts routing: ``histc`` (token counts per expert) as a one-hot sum;
+  ``_grouped_mm`` and Transformers' ``grouped_mm_fallback`` (and its backward) as every
+  group's matmul masked to the group's rows; ``copy`` (cache updates) as a cast + broadcast;
 - ``gather`` / ``scatter`` / ``scatter_add`` along a dim (cross-entropy's ``nll_loss`` and its
   backward, gather's and topk's backward): compares with an iota (one-hot), then a select and
   a sum.
@@ -58,10 +62,12 @@ import contextvars
 import functools
 import itertools
 import math
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from typing import cast
 
 import torch
+import torch._refs
 import torch.nn.functional as F
 
 from torchneuron.elementwise_math import ELEMENTWISE_DECOMPOSITIONS
@@ -426,6 +432,73 @@ def _convolution3d(
     return y.squeeze(0) if unbatched else y
 
 
+def _pool_windows(
+    size: int, kernel: int, stride: int, pad: int, out: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per output position along one dim: which inputs its window sums (``[out, size]``,
+    0/1), its length counting padding (up to the padded input's end) and without it."""
+    start = torch.arange(out, device=device) * stride - pad
+    end = torch.clamp(start + kernel, max=size + pad)
+    first, last = torch.clamp(start, min=0), torch.clamp(end, max=size)
+    i = torch.arange(size, device=device)
+    members = (i >= first.unsqueeze(1)) & (i < last.unsqueeze(1))
+    return members.to(torch.float32), end - start, torch.clamp(last - first, min=0)
+
+
+def avg_pool2d(
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Sequence[int] = (0, 0),
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> object:
+    """``avg_pool2d`` whose windows differ in size, which the importer's fixed windows cannot
+    express: ceil_mode windows running past the padded input (EfficientNet's pooler, a window
+    larger than the whole feature map) and ``count_include_pad=False`` with padding. Window
+    sums as two matmuls with 0/1 window-membership matrices (rows, then columns; float32,
+    exact sums of the inputs), divided by each window's divisor as PyTorch's CPU kernel
+    computes it. Other shapes stay whole for the importer."""
+    k = _pair(kernel_size, (1, 1))
+    s, p = _pair(stride, k), _pair(padding, (0, 0))
+    size: Pair = (x.shape[-2], x.shape[-1])
+    out: Pair = (
+        _pool_size(size[0], k[0], s[0], p[0], 1, ceil_mode),
+        _pool_size(size[1], k[1], s[1], p[1], 1, ceil_mode),
+    )
+    if x.dim() not in (3, 4) or min(out) <= 0:
+        return NotImplemented
+    if _windows_fit(size, p, k, s, (1, 1), out) and (count_include_pad or p == (0, 0)):
+        return NotImplemented
+    rows, cols, divisors = _pool_divisors(
+        size, k, s, p, out, count_include_pad, divisor_override, x.device
+    )
+    sums = torch.matmul(torch.matmul(rows, x.to(torch.float32)), cols.t())  # [..., Ho, Wo]
+    return (sums / divisors).to(x.dtype)
+
+
+def _pool_divisors(
+    size: Pair,
+    k: Pair,
+    s: Pair,
+    p: Pair,
+    out: Pair,
+    count_include_pad: bool,
+    divisor_override: int | None,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | int]:
+    """The window-membership matrices of both dims and each window's divisor."""
+    (rows, padded_h, real_h), (cols, padded_w, real_w) = (
+        _pool_windows(size[d], k[d], s[d], p[d], out[d], device) for d in range(2)
+    )
+    if divisor_override:
+        return rows, cols, divisor_override
+    if count_include_pad:
+        return rows, cols, padded_h.unsqueeze(1) * padded_w
+    return rows, cols, real_h.unsqueeze(1) * real_w
+
+
 def avg_pool2d_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
@@ -436,15 +509,20 @@ def avg_pool2d_backward(
     count_include_pad: bool,
     divisor_override: int | None,
 ) -> object:
-    """Each window's gradient / divisor, summed back onto the input (col2im)."""
+    """Each window's gradient / divisor, summed back onto the input (col2im); for windows
+    of different sizes (see :func:`avg_pool2d`) through the transposed membership matrices."""
     k = _pair(kernel_size, (1, 1))
     s, p = _pair(stride, k), _pair(padding, (0, 0))
     size: Pair = (x.shape[-2], x.shape[-1])
     out: Pair = (grad.shape[-2], grad.shape[-1])
-    if not _windows_fit(size, p, k, s, (1, 1), out):
-        return NotImplemented
-    if divisor_override is None and not count_include_pad and p != (0, 0):
-        return NotImplemented  # windows of different sizes divide differently
+    if not _windows_fit(size, p, k, s, (1, 1), out) or (
+        divisor_override is None and not count_include_pad and p != (0, 0)
+    ):
+        rows, cols, divisors = _pool_divisors(
+            size, k, s, p, out, count_include_pad, divisor_override, x.device
+        )
+        g = grad.to(torch.float32) / divisors
+        return torch.matmul(torch.matmul(rows.t(), g), cols).to(x.dtype)
     divisor = divisor_override or k[0] * k[1]
     g = grad.to(_accumulation_dtype(grad)) * (1.0 / divisor)
     parts = [(i, j, g) for i in range(k[0]) for j in range(k[1])]
@@ -625,6 +703,108 @@ def _masked_put(
     return torch.where(keep, t + v if accumulate else v, t)
 
 
+def histc(t: torch.Tensor, bins: int = 100, min: float = 0.0, max: float = 0.0) -> object:  # noqa: A002
+    """``torch.histc`` with a given range (MoE routers count tokens per expert with it):
+    each element's bin compared with every bin index (one-hot), summed over the elements.
+
+    The bin is PyTorch's CPU formula, ``(x - min) * bins / (max - min)`` in the input's
+    dtype, truncated, the top
+    edge in the last bin and values outside ``[min, max]`` in none. With ``min == max`` the
+    range is the data's (widened by 1 each way when that is a single value too)."""
+    if not t.dtype.is_floating_point or t.dtype == torch.float64 or bins <= 0 or not t.numel():
+        return NotImplemented
+    flat = t.reshape(-1)
+    lo: torch.Tensor | float
+    hi: torch.Tensor | float
+    if min == max:
+        lo, hi = flat.min(), flat.max()
+        same = lo == hi
+        lo, hi = torch.where(same, lo - 1, lo), torch.where(same, hi + 1, hi)
+        width: torch.Tensor | float = hi - lo
+    else:
+        lo, hi = _rounded(min, t.dtype), _rounded(max, t.dtype)
+        width = _rounded(hi - lo, t.dtype)
+    pos = ((flat - lo) * bins / width).floor().clamp(max=bins - 1)
+    inside = (flat >= lo) & (flat <= hi)
+    onehot = (pos.unsqueeze(1) == torch.arange(bins, device=t.device, dtype=t.dtype)) & (
+        inside.unsqueeze(1)
+    )
+    return onehot.to(t.dtype).sum(0)
+
+
+def _rounded(x: float, dtype: torch.dtype) -> float:
+    """``x`` rounded to ``dtype`` (to nearest, ties to even), as the CPU kernel holds it."""
+    if dtype == torch.float16:
+        return float(struct.unpack("e", struct.pack("e", x))[0])
+    single = struct.unpack("f", struct.pack("f", x))[0]
+    if dtype != torch.bfloat16:
+        return float(single)
+    bits = struct.unpack("I", struct.pack("f", single))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return float(struct.unpack("f", struct.pack("I", bits))[0])
+
+
+def _group_masks(offs: torch.Tensor, length: int, like: torch.Tensor) -> torch.Tensor:
+    """``[groups, length]``: whether position ``i`` of a jagged dimension is in group ``g``
+    (``offs[g - 1] <= i < offs[g]``; positions from ``offs[-1]`` on are in none)."""
+    pos = torch.arange(length, device=offs.device, dtype=offs.dtype)
+    group = (offs.unsqueeze(0) <= pos.unsqueeze(1)).to(torch.int32).sum(1)
+    ids = torch.arange(offs.shape[0], device=offs.device, dtype=torch.int32)
+    return (group.unsqueeze(0) == ids.unsqueeze(1)).to(like.dtype)
+
+
+def grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> object:
+    """``torch._grouped_mm`` (``F.grouped_mm``, Transformers' MoE experts): every group's
+    matmul over all rows, masked to the group's rows and summed, so each output element is
+    one group's product, exactly as a per-group GEMM gives it.
+
+    Group boundaries come from data, and a kernel's shape cannot, so this does the groups'
+    work ``groups`` times over: right for the expert counts of small models, and the place a
+    grouped-GEMM kernel (token blocks with their expert's weights gathered) belongs."""
+    if out_dtype not in (None, a.dtype) or a.dtype != b.dtype:
+        return NotImplemented
+    if offs is None:
+        out = torch.bmm(a, b) if a.dim() == 3 and b.dim() == 3 else NotImplemented
+    elif a.dim() == 2 and b.dim() == 3:  # rows of a in groups: (M, K) x (G, K, N) -> (M, N)
+        mask = _group_masks(offs, a.shape[0], a)
+        out = (torch.matmul(a.unsqueeze(0), b) * mask.unsqueeze(2)).sum(0)
+    elif a.dim() == 2 and b.dim() == 2:  # K in groups (weight gradients): -> (G, M, N)
+        mask = _group_masks(offs, a.shape[1], a)
+        out = torch.matmul(a.unsqueeze(0) * mask.unsqueeze(1), b)
+    elif a.dim() == 3 and b.dim() == 2:  # columns of b in groups: (G, M, K) x (K, N) -> (M, N)
+        mask = _group_masks(offs, b.shape[1], a)
+        out = (torch.matmul(a, b) * mask.unsqueeze(1)).sum(0)
+    else:
+        return NotImplemented
+    if out is NotImplemented or bias is None:
+        return out
+    return out + bias
+
+
+def transformers_grouped_mm(
+    x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor
+) -> torch.Tensor:
+    """Transformers' ``grouped_mm_fallback`` op: ``x`` (S, K) rows in groups, ``weight``
+    (E, K, N); rows past the last group are zeros (as its loop leaves them)."""
+    return grouped_mm(x, weight, offs)  # type: ignore[return-value]
+
+
+def transformers_grouped_mm_backward(
+    x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, grad: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Its backward: the input's gradient row groups times the weights transposed, and each
+    expert's weight gradient its rows of ``x`` transposed times theirs of ``grad``."""
+    grad_x = grouped_mm(grad, weight.transpose(1, 2), offs)
+    grad_w = grouped_mm(x.t(), grad, offs)
+    return grad_x, grad_w  # type: ignore[return-value]
+
+
 def _along_last(t: torch.Tensor, index: torch.Tensor, dim: int) -> bool:
     """Whether ``index`` matches ``t`` in every dim but ``dim`` (the one-hot forms need it)."""
     return (
@@ -801,6 +981,80 @@ whole_sum, sum_dims = _whole_reduction(mean=False)
 whole_mean, mean_dims = _whole_reduction(mean=True)
 
 
+def native_layer_norm(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> object:
+    """``layer_norm`` as torch's reference computes it (16-bit inputs in float32, ``var_mean``,
+    the result rounded once), with the weight applied before ``1/std``:
+    ``(x - mean) * w`` and ``t * rstd + b`` are then each one engine instruction with a per-row
+    scalar (``scalar_tensor_tensor``), where ``((x - mean) * rstd) * w + b`` takes three."""
+    if x.is_complex() or len(normalized_shape) < 1:  # torch's reference says what is wrong
+        return torch._refs.native_layer_norm(x, normalized_shape, weight, bias, eps)
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    acc = x.to(_accumulation_dtype(x))
+    var, mean = torch.var_mean(acc, dim=dims, correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    out = acc - mean
+    if weight is not None:
+        out = out * weight
+    out = out * rstd
+    if bias is not None:
+        out = out + bias
+    if x.device.type in ("cpu", "mtia"):  # as torch's reference: its CPU kernel's dtypes
+        mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
+    return out.to(x.dtype), mean, rstd
+
+
+def native_layer_norm_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    output_mask: Sequence[bool],
+) -> object:
+    """torch's decomposition of ``layer_norm``'s backward, ordered for the device: the input
+    gradient first, rounded to its dtype before the column sums (the fusion pass groups ops in
+    program order, so the whole per-row chain is one group), and the bias gradient summed from
+    the 16-bit gradient itself (TensorE multiplies by ones exactly and accumulates in fp32, as
+    eager's sum of the float32 copy does) instead of a float32 copy written to HBM."""
+    axis = x.dim() - len(normalized_shape)
+    inner = list(range(axis, x.dim()))
+    outer = list(range(axis))
+    n = math.prod(x.shape[axis:])
+    if n == 0 or math.prod(x.shape[:axis]) == 0 or not outer:  # no rows to sum over
+        from torch._decomp import decompositions
+
+        return decompositions.native_layer_norm_backward(
+            grad, x, normalized_shape, mean, rstd, weight, bias, output_mask
+        )
+    acc = _accumulation_dtype(x)
+    g, xf = grad.to(acc), x.to(acc)
+    # The saved statistics with a 1 for every normalized dim, as torch's decomposition has them.
+    mean = mean.reshape(mean.shape + (1,) * (x.dim() - mean.dim()))
+    rstd = rstd.reshape(rstd.shape + (1,) * (x.dim() - rstd.dim()))
+    x_hat = (xf - mean) * rstd
+    grad_x_hat = g * weight.to(acc) if weight is not None else g
+    d_input = None
+    if output_mask[0]:
+        b = torch.sum(grad_x_hat, inner, True)
+        c = torch.sum(grad_x_hat * x_hat, inner, True)
+        d_input = ((rstd / n) * (grad_x_hat * n - b - x_hat * c)).to(x.dtype)
+    d_weight = d_bias = None
+    if output_mask[1] and weight is not None:
+        d_weight = torch.sum(g * x_hat, outer).to(weight.dtype)
+    if output_mask[2] and bias is not None:
+        same = grad.dtype == bias.dtype
+        d_bias = torch.sum(grad if same else g, outer).to(bias.dtype)
+    return d_input, d_weight, d_bias
+
+
 #: Reductions of a whole tensor, which the importer knows as reductions over every dim.
 WHOLE_REDUCTIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.max.default: whole_max,
@@ -914,53 +1168,6 @@ def max_pool2d_with_indices(
             index = at.expand(hit.shape) if index is None else torch.where(hit, at, index)
     assert index is not None
     return best, index
-
-
-def avg_pool2d(
-    x: torch.Tensor,
-    kernel_size: Sequence[int],
-    stride: Sequence[int] = (),
-    padding: Sequence[int] = (0,),
-    ceil_mode: bool = False,
-    count_include_pad: bool = True,
-    divisor_override: int | None = None,
-) -> object:
-    """The forms the importer refuses (ceil_mode's extra windows; padding not counted): the
-    window sums from the importer (the op kept whole, divisor 1, on a zero-padded input)
-    divided by each window's element count, computed from iotas as PyTorch's kernel
-    clips its windows."""
-    if _WHOLE.get() or x.dim() not in (3, 4):
-        return NotImplemented
-    k = _pair(kernel_size, (1, 1))
-    s, p = _pair(stride, k), _pair(padding, (0, 0))
-    size: Pair = (x.shape[-2], x.shape[-1])
-    out = (
-        _pool_size(size[0], k[0], s[0], p[0], 1, ceil_mode),
-        _pool_size(size[1], k[1], s[1], p[1], 1, ceil_mode),
-    )
-    extra = _ceil_padding(size, k, s, p, (1, 1), out)
-    if extra == (0, 0) and (count_include_pad or p == (0, 0)):
-        return NotImplemented
-    pads = (p[1], p[1] + extra[1], p[0], p[0] + extra[0])
-    acc = _accumulation_dtype(x)
-    with _kept_whole():
-        sums = _aten.avg_pool2d.default(
-            F.pad(x.to(acc), pads), list(k), list(s), [0, 0], False, True, 1
-        )
-    if divisor_override:
-        return (sums / divisor_override).to(x.dtype)
-
-    def counts(n: int, size: int, k: int, s: int, p: int) -> torch.Tensor:
-        start = torch.arange(n, device=x.device) * s - p
-        end = torch.clamp(start + k, max=size + p)
-        if not count_include_pad:
-            start, end = torch.clamp(start, min=0), torch.clamp(end, max=size)
-        return (end - start).to(acc)
-
-    divisor = counts(out[0], size[0], k[0], s[0], p[0]).unsqueeze(1) * counts(
-        out[1], size[1], k[1], s[1], p[1]
-    )
-    return (sums / divisor).to(x.dtype)
 
 
 def _adaptive_windows(size: int, out: int, device: torch.device) -> torch.Tensor:
@@ -1147,26 +1354,6 @@ def nanmedian(t: torch.Tensor) -> object:
         return NotImplemented
     found = nanmedian_dim(t.reshape(-1), 0)
     return found if found is NotImplemented else found[0]  # type: ignore[index]
-
-
-def histc(t: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> object:  # noqa: A002
-    """Counts per bin: each element's bin from its position in [min, max] (the data's range
-    when both are 0), compared with every bin number and summed; elements outside the
-    range are not counted, max goes to the last bin."""
-    if not t.is_floating_point() or t.numel() == 0:
-        return NotImplemented
-    x = t.reshape(-1).to(torch.float32)
-    lo = torch.full((), float(min), device=t.device)
-    hi = torch.full((), float(max), device=t.device)
-    if min == 0 and max == 0:
-        lo, hi = x.amin(), x.amax()
-    same = lo == hi
-    lo, hi = torch.where(same, lo - 1, lo), torch.where(same, hi + 1, hi)
-    inside = (x >= lo) & (x <= hi)
-    which = torch.floor((x - lo) * bins / (hi - lo))
-    which = torch.where(which == bins, bins - 1, which)
-    hit = inside.unsqueeze(1) & (which.unsqueeze(1) == torch.arange(bins, device=t.device))
-    return hit.sum(0).to(t.dtype)
 
 
 def diagonal_scatter(
@@ -1643,6 +1830,13 @@ TRAINING_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.scatter.src: scatter_src,
     _aten.scatter_add.default: scatter_add,
     _aten.slice_scatter.default: slice_scatter,
+    _aten._grouped_mm.default: grouped_mm,
+}
+
+#: Ops of libraries models use (registered when the library is imported), by qualified name.
+LIBRARY_DECOMPOSITIONS: dict[str, Callable[..., object]] = {
+    "transformers::grouped_mm_fallback": transformers_grouped_mm,
+    "transformers::grouped_mm_fallback_backward": transformers_grouped_mm_backward,
 }
 
 
@@ -1666,8 +1860,21 @@ def math_attention() -> contextlib.AbstractContextManager[None]:
     return sdpa_kernel([SDPBackend.MATH])
 
 
-@functools.cache
 def neuron_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., object]]:
+    """Core ATen decompositions plus :data:`EXTRA_DECOMPOSITIONS`, and the
+    :data:`LIBRARY_DECOMPOSITIONS` of the libraries imported so far."""
+    table = _aten_decompositions()
+    library = {}
+    for name, fn in LIBRARY_DECOMPOSITIONS.items():
+        namespace, op = name.split("::")
+        packet = getattr(getattr(torch.ops, namespace), op, None)  # None until registered
+        if packet is not None:
+            library[packet.default] = fn
+    return {**table, **library} if library else table
+
+
+@functools.cache
+def _aten_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., object]]:
     """Core ATen decompositions plus :data:`EXTRA_DECOMPOSITIONS` (built once, then cached)."""
     from torch._decomp import core_aten_decompositions, get_decompositions
 
@@ -1677,6 +1884,8 @@ def neuron_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., objec
     table.update(WHOLE_REDUCTIONS)
     table.update(OP_DECOMPOSITIONS)
     table.update(ELEMENTWISE_DECOMPOSITIONS)
+    table[_aten.native_layer_norm.default] = native_layer_norm
+    table[_aten.native_layer_norm_backward.default] = native_layer_norm_backward
     missing = [
         str(op)
         for op, _ in EXTRA_DECOMPOSITIONS

@@ -127,10 +127,33 @@ def register() -> None:
                 for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
             )
         atexit.register(_drain_autograd_worker)
+        _format_on_the_host()
         from torchneuron import distributed
 
         distributed.register()  # the torch.distributed backend "neuron"
         _registered = True
+
+
+def _format_on_the_host() -> None:
+    """Print neuron tensors from a host copy, as torch does for XLA and MTIA tensors.
+
+    torch's formatter runs a dozen ops on the tensor it prints (masked_select, float64 min/max,
+    comparisons): on this device each would compile an eager kernel or take the CPU fallback
+    (it has no float64). Only the contents are formatted from the copy: ``device=`` and
+    ``grad_fn=`` still come from the tensor itself."""
+    import torch._tensor_str as tensor_str
+
+    format_contents = tensor_str._tensor_str
+    if getattr(format_contents, "_neuron_host_copy", False):
+        return
+
+    def format_from_host(self: torch.Tensor, indent: int) -> str:
+        if self.device.type == _NAME:
+            self = self.detach().to("cpu")
+        return format_contents(self, indent)
+
+    format_from_host._neuron_host_copy = True  # type: ignore[attr-defined]
+    tensor_str._tensor_str = format_from_host
 
 
 def _drain_autograd_worker() -> None:

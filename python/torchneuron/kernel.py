@@ -65,6 +65,8 @@ class DeviceKernel(torch.nn.Module):
             )
         inputs = []
         for i, (arg, (dtype, shape)) in enumerate(zip(args, self.input_specs, strict=True)):
+            if arg.dtype == torch.float64 and dtype == torch.float32 and arg.dim() == 0:
+                arg = arg.to(dtype)  # a Python float Dynamo passed as a tensor (rewrite.py)
             if arg.dtype != dtype or tuple(arg.shape) != shape:
                 raise RuntimeError(
                     f"{self.graph_name}: input {i} is {arg.dtype}{list(arg.shape)}, "

@@ -2,9 +2,15 @@
 depends on what the FX document does not carry, written as ops that say it explicitly.
 
 - ``aten.as_strided`` of a contiguous tensor, reading its elements in row-major order from
-  offset 0 (as the training forward of group norm does), is a ``view``. The document gives
+  offset 0 (as the training forward of group norm and adaptive pooling to size 1 do), is a
+  ``view``; the stride of a size-1 dimension never moves, so it may be anything. The document gives
   tensors as values without strides, so the importer cannot tell this case from one that reads
   storage in another order; here the node's input metadata can.
+- A Python float that Dynamo passes as a 0-d float64 tensor (a float argument it did not
+  specialize, e.g. after it changed between calls) and that the graph only converts to float32
+  (possibly through float64 first) enters the kernel as float32: the host rounds it, as the
+  conversion would, and the device, which has no float64, never sees it
+  (:func:`float32_scalar_inputs`; :class:`torchneuron.kernel.DeviceKernel` converts).
 
 Random ops are rewritten next to their device op, in :func:`torchneuron.rng.seed_random_ops`.
 """
@@ -14,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-__all__ = ["as_strided_views"]
+__all__ = ["as_strided_views", "float32_scalar_inputs"]
 
 
 def _contiguous_strides(size: list[int]) -> list[int]:
@@ -43,7 +49,11 @@ def as_strided_views(gm: torch.fx.GraphModule) -> int:
             and value.storage_offset() == 0
             and offset in (None, 0)
             and value.numel() == torch.Size(size).numel()
-            and list(stride) == _contiguous_strides(list(size))
+            and all(
+                s == c
+                for s, c, d in zip(stride, _contiguous_strides(list(size)), size, strict=True)
+                if d != 1
+            )
         ):
             with gm.graph.inserting_before(node):
                 view = gm.graph.call_function(torch.ops.aten.view.default, (source, list(size)))
@@ -51,6 +61,55 @@ def as_strided_views(gm: torch.fx.GraphModule) -> int:
             node.replace_all_uses_with(view)
             gm.graph.erase_node(node)
             count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count
+
+
+_CONVERT = torch.ops.prims.convert_element_type.default
+
+
+def _only_to_float32(node: torch.fx.Node) -> bool:
+    """Whether every use of ``node`` converts it to float32, or to float64 whose every use
+    does the same."""
+    return all(
+        user.op == "call_function"
+        and user.target == _CONVERT
+        and user.args[0] is node
+        and (
+            user.args[1] == torch.float32
+            or (user.args[1] == torch.float64 and _only_to_float32(user))
+        )
+        for user in node.users
+    )
+
+
+def float32_scalar_inputs(gm: torch.fx.GraphModule) -> int:
+    """Make 0-d float64 inputs that the graph only converts to float32 float32 inputs (in
+    place; the kernel converts the argument, rounding as the conversion would); returns how
+    many."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        value = node.meta.get("val")
+        if (
+            node.op != "placeholder"
+            or not isinstance(value, torch.Tensor)
+            or value.dtype != torch.float64
+            or value.dim() != 0
+            or not node.users
+            or not _only_to_float32(node)
+        ):
+            continue
+        node.meta["val"] = value.to(torch.float32)
+        pending = list(node.users)
+        while pending:  # the float64 conversions are no-ops now
+            user = pending.pop()
+            if user.args[1] == torch.float64:
+                pending.extend(user.users)
+                user.replace_all_uses_with(user.args[0])
+                gm.graph.erase_node(user)
+        count += 1
     if count:
         gm.graph.lint()
         gm.recompile()

@@ -288,6 +288,14 @@ def _same(*sizes: object) -> bool:
     return all(statically_known_true(a == b) for a, b in itertools.pairwise(sizes))  # type: ignore[arg-type]
 
 
+def _may_be_same(*sizes: object) -> bool:
+    """Whether sizes (ints or SymInts) are equal for some value of their symbols (no guard is
+    added)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return not any(statically_known_true(a != b) for a, b in itertools.pairwise(sizes))  # type: ignore[arg-type]
+
+
 #: Element types of query, key and value the kernel takes.
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -311,11 +319,15 @@ def _routable(call: dict[str, Any]) -> bool:
     q, k, v = vals
     if q.dtype not in _DTYPES or not q.dtype == k.dtype == v.dtype:
         return False
+    # After a recompile with dynamic sizes, query, key and value get sizes of their own symbols
+    # (SDPA's fake kernel does not unify them): sizes that may be equal route, and the kernel's
+    # verifier rejects a call whose specialized sizes differ, which then runs (and fails, as
+    # SDPA does) in eager PyTorch.
     if not (
-        _same(q.shape[0], k.shape[0], v.shape[0])
-        and _same(k.shape[1], v.shape[1])
-        and _same(k.shape[2], v.shape[2])
-        and _same(q.shape[3], k.shape[3])
+        _may_be_same(q.shape[0], k.shape[0], v.shape[0])
+        and _may_be_same(k.shape[1], v.shape[1])
+        and _may_be_same(k.shape[2], v.shape[2])
+        and _may_be_same(q.shape[3], k.shape[3])
     ):
         return False
     if not (_same(q.shape[1], k.shape[1]) or call["enable_gqa"]):

@@ -4,10 +4,12 @@
 
 #include "runtime/device/Device.h"
 #include "runtime/target/Target.h"
+#include "runtime/timing/TimingModel.h"
 
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <vector>
 
@@ -127,6 +129,19 @@ std::pair<double, double> placeWork(c10::Stream stream, const Work &work) {
   return {start, end};
 }
 
+/// Elements of `t`, innermost first, that lie contiguously in memory.
+static int64_t contiguousRun(const at::Tensor &t) {
+  int64_t run = 1;
+  for (int64_t d = t.dim(); d-- > 0;) {
+    if (t.size(d) == 1)
+      continue;
+    if (t.stride(d) != run)
+      break;
+    run *= t.size(d);
+  }
+  return run;
+}
+
 std::optional<PlannedCopy> planCopy(const at::Tensor &src,
                                     const at::Tensor &dst) {
   bool toDevice = dst.device().type() == kDeviceType;
@@ -150,7 +165,26 @@ std::optional<PlannedCopy> planCopy(const at::Tensor &src,
     work.busyNs = {{"host_link", link}, {"hbm", n / hbmBytesPerNs}};
     work.durationNs = t.dmaFixedLatencyNs + link;
   } else { // read and write HBM, through the core's DMA engines
-    double dma = n / (t.dmaEngines * t.dmaBytesPerNsPerEngine);
+    // One descriptor per run both sides have contiguous. A transpose of 2-
+    // or 4-byte elements (runs of one element on one side) goes through SBUF
+    // instead, as a kernel would move it: a transposing DMA in [D S6], then a
+    // contiguous store; element-sized descriptors would cost far more.
+    int64_t srcRun = contiguousRun(src), dstRun = contiguousRun(dst);
+    int64_t size = dst.element_size();
+    double rate = static_cast<double>(t.dmaEngines) * t.dmaBytesPerNsPerEngine;
+    double dma;
+    if (src.element_size() == size && (size == 2 || size == 4) &&
+        std::min(srcRun, dstRun) == 1 && std::max(srcRun, dstRun) > 1) {
+      dma = n / (rate * t.value("dma_transpose_efficiency_hbm_to_sbuf")) +
+            n / rate;
+    } else {
+      int64_t chunk = std::min(srcRun, dstRun);
+      double descriptors = std::ceil(static_cast<double>(dst.numel()) /
+                                     static_cast<double>(chunk));
+      dma = runtime::dmaEngineNs(t, n, static_cast<double>(chunk * size),
+                                 descriptors) /
+            static_cast<double>(t.dmaEngines);
+    }
     double hbm = 2 * n / hbmBytesPerNs;
     work.busyNs = {{"dma", dma}, {"hbm", hbm}};
     work.durationNs = t.dmaFixedLatencyNs + std::max(dma, hbm);

@@ -428,7 +428,7 @@ struct OpSpec {
 OpSpec makeOpSpec(Opcode op) {
   switch (op) {
   case Opcode::DmaCopy:
-    return {op, {"src", "dst"}, {}};
+    return {op, {"src", "dst"}, {"dge"}};
   case Opcode::DmaGather:
     return {op, {"table", "indices", "dst"}, {}};
   case Opcode::Matmul:
@@ -684,6 +684,13 @@ Instruction Parser::parseInstruction(const json &value,
       inst.*(operand->member) = parseView(item, keyWhere);
     } else if (key == "accumulate") {
       inst.accumulate = asBool(item, keyWhere);
+    } else if (key == "dge") {
+      std::string mode = asString(item, keyWhere);
+      if (mode != "none" && mode != "hwdge")
+        fail(keyWhere, "must be \"none\" or \"hwdge\" (software DGE is a "
+                       "dma_copy issued by gpsimd), got '" +
+                           mode + "'");
+      inst.hwdge = mode == "hwdge";
     } else if (key == "func") {
       std::string name = asString(item, keyWhere);
       std::optional<ActFunc> func = parseActFunc(name);
@@ -1234,6 +1241,12 @@ void Verifier::verifyInstruction(const Instruction &inst,
   const View &dst = *inst.dst;
   switch (inst.op) {
   case Opcode::DmaCopy:
+    // The DGE block is driven by the SyncE or ScalarE sequencer [D S15].
+    if (inst.hwdge && inst.engine == Engine::GpSimd)
+      failInst(inst, "a hardware-DGE dma_copy (\"dge\": \"hwdge\") is "
+                     "issued by sync or scalar, not gpsimd");
+    sameShape("src", "dst");
+    break;
   case Opcode::Copy:
     sameShape("src", "dst");
     break;
@@ -1515,6 +1528,9 @@ json instructionJson(const Instruction &inst) {
       out["alu_op"] = aluOpName(inst.aluOp);
     break;
   case Opcode::DmaCopy:
+    if (inst.hwdge) // absent means "none": older programs read back unchanged
+      out["dge"] = "hwdge";
+    break;
   case Opcode::DmaGather:
   case Opcode::Select:
   case Opcode::Copy:

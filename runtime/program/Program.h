@@ -221,6 +221,10 @@ struct Instruction {
 
   // Attributes (file names in comments).
   bool accumulate = false;          // "accumulate" (matmul)
+  /// "dge": "hwdge" (dma_copy on sync or scalar): the hardware DGE block
+  /// generates its descriptors at issue (S15). Default "none": descriptors
+  /// precomputed with the program; a copy issued by gpsimd is software DGE.
+  bool hwdge = false;
   ActFunc func = ActFunc::Identity; // "func" (activation)
   /// "scale" (activation), times scale_col[p] when that is given.
   double scale = 1.0;

@@ -20,6 +20,20 @@ namespace neuron::target {
 using neuron::runtime::Error;
 using json = nlohmann::json;
 
+const char *figureKindName(FigureKind kind) {
+  switch (kind) {
+  case FigureKind::Documented:
+    return "documented";
+  case FigureKind::Derived:
+    return "derived";
+  case FigureKind::Fitted:
+    return "fitted";
+  case FigureKind::Estimated:
+    return "estimated";
+  }
+  return "estimated";
+}
+
 bool Target::hasFigure(const std::string &key) const {
   return figures.count(key) != 0;
 }
@@ -82,20 +96,59 @@ Target parseTargetJson(const json &doc, const std::string &origin) {
                               : target.deviceName) = entry.get<std::string>();
       continue;
     }
-    // Every figure carries its source so the [D]/[E] provenance survives.
+    // Every figure says what it rests on, so the provenance survives into
+    // the runtime and the fidelity report.
     if (!entry.is_object() || !entry.contains("value") ||
-        !entry.contains("source") || entry.size() != 2)
+        !entry.contains("kind") || !entry.contains("source"))
       throw Error(origin + ": figure '" + key +
-                  "' must be {\"value\": number, \"source\": string}");
+                  "' must be {\"value\": number, \"kind\": string, "
+                  "\"source\": string}");
+    for (auto field = entry.begin(); field != entry.end(); ++field)
+      if (field.key() != "value" && field.key() != "kind" &&
+          field.key() != "source" && field.key() != "fit_to")
+        throw Error(origin + ": figure '" + key + "' has unknown field '" +
+                    field.key() + "'");
     const json &value = entry["value"];
+    const json &kind = entry["kind"];
     const json &source = entry["source"];
-    if (!value.is_number() || !source.is_string())
+    if (!value.is_number() || !kind.is_string() || !source.is_string())
       throw Error(origin + ": figure '" + key +
-                  "' needs a numeric value and a string source");
+                  "' needs a numeric value, a string kind and a string source");
     double number = value.get<double>();
     if (!std::isfinite(number))
       throw Error(origin + ": figure '" + key + "' is not finite");
-    target.figures[key] = Figure{number, source.get<std::string>()};
+    Figure figure{number, FigureKind::Estimated, source.get<std::string>(),
+                  ""};
+    std::string kindName = kind.get<std::string>();
+    const FigureKind kinds[] = {FigureKind::Documented, FigureKind::Derived,
+                                FigureKind::Fitted, FigureKind::Estimated};
+    bool known = false;
+    for (FigureKind k : kinds)
+      if (kindName == figureKindName(k)) {
+        figure.kind = k;
+        known = true;
+      }
+    if (!known)
+      throw Error(origin + ": figure '" + key + "' has kind '" + kindName +
+                  "' (expected documented, derived, fitted or estimated)");
+    if (figure.source.empty())
+      throw Error(origin + ": figure '" + key + "' has an empty source");
+    // A fitted figure names what it was fitted to: a test of that figure
+    // only confirms the fit, and the report must be able to say so.
+    bool fitted = figure.kind == FigureKind::Fitted;
+    if (fitted != entry.contains("fit_to"))
+      throw Error(origin + ": figure '" + key + "': " +
+                  (fitted ? "a fitted figure needs \"fit_to\" (the published "
+                            "figure it reproduces)"
+                          : "only a fitted figure has \"fit_to\""));
+    if (fitted) {
+      if (!entry["fit_to"].is_string() ||
+          entry["fit_to"].get<std::string>().empty())
+        throw Error(origin + ": figure '" + key +
+                    "': \"fit_to\" must be a non-empty string");
+      figure.fitTo = entry["fit_to"].get<std::string>();
+    }
+    target.figures[key] = std::move(figure);
   }
   if (target.name.empty())
     throw Error(origin + ": missing 'name'");

@@ -2,8 +2,9 @@
 //
 // One Target per chip generation (trn2 = NeuronCore-v3, trn3 = NeuronCore-v4).
 // The figures live in data files next to this header (trn2.json, trn3.json),
-// each value tagged with its source ([D] documented, [Dv] derived, [E]
-// estimate, from shared/reference/trainium.md). The files are embedded into
+// each value with its kind and source (keys S1-S32 of
+// shared/reference/trainium.md; docs/FIDELITY.md lists them and how close
+// the model comes to each published figure). The files are embedded into
 // the library at build time so the runtime is self-contained; setting
 // TORCHNEURON_TARGET_DIR makes the runtime read <dir>/<name>.json instead.
 //
@@ -27,10 +28,28 @@ public:
   using neuron::runtime::Error::Error;
 };
 
-/// One entry of a target data file: {"value": ..., "source": "[D S6] ..."}.
+/// What a figure rests on. Calibration reports (scripts/fidelity.py) and
+/// reviewers read it; the model itself treats every kind alike.
+enum class FigureKind {
+  Documented, ///< stated in the cited source
+  Derived,    ///< arithmetic on documented figures
+  Fitted,     ///< chosen so the model reproduces a published figure (fitTo)
+  Estimated,  ///< undocumented: an assumption, configurable
+};
+
+/// "documented", "derived", "fitted" or "estimated".
+const char *figureKindName(FigureKind kind);
+
+/// One entry of a target data file:
+///   {"value": 23, "kind": "documented", "source": "S8, S9: ..."}
+///   {"value": 30, "kind": "fitted", "source": "...", "fit_to": "S9 ..."}
 struct Figure {
   double value = 0;
+  FigureKind kind = FigureKind::Estimated;
   std::string source;
+  /// Fitted figures only: the published figure the value was chosen to
+  /// reproduce (so a test of that figure confirms the fit, nothing more).
+  std::string fitTo;
 };
 
 struct Target {
@@ -92,7 +111,8 @@ struct Target {
 
 /// Parses a target data file. `origin` names the file in error messages.
 /// Throws neuron::runtime::Error on malformed JSON, a missing required
-/// figure, a figure without "source", or a non-integral integer figure.
+/// figure, a figure without "kind" or "source" (or a fitted one without
+/// "fit_to"), or a non-integral integer figure.
 Target parseTarget(const std::string &json, const std::string &origin);
 
 /// The target called `name` (e.g. "trn2"). Loaded once and cached; the

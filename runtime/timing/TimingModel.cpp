@@ -96,6 +96,7 @@ struct Params {
   double dmaBytesPerNs = 0;
   double dmaFixedLatencyNs = 0;
   double dmaTriggerNs = 0;
+  double hwdgeIssueNs = 0;
   double swdgeIssueNs = 0;
   double swdgePerDescriptorNs = 0;
   double descriptorOverheadNs = 0;
@@ -175,6 +176,7 @@ struct Params {
     dmaBytesPerNs = t.dmaBytesPerNsPerEngine;
     dmaFixedLatencyNs = nonNegative("dma_fixed_latency_ns");
     dmaTriggerNs = nonNegative("dma_trigger_ns");
+    hwdgeIssueNs = nonNegative("dma_hwdge_issue_ns");
     swdgeIssueNs = nonNegative("dma_swdge_issue_ns");
     swdgePerDescriptorNs = nonNegative("dma_swdge_per_descriptor_ns");
     descriptorOverheadNs = nonNegative("dma_descriptor_overhead_ns");
@@ -483,10 +485,11 @@ struct StaticInst {
   bool isDma = false;
   double triggerNs = 0;       // on the issuing queue
   double descriptorGenNs = 0; // on GpSimd, after the trigger (gathers only)
-  int partitionOperand = -1;  // operand whose partitions pick the engines
-  int64_t rows = 1;           // partitions (or leading-dim rows in HBM)
-  double perRowNs = 0;        // DMA engine time per row
-  double hbmNs = 0;           // HBM occupancy
+  double dgeNs = 0; // hardware DGE: descriptors ready this long after issue
+  int partitionOperand = -1; // operand whose partitions pick the engines
+  int64_t rows = 1;          // partitions (or leading-dim rows in HBM)
+  double perRowNs = 0;       // DMA engine time per row
+  double hbmNs = 0;          // HBM occupancy
   double hbmRead = 0, hbmWritten = 0, dmaBytes = 0;
 };
 
@@ -511,6 +514,14 @@ int64_t freeElements(const std::vector<int64_t> &shape) {
 
 /// Elements of the longest contiguous run at the end of the view; on-chip
 /// views never run across partitions (dim 0).
+/// Per-descriptor overhead, hidden once descriptors are large (fitted to the
+/// S9 efficiency curve and the S8 1,416 ns measurement).
+double dmaTransferNs(double bytesPerNs, double overheadNs, double hiddenBytes,
+                     double bytes, double chunkBytes, double descriptors) {
+  double overhead = overheadNs * std::max(0.0, 1.0 - chunkBytes / hiddenBytes);
+  return bytes / bytesPerNs + descriptors * overhead;
+}
+
 int64_t contiguousRun(const View &view, bool onChip) {
   int64_t run = 1;
   size_t stop = onChip ? 1 : 0;
@@ -962,12 +973,10 @@ private:
                                             : p.transposeEfficiencyFromHbm;
       si.perRowNs = bytes / rows / (p.dmaBytesPerNs * efficiency);
     } else {
-      // Per-descriptor overhead, hidden once descriptors are large (fitted
-      // to the S9 efficiency curve and the S8 1,416 ns measurement).
-      double overhead =
-          p.descriptorOverheadNs *
-          std::max(0.0, 1.0 - chunkBytes / p.descriptorHiddenBytes);
-      si.perRowNs = (bytes / p.dmaBytesPerNs + descriptors * overhead) / rows;
+      si.perRowNs = dmaTransferNs(p.dmaBytesPerNs, p.descriptorOverheadNs,
+                                  p.descriptorHiddenBytes, bytes, chunkBytes,
+                                  descriptors) /
+                    rows;
     }
 
     // HBM traffic.
@@ -987,6 +996,14 @@ private:
     double swdge = p.swdgeIssueNs + p.swdgePerDescriptorNs * descriptors;
     if (si.unit == TimingUnit::GpSimd) {
       si.triggerNs = swdge;
+    } else if (inst.hwdge) {
+      // Hardware DGE [D S6, S15]: ~600 ns per instruction before its
+      // descriptors exist. SyncE's sequencer is held for it; ScalarE's data
+      // path is a separate resource and keeps computing [D S6], so its queue
+      // pays only the trigger. The two DGE blocks' contention is not modelled.
+      si.dgeNs = p.hwdgeIssueNs;
+      si.triggerNs =
+          si.unit == TimingUnit::Sync ? p.hwdgeIssueNs : p.dmaTriggerNs;
     } else {
       si.triggerNs = p.dmaTriggerNs;
       if (gather)
@@ -1400,7 +1417,7 @@ private:
     busy[unit] += si.triggerNs;
     event(si, si.unit, triggerStart, triggerEnd);
 
-    double issued = triggerEnd;
+    double issued = std::max(triggerEnd, triggerStart + si.dgeNs);
     if (si.descriptorGenNs > 0) {
       const int g = int(TimingUnit::GpSimd);
       double genStart = std::max(queueFree[g], triggerEnd);
@@ -1558,6 +1575,14 @@ Timeline simulate(const Program &program, const Target &target,
   Model model(program, target);
   Simulator simulator(model, keepEvents);
   return simulator.run();
+}
+
+double dmaEngineNs(const Target &target, double bytes, double chunkBytes,
+                   double descriptors) {
+  return dmaTransferNs(target.dmaBytesPerNsPerEngine,
+                       target.value("dma_descriptor_overhead_ns"),
+                       target.value("dma_descriptor_overhead_hidden_bytes"),
+                       bytes, chunkBytes, descriptors);
 }
 
 } // namespace neuron::runtime

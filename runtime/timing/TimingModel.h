@@ -46,11 +46,14 @@
 //     reported separately as psumEvictionNs).
 //   * DMA: the issuing queue spends a trigger cost (descriptors are assumed
 //     precomputed, since programs are static; GpSimd-issued copies and all
-//     gathers pay software descriptor generation on GpSimd), data starts a
-//     fixed latency later, and each engine moves its share at the per-engine
-//     bandwidth plus a per-descriptor overhead that is hidden for large
-//     descriptors (256 B/partition ~28%, 2 KiB ~80%, 4 KiB ~92%, >= 8 KiB
-//     100% of peak). DMA transposes run at the documented efficiency.
+//     gathers pay software descriptor generation on GpSimd; a "dge": "hwdge"
+//     copy waits dma_hwdge_issue_ns for the hardware DGE, holding SyncE's
+//     queue that long but not ScalarE's, whose data path is separate), data
+//     starts a fixed latency later, and each engine moves its share at the
+//     per-engine bandwidth plus a per-descriptor overhead that is hidden for
+//     large descriptors (256 B/partition ~28%, 2 KiB ~80%, 4 KiB ~92%,
+//     >= 8 KiB 100% of peak; docs/FIDELITY.md). DMA transposes run at the
+//     documented efficiency.
 //   * Collective (all_reduce, all_gather, reduce_scatter among a process
 //     group's ranks): the issuing queue spends a DMA trigger, then the
 //     transfer occupies the core's collective path ("neuronlink", one
@@ -102,14 +105,13 @@
 //
 // Not modelled yet (documented limits): port conflicts (VectorE and ScalarE
 // on one PSUM bank, VectorE perf mode sharing the SBUF bus with GpSimd),
-// TensorE row/column tiling and Trn3 background transposes, DMA QoS, the
-// hardware DGE (dma_hwdge_issue_ns is kept for when programs carry a DGE
-// mode), instruction fetch. Estimates to revisit: fp32 VectorE ops stream
-// one element per lane per cycle (trainium.md 6.3 and the 6.5 eviction
-// arithmetic, not the 256 el/cycle peak figure); divide costs like any ALU
-// op; every activation function except identity/neg/abs/relu/square is its
-// own table set; HBM-to-HBM copies are split by leading-dim rows (a one-row
-// copy uses one engine).
+// TensorE row/column tiling and Trn3 background transposes, DMA QoS,
+// contention for the two hardware DGE blocks, instruction fetch. Estimates to
+// revisit: fp32 VectorE ops stream one element per lane per cycle
+// (trainium.md 6.3 and the 6.5 eviction arithmetic, not the 256 el/cycle peak
+// figure); divide costs like any ALU op; every activation function except
+// identity/neg/abs/relu/square is its own table set; HBM-to-HBM copies are
+// split by leading-dim rows (a one-row copy uses one engine).
 //
 //===----------------------------------------------------------------------===//
 
@@ -205,6 +207,14 @@ struct Timeline {
 /// result (a run that does not ask for a profile need not call it).
 Timeline simulate(const Program &program, const neuron::target::Target &target,
                   bool keepEvents = false);
+
+/// Engine time (ns, summed over the DMA engines that share the work) to move
+/// `bytes` as `descriptors` contiguous chunks of `chunkBytes`: the bytes at one
+/// engine's rate plus a per-descriptor overhead that chunks of
+/// dma_descriptor_overhead_hidden_bytes hide. The one formula behind the
+/// timing model's DMA instructions and the eager device's copies.
+double dmaEngineNs(const neuron::target::Target &target, double bytes,
+                   double chunkBytes, double descriptors);
 
 } // namespace neuron::runtime
 

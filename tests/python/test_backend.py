@@ -357,6 +357,22 @@ def test_symbolic_shapes_compile_once_per_size(compile_calls: list[CompileCall])
         assert not any("sym_size" in n["target"] for n in call.document["nodes"])
 
 
+def test_a_float_argument_dynamo_stops_specializing_runs_on_the_device(
+    real_native: ModuleType,
+) -> None:
+    # From the second value on, Dynamo passes the float as a 0-d float64 tensor input that
+    # the graph converts to float32 (through float64): the kernel takes it as float32.
+    def f(x: torch.Tensor, scale: float) -> torch.Tensor:
+        return torch.tanh(x * scale + 1.0)
+
+    compiled = torch.compile(f, backend="neuron")
+    x = torch.randn(8, 16)
+    for scale in (0.5, 0.25, 1.0 / 3.0):
+        torch.testing.assert_close(compiled(x, scale), f(x, scale), **F32)
+    s = torchneuron.stats()
+    assert s["ops_fallback"] == {} and s["graphs_compiled"] == 2 and s["kernels_run"] == 3
+
+
 def test_data_dependent_sizes_stay_eager(real_native: ModuleType) -> None:
     def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         nz = torch.nonzero(x > 0)

@@ -244,6 +244,25 @@ def test_another_target_or_graph_misses(cache_dir: Path, monkeypatch: pytest.Mon
     assert torchneuron.cache_info()["graph_misses"] == 1
 
 
+def test_target_figures_from_target_dir_are_part_of_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # TORCHNEURON_TARGET_DIR replaces the built-in figures: programs compiled for other
+    # figures (another SBUF size, other costs) must not be served for these.
+    from torchneuron import cache
+
+    builtin = cache.key("{}", "trn2")
+    folder = tmp_path / "targets"
+    folder.mkdir()
+    monkeypatch.setenv("TORCHNEURON_TARGET_DIR", str(folder))
+    (folder / "trn2.json").write_text('{"name": "trn2", "sbuf": 1}')
+    first = cache.key("{}", "trn2")
+    assert first != builtin and cache.graph_key("g", "trn2") != cache.graph_key("g", "trn3")
+    assert cache.key("{}", "trn2") == first  # the same file: the same key
+    (folder / "trn2.json").write_text('{"name": "trn2", "sbuf": 2}')
+    assert cache.key("{}", "trn2") not in (first, builtin)
+
+
 def test_dumping_stages_compiles_despite_the_cache(cache_dir: Path, tmp_path: Path) -> None:
     model = _model()
     _compile_and_run(model)

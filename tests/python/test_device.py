@@ -292,6 +292,18 @@ def test_printing_matches_cpu() -> None:
     assert repr(torch.tensor(2, device="neuron")) == "tensor(2, device='neuron:0')"
 
 
+def test_printing_runs_no_device_ops() -> None:
+    # torch's formatter runs masked_select and float64 min/max on what it prints: formatted from
+    # a host copy, printing compiles nothing and falls back nowhere, and keeps grad_fn.
+    x = (torch.randn(40, 30).to("neuron").requires_grad_() * 3).to(torch.bfloat16)
+    torchneuron.reset_stats()
+    text = repr(x)
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {} and stats["kernels_run"] == 0, stats
+    assert "grad_fn=<ToCopyBackward0>" in text and "dtype=torch.bfloat16" in text
+    assert text.split("device=")[0] == repr(x.detach().cpu()).split("dtype=")[0]
+
+
 def test_save_and_load() -> None:
     model = torch.nn.Linear(3, 2).to("neuron")
     buf = io.BytesIO()
@@ -457,6 +469,14 @@ def test_copies_are_charged_on_the_timeline() -> None:
     assert timed(lambda: on_device.cpu()) == pytest.approx(h2d_large)
     d2d = timed(lambda: on_device.clone())  # between HBM buffers: the DMA engines, faster
     assert 0 < d2d < h2d_large
+    # A transpose goes through SBUF (a transposing DMA, then a store): about a clone's time.
+    transposed = timed(lambda: on_device.t().contiguous())
+    assert d2d <= transposed < 2.5 * d2d
+    # Short runs (8 floats of each row) pay a descriptor each: far more than the same bytes
+    # in one run.
+    wide = torch.randn(4096, 512).to("neuron")
+    narrow = timed(lambda: wide[:, :8].contiguous())
+    assert narrow > 3 * timed(lambda: wide[:64].clone())
     with torchneuron.profile() as prof, s:
         on_device.cpu()
         on_device[0, 0].item()

@@ -176,3 +176,68 @@ def test_chunks_on_a_small_sbuf(
         block_mask=block_mask(causal, s),
         options={"target": "trn2small"},
     )
+
+
+def test_eager_flex_attention_keeps_torchs_cpu_check() -> None:
+    # README: allow_flex_attention_training() lifts torch's "no backward on CPU" check for
+    # compiled code only; an eager call on CPU tensors that require grad still refuses.
+    q, k, v = (t.requires_grad_() for t in qkv(1, 2, 128, 16, torch.float32))
+    with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
+        flex_attention(q, k, v)
+
+
+def _fallback_backward(
+    attend: Callable[..., Any],
+    leaves: list[torch.Tensor],
+    loss: Callable[[Any], torch.Tensor],
+    views: dict[str, int] | None = None,
+) -> None:
+    """Trains one step compiled for the device and with aot_eager in float64; the gradients of
+    every leaf agree, and the backward kernel is the one counted fallback (named), besides
+    `views` (view ops the eager region takes along, no arithmetic)."""
+    ours = [t.detach().clone().requires_grad_() for t in leaves]
+    loss(torch.compile(attend, backend="neuron", fullgraph=True)(*ours)).backward()
+    expected = {"higher_order.flex_attention_backward": 1, **(views or {})}
+    assert torchneuron.stats()["ops_fallback"] == expected
+    torch._dynamo.reset()
+    ref = [t.detach().double().requires_grad_() for t in leaves]
+    loss(torch.compile(attend, backend="aot_eager", fullgraph=True)(*ref)).backward()
+    for a, b in zip(ours, ref, strict=True):
+        assert a.grad is not None and b.grad is not None
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_gradient_of_a_captured_table_is_a_counted_fallback() -> None:
+    # README: the gradient of a tensor score_mod captures (a learned bias table) is not
+    # computed on the device: that backward falls back to eager PyTorch, counted.
+    mask = block_mask(causal, 256)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> Any:
+        def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+            return score + bias[h]
+
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=mask)
+
+    bias = torch.randn(2, generator=torch.Generator().manual_seed(4))
+    # The captured table's aliases in the backward graph stay beside the eager kernel.
+    _fallback_backward(
+        attend,
+        [*qkv(1, 2, 256, 16, torch.float32), bias],
+        lambda out: out.square().sum(),
+        views={"aten.alias.default": 2},
+    )
+
+
+def test_gradient_of_the_lse_is_a_counted_fallback() -> None:
+    # README: a loss that uses the log-sum-exp (return_lse=True) needs its gradient, which
+    # the device backward does not compute: that backward falls back, counted.
+    mask = block_mask(causal, 256)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
+        return flex_attention(q, k, v, block_mask=mask, return_lse=True)
+
+    _fallback_backward(
+        attend,
+        list(qkv(1, 2, 256, 16, torch.float32)),
+        lambda out: out[0].square().sum() + out[1].sum(),
+    )

@@ -136,15 +136,15 @@ def test_layernorm_masked_rows() -> None:
     timed(layernorm, x, 1e-5, gamma, beta)
 
 
-def test_bn_stats_names_itself() -> None:
+def test_unsupported_isa_call_names_itself() -> None:
     @nki.jit
-    def uses_bn_stats(x):
+    def uses_find_index8(x):
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-        nisa.bn_stats(nl.load(x))
+        nisa.nc_find_index8(nl.load(x), nl.load(x))
         return out
 
-    with pytest.raises(nki.KernelError, match="nisa.bn_stats is not supported"):
-        nki.simulate_kernel(uses_bn_stats, rand(128, 64))
+    with pytest.raises(nki.KernelError, match="nisa.nc_find_index8 is not supported"):
+        nki.simulate_kernel(uses_find_index8, rand(128, 64))
 
 
 def test_mask_cutting_a_middle_iteration_is_an_error() -> None:

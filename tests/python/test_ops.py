@@ -1018,3 +1018,56 @@ def test_index_select_with_a_0d_input_or_index_runs_on_the_device(
     assert stats["ops_fallback"] == {}
     assert stats["ops_on_device"] == 3
     assert stats["kernels_run"] == 1
+
+
+# (mat_a shape, mat_b shape, which part of the result the groups define: rows / all / columns)
+GROUPED_MM = {
+    "rows": ((16, 8), (3, 8, 16), (slice(0, 12), slice(None))),
+    "k": ((8, 16), (16, 8), (slice(None), slice(None), slice(None))),
+    "columns": ((3, 8, 16), (16, 16), (slice(None), slice(0, 12))),
+    "batched": ((3, 8, 16), (3, 16, 8), (slice(None), slice(None), slice(None))),
+}
+
+
+@pytest.mark.parametrize("layout", list(GROUPED_MM))
+def test_grouped_mm_matches_eager(layout: str) -> None:
+    """``torch._grouped_mm`` (bf16 only, as its compile-time check requires) in each of its
+    layouts (an MoE forward, its weight gradient, ...) with group offsets from data, an empty
+    group among them. Past the last offset PyTorch leaves the result unspecified, so only the
+    groups' part is compared."""
+    a_shape, b_shape, region = GROUPED_MM[layout]
+    offs = None if layout == "batched" else torch.tensor([5, 5, 12], dtype=torch.int32)
+    a, b = torch.randn(a_shape, dtype=torch.bfloat16), torch.randn(b_shape, dtype=torch.bfloat16)
+
+    def fn(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> torch.Tensor:
+        return torch._grouped_mm(a, b, offs=offs)
+
+    got = torch.compile(fn, backend="neuron", fullgraph=True)(a, b, offs)
+    want = fn(a, b, offs)
+    torch.testing.assert_close(got[region], want[region], atol=2e-2, rtol=2e-2)
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {} and stats["kernels_run"] == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"kernel_size": 3, "stride": 2, "ceil_mode": True},
+        {"kernel_size": 3, "stride": 2, "padding": 1, "count_include_pad": False},
+        {"kernel_size": 4, "stride": 3, "padding": 1, "ceil_mode": True, "divisor_override": 5},
+        {"kernel_size": 40, "ceil_mode": True},  # EfficientNet's pooler: one window past it all
+    ],
+    ids=["ceil", "exclude_pad", "divisor", "window_past_the_input"],
+)
+def test_avg_pool2d_windows_of_different_sizes_train_on_the_device(args: dict[str, Any]) -> None:
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(x, **args).square().sum()
+
+    x = torch.randn(2, 3, 10, 9, requires_grad=True)
+    twin = x.detach().clone().requires_grad_()
+    loss(x).backward()
+    got = torch.compile(loss, backend="neuron")(twin)
+    got.backward()
+    torch.testing.assert_close(got, loss(x.detach()), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(twin.grad, x.grad, atol=1e-5, rtol=1e-5)
+    assert torchneuron.stats()["ops_fallback"] == {}

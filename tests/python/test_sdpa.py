@@ -270,6 +270,21 @@ def test_dynamic_shapes_with_a_mask(compile_calls: list[CompileCall]) -> None:
     assert len(flex_nodes(compile_calls)) == 2
 
 
+def test_a_recompile_for_a_new_length_keeps_the_kernel(compile_calls: list[CompileCall]) -> None:
+    # Dynamo's automatic dynamic recompile gives query, key and value sizes of their own
+    # symbols; the call must still become the attention kernel (the math path it fell to was
+    # 17x slower at 1024 rows).
+    attend = torch.compile(F.scaled_dot_product_attention, backend="neuron")
+    for s in (100, 260, 300):
+        q, k, v = qkv(1, 2, s, 16, torch.float32)
+        with torch.no_grad():
+            out = attend(q, k, v, is_causal=True)
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {} and stats["recompiles"] >= 1
+    assert len(flex_nodes(compile_calls)) == 3 and math_targets(compile_calls) == set()
+
+
 def test_symbolic_head_dim_above_128_is_a_counted_fallback(
     compile_calls: list[CompileCall],
 ) -> None:
@@ -362,6 +377,59 @@ def test_dropout_keeps_the_math_path(compile_calls: list[CompileCall]) -> None:
         )(q, k, v)
     assert out.shape == (1, 2, 64, 16)
     assert flex_nodes(compile_calls) == []
+    assert "aten.bmm.default" in math_targets(compile_calls)
+
+
+def test_three_d_inputs_keep_the_math_path(compile_calls: list[CompileCall]) -> None:
+    # README: inputs that are not 4-D keep SDPA's math path (the kernels index [B, H, L, D]).
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 64, 16, generator=g) for _ in range(3))
+    with torch.no_grad():
+        out = torch.compile(F.scaled_dot_product_attention, backend="neuron")(q, k, v)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), atol=1e-5, rtol=1e-5)
+    assert flex_nodes(compile_calls) == []
+    assert "aten.bmm.default" in math_targets(compile_calls)
+
+
+def test_float64_keeps_the_math_path(compile_calls: list[CompileCall]) -> None:
+    # README: float64 keeps SDPA's math path (the kernels compute in fp32 at most).
+    q, k, v = (t.double() for t in qkv(1, 2, 64, 16, torch.float32))
+    with torch.no_grad():
+        out = torch.compile(F.scaled_dot_product_attention, backend="neuron")(q, k, v)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+    assert flex_nodes(compile_calls) == []
+    # The math path's float64 matmuls fall back op by op (counted; the device computes in
+    # fp32 at most), never the attention op as a whole.
+    fallback = torchneuron.stats()["ops_fallback"]
+    assert "aten.bmm.default" in fallback, fallback
+    assert not any("attention" in op for op in fallback), fallback
+
+
+def test_float_mask_requiring_grad_keeps_the_math_path_in_training(
+    compile_calls: list[CompileCall],
+) -> None:
+    # README: in training, a float mask that requires grad keeps the math path, whose
+    # backward gives the mask its gradient (the FlexAttention backward has none for it).
+    s = 64
+
+    def leaves() -> list[torch.Tensor]:
+        mask = _additive_mask(s).clone()
+        return [t.requires_grad_() for t in (*qkv(1, 2, s, 16, torch.float32), mask)]
+
+    def attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor
+    ) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    ours, ref = leaves(), leaves()
+    torch.compile(attention, backend="neuron")(*ours).square().sum().backward()
+    attention(*ref).square().sum().backward()
+    for a, b in zip(ours, ref, strict=True):
+        assert a.grad is not None
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4)
+    targets = [n["target"] for c in compile_calls for n in c.document["nodes"]]
+    assert FLEX not in targets and FLEX + "_backward" not in targets, targets
     assert "aten.bmm.default" in math_targets(compile_calls)
 
 

@@ -269,6 +269,37 @@ TEST_CASE("toJson round-trips", "[program]") {
   CHECK(again.buffers[3].data == program.buffers[3].data);
 }
 
+TEST_CASE("dma_copy's DGE mode parses, round-trips and is checked",
+          "[program][reject]") {
+  std::string buffers =
+      buffer(0, "hbm", "input", "f32", "[128, 64]") + "," +
+      buffer(1, "sbuf", "scratch", "f32", "[128, 64]");
+  std::string src = view(0, "[128, 64]", "[64, 1]"),
+              dst = view(1, "[128, 64]", "[64, 1]");
+  auto copy = [&](const std::string &engine, const std::string &dge) {
+    return programJson(buffers, "0", "",
+                       R"({"op": "dma_copy", "engine": ")" + engine +
+                           R"(", "dge": ")" + dge + R"(", "src": )" + src +
+                           R"(, "dst": )" + dst + "}");
+  };
+  for (const char *engine : {"sync", "scalar"}) {
+    Program hw = Program::parse(copy(engine, "hwdge"));
+    REQUIRE_NOTHROW(hw.verify(trn2()));
+    REQUIRE(hw.body.size() == 1);
+    CHECK(hw.body[0].inst.hwdge);
+    std::string once = hw.toJson();
+    CHECK(contains(once, R"("dge":"hwdge")"));
+    CHECK(Program::parse(once).toJson() == once);
+  }
+  // "none" is the default: not written back, so older programs read back
+  // (and hash) unchanged.
+  Program none = Program::parse(copy("sync", "none"));
+  CHECK(!none.body[0].inst.hwdge);
+  CHECK(!contains(none.toJson(), "dge"));
+  requireRejected(copy("sync", "swdge"), "must be \"none\" or \"hwdge\"");
+  requireRejected(copy("gpsimd", "hwdge"), "issued by sync or scalar");
+}
+
 TEST_CASE("loadFile reads programs and rejects missing or truncated files",
           "[program]") {
   auto dir = std::filesystem::temp_directory_path() /

@@ -6,6 +6,13 @@
 // figures where the test is about the model's arithmetic, and written out
 // where the figure itself is the calibration point.
 //
+// Calibration tests say which kind they are: a [fit] test checks a published
+// figure that a target figure was fitted to (its "fit_to"), so it only
+// confirms the fit; a [validation] test checks a published figure nothing
+// was fitted to. The full table of both, for trn2 and trn3, with sources and
+// errors, is scripts/fidelity.py (docs/FIDELITY.md, tests/python/
+// test_fidelity.py); the tests here pin the model's arithmetic behind it.
+//
 //===----------------------------------------------------------------------===//
 
 #include "runtime/program/Program.h"
@@ -202,8 +209,8 @@ std::string evictionGemm(int64_t tiles, int64_t kTiles) {
 // TensorE
 //===----------------------------------------------------------------------===//
 
-TEST_CASE("back-to-back bf16 matmuls reach 78.6 TFLOPS and never more",
-          "[timing][tensor]") {
+TEST_CASE("validation: bf16 matmuls back to back reach 78.6 TFLOPS, no more",
+          "[timing][tensor][validation]") {
   // trainium.md 6.5 / 1.2 [Dv S6]: 128 * 128 * 2 * 2.4 GHz = 78.6 TFLOPS per
   // NC-v3 with 128x128x512 tiles back to back; MM II = max(N, 64) cycles
   // [D S23]. The power throttle's ramp (6.2) costs ~1 us once, so a long
@@ -310,8 +317,8 @@ TEST_CASE("TensorE starts throttled, ramps up, and re-engages after idling",
   CHECK(tl.tensorThrottleNs == Approx(2 * rampLoss).epsilon(1e-6));
 }
 
-TEST_CASE("a GEMM with K = 128 per output tile is bound by PSUM eviction",
-          "[timing][psum]") {
+TEST_CASE("validation: a GEMM with K = 128 per output tile is eviction-bound",
+          "[timing][psum][validation]") {
   // trainium.md 6.5 [Dv]: TensorE fills a 128x512 fp32 bank in 512 cycles
   // at 2.4 GHz = 213 ns; VectorE needs 512 cycles at 0.96 GHz = 533 ns to
   // evict it. With one K tile per output tile the run is eviction-bound; at
@@ -346,8 +353,8 @@ TEST_CASE("a GEMM with K = 128 per output tile is bound by PSUM eviction",
 // VectorE / ScalarE
 //===----------------------------------------------------------------------===//
 
-TEST_CASE("a stream of tiny VectorE instructions is overhead-bound",
-          "[timing][vector]") {
+TEST_CASE("validation: a stream of tiny VectorE instructions is overhead-bound",
+          "[timing][vector][validation]") {
   // trainium.md 2.3 / 6.3 [D S5]: any ACT/DVE instruction costs at least
   // MIN_II = 64 cycles; a chain where each instruction depends on the one
   // before adds ~100 cycles of static overhead. 6.5 [S32]: 65k
@@ -511,10 +518,13 @@ TEST_CASE("activation row sums and a scale column cost nothing extra",
 // DMA
 //===----------------------------------------------------------------------===//
 
-TEST_CASE("32 KiB on one DMA engine takes about 1,416 ns on Trn2",
-          "[timing][dma]") {
+TEST_CASE("fit point: 32 KiB on one DMA engine takes about 1,416 ns on Trn2",
+          "[timing][dma][fit]") {
   // trainium.md 2.6 / 6.4 [D S8]: A[4, 4096] bf16 HBM -> SBUF uses one DMA
   // engine (8 partitions per engine) and moves its 32 KiB in 1,416 ns.
+  // A fit point, not a validation: 23 B/ns is this measurement (S8's table)
+  // and dma_descriptor_overhead_hidden_bytes was chosen (fit_to) so that its
+  // 8 KiB descriptors pay no overhead.
   const Target &t = getTarget("trn2");
   std::string buffers = buffer(0, "hbm", "input", "bf16", "[4, 4096]") + "," +
                         buffer(1, "sbuf", "scratch", "bf16", "[4, 4096]");
@@ -557,13 +567,17 @@ TEST_CASE("transfers split over DMA engines by partition", "[timing][dma]") {
   CHECK(tl.events[3].queueCount == 2);
 }
 
-TEST_CASE("DMA efficiency follows the bytes-per-partition curve",
-          "[timing][dma]") {
+TEST_CASE("fit point: DMA efficiency follows the bytes-per-partition curve",
+          "[timing][dma][fit]") {
   // trainium.md 2.6 / 6.4 [D S9]: < 256 B per partition is a small fraction
-  // of peak, >= 2 KiB near peak, >= 4 KiB saturates; the [E] fit of 6.4:
-  // 256 B ~30%, 2 KiB 75-80%, 4 KiB 88%+. Measured as the steady throughput
-  // of a stream of independent 128-partition loads, against the DMA peak of
-  // 16 engines x 23 B/ns.
+  // of peak, >= 2 KiB near peak, >= 4 KiB saturates; 6.4 reads the curve as
+  // 256 B ~30%, 2 KiB 75-80%, 4 KiB 88%+, and dma_descriptor_overhead_ns was
+  // fitted to those bands (its fit_to), so this only confirms the fit.
+  // S9's own ">= 4 KiB saturates" is a validation point the model misses on
+  // purpose (~92%, not 100%: one linear overhead ramp cannot meet both the
+  // 2 KiB band and 100% at 4 KiB; docs/FIDELITY.md, dma_saturates_4k).
+  // Measured as the steady throughput of a stream of independent
+  // 128-partition loads, against the DMA peak of 16 engines x 23 B/ns.
   const Target &t = getTarget("trn2");
   const double peak = t.dmaEngines * t.dmaBytesPerNsPerEngine; // 368 B/ns
   auto efficiency = [&](int64_t bytesPerPartition) {
@@ -647,9 +661,11 @@ TEST_CASE("DMA transposes run at their documented efficiency",
   CHECK(tl.hbmBytesRead == 64 * 128 * 2);
 }
 
-TEST_CASE("trn3 DMA engines move 33 B/ns", "[timing][dma][trn3]") {
-  // trainium.md 1.2 / 6.4 [D S8, S9]: 33 B/ns per engine on NC-v4; the
-  // Trn2 1,416 ns transfer of 32 KiB takes 32768 / 33 = 993 ns.
+TEST_CASE("trn3 DMA engines move the target's 33 B/ns", "[timing][dma][trn3]") {
+  // trainium.md 1.2 / 6.4 [D S8, S9]: 33 B/ns per engine on NC-v4. No trn3
+  // transfer time is published: this checks the model's arithmetic (the
+  // Trn2 1,416 ns transfer of 32 KiB takes 32768 / 33 = 993 ns on the
+  // target's rate), not a calibration.
   std::string buffers = buffer(0, "hbm", "input", "bf16", "[4, 4096]") + "," +
                         buffer(1, "sbuf", "scratch", "bf16", "[4, 4096]");
   Timeline tl = run(
@@ -660,6 +676,64 @@ TEST_CASE("trn3 DMA engines move 33 B/ns", "[timing][dma][trn3]") {
   REQUIRE(tl.events.size() == 2);
   CHECK(tl.events[1].endNs - tl.events[1].startNs ==
         Approx(32768.0 / 33).epsilon(1e-9));
+}
+
+TEST_CASE("validation: a hardware-DGE dma_copy costs ~600 ns at issue",
+          "[timing][dma][validation]") {
+  // trainium.md 1.2 / 2.6 [D S6, S15]: a hardware-DGE dma_copy takes about
+  // 600 ns; ScalarE's sequencer can trigger one while its data path keeps
+  // computing, as the DGE is a separate resource [D S6]. Nothing was fitted
+  // to this figure: the model charges dma_hwdge_issue_ns as documented.
+  const Target &t = getTarget("trn2");
+  const double dge = t.value("dma_hwdge_issue_ns");
+  CHECK(dge == 600);
+  std::string buffers = buffer(0, "hbm", "input", "bf16", "[128, 64]") + "," +
+                        buffer(1, "sbuf", "scratch", "bf16", "[128, 64]") +
+                        "," + buffer(2, "sbuf", "scratch", "f32", "[128, 512]");
+  auto hwdge = [&](const std::string &engine) {
+    return R"({"op": "dma_copy", "engine": ")" + engine +
+           R"(", "dge": "hwdge", "src": )" + tile(0, 128, 64, 64) +
+           R"(, "dst": )" + tile(1, 128, 64, 64) + "}";
+  };
+  std::string act = R"({"op": "activation", "engine": "scalar", )"
+                    R"("func": "identity", "src": )" +
+                    tile(2, 128, 512, 512) + R"(, "dst": )" +
+                    tile(2, 128, 512, 512) + "}";
+
+  // From SyncE: its queue is held for the DGE's 600 ns, and the data starts
+  // the fixed latency after that.
+  Timeline sync = run(programJson(buffers, "0", "", hwdge("sync")), true);
+  checkPhysical(sync, t);
+  REQUIRE(sync.events.size() == 2);
+  CHECK(sync.events[0].unit == TimingUnit::Sync);
+  CHECK(sync.events[0].endNs - sync.events[0].startNs == Approx(dge));
+  CHECK(sync.events[1].startNs - sync.events[0].startNs ==
+        Approx(dge + t.dmaFixedLatencyNs));
+  // Precomputed descriptors (the default) pay only the trigger.
+  Timeline plain = run(programJson(buffers, "0", "",
+                                   dma(tile(0, 128, 64, 64),
+                                       tile(1, 128, 64, 64))),
+                       true);
+  CHECK(plain.events[0].endNs - plain.events[0].startNs ==
+        Approx(t.value("dma_trigger_ns")));
+  CHECK(sync.totalNs - plain.totalNs ==
+        Approx(dge - t.value("dma_trigger_ns")));
+
+  // From ScalarE: the transfer still waits for the DGE, but an activation
+  // queued behind the trigger starts after the trigger alone.
+  Timeline scalar =
+      run(programJson(buffers, "0", "", hwdge("scalar") + "," + act), true);
+  checkPhysical(scalar, t);
+  REQUIRE(scalar.events.size() == 3);
+  const InstructionTiming &trigger = scalar.events[0],
+                          &transfer = scalar.events[1],
+                          &activation = scalar.events[2];
+  CHECK(transfer.unit == TimingUnit::Dma);
+  CHECK(activation.unit == TimingUnit::Scalar);
+  CHECK(transfer.startNs - trigger.startNs ==
+        Approx(dge + t.dmaFixedLatencyNs));
+  CHECK(activation.startNs - trigger.startNs ==
+        Approx(t.value("dma_trigger_ns")));
 }
 
 TEST_CASE("every instruction has a cost", "[timing][isa]") {

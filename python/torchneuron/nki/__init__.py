@@ -24,17 +24,29 @@ README's "Writing NKI kernels" section for what is supported.
 
 from __future__ import annotations
 
-from torchneuron.nki import isa, language
+from torchneuron.nki import compiler, isa, language, typing
 from torchneuron.nki._ir import KernelError
-from torchneuron.nki._jit import BenchmarkResult, Kernel, benchmark, jit, simulate_kernel
+from torchneuron.nki._jit import (
+    BenchmarkResult,
+    Kernel,
+    baremetal,
+    benchmark,
+    jit,
+    profile,
+    simulate_kernel,
+)
 
 __all__ = [
     "BenchmarkResult",
     "Kernel",
     "KernelError",
+    "baremetal",
     "benchmark",
+    "compiler",
     "isa",
     "jit",
     "language",
+    "profile",
     "simulate_kernel",
+    "typing",
 ]

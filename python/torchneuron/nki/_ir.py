@@ -34,6 +34,10 @@ __all__ = [
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+class ParDim(int):
+    """``nl.par_dim(n)``: marks the partition axis of a tile shape (the first unless marked)."""
+
+
 class KernelError(Exception):
     """A kernel that cannot be traced or compiled; the message starts with ``file:line:``."""
 
@@ -683,6 +687,11 @@ class Builder:
         self.mask: list[tuple[int, int, int, int]] | None = None
         self.mask_skip = False
         self.hoist = 1.0  # the share of memory _Renderer._hoist may use (0: none)
+        # nl.shared_constant values (CPU torch tensors): kernel inputs after the arrays.
+        self.constants: list[Any] = []
+        # nisa-allocate's choice among free addresses: "least_recent" keeps a new tile off
+        # the bytes a tile just freed (whose readers may still run), "lowest" packs tighter.
+        self.reuse = "least_recent"
 
     def __enter__(self) -> Builder:
         _CURRENT.append(self)
@@ -701,15 +710,24 @@ class Builder:
         self, shape: Sequence[int], dtype: DType, space: str, loc: Location | None = None
     ) -> Tensor:
         loc = loc or user_location()
-        shape = tuple(int(d) for d in shape)
-        if not shape or any(d <= 0 for d in shape):
+        if not shape or any(int(d) <= 0 for d in shape):
             raise error(f"tensor shape {list(shape)} must have positive sizes", loc)
-        buf = Buffer("alloc", shape, dtype, space, loc)
+        # NKI's block dimensions: in (n, par_dim(128), f) the partition axis is the second;
+        # the buffer puts it first ([128, n, f]) and the tensor is a view with its axes in
+        # the kernel's order, so t[i] is the [128, f] tile i.
+        part = next((i for i, d in enumerate(shape) if isinstance(d, ParDim)), 0)
+        shape = tuple(int(d) for d in shape)
+        physical = (shape[part], *shape[:part], *shape[part + 1 :])
+        buf = Buffer("alloc", physical, dtype, space, loc)
         buf.block = self.block
         buf.position = len(self.block.items)
         self.block.items.append(buf)
         self.buffers.append(buf)
-        return self.full_view(buf)
+        if part == 0:
+            return self.full_view(buf)
+        ps = buf.strides()
+        strides = (*ps[1 : part + 1], ps[0], *ps[part + 1 :])
+        return Tensor(self, View(buf, Affine(0), shape, strides))
 
     def full_view(self, buf: Buffer) -> Tensor:
         return Tensor(self, View(buf, Affine(0), buf.shape, buf.strides()))
@@ -1207,7 +1225,8 @@ class _Renderer:
         self.lines.append(f'module attributes {{nisa.target = "{b.target}"}} {{')
         self.lines.append(
             f"  func.func @{b.name}({', '.join(args)}) attributes "
-            f"{{nisa.kernel, nisa.num_inputs = {len(b.inputs)} : i64}} {{"
+            f"{{nisa.kernel, nisa.num_inputs = {len(b.inputs)} : i64, "
+            f'nisa.reuse = "{b.reuse}"}} {{'
         )
         self.indent = 2
         self.block(b.root)

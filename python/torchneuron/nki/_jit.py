@@ -10,13 +10,22 @@ from typing import Any
 
 from torchneuron.nki import _ir
 
-__all__ = ["BenchmarkResult", "Kernel", "benchmark", "jit", "simulate_kernel"]
+__all__ = [
+    "BenchmarkResult",
+    "Kernel",
+    "baremetal",
+    "benchmark",
+    "jit",
+    "profile",
+    "simulate_kernel",
+]
 
 # Which operand each instruction writes (the others it reads).
 _WRITTEN = {
     "dma_copy": 1,
     "copy": 1,
     "tensor_tensor": 2,
+    "scalar_tensor_tensor": 2,
     "tensor_scalar": 1,
     "activation": 1,
     "matmul": 2,
@@ -55,6 +64,7 @@ class Traced:
     kernel: Any  # torchneuron._C.Kernel
     array_positions: list[int]
     returns_tuple: bool
+    constants: list[Any] = field(default_factory=list)  # CPU torch tensors, inputs last
     _device_kernel: Any = field(default=None, repr=False)
 
     def device_kernel(self) -> Any:
@@ -196,12 +206,22 @@ class Kernel:
                 raise _ir.error(f"{name} returns one tensor twice", b.def_loc)
             r.view.buffer.returned = True
             outputs.append(r.view.buffer)
+        # nl.shared_hbm tensors the kernel does not return are its HBM scratch.
+        for buf in b.buffers:
+            if buf.kind == "shared" and not buf.returned:
+                buf.kind = "alloc"
         # Early allocation of unrolled tiles (_Renderer._hoist) may be what overflows a
         # memory: compile with less of it, then none, before reporting the first error.
         dump = config.dump_dir()
         first_error = ""
-        for share in (1.0, 0.5, 0.0):
-            b.hoist = share
+        # Least-recently-freed placement may fragment memory where lowest-first would not.
+        for share, reuse in (
+            (1.0, "least_recent"),
+            (0.5, "least_recent"),
+            (0.0, "least_recent"),
+            (0.0, "lowest"),
+        ):
+            b.hoist, b.reuse = share, reuse
             text = _ir.render(b, outputs)
             try:
                 kernel = native().compile_kernel(
@@ -217,7 +237,7 @@ class Kernel:
             raise _ir.KernelError(first_error) from None
         if config.check():
             kernel.timeline()  # raises DeviceError for a missing wait
-        return Traced(name, text, kernel, positions, returns_tuple)
+        return Traced(name, text, kernel, positions, returns_tuple, b.constants)
 
     @staticmethod
     def _check_writes(b: _ir.Builder) -> None:
@@ -241,7 +261,8 @@ class Kernel:
         traced = self._traced(grid, args, kwargs)
         arrays = [args[i] for i in traced.array_positions]
         if arrays and all(_is_torch(a) for a in arrays):
-            return traced.device_kernel()(*arrays)
+            consts = [c.to(arrays[0].device) for c in traced.constants]
+            return traced.device_kernel()(*arrays, *consts)
         if any(_is_torch(a) for a in arrays):
             raise TypeError(f"{traced.name}: pass either torch tensors or NumPy arrays, not both")
         return _run_numpy(traced, arrays)
@@ -275,7 +296,8 @@ def _run_numpy(traced: Traced, arrays: Sequence[Any]) -> Any:
     def buf(a: Any) -> tuple[int, str, list[int]]:
         return (a.ctypes.data, _ir.as_dtype(a.dtype).name, list(a.shape))
 
-    traced.kernel.run([buf(a) for a in inputs], [buf(a) for a in outputs])
+    consts = [(c.data_ptr(), _ir.as_dtype(c.dtype).name, list(c.shape)) for c in traced.constants]
+    traced.kernel.run([buf(a) for a in inputs] + consts, [buf(a) for a in outputs])
     record_run(traced.kernel, traced.name)
     return tuple(outputs) if traced.returns_tuple else outputs[0]
 
@@ -380,31 +402,102 @@ def _benchmark_traced(traced: Traced) -> BenchmarkResult:
     )
 
 
-class _Benchmarked:
-    """``@nki.benchmark(...)``-decorated kernel: a call runs it and sets ``benchmark_result``."""
+# NKI's options of nki.benchmark / nki.profile / nki.baremetal. The model has no run-to-run
+# variation and compiles with its own pipeline, so warm-up, iteration counts and compiler
+# flags change nothing; the file names are honoured.
+_RUN_OPTIONS = {
+    "warmup",
+    "iters",
+    "save_neff_name",
+    "save_trace_name",
+    "additional_compile_opt",
+    "working_directory",
+    "profile_nth",
+    "device_count",
+    "artifacts_dir",
+    "num_execs",
+}
 
-    def __init__(self, kernel: Kernel) -> None:
-        self.kernel = kernel
+
+class _Benchmarked:
+    """A kernel wrapped by ``nki.benchmark(...)`` / ``nki.profile(...)`` /
+    ``nki.baremetal(...)``: a call runs it (on NumPy arrays; with ``nt.tensor[...]`` arguments
+    it is only compiled and timed), sets ``benchmark_result`` and writes the files asked for:
+    ``save_neff_name`` the program (JSON, the model's NEFF), ``save_trace_name`` the modeled
+    timeline as a Chrome trace, both under ``working_directory`` when given."""
+
+    def __init__(self, kernel: Any, options: dict[str, Any]) -> None:
+        unknown = set(options) - _RUN_OPTIONS
+        if unknown:
+            raise TypeError(
+                f"unsupported option(s) {sorted(unknown)} (NKI's: {sorted(_RUN_OPTIONS)})"
+            )
+        self.kernel = kernel if isinstance(kernel, (Kernel, _Launch)) else jit(kernel)
+        self.options = options
         self.benchmark_result: BenchmarkResult | None = None
+        k = self.kernel
+        functools.update_wrapper(self, k.fn if isinstance(k, Kernel) else k.kernel.fn)
+
+    def __getitem__(self, grid: Any) -> _Benchmarked:
+        if not isinstance(self.kernel, Kernel):
+            raise TypeError("the launch grid is already given")
+        return _Benchmarked(self.kernel[grid], self.options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        out = self.kernel(*args, **kwargs)
-        self.benchmark_result = _benchmark_traced(self.kernel._traced((), args, kwargs))
+        launch = self.kernel if isinstance(self.kernel, _Launch) else _Launch(self.kernel, ())
+        traced = launch.specialize(*args, **kwargs)
+        from torchneuron.nki.typing import TensorSpec
+
+        out = None
+        if not any(isinstance(a, TensorSpec) for a in args):
+            out = launch(*args, **kwargs)
+        self.benchmark_result = _benchmark_traced(traced)
+        self._save(traced)
         return out
+
+    def _save(self, traced: Traced) -> None:
+        from pathlib import Path
+
+        directory = Path(self.options.get("working_directory") or ".")
+        neff, trace = self.options.get("save_neff_name"), self.options.get("save_trace_name")
+        if neff or trace:
+            directory.mkdir(parents=True, exist_ok=True)
+        if neff:
+            (directory / neff).write_text(traced.kernel.program_json)
+        if trace:
+            from torchneuron.profile import Profile
+
+            prof = Profile()
+            prof.record(traced.kernel, traced.name)
+            prof.export_chrome_trace(directory / trace)
 
 
 def benchmark(kernel: Any = None, *args: Any, **kwargs: Any) -> Any:
     """The modeled latency and engine utilisation of ``kernel`` on these arguments:
     ``nki.benchmark(kernel, a, b)`` or ``nki.benchmark(kernel[grid], a, b)`` (traced and
-    compiled, not run: the time is a property of the program). As a decorator factory
-    (``@nki.benchmark(warmup=..., iters=...)``, NKI's form) it wraps a kernel whose calls run
-    and record ``benchmark_result``."""
-    if kernel is None or not isinstance(kernel, (Kernel, _Launch)):
-        if isinstance(kernel, Callable) and not isinstance(kernel, (Kernel, _Launch)):  # type: ignore[arg-type]
-            return _Benchmarked(jit(kernel))
-        return lambda k: _Benchmarked(k if isinstance(k, Kernel) else jit(k))
-    if isinstance(kernel, _Launch):
-        traced = kernel.specialize(*args, **kwargs)
-    else:
-        traced = kernel.specialize(*args, **kwargs)
-    return _benchmark_traced(traced)
+    compiled, not run: the time is a property of the program) gives a :class:`BenchmarkResult`.
+    NKI's forms -- ``nki.benchmark(kernel, warmup=..., save_trace_name=...)``,
+    ``@nki.benchmark(...)`` and ``nki.benchmark(warmup=5, iters=10)(kernel)`` -- give a wrapped
+    kernel whose calls run it and set ``benchmark_result`` (``.nc_latency
+    .get_latency_percentile(p)``, microseconds)."""
+    if kernel is None:
+        return lambda k: _Benchmarked(k, kwargs)
+    if not args and (not kwargs or set(kwargs) & _RUN_OPTIONS):
+        return _Benchmarked(kernel, kwargs)
+    if not isinstance(kernel, (Kernel, _Launch)):
+        raise TypeError("nki.benchmark takes a @nki.jit kernel")
+    return _benchmark_traced(kernel.specialize(*args, **kwargs))
+
+
+def profile(kernel: Any = None, **options: Any) -> Any:
+    """NKI's ``nki.profile(working_directory=..., save_neff_name=..., save_trace_name=...)``:
+    wraps a kernel whose calls run it and write its program and modeled Chrome trace."""
+    if kernel is None:
+        return lambda k: _Benchmarked(k, options)
+    return _Benchmarked(kernel, options)
+
+
+def baremetal(kernel: Any = None, **options: Any) -> Any:
+    """NKI's ``nki.baremetal``: run on NumPy arrays (here, the engine model), optionally
+    writing the program and trace like :func:`profile`."""
+    return profile(kernel, **options)

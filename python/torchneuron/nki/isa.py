@@ -8,12 +8,39 @@ releases (``nisa.nc_matmul(dst=..., stationary=..., moving=...)``).
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 from torchneuron.nki import _ir
 from torchneuron.nki import language as nl
-from torchneuron.nki._ir import Tensor, error
+from torchneuron.nki._ir import Tensor, View, error
+
+
+# NKI's engine names for ``engine=`` (which engine runs an instruction is this compiler's
+# choice: VectorE for tensor_tensor/tensor_scalar/copies, ScalarE for activations).
+class engine:  # noqa: N801 (NKI's spelling)
+    unknown = "unknown"
+    tensor = "tensor"
+    vector = "vector"
+    scalar = "scalar"
+    gpsimd = "gpsimd"
+    sync = "sync"
+
+
+unknown_engine, tensor_engine, vector_engine = engine.unknown, engine.tensor, engine.vector
+scalar_engine, gpsimd_engine, sync_engine = engine.scalar, engine.gpsimd, engine.sync
+
+
+class reduce_cmd:  # noqa: N801 (NKI's spelling)
+    """How an instruction's ``reduce_res`` combines with what it held: ``reset_reduce``
+    (overwrite; also the meaning when not given) is supported."""
+
+    idle = "idle"
+    reset = "reset"
+    reset_reduce = "reset_reduce"
+    reduce = "reduce"
 
 
 def _is_tile(x: Any) -> bool:
@@ -48,12 +75,23 @@ def _write(dst: Any, value: Tensor, name: str) -> None:
     nl._assign(d, value)
 
 
+# Reductions NKI takes as an ALU op (``op=np.max``, ``op=nl.sum``): the binary op they fold.
+_FOLDS = {
+    "max": "maximum",
+    "amax": "maximum",
+    "min": "minimum",
+    "amin": "minimum",
+    "sum": "add",
+    "prod": "multiply",
+}
+
+
 def _as_nl(op: Any) -> Any:
     """NKI accepts NumPy's functions (``np.subtract``) for the ``nl`` ones of the same name."""
     fname = getattr(op, "__name__", None)
     if op in nl.ALU_OPS or op in nl.ACTIVATIONS or not isinstance(fname, str):
         return op
-    return nl.__dict__.get(fname, op)
+    return nl.__dict__.get(_FOLDS.get(fname, fname), op)
 
 
 def _alu(op: Any, name: str) -> str:
@@ -76,7 +114,10 @@ def nc_matmul(*args: Any, accumulate: Any = None, **kwargs: Any) -> Any:
     dst, rest = _split_dst(args, kwargs, len(args) == 3 and all(_is_tile(a) for a in args))
     stationary = _arg(kwargs, "stationary", rest)
     moving = _arg(kwargs, "moving", rest)
-    value = nl.matmul(stationary, moving, transpose_x=True)
+    value = nl._nc_matmul(
+        nl._on_chip(stationary, "nisa.nc_matmul's stationary"),
+        nl._on_chip(moving, "nisa.nc_matmul's moving"),
+    )
     if dst is None:
         return value
     d = nl._tensor(dst, "nisa.nc_matmul's dst")
@@ -129,7 +170,7 @@ def activation(*args: Any, **kwargs: Any) -> Any:
     """``op(data * scale + bias)`` on ScalarE: ``scale`` a number, ``bias`` a [P, 1] tile.
     ``activation(op, data, ...)`` or ``activation(dst, op, data, ...)``."""
     dst, rest = _split_dst(args, kwargs, bool(args) and _is_tile(args[0]))
-    names = ["op", "data", "bias", "scale", "dtype"]
+    names = ["op", "data", "bias", "scale", "reduce_op", "reduce_res", "reduce_cmd", "dtype"]
     params = dict(zip(names, rest, strict=False))
     params.update({k: v for k, v in kwargs.items() if k in names})
     for k in kwargs:
@@ -139,13 +180,67 @@ def activation(*args: Any, **kwargs: Any) -> Any:
     scale = params.get("scale", 1.0)
     if op not in nl.ACTIVATIONS:
         raise error(f"nisa.activation: op={getattr(op, '__name__', op)!r} is not supported")
-    if isinstance(scale, Tensor):
-        raise error("nisa.activation: a tile scale is not supported yet (use a number)")
     dtype = params.get("dtype") or (dst.dtype if dst is not None else None)
-    value = nl._activation(nl.ACTIVATIONS[op], data, dtype, float(scale), params.get("bias"))
+    value = nl._activation(nl.ACTIVATIONS[op], data, dtype, scale, params.get("bias"))
+    if params.get("reduce_res") is not None:
+        _row_sums(value, params, "activation")
     if dst is None:
         return value
     _write(dst, value, "activation")
+    return None
+
+
+def _row_sums(value: Tensor, params: dict[str, Any], name: str) -> None:
+    """ScalarE's free row sums of an activation's results into ``reduce_res`` (the
+    instruction's accumulate operand: overwritten, NKI's ``reset_reduce``)."""
+    if _alu(params.get("reduce_op", nl.add), name) != "add":
+        raise error(f"nisa.{name}: only reduce_op=nl.add is supported (ScalarE sums rows)")
+    cmd = params.get("reduce_cmd") or reduce_cmd.reset_reduce
+    if cmd != reduce_cmd.reset_reduce:
+        raise error(f"nisa.{name}(reduce_cmd={cmd}) is not supported yet (reset_reduce only)")
+    instr = value.producer
+    assert instr is not None and instr.op == "activation"
+    res = params["reduce_res"]
+    col = nl._column(res, "reduce_res", value.shape[0])
+    if res.dtype != _ir.FLOAT32:
+        raise error("nisa.activation: reduce_res must be a float32 tile")
+    instr.operands.append(("accumulate", col))
+    col.buffer.users.append(instr)
+
+
+@_maskable
+def activation_reduce(*args: Any, **kwargs: Any) -> Any:
+    """``activation`` whose row sums go to ``reduce_res`` (``reduce_op=nl.add``)."""
+    return activation(*args, **kwargs)
+
+
+@_maskable
+def tensor_scalar_reduce(*args: Any, **kwargs: Any) -> Any:
+    """``(data op0 operand0)`` with its free-axis reduction by ``reduce_op`` into
+    ``reduce_res``: on the engine model a VectorE ``tensor_scalar`` then a ``tensor_reduce``
+    of its result (two instructions where the hardware takes one)."""
+    kwargs.pop("engine", None)
+    dst, rest = _split_dst(args, kwargs, len(args) >= 2 and _is_tile(args[0]) and _is_tile(args[1]))
+    names = ["data", "op0", "operand0", "reduce_op", "reduce_res", "reverse0", "dtype"]
+    p = dict(zip(names, rest, strict=False))
+    p.update({k: v for k, v in kwargs.items() if k in names})
+    t = nl._on_chip(p.get("data"), "data")
+    dtype = p.get("dtype") or (dst.dtype if dst is not None else None)
+    x, y = (p.get("operand0"), t) if p.get("reverse0") else (t, p.get("operand0"))
+    out = nl._binary(_alu(p.get("op0"), "tensor_scalar_reduce"), x, y, dtype)
+    res = nl._on_chip(p.get("reduce_res"), "reduce_res")
+    folded = nl._reduce(
+        _alu(p.get("reduce_op"), "tensor_scalar_reduce"),
+        "tensor_scalar_reduce",
+        out,
+        tuple(range(1, out.ndim)),
+        res.dtype,
+        False,
+    )
+    _write(res, folded, "tensor_scalar_reduce")
+    if dst is None:
+        return out
+    _write(dst, out, "tensor_scalar_reduce")
     return None
 
 
@@ -211,12 +306,14 @@ def tensor_reduce(*args: Any, **kwargs: Any) -> Any:
     ``tensor_reduce(dst, op, data, axis)``."""
     kwargs.pop("engine", None)
     dst, rest = _split_dst(args, kwargs, bool(args) and _is_tile(args[0]))
-    names = ["op", "data", "axis", "dtype", "keepdims"]
+    names = ["op", "data", "axis", "dtype", "keepdims", "negate"]
     p = dict(zip(names, rest, strict=False))
     p.update({k: v for k, v in kwargs.items() if k in names})
     name = _alu(p.get("op"), "tensor_reduce")
     dtype = p.get("dtype") or (dst.dtype if dst is not None else None)
     value = nl._reduce(name, "tensor_reduce", p.get("data"), p.get("axis"), dtype, False)
+    if p.get("negate"):
+        value = nl._binary("multiply", value, -1.0, None, out=value)
     if dst is None:
         return value
     _write(dst, value, "tensor_reduce")
@@ -271,11 +368,231 @@ def memset(*args: Any, **kwargs: Any) -> Any:
     return None
 
 
+@contextlib.contextmanager
+def _unmasked(data: Tensor) -> Iterator[View | None]:
+    """``data``'s view with the call's ``mask=`` applied (None: the mask keeps nothing); the
+    instructions emitted inside then run unmasked (they use views derived from it)."""
+    b = _ir.current()
+    if b.mask_skip:
+        yield None
+        return
+    view = b.clip(data.view, b.mask) if b.mask else data.view
+    if view.oob:
+        raise _ir.KernelError(view.oob)
+    saved = b.mask
+    b.mask = None
+    try:
+        yield view
+    finally:
+        b.mask = saved
+
+
+def _sub(view: View, start: int, size: int, step: int) -> View:
+    """Free-axis elements start, start + step, ... (size of them) of a 2-D view."""
+    return View(
+        view.buffer,
+        view.offset + start * view.strides[1],
+        (view.shape[0], size),
+        (view.strides[0], view.strides[1] * step),
+    )
+
+
+def _emit(
+    op: str,
+    operands: list[tuple[str, View]],
+    written: int,
+    prefix: str = "",
+    attrs: dict[str, str] | None = None,
+) -> _ir.Instr:
+    instr = _ir.current().emit(op, operands, prefix=prefix, attrs=attrs)
+    instr.writes = [written]
+    return instr
+
+
+@_maskable
+def bn_stats(*args: Any, **kwargs: Any) -> Any:
+    """Mean and variance statistics of each partition's elements (VectorE's ``bn_stats``):
+    a [P, 6] fp32 tile of (count, mean, count * variance) over the even-indexed elements, then
+    over the odd-indexed ones, which ``bn_aggr`` combines. ``bn_stats(data)`` or
+    ``bn_stats(dst, data)``. The engine model has no such instruction: it runs as two ScalarE
+    passes per half (a sum, then the squared deviations summed on the fly) and a few [P, 1]
+    VectorE ops, so its modeled time is that of those."""
+    dst, rest = _split_dst(args, kwargs, len([a for a in args if _is_tile(a)]) == 2)
+    data = nl._on_chip(_arg(kwargs, "data", rest), "nisa.bn_stats's data")
+    kwargs.pop("dtype", None)
+    if data.ndim != 2:
+        raise error(f"nisa.bn_stats takes a 2-D [P, F] tile, got {list(data.shape)}")
+    p = data.shape[0]
+    out = nl._new((p, 6), _ir.FLOAT32)
+    with _unmasked(data) as view:
+        if view is None:
+            return None
+        n = view.shape[1]
+        if n > nl.tile_size.bn_stats_fmax:
+            raise error(
+                f"nisa.bn_stats: {n} free elements, more than "
+                f"nl.tile_size.bn_stats_fmax ({nl.tile_size.bn_stats_fmax})"
+            )
+        scratch = nl._new((p, (n + 1) // 2), _ir.FLOAT32)
+        neg_mean = nl._new((p, 1), _ir.FLOAT32)
+        for half, count in ((0, (n + 1) // 2), (1, n // 2)):
+            col = [_sub(out.view, 3 * half + i, 1, 1) for i in range(3)]
+            _emit("memset", [("", col[0])], 0, attrs={"value": nl._f64(count)})
+            if count == 0:
+                _emit(
+                    "memset",
+                    [("", _sub(out.view, 3 * half + 1, 2, 1))],
+                    0,
+                    attrs={"value": nl._f64(0.0)},
+                )
+                continue
+            elems = _sub(view, half, count, 2)
+            work = _sub(scratch.view, 0, count, 1)
+            # sum(x) on the fly, then mean = sum / count and -mean for the bias
+            _emit(
+                "activation",
+                [("", elems), ("", work), ("accumulate", col[1])],
+                1,
+                prefix="identity ",
+            )
+            _emit(
+                "tensor_scalar",
+                [("", col[1]), ("", neg_mean.view)],
+                1,
+                prefix="multiply ",
+                attrs={"imm": nl._f64(-1.0 / count)},
+            )
+            _emit(
+                "tensor_scalar",
+                [("", neg_mean.view), ("", col[1])],
+                1,
+                prefix="multiply ",
+                attrs={"imm": nl._f64(-1.0)},
+            )
+            # sum((x - mean)^2): count * variance
+            _emit(
+                "activation",
+                [("", elems), ("", work), ("bias", neg_mean.view), ("accumulate", col[2])],
+                1,
+                prefix="square ",
+            )
+    if dst is None:
+        return out
+    _write(dst, out, "bn_stats")
+    return None
+
+
+@_maskable
+def bn_aggr(*args: Any, **kwargs: Any) -> Any:
+    """Combine ``bn_stats`` results ([P, 6k]: k of them side by side) into a [P, 2] tile of
+    (mean, variance) per partition, on VectorE (a few instructions on the stats columns:
+    Chan's parallel-variance formula)."""
+    dst, rest = _split_dst(args, kwargs, len([a for a in args if _is_tile(a)]) == 2)
+    data = nl._on_chip(_arg(kwargs, "data", rest), "nisa.bn_aggr's data")
+    kwargs.pop("dtype", None)
+    if data.ndim != 2 or data.shape[1] % 3:
+        raise error(f"nisa.bn_aggr takes [P, 6k] bn_stats results, got {list(data.shape)}")
+    p = data.shape[0]
+    out = nl._new((p, 2), _ir.FLOAT32)
+    with _unmasked(data) as view:
+        if view is None:
+            return None
+        g = view.shape[1] // 3
+        counts, means, m2s = (_sub(view, i, g, 3) for i in range(3))
+        f32 = _ir.FLOAT32
+
+        def tile(cols: int) -> View:
+            return nl._new((p, cols), f32).view
+
+        total, weighted, t = tile(1), tile(g), tile(1)
+        _emit("tensor_reduce", [("", counts), ("", total)], 1, prefix="add ")
+        _emit("tensor_tensor", [("", counts), ("", means), ("", weighted)], 2, prefix="multiply ")
+        _emit("tensor_reduce", [("", weighted), ("", t)], 1, prefix="add ")
+        mean, var = _sub(out.view, 0, 1, 1), _sub(out.view, 1, 1, 1)
+        _emit("tensor_tensor", [("", t), ("", total), ("", mean)], 2, prefix="divide ")
+        # M2 = sum(m2_i) + sum(n_i * (mean_i - mean)^2); variance = M2 / n
+        dev, m2 = tile(g), tile(1)
+        _emit("tensor_scalar", [("", means), ("", dev), ("scalar", mean)], 1, prefix="subtract ")
+        _emit("tensor_tensor", [("", dev), ("", dev), ("", dev)], 2, prefix="multiply ")
+        _emit("tensor_tensor", [("", dev), ("", counts), ("", dev)], 2, prefix="multiply ")
+        _emit("tensor_reduce", [("", dev), ("", t)], 1, prefix="add ")
+        _emit("tensor_reduce", [("", m2s), ("", m2)], 1, prefix="add ")
+        _emit("tensor_tensor", [("", m2), ("", t), ("", m2)], 2, prefix="add ")
+        _emit("tensor_tensor", [("", m2), ("", total), ("", var)], 2, prefix="divide ")
+    if dst is None:
+        return out
+    _write(dst, out, "bn_aggr")
+    return None
+
+
+@_maskable
+def tensor_tensor_scan(*args: Any, **kwargs: Any) -> Any:
+    """``res[:, i] = (data0[:, i] op0 res[:, i - 1]) op1 data1[:, i]`` along the free axis,
+    ``res[:, -1] = initial`` (a number or a [P, 1] tile). ``tensor_tensor_scan(data0, data1,
+    initial, op0, op1)`` or with ``dst`` first. The engine model has no scan instruction: it
+    runs as a loop of one VectorE ``scalar_tensor_tensor`` per column, right in numbers but
+    much slower than the hardware's single pass."""
+    kwargs.pop("engine", None)
+    dst, rest = _split_dst(args, kwargs, len(args) >= 3 and all(_is_tile(a) for a in args[:3]))
+    names = ["data0", "data1", "initial", "op0", "op1", "reverse0", "reverse1", "dtype"]
+    prm = dict(zip(names, rest, strict=False))
+    prm.update({k: v for k, v in kwargs.items() if k in names})
+    if prm.get("reverse0") or prm.get("reverse1"):
+        raise error("nisa.tensor_tensor_scan(reverse0/reverse1=True) is not supported yet")
+    d0 = nl._on_chip(prm.get("data0"), "data0")
+    d1 = nl._on_chip(prm.get("data1"), "data1")
+    if d0.shape != d1.shape or d0.ndim != 2:
+        raise error(
+            f"nisa.tensor_tensor_scan: data0 {list(d0.shape)} and data1 "
+            f"{list(d1.shape)} must be [P, F] tiles of one shape"
+        )
+    op0 = _alu(prm.get("op0"), "tensor_tensor_scan")
+    op1 = _alu(prm.get("op1"), "tensor_tensor_scan")
+    dtype = prm.get("dtype") or (dst.dtype if dst is not None else _ir.promote(d0.dtype, d1.dtype))
+    p, f = d0.shape
+    out = nl._new((p, f), _ir.as_dtype(dtype))
+    initial = prm.get("initial", 0.0)
+    b = _ir.current()
+    with _unmasked(d0) as v0:
+        if v0 is None:
+            return None
+        v1 = b.clip(d1.view, b.mask) if b.mask else d1.view
+        stt = f"{op0}, {op1} "
+        first = [("", _sub(v0, 0, 1, 1)), ("", _sub(v1, 0, 1, 1)), ("", _sub(out.view, 0, 1, 1))]
+        if isinstance(initial, Tensor):
+            first.append(("scalar", nl._column(initial, "initial", p)))
+            _emit("scalar_tensor_tensor", first, 2, prefix=stt)
+        else:
+            _emit(
+                "scalar_tensor_tensor", first, 2, prefix=stt, attrs={"imm": nl._f64(float(initial))}
+            )
+        if v0.shape[1] > 1:
+            for i in b.loop(1, v0.shape[1], 1):
+                _emit(
+                    "scalar_tensor_tensor",
+                    [
+                        ("", _col_at(v0, i)),
+                        ("", _col_at(v1, i)),
+                        ("", _col_at(out.view, i)),
+                        ("scalar", _col_at(out.view, i - 1)),
+                    ],
+                    2,
+                    prefix=stt,
+                )
+    if dst is None:
+        return out
+    _write(dst, out, "tensor_tensor_scan")
+    return None
+
+
+def _col_at(view: View, i: Any) -> View:
+    return View(
+        view.buffer, view.offset + i * view.strides[1], (view.shape[0], 1), (view.strides[0], 1)
+    )
+
+
 _NOT_YET = {
-    "activation_reduce",
     "affine_select",
-    "bn_aggr",
-    "bn_stats",
     "dma_transpose",
     "dropout",
     "iota",
@@ -289,8 +606,6 @@ _NOT_YET = {
     "select_reduce",
     "sequence_bounds",
     "tensor_partition_reduce",
-    "tensor_scalar_reduce",
-    "tensor_tensor_scan",
     "nc_n_gather",
     "exponential",
     "rng",

@@ -74,11 +74,13 @@ class tile_size:  # noqa: N801 (NKI's spelling)
     psum_fmax = 512  # fp32 elements of one PSUM bank per partition
     gemm_stationary_fmax = 128
     gemm_moving_fmax = 512
+    bn_stats_fmax = 512  # free elements one nisa.bn_stats takes
 
 
 def par_dim(n: int) -> int:
-    """Marks the partition dimension of a shape (it is always the first one here)."""
-    return n
+    """Marks the partition dimension of a shape: ``(n, par_dim(128), f)`` is a block of n
+    [128, f] tiles (its partition axis is the second)."""
+    return _ir.ParDim(n)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -92,7 +94,9 @@ def _range_args(start: int, stop: int | None, step: int) -> tuple[int, int, int]
     return int(start), int(stop), int(step)
 
 
-def affine_range(start: int, stop: int | None = None, step: int = 1) -> Iterator[Affine]:
+def affine_range(
+    start: int, stop: int | None = None, step: int = 1, directives: Any = None
+) -> Iterator[Affine]:
     """A loop whose iterations are independent: one ``scf.for`` whose body holds up to
     ``rotate`` copies of the iteration (``nki.jit(rotate=4)``; the body is traced once per
     copy), so the tiles each copy allocates rotate and loads run ahead of compute."""
@@ -100,13 +104,20 @@ def affine_range(start: int, stop: int | None = None, step: int = 1) -> Iterator
     return b.loop(*_range_args(start, stop, step), rotate=b.rotate)
 
 
-def sequential_range(start: int, stop: int | None = None, step: int = 1) -> Iterator[Affine]:
+def sequential_range(
+    start: int, stop: int | None = None, step: int = 1, directives: Any = None
+) -> Iterator[Affine]:
     """A loop with a dependence between iterations: one ``scf.for``, iterations in order (the
-    compiler's synchronisation orders every conflicting access, so both loops are safe)."""
-    return current().loop(*_range_args(start, stop, step), rotate=2 if current().rotate > 1 else 1)
+    compiler's synchronisation orders every conflicting access, so both loops are safe). Its
+    body holds up to ``rotate`` iterations like ``affine_range``'s, so each copy's tiles get
+    addresses of their own and the next iteration's loads need not wait for this one's
+    readers (effects stay in program order)."""
+    return current().loop(*_range_args(start, stop, step), rotate=current().rotate)
 
 
-def static_range(start: int, stop: int | None = None, step: int = 1) -> range:
+def static_range(
+    start: int, stop: int | None = None, step: int = 1, directives: Any = None
+) -> range:
     """A loop unrolled while tracing: its variable is a Python ``int``."""
     return range(*_range_args(start, stop, step))
 
@@ -128,6 +139,28 @@ def num_programs(axes: int | None = None) -> int:
     if not 0 <= axes < len(grid):
         raise error(f"nl.num_programs({axes}): the launch grid has {len(grid)} dimensions")
     return grid[axes]
+
+
+class nc:  # noqa: N801 (NKI's spelling)
+    """``nl.nc(k)``: spread a launch-grid axis over k NeuronCores (with ``nl.spmd_dim``)."""
+
+    def __init__(self, cores: int) -> None:
+        if int(cores) < 1:
+            raise ValueError(f"nl.nc({cores}): need at least one core")
+        self.cores = int(cores)
+
+
+def spmd_dim(size: int, *cores: nc) -> int:
+    """``nl.spmd_dim(n, nl.nc(k))``: a launch-grid axis of n * k programs, program i on core
+    i % k. The engine model runs one core, so all n * k programs run on it one after
+    another: the numbers are the grid's, the modeled time that of one core doing all of it
+    (about k times the multi-core time)."""
+    total = int(size)
+    for c in cores:
+        if not isinstance(c, nc):
+            raise TypeError(f"nl.spmd_dim takes nl.nc(k) after the size, got {c!r}")
+        total *= c.cores
+    return total
 
 
 def program_ndim() -> int:
@@ -194,6 +227,35 @@ def ndarray(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = ""
     return t
 
 
+def shared_constant(constant: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
+    """An HBM tensor holding ``constant`` (a NumPy array, cast to ``dtype``): an extra kernel
+    input the kernel's calls pass along."""
+    import numpy as np
+    import torch
+
+    b = current()
+    arr = np.asarray(constant)
+    dt = _ir.as_dtype(dtype if dtype is not None else arr.dtype)
+    value = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64)).to(
+        getattr(torch, dt.name)
+    )
+    b.constants.append(value)
+    return b.input(tuple(arr.shape), dt, _ir.user_location())
+
+
+def static_cast(x: Any, dtype: Any) -> Any:
+    """A NumPy array (outside kernels) converted to ``dtype``; NumPy has no bfloat16, so a
+    bfloat16 result is a torch tensor."""
+    import numpy as np
+
+    dt = _ir.as_dtype(dtype)
+    if dt.name == "bfloat16":
+        import torch
+
+        return torch.from_numpy(np.asarray(x, dtype=np.float32)).to(torch.bfloat16)
+    return np.asarray(x).astype(np.bool_ if dt.name == "bool" else dt.name)
+
+
 def zeros(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = "") -> Tensor:
     return full(shape, 0.0, dtype, buffer)
 
@@ -209,7 +271,8 @@ def full(
     if mem.space == HBM:
         raise error("nl.full/zeros/ones make on-chip tiles; use nl.sbuf or nl.psum")
     t = ndarray(shape, dtype, buffer)
-    t.producer = current().emit("memset", [("", t.view)], attrs={"value": _f64(fill_value)})
+    whole = current().full_view(t.view.buffer).view  # partitions first, even with par_dim
+    t.producer = current().emit("memset", [("", whole)], attrs={"value": _f64(fill_value)})
     t.producer.writes = [0]
     return t
 
@@ -298,6 +361,7 @@ def _retarget(value: Tensor, target: View) -> bool:
         or buf.users != [instr]
         or buf.space == HBM
         or target.buffer.space == HBM
+        or (instr.op == "matmul" and target.buffer.space != PSUM)  # TensorE writes PSUM only
         or value.view.shape != target.shape
         or not _same_view(value.view, current().full_view(buf).view)
     ):
@@ -405,10 +469,8 @@ def store(dst: Any, value: Any, mask: Any = None, **kwargs: Any) -> None:
         raise error(f"nl.store's destination is in {d.buffer}; it must be an HBM tensor")
     v = _on_chip(value, "nl.store's value")
     if v.view.buffer.space != SBUF:
-        raise error(
-            f"nl.store's value is in {v.buffer}; DMA reads SBUF (copy a PSUM tile to SBUF with "
-            "nl.copy first)"
-        )
+        # DMA reads SBUF: a PSUM value is evicted by a VectorE copy first (as NKI does).
+        v = copy(v)
     current().emit("dma_copy", [("", _reshaped(v.view, d.shape)), ("", d.view)])
 
 
@@ -546,15 +608,30 @@ def logical_xor(x: Any, y: Any, dtype: Any = None, **kwargs: Any) -> Any:
     return _binary("logical_xor", x, y, dtype)
 
 
-def _activation(func: str, x: Any, dtype: Any, scale: float = 1.0, bias: Any = None) -> Tensor:
+def _column(x: Any, what: str, rows: int) -> View:
+    """A [P, 1] per-partition operand (a [P] or [P, 1] tile) as a view."""
+    t = _on_chip(x, what)
+    if math.prod(t.shape) != t.shape[0] or t.shape[0] != rows:
+        raise error(
+            f"{what} must be a [{rows}, 1] tile (one value per partition), got {list(t.shape)}"
+        )
+    return _reshaped(t.view, (t.shape[0], 1))
+
+
+def _activation(func: str, x: Any, dtype: Any, scale: Any = 1.0, bias: Any = None) -> Tensor:
     t = _on_chip(x, f"nl.{func}'s operand")
     out = _new(t.shape, _ir.as_dtype(dtype) if dtype is not None else t.dtype)
     operands: list[tuple[str, View]] = [("", t.view), ("", out.view)]
     attrs: dict[str, str] = {}
     if bias is not None:
-        bt = _on_chip(bias, "bias")
-        operands.append(("bias", _reshaped(bt.view, (bt.shape[0], 1))))
-    if scale != 1.0:
+        operands.append(("bias", _column(bias, "bias", t.shape[0])))
+    if isinstance(scale, Tensor):
+        # A per-partition scale: ScalarE's scale column, read as fp32.
+        col = _column(scale, "scale", t.shape[0])
+        if scale.dtype != FLOAT32:
+            col = copy(Tensor(current(), col), dtype=FLOAT32).view
+        operands.append(("scale_col", col))
+    elif float(scale) != 1.0:
         attrs["scale"] = _f64(scale)
     instr = current().emit("activation", operands, prefix=func + " ", attrs=attrs)
     return _produce(out, instr, 1)
@@ -671,6 +748,12 @@ def mean(x: Any, axis: Any, dtype: Any = None, keepdims: bool = False, **kw: Any
 # ----------------------------------------------------------------------------------------------
 
 
+def _in_sbuf(t: Tensor) -> Tensor:
+    """TensorE reads SBUF: a PSUM operand of nl.matmul/nl.transpose (an earlier matmul's
+    result) is copied there first, as NKI's compiler does, in the dtype it holds."""
+    return copy(t) if t.view.buffer.space == PSUM else t
+
+
 def _identity(dtype: DType) -> Tensor:
     """A 128x128 identity in SBUF, made once per kernel and dtype at its start (GpSimd iota of
     p - i, then VectorE p - i == 0)."""
@@ -711,7 +794,7 @@ def _identity(dtype: DType) -> Tensor:
 def transpose(x: Any, dtype: Any = None, **kwargs: Any) -> Tensor:
     """Swap partitions and the free axis of a 2-D SBUF tile on TensorE (a matmul by the
     identity); the result is a PSUM tile (fp32)."""
-    t = _on_chip(x, "nl.transpose's operand")
+    t = _in_sbuf(_on_chip(x, "nl.transpose's operand"))
     if t.ndim != 2:
         raise error(f"nl.transpose takes a 2-D tile, got shape {list(t.shape)}")
     p, f = t.shape
@@ -726,10 +809,16 @@ def matmul(x: Any, y: Any, transpose_x: bool = False, mask: Any = None, **kwargs
     With ``transpose_x=True``, x is the stationary [K, M] tile and y the moving [K, N] one, both
     in SBUF; without it x [M, K] is first transposed on TensorE. ``psum_tile += nl.matmul(...)``
     accumulates in PSUM."""
-    xt = _on_chip(x, "nl.matmul's x")
-    yt = _on_chip(y, "nl.matmul's y")
+    xt = _in_sbuf(_on_chip(x, "nl.matmul's x"))
+    yt = _in_sbuf(_on_chip(y, "nl.matmul's y"))
     if not transpose_x:
         xt = copy(transpose(xt), dtype=xt.dtype)
+    return _nc_matmul(xt, yt)
+
+
+def _nc_matmul(xt: Tensor, yt: Tensor) -> Tensor:
+    """One TensorE matmul, stationary.T @ moving, into a new PSUM tile: the operands as given
+    (nisa.nc_matmul's, which the verifier wants in SBUF)."""
     if xt.ndim != 2 or yt.ndim != 2:
         raise error("nl.matmul takes 2-D tiles")
     out = _new((xt.shape[1], yt.shape[1]), FLOAT32, PSUM)
@@ -760,16 +849,13 @@ _NOT_YET = {
     "loop_reduce",
     "mod",
     "fmod",
-    "nc",
     "random_seed",
     "rand",
     "right_shift",
     "rms_norm",
     "select",
-    "shared_constant",
     "shared_identity_matrix",
     "softmax",
-    "spmd_dim",
     "tan",
     "var",
     "where",

@@ -94,3 +94,33 @@ func.func @too_big() attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
   nisa.tensor_tensor add %a, %a, %b : memref<128x40000xf32, #nisa.mem<sbuf>>, memref<128x40000xf32, #nisa.mem<sbuf>>, memref<128x40000xf32, #nisa.mem<sbuf>>
   return
 }
+
+// -----
+
+// With nisa.reuse = "least_recent" a new tile takes never-used bytes before
+// freed ones, then the bytes freed longest ago (64 KiB tiles, 208 KiB of
+// SBUF on trn2): %c avoids %a's range (just freed), %d takes %a's range, freed
+// before %b's.
+// CHECK-LABEL: func.func @least_recent
+// CHECK: memref.alloc() {nisa.address = 0 : i64}
+// CHECK: memref.alloc() {nisa.address = 65536 : i64}
+// CHECK: memref.alloc() {nisa.address = 131072 : i64}
+// CHECK: memref.alloc() {nisa.address = 0 : i64}
+func.func @least_recent(%x: memref<128x16384xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64, nisa.reuse = "least_recent"} {
+  %a = memref.alloc() : memref<128x16384xf32, #nisa.mem<sbuf>>
+  nisa.dma_copy %x, %a : memref<128x16384xf32>, memref<128x16384xf32, #nisa.mem<sbuf>>
+  %b = memref.alloc() : memref<128x16384xf32, #nisa.mem<sbuf>>
+  nisa.copy %a, %b : memref<128x16384xf32, #nisa.mem<sbuf>>, memref<128x16384xf32, #nisa.mem<sbuf>>
+  %c = memref.alloc() : memref<128x16384xf32, #nisa.mem<sbuf>>
+  nisa.copy %b, %c : memref<128x16384xf32, #nisa.mem<sbuf>>, memref<128x16384xf32, #nisa.mem<sbuf>>
+  %d = memref.alloc() : memref<128x16384xf32, #nisa.mem<sbuf>>
+  nisa.copy %c, %d : memref<128x16384xf32, #nisa.mem<sbuf>>, memref<128x16384xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+// expected-error @+1 {{'nisa.reuse' is "lowest" or "least_recent" on a kernel function}}
+func.func @bad_reuse() attributes {nisa.kernel, nisa.num_inputs = 0 : i64, nisa.reuse = "newest"} {
+  return
+}

@@ -1,0 +1,299 @@
+"""NKI API forms the published tutorials use, one test each (our own kernels): nt.tensor
+specs, NKI's benchmark/profile/baremetal wrappers and their files, par_dim block tiles,
+per-partition activation scales, NumPy reductions as ALU ops, multi-core SPMD grids,
+bn_stats/bn_aggr and tensor_tensor_scan, all checked against NumPy."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
+import torchneuron.nki.language as nl
+import torchneuron.nki.typing as nt
+
+pytest.importorskip("torchneuron._C")
+
+RNG = np.random.default_rng(1)
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@nki.jit
+def double(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range(x.shape[0] // 128):
+        t = nl.load(x[i * 128 : (i + 1) * 128, :])
+        nl.store(out[i * 128 : (i + 1) * 128, :], value=t * 2.0)
+    return out
+
+
+def test_tensor_spec_times_without_data() -> None:
+    spec = nt.tensor[[256, 64], nl.bfloat16]
+    assert spec.shape == (256, 64) and spec.dtype == nl.bfloat16
+    assert nt.tensor[128, 32, nl.float32].shape == (128, 32)
+    bench = nki.benchmark(warmup=5, iters=10)(double)
+    assert bench(spec) is None  # nothing to compute on, only timed
+    assert bench.benchmark_result.nc_latency.get_latency_percentile(99) > 0
+
+
+def test_benchmark_and_profile_wrappers_run_and_write_files(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    x = rand(256, 64)
+    bench = nki.benchmark(double, save_neff_name="k.neff", save_trace_name="k.ntff")
+    np.testing.assert_array_equal(bench(x), x * 2)
+    assert bench.benchmark_result.latency_us > 0
+    assert (tmp_path / "k.neff").exists() and (tmp_path / "k.ntff").exists()
+    prof = nki.profile(
+        working_directory=str(tmp_path / "prof"),
+        save_neff_name="file.neff",
+        save_trace_name="profile.ntff",
+        profile_nth=2,
+    )(double)
+    np.testing.assert_array_equal(prof(x), x * 2)
+    program = json.loads((tmp_path / "prof" / "file.neff").read_text())
+    assert program["name"]
+    assert json.loads((tmp_path / "prof" / "profile.ntff").read_text())["traceEvents"]
+    np.testing.assert_array_equal(nki.baremetal(double)(x), x * 2)
+    with pytest.raises(TypeError, match="unsupported option"):
+        nki.benchmark(double, warmup=1, colour="red")
+
+
+def test_benchmark_options_with_arrays_are_kernel_arguments() -> None:
+    # nki.benchmark(kernel, *args) is the direct form; options alone make the wrapper.
+    r = nki.benchmark(double, rand(128, 8))
+    assert isinstance(r, nki.BenchmarkResult)
+
+
+@nki.jit
+def block_tiles(x):
+    """Row tiles kept in one (n, par_dim(128), f) block tensor, summed across blocks."""
+    n = x.shape[0] // 128
+    out = nl.ndarray((128, x.shape[1]), dtype=x.dtype, buffer=nl.shared_hbm)
+    blocks = nl.zeros((n, nl.par_dim(128), x.shape[1]), dtype=nl.float32)
+    for i in nl.affine_range(n):
+        blocks[i, 0:128, 0 : x.shape[1]] = nl.load(x[i * 128 : (i + 1) * 128, :])
+    acc = nl.zeros((128, x.shape[1]), dtype=nl.float32)
+    for i in nl.sequential_range(n):
+        acc[...] = nl.add(acc, blocks[i, 0:128, 0 : x.shape[1]])
+    nl.store(out, value=acc)
+    return out
+
+
+def test_par_dim_block_tiles() -> None:
+    x = rand(512, 512)
+    got = nki.simulate_kernel(block_tiles, x)
+    np.testing.assert_allclose(got, x.reshape(4, 128, 512).sum(0), rtol=1e-5, atol=1e-5)
+    # Partitions first: 8 KiB per partition (the blocks side by side), not 256 KiB.
+    assert "memref<128x4x512xf32, #nisa.mem<sbuf>>" in block_tiles.specialize(x).mlir
+
+
+@nki.jit
+def exp_scaled_rows(x, s):
+    """exp(x * s[p]) with a per-partition scale tile (a 1-D load of a column of s)."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    scale = nl.load(s[0:128, 1])
+    nl.store(out, value=nisa.activation(op=nl.exp, data=nl.load(x), scale=scale))
+    return out
+
+
+def test_activation_with_a_tile_scale() -> None:
+    x, s = rand(128, 64), rand(128, 3)
+    got = nki.simulate_kernel(exp_scaled_rows, x, s)
+    np.testing.assert_allclose(got, np.exp(x * s[:, 1:2]), rtol=1e-4)
+
+
+@nki.jit
+def row_max_np(x):
+    out = nl.ndarray((x.shape[0], 1), dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nisa.tensor_reduce(np.max, nl.load(x), axis=(1,)))
+    return out
+
+
+def test_numpy_reductions_as_alu_ops() -> None:
+    x = rand(128, 40)
+    np.testing.assert_array_equal(nki.simulate_kernel(row_max_np, x), x.max(1, keepdims=True))
+
+
+@nki.jit
+def add_one_tile(a):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    rows = nl.program_id(0) * 128 + nl.arange(128)[:, None]
+    cols = nl.arange(a.shape[1])[None, :]
+    nl.store(out[rows, cols], value=nl.load(a[rows, cols]) + 1.0)
+    return out
+
+
+def test_spmd_dim_over_cores_covers_every_program() -> None:
+    a = rand(512, 32)
+    # 2 programs per core, 2 cores: program ids 0..3 cover the 4 row tiles.
+    got = nki.simulate_kernel(add_one_tile[nl.spmd_dim(2, nl.nc(2))], a)
+    np.testing.assert_allclose(got, a + 1.0, rtol=1e-6)
+
+
+@nki.jit
+def mean_var(x):
+    """Mean and variance per row by bn_stats over chunks of bn_stats_fmax, then bn_aggr (a
+    partial last chunk by mask)."""
+    out = nl.ndarray((x.shape[0], 2), dtype=nl.float32, buffer=nl.shared_hbm)
+    fmax = nl.tile_size.bn_stats_fmax
+    chunks = (x.shape[1] + fmax - 1) // fmax
+    t = nl.load(x)
+    stats = nl.ndarray((128, 6 * chunks), dtype=nl.float32)
+    i_p = nl.arange(128)[:, None]
+    i_f = nl.arange(fmax)[None, :]
+    i_s = nl.arange(6)[None, :]
+    for j in nl.affine_range(chunks):
+        stats[i_p, j * 6 + i_s] = nisa.bn_stats(
+            t[i_p, j * fmax + i_f], mask=(j * fmax + i_f < x.shape[1])
+        )
+    nl.store(out, value=nisa.bn_aggr(stats))
+    return out
+
+
+@pytest.mark.parametrize("cols", [1, 7, 512, 1100])
+def test_bn_stats_and_bn_aggr(cols: int) -> None:
+    x = rand(128, cols) + 3.0
+    got = nki.simulate_kernel(mean_var, x)
+    np.testing.assert_allclose(got[:, 0], x.mean(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[:, 1], x.var(1), rtol=1e-4, atol=1e-5)
+
+
+@nki.jit
+def linear_recurrence(a, b):
+    """h[t] = a[t] * h[t-1] + b[t] along the free axis, h[-1] = 0.5."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    h = nki.isa.tensor_tensor_scan(nl.load(a), nl.load(b), initial=0.5, op0=np.multiply, op1=np.add)
+    nl.store(out, value=h)
+    return out
+
+
+def test_tensor_tensor_scan() -> None:
+    a, b = rand(128, 33) * 0.5, rand(128, 33)
+    ref = np.empty_like(a)
+    h = np.full(128, 0.5, np.float32)
+    for t in range(a.shape[1]):
+        h = a[:, t] * h + b[:, t]
+        ref[:, t] = h
+    np.testing.assert_allclose(
+        nki.simulate_kernel(linear_recurrence, a, b), ref, rtol=1e-4, atol=1e-5
+    )
+
+
+@nki.jit
+def transpose_into_sbuf(x):
+    """A TensorE transpose assigned straight into an SBUF tile: evicted by a copy (TensorE
+    writes PSUM only)."""
+    out = nl.ndarray((x.shape[1], x.shape[0]), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((x.shape[1], x.shape[0]), dtype=x.dtype, buffer=nl.sbuf)
+    t[...] = nisa.nc_transpose(nl.load(x))
+    nl.store(out, value=t)
+    return out
+
+
+def test_transpose_assigned_to_sbuf() -> None:
+    x = rand(64, 128)
+    np.testing.assert_array_equal(nki.simulate_kernel(transpose_into_sbuf, x), x.T)
+
+
+@nki.jit
+def scratch_roundtrip(x):
+    """A shared_hbm tensor the kernel does not return is HBM scratch: stored, loaded back."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    scratch = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(scratch, value=nl.exp(nl.load(x)))
+    nl.store(out, value=nl.load(scratch) + 1.0)
+    return out
+
+
+def test_unreturned_shared_hbm_is_scratch() -> None:
+    x = rand(128, 16)
+    np.testing.assert_allclose(
+        nki.simulate_kernel(scratch_roundtrip, x), np.exp(x) + 1.0, rtol=1e-5
+    )
+
+
+@nki.jit
+def softmax_rows_isa(x):
+    """Softmax with ScalarE's row sums (activation reduce_res), tensor_reduce(negate=True),
+    tensor_scalar_reduce, and the identity as nl.shared_constant transposing on TensorE."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    outT = nl.ndarray((x.shape[1], x.shape[0]), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    row_max = nl.ndarray((128, 1), dtype=nl.float32)
+    scaled = nisa.tensor_scalar_reduce(
+        data=t,
+        op0=nl.multiply,
+        operand0=1.0,
+        reduce_op=nl.max,
+        reduce_res=row_max,
+        engine=nisa.vector_engine,
+    )
+    neg_max = nisa.tensor_reduce(op=nl.max, data=scaled, axis=1, negate=True)
+    sums = nl.ndarray((128, 1), dtype=nl.float32)
+    e = nisa.activation(
+        op=nl.exp,
+        data=scaled,
+        bias=neg_max,
+        reduce_op=nl.add,
+        reduce_res=sums,
+        reduce_cmd=nisa.reduce_cmd.reset_reduce,
+    )
+    sm = nisa.tensor_scalar(data=e, op0=nl.multiply, operand0=nisa.reciprocal(sums))
+    nl.store(out, value=sm)
+    ident = nl.load(nl.shared_constant(np.identity(128, dtype=np.int8), dtype=nl.float32))
+    nl.store(outT, value=nisa.nc_matmul(sm, ident))
+    return out, outT
+
+
+def test_softmax_with_row_sum_apis() -> None:
+    x = rand(128, 64)
+    e = np.exp(x - x.max(1, keepdims=True))
+    ref = e / e.sum(1, keepdims=True)
+    got, got_t = nki.simulate_kernel(softmax_rows_isa, x)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got_t, ref.T, rtol=1e-4, atol=1e-6)
+
+
+def test_compiler_directives_and_unsupported_hand_allocation() -> None:
+    @nki.compiler.skip_middle_end_transformations
+    @nki.jit
+    def hand_placed(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        for _ in nl.sequential_range(1, directives=nki.compiler.no_reorder()):
+            t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nki.compiler.sbuf.mod_alloc(base_addr=0))
+            t[...] = nl.load(x)
+            nl.store(out, value=t)
+        return out
+
+    with pytest.raises(
+        nki.KernelError, match=r"test_nki_apis\.py:\d+: error: nki\.compiler\.sbuf\.mod_alloc"
+    ):
+        nki.simulate_kernel(hand_placed, rand(128, 8))
+
+
+def test_static_cast() -> None:
+    x = np.linspace(-1, 1, 6)
+    assert nl.static_cast(x, nl.float32).dtype == np.float32
+    assert str(nl.static_cast(x, nl.bfloat16).dtype) == "torch.bfloat16"
+
+
+@nki.jit
+def matmul_by_transposed(x, w):
+    """nl.matmul whose moving operand is nl.transpose's PSUM result: copied to SBUF first."""
+    out = nl.ndarray((x.shape[0], w.shape[0]), dtype=x.dtype, buffer=nl.shared_hbm)
+    wt = nl.transpose(nl.load(w))  # [K, N] in PSUM
+    nl.store(out, value=nl.matmul(nl.load(x), wt, transpose_x=False))
+    return out
+
+
+def test_matmul_reads_a_psum_operand_through_sbuf() -> None:
+    x, w = rand(128, 128), rand(64, 128)
+    np.testing.assert_allclose(
+        nki.simulate_kernel(matmul_by_transposed, x, w), x @ w.T, rtol=1e-4, atol=1e-4
+    )
