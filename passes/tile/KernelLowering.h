@@ -172,6 +172,8 @@ private:
     SmallVector<int64_t> strides;
   };
   Window windowOf(Value tensor);
+  bool transposeThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
+                            Value out);
   void lowerLayout(Operation *op);
   Value resultBuffer(Value result) {
     auto it = destinations.find(result);

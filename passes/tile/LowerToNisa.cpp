@@ -29,6 +29,49 @@ using namespace mlir::neuron;
 
 namespace mlir::neuron {
 
+/// A transposed window ([..., R, C] reading rows contiguously, columns
+/// strided) of 2- or 4-byte elements, made contiguous as a chip would: each
+/// [128, C-chunk] tile loaded into SBUF by a transposing DMA, then stored
+/// whole. One HBM-to-HBM DMA would move it one element per descriptor.
+bool KernelLowering::transposeThroughSbuf(const Window &window,
+                                          ArrayRef<int64_t> shape, Value out) {
+  int64_t rank = shape.size();
+  Type elt = cast<MemRefType>(window.buffer.getType()).getElementType();
+  int64_t eltBytes = elt.getIntOrFloatBitWidth() / 8;
+  if (rank < 2 || (eltBytes != 2 && eltBytes != 4) ||
+      window.strides[rank - 2] != 1 || window.strides[rank - 1] == 1 ||
+      shape[rank - 1] < 2 || shape[rank - 2] < 2)
+    return false;
+  int64_t rows = shape[rank - 2], cols = shape[rank - 1];
+  int64_t colStride = window.strides[rank - 1];
+  int64_t chunk = std::max<int64_t>(1, tileBytes / eltBytes);
+  // Leading dims: one matrix after another (their strides may be anything).
+  int64_t matrices = 1;
+  for (int64_t d = 0; d < rank - 2; ++d)
+    matrices *= shape[d];
+  if (matrices > 64) // each is its own loop nest: keep programs small
+    return false;
+  for (int64_t m = 0; m < matrices; ++m) {
+    int64_t from = window.offset, rest = m;
+    for (int64_t d = rank - 3; d >= 0; --d) {
+      from += (rest % shape[d]) * window.strides[d];
+      rest /= shape[d];
+    }
+    int64_t to = m * rows * cols;
+    forTiles(rows, target.partitions, [&](Value r0, int64_t rt) {
+      forTiles(cols, chunk, [&](Value c0, int64_t ct) {
+        TileScope scope(*this);
+        Value t = tile(MemorySpace::sbuf, {rt, ct}, elt);
+        Value src = addOffsets(addOffset(r0, from), scale(c0, colStride));
+        dma(view(window.buffer, src, {rt, ct}, {1, colStride}), t);
+        Value dst = addOffsets(addOffset(scale(r0, cols), to), c0);
+        dma(t, view(out, dst, {rt, ct}, {cols, 1}));
+      });
+    });
+  }
+  return true;
+}
+
 Value KernelLowering::bufferOf(Value tensor) {
   if (Value buffer = buffers.lookup(tensor))
     return buffer;
@@ -44,7 +87,7 @@ Value KernelLowering::bufferOf(Value tensor) {
     else if (shape.empty())
       dma(view(lazy.window.buffer, index(lazy.window.offset), {1}, {1}),
           view(out, index(0), {1}, {1}));
-    else
+    else if (!transposeThroughSbuf(lazy.window, shape, out))
       dma(view(lazy.window.buffer, index(lazy.window.offset), shape,
                lazy.window.strides),
           view(out, index(0), shape, contiguousStrides(shape)));

@@ -76,10 +76,15 @@ func.func @reduce(%x: tensor<128x6144xf32>) -> tensor<128xf32> {
 }
 
 // Layout ops move no data until a consumer needs contiguous data; here the
-// results are returned, so each is one strided DMA into its output.
+// results are returned, so each is one strided DMA into its output, except
+// the transpose: a transposing DMA into an SBUF tile, then a contiguous store
+// (one HBM-to-HBM DMA would move it an element per descriptor).
 // CHECK-LABEL: func.func @layout
-// CHECK: memref.reinterpret_cast %{{.*}} to offset: [%{{.*}}], sizes: [8, 4], strides: [1, 8]
-// CHECK: nisa.dma_copy
+// CHECK: %[[T:.*]] = memref.alloc() : memref<8x4xf32, #nisa.mem<sbuf>>
+// CHECK: %[[SRC:.*]] = memref.reinterpret_cast %{{.*}} to offset: [%{{.*}}], sizes: [8, 4], strides: [1, 8]
+// CHECK: nisa.dma_copy %[[SRC]], %[[T]]
+// CHECK: %[[DST:.*]] = memref.reinterpret_cast %arg2 to offset: [%{{.*}}], sizes: [8, 4], strides: [4, 1]
+// CHECK: nisa.dma_copy %[[T]], %[[DST]]
 // A broadcast's zero stride is a constant operand (strided layouts cannot
 // spell zero), so the IR prints and parses back.
 // CHECK: sizes: [3, 8], strides: [%c0{{.*}}, 1] : memref<8xf32> to memref<3x8xf32, strided<[?, 1], offset: ?>>
