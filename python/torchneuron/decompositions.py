@@ -1773,6 +1773,9 @@ def angle(t: torch.Tensor) -> object:
 #: Ops core ATen keeps whole, as ops the device runs (each returns ``NotImplemented`` where it
 #: does not apply; those calls stay eager and are counted).
 OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
+    _aten.native_layer_norm.default: native_layer_norm,
+    _aten.native_layer_norm_backward.default: native_layer_norm_backward,
+    _aten._grouped_mm.default: grouped_mm,
     _aten.flip.default: flip,
     _aten.diagonal.default: diagonal,
     _aten.diagonal_copy.default: diagonal,
@@ -1830,7 +1833,6 @@ TRAINING_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.scatter.src: scatter_src,
     _aten.scatter_add.default: scatter_add,
     _aten.slice_scatter.default: slice_scatter,
-    _aten._grouped_mm.default: grouped_mm,
 }
 
 #: Ops of libraries models use (registered when the library is imported), by qualified name.
@@ -1884,8 +1886,6 @@ def _aten_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., object
     table.update(WHOLE_REDUCTIONS)
     table.update(OP_DECOMPOSITIONS)
     table.update(ELEMENTWISE_DECOMPOSITIONS)
-    table[_aten.native_layer_norm.default] = native_layer_norm
-    table[_aten.native_layer_norm_backward.default] = native_layer_norm_backward
     missing = [
         str(op)
         for op, _ in EXTRA_DECOMPOSITIONS
