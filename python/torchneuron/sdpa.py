@@ -111,6 +111,43 @@ def _(
     return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
 
+def _scores(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    factor: float,
+) -> torch.Tensor:
+    """The scaled, masked fp32 scores of SDPA's math (keys already repeated for GQA)."""
+    s = (query.float() @ key.float().transpose(-2, -1)) * factor
+    if is_causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    elif attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            s = s.masked_fill(~attn_mask, float("-inf"))
+        else:
+            s = s + attn_mask.float()
+    return s
+
+
+def _repeat_kv(query: torch.Tensor, t: torch.Tensor, enable_gqa: bool) -> torch.Tensor:
+    if enable_gqa and t.shape[-3] != query.shape[-3]:
+        return t.repeat_interleave(query.shape[-3] // t.shape[-3], -3)
+    return t
+
+
+def _factor(query: torch.Tensor, scale: float | None) -> float:
+    return 1.0 / query.shape[-1] ** 0.5 if scale is None else scale
+
+
+def _probabilities(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(s) and its natural log-sum-exp; a row whose keys are all masked has
+    probabilities 0 (and lse -inf)."""
+    lse = torch.logsumexp(s, -1)
+    return torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse).unsqueeze(-1)), lse
+
+
 def _math(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -122,24 +159,43 @@ def _math(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SDPA's math in fp32: the output and the base-2 log-sum-exp of each query row (-inf for
     a row whose keys are all masked, whose output is 0), as FlexAttention returns them."""
-    q, k, v = (t.float() for t in (query, key, value))
-    if enable_gqa and k.shape[-3] != q.shape[-3]:
-        group = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
-    factor = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
-    s = (q @ k.transpose(-2, -1)) * factor
-    if is_causal:
-        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
-    elif attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            s = s.masked_fill(~attn_mask, float("-inf"))
-        else:
-            s = s + attn_mask.float()
-    lse = torch.logsumexp(s, -1)
-    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse).unsqueeze(-1))
-    out = (p @ v).to(query.dtype)
+    k, v = (_repeat_kv(query, t, enable_gqa) for t in (key, value))
+    p, lse = _probabilities(_scores(query, k, attn_mask, is_causal, _factor(query, scale)))
+    out = (p @ v.float()).to(query.dtype)
     return out, lse / math.log(2.0)
+
+
+def _math_backward(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    grad_out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of :func:`_math`'s output with respect to query, key and value, written
+    out (an op's eager kernel runs below autograd, so it cannot differentiate by tracing):
+    dV = P^T dO, dS = P * (dO V^T - rowsum(P * dO V^T)), dQ = dS K * scale, dK = dS^T Q * scale,
+    with the grouped heads' key and value gradients summed (GQA)."""
+    factor = _factor(query, scale)
+    k, v = (_repeat_kv(query, t, enable_gqa).float() for t in (key, value))
+    q, do = query.float(), grad_out.float()
+    p, _ = _probabilities(_scores(q, k, attn_mask, is_causal, factor))
+    dp = do @ v.transpose(-2, -1)
+    ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+    dq = (ds @ k) * factor
+    dk = (ds.transpose(-2, -1) @ q) * factor
+    dv = p.transpose(-2, -1) @ do
+
+    def per_kv_head(g: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        heads = like.shape[-3]
+        if g.shape[-3] != heads:
+            g = g.unflatten(-3, (heads, g.shape[-3] // heads)).sum(-3)
+        return g.to(like.dtype).contiguous()
+
+    return dq.to(query.dtype).contiguous(), per_kv_head(dk, key), per_kv_head(dv, value)
 
 
 @torch.library.custom_op("torchneuron::attention_fwd", mutates_args=())
@@ -186,12 +242,8 @@ def _attention_bwd(
     grad_out: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of query, key and value of :func:`_attention_fwd`, given its outputs
-    (the device kernel reads them; eager recomputes them and differentiates the math)."""
-    with torch.enable_grad():
-        inputs = [t.detach().requires_grad_() for t in (query, key, value)]
-        out, _ = _math(*inputs, attn_mask, is_causal, scale, enable_gqa)
-        grads = torch.autograd.grad(out, inputs, grad_out)
-    return tuple(g.to(t.dtype).contiguous() for g, t in zip(grads, inputs, strict=True))  # type: ignore[return-value]
+    (the device kernel reads them; eager recomputes the probabilities: see _math_backward)."""
+    return _math_backward(query, key, value, attn_mask, is_causal, scale, enable_gqa, grad_out)
 
 
 @_attention_bwd.register_fake

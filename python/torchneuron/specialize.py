@@ -12,8 +12,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Hashable, Sequence
 
+import sympy
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.node import Argument
 
 from torchneuron.fx_json import concrete_scalar
@@ -70,7 +72,6 @@ def specialize(gm: torch.fx.GraphModule, args: Sequence[object]) -> torch.fx.Gra
 
     Data-dependent sizes (``nonzero``, ``item``) stay symbolic; the serializer rejects the nodes
     that depend on them, so those run in eager PyTorch."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -79,7 +80,7 @@ def specialize(gm: torch.fx.GraphModule, args: Sequence[object]) -> torch.fx.Gra
         # Symbols of the original ShapeEnv; the propagation below binds fresh ones.
         node.meta.pop("unbacked_bindings", None)
     mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True, allow_non_fake_inputs=True)
-    FakeTensorProp(out, mode=mode).propagate(*args)
+    FakeTensorProp(out, mode=mode).propagate(*_as_traced(gm, args, mode))
 
     graph = out.graph
     assert_scalar = torch.ops.aten._assert_scalar.default
@@ -103,6 +104,52 @@ def specialize(gm: torch.fx.GraphModule, args: Sequence[object]) -> torch.fx.Gra
             graph.erase_node(node)
     graph.lint()
     out.recompile()
+    return out
+
+
+def _as_traced(
+    gm: torch.fx.GraphModule, args: Sequence[object], mode: FakeTensorMode
+) -> list[object]:
+    """The call's inputs as fake tensors with the strides the graph was traced with, evaluated
+    at the call's sizes. A device kernel's outputs are contiguous whatever strides the graph
+    gave them, so a tensor saved for the backward can arrive with other strides than the
+    backward graph's views assumed; the device reads every input as contiguous, so only the
+    shapes matter to it, but propagating the real strides would fail those views."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    binding: dict[sympy.Symbol, sympy.Integer] = {}
+    for node, arg in zip(placeholders, args, strict=False):
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt) and isinstance(arg, int):
+            sizes: list[tuple[object, int]] = [(val, arg)]
+        elif isinstance(val, torch.Tensor) and isinstance(arg, torch.Tensor):
+            sizes = list(zip(val.shape, arg.shape, strict=False))
+        else:
+            continue
+        for size, concrete in sizes:
+            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                binding[size.node.expr] = sympy.Integer(concrete)
+
+    def traced_strides(val: torch.Tensor, arg: torch.Tensor) -> list[int] | None:
+        strides = []
+        for stride in val.stride():
+            expr = sympy.sympify(stride.node.expr if isinstance(stride, torch.SymInt) else stride)
+            value = expr.xreplace(binding)
+            if not value.is_Integer:
+                return None
+            strides.append(int(value))
+        return strides
+
+    out: list[object] = []
+    for i, arg in enumerate(args):
+        val = placeholders[i].meta.get("val") if i < len(placeholders) else None
+        if isinstance(arg, torch.Tensor) and isinstance(val, torch.Tensor):
+            strides = traced_strides(val, arg)
+            if strides is not None and len(strides) == arg.dim():
+                with mode:
+                    arg = torch.empty_strided(
+                        arg.shape, strides, dtype=arg.dtype, device=arg.device
+                    )
+        out.append(arg)
     return out
 
 

@@ -473,3 +473,23 @@ def test_broadcast_mask_classes_expand_to_the_call() -> None:
     expanded = expand_block_classes(classes, 140, 300)
     assert expanded.shape == (2, 1, 2, 3)
     assert expanded[0, 0].tolist() == [[PARTIAL, MASKED, MASKED]] * 2
+
+
+@pytest.mark.parametrize("case", ["causal", "bool", "additive", "gqa"])
+def test_eager_attention_backward_op_matches_autograd(case: str) -> None:
+    # The op's eager kernel (run when its graph falls back, e.g. after a failed
+    # specialization) runs below autograd: it must not rely on tracing a backward.
+    s = 12
+    mask = {"bool": _bool_mask(s)[0, 0], "additive": _additive_mask(s)[0]}.get(case)
+    causal, gqa = case in ("causal", "gqa"), case == "gqa"
+    q, k, v = qkv(2, 2, s, 8, torch.float32, kv_heads=1 if gqa else 0)
+    grad_out = torch.randn(2, 2, s, 8, generator=torch.Generator().manual_seed(3))
+    out, lse = torch.ops.torchneuron.attention_fwd(q, k, v, mask, causal, 0.3, gqa)
+    got = torch.ops.torchneuron.attention_bwd(q, k, v, mask, causal, 0.3, gqa, out, lse, grad_out)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(
+        *leaves, attn_mask=mask, is_causal=causal, scale=0.3, enable_gqa=gqa
+    )
+    expected = torch.autograd.grad(ref, leaves, grad_out)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+import models
 import pytest
 import torch
 import torch.nn.functional as F
@@ -266,6 +267,28 @@ def test_unsupported_backward_is_a_counted_fallback(real_native: ModuleType) -> 
     assert fallback["aten.convolution_backward.default"] == 1
     torch.testing.assert_close(x.grad, xr.grad, **F32)
     torch.testing.assert_close(w.grad, wr.grad, **F32)
+
+
+def test_training_after_a_recompile_for_new_sizes(real_native: ModuleType) -> None:
+    # The second size recompiles the graphs symbolically and the backend specializes them to
+    # each call. The forward kernel returns contiguous tensors where the traced graph had
+    # strided views, which the backward's specialization used to reject (the whole backward
+    # then ran in eager and SDPA's backward op failed there).
+    case = next(c for c in models.MODELS if c.name == "llama_layer")
+    model = models.make_model(case).train()
+    compiled = torch.compile(model, backend="neuron")
+    for size in (0, 1):
+        (x,) = models.make_inputs(case, size)
+        ours, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+        model.zero_grad()
+        compiled(ours).sum().backward()
+        got = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        model(ref).sum().backward()
+        torch.testing.assert_close(ours.grad, ref.grad, **F32)
+        for a, p in zip(got, model.parameters(), strict=True):
+            torch.testing.assert_close(a, p.grad, **F32)
+    assert torchneuron.stats()["ops_fallback"] == {}
 
 
 # -- dropout ---------------------------------------------------------------------------------
