@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchneuron import cache, config, flex, fx_json
+from torchneuron import cache, config, flex, fx_json, nki_op
 from torchneuron._native import native
 from torchneuron._stats import STATS
 from torchneuron.kernel import DeviceKernel
@@ -91,6 +91,10 @@ def _target_ref(target: object) -> str:
         return _refs[target]
     except (KeyError, TypeError):
         pass
+    if nki_op.is_kernel_op(target):
+        # The kernel's code is not in the key: an edited kernel would meet regions compiled
+        # for its old outputs.
+        raise Unkeyable(f"{target} calls an NKI kernel")
     if isinstance(target, torch._ops.OpOverload):
         ref = f"op:{target}"
     elif isinstance(target, torch._ops.HigherOrderOperator):

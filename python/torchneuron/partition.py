@@ -18,7 +18,7 @@ import torch.fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from torchneuron import flex, fx_json, rng
+from torchneuron import flex, fx_json, nki_op, rng
 
 __all__ = [
     "DEVICE_PREFIX",
@@ -156,7 +156,9 @@ def partition_graph(
     for node in gm.graph.nodes:
         if not is_op(node):
             continue
-        if node in on_device:
+        if node in on_device or nki_op.is_kernel_op(node.target):
+            # An NKI kernel call is device work of its own: its operator runs the kernel's
+            # program on the engine model between the regions (torchneuron/nki/_op.py).
             result.ops_on_device += 1
             continue
         if node.name in reasons:

@@ -16,6 +16,7 @@ import torchneuron
 import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
+from torchneuron import nki_op
 
 pytest.importorskip("torchneuron._C")
 
@@ -419,3 +420,141 @@ def test_store_from_psum_evicts_through_sbuf() -> None:
     x = np.random.default_rng(3).standard_normal((128, 128)).astype(np.float32)
     np.testing.assert_allclose(kernel(x), x.T @ x, rtol=1e-4, atol=1e-4)
     assert "nisa.copy" in kernel.specialize(x).mlir
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels inside torch.compile, and autograd
+# ----------------------------------------------------------------------------------------------
+
+
+@nki.jit
+def mul_kernel(a, b):
+    """Elementwise product of two [128, F] tensors."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.multiply(nl.load(a), nl.load(b)))
+    return out
+
+
+@nki.jit
+def cast_kernel(x, dtype):
+    """x converted to ``dtype`` (an NKI dtype: a static argument)."""
+    out = nl.ndarray(x.shape, dtype=dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.copy(nl.load(x), dtype=dtype))
+    return out
+
+
+class KernelMul(torch.autograd.Function):
+    """a * b with a kernel forward and kernel backward, as one would write it for CUDA."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, a: torch.Tensor, b: torch.Tensor):  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(a, b)
+        return mul_kernel(a, b)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor):  # type: ignore[no-untyped-def]
+        a, b = ctx.saved_tensors  # type: ignore[attr-defined]
+        return mul_kernel(grad, b), mul_kernel(grad, a)
+
+
+def _kernel_targets(fn: object, *args: torch.Tensor) -> list[str]:
+    """The NKI operators in the graph Dynamo captures for ``fn(*args)``."""
+    from torchneuron.backend import neuron_backend
+
+    seen: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+        for module in gm.modules():  # autograd.Function bodies are subgraphs
+            if isinstance(module, torch.fx.GraphModule):
+                nodes = module.graph.nodes
+                seen.extend(str(n.target) for n in nodes if nki_op.is_kernel_op(n.target))
+        return neuron_backend(gm, example_inputs)
+
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)  # type: ignore[arg-type]
+    return seen
+
+
+def test_kernels_inside_torch_compile_are_graph_operators() -> None:
+    # No graph break (fullgraph), the kernel is an operator of the graph with its static
+    # arguments (eps) and launch grid, runs on the engine model, and is not a fallback.
+    x, w = torch.randn(256, 64), torch.randn(64)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = rmsnorm_kernel(x.relu(), w, 1e-5)
+        return scale_grid_kernel[2, 2](y, 3.0) + 1
+
+    before = torchneuron.stats()["kernels_run"]
+    out = torch.compile(f, backend="neuron", fullgraph=True)(x, w)
+    r = x.relu()
+    expected = r * torch.rsqrt(r.square().mean(1, keepdim=True) + 1e-5) * w * 3.0 + 1
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {}
+    assert stats["kernels_run"] - before >= 3  # both kernels and at least one region
+    torch._dynamo.reset()
+    targets = _kernel_targets(f, x, w)
+    assert targets == [
+        "torchneuron_nki.rmsnorm_kernel.default",
+        "torchneuron_nki.scale_grid_kernel.default",
+    ]
+    # A new size traces the kernel again through the operator's fake implementation.
+    x2, w2 = torch.randn(256, 96), torch.randn(96)
+    out2 = torch.compile(f, backend="neuron")(x2, w2)
+    r2 = x2.relu()
+    expected2 = r2 * torch.rsqrt(r2.square().mean(1, keepdim=True) + 1e-5) * w2 * 3.0 + 1
+    torch.testing.assert_close(out2, expected2, atol=1e-4, rtol=1e-4)
+
+
+def test_kernel_with_an_argument_the_graph_cannot_hold_runs_eagerly() -> None:
+    # An NKI dtype cannot travel in the operator's literal: Dynamo breaks the graph there and
+    # the kernel runs as an eager call, still on the engine model.
+    x = torch.randn(128, 64)
+    f = torch.compile(lambda x: cast_kernel(x * 2, nl.bfloat16), backend="neuron")
+    out = f(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, (x * 2).bfloat16())
+    assert torchneuron.stats()["ops_fallback"] == {}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_autograd_function_with_kernel_backward(compiled: bool) -> None:
+    a, b = torch.randn(128, 64, requires_grad=True), torch.randn(128, 64, requires_grad=True)
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return KernelMul.apply(a, b).sin().sum()  # type: ignore[no-any-return]
+
+    fn = torch.compile(f, backend="neuron", fullgraph=True) if compiled else f
+    fn(a, b).backward()
+    ra, rb = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    (ra * rb).sin().sum().backward()
+    torch.testing.assert_close(a.grad, ra.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b.grad, rb.grad, atol=1e-5, rtol=1e-5)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    if compiled:
+        torch._dynamo.reset()
+        a.grad = b.grad = None
+        # forward, and the backward's two
+        assert _kernel_targets(f, a, b) == ["torchneuron_nki.mul_kernel.default"] * 3
+
+
+def test_compiled_kernel_on_neuron_tensors() -> None:
+    x, w = torch.randn(128, 64), torch.randn(64)
+    f = torch.compile(lambda x, w: rmsnorm_kernel(x, w, 1e-6) * 2, backend="neuron")
+    out = f(x.to("neuron"), w.to("neuron"))
+    assert out.device.type == "neuron"
+    expected = x * torch.rsqrt(x.square().mean(1, keepdim=True) + 1e-6) * w * 2
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_graphs_calling_kernels_are_not_cached_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The kernel's code is not part of a graph's cache key: an edited kernel would meet
+    # regions compiled for its old outputs. Such graphs cache only their regions' programs.
+    monkeypatch.setenv("TORCHNEURON_CACHE", "1")
+    monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path))
+    x = torch.randn(128, 64)
+    out = torch.compile(lambda x: mul_kernel(x.exp(), x) + 1, backend="neuron")(x)
+    torch.testing.assert_close(out, x.exp() * x + 1)
+    info = torchneuron.cache_info()
+    assert info["graph_skipped"] == 1 and info["graph_misses"] == 0

@@ -88,6 +88,13 @@ class Kernel:
             raise ValueError("rotate must be at least 1")
         self.rotate = rotate
         self._cache: dict[Any, Traced] = {}
+        # Whether the kernel returns a tuple (known once traced; its operator returns a list).
+        self._returns_tuple = False
+        # Its torch operator, for calls in torch.compile graphs (torchneuron/nki_op.py). Made here:
+        # Dynamo cannot trace the making of an operator.
+        from torchneuron import nki_op
+
+        self._torch_op = nki_op.define(self)
 
     def __getitem__(self, grid: Any) -> _Launch:
         grid = grid if isinstance(grid, tuple) else (grid,)
@@ -258,6 +265,17 @@ class Kernel:
 
     # -- running --
     def _run(self, grid: tuple[int, ...], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        import torch
+
+        from torchneuron import nki_op
+
+        if torch.compiler.is_compiling() and all(
+            nki_op.encodable(a)
+            for a in (*args, *kwargs.values())
+            if not isinstance(a, torch.Tensor)
+        ):
+            # Dynamo traces this: the call becomes one operator in the graph.
+            return nki_op.call(self, grid, args, kwargs)
         traced = self._traced(grid, args, kwargs)
         arrays = [args[i] for i in traced.array_positions]
         if arrays and all(_is_torch(a) for a in arrays):
