@@ -156,9 +156,7 @@ def partition_graph(
     for node in gm.graph.nodes:
         if not is_op(node):
             continue
-        if node in on_device or nki_op.is_kernel_op(node.target):
-            # An NKI kernel call is device work of its own: its operator runs the kernel's
-            # program on the engine model between the regions (torchneuron/nki/_op.py).
+        if node in on_device or _is_kernel_call(node):
             result.ops_on_device += 1
             continue
         if node.name in reasons:
@@ -180,6 +178,20 @@ def partition_graph(
         gm.graph.lint()
         gm.recompile()
     return result
+
+
+def _is_kernel_call(node: torch.fx.Node) -> bool:
+    """An NKI kernel call, device work of its own (its operator runs the kernel's program on
+    the engine model between the regions, torchneuron/nki_op.py), or a view that only
+    reshapes a kernel call's argument or result (the views of a library call's wrapper)."""
+    if nki_op.is_kernel_op(node.target):
+        return True
+    if not (isinstance(node.target, torch._ops.OpOverload) and node.target.is_view):
+        return False
+    # A kernel's results come out of its list through getitem nodes.
+    sources = [n.args[0] if n.target is operator.getitem else n for n in node.all_input_nodes]
+    neighbours = [*sources, *node.users]
+    return any(isinstance(n, torch.fx.Node) and nki_op.is_kernel_op(n.target) for n in neighbours)
 
 
 def _inline_constants(gm: torch.fx.GraphModule, submodule: str) -> None:

@@ -69,3 +69,10 @@ def test_benchmarks_exit_nonzero_on_a_wrong_answer() -> None:
     rc, out = _finish(attention)
     assert rc == 1, out
     assert "MISMATCH with eager PyTorch: full out:" in out
+
+
+def test_kernel_library_benchmark_runs_and_checks_answers() -> None:
+    rc, out = _finish(_start([str(BENCHMARKS / "kernel_library.py"), "--small"]))
+    assert rc == 0, out
+    rows = [line for line in out.splitlines() if re.search(r"\d+\.\d+ +\d+\.\d+ +\d+\.\d+", line)]
+    assert len(rows) == 4, out

@@ -585,6 +585,48 @@ def tensor_tensor_scan(*args: Any, **kwargs: Any) -> Any:
     return None
 
 
+@_maskable
+def scalar_tensor_tensor(*args: Any, **kwargs: Any) -> Any:
+    """``(data op0 operand0) op1 operand1`` in one VectorE pass: ``operand0`` a number or a
+    [P, 1] tile, ``operand1`` a tile of data's shape; computed in fp32, rounded once.
+    ``scalar_tensor_tensor(data=..., ...)`` or with ``dst`` first."""
+    kwargs.pop("engine", None)
+    dst, rest = _split_dst(args, kwargs, len(args) >= 2 and _is_tile(args[0]) and _is_tile(args[1]))
+    names = ["data", "op0", "operand0", "op1", "operand1", "reverse0", "reverse1", "dtype"]
+    prm = dict(zip(names, rest, strict=False))
+    prm.update({k: v for k, v in kwargs.items() if k in names})
+    if prm.get("reverse0") or prm.get("reverse1"):
+        raise error("nisa.scalar_tensor_tensor(reverse0/reverse1=True) is not supported yet")
+    data = nl._on_chip(prm.get("data"), "data")
+    other = nl._on_chip(prm.get("operand1"), "operand1")
+    if data.shape != other.shape:
+        raise error(
+            f"nisa.scalar_tensor_tensor: data {list(data.shape)} and operand1 "
+            f"{list(other.shape)} differ"
+        )
+    op0 = _alu(prm.get("op0"), "scalar_tensor_tensor")
+    op1 = _alu(prm.get("op1"), "scalar_tensor_tensor")
+    dtype = prm.get("dtype") or (
+        dst.dtype if dst is not None else _ir.promote(data.dtype, other.dtype)
+    )
+    out = nl._new(data.shape, _ir.as_dtype(dtype))
+    operands = [("", data.view), ("", other.view), ("", out.view)]
+    scalar = prm.get("operand0")
+    attrs: dict[str, str] = {}
+    if isinstance(scalar, Tensor):
+        col = nl._column(scalar, "operand0", data.shape[0])
+        if scalar.dtype != nl.FLOAT32:
+            col = nl.copy(Tensor(_ir.current(), col), dtype=nl.FLOAT32).view
+        operands.append(("scalar", col))
+    else:
+        attrs["imm"] = nl._f64(float(scalar))
+    nl._produce(out, _emit("scalar_tensor_tensor", operands, 2, f"{op0}, {op1} ", attrs), 2)
+    if dst is None:
+        return out
+    _write(dst, out, "scalar_tensor_tensor")
+    return None
+
+
 def _col_at(view: View, i: Any) -> View:
     return View(
         view.buffer, view.offset + i * view.strides[1], (view.shape[0], 1), (view.strides[0], 1)
@@ -602,7 +644,6 @@ _NOT_YET = {
     "nc_match_replace8",
     "nc_stream_shuffle",
     "range_select",
-    "scalar_tensor_tensor",
     "select_reduce",
     "sequence_bounds",
     "tensor_partition_reduce",

@@ -907,6 +907,7 @@ ALU_OPS: dict[Any, str] = {
     logical_xor: "logical_xor",
 }
 ACTIVATIONS: dict[Any, str] = {
+    copy: "identity",  # nisa.activation(op=nl.copy): NKI's identity (scaled, biased)
     exp: "exp",
     log: "log",
     tanh: "tanh",
