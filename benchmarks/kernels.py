@@ -115,6 +115,14 @@ def rms_norm_backward(
     return dx, (grad * xhat).sum(0)
 
 
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(x, w, offs=offsets)
+
+
 def elementwise_chain(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (x * torch.sigmoid(x) + y) * 0.5
 
@@ -396,6 +404,44 @@ def workloads(small: bool) -> list[Workload]:
         layer = DecoderLayer(hidden, heads, inter)
         return as_module(layer, (randn(1, tokens, hidden),), flops)
 
+    # Issue #19: decode. One new token's attention for 32 query heads in 8 KV groups against
+    # a 4096-token KV cache (memory-bound: the cache is read once).
+    cache_len, q_heads, kv_heads = s(4096), s(32), s(8)
+
+    def build_decode_attention() -> Built:
+        q = randn(1, q_heads, 1, 128)
+        k, v = randn(1, kv_heads, cache_len, 128), randn(1, kv_heads, cache_len, 128)
+        return Built(fn=decode_attention, inputs=(q, k, v), flops=4.0 * q_heads * cache_len * 128)
+
+    out.append(
+        Workload(
+            "decode attention 32/8 heads x 4096",
+            f"decode attention {q_heads}/{kv_heads} heads x {cache_len}",
+            "memory",
+            build_decode_attention,
+        )
+    )
+    # A mixture of experts' expert GEMMs: 2048 tokens routed unevenly over 8 experts.
+    moe_tokens, moe_hidden, moe_inner, experts = s(2048), s(1024), s(2048), 8
+
+    def build_grouped_gemm() -> Built:
+        counts = torch.distributions.Multinomial(
+            moe_tokens, torch.tensor([3.0, 1, 2, 1, 4, 1, 2, 2])
+        ).sample()
+        offsets = torch.cumsum(counts, 0).to(torch.int32)
+        inputs = (randn(moe_tokens, moe_hidden), randn(experts, moe_hidden, moe_inner), offsets)
+        return Built(
+            fn=grouped_gemm, inputs=inputs, flops=2.0 * moe_tokens * moe_hidden * moe_inner
+        )
+
+    out.append(
+        Workload(
+            "moe grouped gemm 2048x1024x2048 (8 experts)",
+            f"moe grouped gemm {moe_tokens}x{moe_hidden}x{moe_inner} (8 experts)",
+            "gemm",
+            build_grouped_gemm,
+        )
+    )
     out.append(
         Workload(
             "llama mlp 2048x4096x11008",
@@ -636,7 +682,8 @@ def eager_reference(built: Built, rows: torch.Tensor | None) -> list[torch.Tenso
     ]
     fn = built.fn if built.module is None else copy.deepcopy(built.module).float()
     with torch.no_grad():
-        return _vals(fn(*(t.float() for t in inputs)))
+        # Floating inputs in float32; integer ones (indices, offsets) as they are.
+        return _vals(fn(*(t.float() if t.is_floating_point() else t for t in inputs)))
 
 
 def compare(
@@ -927,6 +974,18 @@ def report_targets(rows: list[Row], small: bool) -> None:
                 ),
             )
         )
+    checks += [
+        (
+            "decode attention 32/8 heads x 4096",
+            ">= 85% of DMA roofline",
+            lambda r: ((p := 100 * r.roofline_ns / r.device_ns) >= 85, f"{p:.1f}%"),
+        ),
+        (
+            "moe grouped gemm 2048x1024x2048 (8 experts)",
+            ">= 80% of TensorE peak",
+            lambda r: ((p := 100 * r.tflops * 1e12 / r.peak_flops) >= 80, f"{p:.1f}%"),
+        ),
+    ]
     decoder = "decoder layer 2048x4096"
     checks += [
         (
