@@ -317,13 +317,14 @@ class SpecializingGraph:
         key = (specialize.size_key(args), self.block_masks.key(masks))
         compiled = self.cache.get(key)
         if compiled is None:
+            if self.cache:
+                STATS.record_recompile()
+                _report_recompile(_why_recompiled(next(reversed(self.cache)), key))
             compiled = self._compile(args, masks)
             self.cache[key] = compiled
         return compiled(*args)
 
     def _compile(self, args: Sequence[Any], masks: dict[str, torch.Tensor]) -> Callable[..., Any]:
-        if self.cache:
-            STATS.record_recompile()
         start = time.perf_counter()
         try:
             if self.static:
@@ -383,6 +384,30 @@ def _compile_document(doc: dict[str, Any], target: str, dump: Path | None) -> Ke
             e.add_note(note)
             raise e from None
         raise error from e
+
+
+def _why_recompiled(previous: tuple[Any, Any], key: tuple[Any, Any]) -> str:
+    """What differs between two specialization keys (sizes, then block masks)."""
+    changes = [
+        f"input {i}: {list(new[0]) if isinstance(new, tuple) else new} "
+        f"(was {list(old[0]) if isinstance(old, tuple) else old})"
+        for i, (old, new) in enumerate(zip(previous[0], key[0], strict=False))
+        if old != new
+    ]
+    if previous[1] != key[1]:
+        changes.append("a block mask with another block structure")
+    return ", ".join(changes) or "new call signature"
+
+
+def _report_recompile(why: str) -> None:
+    message = (
+        f"torchneuron: compiling a graph again, for this call's {why}: a kernel program "
+        "is built for one set of sizes (stats()['recompiles'] counts these)"
+    )
+    if config.verbose() and not log.isEnabledFor(logging.INFO):
+        print(message, file=sys.stderr)
+    else:
+        log.info(message)
 
 
 def _report_fallback(fallback: Sequence[partition.FallbackNode]) -> None:

@@ -114,6 +114,20 @@ def test_unsupported_op_falls_back_and_is_reported(
     assert BESSEL_LINE in err
 
 
+def test_recompiles_for_new_sizes_are_counted_and_say_why(
+    real_native: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TORCHNEURON_VERBOSE", "1")
+    f = torch.compile(lambda x: torch.relu(x) * 2, backend="neuron")
+    for rows in (4, 5, 6, 5):  # the second size makes the graph symbolic; 5 is compiled once
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(f(x), torch.relu(x) * 2)
+    assert torchneuron.stats()["recompiles"] == 1
+    err = capsys.readouterr().err
+    assert "compiling a graph again, for this call's" in err
+    assert "[6, 8] (was [5, 8])" in err
+
+
 def test_fallback_report_goes_to_logging_at_info(
     real_native: ModuleType, caplog: pytest.LogCaptureFixture
 ) -> None:
