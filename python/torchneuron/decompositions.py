@@ -760,20 +760,26 @@ def grouped_mm(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> object:
-    """``torch._grouped_mm`` (``F.grouped_mm``, Transformers' MoE experts): every group's
-    matmul over all rows, masked to the group's rows and summed, so each output element is
-    one group's product, exactly as a per-group GEMM gives it.
+    """``torch._grouped_mm`` (``F.grouped_mm``, Transformers' MoE experts), each output
+    element one group's product, exactly as a per-group GEMM gives it: with rows in groups,
+    one GEMM of the rows, each spread over the groups' K blocks with zeros outside its own,
+    against every group's weights stacked along K.
 
     Group boundaries come from data, and a kernel's shape cannot, so this does the groups'
-    work ``groups`` times over: right for the expert counts of small models, and the place a
-    grouped-GEMM kernel (token blocks with their expert's weights gathered) belongs."""
+    work ``groups`` times over (benchmarks/kernels.py's MoE workload: 1.6 ms where the NKI
+    kernel of torchneuron.kernels, built for known group sizes, takes 0.26 ms): right for the
+    expert counts of small models, and the place for a grouped-GEMM kernel whose trip counts
+    come from the offsets at run time."""
     if out_dtype not in (None, a.dtype) or a.dtype != b.dtype:
         return NotImplemented
     if offs is None:
         out = torch.bmm(a, b) if a.dim() == 3 and b.dim() == 3 else NotImplemented
     elif a.dim() == 2 and b.dim() == 3:  # rows of a in groups: (M, K) x (G, K, N) -> (M, N)
+        # One GEMM over the groups' weights stacked along K, each row's K block of the other
+        # groups zeroed: the zeros add nothing, and the output is never materialized per group.
         mask = _group_masks(offs, a.shape[0], a)
-        out = (torch.matmul(a.unsqueeze(0), b) * mask.unsqueeze(2)).sum(0)
+        blocks = a.unsqueeze(1) * mask.t().unsqueeze(2)  # (M, G, K)
+        out = torch.matmul(blocks.reshape(a.shape[0], -1), b.reshape(-1, b.shape[2]))
     elif a.dim() == 2 and b.dim() == 2:  # K in groups (weight gradients): -> (G, M, N)
         mask = _group_masks(offs, a.shape[1], a)
         out = torch.matmul(a.unsqueeze(0) * mask.unsqueeze(1), b)
