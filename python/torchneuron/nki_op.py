@@ -3,8 +3,9 @@
 kernel language).
 
 Each ``@nki.jit`` kernel called while Dynamo traces becomes one custom operator,
-``torchneuron_nki::<kernel name>``, taking the kernel's tensors, its launch grid and its other
-arguments written as a Python literal. The operator's fake implementation traces the kernel to
+``torchneuron_nki::<kernel name>``, taking the kernel's tensors, its launch grid, the numbers
+among its other arguments (int and float lists: symbolic under ``dynamic=True``) and the rest
+of them written as a Python literal. The operator's fake implementation traces the kernel to
 learn its outputs; its real implementation runs the kernel's program on the engine model (the
 same program an eager call runs). The backend leaves these calls between its compiled regions
 and counts them as device work (:func:`torchneuron.partition.partition_graph`).
@@ -16,7 +17,6 @@ call kernels works eagerly and compiled, as it would with CUDA kernels.
 from __future__ import annotations
 
 import ast
-import math
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -39,38 +39,66 @@ def is_kernel_op(target: object) -> bool:
 
 
 def encodable(value: object) -> bool:
-    """Whether a non-tensor kernel argument can travel in the operator's literal string (and
-    come back equal): numbers, strings, booleans, None and tuples or lists of them."""
+    """Whether a non-tensor kernel argument can be an operator argument: numbers (which
+    travel as the operator's int and float lists, symbolic under ``dynamic=True``),
+    strings, booleans, None and tuples or lists of them (written into a Python literal)."""
     if isinstance(value, (tuple, list)):
         return all(encodable(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _encode(value: Any, ints: list[int], floats: list[float]) -> Any:
+    """``value`` with its numbers moved into ``ints``/``floats`` and replaced by references."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        ints.append(value)
+        return ("__int__", len(ints) - 1)
     if isinstance(value, float):
-        return math.isfinite(value)
-    return value is None or isinstance(value, (bool, int, str))
+        floats.append(value)
+        return ("__float__", len(floats) - 1)
+    return tuple(_encode(v, ints, floats) for v in value)
+
+
+def _resolve(value: Any, ints: Sequence[int], floats: Sequence[float]) -> Any:
+    if isinstance(value, tuple):
+        if len(value) == 2 and value[0] == "__int__":
+            return int(ints[value[1]])  # a symbolic size is specialized: kernels trace per value
+        if len(value) == 2 and value[0] == "__float__":
+            return float(floats[value[1]])
+        return tuple(_resolve(v, ints, floats) for v in value)
+    return value
 
 
 def call(kernel: Kernel, grid: tuple[int, ...], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """``kernel[grid](*args, **kwargs)`` through the kernel's operator (traceable by Dynamo)."""
     arrays = [a for a in args if isinstance(a, torch.Tensor)]
+    ints: list[int] = []
+    floats: list[float] = []
     statics = repr(
         (
-            tuple((i, a) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)),
-            tuple(sorted(kwargs.items())),
+            tuple(
+                (i, _encode(a, ints, floats))
+                for i, a in enumerate(args)
+                if not isinstance(a, torch.Tensor)
+            ),
+            tuple((k, _encode(v, ints, floats)) for k, v in sorted(kwargs.items())),
         )
     )
-    outputs = kernel._torch_op(arrays, list(grid), statics)
+    outputs = kernel._torch_op(arrays, list(grid), ints, floats, statics)
     if len(outputs) == 1 and not kernel._returns_tuple:
         return outputs[0]
     return tuple(outputs)
 
 
-def _decode(arrays: Sequence[torch.Tensor], statics: str) -> tuple[list[Any], dict[str, Any]]:
+def _decode(
+    arrays: Sequence[torch.Tensor], ints: Sequence[int], floats: Sequence[float], statics: str
+) -> tuple[list[Any], dict[str, Any]]:
     positions, kwargs = ast.literal_eval(statics)
-    args: list[Any] = []
-    fixed = dict(positions)
+    fixed = {i: _resolve(v, ints, floats) for i, v in positions}
     remaining = iter(arrays)
-    for i in range(len(arrays) + len(fixed)):
-        args.append(fixed[i] if i in fixed else next(remaining))
-    return args, dict(kwargs)
+    args = [fixed[i] if i in fixed else next(remaining) for i in range(len(arrays) + len(fixed))]
+    return args, {k: _resolve(v, ints, floats) for k, v in kwargs}
 
 
 def define(kernel: Kernel) -> Any:
@@ -83,26 +111,44 @@ def define(kernel: Kernel) -> Any:
         name = f"{base}_{n}"
     _names.add(name)
 
-    def traced(arrays: list[torch.Tensor], grid: list[int], statics: str) -> Any:
+    def traced(
+        arrays: list[torch.Tensor],
+        grid: list[int],
+        ints: list[int],
+        floats: list[float],
+        statics: str,
+    ) -> Any:
         from torch.utils._python_dispatch import _disable_current_modes
 
-        args, kwargs = _decode(arrays, statics)
+        args, kwargs = _decode(arrays, ints, floats, statics)
         # Tracing makes the kernel's constants as real CPU tensors, even under fake tensors.
         with _disable_current_modes():
             result = kernel._traced(tuple(grid), args, kwargs)
         kernel._returns_tuple = result.returns_tuple
         return result
 
-    def run(arrays: list[torch.Tensor], grid: list[int], statics: str) -> list[torch.Tensor]:
-        result = traced(arrays, grid, statics)
+    def run(
+        arrays: list[torch.Tensor],
+        grid: list[int],
+        ints: list[int],
+        floats: list[float],
+        statics: str,
+    ) -> list[torch.Tensor]:
+        result = traced(arrays, grid, ints, floats, statics)
         consts = [c.to(arrays[0].device) for c in result.constants] if arrays else []
         outputs = result.device_kernel()(*arrays, *consts)
         return list(outputs) if isinstance(outputs, tuple) else [outputs]
 
-    def fake(arrays: list[torch.Tensor], grid: list[int], statics: str) -> list[torch.Tensor]:
+    def fake(
+        arrays: list[torch.Tensor],
+        grid: list[int],
+        ints: list[int],
+        floats: list[float],
+        statics: str,
+    ) -> list[torch.Tensor]:
         from torchneuron.fx_json import dtype_from_name
 
-        result = traced(arrays, grid, statics)
+        result = traced(arrays, grid, ints, floats, statics)
         device = arrays[0].device if arrays else torch.device("cpu")
         return [
             torch.empty(shape, dtype=dtype_from_name(dtype), device=device)

@@ -99,3 +99,14 @@ def test_library_kernels_inside_a_compiled_model() -> None:
     assert out.device.type == "neuron"
     _close(out.cpu(), ref)
     assert torchneuron.stats()["ops_fallback"] == {}
+
+
+def test_library_kernel_under_dynamic_shapes() -> None:
+    # dynamic=True makes sizes and Python numbers (eps) symbolic: they reach the kernel's
+    # operator as its int and float arguments; the kernel is traced per size.
+    f = torch.compile(lambda x, w: kernels.rms_norm(x * 2, w), backend="neuron", dynamic=True)
+    w = torch.randn(64)
+    for rows in (100, 300):
+        x = torch.randn(rows, 64)
+        _close(f(x, w), llama_rms_norm(x * 2, w, 1e-6))
+    assert torchneuron.stats()["ops_fallback"] == {}
