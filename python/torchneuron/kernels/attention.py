@@ -21,7 +21,7 @@ def _softmax_phase(q, head, i, k_t, scale, diagonal):
     d = q.shape[2]
     keys = (i + 1) * 128 if diagonal is not None else k_t.shape[1]
     i_p, i_d = nl.mgrid[0:128, 0:d]
-    q_t = nl.copy(nl.transpose(nl.load(q[head, i * 128 + i_p, i_d])), dtype=q.dtype)  # [d, 128]
+    q_t = nl.load_transpose2d(q[head, i * 128 : (i + 1) * 128, :])  # [d, 128] by DMA
     scores = nl.ndarray((128, keys), dtype=nl.float32)
     for j in range(0, keys, 512):  # a PSUM bank holds 512 fp32 columns
         width = min(512, keys - j)
@@ -72,8 +72,8 @@ def attention_kernel(q, k, v, scale, causal_mask):
     D <= 128. ``causal_mask`` is None or the [128, 128] additive mask of a diagonal block
     (0 on and below the diagonal, -inf above; then S == T).
 
-    Per key/value head, keys are transposed once on TensorE into an SBUF [D, T] tile and values
-    kept as 128-row tiles; per query tile, scores q k^T go through PSUM into SBUF (fp32), one
+    Per key/value head, keys are loaded once by transposing DMAs into an SBUF [D, T] tile and
+    values kept as 128-row tiles; query tiles are loaded transposed the same way; per query tile, scores q k^T go through PSUM into SBUF (fp32), one
     VectorE pass finds the row maxima, one ScalarE pass makes exp((s - max) * scale) in the
     input dtype with the row sums, and probabilities (transposed 128 columns at a time on
     TensorE) times values accumulate in PSUM, scaled by 1 / sum on the way out
@@ -89,9 +89,7 @@ def attention_kernel(q, k, v, scale, causal_mask):
         k_t = nl.ndarray((d, t), dtype=q.dtype)
         v_tiles = []
         for j in range(t // 128):
-            k_t[:, j * 128 : (j + 1) * 128] = nl.copy(
-                nl.transpose(nl.load(k[hk, j * 128 + i_p, i_d])), dtype=q.dtype
-            )
+            k_t[:, j * 128 : (j + 1) * 128] = nl.load_transpose2d(k[hk, j * 128 : (j + 1) * 128, :])
             v_tiles.append(nl.load(v[hk, j * 128 + i_p, i_d]))
         # Software-pipelined in program order: the next tile's scores and softmax come
         # before this tile's output matmuls, so TensorE computes them while VectorE and
