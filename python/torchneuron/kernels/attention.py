@@ -72,13 +72,14 @@ def attention_kernel(q, k, v, scale, causal_mask):
     D <= 128. ``causal_mask`` is None or the [128, 128] additive mask of a diagonal block
     (0 on and below the diagonal, -inf above; then S == T).
 
-    Per key/value head, keys are loaded once by transposing DMAs into an SBUF [D, T] tile and
-    values kept as 128-row tiles; query tiles are loaded transposed the same way; per query tile, scores q k^T go through PSUM into SBUF (fp32), one
-    VectorE pass finds the row maxima, one ScalarE pass makes exp((s - max) * scale) in the
-    input dtype with the row sums, and probabilities (transposed 128 columns at a time on
-    TensorE) times values accumulate in PSUM, scaled by 1 / sum on the way out
-    (``_softmax_phase``, ``_output_phase``). All scores of a row stay in SBUF (no online
-    rescaling), which bounds T by SBUF."""
+    Per key/value head, keys are loaded once by transposing DMAs into an SBUF [D, T] tile
+    and values kept as 128-row tiles; query tiles are loaded transposed the same way. Per
+    query tile, scores q k^T go through PSUM into SBUF (fp32), one VectorE pass finds the row
+    maxima, one ScalarE pass makes exp((s - max) * scale) in the input dtype with the row
+    sums, and probabilities (transposed 128 columns at a time on TensorE) times values
+    accumulate in PSUM, scaled by 1 / sum on the way out (``_softmax_phase``,
+    ``_output_phase``). All scores of a row stay in SBUF (no online rescaling), which bounds
+    T by SBUF."""
     heads, s, d = q.shape
     kv_heads, t, _ = k.shape
     group = heads // kv_heads
