@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/pipeline/Pipeline.h"
+#include "passes/flex_attention/FlexAttentionLowering.h"
 #include "runtime/exec/CollectiveHandler.h"
 #include "runtime/exec/Executor.h"
 #include "runtime/program/Program.h"
@@ -211,6 +212,16 @@ PYBIND11_MODULE(_C, m) {
       py::arg("target"),
       "On-chip memory of one core: partitions and SBUF/PSUM bytes per "
       "partition a program may allocate.");
+
+  // The attention kernels' block classes and unit, for the Python front end
+  // (torchneuron.attention_blocks): one definition, the kernels'.
+  namespace flex = mlir::neuron::flex;
+  py::dict blockClasses;
+  blockClasses["masked"] = static_cast<int>(flex::Kind::masked);
+  blockClasses["partial"] = static_cast<int>(flex::Kind::partial);
+  blockClasses["full"] = static_cast<int>(flex::Kind::full);
+  m.attr("FLEX_BLOCK_CLASSES") = blockClasses;
+  m.attr("FLEX_UNIT") = flex::kUnit;
 
   m.def(
       "check_graph",

@@ -3,8 +3,9 @@
 Registered through the ``torch_dynamo_backends`` entry point, so ``torch.compile(m,
 backend="neuron")`` works without importing this package. Dynamo's graph goes through
 ``aot_autograd`` (forward, backward and inference graphs, decomposed to the ATen ops the
-importer lowers); each ATen graph is split into device regions and eager PyTorch
-(:mod:`torchneuron.partition`), and each device region is compiled into one kernel.
+importer lowers); each ATen graph goes through the front end's steps (:mod:`torchneuron.frontend`:
+rewrites, the importer's check, partitioning into device regions and eager PyTorch, one
+document per region), and each device region is compiled into one kernel.
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ from torchneuron import cache as compile_cache
 from torchneuron import (
     config,
     flex,
+    frontend,
     fx_json,
     graph_cache,
     optimizer,
     partition,
-    rewrite,
-    rng,
     sdpa,
     specialize,
 )
@@ -160,39 +160,23 @@ def _build_graph(
                 seconds=time.perf_counter() - start,
             )
             return hit.module
-    progress.stage("checking which ops the device runs")
-    work = specialize.copy_graph_module(gm)
-    rng.seed_random_ops(work)
-    rewrite.as_strided_views(work)
-    rewrite.float32_scalar_inputs(work)
-    unsupported = partition.find_unsupported(work, name=f"check_{next(_graph_ids)}")
-    flex.detach_block_masks(work, unsupported)
-    progress.stage("partitioning")
-    result = partition.partition_graph(work, unsupported)
+    lowered = frontend.lower(gm, lambda prefix: f"{prefix}_{next(_graph_ids)}", progress.stage)
+    work = lowered.module
     compiled = 0
-    for i, name in enumerate(result.device_submodules):
-        progress.stage(f"compiling kernel {i + 1}/{len(result.device_submodules)}")
-        sub = work.get_submodule(name)
-        assert isinstance(sub, torch.fx.GraphModule)
-        output_map = _dedupe_outputs(sub)
-        try:
-            doc = fx_json.serialize_graph(sub, name=f"graph_{next(_graph_ids)}")
-        except fx_json.UnsupportedNodeError as e:
-            raise RuntimeError(
-                f"torchneuron internal error: device region {name} passed the check but "
-                f"cannot be serialized: {e}"
-            ) from e
+    for i, region in enumerate(lowered.regions):
+        progress.stage(f"compiling kernel {i + 1}/{len(lowered.regions)}")
+        doc = region.document
         kernel, fresh = _compile_shared(doc, target, dump, cache)
         compiled += fresh
-        returns_tuple = isinstance(sub.graph.output_node().args[0], (tuple, list))
-        setattr(work, name, DeviceKernel(kernel, doc["name"], returns_tuple, output_map))
+        kernel_module = DeviceKernel(kernel, doc["name"], region.returns_tuple, region.output_map)
+        setattr(work, region.submodule, kernel_module)
     if cache is not None and key is not None:
-        graph_cache.store(cache, key, gm, work, result.ops_on_device, result.fallback)
-    _report_fallback(result.fallback)
+        graph_cache.store(cache, key, gm, work, lowered.ops_on_device, lowered.fallback)
+    _report_fallback(lowered.fallback)
     STATS.record_compile(
         graphs=compiled,
-        ops_on_device=result.ops_on_device,
-        fallback=[f.target for f in result.fallback],
+        ops_on_device=lowered.ops_on_device,
+        fallback=[f.target for f in lowered.fallback],
         seconds=time.perf_counter() - start,
     )
     return work
@@ -257,41 +241,6 @@ def _compile_cached(
     return kernel, True
 
 
-def _dedupe_outputs(sub: torch.fx.GraphModule) -> list[int] | None:
-    """Make a region return each of its values once: a value returned twice, directly or
-    through ``aten.alias`` (aot_autograd's forward returns an alias of each output it also
-    saves for the backward), would otherwise be written into two buffers, one more full copy
-    on the device. Returns, per original output, its index among the kept ones; None when
-    nothing repeats."""
-
-    def root(value: Any) -> Any:
-        while isinstance(value, torch.fx.Node) and value.target is torch.ops.aten.alias.default:
-            value = value.args[0]
-        return value
-
-    output = sub.graph.output_node()
-    values = output.args[0]
-    if not isinstance(values, (tuple, list)):
-        return None
-    kept: list[Any] = []
-    first: dict[torch.fx.Node, int] = {}
-    index: list[int] = []
-    for value in values:
-        base = root(value)
-        if isinstance(base, torch.fx.Node) and base in first:
-            index.append(first[base])
-            continue
-        if isinstance(base, torch.fx.Node):
-            first[base] = len(kept)
-        index.append(len(kept))
-        kept.append(value)
-    if len(kept) == len(values):
-        return None
-    output.args = (tuple(kept),)
-    sub.recompile()
-    return index
-
-
 class SpecializingGraph:
     """Runs a graph that needs its call's inputs to compile: one compiled graph per tuple of
     concrete sizes (symbolic shapes) and per BlockMask content (FlexAttention, see
@@ -308,7 +257,6 @@ class SpecializingGraph:
         self.target = target
         self.dump = dump
         self.cache_dir = cache
-        self.static = specialize.is_static(gm)
         self.block_masks = flex.BlockMaskValues(gm)
         self.cache: dict[object, Callable[..., Any]] = {}
 
@@ -327,11 +275,7 @@ class SpecializingGraph:
     def _compile(self, args: Sequence[Any], masks: dict[str, torch.Tensor]) -> Callable[..., Any]:
         start = time.perf_counter()
         try:
-            if self.static:
-                specialized = specialize.copy_graph_module(self.gm)
-            else:
-                specialized = specialize.specialize(self.gm, args)
-            flex.annotate(specialized, masks)
+            specialized = frontend.specialize_call(self.gm, args, masks)
         except Exception as e:  # the graph itself stays valid: run all of it in eager PyTorch
             first_line = (str(e).strip().splitlines() or [""])[0]
             reason = f"could not specialize to this call ({type(e).__name__}: {first_line})"

@@ -363,7 +363,7 @@ def _example(value: Any) -> torch.Tensor:
 def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided:
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from torchneuron import backend, config, fx_json, partition, rewrite
+    from torchneuron import backend, config, frontend, fx_json, partition, rewrite
     from torchneuron.decompositions import neuron_decompositions
     from torchneuron.kernel import modeled_work
 
@@ -484,7 +484,7 @@ def _provide(name: str, overload: str, args: list[Any], target: str) -> Provided
     if unsupported:
         node, reason = next(iter(unsupported.items()))
         raise _Reject(f"{node}: {reason}")
-    if backend._dedupe_outputs(gm) is not None:
+    if frontend.dedupe_outputs(gm) is not None:
         raise _Reject("returns one value twice")
 
     short = f"{name.split('::', 1)[1]}_{overload}"

@@ -23,8 +23,11 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
+from torchneuron import sdpa
+from torchneuron.attention_blocks import BLOCKS_META
+from torchneuron.attention_blocks import block_classes as block_class_codes
+
 __all__ = [
-    "BLOCKS_META",
     "BlockMaskArgs",
     "BlockMaskValues",
     "annotate",
@@ -39,13 +42,6 @@ __all__ = [
     "is_flex_backward",
     "parse_block_mask",
 ]
-
-#: ``node.meta`` key of a flex node's block classes (see :func:`block_classes`).
-BLOCKS_META = "neuron_flex_blocks"
-
-#: Classes of a block: as the ``neuron.flex_attention`` op's ``blocks`` attribute spells them.
-MASKED, PARTIAL, FULL = 0, 1, 2
-
 
 #: Position of the BlockMask tuple in the arguments of each FlexAttention higher-order op.
 _BLOCK_MASK_ARG = {"flex_attention": 4, "flex_attention_backward": 9}
@@ -109,12 +105,10 @@ def allow_training() -> None:
 
 def _masked_attention(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
     """``(node, attn_mask node)`` of each routed SDPA call with a tensor mask."""
-    from torchneuron.sdpa import is_attention
-
     return [
         (n, n.args[3])
         for n in gm.graph.nodes
-        if is_attention(n) and isinstance(n.args[3], torch.fx.Node)
+        if sdpa.is_attention(n) and isinstance(n.args[3], torch.fx.Node)
     ]
 
 
@@ -183,8 +177,9 @@ def parse_block_mask(block_mask: Sequence[object]) -> BlockMaskArgs:
 def block_classes(
     mask: BlockMaskArgs, tensors: Sequence[torch.Tensor | None], q_len: int, kv_len: int
 ) -> torch.Tensor:
-    """``int8 [B or 1, H or 1, query blocks, key blocks]``: MASKED, PARTIAL or FULL per block,
-    from the BlockMask's real ``kv_num_blocks``/``kv_indices`` (and ``full_*``) tensors."""
+    """``int8 [B or 1, H or 1, query blocks, key blocks]``: masked, partial or full per block
+    (:func:`~torchneuron.attention_blocks.block_classes`), from the BlockMask's real
+    ``kv_num_blocks``/``kv_indices`` (and ``full_*``) tensors."""
     kv_num, kv_idx, full_num, full_idx = tensors
     assert kv_num is not None and kv_idx is not None
     n_q = -(-q_len // mask.q_block)
@@ -194,7 +189,8 @@ def block_classes(
             f"BlockMask with {tuple(kv_num.shape)} block counts does not cover {q_len} query "
             f"rows in blocks of {mask.q_block}"
         )
-    classes = torch.full((*kv_num.shape[:2], n_q, n_kv + 1), MASKED, dtype=torch.int8)
+    codes = block_class_codes()
+    classes = torch.full((*kv_num.shape[:2], n_q, n_kv + 1), codes.masked, dtype=torch.int8)
 
     def mark(num: torch.Tensor, idx: torch.Tensor, value: int) -> None:
         num, idx = num[..., :n_q].long(), idx[..., :n_q, :].long()
@@ -202,9 +198,9 @@ def block_classes(
         valid = listed & (idx >= 0) & (idx < n_kv)
         classes.scatter_(-1, torch.where(valid, idx, n_kv), value)
 
-    mark(kv_num, kv_idx, PARTIAL)
+    mark(kv_num, kv_idx, codes.partial)
     if full_num is not None and full_idx is not None:
-        mark(full_num, full_idx, FULL)
+        mark(full_num, full_idx, codes.full)
     return classes[..., :n_kv].contiguous()
 
 
@@ -242,8 +238,6 @@ class BlockMaskValues:
         :data:`~torchneuron.sdpa.MAX_MASK_STRUCTURES` distinct block structures, a mask with
         yet another one gets no entry: its kernel treats every block as partial (correct for
         any mask), so masks that change their structure every call stop compiling kernels."""
-        from torchneuron.sdpa import MAX_MASK_STRUCTURES, mask_block_classes
-
         if self.cached is not None:
             return self.cached
         inputs = iter(args)
@@ -262,10 +256,10 @@ class BlockMaskValues:
             values.pop(mask.name, None)
             value = env[mask]
             assert isinstance(value, torch.Tensor)
-            classes = mask_block_classes(value)
+            classes = sdpa.mask_block_classes(value)
             structure = (node.name, tuple(classes.shape), classes.numpy().tobytes())
             if structure not in self.structures:
-                if len(self.structures) >= MAX_MASK_STRUCTURES:
+                if len(self.structures) >= sdpa.MAX_MASK_STRUCTURES:
                     continue
                 self.structures.add(structure)
             values[node.name] = classes
@@ -285,13 +279,11 @@ class BlockMaskValues:
 def annotate(gm: torch.fx.GraphModule, values: dict[str, torch.Tensor]) -> None:
     """Store the block classes of each flex node of ``gm`` whose BlockMask tensors are in
     ``values`` (by node name), and of each routed SDPA call whose mask's classes are."""
-    from torchneuron.sdpa import expand_block_classes
-
     for node, _ in _masked_attention(gm):
         if node.name in values:
             query, key = node.args[0], node.args[1]
             assert isinstance(query, torch.fx.Node) and isinstance(key, torch.fx.Node)
-            node.meta[BLOCKS_META] = expand_block_classes(
+            node.meta[BLOCKS_META] = sdpa.expand_block_classes(
                 values[node.name],
                 int(query.meta["val"].shape[-2]),
                 int(key.meta["val"].shape[-2]),

@@ -22,6 +22,7 @@ import torch
 import torch.fx
 
 from torchneuron import collectives, flex, sdpa
+from torchneuron.attention_blocks import BLOCKS_META, unit
 
 __all__ = [
     "DTYPE_NAMES",
@@ -387,7 +388,7 @@ class _Writer:
                 (q, k, v),
                 scale,
                 (mask.q_block, mask.kv_block),
-                node.meta.get(flex.BLOCKS_META),
+                node.meta.get(BLOCKS_META),
                 [b for b in score_buffers if _is_node(b)],
                 [b for b in mask_buffers if _is_node(b)],
                 self.subgraph(score_mod, "score_mod", 5, score_buffers),
@@ -427,7 +428,7 @@ class _Writer:
                 (q, k, v, out, lse, grad_out),
                 scale,
                 (mask.q_block, mask.kv_block),
-                node.meta.get(flex.BLOCKS_META),
+                node.meta.get(BLOCKS_META),
                 [b for b in score_buffers if _is_node(b)],
                 [b for b in mask_buffers if _is_node(b)],
                 self.subgraph(fw_graph, "score_mod", 5, score_buffers),
@@ -463,7 +464,7 @@ class _Writer:
                 node,
                 tensors,
                 form.scale,
-                (sdpa.SDPA_BLOCK, sdpa.SDPA_BLOCK),
+                (unit(), unit()),
                 form.blocks,
                 list(form.score_buffers),
                 list(form.mask_buffers),

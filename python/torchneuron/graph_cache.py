@@ -38,9 +38,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchneuron import cache, config, flex, fx_json, nki_op
+from torchneuron import cache, config, fx_json, nki_op
 from torchneuron._native import native
 from torchneuron._stats import STATS
+from torchneuron.attention_blocks import BLOCKS_META
 from torchneuron.kernel import DeviceKernel
 from torchneuron.partition import FallbackNode
 
@@ -241,7 +242,7 @@ def _graph_lines(gm: torch.fx.GraphModule) -> list[Any]:
             target = [str(node.target), _attribute(gm, str(node.target))]
         else:
             raise Unkeyable(f"a {node.op} node")
-        blocks = node.meta.get(flex.BLOCKS_META)
+        blocks = node.meta.get(BLOCKS_META)
         lines.append(
             [
                 node.op,

@@ -1,5 +1,6 @@
-"""Rewrites of an ATen graph before it is partitioned (``build_graph``): nodes whose meaning
-depends on what the FX document does not carry, written as ops that say it explicitly.
+"""Rewrites of an ATen graph before it is checked and partitioned (steps of
+:data:`torchneuron.frontend.REWRITES`): nodes whose meaning depends on what the FX document does
+not carry, written as ops that say it explicitly.
 
 - ``aten.as_strided`` of a contiguous tensor, reading its elements in row-major order from
   offset 0 (as the training forward of group norm and adaptive pooling to size 1 do), is a
@@ -12,7 +13,8 @@ depends on what the FX document does not carry, written as ops that say it expli
   conversion would, and the device, which has no float64, never sees it
   (:func:`float32_scalar_inputs`; :class:`torchneuron.kernel.DeviceKernel` converts).
 
-Random ops are rewritten next to their device op, in :func:`torchneuron.rng.seed_random_ops`.
+Random ops are rewritten next to their device op, in :func:`torchneuron.rng.seed_random_ops`
+(the first of the front end's rewrites).
 """
 
 from __future__ import annotations

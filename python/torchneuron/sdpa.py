@@ -23,10 +23,11 @@ Block classes of a tensor mask are computed from its content when the graph is c
 BlockMask), so fully masked blocks are skipped and fully kept ones skip the mask. Past
 :data:`MAX_MASK_STRUCTURES` structures, further ones share a kernel whose blocks are all partial.
 
-Calls with ``dropout_p > 0``, inputs that are not 4-D, head dims above 128 or (in training) an
-additive mask that requires grad keep the math path (a head dim that is symbolic when the
-graph is traced, ``dynamic=True``, is checked when it is specialized: above 128 the call falls
-back to eager SDPA, counted in the stats).
+Calls with ``dropout_p > 0``, inputs that are not 4-D, head dims above the partitions (128,
+:func:`~torchneuron.attention_blocks.head_dim_limit`) or (in training) an additive mask that
+requires grad keep the math path (a head dim that is symbolic when the graph is traced,
+``dynamic=True``, is checked when it is specialized: above the limit the call falls back to
+eager SDPA, counted in the stats).
 """
 
 from __future__ import annotations
@@ -44,13 +45,13 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from torchneuron.attention_blocks import BLOCKS_META, block_classes, head_dim_limit, unit
+
 __all__ = [
     "ATTENTION",
     "ATTENTION_BWD",
     "ATTENTION_FWD",
-    "MAX_HEAD_DIM",
     "MAX_MASK_STRUCTURES",
-    "SDPA_BLOCK",
     "FlexForm",
     "causal_block_classes",
     "expand_block_classes",
@@ -61,18 +62,9 @@ __all__ = [
     "route_attention",
 ]
 
-#: Block size of the FlexAttention call an SDPA call becomes: the kernel's key unit.
-SDPA_BLOCK = 128
-#: Largest query/key and value head dim the FlexAttention kernel takes (TensorE contracts over
-#: at most 128 partitions).
-MAX_HEAD_DIM = 128
-
 #: Distinct block structures of SDPA masks a compiled graph gets kernels for; masks with other
 #: structures share one kernel that treats every block as partial.
 MAX_MASK_STRUCTURES = 8
-
-#: Classes of a block, as in :mod:`torchneuron.flex`.
-_MASKED, _PARTIAL, _FULL = 0, 1, 2
 
 
 @torch.library.custom_op("torchneuron::attention", mutates_args=())
@@ -388,7 +380,7 @@ def _routable(call: dict[str, Any]) -> bool:
     # eager SDPA when it is above the limit then).
     for dim in (q.shape[3], v.shape[3]):
         static = _static(dim)
-        if static is not None and not 0 < static <= MAX_HEAD_DIM:
+        if static is not None and not 0 < static <= head_dim_limit():
             return False
     mask = call["attn_mask"]
     if mask is None:
@@ -451,16 +443,19 @@ def route_attention(gm: torch.fx.GraphModule, training: bool = False) -> int:
 # -- block classes ------------------------------------------------------------------------------
 
 
-def causal_block_classes(q_len: int, kv_len: int, block: int = SDPA_BLOCK) -> torch.Tensor:
-    """``int8 [1, 1, query blocks, key blocks]`` of SDPA's causal mask ``q >= kv``: MASKED
-    where every key of the block is after every query, FULL where none is."""
-    q_lo = torch.arange(0, q_len, block)
-    kv_lo = torch.arange(0, kv_len, block)
-    q_hi = torch.clamp(q_lo + block, max=q_len) - 1
-    kv_hi = torch.clamp(kv_lo + block, max=kv_len) - 1
+def causal_block_classes(q_len: int, kv_len: int, block: int | None = None) -> torch.Tensor:
+    """``int8 [1, 1, query blocks, key blocks]`` of SDPA's causal mask ``q >= kv`` in blocks
+    of ``block`` (default: the kernels' :func:`~torchneuron.attention_blocks.unit`): masked
+    where every key of the block is after every query, full where none is."""
+    size = unit() if block is None else block
+    codes = block_classes()
+    q_lo = torch.arange(0, q_len, size)
+    kv_lo = torch.arange(0, kv_len, size)
+    q_hi = torch.clamp(q_lo + size, max=q_len) - 1
+    kv_hi = torch.clamp(kv_lo + size, max=kv_len) - 1
     full = q_lo[:, None] >= kv_hi[None, :]
     masked = q_hi[:, None] < kv_lo[None, :]
-    classes = torch.where(full, _FULL, torch.where(masked, _MASKED, _PARTIAL))
+    classes = torch.where(full, codes.full, torch.where(masked, codes.masked, codes.partial))
     return classes.to(torch.int8)[None, None]
 
 
@@ -478,29 +473,32 @@ def _units(x: torch.Tensor, dim: int, block: int, fill: bool) -> torch.Tensor:
     return x.unflatten(dim, (-1, block))
 
 
-def mask_block_classes(mask: torch.Tensor, block: int = SDPA_BLOCK) -> torch.Tensor:
+def mask_block_classes(mask: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """``int8 [B or 1, H or 1, query blocks or 1, key blocks or 1]`` of an SDPA mask (any
-    rank up to 4, broadcast dimensions of size 1 stay 1): MASKED where no entry of the block
-    lets a key through (``False``, or ``-inf`` in a float mask), FULL where every one does,
-    PARTIAL otherwise."""
+    rank up to 4, broadcast dimensions of size 1 stay 1) in blocks of ``block`` (default: the
+    kernels' :func:`~torchneuron.attention_blocks.unit`): masked where no entry of the block
+    lets a key through (``False``, or ``-inf`` in a float mask), full where every one does,
+    partial otherwise."""
+    size = unit() if block is None else block
+    codes = block_classes()
     m = mask.detach().to("cpu")
     m = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))
     kept = m if m.dtype == torch.bool else m != float("-inf")
 
     def reduce(fill: bool, fn: Callable[..., torch.Tensor]) -> torch.Tensor:
-        units = _units(_units(kept, 3, block, fill), 2, block, fill)
+        units = _units(_units(kept, 3, size, fill), 2, size, fill)
         return fn(fn(units, dim=5), dim=3)
 
     every = reduce(True, torch.all)
     some = reduce(False, torch.any)
-    classes = torch.where(every, _FULL, torch.where(some, _PARTIAL, _MASKED))
+    classes = torch.where(every, codes.full, torch.where(some, codes.partial, codes.masked))
     return classes.to(torch.int8).contiguous()
 
 
 def expand_block_classes(classes: torch.Tensor, q_len: int, kv_len: int) -> torch.Tensor:
     """:func:`mask_block_classes` of a mask broadcast along the query or key rows, for a call
     with these lengths: ``[B or 1, H or 1, query blocks, key blocks]``."""
-    n_q, n_kv = -(-q_len // SDPA_BLOCK), -(-kv_len // SDPA_BLOCK)
+    n_q, n_kv = -(-q_len // unit()), -(-kv_len // unit())
     return classes.expand(*classes.shape[:2], n_q, n_kv).contiguous()
 
 
@@ -580,17 +578,16 @@ def _add_mask(score: Any, b: Any, h: Any, q: Any, kv: Any, mask: torch.Tensor) -
 
 def flex_form(node: torch.fx.Node) -> FlexForm:
     """The FlexAttention form of a ``torchneuron::attention`` node whose ``meta["val"]`` have
-    concrete shapes. Block classes: from ``meta[flex.BLOCKS_META]`` when the backend computed
+    concrete shapes. Block classes: from ``meta[BLOCKS_META]`` when the backend computed
     them from the mask's content, from the shape without a mask, else ``None`` (all partial:
     the mask_mod decides every entry)."""
-    from torchneuron.flex import BLOCKS_META
-
     q, k, _, mask, is_causal, scale, _ = node.args[:7]
     assert isinstance(q, torch.fx.Node) and isinstance(k, torch.fx.Node)
     qv, kv, vv = q.meta["val"], k.meta["val"], node.args[2].meta["val"]  # type: ignore[union-attr]
     q_len, kv_len = int(qv.shape[-2]), int(kv.shape[-2])
-    if int(qv.shape[-1]) > MAX_HEAD_DIM or int(vv.shape[-1]) > MAX_HEAD_DIM:
-        raise ValueError(f"head dims above {MAX_HEAD_DIM} are not supported by the kernel")
+    limit = head_dim_limit()
+    if int(qv.shape[-1]) > limit or int(vv.shape[-1]) > limit:
+        raise ValueError(f"head dims above {limit} are not supported by the kernel")
     score = torch.zeros((), dtype=qv.dtype)
     grad = torch.zeros((), dtype=torch.float32)
     blocks = node.meta.get(BLOCKS_META)
@@ -602,8 +599,8 @@ def flex_form(node: torch.fx.Node) -> FlexForm:
         if blocks is None and is_causal:
             blocks = causal_block_classes(q_len, kv_len)
         elif blocks is None:
-            n_q, n_kv = -(-q_len // SDPA_BLOCK), -(-kv_len // SDPA_BLOCK)
-            blocks = torch.full((1, 1, n_q, n_kv), _FULL, dtype=torch.int8)
+            n_q, n_kv = -(-q_len // unit()), -(-kv_len // unit())
+            blocks = torch.full((1, 1, n_q, n_kv), block_classes().full, dtype=torch.int8)
         return FlexForm(_scale(scale, qv), score_mod, identity_grad, mask_mod, (), (), blocks)
     assert isinstance(mask, torch.fx.Node)
     mv = mask.meta["val"]

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from graph_capture import CompileCall
 
 import torchneuron
+from torchneuron.attention_blocks import block_classes
 from torchneuron.sdpa import causal_block_classes, expand_block_classes, mask_block_classes
 
 # As in test_flex_attention.py: fp32 scores and softmax on the device; bf16 rounds P before
@@ -25,7 +26,7 @@ from torchneuron.sdpa import causal_block_classes, expand_block_classes, mask_bl
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 DTYPES = [torch.float32, torch.bfloat16]
 FLEX = "higher_order.flex_attention"
-MASKED, PARTIAL, FULL = 0, 1, 2
+MASKED, PARTIAL, FULL = block_classes()  # the kernels' codes (torchneuron._C)
 
 
 def qkv(

@@ -1,0 +1,143 @@
+"""The front end's steps (torchneuron.frontend), each on a small graph, and their order."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import re
+from pathlib import Path
+
+import torch
+import torch.fx
+from graph_capture import aten_graph, traced
+
+from torchneuron import attention_blocks, flex, frontend, partition, sdpa, specialize
+from torchneuron._native import native
+
+ROOT = Path(__file__).resolve().parents[2]
+aten = torch.ops.aten
+
+
+def targets(gm: torch.fx.GraphModule) -> list[object]:
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def step(name: str) -> frontend.Rewrite:
+    (found,) = [r for r in frontend.REWRITES if r.name == name]
+    return found
+
+
+def test_architecture_lists_the_steps_in_their_order() -> None:
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    listed = re.findall(r"^\s+\d+\. `([a-z0-9-]+)`", text, flags=re.MULTILINE)
+    assert tuple(listed) == frontend.STEPS
+    assert frontend.STEPS.index("random-ops") < frontend.STEPS.index("check")
+
+
+def test_random_ops_step_seeds_rand() -> None:
+    gm = traced(lambda x: x + aten.rand_like.default(x), torch.zeros(3))
+    assert step("random-ops").run(gm) == 1
+    assert aten.rand_like.default not in targets(gm)
+    assert torch.ops.torchneuron.philox_rand.default in targets(gm)
+
+
+def test_as_strided_views_step_makes_a_contiguous_window_a_view() -> None:
+    gm = traced(lambda x: aten.as_strided.default(x, [2, 8], [8, 1]), torch.zeros(4, 4))
+    assert step("as-strided-views").run(gm) == 1
+    assert targets(gm) == [aten.view.default]
+
+
+def test_float32_scalar_inputs_step_drops_the_float64_round_trip() -> None:
+    convert = torch.ops.prims.convert_element_type.default
+
+    def f(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return x * convert(convert(s, torch.float64), torch.float32)
+
+    gm = traced(f, torch.zeros(3), torch.zeros((), dtype=torch.float64))
+    assert step("float32-scalar-inputs").run(gm) == 1
+    s = gm.graph.find_nodes(op="placeholder")[1]
+    assert s.meta["val"].dtype == torch.float32
+    assert [n.args[1] for n in gm.graph.nodes if n.target is convert] == [torch.float32]
+
+
+def test_rewrite_graph_applies_every_rewrite_in_order() -> None:
+    gm = traced(
+        lambda x: aten.rand_like.default(aten.as_strided.default(x, [16], [1])), torch.zeros(4, 4)
+    )
+    assert frontend.rewrite_graph(gm) is gm
+    assert set(targets(gm)) >= {aten.view.default, torch.ops.torchneuron.philox_rand.default}
+    assert not {aten.as_strided.default, aten.rand_like.default} & set(targets(gm))
+
+
+def test_lower_checks_partitions_and_serializes_each_region_once() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = aten.special_bessel_j0.default(aten.mm.default(x, w))  # no lowering: eager
+        return aten.add.Tensor(aten.tanh.default(h), 1)
+
+    gm = traced(f, torch.randn(4, 4), torch.randn(4, 4))
+    before = [n.format_node() for n in gm.graph.nodes]
+    ids = itertools.count()
+    names: list[str] = []
+
+    def name(prefix: str) -> str:
+        names.append(f"{prefix}_{next(ids)}")
+        return names[-1]
+
+    stages: list[str] = []
+    lowered = frontend.lower(gm, name, stages.append)
+    assert [n.format_node() for n in gm.graph.nodes] == before  # gm itself is unchanged
+    assert stages == ["checking which ops the device runs", "partitioning"]
+    assert names[0] == "check_0" and len(names) == 1 + len(lowered.regions)
+    assert [r.document["name"] for r in lowered.regions] == names[1:]
+    assert [f.target for f in lowered.fallback] == ["aten.special_bessel_j0.default"]
+    assert [r.submodule for r in lowered.regions] == [
+        f"{partition.DEVICE_PREFIX}{i}" for i in range(len(lowered.regions))
+    ]
+    regions = [[n["target"] for n in r.document["nodes"]] for r in lowered.regions]
+    assert sorted(regions) == [["aten.mm.default"], ["aten.tanh.default", "aten.add.Tensor"]]
+
+
+def test_dedupe_outputs_returns_an_aliased_value_once() -> None:
+    gm = traced(lambda x: (lambda y: (y, aten.alias.default(y), y * 2))(x + 1), torch.zeros(3))
+    assert frontend.dedupe_outputs(gm) == [0, 0, 1]
+    assert len(gm.graph.output_node().args[0]) == 2
+    assert frontend.dedupe_outputs(gm) is None  # nothing repeats any more
+
+
+def test_specialize_call_gives_symbolic_sizes_the_calls() -> None:
+    x = torch.randn(5, 3)
+    gm = aten_graph(lambda t: t.sum(0) * t.shape[0], x, dynamic=True)
+    assert not specialize.is_static(gm)
+    args = [
+        x if isinstance(p.meta["val"], torch.Tensor) else 5
+        for p in gm.graph.find_nodes(op="placeholder")
+    ]
+    specialized = frontend.specialize_call(gm, args, {})
+    assert specialize.is_static(specialized) and not specialize.is_static(gm)
+    (out,) = specialized.graph.output_node().args[0]
+    assert tuple(out.meta["val"].shape) == (3,)
+
+
+def test_block_classes_are_the_kernels_codes() -> None:
+    codes = attention_blocks.block_classes()
+    assert codes._asdict() == native().FLEX_BLOCK_CLASSES
+    assert len(set(codes)) == 3
+    unit = attention_blocks.unit()
+    assert unit == native().FLEX_UNIT
+    classes = sdpa.causal_block_classes(2 * unit, 2 * unit)
+    assert classes[0, 0].tolist() == [[codes.partial, codes.masked], [codes.full, codes.partial]]
+
+
+def test_flex_and_sdpa_do_not_import_each_other() -> None:
+    def imports(module: object) -> set[str]:
+        tree = ast.parse(Path(str(getattr(module, "__file__", ""))).read_text())
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        return found
+
+    assert "torchneuron.flex" not in imports(sdpa)
+    assert "torchneuron.sdpa" in imports(flex)  # one direction: flex reads SDPA masks
