@@ -340,6 +340,28 @@ def test_psum_block_tensor_larger_than_psum_gets_tiles_as_used() -> None:
     np.testing.assert_allclose(sums, want, rtol=1e-4, atol=1e-3)
 
 
+@nki.jit
+def two_pass_exp(q, k):
+    """The attention tutorial v3's shape: a PSUM block tensor larger than PSUM written by
+    one loop and read by a later one, so all its tiles are live at once: spilled to HBM."""
+    nk = k.shape[1] // 512
+    out = nl.ndarray((128, k.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    q_t, k_t = nl.load(q), nl.load(k)
+    qk = nl.ndarray((nk, nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
+    for j in nl.affine_range(nk):
+        qk[j] = nisa.nc_matmul(q_t, k_t[:, nl.ds(j * 512, 512)])
+    for j in nl.affine_range(nk):
+        nl.store(out[:, nl.ds(j * 512, 512)], value=nl.exp(qk[j]))
+    return out
+
+
+def test_psum_block_tensor_whose_tiles_live_together_is_spilled() -> None:
+    q, k = rand(128, 128) * 0.1, rand(128, 9 * 512) * 0.1  # 9 tiles of 2 KiB: 18 KiB
+    got = nki.simulate_kernel(two_pass_exp, q, k)
+    np.testing.assert_allclose(got, np.exp(q.T @ k), rtol=1e-4, atol=1e-5)
+    assert "memref.alloc() : memref<128x9x512xf32> loc" in two_pass_exp.specialize(q, k).mlir
+
+
 def test_block_tensor_allocated_per_tile_is_used_a_tile_at_a_time() -> None:
     @nki.jit
     def whole_store(x):

@@ -405,11 +405,19 @@ class _Peel(Exception):  # noqa: N818 (control flow, not an error)
 class _Retrace(Exception):  # noqa: N818 (control flow, not an error)
     """Raised after a trace that found what it must do differently: unroll the loops at
     ``unroll``, trace the loops at ``copies`` with a multiple of that many iterations per
-    step, allocate the block tensors of the memories in ``split`` per tile."""
+    step, allocate the block tensors of the memories in ``split`` per tile, keep those
+    larger than the memories in ``spill`` in HBM."""
 
-    def __init__(self, unroll: set[Location], copies: dict[Location, int], split: set[str]) -> None:
+    def __init__(
+        self,
+        unroll: set[Location],
+        copies: dict[Location, int],
+        split: set[str],
+        spill: set[str] | None = None,
+    ) -> None:
         super().__init__(unroll, copies, split)
         self.unroll, self.copies, self.split = unroll, copies, split
+        self.spill = spill or set()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -761,6 +769,22 @@ class BlockTensor(Tensor):
         return t
 
 
+class SpilledTensor(Tensor):
+    """A block tensor larger than its memory whose tiles do not fit even one by one (all
+    live at once, as in the attention tutorial's v3): kept in HBM scratch, as NKI's compiler
+    spills it. Reading a tile loads it into a new SBUF tile; writing one stores it."""
+
+    def __getitem__(self, key: Any) -> Tensor:
+        from torchneuron.nki import language
+
+        return language.load(Tensor(self._builder, self._builder.index(self.view, key)))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        from torchneuron.nki import language
+
+        language._assign(Tensor(self._builder, self._builder.index(self.view, key)), value)
+
+
 # ----------------------------------------------------------------------------------------------
 # The builder
 # ----------------------------------------------------------------------------------------------
@@ -818,6 +842,8 @@ class Builder:
         self.want_copies: dict[Location, int] = {}
         self.want_split: set[str] = set()
         self.whole_blocks: set[str] = set()  # memories holding a block tensor
+        self.over_blocks: set[str] = set()  # memories with a block tensor larger than them
+        self.spill: set[str] = set()  # from earlier traces: spill those to HBM
         self.psum_bank_bytes = 0
 
     def __enter__(self) -> Builder:
@@ -861,6 +887,14 @@ class Builder:
             if over and space not in self.split:
                 self.want_split.add(space)
             self.whole_blocks.add(space)
+            if over and placement is None:
+                self.over_blocks.add(space)
+                if space in self.spill:
+                    hbm = Buffer("alloc", physical, dtype, HBM, loc)
+                    hbm.block, hbm.position = self.block, len(self.block.items)
+                    self.block.items.append(hbm)
+                    self.buffers.append(hbm)
+                    return SpilledTensor(self, View(hbm, Affine(0), shape, strides))
             if placement is not None or over or space in self.split:
                 blocks = Blocks(
                     shape[:part],

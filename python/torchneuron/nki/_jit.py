@@ -82,12 +82,14 @@ class _Retraced:
     def __init__(self) -> None:
         self.copies: dict[_ir.Location, int] = {}
         self.split: set[str] = set()
+        self.spill: set[str] = set()
 
     def merge(self, r: _ir._Retrace, unroll: set[_ir.Location]) -> bool:
         """Add ``r``'s requests; False when they add nothing (tracing would not settle)."""
-        progress = not r.unroll <= unroll or not r.split <= self.split
+        progress = not (r.unroll <= unroll and r.split <= self.split and r.spill <= self.spill)
         unroll |= r.unroll
         self.split |= r.split
+        self.spill |= r.spill
         for loc, n in r.copies.items():
             have = self.copies.get(loc, 1)
             if have % n:
@@ -230,7 +232,7 @@ class Kernel:
         name = self.fn.__name__
         b = _ir.Builder(name, grid, target, self.rotate)
         b.peel, b.unroll = peel, unroll
-        b.copies_need, b.split = retrace.copies, retrace.split
+        b.copies_need, b.split, b.spill = retrace.copies, retrace.split, retrace.spill
         try:
             file = inspect.getsourcefile(self.fn) or self.fn.__code__.co_filename
         except TypeError:
@@ -322,6 +324,9 @@ class Kernel:
             if b.whole_blocks - b.split:
                 # Block tensors held whole may be what does not fit: allocate them per tile.
                 raise _ir._Retrace(set(), {}, b.whole_blocks - b.split)
+            if b.over_blocks - b.spill:
+                # Tiles of a block tensor larger than its memory live together: spill it.
+                raise _ir._Retrace(set(), {}, set(), b.over_blocks - b.spill)
             raise _ir.KernelError(first_error) from None
         if config.check():
             kernel.timeline()  # raises DeviceError for a missing wait
