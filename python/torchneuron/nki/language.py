@@ -288,6 +288,7 @@ def full(
                 attrs={"value": _f64(fill_value)},
             )
             instr.writes = [0]
+            t.blocks.started.add(tuple((i, ()) for i in idx))
         return t
     whole = b.full_view(t.view.buffer).view  # partitions first, even with par_dim
     t.producer = b.emit("memset", [("", whole)], attrs={"value": _f64(fill_value)})
@@ -440,10 +441,10 @@ def _accumulate(target: Tensor, other: Any, op: str) -> None:
         and _retarget(other, target.view)
     ):
         producer.attrs["accumulate"] = ""
-        # Accumulating into a PSUM tile nothing wrote yet starts from zero: for a block
-        # tensor's tile, each logical tile (tiles of a hand allocation share buffers).
+        # Accumulating into a PSUM tile nothing wrote yet starts from zero; hand-placed
+        # tiles share buffers, so there each logical tile's first write starts.
         b = current()
-        if target.logical is not None:
+        if target.logical is not None and target.logical[0].placement is not None:
             home = b.start_logical_tile(target)
             if home is not None:
                 zero = _ir.Instr(
