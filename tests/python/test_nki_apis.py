@@ -427,6 +427,35 @@ def test_hand_allocation_by_modulo_places_tiles_at_their_addresses() -> None:
     assert "nisa.address = 1536" not in mlir and "nisa.address = 2048" not in mlir
 
 
+def _alternate(idx, pdim_size, fdim_size):
+    """Even logical tiles at byte 2048 of every partition, odd ones right after them."""
+    (i,) = idx
+    return (0, 2048 + (i % 2) * fdim_size)
+
+
+@nki.jit
+def placed_by_function(x):
+    n = x.shape[0] // 128
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    rows = nl.ndarray(
+        (n, nl.par_dim(128), x.shape[1]),
+        dtype=x.dtype,
+        buffer=nki.compiler.sbuf.alloc(_alternate),
+    )
+    for i in nl.affine_range(n):
+        rows[i] = nl.load(x[nl.ds(i * 128, 128), :])
+        nl.store(out[nl.ds(i * 128, 128), :], value=nl.exp(rows[i]))
+    return out
+
+
+def test_hand_allocation_by_a_function() -> None:
+    x = rand(384, 64)
+    np.testing.assert_allclose(nki.simulate_kernel(placed_by_function, x), np.exp(x), rtol=1e-5)
+    mlir = placed_by_function.specialize(x).mlir
+    assert mlir.count("nisa.address = 2048 : i64") == 1  # tiles 0 and 2 share one buffer
+    assert mlir.count("nisa.address = 2304 : i64") == 1
+
+
 def test_hand_allocation_errors_name_the_line() -> None:
     @nki.jit
     def too_far(x):

@@ -541,7 +541,9 @@ class ModAlloc:
                 out[axis] = math.lcm(out[axis], n)
         return out
 
-    def address(self, idx: Sequence[int], tile_bytes: int, bank_bytes: int) -> int:
+    def address(
+        self, idx: Sequence[int], tile_bytes: int, bank_bytes: int, partitions: int = 128
+    ) -> int:
         def component(base: int, tiles: tuple[int, ...], scale: int) -> int:
             shape = tiles or (1,) * len(idx)
             mod = [i % n for i, n in zip(idx, shape, strict=False)]
@@ -562,6 +564,35 @@ class ModAlloc:
         return byte
 
 
+@dataclass(frozen=True)
+class FuncAlloc:
+    """NKI's hand allocation by a function (``nki.compiler.sbuf.alloc(func)``/``psum``'s):
+    ``func(idx, pdim_size, fdim_size)`` gives the physical tile of logical block index
+    ``idx``: ``(start_partition, byte_addr)`` in SBUF, ``(bank, start_partition,
+    byte_addr)`` in PSUM. It is called with numbers, so loops over the blocks unroll."""
+
+    space: str
+    func: Any
+
+    def moduli(self, rank: int) -> list[int] | None:
+        return None
+
+    def address(
+        self, idx: Sequence[int], tile_bytes: int, bank_bytes: int, partitions: int = 128
+    ) -> int:
+        where = self.func(tuple(idx), partitions, tile_bytes)
+        where = tuple(int(w) for w in (where if isinstance(where, (tuple, list)) else (where,)))
+        want = 3 if self.space == PSUM else 2
+        name = f"nki.compiler.{self.space}.alloc"
+        if len(where) != want:
+            raise error(f"{name}: the function returned {where}, expected {want} integers")
+        if where[-2] != 0:
+            raise error(f"{name}: tiles from partition {where[-2]} are not supported (only 0)")
+        if self.space == PSUM:
+            return where[0] * bank_bytes + where[2]
+        return where[1]
+
+
 class Blocks:
     """A tensor with NKI block dimensions, ``(n, par_dim(p), f)``, whose n tiles ``[p, f]``
     are buffers of their own, each made when the kernel first uses it: NKI's block axes are
@@ -577,7 +608,7 @@ class Blocks:
         space: str,
         loc: Location,
         home: Block,
-        placement: ModAlloc | None,
+        placement: ModAlloc | FuncAlloc | None,
     ) -> None:
         self.block_shape, self.tile_shape = block_shape, tile_shape
         self.dtype, self.space, self.loc = dtype, space, loc
@@ -865,7 +896,7 @@ class Builder:
         dtype: DType,
         space: str,
         loc: Location | None = None,
-        placement: ModAlloc | None = None,
+        placement: ModAlloc | FuncAlloc | None = None,
     ) -> Tensor:
         loc = loc or user_location()
         if not shape or any(int(d) <= 0 for d in shape):
@@ -912,7 +943,9 @@ class Builder:
         self.block.items.append(buf)
         self.buffers.append(buf)
         if placement is not None:
-            buf.address = placement.address((), _bytes_per_partition(buf), self.psum_bank_bytes)
+            buf.address = placement.address(
+                (), _bytes_per_partition(buf), self.psum_bank_bytes, buf.shape[0]
+            )
         if part == 0:
             return self.full_view(buf)
         return Tensor(self, View(buf, Affine(0), shape, strides))
@@ -957,8 +990,9 @@ class Builder:
                 )
             idx.append(a)
         logical = tuple(idx)
-        if blocks.placement is not None:
-            idx = [a % m for a, m in zip(idx, blocks.placement.moduli(nb), strict=True)]
+        moduli = blocks.placement.moduli(nb) if blocks.placement is not None else None
+        if moduli is not None:
+            idx = [a % m for a, m in zip(idx, moduli, strict=True)]
         consts = []
         for a, n in zip(idx, blocks.block_shape, strict=True):
             # A tile per loop iteration: the loops its index depends on unroll (until then
@@ -1001,7 +1035,9 @@ class Builder:
         address = None
         tid: Any = idx
         if blocks.placement is not None:
-            address = blocks.placement.address(idx, tile_bytes, self.psum_bank_bytes)
+            address = blocks.placement.address(
+                idx, tile_bytes, self.psum_bank_bytes, blocks.tile_shape[0]
+            )
             tid = address
         buf = blocks.tiles.get(tid)
         if buf is not None:

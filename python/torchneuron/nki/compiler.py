@@ -3,8 +3,9 @@
 ``skip_middle_end_transformations`` and ``no_reorder()`` steer the Neuron compiler's own
 passes; this compiler traces a kernel as written, so they change nothing here (the kernel's
 program is the same either way). ``sbuf.mod_alloc``/``psum.mod_alloc`` place a tensor's tiles
-at the addresses the kernel gives (modulo allocation, NKI's formula); other tensors of the
-kernel are still placed by the allocator, around them.
+at the addresses the kernel gives (modulo allocation, NKI's formula), ``sbuf.alloc(func)``/
+``psum.alloc(func)`` where the kernel's function puts them; other tensors of the kernel are
+still placed by the allocator, around them.
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ class _Memory:
             _tiles(num_par_tiles, "num_par_tiles"),
             _tiles(num_free_tiles, "num_free_tiles"),
         )
+
+    def alloc(self, func: Any) -> _ir.FuncAlloc:
+        """``buffer=`` for ``nl.ndarray``: ``func(idx, pdim_size, fdim_size)`` places logical
+        tile ``idx``: ``(start_partition, byte_addr)`` in SBUF, ``(bank, start_partition,
+        byte_addr)`` in PSUM."""
+        if not callable(func):
+            raise _ir.error(f"nki.compiler.{self.name}.alloc takes a function, got {func!r}")
+        return _ir.FuncAlloc(self.space, func)
 
     def __getattr__(self, name: str) -> Any:
         raise _ir.error(f"nki.compiler.{self.name}.{name} is not supported by torchneuron.nki yet")

@@ -215,20 +215,20 @@ mgrid = _MGrid()
 def _memory(buffer: Any) -> _Memory:
     if isinstance(buffer, _Memory):
         return buffer
-    if isinstance(buffer, _ir.ModAlloc):
+    if isinstance(buffer, (_ir.ModAlloc, _ir.FuncAlloc)):
         return sbuf if buffer.space == SBUF else psum
     raise error(
         f"buffer={buffer!r}: expected nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm or "
-        "nki.compiler.sbuf/psum.mod_alloc(...)"
+        "nki.compiler.sbuf/psum.mod_alloc(...) or .alloc(func)"
     )
 
 
 def ndarray(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = "") -> Tensor:
     """A new tensor: an SBUF/PSUM tile, or an HBM tensor (``nl.shared_hbm``: a kernel output
-    when the kernel returns it). ``buffer=nki.compiler.sbuf.mod_alloc(...)`` (or psum's)
-    places its tiles at the addresses the kernel gives."""
+    when the kernel returns it). ``buffer=nki.compiler.sbuf.mod_alloc(...)`` or
+    ``.alloc(func)`` (or psum's) places its tiles at the addresses the kernel gives."""
     mem = _memory(buffer)
-    placement = buffer if isinstance(buffer, _ir.ModAlloc) else None
+    placement = buffer if isinstance(buffer, (_ir.ModAlloc, _ir.FuncAlloc)) else None
     t = current().alloc(shape, _ir.as_dtype(dtype), mem.space, placement=placement)
     t.view.buffer.kind = "shared" if mem.shared else "alloc"
     return t
