@@ -1,7 +1,8 @@
 """NKI API forms the published tutorials use, one test each (our own kernels): nt.tensor
 specs, NKI's benchmark/profile/baremetal wrappers and their files, par_dim block tiles,
 per-partition activation scales, NumPy reductions as ALU ops, multi-core SPMD grids,
-bn_stats/bn_aggr and tensor_tensor_scan, all checked against NumPy."""
+bn_stats/bn_aggr and tensor_tensor_scan, loop variables modulo a number, PSUM block tensors
+larger than PSUM and hand allocation (mod_alloc), all checked against NumPy."""
 
 from __future__ import annotations
 
@@ -260,21 +261,215 @@ def test_softmax_with_row_sum_apis() -> None:
     np.testing.assert_allclose(got_t, ref.T, rtol=1e-4, atol=1e-6)
 
 
-def test_compiler_directives_and_unsupported_hand_allocation() -> None:
+def test_compiler_directives_change_nothing() -> None:
     @nki.compiler.skip_middle_end_transformations
     @nki.jit
-    def hand_placed(x):
+    def ordered(x):
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
         for _ in nl.sequential_range(1, directives=nki.compiler.no_reorder()):
-            t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nki.compiler.sbuf.mod_alloc(base_addr=0))
-            t[...] = nl.load(x)
-            nl.store(out, value=t)
+            nl.store(out, value=nl.load(x))
+        return out
+
+    x = rand(128, 8)
+    np.testing.assert_array_equal(nki.simulate_kernel(ordered, x), x)
+
+
+@nki.jit
+def ping_pong(x):
+    """Row tiles staged through two halves of one SBUF tile, picked by the loop variable
+    modulo 2 (software pipelining's double buffer); (i * 4) // 2 is an affine index too."""
+    n, f = x.shape[0] // 128, x.shape[1]
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    stage = nl.ndarray((nl.par_dim(128), 2, f), dtype=x.dtype, buffer=nl.sbuf)
+    for i in nl.sequential_range(n):
+        stage[:, i % 2, :] = nl.load(x[nl.ds((i * 4) // 4 * 128, 128), :])
+        stage[:, (i + 1) % 2, :] = nl.multiply(stage[:, i % 2, :], 2.0)
+        nl.store(out[nl.ds(i * 128, 128), :], value=stage[:, (i + 3) % 2, :])
+    return out
+
+
+@pytest.mark.parametrize("tiles", [4, 3])
+def test_loop_variable_modulo_picks_a_buffer_per_iteration(tiles: int) -> None:
+    x = rand(128 * tiles, 16)
+    np.testing.assert_allclose(nki.simulate_kernel(ping_pong, x), x * 2, rtol=1e-6)
+    # An even trip count stays a loop (two iterations per step); an odd one unrolls.
+    assert ("scf.for" in ping_pong.specialize(x).mlir) == (tiles % 2 == 0)
+
+
+def test_loop_variable_division_needs_a_divisible_coefficient() -> None:
+    @nki.jit
+    def halves(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        for i in nl.affine_range(2):
+            nl.store(out[nl.ds(i // 2 * 128, 128), :], value=nl.load(x[0:128, :]))
+        return out
+
+    with pytest.raises(nki.KernelError, match=r"test_nki_apis\.py:\d+: error: .*// 2"):
+        nki.simulate_kernel(halves, rand(256, 8))
+
+
+@nki.jit
+def scores_by_tile(q, k):
+    """q^T k in [128, 512] PSUM tiles of one block tensor far larger than PSUM (each tile
+    written and read in its own iteration, as NKI allocates block tiles), the row sums of
+    each row tile accumulated in a second PSUM block tensor by matmuls with ones."""
+    nq, nk = q.shape[1] // 128, k.shape[1] // 512
+    out = nl.ndarray((q.shape[1], k.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    sums = nl.ndarray((q.shape[1], 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    q_t, k_t = nl.load(q), nl.load(k)
+    ones = nl.ones((128, 128), dtype=nl.float32)
+    qk = nl.ndarray((nq, nk, nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
+    acc = nl.ndarray((nq, nl.par_dim(128), 128), dtype=nl.float32, buffer=nl.psum)
+    for i in nl.affine_range(nq):
+        for j in nl.affine_range(nk):
+            qk[i, j] = nisa.nc_matmul(q_t[:, nl.ds(i * 128, 128)], k_t[:, nl.ds(j * 512, 512)])
+            row = nl.copy(qk[i, j])
+            nl.store(out[nl.ds(i * 128, 128), nl.ds(j * 512, 512)], value=row)
+            for c in nl.affine_range(4):
+                row_t = nl.copy(nl.transpose(row[:, nl.ds(c * 128, 128)]))
+                acc[i] += nisa.nc_matmul(row_t, ones)
+        nl.store(sums[nl.ds(i * 128, 128), :], value=acc[i])
+    return out, sums
+
+
+def test_psum_block_tensor_larger_than_psum_gets_tiles_as_used() -> None:
+    q, k = rand(128, 512), rand(128, 2048)  # 4 x 4 tiles of 2 KiB: 32 KiB of PSUM
+    got, sums = nki.simulate_kernel(scores_by_tile, q, k)
+    np.testing.assert_allclose(got, q.T @ k, rtol=1e-4, atol=1e-4)
+    want = np.repeat((q.T @ k).sum(axis=1, keepdims=True), 128, axis=1)
+    np.testing.assert_allclose(sums, want, rtol=1e-4, atol=1e-3)
+
+
+@nki.jit
+def two_pass_exp(q, k):
+    """The attention tutorial v3's shape: a PSUM block tensor larger than PSUM written by
+    one loop and read by a later one, so all its tiles are live at once: spilled to HBM."""
+    nk = k.shape[1] // 512
+    out = nl.ndarray((128, k.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    q_t, k_t = nl.load(q), nl.load(k)
+    qk = nl.ndarray((nk, nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
+    for j in nl.affine_range(nk):
+        qk[j] = nisa.nc_matmul(q_t, k_t[:, nl.ds(j * 512, 512)])
+    for j in nl.affine_range(nk):
+        nl.store(out[:, nl.ds(j * 512, 512)], value=nl.exp(qk[j]))
+    return out
+
+
+def test_psum_block_tensor_whose_tiles_live_together_is_spilled() -> None:
+    q, k = rand(128, 128) * 0.1, rand(128, 9 * 512) * 0.1  # 9 tiles of 2 KiB: 18 KiB
+    got = nki.simulate_kernel(two_pass_exp, q, k)
+    np.testing.assert_allclose(got, np.exp(q.T @ k), rtol=1e-4, atol=1e-5)
+    assert "memref.alloc() : memref<128x9x512xf32> loc" in two_pass_exp.specialize(q, k).mlir
+
+
+def test_block_tensor_allocated_per_tile_is_used_a_tile_at_a_time() -> None:
+    @nki.jit
+    def whole_store(x):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        big = nl.zeros((9, nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
+        nl.store(out, value=big[0:2])
         return out
 
     with pytest.raises(
-        nki.KernelError, match=r"test_nki_apis\.py:\d+: error: nki\.compiler\.sbuf\.mod_alloc"
+        nki.KernelError, match=r"test_nki_apis\.py:\d+: error: a slice over a block dimension"
     ):
-        nki.simulate_kernel(hand_placed, rand(128, 8))
+        nki.simulate_kernel(whole_store, rand(128, 8))
+
+
+class _Offsets:
+    """A hand allocator in the tutorials' style: each call hands out the next bytes."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def take(self, nbytes: int, buffers: int = 1) -> object:
+        addr = self.offset
+        self.offset += nbytes * buffers
+        return nki.compiler.sbuf.mod_alloc(base_addr=addr, num_free_tiles=(buffers,))
+
+
+OFFSETS = _Offsets()
+
+
+@nki.jit
+def hand_placed(x):
+    """Double-buffered row tiles at hand-given SBUF addresses (two physical tiles for n
+    logical ones) and PSUM transposes rotating over two banks; the loop variable modulo
+    picks the physical tile, so the loop is traced two iterations per step."""
+    n = x.shape[0] // 128
+    out = nl.ndarray((n * 128, 128), dtype=x.dtype, buffer=nl.shared_hbm)
+    rows = nl.ndarray((n, nl.par_dim(128), 128), dtype=x.dtype, buffer=OFFSETS.take(512, 2))
+    col = nl.ndarray((nl.par_dim(128), 128), dtype=x.dtype, buffer=OFFSETS.take(512))
+    tr = nl.ndarray(
+        (n, nl.par_dim(128), 128),
+        dtype=nl.float32,
+        buffer=nki.compiler.psum.mod_alloc(base_bank=2, num_bank_tiles=(2,)),
+    )
+    for i in nl.affine_range(n):
+        rows[i] = nl.load(x[nl.ds(i * 128, 128), :])
+        tr[i] = nisa.nc_transpose(rows[i])
+        col[...] = nl.copy(tr[i])
+        nl.store(out[nl.ds(i * 128, 128), :], value=col)
+    return out
+
+
+def test_hand_allocation_by_modulo_places_tiles_at_their_addresses() -> None:
+    x = rand(384, 128)
+    got = nki.simulate_kernel(hand_placed, x)
+    want = np.concatenate([x[i * 128 : (i + 1) * 128].T for i in range(3)])
+    np.testing.assert_array_equal(got, want)
+    mlir = hand_placed.specialize(x).mlir
+    # SBUF: rows at 0 and 512, col at 1024; PSUM banks 2 and 3 (2 KiB each). The tracer ran
+    # the kernel twice (the loop of 3 unrolls for i % 2), and the allocator's offset was
+    # as the first run left it each time.
+    for address in (0, 512, 1024, 4096, 6144):
+        assert f"nisa.address = {address} : i64" in mlir
+    assert "nisa.address = 1536" not in mlir and "nisa.address = 2048" not in mlir
+
+
+def _alternate(idx, pdim_size, fdim_size):
+    """Even logical tiles at byte 2048 of every partition, odd ones right after them."""
+    (i,) = idx
+    return (0, 2048 + (i % 2) * fdim_size)
+
+
+@nki.jit
+def placed_by_function(x):
+    n = x.shape[0] // 128
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    rows = nl.ndarray(
+        (n, nl.par_dim(128), x.shape[1]),
+        dtype=x.dtype,
+        buffer=nki.compiler.sbuf.alloc(_alternate),
+    )
+    for i in nl.affine_range(n):
+        rows[i] = nl.load(x[nl.ds(i * 128, 128), :])
+        nl.store(out[nl.ds(i * 128, 128), :], value=nl.exp(rows[i]))
+    return out
+
+
+def test_hand_allocation_by_a_function() -> None:
+    x = rand(384, 64)
+    np.testing.assert_allclose(nki.simulate_kernel(placed_by_function, x), np.exp(x), rtol=1e-5)
+    mlir = placed_by_function.specialize(x).mlir
+    assert mlir.count("nisa.address = 2048 : i64") == 1  # tiles 0 and 2 share one buffer
+    assert mlir.count("nisa.address = 2304 : i64") == 1
+
+
+def test_hand_allocation_errors_name_the_line() -> None:
+    @nki.jit
+    def too_far(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        far = nki.compiler.sbuf.mod_alloc(base_addr=1 << 20)
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=far)
+        t[...] = nl.load(x)
+        nl.store(out, value=t)
+        return out
+
+    with pytest.raises(nki.KernelError, match=r"test_nki_apis\.py:\d+.*sbuf has"):
+        nki.simulate_kernel(too_far, rand(128, 8))
+    with pytest.raises(nki.KernelError, match=r"nki\.compiler\.psum\.swizzle_alloc"):
+        nki.compiler.psum.swizzle_alloc()
 
 
 def test_static_cast() -> None:

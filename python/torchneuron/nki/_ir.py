@@ -22,6 +22,7 @@ from typing import Any
 
 __all__ = [
     "Affine",
+    "BlockTensor",
     "Builder",
     "DType",
     "IndexExpr",
@@ -175,14 +176,23 @@ class Affine:
     __rmul__ = __mul__
 
     def __floordiv__(self, other: Any) -> Affine:
-        if self.is_const() and isinstance(other, int):
-            return Affine(self.const // other)
-        raise error("dividing a loop variable is not an affine index (iterate over the quotient)")
+        m = _positive_int(other, "//")
+        # (c + m * k * i) // m == c // m + k * i: exact when m divides every coefficient.
+        if all(v % m == 0 for v in self.terms.values()):
+            return Affine(self.const // m, {k: v // m for k, v in self.terms.items()})
+        raise error(
+            f"{self} // {m}: dividing a loop variable by a number that does not divide its "
+            "coefficient is not an affine index (iterate over the quotient)"
+        )
 
     def __mod__(self, other: Any) -> Affine:
-        if self.is_const() and isinstance(other, int):
-            return Affine(self.const % other)
-        raise error("a loop variable modulo a number is not an affine index")
+        m = _positive_int(other, "%")
+        if all(v % m == 0 for v in self.terms.values()):
+            return Affine(self.const % m)
+        # A loop variable modulo m (software pipelining's `qk[i % 2]`): constant in each of a
+        # loop body's copies once the loop's step is a multiple of m, so the loop is traced
+        # with such copies (or unrolled when its trip count is no multiple of them).
+        return current().modulo(self, m)
 
     def __index__(self) -> int:
         if self.is_const():
@@ -221,6 +231,14 @@ class Affine:
     def __repr__(self) -> str:
         parts = [f"{v}*i{k}" for k, v in self.terms.items()]
         return " + ".join(parts + [str(self.const)]) if parts else str(self.const)
+
+
+def _positive_int(value: Any, op: str) -> int:
+    import numbers
+
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0:
+        return int(value)
+    raise error(f"a loop variable {op} {value!r}: expected a positive integer")
 
 
 class IndexExpr:
@@ -384,6 +402,24 @@ class _Peel(Exception):  # noqa: N818 (control flow, not an error)
         self.loc = loc
 
 
+class _Retrace(Exception):  # noqa: N818 (control flow, not an error)
+    """Raised after a trace that found what it must do differently: unroll the loops at
+    ``unroll``, trace the loops at ``copies`` with a multiple of that many iterations per
+    step, allocate the block tensors of the memories in ``split`` per tile, keep those
+    larger than the memories in ``spill`` in HBM."""
+
+    def __init__(
+        self,
+        unroll: set[Location],
+        copies: dict[Location, int],
+        split: set[str],
+        spill: set[str] | None = None,
+    ) -> None:
+        super().__init__(unroll, copies, split)
+        self.unroll, self.copies, self.split = unroll, copies, split
+        self.spill = spill or set()
+
+
 # ----------------------------------------------------------------------------------------------
 # Buffers, views and instructions
 # ----------------------------------------------------------------------------------------------
@@ -405,6 +441,7 @@ class Buffer:
         self.position = 0  # its position in that block at the time
         self.users: list[Instr] = []
         self.returned = False
+        self.address: int | None = None  # bytes per partition, when the kernel placed it
 
     @property
     def type(self) -> str:
@@ -432,6 +469,8 @@ class View:
     # view axis, dimension size) for each indexed dimension, with the error to raise.
     checks: tuple[tuple[Affine, tuple[int, ...], int], ...] = ()
     oob: str = ""
+    # Set on the whole of a block tensor allocated per tile: no instruction may take it.
+    blocks: Blocks | None = None
 
     def type(self) -> str:
         dims = "x".join(str(d) for d in self.shape)
@@ -479,6 +518,106 @@ class Block:
         return chain
 
 
+@dataclass(frozen=True)
+class ModAlloc:
+    """NKI's hand allocation (``nki.compiler.sbuf.mod_alloc``/``psum.mod_alloc``): logical
+    block index ``idx`` is the physical tile at ``base + linearize(idx % num_tiles) * size``
+    per address component (PSUM bank, partition, bytes in the bank or SBUF partition), as
+    NKI's reference ``modulo_allocate_func`` defines it."""
+
+    space: str
+    base_addr: int
+    base_bank: int = 0
+    base_partition: int = 0
+    num_bank_tiles: tuple[int, ...] = ()
+    num_par_tiles: tuple[int, ...] = ()
+    num_free_tiles: tuple[int, ...] = ()
+
+    def moduli(self, rank: int) -> list[int]:
+        """Per block axis, the modulus that decides every address component."""
+        out = [1] * rank
+        for tiles in (self.num_bank_tiles, self.num_par_tiles, self.num_free_tiles):
+            for axis, n in enumerate(tiles[:rank]):
+                out[axis] = math.lcm(out[axis], n)
+        return out
+
+    def address(
+        self, idx: Sequence[int], tile_bytes: int, bank_bytes: int, partitions: int = 128
+    ) -> int:
+        def component(base: int, tiles: tuple[int, ...], scale: int) -> int:
+            shape = tiles or (1,) * len(idx)
+            mod = [i % n for i, n in zip(idx, shape, strict=False)]
+            linear, stride = 0, 1
+            for m, n in reversed(list(zip(mod, shape, strict=False))):
+                linear += m * stride
+                stride *= n
+            return base + linear * scale
+
+        if component(self.base_partition, self.num_par_tiles, 1) != 0:
+            raise error(
+                f"nki.compiler.{self.space}.mod_alloc: tiles placed from a partition other "
+                "than 0 (base_partition, num_par_tiles) are not supported by torchneuron.nki"
+            )
+        byte = component(self.base_addr, self.num_free_tiles, tile_bytes)
+        if self.space == PSUM:
+            return component(self.base_bank, self.num_bank_tiles, 1) * bank_bytes + byte
+        return byte
+
+
+@dataclass(frozen=True)
+class FuncAlloc:
+    """NKI's hand allocation by a function (``nki.compiler.sbuf.alloc(func)``/``psum``'s):
+    ``func(idx, pdim_size, fdim_size)`` gives the physical tile of logical block index
+    ``idx``: ``(start_partition, byte_addr)`` in SBUF, ``(bank, start_partition,
+    byte_addr)`` in PSUM. It is called with numbers, so loops over the blocks unroll."""
+
+    space: str
+    func: Any
+
+    def moduli(self, rank: int) -> list[int] | None:
+        return None
+
+    def address(
+        self, idx: Sequence[int], tile_bytes: int, bank_bytes: int, partitions: int = 128
+    ) -> int:
+        where = self.func(tuple(idx), partitions, tile_bytes)
+        where = tuple(int(w) for w in (where if isinstance(where, (tuple, list)) else (where,)))
+        want = 3 if self.space == PSUM else 2
+        name = f"nki.compiler.{self.space}.alloc"
+        if len(where) != want:
+            raise error(f"{name}: the function returned {where}, expected {want} integers")
+        if where[-2] != 0:
+            raise error(f"{name}: tiles from partition {where[-2]} are not supported (only 0)")
+        if self.space == PSUM:
+            return where[0] * bank_bytes + where[2]
+        return where[1]
+
+
+class Blocks:
+    """A tensor with NKI block dimensions, ``(n, par_dim(p), f)``, whose n tiles ``[p, f]``
+    are buffers of their own, each made when the kernel first uses it: NKI's block axes are
+    logical and its compiler gives each tile memory only while the tile is live (NKI's
+    block dimension migration guide). With hand allocation (``mod_alloc``) logical tiles
+    that share a physical tile share one buffer at that address."""
+
+    def __init__(
+        self,
+        block_shape: tuple[int, ...],
+        tile_shape: tuple[int, ...],
+        dtype: DType,
+        space: str,
+        loc: Location,
+        home: Block,
+        placement: ModAlloc | FuncAlloc | None,
+    ) -> None:
+        self.block_shape, self.tile_shape = block_shape, tile_shape
+        self.dtype, self.space, self.loc = dtype, space, loc
+        self.home = home  # the block that declared the tensor
+        self.placement = placement
+        self.tiles: dict[Any, Buffer] = {}
+        self.started: set[Any] = set()  # logical tiles written so far (by index as written)
+
+
 def _contiguous(v: View) -> bool:
     expected = 1
     for d, st in reversed(list(zip(v.shape, v.strides, strict=True))):
@@ -503,6 +642,8 @@ class Tensor:
         # The instruction that wrote this whole tile last, while no one has read it: an
         # assignment or ``+=`` may retarget it instead of copying.
         self.producer: Instr | None = None
+        # For a tile of a block tensor allocated per tile: its tensor and logical block index.
+        self.logical: tuple[Blocks, tuple[Affine, ...]] | None = None
 
     # -- NKI tensor attributes --
     @property
@@ -644,6 +785,37 @@ class Tensor:
         return self
 
 
+class BlockTensor(Tensor):
+    """A tensor whose block dimensions are allocated per tile (:class:`Blocks`): indexing
+    selects one tile (every block axis a number or loop expression) and then indexes it."""
+
+    def __init__(self, builder: Builder, view: View, blocks: Blocks) -> None:
+        super().__init__(builder, view)
+        self.blocks = blocks
+
+    def __getitem__(self, key: Any) -> Tensor:
+        view, logical = self._builder.block_tile(self.blocks, key)
+        t = Tensor(self._builder, view)
+        t.logical = (self.blocks, logical)
+        return t
+
+
+class SpilledTensor(Tensor):
+    """A block tensor larger than its memory whose tiles do not fit even one by one (all
+    live at once, as in the attention tutorial's v3): kept in HBM scratch, as NKI's compiler
+    spills it. Reading a tile loads it into a new SBUF tile; writing one stores it."""
+
+    def __getitem__(self, key: Any) -> Tensor:
+        from torchneuron.nki import language
+
+        return language.load(Tensor(self._builder, self._builder.index(self.view, key)))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        from torchneuron.nki import language
+
+        language._assign(Tensor(self._builder, self._builder.index(self.view, key)), value)
+
+
 # ----------------------------------------------------------------------------------------------
 # The builder
 # ----------------------------------------------------------------------------------------------
@@ -692,6 +864,18 @@ class Builder:
         # nisa-allocate's choice among free addresses: "least_recent" keeps a new tile off
         # the bytes a tile just freed (whose readers may still run), "lowest" packs tighter.
         self.reuse = "least_recent"
+        # From earlier traces: loops (by line) traced with a multiple of that many iterations
+        # per step, memories whose block tensors are all allocated per tile.
+        self.copies_need: dict[Location, int] = {}
+        self.split: set[str] = set()
+        # Found by this trace, for the next (see _Retrace).
+        self.want_unroll: set[Location] = set()
+        self.want_copies: dict[Location, int] = {}
+        self.want_split: set[str] = set()
+        self.whole_blocks: set[str] = set()  # memories holding a block tensor
+        self.over_blocks: set[str] = set()  # memories with a block tensor larger than them
+        self.spill: set[str] = set()  # from earlier traces: spill those to HBM
+        self.psum_bank_bytes = 0
 
     def __enter__(self) -> Builder:
         _CURRENT.append(self)
@@ -707,7 +891,12 @@ class Builder:
         return self.full_view(buf)
 
     def alloc(
-        self, shape: Sequence[int], dtype: DType, space: str, loc: Location | None = None
+        self,
+        shape: Sequence[int],
+        dtype: DType,
+        space: str,
+        loc: Location | None = None,
+        placement: ModAlloc | FuncAlloc | None = None,
     ) -> Tensor:
         loc = loc or user_location()
         if not shape or any(int(d) <= 0 for d in shape):
@@ -719,15 +908,179 @@ class Builder:
         shape = tuple(int(d) for d in shape)
         physical = (shape[part], *shape[:part], *shape[part + 1 :])
         buf = Buffer("alloc", physical, dtype, space, loc)
+        ps = buf.strides()
+        strides = (*ps[1 : part + 1], ps[0], *ps[part + 1 :])
+        if part > 0 and space != HBM:
+            # One buffer for the whole tensor is the compact choice (a loop over its tiles
+            # stays a loop); a tensor larger than its memory has its tiles allocated one by
+            # one, and then so have the other block tensors of that memory.
+            over = _bytes_per_partition(buf) > self.capacity.get(space, 1 << 62)
+            if over and space not in self.split:
+                self.want_split.add(space)
+            self.whole_blocks.add(space)
+            if over and placement is None:
+                self.over_blocks.add(space)
+                if space in self.spill:
+                    hbm = Buffer("alloc", physical, dtype, HBM, loc)
+                    hbm.block, hbm.position = self.block, len(self.block.items)
+                    self.block.items.append(hbm)
+                    self.buffers.append(hbm)
+                    return SpilledTensor(self, View(hbm, Affine(0), shape, strides))
+            if placement is not None or over or space in self.split:
+                blocks = Blocks(
+                    shape[:part],
+                    physical[:1] + physical[1 + part :],
+                    dtype,
+                    space,
+                    loc,
+                    self.block,
+                    placement,
+                )
+                view = View(buf, Affine(0), shape, strides, blocks=blocks)
+                return BlockTensor(self, view, blocks)
         buf.block = self.block
         buf.position = len(self.block.items)
         self.block.items.append(buf)
         self.buffers.append(buf)
+        if placement is not None:
+            buf.address = placement.address(
+                (), _bytes_per_partition(buf), self.psum_bank_bytes, buf.shape[0]
+            )
         if part == 0:
             return self.full_view(buf)
-        ps = buf.strides()
-        strides = (*ps[1 : part + 1], ps[0], *ps[part + 1 :])
         return Tensor(self, View(buf, Affine(0), shape, strides))
+
+    def block_tile(self, blocks: Blocks, key: Any) -> tuple[View, tuple[Affine, ...]]:
+        """The view ``t[key]`` of a block tensor allocated per tile: its block indices pick
+        the tile (made on first use), the rest index the tile."""
+        key = key if isinstance(key, tuple) else (key,)
+        nb = len(blocks.block_shape)
+        rank = nb + len(blocks.tile_shape)
+        if any(k is Ellipsis for k in key):
+            i = next(n for n, k in enumerate(key) if k is Ellipsis)
+            key = key[:i] + (slice(None),) * (rank - len(key) + 1) + key[i + 1 :]
+        shape = [*blocks.block_shape, *blocks.tile_shape]
+        if len(key) < nb:
+            raise error(
+                f"a tensor of block shape {list(blocks.block_shape)} is used one tile at a "
+                f"time here (NKI allocates block tiles separately): index all {nb} block "
+                "dimensions"
+            )
+        idx: list[Affine] = []
+        for k, n in zip(key[:nb], blocks.block_shape, strict=True):
+            if isinstance(k, slice):
+                r = range(n)[k]
+                if len(r) != 1:
+                    raise error(
+                        f"a slice over a block dimension (size {n}) of tensor "
+                        f"{shape}: its tiles are allocated separately, so an instruction "
+                        "takes one tile; index the block dimension with a number or loop "
+                        "variable"
+                    )
+                a = Affine(r.start)
+            elif isinstance(k, IndexExpr):
+                raise error("index a block dimension with a number or loop variable")
+            else:
+                a = Affine.of(k)
+            lo, hi = self.range_of(a)
+            if lo < 0 or hi >= n:
+                raise error(
+                    f"index out of bounds: [{lo}, {hi}] on a block dimension of size {n} "
+                    f"(tensor shape {shape})"
+                )
+            idx.append(a)
+        logical = tuple(idx)
+        moduli = blocks.placement.moduli(nb) if blocks.placement is not None else None
+        if moduli is not None:
+            idx = [a % m for a, m in zip(idx, moduli, strict=True)]
+        consts = []
+        for a, n in zip(idx, blocks.block_shape, strict=True):
+            # A tile per loop iteration: the loops its index depends on unroll (until then
+            # the trace goes on with a stand-in tile).
+            for var in a.terms:
+                self.want_unroll.add(self.loops[var].loc)
+            consts.append(min(max(a.const, 0), n - 1))
+        tile = self.block_buffer(blocks, tuple(consts))
+        return self.index(self.full_view(tile).view, key[nb:]), logical
+
+    def start_logical_tile(self, t: Tensor) -> Block | None:
+        """The first write of a block tensor's logical tile ``t`` (its index as written):
+        the block where that tile's life starts (the tensor's, or the body of the innermost
+        loop its index depends on), or None when it was written before."""
+        assert t.logical is not None
+        blocks, idx = t.logical
+        key = tuple((a.const, tuple(sorted(a.terms.items()))) for a in idx)
+        if key in blocks.started:
+            return None
+        blocks.started.add(key)
+        homes = {id(blocks.home)} | {id(self.loops[v].body) for a in idx for v in a.terms}
+        return next((b for b in self.block.ancestors() if id(b) in homes), self.block)
+
+    def insert_before_current(self, block: Block, instr: Instr, last: Instr) -> None:
+        """Put ``instr`` in ``block`` (an ancestor of the current block) before the item that
+        holds ``last``, the current block's last instruction."""
+        item: Any = last
+        b = self.block
+        while b is not block:
+            item, b = b.parent, b.outer  # type: ignore[assignment]
+        pos = block.items.index(item)
+        block.items.insert(pos, instr)
+        for _, v in instr.operands:
+            v.buffer.users.append(instr)
+
+    def block_buffer(self, blocks: Blocks, idx: tuple[int, ...]) -> Buffer:
+        """The buffer of tile ``idx`` of ``blocks``, made where the kernel declared the tensor
+        (before the loop of this block that first uses it)."""
+        tile_bytes = math.prod(blocks.tile_shape[1:]) * blocks.dtype.itemsize
+        address = None
+        tid: Any = idx
+        if blocks.placement is not None:
+            address = blocks.placement.address(
+                idx, tile_bytes, self.psum_bank_bytes, blocks.tile_shape[0]
+            )
+            tid = address
+        buf = blocks.tiles.get(tid)
+        if buf is not None:
+            return buf
+        buf = Buffer("alloc", blocks.tile_shape, blocks.dtype, blocks.space, blocks.loc)
+        buf.address = address
+        home = blocks.home
+        chain = self.block.ancestors()
+        if home not in chain:
+            home = self.block
+        item: Any = None
+        b = self.block
+        while b is not home:
+            item, b = b.parent, b.outer  # type: ignore[assignment]
+        pos = len(home.items) if item is None else home.items.index(item)
+        home.items.insert(pos, buf)
+        buf.block, buf.position = home, pos
+        self.buffers.append(buf)
+        blocks.tiles[tid] = buf
+        return buf
+
+    def modulo(self, a: Affine, m: int) -> Affine:
+        """``a % m``: a number in every copy of the loops' bodies whose step (iterations per
+        step times the loop's own) is a multiple of what m needs; other loops are asked to
+        be traced so (the result is a placeholder until they are)."""
+        const = a.const
+        for var, coeff in a.terms.items():
+            loop = self.loops.get(var)
+            if loop is None:
+                raise error(f"{a} % {m}: not a loop variable")
+            if coeff * loop.step % m == 0:
+                const += coeff * loop.start
+                continue
+            base = loop.step // loop.copies
+            need = m // math.gcd(coeff * base, m)
+            have = self.copies_need.get(loop.loc, 1)
+            self.want_copies[loop.loc] = math.lcm(have, self.want_copies.get(loop.loc, 1), need)
+        return Affine(const % m)
+
+    def retrace_request(self) -> _Retrace | None:
+        if self.want_unroll - self.unroll or self.want_copies or self.want_split - self.split:
+            return _Retrace(set(self.want_unroll), dict(self.want_copies), set(self.want_split))
+        return None
 
     def full_view(self, buf: Buffer) -> Tensor:
         return Tensor(self, View(buf, Affine(0), buf.shape, buf.strides()))
@@ -743,14 +1096,23 @@ class Builder:
         var = self.next_var
         self.next_var += 1
         count = len(range(start, stop, step))
-        if loc in self.unroll:
+        peel = loc in self.peel and count > 0
+        main = count - 1 if peel else count
+        # Copies a modulo of the loop variable needs (Affine.__mod__); a trip count that is
+        # no multiple of them unrolls the loop.
+        need = self.copies_need.get(loc, 1)
+        if loc in self.unroll or main % need:
             for i in range(start, stop, step):
                 yield Affine(i)
             return
-        peel = loc in self.peel and count > 0
-        main = count - 1 if peel else count
         if main > 0:
-            copies = next(u for u in (rotate, 4, 2, 1) if u <= rotate and main % u == 0)
+            copies = next(
+                c
+                for u in (rotate, 4, 2, 1)
+                if u <= rotate
+                for c in (math.lcm(u, need),)
+                if main % c == 0
+            )
             body = Block(outer=self.block)
             loop = Loop(start, start + main * step, step * copies, var, body, loc, copies, count)
             body.parent = loop
@@ -1024,6 +1386,13 @@ class Builder:
         if self.mask is not None:
             operands = [(kw, self.clip(v, self.mask)) for kw, v in operands]
         for _, v in operands:
+            if v.blocks is not None:
+                raise error(
+                    f"a tensor of block shape {list(v.blocks.block_shape)} is used whole; its "
+                    "tiles are allocated separately (NKI's block dimensions), so instructions "
+                    "take one tile of it: index its block dimensions",
+                    loc,
+                )
             if v.oob:  # reported at the line that indexed it
                 raise KernelError(v.oob)
         instr = Instr(op, prefix, operands, attrs or {}, loc, list(writes))
@@ -1111,6 +1480,10 @@ class _Renderer:
                         idx = next(i for i, it in enumerate(home.items) if it is item)
                         first = idx if first is None else min(first, idx)
             placement[id(buf)] = (home, first or 0)
+            if buf.address is not None:
+                # A hand-placed tile is live from the kernel's start: tiles the allocator
+                # places never take its bytes while it is in use.
+                placement[id(buf)] = (self.b.root, 0)
         if self.b.hoist:
             self._hoist(placement)
         self._rotate(placement)
@@ -1126,7 +1499,7 @@ class _Renderer:
         groups: dict[tuple[Any, ...], list[Buffer]] = {}
         for buf in self.b.buffers:
             place = placement.get(id(buf))
-            if place is None or buf.space == HBM:
+            if place is None or buf.space == HBM or buf.address is not None:
                 continue
             key = (id(place[0]), buf.loc, buf.space, buf.shape, buf.dtype)
             groups.setdefault(key, []).append(buf)
@@ -1244,7 +1617,10 @@ class _Renderer:
         for i, item in enumerate(block.items):
             for buf in pending.get(i, []):
                 buf.name = self.fresh("buf")
-                self.line(f"{buf.name} = memref.alloc() : {buf.type} {_loc(buf.loc)}")
+                attrs = ""
+                if buf.address is not None:
+                    attrs = f" {{nisa.address = {buf.address} : i64}}"
+                self.line(f"{buf.name} = memref.alloc(){attrs} : {buf.type} {_loc(buf.loc)}")
             if isinstance(item, Instr):
                 self.instr(item)
             elif isinstance(item, Loop):

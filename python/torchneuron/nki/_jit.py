@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,60 @@ class Traced:
         return self._device_kernel
 
 
+class _Retraced:
+    """What earlier traces of a kernel asked of the next (see ``_ir._Retrace``)."""
+
+    def __init__(self) -> None:
+        self.copies: dict[_ir.Location, int] = {}
+        self.split: set[str] = set()
+        self.spill: set[str] = set()
+
+    def merge(self, r: _ir._Retrace, unroll: set[_ir.Location]) -> bool:
+        """Add ``r``'s requests; False when they add nothing (tracing would not settle)."""
+        progress = not (r.unroll <= unroll and r.split <= self.split and r.spill <= self.spill)
+        unroll |= r.unroll
+        self.split |= r.split
+        self.spill |= r.spill
+        for loc, n in r.copies.items():
+            have = self.copies.get(loc, 1)
+            if have % n:
+                self.copies[loc] = math.lcm(have, n)
+                progress = True
+        return progress
+
+
+class _UserState:
+    """The objects of the kernel's own module that its globals hold (instances of classes
+    that module defines, such as a hand allocator with a running offset), with a copy of
+    their attributes: the tracer may run the kernel's Python several times (to unroll or
+    peel loops), and each run must see what the first saw, as NKI traces once."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        import copy
+
+        self.saved: list[tuple[Any, dict[str, Any]]] = []
+        module = getattr(fn, "__module__", None)
+        for value in list(getattr(fn, "__globals__", {}).values()):
+            if (
+                isinstance(value, type)
+                or callable(value)
+                or type(value).__module__ != module
+                or not hasattr(value, "__dict__")
+            ):
+                continue
+            try:
+                self.saved.append((value, copy.deepcopy(vars(value))))
+            except Exception:  # noqa: BLE001 (an object we cannot copy is left alone)
+                continue
+
+    def restore(self) -> None:
+        import copy
+
+        for obj, attrs in self.saved:
+            vars(obj).clear()
+            vars(obj).update(copy.deepcopy(attrs))
+
+
 class Kernel:
     """A ``@nki.jit`` kernel. Call it with torch tensors (CPU or ``neuron``) or NumPy arrays;
     ``kernel[g0, g1](...)`` launches an SPMD grid. Each distinct signature (array shapes and
@@ -135,11 +190,15 @@ class Kernel:
         # is traced again with the loop split (loops are numbered in creation order).
         # A loop variable indexing a Python list unrolls that loop (and the loops that may
         # have filled the list) the same way.
+        # A loop variable modulo a number traces its loop with that many iterations per
+        # step, and a block tensor allocated per tile unrolls the loops indexing its blocks.
         peel: set[_ir.Location] = set()
         unroll: set[_ir.Location] = set()
+        retrace = _Retraced()
+        state = _UserState(self.fn)
         while True:
             try:
-                return self._trace_once(target, grid, args, kwargs, peel, unroll)
+                return self._trace_once(target, grid, args, kwargs, peel, unroll, retrace)
             except _ir._Peel as p:
                 if p.loc in peel:
                     raise
@@ -148,6 +207,14 @@ class Kernel:
                 if u.locs <= unroll:
                     raise
                 unroll |= u.locs
+            except _ir._Retrace as r:
+                if not retrace.merge(r, unroll):
+                    raise _ir.KernelError(
+                        f"{self.fn.__name__}: tracing does not settle (loops to unroll: "
+                        f"{sorted(r.unroll)}, iterations per step: {r.copies})"
+                    ) from None
+            # The kernel's Python runs again: its module's objects start as they were.
+            state.restore()
 
     def _trace_once(
         self,
@@ -157,6 +224,7 @@ class Kernel:
         kwargs: dict[str, Any],
         peel: set[_ir.Location],
         unroll: set[_ir.Location],
+        retrace: _Retraced,
     ) -> Traced:
         from torchneuron import config
         from torchneuron._native import native
@@ -164,6 +232,7 @@ class Kernel:
         name = self.fn.__name__
         b = _ir.Builder(name, grid, target, self.rotate)
         b.peel, b.unroll = peel, unroll
+        b.copies_need, b.split, b.spill = retrace.copies, retrace.split, retrace.spill
         try:
             file = inspect.getsourcefile(self.fn) or self.fn.__code__.co_filename
         except TypeError:
@@ -174,6 +243,7 @@ class Kernel:
             _ir.SBUF: int(memory["sbuf_bytes_per_partition"]),
             _ir.PSUM: int(memory["psum_bytes_per_partition"]),
         }
+        b.psum_bank_bytes = int(memory["psum_bank_bytes"])
         positions = [i for i, a in enumerate(args) if _is_array(a)]
         with b:
             call_args = list(args)
@@ -186,7 +256,14 @@ class Kernel:
             loops = [b.loop(0, g, 1) for g in grid]
             for loop in loops:
                 b.grid_vars.append(next(loop))
-            result = self.fn(*call_args, **kwargs)
+            try:
+                result = self.fn(*call_args, **kwargs)
+            except _ir.KernelError:
+                # Stand-ins this trace used until loops unroll may be what failed.
+                request = b.retrace_request()
+                if request is not None:
+                    raise request from None
+                raise
             for loop in reversed(loops):
                 if next(loop, None) is not None:
                     raise _ir.error(
@@ -194,6 +271,9 @@ class Kernel:
                         "only the last iteration of kernel loops",
                         b.def_loc,
                     )
+        request = b.retrace_request()
+        if request is not None:
+            raise request
         self._check_writes(b)
         returns_tuple = isinstance(result, (tuple, list))
         results = list(result) if returns_tuple else [result]
@@ -241,6 +321,12 @@ class Kernel:
             except native().CompileError as e:
                 first_error = first_error or str(e).rstrip()
         else:
+            if b.whole_blocks - b.split:
+                # Block tensors held whole may be what does not fit: allocate them per tile.
+                raise _ir._Retrace(set(), {}, b.whole_blocks - b.split)
+            if b.over_blocks - b.spill:
+                # Tiles of a block tensor larger than its memory live together: spill it.
+                raise _ir._Retrace(set(), {}, set(), b.over_blocks - b.spill)
             raise _ir.KernelError(first_error) from None
         if config.check():
             kernel.timeline()  # raises DeviceError for a missing wait

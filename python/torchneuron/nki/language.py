@@ -215,14 +215,21 @@ mgrid = _MGrid()
 def _memory(buffer: Any) -> _Memory:
     if isinstance(buffer, _Memory):
         return buffer
-    raise error(f"buffer={buffer!r}: expected nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm")
+    if isinstance(buffer, (_ir.ModAlloc, _ir.FuncAlloc)):
+        return sbuf if buffer.space == SBUF else psum
+    raise error(
+        f"buffer={buffer!r}: expected nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm or "
+        "nki.compiler.sbuf/psum.mod_alloc(...) or .alloc(func)"
+    )
 
 
 def ndarray(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = "") -> Tensor:
     """A new tensor: an SBUF/PSUM tile, or an HBM tensor (``nl.shared_hbm``: a kernel output
-    when the kernel returns it)."""
+    when the kernel returns it). ``buffer=nki.compiler.sbuf.mod_alloc(...)`` or
+    ``.alloc(func)`` (or psum's) places its tiles at the addresses the kernel gives."""
     mem = _memory(buffer)
-    t = current().alloc(shape, _ir.as_dtype(dtype), mem.space)
+    placement = buffer if isinstance(buffer, (_ir.ModAlloc, _ir.FuncAlloc)) else None
+    t = current().alloc(shape, _ir.as_dtype(dtype), mem.space, placement=placement)
     t.view.buffer.kind = "shared" if mem.shared else "alloc"
     return t
 
@@ -271,8 +278,20 @@ def full(
     if mem.space == HBM:
         raise error("nl.full/zeros/ones make on-chip tiles; use nl.sbuf or nl.psum")
     t = ndarray(shape, dtype, buffer)
-    whole = current().full_view(t.view.buffer).view  # partitions first, even with par_dim
-    t.producer = current().emit("memset", [("", whole)], attrs={"value": _f64(fill_value)})
+    b = current()
+    if isinstance(t, _ir.BlockTensor):
+        # Tiles allocated one by one: each starts filled.
+        for idx in itertools.product(*(range(n) for n in t.blocks.block_shape)):
+            instr = b.emit(
+                "memset",
+                [("", b.full_view(b.block_buffer(t.blocks, idx)).view)],
+                attrs={"value": _f64(fill_value)},
+            )
+            instr.writes = [0]
+            t.blocks.started.add(tuple((i, ()) for i in idx))
+        return t
+    whole = b.full_view(t.view.buffer).view  # partitions first, even with par_dim
+    t.producer = b.emit("memset", [("", whole)], attrs={"value": _f64(fill_value)})
     t.producer.writes = [0]
     return t
 
@@ -412,14 +431,35 @@ def _accumulate(target: Tensor, other: Any, op: str) -> None:
     """``target op= other``: a matmul just made into PSUM accumulates there; anything else is
     an elementwise instruction writing ``target`` in place."""
     producer = other.producer if isinstance(other, Tensor) else None
+    buf = target.view.buffer
+    fresh = not buf.users
     if (
         op == "add"
         and producer is not None
         and producer.op == "matmul"
-        and target.view.buffer.space == PSUM
+        and buf.space == PSUM
         and _retarget(other, target.view)
     ):
         producer.attrs["accumulate"] = ""
+        # Accumulating into a PSUM tile nothing wrote yet starts from zero; hand-placed
+        # tiles share buffers, so there each logical tile's first write starts.
+        b = current()
+        if target.logical is not None and target.logical[0].placement is not None:
+            home = b.start_logical_tile(target)
+            if home is not None:
+                zero = _ir.Instr(
+                    "memset",
+                    "",
+                    [("", target.view)],
+                    {"value": _f64(0.0)},
+                    _ir.user_location(),
+                    [0],
+                )
+                b.insert_before_current(home, zero, producer)
+        elif fresh and buf.block is not None:
+            from torchneuron.nki import isa
+
+            isa._zero_at_alloc(buf)
         return
     _binary(op, target, other, None, out=target)
 
