@@ -29,97 +29,6 @@ using namespace mlir::neuron;
 
 namespace mlir::neuron {
 
-/// A transposed window ([..., R, C] reading rows contiguously, columns
-/// strided) of 2- or 4-byte elements, made contiguous as a chip would: each
-/// [128, C-chunk] tile loaded into SBUF by a transposing DMA, then stored
-/// whole. One HBM-to-HBM DMA would move it one element per descriptor.
-bool KernelLowering::transposeThroughSbuf(const Window &window,
-                                          ArrayRef<int64_t> shape, Value out) {
-  int64_t rank = shape.size();
-  Type elt = cast<MemRefType>(window.buffer.getType()).getElementType();
-  int64_t eltBytes = elt.getIntOrFloatBitWidth() / 8;
-  if (rank < 2 || (eltBytes != 2 && eltBytes != 4) ||
-      window.strides[rank - 2] != 1 || window.strides[rank - 1] == 1 ||
-      shape[rank - 1] < 2 || shape[rank - 2] < 2)
-    return false;
-  int64_t rows = shape[rank - 2], cols = shape[rank - 1];
-  int64_t colStride = window.strides[rank - 1];
-  int64_t chunk = std::max<int64_t>(1, tileBytes / eltBytes);
-  // Leading dims: one matrix after another (their strides may be anything).
-  int64_t matrices = 1;
-  for (int64_t d = 0; d < rank - 2; ++d)
-    matrices *= shape[d];
-  if (matrices > 64) // each is its own loop nest: keep programs small
-    return false;
-  for (int64_t m = 0; m < matrices; ++m) {
-    int64_t from = window.offset, rest = m;
-    for (int64_t d = rank - 3; d >= 0; --d) {
-      from += (rest % shape[d]) * window.strides[d];
-      rest /= shape[d];
-    }
-    int64_t to = m * rows * cols;
-    forTiles(rows, target.partitions, [&](Value r0, int64_t rt) {
-      forTiles(cols, chunk, [&](Value c0, int64_t ct) {
-        TileScope scope(*this);
-        Value t = tile(MemorySpace::sbuf, {rt, ct}, elt);
-        Value src = addOffsets(addOffset(r0, from), scale(c0, colStride));
-        dma(view(window.buffer, src, {rt, ct}, {1, colStride}), t);
-        Value dst = addOffsets(addOffset(scale(r0, cols), to), c0);
-        dma(t, view(out, dst, {rt, ct}, {cols, 1}));
-      });
-    });
-  }
-  return true;
-}
-
-Value KernelLowering::bufferOf(Value tensor) {
-  if (Value buffer = buffers.lookup(tensor))
-    return buffer;
-  if (auto it = lazyViews.find(tensor); it != lazyViews.end()) {
-    // A consumer needs it contiguous: one strided DMA, HBM to HBM.
-    LazyView lazy = it->second;
-    Location consumer = loc;
-    loc = lazy.loc;
-    auto shape = tensorType(tensor).getShape();
-    Value out = resultBuffer(tensor);
-    if (tensorType(tensor).getNumElements() == 0)
-      ; // nothing to move
-    else if (shape.empty())
-      dma(view(lazy.window.buffer, index(lazy.window.offset), {1}, {1}),
-          view(out, index(0), {1}, {1}));
-    else if (!transposeThroughSbuf(lazy.window, shape, out))
-      dma(view(lazy.window.buffer, index(lazy.window.offset), shape,
-               lazy.window.strides),
-          view(out, index(0), shape, contiguousStrides(shape)));
-    loc = consumer;
-    return out;
-  }
-  // Constants are materialized on first use: splats feeding tensor_scalar
-  // instructions never need a buffer.
-  auto constant = tensor.getDefiningOp<ConstantOp>();
-  assert(constant && "operand lowered before its producer");
-  auto type = hbmType(tensorType(tensor));
-  std::string name = "__constant_" + std::to_string(constantCount++);
-  OpBuilder::InsertionGuard guard(b);
-  b.setInsertionPointToStart(module.getBody());
-  auto global = b.create<memref::GlobalOp>(
-      constant.getLoc(), name, b.getStringAttr("private"), type,
-      cast<ElementsAttr>(constant.getValue()), /*constant=*/true,
-      /*alignment=*/nullptr);
-  b.setInsertionPointToStart(entry);
-  Value buffer =
-      b.create<memref::GetGlobalOp>(constant.getLoc(), type, global.getName());
-  buffers[tensor] = buffer;
-  return buffer;
-}
-
-KernelLowering::Window KernelLowering::windowOf(Value tensor) {
-  if (auto it = lazyViews.find(tensor); it != lazyViews.end())
-    return it->second.window;
-  auto shape = tensorType(tensor).getShape();
-  return {bufferOf(tensor), 0, contiguousStrides(shape)};
-}
-
 namespace {
 /// Strides that show a strided window of `shape` as `newShape` without
 /// moving data (numpy's no-copy reshape), or std::nullopt.
@@ -198,17 +107,16 @@ void KernelLowering::lowerLayout(Operation *op) {
     auto strides = reshapedStrides(inShape, in.strides, outType.getShape());
     if (!strides) {
       // Not expressible as a window: the input becomes contiguous first.
-      buffers[result] = bufferOf(input);
+      bind(result, bufferOf(input));
       return;
     }
-    if (!lazyViews.count(input) &&
-        *strides == contiguousStrides(outType.getShape())) {
-      buffers[result] = in.buffer; // same row-major order: an alias
+    if (!isWindow(input) && *strides == contiguousStrides(outType.getShape())) {
+      bind(result, in.buffer); // same row-major order: an alias
       return;
     }
     out.strides = *strides;
   }
-  lazyViews.try_emplace(result, LazyView{out, op->getLoc()});
+  bindWindow(result, out, op->getLoc());
 }
 
 namespace {
@@ -315,20 +223,18 @@ llvm::DenseMap<Operation *, nisa::Engine> KernelLowering::assignEngines(
   return best;
 }
 
-void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
-                                ArrayRef<std::pair<Value, Value>> inputs,
-                                ArrayRef<std::pair<Value, Value>> outputs) {
+LogicalResult
+KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
+                           ArrayRef<std::pair<Value, Value>> inputs,
+                           ArrayRef<std::pair<Value, Value>> outputs) {
   SmallVector<Value> outputValues;
   for (auto [v, buffer] : outputs)
     outputValues.push_back(v);
   std::string reason;
   std::optional<FusionPlan> maybePlan =
       FusionPlan::analyze(ops, outputValues, reason);
-  if (!maybePlan) {
-    anchor->emitOpError("cannot be tiled as one group: ") << reason;
-    hadError = true;
-    return;
-  }
+  if (!maybePlan)
+    return anchor->emitOpError("cannot be tiled as one group: ") << reason;
   const FusionPlan &plan = *maybePlan;
   llvm::DenseSet<Value> isOutput(outputValues.begin(), outputValues.end());
 
@@ -709,14 +615,14 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
       Value t =
           tile(MemorySpace::sbuf, {rows, rowResult ? 1 : stepCols}, elt(v));
       double fill = rep == Rep::Splat ? plan.splats.lookup(v) : 0.0;
-      b.create<nisa::MemsetOp>(loc, t, APFloat(fill));
+      b.create<nisa::MemsetOp>(t, APFloat(fill));
       if (rep == Rep::Row)
-        b.create<nisa::TensorScalarOp>(loc, nisa::AluOp::add, t, t,
-                                       st.tileOf(v), APFloat(0.0), false);
+        b.create<nisa::TensorScalarOp>(nisa::AluOp::add, t, t, st.tileOf(v),
+                                       APFloat(0.0), false);
       return t;
     };
     for (Operation *op : ops) {
-      loc = op->getLoc();
+      b.setLoc(op->getLoc());
       if (isa<ConstantOp>(op))
         continue;
       Value result = op->getResult(0);
@@ -749,8 +655,8 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
         Value bias = st.tileOf(bin.getRhs());
         if (bin.getFn() == BinaryFn::sub) {
           Value negated = tile(MemorySpace::sbuf, {rows, 1}, b.getF32Type());
-          b.create<nisa::TensorScalarOp>(loc, nisa::AluOp::multiply, bias,
-                                         negated, Value(), APFloat(-1.0), false,
+          b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, bias, negated,
+                                         Value(), APFloat(-1.0), false,
                                          engineFor.lookup(op));
           bias = negated;
         }
@@ -759,11 +665,11 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
       if (activations.contains(op)) {
         auto [src, bias] = biasedSource(op->getOperand(0));
         auto [acc, narrow] = rowSums();
-        b.create<nisa::ActivationOp>(loc, src, dst, bias, Value(), acc,
+        b.create<nisa::ActivationOp>(src, dst, bias, Value(), acc,
                                      nisa::ActivationFn::square, APFloat(1.0),
                                      APFloat(0.0));
         if (narrow)
-          b.create<nisa::CopyOp>(loc, acc, narrow, nisa::Engine::gpsimd);
+          b.create<nisa::CopyOp>(acc, narrow, nisa::Engine::gpsimd);
         continue;
       }
       if (BinaryOp inner = scaledBy.lookup(op)) {
@@ -777,7 +683,7 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
         bool innerOnLeft = readsInner(bin.getLhs());
         Value w = innerOnLeft ? bin.getRhs() : bin.getLhs();
         b.create<nisa::ScalarTensorTensorOp>(
-            loc, aluFor(inner.getFn()), aluFor(bin.getFn()),
+            aluFor(inner.getFn()), aluFor(bin.getFn()),
             st.tileOf(inner.getLhs()), st.tileOf(w), dst,
             st.tileOf(inner.getRhs()), APFloat(0.0), engineFor.lookup(op));
         continue;
@@ -786,11 +692,11 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
         // exp(x - m) with m a row: the row rides along as the bias.
         auto [src, bias] = biasedSource(u.getInput());
         auto [acc, narrow] = rowSums();
-        b.create<nisa::ActivationOp>(loc, src, dst, bias, Value(), acc,
+        b.create<nisa::ActivationOp>(src, dst, bias, Value(), acc,
                                      activationFor(u.getFn()), APFloat(1.0),
                                      APFloat(0.0));
         if (narrow)
-          b.create<nisa::CopyOp>(loc, acc, narrow, nisa::Engine::gpsimd);
+          b.create<nisa::CopyOp>(acc, narrow, nisa::Engine::gpsimd);
       } else if (auto bin = dyn_cast<BinaryOp>(op)) {
         nisa::AluOp alu = aluFor(bin.getFn());
         Value l = bin.getLhs(), r = bin.getRhs();
@@ -798,28 +704,27 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
         if (rl == Rep::Splat || rr == Rep::Splat) {
           bool reverse = rl == Rep::Splat;
           double imm = plan.splats.lookup(reverse ? l : r);
-          b.create<nisa::TensorScalarOp>(loc, alu, st.tileOf(reverse ? r : l),
-                                         dst, Value(), APFloat(imm), reverse,
+          b.create<nisa::TensorScalarOp>(alu, st.tileOf(reverse ? r : l), dst,
+                                         Value(), APFloat(imm), reverse,
                                          engineFor.lookup(op));
         } else if (st.fullish(l) != st.fullish(r)) {
           // A row broadcast against a full tile: a per-partition scalar.
           bool reverse = !st.fullish(l);
-          b.create<nisa::TensorScalarOp>(loc, alu, st.tileOf(reverse ? r : l),
-                                         dst, st.tileOf(reverse ? l : r),
-                                         APFloat(0.0), reverse,
-                                         engineFor.lookup(op));
+          b.create<nisa::TensorScalarOp>(
+              alu, st.tileOf(reverse ? r : l), dst, st.tileOf(reverse ? l : r),
+              APFloat(0.0), reverse, engineFor.lookup(op));
         } else {
-          b.create<nisa::TensorTensorOp>(loc, alu, st.tileOf(l), st.tileOf(r),
-                                         dst, engineFor.lookup(op));
+          b.create<nisa::TensorTensorOp>(alu, st.tileOf(l), st.tileOf(r), dst,
+                                         engineFor.lookup(op));
         }
       } else if (auto sel = dyn_cast<SelectOp>(op)) {
         bool rowResult = plan.rep(result) == Rep::Row;
         Value c = asTile(sel.getCond(), rowResult);
         Value t = asTile(sel.getOnTrue(), rowResult);
         Value f = asTile(sel.getOnFalse(), rowResult);
-        b.create<nisa::SelectOp>(loc, c, t, f, dst, engineFor.lookup(op));
+        b.create<nisa::SelectOp>(c, t, f, dst, engineFor.lookup(op));
       } else if (auto c = dyn_cast<CastOp>(op)) {
-        b.create<nisa::CopyOp>(loc, st.tileOf(c.getInput()), dst,
+        b.create<nisa::CopyOp>(st.tileOf(c.getInput()), dst,
                                engineFor.lookup(op));
       } else if (auto r = dyn_cast<ReduceOp>(op);
                  r && engineFor.lookup(op) == nisa::Engine::scalar) {
@@ -830,19 +735,19 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
         bool f32 = cast<MemRefType>(dst.getType()).getElementType().isF32();
         Value acc =
             f32 ? dst : tile(MemorySpace::sbuf, {rows, 1}, b.getF32Type());
-        b.create<nisa::ActivationOp>(loc, src, scratch, Value(), Value(), acc,
+        b.create<nisa::ActivationOp>(src, scratch, Value(), Value(), acc,
                                      nisa::ActivationFn::identity, APFloat(1.0),
                                      APFloat(0.0));
         if (!f32)
-          b.create<nisa::CopyOp>(loc, acc, dst, nisa::Engine::gpsimd);
+          b.create<nisa::CopyOp>(acc, dst, nisa::Engine::gpsimd);
       } else if (auto r = dyn_cast<ReduceOp>(op)) {
-        b.create<nisa::TensorReduceOp>(loc, aluFor(r.getFn()),
+        b.create<nisa::TensorReduceOp>(aluFor(r.getFn()),
                                        st.tileOf(r.getInput()), dst,
                                        engineFor.lookup(op));
       }
     }
     for (auto [v, buffer] : outputs) {
-      loc = v.getLoc();
+      b.setLoc(v.getLoc());
       dma(st.tileOf(v), window(v, buffer));
     }
   };
@@ -869,7 +774,7 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     run(full, p, p);
     if (rem)
       single(full * p, rem, cols, full);
-    return;
+    return success();
   }
   int64_t n = plan.numCols, chunk = p * cols, full = n / chunk;
   run(full, chunk, p);
@@ -878,9 +783,10 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
     single(at, rem / cols, cols, next++);
   if (rem % cols)
     single(at + rem / cols * cols, 1, rem % cols, next);
+  return success();
 }
 
-void KernelLowering::lowerFusion(FusionOp fusion) {
+LogicalResult KernelLowering::lowerFusion(FusionOp fusion) {
   Block &body = fusion.getBody().front();
   SmallVector<Operation *> ops;
   for (Operation &op : body.without_terminator())
@@ -890,77 +796,11 @@ void KernelLowering::lowerFusion(FusionOp fusion) {
     inputs.push_back({arg, bufferOf(operand)});
   auto yield = cast<YieldOp>(body.getTerminator());
   for (auto [v, result] : llvm::zip(yield.getValues(), fusion.getResults())) {
-    if (isa<BlockArgument>(v)) {
-      fusion.emitOpError("yields an input unchanged");
-      hadError = true;
-      return;
-    }
+    if (isa<BlockArgument>(v))
+      return fusion.emitOpError("yields an input unchanged");
     outputs.push_back({v, resultBuffer(result)});
   }
-  lowerGroup(fusion, ops, inputs, outputs);
-}
-
-/// Runs `body(i)` for i in [0, count): once inline when count is 1, else
-/// in an scf.for loop.
-void KernelLowering::forEach(int64_t count,
-                             llvm::function_ref<void(Value)> body) {
-  if (count == 1) {
-    body(index(0));
-  } else if (count > 1) {
-    auto loop = b.create<scf::ForOp>(loc, index(0), index(count), index(1));
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPoint(loop.getBody()->getTerminator());
-    body(loop.getInductionVar());
-  }
-}
-
-/// Steps [first, first + count) of a pipeline that rotates over `slots`
-/// buffers (step i uses buffer i % slots): groups of `slots` steps run in a
-/// loop whose body is unrolled, so each copy names its buffer by a constant
-/// offset; the steps left over run alone.
-void KernelLowering::forEachRotating(
-    int64_t first, int64_t count, int64_t slots,
-    llvm::function_ref<void(Value step, int64_t slot)> body) {
-  forEach(count / slots, [&](Value group) {
-    Value start = addOffset(scale(group, slots), first);
-    for (int64_t i = 0; i < slots; ++i)
-      body(addOffset(start, i), (first + i) % slots);
-  });
-  for (int64_t i = count / slots * slots; i < count; ++i)
-    body(index(first + i), (first + i) % slots);
-}
-
-/// Steps [0, count) of a stream whose loads go to buffer step % slots:
-/// the loads of the first slots - 1 steps, then per step the load of the
-/// step slots - 1 ahead before the step's compute. In program order (which
-/// is each DMA queue's issue order) a load thus never waits behind the
-/// store of an earlier step.
-void KernelLowering::forEachPipelined(
-    int64_t count, int64_t slots,
-    llvm::function_ref<void(Value step, int64_t slot)> load,
-    llvm::function_ref<void(Value step, int64_t slot)> compute) {
-  int64_t ahead = std::min(slots - 1, count);
-  for (int64_t i = 0; i < ahead; ++i)
-    load(index(i), i % slots);
-  int64_t steady = count - ahead;
-  forEachRotating(0, steady, slots, [&](Value i, int64_t slot) {
-    load(addOffset(i, ahead), (slot + ahead) % slots);
-    compute(i, slot);
-  });
-  for (int64_t i = steady; i < count; ++i)
-    compute(index(i), i % slots);
-}
-
-/// How many buffers keep a stream of DMA transfers ahead of the work that
-/// consumes them: enough to cover a transfer (fixed latency included) with
-/// the compute of the steps in between, at least three (so one transfer
-/// can finish while another is issued), at most four.
-int64_t KernelLowering::streamSlots(double transferNs, double computeNs) const {
-  double cover =
-      (target.dmaFixedLatencyNs + transferNs) / std::max(computeNs, 1.0);
-  // A slot is refilled once the step that read it is done and used
-  // slots - 1 steps later; one more covers the trigger and semaphores.
-  return std::clamp<int64_t>((int64_t)std::ceil(cover) + 2, 3, 4);
+  return lowerGroup(fusion, ops, inputs, outputs);
 }
 
 /// GEMM, with the operand reuse that keeps TensorE fed:
@@ -1078,7 +918,7 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
               int64_t nt = std::min(nTile, cols - ni * nTile);
               Value mov = view(moving, index(slot * nGroup + ni * nTile),
                                {kt, nt}, {bSlots * nGroup, 1});
-              auto mm = b.create<nisa::MatmulOp>(loc, stationary, mov,
+              auto mm = b.create<nisa::MatmulOp>(stationary, mov,
                                                  bank(mi, ni, mt, nt));
               if (!first)
                 mm.setAccumulate(true);
@@ -1128,14 +968,13 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
                 {mt, nt}, {2 * blockTiles * nGroup, 1});
             auto engine = (mi * groupTiles + ni) % 2 ? nisa::Engine::scalar
                                                      : nisa::Engine::vector;
-            b.create<nisa::CopyOp>(loc, bank(mi, ni, mt, nt), part, engine);
+            b.create<nisa::CopyOp>(bank(mi, ni, mt, nt), part, engine);
           }
           Value dst = addOffsets(
               addOffsets(outBase, scale(addOffset(m0, mi * mTile), n)), n0);
           // From ScalarE's queue: a store waits for its eviction, and on
           // SyncE's it would hold up the next group's B loads.
-          b.create<nisa::DmaCopyOp>(loc, stage,
-                                    view(out, dst, {mt, cols}, {n, 1}),
+          b.create<nisa::DmaCopyOp>(stage, view(out, dst, {mt, cols}, {n, 1}),
                                     nisa::Engine::scalar);
         }
       };
@@ -1240,7 +1079,7 @@ void KernelLowering::lowerReduce(ReduceOp op) {
     {
       TileScope s(*this);
       Value t = load(in, rowBase, rt, first, cols);
-      b.create<nisa::TensorReduceOp>(loc, alu, t, acc);
+      b.create<nisa::TensorReduceOp>(alu, t, acc);
     }
     if (cols > first)
       forTiles(cols - first, chunk, [&](Value c0, int64_t ct) {
@@ -1248,11 +1087,11 @@ void KernelLowering::lowerReduce(ReduceOp op) {
         Value t =
             load(in, addOffsets(rowBase, addOffset(c0, first)), rt, ct, cols);
         Value part = tile(MemorySpace::sbuf, {rt, 1}, f32);
-        b.create<nisa::TensorReduceOp>(loc, alu, t, part);
-        b.create<nisa::TensorTensorOp>(loc, alu, acc, part, acc);
+        b.create<nisa::TensorReduceOp>(alu, t, part);
+        b.create<nisa::TensorTensorOp>(alu, acc, part, acc);
       });
     Value result = tile(MemorySpace::sbuf, {rt, 1}, inType.getElementType());
-    b.create<nisa::CopyOp>(loc, acc, result);
+    b.create<nisa::CopyOp>(acc, result);
     dma(result, view(out, r0, {rt, 1}, {1, 1}));
   });
 }
@@ -1292,7 +1131,7 @@ void KernelLowering::lowerGather(GatherOp op) {
       TileScope s(*this);
       Value rowsTile =
           tile(MemorySpace::sbuf, {rt, ct}, tableType.getElementType());
-      b.create<nisa::DmaGatherOp>(loc, view(table, c0, {vocab, ct}, {width, 1}),
+      b.create<nisa::DmaGatherOp>(view(table, c0, {vocab, ct}, {width, 1}),
                                   indices, rowsTile);
       dma(rowsTile,
           view(out, addOffsets(scale(r0, width), c0), {rt, ct}, {width, 1}));
@@ -1315,8 +1154,8 @@ void KernelLowering::lowerRand(RandOp op) {
   auto rand = [&](Value base, int64_t rows, int64_t width) {
     TileScope s(*this);
     Value t = tile(MemorySpace::sbuf, {rows, width}, type.getElementType());
-    b.create<nisa::RandOp>(loc, t, view(seed, index(0), {rows, 2}, {2, 1}),
-                           base, op.getStream(), APFloat(double(cols)),
+    b.create<nisa::RandOp>(t, view(seed, index(0), {rows, 2}, {2, 1}), base,
+                           op.getStream(), APFloat(double(cols)),
                            ArrayRef<double>{1.0});
     dma(t, view(out, base, {rows, width}, {cols, 1}));
   };
@@ -1340,12 +1179,12 @@ void KernelLowering::lowerCollective(CollectiveOp op) {
   Value in = flat(bufferOf(op.getInput()), tensorType(op.getInput()));
   Value out = flat(resultBuffer(op.getResult()), op.getType());
   auto kind = *nisa::symbolizeCollective(stringifyCollectiveKind(op.getKind()));
-  b.create<nisa::CollectiveOp>(loc, in, out, kind, aluFor(op.getReduce()),
+  b.create<nisa::CollectiveOp>(in, out, kind, aluFor(op.getReduce()),
                                op.getGroup(), op.getRanks());
 }
 
 LogicalResult KernelLowering::lower(Operation *op) {
-  loc = op->getLoc();
+  b.setLoc(op->getLoc());
   // An empty result needs a buffer but no instructions.
   if (op->getNumResults() == 1 && !isa<ConstantOp, ReshapeOp>(op) &&
       tensorType(op->getResult(0)).getNumElements() == 0) {
@@ -1365,13 +1204,9 @@ LogicalResult KernelLowering::lower(Operation *op) {
           inputs.push_back(
               {operand, splatValueOf(operand) ? Value() : bufferOf(operand)});
         Value result = e->getResult(0);
-        lowerGroup(e, e, inputs, {{result, resultBuffer(result)}});
-        return failure(hadError);
+        return lowerGroup(e, e, inputs, {{result, resultBuffer(result)}});
       })
-      .Case<FusionOp>([&](FusionOp f) {
-        lowerFusion(f);
-        return failure(hadError);
-      })
+      .Case<FusionOp>([&](FusionOp f) { return lowerFusion(f); })
       .Case<MatmulOp>([&](MatmulOp m) {
         lowerMatmul(m);
         return success();
@@ -1433,32 +1268,34 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
   }
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPoint(func);
-  auto kernel = b.create<func::FuncOp>(func.getLoc(), func.getName(),
-                                       b.getFunctionType(argTypes, {}));
+  b.setLoc(func.getLoc());
+  auto kernel =
+      b.create<func::FuncOp>(func.getName(), b.getFunctionType(argTypes, {}));
   kernel->setAttr("nisa.kernel", b.getUnitAttr());
   kernel->setAttr("nisa.num_inputs",
                   b.getI64IntegerAttr(fnType.getNumInputs()));
-  entry = kernel.addEntryBlock();
+  Block *entry = kernel.addEntryBlock();
+  setEntry(entry);
   b.setInsertionPointToStart(entry);
 
   Block &body = func.getBody().front();
   unsigned numInputs = fnType.getNumInputs();
   for (auto [i, arg] : llvm::enumerate(body.getArguments()))
-    buffers[arg] = entry->getArgument(i);
+    bind(arg, entry->getArgument(i));
 
   // Results computed by an op are written straight into their output buffer.
   auto ret = cast<func::ReturnOp>(body.getTerminator());
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     Operation *def = v.getDefiningOp();
-    if (def && !isa<ConstantOp, ReshapeOp>(def) && !destinations.count(v))
-      destinations[v] = entry->getArgument(numInputs + i);
+    if (def && !isa<ConstantOp, ReshapeOp>(def) && !hasDestination(v))
+      setDestination(v, entry->getArgument(numInputs + i));
   }
 
   for (Operation &op : body.without_terminator())
     if (failed(lower(&op)))
       return failure();
 
-  loc = ret.getLoc();
+  b.setLoc(ret.getLoc());
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     Value dst = entry->getArgument(numInputs + i);
     Value src = bufferOf(v);
@@ -1471,7 +1308,7 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
     auto strides = contiguousStrides(dims);
     dma(view(src, index(0), dims, strides), view(dst, index(0), dims, strides));
   }
-  b.create<func::ReturnOp>(ret.getLoc());
+  b.create<func::ReturnOp>();
   kernel->setLoc(func.getLoc());
   func.erase();
   return success();
@@ -1494,10 +1331,11 @@ struct NeuronLowerToNisaPass
       return signalPassFailure();
     }
     SmallVector<func::FuncOp> funcs(module.getOps<func::FuncOp>());
-    OpBuilder builder(&getContext());
     for (func::FuncOp func : funcs) {
       if (func->hasAttr("nisa.kernel") || func.isExternal())
         continue;
+      ImplicitLocOpBuilder builder(UnknownLoc::get(&getContext()),
+                                   &getContext());
       KernelLowering lowering(builder, module, *chip, freeTileBytes);
       if (failed(lowering.lowerFunction(func)))
         return signalPassFailure();
