@@ -42,16 +42,11 @@ private:
 
   // --- op lowerings -------------------------------------------------------
   LogicalResult lower(Operation *op);
+  /// In LowerGroup.cpp: a group of elementwise ops (GroupPlan.h).
   LogicalResult lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
                            ArrayRef<std::pair<Value, Value>> inputs,
                            ArrayRef<std::pair<Value, Value>> outputs);
   LogicalResult lowerFusion(FusionOp fusion);
-  llvm::DenseMap<Operation *, nisa::Engine> assignEngines(
-      ArrayRef<Operation *> ops, const llvm::DenseSet<Operation *> &folded,
-      const llvm::DenseSet<Operation *> &activations,
-      const llvm::DenseSet<Operation *> &scalarSums,
-      llvm::function_ref<::neuron::runtime::Opcode(Operation *)> instructionOf,
-      const FusionPlan &plan, int64_t cols) const;
   void lowerMatmul(MatmulOp op);
   void lowerReduce(ReduceOp op);
   /// In LowerColumnSum.cpp: a sum over leading dims, read in place and
