@@ -18,6 +18,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/flex_attention/FlexAttentionLowering.h"
+#include "passes/tile/TilePattern.h"
 
 #include "llvm/ADT/TypeSwitch.h"
 
@@ -1234,9 +1235,18 @@ void FlexAttentionLowering::scalarTensorTensor(Value a, Value sCol, double sImm,
 
 } // namespace mlir::neuron::flex
 
-using namespace mlir;
-using namespace mlir::neuron;
+namespace mlir::neuron {
+namespace {
+/// The forward kernel builds with the function's TileBuilder alone.
+struct FlexAttentionPattern
+    : OpTilePattern<FlexAttentionPattern, FlexAttentionOp> {
+  LogicalResult lowerOp(FlexAttentionOp op, KernelLowering &k) const {
+    return flex::FlexAttentionLowering(k, op).run();
+  }
+};
+} // namespace
 
-LogicalResult KernelLowering::lowerFlexAttention(FlexAttentionOp op) {
-  return flex::FlexAttentionLowering(*this, op).run();
+void populateFlexAttentionPatterns(TilePatternSet &patterns) {
+  patterns.push_back(std::make_unique<FlexAttentionPattern>());
 }
+} // namespace mlir::neuron

@@ -20,6 +20,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/flex_attention/FlexAttentionLowering.h"
+#include "passes/tile/TilePattern.h"
 
 #include <limits>
 
@@ -571,10 +572,17 @@ void FlexAttentionLowering::backwardDQ(const Step &at, int64_t t, int64_t u,
 
 } // namespace mlir::neuron::flex
 
-using namespace mlir;
-using namespace mlir::neuron;
+namespace mlir::neuron {
+namespace {
+struct FlexAttentionBackwardPattern
+    : OpTilePattern<FlexAttentionBackwardPattern, FlexAttentionBackwardOp> {
+  LogicalResult lowerOp(FlexAttentionBackwardOp op, KernelLowering &k) const {
+    return flex::FlexAttentionLowering(k, op).runBackward();
+  }
+};
+} // namespace
 
-LogicalResult
-KernelLowering::lowerFlexAttentionBackward(FlexAttentionBackwardOp op) {
-  return flex::FlexAttentionLowering(*this, op).runBackward();
+void populateFlexAttentionBackwardPatterns(TilePatternSet &patterns) {
+  patterns.push_back(std::make_unique<FlexAttentionBackwardPattern>());
 }
+} // namespace mlir::neuron

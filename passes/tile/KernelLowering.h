@@ -2,8 +2,9 @@
 //
 // `neuron-lower-to-nisa` lowers each function with one KernelLowering: a
 // TileBuilder (the tensor -> HBM buffer map and the building blocks: views,
-// tiles, loops) with one member per op family. Op families with files of
-// their own (FlexAttention) implement their member there.
+// tiles, loops) with one member per op family, which that family's pattern
+// (TilePattern.h, in the family's file) calls. The FlexAttention kernels
+// need only the TileBuilder.
 //
 //===----------------------------------------------------------------------===//
 
@@ -12,6 +13,7 @@
 
 #include "passes/fuse/FusionPlan.h"
 #include "passes/tile/TileBuilder.h"
+#include "passes/tile/TilePattern.h"
 
 #include "dialects/neuron/NeuronDialect.h"
 #include "dialects/nisa/NisaDialect.h"
@@ -32,31 +34,42 @@ namespace mlir::neuron {
 class KernelLowering : public TileBuilder {
 public:
   KernelLowering(ImplicitLocOpBuilder &builder, ModuleOp module,
-                 const ::neuron::target::Target &target, int64_t tileBytes)
-      : TileBuilder(builder, module, target, tileBytes) {}
+                 const ::neuron::target::Target &target, int64_t tileBytes,
+                 const TilePatternSet &patterns)
+      : TileBuilder(builder, module, target, tileBytes), patterns(patterns) {}
 
   LogicalResult lowerFunction(func::FuncOp func);
 
-private:
+  // --- the op families, each called by its pattern (TilePattern.h) -------
+  /// LowerLayout.cpp.
   void lowerLayout(Operation *op);
-
-  // --- op lowerings -------------------------------------------------------
-  LogicalResult lower(Operation *op);
-  /// In LowerGroup.cpp: a group of elementwise ops (GroupPlan.h).
+  void lowerConcat(ConcatOp op);
+  /// LowerGroup.cpp: a group of elementwise ops (GroupPlan.h).
   LogicalResult lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
                            ArrayRef<std::pair<Value, Value>> inputs,
                            ArrayRef<std::pair<Value, Value>> outputs);
   LogicalResult lowerFusion(FusionOp fusion);
+  /// LowerMatmul.cpp.
   void lowerMatmul(MatmulOp op);
+  /// LowerReduce.cpp.
   void lowerReduce(ReduceOp op);
+  /// LowerGather.cpp.
+  void lowerGather(GatherOp op);
+  /// LowerRand.cpp.
+  void lowerRand(RandOp op);
+  /// LowerScan.cpp.
+  void lowerCumsum(CumsumOp op);
+  /// LowerTopK.cpp.
+  void lowerTopK(TopKOp op);
+  /// LowerCollective.cpp.
+  void lowerCollective(CollectiveOp op);
+
+private:
+  /// The driver: `op` to the pattern of its family.
+  LogicalResult lower(Operation *op);
   /// In LowerColumnSum.cpp: a sum over leading dims, read in place and
   /// reduced across partitions on TensorE; false if `op` is not one.
   bool lowerColumnSum(ReduceOp op);
-  void lowerConcat(ConcatOp op);
-  void lowerGather(GatherOp op);
-  void lowerRand(RandOp op);
-  /// In passes/tile/LowerScan.cpp.
-  void lowerCumsum(CumsumOp op);
   /// A scan's blocks of `partitions` rows (the last one shorter): `block(index,
   /// slot, rows, first)`, the middle ones rotating over `slots`.
   void forEachScanBlock(
@@ -64,12 +77,8 @@ private:
       llvm::function_ref<void(Value, int64_t, int64_t, bool)> block);
   void lowerRowScan(Value in, Value out, int64_t rows, int64_t len, Type mmElt,
                     Value tri, Value identity);
-  /// In passes/tile/LowerTopK.cpp.
-  void lowerTopK(TopKOp op);
-  void lowerCollective(CollectiveOp op);
-  /// In passes/flex_attention/LowerFlexAttention(Backward).cpp.
-  LogicalResult lowerFlexAttention(FlexAttentionOp op);
-  LogicalResult lowerFlexAttentionBackward(FlexAttentionBackwardOp op);
+
+  const TilePatternSet &patterns;
 };
 
 inline nisa::ActivationFn activationFor(UnaryFn fn) {

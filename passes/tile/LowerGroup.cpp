@@ -9,6 +9,7 @@
 
 #include "passes/tile/GroupPlan.h"
 #include "passes/tile/KernelLowering.h"
+#include "passes/tile/TilePattern.h"
 
 using namespace mlir;
 using namespace mlir::neuron;
@@ -398,4 +399,30 @@ LogicalResult KernelLowering::lowerFusion(FusionOp fusion) {
     outputs.push_back({v, resultBuffer(result)});
   }
   return lowerGroup(fusion, ops, inputs, outputs);
+}
+
+namespace {
+/// One elementwise op is a group of one.
+struct ElementwisePattern
+    : OpTilePattern<ElementwisePattern, UnaryOp, BinaryOp, SelectOp, CastOp> {
+  LogicalResult lowerOp(Operation *op, KernelLowering &k) const {
+    SmallVector<std::pair<Value, Value>> inputs;
+    for (Value operand : op->getOperands())
+      inputs.push_back(
+          {operand, splatValueOf(operand) ? Value() : k.bufferOf(operand)});
+    Value result = op->getResult(0);
+    return k.lowerGroup(op, op, inputs, {{result, k.resultBuffer(result)}});
+  }
+};
+
+struct FusionPattern : OpTilePattern<FusionPattern, FusionOp> {
+  LogicalResult lowerOp(FusionOp op, KernelLowering &k) const {
+    return k.lowerFusion(op);
+  }
+};
+} // namespace
+
+void mlir::neuron::populateElementwiseGroupPatterns(TilePatternSet &patterns) {
+  patterns.push_back(std::make_unique<ElementwisePattern>());
+  patterns.push_back(std::make_unique<FusionPattern>());
 }

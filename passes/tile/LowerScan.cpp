@@ -24,6 +24,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/tile/KernelLowering.h"
+#include "passes/tile/TilePattern.h"
 
 namespace mlir::neuron {
 
@@ -44,8 +45,9 @@ void KernelLowering::forEachScanBlock(
   if (full > 0)
     block(index(0), 0, p, true);
   if (full > 1)
-    forEachRotating(1, full - 1, slots,
-                    [&](Value blk, int64_t slot) { block(blk, slot, p, false); });
+    forEachRotating(1, full - 1, slots, [&](Value blk, int64_t slot) {
+      block(blk, slot, p, false);
+    });
   if (rem)
     block(index(full), full % slots, rem, full == 0);
 }
@@ -194,6 +196,19 @@ void KernelLowering::lowerCumsum(CumsumOp op) {
     forTiles(inner, innerChunk,
              [&](Value i0, int64_t it) { columns(o0, gt, i0, it); });
   });
+}
+
+namespace {
+struct CumsumPattern : OpTilePattern<CumsumPattern, CumsumOp> {
+  LogicalResult lowerOp(CumsumOp op, KernelLowering &k) const {
+    k.lowerCumsum(op);
+    return success();
+  }
+};
+} // namespace
+
+void populateScanPatterns(TilePatternSet &patterns) {
+  patterns.push_back(std::make_unique<CumsumPattern>());
 }
 
 } // namespace mlir::neuron

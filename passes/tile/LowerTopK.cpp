@@ -21,6 +21,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/tile/KernelLowering.h"
+#include "passes/tile/TilePattern.h"
 
 #include <limits>
 
@@ -86,6 +87,19 @@ void KernelLowering::lowerTopK(TopKOp op) {
     dma(values, view(outValues, scale(r0, k), {rt, k}, {k, 1}));
     dma(indices, view(outIndices, scale(r0, k), {rt, k}, {k, 1}));
   });
+}
+
+namespace {
+struct TopKPattern : OpTilePattern<TopKPattern, TopKOp> {
+  LogicalResult lowerOp(TopKOp op, KernelLowering &k) const {
+    k.lowerTopK(op);
+    return success();
+  }
+};
+} // namespace
+
+void populateTopKPatterns(TilePatternSet &patterns) {
+  patterns.push_back(std::make_unique<TopKPattern>());
 }
 
 } // namespace mlir::neuron
