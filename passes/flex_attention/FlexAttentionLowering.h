@@ -57,9 +57,9 @@ struct Operand {
 
 class FlexAttentionLowering {
 public:
-  FlexAttentionLowering(KernelLowering &k, FlexAttentionOp op)
+  FlexAttentionLowering(TileBuilder &k, FlexAttentionOp op)
       : k(k), b(k.b), op(op) {}
-  FlexAttentionLowering(KernelLowering &k, FlexAttentionBackwardOp op)
+  FlexAttentionLowering(TileBuilder &k, FlexAttentionBackwardOp op)
       : k(k), b(k.b), bwOp(op) {}
   /// The forward kernel (LowerFlexAttention.cpp).
   LogicalResult run();
@@ -122,8 +122,8 @@ private:
     // dQPartial, fp32 in HBM.
     int64_t qCap = 0, kvCap = 0, qCapTiles = 0, kvCapUnits = 0;
     int64_t t0 = 0, u0 = 0, chunkUnits = 0;
-    KernelLowering::Window dQPartial;
-    KernelLowering::Window o, dO, lseIn;
+    TileBuilder::Window dQPartial;
+    TileBuilder::Window o, dO, lseIn;
     Region *scoreGrad = nullptr;
     bool plainScoreGrad = false;
   };
@@ -137,9 +137,9 @@ private:
   void backwardGrads(const Step &at, int64_t t, int64_t u, bool first,
                      int64_t slot, int64_t parity, int64_t kvBank);
   void backwardDQ(const Step &at, int64_t t, int64_t u, int64_t parity);
-  Value loadRowsOf(const KernelLowering::Window &w, Value base, int64_t len,
+  Value loadRowsOf(const TileBuilder::Window &w, Value base, int64_t len,
                    int64_t width, Value dst);
-  Value loadTransposed(const KernelLowering::Window &w, Value base, int64_t len,
+  Value loadTransposed(const TileBuilder::Window &w, Value base, int64_t len,
                        int64_t width, Value dst);
   void storeRows(Value src, int64_t width, int64_t len, Value buffer,
                  Value base, int64_t rowStride, double factor);
@@ -200,8 +200,8 @@ private:
   Value iota(const Affine &a, const Step &at, bool asFull);
   Value indexValue(const Affine &a, const Step &at);
 
-  KernelLowering &k;
-  OpBuilder &b;
+  TileBuilder &k;
+  ImplicitLocOpBuilder &b;
   FlexAttentionOp op;           // the forward kernel's
   FlexAttentionBackwardOp bwOp; // the backward kernel's
   bool failed = false;
@@ -220,7 +220,7 @@ private:
   // captured tensors (resolved before any loop is emitted).
   SmallVector<Operand> scoreArgs, maskArgs;
   Type inElt, f32;
-  KernelLowering::Window q, key, value;
+  TileBuilder::Window q, key, value;
   Value out, lse;
   SmallVector<int64_t> outStrides, lseStrides;
 

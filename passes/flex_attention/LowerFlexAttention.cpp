@@ -18,6 +18,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/flex_attention/FlexAttentionLowering.h"
+#include "passes/tile/TilePattern.h"
 
 #include "llvm/ADT/TypeSwitch.h"
 
@@ -135,8 +136,7 @@ Value FlexAttentionLowering::gatherWindow(Value buffer, Value first,
     k.dma(k.view(buffer, k.addOffset(first, rowStride * (rows - 1)),
                  {rows, cols}, {-rowStride, colStride}),
           reversed);
-    b.create<nisa::MatmulOp>(k.loc, antiIdentity.lookup(rows), reversed,
-                             flipped);
+    b.create<nisa::MatmulOp>(antiIdentity.lookup(rows), reversed, flipped);
   } else {
     // Per chunk of up to 128 columns from the right: its reversed transpose
     // R^T (a transposing DMA), then window[:, chunk] = (R^T)^T J.
@@ -147,13 +147,13 @@ Value FlexAttentionLowering::gatherWindow(Value buffer, Value first,
       k.dma(k.view(buffer, k.addOffset(first, colStride * lastCol), {n, rows},
                    {-colStride, rowStride}),
             reversedT);
-      b.create<nisa::MatmulOp>(k.loc, reversedT, antiIdentity.lookup(n),
+      b.create<nisa::MatmulOp>(reversedT, antiIdentity.lookup(n),
                                k.view(psum,
                                       k.index(miscBank * bank + cols - c0 - n),
                                       {rows, n}, {psumCols, 1}));
     }
   }
-  b.create<nisa::CopyOp>(k.loc, flipped, t, nisa::Engine::scalar);
+  b.create<nisa::CopyOp>(flipped, t, nisa::Engine::scalar);
   return t;
 }
 
@@ -162,7 +162,7 @@ Value FlexAttentionLowering::iota(const Affine &a, const Step &at,
                                   bool asFull) {
   bool full = asFull || a.ckv != 0;
   Value t = k.tile(MemorySpace::sbuf, {at.rows, full ? at.width : 1}, f32);
-  b.create<nisa::IotaOp>(k.loc, t, indexValue(a, at), APFloat((double)a.c0),
+  b.create<nisa::IotaOp>(t, indexValue(a, at), APFloat((double)a.c0),
                          APFloat((double)a.cq),
                          ArrayRef<double>{(double)a.ckv});
   return t;
@@ -175,7 +175,7 @@ Value FlexAttentionLowering::materialize(const Operand &v, const Step &at,
   switch (v.kind) {
   case Operand::imm: {
     Value t = k.tile(MemorySpace::sbuf, {at.rows, asFull ? at.width : 1}, f32);
-    b.create<nisa::MemsetOp>(k.loc, t, APFloat(v.value));
+    b.create<nisa::MemsetOp>(t, APFloat(v.value));
     return t;
   }
   case Operand::index:
@@ -184,9 +184,9 @@ Value FlexAttentionLowering::materialize(const Operand &v, const Step &at,
     if (!asFull)
       return v.tile;
     Value t = k.tile(MemorySpace::sbuf, {at.rows, at.width}, f32);
-    b.create<nisa::MemsetOp>(k.loc, t, APFloat(0.0));
-    b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::add, t, t, v.tile,
-                                   APFloat(0.0), false, nisa::Engine::gpsimd);
+    b.create<nisa::MemsetOp>(t, APFloat(0.0));
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::add, t, t, v.tile, APFloat(0.0),
+                                   false, nisa::Engine::gpsimd);
     return t;
   }
   case Operand::full:
@@ -221,11 +221,9 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
     return a;
   };
   for (Operation &inner : body.without_terminator()) {
-    Location saved = k.loc;
-    k.loc = inner.getLoc();
+    TileBuilder::LocScope innerLoc(b, inner.getLoc());
     auto fail = [&](const Twine &why) -> FailureOr<Operand> {
       inner.emitOpError(why);
-      k.loc = saved;
       return failure();
     };
     auto get = [&](Value v) { return values.lookup(v); };
@@ -255,7 +253,7 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
           Value src = materialize(result, at, false);
           Value t = k.tile(MemorySpace::sbuf,
                            cast<MemRefType>(src.getType()).getShape(), f32);
-          b.create<nisa::ActivationOp>(k.loc, src, t, Value(),
+          b.create<nisa::ActivationOp>(src, t, Value(),
                                        nisa::ActivationFn::trunc, APFloat(1.0),
                                        APFloat(0.0));
           result.kind = cast<MemRefType>(src.getType()).getShape()[1] == 1
@@ -304,7 +302,7 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
       Value src = materialize(x, at, false);
       auto shape = cast<MemRefType>(src.getType()).getShape();
       Value t = k.tile(MemorySpace::sbuf, shape, f32);
-      b.create<nisa::ActivationOp>(k.loc, src, t, Value(),
+      b.create<nisa::ActivationOp>(src, t, Value(),
                                    activationFor(unary.getFn()), APFloat(1.0),
                                    APFloat(0.0));
       result.kind = shape[1] == 1 ? Operand::column : Operand::full;
@@ -347,7 +345,7 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
         if (l.kind == Operand::imm || r.kind == Operand::imm) {
           bool reverse = l.kind == Operand::imm;
           Value src = materialize(reverse ? r : l, at, false);
-          b.create<nisa::TensorScalarOp>(k.loc, alu, src, t, Value(),
+          b.create<nisa::TensorScalarOp>(alu, src, t, Value(),
                                          APFloat(reverse ? l.value : r.value),
                                          reverse, nisa::Engine::gpsimd);
         } else if (lTile != rTile) {
@@ -355,10 +353,10 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
           bool reverse = !lTile;
           Value src = materialize(reverse ? r : l, at, false);
           Value col = materialize(reverse ? l : r, at, false);
-          b.create<nisa::TensorScalarOp>(k.loc, alu, src, t, col, APFloat(0.0),
+          b.create<nisa::TensorScalarOp>(alu, src, t, col, APFloat(0.0),
                                          reverse, nisa::Engine::gpsimd);
         } else {
-          b.create<nisa::TensorTensorOp>(k.loc, alu, materialize(l, at, false),
+          b.create<nisa::TensorTensorOp>(alu, materialize(l, at, false),
                                          materialize(r, at, false), t,
                                          nisa::Engine::gpsimd);
         }
@@ -373,14 +371,13 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
         return fail("selects whole captured tensors");
       Value t = k.tile(MemorySpace::sbuf, {at.rows, at.width}, f32);
       b.create<nisa::SelectOp>(
-          k.loc, materialize(c, at, true), materialize(x, at, true),
+          materialize(c, at, true), materialize(x, at, true),
           materialize(y, at, true), t, nisa::Engine::gpsimd);
       result.kind = Operand::full;
       result.tile = t;
     } else {
       return fail("is not supported in a FlexAttention modifier");
     }
-    k.loc = saved;
     values[inner.getResult(0)] = result;
   }
   return values.lookup(cast<YieldOp>(body.getTerminator()).getValues()[0]);
@@ -397,9 +394,9 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
 void FlexAttentionLowering::loadHead(Value batchIdx, Value kvHead,
                                      int64_t slot) {
   auto load = [&](Value src, Value to) {
-    b.create<nisa::DmaCopyOp>(k.loc, src, to, nisa::Engine::scalar);
+    b.create<nisa::DmaCopyOp>(src, to, nisa::Engine::scalar);
   };
-  auto base = [&](const KernelLowering::Window &w, Value head) {
+  auto base = [&](const TileBuilder::Window &w, Value head) {
     return k.addOffsets(k.addOffset(k.scale(batchIdx, w.strides[0]), w.offset),
                         k.scale(head, w.strides[1]));
   };
@@ -435,7 +432,7 @@ void FlexAttentionLowering::loadHead(Value batchIdx, Value kvHead,
 SmallVector<Operand> FlexAttentionLowering::tableOperands(ValueRange buffers) {
   SmallVector<Operand> tables;
   for (Value buffer : buffers) {
-    KernelLowering::Window w = k.windowOf(buffer);
+    TileBuilder::Window w = k.windowOf(buffer);
     Operand v;
     v.kind = Operand::table;
     v.buffer = w.buffer;
@@ -454,16 +451,16 @@ SmallVector<Operand> FlexAttentionLowering::tableOperands(ValueRange buffers) {
 /// tiles of `cols` columns for masks.
 void FlexAttentionLowering::makeConstants(int64_t cols) {
   Value diff = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, f32);
-  b.create<nisa::IotaOp>(k.loc, diff, APFloat(0.0), APFloat(1.0),
+  b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
                          b.getDenseF64ArrayAttr({-1.0}));
   ident = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, inElt);
-  b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::eq, diff, ident, Value(),
+  b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
                                  APFloat(0.0), false);
   negInf = k.tile(MemorySpace::sbuf, {kUnit, cols}, f32);
-  b.create<nisa::MemsetOp>(k.loc, negInf,
+  b.create<nisa::MemsetOp>(negInf,
                            APFloat(-std::numeric_limits<float>::infinity()));
   zeros = k.tile(MemorySpace::sbuf, {kUnit, cols}, f32);
-  b.create<nisa::MemsetOp>(k.loc, zeros, APFloat(0.0));
+  b.create<nisa::MemsetOp>(zeros, APFloat(0.0));
 }
 
 /// The buffer a [B, H, L, D] result is written to, and its strides. A
@@ -474,7 +471,7 @@ std::pair<Value, SmallVector<int64_t>>
 FlexAttentionLowering::resultLayout(Value result) {
   auto shape = tensorType(result).getShape();
   bool headsInner =
-      !result.use_empty() && !k.destinations.count(result) &&
+      !result.use_empty() && !k.hasDestination(result) &&
       llvm::all_of(result.getUsers(), [](Operation *user) {
         auto t = dyn_cast<TransposeOp>(user);
         return t && t.getPermutation() == ArrayRef<int64_t>{0, 2, 1, 3};
@@ -482,12 +479,11 @@ FlexAttentionLowering::resultLayout(Value result) {
   if (!headsInner)
     return {k.resultBuffer(result), contiguousStrides(shape)};
   Value buffer = b.create<memref::AllocOp>(
-      k.loc, MemRefType::get({shape[0], shape[2], shape[1], shape[3]},
-                             tensorType(result).getElementType()));
+      MemRefType::get({shape[0], shape[2], shape[1], shape[3]},
+                      tensorType(result).getElementType()));
   int64_t rowStride = shape[1] * shape[3];
   SmallVector<int64_t> strides{shape[2] * rowStride, shape[3], rowStride, 1};
-  k.lazyViews.try_emplace(
-      result, KernelLowering::LazyView{{buffer, 0, strides}, result.getLoc()});
+  k.bindWindow(result, {buffer, 0, strides}, result.getLoc());
   return {buffer, strides};
 }
 
@@ -498,10 +494,10 @@ void FlexAttentionLowering::makeAntiIdentities() {
     if (n == 0 || antiIdentity.count(n))
       continue;
     Value sum = k.tile(MemorySpace::sbuf, {n, n}, f32);
-    b.create<nisa::IotaOp>(k.loc, sum, APFloat((double)(1 - n)), APFloat(1.0),
+    b.create<nisa::IotaOp>(sum, APFloat((double)(1 - n)), APFloat(1.0),
                            b.getDenseF64ArrayAttr({1.0}));
     Value j = k.tile(MemorySpace::sbuf, {n, n}, f32);
-    b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::eq, sum, j, Value(),
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, sum, j, Value(),
                                    APFloat(0.0), false);
     antiIdentity[n] = j;
   }
@@ -610,12 +606,12 @@ LogicalResult FlexAttentionLowering::run() {
     lseStrides = contiguousStrides(tensorType(op.getLse()).getShape());
   }
 
-  KernelLowering::TileScope scope(k);
+  TileBuilder::TileScope scope(k);
   makeConstants(bank);
   // -max starts huge but finite: exp(s - max) of a masked -inf score is 0,
   // never NaN.
   negmInit = k.tile(MemorySpace::sbuf, {kUnit, 1}, f32);
-  b.create<nisa::MemsetOp>(k.loc, negmInit,
+  b.create<nisa::MemsetOp>(negmInit,
                            APFloat(std::numeric_limits<float>::max()));
   psum = k.tile(MemorySpace::psum, {kUnit, psumCols}, f32);
   if (tables)
@@ -842,9 +838,9 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
 
 /// A query tile whose keys are all masked: out = 0 and lse = -inf.
 void FlexAttentionLowering::emptyTile(const Step &at) {
-  KernelLowering::TileScope scope(k);
+  TileBuilder::TileScope scope(k);
   Value zeros = k.tile(MemorySpace::sbuf, {at.rows, vDim}, inElt);
-  b.create<nisa::MemsetOp>(k.loc, zeros, APFloat(0.0));
+  b.create<nisa::MemsetOp>(zeros, APFloat(0.0));
   Value outOffset = k.addOffsets(k.addOffsets(k.scale(at.batch, outStrides[0]),
                                               k.scale(at.head, outStrides[1])),
                                  k.scale(at.q0, outStrides[2]));
@@ -853,7 +849,7 @@ void FlexAttentionLowering::emptyTile(const Step &at) {
     return;
   // Row sum 0 and -max 0: lse = log(0) - 0 = -inf.
   Value zero = k.tile(MemorySpace::sbuf, {at.rows, 1}, f32);
-  b.create<nisa::MemsetOp>(k.loc, zero, APFloat(0.0));
+  b.create<nisa::MemsetOp>(zero, APFloat(0.0));
   storeLseParts(at, zero, zero);
 }
 
@@ -865,7 +861,7 @@ void FlexAttentionLowering::emptyTile(const Step &at) {
 void FlexAttentionLowering::round(const Step &head, Value qTHead,
                                   ArrayRef<Lane> streams, int64_t r, Value rIdx,
                                   int64_t parity, Value qShift, bool affine) {
-  KernelLowering::TileScope scope(k);
+  TileBuilder::TileScope scope(k);
   auto cursor = [&](int64_t lane, int64_t s,
                     int64_t par) -> std::optional<Cursor> {
     if (s < 0 || s >= (int64_t)streams[lane].size())
@@ -919,7 +915,6 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
     for (int64_t i = 0; i * kUnit < width; ++i) {
       int64_t keys = std::min(kUnit, width - i * kUnit);
       b.create<nisa::MatmulOp>(
-          k.loc,
           k.view(ps[c->lane], k.index(i * kUnit), {rows, keys}, {width, 1}),
           k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}),
           k.view(psum, k.index(scoreBankOf(*c) * bank + i * rows), {keys, rows},
@@ -938,7 +933,6 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
     int64_t onScalar = units < 4 ? units : units - 1;
     auto copy = [&](int64_t from, int64_t n, nisa::Engine engine) {
       b.create<nisa::CopyOp>(
-          k.loc,
           k.view(psum, k.index(scoreBankOf(*c) * bank + from * rows),
                  {keys, n * rows}, {psumCols, 1}),
           k.view(pTs[c->lane], k.index(from * rows), {keys, n * rows},
@@ -967,14 +961,14 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
                             k.addOffset(k.scale(c->at.unit, vDim),
                                         kvSlot * kvUnits * vDim + i * vDim),
                             {keys, vDim}, {vSStride, 1});
-      auto mm = b.create<nisa::MatmulOp>(k.loc, stationary, moving, oPs);
+      auto mm = b.create<nisa::MatmulOp>(stationary, moving, oPs);
       if (i > 0)
         mm.setAccumulate(true);
     }
     Value os = k.view(o, k.index((2 * c->lane + step.set) * vDim), {rows, vDim},
                       {2 * lanes * vDim, 1});
     if (step.first)
-      b.create<nisa::CopyOp>(k.loc, oPs, os, nisa::Engine::vector);
+      b.create<nisa::CopyOp>(oPs, os, nisa::Engine::vector);
     else
       scalarTensorTensor(os, column(alpha, 2 * c->lane + c->parity, rows), 0.0,
                          nisa::AluOp::multiply, oPs, nisa::AluOp::add, os,
@@ -1043,7 +1037,7 @@ void FlexAttentionLowering::startTile(const Cursor &c) {
 /// S = Q K^T of the cursor's step into its score bank.
 void FlexAttentionLowering::scores(const Cursor &c, Value qTs) {
   b.create<nisa::MatmulOp>(
-      k.loc, qTs,
+      qTs,
       k.view(kT,
              k.addOffset(k.scale(c.at.unit, kUnit), kvSlot * kvUnits * kUnit),
              {dim, c.at.width}, {kTStride, 1}),
@@ -1062,16 +1056,15 @@ void FlexAttentionLowering::rowMax(const Cursor &c) {
       int64_t cols = std::min(count * kUnit, width - offset * kUnit);
       Value part = k.view(psum, k.index(scoreBankOf(c) * bank + offset * kUnit),
                           {rows, cols}, {psumCols, 1});
-      b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, part,
+      b.create<nisa::TensorTensorOp>(nisa::AluOp::add, part,
                                      biasOf(c, offset, cols), part);
     }
     emitRowMax(c, s);
     return;
   }
   Value sc = k.tile(MemorySpace::sbuf, {rows, width}, f32);
-  b.create<nisa::ActivationOp>(k.loc, s, sc, Value(),
-                               nisa::ActivationFn::identity, APFloat(scale),
-                               APFloat(0.0));
+  b.create<nisa::ActivationOp>(s, sc, Value(), nisa::ActivationFn::identity,
+                               APFloat(scale), APFloat(0.0));
   Value src = sc;
   if (!plainScores) {
     Operand score;
@@ -1088,11 +1081,10 @@ void FlexAttentionLowering::rowMax(const Cursor &c) {
   }
   // Tiles of one kind here: a partial tile is masked whole.
   if (c.step->keys.partial())
-    b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, src,
-                                   biasOf(c, 0, width), dst,
-                                   nisa::Engine::gpsimd);
+    b.create<nisa::TensorTensorOp>(nisa::AluOp::add, src, biasOf(c, 0, width),
+                                   dst, nisa::Engine::gpsimd);
   else
-    b.create<nisa::CopyOp>(k.loc, src, dst, nisa::Engine::gpsimd);
+    b.create<nisa::CopyOp>(src, dst, nisa::Engine::gpsimd);
   emitRowMax(c, dst);
 }
 
@@ -1110,7 +1102,7 @@ void FlexAttentionLowering::maskBias(const Cursor &c) {
     }
     if (r->kind == Operand::imm) {
       b.create<nisa::MemsetOp>(
-          k.loc, bias,
+          bias,
           APFloat(r->value != 0.0 ? 0.0
                                   : -std::numeric_limits<float>::infinity()));
       continue;
@@ -1118,7 +1110,7 @@ void FlexAttentionLowering::maskBias(const Cursor &c) {
     auto full = [&](Value t) {
       return k.view(t, k.index(0), {sub.rows, sub.width}, {bank, 1});
     };
-    b.create<nisa::SelectOp>(k.loc, materialize(*r, sub, true), full(zeros),
+    b.create<nisa::SelectOp>(materialize(*r, sub, true), full(zeros),
                              full(negInf), bias, nisa::Engine::gpsimd);
   }
 }
@@ -1135,7 +1127,7 @@ Value FlexAttentionLowering::biasOf(const Cursor &c, int64_t offset,
 void FlexAttentionLowering::emitRowMax(const Cursor &c, Value src) {
   int64_t rows = c.at.rows;
   Value mt = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
-  b.create<nisa::TensorReduceOp>(k.loc, nisa::AluOp::max, src, mt);
+  b.create<nisa::TensorReduceOp>(nisa::AluOp::max, src, mt);
   Value old = c.step->first ? column(negmInit, 0, rows)
                             : negmOf(c.lane, 1 - c.parity, rows);
   scalarTensorTensor(mt, Value(), scaleOnExp ? -scale : -1.0,
@@ -1151,9 +1143,9 @@ Value FlexAttentionLowering::probabilities(const Cursor &c) {
   Value p = k.tile(MemorySpace::sbuf, {rows, c.at.width}, inElt);
   Value ls = column(l, 2 * c.lane + step.set, rows);
   Value sums = step.first ? ls : k.tile(MemorySpace::sbuf, {rows, 1}, f32);
-  b.create<nisa::ActivationOp>(
-      k.loc, expSource(c), p, negmOf(c.lane, c.parity, rows), Value(), sums,
-      nisa::ActivationFn::exp, APFloat(scaleOnExp ? scale : 1.0), APFloat(0.0));
+  b.create<nisa::ActivationOp>(expSource(c), p, negmOf(c.lane, c.parity, rows),
+                               Value(), sums, nisa::ActivationFn::exp,
+                               APFloat(scaleOnExp ? scale : 1.0), APFloat(0.0));
   if (!step.first)
     scalarTensorTensor(ls, column(alpha, 2 * c.lane + c.parity, rows), 0.0,
                        nisa::AluOp::multiply, sums, nisa::AluOp::add, ls,
@@ -1164,7 +1156,7 @@ Value FlexAttentionLowering::probabilities(const Cursor &c) {
 /// alpha = exp(max_old - max_new) rescales what came before this step.
 void FlexAttentionLowering::rescaleFactor(const Cursor &c) {
   int64_t rows = c.at.rows;
-  b.create<nisa::ActivationOp>(k.loc, negmOf(c.lane, 1 - c.parity, rows),
+  b.create<nisa::ActivationOp>(negmOf(c.lane, 1 - c.parity, rows),
                                column(alpha, 2 * c.lane + c.parity, rows),
                                negmOf(c.lane, c.parity, rows),
                                nisa::ActivationFn::exp, APFloat(-1.0),
@@ -1179,13 +1171,13 @@ void FlexAttentionLowering::finishTile(const Cursor &c) {
   int64_t rows = at.rows, at2 = 2 * c.lane + c.step->set;
   Value ls = column(l, at2, rows);
   Value lc = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
-  b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::max, ls, lc, Value(),
+  b.create<nisa::TensorScalarOp>(nisa::AluOp::max, ls, lc, Value(),
                                  APFloat(std::numeric_limits<float>::min()),
                                  false, nisa::Engine::gpsimd);
   Value res =
       k.view(oOut, k.index(at2 * vDim), {rows, vDim}, {2 * lanes * vDim, 1});
   b.create<nisa::TensorScalarOp>(
-      k.loc, nisa::AluOp::divide,
+      nisa::AluOp::divide,
       k.view(o, k.index(at2 * vDim), {rows, vDim}, {2 * lanes * vDim, 1}), res,
       lc, APFloat(0.0), false, nisa::Engine::gpsimd);
   Value outOffset = k.addOffsets(k.addOffsets(k.scale(at.batch, outStrides[0]),
@@ -1203,8 +1195,8 @@ void FlexAttentionLowering::storeLseParts(const Step &at, Value sums,
   auto col = [&](Value t) {
     return k.view(t, at.qTile, {at.rows, 1}, {qTiles, 1});
   };
-  b.create<nisa::CopyOp>(k.loc, sums, col(lseSums), nisa::Engine::gpsimd);
-  b.create<nisa::CopyOp>(k.loc, negMax, col(lseNegMax), nisa::Engine::gpsimd);
+  b.create<nisa::CopyOp>(sums, col(lseSums), nisa::Engine::gpsimd);
+  b.create<nisa::CopyOp>(negMax, col(lseNegMax), nisa::Engine::gpsimd);
 }
 
 /// lse = log(row sum) - (-max) of every query of a head: one ScalarE table
@@ -1217,10 +1209,10 @@ void FlexAttentionLowering::finishLse(const Step &head) {
     auto sbuf = [&](Value t) {
       return k.view(t, k.index(col), {rows, cols}, {qTiles, 1});
     };
-    b.create<nisa::ActivationOp>(k.loc, sbuf(lseSums), sbuf(lseSums), Value(),
+    b.create<nisa::ActivationOp>(sbuf(lseSums), sbuf(lseSums), Value(),
                                  nisa::ActivationFn::log, APFloat(1.0),
                                  APFloat(0.0));
-    b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::subtract, sbuf(lseSums),
+    b.create<nisa::TensorTensorOp>(nisa::AluOp::subtract, sbuf(lseSums),
                                    sbuf(lseNegMax), sbuf(lseSums),
                                    nisa::Engine::gpsimd);
     k.dma(sbuf(lseSums), k.view(lse, k.addOffset(lseBase, col * kUnit),
@@ -1237,15 +1229,24 @@ void FlexAttentionLowering::scalarTensorTensor(Value a, Value sCol, double sImm,
                                                nisa::AluOp op0, Value other,
                                                nisa::AluOp op1, Value dst,
                                                nisa::Engine engine) {
-  b.create<nisa::ScalarTensorTensorOp>(k.loc, op0, op1, a, other, dst, sCol,
+  b.create<nisa::ScalarTensorTensorOp>(op0, op1, a, other, dst, sCol,
                                        APFloat(sImm), engine);
 }
 
 } // namespace mlir::neuron::flex
 
-using namespace mlir;
-using namespace mlir::neuron;
+namespace mlir::neuron {
+namespace {
+/// The forward kernel builds with the function's TileBuilder alone.
+struct FlexAttentionPattern
+    : OpTilePattern<FlexAttentionPattern, FlexAttentionOp> {
+  LogicalResult lowerOp(FlexAttentionOp op, KernelLowering &k) const {
+    return flex::FlexAttentionLowering(k, op).run();
+  }
+};
+} // namespace
 
-LogicalResult KernelLowering::lowerFlexAttention(FlexAttentionOp op) {
-  return flex::FlexAttentionLowering(*this, op).run();
+void populateFlexAttentionPatterns(TilePatternSet &patterns) {
+  patterns.push_back(std::make_unique<FlexAttentionPattern>());
 }
+} // namespace mlir::neuron

@@ -20,6 +20,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/flex_attention/FlexAttentionLowering.h"
+#include "passes/tile/TilePattern.h"
 
 #include <limits>
 
@@ -38,7 +39,7 @@ constexpr int64_t kScoreBank = 0, kDPBank = 1, kGradKVBanks[2] = {2, 3},
 
 /// `len` rows of `width` elements of window `w` from `base` (rows at stride
 /// w.strides[2]) into `dst`, a 128-row unit per `width` columns.
-Value FlexAttentionLowering::loadRowsOf(const KernelLowering::Window &w,
+Value FlexAttentionLowering::loadRowsOf(const TileBuilder::Window &w,
                                         Value base, int64_t len, int64_t width,
                                         Value dst) {
   int64_t rs = w.strides[2], es = w.strides[3];
@@ -56,7 +57,7 @@ Value FlexAttentionLowering::loadRowsOf(const KernelLowering::Window &w,
 
 /// The transpose [width, len] of `len` rows of window `w` from `base`: one
 /// transposing DMA.
-Value FlexAttentionLowering::loadTransposed(const KernelLowering::Window &w,
+Value FlexAttentionLowering::loadTransposed(const TileBuilder::Window &w,
                                             Value base, int64_t len,
                                             int64_t width, Value dst) {
   k.dma(k.view(w.buffer, base, {width, len}, {w.strides[3], w.strides[2]}),
@@ -70,14 +71,14 @@ Value FlexAttentionLowering::loadTransposed(const KernelLowering::Window &w,
 void FlexAttentionLowering::storeRows(Value src, int64_t width, int64_t len,
                                       Value buffer, Value base,
                                       int64_t rowStride, double factor) {
-  KernelLowering::TileScope scope(k);
+  TileBuilder::TileScope scope(k);
   int64_t units = (len + kUnit - 1) / kUnit;
   int64_t srcCols = cast<MemRefType>(src.getType()).getShape()[1];
   Type elt = cast<MemRefType>(buffer.getType()).getElementType();
   Value res = k.view(src, k.index(0), {kUnit, units * width}, {srcCols, 1});
   if (factor != 1.0 || elt != f32) {
     Value converted = k.tile(MemorySpace::sbuf, {kUnit, units * width}, elt);
-    b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::multiply, res, converted,
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, res, converted,
                                    Value(), APFloat(factor), false,
                                    nisa::Engine::gpsimd);
     res = converted;
@@ -133,7 +134,7 @@ LogicalResult FlexAttentionLowering::planChunks(FlexAttentionBackwardOp o) {
   bw.kvCapUnits = units(bw.kvCap);
   if (bw.kvCap < kvLen) {
     auto type = MemRefType::get({batch, heads, qLen, dim}, f32);
-    bw.dQPartial.buffer = b.create<memref::AllocOp>(k.loc, type);
+    bw.dQPartial.buffer = b.create<memref::AllocOp>(type);
     bw.dQPartial.strides = {heads * qLen * dim, qLen * dim, dim, 1};
   }
   return success();
@@ -168,7 +169,7 @@ LogicalResult FlexAttentionLowering::runBackward() {
   std::tie(bw.outDK, bw.dkStrides) = resultLayout(o.getGradKey());
   std::tie(bw.outDV, bw.dvStrides) = resultLayout(o.getGradValue());
 
-  KernelLowering::TileScope scope(k);
+  TileBuilder::TileScope scope(k);
   makeConstants(kUnit);
   psumCols = kBanks * bank;
   miscBank = kMiscBank;
@@ -214,7 +215,7 @@ LogicalResult FlexAttentionLowering::runBackward() {
 /// heads sharing it, then its dK and dV stored.
 void FlexAttentionLowering::backwardKeyHead(Value batchIdx, Value kvHead,
                                             int64_t bm) {
-  auto base = [&](const KernelLowering::Window &w, Value head, int64_t row) {
+  auto base = [&](const TileBuilder::Window &w, Value head, int64_t row) {
     return k.addOffset(
         k.addOffsets(k.addOffset(k.scale(batchIdx, w.strides[0]), w.offset),
                      k.scale(head, w.strides[1])),
@@ -227,8 +228,8 @@ void FlexAttentionLowering::backwardKeyHead(Value batchIdx, Value kvHead,
     loadRowsOf(key, base(key, kvHead, kv0), keys, dim, bw.kRows);
     loadTransposed(key, base(key, kvHead, kv0), keys, dim, bw.kT);
     loadTransposed(value, base(value, kvHead, kv0), keys, vDim, bw.vT);
-    b.create<nisa::MemsetOp>(k.loc, bw.dK, APFloat(0.0));
-    b.create<nisa::MemsetOp>(k.loc, bw.dV, APFloat(0.0));
+    b.create<nisa::MemsetOp>(bw.dK, APFloat(0.0));
+    b.create<nisa::MemsetOp>(bw.dV, APFloat(0.0));
     if (blocksShape[1] != 1) {
       std::optional<int64_t> kvh = getConstantIntValue(kvHead);
       assert(kvh && "per-head block masks unroll the key heads");
@@ -260,7 +261,7 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
                                               Value g, int64_t bm, int64_t hm,
                                               int64_t kvChunk) {
   Value h = k.addOffsets(k.scale(kvHead, group), g);
-  auto base = [&](const KernelLowering::Window &w, int64_t row) {
+  auto base = [&](const TileBuilder::Window &w, int64_t row) {
     return k.addOffset(
         k.addOffsets(k.addOffset(k.scale(batchIdx, w.strides[0]), w.offset),
                      k.scale(h, w.strides[1])),
@@ -303,11 +304,11 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
     if (bw.dQPartial.buffer)
       partialBase = base(bw.dQPartial, q0);
     if (kvChunk == firstChunk)
-      b.create<nisa::MemsetOp>(k.loc, bw.dQ, APFloat(0.0));
+      b.create<nisa::MemsetOp>(bw.dQ, APFloat(0.0));
     else
       loadRowsOf(bw.dQPartial, partialBase, queries, dim, bw.dQ);
     for (int64_t t = bw.t0; t < bw.t0 + tiles; ++t) {
-      KernelLowering::TileScope scope(k);
+      TileBuilder::TileScope scope(k);
       int64_t rows = std::min(kUnit, qLen - t * kUnit);
       int64_t local = t - bw.t0;
       auto col = [&](Value tile) {
@@ -321,11 +322,11 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
                 k.addOffset(base(bw.lseIn, 0), t * kUnit * bw.lseIn.strides[2]),
                 {rows, 1}, {bw.lseIn.strides[2], 1}),
             lse);
-      b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::multiply, lse, lse,
-                                     Value(), APFloat(-1.0), false,
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, lse, lse, Value(),
+                                     APFloat(-1.0), false,
                                      nisa::Engine::gpsimd);
-      b.create<nisa::TensorScalarOp>(k.loc, nisa::AluOp::min, lse,
-                                     col(bw.negLse), Value(),
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::min, lse, col(bw.negLse),
+                                     Value(),
                                      APFloat(std::numeric_limits<float>::max()),
                                      false, nisa::Engine::gpsimd);
       // delta = rowsum(dO * O).
@@ -334,11 +335,10 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
         return k.view(tile, k.index(local * vDim), {rows, vDim},
                       {bw.qCapTiles * vDim, 1});
       };
-      b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::multiply,
-                                     rowsOf(bw.doRows), rowsOf(bw.oRows), prod,
+      b.create<nisa::TensorTensorOp>(nisa::AluOp::multiply, rowsOf(bw.doRows),
+                                     rowsOf(bw.oRows), prod,
                                      nisa::Engine::gpsimd);
-      b.create<nisa::TensorReduceOp>(k.loc, nisa::AluOp::add, prod,
-                                     col(bw.delta));
+      b.create<nisa::TensorReduceOp>(nisa::AluOp::add, prod, col(bw.delta));
     }
     // The kept (key unit, query tile) steps, key unit by key unit; each
     // step's scores are computed one step ahead of its gradients, so the
@@ -393,8 +393,7 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
                                {keys, width}, {bw.kvCapUnits * width, 1});
             Value src = k.view(psum, k.index(kvBank * bank + psumCol),
                                {keys, width}, {psumCols, 1});
-            b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, dst, src,
-                                           dst);
+            b.create<nisa::TensorTensorOp>(nisa::AluOp::add, dst, src, dst);
           };
           acc(bw.dV, vDim, 0);
           acc(bw.dK, dim, vDim);
@@ -423,7 +422,7 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
 /// this slot's pIn and dSIn).
 void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
                                            bool partial, int64_t slotIdx) {
-  KernelLowering::TileScope scope(k);
+  TileBuilder::TileScope scope(k);
   int64_t rows = at.rows, keys = at.width;
   auto bankView = [&](int64_t bankIdx, int64_t col, int64_t r, int64_t c) {
     return k.view(psum, k.index(bankIdx * bank + col), {r, c}, {psumCols, 1});
@@ -449,7 +448,7 @@ void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
   Value s = bankView(kScoreBank, slotIdx * kUnit, rows, keys);
   int64_t tl = t - bw.t0, ul = u - bw.u0; // in the chunks in SBUF
   b.create<nisa::MatmulOp>(
-      k.loc, k.view(bw.qT, k.index(tl * kUnit), {dim, rows}, {bw.qCap, 1}),
+      k.view(bw.qT, k.index(tl * kUnit), {dim, rows}, {bw.qCap, 1}),
       k.view(bw.kT, k.index(ul * kUnit), {dim, keys}, {bw.kvCap, 1}), s);
   // Plain scores of a full unit go from PSUM straight into exp, which
   // applies the scale; anything else reads them scaled, in SBUF.
@@ -457,9 +456,8 @@ void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
   Value sc = s;
   if (!expFromPsum) {
     sc = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
-    b.create<nisa::ActivationOp>(k.loc, s, sc, Value(),
-                                 nisa::ActivationFn::identity, APFloat(scale),
-                                 APFloat(0.0));
+    b.create<nisa::ActivationOp>(s, sc, Value(), nisa::ActivationFn::identity,
+                                 APFloat(scale), APFloat(0.0));
   }
   Value scores = sc;
   if (!plainScores) {
@@ -475,9 +473,8 @@ void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
       return;
     Value masked = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
     b.create<nisa::SelectOp>(
-        k.loc, keep, scores,
-        k.view(negInf, k.index(0), {rows, keys}, {kUnit, 1}), masked,
-        nisa::Engine::gpsimd);
+        keep, scores, k.view(negInf, k.index(0), {rows, keys}, {kUnit, 1}),
+        masked, nisa::Engine::gpsimd);
     scores = masked;
   }
   // P = exp(s - lse); matmul inputs in the inputs' type.
@@ -485,16 +482,15 @@ void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
   Value p =
       f32Inputs ? slot(bw.pIn) : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
   b.create<nisa::ActivationOp>(
-      k.loc, scores, p,
-      k.view(bw.negLse, k.index(tl), {rows, 1}, {bw.qCapTiles, 1}),
+      scores, p, k.view(bw.negLse, k.index(tl), {rows, 1}, {bw.qCapTiles, 1}),
       nisa::ActivationFn::exp, APFloat(expFromPsum ? scale : 1.0),
       APFloat(0.0));
   if (!f32Inputs)
-    b.create<nisa::CopyOp>(k.loc, p, slot(bw.pIn), nisa::Engine::gpsimd);
+    b.create<nisa::CopyOp>(p, slot(bw.pIn), nisa::Engine::gpsimd);
   // dP = dO V^T; dS = P * (dP - delta), then through score_mod's gradient.
   Value dP = bankView(kDPBank, slotIdx * kUnit, rows, keys);
   b.create<nisa::MatmulOp>(
-      k.loc, k.view(bw.doT, k.index(tl * kUnit), {vDim, rows}, {bw.qCap, 1}),
+      k.view(bw.doT, k.index(tl * kUnit), {vDim, rows}, {bw.qCap, 1}),
       k.view(bw.vT, k.index(ul * kUnit), {vDim, keys}, {bw.kvCap, 1}), dP);
   // Without score_mod's gradient, dS is only a matmul input: stored (and
   // rounded) straight into its slot.
@@ -502,7 +498,7 @@ void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
   Value dS =
       dSInPlace ? slot(bw.dSIn) : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
   b.create<nisa::ScalarTensorTensorOp>(
-      k.loc, nisa::AluOp::subtract, nisa::AluOp::multiply, dP, p, dS,
+      nisa::AluOp::subtract, nisa::AluOp::multiply, dP, p, dS,
       k.view(bw.delta, k.index(tl), {rows, 1}, {bw.qCapTiles, 1}), APFloat(0.0),
       nisa::Engine::vector);
   if (!bw.plainScoreGrad) {
@@ -515,7 +511,7 @@ void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
       return;
   }
   if (!dSInPlace)
-    b.create<nisa::CopyOp>(k.loc, dS, slot(bw.dSIn), nisa::Engine::gpsimd);
+    b.create<nisa::CopyOp>(dS, slot(bw.dSIn), nisa::Engine::gpsimd);
 }
 
 /// Query tile t against key unit u, second half: its share of dV and dK
@@ -524,7 +520,7 @@ void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
 void FlexAttentionLowering::backwardGrads(const Step &at, int64_t t, int64_t u,
                                           bool first, int64_t slotIdx,
                                           int64_t parity, int64_t kvBank) {
-  KernelLowering::TileScope scope(k);
+  TileBuilder::TileScope scope(k);
   int64_t rows = at.rows, keys = at.width;
   auto slot = [&](Value tile) {
     return k.view(tile, k.index(slotIdx * kUnit), {rows, keys},
@@ -539,9 +535,9 @@ void FlexAttentionLowering::backwardGrads(const Step &at, int64_t t, int64_t u,
     return k.view(psum, k.index(kvBank * bank + col), {r, c}, {psumCols, 1});
   };
   Value pIn = slot(bw.pIn), dSIn = slot(bw.dSIn);
-  auto dv = b.create<nisa::MatmulOp>(k.loc, pIn, rowsOf(bw.doRows, vDim),
+  auto dv = b.create<nisa::MatmulOp>(pIn, rowsOf(bw.doRows, vDim),
                                      bankView(0, keys, vDim));
-  auto dk = b.create<nisa::MatmulOp>(k.loc, dSIn, rowsOf(bw.qRows, dim),
+  auto dk = b.create<nisa::MatmulOp>(dSIn, rowsOf(bw.qRows, dim),
                                      bankView(vDim, keys, dim));
   dv.setAccumulate(!first);
   dk.setAccumulate(!first);
@@ -549,9 +545,9 @@ void FlexAttentionLowering::backwardGrads(const Step &at, int64_t t, int64_t u,
   Value dST = k.view(psum, k.index(kTransposeBank * bank + parity * kUnit),
                      {keys, rows}, {psumCols, 1});
   b.create<nisa::MatmulOp>(
-      k.loc, dSIn, k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}), dST);
+      dSIn, k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}), dST);
   b.create<nisa::CopyOp>(
-      k.loc, dST,
+      dST,
       k.view(bw.dSTIn, k.index(parity * kUnit), {keys, rows}, {2 * kUnit, 1}),
       nisa::Engine::scalar);
 }
@@ -565,22 +561,28 @@ void FlexAttentionLowering::backwardDQ(const Step &at, int64_t t, int64_t u,
       k.view(psum, k.index(kTransposeBank * bank + 2 * kUnit + parity * dim),
              {rows, dim}, {psumCols, 1});
   b.create<nisa::MatmulOp>(
-      k.loc,
       k.view(bw.dSTIn, k.index(parity * kUnit), {keys, rows}, {2 * kUnit, 1}),
       k.view(bw.kRows, k.index(ul * dim), {keys, dim},
              {bw.kvCapUnits * dim, 1}),
       dQPart);
   Value dQ =
       k.view(bw.dQ, k.index(tl * dim), {rows, dim}, {bw.qCapTiles * dim, 1});
-  b.create<nisa::TensorTensorOp>(k.loc, nisa::AluOp::add, dQ, dQPart, dQ);
+  b.create<nisa::TensorTensorOp>(nisa::AluOp::add, dQ, dQPart, dQ);
 }
 
 } // namespace mlir::neuron::flex
 
-using namespace mlir;
-using namespace mlir::neuron;
+namespace mlir::neuron {
+namespace {
+struct FlexAttentionBackwardPattern
+    : OpTilePattern<FlexAttentionBackwardPattern, FlexAttentionBackwardOp> {
+  LogicalResult lowerOp(FlexAttentionBackwardOp op, KernelLowering &k) const {
+    return flex::FlexAttentionLowering(k, op).runBackward();
+  }
+};
+} // namespace
 
-LogicalResult
-KernelLowering::lowerFlexAttentionBackward(FlexAttentionBackwardOp op) {
-  return flex::FlexAttentionLowering(*this, op).runBackward();
+void populateFlexAttentionBackwardPatterns(TilePatternSet &patterns) {
+  patterns.push_back(std::make_unique<FlexAttentionBackwardPattern>());
 }
+} // namespace mlir::neuron

@@ -113,7 +113,7 @@ bool KernelLowering::lowerColumnSum(ReduceOp op) {
   Value src = in.buffer, out = resultBuffer(op.getResult());
   TileScope scope(*this);
   Value ones = tile(MemorySpace::sbuf, {p, 1}, elt);
-  b.create<nisa::MemsetOp>(loc, ones, APFloat(1.0));
+  b.create<nisa::MemsetOp>(ones, APFloat(1.0));
   Value moving = tile(MemorySpace::sbuf, {p, slots * groupCols}, elt);
   int64_t accWidth = sets * groupBanks * bankCols;
   Value acc = tile(MemorySpace::psum, {1, accWidth}, f32);
@@ -142,8 +142,7 @@ bool KernelLowering::lowerColumnSum(ReduceOp op) {
       for (int64_t j = 0; j < banks; ++j) {
         int64_t width = std::min(bankCols, gc - j * bankCols);
         auto mm = b.create<nisa::MatmulOp>(
-            loc, stationary, rowsIn(slot, rt, j * bankCols, width),
-            bank(j, width));
+            stationary, rowsIn(slot, rt, j * bankCols, width), bank(j, width));
         if (!first)
           mm.setAccumulate(true);
       }
@@ -165,7 +164,7 @@ bool KernelLowering::lowerColumnSum(ReduceOp op) {
     }
     for (int64_t j = 0; j < banks; ++j) {
       int64_t width = std::min(bankCols, gc - j * bankCols);
-      b.create<nisa::CopyOp>(loc, bank(j, width),
+      b.create<nisa::CopyOp>(bank(j, width),
                              view(staged, index(set * groupCols + j * bankCols),
                                   {1, width}, {sets * groupCols, 1}),
                              j % 2 ? nisa::Engine::scalar
@@ -174,7 +173,6 @@ bool KernelLowering::lowerColumnSum(ReduceOp op) {
     // From ScalarE's queue: a store waits for its eviction, and on SyncE's
     // it would hold up the next group's loads.
     b.create<nisa::DmaCopyOp>(
-        loc,
         view(staged, index(set * groupCols), {1, gc}, {sets * groupCols, 1}),
         view(out, addOffsets(outBase, c0), {1, gc}, {gc, 1}),
         nisa::Engine::scalar);

@@ -24,6 +24,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/tile/KernelLowering.h"
+#include "passes/tile/TilePattern.h"
 
 namespace mlir::neuron {
 
@@ -44,8 +45,9 @@ void KernelLowering::forEachScanBlock(
   if (full > 0)
     block(index(0), 0, p, true);
   if (full > 1)
-    forEachRotating(1, full - 1, slots,
-                    [&](Value blk, int64_t slot) { block(blk, slot, p, false); });
+    forEachRotating(1, full - 1, slots, [&](Value blk, int64_t slot) {
+      block(blk, slot, p, false);
+    });
   if (rem)
     block(index(full), full % slots, rem, full == 0);
 }
@@ -74,22 +76,22 @@ void KernelLowering::lowerRowScan(Value in, Value out, int64_t rows,
       };
       Value x = onChip(xs, rt, kt), xt = onChip(xts, kt, rt);
       dma(view(in, at, {rt, kt}, {len, 1}), x);
-      b.create<nisa::MatmulOp>(
-          loc, x, view(identity, index(0), {rt, rt}, {p, 1}), psum(0, kt, rt));
-      b.create<nisa::CopyOp>(loc, psum(0, kt, rt), xt);
-      b.create<nisa::MatmulOp>(loc, xt, view(tri, index(0), {kt, kt}, {p, 1}),
+      b.create<nisa::MatmulOp>(x, view(identity, index(0), {rt, rt}, {p, 1}),
+                               psum(0, kt, rt));
+      b.create<nisa::CopyOp>(psum(0, kt, rt), xt);
+      b.create<nisa::MatmulOp>(xt, view(tri, index(0), {kt, kt}, {p, 1}),
                                psum(1, rt, kt));
       Value result = onChip(outs, rt, kt);
       if (first)
-        b.create<nisa::CopyOp>(loc, psum(1, rt, kt), result);
+        b.create<nisa::CopyOp>(psum(1, rt, kt), result);
       else
         b.create<nisa::TensorScalarOp>(
-            loc, nisa::AluOp::add, psum(1, rt, kt), result,
+            nisa::AluOp::add, psum(1, rt, kt), result,
             view(carry, index(0), {rt, 1}, {1, 1}), APFloat(0.0), false);
       b.create<nisa::CopyOp>(
-          loc, view(outs, index(slot * p + kt - 1), {rt, 1}, {slots * p, 1}),
+          view(outs, index(slot * p + kt - 1), {rt, 1}, {slots * p, 1}),
           view(carry, index(0), {rt, 1}, {1, 1}));
-      b.create<nisa::DmaCopyOp>(loc, result, view(out, at, {rt, kt}, {len, 1}),
+      b.create<nisa::DmaCopyOp>(result, view(out, at, {rt, kt}, {len, 1}),
                                 nisa::Engine::scalar);
     };
     forEachScanBlock(len, slots, block);
@@ -125,14 +127,13 @@ void KernelLowering::lowerCumsum(CumsumOp op) {
   // [P, P] 0/1 matrices: (m - k) `cmp` 0, in TensorE's operand dtype.
   auto matrix = [&](nisa::AluOp cmp) {
     Value t = tile(MemorySpace::sbuf, {p, p}, f32);
-    b.create<nisa::IotaOp>(loc, t, APFloat(0.0), APFloat(-1.0),
+    b.create<nisa::IotaOp>(t, APFloat(0.0), APFloat(-1.0),
                            ArrayRef<double>{1.0});
-    b.create<nisa::TensorScalarOp>(loc, cmp, t, t, Value(), APFloat(0.0),
-                                   false);
+    b.create<nisa::TensorScalarOp>(cmp, t, t, Value(), APFloat(0.0), false);
     if (mmElt == f32)
       return t;
     Value narrow = tile(MemorySpace::sbuf, {p, p}, mmElt);
-    b.create<nisa::CopyOp>(loc, t, narrow);
+    b.create<nisa::CopyOp>(t, narrow);
     return narrow;
   };
   // U[k, m] = (k <= m).
@@ -143,9 +144,9 @@ void KernelLowering::lowerCumsum(CumsumOp op) {
   }
   // E[k, m] = (k == P - 1).
   Value last = tile(MemorySpace::sbuf, {p, p}, f32);
-  b.create<nisa::IotaOp>(loc, last, APFloat(0.0), APFloat(1.0),
+  b.create<nisa::IotaOp>(last, APFloat(0.0), APFloat(1.0),
                          ArrayRef<double>{0.0});
-  b.create<nisa::TensorScalarOp>(loc, nisa::AluOp::eq, last, last, Value(),
+  b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, last, last, Value(),
                                  APFloat(double(p - 1)), false);
 
   // Rotating slots: the loads of block j + 1, the PSUM bank and the
@@ -174,18 +175,18 @@ void KernelLowering::lowerCumsum(CumsumOp op) {
       dma(hbm(in), onChip(xs, slot));
       Value acc =
           view(sums, index(slot * nTile), {kt, cols}, {slots * nTile, 1});
-      b.create<nisa::MatmulOp>(loc, view(tri, index(0), {kt, kt}, {p, 1}),
+      b.create<nisa::MatmulOp>(view(tri, index(0), {kt, kt}, {p, 1}),
                                flat(xs, slot, kt), acc);
       if (!first) {
         auto carry =
-            b.create<nisa::MatmulOp>(loc, view(last, index(0), {p, kt}, {p, 1}),
+            b.create<nisa::MatmulOp>(view(last, index(0), {p, kt}, {p, 1}),
                                      flat(carries, 1 - slot, p), acc);
         carry.setAccumulate(true);
       }
-      b.create<nisa::CopyOp>(loc, acc, flat(carries, slot, kt));
+      b.create<nisa::CopyOp>(acc, flat(carries, slot, kt));
       // From ScalarE's queue, so the next block's load is not queued
       // behind a store that waits for this eviction.
-      b.create<nisa::DmaCopyOp>(loc, onChip(carries, slot), hbm(out),
+      b.create<nisa::DmaCopyOp>(onChip(carries, slot), hbm(out),
                                 nisa::Engine::scalar);
     };
     forEachScanBlock(len, slots, block);
@@ -195,6 +196,19 @@ void KernelLowering::lowerCumsum(CumsumOp op) {
     forTiles(inner, innerChunk,
              [&](Value i0, int64_t it) { columns(o0, gt, i0, it); });
   });
+}
+
+namespace {
+struct CumsumPattern : OpTilePattern<CumsumPattern, CumsumOp> {
+  LogicalResult lowerOp(CumsumOp op, KernelLowering &k) const {
+    k.lowerCumsum(op);
+    return success();
+  }
+};
+} // namespace
+
+void populateScanPatterns(TilePatternSet &patterns) {
+  patterns.push_back(std::make_unique<CumsumPattern>());
 }
 
 } // namespace mlir::neuron

@@ -21,6 +21,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/tile/KernelLowering.h"
+#include "passes/tile/TilePattern.h"
 
 #include <limits>
 
@@ -48,11 +49,11 @@ void KernelLowering::lowerTopK(TopKOp op) {
   // element.
   auto filled = [&](double value) {
     Value t = tile(MemorySpace::sbuf, {p, n}, f32);
-    b.create<nisa::MemsetOp>(loc, t, APFloat(value), nisa::Engine::gpsimd);
+    b.create<nisa::MemsetOp>(t, APFloat(value), nisa::Engine::gpsimd);
     return t;
   };
   Value iota = tile(MemorySpace::sbuf, {p, n}, f32);
-  b.create<nisa::IotaOp>(loc, iota, APFloat(0.0), APFloat(0.0),
+  b.create<nisa::IotaOp>(iota, APFloat(0.0), APFloat(0.0),
                          ArrayRef<double>{1.0});
   Value none = filled(double(n));
   Value takenValue = filled(taken);
@@ -63,7 +64,7 @@ void KernelLowering::lowerTopK(TopKOp op) {
     Value w = tile(MemorySpace::sbuf, {rt, n}, f32);
     dma(view(in, scale(r0, n), {rt, n}, {n, 1}), w);
     Value alive = tile(MemorySpace::sbuf, {rt, n}, f32);
-    b.create<nisa::CopyOp>(loc, rowsOf(iota), alive, nisa::Engine::gpsimd);
+    b.create<nisa::CopyOp>(rowsOf(iota), alive, nisa::Engine::gpsimd);
     Value eq = tile(MemorySpace::sbuf, {rt, n}, f32);
     Value candidates = tile(MemorySpace::sbuf, {rt, n}, f32);
     Value values = tile(MemorySpace::sbuf, {rt, k}, f32);
@@ -71,21 +72,34 @@ void KernelLowering::lowerTopK(TopKOp op) {
     forEach(k, [&](Value r) {
       Value m = view(values, r, {rt, 1}, {k, 1});
       Value at = view(indices, r, {rt, 1}, {k, 1});
-      b.create<nisa::TensorReduceOp>(loc, extreme, w, m);
-      b.create<nisa::TensorScalarOp>(loc, nisa::AluOp::eq, w, eq, m,
+      b.create<nisa::TensorReduceOp>(extreme, w, m);
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, w, eq, m, APFloat(0.0),
+                                     false);
+      b.create<nisa::SelectOp>(eq, alive, rowsOf(none), candidates);
+      b.create<nisa::TensorReduceOp>(nisa::AluOp::min, candidates, at);
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, rowsOf(iota), eq, at,
                                      APFloat(0.0), false);
-      b.create<nisa::SelectOp>(loc, eq, alive, rowsOf(none), candidates);
-      b.create<nisa::TensorReduceOp>(loc, nisa::AluOp::min, candidates, at);
-      b.create<nisa::TensorScalarOp>(loc, nisa::AluOp::eq, rowsOf(iota), eq, at,
-                                     APFloat(0.0), false);
-      b.create<nisa::SelectOp>(loc, eq, rowsOf(takenValue), w, w);
+      b.create<nisa::SelectOp>(eq, rowsOf(takenValue), w, w);
       // Off the chain of the next round's reduction: GpSimd.
-      b.create<nisa::SelectOp>(loc, eq, rowsOf(none), alive, alive,
+      b.create<nisa::SelectOp>(eq, rowsOf(none), alive, alive,
                                nisa::Engine::gpsimd);
     });
     dma(values, view(outValues, scale(r0, k), {rt, k}, {k, 1}));
     dma(indices, view(outIndices, scale(r0, k), {rt, k}, {k, 1}));
   });
+}
+
+namespace {
+struct TopKPattern : OpTilePattern<TopKPattern, TopKOp> {
+  LogicalResult lowerOp(TopKOp op, KernelLowering &k) const {
+    k.lowerTopK(op);
+    return success();
+  }
+};
+} // namespace
+
+void populateTopKPatterns(TilePatternSet &patterns) {
+  patterns.push_back(std::make_unique<TopKPattern>());
 }
 
 } // namespace mlir::neuron

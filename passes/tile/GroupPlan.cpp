@@ -1,0 +1,423 @@
+//===- GroupPlan.cpp - what a fused elementwise group becomes -------------===//
+
+#include "passes/tile/GroupPlan.h"
+
+#include "llvm/ADT/STLExtras.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::neuron;
+
+namespace {
+RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
+Type elt(Value v) { return typeOf(v).getElementType(); }
+int64_t bytes(Type t) { return (t.getIntOrFloatBitWidth() + 7) / 8; }
+} // namespace
+
+::neuron::runtime::Opcode GroupPlan::instructionOf(Operation *op) const {
+  using ::neuron::runtime::Opcode;
+  if (isa<UnaryOp>(op) || activations.contains(op))
+    return Opcode::Activation;
+  if (scaledBy.count(op))
+    return Opcode::ScalarTensorTensor;
+  if (auto bin = dyn_cast<BinaryOp>(op)) {
+    // A splat or a row broadcast against a full tile is a scalar.
+    Rep l = rep(bin.getLhs()), r = rep(bin.getRhs());
+    bool scalar =
+        l == Rep::Splat || r == Rep::Splat || heldAsTile(l) != heldAsTile(r);
+    return scalar ? Opcode::TensorScalar : Opcode::TensorTensor;
+  }
+  if (isa<SelectOp>(op))
+    return Opcode::Select;
+  if (isa<CastOp>(op))
+    return Opcode::Copy;
+  assert(isa<ReduceOp>(op) && "an op of a group without an instruction");
+  return Opcode::TensorReduce;
+}
+
+// Instructions saved by reading values as the engines do (every operand
+// is widened to fp32 and every result rounded once on store):
+//  - a widening cast (bf16/f16 to f32) is exact: its users read the input;
+//  - a narrowing cast of a value used only by it: the producer stores in
+//    the narrow type directly (one rounding either way);
+//  - f(x - m) (or +) in fp32 with m a row broadcast: one activation with
+//    m as its per-partition bias;
+//  - a row sum of f(x) (or of x * x): the activation computing f sums its
+//    rows as it goes (ScalarE's accumulate);
+//  - (x op m) op' w with m a row broadcast, the first result used only
+//    by the second: one scalar_tensor_tensor (findScaled).
+void GroupPlan::findFolds(ArrayRef<Operation *> ops) {
+  const FusionPlan &plan = fusion;
+  const llvm::DenseSet<Value> &isOutput = outputs;
+  llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
+  auto onlyUse = [&](Value v) -> Operation * {
+    if (!v.hasOneUse() || isOutput.contains(v))
+      return nullptr;
+    return *v.getUsers().begin();
+  };
+  for (Operation *op : ops) {
+    if (auto c = dyn_cast<CastOp>(op)) {
+      Type from = typeOf(c.getInput()).getElementType();
+      Type to = c.getType().getElementType();
+      Operation *producer = c.getInput().getDefiningOp();
+      if ((from.isBF16() || from.isF16()) && to.isF32()) {
+        folded.insert(op);
+      } else if (from.isF32() && isa<FloatType>(to) && producer &&
+                 members.contains(producer) &&
+                 !isa<BroadcastOp, ReshapeOp, ConstantOp>(producer) &&
+                 !folded.contains(producer) && onlyUse(c.getInput()) == op &&
+                 plan.rep(c.getInput()) == plan.rep(c.getResult())) {
+        narrowedBy[c.getInput()] = c.getResult();
+        folded.insert(op);
+      }
+    }
+    if (auto u = dyn_cast<UnaryOp>(op)) {
+      auto bin = u.getInput().getDefiningOp<BinaryOp>();
+      if (bin && members.contains(bin) && onlyUse(bin.getResult()) == op &&
+          (bin.getFn() == BinaryFn::sub || bin.getFn() == BinaryFn::add) &&
+          bin.getType().getElementType().isF32() &&
+          plan.rep(bin.getLhs()) == Rep::Full &&
+          plan.rep(bin.getRhs()) == Rep::Row) {
+        biasOf[op] = bin;
+        folded.insert(bin);
+      }
+    }
+  }
+  auto isSquare = [&](Operation *op) {
+    auto bin = dyn_cast<BinaryOp>(op);
+    return bin && bin.getFn() == BinaryFn::mul &&
+           bin.getLhs() == bin.getRhs() && plan.rep(bin.getLhs()) == Rep::Full;
+  };
+  for (Operation *op : ops) {
+    auto r = dyn_cast<ReduceOp>(op);
+    if (!r || r.getFn() != ReduceFn::sum || plan.rep(r.getResult()) != Rep::Row)
+      continue;
+    Operation *producer = r.getInput().getDefiningOp();
+    if (!producer || !members.contains(producer) || folded.contains(producer) ||
+        rowSumOf.count(producer) ||
+        !(isa<UnaryOp>(producer) || isSquare(producer)) ||
+        plan.rep(r.getInput()) != Rep::Full)
+      continue;
+    rowSumOf[producer] = r;
+    summed.insert(op);
+    if (isSquare(producer))
+      activations.insert(producer);
+  }
+  // (x - m)^2 with m a row (a variance): the square activation takes -m as
+  // its bias, so x - m is never written.
+  for (Operation *op : activations) {
+    auto bin = op->getOperand(0).getDefiningOp<BinaryOp>();
+    Value v = op->getOperand(0);
+    if (bin && members.contains(bin) && !folded.contains(bin) &&
+        !isOutput.contains(v) &&
+        llvm::all_of(v.getUsers(), [&](Operation *u) { return u == op; }) &&
+        (bin.getFn() == BinaryFn::sub || bin.getFn() == BinaryFn::add) &&
+        bin.getType().getElementType().isF32() &&
+        plan.rep(bin.getLhs()) == Rep::Full &&
+        plan.rep(bin.getRhs()) == Rep::Row) {
+      biasOf[op] = bin;
+      folded.insert(bin);
+    }
+  }
+}
+
+void GroupPlan::findScaled(ArrayRef<Operation *> ops) {
+  const FusionPlan &plan = fusion;
+  llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
+  auto onlyUse = [&](Value v) -> Operation * {
+    if (!v.hasOneUse() || outputs.contains(v))
+      return nullptr;
+    return *v.getUsers().begin();
+  };
+  for (Operation *op : ops) {
+    auto outer = dyn_cast<BinaryOp>(op);
+    if (!outer || folded.contains(op) || summed.contains(op))
+      continue;
+    for (bool innerOnLeft : {true, false}) {
+      Value innerValue = innerOnLeft ? outer.getLhs() : outer.getRhs();
+      Value other = innerOnLeft ? outer.getRhs() : outer.getLhs();
+      // x * rstd cast to bf16 and then scaled by the weight (Llama's RMSNorm):
+      // the instruction keeps x * rstd in fp32 and rounds once, at the
+      // store, as fused kernels do (PyTorch's Inductor too); eager rounds
+      // the product to bf16 first, so the two differ by that rounding.
+      CastOp narrowing;
+      if (auto c = innerValue.getDefiningOp<CastOp>();
+          c && members.contains(c) && narrowedBy.count(c.getInput()) &&
+          narrowedBy.lookup(c.getInput()) == c.getResult() &&
+          onlyUse(c.getResult()) == op) {
+        narrowing = c;
+        innerValue = c.getInput();
+      }
+      auto inner = innerValue.getDefiningOp<BinaryOp>();
+      bool commutes =
+          outer.getFn() == BinaryFn::mul || outer.getFn() == BinaryFn::add;
+      Value innerUse = narrowing ? narrowing.getResult() : innerValue;
+      if (!inner || !members.contains(inner) || folded.contains(inner) ||
+          onlyUse(innerUse) != op ||
+          (narrowing && onlyUse(innerValue) != narrowing) ||
+          (!innerOnLeft && !commutes) || biasOf.count(op) ||
+          !heldAsTile(plan.rep(other)) || !heldAsTile(plan.rep(innerValue)) ||
+          plan.rep(inner.getLhs()) != Rep::Full ||
+          plan.rep(inner.getRhs()) != Rep::Row ||
+          (!narrowing && inner.getType().getElementType() !=
+                             outer.getType().getElementType()))
+        continue;
+      if (narrowing)
+        narrowedBy.erase(innerValue); // the cast is folded: nothing stores
+      scaledBy[op] = inner;
+      folded.insert(inner);
+      break;
+    }
+  }
+}
+
+void GroupPlan::findIntermediates(ArrayRef<Operation *> ops) {
+  // The intermediates that get a tile, stored in their own type (or the
+  // type of the cast that narrows them).
+  for (Operation *op : ops) {
+    Value v = op->getResult(0);
+    if (isa<ConstantOp, BroadcastOp, ReshapeOp>(op) || folded.contains(op) ||
+        outputs.contains(v) ||
+        (narrowedBy.count(v) && outputs.contains(narrowedBy.lookup(v))))
+      continue;
+    Type storage = narrowedBy.count(v) ? elt(narrowedBy.lookup(v)) : elt(v);
+    // An activation kept only for the row sums it accumulates (a variance's
+    // squares): nothing reads its elements, so they take 16 bits.
+    if (rowSumOf.count(op) && isa<FloatType>(storage) &&
+        llvm::all_of(v.getUsers(), [&](Operation *u) {
+          return u == rowSumOf.lookup(op).getOperation();
+        }))
+      storage = BFloat16Type::get(op->getContext());
+    intermediates.push_back({v, storage});
+  }
+  // Constants in the group that the plan holds as tensors load like inputs.
+  for (Operation *op : ops)
+    if (isa<ConstantOp>(op) && fusion.reps.count(op->getResult(0)))
+      loaded.push_back(op->getResult(0));
+}
+
+// Tile geometry: a row of C per partition, or flat [P, F] tiles (F
+// smaller when that keeps every partition busy). Tiles DMAs read or write
+// rotate over up to four slots, so loads run ahead of the compute and
+// stores trail it (within half of SBUF); the tiles in between alternate
+// between two, so one step's instructions never wait for the previous
+// step's to free a tile.
+void GroupPlan::layOut(ArrayRef<Value> inputs, int64_t width,
+                       const ::neuron::target::Target &target) {
+  const FusionPlan &plan = fusion;
+  int64_t p = target.partitions;
+  cols = width;
+  if (plan.byRows) {
+    steps = (plan.numRows + p - 1) / p;
+  } else {
+    int64_t rem = plan.numCols % (p * cols);
+    steps = plan.numCols / (p * cols) + (rem / cols > 0) + (rem % cols > 0);
+  }
+  // Per slot, about a tile of every input and output (bits rounded up
+  // per column: an over-estimate kept so that programs stay as they were).
+  int64_t streamBytes = 0;
+  for (Value v : inputs)
+    if (plan.rep(v) == Rep::Full || plan.rep(v) == Rep::Row) // not loaded once
+      streamBytes += cols * (typeOf(v).getElementTypeBitWidth() + 7) / 8;
+  for (Value v : outputList)
+    streamBytes += cols * (typeOf(v).getElementTypeBitWidth() + 7) / 8;
+  numSlots = std::min<int64_t>(steps, 4);
+  while (numSlots > 1 &&
+         numSlots * streamBytes > target.sbufBytesPerPartition / 2)
+    --numSlots;
+  int64_t innerBytes = 0;
+  for (auto [v, storage] : intermediates)
+    innerBytes += slotWidth(v) * bytes(storage);
+  innerSlots = std::min<int64_t>(steps, 2);
+  if (innerBytes * innerSlots > target.sbufBytesPerPartition / 4)
+    innerSlots = 1;
+}
+
+/// What the group's tiles take per partition (they are all live at once).
+int64_t GroupPlan::heldBytes() const {
+  int64_t total = 0;
+  llvm::DenseSet<Value> streamed;
+  for (Value v : loaded) {
+    Rep r = rep(v);
+    if (r == Rep::Full || r == Rep::Row)
+      total += numSlots * slotWidth(v) * bytes(elt(v));
+    else if (r == Rep::Col)
+      total += cols * bytes(elt(v));
+    streamed.insert(v);
+  }
+  for (Value v : outputList)
+    if (streamed.insert(v).second)
+      total += numSlots * slotWidth(v) * bytes(elt(v));
+  for (auto [v, storage] : intermediates)
+    total += innerSlots * slotWidth(v) * bytes(storage);
+  return total;
+}
+
+void GroupPlan::chooseSlots(ArrayRef<Operation *> ops, ArrayRef<Value> inputs,
+                            const ::neuron::target::Target &target,
+                            int64_t tileBytes) {
+  int64_t p = target.partitions;
+  int64_t widest = 1;
+  for (Operation *op : ops)
+    for (Value v : op->getResults())
+      widest =
+          std::max<int64_t>(widest, typeOf(v).getElementTypeBitWidth() / 8);
+  int64_t width = fusion.numCols;
+  if (!fusion.byRows) {
+    int64_t freeMax = std::max<int64_t>(1, tileBytes / widest);
+    width = width >= p * freeMax ? freeMax : std::max<int64_t>(1, width / p);
+  }
+  layOut(inputs, width, target);
+  // A group with many values gives up pipelining slots, then (flat) tile
+  // width, until its tiles fit; a row-tiled group too wide even then is
+  // refused by nisa-allocate (neuron-fuse-elementwise's group-bytes keeps
+  // such groups from forming).
+  while (heldBytes() > target.sbufBytesPerPartition) {
+    if (numSlots > 1)
+      --numSlots;
+    else if (innerSlots > 1)
+      innerSlots = 1;
+    else if (!fusion.byRows && cols > 1)
+      layOut(inputs, cols / 2, target);
+    else
+      break;
+  }
+}
+
+FailureOr<GroupPlan> GroupPlan::decide(ArrayRef<Operation *> ops,
+                                       ArrayRef<Value> inputs,
+                                       ArrayRef<Value> outputValues,
+                                       const ::neuron::target::Target &target,
+                                       int64_t tileBytes, std::string &reason) {
+  std::optional<FusionPlan> fusion =
+      FusionPlan::analyze(ops, outputValues, reason);
+  if (!fusion)
+    return failure();
+  GroupPlan plan;
+  plan.fusion = std::move(*fusion);
+  plan.outputList.assign(outputValues.begin(), outputValues.end());
+  plan.outputs.insert(outputValues.begin(), outputValues.end());
+  plan.findFolds(ops);
+  plan.findScaled(ops);
+  plan.loaded.assign(inputs.begin(), inputs.end());
+  plan.findIntermediates(ops);
+  plan.chooseSlots(ops, inputs, target, tileBytes);
+
+  // Row sums of a full tile no activation computes: VectorE's tensor_reduce
+  // or ScalarE's identity activation accumulating (ScalarE's clock is
+  // faster, and in a norm VectorE has the affine part to do).
+  // The activation writes the elements to a scratch tile: only where SBUF
+  // has room for one.
+  int64_t spare = target.sbufBytesPerPartition - plan.heldBytes();
+  for (Operation *op : ops) {
+    auto r = dyn_cast<ReduceOp>(op);
+    if (r && r.getFn() == ReduceFn::sum && !plan.summed.contains(op) &&
+        plan.rep(r.getInput()) == Rep::Full &&
+        plan.rep(r.getResult()) == Rep::Row &&
+        (spare -= plan.cols * bytes(elt(r.getInput()))) >= 0)
+      plan.scalarSums.insert(op);
+  }
+  llvm::DenseSet<Operation *> unassigned(plan.folded.begin(),
+                                         plan.folded.end());
+  unassigned.insert(plan.summed.begin(), plan.summed.end());
+  plan.engines = assignEngines(
+      target, ops, unassigned, plan.activations, plan.scalarSums,
+      [&](Operation *op) { return plan.instructionOf(op); }, plan.fusion,
+      plan.cols);
+  return plan;
+}
+
+/// Engines for a group's instructions. Each engine's queue runs in order,
+/// so a step's chain of instructions flows through the engines without
+/// going back to one (engine A for a first run of instructions, B for the
+/// next, ...): then every engine works on a later step while the next
+/// engine finishes this one. Among such splits (each instruction on an
+/// engine that may issue it: InstructionSet.def), the one whose busiest
+/// engine has the least work, by the target's clocks; if none fits, ALU ops
+/// stay on VectorE. Row sums in `scalarSums` may also go to ScalarE, as an
+/// identity activation that accumulates.
+llvm::DenseMap<Operation *, nisa::Engine> mlir::neuron::assignEngines(
+    const ::neuron::target::Target &target, ArrayRef<Operation *> ops,
+    const llvm::DenseSet<Operation *> &folded,
+    const llvm::DenseSet<Operation *> &activations,
+    const llvm::DenseSet<Operation *> &scalarSums,
+    llvm::function_ref<::neuron::runtime::Opcode(Operation *)> instructionOf,
+    const FusionPlan &plan, int64_t cols) {
+  using nisa::Engine;
+  SmallVector<Operation *> work;
+  for (Operation *op : ops)
+    if (!isa<ConstantOp, BroadcastOp, ReshapeOp>(op) && !folded.contains(op))
+      work.push_back(op);
+  auto allowed = [&](Operation *op, Engine e) {
+    if (e == Engine::scalar && scalarSums.contains(op))
+      return nisa::canIssue(::neuron::runtime::Opcode::Activation, e);
+    return nisa::canIssue(instructionOf(op), e);
+  };
+  // Streaming cost, as the engines charge it: elements x inputs streamed /
+  // clock; on VectorE two 16-bit inputs stream together and 16-bit
+  // tensor_scalar/copy run in perf mode.
+  auto is16 = [](Value v) {
+    return cast<RankedTensorType>(v.getType()).getElementTypeBitWidth() == 16;
+  };
+  auto cost = [&](Operation *op, Engine e) {
+    Value out = op->getResult(0);
+    Value measured = isa<ReduceOp>(op) ? op->getOperand(0) : out;
+    double n = plan.rep(measured) == Rep::Row ? 1.0 : double(cols);
+    SmallVector<Value> streamed;
+    for (Value v : op->getOperands())
+      if (heldAsTile(plan.rep(v)))
+        streamed.push_back(v);
+    bool all16 = is16(out) && llvm::all_of(streamed, is16);
+    double passes =
+        activations.contains(op) ? 1.0 : std::max<size_t>(1, streamed.size());
+    double speedup = 1;
+    if (e == Engine::vector) {
+      if (streamed.size() == 2 && all16)
+        passes = 1;
+      bool perfOp =
+          isa<CastOp>(op) || (isa<BinaryOp>(op) && streamed.size() == 1);
+      if (perfOp && all16)
+        speedup = double(target.value("vector_elems_per_cycle_16bit")) /
+                  target.partitions;
+    }
+    double clock = e == Engine::vector   ? target.vectorClockGHz
+                   : e == Engine::gpsimd ? target.gpsimdClockGHz
+                                         : target.scalarClockGHz;
+    return std::max(n * passes / speedup, 64.0) / clock;
+  };
+  llvm::DenseMap<Operation *, Engine> best;
+  for (Operation *op : work)
+    best[op] = isa<UnaryOp>(op) || activations.contains(op) ? Engine::scalar
+                                                            : Engine::vector;
+  double bestLoad = std::numeric_limits<double>::infinity();
+  const Engine all[3] = {Engine::vector, Engine::gpsimd, Engine::scalar};
+  size_t n = work.size();
+  if (n > 24)
+    return best;
+  // Orders of up to three engines and two cut points.
+  for (int a = 0; a < 3; ++a)
+    for (int b2 = 0; b2 < 3; ++b2)
+      for (int c = 0; c < 3; ++c) {
+        if (a == b2 || a == c || b2 == c)
+          continue;
+        Engine order[3] = {all[a], all[b2], all[c]};
+        for (size_t cut1 = 0; cut1 <= n; ++cut1)
+          for (size_t cut2 = cut1; cut2 <= n; ++cut2) {
+            double load[3] = {0, 0, 0};
+            bool ok = true;
+            for (size_t i = 0; i < n && ok; ++i) {
+              int seg = i < cut1 ? 0 : i < cut2 ? 1 : 2;
+              ok = allowed(work[i], order[seg]);
+              load[seg] += cost(work[i], order[seg]);
+            }
+            double worst = std::max({load[0], load[1], load[2]});
+            if (!ok || worst >= bestLoad)
+              continue;
+            bestLoad = worst;
+            for (size_t i = 0; i < n; ++i)
+              best[work[i]] = order[i < cut1 ? 0 : i < cut2 ? 1 : 2];
+          }
+      }
+  return best;
+}

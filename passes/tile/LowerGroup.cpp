@@ -1,0 +1,428 @@
+//===- LowerGroup.cpp - a fused elementwise group -> tile loops -----------===//
+//
+// Emits a GroupPlan: the group's tiles (rotating slots for what DMAs move,
+// two slots for intermediates, rows broadcast to every partition loaded
+// once), then its steps, each a load phase and a compute phase so that the
+// loads run ahead of the compute (forEachPipelined).
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/tile/GroupPlan.h"
+#include "passes/tile/KernelLowering.h"
+#include "passes/tile/TilePattern.h"
+
+using namespace mlir;
+using namespace mlir::neuron;
+
+namespace {
+
+class GroupEmitter {
+public:
+  GroupEmitter(TileBuilder &k, const GroupPlan &plan, ArrayRef<Operation *> ops,
+               ArrayRef<std::pair<Value, Value>> inputs,
+               ArrayRef<std::pair<Value, Value>> outputs)
+      : k(k), b(k.b), plan(plan), fusion(plan.fusion), ops(ops), inputs(inputs),
+        outputs(outputs), p(k.target.partitions) {}
+
+  /// Everything: tiles, then the steps.
+  void emit();
+
+private:
+  enum class Phase { Load, Compute };
+  /// One step's place and tiles: `base` is the first row (by rows) or
+  /// element (flat).
+  struct Step {
+    Value base;
+    int64_t rows, cols, slotIndex;
+    llvm::DenseMap<Value, Value> tiles; // value -> its tile in this step
+
+    Value tileOf(Value v) const { return tiles.lookup(v); }
+  };
+
+  static Type elt(Value v) { return tensorType(v).getElementType(); }
+  static int64_t bytes(Type t) { return (t.getIntOrFloatBitWidth() + 7) / 8; }
+  bool fullish(Value v) const { return heldAsTile(plan.rep(v)); }
+  nisa::Engine engineOf(Operation *op) const { return plan.engines.lookup(op); }
+
+  void allocate();
+  void loadColumn(Value v, Value buffer);
+  void step(Phase phase, Value base, int64_t rows, int64_t stepCols,
+            int64_t slotIndex);
+  Value slot(const Step &st, Value v);
+  Value window(const Step &st, Value v, Value buffer);
+  Value dstFor(const Step &st, Value v);
+  Value asTile(const Step &st, Value v, bool rowResult);
+  std::pair<Value, Value> rowSums(Step &st, Operation *op);
+  std::pair<Value, Value> biasedSource(const Step &st, Operation *op,
+                                       Value src);
+  void emitOp(Step &st, Operation *op, Value dst);
+  void emitBinary(Step &st, BinaryOp bin, Value dst);
+
+  TileBuilder &k;
+  ImplicitLocOpBuilder &b;
+  const GroupPlan &plan;
+  const FusionPlan &fusion;
+  ArrayRef<Operation *> ops;
+  ArrayRef<std::pair<Value, Value>> inputs, outputs;
+  int64_t p;
+  llvm::DenseMap<Value, Value> slots, columns;
+  llvm::DenseMap<Value, Value> inner; // intermediate -> its two-slot tile
+  SmallVector<std::pair<Value, Value>> loaded;
+};
+
+void GroupEmitter::allocate() {
+  int64_t numSlots = plan.numSlots;
+  // The inputs with their buffers (none for a splat), then the constants
+  // the plan holds as tensors.
+  SmallVector<std::pair<Value, Value>> groupInputs(inputs);
+  for (Value v : ArrayRef<Value>(plan.loaded).drop_front(inputs.size()))
+    groupInputs.push_back({v, Value()});
+  for (auto [v, given] : groupInputs) {
+    Rep rep = plan.rep(v);
+    // A splat the plan holds as a tensor needs its constant buffer.
+    Value buffer = given || rep == Rep::Splat ? given : k.bufferOf(v);
+    loaded.push_back({v, buffer});
+    if (rep == Rep::Full || rep == Rep::Row)
+      slots[v] =
+          k.tile(MemorySpace::sbuf, {p, numSlots * plan.slotWidth(v)}, elt(v));
+    if (rep == Rep::Col)
+      loadColumn(v, buffer);
+  }
+  for (auto [v, buffer] : outputs)
+    if (!slots.count(v))
+      slots[v] =
+          k.tile(MemorySpace::sbuf, {p, numSlots * plan.slotWidth(v)}, elt(v));
+  for (auto [v, storage] : plan.intermediates)
+    inner[v] = k.tile(MemorySpace::sbuf,
+                      {p, plan.innerSlots * plan.slotWidth(v)}, storage);
+}
+
+/// One row broadcast to every partition, loaded once. A long row goes to
+/// one partition and is copied on chip to the others, so HBM gives its
+/// bytes once, not once per partition; a short one is read from HBM by
+/// every partition (a second transfer's latency would cost more than the
+/// bytes).
+void GroupEmitter::loadColumn(Value v, Value buffer) {
+  const auto &target = k.target;
+  int64_t cols = plan.cols;
+  Value t = k.tile(MemorySpace::sbuf, {p, cols}, elt(v));
+  double repeatedNs = double((p - 1) * cols * bytes(elt(v))) /
+                      (target.peakHbmBytesPerSecond() * 1e-9);
+  if (repeatedNs > target.dmaFixedLatencyNs) {
+    Value row = k.tile(MemorySpace::sbuf, {1, cols}, elt(v));
+    k.dma(k.view(buffer, k.index(0), {1, cols}, {0, 1}), row);
+    k.dma(k.view(row, k.index(0), {p, cols}, {0, 1}), t);
+  } else {
+    k.dma(k.view(buffer, k.index(0), {p, cols}, {0, 1}), t);
+  }
+  columns[v] = t;
+}
+
+Value GroupEmitter::slot(const Step &st, Value v) {
+  int64_t width = plan.slotWidth(v), numSlots = plan.numSlots;
+  return k.view(slots[v], k.index(st.slotIndex % numSlots * width),
+                {st.rows, width == 1 ? 1 : st.cols}, {numSlots * width, 1});
+}
+
+/// The HBM window of a value in this step.
+Value GroupEmitter::window(const Step &st, Value v, Value buffer) {
+  if (plan.rep(v) == Rep::Row) {
+    if (tensorType(v).getNumElements() == 1)
+      return k.view(buffer, k.index(0), {st.rows, 1}, {0, 1});
+    return k.view(buffer, st.base, {st.rows, 1}, {1, 1});
+  }
+  int64_t stride = fusion.byRows ? fusion.numCols : st.cols;
+  return k.view(buffer,
+                fusion.byRows ? k.scale(st.base, fusion.numCols) : st.base,
+                {st.rows, st.cols}, {stride, 1});
+}
+
+Value GroupEmitter::dstFor(const Step &st, Value v) {
+  if (plan.outputs.contains(v))
+    return slot(st, v);
+  if (Value narrowed = plan.narrowedBy.lookup(v);
+      narrowed && plan.outputs.contains(narrowed))
+    return slot(st, narrowed);
+  int64_t width = plan.slotWidth(v), innerSlots = plan.innerSlots;
+  return k.view(inner.lookup(v), k.index(st.slotIndex % innerSlots * width),
+                {st.rows, width == 1 ? 1 : st.cols}, {innerSlots * width, 1});
+}
+
+/// A row or splat operand as a tile of the result's shape (select takes
+/// equal shapes).
+Value GroupEmitter::asTile(const Step &st, Value v, bool rowResult) {
+  Rep rep = plan.rep(v);
+  if (heldAsTile(rep) || (rowResult && rep == Rep::Row))
+    return st.tileOf(v);
+  Value t =
+      k.tile(MemorySpace::sbuf, {st.rows, rowResult ? 1 : st.cols}, elt(v));
+  double fill = rep == Rep::Splat ? fusion.splats.lookup(v) : 0.0;
+  b.create<nisa::MemsetOp>(t, APFloat(fill));
+  if (rep == Rep::Row)
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::add, t, t, st.tileOf(v),
+                                   APFloat(0.0), false);
+  return t;
+}
+
+/// The row sums `op`'s activation accumulates, fp32 on ScalarE: the tile
+/// it accumulates into and, for a narrower sum, the tile it is copied to.
+std::pair<Value, Value> GroupEmitter::rowSums(Step &st, Operation *op) {
+  ReduceOp sum = plan.rowSumOf.lookup(op);
+  if (!sum)
+    return {};
+  Value sums = dstFor(st, sum.getResult());
+  st.tiles[sum.getResult()] = sums;
+  if (cast<MemRefType>(sums.getType()).getElementType().isF32())
+    return {sums, Value()};
+  return {k.tile(MemorySpace::sbuf, {st.rows, 1}, b.getF32Type()), sums};
+}
+
+/// f(x - m) with m a row: the activation reads x and takes the row
+/// (negated) as its per-partition bias.
+std::pair<Value, Value> GroupEmitter::biasedSource(const Step &st,
+                                                   Operation *op, Value src) {
+  auto shift = plan.biasOf.lookup(op);
+  if (!shift)
+    return {st.tileOf(src), Value()};
+  auto bin = cast<BinaryOp>(shift);
+  Value bias = st.tileOf(bin.getRhs());
+  if (bin.getFn() == BinaryFn::sub) {
+    Value negated = k.tile(MemorySpace::sbuf, {st.rows, 1}, b.getF32Type());
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, bias, negated,
+                                   Value(), APFloat(-1.0), false, engineOf(op));
+    bias = negated;
+  }
+  return {st.tileOf(bin.getLhs()), bias};
+}
+
+void GroupEmitter::emitBinary(Step &st, BinaryOp bin, Value dst) {
+  Operation *op = bin;
+  if (BinaryOp inner = plan.scaledBy.lookup(op)) {
+    // (x op0 m) op1 w.
+    auto readsInner = [&](Value v) {
+      auto c = v.getDefiningOp<CastOp>();
+      return v == inner.getResult() || (c && c.getInput() == inner.getResult());
+    };
+    bool innerOnLeft = readsInner(bin.getLhs());
+    Value w = innerOnLeft ? bin.getRhs() : bin.getLhs();
+    b.create<nisa::ScalarTensorTensorOp>(
+        aluFor(inner.getFn()), aluFor(bin.getFn()), st.tileOf(inner.getLhs()),
+        st.tileOf(w), dst, st.tileOf(inner.getRhs()), APFloat(0.0),
+        engineOf(op));
+    return;
+  }
+  nisa::AluOp alu = aluFor(bin.getFn());
+  Value l = bin.getLhs(), r = bin.getRhs();
+  Rep rl = plan.rep(l), rr = plan.rep(r);
+  if (rl == Rep::Splat || rr == Rep::Splat) {
+    bool reverse = rl == Rep::Splat;
+    double imm = fusion.splats.lookup(reverse ? l : r);
+    b.create<nisa::TensorScalarOp>(alu, st.tileOf(reverse ? r : l), dst,
+                                   Value(), APFloat(imm), reverse,
+                                   engineOf(op));
+  } else if (fullish(l) != fullish(r)) {
+    // A row broadcast against a full tile: a per-partition scalar.
+    bool reverse = !fullish(l);
+    b.create<nisa::TensorScalarOp>(alu, st.tileOf(reverse ? r : l), dst,
+                                   st.tileOf(reverse ? l : r), APFloat(0.0),
+                                   reverse, engineOf(op));
+  } else {
+    b.create<nisa::TensorTensorOp>(alu, st.tileOf(l), st.tileOf(r), dst,
+                                   engineOf(op));
+  }
+}
+
+/// The instruction of one op of the group, writing `dst`.
+void GroupEmitter::emitOp(Step &st, Operation *op, Value dst) {
+  if (plan.activations.contains(op)) {
+    auto [src, bias] = biasedSource(st, op, op->getOperand(0));
+    auto [acc, narrow] = rowSums(st, op);
+    b.create<nisa::ActivationOp>(src, dst, bias, Value(), acc,
+                                 nisa::ActivationFn::square, APFloat(1.0),
+                                 APFloat(0.0));
+    if (narrow)
+      b.create<nisa::CopyOp>(acc, narrow, nisa::Engine::gpsimd);
+    return;
+  }
+  if (auto u = dyn_cast<UnaryOp>(op)) {
+    // exp(x - m) with m a row: the row rides along as the bias.
+    auto [src, bias] = biasedSource(st, op, u.getInput());
+    auto [acc, narrow] = rowSums(st, op);
+    b.create<nisa::ActivationOp>(src, dst, bias, Value(), acc,
+                                 activationFor(u.getFn()), APFloat(1.0),
+                                 APFloat(0.0));
+    if (narrow)
+      b.create<nisa::CopyOp>(acc, narrow, nisa::Engine::gpsimd);
+  } else if (auto bin = dyn_cast<BinaryOp>(op)) {
+    emitBinary(st, bin, dst);
+  } else if (auto sel = dyn_cast<SelectOp>(op)) {
+    bool rowResult = plan.rep(sel.getResult()) == Rep::Row;
+    Value c = asTile(st, sel.getCond(), rowResult);
+    Value t = asTile(st, sel.getOnTrue(), rowResult);
+    Value f = asTile(st, sel.getOnFalse(), rowResult);
+    b.create<nisa::SelectOp>(c, t, f, dst, engineOf(op));
+  } else if (auto c = dyn_cast<CastOp>(op)) {
+    b.create<nisa::CopyOp>(st.tileOf(c.getInput()), dst, engineOf(op));
+  } else if (auto r = dyn_cast<ReduceOp>(op);
+             r && engineOf(op) == nisa::Engine::scalar) {
+    // identity(x) written to a scratch tile, its fp32 row sums kept.
+    Value src = st.tileOf(r.getInput());
+    Value scratch = k.tile(MemorySpace::sbuf, {st.rows, st.cols},
+                           cast<MemRefType>(src.getType()).getElementType());
+    bool f32 = cast<MemRefType>(dst.getType()).getElementType().isF32();
+    Value acc =
+        f32 ? dst : k.tile(MemorySpace::sbuf, {st.rows, 1}, b.getF32Type());
+    b.create<nisa::ActivationOp>(src, scratch, Value(), Value(), acc,
+                                 nisa::ActivationFn::identity, APFloat(1.0),
+                                 APFloat(0.0));
+    if (!f32)
+      b.create<nisa::CopyOp>(acc, dst, nisa::Engine::gpsimd);
+  } else if (auto r = dyn_cast<ReduceOp>(op)) {
+    b.create<nisa::TensorReduceOp>(aluFor(r.getFn()), st.tileOf(r.getInput()),
+                                   dst, engineOf(op));
+  }
+}
+
+/// One step's loads or its compute (emitted apart, so loads can run ahead).
+void GroupEmitter::step(Phase phase, Value base, int64_t rows, int64_t stepCols,
+                        int64_t slotIndex) {
+  TileBuilder::TileScope scope(k);
+  Step st{base, rows, stepCols, slotIndex, {}};
+  for (auto [v, buffer] : loaded) {
+    switch (plan.rep(v)) {
+    case Rep::Full:
+    case Rep::Row:
+      st.tiles[v] = slot(st, v);
+      if (phase == Phase::Load)
+        k.dma(window(st, v, buffer), st.tiles[v]);
+      break;
+    case Rep::Col:
+      st.tiles[v] =
+          k.view(columns[v], k.index(0), {rows, stepCols}, {plan.cols, 1});
+      break;
+    case Rep::Splat:
+      break;
+    }
+  }
+  if (phase == Phase::Load)
+    return;
+  for (Operation *op : ops) {
+    b.setLoc(op->getLoc());
+    if (isa<ConstantOp>(op))
+      continue;
+    Value result = op->getResult(0);
+    if (plan.summed.contains(op))
+      continue; // its activation wrote it
+    if (isa<BroadcastOp, ReshapeOp>(op) || plan.folded.contains(op)) {
+      st.tiles[result] = st.tileOf(op->getOperand(0));
+      continue;
+    }
+    Value dst = dstFor(st, result);
+    st.tiles[result] = dst;
+    emitOp(st, op, dst);
+  }
+  for (auto [v, buffer] : outputs) {
+    b.setLoc(v.getLoc());
+    k.dma(st.tileOf(v), window(st, v, buffer));
+  }
+}
+
+void GroupEmitter::emit() {
+  TileBuilder::TileScope groupScope(k);
+  allocate();
+  int64_t cols = plan.cols;
+  // Full steps pipelined (loads run numSlots - 1 steps ahead), then the
+  // smaller steps at the end.
+  auto run = [&](int64_t full, int64_t stride, int64_t rows) {
+    k.forEachPipelined(
+        full, plan.numSlots,
+        [&](Value i, int64_t slot) {
+          step(Phase::Load, k.scale(i, stride), rows, cols, slot);
+        },
+        [&](Value i, int64_t slot) {
+          step(Phase::Compute, k.scale(i, stride), rows, cols, slot);
+        });
+  };
+  auto single = [&](int64_t base, int64_t rows, int64_t stepCols,
+                    int64_t slot) {
+    step(Phase::Load, k.index(base), rows, stepCols, slot);
+    step(Phase::Compute, k.index(base), rows, stepCols, slot);
+  };
+  if (fusion.byRows) {
+    int64_t full = fusion.numRows / p, rem = fusion.numRows % p;
+    run(full, p, p);
+    if (rem)
+      single(full * p, rem, cols, full);
+    return;
+  }
+  int64_t n = fusion.numCols, chunk = p * cols, full = n / chunk;
+  run(full, chunk, p);
+  int64_t rem = n % chunk, at = full * chunk, next = full;
+  if (rem / cols)
+    single(at, rem / cols, cols, next++);
+  if (rem % cols)
+    single(at + rem / cols * cols, 1, rem % cols, next);
+}
+
+} // namespace
+
+LogicalResult
+KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
+                           ArrayRef<std::pair<Value, Value>> inputs,
+                           ArrayRef<std::pair<Value, Value>> outputs) {
+  SmallVector<Value> inputValues, outputValues;
+  for (auto [v, buffer] : inputs)
+    inputValues.push_back(v);
+  for (auto [v, buffer] : outputs)
+    outputValues.push_back(v);
+  std::string reason;
+  FailureOr<GroupPlan> plan = GroupPlan::decide(ops, inputValues, outputValues,
+                                                target, tileBytes, reason);
+  if (failed(plan))
+    return anchor->emitOpError("cannot be tiled as one group: ") << reason;
+  GroupEmitter(*this, *plan, ops, inputs, outputs).emit();
+  return success();
+}
+
+LogicalResult KernelLowering::lowerFusion(FusionOp fusion) {
+  Block &body = fusion.getBody().front();
+  SmallVector<Operation *> ops;
+  for (Operation &op : body.without_terminator())
+    ops.push_back(&op);
+  SmallVector<std::pair<Value, Value>> inputs, outputs;
+  for (auto [arg, operand] : llvm::zip(body.getArguments(), fusion.getInputs()))
+    inputs.push_back({arg, bufferOf(operand)});
+  auto yield = cast<YieldOp>(body.getTerminator());
+  for (auto [v, result] : llvm::zip(yield.getValues(), fusion.getResults())) {
+    if (isa<BlockArgument>(v))
+      return fusion.emitOpError("yields an input unchanged");
+    outputs.push_back({v, resultBuffer(result)});
+  }
+  return lowerGroup(fusion, ops, inputs, outputs);
+}
+
+namespace {
+/// One elementwise op is a group of one.
+struct ElementwisePattern
+    : OpTilePattern<ElementwisePattern, UnaryOp, BinaryOp, SelectOp, CastOp> {
+  LogicalResult lowerOp(Operation *op, KernelLowering &k) const {
+    SmallVector<std::pair<Value, Value>> inputs;
+    for (Value operand : op->getOperands())
+      inputs.push_back(
+          {operand, splatValueOf(operand) ? Value() : k.bufferOf(operand)});
+    Value result = op->getResult(0);
+    return k.lowerGroup(op, op, inputs, {{result, k.resultBuffer(result)}});
+  }
+};
+
+struct FusionPattern : OpTilePattern<FusionPattern, FusionOp> {
+  LogicalResult lowerOp(FusionOp op, KernelLowering &k) const {
+    return k.lowerFusion(op);
+  }
+};
+} // namespace
+
+void mlir::neuron::populateElementwiseGroupPatterns(TilePatternSet &patterns) {
+  patterns.push_back(std::make_unique<ElementwisePattern>());
+  patterns.push_back(std::make_unique<FusionPattern>());
+}

@@ -1,0 +1,187 @@
+//===- TileBuilder.h - what every op family's lowering builds with --------===//
+//
+// One TileBuilder per function being lowered, passed explicitly to each op
+// family's lowering: the chip (target), the tensor -> HBM buffer map, and an
+// ImplicitLocOpBuilder whose location is the op being lowered (LocScope sets
+// it for a nested one), with the building blocks every kernel is made of:
+// index arithmetic, strided views, scoped on-chip tiles, tile loops, DMAs.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef PASSES_TILE_TILEBUILDER_H
+#define PASSES_TILE_TILEBUILDER_H
+
+#include "dialects/neuron/NeuronDialect.h"
+#include "dialects/nisa/NisaDialect.h"
+#include "runtime/target/Target.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/ImplicitLocOpBuilder.h"
+#include "llvm/ADT/DenseMap.h"
+
+namespace mlir::neuron {
+
+using nisa::MemorySpace;
+
+using TileBody = llvm::function_ref<void(Value offset, int64_t size)>;
+
+inline int64_t product(ArrayRef<int64_t> dims) {
+  int64_t n = 1;
+  for (int64_t d : dims)
+    n *= d;
+  return n;
+}
+
+inline SmallVector<int64_t> contiguousStrides(ArrayRef<int64_t> shape) {
+  SmallVector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = (int64_t)shape.size() - 2; i >= 0; --i)
+    strides[i] = strides[i + 1] * shape[i + 1];
+  return strides;
+}
+
+inline RankedTensorType tensorType(Value v) {
+  return cast<RankedTensorType>(v.getType());
+}
+
+class TileBuilder {
+public:
+  TileBuilder(ImplicitLocOpBuilder &builder, ModuleOp module,
+              const ::neuron::target::Target &target, int64_t tileBytes)
+      : b(builder), target(target), tileBytes(tileBytes), module(module) {}
+
+  /// Builds at `loc` for its lifetime: the ops a nested op (a modifier's,
+  /// a lazy view's copy) becomes carry that op's location.
+  class LocScope {
+  public:
+    LocScope(ImplicitLocOpBuilder &b, Location loc) : b(b), saved(b.getLoc()) {
+      b.setLoc(loc);
+    }
+    ~LocScope() { b.setLoc(saved); }
+
+  private:
+    ImplicitLocOpBuilder &b;
+    Location saved;
+  };
+
+  ImplicitLocOpBuilder &b;
+  const ::neuron::target::Target &target;
+  /// Bytes per partition a streamed tile may take (neuron-lower-to-nisa's
+  /// free-tile-bytes).
+  const int64_t tileBytes;
+
+  // --- index arithmetic ---------------------------------------------------
+  Value index(int64_t v) { return b.create<arith::ConstantIndexOp>(v); }
+  Value addOffset(Value offset, int64_t c) {
+    if (c == 0)
+      return offset;
+    return b.create<arith::AddIOp>(offset, index(c));
+  }
+  Value addOffsets(Value a, Value c) { return b.create<arith::AddIOp>(a, c); }
+  Value scale(Value v, int64_t c) {
+    if (c == 1)
+      return v;
+    return b.create<arith::MulIOp>(v, index(c));
+  }
+
+  /// An access pattern into a base buffer: element offset, static sizes and
+  /// strides. Operands of every instruction are built this way.
+  Value view(Value base, Value offset, ArrayRef<int64_t> shape,
+             ArrayRef<int64_t> strides);
+  Value rowView(Value base, Value offset, int64_t rows, int64_t cols,
+                int64_t rowStride) {
+    return view(base, offset, {rows, cols}, {rowStride, 1});
+  }
+
+  // --- tiles and loops ----------------------------------------------------
+  /// An on-chip tile, released at the end of the enclosing TileScope.
+  Value tile(MemorySpace space, ArrayRef<int64_t> shape, Type elementType);
+  struct TileScope {
+    TileBuilder &k;
+    explicit TileScope(TileBuilder &k) : k(k) { k.scopeTiles.emplace_back(); }
+    ~TileScope() {
+      for (Value t : llvm::reverse(k.scopeTiles.back()))
+        k.b.create<memref::DeallocOp>(t);
+      k.scopeTiles.pop_back();
+    }
+  };
+
+  /// Calls `body` for [0, total) in chunks of `tileSize`: a loop over the
+  /// full chunks, then the remainder once.
+  void forTiles(int64_t total, int64_t tileSize, TileBody body);
+  void forEach(int64_t count, llvm::function_ref<void(Value)> body);
+  void forEachRotating(int64_t first, int64_t count, int64_t slots,
+                       llvm::function_ref<void(Value, int64_t)> body);
+  int64_t streamSlots(double transferNs, double computeNs) const;
+  void forEachPipelined(int64_t count, int64_t slots,
+                        llvm::function_ref<void(Value, int64_t)> load,
+                        llvm::function_ref<void(Value, int64_t)> compute);
+
+  void dma(Value src, Value dst) { b.create<nisa::DmaCopyOp>(src, dst); }
+  Value load(Value base, Value offset, int64_t rows, int64_t cols,
+             int64_t rowStride) {
+    auto elt = cast<MemRefType>(base.getType()).getElementType();
+    Value t = tile(MemorySpace::sbuf, {rows, cols}, elt);
+    dma(rowView(base, offset, rows, cols, rowStride), t);
+    return t;
+  }
+
+  // --- tensors and buffers ------------------------------------------------
+  /// Where a tensor's elements are: a buffer, an element offset and a
+  /// stride per dim (a layout op's result is such a window of its input
+  /// until a consumer needs it contiguous).
+  struct Window {
+    Value buffer;
+    int64_t offset = 0;
+    SmallVector<int64_t> strides;
+  };
+  static MemRefType hbmType(RankedTensorType t) {
+    return MemRefType::get(t.getShape(), t.getElementType());
+  }
+  /// The contiguous buffer of a tensor computed so far (a window is copied,
+  /// a constant materialized, on first use).
+  Value bufferOf(Value tensor);
+  Window windowOf(Value tensor);
+  /// The buffer a result is computed into: its output argument if the
+  /// function returns it, else a new HBM buffer.
+  Value resultBuffer(Value result);
+  void bind(Value tensor, Value buffer) { buffers[tensor] = buffer; }
+  bool isBound(Value tensor) const { return buffers.count(tensor); }
+  /// The function returns `result` in an output argument.
+  void setDestination(Value result, Value argument) {
+    destinations[result] = argument;
+  }
+  bool hasDestination(Value result) const { return destinations.count(result); }
+  /// `result` is `window`, copied at `loc` only if a consumer needs it
+  /// contiguous.
+  void bindWindow(Value result, Window window, Location loc) {
+    lazyViews.try_emplace(result, LazyView{std::move(window), loc});
+  }
+  bool isWindow(Value tensor) const { return lazyViews.count(tensor); }
+
+  /// Where the constants materialized on first use go.
+  void setEntry(Block *block) { entry = block; }
+
+private:
+  bool transposeThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
+                            Value out);
+
+  ModuleOp module;
+  Block *entry = nullptr;
+  DenseMap<Value, Value> buffers;      // tensor -> HBM base buffer
+  DenseMap<Value, Value> destinations; // returned tensor -> output argument
+  /// Results of layout ops not copied yet, and where they came from.
+  struct LazyView {
+    Window window;
+    Location loc;
+  };
+  DenseMap<Value, LazyView> lazyViews;
+  SmallVector<SmallVector<Value>> scopeTiles;
+  unsigned constantCount = 0;
+};
+
+} // namespace mlir::neuron
+
+#endif // PASSES_TILE_TILEBUILDER_H

@@ -1,0 +1,44 @@
+// RUN: neuron-opt %s --neuron-lower-to-nisa -split-input-file -verify-diagnostics
+
+// Each failure is reported on the op that caused it (the user's line, once
+// the importer has given ops their Python locations).
+
+func.func @no_pattern(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'arith.constant' op has no lowering to nisa}}
+  %c = arith.constant dense<1.0> : tensor<4xf32>
+  %y = neuron.binary add %x, %c : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
+  return %y : tensor<4xf32>
+}
+
+// -----
+
+func.func @empty_contraction(%a: tensor<4x0xf32>, %b: tensor<0x4xf32>) -> tensor<4x4xf32> {
+  // expected-error @+1 {{has an empty contraction}}
+  %y = neuron.matmul %a, %b : tensor<4x0xf32>, tensor<0x4xf32> -> tensor<4x4xf32>
+  return %y : tensor<4x4xf32>
+}
+
+// -----
+
+func.func @two_shapes(%x: tensor<4x8xf32>, %y: tensor<8x4xf32>) -> (tensor<4xf32>, tensor<8xf32>) {
+  // expected-error @+1 {{cannot be tiled as one group}}
+  %r:2 = neuron.fusion(%x, %y) : (tensor<4x8xf32>, tensor<8x4xf32>) -> (tensor<4xf32>, tensor<8xf32>) {
+  ^bb0(%a: tensor<4x8xf32>, %b: tensor<8x4xf32>):
+    %s = neuron.reduce sum %a {count = 1} : tensor<4x8xf32> -> tensor<4xf32>
+    %t = neuron.reduce sum %b {count = 1} : tensor<8x4xf32> -> tensor<8xf32>
+    neuron.yield %s, %t : tensor<4xf32>, tensor<8xf32>
+  }
+  return %r#0, %r#1 : tensor<4xf32>, tensor<8xf32>
+}
+
+// -----
+
+func.func @yields_input(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  // expected-error @+1 {{yields an input unchanged}}
+  %r:2 = neuron.fusion(%x) : (tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  ^bb0(%a: tensor<4xf32>):
+    %e = neuron.unary exp %a : tensor<4xf32> -> tensor<4xf32>
+    neuron.yield %e, %a : tensor<4xf32>, tensor<4xf32>
+  }
+  return %r#0, %r#1 : tensor<4xf32>, tensor<4xf32>
+}
