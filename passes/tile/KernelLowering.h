@@ -10,10 +10,12 @@
 #ifndef PASSES_TILE_KERNELLOWERING_H
 #define PASSES_TILE_KERNELLOWERING_H
 
+#include "passes/Passes.h"
 #include "passes/fuse/FusionPlan.h"
 
 #include "dialects/neuron/NeuronDialect.h"
 #include "dialects/nisa/NisaDialect.h"
+#include "runtime/target/Cost.h"
 #include "runtime/target/Target.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -55,10 +57,12 @@ class FlexAttentionLowering;
 /// Lowers the ops of one function; owns the tensor -> HBM buffer mapping.
 class KernelLowering {
 public:
+  /// `knobs`: the pass's tuning options (Passes.td documents each default).
   KernelLowering(OpBuilder &builder, ModuleOp module,
-                 const ::neuron::target::Target &target, int64_t tileBytes)
-      : b(builder), module(module), target(target), tileBytes(tileBytes),
-        loc(builder.getUnknownLoc()) {}
+                 const ::neuron::target::Target &target,
+                 const NeuronLowerToNisaOptions &knobs)
+      : b(builder), module(module), target(target), knobs(knobs),
+        tileBytes(knobs.freeTileBytes), loc(builder.getUnknownLoc()) {}
 
   LogicalResult lowerFunction(func::FuncOp func);
 
@@ -232,6 +236,7 @@ private:
   OpBuilder &b;
   ModuleOp module;
   const ::neuron::target::Target &target;
+  const NeuronLowerToNisaOptions knobs;
   int64_t tileBytes;
   Location loc;
   Block *entry = nullptr;

@@ -499,10 +499,10 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
 
   // Tile geometry: a row of C per partition, or flat [P, F] tiles (F
   // smaller when that keeps every partition busy). Tiles DMAs read or write
-  // rotate over up to four slots, so loads run ahead of the compute and
-  // stores trail it (within half of SBUF); the tiles in between alternate
-  // between two, so one step's instructions never wait for the previous
-  // step's to free a tile.
+  // rotate over up to stream-slots slots, so loads run ahead of the compute
+  // and stores trail it (within stream-sbuf-percent of SBUF); the tiles in
+  // between alternate between two (within inner-sbuf-percent), so one
+  // step's instructions never wait for the previous step's to free a tile.
   int64_t cols = 0, steps = 0, numSlots = 0, innerSlots = 0;
   auto slotWidth = [&](Value v) -> int64_t {
     return plan.rep(v) == Rep::Row ? 1 : cols;
@@ -524,15 +524,17 @@ void KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
         streamBytes += cols * (tensorType(v).getElementTypeBitWidth() + 7) / 8;
     for (auto [v, buffer] : outputs)
       streamBytes += cols * (tensorType(v).getElementTypeBitWidth() + 7) / 8;
-    numSlots = std::min<int64_t>(steps, 4);
+    numSlots = std::min<int64_t>(steps, knobs.streamSlots);
     while (numSlots > 1 &&
-           numSlots * streamBytes > target.sbufBytesPerPartition / 2)
+           numSlots * streamBytes >
+               target.sbufBytesPerPartition * knobs.streamSbufPercent / 100)
       --numSlots;
     int64_t innerBytes = 0;
     for (auto [v, storage] : intermediates)
       innerBytes += slotWidth(v) * bytes(storage);
     innerSlots = std::min<int64_t>(steps, 2);
-    if (innerBytes * innerSlots > target.sbufBytesPerPartition / 4)
+    if (innerBytes * innerSlots >
+        target.sbufBytesPerPartition * knobs.innerSbufPercent / 100)
       innerSlots = 1;
   };
   // What the group's tiles take per partition (they are all live at once).
@@ -996,11 +998,12 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
   int64_t kTiles = (k + kTile - 1) / kTile;
   int64_t kRows = std::min(k, kTile);
   // M tiles per block: as many as PSUM and the panel budget allow (two
-  // panels over half of SBUF would crowd out the streams).
+  // panels over gemm-panel-sbuf-percent of SBUF would crowd out the streams).
   int64_t mTilesTotal = (m + mTile - 1) / mTile;
   int64_t mTiles = std::min<int64_t>(mTilesTotal, banksPerSet);
-  while (mTiles > 1 && 2 * kTiles * mTiles * mTile * eltBytes >
-                           target.sbufBytesPerPartition / 2)
+  while (mTiles > 1 &&
+         2 * kTiles * mTiles * mTile * eltBytes >
+             target.sbufBytesPerPartition * knobs.gemmPanelSbufPercent / 100)
     --mTiles;
   // N tiles per B transfer: fill the bank set the M tiles leave free.
   int64_t nTilesTotal = (n + nTile - 1) / nTile;
@@ -1493,12 +1496,34 @@ struct NeuronLowerToNisaPass
       module.emitError("free-tile-bytes must be at least 4");
       return signalPassFailure();
     }
+    NeuronLowerToNisaOptions knobs;
+    knobs.freeTileBytes = freeTileBytes;
+    knobs.streamSlots = streamSlots;
+    knobs.streamSbufPercent = streamSbufPercent;
+    knobs.innerSbufPercent = innerSbufPercent;
+    knobs.gemmPanelSbufPercent = gemmPanelSbufPercent;
+    knobs.attentionLanes = attentionLanes;
+    knobs.attentionSbufPercent = attentionSbufPercent;
+    if (knobs.streamSlots < 1 || knobs.attentionLanes < 1) {
+      module.emitError("stream-slots and attention-lanes must be at least 1");
+      return signalPassFailure();
+    }
+    for (auto [name, percent] :
+         {std::pair{"stream-sbuf-percent", knobs.streamSbufPercent},
+          {"inner-sbuf-percent", knobs.innerSbufPercent},
+          {"gemm-panel-sbuf-percent", knobs.gemmPanelSbufPercent},
+          {"attention-sbuf-percent", knobs.attentionSbufPercent}})
+      if (percent < 1 || percent > 100) {
+        module.emitError() << name << " must be between 1 and 100, not "
+                           << percent;
+        return signalPassFailure();
+      }
     SmallVector<func::FuncOp> funcs(module.getOps<func::FuncOp>());
     OpBuilder builder(&getContext());
     for (func::FuncOp func : funcs) {
       if (func->hasAttr("nisa.kernel") || func.isExternal())
         continue;
-      KernelLowering lowering(builder, module, *chip, freeTileBytes);
+      KernelLowering lowering(builder, module, *chip, knobs);
       if (failed(lowering.lowerFunction(func)))
         return signalPassFailure();
     }
