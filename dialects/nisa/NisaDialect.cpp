@@ -164,7 +164,7 @@ static LogicalResult verifyEngine(Operation *op, Engine engine) {
   SmallVector<StringRef> allowed;
   for (rt::Engine e : rt::kAllEngines)
     if (rt::canIssue(opcode, e))
-      allowed.push_back(rt::engineName(e));
+      allowed.push_back(stringifyEngine(static_cast<Engine>(e)));
   InFlightDiagnostic diag = op->emitOpError("runs on ");
   for (auto [i, name] : llvm::enumerate(allowed))
     diag << (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") << name;
