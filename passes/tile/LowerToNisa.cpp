@@ -247,37 +247,32 @@ llvm::DenseMap<Operation *, nisa::Engine> KernelLowering::assignEngines(
       return nisa::canIssue(::neuron::runtime::Opcode::Activation, e);
     return nisa::canIssue(instructionOf(op), e);
   };
-  // Streaming cost, as the engines charge it: elements x inputs streamed /
-  // clock; on VectorE two 16-bit inputs stream together and 16-bit
-  // tensor_scalar/copy run in perf mode.
+  // Each instruction's time on an engine, by the cost model the timing
+  // model charges (runtime/target/Cost.h): the group's tiles are contiguous
+  // SBUF tiles, read element by element unless a per-partition register.
+  const ::neuron::target::CostModel costModel(target);
   auto is16 = [](Value v) {
     return cast<RankedTensorType>(v.getType()).getElementTypeBitWidth() == 16;
   };
   auto cost = [&](Operation *op, Engine e) {
+    using ::neuron::runtime::Opcode;
     Value out = op->getResult(0);
     Value measured = isa<ReduceOp>(op) ? op->getOperand(0) : out;
-    double n = plan.rep(measured) == Rep::Row ? 1.0 : double(cols);
+    Opcode opcode = e == Engine::scalar && scalarSums.contains(op)
+                        ? Opcode::Activation
+                        : instructionOf(op);
+    ::neuron::target::ComputeShape shape;
+    shape.elements = plan.rep(measured) == Rep::Row ? 1.0 : double(cols);
     SmallVector<Value> streamed;
     for (Value v : op->getOperands())
       if (heldAsTile(plan.rep(v)))
         streamed.push_back(v);
-    bool all16 = is16(out) && llvm::all_of(streamed, is16);
-    double passes =
-        activations.contains(op) ? 1.0 : std::max<size_t>(1, streamed.size());
-    double speedup = 1;
-    if (e == Engine::vector) {
-      if (streamed.size() == 2 && all16)
-        passes = 1;
-      bool perfOp =
-          isa<CastOp>(op) || (isa<BinaryOp>(op) && streamed.size() == 1);
-      if (perfOp && all16)
-        speedup = double(target.value("vector_elems_per_cycle_16bit")) /
-                  target.partitions;
-    }
-    double clock = e == Engine::vector   ? target.vectorClockGHz
-                   : e == Engine::gpsimd ? target.gpsimdClockGHz
-                                         : target.scalarClockGHz;
-    return std::max(n * passes / speedup, 64.0) / clock;
+    shape.all16Bit = is16(out) && llvm::all_of(streamed, is16);
+    // An activation streams its input; its bias and scale are registers.
+    shape.streamed = activations.contains(op) || opcode == Opcode::Activation
+                         ? 1
+                         : int(streamed.size());
+    return costModel.computeNs(opcode, nisa::toProgram(e), shape);
   };
   llvm::DenseMap<Operation *, Engine> best;
   for (Operation *op : work)
@@ -1045,11 +1040,21 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
       // B tiles rotate over enough slots to hide a load behind the matmuls
       // of the steps before it; two PSUM bank sets and two output staging
       // sets alternate between N groups.
-      double loadNs = double(kRows * nGroup * eltBytes) /
-                      (target.dmaEngines * target.dmaBytesPerNsPerEngine);
-      double stepNs =
-          double(blockTiles * nTiles * std::max<int64_t>(nTile, 64)) /
-          target.tensorClockGHz;
+      // Times by the cost model: a B tile is kRows descriptors of a row of
+      // the group (a transposed B, a transposing DMA) over the DMA engines;
+      // a step, a matmul per M tile and N tile.
+      const ::neuron::target::CostModel costModel(target);
+      double loadBytes = double(kRows * nGroup * eltBytes);
+      double loadNs =
+          (bCol == 1 ? costModel.dmaTransferNs(
+                           loadBytes, double(nGroup * eltBytes), double(kRows))
+                     : loadBytes / costModel.dmaTransposeBytesPerNs(false)) /
+          target.dmaEngines;
+      double stepNs = blockTiles * nTiles *
+                      costModel.cyclesToNs(
+                          ::neuron::runtime::Engine::Tensor,
+                          costModel.matmulCycles(double(mTile), double(nTile),
+                                                 inElt.isF32()));
       int64_t bSlots = streamSlots(loadNs, stepNs);
       Value moving = tile(MemorySpace::sbuf, {kRows, bSlots * nGroup}, inElt);
       Value acc =
