@@ -46,7 +46,35 @@ def NeuronLowerToNisa : Pass<"neuron-lower-to-nisa", "mlir::ModuleOp"> {
            "attribute, else trn2">,
     Option<"freeTileBytes", "free-tile-bytes", "int64_t", /*default=*/"8192",
            "Bytes per partition of one flat elementwise tile (DMA "
-           "descriptors of >= 8 KiB per partition hide their overhead)">
+           "descriptors of >= 8 KiB per partition hide their overhead)">,
+    Option<"streamSlots", "stream-slots", "int64_t", /*default=*/"4",
+           "Most buffers a fused group's loaded or stored value rotates "
+           "over: loads run up to stream-slots - 1 steps ahead of the "
+           "compute and stores trail it (4: three loads in flight)">,
+    Option<"streamSbufPercent", "stream-sbuf-percent", "int64_t",
+           /*default=*/"50",
+           "Share of SBUF (percent per partition) a fused group's streamed "
+           "values may take before they give up slots (50: leaves room for "
+           "the group's intermediates and other kernels' tiles)">,
+    Option<"innerSbufPercent", "inner-sbuf-percent", "int64_t",
+           /*default=*/"25",
+           "Share of SBUF (percent per partition) within which a fused "
+           "group's intermediates alternate between two tiles (25: beyond "
+           "it, one tile each)">,
+    Option<"gemmPanelSbufPercent", "gemm-panel-sbuf-percent", "int64_t",
+           /*default=*/"50",
+           "Share of SBUF (percent per partition) the two resident A^T "
+           "panels of a GEMM's M block may take (50: the B stream and the "
+           "staged outputs keep the rest)">,
+    Option<"attentionLanes", "attention-lanes", "int64_t", /*default=*/"3",
+           "Most query tiles a flash-attention kernel interleaves, PSUM "
+           "permitting (3: one tile's softmax overlaps the others' matmuls)">,
+    Option<"attentionSbufPercent", "attention-sbuf-percent", "int64_t",
+           /*default=*/"75",
+           "Share of SBUF (percent per partition) an attention kernel's "
+           "resident operands may take: the forward's K^T, V (and Q^T) "
+           "slots, the backward's key and query blocks (75: the score, "
+           "probability and output tiles fit in the rest)">
   ];
 }
 

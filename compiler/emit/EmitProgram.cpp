@@ -386,10 +386,10 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
 }
 
 LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
-  std::optional<nisa::Issue> issue = nisa::issueOf(op);
-  if (!issue)
+  auto instruction = dyn_cast<nisa::InstructionOpInterface>(op);
+  if (!instruction)
     return op->emitError("has no kernel program encoding");
-  json inst{{"op", rt::opcodeName(*nisa::opcodeOf(op))}};
+  json inst{{"op", rt::opcodeName(instruction.getOpcode())}};
   if (auto line = sourceLine(op->getLoc())) {
     auto [it, inserted] = locationIds.try_emplace(*line, locations.size());
     if (inserted)
@@ -543,7 +543,8 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
   }
   if (!ok)
     return failure();
-  inst["engine"] = rt::engineName(nisa::toProgram(issue->engine));
+  inst["engine"] =
+      rt::engineName(nisa::toProgram(instruction.getIssuingEngine()));
   out.push_back(std::move(inst));
   return success();
 }
@@ -573,7 +574,7 @@ LogicalResult ProgramEmitter::planTiles() {
 LogicalResult ProgramEmitter::numberInstructions() {
   int64_t next = 0;
   WalkResult walk = kernel.walk<WalkOrder::PreOrder>([&](Operation *op) {
-    if (!nisa::issueOf(op))
+    if (!isa<nisa::InstructionOpInterface>(op))
       return WalkResult::advance();
     auto id = op->getAttrOfType<IntegerAttr>(nisa::kIdAttrName);
     if (!id || !instructionIndex.try_emplace(id.getInt(), next++).second) {

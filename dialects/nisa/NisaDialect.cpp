@@ -11,7 +11,7 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/DialectImplementation.h"
-#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/ADT/TypeSwitch.h" // the generated attribute printer
 
 #include <functional>
 
@@ -20,6 +20,7 @@ using namespace mlir::nisa;
 
 #include "dialects/nisa/NisaDialect.cpp.inc"
 #include "dialects/nisa/NisaEnums.cpp.inc"
+#include "dialects/nisa/NisaInterfaces.cpp.inc"
 
 #define GET_ATTRDEF_CLASSES
 #include "dialects/nisa/NisaAttrs.cpp.inc"
@@ -113,78 +114,36 @@ rt::Collective mlir::nisa::toProgram(Collective kind) {
   return static_cast<rt::Collective>(kind);
 }
 
-std::optional<rt::Opcode> mlir::nisa::opcodeOf(Operation *op) {
-  return llvm::TypeSwitch<Operation *, std::optional<rt::Opcode>>(op)
-#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines)                          \
-  .Case<Name##Op>([](auto) { return rt::Opcode::Name; })
-#include "runtime/program/InstructionSet.def"
-      .Default([](Operation *) { return std::nullopt; });
-}
-
 bool mlir::nisa::canIssue(rt::Opcode op, Engine engine) {
   return rt::canIssue(op, toProgram(engine));
 }
 
-namespace {
-/// Instructions with an `engine` attribute run where it says; the others
-/// have one engine that may issue them.
-template <typename OpTy, typename = void>
-struct HasEngineAttr : std::false_type {};
-template <typename OpTy>
-struct HasEngineAttr<OpTy,
-                     std::void_t<decltype(std::declval<OpTy>().getEngine())>>
-    : std::true_type {};
-
-template <rt::Opcode Opcode, typename OpTy> Engine engineOf(OpTy op) {
-  if constexpr (HasEngineAttr<OpTy>::value) {
-    return op.getEngine();
-  } else {
-    constexpr rt::EngineSet engines = rt::issuingEngines(Opcode);
-    static_assert(engines && !(engines & (engines - 1)),
-                  "an op without an engine attribute has one legal engine");
-    return static_cast<Engine>(llvm::countr_zero(engines));
-  }
-}
-} // namespace
-
-std::optional<Issue> mlir::nisa::issueOf(Operation *op) {
-  return llvm::TypeSwitch<Operation *, std::optional<Issue>>(op)
-#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines)                          \
-  .Case<Name##Op>(                                                             \
-      [](Name##Op o) { return Issue{engineOf<rt::Opcode::Name>(o), IsDma}; })
-#include "runtime/program/InstructionSet.def"
-      .Default([](Operation *) { return std::nullopt; });
-}
-
 /// The engine an instruction names must be one the table allows.
 static LogicalResult verifyEngine(Operation *op, Engine engine) {
-  rt::Opcode opcode = *opcodeOf(op);
+  rt::Opcode opcode = cast<InstructionOpInterface>(op).getOpcode();
   if (canIssue(opcode, engine))
     return success();
   SmallVector<StringRef> allowed;
   for (rt::Engine e : rt::kAllEngines)
     if (rt::canIssue(opcode, e))
-      allowed.push_back(rt::engineName(e));
+      allowed.push_back(stringifyEngine(static_cast<Engine>(e)));
   InFlightDiagnostic diag = op->emitOpError("runs on ");
   for (auto [i, name] : llvm::enumerate(allowed))
     diag << (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") << name;
   return diag << ", not " << stringifyEngine(engine);
 }
 
-SmallVector<Value, 2> mlir::nisa::writtenOperands(Operation *op) {
-  return llvm::TypeSwitch<Operation *, SmallVector<Value, 2>>(op)
-      // The row sums are a second result tile, written like dst.
-      .Case<ActivationOp>([](ActivationOp o) {
-        SmallVector<Value, 2> written{o.getDst()};
-        if (o.getAccumulate())
-          written.push_back(o.getAccumulate());
-        return written;
-      })
-  // Every other instruction writes its dst (each must have one).
-#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines)                          \
-  .Case<Name##Op>([](Name##Op o) { return SmallVector<Value, 2>{o.getDst()}; })
-#include "runtime/program/InstructionSet.def"
-      .Default([](Operation *) { return SmallVector<Value, 2>(); });
+/// The operands whose memory the instruction writes (Nisa_Out or Nisa_InOut
+/// in NisaOps.td), in operand order, each once.
+SmallVector<Value, 2> mlir::nisa::detail::writtenOperands(Operation *op) {
+  SmallVector<MemoryEffects::EffectInstance, 4> effects;
+  cast<MemoryEffectOpInterface>(op).getEffects(effects);
+  SmallVector<Value, 2> written;
+  for (const MemoryEffects::EffectInstance &effect : effects)
+    if (isa<MemoryEffects::Write>(effect.getEffect()) && effect.getValue() &&
+        !llvm::is_contained(written, effect.getValue()))
+      written.push_back(effect.getValue());
+  return written;
 }
 
 std::optional<AffineIndex> mlir::nisa::affineIndexOf(Value index) {
@@ -275,7 +234,7 @@ LogicalResult NisaDialect::verifyOperationAttribute(Operation *op,
   if (name == kAddressAttrName)
     return verifyAddress(op, attr.getValue());
   if (name == kIdAttrName || name == kWaitsAttrName) {
-    if (!issueOf(op))
+    if (!isa<InstructionOpInterface>(op))
       return op->emitError("'") << name << "' belongs on a nisa instruction";
     if (name == kWaitsAttrName && !isa<DenseI64ArrayAttr>(attr.getValue()))
       return op->emitError("'nisa.waits' must be an array<i64> of ids");

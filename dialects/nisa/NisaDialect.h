@@ -7,6 +7,8 @@
 #include "mlir/IR/Dialect.h"
 #include "mlir/IR/OpDefinition.h"
 #include "mlir/IR/OpImplementation.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "llvm/ADT/bit.h"
 
 #include "runtime/program/Program.h"
 
@@ -16,8 +18,53 @@
 #define GET_ATTRDEF_CLASSES
 #include "dialects/nisa/NisaAttrs.h.inc"
 
+namespace mlir::nisa {
+/// The program opcode of nisa::<Name>Op, for each entry of
+/// runtime/program/InstructionSet.def (specialised below).
+template <typename OpTy> struct OpcodeOf;
+namespace detail {
+// InstructionOpInterface's default methods (NisaInterfaces.td).
+template <typename OpTy> Engine issuingEngine(OpTy op);
+SmallVector<Value, 2> writtenOperands(Operation *op);
+} // namespace detail
+} // namespace mlir::nisa
+
+#include "dialects/nisa/NisaInterfaces.h.inc"
+
 #define GET_OP_CLASSES
 #include "dialects/nisa/NisaOps.h.inc"
+
+namespace mlir::nisa {
+#define NEURON_OPCODE(Name, Mnemonic, IsDma, Engines)                          \
+  template <> struct OpcodeOf<Name##Op> {                                      \
+    static constexpr ::neuron::runtime::Opcode value =                         \
+        ::neuron::runtime::Opcode::Name;                                       \
+  };
+#include "runtime/program/InstructionSet.def"
+
+namespace detail {
+template <typename OpTy, typename = void>
+struct HasEngineAttr : std::false_type {};
+template <typename OpTy>
+struct HasEngineAttr<OpTy,
+                     std::void_t<decltype(std::declval<OpTy>().getEngine())>>
+    : std::true_type {};
+
+/// Instructions with an `engine` attribute run where it says; the others
+/// have one engine that may issue them (InstructionSet.def).
+template <typename OpTy> Engine issuingEngine(OpTy op) {
+  if constexpr (HasEngineAttr<OpTy>::value) {
+    return op.getEngine();
+  } else {
+    constexpr ::neuron::runtime::EngineSet engines =
+        ::neuron::runtime::issuingEngines(OpcodeOf<OpTy>::value);
+    static_assert(engines && !(engines & (engines - 1)),
+                  "an op without an engine attribute has one legal engine");
+    return static_cast<Engine>(llvm::countr_zero(engines));
+  }
+}
+} // namespace detail
+} // namespace mlir::nisa
 
 namespace neuron::target {
 struct Target;
@@ -44,10 +91,6 @@ constexpr llvm::StringLiteral kSynchronizedAttrName = "nisa.synchronized";
 /// default) or "least_recent".
 constexpr llvm::StringLiteral kReuseAttrName = "nisa.reuse";
 
-/// The program opcode of a nisa instruction (nisa::<Name>Op for each entry
-/// of runtime/program/InstructionSet.def), or std::nullopt for other ops.
-std::optional<::neuron::runtime::Opcode> opcodeOf(Operation *op);
-
 /// The runtime's value of a dialect enum: both are generated from
 /// InstructionSet.def, in the same order.
 ::neuron::runtime::Engine toProgram(Engine engine);
@@ -58,19 +101,6 @@ std::optional<::neuron::runtime::Opcode> opcodeOf(Operation *op);
 
 /// Whether `engine` may issue `op` (InstructionSet.def).
 bool canIssue(::neuron::runtime::Opcode op, Engine engine);
-
-/// How an instruction is issued: the queue that runs (or, for a DMA,
-/// triggers) it: its `engine` attribute, or the one engine that may issue
-/// it. std::nullopt for ops that are not nisa instructions.
-struct Issue {
-  Engine engine;
-  bool dma;
-};
-std::optional<Issue> issueOf(Operation *op);
-
-/// The operands an instruction writes: its dst, and for an activation with
-/// `accumulate` also that tile. Every other memref operand is read.
-SmallVector<Value, 2> writtenOperands(Operation *op);
 
 /// An index as constant + sum(coeff * iv) over scf.for induction variables.
 struct AffineIndex {

@@ -17,6 +17,8 @@ include "mlir/IR/AttrTypeBase.td"
 include "mlir/IR/EnumAttr.td"
 include "mlir/IR/CommonTypeConstraints.td"
 include "mlir/IR/CommonAttrConstraints.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "dialects/nisa/NisaInterfaces.td"
 // The enum cases, from runtime/program/InstructionSet.def (NisaEnums.cmake).
 include "dialects/nisa/NisaEnumCases.td"
 
@@ -81,10 +83,19 @@ def Nisa_EngineAttr : EnumAttr<Nisa_Dialect, Nisa_Engine, "engine"> {
   let assemblyFormat = "`<` $value `>`";
 }
 
+// Every op is an instruction (NisaInterfaces.td). Memref operands say what
+// the instruction does to their memory: Nisa_In (read), Nisa_Out (written),
+// Nisa_InOut (both); nisa-insert-sync asks which through the interface.
 class Nisa_Op<string mnemonic, list<Trait> traits = []>
-    : Op<Nisa_Dialect, mnemonic, traits> {
+    : Op<Nisa_Dialect, mnemonic,
+         !listconcat([Nisa_InstructionOpInterface], traits)> {
   let hasVerifier = 1;
 }
+def Nisa_In : Arg<AnyMemRef, "read", [MemRead]>;
+def Nisa_Out : Arg<AnyMemRef, "written", [MemWrite]>;
+def Nisa_InOut : Arg<AnyMemRef, "read and written", [MemRead, MemWrite]>;
+def Nisa_OptIn : Arg<Optional<AnyMemRef>, "read", [MemRead]>;
+def Nisa_OptOut : Arg<Optional<AnyMemRef>, "written", [MemWrite]>;
 
 //===----------------------------------------------------------------------===//
 // DMA
@@ -97,14 +108,14 @@ def Nisa_DmaCopyOp : Nisa_Op<"dma_copy"> {
     ScalarE or GpSimd, so transfers that must wait (a store waiting for its
     data) need not hold up the others queued behind them.
   }];
-  let arguments = (ins AnyMemRef:$src, AnyMemRef:$dst,
+  let arguments = (ins Nisa_In:$src, Nisa_Out:$dst,
                    DefaultValuedAttr<Nisa_EngineAttr, "Engine::sync">:$engine);
   let assemblyFormat = "$src `,` $dst attr-dict `:` type($src) `,` type($dst)";
 }
 
 def Nisa_DmaGatherOp : Nisa_Op<"dma_gather"> {
   let summary = "indirect DMA: dst[p, :] = table[indices[p], :]";
-  let arguments = (ins AnyMemRef:$table, AnyMemRef:$indices, AnyMemRef:$dst);
+  let arguments = (ins Nisa_In:$table, Nisa_In:$indices, Nisa_Out:$dst);
   let assemblyFormat = [{
     $table `[` $indices `]` `,` $dst attr-dict `:` type($table) `,` type($indices) `,` type($dst)
   }];
@@ -116,8 +127,9 @@ def Nisa_DmaGatherOp : Nisa_Op<"dma_gather"> {
 
 def Nisa_MatmulOp : Nisa_Op<"matmul"> {
   let summary = "dst[M,N] (+)= stationary[K,M]^T @ moving[K,N] into PSUM";
-  let arguments = (ins AnyMemRef:$stationary, AnyMemRef:$moving,
-                   AnyMemRef:$dst, UnitAttr:$accumulate);
+  // dst is read too when the matmul accumulates into it.
+  let arguments = (ins Nisa_In:$stationary, Nisa_In:$moving,
+                   Nisa_InOut:$dst, UnitAttr:$accumulate);
   let assemblyFormat = [{
     $stationary `,` $moving `,` $dst attr-dict `:` type($stationary) `,` type($moving) `,` type($dst)
   }];
@@ -141,9 +153,8 @@ def Nisa_ActivationOp : Nisa_Op<"activation", [AttrSizedOperandSegments]> {
     Types follow the data types, in operand order: src, dst, then those of
     bias, scale_col and accumulate that are present.
   }];
-  let arguments = (ins AnyMemRef:$src, AnyMemRef:$dst,
-                   Optional<AnyMemRef>:$bias, Optional<AnyMemRef>:$scale_col,
-                   Optional<AnyMemRef>:$accumulate,
+  let arguments = (ins Nisa_In:$src, Nisa_Out:$dst, Nisa_OptIn:$bias,
+                   Nisa_OptIn:$scale_col, Nisa_OptOut:$accumulate,
                    Nisa_ActivationFnAttr:$func,
                    DefaultValuedAttr<F64Attr, "1.0">:$scale,
                    DefaultValuedAttr<F64Attr, "0.0">:$bias_imm);
@@ -170,8 +181,9 @@ def Nisa_ActivationOp : Nisa_Op<"activation", [AttrSizedOperandSegments]> {
 
 def Nisa_TensorTensorOp : Nisa_Op<"tensor_tensor"> {
   let summary = "VectorE or GpSimd: dst = a op b";
-  let arguments = (ins Nisa_AluOpAttr:$op, AnyMemRef:$a, AnyMemRef:$b,
-                   AnyMemRef:$dst, DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
+  let arguments = (ins Nisa_AluOpAttr:$op, Nisa_In:$a, Nisa_In:$b,
+                   Nisa_Out:$dst,
+                   DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
   let assemblyFormat = [{
     $op $a `,` $b `,` $dst attr-dict `:` type($a) `,` type($b) `,` type($dst)
   }];
@@ -186,8 +198,7 @@ def Nisa_ScalarTensorTensorOp : Nisa_Op<"scalar_tensor_tensor"> {
     else `imm`. Costs like a `tensor_tensor` of the same shape.
   }];
   let arguments = (ins Nisa_AluOpAttr:$op0, Nisa_AluOpAttr:$op1,
-                   AnyMemRef:$a, AnyMemRef:$b, AnyMemRef:$dst,
-                   Optional<AnyMemRef>:$scalar,
+                   Nisa_In:$a, Nisa_In:$b, Nisa_Out:$dst, Nisa_OptIn:$scalar,
                    DefaultValuedAttr<F64Attr, "0.0">:$imm,
                    DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
   let assemblyFormat = [{
@@ -197,8 +208,8 @@ def Nisa_ScalarTensorTensorOp : Nisa_Op<"scalar_tensor_tensor"> {
 
 def Nisa_TensorScalarOp : Nisa_Op<"tensor_scalar"> {
   let summary = "VectorE, GpSimd or ScalarE: dst = src op s, s an immediate or a [P,1] column";
-  let arguments = (ins Nisa_AluOpAttr:$op, AnyMemRef:$src, AnyMemRef:$dst,
-                   Optional<AnyMemRef>:$scalar,
+  let arguments = (ins Nisa_AluOpAttr:$op, Nisa_In:$src, Nisa_Out:$dst,
+                   Nisa_OptIn:$scalar,
                    DefaultValuedAttr<F64Attr, "0.0">:$imm, UnitAttr:$reverse,
                    DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
   let assemblyFormat = [{
@@ -208,7 +219,7 @@ def Nisa_TensorScalarOp : Nisa_Op<"tensor_scalar"> {
 
 def Nisa_TensorReduceOp : Nisa_Op<"tensor_reduce"> {
   let summary = "VectorE or GpSimd: dst[p, 0] = reduce of the free elements of src[p]";
-  let arguments = (ins Nisa_AluOpAttr:$op, AnyMemRef:$src, AnyMemRef:$dst,
+  let arguments = (ins Nisa_AluOpAttr:$op, Nisa_In:$src, Nisa_Out:$dst,
                    DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
   let assemblyFormat = [{
     $op $src `,` $dst attr-dict `:` type($src) `,` type($dst)
@@ -217,8 +228,9 @@ def Nisa_TensorReduceOp : Nisa_Op<"tensor_reduce"> {
 
 def Nisa_SelectOp : Nisa_Op<"select"> {
   let summary = "VectorE or GpSimd: dst = pred != 0 ? on_true : on_false";
-  let arguments = (ins AnyMemRef:$pred, AnyMemRef:$on_true,
-                   AnyMemRef:$on_false, AnyMemRef:$dst, DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
+  let arguments = (ins Nisa_In:$pred, Nisa_In:$on_true, Nisa_In:$on_false,
+                   Nisa_Out:$dst,
+                   DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
   let assemblyFormat = [{
     $pred `,` $on_true `,` $on_false `,` $dst attr-dict `:` type($pred) `,` type($on_true) `,` type($on_false) `,` type($dst)
   }];
@@ -226,14 +238,15 @@ def Nisa_SelectOp : Nisa_Op<"select"> {
 
 def Nisa_CopyOp : Nisa_Op<"copy"> {
   let summary = "tensor_copy on VectorE, ScalarE or GpSimd, with dtype cast";
-  let arguments = (ins AnyMemRef:$src, AnyMemRef:$dst,
+  let arguments = (ins Nisa_In:$src, Nisa_Out:$dst,
                    DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
   let assemblyFormat = "$src `,` $dst attr-dict `:` type($src) `,` type($dst)";
 }
 
 def Nisa_MemsetOp : Nisa_Op<"memset"> {
   let summary = "VectorE or GpSimd: dst = value";
-  let arguments = (ins AnyMemRef:$dst, F64Attr:$value, DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
+  let arguments = (ins Nisa_Out:$dst, F64Attr:$value,
+                   DefaultValuedAttr<Nisa_EngineAttr, "Engine::vector">:$engine);
   let assemblyFormat = "$dst `,` $value attr-dict `:` type($dst)";
 }
 
@@ -245,7 +258,7 @@ def Nisa_IotaOp : Nisa_Op<"iota"> {
     so an iota can number the elements of the tile a loop iteration covers
     (NKI iota expressions may contain loop indices).
   }];
-  let arguments = (ins AnyMemRef:$dst, Optional<Index>:$offset, F64Attr:$base,
+  let arguments = (ins Nisa_Out:$dst, Optional<Index>:$offset, F64Attr:$base,
                    F64Attr:$channel_multiplier, DenseF64ArrayAttr:$multipliers);
   let assemblyFormat = "$dst (`offset` $offset^)? attr-dict `:` type($dst)";
   // The signature before `offset` existed.
@@ -270,8 +283,7 @@ def Nisa_RandOp : Nisa_Op<"rand"> {
     element is a function of (seed, stream, n) only, so tiling and engine
     order never change the numbers (docs/PROGRAM_FORMAT.md).
   }];
-  let arguments = (ins AnyMemRef:$dst, AnyMemRef:$seed,
-                   Optional<Index>:$offset,
+  let arguments = (ins Nisa_Out:$dst, Nisa_In:$seed, Optional<Index>:$offset,
                    DefaultValuedAttr<I64Attr, "0">:$stream,
                    F64Attr:$channel_multiplier,
                    DenseF64ArrayAttr:$multipliers);
@@ -297,8 +309,7 @@ def Nisa_CollectiveOp : Nisa_Op<"collective"> {
     so `nisa-insert-sync` makes readers of dst (and writers of src) wait
     for it, and independent instructions overlap it.
   }];
-  let arguments = (ins AnyMemRef:$src, AnyMemRef:$dst,
-                   Nisa_CollectiveAttr:$kind,
+  let arguments = (ins Nisa_In:$src, Nisa_Out:$dst, Nisa_CollectiveAttr:$kind,
                    DefaultValuedAttr<Nisa_AluOpAttr, "AluOp::add">:$reduce,
                    StrAttr:$group, DenseI64ArrayAttr:$ranks);
   let assemblyFormat = [{

@@ -4,11 +4,12 @@
 //  - per (batch, key head): K^T and Q^T of its query heads (by transposing
 //    DMAs) and V stay in SBUF; the next key head's load while this one
 //    computes;
-//  - per query head: its 128-row query tiles run in up to three lanes,
-//    interleaved stage by stage, each one key step ahead (the scores and
-//    -max of step r + 1 before P, P^T and P V of step r); each query tile's
-//    key tiles are up to 512 keys of the blocks the BlockMask keeps. Fully
-//    masked blocks are never visited; full blocks skip mask_mod;
+//  - per query head: its 128-row query tiles run in up to attention-lanes
+//    lanes (a pass option, 3 by default), interleaved stage by stage, each
+//    one key step ahead (the scores and -max of step r + 1 before P, P^T
+//    and P V of step r); each query tile's key tiles are up to 512 keys
+//    of the blocks the BlockMask keeps. Fully masked blocks are never
+//    visited; full blocks skip mask_mod;
 //  - per key step: S = Q K^T in a PSUM bank; plain scores are masked in
 //    place by a 0 / -inf bias GpSimd computes two steps ahead, score_mod and
 //    mask_mod otherwise run as engine instructions on the tile (indices from
@@ -575,7 +576,7 @@ LogicalResult FlexAttentionLowering::run() {
   };
   bool tables = !op.getScoreBuffers().empty() || !op.getMaskBuffers().empty();
   int64_t extra = tables ? 1 : 0;
-  for (lanes = 3;
+  for (lanes = k.knobs.attentionLanes;
        lanes > 1 && psumBanksFor(lanes) + extra > k.target.psumBanks;)
     --lanes;
   miscBank = psumBanksFor(lanes);
@@ -583,11 +584,12 @@ LogicalResult FlexAttentionLowering::run() {
   // SBUF: per key-head slot K^T, V and (resident) Q^T of its query heads.
   // Two slots let the next key head load while this one computes; resident
   // Q^T saves a load in front of every query tile. The rest of the
-  // kernel's tiles fit in the remaining quarter.
+  // kernel's tiles fit beyond attention-sbuf-percent.
   int64_t elt = std::max<int64_t>(1, qType.getElementTypeBitWidth() / 8);
   int64_t kvBytes = (kvLen + kvUnits * vDim) * elt;
   int64_t qBytes = group * qLen * elt;
-  int64_t budget = k.target.sbufBytesPerPartition * 3 / 4;
+  int64_t budget =
+      k.target.sbufBytesPerPartition * k.knobs.attentionSbufPercent / 100;
   std::pair<int64_t, bool> choices[] = {
       {2, true}, {1, true}, {2, false}, {1, false}};
   auto choice = llvm::find_if(choices, [&](const std::pair<int64_t, bool> &c) {

@@ -117,7 +117,8 @@ LogicalResult FlexAttentionLowering::planChunks(FlexAttentionBackwardOp o) {
       rows -= kUnit;
     return rows;
   };
-  int64_t budget = k.target.sbufBytesPerPartition * 3 / 4;
+  int64_t budget =
+      k.target.sbufBytesPerPartition * k.knobs.attentionSbufPercent / 100;
   bw.kvCap = kvLen;
   bw.qCap = qLen;
   if (kvBytes(kvLen) + qBytes(qLen) > budget) {

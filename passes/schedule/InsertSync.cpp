@@ -137,7 +137,8 @@ bool apart(const Access &x, const Access &y) {
 
 struct Instruction {
   Operation *op;
-  nisa::Issue issue;
+  nisa::Engine engine; // the queue that issues it
+  bool dma;
   SmallVector<Access, 4> accesses;
   SmallVector<Operation *, 4> loops; // enclosing scf.for ops
   /// The nearest earlier compute instruction of the same queue, or -1.
@@ -287,7 +288,7 @@ bool canPrecede(const Instruction &earlier, size_t earlierIndex,
 
 /// Compute instructions of one queue run in order: no semaphore between them.
 bool queueOrdered(const Instruction &a, const Instruction &b) {
-  return !a.issue.dma && !b.issue.dma && a.issue.engine == b.issue.engine;
+  return !a.dma && !b.dma && a.engine == b.engine;
 }
 
 bool needsWait(const Instruction &a, int64_t aIndex, const Instruction &b,
@@ -371,13 +372,14 @@ LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
   MLIRContext *ctx = &getContext();
   std::vector<Instruction> insts;
   WalkResult walk = func.walk<WalkOrder::PreOrder>([&](Operation *op) {
-    std::optional<nisa::Issue> issue = nisa::issueOf(op);
-    if (!issue)
+    auto instruction = dyn_cast<nisa::InstructionOpInterface>(op);
+    if (!instruction)
       return WalkResult::advance();
-    Instruction inst{op, *issue, {}, {}};
+    Instruction inst{
+        op, instruction.getIssuingEngine(), instruction.isDma(), {}, {}};
     // Every written operand is a write (an activation's row sums as much
     // as its dst); index operands (an iota's offset) touch no memory.
-    SmallVector<Value, 2> written = nisa::writtenOperands(op);
+    SmallVector<Value, 2> written = instruction.getWrittenOperands();
     for (Value operand : op->getOperands()) {
       if (!isa<MemRefType>(operand.getType()))
         continue;
@@ -421,8 +423,8 @@ LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
   llvm::DenseMap<Region, SmallVector<int64_t>> byRegion;
   for (int64_t b = 0; b < n; ++b) {
     Instruction &inst = insts[b];
-    if (!inst.issue.dma) {
-      int64_t &last = lastOnQueue[(int)inst.issue.engine];
+    if (!inst.dma) {
+      int64_t &last = lastOnQueue[(int)inst.engine];
       inst.queuePredecessor = last;
       last = b;
     }

@@ -2,6 +2,8 @@
 
 #include "passes/tile/GroupPlan.h"
 
+#include "runtime/target/Cost.h"
+
 #include "llvm/ADT/STLExtras.h"
 
 #include <limits>
@@ -199,12 +201,13 @@ void GroupPlan::findIntermediates(ArrayRef<Operation *> ops) {
 
 // Tile geometry: a row of C per partition, or flat [P, F] tiles (F
 // smaller when that keeps every partition busy). Tiles DMAs read or write
-// rotate over up to four slots, so loads run ahead of the compute and
-// stores trail it (within half of SBUF); the tiles in between alternate
-// between two, so one step's instructions never wait for the previous
-// step's to free a tile.
+// rotate over up to stream-slots slots, so loads run ahead of the compute
+// and stores trail it (within stream-sbuf-percent of SBUF); the tiles in
+// between alternate between two (within inner-sbuf-percent), so one step's
+// instructions never wait for the previous step's to free a tile.
 void GroupPlan::layOut(ArrayRef<Value> inputs, int64_t width,
-                       const ::neuron::target::Target &target) {
+                       const ::neuron::target::Target &target,
+                       const NeuronLowerToNisaOptions &knobs) {
   const FusionPlan &plan = fusion;
   int64_t p = target.partitions;
   cols = width;
@@ -222,15 +225,17 @@ void GroupPlan::layOut(ArrayRef<Value> inputs, int64_t width,
       streamBytes += cols * (typeOf(v).getElementTypeBitWidth() + 7) / 8;
   for (Value v : outputList)
     streamBytes += cols * (typeOf(v).getElementTypeBitWidth() + 7) / 8;
-  numSlots = std::min<int64_t>(steps, 4);
-  while (numSlots > 1 &&
-         numSlots * streamBytes > target.sbufBytesPerPartition / 2)
+  numSlots = std::min<int64_t>(steps, knobs.streamSlots);
+  while (numSlots > 1 && numSlots * streamBytes > target.sbufBytesPerPartition *
+                                                      knobs.streamSbufPercent /
+                                                      100)
     --numSlots;
   int64_t innerBytes = 0;
   for (auto [v, storage] : intermediates)
     innerBytes += slotWidth(v) * bytes(storage);
   innerSlots = std::min<int64_t>(steps, 2);
-  if (innerBytes * innerSlots > target.sbufBytesPerPartition / 4)
+  if (innerBytes * innerSlots >
+      target.sbufBytesPerPartition * knobs.innerSbufPercent / 100)
     innerSlots = 1;
 }
 
@@ -256,7 +261,7 @@ int64_t GroupPlan::heldBytes() const {
 
 void GroupPlan::chooseSlots(ArrayRef<Operation *> ops, ArrayRef<Value> inputs,
                             const ::neuron::target::Target &target,
-                            int64_t tileBytes) {
+                            const NeuronLowerToNisaOptions &knobs) {
   int64_t p = target.partitions;
   int64_t widest = 1;
   for (Operation *op : ops)
@@ -265,10 +270,10 @@ void GroupPlan::chooseSlots(ArrayRef<Operation *> ops, ArrayRef<Value> inputs,
           std::max<int64_t>(widest, typeOf(v).getElementTypeBitWidth() / 8);
   int64_t width = fusion.numCols;
   if (!fusion.byRows) {
-    int64_t freeMax = std::max<int64_t>(1, tileBytes / widest);
+    int64_t freeMax = std::max<int64_t>(1, knobs.freeTileBytes / widest);
     width = width >= p * freeMax ? freeMax : std::max<int64_t>(1, width / p);
   }
-  layOut(inputs, width, target);
+  layOut(inputs, width, target, knobs);
   // A group with many values gives up pipelining slots, then (flat) tile
   // width, until its tiles fit; a row-tiled group too wide even then is
   // refused by nisa-allocate (neuron-fuse-elementwise's group-bytes keeps
@@ -279,7 +284,7 @@ void GroupPlan::chooseSlots(ArrayRef<Operation *> ops, ArrayRef<Value> inputs,
     else if (innerSlots > 1)
       innerSlots = 1;
     else if (!fusion.byRows && cols > 1)
-      layOut(inputs, cols / 2, target);
+      layOut(inputs, cols / 2, target, knobs);
     else
       break;
   }
@@ -289,7 +294,8 @@ FailureOr<GroupPlan> GroupPlan::decide(ArrayRef<Operation *> ops,
                                        ArrayRef<Value> inputs,
                                        ArrayRef<Value> outputValues,
                                        const ::neuron::target::Target &target,
-                                       int64_t tileBytes, std::string &reason) {
+                                       const NeuronLowerToNisaOptions &knobs,
+                                       std::string &reason) {
   std::optional<FusionPlan> fusion =
       FusionPlan::analyze(ops, outputValues, reason);
   if (!fusion)
@@ -302,7 +308,7 @@ FailureOr<GroupPlan> GroupPlan::decide(ArrayRef<Operation *> ops,
   plan.findScaled(ops);
   plan.loaded.assign(inputs.begin(), inputs.end());
   plan.findIntermediates(ops);
-  plan.chooseSlots(ops, inputs, target, tileBytes);
+  plan.chooseSlots(ops, inputs, target, knobs);
 
   // Row sums of a full tile no activation computes: VectorE's tensor_reduce
   // or ScalarE's identity activation accumulating (ScalarE's clock is
@@ -354,37 +360,32 @@ llvm::DenseMap<Operation *, nisa::Engine> mlir::neuron::assignEngines(
       return nisa::canIssue(::neuron::runtime::Opcode::Activation, e);
     return nisa::canIssue(instructionOf(op), e);
   };
-  // Streaming cost, as the engines charge it: elements x inputs streamed /
-  // clock; on VectorE two 16-bit inputs stream together and 16-bit
-  // tensor_scalar/copy run in perf mode.
+  // Each instruction's time on an engine, by the cost model the timing
+  // model charges (runtime/target/Cost.h): the group's tiles are contiguous
+  // SBUF tiles, read element by element unless a per-partition register.
+  const ::neuron::target::CostModel costModel(target);
   auto is16 = [](Value v) {
     return cast<RankedTensorType>(v.getType()).getElementTypeBitWidth() == 16;
   };
   auto cost = [&](Operation *op, Engine e) {
+    using ::neuron::runtime::Opcode;
     Value out = op->getResult(0);
     Value measured = isa<ReduceOp>(op) ? op->getOperand(0) : out;
-    double n = plan.rep(measured) == Rep::Row ? 1.0 : double(cols);
+    Opcode opcode = e == Engine::scalar && scalarSums.contains(op)
+                        ? Opcode::Activation
+                        : instructionOf(op);
+    ::neuron::target::ComputeShape shape;
+    shape.elements = plan.rep(measured) == Rep::Row ? 1.0 : double(cols);
     SmallVector<Value> streamed;
     for (Value v : op->getOperands())
       if (heldAsTile(plan.rep(v)))
         streamed.push_back(v);
-    bool all16 = is16(out) && llvm::all_of(streamed, is16);
-    double passes =
-        activations.contains(op) ? 1.0 : std::max<size_t>(1, streamed.size());
-    double speedup = 1;
-    if (e == Engine::vector) {
-      if (streamed.size() == 2 && all16)
-        passes = 1;
-      bool perfOp =
-          isa<CastOp>(op) || (isa<BinaryOp>(op) && streamed.size() == 1);
-      if (perfOp && all16)
-        speedup = double(target.value("vector_elems_per_cycle_16bit")) /
-                  target.partitions;
-    }
-    double clock = e == Engine::vector   ? target.vectorClockGHz
-                   : e == Engine::gpsimd ? target.gpsimdClockGHz
-                                         : target.scalarClockGHz;
-    return std::max(n * passes / speedup, 64.0) / clock;
+    shape.all16Bit = is16(out) && llvm::all_of(streamed, is16);
+    // An activation streams its input; its bias and scale are registers.
+    shape.streamed = activations.contains(op) || opcode == Opcode::Activation
+                         ? 1
+                         : int(streamed.size());
+    return costModel.computeNs(opcode, nisa::toProgram(e), shape);
   };
   llvm::DenseMap<Operation *, Engine> best;
   for (Operation *op : work)

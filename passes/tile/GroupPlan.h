@@ -11,6 +11,7 @@
 #ifndef PASSES_TILE_GROUPPLAN_H
 #define PASSES_TILE_GROUPPLAN_H
 
+#include "passes/Passes.h"
 #include "passes/fuse/FusionPlan.h"
 
 #include "dialects/neuron/NeuronDialect.h"
@@ -72,23 +73,24 @@ struct GroupPlan {
   ::neuron::runtime::Opcode instructionOf(Operation *op) const;
 
   /// Plans `ops` (in program order) reading `inputs` and storing `outputs`
-  /// with tiles of at most `tileBytes` per partition; on failure says why
-  /// in `reason`.
-  static FailureOr<GroupPlan> decide(ArrayRef<Operation *> ops,
-                                     ArrayRef<Value> inputs,
-                                     ArrayRef<Value> outputs,
-                                     const ::neuron::target::Target &target,
-                                     int64_t tileBytes, std::string &reason);
+  /// with tiles of at most `knobs.freeTileBytes` per partition, rotating
+  /// over the slots `knobs` allow; on failure says why in `reason`.
+  static FailureOr<GroupPlan>
+  decide(ArrayRef<Operation *> ops, ArrayRef<Value> inputs,
+         ArrayRef<Value> outputs, const ::neuron::target::Target &target,
+         const NeuronLowerToNisaOptions &knobs, std::string &reason);
 
 private:
   void findFolds(ArrayRef<Operation *> ops);
   void findScaled(ArrayRef<Operation *> ops);
   void findIntermediates(ArrayRef<Operation *> ops);
   void layOut(ArrayRef<Value> inputs, int64_t width,
-              const ::neuron::target::Target &target);
+              const ::neuron::target::Target &target,
+              const NeuronLowerToNisaOptions &knobs);
   int64_t heldBytes() const;
   void chooseSlots(ArrayRef<Operation *> ops, ArrayRef<Value> inputs,
-                   const ::neuron::target::Target &target, int64_t tileBytes);
+                   const ::neuron::target::Target &target,
+                   const NeuronLowerToNisaOptions &knobs);
 };
 
 /// Engines for a group's instructions (GroupPlan.cpp).

@@ -11,12 +11,14 @@
 #ifndef PASSES_TILE_KERNELLOWERING_H
 #define PASSES_TILE_KERNELLOWERING_H
 
+#include "passes/Passes.h"
 #include "passes/fuse/FusionPlan.h"
 #include "passes/tile/TileBuilder.h"
 #include "passes/tile/TilePattern.h"
 
 #include "dialects/neuron/NeuronDialect.h"
 #include "dialects/nisa/NisaDialect.h"
+#include "runtime/target/Cost.h"
 #include "runtime/target/Target.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -33,10 +35,12 @@ namespace mlir::neuron {
 /// the TileBuilder it is.
 class KernelLowering : public TileBuilder {
 public:
+  /// `knobs`: the pass's tuning options (Passes.td documents each default).
   KernelLowering(ImplicitLocOpBuilder &builder, ModuleOp module,
-                 const ::neuron::target::Target &target, int64_t tileBytes,
+                 const ::neuron::target::Target &target,
+                 const NeuronLowerToNisaOptions &knobs,
                  const TilePatternSet &patterns)
-      : TileBuilder(builder, module, target, tileBytes), patterns(patterns) {}
+      : TileBuilder(builder, module, target, knobs), patterns(patterns) {}
 
   LogicalResult lowerFunction(func::FuncOp func);
 

@@ -376,8 +376,8 @@ KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   for (auto [v, buffer] : outputs)
     outputValues.push_back(v);
   std::string reason;
-  FailureOr<GroupPlan> plan = GroupPlan::decide(ops, inputValues, outputValues,
-                                                target, tileBytes, reason);
+  FailureOr<GroupPlan> plan =
+      GroupPlan::decide(ops, inputValues, outputValues, target, knobs, reason);
   if (failed(plan))
     return anchor->emitOpError("cannot be tiled as one group: ") << reason;
   GroupEmitter(*this, *plan, ops, inputs, outputs).emit();

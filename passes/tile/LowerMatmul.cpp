@@ -9,6 +9,8 @@
 #include "passes/tile/KernelLowering.h"
 #include "passes/tile/TilePattern.h"
 
+#include "runtime/target/Cost.h"
+
 namespace mlir::neuron {
 
 /// GEMM, with the operand reuse that keeps TensorE fed:
@@ -44,11 +46,12 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
   int64_t kTiles = (k + kTile - 1) / kTile;
   int64_t kRows = std::min(k, kTile);
   // M tiles per block: as many as PSUM and the panel budget allow (two
-  // panels over half of SBUF would crowd out the streams).
+  // panels over gemm-panel-sbuf-percent of SBUF would crowd out the streams).
   int64_t mTilesTotal = (m + mTile - 1) / mTile;
   int64_t mTiles = std::min<int64_t>(mTilesTotal, banksPerSet);
-  while (mTiles > 1 && 2 * kTiles * mTiles * mTile * eltBytes >
-                           target.sbufBytesPerPartition / 2)
+  while (mTiles > 1 &&
+         2 * kTiles * mTiles * mTile * eltBytes >
+             target.sbufBytesPerPartition * knobs.gemmPanelSbufPercent / 100)
     --mTiles;
   // N tiles per B transfer: fill the bank set the M tiles leave free.
   int64_t nTilesTotal = (n + nTile - 1) / nTile;
@@ -90,11 +93,21 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
       // B tiles rotate over enough slots to hide a load behind the matmuls
       // of the steps before it; two PSUM bank sets and two output staging
       // sets alternate between N groups.
-      double loadNs = double(kRows * nGroup * eltBytes) /
-                      (target.dmaEngines * target.dmaBytesPerNsPerEngine);
-      double stepNs =
-          double(blockTiles * nTiles * std::max<int64_t>(nTile, 64)) /
-          target.tensorClockGHz;
+      // Times by the cost model: a B tile is kRows descriptors of a row of
+      // the group (a transposed B, a transposing DMA) over the DMA engines;
+      // a step, a matmul per M tile and N tile.
+      const ::neuron::target::CostModel costModel(target);
+      double loadBytes = double(kRows * nGroup * eltBytes);
+      double loadNs =
+          (bCol == 1 ? costModel.dmaTransferNs(
+                           loadBytes, double(nGroup * eltBytes), double(kRows))
+                     : loadBytes / costModel.dmaTransposeBytesPerNs(false)) /
+          target.dmaEngines;
+      double stepNs = blockTiles * nTiles *
+                      costModel.cyclesToNs(
+                          ::neuron::runtime::Engine::Tensor,
+                          costModel.matmulCycles(double(mTile), double(nTile),
+                                                 inElt.isF32()));
       int64_t bSlots = streamSlots(loadNs, stepNs);
       Value moving = tile(MemorySpace::sbuf, {kRows, bSlots * nGroup}, inElt);
       Value acc =

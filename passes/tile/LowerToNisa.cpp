@@ -136,6 +136,28 @@ struct NeuronLowerToNisaPass
       module.emitError("free-tile-bytes must be at least 4");
       return signalPassFailure();
     }
+    NeuronLowerToNisaOptions knobs;
+    knobs.freeTileBytes = freeTileBytes;
+    knobs.streamSlots = streamSlots;
+    knobs.streamSbufPercent = streamSbufPercent;
+    knobs.innerSbufPercent = innerSbufPercent;
+    knobs.gemmPanelSbufPercent = gemmPanelSbufPercent;
+    knobs.attentionLanes = attentionLanes;
+    knobs.attentionSbufPercent = attentionSbufPercent;
+    if (knobs.streamSlots < 1 || knobs.attentionLanes < 1) {
+      module.emitError("stream-slots and attention-lanes must be at least 1");
+      return signalPassFailure();
+    }
+    for (auto [name, percent] :
+         {std::pair{"stream-sbuf-percent", knobs.streamSbufPercent},
+          {"inner-sbuf-percent", knobs.innerSbufPercent},
+          {"gemm-panel-sbuf-percent", knobs.gemmPanelSbufPercent},
+          {"attention-sbuf-percent", knobs.attentionSbufPercent}})
+      if (percent < 1 || percent > 100) {
+        module.emitError() << name << " must be between 1 and 100, not "
+                           << percent;
+        return signalPassFailure();
+      }
     TilePatternSet patterns;
     populateLowerToNisaPatterns(patterns);
     SmallVector<func::FuncOp> funcs(module.getOps<func::FuncOp>());
@@ -144,7 +166,7 @@ struct NeuronLowerToNisaPass
         continue;
       ImplicitLocOpBuilder builder(UnknownLoc::get(&getContext()),
                                    &getContext());
-      KernelLowering lowering(builder, module, *chip, freeTileBytes, patterns);
+      KernelLowering lowering(builder, module, *chip, knobs, patterns);
       if (failed(lowering.lowerFunction(func)))
         return signalPassFailure();
     }

@@ -13,6 +13,7 @@
 
 #include "dialects/neuron/NeuronDialect.h"
 #include "dialects/nisa/NisaDialect.h"
+#include "passes/Passes.h"
 #include "runtime/target/Target.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -48,9 +49,13 @@ inline RankedTensorType tensorType(Value v) {
 
 class TileBuilder {
 public:
+  /// `knobs`: neuron-lower-to-nisa's tuning options (Passes.td documents
+  /// each default).
   TileBuilder(ImplicitLocOpBuilder &builder, ModuleOp module,
-              const ::neuron::target::Target &target, int64_t tileBytes)
-      : b(builder), target(target), tileBytes(tileBytes), module(module) {}
+              const ::neuron::target::Target &target,
+              const NeuronLowerToNisaOptions &knobs)
+      : b(builder), target(target), knobs(knobs),
+        tileBytes(knobs.freeTileBytes), module(module) {}
 
   /// Builds at `loc` for its lifetime: the ops a nested op (a modifier's,
   /// a lazy view's copy) becomes carry that op's location.
@@ -68,6 +73,7 @@ public:
 
   ImplicitLocOpBuilder &b;
   const ::neuron::target::Target &target;
+  const NeuronLowerToNisaOptions knobs;
   /// Bytes per partition a streamed tile may take (neuron-lower-to-nisa's
   /// free-tile-bytes).
   const int64_t tileBytes;

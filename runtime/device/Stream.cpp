@@ -3,6 +3,7 @@
 #include "runtime/device/Stream.h"
 
 #include "runtime/device/Device.h"
+#include "runtime/target/Cost.h"
 #include "runtime/target/Target.h"
 #include "runtime/timing/TimingModel.h"
 
@@ -171,18 +172,20 @@ std::optional<PlannedCopy> planCopy(const at::Tensor &src,
     // contiguous store; element-sized descriptors would cost far more.
     int64_t srcRun = contiguousRun(src), dstRun = contiguousRun(dst);
     int64_t size = dst.element_size();
+    const target::CostModel cost(t);
     double rate = static_cast<double>(t.dmaEngines) * t.dmaBytesPerNsPerEngine;
     double dma;
     if (src.element_size() == size && (size == 2 || size == 4) &&
         std::min(srcRun, dstRun) == 1 && std::max(srcRun, dstRun) > 1) {
-      dma = n / (rate * t.value("dma_transpose_efficiency_hbm_to_sbuf")) +
+      dma = n / (static_cast<double>(t.dmaEngines) *
+                 cost.dmaTransposeBytesPerNs(false)) +
             n / rate;
     } else {
       int64_t chunk = std::min(srcRun, dstRun);
       double descriptors = std::ceil(static_cast<double>(dst.numel()) /
                                      static_cast<double>(chunk));
-      dma = runtime::dmaEngineNs(t, n, static_cast<double>(chunk * size),
-                                 descriptors) /
+      dma = cost.dmaTransferNs(n, static_cast<double>(chunk * size),
+                               descriptors) /
             static_cast<double>(t.dmaEngines);
     }
     double hbm = 2 * n / hbmBytesPerNs;

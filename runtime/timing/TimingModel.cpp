@@ -13,6 +13,7 @@
 
 #include "runtime/timing/TimingModel.h"
 #include "runtime/program/Program.h"
+#include "runtime/target/Cost.h"
 #include "runtime/target/Target.h"
 #include "runtime/timing/CollectiveCost.h"
 
@@ -55,6 +56,8 @@ const char *timingUnitName(TimingUnit unit) {
 
 namespace {
 
+using neuron::target::ComputeShape;
+using neuron::target::CostModel;
 using neuron::target::Target;
 
 /// Most DMA engines per core the model supports (bounds stack arrays).
@@ -65,29 +68,21 @@ constexpr int kMaxDmaEngines = 64;
 //===----------------------------------------------------------------------===//
 
 /// Every figure the model uses, read once from the target (trn2.json,
-/// trn3.json carry the values and their sources).
+/// trn3.json carry the values and their sources): an instruction's own cost
+/// from the cost model (runtime/target/Cost.h), the rest (queues, HBM,
+/// throttling) here.
 struct Params {
+  CostModel cost;
   int partitions = 0;
   double clockGHz[kNumTimingUnits] = {};
 
   // TensorE.
-  double matmulMinIICycles = 0;
-  double matmulFp32Factor = 0;
-  double loadStationaryColumnsPerCycle = 0;
-  double matmulCompletionCycles = 0;
   double throttleWindowNs = 0;
   double throttleStartUtilization = 0;
   double throttleRampNs = 0;
   double throttleReengageUtilization = 0;
 
-  // VectorE / ScalarE / GpSimd.
-  double minIICycles = 0;
-  double dependentOverheadCycles[kNumTimingUnits] = {};
-  double vectorPerfSpeedup = 0;
-  double vectorPerfStridedSpeedup = 0;
-  double scalarPerfSpeedup = 0;
-  double stridePenaltyBytes = 0;
-  double stridePenaltyFactor = 0;
+  // ScalarE.
   double activationTableSwitchNs = 0;
 
   // DMA and HBM.
@@ -99,16 +94,12 @@ struct Params {
   double hwdgeIssueNs = 0;
   double swdgeIssueNs = 0;
   double swdgePerDescriptorNs = 0;
-  double descriptorOverheadNs = 0;
-  double descriptorHiddenBytes = 0;
-  double transposeEfficiencyFromHbm = 0;
-  double transposeEfficiencyFromSbuf = 0;
   double hbmBytesPerNs = 0;
 
   double semaphoreLatencyNs = 0;
   double boundMinUtilization = 0;
 
-  explicit Params(const Target &t) {
+  explicit Params(const Target &t) : cost(t) {
     auto positive = [&](const char *key) {
       double v = t.value(key);
       if (!(v > 0))
@@ -130,11 +121,6 @@ struct Params {
     clockGHz[int(TimingUnit::GpSimd)] = t.gpsimdClockGHz;
     clockGHz[int(TimingUnit::Sync)] = t.syncClockGHz;
 
-    matmulMinIICycles = nonNegative("matmul_min_ii_cycles");
-    matmulFp32Factor = positive("matmul_fp32_cost_factor");
-    loadStationaryColumnsPerCycle =
-        positive("matmul_load_stationary_columns_per_cycle");
-    matmulCompletionCycles = nonNegative("matmul_completion_fixed_cycles");
     throttleWindowNs = positive("tensor_throttle_window_ns");
     throttleStartUtilization = positive("tensor_throttle_start_utilization");
     throttleRampNs = nonNegative("tensor_throttle_ramp_ns");
@@ -144,23 +130,6 @@ struct Params {
       throw Error("target '" + t.name +
                   "': tensor_throttle_start_utilization must be <= 1");
 
-    minIICycles = nonNegative("engine_min_ii_cycles");
-    dependentOverheadCycles[int(TimingUnit::Vector)] =
-        nonNegative("vector_dependent_overhead_cycles");
-    // [Dv] a dependent 1-element ScalarE chain issues every
-    // scalar_dependent_ii_cycles, of which MIN_II is the instruction itself.
-    dependentOverheadCycles[int(TimingUnit::Scalar)] =
-        std::max(0.0, nonNegative("scalar_dependent_ii_cycles") - minIICycles);
-    dependentOverheadCycles[int(TimingUnit::GpSimd)] =
-        nonNegative("gpsimd_dependent_overhead_cycles");
-    // 16-bit perf modes: elements per cycle over the lanes, i.e. elements
-    // per lane per cycle (VectorE 512 / 128 = 4x [D S6, S7]; ScalarE 1x on
-    // NC-v3, 256 / 128 = 2x on NC-v4 [D S7]).
-    vectorPerfSpeedup = positive("vector_elems_per_cycle_16bit") / partitions;
-    vectorPerfStridedSpeedup = positive("vector_perf_mode_strided_speedup");
-    scalarPerfSpeedup = positive("scalar_elems_per_cycle_16bit") / partitions;
-    stridePenaltyBytes = nonNegative("stride_penalty_bytes");
-    stridePenaltyFactor = positive("stride_penalty_factor");
     activationTableSwitchNs = nonNegative("activation_table_switch_ns");
 
     dmaEngines = t.dmaEngines;
@@ -179,12 +148,6 @@ struct Params {
     hwdgeIssueNs = nonNegative("dma_hwdge_issue_ns");
     swdgeIssueNs = nonNegative("dma_swdge_issue_ns");
     swdgePerDescriptorNs = nonNegative("dma_swdge_per_descriptor_ns");
-    descriptorOverheadNs = nonNegative("dma_descriptor_overhead_ns");
-    descriptorHiddenBytes = positive("dma_descriptor_overhead_hidden_bytes");
-    transposeEfficiencyFromHbm =
-        positive("dma_transpose_efficiency_hbm_to_sbuf");
-    transposeEfficiencyFromSbuf =
-        positive("dma_transpose_efficiency_sbuf_to_sbuf");
     hbmBytesPerNs = t.hbmChipBytesPerNs / positive("hbm_sharing_cores");
 
     semaphoreLatencyNs = nonNegative("semaphore_latency_ns");
@@ -514,14 +477,6 @@ int64_t freeElements(const std::vector<int64_t> &shape) {
 
 /// Elements of the longest contiguous run at the end of the view; on-chip
 /// views never run across partitions (dim 0).
-/// Per-descriptor overhead, hidden once descriptors are large (fitted to the
-/// S9 efficiency curve and the S8 1,416 ns measurement).
-double dmaTransferNs(double bytesPerNs, double overheadNs, double hiddenBytes,
-                     double bytes, double chunkBytes, double descriptors) {
-  double overhead = overheadNs * std::max(0.0, 1.0 - chunkBytes / hiddenBytes);
-  return bytes / bytesPerNs + descriptors * overhead;
-}
-
 int64_t contiguousRun(const View &view, bool onChip) {
   int64_t run = 1;
   size_t stop = onChip ? 1 : 0;
@@ -785,15 +740,14 @@ private:
     double k = static_cast<double>(stat.shape[0]);
     double m = static_cast<double>(freeElements(stat.shape));
     double n = static_cast<double>(freeElements(mov.shape));
-    // [D S23] max(min(64, N_stationary), N_moving) cycles; fp32 inputs 4x.
-    double cycles = std::max(std::min(p.matmulMinIICycles, m), n);
-    if (bufferOf(stat).dtype == DType::F32 || bufferOf(mov).dtype == DType::F32)
-      cycles *= p.matmulFp32Factor;
-    si.costNs = p.cyclesToNs(TimingUnit::Tensor, cycles);
-    si.loadStationaryNs = p.cyclesToNs(
-        TimingUnit::Tensor, std::ceil(m / p.loadStationaryColumnsPerCycle));
+    bool fp32 =
+        bufferOf(stat).dtype == DType::F32 || bufferOf(mov).dtype == DType::F32;
+    si.costNs =
+        p.cyclesToNs(TimingUnit::Tensor, p.cost.matmulCycles(m, n, fp32));
+    si.loadStationaryNs =
+        p.cyclesToNs(TimingUnit::Tensor, p.cost.loadStationaryCycles(m));
     si.completionNs =
-        p.cyclesToNs(TimingUnit::Tensor, p.matmulCompletionCycles);
+        p.cyclesToNs(TimingUnit::Tensor, p.cost.matmulCompletionCycles());
     si.flops = 2 * k * m * n;
   }
 
@@ -827,58 +781,31 @@ private:
     case Opcode::Collective:
       break; // costed by costDma and costMatmul
     }
-    double n = static_cast<double>(freeElements(
+    ComputeShape shape;
+    shape.elements = static_cast<double>(freeElements(
         inst.op == Opcode::TensorReduce ? inst.src->shape : dst.shape));
-    bool all16 = is16Bit(bufferOf(dst).dtype);
-    bool contiguous = innermostStride(dst) == 1;
-    int inPsum = 0;
-    bool strided = false;
+    shape.streamed = static_cast<int>(streamed.size());
+    shape.all16Bit = is16Bit(bufferOf(dst).dtype);
+    shape.contiguous = innermostStride(dst) == 1;
     auto strideBytes = [&](const View &view) {
       return static_cast<double>(innermostStride(view)) *
              static_cast<double>(dtypeSize(bufferOf(view).dtype));
     };
-    strided |= strideBytes(dst) > p.stridePenaltyBytes;
-    bool dstPsum = bufferOf(dst).space == Space::PSUM;
+    shape.widestStrideBytes = strideBytes(dst);
+    shape.dstInPsum = bufferOf(dst).space == Space::PSUM;
     for (const View *view : streamed) {
       const Buffer &buffer = bufferOf(*view);
-      all16 &= is16Bit(buffer.dtype);
-      contiguous &= innermostStride(*view) == 1;
-      inPsum += buffer.space == Space::PSUM;
-      strided |= strideBytes(*view) > p.stridePenaltyBytes;
+      shape.all16Bit &= is16Bit(buffer.dtype);
+      shape.contiguous &= innermostStride(*view) == 1;
+      shape.streamedInPsum += buffer.space == Space::PSUM;
+      shape.widestStrideBytes =
+          std::max(shape.widestStrideBytes, strideBytes(*view));
     }
-    si.readsPsum = inPsum > 0;
-
-    double passes = std::max<double>(1, static_cast<double>(streamed.size()));
-    double speedup = 1;
-    TimingUnit unit = si.unit;
-    if (unit == TimingUnit::Vector) {
-      // [D S5, S23] a 2-input op takes N instead of 2N cycles with one input
-      // in PSUM; [D S6] also when all tensors are 16-bit in SBUF.
-      if (streamed.size() == 2 &&
-          (inPsum == 1 || (all16 && inPsum == 0 && !dstPsum)))
-        passes = 1;
-      // [D S6] perf mode for 16-bit tensor_copy / tensor_scalar (and memset,
-      // a copy of an immediate [E]): 4x in SBUF and contiguous, else 2x.
-      bool perfOp = inst.op == Opcode::Copy ||
-                    inst.op == Opcode::TensorScalar ||
-                    inst.op == Opcode::Memset;
-      if (perfOp && all16)
-        speedup = (contiguous && inPsum == 0 && !dstPsum)
-                      ? p.vectorPerfSpeedup
-                      : p.vectorPerfStridedSpeedup;
-    } else if (unit == TimingUnit::Scalar) {
-      // [D S7] NC-v4 ScalarE runs 16-bit tensor_copy / tensor_scalar at 2x
-      // (the speedup is 1 on NC-v3).
-      if ((inst.op == Opcode::Copy || inst.op == Opcode::TensorScalar) && all16)
-        speedup = p.scalarPerfSpeedup;
-    }
-    double streamCycles = passes * n / speedup;
-    if (strided)
-      streamCycles *= p.stridePenaltyFactor;
-    double cycles = std::max(p.minIICycles, streamCycles);
-    si.costNs = p.cyclesToNs(unit, cycles);
+    si.readsPsum = shape.streamedInPsum > 0;
+    Engine engine = inst.engine;
+    si.costNs = p.cost.computeNs(inst.op, engine, shape);
     si.dependentOverheadNs =
-        p.cyclesToNs(unit, p.dependentOverheadCycles[int(unit)]);
+        p.cost.cyclesToNs(engine, p.cost.dependentOverheadCycles(engine));
     if (inst.op == Opcode::Activation)
       si.activationTable = activationTableOf(inst.func);
   }
@@ -969,14 +896,10 @@ private:
         dstBuf.isOnChip() && !hasBroadcast(src) && !hasBroadcast(dst) &&
         std::min(srcRun, dstRun) == 1 && std::max(srcRun, dstRun) > 1;
     if (transpose) {
-      double efficiency = srcBuf.isOnChip() ? p.transposeEfficiencyFromSbuf
-                                            : p.transposeEfficiencyFromHbm;
-      si.perRowNs = bytes / rows / (p.dmaBytesPerNs * efficiency);
+      si.perRowNs =
+          bytes / rows / p.cost.dmaTransposeBytesPerNs(srcBuf.isOnChip());
     } else {
-      si.perRowNs = dmaTransferNs(p.dmaBytesPerNs, p.descriptorOverheadNs,
-                                  p.descriptorHiddenBytes, bytes, chunkBytes,
-                                  descriptors) /
-                    rows;
+      si.perRowNs = p.cost.dmaTransferNs(bytes, chunkBytes, descriptors) / rows;
     }
 
     // HBM traffic.
@@ -1575,14 +1498,6 @@ Timeline simulate(const Program &program, const Target &target,
   Model model(program, target);
   Simulator simulator(model, keepEvents);
   return simulator.run();
-}
-
-double dmaEngineNs(const Target &target, double bytes, double chunkBytes,
-                   double descriptors) {
-  return dmaTransferNs(target.dmaBytesPerNsPerEngine,
-                       target.value("dma_descriptor_overhead_ns"),
-                       target.value("dma_descriptor_overhead_hidden_bytes"),
-                       bytes, chunkBytes, descriptors);
 }
 
 } // namespace neuron::runtime

@@ -208,14 +208,6 @@ struct Timeline {
 Timeline simulate(const Program &program, const neuron::target::Target &target,
                   bool keepEvents = false);
 
-/// Engine time (ns, summed over the DMA engines that share the work) to move
-/// `bytes` as `descriptors` contiguous chunks of `chunkBytes`: the bytes at one
-/// engine's rate plus a per-descriptor overhead that chunks of
-/// dma_descriptor_overhead_hidden_bytes hide. The one formula behind the
-/// timing model's DMA instructions and the eager device's copies.
-double dmaEngineNs(const neuron::target::Target &target, double bytes,
-                   double chunkBytes, double descriptors);
-
 } // namespace neuron::runtime
 
 #endif // NEURON_RUNTIME_TIMING_TIMINGMODEL_H

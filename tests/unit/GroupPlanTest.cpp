@@ -61,9 +61,11 @@ struct Group {
     SmallVector<Value> inputs(block.getArguments());
     SmallVector<Value> outputs(
         cast<YieldOp>(block.getTerminator()).getValues());
-    plan = GroupPlan::decide(ops, inputs, outputs,
-                             ::neuron::target::getTarget(target), kTileBytes,
-                             reason);
+    mlir::neuron::NeuronLowerToNisaOptions knobs;
+    knobs.freeTileBytes = kTileBytes;
+    plan =
+        GroupPlan::decide(ops, inputs, outputs,
+                          ::neuron::target::getTarget(target), knobs, reason);
   }
 
   Operation *op(const std::string &name) const {
