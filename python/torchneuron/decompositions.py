@@ -27,7 +27,8 @@ Ops core ATen keeps whole (:data:`OP_DECOMPOSITIONS`), as ops the device runs:
 - pooling and convolution: 3-d convolutions as sums of 2-d ones over the depth taps,
   adaptive average pooling with unequal windows as matmuls with window matrices;
 - the elementwise functions the engines have no instruction for:
-  :mod:`torchneuron.elementwise_math`.
+  :mod:`torchneuron.elementwise_math`, and Bessel functions and Chebyshev polynomials:
+  :mod:`torchneuron.special_math`.
 
 Training graphs (:data:`TRAINING_DECOMPOSITIONS`): backward ops that torch keeps whole, or
 decomposes into scatters and gathers by index, become device math here:
@@ -71,6 +72,7 @@ import torch._refs
 import torch.nn.functional as F
 
 from torchneuron.elementwise_math import ELEMENTWISE_DECOMPOSITIONS
+from torchneuron.special_math import SPECIAL_DECOMPOSITIONS
 
 __all__ = [
     "EXTRA_DECOMPOSITIONS",
@@ -1886,6 +1888,7 @@ def _aten_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., object
     table.update(WHOLE_REDUCTIONS)
     table.update(OP_DECOMPOSITIONS)
     table.update(ELEMENTWISE_DECOMPOSITIONS)
+    table.update(SPECIAL_DECOMPOSITIONS)
     missing = [
         str(op)
         for op, _ in EXTRA_DECOMPOSITIONS
