@@ -1,4 +1,4 @@
-"""Bessel functions and Chebyshev polynomials as elementwise math the engines run.
+"""Bessel functions, erfcx and orthogonal polynomials as elementwise math the engines run.
 
 PyTorch's CPU kernels use Cephes' rational approximations (and, for the polynomials, a
 recurrence as long as the degree). Here every function is a fixed chain of ScalarE activations
@@ -25,6 +25,9 @@ its neighbours; 16-bit inputs are widened and the result rounded once.
   nodes spread over the integrand's width at each x (it decays doubly exponentially, so the
   rule converges geometrically); exp(-x) applied last.
 - ``spherical_bessel_j0``: sin(x) / x, its Taylor series below 0.5.
+- ``erfcx`` (exp(x^2) erfc(x); ``special.log_ndtr`` decomposes into it): a Chebyshev
+  interpolant in t = (x - 3) / (x + 3) below 10, fitted at import to libm's double erfc; the
+  asymptotic series above; 2 exp(x^2) - erfcx(-x) below 0.
 - Chebyshev ``T``, ``U``, ``V``, ``W`` (and the shifted ones, of 2x - 1) of a tensor degree:
   closed forms in x = cos(s) or cosh(s) (a recurrence as long as the degree cannot be unrolled
   for a degree that is data); see :func:`_chebyshev`. Past float32's range eager's recurrence
@@ -363,6 +366,39 @@ def _spherical_j0(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x.abs() == math.inf, 0.0, out)
 
 
+# -- erfcx ----------------------------------------------------------------------------------------
+
+_ERFCX_ASYMPTOTIC = 10.0  # the large-x series (8 terms: 1e-12) above, the interpolant below
+_ERFCX_SCALE = 3.0  # t = (x - 3) / (x + 3) maps [0, 10] to [-1, 7/13]
+
+
+def _erfcx_double(t: float) -> float:
+    """erfcx at x = 3 (1 + t) / (1 - t), x < 10, in double precision (libm's erfc keeps its
+    relative precision; exp(x^2) < exp(100))."""
+    x = _ERFCX_SCALE * (1 + t) / (1 - t)
+    return math.erfc(x) * math.exp(x * x)
+
+
+_ERFCX_T_MAX = (_ERFCX_ASYMPTOTIC - _ERFCX_SCALE) / (_ERFCX_ASYMPTOTIC + _ERFCX_SCALE)
+_ERFCX_FIT = _chebyshev_fit(_erfcx_double, -1.0, _ERFCX_T_MAX, 12)  # error ~1e-10
+# erfcx(x) ~ (1 / (x sqrt(pi))) sum_k (-1)^k (2k - 1)!! / (2 x^2)^k (A&S 7.1.23)
+_ERFCX_SERIES = [(-1) ** k * math.prod(range(1, 2 * k, 2)) for k in range(8)]
+
+
+def _erfcx(x: torch.Tensor) -> torch.Tensor:
+    """exp(x^2) erfc(x): for x >= 0 a degree-12 Chebyshev interpolant in t = (x - 3) / (x + 3)
+    (erfcx is smooth in t up to x = inf) below 10, the asymptotic series above; for x < 0,
+    2 exp(x^2) - erfcx(-x) (inf once exp(x^2) overflows, as eager)."""
+    ax = x.abs()
+    small = ax < _ERFCX_ASYMPTOTIC
+    a = torch.where(small, ax, 0.0)
+    b = torch.where(small, _ERFCX_ASYMPTOTIC, ax)
+    fit = _clenshaw(_ERFCX_FIT, -1.0, _ERFCX_T_MAX, (a - _ERFCX_SCALE) / (a + _ERFCX_SCALE))
+    series = _poly(_ERFCX_SERIES, 0.5 / (b * b)) / (b * math.sqrt(math.pi))
+    positive = torch.where(small, fit, series)
+    return torch.where(x < 0, 2.0 * torch.exp(x * x) - positive, positive)
+
+
 # -- Chebyshev polynomials of a tensor degree ---------------------------------------------------
 
 
@@ -497,5 +533,6 @@ SPECIAL_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.special_scaled_modified_bessel_k0.default: _in_float32(functools.partial(_k_scaled, 0)),
     _aten.special_scaled_modified_bessel_k1.default: _in_float32(functools.partial(_k_scaled, 1)),
     _aten.special_spherical_bessel_j0.default: _in_float32(_spherical_j0),
+    _aten.special_erfcx.default: _in_float32(_erfcx),
     **_polynomial_table(),
 }

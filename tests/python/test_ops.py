@@ -988,7 +988,7 @@ def test_an_expected_fallback_xfail_does_not_accept_a_wrong_answer(wrong: bool) 
     assert ("WrongAnswer" in str(info.value)) == wrong, str(info.value)
 
 
-# Bessel functions and Chebyshev polynomials (torchneuron/special_math.py) over their whole
+# Bessel functions, erfcx and orthogonal polynomials (torchneuron/special_math.py) over their whole
 # domain: each function switches method at some |x| (4, 8, 15; 1 for K; |x| = 1 for the
 # polynomials), which OpInfo's samples (|x| < 9) mostly do not reach. Compared with eager
 # float64 on the same float32 inputs, rounded to float32: eager's own float32 kernels are
@@ -1009,6 +1009,7 @@ SPECIAL_UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "scaled_modified_bessel_k0": torch.special.scaled_modified_bessel_k0,
     "scaled_modified_bessel_k1": torch.special.scaled_modified_bessel_k1,
     "spherical_bessel_j0": torch.special.spherical_bessel_j0,
+    "erfcx": torch.special.erfcx,
 }
 SPECIAL_BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     f"{prefix}chebyshev_polynomial_{kind}": getattr(
@@ -1060,6 +1061,7 @@ SPECIAL_ON_DEVICE = {
         "modified_bessel_k1",
         "scaled_modified_bessel_k0",
         "spherical_bessel_j0",
+        "erfcx",
     ],
     "polynomials": [
         "chebyshev_polynomial_t",
