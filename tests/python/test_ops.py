@@ -1148,6 +1148,36 @@ def test_index_select_with_a_0d_input_or_index_runs_on_the_device(
     assert stats["kernels_run"] == 1
 
 
+def test_as_strided_copy_and_scatter_run_on_the_device() -> None:
+    """Windows that overlap (a stride smaller than the window; copies only), skip elements,
+    start at an offset and repeat (stride 0), in one graph: gathers and puts at iota-computed
+    positions (decompositions.py). A scatter through overlapping positions stays eager, which
+    refuses it at the user's line."""
+
+    def fn(x: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = x * 2  # a contiguous intermediate, as in any graph
+        return (
+            torch.as_strided_copy(y, (3, 4), (2, 1), 1),
+            torch.as_strided_copy(y, (2, 3, 2), (7, 0, 3)),
+            torch.as_strided_scatter(y, src, (3, 4), (5, 1), 2),
+            torch.as_strided_scatter(y, src[:2], (2, 4), (4, 1), 3),
+        )
+
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    src = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    got = torch.compile(fn, backend="neuron", fullgraph=True)(x, src)
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {} and stats["kernels_run"] >= 1
+    for g, w in zip(got, fn(x, src), strict=True):
+        assert torch.equal(g, w)
+
+    def overlapping(x: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        return torch.as_strided_scatter(x * 2, src[:2], (2, 4), (0, 2), 3)
+
+    with pytest.raises(RuntimeError, match="refers to a single memory location"):
+        torch.compile(overlapping, backend="neuron")(x, src)
+
+
 # (mat_a shape, mat_b shape, which part of the result the groups define: rows / all / columns)
 GROUPED_MM = {
     "rows": ((16, 8), (3, 8, 16), (slice(0, 12), slice(None))),
