@@ -23,11 +23,13 @@ Ops core ATen keeps whole (:data:`OP_DECOMPOSITIONS`), as ops the device runs:
   position holding it;
 - indexing: ``index_put`` (any leading block of index tensors, overwrite or accumulate),
   ``put``, ``scatter_reduce``, ``index_reduce``, ``masked_scatter``, ``searchsorted``: one-hot
-  compares with an iota, selects, reductions and TensorE matmuls;
+  compares with an iota, selects, reductions and TensorE matmuls; ``as_strided_copy`` and
+  ``as_strided_scatter`` of a contiguous tensor: a gather or put at iota-computed positions;
 - pooling and convolution: 3-d convolutions as sums of 2-d ones over the depth taps,
   adaptive average pooling with unequal windows as matmuls with window matrices;
 - the elementwise functions the engines have no instruction for:
-  :mod:`torchneuron.elementwise_math`.
+  :mod:`torchneuron.elementwise_math`, and Bessel functions and Chebyshev polynomials:
+  :mod:`torchneuron.special_math`.
 
 Training graphs (:data:`TRAINING_DECOMPOSITIONS`): backward ops that torch keeps whole, or
 decomposes into scatters and gathers by index, become device math here:
@@ -71,6 +73,7 @@ import torch._refs
 import torch.nn.functional as F
 
 from torchneuron.elementwise_math import ELEMENTWISE_DECOMPOSITIONS
+from torchneuron.special_math import SPECIAL_DECOMPOSITIONS
 
 __all__ = [
     "EXTRA_DECOMPOSITIONS",
@@ -1565,6 +1568,68 @@ def put(
     return flat if flat is NotImplemented else flat.reshape(t.shape)  # type: ignore[union-attr]
 
 
+def _strided_positions(
+    t: torch.Tensor, size: Sequence[int], stride: Sequence[int], storage_offset: int | None
+) -> torch.Tensor | None:
+    """Where each element of ``t.as_strided(size, stride, storage_offset)`` lies in
+    ``t.reshape(-1)``: storage_offset + sum_d i_d stride_d, an iota sum. None (the op stays
+    whole) unless ``t`` is its storage from offset 0 in row-major order and every position
+    falls inside it; elsewhere as_strided reads memory the graph does not see as ``t``."""
+    offset = t.storage_offset() if storage_offset is None else storage_offset
+    if not all(isinstance(v, int) for v in [*size, *stride, offset, *t.shape]):
+        return None
+    if not t.is_contiguous() or t.storage_offset() != 0 or math.prod(size) == 0:
+        return None
+    if offset < 0 or any(st < 0 for st in stride):
+        return None
+    if offset + sum((n - 1) * st for n, st in zip(size, stride, strict=True)) >= t.numel():
+        return None
+    positions = torch.full(list(size), offset, dtype=torch.int64, device=t.device)
+    for d, (n, st) in enumerate(zip(size, stride, strict=True)):
+        shape = [1] * len(size)
+        shape[d] = n
+        positions = positions + torch.arange(n, device=t.device).reshape(shape) * st
+    return positions
+
+
+def as_strided_copy(
+    t: torch.Tensor, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None
+) -> object:
+    """``t.as_strided(...)`` materialized: one gather of the strided positions."""
+    positions = _strided_positions(t, size, stride, storage_offset)
+    if positions is None:
+        return NotImplemented
+    return torch.index_select(t.reshape(-1), 0, positions.reshape(-1)).reshape(list(size))
+
+
+def _without_overlap(size: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether no two elements of a strided window share a position: with the dims sorted by
+    stride, each stride passes the last position the smaller ones reach."""
+    reach = 0
+    dims = [(st, n) for n, st in zip(size, stride, strict=True) if n > 1]
+    for st, n in sorted(dims):
+        if st <= reach:
+            return False
+        reach += (n - 1) * st
+    return True
+
+
+def as_strided_scatter(
+    t: torch.Tensor,
+    src: torch.Tensor,
+    size: Sequence[int],
+    stride: Sequence[int],
+    storage_offset: int | None = None,
+) -> object:
+    """``t`` with ``src`` written through ``t.as_strided(...)``: a put at the strided positions.
+    Windows whose elements overlap stay whole: eager refuses some (stride 0) and leaves the
+    order of the others' writes to its copy."""
+    positions = _strided_positions(t, size, stride, storage_offset)
+    if positions is None or not _without_overlap(size, stride):
+        return NotImplemented
+    return put(t, positions, src.to(t.dtype).expand(list(size)))
+
+
 def masked_scatter(t: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> object:
     """The masked positions take ``source``'s elements in order: the k-th set position reads
     source element k, with k a running count of the mask (cumsum on TensorE) and the read
@@ -1799,6 +1864,8 @@ OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.empty_strided.default: empty_strided,
     _aten.addbmm.default: addbmm,
     _aten.put.default: put,
+    _aten.as_strided_copy.default: as_strided_copy,
+    _aten.as_strided_scatter.default: as_strided_scatter,
     _aten.masked_scatter.default: masked_scatter,
     _aten.searchsorted.Tensor: searchsorted,
     _aten.bucketize.Tensor: bucketize,
@@ -1892,6 +1959,7 @@ def _aten_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., object
     table.update(WHOLE_REDUCTIONS)
     table.update(OP_DECOMPOSITIONS)
     table.update(ELEMENTWISE_DECOMPOSITIONS)
+    table.update(SPECIAL_DECOMPOSITIONS)
     missing = [
         str(op)
         for op, _ in EXTRA_DECOMPOSITIONS

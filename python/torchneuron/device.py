@@ -430,46 +430,61 @@ def mem_get_info(dev: Any = None) -> tuple[int, int]:
 
 # ---- random numbers -----------------------------------------------------------------------
 
+# Dynamo skips torch.cuda's seed and state functions (graph breaks: they are not ATen ops, and
+# their callers, torch.testing's freeze_rng_state for one, run them under no_dispatch()) but
+# traces into a third-party module's; ``torch._disable_dynamo`` gives ours the same treatment
+# without importing torch._dynamo when the device loads.
+_skipped_by_dynamo = torch._disable_dynamo
 
+
+@_skipped_by_dynamo
 def manual_seed(seed: int) -> None:
     """Seed the current device's default generator."""
     _C()._manual_seed(current_device(), int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
 
 
+@_skipped_by_dynamo
 def manual_seed_all(seed: int) -> None:
     """Seed every device's default generator (``torch.manual_seed`` calls this)."""
     for i in range(device_count()):
         _C()._manual_seed(i, int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
 
 
+@_skipped_by_dynamo
 def seed() -> None:
     _C()._seed(current_device())
 
 
+@_skipped_by_dynamo
 def seed_all() -> None:
     s = _C()._seed(0) if device_count() else 0
     for i in range(1, device_count()):
         _C()._manual_seed(i, s)
 
 
+@_skipped_by_dynamo
 def initial_seed() -> int:
     return _C()._initial_seed(current_device())
 
 
+@_skipped_by_dynamo
 def get_rng_state(dev: Any = "neuron") -> torch.Tensor:
     """The default generator's state: 16 bytes (seed, offset) as a CPU uint8 tensor."""
     raw = _C()._get_rng_state(_index(dev))
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
+@_skipped_by_dynamo
 def set_rng_state(state: torch.Tensor, dev: Any = "neuron") -> None:
     _C()._set_rng_state(_index(dev), bytes(state.cpu().contiguous().view(torch.uint8).numpy()))
 
 
+@_skipped_by_dynamo
 def get_rng_state_all() -> list[torch.Tensor]:
     return [get_rng_state(i) for i in range(device_count())]
 
 
+@_skipped_by_dynamo
 def set_rng_state_all(states: list[torch.Tensor]) -> None:
     for i, state in enumerate(states):
         set_rng_state(state, i)

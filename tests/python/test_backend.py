@@ -3,11 +3,11 @@ and engine-model runtime): stats, fallback, targets, symbolic shapes, compile er
 graphs, default backend.
 
 Nothing stands in for the device. The ops that fall back are ops the importer really has no
-lowering for (``aten.special_bessel_j0``, ``aten.special_bessel_j1``, ``aten.nonzero``, ...; see
-``handlers()`` in compiler/importer/FxImporter.cpp). Where a test needs a failure the compiler
-does not produce on demand, it injects that failure into one call of the real module with
-``monkeypatch`` and says so; spies on ``_C.compile_graph`` record what the compiler received and
-call through to it.
+lowering for (``aten.special_airy_ai``, ``aten.special_laguerre_polynomial_l``,
+``aten.nonzero``, ...; see ``handlers()`` in compiler/importer/FxImporter.cpp). Where a test
+needs a failure the compiler does not produce on demand, it injects that failure into one call
+of the real module with ``monkeypatch`` and says so; spies on ``_C.compile_graph`` record what
+the compiler received and call through to it.
 """
 
 from __future__ import annotations
@@ -42,14 +42,14 @@ def mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     return torch.tanh(h @ w2)
 
 
-def mlp_with_bessel(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+def mlp_with_airy(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     h = x @ w1
-    h = torch.special.bessel_j0(h)  # the importer has no lowering for aten.special_bessel_j0
+    h = torch.special.airy_ai(h)  # the importer has no lowering for aten.special_airy_ai
     return torch.tanh(h @ w2)
 
 
 MLP_ARGS = (torch.randn(4, 8), torch.randn(8, 16), torch.randn(16, 8))
-BESSEL_LINE = f"{__file__}:{mlp_with_bessel.__code__.co_firstlineno + 2}"
+AIRY_LINE = f"{__file__}:{mlp_with_airy.__code__.co_firstlineno + 2}"
 
 
 @pytest.fixture(autouse=True)
@@ -74,11 +74,11 @@ def test_stats_count_compiles_and_runs(compile_calls: list[CompileCall]) -> None
 
 def test_stats_is_a_copy_and_reset_clears_it(real_native: ModuleType) -> None:
     with torch.no_grad():
-        torch.compile(mlp_with_bessel, backend=neuron_backend)(*MLP_ARGS)
+        torch.compile(mlp_with_airy, backend=neuron_backend)(*MLP_ARGS)
     s = torchneuron.stats()
     s["ops_fallback"]["x"] = 1
     s["kernels_run"] = 99
-    assert torchneuron.stats()["ops_fallback"] == {"aten.special_bessel_j0.default": 1}
+    assert torchneuron.stats()["ops_fallback"] == {"aten.special_airy_ai.default": 1}
     assert torchneuron.stats()["kernels_run"] == 2
     torchneuron.reset_stats()
     assert torchneuron.stats() == {
@@ -100,18 +100,18 @@ def test_unsupported_op_falls_back_and_is_reported(
 ) -> None:
     monkeypatch.setenv("TORCHNEURON_VERBOSE", "1")
     with torch.no_grad():
-        out = torch.compile(mlp_with_bessel, backend=neuron_backend)(*MLP_ARGS)
-    torch.testing.assert_close(out, mlp_with_bessel(*MLP_ARGS), **F32)
+        out = torch.compile(mlp_with_airy, backend=neuron_backend)(*MLP_ARGS)
+    torch.testing.assert_close(out, mlp_with_airy(*MLP_ARGS), **F32)
     s = torchneuron.stats()
-    assert s["ops_fallback"] == {"aten.special_bessel_j0.default": 1}
-    # The graph splits around the Bessel function: x @ w1 before it, tanh(h @ w2) after it.
+    assert s["ops_fallback"] == {"aten.special_airy_ai.default": 1}
+    # The graph splits around the Airy function: x @ w1 before it, tanh(h @ w2) after it.
     assert s["graphs_compiled"] == 2 and s["kernels_run"] == 2
     regions = sorted(sorted({n["target"] for n in c.document["nodes"]}) for c in compile_calls)
     assert regions == [["aten.mm.default"], ["aten.mm.default", "aten.tanh.default"]]
     err = capsys.readouterr().err
     assert "1 op(s) run in eager PyTorch" in err
-    assert "aten.special_bessel_j0.default" in err and "no lowering" in err  # the importer's reason
-    assert BESSEL_LINE in err
+    assert "aten.special_airy_ai.default" in err and "no lowering" in err  # the importer's reason
+    assert AIRY_LINE in err
 
 
 def test_recompiles_for_new_sizes_are_counted_and_say_why(
@@ -132,22 +132,23 @@ def test_fallback_report_goes_to_logging_at_info(
     real_native: ModuleType, caplog: pytest.LogCaptureFixture
 ) -> None:
     def ranked(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(torch.special.bessel_j0(x @ w))
+        return torch.tanh(torch.special.airy_ai(x @ w))
 
     w = torch.randn(8, 5)
     with caplog.at_level(logging.INFO, logger="torchneuron"), torch.no_grad():
         out = torch.compile(ranked, backend=neuron_backend)(MLP_ARGS[0], w)
     torch.testing.assert_close(out, ranked(MLP_ARGS[0], w), **F32)
-    assert torchneuron.stats()["ops_fallback"] == {"aten.special_bessel_j0.default": 1}
+    assert torchneuron.stats()["ops_fallback"] == {"aten.special_airy_ai.default": 1}
     (record,) = [r for r in caplog.records if r.name == "torchneuron"]
     assert record.levelno == logging.INFO
-    assert "aten.special_bessel_j0.default" in record.getMessage()
+    assert "aten.special_airy_ai.default" in record.getMessage()
     assert f"{__file__}:{ranked.__code__.co_firstlineno + 1}" in record.getMessage()
 
 
 def test_everything_unsupported_still_runs(compile_calls: list[CompileCall]) -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
-        return torch.special.bessel_j1(torch.special.bessel_j0(torch.special.bessel_j0(x)))
+        y = torch.special.airy_ai(torch.special.airy_ai(x))
+        return torch.special.laguerre_polynomial_l(y, y)
 
     x = torch.randn(5, 6)
     with torch.no_grad():
@@ -156,8 +157,8 @@ def test_everything_unsupported_still_runs(compile_calls: list[CompileCall]) -> 
     s = torchneuron.stats()
     assert s["graphs_compiled"] == 0 and s["kernels_run"] == 0 and s["ops_on_device"] == 0
     assert s["ops_fallback"] == {
-        "aten.special_bessel_j0.default": 2,
-        "aten.special_bessel_j1.default": 1,
+        "aten.special_airy_ai.default": 2,
+        "aten.special_laguerre_polynomial_l.default": 1,
     }
     assert compile_calls == []
 
@@ -233,7 +234,7 @@ def test_dump_dir_gets_every_document(
 ) -> None:
     monkeypatch.setenv("TORCHNEURON_DUMP_DIR", str(tmp_path))
     with torch.no_grad():
-        torch.compile(mlp_with_bessel, backend=neuron_backend)(*MLP_ARGS)
+        torch.compile(mlp_with_airy, backend=neuron_backend)(*MLP_ARGS)
     dumped = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
     assert len(dumped) == len(compile_calls) == torchneuron.stats()["graphs_compiled"] == 2
     assert dumped == {c.document["name"]: c.document for c in compile_calls}
@@ -257,9 +258,9 @@ def test_dump_dir_gets_every_stage_of_every_graph(
     00-import.mlir ... 06-program.json, next to the graph's FX document."""
     monkeypatch.setenv("TORCHNEURON_DUMP_DIR", str(tmp_path))
     with torch.no_grad():
-        torch.compile(mlp_with_bessel, backend=neuron_backend)(*MLP_ARGS)
+        torch.compile(mlp_with_airy, backend=neuron_backend)(*MLP_ARGS)
     names = sorted(c.document["name"] for c in compile_calls)
-    assert len(names) == 2  # the Bessel function splits the graph in two device regions
+    assert len(names) == 2  # the Airy function splits the graph in two device regions
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [*names, *(f"{n}.json" for n in names)]
     )

@@ -543,6 +543,24 @@ def test_generator_reproducibility() -> None:
     assert 400 < e.sum().item() < 600
 
 
+def test_rng_state_functions_run_eagerly_under_torch_compile() -> None:
+    """Dynamo skips torch.cuda's seed and state functions (graph breaks); ours too. Traced,
+    set_rng_state ran under the no_dispatch() of torch.testing's freeze_rng_state, where
+    Dynamo cannot make fake tensors (AssertionError), so no OpInfo entry of a random op
+    (wrapper_set_seed) reached the backend."""
+    from torch.testing._utils import wrapper_set_seed
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return wrapper_set_seed(torch.Tensor.uniform_, x.clone())
+
+    before = torch.neuron.get_rng_state()
+    torchneuron.reset_stats()
+    out = torch.compile(fn, backend="neuron")(torch.zeros(64))
+    assert out.shape == (64,) and 0 <= out.min() and out.max() < 1 and out.std() > 0
+    assert torchneuron.stats()["kernels_run"] >= 1
+    assert torch.equal(torch.neuron.get_rng_state(), before)  # restored by freeze_rng_state
+
+
 # ---- the fallback, autograd, training --------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -967,24 +968,151 @@ def test_cases_name_opinfo_entries() -> None:
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
 def test_an_expected_fallback_xfail_does_not_accept_a_wrong_answer(wrong: bool) -> None:
-    """The harness itself: with bessel_j0 (no lowering) expected to fall back, a sample whose
-    bessel_j0 falls back and whose result matches is the failure the xfail accepts
+    """The harness itself: with airy_ai (no lowering) expected to fall back, a sample whose
+    airy_ai falls back and whose result matches is the failure the xfail accepts
     (OpCheckFailed); the same sample giving a wrong answer on the device side is not
     (SamplesFailed)."""
 
-    def bessel_plus(x: torch.Tensor) -> torch.Tensor:
+    def airy_plus(x: torch.Tensor) -> torch.Tensor:
         # Under torch.compile a wrong device: the compiled graph adds 1, eager does not.
         shift = 1.0 if wrong and torch.compiler.is_compiling() else 0.0
-        return torch.special.bessel_j0(x) + x.sum() * 0 + shift
+        return torch.special.airy_ai(x) + x.sum() * 0 + shift
 
-    case = Case("bessel_plus", fn=bessel_plus)
+    case = Case("airy_plus", fn=airy_plus)
     x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
-    sample = Sample(x, (), {}, expected=bessel_plus(x))
+    sample = Sample(x, (), {}, expected=airy_plus(x))
     expected_error = SamplesFailed if wrong else OpCheckFailed
     with pytest.raises(AssertionError) as info:
-        _run_samples(case, [(sample, None)], F32, gap="aten.special_bessel_j0.default")
+        _run_samples(case, [(sample, None)], F32, gap="aten.special_airy_ai.default")
     assert type(info.value) is expected_error, str(info.value)
     assert ("WrongAnswer" in str(info.value)) == wrong, str(info.value)
+
+
+# Bessel functions, erfcx and orthogonal polynomials (torchneuron/special_math.py) over their whole
+# domain: each function switches method at some |x| (4, 8, 15; 1 for K; |x| = 1 for the
+# polynomials), which OpInfo's samples (|x| < 9) mostly do not reach. Compared with eager
+# float64 on the same float32 inputs, rounded to float32: eager's own float32 kernels are
+# off by up to ~1e-3 near x = +-1 (Chebyshev U and V of degree 12) and ~5e-7 near x = 5 (J, Y).
+SPECIAL_UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "i0": torch.i0,
+    "i0e": torch.special.i0e,
+    "i1": torch.special.i1,
+    "i1e": torch.special.i1e,
+    "modified_bessel_i0": torch.special.modified_bessel_i0,
+    "modified_bessel_i1": torch.special.modified_bessel_i1,
+    "bessel_j0": torch.special.bessel_j0,
+    "bessel_j1": torch.special.bessel_j1,
+    "bessel_y0": torch.special.bessel_y0,
+    "bessel_y1": torch.special.bessel_y1,
+    "modified_bessel_k0": torch.special.modified_bessel_k0,
+    "modified_bessel_k1": torch.special.modified_bessel_k1,
+    "scaled_modified_bessel_k0": torch.special.scaled_modified_bessel_k0,
+    "scaled_modified_bessel_k1": torch.special.scaled_modified_bessel_k1,
+    "spherical_bessel_j0": torch.special.spherical_bessel_j0,
+    "erfcx": torch.special.erfcx,
+}
+SPECIAL_BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    f"{prefix}chebyshev_polynomial_{kind}": getattr(
+        torch.special, f"{prefix}chebyshev_polynomial_{kind}"
+    )
+    for prefix in ("", "shifted_")
+    for kind in "tuvw"
+} | {
+    "hermite_polynomial_h": torch.special.hermite_polynomial_h,
+    "hermite_polynomial_he": torch.special.hermite_polynomial_he,
+}
+_EDGES = [0.0, 1e-30, 1e-6, 0.5, 1.0, 3.9999, 4.0, 7.9999, 8.0, 9.9999, 10.0, 88.0, 89.0, 1e4]
+SPECIAL_X = torch.cat(
+    [
+        torch.linspace(-40, 40, 801),
+        torch.tensor(_EDGES + [-v for v in _EDGES] + [math.inf, -math.inf, math.nan]),
+    ]
+)
+_POLY_X = torch.cat(
+    [torch.linspace(-3, 3, 61), torch.tensor([-1.0, 1.0, 0.0, -0.999999, 0.999999, 1.00001])]
+)
+# Degrees: truncated toward 0 as eager does, negative ones give 0. The Hermite polynomials
+# also at 128 and past it (NaN): they are eager's float32 recurrence step for step
+# (special_math.py), so their reference is eager float32 (float64's kernel stops at 512).
+# The closed forms' float32 phase error grows with the degree (~n ulp): eager's own float32
+# kernels are off by 3e-6 at degree 129.
+_POLY_N = [-1.77, -0.5, 0, 0.3, 1, 1.9, 2, 3, 4.5, 5, 6, 7, 9, 12, 20]
+SPECIAL_POLY_GRIDS = {
+    name: tuple(
+        t.flatten()
+        for t in torch.meshgrid(
+            _POLY_X,
+            torch.tensor(_POLY_N + ([30, 127, 128, 129] if "hermite" in name else [])),
+            indexing="ij",
+        )
+    )
+    for name in SPECIAL_BINARY
+}
+
+
+# On the device: one function of each implementation (the others differ in a constant or a
+# final factor, and the whole set is checked on the CPU below, in seconds less).
+SPECIAL_ON_DEVICE = {
+    "unary": [
+        "i0",
+        "i1e",
+        "bessel_j0",
+        "bessel_y1",
+        "modified_bessel_k1",
+        "scaled_modified_bessel_k0",
+        "spherical_bessel_j0",
+        "erfcx",
+    ],
+    "polynomials": [
+        "chebyshev_polynomial_t",
+        "chebyshev_polynomial_u",
+        "chebyshev_polynomial_v",
+        "shifted_chebyshev_polynomial_w",
+    ],
+}
+
+
+def _special_calls(names: Sequence[str]) -> list[tuple[str, Callable[..., torch.Tensor], Any]]:
+    return [
+        (name, SPECIAL_UNARY[name], (SPECIAL_X,))
+        if name in SPECIAL_UNARY
+        else (name, SPECIAL_BINARY[name], SPECIAL_POLY_GRIDS[name])
+        for name in names
+    ]
+
+
+def _check_special(name: str, fn: Callable[..., torch.Tensor], args: Any, got: Any) -> None:
+    exact = "hermite" not in name
+    want = fn(*(t.double() if exact else t for t in args)).float()
+    atol, rtol = TRANSCENDENTAL[F32]
+    torch.testing.assert_close(
+        got, want, atol=atol, rtol=rtol, equal_nan=True, msg=lambda m: f"{name}: {m}"
+    )
+
+
+@pytest.mark.parametrize("group", list(SPECIAL_ON_DEVICE))
+def test_bessel_and_chebyshev_match_float64_over_their_domain(group: str) -> None:
+    calls = _special_calls(SPECIAL_ON_DEVICE[group])
+
+    def every(*inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return tuple(fn(*args) for (_, fn, _), args in zip(calls, inputs, strict=True))
+
+    got = torch.compile(every, backend="neuron", fullgraph=True)(*(args for _, _, args in calls))
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {} and stats["kernels_run"] >= 1
+    for (name, fn, args), g in zip(calls, got, strict=True):
+        _check_special(name, fn, args, g)
+
+
+def test_every_bessel_and_polynomial_decomposition_matches_float64() -> None:
+    """Every decomposition of special_math.py, run by eager PyTorch on the CPU (the table's
+    entry for the op itself): exact to float32 precision over the same domains."""
+    from torchneuron.decompositions import neuron_decompositions
+
+    table = neuron_decompositions()
+    for name, fn, args in _special_calls([*SPECIAL_UNARY, *SPECIAL_BINARY]):
+        op = getattr(torch.ops.aten, name if name == "i0" else f"special_{name}").default
+        _check_special(name, fn, args, table[op](*args))
 
 
 @pytest.mark.parametrize(
@@ -1018,6 +1146,36 @@ def test_index_select_with_a_0d_input_or_index_runs_on_the_device(
     assert stats["ops_fallback"] == {}
     assert stats["ops_on_device"] == 3
     assert stats["kernels_run"] == 1
+
+
+def test_as_strided_copy_and_scatter_run_on_the_device() -> None:
+    """Windows that overlap (a stride smaller than the window; copies only), skip elements,
+    start at an offset and repeat (stride 0), in one graph: gathers and puts at iota-computed
+    positions (decompositions.py). A scatter through overlapping positions stays eager, which
+    refuses it at the user's line."""
+
+    def fn(x: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = x * 2  # a contiguous intermediate, as in any graph
+        return (
+            torch.as_strided_copy(y, (3, 4), (2, 1), 1),
+            torch.as_strided_copy(y, (2, 3, 2), (7, 0, 3)),
+            torch.as_strided_scatter(y, src, (3, 4), (5, 1), 2),
+            torch.as_strided_scatter(y, src[:2], (2, 4), (4, 1), 3),
+        )
+
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    src = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    got = torch.compile(fn, backend="neuron", fullgraph=True)(x, src)
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {} and stats["kernels_run"] >= 1
+    for g, w in zip(got, fn(x, src), strict=True):
+        assert torch.equal(g, w)
+
+    def overlapping(x: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        return torch.as_strided_scatter(x * 2, src[:2], (2, 4), (0, 2), 3)
+
+    with pytest.raises(RuntimeError, match="refers to a single memory location"):
+        torch.compile(overlapping, backend="neuron")(x, src)
 
 
 # (mat_a shape, mat_b shape, which part of the result the groups define: rows / all / columns)
