@@ -49,15 +49,15 @@ int64_t bytes(Type t) { return (t.getIntOrFloatBitWidth() + 7) / 8; }
 //    rows as it goes (ScalarE's accumulate);
 //  - (x op m) op' w with m a row broadcast, the first result used only
 //    by the second: one scalar_tensor_tensor (findScaled).
+Operation *GroupPlan::onlyUse(Value v) const {
+  if (!v.hasOneUse() || outputs.contains(v))
+    return nullptr;
+  return *v.getUsers().begin();
+}
+
 void GroupPlan::findFolds(ArrayRef<Operation *> ops) {
   const FusionPlan &plan = fusion;
-  const llvm::DenseSet<Value> &isOutput = outputs;
   llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
-  auto onlyUse = [&](Value v) -> Operation * {
-    if (!v.hasOneUse() || isOutput.contains(v))
-      return nullptr;
-    return *v.getUsers().begin();
-  };
   for (Operation *op : ops) {
     if (auto c = dyn_cast<CastOp>(op)) {
       Type from = typeOf(c.getInput()).getElementType();
@@ -112,7 +112,7 @@ void GroupPlan::findFolds(ArrayRef<Operation *> ops) {
     auto bin = op->getOperand(0).getDefiningOp<BinaryOp>();
     Value v = op->getOperand(0);
     if (bin && members.contains(bin) && !folded.contains(bin) &&
-        !isOutput.contains(v) &&
+        !outputs.contains(v) &&
         llvm::all_of(v.getUsers(), [&](Operation *u) { return u == op; }) &&
         (bin.getFn() == BinaryFn::sub || bin.getFn() == BinaryFn::add) &&
         bin.getType().getElementType().isF32() &&
@@ -127,11 +127,6 @@ void GroupPlan::findFolds(ArrayRef<Operation *> ops) {
 void GroupPlan::findScaled(ArrayRef<Operation *> ops) {
   const FusionPlan &plan = fusion;
   llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
-  auto onlyUse = [&](Value v) -> Operation * {
-    if (!v.hasOneUse() || outputs.contains(v))
-      return nullptr;
-    return *v.getUsers().begin();
-  };
   for (Operation *op : ops) {
     auto outer = dyn_cast<BinaryOp>(op);
     if (!outer || folded.contains(op) || summed.contains(op))

@@ -81,6 +81,9 @@ struct GroupPlan {
          const NeuronLowerToNisaOptions &knobs, std::string &reason);
 
 private:
+  /// The one user of `v` when it has one and is not a group output (what a
+  /// fold may absorb), else null.
+  Operation *onlyUse(Value v) const;
   void findFolds(ArrayRef<Operation *> ops);
   void findScaled(ArrayRef<Operation *> ops);
   void findIntermediates(ArrayRef<Operation *> ops);
