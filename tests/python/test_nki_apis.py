@@ -492,3 +492,29 @@ def test_matmul_reads_a_psum_operand_through_sbuf() -> None:
     np.testing.assert_allclose(
         nki.simulate_kernel(matmul_by_transposed, x, w), x @ w.T, rtol=1e-4, atol=1e-4
     )
+
+
+@nki.jit
+def masked_row_square_sums(x):
+    """Row sums of squares by ScalarE's reduce_res, the last row tile masked."""
+    n, d = x.shape
+    out = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    i_p, i_f = nl.mgrid[0:128, 0:d]
+    j_p, j_o = nl.mgrid[0:128, 0:1]
+    for t in nl.affine_range((n + 127) // 128):
+        rows = t * 128 + i_p < n
+        tile = nl.load(x[t * 128 + i_p, i_f], mask=rows)
+        squares = nl.ndarray((128, d), dtype=nl.float32)
+        total = nl.ndarray((128, 1), dtype=nl.float32)
+        nisa.activation(dst=squares, op=nl.square, data=tile, reduce_op=nl.add,
+                        reduce_res=total, mask=rows)  # fmt: skip
+        nl.store(out[t * 128 + j_p, j_o], value=total, mask=t * 128 + j_p < n)
+    return out
+
+
+def test_masked_activation_reduces_the_rows_it_keeps() -> None:
+    # The mask applies to reduce_res too (it used to keep all 128 rows of the accumulator
+    # against the masked data's fewer, and the verifier refused the instruction).
+    x = rand(300, 64)
+    got = nki.simulate_kernel(masked_row_square_sums, x)
+    np.testing.assert_allclose(got[:, 0], (x * x).sum(1), rtol=1e-5)

@@ -204,6 +204,9 @@ def _row_sums(value: Tensor, params: dict[str, Any], name: str) -> None:
     col = nl._column(res, "reduce_res", value.shape[0])
     if res.dtype != _ir.FLOAT32:
         raise error("nisa.activation: reduce_res must be a float32 tile")
+    b = _ir.current()
+    if b.mask is not None:  # the rows the mask keeps, as for the instruction's other operands
+        col = b.clip(col, b.mask)
     instr.operands.append(("accumulate", col))
     col.buffer.users.append(instr)
 
