@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 import torch._dynamo
+from torch.utils._pytree import tree_leaves
 
 CLASSES = ("not_reached", "on_device", "partly_eager", "crash", "wrong")
 # (atol, rtol) per dtype: a few ulp of fp32 work on OpInfo's values (up to ~9) for float32;
@@ -163,14 +164,8 @@ class Result:
 
 
 def _tensors(value: object) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
+    """The tensors in ``value`` (nested lists, tuples, dicts), in order."""
+    return (t for t in tree_leaves(value) if isinstance(t, torch.Tensor))
 
 
 def _clone(value: Any) -> Any:

@@ -48,6 +48,7 @@ import torch._dynamo
 import torch.nn.functional as F
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.opinfo.core import OpInfo, SampleInput
+from torch.utils._pytree import tree_leaves
 
 import torchneuron
 
@@ -109,14 +110,8 @@ KNOWN_BUG_SAMPLES = 1
 
 
 def _tensors(value: object) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
+    """The tensors in ``value`` (nested lists, tuples, dicts), in order."""
+    return (t for t in tree_leaves(value) if isinstance(t, torch.Tensor))
 
 
 @dataclasses.dataclass(frozen=True)
