@@ -58,6 +58,13 @@ Operation *GroupPlan::onlyUse(Value v) const {
 void GroupPlan::findFolds(ArrayRef<Operation *> ops) {
   const FusionPlan &plan = fusion;
   llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
+  // x +- m with m a row, in fp32: what an activation takes as its bias.
+  auto isRowShift = [&](BinaryOp bin) {
+    return (bin.getFn() == BinaryFn::sub || bin.getFn() == BinaryFn::add) &&
+           bin.getType().getElementType().isF32() &&
+           plan.rep(bin.getLhs()) == Rep::Full &&
+           plan.rep(bin.getRhs()) == Rep::Row;
+  };
   for (Operation *op : ops) {
     if (auto c = dyn_cast<CastOp>(op)) {
       Type from = typeOf(c.getInput()).getElementType();
@@ -77,10 +84,7 @@ void GroupPlan::findFolds(ArrayRef<Operation *> ops) {
     if (auto u = dyn_cast<UnaryOp>(op)) {
       auto bin = u.getInput().getDefiningOp<BinaryOp>();
       if (bin && members.contains(bin) && onlyUse(bin.getResult()) == op &&
-          (bin.getFn() == BinaryFn::sub || bin.getFn() == BinaryFn::add) &&
-          bin.getType().getElementType().isF32() &&
-          plan.rep(bin.getLhs()) == Rep::Full &&
-          plan.rep(bin.getRhs()) == Rep::Row) {
+          isRowShift(bin)) {
         biasOf[op] = bin;
         folded.insert(bin);
       }
@@ -114,10 +118,7 @@ void GroupPlan::findFolds(ArrayRef<Operation *> ops) {
     if (bin && members.contains(bin) && !folded.contains(bin) &&
         !outputs.contains(v) &&
         llvm::all_of(v.getUsers(), [&](Operation *u) { return u == op; }) &&
-        (bin.getFn() == BinaryFn::sub || bin.getFn() == BinaryFn::add) &&
-        bin.getType().getElementType().isF32() &&
-        plan.rep(bin.getLhs()) == Rep::Full &&
-        plan.rep(bin.getRhs()) == Rep::Row) {
+        isRowShift(bin)) {
       biasOf[op] = bin;
       folded.insert(bin);
     }
