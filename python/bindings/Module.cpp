@@ -19,9 +19,9 @@
 
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 namespace py = pybind11;
 using namespace neuron;
@@ -159,10 +159,10 @@ py::dict timelineSummary(const runtime::Timeline &t) {
 
 /// Runs `compile` for `targetName` without the GIL and loads its program as a
 /// Kernel; a failed compile raises CompileFailure with its diagnostics.
-std::unique_ptr<Kernel> compileToKernel(
-    const std::string &targetName, const std::string &dumpDir,
-    const std::function<compiler::CompileResult(
-        const compiler::CompileOptions &)> &compile) {
+std::unique_ptr<Kernel>
+compileToKernel(const std::string &targetName, const std::string &dumpDir,
+                const std::function<compiler::CompileResult(
+                    const compiler::CompileOptions &)> &compile) {
   const target::Target &target = target::getTarget(targetName);
   compiler::CompileResult result;
   {
@@ -182,8 +182,7 @@ std::unique_ptr<Kernel> compileToKernel(
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "TorchNeuron compiler pipeline and engine-model runtime";
-  py::register_exception<CompileFailure>(m, "CompileError",
-                                         PyExc_RuntimeError);
+  py::register_exception<CompileFailure>(m, "CompileError", PyExc_RuntimeError);
   py::register_exception<runtime::Error>(m, "DeviceError", PyExc_RuntimeError);
 
   m.def("targets", &target::targetNames, "Names of the available targets.");
@@ -213,15 +212,15 @@ PYBIND11_MODULE(_C, m) {
       "On-chip memory of one core: partitions and SBUF/PSUM bytes per "
       "partition a program may allocate.");
 
-  // The attention kernels' block classes and unit, for the Python front end
-  // (torchneuron.attention_blocks): one definition, the kernels'.
+  // The attention kernels' block classes, for the Python front end
+  // (torchneuron.attention_blocks): one definition, the kernels'. (Their
+  // unit is the target's partitions: target_memory.)
   namespace flex = mlir::neuron::flex;
   py::dict blockClasses;
   blockClasses["masked"] = static_cast<int>(flex::Kind::masked);
   blockClasses["partial"] = static_cast<int>(flex::Kind::partial);
   blockClasses["full"] = static_cast<int>(flex::Kind::full);
   m.attr("FLEX_BLOCK_CLASSES") = blockClasses;
-  m.attr("FLEX_UNIT") = flex::kUnit;
 
   m.def(
       "check_graph",
@@ -291,25 +290,22 @@ PYBIND11_MODULE(_C, m) {
       "compile_graph",
       [](const std::string &document, const std::string &targetName,
          const std::string &dumpDir) {
-        return compileToKernel(targetName, dumpDir,
-                               [&](const compiler::CompileOptions &options) {
-                                 return compiler::compileFxGraph(document,
-                                                                 options);
-                               });
+        return compileToKernel(
+            targetName, dumpDir, [&](const compiler::CompileOptions &options) {
+              return compiler::compileFxGraph(document, options);
+            });
       },
-      py::arg("document"), py::arg("target") = "trn2",
-      py::arg("dump_dir") = "",
+      py::arg("document"), py::arg("target") = "trn2", py::arg("dump_dir") = "",
       "Compiles an FX graph document into a kernel for `target`.");
 
   m.def(
       "compile_kernel",
       [](const std::string &text, const std::string &name,
          const std::string &targetName, const std::string &dumpDir) {
-        return compileToKernel(targetName, dumpDir,
-                               [&](const compiler::CompileOptions &options) {
-                                 return compiler::compileKernelText(text, name,
-                                                                    options);
-                               });
+        return compileToKernel(
+            targetName, dumpDir, [&](const compiler::CompileOptions &options) {
+              return compiler::compileKernelText(text, name, options);
+            });
       },
       py::arg("text"), py::arg("name") = "kernel", py::arg("target") = "trn2",
       py::arg("dump_dir") = "",
