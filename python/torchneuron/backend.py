@@ -40,8 +40,9 @@ from torchneuron import (
 from torchneuron._native import Kernel, native
 from torchneuron._stats import STATS
 from torchneuron.decompositions import math_attention, neuron_decompositions
-from torchneuron.kernel import DeviceKernel, GenericDeviceKernel, NotSizeGeneric
+from torchneuron.kernel import DeviceKernel, GenericDeviceKernel
 from torchneuron.progress import Progress
+from torchneuron.sizes import NotSizeGeneric, no_size_guards
 
 __all__ = ["SpecializingGraph", "build_graph", "compile_aten_graph", "neuron_backend"]
 
@@ -211,9 +212,13 @@ def build_generic_graph(
     ops = sum(partition.is_op(n) for n in gm.graph.nodes)
     with Progress(f"graph of {ops} ops with symbolic sizes ({target})") as progress:
         try:
-            lowered = frontend.lower(
-                gm, lambda prefix: f"{prefix}_{next(_graph_ids)}", progress.stage, symbolic=True
-            )
+            with no_size_guards(gm):
+                lowered = frontend.lower(
+                    gm,
+                    lambda prefix: f"{prefix}_{next(_graph_ids)}",
+                    progress.stage,
+                    symbolic=True,
+                )
             if lowered.fallback:
                 first = lowered.fallback[0]
                 raise NotSizeGeneric(

@@ -14,8 +14,9 @@ from torchneuron._native import BufferArg, GenericKernel, Kernel
 from torchneuron._stats import STATS
 from torchneuron.fx_json import DTYPE_NAMES, dtype_from_name
 from torchneuron.profile import record_run
+from torchneuron.sizes import NotSizeGeneric
 
-__all__ = ["DeviceKernel", "GenericDeviceKernel", "NotSizeGeneric", "modeled_work"]
+__all__ = ["DeviceKernel", "GenericDeviceKernel", "modeled_work"]
 
 
 def modeled_work(kernel: Kernel) -> tuple[float, dict[str, float]]:
@@ -122,11 +123,6 @@ class DeviceKernel(torch.nn.Module):
         return (
             f"{self.graph_name}, inputs={len(self.input_specs)}, outputs={len(self.output_specs)}"
         )
-
-
-class NotSizeGeneric(Exception):
-    """A graph (or one of its regions) that cannot be compiled once for every size; the
-    message says why. The backend compiles per tuple of sizes instead."""
 
 
 class GenericDeviceKernel(torch.nn.Module):

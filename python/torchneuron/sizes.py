@@ -10,12 +10,66 @@ when it cannot, the backend compiles a specialization per tuple of sizes
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import sympy
 import torch
+import torch.fx
 
-__all__ = ["SizeSymbols", "size_expression"]
+__all__ = ["NotSizeGeneric", "SizeSymbols", "no_size_guards", "size_expression"]
+
+
+class NotSizeGeneric(Exception):
+    """A graph (or one of its regions) that cannot be compiled once for every size; the
+    message says why. The backend compiles per tuple of sizes instead."""
+
+
+@contextlib.contextmanager
+def no_size_guards(gm: torch.fx.GraphModule) -> Iterator[None]:
+    """Within: deciding anything about a symbolic size of ``gm`` that its ranges do not already
+    decide (``int(size)``, ``size == 16``) raises :class:`NotSizeGeneric` instead of adding a
+    guard. A guard would make Dynamo specialize its graph to this call's sizes, compile the
+    frame again for every new size and, after ``recompile_limit`` sizes, run it in eager
+    PyTorch; and a program built on such a decision would not serve other sizes."""
+    envs = {
+        id(v.node.shape_env): v.node.shape_env
+        for n in gm.graph.nodes
+        for v in _sym_values(n.meta.get("val"))
+    }
+    patched = []
+    for env in envs.values():
+        original = env.evaluate_expr
+
+        def strict(expr: Any, *args: Any, _env: Any = env, _orig: Any = original, **kw: Any) -> Any:
+            static = _env._maybe_evaluate_static(
+                expr, size_oblivious=kw.get("size_oblivious", False)
+            )
+            if static is None:
+                raise NotSizeGeneric(f"the front end needs the value of {expr}")
+            return _orig(expr, *args, **kw)
+
+        env.evaluate_expr = strict
+        patched.append(env)
+    try:
+        yield
+    finally:
+        for env in patched:
+            del env.evaluate_expr  # the class's method again
+
+
+def _sym_values(value: object) -> Iterator[torch.SymInt | torch.SymFloat | torch.SymBool]:
+    """The symbolic values in a node's value: sizes of tensors, scalars, in tuples."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        if not value.node.is_constant():
+            yield value
+    elif isinstance(value, torch.Tensor):
+        for size in value.shape:
+            yield from _sym_values(size)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _sym_values(item)
 
 
 def size_expression(expr: sympy.Expr) -> str:

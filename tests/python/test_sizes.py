@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -15,8 +16,8 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod
 
 from torchneuron import fx_json
 from torchneuron._native import native
-from torchneuron.kernel import GenericDeviceKernel, NotSizeGeneric
-from torchneuron.sizes import size_expression
+from torchneuron.kernel import GenericDeviceKernel
+from torchneuron.sizes import NotSizeGeneric, size_expression
 
 
 def test_size_expressions_of_dynamo_forms() -> None:
@@ -156,3 +157,22 @@ def test_a_size_no_argument_gives_is_not_size_generic() -> None:
     kernel = native().load_program(_rows_program("s12345", 1, 64), "trn2")
     with pytest.raises(NotSizeGeneric, match="s12345"):
         GenericDeviceKernel(kernel, "rows", False, None, gm, doc)
+
+
+def test_trying_size_generic_adds_no_guard_on_sizes(real_native: ModuleType) -> None:
+    """The symbolic front end must not decide on a size (SDPA's block classes need the key
+    length): a guard would make Dynamo compile the frame again for every key length, and run
+    it in eager PyTorch after its recompile limit."""
+    from torch._dynamo.utils import counters
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    compiled = torch.compile(attend, backend="neuron")
+    counters.clear()
+    q = torch.randn(1, 2, 1, 16)
+    with torch.no_grad():
+        for keys in (9, 10, 11, 12, 13):
+            k, v = torch.randn(1, 2, keys, 16), torch.randn(1, 2, keys, 16)
+            torch.testing.assert_close(compiled(q, k, v), attend(q, k, v))
+    assert counters["stats"]["unique_graphs"] == 2  # the first size, then every size
