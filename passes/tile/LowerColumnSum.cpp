@@ -29,6 +29,7 @@
 
 #include "passes/fuse/FusionPlan.h"
 #include "passes/tile/KernelLowering.h"
+#include "runtime/target/Cost.h"
 
 namespace mlir::neuron {
 
@@ -128,13 +129,18 @@ ColumnSumLowering::ColumnSumLowering(KernelLowering &k, ReduceOp op,
   sets = groups > 1 && 2 * groupBanks <= target.psumBanks ? 2 : 1;
   int64_t rowTiles = ceilDiv(l.rows, p);
 
-  double loadNs = double(p * groupCols * eltBytes) /
-                  (target.dmaEngines * target.dmaBytesPerNsPerEngine);
-  double fp32Factor = elt.isF32() ? target.value("matmul_fp32_cost_factor") : 1;
-  double sumNs =
-      groupBanks *
-      std::max<double>(bankCols, target.value("matmul_min_ii_cycles")) *
-      fp32Factor / target.tensorClockGHz;
+  // Times by the cost model: a row tile's group of columns, p rows of
+  // groupCols over the DMA engines; its sum, a matmul of a ones column per
+  // bank.
+  const ::neuron::target::CostModel costModel(target);
+  double loadNs =
+      costModel.dmaTransferNs(double(p * groupCols * eltBytes),
+                              double(groupCols * eltBytes), double(p)) /
+      target.dmaEngines;
+  double sumNs = groupBanks *
+                 costModel.cyclesToNs(
+                     ::neuron::runtime::Engine::Tensor,
+                     costModel.matmulCycles(1, double(bankCols), elt.isF32()));
   slots = std::min(k.streamSlots(loadNs, sumNs), rowTiles);
   accWidth = sets * groupBanks * bankCols;
   out = k.resultBuffer(op.getResult());

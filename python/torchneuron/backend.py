@@ -244,6 +244,10 @@ def build_generic_graph(
                         kernel, doc["name"], region.returns_tuple, region.output_map, sub, doc
                     )
                 else:  # every size of this region is fixed
+                    takes = [n.meta.get("val") for n in sub.graph.nodes if n.op == "placeholder"]
+                    if not all(isinstance(v, torch.Tensor) for v in takes):
+                        # Its call passes sizes a static kernel does not take.
+                        raise NotSizeGeneric(f"{doc['name']} takes sizes, its program none")
                     module = DeviceKernel(
                         kernel, doc["name"], region.returns_tuple, region.output_map
                     )
