@@ -10,6 +10,7 @@
 #ifndef PASSES_FLEX_ATTENTION_FLEXATTENTIONLOWERING_H
 #define PASSES_FLEX_ATTENTION_FLEXATTENTIONLOWERING_H
 
+#include "dialects/neuron/FlexBlockClass.h"
 #include "passes/tile/KernelLowering.h"
 
 namespace mlir::neuron {
@@ -19,8 +20,6 @@ namespace flex {
 /// The attention kernel works on 128 x 128 blocks ("units") of the score
 /// matrix whatever the BlockMask's block size.
 constexpr int64_t kUnit = 128;
-
-enum class Kind : int8_t { masked = 0, partial = 1, full = 2 };
 
 /// One key tile of a query tile: keys [firstUnit * 128, + width), and the
 /// runs of its units (offset in the tile, count) that need mask_mod.
