@@ -408,7 +408,7 @@ LogicalResult ActivationOp::verify() {
   // ScalarE keeps the per-partition scale and the row sums in fp32
   // registers; other dtypes would need a conversion the engine lacks.
   for (auto [v, name] : {std::pair{getScaleCol(), "scale_col"},
-                         {getAccumulate(), "accumulate"}}) {
+                         {getReduceRes(), "accumulate"}}) {
     if (!v)
       continue;
     if (failed(verifyTile(*this, v, name)) ||
@@ -635,10 +635,17 @@ LogicalResult CollectiveOp::verify() {
                        "reduce_scatter, not ")
            << stringifyCollective(getKind());
   }
-  AluOp reduce = getReduce();
-  if (getKind() != Collective::all_gather && reduce != AluOp::add &&
-      reduce != AluOp::max && reduce != AluOp::min)
+  std::optional<AluOp> reduce = getOp();
+  if (getKind() == Collective::all_gather) {
+    if (reduce)
+      return emitOpError("all_gather reduces nothing; it takes no 'op'");
+    return success();
+  }
+  if (!reduce)
+    return emitOpError(stringifyCollective(getKind()))
+           << " needs its reduction 'op' (add, max or min)";
+  if (*reduce != AluOp::add && *reduce != AluOp::max && *reduce != AluOp::min)
     return emitOpError("reduces with add, max or min, not ")
-           << stringifyAluOp(reduce);
+           << stringifyAluOp(*reduce);
   return success();
 }
