@@ -238,6 +238,30 @@ def Nisa_TensorReduceOp : Nisa_Op<"tensor_reduce"> {
   }];
 }
 
+def Nisa_BnStatsOp : Nisa_Op<"bn_stats"> {
+  let summary = "VectorE: dst[p] = (count, mean, count * variance) of the even, then the odd free elements of src[p]";
+  let description = [{
+    NKI's `bn_stats`: one fp32 pass over at most the target's
+    `bn_stats_max_free_elements` (512) elements per partition, written as a
+    [P, 6] tile (f32 keeps the statistics exact; other float dtypes round
+    them). `bn_aggr` combines the results of several.
+  }];
+  let arguments = (ins Nisa_In:$src, Nisa_Out:$dst);
+  let assemblyFormat = "$src `,` $dst attr-dict `:` type($src) `,` type($dst)";
+}
+
+def Nisa_BnAggrOp : Nisa_Op<"bn_aggr"> {
+  let summary = "VectorE: dst[p] = (mean, variance) of the bn_stats triples in src[p]";
+  let description = [{
+    NKI's `bn_aggr`: src[p] holds (count, mean, count * variance) triples
+    (one or more `bn_stats` results side by side), combined in fp32 into
+    the mean and the population variance of all their elements, a [P, 2]
+    tile.
+  }];
+  let arguments = (ins Nisa_In:$src, Nisa_Out:$dst);
+  let assemblyFormat = "$src `,` $dst attr-dict `:` type($src) `,` type($dst)";
+}
+
 def Nisa_SelectOp : Nisa_Op<"select"> {
   let summary = "VectorE or GpSimd: dst = pred != 0 ? on_true : on_false";
   let arguments = (ins Nisa_In:$pred, Nisa_In:$on_true, Nisa_In:$on_false,

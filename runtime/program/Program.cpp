@@ -445,6 +445,9 @@ OpSpec makeOpSpec(Opcode op) {
     return {op, {"src", "dst", "alu_op"}, {"scalar", "imm", "reverse"}};
   case Opcode::TensorReduce:
     return {op, {"src", "dst", "alu_op"}, {}};
+  case Opcode::BnStats:
+  case Opcode::BnAggr:
+    return {op, {"src", "dst"}, {}};
   case Opcode::Select:
     return {op, {"pred", "on_true", "on_false", "dst"}, {}};
   case Opcode::Iota:
@@ -853,6 +856,8 @@ private:
   void verifyNodes(const std::vector<Node> &nodes, const std::string &where);
   void verifyInstruction(const Instruction &inst, const std::string &where);
   void verifyCollective(const Instruction &inst,
+                        const std::map<std::string, const Buffer *> &buffers);
+  void verifyStatistics(const Instruction &inst,
                         const std::map<std::string, const Buffer *> &buffers);
   const Buffer &verifyView(const View &view, const std::string &where);
   void verifyIotaOffset(const Instruction &inst, const AffineExpr &offset);
@@ -1363,6 +1368,10 @@ void Verifier::verifyInstruction(const Instruction &inst,
                          "' is not a reduction (add, max, min, multiply)");
     perPartition("dst", *inst.src);
     break;
+  case Opcode::BnStats:
+  case Opcode::BnAggr:
+    verifyStatistics(inst, buffers);
+    break;
   case Opcode::Select:
     sameShape("pred", "dst");
     sameShape("on_true", "dst");
@@ -1397,6 +1406,42 @@ void Verifier::verifyInstruction(const Instruction &inst,
   case Opcode::Collective:
     verifyCollective(inst, buffers);
     break;
+  }
+}
+
+// bn_stats: [P, F] -> [P, 6], 1 <= F <= bn_stats_max_free_elements;
+// bn_aggr: [P, 3k] (count, mean, count * variance) triples -> [P, 2].
+void Verifier::verifyStatistics(
+    const Instruction &inst,
+    const std::map<std::string, const Buffer *> &buffers) {
+  const View &src = *inst.src, &dst = *inst.dst;
+  for (const char *fieldName : {"src", "dst"})
+    if (!isFloatDType(buffers.at(fieldName)->dtype))
+      failInst(inst, std::string("'") + fieldName +
+                         "' must be f32, bf16 or f16, got " +
+                         dtypeName(buffers.at(fieldName)->dtype));
+  if (src.shape.empty() || dst.shape.empty() || src.shape[0] != dst.shape[0])
+    failInst(inst, "'src' " + shapeString(src.shape) + " and 'dst' " +
+                       shapeString(dst.shape) +
+                       " must have one partition count");
+  int64_t in = product(src.shape, 1), out = product(dst.shape, 1);
+  bool stats = inst.op == Opcode::BnStats;
+  int64_t expected = stats ? 6 : 2;
+  if (out != expected)
+    failInst(inst, "'dst' must have " + std::to_string(expected) +
+                       " free elements per partition, got " +
+                       std::to_string(out));
+  if (stats) {
+    auto limit =
+        static_cast<int64_t>(target.value("bn_stats_max_free_elements"));
+    if (in < 1 || in > limit)
+      failInst(inst, "'src' has " + std::to_string(in) +
+                         " free elements per partition; bn_stats takes 1 to " +
+                         std::to_string(limit));
+  } else if (in < 3 || in % 3 != 0) {
+    failInst(inst, "'src' must hold (count, mean, count * variance) "
+                   "triples: a positive multiple of 3 free elements, got " +
+                       std::to_string(in));
   }
 }
 
