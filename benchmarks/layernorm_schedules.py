@@ -11,6 +11,10 @@ inputs; times only, no numbers checked), per 128 rows, two buffer slots per tile
 - stats "scalar" (the compiler's form today): the row sums of x and x^2 as ScalarE
   activations that accumulate, then (x - mean) * w and t * rstd + b (scalar_tensor_tensor);
 
+- stats "scalar+psum": as "scalar", with w broadcast once into PSUM by TensorE (a matmul of
+  a ones row by w's row per bank), so the VectorE pass that reads it streams one input
+  (a 2-input VectorE op with one input in PSUM takes N cycles, not 2N);
+
 with the two full-width passes on the engines named and y, t held in float32 or bf16. It
 prints each engine's busy time: the busiest engine bounds the kernel whatever the pipelining,
 so ``DMA busy / max(engine busy)`` bounds the fraction of the DMA roofline it can reach.
@@ -36,11 +40,24 @@ def _sbuf(shape: str, dtype: str) -> str:
     return f"memref<{shape}x{dtype}, #nisa.mem<sbuf>>"
 
 
+def _psum(shape: str) -> str:
+    return f"memref<{shape}xf32, #nisa.mem<psum>>"
+
+
 def _scalar_stats(
-    s: str, mul: str, add: str, inner: str, tile: Any, column: str, pair: str, rows: str
+    s: str,
+    mul: str,
+    add: str,
+    inner: str,
+    tile: Any,
+    column: str,
+    rows: str,
+    w_in_psum: bool,
 ) -> list[str]:
     """Slot `s`'s statistics and affine, the compiler's way: two accumulating ScalarE passes
-    (sum of x, sum of x^2), [P, 1] column math, then two scalar_tensor_tensor passes."""
+    (sum of x, sum of x^2), [P, 1] column math, then two scalar_tensor_tensor passes; with
+    `w_in_psum` the first reads w from the PSUM copy TensorE broadcast."""
+    w, w_type = ("%wp", _psum(f"{PARTS}x{COLS}")) if w_in_psum else ("%wt", tile("bf16"))
     return [
         f"    nisa.activation identity %x{s}, %y{s} accumulate %sum{s} : "
         f"{tile('bf16')}, {tile(inner)}, {column}",
@@ -54,8 +71,8 @@ def _scalar_stats(
         f"    nisa.tensor_tensor add %sq{s}, %m2{s}, %m2{s} : {column}, {column}, {column}",
         f"    nisa.activation rsqrt %m2{s}, %r{s} {{scale = {1 / COLS!r} : f64, "
         f"bias_imm = 1.0e-05 : f64}} : {column}, {column}",
-        f"    nisa.scalar_tensor_tensor subtract, multiply %x{s}, %wt, %t{s} scalar %mu{s} "
-        f"{{engine = #nisa.engine<{mul}>}} : {tile('bf16')}, {tile('bf16')}, {tile(inner)}, "
+        f"    nisa.scalar_tensor_tensor subtract, multiply %x{s}, {w}, %t{s} scalar %mu{s} "
+        f"{{engine = #nisa.engine<{mul}>}} : {tile('bf16')}, {w_type}, {tile(inner)}, "
         f"{column}",
         f"    nisa.scalar_tensor_tensor multiply, add %t{s}, %bt, %o{s} scalar %r{s} "
         f"{{engine = #nisa.engine<{add}>}} : {tile(inner)}, {tile('bf16')}, {tile('bf16')}, "
@@ -90,6 +107,33 @@ def kernel(mul_engine: str, add_engine: str, inner: str, stats_on: str) -> str:
         f"  nisa.dma_copy %w, %wt : {whole}, {tile('bf16')}",
         f"  nisa.dma_copy %b, %bt : {whole}, {tile('bf16')}",
     ]
+    if stats_on == "scalar+psum":
+        ones, wrow = _sbuf(f"1x{PARTS}", "bf16"), _sbuf(f"1x{COLS}", "bf16")
+        out += [
+            f"  %ones = memref.alloc() : {ones}",
+            f"  %wrow = memref.alloc() : {wrow}",
+            f"  %wp = memref.alloc() : {_psum(f'{PARTS}x{COLS}')}",
+            f"  nisa.memset %ones, 1.0 : {ones}",
+            f"  %w0 = memref.reinterpret_cast %w to offset: [0], sizes: [1, {COLS}], "
+            f"strides: [{COLS}, 1] : {whole} to memref<1x{COLS}xbf16, strided<[{COLS}, 1]>>",
+            f"  nisa.dma_copy %w0, %wrow : memref<1x{COLS}xbf16, strided<[{COLS}, 1]>>, {wrow}",
+        ]
+        for c in range(COLS // CHUNK):
+            mov = (
+                f"memref<1x{CHUNK}xbf16, strided<[{COLS}, 1], offset: {c * CHUNK}>, "
+                "#nisa.mem<sbuf>>"
+            )
+            dst = (
+                f"memref<{PARTS}x{CHUNK}xf32, strided<[{COLS}, 1], offset: {c * CHUNK}>, "
+                "#nisa.mem<psum>>"
+            )
+            out += [
+                f"  %wm{c} = memref.reinterpret_cast %wrow to offset: [{c * CHUNK}], sizes: [1, "
+                f"{CHUNK}], strides: [{COLS}, 1] : {wrow} to {mov}",
+                f"  %wd{c} = memref.reinterpret_cast %wp to offset: [{c * CHUNK}], sizes: "
+                f"[{PARTS}, {CHUNK}], strides: [{COLS}, 1] : {_psum(f'{PARTS}x{COLS}')} to {dst}",
+                f"  nisa.matmul %ones, %wm{c}, %wd{c} : {ones}, {mov}, {dst}",
+            ]
     for s in "AB":
         out += [
             f"  %x{s} = memref.alloc() : {tile('bf16')}",
@@ -117,8 +161,9 @@ def kernel(mul_engine: str, add_engine: str, inner: str, stats_on: str) -> str:
             f"{COLS}], strides: [{COLS}, 1] : {hbm} to {rows}",
             f"    nisa.dma_copy %xv{s}, %x{s} : {rows}, {tile('bf16')}",
         ]
-        if stats_on == "scalar":
-            out += _scalar_stats(s, mul_engine, add_engine, inner, tile, column, pair, rows)
+        if stats_on.startswith("scalar"):
+            psum = stats_on == "scalar+psum"
+            out += _scalar_stats(s, mul_engine, add_engine, inner, tile, column, rows, psum)
             continue
         for c in range(COLS // CHUNK):
             chunk = (
@@ -172,6 +217,7 @@ SCHEDULES = [
     ("vector", "vector", "vector", "bf16"),
     ("scalar", "vector", "gpsimd", "f32"),
     ("scalar", "vector", "gpsimd", "bf16"),
+    ("scalar+psum", "vector", "gpsimd", "f32"),
 ]
 
 
@@ -204,13 +250,13 @@ def main() -> None:
         sys.exit(f"{NEURON_RUN} is missing: build first (scripts/setup.sh)")
     print(f"LayerNorm {ROWS}x{COLS} bf16 on {args.target}: engine busy time (us)")
     print(
-        f"{'stats':>6} {'*w on':>7} {'+b on':>7} {'y, t':>5}   dma  vector  scalar  gpsimd  bound"
+        f"{'stats':>11} {'*w on':>7} {'+b on':>7} {'y, t':>5}   dma  vector  scalar  gpsimd  bound"
     )
     for stats_on, mul, add, inner in SCHEDULES:
         t = busy(kernel(mul, add, inner, stats_on), args.target)
         engines = max(t["vector"], t["scalar"], t["gpsimd"])
         print(
-            f"{stats_on:>6} {mul:>7} {add:>7} {inner:>5} {t['dma']:6.1f} {t['vector']:7.1f} "
+            f"{stats_on:>11} {mul:>7} {add:>7} {inner:>5} {t['dma']:6.1f} {t['vector']:7.1f} "
             f"{t['scalar']:7.1f} {t['gpsimd']:7.1f} {100 * t['dma'] / max(engines, t['dma']):6.1f}%"
         )
 
