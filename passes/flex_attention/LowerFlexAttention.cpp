@@ -209,179 +209,232 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
   Block &body = region.front();
   for (auto [arg, v] : llvm::zip(body.getArguments(), args))
     values[arg] = v;
-  auto isAffine = [](const Operand &v) {
-    return v.kind == Operand::index ||
-           (v.kind == Operand::imm && v.value == std::floor(v.value) &&
-            std::abs(v.value) < (1ll << 40));
-  };
-  auto affineOf = [](const Operand &v) {
-    if (v.kind == Operand::index)
-      return v.affine;
-    Affine a;
-    a.c0 = (int64_t)v.value;
-    return a;
-  };
   for (Operation &inner : body.without_terminator()) {
     TileBuilder::LocScope innerLoc(b, inner.getLoc());
-    auto fail = [&](const Twine &why) -> FailureOr<Operand> {
-      inner.emitOpError(why);
+    FailureOr<Operand> result = modifierOp(inner, values, at);
+    if (::mlir::failed(result))
       return failure();
-    };
-    auto get = [&](Value v) { return values.lookup(v); };
-    Operand result;
-    if (auto c = dyn_cast<ConstantOp>(inner)) {
-      auto attr = dyn_cast<DenseElementsAttr>(c.getValue());
-      if (!attr || !attr.isSplat())
-        return fail("a non-scalar constant in a modifier");
-      Type elt = attr.getElementType();
-      result.value = isa<FloatType>(elt)
-                         ? attr.getSplatValue<APFloat>().convertToDouble()
-                     : elt.isInteger(1)
-                         ? (double)attr.getSplatValue<bool>()
-                         : (double)attr.getSplatValue<APInt>().getSExtValue();
-    } else if (auto castOp = dyn_cast<CastOp>(inner)) {
-      // The engines compute in fp32: a cast changes nothing but float ->
-      // integer truncation.
-      result = get(castOp.getInput());
-      bool toInt =
-          !isa<FloatType>(tensorType(castOp.getResult()).getElementType());
-      bool fromFloat =
-          isa<FloatType>(tensorType(castOp.getInput()).getElementType());
-      if (toInt && fromFloat) {
-        if (result.kind == Operand::imm) {
-          result.value = std::trunc(result.value);
-        } else {
-          Value src = materialize(result, at, false);
-          Value t = k.tile(MemorySpace::sbuf,
-                           cast<MemRefType>(src.getType()).getShape(), f32);
-          b.create<nisa::ActivationOp>(src, t, Value(),
-                                       nisa::ActivationFn::trunc, APFloat(1.0),
-                                       APFloat(0.0));
-          result.kind = cast<MemRefType>(src.getType()).getShape()[1] == 1
-                            ? Operand::column
-                            : Operand::full;
-          result.tile = t;
-        }
-      }
-    } else if (auto reshape = dyn_cast<ReshapeOp>(inner)) {
-      result = get(reshape.getInput());
-      if (result.kind != Operand::table &&
-          tensorType(reshape.getResult()).getNumElements() != 1)
-        return fail("reshapes only captured tensors");
-    } else if (auto gather = dyn_cast<GatherOp>(inner)) {
-      Operand table = get(gather.getTable());
-      Operand idx = get(gather.getIndices());
-      if (table.kind != Operand::table || !isAffine(idx))
-        return fail("indexes a captured tensor with an index that is not an "
-                    "affine function of b, h, q_idx and kv_idx");
-      Affine a = affineOf(idx);
-      // The index's range over the whole kernel must lie in the tensor.
-      int64_t lo = a.c0, hi = a.c0;
-      auto span = [&](int64_t c, int64_t n) {
-        (c < 0 ? lo : hi) += c * (n - 1);
-      };
-      span(a.cb, batch);
-      span(a.ch, heads);
-      span(a.cq, qLen);
-      span(a.ckv, kvLen);
-      if (lo < 0 || hi >= table.elements)
-        return fail("indexes a captured tensor of " + Twine(table.elements) +
-                    " elements at " + Twine(lo) + ".." + Twine(hi) +
-                    " (out of bounds)");
-      bool full = a.ckv != 0;
-      if (a.cq < 0 && a.ckv < 0)
-        return fail("indexes a captured tensor backwards along both q_idx "
-                    "and kv_idx (not supported)");
-      Value offset = k.addOffset(indexValue(a, at), table.offset + a.c0);
-      result.kind = full ? Operand::full : Operand::column;
-      result.tile = gatherWindow(table.buffer, offset, a.cq, full ? a.ckv : 1,
-                                 at.rows, full ? at.width : 1);
-    } else if (auto unary = dyn_cast<UnaryOp>(inner)) {
-      Operand x = get(unary.getInput());
-      if (x.kind == Operand::table)
-        return fail("applies a function to a whole captured tensor");
-      Value src = materialize(x, at, false);
-      auto shape = cast<MemRefType>(src.getType()).getShape();
-      Value t = k.tile(MemorySpace::sbuf, shape, f32);
-      b.create<nisa::ActivationOp>(src, t, Value(),
-                                   activationFor(unary.getFn()), APFloat(1.0),
-                                   APFloat(0.0));
-      result.kind = shape[1] == 1 ? Operand::column : Operand::full;
-      result.tile = t;
-    } else if (auto bin = dyn_cast<BinaryOp>(inner)) {
-      Operand l = get(bin.getLhs()), r = get(bin.getRhs());
-      if (l.kind == Operand::table || r.kind == Operand::table)
-        return fail("computes with a whole captured tensor");
-      BinaryFn fn = bin.getFn();
-      bool isInt = !isa<FloatType>(tensorType(bin.getLhs()).getElementType());
-      // Index arithmetic stays symbolic while it is affine.
-      if (isInt && isAffine(l) && isAffine(r) &&
-          (l.kind == Operand::index || r.kind == Operand::index) &&
-          (fn == BinaryFn::add || fn == BinaryFn::sub ||
-           (fn == BinaryFn::mul &&
-            (l.kind == Operand::imm || r.kind == Operand::imm)))) {
-        Affine x = affineOf(l), y = affineOf(r), z;
-        if (fn == BinaryFn::mul) {
-          const Affine &a = l.kind == Operand::imm ? y : x;
-          int64_t c = l.kind == Operand::imm ? x.c0 : y.c0;
-          z = {a.c0 * c, a.cb * c, a.ch * c, a.cq * c, a.ckv * c};
-        } else {
-          int64_t s = fn == BinaryFn::add ? 1 : -1;
-          z = {x.c0 + s * y.c0, x.cb + s * y.cb, x.ch + s * y.ch,
-               x.cq + s * y.cq, x.ckv + s * y.ckv};
-        }
-        result.kind = Operand::index;
-        result.affine = z;
-      } else if (l.kind == Operand::imm && r.kind == Operand::imm) {
-        return fail("computes with constants only (fold it in Python)");
-      } else {
-        nisa::AluOp alu = aluFor(fn);
-        bool lTile = l.kind == Operand::full ||
-                     (l.kind == Operand::index && l.affine.ckv != 0);
-        bool rTile = r.kind == Operand::full ||
-                     (r.kind == Operand::index && r.affine.ckv != 0);
-        bool full = lTile || rTile;
-        Value t =
-            k.tile(MemorySpace::sbuf, {at.rows, full ? at.width : 1}, f32);
-        if (l.kind == Operand::imm || r.kind == Operand::imm) {
-          bool reverse = l.kind == Operand::imm;
-          Value src = materialize(reverse ? r : l, at, false);
-          b.create<nisa::TensorScalarOp>(alu, src, t, Value(),
-                                         APFloat(reverse ? l.value : r.value),
-                                         reverse, nisa::Engine::gpsimd);
-        } else if (lTile != rTile) {
-          // A column operand is the per-partition scalar.
-          bool reverse = !lTile;
-          Value src = materialize(reverse ? r : l, at, false);
-          Value col = materialize(reverse ? l : r, at, false);
-          b.create<nisa::TensorScalarOp>(alu, src, t, col, APFloat(0.0),
-                                         reverse, nisa::Engine::gpsimd);
-        } else {
-          b.create<nisa::TensorTensorOp>(alu, materialize(l, at, false),
-                                         materialize(r, at, false), t,
-                                         nisa::Engine::gpsimd);
-        }
-        result.kind = full ? Operand::full : Operand::column;
-        result.tile = t;
-      }
-    } else if (auto sel = dyn_cast<SelectOp>(inner)) {
-      Operand c = get(sel.getCond()), x = get(sel.getOnTrue()),
-              y = get(sel.getOnFalse());
-      if (c.kind == Operand::table || x.kind == Operand::table ||
-          y.kind == Operand::table)
-        return fail("selects whole captured tensors");
-      Value t = k.tile(MemorySpace::sbuf, {at.rows, at.width}, f32);
-      b.create<nisa::SelectOp>(
-          materialize(c, at, true), materialize(x, at, true),
-          materialize(y, at, true), t, nisa::Engine::gpsimd);
-      result.kind = Operand::full;
-      result.tile = t;
-    } else {
-      return fail("is not supported in a FlexAttention modifier");
-    }
-    values[inner.getResult(0)] = result;
+    values[inner.getResult(0)] = *result;
   }
   return values.lookup(cast<YieldOp>(body.getTerminator()).getValues()[0]);
+}
+
+namespace {
+FailureOr<Operand> failAt(Operation *op, const Twine &why) {
+  op->emitOpError(why);
+  return failure();
+}
+
+/// An index or an integral constant: what stays symbolic (Affine).
+bool isAffine(const Operand &v) {
+  return v.kind == Operand::index ||
+         (v.kind == Operand::imm && v.value == std::floor(v.value) &&
+          std::abs(v.value) < (1ll << 40));
+}
+
+Affine affineOf(const Operand &v) {
+  if (v.kind == Operand::index)
+    return v.affine;
+  Affine a;
+  a.c0 = (int64_t)v.value;
+  return a;
+}
+
+/// The compile-time number a splat constant is.
+FailureOr<Operand> constantOperand(ConstantOp c) {
+  auto attr = dyn_cast<DenseElementsAttr>(c.getValue());
+  if (!attr || !attr.isSplat())
+    return failAt(c, "a non-scalar constant in a modifier");
+  Type elt = attr.getElementType();
+  Operand result;
+  result.value =
+      isa<FloatType>(elt) ? attr.getSplatValue<APFloat>().convertToDouble()
+      : elt.isInteger(1)  ? (double)attr.getSplatValue<bool>()
+                          : (double)attr.getSplatValue<APInt>().getSExtValue();
+  return result;
+}
+} // namespace
+
+/// One op of a modifier's body, its operands' values in `values`.
+FailureOr<Operand> FlexAttentionLowering::modifierOp(
+    Operation &inner, const DenseMap<Value, Operand> &values, const Step &at) {
+  auto get = [&](Value v) { return values.lookup(v); };
+  return llvm::TypeSwitch<Operation *, FailureOr<Operand>>(&inner)
+      .Case([&](ConstantOp c) { return constantOperand(c); })
+      .Case([&](CastOp c) { return castOperand(c, get(c.getInput()), at); })
+      .Case([&](ReshapeOp reshape) -> FailureOr<Operand> {
+        Operand result = get(reshape.getInput());
+        if (result.kind != Operand::table &&
+            tensorType(reshape.getResult()).getNumElements() != 1)
+          return failAt(&inner, "reshapes only captured tensors");
+        return result;
+      })
+      .Case([&](GatherOp g) {
+        return gatherOperand(g, get(g.getTable()), get(g.getIndices()), at);
+      })
+      .Case([&](UnaryOp unary) -> FailureOr<Operand> {
+        Operand x = get(unary.getInput());
+        if (x.kind == Operand::table)
+          return failAt(&inner,
+                        "applies a function to a whole captured tensor");
+        Value src = materialize(x, at, false);
+        auto shape = cast<MemRefType>(src.getType()).getShape();
+        Value t = k.tile(MemorySpace::sbuf, shape, f32);
+        b.create<nisa::ActivationOp>(src, t, Value(),
+                                     activationFor(unary.getFn()), APFloat(1.0),
+                                     APFloat(0.0));
+        Operand result;
+        result.kind = shape[1] == 1 ? Operand::column : Operand::full;
+        result.tile = t;
+        return result;
+      })
+      .Case([&](BinaryOp bin) {
+        return binaryOperand(bin, get(bin.getLhs()), get(bin.getRhs()), at);
+      })
+      .Case([&](SelectOp sel) -> FailureOr<Operand> {
+        Operand c = get(sel.getCond()), x = get(sel.getOnTrue()),
+                y = get(sel.getOnFalse());
+        if (c.kind == Operand::table || x.kind == Operand::table ||
+            y.kind == Operand::table)
+          return failAt(&inner, "selects whole captured tensors");
+        Value t = k.tile(MemorySpace::sbuf, {at.rows, at.width}, f32);
+        b.create<nisa::SelectOp>(
+            materialize(c, at, true), materialize(x, at, true),
+            materialize(y, at, true), t, nisa::Engine::gpsimd);
+        Operand result;
+        result.kind = Operand::full;
+        result.tile = t;
+        return result;
+      })
+      .Default([&](Operation *) {
+        return failAt(&inner, "is not supported in a FlexAttention modifier");
+      });
+}
+
+/// The engines compute in fp32: a cast changes nothing but float ->
+/// integer truncation.
+Operand FlexAttentionLowering::castOperand(CastOp castOp, Operand x,
+                                           const Step &at) {
+  Operand result = x;
+  bool toInt = !isa<FloatType>(tensorType(castOp.getResult()).getElementType());
+  bool fromFloat =
+      isa<FloatType>(tensorType(castOp.getInput()).getElementType());
+  if (!toInt || !fromFloat)
+    return result;
+  if (result.kind == Operand::imm) {
+    result.value = std::trunc(result.value);
+    return result;
+  }
+  Value src = materialize(result, at, false);
+  Value t = k.tile(MemorySpace::sbuf,
+                   cast<MemRefType>(src.getType()).getShape(), f32);
+  b.create<nisa::ActivationOp>(src, t, Value(), nisa::ActivationFn::trunc,
+                               APFloat(1.0), APFloat(0.0));
+  result.kind = cast<MemRefType>(src.getType()).getShape()[1] == 1
+                    ? Operand::column
+                    : Operand::full;
+  result.tile = t;
+  return result;
+}
+
+/// A captured tensor read at an affine index: a window of it by DMA, after
+/// checking the index's range over the whole kernel lies in the tensor.
+FailureOr<Operand> FlexAttentionLowering::gatherOperand(GatherOp gather,
+                                                        Operand table,
+                                                        Operand idx,
+                                                        const Step &at) {
+  if (table.kind != Operand::table || !isAffine(idx))
+    return failAt(gather, "indexes a captured tensor with an index that is "
+                          "not an affine function of b, h, q_idx and kv_idx");
+  Affine a = affineOf(idx);
+  int64_t lo = a.c0, hi = a.c0;
+  auto span = [&](int64_t c, int64_t n) { (c < 0 ? lo : hi) += c * (n - 1); };
+  span(a.cb, batch);
+  span(a.ch, heads);
+  span(a.cq, qLen);
+  span(a.ckv, kvLen);
+  if (lo < 0 || hi >= table.elements)
+    return failAt(gather, "indexes a captured tensor of " +
+                              Twine(table.elements) + " elements at " +
+                              Twine(lo) + ".." + Twine(hi) +
+                              " (out of bounds)");
+  bool full = a.ckv != 0;
+  if (a.cq < 0 && a.ckv < 0)
+    return failAt(gather, "indexes a captured tensor backwards along both "
+                          "q_idx and kv_idx (not supported)");
+  Value offset = k.addOffset(indexValue(a, at), table.offset + a.c0);
+  Operand result;
+  result.kind = full ? Operand::full : Operand::column;
+  result.tile = gatherWindow(table.buffer, offset, a.cq, full ? a.ckv : 1,
+                             at.rows, full ? at.width : 1);
+  return result;
+}
+
+/// Index arithmetic stays symbolic while it is affine; anything else is an
+/// ALU instruction on GpSimd.
+FailureOr<Operand> FlexAttentionLowering::binaryOperand(BinaryOp bin, Operand l,
+                                                        Operand r,
+                                                        const Step &at) {
+  if (l.kind == Operand::table || r.kind == Operand::table)
+    return failAt(bin, "computes with a whole captured tensor");
+  BinaryFn fn = bin.getFn();
+  bool isInt = !isa<FloatType>(tensorType(bin.getLhs()).getElementType());
+  if (isInt && isAffine(l) && isAffine(r) &&
+      (l.kind == Operand::index || r.kind == Operand::index) &&
+      (fn == BinaryFn::add || fn == BinaryFn::sub ||
+       (fn == BinaryFn::mul &&
+        (l.kind == Operand::imm || r.kind == Operand::imm)))) {
+    Affine x = affineOf(l), y = affineOf(r), z;
+    if (fn == BinaryFn::mul) {
+      const Affine &a = l.kind == Operand::imm ? y : x;
+      int64_t c = l.kind == Operand::imm ? x.c0 : y.c0;
+      z = {a.c0 * c, a.cb * c, a.ch * c, a.cq * c, a.ckv * c};
+    } else {
+      int64_t s = fn == BinaryFn::add ? 1 : -1;
+      z = {x.c0 + s * y.c0, x.cb + s * y.cb, x.ch + s * y.ch, x.cq + s * y.cq,
+           x.ckv + s * y.ckv};
+    }
+    Operand result;
+    result.kind = Operand::index;
+    result.affine = z;
+    return result;
+  }
+  if (l.kind == Operand::imm && r.kind == Operand::imm)
+    return failAt(bin, "computes with constants only (fold it in Python)");
+  return aluOperand(aluFor(fn), l, r, at);
+}
+
+/// `l alu r` on GpSimd: an immediate or a column operand is the
+/// per-partition scalar.
+Operand FlexAttentionLowering::aluOperand(nisa::AluOp alu, const Operand &l,
+                                          const Operand &r, const Step &at) {
+  bool lTile = l.kind == Operand::full ||
+               (l.kind == Operand::index && l.affine.ckv != 0);
+  bool rTile = r.kind == Operand::full ||
+               (r.kind == Operand::index && r.affine.ckv != 0);
+  bool full = lTile || rTile;
+  Value t = k.tile(MemorySpace::sbuf, {at.rows, full ? at.width : 1}, f32);
+  if (l.kind == Operand::imm || r.kind == Operand::imm) {
+    bool reverse = l.kind == Operand::imm;
+    Value src = materialize(reverse ? r : l, at, false);
+    b.create<nisa::TensorScalarOp>(alu, src, t, Value(),
+                                   APFloat(reverse ? l.value : r.value),
+                                   reverse, nisa::Engine::gpsimd);
+  } else if (lTile != rTile) {
+    bool reverse = !lTile;
+    Value src = materialize(reverse ? r : l, at, false);
+    Value col = materialize(reverse ? l : r, at, false);
+    b.create<nisa::TensorScalarOp>(alu, src, t, col, APFloat(0.0), reverse,
+                                   nisa::Engine::gpsimd);
+  } else {
+    b.create<nisa::TensorTensorOp>(alu, materialize(l, at, false),
+                                   materialize(r, at, false), t,
+                                   nisa::Engine::gpsimd);
+  }
+  Operand result;
+  result.kind = full ? Operand::full : Operand::column;
+  result.tile = t;
+  return result;
 }
 
 //===----------------------------------------------------------------------===//
@@ -555,7 +608,6 @@ LogicalResult FlexAttentionLowering::setUpCommon(
 LogicalResult FlexAttentionLowering::run() {
   if (::mlir::failed(setUp(op)))
     return failure();
-  auto qType = tensorType(op.getQuery());
   if (vDim > bank)
     return op.emitOpError("value head dims above ")
            << bank << " are not supported";
@@ -568,23 +620,45 @@ LogicalResult FlexAttentionLowering::run() {
   if (auto c = keep.getDefiningOp<ConstantOp>())
     if (auto attr = dyn_cast<DenseElementsAttr>(c.getValue()))
       maskTrivial = attr.isSplat() && attr.getSplatValue<bool>();
-  // A lane needs two PSUM banks for scores (P^T reuses the bank of the
-  // scores it came from) and vDim columns of a bank for O.
+  bool tables = !op.getScoreBuffers().empty() || !op.getMaskBuffers().empty();
+  planPsum(tables);
+  if (::mlir::failed(planSbuf()))
+    return failure();
+
+  std::tie(out, outStrides) = resultLayout(op.getOut());
+  if (!op.getLse().use_empty()) {
+    lse = k.resultBuffer(op.getLse());
+    lseStrides = contiguousStrides(tensorType(op.getLse()).getShape());
+  }
+
+  TileBuilder::TileScope scope(k);
+  allocateTiles(tables);
+  emitBatches();
+  return failure(failed);
+}
+
+/// Lanes: as many as attention-lanes asks and PSUM holds. A lane needs two
+/// PSUM banks for scores (P^T reuses the bank of the scores it came from)
+/// and vDim columns of a bank for O; captured tensors, one more bank.
+void FlexAttentionLowering::planPsum(bool tables) {
   int64_t outsPerBank = std::max<int64_t>(1, bank / vDim);
   auto psumBanksFor = [&](int64_t n) {
     return 2 * n + (n + outsPerBank - 1) / outsPerBank;
   };
-  bool tables = !op.getScoreBuffers().empty() || !op.getMaskBuffers().empty();
   int64_t extra = tables ? 1 : 0;
   for (lanes = k.knobs.attentionLanes;
        lanes > 1 && psumBanksFor(lanes) + extra > k.target.psumBanks;)
     --lanes;
   miscBank = psumBanksFor(lanes);
   psumCols = (miscBank + extra) * bank;
-  // SBUF: per key-head slot K^T, V and (resident) Q^T of its query heads.
-  // Two slots let the next key head load while this one computes; resident
-  // Q^T saves a load in front of every query tile. The rest of the
-  // kernel's tiles fit beyond attention-sbuf-percent.
+}
+
+/// SBUF: per key-head slot K^T, V and (resident) Q^T of its query heads.
+/// Two slots let the next key head load while this one computes; resident
+/// Q^T saves a load in front of every query tile. The rest of the kernel's
+/// tiles fit beyond attention-sbuf-percent.
+LogicalResult FlexAttentionLowering::planSbuf() {
+  auto qType = tensorType(op.getQuery());
   int64_t elt = std::max<int64_t>(1, qType.getElementTypeBitWidth() / 8);
   int64_t kvBytes = (kvLen + kvUnits * vDim) * elt;
   int64_t qBytes = group * qLen * elt;
@@ -601,14 +675,11 @@ LogicalResult FlexAttentionLowering::run() {
            << "supported yet)";
   kvSlots = choice->first;
   qResident = choice->second;
+  return success();
+}
 
-  std::tie(out, outStrides) = resultLayout(op.getOut());
-  if (!op.getLse().use_empty()) {
-    lse = k.resultBuffer(op.getLse());
-    lseStrides = contiguousStrides(tensorType(op.getLse()).getShape());
-  }
-
-  TileBuilder::TileScope scope(k);
+/// The kernel's tiles, live for all of it.
+void FlexAttentionLowering::allocateTiles(bool tables) {
   makeConstants(bank);
   // -max starts huge but finite: exp(s - max) of a masked -inf score is 0,
   // never NaN.
@@ -642,11 +713,13 @@ LogicalResult FlexAttentionLowering::run() {
   } else {
     qLaneT = k.tile(MemorySpace::sbuf, {dim, 2 * lanes * kUnit}, inElt);
   }
+}
 
+/// Batches and key heads with one block structure run in loops (per-head
+/// structures unroll the heads); the next key head loads while this one
+/// computes.
+void FlexAttentionLowering::emitBatches() {
   bool perBatch = blocksShape[0] != 1, perHead = blocksShape[1] != 1;
-  // Batches and key heads with one block structure run in loops (per-head
-  // structures unroll the heads); the next key head loads while this one
-  // computes.
   for (int64_t bm = 0; bm < blocksShape[0]; ++bm) {
     auto batchBody = [&](Value batchIdx) {
       if (perHead || kvSlots == 1) {
@@ -673,7 +746,6 @@ LogicalResult FlexAttentionLowering::run() {
     else
       k.forEach(batch, batchBody);
   }
-  return failure(failed);
 }
 
 /// The query tiles of one query head as `lanes` streams of key steps, each
@@ -864,36 +936,17 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
                                   ArrayRef<Lane> streams, int64_t r, Value rIdx,
                                   int64_t parity, Value qShift, bool affine) {
   TileBuilder::TileScope scope(k);
-  auto cursor = [&](int64_t lane, int64_t s,
-                    int64_t par) -> std::optional<Cursor> {
-    if (s < 0 || s >= (int64_t)streams[lane].size())
-      return std::nullopt;
-    const LaneStep &step = streams[lane][s];
-    Cursor c{lane, &step, head, par};
-    c.at.qTile = k.index(step.q);
-    c.at.q0 = k.index(step.q * kUnit);
-    if (qShift) {
-      c.at.qTile = k.addOffsets(c.at.qTile, qShift);
-      c.at.q0 = k.scale(c.at.qTile, kUnit);
-    }
-    c.at.rows = rowsOf(step.q);
-    c.at.width = step.keys.width;
-    c.at.unit =
-        affine ? k.addOffset(k.scale(k.addOffset(rIdx, -r), step.keys.units),
-                             step.keys.firstUnit)
-               : k.index(step.keys.firstUnit);
-    return c;
-  };
+  RoundAt at{head, streams, r, rIdx, qShift, affine};
   SmallVector<std::optional<Cursor>> next, cur;
   for (int64_t i = 0; i < lanes; ++i) {
-    next.push_back(cursor(i, r + 1, 1 - parity));
-    cur.push_back(cursor(i, r, parity));
+    next.push_back(cursor(at, i, r + 1, 1 - parity));
+    cur.push_back(cursor(at, i, r, parity));
   }
   // mask_mod depends on indices only: GpSimd computes it two steps ahead,
   // so the masking never waits for it.
   if (r == -1)
     for (int64_t i = 0; i < lanes; ++i)
-      if (auto c = cursor(i, 0, 0); c && c->step->keys.partial())
+      if (auto c = cursor(at, i, 0, 0); c && c->step->keys.partial())
         maskBias(*c);
   for (auto &c : next)
     if (c) {
@@ -908,74 +961,15 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
   for (auto &c : cur)
     if (c)
       ps[c->lane] = probabilities(*c);
-  // P^T a 128-key chunk at a time into the bank of the step's scores (exp
-  // has read them), then to SBUF.
-  for (auto &c : cur) {
-    if (!c)
-      continue;
-    int64_t rows = c->at.rows, width = c->at.width;
-    for (int64_t i = 0; i * kUnit < width; ++i) {
-      int64_t keys = std::min(kUnit, width - i * kUnit);
-      b.create<nisa::MatmulOp>(
-          k.view(ps[c->lane], k.index(i * kUnit), {rows, keys}, {width, 1}),
-          k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}),
-          k.view(psum, k.index(scoreBankOf(*c) * bank + i * rows), {keys, rows},
-                 {psumCols, 1}));
-    }
-  }
-  for (auto &c : cur) {
-    if (!c)
-      continue;
-    int64_t rows = c->at.rows, units = c->step->keys.units;
-    int64_t keys = std::min(kUnit, c->at.width);
-    pTs[c->lane] = k.tile(MemorySpace::sbuf, {kUnit, units * rows}, inElt);
-    // A last chunk of fewer keys leaves rows of P^T unwritten: not read.
-    // ScalarE copies all but the last of four chunks, VectorE that one: it
-    // balances their loads (VectorE has the max and O's rescale).
-    int64_t onScalar = units < 4 ? units : units - 1;
-    auto copy = [&](int64_t from, int64_t n, nisa::Engine engine) {
-      b.create<nisa::CopyOp>(
-          k.view(psum, k.index(scoreBankOf(*c) * bank + from * rows),
-                 {keys, n * rows}, {psumCols, 1}),
-          k.view(pTs[c->lane], k.index(from * rows), {keys, n * rows},
-                 {units * rows, 1}),
-          engine);
-    };
-    copy(0, onScalar, nisa::Engine::scalar);
-    if (onScalar < units)
-      copy(onScalar, units - onScalar, nisa::Engine::vector);
-  }
-  for (auto &c : cur) {
-    if (!c)
-      continue;
-    int64_t rows = c->at.rows, width = c->at.width;
-    const LaneStep &step = *c->step;
-    int64_t outsPerBank = std::max<int64_t>(1, bank / vDim);
-    Value oPs = k.view(psum,
-                       k.index((2 * lanes + c->lane / outsPerBank) * bank +
-                               c->lane % outsPerBank * vDim),
-                       {rows, vDim}, {psumCols, 1});
-    for (int64_t i = 0; i * kUnit < width; ++i) {
-      int64_t keys = std::min(kUnit, width - i * kUnit);
-      Value stationary = k.view(pTs[c->lane], k.index(i * rows), {keys, rows},
-                                {step.keys.units * rows, 1});
-      Value moving = k.view(vS,
-                            k.addOffset(k.scale(c->at.unit, vDim),
-                                        kvSlot * kvUnits * vDim + i * vDim),
-                            {keys, vDim}, {vSStride, 1});
-      auto mm = b.create<nisa::MatmulOp>(stationary, moving, oPs);
-      if (i > 0)
-        mm.setAccumulate(true);
-    }
-    Value os = k.view(o, k.index((2 * c->lane + step.set) * vDim), {rows, vDim},
-                      {2 * lanes * vDim, 1});
-    if (step.first)
-      b.create<nisa::CopyOp>(oPs, os, nisa::Engine::vector);
-    else
-      scalarTensorTensor(os, column(alpha, 2 * c->lane + c->parity, rows), 0.0,
-                         nisa::AluOp::multiply, oPs, nisa::AluOp::add, os,
-                         nisa::Engine::vector);
-  }
+  for (auto &c : cur)
+    if (c)
+      transposeP(*c, ps[c->lane]);
+  for (auto &c : cur)
+    if (c)
+      pTs[c->lane] = evictPT(*c);
+  for (auto &c : cur)
+    if (c)
+      accumulateO(*c, pTs[c->lane]);
   for (auto &c : cur)
     if (c && c->step->last)
       finishTile(*c);
@@ -983,8 +977,100 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
     if (c && !c->step->first)
       rescaleFactor(*c);
   for (int64_t i = 0; i < lanes; ++i)
-    if (auto c = cursor(i, r + 2, parity); c && c->step->keys.partial())
+    if (auto c = cursor(at, i, r + 2, parity); c && c->step->keys.partial())
       maskBias(*c);
+}
+
+/// Step `s` of `lane` in round `at.r` (none past the lane's ends), with
+/// buffer parity `par`.
+std::optional<FlexAttentionLowering::Cursor>
+FlexAttentionLowering::cursor(const RoundAt &at, int64_t lane, int64_t s,
+                              int64_t par) {
+  if (s < 0 || s >= (int64_t)at.streams[lane].size())
+    return std::nullopt;
+  const LaneStep &step = at.streams[lane][s];
+  Cursor c{lane, &step, at.head, par};
+  c.at.qTile = k.index(step.q);
+  c.at.q0 = k.index(step.q * kUnit);
+  if (at.qShift) {
+    c.at.qTile = k.addOffsets(c.at.qTile, at.qShift);
+    c.at.q0 = k.scale(c.at.qTile, kUnit);
+  }
+  c.at.rows = rowsOf(step.q);
+  c.at.width = step.keys.width;
+  c.at.unit =
+      at.affine
+          ? k.addOffset(k.scale(k.addOffset(at.rIdx, -at.r), step.keys.units),
+                        step.keys.firstUnit)
+          : k.index(step.keys.firstUnit);
+  return c;
+}
+
+/// P^T a 128-key chunk at a time into the bank of the step's scores (exp
+/// has read them).
+void FlexAttentionLowering::transposeP(const Cursor &c, Value p) {
+  int64_t rows = c.at.rows, width = c.at.width;
+  for (int64_t i = 0; i * kUnit < width; ++i) {
+    int64_t keys = std::min(kUnit, width - i * kUnit);
+    b.create<nisa::MatmulOp>(
+        k.view(p, k.index(i * kUnit), {rows, keys}, {width, 1}),
+        k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}),
+        k.view(psum, k.index(scoreBankOf(c) * bank + i * rows), {keys, rows},
+               {psumCols, 1}));
+  }
+}
+
+/// P^T from PSUM to an SBUF tile, the matmul input of P V.
+Value FlexAttentionLowering::evictPT(const Cursor &c) {
+  int64_t rows = c.at.rows, units = c.step->keys.units;
+  int64_t keys = std::min(kUnit, c.at.width);
+  Value pT = k.tile(MemorySpace::sbuf, {kUnit, units * rows}, inElt);
+  // A last chunk of fewer keys leaves rows of P^T unwritten: not read.
+  // ScalarE copies all but the last of four chunks, VectorE that one: it
+  // balances their loads (VectorE has the max and O's rescale).
+  int64_t onScalar = units < 4 ? units : units - 1;
+  auto copy = [&](int64_t from, int64_t n, nisa::Engine engine) {
+    b.create<nisa::CopyOp>(
+        k.view(psum, k.index(scoreBankOf(c) * bank + from * rows),
+               {keys, n * rows}, {psumCols, 1}),
+        k.view(pT, k.index(from * rows), {keys, n * rows}, {units * rows, 1}),
+        engine);
+  };
+  copy(0, onScalar, nisa::Engine::scalar);
+  if (onScalar < units)
+    copy(onScalar, units - onScalar, nisa::Engine::vector);
+  return pT;
+}
+
+/// O = O * alpha + P V (O = P V on the query tile's first key step).
+void FlexAttentionLowering::accumulateO(const Cursor &c, Value pT) {
+  int64_t rows = c.at.rows, width = c.at.width;
+  const LaneStep &step = *c.step;
+  int64_t outsPerBank = std::max<int64_t>(1, bank / vDim);
+  Value oPs = k.view(psum,
+                     k.index((2 * lanes + c.lane / outsPerBank) * bank +
+                             c.lane % outsPerBank * vDim),
+                     {rows, vDim}, {psumCols, 1});
+  for (int64_t i = 0; i * kUnit < width; ++i) {
+    int64_t keys = std::min(kUnit, width - i * kUnit);
+    Value stationary = k.view(pT, k.index(i * rows), {keys, rows},
+                              {step.keys.units * rows, 1});
+    Value moving = k.view(vS,
+                          k.addOffset(k.scale(c.at.unit, vDim),
+                                      kvSlot * kvUnits * vDim + i * vDim),
+                          {keys, vDim}, {vSStride, 1});
+    auto mm = b.create<nisa::MatmulOp>(stationary, moving, oPs);
+    if (i > 0)
+      mm.setAccumulate(true);
+  }
+  Value os = k.view(o, k.index((2 * c.lane + step.set) * vDim), {rows, vDim},
+                    {2 * lanes * vDim, 1});
+  if (step.first)
+    b.create<nisa::CopyOp>(oPs, os, nisa::Engine::vector);
+  else
+    scalarTensorTensor(os, column(alpha, 2 * c.lane + c.parity, rows), 0.0,
+                       nisa::AluOp::multiply, oPs, nisa::AluOp::add, os,
+                       nisa::Engine::vector);
 }
 
 Value FlexAttentionLowering::psumBank(int64_t bankIdx, int64_t rows,

@@ -255,6 +255,16 @@ void FlexAttentionLowering::backwardKeyHead(Value batchIdx, Value kvHead,
   }
 }
 
+/// Element offset of row `row` of head `h` of batch `batchIdx` in window
+/// `w` ([batch, heads, rows, ...]).
+Value FlexAttentionLowering::headBase(const TileBuilder::Window &w,
+                                      Value batchIdx, Value h, int64_t row) {
+  return k.addOffset(
+      k.addOffsets(k.addOffset(k.scale(batchIdx, w.strides[0]), w.offset),
+                   k.scale(h, w.strides[1])),
+      row * w.strides[2]);
+}
+
 /// One query head against the key chunk in SBUF, a query chunk at a time:
 /// its inputs, every kept (key unit, query tile) step, then dQ: stored, or
 /// summed over the key chunks in dQPartial.
@@ -262,149 +272,20 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
                                               Value g, int64_t bm, int64_t hm,
                                               int64_t kvChunk) {
   Value h = k.addOffsets(k.scale(kvHead, group), g);
-  auto base = [&](const TileBuilder::Window &w, int64_t row) {
-    return k.addOffset(
-        k.addOffsets(k.addOffset(k.scale(batchIdx, w.strides[0]), w.offset),
-                     k.scale(h, w.strides[1])),
-        row * w.strides[2]);
-  };
   SmallVector<SmallVector<Kind>> kinds = unitKinds(bm, hm);
-  int64_t kvChunks = (kvLen + bw.kvCap - 1) / bw.kvCap;
-  // Key chunk c keeps a step of query tiles [t, t + tiles).
-  auto kept = [&](int64_t c, int64_t t, int64_t tiles) {
-    for (int64_t u = c * bw.kvCapUnits;
-         u < std::min(kvUnits, (c + 1) * bw.kvCapUnits); ++u)
-      for (int64_t i = t; i < t + tiles; ++i)
-        if (kinds[i][u] != Kind::masked)
-          return true;
-    return false;
-  };
   for (int64_t q0 = 0; q0 < qLen; q0 += bw.qCap) {
     int64_t queries = std::min(bw.qCap, qLen - q0);
     int64_t tiles = (queries + kUnit - 1) / kUnit;
     bw.t0 = q0 / kUnit;
-    // dQ sums over the key chunks that keep a step of these queries: the
-    // first starts it, the last stores it (rows no key reaches get zeros
-    // from the last chunk).
-    int64_t firstChunk = kvChunks - 1, lastChunk = kvChunks - 1;
-    for (int64_t c = kvChunks - 1; c >= 0; --c)
-      if (kept(c, bw.t0, tiles))
-        firstChunk = c;
-    for (int64_t c = 0; c < kvChunks; ++c)
-      if (kept(c, bw.t0, tiles))
-        lastChunk = c;
+    auto [firstChunk, lastChunk] = dQChunks(kinds, tiles);
     if (kvChunk < firstChunk || kvChunk > lastChunk)
       continue;
 
-    loadRowsOf(q, base(q, q0), queries, dim, bw.qRows);
-    loadTransposed(q, base(q, q0), queries, dim, bw.qT);
-    loadRowsOf(bw.dO, base(bw.dO, q0), queries, vDim, bw.doRows);
-    loadTransposed(bw.dO, base(bw.dO, q0), queries, vDim, bw.doT);
-    loadRowsOf(bw.o, base(bw.o, q0), queries, vDim, bw.oRows);
-    Value partialBase;
-    if (bw.dQPartial.buffer)
-      partialBase = base(bw.dQPartial, q0);
-    if (kvChunk == firstChunk)
-      b.create<nisa::MemsetOp>(bw.dQ, APFloat(0.0));
-    else
-      loadRowsOf(bw.dQPartial, partialBase, queries, dim, bw.dQ);
-    for (int64_t t = bw.t0; t < bw.t0 + tiles; ++t) {
-      TileBuilder::TileScope scope(k);
-      int64_t rows = std::min(kUnit, qLen - t * kUnit);
-      int64_t local = t - bw.t0;
-      auto col = [&](Value tile) {
-        return k.view(tile, k.index(local), {rows, 1}, {bw.qCapTiles, 1});
-      };
-      // -lse, finite: a fully masked row (lse = -inf) keeps P = exp(-inf) =
-      // 0.
-      Value lse = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
-      k.dma(k.view(
-                bw.lseIn.buffer,
-                k.addOffset(base(bw.lseIn, 0), t * kUnit * bw.lseIn.strides[2]),
-                {rows, 1}, {bw.lseIn.strides[2], 1}),
-            lse);
-      b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, lse, lse, Value(),
-                                     APFloat(-1.0), false,
-                                     nisa::Engine::gpsimd);
-      b.create<nisa::TensorScalarOp>(nisa::AluOp::min, lse, col(bw.negLse),
-                                     Value(),
-                                     APFloat(std::numeric_limits<float>::max()),
-                                     false, nisa::Engine::gpsimd);
-      // delta = rowsum(dO * O).
-      Value prod = k.tile(MemorySpace::sbuf, {rows, vDim}, f32);
-      auto rowsOf = [&](Value tile) {
-        return k.view(tile, k.index(local * vDim), {rows, vDim},
-                      {bw.qCapTiles * vDim, 1});
-      };
-      b.create<nisa::TensorTensorOp>(nisa::AluOp::multiply, rowsOf(bw.doRows),
-                                     rowsOf(bw.oRows), prod,
-                                     nisa::Engine::gpsimd);
-      b.create<nisa::TensorReduceOp>(nisa::AluOp::add, prod, col(bw.delta));
-    }
-    // The kept (key unit, query tile) steps, key unit by key unit; each
-    // step's scores are computed one step ahead of its gradients, so the
-    // engines overlap consecutive steps.
-    struct BackwardStep {
-      Step at;
-      int64_t t, u;
-      bool partial, first, last;
-    };
-    SmallVector<BackwardStep> steps;
-    for (int64_t u = bw.u0; u < bw.u0 + bw.chunkUnits; ++u) {
-      size_t unitStart = steps.size();
-      for (int64_t t = bw.t0; t < bw.t0 + tiles; ++t) {
-        if (kinds[t][u] == Kind::masked)
-          continue;
-        Step at;
-        at.batch = batchIdx;
-        at.head = h;
-        at.q0 = k.index(t * kUnit);
-        at.unit = k.index(u);
-        at.rows = std::min(kUnit, qLen - t * kUnit);
-        at.width = std::min(kUnit, kvLen - u * kUnit);
-        steps.push_back({at, t, u, kinds[t][u] == Kind::partial,
-                         steps.size() == unitStart, false});
-      }
-      if (steps.size() > unitStart)
-        steps.back().last = true;
-    }
-    // A software pipeline over the steps: step i's scores are emitted
-    // kAhead steps ahead of its dV, dK and dS^T, and its dQ one step behind
-    // them, so that no engine waits on the one before it in a step.
-    auto scores = [&](size_t i) {
-      const BackwardStep &s = steps[i];
-      backwardScores(s.at, s.t, s.u, s.partial, i % kSlots);
-    };
-    for (size_t i = 0; i < std::min<size_t>(kAhead, steps.size()); ++i)
-      scores(i);
-    for (size_t i = 0; i <= steps.size(); ++i) {
-      if (i + kAhead < steps.size())
-        scores(i + kAhead);
-      if (i < steps.size()) {
-        const BackwardStep &s = steps[i];
-        int64_t kvBank = kGradKVBanks[s.u % 2];
-        backwardGrads(s.at, s.t, s.u, s.first, i % kSlots, i % 2, kvBank);
-        if (s.last) {
-          // dV and dK of this unit, summed over the query tiles in PSUM,
-          // into the accumulators (which also sum the query heads of the
-          // key head).
-          int64_t keys = s.at.width;
-          auto acc = [&](Value tile, int64_t width, int64_t psumCol) {
-            Value dst = k.view(tile, k.index((s.u - bw.u0) * width),
-                               {keys, width}, {bw.kvCapUnits * width, 1});
-            Value src = k.view(psum, k.index(kvBank * bank + psumCol),
-                               {keys, width}, {psumCols, 1});
-            b.create<nisa::TensorTensorOp>(nisa::AluOp::add, dst, src, dst);
-          };
-          acc(bw.dV, vDim, 0);
-          acc(bw.dK, dim, vDim);
-        }
-      }
-      if (i > 0) {
-        const BackwardStep &s = steps[i - 1];
-        backwardDQ(s.at, s.t, s.u, (i - 1) % 2);
-      }
-    }
+    Value partialBase =
+        loadQueryChunk(batchIdx, h, q0, queries, kvChunk == firstChunk);
+    for (int64_t t = bw.t0; t < bw.t0 + tiles; ++t)
+      lseAndDelta(batchIdx, h, t);
+    pipelineSteps(backwardSteps(kinds, batchIdx, h, tiles));
     if (kvChunk == lastChunk) {
       ArrayRef<int64_t> qStrides = bw.dqStrides;
       storeRows(bw.dQ, dim, queries, bw.outDQ,
@@ -419,33 +300,204 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
   }
 }
 
+/// dQ of query tiles [t0, t0 + tiles) sums over the key chunks that keep a
+/// step of them: the first starts it, the last stores it (rows no key
+/// reaches get zeros from the last chunk).
+std::pair<int64_t, int64_t>
+FlexAttentionLowering::dQChunks(ArrayRef<SmallVector<Kind>> kinds,
+                                int64_t tiles) const {
+  int64_t kvChunks = (kvLen + bw.kvCap - 1) / bw.kvCap;
+  // Key chunk c keeps a step of query tiles [t, t + tiles).
+  auto kept = [&](int64_t c, int64_t t, int64_t tiles) {
+    for (int64_t u = c * bw.kvCapUnits;
+         u < std::min(kvUnits, (c + 1) * bw.kvCapUnits); ++u)
+      for (int64_t i = t; i < t + tiles; ++i)
+        if (kinds[i][u] != Kind::masked)
+          return true;
+    return false;
+  };
+  int64_t firstChunk = kvChunks - 1, lastChunk = kvChunks - 1;
+  for (int64_t c = kvChunks - 1; c >= 0; --c)
+    if (kept(c, bw.t0, tiles))
+      firstChunk = c;
+  for (int64_t c = 0; c < kvChunks; ++c)
+    if (kept(c, bw.t0, tiles))
+      lastChunk = c;
+  return {firstChunk, lastChunk};
+}
+
+/// The query chunk's Q, dO (rows and transposed) and O, and dQ: zeros in
+/// the first key chunk, else the sum so far. Returns where that sum is
+/// kept between key chunks (null with one key chunk).
+Value FlexAttentionLowering::loadQueryChunk(Value batchIdx, Value h, int64_t q0,
+                                            int64_t queries, bool firstChunk) {
+  auto base = [&](const TileBuilder::Window &w, int64_t row) {
+    return headBase(w, batchIdx, h, row);
+  };
+  loadRowsOf(q, base(q, q0), queries, dim, bw.qRows);
+  loadTransposed(q, base(q, q0), queries, dim, bw.qT);
+  loadRowsOf(bw.dO, base(bw.dO, q0), queries, vDim, bw.doRows);
+  loadTransposed(bw.dO, base(bw.dO, q0), queries, vDim, bw.doT);
+  loadRowsOf(bw.o, base(bw.o, q0), queries, vDim, bw.oRows);
+  Value partialBase;
+  if (bw.dQPartial.buffer)
+    partialBase = base(bw.dQPartial, q0);
+  if (firstChunk)
+    b.create<nisa::MemsetOp>(bw.dQ, APFloat(0.0));
+  else
+    loadRowsOf(bw.dQPartial, partialBase, queries, dim, bw.dQ);
+  return partialBase;
+}
+
+/// Query tile t's columns: -lse and delta = rowsum(dO * O).
+void FlexAttentionLowering::lseAndDelta(Value batchIdx, Value h, int64_t t) {
+  TileBuilder::TileScope scope(k);
+  int64_t rows = std::min(kUnit, qLen - t * kUnit);
+  int64_t local = t - bw.t0;
+  auto col = [&](Value tile) {
+    return k.view(tile, k.index(local), {rows, 1}, {bw.qCapTiles, 1});
+  };
+  // -lse, finite: a fully masked row (lse = -inf) keeps P = exp(-inf) = 0.
+  Value lse = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
+  k.dma(k.view(bw.lseIn.buffer,
+               k.addOffset(headBase(bw.lseIn, batchIdx, h, 0),
+                           t * kUnit * bw.lseIn.strides[2]),
+               {rows, 1}, {bw.lseIn.strides[2], 1}),
+        lse);
+  b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, lse, lse, Value(),
+                                 APFloat(-1.0), false, nisa::Engine::gpsimd);
+  b.create<nisa::TensorScalarOp>(nisa::AluOp::min, lse, col(bw.negLse), Value(),
+                                 APFloat(std::numeric_limits<float>::max()),
+                                 false, nisa::Engine::gpsimd);
+  Value prod = k.tile(MemorySpace::sbuf, {rows, vDim}, f32);
+  auto rowsOf = [&](Value tile) {
+    return k.view(tile, k.index(local * vDim), {rows, vDim},
+                  {bw.qCapTiles * vDim, 1});
+  };
+  b.create<nisa::TensorTensorOp>(nisa::AluOp::multiply, rowsOf(bw.doRows),
+                                 rowsOf(bw.oRows), prod, nisa::Engine::gpsimd);
+  b.create<nisa::TensorReduceOp>(nisa::AluOp::add, prod, col(bw.delta));
+}
+
+/// The kept (key unit, query tile) steps of the chunks in SBUF, key unit by
+/// key unit.
+SmallVector<FlexAttentionLowering::BackwardStep>
+FlexAttentionLowering::backwardSteps(ArrayRef<SmallVector<Kind>> kinds,
+                                     Value batchIdx, Value h, int64_t tiles) {
+  SmallVector<BackwardStep> steps;
+  for (int64_t u = bw.u0; u < bw.u0 + bw.chunkUnits; ++u) {
+    size_t unitStart = steps.size();
+    for (int64_t t = bw.t0; t < bw.t0 + tiles; ++t) {
+      if (kinds[t][u] == Kind::masked)
+        continue;
+      Step at;
+      at.batch = batchIdx;
+      at.head = h;
+      at.q0 = k.index(t * kUnit);
+      at.unit = k.index(u);
+      at.rows = std::min(kUnit, qLen - t * kUnit);
+      at.width = std::min(kUnit, kvLen - u * kUnit);
+      steps.push_back({at, t, u, kinds[t][u] == Kind::partial,
+                       steps.size() == unitStart, false});
+    }
+    if (steps.size() > unitStart)
+      steps.back().last = true;
+  }
+  return steps;
+}
+
+/// A software pipeline over the steps: step i's scores are emitted kAhead
+/// steps ahead of its dV, dK and dS^T, and its dQ one step behind them, so
+/// that no engine waits on the one before it in a step (and the engines
+/// overlap consecutive steps).
+void FlexAttentionLowering::pipelineSteps(ArrayRef<BackwardStep> steps) {
+  auto scores = [&](size_t i) {
+    const BackwardStep &s = steps[i];
+    backwardScores(s.at, s.t, s.u, s.partial, i % kSlots);
+  };
+  for (size_t i = 0; i < std::min<size_t>(kAhead, steps.size()); ++i)
+    scores(i);
+  for (size_t i = 0; i <= steps.size(); ++i) {
+    if (i + kAhead < steps.size())
+      scores(i + kAhead);
+    if (i < steps.size()) {
+      const BackwardStep &s = steps[i];
+      int64_t kvBank = kGradKVBanks[s.u % 2];
+      backwardGrads(s.at, s.t, s.u, s.first, i % kSlots, i % 2, kvBank);
+      if (s.last)
+        accumulateKV(s, kvBank);
+    }
+    if (i > 0) {
+      const BackwardStep &s = steps[i - 1];
+      backwardDQ(s.at, s.t, s.u, (i - 1) % 2);
+    }
+  }
+}
+
+/// dV and dK of a key unit, summed over the query tiles in PSUM bank
+/// `kvBank`, into the accumulators (which also sum the query heads of the
+/// key head).
+void FlexAttentionLowering::accumulateKV(const BackwardStep &s,
+                                         int64_t kvBank) {
+  int64_t keys = s.at.width;
+  auto acc = [&](Value tile, int64_t width, int64_t psumCol) {
+    Value dst = k.view(tile, k.index((s.u - bw.u0) * width), {keys, width},
+                       {bw.kvCapUnits * width, 1});
+    Value src = k.view(psum, k.index(kvBank * bank + psumCol), {keys, width},
+                       {psumCols, 1});
+    b.create<nisa::TensorTensorOp>(nisa::AluOp::add, dst, src, dst);
+  };
+  acc(bw.dV, vDim, 0);
+  acc(bw.dK, dim, vDim);
+}
+
 /// Query tile t against key unit u, first half: P recomputed and dS (into
 /// this slot's pIn and dSIn).
 void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
                                            bool partial, int64_t slotIdx) {
   TileBuilder::TileScope scope(k);
+  ScoreTiles s = backwardScoreTiles(at, t, u, partial, slotIdx);
+  if (!s.scores)
+    return;
+  Value p = recomputeP(at, t, s, slotIdx);
+  scoreGradient(at, t, u, s, p, slotIdx);
+}
+
+Value FlexAttentionLowering::bankView(int64_t bankIdx, int64_t col, int64_t r,
+                                      int64_t c) {
+  return k.view(psum, k.index(bankIdx * bank + col), {r, c}, {psumCols, 1});
+}
+
+/// Slot `slotIdx` of a [128, kSlots x 128] matmul input tile.
+Value FlexAttentionLowering::stepSlot(Value tile, int64_t slotIdx,
+                                      const Step &at) {
+  return k.view(tile, k.index(slotIdx * kUnit), {at.rows, at.width},
+                {kSlots * kUnit, 1});
+}
+
+/// A modifier's result as a full tile (null, the kernel failed, if the
+/// modifier did).
+Value FlexAttentionLowering::modifierTile(FailureOr<Operand> r,
+                                          const Step &at) {
+  if (::mlir::failed(r)) {
+    failed = true;
+    return Value();
+  }
+  return materialize(*r, at, true);
+}
+
+static Operand fullOperand(Value tile) {
+  Operand v;
+  v.kind = Operand::full;
+  v.tile = tile;
+  return v;
+}
+
+/// S = Q K^T, scaled; score_mod; the mask.
+FlexAttentionLowering::ScoreTiles
+FlexAttentionLowering::backwardScoreTiles(const Step &at, int64_t t, int64_t u,
+                                          bool partial, int64_t slotIdx) {
   int64_t rows = at.rows, keys = at.width;
-  auto bankView = [&](int64_t bankIdx, int64_t col, int64_t r, int64_t c) {
-    return k.view(psum, k.index(bankIdx * bank + col), {r, c}, {psumCols, 1});
-  };
-  auto full = [&](Value tile) {
-    Operand v;
-    v.kind = Operand::full;
-    v.tile = tile;
-    return v;
-  };
-  auto lowered = [&](FailureOr<Operand> r) -> Value {
-    if (::mlir::failed(r)) {
-      failed = true;
-      return Value();
-    }
-    return materialize(*r, at, true);
-  };
-  auto slot = [&](Value tile) {
-    return k.view(tile, k.index(slotIdx * kUnit), {rows, keys},
-                  {kSlots * kUnit, 1});
-  };
-  // S = Q K^T, scaled; score_mod; the mask.
   Value s = bankView(kScoreBank, slotIdx * kUnit, rows, keys);
   int64_t tl = t - bw.t0, ul = u - bw.u0; // in the chunks in SBUF
   b.create<nisa::MatmulOp>(
@@ -453,42 +505,62 @@ void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
       k.view(bw.kT, k.index(ul * kUnit), {dim, keys}, {bw.kvCap, 1}), s);
   // Plain scores of a full unit go from PSUM straight into exp, which
   // applies the scale; anything else reads them scaled, in SBUF.
-  bool expFromPsum = plainScores && bw.plainScoreGrad && !partial;
-  Value sc = s;
-  if (!expFromPsum) {
-    sc = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
-    b.create<nisa::ActivationOp>(s, sc, Value(), nisa::ActivationFn::identity,
-                                 APFloat(scale), APFloat(0.0));
+  ScoreTiles tiles;
+  tiles.expFromPsum = plainScores && bw.plainScoreGrad && !partial;
+  tiles.scaled = s;
+  if (!tiles.expFromPsum) {
+    tiles.scaled = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
+    b.create<nisa::ActivationOp>(s, tiles.scaled, Value(),
+                                 nisa::ActivationFn::identity, APFloat(scale),
+                                 APFloat(0.0));
   }
-  Value scores = sc;
+  Value scores = tiles.scaled;
   if (!plainScores) {
-    SmallVector<Operand> args{full(sc)};
+    SmallVector<Operand> args{fullOperand(tiles.scaled)};
     args.append(scoreArgs);
-    scores = lowered(modifier(bwOp.getScoreMod(), args, at));
+    scores = modifierTile(modifier(bwOp.getScoreMod(), args, at), at);
     if (!scores)
-      return;
+      return tiles;
   }
   if (partial) {
-    Value keep = lowered(modifier(bwOp.getMaskMod(), maskArgs, at));
+    Value keep = modifierTile(modifier(bwOp.getMaskMod(), maskArgs, at), at);
     if (!keep)
-      return;
+      return tiles;
     Value masked = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
     b.create<nisa::SelectOp>(
         keep, scores, k.view(negInf, k.index(0), {rows, keys}, {kUnit, 1}),
         masked, nisa::Engine::gpsimd);
     scores = masked;
   }
-  // P = exp(s - lse); matmul inputs in the inputs' type.
+  tiles.scores = scores;
+  return tiles;
+}
+
+/// P = exp(s - lse), into this slot's pIn in the inputs' type; returns P
+/// in fp32.
+Value FlexAttentionLowering::recomputeP(const Step &at, int64_t t,
+                                        const ScoreTiles &s, int64_t slotIdx) {
+  int64_t rows = at.rows, keys = at.width, tl = t - bw.t0;
   bool f32Inputs = inElt == f32;
-  Value p =
-      f32Inputs ? slot(bw.pIn) : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
+  Value p = f32Inputs ? stepSlot(bw.pIn, slotIdx, at)
+                      : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
   b.create<nisa::ActivationOp>(
-      scores, p, k.view(bw.negLse, k.index(tl), {rows, 1}, {bw.qCapTiles, 1}),
-      nisa::ActivationFn::exp, APFloat(expFromPsum ? scale : 1.0),
+      s.scores, p, k.view(bw.negLse, k.index(tl), {rows, 1}, {bw.qCapTiles, 1}),
+      nisa::ActivationFn::exp, APFloat(s.expFromPsum ? scale : 1.0),
       APFloat(0.0));
   if (!f32Inputs)
-    b.create<nisa::CopyOp>(p, slot(bw.pIn), nisa::Engine::gpsimd);
-  // dP = dO V^T; dS = P * (dP - delta), then through score_mod's gradient.
+    b.create<nisa::CopyOp>(p, stepSlot(bw.pIn, slotIdx, at),
+                           nisa::Engine::gpsimd);
+  return p;
+}
+
+/// dP = dO V^T; dS = P * (dP - delta), then through score_mod's gradient,
+/// into this slot's dSIn.
+void FlexAttentionLowering::scoreGradient(const Step &at, int64_t t, int64_t u,
+                                          const ScoreTiles &s, Value p,
+                                          int64_t slotIdx) {
+  int64_t rows = at.rows, keys = at.width;
+  int64_t tl = t - bw.t0, ul = u - bw.u0;
   Value dP = bankView(kDPBank, slotIdx * kUnit, rows, keys);
   b.create<nisa::MatmulOp>(
       k.view(bw.doT, k.index(tl * kUnit), {vDim, rows}, {bw.qCap, 1}),
@@ -496,23 +568,24 @@ void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
   // Without score_mod's gradient, dS is only a matmul input: stored (and
   // rounded) straight into its slot.
   bool dSInPlace = bw.plainScoreGrad;
-  Value dS =
-      dSInPlace ? slot(bw.dSIn) : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
+  Value dS = dSInPlace ? stepSlot(bw.dSIn, slotIdx, at)
+                       : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
   b.create<nisa::ScalarTensorTensorOp>(
       nisa::AluOp::subtract, nisa::AluOp::multiply, dP, p, dS,
       k.view(bw.delta, k.index(tl), {rows, 1}, {bw.qCapTiles, 1}), APFloat(0.0),
       nisa::Engine::vector);
   if (!bw.plainScoreGrad) {
-    SmallVector<Operand> args{full(sc)};
+    SmallVector<Operand> args{fullOperand(s.scaled)};
     args.append(scoreArgs.begin(), scoreArgs.begin() + 4);
-    args.push_back(full(dS));
+    args.push_back(fullOperand(dS));
     args.append(scoreArgs.begin() + 4, scoreArgs.end());
-    dS = lowered(modifier(*bw.scoreGrad, args, at));
+    dS = modifierTile(modifier(*bw.scoreGrad, args, at), at);
     if (!dS)
       return;
   }
   if (!dSInPlace)
-    b.create<nisa::CopyOp>(dS, slot(bw.dSIn), nisa::Engine::gpsimd);
+    b.create<nisa::CopyOp>(dS, stepSlot(bw.dSIn, slotIdx, at),
+                           nisa::Engine::gpsimd);
 }
 
 /// Query tile t against key unit u, second half: its share of dV and dK

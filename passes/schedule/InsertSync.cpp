@@ -355,21 +355,11 @@ bool covered(ArrayRef<Instruction> insts, const Waits &waits, int64_t a,
   return !loopCarried && c >= 0 && covers(c);
 }
 
-struct NisaInsertSyncPass
-    : public mlir::neuron::impl::NisaInsertSyncBase<NisaInsertSyncPass> {
-  using NisaInsertSyncBase::NisaInsertSyncBase;
-
-  LogicalResult synchronize(func::FuncOp func);
-
-  void runOnOperation() override {
-    for (auto func : getOperation().getOps<func::FuncOp>())
-      if (func->hasAttr("nisa.kernel") && failed(synchronize(func)))
-        return signalPassFailure();
-  }
-};
-
-LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
-  MLIRContext *ctx = &getContext();
+/// The instructions of `func` in program order, with their accesses and
+/// enclosing loops (failure, with a diagnostic, on an access it cannot
+/// summarize).
+FailureOr<std::vector<Instruction>> collectInstructions(func::FuncOp func) {
+  MLIRContext *ctx = func.getContext();
   std::vector<Instruction> insts;
   WalkResult walk = func.walk<WalkOrder::PreOrder>([&](Operation *op) {
     auto instruction = dyn_cast<nisa::InstructionOpInterface>(op);
@@ -397,56 +387,79 @@ LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
   });
   if (walk.wasInterrupted())
     return failure();
+  return insts;
+}
 
-  // Waits implied by an earlier witness are dropped in program order
-  // (closest first); then those implied by a later witness in a shared
-  // loop, in reverse order.
-  int64_t n = insts.size();
+/// Each compute instruction's nearest earlier one on its queue.
+void linkQueues(std::vector<Instruction> &insts) {
   int64_t lastOnQueue[5] = {-1, -1, -1, -1, -1};
-  // Only instructions that touch a common region can conflict: an HBM
-  // buffer is one region, the on-chip memories are cut into 1 KiB of a
-  // partition (their spans are always bounded; half a PSUM bank, so that
-  // the slots of a bank are apart).
-  constexpr int64_t kRegionBytes = 1024;
+  for (int64_t b = 0; b < (int64_t)insts.size(); ++b) {
+    Instruction &inst = insts[b];
+    if (inst.dma)
+      continue;
+    int64_t &last = lastOnQueue[(int)inst.engine];
+    inst.queuePredecessor = last;
+    last = b;
+  }
+}
+
+/// Only instructions that touch a common region can conflict: an HBM
+/// buffer is one region, the on-chip memories are cut into 1 KiB of a
+/// partition (their spans are always bounded; half a PSUM bank, so that
+/// the slots of a bank are apart). The instructions touching each region,
+/// in program order.
+class RegionIndex {
+public:
+  RegionIndex(MLIRContext *ctx, const std::vector<Instruction> &insts)
+      : sbuf(nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::sbuf)
+                 .getAsOpaquePointer()),
+        psum(nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::psum)
+                 .getAsOpaquePointer()) {
+    for (int64_t b = 0; b < (int64_t)insts.size(); ++b)
+      for (const Access &x : insts[b].accesses)
+        forEachRegion(x, [&](Region r) {
+          SmallVector<int64_t> &users = byRegion[r];
+          if (users.empty() || users.back() != b)
+            users.push_back(b);
+        });
+  }
+
+  /// Calls `fn` with every instruction sharing a region with `x` (an
+  /// instruction may come more than once).
+  template <typename Fn> void forEachSharing(const Access &x, Fn &&fn) {
+    forEachRegion(x, [&](Region r) {
+      for (int64_t a : byRegion[r])
+        fn(a);
+    });
+  }
+
+private:
+  static constexpr int64_t kRegionBytes = 1024;
   using Region = std::pair<const void *, int64_t>;
-  const void *sbuf = nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::sbuf)
-                         .getAsOpaquePointer();
-  const void *psum = nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::psum)
-                         .getAsOpaquePointer();
-  auto regionsOf = [&](const Access &x, auto &&fn) {
+
+  template <typename Fn> void forEachRegion(const Access &x, Fn &&fn) const {
     if (x.storage != sbuf && x.storage != psum)
       return fn(Region{x.storage, 0});
     for (int64_t r = x.linear.lo / kRegionBytes;
          r <= x.linear.hi / kRegionBytes; ++r)
       fn(Region{x.storage, r});
-  };
-  llvm::DenseMap<Region, SmallVector<int64_t>> byRegion;
-  for (int64_t b = 0; b < n; ++b) {
-    Instruction &inst = insts[b];
-    if (!inst.dma) {
-      int64_t &last = lastOnQueue[(int)inst.engine];
-      inst.queuePredecessor = last;
-      last = b;
-    }
-    for (const Access &x : inst.accesses)
-      regionsOf(x, [&](Region r) {
-        SmallVector<int64_t> &users = byRegion[r];
-        if (users.empty() || users.back() != b)
-          users.push_back(b);
-      });
   }
+
+  const void *sbuf, *psum;
+  llvm::DenseMap<Region, SmallVector<int64_t>> byRegion;
+};
+
+/// The waits every instruction needs. Waits implied by an earlier witness
+/// are dropped in program order (closest first); then those implied by a
+/// later witness in a shared loop, in reverse order.
+Waits findWaits(const std::vector<Instruction> &insts, RegionIndex &regions) {
+  int64_t n = insts.size();
   // Instructions sharing a region with b, marked by stamping b.
   std::vector<int64_t> seen(n, -1);
-  auto markCandidates = [&](int64_t b) {
-    for (const Access &x : insts[b].accesses)
-      regionsOf(x, [&](Region r) {
-        for (int64_t a : byRegion[r])
-          seen[a] = b;
-      });
-  };
   Waits waits(n);
   for (int64_t b = 0; b < n; ++b) {
-    markCandidates(b);
+    for (const Access &x : insts[b].accesses)
+      regions.forEachSharing(x, [&](int64_t a) { seen[a] = b; });
     auto consider = [&](int64_t a) {
       if (seen[a] == b && needsWait(insts[a], a, insts[b], b) &&
           !covered(insts, waits, a, b, /*loopCarried=*/false))
@@ -464,8 +477,16 @@ LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
         waits.sets[b].reset(a);
       return drop;
     });
+  return waits;
+}
+
+/// Numbers the instructions (nisa.id) and lists each one's waits
+/// (nisa.waits).
+void annotate(func::FuncOp func, const std::vector<Instruction> &insts,
+              Waits &waits) {
+  MLIRContext *ctx = func.getContext();
   Type i64 = IntegerType::get(ctx, 64);
-  for (int64_t b = 0; b < n; ++b) {
+  for (int64_t b = 0; b < (int64_t)insts.size(); ++b) {
     Operation *op = insts[b].op;
     op->setAttr(nisa::kIdAttrName, IntegerAttr::get(i64, b));
     SmallVector<int64_t> &list = waits.lists[b];
@@ -476,6 +497,29 @@ LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
       op->setAttr(nisa::kWaitsAttrName, DenseI64ArrayAttr::get(ctx, list));
   }
   func->setAttr(nisa::kSynchronizedAttrName, UnitAttr::get(ctx));
+}
+
+struct NisaInsertSyncPass
+    : public mlir::neuron::impl::NisaInsertSyncBase<NisaInsertSyncPass> {
+  using NisaInsertSyncBase::NisaInsertSyncBase;
+
+  LogicalResult synchronize(func::FuncOp func);
+
+  void runOnOperation() override {
+    for (auto func : getOperation().getOps<func::FuncOp>())
+      if (func->hasAttr("nisa.kernel") && failed(synchronize(func)))
+        return signalPassFailure();
+  }
+};
+
+LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
+  FailureOr<std::vector<Instruction>> insts = collectInstructions(func);
+  if (failed(insts))
+    return failure();
+  linkQueues(*insts);
+  RegionIndex regions(&getContext(), *insts);
+  Waits waits = findWaits(*insts, regions);
+  annotate(func, *insts, waits);
   return success();
 }
 

@@ -2,8 +2,9 @@
 steps applied in a fixed order, :data:`STEPS` (docs/ARCHITECTURE.md lists the same). Each step
 is a function of a graph:
 
-1. ``specialize-sizes``, per call, graphs with symbolic sizes: the call's sizes
-   (:func:`torchneuron.specialize.specialize`, in :func:`specialize_call`).
+1. ``specialize-sizes``, per call, graphs with symbolic sizes that do not compile size-generic
+   (:func:`torchneuron.backend.build_generic_graph` runs steps 3-9 with the symbols kept): the
+   call's sizes (:func:`torchneuron.specialize.specialize`, in :func:`specialize_call`).
 2. ``block-classes``, per call, graphs with a BlockMask or SDPA mask: each attention node's block
    classes in ``node.meta`` (:func:`torchneuron.flex.annotate`, in :func:`specialize_call`).
 3. ``random-ops``: :func:`torchneuron.rng.seed_random_ops`.
@@ -125,27 +126,35 @@ def lower(
     gm: torch.fx.GraphModule,
     name: Callable[[str], str],
     stage: Callable[[str], None] = lambda _: None,
+    *,
+    symbolic: bool = False,
 ) -> Lowered:
     """Steps 3-9 on a copy of the static graph ``gm`` (``gm`` is unchanged). ``name(prefix)``
     names each document (the check's, then each region's, in order); ``stage`` hears which
-    step runs (a long compile's progress)."""
+    step runs (a long compile's progress). ``symbolic``: ``gm`` keeps its symbolic sizes,
+    written as size expressions (a size-generic compile, :mod:`torchneuron.sizes`)."""
     stage("checking which ops the device runs")
     work = rewrite_graph(specialize.copy_graph_module(gm))
-    unsupported = partition.find_unsupported(work, name=name("check"))
+    unsupported = partition.find_unsupported(work, name=name("check"), symbolic=symbolic)
     flex.detach_block_masks(work, unsupported)
     stage("partitioning")
     result = partition.partition_graph(work, unsupported)
-    regions = [serialize_region(work, sub, name("graph")) for sub in result.device_submodules]
+    regions = [
+        serialize_region(work, sub, name("graph"), symbolic=symbolic)
+        for sub in result.device_submodules
+    ]
     return Lowered(work, regions, result.ops_on_device, result.fallback)
 
 
-def serialize_region(gm: torch.fx.GraphModule, submodule: str, name: str) -> Region:
+def serialize_region(
+    gm: torch.fx.GraphModule, submodule: str, name: str, *, symbolic: bool = False
+) -> Region:
     """Step 9 for one device region of a partitioned ``gm``: its document, named ``name``."""
     sub = gm.get_submodule(submodule)
     assert isinstance(sub, torch.fx.GraphModule)
     output_map = dedupe_outputs(sub)
     try:
-        doc = fx_json.serialize_graph(sub, name=name)
+        doc = fx_json.serialize_graph(sub, name=name, symbolic=symbolic)
     except fx_json.UnsupportedNodeError as e:
         raise RuntimeError(
             f"torchneuron internal error: device region {submodule} passed the check but "

@@ -1,7 +1,8 @@
 """Write an ATen-level FX graph as the FX graph document (docs/FX_GRAPH_FORMAT.md, version 1).
 
-The document is the only thing the C++ importer sees. Every size in it is concrete: graphs with
-symbolic shapes are specialized first (:mod:`torchneuron.specialize`).
+The document is the only thing the C++ importer sees. Its sizes are concrete (graphs with symbolic
+shapes specialized first, :mod:`torchneuron.specialize`) unless it is written ``symbolic``: then
+a symbolic size is a size expression over Dynamo's symbols (:mod:`torchneuron.sizes`).
 
 Anything the format cannot express raises :class:`UnsupportedNodeError`; the partitioner keeps
 such nodes in eager PyTorch.
@@ -23,6 +24,7 @@ import torch.fx
 
 from torchneuron import collectives, flex, sdpa
 from torchneuron.attention_blocks import BLOCKS_META, unit
+from torchneuron.sizes import SizeSymbols
 
 __all__ = [
     "DTYPE_NAMES",
@@ -136,29 +138,40 @@ def _concrete_int(value: object) -> int | None:
     return None
 
 
-def tensor_spec(value: object) -> dict[str, Any]:
-    """``{"dtype", "shape"}`` of a (fake) tensor; raises when it is not a concrete tensor."""
+def tensor_spec(value: object, sizes: SizeSymbols | None = None) -> dict[str, Any]:
+    """``{"dtype", "shape"}`` of a (fake) tensor; raises when it is not a tensor, or has a
+    symbolic size and ``sizes`` (a symbolic document's symbols) is not given."""
     if not isinstance(value, torch.Tensor):
         raise _Unencodable(f"result is not a tensor ({type(value).__name__})")
-    shape: list[int] = []
+    shape: list[int | str] = []
     for size in value.shape:
         concrete = _concrete_int(size)
-        if concrete is None:
+        if concrete is not None:
+            shape.append(concrete)
+        elif sizes is None:
             raise _Unencodable(f"symbolic size {size} in shape {list(value.shape)}")
-        shape.append(concrete)
+        else:
+            shape.append(_size(sizes, size))
     return {"dtype": _dtype_name(value.dtype), "shape": shape}
+
+
+def _size(sizes: SizeSymbols, value: torch.SymInt) -> int | str:
+    try:
+        return sizes.size(value)
+    except ValueError as e:
+        raise _Unencodable(str(e)) from None
 
 
 def _first(value: object) -> object:
     return value[0] if isinstance(value, (tuple, list)) else value
 
 
-def _result_specs(value: object) -> list[dict[str, Any]]:
+def _result_specs(value: object, sizes: SizeSymbols | None = None) -> list[dict[str, Any]]:
     if isinstance(value, (tuple, list)):
         if not value:
             raise _Unencodable("operator has no tensor results")
-        return [tensor_spec(v) for v in value]
-    return [tensor_spec(value)]
+        return [tensor_spec(v, sizes) for v in value]
+    return [tensor_spec(value, sizes)]
 
 
 def source_location(stack_trace: str | None) -> dict[str, Any] | None:
@@ -232,8 +245,11 @@ class _Writer:
         name: str,
         lenient: bool,
         constants: Mapping[str, torch.Tensor] | None,
+        symbolic: bool = False,
     ) -> None:
         self.gm = gm
+        # A symbolic document's size symbols; None: every size must be concrete.
+        self.sizes = SizeSymbols() if symbolic else None
         self.name = name
         self.lenient = lenient
         self.constant_inputs = dict(constants or {})
@@ -273,9 +289,11 @@ class _Writer:
 
     def encode_symbolic(self, value: torch.SymInt | torch.SymFloat | torch.SymBool) -> Any:
         scalar = concrete_scalar(value)
-        if scalar is None:
-            raise _Unencodable(f"symbolic value {value} (shapes must be specialized first)")
-        return self.encode(scalar)
+        if scalar is not None:
+            return self.encode(scalar)
+        if self.sizes is not None and isinstance(value, torch.SymInt):
+            return {"size": _size(self.sizes, value)}
+        raise _Unencodable(f"symbolic value {value} (shapes must be specialized first)")
 
     def encode_ref(self, node: torch.fx.Node) -> Any:
         if node in self.refs:
@@ -297,7 +315,7 @@ class _Writer:
         value = node.meta.get("val")
         if isinstance(value, torch.Tensor):
             try:
-                self.inputs.append({"name": node.name, **tensor_spec(value)})
+                self.inputs.append({"name": node.name, **tensor_spec(value, self.sizes)})
             except _Unencodable as e:
                 self.fail(node, f"input {node.name}: {e}", external=False)
                 return
@@ -306,6 +324,8 @@ class _Writer:
         scalar = concrete_scalar(value)
         if scalar is not None:
             self.scalars[node] = scalar
+        elif self.sizes is not None and isinstance(value, torch.SymInt):
+            self.scalars[node] = value  # a size the call gives: written as its expression
 
     def add_constant(self, node: torch.fx.Node, value: object) -> None:
         if not isinstance(value, torch.Tensor):
@@ -323,11 +343,15 @@ class _Writer:
             self.getitem(node)
             return
         if target in SCALAR_TARGETS:
-            scalar = concrete_scalar(node.meta.get("val"))
+            value = node.meta.get("val")
+            scalar = concrete_scalar(value)
             if scalar is not None:
                 self.scalars[node] = scalar
                 return
-            self.fail(node, f"symbolic scalar {node.meta.get('val')} (not specialized)")
+            if self.sizes is not None and isinstance(value, torch.SymInt):
+                self.scalars[node] = value
+                return
+            self.fail(node, f"symbolic scalar {value} (not specialized)")
             return
         if flex.is_flex_attention(node):
             self.flex_attention(node)
@@ -347,7 +371,7 @@ class _Writer:
                 "target": str(target),
                 "args": [self.encode(a) for a in node.args],
                 "kwargs": {str(k): self.encode(v) for k, v in node.kwargs.items()},
-                "outputs": _result_specs(node.meta.get("val")),
+                "outputs": _result_specs(node.meta.get("val"), self.sizes),
             }
             if collectives.is_collective(node):
                 try:
@@ -579,7 +603,7 @@ class _Writer:
             self.external_multi.add(node)
             return
         try:
-            spec = tensor_spec(value)
+            spec = tensor_spec(value, self.sizes)
         except _Unencodable:
             return
         self.extra_inputs.append({"name": node.name, **spec})
@@ -607,7 +631,7 @@ class _Writer:
                 self.output(node)
             else:
                 self.fail(node, f"{node.op} nodes are not supported")
-        return {
+        doc: dict[str, Any] = {
             "format": FORMAT,
             "version": VERSION,
             "name": self.name,
@@ -616,6 +640,9 @@ class _Writer:
             "nodes": self.nodes,
             "outputs": self.outputs,
         }
+        if self.sizes is not None and self.sizes.ranges:
+            doc["symbols"] = self.sizes.entries()
+        return doc
 
 
 def _is_node(value: object) -> bool:
@@ -649,19 +676,21 @@ def serialize_graph(
     name: str = "graph_0",
     *,
     constants: Mapping[str, torch.Tensor] | None = None,
+    symbolic: bool = False,
 ) -> dict[str, Any]:
     """The document for ``gm``; raises :class:`UnsupportedNodeError` on the first node the
-    format cannot express. ``constants`` turns the placeholders it names into constants."""
-    return _Writer(gm, name, lenient=False, constants=constants).run()
+    format cannot express. ``constants`` turns the placeholders it names into constants;
+    ``symbolic`` writes symbolic sizes as size expressions instead of refusing them."""
+    return _Writer(gm, name, lenient=False, constants=constants, symbolic=symbolic).run()
 
 
 def serialize_graph_lenient(
-    gm: torch.fx.GraphModule, name: str = "graph_0"
+    gm: torch.fx.GraphModule, name: str = "graph_0", *, symbolic: bool = False
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """A document for the importer's checker plus ``{node name: reason}`` for the nodes it
     leaves out. Left-out nodes whose results are tensors appear as extra inputs, so their
     users can still be checked."""
-    writer = _Writer(gm, name, lenient=True, constants=None)
+    writer = _Writer(gm, name, lenient=True, constants=None, symbolic=symbolic)
     return writer.run(), writer.unsupported
 
 
