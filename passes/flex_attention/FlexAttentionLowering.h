@@ -17,11 +17,7 @@ namespace mlir::neuron {
 
 namespace flex {
 
-/// The attention kernel works on 128 x 128 blocks ("units") of the score
-/// matrix whatever the BlockMask's block size.
-constexpr int64_t kUnit = 128;
-
-/// One key tile of a query tile: keys [firstUnit * 128, + width), and the
+/// One key tile of a query tile: keys [firstUnit * unit, + width), and the
 /// runs of its units (offset in the tile, count) that need mask_mod.
 struct KvTile {
   int64_t firstUnit;
@@ -57,9 +53,9 @@ struct Operand {
 class FlexAttentionLowering {
 public:
   FlexAttentionLowering(TileBuilder &k, FlexAttentionOp op)
-      : k(k), b(k.b), op(op) {}
+      : k(k), b(k.b), unit(k.target.partitions), op(op) {}
   FlexAttentionLowering(TileBuilder &k, FlexAttentionBackwardOp op)
-      : k(k), b(k.b), bwOp(op) {}
+      : k(k), b(k.b), unit(k.target.partitions), bwOp(op) {}
   /// The forward kernel (LowerFlexAttention.cpp).
   LogicalResult run();
   /// The backward kernel (LowerFlexAttentionBackward.cpp).
@@ -71,7 +67,7 @@ private:
     Value batch, head; // query head
     Value q0;          // first query row
     Value qTile;       // its query tile (forward kernel)
-    Value unit;        // first key unit (128 keys)
+    Value unit;        // first key unit (`unit` keys)
     int64_t rows = 0, width = 0;
   };
 
@@ -195,7 +191,7 @@ private:
   };
   Period periodAt(ArrayRef<Lane> lanes, int64_t r, int64_t rounds) const;
   int64_t rowsOf(int64_t qTile) const {
-    return std::min(kUnit, qLen - qTile * kUnit);
+    return std::min(unit, qLen - qTile * unit);
   }
 
   // The kernel.
@@ -263,6 +259,10 @@ private:
 
   TileBuilder &k;
   ImplicitLocOpBuilder &b;
+  /// The kernels work on unit x unit blocks of the score matrix whatever
+  /// the BlockMask's block size: a query tile of a row per partition
+  /// against as many keys (TensorE contracts over the partitions).
+  const int64_t unit;
   FlexAttentionOp op;           // the forward kernel's
   FlexAttentionBackwardOp bwOp; // the backward kernel's
   bool failed = false;

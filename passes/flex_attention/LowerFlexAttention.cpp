@@ -46,11 +46,11 @@ FlexAttentionLowering::unitKinds(int64_t bm, int64_t hm) const {
   SmallVector<SmallVector<Kind>> kinds(
       qTiles, SmallVector<Kind>(kvUnits, Kind::masked));
   for (int64_t t = 0; t < qTiles; ++t) {
-    int64_t qFirst = t * kUnit / qb;
-    int64_t qLast = (std::min(qLen, (t + 1) * kUnit) - 1) / qb;
+    int64_t qFirst = t * unit / qb;
+    int64_t qLast = (std::min(qLen, (t + 1) * unit) - 1) / qb;
     for (int64_t u = 0; u < kvUnits; ++u) {
-      int64_t kFirst = u * kUnit / kb;
-      int64_t kLast = (std::min(kvLen, (u + 1) * kUnit) - 1) / kb;
+      int64_t kFirst = u * unit / kb;
+      int64_t kLast = (std::min(kvLen, (u + 1) * unit) - 1) / kb;
       bool any = false, allFull = true;
       for (int64_t i = qFirst; i <= qLast; ++i)
         for (int64_t j = kFirst; j <= kLast; ++j) {
@@ -72,7 +72,7 @@ FlexAttentionLowering::unitKinds(int64_t bm, int64_t hm) const {
 SmallVector<KvTile> FlexAttentionLowering::keyTiles(ArrayRef<Kind> row) const {
   int64_t maxUnits = std::max<int64_t>(
       1, std::min(k.target.matmulMaxMovingFree, k.target.psumBankBytes / 4) /
-             kUnit);
+             unit);
   SmallVector<KvTile> tiles;
   for (int64_t u = 0; u < (int64_t)row.size();) {
     if (row[u] == Kind::masked) {
@@ -83,8 +83,7 @@ SmallVector<KvTile> FlexAttentionLowering::keyTiles(ArrayRef<Kind> row) const {
     while (u < (int64_t)row.size() && row[u] != Kind::masked &&
            (scaleOnExp || row[u] == row[first]) && u - first < maxUnits)
       ++u;
-    KvTile tile{
-        first, u - first, std::min(kvLen, u * kUnit) - first * kUnit, {}};
+    KvTile tile{first, u - first, std::min(kvLen, u * unit) - first * unit, {}};
     for (int64_t v = first; v < u; ++v) {
       if (row[v] != Kind::partial)
         continue;
@@ -113,7 +112,7 @@ Value FlexAttentionLowering::indexValue(const Affine &a, const Step &at) {
   term(at.head, a.ch);
   term(at.q0, a.cq);
   if (a.ckv != 0)
-    term(k.scale(at.unit, kUnit), a.ckv);
+    term(k.scale(at.unit, unit), a.ckv);
   return v;
 }
 
@@ -141,8 +140,8 @@ Value FlexAttentionLowering::gatherWindow(Value buffer, Value first,
   } else {
     // Per chunk of up to 128 columns from the right: its reversed transpose
     // R^T (a transposing DMA), then window[:, chunk] = (R^T)^T J.
-    for (int64_t c0 = 0; c0 < cols; c0 += kUnit) {
-      int64_t n = std::min(kUnit, cols - c0);
+    for (int64_t c0 = 0; c0 < cols; c0 += unit) {
+      int64_t n = std::min(unit, cols - c0);
       Value reversedT = k.tile(MemorySpace::sbuf, {n, rows}, f32);
       int64_t lastCol = cols - 1 - c0;
       k.dma(k.view(buffer, k.addOffset(first, colStride * lastCol), {n, rows},
@@ -456,22 +455,21 @@ void FlexAttentionLowering::loadHead(Value batchIdx, Value kvHead,
   };
   Value vBase = base(value, kvHead);
   int64_t vs = value.strides[2], vd = value.strides[3];
-  int64_t fullUnits = kvLen / kUnit, rest = kvLen % kUnit;
+  int64_t fullUnits = kvLen / unit, rest = kvLen % unit;
   int64_t vAt = slot * kvUnits * vDim;
   if (fullUnits)
-    load(k.view(value.buffer, vBase, {kUnit, fullUnits, vDim},
-                {vs, kUnit * vs, vd}),
-         k.view(vS, k.index(vAt), {kUnit, fullUnits, vDim},
-                {vSStride, vDim, 1}));
+    load(
+        k.view(value.buffer, vBase, {unit, fullUnits, vDim},
+               {vs, unit * vs, vd}),
+        k.view(vS, k.index(vAt), {unit, fullUnits, vDim}, {vSStride, vDim, 1}));
   if (rest)
-    load(k.view(value.buffer, k.addOffset(vBase, fullUnits * kUnit * vs),
+    load(k.view(value.buffer, k.addOffset(vBase, fullUnits * unit * vs),
                 {rest, vDim}, {vs, vd}),
          k.view(vS, k.index(vAt + fullUnits * vDim), {rest, vDim},
                 {vSStride, 1}));
-  load(
-      k.view(key.buffer, base(key, kvHead), {dim, kvLen},
-             {key.strides[3], key.strides[2]}),
-      k.view(kT, k.index(slot * kvUnits * kUnit), {dim, kvLen}, {kTStride, 1}));
+  load(k.view(key.buffer, base(key, kvHead), {dim, kvLen},
+              {key.strides[3], key.strides[2]}),
+       k.view(kT, k.index(slot * kvUnits * unit), {dim, kvLen}, {kTStride, 1}));
   if (!qResident)
     return;
   for (int64_t g = 0; g < group; ++g)
@@ -504,16 +502,16 @@ SmallVector<Operand> FlexAttentionLowering::tableOperands(ValueRange buffers) {
 /// The identity for TensorE transposes ((p - j) == 0), and 0 and -inf
 /// tiles of `cols` columns for masks.
 void FlexAttentionLowering::makeConstants(int64_t cols) {
-  Value diff = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, f32);
+  Value diff = k.tile(MemorySpace::sbuf, {unit, unit}, f32);
   b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
                          b.getDenseF64ArrayAttr({-1.0}));
-  ident = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, inElt);
+  ident = k.tile(MemorySpace::sbuf, {unit, unit}, inElt);
   b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
                                  APFloat(0.0), false);
-  negInf = k.tile(MemorySpace::sbuf, {kUnit, cols}, f32);
+  negInf = k.tile(MemorySpace::sbuf, {unit, cols}, f32);
   b.create<nisa::MemsetOp>(negInf,
                            APFloat(-std::numeric_limits<float>::infinity()));
-  zeros = k.tile(MemorySpace::sbuf, {kUnit, cols}, f32);
+  zeros = k.tile(MemorySpace::sbuf, {unit, cols}, f32);
   b.create<nisa::MemsetOp>(zeros, APFloat(0.0));
 }
 
@@ -544,7 +542,7 @@ FlexAttentionLowering::resultLayout(Value result) {
 /// The anti-identities gatherWindow flips windows with: (p + j) == n - 1 for
 /// the window sizes a kernel has (128, and the query and key remainders).
 void FlexAttentionLowering::makeAntiIdentities() {
-  for (int64_t n : {kUnit, qLen % kUnit, kvLen % kUnit}) {
+  for (int64_t n : {unit, qLen % unit, kvLen % unit}) {
     if (n == 0 || antiIdentity.count(n))
       continue;
     Value sum = k.tile(MemorySpace::sbuf, {n, n}, f32);
@@ -568,13 +566,13 @@ LogicalResult FlexAttentionLowering::setUpCommon(
   batch = qType.getDimSize(0);
   heads = qType.getDimSize(1);
   qLen = qType.getDimSize(2);
-  qTiles = (qLen + kUnit - 1) / kUnit;
+  qTiles = (qLen + unit - 1) / unit;
   dim = qType.getDimSize(3);
   kvHeads = kType.getDimSize(1);
   group = heads / kvHeads;
   kvLen = kType.getDimSize(2);
   vDim = vType.getDimSize(3);
-  kvUnits = (kvLen + kUnit - 1) / kUnit;
+  kvUnits = (kvLen + unit - 1) / unit;
   bank = k.target.psumBankBytes / 4; // fp32 columns per PSUM bank
   inElt = qType.getElementType();
   f32 = b.getF32Type();
@@ -683,35 +681,35 @@ void FlexAttentionLowering::allocateTiles(bool tables) {
   makeConstants(bank);
   // -max starts huge but finite: exp(s - max) of a masked -inf score is 0,
   // never NaN.
-  negmInit = k.tile(MemorySpace::sbuf, {kUnit, 1}, f32);
+  negmInit = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
   b.create<nisa::MemsetOp>(negmInit,
                            APFloat(std::numeric_limits<float>::max()));
-  psum = k.tile(MemorySpace::psum, {kUnit, psumCols}, f32);
+  psum = k.tile(MemorySpace::psum, {unit, psumCols}, f32);
   if (tables)
     makeAntiIdentities();
-  negm = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
-  alpha = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
-  l = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
+  negm = k.tile(MemorySpace::sbuf, {unit, 2 * lanes}, f32);
+  alpha = k.tile(MemorySpace::sbuf, {unit, 2 * lanes}, f32);
+  l = k.tile(MemorySpace::sbuf, {unit, 2 * lanes}, f32);
   if (lse) {
     // Each query tile of a head leaves its row sums and -max here; their
     // logs are taken once per head (finishLse): ScalarE would otherwise
     // switch activation tables (exp, log, exp) for every query tile.
-    lseSums = k.tile(MemorySpace::sbuf, {kUnit, qTiles}, f32);
-    lseNegMax = k.tile(MemorySpace::sbuf, {kUnit, qTiles}, f32);
+    lseSums = k.tile(MemorySpace::sbuf, {unit, qTiles}, f32);
+    lseNegMax = k.tile(MemorySpace::sbuf, {unit, qTiles}, f32);
   }
-  o = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * vDim}, f32);
-  oOut = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * vDim}, inElt);
-  expSrc = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * bank}, f32);
-  maskBiases = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * bank}, f32);
-  kTStride = kvSlots * kvUnits * kUnit;
+  o = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * vDim}, f32);
+  oOut = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * vDim}, inElt);
+  expSrc = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, f32);
+  maskBiases = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, f32);
+  kTStride = kvSlots * kvUnits * unit;
   vSStride = kvSlots * kvUnits * vDim;
   kT = k.tile(MemorySpace::sbuf, {dim, kTStride}, inElt);
-  vS = k.tile(MemorySpace::sbuf, {kUnit, vSStride}, inElt);
+  vS = k.tile(MemorySpace::sbuf, {unit, vSStride}, inElt);
   if (qResident) {
     qTStride = kvSlots * group * qLen;
     qT = k.tile(MemorySpace::sbuf, {dim, qTStride}, inElt);
   } else {
-    qLaneT = k.tile(MemorySpace::sbuf, {dim, 2 * lanes * kUnit}, inElt);
+    qLaneT = k.tile(MemorySpace::sbuf, {dim, 2 * lanes * unit}, inElt);
   }
 }
 
@@ -853,8 +851,8 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
     for (int64_t t : empty) {
       Step at = head;
       at.qTile = k.index(t);
-      at.q0 = k.index(t * kUnit);
-      at.rows = std::min(kUnit, qLen - t * kUnit);
+      at.q0 = k.index(t * unit);
+      at.rows = std::min(unit, qLen - t * unit);
       emptyTile(at);
     }
     // Round r computes the scores of step r + 1 and finishes step r of
@@ -991,10 +989,10 @@ FlexAttentionLowering::cursor(const RoundAt &at, int64_t lane, int64_t s,
   const LaneStep &step = at.streams[lane][s];
   Cursor c{lane, &step, at.head, par};
   c.at.qTile = k.index(step.q);
-  c.at.q0 = k.index(step.q * kUnit);
+  c.at.q0 = k.index(step.q * unit);
   if (at.qShift) {
     c.at.qTile = k.addOffsets(c.at.qTile, at.qShift);
-    c.at.q0 = k.scale(c.at.qTile, kUnit);
+    c.at.q0 = k.scale(c.at.qTile, unit);
   }
   c.at.rows = rowsOf(step.q);
   c.at.width = step.keys.width;
@@ -1010,11 +1008,11 @@ FlexAttentionLowering::cursor(const RoundAt &at, int64_t lane, int64_t s,
 /// has read them).
 void FlexAttentionLowering::transposeP(const Cursor &c, Value p) {
   int64_t rows = c.at.rows, width = c.at.width;
-  for (int64_t i = 0; i * kUnit < width; ++i) {
-    int64_t keys = std::min(kUnit, width - i * kUnit);
+  for (int64_t i = 0; i * unit < width; ++i) {
+    int64_t keys = std::min(unit, width - i * unit);
     b.create<nisa::MatmulOp>(
-        k.view(p, k.index(i * kUnit), {rows, keys}, {width, 1}),
-        k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}),
+        k.view(p, k.index(i * unit), {rows, keys}, {width, 1}),
+        k.view(ident, k.index(0), {rows, rows}, {unit, 1}),
         k.view(psum, k.index(scoreBankOf(c) * bank + i * rows), {keys, rows},
                {psumCols, 1}));
   }
@@ -1023,8 +1021,8 @@ void FlexAttentionLowering::transposeP(const Cursor &c, Value p) {
 /// P^T from PSUM to an SBUF tile, the matmul input of P V.
 Value FlexAttentionLowering::evictPT(const Cursor &c) {
   int64_t rows = c.at.rows, units = c.step->keys.units;
-  int64_t keys = std::min(kUnit, c.at.width);
-  Value pT = k.tile(MemorySpace::sbuf, {kUnit, units * rows}, inElt);
+  int64_t keys = std::min(unit, c.at.width);
+  Value pT = k.tile(MemorySpace::sbuf, {unit, units * rows}, inElt);
   // A last chunk of fewer keys leaves rows of P^T unwritten: not read.
   // ScalarE copies all but the last of four chunks, VectorE that one: it
   // balances their loads (VectorE has the max and O's rescale).
@@ -1051,8 +1049,8 @@ void FlexAttentionLowering::accumulateO(const Cursor &c, Value pT) {
                      k.index((2 * lanes + c.lane / outsPerBank) * bank +
                              c.lane % outsPerBank * vDim),
                      {rows, vDim}, {psumCols, 1});
-  for (int64_t i = 0; i * kUnit < width; ++i) {
-    int64_t keys = std::min(kUnit, width - i * kUnit);
+  for (int64_t i = 0; i * unit < width; ++i) {
+    int64_t keys = std::min(unit, width - i * unit);
     Value stationary = k.view(pT, k.index(i * rows), {keys, rows},
                               {step.keys.units * rows, 1});
     Value moving = k.view(vS,
@@ -1107,8 +1105,8 @@ Value FlexAttentionLowering::queryT(const Cursor &c, Value qTHead) {
   if (qResident)
     return k.view(qT, k.addOffsets(qTHead, c.at.q0), {dim, c.at.rows},
                   {qTStride, 1});
-  return k.view(qLaneT, k.index((2 * c.lane + c.step->set) * kUnit),
-                {dim, c.at.rows}, {2 * lanes * kUnit, 1});
+  return k.view(qLaneT, k.index((2 * c.lane + c.step->set) * unit),
+                {dim, c.at.rows}, {2 * lanes * unit, 1});
 }
 
 /// Q^T of a query tile when Q is not resident: a transposing DMA.
@@ -1126,8 +1124,7 @@ void FlexAttentionLowering::startTile(const Cursor &c) {
 void FlexAttentionLowering::scores(const Cursor &c, Value qTs) {
   b.create<nisa::MatmulOp>(
       qTs,
-      k.view(kT,
-             k.addOffset(k.scale(c.at.unit, kUnit), kvSlot * kvUnits * kUnit),
+      k.view(kT, k.addOffset(k.scale(c.at.unit, unit), kvSlot * kvUnits * unit),
              {dim, c.at.width}, {kTStride, 1}),
       scoresOf(c));
 }
@@ -1141,8 +1138,8 @@ void FlexAttentionLowering::rowMax(const Cursor &c) {
   Value s = scoresOf(c), dst = expSource(c);
   if (scaleOnExp) {
     for (auto [offset, count] : c.step->keys.partialRuns) {
-      int64_t cols = std::min(count * kUnit, width - offset * kUnit);
-      Value part = k.view(psum, k.index(scoreBankOf(c) * bank + offset * kUnit),
+      int64_t cols = std::min(count * unit, width - offset * unit);
+      Value part = k.view(psum, k.index(scoreBankOf(c) * bank + offset * unit),
                           {rows, cols}, {psumCols, 1});
       b.create<nisa::TensorTensorOp>(nisa::AluOp::add, part,
                                      biasOf(c, offset, cols), part);
@@ -1181,7 +1178,7 @@ void FlexAttentionLowering::maskBias(const Cursor &c) {
   for (auto [offset, count] : c.step->keys.partialRuns) {
     Step sub = c.at;
     sub.unit = k.addOffset(c.at.unit, offset);
-    sub.width = std::min(count * kUnit, c.at.width - offset * kUnit);
+    sub.width = std::min(count * unit, c.at.width - offset * unit);
     Value bias = biasOf(c, offset, sub.width);
     FailureOr<Operand> r = modifier(op.getMaskMod(), maskArgs, sub);
     if (::mlir::failed(r)) {
@@ -1207,7 +1204,7 @@ void FlexAttentionLowering::maskBias(const Cursor &c) {
 Value FlexAttentionLowering::biasOf(const Cursor &c, int64_t offset,
                                     int64_t cols) {
   return k.view(maskBiases,
-                k.index((2 * c.lane + c.parity) * bank + offset * kUnit),
+                k.index((2 * c.lane + c.parity) * bank + offset * unit),
                 {c.at.rows, cols}, {2 * lanes * bank, 1});
 }
 
@@ -1292,7 +1289,7 @@ void FlexAttentionLowering::storeLseParts(const Step &at, Value sums,
 void FlexAttentionLowering::finishLse(const Step &head) {
   Value lseBase = k.addOffsets(k.scale(head.batch, lseStrides[0]),
                                k.scale(head.head, lseStrides[1]));
-  int64_t full = qLen / kUnit, rest = qLen % kUnit;
+  int64_t full = qLen / unit, rest = qLen % unit;
   auto block = [&](int64_t col, int64_t rows, int64_t cols) {
     auto sbuf = [&](Value t) {
       return k.view(t, k.index(col), {rows, cols}, {qTiles, 1});
@@ -1303,11 +1300,11 @@ void FlexAttentionLowering::finishLse(const Step &head) {
     b.create<nisa::TensorTensorOp>(nisa::AluOp::subtract, sbuf(lseSums),
                                    sbuf(lseNegMax), sbuf(lseSums),
                                    nisa::Engine::gpsimd);
-    k.dma(sbuf(lseSums), k.view(lse, k.addOffset(lseBase, col * kUnit),
-                                {rows, cols}, {1, kUnit}));
+    k.dma(sbuf(lseSums), k.view(lse, k.addOffset(lseBase, col * unit),
+                                {rows, cols}, {1, unit}));
   };
   if (full)
-    block(0, kUnit, full);
+    block(0, unit, full);
   if (rest)
     block(full, rest, 1);
 }

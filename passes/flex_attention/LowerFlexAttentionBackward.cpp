@@ -44,12 +44,12 @@ Value FlexAttentionLowering::loadRowsOf(const TileBuilder::Window &w,
                                         Value dst) {
   int64_t rs = w.strides[2], es = w.strides[3];
   int64_t stride = cast<MemRefType>(dst.getType()).getShape()[1];
-  int64_t full = len / kUnit, rest = len % kUnit;
+  int64_t full = len / unit, rest = len % unit;
   if (full)
-    k.dma(k.view(w.buffer, base, {kUnit, full, width}, {rs, kUnit * rs, es}),
-          k.view(dst, k.index(0), {kUnit, full, width}, {stride, width, 1}));
+    k.dma(k.view(w.buffer, base, {unit, full, width}, {rs, unit * rs, es}),
+          k.view(dst, k.index(0), {unit, full, width}, {stride, width, 1}));
   if (rest)
-    k.dma(k.view(w.buffer, k.addOffset(base, full * kUnit * rs), {rest, width},
+    k.dma(k.view(w.buffer, k.addOffset(base, full * unit * rs), {rest, width},
                  {rs, es}),
           k.view(dst, k.index(full * width), {rest, width}, {stride, 1}));
   return dst;
@@ -72,32 +72,32 @@ void FlexAttentionLowering::storeRows(Value src, int64_t width, int64_t len,
                                       Value buffer, Value base,
                                       int64_t rowStride, double factor) {
   TileBuilder::TileScope scope(k);
-  int64_t units = (len + kUnit - 1) / kUnit;
+  int64_t units = (len + unit - 1) / unit;
   int64_t srcCols = cast<MemRefType>(src.getType()).getShape()[1];
   Type elt = cast<MemRefType>(buffer.getType()).getElementType();
-  Value res = k.view(src, k.index(0), {kUnit, units * width}, {srcCols, 1});
+  Value res = k.view(src, k.index(0), {unit, units * width}, {srcCols, 1});
   if (factor != 1.0 || elt != f32) {
-    Value converted = k.tile(MemorySpace::sbuf, {kUnit, units * width}, elt);
+    Value converted = k.tile(MemorySpace::sbuf, {unit, units * width}, elt);
     b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, res, converted,
                                    Value(), APFloat(factor), false,
                                    nisa::Engine::gpsimd);
     res = converted;
     srcCols = units * width;
   }
-  int64_t full = len / kUnit, rest = len % kUnit;
+  int64_t full = len / unit, rest = len % unit;
   if (full)
-    k.dma(k.view(res, k.index(0), {kUnit, full, width}, {srcCols, width, 1}),
-          k.view(buffer, base, {kUnit, full, width},
-                 {rowStride, kUnit * rowStride, 1}));
+    k.dma(k.view(res, k.index(0), {unit, full, width}, {srcCols, width, 1}),
+          k.view(buffer, base, {unit, full, width},
+                 {rowStride, unit * rowStride, 1}));
   if (rest)
     k.dma(k.view(res, k.index(full * width), {rest, width}, {srcCols, 1}),
-          k.view(buffer, k.addOffset(base, full * kUnit * rowStride),
+          k.view(buffer, k.addOffset(base, full * unit * rowStride),
                  {rest, width}, {rowStride, 1}));
 }
 
 LogicalResult FlexAttentionLowering::planChunks(FlexAttentionBackwardOp o) {
   int64_t elt = std::max<int64_t>(1, inElt.getIntOrFloatBitWidth() / 8);
-  auto units = [](int64_t rows) { return (rows + kUnit - 1) / kUnit; };
+  auto units = [&](int64_t rows) { return (rows + unit - 1) / unit; };
   // Per partition: K rows, K^T, V^T and fp32 dK, dV for `keys` keys.
   auto kvBytes = [&](int64_t keys) {
     return (units(keys) * dim + 2 * keys) * elt +
@@ -112,9 +112,9 @@ LogicalResult FlexAttentionLowering::planChunks(FlexAttentionBackwardOp o) {
   auto fitting = [&](auto bytes, int64_t len, int64_t room) {
     if (bytes(len) <= room)
       return len;
-    int64_t rows = (len - 1) / kUnit * kUnit;
+    int64_t rows = (len - 1) / unit * unit;
     while (rows > 0 && bytes(rows) > room)
-      rows -= kUnit;
+      rows -= unit;
     return rows;
   };
   int64_t budget =
@@ -156,7 +156,7 @@ LogicalResult FlexAttentionLowering::runBackward() {
     return o.emitOpError("value head dims above ")
            << k.target.matmulMaxK << " are not supported in the backward";
   if (k.target.psumBanks < kBanks || dim + vDim > bank ||
-      2 * (kUnit + dim) > bank || kSlots * kUnit > bank)
+      2 * (unit + dim) > bank || kSlots * unit > bank)
     return o.emitOpError("the backward needs ")
            << kBanks
            << " PSUM banks, dV and dK side by side in one, and two dS^T and "
@@ -171,29 +171,29 @@ LogicalResult FlexAttentionLowering::runBackward() {
   std::tie(bw.outDV, bw.dvStrides) = resultLayout(o.getGradValue());
 
   TileBuilder::TileScope scope(k);
-  makeConstants(kUnit);
+  makeConstants(unit);
   psumCols = kBanks * bank;
   miscBank = kMiscBank;
-  psum = k.tile(MemorySpace::psum, {kUnit, psumCols}, f32);
+  psum = k.tile(MemorySpace::psum, {unit, psumCols}, f32);
   if (!o.getScoreBuffers().empty() || !o.getMaskBuffers().empty())
     makeAntiIdentities();
   int64_t tiles = bw.qCapTiles, units = bw.kvCapUnits;
-  bw.kRows = k.tile(MemorySpace::sbuf, {kUnit, units * dim}, inElt);
+  bw.kRows = k.tile(MemorySpace::sbuf, {unit, units * dim}, inElt);
   bw.kT = k.tile(MemorySpace::sbuf, {dim, bw.kvCap}, inElt);
   bw.vT = k.tile(MemorySpace::sbuf, {vDim, bw.kvCap}, inElt);
-  bw.qRows = k.tile(MemorySpace::sbuf, {kUnit, tiles * dim}, inElt);
+  bw.qRows = k.tile(MemorySpace::sbuf, {unit, tiles * dim}, inElt);
   bw.qT = k.tile(MemorySpace::sbuf, {dim, bw.qCap}, inElt);
-  bw.doRows = k.tile(MemorySpace::sbuf, {kUnit, tiles * vDim}, inElt);
+  bw.doRows = k.tile(MemorySpace::sbuf, {unit, tiles * vDim}, inElt);
   bw.doT = k.tile(MemorySpace::sbuf, {vDim, bw.qCap}, inElt);
-  bw.oRows = k.tile(MemorySpace::sbuf, {kUnit, tiles * vDim}, inElt);
-  bw.negLse = k.tile(MemorySpace::sbuf, {kUnit, tiles}, f32);
-  bw.delta = k.tile(MemorySpace::sbuf, {kUnit, tiles}, f32);
-  bw.dQ = k.tile(MemorySpace::sbuf, {kUnit, tiles * dim}, f32);
-  bw.dK = k.tile(MemorySpace::sbuf, {kUnit, units * dim}, f32);
-  bw.dV = k.tile(MemorySpace::sbuf, {kUnit, units * vDim}, f32);
-  bw.pIn = k.tile(MemorySpace::sbuf, {kUnit, kSlots * kUnit}, inElt);
-  bw.dSIn = k.tile(MemorySpace::sbuf, {kUnit, kSlots * kUnit}, inElt);
-  bw.dSTIn = k.tile(MemorySpace::sbuf, {kUnit, 2 * kUnit}, inElt);
+  bw.oRows = k.tile(MemorySpace::sbuf, {unit, tiles * vDim}, inElt);
+  bw.negLse = k.tile(MemorySpace::sbuf, {unit, tiles}, f32);
+  bw.delta = k.tile(MemorySpace::sbuf, {unit, tiles}, f32);
+  bw.dQ = k.tile(MemorySpace::sbuf, {unit, tiles * dim}, f32);
+  bw.dK = k.tile(MemorySpace::sbuf, {unit, units * dim}, f32);
+  bw.dV = k.tile(MemorySpace::sbuf, {unit, units * vDim}, f32);
+  bw.pIn = k.tile(MemorySpace::sbuf, {unit, kSlots * unit}, inElt);
+  bw.dSIn = k.tile(MemorySpace::sbuf, {unit, kSlots * unit}, inElt);
+  bw.dSTIn = k.tile(MemorySpace::sbuf, {unit, 2 * unit}, inElt);
 
   bool perBatch = blocksShape[0] != 1, perHead = blocksShape[1] != 1;
   for (int64_t bm = 0; bm < blocksShape[0]; ++bm) {
@@ -224,8 +224,8 @@ void FlexAttentionLowering::backwardKeyHead(Value batchIdx, Value kvHead,
   };
   for (int64_t c = 0; c * bw.kvCap < kvLen; ++c) {
     int64_t kv0 = c * bw.kvCap, keys = std::min(bw.kvCap, kvLen - kv0);
-    bw.u0 = kv0 / kUnit;
-    bw.chunkUnits = (keys + kUnit - 1) / kUnit;
+    bw.u0 = kv0 / unit;
+    bw.chunkUnits = (keys + unit - 1) / unit;
     loadRowsOf(key, base(key, kvHead, kv0), keys, dim, bw.kRows);
     loadTransposed(key, base(key, kvHead, kv0), keys, dim, bw.kT);
     loadTransposed(value, base(value, kvHead, kv0), keys, vDim, bw.vT);
@@ -275,8 +275,8 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
   SmallVector<SmallVector<Kind>> kinds = unitKinds(bm, hm);
   for (int64_t q0 = 0; q0 < qLen; q0 += bw.qCap) {
     int64_t queries = std::min(bw.qCap, qLen - q0);
-    int64_t tiles = (queries + kUnit - 1) / kUnit;
-    bw.t0 = q0 / kUnit;
+    int64_t tiles = (queries + unit - 1) / unit;
+    bw.t0 = q0 / unit;
     auto [firstChunk, lastChunk] = dQChunks(kinds, tiles);
     if (kvChunk < firstChunk || kvChunk > lastChunk)
       continue;
@@ -352,7 +352,7 @@ Value FlexAttentionLowering::loadQueryChunk(Value batchIdx, Value h, int64_t q0,
 /// Query tile t's columns: -lse and delta = rowsum(dO * O).
 void FlexAttentionLowering::lseAndDelta(Value batchIdx, Value h, int64_t t) {
   TileBuilder::TileScope scope(k);
-  int64_t rows = std::min(kUnit, qLen - t * kUnit);
+  int64_t rows = std::min(unit, qLen - t * unit);
   int64_t local = t - bw.t0;
   auto col = [&](Value tile) {
     return k.view(tile, k.index(local), {rows, 1}, {bw.qCapTiles, 1});
@@ -361,7 +361,7 @@ void FlexAttentionLowering::lseAndDelta(Value batchIdx, Value h, int64_t t) {
   Value lse = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
   k.dma(k.view(bw.lseIn.buffer,
                k.addOffset(headBase(bw.lseIn, batchIdx, h, 0),
-                           t * kUnit * bw.lseIn.strides[2]),
+                           t * unit * bw.lseIn.strides[2]),
                {rows, 1}, {bw.lseIn.strides[2], 1}),
         lse);
   b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, lse, lse, Value(),
@@ -393,10 +393,10 @@ FlexAttentionLowering::backwardSteps(ArrayRef<SmallVector<Kind>> kinds,
       Step at;
       at.batch = batchIdx;
       at.head = h;
-      at.q0 = k.index(t * kUnit);
+      at.q0 = k.index(t * unit);
       at.unit = k.index(u);
-      at.rows = std::min(kUnit, qLen - t * kUnit);
-      at.width = std::min(kUnit, kvLen - u * kUnit);
+      at.rows = std::min(unit, qLen - t * unit);
+      at.width = std::min(unit, kvLen - u * unit);
       steps.push_back({at, t, u, kinds[t][u] == Kind::partial,
                        steps.size() == unitStart, false});
     }
@@ -471,8 +471,8 @@ Value FlexAttentionLowering::bankView(int64_t bankIdx, int64_t col, int64_t r,
 /// Slot `slotIdx` of a [128, kSlots x 128] matmul input tile.
 Value FlexAttentionLowering::stepSlot(Value tile, int64_t slotIdx,
                                       const Step &at) {
-  return k.view(tile, k.index(slotIdx * kUnit), {at.rows, at.width},
-                {kSlots * kUnit, 1});
+  return k.view(tile, k.index(slotIdx * unit), {at.rows, at.width},
+                {kSlots * unit, 1});
 }
 
 /// A modifier's result as a full tile (null, the kernel failed, if the
@@ -498,11 +498,11 @@ FlexAttentionLowering::ScoreTiles
 FlexAttentionLowering::backwardScoreTiles(const Step &at, int64_t t, int64_t u,
                                           bool partial, int64_t slotIdx) {
   int64_t rows = at.rows, keys = at.width;
-  Value s = bankView(kScoreBank, slotIdx * kUnit, rows, keys);
+  Value s = bankView(kScoreBank, slotIdx * unit, rows, keys);
   int64_t tl = t - bw.t0, ul = u - bw.u0; // in the chunks in SBUF
   b.create<nisa::MatmulOp>(
-      k.view(bw.qT, k.index(tl * kUnit), {dim, rows}, {bw.qCap, 1}),
-      k.view(bw.kT, k.index(ul * kUnit), {dim, keys}, {bw.kvCap, 1}), s);
+      k.view(bw.qT, k.index(tl * unit), {dim, rows}, {bw.qCap, 1}),
+      k.view(bw.kT, k.index(ul * unit), {dim, keys}, {bw.kvCap, 1}), s);
   // Plain scores of a full unit go from PSUM straight into exp, which
   // applies the scale; anything else reads them scaled, in SBUF.
   ScoreTiles tiles;
@@ -528,7 +528,7 @@ FlexAttentionLowering::backwardScoreTiles(const Step &at, int64_t t, int64_t u,
       return tiles;
     Value masked = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
     b.create<nisa::SelectOp>(
-        keep, scores, k.view(negInf, k.index(0), {rows, keys}, {kUnit, 1}),
+        keep, scores, k.view(negInf, k.index(0), {rows, keys}, {unit, 1}),
         masked, nisa::Engine::gpsimd);
     scores = masked;
   }
@@ -561,10 +561,10 @@ void FlexAttentionLowering::scoreGradient(const Step &at, int64_t t, int64_t u,
                                           int64_t slotIdx) {
   int64_t rows = at.rows, keys = at.width;
   int64_t tl = t - bw.t0, ul = u - bw.u0;
-  Value dP = bankView(kDPBank, slotIdx * kUnit, rows, keys);
+  Value dP = bankView(kDPBank, slotIdx * unit, rows, keys);
   b.create<nisa::MatmulOp>(
-      k.view(bw.doT, k.index(tl * kUnit), {vDim, rows}, {bw.qCap, 1}),
-      k.view(bw.vT, k.index(ul * kUnit), {vDim, keys}, {bw.kvCap, 1}), dP);
+      k.view(bw.doT, k.index(tl * unit), {vDim, rows}, {bw.qCap, 1}),
+      k.view(bw.vT, k.index(ul * unit), {vDim, keys}, {bw.kvCap, 1}), dP);
   // Without score_mod's gradient, dS is only a matmul input: stored (and
   // rounded) straight into its slot.
   bool dSInPlace = bw.plainScoreGrad;
@@ -597,8 +597,8 @@ void FlexAttentionLowering::backwardGrads(const Step &at, int64_t t, int64_t u,
   TileBuilder::TileScope scope(k);
   int64_t rows = at.rows, keys = at.width;
   auto slot = [&](Value tile) {
-    return k.view(tile, k.index(slotIdx * kUnit), {rows, keys},
-                  {kSlots * kUnit, 1});
+    return k.view(tile, k.index(slotIdx * unit), {rows, keys},
+                  {kSlots * unit, 1});
   };
   int64_t tl = t - bw.t0; // in the chunk in SBUF
   auto rowsOf = [&](Value tile, int64_t width) {
@@ -616,13 +616,13 @@ void FlexAttentionLowering::backwardGrads(const Step &at, int64_t t, int64_t u,
   dv.setAccumulate(!first);
   dk.setAccumulate(!first);
   // dS^T by a TensorE transpose, into this parity's dSTIn.
-  Value dST = k.view(psum, k.index(kTransposeBank * bank + parity * kUnit),
+  Value dST = k.view(psum, k.index(kTransposeBank * bank + parity * unit),
                      {keys, rows}, {psumCols, 1});
   b.create<nisa::MatmulOp>(
-      dSIn, k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}), dST);
+      dSIn, k.view(ident, k.index(0), {rows, rows}, {unit, 1}), dST);
   b.create<nisa::CopyOp>(
       dST,
-      k.view(bw.dSTIn, k.index(parity * kUnit), {keys, rows}, {2 * kUnit, 1}),
+      k.view(bw.dSTIn, k.index(parity * unit), {keys, rows}, {2 * unit, 1}),
       nisa::Engine::scalar);
 }
 
@@ -632,10 +632,10 @@ void FlexAttentionLowering::backwardDQ(const Step &at, int64_t t, int64_t u,
   int64_t rows = at.rows, keys = at.width;
   int64_t tl = t - bw.t0, ul = u - bw.u0; // in the chunks in SBUF
   Value dQPart =
-      k.view(psum, k.index(kTransposeBank * bank + 2 * kUnit + parity * dim),
+      k.view(psum, k.index(kTransposeBank * bank + 2 * unit + parity * dim),
              {rows, dim}, {psumCols, 1});
   b.create<nisa::MatmulOp>(
-      k.view(bw.dSTIn, k.index(parity * kUnit), {keys, rows}, {2 * kUnit, 1}),
+      k.view(bw.dSTIn, k.index(parity * unit), {keys, rows}, {2 * unit, 1}),
       k.view(bw.kRows, k.index(ul * dim), {keys, dim},
              {bw.kvCapUnits * dim, 1}),
       dQPart);

@@ -145,59 +145,43 @@ struct Instruction {
   int64_t queuePredecessor = -1;
 };
 
-/// The storage and spans of a memref operand, or failure with a diagnostic.
-FailureOr<Access> accessOf(Operation *user, Value v, bool write,
-                           MLIRContext *ctx) {
-  Value base = v;
-  std::optional<nisa::AffineIndex> offset;
-  SmallVector<int64_t> sizes, strides;
-  if (auto view = v.getDefiningOp<memref::ReinterpretCastOp>()) {
-    base = view.getSource();
-    OpFoldResult off = view.getMixedOffsets().front();
-    if (auto attr = dyn_cast<Attribute>(off))
-      offset = nisa::AffineIndex{cast<IntegerAttr>(attr).getInt(), {}};
-    else
-      offset = nisa::affineIndexOf(cast<Value>(off));
-    sizes.assign(view.getStaticSizes().begin(), view.getStaticSizes().end());
-    strides = nisa::viewStrides(view);
-    if (llvm::any_of(strides, [](int64_t s) { return s < 0; }))
-      offset.reset();
+/// An on-chip operand: its memory and, in every partition, the bytes of
+/// its tile (at `address`) that it reaches.
+Access onChipAccess(MemRefType type, nisa::MemorySpace space,
+                    IntegerAttr address, bool write,
+                    const std::optional<nisa::AffineIndex> &offset,
+                    ArrayRef<int64_t> sizes, ArrayRef<int64_t> strides,
+                    MLIRContext *ctx) {
+  // Distinct, stable keys for the two on-chip memories.
+  const void *storage =
+      nisa::MemorySpaceAttr::get(ctx, space).getAsOpaquePointer();
+  int64_t begin = address.getInt();
+  int64_t bytes = nisa::bytesPerPartition(type);
+  int64_t elt = std::max<int64_t>(1, type.getElementTypeBitWidth() / 8);
+  Access access{storage, write, whole(begin, begin + bytes - 1)};
+  // A view whose partition stride is the tile's row covers, in every
+  // partition, the bytes its free dims reach from its offset.
+  if (offset && !strides.empty() && strides[0] * elt == bytes) {
+    int64_t reach = 0;
+    for (size_t d = 1; d < sizes.size(); ++d)
+      reach += (sizes[d] - 1) * strides[d];
+    SmallVector<std::pair<Value, int64_t>, 2> byteTerms;
+    for (auto [iv, coeff] : offset->terms)
+      byteTerms.push_back({iv, coeff * elt});
+    auto span = spanOf(begin + offset->constant * elt, byteTerms,
+                       (reach + 1) * elt - 1);
+    if (span && span->lo >= begin && span->hi < begin + bytes)
+      access.linear = *span;
   }
-  auto type = cast<MemRefType>(base.getType());
-  nisa::MemorySpace space = nisa::getMemorySpace(type);
+  return access;
+}
 
-  if (space != nisa::MemorySpace::hbm) {
-    auto alloc = base.getDefiningOp<memref::AllocOp>();
-    auto address =
-        alloc ? alloc->getAttrOfType<IntegerAttr>(nisa::kAddressAttrName)
-              : IntegerAttr();
-    if (!address)
-      return user->emitOpError("reads or writes an on-chip tile without a "
-                               "nisa.address (run nisa-allocate first)");
-    // Distinct, stable keys for the two on-chip memories.
-    const void *storage =
-        nisa::MemorySpaceAttr::get(ctx, space).getAsOpaquePointer();
-    int64_t begin = address.getInt();
-    int64_t bytes = nisa::bytesPerPartition(type);
-    int64_t elt = std::max<int64_t>(1, type.getElementTypeBitWidth() / 8);
-    Access access{storage, write, whole(begin, begin + bytes - 1)};
-    // A view whose partition stride is the tile's row covers, in every
-    // partition, the bytes its free dims reach from its offset.
-    if (offset && !strides.empty() && strides[0] * elt == bytes) {
-      int64_t reach = 0;
-      for (size_t d = 1; d < sizes.size(); ++d)
-        reach += (sizes[d] - 1) * strides[d];
-      SmallVector<std::pair<Value, int64_t>, 2> byteTerms;
-      for (auto [iv, coeff] : offset->terms)
-        byteTerms.push_back({iv, coeff * elt});
-      auto span = spanOf(begin + offset->constant * elt, byteTerms,
-                         (reach + 1) * elt - 1);
-      if (span && span->lo >= begin && span->hi < begin + bytes)
-        access.linear = *span;
-    }
-    return access;
-  }
-
+/// An HBM operand: its buffer, the elements it reaches as one span and,
+/// when no term or stride wraps a row, as rows x columns of the innermost
+/// dim.
+Access hbmAccess(Value base, MemRefType type, bool write,
+                 const std::optional<nisa::AffineIndex> &offset,
+                 ArrayRef<int64_t> sizes, ArrayRef<int64_t> strides) {
   // Every use of one constant global is the same storage.
   const void *storage = base.getAsOpaquePointer();
   if (auto global = base.getDefiningOp<memref::GetGlobalOp>())
@@ -210,7 +194,6 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
     reach += (size - 1) * stride;
   if (auto span = spanOf(offset->constant, offset->terms, reach))
     access.linear = *span;
-  // Rows x columns of the innermost dim, when no term or stride wraps a row.
   int64_t row = type.getRank() > 1 ? type.getShape().back() : 0;
   if (row <= 1)
     return access;
@@ -235,6 +218,38 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
     access.cols = *cols;
   }
   return access;
+}
+
+/// The storage and spans of a memref operand, or failure with a diagnostic.
+FailureOr<Access> accessOf(Operation *user, Value v, bool write,
+                           MLIRContext *ctx) {
+  Value base = v;
+  std::optional<nisa::AffineIndex> offset;
+  SmallVector<int64_t> sizes, strides;
+  if (auto view = v.getDefiningOp<memref::ReinterpretCastOp>()) {
+    base = view.getSource();
+    OpFoldResult off = view.getMixedOffsets().front();
+    if (auto attr = dyn_cast<Attribute>(off))
+      offset = nisa::AffineIndex{cast<IntegerAttr>(attr).getInt(), {}};
+    else
+      offset = nisa::affineIndexOf(cast<Value>(off));
+    sizes.assign(view.getStaticSizes().begin(), view.getStaticSizes().end());
+    strides = nisa::viewStrides(view);
+    if (llvm::any_of(strides, [](int64_t s) { return s < 0; }))
+      offset.reset();
+  }
+  auto type = cast<MemRefType>(base.getType());
+  nisa::MemorySpace space = nisa::getMemorySpace(type);
+  if (space == nisa::MemorySpace::hbm)
+    return hbmAccess(base, type, write, offset, sizes, strides);
+  auto alloc = base.getDefiningOp<memref::AllocOp>();
+  auto address = alloc
+                     ? alloc->getAttrOfType<IntegerAttr>(nisa::kAddressAttrName)
+                     : IntegerAttr();
+  if (!address)
+    return user->emitOpError("reads or writes an on-chip tile without a "
+                             "nisa.address (run nisa-allocate first)");
+  return onChipAccess(type, space, address, write, offset, sizes, strides, ctx);
 }
 
 /// An access that the innermost loop around its instruction moves by more

@@ -249,15 +249,15 @@ PYBIND11_MODULE(_C, m) {
       "On-chip memory of one core: partitions and SBUF/PSUM bytes per "
       "partition a program may allocate.");
 
-  // The attention kernels' block classes and unit, for the Python front end
-  // (torchneuron.attention_blocks): one definition, the kernels'.
+  // The attention kernels' block classes, for the Python front end
+  // (torchneuron.attention_blocks): one definition, the kernels'. (Their
+  // unit is the target's partitions: target_memory.)
   namespace flex = mlir::neuron::flex;
   py::dict blockClasses;
   blockClasses["masked"] = static_cast<int>(flex::Kind::masked);
   blockClasses["partial"] = static_cast<int>(flex::Kind::partial);
   blockClasses["full"] = static_cast<int>(flex::Kind::full);
   m.attr("FLEX_BLOCK_CLASSES") = blockClasses;
-  m.attr("FLEX_UNIT") = flex::kUnit;
 
   m.def(
       "check_graph",

@@ -21,8 +21,8 @@ parts (serializer, partitioner, stats) work without it. Its API, as this package
   ``Kernel.instruction_names``, ``Kernel.locations``, ``Kernel.target``
 - ``target_peaks(target) -> {"flops": ..., "hbm_bytes": ...}``: per-second peaks of one core
 - ``CompileError``: raised for compile failures, message naming the user's Python line
-- ``FLEX_BLOCK_CLASSES`` (``{"masked", "partial", "full"}`` -> code) and ``FLEX_UNIT``: the
-  attention kernels' block-class codes and unit (:mod:`torchneuron.attention_blocks`)
+- ``FLEX_BLOCK_CLASSES`` (``{"masked", "partial", "full"}`` -> code): the attention kernels'
+  block-class codes (:mod:`torchneuron.attention_blocks`)
 """
 
 from __future__ import annotations

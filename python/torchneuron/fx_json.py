@@ -17,6 +17,7 @@ import operator
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ __all__ = [
     "SCALAR_TARGETS",
     "VERSION",
     "UnsupportedNodeError",
+    "Written",
     "concrete_scalar",
     "constant_entry",
     "dtype_from_name",
@@ -238,6 +240,19 @@ def fetch_attr(gm: torch.fx.GraphModule, target: str) -> object:
     return obj
 
 
+@dataclass
+class Written:
+    """What writing a graph's document leaves for the documents of its regions, so a node is
+    serialized once (:func:`serialize_graph_lenient` fills it, :func:`serialize_graph` reuses
+    it): each ATen node's entry by node name, when the entry means the same in any document
+    holding the node (its tensor arguments are referred to by their own names: no getitem of a
+    multi-result node, constant or inline scalar, no symbolic size), and each constant's entry
+    by tensor."""
+
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    constants: dict[int, tuple[torch.Tensor, dict[str, Any]]] = field(default_factory=dict)
+
+
 class _Writer:
     def __init__(
         self,
@@ -246,8 +261,13 @@ class _Writer:
         lenient: bool,
         constants: Mapping[str, torch.Tensor] | None,
         symbolic: bool = False,
+        written: Written | None = None,
+        reuse: Written | None = None,
     ) -> None:
         self.gm = gm
+        self.written = written  # entries recorded for the documents of regions
+        self.reuse = reuse  # entries recorded by the document of the whole graph
+        self.portable = True  # the entry being written refers to values by name only
         # A symbolic document's size symbols; None: every size must be concrete.
         self.sizes = SizeSymbols() if symbolic else None
         self.name = name
@@ -288,6 +308,7 @@ class _Writer:
         raise _Unencodable(f"cannot encode argument of type {type(value).__name__}")
 
     def encode_symbolic(self, value: torch.SymInt | torch.SymFloat | torch.SymBool) -> Any:
+        self.portable = False
         scalar = concrete_scalar(value)
         if scalar is not None:
             return self.encode(scalar)
@@ -297,8 +318,14 @@ class _Writer:
 
     def encode_ref(self, node: torch.fx.Node) -> Any:
         if node in self.refs:
-            return self.refs[node]
+            ref = self.refs[node]
+            # A region refers to a getitem of another's result or to a constant by other
+            # names (a placeholder, the constant inlined under a fresh name).
+            if "index" in ref or node.op == "get_attr" or node.name in self.constant_inputs:
+                self.portable = False
+            return ref
         if node in self.scalars:
+            self.portable = False
             return self.encode(self.scalars[node])
         if node in self.multi:
             raise _Unencodable(f"uses the tuple result of {node.name} as one value")
@@ -330,11 +357,19 @@ class _Writer:
     def add_constant(self, node: torch.fx.Node, value: object) -> None:
         if not isinstance(value, torch.Tensor):
             return  # submodules and other attributes: users referencing them are unsupported
+        hit = self.reuse.constants.get(id(value)) if self.reuse is not None else None
+        if hit is not None and hit[0] is value:
+            self.constants.append({**hit[1], "name": node.name})
+            self.refs[node] = {"ref": node.name}
+            return
         try:
-            self.constants.append(constant_entry(node.name, value))
+            entry = constant_entry(node.name, value)
         except _Unencodable as e:
             self.fail(node, f"constant {node.name}: {e}", external=False)
             return
+        self.constants.append(entry)
+        if self.written is not None:
+            self.written.constants[id(value)] = (value, entry)
         self.refs[node] = {"ref": node.name}
 
     def call_function(self, node: torch.fx.Node) -> None:
@@ -365,6 +400,11 @@ class _Writer:
         if not isinstance(target, torch._ops.OpOverload):
             self.fail(node, f"{_target_name(target)} is not an ATen operator")
             return
+        reused = self.reuse.nodes.get(node.name) if self.reuse is not None else None
+        if reused is not None:
+            self.append_node(node, reused)
+            return
+        self.portable = self.sizes is None
         try:
             entry: dict[str, Any] = {
                 "name": node.name,
@@ -382,11 +422,16 @@ class _Writer:
             self.fail(node, str(e))
             return
         self.add_node(node, entry)
+        if self.written is not None and self.portable:
+            self.written.nodes[node.name] = entry
 
     def add_node(self, node: torch.fx.Node, entry: dict[str, Any]) -> None:
         loc = source_location(node.meta.get("stack_trace"))
         if loc is not None:
             entry["loc"] = loc
+        self.append_node(node, entry)
+
+    def append_node(self, node: torch.fx.Node, entry: dict[str, Any]) -> None:
         self.nodes.append(entry)
         if isinstance(node.meta.get("val"), (tuple, list)):
             self.multi.add(node)
@@ -677,20 +722,29 @@ def serialize_graph(
     *,
     constants: Mapping[str, torch.Tensor] | None = None,
     symbolic: bool = False,
+    reuse: Written | None = None,
 ) -> dict[str, Any]:
     """The document for ``gm``; raises :class:`UnsupportedNodeError` on the first node the
     format cannot express. ``constants`` turns the placeholders it names into constants;
-    ``symbolic`` writes symbolic sizes as size expressions instead of refusing them."""
-    return _Writer(gm, name, lenient=False, constants=constants, symbolic=symbolic).run()
+    ``symbolic`` writes symbolic sizes as size expressions instead of refusing them; ``reuse``
+    (``gm`` is a region of the graph that wrote it) gives the entries of nodes and constants
+    already written."""
+    writer = _Writer(gm, name, lenient=False, constants=constants, symbolic=symbolic, reuse=reuse)
+    return writer.run()
 
 
 def serialize_graph_lenient(
-    gm: torch.fx.GraphModule, name: str = "graph_0", *, symbolic: bool = False
+    gm: torch.fx.GraphModule,
+    name: str = "graph_0",
+    *,
+    symbolic: bool = False,
+    written: Written | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """A document for the importer's checker plus ``{node name: reason}`` for the nodes it
     leaves out. Left-out nodes whose results are tensors appear as extra inputs, so their
-    users can still be checked."""
-    writer = _Writer(gm, name, lenient=True, constants=None, symbolic=symbolic)
+    users can still be checked. ``written`` receives the entries the documents of ``gm``'s
+    regions can reuse."""
+    writer = _Writer(gm, name, lenient=True, constants=None, symbolic=symbolic, written=written)
     return writer.run(), writer.unsupported
 
 
