@@ -3,9 +3,11 @@
 // Walks a lowered kernel function and writes the program format of
 // docs/PROGRAM_FORMAT.md. Index arithmetic on scf.for ivs is folded into
 // affine view offsets; on-chip tiles whose lifetimes do not overlap share a
-// buffer, so the program's scratch memory is what is live at once. Opcodes
-// and the spellings of enums come from runtime/program/InstructionSet.def,
-// through the runtime's names.
+// buffer, so the program's scratch memory is what is live at once. Opcodes,
+// operand and attribute fields and the spellings of enums come from
+// runtime/program/InstructionSet.def: an instruction's operands by their
+// ODS names (InstructionOpInterface::getNamedOperands) and its attributes
+// by the table's sources, so a new instruction needs no code here.
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,6 +22,7 @@
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/Base64.h"
 
@@ -107,6 +110,10 @@ const char *spaceName(nisa::MemorySpace space) {
   return rt::spaceName(nisa::toProgram(space));
 }
 
+/// The attribute of a collective that holds its group's ranks (the group
+/// field's second half).
+constexpr StringLiteral kGroupRanks = "ranks";
+
 /// "file:line" of the innermost source position in `loc`, if any.
 std::optional<std::string> sourceLine(Location loc) {
   if (auto f = dyn_cast<FileLineColLoc>(loc))
@@ -144,6 +151,10 @@ private:
   LogicalResult emitBlock(Block &block, json &out);
   LogicalResult emitOp(Operation *op, json &out);
   LogicalResult emitInstruction(Operation *op, json &out);
+  /// The program value of one attribute (std::nullopt: left out).
+  FailureOr<std::optional<json>> attributeValue(Operation *op,
+                                                const rt::AttributeField &field,
+                                                Attribute attr, bool hasScalar);
   FailureOr<Affine> affineOf(Value v, Operation *user);
   FailureOr<json> viewOf(Value v, Operation *user);
   FailureOr<int> addBuffer(Value base, rt::BufferKind kind, StringRef name);
@@ -385,6 +396,98 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
       });
 }
 
+/// The table entry (InstructionSet.def) of the program field that `source`,
+/// a nisa op's attribute or index operand, is written as.
+const rt::AttributeField *attributeFrom(StringRef source) {
+  for (const rt::AttributeField &field : rt::kAttributeFields)
+    if (source == field.source)
+      return &field;
+  return nullptr;
+}
+
+bool isOperandField(StringRef name) {
+  return llvm::any_of(rt::kOperandFields, [&](const rt::OperandField &f) {
+    return name == f.name;
+  });
+}
+
+FailureOr<std::optional<json>>
+ProgramEmitter::attributeValue(Operation *op, const rt::AttributeField &field,
+                               Attribute attr, bool hasScalar) {
+  auto missing = [&]() -> FailureOr<std::optional<json>> {
+    return op->emitError("attribute '")
+           << field.source << "' has no value for program field '" << field.name
+           << "'";
+  };
+  switch (field.kind) {
+  case rt::AttributeKind::Bool: // a unit attribute: present or not
+    if (auto b = dyn_cast_or_null<BoolAttr>(attr))
+      return std::optional<json>(b.getValue());
+    return std::optional<json>(bool(attr));
+  case rt::AttributeKind::Immediate:
+    if (hasScalar) // the scalar operand stands in for it
+      return std::optional<json>();
+    [[fallthrough]];
+  case rt::AttributeKind::Number:
+    if (auto f = dyn_cast_or_null<FloatAttr>(attr))
+      return std::optional<json>(number(f.getValueAsDouble()));
+    return missing();
+  case rt::AttributeKind::Int:
+    if (auto i = dyn_cast_or_null<IntegerAttr>(attr))
+      return std::optional<json>(i.getInt());
+    return missing();
+  case rt::AttributeKind::NumberList: {
+    auto list = dyn_cast_or_null<DenseF64ArrayAttr>(attr);
+    if (!list)
+      return missing();
+    json values = json::array();
+    for (double v : list.asArrayRef())
+      values.push_back(number(v));
+    return std::optional<json>(values);
+  }
+  case rt::AttributeKind::ActFunc:
+    if (auto f = dyn_cast_or_null<nisa::ActivationFnAttr>(attr))
+      return std::optional<json>(
+          rt::actFuncName(nisa::toProgram(f.getValue())));
+    return missing();
+  case rt::AttributeKind::AluOp:
+    if (!attr) // an optional reduction left out (all_gather)
+      return std::optional<json>();
+    if (auto a = dyn_cast<nisa::AluOpAttr>(attr))
+      return std::optional<json>(rt::aluOpName(nisa::toProgram(a.getValue())));
+    return missing();
+  case rt::AttributeKind::Collective:
+    if (auto c = dyn_cast_or_null<nisa::CollectiveAttr>(attr))
+      return std::optional<json>(
+          rt::collectiveName(nisa::toProgram(c.getValue())));
+    return missing();
+  case rt::AttributeKind::Group: {
+    // A process group by name and ranks: its index in the program's table.
+    auto name = dyn_cast_or_null<StringAttr>(attr);
+    auto ranksAttr = dyn_cast_or_null<DenseI64ArrayAttr>(
+        op->getInherentAttr(kGroupRanks).value_or(Attribute()));
+    if (!name || !ranksAttr)
+      return missing();
+    std::string group = name.str();
+    std::vector<int64_t> ranks(ranksAttr.asArrayRef().begin(),
+                               ranksAttr.asArrayRef().end());
+    auto [it, inserted] = groupIds.try_emplace(group, groupIds.size());
+    if (inserted)
+      groups.push_back(json{{"name", group}, {"ranks", ranks}});
+    else if (groups[it->second]["ranks"] != json(ranks))
+      return op->emitError("group '")
+             << group << "' has other ranks elsewhere in the kernel";
+    return std::optional<json>(it->second);
+  }
+  case rt::AttributeKind::Affine: // index operands, written with the views
+  case rt::AttributeKind::Dge:    // the compiler never asks for hardware DGE
+    break;
+  }
+  return op->emitError("attribute '")
+         << field.source << "' cannot be written as program field '"
+         << field.name << "'";
+}
+
 LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
   auto instruction = dyn_cast<nisa::InstructionOpInterface>(op);
   if (!instruction)
@@ -396,140 +499,53 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
       locations.push_back(*line);
     inst["loc"] = it->second;
   }
-  bool ok = true;
-  auto operand = [&](const char *name, Value v) {
-    if (!v)
-      return;
-    auto view = viewOf(v, op);
-    if (failed(view))
-      ok = false;
-    else
-      inst[name] = *view;
-  };
-  // An index offset in the loop indices (iota, rand): the same affine
-  // encoding as a view's element offset.
-  auto affineOffset = [&](Value offset) {
-    if (!offset)
-      return;
-    auto affine = affineOf(offset, op);
+  // Operands by name (InstructionSet.def): memrefs as views, index operands
+  // (iota's and rand's offset) as the affine attribute they are the source
+  // of.
+  bool hasScalar = false;
+  for (auto [name, value] : instruction.getNamedOperands()) {
+    hasScalar |= name == "scalar";
+    if (isa<MemRefType>(value.getType())) {
+      if (!isOperandField(name))
+        return op->emitError("operand '")
+               << name << "' is no program operand (NEURON_OPERAND in "
+               << "InstructionSet.def)";
+      auto view = viewOf(value, op);
+      if (failed(view))
+        return failure();
+      inst[name.str()] = *view;
+      continue;
+    }
+    const rt::AttributeField *field = attributeFrom(name);
+    if (!field || field->kind != rt::AttributeKind::Affine)
+      return op->emitError("operand '")
+             << name << "' is no affine program field (NEURON_ATTRIBUTE in "
+             << "InstructionSet.def)";
+    auto affine = affineOf(value, op);
     if (failed(affine))
-      ok = false;
-    else
-      inst["offset"] = affine->toJson();
-  };
-  llvm::TypeSwitch<Operation *>(op)
-      .Case<nisa::DmaCopyOp>([&](auto o) {
-        operand("src", o.getSrc());
-        operand("dst", o.getDst());
-      })
-      .Case<nisa::DmaGatherOp>([&](auto o) {
-        operand("table", o.getTable());
-        operand("indices", o.getIndices());
-        operand("dst", o.getDst());
-      })
-      .Case<nisa::MatmulOp>([&](auto o) {
-        operand("stationary", o.getStationary());
-        operand("moving", o.getMoving());
-        operand("dst", o.getDst());
-        inst["accumulate"] = o.getAccumulate();
-      })
-      .Case<nisa::ActivationOp>([&](auto o) {
-        operand("src", o.getSrc());
-        operand("dst", o.getDst());
-        operand("bias", o.getBias());
-        operand("scale_col", o.getScaleCol());
-        // "accumulate" is matmul's boolean in the format; the row sums take
-        // NKI's name for them.
-        operand("reduce_res", o.getAccumulate());
-        inst["func"] = rt::actFuncName(nisa::toProgram(o.getFunc()));
-        inst["scale"] = number(o.getScale().convertToDouble());
-        inst["bias_imm"] = number(o.getBiasImm().convertToDouble());
-      })
-      .Case<nisa::TensorTensorOp>([&](auto o) {
-        operand("a", o.getA());
-        operand("b", o.getB());
-        operand("dst", o.getDst());
-        inst["alu_op"] = rt::aluOpName(nisa::toProgram(o.getOp()));
-      })
-      .Case<nisa::ScalarTensorTensorOp>([&](auto o) {
-        operand("a", o.getA());
-        operand("b", o.getB());
-        operand("dst", o.getDst());
-        operand("scalar", o.getScalar());
-        inst["alu_op0"] = rt::aluOpName(nisa::toProgram(o.getOp0()));
-        inst["alu_op1"] = rt::aluOpName(nisa::toProgram(o.getOp1()));
-        if (!o.getScalar())
-          inst["imm"] = number(o.getImm().convertToDouble());
-      })
-      .Case<nisa::TensorScalarOp>([&](auto o) {
-        operand("src", o.getSrc());
-        operand("dst", o.getDst());
-        operand("scalar", o.getScalar());
-        inst["alu_op"] = rt::aluOpName(nisa::toProgram(o.getOp()));
-        if (!o.getScalar())
-          inst["imm"] = number(o.getImm().convertToDouble());
-        inst["reverse"] = o.getReverse();
-      })
-      .Case<nisa::TensorReduceOp>([&](auto o) {
-        operand("src", o.getSrc());
-        operand("dst", o.getDst());
-        inst["alu_op"] = rt::aluOpName(nisa::toProgram(o.getOp()));
-      })
-      .Case<nisa::SelectOp>([&](auto o) {
-        operand("pred", o.getPred());
-        operand("on_true", o.getOnTrue());
-        operand("on_false", o.getOnFalse());
-        operand("dst", o.getDst());
-      })
-      .Case<nisa::CopyOp>([&](auto o) {
-        operand("src", o.getSrc());
-        operand("dst", o.getDst());
-      })
-      .Case<nisa::MemsetOp>([&](auto o) {
-        operand("dst", o.getDst());
-        inst["value"] = number(o.getValue().convertToDouble());
-      })
-      .Case<nisa::IotaOp>([&](auto o) {
-        operand("dst", o.getDst());
-        inst["base"] = number(o.getBase().convertToDouble());
-        affineOffset(o.getOffset());
-        inst["channel_multiplier"] =
-            number(o.getChannelMultiplier().convertToDouble());
-        inst["multipliers"] = std::vector<double>(o.getMultipliers().begin(),
-                                                  o.getMultipliers().end());
-      })
-      .Case<nisa::RandOp>([&](auto o) {
-        operand("dst", o.getDst());
-        operand("seed", o.getSeed());
-        affineOffset(o.getOffset());
-        inst["stream"] = o.getStream();
-        inst["channel_multiplier"] =
-            number(o.getChannelMultiplier().convertToDouble());
-        inst["multipliers"] = std::vector<double>(o.getMultipliers().begin(),
-                                                  o.getMultipliers().end());
-      })
-      .Case<nisa::CollectiveOp>([&](auto o) {
-        operand("src", o.getSrc());
-        operand("dst", o.getDst());
-        inst["kind"] = rt::collectiveName(nisa::toProgram(o.getKind()));
-        if (o.getKind() != nisa::Collective::all_gather)
-          inst["alu_op"] = rt::aluOpName(nisa::toProgram(o.getReduce()));
-        std::string group = o.getGroup().str();
-        std::vector<int64_t> ranks(o.getRanks().begin(), o.getRanks().end());
-        auto [it, inserted] = groupIds.try_emplace(group, groupIds.size());
-        if (inserted)
-          groups.push_back(json{{"name", group}, {"ranks", ranks}});
-        else if (groups[it->second]["ranks"] != json(ranks)) {
-          op->emitError("group '") << group << "' has other ranks elsewhere "
-                                   << "in the kernel";
-          ok = false;
-        }
-        inst["group"] = it->second;
-      })
-      .Default([&](Operation *) {
-        op->emitError("has no kernel program encoding");
-        ok = false;
-      });
+      return failure();
+    inst[field->name] = affine->toJson();
+  }
+  // Attributes by the table; every attribute of the op has its place.
+  for (StringAttr nameAttr : op->getName().getAttributeNames()) {
+    StringRef name = nameAttr.getValue();
+    // The issuing engine is written below, operand segments are the
+    // operands above, a group's ranks go with its name.
+    if (name == "engine" || name == "operandSegmentSizes" ||
+        name == kGroupRanks)
+      continue;
+    const rt::AttributeField *field = attributeFrom(name);
+    if (!field)
+      return op->emitError("attribute '")
+             << name << "' is no program field (NEURON_ATTRIBUTE in "
+             << "InstructionSet.def)";
+    auto value = attributeValue(
+        op, *field, op->getInherentAttr(name).value_or(Attribute()), hasScalar);
+    if (failed(value))
+      return failure();
+    if (*value)
+      inst[field->name] = std::move(**value);
+  }
   if (auto waits = op->getAttrOfType<DenseI64ArrayAttr>(nisa::kWaitsAttrName);
       waits && synchronized) {
     std::vector<int64_t> indices;
@@ -541,8 +557,6 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
     }
     inst["waits"] = indices;
   }
-  if (!ok)
-    return failure();
   inst["engine"] =
       rt::engineName(nisa::toProgram(instruction.getIssuingEngine()));
   out.push_back(std::move(inst));

@@ -1,5 +1,6 @@
 //===- NeuronDialect.cpp - verifiers and folds of `neuron` ops ------------===//
 #include "dialects/neuron/NeuronDialect.h"
+#include "dialects/neuron/FlexBlockClass.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/PatternMatch.h"
@@ -488,9 +489,12 @@ static LogicalResult verifyAttention(OpTy op, Value outValue, Value lseValue) {
     return op.emitOpError("blocks must be [1 or batch, 1 or heads, query "
                           "blocks, key blocks] for block_size");
   for (APInt value : op.getBlocks().template getValues<APInt>())
-    if (value.getSExtValue() < 0 || value.getSExtValue() > 2)
-      return op.emitOpError("blocks values must be 0 (masked), 1 (partial) "
-                            "or 2 (full)");
+    if (value.getSExtValue() < int64_t(flex::kFirstKind) ||
+        value.getSExtValue() > int64_t(flex::kLastKind))
+      return op.emitOpError("blocks values must be ")
+             << int(flex::Kind::masked) << " (masked), "
+             << int(flex::Kind::partial) << " (partial) or "
+             << int(flex::Kind::full) << " (full)";
   auto isFloat = [](Type t) { return isa<FloatType>(t); };
   if (failed(verifyModifier(op, op.getScoreMod(), "score_mod", 5, {0},
                             op.getScoreBuffers(), isFloat, "float")))

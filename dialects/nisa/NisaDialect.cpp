@@ -408,7 +408,7 @@ LogicalResult ActivationOp::verify() {
   // ScalarE keeps the per-partition scale and the row sums in fp32
   // registers; other dtypes would need a conversion the engine lacks.
   for (auto [v, name] : {std::pair{getScaleCol(), "scale_col"},
-                         {getAccumulate(), "accumulate"}}) {
+                         {getReduceRes(), "accumulate"}}) {
     if (!v)
       continue;
     if (failed(verifyTile(*this, v, name)) ||
@@ -492,6 +492,56 @@ LogicalResult TensorReduceOp::verify() {
   default:
     return emitOpError("reduction must be add, max, min or multiply");
   }
+}
+
+/// bn_stats and bn_aggr: float tiles of one partition count, `outputs` free
+/// elements per partition in the destination.
+static LogicalResult verifyStatistics(Operation *op, Value src, Value dst,
+                                      int64_t outputs) {
+  if (failed(verifyTile(op, src, "source")) ||
+      failed(verifyTile(op, dst, "destination")))
+    return failure();
+  MemRefType in = memrefType(src), out = memrefType(dst);
+  if (!isa<FloatType>(in.getElementType()) ||
+      !isa<FloatType>(out.getElementType()))
+    return op->emitOpError("source and destination must be float tiles");
+  if (in.getDimSize(0) != out.getDimSize(0))
+    return op->emitOpError("source and destination must have one partition "
+                           "count");
+  if (out.getNumElements() != out.getDimSize(0) * outputs)
+    return op->emitOpError("destination must have ")
+           << outputs << " elements per partition";
+  return success();
+}
+
+static int64_t freeElements(MemRefType type) {
+  return type.getNumElements() / std::max<int64_t>(1, type.getDimSize(0));
+}
+
+LogicalResult BnStatsOp::verify() {
+  if (failed(verifyStatistics(*this, getSrc(), getDst(), 6)))
+    return failure();
+  const auto *target = lookupTarget(*this);
+  if (!target)
+    return failure();
+  int64_t limit = target->value("bn_stats_max_free_elements");
+  int64_t n = freeElements(memrefType(getSrc()));
+  if (n < 1 || n > limit)
+    return emitOpError("source has ")
+           << n << " elements per partition; bn_stats takes 1 to " << limit;
+  return success();
+}
+
+LogicalResult BnAggrOp::verify() {
+  if (failed(verifyStatistics(*this, getSrc(), getDst(), 2)))
+    return failure();
+  int64_t n = freeElements(memrefType(getSrc()));
+  if (n < 3 || n % 3 != 0)
+    return emitOpError("source must hold (count, mean, count * variance) "
+                       "triples: a positive multiple of 3 elements per "
+                       "partition, not ")
+           << n;
+  return success();
 }
 
 LogicalResult SelectOp::verify() {
@@ -635,10 +685,17 @@ LogicalResult CollectiveOp::verify() {
                        "reduce_scatter, not ")
            << stringifyCollective(getKind());
   }
-  AluOp reduce = getReduce();
-  if (getKind() != Collective::all_gather && reduce != AluOp::add &&
-      reduce != AluOp::max && reduce != AluOp::min)
+  std::optional<AluOp> reduce = getOp();
+  if (getKind() == Collective::all_gather) {
+    if (reduce)
+      return emitOpError("all_gather reduces nothing; it takes no 'op'");
+    return success();
+  }
+  if (!reduce)
+    return emitOpError(stringifyCollective(getKind()))
+           << " needs its reduction 'op' (add, max or min)";
+  if (*reduce != AluOp::add && *reduce != AluOp::max && *reduce != AluOp::min)
     return emitOpError("reduces with add, max or min, not ")
-           << stringifyAluOp(reduce);
+           << stringifyAluOp(*reduce);
   return success();
 }

@@ -3,8 +3,8 @@
 // Every engine instruction implements InstructionOpInterface: its program
 // opcode, the queue that issues it, whether it is a DMA, and the memref
 // operands it writes (from the MemWrite effects its operands declare in
-// NisaOps.td). nisa-insert-sync and the program emitter ask it instead of
-// switching over the ops.
+// NisaOps.td), and its operands by name. nisa-insert-sync and the program
+// emitter ask it instead of switching over the ops.
 //
 //===----------------------------------------------------------------------===//
 
@@ -42,6 +42,25 @@ def Nisa_InstructionOpInterface : OpInterface<"InstructionOpInterface"> {
       "::llvm::SmallVector<::mlir::Value, 2>", "getWrittenOperands", (ins),
       [{}], [{
         return ::mlir::nisa::detail::writtenOperands($_op.getOperation());
+      }]>,
+    InterfaceMethod<
+      "The operands present, each with its ODS name, in operand order: the "
+      "program emitter writes a memref under the InstructionSet.def operand "
+      "of that name and an index operand as the attribute it is the source "
+      "of, so a new instruction needs no emitter code.",
+      "::llvm::SmallVector<std::pair<::llvm::StringRef, ::mlir::Value>, 4>",
+      "getNamedOperands", (ins), [{}], [{
+        ::llvm::SmallVector<std::pair<::llvm::StringRef, ::mlir::Value>, 4>
+            named;
+        unsigned index = 0; // ODS operand groups skip the attributes
+        for (::llvm::StringRef name : ConcreteOp::getArgumentNames()) {
+          if (::llvm::is_contained(ConcreteOp::getAttributeNames(), name))
+            continue;
+          for (::mlir::Value value : $_op.getODSOperands(index))
+            named.push_back({name, value});
+          ++index;
+        }
+        return named;
       }]>,
   ];
 }

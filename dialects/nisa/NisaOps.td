@@ -90,6 +90,17 @@ class Nisa_Op<string mnemonic, list<Trait> traits = []>
     : Op<Nisa_Dialect, mnemonic,
          !listconcat([Nisa_InstructionOpInterface], traits)> {
   let hasVerifier = 1;
+  // The names of its arguments in ODS order (operands and attributes), for
+  // InstructionOpInterface::getNamedOperands.
+  let extraClassDeclaration = [{
+    static ::llvm::ArrayRef<::llvm::StringLiteral> getArgumentNames() {
+      static constexpr ::llvm::StringLiteral names[] = {
+  }] # !interleave(!foreach(i, !range(!size(arguments)),
+                            "\"" # !getdagname(arguments, i) # "\""), ", ") # [{
+      };
+      return names;
+    }
+  }];
 }
 def Nisa_In : Arg<AnyMemRef, "read", [MemRead]>;
 def Nisa_Out : Arg<AnyMemRef, "written", [MemWrite]>;
@@ -144,17 +155,18 @@ def Nisa_ActivationOp : Nisa_Op<"activation", [AttrSizedOperandSegments]> {
   let description = [{
     `bias` is a [P, 1] column added to `bias_imm`. `scale_col`, a [P, 1] f32
     column, multiplies the `scale` attribute per partition (NKI's tensor
-    `scale`). `accumulate`, a [P, 1] f32 tile, receives for each partition
-    the sum over the free elements of the fp32 function results, before
-    they are rounded to dst's dtype (NKI's `reduce_op=add, reduce_res`); it
-    is overwritten, not added to, and costs nothing extra on ScalarE. The
-    instruction then writes two operands: dst and accumulate.
+    `scale`). `reduce_res` (written after the keyword `accumulate`), a
+    [P, 1] f32 tile, receives for each partition the sum over the free
+    elements of the fp32 function results, before they are rounded to dst's
+    dtype (NKI's `reduce_op=add, reduce_res`); it is overwritten, not added
+    to, and costs nothing extra on ScalarE. The instruction then writes two
+    operands: dst and reduce_res.
 
     Types follow the data types, in operand order: src, dst, then those of
-    bias, scale_col and accumulate that are present.
+    bias, scale_col and reduce_res that are present.
   }];
   let arguments = (ins Nisa_In:$src, Nisa_Out:$dst, Nisa_OptIn:$bias,
-                   Nisa_OptIn:$scale_col, Nisa_OptOut:$accumulate,
+                   Nisa_OptIn:$scale_col, Nisa_OptOut:$reduce_res,
                    Nisa_ActivationFnAttr:$func,
                    DefaultValuedAttr<F64Attr, "1.0">:$scale,
                    DefaultValuedAttr<F64Attr, "0.0">:$bias_imm);
@@ -163,9 +175,9 @@ def Nisa_ActivationOp : Nisa_Op<"activation", [AttrSizedOperandSegments]> {
   // ambiguous when an earlier one is absent.
   let assemblyFormat = [{
     $func $src `,` $dst (`bias` $bias^)? (`scale_col` $scale_col^)?
-    (`accumulate` $accumulate^)? attr-dict `:` type($src) `,` type($dst) ``
+    (`accumulate` $reduce_res^)? attr-dict `:` type($src) `,` type($dst) ``
     custom<OptionalTypes>(ref($bias), type($bias), ref($scale_col),
-                          type($scale_col), ref($accumulate), type($accumulate))
+                          type($scale_col), ref($reduce_res), type($reduce_res))
   }];
   // The signature before scale_col and accumulate existed, so lowerings that
   // use neither need not spell two null operands.
@@ -174,7 +186,7 @@ def Nisa_ActivationOp : Nisa_Op<"activation", [AttrSizedOperandSegments]> {
                    "ActivationFn":$func, "llvm::APFloat":$scale,
                    "llvm::APFloat":$bias_imm), [{
       build($_builder, $_state, src, dst, bias, /*scale_col=*/Value(),
-            /*accumulate=*/Value(), func, scale, bias_imm);
+            /*reduce_res=*/Value(), func, scale, bias_imm);
     }]>
   ];
 }
@@ -224,6 +236,30 @@ def Nisa_TensorReduceOp : Nisa_Op<"tensor_reduce"> {
   let assemblyFormat = [{
     $op $src `,` $dst attr-dict `:` type($src) `,` type($dst)
   }];
+}
+
+def Nisa_BnStatsOp : Nisa_Op<"bn_stats"> {
+  let summary = "VectorE: dst[p] = (count, mean, count * variance) of the even, then the odd free elements of src[p]";
+  let description = [{
+    NKI's `bn_stats`: one fp32 pass over at most the target's
+    `bn_stats_max_free_elements` (512) elements per partition, written as a
+    [P, 6] tile (f32 keeps the statistics exact; other float dtypes round
+    them). `bn_aggr` combines the results of several.
+  }];
+  let arguments = (ins Nisa_In:$src, Nisa_Out:$dst);
+  let assemblyFormat = "$src `,` $dst attr-dict `:` type($src) `,` type($dst)";
+}
+
+def Nisa_BnAggrOp : Nisa_Op<"bn_aggr"> {
+  let summary = "VectorE: dst[p] = (mean, variance) of the bn_stats triples in src[p]";
+  let description = [{
+    NKI's `bn_aggr`: src[p] holds (count, mean, count * variance) triples
+    (one or more `bn_stats` results side by side), combined in fp32 into
+    the mean and the population variance of all their elements, a [P, 2]
+    tile.
+  }];
+  let arguments = (ins Nisa_In:$src, Nisa_Out:$dst);
+  let assemblyFormat = "$src `,` $dst attr-dict `:` type($src) `,` type($dst)";
 }
 
 def Nisa_SelectOp : Nisa_Op<"select"> {
@@ -299,7 +335,7 @@ def Nisa_RandOp : Nisa_Op<"rand"> {
 def Nisa_CollectiveOp : Nisa_Op<"collective"> {
   let summary = "collective among the ranks of a process group, HBM to HBM";
   let description = [{
-    `kind` is all_reduce (dst = `reduce` over the ranks' src), all_gather
+    `kind` is all_reduce (dst = `op` over the ranks' src), all_gather
     (dst = the ranks' src one after another, in group order) or
     reduce_scatter (dst = this rank's slice of the reduction of the ranks'
     src). `group` names the process group the runtime resolves (torch's
@@ -307,10 +343,11 @@ def Nisa_CollectiveOp : Nisa_Op<"collective"> {
     size the result and place the ring on the instance for the cost model.
     Triggered from GpSimd's queue; like a DMA it completes asynchronously,
     so `nisa-insert-sync` makes readers of dst (and writers of src) wait
-    for it, and independent instructions overlap it.
+    for it, and independent instructions overlap it. `op` is there exactly
+    when the collective reduces (not for all_gather).
   }];
   let arguments = (ins Nisa_In:$src, Nisa_Out:$dst, Nisa_CollectiveAttr:$kind,
-                   DefaultValuedAttr<Nisa_AluOpAttr, "AluOp::add">:$reduce,
+                   OptionalAttr<Nisa_AluOpAttr>:$op,
                    StrAttr:$group, DenseI64ArrayAttr:$ranks);
   let assemblyFormat = [{
     $kind $src `,` $dst attr-dict `:` type($src) `,` type($dst)

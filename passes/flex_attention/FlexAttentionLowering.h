@@ -10,13 +10,12 @@
 #ifndef PASSES_FLEX_ATTENTION_FLEXATTENTIONLOWERING_H
 #define PASSES_FLEX_ATTENTION_FLEXATTENTIONLOWERING_H
 
+#include "dialects/neuron/FlexBlockClass.h"
 #include "passes/tile/KernelLowering.h"
 
 namespace mlir::neuron {
 
 namespace flex {
-
-enum class Kind : int8_t { masked = 0, partial = 1, full = 2 };
 
 /// One key tile of a query tile: keys [firstUnit * unit, + width), and the
 /// runs of its units (offset in the tile, count) that need mask_mod.

@@ -23,8 +23,12 @@ void KernelLowering::lowerCollective(CollectiveOp op) {
   Value in = flat(bufferOf(op.getInput()), tensorType(op.getInput()));
   Value out = flat(resultBuffer(op.getResult()), op.getType());
   auto kind = *nisa::symbolizeCollective(stringifyCollectiveKind(op.getKind()));
-  b.create<nisa::CollectiveOp>(in, out, kind, aluFor(op.getReduce()),
-                               op.getGroup(), op.getRanks());
+  // all_gather reduces nothing, so it carries no reduction.
+  nisa::AluOpAttr reduce;
+  if (kind != nisa::Collective::all_gather)
+    reduce = nisa::AluOpAttr::get(b.getContext(), aluFor(op.getReduce()));
+  b.create<nisa::CollectiveOp>(in, out, kind, reduce, op.getGroup(),
+                               op.getRanks());
 }
 
 namespace {

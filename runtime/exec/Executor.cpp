@@ -924,6 +924,8 @@ struct Executor::Impl {
   void execScalarTensorTensor(const CompiledInst &inst);
   void execTensorScalar(const CompiledInst &inst);
   void execTensorReduce(const CompiledInst &inst);
+  void execBnStats(const CompiledInst &inst);
+  void execBnAggr(const CompiledInst &inst);
   void execSelect(const CompiledInst &inst);
   void execIota(const CompiledInst &inst);
   void execMemset(const CompiledInst &inst);
@@ -1083,6 +1085,11 @@ void Executor::Impl::allocate(const Program &program) {
       grow(0, v[RoleSrc].numElements);
       grow(1, v[RoleSrc].rows);
       break;
+    case Opcode::BnStats:
+    case Opcode::BnAggr:
+      grow(0, v[RoleSrc].numElements);
+      grow(1, v[RoleDst].numElements);
+      break;
     case Opcode::Select:
       grow(0, v[RoleDst].numElements);
       grow(1, v[RoleDst].numElements);
@@ -1177,6 +1184,10 @@ void Executor::Impl::exec(const CompiledInst &inst) {
     return execTensorScalar(inst);
   case Opcode::TensorReduce:
     return execTensorReduce(inst);
+  case Opcode::BnStats:
+    return execBnStats(inst);
+  case Opcode::BnAggr:
+    return execBnAggr(inst);
   case Opcode::Select:
     return execSelect(inst);
   case Opcode::Iota:
@@ -1535,6 +1546,63 @@ void Executor::Impl::execTensorReduce(const CompiledInst &inst) {
     throw Error(inst.name + ": not a reduction");
   load(src, x);
   reduceRows(op, x, src.rows, src.cols, out);
+  store(inst.views[RoleDst], out);
+}
+
+// dst[p] = (count, mean, count * variance) of the even-indexed free
+// elements of src[p], then of the odd-indexed ones: NKI's bn_stats, in fp32
+// (the mean first, then the squared deviations from it, each summed in
+// element order).
+void Executor::Impl::execBnStats(const CompiledInst &inst) {
+  const CompiledView &src = inst.views[RoleSrc];
+  float *x = scratch[0].data(), *out = scratch[1].data();
+  load(src, x);
+  int64_t cols = src.cols;
+  for (int64_t r = 0; r < src.rows; ++r) {
+    const float *row = x + r * cols;
+    for (int64_t half = 0; half < 2; ++half) {
+      float *stats = out + r * 6 + half * 3;
+      int64_t count = (cols - half + 1) / 2;
+      float sum = 0.0f;
+      for (int64_t i = half; i < cols; i += 2)
+        sum += row[i];
+      float mean = count ? sum / static_cast<float>(count) : 0.0f;
+      float m2 = 0.0f;
+      for (int64_t i = half; i < cols; i += 2)
+        m2 += (row[i] - mean) * (row[i] - mean);
+      stats[0] = static_cast<float>(count);
+      stats[1] = mean;
+      stats[2] = m2;
+    }
+  }
+  store(inst.views[RoleDst], out);
+}
+
+// dst[p] = (mean, variance) of the elements whose (count, mean,
+// count * variance) triples src[p] holds: NKI's bn_aggr, combining the
+// triples in order by Chan's parallel formula in fp32. The variance is the
+// population one (divided by the count), as layer and batch norms use it.
+void Executor::Impl::execBnAggr(const CompiledInst &inst) {
+  const CompiledView &src = inst.views[RoleSrc];
+  float *x = scratch[0].data(), *out = scratch[1].data();
+  load(src, x);
+  int64_t cols = src.cols;
+  for (int64_t r = 0; r < src.rows; ++r) {
+    const float *row = x + r * cols;
+    float n = 0.0f, mean = 0.0f, m2 = 0.0f;
+    for (int64_t i = 0; i + 2 < cols; i += 3) {
+      float nb = row[i], meanB = row[i + 1], m2B = row[i + 2];
+      if (nb == 0.0f)
+        continue;
+      float total = n + nb;
+      float delta = meanB - mean;
+      mean += delta * (nb / total);
+      m2 += m2B + delta * delta * (n * nb / total);
+      n = total;
+    }
+    out[r * 2] = mean;
+    out[r * 2 + 1] = n > 0.0f ? m2 / n : 0.0f;
+  }
   store(inst.views[RoleDst], out);
 }
 

@@ -411,6 +411,9 @@ OpSpec makeOpSpec(Opcode op) {
     return {op, {"src", "dst", "alu_op"}, {"scalar", "imm", "reverse"}};
   case Opcode::TensorReduce:
     return {op, {"src", "dst", "alu_op"}, {}};
+  case Opcode::BnStats:
+  case Opcode::BnAggr:
+    return {op, {"src", "dst"}, {}};
   case Opcode::Select:
     return {op, {"pred", "on_true", "on_false", "dst"}, {}};
   case Opcode::Iota:
@@ -438,6 +441,90 @@ const OpSpec &opSpec(Opcode op) {
     return all;
   }();
   return specs.at(static_cast<size_t>(op));
+}
+
+// Attribute values by kind (InstructionSet.def's NEURON_ATTRIBUTE): one
+// reader and one writer per AttributeKind, chosen at compile time, so the
+// parser and the writer follow the table instead of naming attributes.
+template <AttributeKind K>
+using KindTag = std::integral_constant<AttributeKind, K>;
+using AK = AttributeKind;
+/// Reads an affine index: the parser's, which evaluates size expressions.
+using AffineReader =
+    std::function<AffineExpr(const json &, const std::string &)>;
+
+AluOp parseAluOpValue(const json &value, const std::string &where) {
+  std::string name = asString(value, where);
+  // PROGRAM_FORMAT.md spells the product reduction "mul".
+  std::optional<AluOp> op =
+      name == "mul" ? std::optional<AluOp>(AluOp::Multiply) : parseAluOp(name);
+  if (!op)
+    fail(where, "unknown ALU op '" + name + "'");
+  return *op;
+}
+
+void readAttribute(KindTag<AK::Bool>, bool &out, const json &value,
+                   const std::string &where, const AffineReader &affine) {
+  out = asBool(value, where);
+}
+void readAttribute(KindTag<AK::Number>, double &out, const json &value,
+                   const std::string &where, const AffineReader &affine) {
+  out = asNumber(value, where);
+}
+void readAttribute(KindTag<AK::Immediate>, std::optional<double> &out,
+                   const json &value, const std::string &where,
+                   const AffineReader &affine) {
+  out = asNumber(value, where);
+}
+void readAttribute(KindTag<AK::Int>, int64_t &out, const json &value,
+                   const std::string &where, const AffineReader &affine) {
+  out = asInt(value, where);
+}
+void readAttribute(KindTag<AK::Group>, int64_t &out, const json &value,
+                   const std::string &where, const AffineReader &affine) {
+  out = asInt(value, where);
+}
+void readAttribute(KindTag<AK::NumberList>, std::vector<double> &out,
+                   const json &value, const std::string &where,
+                   const AffineReader &affine) {
+  const json &array = asArray(value, where);
+  out.clear();
+  for (size_t i = 0; i < array.size(); ++i)
+    out.push_back(asNumber(array[i], where + "[" + std::to_string(i) + "]"));
+}
+void readAttribute(KindTag<AK::Affine>, std::optional<AffineExpr> &out,
+                   const json &value, const std::string &where,
+                   const AffineReader &affine) {
+  out = affine(value, where);
+}
+void readAttribute(KindTag<AK::ActFunc>, ActFunc &out, const json &value,
+                   const std::string &where, const AffineReader &affine) {
+  std::string name = asString(value, where);
+  std::optional<ActFunc> func = parseActFunc(name);
+  if (!func)
+    fail(where, "unknown activation function '" + name + "'");
+  out = *func;
+}
+void readAttribute(KindTag<AK::AluOp>, AluOp &out, const json &value,
+                   const std::string &where, const AffineReader &affine) {
+  out = parseAluOpValue(value, where);
+}
+void readAttribute(KindTag<AK::Collective>, Collective &out, const json &value,
+                   const std::string &where, const AffineReader &affine) {
+  std::string name = asString(value, where);
+  std::optional<Collective> kind = parseCollective(name);
+  if (!kind)
+    fail(where, "unknown collective '" + name + "'");
+  out = *kind;
+}
+void readAttribute(KindTag<AK::Dge>, bool &out, const json &value,
+                   const std::string &where, const AffineReader &affine) {
+  std::string mode = asString(value, where);
+  if (mode != "none" && mode != "hwdge")
+    fail(where, "must be \"none\" or \"hwdge\" (software DGE is a "
+                "dma_copy issued by gpsimd), got '" +
+                    mode + "'");
+  out = mode == "hwdge";
 }
 
 /// Removes the loops an instance of a size-generic program runs zero times
@@ -815,74 +902,21 @@ Instruction Parser::parseInstruction(const json &value,
              "must be a non-negative instruction index");
   }
 
+  AffineReader affine = [&](const json &item, const std::string &where) {
+    return parseAffine(item, where);
+  };
   for (auto it = value.begin(); it != value.end(); ++it) {
     const std::string &key = it.key();
     const json &item = it.value();
     std::string keyWhere = field(where, key.c_str());
     if (const OperandField *operand = findOperandField(key)) {
       inst.*(operand->member) = parseView(item, keyWhere);
-    } else if (key == "accumulate") {
-      inst.accumulate = asBool(item, keyWhere);
-    } else if (key == "dge") {
-      std::string mode = asString(item, keyWhere);
-      if (mode != "none" && mode != "hwdge")
-        fail(keyWhere, "must be \"none\" or \"hwdge\" (software DGE is a "
-                       "dma_copy issued by gpsimd), got '" +
-                           mode + "'");
-      inst.hwdge = mode == "hwdge";
-    } else if (key == "func") {
-      std::string name = asString(item, keyWhere);
-      std::optional<ActFunc> func = parseActFunc(name);
-      if (!func)
-        fail(keyWhere, "unknown activation function '" + name + "'");
-      inst.func = *func;
-    } else if (key == "scale") {
-      inst.scale = asNumber(item, keyWhere);
-    } else if (key == "bias_imm") {
-      inst.biasImm = asNumber(item, keyWhere);
-    } else if (key == "alu_op" || key == "alu_op0") {
-      std::string name = asString(item, keyWhere);
-      // PROGRAM_FORMAT.md spells the product reduction "mul".
-      std::optional<AluOp> aluOp = name == "mul"
-                                       ? std::optional<AluOp>(AluOp::Multiply)
-                                       : parseAluOp(name);
-      if (!aluOp)
-        fail(keyWhere, "unknown ALU op '" + name + "'");
-      inst.aluOp = *aluOp;
-    } else if (key == "alu_op1") {
-      std::string name = asString(item, keyWhere);
-      std::optional<AluOp> aluOp = parseAluOp(name);
-      if (!aluOp)
-        fail(keyWhere, "unknown ALU op '" + name + "'");
-      inst.aluOp1 = *aluOp;
-    } else if (key == "imm") {
-      inst.imm = asNumber(item, keyWhere);
-    } else if (key == "reverse") {
-      inst.reverse = asBool(item, keyWhere);
-    } else if (key == "base") {
-      inst.base = asNumber(item, keyWhere);
-    } else if (key == "offset") {
-      inst.offset = parseAffine(item, keyWhere);
-    } else if (key == "channel_multiplier") {
-      inst.channelMultiplier = asNumber(item, keyWhere);
-    } else if (key == "multipliers") {
-      const json &array = asArray(item, keyWhere);
-      for (size_t i = 0; i < array.size(); ++i)
-        inst.multipliers.push_back(
-            asNumber(array[i], keyWhere + "[" + std::to_string(i) + "]"));
-    } else if (key == "value") {
-      inst.value = asNumber(item, keyWhere);
-    } else if (key == "stream") {
-      inst.stream = asInt(item, keyWhere);
-    } else if (key == "kind") {
-      std::string name = asString(item, keyWhere);
-      std::optional<Collective> kind = parseCollective(name);
-      if (!kind)
-        fail(keyWhere, "unknown collective '" + name + "'");
-      inst.collective = *kind;
-    } else if (key == "group") {
-      inst.group = asInt(item, keyWhere);
+      continue;
     }
+#define NEURON_ATTRIBUTE(Member, Spelling, Kind, Source)                       \
+  if (key == Spelling)                                                         \
+    readAttribute(KindTag<AK::Kind>(), inst.Member, item, keyWhere, affine);
+#include "runtime/program/InstructionSet.def"
   }
   return inst;
 }
@@ -984,6 +1018,8 @@ private:
   void verifyNodes(const std::vector<Node> &nodes, const std::string &where);
   void verifyInstruction(const Instruction &inst, const std::string &where);
   void verifyCollective(const Instruction &inst,
+                        const std::map<std::string, const Buffer *> &buffers);
+  void verifyStatistics(const Instruction &inst,
                         const std::map<std::string, const Buffer *> &buffers);
   const Buffer &verifyView(const View &view, const std::string &where);
   void verifyIotaOffset(const Instruction &inst, const AffineExpr &offset);
@@ -1494,6 +1530,10 @@ void Verifier::verifyInstruction(const Instruction &inst,
                          "' is not a reduction (add, max, min, multiply)");
     perPartition("dst", *inst.src);
     break;
+  case Opcode::BnStats:
+  case Opcode::BnAggr:
+    verifyStatistics(inst, buffers);
+    break;
   case Opcode::Select:
     sameShape("pred", "dst");
     sameShape("on_true", "dst");
@@ -1528,6 +1568,42 @@ void Verifier::verifyInstruction(const Instruction &inst,
   case Opcode::Collective:
     verifyCollective(inst, buffers);
     break;
+  }
+}
+
+// bn_stats: [P, F] -> [P, 6], 1 <= F <= bn_stats_max_free_elements;
+// bn_aggr: [P, 3k] (count, mean, count * variance) triples -> [P, 2].
+void Verifier::verifyStatistics(
+    const Instruction &inst,
+    const std::map<std::string, const Buffer *> &buffers) {
+  const View &src = *inst.src, &dst = *inst.dst;
+  for (const char *fieldName : {"src", "dst"})
+    if (!isFloatDType(buffers.at(fieldName)->dtype))
+      failInst(inst, std::string("'") + fieldName +
+                         "' must be f32, bf16 or f16, got " +
+                         dtypeName(buffers.at(fieldName)->dtype));
+  if (src.shape.empty() || dst.shape.empty() || src.shape[0] != dst.shape[0])
+    failInst(inst, "'src' " + shapeString(src.shape) + " and 'dst' " +
+                       shapeString(dst.shape) +
+                       " must have one partition count");
+  int64_t in = product(src.shape, 1), out = product(dst.shape, 1);
+  bool stats = inst.op == Opcode::BnStats;
+  int64_t expected = stats ? 6 : 2;
+  if (out != expected)
+    failInst(inst, "'dst' must have " + std::to_string(expected) +
+                       " free elements per partition, got " +
+                       std::to_string(out));
+  if (stats) {
+    auto limit =
+        static_cast<int64_t>(target.value("bn_stats_max_free_elements"));
+    if (in < 1 || in > limit)
+      failInst(inst, "'src' has " + std::to_string(in) +
+                         " free elements per partition; bn_stats takes 1 to " +
+                         std::to_string(limit));
+  } else if (in < 3 || in % 3 != 0) {
+    failInst(inst, "'src' must hold (count, mean, count * variance) "
+                   "triples: a positive multiple of 3 free elements, got " +
+                       std::to_string(in));
   }
 }
 
@@ -1621,6 +1697,49 @@ json viewJson(const View &view) {
               {"strides", view.strides}};
 }
 
+// Attribute values as written; std::nullopt leaves the field out (an unset
+// optional value, the default DGE mode).
+std::optional<json> attributeJson(KindTag<AK::Bool>, bool value) {
+  return json(value);
+}
+std::optional<json> attributeJson(KindTag<AK::Number>, double value) {
+  return numberJson(value);
+}
+std::optional<json> attributeJson(KindTag<AK::Immediate>,
+                                  const std::optional<double> &value) {
+  return value ? std::optional<json>(numberJson(*value)) : std::nullopt;
+}
+std::optional<json> attributeJson(KindTag<AK::Int>, int64_t value) {
+  return json(value);
+}
+std::optional<json> attributeJson(KindTag<AK::Group>, int64_t value) {
+  return json(value);
+}
+std::optional<json> attributeJson(KindTag<AK::NumberList>,
+                                  const std::vector<double> &values) {
+  json list = json::array();
+  for (double v : values)
+    list.push_back(numberJson(v));
+  return list;
+}
+std::optional<json> attributeJson(KindTag<AK::Affine>,
+                                  const std::optional<AffineExpr> &value) {
+  return value ? std::optional<json>(affineJson(*value)) : std::nullopt;
+}
+std::optional<json> attributeJson(KindTag<AK::ActFunc>, ActFunc value) {
+  return json(actFuncName(value));
+}
+std::optional<json> attributeJson(KindTag<AK::AluOp>, AluOp value) {
+  return json(aluOpName(value));
+}
+std::optional<json> attributeJson(KindTag<AK::Collective>, Collective value) {
+  return json(collectiveName(value));
+}
+std::optional<json> attributeJson(KindTag<AK::Dge>, bool hwdge) {
+  // Absent means "none": older programs read back (and hash) unchanged.
+  return hwdge ? std::optional<json>("hwdge") : std::nullopt;
+}
+
 json instructionJson(const Instruction &inst) {
   json out;
   out["op"] = opcodeName(inst.op);
@@ -1631,64 +1750,17 @@ json instructionJson(const Instruction &inst) {
     out["waits"] = inst.waits;
   for (const auto &[fieldName, view] : inst.operands())
     out[fieldName] = viewJson(*view);
-  switch (inst.op) {
-  case Opcode::Matmul:
-    out["accumulate"] = inst.accumulate;
-    break;
-  case Opcode::Activation:
-    out["func"] = actFuncName(inst.func);
-    out["scale"] = numberJson(inst.scale);
-    out["bias_imm"] = numberJson(inst.biasImm);
-    break;
-  case Opcode::TensorTensor:
-  case Opcode::TensorReduce:
-    out["alu_op"] = aluOpName(inst.aluOp);
-    break;
-  case Opcode::ScalarTensorTensor:
-    out["alu_op0"] = aluOpName(inst.aluOp);
-    out["alu_op1"] = aluOpName(inst.aluOp1);
-    if (inst.imm)
-      out["imm"] = numberJson(*inst.imm);
-    break;
-  case Opcode::TensorScalar:
-    out["alu_op"] = aluOpName(inst.aluOp);
-    if (inst.imm)
-      out["imm"] = numberJson(*inst.imm);
-    out["reverse"] = inst.reverse;
-    break;
-  case Opcode::Rand:
-  case Opcode::Iota: {
-    if (inst.op == Opcode::Iota)
-      out["base"] = numberJson(inst.base);
-    else
-      out["stream"] = inst.stream;
-    if (inst.offset)
-      out["offset"] = affineJson(*inst.offset);
-    out["channel_multiplier"] = numberJson(inst.channelMultiplier);
-    json multipliers = json::array();
-    for (double m : inst.multipliers)
-      multipliers.push_back(numberJson(m));
-    out["multipliers"] = multipliers;
-    break;
-  }
-  case Opcode::Memset:
-    out["value"] = numberJson(inst.value);
-    break;
-  case Opcode::Collective:
-    out["kind"] = collectiveName(inst.collective);
-    out["group"] = inst.group;
-    if (inst.collective != Collective::AllGather)
-      out["alu_op"] = aluOpName(inst.aluOp);
-    break;
-  case Opcode::DmaCopy:
-    if (inst.hwdge) // absent means "none": older programs read back unchanged
-      out["dge"] = "hwdge";
-    break;
-  case Opcode::DmaGather:
-  case Opcode::Select:
-  case Opcode::Copy:
-    break; // operands only
-  }
+  // Every attribute the op's spec lists, by the table.
+  const OpSpec &spec = opSpec(inst.op);
+  auto takes = [&](const char *name) {
+    return spec.required.count(name) || spec.optional.count(name);
+  };
+#define NEURON_ATTRIBUTE(Member, Spelling, Kind, Source)                       \
+  if (takes(Spelling))                                                         \
+    if (std::optional<json> value =                                            \
+            attributeJson(KindTag<AK::Kind>(), inst.Member))                   \
+      out[Spelling] = std::move(*value);
+#include "runtime/program/InstructionSet.def"
   return out;
 }
 

@@ -276,6 +276,37 @@ inline constexpr OperandField kOperandFields[] = {
 #include "runtime/program/InstructionSet.def"
 };
 
+/// How an attribute's value is written in a program (InstructionSet.def).
+enum class AttributeKind {
+  Bool,       // true or false
+  Number,     // a number (JSON's non-finite values as {"float": "inf"})
+  Immediate,  // a number that stands in for the `scalar` operand: written
+              // only by instructions without one
+  Int,        // an integer
+  NumberList, // a list of numbers
+  Affine,     // an index affine in the loop ivs, like a view's offset
+  ActFunc,    // an activation function's name
+  AluOp,      // an ALU operation's name
+  Collective, // a collective's name
+  Dge,        // "none" (left out) or "hwdge"
+  Group,      // an index into Program::groups
+};
+
+/// An attribute field of instructions (InstructionSet.def).
+struct AttributeField {
+  const char *name;
+  AttributeKind kind;
+  /// The `nisa` op attribute (or index operand) the emitter reads; "" when
+  /// the compiler never writes the field.
+  const char *source;
+};
+/// Every attribute field, in table order.
+inline constexpr AttributeField kAttributeFields[] = {
+#define NEURON_ATTRIBUTE(Member, Spelling, Kind, Source)                       \
+  {Spelling, AttributeKind::Kind, Source},
+#include "runtime/program/InstructionSet.def"
+};
+
 /// A size parameter of a size-generic program ("params"): the integers of
 /// loop counts, views and HBM buffer shapes may be expressions over these
 /// (SizeExpr.h), given values when the program is parsed.

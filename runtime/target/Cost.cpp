@@ -47,6 +47,7 @@ CostModel::CostModel(const Target &t) : target_(&t) {
   matmulCompletionCycles_ = nonNegative("matmul_completion_fixed_cycles");
 
   minIICycles_ = nonNegative("engine_min_ii_cycles");
+  bnAggrCyclesPerTriple_ = positive("vector_bn_aggr_cycles_per_triple");
   dependentOverheadCycles_[int(Engine::Vector)] =
       nonNegative("vector_dependent_overhead_cycles");
   // [Dv] a dependent 1-element ScalarE chain issues every
@@ -110,6 +111,11 @@ double CostModel::computeCycles(Opcode op, Engine engine,
       speedup = scalarPerfSpeedup_;
   }
   double streamCycles = passes * s.elements / speedup;
+  // [D S23] bn_aggr: 13 cycles per (count, mean, count * variance) triple
+  // it combines. bn_stats streams its source once in fp32 [E: like
+  // tensor_reduce; no 16-bit perf mode, as it computes in fp32 S11].
+  if (op == Opcode::BnAggr)
+    streamCycles = bnAggrCyclesPerTriple_ * s.elements / 3;
   // [D S5] an innermost stride past stride_penalty_bytes halves the port.
   if (s.widestStrideBytes > stridePenaltyBytes_)
     streamCycles *= stridePenaltyFactor_;

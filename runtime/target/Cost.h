@@ -27,7 +27,7 @@ inline constexpr int kNumEngines = 0
 /// engine: how much it streams and from where.
 struct ComputeShape {
   /// Elements per partition of each streamed input: the destination's free
-  /// elements (the source's for tensor_reduce).
+  /// elements (the source's for tensor_reduce, bn_stats and bn_aggr).
   double elements = 1;
   /// Inputs read element by element; [P, 1] scalar, bias and scale operands
   /// are per-partition registers and do not count.
@@ -107,6 +107,7 @@ private:
 
   double minIICycles_ = 0;
   double dependentOverheadCycles_[kNumEngines] = {};
+  double bnAggrCyclesPerTriple_ = 0;
   double vectorPerfSpeedup_ = 0;
   double vectorPerfStridedSpeedup_ = 0;
   double scalarPerfSpeedup_ = 0;

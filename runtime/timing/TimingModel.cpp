@@ -720,6 +720,8 @@ private:
     case Opcode::ScalarTensorTensor:
     case Opcode::TensorScalar:
     case Opcode::TensorReduce:
+    case Opcode::BnStats:
+    case Opcode::BnAggr:
     case Opcode::Select:
     case Opcode::Iota:
     case Opcode::Memset:
@@ -768,6 +770,8 @@ private:
     case Opcode::Activation: // scale_col, bias, reduce_res: registers (free)
     case Opcode::TensorScalar:
     case Opcode::TensorReduce:
+    case Opcode::BnStats:
+    case Opcode::BnAggr:
     case Opcode::Copy:
       streamed = {&*inst.src};
       break;
@@ -782,8 +786,11 @@ private:
       break; // costed by costDma and costMatmul
     }
     ComputeShape shape;
-    shape.elements = static_cast<double>(freeElements(
-        inst.op == Opcode::TensorReduce ? inst.src->shape : dst.shape));
+    // Reductions stream their source; their destination is a few columns.
+    bool reduces = inst.op == Opcode::TensorReduce ||
+                   inst.op == Opcode::BnStats || inst.op == Opcode::BnAggr;
+    shape.elements = static_cast<double>(
+        freeElements(reduces ? inst.src->shape : dst.shape));
     shape.streamed = static_cast<int>(streamed.size());
     shape.all16Bit = is16Bit(bufferOf(dst).dtype);
     shape.contiguous = innermostStride(dst) == 1;

@@ -56,6 +56,23 @@ TEST_CASE("compute instructions stream their inputs, at least MIN_II",
                        shape(1200, 1, false)) == 1200 / t.scalarClockGHz);
 }
 
+TEST_CASE("bn_stats streams its source, bn_aggr costs 13 cycles a triple",
+          "[cost]") {
+  for (const char *name : {"trn2", "trn3"}) {
+    const Target &t = getTarget(name);
+    CostModel cost(t);
+    // One fp32 pass over 512 elements, 16-bit or not.
+    CHECK(cost.computeCycles(Opcode::BnStats, Engine::Vector,
+                             shape(512, 1, true)) == 512);
+    // [S23] max(MIN_II, 13 * N / 3): 8 bn_stats results (48 elements).
+    CHECK(cost.computeCycles(Opcode::BnAggr, Engine::Vector,
+                             shape(48, 1, false)) == 13 * 16);
+    CHECK(cost.computeCycles(Opcode::BnAggr, Engine::Vector,
+                             shape(6, 1, false)) ==
+          t.value("engine_min_ii_cycles"));
+  }
+}
+
 TEST_CASE("16-bit perf modes follow the target", "[cost]") {
   for (const char *name : {"trn2", "trn3"}) {
     const Target &t = getTarget(name);

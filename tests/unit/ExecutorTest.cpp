@@ -973,6 +973,70 @@ TEST_CASE("scalar_tensor_tensor keeps its intermediate in fp32",
   CHECK(rounded.at(0) == 1 + 2 * static_cast<float>(eps));
 }
 
+TEST_CASE("bn_stats and bn_aggr give each row's mean and variance",
+          "[exec][reduce]") {
+  // 3 rows of 7: bn_stats of the whole row (4 even, 3 odd elements) and of
+  // its first 2 (1 and 1) side by side; bn_aggr of the first triple alone
+  // ([3, 3] view) and of all four.
+  std::vector<double> values;
+  for (int i = 0; i < 21; ++i)
+    values.push_back(std::sin(i * 1.7) * 3 + i % 4 + 100);
+  Tensor in = Tensor::of(DType::F32, {3, 7}, values);
+  Tensor stats = Tensor::zeros(DType::F32, {3, 12});
+  Tensor first = Tensor::zeros(DType::F32, {3, 2});
+  Tensor all = Tensor::zeros(DType::F32, {3, 2});
+  std::string body =
+      R"({"op": "bn_stats", "engine": "vector", "src": )" + full(100, {3, 7}) +
+      R"(, "dst": )" + view(200, "[3, 6]", "[12, 1]") +
+      R"(}, {"op": "bn_stats", "engine": "vector", "src": )" +
+      view(100, "[3, 2]", "[7, 1]") + R"(, "dst": )" +
+      view(200, "[3, 6]", "[12, 1]", 6) +
+      R"(}, {"op": "bn_aggr", "engine": "vector", "src": )" +
+      view(200, "[3, 3]", "[12, 1]") + R"(, "dst": )" + full(201, {3, 2}) +
+      R"(}, {"op": "bn_aggr", "engine": "vector", "src": )" +
+      full(200, {3, 12}) + R"(, "dst": )" + full(202, {3, 2}) + "}";
+  run(tileProgram({{"f32", {3, 7}}},
+                  {{"f32", {3, 12}}, {"f32", {3, 2}}, {"f32", {3, 2}}}, body),
+      {&in}, {&stats, &first, &all});
+  auto moments = [](const std::vector<double> &x) {
+    double mean = 0, m2 = 0;
+    for (double v : x)
+      mean += v / static_cast<double>(x.size());
+    for (double v : x)
+      m2 += (v - mean) * (v - mean);
+    return std::pair{mean, m2};
+  };
+  for (int p = 0; p < 3; ++p) {
+    INFO("partition " << p);
+    std::vector<double> row, even, odd;
+    for (int f = 0; f < 7; ++f) {
+      row.push_back(in.at(p * 7 + f));
+      (f % 2 ? odd : even).push_back(row.back());
+    }
+    auto [evenMean, evenM2] = moments(even);
+    auto [oddMean, oddM2] = moments(odd);
+    CHECK(stats.at(p * 12 + 0) == 4);
+    CHECK(close(stats.at(p * 12 + 1), evenMean, 1e-6));
+    CHECK(close(stats.at(p * 12 + 2), evenM2, 1e-4));
+    CHECK(stats.at(p * 12 + 3) == 3);
+    CHECK(close(stats.at(p * 12 + 4), oddMean, 1e-6));
+    CHECK(close(stats.at(p * 12 + 5), oddM2, 1e-4));
+    // The 2-element chunk: one element per half, no deviation.
+    CHECK(stats.at(p * 12 + 6) == 1);
+    CHECK(stats.at(p * 12 + 7) == static_cast<float>(row[0]));
+    CHECK(stats.at(p * 12 + 8) == 0);
+    CHECK(close(first.at(p * 2), evenMean, 1e-6));
+    CHECK(close(first.at(p * 2 + 1), evenM2 / 4, 1e-4));
+    // All four triples: the row counted with its first two elements twice.
+    std::vector<double> twice = row;
+    twice.push_back(row[0]);
+    twice.push_back(row[1]);
+    auto [mean, m2] = moments(twice);
+    CHECK(close(all.at(p * 2), mean, 1e-6));
+    CHECK(close(all.at(p * 2 + 1), m2 / 9, 1e-4));
+  }
+}
+
 TEST_CASE("tensor_reduce over all free elements", "[exec][reduce]") {
   // src is [3, 2, 4] per partition; a second view reads every other element.
   std::vector<double> values;

@@ -178,6 +178,14 @@ inline std::string sampleProgram(neuron::runtime::Opcode op,
   case Opcode::TensorReduce:
     fields = R"("alu_op": "add", "src": )" + full(1) + R"(, "dst": )" + column;
     break;
+  case Opcode::BnStats:
+    fields = R"("src": )" + full(1) + R"(, "dst": )" +
+             view(3, "[128, 6]", "[64, 1]");
+    break;
+  case Opcode::BnAggr:
+    fields = R"("src": )" + view(1, "[128, 6]", "[64, 1]") + R"(, "dst": )" +
+             view(3, "[128, 2]", "[64, 1]");
+    break;
   case Opcode::Select:
     fields = R"("pred": )" + full(1) + R"(, "on_true": )" + full(2) +
              R"(, "on_false": )" + full(2) + R"(, "dst": )" + full(3);

@@ -31,6 +31,8 @@ _WRITTEN = {
     "activation": 1,
     "matmul": 2,
     "tensor_reduce": 1,
+    "bn_stats": 1,
+    "bn_aggr": 1,
     "memset": 0,
     "iota": 0,
 }

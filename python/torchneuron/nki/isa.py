@@ -417,16 +417,13 @@ def bn_stats(*args: Any, **kwargs: Any) -> Any:
     """Mean and variance statistics of each partition's elements (VectorE's ``bn_stats``):
     a [P, 6] fp32 tile of (count, mean, count * variance) over the even-indexed elements, then
     over the odd-indexed ones, which ``bn_aggr`` combines. ``bn_stats(data)`` or
-    ``bn_stats(dst, data)``. The engine model has no such instruction: it runs as two ScalarE
-    passes per half (a sum, then the squared deviations summed on the fly) and a few [P, 1]
-    VectorE ops, so its modeled time is that of those."""
+    ``bn_stats(dst, data)``; at most ``nl.tile_size.bn_stats_fmax`` elements per partition."""
     dst, rest = _split_dst(args, kwargs, len([a for a in args if _is_tile(a)]) == 2)
     data = nl._on_chip(_arg(kwargs, "data", rest), "nisa.bn_stats's data")
     kwargs.pop("dtype", None)
     if data.ndim != 2:
         raise error(f"nisa.bn_stats takes a 2-D [P, F] tile, got {list(data.shape)}")
-    p = data.shape[0]
-    out = nl._new((p, 6), _ir.FLOAT32)
+    out = nl._new((data.shape[0], 6), _ir.FLOAT32)
     with _unmasked(data) as view:
         if view is None:
             return None
@@ -436,49 +433,7 @@ def bn_stats(*args: Any, **kwargs: Any) -> Any:
                 f"nisa.bn_stats: {n} free elements, more than "
                 f"nl.tile_size.bn_stats_fmax ({nl.tile_size.bn_stats_fmax})"
             )
-        scratch = nl._new((p, (n + 1) // 2), _ir.FLOAT32)
-        neg_mean = nl._new((p, 1), _ir.FLOAT32)
-        for half, count in ((0, (n + 1) // 2), (1, n // 2)):
-            col = [_sub(out.view, 3 * half + i, 1, 1) for i in range(3)]
-            _emit("memset", [("", col[0])], 0, attrs={"value": nl._f64(count)})
-            if count == 0:
-                _emit(
-                    "memset",
-                    [("", _sub(out.view, 3 * half + 1, 2, 1))],
-                    0,
-                    attrs={"value": nl._f64(0.0)},
-                )
-                continue
-            elems = _sub(view, half, count, 2)
-            work = _sub(scratch.view, 0, count, 1)
-            # sum(x) on the fly, then mean = sum / count and -mean for the bias
-            _emit(
-                "activation",
-                [("", elems), ("", work), ("accumulate", col[1])],
-                1,
-                prefix="identity ",
-            )
-            _emit(
-                "tensor_scalar",
-                [("", col[1]), ("", neg_mean.view)],
-                1,
-                prefix="multiply ",
-                attrs={"imm": nl._f64(-1.0 / count)},
-            )
-            _emit(
-                "tensor_scalar",
-                [("", neg_mean.view), ("", col[1])],
-                1,
-                prefix="multiply ",
-                attrs={"imm": nl._f64(-1.0)},
-            )
-            # sum((x - mean)^2): count * variance
-            _emit(
-                "activation",
-                [("", elems), ("", work), ("bias", neg_mean.view), ("accumulate", col[2])],
-                1,
-                prefix="square ",
-            )
+        _emit("bn_stats", [("", view), ("", out.view)], 1)
     if dst is None:
         return out
     _write(dst, out, "bn_stats")
@@ -487,41 +442,18 @@ def bn_stats(*args: Any, **kwargs: Any) -> Any:
 
 @_maskable
 def bn_aggr(*args: Any, **kwargs: Any) -> Any:
-    """Combine ``bn_stats`` results ([P, 6k]: k of them side by side) into a [P, 2] tile of
-    (mean, variance) per partition, on VectorE (a few instructions on the stats columns:
-    Chan's parallel-variance formula)."""
+    """Combine ``bn_stats`` results ([P, 6k]: k of them side by side) into a [P, 2] fp32 tile
+    of (mean, variance) per partition (VectorE's ``bn_aggr``)."""
     dst, rest = _split_dst(args, kwargs, len([a for a in args if _is_tile(a)]) == 2)
     data = nl._on_chip(_arg(kwargs, "data", rest), "nisa.bn_aggr's data")
     kwargs.pop("dtype", None)
     if data.ndim != 2 or data.shape[1] % 3:
         raise error(f"nisa.bn_aggr takes [P, 6k] bn_stats results, got {list(data.shape)}")
-    p = data.shape[0]
-    out = nl._new((p, 2), _ir.FLOAT32)
+    out = nl._new((data.shape[0], 2), _ir.FLOAT32)
     with _unmasked(data) as view:
         if view is None:
             return None
-        g = view.shape[1] // 3
-        counts, means, m2s = (_sub(view, i, g, 3) for i in range(3))
-        f32 = _ir.FLOAT32
-
-        def tile(cols: int) -> View:
-            return nl._new((p, cols), f32).view
-
-        total, weighted, t = tile(1), tile(g), tile(1)
-        _emit("tensor_reduce", [("", counts), ("", total)], 1, prefix="add ")
-        _emit("tensor_tensor", [("", counts), ("", means), ("", weighted)], 2, prefix="multiply ")
-        _emit("tensor_reduce", [("", weighted), ("", t)], 1, prefix="add ")
-        mean, var = _sub(out.view, 0, 1, 1), _sub(out.view, 1, 1, 1)
-        _emit("tensor_tensor", [("", t), ("", total), ("", mean)], 2, prefix="divide ")
-        # M2 = sum(m2_i) + sum(n_i * (mean_i - mean)^2); variance = M2 / n
-        dev, m2 = tile(g), tile(1)
-        _emit("tensor_scalar", [("", means), ("", dev), ("scalar", mean)], 1, prefix="subtract ")
-        _emit("tensor_tensor", [("", dev), ("", dev), ("", dev)], 2, prefix="multiply ")
-        _emit("tensor_tensor", [("", dev), ("", counts), ("", dev)], 2, prefix="multiply ")
-        _emit("tensor_reduce", [("", dev), ("", t)], 1, prefix="add ")
-        _emit("tensor_reduce", [("", m2s), ("", m2)], 1, prefix="add ")
-        _emit("tensor_tensor", [("", m2), ("", t), ("", m2)], 2, prefix="add ")
-        _emit("tensor_tensor", [("", m2), ("", total), ("", var)], 2, prefix="divide ")
+        _emit("bn_aggr", [("", view), ("", out.view)], 1)
     if dst is None:
         return out
     _write(dst, out, "bn_aggr")

@@ -4,7 +4,7 @@
 // all_gather and reduce_scatter on dim 0; a max reduction.
 // CHECK-LABEL: func.func @gather_scatter
 // CHECK: nisa.collective all_gather {{.*}} : memref<4x8xbf16, {{.*}}>, memref<8x8xbf16, {{.*}}>
-// CHECK: nisa.collective reduce_scatter {{.*}}reduce = #nisa<alu max>{{.*}} : memref<8x8xbf16, {{.*}}>, memref<4x8xbf16, {{.*}}>
+// CHECK: nisa.collective reduce_scatter {{.*}}op = #nisa<alu max>{{.*}} : memref<8x8xbf16, {{.*}}>, memref<4x8xbf16, {{.*}}>
 func.func @gather_scatter(%x: tensor<4x8xbf16>) -> tensor<4x8xbf16> {
   %g = neuron.collective all_gather %x {group = "1", ranks = array<i64: 2, 3>} : tensor<4x8xbf16> -> tensor<8x8xbf16>
   %s = neuron.collective reduce_scatter %g {group = "1", ranks = array<i64: 2, 3>, reduce = #neuron<reduce_fn max>} : tensor<8x8xbf16> -> tensor<4x8xbf16>

@@ -66,6 +66,22 @@ func.func @kind(%a: memref<4x8xf32>, %b: memref<4x8xf32>) {
 
 func.func @reduction(%a: memref<4x8xf32>, %b: memref<4x8xf32>) {
   // expected-error @+1 {{reduces with add, max or min, not multiply}}
-  nisa.collective all_reduce %a, %b {group = "0", ranks = array<i64: 0, 1>, reduce = #nisa<alu multiply>} : memref<4x8xf32>, memref<4x8xf32>
+  nisa.collective all_reduce %a, %b {group = "0", op = #nisa<alu multiply>, ranks = array<i64: 0, 1>} : memref<4x8xf32>, memref<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @gather_reduces(%a: memref<4x8xf32>, %b: memref<8x8xf32>) {
+  // expected-error @+1 {{all_gather reduces nothing; it takes no 'op'}}
+  nisa.collective all_gather %a, %b {group = "0", op = #nisa<alu add>, ranks = array<i64: 0, 1>} : memref<4x8xf32>, memref<8x8xf32>
+  return
+}
+
+// -----
+
+func.func @reduction_missing(%a: memref<4x8xf32>, %b: memref<4x8xf32>) {
+  // expected-error @+1 {{all_reduce needs its reduction 'op' (add, max or min)}}
+  nisa.collective all_reduce %a, %b {group = "0", ranks = array<i64: 0, 1>} : memref<4x8xf32>, memref<4x8xf32>
   return
 }

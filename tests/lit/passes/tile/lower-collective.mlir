@@ -6,7 +6,7 @@
 // instruction from the first product's HBM buffer to the reduced one.
 // CHECK-LABEL: func.func @tp
 // CHECK: nisa.matmul
-// CHECK: nisa.collective all_reduce %{{.*}}, %{{.*}} {group = "0", ranks = array<i64: 0, 1>} : memref<64x64xf32, strided<[64, 1], offset: ?>>, memref<64x64xf32, strided<[64, 1], offset: ?>>
+// CHECK: nisa.collective all_reduce %{{.*}}, %{{.*}} {group = "0", op = #nisa<alu add>, ranks = array<i64: 0, 1>} : memref<64x64xf32, strided<[64, 1], offset: ?>>, memref<64x64xf32, strided<[64, 1], offset: ?>>
 // CHECK: nisa.matmul
 
 // The collective waits for the store of its input; the second matmul does
