@@ -10,8 +10,24 @@ using namespace mlir::neuron;
 
 namespace {
 
+/// A dynamic dim's stand-in (issue #16): the plan compares element counts,
+/// and the group's dynamic values share their row count (Dynamo guarded
+/// their sizes equal), so any large value no static count meets will do.
+constexpr int64_t kDynamicStandIn = 1000003;
+
+int64_t dimSize(RankedTensorType t, int64_t d) {
+  return t.isDynamicDim(d) ? kDynamicStandIn : t.getDimSize(d);
+}
+
+int64_t numElements(RankedTensorType t) {
+  int64_t n = 1;
+  for (int64_t d = 0; d < t.getRank(); ++d)
+    n *= dimSize(t, d);
+  return n;
+}
+
 int64_t numElements(Value v) {
-  return cast<RankedTensorType>(v.getType()).getNumElements();
+  return numElements(cast<RankedTensorType>(v.getType()));
 }
 
 /// What a broadcast does to the [rows, cols] picture.
@@ -23,16 +39,16 @@ struct BroadcastShape {
 std::optional<BroadcastShape> classify(BroadcastOp op) {
   auto in = cast<RankedTensorType>(op.getInput().getType());
   auto out = op.getType();
-  if (in.getNumElements() == out.getNumElements())
+  if (numElements(in) == numElements(out))
     return BroadcastShape{BroadcastShape::Same};
-  if (in.getNumElements() == 1)
+  if (numElements(in) == 1)
     return BroadcastShape{BroadcastShape::Scalar};
   int64_t rank = out.getRank(), shift = rank - in.getRank();
   SmallVector<bool> expanded(rank);
   int64_t first = rank, last = -1;
   for (int64_t i = 0; i < rank; ++i) {
-    int64_t inDim = i < shift ? 1 : in.getDimSize(i - shift);
-    expanded[i] = inDim == 1 && out.getDimSize(i) != 1;
+    int64_t inDim = i < shift ? 1 : dimSize(in, i - shift);
+    expanded[i] = inDim == 1 && dimSize(out, i) != 1;
     if (expanded[i]) {
       first = std::min(first, i);
       last = i;
@@ -41,12 +57,12 @@ std::optional<BroadcastShape> classify(BroadcastOp op) {
   auto productFrom = [&](int64_t begin) {
     int64_t p = 1;
     for (int64_t i = begin; i < rank; ++i)
-      p *= out.getDimSize(i);
+      p *= dimSize(out, i);
     return p;
   };
   bool suffix = true, prefix = true;
   for (int64_t i = 0; i < rank; ++i) {
-    if (out.getDimSize(i) == 1)
+    if (dimSize(out, i) == 1)
       continue;
     if (i >= first && !expanded[i])
       suffix = false;
@@ -98,10 +114,10 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
   };
   for (Operation *op : ops) {
     if (auto r = dyn_cast<ReduceOp>(op)) {
-      auto shape = cast<RankedTensorType>(r.getInput().getType()).getShape();
+      auto type = cast<RankedTensorType>(r.getInput().getType());
       int64_t c = 1;
-      for (int64_t d : shape.take_back(r.getCount()))
-        c *= d;
+      for (int64_t d = type.getRank() - r.getCount(); d < type.getRank(); ++d)
+        c *= dimSize(type, d);
       if (!constrain(c, numElements(r.getInput())))
         return fail("reductions and broadcasts disagree on the row length");
     } else if (auto b = dyn_cast<BroadcastOp>(op)) {
@@ -114,6 +130,25 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
         return fail("reductions and broadcasts disagree on the row length");
     }
   }
+  // Dynamic sizes: tiled by rows of the static innermost dims, whatever the
+  // group computes, so that a step is a run of whole rows.
+  auto dynamic = [](Type t) {
+    auto shaped = dyn_cast<RankedTensorType>(t);
+    return shaped && !shaped.hasStaticShape();
+  };
+  for (Operation *op : ops)
+    if (llvm::any_of(op->getOperandTypes(), dynamic) ||
+        llvm::any_of(op->getResultTypes(), dynamic))
+      plan.dynamicRows = true;
+  if (plan.dynamicRows && cols == 0) {
+    auto type = cast<RankedTensorType>(ops.back()->getResult(0).getType());
+    int64_t c = 1;
+    for (int64_t d = type.getRank() - 1; d >= 0 && !type.isDynamicDim(d); --d)
+      c *= type.getDimSize(d);
+    constrain(c, numElements(type));
+  }
+  if (plan.dynamicRows && (cols == 0 || cols >= kDynamicStandIn))
+    return fail("dynamic sizes: the innermost dim must be static");
   if (cols > 0) {
     plan.byRows = true;
     plan.numCols = cols;
