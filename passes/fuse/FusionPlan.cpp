@@ -79,6 +79,11 @@ std::optional<BroadcastShape> classify(BroadcastOp op) {
 } // namespace
 
 std::optional<double> mlir::neuron::splatValueOf(Value tensor) {
+  // A splat broadcast to dynamic sizes (a constant's sizes are static, so
+  // canonicalization keeps that broadcast) is the splat.
+  if (auto b = tensor.getDefiningOp<BroadcastOp>();
+      b && !b.getType().hasStaticShape())
+    return splatValueOf(b.getInput());
   auto constant = tensor.getDefiningOp<ConstantOp>();
   if (!constant)
     return std::nullopt;
@@ -254,6 +259,9 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
               return Rep::Row;
             })
             .Case<BroadcastOp>([&](BroadcastOp b) -> std::optional<Rep> {
+              // A splat broadcast any way is a splat.
+              if (in[0] == Rep::Splat)
+                return Rep::Splat;
               // A row vector only broadcasts along rows, a column vector
               // along columns.
               switch (classify(b)->kind) {
@@ -280,6 +288,11 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
     if (!result)
       return fail(Twine("cannot fuse '") + op->getName().getStringRef() + "'");
     plan.reps[op->getResult(0)] = *result;
+    // A splat broadcast or reshaped in the group keeps its value.
+    if (*result == Rep::Splat && isa<BroadcastOp, ReshapeOp>(op))
+      if (auto it = plan.splats.find(op->getOperand(0));
+          it != plan.splats.end())
+        plan.splats[op->getResult(0)] = it->second;
   }
   for (Value out : outputs) {
     Rep rep = plan.rep(out);

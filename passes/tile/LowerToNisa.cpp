@@ -39,6 +39,10 @@ LogicalResult KernelLowering::lower(Operation *op) {
   b.setLoc(op->getLoc());
   if (llvm::any_of(op->getOperandTypes(), hasDynamicDims) ||
       llvm::any_of(op->getResultTypes(), hasDynamicDims)) {
+    // A splat broadcast to dynamic sizes has no buffer: its users take the
+    // splat as an immediate.
+    if (isa<BroadcastOp>(op) && splatValueOf(op->getResult(0)))
+      return success();
     for (const std::unique_ptr<TilePattern> &pattern : patterns)
       if (pattern->matches(op) && pattern->isSizeGeneric(op))
         return pattern->lower(op, *this);
