@@ -285,8 +285,9 @@ FailureOr<json> ProgramEmitter::shapeOf(Value base, MemRefType type) {
                   : AffineMapAttr();
   if (!dims || dims.getValue().getNumResults() != type.getRank() ||
       dims.getValue().getNumSymbols() != paramNames.size())
-    return emitError(base.getLoc(), "a kernel buffer with dynamic dims needs "
-                                    "their sizes (neuron.dims over the params)");
+    return emitError(base.getLoc(),
+                     "a kernel buffer with dynamic dims needs "
+                     "their sizes (neuron.dims over the params)");
   std::function<std::string(AffineExpr)> print = [&](AffineExpr e) {
     if (auto c = dyn_cast<AffineConstantExpr>(e))
       return Size::of(c.getValue()).text();
@@ -404,7 +405,8 @@ FailureOr<json> ProgramEmitter::viewOf(Value v, Operation *user) {
       return user->emitError("a buffer with dynamic dims is read or written "
                              "only through views");
     view.buffer = id->second;
-    view.shape = std::vector<int64_t>(type.getShape().begin(), type.getShape().end());
+    view.shape =
+        std::vector<int64_t>(type.getShape().begin(), type.getShape().end());
     view.strides.assign(type.getRank(), 1);
     for (int64_t i = type.getRank() - 2; i >= 0; --i)
       view.strides[i] = view.strides[i + 1] * type.getDimSize(i + 1);
@@ -464,10 +466,9 @@ LogicalResult ProgramEmitter::emitBlock(Block &block, json &out) {
 
 LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
-      .Case<arith::ConstantIndexOp, arith::AddIOp, arith::MulIOp,
-            arith::SubIOp, arith::FloorDivSIOp, arith::DivSIOp,
-            arith::CeilDivSIOp, arith::RemSIOp, arith::MinSIOp,
-            arith::MaxSIOp>(
+      .Case<arith::ConstantIndexOp, arith::AddIOp, arith::MulIOp, arith::SubIOp,
+            arith::FloorDivSIOp, arith::DivSIOp, arith::CeilDivSIOp,
+            arith::RemSIOp, arith::MinSIOp, arith::MaxSIOp>(
           [&](Operation *) { return success(); }) // folded into views lazily
       .Case<scf::ForOp>([&](scf::ForOp loop) -> LogicalResult {
         auto lb = affineOf(loop.getLowerBound(), loop);
@@ -500,10 +501,9 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
               0, (ub->constant - lb->constant + step->constant - 1) /
                      step->constant);
         else
-          count = Size::combine(
-                      "ceildiv",
-                      Size::combine("-", *ub, Size::of(lb->constant)),
-                      Size::of(step->constant))
+          count = Size::combine("ceildiv",
+                                Size::combine("-", *ub, Size::of(lb->constant)),
+                                Size::of(step->constant))
                       .toJson();
         Affine iv;
         iv.constant = lb->constant;
@@ -866,14 +866,16 @@ FailureOr<json> ProgramEmitter::emit() {
 
 } // namespace
 
-FailureOr<std::string> (::neuron::compiler::emitProgram)(func::FuncOp kernel) {
+namespace neuron::compiler {
+
+FailureOr<std::string> emitProgram(func::FuncOp kernel) {
   auto program = ProgramEmitter(kernel).emit();
   if (failed(program))
     return failure();
   return program->dump();
 }
 
-FailureOr<std::string> (::neuron::compiler::emitProgram)(ModuleOp module) {
+FailureOr<std::string> emitProgram(ModuleOp module) {
   func::FuncOp kernel;
   for (auto f : module.getOps<func::FuncOp>()) {
     if (!f->hasAttr("nisa.kernel"))
@@ -886,3 +888,5 @@ FailureOr<std::string> (::neuron::compiler::emitProgram)(ModuleOp module) {
     return module.emitError("no kernel function (run neuron-lower-to-nisa)");
   return emitProgram(kernel);
 }
+
+} // namespace neuron::compiler

@@ -390,7 +390,8 @@ Value Importer::splat(double value, RankedTensorType type) {
     for (int64_t &d : one)
       if (ShapedType::isDynamic(d))
         d = 1;
-    return b.create<BroadcastOp>(currentLoc, type, splat(value, type.clone(one)));
+    return b.create<BroadcastOp>(currentLoc, type,
+                                 splat(value, type.clone(one)));
   }
   Type elt = type.getElementType();
   Attribute scalar;
@@ -695,9 +696,9 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
     if (in.is_object() && in.contains("name") && in.contains("shape"))
       shapes[{in.at("name").get<std::string>(), 0}] = &in.at("shape");
     try {
-      auto type = RankedTensorType::get(
-          shapeOf(in.at("shape"), symbols),
-          elementType(in.at("dtype").get<std::string>()));
+      auto type =
+          RankedTensorType::get(shapeOf(in.at("shape"), symbols),
+                                elementType(in.at("dtype").get<std::string>()));
       // A dynamic input's sizes over the symbols: the lowering computes its
       // dims from the size arguments.
       AffineMapAttr dims = dimsAttr(in.at("shape"), symbols, &ctx);
@@ -788,7 +789,8 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
   // A dynamic result's sizes, as the document gives them: its output buffer
   // is shaped by them.
   for (auto [i, o] : llvm::enumerate(doc.at("outputs"))) {
-    auto it = shapes.find({o.at("ref").get<std::string>(), intField(o, "index", 0)});
+    auto it =
+        shapes.find({o.at("ref").get<std::string>(), intField(o, "index", 0)});
     if (it == shapes.end())
       continue;
     try {

@@ -161,7 +161,8 @@ struct Instruction {
 /// An index as an affine function of loop ivs plus terms in other index
 /// values (a size-generic kernel's sizes), which `symbolic` collects.
 std::optional<nisa::AffineIndex>
-affineWithSymbols(Value index, SmallVector<std::pair<Value, int64_t>, 1> &symbolic) {
+affineWithSymbols(Value index,
+                  SmallVector<std::pair<Value, int64_t>, 1> &symbolic) {
   nisa::AffineIndex out;
   std::function<bool(Value, int64_t)> walk = [&](Value x, int64_t k) {
     if (auto c = x.getDefiningOp<arith::ConstantIndexOp>()) {
@@ -268,9 +269,8 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
   int64_t row = type.getRank() > 1 ? type.getShape().back() : 0;
   // Rows and columns of a symbolic offset compare only if it moves whole
   // rows.
-  if (row <= 1 || llvm::any_of(symbolic, [&](auto &t) {
-        return t.second % row != 0;
-      }))
+  if (row <= 1 ||
+      llvm::any_of(symbolic, [&](auto &t) { return t.second % row != 0; }))
     return access;
   SmallVector<std::pair<Value, int64_t>, 2> rowTerms, colTerms;
   for (auto [iv, coeff] : offset->terms)

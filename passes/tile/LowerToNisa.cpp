@@ -81,9 +81,8 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
       return func.emitOpError("size arguments must follow the tensors");
     ++numInputs;
   }
-  for (Type t :
-       llvm::concat<const Type>(fnType.getInputs().take_front(numInputs),
-                                fnType.getResults())) {
+  for (Type t : llvm::concat<const Type>(
+           fnType.getInputs().take_front(numInputs), fnType.getResults())) {
     auto tensor = dyn_cast<RankedTensorType>(t);
     if (!tensor)
       return func.emitOpError("kernel arguments and results must be ranked "
@@ -135,8 +134,7 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
   b.setLoc(ret.getLoc());
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     Value dst = entry->getArgument(numInputs + i);
-    if (!tensorType(v).hasStaticShape() &&
-        boundBuffer(v) != dst)
+    if (!tensorType(v).hasStaticShape() && boundBuffer(v) != dst)
       return emitError(ret.getLoc())
              << "not size-generic: result " << i
              << " is an input or a view of one (" << v.getType() << ")";

@@ -92,8 +92,7 @@ Value TileBuilder::dimOf(Value tensor, int64_t d) {
   if (auto r = dyn_cast_or_null<ReduceOp>(def))
     return dimOf(r.getInput(), d);
   if (auto m = dyn_cast_or_null<MatmulOp>(def))
-    return d + 1 < type.getRank() ? dimOf(m.getLhs(), d)
-                                  : dimOf(m.getRhs(), d);
+    return d + 1 < type.getRank() ? dimOf(m.getLhs(), d) : dimOf(m.getRhs(), d);
   return {};
 }
 
@@ -108,8 +107,8 @@ Value TileBuilder::bufferDim(Value buffer, int64_t d) {
       arg ? dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp()) : nullptr;
   if (!kernel)
     return {};
-  auto dims = kernel.getArgAttrOfType<AffineMapAttr>(arg.getArgNumber(),
-                                                     kDimsAttrName);
+  auto dims =
+      kernel.getArgAttrOfType<AffineMapAttr>(arg.getArgNumber(), kDimsAttrName);
   SmallVector<Value> sizes;
   for (BlockArgument a : kernel.getArguments())
     if (a.getType().isIndex())
@@ -334,8 +333,8 @@ void TileBuilder::forEachPipelined(
 
 void TileBuilder::ifMore(Value count, int64_t first,
                          llvm::function_ref<void()> body) {
-  Value left = first ? b.create<arith::SubIOp>(count, index(first)).getResult()
-                     : count;
+  Value left =
+      first ? b.create<arith::SubIOp>(count, index(first)).getResult() : count;
   Value once = b.create<arith::MinSIOp>(
       b.create<arith::MaxSIOp>(left, index(0)), index(1));
   forEachDynamic(once, [&](Value) { body(); });

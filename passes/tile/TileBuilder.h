@@ -141,10 +141,10 @@ public:
   /// forEachPipelined with a count known at run time (issue #16): the
   /// same order of loads and computes; the steps that do not fill a group
   /// of `slots` run in loops of zero or one iteration.
-  void forEachPipelinedDynamic(
-      Value count, int64_t slots,
-      llvm::function_ref<void(Value, int64_t)> load,
-      llvm::function_ref<void(Value, int64_t)> compute);
+  void
+  forEachPipelinedDynamic(Value count, int64_t slots,
+                          llvm::function_ref<void(Value, int64_t)> load,
+                          llvm::function_ref<void(Value, int64_t)> compute);
   /// A loop of one iteration if `count` > `first`, else none.
   void ifMore(Value count, int64_t first, llvm::function_ref<void()> body);
   int64_t streamSlots(double transferNs, double computeNs) const;

@@ -78,7 +78,7 @@ private:
     if (pos == text.size())
       fail("unexpected end");
     char c = text[pos];
-    if (accept('('))  {
+    if (accept('(')) {
       SizeExpr e = expr(depth + 1);
       expect(')');
       return e;
@@ -104,8 +104,10 @@ private:
         ++pos;
       std::string name(text.substr(start, pos - start));
       static const std::pair<const char *, Kind> functions[] = {
-          {"floordiv", Kind::FloorDiv}, {"ceildiv", Kind::CeilDiv},
-          {"mod", Kind::Mod},           {"min", Kind::Min},
+          {"floordiv", Kind::FloorDiv},
+          {"ceildiv", Kind::CeilDiv},
+          {"mod", Kind::Mod},
+          {"min", Kind::Min},
           {"max", Kind::Max}};
       for (auto [fn, kind] : functions)
         if (name == fn) {

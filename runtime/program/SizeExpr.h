@@ -5,7 +5,8 @@
 //   expr   := term (('+' | '-') term)*
 //   term   := factor ('*' factor)*
 //   factor := INT | NAME | '(' expr ')' | '-' factor
-//           | ('floordiv' | 'ceildiv' | 'mod' | 'min' | 'max') '(' expr ',' expr ')'
+//           | ('floordiv' | 'ceildiv' | 'mod' | 'min' | 'max') '(' expr ','
+//           expr ')'
 //
 // NAME is a size parameter (s0, s1, ... as Dynamo names them); floordiv,
 // ceildiv and mod use floor semantics. MLIR-free: the importer, the emitter
