@@ -2052,6 +2052,10 @@ Handler with(Fn fn, Args... args) {
   return [=](Importer &im) { return fn(im, args...); };
 }
 
+/// ATen operator -> its handler, one line per operator (a few short
+/// lambdas bind a handler's arguments). Long on purpose: it is the list of
+/// what the importer accepts, read (and grepped) as a table; split by family
+/// it would only scatter the list across functions.
 const std::unordered_map<std::string, Handler> &handlers() {
   static const std::unordered_map<std::string, Handler> table = [] {
     std::unordered_map<std::string, Handler> t;

@@ -145,9 +145,10 @@ struct NisaAllocatePass
   }
 };
 
-LogicalResult
-NisaAllocatePass::allocate(func::FuncOp func,
-                           const ::neuron::target::Target &target) {
+/// The on-chip tiles of `func` in program order, each live from its alloc
+/// to the last op (of the alloc's block) that uses it or a view of it;
+/// failure, with a diagnostic, on a tile of no static shape.
+FailureOr<std::vector<Tile>> collectTiles(func::FuncOp func) {
   ProgramOrder order(func);
   std::vector<Tile> tiles;
   WalkResult walk = func.walk<WalkOrder::PreOrder>([&](memref::AllocOp alloc) {
@@ -185,6 +186,28 @@ NisaAllocatePass::allocate(func::FuncOp func,
   });
   if (walk.wasInterrupted())
     return failure();
+  return tiles;
+}
+
+/// The error of a tile that does not fit beside the live ones.
+LogicalResult noRoom(const Tile &tile, ArrayRef<const Tile *> sameSpace) {
+  int64_t used = 0;
+  for (const Tile *t : sameSpace)
+    used += t->bytes;
+  return tile.alloc->emitOpError("needs ")
+         << tile.bytes << " bytes per partition of "
+         << nisa::stringifyMemorySpace(tile.space) << " but "
+         << sameSpace.size() << " live tiles already use " << used
+         << " (the lowering must split this work into smaller tiles)";
+}
+
+LogicalResult
+NisaAllocatePass::allocate(func::FuncOp func,
+                           const ::neuron::target::Target &target) {
+  FailureOr<std::vector<Tile>> collected = collectTiles(func);
+  if (failed(collected))
+    return failure();
+  std::vector<Tile> &tiles = *collected;
 
   Allocator allocator(target);
   auto reuse = func->getAttrOfType<StringAttr>(nisa::kReuseAttrName);
@@ -217,16 +240,8 @@ NisaAllocatePass::allocate(func::FuncOp func,
       tile.address = allocator.place(
           tile, sameSpace,
           leastRecent ? &freed[static_cast<unsigned>(tile.space)] : nullptr);
-      if (tile.address < 0) {
-        int64_t used = 0;
-        for (const Tile *t : sameSpace)
-          used += t->bytes;
-        return tile.alloc.emitOpError("needs ")
-               << tile.bytes << " bytes per partition of "
-               << nisa::stringifyMemorySpace(tile.space) << " but "
-               << sameSpace.size() << " live tiles already use " << used
-               << " (the lowering must split this work into smaller tiles)";
-      }
+      if (tile.address < 0)
+        return noRoom(tile, sameSpace);
       tile.alloc->setAttr(
           nisa::kAddressAttrName,
           IntegerAttr::get(IntegerType::get(&getContext(), 64), tile.address));

@@ -16,13 +16,9 @@ namespace mlir::neuron {
 
 namespace flex {
 
-/// The attention kernel works on 128 x 128 blocks ("units") of the score
-/// matrix whatever the BlockMask's block size.
-constexpr int64_t kUnit = 128;
-
 enum class Kind : int8_t { masked = 0, partial = 1, full = 2 };
 
-/// One key tile of a query tile: keys [firstUnit * 128, + width), and the
+/// One key tile of a query tile: keys [firstUnit * unit, + width), and the
 /// runs of its units (offset in the tile, count) that need mask_mod.
 struct KvTile {
   int64_t firstUnit;
@@ -58,9 +54,9 @@ struct Operand {
 class FlexAttentionLowering {
 public:
   FlexAttentionLowering(TileBuilder &k, FlexAttentionOp op)
-      : k(k), b(k.b), op(op) {}
+      : k(k), b(k.b), unit(k.target.partitions), op(op) {}
   FlexAttentionLowering(TileBuilder &k, FlexAttentionBackwardOp op)
-      : k(k), b(k.b), bwOp(op) {}
+      : k(k), b(k.b), unit(k.target.partitions), bwOp(op) {}
   /// The forward kernel (LowerFlexAttention.cpp).
   LogicalResult run();
   /// The backward kernel (LowerFlexAttentionBackward.cpp).
@@ -72,7 +68,7 @@ private:
     Value batch, head; // query head
     Value q0;          // first query row
     Value qTile;       // its query tile (forward kernel)
-    Value unit;        // first key unit (128 keys)
+    Value unit;        // first key unit (`unit` keys)
     int64_t rows = 0, width = 0;
   };
 
@@ -103,6 +99,11 @@ private:
                        o.getBlocks(), o.getScoreBuffers(), o.getMaskBuffers());
   }
   void makeConstants(int64_t cols);
+  // The forward kernel's plan and tiles.
+  void planPsum(bool tables);
+  LogicalResult planSbuf();
+  void allocateTiles(bool tables);
+  void emitBatches();
   std::pair<Value, SmallVector<int64_t>> resultLayout(Value result);
   void makeAntiIdentities();
 
@@ -132,8 +133,42 @@ private:
   void backwardKeyHead(Value batchIdx, Value kvHead, int64_t bm);
   void backwardQueryHead(Value batchIdx, Value kvHead, Value g, int64_t bm,
                          int64_t hm, int64_t kvChunk);
+  Value headBase(const TileBuilder::Window &w, Value batchIdx, Value h,
+                 int64_t row);
+  std::pair<int64_t, int64_t> dQChunks(ArrayRef<SmallVector<Kind>> kinds,
+                                       int64_t tiles) const;
+  Value loadQueryChunk(Value batchIdx, Value h, int64_t q0, int64_t queries,
+                       bool firstChunk);
+  void lseAndDelta(Value batchIdx, Value h, int64_t t);
+  /// A (key unit, query tile) step of the backward kernel.
+  struct BackwardStep {
+    Step at;
+    int64_t t, u;
+    bool partial, first, last; // first / last: of the key unit's steps
+  };
+  SmallVector<BackwardStep> backwardSteps(ArrayRef<SmallVector<Kind>> kinds,
+                                          Value batchIdx, Value h,
+                                          int64_t tiles);
+  void pipelineSteps(ArrayRef<BackwardStep> steps);
+  void accumulateKV(const BackwardStep &s, int64_t kvBank);
   void backwardScores(const Step &at, int64_t t, int64_t u, bool partial,
                       int64_t slot);
+  /// A step's scores: `scaled` (S times the scale, or S in PSUM when exp
+  /// applies the scale), `scores` after score_mod and the mask (null if a
+  /// modifier failed).
+  struct ScoreTiles {
+    Value scaled, scores;
+    bool expFromPsum = false;
+  };
+  ScoreTiles backwardScoreTiles(const Step &at, int64_t t, int64_t u,
+                                bool partial, int64_t slotIdx);
+  Value recomputeP(const Step &at, int64_t t, const ScoreTiles &s,
+                   int64_t slotIdx);
+  void scoreGradient(const Step &at, int64_t t, int64_t u, const ScoreTiles &s,
+                     Value p, int64_t slotIdx);
+  Value bankView(int64_t bankIdx, int64_t col, int64_t rows, int64_t cols);
+  Value stepSlot(Value tile, int64_t slotIdx, const Step &at);
+  Value modifierTile(FailureOr<Operand> r, const Step &at);
   void backwardGrads(const Step &at, int64_t t, int64_t u, bool first,
                      int64_t slot, int64_t parity, int64_t kvBank);
   void backwardDQ(const Step &at, int64_t t, int64_t u, int64_t parity);
@@ -157,7 +192,7 @@ private:
   };
   Period periodAt(ArrayRef<Lane> lanes, int64_t r, int64_t rounds) const;
   int64_t rowsOf(int64_t qTile) const {
-    return std::min(kUnit, qLen - qTile * kUnit);
+    return std::min(unit, qLen - qTile * unit);
   }
 
   // The kernel.
@@ -166,6 +201,19 @@ private:
   void emptyTile(const Step &at);
   void round(const Step &head, Value qTHead, ArrayRef<Lane> lanes, int64_t r,
              Value rIdx, int64_t parity, Value qShift, bool affine);
+  /// What locates a round's key steps (round's arguments).
+  struct RoundAt {
+    const Step &head;
+    ArrayRef<Lane> streams;
+    int64_t r;
+    Value rIdx, qShift;
+    bool affine;
+  };
+  std::optional<Cursor> cursor(const RoundAt &at, int64_t lane, int64_t s,
+                               int64_t par);
+  void transposeP(const Cursor &c, Value p);
+  Value evictPT(const Cursor &c);
+  void accumulateO(const Cursor &c, Value pT);
   Value queryT(const Cursor &c, Value qTHead);
   void startTile(const Cursor &c);
   void scores(const Cursor &c, Value qTs);
@@ -194,6 +242,16 @@ private:
   // Modifiers.
   FailureOr<Operand> modifier(Region &region, ArrayRef<Operand> args,
                               const Step &at);
+  FailureOr<Operand> modifierOp(Operation &inner,
+                                const DenseMap<Value, Operand> &values,
+                                const Step &at);
+  Operand castOperand(CastOp castOp, Operand x, const Step &at);
+  FailureOr<Operand> gatherOperand(GatherOp gather, Operand table, Operand idx,
+                                   const Step &at);
+  FailureOr<Operand> binaryOperand(BinaryOp bin, Operand l, Operand r,
+                                   const Step &at);
+  Operand aluOperand(nisa::AluOp alu, const Operand &l, const Operand &r,
+                     const Step &at);
   Value materialize(const Operand &v, const Step &at, bool asFull);
   Value gatherWindow(Value buffer, Value first, int64_t rowStride,
                      int64_t colStride, int64_t rows, int64_t cols);
@@ -202,6 +260,10 @@ private:
 
   TileBuilder &k;
   ImplicitLocOpBuilder &b;
+  /// The kernels work on unit x unit blocks of the score matrix whatever
+  /// the BlockMask's block size: a query tile of a row per partition
+  /// against as many keys (TensorE contracts over the partitions).
+  const int64_t unit;
   FlexAttentionOp op;           // the forward kernel's
   FlexAttentionBackwardOp bwOp; // the backward kernel's
   bool failed = false;

@@ -46,11 +46,11 @@ FlexAttentionLowering::unitKinds(int64_t bm, int64_t hm) const {
   SmallVector<SmallVector<Kind>> kinds(
       qTiles, SmallVector<Kind>(kvUnits, Kind::masked));
   for (int64_t t = 0; t < qTiles; ++t) {
-    int64_t qFirst = t * kUnit / qb;
-    int64_t qLast = (std::min(qLen, (t + 1) * kUnit) - 1) / qb;
+    int64_t qFirst = t * unit / qb;
+    int64_t qLast = (std::min(qLen, (t + 1) * unit) - 1) / qb;
     for (int64_t u = 0; u < kvUnits; ++u) {
-      int64_t kFirst = u * kUnit / kb;
-      int64_t kLast = (std::min(kvLen, (u + 1) * kUnit) - 1) / kb;
+      int64_t kFirst = u * unit / kb;
+      int64_t kLast = (std::min(kvLen, (u + 1) * unit) - 1) / kb;
       bool any = false, allFull = true;
       for (int64_t i = qFirst; i <= qLast; ++i)
         for (int64_t j = kFirst; j <= kLast; ++j) {
@@ -72,7 +72,7 @@ FlexAttentionLowering::unitKinds(int64_t bm, int64_t hm) const {
 SmallVector<KvTile> FlexAttentionLowering::keyTiles(ArrayRef<Kind> row) const {
   int64_t maxUnits = std::max<int64_t>(
       1, std::min(k.target.matmulMaxMovingFree, k.target.psumBankBytes / 4) /
-             kUnit);
+             unit);
   SmallVector<KvTile> tiles;
   for (int64_t u = 0; u < (int64_t)row.size();) {
     if (row[u] == Kind::masked) {
@@ -83,8 +83,7 @@ SmallVector<KvTile> FlexAttentionLowering::keyTiles(ArrayRef<Kind> row) const {
     while (u < (int64_t)row.size() && row[u] != Kind::masked &&
            (scaleOnExp || row[u] == row[first]) && u - first < maxUnits)
       ++u;
-    KvTile tile{
-        first, u - first, std::min(kvLen, u * kUnit) - first * kUnit, {}};
+    KvTile tile{first, u - first, std::min(kvLen, u * unit) - first * unit, {}};
     for (int64_t v = first; v < u; ++v) {
       if (row[v] != Kind::partial)
         continue;
@@ -113,7 +112,7 @@ Value FlexAttentionLowering::indexValue(const Affine &a, const Step &at) {
   term(at.head, a.ch);
   term(at.q0, a.cq);
   if (a.ckv != 0)
-    term(k.scale(at.unit, kUnit), a.ckv);
+    term(k.scale(at.unit, unit), a.ckv);
   return v;
 }
 
@@ -141,8 +140,8 @@ Value FlexAttentionLowering::gatherWindow(Value buffer, Value first,
   } else {
     // Per chunk of up to 128 columns from the right: its reversed transpose
     // R^T (a transposing DMA), then window[:, chunk] = (R^T)^T J.
-    for (int64_t c0 = 0; c0 < cols; c0 += kUnit) {
-      int64_t n = std::min(kUnit, cols - c0);
+    for (int64_t c0 = 0; c0 < cols; c0 += unit) {
+      int64_t n = std::min(unit, cols - c0);
       Value reversedT = k.tile(MemorySpace::sbuf, {n, rows}, f32);
       int64_t lastCol = cols - 1 - c0;
       k.dma(k.view(buffer, k.addOffset(first, colStride * lastCol), {n, rows},
@@ -209,179 +208,232 @@ FailureOr<Operand> FlexAttentionLowering::modifier(Region &region,
   Block &body = region.front();
   for (auto [arg, v] : llvm::zip(body.getArguments(), args))
     values[arg] = v;
-  auto isAffine = [](const Operand &v) {
-    return v.kind == Operand::index ||
-           (v.kind == Operand::imm && v.value == std::floor(v.value) &&
-            std::abs(v.value) < (1ll << 40));
-  };
-  auto affineOf = [](const Operand &v) {
-    if (v.kind == Operand::index)
-      return v.affine;
-    Affine a;
-    a.c0 = (int64_t)v.value;
-    return a;
-  };
   for (Operation &inner : body.without_terminator()) {
     TileBuilder::LocScope innerLoc(b, inner.getLoc());
-    auto fail = [&](const Twine &why) -> FailureOr<Operand> {
-      inner.emitOpError(why);
+    FailureOr<Operand> result = modifierOp(inner, values, at);
+    if (::mlir::failed(result))
       return failure();
-    };
-    auto get = [&](Value v) { return values.lookup(v); };
-    Operand result;
-    if (auto c = dyn_cast<ConstantOp>(inner)) {
-      auto attr = dyn_cast<DenseElementsAttr>(c.getValue());
-      if (!attr || !attr.isSplat())
-        return fail("a non-scalar constant in a modifier");
-      Type elt = attr.getElementType();
-      result.value = isa<FloatType>(elt)
-                         ? attr.getSplatValue<APFloat>().convertToDouble()
-                     : elt.isInteger(1)
-                         ? (double)attr.getSplatValue<bool>()
-                         : (double)attr.getSplatValue<APInt>().getSExtValue();
-    } else if (auto castOp = dyn_cast<CastOp>(inner)) {
-      // The engines compute in fp32: a cast changes nothing but float ->
-      // integer truncation.
-      result = get(castOp.getInput());
-      bool toInt =
-          !isa<FloatType>(tensorType(castOp.getResult()).getElementType());
-      bool fromFloat =
-          isa<FloatType>(tensorType(castOp.getInput()).getElementType());
-      if (toInt && fromFloat) {
-        if (result.kind == Operand::imm) {
-          result.value = std::trunc(result.value);
-        } else {
-          Value src = materialize(result, at, false);
-          Value t = k.tile(MemorySpace::sbuf,
-                           cast<MemRefType>(src.getType()).getShape(), f32);
-          b.create<nisa::ActivationOp>(src, t, Value(),
-                                       nisa::ActivationFn::trunc, APFloat(1.0),
-                                       APFloat(0.0));
-          result.kind = cast<MemRefType>(src.getType()).getShape()[1] == 1
-                            ? Operand::column
-                            : Operand::full;
-          result.tile = t;
-        }
-      }
-    } else if (auto reshape = dyn_cast<ReshapeOp>(inner)) {
-      result = get(reshape.getInput());
-      if (result.kind != Operand::table &&
-          tensorType(reshape.getResult()).getNumElements() != 1)
-        return fail("reshapes only captured tensors");
-    } else if (auto gather = dyn_cast<GatherOp>(inner)) {
-      Operand table = get(gather.getTable());
-      Operand idx = get(gather.getIndices());
-      if (table.kind != Operand::table || !isAffine(idx))
-        return fail("indexes a captured tensor with an index that is not an "
-                    "affine function of b, h, q_idx and kv_idx");
-      Affine a = affineOf(idx);
-      // The index's range over the whole kernel must lie in the tensor.
-      int64_t lo = a.c0, hi = a.c0;
-      auto span = [&](int64_t c, int64_t n) {
-        (c < 0 ? lo : hi) += c * (n - 1);
-      };
-      span(a.cb, batch);
-      span(a.ch, heads);
-      span(a.cq, qLen);
-      span(a.ckv, kvLen);
-      if (lo < 0 || hi >= table.elements)
-        return fail("indexes a captured tensor of " + Twine(table.elements) +
-                    " elements at " + Twine(lo) + ".." + Twine(hi) +
-                    " (out of bounds)");
-      bool full = a.ckv != 0;
-      if (a.cq < 0 && a.ckv < 0)
-        return fail("indexes a captured tensor backwards along both q_idx "
-                    "and kv_idx (not supported)");
-      Value offset = k.addOffset(indexValue(a, at), table.offset + a.c0);
-      result.kind = full ? Operand::full : Operand::column;
-      result.tile = gatherWindow(table.buffer, offset, a.cq, full ? a.ckv : 1,
-                                 at.rows, full ? at.width : 1);
-    } else if (auto unary = dyn_cast<UnaryOp>(inner)) {
-      Operand x = get(unary.getInput());
-      if (x.kind == Operand::table)
-        return fail("applies a function to a whole captured tensor");
-      Value src = materialize(x, at, false);
-      auto shape = cast<MemRefType>(src.getType()).getShape();
-      Value t = k.tile(MemorySpace::sbuf, shape, f32);
-      b.create<nisa::ActivationOp>(src, t, Value(),
-                                   activationFor(unary.getFn()), APFloat(1.0),
-                                   APFloat(0.0));
-      result.kind = shape[1] == 1 ? Operand::column : Operand::full;
-      result.tile = t;
-    } else if (auto bin = dyn_cast<BinaryOp>(inner)) {
-      Operand l = get(bin.getLhs()), r = get(bin.getRhs());
-      if (l.kind == Operand::table || r.kind == Operand::table)
-        return fail("computes with a whole captured tensor");
-      BinaryFn fn = bin.getFn();
-      bool isInt = !isa<FloatType>(tensorType(bin.getLhs()).getElementType());
-      // Index arithmetic stays symbolic while it is affine.
-      if (isInt && isAffine(l) && isAffine(r) &&
-          (l.kind == Operand::index || r.kind == Operand::index) &&
-          (fn == BinaryFn::add || fn == BinaryFn::sub ||
-           (fn == BinaryFn::mul &&
-            (l.kind == Operand::imm || r.kind == Operand::imm)))) {
-        Affine x = affineOf(l), y = affineOf(r), z;
-        if (fn == BinaryFn::mul) {
-          const Affine &a = l.kind == Operand::imm ? y : x;
-          int64_t c = l.kind == Operand::imm ? x.c0 : y.c0;
-          z = {a.c0 * c, a.cb * c, a.ch * c, a.cq * c, a.ckv * c};
-        } else {
-          int64_t s = fn == BinaryFn::add ? 1 : -1;
-          z = {x.c0 + s * y.c0, x.cb + s * y.cb, x.ch + s * y.ch,
-               x.cq + s * y.cq, x.ckv + s * y.ckv};
-        }
-        result.kind = Operand::index;
-        result.affine = z;
-      } else if (l.kind == Operand::imm && r.kind == Operand::imm) {
-        return fail("computes with constants only (fold it in Python)");
-      } else {
-        nisa::AluOp alu = aluFor(fn);
-        bool lTile = l.kind == Operand::full ||
-                     (l.kind == Operand::index && l.affine.ckv != 0);
-        bool rTile = r.kind == Operand::full ||
-                     (r.kind == Operand::index && r.affine.ckv != 0);
-        bool full = lTile || rTile;
-        Value t =
-            k.tile(MemorySpace::sbuf, {at.rows, full ? at.width : 1}, f32);
-        if (l.kind == Operand::imm || r.kind == Operand::imm) {
-          bool reverse = l.kind == Operand::imm;
-          Value src = materialize(reverse ? r : l, at, false);
-          b.create<nisa::TensorScalarOp>(alu, src, t, Value(),
-                                         APFloat(reverse ? l.value : r.value),
-                                         reverse, nisa::Engine::gpsimd);
-        } else if (lTile != rTile) {
-          // A column operand is the per-partition scalar.
-          bool reverse = !lTile;
-          Value src = materialize(reverse ? r : l, at, false);
-          Value col = materialize(reverse ? l : r, at, false);
-          b.create<nisa::TensorScalarOp>(alu, src, t, col, APFloat(0.0),
-                                         reverse, nisa::Engine::gpsimd);
-        } else {
-          b.create<nisa::TensorTensorOp>(alu, materialize(l, at, false),
-                                         materialize(r, at, false), t,
-                                         nisa::Engine::gpsimd);
-        }
-        result.kind = full ? Operand::full : Operand::column;
-        result.tile = t;
-      }
-    } else if (auto sel = dyn_cast<SelectOp>(inner)) {
-      Operand c = get(sel.getCond()), x = get(sel.getOnTrue()),
-              y = get(sel.getOnFalse());
-      if (c.kind == Operand::table || x.kind == Operand::table ||
-          y.kind == Operand::table)
-        return fail("selects whole captured tensors");
-      Value t = k.tile(MemorySpace::sbuf, {at.rows, at.width}, f32);
-      b.create<nisa::SelectOp>(
-          materialize(c, at, true), materialize(x, at, true),
-          materialize(y, at, true), t, nisa::Engine::gpsimd);
-      result.kind = Operand::full;
-      result.tile = t;
-    } else {
-      return fail("is not supported in a FlexAttention modifier");
-    }
-    values[inner.getResult(0)] = result;
+    values[inner.getResult(0)] = *result;
   }
   return values.lookup(cast<YieldOp>(body.getTerminator()).getValues()[0]);
+}
+
+namespace {
+FailureOr<Operand> failAt(Operation *op, const Twine &why) {
+  op->emitOpError(why);
+  return failure();
+}
+
+/// An index or an integral constant: what stays symbolic (Affine).
+bool isAffine(const Operand &v) {
+  return v.kind == Operand::index ||
+         (v.kind == Operand::imm && v.value == std::floor(v.value) &&
+          std::abs(v.value) < (1ll << 40));
+}
+
+Affine affineOf(const Operand &v) {
+  if (v.kind == Operand::index)
+    return v.affine;
+  Affine a;
+  a.c0 = (int64_t)v.value;
+  return a;
+}
+
+/// The compile-time number a splat constant is.
+FailureOr<Operand> constantOperand(ConstantOp c) {
+  auto attr = dyn_cast<DenseElementsAttr>(c.getValue());
+  if (!attr || !attr.isSplat())
+    return failAt(c, "a non-scalar constant in a modifier");
+  Type elt = attr.getElementType();
+  Operand result;
+  result.value =
+      isa<FloatType>(elt) ? attr.getSplatValue<APFloat>().convertToDouble()
+      : elt.isInteger(1)  ? (double)attr.getSplatValue<bool>()
+                          : (double)attr.getSplatValue<APInt>().getSExtValue();
+  return result;
+}
+} // namespace
+
+/// One op of a modifier's body, its operands' values in `values`.
+FailureOr<Operand> FlexAttentionLowering::modifierOp(
+    Operation &inner, const DenseMap<Value, Operand> &values, const Step &at) {
+  auto get = [&](Value v) { return values.lookup(v); };
+  return llvm::TypeSwitch<Operation *, FailureOr<Operand>>(&inner)
+      .Case([&](ConstantOp c) { return constantOperand(c); })
+      .Case([&](CastOp c) { return castOperand(c, get(c.getInput()), at); })
+      .Case([&](ReshapeOp reshape) -> FailureOr<Operand> {
+        Operand result = get(reshape.getInput());
+        if (result.kind != Operand::table &&
+            tensorType(reshape.getResult()).getNumElements() != 1)
+          return failAt(&inner, "reshapes only captured tensors");
+        return result;
+      })
+      .Case([&](GatherOp g) {
+        return gatherOperand(g, get(g.getTable()), get(g.getIndices()), at);
+      })
+      .Case([&](UnaryOp unary) -> FailureOr<Operand> {
+        Operand x = get(unary.getInput());
+        if (x.kind == Operand::table)
+          return failAt(&inner,
+                        "applies a function to a whole captured tensor");
+        Value src = materialize(x, at, false);
+        auto shape = cast<MemRefType>(src.getType()).getShape();
+        Value t = k.tile(MemorySpace::sbuf, shape, f32);
+        b.create<nisa::ActivationOp>(src, t, Value(),
+                                     activationFor(unary.getFn()), APFloat(1.0),
+                                     APFloat(0.0));
+        Operand result;
+        result.kind = shape[1] == 1 ? Operand::column : Operand::full;
+        result.tile = t;
+        return result;
+      })
+      .Case([&](BinaryOp bin) {
+        return binaryOperand(bin, get(bin.getLhs()), get(bin.getRhs()), at);
+      })
+      .Case([&](SelectOp sel) -> FailureOr<Operand> {
+        Operand c = get(sel.getCond()), x = get(sel.getOnTrue()),
+                y = get(sel.getOnFalse());
+        if (c.kind == Operand::table || x.kind == Operand::table ||
+            y.kind == Operand::table)
+          return failAt(&inner, "selects whole captured tensors");
+        Value t = k.tile(MemorySpace::sbuf, {at.rows, at.width}, f32);
+        b.create<nisa::SelectOp>(
+            materialize(c, at, true), materialize(x, at, true),
+            materialize(y, at, true), t, nisa::Engine::gpsimd);
+        Operand result;
+        result.kind = Operand::full;
+        result.tile = t;
+        return result;
+      })
+      .Default([&](Operation *) {
+        return failAt(&inner, "is not supported in a FlexAttention modifier");
+      });
+}
+
+/// The engines compute in fp32: a cast changes nothing but float ->
+/// integer truncation.
+Operand FlexAttentionLowering::castOperand(CastOp castOp, Operand x,
+                                           const Step &at) {
+  Operand result = x;
+  bool toInt = !isa<FloatType>(tensorType(castOp.getResult()).getElementType());
+  bool fromFloat =
+      isa<FloatType>(tensorType(castOp.getInput()).getElementType());
+  if (!toInt || !fromFloat)
+    return result;
+  if (result.kind == Operand::imm) {
+    result.value = std::trunc(result.value);
+    return result;
+  }
+  Value src = materialize(result, at, false);
+  Value t = k.tile(MemorySpace::sbuf,
+                   cast<MemRefType>(src.getType()).getShape(), f32);
+  b.create<nisa::ActivationOp>(src, t, Value(), nisa::ActivationFn::trunc,
+                               APFloat(1.0), APFloat(0.0));
+  result.kind = cast<MemRefType>(src.getType()).getShape()[1] == 1
+                    ? Operand::column
+                    : Operand::full;
+  result.tile = t;
+  return result;
+}
+
+/// A captured tensor read at an affine index: a window of it by DMA, after
+/// checking the index's range over the whole kernel lies in the tensor.
+FailureOr<Operand> FlexAttentionLowering::gatherOperand(GatherOp gather,
+                                                        Operand table,
+                                                        Operand idx,
+                                                        const Step &at) {
+  if (table.kind != Operand::table || !isAffine(idx))
+    return failAt(gather, "indexes a captured tensor with an index that is "
+                          "not an affine function of b, h, q_idx and kv_idx");
+  Affine a = affineOf(idx);
+  int64_t lo = a.c0, hi = a.c0;
+  auto span = [&](int64_t c, int64_t n) { (c < 0 ? lo : hi) += c * (n - 1); };
+  span(a.cb, batch);
+  span(a.ch, heads);
+  span(a.cq, qLen);
+  span(a.ckv, kvLen);
+  if (lo < 0 || hi >= table.elements)
+    return failAt(gather, "indexes a captured tensor of " +
+                              Twine(table.elements) + " elements at " +
+                              Twine(lo) + ".." + Twine(hi) +
+                              " (out of bounds)");
+  bool full = a.ckv != 0;
+  if (a.cq < 0 && a.ckv < 0)
+    return failAt(gather, "indexes a captured tensor backwards along both "
+                          "q_idx and kv_idx (not supported)");
+  Value offset = k.addOffset(indexValue(a, at), table.offset + a.c0);
+  Operand result;
+  result.kind = full ? Operand::full : Operand::column;
+  result.tile = gatherWindow(table.buffer, offset, a.cq, full ? a.ckv : 1,
+                             at.rows, full ? at.width : 1);
+  return result;
+}
+
+/// Index arithmetic stays symbolic while it is affine; anything else is an
+/// ALU instruction on GpSimd.
+FailureOr<Operand> FlexAttentionLowering::binaryOperand(BinaryOp bin, Operand l,
+                                                        Operand r,
+                                                        const Step &at) {
+  if (l.kind == Operand::table || r.kind == Operand::table)
+    return failAt(bin, "computes with a whole captured tensor");
+  BinaryFn fn = bin.getFn();
+  bool isInt = !isa<FloatType>(tensorType(bin.getLhs()).getElementType());
+  if (isInt && isAffine(l) && isAffine(r) &&
+      (l.kind == Operand::index || r.kind == Operand::index) &&
+      (fn == BinaryFn::add || fn == BinaryFn::sub ||
+       (fn == BinaryFn::mul &&
+        (l.kind == Operand::imm || r.kind == Operand::imm)))) {
+    Affine x = affineOf(l), y = affineOf(r), z;
+    if (fn == BinaryFn::mul) {
+      const Affine &a = l.kind == Operand::imm ? y : x;
+      int64_t c = l.kind == Operand::imm ? x.c0 : y.c0;
+      z = {a.c0 * c, a.cb * c, a.ch * c, a.cq * c, a.ckv * c};
+    } else {
+      int64_t s = fn == BinaryFn::add ? 1 : -1;
+      z = {x.c0 + s * y.c0, x.cb + s * y.cb, x.ch + s * y.ch, x.cq + s * y.cq,
+           x.ckv + s * y.ckv};
+    }
+    Operand result;
+    result.kind = Operand::index;
+    result.affine = z;
+    return result;
+  }
+  if (l.kind == Operand::imm && r.kind == Operand::imm)
+    return failAt(bin, "computes with constants only (fold it in Python)");
+  return aluOperand(aluFor(fn), l, r, at);
+}
+
+/// `l alu r` on GpSimd: an immediate or a column operand is the
+/// per-partition scalar.
+Operand FlexAttentionLowering::aluOperand(nisa::AluOp alu, const Operand &l,
+                                          const Operand &r, const Step &at) {
+  bool lTile = l.kind == Operand::full ||
+               (l.kind == Operand::index && l.affine.ckv != 0);
+  bool rTile = r.kind == Operand::full ||
+               (r.kind == Operand::index && r.affine.ckv != 0);
+  bool full = lTile || rTile;
+  Value t = k.tile(MemorySpace::sbuf, {at.rows, full ? at.width : 1}, f32);
+  if (l.kind == Operand::imm || r.kind == Operand::imm) {
+    bool reverse = l.kind == Operand::imm;
+    Value src = materialize(reverse ? r : l, at, false);
+    b.create<nisa::TensorScalarOp>(alu, src, t, Value(),
+                                   APFloat(reverse ? l.value : r.value),
+                                   reverse, nisa::Engine::gpsimd);
+  } else if (lTile != rTile) {
+    bool reverse = !lTile;
+    Value src = materialize(reverse ? r : l, at, false);
+    Value col = materialize(reverse ? l : r, at, false);
+    b.create<nisa::TensorScalarOp>(alu, src, t, col, APFloat(0.0), reverse,
+                                   nisa::Engine::gpsimd);
+  } else {
+    b.create<nisa::TensorTensorOp>(alu, materialize(l, at, false),
+                                   materialize(r, at, false), t,
+                                   nisa::Engine::gpsimd);
+  }
+  Operand result;
+  result.kind = full ? Operand::full : Operand::column;
+  result.tile = t;
+  return result;
 }
 
 //===----------------------------------------------------------------------===//
@@ -403,22 +455,21 @@ void FlexAttentionLowering::loadHead(Value batchIdx, Value kvHead,
   };
   Value vBase = base(value, kvHead);
   int64_t vs = value.strides[2], vd = value.strides[3];
-  int64_t fullUnits = kvLen / kUnit, rest = kvLen % kUnit;
+  int64_t fullUnits = kvLen / unit, rest = kvLen % unit;
   int64_t vAt = slot * kvUnits * vDim;
   if (fullUnits)
-    load(k.view(value.buffer, vBase, {kUnit, fullUnits, vDim},
-                {vs, kUnit * vs, vd}),
-         k.view(vS, k.index(vAt), {kUnit, fullUnits, vDim},
-                {vSStride, vDim, 1}));
+    load(
+        k.view(value.buffer, vBase, {unit, fullUnits, vDim},
+               {vs, unit * vs, vd}),
+        k.view(vS, k.index(vAt), {unit, fullUnits, vDim}, {vSStride, vDim, 1}));
   if (rest)
-    load(k.view(value.buffer, k.addOffset(vBase, fullUnits * kUnit * vs),
+    load(k.view(value.buffer, k.addOffset(vBase, fullUnits * unit * vs),
                 {rest, vDim}, {vs, vd}),
          k.view(vS, k.index(vAt + fullUnits * vDim), {rest, vDim},
                 {vSStride, 1}));
-  load(
-      k.view(key.buffer, base(key, kvHead), {dim, kvLen},
-             {key.strides[3], key.strides[2]}),
-      k.view(kT, k.index(slot * kvUnits * kUnit), {dim, kvLen}, {kTStride, 1}));
+  load(k.view(key.buffer, base(key, kvHead), {dim, kvLen},
+              {key.strides[3], key.strides[2]}),
+       k.view(kT, k.index(slot * kvUnits * unit), {dim, kvLen}, {kTStride, 1}));
   if (!qResident)
     return;
   for (int64_t g = 0; g < group; ++g)
@@ -451,16 +502,16 @@ SmallVector<Operand> FlexAttentionLowering::tableOperands(ValueRange buffers) {
 /// The identity for TensorE transposes ((p - j) == 0), and 0 and -inf
 /// tiles of `cols` columns for masks.
 void FlexAttentionLowering::makeConstants(int64_t cols) {
-  Value diff = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, f32);
+  Value diff = k.tile(MemorySpace::sbuf, {unit, unit}, f32);
   b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
                          b.getDenseF64ArrayAttr({-1.0}));
-  ident = k.tile(MemorySpace::sbuf, {kUnit, kUnit}, inElt);
+  ident = k.tile(MemorySpace::sbuf, {unit, unit}, inElt);
   b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
                                  APFloat(0.0), false);
-  negInf = k.tile(MemorySpace::sbuf, {kUnit, cols}, f32);
+  negInf = k.tile(MemorySpace::sbuf, {unit, cols}, f32);
   b.create<nisa::MemsetOp>(negInf,
                            APFloat(-std::numeric_limits<float>::infinity()));
-  zeros = k.tile(MemorySpace::sbuf, {kUnit, cols}, f32);
+  zeros = k.tile(MemorySpace::sbuf, {unit, cols}, f32);
   b.create<nisa::MemsetOp>(zeros, APFloat(0.0));
 }
 
@@ -491,7 +542,7 @@ FlexAttentionLowering::resultLayout(Value result) {
 /// The anti-identities gatherWindow flips windows with: (p + j) == n - 1 for
 /// the window sizes a kernel has (128, and the query and key remainders).
 void FlexAttentionLowering::makeAntiIdentities() {
-  for (int64_t n : {kUnit, qLen % kUnit, kvLen % kUnit}) {
+  for (int64_t n : {unit, qLen % unit, kvLen % unit}) {
     if (n == 0 || antiIdentity.count(n))
       continue;
     Value sum = k.tile(MemorySpace::sbuf, {n, n}, f32);
@@ -515,13 +566,13 @@ LogicalResult FlexAttentionLowering::setUpCommon(
   batch = qType.getDimSize(0);
   heads = qType.getDimSize(1);
   qLen = qType.getDimSize(2);
-  qTiles = (qLen + kUnit - 1) / kUnit;
+  qTiles = (qLen + unit - 1) / unit;
   dim = qType.getDimSize(3);
   kvHeads = kType.getDimSize(1);
   group = heads / kvHeads;
   kvLen = kType.getDimSize(2);
   vDim = vType.getDimSize(3);
-  kvUnits = (kvLen + kUnit - 1) / kUnit;
+  kvUnits = (kvLen + unit - 1) / unit;
   bank = k.target.psumBankBytes / 4; // fp32 columns per PSUM bank
   inElt = qType.getElementType();
   f32 = b.getF32Type();
@@ -555,7 +606,6 @@ LogicalResult FlexAttentionLowering::setUpCommon(
 LogicalResult FlexAttentionLowering::run() {
   if (::mlir::failed(setUp(op)))
     return failure();
-  auto qType = tensorType(op.getQuery());
   if (vDim > bank)
     return op.emitOpError("value head dims above ")
            << bank << " are not supported";
@@ -568,23 +618,45 @@ LogicalResult FlexAttentionLowering::run() {
   if (auto c = keep.getDefiningOp<ConstantOp>())
     if (auto attr = dyn_cast<DenseElementsAttr>(c.getValue()))
       maskTrivial = attr.isSplat() && attr.getSplatValue<bool>();
-  // A lane needs two PSUM banks for scores (P^T reuses the bank of the
-  // scores it came from) and vDim columns of a bank for O.
+  bool tables = !op.getScoreBuffers().empty() || !op.getMaskBuffers().empty();
+  planPsum(tables);
+  if (::mlir::failed(planSbuf()))
+    return failure();
+
+  std::tie(out, outStrides) = resultLayout(op.getOut());
+  if (!op.getLse().use_empty()) {
+    lse = k.resultBuffer(op.getLse());
+    lseStrides = contiguousStrides(tensorType(op.getLse()).getShape());
+  }
+
+  TileBuilder::TileScope scope(k);
+  allocateTiles(tables);
+  emitBatches();
+  return failure(failed);
+}
+
+/// Lanes: as many as attention-lanes asks and PSUM holds. A lane needs two
+/// PSUM banks for scores (P^T reuses the bank of the scores it came from)
+/// and vDim columns of a bank for O; captured tensors, one more bank.
+void FlexAttentionLowering::planPsum(bool tables) {
   int64_t outsPerBank = std::max<int64_t>(1, bank / vDim);
   auto psumBanksFor = [&](int64_t n) {
     return 2 * n + (n + outsPerBank - 1) / outsPerBank;
   };
-  bool tables = !op.getScoreBuffers().empty() || !op.getMaskBuffers().empty();
   int64_t extra = tables ? 1 : 0;
   for (lanes = k.knobs.attentionLanes;
        lanes > 1 && psumBanksFor(lanes) + extra > k.target.psumBanks;)
     --lanes;
   miscBank = psumBanksFor(lanes);
   psumCols = (miscBank + extra) * bank;
-  // SBUF: per key-head slot K^T, V and (resident) Q^T of its query heads.
-  // Two slots let the next key head load while this one computes; resident
-  // Q^T saves a load in front of every query tile. The rest of the
-  // kernel's tiles fit beyond attention-sbuf-percent.
+}
+
+/// SBUF: per key-head slot K^T, V and (resident) Q^T of its query heads.
+/// Two slots let the next key head load while this one computes; resident
+/// Q^T saves a load in front of every query tile. The rest of the kernel's
+/// tiles fit beyond attention-sbuf-percent.
+LogicalResult FlexAttentionLowering::planSbuf() {
+  auto qType = tensorType(op.getQuery());
   int64_t elt = std::max<int64_t>(1, qType.getElementTypeBitWidth() / 8);
   int64_t kvBytes = (kvLen + kvUnits * vDim) * elt;
   int64_t qBytes = group * qLen * elt;
@@ -601,52 +673,51 @@ LogicalResult FlexAttentionLowering::run() {
            << "supported yet)";
   kvSlots = choice->first;
   qResident = choice->second;
+  return success();
+}
 
-  std::tie(out, outStrides) = resultLayout(op.getOut());
-  if (!op.getLse().use_empty()) {
-    lse = k.resultBuffer(op.getLse());
-    lseStrides = contiguousStrides(tensorType(op.getLse()).getShape());
-  }
-
-  TileBuilder::TileScope scope(k);
+/// The kernel's tiles, live for all of it.
+void FlexAttentionLowering::allocateTiles(bool tables) {
   makeConstants(bank);
   // -max starts huge but finite: exp(s - max) of a masked -inf score is 0,
   // never NaN.
-  negmInit = k.tile(MemorySpace::sbuf, {kUnit, 1}, f32);
+  negmInit = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
   b.create<nisa::MemsetOp>(negmInit,
                            APFloat(std::numeric_limits<float>::max()));
-  psum = k.tile(MemorySpace::psum, {kUnit, psumCols}, f32);
+  psum = k.tile(MemorySpace::psum, {unit, psumCols}, f32);
   if (tables)
     makeAntiIdentities();
-  negm = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
-  alpha = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
-  l = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes}, f32);
+  negm = k.tile(MemorySpace::sbuf, {unit, 2 * lanes}, f32);
+  alpha = k.tile(MemorySpace::sbuf, {unit, 2 * lanes}, f32);
+  l = k.tile(MemorySpace::sbuf, {unit, 2 * lanes}, f32);
   if (lse) {
     // Each query tile of a head leaves its row sums and -max here; their
     // logs are taken once per head (finishLse): ScalarE would otherwise
     // switch activation tables (exp, log, exp) for every query tile.
-    lseSums = k.tile(MemorySpace::sbuf, {kUnit, qTiles}, f32);
-    lseNegMax = k.tile(MemorySpace::sbuf, {kUnit, qTiles}, f32);
+    lseSums = k.tile(MemorySpace::sbuf, {unit, qTiles}, f32);
+    lseNegMax = k.tile(MemorySpace::sbuf, {unit, qTiles}, f32);
   }
-  o = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * vDim}, f32);
-  oOut = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * vDim}, inElt);
-  expSrc = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * bank}, f32);
-  maskBiases = k.tile(MemorySpace::sbuf, {kUnit, 2 * lanes * bank}, f32);
-  kTStride = kvSlots * kvUnits * kUnit;
+  o = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * vDim}, f32);
+  oOut = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * vDim}, inElt);
+  expSrc = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, f32);
+  maskBiases = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, f32);
+  kTStride = kvSlots * kvUnits * unit;
   vSStride = kvSlots * kvUnits * vDim;
   kT = k.tile(MemorySpace::sbuf, {dim, kTStride}, inElt);
-  vS = k.tile(MemorySpace::sbuf, {kUnit, vSStride}, inElt);
+  vS = k.tile(MemorySpace::sbuf, {unit, vSStride}, inElt);
   if (qResident) {
     qTStride = kvSlots * group * qLen;
     qT = k.tile(MemorySpace::sbuf, {dim, qTStride}, inElt);
   } else {
-    qLaneT = k.tile(MemorySpace::sbuf, {dim, 2 * lanes * kUnit}, inElt);
+    qLaneT = k.tile(MemorySpace::sbuf, {dim, 2 * lanes * unit}, inElt);
   }
+}
 
+/// Batches and key heads with one block structure run in loops (per-head
+/// structures unroll the heads); the next key head loads while this one
+/// computes.
+void FlexAttentionLowering::emitBatches() {
   bool perBatch = blocksShape[0] != 1, perHead = blocksShape[1] != 1;
-  // Batches and key heads with one block structure run in loops (per-head
-  // structures unroll the heads); the next key head loads while this one
-  // computes.
   for (int64_t bm = 0; bm < blocksShape[0]; ++bm) {
     auto batchBody = [&](Value batchIdx) {
       if (perHead || kvSlots == 1) {
@@ -673,7 +744,6 @@ LogicalResult FlexAttentionLowering::run() {
     else
       k.forEach(batch, batchBody);
   }
-  return failure(failed);
 }
 
 /// The query tiles of one query head as `lanes` streams of key steps, each
@@ -781,8 +851,8 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
     for (int64_t t : empty) {
       Step at = head;
       at.qTile = k.index(t);
-      at.q0 = k.index(t * kUnit);
-      at.rows = std::min(kUnit, qLen - t * kUnit);
+      at.q0 = k.index(t * unit);
+      at.rows = std::min(unit, qLen - t * unit);
       emptyTile(at);
     }
     // Round r computes the scores of step r + 1 and finishes step r of
@@ -864,36 +934,17 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
                                   ArrayRef<Lane> streams, int64_t r, Value rIdx,
                                   int64_t parity, Value qShift, bool affine) {
   TileBuilder::TileScope scope(k);
-  auto cursor = [&](int64_t lane, int64_t s,
-                    int64_t par) -> std::optional<Cursor> {
-    if (s < 0 || s >= (int64_t)streams[lane].size())
-      return std::nullopt;
-    const LaneStep &step = streams[lane][s];
-    Cursor c{lane, &step, head, par};
-    c.at.qTile = k.index(step.q);
-    c.at.q0 = k.index(step.q * kUnit);
-    if (qShift) {
-      c.at.qTile = k.addOffsets(c.at.qTile, qShift);
-      c.at.q0 = k.scale(c.at.qTile, kUnit);
-    }
-    c.at.rows = rowsOf(step.q);
-    c.at.width = step.keys.width;
-    c.at.unit =
-        affine ? k.addOffset(k.scale(k.addOffset(rIdx, -r), step.keys.units),
-                             step.keys.firstUnit)
-               : k.index(step.keys.firstUnit);
-    return c;
-  };
+  RoundAt at{head, streams, r, rIdx, qShift, affine};
   SmallVector<std::optional<Cursor>> next, cur;
   for (int64_t i = 0; i < lanes; ++i) {
-    next.push_back(cursor(i, r + 1, 1 - parity));
-    cur.push_back(cursor(i, r, parity));
+    next.push_back(cursor(at, i, r + 1, 1 - parity));
+    cur.push_back(cursor(at, i, r, parity));
   }
   // mask_mod depends on indices only: GpSimd computes it two steps ahead,
   // so the masking never waits for it.
   if (r == -1)
     for (int64_t i = 0; i < lanes; ++i)
-      if (auto c = cursor(i, 0, 0); c && c->step->keys.partial())
+      if (auto c = cursor(at, i, 0, 0); c && c->step->keys.partial())
         maskBias(*c);
   for (auto &c : next)
     if (c) {
@@ -908,74 +959,15 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
   for (auto &c : cur)
     if (c)
       ps[c->lane] = probabilities(*c);
-  // P^T a 128-key chunk at a time into the bank of the step's scores (exp
-  // has read them), then to SBUF.
-  for (auto &c : cur) {
-    if (!c)
-      continue;
-    int64_t rows = c->at.rows, width = c->at.width;
-    for (int64_t i = 0; i * kUnit < width; ++i) {
-      int64_t keys = std::min(kUnit, width - i * kUnit);
-      b.create<nisa::MatmulOp>(
-          k.view(ps[c->lane], k.index(i * kUnit), {rows, keys}, {width, 1}),
-          k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}),
-          k.view(psum, k.index(scoreBankOf(*c) * bank + i * rows), {keys, rows},
-                 {psumCols, 1}));
-    }
-  }
-  for (auto &c : cur) {
-    if (!c)
-      continue;
-    int64_t rows = c->at.rows, units = c->step->keys.units;
-    int64_t keys = std::min(kUnit, c->at.width);
-    pTs[c->lane] = k.tile(MemorySpace::sbuf, {kUnit, units * rows}, inElt);
-    // A last chunk of fewer keys leaves rows of P^T unwritten: not read.
-    // ScalarE copies all but the last of four chunks, VectorE that one: it
-    // balances their loads (VectorE has the max and O's rescale).
-    int64_t onScalar = units < 4 ? units : units - 1;
-    auto copy = [&](int64_t from, int64_t n, nisa::Engine engine) {
-      b.create<nisa::CopyOp>(
-          k.view(psum, k.index(scoreBankOf(*c) * bank + from * rows),
-                 {keys, n * rows}, {psumCols, 1}),
-          k.view(pTs[c->lane], k.index(from * rows), {keys, n * rows},
-                 {units * rows, 1}),
-          engine);
-    };
-    copy(0, onScalar, nisa::Engine::scalar);
-    if (onScalar < units)
-      copy(onScalar, units - onScalar, nisa::Engine::vector);
-  }
-  for (auto &c : cur) {
-    if (!c)
-      continue;
-    int64_t rows = c->at.rows, width = c->at.width;
-    const LaneStep &step = *c->step;
-    int64_t outsPerBank = std::max<int64_t>(1, bank / vDim);
-    Value oPs = k.view(psum,
-                       k.index((2 * lanes + c->lane / outsPerBank) * bank +
-                               c->lane % outsPerBank * vDim),
-                       {rows, vDim}, {psumCols, 1});
-    for (int64_t i = 0; i * kUnit < width; ++i) {
-      int64_t keys = std::min(kUnit, width - i * kUnit);
-      Value stationary = k.view(pTs[c->lane], k.index(i * rows), {keys, rows},
-                                {step.keys.units * rows, 1});
-      Value moving = k.view(vS,
-                            k.addOffset(k.scale(c->at.unit, vDim),
-                                        kvSlot * kvUnits * vDim + i * vDim),
-                            {keys, vDim}, {vSStride, 1});
-      auto mm = b.create<nisa::MatmulOp>(stationary, moving, oPs);
-      if (i > 0)
-        mm.setAccumulate(true);
-    }
-    Value os = k.view(o, k.index((2 * c->lane + step.set) * vDim), {rows, vDim},
-                      {2 * lanes * vDim, 1});
-    if (step.first)
-      b.create<nisa::CopyOp>(oPs, os, nisa::Engine::vector);
-    else
-      scalarTensorTensor(os, column(alpha, 2 * c->lane + c->parity, rows), 0.0,
-                         nisa::AluOp::multiply, oPs, nisa::AluOp::add, os,
-                         nisa::Engine::vector);
-  }
+  for (auto &c : cur)
+    if (c)
+      transposeP(*c, ps[c->lane]);
+  for (auto &c : cur)
+    if (c)
+      pTs[c->lane] = evictPT(*c);
+  for (auto &c : cur)
+    if (c)
+      accumulateO(*c, pTs[c->lane]);
   for (auto &c : cur)
     if (c && c->step->last)
       finishTile(*c);
@@ -983,8 +975,100 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
     if (c && !c->step->first)
       rescaleFactor(*c);
   for (int64_t i = 0; i < lanes; ++i)
-    if (auto c = cursor(i, r + 2, parity); c && c->step->keys.partial())
+    if (auto c = cursor(at, i, r + 2, parity); c && c->step->keys.partial())
       maskBias(*c);
+}
+
+/// Step `s` of `lane` in round `at.r` (none past the lane's ends), with
+/// buffer parity `par`.
+std::optional<FlexAttentionLowering::Cursor>
+FlexAttentionLowering::cursor(const RoundAt &at, int64_t lane, int64_t s,
+                              int64_t par) {
+  if (s < 0 || s >= (int64_t)at.streams[lane].size())
+    return std::nullopt;
+  const LaneStep &step = at.streams[lane][s];
+  Cursor c{lane, &step, at.head, par};
+  c.at.qTile = k.index(step.q);
+  c.at.q0 = k.index(step.q * unit);
+  if (at.qShift) {
+    c.at.qTile = k.addOffsets(c.at.qTile, at.qShift);
+    c.at.q0 = k.scale(c.at.qTile, unit);
+  }
+  c.at.rows = rowsOf(step.q);
+  c.at.width = step.keys.width;
+  c.at.unit =
+      at.affine
+          ? k.addOffset(k.scale(k.addOffset(at.rIdx, -at.r), step.keys.units),
+                        step.keys.firstUnit)
+          : k.index(step.keys.firstUnit);
+  return c;
+}
+
+/// P^T a 128-key chunk at a time into the bank of the step's scores (exp
+/// has read them).
+void FlexAttentionLowering::transposeP(const Cursor &c, Value p) {
+  int64_t rows = c.at.rows, width = c.at.width;
+  for (int64_t i = 0; i * unit < width; ++i) {
+    int64_t keys = std::min(unit, width - i * unit);
+    b.create<nisa::MatmulOp>(
+        k.view(p, k.index(i * unit), {rows, keys}, {width, 1}),
+        k.view(ident, k.index(0), {rows, rows}, {unit, 1}),
+        k.view(psum, k.index(scoreBankOf(c) * bank + i * rows), {keys, rows},
+               {psumCols, 1}));
+  }
+}
+
+/// P^T from PSUM to an SBUF tile, the matmul input of P V.
+Value FlexAttentionLowering::evictPT(const Cursor &c) {
+  int64_t rows = c.at.rows, units = c.step->keys.units;
+  int64_t keys = std::min(unit, c.at.width);
+  Value pT = k.tile(MemorySpace::sbuf, {unit, units * rows}, inElt);
+  // A last chunk of fewer keys leaves rows of P^T unwritten: not read.
+  // ScalarE copies all but the last of four chunks, VectorE that one: it
+  // balances their loads (VectorE has the max and O's rescale).
+  int64_t onScalar = units < 4 ? units : units - 1;
+  auto copy = [&](int64_t from, int64_t n, nisa::Engine engine) {
+    b.create<nisa::CopyOp>(
+        k.view(psum, k.index(scoreBankOf(c) * bank + from * rows),
+               {keys, n * rows}, {psumCols, 1}),
+        k.view(pT, k.index(from * rows), {keys, n * rows}, {units * rows, 1}),
+        engine);
+  };
+  copy(0, onScalar, nisa::Engine::scalar);
+  if (onScalar < units)
+    copy(onScalar, units - onScalar, nisa::Engine::vector);
+  return pT;
+}
+
+/// O = O * alpha + P V (O = P V on the query tile's first key step).
+void FlexAttentionLowering::accumulateO(const Cursor &c, Value pT) {
+  int64_t rows = c.at.rows, width = c.at.width;
+  const LaneStep &step = *c.step;
+  int64_t outsPerBank = std::max<int64_t>(1, bank / vDim);
+  Value oPs = k.view(psum,
+                     k.index((2 * lanes + c.lane / outsPerBank) * bank +
+                             c.lane % outsPerBank * vDim),
+                     {rows, vDim}, {psumCols, 1});
+  for (int64_t i = 0; i * unit < width; ++i) {
+    int64_t keys = std::min(unit, width - i * unit);
+    Value stationary = k.view(pT, k.index(i * rows), {keys, rows},
+                              {step.keys.units * rows, 1});
+    Value moving = k.view(vS,
+                          k.addOffset(k.scale(c.at.unit, vDim),
+                                      kvSlot * kvUnits * vDim + i * vDim),
+                          {keys, vDim}, {vSStride, 1});
+    auto mm = b.create<nisa::MatmulOp>(stationary, moving, oPs);
+    if (i > 0)
+      mm.setAccumulate(true);
+  }
+  Value os = k.view(o, k.index((2 * c.lane + step.set) * vDim), {rows, vDim},
+                    {2 * lanes * vDim, 1});
+  if (step.first)
+    b.create<nisa::CopyOp>(oPs, os, nisa::Engine::vector);
+  else
+    scalarTensorTensor(os, column(alpha, 2 * c.lane + c.parity, rows), 0.0,
+                       nisa::AluOp::multiply, oPs, nisa::AluOp::add, os,
+                       nisa::Engine::vector);
 }
 
 Value FlexAttentionLowering::psumBank(int64_t bankIdx, int64_t rows,
@@ -1021,8 +1105,8 @@ Value FlexAttentionLowering::queryT(const Cursor &c, Value qTHead) {
   if (qResident)
     return k.view(qT, k.addOffsets(qTHead, c.at.q0), {dim, c.at.rows},
                   {qTStride, 1});
-  return k.view(qLaneT, k.index((2 * c.lane + c.step->set) * kUnit),
-                {dim, c.at.rows}, {2 * lanes * kUnit, 1});
+  return k.view(qLaneT, k.index((2 * c.lane + c.step->set) * unit),
+                {dim, c.at.rows}, {2 * lanes * unit, 1});
 }
 
 /// Q^T of a query tile when Q is not resident: a transposing DMA.
@@ -1040,8 +1124,7 @@ void FlexAttentionLowering::startTile(const Cursor &c) {
 void FlexAttentionLowering::scores(const Cursor &c, Value qTs) {
   b.create<nisa::MatmulOp>(
       qTs,
-      k.view(kT,
-             k.addOffset(k.scale(c.at.unit, kUnit), kvSlot * kvUnits * kUnit),
+      k.view(kT, k.addOffset(k.scale(c.at.unit, unit), kvSlot * kvUnits * unit),
              {dim, c.at.width}, {kTStride, 1}),
       scoresOf(c));
 }
@@ -1055,8 +1138,8 @@ void FlexAttentionLowering::rowMax(const Cursor &c) {
   Value s = scoresOf(c), dst = expSource(c);
   if (scaleOnExp) {
     for (auto [offset, count] : c.step->keys.partialRuns) {
-      int64_t cols = std::min(count * kUnit, width - offset * kUnit);
-      Value part = k.view(psum, k.index(scoreBankOf(c) * bank + offset * kUnit),
+      int64_t cols = std::min(count * unit, width - offset * unit);
+      Value part = k.view(psum, k.index(scoreBankOf(c) * bank + offset * unit),
                           {rows, cols}, {psumCols, 1});
       b.create<nisa::TensorTensorOp>(nisa::AluOp::add, part,
                                      biasOf(c, offset, cols), part);
@@ -1095,7 +1178,7 @@ void FlexAttentionLowering::maskBias(const Cursor &c) {
   for (auto [offset, count] : c.step->keys.partialRuns) {
     Step sub = c.at;
     sub.unit = k.addOffset(c.at.unit, offset);
-    sub.width = std::min(count * kUnit, c.at.width - offset * kUnit);
+    sub.width = std::min(count * unit, c.at.width - offset * unit);
     Value bias = biasOf(c, offset, sub.width);
     FailureOr<Operand> r = modifier(op.getMaskMod(), maskArgs, sub);
     if (::mlir::failed(r)) {
@@ -1121,7 +1204,7 @@ void FlexAttentionLowering::maskBias(const Cursor &c) {
 Value FlexAttentionLowering::biasOf(const Cursor &c, int64_t offset,
                                     int64_t cols) {
   return k.view(maskBiases,
-                k.index((2 * c.lane + c.parity) * bank + offset * kUnit),
+                k.index((2 * c.lane + c.parity) * bank + offset * unit),
                 {c.at.rows, cols}, {2 * lanes * bank, 1});
 }
 
@@ -1206,7 +1289,7 @@ void FlexAttentionLowering::storeLseParts(const Step &at, Value sums,
 void FlexAttentionLowering::finishLse(const Step &head) {
   Value lseBase = k.addOffsets(k.scale(head.batch, lseStrides[0]),
                                k.scale(head.head, lseStrides[1]));
-  int64_t full = qLen / kUnit, rest = qLen % kUnit;
+  int64_t full = qLen / unit, rest = qLen % unit;
   auto block = [&](int64_t col, int64_t rows, int64_t cols) {
     auto sbuf = [&](Value t) {
       return k.view(t, k.index(col), {rows, cols}, {qTiles, 1});
@@ -1217,11 +1300,11 @@ void FlexAttentionLowering::finishLse(const Step &head) {
     b.create<nisa::TensorTensorOp>(nisa::AluOp::subtract, sbuf(lseSums),
                                    sbuf(lseNegMax), sbuf(lseSums),
                                    nisa::Engine::gpsimd);
-    k.dma(sbuf(lseSums), k.view(lse, k.addOffset(lseBase, col * kUnit),
-                                {rows, cols}, {1, kUnit}));
+    k.dma(sbuf(lseSums), k.view(lse, k.addOffset(lseBase, col * unit),
+                                {rows, cols}, {1, unit}));
   };
   if (full)
-    block(0, kUnit, full);
+    block(0, unit, full);
   if (rest)
     block(full, rest, 1);
 }

@@ -44,12 +44,12 @@ Value FlexAttentionLowering::loadRowsOf(const TileBuilder::Window &w,
                                         Value dst) {
   int64_t rs = w.strides[2], es = w.strides[3];
   int64_t stride = cast<MemRefType>(dst.getType()).getShape()[1];
-  int64_t full = len / kUnit, rest = len % kUnit;
+  int64_t full = len / unit, rest = len % unit;
   if (full)
-    k.dma(k.view(w.buffer, base, {kUnit, full, width}, {rs, kUnit * rs, es}),
-          k.view(dst, k.index(0), {kUnit, full, width}, {stride, width, 1}));
+    k.dma(k.view(w.buffer, base, {unit, full, width}, {rs, unit * rs, es}),
+          k.view(dst, k.index(0), {unit, full, width}, {stride, width, 1}));
   if (rest)
-    k.dma(k.view(w.buffer, k.addOffset(base, full * kUnit * rs), {rest, width},
+    k.dma(k.view(w.buffer, k.addOffset(base, full * unit * rs), {rest, width},
                  {rs, es}),
           k.view(dst, k.index(full * width), {rest, width}, {stride, 1}));
   return dst;
@@ -72,32 +72,32 @@ void FlexAttentionLowering::storeRows(Value src, int64_t width, int64_t len,
                                       Value buffer, Value base,
                                       int64_t rowStride, double factor) {
   TileBuilder::TileScope scope(k);
-  int64_t units = (len + kUnit - 1) / kUnit;
+  int64_t units = (len + unit - 1) / unit;
   int64_t srcCols = cast<MemRefType>(src.getType()).getShape()[1];
   Type elt = cast<MemRefType>(buffer.getType()).getElementType();
-  Value res = k.view(src, k.index(0), {kUnit, units * width}, {srcCols, 1});
+  Value res = k.view(src, k.index(0), {unit, units * width}, {srcCols, 1});
   if (factor != 1.0 || elt != f32) {
-    Value converted = k.tile(MemorySpace::sbuf, {kUnit, units * width}, elt);
+    Value converted = k.tile(MemorySpace::sbuf, {unit, units * width}, elt);
     b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, res, converted,
                                    Value(), APFloat(factor), false,
                                    nisa::Engine::gpsimd);
     res = converted;
     srcCols = units * width;
   }
-  int64_t full = len / kUnit, rest = len % kUnit;
+  int64_t full = len / unit, rest = len % unit;
   if (full)
-    k.dma(k.view(res, k.index(0), {kUnit, full, width}, {srcCols, width, 1}),
-          k.view(buffer, base, {kUnit, full, width},
-                 {rowStride, kUnit * rowStride, 1}));
+    k.dma(k.view(res, k.index(0), {unit, full, width}, {srcCols, width, 1}),
+          k.view(buffer, base, {unit, full, width},
+                 {rowStride, unit * rowStride, 1}));
   if (rest)
     k.dma(k.view(res, k.index(full * width), {rest, width}, {srcCols, 1}),
-          k.view(buffer, k.addOffset(base, full * kUnit * rowStride),
+          k.view(buffer, k.addOffset(base, full * unit * rowStride),
                  {rest, width}, {rowStride, 1}));
 }
 
 LogicalResult FlexAttentionLowering::planChunks(FlexAttentionBackwardOp o) {
   int64_t elt = std::max<int64_t>(1, inElt.getIntOrFloatBitWidth() / 8);
-  auto units = [](int64_t rows) { return (rows + kUnit - 1) / kUnit; };
+  auto units = [&](int64_t rows) { return (rows + unit - 1) / unit; };
   // Per partition: K rows, K^T, V^T and fp32 dK, dV for `keys` keys.
   auto kvBytes = [&](int64_t keys) {
     return (units(keys) * dim + 2 * keys) * elt +
@@ -112,9 +112,9 @@ LogicalResult FlexAttentionLowering::planChunks(FlexAttentionBackwardOp o) {
   auto fitting = [&](auto bytes, int64_t len, int64_t room) {
     if (bytes(len) <= room)
       return len;
-    int64_t rows = (len - 1) / kUnit * kUnit;
+    int64_t rows = (len - 1) / unit * unit;
     while (rows > 0 && bytes(rows) > room)
-      rows -= kUnit;
+      rows -= unit;
     return rows;
   };
   int64_t budget =
@@ -156,7 +156,7 @@ LogicalResult FlexAttentionLowering::runBackward() {
     return o.emitOpError("value head dims above ")
            << k.target.matmulMaxK << " are not supported in the backward";
   if (k.target.psumBanks < kBanks || dim + vDim > bank ||
-      2 * (kUnit + dim) > bank || kSlots * kUnit > bank)
+      2 * (unit + dim) > bank || kSlots * unit > bank)
     return o.emitOpError("the backward needs ")
            << kBanks
            << " PSUM banks, dV and dK side by side in one, and two dS^T and "
@@ -171,29 +171,29 @@ LogicalResult FlexAttentionLowering::runBackward() {
   std::tie(bw.outDV, bw.dvStrides) = resultLayout(o.getGradValue());
 
   TileBuilder::TileScope scope(k);
-  makeConstants(kUnit);
+  makeConstants(unit);
   psumCols = kBanks * bank;
   miscBank = kMiscBank;
-  psum = k.tile(MemorySpace::psum, {kUnit, psumCols}, f32);
+  psum = k.tile(MemorySpace::psum, {unit, psumCols}, f32);
   if (!o.getScoreBuffers().empty() || !o.getMaskBuffers().empty())
     makeAntiIdentities();
   int64_t tiles = bw.qCapTiles, units = bw.kvCapUnits;
-  bw.kRows = k.tile(MemorySpace::sbuf, {kUnit, units * dim}, inElt);
+  bw.kRows = k.tile(MemorySpace::sbuf, {unit, units * dim}, inElt);
   bw.kT = k.tile(MemorySpace::sbuf, {dim, bw.kvCap}, inElt);
   bw.vT = k.tile(MemorySpace::sbuf, {vDim, bw.kvCap}, inElt);
-  bw.qRows = k.tile(MemorySpace::sbuf, {kUnit, tiles * dim}, inElt);
+  bw.qRows = k.tile(MemorySpace::sbuf, {unit, tiles * dim}, inElt);
   bw.qT = k.tile(MemorySpace::sbuf, {dim, bw.qCap}, inElt);
-  bw.doRows = k.tile(MemorySpace::sbuf, {kUnit, tiles * vDim}, inElt);
+  bw.doRows = k.tile(MemorySpace::sbuf, {unit, tiles * vDim}, inElt);
   bw.doT = k.tile(MemorySpace::sbuf, {vDim, bw.qCap}, inElt);
-  bw.oRows = k.tile(MemorySpace::sbuf, {kUnit, tiles * vDim}, inElt);
-  bw.negLse = k.tile(MemorySpace::sbuf, {kUnit, tiles}, f32);
-  bw.delta = k.tile(MemorySpace::sbuf, {kUnit, tiles}, f32);
-  bw.dQ = k.tile(MemorySpace::sbuf, {kUnit, tiles * dim}, f32);
-  bw.dK = k.tile(MemorySpace::sbuf, {kUnit, units * dim}, f32);
-  bw.dV = k.tile(MemorySpace::sbuf, {kUnit, units * vDim}, f32);
-  bw.pIn = k.tile(MemorySpace::sbuf, {kUnit, kSlots * kUnit}, inElt);
-  bw.dSIn = k.tile(MemorySpace::sbuf, {kUnit, kSlots * kUnit}, inElt);
-  bw.dSTIn = k.tile(MemorySpace::sbuf, {kUnit, 2 * kUnit}, inElt);
+  bw.oRows = k.tile(MemorySpace::sbuf, {unit, tiles * vDim}, inElt);
+  bw.negLse = k.tile(MemorySpace::sbuf, {unit, tiles}, f32);
+  bw.delta = k.tile(MemorySpace::sbuf, {unit, tiles}, f32);
+  bw.dQ = k.tile(MemorySpace::sbuf, {unit, tiles * dim}, f32);
+  bw.dK = k.tile(MemorySpace::sbuf, {unit, units * dim}, f32);
+  bw.dV = k.tile(MemorySpace::sbuf, {unit, units * vDim}, f32);
+  bw.pIn = k.tile(MemorySpace::sbuf, {unit, kSlots * unit}, inElt);
+  bw.dSIn = k.tile(MemorySpace::sbuf, {unit, kSlots * unit}, inElt);
+  bw.dSTIn = k.tile(MemorySpace::sbuf, {unit, 2 * unit}, inElt);
 
   bool perBatch = blocksShape[0] != 1, perHead = blocksShape[1] != 1;
   for (int64_t bm = 0; bm < blocksShape[0]; ++bm) {
@@ -224,8 +224,8 @@ void FlexAttentionLowering::backwardKeyHead(Value batchIdx, Value kvHead,
   };
   for (int64_t c = 0; c * bw.kvCap < kvLen; ++c) {
     int64_t kv0 = c * bw.kvCap, keys = std::min(bw.kvCap, kvLen - kv0);
-    bw.u0 = kv0 / kUnit;
-    bw.chunkUnits = (keys + kUnit - 1) / kUnit;
+    bw.u0 = kv0 / unit;
+    bw.chunkUnits = (keys + unit - 1) / unit;
     loadRowsOf(key, base(key, kvHead, kv0), keys, dim, bw.kRows);
     loadTransposed(key, base(key, kvHead, kv0), keys, dim, bw.kT);
     loadTransposed(value, base(value, kvHead, kv0), keys, vDim, bw.vT);
@@ -255,6 +255,16 @@ void FlexAttentionLowering::backwardKeyHead(Value batchIdx, Value kvHead,
   }
 }
 
+/// Element offset of row `row` of head `h` of batch `batchIdx` in window
+/// `w` ([batch, heads, rows, ...]).
+Value FlexAttentionLowering::headBase(const TileBuilder::Window &w,
+                                      Value batchIdx, Value h, int64_t row) {
+  return k.addOffset(
+      k.addOffsets(k.addOffset(k.scale(batchIdx, w.strides[0]), w.offset),
+                   k.scale(h, w.strides[1])),
+      row * w.strides[2]);
+}
+
 /// One query head against the key chunk in SBUF, a query chunk at a time:
 /// its inputs, every kept (key unit, query tile) step, then dQ: stored, or
 /// summed over the key chunks in dQPartial.
@@ -262,149 +272,20 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
                                               Value g, int64_t bm, int64_t hm,
                                               int64_t kvChunk) {
   Value h = k.addOffsets(k.scale(kvHead, group), g);
-  auto base = [&](const TileBuilder::Window &w, int64_t row) {
-    return k.addOffset(
-        k.addOffsets(k.addOffset(k.scale(batchIdx, w.strides[0]), w.offset),
-                     k.scale(h, w.strides[1])),
-        row * w.strides[2]);
-  };
   SmallVector<SmallVector<Kind>> kinds = unitKinds(bm, hm);
-  int64_t kvChunks = (kvLen + bw.kvCap - 1) / bw.kvCap;
-  // Key chunk c keeps a step of query tiles [t, t + tiles).
-  auto kept = [&](int64_t c, int64_t t, int64_t tiles) {
-    for (int64_t u = c * bw.kvCapUnits;
-         u < std::min(kvUnits, (c + 1) * bw.kvCapUnits); ++u)
-      for (int64_t i = t; i < t + tiles; ++i)
-        if (kinds[i][u] != Kind::masked)
-          return true;
-    return false;
-  };
   for (int64_t q0 = 0; q0 < qLen; q0 += bw.qCap) {
     int64_t queries = std::min(bw.qCap, qLen - q0);
-    int64_t tiles = (queries + kUnit - 1) / kUnit;
-    bw.t0 = q0 / kUnit;
-    // dQ sums over the key chunks that keep a step of these queries: the
-    // first starts it, the last stores it (rows no key reaches get zeros
-    // from the last chunk).
-    int64_t firstChunk = kvChunks - 1, lastChunk = kvChunks - 1;
-    for (int64_t c = kvChunks - 1; c >= 0; --c)
-      if (kept(c, bw.t0, tiles))
-        firstChunk = c;
-    for (int64_t c = 0; c < kvChunks; ++c)
-      if (kept(c, bw.t0, tiles))
-        lastChunk = c;
+    int64_t tiles = (queries + unit - 1) / unit;
+    bw.t0 = q0 / unit;
+    auto [firstChunk, lastChunk] = dQChunks(kinds, tiles);
     if (kvChunk < firstChunk || kvChunk > lastChunk)
       continue;
 
-    loadRowsOf(q, base(q, q0), queries, dim, bw.qRows);
-    loadTransposed(q, base(q, q0), queries, dim, bw.qT);
-    loadRowsOf(bw.dO, base(bw.dO, q0), queries, vDim, bw.doRows);
-    loadTransposed(bw.dO, base(bw.dO, q0), queries, vDim, bw.doT);
-    loadRowsOf(bw.o, base(bw.o, q0), queries, vDim, bw.oRows);
-    Value partialBase;
-    if (bw.dQPartial.buffer)
-      partialBase = base(bw.dQPartial, q0);
-    if (kvChunk == firstChunk)
-      b.create<nisa::MemsetOp>(bw.dQ, APFloat(0.0));
-    else
-      loadRowsOf(bw.dQPartial, partialBase, queries, dim, bw.dQ);
-    for (int64_t t = bw.t0; t < bw.t0 + tiles; ++t) {
-      TileBuilder::TileScope scope(k);
-      int64_t rows = std::min(kUnit, qLen - t * kUnit);
-      int64_t local = t - bw.t0;
-      auto col = [&](Value tile) {
-        return k.view(tile, k.index(local), {rows, 1}, {bw.qCapTiles, 1});
-      };
-      // -lse, finite: a fully masked row (lse = -inf) keeps P = exp(-inf) =
-      // 0.
-      Value lse = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
-      k.dma(k.view(
-                bw.lseIn.buffer,
-                k.addOffset(base(bw.lseIn, 0), t * kUnit * bw.lseIn.strides[2]),
-                {rows, 1}, {bw.lseIn.strides[2], 1}),
-            lse);
-      b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, lse, lse, Value(),
-                                     APFloat(-1.0), false,
-                                     nisa::Engine::gpsimd);
-      b.create<nisa::TensorScalarOp>(nisa::AluOp::min, lse, col(bw.negLse),
-                                     Value(),
-                                     APFloat(std::numeric_limits<float>::max()),
-                                     false, nisa::Engine::gpsimd);
-      // delta = rowsum(dO * O).
-      Value prod = k.tile(MemorySpace::sbuf, {rows, vDim}, f32);
-      auto rowsOf = [&](Value tile) {
-        return k.view(tile, k.index(local * vDim), {rows, vDim},
-                      {bw.qCapTiles * vDim, 1});
-      };
-      b.create<nisa::TensorTensorOp>(nisa::AluOp::multiply, rowsOf(bw.doRows),
-                                     rowsOf(bw.oRows), prod,
-                                     nisa::Engine::gpsimd);
-      b.create<nisa::TensorReduceOp>(nisa::AluOp::add, prod, col(bw.delta));
-    }
-    // The kept (key unit, query tile) steps, key unit by key unit; each
-    // step's scores are computed one step ahead of its gradients, so the
-    // engines overlap consecutive steps.
-    struct BackwardStep {
-      Step at;
-      int64_t t, u;
-      bool partial, first, last;
-    };
-    SmallVector<BackwardStep> steps;
-    for (int64_t u = bw.u0; u < bw.u0 + bw.chunkUnits; ++u) {
-      size_t unitStart = steps.size();
-      for (int64_t t = bw.t0; t < bw.t0 + tiles; ++t) {
-        if (kinds[t][u] == Kind::masked)
-          continue;
-        Step at;
-        at.batch = batchIdx;
-        at.head = h;
-        at.q0 = k.index(t * kUnit);
-        at.unit = k.index(u);
-        at.rows = std::min(kUnit, qLen - t * kUnit);
-        at.width = std::min(kUnit, kvLen - u * kUnit);
-        steps.push_back({at, t, u, kinds[t][u] == Kind::partial,
-                         steps.size() == unitStart, false});
-      }
-      if (steps.size() > unitStart)
-        steps.back().last = true;
-    }
-    // A software pipeline over the steps: step i's scores are emitted
-    // kAhead steps ahead of its dV, dK and dS^T, and its dQ one step behind
-    // them, so that no engine waits on the one before it in a step.
-    auto scores = [&](size_t i) {
-      const BackwardStep &s = steps[i];
-      backwardScores(s.at, s.t, s.u, s.partial, i % kSlots);
-    };
-    for (size_t i = 0; i < std::min<size_t>(kAhead, steps.size()); ++i)
-      scores(i);
-    for (size_t i = 0; i <= steps.size(); ++i) {
-      if (i + kAhead < steps.size())
-        scores(i + kAhead);
-      if (i < steps.size()) {
-        const BackwardStep &s = steps[i];
-        int64_t kvBank = kGradKVBanks[s.u % 2];
-        backwardGrads(s.at, s.t, s.u, s.first, i % kSlots, i % 2, kvBank);
-        if (s.last) {
-          // dV and dK of this unit, summed over the query tiles in PSUM,
-          // into the accumulators (which also sum the query heads of the
-          // key head).
-          int64_t keys = s.at.width;
-          auto acc = [&](Value tile, int64_t width, int64_t psumCol) {
-            Value dst = k.view(tile, k.index((s.u - bw.u0) * width),
-                               {keys, width}, {bw.kvCapUnits * width, 1});
-            Value src = k.view(psum, k.index(kvBank * bank + psumCol),
-                               {keys, width}, {psumCols, 1});
-            b.create<nisa::TensorTensorOp>(nisa::AluOp::add, dst, src, dst);
-          };
-          acc(bw.dV, vDim, 0);
-          acc(bw.dK, dim, vDim);
-        }
-      }
-      if (i > 0) {
-        const BackwardStep &s = steps[i - 1];
-        backwardDQ(s.at, s.t, s.u, (i - 1) % 2);
-      }
-    }
+    Value partialBase =
+        loadQueryChunk(batchIdx, h, q0, queries, kvChunk == firstChunk);
+    for (int64_t t = bw.t0; t < bw.t0 + tiles; ++t)
+      lseAndDelta(batchIdx, h, t);
+    pipelineSteps(backwardSteps(kinds, batchIdx, h, tiles));
     if (kvChunk == lastChunk) {
       ArrayRef<int64_t> qStrides = bw.dqStrides;
       storeRows(bw.dQ, dim, queries, bw.outDQ,
@@ -419,100 +300,292 @@ void FlexAttentionLowering::backwardQueryHead(Value batchIdx, Value kvHead,
   }
 }
 
+/// dQ of query tiles [t0, t0 + tiles) sums over the key chunks that keep a
+/// step of them: the first starts it, the last stores it (rows no key
+/// reaches get zeros from the last chunk).
+std::pair<int64_t, int64_t>
+FlexAttentionLowering::dQChunks(ArrayRef<SmallVector<Kind>> kinds,
+                                int64_t tiles) const {
+  int64_t kvChunks = (kvLen + bw.kvCap - 1) / bw.kvCap;
+  // Key chunk c keeps a step of query tiles [t, t + tiles).
+  auto kept = [&](int64_t c, int64_t t, int64_t tiles) {
+    for (int64_t u = c * bw.kvCapUnits;
+         u < std::min(kvUnits, (c + 1) * bw.kvCapUnits); ++u)
+      for (int64_t i = t; i < t + tiles; ++i)
+        if (kinds[i][u] != Kind::masked)
+          return true;
+    return false;
+  };
+  int64_t firstChunk = kvChunks - 1, lastChunk = kvChunks - 1;
+  for (int64_t c = kvChunks - 1; c >= 0; --c)
+    if (kept(c, bw.t0, tiles))
+      firstChunk = c;
+  for (int64_t c = 0; c < kvChunks; ++c)
+    if (kept(c, bw.t0, tiles))
+      lastChunk = c;
+  return {firstChunk, lastChunk};
+}
+
+/// The query chunk's Q, dO (rows and transposed) and O, and dQ: zeros in
+/// the first key chunk, else the sum so far. Returns where that sum is
+/// kept between key chunks (null with one key chunk).
+Value FlexAttentionLowering::loadQueryChunk(Value batchIdx, Value h, int64_t q0,
+                                            int64_t queries, bool firstChunk) {
+  auto base = [&](const TileBuilder::Window &w, int64_t row) {
+    return headBase(w, batchIdx, h, row);
+  };
+  loadRowsOf(q, base(q, q0), queries, dim, bw.qRows);
+  loadTransposed(q, base(q, q0), queries, dim, bw.qT);
+  loadRowsOf(bw.dO, base(bw.dO, q0), queries, vDim, bw.doRows);
+  loadTransposed(bw.dO, base(bw.dO, q0), queries, vDim, bw.doT);
+  loadRowsOf(bw.o, base(bw.o, q0), queries, vDim, bw.oRows);
+  Value partialBase;
+  if (bw.dQPartial.buffer)
+    partialBase = base(bw.dQPartial, q0);
+  if (firstChunk)
+    b.create<nisa::MemsetOp>(bw.dQ, APFloat(0.0));
+  else
+    loadRowsOf(bw.dQPartial, partialBase, queries, dim, bw.dQ);
+  return partialBase;
+}
+
+/// Query tile t's columns: -lse and delta = rowsum(dO * O).
+void FlexAttentionLowering::lseAndDelta(Value batchIdx, Value h, int64_t t) {
+  TileBuilder::TileScope scope(k);
+  int64_t rows = std::min(unit, qLen - t * unit);
+  int64_t local = t - bw.t0;
+  auto col = [&](Value tile) {
+    return k.view(tile, k.index(local), {rows, 1}, {bw.qCapTiles, 1});
+  };
+  // -lse, finite: a fully masked row (lse = -inf) keeps P = exp(-inf) = 0.
+  Value lse = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
+  k.dma(k.view(bw.lseIn.buffer,
+               k.addOffset(headBase(bw.lseIn, batchIdx, h, 0),
+                           t * unit * bw.lseIn.strides[2]),
+               {rows, 1}, {bw.lseIn.strides[2], 1}),
+        lse);
+  b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, lse, lse, Value(),
+                                 APFloat(-1.0), false, nisa::Engine::gpsimd);
+  b.create<nisa::TensorScalarOp>(nisa::AluOp::min, lse, col(bw.negLse), Value(),
+                                 APFloat(std::numeric_limits<float>::max()),
+                                 false, nisa::Engine::gpsimd);
+  Value prod = k.tile(MemorySpace::sbuf, {rows, vDim}, f32);
+  auto rowsOf = [&](Value tile) {
+    return k.view(tile, k.index(local * vDim), {rows, vDim},
+                  {bw.qCapTiles * vDim, 1});
+  };
+  b.create<nisa::TensorTensorOp>(nisa::AluOp::multiply, rowsOf(bw.doRows),
+                                 rowsOf(bw.oRows), prod, nisa::Engine::gpsimd);
+  b.create<nisa::TensorReduceOp>(nisa::AluOp::add, prod, col(bw.delta));
+}
+
+/// The kept (key unit, query tile) steps of the chunks in SBUF, key unit by
+/// key unit.
+SmallVector<FlexAttentionLowering::BackwardStep>
+FlexAttentionLowering::backwardSteps(ArrayRef<SmallVector<Kind>> kinds,
+                                     Value batchIdx, Value h, int64_t tiles) {
+  SmallVector<BackwardStep> steps;
+  for (int64_t u = bw.u0; u < bw.u0 + bw.chunkUnits; ++u) {
+    size_t unitStart = steps.size();
+    for (int64_t t = bw.t0; t < bw.t0 + tiles; ++t) {
+      if (kinds[t][u] == Kind::masked)
+        continue;
+      Step at;
+      at.batch = batchIdx;
+      at.head = h;
+      at.q0 = k.index(t * unit);
+      at.unit = k.index(u);
+      at.rows = std::min(unit, qLen - t * unit);
+      at.width = std::min(unit, kvLen - u * unit);
+      steps.push_back({at, t, u, kinds[t][u] == Kind::partial,
+                       steps.size() == unitStart, false});
+    }
+    if (steps.size() > unitStart)
+      steps.back().last = true;
+  }
+  return steps;
+}
+
+/// A software pipeline over the steps: step i's scores are emitted kAhead
+/// steps ahead of its dV, dK and dS^T, and its dQ one step behind them, so
+/// that no engine waits on the one before it in a step (and the engines
+/// overlap consecutive steps).
+void FlexAttentionLowering::pipelineSteps(ArrayRef<BackwardStep> steps) {
+  auto scores = [&](size_t i) {
+    const BackwardStep &s = steps[i];
+    backwardScores(s.at, s.t, s.u, s.partial, i % kSlots);
+  };
+  for (size_t i = 0; i < std::min<size_t>(kAhead, steps.size()); ++i)
+    scores(i);
+  for (size_t i = 0; i <= steps.size(); ++i) {
+    if (i + kAhead < steps.size())
+      scores(i + kAhead);
+    if (i < steps.size()) {
+      const BackwardStep &s = steps[i];
+      int64_t kvBank = kGradKVBanks[s.u % 2];
+      backwardGrads(s.at, s.t, s.u, s.first, i % kSlots, i % 2, kvBank);
+      if (s.last)
+        accumulateKV(s, kvBank);
+    }
+    if (i > 0) {
+      const BackwardStep &s = steps[i - 1];
+      backwardDQ(s.at, s.t, s.u, (i - 1) % 2);
+    }
+  }
+}
+
+/// dV and dK of a key unit, summed over the query tiles in PSUM bank
+/// `kvBank`, into the accumulators (which also sum the query heads of the
+/// key head).
+void FlexAttentionLowering::accumulateKV(const BackwardStep &s,
+                                         int64_t kvBank) {
+  int64_t keys = s.at.width;
+  auto acc = [&](Value tile, int64_t width, int64_t psumCol) {
+    Value dst = k.view(tile, k.index((s.u - bw.u0) * width), {keys, width},
+                       {bw.kvCapUnits * width, 1});
+    Value src = k.view(psum, k.index(kvBank * bank + psumCol), {keys, width},
+                       {psumCols, 1});
+    b.create<nisa::TensorTensorOp>(nisa::AluOp::add, dst, src, dst);
+  };
+  acc(bw.dV, vDim, 0);
+  acc(bw.dK, dim, vDim);
+}
+
 /// Query tile t against key unit u, first half: P recomputed and dS (into
 /// this slot's pIn and dSIn).
 void FlexAttentionLowering::backwardScores(const Step &at, int64_t t, int64_t u,
                                            bool partial, int64_t slotIdx) {
   TileBuilder::TileScope scope(k);
+  ScoreTiles s = backwardScoreTiles(at, t, u, partial, slotIdx);
+  if (!s.scores)
+    return;
+  Value p = recomputeP(at, t, s, slotIdx);
+  scoreGradient(at, t, u, s, p, slotIdx);
+}
+
+Value FlexAttentionLowering::bankView(int64_t bankIdx, int64_t col, int64_t r,
+                                      int64_t c) {
+  return k.view(psum, k.index(bankIdx * bank + col), {r, c}, {psumCols, 1});
+}
+
+/// Slot `slotIdx` of a [128, kSlots x 128] matmul input tile.
+Value FlexAttentionLowering::stepSlot(Value tile, int64_t slotIdx,
+                                      const Step &at) {
+  return k.view(tile, k.index(slotIdx * unit), {at.rows, at.width},
+                {kSlots * unit, 1});
+}
+
+/// A modifier's result as a full tile (null, the kernel failed, if the
+/// modifier did).
+Value FlexAttentionLowering::modifierTile(FailureOr<Operand> r,
+                                          const Step &at) {
+  if (::mlir::failed(r)) {
+    failed = true;
+    return Value();
+  }
+  return materialize(*r, at, true);
+}
+
+static Operand fullOperand(Value tile) {
+  Operand v;
+  v.kind = Operand::full;
+  v.tile = tile;
+  return v;
+}
+
+/// S = Q K^T, scaled; score_mod; the mask.
+FlexAttentionLowering::ScoreTiles
+FlexAttentionLowering::backwardScoreTiles(const Step &at, int64_t t, int64_t u,
+                                          bool partial, int64_t slotIdx) {
   int64_t rows = at.rows, keys = at.width;
-  auto bankView = [&](int64_t bankIdx, int64_t col, int64_t r, int64_t c) {
-    return k.view(psum, k.index(bankIdx * bank + col), {r, c}, {psumCols, 1});
-  };
-  auto full = [&](Value tile) {
-    Operand v;
-    v.kind = Operand::full;
-    v.tile = tile;
-    return v;
-  };
-  auto lowered = [&](FailureOr<Operand> r) -> Value {
-    if (::mlir::failed(r)) {
-      failed = true;
-      return Value();
-    }
-    return materialize(*r, at, true);
-  };
-  auto slot = [&](Value tile) {
-    return k.view(tile, k.index(slotIdx * kUnit), {rows, keys},
-                  {kSlots * kUnit, 1});
-  };
-  // S = Q K^T, scaled; score_mod; the mask.
-  Value s = bankView(kScoreBank, slotIdx * kUnit, rows, keys);
+  Value s = bankView(kScoreBank, slotIdx * unit, rows, keys);
   int64_t tl = t - bw.t0, ul = u - bw.u0; // in the chunks in SBUF
   b.create<nisa::MatmulOp>(
-      k.view(bw.qT, k.index(tl * kUnit), {dim, rows}, {bw.qCap, 1}),
-      k.view(bw.kT, k.index(ul * kUnit), {dim, keys}, {bw.kvCap, 1}), s);
+      k.view(bw.qT, k.index(tl * unit), {dim, rows}, {bw.qCap, 1}),
+      k.view(bw.kT, k.index(ul * unit), {dim, keys}, {bw.kvCap, 1}), s);
   // Plain scores of a full unit go from PSUM straight into exp, which
   // applies the scale; anything else reads them scaled, in SBUF.
-  bool expFromPsum = plainScores && bw.plainScoreGrad && !partial;
-  Value sc = s;
-  if (!expFromPsum) {
-    sc = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
-    b.create<nisa::ActivationOp>(s, sc, Value(), nisa::ActivationFn::identity,
-                                 APFloat(scale), APFloat(0.0));
+  ScoreTiles tiles;
+  tiles.expFromPsum = plainScores && bw.plainScoreGrad && !partial;
+  tiles.scaled = s;
+  if (!tiles.expFromPsum) {
+    tiles.scaled = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
+    b.create<nisa::ActivationOp>(s, tiles.scaled, Value(),
+                                 nisa::ActivationFn::identity, APFloat(scale),
+                                 APFloat(0.0));
   }
-  Value scores = sc;
+  Value scores = tiles.scaled;
   if (!plainScores) {
-    SmallVector<Operand> args{full(sc)};
+    SmallVector<Operand> args{fullOperand(tiles.scaled)};
     args.append(scoreArgs);
-    scores = lowered(modifier(bwOp.getScoreMod(), args, at));
+    scores = modifierTile(modifier(bwOp.getScoreMod(), args, at), at);
     if (!scores)
-      return;
+      return tiles;
   }
   if (partial) {
-    Value keep = lowered(modifier(bwOp.getMaskMod(), maskArgs, at));
+    Value keep = modifierTile(modifier(bwOp.getMaskMod(), maskArgs, at), at);
     if (!keep)
-      return;
+      return tiles;
     Value masked = k.tile(MemorySpace::sbuf, {rows, keys}, f32);
     b.create<nisa::SelectOp>(
-        keep, scores, k.view(negInf, k.index(0), {rows, keys}, {kUnit, 1}),
+        keep, scores, k.view(negInf, k.index(0), {rows, keys}, {unit, 1}),
         masked, nisa::Engine::gpsimd);
     scores = masked;
   }
-  // P = exp(s - lse); matmul inputs in the inputs' type.
+  tiles.scores = scores;
+  return tiles;
+}
+
+/// P = exp(s - lse), into this slot's pIn in the inputs' type; returns P
+/// in fp32.
+Value FlexAttentionLowering::recomputeP(const Step &at, int64_t t,
+                                        const ScoreTiles &s, int64_t slotIdx) {
+  int64_t rows = at.rows, keys = at.width, tl = t - bw.t0;
   bool f32Inputs = inElt == f32;
-  Value p =
-      f32Inputs ? slot(bw.pIn) : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
+  Value p = f32Inputs ? stepSlot(bw.pIn, slotIdx, at)
+                      : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
   b.create<nisa::ActivationOp>(
-      scores, p, k.view(bw.negLse, k.index(tl), {rows, 1}, {bw.qCapTiles, 1}),
-      nisa::ActivationFn::exp, APFloat(expFromPsum ? scale : 1.0),
+      s.scores, p, k.view(bw.negLse, k.index(tl), {rows, 1}, {bw.qCapTiles, 1}),
+      nisa::ActivationFn::exp, APFloat(s.expFromPsum ? scale : 1.0),
       APFloat(0.0));
   if (!f32Inputs)
-    b.create<nisa::CopyOp>(p, slot(bw.pIn), nisa::Engine::gpsimd);
-  // dP = dO V^T; dS = P * (dP - delta), then through score_mod's gradient.
-  Value dP = bankView(kDPBank, slotIdx * kUnit, rows, keys);
+    b.create<nisa::CopyOp>(p, stepSlot(bw.pIn, slotIdx, at),
+                           nisa::Engine::gpsimd);
+  return p;
+}
+
+/// dP = dO V^T; dS = P * (dP - delta), then through score_mod's gradient,
+/// into this slot's dSIn.
+void FlexAttentionLowering::scoreGradient(const Step &at, int64_t t, int64_t u,
+                                          const ScoreTiles &s, Value p,
+                                          int64_t slotIdx) {
+  int64_t rows = at.rows, keys = at.width;
+  int64_t tl = t - bw.t0, ul = u - bw.u0;
+  Value dP = bankView(kDPBank, slotIdx * unit, rows, keys);
   b.create<nisa::MatmulOp>(
-      k.view(bw.doT, k.index(tl * kUnit), {vDim, rows}, {bw.qCap, 1}),
-      k.view(bw.vT, k.index(ul * kUnit), {vDim, keys}, {bw.kvCap, 1}), dP);
+      k.view(bw.doT, k.index(tl * unit), {vDim, rows}, {bw.qCap, 1}),
+      k.view(bw.vT, k.index(ul * unit), {vDim, keys}, {bw.kvCap, 1}), dP);
   // Without score_mod's gradient, dS is only a matmul input: stored (and
   // rounded) straight into its slot.
   bool dSInPlace = bw.plainScoreGrad;
-  Value dS =
-      dSInPlace ? slot(bw.dSIn) : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
+  Value dS = dSInPlace ? stepSlot(bw.dSIn, slotIdx, at)
+                       : k.tile(MemorySpace::sbuf, {rows, keys}, f32);
   b.create<nisa::ScalarTensorTensorOp>(
       nisa::AluOp::subtract, nisa::AluOp::multiply, dP, p, dS,
       k.view(bw.delta, k.index(tl), {rows, 1}, {bw.qCapTiles, 1}), APFloat(0.0),
       nisa::Engine::vector);
   if (!bw.plainScoreGrad) {
-    SmallVector<Operand> args{full(sc)};
+    SmallVector<Operand> args{fullOperand(s.scaled)};
     args.append(scoreArgs.begin(), scoreArgs.begin() + 4);
-    args.push_back(full(dS));
+    args.push_back(fullOperand(dS));
     args.append(scoreArgs.begin() + 4, scoreArgs.end());
-    dS = lowered(modifier(*bw.scoreGrad, args, at));
+    dS = modifierTile(modifier(*bw.scoreGrad, args, at), at);
     if (!dS)
       return;
   }
   if (!dSInPlace)
-    b.create<nisa::CopyOp>(dS, slot(bw.dSIn), nisa::Engine::gpsimd);
+    b.create<nisa::CopyOp>(dS, stepSlot(bw.dSIn, slotIdx, at),
+                           nisa::Engine::gpsimd);
 }
 
 /// Query tile t against key unit u, second half: its share of dV and dK
@@ -524,8 +597,8 @@ void FlexAttentionLowering::backwardGrads(const Step &at, int64_t t, int64_t u,
   TileBuilder::TileScope scope(k);
   int64_t rows = at.rows, keys = at.width;
   auto slot = [&](Value tile) {
-    return k.view(tile, k.index(slotIdx * kUnit), {rows, keys},
-                  {kSlots * kUnit, 1});
+    return k.view(tile, k.index(slotIdx * unit), {rows, keys},
+                  {kSlots * unit, 1});
   };
   int64_t tl = t - bw.t0; // in the chunk in SBUF
   auto rowsOf = [&](Value tile, int64_t width) {
@@ -543,13 +616,13 @@ void FlexAttentionLowering::backwardGrads(const Step &at, int64_t t, int64_t u,
   dv.setAccumulate(!first);
   dk.setAccumulate(!first);
   // dS^T by a TensorE transpose, into this parity's dSTIn.
-  Value dST = k.view(psum, k.index(kTransposeBank * bank + parity * kUnit),
+  Value dST = k.view(psum, k.index(kTransposeBank * bank + parity * unit),
                      {keys, rows}, {psumCols, 1});
   b.create<nisa::MatmulOp>(
-      dSIn, k.view(ident, k.index(0), {rows, rows}, {kUnit, 1}), dST);
+      dSIn, k.view(ident, k.index(0), {rows, rows}, {unit, 1}), dST);
   b.create<nisa::CopyOp>(
       dST,
-      k.view(bw.dSTIn, k.index(parity * kUnit), {keys, rows}, {2 * kUnit, 1}),
+      k.view(bw.dSTIn, k.index(parity * unit), {keys, rows}, {2 * unit, 1}),
       nisa::Engine::scalar);
 }
 
@@ -559,10 +632,10 @@ void FlexAttentionLowering::backwardDQ(const Step &at, int64_t t, int64_t u,
   int64_t rows = at.rows, keys = at.width;
   int64_t tl = t - bw.t0, ul = u - bw.u0; // in the chunks in SBUF
   Value dQPart =
-      k.view(psum, k.index(kTransposeBank * bank + 2 * kUnit + parity * dim),
+      k.view(psum, k.index(kTransposeBank * bank + 2 * unit + parity * dim),
              {rows, dim}, {psumCols, 1});
   b.create<nisa::MatmulOp>(
-      k.view(bw.dSTIn, k.index(parity * kUnit), {keys, rows}, {2 * kUnit, 1}),
+      k.view(bw.dSTIn, k.index(parity * unit), {keys, rows}, {2 * unit, 1}),
       k.view(bw.kRows, k.index(ul * dim), {keys, dim},
              {bw.kvCapUnits * dim, 1}),
       dQPart);

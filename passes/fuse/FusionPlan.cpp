@@ -98,18 +98,13 @@ std::optional<double> mlir::neuron::splatValueOf(Value tensor) {
   return (double)splat.getSplatValue<APInt>().getSExtValue();
 }
 
-std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
-                                              ArrayRef<Value> outputs,
-                                              std::string &reason) {
-  FusionPlan plan;
-  auto fail = [&](const Twine &why) -> std::optional<FusionPlan> {
-    reason = why.str();
-    return std::nullopt;
-  };
+namespace {
 
-  // Geometry: reductions and row/column broadcasts fix the row length C;
-  // without them the group is tiled flat.
-  int64_t cols = 0, full = 0;
+/// Geometry: reductions and row/column broadcasts fix the row length C
+/// (`cols`) and the full size (`full`); without them both stay 0 and the
+/// group is tiled flat.
+LogicalResult rowGeometry(ArrayRef<Operation *> ops, int64_t &cols,
+                          int64_t &full, std::string &reason) {
   auto constrain = [&](int64_t c, int64_t n) {
     if ((cols && cols != c) || (full && full != n))
       return false;
@@ -123,53 +118,31 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
       int64_t c = 1;
       for (int64_t d = type.getRank() - r.getCount(); d < type.getRank(); ++d)
         c *= dimSize(type, d);
-      if (!constrain(c, numElements(r.getInput())))
-        return fail("reductions and broadcasts disagree on the row length");
+      if (!constrain(c, numElements(r.getInput()))) {
+        reason = "reductions and broadcasts disagree on the row length";
+        return failure();
+      }
     } else if (auto b = dyn_cast<BroadcastOp>(op)) {
       auto shape = classify(b);
-      if (!shape)
-        return fail("broadcast along interior dims");
+      if (!shape) {
+        reason = "broadcast along interior dims";
+        return failure();
+      }
       if ((shape->kind == BroadcastShape::Row ||
            shape->kind == BroadcastShape::Col) &&
-          !constrain(shape->cols, numElements(b.getResult())))
-        return fail("reductions and broadcasts disagree on the row length");
+          !constrain(shape->cols, numElements(b.getResult()))) {
+        reason = "reductions and broadcasts disagree on the row length";
+        return failure();
+      }
     }
   }
-  // Dynamic sizes: tiled by rows of the static innermost dims, whatever the
-  // group computes, so that a step is a run of whole rows.
-  auto dynamic = [](Type t) {
-    auto shaped = dyn_cast<RankedTensorType>(t);
-    return shaped && !shaped.hasStaticShape();
-  };
-  for (Operation *op : ops)
-    if (llvm::any_of(op->getOperandTypes(), dynamic) ||
-        llvm::any_of(op->getResultTypes(), dynamic))
-      plan.dynamicRows = true;
-  if (plan.dynamicRows && cols == 0) {
-    auto type = cast<RankedTensorType>(ops.back()->getResult(0).getType());
-    int64_t c = 1;
-    for (int64_t d = type.getRank() - 1; d >= 0 && !type.isDynamicDim(d); --d)
-      c *= type.getDimSize(d);
-    constrain(c, numElements(type));
-  }
-  if (plan.dynamicRows && (cols == 0 || cols >= kDynamicStandIn))
-    return fail("dynamic sizes: the innermost dim must be static");
-  if (cols > 0) {
-    plan.byRows = true;
-    plan.numCols = cols;
-    plan.numRows = full / cols;
-  } else {
-    for (Operation *op : ops)
-      if (!isa<ConstantOp>(op) && op->getNumResults() == 1)
-        full = std::max(full, numElements(op->getResult(0)));
-    plan.numCols = full;
-  }
-  if (full == 0)
-    return fail("empty tensors");
+  return success();
+}
 
-  // Values that only feed column broadcasts through casts and unary ops (a
-  // norm's weight cast to float32 before it broadcasts): column vectors,
-  // even when a row has as many elements (square tensors).
+/// Values that only feed column broadcasts through casts and unary ops (a
+/// norm's weight cast to float32 before it broadcasts): column vectors,
+/// even when a row has as many elements (square tensors).
+llvm::DenseSet<Value> columnSide(ArrayRef<Operation *> ops) {
   llvm::DenseSet<Value> colSide;
   auto colBroadcast = [](Operation *op) {
     auto b = dyn_cast<BroadcastOp>(op);
@@ -187,104 +160,190 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
       colSide.insert(op->getOperand(0));
     }
   }
+  return colSide;
+}
 
-  auto repOfInput = [&](Value v, Operation *user) -> std::optional<Rep> {
-    if (auto splat = splatValueOf(v)) {
-      plan.splats[v] = *splat;
-      return Rep::Splat;
-    }
-    int64_t n = numElements(v);
-    if (auto b = dyn_cast<BroadcastOp>(user)) {
-      auto shape = classify(b);
-      if (shape->kind == BroadcastShape::Col)
-        return Rep::Col;
-      if (shape->kind != BroadcastShape::Same)
-        return Rep::Row;
-    }
-    if (plan.byRows && n == plan.numCols && colSide.contains(v))
+/// How a group input `v` read by `user` is held, by its size and the
+/// broadcast reading it (a splat is recorded in `plan.splats`).
+std::optional<Rep> inputRep(FusionPlan &plan, Value v, Operation *user,
+                            int64_t full,
+                            const llvm::DenseSet<Value> &colSide) {
+  if (auto splat = splatValueOf(v)) {
+    plan.splats[v] = *splat;
+    return Rep::Splat;
+  }
+  int64_t n = numElements(v);
+  if (auto b = dyn_cast<BroadcastOp>(user)) {
+    auto shape = classify(b);
+    if (shape->kind == BroadcastShape::Col)
       return Rep::Col;
-    if (n == full)
-      return Rep::Full;
-    if (n == 1 || (plan.byRows && n == plan.numRows))
+    if (shape->kind != BroadcastShape::Same)
       return Rep::Row;
+  }
+  if (plan.byRows && n == plan.numCols && colSide.contains(v))
+    return Rep::Col;
+  if (n == full)
+    return Rep::Full;
+  if (n == 1 || (plan.byRows && n == plan.numRows))
+    return Rep::Row;
+  return std::nullopt;
+}
+
+/// The reps of `op`'s operands into `in`, giving the group's inputs theirs.
+LogicalResult operandReps(FusionPlan &plan, Operation *op,
+                          const llvm::DenseSet<Operation *> &members,
+                          int64_t full, const llvm::DenseSet<Value> &colSide,
+                          SmallVectorImpl<Rep> &in, std::string &reason) {
+  // An op of splats alone computes on its first operand as a tensor.
+  bool allSplats = !isa<BroadcastOp, ReshapeOp>(op) &&
+                   llvm::all_of(op->getOperands(), [&](Value v) {
+                     return !plan.reps.count(v) && splatValueOf(v);
+                   });
+  for (Value operand : op->getOperands()) {
+    if (allSplats && operand == op->getOperand(0) &&
+        !plan.reps.count(operand)) {
+      int64_t n = numElements(operand);
+      plan.reps[operand] = n == full ? Rep::Full : Rep::Row;
+    }
+    auto it = plan.reps.find(operand);
+    if (it == plan.reps.end()) {
+      Operation *def = operand.getDefiningOp();
+      if (def && members.contains(def) && !isa<ConstantOp>(def)) {
+        reason = "operand used before it is computed";
+        return failure();
+      }
+      auto rep = inputRep(plan, operand, op, full, colSide);
+      if (!rep) {
+        reason = "an input is neither full-size, a row nor a column";
+        return failure();
+      }
+      it = plan.reps.try_emplace(operand, *rep).first;
+    }
+    in.push_back(it->second);
+  }
+  return success();
+}
+
+/// How `op`'s result is held, given its operands' reps `in`; none if the
+/// group cannot compute it per tile.
+std::optional<Rep> resultRep(Operation *op, ArrayRef<Rep> in,
+                             const llvm::DenseSet<Value> &colSide) {
+  bool anyFull = llvm::any_of(in, heldAsTile);
+  bool anyRow = llvm::is_contained(in, Rep::Row);
+  Rep combined = anyFull ? Rep::Full : anyRow ? Rep::Row : Rep::Splat;
+  // Casts and unary ops of a column vector stay column vectors.
+  if (isa<CastOp, UnaryOp>(op) && in[0] == Rep::Col &&
+      colSide.contains(op->getResult(0)))
+    combined = Rep::Col;
+  return llvm::TypeSwitch<Operation *, std::optional<Rep>>(op)
+      .Case<UnaryOp, BinaryOp, SelectOp, CastOp>(
+          [&](Operation *) -> std::optional<Rep> {
+            if (combined == Rep::Splat)
+              return std::nullopt;
+            return combined;
+          })
+      .Case<ReduceOp>([&](ReduceOp) -> std::optional<Rep> {
+        if (in[0] != Rep::Full)
+          return std::nullopt;
+        return Rep::Row;
+      })
+      .Case<BroadcastOp>([&](BroadcastOp b) -> std::optional<Rep> {
+        // A splat broadcast any way is a splat.
+        if (in[0] == Rep::Splat)
+          return Rep::Splat;
+        // A row vector only broadcasts along rows, a column vector along
+        // columns.
+        switch (classify(b)->kind) {
+        case BroadcastShape::Row:
+          if (in[0] != Rep::Row)
+            return std::nullopt;
+          break;
+        case BroadcastShape::Col:
+          if (in[0] != Rep::Col)
+            return std::nullopt;
+          break;
+        case BroadcastShape::Scalar:
+          if (heldAsTile(in[0]))
+            return std::nullopt;
+          break;
+        case BroadcastShape::Same:
+          break;
+        }
+        return in[0];
+      })
+      .Case<ReshapeOp>([&](Operation *) -> std::optional<Rep> { return in[0]; })
+      .Default([](Operation *) { return std::nullopt; });
+}
+
+/// Whether every output is a full tensor or a row vector (a column or a
+/// splat would have to be broadcast in memory).
+bool outputsStorable(const FusionPlan &plan, ArrayRef<Value> outputs,
+                     int64_t full) {
+  for (Value out : outputs) {
+    Rep rep = plan.rep(out);
+    int64_t n = numElements(out);
+    if (!plan.reps.count(out) || rep == Rep::Col || rep == Rep::Splat ||
+        (rep == Rep::Full && n != full) ||
+        (rep == Rep::Row && (!plan.byRows || n != plan.numRows)))
+      return false;
+  }
+  return true;
+}
+
+} // namespace
+
+std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
+                                              ArrayRef<Value> outputs,
+                                              std::string &reason) {
+  FusionPlan plan;
+  auto fail = [&](const Twine &why) -> std::optional<FusionPlan> {
+    reason = why.str();
     return std::nullopt;
   };
+  int64_t cols = 0, full = 0;
+  if (failed(rowGeometry(ops, cols, full, reason)))
+    return std::nullopt;
+  // Dynamic sizes: tiled by rows of the static innermost dims, whatever the
+  // group computes, so that a step is a run of whole rows.
+  auto dynamic = [](Type t) {
+    auto shaped = dyn_cast<RankedTensorType>(t);
+    return shaped && !shaped.hasStaticShape();
+  };
+  for (Operation *op : ops)
+    if (llvm::any_of(op->getOperandTypes(), dynamic) ||
+        llvm::any_of(op->getResultTypes(), dynamic))
+      plan.dynamicRows = true;
+  if (plan.dynamicRows && cols == 0) {
+    auto type = cast<RankedTensorType>(ops.back()->getResult(0).getType());
+    cols = 1;
+    for (int64_t d = type.getRank() - 1; d >= 0 && !type.isDynamicDim(d); --d)
+      cols *= type.getDimSize(d);
+    full = numElements(type);
+  }
+  if (plan.dynamicRows && cols >= kDynamicStandIn)
+    return fail("dynamic sizes: the innermost dim must be static");
+  if (cols > 0) {
+    plan.byRows = true;
+    plan.numCols = cols;
+    plan.numRows = full / cols;
+  } else {
+    for (Operation *op : ops)
+      if (!isa<ConstantOp>(op) && op->getNumResults() == 1)
+        full = std::max(full, numElements(op->getResult(0)));
+    plan.numCols = full;
+  }
+  if (full == 0)
+    return fail("empty tensors");
 
+  llvm::DenseSet<Value> colSide = columnSide(ops);
   llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
   for (Operation *op : ops) {
     if (isa<ConstantOp>(op))
       continue; // held by its users, like an input
     SmallVector<Rep> in;
-    // An op of splats alone computes on its first operand as a tensor.
-    bool allSplats = !isa<BroadcastOp, ReshapeOp>(op) &&
-                     llvm::all_of(op->getOperands(), [&](Value v) {
-                       return !plan.reps.count(v) && splatValueOf(v);
-                     });
-    for (Value operand : op->getOperands()) {
-      if (allSplats && operand == op->getOperand(0) &&
-          !plan.reps.count(operand)) {
-        int64_t n = numElements(operand);
-        plan.reps[operand] = n == full ? Rep::Full : Rep::Row;
-      }
-      auto it = plan.reps.find(operand);
-      if (it == plan.reps.end()) {
-        Operation *def = operand.getDefiningOp();
-        if (def && members.contains(def) && !isa<ConstantOp>(def))
-          return fail("operand used before it is computed");
-        auto rep = repOfInput(operand, op);
-        if (!rep)
-          return fail("an input is neither full-size, a row nor a column");
-        it = plan.reps.try_emplace(operand, *rep).first;
-      }
-      in.push_back(it->second);
-    }
-    bool anyFull = llvm::any_of(in, heldAsTile);
-    bool anyRow = llvm::is_contained(in, Rep::Row);
-    Rep combined = anyFull ? Rep::Full : anyRow ? Rep::Row : Rep::Splat;
-    // Casts and unary ops of a column vector stay column vectors.
-    if (isa<CastOp, UnaryOp>(op) && in[0] == Rep::Col &&
-        colSide.contains(op->getResult(0)))
-      combined = Rep::Col;
-    std::optional<Rep> result =
-        llvm::TypeSwitch<Operation *, std::optional<Rep>>(op)
-            .Case<UnaryOp, BinaryOp, SelectOp, CastOp>(
-                [&](Operation *) -> std::optional<Rep> {
-                  if (combined == Rep::Splat)
-                    return std::nullopt;
-                  return combined;
-                })
-            .Case<ReduceOp>([&](ReduceOp) -> std::optional<Rep> {
-              if (in[0] != Rep::Full)
-                return std::nullopt;
-              return Rep::Row;
-            })
-            .Case<BroadcastOp>([&](BroadcastOp b) -> std::optional<Rep> {
-              // A splat broadcast any way is a splat.
-              if (in[0] == Rep::Splat)
-                return Rep::Splat;
-              // A row vector only broadcasts along rows, a column vector
-              // along columns.
-              switch (classify(b)->kind) {
-              case BroadcastShape::Row:
-                if (in[0] != Rep::Row)
-                  return std::nullopt;
-                break;
-              case BroadcastShape::Col:
-                if (in[0] != Rep::Col)
-                  return std::nullopt;
-                break;
-              case BroadcastShape::Scalar:
-                if (heldAsTile(in[0]))
-                  return std::nullopt;
-                break;
-              case BroadcastShape::Same:
-                break;
-              }
-              return in[0];
-            })
-            .Case<ReshapeOp>(
-                [&](Operation *) -> std::optional<Rep> { return in[0]; })
-            .Default([](Operation *) { return std::nullopt; });
+    if (failed(operandReps(plan, op, members, full, colSide, in, reason)))
+      return std::nullopt;
+    std::optional<Rep> result = resultRep(op, in, colSide);
     if (!result)
       return fail(Twine("cannot fuse '") + op->getName().getStringRef() + "'");
     plan.reps[op->getResult(0)] = *result;
@@ -294,14 +353,8 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
           it != plan.splats.end())
         plan.splats[op->getResult(0)] = it->second;
   }
-  for (Value out : outputs) {
-    Rep rep = plan.rep(out);
-    int64_t n = numElements(out);
-    if (!plan.reps.count(out) || rep == Rep::Col || rep == Rep::Splat ||
-        (rep == Rep::Full && n != full) ||
-        (rep == Rep::Row && (!plan.byRows || n != plan.numRows)))
-      return fail("an output would have to materialize a broadcast");
-  }
+  if (!outputsStorable(plan, outputs, full))
+    return fail("an output would have to materialize a broadcast");
   return plan;
 }
 

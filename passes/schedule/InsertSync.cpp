@@ -50,10 +50,9 @@ std::optional<LoopRange> rangeOf(scf::ForOp loop) {
   if (!lb || !step || !lb->terms.empty() || !step->terms.empty() ||
       step->constant <= 0)
     return std::nullopt;
-  int64_t first = lb->constant, s = step->constant;
   if (!ub || !ub->terms.empty())
-    return LoopRange{first, first, s, false};
-  int64_t end = ub->constant;
+    return LoopRange{lb->constant, lb->constant, step->constant, false};
+  int64_t first = lb->constant, end = ub->constant, s = step->constant;
   int64_t last = end > first ? first + (end - first - 1) / s * s : first;
   return LoopRange{first, last, s};
 }
@@ -158,19 +157,105 @@ struct Instruction {
   int64_t queuePredecessor = -1;
 };
 
+/// An on-chip operand: its memory and, in every partition, the bytes of
+/// its tile (at `address`) that it reaches.
+Access onChipAccess(MemRefType type, nisa::MemorySpace space,
+                    IntegerAttr address, bool write,
+                    const std::optional<nisa::AffineIndex> &offset,
+                    ArrayRef<int64_t> sizes, ArrayRef<int64_t> strides,
+                    ArrayRef<std::pair<Value, int64_t>> symbolic,
+                    MLIRContext *ctx) {
+  // Distinct, stable keys for the two on-chip memories.
+  const void *storage =
+      nisa::MemorySpaceAttr::get(ctx, space).getAsOpaquePointer();
+  int64_t begin = address.getInt();
+  int64_t bytes = nisa::bytesPerPartition(type);
+  int64_t elt = std::max<int64_t>(1, type.getElementTypeBitWidth() / 8);
+  Access access{storage, write, whole(begin, begin + bytes - 1)};
+  access.symbolic.assign(symbolic.begin(), symbolic.end());
+  // A view whose partition stride is the tile's row covers, in every
+  // partition, the bytes its free dims reach from its offset.
+  if (offset && !strides.empty() && strides[0] * elt == bytes) {
+    int64_t reach = 0;
+    for (size_t d = 1; d < sizes.size(); ++d)
+      reach += (sizes[d] - 1) * strides[d];
+    SmallVector<std::pair<Value, int64_t>, 2> byteTerms;
+    for (auto [iv, coeff] : offset->terms)
+      byteTerms.push_back({iv, coeff * elt});
+    auto span = spanOf(begin + offset->constant * elt, byteTerms,
+                       (reach + 1) * elt - 1);
+    if (span && span->lo >= begin && span->hi < begin + bytes)
+      access.linear = *span;
+  }
+  return access;
+}
+
+/// An HBM operand: its buffer, the elements it reaches as one span and,
+/// when no term or stride wraps a row, as rows x columns of the innermost
+/// dim.
+Access hbmAccess(Value base, MemRefType type, bool write,
+                 const std::optional<nisa::AffineIndex> &offset,
+                 ArrayRef<int64_t> sizes, ArrayRef<int64_t> strides,
+                 ArrayRef<std::pair<Value, int64_t>> symbolic) {
+  // Every use of one constant global is the same storage.
+  const void *storage = base.getAsOpaquePointer();
+  if (auto global = base.getDefiningOp<memref::GetGlobalOp>())
+    storage = global.getNameAttr().getAsOpaquePointer();
+  Access access{storage, write, whole(0, kUnbounded)};
+  access.symbolic.assign(symbolic.begin(), symbolic.end());
+  if (!offset)
+    return access;
+  int64_t reach = 0;
+  for (auto [size, stride] : llvm::zip(sizes, strides))
+    reach += (size - 1) * stride;
+  if (auto span = spanOf(offset->constant, offset->terms, reach))
+    access.linear = *span;
+  int64_t row = type.getRank() > 1 ? type.getShape().back() : 0;
+  // Rows and columns of a symbolic offset compare only if it moves whole
+  // rows.
+  if (row <= 1 || llvm::any_of(symbolic, [&](auto &t) {
+        return t.second % row != 0;
+      }))
+    return access;
+  SmallVector<std::pair<Value, int64_t>, 2> rowTerms, colTerms;
+  for (auto [iv, coeff] : offset->terms)
+    (coeff % row == 0 ? rowTerms : colTerms)
+        .push_back({iv, coeff % row == 0 ? coeff / row : coeff});
+  int64_t rowReach = 0, colReach = 0;
+  for (auto [size, stride] : llvm::zip(sizes, strides)) {
+    if (stride % row == 0)
+      rowReach += (size - 1) * (stride / row);
+    else if (stride < row)
+      colReach += (size - 1) * stride;
+    else
+      return access;
+  }
+  auto rows = spanOf(offset->constant / row, rowTerms, rowReach);
+  auto cols = spanOf(offset->constant % row, colTerms, colReach);
+  if (rows && cols && cols->lo >= 0 && cols->hi < row) {
+    access.boxed = true;
+    access.rows = *rows;
+    access.cols = *cols;
+  }
+  return access;
+}
+
 /// An index as an affine function of loop ivs plus terms in other index
 /// values (a size-generic kernel's sizes), which `symbolic` collects.
-std::optional<nisa::AffineIndex>
+nisa::AffineIndex
 affineWithSymbols(Value index,
                   SmallVector<std::pair<Value, int64_t>, 1> &symbolic) {
   nisa::AffineIndex out;
-  std::function<bool(Value, int64_t)> walk = [&](Value x, int64_t k) {
+  std::function<void(Value, int64_t)> walk = [&](Value x, int64_t k) {
     if (auto c = x.getDefiningOp<arith::ConstantIndexOp>()) {
       out.constant += k * c.value();
-      return true;
+      return;
     }
-    if (auto add = x.getDefiningOp<arith::AddIOp>())
-      return walk(add.getLhs(), k) && walk(add.getRhs(), k);
+    if (auto add = x.getDefiningOp<arith::AddIOp>()) {
+      walk(add.getLhs(), k);
+      walk(add.getRhs(), k);
+      return;
+    }
     if (auto mul = x.getDefiningOp<arith::MulIOp>())
       for (auto [y, z] : {std::pair(mul.getLhs(), mul.getRhs()),
                           std::pair(mul.getRhs(), mul.getLhs())})
@@ -180,12 +265,14 @@ affineWithSymbols(Value index,
       for (auto &[v, coeff] : terms)
         if (v == x) {
           coeff += k;
-          return true;
+          return;
         }
       terms.push_back({x, k});
-      return true;
     };
-    return scf::getForInductionVarOwner(x) ? add(out.terms) : add(symbolic);
+    if (scf::getForInductionVarOwner(x))
+      add(out.terms);
+    else
+      add(symbolic);
   };
   walk(index, 1);
   llvm::sort(symbolic, [](auto &a, auto &b) {
@@ -218,81 +305,17 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
   }
   auto type = cast<MemRefType>(base.getType());
   nisa::MemorySpace space = nisa::getMemorySpace(type);
-
-  if (space != nisa::MemorySpace::hbm) {
-    auto alloc = base.getDefiningOp<memref::AllocOp>();
-    auto address =
-        alloc ? alloc->getAttrOfType<IntegerAttr>(nisa::kAddressAttrName)
-              : IntegerAttr();
-    if (!address)
-      return user->emitOpError("reads or writes an on-chip tile without a "
-                               "nisa.address (run nisa-allocate first)");
-    // Distinct, stable keys for the two on-chip memories.
-    const void *storage =
-        nisa::MemorySpaceAttr::get(ctx, space).getAsOpaquePointer();
-    int64_t begin = address.getInt();
-    int64_t bytes = nisa::bytesPerPartition(type);
-    int64_t elt = std::max<int64_t>(1, type.getElementTypeBitWidth() / 8);
-    Access access{storage, write, whole(begin, begin + bytes - 1)};
-    access.symbolic = symbolic;
-    // A view whose partition stride is the tile's row covers, in every
-    // partition, the bytes its free dims reach from its offset.
-    if (offset && !strides.empty() && strides[0] * elt == bytes) {
-      int64_t reach = 0;
-      for (size_t d = 1; d < sizes.size(); ++d)
-        reach += (sizes[d] - 1) * strides[d];
-      SmallVector<std::pair<Value, int64_t>, 2> byteTerms;
-      for (auto [iv, coeff] : offset->terms)
-        byteTerms.push_back({iv, coeff * elt});
-      auto span = spanOf(begin + offset->constant * elt, byteTerms,
-                         (reach + 1) * elt - 1);
-      if (span && span->lo >= begin && span->hi < begin + bytes)
-        access.linear = *span;
-    }
-    return access;
-  }
-
-  // Every use of one constant global is the same storage.
-  const void *storage = base.getAsOpaquePointer();
-  if (auto global = base.getDefiningOp<memref::GetGlobalOp>())
-    storage = global.getNameAttr().getAsOpaquePointer();
-  Access access{storage, write, whole(0, kUnbounded)};
-  access.symbolic = symbolic;
-  if (!offset)
-    return access;
-  int64_t reach = 0;
-  for (auto [size, stride] : llvm::zip(sizes, strides))
-    reach += (size - 1) * stride;
-  if (auto span = spanOf(offset->constant, offset->terms, reach))
-    access.linear = *span;
-  // Rows x columns of the innermost dim, when no term or stride wraps a row.
-  int64_t row = type.getRank() > 1 ? type.getShape().back() : 0;
-  // Rows and columns of a symbolic offset compare only if it moves whole
-  // rows.
-  if (row <= 1 ||
-      llvm::any_of(symbolic, [&](auto &t) { return t.second % row != 0; }))
-    return access;
-  SmallVector<std::pair<Value, int64_t>, 2> rowTerms, colTerms;
-  for (auto [iv, coeff] : offset->terms)
-    (coeff % row == 0 ? rowTerms : colTerms)
-        .push_back({iv, coeff % row == 0 ? coeff / row : coeff});
-  int64_t rowReach = 0, colReach = 0;
-  for (auto [size, stride] : llvm::zip(sizes, strides)) {
-    if (stride % row == 0)
-      rowReach += (size - 1) * (stride / row);
-    else if (stride < row)
-      colReach += (size - 1) * stride;
-    else
-      return access;
-  }
-  auto rows = spanOf(offset->constant / row, rowTerms, rowReach);
-  auto cols = spanOf(offset->constant % row, colTerms, colReach);
-  if (rows && cols && cols->lo >= 0 && cols->hi < row) {
-    access.boxed = true;
-    access.rows = *rows;
-    access.cols = *cols;
-  }
-  return access;
+  if (space == nisa::MemorySpace::hbm)
+    return hbmAccess(base, type, write, offset, sizes, strides, symbolic);
+  auto alloc = base.getDefiningOp<memref::AllocOp>();
+  auto address = alloc
+                     ? alloc->getAttrOfType<IntegerAttr>(nisa::kAddressAttrName)
+                     : IntegerAttr();
+  if (!address)
+    return user->emitOpError("reads or writes an on-chip tile without a "
+                             "nisa.address (run nisa-allocate first)");
+  return onChipAccess(type, space, address, write, offset, sizes, strides,
+                      symbolic, ctx);
 }
 
 /// An access that the innermost loop around its instruction moves by more
@@ -413,21 +436,11 @@ bool covered(ArrayRef<Instruction> insts, const Waits &waits, int64_t a,
   return !loopCarried && c >= 0 && covers(c);
 }
 
-struct NisaInsertSyncPass
-    : public mlir::neuron::impl::NisaInsertSyncBase<NisaInsertSyncPass> {
-  using NisaInsertSyncBase::NisaInsertSyncBase;
-
-  LogicalResult synchronize(func::FuncOp func);
-
-  void runOnOperation() override {
-    for (auto func : getOperation().getOps<func::FuncOp>())
-      if (func->hasAttr("nisa.kernel") && failed(synchronize(func)))
-        return signalPassFailure();
-  }
-};
-
-LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
-  MLIRContext *ctx = &getContext();
+/// The instructions of `func` in program order, with their accesses and
+/// enclosing loops (failure, with a diagnostic, on an access it cannot
+/// summarize).
+FailureOr<std::vector<Instruction>> collectInstructions(func::FuncOp func) {
+  MLIRContext *ctx = func.getContext();
   std::vector<Instruction> insts;
   WalkResult walk = func.walk<WalkOrder::PreOrder>([&](Operation *op) {
     auto instruction = dyn_cast<nisa::InstructionOpInterface>(op);
@@ -455,56 +468,79 @@ LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
   });
   if (walk.wasInterrupted())
     return failure();
+  return insts;
+}
 
-  // Waits implied by an earlier witness are dropped in program order
-  // (closest first); then those implied by a later witness in a shared
-  // loop, in reverse order.
-  int64_t n = insts.size();
+/// Each compute instruction's nearest earlier one on its queue.
+void linkQueues(std::vector<Instruction> &insts) {
   int64_t lastOnQueue[5] = {-1, -1, -1, -1, -1};
-  // Only instructions that touch a common region can conflict: an HBM
-  // buffer is one region, the on-chip memories are cut into 1 KiB of a
-  // partition (their spans are always bounded; half a PSUM bank, so that
-  // the slots of a bank are apart).
-  constexpr int64_t kRegionBytes = 1024;
+  for (int64_t b = 0; b < (int64_t)insts.size(); ++b) {
+    Instruction &inst = insts[b];
+    if (inst.dma)
+      continue;
+    int64_t &last = lastOnQueue[(int)inst.engine];
+    inst.queuePredecessor = last;
+    last = b;
+  }
+}
+
+/// Only instructions that touch a common region can conflict: an HBM
+/// buffer is one region, the on-chip memories are cut into 1 KiB of a
+/// partition (their spans are always bounded; half a PSUM bank, so that
+/// the slots of a bank are apart). The instructions touching each region,
+/// in program order.
+class RegionIndex {
+public:
+  RegionIndex(MLIRContext *ctx, const std::vector<Instruction> &insts)
+      : sbuf(nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::sbuf)
+                 .getAsOpaquePointer()),
+        psum(nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::psum)
+                 .getAsOpaquePointer()) {
+    for (int64_t b = 0; b < (int64_t)insts.size(); ++b)
+      for (const Access &x : insts[b].accesses)
+        forEachRegion(x, [&](Region r) {
+          SmallVector<int64_t> &users = byRegion[r];
+          if (users.empty() || users.back() != b)
+            users.push_back(b);
+        });
+  }
+
+  /// Calls `fn` with every instruction sharing a region with `x` (an
+  /// instruction may come more than once).
+  template <typename Fn> void forEachSharing(const Access &x, Fn &&fn) {
+    forEachRegion(x, [&](Region r) {
+      for (int64_t a : byRegion[r])
+        fn(a);
+    });
+  }
+
+private:
+  static constexpr int64_t kRegionBytes = 1024;
   using Region = std::pair<const void *, int64_t>;
-  const void *sbuf = nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::sbuf)
-                         .getAsOpaquePointer();
-  const void *psum = nisa::MemorySpaceAttr::get(ctx, nisa::MemorySpace::psum)
-                         .getAsOpaquePointer();
-  auto regionsOf = [&](const Access &x, auto &&fn) {
+
+  template <typename Fn> void forEachRegion(const Access &x, Fn &&fn) const {
     if (x.storage != sbuf && x.storage != psum)
       return fn(Region{x.storage, 0});
     for (int64_t r = x.linear.lo / kRegionBytes;
          r <= x.linear.hi / kRegionBytes; ++r)
       fn(Region{x.storage, r});
-  };
-  llvm::DenseMap<Region, SmallVector<int64_t>> byRegion;
-  for (int64_t b = 0; b < n; ++b) {
-    Instruction &inst = insts[b];
-    if (!inst.dma) {
-      int64_t &last = lastOnQueue[(int)inst.engine];
-      inst.queuePredecessor = last;
-      last = b;
-    }
-    for (const Access &x : inst.accesses)
-      regionsOf(x, [&](Region r) {
-        SmallVector<int64_t> &users = byRegion[r];
-        if (users.empty() || users.back() != b)
-          users.push_back(b);
-      });
   }
+
+  const void *sbuf, *psum;
+  llvm::DenseMap<Region, SmallVector<int64_t>> byRegion;
+};
+
+/// The waits every instruction needs. Waits implied by an earlier witness
+/// are dropped in program order (closest first); then those implied by a
+/// later witness in a shared loop, in reverse order.
+Waits findWaits(const std::vector<Instruction> &insts, RegionIndex &regions) {
+  int64_t n = insts.size();
   // Instructions sharing a region with b, marked by stamping b.
   std::vector<int64_t> seen(n, -1);
-  auto markCandidates = [&](int64_t b) {
-    for (const Access &x : insts[b].accesses)
-      regionsOf(x, [&](Region r) {
-        for (int64_t a : byRegion[r])
-          seen[a] = b;
-      });
-  };
   Waits waits(n);
   for (int64_t b = 0; b < n; ++b) {
-    markCandidates(b);
+    for (const Access &x : insts[b].accesses)
+      regions.forEachSharing(x, [&](int64_t a) { seen[a] = b; });
     auto consider = [&](int64_t a) {
       if (seen[a] == b && needsWait(insts[a], a, insts[b], b) &&
           !covered(insts, waits, a, b, /*loopCarried=*/false))
@@ -522,8 +558,16 @@ LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
         waits.sets[b].reset(a);
       return drop;
     });
+  return waits;
+}
+
+/// Numbers the instructions (nisa.id) and lists each one's waits
+/// (nisa.waits).
+void annotate(func::FuncOp func, const std::vector<Instruction> &insts,
+              Waits &waits) {
+  MLIRContext *ctx = func.getContext();
   Type i64 = IntegerType::get(ctx, 64);
-  for (int64_t b = 0; b < n; ++b) {
+  for (int64_t b = 0; b < (int64_t)insts.size(); ++b) {
     Operation *op = insts[b].op;
     op->setAttr(nisa::kIdAttrName, IntegerAttr::get(i64, b));
     SmallVector<int64_t> &list = waits.lists[b];
@@ -534,6 +578,29 @@ LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
       op->setAttr(nisa::kWaitsAttrName, DenseI64ArrayAttr::get(ctx, list));
   }
   func->setAttr(nisa::kSynchronizedAttrName, UnitAttr::get(ctx));
+}
+
+struct NisaInsertSyncPass
+    : public mlir::neuron::impl::NisaInsertSyncBase<NisaInsertSyncPass> {
+  using NisaInsertSyncBase::NisaInsertSyncBase;
+
+  LogicalResult synchronize(func::FuncOp func);
+
+  void runOnOperation() override {
+    for (auto func : getOperation().getOps<func::FuncOp>())
+      if (func->hasAttr("nisa.kernel") && failed(synchronize(func)))
+        return signalPassFailure();
+  }
+};
+
+LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
+  FailureOr<std::vector<Instruction>> insts = collectInstructions(func);
+  if (failed(insts))
+    return failure();
+  linkQueues(*insts);
+  RegionIndex regions(&getContext(), *insts);
+  Waits waits = findWaits(*insts, regions);
+  annotate(func, *insts, waits);
   return success();
 }
 

@@ -55,16 +55,33 @@ Operation *GroupPlan::onlyUse(Value v) const {
   return *v.getUsers().begin();
 }
 
+/// x +- m with m a row, in fp32: what an activation takes as its bias.
+static bool isRowShift(const FusionPlan &plan, BinaryOp bin) {
+  return (bin.getFn() == BinaryFn::sub || bin.getFn() == BinaryFn::add) &&
+         bin.getType().getElementType().isF32() &&
+         plan.rep(bin.getLhs()) == Rep::Full &&
+         plan.rep(bin.getRhs()) == Rep::Row;
+}
+
+/// x * x of a full tile: a square activation can compute it.
+static bool isSquare(const FusionPlan &plan, Operation *op) {
+  auto bin = dyn_cast<BinaryOp>(op);
+  return bin && bin.getFn() == BinaryFn::mul && bin.getLhs() == bin.getRhs() &&
+         plan.rep(bin.getLhs()) == Rep::Full;
+}
+
 void GroupPlan::findFolds(ArrayRef<Operation *> ops) {
-  const FusionPlan &plan = fusion;
   llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
-  // x +- m with m a row, in fp32: what an activation takes as its bias.
-  auto isRowShift = [&](BinaryOp bin) {
-    return (bin.getFn() == BinaryFn::sub || bin.getFn() == BinaryFn::add) &&
-           bin.getType().getElementType().isF32() &&
-           plan.rep(bin.getLhs()) == Rep::Full &&
-           plan.rep(bin.getRhs()) == Rep::Row;
-  };
+  findCastAndBiasFolds(ops, members);
+  findRowSums(ops, members);
+  findSquareBiases(members);
+}
+
+/// Widening casts, narrowing casts stored directly, and f(x +- m) as one
+/// activation with m as its bias.
+void GroupPlan::findCastAndBiasFolds(
+    ArrayRef<Operation *> ops, const llvm::DenseSet<Operation *> &members) {
+  const FusionPlan &plan = fusion;
   for (Operation *op : ops) {
     if (auto c = dyn_cast<CastOp>(op)) {
       Type from = typeOf(c.getInput()).getElementType();
@@ -84,17 +101,18 @@ void GroupPlan::findFolds(ArrayRef<Operation *> ops) {
     if (auto u = dyn_cast<UnaryOp>(op)) {
       auto bin = u.getInput().getDefiningOp<BinaryOp>();
       if (bin && members.contains(bin) && onlyUse(bin.getResult()) == op &&
-          isRowShift(bin)) {
+          isRowShift(plan, bin)) {
         biasOf[op] = bin;
         folded.insert(bin);
       }
     }
   }
-  auto isSquare = [&](Operation *op) {
-    auto bin = dyn_cast<BinaryOp>(op);
-    return bin && bin.getFn() == BinaryFn::mul &&
-           bin.getLhs() == bin.getRhs() && plan.rep(bin.getLhs()) == Rep::Full;
-  };
+}
+
+/// Row sums of f(x) or x * x that the activation computing it accumulates.
+void GroupPlan::findRowSums(ArrayRef<Operation *> ops,
+                            const llvm::DenseSet<Operation *> &members) {
+  const FusionPlan &plan = fusion;
   for (Operation *op : ops) {
     auto r = dyn_cast<ReduceOp>(op);
     if (!r || r.getFn() != ReduceFn::sum || plan.rep(r.getResult()) != Rep::Row)
@@ -102,23 +120,26 @@ void GroupPlan::findFolds(ArrayRef<Operation *> ops) {
     Operation *producer = r.getInput().getDefiningOp();
     if (!producer || !members.contains(producer) || folded.contains(producer) ||
         rowSumOf.count(producer) ||
-        !(isa<UnaryOp>(producer) || isSquare(producer)) ||
+        !(isa<UnaryOp>(producer) || isSquare(plan, producer)) ||
         plan.rep(r.getInput()) != Rep::Full)
       continue;
     rowSumOf[producer] = r;
     summed.insert(op);
-    if (isSquare(producer))
+    if (isSquare(plan, producer))
       activations.insert(producer);
   }
-  // (x - m)^2 with m a row (a variance): the square activation takes -m as
-  // its bias, so x - m is never written.
+}
+
+/// (x - m)^2 with m a row (a variance): the square activation takes -m as
+/// its bias, so x - m is never written.
+void GroupPlan::findSquareBiases(const llvm::DenseSet<Operation *> &members) {
   for (Operation *op : activations) {
     auto bin = op->getOperand(0).getDefiningOp<BinaryOp>();
     Value v = op->getOperand(0);
     if (bin && members.contains(bin) && !folded.contains(bin) &&
         !outputs.contains(v) &&
         llvm::all_of(v.getUsers(), [&](Operation *u) { return u == op; }) &&
-        isRowShift(bin)) {
+        isRowShift(fusion, bin)) {
       biasOf[op] = bin;
       folded.insert(bin);
     }
@@ -330,6 +351,98 @@ FailureOr<GroupPlan> GroupPlan::decide(ArrayRef<Operation *> ops,
   return plan;
 }
 
+namespace {
+/// What engine assignment weighs: whether an engine may issue an op's
+/// instruction, and its time there by the cost model the timing model
+/// charges (runtime/target/Cost.h).
+class EngineCosts {
+public:
+  EngineCosts(
+      const ::neuron::target::Target &target,
+      const llvm::DenseSet<Operation *> &activations,
+      const llvm::DenseSet<Operation *> &scalarSums,
+      llvm::function_ref<::neuron::runtime::Opcode(Operation *)> instructionOf,
+      const FusionPlan &plan, int64_t cols)
+      : costModel(target), activations(activations), scalarSums(scalarSums),
+        instructionOf(instructionOf), plan(plan), cols(cols) {}
+
+  bool allowed(Operation *op, nisa::Engine e) const {
+    if (e == nisa::Engine::scalar && scalarSums.contains(op))
+      return nisa::canIssue(::neuron::runtime::Opcode::Activation, e);
+    return nisa::canIssue(instructionOf(op), e);
+  }
+
+  /// The group's tiles are contiguous SBUF tiles, read element by element
+  /// unless a per-partition register.
+  double cost(Operation *op, nisa::Engine e) const {
+    using ::neuron::runtime::Opcode;
+    Value out = op->getResult(0);
+    Value measured = isa<ReduceOp>(op) ? op->getOperand(0) : out;
+    Opcode opcode = e == nisa::Engine::scalar && scalarSums.contains(op)
+                        ? Opcode::Activation
+                        : instructionOf(op);
+    ::neuron::target::ComputeShape shape;
+    shape.elements = plan.rep(measured) == Rep::Row ? 1.0 : double(cols);
+    SmallVector<Value> streamed;
+    for (Value v : op->getOperands())
+      if (heldAsTile(plan.rep(v)))
+        streamed.push_back(v);
+    shape.all16Bit = is16(out) && llvm::all_of(streamed, is16);
+    // An activation streams its input; its bias and scale are registers.
+    shape.streamed = activations.contains(op) || opcode == Opcode::Activation
+                         ? 1
+                         : int(streamed.size());
+    return costModel.computeNs(opcode, nisa::toProgram(e), shape);
+  }
+
+private:
+  static bool is16(Value v) {
+    return cast<RankedTensorType>(v.getType()).getElementTypeBitWidth() == 16;
+  }
+
+  const ::neuron::target::CostModel costModel;
+  const llvm::DenseSet<Operation *> &activations;
+  const llvm::DenseSet<Operation *> &scalarSums;
+  llvm::function_ref<::neuron::runtime::Opcode(Operation *)> instructionOf;
+  const FusionPlan &plan;
+  int64_t cols;
+};
+
+/// Over every order of the three engines and two cut points of `work`,
+/// the split whose busiest engine has the least work, into `best` (left as
+/// it is if no split is allowed).
+void bestSplit(ArrayRef<Operation *> work, const EngineCosts &costs,
+               llvm::DenseMap<Operation *, nisa::Engine> &best) {
+  using nisa::Engine;
+  double bestLoad = std::numeric_limits<double>::infinity();
+  const Engine all[3] = {Engine::vector, Engine::gpsimd, Engine::scalar};
+  size_t n = work.size();
+  for (int a = 0; a < 3; ++a)
+    for (int b2 = 0; b2 < 3; ++b2)
+      for (int c = 0; c < 3; ++c) {
+        if (a == b2 || a == c || b2 == c)
+          continue;
+        Engine order[3] = {all[a], all[b2], all[c]};
+        for (size_t cut1 = 0; cut1 <= n; ++cut1)
+          for (size_t cut2 = cut1; cut2 <= n; ++cut2) {
+            double load[3] = {0, 0, 0};
+            bool ok = true;
+            for (size_t i = 0; i < n && ok; ++i) {
+              int seg = i < cut1 ? 0 : i < cut2 ? 1 : 2;
+              ok = costs.allowed(work[i], order[seg]);
+              load[seg] += costs.cost(work[i], order[seg]);
+            }
+            double worst = std::max({load[0], load[1], load[2]});
+            if (!ok || worst >= bestLoad)
+              continue;
+            bestLoad = worst;
+            for (size_t i = 0; i < n; ++i)
+              best[work[i]] = order[i < cut1 ? 0 : i < cut2 ? 1 : 2];
+          }
+      }
+}
+} // namespace
+
 /// Engines for a group's instructions. Each engine's queue runs in order,
 /// so a step's chain of instructions flows through the engines without
 /// going back to one (engine A for a first run of instructions, B for the
@@ -351,70 +464,17 @@ llvm::DenseMap<Operation *, nisa::Engine> mlir::neuron::assignEngines(
   for (Operation *op : ops)
     if (!isa<ConstantOp, BroadcastOp, ReshapeOp>(op) && !folded.contains(op))
       work.push_back(op);
-  auto allowed = [&](Operation *op, Engine e) {
-    if (e == Engine::scalar && scalarSums.contains(op))
-      return nisa::canIssue(::neuron::runtime::Opcode::Activation, e);
-    return nisa::canIssue(instructionOf(op), e);
-  };
-  // Each instruction's time on an engine, by the cost model the timing
-  // model charges (runtime/target/Cost.h): the group's tiles are contiguous
-  // SBUF tiles, read element by element unless a per-partition register.
-  const ::neuron::target::CostModel costModel(target);
-  auto is16 = [](Value v) {
-    return cast<RankedTensorType>(v.getType()).getElementTypeBitWidth() == 16;
-  };
-  auto cost = [&](Operation *op, Engine e) {
-    using ::neuron::runtime::Opcode;
-    Value out = op->getResult(0);
-    Value measured = isa<ReduceOp>(op) ? op->getOperand(0) : out;
-    Opcode opcode = e == Engine::scalar && scalarSums.contains(op)
-                        ? Opcode::Activation
-                        : instructionOf(op);
-    ::neuron::target::ComputeShape shape;
-    shape.elements = plan.rep(measured) == Rep::Row ? 1.0 : double(cols);
-    SmallVector<Value> streamed;
-    for (Value v : op->getOperands())
-      if (heldAsTile(plan.rep(v)))
-        streamed.push_back(v);
-    shape.all16Bit = is16(out) && llvm::all_of(streamed, is16);
-    // An activation streams its input; its bias and scale are registers.
-    shape.streamed = activations.contains(op) || opcode == Opcode::Activation
-                         ? 1
-                         : int(streamed.size());
-    return costModel.computeNs(opcode, nisa::toProgram(e), shape);
-  };
   llvm::DenseMap<Operation *, Engine> best;
   for (Operation *op : work)
     best[op] = isa<UnaryOp>(op) || activations.contains(op) ? Engine::scalar
                                                             : Engine::vector;
-  double bestLoad = std::numeric_limits<double>::infinity();
-  const Engine all[3] = {Engine::vector, Engine::gpsimd, Engine::scalar};
-  size_t n = work.size();
-  if (n > 24)
+  // Orders of up to three engines and two cut points: cubic in the
+  // instructions, so long groups keep the default.
+  if (work.size() > 24)
     return best;
-  // Orders of up to three engines and two cut points.
-  for (int a = 0; a < 3; ++a)
-    for (int b2 = 0; b2 < 3; ++b2)
-      for (int c = 0; c < 3; ++c) {
-        if (a == b2 || a == c || b2 == c)
-          continue;
-        Engine order[3] = {all[a], all[b2], all[c]};
-        for (size_t cut1 = 0; cut1 <= n; ++cut1)
-          for (size_t cut2 = cut1; cut2 <= n; ++cut2) {
-            double load[3] = {0, 0, 0};
-            bool ok = true;
-            for (size_t i = 0; i < n && ok; ++i) {
-              int seg = i < cut1 ? 0 : i < cut2 ? 1 : 2;
-              ok = allowed(work[i], order[seg]);
-              load[seg] += cost(work[i], order[seg]);
-            }
-            double worst = std::max({load[0], load[1], load[2]});
-            if (!ok || worst >= bestLoad)
-              continue;
-            bestLoad = worst;
-            for (size_t i = 0; i < n; ++i)
-              best[work[i]] = order[i < cut1 ? 0 : i < cut2 ? 1 : 2];
-          }
-      }
+  bestSplit(
+      work,
+      EngineCosts(target, activations, scalarSums, instructionOf, plan, cols),
+      best);
   return best;
 }

@@ -85,6 +85,11 @@ private:
   /// fold may absorb), else null.
   Operation *onlyUse(Value v) const;
   void findFolds(ArrayRef<Operation *> ops);
+  void findCastAndBiasFolds(ArrayRef<Operation *> ops,
+                            const llvm::DenseSet<Operation *> &members);
+  void findRowSums(ArrayRef<Operation *> ops,
+                   const llvm::DenseSet<Operation *> &members);
+  void findSquareBiases(const llvm::DenseSet<Operation *> &members);
   void findScaled(ArrayRef<Operation *> ops);
   void findIntermediates(ArrayRef<Operation *> ops);
   void layOut(ArrayRef<Value> inputs, int64_t width,

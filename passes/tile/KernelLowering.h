@@ -81,6 +81,9 @@ private:
       llvm::function_ref<void(Value, int64_t, int64_t, bool)> block);
   void lowerRowScan(Value in, Value out, int64_t rows, int64_t len, Type mmElt,
                     Value tri, Value identity);
+  void lowerColumnScan(Value in, Value out, int64_t outer, int64_t len,
+                       int64_t inner, Type mmElt, Value tri);
+  Value scanMatrix(nisa::AluOp cmp, Type mmElt);
 
   const TilePatternSet &patterns;
 };

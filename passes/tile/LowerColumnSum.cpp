@@ -74,31 +74,58 @@ std::optional<ColumnLayout> columnLayout(ArrayRef<int64_t> shape,
 }
 } // namespace
 
-bool KernelLowering::lowerColumnSum(ReduceOp op) {
-  if (!isTensorESum(op))
-    return false;
-  auto inType = tensorType(op.getInput());
-  Window in = windowOf(op.getInput());
-  std::optional<ColumnLayout> layout =
-      columnLayout(inType.getShape(), in.strides, op.getCount());
-  if (!layout)
-    return false;
-  const ColumnLayout &l = *layout;
-  Type elt = inType.getElementType(), f32 = b.getF32Type();
-  int64_t eltBytes = elt.getIntOrFloatBitWidth() / 8;
-  int64_t p = target.partitions;
-  auto ceilDiv = [](int64_t a, int64_t d) { return (a + d - 1) / d; };
+namespace {
+int64_t ceilDiv(int64_t a, int64_t d) { return (a + d - 1) / d; }
 
+/// One column sum: its plan (columns per group, PSUM bank sets, load slots)
+/// and a member per loop level: outer kept dim, block, column group, row
+/// tile.
+class ColumnSumLowering {
+public:
+  ColumnSumLowering(KernelLowering &k, ReduceOp op, const ColumnLayout &l,
+                    Value src, Type elt);
+  /// One loop per outer kept dim (a sum over a middle dim), a block in
+  /// each.
+  void lower(int64_t srcOffset);
+
+private:
+  void block(Value inBase, Value outBase);
+  /// One group of columns of one [rows, cols] block: every row tile summed
+  /// into the set's banks, then evicted and stored.
+  void group(Value inBase, Value outBase, Value c0, int64_t gc, int64_t set);
+  /// Row tile `t` (`rt` rows) of a group into load slot `slot`.
+  void load(Value inBase, Value c0, int64_t gc, Value t, int64_t rt,
+            int64_t slot);
+  /// The rows in `slot` summed into the set's banks (`first` starts them).
+  void sum(int64_t gc, int64_t set, int64_t rt, int64_t slot, bool first);
+  /// The set's banks evicted (VectorE and ScalarE alternating) and stored.
+  void evict(Value outBase, Value c0, int64_t gc, int64_t set);
+  Value rowsIn(int64_t slot, int64_t rt, int64_t at, int64_t width);
+  Value bank(int64_t set, int64_t j, int64_t width);
+
+  KernelLowering &k;
+  const ColumnLayout &l;
+  Value src, out;
+  Type elt;
+  int64_t p, bankCols, groupBanks, groupCols, sets, slots, accWidth;
+  Value ones, moving, acc, staged;
+};
+
+ColumnSumLowering::ColumnSumLowering(KernelLowering &k, ReduceOp op,
+                                     const ColumnLayout &l, Value src, Type elt)
+    : k(k), l(l), src(src), elt(elt) {
+  const auto &target = k.target;
+  int64_t eltBytes = elt.getIntOrFloatBitWidth() / 8;
+  p = target.partitions;
   // Columns per row tile: a free tile's bytes per partition, whole PSUM
   // banks of fp32, at most every bank.
-  const int64_t bankCols =
-      std::min(target.matmulMaxMovingFree, target.psumBankBytes / 4);
-  int64_t groupBanks = std::clamp<int64_t>(
-      ceilDiv(tileBytes / eltBytes, bankCols), 1,
+  bankCols = std::min(target.matmulMaxMovingFree, target.psumBankBytes / 4);
+  groupBanks = std::clamp<int64_t>(
+      ceilDiv(k.tileBytes / eltBytes, bankCols), 1,
       std::min<int64_t>(target.psumBanks, ceilDiv(l.cols, bankCols)));
-  int64_t groupCols = std::min(l.cols, groupBanks * bankCols);
+  groupCols = std::min(l.cols, groupBanks * bankCols);
   int64_t groups = ceilDiv(l.cols, groupCols);
-  int64_t sets = groups > 1 && 2 * groupBanks <= target.psumBanks ? 2 : 1;
+  sets = groups > 1 && 2 * groupBanks <= target.psumBanks ? 2 : 1;
   int64_t rowTiles = ceilDiv(l.rows, p);
 
   double loadNs = double(p * groupCols * eltBytes) /
@@ -108,95 +135,124 @@ bool KernelLowering::lowerColumnSum(ReduceOp op) {
       groupBanks *
       std::max<double>(bankCols, target.value("matmul_min_ii_cycles")) *
       fp32Factor / target.tensorClockGHz;
-  int64_t slots = std::min(streamSlots(loadNs, sumNs), rowTiles);
+  slots = std::min(k.streamSlots(loadNs, sumNs), rowTiles);
+  accWidth = sets * groupBanks * bankCols;
+  out = k.resultBuffer(op.getResult());
+}
 
-  Value src = in.buffer, out = resultBuffer(op.getResult());
-  TileScope scope(*this);
-  Value ones = tile(MemorySpace::sbuf, {p, 1}, elt);
-  b.create<nisa::MemsetOp>(ones, APFloat(1.0));
-  Value moving = tile(MemorySpace::sbuf, {p, slots * groupCols}, elt);
-  int64_t accWidth = sets * groupBanks * bankCols;
-  Value acc = tile(MemorySpace::psum, {1, accWidth}, f32);
-  Value staged = tile(MemorySpace::sbuf, {1, sets * groupCols}, elt);
-
-  // One group of columns of one [rows, cols] block: every row tile summed
-  // into the set's banks, then evicted (VectorE and ScalarE alternating)
-  // and stored.
-  auto group = [&](Value inBase, Value outBase, Value c0, int64_t gc,
-                   int64_t set) {
-    int64_t banks = ceilDiv(gc, bankCols);
-    auto rowsIn = [&](int64_t slot, int64_t rt, int64_t at, int64_t width) {
-      return view(moving, index(slot * groupCols + at), {rt, width},
-                  {slots * groupCols, 1});
-    };
-    auto bank = [&](int64_t j, int64_t width) {
-      return view(acc, index((set * groupBanks + j) * bankCols), {1, width},
-                  {accWidth, 1});
-    };
-    auto load = [&](Value t, int64_t rt, int64_t slot) {
-      Value at = addOffsets(addOffsets(inBase, scale(t, p * l.rowStride)), c0);
-      dma(view(src, at, {rt, gc}, {l.rowStride, 1}), rowsIn(slot, rt, 0, gc));
-    };
-    auto sum = [&](int64_t rt, int64_t slot, bool first) {
-      Value stationary = view(ones, index(0), {rt, 1}, {1, 1});
-      for (int64_t j = 0; j < banks; ++j) {
-        int64_t width = std::min(bankCols, gc - j * bankCols);
-        auto mm = b.create<nisa::MatmulOp>(
-            stationary, rowsIn(slot, rt, j * bankCols, width), bank(j, width));
-        if (!first)
-          mm.setAccumulate(true);
-      }
-    };
-    // Row tile t goes to slot t % slots; the first starts the sums, the
-    // other full tiles stream with their loads running ahead.
-    int64_t full = l.rows / p, rem = l.rows % p;
-    if (full > 0) {
-      load(index(0), p, 0);
-      sum(p, 0, true);
-    }
-    forEachPipelined(
-        std::max<int64_t>(full - 1, 0), slots,
-        [&](Value i, int64_t s) { load(addOffset(i, 1), p, (s + 1) % slots); },
-        [&](Value, int64_t s) { sum(p, (s + 1) % slots, false); });
-    if (rem) {
-      load(index(full), rem, full % slots);
-      sum(rem, full % slots, full == 0);
-    }
-    for (int64_t j = 0; j < banks; ++j) {
-      int64_t width = std::min(bankCols, gc - j * bankCols);
-      b.create<nisa::CopyOp>(bank(j, width),
-                             view(staged, index(set * groupCols + j * bankCols),
-                                  {1, width}, {sets * groupCols, 1}),
-                             j % 2 ? nisa::Engine::scalar
-                                   : nisa::Engine::vector);
-    }
-    // From ScalarE's queue: a store waits for its eviction, and on SyncE's
-    // it would hold up the next group's loads.
-    b.create<nisa::DmaCopyOp>(
-        view(staged, index(set * groupCols), {1, gc}, {sets * groupCols, 1}),
-        view(out, addOffsets(outBase, c0), {1, gc}, {gc, 1}),
-        nisa::Engine::scalar);
-  };
-  auto block = [&](Value inBase, Value outBase) {
-    int64_t fullGroups = l.cols / groupCols;
-    forEachRotating(0, fullGroups, sets, [&](Value g, int64_t set) {
-      group(inBase, outBase, scale(g, groupCols), groupCols, set);
-    });
-    if (int64_t rest = l.cols % groupCols)
-      group(inBase, outBase, index(fullGroups * groupCols), rest,
-            fullGroups % sets);
-  };
-  // One loop per outer kept dim (a sum over a middle dim).
+void ColumnSumLowering::lower(int64_t srcOffset) {
+  TileBuilder::TileScope scope(k);
+  ones = k.tile(MemorySpace::sbuf, {p, 1}, elt);
+  k.b.create<nisa::MemsetOp>(ones, APFloat(1.0));
+  moving = k.tile(MemorySpace::sbuf, {p, slots * groupCols}, elt);
+  acc = k.tile(MemorySpace::psum, {1, accWidth}, k.b.getF32Type());
+  staged = k.tile(MemorySpace::sbuf, {1, sets * groupCols}, elt);
   std::function<void(size_t, Value, Value)> outer = [&](size_t d, Value inBase,
                                                         Value outBase) {
     if (d == l.outerSizes.size())
       return block(inBase, outBase);
-    forEach(l.outerSizes[d], [&](Value i) {
-      outer(d + 1, addOffsets(inBase, scale(i, l.outerStrides[d])),
-            addOffsets(outBase, scale(i, l.outerOutStrides[d])));
+    k.forEach(l.outerSizes[d], [&](Value i) {
+      outer(d + 1, k.addOffsets(inBase, k.scale(i, l.outerStrides[d])),
+            k.addOffsets(outBase, k.scale(i, l.outerOutStrides[d])));
     });
   };
-  outer(0, index(in.offset), index(0));
+  outer(0, k.index(srcOffset), k.index(0));
+}
+
+void ColumnSumLowering::block(Value inBase, Value outBase) {
+  int64_t fullGroups = l.cols / groupCols;
+  k.forEachRotating(0, fullGroups, sets, [&](Value g, int64_t set) {
+    group(inBase, outBase, k.scale(g, groupCols), groupCols, set);
+  });
+  if (int64_t rest = l.cols % groupCols)
+    group(inBase, outBase, k.index(fullGroups * groupCols), rest,
+          fullGroups % sets);
+}
+
+Value ColumnSumLowering::rowsIn(int64_t slot, int64_t rt, int64_t at,
+                                int64_t width) {
+  return k.view(moving, k.index(slot * groupCols + at), {rt, width},
+                {slots * groupCols, 1});
+}
+
+Value ColumnSumLowering::bank(int64_t set, int64_t j, int64_t width) {
+  return k.view(acc, k.index((set * groupBanks + j) * bankCols), {1, width},
+                {accWidth, 1});
+}
+
+void ColumnSumLowering::load(Value inBase, Value c0, int64_t gc, Value t,
+                             int64_t rt, int64_t slot) {
+  Value at =
+      k.addOffsets(k.addOffsets(inBase, k.scale(t, p * l.rowStride)), c0);
+  k.dma(k.view(src, at, {rt, gc}, {l.rowStride, 1}), rowsIn(slot, rt, 0, gc));
+}
+
+void ColumnSumLowering::sum(int64_t gc, int64_t set, int64_t rt, int64_t slot,
+                            bool first) {
+  int64_t banks = ceilDiv(gc, bankCols);
+  Value stationary = k.view(ones, k.index(0), {rt, 1}, {1, 1});
+  for (int64_t j = 0; j < banks; ++j) {
+    int64_t width = std::min(bankCols, gc - j * bankCols);
+    auto mm = k.b.create<nisa::MatmulOp>(
+        stationary, rowsIn(slot, rt, j * bankCols, width), bank(set, j, width));
+    if (!first)
+      mm.setAccumulate(true);
+  }
+}
+
+void ColumnSumLowering::group(Value inBase, Value outBase, Value c0, int64_t gc,
+                              int64_t set) {
+  // Row tile t goes to slot t % slots; the first starts the sums, the
+  // other full tiles stream with their loads running ahead.
+  int64_t full = l.rows / p, rem = l.rows % p;
+  if (full > 0) {
+    load(inBase, c0, gc, k.index(0), p, 0);
+    sum(gc, set, p, 0, true);
+  }
+  k.forEachPipelined(
+      std::max<int64_t>(full - 1, 0), slots,
+      [&](Value i, int64_t s) {
+        load(inBase, c0, gc, k.addOffset(i, 1), p, (s + 1) % slots);
+      },
+      [&](Value, int64_t s) { sum(gc, set, p, (s + 1) % slots, false); });
+  if (rem) {
+    load(inBase, c0, gc, k.index(full), rem, full % slots);
+    sum(gc, set, rem, full % slots, full == 0);
+  }
+  evict(outBase, c0, gc, set);
+}
+
+void ColumnSumLowering::evict(Value outBase, Value c0, int64_t gc,
+                              int64_t set) {
+  int64_t banks = ceilDiv(gc, bankCols);
+  for (int64_t j = 0; j < banks; ++j) {
+    int64_t width = std::min(bankCols, gc - j * bankCols);
+    k.b.create<nisa::CopyOp>(
+        bank(set, j, width),
+        k.view(staged, k.index(set * groupCols + j * bankCols), {1, width},
+               {sets * groupCols, 1}),
+        j % 2 ? nisa::Engine::scalar : nisa::Engine::vector);
+  }
+  // From ScalarE's queue: a store waits for its eviction, and on SyncE's
+  // it would hold up the next group's loads.
+  k.b.create<nisa::DmaCopyOp>(
+      k.view(staged, k.index(set * groupCols), {1, gc}, {sets * groupCols, 1}),
+      k.view(out, k.addOffsets(outBase, c0), {1, gc}, {gc, 1}),
+      nisa::Engine::scalar);
+}
+} // namespace
+
+bool KernelLowering::lowerColumnSum(ReduceOp op) {
+  if (!isTensorESum(op))
+    return false;
+  auto inType = tensorType(op.getInput());
+  Window in = windowOf(op.getInput());
+  std::optional<ColumnLayout> layout =
+      columnLayout(inType.getShape(), in.strides, op.getCount());
+  if (!layout)
+    return false;
+  ColumnSumLowering(*this, op, *layout, in.buffer, inType.getElementType())
+      .lower(in.offset);
   return true;
 }
 

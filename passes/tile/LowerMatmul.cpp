@@ -1,8 +1,7 @@
-//===- LowerMatmul.cpp - neuron.matmul as a blocked GEMM
-//--------------------===//
+//===- LowerMatmul.cpp - neuron.matmul as a blocked GEMM ------------------===//
 //
 // GEMM on TensorE: A^T panels resident in SBUF, B streamed, sums in PSUM
-// (lowerMatmul says how).
+// (GemmLowering says how).
 //
 //===----------------------------------------------------------------------===//
 
@@ -11,7 +10,11 @@
 
 #include "runtime/target/Cost.h"
 
+#include <optional>
+
 namespace mlir::neuron {
+
+namespace {
 
 /// GEMM, with the operand reuse that keeps TensorE fed:
 ///  - an M block of up to four 128-row tiles keeps its A^T panel (all of K)
@@ -21,268 +24,386 @@ namespace mlir::neuron {
 ///  - each (M tile, 512-column N tile) accumulates over K in its own PSUM
 ///    bank; two sets of banks alternate between N groups, so TensorE fills
 ///    one set while ScalarE and VectorE evict the other.
-void KernelLowering::lowerMatmul(MatmulOp op) {
-  auto lhsType = tensorType(op.getLhs()), rhsType = tensorType(op.getRhs());
-  auto outType = op.getType();
-  int64_t rank = lhsType.getRank();
-  int64_t m = lhsType.getDimSize(rank - 2), k = lhsType.getDimSize(rank - 1);
-  int64_t n = rhsType.getDimSize(rank - 1);
+/// One member per level of the loop nest: batch, M block, N group, K step.
+class GemmLowering {
+public:
+  GemmLowering(KernelLowering &k, MatmulOp op);
+  /// One loop per batch dim (windows may stride them any way), a GEMM in
+  /// each.
+  void lower();
+
+private:
+  /// Element offsets of one batch's A, B and output.
+  struct Bases {
+    Value lhs, rhs, out;
+  };
+  /// Where an M block's A^T panel is: K on the partitions, column
+  /// kIdx * rows + row of A, from `at` in `buffer` of row stride `stride`.
+  struct Panel {
+    Value buffer, at;
+    int64_t stride;
+  };
+  /// The panel of the next M block, loaded while this block computes: into
+  /// slot `slot + 1` of `slots`, whole or a K chunk per N group.
+  struct NextPanel {
+    Value block;
+    int64_t slot;
+    Value buffer;
+    int64_t slots, cols, stride;
+    bool chunked;
+    int64_t chunk;
+  };
+  /// An M block's on-chip state: B tiles rotating over `bSlots`, two PSUM
+  /// bank sets and two output staging sets alternating between N groups.
+  struct Block {
+    Value m0;
+    int64_t rows, tiles;
+    Panel panel;
+    std::optional<NextPanel> next;
+    int64_t maxPieces;
+    int64_t bSlots;
+    Value moving, acc, staged;
+  };
+  /// One N group of a block: columns [n0, n0 + cols), in bank set `set`.
+  struct Group {
+    Value g, n0;
+    int64_t set, cols, tiles;
+  };
+
+  void lowerBatch(const Bases &base);
+  /// A^T rows [m0, m0 + rows) into `panel`: one transfer for the full K
+  /// tiles ([k in tile, tile, row of A]), one for the partial tile.
+  void loadPanel(const Bases &base, Value m0, int64_t rows, Value panel,
+                 Value panelAt, int64_t panelStride);
+  /// The full M blocks, their panels alternating between two slots, each
+  /// loading the next one's.
+  void lowerFullBlocks(const Bases &base, int64_t fullBlocks);
+  void lowerBlock(const Bases &base, Value m0, int64_t rows, const Panel &panel,
+                  std::optional<NextPanel> next, int64_t maxPieces);
+  /// B slots that hide a load behind the matmuls of the steps before it.
+  int64_t bSlotsFor(int64_t blockTiles) const;
+  void lowerGroup(const Bases &base, const Block &blk, Value g, int64_t set,
+                  int64_t cols, bool first, bool prefetches);
+  /// K step `kIdx` of a group: load its B tile into `slot`, a matmul per
+  /// (M tile, N tile) into its bank (`first` starts the sums).
+  void kStep(const Bases &base, const Block &blk, const Group &grp, Value kIdx,
+             int64_t slot, int64_t kt, bool first);
+  /// The full K steps in rounds of bSlots, spreading the next panel's
+  /// pieces over the first rounds.
+  void fullKSteps(const Bases &base, const Block &blk, const Group &grp,
+                  bool first, bool prefetches);
+  /// `piece` of `pieces` of the next panel's share for N group g (nothing
+  /// for the last block).
+  void prefetch(const Bases &base, const Block &blk, Value g, bool first,
+                Value piece, int64_t pieces);
+  /// Evict each bank (alternating VectorE and ScalarE) and store.
+  void evictGroup(const Bases &base, const Block &blk, const Group &grp);
+  Value bank(const Block &blk, const Group &grp, int64_t mi, int64_t ni,
+             int64_t rows, int64_t width);
+
+  KernelLowering &k;
+  RankedTensorType lhsType, rhsType, outType;
+  int64_t rank, m, kDim, n;
   // Operands are read through their windows: a transposed operand (a
   // linear layer's weight) is loaded by transposing DMAs, never copied.
-  Window a = windowOf(op.getLhs()), bw = windowOf(op.getRhs());
-  Value lhs = a.buffer, rhs = bw.buffer;
-  int64_t aRow = a.strides[rank - 2], aCol = a.strides[rank - 1];
-  int64_t bRow = bw.strides[rank - 2], bCol = bw.strides[rank - 1];
-  Value out = resultBuffer(op.getResult());
-  Type inElt = lhsType.getElementType(), outElt = outType.getElementType();
-  Type f32 = b.getF32Type();
-  int64_t eltBytes = std::max<int64_t>(1, lhsType.getElementTypeBitWidth() / 8);
+  TileBuilder::Window a, bw;
+  Value lhs, rhs, out;
+  int64_t aRow, aCol, bRow, bCol;
+  Type inElt, outElt, f32;
+  int64_t eltBytes;
+  int64_t kTile, mTile, nTile, banksPerSet, kTiles, kRows;
+  int64_t mTiles, nTiles, mBlock, nGroup;
+};
 
-  const int64_t kTile = target.matmulMaxK;
-  const int64_t mTile = target.matmulMaxStationaryFree;
-  const int64_t nTile = std::min(target.matmulMaxMovingFree,
-                                 target.psumBankBytes / 4); // fp32 per bank
-  const int64_t banksPerSet = std::max<int64_t>(1, target.psumBanks / 2);
-  int64_t kTiles = (k + kTile - 1) / kTile;
-  int64_t kRows = std::min(k, kTile);
+GemmLowering::GemmLowering(KernelLowering &k, MatmulOp op)
+    : k(k), lhsType(tensorType(op.getLhs())), rhsType(tensorType(op.getRhs())),
+      outType(op.getType()) {
+  const auto &target = k.target;
+  rank = lhsType.getRank();
+  m = lhsType.getDimSize(rank - 2);
+  kDim = lhsType.getDimSize(rank - 1);
+  n = rhsType.getDimSize(rank - 1);
+  a = k.windowOf(op.getLhs());
+  bw = k.windowOf(op.getRhs());
+  lhs = a.buffer;
+  rhs = bw.buffer;
+  aRow = a.strides[rank - 2];
+  aCol = a.strides[rank - 1];
+  bRow = bw.strides[rank - 2];
+  bCol = bw.strides[rank - 1];
+  out = k.resultBuffer(op.getResult());
+  inElt = lhsType.getElementType();
+  outElt = outType.getElementType();
+  f32 = k.b.getF32Type();
+  eltBytes = std::max<int64_t>(1, lhsType.getElementTypeBitWidth() / 8);
+
+  kTile = target.matmulMaxK;
+  mTile = target.matmulMaxStationaryFree;
+  nTile = std::min(target.matmulMaxMovingFree,
+                   target.psumBankBytes / 4); // fp32 per bank
+  banksPerSet = std::max<int64_t>(1, target.psumBanks / 2);
+  kTiles = (kDim + kTile - 1) / kTile;
+  kRows = std::min(kDim, kTile);
   // M tiles per block: as many as PSUM and the panel budget allow (two
   // panels over gemm-panel-sbuf-percent of SBUF would crowd out the streams).
   int64_t mTilesTotal = (m + mTile - 1) / mTile;
-  int64_t mTiles = std::min<int64_t>(mTilesTotal, banksPerSet);
+  mTiles = std::min<int64_t>(mTilesTotal, banksPerSet);
   while (mTiles > 1 &&
          2 * kTiles * mTiles * mTile * eltBytes >
-             target.sbufBytesPerPartition * knobs.gemmPanelSbufPercent / 100)
+             target.sbufBytesPerPartition * k.knobs.gemmPanelSbufPercent / 100)
     --mTiles;
   // N tiles per B transfer: fill the bank set the M tiles leave free.
   int64_t nTilesTotal = (n + nTile - 1) / nTile;
-  int64_t nTiles = std::max<int64_t>(
+  nTiles = std::max<int64_t>(
       1, std::min<int64_t>(nTilesTotal, banksPerSet / mTiles));
-  int64_t mBlock = mTiles * mTile, nGroup = std::min(n, nTiles * nTile);
+  mBlock = mTiles * mTile;
+  nGroup = std::min(n, nTiles * nTile);
+}
 
-  auto body = [&](Value lhsBase, Value rhsBase, Value outBase) {
-    // The panel of the next M block loads while this block computes: full
-    // blocks alternate between two panel slots.
-    int64_t fullBlocks = m / mBlock;
-    int64_t panelSlots = std::min<int64_t>(fullBlocks, 2);
-    auto loadPanel = [&](Value m0, int64_t mRows, Value panel, Value panelAt,
-                         int64_t panelStride) {
-      // One transfer for the full K tiles ([k in tile, tile, row of A]),
-      // one for the partial tile.
-      Value rows0 = addOffsets(lhsBase, scale(m0, aRow));
-      if (int64_t full = k / kTile)
-        dma(view(lhs, rows0, {kTile, full, mRows}, {aCol, kTile * aCol, aRow}),
-            view(panel, panelAt, {kTile, full, mRows},
-                 {panelStride, mRows, 1}));
-      if (int64_t kt = k % kTile)
-        dma(view(lhs, addOffset(rows0, k / kTile * kTile * aCol), {kt, mRows},
-                 {aCol, aRow}),
-            view(panel, addOffset(panelAt, k / kTile * mRows), {kt, mRows},
-                 {panelStride, 1}));
-    };
-    // `prefetch(g, first, piece, pieces)` loads piece `piece` of `pieces`
-    // of the next panel's share for N group g: spread over the group's k
-    // steps, between its B loads, it never holds the DMA engines long
-    // enough to starve them (up to `maxPieces`; 1 loads it in one go).
-    using Prefetch = llvm::function_ref<void(Value, bool, Value, int64_t)>;
-    auto block = [&](Value m0, int64_t mRows, Value panel, Value panelAt,
-                     int64_t panelStride, Prefetch prefetch,
-                     int64_t maxPieces) {
-      TileScope blockScope(*this);
-      int64_t blockTiles = (mRows + mTile - 1) / mTile;
-      // A^T panel: K on the partitions, column kIdx * mRows + row of A.
-      // B tiles rotate over enough slots to hide a load behind the matmuls
-      // of the steps before it; two PSUM bank sets and two output staging
-      // sets alternate between N groups.
-      // Times by the cost model: a B tile is kRows descriptors of a row of
-      // the group (a transposed B, a transposing DMA) over the DMA engines;
-      // a step, a matmul per M tile and N tile.
-      const ::neuron::target::CostModel costModel(target);
-      double loadBytes = double(kRows * nGroup * eltBytes);
-      double loadNs =
-          (bCol == 1 ? costModel.dmaTransferNs(
-                           loadBytes, double(nGroup * eltBytes), double(kRows))
-                     : loadBytes / costModel.dmaTransposeBytesPerNs(false)) /
-          target.dmaEngines;
-      double stepNs = blockTiles * nTiles *
-                      costModel.cyclesToNs(
-                          ::neuron::runtime::Engine::Tensor,
-                          costModel.matmulCycles(double(mTile), double(nTile),
-                                                 inElt.isF32()));
-      int64_t bSlots = streamSlots(loadNs, stepNs);
-      Value moving = tile(MemorySpace::sbuf, {kRows, bSlots * nGroup}, inElt);
-      Value acc =
-          tile(MemorySpace::psum, {mTile, 2 * banksPerSet * nTile}, f32);
-      Value staged =
-          tile(MemorySpace::sbuf, {mTile, 2 * blockTiles * nGroup}, outElt);
-      auto nStep = [&](Value g, int64_t set, int64_t cols, bool first,
-                       bool prefetches) {
-        Value n0 = scale(g, nGroup);
-        int64_t groupTiles = (cols + nTile - 1) / nTile;
-        auto bank = [&](int64_t mi, int64_t ni, int64_t rows, int64_t width) {
-          int64_t col = (set * banksPerSet + mi * groupTiles + ni) * nTile;
-          return view(acc, index(col), {rows, width},
-                      {2 * banksPerSet * nTile, 1});
-        };
-        auto kStep = [&](Value kIdx, int64_t slot, int64_t kt, bool first) {
-          Value src = addOffsets(addOffsets(rhsBase, scale(kIdx, kTile * bRow)),
-                                 scale(n0, bCol));
-          Value bTile = view(moving, index(slot * nGroup), {kt, cols},
-                             {bSlots * nGroup, 1});
-          dma(view(rhs, src, {kt, cols}, {bRow, bCol}), bTile);
-          for (int64_t mi = 0; mi < blockTiles; ++mi) {
-            int64_t mt = std::min(mTile, mRows - mi * mTile);
-            Value stationary = view(
-                panel,
-                addOffsets(panelAt, addOffset(scale(kIdx, mRows), mi * mTile)),
-                {kt, mt}, {panelStride, 1});
-            for (int64_t ni = 0; ni < groupTiles; ++ni) {
-              int64_t nt = std::min(nTile, cols - ni * nTile);
-              Value mov = view(moving, index(slot * nGroup + ni * nTile),
-                               {kt, nt}, {bSlots * nGroup, 1});
-              auto mm = b.create<nisa::MatmulOp>(stationary, mov,
-                                                 bank(mi, ni, mt, nt));
-              if (!first)
-                mm.setAccumulate(true);
-            }
-          }
-        };
-        int64_t fullK = k / kTile;
-        // Full k steps in rounds of bSlots (static slots): round 0 peeled
-        // (its first step starts the sums), the others in one loop; round r
-        // loads piece r of the next panel while there are pieces.
-        int64_t rounds = fullK / bSlots;
-        int64_t pieces = std::min(maxPieces, rounds);
-        while (pieces > 1 && (!llvm::isPowerOf2_64(pieces) || mRows % pieces))
-          --pieces;
-        auto round = [&](Value r, bool firstRound) {
-          for (int64_t i = 0; i < bSlots; ++i)
-            kStep(addOffset(scale(r, bSlots), i), i, kTile,
-                  firstRound && i == 0);
-          if (prefetches && pieces > 1)
-            prefetch(g, first, r, pieces);
-        };
-        if (rounds > 0)
-          round(index(0), true);
-        if (prefetches && pieces <= 1)
-          prefetch(g, first, index(0), 1);
-        forEach(std::max<int64_t>(pieces, 1) - 1,
-                [&](Value r) { round(addOffset(r, 1), false); });
-        int64_t spread = std::max<int64_t>(pieces, 1);
-        forEach(rounds - spread, [&](Value r) {
-          for (int64_t i = 0; i < bSlots; ++i)
-            kStep(addOffset(scale(addOffset(r, spread), bSlots), i), i, kTile,
-                  false);
-        });
-        for (int64_t s = rounds * bSlots; s < fullK; ++s)
-          kStep(index(s), s % bSlots, kTile, s == 0);
-        if (k % kTile)
-          kStep(index(fullK), fullK % bSlots, k % kTile, fullK == 0);
-        // Evict each bank (alternating VectorE and ScalarE) and store.
-        for (int64_t mi = 0; mi < blockTiles; ++mi) {
-          int64_t mt = std::min(mTile, mRows - mi * mTile);
-          Value stage = view(staged, index((set * blockTiles + mi) * nGroup),
-                             {mt, cols}, {2 * blockTiles * nGroup, 1});
-          for (int64_t ni = 0; ni < groupTiles; ++ni) {
-            int64_t nt = std::min(nTile, cols - ni * nTile);
-            Value part = view(
-                staged, index((set * blockTiles + mi) * nGroup + ni * nTile),
-                {mt, nt}, {2 * blockTiles * nGroup, 1});
-            auto engine = (mi * groupTiles + ni) % 2 ? nisa::Engine::scalar
-                                                     : nisa::Engine::vector;
-            b.create<nisa::CopyOp>(bank(mi, ni, mt, nt), part, engine);
-          }
-          Value dst = addOffsets(
-              addOffsets(outBase, scale(addOffset(m0, mi * mTile), n)), n0);
-          // From ScalarE's queue: a store waits for its eviction, and on
-          // SyncE's it would hold up the next group's B loads.
-          b.create<nisa::DmaCopyOp>(stage, view(out, dst, {mt, cols}, {n, 1}),
-                                    nisa::Engine::scalar);
-        }
-      };
-      int64_t groups = n / nGroup;
-      if (groups > 0)
-        nStep(index(0), 0, nGroup, true, true);
-      else
-        prefetch(index(0), true, index(0), 1);
-      forEachRotating(
-          1, std::max<int64_t>(groups - 1, 0), 2,
-          [&](Value g, int64_t set) { nStep(g, set, nGroup, false, true); });
-      if (n % nGroup)
-        nStep(index(groups), groups % 2, n % nGroup, false, false);
-    };
-    if (fullBlocks > 0) {
-      TileScope panels(*this);
-      int64_t panelCols = kTiles * mBlock;
-      Value panel =
-          tile(MemorySpace::sbuf, {kRows, panelSlots * panelCols}, inElt);
-      auto at = [&](int64_t slot) { return index(slot * panelCols); };
-      int64_t stride = panelSlots * panelCols;
-      auto load = [&](Value i, int64_t slot) {
-        loadPanel(scale(i, mBlock), mBlock, panel, at(slot), stride);
-      };
-      load(index(0), 0);
-      // Spread over the N groups, a K chunk per group, when they divide K
-      // evenly: the DMA engines then never serve a whole panel at once.
-      int64_t groups = n / nGroup;
-      bool chunked = groups >= 2 && k % kTile == 0 && kTiles % groups == 0;
-      int64_t chunk = chunked ? kTiles / groups : 0;
-      auto prefetchNext = [&](Value i, int64_t slot) {
-        return [&, i, slot](Value g, bool first, Value piece, int64_t pieces) {
-          Value m0 = scale(addOffset(i, 1), mBlock);
-          int64_t next = (slot + 1) % panelSlots;
-          if (!chunked) {
-            if (first)
-              loadPanel(m0, mBlock, panel, at(next), stride);
-            return;
-          }
-          int64_t rows = mBlock / pieces;
-          Value r0 = scale(piece, rows);
-          Value src =
-              addOffsets(addOffsets(lhsBase, scale(addOffsets(m0, r0), aRow)),
-                         scale(g, chunk * kTile * aCol));
-          dma(view(lhs, src, {kTile, chunk, rows}, {aCol, kTile * aCol, aRow}),
-              view(panel,
-                   addOffsets(addOffsets(at(next), scale(g, chunk * mBlock)),
-                              r0),
-                   {kTile, chunk, rows}, {stride, mBlock, 1}));
-        };
-      };
-      forEachRotating(0, fullBlocks - 1, panelSlots,
-                      [&](Value i, int64_t slot) {
-                        block(scale(i, mBlock), mBlock, panel, at(slot), stride,
-                              prefetchNext(i, slot), chunked ? mBlock : 1);
-                      });
-      int64_t last = fullBlocks - 1;
-      block(
-          index(last * mBlock), mBlock, panel, at(last % panelSlots), stride,
-          [](Value, bool, Value, int64_t) {}, 1);
-    }
-    if (int64_t rest = m % mBlock) {
-      TileScope panels(*this);
-      Value panel = tile(MemorySpace::sbuf, {kRows, kTiles * rest}, inElt);
-      Value m0 = index(fullBlocks * mBlock);
-      loadPanel(m0, rest, panel, index(0), kTiles * rest);
-      block(
-          m0, rest, panel, index(0), kTiles * rest,
-          [](Value, bool, Value, int64_t) {}, 1);
-    }
-  };
-  // One loop per batch dim: windows may stride them any way.
+void GemmLowering::lower() {
   auto outStrides = contiguousStrides(outType.getShape());
   std::function<void(int64_t, Value, Value, Value)> batches =
       [&](int64_t d, Value lo, Value ro, Value oo) {
         if (d == rank - 2)
-          return body(lo, ro, oo);
-        forEach(outType.getDimSize(d), [&](Value i) {
-          batches(d + 1, addOffsets(lo, scale(i, a.strides[d])),
-                  addOffsets(ro, scale(i, bw.strides[d])),
-                  addOffsets(oo, scale(i, outStrides[d])));
+          return lowerBatch({lo, ro, oo});
+        k.forEach(outType.getDimSize(d), [&](Value i) {
+          batches(d + 1, k.addOffsets(lo, k.scale(i, a.strides[d])),
+                  k.addOffsets(ro, k.scale(i, bw.strides[d])),
+                  k.addOffsets(oo, k.scale(i, outStrides[d])));
         });
       };
-  batches(0, index(a.offset), index(bw.offset), index(0));
+  batches(0, k.index(a.offset), k.index(bw.offset), k.index(0));
 }
 
-namespace {
+void GemmLowering::lowerBatch(const Bases &base) {
+  int64_t fullBlocks = m / mBlock;
+  if (fullBlocks > 0)
+    lowerFullBlocks(base, fullBlocks);
+  if (int64_t rest = m % mBlock) {
+    TileBuilder::TileScope panels(k);
+    Value buffer = k.tile(MemorySpace::sbuf, {kRows, kTiles * rest}, inElt);
+    Value m0 = k.index(fullBlocks * mBlock);
+    loadPanel(base, m0, rest, buffer, k.index(0), kTiles * rest);
+    lowerBlock(base, m0, rest, {buffer, k.index(0), kTiles * rest},
+               std::nullopt, 1);
+  }
+}
+
+void GemmLowering::loadPanel(const Bases &base, Value m0, int64_t rows,
+                             Value panel, Value panelAt, int64_t panelStride) {
+  Value rows0 = k.addOffsets(base.lhs, k.scale(m0, aRow));
+  if (int64_t full = kDim / kTile)
+    k.dma(k.view(lhs, rows0, {kTile, full, rows}, {aCol, kTile * aCol, aRow}),
+          k.view(panel, panelAt, {kTile, full, rows}, {panelStride, rows, 1}));
+  if (int64_t kt = kDim % kTile)
+    k.dma(k.view(lhs, k.addOffset(rows0, kDim / kTile * kTile * aCol),
+                 {kt, rows}, {aCol, aRow}),
+          k.view(panel, k.addOffset(panelAt, kDim / kTile * rows), {kt, rows},
+                 {panelStride, 1}));
+}
+
+void GemmLowering::lowerFullBlocks(const Bases &base, int64_t fullBlocks) {
+  TileBuilder::TileScope panels(k);
+  // The panel of the next M block loads while this block computes: full
+  // blocks alternate between two panel slots.
+  int64_t panelSlots = std::min<int64_t>(fullBlocks, 2);
+  int64_t panelCols = kTiles * mBlock;
+  Value buffer =
+      k.tile(MemorySpace::sbuf, {kRows, panelSlots * panelCols}, inElt);
+  auto at = [&](int64_t slot) { return k.index(slot * panelCols); };
+  int64_t stride = panelSlots * panelCols;
+  Value firstBlock = k.index(0);
+  loadPanel(base, k.scale(firstBlock, mBlock), mBlock, buffer, at(0), stride);
+  // Spread over the N groups, a K chunk per group, when they divide K
+  // evenly: the DMA engines then never serve a whole panel at once.
+  int64_t groups = n / nGroup;
+  bool chunked = groups >= 2 && kDim % kTile == 0 && kTiles % groups == 0;
+  int64_t chunk = chunked ? kTiles / groups : 0;
+  k.forEachRotating(0, fullBlocks - 1, panelSlots, [&](Value i, int64_t slot) {
+    lowerBlock(base, k.scale(i, mBlock), mBlock, {buffer, at(slot), stride},
+               NextPanel{i, slot, buffer, panelSlots, panelCols, stride,
+                         chunked, chunk},
+               chunked ? mBlock : 1);
+  });
+  int64_t last = fullBlocks - 1;
+  lowerBlock(base, k.index(last * mBlock), mBlock,
+             {buffer, at(last % panelSlots), stride}, std::nullopt, 1);
+}
+
+void GemmLowering::prefetch(const Bases &base, const Block &blk, Value g,
+                            bool first, Value piece, int64_t pieces) {
+  if (!blk.next)
+    return;
+  const NextPanel &next = *blk.next;
+  Value m0 = k.scale(k.addOffset(next.block, 1), mBlock);
+  int64_t slot = (next.slot + 1) % next.slots;
+  auto at = [&] { return k.index(slot * next.cols); };
+  if (!next.chunked) {
+    if (first)
+      loadPanel(base, m0, mBlock, next.buffer, at(), next.stride);
+    return;
+  }
+  int64_t rows = mBlock / pieces;
+  Value r0 = k.scale(piece, rows);
+  Value src =
+      k.addOffsets(k.addOffsets(base.lhs, k.scale(k.addOffsets(m0, r0), aRow)),
+                   k.scale(g, next.chunk * kTile * aCol));
+  k.dma(k.view(lhs, src, {kTile, next.chunk, rows}, {aCol, kTile * aCol, aRow}),
+        k.view(next.buffer,
+               k.addOffsets(k.addOffsets(at(), k.scale(g, next.chunk * mBlock)),
+                            r0),
+               {kTile, next.chunk, rows}, {next.stride, mBlock, 1}));
+}
+
+int64_t GemmLowering::bSlotsFor(int64_t blockTiles) const {
+  // Times by the cost model: a B tile is kRows descriptors of a row of the
+  // group (a transposed B, a transposing DMA) over the DMA engines; a step,
+  // a matmul per M tile and N tile.
+  const ::neuron::target::CostModel costModel(k.target);
+  double loadBytes = double(kRows * nGroup * eltBytes);
+  double loadNs =
+      (bCol == 1 ? costModel.dmaTransferNs(loadBytes, double(nGroup * eltBytes),
+                                           double(kRows))
+                 : loadBytes / costModel.dmaTransposeBytesPerNs(false)) /
+      k.target.dmaEngines;
+  double stepNs =
+      blockTiles * nTiles *
+      costModel.cyclesToNs(
+          ::neuron::runtime::Engine::Tensor,
+          costModel.matmulCycles(double(mTile), double(nTile), inElt.isF32()));
+  return k.streamSlots(loadNs, stepNs);
+}
+
+void GemmLowering::lowerBlock(const Bases &base, Value m0, int64_t rows,
+                              const Panel &panel, std::optional<NextPanel> next,
+                              int64_t maxPieces) {
+  TileBuilder::TileScope blockScope(k);
+  Block blk{m0, rows, (rows + mTile - 1) / mTile, panel, next, maxPieces};
+  blk.bSlots = bSlotsFor(blk.tiles);
+  blk.moving = k.tile(MemorySpace::sbuf, {kRows, blk.bSlots * nGroup}, inElt);
+  blk.acc = k.tile(MemorySpace::psum, {mTile, 2 * banksPerSet * nTile}, f32);
+  blk.staged =
+      k.tile(MemorySpace::sbuf, {mTile, 2 * blk.tiles * nGroup}, outElt);
+  int64_t groups = n / nGroup;
+  if (groups > 0)
+    lowerGroup(base, blk, k.index(0), 0, nGroup, true, true);
+  else
+    prefetch(base, blk, k.index(0), true, k.index(0), 1);
+  k.forEachRotating(1, std::max<int64_t>(groups - 1, 0), 2,
+                    [&](Value g, int64_t set) {
+                      lowerGroup(base, blk, g, set, nGroup, false, true);
+                    });
+  if (n % nGroup)
+    lowerGroup(base, blk, k.index(groups), groups % 2, n % nGroup, false,
+               false);
+}
+
+Value GemmLowering::bank(const Block &blk, const Group &grp, int64_t mi,
+                         int64_t ni, int64_t rows, int64_t width) {
+  int64_t col = (grp.set * banksPerSet + mi * grp.tiles + ni) * nTile;
+  return k.view(blk.acc, k.index(col), {rows, width},
+                {2 * banksPerSet * nTile, 1});
+}
+
+void GemmLowering::lowerGroup(const Bases &base, const Block &blk, Value g,
+                              int64_t set, int64_t cols, bool first,
+                              bool prefetches) {
+  Group grp{g, k.scale(g, nGroup), set, cols, (cols + nTile - 1) / nTile};
+  fullKSteps(base, blk, grp, first, prefetches);
+  int64_t fullK = kDim / kTile;
+  if (kDim % kTile)
+    kStep(base, blk, grp, k.index(fullK), fullK % blk.bSlots, kDim % kTile,
+          fullK == 0);
+  evictGroup(base, blk, grp);
+}
+
+void GemmLowering::kStep(const Bases &base, const Block &blk, const Group &grp,
+                         Value kIdx, int64_t slot, int64_t kt, bool first) {
+  Value src = k.addOffsets(k.addOffsets(base.rhs, k.scale(kIdx, kTile * bRow)),
+                           k.scale(grp.n0, bCol));
+  Value bTile = k.view(blk.moving, k.index(slot * nGroup), {kt, grp.cols},
+                       {blk.bSlots * nGroup, 1});
+  k.dma(k.view(rhs, src, {kt, grp.cols}, {bRow, bCol}), bTile);
+  for (int64_t mi = 0; mi < blk.tiles; ++mi) {
+    int64_t mt = std::min(mTile, blk.rows - mi * mTile);
+    Value stationary =
+        k.view(blk.panel.buffer,
+               k.addOffsets(blk.panel.at,
+                            k.addOffset(k.scale(kIdx, blk.rows), mi * mTile)),
+               {kt, mt}, {blk.panel.stride, 1});
+    for (int64_t ni = 0; ni < grp.tiles; ++ni) {
+      int64_t nt = std::min(nTile, grp.cols - ni * nTile);
+      Value mov = k.view(blk.moving, k.index(slot * nGroup + ni * nTile),
+                         {kt, nt}, {blk.bSlots * nGroup, 1});
+      auto mm = k.b.create<nisa::MatmulOp>(stationary, mov,
+                                           bank(blk, grp, mi, ni, mt, nt));
+      if (!first)
+        mm.setAccumulate(true);
+    }
+  }
+}
+
+void GemmLowering::fullKSteps(const Bases &base, const Block &blk,
+                              const Group &grp, bool first, bool prefetches) {
+  int64_t fullK = kDim / kTile;
+  int64_t bSlots = blk.bSlots;
+  // Full k steps in rounds of bSlots (static slots): round 0 peeled (its
+  // first step starts the sums), the others in one loop; round r loads
+  // piece r of the next panel while there are pieces.
+  int64_t rounds = fullK / bSlots;
+  int64_t pieces = std::min(blk.maxPieces, rounds);
+  while (pieces > 1 && (!llvm::isPowerOf2_64(pieces) || blk.rows % pieces))
+    --pieces;
+  auto round = [&](Value r, bool firstRound) {
+    for (int64_t i = 0; i < bSlots; ++i)
+      kStep(base, blk, grp, k.addOffset(k.scale(r, bSlots), i), i, kTile,
+            firstRound && i == 0);
+    if (prefetches && pieces > 1)
+      prefetch(base, blk, grp.g, first, r, pieces);
+  };
+  if (rounds > 0)
+    round(k.index(0), true);
+  if (prefetches && pieces <= 1)
+    prefetch(base, blk, grp.g, first, k.index(0), 1);
+  k.forEach(std::max<int64_t>(pieces, 1) - 1,
+            [&](Value r) { round(k.addOffset(r, 1), false); });
+  int64_t spread = std::max<int64_t>(pieces, 1);
+  k.forEach(rounds - spread, [&](Value r) {
+    for (int64_t i = 0; i < bSlots; ++i)
+      kStep(base, blk, grp,
+            k.addOffset(k.scale(k.addOffset(r, spread), bSlots), i), i, kTile,
+            false);
+  });
+  for (int64_t s = rounds * bSlots; s < fullK; ++s)
+    kStep(base, blk, grp, k.index(s), s % bSlots, kTile, s == 0);
+}
+
+void GemmLowering::evictGroup(const Bases &base, const Block &blk,
+                              const Group &grp) {
+  for (int64_t mi = 0; mi < blk.tiles; ++mi) {
+    int64_t mt = std::min(mTile, blk.rows - mi * mTile);
+    Value stage =
+        k.view(blk.staged, k.index((grp.set * blk.tiles + mi) * nGroup),
+               {mt, grp.cols}, {2 * blk.tiles * nGroup, 1});
+    for (int64_t ni = 0; ni < grp.tiles; ++ni) {
+      int64_t nt = std::min(nTile, grp.cols - ni * nTile);
+      Value part = k.view(
+          blk.staged, k.index((grp.set * blk.tiles + mi) * nGroup + ni * nTile),
+          {mt, nt}, {2 * blk.tiles * nGroup, 1});
+      auto engine = (mi * grp.tiles + ni) % 2 ? nisa::Engine::scalar
+                                              : nisa::Engine::vector;
+      k.b.create<nisa::CopyOp>(bank(blk, grp, mi, ni, mt, nt), part, engine);
+    }
+    Value dst = k.addOffsets(
+        k.addOffsets(base.out, k.scale(k.addOffset(blk.m0, mi * mTile), n)),
+        grp.n0);
+    // From ScalarE's queue: a store waits for its eviction, and on SyncE's
+    // it would hold up the next group's B loads.
+    k.b.create<nisa::DmaCopyOp>(stage, k.view(out, dst, {mt, grp.cols}, {n, 1}),
+                                nisa::Engine::scalar);
+  }
+}
+
 struct MatmulPattern : OpTilePattern<MatmulPattern, MatmulOp> {
   LogicalResult lowerOp(MatmulOp op, KernelLowering &k) const {
     if (tensorType(op.getLhs()).getShape().back() == 0)
@@ -293,6 +414,10 @@ struct MatmulPattern : OpTilePattern<MatmulPattern, MatmulOp> {
   }
 };
 } // namespace
+
+void KernelLowering::lowerMatmul(MatmulOp op) {
+  GemmLowering(*this, op).lower();
+}
 
 void populateMatmulPatterns(TilePatternSet &patterns) {
   patterns.push_back(std::make_unique<MatmulPattern>());

@@ -107,41 +107,48 @@ void KernelLowering::lowerCumsum(CumsumOp op) {
   int64_t inner = product(shape.drop_front(dim + 1));
   Value in = bufferOf(op.getInput()), out = resultBuffer(op.getResult());
 
-  Type f32 = b.getF32Type();
   Type inElt = inType.getElementType();
   // 16-bit floats feed TensorE as they are; anything else as fp32.
-  Type mmElt = inElt.isBF16() || inElt.isF16() ? inElt : f32;
+  Type mmElt = inElt.isBF16() || inElt.isF16() ? inElt : b.getF32Type();
+  TileScope scope(*this);
+  // U[k, m] = (k <= m).
+  Value tri = scanMatrix(nisa::AluOp::ge, mmElt);
+  if (inner == 1)
+    lowerRowScan(in, out, outer, len, mmElt, tri,
+                 scanMatrix(nisa::AluOp::eq, mmElt));
+  else
+    lowerColumnScan(in, out, outer, len, inner, mmElt, tri);
+}
+
+/// A [P, P] 0/1 matrix: (m - k) `cmp` 0, in TensorE's operand dtype.
+Value KernelLowering::scanMatrix(nisa::AluOp cmp, Type mmElt) {
+  const int64_t p = target.partitions;
+  Type f32 = b.getF32Type();
+  Value t = tile(MemorySpace::sbuf, {p, p}, f32);
+  b.create<nisa::IotaOp>(t, APFloat(0.0), APFloat(-1.0), ArrayRef<double>{1.0});
+  b.create<nisa::TensorScalarOp>(cmp, t, t, Value(), APFloat(0.0), false);
+  if (mmElt == f32)
+    return t;
+  Value narrow = tile(MemorySpace::sbuf, {p, p}, mmElt);
+  b.create<nisa::CopyOp>(t, narrow);
+  return narrow;
+}
+
+/// A scan along a strided dim: the scanned dim on the partitions, the
+/// columns (outer, inner) pairs: whole inner rows, `group` outer indices at
+/// a time, or chunks of one long inner row.
+void KernelLowering::lowerColumnScan(Value in, Value out, int64_t outer,
+                                     int64_t len, int64_t inner, Type mmElt,
+                                     Value tri) {
+  Type f32 = b.getF32Type();
   const int64_t p = target.partitions;
   const int64_t nTile = std::min(target.matmulMaxMovingFree,
                                  target.psumBankBytes / 4); // fp32 per bank
-
-  // Columns are (outer, inner) pairs: whole inner rows, `group` outer
-  // indices at a time, or chunks of one long inner row.
   int64_t innerChunk = std::min(inner, nTile);
   int64_t group =
       innerChunk == inner ? std::clamp<int64_t>(nTile / inner, 1, outer) : 1;
   int64_t width = group * innerChunk;
   const int64_t slots = 2;
-
-  TileScope scope(*this);
-  // [P, P] 0/1 matrices: (m - k) `cmp` 0, in TensorE's operand dtype.
-  auto matrix = [&](nisa::AluOp cmp) {
-    Value t = tile(MemorySpace::sbuf, {p, p}, f32);
-    b.create<nisa::IotaOp>(t, APFloat(0.0), APFloat(-1.0),
-                           ArrayRef<double>{1.0});
-    b.create<nisa::TensorScalarOp>(cmp, t, t, Value(), APFloat(0.0), false);
-    if (mmElt == f32)
-      return t;
-    Value narrow = tile(MemorySpace::sbuf, {p, p}, mmElt);
-    b.create<nisa::CopyOp>(t, narrow);
-    return narrow;
-  };
-  // U[k, m] = (k <= m).
-  Value tri = matrix(nisa::AluOp::ge);
-  if (inner == 1) {
-    lowerRowScan(in, out, outer, len, mmElt, tri, matrix(nisa::AluOp::eq));
-    return;
-  }
   // E[k, m] = (k == P - 1).
   Value last = tile(MemorySpace::sbuf, {p, p}, f32);
   b.create<nisa::IotaOp>(last, APFloat(0.0), APFloat(1.0),

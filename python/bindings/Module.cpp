@@ -19,9 +19,9 @@
 
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 namespace py = pybind11;
 using namespace neuron;
@@ -140,6 +140,43 @@ private:
   bool cachedHasEvents = false;
 };
 
+/// A size-generic program (docs/PROGRAM_FORMAT.md, "Size parameters"): one
+/// compile serving every size in its params' ranges. Each tuple of sizes gets
+/// its own Kernel, parsed from the program's text; the caller keeps the ones it
+/// reuses (each holds an executor's scratch memory).
+class GenericKernel {
+public:
+  GenericKernel(std::string json, std::vector<runtime::SizeParam> params,
+                const target::Target &target)
+      : json(std::move(json)), params(std::move(params)), target(target) {}
+
+  std::shared_ptr<Kernel> instance(const runtime::SizeEnv &sizes) const {
+    runtime::Program program;
+    {
+      py::gil_scoped_release release;
+      program = runtime::Program::parse(json, &sizes);
+    }
+    return std::make_shared<Kernel>(std::move(program), target);
+  }
+
+  const std::string json;
+  const std::vector<runtime::SizeParam> params;
+  const target::Target &target;
+};
+
+/// A Kernel, or a GenericKernel when the program has size parameters.
+py::object loadKernel(std::string json, const target::Target &target) {
+  // Most programs are static: look for the field before parsing for it.
+  std::vector<runtime::SizeParam> params;
+  if (json.find("\"params\"") != std::string::npos)
+    params = runtime::Program::readParams(json);
+  if (params.empty())
+    return py::cast(
+        std::make_shared<Kernel>(runtime::Program::parse(json), target));
+  return py::cast(std::make_shared<GenericKernel>(std::move(json),
+                                                  std::move(params), target));
+}
+
 py::dict timelineSummary(const runtime::Timeline &t) {
   py::dict d;
   d["device_ns"] = t.totalNs;
@@ -157,12 +194,13 @@ py::dict timelineSummary(const runtime::Timeline &t) {
   return d;
 }
 
-/// Runs `compile` for `targetName` without the GIL and loads its program as a
-/// Kernel; a failed compile raises CompileFailure with its diagnostics.
-std::unique_ptr<Kernel> compileToKernel(
-    const std::string &targetName, const std::string &dumpDir,
-    const std::function<compiler::CompileResult(
-        const compiler::CompileOptions &)> &compile) {
+/// Runs `compile` for `targetName` without the GIL and loads its program (a
+/// Kernel or GenericKernel); a failed compile raises CompileFailure with its
+/// diagnostics.
+py::object compileToKernel(const std::string &targetName,
+                           const std::string &dumpDir,
+                           const std::function<compiler::CompileResult(
+                               const compiler::CompileOptions &)> &compile) {
   const target::Target &target = target::getTarget(targetName);
   compiler::CompileResult result;
   {
@@ -174,16 +212,14 @@ std::unique_ptr<Kernel> compileToKernel(
   }
   if (!result.ok)
     throw CompileFailure(result.error);
-  return std::make_unique<Kernel>(runtime::Program::parse(result.program),
-                                  target);
+  return loadKernel(std::move(result.program), target);
 }
 
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "TorchNeuron compiler pipeline and engine-model runtime";
-  py::register_exception<CompileFailure>(m, "CompileError",
-                                         PyExc_RuntimeError);
+  py::register_exception<CompileFailure>(m, "CompileError", PyExc_RuntimeError);
   py::register_exception<runtime::Error>(m, "DeviceError", PyExc_RuntimeError);
 
   m.def("targets", &target::targetNames, "Names of the available targets.");
@@ -213,15 +249,15 @@ PYBIND11_MODULE(_C, m) {
       "On-chip memory of one core: partitions and SBUF/PSUM bytes per "
       "partition a program may allocate.");
 
-  // The attention kernels' block classes and unit, for the Python front end
-  // (torchneuron.attention_blocks): one definition, the kernels'.
+  // The attention kernels' block classes, for the Python front end
+  // (torchneuron.attention_blocks): one definition, the kernels'. (Their
+  // unit is the target's partitions: target_memory.)
   namespace flex = mlir::neuron::flex;
   py::dict blockClasses;
   blockClasses["masked"] = static_cast<int>(flex::Kind::masked);
   blockClasses["partial"] = static_cast<int>(flex::Kind::partial);
   blockClasses["full"] = static_cast<int>(flex::Kind::full);
   m.attr("FLEX_BLOCK_CLASSES") = blockClasses;
-  m.attr("FLEX_UNIT") = flex::kUnit;
 
   m.def(
       "check_graph",
@@ -232,7 +268,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("document"),
       "Node name -> why it cannot run on the device (empty: all can).");
 
-  py::class_<Kernel>(m, "Kernel")
+  py::class_<Kernel, std::shared_ptr<Kernel>>(m, "Kernel")
       .def_property_readonly("name",
                              [](const Kernel &k) { return k.program.name; })
       .def_property_readonly("target",
@@ -287,29 +323,44 @@ PYBIND11_MODULE(_C, m) {
           "(node, unit, queue, queue_count, start_ns, end_ns, loc) per "
           "event of one run, in program order.");
 
+  py::class_<GenericKernel, std::shared_ptr<GenericKernel>>(m, "GenericKernel")
+      .def_property_readonly(
+          "params",
+          [](const GenericKernel &k) {
+            py::list out;
+            for (const runtime::SizeParam &p : k.params)
+              out.append(py::make_tuple(p.name, p.min, p.max));
+            return out;
+          },
+          "(name, min, max or None) of each size parameter.")
+      .def_property_readonly(
+          "target", [](const GenericKernel &k) { return k.target.name; })
+      .def_property_readonly("program_json",
+                             [](const GenericKernel &k) { return k.json; })
+      .def("instance", &GenericKernel::instance, py::arg("sizes"),
+           "The Kernel of the program at `sizes` (name -> value), verified; "
+           "DeviceError when a size is missing or outside its range.");
+
   m.def(
       "compile_graph",
       [](const std::string &document, const std::string &targetName,
          const std::string &dumpDir) {
-        return compileToKernel(targetName, dumpDir,
-                               [&](const compiler::CompileOptions &options) {
-                                 return compiler::compileFxGraph(document,
-                                                                 options);
-                               });
+        return compileToKernel(
+            targetName, dumpDir, [&](const compiler::CompileOptions &options) {
+              return compiler::compileFxGraph(document, options);
+            });
       },
-      py::arg("document"), py::arg("target") = "trn2",
-      py::arg("dump_dir") = "",
+      py::arg("document"), py::arg("target") = "trn2", py::arg("dump_dir") = "",
       "Compiles an FX graph document into a kernel for `target`.");
 
   m.def(
       "compile_kernel",
       [](const std::string &text, const std::string &name,
          const std::string &targetName, const std::string &dumpDir) {
-        return compileToKernel(targetName, dumpDir,
-                               [&](const compiler::CompileOptions &options) {
-                                 return compiler::compileKernelText(text, name,
-                                                                    options);
-                               });
+        return compileToKernel(
+            targetName, dumpDir, [&](const compiler::CompileOptions &options) {
+              return compiler::compileKernelText(text, name, options);
+            });
       },
       py::arg("text"), py::arg("name") = "kernel", py::arg("target") = "trn2",
       py::arg("dump_dir") = "",
@@ -318,10 +369,10 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "load_program",
-      [](const std::string &json, const std::string &targetName) {
-        return std::make_unique<Kernel>(runtime::Program::parse(json),
-                                        target::getTarget(targetName));
+      [](std::string json, const std::string &targetName) {
+        return loadKernel(std::move(json), target::getTarget(targetName));
       },
       py::arg("program"), py::arg("target") = "trn2",
-      "Loads and verifies a kernel program (JSON).");
+      "Loads and verifies a kernel program (JSON): a Kernel, or a "
+      "GenericKernel when it has size parameters.");
 }

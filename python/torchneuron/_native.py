@@ -5,7 +5,11 @@ parts (serializer, partitioner, stats) work without it. Its API, as this package
 
 - ``targets() -> list[str]``
 - ``check_graph(graph_json: str) -> dict[str, str]``: node name -> why it cannot be lowered
-- ``compile_graph(graph_json: str, target: str, dump_dir: str = "") -> Kernel``
+- ``compile_graph(graph_json: str, target: str, dump_dir: str = "") -> Kernel``, or a
+  ``GenericKernel`` when the document has symbolic sizes and the compiler made the program
+  size-generic (docs/PROGRAM_FORMAT.md, "Size parameters"); ``load_program`` likewise
+- ``GenericKernel.params``: ``[(name, min, max or None)]``; ``GenericKernel.instance(sizes:
+  dict[str, int]) -> Kernel``: the program at those sizes (``DeviceError`` outside the ranges)
 - ``compile_kernel(text: str, name: str, target: str, dump_dir: str = "") -> Kernel``: a
   ``nisa`` kernel module (MLIR text, e.g. a traced NKI kernel) from allocation on
 - ``target_memory(target) -> dict``: partitions and SBUF/PSUM bytes per partition
@@ -17,8 +21,8 @@ parts (serializer, partitioner, stats) work without it. Its API, as this package
   ``Kernel.instruction_names``, ``Kernel.locations``, ``Kernel.target``
 - ``target_peaks(target) -> {"flops": ..., "hbm_bytes": ...}``: per-second peaks of one core
 - ``CompileError``: raised for compile failures, message naming the user's Python line
-- ``FLEX_BLOCK_CLASSES`` (``{"masked", "partial", "full"}`` -> code) and ``FLEX_UNIT``: the
-  attention kernels' block-class codes and unit (:mod:`torchneuron.attention_blocks`)
+- ``FLEX_BLOCK_CLASSES`` (``{"masked", "partial", "full"}`` -> code): the attention kernels'
+  block-class codes (:mod:`torchneuron.attention_blocks`)
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
-__all__ = ["Kernel", "native"]
+__all__ = ["GenericKernel", "Kernel", "native"]
 
 TensorSpec = tuple[str, list[int]]
 BufferArg = tuple[int, str, list[int]]
@@ -65,6 +69,21 @@ class Kernel(Protocol):
     def timeline(self) -> dict[str, Any]: ...
 
     def timeline_events(self) -> list[tuple[int, str, int, int, float, float, int]]: ...
+
+
+class GenericKernel(Protocol):
+    """A size-generic device program (``torchneuron._C.GenericKernel``)."""
+
+    @property
+    def params(self) -> list[tuple[str, int, int | None]]: ...
+
+    @property
+    def target(self) -> str: ...
+
+    @property
+    def program_json(self) -> str: ...
+
+    def instance(self, sizes: dict[str, int]) -> Kernel: ...
 
 
 #: Loads the extension from this file instead (a sanitizer build: ``scripts/test.sh --sanitize``).

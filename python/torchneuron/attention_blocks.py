@@ -35,17 +35,22 @@ def block_classes() -> BlockClasses:
 
 @functools.cache
 def unit() -> int:
-    """The attention kernels' unit of query rows and keys (``_C.FLEX_UNIT``): the block size
-    of the FlexAttention call an SDPA call becomes."""
-    from torchneuron._native import native
-
-    return int(native().FLEX_UNIT)
+    """The attention kernels' unit of query rows and keys: a query row per partition, against
+    as many keys (TensorE contracts over the partitions). A document is compiled for any
+    target, so this is the smallest unit of any (:func:`_partitions`); it is the block size of
+    the FlexAttention call an SDPA call becomes (the kernels take any block size)."""
+    return _partitions()
 
 
 @functools.cache
 def head_dim_limit() -> int:
     """The largest head dim the attention kernels take on every target: TensorE contracts
-    over at most one partition per element (``_C.target_memory(target)["partitions"]``)."""
+    over at most one partition per element (:func:`_partitions`)."""
+    return _partitions()
+
+
+def _partitions() -> int:
+    """The fewest partitions of any target (``_C.target_memory(target)["partitions"]``)."""
     from torchneuron._native import native
 
     c = native()

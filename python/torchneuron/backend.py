@@ -40,8 +40,9 @@ from torchneuron import (
 from torchneuron._native import Kernel, native
 from torchneuron._stats import STATS
 from torchneuron.decompositions import math_attention, neuron_decompositions
-from torchneuron.kernel import DeviceKernel
+from torchneuron.kernel import DeviceKernel, GenericDeviceKernel
 from torchneuron.progress import Progress
+from torchneuron.sizes import NotSizeGeneric, no_size_guards
 
 __all__ = ["SpecializingGraph", "build_graph", "compile_aten_graph", "neuron_backend"]
 
@@ -77,7 +78,14 @@ def neuron_backend(
     cache = config.cache_dir(options)
 
     def neuron_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        return compile_aten_graph(gm, example_inputs, target=target, dump=dump, cache=cache)
+        return compile_aten_graph(
+            gm,
+            example_inputs,
+            target=target,
+            dump=dump,
+            cache=cache,
+            specialize_sizes=bool(options.get("specialize_sizes", False)),
+        )
 
     def backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         optimizer.install_step_hook()  # training: the optimizer step is eager, and counted
@@ -102,21 +110,28 @@ def compile_aten_graph(
     target: str,
     dump: Path | None = None,
     cache: Path | None = None,
+    specialize_sizes: bool = False,
 ) -> Callable[[list[Any]], Any]:
     """The AOT compiler: a boxed callable running ``gm`` with its device regions compiled.
 
-    Static graphs compile now; graphs with symbolic sizes compile once per tuple of sizes
-    they are called with (:class:`SpecializingGraph`)."""
+    Static graphs compile now. Graphs with symbolic sizes compile now too, once for every size,
+    when the compiler can make each region's program size-generic (:func:`build_generic_graph`);
+    otherwise, and for graphs whose BlockMask or SDPA mask content shapes the kernel, once per
+    tuple of sizes and mask content they are called with (:class:`SpecializingGraph`)."""
     from functorch.compile import make_boxed_func  # type: ignore[import-untyped]
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     del example_inputs  # node.meta["val"] has everything the compiler needs
     runner: Callable[..., Any]
+    generic: torch.fx.GraphModule | None = None
     if specialize.is_static(gm) and not flex.call_dependent(gm):
         with unset_fake_temporarily():  # AOT calls compilers inside its fake mode
             runner = build_graph(gm, target, dump, cache)
     else:
-        runner = SpecializingGraph(gm, target, dump, cache)
+        if not flex.call_dependent(gm) and not specialize_sizes:
+            with unset_fake_temporarily():
+                generic = build_generic_graph(gm, target, dump, cache)
+        runner = generic if generic is not None else SpecializingGraph(gm, target, dump, cache)
 
     def run(*args: Any) -> Any:
         return runner(*args)
@@ -182,6 +197,73 @@ def _build_graph(
     return work
 
 
+def build_generic_graph(
+    gm: torch.fx.GraphModule, target: str, dump: Path | None = None, cache: Path | None = None
+) -> torch.fx.GraphModule | None:
+    """A copy of ``gm``, a graph with symbolic sizes, whose device regions are compiled once
+    for every size (:class:`GenericDeviceKernel`), or None when some region cannot be: an op
+    the compiler cannot make size-generic, a size no argument gives, or an op that would stay
+    in eager PyTorch (the per-size compile handles and reports those). Says why with
+    ``TORCHNEURON_VERBOSE=1``."""
+    start = time.perf_counter()
+    if specialize.has_data_dependent_sizes(gm):
+        _report_not_size_generic("sizes that depend on data (nonzero, unique, ...)")
+        return None
+    ops = sum(partition.is_op(n) for n in gm.graph.nodes)
+    with Progress(f"graph of {ops} ops with symbolic sizes ({target})") as progress:
+        try:
+            with no_size_guards(gm):
+                lowered = frontend.lower(
+                    gm,
+                    lambda prefix: f"{prefix}_{next(_graph_ids)}",
+                    progress.stage,
+                    symbolic=True,
+                )
+            if lowered.fallback:
+                first = lowered.fallback[0]
+                raise NotSizeGeneric(
+                    f"{len(lowered.fallback)} op(s) would stay in eager PyTorch "
+                    f"(first: {first.describe()})"
+                )
+            work = lowered.module
+            compiled = 0
+            c = native()
+            for i, region in enumerate(lowered.regions):
+                progress.stage(f"compiling size-generic kernel {i + 1}/{len(lowered.regions)}")
+                doc = region.document
+                sub = work.get_submodule(region.submodule)
+                assert isinstance(sub, torch.fx.GraphModule)
+                try:
+                    kernel, fresh = _compile_shared(doc, target, dump, cache, quiet=True)
+                except c.CompileError as e:
+                    raise NotSizeGeneric(str(e).strip().splitlines()[0]) from None
+                compiled += fresh
+                module: torch.nn.Module
+                if isinstance(kernel, c.GenericKernel):
+                    module = GenericDeviceKernel(
+                        kernel, doc["name"], region.returns_tuple, region.output_map, sub, doc
+                    )
+                else:  # every size of this region is fixed
+                    module = DeviceKernel(
+                        kernel, doc["name"], region.returns_tuple, region.output_map
+                    )
+                setattr(work, region.submodule, module)
+        except NotSizeGeneric as e:
+            _report_not_size_generic(str(e))
+            return None
+        except Exception as e:  # the per-size compile is the proven path: take it, and say why
+            first = (str(e).strip().splitlines() or [""])[0]
+            _report_not_size_generic(f"{type(e).__name__}: {first}")
+            return None
+    STATS.record_compile(
+        graphs=compiled,
+        ops_on_device=lowered.ops_on_device,
+        fallback=[],
+        seconds=time.perf_counter() - start,
+    )
+    return work
+
+
 def clear_kernel_cache() -> None:
     """Forget the kernels compiled so far: the next compile of every graph compiles anew."""
     with _kernels_lock:
@@ -197,12 +279,19 @@ _compiling: dict[tuple[str, str], threading.Lock] = {}
 
 
 def _compile_shared(
-    doc: dict[str, Any], target: str, dump: Path | None, cache: Path | None
+    doc: dict[str, Any],
+    target: str,
+    dump: Path | None,
+    cache: Path | None,
+    *,
+    quiet: bool = False,
 ) -> tuple[Kernel, bool]:
     """The kernel of ``doc`` and whether this call compiled it (always, when stages are dumped):
-    shared with other threads in memory, and with other processes through ``cache``."""
+    shared with other threads in memory, and with other processes through ``cache``.
+    ``quiet``: a failed compile raises ``CompileError`` without saving the document (an
+    attempt the caller has a way around)."""
     if dump is not None:
-        return _compile_document(doc, target, dump), True
+        return _compile_document(doc, target, dump, quiet), True
     key = (target, fx_json.to_json({**doc, "name": ""}))
     with _kernels_lock:
         kernel = _kernels.get(key)
@@ -214,7 +303,7 @@ def _compile_shared(
         if kernel is not None:
             return kernel, False
         try:
-            kernel, fresh = _compile_cached(doc, key[1], target, cache)
+            kernel, fresh = _compile_cached(doc, key[1], target, cache, quiet)
             _kernels[key] = kernel
         finally:
             with _kernels_lock:
@@ -223,20 +312,20 @@ def _compile_shared(
 
 
 def _compile_cached(
-    doc: dict[str, Any], nameless: str, target: str, cache: Path | None
+    doc: dict[str, Any], nameless: str, target: str, cache: Path | None, quiet: bool
 ) -> tuple[Kernel, bool]:
     """The kernel of ``doc`` from the persistent cache, or compiled (and stored): whether it
     was compiled. Processes that miss one key at once compile it once (a file lock)."""
     if cache is None:
-        return _compile_document(doc, target, None), True
+        return _compile_document(doc, target, None, quiet), True
     entry = compile_cache.key(nameless, target)
     with compile_cache.locked(cache, entry):
         kernel = compile_cache.load(cache, entry, target)
         if kernel is not None:
-            if config.check():
+            if config.check() and hasattr(kernel, "timeline"):
                 kernel.timeline()
             return kernel, False
-        kernel = _compile_document(doc, target, None)
+        kernel = _compile_document(doc, target, None, quiet)
         compile_cache.store(cache, entry, kernel)
     return kernel, True
 
@@ -295,7 +384,9 @@ class SpecializingGraph:
         return build_graph(specialized, self.target, self.dump, self.cache_dir)
 
 
-def _compile_document(doc: dict[str, Any], target: str, dump: Path | None) -> Kernel:
+def _compile_document(
+    doc: dict[str, Any], target: str, dump: Path | None, quiet: bool = False
+) -> Kernel:
     text = fx_json.to_json(doc)
     saved: Path | None = None
     stages = ""
@@ -309,10 +400,12 @@ def _compile_document(doc: dict[str, Any], target: str, dump: Path | None) -> Ke
     errors = tuple(getattr(c, n) for n in ("CompileError", "DeviceError") if hasattr(c, n))
     try:
         kernel: Kernel = c.compile_graph(text, target, stages)
-        if config.check():
+        if config.check() and hasattr(kernel, "timeline"):  # a GenericKernel has no sizes yet
             kernel.timeline()  # raises DeviceError for a missing wait
         return kernel
     except errors as e:
+        if quiet:
+            raise
         if saved is None:
             saved = Path(tempfile.mkdtemp(prefix="torchneuron-")) / f"{doc['name']}.json"
             saved.write_text(fx_json.to_json(doc, indent=1))
@@ -343,15 +436,27 @@ def _why_recompiled(previous: tuple[Any, Any], key: tuple[Any, Any]) -> str:
     return ", ".join(changes) or "new call signature"
 
 
-def _report_recompile(why: str) -> None:
-    message = (
-        f"torchneuron: compiling a graph again, for this call's {why}: a kernel program "
-        "is built for one set of sizes (stats()['recompiles'] counts these)"
-    )
+def _tell(message: str) -> None:
+    """``message`` on stderr with ``TORCHNEURON_VERBOSE=1`` (unless the ``torchneuron`` logger
+    shows INFO), else to the logger at INFO."""
     if config.verbose() and not log.isEnabledFor(logging.INFO):
         print(message, file=sys.stderr)
     else:
         log.info(message)
+
+
+def _report_recompile(why: str) -> None:
+    _tell(
+        f"torchneuron: compiling a graph again, for this call's {why}: this graph's kernel "
+        "programs are built for one set of sizes (stats()['recompiles'] counts these)"
+    )
+
+
+def _report_not_size_generic(why: str) -> None:
+    _tell(
+        "torchneuron: a graph with symbolic sizes is compiled for each call's sizes, not once "
+        f"for all: {why}"
+    )
 
 
 def _report_fallback(fallback: Sequence[partition.FallbackNode]) -> None:
@@ -361,7 +466,4 @@ def _report_fallback(fallback: Sequence[partition.FallbackNode]) -> None:
         [f"torchneuron: {len(fallback)} op(s) run in eager PyTorch:"]
         + [f"  {f.describe()}" for f in fallback]
     )
-    if config.verbose() and not log.isEnabledFor(logging.INFO):
-        print(message, file=sys.stderr)
-    else:
-        log.info(message)
+    _tell(message)

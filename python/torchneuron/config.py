@@ -13,6 +13,8 @@
 - ``TORCHNEURON_CACHE_DIR``: the persistent compile cache's folder (:mod:`torchneuron.cache`;
   default ``$XDG_CACHE_HOME/torchneuron``, i.e. ``~/.cache/torchneuron``);
   ``TORCHNEURON_CACHE=0`` or ``options={"cache": False}`` turn the cache off.
+- ``options={"specialize_sizes": True}``: compile a graph with symbolic sizes for each call's
+  sizes even when the compiler could make its programs size-generic (to compare the two).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ CACHE_ENV = "TORCHNEURON_CACHE"
 CACHE_DIR_ENV = "TORCHNEURON_CACHE_DIR"
 
 #: Keys of ``torch.compile(options=...)`` the backend understands.
-KNOWN_OPTIONS = frozenset({"target", "dump_dir", "cache"})
+KNOWN_OPTIONS = frozenset({"target", "dump_dir", "cache", "specialize_sizes"})
 
 
 def available_targets() -> list[str]:

@@ -2,21 +2,24 @@
 steps applied in a fixed order, :data:`STEPS` (docs/ARCHITECTURE.md lists the same). Each step
 is a function of a graph:
 
-1. ``specialize-sizes``, per call, graphs with symbolic sizes: the call's sizes
-   (:func:`torchneuron.specialize.specialize`, in :func:`specialize_call`).
+1. ``specialize-sizes``, per call, graphs with symbolic sizes that do not compile size-generic
+   (:func:`torchneuron.backend.build_generic_graph` runs steps 3-9 with the symbols kept): the
+   call's sizes (:func:`torchneuron.specialize.specialize`, in :func:`specialize_call`).
 2. ``block-classes``, per call, graphs with a BlockMask or SDPA mask: each attention node's block
    classes in ``node.meta`` (:func:`torchneuron.flex.annotate`, in :func:`specialize_call`).
 3. ``random-ops``: :func:`torchneuron.rng.seed_random_ops`.
 4. ``as-strided-views``: :func:`torchneuron.rewrite.as_strided_views`.
 5. ``float32-scalar-inputs``: :func:`torchneuron.rewrite.float32_scalar_inputs`.
 6. ``check``: which nodes the importer lowers (:func:`torchneuron.partition.find_unsupported`:
-   the whole graph leniently serialized for ``_C.check_graph``).
+   the whole graph leniently serialized for ``_C.check_graph``, each node once: the entries
+   are kept for step 9, :class:`torchneuron.fx_json.Written`).
 7. ``detach-block-masks``: attention nodes going to the device with known block classes drop
    their BlockMask tensors (:func:`torchneuron.flex.detach_block_masks`).
 8. ``partition``: device regions become submodules, the rest stays eager
    (:func:`torchneuron.partition.partition_graph`).
 9. ``serialize``: per region, its outputs deduplicated (:func:`dedupe_outputs`) and its document
-   written (:func:`torchneuron.fx_json.serialize_graph`; SDPA calls in their FlexAttention form,
+   assembled from the nodes and constants step 6 wrote, writing only what it could not reuse
+   (:func:`torchneuron.fx_json.serialize_graph`; SDPA calls in their FlexAttention form,
    :func:`torchneuron.sdpa.flex_form`).
 
 Steps 3-5 are :data:`REWRITES` (:func:`rewrite_graph`); :func:`lower` runs steps 3-9 on a copy of
@@ -125,27 +128,44 @@ def lower(
     gm: torch.fx.GraphModule,
     name: Callable[[str], str],
     stage: Callable[[str], None] = lambda _: None,
+    *,
+    symbolic: bool = False,
 ) -> Lowered:
     """Steps 3-9 on a copy of the static graph ``gm`` (``gm`` is unchanged). ``name(prefix)``
     names each document (the check's, then each region's, in order); ``stage`` hears which
-    step runs (a long compile's progress)."""
+    step runs (a long compile's progress). ``symbolic``: ``gm`` keeps its symbolic sizes,
+    written as size expressions (a size-generic compile, :mod:`torchneuron.sizes`)."""
     stage("checking which ops the device runs")
     work = rewrite_graph(specialize.copy_graph_module(gm))
-    unsupported = partition.find_unsupported(work, name=name("check"))
+    written = fx_json.Written()
+    unsupported = partition.find_unsupported(
+        work, name=name("check"), symbolic=symbolic, written=written
+    )
     flex.detach_block_masks(work, unsupported)
     stage("partitioning")
     result = partition.partition_graph(work, unsupported)
-    regions = [serialize_region(work, sub, name("graph")) for sub in result.device_submodules]
+    regions = [
+        serialize_region(work, sub, name("graph"), symbolic=symbolic, reuse=written)
+        for sub in result.device_submodules
+    ]
     return Lowered(work, regions, result.ops_on_device, result.fallback)
 
 
-def serialize_region(gm: torch.fx.GraphModule, submodule: str, name: str) -> Region:
-    """Step 9 for one device region of a partitioned ``gm``: its document, named ``name``."""
+def serialize_region(
+    gm: torch.fx.GraphModule,
+    submodule: str,
+    name: str,
+    *,
+    symbolic: bool = False,
+    reuse: fx_json.Written | None = None,
+) -> Region:
+    """Step 9 for one device region of a partitioned ``gm``: its document, named ``name``,
+    reusing the entries ``reuse`` holds (step 6's)."""
     sub = gm.get_submodule(submodule)
     assert isinstance(sub, torch.fx.GraphModule)
     output_map = dedupe_outputs(sub)
     try:
-        doc = fx_json.serialize_graph(sub, name=name)
+        doc = fx_json.serialize_graph(sub, name=name, symbolic=symbolic, reuse=reuse)
     except fx_json.UnsupportedNodeError as e:
         raise RuntimeError(
             f"torchneuron internal error: device region {submodule} passed the check but "

@@ -1,7 +1,8 @@
 """Write an ATen-level FX graph as the FX graph document (docs/FX_GRAPH_FORMAT.md, version 1).
 
-The document is the only thing the C++ importer sees. Every size in it is concrete: graphs with
-symbolic shapes are specialized first (:mod:`torchneuron.specialize`).
+The document is the only thing the C++ importer sees. Its sizes are concrete (graphs with symbolic
+shapes specialized first, :mod:`torchneuron.specialize`) unless it is written ``symbolic``: then
+a symbolic size is a size expression over Dynamo's symbols (:mod:`torchneuron.sizes`).
 
 Anything the format cannot express raises :class:`UnsupportedNodeError`; the partitioner keeps
 such nodes in eager PyTorch.
@@ -16,6 +17,7 @@ import operator
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,6 +25,7 @@ import torch.fx
 
 from torchneuron import collectives, flex, sdpa
 from torchneuron.attention_blocks import BLOCKS_META, unit
+from torchneuron.sizes import SizeSymbols
 
 __all__ = [
     "DTYPE_NAMES",
@@ -30,6 +33,7 @@ __all__ = [
     "SCALAR_TARGETS",
     "VERSION",
     "UnsupportedNodeError",
+    "Written",
     "concrete_scalar",
     "constant_entry",
     "dtype_from_name",
@@ -136,29 +140,40 @@ def _concrete_int(value: object) -> int | None:
     return None
 
 
-def tensor_spec(value: object) -> dict[str, Any]:
-    """``{"dtype", "shape"}`` of a (fake) tensor; raises when it is not a concrete tensor."""
+def tensor_spec(value: object, sizes: SizeSymbols | None = None) -> dict[str, Any]:
+    """``{"dtype", "shape"}`` of a (fake) tensor; raises when it is not a tensor, or has a
+    symbolic size and ``sizes`` (a symbolic document's symbols) is not given."""
     if not isinstance(value, torch.Tensor):
         raise _Unencodable(f"result is not a tensor ({type(value).__name__})")
-    shape: list[int] = []
+    shape: list[int | str] = []
     for size in value.shape:
         concrete = _concrete_int(size)
-        if concrete is None:
+        if concrete is not None:
+            shape.append(concrete)
+        elif sizes is None:
             raise _Unencodable(f"symbolic size {size} in shape {list(value.shape)}")
-        shape.append(concrete)
+        else:
+            shape.append(_size(sizes, size))
     return {"dtype": _dtype_name(value.dtype), "shape": shape}
+
+
+def _size(sizes: SizeSymbols, value: torch.SymInt) -> int | str:
+    try:
+        return sizes.size(value)
+    except ValueError as e:
+        raise _Unencodable(str(e)) from None
 
 
 def _first(value: object) -> object:
     return value[0] if isinstance(value, (tuple, list)) else value
 
 
-def _result_specs(value: object) -> list[dict[str, Any]]:
+def _result_specs(value: object, sizes: SizeSymbols | None = None) -> list[dict[str, Any]]:
     if isinstance(value, (tuple, list)):
         if not value:
             raise _Unencodable("operator has no tensor results")
-        return [tensor_spec(v) for v in value]
-    return [tensor_spec(value)]
+        return [tensor_spec(v, sizes) for v in value]
+    return [tensor_spec(value, sizes)]
 
 
 def source_location(stack_trace: str | None) -> dict[str, Any] | None:
@@ -225,6 +240,19 @@ def fetch_attr(gm: torch.fx.GraphModule, target: str) -> object:
     return obj
 
 
+@dataclass
+class Written:
+    """What writing a graph's document leaves for the documents of its regions, so a node is
+    serialized once (:func:`serialize_graph_lenient` fills it, :func:`serialize_graph` reuses
+    it): each ATen node's entry by node name, when the entry means the same in any document
+    holding the node (its tensor arguments are referred to by their own names: no getitem of a
+    multi-result node, constant or inline scalar, no symbolic size), and each constant's entry
+    by tensor."""
+
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    constants: dict[int, tuple[torch.Tensor, dict[str, Any]]] = field(default_factory=dict)
+
+
 class _Writer:
     def __init__(
         self,
@@ -232,8 +260,16 @@ class _Writer:
         name: str,
         lenient: bool,
         constants: Mapping[str, torch.Tensor] | None,
+        symbolic: bool = False,
+        written: Written | None = None,
+        reuse: Written | None = None,
     ) -> None:
         self.gm = gm
+        self.written = written  # entries recorded for the documents of regions
+        self.reuse = reuse  # entries recorded by the document of the whole graph
+        self.portable = True  # the entry being written refers to values by name only
+        # A symbolic document's size symbols; None: every size must be concrete.
+        self.sizes = SizeSymbols() if symbolic else None
         self.name = name
         self.lenient = lenient
         self.constant_inputs = dict(constants or {})
@@ -272,15 +308,24 @@ class _Writer:
         raise _Unencodable(f"cannot encode argument of type {type(value).__name__}")
 
     def encode_symbolic(self, value: torch.SymInt | torch.SymFloat | torch.SymBool) -> Any:
+        self.portable = False
         scalar = concrete_scalar(value)
-        if scalar is None:
-            raise _Unencodable(f"symbolic value {value} (shapes must be specialized first)")
-        return self.encode(scalar)
+        if scalar is not None:
+            return self.encode(scalar)
+        if self.sizes is not None and isinstance(value, torch.SymInt):
+            return {"size": _size(self.sizes, value)}
+        raise _Unencodable(f"symbolic value {value} (shapes must be specialized first)")
 
     def encode_ref(self, node: torch.fx.Node) -> Any:
         if node in self.refs:
-            return self.refs[node]
+            ref = self.refs[node]
+            # A region refers to a getitem of another's result or to a constant by other
+            # names (a placeholder, the constant inlined under a fresh name).
+            if "index" in ref or node.op == "get_attr" or node.name in self.constant_inputs:
+                self.portable = False
+            return ref
         if node in self.scalars:
+            self.portable = False
             return self.encode(self.scalars[node])
         if node in self.multi:
             raise _Unencodable(f"uses the tuple result of {node.name} as one value")
@@ -297,7 +342,7 @@ class _Writer:
         value = node.meta.get("val")
         if isinstance(value, torch.Tensor):
             try:
-                self.inputs.append({"name": node.name, **tensor_spec(value)})
+                self.inputs.append({"name": node.name, **tensor_spec(value, self.sizes)})
             except _Unencodable as e:
                 self.fail(node, f"input {node.name}: {e}", external=False)
                 return
@@ -306,15 +351,25 @@ class _Writer:
         scalar = concrete_scalar(value)
         if scalar is not None:
             self.scalars[node] = scalar
+        elif self.sizes is not None and isinstance(value, torch.SymInt):
+            self.scalars[node] = value  # a size the call gives: written as its expression
 
     def add_constant(self, node: torch.fx.Node, value: object) -> None:
         if not isinstance(value, torch.Tensor):
             return  # submodules and other attributes: users referencing them are unsupported
+        hit = self.reuse.constants.get(id(value)) if self.reuse is not None else None
+        if hit is not None and hit[0] is value:
+            self.constants.append({**hit[1], "name": node.name})
+            self.refs[node] = {"ref": node.name}
+            return
         try:
-            self.constants.append(constant_entry(node.name, value))
+            entry = constant_entry(node.name, value)
         except _Unencodable as e:
             self.fail(node, f"constant {node.name}: {e}", external=False)
             return
+        self.constants.append(entry)
+        if self.written is not None:
+            self.written.constants[id(value)] = (value, entry)
         self.refs[node] = {"ref": node.name}
 
     def call_function(self, node: torch.fx.Node) -> None:
@@ -323,11 +378,15 @@ class _Writer:
             self.getitem(node)
             return
         if target in SCALAR_TARGETS:
-            scalar = concrete_scalar(node.meta.get("val"))
+            value = node.meta.get("val")
+            scalar = concrete_scalar(value)
             if scalar is not None:
                 self.scalars[node] = scalar
                 return
-            self.fail(node, f"symbolic scalar {node.meta.get('val')} (not specialized)")
+            if self.sizes is not None and isinstance(value, torch.SymInt):
+                self.scalars[node] = value
+                return
+            self.fail(node, f"symbolic scalar {value} (not specialized)")
             return
         if flex.is_flex_attention(node):
             self.flex_attention(node)
@@ -341,13 +400,18 @@ class _Writer:
         if not isinstance(target, torch._ops.OpOverload):
             self.fail(node, f"{_target_name(target)} is not an ATen operator")
             return
+        reused = self.reuse.nodes.get(node.name) if self.reuse is not None else None
+        if reused is not None:
+            self.append_node(node, reused)
+            return
+        self.portable = self.sizes is None
         try:
             entry: dict[str, Any] = {
                 "name": node.name,
                 "target": str(target),
                 "args": [self.encode(a) for a in node.args],
                 "kwargs": {str(k): self.encode(v) for k, v in node.kwargs.items()},
-                "outputs": _result_specs(node.meta.get("val")),
+                "outputs": _result_specs(node.meta.get("val"), self.sizes),
             }
             if collectives.is_collective(node):
                 try:
@@ -358,11 +422,16 @@ class _Writer:
             self.fail(node, str(e))
             return
         self.add_node(node, entry)
+        if self.written is not None and self.portable:
+            self.written.nodes[node.name] = entry
 
     def add_node(self, node: torch.fx.Node, entry: dict[str, Any]) -> None:
         loc = source_location(node.meta.get("stack_trace"))
         if loc is not None:
             entry["loc"] = loc
+        self.append_node(node, entry)
+
+    def append_node(self, node: torch.fx.Node, entry: dict[str, Any]) -> None:
         self.nodes.append(entry)
         if isinstance(node.meta.get("val"), (tuple, list)):
             self.multi.add(node)
@@ -579,7 +648,7 @@ class _Writer:
             self.external_multi.add(node)
             return
         try:
-            spec = tensor_spec(value)
+            spec = tensor_spec(value, self.sizes)
         except _Unencodable:
             return
         self.extra_inputs.append({"name": node.name, **spec})
@@ -607,7 +676,7 @@ class _Writer:
                 self.output(node)
             else:
                 self.fail(node, f"{node.op} nodes are not supported")
-        return {
+        doc: dict[str, Any] = {
             "format": FORMAT,
             "version": VERSION,
             "name": self.name,
@@ -616,6 +685,9 @@ class _Writer:
             "nodes": self.nodes,
             "outputs": self.outputs,
         }
+        if self.sizes is not None and self.sizes.ranges:
+            doc["symbols"] = self.sizes.entries()
+        return doc
 
 
 def _is_node(value: object) -> bool:
@@ -649,19 +721,30 @@ def serialize_graph(
     name: str = "graph_0",
     *,
     constants: Mapping[str, torch.Tensor] | None = None,
+    symbolic: bool = False,
+    reuse: Written | None = None,
 ) -> dict[str, Any]:
     """The document for ``gm``; raises :class:`UnsupportedNodeError` on the first node the
-    format cannot express. ``constants`` turns the placeholders it names into constants."""
-    return _Writer(gm, name, lenient=False, constants=constants).run()
+    format cannot express. ``constants`` turns the placeholders it names into constants;
+    ``symbolic`` writes symbolic sizes as size expressions instead of refusing them; ``reuse``
+    (``gm`` is a region of the graph that wrote it) gives the entries of nodes and constants
+    already written."""
+    writer = _Writer(gm, name, lenient=False, constants=constants, symbolic=symbolic, reuse=reuse)
+    return writer.run()
 
 
 def serialize_graph_lenient(
-    gm: torch.fx.GraphModule, name: str = "graph_0"
+    gm: torch.fx.GraphModule,
+    name: str = "graph_0",
+    *,
+    symbolic: bool = False,
+    written: Written | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """A document for the importer's checker plus ``{node name: reason}`` for the nodes it
     leaves out. Left-out nodes whose results are tensors appear as extra inputs, so their
-    users can still be checked."""
-    writer = _Writer(gm, name, lenient=True, constants=None)
+    users can still be checked. ``written`` receives the entries the documents of ``gm``'s
+    regions can reuse."""
+    writer = _Writer(gm, name, lenient=True, constants=None, symbolic=symbolic, written=written)
     return writer.run(), writer.unsupported
 
 

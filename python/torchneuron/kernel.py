@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+import torch.fx
 
 from torchneuron import collectives
-from torchneuron._native import BufferArg, Kernel
+from torchneuron._native import BufferArg, GenericKernel, Kernel
 from torchneuron._stats import STATS
 from torchneuron.fx_json import DTYPE_NAMES, dtype_from_name
 from torchneuron.profile import record_run
+from torchneuron.sizes import NotSizeGeneric
 
-__all__ = ["DeviceKernel", "modeled_work"]
+__all__ = ["DeviceKernel", "GenericDeviceKernel", "modeled_work"]
 
 
 def modeled_work(kernel: Kernel) -> tuple[float, dict[str, float]]:
@@ -119,3 +123,82 @@ class DeviceKernel(torch.nn.Module):
         return (
             f"{self.graph_name}, inputs={len(self.input_specs)}, outputs={len(self.output_specs)}"
         )
+
+
+class GenericDeviceKernel(torch.nn.Module):
+    """Stands in for a device region compiled once for every size: a size-generic program
+    (docs/PROGRAM_FORMAT.md, "Size parameters"). Each call's sizes are read from its arguments
+    (an input's dimension, or a size passed as an int) and select the program's instance, a
+    :class:`DeviceKernel` made on first use; the most recent :data:`KEEP` instances are kept
+    (each holds an executor's on-chip scratch memory)."""
+
+    #: How many instances (tuples of sizes) stay loaded.
+    KEEP = 8
+
+    def __init__(
+        self,
+        kernel: GenericKernel,
+        name: str,
+        returns_tuple: bool,
+        output_map: Sequence[int] | None,
+        region: torch.fx.GraphModule,
+        document: dict[str, Any],
+    ) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.graph_name = name
+        self.returns_tuple = returns_tuple
+        self.output_map = output_map
+        self.names = [p[0] for p in kernel.params]
+        self.tensor_args, self.bindings = _size_bindings(region, document, self.names)
+        self.instances: OrderedDict[tuple[int, ...], DeviceKernel] = OrderedDict()
+
+    def forward(self, *args: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        sizes: dict[str, int] = {}
+        for position, dim, name in self.bindings:
+            arg = args[position]
+            sizes[name] = int(arg.shape[dim]) if dim is not None else int(arg)
+        key = tuple(sizes[n] for n in self.names)
+        instance = self.instances.get(key)
+        if instance is None:
+            instance = DeviceKernel(
+                self.kernel.instance(sizes), self.graph_name, self.returns_tuple, self.output_map
+            )
+            self.instances[key] = instance
+            if len(self.instances) > self.KEEP:
+                self.instances.popitem(last=False)
+        else:
+            self.instances.move_to_end(key)
+        return instance(*(args[i] for i in self.tensor_args))
+
+    def extra_repr(self) -> str:
+        return f"{self.graph_name}, sizes={self.names}, instances={len(self.instances)}"
+
+
+def _size_bindings(
+    region: torch.fx.GraphModule, document: dict[str, Any], names: Sequence[str]
+) -> tuple[list[int], list[tuple[int, int | None, str]]]:
+    """Where a region's call finds each size parameter: ``(argument position, dimension or None
+    for an int argument, name)``, and the positions of its tensor arguments (the document's
+    inputs, in order). Raises :class:`NotSizeGeneric` for a size no argument gives as it is."""
+    shapes = {entry["name"]: entry["shape"] for entry in document["inputs"]}
+    tensor_args: list[int] = []
+    bindings: dict[str, tuple[int, int | None, str]] = {}
+    placeholders = [n for n in region.graph.nodes if n.op == "placeholder"]
+    for position, node in enumerate(placeholders):
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            if node.name not in shapes:
+                raise NotSizeGeneric(f"input {node.name} is not a document input")
+            tensor_args.append(position)
+            for dim, size in enumerate(shapes[node.name]):
+                if isinstance(size, str) and size in names:
+                    bindings.setdefault(size, (position, dim, size))
+        elif isinstance(value, torch.SymInt) and str(value.node.expr) in names:
+            bindings.setdefault(str(value.node.expr), (position, None, str(value.node.expr)))
+    missing = [n for n in names if n not in bindings]
+    if missing:
+        raise NotSizeGeneric(f"sizes {missing} are not an input's dimension or argument")
+    if len(tensor_args) != len(document["inputs"]):
+        raise NotSizeGeneric("the document's inputs are not the region's tensor arguments")
+    return tensor_args, list(bindings.values())

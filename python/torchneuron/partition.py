@@ -110,13 +110,21 @@ class _Support(OperatorSupportBase):
         return isinstance(node.target, torch._ops.OpOverload) or flex.is_flex(node)
 
 
-def find_unsupported(gm: torch.fx.GraphModule, name: str = "check") -> dict[str, str]:
+def find_unsupported(
+    gm: torch.fx.GraphModule,
+    name: str = "check",
+    *,
+    symbolic: bool = False,
+    written: fx_json.Written | None = None,
+) -> dict[str, str]:
     """``{node name: reason}`` for every node that cannot go to the device: those the document
     cannot express, and those ``_C.check_graph`` rejects. A graph the importer cannot read at
-    all (``_C.CompileError``) is unsupported as a whole."""
+    all (``_C.CompileError``) is unsupported as a whole. ``symbolic``: check the graph with its
+    symbolic sizes (:mod:`torchneuron.sizes`). ``written`` receives the entries the regions'
+    documents reuse (:class:`torchneuron.fx_json.Written`)."""
     from torchneuron._native import native
 
-    doc, unsupported = fx_json.serialize_graph_lenient(gm, name)
+    doc, unsupported = fx_json.serialize_graph_lenient(gm, name, symbolic=symbolic, written=written)
     if not doc["nodes"]:
         return unsupported
     c = native()

@@ -20,7 +20,14 @@ from torch.fx.node import Argument
 
 from torchneuron.fx_json import concrete_scalar
 
-__all__ = ["copy_graph_module", "has_symbols", "is_static", "size_key", "specialize"]
+__all__ = [
+    "copy_graph_module",
+    "has_data_dependent_sizes",
+    "has_symbols",
+    "is_static",
+    "size_key",
+    "specialize",
+]
 
 
 def has_symbols(value: object) -> bool:
@@ -32,6 +39,14 @@ def has_symbols(value: object) -> bool:
     if isinstance(value, (tuple, list)):
         return any(has_symbols(v) for v in value)
     return False
+
+
+def has_data_dependent_sizes(gm: torch.fx.GraphModule) -> bool:
+    """Whether a node of ``gm`` has a size that depends on data (an unbacked symbol: the
+    result of ``nonzero``, ``unique``, ``.item()``, ...)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return any(free_unbacked_symbols(node.meta.get("val")) for node in gm.graph.nodes)
 
 
 def is_static(gm: torch.fx.GraphModule) -> bool:

@@ -1,10 +1,12 @@
 //===- Program.cpp - Kernel program parser, verifier and writer -----------===//
 
 #include "runtime/program/Program.h"
+#include "runtime/program/SizeExpr.h"
 #include "runtime/target/Target.h"
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -382,42 +384,6 @@ std::string field(const std::string &where, const char *key) {
   return where + " field '" + key + "'";
 }
 
-/// {"const": c, "terms": [[iv, coeff], ...]}, both fields optional.
-AffineExpr parseAffine(const json &value, const std::string &where) {
-  requireObject(value, where);
-  checkKeys(value, {"const", "terms"}, where);
-  AffineExpr expr;
-  if (value.contains("const"))
-    expr.constant = asInt(value["const"], field(where, "const"));
-  if (value.contains("terms")) {
-    std::string termsWhere = field(where, "terms");
-    const json &terms = asArray(value["terms"], termsWhere);
-    for (size_t i = 0; i < terms.size(); ++i) {
-      std::string termWhere = termsWhere + "[" + std::to_string(i) + "]";
-      const json &term = asArray(terms[i], termWhere);
-      if (term.size() != 2)
-        fail(termWhere, "a term is [iv, coeff]");
-      expr.terms.emplace_back(asInt(term[0], termWhere),
-                              asInt(term[1], termWhere));
-    }
-  }
-  return expr;
-}
-
-View parseView(const json &value, const std::string &where) {
-  requireObject(value, where);
-  checkKeys(value, {"buf", "offset", "shape", "strides"}, where);
-  View view;
-  view.buffer = asInt(requireKey(value, "buf", where), field(where, "buf"));
-  view.shape =
-      asIntList(requireKey(value, "shape", where), field(where, "shape"));
-  view.strides =
-      asIntList(requireKey(value, "strides", where), field(where, "strides"));
-  if (value.contains("offset"))
-    view.offset = parseAffine(value["offset"], field(where, "offset"));
-  return view;
-}
-
 struct OpSpec {
   Opcode op;
   std::set<std::string> required;
@@ -474,23 +440,184 @@ const OpSpec &opSpec(Opcode op) {
   return specs.at(static_cast<size_t>(op));
 }
 
+/// Removes the loops an instance of a size-generic program runs zero times
+/// (a last tile that is not there at these sizes; their views may be empty)
+/// and renumbers `waits`, which count instructions in pre-order: waiting for
+/// an instruction that never runs is no wait at all.
+void dropEmptyLoops(Program &program) {
+  std::vector<int64_t> renumbered; // old index -> new index, or -1
+  int64_t kept = 0;
+  std::function<void(const std::vector<Node> &, bool)> number =
+      [&](const std::vector<Node> &nodes, bool dead) {
+        for (const Node &node : nodes) {
+          if (node.isLoop())
+            number(node.body, dead || node.count == 0);
+          else
+            renumbered.push_back(dead ? -1 : kept++);
+        }
+      };
+  number(program.body, false);
+  if (kept == static_cast<int64_t>(renumbered.size()))
+    return;
+  std::function<void(std::vector<Node> &)> rewrite =
+      [&](std::vector<Node> &nodes) {
+        nodes.erase(std::remove_if(nodes.begin(), nodes.end(),
+                                   [](const Node &node) {
+                                     return node.isLoop() && node.count == 0;
+                                   }),
+                    nodes.end());
+        for (Node &node : nodes) {
+          if (node.isLoop()) {
+            rewrite(node.body);
+            continue;
+          }
+          std::vector<int64_t> waits;
+          for (int64_t old : node.inst.waits)
+            if (old >= static_cast<int64_t>(renumbered.size()))
+              waits.push_back(old); // out of range: the verifier reports it
+            else if (renumbered[old] >= 0)
+              waits.push_back(renumbered[old]);
+          node.inst.waits = std::move(waits);
+        }
+      };
+  rewrite(program.body);
+}
+
 class Parser {
 public:
+  /// `sizes`: the values of a size-generic program's parameters (null for a
+  /// static program, whose integers are all literals).
+  explicit Parser(const SizeEnv *sizes) : sizes(sizes) {}
   Program parseDocument(const json &doc);
+  std::vector<SizeParam> parseParams(const json &value) const;
 
 private:
+  const SizeEnv *sizes;
+
+  /// An integer that may be a size expression (PROGRAM_FORMAT.md, "Size
+  /// parameters"), evaluated with `sizes`.
+  int64_t asSize(const json &value, const std::string &where) const;
+  std::vector<int64_t> asSizeList(const json &value,
+                                  const std::string &where) const;
+  AffineExpr parseAffine(const json &value, const std::string &where);
+  View parseView(const json &value, const std::string &where);
   Buffer parseBuffer(const json &value, const std::string &where);
   std::vector<Node> parseNodes(const json &value, const std::string &where,
                                int depth);
   Instruction parseInstruction(const json &value, const std::string &where);
 };
 
+/// {"const": c, "terms": [[iv, coeff], ...]}, both fields optional.
+AffineExpr Parser::parseAffine(const json &value, const std::string &where) {
+  requireObject(value, where);
+  checkKeys(value, {"const", "terms"}, where);
+  AffineExpr expr;
+  if (value.contains("const"))
+    expr.constant = asSize(value["const"], field(where, "const"));
+  if (value.contains("terms")) {
+    std::string termsWhere = field(where, "terms");
+    const json &terms = asArray(value["terms"], termsWhere);
+    for (size_t i = 0; i < terms.size(); ++i) {
+      std::string termWhere = termsWhere + "[" + std::to_string(i) + "]";
+      const json &term = asArray(terms[i], termWhere);
+      if (term.size() != 2)
+        fail(termWhere, "a term is [iv, coeff]");
+      expr.terms.emplace_back(asInt(term[0], termWhere),
+                              asSize(term[1], termWhere));
+    }
+  }
+  return expr;
+}
+
+View Parser::parseView(const json &value, const std::string &where) {
+  requireObject(value, where);
+  checkKeys(value, {"buf", "offset", "shape", "strides"}, where);
+  View view;
+  view.buffer = asInt(requireKey(value, "buf", where), field(where, "buf"));
+  view.shape =
+      asSizeList(requireKey(value, "shape", where), field(where, "shape"));
+  view.strides =
+      asSizeList(requireKey(value, "strides", where), field(where, "strides"));
+  if (value.contains("offset"))
+    view.offset = parseAffine(value["offset"], field(where, "offset"));
+  return view;
+}
+
+int64_t Parser::asSize(const json &value, const std::string &where) const {
+  if (!value.is_string())
+    return asInt(value, where);
+  std::string text = value.get<std::string>();
+  if (!sizes)
+    fail(where, "size expression '" + text +
+                    "' in a program without size parameters' values");
+  try {
+    return evaluate(parseSizeExpr(text), *sizes);
+  } catch (const Error &e) {
+    fail(where, e.what());
+  }
+}
+
+std::vector<int64_t> Parser::asSizeList(const json &value,
+                                        const std::string &where) const {
+  std::vector<int64_t> result;
+  const json &array = asArray(value, where);
+  for (size_t i = 0; i < array.size(); ++i)
+    result.push_back(asSize(array[i], where + "[" + std::to_string(i) + "]"));
+  return result;
+}
+
+/// "params": [{"name": "s0", "min": 1, "max": 4096}, ...]; with `sizes`, each
+/// must be given and in its range, and `sizes` names no other.
+std::vector<SizeParam> Parser::parseParams(const json &value) const {
+  const std::string where = "params";
+  const json &array = asArray(value, where);
+  std::vector<SizeParam> params;
+  for (size_t i = 0; i < array.size(); ++i) {
+    std::string paramWhere = where + "[" + std::to_string(i) + "]";
+    requireObject(array[i], paramWhere);
+    checkKeys(array[i], {"name", "min", "max"}, paramWhere);
+    SizeParam param;
+    param.name = asString(requireKey(array[i], "name", paramWhere),
+                          field(paramWhere, "name"));
+    if (!isSizeParamName(param.name))
+      fail(field(paramWhere, "name"), "'" + param.name + "' is not a name");
+    for (const SizeParam &other : params)
+      if (other.name == param.name)
+        fail(field(paramWhere, "name"), "duplicate '" + param.name + "'");
+    if (array[i].contains("min"))
+      param.min = asInt(array[i]["min"], field(paramWhere, "min"));
+    if (array[i].contains("max") && !array[i]["max"].is_null())
+      param.max = asInt(array[i]["max"], field(paramWhere, "max"));
+    if (param.max && *param.max < param.min)
+      fail(paramWhere, "max is below min");
+    params.push_back(std::move(param));
+  }
+  if (!sizes)
+    return params;
+  for (const SizeParam &param : params) {
+    auto it = sizes->find(param.name);
+    if (it == sizes->end())
+      fail(where, "no value for size parameter '" + param.name + "'");
+    if (it->second < param.min || (param.max && it->second > *param.max))
+      fail(where, "size parameter '" + param.name +
+                      "' = " + std::to_string(it->second) + " is outside [" +
+                      std::to_string(param.min) + ", " +
+                      (param.max ? std::to_string(*param.max) : "inf") +
+                      "], the range the program was compiled for");
+  }
+  for (const auto &[name, value] : *sizes)
+    if (std::none_of(params.begin(), params.end(),
+                     [&](const SizeParam &p) { return p.name == name; }))
+      fail(where, "the program has no size parameter '" + name + "'");
+  return params;
+}
+
 Program Parser::parseDocument(const json &doc) {
   const std::string where = "program";
   requireObject(doc, where);
   checkKeys(doc,
-            {"format", "version", "name", "target", "sync", "buffers", "inputs",
-             "outputs", "locations", "groups", "body"},
+            {"format", "version", "name", "target", "sync", "params", "buffers",
+             "inputs", "outputs", "locations", "groups", "body"},
             where);
   std::string format =
       asString(requireKey(doc, "format", where), field(where, "format"));
@@ -519,6 +646,11 @@ Program Parser::parseDocument(const json &doc) {
                sync + "'");
     program.explicitSync = true;
   }
+
+  if (doc.contains("params"))
+    program.params = parseParams(doc["params"]);
+  else if (sizes && !sizes->empty())
+    fail(where, "size values given for a program without size parameters");
 
   const json &buffers =
       asArray(requireKey(doc, "buffers", where), field(where, "buffers"));
@@ -554,6 +686,8 @@ Program Parser::parseDocument(const json &doc) {
   }
 
   program.body = parseNodes(requireKey(doc, "body", where), "body", 0);
+  if (!program.params.empty())
+    dropEmptyLoops(program);
   return program;
 }
 
@@ -589,8 +723,13 @@ Buffer Parser::parseBuffer(const json &value, const std::string &where) {
     fail(field(where, "dtype"), "unknown dtype '" + dtype + "'");
   buffer.dtype = *parsedDType;
 
-  buffer.shape =
-      asIntList(requireKey(value, "shape", where), field(where, "shape"));
+  const json &shape = requireKey(value, "shape", where);
+  buffer.shape = asSizeList(shape, field(where, "shape"));
+  if (buffer.isOnChip() && shape.is_array())
+    for (const json &dim : shape)
+      if (dim.is_string())
+        fail(field(where, "shape"), "an on-chip buffer's shape is static "
+                                    "(sized for the parameters' maxima)");
 
   if (value.contains("data")) {
     std::string text = asString(value["data"], field(where, "data"));
@@ -623,8 +762,8 @@ std::vector<Node> Parser::parseNodes(const json &value,
     if (item.contains("loop")) {
       checkKeys(item, {"loop", "count", "body"}, nodeWhere);
       int64_t id = asInt(item["loop"], field(nodeWhere, "loop"));
-      int64_t count = asInt(requireKey(item, "count", nodeWhere),
-                            field(nodeWhere, "count"));
+      int64_t count = asSize(requireKey(item, "count", nodeWhere),
+                             field(nodeWhere, "count"));
       std::vector<Node> body = parseNodes(requireKey(item, "body", nodeWhere),
                                           nodeWhere + ".body", depth + 1);
       nodes.push_back(Node::makeLoop(id, count, std::move(body)));
@@ -750,19 +889,33 @@ Instruction Parser::parseInstruction(const json &value,
 
 } // namespace
 
-Program Program::parse(const std::string &text) {
-  json doc;
+namespace {
+
+json parseProgramJson(const std::string &text) {
   try {
-    doc = json::parse(text);
+    return json::parse(text);
   } catch (const json::exception &e) {
     throw Error(std::string("malformed program JSON: ") + e.what());
   }
+}
+
+} // namespace
+
+Program Program::parse(const std::string &text, const SizeEnv *sizes) {
+  json doc = parseProgramJson(text);
   try {
-    return Parser().parseDocument(doc);
+    return Parser(sizes).parseDocument(doc);
   } catch (const json::exception &e) {
     // Defensive: every access above is type-checked first.
     throw Error(std::string("malformed program: ") + e.what());
   }
+}
+
+std::vector<SizeParam> Program::readParams(const std::string &text) {
+  json doc = parseProgramJson(text);
+  if (!doc.is_object() || !doc.contains("params"))
+    return {};
+  return Parser(nullptr).parseParams(doc["params"]);
 }
 
 Program Program::loadFile(const std::string &path) {

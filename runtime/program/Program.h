@@ -19,6 +19,7 @@
 
 #include "runtime/program/DType.h"
 #include "runtime/program/Error.h"
+#include "runtime/program/SizeExpr.h"
 
 #include <cstdint>
 #include <optional>
@@ -275,6 +276,15 @@ inline constexpr OperandField kOperandFields[] = {
 #include "runtime/program/InstructionSet.def"
 };
 
+/// A size parameter of a size-generic program ("params"): the integers of
+/// loop counts, views and HBM buffer shapes may be expressions over these
+/// (SizeExpr.h), given values when the program is parsed.
+struct SizeParam {
+  std::string name;
+  int64_t min = 0;
+  std::optional<int64_t> max; // none: no upper bound was known
+};
+
 /// A process group collective instructions run among (Program::groups).
 struct CollectiveGroup {
   /// The name that resolves the group at run time (torch.distributed's
@@ -307,6 +317,10 @@ public:
   int version = kProgramVersion;
   std::string name;
   std::string target;
+  /// "params": the size parameters the program was compiled for (empty for
+  /// a static program). A parsed program has every integer evaluated, so
+  /// toJson writes the static instance, without params.
+  std::vector<SizeParam> params;
   std::vector<Buffer> buffers;
   std::vector<int64_t> inputs;  // buffer ids, argument order
   std::vector<int64_t> outputs; // buffer ids, result order
@@ -320,8 +334,12 @@ public:
 
   /// Parses a program document. Throws Error on malformed JSON, a wrong
   /// format or version, unknown fields, ops, engines, dtypes, spaces, funcs
-  /// or ALU ops, and wrongly typed values.
-  static Program parse(const std::string &json);
+  /// or ALU ops, and wrongly typed values. A size-generic program needs
+  /// `sizes`, a value for each of its params within its range; its size
+  /// expressions are evaluated with them (an instance per tuple of sizes).
+  static Program parse(const std::string &json, const SizeEnv *sizes = nullptr);
+  /// The params of a program document, without instantiating it.
+  static std::vector<SizeParam> readParams(const std::string &json);
   /// Reads and parses a file; a missing or unreadable file is an Error.
   static Program loadFile(const std::string &path);
 

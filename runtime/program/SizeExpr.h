@@ -1,6 +1,10 @@
-//===- SizeExpr.h - integer expressions over size parameters ----*- C++ -*-===//
+//===- SizeExpr.h - Integer expressions over size parameters ----*- C++ -*-===//
 //
-// The one grammar of sizes in FX documents and kernel programs (issue #16):
+// A size-generic kernel program (docs/PROGRAM_FORMAT.md, "Size parameters")
+// writes loop counts, view extents and offsets as expressions over named
+// sizes, such as "ceildiv(s0, 128)"; the FX graph document writes symbolic
+// shapes the same way. This is their one grammar, parser and evaluator, shared
+// by the compiler's importer and emitter and by the runtime (no MLIR):
 //
 //   expr   := term (('+' | '-') term)*
 //   term   := factor ('*' factor)*
@@ -8,9 +12,8 @@
 //           | ('floordiv' | 'ceildiv' | 'mod' | 'min' | 'max') '(' expr ','
 //           expr ')'
 //
-// NAME is a size parameter (s0, s1, ... as Dynamo names them); floordiv,
-// ceildiv and mod use floor semantics. MLIR-free: the importer, the emitter
-// and the runtime share it.
+// Division and modulo round toward negative infinity and need a positive
+// divisor; every operation checks int64 overflow.
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,6 +28,9 @@
 #include <vector>
 
 namespace neuron::runtime {
+
+/// The value of each size parameter, by name.
+using SizeEnv = std::map<std::string, int64_t, std::less<>>;
 
 struct SizeExpr {
   enum class Kind {
@@ -41,19 +47,33 @@ struct SizeExpr {
     Max
   };
   Kind kind = Kind::Const;
-  int64_t value = 0;
-  std::string name;
-  std::vector<SizeExpr> operands;
+  int64_t value = 0;              // Const
+  std::string name;               // Param
+  std::vector<SizeExpr> operands; // one for Neg, two for the others
+
+  static SizeExpr constant(int64_t value);
+  static SizeExpr param(std::string name);
+  static SizeExpr binary(Kind kind, SizeExpr lhs, SizeExpr rhs);
 };
 
-using SizeEnv = std::map<std::string, int64_t, std::less<>>;
-
-/// Throws Error on a malformed expression.
+/// Parses `text`; throws Error naming the position of a syntax error or an
+/// integer that does not fit int64.
 SizeExpr parseSizeExpr(std::string_view text);
-/// Throws Error on an unknown name, an overflow or a divisor <= 0.
-int64_t evaluate(const SizeExpr &e, const SizeEnv &env);
-/// Canonical text, which parses back to the same expression.
-std::string toString(const SizeExpr &e);
+
+/// Evaluates `expr` with the parameters' values; throws Error on a parameter
+/// `sizes` does not give, int64 overflow, or a divisor that is not positive.
+int64_t evaluate(const SizeExpr &expr, const SizeEnv &sizes);
+
+/// The expression in the grammar above, with no redundant parentheses;
+/// parseSizeExpr(toString(e)) gives back e.
+std::string toString(const SizeExpr &expr);
+
+/// Whether `name` can name a size parameter: an identifier that is not one
+/// of the grammar's functions.
+bool isSizeParamName(std::string_view name);
+
+/// The parameter names `expr` uses, each once, in first-use order.
+std::vector<std::string> paramsOf(const SizeExpr &expr);
 
 } // namespace neuron::runtime
 

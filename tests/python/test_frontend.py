@@ -7,11 +7,12 @@ import itertools
 import re
 from pathlib import Path
 
+import pytest
 import torch
 import torch.fx
 from graph_capture import aten_graph, traced
 
-from torchneuron import attention_blocks, flex, frontend, partition, sdpa, specialize
+from torchneuron import attention_blocks, flex, frontend, fx_json, partition, sdpa, specialize
 from torchneuron._native import native
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +98,36 @@ def test_lower_checks_partitions_and_serializes_each_region_once() -> None:
     assert sorted(regions) == [["aten.mm.default"], ["aten.tanh.default", "aten.add.Tensor"]]
 
 
+def test_regions_reuse_the_nodes_the_check_wrote(monkeypatch: pytest.MonkeyPatch) -> None:
+    table = torch.arange(16.0).reshape(4, 4)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        m = aten.max.dim(aten.mm.default(x, w), 1)  # a getitem of a multi-result node
+        h = aten.special_bessel_j0.default(m[0])  # no lowering: two regions
+        y = aten.add.Tensor(aten.mul.Tensor(aten.tanh.default(x), table), 2)  # a constant
+        return aten.add.Tensor(y, aten.unsqueeze.default(h, 1)), m[1]
+
+    gm = traced(f, torch.randn(4, 4), torch.randn(4, 4))
+    written: list[str] = []  # the node of each entry written
+    add_node = fx_json._Writer.add_node
+
+    def counting(writer: fx_json._Writer, node: torch.fx.Node, entry: dict[str, object]) -> None:
+        written.append(node.name)
+        add_node(writer, node, entry)
+
+    monkeypatch.setattr(fx_json._Writer, "add_node", counting)
+    lowered = frontend.lower(gm, lambda prefix: prefix)
+    # The check writes the 8 ATen nodes (the importer rejects max.dim and bessel_j0); of the
+    # regions' 6, only mul (it reads the constant, which its region names anew) is written again.
+    assert len(written) == 9 and written[8:] == ["mul_tensor"]
+    assert sorted(len(r.document["nodes"]) for r in lowered.regions) == [1, 5]
+    for region in lowered.regions:
+        sub = lowered.module.get_submodule(region.submodule)
+        assert isinstance(sub, torch.fx.GraphModule)
+        # The document assembled from the check's entries is the one written from scratch.
+        assert region.document == fx_json.serialize_graph(sub, name="graph")
+
+
 def test_dedupe_outputs_returns_an_aliased_value_once() -> None:
     gm = traced(lambda x: (lambda y: (y, aten.alias.default(y), y * 2))(x + 1), torch.zeros(3))
     assert frontend.dedupe_outputs(gm) == [0, 0, 1]
@@ -122,8 +153,10 @@ def test_block_classes_are_the_kernels_codes() -> None:
     codes = attention_blocks.block_classes()
     assert codes._asdict() == native().FLEX_BLOCK_CLASSES
     assert len(set(codes)) == 3
+    # The kernels' unit is each target's partitions; a document serves every target.
     unit = attention_blocks.unit()
-    assert unit == native().FLEX_UNIT
+    assert unit == min(native().target_memory(t)["partitions"] for t in native().targets())
+    assert not hasattr(native(), "FLEX_UNIT")
     classes = sdpa.causal_block_classes(2 * unit, 2 * unit)
     assert classes[0, 0].tolist() == [[codes.partial, codes.masked], [codes.full, codes.partial]]
 

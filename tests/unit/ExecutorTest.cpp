@@ -1721,3 +1721,66 @@ TEST_CASE("the program verifier checks collective instructions",
   CHECK(contains(replaced(R"("ranks": [4, 5])", R"("ranks": [4, 4])"),
                  "rank 4 is negative or listed twice"));
 }
+
+namespace {
+
+/// A size-generic program: y = 2x + 1 over [s0, 8] f32 rows, full tiles of
+/// 4 rows in a loop, then the shortened last tile (PROGRAM_FORMAT.md, "Size
+/// parameters").
+std::string rowsProgram() {
+  auto io = [](int id, const char *kind) {
+    return buffer(id, "hbm", kind, "f32", R"(["s0", 8])");
+  };
+  auto tile = [](int buf, const std::string &rows, const std::string &offset,
+                 const std::string &terms) {
+    return R"({"buf": )" + std::to_string(buf) + R"(, "offset": {"const": )" +
+           offset + R"(, "terms": )" + terms + R"(}, "shape": [)" + rows +
+           R"(, 8], "strides": [8, 1]})";
+  };
+  auto step = [&](const std::string &rows, const std::string &offset,
+                  const std::string &terms) {
+    std::string sb = tile(2, rows, "0", "[]");
+    return R"({"op": "dma_copy", "engine": "sync", "src": )" +
+           tile(0, rows, offset, terms) + R"(, "dst": )" + sb + R"(},
+           {"op": "activation", "engine": "scalar", "func": "identity",
+            "scale": 2.0, "bias_imm": 1.0, "src": )" +
+           sb + R"(, "dst": )" + sb + R"(},
+           {"op": "dma_copy", "engine": "sync", "src": )" +
+           sb + R"(, "dst": )" + tile(1, rows, offset, terms) + "}";
+  };
+  std::string body =
+      R"x({"loop": 0, "count": "floordiv(s0, 4)", "body": [)x" +
+      step("4", "0", "[[0, 32]]") +
+      R"x(]}, {"loop": 1, "count": "min(mod(s0, 4), 1)", "body": [)x" +
+      step(R"x("mod(s0, 4)")x", R"x("8*(s0 - mod(s0, 4))")x", "[]") + "]}";
+  std::string json =
+      programJson(io(0, "input") + "," + io(1, "output") + "," +
+                      buffer(2, "sbuf", "scratch", "f32", "[4, 8]"),
+                  "0", "1", body);
+  return json.insert(1, R"("params": [{"name": "s0", "min": 1, "max": 64}], )");
+}
+
+} // namespace
+
+TEST_CASE("a size-generic program runs at every size in its range",
+          "[executor][sizes]") {
+  std::string json = rowsProgram();
+  for (int64_t rows : {1, 3, 4, 5, 8, 13, 64}) {
+    CAPTURE(rows);
+    SizeEnv sizes = {{"s0", rows}};
+    Program program = Program::parse(json, &sizes);
+    CHECK(program.buffers[0].shape == std::vector<int64_t>{rows, 8});
+    std::vector<double> values(rows * 8);
+    for (size_t i = 0; i < values.size(); ++i)
+      values[i] = double(i) - 7.0;
+    Tensor in = Tensor::of(DType::F32, {rows, 8}, values);
+    Tensor out = Tensor::zeros(DType::F32, {rows, 8});
+    Executor executor(program, trn2());
+    std::vector<HostTensor> ins = {in.host()}, outs = {out.host()};
+    executor.run(ins, outs);
+    int64_t tiles = rows / 4 + (rows % 4 ? 1 : 0);
+    CHECK(executor.instructionsExecuted() == 3 * tiles);
+    for (size_t i = 0; i < values.size(); ++i)
+      CHECK(out.at(i) == float(2 * values[i] + 1));
+  }
+}

@@ -681,8 +681,10 @@ TEST_CASE("activation columns, iota offsets and scalar_tensor_tensor are "
       simple(tiles,
              iota(R"({"const": 9223372036854775807, "terms": [[0, 1]]})")),
       "field 'offset': its value leaves int64");
-  requireRejected(simple(tiles, iota(R"({"const": "x"})")),
-                  "field 'offset' field 'const': expected an integer");
+  requireRejected(
+      simple(tiles, iota(R"({"const": "x"})")),
+      "field 'offset' field 'const': size expression 'x' in a program "
+      "without size parameters' values");
   requireRejected(simple(tiles, iota(R"({"terms": [[0]]})")),
                   "a term is [iv, coeff]");
   requireRejected(simple(tiles, iota(R"({"step": 1})")),
@@ -979,4 +981,106 @@ TEST_CASE("on-chip addresses are checked", "[program][sync][reject]") {
   requireRejected(twoBig(address(0), address(52729)),
                   "bytes [52729, 212729) per partition do not fit");
   requireRejected(twoBig("", ""), "SBUF scratch needs 320000 bytes");
+}
+
+TEST_CASE("size parameters are checked", "[program][sizes][reject]") {
+  auto generic = [](const std::string &params, const std::string &shape,
+                    const std::string &count = "1") {
+    std::string json =
+        programJson(buffer(0, "hbm", "input", "f32", shape) + "," +
+                        buffer(1, "hbm", "output", "f32", shape),
+                    "0", "1",
+                    R"({"loop": 0, "count": )" + count + R"(, "body": [
+             {"op": "dma_copy", "engine": "sync", "src": )" +
+                        view(0, "[1, 4]", "[4, 1]") + R"(, "dst": )" +
+                        view(1, "[1, 4]", "[4, 1]") + "}]}");
+    return params.empty() ? json
+                          : json.insert(1, R"("params": )" + params + ", ");
+  };
+  const std::string one = R"([{"name": "s0", "min": 2, "max": 8}])";
+  SizeEnv four = {{"s0", 4}};
+
+  Program program =
+      Program::parse(generic(one, R"(["s0", 4])", R"("s0 - 3")"), &four);
+  CHECK(program.buffers[0].shape == std::vector<int64_t>{4, 4});
+  CHECK(program.body[0].count == 1);
+  REQUIRE(program.params.size() == 1);
+  CHECK(program.params[0].max == 8);
+  program.verify(trn2());
+  // The instance serializes as a static program.
+  CHECK(Program::parse(program.toJson()).buffers[0].shape ==
+        std::vector<int64_t>{4, 4});
+  CHECK(Program::readParams(generic(one, R"(["s0", 4])"))[0].min == 2);
+  CHECK(Program::readParams(generic("", "[4, 4]")).empty());
+
+  auto rejected = [&](const std::string &json, const SizeEnv *sizes) {
+    return errorOf([&] { Program::parse(json, sizes); });
+  };
+  std::string shaped = generic(one, R"(["s0", 4])");
+  CHECK(contains(rejected(shaped, nullptr),
+                 "size expression 's0' in a program without size parameters' "
+                 "values"));
+  SizeEnv none;
+  CHECK(contains(rejected(shaped, &none), "no value for size parameter 's0'"));
+  SizeEnv big = {{"s0", 9}};
+  CHECK(contains(rejected(shaped, &big), "'s0' = 9 is outside [2, 8]"));
+  SizeEnv extra = {{"s0", 4}, {"s1", 1}};
+  CHECK(contains(rejected(shaped, &extra), "no size parameter 's1'"));
+  CHECK(contains(rejected(generic("", "[4, 4]"), &four),
+                 "without size parameters"));
+  CHECK(contains(rejected(generic(R"([{"name": "min"}])", "[4, 4]"), &four),
+                 "'min' is not a name"));
+  CHECK(contains(
+      rejected(generic(R"([{"name": "s0"}, {"name": "s0"}])", "[4, 4]"), &four),
+      "duplicate 's0'"));
+  CHECK(contains(
+      rejected(generic(R"([{"name": "s0", "min": 5, "max": 4}])", "[4, 4]"),
+               &four),
+      "max is below min"));
+  CHECK(contains(rejected(generic(one, R"(["s0 +", 4])"), &four),
+                 "buffers[0] field 'shape'[0]: size expression 's0 +'"));
+  CHECK(
+      contains(rejected(generic(one, R"x(["floordiv(4, s0 - 4)", 4])x"), &four),
+               "not positive"));
+  std::string onChip = programJson(
+      buffer(0, "sbuf", "scratch", "f32", R"(["s0", 4])"), "", "", "");
+  CHECK(
+      contains(rejected(onChip.insert(1, R"("params": )" + one + ", "), &four),
+               "an on-chip buffer's shape is static"));
+}
+
+TEST_CASE("an instance drops the loops it runs zero times and renumbers waits",
+          "[program][sizes][sync]") {
+  std::string copy = R"({"op": "dma_copy", "engine": "sync", "src": )" +
+                     view(0, "[1, 4]", "[4, 1]") + R"(, "dst": )" +
+                     view(1, "[1, 4]", "[4, 1]");
+  // Instructions #0, #1 (in a loop of s0 - 2 iterations), #2 (waits on both).
+  std::string body = copy + "}, " +
+                     R"({"loop": 0, "count": "s0 - 2", "body": [)" + copy +
+                     R"(, "waits": [0]}]}, )" + copy + R"(, "waits": [0, 1]})";
+  std::string json = explicitSync(
+      programJson(buffer(0, "hbm", "input", "f32", "[4, 4]") + "," +
+                      buffer(1, "hbm", "output", "f32", "[4, 4]"),
+                  "0", "1", body));
+  json.insert(1, R"("params": [{"name": "s0", "min": 2}], )");
+
+  SizeEnv three = {{"s0", 3}};
+  Program running = Program::parse(json, &three);
+  CHECK(running.numInstructions() == 3);
+  CHECK(running.body[2].inst.waits == std::vector<int64_t>{0, 1});
+  running.verify(trn2());
+
+  SizeEnv two = {{"s0", 2}};
+  Program empty = Program::parse(json, &two);
+  REQUIRE(empty.body.size() == 2);
+  CHECK(empty.numInstructions() == 2);
+  CHECK(empty.body[1].inst.waits == std::vector<int64_t>{0});
+  empty.verify(trn2());
+  // A static program's loops still run at least once.
+  std::string zero = programJson(
+      buffer(0, "hbm", "input", "f32", "[4, 4]") + "," +
+          buffer(1, "hbm", "output", "f32", "[4, 4]"),
+      "0", "1", R"({"loop": 0, "count": 0, "body": [)" + copy + "}]}");
+  CHECK(contains(errorOf([&] { Program::parse(zero).verify(trn2()); }),
+                 "field 'count': must be >= 1, got 0"));
 }

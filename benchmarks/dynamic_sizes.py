@@ -1,0 +1,145 @@
+"""Programs for every size (issue #16): how many programs a model compiles when its sizes change,
+and what a size-generic program costs against the program specialized to one size.
+
+    .venv/bin/python benchmarks/dynamic_sizes.py               # all three parts
+    .venv/bin/python benchmarks/dynamic_sizes.py --only generate
+
+- ``generate``: greedy ``generate()`` of a small Llama-style Transformers model with
+  ``model.forward`` compiled, 64 new tokens: programs compiled, recompiles, and whether the
+  tokens equal eager's (target: at most 3 programs).
+- ``sizes``: the decoder layer of ``benchmarks/kernels.py`` compiled with ``dynamic=True`` and
+  called at 10 sequence lengths: programs compiled (target: once).
+- ``modeled``: the same layer's modeled device time per call at three sizes, from its
+  size-generic program and from the program specialized to that size
+  (``options={"specialize_sizes": True}``): target within 5%.
+
+Programs are counted by ``torchneuron.stats()["graphs_compiled"]`` with the persistent compile
+cache off (a cache hit compiles nothing). ``TORCHNEURON_VERBOSE=1`` prints why a graph is
+compiled per size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import torchneuron
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import DecoderLayer  # noqa: E402
+
+OPTIONS: dict[str, Any] = {"cache": False}
+
+
+def _compiles(run: Callable[[], Any]) -> tuple[Any, int, int]:
+    """``run()``'s result, the programs it compiled and its recompiles."""
+    before = torchneuron.stats()
+    result = run()
+    after = torchneuron.stats()
+    return (
+        result,
+        after["graphs_compiled"] - before["graphs_compiled"],
+        after["recompiles"] - before["recompiles"],
+    )
+
+
+def generate(tokens: int) -> bool:
+    import transformers as hf
+
+    torch.manual_seed(0)
+    config = hf.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    model = hf.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 256, (1, 10))
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=tokens, do_sample=False)
+        torch._dynamo.reset()
+        model.forward = torch.compile(model.forward, backend="neuron", options=OPTIONS)
+        actual, programs, recompiles = _compiles(
+            lambda: model.generate(ids, max_new_tokens=tokens, do_sample=False)
+        )
+    same = torch.equal(actual, expected)
+    print(
+        f"generate {tokens} tokens: {programs} programs compiled, {recompiles} recompiles, "
+        f"tokens {'equal' if same else 'DIFFER from'} eager (target: <= 3 programs)"
+    )
+    return same
+
+
+def _layer_inputs(seq: int) -> torch.Tensor:
+    return torch.randn(1, seq, 256, dtype=torch.bfloat16)
+
+
+def sizes(lengths: Sequence[int]) -> bool:
+    torch.manual_seed(0)
+    layer = DecoderLayer(256, 4, 2, 512).to(torch.bfloat16).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="neuron", dynamic=True, options=OPTIONS)
+    ok = True
+
+    def run() -> None:
+        nonlocal ok
+        for seq in lengths:
+            x = _layer_inputs(seq)
+            got = compiled(x)
+            ok &= bool(torch.allclose(got.float(), layer(x).float(), atol=5e-2, rtol=5e-2))
+
+    with torch.no_grad():
+        _, programs, recompiles = _compiles(run)
+    print(
+        f"decoder layer, dynamic=True, {len(lengths)} sequence lengths: {programs} programs "
+        f"compiled, {recompiles} recompiles, outputs {'match' if ok else 'DIFFER from'} eager "
+        "(target: compiled once)"
+    )
+    return ok
+
+
+def modeled(lengths: Sequence[int]) -> None:
+    torch.manual_seed(0)
+    layer = DecoderLayer(256, 4, 2, 512).to(torch.bfloat16).eval()
+
+    def device_us(specialize: bool, seq: int) -> float:
+        torch._dynamo.reset()
+        options = {**OPTIONS, "specialize_sizes": specialize}
+        compiled = torch.compile(layer, backend="neuron", dynamic=True, options=options)
+        with torch.no_grad():
+            compiled(_layer_inputs(seq + 1))  # a first size, so the graph is symbolic
+            with torchneuron.profile() as prof:
+                compiled(_layer_inputs(seq))
+        return prof.total_device_ns / 1e3
+
+    print("decoder layer, modeled device us per call: size-generic vs specialized (target <= 5%)")
+    for seq in lengths:
+        generic, special = device_us(False, seq), device_us(True, seq)
+        print(f"  seq {seq:5d}: {generic:9.1f} vs {special:9.1f}  ({generic / special - 1:+.1%})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--only", choices=("generate", "sizes", "modeled"), default=None)
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens for generate")
+    args = parser.parse_args(argv)
+    ok = True
+    if args.only in (None, "generate"):
+        ok &= generate(args.tokens)
+    if args.only in (None, "sizes"):
+        ok &= sizes([64, 96, 128, 130, 200, 256, 300, 384, 500, 512])
+    if args.only in (None, "modeled"):
+        modeled([128, 384, 1000])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

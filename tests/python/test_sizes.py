@@ -1,0 +1,178 @@
+"""Symbolic sizes: documents with size expressions, and size-generic programs run at every size
+(docs/FX_GRAPH_FORMAT.md "Symbolic sizes", docs/PROGRAM_FORMAT.md "Size parameters")."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import ModuleType
+from typing import Any
+
+import pytest
+import sympy
+import torch
+from graph_capture import aten_graph
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod
+
+from torchneuron import fx_json
+from torchneuron._native import native
+from torchneuron.kernel import GenericDeviceKernel
+from torchneuron.sizes import NotSizeGeneric, size_expression
+
+
+def test_size_expressions_of_dynamo_forms() -> None:
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    assert size_expression(16 * s0) in ("16*s0", "s0*16")
+    assert size_expression(FloorDiv(s0, 4)) == "floordiv(s0, 4)"
+    assert size_expression(PythonMod(s0 + 1, 128)) == "mod((1 + s0), 128)"
+    assert size_expression(ModularIndexing(s0, 2, 8)) == "mod(floordiv(s0, 2), 8)"
+    assert size_expression(sympy.Max(s0, s1, 3)).count("max(") == 2
+    assert size_expression(s0**2) == "s0*s0"
+    with pytest.raises(ValueError, match="not an input's size"):
+        size_expression(sympy.Symbol("u0", integer=True))
+    with pytest.raises(ValueError, match="no size-expression form"):
+        size_expression(s0 / 3)
+
+
+def test_a_symbolic_document_writes_sizes_as_expressions() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).view(x.shape[0] * x.shape[1], 4, -1).sum(1)
+
+    gm = aten_graph(f, torch.randn(5, 3, 32), dynamic=True)
+    with pytest.raises(fx_json.UnsupportedNodeError, match="symbolic"):
+        fx_json.serialize_graph(gm)
+    doc = fx_json.serialize_graph(gm, symbolic=True)
+    names = [s["name"] for s in doc["symbols"]]
+    assert all(re.fullmatch(r"s\d+", n) for n in names)
+    assert all(s["min"] == 2 and s["max"] is None for s in doc["symbols"])
+    (x,) = doc["inputs"]
+    assert sorted(x["shape"]) == sorted(names)  # dynamic=True: every dim is a symbol
+    view = next(n for n in doc["nodes"] if n["target"] == "aten.view.default")
+    rows = view["args"][1][0]
+    assert isinstance(rows, dict) and rows["size"] in (
+        f"{a}*{b}" for a in x["shape"][:2] for b in x["shape"][:2]
+    )
+    assert view["outputs"][0]["shape"][1] == 4
+    assert all(isinstance(size, str) for size in view["outputs"][0]["shape"][::2])
+    json.loads(fx_json.to_json(doc))  # plain JSON
+
+
+def _rows_program(param: str, lo: int, hi: int) -> str:
+    """A size-generic program computing 2x + 1 over [param, 8] float32 rows in tiles of 4 rows,
+    then the shortened last tile (the C++ twin: ExecutorTest.cpp)."""
+
+    def view(buf: int, rows: int | str, offset: int | str, terms: list[list[int]]) -> Any:
+        return {
+            "buf": buf,
+            "offset": {"const": offset, "terms": terms},
+            "shape": [rows, 8],
+            "strides": [8, 1],
+        }
+
+    def step(rows: int | str, offset: int | str, terms: list[list[int]]) -> list[Any]:
+        tile = view(2, rows, 0, [])
+        return [
+            {"op": "dma_copy", "engine": "sync", "src": view(0, rows, offset, terms), "dst": tile},
+            {
+                "op": "activation",
+                "engine": "scalar",
+                "func": "identity",
+                "scale": 2.0,
+                "bias_imm": 1.0,
+                "src": tile,
+                "dst": tile,
+            },
+            {"op": "dma_copy", "engine": "sync", "src": tile, "dst": view(1, rows, offset, terms)},
+        ]
+
+    def hbm(i: int, kind: str) -> Any:
+        return {"id": i, "name": kind, "space": "hbm", "kind": kind, "dtype": "f32",
+                "shape": [param, 8]}  # fmt: skip
+
+    tail = f"mod({param}, 4)"
+    return json.dumps(
+        {
+            "format": "torchneuron-kernel-program",
+            "version": 1,
+            "name": "rows",
+            "target": "trn2",
+            "params": [{"name": param, "min": lo, "max": hi}],
+            "buffers": [
+                hbm(0, "input"),
+                hbm(1, "output"),
+                {
+                    "id": 2,
+                    "name": "t",
+                    "space": "sbuf",
+                    "kind": "scratch",
+                    "dtype": "f32",
+                    "shape": [4, 8],
+                },  # fmt: skip
+            ],
+            "inputs": [0],
+            "outputs": [1],
+            "body": [
+                {"loop": 0, "count": f"floordiv({param}, 4)", "body": step(4, 0, [[0, 32]])},
+                {
+                    "loop": 1,
+                    "count": f"min({tail}, 1)",
+                    "body": step(tail, f"8*({param} - {tail})", []),
+                },
+            ],
+        }
+    )
+
+
+def _rows_graph() -> tuple[torch.fx.GraphModule, dict[str, Any]]:
+    """``2x + 1`` of [rows, 8] with the rows dynamic: its ATen graph and symbolic document."""
+    x = torch.randn(5, 8)
+    torch._dynamo.mark_dynamic(x, 0)
+    gm = aten_graph(lambda x: x * 2 + 1, x, dynamic=None)
+    return gm, fx_json.serialize_graph(gm, symbolic=True)
+
+
+def test_a_size_generic_kernel_runs_every_size_with_one_program() -> None:
+    gm, doc = _rows_graph()
+    (symbol,) = doc["symbols"]
+    c = native()
+    kernel = c.load_program(_rows_program(symbol["name"], 1, 64), "trn2")
+    assert isinstance(kernel, c.GenericKernel)
+    assert kernel.params == [(symbol["name"], 1, 64)]
+    module = GenericDeviceKernel(kernel, "rows", False, None, gm, doc)
+    sizes = (1, 3, 4, 5, 13, 64, 9, 10, 11, 12, 2, 6)
+    for rows in sizes:
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(module(rows, x), x * 2 + 1)  # as the graph calls it
+    assert len(module.instances) == GenericDeviceKernel.KEEP  # the most recent sizes
+    assert list(module.instances)[-1] == (6,)
+    # The instance at 13 rows: 3 full tiles and the last one, 3 instructions each.
+    assert len(kernel.instance({symbol["name"]: 13}).instruction_names) == 6
+    assert len(kernel.instance({symbol["name"]: 12}).instruction_names) == 3
+    with pytest.raises(c.DeviceError, match=r"is outside \[1, 64\]"):
+        module(65, torch.randn(65, 8))
+
+
+def test_a_size_no_argument_gives_is_not_size_generic() -> None:
+    gm, doc = _rows_graph()
+    kernel = native().load_program(_rows_program("s12345", 1, 64), "trn2")
+    with pytest.raises(NotSizeGeneric, match="s12345"):
+        GenericDeviceKernel(kernel, "rows", False, None, gm, doc)
+
+
+def test_trying_size_generic_adds_no_guard_on_sizes(real_native: ModuleType) -> None:
+    """The symbolic front end must not decide on a size (SDPA's block classes need the key
+    length): a guard would make Dynamo compile the frame again for every key length, and run
+    it in eager PyTorch after its recompile limit."""
+    from torch._dynamo.utils import counters
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    compiled = torch.compile(attend, backend="neuron")
+    counters.clear()
+    q = torch.randn(1, 2, 1, 16)
+    with torch.no_grad():
+        for keys in (9, 10, 11, 12, 13):
+            k, v = torch.randn(1, 2, keys, 16), torch.randn(1, 2, keys, 16)
+            torch.testing.assert_close(compiled(q, k, v), attend(q, k, v))
+    assert counters["stats"]["unique_graphs"] == 2  # the first size, then every size
