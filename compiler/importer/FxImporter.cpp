@@ -528,9 +528,12 @@ Value Importer::reduce(ReduceFn fn, Value v, std::vector<int64_t> dims,
       perm.push_back(i);
       ++count;
     }
-  for (int64_t i = 0; i < rank; ++i)
+  for (int64_t i = 0; i < rank; ++i) {
+    require(!reduced[i] || !type.isDynamicDim(i),
+            "not size-generic: a reduction over a dynamic dim");
     require(!reduced[i] || type.getDimSize(i) > 0,
             "reduction over an empty dimension");
+  }
   Value t = transpose(v, perm);
   Value r = b.create<ReduceOp>(currentLoc, type.clone(keptShape), fn, t,
                                (uint64_t)count);
