@@ -13,8 +13,11 @@
 
 #include "compiler/emit/EmitProgram.h"
 
+#include "dialects/neuron/NeuronDialect.h"
 #include "dialects/nisa/NisaDialect.h"
+#include "runtime/program/Error.h"
 #include "runtime/program/Program.h"
+#include "runtime/program/SizeExpr.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -32,17 +35,56 @@
 
 using namespace mlir;
 using json = nlohmann::json;
-namespace rt = neuron::runtime;
+namespace rt = ::neuron::runtime;
 
 namespace {
+
+/// An integer of a size-generic program (issue #16): a constant, or an
+/// expression over the params in the runtime's grammar (SizeExpr.h).
+struct Size {
+  int64_t constant = 0;
+  std::string expr; // empty: the constant
+
+  bool isConstant() const { return expr.empty(); }
+  std::string text() const {
+    return isConstant() ? std::to_string(constant) : expr;
+  }
+  json toJson() const { return isConstant() ? json(constant) : json(expr); }
+  static Size of(int64_t c) { return Size{c, {}}; }
+  /// `fn(a, b)` (fn a function of the grammar) or `(a op b)`; constants
+  /// fold by the runtime's evaluator, the one definition of the semantics.
+  static Size combine(const std::string &fn, const Size &a, const Size &b) {
+    // x + 0, x - 0, x * 1 and divisions by 1 are x.
+    if (b.isConstant() && b.constant == (fn == "+" || fn == "-" ? 0 : 1) &&
+        fn != "mod" && fn != "min" && fn != "max")
+      return a;
+    std::string text = fn.size() == 1
+                           ? "(" + a.text() + fn + b.text() + ")"
+                           : fn + "(" + a.text() + "," + b.text() + ")";
+    if (a.isConstant() && b.isConstant()) {
+      try {
+        return of(rt::evaluate(rt::parseSizeExpr(text), {}));
+      } catch (const rt::Error &) {
+        // a division by zero is left to the runtime to report
+      }
+    }
+    return Size{0, text};
+  }
+};
 
 struct Affine {
   int64_t constant = 0;
   std::vector<std::pair<int, int64_t>> terms; // (loop id, coefficient)
+  /// A part that is an expression over the params (empty: none).
+  std::string symbolic;
 
   Affine operator+(const Affine &o) const {
     Affine r = *this;
     r.constant += o.constant;
+    if (!o.symbolic.empty())
+      r.symbolic = r.symbolic.empty()
+                       ? o.symbolic
+                       : "(" + r.symbolic + "+" + o.symbolic + ")";
     for (auto [id, c] : o.terms) {
       auto it = llvm::find_if(r.terms, [&](auto &t) { return t.first == id; });
       if (it != r.terms.end())
@@ -57,24 +99,32 @@ struct Affine {
     r.constant *= k;
     for (auto &t : r.terms)
       t.second *= k;
+    if (!r.symbolic.empty())
+      r.symbolic = "(" + r.symbolic + "*" + std::to_string(k) + ")";
     return r;
   }
   bool isConstant() const {
-    return llvm::all_of(terms, [](auto &t) { return t.second == 0; });
+    return symbolic.empty() &&
+           llvm::all_of(terms, [](auto &t) { return t.second == 0; });
   }
   json toJson() const {
     json t = json::array();
     for (auto [id, c] : terms)
       if (c != 0)
         t.push_back({id, c});
-    return {{"const", constant}, {"terms", t}};
+    json c = constant;
+    if (!symbolic.empty())
+      c = constant == 0 ? symbolic
+                        : "(" + symbolic + "+" + std::to_string(constant) + ")";
+    return {{"const", c}, {"terms", t}};
   }
 };
 
 struct View {
   int buffer;
   Affine offset;
-  std::vector<int64_t> shape, strides;
+  json shape; // integers, or size expressions of a size-generic program
+  std::vector<int64_t> strides;
 };
 
 std::optional<rt::DType> dtypeOf(Type t) {
@@ -156,6 +206,8 @@ private:
                                                 const rt::AttributeField &field,
                                                 Attribute attr, bool hasScalar);
   FailureOr<Affine> affineOf(Value v, Operation *user);
+  FailureOr<Size> sizeOf(Value v, Operation *user);
+  FailureOr<json> shapeOf(Value base, MemRefType type);
   FailureOr<json> viewOf(Value v, Operation *user);
   FailureOr<int> addBuffer(Value base, rt::BufferKind kind, StringRef name);
   FailureOr<json> constantBuffer(memref::GetGlobalOp get);
@@ -169,6 +221,9 @@ private:
   json groups = json::array();
   std::map<std::string, int64_t> groupIds;
   llvm::DenseMap<Value, Affine> ivs; // scf.for iv -> lb + step * counter
+  /// Size-generic kernels: the size arguments, their param names in order.
+  llvm::DenseMap<Value, std::string> params;
+  SmallVector<std::string> paramNames;
   llvm::DenseMap<Value, int> bufferIds;
   llvm::DenseMap<Value, View> views;
   /// On-chip tiles with one TileKey share a program buffer with the most
@@ -198,22 +253,145 @@ FailureOr<int> ProgramEmitter::addBuffer(Value base, rt::BufferKind kind,
   if (!dtype)
     return emitError(base.getLoc(), "unsupported element type ")
            << type.getElementType();
-  if (!type.hasStaticShape())
-    return emitError(base.getLoc(), "kernel buffers need static shapes");
+  auto shape = shapeOf(base, type);
+  if (failed(shape))
+    return failure();
   int id = buffers.size();
-  std::vector<int64_t> shape(type.getShape().begin(), type.getShape().end());
   buffers.push_back({{"id", id},
                      {"name", name.str()},
                      {"space", spaceName(nisa::getMemorySpace(type))},
                      {"kind", rt::bufferKindName(kind)},
                      {"dtype", rt::dtypeName(*dtype)},
-                     {"shape", shape}});
+                     {"shape", *shape}});
   bufferIds[base] = id;
   return id;
 }
 
+/// An HBM buffer's shape: a dynamic dim is an expression over the params,
+/// from the kernel argument's `neuron.dims` or the alloc's size operands.
+FailureOr<json> ProgramEmitter::shapeOf(Value base, MemRefType type) {
+  json shape = json::array();
+  if (type.hasStaticShape()) {
+    for (int64_t d : type.getShape())
+      shape.push_back(d);
+    return shape;
+  }
+  if (auto alloc = base.getDefiningOp<memref::AllocOp>()) {
+    auto dynamic = alloc.getDynamicSizes();
+    for (int64_t i = 0, k = 0; i < type.getRank(); ++i) {
+      if (!type.isDynamicDim(i)) {
+        shape.push_back(type.getDimSize(i));
+        continue;
+      }
+      auto size = sizeOf(dynamic[k++], alloc);
+      if (failed(size))
+        return failure();
+      shape.push_back(size->toJson());
+    }
+    return shape;
+  }
+  auto arg = dyn_cast<BlockArgument>(base);
+  auto dims = arg ? kernel.getArgAttrOfType<AffineMapAttr>(
+                        arg.getArgNumber(), mlir::neuron::kDimsAttrName)
+                  : AffineMapAttr();
+  if (!dims || dims.getValue().getNumResults() != type.getRank() ||
+      dims.getValue().getNumSymbols() != paramNames.size())
+    return emitError(base.getLoc(),
+                     "a kernel buffer with dynamic dims needs "
+                     "their sizes (neuron.dims over the params)");
+  std::function<std::string(AffineExpr)> print = [&](AffineExpr e) {
+    if (auto c = dyn_cast<AffineConstantExpr>(e))
+      return Size::of(c.getValue()).text();
+    if (auto sym = dyn_cast<AffineSymbolExpr>(e))
+      return paramNames[sym.getPosition()];
+    auto bin = cast<AffineBinaryOpExpr>(e);
+    std::string l = print(bin.getLHS()), r = print(bin.getRHS());
+    switch (e.getKind()) {
+    case AffineExprKind::Add:
+      return "(" + l + "+" + r + ")";
+    case AffineExprKind::Mul:
+      return "(" + l + "*" + r + ")";
+    case AffineExprKind::FloorDiv:
+      return "floordiv(" + l + "," + r + ")";
+    case AffineExprKind::CeilDiv:
+      return "ceildiv(" + l + "," + r + ")";
+    default:
+      return "mod(" + l + "," + r + ")";
+    }
+  };
+  for (auto [i, e] : llvm::enumerate(dims.getValue().getResults())) {
+    if (auto c = dyn_cast<AffineConstantExpr>(e))
+      shape.push_back(c.getValue());
+    else
+      shape.push_back(print(e));
+  }
+  return shape;
+}
+
+/// An index of a size-generic kernel: constants and size arguments combined
+/// by arith ops (sizes are non-negative, so divsi and remsi are floordiv
+/// and mod).
+FailureOr<Size> ProgramEmitter::sizeOf(Value v, Operation *user) {
+  if (auto c = v.getDefiningOp<arith::ConstantIndexOp>())
+    return Size::of(c.value());
+  if (auto it = params.find(v); it != params.end())
+    return Size{0, it->second};
+  Operation *def = v.getDefiningOp();
+  const char *fn = nullptr;
+  if (isa_and_nonnull<arith::AddIOp>(def))
+    fn = "+";
+  else if (isa_and_nonnull<arith::SubIOp>(def))
+    fn = "-";
+  else if (isa_and_nonnull<arith::MulIOp>(def))
+    fn = "*";
+  else if (isa_and_nonnull<arith::FloorDivSIOp, arith::DivSIOp>(def))
+    fn = "floordiv";
+  else if (isa_and_nonnull<arith::CeilDivSIOp>(def))
+    fn = "ceildiv";
+  else if (isa_and_nonnull<arith::RemSIOp>(def))
+    fn = "mod";
+  else if (isa_and_nonnull<arith::MinSIOp>(def))
+    fn = "min";
+  else if (isa_and_nonnull<arith::MaxSIOp>(def))
+    fn = "max";
+  if (!fn)
+    return user->emitError("index is neither a constant nor a size "
+                           "expression of the kernel's params");
+  auto l = sizeOf(def->getOperand(0), user);
+  auto r = sizeOf(def->getOperand(1), user);
+  if (failed(l) || failed(r))
+    return failure();
+  return Size::combine(fn, *l, *r);
+}
+
 FailureOr<Affine> ProgramEmitter::affineOf(Value v, Operation *user) {
   std::optional<nisa::AffineIndex> index = nisa::affineIndexOf(v);
+  if (!index && !params.empty()) {
+    // A size-generic kernel: a sum of loop terms and expressions of the
+    // params.
+    if (auto add = v.getDefiningOp<arith::AddIOp>()) {
+      auto l = affineOf(add.getLhs(), user), r = affineOf(add.getRhs(), user);
+      if (failed(l) || failed(r))
+        return failure();
+      return *l + *r;
+    }
+    if (auto mul = v.getDefiningOp<arith::MulIOp>())
+      for (auto [x, c] : {std::pair(mul.getLhs(), mul.getRhs()),
+                          std::pair(mul.getRhs(), mul.getLhs())})
+        if (auto k = c.getDefiningOp<arith::ConstantIndexOp>()) {
+          auto a = affineOf(x, user);
+          if (failed(a))
+            return failure();
+          return *a * k.value();
+        }
+    auto size = sizeOf(v, user);
+    if (failed(size))
+      return failure();
+    Affine a;
+    a.constant = size->constant;
+    a.symbolic = size->expr;
+    return a;
+  }
   if (!index)
     return user->emitError("index is not affine in the enclosing loop ivs");
   // Each iv is its loop's lower bound plus step times the loop's counter.
@@ -234,11 +412,15 @@ FailureOr<json> ProgramEmitter::viewOf(Value v, Operation *user) {
     view = it->second;
   } else if (auto id = bufferIds.find(v); id != bufferIds.end()) {
     auto type = cast<MemRefType>(v.getType());
+    if (!type.hasStaticShape())
+      return user->emitError("a buffer with dynamic dims is read or written "
+                             "only through views");
     view.buffer = id->second;
-    view.shape.assign(type.getShape().begin(), type.getShape().end());
-    view.strides.assign(view.shape.size(), 1);
-    for (int64_t i = (int64_t)view.shape.size() - 2; i >= 0; --i)
-      view.strides[i] = view.strides[i + 1] * view.shape[i + 1];
+    view.shape =
+        std::vector<int64_t>(type.getShape().begin(), type.getShape().end());
+    view.strides.assign(type.getRank(), 1);
+    for (int64_t i = type.getRank() - 2; i >= 0; --i)
+      view.strides[i] = view.strides[i + 1] * type.getDimSize(i + 1);
   } else {
     return user->emitError("operand is neither a buffer nor a view of one");
   }
@@ -295,24 +477,45 @@ LogicalResult ProgramEmitter::emitBlock(Block &block, json &out) {
 
 LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
-      .Case<arith::ConstantIndexOp, arith::AddIOp, arith::MulIOp>(
+      .Case<arith::ConstantIndexOp, arith::AddIOp, arith::MulIOp, arith::SubIOp,
+            arith::FloorDivSIOp, arith::DivSIOp, arith::CeilDivSIOp,
+            arith::RemSIOp, arith::MinSIOp, arith::MaxSIOp>(
           [&](Operation *) { return success(); }) // folded into views lazily
       .Case<scf::ForOp>([&](scf::ForOp loop) -> LogicalResult {
         auto lb = affineOf(loop.getLowerBound(), loop);
-        auto ub = affineOf(loop.getUpperBound(), loop);
         auto step = affineOf(loop.getStep(), loop);
-        if (failed(lb) || failed(ub) || failed(step))
+        if (failed(lb) || failed(step))
           return failure();
-        if (!lb->isConstant() || !ub->isConstant() || !step->isConstant() ||
-            step->constant <= 0)
+        if (!lb->isConstant() || !step->isConstant() || step->constant <= 0)
           return loop.emitError("loop bounds must be constants");
+        // A size-generic loop's upper bound may be a size expression.
+        FailureOr<Size> ub = Size();
+        if (params.empty()) {
+          auto affine = affineOf(loop.getUpperBound(), loop);
+          if (failed(affine))
+            return failure();
+          if (!affine->isConstant())
+            return loop.emitError("loop bounds must be constants");
+          ub = Size::of(affine->constant);
+        } else {
+          ub = sizeOf(loop.getUpperBound(), loop);
+          if (failed(ub))
+            return failure();
+        }
         if (loop.getNumRegionIterArgs() != 0)
           return loop.emitError("loops with iteration arguments are not "
                                 "kernel loops");
         int id = nextLoop++;
-        int64_t count = std::max<int64_t>(
-            0, (ub->constant - lb->constant + step->constant - 1) /
-                   step->constant);
+        json count;
+        if (ub->isConstant())
+          count = std::max<int64_t>(
+              0, (ub->constant - lb->constant + step->constant - 1) /
+                     step->constant);
+        else
+          count = Size::combine("ceildiv",
+                                Size::combine("-", *ub, Size::of(lb->constant)),
+                                Size::of(step->constant))
+                      .toJson();
         Affine iv;
         iv.constant = lb->constant;
         iv.terms.push_back({id, step->constant});
@@ -379,13 +582,21 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
                 return failure();
               view.offset = *off;
             }
-            for (int64_t s : rc.getStaticSizes())
-              view.shape.push_back(s);
+            view.shape = json::array();
+            for (OpFoldResult s : rc.getMixedSizes()) {
+              if (auto attr = dyn_cast<Attribute>(s)) {
+                view.shape.push_back(cast<IntegerAttr>(attr).getInt());
+                continue;
+              }
+              auto size = sizeOf(cast<Value>(s), rc);
+              if (failed(size))
+                return failure();
+              view.shape.push_back(size->toJson());
+            }
             for (int64_t s : nisa::viewStrides(rc))
               view.strides.push_back(s);
-            if (llvm::any_of(view.shape, ShapedType::isDynamic) ||
-                llvm::any_of(view.strides, ShapedType::isDynamic))
-              return rc.emitError("views need static sizes and strides");
+            if (llvm::any_of(view.strides, ShapedType::isDynamic))
+              return rc.emitError("views need static strides");
             views[rc.getResult()] = view;
             return success();
           })
@@ -609,7 +820,28 @@ FailureOr<json> ProgramEmitter::emit() {
   if (!numInputs)
     return kernel.emitError("kernel lacks nisa.num_inputs");
   json inputs = json::array(), outputs = json::array();
+  // Size parameters (issue #16): index arguments after the buffers.
+  json paramList = json::array();
+  for (BlockArgument arg : kernel.getArguments()) {
+    auto size = kernel.getArgAttrOfType<DictionaryAttr>(
+        arg.getArgNumber(), mlir::neuron::kSizeAttrName);
+    if (!arg.getType().isIndex())
+      continue;
+    auto name = size ? size.getAs<StringAttr>("name") : StringAttr();
+    auto lo = size ? size.getAs<IntegerAttr>("min") : IntegerAttr();
+    if (!name || !lo)
+      return kernel.emitError("an index argument of a kernel is a size "
+                              "parameter with a name and a min");
+    json param{{"name", name.str()}, {"min", lo.getInt()}};
+    if (auto hi = size.getAs<IntegerAttr>("max"))
+      param["max"] = hi.getInt();
+    params[arg] = name.str();
+    paramNames.push_back(name.str());
+    paramList.push_back(param);
+  }
   for (auto [i, arg] : llvm::enumerate(kernel.getArguments())) {
+    if (params.count(arg))
+      continue;
     bool isInput = (int64_t)i < numInputs.getInt();
     std::string name = isInput ? "in" + std::to_string(i)
                                : "out" + std::to_string(i - numInputs.getInt());
@@ -641,19 +873,23 @@ FailureOr<json> ProgramEmitter::emit() {
     program["sync"] = "explicit";
   if (!groups.empty())
     program["groups"] = groups;
+  if (!paramList.empty())
+    program["params"] = paramList;
   return program;
 }
 
 } // namespace
 
-FailureOr<std::string> neuron::compiler::emitProgram(func::FuncOp kernel) {
+namespace neuron::compiler {
+
+FailureOr<std::string> emitProgram(func::FuncOp kernel) {
   auto program = ProgramEmitter(kernel).emit();
   if (failed(program))
     return failure();
   return program->dump();
 }
 
-FailureOr<std::string> neuron::compiler::emitProgram(ModuleOp module) {
+FailureOr<std::string> emitProgram(ModuleOp module) {
   func::FuncOp kernel;
   for (auto f : module.getOps<func::FuncOp>()) {
     if (!f->hasAttr("nisa.kernel"))
@@ -666,3 +902,5 @@ FailureOr<std::string> neuron::compiler::emitProgram(ModuleOp module) {
     return module.emitError("no kernel function (run neuron-lower-to-nisa)");
   return emitProgram(kernel);
 }
+
+} // namespace neuron::compiler

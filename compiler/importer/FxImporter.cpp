@@ -11,8 +11,11 @@
 #include "compiler/importer/FxImporter.h"
 
 #include "dialects/neuron/NeuronDialect.h"
+#include "runtime/program/Error.h"
+#include "runtime/program/SizeExpr.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/AffineMap.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Verifier.h"
@@ -28,6 +31,7 @@
 using namespace mlir;
 using namespace mlir::neuron;
 using json = nlohmann::json;
+namespace rt = ::neuron::runtime;
 
 namespace {
 
@@ -57,6 +61,10 @@ int64_t intField(const json &object, const char *key, int64_t fallback) {
 }
 
 using Values = SmallVector<Value, 2>;
+
+/// The size parameters of a size-generic document (its "symbols"), in
+/// order: each is an index argument of the function after the tensors.
+using Symbols = std::map<std::string, unsigned, std::less<>>;
 
 class Importer;
 using Handler = std::function<Values(Importer &)>;
@@ -98,6 +106,9 @@ public:
   bool isTensor(const json &v) const { return v.is_object() && v.contains("ref"); }
   Value tensor(const json &v);
   int64_t integer(const json &v) const {
+    if (v.is_object() && v.contains("size"))
+      unsupported("not size-generic: a symbolic integer argument (" +
+                  v.at("size").dump() + ")");
     require(v.is_number_integer(), "expected an integer argument");
     return v.get<int64_t>();
   }
@@ -166,6 +177,8 @@ public:
 
   MLIRContext &ctx;
   OpBuilder b;
+  /// The document's size parameters (empty: a static document).
+  Symbols symbols;
   /// Importing a FlexAttention modifier, whose values are 0-d tensors.
   bool inModifier = false;
 
@@ -177,6 +190,8 @@ private:
   const json *node = nullptr;
   Location currentLoc = UnknownLoc::get(&ctx);
   std::map<std::pair<std::string, int64_t>, Value> values;
+  /// The document's shape of each value (graph outputs' sizes).
+  std::map<std::pair<std::string, int64_t>, const json *> shapes;
   std::set<std::pair<std::string, int64_t>> used;
   std::map<std::string, std::string> hostReasons; // unusable inputs -> why
   void collectUses(const json &v) {
@@ -192,21 +207,113 @@ private:
 // Argument decoding
 //===----------------------------------------------------------------------===//
 
+/// A size expression of the document, parsed by the runtime's one parser.
+rt::SizeExpr sizeExpr(const std::string &text) {
+  try {
+    return rt::parseSizeExpr(text);
+  } catch (const rt::Error &e) {
+    unsupported(e.what());
+  }
+}
+
+/// Whether `e` names a size parameter; unknown names are refused.
+bool usesSymbols(const rt::SizeExpr &e, const Symbols &symbols) {
+  if (e.kind == rt::SizeExpr::Kind::Param) {
+    require(symbols.count(e.name),
+            "size '" + e.name + "' is not among the document's symbols");
+    return true;
+  }
+  bool any = false;
+  for (const rt::SizeExpr &o : e.operands)
+    any |= usesSymbols(o, symbols);
+  return any;
+}
+
 /// A tensor shape from the document: non-negative sizes whose product fits
-/// comfortably in memory arithmetic.
-SmallVector<int64_t> shapeOf(const json &v) {
+/// comfortably in memory arithmetic; an expression over the symbols is a
+/// dynamic dim (`?`), its value known only at run time.
+SmallVector<int64_t> shapeOf(const json &v, const Symbols &symbols = {}) {
   require(v.is_array(), "shape must be a list");
   SmallVector<int64_t> shape;
   int64_t elements = 1;
   for (const json &d : v) {
-    require(d.is_number_integer() && d.get<int64_t>() >= 0,
-            "shape sizes must be non-negative integers");
-    shape.push_back(d.get<int64_t>());
+    if (d.is_string()) {
+      rt::SizeExpr e = sizeExpr(d.get<std::string>());
+      if (usesSymbols(e, symbols)) {
+        shape.push_back(ShapedType::kDynamic);
+        continue;
+      }
+      int64_t value = -1;
+      try {
+        value = rt::evaluate(e, {});
+      } catch (const rt::Error &err) {
+        unsupported(err.what());
+      }
+      require(value >= 0, "shape sizes must be non-negative integers");
+      shape.push_back(value);
+    } else {
+      require(d.is_number_integer() && d.get<int64_t>() >= 0,
+              "shape sizes must be non-negative integers");
+      shape.push_back(d.get<int64_t>());
+    }
     require(shape.back() == 0 || elements <= (int64_t(1) << 40) / shape.back(),
             "tensor too large for the device");
     elements *= shape.back();
   }
   return shape;
+}
+
+/// A size expression as an affine expression over the symbols (symbol i is
+/// the i-th size argument): how the lowering computes a dynamic dim.
+AffineExpr affineOf(const rt::SizeExpr &e, const Symbols &symbols,
+                    MLIRContext *ctx) {
+  using Kind = rt::SizeExpr::Kind;
+  auto arg = [&](size_t i) { return affineOf(e.operands[i], symbols, ctx); };
+  switch (e.kind) {
+  case Kind::Const:
+    return getAffineConstantExpr(e.value, ctx);
+  case Kind::Param:
+    return getAffineSymbolExpr(symbols.find(e.name)->second, ctx);
+  case Kind::Add:
+    return arg(0) + arg(1);
+  case Kind::Sub:
+    return arg(0) - arg(1);
+  case Kind::Mul:
+    return arg(0) * arg(1);
+  case Kind::Neg:
+    return -arg(0);
+  case Kind::FloorDiv:
+    return arg(0).floorDiv(arg(1));
+  case Kind::CeilDiv:
+    return arg(0).ceilDiv(arg(1));
+  case Kind::Mod:
+    return arg(0) % arg(1);
+  case Kind::Min:
+  case Kind::Max:
+    break;
+  }
+  unsupported("not size-generic: min/max in a tensor's shape (" +
+              rt::toString(e) + ")");
+}
+
+/// The sizes of a tensor with dynamic dims as a map from the symbols
+/// (`neuron.dims`), or null for a static shape.
+AffineMapAttr dimsAttr(const json &shape, const Symbols &symbols,
+                       MLIRContext *ctx) {
+  SmallVector<AffineExpr> dims;
+  bool dynamic = false;
+  for (const json &d : shape) {
+    if (d.is_string()) {
+      rt::SizeExpr e = sizeExpr(d.get<std::string>());
+      dynamic |= usesSymbols(e, symbols);
+      dims.push_back(affineOf(e, symbols, ctx));
+    } else {
+      dims.push_back(getAffineConstantExpr(d.get<int64_t>(), ctx));
+    }
+  }
+  if (!dynamic)
+    return nullptr;
+  return AffineMapAttr::get(AffineMap::get(0, symbols.size(), dims, ctx));
 }
 
 Type Importer::elementType(const std::string &dtype) const {
@@ -268,7 +375,7 @@ RankedTensorType Importer::resultType(size_t i) {
   const json &o = outs.at(i);
   require(o.is_object() && o.contains("shape") && o.contains("dtype"),
           "node result is not a tensor");
-  return RankedTensorType::get(shapeOf(o.at("shape")),
+  return RankedTensorType::get(shapeOf(o.at("shape"), symbols),
                                elementType(o.at("dtype").get<std::string>()));
 }
 
@@ -277,6 +384,15 @@ RankedTensorType Importer::resultType(size_t i) {
 //===----------------------------------------------------------------------===//
 
 Value Importer::splat(double value, RankedTensorType type) {
+  if (!type.hasStaticShape()) {
+    // A constant has static sizes: one element per dynamic dim, broadcast.
+    SmallVector<int64_t> one(type.getShape());
+    for (int64_t &d : one)
+      if (ShapedType::isDynamic(d))
+        d = 1;
+    return b.create<BroadcastOp>(currentLoc, type,
+                                 splat(value, type.clone(one)));
+  }
   Type elt = type.getElementType();
   Attribute scalar;
   if (auto f = dyn_cast<FloatType>(elt)) {
@@ -412,9 +528,12 @@ Value Importer::reduce(ReduceFn fn, Value v, std::vector<int64_t> dims,
       perm.push_back(i);
       ++count;
     }
-  for (int64_t i = 0; i < rank; ++i)
+  for (int64_t i = 0; i < rank; ++i) {
+    require(!reduced[i] || !type.isDynamicDim(i),
+            "not size-generic: a reduction over a dynamic dim");
     require(!reduced[i] || type.getDimSize(i) > 0,
             "reduction over an empty dimension");
+  }
   Value t = transpose(v, perm);
   Value r = b.create<ReduceOp>(currentLoc, type.clone(keptShape), fn, t,
                                (uint64_t)count);
@@ -539,15 +658,55 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
   collectUses(doc.at("outputs"));
   OwningOpRef<ModuleOp> module = ModuleOp::create(b.getUnknownLoc());
   std::string fnName = doc.value("name", std::string("graph"));
+  // Size parameters: index arguments after the tensors, named and bounded
+  // by an argument attribute (Dynamo's range; no max when unbounded).
+  SmallVector<DictionaryAttr> symbolAttrs;
+  try {
+    const json &syms = doc.value("symbols", json::array());
+    require(syms.is_array(), "'symbols' must be a list");
+    for (const json &sym : syms) {
+      require(sym.is_object() && sym.contains("name") &&
+                  sym.at("name").is_string(),
+              "a symbol needs a name");
+      std::string name = sym.at("name").get<std::string>();
+      rt::SizeExpr e = sizeExpr(name);
+      require(e.kind == rt::SizeExpr::Kind::Param && e.name == name,
+              "symbol name '" + name + "' is not a size parameter name");
+      require(!symbols.count(name), "symbol '" + name + "' is listed twice");
+      int64_t lo = intField(sym, "min", 0);
+      require(lo >= 0, "symbol '" + name + "' has a negative minimum");
+      SmallVector<NamedAttribute> fields{
+          b.getNamedAttr("name", b.getStringAttr(name)),
+          b.getNamedAttr("min", b.getI64IntegerAttr(lo))};
+      if (sym.contains("max") && !sym.at("max").is_null()) {
+        int64_t hi = intField(sym, "max", 0);
+        require(hi >= lo, "symbol '" + name + "' has max < min");
+        fields.push_back(b.getNamedAttr("max", b.getI64IntegerAttr(hi)));
+      }
+      symbols.emplace(name, symbols.size());
+      symbolAttrs.push_back(b.getDictionaryAttr(fields));
+    }
+  } catch (const Unsupported &u) {
+    failures[""] = u.reason;
+    return nullptr;
+  }
   SmallVector<Type> inputTypes;
   // An input the device cannot hold makes its users unsupported (checked
   // one by one); compiling a graph that reads it is an error.
   std::vector<bool> usable;
+  SmallVector<AffineMapAttr> inputDims;
   for (const json &in : doc.at("inputs")) {
+    if (in.is_object() && in.contains("name") && in.contains("shape"))
+      shapes[{in.at("name").get<std::string>(), 0}] = &in.at("shape");
     try {
-      inputTypes.push_back(RankedTensorType::get(
-          shapeOf(in.at("shape")),
-          elementType(in.at("dtype").get<std::string>())));
+      auto type =
+          RankedTensorType::get(shapeOf(in.at("shape"), symbols),
+                                elementType(in.at("dtype").get<std::string>()));
+      // A dynamic input's sizes over the symbols: the lowering computes its
+      // dims from the size arguments.
+      AffineMapAttr dims = dimsAttr(in.at("shape"), symbols, &ctx);
+      inputTypes.push_back(type);
+      inputDims.push_back(dims);
       usable.push_back(true);
     } catch (const Unsupported &u) {
       if (stopAtFirst) {
@@ -559,14 +718,26 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
       hostReasons[in.at("name").get<std::string>()] = u.reason;
     }
   }
+  unsigned numTensors = inputTypes.size();
+  inputTypes.append(symbols.size(), b.getIndexType());
   b.setInsertionPointToEnd(module->getBody());
   auto func = b.create<func::FuncOp>(b.getUnknownLoc(), fnName,
                                      b.getFunctionType(inputTypes, {}));
   Block *block = func.addEntryBlock();
   b.setInsertionPointToStart(block);
-  for (unsigned i = 0, arg = 0; i < usable.size(); ++i)
-    values[{doc.at("inputs").at(i).at("name").get<std::string>(), 0}] =
-        usable[i] ? block->getArgument(arg++) : Value();
+  for (unsigned i = 0, arg = 0; i < usable.size(); ++i) {
+    if (!usable[i]) {
+      values[{doc.at("inputs").at(i).at("name").get<std::string>(), 0}] =
+          Value();
+      continue;
+    }
+    const json &in = doc.at("inputs").at(i);
+    if (AffineMapAttr dims = inputDims[arg])
+      func.setArgAttr(arg, kDimsAttrName, dims);
+    values[{in.at("name").get<std::string>(), 0}] = block->getArgument(arg++);
+  }
+  for (auto [i, attr] : llvm::enumerate(symbolAttrs))
+    func.setArgAttr(numTensors + i, kSizeAttrName, attr);
   for (const json &c : doc.value("constants", json::array())) {
     std::string name = c.at("name").get<std::string>();
     try {
@@ -580,6 +751,10 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
   }
   for (const json &n : doc.at("nodes")) {
     std::string name = n.at("name").get<std::string>();
+    if (auto outs = n.find("outputs"); outs != n.end() && outs->is_array())
+      for (auto [i, o] : llvm::enumerate(*outs))
+        if (o.is_object() && o.contains("shape"))
+          shapes[{name, (int64_t)i}] = &o.at("shape");
     try {
       importNode(n);
     } catch (const Unsupported &u) {
@@ -614,6 +789,21 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
   }
   b.create<func::ReturnOp>(b.getUnknownLoc(), results);
   func.setFunctionType(b.getFunctionType(inputTypes, ValueRange(results).getTypes()));
+  // A dynamic result's sizes, as the document gives them: its output buffer
+  // is shaped by them.
+  for (auto [i, o] : llvm::enumerate(doc.at("outputs"))) {
+    auto it =
+        shapes.find({o.at("ref").get<std::string>(), intField(o, "index", 0)});
+    if (it == shapes.end())
+      continue;
+    try {
+      if (auto dims = dimsAttr(*it->second, symbols, &ctx))
+        func.setResultAttr(i, kDimsAttrName, dims);
+    } catch (const Unsupported &u) {
+      failures["output"] = u.reason;
+      return nullptr;
+    }
+  }
   return module;
 }
 
@@ -1061,6 +1251,8 @@ Values sliceHandler(Importer &im) {
   auto type = cast<RankedTensorType>(x.getType());
   int64_t rank = type.getRank();
   int64_t dim = im.dimParam(1, rank);
+  require(!type.isDynamicDim(dim),
+          "not size-generic: a slice along a dynamic dim");
   int64_t size = type.getDimSize(dim);
   const json &startArg = im.param(2, "start"), &stepArg = im.param(4, "step");
   int64_t start = startArg.is_null() ? 0 : im.integer(startArg);

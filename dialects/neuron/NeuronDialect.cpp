@@ -167,9 +167,13 @@ LogicalResult BroadcastOp::verify() {
   int64_t shift = out.getRank() - in.getRank();
   for (int64_t i = 0; i < in.getRank(); ++i) {
     int64_t s = in.getDimSize(i), d = out.getDimSize(i + shift);
-    if (s != 1 && s != d)
-      return emitOpError("input dim ") << i << " of size " << s
-                                       << " cannot broadcast to " << d;
+    if (s != 1 && s != d) {
+      auto size = [](int64_t n) {
+        return ShapedType::isDynamic(n) ? std::string("?") : std::to_string(n);
+      };
+      return emitOpError("input dim ") << i << " of size " << size(s)
+                                       << " cannot broadcast to " << size(d);
+    }
   }
   return success();
 }
@@ -177,7 +181,9 @@ LogicalResult BroadcastOp::verify() {
 OpFoldResult BroadcastOp::fold(FoldAdaptor adaptor) {
   if (getInput().getType() == getType())
     return getInput();
-  if (auto splat = dyn_cast_or_null<SplatElementsAttr>(adaptor.getInput()))
+  // A constant has static sizes: a splat broadcast to dynamic ones stays.
+  if (auto splat = dyn_cast_or_null<SplatElementsAttr>(adaptor.getInput());
+      splat && getType().hasStaticShape())
     return SplatElementsAttr::get(getType(), splat.getSplatValue<Attribute>());
   return {};
 }
@@ -209,7 +215,11 @@ OpFoldResult TransposeOp::fold(FoldAdaptor) {
 
 LogicalResult ReshapeOp::verify() {
   auto in = tensorType(getInput()), out = getType();
-  if (in.getNumElements() != out.getNumElements())
+  // With dynamic dims the counts are size expressions, equal only when both
+  // sides have them (a static count never equals a symbolic one).
+  if (in.hasStaticShape() != out.hasStaticShape())
+    return emitOpError("reshape between a static and a dynamic shape");
+  if (in.hasStaticShape() && in.getNumElements() != out.getNumElements())
     return emitOpError("reshape must keep the number of elements (")
            << in.getNumElements() << " vs " << out.getNumElements() << ")";
   if (in.getElementType() != out.getElementType())
@@ -240,6 +250,14 @@ LogicalResult SliceOp::verify() {
     if (strides[i] < 1)
       return emitOpError("stride of dim ") << i << " must be positive";
     int64_t n = out.getDimSize(i);
+    if (in.isDynamicDim(i) || out.isDynamicDim(i)) {
+      // Only a whole dynamic dim is known to lie inside the input.
+      if (!in.isDynamicDim(i) || !out.isDynamicDim(i) || offsets[i] != 0 ||
+          strides[i] != 1)
+        return emitOpError("dim ")
+               << i << " is dynamic: a slice must keep it whole";
+      continue;
+    }
     if (offsets[i] < 0 ||
         (n > 0 && offsets[i] + (n - 1) * strides[i] >= in.getDimSize(i)))
       return emitOpError("dim ") << i << " reads outside the input";
@@ -266,8 +284,10 @@ LogicalResult ConcatOp::verify() {
   if (dim < 0 || dim >= out.getRank())
     return emitOpError("dim ") << dim << " out of range";
   int64_t total = 0;
+  bool dynamicInput = false;
   for (Value v : getInputs()) {
     auto t = tensorType(v);
+    dynamicInput |= t.getRank() > dim && t.isDynamicDim(dim);
     if (t.getRank() != out.getRank() ||
         t.getElementType() != out.getElementType())
       return emitOpError("inputs must match the result's rank and type");
@@ -275,6 +295,16 @@ LogicalResult ConcatOp::verify() {
       if (i != dim && t.getDimSize(i) != out.getDimSize(i))
         return emitOpError("inputs differ from the result in dim ") << i;
     total += t.getDimSize(dim);
+  }
+  // Along a dynamic dim the sum is a size expression: the result is dynamic
+  // exactly when an input is.
+  if (dynamicInput || out.isDynamicDim(dim)) {
+    if (dynamicInput != out.isDynamicDim(dim))
+      return emitOpError("dim ")
+             << dim << " is dynamic in "
+             << (dynamicInput ? "an input but not the result"
+                              : "the result but in no input");
+    return success();
   }
   if (total != out.getDimSize(dim))
     return emitOpError("sizes along dim ") << dim << " add up to " << total

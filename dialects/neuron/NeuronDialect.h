@@ -24,6 +24,13 @@
 namespace mlir::neuron {
 /// True for functions whose result is a predicate (i1) rather than a value.
 bool isPredicate(BinaryFn fn);
+
+/// Size-generic functions (issue #16): a size parameter is an `index`
+/// argument with {name, min, max} under kSizeAttrName; a tensor argument or
+/// result with dynamic dims has its sizes as an affine map from the size
+/// arguments (symbol i is the i-th of them) under kDimsAttrName.
+constexpr llvm::StringLiteral kSizeAttrName = "neuron.size";
+constexpr llvm::StringLiteral kDimsAttrName = "neuron.dims";
 } // namespace mlir::neuron
 
 #endif // DIALECTS_NEURON_NEURONDIALECT_H

@@ -190,11 +190,17 @@ void FusePass::materialize(ArrayRef<Operation *> group) {
       Operation *def = operand.getDefiningOp();
       if (def && members.contains(def))
         continue;
-      // Splat constants ride along as immediates; clone them inside.
-      if (def && isa<ConstantOp>(def) && splatValueOf(operand))
+      // Splat constants ride along as immediates; clone them inside (with
+      // the broadcast that gives one dynamic sizes).
+      if (def && isa<ConstantOp>(def) && splatValueOf(operand)) {
         splats.push_back(def);
-      else
+      } else if (def && isa<BroadcastOp>(def) && splatValueOf(operand) &&
+                 def->getOperand(0).getDefiningOp<ConstantOp>()) {
+        splats.push_back(def->getOperand(0).getDefiningOp());
+        splats.push_back(def);
+      } else {
         inputs.insert(operand);
+      }
     }
   SmallVector<Value> outputs = outputsOf(group);
 

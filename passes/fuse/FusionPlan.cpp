@@ -10,8 +10,24 @@ using namespace mlir::neuron;
 
 namespace {
 
+/// A dynamic dim's stand-in (issue #16): the plan compares element counts,
+/// and the group's dynamic values share their row count (Dynamo guarded
+/// their sizes equal), so any large value no static count meets will do.
+constexpr int64_t kDynamicStandIn = 1000003;
+
+int64_t dimSize(RankedTensorType t, int64_t d) {
+  return t.isDynamicDim(d) ? kDynamicStandIn : t.getDimSize(d);
+}
+
+int64_t numElements(RankedTensorType t) {
+  int64_t n = 1;
+  for (int64_t d = 0; d < t.getRank(); ++d)
+    n *= dimSize(t, d);
+  return n;
+}
+
 int64_t numElements(Value v) {
-  return cast<RankedTensorType>(v.getType()).getNumElements();
+  return numElements(cast<RankedTensorType>(v.getType()));
 }
 
 /// What a broadcast does to the [rows, cols] picture.
@@ -23,16 +39,16 @@ struct BroadcastShape {
 std::optional<BroadcastShape> classify(BroadcastOp op) {
   auto in = cast<RankedTensorType>(op.getInput().getType());
   auto out = op.getType();
-  if (in.getNumElements() == out.getNumElements())
+  if (numElements(in) == numElements(out))
     return BroadcastShape{BroadcastShape::Same};
-  if (in.getNumElements() == 1)
+  if (numElements(in) == 1)
     return BroadcastShape{BroadcastShape::Scalar};
   int64_t rank = out.getRank(), shift = rank - in.getRank();
   SmallVector<bool> expanded(rank);
   int64_t first = rank, last = -1;
   for (int64_t i = 0; i < rank; ++i) {
-    int64_t inDim = i < shift ? 1 : in.getDimSize(i - shift);
-    expanded[i] = inDim == 1 && out.getDimSize(i) != 1;
+    int64_t inDim = i < shift ? 1 : dimSize(in, i - shift);
+    expanded[i] = inDim == 1 && dimSize(out, i) != 1;
     if (expanded[i]) {
       first = std::min(first, i);
       last = i;
@@ -41,12 +57,12 @@ std::optional<BroadcastShape> classify(BroadcastOp op) {
   auto productFrom = [&](int64_t begin) {
     int64_t p = 1;
     for (int64_t i = begin; i < rank; ++i)
-      p *= out.getDimSize(i);
+      p *= dimSize(out, i);
     return p;
   };
   bool suffix = true, prefix = true;
   for (int64_t i = 0; i < rank; ++i) {
-    if (out.getDimSize(i) == 1)
+    if (dimSize(out, i) == 1)
       continue;
     if (i >= first && !expanded[i])
       suffix = false;
@@ -63,6 +79,11 @@ std::optional<BroadcastShape> classify(BroadcastOp op) {
 } // namespace
 
 std::optional<double> mlir::neuron::splatValueOf(Value tensor) {
+  // A splat broadcast to dynamic sizes (a constant's sizes are static, so
+  // canonicalization keeps that broadcast) is the splat.
+  if (auto b = tensor.getDefiningOp<BroadcastOp>();
+      b && !b.getType().hasStaticShape())
+    return splatValueOf(b.getInput());
   auto constant = tensor.getDefiningOp<ConstantOp>();
   if (!constant)
     return std::nullopt;
@@ -93,10 +114,10 @@ LogicalResult rowGeometry(ArrayRef<Operation *> ops, int64_t &cols,
   };
   for (Operation *op : ops) {
     if (auto r = dyn_cast<ReduceOp>(op)) {
-      auto shape = cast<RankedTensorType>(r.getInput().getType()).getShape();
+      auto type = cast<RankedTensorType>(r.getInput().getType());
       int64_t c = 1;
-      for (int64_t d : shape.take_back(r.getCount()))
-        c *= d;
+      for (int64_t d = type.getRank() - r.getCount(); d < type.getRank(); ++d)
+        c *= dimSize(type, d);
       if (!constrain(c, numElements(r.getInput()))) {
         reason = "reductions and broadcasts disagree on the row length";
         return failure();
@@ -227,6 +248,9 @@ std::optional<Rep> resultRep(Operation *op, ArrayRef<Rep> in,
         return Rep::Row;
       })
       .Case<BroadcastOp>([&](BroadcastOp b) -> std::optional<Rep> {
+        // A splat broadcast any way is a splat.
+        if (in[0] == Rep::Splat)
+          return Rep::Splat;
         // A row vector only broadcasts along rows, a column vector along
         // columns.
         switch (classify(b)->kind) {
@@ -279,6 +303,25 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
   int64_t cols = 0, full = 0;
   if (failed(rowGeometry(ops, cols, full, reason)))
     return std::nullopt;
+  // Dynamic sizes: tiled by rows of the static innermost dims, whatever the
+  // group computes, so that a step is a run of whole rows.
+  auto dynamic = [](Type t) {
+    auto shaped = dyn_cast<RankedTensorType>(t);
+    return shaped && !shaped.hasStaticShape();
+  };
+  for (Operation *op : ops)
+    if (llvm::any_of(op->getOperandTypes(), dynamic) ||
+        llvm::any_of(op->getResultTypes(), dynamic))
+      plan.dynamicRows = true;
+  if (plan.dynamicRows && cols == 0) {
+    auto type = cast<RankedTensorType>(ops.back()->getResult(0).getType());
+    cols = 1;
+    for (int64_t d = type.getRank() - 1; d >= 0 && !type.isDynamicDim(d); --d)
+      cols *= type.getDimSize(d);
+    full = numElements(type);
+  }
+  if (plan.dynamicRows && cols >= kDynamicStandIn)
+    return fail("dynamic sizes: the innermost dim must be static");
   if (cols > 0) {
     plan.byRows = true;
     plan.numCols = cols;
@@ -304,6 +347,11 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
     if (!result)
       return fail(Twine("cannot fuse '") + op->getName().getStringRef() + "'");
     plan.reps[op->getResult(0)] = *result;
+    // A splat broadcast or reshaped in the group keeps its value.
+    if (*result == Rep::Splat && isa<BroadcastOp, ReshapeOp>(op))
+      if (auto it = plan.splats.find(op->getOperand(0));
+          it != plan.splats.end())
+        plan.splats[op->getResult(0)] = it->second;
   }
   if (!outputsStorable(plan, outputs, full))
     return fail("an output would have to materialize a broadcast");

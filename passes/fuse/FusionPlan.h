@@ -34,6 +34,9 @@ struct FusionPlan {
   bool byRows = false;
   /// byRows: R and C. Flat: numRows = 1, numCols = N.
   int64_t numRows = 1, numCols = 1;
+  /// byRows with a row count known at run time (issue #16): numRows is a
+  /// stand-in, the lowering computes the rows from the size arguments.
+  bool dynamicRows = false;
   llvm::DenseMap<Value, Rep> reps;
   llvm::DenseMap<Value, double> splats;
 

@@ -36,17 +36,22 @@ namespace {
 constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max() / 4;
 
 /// First and last value of a loop's iv and its step (constant bounds).
+/// A size-generic loop's upper bound is known at run time only (issue #16):
+/// it has no last value, and what it moves reaches without bound.
 struct LoopRange {
   int64_t first, last, step;
+  bool bounded = true;
 };
 
 std::optional<LoopRange> rangeOf(scf::ForOp loop) {
   auto lb = nisa::affineIndexOf(loop.getLowerBound());
   auto ub = nisa::affineIndexOf(loop.getUpperBound());
   auto step = nisa::affineIndexOf(loop.getStep());
-  if (!lb || !ub || !step || !lb->terms.empty() || !ub->terms.empty() ||
-      !step->terms.empty() || step->constant <= 0)
+  if (!lb || !step || !lb->terms.empty() || !step->terms.empty() ||
+      step->constant <= 0)
     return std::nullopt;
+  if (!ub || !ub->terms.empty())
+    return LoopRange{lb->constant, lb->constant, step->constant, false};
   int64_t first = lb->constant, end = ub->constant, s = step->constant;
   int64_t last = end > first ? first + (end - first - 1) / s * s : first;
   return LoopRange{first, last, s};
@@ -66,14 +71,16 @@ using Terms = ArrayRef<std::pair<Value, int64_t>>; // (iv, coefficient)
 std::optional<Span> spanOf(int64_t constant, Terms terms, int64_t extent) {
   Span s;
   s.lo = s.hi = constant;
+  bool unbounded = false;
   for (auto [iv, coeff] : terms) {
     auto r = rangeOf(scf::getForInductionVarOwner(iv));
-    if (!r)
+    if (!r || (!r->bounded && coeff < 0))
       return std::nullopt;
+    unbounded |= !r->bounded;
     s.lo += std::min(coeff * r->first, coeff * r->last);
     s.hi += std::max(coeff * r->first, coeff * r->last);
   }
-  s.hi += extent;
+  s.hi = unbounded ? kUnbounded : s.hi + extent;
   if (terms.size() == 1 && terms[0].second > 0) {
     scf::ForOp loop = scf::getForInductionVarOwner(terms[0].first);
     auto r = *rangeOf(loop);
@@ -120,6 +127,9 @@ struct Access {
   Span linear;
   bool boxed = false;
   Span rows, cols;
+  /// A size-generic kernel's offset part known at run time only (issue
+  /// #16): (value, coefficient) terms; spans compare only over equal ones.
+  SmallVector<std::pair<Value, int64_t>, 1> symbolic;
 
   /// The spans a loop may move.
   SmallVector<const Span *, 3> spans() const {
@@ -130,6 +140,8 @@ struct Access {
 };
 
 bool apart(const Access &x, const Access &y) {
+  if (x.symbolic != y.symbolic)
+    return false;
   if (apart(x.linear, y.linear))
     return true;
   return x.boxed && y.boxed && (apart(x.rows, y.rows) || apart(x.cols, y.cols));
@@ -151,6 +163,7 @@ Access onChipAccess(MemRefType type, nisa::MemorySpace space,
                     IntegerAttr address, bool write,
                     const std::optional<nisa::AffineIndex> &offset,
                     ArrayRef<int64_t> sizes, ArrayRef<int64_t> strides,
+                    ArrayRef<std::pair<Value, int64_t>> symbolic,
                     MLIRContext *ctx) {
   // Distinct, stable keys for the two on-chip memories.
   const void *storage =
@@ -159,6 +172,7 @@ Access onChipAccess(MemRefType type, nisa::MemorySpace space,
   int64_t bytes = nisa::bytesPerPartition(type);
   int64_t elt = std::max<int64_t>(1, type.getElementTypeBitWidth() / 8);
   Access access{storage, write, whole(begin, begin + bytes - 1)};
+  access.symbolic.assign(symbolic.begin(), symbolic.end());
   // A view whose partition stride is the tile's row covers, in every
   // partition, the bytes its free dims reach from its offset.
   if (offset && !strides.empty() && strides[0] * elt == bytes) {
@@ -181,12 +195,14 @@ Access onChipAccess(MemRefType type, nisa::MemorySpace space,
 /// dim.
 Access hbmAccess(Value base, MemRefType type, bool write,
                  const std::optional<nisa::AffineIndex> &offset,
-                 ArrayRef<int64_t> sizes, ArrayRef<int64_t> strides) {
+                 ArrayRef<int64_t> sizes, ArrayRef<int64_t> strides,
+                 ArrayRef<std::pair<Value, int64_t>> symbolic) {
   // Every use of one constant global is the same storage.
   const void *storage = base.getAsOpaquePointer();
   if (auto global = base.getDefiningOp<memref::GetGlobalOp>())
     storage = global.getNameAttr().getAsOpaquePointer();
   Access access{storage, write, whole(0, kUnbounded)};
+  access.symbolic.assign(symbolic.begin(), symbolic.end());
   if (!offset)
     return access;
   int64_t reach = 0;
@@ -195,7 +211,11 @@ Access hbmAccess(Value base, MemRefType type, bool write,
   if (auto span = spanOf(offset->constant, offset->terms, reach))
     access.linear = *span;
   int64_t row = type.getRank() > 1 ? type.getShape().back() : 0;
-  if (row <= 1)
+  // Rows and columns of a symbolic offset compare only if it moves whole
+  // rows.
+  if (row <= 1 || llvm::any_of(symbolic, [&](auto &t) {
+        return t.second % row != 0;
+      }))
     return access;
   SmallVector<std::pair<Value, int64_t>, 2> rowTerms, colTerms;
   for (auto [iv, coeff] : offset->terms)
@@ -220,11 +240,53 @@ Access hbmAccess(Value base, MemRefType type, bool write,
   return access;
 }
 
+/// An index as an affine function of loop ivs plus terms in other index
+/// values (a size-generic kernel's sizes), which `symbolic` collects.
+nisa::AffineIndex
+affineWithSymbols(Value index,
+                  SmallVector<std::pair<Value, int64_t>, 1> &symbolic) {
+  nisa::AffineIndex out;
+  std::function<void(Value, int64_t)> walk = [&](Value x, int64_t k) {
+    if (auto c = x.getDefiningOp<arith::ConstantIndexOp>()) {
+      out.constant += k * c.value();
+      return;
+    }
+    if (auto add = x.getDefiningOp<arith::AddIOp>()) {
+      walk(add.getLhs(), k);
+      walk(add.getRhs(), k);
+      return;
+    }
+    if (auto mul = x.getDefiningOp<arith::MulIOp>())
+      for (auto [y, z] : {std::pair(mul.getLhs(), mul.getRhs()),
+                          std::pair(mul.getRhs(), mul.getLhs())})
+        if (auto c = z.getDefiningOp<arith::ConstantIndexOp>())
+          return walk(y, k * c.value());
+    auto add = [&](auto &terms) {
+      for (auto &[v, coeff] : terms)
+        if (v == x) {
+          coeff += k;
+          return;
+        }
+      terms.push_back({x, k});
+    };
+    if (scf::getForInductionVarOwner(x))
+      add(out.terms);
+    else
+      add(symbolic);
+  };
+  walk(index, 1);
+  llvm::sort(symbolic, [](auto &a, auto &b) {
+    return a.first.getAsOpaquePointer() < b.first.getAsOpaquePointer();
+  });
+  return out;
+}
+
 /// The storage and spans of a memref operand, or failure with a diagnostic.
 FailureOr<Access> accessOf(Operation *user, Value v, bool write,
                            MLIRContext *ctx) {
   Value base = v;
   std::optional<nisa::AffineIndex> offset;
+  SmallVector<std::pair<Value, int64_t>, 1> symbolic;
   SmallVector<int64_t> sizes, strides;
   if (auto view = v.getDefiningOp<memref::ReinterpretCastOp>()) {
     base = view.getSource();
@@ -232,16 +294,19 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
     if (auto attr = dyn_cast<Attribute>(off))
       offset = nisa::AffineIndex{cast<IntegerAttr>(attr).getInt(), {}};
     else
-      offset = nisa::affineIndexOf(cast<Value>(off));
+      offset = affineWithSymbols(cast<Value>(off), symbolic);
     sizes.assign(view.getStaticSizes().begin(), view.getStaticSizes().end());
     strides = nisa::viewStrides(view);
-    if (llvm::any_of(strides, [](int64_t s) { return s < 0; }))
+    // A size known only at run time (issue #16): the whole tile or buffer,
+    // whatever the sizes, so the waits hold for every instance.
+    if (llvm::any_of(strides, [](int64_t s) { return s < 0; }) ||
+        llvm::any_of(sizes, ShapedType::isDynamic))
       offset.reset();
   }
   auto type = cast<MemRefType>(base.getType());
   nisa::MemorySpace space = nisa::getMemorySpace(type);
   if (space == nisa::MemorySpace::hbm)
-    return hbmAccess(base, type, write, offset, sizes, strides);
+    return hbmAccess(base, type, write, offset, sizes, strides, symbolic);
   auto alloc = base.getDefiningOp<memref::AllocOp>();
   auto address = alloc
                      ? alloc->getAttrOfType<IntegerAttr>(nisa::kAddressAttrName)
@@ -249,7 +314,8 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
   if (!address)
     return user->emitOpError("reads or writes an on-chip tile without a "
                              "nisa.address (run nisa-allocate first)");
-  return onChipAccess(type, space, address, write, offset, sizes, strides, ctx);
+  return onChipAccess(type, space, address, write, offset, sizes, strides,
+                      symbolic, ctx);
 }
 
 /// An access that the innermost loop around its instruction moves by more

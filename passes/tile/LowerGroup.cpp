@@ -24,8 +24,8 @@ public:
       : k(k), b(k.b), plan(plan), fusion(plan.fusion), ops(ops), inputs(inputs),
         outputs(outputs), p(k.target.partitions) {}
 
-  /// Everything: tiles, then the steps.
-  void emit();
+  /// Everything: tiles, then the steps; `rows`: a size-generic group's.
+  void emit(Value rows = {});
 
 private:
   enum class Phase { Load, Compute };
@@ -35,6 +35,9 @@ private:
     Value base;
     int64_t rows, cols, slotIndex;
     llvm::DenseMap<Value, Value> tiles; // value -> its tile in this step
+    /// A size-generic group's last step: the rows its DMAs move (the
+    /// compute runs on whole tiles; rows past these are never stored).
+    Value dmaRows = {};
 
     Value tileOf(Value v) const { return tiles.lookup(v); }
   };
@@ -47,7 +50,8 @@ private:
   void allocate();
   void loadColumn(Value v, Value buffer);
   void step(Phase phase, Value base, int64_t rows, int64_t stepCols,
-            int64_t slotIndex);
+            int64_t slotIndex, Value dmaRows = {});
+  void emitDynamic(Value rows);
   Value slot(const Step &st, Value v);
   Value window(const Step &st, Value v, Value buffer);
   Value dstFor(const Step &st, Value v);
@@ -126,15 +130,20 @@ Value GroupEmitter::slot(const Step &st, Value v) {
 
 /// The HBM window of a value in this step.
 Value GroupEmitter::window(const Step &st, Value v, Value buffer) {
+  Value window;
   if (plan.rep(v) == Rep::Row) {
-    if (tensorType(v).getNumElements() == 1)
-      return k.view(buffer, k.index(0), {st.rows, 1}, {0, 1});
-    return k.view(buffer, st.base, {st.rows, 1}, {1, 1});
+    auto type = tensorType(v);
+    if (type.hasStaticShape() && type.getNumElements() == 1)
+      window = k.view(buffer, k.index(0), {st.rows, 1}, {0, 1});
+    else
+      window = k.view(buffer, st.base, {st.rows, 1}, {1, 1});
+  } else {
+    int64_t stride = fusion.byRows ? fusion.numCols : st.cols;
+    window = k.view(buffer,
+                    fusion.byRows ? k.scale(st.base, fusion.numCols) : st.base,
+                    {st.rows, st.cols}, {stride, 1});
   }
-  int64_t stride = fusion.byRows ? fusion.numCols : st.cols;
-  return k.view(buffer,
-                fusion.byRows ? k.scale(st.base, fusion.numCols) : st.base,
-                {st.rows, st.cols}, {stride, 1});
+  return st.dmaRows ? k.withRows(window, st.dmaRows) : window;
 }
 
 Value GroupEmitter::dstFor(const Step &st, Value v) {
@@ -285,16 +294,19 @@ void GroupEmitter::emitOp(Step &st, Operation *op, Value dst) {
 
 /// One step's loads or its compute (emitted apart, so loads can run ahead).
 void GroupEmitter::step(Phase phase, Value base, int64_t rows, int64_t stepCols,
-                        int64_t slotIndex) {
+                        int64_t slotIndex, Value dmaRows) {
   TileBuilder::TileScope scope(k);
-  Step st{base, rows, stepCols, slotIndex, {}};
+  Step st{base, rows, stepCols, slotIndex, {}, dmaRows};
+  auto moved = [&](Value tile) {
+    return dmaRows ? k.withRows(tile, dmaRows) : tile;
+  };
   for (auto [v, buffer] : loaded) {
     switch (plan.rep(v)) {
     case Rep::Full:
     case Rep::Row:
       st.tiles[v] = slot(st, v);
       if (phase == Phase::Load)
-        k.dma(window(st, v, buffer), st.tiles[v]);
+        k.dma(window(st, v, buffer), moved(st.tiles[v]));
       break;
     case Rep::Col:
       st.tiles[v] =
@@ -323,11 +335,34 @@ void GroupEmitter::step(Phase phase, Value base, int64_t rows, int64_t stepCols,
   }
   for (auto [v, buffer] : outputs) {
     b.setLoc(v.getLoc());
-    k.dma(st.tileOf(v), window(st, v, buffer));
+    k.dma(moved(st.tileOf(v)), window(st, v, buffer));
   }
 }
 
-void GroupEmitter::emit() {
+/// A group of `rows` rows known at run time (issue #16): the full steps
+/// pipelined as emit() does, then the last rows mod P in a step whose DMAs
+/// move only those rows, in a loop of zero or one iteration.
+void GroupEmitter::emitDynamic(Value rows) {
+  int64_t cols = plan.cols;
+  Value full = b.create<arith::FloorDivSIOp>(rows, k.index(p));
+  k.forEachPipelinedDynamic(
+      full, plan.numSlots,
+      [&](Value i, int64_t slot) {
+        step(Phase::Load, k.scale(i, p), p, cols, slot);
+      },
+      [&](Value i, int64_t slot) {
+        step(Phase::Compute, k.scale(i, p), p, cols, slot);
+      });
+  Value rem = b.create<arith::RemSIOp>(rows, k.index(p));
+  k.ifMore(rem, 0, [&] {
+    // Its slot: one the last full steps' loads did not just fill.
+    Value base = b.create<arith::SubIOp>(rows, rem);
+    step(Phase::Load, base, p, cols, plan.numSlots - 1, rem);
+    step(Phase::Compute, base, p, cols, plan.numSlots - 1, rem);
+  });
+}
+
+void GroupEmitter::emit(Value rows) {
   TileBuilder::TileScope groupScope(k);
   allocate();
   int64_t cols = plan.cols;
@@ -348,6 +383,8 @@ void GroupEmitter::emit() {
     step(Phase::Load, k.index(base), rows, stepCols, slot);
     step(Phase::Compute, k.index(base), rows, stepCols, slot);
   };
+  if (fusion.dynamicRows)
+    return emitDynamic(rows);
   if (fusion.byRows) {
     int64_t full = fusion.numRows / p, rem = fusion.numRows % p;
     run(full, p, p);
@@ -378,9 +415,38 @@ KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   std::string reason;
   FailureOr<GroupPlan> plan =
       GroupPlan::decide(ops, inputValues, outputValues, target, knobs, reason);
+  bool dynamic = !tensorType(anchor->getResult(0)).hasStaticShape();
+  if (failed(plan) && dynamic)
+    return emitError(anchor->getLoc())
+           << "not size-generic: " << anchor->getName() << ": " << reason;
   if (failed(plan))
     return anchor->emitOpError("cannot be tiled as one group: ") << reason;
-  GroupEmitter(*this, *plan, ops, inputs, outputs).emit();
+  // A size-generic group's rows: the dynamic dims' product times what the
+  // static ones add to a row of numCols.
+  Value rows;
+  if (plan->fusion.dynamicRows) {
+    Value out = anchor->getResult(0);
+    RankedTensorType type = tensorType(out);
+    int64_t staticPart = 1;
+    for (int64_t d = 0; d < type.getRank(); ++d) {
+      if (!type.isDynamicDim(d)) {
+        staticPart *= type.getDimSize(d);
+        continue;
+      }
+      Value dim = dimOf(out, d);
+      if (!dim)
+        return emitError(anchor->getLoc())
+               << "not size-generic: " << anchor->getName()
+               << ": the size of dim " << d << " is not known";
+      rows = rows ? b.create<arith::MulIOp>(rows, dim).getResult() : dim;
+    }
+    if (staticPart % plan->fusion.numCols != 0)
+      return emitError(anchor->getLoc())
+             << "not size-generic: " << anchor->getName()
+             << ": a row spans dynamic dims";
+    rows = scale(rows, staticPart / plan->fusion.numCols);
+  }
+  GroupEmitter(*this, *plan, ops, inputs, outputs).emit(rows);
   return success();
 }
 
@@ -402,10 +468,26 @@ LogicalResult KernelLowering::lowerFusion(FusionOp fusion) {
 }
 
 namespace {
+/// A size-generic group's results need their dims for their buffers.
+LogicalResult checkDims(Operation *op, KernelLowering &k) {
+  for (Value result : op->getResults()) {
+    RankedTensorType type = tensorType(result);
+    for (int64_t d = 0; d < type.getRank(); ++d)
+      if (type.isDynamicDim(d) && !k.dimOf(result, d))
+        return emitError(op->getLoc())
+               << "not size-generic: " << op->getName() << ": the size of "
+               << "dim " << d << " of its result is not known";
+  }
+  return success();
+}
+
 /// One elementwise op is a group of one.
 struct ElementwisePattern
     : OpTilePattern<ElementwisePattern, UnaryOp, BinaryOp, SelectOp, CastOp> {
+  bool isSizeGeneric(Operation *) const override { return true; }
   LogicalResult lowerOp(Operation *op, KernelLowering &k) const {
+    if (failed(checkDims(op, k)))
+      return failure();
     SmallVector<std::pair<Value, Value>> inputs;
     for (Value operand : op->getOperands())
       inputs.push_back(
@@ -416,7 +498,10 @@ struct ElementwisePattern
 };
 
 struct FusionPattern : OpTilePattern<FusionPattern, FusionOp> {
+  bool isSizeGeneric(Operation *) const override { return true; }
   LogicalResult lowerOp(FusionOp op, KernelLowering &k) const {
+    if (failed(checkDims(op, k)))
+      return failure();
     return k.lowerFusion(op);
   }
 };

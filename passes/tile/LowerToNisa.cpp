@@ -29,9 +29,29 @@ using namespace mlir::neuron;
 
 namespace mlir::neuron {
 
+static bool hasDynamicDims(Type t) {
+  auto shaped = dyn_cast<ShapedType>(t);
+  return shaped && !shaped.hasStaticShape();
+}
+
 /// The driver: each op, in program order, to the pattern of its family.
 LogicalResult KernelLowering::lower(Operation *op) {
   b.setLoc(op->getLoc());
+  if (llvm::any_of(op->getOperandTypes(), hasDynamicDims) ||
+      llvm::any_of(op->getResultTypes(), hasDynamicDims)) {
+    // A splat broadcast to dynamic sizes has no buffer: its users take the
+    // splat as an immediate.
+    if (isa<BroadcastOp>(op) && splatValueOf(op->getResult(0)))
+      return success();
+    for (const std::unique_ptr<TilePattern> &pattern : patterns)
+      if (pattern->matches(op) && pattern->isSizeGeneric(op))
+        return pattern->lower(op, *this);
+    InFlightDiagnostic diag = emitError(op->getLoc())
+                              << "not size-generic: " << op->getName()
+                              << " on dynamic sizes (";
+    llvm::interleaveComma(op->getResultTypes(), diag);
+    return diag << ")";
+  }
   // An empty result needs a buffer but no instructions.
   if (op->getNumResults() == 1 && !isa<ConstantOp, ReshapeOp>(op) &&
       tensorType(op->getResult(0)).getNumElements() == 0) {
@@ -46,9 +66,23 @@ LogicalResult KernelLowering::lower(Operation *op) {
 
 LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
   FunctionType fnType = func.getFunctionType();
+  // Kernel arguments: the tensor inputs, the outputs, then the size
+  // parameters of a size-generic function (index arguments, last).
   SmallVector<Type> argTypes;
-  for (Type t :
-       llvm::concat<const Type>(fnType.getInputs(), fnType.getResults())) {
+  SmallVector<DictionaryAttr> argAttrs;
+  SmallVector<unsigned> sizeArgs;
+  unsigned numInputs = 0;
+  for (auto [i, t] : llvm::enumerate(fnType.getInputs())) {
+    if (t.isIndex() && func.getArgAttr(i, kSizeAttrName)) {
+      sizeArgs.push_back(i);
+      continue;
+    }
+    if (!sizeArgs.empty())
+      return func.emitOpError("size arguments must follow the tensors");
+    ++numInputs;
+  }
+  for (Type t : llvm::concat<const Type>(
+           fnType.getInputs().take_front(numInputs), fnType.getResults())) {
     auto tensor = dyn_cast<RankedTensorType>(t);
     if (!tensor)
       return func.emitOpError("kernel arguments and results must be ranked "
@@ -56,22 +90,34 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
              << t;
     argTypes.push_back(hbmType(tensor));
   }
+  for (unsigned i = 0; i < numInputs; ++i)
+    argAttrs.push_back(func.getArgAttrDict(i));
+  for (unsigned i = 0; i < fnType.getNumResults(); ++i)
+    argAttrs.push_back(func.getResultAttrDict(i));
+  for (unsigned i : sizeArgs) {
+    argTypes.push_back(b.getIndexType());
+    argAttrs.push_back(func.getArgAttrDict(i));
+  }
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPoint(func);
   b.setLoc(func.getLoc());
   auto kernel =
       b.create<func::FuncOp>(func.getName(), b.getFunctionType(argTypes, {}));
   kernel->setAttr("nisa.kernel", b.getUnitAttr());
-  kernel->setAttr("nisa.num_inputs",
-                  b.getI64IntegerAttr(fnType.getNumInputs()));
+  kernel->setAttr("nisa.num_inputs", b.getI64IntegerAttr(numInputs));
+  for (auto [i, attrs] : llvm::enumerate(argAttrs))
+    if (attrs)
+      kernel.setArgAttrs(i, attrs);
   Block *entry = kernel.addEntryBlock();
   setEntry(entry);
   b.setInsertionPointToStart(entry);
 
   Block &body = func.getBody().front();
-  unsigned numInputs = fnType.getNumInputs();
-  for (auto [i, arg] : llvm::enumerate(body.getArguments()))
-    bind(arg, entry->getArgument(i));
+  for (unsigned i = 0; i < numInputs; ++i)
+    bind(body.getArgument(i), entry->getArgument(i));
+  unsigned firstSize = numInputs + fnType.getNumResults();
+  for (auto [k, i] : llvm::enumerate(sizeArgs))
+    body.getArgument(i).replaceAllUsesWith(entry->getArgument(firstSize + k));
 
   // Results computed by an op are written straight into their output buffer.
   auto ret = cast<func::ReturnOp>(body.getTerminator());
@@ -88,6 +134,10 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
   b.setLoc(ret.getLoc());
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     Value dst = entry->getArgument(numInputs + i);
+    if (!tensorType(v).hasStaticShape() && boundBuffer(v) != dst)
+      return emitError(ret.getLoc())
+             << "not size-generic: result " << i
+             << " is an input or a view of one (" << v.getType() << ")";
     Value src = bufferOf(v);
     if (src == dst || tensorType(v).getNumElements() == 0)
       continue;

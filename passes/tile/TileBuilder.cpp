@@ -3,6 +3,8 @@
 
 #include "passes/tile/TileBuilder.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
 using namespace mlir;
 using namespace mlir::neuron;
 
@@ -27,6 +29,123 @@ Value TileBuilder::view(Value base, Value offset, ArrayRef<int64_t> shape,
     sizes.push_back(b.getIndexAttr(s));
   return b.create<memref::ReinterpretCastOp>(type, base, offset, sizes,
                                              strideValues);
+}
+
+Value TileBuilder::view(Value base, Value offset, ArrayRef<OpFoldResult> shape,
+                        ArrayRef<int64_t> strides) {
+  SmallVector<int64_t> staticShape;
+  SmallVector<Value> dynamic;
+  for (OpFoldResult s : shape) {
+    if (auto attr = dyn_cast<Attribute>(s)) {
+      staticShape.push_back(cast<IntegerAttr>(attr).getInt());
+      continue;
+    }
+    staticShape.push_back(ShapedType::kDynamic);
+    dynamic.push_back(cast<Value>(s));
+  }
+  auto rc = cast<memref::ReinterpretCastOp>(
+      view(base, offset, staticShape, strides).getDefiningOp());
+  if (dynamic.empty())
+    return rc;
+  // view() gave every size as an attribute; a dynamic one is an operand.
+  auto result = b.create<memref::ReinterpretCastOp>(
+      rc.getType(), base, rc.getMixedOffsets().front(), shape,
+      rc.getMixedStrides());
+  rc.erase();
+  return result;
+}
+
+Value TileBuilder::withRows(Value tileView, Value rows) {
+  if (auto rc = tileView.getDefiningOp<memref::ReinterpretCastOp>()) {
+    SmallVector<OpFoldResult> shape = rc.getMixedSizes();
+    shape[0] = rows;
+    return view(rc.getSource(), cast<Value>(rc.getMixedOffsets().front()),
+                shape, nisa::viewStrides(rc));
+  }
+  auto type = cast<MemRefType>(tileView.getType());
+  SmallVector<OpFoldResult> shape{rows};
+  for (int64_t d : type.getShape().drop_front())
+    shape.push_back(b.getIndexAttr(d));
+  return view(tileView, index(0), shape, contiguousStrides(type.getShape()));
+}
+
+Value TileBuilder::dimOf(Value tensor, int64_t d) {
+  auto type = tensorType(tensor);
+  if (!type.isDynamicDim(d))
+    return index(type.getDimSize(d));
+  if (auto it = buffers.find(tensor); it != buffers.end())
+    return bufferDim(it->second, d);
+  if (auto it = destinations.find(tensor); it != destinations.end())
+    return bufferDim(it->second, d);
+  Operation *def = tensor.getDefiningOp();
+  // Elementwise ops keep their operands' dims; a reduction keeps the
+  // leading ones; a matmul's rows are its lhs's.
+  if (isa_and_nonnull<UnaryOp, BinaryOp, SelectOp, CastOp, FusionOp>(def)) {
+    for (Value operand : def->getOperands()) {
+      auto t = tensorType(operand);
+      if (t.getRank() == type.getRank() && t.isDynamicDim(d))
+        if (Value v = dimOf(operand, d))
+          return v;
+    }
+    return {};
+  }
+  if (auto r = dyn_cast_or_null<ReduceOp>(def))
+    return dimOf(r.getInput(), d);
+  if (auto m = dyn_cast_or_null<MatmulOp>(def))
+    return d + 1 < type.getRank() ? dimOf(m.getLhs(), d) : dimOf(m.getRhs(), d);
+  return {};
+}
+
+Value TileBuilder::bufferDim(Value buffer, int64_t d) {
+  auto type = cast<MemRefType>(buffer.getType());
+  if (!type.isDynamicDim(d))
+    return index(type.getDimSize(d));
+  if (auto alloc = buffer.getDefiningOp<memref::AllocOp>())
+    return alloc.getDynamicSizes()[type.getDynamicDimIndex(d)];
+  auto arg = dyn_cast<BlockArgument>(buffer);
+  auto kernel =
+      arg ? dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp()) : nullptr;
+  if (!kernel)
+    return {};
+  auto dims =
+      kernel.getArgAttrOfType<AffineMapAttr>(arg.getArgNumber(), kDimsAttrName);
+  SmallVector<Value> sizes;
+  for (BlockArgument a : kernel.getArguments())
+    if (a.getType().isIndex())
+      sizes.push_back(a);
+  if (!dims || dims.getValue().getNumSymbols() != sizes.size() ||
+      dims.getValue().getNumResults() != type.getRank())
+    return {};
+  return sizeValue(dims.getValue().getResult(d), sizes);
+}
+
+Value TileBuilder::sizeValue(AffineExpr e, ValueRange sizes) {
+  if (auto c = dyn_cast<AffineConstantExpr>(e))
+    return index(c.getValue());
+  if (auto s = dyn_cast<AffineSymbolExpr>(e))
+    return sizes[s.getPosition()];
+  auto bin = cast<AffineBinaryOpExpr>(e);
+  Value l = sizeValue(bin.getLHS(), sizes), r = sizeValue(bin.getRHS(), sizes);
+  switch (e.getKind()) {
+  case AffineExprKind::Add:
+    return b.create<arith::AddIOp>(l, r);
+  case AffineExprKind::Mul:
+    return b.create<arith::MulIOp>(l, r);
+  case AffineExprKind::FloorDiv:
+    return b.create<arith::FloorDivSIOp>(l, r);
+  case AffineExprKind::CeilDiv:
+    return b.create<arith::CeilDivSIOp>(l, r);
+  default: // Mod: sizes are non-negative, where remsi is mod
+    return b.create<arith::RemSIOp>(l, r);
+  }
+}
+
+void TileBuilder::forEachDynamic(Value count,
+                                 llvm::function_ref<void(Value)> body) {
+  auto loop = b.create<scf::ForOp>(index(0), count, index(1));
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPoint(loop.getBody()->getTerminator());
+  body(loop.getInductionVar());
 }
 
 Value TileBuilder::tile(MemorySpace space, ArrayRef<int64_t> shape,
@@ -56,10 +175,19 @@ void TileBuilder::forTiles(int64_t total, int64_t tileSize, TileBody body) {
 
 Value TileBuilder::resultBuffer(Value result) {
   auto it = destinations.find(result);
-  Value buffer =
-      it != destinations.end()
-          ? it->second
-          : b.create<memref::AllocOp>(hbmType(tensorType(result))).getResult();
+  Value buffer;
+  if (it != destinations.end()) {
+    buffer = it->second;
+  } else {
+    // A dynamic result's buffer is sized by its dims (the caller checked
+    // that dimOf knows them).
+    RankedTensorType type = tensorType(result);
+    SmallVector<Value> sizes;
+    for (int64_t d = 0; d < type.getRank(); ++d)
+      if (type.isDynamicDim(d))
+        sizes.push_back(dimOf(result, d));
+    buffer = b.create<memref::AllocOp>(hbmType(type), sizes).getResult();
+  }
   buffers[result] = buffer;
   return buffer;
 }
@@ -201,6 +329,46 @@ void TileBuilder::forEachPipelined(
   });
   for (int64_t i = steady; i < count; ++i)
     compute(index(i), i % slots);
+}
+
+void TileBuilder::ifMore(Value count, int64_t first,
+                         llvm::function_ref<void()> body) {
+  Value left =
+      first ? b.create<arith::SubIOp>(count, index(first)).getResult() : count;
+  Value once = b.create<arith::MinSIOp>(
+      b.create<arith::MaxSIOp>(left, index(0)), index(1));
+  forEachDynamic(once, [&](Value) { body(); });
+}
+
+/// As forEachPipelined: the loads of steps [0, ahead), then groups of
+/// `slots` steps (load of step i + ahead, compute of step i) in a loop,
+/// then the steps left (fewer than slots + ahead), each step's slot its
+/// index mod slots, a constant since the groups end at a multiple of it.
+void TileBuilder::forEachPipelinedDynamic(
+    Value count, int64_t slots,
+    llvm::function_ref<void(Value step, int64_t slot)> load,
+    llvm::function_ref<void(Value step, int64_t slot)> compute) {
+  int64_t ahead = slots - 1;
+  for (int64_t i = 0; i < ahead; ++i)
+    ifMore(count, i, [&] { load(index(i), i % slots); });
+  Value steady = b.create<arith::MaxSIOp>(
+      b.create<arith::SubIOp>(count, index(ahead)), index(0));
+  Value groups = b.create<arith::FloorDivSIOp>(steady, index(slots));
+  forEachDynamic(groups, [&](Value group) {
+    Value start = scale(group, slots);
+    for (int64_t i = 0; i < slots; ++i) {
+      load(addOffset(start, i + ahead), (i + ahead) % slots);
+      compute(addOffset(start, i), i);
+    }
+  });
+  Value done = scale(groups, slots);
+  Value left = b.create<arith::SubIOp>(count, done);
+  for (int64_t t = 0; t < slots - 1 + ahead; ++t)
+    ifMore(left, t, [&] {
+      ifMore(left, t + ahead,
+             [&] { load(addOffset(done, t + ahead), (t + ahead) % slots); });
+      compute(addOffset(done, t), t % slots);
+    });
 }
 
 /// How many buffers keep a stream of DMA transfers ahead of the work that

@@ -96,10 +96,28 @@ public:
   /// strides. Operands of every instruction are built this way.
   Value view(Value base, Value offset, ArrayRef<int64_t> shape,
              ArrayRef<int64_t> strides);
+  /// A view whose sizes may be index values (a size-generic function's).
+  Value view(Value base, Value offset, ArrayRef<OpFoldResult> shape,
+             ArrayRef<int64_t> strides);
+  /// `tileView` (a view or a whole tile) with its first dim `rows`: the
+  /// part of a step's tile a shortened last step moves.
+  Value withRows(Value tileView, Value rows);
   Value rowView(Value base, Value offset, int64_t rows, int64_t cols,
                 int64_t rowStride) {
     return view(base, offset, {rows, cols}, {rowStride, 1});
   }
+
+  // --- sizes of a size-generic function (issue #16) -----------------------
+  /// Dim `d` of `tensor` as an index: a constant, or computed from the size
+  /// arguments; null when the lowering cannot tell it from what it has.
+  Value dimOf(Value tensor, int64_t d);
+  /// Dim `d` of an HBM buffer: its alloc's size operand, or its kernel
+  /// argument's `neuron.dims` over the size arguments.
+  Value bufferDim(Value buffer, int64_t d);
+  /// `e` (over the size arguments as symbols) as arith ops.
+  Value sizeValue(AffineExpr e, ValueRange sizes);
+  /// Calls `body` `count` times in a loop (a count known at run time).
+  void forEachDynamic(Value count, llvm::function_ref<void(Value)> body);
 
   // --- tiles and loops ----------------------------------------------------
   /// An on-chip tile, released at the end of the enclosing TileScope.
@@ -120,6 +138,15 @@ public:
   void forEach(int64_t count, llvm::function_ref<void(Value)> body);
   void forEachRotating(int64_t first, int64_t count, int64_t slots,
                        llvm::function_ref<void(Value, int64_t)> body);
+  /// forEachPipelined with a count known at run time (issue #16): the
+  /// same order of loads and computes; the steps that do not fill a group
+  /// of `slots` run in loops of zero or one iteration.
+  void
+  forEachPipelinedDynamic(Value count, int64_t slots,
+                          llvm::function_ref<void(Value, int64_t)> load,
+                          llvm::function_ref<void(Value, int64_t)> compute);
+  /// A loop of one iteration if `count` > `first`, else none.
+  void ifMore(Value count, int64_t first, llvm::function_ref<void()> body);
   int64_t streamSlots(double transferNs, double computeNs) const;
   void forEachPipelined(int64_t count, int64_t slots,
                         llvm::function_ref<void(Value, int64_t)> load,
@@ -155,6 +182,7 @@ public:
   Value resultBuffer(Value result);
   void bind(Value tensor, Value buffer) { buffers[tensor] = buffer; }
   bool isBound(Value tensor) const { return buffers.count(tensor); }
+  Value boundBuffer(Value tensor) const { return buffers.lookup(tensor); }
   /// The function returns `result` in an output argument.
   void setDestination(Value result, Value argument) {
     destinations[result] = argument;

@@ -36,6 +36,10 @@ public:
   virtual ~TilePattern() = default;
   virtual bool matches(Operation *op) const = 0;
   virtual LogicalResult lower(Operation *op, KernelLowering &k) const = 0;
+  /// Whether `op`, which has dynamic dims (issue #16), lowers to a program
+  /// whose sizes are expressions of the size arguments; the driver refuses
+  /// it with "not size-generic" otherwise.
+  virtual bool isSizeGeneric(Operation *op) const { return false; }
 };
 
 /// A pattern for the ops `OpTys`: `lowerOp(op, k)` gets the op as the one

@@ -7,7 +7,7 @@ func.func @not_lowered(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 // -----
 
-// CHECK: error: kernel buffers must be memrefs, got 'index'
+// CHECK: error: an index argument of a kernel is a size parameter with a name and a min
 func.func @scalar_arg(%x: memref<4xf32>, %n: index) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
   return
 }
@@ -73,5 +73,28 @@ func.func @unnumbered(%x: memref<4x4xf32>, %y: memref<4x4xf32>) attributes {nisa
 // CHECK: error: waits for unknown instruction id 7
 func.func @unknown_wait(%x: memref<4x4xf32>, %y: memref<4x4xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64, nisa.synchronized} {
   nisa.dma_copy %x, %y {nisa.id = 0 : i64, nisa.waits = array<i64: 7>} : memref<4x4xf32>, memref<4x4xf32>
+  return
+}
+
+// -----
+
+// A buffer with dynamic dims needs their sizes over the params (issue #16).
+// CHECK: error: a kernel buffer with dynamic dims needs their sizes (neuron.dims over the params)
+func.func @dynamic_without_dims(%x: memref<?x4xf32>, %n: index {neuron.size = {name = "s0", min = 1 : i64}}) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  return
+}
+
+// -----
+
+// A loop count that is neither a constant nor arith on the params (here an
+// enclosing loop's iv: the program's loops have counts fixed per instance).
+// CHECK: error: index is neither a constant nor a size expression of the kernel's params
+func.func @iv_loop_count(%x: memref<4xf32>, %n: index {neuron.size = {name = "s0", min = 1 : i64}}) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  scf.for %i = %c0 to %n step %c1 {
+    scf.for %j = %c0 to %i step %c1 {
+    }
+  }
   return
 }

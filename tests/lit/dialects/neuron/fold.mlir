@@ -48,3 +48,14 @@ func.func @keep_transpose(%x: tensor<4x8xf32>, %y: tensor<8x4xf32>) -> tensor<8x
   %a = neuron.binary add %t, %y : tensor<8x4xf32>, tensor<8x4xf32> -> tensor<8x4xf32>
   return %a : tensor<8x4xf32>
 }
+
+// A splat broadcast to dynamic sizes stays a broadcast: a constant has
+// static sizes.
+// CHECK-LABEL: func.func @dynamic_splat
+// CHECK: %[[K:.*]] = neuron.constant dense<2.000000e+00> : tensor<1x4xf32>
+// CHECK: neuron.broadcast %[[K]] : tensor<1x4xf32> -> tensor<?x4xf32>
+func.func @dynamic_splat() -> tensor<?x4xf32> {
+  %k = neuron.constant dense<2.0> : tensor<1x4xf32>
+  %b = neuron.broadcast %k : tensor<1x4xf32> -> tensor<?x4xf32>
+  return %b : tensor<?x4xf32>
+}
