@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -70,11 +71,28 @@ def _run_workloads() -> Iterator[tuple[str, Callable[[], None]]]:
         yield (f"bench-{workload.name.replace(' ', '_')}", run)
 
 
+_GRAPH_NAME = re.compile(r"\b(graph|check)_(\d+)\b")
+
+
 def _digests(folder: Path) -> list[tuple[str, str]]:
+    """Each file's digest, with the documents' global numbers (``graph_<n>``, ``check_<n>``)
+    renumbered from 0 within the case: how many graphs earlier cases compiled (a size-generic
+    attempt takes numbers too) does not change a case's digests."""
+    paths = sorted(folder.rglob("*.json"))
+    texts = {p: p.read_text() for p in paths}
+    numbers = sorted(
+        {int(m.group(2)) for p in paths for m in _GRAPH_NAME.finditer(texts[p] + str(p))}
+    )
+    rank = {str(n): str(i) for i, n in enumerate(numbers)}
+
+    def renumber(text: str) -> str:
+        return _GRAPH_NAME.sub(lambda m: f"{m.group(1)}_{rank[m.group(2)]}", text)
+
     out = []
-    for path in sorted(folder.rglob("*.json")):
-        name = path.relative_to(folder).as_posix()
-        out.append((name, hashlib.sha256(path.read_bytes()).hexdigest()[:16]))
+    for path in sorted(paths, key=lambda p: renumber(p.relative_to(folder).as_posix())):
+        name = renumber(path.relative_to(folder).as_posix())
+        digest = hashlib.sha256(renumber(texts[path]).encode()).hexdigest()[:16]
+        out.append((name, digest))
     return out
 
 
