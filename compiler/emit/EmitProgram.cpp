@@ -200,6 +200,12 @@ public:
 private:
   LogicalResult emitBlock(Block &block, json &out);
   LogicalResult emitOp(Operation *op, json &out);
+  // emitOp's cases: a loop node, an on-chip tile or HBM temporary, a
+  // constant, a view (access pattern) of a buffer.
+  LogicalResult emitLoop(scf::ForOp loop, json &out);
+  LogicalResult emitAlloc(memref::AllocOp alloc);
+  LogicalResult emitGlobal(memref::GetGlobalOp get);
+  LogicalResult emitView(memref::ReinterpretCastOp rc);
   LogicalResult emitInstruction(Operation *op, json &out);
   /// The program value of one attribute (std::nullopt: left out).
   FailureOr<std::optional<json>> attributeValue(Operation *op,
@@ -481,130 +487,138 @@ LogicalResult ProgramEmitter::emitOp(Operation *op, json &out) {
             arith::FloorDivSIOp, arith::DivSIOp, arith::CeilDivSIOp,
             arith::RemSIOp, arith::MinSIOp, arith::MaxSIOp>(
           [&](Operation *) { return success(); }) // folded into views lazily
-      .Case<scf::ForOp>([&](scf::ForOp loop) -> LogicalResult {
-        auto lb = affineOf(loop.getLowerBound(), loop);
-        auto step = affineOf(loop.getStep(), loop);
-        if (failed(lb) || failed(step))
-          return failure();
-        if (!lb->isConstant() || !step->isConstant() || step->constant <= 0)
-          return loop.emitError("loop bounds must be constants");
-        // A size-generic loop's upper bound may be a size expression.
-        FailureOr<Size> ub = Size();
-        if (params.empty()) {
-          auto affine = affineOf(loop.getUpperBound(), loop);
-          if (failed(affine))
-            return failure();
-          if (!affine->isConstant())
-            return loop.emitError("loop bounds must be constants");
-          ub = Size::of(affine->constant);
-        } else {
-          ub = sizeOf(loop.getUpperBound(), loop);
-          if (failed(ub))
-            return failure();
-        }
-        if (loop.getNumRegionIterArgs() != 0)
-          return loop.emitError("loops with iteration arguments are not "
-                                "kernel loops");
-        int id = nextLoop++;
-        json count;
-        if (ub->isConstant())
-          count = std::max<int64_t>(
-              0, (ub->constant - lb->constant + step->constant - 1) /
-                     step->constant);
-        else
-          count = Size::combine("ceildiv",
-                                Size::combine("-", *ub, Size::of(lb->constant)),
-                                Size::of(step->constant))
-                      .toJson();
-        Affine iv;
-        iv.constant = lb->constant;
-        iv.terms.push_back({id, step->constant});
-        ivs[loop.getInductionVar()] = iv;
-        json body = json::array();
-        if (failed(emitBlock(*loop.getBody(), body)))
-          return failure();
-        out.push_back({{"loop", id}, {"count", count}, {"body", body}});
-        return success();
-      })
-      .Case<scf::YieldOp, func::ReturnOp>(
+      .Case<scf::ForOp>([&](scf::ForOp loop) { return emitLoop(loop, out); })
+      .Case<scf::YieldOp, func::ReturnOp, memref::DeallocOp>(
           [&](Operation *) { return success(); })
-      .Case<memref::AllocOp>([&](memref::AllocOp alloc) -> LogicalResult {
-        auto type = alloc.getType();
-        if (nisa::getMemorySpace(type) == nisa::MemorySpace::hbm)
-          return addBuffer(alloc, rt::BufferKind::Internal,
-                           "t" + std::to_string(buffers.size()));
-        TileBuffer &tb = tileBuffers[tileKey(alloc)];
-        if (tb.id < 0) {
-          tb.id = buffers.size();
-          auto [space, address, dtype, freeElements] = tileKey(alloc);
-          buffers.push_back(
-              {{"id", tb.id},
-               {"name", "tile" + std::to_string(tb.id)},
-               {"space", spaceName(nisa::getMemorySpace(type))},
-               {"kind", rt::bufferKindName(rt::BufferKind::Scratch)},
-               {"dtype", rt::dtypeName(dtype)},
-               {"address", address},
-               {"shape", std::vector<int64_t>{tb.partitions, freeElements}}});
-        }
-        bufferIds[alloc] = tb.id;
-        return success();
-      })
-      .Case<memref::DeallocOp>([&](memref::DeallocOp) { return success(); })
-      .Case<memref::GetGlobalOp>([&](memref::GetGlobalOp get) -> LogicalResult {
-        std::string name = get.getName().str();
-        if (auto it = globals.find(name); it != globals.end()) {
-          bufferIds[get] = it->second;
-          return success();
-        }
-        auto data = constantBuffer(get);
-        auto id = addBuffer(get, rt::BufferKind::Constant, name);
-        if (failed(data) || failed(id))
-          return failure();
-        buffers[*id].update(*data);
-        globals[name] = *id;
-        return success();
-      })
+      .Case<memref::AllocOp>(
+          [&](memref::AllocOp alloc) { return emitAlloc(alloc); })
+      .Case<memref::GetGlobalOp>(
+          [&](memref::GetGlobalOp get) { return emitGlobal(get); })
       .Case<memref::ReinterpretCastOp>(
-          [&](memref::ReinterpretCastOp rc) -> LogicalResult {
-            auto base = bufferIds.find(rc.getSource());
-            if (base == bufferIds.end())
-              return rc.emitError("views must be taken of a buffer");
-            View view;
-            view.buffer = base->second;
-            auto offsets = rc.getMixedOffsets();
-            if (offsets.size() != 1)
-              return rc.emitError("expected one offset");
-            if (auto attr = dyn_cast<Attribute>(offsets[0])) {
-              view.offset.constant = cast_or_null<IntegerAttr>(attr).getInt();
-            } else {
-              auto off = affineOf(cast<Value>(offsets[0]), rc);
-              if (failed(off))
-                return failure();
-              view.offset = *off;
-            }
-            view.shape = json::array();
-            for (OpFoldResult s : rc.getMixedSizes()) {
-              if (auto attr = dyn_cast<Attribute>(s)) {
-                view.shape.push_back(cast<IntegerAttr>(attr).getInt());
-                continue;
-              }
-              auto size = sizeOf(cast<Value>(s), rc);
-              if (failed(size))
-                return failure();
-              view.shape.push_back(size->toJson());
-            }
-            for (int64_t s : nisa::viewStrides(rc))
-              view.strides.push_back(s);
-            if (llvm::any_of(view.strides, ShapedType::isDynamic))
-              return rc.emitError("views need static strides");
-            views[rc.getResult()] = view;
-            return success();
-          })
+          [&](memref::ReinterpretCastOp rc) { return emitView(rc); })
       .Default([&](Operation *other) -> LogicalResult {
         if (isa<nisa::NisaDialect>(other->getDialect()))
           return emitInstruction(other, out);
         return other->emitOpError("cannot be emitted into a kernel program");
       });
+}
+
+LogicalResult ProgramEmitter::emitLoop(scf::ForOp loop, json &out) {
+  auto lb = affineOf(loop.getLowerBound(), loop);
+  auto step = affineOf(loop.getStep(), loop);
+  if (failed(lb) || failed(step))
+    return failure();
+  if (!lb->isConstant() || !step->isConstant() || step->constant <= 0)
+    return loop.emitError("loop bounds must be constants");
+  // A size-generic loop's upper bound may be a size expression.
+  FailureOr<Size> ub = Size();
+  if (params.empty()) {
+    auto affine = affineOf(loop.getUpperBound(), loop);
+    if (failed(affine))
+      return failure();
+    if (!affine->isConstant())
+      return loop.emitError("loop bounds must be constants");
+    ub = Size::of(affine->constant);
+  } else {
+    ub = sizeOf(loop.getUpperBound(), loop);
+    if (failed(ub))
+      return failure();
+  }
+  if (loop.getNumRegionIterArgs() != 0)
+    return loop.emitError("loops with iteration arguments are not "
+                          "kernel loops");
+  int id = nextLoop++;
+  json count;
+  if (ub->isConstant())
+    count = std::max<int64_t>(
+        0, (ub->constant - lb->constant + step->constant - 1) / step->constant);
+  else
+    count = Size::combine("ceildiv",
+                          Size::combine("-", *ub, Size::of(lb->constant)),
+                          Size::of(step->constant))
+                .toJson();
+  Affine iv;
+  iv.constant = lb->constant;
+  iv.terms.push_back({id, step->constant});
+  ivs[loop.getInductionVar()] = iv;
+  json body = json::array();
+  if (failed(emitBlock(*loop.getBody(), body)))
+    return failure();
+  out.push_back({{"loop", id}, {"count", count}, {"body", body}});
+  return success();
+}
+
+LogicalResult ProgramEmitter::emitAlloc(memref::AllocOp alloc) {
+  auto type = alloc.getType();
+  if (nisa::getMemorySpace(type) == nisa::MemorySpace::hbm)
+    return addBuffer(alloc, rt::BufferKind::Internal,
+                     "t" + std::to_string(buffers.size()));
+  TileBuffer &tb = tileBuffers[tileKey(alloc)];
+  if (tb.id < 0) {
+    tb.id = buffers.size();
+    auto [space, address, dtype, freeElements] = tileKey(alloc);
+    buffers.push_back(
+        {{"id", tb.id},
+         {"name", "tile" + std::to_string(tb.id)},
+         {"space", spaceName(nisa::getMemorySpace(type))},
+         {"kind", rt::bufferKindName(rt::BufferKind::Scratch)},
+         {"dtype", rt::dtypeName(dtype)},
+         {"address", address},
+         {"shape", std::vector<int64_t>{tb.partitions, freeElements}}});
+  }
+  bufferIds[alloc] = tb.id;
+  return success();
+}
+
+LogicalResult ProgramEmitter::emitGlobal(memref::GetGlobalOp get) {
+  std::string name = get.getName().str();
+  if (auto it = globals.find(name); it != globals.end()) {
+    bufferIds[get] = it->second;
+    return success();
+  }
+  auto data = constantBuffer(get);
+  auto id = addBuffer(get, rt::BufferKind::Constant, name);
+  if (failed(data) || failed(id))
+    return failure();
+  buffers[*id].update(*data);
+  globals[name] = *id;
+  return success();
+}
+
+LogicalResult ProgramEmitter::emitView(memref::ReinterpretCastOp rc) {
+  auto base = bufferIds.find(rc.getSource());
+  if (base == bufferIds.end())
+    return rc.emitError("views must be taken of a buffer");
+  View view;
+  view.buffer = base->second;
+  auto offsets = rc.getMixedOffsets();
+  if (offsets.size() != 1)
+    return rc.emitError("expected one offset");
+  if (auto attr = dyn_cast<Attribute>(offsets[0])) {
+    view.offset.constant = cast_or_null<IntegerAttr>(attr).getInt();
+  } else {
+    auto off = affineOf(cast<Value>(offsets[0]), rc);
+    if (failed(off))
+      return failure();
+    view.offset = *off;
+  }
+  view.shape = json::array();
+  for (OpFoldResult s : rc.getMixedSizes()) {
+    if (auto attr = dyn_cast<Attribute>(s)) {
+      view.shape.push_back(cast<IntegerAttr>(attr).getInt());
+      continue;
+    }
+    auto size = sizeOf(cast<Value>(s), rc);
+    if (failed(size))
+      return failure();
+    view.shape.push_back(size->toJson());
+  }
+  for (int64_t s : nisa::viewStrides(rc))
+    view.strides.push_back(s);
+  if (llvm::any_of(view.strides, ShapedType::isDynamic))
+    return rc.emitError("views need static strides");
+  views[rc.getResult()] = view;
+  return success();
 }
 
 /// The table entry (InstructionSet.def) of the program field that `source`,

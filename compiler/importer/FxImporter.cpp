@@ -183,6 +183,27 @@ public:
   bool inModifier = false;
 
 private:
+  /// The document's inputs: the tensor types of those the device can hold,
+  /// their sizes over the symbols, and which inputs those are.
+  struct Inputs {
+    SmallVector<Type> types;
+    SmallVector<AffineMapAttr> dims;
+    std::vector<bool> usable;
+  };
+  // The steps of run().
+  LogicalResult readSymbols(const json &doc, SmallVector<DictionaryAttr> &attrs,
+                            std::map<std::string, std::string> &failures);
+  LogicalResult readInputs(const json &doc, Inputs &inputs,
+                           std::map<std::string, std::string> &failures,
+                           bool stopAtFirst);
+  func::FuncOp createFunction(ModuleOp module, const json &doc, Inputs &inputs,
+                              ArrayRef<DictionaryAttr> symbolAttrs);
+  LogicalResult importBody(const json &doc,
+                           std::map<std::string, std::string> &failures,
+                           bool stopAtFirst);
+  LogicalResult returnOutputs(func::FuncOp func, const json &doc,
+                              std::map<std::string, std::string> &failures);
+
   void importNode(const json &n);
   void placeholders(const json &n);
   Value importConstant(const json &c);
@@ -657,10 +678,23 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
   }
   collectUses(doc.at("outputs"));
   OwningOpRef<ModuleOp> module = ModuleOp::create(b.getUnknownLoc());
-  std::string fnName = doc.value("name", std::string("graph"));
+  SmallVector<DictionaryAttr> symbolAttrs;
+  Inputs inputs;
+  if (failed(readSymbols(doc, symbolAttrs, failures)) ||
+      failed(readInputs(doc, inputs, failures, stopAtFirst)))
+    return nullptr;
+  func::FuncOp func = createFunction(*module, doc, inputs, symbolAttrs);
+  if (failed(importBody(doc, failures, stopAtFirst)) ||
+      failed(returnOutputs(func, doc, failures)))
+    return nullptr;
+  return module;
+}
+
+LogicalResult
+Importer::readSymbols(const json &doc, SmallVector<DictionaryAttr> &attrs,
+                      std::map<std::string, std::string> &failures) {
   // Size parameters: index arguments after the tensors, named and bounded
   // by an argument attribute (Dynamo's range; no max when unbounded).
-  SmallVector<DictionaryAttr> symbolAttrs;
   try {
     const json &syms = doc.value("symbols", json::array());
     require(syms.is_array(), "'symbols' must be a list");
@@ -684,17 +718,20 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
         fields.push_back(b.getNamedAttr("max", b.getI64IntegerAttr(hi)));
       }
       symbols.emplace(name, symbols.size());
-      symbolAttrs.push_back(b.getDictionaryAttr(fields));
+      attrs.push_back(b.getDictionaryAttr(fields));
     }
   } catch (const Unsupported &u) {
     failures[""] = u.reason;
-    return nullptr;
+    return failure();
   }
-  SmallVector<Type> inputTypes;
+  return success();
+}
+
+LogicalResult Importer::readInputs(const json &doc, Inputs &inputs,
+                                   std::map<std::string, std::string> &failures,
+                                   bool stopAtFirst) {
   // An input the device cannot hold makes its users unsupported (checked
   // one by one); compiling a graph that reads it is an error.
-  std::vector<bool> usable;
-  SmallVector<AffineMapAttr> inputDims;
   for (const json &in : doc.at("inputs")) {
     if (in.is_object() && in.contains("name") && in.contains("shape"))
       shapes[{in.at("name").get<std::string>(), 0}] = &in.at("shape");
@@ -705,39 +742,52 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
       // A dynamic input's sizes over the symbols: the lowering computes its
       // dims from the size arguments.
       AffineMapAttr dims = dimsAttr(in.at("shape"), symbols, &ctx);
-      inputTypes.push_back(type);
-      inputDims.push_back(dims);
-      usable.push_back(true);
+      inputs.types.push_back(type);
+      inputs.dims.push_back(dims);
+      inputs.usable.push_back(true);
     } catch (const Unsupported &u) {
       if (stopAtFirst) {
         failures[""] = "input '" + in.at("name").get<std::string>() +
                        "': " + u.reason;
-        return nullptr;
+        return failure();
       }
-      usable.push_back(false);
+      inputs.usable.push_back(false);
       hostReasons[in.at("name").get<std::string>()] = u.reason;
     }
   }
-  unsigned numTensors = inputTypes.size();
-  inputTypes.append(symbols.size(), b.getIndexType());
-  b.setInsertionPointToEnd(module->getBody());
-  auto func = b.create<func::FuncOp>(b.getUnknownLoc(), fnName,
-                                     b.getFunctionType(inputTypes, {}));
+  return success();
+}
+
+func::FuncOp Importer::createFunction(ModuleOp module, const json &doc,
+                                      Inputs &inputs,
+                                      ArrayRef<DictionaryAttr> symbolAttrs) {
+  unsigned numTensors = inputs.types.size();
+  inputs.types.append(symbols.size(), b.getIndexType());
+  b.setInsertionPointToEnd(module.getBody());
+  auto func = b.create<func::FuncOp>(b.getUnknownLoc(),
+                                     doc.value("name", std::string("graph")),
+                                     b.getFunctionType(inputs.types, {}));
   Block *block = func.addEntryBlock();
   b.setInsertionPointToStart(block);
-  for (unsigned i = 0, arg = 0; i < usable.size(); ++i) {
-    if (!usable[i]) {
+  for (unsigned i = 0, arg = 0; i < inputs.usable.size(); ++i) {
+    if (!inputs.usable[i]) {
       values[{doc.at("inputs").at(i).at("name").get<std::string>(), 0}] =
           Value();
       continue;
     }
     const json &in = doc.at("inputs").at(i);
-    if (AffineMapAttr dims = inputDims[arg])
+    if (AffineMapAttr dims = inputs.dims[arg])
       func.setArgAttr(arg, kDimsAttrName, dims);
     values[{in.at("name").get<std::string>(), 0}] = block->getArgument(arg++);
   }
   for (auto [i, attr] : llvm::enumerate(symbolAttrs))
     func.setArgAttr(numTensors + i, kSizeAttrName, attr);
+  return func;
+}
+
+LogicalResult Importer::importBody(const json &doc,
+                                   std::map<std::string, std::string> &failures,
+                                   bool stopAtFirst) {
   for (const json &c : doc.value("constants", json::array())) {
     std::string name = c.at("name").get<std::string>();
     try {
@@ -746,7 +796,7 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
       failures[name] = u.reason;
       values[{name, 0}] = Value();
       if (stopAtFirst)
-        return nullptr;
+        return failure();
     }
   }
   for (const json &n : doc.at("nodes")) {
@@ -768,15 +818,19 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
                                          ": " + u.reason + where
                                    : u.reason;
       if (stopAtFirst)
-        return nullptr;
+        return failure();
       // Later nodes are checked against a stand-in of the same type: on the
       // device they would receive this node's results as kernel inputs.
       placeholders(n);
     }
   }
   // Outputs of rejected nodes are not failures of their own.
-  if (!failures.empty())
-    return nullptr;
+  return success(failures.empty());
+}
+
+LogicalResult
+Importer::returnOutputs(func::FuncOp func, const json &doc,
+                        std::map<std::string, std::string> &failures) {
   SmallVector<Value> results;
   node = nullptr;
   for (const json &o : doc.at("outputs")) {
@@ -784,11 +838,12 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
       results.push_back(tensor(o));
     } catch (const Unsupported &u) {
       failures["output"] = u.reason;
-      return nullptr;
+      return failure();
     }
   }
   b.create<func::ReturnOp>(b.getUnknownLoc(), results);
-  func.setFunctionType(b.getFunctionType(inputTypes, ValueRange(results).getTypes()));
+  func.setFunctionType(b.getFunctionType(func.getArgumentTypes(),
+                                         ValueRange(results).getTypes()));
   // A dynamic result's sizes, as the document gives them: its output buffer
   // is shaped by them.
   for (auto [i, o] : llvm::enumerate(doc.at("outputs"))) {
@@ -801,10 +856,10 @@ OwningOpRef<ModuleOp> Importer::run(const json &doc,
         func.setResultAttr(i, kDimsAttrName, dims);
     } catch (const Unsupported &u) {
       failures["output"] = u.reason;
-      return nullptr;
+      return failure();
     }
   }
-  return module;
+  return success();
 }
 
 void Importer::importModifier(const json &doc, Block *block) {
