@@ -532,6 +532,44 @@ def avg_pool2d_backward(
     return _sum_back(parts, s, (1, 1), size, p, x.dtype)
 
 
+def avg_pool3d(
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Sequence[int] = (0, 0, 0),
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> object:
+    """``avg_pool3d`` as :func:`avg_pool2d`'s window matrices, one per dim: a window is a box, so
+    its sum is the depth windows' sum of the (height, width) windows' sums, and PyTorch's CPU
+    divisor is the product of the three window lengths (with or without padding)."""
+
+    def triple(v: Sequence[int] | int) -> list[int]:
+        v = [v] if isinstance(v, int) else list(v)
+        return v * 3 if len(v) == 1 else v
+
+    k = triple(kernel_size)
+    s, p = triple(stride or k), triple(padding)
+    if x.dim() not in (4, 5) or not x.is_floating_point() or len(k) != 3:
+        return NotImplemented
+    size = list(x.shape[-3:])
+    out = [_pool_size(size[d], k[d], s[d], p[d], 1, ceil_mode) for d in range(3)]
+    if min(out) <= 0 or any(2 * p[d] > k[d] for d in range(3)):
+        return NotImplemented  # eager refuses these; leave it to say so
+    windows = [_pool_windows(size[d], k[d], s[d], p[d], out[d], x.device) for d in range(3)]
+    (depth, _, _), (rows, _, _), (cols, _, _) = windows
+    plane = torch.matmul(torch.matmul(rows, x.to(torch.float32)), cols.t())  # [..., D, Ho, Wo]
+    lead = list(plane.shape[:-3])
+    sums = torch.matmul(depth, plane.reshape(*lead, size[0], out[1] * out[2]))
+    sums = sums.reshape(*lead, *out)
+    if divisor_override:
+        return (sums / divisor_override).to(x.dtype)
+    lengths = [w[1] if count_include_pad else w[2] for w in windows]
+    divisors = lengths[0].reshape(-1, 1, 1) * lengths[1].reshape(-1, 1) * lengths[2]
+    return (sums / divisors).to(x.dtype)
+
+
 def max_pool2d_with_indices_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
@@ -733,6 +771,72 @@ def histc(t: torch.Tensor, bins: int = 100, min: float = 0.0, max: float = 0.0) 
         inside.unsqueeze(1)
     )
     return onehot.to(t.dtype).sum(0)
+
+
+def histogram(
+    t: torch.Tensor,
+    bins: int = 100,
+    *,
+    range: Sequence[float] | None = None,  # noqa: A002
+    weight: torch.Tensor | None = None,
+    density: bool = False,
+) -> object:
+    """``torch.histogram`` with a bin count: the edges as eager's CPU ``linspace`` computes them
+    (``start + i * step`` up to half way, ``end - (bins - i) * step`` after; the data's range
+    widened by 0.5 each way when it is one value), then each element compared with the edges
+    (one-hot, the top edge in the last bin), weighted and summed over the elements."""
+    if t.dtype not in (torch.float32, torch.bfloat16, torch.float16) or bins <= 0:
+        return NotImplemented
+    flat = t.reshape(-1)
+    if range is not None:
+        left, right = float(range[0]), float(range[1])
+        if left == right:
+            left, right = left - 0.5, right + 0.5
+        # In the input's dtype, as eager's linspace computes (no float64 on the device).
+        lo = torch.full((), left, dtype=t.dtype, device=t.device)
+        hi = torch.full((), right, dtype=t.dtype, device=t.device)
+    elif flat.numel():
+        lo, hi = flat.min(), flat.max()
+        same = lo == hi
+        lo, hi = torch.where(same, lo - 0.5, lo), torch.where(same, hi + 0.5, hi)
+    else:  # no data, no range: eager's edges span [0, 1]
+        lo = torch.zeros((), dtype=t.dtype, device=t.device)
+        hi = torch.ones((), dtype=t.dtype, device=t.device)
+    step = (hi - lo) / bins
+    i = torch.arange(bins + 1, device=t.device, dtype=t.dtype)
+    edges = torch.where(i < (bins + 1) // 2, lo + step * i, hi - step * (bins - i)).to(t.dtype)
+    return _histogram_counts(flat, edges, weight, density), edges
+
+
+def histogram_edges(
+    t: torch.Tensor,
+    bins: torch.Tensor,
+    *,
+    weight: torch.Tensor | None = None,
+    density: bool = False,
+) -> object:
+    """``torch.histogram`` with given edges: as :func:`histogram` after its edges."""
+    if t.dtype not in (torch.float32, torch.bfloat16, torch.float16) or bins.dim() != 1:
+        return NotImplemented
+    if bins.numel() < 2 or bins.dtype != t.dtype:
+        return NotImplemented  # eager refuses these: let it say why
+    return _histogram_counts(t.reshape(-1), bins, weight, density), bins.clone()
+
+
+def _histogram_counts(
+    flat: torch.Tensor, edges: torch.Tensor, weight: torch.Tensor | None, density: bool
+) -> torch.Tensor:
+    """Each element's bin by comparison with the (increasing) edges, the top edge in the last
+    bin and values outside none, as eager's CPU kernel bins them; weighted sums per bin."""
+    bins = edges.shape[0] - 1
+    x = flat.unsqueeze(1)
+    last = torch.arange(bins, device=flat.device) == bins - 1
+    onehot = (x >= edges[:-1]) & ((x < edges[1:]) | (last & (x == edges[1:])))
+    w = torch.ones_like(flat) if weight is None else weight.reshape(-1).to(flat.dtype)
+    hist = torch.where(onehot, w.unsqueeze(1), 0.0).sum(0)
+    if density:
+        hist = hist / (hist.sum() * (edges[1:] - edges[:-1]))
+    return hist.to(flat.dtype)
 
 
 def _rounded(x: float, dtype: torch.dtype) -> float:
@@ -951,6 +1055,9 @@ def _whole_sum(t: torch.Tensor, dtype: torch.dtype | None, mean: bool) -> object
     """``t.sum()`` (or ``t.mean()``): a sum per row on every partition, then the sum of the row
     sums, accumulated in float32 and rounded once, as PyTorch's CPU kernel does for 16-bit
     inputs."""
+    if t.numel() == 0 and t.is_floating_point() and dtype in (None, t.dtype):
+        # Nothing to add up: 0, and 0 / 0 for the mean, as eager (a vecdot over an empty dim).
+        return torch.full((), math.nan if mean else 0.0, dtype=t.dtype, device=t.device)
     rows = _as_rows(t)
     if rows is None or (dtype is not None and dtype != t.dtype):
         return NotImplemented
@@ -976,6 +1083,16 @@ def _whole_reduction(mean: bool) -> tuple[Callable[..., object], Callable[..., o
         *,
         dtype: torch.dtype | None = None,
     ) -> object:
+        if t.dim() and t.is_floating_point() and dtype in (None, t.dtype) and dim:
+            reduced = {d % max(t.dim(), 1) for d in dim}
+            if any(t.shape[d] == 0 for d in reduced):  # nothing to add up (see _whole_sum)
+                shape = [1 if d in reduced else n for d, n in enumerate(t.shape)]
+                out = torch.full(shape, math.nan if mean else 0.0, dtype=t.dtype, device=t.device)
+                return (
+                    out
+                    if keepdim
+                    else out.reshape([n for d, n in enumerate(t.shape) if d not in reduced])
+                )
         if not _every_dim(t, dim):
             return NotImplemented
         total = _whole_sum(t, dtype, mean)
@@ -1363,6 +1480,197 @@ def nanmedian(t: torch.Tensor) -> object:
         return NotImplemented
     found = nanmedian_dim(t.reshape(-1), 0)
     return found if found is NotImplemented else found[0]  # type: ignore[index]
+
+
+@functools.cache
+def _max_select() -> tuple[int, int]:
+    """The longest row and the most work (k * n) the device's top-k/sort takes
+    (``_C.MAX_SELECT``, the importer's own limits)."""
+    from torchneuron._native import native
+
+    limits = native().MAX_SELECT
+    return int(limits["row"]), int(limits["work"])
+
+
+#: The most compares a rank sort makes (rows x n x n): past it the host's sort is the better
+#: home and the op stays a counted fallback.
+_RANK_SORT_WORK = 1 << 27
+
+
+def sort(
+    t: torch.Tensor,
+    dim: int = -1,
+    descending: bool = False,
+    *,
+    stable: bool | None = False,
+) -> object:
+    """A sort along a row longer than the device's select rounds take (:func:`_max_select`):
+    by rank. Each element's place is the number of elements that sort before it (smaller,
+    or larger when descending; NaN after every number, before when descending) plus the
+    equal ones at earlier positions, so the order is stable, as eager's CPU sort is. The
+    sorted row then reads each place's element through a one-hot compare of the places with
+    an iota and a max over the row (exact; -0.0 and NaN kept). n^2 compares per row on
+    VectorE; shorter rows stay whole for the importer's select rounds."""
+    if t.dim() == 0 or t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return NotImplemented
+    dim = dim % t.dim()
+    n = t.shape[dim]
+    row, work = _max_select()
+    if not isinstance(n, int) or (n <= row and n * n <= work):
+        return NotImplemented
+    if t.numel() * n > _RANK_SORT_WORK:
+        return NotImplemented
+    x = t.movedim(dim, -1).to(torch.float32)  # exact; 16-bit [n, n] tiles overflow SBUF
+    xi, xj = x.unsqueeze(-1), x.unsqueeze(-2)  # [..., i, 1] and [..., 1, j]
+    ahead = xj > xi if descending else xj < xi
+    nan_i, nan_j = torch.isnan(xi), torch.isnan(xj)
+    ahead = ahead | ((nan_j & ~nan_i) if descending else (nan_i & ~nan_j))
+    same = (xj == xi) | (nan_i & nan_j)
+    place = torch.arange(n, device=t.device)
+    earlier = place.unsqueeze(0) < place.unsqueeze(1)  # [i, j]: j before i
+    rank = (ahead | (same & earlier)).sum(-1)  # [..., i]
+    onehot = rank.unsqueeze(-2) == place.unsqueeze(-1)  # [..., place, i]
+    values = torch.where(onehot, x.unsqueeze(-2), -math.inf).amax(-1).to(t.dtype)
+    indices = torch.where(onehot, place, -1).amax(-1)
+    return values.movedim(-1, dim), indices.movedim(-1, dim)
+
+
+_SEGMENT_IDENTITY = {"max": -math.inf, "min": math.inf, "sum": 0.0, "mean": 0.0, "prod": 1.0}
+
+
+def segment_reduce(
+    data: torch.Tensor,
+    reduce: str,
+    *,
+    lengths: torch.Tensor | None = None,
+    indices: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    axis: int = 0,
+    unsafe: bool = False,
+    initial: float | None = None,
+) -> object:
+    """Segments given by ``lengths`` or ``offsets`` along ``axis``, each reduced: which
+    positions each segment holds (an iota compared with its start and end), every other
+    position the reduction's identity, then one reduction over the axis. ``initial`` joins
+    every segment's reduction; a mean divides by the segment's length only and an empty
+    segment's mean is ``initial`` (NaN without one), as eager's CPU kernel."""
+    if indices is not None or not data.is_floating_point() or reduce not in _SEGMENT_IDENTITY:
+        return NotImplemented
+    axis = axis % max(data.dim(), 1)
+    if lengths is not None:
+        ends = torch.cumsum(lengths, -1)
+        starts, count = ends - lengths, lengths
+    elif offsets is not None:
+        starts, ends = offsets[..., :-1], offsets[..., 1:]
+        count = ends - starts
+    else:
+        return NotImplemented
+    if starts.dim() != axis + 1:
+        return NotImplemented
+    n, post = data.shape[axis], data.dim() - axis - 1
+    position = torch.arange(n, device=data.device)
+    member = (position >= starts.unsqueeze(-1)) & (position < ends.unsqueeze(-1))  # [.., S, N]
+    member = member.reshape(*member.shape, *([1] * post))
+    values = torch.where(member, data.unsqueeze(axis), _SEGMENT_IDENTITY[reduce])
+    if reduce == "max":
+        out = values.amax(axis + 1)
+    elif reduce == "min":
+        out = values.amin(axis + 1)
+    elif reduce == "prod":
+        out = values.prod(axis + 1)
+    else:
+        out = values.sum(axis + 1)
+    if initial is not None:
+        out = {
+            "max": torch.maximum,
+            "min": torch.minimum,
+            "prod": torch.mul,
+        }.get(reduce, torch.add)(out, torch.full_like(out, initial))
+    if reduce == "mean":
+        count = count.reshape(*count.shape, *([1] * post))
+        fill = math.nan if initial is None else initial
+        out = torch.where(count > 0, out / count.clamp(min=1), fill)
+    return out.to(data.dtype)
+
+
+def nonzero_static(t: torch.Tensor, *, size: int, fill_value: int = -1) -> object:
+    """The coordinates of the first ``size`` nonzero elements in row-major order, then rows of
+    ``fill_value``: each nonzero's place is a running count of the mask (cumsum on TensorE);
+    place k's coordinates are read through a one-hot compare of the places with an iota and
+    a sum over the elements (a coordinate is an iota along its dim)."""
+    if t.is_complex():
+        return NotImplemented
+    rows = torch.full((size, t.dim()), fill_value, dtype=torch.int64, device=t.device)
+    if size == 0 or t.numel() == 0 or t.dim() == 0:
+        return rows  # no coordinates to find (a 0-d tensor's have no columns)
+    mask = (t != 0).reshape(-1)
+    place = torch.cumsum(mask.to(torch.int64), 0) - 1
+    slots = torch.arange(size, device=t.device).unsqueeze(1)
+    onehot = (place.unsqueeze(0) == slots) & mask.unsqueeze(0)  # [size, numel]
+    found = onehot.any(1, keepdim=True)
+    coords = []
+    for d, n in enumerate(t.shape):
+        along = torch.arange(n, device=t.device).reshape(
+            [n if e == d else 1 for e in range(t.dim())]
+        )
+        coord = along.expand(t.shape).reshape(-1)
+        coords.append(torch.where(onehot, coord, 0).sum(1, keepdim=True))
+    return torch.where(found, torch.cat(coords, 1), rows)
+
+
+def _grid_source(coord: torch.Tensor, size: int, align_corners: bool, border: bool) -> torch.Tensor:
+    """A grid coordinate in [-1, 1] as a position along a dim of ``size`` pixels, as eager's
+    CPU grid sampler scales it (clipped into the image for ``padding_mode="border"``)."""
+    if align_corners:
+        x = (coord + 1) * ((size - 1) / 2)
+    else:
+        x = (coord + 1) * (size / 2) - 0.5
+    return x.clamp(0, size - 1) if border else x
+
+
+def grid_sampler_2d(
+    x: torch.Tensor,
+    grid: torch.Tensor,
+    interpolation_mode: int,
+    padding_mode: int,
+    align_corners: bool,
+) -> object:
+    """``grid_sample`` of a 4-d input, bilinear or nearest, with zero or border padding: each
+    output pixel reads its source pixels through a gather of the flattened image (one-hot
+    compares with an iota, see :func:`gather`) weighted by the bilinear weights, a pixel
+    outside the image weighing 0. Bicubic and reflection padding stay whole, and so do 16-bit
+    inputs: eager rounds every step of their coordinates to 16 bits, which moves a nearest
+    neighbour or a bilinear weight by more than an ulp of the result."""
+    bilinear, nearest = interpolation_mode == 0, interpolation_mode == 1
+    if x.dim() != 4 or x.dtype != torch.float32 or not (bilinear or nearest):
+        return NotImplemented
+    if padding_mode not in (0, 1):
+        return NotImplemented
+    n, c, h, w = x.shape
+    ho, wo = grid.shape[1], grid.shape[2]
+    if x.numel() == 0 or grid.numel() == 0:
+        return NotImplemented
+    if grid.dtype != torch.float32:
+        return NotImplemented
+    ix = _grid_source(grid[..., 0], w, align_corners, padding_mode == 1)
+    iy = _grid_source(grid[..., 1], h, align_corners, padding_mode == 1)
+    image = x.reshape(n, c, h * w)
+
+    def read(px: torch.Tensor, py: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        inside = (px >= 0) & (px <= w - 1) & (py >= 0) & (py <= h - 1)
+        at = (py.clamp(0, h - 1) * w + px.clamp(0, w - 1)).to(torch.int64).reshape(n, 1, -1)
+        pixels = torch.gather(image, 2, at.expand(n, c, ho * wo)).reshape(n, c, ho, wo)
+        return torch.where(inside.unsqueeze(1), pixels * weight.unsqueeze(1), 0.0)
+
+    if nearest:
+        px, py = torch.round(ix), torch.round(iy)  # half to even, as nearbyint
+        return read(px, py, torch.ones_like(ix))
+    x0, y0 = torch.floor(ix), torch.floor(iy)
+    x1, y1 = x0 + 1, y0 + 1
+    out = read(x0, y0, (x1 - ix) * (y1 - iy))
+    out = out + read(x1, y0, (ix - x0) * (y1 - iy))
+    out = out + read(x0, y1, (x1 - ix) * (iy - y0))
+    return out + read(x1, y1, (ix - x0) * (iy - y0))
 
 
 def diagonal_scatter(
@@ -1888,6 +2196,14 @@ OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.nanmedian.default: nanmedian,
     _aten.nanmedian.dim: nanmedian_dim,
     _aten.histc.default: histc,
+    _aten.avg_pool3d.default: avg_pool3d,
+    _aten.sort.default: sort,
+    _aten.sort.stable: sort,
+    _aten.segment_reduce.default: segment_reduce,
+    _aten.nonzero_static.default: nonzero_static,
+    _aten.grid_sampler_2d.default: grid_sampler_2d,
+    _aten.histogram.bin_ct: histogram,
+    _aten.histogram.bins_tensor: histogram_edges,
 }
 
 
@@ -1908,10 +2224,90 @@ TRAINING_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.slice_scatter.default: slice_scatter,
 }
 
+
+def _chunked_loss(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    b: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    reduction: str,
+    ignore_index: int,
+    label_smoothing: float,
+    acc_dtype: torch.dtype,
+) -> torch.Tensor | None:
+    """``F.linear_cross_entropy``'s chunked ops in float32: the logits' matmul and the
+    cross-entropy as one graph (the chunks only bound eager's memory; the device tiles the
+    matmul itself). None (the op stays whole) for 16-bit inputs, whose accumulator policies
+    round differently."""
+    if not (x.dtype == w.dtype == acc_dtype == torch.float32) or w.dim() != 2:
+        return None
+    logits = F.linear(x, w, b)
+    return F.cross_entropy(
+        logits,
+        target,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        label_smoothing=label_smoothing,
+    )
+
+
+def linear_cross_entropy_chunked(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    b: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    reduction: str,
+    ignore_index: int,
+    label_smoothing: float,
+    batch_chunk_size: int,
+    acc_policy: str,
+    acc_dtype: torch.dtype,
+    allow_retain_graph: bool,
+    compute_input_grad: bool,
+    compute_linear_weight_grad: bool,
+    compute_linear_bias_grad: bool,
+) -> object:
+    """The mean/sum form, when no gradient is precomputed (inference): the loss, and the
+    empty gradient slots the op returns then."""
+    if compute_input_grad or compute_linear_weight_grad or compute_linear_bias_grad:
+        return NotImplemented
+    loss = _chunked_loss(
+        x, w, target, b, weight, reduction, ignore_index, label_smoothing, acc_dtype
+    )
+    if loss is None:
+        return NotImplemented
+    empty = torch.zeros((0, 0), dtype=x.dtype, device=x.device)
+    return loss, empty, empty.clone(), torch.zeros((0,), dtype=x.dtype, device=x.device)
+
+
+def linear_cross_entropy_chunked_none(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    b: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    ignore_index: int,
+    batch_chunk_size: int,
+    acc_policy: str,
+    acc_dtype: torch.dtype,
+) -> object:
+    """The ``reduction="none"`` form: the per-sample losses."""
+    loss = _chunked_loss(x, w, target, b, weight, "none", ignore_index, 0.0, acc_dtype)
+    return NotImplemented if loss is None else loss
+
+
 #: Ops of libraries models use (registered when the library is imported), by qualified name.
 LIBRARY_DECOMPOSITIONS: dict[str, Callable[..., object]] = {
     "transformers::grouped_mm_fallback": transformers_grouped_mm,
     "transformers::grouped_mm_fallback_backward": transformers_grouped_mm_backward,
+    # torch's own (torch/nn/modules/linear_cross_entropy.py), registered when torch.nn loads
+    "torch_nn::_linear_cross_entropy_batch_chunked": linear_cross_entropy_chunked,
+    "torch_nn::_linear_cross_entropy_batch_chunked_no_reduction": (
+        linear_cross_entropy_chunked_none
+    ),
 }
 
 
