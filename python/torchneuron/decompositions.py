@@ -59,6 +59,7 @@ decomposes into scatters and gathers by index, become device math here:
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import contextvars
 import functools
@@ -773,6 +774,35 @@ def histc(t: torch.Tensor, bins: int = 100, min: float = 0.0, max: float = 0.0) 
     return onehot.to(t.dtype).sum(0)
 
 
+def _linspace_edges(
+    column: torch.Tensor, bins: int, bounds: tuple[float, float] | None
+) -> torch.Tensor:
+    """One dim's bin edges as eager's histograms make them: the given range or the data's
+    (widened by 0.5 each way when it is one value; [0, 1] without data), then eager's CPU
+    ``linspace`` in the input's dtype (``start + i * step`` up to half way, ``end - (bins -
+    i) * step`` after)."""
+    dtype, device = column.dtype, column.device
+    if bounds is not None:
+        left, right = float(bounds[0]), float(bounds[1])
+        if left == right:
+            left, right = left - 0.5, right + 0.5
+        lo = torch.full((), left, dtype=dtype, device=device)
+        hi = torch.full((), right, dtype=dtype, device=device)
+    elif column.numel():
+        lo, hi = column.min(), column.max()
+        same = lo == hi
+        lo, hi = torch.where(same, lo - 0.5, lo), torch.where(same, hi + 0.5, hi)
+    else:
+        lo = torch.zeros((), dtype=dtype, device=device)
+        hi = torch.ones((), dtype=dtype, device=device)
+    step = (hi - lo) / bins
+    i = torch.arange(bins + 1, device=device, dtype=dtype)
+    return torch.where(i < (bins + 1) // 2, lo + step * i, hi - step * (bins - i)).to(dtype)
+
+
+_HISTOGRAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def histogram(
     t: torch.Tensor,
     bins: int = 100,
@@ -781,31 +811,100 @@ def histogram(
     weight: torch.Tensor | None = None,
     density: bool = False,
 ) -> object:
-    """``torch.histogram`` with a bin count: the edges as eager's CPU ``linspace`` computes them
-    (``start + i * step`` up to half way, ``end - (bins - i) * step`` after; the data's range
-    widened by 0.5 each way when it is one value), then each element compared with the edges
-    (one-hot, the top edge in the last bin), weighted and summed over the elements."""
-    if t.dtype not in (torch.float32, torch.bfloat16, torch.float16) or bins <= 0:
+    """``torch.histogram`` with a bin count: :func:`_linspace_edges`, then each element
+    compared with the edges (one-hot), weighted and summed over the elements."""
+    if t.dtype not in _HISTOGRAM_DTYPES or bins <= 0:
         return NotImplemented
     flat = t.reshape(-1)
-    if range is not None:
-        left, right = float(range[0]), float(range[1])
-        if left == right:
-            left, right = left - 0.5, right + 0.5
-        # In the input's dtype, as eager's linspace computes (no float64 on the device).
-        lo = torch.full((), left, dtype=t.dtype, device=t.device)
-        hi = torch.full((), right, dtype=t.dtype, device=t.device)
-    elif flat.numel():
-        lo, hi = flat.min(), flat.max()
-        same = lo == hi
-        lo, hi = torch.where(same, lo - 0.5, lo), torch.where(same, hi + 0.5, hi)
-    else:  # no data, no range: eager's edges span [0, 1]
-        lo = torch.zeros((), dtype=t.dtype, device=t.device)
-        hi = torch.ones((), dtype=t.dtype, device=t.device)
-    step = (hi - lo) / bins
-    i = torch.arange(bins + 1, device=t.device, dtype=t.dtype)
-    edges = torch.where(i < (bins + 1) // 2, lo + step * i, hi - step * (bins - i)).to(t.dtype)
+    bounds = None if range is None else (range[0], range[1])
+    edges = _linspace_edges(flat, bins, bounds)
     return _histogram_counts(flat, edges, weight, density), edges
+
+
+def _histogramdd_edges(
+    t: torch.Tensor,
+    bins: Sequence[int],
+    range: Sequence[float] | None,  # noqa: A002
+) -> list[torch.Tensor] | None:
+    """Every dim's edges of a d-dimensional histogram of ``t`` (points along its last dim)."""
+    dims = t.shape[-1] if t.dim() else 0
+    if t.dtype not in _HISTOGRAM_DTYPES or dims != len(bins) or min(bins, default=0) <= 0:
+        return None
+    points = t.reshape(-1, dims)
+    return [
+        _linspace_edges(
+            points[:, d], bins[d], None if range is None else (range[2 * d], range[2 * d + 1])
+        )
+        for d in builtins.range(dims)
+    ]
+
+
+def histogramdd_bin_edges(
+    t: torch.Tensor,
+    bins: Sequence[int],
+    *,
+    range: Sequence[float] | None = None,  # noqa: A002
+    weight: torch.Tensor | None = None,
+    density: bool = False,
+) -> object:
+    edges = _histogramdd_edges(t, bins, range)
+    return NotImplemented if edges is None else edges
+
+
+def histogramdd_from_bin_cts(
+    t: torch.Tensor,
+    bins: Sequence[int],
+    *,
+    range: Sequence[float] | None = None,  # noqa: A002
+    weight: torch.Tensor | None = None,
+    density: bool = False,
+) -> object:
+    edges = _histogramdd_edges(t, bins, range)
+    return NotImplemented if edges is None else _histogramdd_counts(t, edges, weight, density)
+
+
+def histogramdd_from_bin_tensors(
+    t: torch.Tensor,
+    bins: Sequence[torch.Tensor],
+    *,
+    weight: torch.Tensor | None = None,
+    density: bool = False,
+) -> object:
+    dims = t.shape[-1] if t.dim() else 0
+    if t.dtype not in _HISTOGRAM_DTYPES or dims != len(bins):
+        return NotImplemented
+    if any(e.dim() != 1 or e.numel() < 2 or e.dtype != t.dtype for e in bins):
+        return NotImplemented  # eager refuses these: let it say why
+    return _histogramdd_counts(t, list(bins), weight, density)
+
+
+def _histogramdd_counts(
+    t: torch.Tensor, edges: list[torch.Tensor], weight: torch.Tensor | None, density: bool
+) -> torch.Tensor:
+    """Each point's bin along every dim (how many inner edges it reaches; inside when within
+    the outer ones, the top edge in the last bin), the dims' bins as one flat bin (one-hot
+    against an iota), weighted sums per bin; density divides by the total and each bin's
+    volume."""
+    dims = len(edges)
+    points = t.reshape(-1, dims)
+    sizes = [e.shape[0] - 1 for e in edges]
+    flat_bin = torch.zeros(points.shape[0], dtype=torch.int64, device=t.device)
+    inside = torch.ones(points.shape[0], dtype=torch.bool, device=t.device)
+    for d, e in enumerate(edges):
+        x = points[:, d]
+        reached = (x.unsqueeze(1) >= e[1:-1]).sum(1) if sizes[d] > 1 else 0
+        inside = inside & (x >= e[0]) & (x <= e[-1])
+        flat_bin = flat_bin * sizes[d] + reached
+    total = math.prod(sizes)
+    onehot = (flat_bin.unsqueeze(1) == torch.arange(total, device=t.device)) & inside.unsqueeze(1)
+    w = torch.ones_like(points[:, 0]) if weight is None else weight.reshape(-1).to(t.dtype)
+    hist = torch.where(onehot, w.unsqueeze(1), 0.0).sum(0).reshape(sizes)
+    if density:
+        volume = functools.reduce(
+            lambda v, e: v.unsqueeze(-1) * (e[1:] - e[:-1]), edges[1:], edges[0][1:] - edges[0][:-1]
+        )
+        hist = hist / (hist.sum() * volume)
+    return hist.to(t.dtype)
 
 
 def histogram_edges(
@@ -816,7 +915,7 @@ def histogram_edges(
     density: bool = False,
 ) -> object:
     """``torch.histogram`` with given edges: as :func:`histogram` after its edges."""
-    if t.dtype not in (torch.float32, torch.bfloat16, torch.float16) or bins.dim() != 1:
+    if t.dtype not in _HISTOGRAM_DTYPES or bins.dim() != 1:
         return NotImplemented
     if bins.numel() < 2 or bins.dtype != t.dtype:
         return NotImplemented  # eager refuses these: let it say why
@@ -1628,49 +1727,67 @@ def _grid_source(coord: torch.Tensor, size: int, align_corners: bool, border: bo
     return x.clamp(0, size - 1) if border else x
 
 
-def grid_sampler_2d(
+def grid_sampler(
     x: torch.Tensor,
     grid: torch.Tensor,
     interpolation_mode: int,
     padding_mode: int,
     align_corners: bool,
 ) -> object:
-    """``grid_sample`` of a 4-d input, bilinear or nearest, with zero or border padding: each
-    output pixel reads its source pixels through a gather of the flattened image (one-hot
-    compares with an iota, see :func:`gather`) weighted by the bilinear weights, a pixel
-    outside the image weighing 0. Bicubic and reflection padding stay whole, and so do 16-bit
-    inputs: eager rounds every step of their coordinates to 16 bits, which moves a nearest
-    neighbour or a bilinear weight by more than an ulp of the result."""
-    bilinear, nearest = interpolation_mode == 0, interpolation_mode == 1
-    if x.dim() != 4 or x.dtype != torch.float32 or not (bilinear or nearest):
+    """``grid_sample`` of a 4-d or 5-d input, (bi/tri)linear or nearest, with zero or border
+    padding: each output pixel reads its source pixels as rows of the image with a pixel per
+    row (index_select: a gather of rows by indirect DMA), weighted by the linear weights
+    (in eager's order of corners and factors), a pixel outside the image weighing 0. Bicubic
+    and reflection padding stay whole, and so do 16-bit inputs: eager rounds every step of
+    their coordinates to 16 bits, which moves a nearest neighbour or a linear weight by more
+    than an ulp of the result."""
+    linear, nearest = interpolation_mode == 0, interpolation_mode == 1
+    if x.dim() not in (4, 5) or x.dtype != torch.float32 or grid.dtype != torch.float32:
         return NotImplemented
-    if padding_mode not in (0, 1):
+    if not (linear or nearest) or padding_mode not in (0, 1) or x.numel() == 0:
         return NotImplemented
-    n, c, h, w = x.shape
-    ho, wo = grid.shape[1], grid.shape[2]
-    if x.numel() == 0 or grid.numel() == 0:
+    if grid.numel() == 0:
         return NotImplemented
-    if grid.dtype != torch.float32:
-        return NotImplemented
-    ix = _grid_source(grid[..., 0], w, align_corners, padding_mode == 1)
-    iy = _grid_source(grid[..., 1], h, align_corners, padding_mode == 1)
-    image = x.reshape(n, c, h * w)
+    n, c, spatial = x.shape[0], x.shape[1], list(x.shape[2:])
+    dims = len(spatial)
+    out_shape = list(grid.shape[1:-1])
+    # grid's last dim lists x (the last spatial dim) first
+    source = [
+        _grid_source(grid[..., dims - 1 - d], spatial[d], align_corners, padding_mode == 1)
+        for d in range(dims)
+    ]
+    pixels = math.prod(spatial)
+    image = x.reshape(n, c, pixels).transpose(1, 2).reshape(n * pixels, c)  # a row per pixel
+    strides = [math.prod(spatial[d + 1 :]) for d in range(dims)]
+    batch = (torch.arange(n, device=x.device) * pixels).reshape([n] + [1] * len(out_shape))
 
-    def read(px: torch.Tensor, py: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        inside = (px >= 0) & (px <= w - 1) & (py >= 0) & (py <= h - 1)
-        at = (py.clamp(0, h - 1) * w + px.clamp(0, w - 1)).to(torch.int64).reshape(n, 1, -1)
-        pixels = torch.gather(image, 2, at.expand(n, c, ho * wo)).reshape(n, c, ho, wo)
-        return torch.where(inside.unsqueeze(1), pixels * weight.unsqueeze(1), 0.0)
+    def read(points: list[torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
+        inside = functools.reduce(
+            torch.logical_and,
+            [(p >= 0) & (p <= size - 1) for p, size in zip(points, spatial, strict=True)],
+        )
+        at = sum(
+            p.clamp(0, size - 1) * st for p, size, st in zip(points, spatial, strides, strict=True)
+        )
+        at = cast(torch.Tensor, at).to(torch.int64) + batch
+        rows = torch.index_select(image, 0, at.reshape(-1)).reshape(*at.shape, c)
+        values = rows.movedim(-1, 1)  # [n, c, *out]
+        return torch.where(inside.unsqueeze(1), values * weight.unsqueeze(1), 0.0)
 
-    if nearest:
-        px, py = torch.round(ix), torch.round(iy)  # half to even, as nearbyint
-        return read(px, py, torch.ones_like(ix))
-    x0, y0 = torch.floor(ix), torch.floor(iy)
-    x1, y1 = x0 + 1, y0 + 1
-    out = read(x0, y0, (x1 - ix) * (y1 - iy))
-    out = out + read(x1, y0, (ix - x0) * (y1 - iy))
-    out = out + read(x0, y1, (x1 - ix) * (iy - y0))
-    return out + read(x1, y1, (ix - x0) * (iy - y0))
+    if nearest:  # half to even, as nearbyint
+        return read([torch.round(p) for p in source], torch.ones_like(source[0]))
+    low = [torch.floor(p) for p in source]
+    high = [f + 1 for f in low]
+    out: torch.Tensor | None = None
+    for corner in itertools.product((0, 1), repeat=dims):
+        points = [high[d] if bit else low[d] for d, bit in enumerate(corner)]
+        factors = [
+            source[d] - low[d] if bit else high[d] - source[d] for d, bit in enumerate(corner)
+        ]
+        weight = functools.reduce(torch.mul, factors[::-1])  # x's factor first, as eager
+        part = read(points, weight)
+        out = part if out is None else out + part
+    return out
 
 
 def diagonal_scatter(
@@ -2201,9 +2318,13 @@ OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.sort.stable: sort,
     _aten.segment_reduce.default: segment_reduce,
     _aten.nonzero_static.default: nonzero_static,
-    _aten.grid_sampler_2d.default: grid_sampler_2d,
+    _aten.grid_sampler_2d.default: grid_sampler,
+    _aten.grid_sampler_3d.default: grid_sampler,
     _aten.histogram.bin_ct: histogram,
     _aten.histogram.bins_tensor: histogram_edges,
+    _aten._histogramdd_bin_edges.default: histogramdd_bin_edges,
+    _aten._histogramdd_from_bin_cts.default: histogramdd_from_bin_cts,
+    _aten._histogramdd_from_bin_tensors.default: histogramdd_from_bin_tensors,
 }
 
 

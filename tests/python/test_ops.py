@@ -1192,9 +1192,10 @@ def test_decompositions_of_ops_core_aten_keeps_whole() -> None:
     nextafter of every special value against every other (exact), a sort of rows longer than
     the select rounds take (NaN, ties: stable, both orders), histograms (data range, given
     edges, weights, density), 3-d average pooling with windows of different sizes, segments
-    (empty ones, ``initial``), nonzero_static past the nonzeros, grid sampling outside the
-    image, a dot product over an empty dim and the chunked linear cross-entropy. Every op
-    on the device; every result as eager's."""
+    (empty ones, ``initial``), nonzero_static past the nonzeros, 2-d and 3-d grid sampling
+    outside the image, a 2-d histogram, overlapping as_strided windows (rewrite.py), a dot
+    product over an empty dim and the chunked linear cross-entropy. Every op on the device;
+    every result as eager's."""
     from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
 
     special = _specials(torch.float32)
@@ -1205,7 +1206,7 @@ def test_decompositions_of_ops_core_aten_keeps_whole() -> None:
     lengths = torch.tensor([2, 0, 4])
     sparse = torch.randn(4, 5) * (torch.rand(4, 5) > 0.6)
     image, grid = torch.randn(1, 2, 4, 5), torch.rand(1, 3, 3, 2) * 2.4 - 1.2
-    volume = torch.randn(1, 2, 5, 6, 7)
+    volume, grid3 = torch.randn(1, 2, 5, 6, 7), torch.rand(1, 2, 3, 2, 3) * 2.4 - 1.2
     options = LinearCrossEntropyOptions(batch_chunk_size=2)
     features, classifier, labels = (
         torch.randn(5, 3),
@@ -1229,6 +1230,9 @@ def test_decompositions_of_ops_core_aten_keeps_whole() -> None:
         out += [
             F.grid_sample(image, grid, mode="nearest", padding_mode="border", align_corners=True)
         ]
+        out += [F.grid_sample(volume, grid3, align_corners=True)]
+        out += [torch.histogramdd(data, bins=[3, 2], weight=data[:, 0].abs(), density=True)[0]]
+        out += [torch.as_strided(data, (3, 4), (2, 1)) * 1]  # overlapping windows
         out += [torch.linalg.vecdot(data[:, :0], data[:, :0])]
         out += [F.linear_cross_entropy(features, classifier, labels, options=options)]
         return out
