@@ -387,6 +387,10 @@ def convolution(
     ordinary 1-d and 2-d ones are the importer's."""
     if weight.dim() == 5 and not transposed:
         return _convolution3d(x, weight, bias, stride, padding, dilation, groups)
+    if weight.dim() == 5:
+        return _transposed_convolution3d(
+            x, weight, bias, stride, padding, dilation, output_padding, groups
+        )
     return transposed_convolution(
         x, weight, bias, stride, padding, dilation, transposed, output_padding, groups
     )
@@ -430,6 +434,65 @@ def _convolution3d(
         y = part if y is None else y + part
     assert y is not None
     y = y.reshape(n, out_depth, o, *y.shape[2:]).transpose(1, 2)
+    if bias is not None:
+        y = y + bias.to(acc).reshape(1, -1, 1, 1, 1)
+    y = y.to(x.dtype)
+    return y.squeeze(0) if unbatched else y
+
+
+def _transposed_convolution3d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    output_padding: Sequence[int],
+    groups: int,
+) -> object:
+    """A 3-d transposed convolution as 2-d ones, the adjoint of :func:`_convolution3d`: depth
+    tap ``kd`` transposes-convolves every input depth's plane (depths folded into the batch)
+    with the weights' plane ``kd``; input depth i lands on output depth i * stride + kd *
+    dilation (zeros between, by a concat with zeros and a reshape), the taps are summed in
+    float32, the depth padding is cropped and the result rounded once. Float32 only: eager's
+    16-bit kernel rounds its partial sums (OpInfo's dilated bf16 sample: eager 0.088 from the
+    float64 result, this form 0.031), so the two differ by more than an ulp."""
+    unbatched = x.dim() == 4
+    if unbatched:
+        x = x.unsqueeze(0)
+    if x.dim() != 5 or isinstance(padding, str) or x.dtype != torch.float32:
+        return NotImplemented
+
+    def triple(v: Sequence[int]) -> list[int]:
+        return [v[k] if len(v) > 1 else v[0] for k in range(3)]
+
+    s, p, d, op = triple(stride), triple(padding), triple(dilation), triple(output_padding)
+    n, c, depth = x.shape[:3]
+    kd = weight.shape[2]
+    full = (depth - 1) * s[0] + d[0] * (kd - 1) + 1 + op[0]
+    out_depth = full - 2 * p[0]
+    if out_depth <= 0 or op[0] >= max(s[0], d[0]):
+        return NotImplemented
+    acc = _accumulation_dtype(x)
+    planes = x.to(acc).transpose(1, 2).reshape(n * depth, c, *x.shape[3:])
+    w = weight.to(acc)
+    y: torch.Tensor | None = None
+    for tap in range(kd):
+        part = _aten.convolution.default(
+            planes, w[:, :, tap], None, s[1:], p[1:], d[1:], True, op[1:], groups
+        )
+        if part is NotImplemented:
+            return NotImplemented
+        part = part.reshape(n, depth, *part.shape[1:]).transpose(1, 2)  # [n, o, depth, h, w]
+        if s[0] > 1:  # input depth i at i * stride: zeros between
+            gaps = part.new_zeros(*part.shape[:3], s[0] - 1, *part.shape[3:])
+            part = torch.cat([part.unsqueeze(3), gaps], 3).flatten(2, 3)
+            part = part[:, :, : (depth - 1) * s[0] + 1]
+        front = tap * d[0]
+        part = F.pad(part, (0, 0, 0, 0, front, full - front - part.shape[2]))
+        y = part if y is None else y + part
+    assert y is not None
+    y = y[:, :, p[0] : p[0] + out_depth]
     if bias is not None:
         y = y + bias.to(acc).reshape(1, -1, 1, 1, 1)
     y = y.to(x.dtype)

@@ -1193,9 +1193,9 @@ def test_decompositions_of_ops_core_aten_keeps_whole() -> None:
     the select rounds take (NaN, ties: stable, both orders), histograms (data range, given
     edges, weights, density), 3-d average pooling with windows of different sizes, segments
     (empty ones, ``initial``), nonzero_static past the nonzeros, 2-d and 3-d grid sampling
-    outside the image, a 2-d histogram, overlapping as_strided windows (rewrite.py), a dot
-    product over an empty dim and the chunked linear cross-entropy. Every op on the device;
-    every result as eager's."""
+    outside the image, a 3-d transposed convolution, a 2-d histogram, overlapping as_strided
+    windows (rewrite.py), a dot product over an empty dim and the chunked linear
+    cross-entropy. Every op on the device; every result as eager's."""
     from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
 
     special = _specials(torch.float32)
@@ -1207,6 +1207,7 @@ def test_decompositions_of_ops_core_aten_keeps_whole() -> None:
     sparse = torch.randn(4, 5) * (torch.rand(4, 5) > 0.6)
     image, grid = torch.randn(1, 2, 4, 5), torch.rand(1, 3, 3, 2) * 2.4 - 1.2
     volume, grid3 = torch.randn(1, 2, 5, 6, 7), torch.rand(1, 2, 3, 2, 3) * 2.4 - 1.2
+    kernel3 = torch.randn(2, 3, 3, 2, 3)
     options = LinearCrossEntropyOptions(batch_chunk_size=2)
     features, classifier, labels = (
         torch.randn(5, 3),
@@ -1231,6 +1232,7 @@ def test_decompositions_of_ops_core_aten_keeps_whole() -> None:
             F.grid_sample(image, grid, mode="nearest", padding_mode="border", align_corners=True)
         ]
         out += [F.grid_sample(volume, grid3, align_corners=True)]
+        out += [F.conv_transpose3d(volume, kernel3, stride=2, padding=1, output_padding=1)]
         out += [torch.histogramdd(data, bins=[3, 2], weight=data[:, 0].abs(), density=True)[0]]
         out += [torch.as_strided(data, (3, 4), (2, 1)) * 1]  # overlapping windows
         out += [torch.linalg.vecdot(data[:, :0], data[:, :0])]
