@@ -1853,6 +1853,46 @@ def grid_sampler(
     return out
 
 
+def _antialias_weights(
+    size: int, out: int, align_corners: bool, scale: float | None, device: torch.device
+) -> torch.Tensor:
+    """``[out, size]``: each output position's weights over the input along one dim, as
+    PyTorch's antialiased bilinear resampling defines them: a triangle filter centred at
+    ``scale * (i + 0.5)``, widened by the scale when downsampling, cut to the pixels within
+    its support and normalized to sum 1."""
+    if align_corners:
+        ratio = (size - 1) / (out - 1) if out > 1 else 0.0
+    else:
+        ratio = 1.0 / scale if scale is not None and scale > 0 else size / out
+    support = ratio if ratio >= 1.0 else 1.0
+    stretch = 1.0 / ratio if ratio >= 1.0 else 1.0
+    i = torch.arange(out, device=device, dtype=torch.float32).unsqueeze(1)
+    j = torch.arange(size, device=device, dtype=torch.float32)
+    center = ratio * (i + 0.5)
+    first = torch.clamp(torch.floor(center - support + 0.5), min=0)
+    last = torch.clamp(torch.floor(center + support + 0.5), max=size)
+    weights = torch.clamp(1 - ((j - center + 0.5) * stretch).abs(), min=0)
+    weights = torch.where((j >= first) & (j < last), weights, 0.0)
+    total = weights.sum(1, keepdim=True)
+    return weights / torch.where(total == 0, 1.0, total)
+
+
+def upsample_bilinear2d_aa(
+    x: torch.Tensor,
+    output_size: Sequence[int],
+    align_corners: bool,
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> object:
+    """Antialiased bilinear resizing: separable, so two matmuls with each dim's weight
+    matrix (:func:`_antialias_weights`), in float32 on TensorE."""
+    if x.dim() != 4 or x.dtype != torch.float32 or min(output_size) <= 0 or x.numel() == 0:
+        return NotImplemented
+    rows = _antialias_weights(x.shape[2], output_size[0], align_corners, scales_h, x.device)
+    cols = _antialias_weights(x.shape[3], output_size[1], align_corners, scales_w, x.device)
+    return torch.matmul(torch.matmul(rows, x), cols.t())
+
+
 def diagonal_scatter(
     t: torch.Tensor, src: torch.Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1
 ) -> object:
@@ -2383,6 +2423,7 @@ OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.nonzero_static.default: nonzero_static,
     _aten.grid_sampler_2d.default: grid_sampler,
     _aten.grid_sampler_3d.default: grid_sampler,
+    _aten._upsample_bilinear2d_aa.default: upsample_bilinear2d_aa,
     _aten.histogram.bin_ct: histogram,
     _aten.histogram.bins_tensor: histogram_edges,
     _aten._histogramdd_bin_edges.default: histogramdd_bin_edges,

@@ -1193,9 +1193,9 @@ def test_decompositions_of_ops_core_aten_keeps_whole() -> None:
     the select rounds take (NaN, ties: stable, both orders), histograms (data range, given
     edges, weights, density), 3-d average pooling with windows of different sizes, segments
     (empty ones, ``initial``), nonzero_static past the nonzeros, 2-d and 3-d grid sampling
-    outside the image, a 3-d transposed convolution, a 2-d histogram, overlapping as_strided
-    windows (rewrite.py), a dot product over an empty dim and the chunked linear
-    cross-entropy. Every op on the device; every result as eager's."""
+    outside the image, antialiased resizing, a 3-d transposed convolution, a 2-d histogram,
+    overlapping as_strided windows (rewrite.py), a dot product over an empty dim and the
+    chunked linear cross-entropy. Every op on the device; every result as eager's."""
     from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
 
     special = _specials(torch.float32)
@@ -1232,6 +1232,7 @@ def test_decompositions_of_ops_core_aten_keeps_whole() -> None:
             F.grid_sample(image, grid, mode="nearest", padding_mode="border", align_corners=True)
         ]
         out += [F.grid_sample(volume, grid3, align_corners=True)]
+        out += [F.interpolate(image, size=(3, 9), mode="bilinear", antialias=True)]
         out += [F.conv_transpose3d(volume, kernel3, stride=2, padding=1, output_padding=1)]
         out += [torch.histogramdd(data, bins=[3, 2], weight=data[:, 0].abs(), density=True)[0]]
         out += [torch.as_strided(data, (3, 4), (2, 1)) * 1]  # overlapping windows
