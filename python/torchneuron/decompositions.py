@@ -1893,6 +1893,52 @@ def upsample_bilinear2d_aa(
     return torch.matmul(torch.matmul(rows, x), cols.t())
 
 
+def embedding_bag_forward_only(
+    weight: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    scale_grad_by_freq: bool = False,
+    mode: int = 0,
+    sparse: bool = False,
+    per_sample_weights: torch.Tensor | None = None,
+    include_last_offset: bool = False,
+    padding_idx: int = -1,
+) -> object:
+    """``embedding_bag`` (inference) summing or averaging its bags: the rows by a gather
+    (index_select, indirect DMA), each bag's rows summed by a TensorE matmul with a one-hot
+    bag-membership matrix (each index's bag: how many bag starts it reaches, by compares);
+    padding indices and, with ``include_last_offset``, indices past the last offset belong
+    to no bag; an empty bag is 0. The other results as eager's CPU kernel gives them
+    (``offset2bag``, ``bag_size``, ``max_indices``). Max bags stay whole."""
+    if mode not in (0, 1) or indices.dim() != 1 or offsets.dim() != 1:
+        return NotImplemented
+    if weight.dtype != torch.float32 or weight.dim() != 2:
+        return NotImplemented
+    if include_last_offset and (mode != 0 or padding_idx >= 0):
+        return NotImplemented  # eager's auxiliary results differ in shape there
+    n = indices.shape[0]
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    position = torch.arange(n, device=weight.device)
+    bag = (position.unsqueeze(1) >= offsets[:bags]).sum(1) - 1  # [n]
+    valid = torch.ones_like(position, dtype=torch.bool)
+    if include_last_offset:
+        valid = position < offsets[-1]
+    if padding_idx >= 0:
+        valid = valid & (indices != padding_idx)
+    member = (bag == torch.arange(bags, device=weight.device).unsqueeze(1)) & valid
+    rows = torch.index_select(weight, 0, indices)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.to(rows.dtype).unsqueeze(1)
+    out = torch.matmul(member.to(rows.dtype), rows)
+    counts = member.sum(1)
+    if mode == 1:
+        out = out / counts.clamp(min=1).unsqueeze(1).to(out.dtype)
+        return out, bag, counts, counts.clone()
+    zeros = torch.zeros(offsets.shape[0], dtype=torch.int64, device=weight.device)
+    offset2bag = bag if padding_idx >= 0 else bag[:0]
+    return out, offset2bag, zeros, zeros.clone()
+
+
 def diagonal_scatter(
     t: torch.Tensor, src: torch.Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1
 ) -> object:
@@ -2424,6 +2470,7 @@ OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.grid_sampler_2d.default: grid_sampler,
     _aten.grid_sampler_3d.default: grid_sampler,
     _aten._upsample_bilinear2d_aa.default: upsample_bilinear2d_aa,
+    _aten._embedding_bag_forward_only.default: embedding_bag_forward_only,
     _aten.histogram.bin_ct: histogram,
     _aten.histogram.bins_tensor: histogram_edges,
     _aten._histogramdd_bin_edges.default: histogramdd_bin_edges,

@@ -1194,8 +1194,9 @@ def test_decompositions_of_ops_core_aten_keeps_whole() -> None:
     edges, weights, density), 3-d average pooling with windows of different sizes, segments
     (empty ones, ``initial``), nonzero_static past the nonzeros, 2-d and 3-d grid sampling
     outside the image, antialiased resizing, a 3-d transposed convolution, a 2-d histogram,
-    overlapping as_strided windows (rewrite.py), a dot product over an empty dim and the
-    chunked linear cross-entropy. Every op on the device; every result as eager's."""
+    overlapping as_strided windows (rewrite.py), embedding bags (an empty one), a dot product
+    over an empty dim and the chunked linear cross-entropy. Every op on the device; every
+    result as eager's."""
     from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
 
     special = _specials(torch.float32)
@@ -1236,6 +1237,7 @@ def test_decompositions_of_ops_core_aten_keeps_whole() -> None:
         out += [F.conv_transpose3d(volume, kernel3, stride=2, padding=1, output_padding=1)]
         out += [torch.histogramdd(data, bins=[3, 2], weight=data[:, 0].abs(), density=True)[0]]
         out += [torch.as_strided(data, (3, 4), (2, 1)) * 1]  # overlapping windows
+        out += [F.embedding_bag(labels, classifier, torch.tensor([0, 2, 2]), mode="mean")]
         out += [torch.linalg.vecdot(data[:, :0], data[:, :0])]
         out += [F.linear_cross_entropy(features, classifier, labels, options=options)]
         return out
