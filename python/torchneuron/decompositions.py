@@ -25,8 +25,14 @@ Ops core ATen keeps whole (:data:`OP_DECOMPOSITIONS`), as ops the device runs:
   ``put``, ``scatter_reduce``, ``index_reduce``, ``masked_scatter``, ``searchsorted``: one-hot
   compares with an iota, selects, reductions and TensorE matmuls; ``as_strided_copy`` and
   ``as_strided_scatter`` of a contiguous tensor: a gather or put at iota-computed positions;
-- pooling and convolution: 3-d convolutions as sums of 2-d ones over the depth taps,
-  adaptive average pooling with unequal windows as matmuls with window matrices;
+- pooling and convolution: 3-d convolutions (and transposed ones, float32) as sums of 2-d
+  ones over the depth taps, adaptive average pooling with unequal windows and 3-d average
+  pooling as matmuls with window matrices, antialiased bilinear resizing likewise;
+- selection and counting: sorts longer than the select rounds take by rank (n^2 compares),
+  ``histogram``/``histogramdd`` with eager's linspace edges, ``segment_reduce``,
+  ``nonzero_static``, ``embedding_bag`` (sum, mean): compares with iotas, one-hot sums and
+  matmuls; ``grid_sample`` (2-d, 3-d; float32) as gathers of pixel rows; sums over an empty
+  dim; torch's chunked ``linear_cross_entropy`` ops (float32 inference);
 - the elementwise functions the engines have no instruction for:
   :mod:`torchneuron.elementwise_math`, and Bessel functions and Chebyshev polynomials:
   :mod:`torchneuron.special_math`.
@@ -1674,6 +1680,10 @@ def sort(
     an iota and a max over the row (exact; -0.0 and NaN kept). n^2 compares per row on
     VectorE; shorter rows stay whole for the importer's select rounds."""
     if t.dim() == 0 or t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return NotImplemented
+    if t.dtype != torch.float32 and not stable:
+        # Thousands of 16-bit values hold many ties, which eager's unstable sort orders its own
+        # way: the stable order is a valid answer, but not eager's, so these stay eager.
         return NotImplemented
     dim = dim % t.dim()
     n = t.shape[dim]
