@@ -28,7 +28,7 @@ Ops core ATen keeps whole (:data:`OP_DECOMPOSITIONS`), as ops the device runs:
 - pooling and convolution: 3-d convolutions (and transposed ones, float32) as sums of 2-d
   ones over the depth taps, adaptive average pooling with unequal windows and 3-d average
   pooling as matmuls with window matrices, antialiased bilinear resizing likewise;
-- selection and counting: sorts longer than the select rounds take by rank (n^2 compares),
+- selection and counting: sorts longer than the select rounds take, up to 2048, by rank,
   ``histogram``/``histogramdd`` with eager's linspace edges, ``segment_reduce``,
   ``nonzero_static``, ``embedding_bag`` (sum, mean): compares with iotas, one-hot sums and
   matmuls; ``grid_sample`` (2-d, 3-d; float32) as gathers of pixel rows; sums over an empty
@@ -1660,9 +1660,11 @@ def _max_select() -> tuple[int, int]:
     return int(limits["row"]), int(limits["work"])
 
 
-#: The most compares a rank sort makes (rows x n x n): past it the host's sort is the better
-#: home and the op stays a counted fallback.
-_RANK_SORT_WORK = 1 << 27
+#: The most compares a rank sort makes (rows x n x n). Measured (``torchneuron.profile()``,
+#: trn2, one row): n = 2048 models 0.67 ms; past it the [n, n] compares spill through HBM
+#: (4096: 71 ms, 8000: 520 ms, DMA-bound) where the host sorts in well under a millisecond,
+#: so longer sorts stay a counted fallback until the lowering keeps them on chip.
+_RANK_SORT_WORK = 1 << 22
 
 
 def sort(
