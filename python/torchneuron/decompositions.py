@@ -843,6 +843,14 @@ def histc(t: torch.Tensor, bins: int = 100, min: float = 0.0, max: float = 0.0) 
     return onehot.to(t.dtype).sum(0)
 
 
+#: The most compares a one-hot form here makes (a rank sort's rows x n x n, a histogram's
+#: elements x bins, ...). Measured with the rank sort (``torchneuron.profile()``, trn2, one
+#: row): n = 2048 models 0.67 ms; past it the compares spill through HBM (4096: 71 ms, 8000:
+#: 520 ms, DMA-bound) where the host takes well under a millisecond, so larger ones stay a
+#: counted fallback until the lowering keeps them on chip.
+_ONE_HOT_WORK = 1 << 22
+
+
 def _linspace_edges(
     column: torch.Tensor, bins: int, bounds: tuple[float, float] | None
 ) -> torch.Tensor:
@@ -885,6 +893,8 @@ def histogram(
     if t.dtype not in _HISTOGRAM_DTYPES or bins <= 0:
         return NotImplemented
     flat = t.reshape(-1)
+    if flat.numel() * bins > _ONE_HOT_WORK:
+        return NotImplemented
     bounds = None if range is None else (range[0], range[1])
     edges = _linspace_edges(flat, bins, bounds)
     return _histogram_counts(flat, edges, weight, density), edges
@@ -898,6 +908,8 @@ def _histogramdd_edges(
     """Every dim's edges of a d-dimensional histogram of ``t`` (points along its last dim)."""
     dims = t.shape[-1] if t.dim() else 0
     if t.dtype not in _HISTOGRAM_DTYPES or dims != len(bins) or min(bins, default=0) <= 0:
+        return None
+    if t.numel() // max(dims, 1) * math.prod(bins) > _ONE_HOT_WORK:
         return None
     points = t.reshape(-1, dims)
     return [
@@ -944,6 +956,8 @@ def histogramdd_from_bin_tensors(
         return NotImplemented
     if any(e.dim() != 1 or e.numel() < 2 or e.dtype != t.dtype for e in bins):
         return NotImplemented  # eager refuses these: let it say why
+    if t.numel() // max(dims, 1) * math.prod(e.numel() - 1 for e in bins) > _ONE_HOT_WORK:
+        return NotImplemented
     return _histogramdd_counts(t, list(bins), weight, density)
 
 
@@ -988,6 +1002,8 @@ def histogram_edges(
         return NotImplemented
     if bins.numel() < 2 or bins.dtype != t.dtype:
         return NotImplemented  # eager refuses these: let it say why
+    if t.numel() * bins.numel() > _ONE_HOT_WORK:
+        return NotImplemented
     return _histogram_counts(t.reshape(-1), bins, weight, density), bins.clone()
 
 
@@ -1660,13 +1676,6 @@ def _max_select() -> tuple[int, int]:
     return int(limits["row"]), int(limits["work"])
 
 
-#: The most compares a rank sort makes (rows x n x n). Measured (``torchneuron.profile()``,
-#: trn2, one row): n = 2048 models 0.67 ms; past it the [n, n] compares spill through HBM
-#: (4096: 71 ms, 8000: 520 ms, DMA-bound) where the host sorts in well under a millisecond,
-#: so longer sorts stay a counted fallback until the lowering keeps them on chip.
-_RANK_SORT_WORK = 1 << 22
-
-
 def sort(
     t: torch.Tensor,
     dim: int = -1,
@@ -1692,7 +1701,7 @@ def sort(
     row, work = _max_select()
     if not isinstance(n, int) or (n <= row and n * n <= work):
         return NotImplemented
-    if t.numel() * n > _RANK_SORT_WORK:
+    if t.numel() * n > _ONE_HOT_WORK:
         return NotImplemented
     x = t.movedim(dim, -1).to(torch.float32)  # exact; 16-bit [n, n] tiles overflow SBUF
     xi, xj = x.unsqueeze(-1), x.unsqueeze(-2)  # [..., i, 1] and [..., 1, j]
@@ -1739,7 +1748,7 @@ def segment_reduce(
         count = ends - starts
     else:
         return NotImplemented
-    if starts.dim() != axis + 1:
+    if starts.dim() != axis + 1 or starts.numel() * data.numel() > _ONE_HOT_WORK:
         return NotImplemented
     n, post = data.shape[axis], data.dim() - axis - 1
     position = torch.arange(n, device=data.device)
@@ -1777,6 +1786,8 @@ def nonzero_static(t: torch.Tensor, *, size: int, fill_value: int = -1) -> objec
     rows = torch.full((size, t.dim()), fill_value, dtype=torch.int64, device=t.device)
     if size == 0 or t.numel() == 0 or t.dim() == 0:
         return rows  # no coordinates to find (a 0-d tensor's have no columns)
+    if size * t.numel() > _ONE_HOT_WORK:
+        return NotImplemented
     mask = (t != 0).reshape(-1)
     place = torch.cumsum(mask.to(torch.int64), 0) - 1
     slots = torch.arange(size, device=t.device).unsqueeze(1)
@@ -1930,6 +1941,8 @@ def embedding_bag_forward_only(
         return NotImplemented  # eager's auxiliary results differ in shape there
     n = indices.shape[0]
     bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    if n * bags > _ONE_HOT_WORK:
+        return NotImplemented
     position = torch.arange(n, device=weight.device)
     bag = (position.unsqueeze(1) >= offsets[:bags]).sum(1) - 1  # [n]
     valid = torch.ones_like(position, dtype=torch.bool)
