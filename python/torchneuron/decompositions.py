@@ -468,6 +468,8 @@ def _transposed_convolution3d(
         x = x.unsqueeze(0)
     if x.dim() != 5 or isinstance(padding, str) or x.dtype != torch.float32:
         return NotImplemented
+    if not _known(x, weight):
+        return NotImplemented
 
     def triple(v: Sequence[int]) -> list[int]:
         return [v[k] if len(v) > 1 else v[0] for k in range(3)]
@@ -621,7 +623,7 @@ def avg_pool3d(
 
     k = triple(kernel_size)
     s, p = triple(stride or k), triple(padding)
-    if x.dim() not in (4, 5) or not x.is_floating_point() or len(k) != 3:
+    if x.dim() not in (4, 5) or not x.is_floating_point() or len(k) != 3 or not _known(x):
         return NotImplemented
     size = list(x.shape[-3:])
     out = [_pool_size(size[d], k[d], s[d], p[d], 1, ceil_mode) for d in range(3)]
@@ -843,6 +845,12 @@ def histc(t: torch.Tensor, bins: int = 100, min: float = 0.0, max: float = 0.0) 
     return onehot.to(t.dtype).sum(0)
 
 
+def _known(*tensors: torch.Tensor) -> bool:
+    """Whether every size of ``tensors`` is a number at trace time: the one-hot forms below
+    size their compares by it (sizes known only at run time keep those ops whole)."""
+    return all(isinstance(n, int) for t in tensors for n in t.shape)
+
+
 #: The most compares a one-hot form here makes (a rank sort's rows x n x n, a histogram's
 #: elements x bins, ...). Measured with the rank sort (``torchneuron.profile()``, trn2, one
 #: row): n = 2048 models 0.67 ms; past it the compares spill through HBM (4096: 71 ms, 8000:
@@ -890,7 +898,7 @@ def histogram(
 ) -> object:
     """``torch.histogram`` with a bin count: :func:`_linspace_edges`, then each element
     compared with the edges (one-hot), weighted and summed over the elements."""
-    if t.dtype not in _HISTOGRAM_DTYPES or bins <= 0:
+    if t.dtype not in _HISTOGRAM_DTYPES or bins <= 0 or not _known(t):
         return NotImplemented
     flat = t.reshape(-1)
     if flat.numel() * bins > _ONE_HOT_WORK:
@@ -908,6 +916,8 @@ def _histogramdd_edges(
     """Every dim's edges of a d-dimensional histogram of ``t`` (points along its last dim)."""
     dims = t.shape[-1] if t.dim() else 0
     if t.dtype not in _HISTOGRAM_DTYPES or dims != len(bins) or min(bins, default=0) <= 0:
+        return None
+    if not _known(t):
         return None
     if t.numel() // max(dims, 1) * math.prod(bins) > _ONE_HOT_WORK:
         return None
@@ -952,7 +962,7 @@ def histogramdd_from_bin_tensors(
     density: bool = False,
 ) -> object:
     dims = t.shape[-1] if t.dim() else 0
-    if t.dtype not in _HISTOGRAM_DTYPES or dims != len(bins):
+    if t.dtype not in _HISTOGRAM_DTYPES or dims != len(bins) or not _known(t, *bins):
         return NotImplemented
     if any(e.dim() != 1 or e.numel() < 2 or e.dtype != t.dtype for e in bins):
         return NotImplemented  # eager refuses these: let it say why
@@ -998,7 +1008,7 @@ def histogram_edges(
     density: bool = False,
 ) -> object:
     """``torch.histogram`` with given edges: as :func:`histogram` after its edges."""
-    if t.dtype not in _HISTOGRAM_DTYPES or bins.dim() != 1:
+    if t.dtype not in _HISTOGRAM_DTYPES or bins.dim() != 1 or not _known(t, bins):
         return NotImplemented
     if bins.numel() < 2 or bins.dtype != t.dtype:
         return NotImplemented  # eager refuses these: let it say why
@@ -1239,7 +1249,8 @@ def _whole_sum(t: torch.Tensor, dtype: torch.dtype | None, mean: bool) -> object
     """``t.sum()`` (or ``t.mean()``): a sum per row on every partition, then the sum of the row
     sums, accumulated in float32 and rounded once, as PyTorch's CPU kernel does for 16-bit
     inputs."""
-    if t.numel() == 0 and t.is_floating_point() and dtype in (None, t.dtype):
+    numel = t.numel()
+    if isinstance(numel, int) and numel == 0 and t.is_floating_point() and dtype in (None, t.dtype):
         # Nothing to add up: 0, and 0 / 0 for the mean, as eager (a vecdot over an empty dim).
         return torch.full((), math.nan if mean else 0.0, dtype=t.dtype, device=t.device)
     rows = _as_rows(t)
@@ -1269,7 +1280,8 @@ def _whole_reduction(mean: bool) -> tuple[Callable[..., object], Callable[..., o
     ) -> object:
         if t.dim() and t.is_floating_point() and dtype in (None, t.dtype) and dim:
             reduced = {d % max(t.dim(), 1) for d in dim}
-            if any(t.shape[d] == 0 for d in reduced):  # nothing to add up (see _whole_sum)
+            if any(isinstance(t.shape[d], int) and t.shape[d] == 0 for d in reduced):
+                # nothing to add up (see _whole_sum); sizes known only at run time never are
                 shape = [1 if d in reduced else n for d, n in enumerate(t.shape)]
                 out = torch.full(shape, math.nan if mean else 0.0, dtype=t.dtype, device=t.device)
                 return (
@@ -1699,7 +1711,7 @@ def sort(
     dim = dim % t.dim()
     n = t.shape[dim]
     row, work = _max_select()
-    if not isinstance(n, int) or (n <= row and n * n <= work):
+    if not _known(t) or (n <= row and n * n <= work):
         return NotImplemented
     if t.numel() * n > _ONE_HOT_WORK:
         return NotImplemented
@@ -1738,6 +1750,8 @@ def segment_reduce(
     every segment's reduction; a mean divides by the segment's length only and an empty
     segment's mean is ``initial`` (NaN without one), as eager's CPU kernel."""
     if indices is not None or not data.is_floating_point() or reduce not in _SEGMENT_IDENTITY:
+        return NotImplemented
+    if not _known(data, *(x for x in (lengths, offsets) if x is not None)):
         return NotImplemented
     axis = axis % max(data.dim(), 1)
     if lengths is not None:
@@ -1781,7 +1795,7 @@ def nonzero_static(t: torch.Tensor, *, size: int, fill_value: int = -1) -> objec
     ``fill_value``: each nonzero's place is a running count of the mask (cumsum on TensorE);
     place k's coordinates are read through a one-hot compare of the places with an iota and
     a sum over the elements (a coordinate is an iota along its dim)."""
-    if t.is_complex():
+    if t.is_complex() or not _known(t):
         return NotImplemented
     rows = torch.full((size, t.dim()), fill_value, dtype=torch.int64, device=t.device)
     if size == 0 or t.numel() == 0 or t.dim() == 0:
@@ -1830,7 +1844,9 @@ def grid_sampler(
     linear, nearest = interpolation_mode == 0, interpolation_mode == 1
     if x.dim() not in (4, 5) or x.dtype != torch.float32 or grid.dtype != torch.float32:
         return NotImplemented
-    if not (linear or nearest) or padding_mode not in (0, 1) or x.numel() == 0:
+    if not (linear or nearest) or padding_mode not in (0, 1) or not _known(x, grid):
+        return NotImplemented
+    if x.numel() == 0:
         return NotImplemented
     if grid.numel() == 0:
         return NotImplemented
@@ -1909,7 +1925,11 @@ def upsample_bilinear2d_aa(
 ) -> object:
     """Antialiased bilinear resizing: separable, so two matmuls with each dim's weight
     matrix (:func:`_antialias_weights`), in float32 on TensorE."""
-    if x.dim() != 4 or x.dtype != torch.float32 or min(output_size) <= 0 or x.numel() == 0:
+    if x.dim() != 4 or x.dtype != torch.float32 or not _known(x):
+        return NotImplemented
+    if not all(isinstance(n, int) for n in output_size) or min(output_size) <= 0:
+        return NotImplemented
+    if x.numel() == 0:
         return NotImplemented
     rows = _antialias_weights(x.shape[2], output_size[0], align_corners, scales_h, x.device)
     cols = _antialias_weights(x.shape[3], output_size[1], align_corners, scales_w, x.device)
@@ -1934,6 +1954,8 @@ def embedding_bag_forward_only(
     to no bag; an empty bag is 0. The other results as eager's CPU kernel gives them
     (``offset2bag``, ``bag_size``, ``max_indices``). Max bags stay whole."""
     if mode not in (0, 1) or indices.dim() != 1 or offsets.dim() != 1:
+        return NotImplemented
+    if not _known(weight, indices, offsets):
         return NotImplemented
     if weight.dtype != torch.float32 or weight.dim() != 2:
         return NotImplemented
