@@ -1551,17 +1551,12 @@ Values cumsumHandler(Importer &im) {
   return {im.b.create<CumsumOp>(im.loc(), out, x, dim)};
 }
 
-/// The work topk/sort costs on the device: k rounds over each row of n
-/// (passes/tile/LowerTopK.cpp), seven fp32 rows of n per partition in SBUF.
-/// Larger selections stay eager: a sort of thousands wants a merge network.
-constexpr int64_t kMaxSelectRow = 4096;
-constexpr int64_t kMaxSelectWork = 65536; // k * n
-
 /// topk(x, k, dim, largest) and sort(x, dim, descending) (k = the whole
 /// dim) as neuron.topk along the last dim; another dim is transposed there
 /// and back.
 Values selectionHandler(Importer &im, Value x, int64_t k, int64_t dim,
                         bool largest) {
+  using ::neuron::compiler::kMaxSelectRow, ::neuron::compiler::kMaxSelectWork;
   auto xType = cast<RankedTensorType>(x.getType());
   RankedTensorType values = im.resultType(0), indices = im.resultType(1);
   require(!xType.getElementType().isInteger(1),

@@ -5,10 +5,18 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
 
+#include <cstdint>
 #include <map>
 #include <string>
 
 namespace neuron::compiler {
+
+/// The work topk/sort costs on the device: k rounds over each row of n
+/// (passes/tile/LowerTopK.cpp), seven fp32 rows of n per partition in SBUF.
+/// Larger selections are refused here; the Python front end sorts longer rows
+/// by rank (decompositions.py), and reads these limits from `_C.MAX_SELECT`.
+constexpr int64_t kMaxSelectRow = 4096;
+constexpr int64_t kMaxSelectWork = 65536; // k * n
 
 /// Why each node of an FX graph document (docs/FX_GRAPH_FORMAT.md) cannot be
 /// imported, keyed by node name; empty when all of them can. A malformed

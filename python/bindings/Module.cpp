@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "compiler/importer/FxImporter.h"
 #include "compiler/pipeline/Pipeline.h"
 #include "passes/flex_attention/FlexAttentionLowering.h"
 #include "runtime/exec/CollectiveHandler.h"
@@ -258,6 +259,11 @@ PYBIND11_MODULE(_C, m) {
   blockClasses["partial"] = static_cast<int>(flex::Kind::partial);
   blockClasses["full"] = static_cast<int>(flex::Kind::full);
   m.attr("FLEX_BLOCK_CLASSES") = blockClasses;
+  // The importer's limits on top-k and sort (torchneuron.decompositions).
+  py::dict maxSelect;
+  maxSelect["row"] = compiler::kMaxSelectRow;
+  maxSelect["work"] = compiler::kMaxSelectWork;
+  m.attr("MAX_SELECT") = maxSelect;
 
   m.def(
       "check_graph",

@@ -25,8 +25,14 @@ Ops core ATen keeps whole (:data:`OP_DECOMPOSITIONS`), as ops the device runs:
   ``put``, ``scatter_reduce``, ``index_reduce``, ``masked_scatter``, ``searchsorted``: one-hot
   compares with an iota, selects, reductions and TensorE matmuls; ``as_strided_copy`` and
   ``as_strided_scatter`` of a contiguous tensor: a gather or put at iota-computed positions;
-- pooling and convolution: 3-d convolutions as sums of 2-d ones over the depth taps,
-  adaptive average pooling with unequal windows as matmuls with window matrices;
+- pooling and convolution: 3-d convolutions (and transposed ones, float32) as sums of 2-d
+  ones over the depth taps, adaptive average pooling with unequal windows and 3-d average
+  pooling as matmuls with window matrices, antialiased bilinear resizing likewise;
+- selection and counting: sorts longer than the select rounds take, up to 2048, by rank,
+  ``histogram``/``histogramdd`` with eager's linspace edges, ``segment_reduce``,
+  ``nonzero_static``, ``embedding_bag`` (sum, mean): compares with iotas, one-hot sums and
+  matmuls; ``grid_sample`` (2-d, 3-d; float32) as gathers of pixel rows; sums over an empty
+  dim; torch's chunked ``linear_cross_entropy`` ops (float32 inference);
 - the elementwise functions the engines have no instruction for:
   :mod:`torchneuron.elementwise_math`, and Bessel functions and Chebyshev polynomials:
   :mod:`torchneuron.special_math`.
@@ -59,6 +65,7 @@ decomposes into scatters and gathers by index, become device math here:
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import contextvars
 import functools
@@ -386,6 +393,10 @@ def convolution(
     ordinary 1-d and 2-d ones are the importer's."""
     if weight.dim() == 5 and not transposed:
         return _convolution3d(x, weight, bias, stride, padding, dilation, groups)
+    if weight.dim() == 5:
+        return _transposed_convolution3d(
+            x, weight, bias, stride, padding, dilation, output_padding, groups
+        )
     return transposed_convolution(
         x, weight, bias, stride, padding, dilation, transposed, output_padding, groups
     )
@@ -429,6 +440,67 @@ def _convolution3d(
         y = part if y is None else y + part
     assert y is not None
     y = y.reshape(n, out_depth, o, *y.shape[2:]).transpose(1, 2)
+    if bias is not None:
+        y = y + bias.to(acc).reshape(1, -1, 1, 1, 1)
+    y = y.to(x.dtype)
+    return y.squeeze(0) if unbatched else y
+
+
+def _transposed_convolution3d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    output_padding: Sequence[int],
+    groups: int,
+) -> object:
+    """A 3-d transposed convolution as 2-d ones, the adjoint of :func:`_convolution3d`: depth
+    tap ``kd`` transposes-convolves every input depth's plane (depths folded into the batch)
+    with the weights' plane ``kd``; input depth i lands on output depth i * stride + kd *
+    dilation (zeros between, by a concat with zeros and a reshape), the taps are summed in
+    float32, the depth padding is cropped and the result rounded once. Float32 only: eager's
+    16-bit kernel rounds its partial sums (OpInfo's dilated bf16 sample: eager 0.088 from the
+    float64 result, this form 0.031), so the two differ by more than an ulp."""
+    unbatched = x.dim() == 4
+    if unbatched:
+        x = x.unsqueeze(0)
+    if x.dim() != 5 or isinstance(padding, str) or x.dtype != torch.float32:
+        return NotImplemented
+    if not _known(x, weight):
+        return NotImplemented
+
+    def triple(v: Sequence[int]) -> list[int]:
+        return [v[k] if len(v) > 1 else v[0] for k in range(3)]
+
+    s, p, d, op = triple(stride), triple(padding), triple(dilation), triple(output_padding)
+    n, c, depth = x.shape[:3]
+    kd = weight.shape[2]
+    full = (depth - 1) * s[0] + d[0] * (kd - 1) + 1 + op[0]
+    out_depth = full - 2 * p[0]
+    if out_depth <= 0 or op[0] >= max(s[0], d[0]):
+        return NotImplemented
+    acc = _accumulation_dtype(x)
+    planes = x.to(acc).transpose(1, 2).reshape(n * depth, c, *x.shape[3:])
+    w = weight.to(acc)
+    y: torch.Tensor | None = None
+    for tap in range(kd):
+        part = _aten.convolution.default(
+            planes, w[:, :, tap], None, s[1:], p[1:], d[1:], True, op[1:], groups
+        )
+        if part is NotImplemented:
+            return NotImplemented
+        part = part.reshape(n, depth, *part.shape[1:]).transpose(1, 2)  # [n, o, depth, h, w]
+        if s[0] > 1:  # input depth i at i * stride: zeros between
+            gaps = part.new_zeros(*part.shape[:3], s[0] - 1, *part.shape[3:])
+            part = torch.cat([part.unsqueeze(3), gaps], 3).flatten(2, 3)
+            part = part[:, :, : (depth - 1) * s[0] + 1]
+        front = tap * d[0]
+        part = F.pad(part, (0, 0, 0, 0, front, full - front - part.shape[2]))
+        y = part if y is None else y + part
+    assert y is not None
+    y = y[:, :, p[0] : p[0] + out_depth]
     if bias is not None:
         y = y + bias.to(acc).reshape(1, -1, 1, 1, 1)
     y = y.to(x.dtype)
@@ -530,6 +602,44 @@ def avg_pool2d_backward(
     g = grad.to(_accumulation_dtype(grad)) * (1.0 / divisor)
     parts = [(i, j, g) for i in range(k[0]) for j in range(k[1])]
     return _sum_back(parts, s, (1, 1), size, p, x.dtype)
+
+
+def avg_pool3d(
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Sequence[int] = (0, 0, 0),
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> object:
+    """``avg_pool3d`` as :func:`avg_pool2d`'s window matrices, one per dim: a window is a box, so
+    its sum is the depth windows' sum of the (height, width) windows' sums, and PyTorch's CPU
+    divisor is the product of the three window lengths (with or without padding)."""
+
+    def triple(v: Sequence[int] | int) -> list[int]:
+        v = [v] if isinstance(v, int) else list(v)
+        return v * 3 if len(v) == 1 else v
+
+    k = triple(kernel_size)
+    s, p = triple(stride or k), triple(padding)
+    if x.dim() not in (4, 5) or not x.is_floating_point() or len(k) != 3 or not _known(x):
+        return NotImplemented
+    size = list(x.shape[-3:])
+    out = [_pool_size(size[d], k[d], s[d], p[d], 1, ceil_mode) for d in range(3)]
+    if min(out) <= 0 or any(2 * p[d] > k[d] for d in range(3)):
+        return NotImplemented  # eager refuses these; leave it to say so
+    windows = [_pool_windows(size[d], k[d], s[d], p[d], out[d], x.device) for d in range(3)]
+    (depth, _, _), (rows, _, _), (cols, _, _) = windows
+    plane = torch.matmul(torch.matmul(rows, x.to(torch.float32)), cols.t())  # [..., D, Ho, Wo]
+    lead = list(plane.shape[:-3])
+    sums = torch.matmul(depth, plane.reshape(*lead, size[0], out[1] * out[2]))
+    sums = sums.reshape(*lead, *out)
+    if divisor_override:
+        return (sums / divisor_override).to(x.dtype)
+    lengths = [w[1] if count_include_pad else w[2] for w in windows]
+    divisors = lengths[0].reshape(-1, 1, 1) * lengths[1].reshape(-1, 1) * lengths[2]
+    return (sums / divisors).to(x.dtype)
 
 
 def max_pool2d_with_indices_backward(
@@ -733,6 +843,194 @@ def histc(t: torch.Tensor, bins: int = 100, min: float = 0.0, max: float = 0.0) 
         inside.unsqueeze(1)
     )
     return onehot.to(t.dtype).sum(0)
+
+
+def _known(*tensors: torch.Tensor) -> bool:
+    """Whether every size of ``tensors`` is a number at trace time: the one-hot forms below
+    size their compares by it (sizes known only at run time keep those ops whole)."""
+    return all(isinstance(n, int) for t in tensors for n in t.shape)
+
+
+#: The most compares a one-hot form here makes (a rank sort's rows x n x n, a histogram's
+#: elements x bins, ...). Measured with the rank sort (``torchneuron.profile()``, trn2, one
+#: row): n = 2048 models 0.67 ms; past it the compares spill through HBM (4096: 71 ms, 8000:
+#: 520 ms, DMA-bound) where the host takes well under a millisecond, so larger ones stay a
+#: counted fallback until the lowering keeps them on chip.
+_ONE_HOT_WORK = 1 << 22
+
+
+def _linspace_edges(
+    column: torch.Tensor, bins: int, bounds: tuple[float, float] | None
+) -> torch.Tensor:
+    """One dim's bin edges as eager's histograms make them: the given range or the data's
+    (widened by 0.5 each way when it is one value; [0, 1] without data), then eager's CPU
+    ``linspace`` in the input's dtype (``start + i * step`` up to half way, ``end - (bins -
+    i) * step`` after)."""
+    dtype, device = column.dtype, column.device
+    if bounds is not None:
+        left, right = float(bounds[0]), float(bounds[1])
+        if left == right:
+            left, right = left - 0.5, right + 0.5
+        lo = torch.full((), left, dtype=dtype, device=device)
+        hi = torch.full((), right, dtype=dtype, device=device)
+    elif column.numel():
+        lo, hi = column.min(), column.max()
+        same = lo == hi
+        lo, hi = torch.where(same, lo - 0.5, lo), torch.where(same, hi + 0.5, hi)
+    else:
+        lo = torch.zeros((), dtype=dtype, device=device)
+        hi = torch.ones((), dtype=dtype, device=device)
+    step = (hi - lo) / bins
+    i = torch.arange(bins + 1, device=device, dtype=dtype)
+    return torch.where(i < (bins + 1) // 2, lo + step * i, hi - step * (bins - i)).to(dtype)
+
+
+_HISTOGRAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def histogram(
+    t: torch.Tensor,
+    bins: int = 100,
+    *,
+    range: Sequence[float] | None = None,  # noqa: A002
+    weight: torch.Tensor | None = None,
+    density: bool = False,
+) -> object:
+    """``torch.histogram`` with a bin count: :func:`_linspace_edges`, then each element
+    compared with the edges (one-hot), weighted and summed over the elements."""
+    if t.dtype not in _HISTOGRAM_DTYPES or bins <= 0 or not _known(t):
+        return NotImplemented
+    flat = t.reshape(-1)
+    if flat.numel() * bins > _ONE_HOT_WORK:
+        return NotImplemented
+    bounds = None if range is None else (range[0], range[1])
+    edges = _linspace_edges(flat, bins, bounds)
+    return _histogram_counts(flat, edges, weight, density), edges
+
+
+def _histogramdd_edges(
+    t: torch.Tensor,
+    bins: Sequence[int],
+    range: Sequence[float] | None,  # noqa: A002
+) -> list[torch.Tensor] | None:
+    """Every dim's edges of a d-dimensional histogram of ``t`` (points along its last dim)."""
+    dims = t.shape[-1] if t.dim() else 0
+    if t.dtype not in _HISTOGRAM_DTYPES or dims != len(bins) or min(bins, default=0) <= 0:
+        return None
+    if not _known(t):
+        return None
+    if t.numel() // max(dims, 1) * math.prod(bins) > _ONE_HOT_WORK:
+        return None
+    points = t.reshape(-1, dims)
+    return [
+        _linspace_edges(
+            points[:, d], bins[d], None if range is None else (range[2 * d], range[2 * d + 1])
+        )
+        for d in builtins.range(dims)
+    ]
+
+
+def histogramdd_bin_edges(
+    t: torch.Tensor,
+    bins: Sequence[int],
+    *,
+    range: Sequence[float] | None = None,  # noqa: A002
+    weight: torch.Tensor | None = None,
+    density: bool = False,
+) -> object:
+    edges = _histogramdd_edges(t, bins, range)
+    return NotImplemented if edges is None else edges
+
+
+def histogramdd_from_bin_cts(
+    t: torch.Tensor,
+    bins: Sequence[int],
+    *,
+    range: Sequence[float] | None = None,  # noqa: A002
+    weight: torch.Tensor | None = None,
+    density: bool = False,
+) -> object:
+    edges = _histogramdd_edges(t, bins, range)
+    return NotImplemented if edges is None else _histogramdd_counts(t, edges, weight, density)
+
+
+def histogramdd_from_bin_tensors(
+    t: torch.Tensor,
+    bins: Sequence[torch.Tensor],
+    *,
+    weight: torch.Tensor | None = None,
+    density: bool = False,
+) -> object:
+    dims = t.shape[-1] if t.dim() else 0
+    if t.dtype not in _HISTOGRAM_DTYPES or dims != len(bins) or not _known(t, *bins):
+        return NotImplemented
+    if any(e.dim() != 1 or e.numel() < 2 or e.dtype != t.dtype for e in bins):
+        return NotImplemented  # eager refuses these: let it say why
+    if t.numel() // max(dims, 1) * math.prod(e.numel() - 1 for e in bins) > _ONE_HOT_WORK:
+        return NotImplemented
+    return _histogramdd_counts(t, list(bins), weight, density)
+
+
+def _histogramdd_counts(
+    t: torch.Tensor, edges: list[torch.Tensor], weight: torch.Tensor | None, density: bool
+) -> torch.Tensor:
+    """Each point's bin along every dim (how many inner edges it reaches; inside when within
+    the outer ones, the top edge in the last bin), the dims' bins as one flat bin (one-hot
+    against an iota), weighted sums per bin; density divides by the total and each bin's
+    volume."""
+    dims = len(edges)
+    points = t.reshape(-1, dims)
+    sizes = [e.shape[0] - 1 for e in edges]
+    flat_bin = torch.zeros(points.shape[0], dtype=torch.int64, device=t.device)
+    inside = torch.ones(points.shape[0], dtype=torch.bool, device=t.device)
+    for d, e in enumerate(edges):
+        x = points[:, d]
+        reached = (x.unsqueeze(1) >= e[1:-1]).sum(1) if sizes[d] > 1 else 0
+        inside = inside & (x >= e[0]) & (x <= e[-1])
+        flat_bin = flat_bin * sizes[d] + reached
+    total = math.prod(sizes)
+    onehot = (flat_bin.unsqueeze(1) == torch.arange(total, device=t.device)) & inside.unsqueeze(1)
+    w = torch.ones_like(points[:, 0]) if weight is None else weight.reshape(-1).to(t.dtype)
+    hist = torch.where(onehot, w.unsqueeze(1), 0.0).sum(0).reshape(sizes)
+    if density:
+        volume = functools.reduce(
+            lambda v, e: v.unsqueeze(-1) * (e[1:] - e[:-1]), edges[1:], edges[0][1:] - edges[0][:-1]
+        )
+        hist = hist / (hist.sum() * volume)
+    return hist.to(t.dtype)
+
+
+def histogram_edges(
+    t: torch.Tensor,
+    bins: torch.Tensor,
+    *,
+    weight: torch.Tensor | None = None,
+    density: bool = False,
+) -> object:
+    """``torch.histogram`` with given edges: as :func:`histogram` after its edges."""
+    if t.dtype not in _HISTOGRAM_DTYPES or bins.dim() != 1 or not _known(t, bins):
+        return NotImplemented
+    if bins.numel() < 2 or bins.dtype != t.dtype:
+        return NotImplemented  # eager refuses these: let it say why
+    if t.numel() * bins.numel() > _ONE_HOT_WORK:
+        return NotImplemented
+    return _histogram_counts(t.reshape(-1), bins, weight, density), bins.clone()
+
+
+def _histogram_counts(
+    flat: torch.Tensor, edges: torch.Tensor, weight: torch.Tensor | None, density: bool
+) -> torch.Tensor:
+    """Each element's bin by comparison with the (increasing) edges, the top edge in the last
+    bin and values outside none, as eager's CPU kernel bins them; weighted sums per bin."""
+    bins = edges.shape[0] - 1
+    x = flat.unsqueeze(1)
+    last = torch.arange(bins, device=flat.device) == bins - 1
+    onehot = (x >= edges[:-1]) & ((x < edges[1:]) | (last & (x == edges[1:])))
+    w = torch.ones_like(flat) if weight is None else weight.reshape(-1).to(flat.dtype)
+    hist = torch.where(onehot, w.unsqueeze(1), 0.0).sum(0)
+    if density:
+        hist = hist / (hist.sum() * (edges[1:] - edges[:-1]))
+    return hist.to(flat.dtype)
 
 
 def _rounded(x: float, dtype: torch.dtype) -> float:
@@ -951,6 +1249,10 @@ def _whole_sum(t: torch.Tensor, dtype: torch.dtype | None, mean: bool) -> object
     """``t.sum()`` (or ``t.mean()``): a sum per row on every partition, then the sum of the row
     sums, accumulated in float32 and rounded once, as PyTorch's CPU kernel does for 16-bit
     inputs."""
+    numel = t.numel()
+    if isinstance(numel, int) and numel == 0 and t.is_floating_point() and dtype in (None, t.dtype):
+        # Nothing to add up: 0, and 0 / 0 for the mean, as eager (a vecdot over an empty dim).
+        return torch.full((), math.nan if mean else 0.0, dtype=t.dtype, device=t.device)
     rows = _as_rows(t)
     if rows is None or (dtype is not None and dtype != t.dtype):
         return NotImplemented
@@ -976,6 +1278,17 @@ def _whole_reduction(mean: bool) -> tuple[Callable[..., object], Callable[..., o
         *,
         dtype: torch.dtype | None = None,
     ) -> object:
+        if t.dim() and t.is_floating_point() and dtype in (None, t.dtype) and dim:
+            reduced = {d % max(t.dim(), 1) for d in dim}
+            if any(isinstance(t.shape[d], int) and t.shape[d] == 0 for d in reduced):
+                # nothing to add up (see _whole_sum); sizes known only at run time never are
+                shape = [1 if d in reduced else n for d, n in enumerate(t.shape)]
+                out = torch.full(shape, math.nan if mean else 0.0, dtype=t.dtype, device=t.device)
+                return (
+                    out
+                    if keepdim
+                    else out.reshape([n for d, n in enumerate(t.shape) if d not in reduced])
+                )
         if not _every_dim(t, dim):
             return NotImplemented
         total = _whole_sum(t, dtype, mean)
@@ -1363,6 +1676,314 @@ def nanmedian(t: torch.Tensor) -> object:
         return NotImplemented
     found = nanmedian_dim(t.reshape(-1), 0)
     return found if found is NotImplemented else found[0]  # type: ignore[index]
+
+
+@functools.cache
+def _max_select() -> tuple[int, int]:
+    """The longest row and the most work (k * n) the device's top-k/sort takes
+    (``_C.MAX_SELECT``, the importer's own limits)."""
+    from torchneuron._native import native
+
+    limits = native().MAX_SELECT
+    return int(limits["row"]), int(limits["work"])
+
+
+def sort(
+    t: torch.Tensor,
+    dim: int = -1,
+    descending: bool = False,
+    *,
+    stable: bool | None = False,
+) -> object:
+    """A sort along a row longer than the device's select rounds take (:func:`_max_select`):
+    by rank. Each element's place is the number of elements that sort before it (smaller,
+    or larger when descending; NaN after every number, before when descending) plus the
+    equal ones at earlier positions, so the order is stable, as eager's CPU sort is. The
+    sorted row then reads each place's element through a one-hot compare of the places with
+    an iota and a max over the row (exact; -0.0 and NaN kept). n^2 compares per row on
+    VectorE; shorter rows stay whole for the importer's select rounds."""
+    if t.dim() == 0 or t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return NotImplemented
+    if t.dtype != torch.float32 and not stable:
+        # Thousands of 16-bit values hold many ties, which eager's unstable sort orders its own
+        # way: the stable order is a valid answer, but not eager's, so these stay eager.
+        return NotImplemented
+    dim = dim % t.dim()
+    n = t.shape[dim]
+    row, work = _max_select()
+    if not _known(t) or (n <= row and n * n <= work):
+        return NotImplemented
+    if t.numel() * n > _ONE_HOT_WORK:
+        return NotImplemented
+    x = t.movedim(dim, -1).to(torch.float32)  # exact; 16-bit [n, n] tiles overflow SBUF
+    xi, xj = x.unsqueeze(-1), x.unsqueeze(-2)  # [..., i, 1] and [..., 1, j]
+    ahead = xj > xi if descending else xj < xi
+    nan_i, nan_j = torch.isnan(xi), torch.isnan(xj)
+    ahead = ahead | ((nan_j & ~nan_i) if descending else (nan_i & ~nan_j))
+    same = (xj == xi) | (nan_i & nan_j)
+    place = torch.arange(n, device=t.device)
+    earlier = place.unsqueeze(0) < place.unsqueeze(1)  # [i, j]: j before i
+    rank = (ahead | (same & earlier)).sum(-1)  # [..., i]
+    onehot = rank.unsqueeze(-2) == place.unsqueeze(-1)  # [..., place, i]
+    values = torch.where(onehot, x.unsqueeze(-2), -math.inf).amax(-1).to(t.dtype)
+    indices = torch.where(onehot, place, -1).amax(-1)
+    return values.movedim(-1, dim), indices.movedim(-1, dim)
+
+
+_SEGMENT_IDENTITY = {"max": -math.inf, "min": math.inf, "sum": 0.0, "mean": 0.0, "prod": 1.0}
+
+
+def segment_reduce(
+    data: torch.Tensor,
+    reduce: str,
+    *,
+    lengths: torch.Tensor | None = None,
+    indices: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    axis: int = 0,
+    unsafe: bool = False,
+    initial: float | None = None,
+) -> object:
+    """Segments given by ``lengths`` or ``offsets`` along ``axis``, each reduced: which
+    positions each segment holds (an iota compared with its start and end), every other
+    position the reduction's identity, then one reduction over the axis. ``initial`` joins
+    every segment's reduction; a mean divides by the segment's length only and an empty
+    segment's mean is ``initial`` (NaN without one), as eager's CPU kernel."""
+    if indices is not None or not data.is_floating_point() or reduce not in _SEGMENT_IDENTITY:
+        return NotImplemented
+    if not _known(data, *(x for x in (lengths, offsets) if x is not None)):
+        return NotImplemented
+    axis = axis % max(data.dim(), 1)
+    if lengths is not None:
+        ends = torch.cumsum(lengths, -1)
+        starts, count = ends - lengths, lengths
+    elif offsets is not None:
+        starts, ends = offsets[..., :-1], offsets[..., 1:]
+        count = ends - starts
+    else:
+        return NotImplemented
+    if starts.dim() != axis + 1 or starts.numel() * data.numel() > _ONE_HOT_WORK:
+        return NotImplemented
+    n, post = data.shape[axis], data.dim() - axis - 1
+    position = torch.arange(n, device=data.device)
+    member = (position >= starts.unsqueeze(-1)) & (position < ends.unsqueeze(-1))  # [.., S, N]
+    member = member.reshape(*member.shape, *([1] * post))
+    values = torch.where(member, data.unsqueeze(axis), _SEGMENT_IDENTITY[reduce])
+    if reduce == "max":
+        out = values.amax(axis + 1)
+    elif reduce == "min":
+        out = values.amin(axis + 1)
+    elif reduce == "prod":
+        out = values.prod(axis + 1)
+    else:
+        out = values.sum(axis + 1)
+    if initial is not None:
+        out = {
+            "max": torch.maximum,
+            "min": torch.minimum,
+            "prod": torch.mul,
+        }.get(reduce, torch.add)(out, torch.full_like(out, initial))
+    if reduce == "mean":
+        count = count.reshape(*count.shape, *([1] * post))
+        fill = math.nan if initial is None else initial
+        out = torch.where(count > 0, out / count.clamp(min=1), fill)
+    return out.to(data.dtype)
+
+
+def nonzero_static(t: torch.Tensor, *, size: int, fill_value: int = -1) -> object:
+    """The coordinates of the first ``size`` nonzero elements in row-major order, then rows of
+    ``fill_value``: each nonzero's place is a running count of the mask (cumsum on TensorE);
+    place k's coordinates are read through a one-hot compare of the places with an iota and
+    a sum over the elements (a coordinate is an iota along its dim)."""
+    if t.is_complex() or not _known(t):
+        return NotImplemented
+    rows = torch.full((size, t.dim()), fill_value, dtype=torch.int64, device=t.device)
+    if size == 0 or t.numel() == 0 or t.dim() == 0:
+        return rows  # no coordinates to find (a 0-d tensor's have no columns)
+    if size * t.numel() > _ONE_HOT_WORK:
+        return NotImplemented
+    mask = (t != 0).reshape(-1)
+    place = torch.cumsum(mask.to(torch.int64), 0) - 1
+    slots = torch.arange(size, device=t.device).unsqueeze(1)
+    onehot = (place.unsqueeze(0) == slots) & mask.unsqueeze(0)  # [size, numel]
+    found = onehot.any(1, keepdim=True)
+    coords = []
+    for d, n in enumerate(t.shape):
+        along = torch.arange(n, device=t.device).reshape(
+            [n if e == d else 1 for e in range(t.dim())]
+        )
+        coord = along.expand(t.shape).reshape(-1)
+        coords.append(torch.where(onehot, coord, 0).sum(1, keepdim=True))
+    return torch.where(found, torch.cat(coords, 1), rows)
+
+
+def _grid_source(coord: torch.Tensor, size: int, align_corners: bool, border: bool) -> torch.Tensor:
+    """A grid coordinate in [-1, 1] as a position along a dim of ``size`` pixels, as eager's
+    CPU grid sampler scales it (clipped into the image for ``padding_mode="border"``)."""
+    if align_corners:
+        x = (coord + 1) * ((size - 1) / 2)
+    else:
+        x = (coord + 1) * (size / 2) - 0.5
+    return x.clamp(0, size - 1) if border else x
+
+
+def grid_sampler(
+    x: torch.Tensor,
+    grid: torch.Tensor,
+    interpolation_mode: int,
+    padding_mode: int,
+    align_corners: bool,
+) -> object:
+    """``grid_sample`` of a 4-d or 5-d input, (bi/tri)linear or nearest, with zero or border
+    padding: each output pixel reads its source pixels as rows of the image with a pixel per
+    row (index_select: a gather of rows by indirect DMA), weighted by the linear weights
+    (in eager's order of corners and factors), a pixel outside the image weighing 0. Bicubic
+    and reflection padding stay whole, and so do 16-bit inputs: eager rounds every step of
+    their coordinates to 16 bits, which moves a nearest neighbour or a linear weight by more
+    than an ulp of the result."""
+    linear, nearest = interpolation_mode == 0, interpolation_mode == 1
+    if x.dim() not in (4, 5) or x.dtype != torch.float32 or grid.dtype != torch.float32:
+        return NotImplemented
+    if not (linear or nearest) or padding_mode not in (0, 1) or not _known(x, grid):
+        return NotImplemented
+    if x.numel() == 0:
+        return NotImplemented
+    if grid.numel() == 0:
+        return NotImplemented
+    n, c, spatial = x.shape[0], x.shape[1], list(x.shape[2:])
+    dims = len(spatial)
+    out_shape = list(grid.shape[1:-1])
+    # grid's last dim lists x (the last spatial dim) first
+    source = [
+        _grid_source(grid[..., dims - 1 - d], spatial[d], align_corners, padding_mode == 1)
+        for d in range(dims)
+    ]
+    pixels = math.prod(spatial)
+    image = x.reshape(n, c, pixels).transpose(1, 2).reshape(n * pixels, c)  # a row per pixel
+    strides = [math.prod(spatial[d + 1 :]) for d in range(dims)]
+    batch = (torch.arange(n, device=x.device) * pixels).reshape([n] + [1] * len(out_shape))
+
+    def read(points: list[torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
+        inside = functools.reduce(
+            torch.logical_and,
+            [(p >= 0) & (p <= size - 1) for p, size in zip(points, spatial, strict=True)],
+        )
+        at = sum(
+            p.clamp(0, size - 1) * st for p, size, st in zip(points, spatial, strides, strict=True)
+        )
+        at = cast(torch.Tensor, at).to(torch.int64) + batch
+        rows = torch.index_select(image, 0, at.reshape(-1)).reshape(*at.shape, c)
+        values = rows.movedim(-1, 1)  # [n, c, *out]
+        return torch.where(inside.unsqueeze(1), values * weight.unsqueeze(1), 0.0)
+
+    if nearest:  # half to even, as nearbyint
+        return read([torch.round(p) for p in source], torch.ones_like(source[0]))
+    low = [torch.floor(p) for p in source]
+    high = [f + 1 for f in low]
+    out: torch.Tensor | None = None
+    for corner in itertools.product((0, 1), repeat=dims):
+        points = [high[d] if bit else low[d] for d, bit in enumerate(corner)]
+        factors = [
+            source[d] - low[d] if bit else high[d] - source[d] for d, bit in enumerate(corner)
+        ]
+        weight = functools.reduce(torch.mul, factors[::-1])  # x's factor first, as eager
+        part = read(points, weight)
+        out = part if out is None else out + part
+    return out
+
+
+def _antialias_weights(
+    size: int, out: int, align_corners: bool, scale: float | None, device: torch.device
+) -> torch.Tensor:
+    """``[out, size]``: each output position's weights over the input along one dim, as
+    PyTorch's antialiased bilinear resampling defines them: a triangle filter centred at
+    ``scale * (i + 0.5)``, widened by the scale when downsampling, cut to the pixels within
+    its support and normalized to sum 1."""
+    if align_corners:
+        ratio = (size - 1) / (out - 1) if out > 1 else 0.0
+    else:
+        ratio = 1.0 / scale if scale is not None and scale > 0 else size / out
+    support = ratio if ratio >= 1.0 else 1.0
+    stretch = 1.0 / ratio if ratio >= 1.0 else 1.0
+    i = torch.arange(out, device=device, dtype=torch.float32).unsqueeze(1)
+    j = torch.arange(size, device=device, dtype=torch.float32)
+    center = ratio * (i + 0.5)
+    first = torch.clamp(torch.floor(center - support + 0.5), min=0)
+    last = torch.clamp(torch.floor(center + support + 0.5), max=size)
+    weights = torch.clamp(1 - ((j - center + 0.5) * stretch).abs(), min=0)
+    weights = torch.where((j >= first) & (j < last), weights, 0.0)
+    total = weights.sum(1, keepdim=True)
+    return weights / torch.where(total == 0, 1.0, total)
+
+
+def upsample_bilinear2d_aa(
+    x: torch.Tensor,
+    output_size: Sequence[int],
+    align_corners: bool,
+    scales_h: float | None = None,
+    scales_w: float | None = None,
+) -> object:
+    """Antialiased bilinear resizing: separable, so two matmuls with each dim's weight
+    matrix (:func:`_antialias_weights`), in float32 on TensorE."""
+    if x.dim() != 4 or x.dtype != torch.float32 or not _known(x):
+        return NotImplemented
+    if not all(isinstance(n, int) for n in output_size) or min(output_size) <= 0:
+        return NotImplemented
+    if x.numel() == 0:
+        return NotImplemented
+    rows = _antialias_weights(x.shape[2], output_size[0], align_corners, scales_h, x.device)
+    cols = _antialias_weights(x.shape[3], output_size[1], align_corners, scales_w, x.device)
+    return torch.matmul(torch.matmul(rows, x), cols.t())
+
+
+def embedding_bag_forward_only(
+    weight: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    scale_grad_by_freq: bool = False,
+    mode: int = 0,
+    sparse: bool = False,
+    per_sample_weights: torch.Tensor | None = None,
+    include_last_offset: bool = False,
+    padding_idx: int = -1,
+) -> object:
+    """``embedding_bag`` (inference) summing or averaging its bags: the rows by a gather
+    (index_select, indirect DMA), each bag's rows summed by a TensorE matmul with a one-hot
+    bag-membership matrix (each index's bag: how many bag starts it reaches, by compares);
+    padding indices and, with ``include_last_offset``, indices past the last offset belong
+    to no bag; an empty bag is 0. The other results as eager's CPU kernel gives them
+    (``offset2bag``, ``bag_size``, ``max_indices``). Max bags stay whole."""
+    if mode not in (0, 1) or indices.dim() != 1 or offsets.dim() != 1:
+        return NotImplemented
+    if not _known(weight, indices, offsets):
+        return NotImplemented
+    if weight.dtype != torch.float32 or weight.dim() != 2:
+        return NotImplemented
+    if include_last_offset and (mode != 0 or padding_idx >= 0):
+        return NotImplemented  # eager's auxiliary results differ in shape there
+    n = indices.shape[0]
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    if n * bags > _ONE_HOT_WORK:
+        return NotImplemented
+    position = torch.arange(n, device=weight.device)
+    bag = (position.unsqueeze(1) >= offsets[:bags]).sum(1) - 1  # [n]
+    valid = torch.ones_like(position, dtype=torch.bool)
+    if include_last_offset:
+        valid = position < offsets[-1]
+    if padding_idx >= 0:
+        valid = valid & (indices != padding_idx)
+    member = (bag == torch.arange(bags, device=weight.device).unsqueeze(1)) & valid
+    rows = torch.index_select(weight, 0, indices)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.to(rows.dtype).unsqueeze(1)
+    out = torch.matmul(member.to(rows.dtype), rows)
+    counts = member.sum(1)
+    if mode == 1:
+        out = out / counts.clamp(min=1).unsqueeze(1).to(out.dtype)
+        return out, bag, counts, counts.clone()
+    zeros = torch.zeros(offsets.shape[0], dtype=torch.int64, device=weight.device)
+    offset2bag = bag if padding_idx >= 0 else bag[:0]
+    return out, offset2bag, zeros, zeros.clone()
 
 
 def diagonal_scatter(
@@ -1888,6 +2509,20 @@ OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.nanmedian.default: nanmedian,
     _aten.nanmedian.dim: nanmedian_dim,
     _aten.histc.default: histc,
+    _aten.avg_pool3d.default: avg_pool3d,
+    _aten.sort.default: sort,
+    _aten.sort.stable: sort,
+    _aten.segment_reduce.default: segment_reduce,
+    _aten.nonzero_static.default: nonzero_static,
+    _aten.grid_sampler_2d.default: grid_sampler,
+    _aten.grid_sampler_3d.default: grid_sampler,
+    _aten._upsample_bilinear2d_aa.default: upsample_bilinear2d_aa,
+    _aten._embedding_bag_forward_only.default: embedding_bag_forward_only,
+    _aten.histogram.bin_ct: histogram,
+    _aten.histogram.bins_tensor: histogram_edges,
+    _aten._histogramdd_bin_edges.default: histogramdd_bin_edges,
+    _aten._histogramdd_from_bin_cts.default: histogramdd_from_bin_cts,
+    _aten._histogramdd_from_bin_tensors.default: histogramdd_from_bin_tensors,
 }
 
 
@@ -1908,10 +2543,90 @@ TRAINING_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.slice_scatter.default: slice_scatter,
 }
 
+
+def _chunked_loss(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    b: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    reduction: str,
+    ignore_index: int,
+    label_smoothing: float,
+    acc_dtype: torch.dtype,
+) -> torch.Tensor | None:
+    """``F.linear_cross_entropy``'s chunked ops in float32: the logits' matmul and the
+    cross-entropy as one graph (the chunks only bound eager's memory; the device tiles the
+    matmul itself). None (the op stays whole) for 16-bit inputs, whose accumulator policies
+    round differently."""
+    if not (x.dtype == w.dtype == acc_dtype == torch.float32) or w.dim() != 2:
+        return None
+    logits = F.linear(x, w, b)
+    return F.cross_entropy(
+        logits,
+        target,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        label_smoothing=label_smoothing,
+    )
+
+
+def linear_cross_entropy_chunked(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    b: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    reduction: str,
+    ignore_index: int,
+    label_smoothing: float,
+    batch_chunk_size: int,
+    acc_policy: str,
+    acc_dtype: torch.dtype,
+    allow_retain_graph: bool,
+    compute_input_grad: bool,
+    compute_linear_weight_grad: bool,
+    compute_linear_bias_grad: bool,
+) -> object:
+    """The mean/sum form, when no gradient is precomputed (inference): the loss, and the
+    empty gradient slots the op returns then."""
+    if compute_input_grad or compute_linear_weight_grad or compute_linear_bias_grad:
+        return NotImplemented
+    loss = _chunked_loss(
+        x, w, target, b, weight, reduction, ignore_index, label_smoothing, acc_dtype
+    )
+    if loss is None:
+        return NotImplemented
+    empty = torch.zeros((0, 0), dtype=x.dtype, device=x.device)
+    return loss, empty, empty.clone(), torch.zeros((0,), dtype=x.dtype, device=x.device)
+
+
+def linear_cross_entropy_chunked_none(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    b: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    ignore_index: int,
+    batch_chunk_size: int,
+    acc_policy: str,
+    acc_dtype: torch.dtype,
+) -> object:
+    """The ``reduction="none"`` form: the per-sample losses."""
+    loss = _chunked_loss(x, w, target, b, weight, "none", ignore_index, 0.0, acc_dtype)
+    return NotImplemented if loss is None else loss
+
+
 #: Ops of libraries models use (registered when the library is imported), by qualified name.
 LIBRARY_DECOMPOSITIONS: dict[str, Callable[..., object]] = {
     "transformers::grouped_mm_fallback": transformers_grouped_mm,
     "transformers::grouped_mm_fallback_backward": transformers_grouped_mm_backward,
+    # torch's own (torch/nn/modules/linear_cross_entropy.py), registered when torch.nn loads
+    "torch_nn::_linear_cross_entropy_batch_chunked": linear_cross_entropy_chunked,
+    "torch_nn::_linear_cross_entropy_batch_chunked_no_reduction": (
+        linear_cross_entropy_chunked_none
+    ),
 }
 
 

@@ -20,6 +20,8 @@ elementwise chain. Accuracy: a few float32 ulp over the whole domain, within the
 - ``lgamma``, ``digamma``, ``polygamma``: the recurrence shifts the argument to >= 8 (20
   for polygamma's Hurwitz zeta), where Stirling's / the asymptotic / Euler-Maclaurin series
   converge to float32 precision in four terms; x <= 0 by reflection formulas.
+- ``frexp``, ``nextafter``: float32's exponent by a binary search of exact powers of two
+  (no bit operations on the device), then exact products and sums.
 - ``erfinv``, ``special.ndtri``: Giles' single-precision polynomials; ``erfc`` = 1 - erf
   (absolute precision).
 """
@@ -359,7 +361,73 @@ def _erfc(x: torch.Tensor) -> torch.Tensor:
 
 
 #: op -> its decomposition (``NotImplemented`` for dtypes it does not cover).
+# -- float32's binary exponent, without bit operations ----------------------------------------
+
+_SMALLEST_EXPONENT = -148  # 2^-149, the smallest subnormal, has frexp exponent -148
+
+
+def _exponent(a: torch.Tensor) -> torch.Tensor:
+    """frexp's exponent of ``a`` (> 0, finite, float32): the largest e with 2^(e-1) <= a, by a
+    binary search over float32's exponents whose probes are exact powers of two
+    (``pow(2, e)`` is exact on the device, down to the subnormals). Nine compares; log2 would
+    be off by one next to powers of two."""
+    e = torch.full_like(a, _SMALLEST_EXPONENT)
+    for step in (256, 128, 64, 32, 16, 8, 4, 2, 1):
+        probe = e + step
+        e = torch.where(a >= torch.pow(2.0, probe - 1), probe, e)
+    return e
+
+
+def _scaled(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """x * 2^e, exactly, in two factors: 2^e alone overflows for a subnormal x's -e."""
+    half = torch.floor(e / 2)
+    return x * torch.pow(2.0, half) * torch.pow(2.0, e - half)
+
+
+def _frexp(x: torch.Tensor) -> object:
+    """``frexp``: x = mantissa * 2^exponent with |mantissa| in [0.5, 1); 0, infinities and NaN
+    keep themselves with exponent 0, as eager. Exact (powers of two and exact products)."""
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return NotImplemented
+    wide = x.to(torch.float32)
+    a = wide.abs()
+    regular = (a > 0) & (a < math.inf)
+    e = torch.where(regular, _exponent(torch.where(regular, a, 1.0)), 0.0)
+    return _scaled(wide, -e).to(x.dtype), e.to(torch.int32)
+
+
+def _nextafter(x: torch.Tensor, y: torch.Tensor) -> object:
+    """``nextafter``: x moved one ulp of its dtype toward y, computed in float32 (exact for the
+    16-bit dtypes too). The ulp is 2^(e - p) for frexp's exponent e and the dtype's p mantissa
+    bits (the smallest subnormal among the subnormals), half that when stepping toward 0 from
+    a power of two (the binade below is finer); the sum is exact. x == y gives y, NaN gives
+    NaN, 0 the smallest subnormal and an infinity the largest finite value, as eager."""
+    dtype = x.dtype
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16) or y.dtype != dtype:
+        return NotImplemented
+    info = torch.finfo(dtype)
+    bits = 1 - round(math.log2(info.eps))  # mantissa bits with the implicit one
+    lowest = round(math.log2(info.tiny * info.eps))  # the smallest subnormal's exponent
+    x, y = x.to(torch.float32), y.to(torch.float32)
+    a = x.abs()
+    finite = (a > 0) & (a < math.inf)
+    e = _exponent(torch.where(finite, a, 1.0))
+    ulp = torch.pow(2.0, torch.clamp(e - bits, min=lowest))
+    finer = torch.pow(2.0, torch.clamp(e - bits - 1, min=lowest))
+    outward = (y > x) == (x > 0)
+    step = torch.where(outward | (a != torch.pow(2.0, e - 1)), ulp, finer)
+    out = x + torch.where(y > x, step, -step)
+    out = torch.where(out == 0, x * 0.0, out)  # reaching 0 from below gives -0.0, as eager
+    tiny = math.ldexp(1.0, lowest)
+    out = torch.where(x == 0, torch.where(y > 0, tiny, -tiny), out)
+    out = torch.where(a == math.inf, torch.where(x > 0, info.max, -info.max), out)
+    out = torch.where(x == y, y, out)
+    return torch.where(torch.isnan(x) | torch.isnan(y), math.nan, out).to(dtype)
+
+
 ELEMENTWISE_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
+    _aten.frexp.Tensor: _frexp,
+    _aten.nextafter.default: _nextafter,
     _aten.atan.default: _in_float32(_atan),
     _aten.atan2.default: _in_float32(_atan2),
     _aten.asin.default: _in_float32(_asin),

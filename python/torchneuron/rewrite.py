@@ -6,7 +6,10 @@ not carry, written as ops that say it explicitly.
   offset 0 (as the training forward of group norm and adaptive pooling to size 1 do), is a
   ``view``; the stride of a size-1 dimension never moves, so it may be anything. The document gives
   tensors as values without strides, so the importer cannot tell this case from one that reads
-  storage in another order; here the node's input metadata can.
+  storage in another order; here the node's input metadata can. Another window of such a
+  tensor (overlapping, transposed, strided: Swin's windows, OpInfo's partial views) inside
+  its elements is a gather of them at positions computed on the host (a constant): in a
+  functional graph nothing writes through the view, so a copy reads the same.
 - A Python float that Dynamo passes as a 0-d float64 tensor (a float argument it did not
   specialize, e.g. after it changed between calls) and that the graph only converts to float32
   (possibly through float64 first) enters the kernel as float32: the host rounds it, as the
@@ -18,6 +21,9 @@ Random ops are rewritten next to their device op, in :func:`torchneuron.rng.seed
 """
 
 from __future__ import annotations
+
+import contextlib
+import math
 
 import torch
 import torch.fx
@@ -33,8 +39,50 @@ def _contiguous_strides(size: list[int]) -> list[int]:
     return strides[::-1]
 
 
+def _strided_positions(
+    size: list[int], stride: list[int], offset: int, numel: int
+) -> torch.Tensor | None:
+    """Where each element of an ``as_strided`` window lies in its contiguous source, read
+    flat: offset + sum_d i_d stride_d; None when a position falls outside the source (the
+    window reads memory the graph does not see as the source)."""
+    if any(st < 0 for st in stride) or math.prod(size) == 0 or offset < 0:
+        return None
+    if offset + sum((n - 1) * st for n, st in zip(size, stride, strict=True)) >= numel:
+        return None
+    positions = torch.full(size, offset, dtype=torch.int64)
+    for d, (n, st) in enumerate(zip(size, stride, strict=True)):
+        shape = [1] * len(size)
+        shape[d] = n
+        positions = positions + torch.arange(n).reshape(shape) * st
+    return positions.reshape(-1)
+
+
+def _gathered_window(
+    gm: torch.fx.GraphModule, node: torch.fx.Node, source: torch.fx.Node, positions: torch.Tensor
+) -> torch.fx.Node:
+    """``node`` (an as_strided of the contiguous ``source``) as a gather of the flat source at
+    host-computed positions (a constant), viewed to the window's shape: the window copied."""
+    value = source.meta["val"]
+    name = f"_as_strided_positions_{node.name}"
+    gm.register_buffer(name, positions, persistent=False)
+    aten = torch.ops.aten
+    with gm.graph.inserting_before(node):
+        flat = gm.graph.call_function(aten.view.default, (source, [value.numel()]))
+        index = gm.graph.get_attr(name)
+        gathered = gm.graph.call_function(aten.index_select.default, (flat, 0, index))
+        window = gm.graph.call_function(aten.view.default, (gathered, list(node.args[1])))
+    mode = getattr(value, "fake_mode", None)
+    with mode if mode is not None else contextlib.nullcontext():
+        flat.meta["val"] = value.reshape(-1)
+        index.meta["val"] = torch.empty(positions.shape, dtype=positions.dtype)
+        gathered.meta["val"] = flat.meta["val"].new_empty(positions.shape)
+    window.meta = dict(node.meta)
+    return window
+
+
 def as_strided_views(gm: torch.fx.GraphModule) -> int:
-    """Replace contiguous ``as_strided`` nodes by ``aten.view`` (in place); returns how many."""
+    """Replace contiguous ``as_strided`` nodes by ``aten.view``, and other windows of a
+    contiguous tensor by a gather of their elements (in place); returns how many."""
     count = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target != torch.ops.aten.as_strided.default:
@@ -61,6 +109,15 @@ def as_strided_views(gm: torch.fx.GraphModule) -> int:
                 view = gm.graph.call_function(torch.ops.aten.view.default, (source, list(size)))
             view.meta = dict(node.meta)
             node.replace_all_uses_with(view)
+            gm.graph.erase_node(node)
+            count += 1
+        elif (
+            value.is_contiguous() and value.storage_offset() == 0 and isinstance(offset, int | None)
+        ):
+            positions = _strided_positions(list(size), list(stride), offset or 0, value.numel())
+            if positions is None:
+                continue
+            node.replace_all_uses_with(_gathered_window(gm, node, source, positions))
             gm.graph.erase_node(node)
             count += 1
     if count:

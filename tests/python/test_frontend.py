@@ -48,6 +48,14 @@ def test_as_strided_views_step_makes_a_contiguous_window_a_view() -> None:
     assert targets(gm) == [aten.view.default]
 
 
+def test_as_strided_views_step_gathers_other_windows_of_a_contiguous_tensor() -> None:
+    gm = traced(lambda x: aten.as_strided.default(x, [3, 4], [2, 1], 1), torch.zeros(4, 4))
+    assert step("as-strided-views").run(gm) == 1
+    assert targets(gm) == [aten.view.default, aten.index_select.default, aten.view.default]
+    x = torch.arange(16.0).reshape(4, 4)
+    torch.testing.assert_close(gm(x), x.as_strided([3, 4], [2, 1], 1))
+
+
 def test_float32_scalar_inputs_step_drops_the_float64_round_trip() -> None:
     convert = torch.ops.prims.convert_element_type.default
 

@@ -141,11 +141,6 @@ def zero_size_input(s: Sample) -> bool:
     return any(t.numel() == 0 for t in s.tensors)
 
 
-def reduces_empty_dim(x: torch.Tensor, dim: object) -> bool:
-    dims = dim if isinstance(dim, (list, tuple)) else [dim]
-    return any(isinstance(d, int) and x.dim() > 0 and x.shape[d] == 0 for d in dims)
-
-
 def extremal(s: SampleInput) -> bool:
     """Holds inf, nan or values beyond 1e3, and is small enough to be cheap."""
     tensors = list(_tensors([s.input, s.args, s.kwargs]))
@@ -190,11 +185,13 @@ def equal_values(s: Sample) -> bool:
 
 
 def long_sort(s: Sample) -> bool:
-    """A sort longer than the device's select rounds take (FxImporter.cpp kMaxSelectWork)."""
+    """A sort of more than 2048 elements (OpInfo's 8000-element sample): past the rank sort's
+    bound (decompositions._RANK_SORT_WORK). ``test_decompositions_of_ops_core_aten_keeps_whole``
+    sorts rows of 300 by rank, past the select rounds."""
     x, dim = s.input, s.arg("dim", 0, -1)
     if not isinstance(x, torch.Tensor) or x.dim() == 0 or not isinstance(dim, int):
         return False
-    return x.shape[dim] ** 2 > 65536
+    return x.shape[dim] > 2048
 
 
 def index_rank_differs(s: Sample) -> bool:
@@ -270,10 +267,11 @@ EMPTY_REDUCTION = Rule(
     "a reduction over an empty dimension (var/std: nan) is rejected by the importer",
     zero_size_input,
 )
-EMPTY_SOFTMAX_DIM = Rule(
-    "empty_dim",
-    "softmax over an empty dimension: the importer rejects the sum over it",
-    lambda s: isinstance(s.input, torch.Tensor) and reduces_empty_dim(s.input, s.arg("dim", 0)),
+LONG_SORT = Rule(
+    "long",
+    "sorting more than 2048 elements is left eager: the rank sort's n^2 compares spill to HBM",
+    long_sort,
+    falls_back="aten.sort.default",
 )
 COMPLEX = Rule(
     "complex",
@@ -388,9 +386,9 @@ CASES: tuple[Case, ...] = (
     elementwise("nn.functional.hardshrink"),
     Case("nn.functional.prelu"),
     Case("nn.functional.glu", tol=TRANSCENDENTAL),
-    Case("softmax", tol=TRANSCENDENTAL, fallback=(EMPTY_SOFTMAX_DIM,)),
-    Case("log_softmax", tol=TRANSCENDENTAL, fallback=(EMPTY_SOFTMAX_DIM,)),
-    Case("nn.functional.softmin", tol=TRANSCENDENTAL, fallback=(EMPTY_SOFTMAX_DIM,)),
+    Case("softmax", tol=TRANSCENDENTAL),
+    Case("log_softmax", tol=TRANSCENDENTAL),
+    Case("nn.functional.softmin", tol=TRANSCENDENTAL),
     Case("torch.ops.aten._safe_softmax.default", tol=TRANSCENDENTAL),
     Case("nn.functional.layer_norm", tol=TRANSCENDENTAL),
     Case("native_layer_norm", tol=TRANSCENDENTAL),
@@ -432,16 +430,7 @@ CASES: tuple[Case, ...] = (
     Case("einsum"),
     Case("tensordot"),
     Case("kron"),
-    Case(
-        "linalg.vecdot",
-        fallback=(
-            Rule(
-                "empty_dim",
-                "a sum over an empty dimension is rejected by the importer",
-                lambda s: reduces_empty_dim(s.input, s.kwargs.get("dim", -1)),
-            ),
-        ),
-    ),
+    Case("linalg.vecdot"),
     Case("linalg.multi_dot"),
     Case("__rmatmul__"),
     Case("nn.functional.linear"),
@@ -517,42 +506,9 @@ CASES: tuple[Case, ...] = (
         "topk",
         skip=(Rule("ties", "equal values: eager's order among them is unspecified", topk_ties),),
     ),
-    Case(
-        "sort",
-        fallback=(
-            Rule(
-                "long",
-                "sorting more than 256 elements (k * n > 65536) is left eager: the device's "
-                "sort is k rounds of selection",
-                long_sort,
-                falls_back="aten.sort.default",
-            ),
-        ),
-    ),
-    Case(
-        "argsort",
-        fallback=(
-            Rule(
-                "long",
-                "sorting more than 256 elements (k * n > 65536) is left eager: the device's "
-                "sort is k rounds of selection",
-                long_sort,
-                falls_back="aten.sort.default",
-            ),
-        ),
-    ),
-    Case(
-        "msort",
-        fallback=(
-            Rule(
-                "long",
-                "sorting more than 256 elements (k * n > 65536) is left eager: the device's "
-                "sort is k rounds of selection",
-                long_sort,
-                falls_back="aten.sort.default",
-            ),
-        ),
-    ),
+    Case("sort", fallback=(LONG_SORT,)),
+    Case("argsort", fallback=(LONG_SORT,)),
+    Case("msort", fallback=(LONG_SORT,)),
     Case(
         "nn.functional.embedding",
         fallback=(
@@ -1224,3 +1180,78 @@ def test_avg_pool2d_windows_of_different_sizes_train_on_the_device(args: dict[st
     torch.testing.assert_close(got, loss(x.detach()), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(twin.grad, x.grad, atol=1e-5, rtol=1e-5)
     assert torchneuron.stats()["ops_fallback"] == {}
+
+
+def _specials(dtype: torch.dtype) -> torch.Tensor:
+    """Zeros, ones, powers of two, the extremes, the subnormals, infinities and NaN."""
+    info = torch.finfo(dtype)
+    subnormal = info.tiny * info.eps
+    values = [0.0, -0.0, 1.0, -1.0, 2.0, 0.75, 3.0, info.max, -info.max, info.tiny]
+    values += [subnormal, -subnormal, info.tiny / 2, math.inf, -math.inf, math.nan, 1e-3]
+    return torch.tensor(values, dtype=dtype)
+
+
+def test_decompositions_of_ops_core_aten_keeps_whole() -> None:
+    """One compiled graph of the ops OpInfo left eager until decompositions.py and
+    elementwise_math.py took them, on the inputs where they are delicate: frexp and
+    nextafter of every special value against every other (exact), a sort of rows longer than
+    the select rounds take (NaN, ties: stable, both orders), histograms (data range, given
+    edges, weights, density), 3-d average pooling with windows of different sizes, segments
+    (empty ones, ``initial``), nonzero_static past the nonzeros, 2-d and 3-d grid sampling
+    outside the image, antialiased resizing, a 3-d transposed convolution, a 2-d histogram,
+    overlapping as_strided windows (rewrite.py), embedding bags (an empty one), a dot product
+    over an empty dim and the chunked linear cross-entropy. Every op on the device; every
+    result as eager's."""
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+
+    special = _specials(torch.float32)
+    a, b = special.repeat_interleave(len(special)), special.repeat(len(special))
+    rows = torch.randn(2, 300).round(decimals=1) + 0.0  # ties (no -0.0: it ties with 0.0)
+    rows[0, ::7] = math.nan
+    data = torch.randn(6, 2)
+    lengths = torch.tensor([2, 0, 4])
+    sparse = torch.randn(4, 5) * (torch.rand(4, 5) > 0.6)
+    image, grid = torch.randn(1, 2, 4, 5), torch.rand(1, 3, 3, 2) * 2.4 - 1.2
+    volume, grid3 = torch.randn(1, 2, 5, 6, 7), torch.rand(1, 2, 3, 2, 3) * 2.4 - 1.2
+    kernel3 = torch.randn(2, 3, 3, 2, 3)
+    options = LinearCrossEntropyOptions(batch_chunk_size=2)
+    features, classifier, labels = (
+        torch.randn(5, 3),
+        torch.randn(4, 3),
+        torch.tensor([0, 3, 1, 2, 3]),
+    )
+
+    def fn(*_: torch.Tensor) -> list[torch.Tensor]:
+        out = [*torch.frexp(a), torch.nextafter(a, b), torch.nextafter(a.bfloat16(), b.bfloat16())]
+        out += [
+            *torch.sort(rows, dim=1, stable=True),
+            *torch.sort(rows, descending=True, stable=True),
+        ]
+        out += [*torch.histogram(rows[1], bins=7, weight=rows[1].abs(), density=True)]
+        out += [torch.histogram(rows[1], bins=torch.tensor([-2.0, -0.5, 0.0, 0.3, 2.0]))[0]]
+        out += [F.avg_pool3d(volume, 3, 2, 1, ceil_mode=True, count_include_pad=False)]
+        out += [torch.segment_reduce(data, "max", lengths=lengths, initial=-0.5)]
+        out += [torch.segment_reduce(data, "mean", lengths=lengths)]
+        out += [torch.nonzero_static(sparse, size=12)]
+        out += [F.grid_sample(image, grid, align_corners=False)]
+        out += [
+            F.grid_sample(image, grid, mode="nearest", padding_mode="border", align_corners=True)
+        ]
+        out += [F.grid_sample(volume, grid3, align_corners=True)]
+        out += [F.interpolate(image, size=(3, 9), mode="bilinear", antialias=True)]
+        out += [F.conv_transpose3d(volume, kernel3, stride=2, padding=1, output_padding=1)]
+        out += [torch.histogramdd(data, bins=[3, 2], weight=data[:, 0].abs(), density=True)[0]]
+        out += [torch.as_strided(data, (3, 4), (2, 1)) * 1]  # overlapping windows
+        out += [F.embedding_bag(labels, classifier, torch.tensor([0, 2, 2]), mode="mean")]
+        out += [torch.linalg.vecdot(data[:, :0], data[:, :0])]
+        out += [F.linear_cross_entropy(features, classifier, labels, options=options)]
+        return out
+
+    got = torch.compile(fn, backend="neuron")()
+    for i, (g, w) in enumerate(zip(got, fn(), strict=True)):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5, equal_nan=True, msg=f"output {i}")
+        if g.is_floating_point():  # -0.0 kept (frexp, nextafter, sort)
+            number = ~torch.isnan(w)
+            assert torch.equal(g.signbit()[number], w.signbit()[number]), f"output {i}: -0.0"
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {} and stats["kernels_run"] >= 1
