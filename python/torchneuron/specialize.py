@@ -1,10 +1,11 @@
 """Symbolic shapes: specialize a graph to the sizes of one call.
 
 With dynamic shapes, Dynamo passes every size symbol as a ``SymInt`` placeholder and the
-ATen graph computes sizes with ``sym_size`` and integer arithmetic. The device compiler wants
-concrete shapes, so the backend compiles one kernel per tuple of sizes it is called with:
-:func:`specialize` re-runs shape propagation with the call's real inputs and folds every
-scalar node into a literal. Dynamo's guards keep the graph valid for all those sizes.
+ATen graph computes sizes with ``sym_size`` and integer arithmetic. A graph the compiler cannot
+make size-generic (:func:`torchneuron.backend.build_generic_graph`) is compiled once per tuple
+of sizes it is called with: :func:`specialize` re-runs shape propagation with the call's real
+inputs and folds every scalar node into a literal. Dynamo's guards keep the graph valid for all
+those sizes.
 """
 
 from __future__ import annotations
