@@ -1191,15 +1191,34 @@ def slice_scatter(
     end: int | None = None,
     step: int = 1,
 ) -> object:
-    """``t`` with ``src`` in a contiguous slice (a sliced view's backward): a concat."""
+    """``t`` with ``src`` in a slice (a sliced view's backward): a concat. A strided slice
+    (``step`` > 1) interleaves: the ``n * step`` elements from ``start`` seen as ``[n, step]``
+    (``t`` padded when they run past its end) take ``src`` as their first column."""
     dim = dim % max(t.dim(), 1)
     size = t.shape[dim]
     lo = 0 if start is None else (start + size if start < 0 else start)
     lo = min(max(lo, 0), size)
-    if step != 1 or t.dim() == 0:
+    if step < 1 or t.dim() == 0:
         return NotImplemented
-    hi = lo + src.shape[dim]
-    pieces = [t.narrow(dim, 0, lo), src.to(t.dtype), t.narrow(dim, hi, size - hi)]
+    n = src.shape[dim]
+    src = src.to(t.dtype)
+    if step > 1 and n > 0:
+        width = n * step
+        pad = max(lo + width - size, 0)
+        if pad:
+            shape = list(t.shape)
+            shape[dim] = pad
+            t = torch.cat([t, t.new_zeros(shape)], dim=dim)
+        window = t.narrow(dim, lo, width).movedim(dim, -1)
+        rows = window.reshape(*window.shape[:-1], n, step)
+        rows = torch.cat([src.movedim(dim, -1).unsqueeze(-1), rows[..., 1:]], dim=-1)
+        src = rows.reshape(window.shape).movedim(-1, dim)
+        hi = lo + width
+        pieces = [t.narrow(dim, 0, lo), src, t.narrow(dim, hi, size + pad - hi)]
+        out = torch.cat([piece for piece in pieces if piece.shape[dim] > 0], dim=dim)
+        return out.narrow(dim, 0, size) if pad else out
+    hi = lo + n
+    pieces = [t.narrow(dim, 0, lo), src, t.narrow(dim, hi, size - hi)]
     return torch.cat([piece for piece in pieces if piece.shape[dim] > 0], dim=dim)
 
 

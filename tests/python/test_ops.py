@@ -1129,6 +1129,26 @@ def test_as_strided_copy_and_scatter_run_on_the_device() -> None:
         torch.compile(overlapping, backend="neuron")(x, src)
 
 
+def test_strided_slice_scatter_runs_on_the_device() -> None:
+    """``slice_scatter`` with a step (the backward of ``x[:, 1::2]``): interleaved by a reshape
+    and a concat, the window padded where it runs past the end (decompositions.py)."""
+
+    def fn(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = x * 2
+        return (
+            torch.slice_scatter(y, a, dim=1, start=1, step=3),  # the window runs past the end
+            torch.slice_scatter(y, b, dim=0, start=-4, end=4, step=2),
+        )
+
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
+    a = torch.randn(6, 3, generator=torch.Generator().manual_seed(1))
+    b = torch.randn(1, 8, generator=torch.Generator().manual_seed(2))
+    got = torch.compile(fn, backend="neuron", fullgraph=True)(x, a, b)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    for g, w in zip(got, fn(x, a, b), strict=True):
+        assert torch.equal(g, w)
+
+
 # (mat_a shape, mat_b shape, which part of the result the groups define: rows / all / columns)
 GROUPED_MM = {
     "rows": ((16, 8), (3, 8, 16), (slice(0, 12), slice(None))),
