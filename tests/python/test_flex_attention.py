@@ -258,3 +258,46 @@ def test_captured_view_of_a_table() -> None:
     out = torch.compile(attend, backend="neuron", fullgraph=True)(q, k, v)
     assert torchneuron.stats()["ops_fallback"] == {}
     torch.testing.assert_close(out, attend(q, k, v), atol=2e-5, rtol=2e-5)
+
+
+def test_the_kernels_unit_is_the_targets_partitions(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target with 64 partitions (a copy of trn2's file): the attention kernels work in
+    blocks of its partitions, and the front end's block classes in the fewest partitions of
+    any target; a fixed 128 anywhere would not fit its SBUF views."""
+    import json
+    from pathlib import Path
+
+    from torchneuron import attention_blocks
+
+    trn2 = Path(__file__).resolve().parents[2] / "runtime" / "target" / "trn2.json"
+    data = json.loads(trn2.read_text())
+    data["partitions"]["value"] = 64
+    data["name"] = "half"
+    (tmp_path / "half.json").write_text(json.dumps(data))
+    monkeypatch.setenv("TORCHNEURON_TARGET_DIR", str(tmp_path))
+    caches = (attention_blocks.unit, attention_blocks.head_dim_limit)
+    for cached in caches:
+        cached.cache_clear()
+    try:
+        assert attention_blocks.unit() == 64
+        q, k, v = (
+            torch.randn(1, 2, 200, 64, generator=torch.Generator().manual_seed(i)) for i in range(3)
+        )
+        mask = create_block_mask(causal, 1, 1, 200, 200, device="cpu")
+        f = torch.compile(
+            lambda q, k, v: flex_attention(q, k, v, block_mask=mask),
+            backend="neuron",
+            options={"target": "half", "cache": False},
+        )
+        with torch.no_grad():
+            got = f(q, k, v)
+        torch.testing.assert_close(
+            got, flex_attention(q, k, v, block_mask=mask), atol=2e-3, rtol=2e-3
+        )
+        assert torchneuron.stats()["ops_fallback"] == {}
+    finally:
+        monkeypatch.undo()
+        for cached in caches:
+            cached.cache_clear()
