@@ -84,7 +84,7 @@ def _layer_inputs(seq: int) -> torch.Tensor:
 
 def sizes(lengths: Sequence[int]) -> bool:
     torch.manual_seed(0)
-    layer = DecoderLayer(256, 4, 2, 512).to(torch.bfloat16).eval()
+    layer = DecoderLayer(256, 4, 512).to(torch.bfloat16).eval()
     torch._dynamo.reset()
     compiled = torch.compile(layer, backend="neuron", dynamic=True, options=OPTIONS)
     ok = True
@@ -108,22 +108,30 @@ def sizes(lengths: Sequence[int]) -> bool:
 
 def modeled(lengths: Sequence[int]) -> None:
     torch.manual_seed(0)
-    layer = DecoderLayer(256, 4, 2, 512).to(torch.bfloat16).eval()
+    layer = DecoderLayer(256, 4, 512).to(torch.bfloat16).eval()
 
-    def device_us(specialize: bool, seq: int) -> float:
+    def device_us(specialize: bool, seq: int) -> tuple[float, int]:
+        """Modeled us of a call at ``seq`` after one at another size, and the programs the
+        two calls compiled (1: a size-generic program served both)."""
         torch._dynamo.reset()
         options = {**OPTIONS, "specialize_sizes": specialize}
         compiled = torch.compile(layer, backend="neuron", dynamic=True, options=options)
         with torch.no_grad():
-            compiled(_layer_inputs(seq + 1))  # a first size, so the graph is symbolic
+            (_, programs, _) = _compiles(
+                lambda: compiled(_layer_inputs(seq + 1))  # a first size: the graph is symbolic
+            )
             with torchneuron.profile() as prof:
-                compiled(_layer_inputs(seq))
-        return prof.total_device_ns / 1e3
+                (_, more, _) = _compiles(lambda: compiled(_layer_inputs(seq)))
+        return prof.total_device_ns / 1e3, programs + more
 
     print("decoder layer, modeled device us per call: size-generic vs specialized (target <= 5%)")
     for seq in lengths:
-        generic, special = device_us(False, seq), device_us(True, seq)
-        print(f"  seq {seq:5d}: {generic:9.1f} vs {special:9.1f}  ({generic / special - 1:+.1%})")
+        (generic, programs), (special, _) = device_us(False, seq), device_us(True, seq)
+        how = "one program for both sizes" if programs == 1 else "NOT size-generic: per size"
+        print(
+            f"  seq {seq:5d}: {generic:9.1f} vs {special:9.1f}  ({generic / special - 1:+.1%}; "
+            f"{how})"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
