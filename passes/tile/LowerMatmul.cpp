@@ -220,8 +220,8 @@ void GemmLowering::loadPanel(const Bases &base, Value m0, int64_t rows,
     k.dma(view(lhs, rows0, {kTile, full, rows}, {aCol, kTile * aCol, aRow}),
           view(panel, panelAt, {kTile, full, rows}, {panelStride, rows, 1}));
   if (int64_t kt = kDim % kTile)
-    k.dma(view(lhs, k.addOffset(rows0, kDim / kTile * kTile * aCol),
-               {kt, rows}, {aCol, aRow}),
+    k.dma(view(lhs, k.addOffset(rows0, kDim / kTile * kTile * aCol), {kt, rows},
+               {aCol, aRow}),
           view(panel, k.addOffset(panelAt, kDim / kTile * rows), {kt, rows},
                {panelStride, 1}));
 }
@@ -256,8 +256,7 @@ void GemmLowering::lowerBatchDynamic(const Bases &base) {
   }
 }
 
-void GemmLowering::lowerFullBlocksDynamic(const Bases &base,
-                                          Value fullBlocks) {
+void GemmLowering::lowerFullBlocksDynamic(const Bases &base, Value fullBlocks) {
   auto &b = k.b;
   TileBuilder::TileScope panels(k);
   // As lowerFullBlocks with two panel slots: pairs of blocks in a loop
@@ -285,8 +284,7 @@ void GemmLowering::lowerFullBlocksDynamic(const Bases &base,
     block(k.addOffset(k.scale(p, 2), 1), 1);
   });
   Value done = k.scale(pairs, 2);
-  k.ifMore(b.create<arith::SubIOp>(steady, done), 0,
-           [&] { block(done, 0); });
+  k.ifMore(b.create<arith::SubIOp>(steady, done), 0, [&] { block(done, 0); });
   k.ifMore(fullBlocks, 0, [&] {
     Value last = b.create<arith::SubIOp>(fullBlocks, k.index(1));
     Value at = k.scale(b.create<arith::RemSIOp>(last, k.index(2)), panelCols);
