@@ -12,6 +12,8 @@ and what a size-generic program costs against the program specialized to one siz
 - ``modeled``: the same layer's modeled device time per call at three sizes, from its
   size-generic program and from the program specialized to that size
   (``options={"specialize_sizes": True}``): target within 5%.
+- ``linear``: a Linear(256, 512) + SiLU over a dynamic row count (a size-generic GEMM), modeled
+  device time per call from its one size-generic program and from the specialized ones.
 
 Programs are counted by ``torchneuron.stats()["graphs_compiled"]`` with the persistent compile
 cache off (a cache hit compiles nothing). ``TORCHNEURON_VERBOSE=1`` prints why a graph is
@@ -134,9 +136,39 @@ def modeled(lengths: Sequence[int]) -> None:
         )
 
 
+def linear(rows: Sequence[int]) -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.SiLU()).eval()
+
+    def device_us(specialize: bool) -> tuple[list[float], int]:
+        torch._dynamo.reset()
+        options = {**OPTIONS, "specialize_sizes": specialize}
+        compiled = torch.compile(layer, backend="neuron", options=options)
+        times = []
+
+        def run() -> None:
+            for n in rows:
+                x = torch.randn(n, 256)
+                torch._dynamo.mark_dynamic(x, 0)
+                with torch.no_grad(), torchneuron.profile() as prof:
+                    compiled(x)
+                times.append(prof.total_device_ns / 1e3)
+
+        _, programs, _ = _compiles(run)
+        return times, programs
+
+    (generic, g_programs), (special, s_programs) = device_us(False), device_us(True)
+    print(
+        f"linear 256->512 + SiLU, modeled device us per call: size-generic ({g_programs} "
+        f"programs) vs specialized ({s_programs} programs)"
+    )
+    for n, g, s in zip(rows, generic, special, strict=True):
+        print(f"  rows {n:5d}: {g:9.1f} vs {s:9.1f}  ({g / s - 1:+.1%})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--only", choices=("generate", "sizes", "modeled"), default=None)
+    parser.add_argument("--only", choices=("generate", "sizes", "modeled", "linear"), default=None)
     parser.add_argument("--tokens", type=int, default=64, help="new tokens for generate")
     args = parser.parse_args(argv)
     ok = True
@@ -146,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ok &= sizes([64, 96, 128, 130, 200, 256, 300, 384, 500, 512])
     if args.only in (None, "modeled"):
         modeled([128, 384, 1000])
+    if args.only in (None, "linear"):
+        linear([5, 128, 300, 700, 1700])
     return 0 if ok else 1
 
 

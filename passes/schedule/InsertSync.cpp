@@ -390,6 +390,14 @@ struct Waits {
   }
 };
 
+/// A loop whose body runs at least once: constant bounds, not empty.
+bool alwaysIterates(Operation *op) {
+  auto loop = cast<scf::ForOp>(op);
+  std::optional<int64_t> lb = getConstantIntValue(loop.getLowerBound());
+  std::optional<int64_t> ub = getConstantIntValue(loop.getUpperBound());
+  return lb && ub && *ub > *lb;
+}
+
 /// Instruction `b` need not wait for `a` when it waits for (or follows on
 /// its queue) an instruction `c` that itself waited for `a`, provided no
 /// instance of `a` can run between the instance of `c` that `b` waits for
@@ -422,8 +430,16 @@ bool covered(ArrayRef<Instruction> insts, const Waits &waits, int64_t a,
              llvm::is_contained(insts[c].loops, loop);
     });
   };
+  // A witness in a loop that does not hold b and may run no iteration (a
+  // trip count known only at run time) may never run: a wait on it is then
+  // met at once and says nothing of `a`.
+  auto runsBeforeB = [&](int64_t c) {
+    return llvm::all_of(insts[c].loops, [&](Operation *loop) {
+      return llvm::is_contained(insts[b].loops, loop) || alwaysIterates(loop);
+    });
+  };
   auto covers = [&](int64_t c) {
-    if (!waitedFor(c) || !insideSharedLoops(c))
+    if (!waitedFor(c) || !insideSharedLoops(c) || !runsBeforeB(c))
       return false;
     if (!loopCarried)
       return c < b && !(c < a && a < b);

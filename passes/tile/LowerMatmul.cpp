@@ -27,7 +27,8 @@ namespace {
 /// One member per level of the loop nest: batch, M block, N group, K step.
 class GemmLowering {
 public:
-  GemmLowering(KernelLowering &k, MatmulOp op);
+  /// `rows`: M when only known at run time (issue #16), else null.
+  GemmLowering(KernelLowering &k, MatmulOp op, Value rows = {});
   /// One loop per batch dim (windows may stride them any way), a GEMM in
   /// each.
   void lower();
@@ -53,6 +54,10 @@ private:
     bool chunked;
     int64_t chunk;
   };
+  /// A block of a size-generic GEMM's last rows: its last tile moves only
+  /// `lastRows` rows (the compute runs on the whole tile; rows past them are
+  /// never stored).
+  Value lastRows;
   /// An M block's on-chip state: B tiles rotating over `bSlots`, two PSUM
   /// bank sets and two output staging sets alternating between N groups.
   struct Block {
@@ -71,10 +76,14 @@ private:
   };
 
   void lowerBatch(const Bases &base);
+  /// lowerBatch with M known at run time: full blocks counted at run time,
+  /// then the last rows as a block of 1..mTiles tiles, its last one short.
+  void lowerBatchDynamic(const Bases &base);
+  void lowerFullBlocksDynamic(const Bases &base, Value fullBlocks);
   /// A^T rows [m0, m0 + rows) into `panel`: one transfer for the full K
   /// tiles ([k in tile, tile, row of A]), one for the partial tile.
   void loadPanel(const Bases &base, Value m0, int64_t rows, Value panel,
-                 Value panelAt, int64_t panelStride);
+                 Value panelAt, int64_t panelStride, Value moved = {});
   /// The full M blocks, their panels alternating between two slots, each
   /// loading the next one's.
   void lowerFullBlocks(const Bases &base, int64_t fullBlocks);
@@ -113,11 +122,12 @@ private:
   int64_t eltBytes;
   int64_t kTile, mTile, nTile, banksPerSet, kTiles, kRows;
   int64_t mTiles, nTiles, mBlock, nGroup;
+  Value mRows;
 };
 
-GemmLowering::GemmLowering(KernelLowering &k, MatmulOp op)
+GemmLowering::GemmLowering(KernelLowering &k, MatmulOp op, Value rows)
     : k(k), lhsType(tensorType(op.getLhs())), rhsType(tensorType(op.getRhs())),
-      outType(op.getType()) {
+      outType(op.getType()), mRows(rows) {
   const auto &target = k.target;
   rank = lhsType.getRank();
   m = lhsType.getDimSize(rank - 2);
@@ -146,7 +156,8 @@ GemmLowering::GemmLowering(KernelLowering &k, MatmulOp op)
   kRows = std::min(kDim, kTile);
   // M tiles per block: as many as PSUM and the panel budget allow (two
   // panels over gemm-panel-sbuf-percent of SBUF would crowd out the streams).
-  int64_t mTilesTotal = (m + mTile - 1) / mTile;
+  // Blocks of a size-generic GEMM are sized as a large M's.
+  int64_t mTilesTotal = mRows ? banksPerSet : (m + mTile - 1) / mTile;
   mTiles = std::min<int64_t>(mTilesTotal, banksPerSet);
   while (mTiles > 1 &&
          2 * kTiles * mTiles * mTile * eltBytes >
@@ -165,7 +176,8 @@ void GemmLowering::lower() {
   std::function<void(int64_t, Value, Value, Value)> batches =
       [&](int64_t d, Value lo, Value ro, Value oo) {
         if (d == rank - 2)
-          return lowerBatch({lo, ro, oo});
+          return mRows ? lowerBatchDynamic({lo, ro, oo})
+                       : lowerBatch({lo, ro, oo});
         k.forEach(outType.getDimSize(d), [&](Value i) {
           batches(d + 1, k.addOffsets(lo, k.scale(i, a.strides[d])),
                   k.addOffsets(ro, k.scale(i, bw.strides[d])),
@@ -190,16 +202,95 @@ void GemmLowering::lowerBatch(const Bases &base) {
 }
 
 void GemmLowering::loadPanel(const Bases &base, Value m0, int64_t rows,
-                             Value panel, Value panelAt, int64_t panelStride) {
+                             Value panel, Value panelAt, int64_t panelStride,
+                             Value moved) {
   Value rows0 = k.addOffsets(base.lhs, k.scale(m0, aRow));
+  // The panel's layout is that of `rows` rows; a short block moves `moved`.
+  auto view = [&](Value base, Value at, ArrayRef<int64_t> shape,
+                  ArrayRef<int64_t> strides) {
+    if (!moved)
+      return k.view(base, at, shape, strides);
+    SmallVector<OpFoldResult> sizes;
+    for (int64_t s : shape.drop_back())
+      sizes.push_back(k.b.getIndexAttr(s));
+    sizes.push_back(moved);
+    return k.view(base, at, sizes, strides);
+  };
   if (int64_t full = kDim / kTile)
-    k.dma(k.view(lhs, rows0, {kTile, full, rows}, {aCol, kTile * aCol, aRow}),
-          k.view(panel, panelAt, {kTile, full, rows}, {panelStride, rows, 1}));
+    k.dma(view(lhs, rows0, {kTile, full, rows}, {aCol, kTile * aCol, aRow}),
+          view(panel, panelAt, {kTile, full, rows}, {panelStride, rows, 1}));
   if (int64_t kt = kDim % kTile)
-    k.dma(k.view(lhs, k.addOffset(rows0, kDim / kTile * kTile * aCol),
-                 {kt, rows}, {aCol, aRow}),
-          k.view(panel, k.addOffset(panelAt, kDim / kTile * rows), {kt, rows},
-                 {panelStride, 1}));
+    k.dma(view(lhs, k.addOffset(rows0, kDim / kTile * kTile * aCol), {kt, rows},
+               {aCol, aRow}),
+          view(panel, k.addOffset(panelAt, kDim / kTile * rows), {kt, rows},
+               {panelStride, 1}));
+}
+
+void GemmLowering::lowerBatchDynamic(const Bases &base) {
+  auto &b = k.b;
+  Value fullBlocks = b.create<arith::FloorDivSIOp>(mRows, k.index(mBlock));
+  lowerFullBlocksDynamic(base, fullBlocks);
+  Value rest = b.create<arith::RemSIOp>(mRows, k.index(mBlock));
+  Value restTiles = b.create<arith::CeilDivSIOp>(rest, k.index(mTile));
+  Value m0 = k.scale(fullBlocks, mBlock);
+  // One block shape per tile count of the rest, each run when the rest
+  // has that many tiles: a loop of one iteration or none.
+  for (int64_t t = 1; t <= mTiles; ++t) {
+    auto atLeast = [&](int64_t c) -> Value {
+      return b.create<arith::MinSIOp>(
+          b.create<arith::MaxSIOp>(
+              b.create<arith::SubIOp>(restTiles, k.index(c - 1)), k.index(0)),
+          k.index(1));
+    };
+    Value once = b.create<arith::SubIOp>(atLeast(t), atLeast(t + 1));
+    k.forEachDynamic(once, [&](Value) {
+      TileBuilder::TileScope panels(k);
+      int64_t rows = t * mTile;
+      Value buffer = k.tile(MemorySpace::sbuf, {kRows, kTiles * rows}, inElt);
+      loadPanel(base, m0, rows, buffer, k.index(0), kTiles * rows, rest);
+      lastRows = b.create<arith::SubIOp>(rest, k.index((t - 1) * mTile));
+      lowerBlock(base, m0, rows, {buffer, k.index(0), kTiles * rows},
+                 std::nullopt, 1);
+      lastRows = {};
+    });
+  }
+}
+
+void GemmLowering::lowerFullBlocksDynamic(const Bases &base, Value fullBlocks) {
+  auto &b = k.b;
+  TileBuilder::TileScope panels(k);
+  // As lowerFullBlocks with two panel slots: pairs of blocks in a loop
+  // (constant slots), the one left, then the last block, whose slot is
+  // known at run time.
+  int64_t panelCols = kTiles * mBlock, stride = 2 * panelCols;
+  Value buffer = k.tile(MemorySpace::sbuf, {kRows, stride}, inElt);
+  k.ifMore(fullBlocks, 0, [&] {
+    loadPanel(base, k.index(0), mBlock, buffer, k.index(0), stride);
+  });
+  int64_t groups = n / nGroup;
+  bool chunked = groups >= 2 && kDim % kTile == 0 && kTiles % groups == 0;
+  int64_t chunk = chunked ? kTiles / groups : 0;
+  auto block = [&](Value i, int64_t slot) {
+    lowerBlock(base, k.scale(i, mBlock), mBlock,
+               {buffer, k.index(slot * panelCols), stride},
+               NextPanel{i, slot, buffer, 2, panelCols, stride, chunked, chunk},
+               chunked ? mBlock : 1);
+  };
+  Value steady = b.create<arith::MaxSIOp>(
+      b.create<arith::SubIOp>(fullBlocks, k.index(1)), k.index(0));
+  Value pairs = b.create<arith::FloorDivSIOp>(steady, k.index(2));
+  k.forEachDynamic(pairs, [&](Value p) {
+    block(k.scale(p, 2), 0);
+    block(k.addOffset(k.scale(p, 2), 1), 1);
+  });
+  Value done = k.scale(pairs, 2);
+  k.ifMore(b.create<arith::SubIOp>(steady, done), 0, [&] { block(done, 0); });
+  k.ifMore(fullBlocks, 0, [&] {
+    Value last = b.create<arith::SubIOp>(fullBlocks, k.index(1));
+    Value at = k.scale(b.create<arith::RemSIOp>(last, k.index(2)), panelCols);
+    lowerBlock(base, k.scale(last, mBlock), mBlock, {buffer, at, stride},
+               std::nullopt, 1);
+  });
 }
 
 void GemmLowering::lowerFullBlocks(const Bases &base, int64_t fullBlocks) {
@@ -397,19 +488,52 @@ void GemmLowering::evictGroup(const Bases &base, const Block &blk,
     Value dst = k.addOffsets(
         k.addOffsets(base.out, k.scale(k.addOffset(blk.m0, mi * mTile), n)),
         grp.n0);
+    Value dstView = k.view(out, dst, {mt, grp.cols}, {n, 1});
+    if (lastRows && mi == blk.tiles - 1) {
+      stage = k.withRows(stage, lastRows);
+      dstView = k.withRows(dstView, lastRows);
+    }
     // From ScalarE's queue: a store waits for its eviction, and on SyncE's
     // it would hold up the next group's B loads.
-    k.b.create<nisa::DmaCopyOp>(stage, k.view(out, dst, {mt, grp.cols}, {n, 1}),
-                                nisa::Engine::scalar);
+    k.b.create<nisa::DmaCopyOp>(stage, dstView, nisa::Engine::scalar);
   }
 }
 
 struct MatmulPattern : OpTilePattern<MatmulPattern, MatmulOp> {
+  bool isSizeGeneric(Operation *) const override { return true; }
   LogicalResult lowerOp(MatmulOp op, KernelLowering &k) const {
     if (tensorType(op.getLhs()).getShape().back() == 0)
       return op->emitOpError("has an empty contraction (the importer folds "
                              "it to zeros)");
-    k.lowerMatmul(op);
+    RankedTensorType lhsType = tensorType(op.getLhs());
+    if (lhsType.hasStaticShape() && tensorType(op.getRhs()).hasStaticShape()) {
+      k.lowerMatmul(op);
+      return success();
+    }
+    // Size-generic: only M (the lhs's rows) known at run time.
+    int64_t rank = lhsType.getRank();
+    auto refuse = [&](const Twine &why) {
+      return emitError(op->getLoc())
+             << "not size-generic: " << op->getName() << ": " << why << " ("
+             << op.getLhs().getType() << " x " << op.getRhs().getType() << ")";
+    };
+    for (int64_t d = 0; d < rank - 2; ++d)
+      if (lhsType.isDynamicDim(d) || tensorType(op.getRhs()).isDynamicDim(d))
+        return refuse("a batch dim known only at run time");
+    if (!tensorType(op.getRhs()).hasStaticShape() ||
+        lhsType.isDynamicDim(rank - 1))
+      return refuse("K or N known only at run time");
+    if (rank > 2)
+      return refuse("batch dims with rows known only at run time");
+    // A view of the rows (a transposed activation) would have strides
+    // that depend on them.
+    if (k.windowOf(op.getLhs()).strides !=
+        SmallVector<int64_t>{lhsType.getDimSize(1), 1})
+      return refuse("the rows are a strided view");
+    Value rows = k.dimOf(op.getLhs(), rank - 2);
+    if (!rows || !k.dimOf(op.getResult(), rank - 2))
+      return refuse("the row count is not known");
+    GemmLowering(k, op, rows).lower();
     return success();
   }
 };

@@ -16,3 +16,28 @@ func.func @transpose(%a: tensor<?x4xf32> {neuron.dims = affine_map<()[s0] -> (s0
 func.func @order(%n: index {neuron.size = {name = "s0", min = 1 : i64}}, %a: tensor<4xf32>) -> tensor<4xf32> {
   return %a : tensor<4xf32>
 }
+
+// -----
+
+// A GEMM is size-generic in M only.
+func.func @matmul_n(%a: tensor<4x64xf32>, %b: tensor<64x?xf32> {neuron.dims = affine_map<()[s0] -> (64, s0)>}, %n: index {neuron.size = {name = "s0", min = 1 : i64}}) -> tensor<4x?xf32> {
+  // expected-error @+1 {{not size-generic: neuron.matmul: K or N known only at run time ('tensor<4x64xf32>' x 'tensor<64x?xf32>')}}
+  %0 = neuron.matmul %a, %b : tensor<4x64xf32>, tensor<64x?xf32> -> tensor<4x?xf32>
+  return %0 : tensor<4x?xf32>
+}
+
+// -----
+
+func.func @matmul_batch(%a: tensor<?x4x64xf32> {neuron.dims = affine_map<()[s0] -> (s0, 4, 64)>}, %b: tensor<?x64x8xf32> {neuron.dims = affine_map<()[s0] -> (s0, 64, 8)>}, %n: index {neuron.size = {name = "s0", min = 1 : i64}}) -> tensor<?x4x8xf32> {
+  // expected-error @+1 {{not size-generic: neuron.matmul: a batch dim known only at run time}}
+  %0 = neuron.matmul %a, %b : tensor<?x4x64xf32>, tensor<?x64x8xf32> -> tensor<?x4x8xf32>
+  return %0 : tensor<?x4x8xf32>
+}
+
+// -----
+
+func.func @matmul_batched_rows(%a: tensor<2x?x64xf32> {neuron.dims = affine_map<()[s0] -> (2, s0, 64)>}, %b: tensor<2x64x8xf32>, %n: index {neuron.size = {name = "s0", min = 1 : i64}}) -> tensor<2x?x8xf32> {
+  // expected-error @+1 {{not size-generic: neuron.matmul: batch dims with rows known only at run time}}
+  %0 = neuron.matmul %a, %b : tensor<2x?x64xf32>, tensor<2x64x8xf32> -> tensor<2x?x8xf32>
+  return %0 : tensor<2x?x8xf32>
+}
