@@ -18,7 +18,7 @@ import sympy
 import torch
 import torch.fx
 
-__all__ = ["NotSizeGeneric", "SizeSymbols", "no_size_guards", "size_expression"]
+__all__ = ["NotSizeGeneric", "SizeSymbols", "no_size_guards", "size_expression", "sym_values"]
 
 
 class NotSizeGeneric(Exception):
@@ -36,7 +36,7 @@ def no_size_guards(gm: torch.fx.GraphModule) -> Iterator[None]:
     envs = {
         id(v.node.shape_env): v.node.shape_env
         for n in gm.graph.nodes
-        for v in _sym_values(n.meta.get("val"))
+        for v in sym_values(n.meta.get("val"))
     }
     patched = []
     for env in envs.values():
@@ -59,17 +59,17 @@ def no_size_guards(gm: torch.fx.GraphModule) -> Iterator[None]:
             del env.evaluate_expr  # the class's method again
 
 
-def _sym_values(value: object) -> Iterator[torch.SymInt | torch.SymFloat | torch.SymBool]:
+def sym_values(value: object) -> Iterator[torch.SymInt | torch.SymFloat | torch.SymBool]:
     """The symbolic values in a node's value: sizes of tensors, scalars, in tuples."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         if not value.node.is_constant():
             yield value
     elif isinstance(value, torch.Tensor):
         for size in value.shape:
-            yield from _sym_values(size)
+            yield from sym_values(size)
     elif isinstance(value, (tuple, list)):
         for item in value:
-            yield from _sym_values(item)
+            yield from sym_values(item)
 
 
 def size_expression(expr: sympy.Expr) -> str:

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.node import Argument
 
 from torchneuron.fx_json import concrete_scalar
+from torchneuron.sizes import sym_values
 
 __all__ = [
     "copy_graph_module",
@@ -33,13 +34,7 @@ __all__ = [
 
 def has_symbols(value: object) -> bool:
     """Whether a node value (tensor, scalar, or a tuple/list of them) has a symbolic size."""
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return not value.node.is_constant()
-    if isinstance(value, torch.Tensor):
-        return any(has_symbols(s) for s in value.shape)
-    if isinstance(value, (tuple, list)):
-        return any(has_symbols(v) for v in value)
-    return False
+    return next(sym_values(value), None) is not None  # no truth test of a SymInt
 
 
 def has_data_dependent_sizes(gm: torch.fx.GraphModule) -> bool:
