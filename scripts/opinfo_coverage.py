@@ -68,8 +68,10 @@ UNINITIALIZED_PREFIXES = ("empty", "new_empty", "nn.functional.dropout")
 # design" in the summary.
 _COMPLEX = "complex results or inputs: the device has no complex dtype"
 _FACTOR = (
-    "a matrix factorization or solve: each step depends on the last (pivots, reflectors, "
-    "substitution), a poor fit for 128-lane engines; a blocked TensorE form is future work"
+    "a matrix factorization that iterates to convergence (eigenvalue and singular value "
+    "decompositions, what is built on them, the matrix exponential's scaling) or pivots "
+    "symmetrically (LDL^T): beyond the unrolled column steps torchneuron/linalg.py uses for "
+    "Cholesky, LU and QR"
 )
 DOCUMENTED_FALLBACKS: dict[str, str] = {
     **dict.fromkeys(
@@ -80,26 +82,8 @@ DOCUMENTED_FALLBACKS: dict[str, str] = {
             f"aten.{name}.default"
             for name in (
                 "_linalg_svd",
-                "linalg_lu_factor_ex",
-                "linalg_lu",
-                "linalg_lu_solve",
-                "lu_unpack",
-                "cholesky",
-                "cholesky_solve",
-                "cholesky_inverse",
-                "linalg_cholesky_ex",
-                "linalg_inv_ex",
-                "_linalg_solve_ex",
-                "linalg_solve_triangular",
-                "triangular_solve",
-                "linalg_qr",
-                "geqrf",
-                "ormqr",
-                "linalg_householder_product",
                 "_linalg_eigh",
                 "linalg_eig",
-                "_linalg_det",
-                "_linalg_slogdet",
                 "linalg_ldl_factor_ex",
                 "linalg_ldl_solve",
                 "linalg_matrix_exp",
@@ -424,7 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"  partly eager by design:    {summary['partly_eager_by_design']} (float64/complex/"
-        f"int16 dtypes, FFT, matrix factorizations); of the other entries that reach the backend, "
+        f"int16 dtypes, FFT, eigen/singular value decompositions); of the other entries that "
+        f"reach the backend, "
         f"{summary['on_device_percent_of_the_rest']}% run fully on the device",
         file=out,
     )

@@ -35,7 +35,9 @@ Ops core ATen keeps whole (:data:`OP_DECOMPOSITIONS`), as ops the device runs:
   dim; torch's chunked ``linear_cross_entropy`` ops (float32 inference);
 - the elementwise functions the engines have no instruction for:
   :mod:`torchneuron.elementwise_math`, and Bessel functions and Chebyshev polynomials:
-  :mod:`torchneuron.special_math`.
+  :mod:`torchneuron.special_math`;
+- matrix factorizations (Cholesky, LU, QR) and the solves, inverses and determinants built on
+  them: :mod:`torchneuron.linalg`.
 
 Training graphs (:data:`TRAINING_DECOMPOSITIONS`): backward ops that torch keeps whole, or
 decomposes into scatters and gathers by index, become device math here:
@@ -80,6 +82,7 @@ import torch._refs
 import torch.nn.functional as F
 
 from torchneuron.elementwise_math import ELEMENTWISE_DECOMPOSITIONS
+from torchneuron.linalg import LINALG_DECOMPOSITIONS
 from torchneuron.special_math import SPECIAL_DECOMPOSITIONS
 
 __all__ = [
@@ -2694,6 +2697,7 @@ def _aten_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., object
     table.update(OP_DECOMPOSITIONS)
     table.update(ELEMENTWISE_DECOMPOSITIONS)
     table.update(SPECIAL_DECOMPOSITIONS)
+    table.update(LINALG_DECOMPOSITIONS)
     missing = [
         str(op)
         for op, _ in EXTRA_DECOMPOSITIONS
