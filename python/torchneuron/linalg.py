@@ -24,11 +24,14 @@ not device work (:func:`torchneuron.partition.is_op`).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
+from typing import cast
 
 import torch
+import torch.fx
 
-__all__ = ["LINALG_DECOMPOSITIONS", "MAX_UNROLLED"]
+__all__ = ["LINALG_DECOMPOSITIONS", "MAX_UNROLLED", "values_only_factorizations"]
 
 _aten = torch.ops.aten
 
@@ -490,6 +493,163 @@ def ormqr(
     return c
 
 
+# -- Jacobi: symmetric eigenvalues and singular values ---------------------------------------
+
+
+def _rotation(app: torch.Tensor, aqq: torch.Tensor, apq: torch.Tensor) -> torch.Tensor:
+    """t = tan(theta) of the rotation that diagonalizes [[app, apq], [apq, aqq]]
+    (Golub and Van Loan's sym.schur2): the smaller root, 0 when apq is 0."""
+    tau = (aqq - app) / (2 * apq)
+    size = tau.abs()
+    # 1 / (|tau| + sqrt(1 + tau^2)), written so that a huge tau neither overflows nor cancels.
+    t = torch.where(size > 1e18, 0.5 / size, 1 / (size + torch.sqrt(1 + size * size)))
+    t = torch.where(tau < 0, -t, t)
+    return torch.where(apq == 0, 0.0, t)
+
+
+def _sweeps(n: int) -> int:
+    """Jacobi sweeps: convergence is quadratic once the off-diagonal is small; 6 plus one per
+    doubling of n reach float32's rounding level on the matrices tested (test_linalg.py)."""
+    return 6 + max(n - 1, 1).bit_length()
+
+
+def _drop(x: torch.Tensor, at: int, dim: int) -> torch.Tensor:
+    """``x`` without index ``at`` of ``dim``."""
+    return torch.cat([x.narrow(dim, 0, at), x.narrow(dim, at + 1, x.shape[dim] - at - 1)], dim)
+
+
+def _next_round(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The circle method's move between rounds: place 0 stays, the others turn by one
+    (order 0, n-1, 1, ..., n-2), so that pairing place i with n-1-i meets every pair once in
+    n - 1 rounds."""
+    parts = (x.narrow(dim, 0, 1), x.narrow(dim, -1, 1), x.narrow(dim, 1, x.shape[dim] - 2))
+    return torch.cat(parts, dim)
+
+
+def _jacobi(
+    a: torch.Tensor, one_sided: bool, vectors: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Cyclic Jacobi, n / 2 rotations at once (places i and n-1-i; round-robin order), as one
+    n x n rotation J on TensorE: two-sided (A <- J^T A J, A symmetric: its diagonal converges
+    to the eigenvalues) or one-sided (A <- A J: its columns become orthogonal, their norms
+    the singular values). An odd n gets a zero row and column, which no rotation moves, taken
+    out at the end. Returns the final A, its columns in the rounds' order, and, with
+    ``vectors``, V with A_final = V^T A V (two-sided) or A V (one-sided)."""
+    n = a.shape[-1]
+    size = n + n % 2
+    if size != n:
+        a = torch.cat([a, a.new_zeros((*a.shape[:-1], 1))], -1)
+        if not one_sided:
+            a = torch.cat([a, a.new_zeros((*a.shape[:-2], 1, size))], -2)
+    half = size // 2
+    v = torch.eye(size, dtype=a.dtype, device=a.device).expand(*a.shape[:-2], size, size)
+    places = list(range(size))  # the original index at each place
+    for _ in range(_sweeps(n)):
+        for _ in range(size - 1):
+            gram = a.mT @ a if one_sided else a
+            diagonal = torch.diagonal(gram, dim1=-2, dim2=-1)
+            app, aqq = diagonal[..., :half], diagonal.flip(-1)[..., :half]
+            apq = torch.diagonal(gram.flip(-1), dim1=-2, dim2=-1)[..., :half]
+            t = _rotation(app, aqq, apq)
+            c = torch.rsqrt(1 + t * t)
+            s = t * c
+            # c at (i, i) and (n-1-i, n-1-i), s at (i, n-1-i), -s at (n-1-i, i)
+            j = torch.diag_embed(torch.cat([c, c.flip(-1)], -1))
+            j = j + torch.diag_embed(torch.cat([s, -s.flip(-1)], -1)).flip(-1)
+            a = a @ j if one_sided else j.mT @ a @ j
+            v = v @ j
+            a = _next_round(a, -1) if one_sided else _next_round(_next_round(a, -1), -2)
+            v = _next_round(v, -1)
+            places = [places[0], places[-1], *places[1:-1]]
+    if size != n:  # drop the zero column (and row) wherever the rounds moved it
+        at = places.index(n)
+        a, v = _drop(a, at, -1), _drop(v, at, -1)[..., :n, :]
+        if not one_sided:
+            a = _drop(a, at, -2)
+    return a, (v if vectors else None)
+
+
+def _symmetric(a: torch.Tensor, upper: bool) -> torch.Tensor:
+    """The symmetric matrix of A's upper (or lower) triangle, as LAPACK reads it."""
+    half = torch.triu(a, 1) if upper else torch.tril(a, -1)
+    return torch.diagonal(a, dim1=-2, dim2=-1).diag_embed() + half + half.mT
+
+
+def _singular_values(a: torch.Tensor) -> torch.Tensor:
+    if a.shape[-2] < a.shape[-1]:
+        a = a.mT
+    if a.shape[-1] == 0:
+        return a.new_zeros((*a.shape[:-2], 0))
+    done, _ = _jacobi(a, one_sided=True, vectors=False)
+    norms = torch.sqrt((done * done).sum(-2))
+    return torch.sort(norms, -1, descending=True).values
+
+
+def linalg_eigh(a: torch.Tensor, UPLO: str = "L", compute_v: bool = True) -> object:  # noqa: N803
+    """Eigenvalues only: eigenvectors are defined up to sign, and LAPACK's signs come from its
+    own algorithm, so ``compute_v`` keeps the op whole."""
+    if compute_v or not _fits(a) or a.shape[-1] == 0:
+        return NotImplemented
+    done, _ = _jacobi(_symmetric(a, UPLO == "U"), one_sided=False, vectors=False)
+    values = torch.sort(torch.diagonal(done, dim1=-2, dim2=-1), -1).values
+    return values, a.new_empty(0)
+
+
+def linalg_svd(
+    a: torch.Tensor, full_matrices: bool = True, compute_uv: bool = True, driver: str | None = None
+) -> object:
+    """Singular values only (the vectors' signs are LAPACK's choice, as for eigh)."""
+    if compute_uv or not _fits(a):
+        return NotImplemented
+    empty = a.new_empty(0)
+    return empty, _singular_values(a), empty
+
+
+def linalg_pinv(
+    a: torch.Tensor,
+    *,
+    atol: torch.Tensor | None = None,
+    rtol: torch.Tensor | None = None,
+    hermitian: bool = False,
+) -> object:
+    """The pseudo-inverse, unique whatever the signs of the vectors it is built from:
+    V diag(1/s) U^T over the values above max(atol, rtol * largest), as torch's."""
+    tolerances = [t for t in (atol, rtol) if t is not None]
+    if not _fits(a) or any(t.dtype != torch.float32 or t.dim() for t in tolerances):
+        return NotImplemented
+    m, n = a.shape[-2:]
+    if m == 0 or n == 0:
+        return a.new_zeros((*a.shape[:-2], n, m))
+    relative: torch.Tensor | float = torch.finfo(a.dtype).eps * max(m, n)
+    if rtol is not None:
+        relative = rtol
+    elif atol is not None:  # torch's default: no relative bound when atol > 0 is given
+        relative = torch.where(atol > 0, 0.0, relative)
+
+    def threshold(largest: torch.Tensor) -> torch.Tensor:
+        bound = relative * largest
+        return bound.clamp_min(0.0) if atol is None else torch.maximum(atol, bound)
+
+    if hermitian:
+        done, v = _jacobi(_symmetric(a, False), one_sided=False, vectors=True)
+        assert v is not None
+        values = torch.diagonal(done, dim1=-2, dim2=-1)
+        largest = values.abs().amax(-1, keepdim=True)
+        keep = values.abs() > threshold(largest)
+        inverse = torch.where(keep, 1 / values, 0.0)
+        return (v * inverse.unsqueeze(-2)) @ v.mT
+    tall = a if m >= n else a.mT
+    done, v = _jacobi(tall, one_sided=True, vectors=True)
+    assert v is not None
+    values = torch.sqrt((done * done).sum(-2))
+    largest = values.amax(-1, keepdim=True)
+    keep = values > threshold(largest)
+    # tall = U S V^T with U S = done: pinv(tall) = V S^-2 done^T
+    inverse = torch.where(keep, 1 / (values * values), 0.0)
+    result = (v * inverse.unsqueeze(-2)) @ done.mT
+    return result if m >= n else result.mT
+
+
 LINALG_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.linalg_cholesky_ex.default: linalg_cholesky_ex,
     _aten.cholesky.default: cholesky,
@@ -509,4 +669,78 @@ LINALG_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.linalg_householder_product.default: linalg_householder_product,
     _aten.linalg_qr.default: linalg_qr,
     _aten.ormqr.default: ormqr,
+    _aten._linalg_eigh.default: linalg_eigh,
+    _aten._linalg_svd.default: linalg_svd,
+    _aten.linalg_pinv.atol_rtol_tensor: linalg_pinv,
 }
+
+
+#: Ops whose vectors may go unread: (the output holding the values, the flag that asks for
+#: the vectors).
+_VALUES_ONLY: dict[object, tuple[int, str]] = {
+    _aten._linalg_svd.default: (1, "compute_uv"),
+    _aten._linalg_eigh.default: (0, "compute_v"),
+}
+
+
+def values_only_factorizations(gm: torch.fx.GraphModule) -> int:
+    """An SVD or symmetric eigendecomposition whose vectors nothing reads, computed without
+    them, on the device.
+
+    ``svdvals``, ``eigvalsh``, ``cond`` and the nuclear norm reach the ATen graph as
+    ``_linalg_svd`` / ``_linalg_eigh`` asking for vectors (torch asks whenever the input is a
+    tensor subclass, as traced tensors are), which :func:`linalg_svd` and :func:`linalg_eigh`
+    leave whole: LAPACK's vector signs cannot be reproduced. When only the values are read,
+    the node is replaced here by the values-only decomposition traced for its input."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.operator_schemas import normalize_function
+
+    from torchneuron.decompositions import neuron_decompositions
+
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _VALUES_ONLY:
+            continue
+        values, flag = _VALUES_ONLY[node.target]
+        source = node.args[0]
+        example = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+        users = list(node.users)
+        read = [u for u in users if u.target is operator.getitem and u.args[1] == values]
+        unread = all(u.target is operator.getitem and not u.users for u in users if u not in read)
+        if not (len(read) == 1 and unread and isinstance(example, torch.Tensor)):
+            continue
+        if not _fits(example):
+            continue
+        normalized = normalize_function(
+            node.target, tuple(node.args), dict(node.kwargs), normalize_to_only_use_kwargs=True
+        )
+        assert normalized is not None
+        kwargs = {**normalized.kwargs, flag: False}
+        target = node.target
+
+        def values_of(a: torch.Tensor) -> torch.Tensor:
+            return target(**{**kwargs, "A": a})[values]  # noqa: B023
+
+        # Traced on zeros of the input's static shape: a fake trace here would join the
+        # compiler's fake mode and see symbolic sizes.
+        traced = make_fx(values_of, decomposition_table=neuron_decompositions())(
+            torch.zeros(example.shape, dtype=example.dtype)
+        )
+        if any(n.op == "get_attr" for n in traced.graph.nodes):
+            continue  # constants would need moving into gm: keep the node (counted)
+        (placeholder,) = (n for n in traced.graph.nodes if n.op == "placeholder")
+        before = set(gm.graph.nodes)
+        with gm.graph.inserting_before(node):
+            result = gm.graph.graph_copy(traced.graph, {placeholder: source})
+        for new in gm.graph.nodes:
+            if new not in before:
+                new.meta["stack_trace"] = node.meta.get("stack_trace")
+        read[0].replace_all_uses_with(cast(torch.fx.Node, result))
+        for user in users:
+            gm.graph.erase_node(user)
+        gm.graph.erase_node(node)
+        count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count

@@ -129,6 +129,21 @@ CASES: dict[str, Case] = {
         lambda a, t, c: torch.ormqr(a, t, c, left=False, transpose=True),
         lambda: (*_geqrf(5, 5), torch.randn(3, 5)),
     ),
+    # Jacobi: values only (vectors nobody reads are not computed), and the pseudo-inverse
+    "svdvals_wide_batched": (torch.linalg.svdvals, lambda: (torch.randn(2, 3, 5),)),
+    "eigvalsh_upper": (lambda a: torch.linalg.eigvalsh(a, UPLO="U"), lambda: (torch.randn(5, 5),)),
+    "cond": (torch.linalg.cond, lambda: (torch.randn(4, 4),)),
+    "nuclear_norm": (lambda a: torch.linalg.matrix_norm(a, "nuc"), lambda: (torch.randn(4, 3),)),
+    "pinv_wide": (torch.linalg.pinv, lambda: (torch.randn(3, 4),)),
+    "pinv_hermitian_rank_deficient": (
+        lambda a: torch.linalg.pinv(a @ a.mT, hermitian=True),
+        lambda: (torch.randn(4, 2),),
+    ),
+    "pinv_atol": (
+        lambda a, atol: torch.linalg.pinv(a, atol=atol),
+        lambda: (torch.randn(4, 4), torch.tensor(0.5)),
+    ),
+    "pinv_empty": (torch.linalg.pinv, lambda: (torch.randn(3, 0),)),
 }
 
 
@@ -232,3 +247,19 @@ def test_large_and_float64_matrices_stay_eager_counted(real_native: ModuleType) 
     got = torch.compile(torch.linalg.inv, backend="neuron", options={"cache": False})(a)
     torch.testing.assert_close(got, torch.linalg.inv(a))
     assert _fallbacks(before) == {"aten.linalg_inv_ex.default": 1}
+
+
+def test_read_vectors_keep_svd_and_eigh_eager_counted(real_native: ModuleType) -> None:
+    """Singular and eigenvectors are defined up to sign; LAPACK's come from its algorithm."""
+    a = torch.randn(4, 4)
+    torch._dynamo.reset()
+    before = dict(torchneuron.stats()["ops_fallback"])
+    compiled = torch.compile(
+        lambda a: (torch.linalg.svd(a)[0], torch.linalg.eigh(a + a.mT)[1]),
+        backend="neuron",
+        options={"cache": False},
+    )
+    u, v = compiled(a)
+    torch.testing.assert_close(u, torch.linalg.svd(a)[0])
+    torch.testing.assert_close(v, torch.linalg.eigh(a + a.mT)[1])
+    assert _fallbacks(before) == {"aten._linalg_svd.default": 1, "aten._linalg_eigh.default": 1}
