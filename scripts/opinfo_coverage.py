@@ -66,17 +66,13 @@ UNINITIALIZED_PREFIXES = ("empty", "new_empty", "nn.functional.dropout")
 # ATen ops that stay eager on purpose, the device being a poor home for them (op -> why). With
 # float64 and complex dtypes (no such types on the device) they make an entry partly eager "by
 # design" in the summary.
-_COMPLEX = "complex results or inputs: the device has no complex dtype"
 _FACTOR = (
     "a matrix factorization that iterates to convergence (eigenvalue and singular value "
-    "decompositions, what is built on them, the matrix exponential's scaling) or pivots "
-    "symmetrically (LDL^T): beyond the unrolled column steps torchneuron/linalg.py uses for "
-    "Cholesky, LU and QR"
+    "decompositions whose vectors are read, general eigenvalues, the matrix exponential's "
+    "scaling) or pivots symmetrically (LDL^T): beyond the unrolled column steps "
+    "torchneuron/linalg.py uses for Cholesky, LU, QR and Jacobi's values"
 )
 DOCUMENTED_FALLBACKS: dict[str, str] = {
-    **dict.fromkeys(
-        ["aten._fft_r2c.default", "aten._fft_c2c.default", "aten._fft_c2r.default"], _COMPLEX
-    ),
     **dict.fromkeys(
         [
             f"aten.{name}.default"
@@ -88,9 +84,11 @@ DOCUMENTED_FALLBACKS: dict[str, str] = {
                 "linalg_ldl_solve",
                 "linalg_matrix_exp",
             )
-        ]
-        + ["aten.linalg_pinv.atol_rtol_tensor"],
+        ],
         _FACTOR,
+    ),
+    "aten.linalg_pinv.atol_rtol_tensor": (
+        "float64 tolerances (torch.pinverse's rcond): the device has no float64"
     ),
 }
 BY_DESIGN_REASONS = ("float64", "complex", "int16")  # dtypes the device does not have
@@ -408,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"  partly eager by design:    {summary['partly_eager_by_design']} (float64/complex/"
-        f"int16 dtypes, FFT, eigen/singular value decompositions); of the other entries that "
+        f"int16 dtypes, eigen/singular vectors, LDL^T); of the other entries that "
         f"reach the backend, "
         f"{summary['on_device_percent_of_the_rest']}% run fully on the device",
         file=out,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import cast
 
 import torch
 import torch.fx
@@ -692,10 +691,9 @@ def values_only_factorizations(gm: torch.fx.GraphModule) -> int:
     tensor subclass, as traced tensors are), which :func:`linalg_svd` and :func:`linalg_eigh`
     leave whole: LAPACK's vector signs cannot be reproduced. When only the values are read,
     the node is replaced here by the values-only decomposition traced for its input."""
-    from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.operator_schemas import normalize_function
 
-    from torchneuron.decompositions import neuron_decompositions
+    from torchneuron import rewrite
 
     count = 0
     for node in list(gm.graph.nodes):
@@ -721,21 +719,10 @@ def values_only_factorizations(gm: torch.fx.GraphModule) -> int:
         def values_of(a: torch.Tensor) -> torch.Tensor:
             return target(**{**kwargs, "A": a})[values]  # noqa: B023
 
-        # Traced on zeros of the input's static shape: a fake trace here would join the
-        # compiler's fake mode and see symbolic sizes.
-        traced = make_fx(values_of, decomposition_table=neuron_decompositions())(
-            torch.zeros(example.shape, dtype=example.dtype)
-        )
-        if any(n.op == "get_attr" for n in traced.graph.nodes):
-            continue  # constants would need moving into gm: keep the node (counted)
-        (placeholder,) = (n for n in traced.graph.nodes if n.op == "placeholder")
-        before = set(gm.graph.nodes)
-        with gm.graph.inserting_before(node):
-            result = gm.graph.graph_copy(traced.graph, {placeholder: source})
-        for new in gm.graph.nodes:
-            if new not in before:
-                new.meta["stack_trace"] = node.meta.get("stack_trace")
-        read[0].replace_all_uses_with(cast(torch.fx.Node, result))
+        result = rewrite.splice(gm, node, values_of, [source])
+        if result is None:
+            continue  # keep the node (counted)
+        read[0].replace_all_uses_with(result)
         for user in users:
             gm.graph.erase_node(user)
         gm.graph.erase_node(node)

@@ -83,14 +83,21 @@ def is_compute(node: torch.fx.Node) -> bool:
 def is_op(node: torch.fx.Node) -> bool:
     """Whether a node is an operator call counted in the stats (not ``getitem``, a size
     computation, the host drawing a random seed (:func:`rng.next_seed`) or checking a
-    factorization's ``info``, :func:`is_host_check`)."""
+    factorization's ``info`` (:func:`is_host_check`), or a complex tensor read as float pairs
+    and back)."""
     return (
         node.op == "call_function"
         and node.target is not operator.getitem
         and node.target not in fx_json.SCALAR_TARGETS
         and node.target is not rng.next_seed
         and not is_host_check(node)
+        and node.target not in _COMPLEX_VIEWS
     )
+
+
+#: The views between a complex tensor and its float32 pairs (:mod:`torchneuron.complex_math`):
+#: the same memory read as either, how a kernel takes and returns complex values.
+_COMPLEX_VIEWS = (torch.ops.aten.view_as_real.default, torch.ops.aten.view_as_complex.default)
 
 
 def is_host_check(node: torch.fx.Node) -> bool:
