@@ -68,8 +68,8 @@ UNINITIALIZED_PREFIXES = ("empty", "new_empty", "nn.functional.dropout")
 # design" in the summary.
 _FACTOR = (
     "a matrix factorization that iterates to convergence (eigenvalue and singular value "
-    "decompositions whose vectors are read, general eigenvalues, the matrix exponential's "
-    "scaling) or pivots symmetrically (LDL^T): beyond the unrolled column steps "
+    "decompositions whose vectors are read, general eigenvalues) or pivots symmetrically "
+    "(LDL^T): beyond the unrolled column steps "
     "torchneuron/linalg.py uses for Cholesky, LU, QR and Jacobi's values"
 )
 DOCUMENTED_FALLBACKS: dict[str, str] = {
@@ -82,7 +82,6 @@ DOCUMENTED_FALLBACKS: dict[str, str] = {
                 "linalg_eig",
                 "linalg_ldl_factor_ex",
                 "linalg_ldl_solve",
-                "linalg_matrix_exp",
             )
         ],
         _FACTOR,

@@ -1,5 +1,6 @@
 """Matrix factorizations and solves as device math: Cholesky, LU with partial pivoting,
-Householder QR and the solves, inverses and determinants built on them.
+Householder QR and the solves, inverses and determinants built on them; singular values,
+symmetric eigenvalues and pseudo-inverses by Jacobi rotations; the matrix exponential.
 
 Each factorization is LAPACK's unblocked algorithm (``potf2``, ``getf2``, ``geqr2``) unrolled
 over the columns at trace time: a column step is a handful of whole-matrix VectorE operations
@@ -16,6 +17,13 @@ covariances, the per-head solves of some attention variants); larger matrices ke
 whole (a counted fallback) until a blocked TensorE form exists. float64 and complex inputs
 stay eager (the device has neither dtype); 16-bit inputs too, as on CPU where LAPACK has no
 16-bit kernels.
+
+Jacobi (:func:`_jacobi`) runs a fixed number of sweeps, n / 2 rotations at once per round as
+one rotation matrix (two TensorE matmuls). It gives values only: vectors are defined up to
+sign and LAPACK's signs come from its own algorithm, so an SVD or eigh whose vectors are read
+stays eager (counted); the pseudo-inverse, unique whatever the signs, is built from them. The
+matrix exponential scales A to a norm of at most 1 by a power of two computed on the device,
+sums a Taylor series and squares back, selecting past the squarings it needs.
 
 ``_linalg_check_errors`` (the check ``torch.linalg.cholesky``, ``inv`` and ``solve`` run on
 ``info``) reads a device result and raises on the host, as torch does on every device; it is
@@ -649,6 +657,33 @@ def linalg_pinv(
     return result if m >= n else result.mT
 
 
+# -- matrix exponential ----------------------------------------------------------------------
+
+#: Taylor degree and the most squarings of the scaling-and-squaring matrix exponential: A is
+#: scaled by 2^-s to a 1-norm of at most 1 (the degree-14 remainder is below 1/15! = 8e-13),
+#: then squared s times. 2^40 bounds the norms whose exponential float32 can resolve.
+_EXP_DEGREE = 14
+_EXP_SQUARINGS = 40
+
+
+def linalg_matrix_exp(a: torch.Tensor) -> object:
+    """exp(A) = (exp(A / 2^s))^(2^s) with s = ceil(log2 |A|_1) computed on the device; the
+    squarings past s keep their input (a select), so one program serves every norm."""
+    if not _fits(a) or a.shape[-1] == 0:
+        return NotImplemented
+    norm = a.abs().sum(-2).amax(-1)
+    s = torch.ceil(torch.log2(norm)).clamp(0, _EXP_SQUARINGS)
+    s = torch.where(norm > 0, s, 0.0)
+    x = a * torch.exp2(-s)[..., None, None]
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    result = eye + x / _EXP_DEGREE
+    for k in range(_EXP_DEGREE - 1, 0, -1):  # Horner: I + X/k (I + X/(k+1) (...))
+        result = eye + (x @ result) / k
+    for i in range(_EXP_SQUARINGS):
+        result = torch.where((s > i)[..., None, None], result @ result, result)
+    return result
+
+
 LINALG_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.linalg_cholesky_ex.default: linalg_cholesky_ex,
     _aten.cholesky.default: cholesky,
@@ -671,6 +706,7 @@ LINALG_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten._linalg_eigh.default: linalg_eigh,
     _aten._linalg_svd.default: linalg_svd,
     _aten.linalg_pinv.atol_rtol_tensor: linalg_pinv,
+    _aten.linalg_matrix_exp.default: linalg_matrix_exp,
 }
 
 

@@ -129,6 +129,11 @@ CASES: dict[str, Case] = {
         lambda a, t, c: torch.ormqr(a, t, c, left=False, transpose=True),
         lambda: (*_geqrf(5, 5), torch.randn(3, 5)),
     ),
+    "matrix_exp": (torch.linalg.matrix_exp, lambda: (torch.randn(5, 5),)),
+    "matrix_exp_batched_norms": (  # a zero matrix, one needing no squaring, one needing 6
+        torch.linalg.matrix_exp,
+        lambda: (torch.stack([torch.zeros(3, 3), 0.1 * torch.randn(3, 3), 8 * torch.randn(3, 3)]),),
+    ),
     # Jacobi: values only (vectors nobody reads are not computed), and the pseudo-inverse
     "svdvals_wide_batched": (torch.linalg.svdvals, lambda: (torch.randn(2, 3, 5),)),
     "eigvalsh_upper": (lambda a: torch.linalg.eigvalsh(a, UPLO="U"), lambda: (torch.randn(5, 5),)),
