@@ -2,7 +2,8 @@
 """How much of PyTorch's OpInfo database runs on the device under ``torch.compile``.
 
 Every entry of ``op_db`` (or those ``--only`` names), its first sample of ``--dtype`` on CPU
-inputs, through ``torch.compile(backend="neuron")`` in this process (no subprocesses: a
+inputs (``--samples N``: its first N, 0 for every one; the entry gets the worst class any of
+them gets), through ``torch.compile(backend="neuron")`` in this process (no subprocesses: a
 per-op time limit by SIGALRM keeps a stuck op from taking the run with it). Each entry gets one
 class:
 
@@ -29,6 +30,7 @@ separately. Ops the device is a poor home for stay a counted fallback on purpose
     .venv/bin/python scripts/opinfo_coverage.py                   # float32, all of op_db
     .venv/bin/python scripts/opinfo_coverage.py --dtype bfloat16 --json out.json
     .venv/bin/python scripts/opinfo_coverage.py --only flip --only cumprod -v
+    .venv/bin/python scripts/opinfo_coverage.py --samples 0 --table f32.md   # every sample
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import itertools
 import json
 import logging
 import re
@@ -219,7 +222,14 @@ def _compare(actual: Any, expected: Any, dtype: torch.dtype, values: bool) -> st
     return ""
 
 
-def run_op(op: Any, dtype: torch.dtype, timeout: float) -> Result:
+#: How an entry's class follows from its samples': the first of these any sample has.
+_WORST_FIRST = ("crash", "wrong", "partly_eager", "on_device", "not_reached", "no_sample")
+
+
+def run_op(op: Any, dtype: torch.dtype, timeout: float, samples: int = 1) -> Result:
+    """The entry's class over its first ``samples`` samples of ``dtype`` (0: every sample):
+    the worst any of them gets (a crash before a wrong answer before a fallback), with the
+    fallbacks of all of them."""
     name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
     start = time.perf_counter()
 
@@ -232,11 +242,29 @@ def run_op(op: Any, dtype: torch.dtype, timeout: float) -> Result:
     try:
         with _time_limit(timeout):
             torch.manual_seed(0)
-            sample = next(iter(op.sample_inputs("cpu", dtype, requires_grad=False)), None)
+            generator = iter(op.sample_inputs("cpu", dtype, requires_grad=False))
+            chosen = list(itertools.islice(generator, samples or None))
     except Exception as e:  # an OpInfo generator that fails on this dtype
         return result("no_sample", _first_line(e))
-    if sample is None:
+    if not chosen:
         return result("no_sample", "no sample")
+    FALLBACK_LOG.reasons.clear()
+    outcomes = [_run_sample(name, op, sample, dtype, timeout) for sample in chosen]
+    fallback: collections.Counter[str] = collections.Counter()
+    for _, _, ops in outcomes:
+        fallback.update(ops)
+    index, (cls, detail, _) = min(
+        enumerate(outcomes), key=lambda item: _WORST_FIRST.index(item[1][0])
+    )
+    if len(chosen) > 1 and detail:
+        detail = f"sample {index}: {detail}"
+    return result(cls, detail, dict(fallback))
+
+
+def _run_sample(
+    name: str, op: Any, sample: Any, dtype: torch.dtype, timeout: float
+) -> tuple[str, str, dict[str, int]]:
+    """One sample through ``torch.compile``: (class, detail, fallback ops)."""
 
     def fn(x: Any, *args: Any, **kwargs: Any) -> Any:
         return _clone(op.op(x, *args, **kwargs))
@@ -251,7 +279,7 @@ def run_op(op: Any, dtype: torch.dtype, timeout: float) -> Result:
                 fn, sample
             )
     except Exception as e:
-        return result("no_sample", f"eager fails: {_first_line(e)}")
+        return "no_sample", f"eager fails: {_first_line(e)}", {}
 
     import torchneuron
 
@@ -265,30 +293,28 @@ def run_op(op: Any, dtype: torch.dtype, timeout: float) -> Result:
     d_in = copy.deepcopy(inputs)
     torch._dynamo.reset()
     torchneuron.reset_stats()
-    FALLBACK_LOG.reasons.clear()
     try:
         with _time_limit(timeout), torch.no_grad():
             torch.manual_seed(0)
             actual = torch.compile(fn, backend=backend)(d_in[0], *d_in[1], **d_in[2])
     except Exception as e:
         if calls[0] == 0 and not isinstance(e, OpTimeout):  # Dynamo gave up: no graph
-            return result("not_reached", f"Dynamo: {_first_line(e)}")
-        stats = torchneuron.stats()
-        return result("crash", _first_line(e), stats["ops_fallback"])
+            return "not_reached", f"Dynamo: {_first_line(e)}", {}
+        return "crash", _first_line(e), torchneuron.stats()["ops_fallback"]
     stats = torchneuron.stats()
     fallback: dict[str, int] = stats["ops_fallback"]
     if stats["ops_on_device"] + sum(fallback.values()) == 0:
-        return result("not_reached", "no ATen op reached the backend")
+        return "not_reached", "no ATen op reached the backend", {}
     mismatch = _compare(actual, expected, dtype, compare_values)
     if not mismatch and compare_values:  # inputs the op updates in place must match too
         mismatch = _compare(list(_tensors(d_in)), list(_tensors(e_in)), dtype, True)
     if mismatch:
-        return result("wrong", mismatch, fallback)
+        return "wrong", mismatch, fallback
     if fallback:
-        return result("partly_eager", "", fallback)
+        return "partly_eager", "", fallback
     if stats["kernels_run"] == 0:
-        return result("not_reached", "no device kernel ran")
-    return result("on_device", "", fallback)
+        return "not_reached", "no device kernel ran", {}
+    return "on_device", "", fallback
 
 
 def _selected(only: Sequence[str]) -> list[Any]:
@@ -360,6 +386,26 @@ def summarize(results: Sequence[Result], top: int) -> dict[str, Any]:
     }
 
 
+def table(results: Sequence[Result], dtype: str, samples: int) -> str:
+    """Every entry as a Markdown table row: its class and the ATen ops it left eager, with
+    why when they stay eager by design."""
+    which = "every sample" if samples == 0 else f"the first {samples} sample(s)"
+    lines = [
+        f"OpInfo, {dtype}, {which} of each entry (scripts/opinfo_coverage.py)",
+        "",
+        "| entry | class | ATen ops left eager |",
+        "|---|---|---|",
+    ]
+    for r in results:
+        eager = ", ".join(
+            f"`{op}`" + (" (by design)" if op in DOCUMENTED_FALLBACKS else "")
+            for op in sorted(r.fallback)
+        )
+        cls = r.cls + (" (by design)" if r.cls == "partly_eager" and _by_design(r) else "")
+        lines.append(f"| {r.name} | {cls} | {eager} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -367,6 +413,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", help="write every entry's result and the summary here")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per entry")
     parser.add_argument("--top", type=int, default=25, help="leftover ops to list")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=1,
+        help="samples per entry (0: all of them); an entry gets its worst sample's class",
+    )
+    parser.add_argument("--table", help="write a Markdown table (entry, class, eager ops) here")
     parser.add_argument("-v", "--verbose", action="store_true", help="every entry's class")
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype)
@@ -382,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         warnings.simplefilter("ignore")
         for i, op in enumerate(ops):
-            r = run_op(op, dtype, args.timeout)
+            r = run_op(op, dtype, args.timeout, args.samples)
             results.append(r)
             line = f"[{i + 1}/{len(ops)}] {r.name}: {r.cls} ({r.seconds:.1f} s)"
             if r.fallback:
@@ -426,6 +479,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in results:
             if r.cls == cls:
                 print(f"{cls}: {r.name}: {r.detail}", file=out)
+    if args.table:
+        with open(args.table, "w") as f:
+            f.write(table(results, args.dtype, args.samples))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
