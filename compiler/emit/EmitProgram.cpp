@@ -344,22 +344,37 @@ FailureOr<Size> ProgramEmitter::sizeOf(Value v, Operation *user) {
     return Size{0, it->second};
   Operation *def = v.getDefiningOp();
   const char *fn = nullptr;
-  if (isa_and_nonnull<arith::AddIOp>(def))
+  using Kind = rt::SizeExpr::Kind;
+  switch (nisa::sizeFunctionOf(def).value_or(Kind::Const)) {
+  case Kind::Add:
     fn = "+";
-  else if (isa_and_nonnull<arith::SubIOp>(def))
+    break;
+  case Kind::Sub:
     fn = "-";
-  else if (isa_and_nonnull<arith::MulIOp>(def))
+    break;
+  case Kind::Mul:
     fn = "*";
-  else if (isa_and_nonnull<arith::FloorDivSIOp, arith::DivSIOp>(def))
+    break;
+  case Kind::FloorDiv:
     fn = "floordiv";
-  else if (isa_and_nonnull<arith::CeilDivSIOp>(def))
+    break;
+  case Kind::CeilDiv:
     fn = "ceildiv";
-  else if (isa_and_nonnull<arith::RemSIOp>(def))
+    break;
+  case Kind::Mod:
     fn = "mod";
-  else if (isa_and_nonnull<arith::MinSIOp>(def))
+    break;
+  case Kind::Min:
     fn = "min";
-  else if (isa_and_nonnull<arith::MaxSIOp>(def))
+    break;
+  case Kind::Max:
     fn = "max";
+    break;
+  case Kind::Const:
+  case Kind::Param:
+  case Kind::Neg:
+    break;
+  }
   if (!fn)
     return user->emitError("index is neither a constant nor a size "
                            "expression of the kernel's params");

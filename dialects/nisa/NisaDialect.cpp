@@ -177,6 +177,28 @@ std::optional<AffineIndex> mlir::nisa::affineIndexOf(Value index) {
   return out;
 }
 
+std::optional<::neuron::runtime::SizeExpr::Kind>
+mlir::nisa::sizeFunctionOf(Operation *op) {
+  using Kind = ::neuron::runtime::SizeExpr::Kind;
+  if (isa_and_nonnull<arith::AddIOp>(op))
+    return Kind::Add;
+  if (isa_and_nonnull<arith::SubIOp>(op))
+    return Kind::Sub;
+  if (isa_and_nonnull<arith::MulIOp>(op))
+    return Kind::Mul;
+  if (isa_and_nonnull<arith::FloorDivSIOp, arith::DivSIOp>(op))
+    return Kind::FloorDiv;
+  if (isa_and_nonnull<arith::CeilDivSIOp>(op))
+    return Kind::CeilDiv;
+  if (isa_and_nonnull<arith::RemSIOp>(op))
+    return Kind::Mod;
+  if (isa_and_nonnull<arith::MinSIOp>(op))
+    return Kind::Min;
+  if (isa_and_nonnull<arith::MaxSIOp>(op))
+    return Kind::Max;
+  return std::nullopt;
+}
+
 SmallVector<int64_t> mlir::nisa::viewStrides(Operation *op) {
   SmallVector<int64_t> strides;
   for (OpFoldResult s : cast<memref::ReinterpretCastOp>(op).getMixedStrides())

@@ -11,6 +11,7 @@
 #include "llvm/ADT/bit.h"
 
 #include "runtime/program/Program.h"
+#include "runtime/program/SizeExpr.h"
 
 #include "dialects/nisa/NisaDialect.h.inc"
 #include "dialects/nisa/NisaEnums.h.inc"
@@ -118,6 +119,11 @@ SmallVector<int64_t> viewStrides(Operation *reinterpretCast);
 
 /// Bytes one partition of an on-chip tile holds (bool: one byte).
 int64_t bytesPerPartition(MemRefType tile);
+
+/// The size-expression function (runtime/program/SizeExpr.h) an arith op on
+/// the indices of a size-generic kernel computes, or std::nullopt: sizes are
+/// non-negative, so divsi and remsi are floordiv and mod (issue #16).
+std::optional<::neuron::runtime::SizeExpr::Kind> sizeFunctionOf(Operation *op);
 } // namespace mlir::nisa
 
 #endif // DIALECTS_NISA_NISADIALECT_H
