@@ -244,12 +244,10 @@ def test_a_linear_over_rows_compiles_once_for_every_size(real_native: ModuleType
     assert (programs, recompiles) == (1, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue #16: +11..17% when the rest has 2+ tiles: nisa-insert-sync cannot tell the "
-    "GEMM's stores at run-time row offsets from the next op's loads, so those wait for all",
-)
 def test_a_linear_over_rows_takes_the_specialized_time(real_native: ModuleType) -> None:
+    """A size-generic Linear + SiLU takes within 5% of the specialized programs' modeled time:
+    nisa-insert-sync proves the GEMM's stores of full blocks, rest blocks and the short last
+    tile apart from each other and from the next op's loads of other rows, for every size."""
     layer = _linear_silu()
     generic, _, _ = _modeled_runs(False, _LINEAR_ROWS, layer)
     special, programs, recompiles = _modeled_runs(True, _LINEAR_ROWS, layer)
