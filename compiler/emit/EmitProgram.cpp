@@ -788,12 +788,20 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
   }
   if (auto waits = op->getAttrOfType<DenseI64ArrayAttr>(nisa::kWaitsAttrName);
       waits && synchronized) {
-    std::vector<int64_t> indices;
-    for (int64_t id : waits.asArrayRef()) {
+    // A wait that holds at some sizes only (issue #16) names them.
+    auto when = op->getAttrOfType<ArrayAttr>(nisa::kWaitWhenAttrName);
+    if (when && when.size() != waits.size())
+      return op->emitError("needs one nisa.wait_when per wait");
+    json indices = json::array();
+    for (auto [i, id] : llvm::enumerate(waits.asArrayRef())) {
       auto it = instructionIndex.find(id);
       if (it == instructionIndex.end())
         return op->emitError("waits for unknown instruction id ") << id;
-      indices.push_back(it->second);
+      auto where = when ? dyn_cast<StringAttr>(when[i]) : StringAttr();
+      if (where && !where.getValue().empty())
+        indices.push_back({{"on", it->second}, {"when", where.str()}});
+      else
+        indices.push_back(it->second);
     }
     inst["waits"] = indices;
   }

@@ -265,6 +265,16 @@ LogicalResult NisaDialect::verifyOperationAttribute(Operation *op,
       return op->emitError("'nisa.id' must be a non-negative integer");
     return success();
   }
+  if (name == kWaitWhenAttrName) {
+    auto when = dyn_cast<ArrayAttr>(attr.getValue());
+    auto waits = op->getAttrOfType<DenseI64ArrayAttr>(kWaitsAttrName);
+    if (!isa<InstructionOpInterface>(op) || !when || !waits ||
+        when.size() != waits.size() ||
+        !llvm::all_of(when, [](Attribute a) { return isa<StringAttr>(a); }))
+      return op->emitError("'nisa.wait_when' is one size expression (or \"\") "
+                           "per entry of nisa.waits");
+    return success();
+  }
   if (name == kSynchronizedAttrName) {
     if (!isa<func::FuncOp>(op) || !isa<UnitAttr>(attr.getValue()))
       return op->emitError("'nisa.synchronized' is a unit attribute of a "

@@ -87,6 +87,9 @@ MemRefType withMemorySpace(MemRefType type, MemorySpace space);
 constexpr llvm::StringLiteral kAddressAttrName = "nisa.address";
 constexpr llvm::StringLiteral kIdAttrName = "nisa.id";
 constexpr llvm::StringLiteral kWaitsAttrName = "nisa.waits";
+/// Issue #16: per wait, the sizes at which it holds (a size expression,
+/// positive there; "" for every size).
+constexpr llvm::StringLiteral kWaitWhenAttrName = "nisa.wait_when";
 constexpr llvm::StringLiteral kSynchronizedAttrName = "nisa.synchronized";
 /// A kernel's choice of free addresses in nisa-allocate: "lowest" (the
 /// default) or "least_recent".

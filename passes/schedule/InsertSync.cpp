@@ -31,8 +31,10 @@
 #include "llvm/ADT/DenseMap.h"
 
 #include <limits>
+#include <map>
 #include <memory>
 #include <numeric>
+#include <set>
 
 namespace mlir::neuron {
 #define GEN_PASS_DEF_NISAINSERTSYNC
@@ -214,12 +216,15 @@ public:
   int tripCountOf(scf::ForOp loop, int64_t lb, int64_t step) {
     auto [it, inserted] = byLoop.try_emplace(loop, -1);
     if (inserted)
-      if (auto ub = exprOf(loop.getUpperBound()))
-        it->second = addFunction(rt::SizeExpr::binary(
-            Kind::CeilDiv,
-            rt::SizeExpr::binary(Kind::Sub, std::move(*ub),
-                                 rt::SizeExpr::constant(lb)),
-            rt::SizeExpr::constant(step)));
+      if (auto count = exprOf(loop.getUpperBound())) {
+        if (lb != 0)
+          count = rt::SizeExpr::binary(Kind::Sub, std::move(*count),
+                                       rt::SizeExpr::constant(lb));
+        if (step != 1)
+          count = rt::SizeExpr::binary(Kind::CeilDiv, std::move(*count),
+                                       rt::SizeExpr::constant(step));
+        it->second = addFunction(std::move(*count));
+      }
     return it->second;
   }
 
@@ -237,6 +242,12 @@ public:
 
   /// Whether, for every n, `x` or `y` does not run or they are apart.
   bool apart(const Sized &x, const Sized &y) const;
+
+  /// Where `x` and `y` may meet, as a size expression positive at those
+  /// sizes (exactly: at the others one of them does not run or they are
+  /// apart); nullopt when they meet at every size of the window.
+  std::optional<rt::SizeExpr> whereTouching(const Sized &x,
+                                            const Sized &y) const;
 
 private:
   using Kind = rt::SizeExpr::Kind;
@@ -284,6 +295,12 @@ private:
   common(QuasiLinear a, QuasiLinear b);
   /// The samples of a kept access's bound.
   Samples sampleLinear(const Linear &l) const;
+  rt::SizeExpr exprOf(const Linear &l) const;
+  /// The conditions "value >= 0" of which one holds where x and y are
+  /// apart, as functions of n.
+  /// `idle`: with "a loop around x or y does not run".
+  SmallVector<Linear, 8> apartConditions(const Sized &x, const Sized &y,
+                                         bool idle) const;
 
   static constexpr int64_t kMaxWindow = 1 << 14;
 
@@ -471,6 +488,98 @@ SizeFunctions::Samples SizeFunctions::sampleLinear(const Linear &l) const {
   }
   out.known = windowSize > 0;
   return out;
+}
+
+rt::SizeExpr SizeFunctions::exprOf(const Linear &l) const {
+  std::optional<rt::SizeExpr> e;
+  for (auto [fn, coeff] : l.terms) {
+    if (coeff == 0)
+      continue;
+    rt::SizeExpr term =
+        coeff == 1 ? exprs[fn]
+                   : rt::SizeExpr::binary(
+                         Kind::Mul, rt::SizeExpr::constant(coeff), exprs[fn]);
+    e = e ? rt::SizeExpr::binary(Kind::Add, std::move(*e), std::move(term))
+          : std::move(term);
+  }
+  if (!e)
+    return rt::SizeExpr::constant(l.constant);
+  if (l.constant == 0)
+    return *e;
+  return rt::SizeExpr::binary(Kind::Add, std::move(*e),
+                              rt::SizeExpr::constant(l.constant));
+}
+
+SmallVector<Linear, 8> SizeFunctions::apartConditions(const Sized &x,
+                                                      const Sized &y,
+                                                      bool idle) const {
+  SmallVector<Linear, 8> out;
+  // a - b - 1 >= 0: b < a.
+  auto below = [&](const Linear &a, const Linear &b) {
+    Linear d = a;
+    d.constant -= b.constant + 1;
+    for (auto [fn, coeff] : b.terms)
+      d.add(fn, -coeff);
+    out.push_back(std::move(d));
+  };
+  below(y.lo, x.hi);
+  below(x.lo, y.hi);
+  below(x.lo, x.hi);
+  below(y.lo, y.hi);
+  if (x.boxed && y.boxed) {
+    below(y.rowLo, x.rowHi);
+    below(x.rowLo, y.rowHi);
+  }
+  for (int fn : llvm::concat<const int>(x.counts, y.counts)) {
+    if (!idle)
+      break;
+    Linear none;
+    none.add(fn, -1);
+    out.push_back(std::move(none));
+  }
+  return out;
+}
+
+std::optional<rt::SizeExpr> SizeFunctions::whereTouching(const Sized &x,
+                                                         const Sized &y) const {
+  if (windowSize <= 0)
+    return std::nullopt;
+  // The conditions on ranges that depend on n (an instance drops the
+  // waits on instructions that do not run, and constant ones never hold
+  // here).
+  SmallVector<Linear, 8> conditions;
+  for (Linear &l : apartConditions(x, y, /*idle=*/false))
+    if (llvm::any_of(l.terms, [](auto &t) { return t.second != 0; }))
+      conditions.push_back(std::move(l));
+  if (conditions.empty())
+    return std::nullopt;
+  // Worth a condition only if at some size of the window where both run
+  // they are apart.
+  auto runs = [&](int64_t w) {
+    return llvm::all_of(
+        llvm::concat<const int>(x.counts, y.counts), [&](int fn) {
+          return !functions[fn].known || functions[fn].values[w] > 0;
+        });
+  };
+  bool somewhereApart = false;
+  for (int64_t w = 0; w < windowSize && !somewhereApart; ++w)
+    somewhereApart = runs(w) && llvm::any_of(conditions, [&](const Linear &l) {
+                       int64_t v = l.constant;
+                       for (auto [fn, coeff] : l.terms) {
+                         if (!functions[fn].known)
+                           return false;
+                         v += coeff * functions[fn].values[w];
+                       }
+                       return v >= 0;
+                     });
+  if (!somewhereApart)
+    return std::nullopt;
+  // They meet only where every condition fails: -max(conditions) > 0.
+  rt::SizeExpr most = exprOf(conditions.front());
+  for (const Linear &l : ArrayRef(conditions).drop_front())
+    most = rt::SizeExpr::binary(Kind::Max, std::move(most), exprOf(l));
+  return rt::SizeExpr::binary(Kind::Sub, rt::SizeExpr::constant(0),
+                              std::move(most));
 }
 
 bool SizeFunctions::apart(const Sized &x, const Sized &y) const {
@@ -957,6 +1066,11 @@ bool needsWait(const Instruction &a, int64_t aIndex, const Instruction &b,
 struct Waits {
   std::vector<SmallVector<int64_t>> lists;
   std::vector<llvm::BitVector> sets;
+  /// Issue #16: the sizes at which wait (b, a) is needed, as a size
+  /// expression positive there; no entry: at every size. A wait that another
+  /// one's removal relies on (`pinned`) holds at every size.
+  std::map<std::pair<int64_t, int64_t>, rt::SizeExpr> when;
+  std::set<std::pair<int64_t, int64_t>> pinned;
   explicit Waits(int64_t n) : lists(n), sets(n, llvm::BitVector(n)) {}
   bool has(int64_t b, int64_t a) const { return sets[b].test(a); }
   void add(int64_t b, int64_t a) {
@@ -964,6 +1078,31 @@ struct Waits {
     sets[b].set(a);
   }
 };
+
+/// Issue #16: the sizes at which instances of `a` and `b` touch a common
+/// byte, one writing, as a size expression positive there; nullopt: at
+/// every size (or not known).
+std::optional<rt::SizeExpr> whereConflicting(const Instruction &a,
+                                             const Instruction &b) {
+  std::optional<rt::SizeExpr> where;
+  for (const Access &x : a.accesses)
+    for (const Access &y : b.accesses) {
+      if (&a == &b && &x == &y && movesWithInnermostLoop(a, x) &&
+          a.loops.size() == 1)
+        continue;
+      if (!touches(x, y))
+        continue;
+      if (!x.sized || !y.sized)
+        return std::nullopt;
+      auto pair = x.sized->fns->whereTouching(*x.sized, *y.sized);
+      if (!pair)
+        return std::nullopt;
+      where = where ? rt::SizeExpr::binary(rt::SizeExpr::Kind::Max,
+                                           std::move(*where), std::move(*pair))
+                    : std::move(*pair);
+    }
+  return where;
+}
 
 /// A loop whose body runs at least once: constant bounds, not empty.
 bool alwaysIterates(Operation *op) {
@@ -984,8 +1123,8 @@ bool alwaysIterates(Operation *op) {
 /// In both, c runs inside every loop around both a and b. Witnesses after
 /// b are used only once their waits are final (b runs in decreasing order
 /// in that case), so justifications never go round.
-bool covered(ArrayRef<Instruction> insts, const Waits &waits, int64_t a,
-             int64_t b, bool loopCarried) {
+bool covered(ArrayRef<Instruction> insts, Waits &waits, int64_t a, int64_t b,
+             bool loopCarried) {
   auto waitedFor = [&](int64_t c) {
     return c != a && c != b &&
            (waits.has(c, a) || queueOrdered(insts[a], insts[c]));
@@ -1020,11 +1159,20 @@ bool covered(ArrayRef<Instruction> insts, const Waits &waits, int64_t a,
       return c < b && !(c < a && a < b);
     return c > b && b <= a && a < c && canPrecede(insts[c], c, insts[b], b);
   };
-  if (llvm::any_of(waits.lists[b], covers))
+  // The waits the removal relies on then hold at every size.
+  auto pin = [&](int64_t c) {
+    if (waits.has(b, c))
+      waits.pinned.insert({b, c});
+    if (waits.has(c, a))
+      waits.pinned.insert({c, a});
     return true;
+  };
+  auto it = llvm::find_if(waits.lists[b], covers);
+  if (it != waits.lists[b].end())
+    return pin(*it);
   // The nearest earlier instruction of b's own queue runs before b.
   int64_t c = insts[b].queuePredecessor;
-  return !loopCarried && c >= 0 && covers(c);
+  return !loopCarried && c >= 0 && covers(c) && pin(c);
 }
 
 /// The instructions of `func` in program order, with their accesses and
@@ -1145,8 +1293,11 @@ Waits findWaits(const std::vector<Instruction> &insts, RegionIndex &regions) {
       regions.forEachSharing(x, [&](int64_t a) { seen[a] = b; });
     auto consider = [&](int64_t a) {
       if (seen[a] == b && needsWait(insts[a], a, insts[b], b) &&
-          !covered(insts, waits, a, b, /*loopCarried=*/false))
+          !covered(insts, waits, a, b, /*loopCarried=*/false)) {
         waits.add(b, a);
+        if (auto where = whereConflicting(insts[a], insts[b]))
+          waits.when.emplace(std::pair(b, a), std::move(*where));
+      }
     };
     for (int64_t a = b - 1; a >= 0; --a)
       consider(a);
@@ -1178,6 +1329,21 @@ void annotate(func::FuncOp func, const std::vector<Instruction> &insts,
       op->removeAttr(nisa::kWaitsAttrName);
     else
       op->setAttr(nisa::kWaitsAttrName, DenseI64ArrayAttr::get(ctx, list));
+    // Issue #16: each wait's sizes ("" for every size), when some are not
+    // every size.
+    SmallVector<Attribute> when;
+    bool conditional = false;
+    for (int64_t a : list) {
+      auto it = waits.when.find({b, a});
+      bool sized = it != waits.when.end() && !waits.pinned.count({b, a});
+      conditional |= sized;
+      when.push_back(
+          StringAttr::get(ctx, sized ? rt::toString(it->second) : ""));
+    }
+    if (conditional)
+      op->setAttr(nisa::kWaitWhenAttrName, ArrayAttr::get(ctx, when));
+    else
+      op->removeAttr(nisa::kWaitWhenAttrName);
   }
   func->setAttr(nisa::kSynchronizedAttrName, UnitAttr::get(ctx));
 }

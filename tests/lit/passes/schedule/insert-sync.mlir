@@ -292,13 +292,14 @@ func.func @unallocated(%x: memref<128x4xf32>) attributes {nisa.kernel, nisa.num_
 // i < floordiv(n, 128), are stored in a loop counted at run time, then the
 // last rows [n - mod(n, 128), n) in a store of mod(n, 128) rows. For every
 // n they are apart: the last store does not wait for the loop's. A load of
-// rows [0, 128) meets both (n >= 128: the first tile; n < 128: the last
-// rows) and waits for both.
+// rows [0, 128) meets both: the loop's first store wherever the loop runs,
+// the last rows only where they start at 0 (n < 128), a wait at those sizes
+// (nisa.wait_when: where the expression is positive; "" at every size).
 // CHECK-LABEL: func.func @rows_known_at_run_time
 // CHECK: scf.for
 // CHECK: nisa.dma_copy {{.*}} {nisa.id = 0 : i64}
 // CHECK: nisa.dma_copy {{.*}} {nisa.id = 1 : i64}
-// CHECK: nisa.dma_copy {{.*}} {nisa.id = 2 : i64, nisa.waits = array<i64: 0, 1>}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 2 : i64, nisa.wait_when = ["", "0 - max({{.*}})"], nisa.waits = array<i64: 0, 1>}
 func.func @rows_known_at_run_time(%x: memref<?x64xf32>, %y: memref<?x64xf32>, %n: index {neuron.size = {min = 1 : i64, name = "s0"}}) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
@@ -364,9 +365,10 @@ func.func @rows_overlap(%x: memref<?x64xf32>, %y: memref<?x64xf32>, %n: index {n
 
 // A view of a tile at an offset known at run time (slot mod(n, 2) of two
 // 2 KiB slots) may be anywhere in its tile: the read of that slot waits for
-// the write of slot 1 (n odd), though the slot's constant part is slot 0.
+// the write of slot 1 where n is odd, though the slot's constant part is
+// slot 0.
 // CHECK-LABEL: func.func @slot_known_at_run_time
-// CHECK: nisa.dma_copy {{.*}} {nisa.id = 1 : i64, nisa.waits = array<i64: 0>}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 1 : i64, nisa.wait_when = ["0 - max(2048*mod(s0, 2) + (-4096), (-2048)*mod(s0, 2))"], nisa.waits = array<i64: 0>}
 func.func @slot_known_at_run_time(%x: memref<128x512xf32>, %y: memref<128x512xf32>, %n: index {neuron.size = {min = 1 : i64, name = "s0"}}) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
   %c2 = arith.constant 2 : index
   %c512 = arith.constant 512 : index
