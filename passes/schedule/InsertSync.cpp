@@ -542,7 +542,7 @@ SmallVector<Linear, 8> SizeFunctions::apartConditions(const Sized &x,
 
 std::optional<rt::SizeExpr> SizeFunctions::whereTouching(const Sized &x,
                                                          const Sized &y) const {
-  if (windowSize <= 0)
+  if (windowSize <= 0 || windowSize > kMaxWindow)
     return std::nullopt;
   // The conditions on ranges that depend on n (an instance drops the
   // waits on instructions that do not run, and constant ones never hold
@@ -583,7 +583,7 @@ std::optional<rt::SizeExpr> SizeFunctions::whereTouching(const Sized &x,
 }
 
 bool SizeFunctions::apart(const Sized &x, const Sized &y) const {
-  if (windowSize <= 0)
+  if (windowSize <= 0 || windowSize > kMaxWindow)
     return false;
   auto get = [&](const Linear &l) -> const Samples * {
     auto it = bounds.find(&l);
