@@ -206,6 +206,7 @@ private:
 
   void importNode(const json &n);
   void placeholders(const json &n);
+  void stampDims(Value v, size_t i);
   Value importConstant(const json &c);
 
   const json *node = nullptr;
@@ -660,7 +661,27 @@ void Importer::importNode(const json &n) {
               "internal: shape mismatch for " + target);
       v = castTo(v, expected.getElementType());
     }
+    stampDims(v, i);
     values[{name, (int64_t)i}] = v;
+  }
+}
+
+/// A dynamic result's sizes as the document gives them, on the op that
+/// computes it (`neuron.dims`): the lowering cannot always tell them from
+/// the op's operands (a view that splits rows into [B, S]).
+void Importer::stampDims(Value v, size_t i) {
+  Operation *def = v.getDefiningOp();
+  if (cast<RankedTensorType>(v.getType()).hasStaticShape() || !def ||
+      def->getNumResults() != 1 || def->hasAttr(kDimsAttrName))
+    return;
+  auto it = shapes.find({node->at("name").get<std::string>(), (int64_t)i});
+  if (it == shapes.end())
+    return;
+  try {
+    if (AffineMapAttr dims = dimsAttr(*it->second, symbols, &ctx))
+      def->setAttr(kDimsAttrName, dims);
+  } catch (const Unsupported &) {
+    // min/max sizes: the lowering says what it cannot size.
   }
 }
 
