@@ -93,16 +93,6 @@ Value TileBuilder::dimOf(Value tensor, int64_t d) {
   Operation *def = tensor.getDefiningOp();
   if (!def)
     return {};
-  // The importer's sizes of a node's result (over the size arguments).
-  if (auto dims = def->getAttrOfType<AffineMapAttr>(kDimsAttrName))
-    if (entry && dims.getValue().getNumResults() == type.getRank()) {
-      SmallVector<Value> sizes;
-      for (BlockArgument a : entry->getArguments())
-        if (a.getType().isIndex())
-          sizes.push_back(a);
-      if (dims.getValue().getNumSymbols() == sizes.size())
-        return sizeValue(dims.getValue().getResult(d), sizes);
-    }
   if (auto fusion = dyn_cast<FusionOp>(def)) {
     auto yield = cast<YieldOp>(fusion.getBody().front().getTerminator());
     return dimOf(yield.getValues()[cast<OpResult>(tensor).getResultNumber()],
@@ -114,11 +104,15 @@ Value TileBuilder::dimOf(Value tensor, int64_t d) {
     auto in = tensorType(bc.getInput());
     int64_t shift = type.getRank() - in.getRank();
     if (d >= shift && in.isDynamicDim(d - shift))
-      return dimOf(bc.getInput(), d - shift);
-    return {};
+      if (Value v = dimOf(bc.getInput(), d - shift))
+        return v;
+    return stampedDim(def, d);
   }
-  if (auto r = dyn_cast<ReshapeOp>(def))
-    return reshapedDim(r, d);
+  if (auto r = dyn_cast<ReshapeOp>(def)) {
+    if (Value v = reshapedDim(r, d))
+      return v;
+    return stampedDim(def, d);
+  }
   if (auto c = dyn_cast<ConcatOp>(def)) {
     if ((int64_t)c.getDim() != d)
       return dimOf(c.getInputs().front(), d);
@@ -140,13 +134,34 @@ Value TileBuilder::dimOf(Value tensor, int64_t d) {
         if (Value v = dimOf(operand, d))
           return v;
     }
-    return {};
   }
   if (auto r = dyn_cast<ReduceOp>(def))
     return dimOf(r.getInput(), d);
   if (auto m = dyn_cast<MatmulOp>(def))
     return d + 1 < type.getRank() ? dimOf(m.getLhs(), d) : dimOf(m.getRhs(), d);
-  return {};
+  return stampedDim(def, d);
+}
+
+/// Dim `d` of `op`'s result from the importer's sizes of it (the last
+/// resort: the operands tell it otherwise), if they fit its type.
+Value TileBuilder::stampedDim(Operation *op, int64_t d) {
+  auto dims = op->getAttrOfType<AffineMapAttr>(kDimsAttrName);
+  auto type = tensorType(op->getResult(0));
+  if (!dims || !entry || dims.getValue().getNumResults() != type.getRank())
+    return {};
+  for (auto [i, e] : llvm::enumerate(dims.getValue().getResults())) {
+    auto c = dyn_cast<AffineConstantExpr>(e);
+    if (type.isDynamicDim(i) == bool(c) ||
+        (c && c.getValue() != type.getDimSize(i)))
+      return {};
+  }
+  SmallVector<Value> sizes;
+  for (BlockArgument a : entry->getArguments())
+    if (a.getType().isIndex())
+      sizes.push_back(a);
+  if (dims.getValue().getNumSymbols() != sizes.size())
+    return {};
+  return sizeValue(dims.getValue().getResult(d), sizes);
 }
 
 /// A reshape's one dynamic dim from the element count: the product of the

@@ -113,6 +113,7 @@ public:
   Value dimOf(Value tensor, int64_t d);
   /// Dim `d` of a reshape's result, its only dynamic one.
   Value reshapedDim(ReshapeOp op, int64_t d);
+  Value stampedDim(Operation *op, int64_t d);
   /// Dim `d` of an HBM buffer: its alloc's size operand, or its kernel
   /// argument's `neuron.dims` over the size arguments.
   Value bufferDim(Value buffer, int64_t d);

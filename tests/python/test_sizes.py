@@ -185,13 +185,21 @@ def _norm_softmax(x: torch.Tensor) -> torch.Tensor:
     return torch.softmax(h, -1)
 
 
+def _rows(rows: int) -> tuple[torch.Tensor, ...]:
+    x = torch.randn(rows, 64)
+    torch._dynamo.mark_dynamic(x, 0)
+    return (x,)
+
+
 def _modeled_runs(
     specialize: bool,
     sizes: tuple[int, ...],
-    fn: Callable[[torch.Tensor], torch.Tensor] = _norm_softmax,
+    fn: Callable[..., Any] = _norm_softmax,
+    inputs: Callable[[int], tuple[torch.Tensor, ...]] = _rows,
 ) -> tuple[list[float], int, int]:
-    """Modeled device ns of ``fn`` compiled with its rows dynamic, at each of ``sizes``
-    (checked against eager), and the programs compiled and recompiles."""
+    """Modeled device ns of ``fn`` compiled with a dynamic size, at each of ``sizes`` (its
+    ``inputs`` at that size, [size, 64] rows by default; checked against eager), and the
+    programs compiled and recompiles."""
     torch._dynamo.reset()
     compiled = torch.compile(
         fn,
@@ -200,13 +208,12 @@ def _modeled_runs(
     )
     before = torchneuron.stats()
     times = []
-    for rows in sizes:
-        x = torch.randn(rows, 64)
-        torch._dynamo.mark_dynamic(x, 0)
+    for size in sizes:
+        args = inputs(size)
         with torchneuron.profile() as prof, torch.no_grad():
-            out = compiled(x)
+            out = compiled(*args)
         with torch.no_grad():
-            torch.testing.assert_close(out, fn(x))
+            torch.testing.assert_close(out, fn(*args))
         times.append(prof.total_device_ns)
     after = torchneuron.stats()
     compiled_programs = after["graphs_compiled"] - before["graphs_compiled"]
@@ -256,3 +263,82 @@ def test_a_linear_over_rows_takes_the_specialized_time(real_native: ModuleType) 
     assert (programs, recompiles) == (len(_LINEAR_ROWS), len(_LINEAR_ROWS) - 1)
     for rows, g, s in zip(_LINEAR_ROWS, generic, special, strict=True):
         assert abs(g / s - 1) <= 0.05, (rows, g, s)
+
+
+class _DecoderLayer(torch.nn.Module):
+    """benchmarks/kernels.py's decoder layer (RMSNorm, q/k/v projections split into heads, an
+    output projection, a SiLU-gated MLP) with a stand-in for attention that is elementwise over
+    the heads (attention itself is the FlexAttention lowering's)."""
+
+    def __init__(self, hidden: int = 256, heads: int = 4, intermediate: int = 512) -> None:
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.norm = torch.nn.RMSNorm(hidden, eps=1e-6)
+        self.qkv = torch.nn.ModuleList(
+            torch.nn.Linear(hidden, hidden, bias=False) for _ in range(3)
+        )
+        self.o_proj = torch.nn.Linear(hidden, hidden, bias=False)
+        self.mlp_norm = torch.nn.RMSNorm(hidden, eps=1e-6)
+        self.gate = torch.nn.Linear(hidden, intermediate, bias=False)
+        self.up = torch.nn.Linear(hidden, intermediate, bias=False)
+        self.down = torch.nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        h = self.norm(x)
+        q, k, v = (p(h).view(b, s, -1, self.head_dim).transpose(1, 2) for p in self.qkv)
+        a = v * 2.0 + q * k
+        x = x + self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
+        m = self.mlp_norm(x)
+        return x + self.down(torch.nn.functional.silu(self.gate(m)) * self.up(m))
+
+
+def _decoder_layer() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return _DecoderLayer().eval()
+
+
+def _sequence(length: int) -> tuple[torch.Tensor, ...]:
+    x = torch.randn(1, length, 256)
+    torch._dynamo.mark_dynamic(x, 1)
+    return (x,)
+
+
+# A short tile, a full one, a rest of two tiles, and longer ones (rows are the sequence, and
+# 4 * length rows of 64 for the heads).
+_SEQUENCES = (5, 17, 128, 130, 300)
+
+
+def test_a_decoder_layer_compiles_once_for_every_sequence_length(
+    real_native: ModuleType,
+) -> None:
+    """Norms over [1, S, D], Linears on 3-d activations, heads split and joined by views and
+    transposes: one size-generic program for every sequence length, with eager's numbers."""
+    _, programs, recompiles = _modeled_runs(False, _SEQUENCES, _decoder_layer(), _sequence)
+    assert (programs, recompiles) == (1, 0)
+
+
+def _cache_update(
+    past_k: torch.Tensor, past_v: torch.Tensor, x: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step's KV cache update (Transformers' DynamicCache): the new token's keys and
+    values, split into heads, appended along the sequence; returned as attention would read
+    them."""
+    kv = (x @ w).view(1, 1, 2, 2, 32).permute(2, 0, 3, 1, 4)
+    k = torch.cat([past_k, kv[0]], dim=-2)
+    v = torch.cat([past_v, kv[1]], dim=-2)
+    return k, v * 0.5
+
+
+def _cache(length: int) -> tuple[torch.Tensor, ...]:
+    past_k, past_v = torch.randn(1, 2, length, 32), torch.randn(1, 2, length, 32)
+    torch._dynamo.mark_dynamic(past_k, 2)
+    torch._dynamo.mark_dynamic(past_v, 2)
+    torch.manual_seed(1)
+    return past_k, past_v, torch.randn(1, 1, 64), torch.randn(64, 128)
+
+
+def test_a_kv_cache_update_compiles_once_for_every_length(real_native: ModuleType) -> None:
+    """torch.cat along a sequence known only at run time: each input copied into its place."""
+    _, programs, recompiles = _modeled_runs(False, (3, 9, 64, 129, 300), _cache_update, _cache)
+    assert (programs, recompiles) == (1, 0)
