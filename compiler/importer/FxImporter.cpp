@@ -407,11 +407,9 @@ RankedTensorType Importer::resultType(size_t i) {
 
 Value Importer::splat(double value, RankedTensorType type) {
   if (!type.hasStaticShape()) {
-    // A constant has static sizes: one element per dynamic dim, broadcast.
-    SmallVector<int64_t> one(type.getShape());
-    for (int64_t &d : one)
-      if (ShapedType::isDynamic(d))
-        d = 1;
+    // A constant has static sizes: one element, broadcast (a splat along
+    // every dim, which a fused group takes as an immediate).
+    SmallVector<int64_t> one(type.getRank(), 1);
     return b.create<BroadcastOp>(currentLoc, type,
                                  splat(value, type.clone(one)));
   }
