@@ -342,3 +342,40 @@ def test_a_kv_cache_update_compiles_once_for_every_length(real_native: ModuleTyp
     """torch.cat along a sequence known only at run time: each input copied into its place."""
     _, programs, recompiles = _modeled_runs(False, (3, 9, 64, 129, 300), _cache_update, _cache)
     assert (programs, recompiles) == (1, 0)
+
+
+def test_a_llama_decode_step_without_attention_compiles_once(
+    real_native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Transformers' Llama generate(): every decode step but its attention (the FlexAttention
+    lowering's; here an elementwise stand-in) is size-generic: rotary embeddings, the KV cache
+    updated by torch.cat along the cache length, heads, norms and MLPs. The prefill, the first
+    decode step (Dynamo's static try) and one program for every later length."""
+    import transformers as hf
+
+    def stand_in(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return q * 2.0
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", stand_in)
+    torch.manual_seed(0)
+    config = hf.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    model = hf.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 256, (1, 10))
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=12, do_sample=False)
+        torch._dynamo.reset()
+        model.forward = torch.compile(model.forward, backend="neuron", options={"cache": False})
+        before = torchneuron.stats()
+        actual = model.generate(ids, max_new_tokens=12, do_sample=False)
+    after = torchneuron.stats()
+    assert torch.equal(actual, expected)
+    assert after["graphs_compiled"] - before["graphs_compiled"] == 3
+    assert after["recompiles"] == before["recompiles"]
