@@ -4,6 +4,7 @@
 #include "passes/tile/TileBuilder.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/ScopeExit.h"
 
 using namespace mlir;
 using namespace mlir::neuron;
@@ -106,7 +107,25 @@ Value TileBuilder::dimOf(Value tensor, int64_t d) {
     if (d >= shift && in.isDynamicDim(d - shift))
       if (Value v = dimOf(bc.getInput(), d - shift))
         return v;
-    return stampedDim(def, d);
+    if (Value v = stampedDim(def, d))
+      return v;
+    // Broadcast to what an elementwise user combines it with (once per
+    // broadcast: that may lead back here).
+    if (!resolving.insert(def).second)
+      return {};
+    auto done = llvm::make_scope_exit([&] { resolving.erase(def); });
+    for (Operation *user : def->getUsers()) {
+      if (!isa<UnaryOp, BinaryOp, SelectOp, CastOp>(user) ||
+          tensorType(user->getResult(0)).getShape() != type.getShape())
+        continue;
+      for (Value operand : user->getOperands())
+        if (operand != tensor && !operand.getDefiningOp<BroadcastOp>())
+          if (Value v = dimOf(operand, d))
+            return v;
+      if (Value v = stampedDim(user, d))
+        return v;
+    }
+    return {};
   }
   if (auto r = dyn_cast<ReshapeOp>(def)) {
     if (Value v = reshapedDim(r, d))

@@ -22,6 +22,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 namespace mlir::neuron {
 
@@ -239,6 +240,8 @@ private:
   };
   DenseMap<Value, LazyView> lazyViews;
   SmallVector<SmallVector<Value>> scopeTiles;
+  /// Broadcasts whose dims dimOf is looking for among their users.
+  llvm::SmallPtrSet<Operation *, 4> resolving;
   unsigned constantCount = 0;
 };
 

@@ -318,6 +318,47 @@ def test_a_decoder_layer_compiles_once_for_every_sequence_length(
     assert (programs, recompiles) == (1, 0)
 
 
+class _NormLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(256, eps=1e-6)
+        self.linear = torch.nn.Linear(256, 512)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.silu(self.linear(self.norm(x)))
+
+
+def _batch(n: int) -> tuple[torch.Tensor, ...]:
+    x = torch.randn(n, 7, 256)
+    torch._dynamo.mark_dynamic(x, 0)
+    return (x,)
+
+
+def _batch_and_sequence(n: int) -> tuple[torch.Tensor, ...]:
+    x = torch.randn(n, 2 * n + 1, 256)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.mark_dynamic(x, 1)
+    return (x,)
+
+
+@pytest.mark.parametrize(
+    ("fn", "inputs"),
+    [(_decoder_layer, _batch), (_NormLinear, _batch_and_sequence)],
+    ids=["decoder-layer-batch", "norm-linear-batch-and-sequence"],
+)
+def test_a_batch_known_at_run_time_compiles_once(
+    fn: Callable[[], torch.nn.Module],
+    inputs: Callable[[int], tuple[torch.Tensor, ...]],
+    real_native: ModuleType,
+) -> None:
+    """The batch dynamic too: a decoder layer over [B, 7, 256]; a norm and a Linear over
+    [B, S, 256] with both dynamic (rows B * S, split back into [B, S] by the importer's sizes of
+    the view)."""
+    torch.manual_seed(0)
+    _, programs, recompiles = _modeled_runs(False, (2, 3, 5, 9, 17), fn().eval(), inputs)
+    assert (programs, recompiles) == (1, 0)
+
+
 def _cache_update(
     past_k: torch.Tensor, past_v: torch.Tensor, x: torch.Tensor, w: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -61,3 +61,14 @@ func.func @matmul_batched_rows(%a: tensor<2x?x64xf32> {neuron.dims = affine_map<
   %0 = neuron.matmul %a, %b : tensor<2x?x64xf32>, tensor<2x64x8xf32> -> tensor<2x?x8xf32>
   return %0 : tensor<2x?x8xf32>
 }
+
+// -----
+
+// A broadcast whose users tell its rows only through itself (no loop).
+func.func @broadcast_cycle(%x: tensor<?x4xf32> {neuron.dims = affine_map<()[s0] -> (s0, 4)>}, %w: tensor<4xf32>, %n: index {neuron.size = {name = "s0", min = 1 : i64}}) -> (tensor<?x4xf32> {neuron.dims = affine_map<()[s0] -> (s0, 4)>}) {
+  // expected-error @+1 {{not size-generic: neuron.broadcast: the size of dim 0 is not known ('tensor<4xf32>' -> 'tensor<?x4xf32>')}}
+  %b = neuron.broadcast %w : tensor<4xf32> -> tensor<?x4xf32>
+  %e = neuron.unary exp %b : tensor<?x4xf32> -> tensor<?x4xf32>
+  %y = neuron.binary add %b, %e : tensor<?x4xf32>, tensor<?x4xf32> -> tensor<?x4xf32>
+  return %y : tensor<?x4xf32>
+}
