@@ -72,25 +72,26 @@ reshapedDynamicStrides(ArrayRef<int64_t> shape, ArrayRef<int64_t> strides,
   if (llvm::count_if(shape, ShapedType::isDynamic) != 1 ||
       llvm::count_if(newShape, ShapedType::isDynamic) != 1)
     return std::nullopt;
+  // A stride known only at run time (of a dim that is not 1) has no number
+  // to regroup with.
+  for (auto [d, st] : llvm::zip(shape, strides))
+    if (d != 1 && ShapedType::isDynamic(st))
+      return std::nullopt;
   auto split = [](ArrayRef<int64_t> dims) {
     auto at = llvm::find_if(dims, ShapedType::isDynamic) - dims.begin();
     return std::pair(dims.take_front(at), dims.drop_front(at + 1));
   };
   auto [inOuter, inInner] = split(shape);
   auto [outOuter, outInner] = split(newShape);
-  int64_t inAt = inOuter.size(), outAt = outOuter.size();
+  int64_t inAt = inOuter.size();
   // The dims around the dynamic one reshape statically, each side alone.
   auto outer = reshapedStrides(inOuter, strides.take_front(inAt), outOuter);
   auto inner = reshapedStrides(inInner, strides.drop_front(inAt + 1), outInner);
-  if (!outer || !inner || ShapedType::isDynamic(strides[inAt]))
-    return std::nullopt;
-  if (llvm::any_of(*outer, ShapedType::isDynamic) ||
-      llvm::any_of(*inner, ShapedType::isDynamic))
+  if (!outer || !inner)
     return std::nullopt;
   SmallVector<int64_t> out(*outer);
   out.push_back(strides[inAt]);
   out.append(*inner);
-  (void)outAt;
   return out;
 }
 } // namespace

@@ -103,3 +103,20 @@ func.func @cache(%past: tensor<1x2x?x16xf32> {neuron.dims = affine_map<()[s0] ->
   %0 = neuron.concat %past, %new {dim = 2} : tensor<1x2x?x16xf32>, tensor<1x2x1x16xf32> -> tensor<1x2x?x16xf32>
   return %0 : tensor<1x2x?x16xf32>
 }
+
+// -----
+
+// Transposed there and back, then viewed as rows: still a window of the
+// input (its strides are numbers again), so the only data moved is the
+// result's one copy into its output.
+// CHECK-LABEL: func.func @there_and_back(
+// CHECK: %[[SRC:.*]] = memref.reinterpret_cast %arg0 to offset: [%c0], sizes: [%arg2, 128], strides: [128, 1]
+// CHECK: nisa.dma_copy %[[SRC]], %{{.*}}
+// CHECK-NOT: nisa.dma_copy
+func.func @there_and_back(%x: tensor<1x?x128xf32> {neuron.dims = affine_map<()[s0] -> (1, s0, 128)>}, %n: index {neuron.size = {name = "s0", min = 1 : i64}}) -> (tensor<?x128xf32> {neuron.dims = affine_map<()[s0] -> (s0, 128)>}) {
+  %v = neuron.reshape %x {neuron.dims = affine_map<()[s0] -> (1, s0, 2, 64)>} : tensor<1x?x128xf32> -> tensor<1x?x2x64xf32>
+  %t = neuron.transpose %v, [0, 2, 1, 3] : tensor<1x?x2x64xf32> -> tensor<1x2x?x64xf32>
+  %b = neuron.transpose %t, [0, 2, 1, 3] : tensor<1x2x?x64xf32> -> tensor<1x?x2x64xf32>
+  %r = neuron.reshape %b : tensor<1x?x2x64xf32> -> tensor<?x128xf32>
+  return %r : tensor<?x128xf32>
+}
