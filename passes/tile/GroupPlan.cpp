@@ -382,10 +382,19 @@ FailureOr<GroupPlan> GroupPlan::decide(ArrayRef<Operation *> ops,
   budget.readsPsum = readsPsum;
   budget.stepDmaNs = plan.stepDmaNs(inputs, target);
   budget.maxPeriod = plan.maxPeriod(target, knobs);
-  plan.engines = assignEngines(
-      target, ops, unassigned, plan.activations, plan.scalarSums,
-      [&](Operation *op) { return plan.instructionOf(op); }, plan.fusion,
-      plan.cols, budget, &plan.stages);
+  auto assign = [&] {
+    plan.engines = assignEngines(
+        target, ops, unassigned, plan.activations, plan.scalarSums,
+        [&](Operation *op) { return plan.instructionOf(op); }, plan.fusion,
+        plan.cols, budget, &plan.stages);
+  };
+  assign();
+  // Copies in PSUM are for groups whose engines bound them: a group whose
+  // steps all take one split keeps its columns in SBUF (and its split).
+  if (plan.engines.size() == 1 && !plan.psumColumns.empty()) {
+    plan.psumColumns.clear();
+    assign();
+  }
   if (int64_t period = plan.engines.size(); period > 1)
     plan.setPeriod(period);
   plan.dropUnreadPsumColumns(ops);

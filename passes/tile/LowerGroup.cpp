@@ -110,13 +110,13 @@ void GroupEmitter::allocate() {
     if (rep == Rep::Full || rep == Rep::Row)
       slots[v] =
           k.tile(MemorySpace::sbuf, {p, numSlots * plan.slotWidth(v)}, elt(v));
-    if (rep == Rep::Col)
+    // Alternating steps load their columns after the first period's rows:
+    // the rows' statistics do not need them.
+    if (rep == Rep::Col && plan.engines.size() > 1)
       columnBuffers.push_back({v, buffer});
+    else if (rep == Rep::Col)
+      loadColumn(v, buffer);
   }
-  // Alternating steps load their columns after the first period's rows:
-  // the rows' statistics do not need them.
-  if (plan.engines.size() == 1)
-    loadColumns();
   for (auto [v, buffer] : outputs)
     if (!slots.count(v))
       slots[v] =
