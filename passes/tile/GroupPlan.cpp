@@ -395,8 +395,10 @@ FailureOr<GroupPlan> GroupPlan::decide(ArrayRef<Operation *> ops,
     plan.psumColumns.clear();
     assign();
   }
-  if (int64_t period = plan.engines.size(); period > 1)
+  if (int64_t period = plan.engines.size(); period > 1) {
     plan.setPeriod(period);
+    plan.findRowAffines(ops);
+  }
   plan.dropUnreadPsumColumns(ops);
   return plan;
 }
@@ -441,6 +443,52 @@ void GroupPlan::setPeriod(int64_t period) {
   numSlots = 2 * period;
   innerSlots = period;
   sharedUnread = true;
+}
+
+/// rsqrt(var * (1/D) + eps) and the like on a row: one activation whose
+/// scale and immediate bias are the splats, rounded as the separate
+/// instructions round (after the product, after the sum). Only in
+/// alternating plans, where the [P, 1] instructions ScalarE saves count.
+void GroupPlan::findRowAffines(ArrayRef<Operation *> ops) {
+  llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
+  // The splat operand of `bin` (an op of the group computing a row in
+  // f32, used only by `user`) with fn, and its other operand.
+  auto splatStep = [&](Value v, BinaryFn fn, Operation *user)
+      -> std::optional<std::pair<Value, double>> {
+    auto bin = v.getDefiningOp<BinaryOp>();
+    if (!bin || bin.getFn() != fn || !members.contains(bin) ||
+        folded.contains(bin) || onlyUse(v) != user || rep(v) != Rep::Row ||
+        !elt(v).isF32())
+      return std::nullopt;
+    for (auto [mine, other] : {std::pair(bin.getLhs(), bin.getRhs()),
+                               std::pair(bin.getRhs(), bin.getLhs())})
+      if (rep(other) == Rep::Splat && rep(mine) == Rep::Row)
+        return std::pair(mine, fusion.splats.lookup(other));
+    return std::nullopt;
+  };
+  for (Operation *op : ops) {
+    auto u = dyn_cast<UnaryOp>(op);
+    if (!u || biasOf.count(op) || rowSumOf.count(op) ||
+        rep(u.getResult()) != Rep::Row)
+      continue;
+    Affine affine{u.getInput()};
+    SmallVector<Operation *> absorbed;
+    if (auto add = splatStep(affine.input, BinaryFn::add, op)) {
+      absorbed.push_back(affine.input.getDefiningOp());
+      affine.bias = add->second;
+      affine.input = add->first;
+    }
+    Operation *user = absorbed.empty() ? op : absorbed.back();
+    if (auto mul = splatStep(affine.input, BinaryFn::mul, user)) {
+      absorbed.push_back(affine.input.getDefiningOp());
+      affine.scale = mul->second;
+      affine.input = mul->first;
+    }
+    if (absorbed.empty())
+      continue;
+    affineOf[op] = affine;
+    folded.insert(absorbed.begin(), absorbed.end());
+  }
 }
 
 Value GroupPlan::columnOf(Value v) const {

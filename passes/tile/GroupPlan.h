@@ -46,6 +46,14 @@ struct GroupPlan {
   llvm::DenseMap<Value, Value> narrowedBy;
   /// A unary (or square) -> the add/sub of a row it takes as its bias.
   llvm::DenseMap<Operation *, Operation *> biasOf;
+  /// In alternating plans, a unary of a row r * c + d (c, d splats) -> r,
+  /// c and d, which its activation takes as its scale and immediate bias
+  /// (the multiply and add become no instructions of their own).
+  struct Affine {
+    Value input;
+    double scale = 1, bias = 0;
+  };
+  llvm::DenseMap<Operation *, Affine> affineOf;
 
   /// The values the group stores, in order, and as a set.
   SmallVector<Value> outputList;
@@ -124,6 +132,7 @@ private:
                    const llvm::DenseSet<Operation *> &members);
   void findSquareBiases(const llvm::DenseSet<Operation *> &members);
   void findScaled(ArrayRef<Operation *> ops);
+  void findRowAffines(ArrayRef<Operation *> ops);
   void findIntermediates(ArrayRef<Operation *> ops);
   void layOut(ArrayRef<Value> inputs, int64_t width,
               const ::neuron::target::Target &target,

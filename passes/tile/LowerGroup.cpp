@@ -346,12 +346,16 @@ void GroupEmitter::emitOp(Step &st, Operation *op, Value dst) {
     return;
   }
   if (auto u = dyn_cast<UnaryOp>(op)) {
-    // exp(x - m) with m a row: the row rides along as the bias.
+    // exp(x - m) with m a row: the row rides along as the bias;
+    // rsqrt(r * c + d): the splats are its scale and immediate bias.
     auto [src, bias] = biasedSource(st, op, u.getInput());
     auto [acc, narrow] = rowSums(st, op);
+    GroupPlan::Affine affine = plan.affineOf.lookup(op);
+    if (affine.input)
+      src = st.tileOf(affine.input);
     b.create<nisa::ActivationOp>(src, dst, bias, Value(), acc,
-                                 activationFor(u.getFn()), APFloat(1.0),
-                                 APFloat(0.0));
+                                 activationFor(u.getFn()),
+                                 APFloat(affine.scale), APFloat(affine.bias));
     if (narrow)
       b.create<nisa::CopyOp>(acc, narrow, nisa::Engine::gpsimd);
   } else if (auto bin = dyn_cast<BinaryOp>(op)) {
