@@ -453,8 +453,9 @@ void GroupPlan::findRowAffines(ArrayRef<Operation *> ops) {
   llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
   // The splat operand of `bin` (an op of the group computing a row in
   // f32, used only by `user`) with fn, and its other operand.
-  auto splatStep = [&](Value v, BinaryFn fn, Operation *user)
-      -> std::optional<std::pair<Value, double>> {
+  auto splatStep =
+      [&](Value v, BinaryFn fn,
+          Operation *user) -> std::optional<std::pair<Value, double>> {
     auto bin = v.getDefiningOp<BinaryOp>();
     if (!bin || bin.getFn() != fn || !members.contains(bin) ||
         folded.contains(bin) || onlyUse(v) != user || rep(v) != Rep::Row ||
