@@ -6,6 +6,7 @@
 
 #include "llvm/ADT/STLExtras.h"
 
+#include <cmath>
 #include <limits>
 
 using namespace mlir;
@@ -467,6 +468,25 @@ void GroupPlan::findRowAffines(ArrayRef<Operation *> ops) {
         return std::pair(mine, fusion.splats.lookup(other));
     return std::nullopt;
   };
+  for (Operation *op : scalarSums) {
+    Value v = op->getResult(0);
+    while (Operation *user = onlyUse(v)) {
+      if (!isa<ReshapeOp>(user))
+        break;
+      v = user->getResult(0);
+    }
+    auto mul = dyn_cast_or_null<BinaryOp>(onlyUse(v));
+    if (!mul || mul.getFn() != BinaryFn::mul || !members.contains(mul) ||
+        folded.contains(mul) || rep(mul.getResult()) != Rep::Row ||
+        !elt(mul.getResult()).isF32())
+      continue;
+    Value other = mul.getLhs() == v ? mul.getRhs() : mul.getLhs();
+    int exponent;
+    if (rep(other) != Rep::Splat ||
+        std::frexp(fusion.splats.lookup(other), &exponent) != 0.5)
+      continue; // not a power of two: scaling each element would round
+    scaledSumOf[op] = {mul, fusion.splats.lookup(other)};
+  }
   for (Operation *op : ops) {
     auto u = dyn_cast<UnaryOp>(op);
     if (!u || biasOf.count(op) || rowSumOf.count(op) ||

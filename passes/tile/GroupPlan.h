@@ -54,6 +54,11 @@ struct GroupPlan {
     double scale = 1, bias = 0;
   };
   llvm::DenseMap<Operation *, Affine> affineOf;
+  /// In alternating plans, a row sum ScalarE may compute whose one use is a
+  /// multiply by a power of two (a mean) -> that multiply and the factor: a
+  /// step that sums it on ScalarE scales as it sums (exactly) and has no
+  /// multiply instruction.
+  llvm::DenseMap<Operation *, std::pair<Operation *, double>> scaledSumOf;
 
   /// The values the group stores, in order, and as a set.
   SmallVector<Value> outputList;

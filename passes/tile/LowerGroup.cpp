@@ -42,6 +42,8 @@ private:
     /// A size-generic group's last step: the rows its DMAs move (the
     /// compute runs on whole tiles; rows past these are never stored).
     Value dmaRows = {};
+    /// Ops another instruction of this step computed (plan.scaledSumOf).
+    llvm::DenseSet<Operation *> absorbed = {};
 
     Value tileOf(Value v) const { return tiles.lookup(v); }
   };
@@ -370,15 +372,23 @@ void GroupEmitter::emitOp(Step &st, Operation *op, Value dst) {
     b.create<nisa::CopyOp>(st.tileOf(c.getInput()), dst, engineOf(st, op));
   } else if (auto r = dyn_cast<ReduceOp>(op);
              r && engineOf(st, op) == nisa::Engine::scalar) {
-    // identity(x) written to a scratch tile, its fp32 row sums kept.
+    // identity(x) written to a scratch tile, its fp32 row sums kept; a
+    // mean's power-of-two factor applied as it sums.
     Value src = st.tileOf(r.getInput());
     Value scratch =
         discardTile(st, cast<MemRefType>(src.getType()).getElementType());
+    double scale = 1.0;
+    if (auto [mul, factor] = plan.scaledSumOf.lookup(op); mul) {
+      dst = dstFor(st, mul->getResult(0));
+      st.tiles[mul->getResult(0)] = dst;
+      st.absorbed.insert(mul);
+      scale = factor;
+    }
     bool f32 = cast<MemRefType>(dst.getType()).getElementType().isF32();
     Value acc =
         f32 ? dst : k.tile(MemorySpace::sbuf, {st.rows, 1}, b.getF32Type());
     b.create<nisa::ActivationOp>(src, scratch, Value(), Value(), acc,
-                                 nisa::ActivationFn::identity, APFloat(1.0),
+                                 nisa::ActivationFn::identity, APFloat(scale),
                                  APFloat(0.0));
     if (!f32)
       b.create<nisa::CopyOp>(acc, dst, nisa::Engine::gpsimd);
@@ -441,7 +451,8 @@ void GroupEmitter::computeOps(MutableArrayRef<Step> steps, int stage) {
         st.tiles[result] = st.tileOf(op->getOperand(0));
         continue;
       }
-      if (stage >= 0 && plan.stageOf(op, st.slotIndex) != stage)
+      if ((stage >= 0 && plan.stageOf(op, st.slotIndex) != stage) ||
+          st.absorbed.contains(op))
         continue;
       Value dst = dstFor(st, result);
       st.tiles[result] = dst;
