@@ -23,21 +23,23 @@
 // PSUM, where VectorE reads them beside the float32 operand in one pass
 // (GpSimd, which cannot reach PSUM, reads them in SBUF). One step of the
 // period sums its rows on GpSimd, the others on ScalarE; the square of
-// x - mean is that of -x + mean (no negated mean). A period's steps are
-// emitted segment by segment, op by op across its steps.
+// x - mean is that of -x + mean (no negated mean); a mean summed on ScalarE
+// scales by 1/D as it sums, and rsqrt(var / D + eps) is one activation. A
+// period's steps are emitted segment by segment, op by op across its steps.
 // ALT-LABEL: func.func @layer_norm
 // ALT: nisa.copy {{.*}} : memref<128x4096xbf16, #nisa.mem<sbuf>>, memref<128x4096xbf16, #nisa.mem<psum>>
 // ALT: nisa.copy {{.*}} : memref<128x4096xbf16, #nisa.mem<sbuf>>, memref<128x4096xbf16, #nisa.mem<psum>>
 // ALT: scf.for
 // ALT: nisa.tensor_reduce add {{.*}} {engine = #nisa.engine<gpsimd>} : memref<128x4096xbf16
-// ALT: nisa.activation identity {{.*}} accumulate
+// ALT: nisa.activation identity {{.*}} accumulate %{{[^ ]*}} {scale = 2.44140625E-4 : f64}
 // ALT-NOT: nisa.tensor_scalar
-// ALT: nisa.activation identity {{.*}} accumulate
+// ALT: nisa.activation identity {{.*}} accumulate %{{[^ ]*}} {scale = 2.44140625E-4 : f64}
 // ALT: nisa.activation square %{{.*}}, %{{.*}} bias %{{.*}} accumulate %{{.*}} {scale = -1.000000e+00 : f64}
 // ALT-NOT: nisa.tensor_scalar
 // ALT: nisa.activation square
 // ALT-NOT: nisa.tensor_scalar
 // ALT: nisa.activation square
+// ALT: nisa.activation rsqrt %{{[^ ]*}}, %{{[^ ]*}} {bias_imm = 9.9999997473787516E-6 : f64, scale = 2.44140625E-4 : f64}
 // ALT: nisa.scalar_tensor_tensor subtract, multiply {{.*}} {engine = #nisa.engine<gpsimd>} : {{.*}}, memref<128x4096xbf16, strided<[4096, 1], offset: ?>, #nisa.mem<sbuf>>
 // ALT: nisa.scalar_tensor_tensor subtract, multiply %{{[^{]*}} : {{.*}}, memref<128x4096xbf16, strided<[4096, 1], offset: ?>, #nisa.mem<psum>>
 // ALT: nisa.scalar_tensor_tensor multiply, add {{.*}} {engine = #nisa.engine<gpsimd>} : {{.*}}, memref<128x4096xbf16, strided<[4096, 1], offset: ?>, #nisa.mem<sbuf>>
