@@ -58,10 +58,12 @@ from torch.utils._pytree import tree_leaves
 
 CLASSES = ("not_reached", "on_device", "partly_eager", "crash", "wrong")
 # (atol, rtol) per dtype: a few ulp of fp32 work on OpInfo's values (up to ~9) for float32;
-# two bf16 ulps for bfloat16. Integer and bool results compare exactly.
+# two bf16 ulps for bfloat16, two fp16 ulps for float16. Integer and bool results compare
+# exactly.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float32: (1e-4, 1e-4),
     torch.bfloat16: (3.2e-2, 3.2e-2),
+    torch.float16: (4e-3, 4e-3),
 }
 # Ops whose result is unspecified memory: only their shapes and dtypes can be compared.
 UNINITIALIZED_PREFIXES = ("empty", "new_empty", "nn.functional.dropout")
@@ -408,7 +410,7 @@ def table(results: Sequence[Result], dtype: str, samples: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--only", action="append", default=[], help="an op_db name (repeat)")
     parser.add_argument("--json", help="write every entry's result and the summary here")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per entry")
