@@ -115,6 +115,11 @@ LogicalResult FlexAttentionLowering::runDynamic() {
     return k.view(base, offset, shape, strides);
   };
 
+  // Loads from ScalarE's queue, as the static kernel's: on SyncE's they
+  // would wait behind the previous key head's output stores.
+  auto load = [&](Value src, Value dst) {
+    b.create<nisa::DmaCopyOp>(src, dst, nisa::Engine::scalar);
+  };
   TileBuilder::TileScope scope(k);
   Value diff = k.tile(MemorySpace::sbuf, {unit, unit}, f32);
   b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
@@ -122,28 +127,44 @@ LogicalResult FlexAttentionLowering::runDynamic() {
   ident = k.tile(MemorySpace::sbuf, {unit, unit}, inElt);
   b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
                                  APFloat(0.0), false);
-  // PSUM: scores of even and odd full steps, of the last step, then O.
-  psumCols = 4 * bank;
+  // PSUM: scores of even and odd full steps, then O.
+  psumCols = 3 * bank;
   psum = k.tile(MemorySpace::psum, {unit, psumCols}, f32);
-  Value oPs = k.view(psum, k.index(3 * bank), {rows, vDim}, {psumCols, 1});
-  Value kTs = k.tile(MemorySpace::sbuf, {dim, slots * width}, inElt);
-  Value vSs = k.tile(MemorySpace::sbuf, {unit, slots * maxUnits * vDim}, inElt);
+  Value oPs = k.view(psum, k.index(2 * bank), {rows, vDim}, {psumCols, 1});
+  // Stream slots per head slot: the next key head's first loads need not
+  // wait for this head's steps.
+  constexpr int64_t streams = 2 * slots;
+  Value kTs = k.tile(MemorySpace::sbuf, {dim, streams * width}, inElt);
+  Value vSs =
+      k.tile(MemorySpace::sbuf, {unit, streams * maxUnits * vDim}, inElt);
   // The last step's keys and Q^T alternate between two slots by key head:
   // the next head's loads need not wait for this head's last step.
-  Value kTRests = k.tile(MemorySpace::sbuf, {dim, 2 * width}, inElt);
-  Value vRests = k.tile(MemorySpace::sbuf, {unit, 2 * maxUnits * vDim}, inElt);
+  Value kTRest[2], vRest[2], psumRest[2];
+  // Tiles of their own: nisa-insert-sync takes a view with a run-time
+  // extent as its whole tile, which must not hold the other head's keys,
+  // nor the full steps' scores.
+  for (int64_t i = 0; i < 2; ++i) {
+    kTRest[i] = k.tile(MemorySpace::sbuf, {dim, width}, inElt);
+    vRest[i] = k.tile(MemorySpace::sbuf, {unit, maxUnits * vDim}, inElt);
+    psumRest[i] = k.tile(MemorySpace::psum, {unit, bank}, f32);
+  }
   Value qTiles = k.tile(MemorySpace::sbuf, {dim, 2 * rows}, inElt);
   Value qTile;
-  // The softmax state, per head slot: -max and alpha in a column per step
-  // parity (a step reads its predecessor's -max), the row sums l and O.
-  Value negms = k.tile(MemorySpace::sbuf, {rows, 4}, f32);
-  Value alphas = k.tile(MemorySpace::sbuf, {rows, 4}, f32);
+  // The softmax state, per head slot: -max and alpha in a column per full
+  // step parity (a step reads its predecessor's -max) and one for the last
+  // step (a column known at compile time: nisa-insert-sync takes a run-time
+  // one as the whole tile), the row sums l and O.
+  Value negms[2], alphas[2];
+  for (int64_t i = 0; i < 2; ++i) {
+    negms[i] = k.tile(MemorySpace::sbuf, {rows, 3}, f32);
+    alphas[i] = k.tile(MemorySpace::sbuf, {rows, 3}, f32);
+  }
   Value ls = k.tile(MemorySpace::sbuf, {rows, 2}, f32);
   Value os = k.tile(MemorySpace::sbuf, {rows, 2 * vDim}, f32);
   Value oOuts = k.tile(MemorySpace::sbuf, {rows, 2 * vDim}, inElt);
   int64_t headSlot = 0;
-  auto stateCol = [&](Value t, Value parity) {
-    return k.view(t, k.addOffset(parity, 2 * headSlot), {rows, 1}, {4, 1});
+  auto stateCol = [&](Value *t, Value col) {
+    return k.view(t[headSlot], col, {rows, 1}, {3, 1});
   };
 
   Value fullSteps = b.create<arith::FloorDivSIOp>(kvLenV, k.index(width));
@@ -152,16 +173,14 @@ LogicalResult FlexAttentionLowering::runDynamic() {
 
   // One key step: `kT` [dim, keys], V unit u's rows by `vOf(u)`; `keys` is
   // static for a full step, `rest` for the last one.
-  // `parity`: the step's state column (its predecessor's is the other).
+  // `col`: the step's state column, `before` its predecessor's.
   auto step = [&](Value kT, OpFoldResult keys,
                   llvm::function_ref<Value(int64_t, OpFoldResult)> vOf,
-                  int64_t scoreBank, bool last, Value parity) {
-    std::optional<int64_t> known = getConstantIntValue(parity);
-    Value before = known ? k.index(1 - *known)
-                         : b.create<arith::SubIOp>(k.index(1), parity);
+                  Value sTile, int64_t sAt, int64_t sStride, bool last,
+                  Value before, Value col) {
     Value negm = stateCol(negms, before);
-    Value next = stateCol(negms, parity);
-    Value alphaT = stateCol(alphas, parity);
+    Value next = stateCol(negms, col);
+    Value alphaT = stateCol(alphas, col);
     TileBuilder::TileScope stepScope(k);
     // Unit u's key count, and running it only when the step has it.
     auto unitKeys = [&](int64_t u) -> OpFoldResult {
@@ -181,8 +200,7 @@ LogicalResult FlexAttentionLowering::runDynamic() {
         k.ifMore(restUnits, u, [&] { body(u, unitKeys(u)); });
       }
     };
-    Value s = dynView(psum, k.index(scoreBank * bank), {idx(rows), keys},
-                      {psumCols, 1});
+    Value s = dynView(sTile, k.index(sAt), {idx(rows), keys}, {sStride, 1});
     b.create<nisa::MatmulOp>(qTile, kT, s);
     Value mt = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
     b.create<nisa::TensorReduceOp>(nisa::AluOp::max, s, mt);
@@ -205,8 +223,8 @@ LogicalResult FlexAttentionLowering::runDynamic() {
       b.create<nisa::MatmulOp>(
           dynView(pFull, k.index(u * unit), {idx(rows), n}, {width, 1}),
           k.view(ident, k.index(0), {rows, rows}, {unit, 1}),
-          dynView(psum, k.index(scoreBank * bank + u * rows), {n, idx(rows)},
-                  {psumCols, 1}));
+          dynView(sTile, k.index(sAt + u * rows), {n, idx(rows)},
+                  {sStride, 1}));
     });
     Value pT = k.tile(MemorySpace::sbuf, {unit, maxUnits * rows}, inElt);
     if (!last) {
@@ -214,9 +232,8 @@ LogicalResult FlexAttentionLowering::runDynamic() {
       // (as the static kernel: VectorE has the max and O's rescale).
       int64_t onScalar = maxUnits < 4 ? maxUnits : maxUnits - 1;
       auto copy = [&](int64_t from, int64_t n, nisa::Engine engine) {
-        b.create<nisa::CopyOp>(k.view(psum,
-                                      k.index(scoreBank * bank + from * rows),
-                                      {unit, n * rows}, {psumCols, 1}),
+        b.create<nisa::CopyOp>(k.view(sTile, k.index(sAt + from * rows),
+                                      {unit, n * rows}, {sStride, 1}),
                                k.view(pT, k.index(from * rows),
                                       {unit, n * rows}, {maxUnits * rows, 1}),
                                engine);
@@ -226,9 +243,8 @@ LogicalResult FlexAttentionLowering::runDynamic() {
         copy(onScalar, maxUnits - onScalar, nisa::Engine::vector);
     } else {
       eachUnit([&](int64_t u, OpFoldResult n) {
-        b.create<nisa::CopyOp>(dynView(psum,
-                                       k.index(scoreBank * bank + u * rows),
-                                       {n, idx(rows)}, {psumCols, 1}),
+        b.create<nisa::CopyOp>(dynView(sTile, k.index(sAt + u * rows),
+                                       {n, idx(rows)}, {sStride, 1}),
                                dynView(pT, k.index(u * rows), {n, idx(rows)},
                                        {maxUnits * rows, 1}),
                                nisa::Engine::scalar);
@@ -245,117 +261,143 @@ LogicalResult FlexAttentionLowering::runDynamic() {
                        nisa::AluOp::add, o, nisa::Engine::vector);
   };
 
-  for (int64_t bi = 0; bi < batch; ++bi) {
-    for (int64_t hk = 0; hk < kvHeads; ++hk) {
-      // Heads of a run-time length lie a multiple of it apart.
-      auto headBase = [&](const TileBuilder::Window &w, int64_t d) {
-        int64_t headIdx = bi * kvHeads + hk;
-        Value base = headIdx ? k.scale(kvLenV, headIdx * d) : k.index(0);
-        return k.addOffset(base, w.offset);
-      };
-      Value kBase = headBase(key, dim), vBase = headBase(value, vDim);
-      headSlot = (bi * kvHeads + hk) % 2;
-      l = k.view(ls, k.index(headSlot), {rows, 1}, {2, 1});
-      o = k.view(os, k.index(headSlot * vDim), {rows, vDim}, {2 * vDim, 1});
-      oOut =
-          k.view(oOuts, k.index(headSlot * vDim), {rows, vDim}, {2 * vDim, 1});
-      qTile =
-          k.view(qTiles, k.index(headSlot * rows), {dim, rows}, {2 * rows, 1});
-      for (int64_t g = 0; g < group; ++g) {
-        int64_t h = hk * group + g;
-        Value at = k.index(q.offset + bi * q.strides[0] + h * q.strides[1]);
-        k.dma(k.view(q.buffer, at, {dim, qLen}, {q.strides[3], q.strides[2]}),
-              k.view(qTiles, k.index(headSlot * rows + g * qLen), {dim, qLen},
-                     {2 * rows, 1}));
-      }
-      b.create<nisa::MemsetOp>(
-          k.view(negms, k.index(2 * headSlot), {rows, 2}, {4, 1}),
-          APFloat(std::numeric_limits<float>::max()));
-      b.create<nisa::MemsetOp>(l, APFloat(0.0));
-      b.create<nisa::MemsetOp>(o, APFloat(0.0));
-      // The last keys first: their loads run under the full steps.
-      Value restAt = k.scale(fullSteps, width);
-      k.ifMore(rest, 0, [&] {
-        k.dma(dynView(key.buffer, k.addOffsets(kBase, k.scale(restAt, dim)),
-                      {idx(dim), rest}, {1, dim}),
-              dynView(kTRests, k.index(headSlot * width), {idx(dim), rest},
-                      {2 * width, 1}));
-      });
-      for (int64_t u = 0; u < maxUnits; ++u)
-        k.ifMore(restUnits, u, [&] {
-          Value n = b.create<arith::MinSIOp>(
-              b.create<arith::SubIOp>(rest, k.index(u * unit)), k.index(unit));
-          Value from =
-              k.addOffsets(vBase, k.scale(k.addOffset(restAt, u * unit), vDim));
-          k.dma(dynView(value.buffer, from, {n, idx(vDim)}, {vDim, 1}),
-                dynView(vRests, k.index((headSlot * maxUnits + u) * vDim),
-                        {n, idx(vDim)}, {2 * maxUnits * vDim, 1}));
-        });
-      auto load = [&](Value j, int64_t slot) {
-        Value first = k.scale(j, width);
-        k.dma(k.view(key.buffer, k.addOffsets(kBase, k.scale(first, dim)),
-                     {dim, width}, {1, dim}),
-              k.view(kTs, k.index(slot * width), {dim, width},
-                     {slots * width, 1}));
-        k.dma(k.view(value.buffer, k.addOffsets(vBase, k.scale(first, vDim)),
-                     {unit, maxUnits, vDim}, {vDim, unit * vDim, 1}),
-              k.view(vSs, k.index(slot * maxUnits * vDim),
-                     {unit, maxUnits, vDim},
-                     {slots * maxUnits * vDim, vDim, 1}));
-      };
-      auto compute = [&](Value, int64_t slot) {
-        Value kT = k.view(kTs, k.index(slot * width), {dim, width},
-                          {slots * width, 1});
-        step(
-            kT, idx(width),
-            [&](int64_t u, OpFoldResult) {
-              return k.view(vSs, k.index((slot * maxUnits + u) * vDim),
-                            {unit, vDim}, {slots * maxUnits * vDim, 1});
-            },
-            slot % 2, false, k.index(slot % 2));
-      };
-      k.forEachPipelinedDynamic(fullSteps, slots, load, compute);
-      k.ifMore(rest, 0, [&] {
-        step(
-            dynView(kTRests, k.index(headSlot * width), {idx(dim), rest},
-                    {2 * width, 1}),
-            rest,
-            [&](int64_t u, OpFoldResult n) {
-              return dynView(vRests, k.index((headSlot * maxUnits + u) * vDim),
-                             {n, idx(vDim)}, {2 * maxUnits * vDim, 1});
-            },
-            2, true, b.create<arith::RemSIOp>(fullSteps, k.index(2)));
-      });
-      // out = O / l; lse = log(l) + max.
-      TileBuilder::TileScope finish(k);
-      b.create<nisa::TensorScalarOp>(nisa::AluOp::divide, o, oOut, l,
-                                     APFloat(0.0), false, nisa::Engine::gpsimd);
-      for (int64_t g = 0; g < group; ++g) {
-        int64_t h = hk * group + g;
-        Value to = k.index(bi * outStrides[0] + h * outStrides[1]);
-        k.dma(k.view(oOut, k.index(g * qLen * vDim), {qLen, vDim}, {vDim, 1}),
-              k.view(out, to, {qLen, vDim}, {outStrides[2], 1}));
-      }
-      if (lse) {
-        Value lt = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
-        b.create<nisa::ActivationOp>(l, lt, Value(), nisa::ActivationFn::log,
-                                     APFloat(1.0), APFloat(0.0));
-        // The last step's column: of step fullSteps + (rest > 0) - 1.
-        Value steps =
-            k.addOffsets(fullSteps, b.create<arith::MinSIOp>(rest, k.index(1)));
-        Value lastCol =
-            b.create<arith::RemSIOp>(k.addOffset(steps, 1), k.index(2));
-        b.create<nisa::TensorTensorOp>(nisa::AluOp::subtract, lt,
-                                       stateCol(negms, lastCol), lt,
-                                       nisa::Engine::gpsimd);
-        for (int64_t g = 0; g < group; ++g) {
-          int64_t h = hk * group + g;
-          k.dma(k.view(lt, k.index(g * qLen), {qLen, 1}, {1, 1}),
-                k.view(lse, k.index(bi * lseStrides[0] + h * lseStrides[1]),
-                       {qLen, 1}, {1, 1}));
-        }
-      }
+  // Key head `headIdx` (batch-major): its state and slots, and where its
+  // keys and values start (a multiple of the run-time length).
+  int64_t bi = 0, hk = 0;
+  Value kBase, vBase;
+  auto setHead = [&](int64_t headIdx) {
+    bi = headIdx / kvHeads;
+    hk = headIdx % kvHeads;
+    headSlot = headIdx % 2;
+    auto headBase = [&](const TileBuilder::Window &w, int64_t d) {
+      Value base = headIdx ? k.scale(kvLenV, headIdx * d) : k.index(0);
+      return k.addOffset(base, w.offset);
+    };
+    kBase = headBase(key, dim);
+    vBase = headBase(value, vDim);
+    l = k.view(ls, k.index(headSlot), {rows, 1}, {2, 1});
+    o = k.view(os, k.index(headSlot * vDim), {rows, vDim}, {2 * vDim, 1});
+    oOut = k.view(oOuts, k.index(headSlot * vDim), {rows, vDim}, {2 * vDim, 1});
+    qTile =
+        k.view(qTiles, k.index(headSlot * rows), {dim, rows}, {2 * rows, 1});
+  };
+  Value restAt = k.scale(fullSteps, width);
+  auto loadStep = [&](Value j, int64_t slot) {
+    Value first = k.scale(j, width);
+    load(k.view(key.buffer, k.addOffsets(kBase, k.scale(first, dim)),
+                {dim, width}, {1, dim}),
+         k.view(kTs, k.index((headSlot * slots + slot) * width), {dim, width},
+                {streams * width, 1}));
+    load(k.view(value.buffer, k.addOffsets(vBase, k.scale(first, vDim)),
+                {unit, maxUnits, vDim}, {vDim, unit * vDim, 1}),
+         k.view(vSs, k.index((headSlot * slots + slot) * maxUnits * vDim),
+                {unit, maxUnits, vDim}, {streams * maxUnits * vDim, vDim, 1}));
+  };
+  // What a key head needs before its steps: Q^T, the state, the last keys
+  // and the first full steps' keys. Emitted before the previous head's
+  // steps, so its loads run under them.
+  auto prologue = [&](int64_t headIdx) {
+    setHead(headIdx);
+    for (int64_t g = 0; g < group; ++g) {
+      int64_t h = hk * group + g;
+      Value at = k.index(q.offset + bi * q.strides[0] + h * q.strides[1]);
+      load(k.view(q.buffer, at, {dim, qLen}, {q.strides[3], q.strides[2]}),
+           k.view(qTiles, k.index(headSlot * rows + g * qLen), {dim, qLen},
+                  {2 * rows, 1}));
     }
+    b.create<nisa::MemsetOp>(
+        k.view(negms[headSlot], k.index(0), {rows, 2}, {3, 1}),
+        APFloat(std::numeric_limits<float>::max()));
+    b.create<nisa::MemsetOp>(l, APFloat(0.0));
+    b.create<nisa::MemsetOp>(o, APFloat(0.0));
+    k.ifMore(rest, 0, [&] {
+      load(dynView(key.buffer, k.addOffsets(kBase, k.scale(restAt, dim)),
+                   {idx(dim), rest}, {1, dim}),
+           dynView(kTRest[headSlot], k.index(0), {idx(dim), rest}, {width, 1}));
+    });
+    for (int64_t u = 0; u < maxUnits; ++u)
+      k.ifMore(restUnits, u, [&] {
+        Value n = b.create<arith::MinSIOp>(
+            b.create<arith::SubIOp>(rest, k.index(u * unit)), k.index(unit));
+        Value from =
+            k.addOffsets(vBase, k.scale(k.addOffset(restAt, u * unit), vDim));
+        load(dynView(value.buffer, from, {n, idx(vDim)}, {vDim, 1}),
+             dynView(vRest[headSlot], k.index(u * vDim), {n, idx(vDim)},
+                     {maxUnits * vDim, 1}));
+      });
+    k.pipelinedDynamicFirstLoads(fullSteps, slots, loadStep);
+  };
+  // The key head's steps (the full ones, then the last keys) and results.
+  auto body = [&](int64_t headIdx) {
+    setHead(headIdx);
+    auto compute = [&](Value, int64_t slot) {
+      Value kT = k.view(kTs, k.index((headSlot * slots + slot) * width),
+                        {dim, width}, {streams * width, 1});
+      step(
+          kT, idx(width),
+          [&](int64_t u, OpFoldResult) {
+            return k.view(
+                vSs, k.index(((headSlot * slots + slot) * maxUnits + u) * vDim),
+                {unit, vDim}, {streams * maxUnits * vDim, 1});
+          },
+          psum, slot % 2 * bank, psumCols, false, k.index(1 - slot % 2),
+          k.index(slot % 2));
+    };
+    k.forEachPipelinedDynamic(fullSteps, slots, loadStep, compute,
+                              /*firstLoads=*/false);
+    k.ifMore(rest, 0, [&] {
+      step(
+          dynView(kTRest[headSlot], k.index(0), {idx(dim), rest}, {width, 1}),
+          rest,
+          [&](int64_t u, OpFoldResult n) {
+            return dynView(vRest[headSlot], k.index(u * vDim), {n, idx(vDim)},
+                           {maxUnits * vDim, 1});
+          },
+          psumRest[headSlot], 0, bank, true,
+          b.create<arith::SubIOp>(
+              k.index(1), b.create<arith::RemSIOp>(fullSteps, k.index(2))),
+          k.index(2));
+    });
+    // out = O / l; lse = log(l) + max.
+    TileBuilder::TileScope finish(k);
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::divide, o, oOut, l,
+                                   APFloat(0.0), false, nisa::Engine::gpsimd);
+    for (int64_t g = 0; g < group; ++g) {
+      int64_t h = hk * group + g;
+      Value to = k.index(bi * outStrides[0] + h * outStrides[1]);
+      k.dma(k.view(oOuts, k.index(g * qLen * 2 * vDim + headSlot * vDim),
+                   {qLen, vDim}, {2 * vDim, 1}),
+            k.view(out, to, {qLen, vDim}, {outStrides[2], 1}));
+    }
+    if (!lse)
+      return;
+    Value lt = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
+    b.create<nisa::ActivationOp>(l, lt, Value(), nisa::ActivationFn::log,
+                                 APFloat(1.0), APFloat(0.0));
+    // The last step's column: 2 if there are last keys, else the parity
+    // column of full step fullSteps - 1.
+    Value parity =
+        b.create<arith::RemSIOp>(k.addOffset(fullSteps, 1), k.index(2));
+    Value lastCol = k.addOffsets(
+        parity,
+        b.create<arith::MulIOp>(b.create<arith::MinSIOp>(rest, k.index(1)),
+                                b.create<arith::SubIOp>(k.index(2), parity)));
+    b.create<nisa::TensorTensorOp>(nisa::AluOp::subtract, lt,
+                                   stateCol(negms, lastCol), lt,
+                                   nisa::Engine::gpsimd);
+    for (int64_t g = 0; g < group; ++g) {
+      int64_t h = hk * group + g;
+      k.dma(k.view(lt, k.index(g * qLen), {qLen, 1}, {1, 1}),
+            k.view(lse, k.index(bi * lseStrides[0] + h * lseStrides[1]),
+                   {qLen, 1}, {1, 1}));
+    }
+  };
+  int64_t kvHeadsAll = batch * kvHeads;
+  prologue(0);
+  for (int64_t headIdx = 0; headIdx < kvHeadsAll; ++headIdx) {
+    if (headIdx + 1 < kvHeadsAll)
+      prologue(headIdx + 1);
+    body(headIdx);
   }
   return success();
 }

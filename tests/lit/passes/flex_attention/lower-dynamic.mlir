@@ -5,8 +5,9 @@
 // of 2 rows over 2 key heads (GQA), one program for every length. Per key
 // head (unrolled: its keys start at a multiple of s0) the 2 query heads'
 // rows are one query tile of 4 rows; keys stream in steps of 512: the last
-// s0 mod 512 keys loaded first, then the full steps, counted at run time,
-// their loads 3 steps ahead, then the last step with size-expression
+// s0 mod 512 keys and the first 3 full steps' are loaded first (for key
+// head 1, before key head 0's steps), then the full steps, counted at run
+// time, their loads 3 steps ahead, then the last step with size-expression
 // extents.
 
 // CHECK-LABEL: func.func @decode(
@@ -44,14 +45,14 @@
 // CHECK: nisa.tensor_reduce max {{.*}} : memref<4x?xf32
 // Then out = O / l, stored per query head.
 // CHECK: nisa.tensor_scalar divide
-// CHECK: nisa.dma_copy {{.*}} : memref<2x64xf32, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>, memref<2x64xf32
-// CHECK: nisa.dma_copy {{.*}} : memref<2x64xf32, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>, memref<2x64xf32
+// CHECK: nisa.dma_copy {{.*}} : memref<2x64xf32, strided<[128, 1], offset: ?>, #nisa.mem<sbuf>>, memref<2x64xf32
+// CHECK: nisa.dma_copy {{.*}} : memref<2x64xf32, strided<[128, 1], offset: ?>, #nisa.mem<sbuf>>, memref<2x64xf32
 
 // The program: step counts and the last step's extents as size expressions;
 // key head 1's keys start s0 * 64 elements in.
+// PROGRAM: "const":"(s0*64)"
 // PROGRAM: "count":"floordiv(max((floordiv(s0,512)-3),0),4)"
 // PROGRAM: "shape":[4,"mod(s0,512)"]
-// PROGRAM: "const":"(s0*64)"
 // PROGRAM: "params":[{"min":1,"name":"s0"}]
 func.func @decode(%q: tensor<1x4x2x64xf32>, %k: tensor<1x2x?x64xf32> {neuron.dims = affine_map<()[s0] -> (1, 2, s0, 64)>}, %v: tensor<1x2x?x64xf32> {neuron.dims = affine_map<()[s0] -> (1, 2, s0, 64)>}, %n: index {neuron.size = {name = "s0", min = 1 : i64}}) -> tensor<1x4x2x64xf32> {
   %o, %l = neuron.flex_attention %q, %k, %v {block_size = array<i64: 128, 128>, blocks = dense<2> : tensor<1x1x1x1xi8>, scale = 1.250000e-01 : f64} : tensor<1x4x2x64xf32>, tensor<1x2x?x64xf32>, tensor<1x2x?x64xf32> -> tensor<1x4x2x64xf32>, tensor<1x4x2xf32>
