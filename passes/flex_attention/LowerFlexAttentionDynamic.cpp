@@ -22,26 +22,26 @@
 
 #include "passes/flex_attention/FlexAttentionLowering.h"
 
-#include "mlir/Dialect/Func/IR/FuncOps.h"
-
 #include <limits>
 
 namespace mlir::neuron::flex {
 
 namespace {
-/// The size expression of dim `d` of a kernel argument (its neuron.dims),
-/// or null.
-AffineExpr argDimExpr(Value buffer, int64_t d) {
-  auto arg = dyn_cast<BlockArgument>(buffer);
-  auto kernel =
-      arg ? dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp()) : nullptr;
-  if (!kernel)
-    return {};
-  auto dims =
-      kernel.getArgAttrOfType<AffineMapAttr>(arg.getArgNumber(), kDimsAttrName);
-  if (!dims || d >= (int64_t)dims.getValue().getNumResults())
-    return {};
-  return dims.getValue().getResult(d);
+/// Whether two index values compute one number: the same value, or the
+/// same arith op on operands that are (sizes are built per use, so equal
+/// lengths are equal trees of arith ops over the size arguments).
+bool sameIndex(Value a, Value b) {
+  if (a == b)
+    return true;
+  Operation *x = a.getDefiningOp(), *y = b.getDefiningOp();
+  if (!x || !y || x->getName() != y->getName() ||
+      x->getAttrDictionary() != y->getAttrDictionary() ||
+      x->getNumOperands() != y->getNumOperands() ||
+      !isa<arith::ArithDialect>(x->getDialect()))
+    return false;
+  return llvm::all_of(
+      llvm::zip(x->getOperands(), y->getOperands()),
+      [](auto p) { return sameIndex(std::get<0>(p), std::get<1>(p)); });
 }
 } // namespace
 
@@ -91,13 +91,11 @@ LogicalResult FlexAttentionLowering::runDynamic() {
            << bank << " are not supported";
   if (k.isWindow(op.getKey()) || k.isWindow(op.getValue()))
     return refuse("key or value is a strided view");
-  Value keyBuf = k.bufferOf(op.getKey()), valueBuf = k.bufferOf(op.getValue());
-  AffineExpr kLen = argDimExpr(keyBuf, 2), vLen = argDimExpr(valueBuf, 2);
-  if (!kLen || kLen != vLen)
-    return refuse("key and value lengths not known to be one size");
-  Value kvLenV = k.dimOf(op.getKey(), 2);
-  if (!kvLenV)
+  Value kvLenV = k.dimOf(op.getKey(), 2), vLenV = k.dimOf(op.getValue(), 2);
+  if (!kvLenV || !vLenV)
     return refuse("the key length is not known");
+  if (!sameIndex(kvLenV, vLenV))
+    return refuse("key and value lengths not known to be one size");
 
   std::tie(out, outStrides) = resultLayout(op.getOut());
   if (!op.getLse().use_empty()) {
