@@ -137,13 +137,16 @@ LogicalResult FlexAttentionLowering::runDynamic() {
       k.tile(MemorySpace::sbuf, {unit, streams * maxUnits * vDim}, inElt);
   // The last step's keys and Q^T alternate between two slots by key head:
   // the next head's loads need not wait for this head's last step.
-  Value kTRest[2], vRest[2], psumRest[2];
   // Tiles of their own: nisa-insert-sync takes a view with a run-time
   // extent as its whole tile, which must not hold the other head's keys,
-  // nor the full steps' scores.
+  // the full steps' scores, nor another unit's values (whose loads would
+  // then wait for each other).
+  Value kTRest[2], psumRest[2];
+  SmallVector<Value> vRest[2];
   for (int64_t i = 0; i < 2; ++i) {
     kTRest[i] = k.tile(MemorySpace::sbuf, {dim, width}, inElt);
-    vRest[i] = k.tile(MemorySpace::sbuf, {unit, maxUnits * vDim}, inElt);
+    for (int64_t u = 0; u < maxUnits; ++u)
+      vRest[i].push_back(k.tile(MemorySpace::sbuf, {unit, vDim}, inElt));
     psumRest[i] = k.tile(MemorySpace::psum, {unit, bank}, f32);
   }
   Value qTiles = k.tile(MemorySpace::sbuf, {dim, 2 * rows}, inElt);
@@ -319,9 +322,9 @@ LogicalResult FlexAttentionLowering::runDynamic() {
             b.create<arith::SubIOp>(rest, k.index(u * unit)), k.index(unit));
         Value from =
             k.addOffsets(vBase, k.scale(k.addOffset(restAt, u * unit), vDim));
-        load(dynView(value.buffer, from, {n, idx(vDim)}, {vDim, 1}),
-             dynView(vRest[headSlot], k.index(u * vDim), {n, idx(vDim)},
-                     {maxUnits * vDim, 1}));
+        load(
+            dynView(value.buffer, from, {n, idx(vDim)}, {vDim, 1}),
+            dynView(vRest[headSlot][u], k.index(0), {n, idx(vDim)}, {vDim, 1}));
       });
     k.pipelinedDynamicFirstLoads(fullSteps, slots, loadStep);
   };
@@ -348,8 +351,8 @@ LogicalResult FlexAttentionLowering::runDynamic() {
           dynView(kTRest[headSlot], k.index(0), {idx(dim), rest}, {width, 1}),
           rest,
           [&](int64_t u, OpFoldResult n) {
-            return dynView(vRest[headSlot], k.index(u * vDim), {n, idx(vDim)},
-                           {maxUnits * vDim, 1});
+            return dynView(vRest[headSlot][u], k.index(0), {n, idx(vDim)},
+                           {vDim, 1});
           },
           psumRest[headSlot], 0, bank, true,
           b.create<arith::SubIOp>(
