@@ -2,7 +2,8 @@
 """How much of PyTorch's OpInfo database runs on the device under ``torch.compile``.
 
 Every entry of ``op_db`` (or those ``--only`` names), its first sample of ``--dtype`` on CPU
-inputs, through ``torch.compile(backend="neuron")`` in this process (no subprocesses: a
+inputs (``--samples N``: its first N, 0 for every one; the entry gets the worst class any of
+them gets), through ``torch.compile(backend="neuron")`` in this process (no subprocesses: a
 per-op time limit by SIGALRM keeps a stuck op from taking the run with it). Each entry gets one
 class:
 
@@ -29,6 +30,7 @@ separately. Ops the device is a poor home for stay a counted fallback on purpose
     .venv/bin/python scripts/opinfo_coverage.py                   # float32, all of op_db
     .venv/bin/python scripts/opinfo_coverage.py --dtype bfloat16 --json out.json
     .venv/bin/python scripts/opinfo_coverage.py --only flip --only cumprod -v
+    .venv/bin/python scripts/opinfo_coverage.py --samples 0 --table f32.md   # every sample
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import itertools
 import json
 import logging
 import re
@@ -66,47 +69,28 @@ UNINITIALIZED_PREFIXES = ("empty", "new_empty", "nn.functional.dropout")
 # ATen ops that stay eager on purpose, the device being a poor home for them (op -> why). With
 # float64 and complex dtypes (no such types on the device) they make an entry partly eager "by
 # design" in the summary.
-_COMPLEX = "complex results or inputs: the device has no complex dtype"
 _FACTOR = (
-    "a matrix factorization or solve: each step depends on the last (pivots, reflectors, "
-    "substitution), a poor fit for 128-lane engines; a blocked TensorE form is future work"
+    "a matrix factorization that iterates to convergence (eigenvalue and singular value "
+    "decompositions whose vectors are read, general eigenvalues) or pivots symmetrically "
+    "(LDL^T): beyond the unrolled column steps "
+    "torchneuron/linalg.py uses for Cholesky, LU, QR and Jacobi's values"
 )
 DOCUMENTED_FALLBACKS: dict[str, str] = {
-    **dict.fromkeys(
-        ["aten._fft_r2c.default", "aten._fft_c2c.default", "aten._fft_c2r.default"], _COMPLEX
-    ),
     **dict.fromkeys(
         [
             f"aten.{name}.default"
             for name in (
                 "_linalg_svd",
-                "linalg_lu_factor_ex",
-                "linalg_lu",
-                "linalg_lu_solve",
-                "lu_unpack",
-                "cholesky",
-                "cholesky_solve",
-                "cholesky_inverse",
-                "linalg_cholesky_ex",
-                "linalg_inv_ex",
-                "_linalg_solve_ex",
-                "linalg_solve_triangular",
-                "triangular_solve",
-                "linalg_qr",
-                "geqrf",
-                "ormqr",
-                "linalg_householder_product",
                 "_linalg_eigh",
                 "linalg_eig",
-                "_linalg_det",
-                "_linalg_slogdet",
                 "linalg_ldl_factor_ex",
                 "linalg_ldl_solve",
-                "linalg_matrix_exp",
             )
-        ]
-        + ["aten.linalg_pinv.atol_rtol_tensor"],
+        ],
         _FACTOR,
+    ),
+    "aten.linalg_pinv.atol_rtol_tensor": (
+        "float64 tolerances (torch.pinverse's rcond): the device has no float64"
     ),
 }
 BY_DESIGN_REASONS = ("float64", "complex", "int16")  # dtypes the device does not have
@@ -238,7 +222,14 @@ def _compare(actual: Any, expected: Any, dtype: torch.dtype, values: bool) -> st
     return ""
 
 
-def run_op(op: Any, dtype: torch.dtype, timeout: float) -> Result:
+#: How an entry's class follows from its samples': the first of these any sample has.
+_WORST_FIRST = ("crash", "wrong", "partly_eager", "on_device", "not_reached", "no_sample")
+
+
+def run_op(op: Any, dtype: torch.dtype, timeout: float, samples: int = 1) -> Result:
+    """The entry's class over its first ``samples`` samples of ``dtype`` (0: every sample):
+    the worst any of them gets (a crash before a wrong answer before a fallback), with the
+    fallbacks of all of them."""
     name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
     start = time.perf_counter()
 
@@ -251,11 +242,29 @@ def run_op(op: Any, dtype: torch.dtype, timeout: float) -> Result:
     try:
         with _time_limit(timeout):
             torch.manual_seed(0)
-            sample = next(iter(op.sample_inputs("cpu", dtype, requires_grad=False)), None)
+            generator = iter(op.sample_inputs("cpu", dtype, requires_grad=False))
+            chosen = list(itertools.islice(generator, samples or None))
     except Exception as e:  # an OpInfo generator that fails on this dtype
         return result("no_sample", _first_line(e))
-    if sample is None:
+    if not chosen:
         return result("no_sample", "no sample")
+    FALLBACK_LOG.reasons.clear()
+    outcomes = [_run_sample(name, op, sample, dtype, timeout) for sample in chosen]
+    fallback: collections.Counter[str] = collections.Counter()
+    for _, _, ops in outcomes:
+        fallback.update(ops)
+    index, (cls, detail, _) = min(
+        enumerate(outcomes), key=lambda item: _WORST_FIRST.index(item[1][0])
+    )
+    if len(chosen) > 1 and detail:
+        detail = f"sample {index}: {detail}"
+    return result(cls, detail, dict(fallback))
+
+
+def _run_sample(
+    name: str, op: Any, sample: Any, dtype: torch.dtype, timeout: float
+) -> tuple[str, str, dict[str, int]]:
+    """One sample through ``torch.compile``: (class, detail, fallback ops)."""
 
     def fn(x: Any, *args: Any, **kwargs: Any) -> Any:
         return _clone(op.op(x, *args, **kwargs))
@@ -270,7 +279,7 @@ def run_op(op: Any, dtype: torch.dtype, timeout: float) -> Result:
                 fn, sample
             )
     except Exception as e:
-        return result("no_sample", f"eager fails: {_first_line(e)}")
+        return "no_sample", f"eager fails: {_first_line(e)}", {}
 
     import torchneuron
 
@@ -284,30 +293,28 @@ def run_op(op: Any, dtype: torch.dtype, timeout: float) -> Result:
     d_in = copy.deepcopy(inputs)
     torch._dynamo.reset()
     torchneuron.reset_stats()
-    FALLBACK_LOG.reasons.clear()
     try:
         with _time_limit(timeout), torch.no_grad():
             torch.manual_seed(0)
             actual = torch.compile(fn, backend=backend)(d_in[0], *d_in[1], **d_in[2])
     except Exception as e:
         if calls[0] == 0 and not isinstance(e, OpTimeout):  # Dynamo gave up: no graph
-            return result("not_reached", f"Dynamo: {_first_line(e)}")
-        stats = torchneuron.stats()
-        return result("crash", _first_line(e), stats["ops_fallback"])
+            return "not_reached", f"Dynamo: {_first_line(e)}", {}
+        return "crash", _first_line(e), torchneuron.stats()["ops_fallback"]
     stats = torchneuron.stats()
     fallback: dict[str, int] = stats["ops_fallback"]
     if stats["ops_on_device"] + sum(fallback.values()) == 0:
-        return result("not_reached", "no ATen op reached the backend")
+        return "not_reached", "no ATen op reached the backend", {}
     mismatch = _compare(actual, expected, dtype, compare_values)
     if not mismatch and compare_values:  # inputs the op updates in place must match too
         mismatch = _compare(list(_tensors(d_in)), list(_tensors(e_in)), dtype, True)
     if mismatch:
-        return result("wrong", mismatch, fallback)
+        return "wrong", mismatch, fallback
     if fallback:
-        return result("partly_eager", "", fallback)
+        return "partly_eager", "", fallback
     if stats["kernels_run"] == 0:
-        return result("not_reached", "no device kernel ran")
-    return result("on_device", "", fallback)
+        return "not_reached", "no device kernel ran", {}
+    return "on_device", "", fallback
 
 
 def _selected(only: Sequence[str]) -> list[Any]:
@@ -379,6 +386,26 @@ def summarize(results: Sequence[Result], top: int) -> dict[str, Any]:
     }
 
 
+def table(results: Sequence[Result], dtype: str, samples: int) -> str:
+    """Every entry as a Markdown table row: its class and the ATen ops it left eager, with
+    why when they stay eager by design."""
+    which = "every sample" if samples == 0 else f"the first {samples} sample(s)"
+    lines = [
+        f"OpInfo, {dtype}, {which} of each entry (scripts/opinfo_coverage.py)",
+        "",
+        "| entry | class | ATen ops left eager |",
+        "|---|---|---|",
+    ]
+    for r in results:
+        eager = ", ".join(
+            f"`{op}`" + (" (by design)" if op in DOCUMENTED_FALLBACKS else "")
+            for op in sorted(r.fallback)
+        )
+        cls = r.cls + (" (by design)" if r.cls == "partly_eager" and _by_design(r) else "")
+        lines.append(f"| {r.name} | {cls} | {eager} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -386,6 +413,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", help="write every entry's result and the summary here")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per entry")
     parser.add_argument("--top", type=int, default=25, help="leftover ops to list")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=1,
+        help="samples per entry (0: all of them); an entry gets its worst sample's class",
+    )
+    parser.add_argument("--table", help="write a Markdown table (entry, class, eager ops) here")
     parser.add_argument("-v", "--verbose", action="store_true", help="every entry's class")
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype)
@@ -401,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         warnings.simplefilter("ignore")
         for i, op in enumerate(ops):
-            r = run_op(op, dtype, args.timeout)
+            r = run_op(op, dtype, args.timeout, args.samples)
             results.append(r)
             line = f"[{i + 1}/{len(ops)}] {r.name}: {r.cls} ({r.seconds:.1f} s)"
             if r.fallback:
@@ -424,7 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"  partly eager by design:    {summary['partly_eager_by_design']} (float64/complex/"
-        f"int16 dtypes, FFT, matrix factorizations); of the other entries that reach the backend, "
+        f"int16 dtypes, eigen/singular vectors, LDL^T); of the other entries that "
+        f"reach the backend, "
         f"{summary['on_device_percent_of_the_rest']}% run fully on the device",
         file=out,
     )
@@ -444,6 +479,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in results:
             if r.cls == cls:
                 print(f"{cls}: {r.name}: {r.detail}", file=out)
+    if args.table:
+        with open(args.table, "w") as f:
+            f.write(table(results, args.dtype, args.samples))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

@@ -344,22 +344,37 @@ FailureOr<Size> ProgramEmitter::sizeOf(Value v, Operation *user) {
     return Size{0, it->second};
   Operation *def = v.getDefiningOp();
   const char *fn = nullptr;
-  if (isa_and_nonnull<arith::AddIOp>(def))
+  using Kind = rt::SizeExpr::Kind;
+  switch (nisa::sizeFunctionOf(def).value_or(Kind::Const)) {
+  case Kind::Add:
     fn = "+";
-  else if (isa_and_nonnull<arith::SubIOp>(def))
+    break;
+  case Kind::Sub:
     fn = "-";
-  else if (isa_and_nonnull<arith::MulIOp>(def))
+    break;
+  case Kind::Mul:
     fn = "*";
-  else if (isa_and_nonnull<arith::FloorDivSIOp, arith::DivSIOp>(def))
+    break;
+  case Kind::FloorDiv:
     fn = "floordiv";
-  else if (isa_and_nonnull<arith::CeilDivSIOp>(def))
+    break;
+  case Kind::CeilDiv:
     fn = "ceildiv";
-  else if (isa_and_nonnull<arith::RemSIOp>(def))
+    break;
+  case Kind::Mod:
     fn = "mod";
-  else if (isa_and_nonnull<arith::MinSIOp>(def))
+    break;
+  case Kind::Min:
     fn = "min";
-  else if (isa_and_nonnull<arith::MaxSIOp>(def))
+    break;
+  case Kind::Max:
     fn = "max";
+    break;
+  case Kind::Const:
+  case Kind::Param:
+  case Kind::Neg:
+    break;
+  }
   if (!fn)
     return user->emitError("index is neither a constant nor a size "
                            "expression of the kernel's params");
@@ -773,12 +788,20 @@ LogicalResult ProgramEmitter::emitInstruction(Operation *op, json &out) {
   }
   if (auto waits = op->getAttrOfType<DenseI64ArrayAttr>(nisa::kWaitsAttrName);
       waits && synchronized) {
-    std::vector<int64_t> indices;
-    for (int64_t id : waits.asArrayRef()) {
+    // A wait that holds at some sizes only (issue #16) names them.
+    auto when = op->getAttrOfType<ArrayAttr>(nisa::kWaitWhenAttrName);
+    if (when && when.size() != waits.size())
+      return op->emitError("needs one nisa.wait_when per wait");
+    json indices = json::array();
+    for (auto [i, id] : llvm::enumerate(waits.asArrayRef())) {
       auto it = instructionIndex.find(id);
       if (it == instructionIndex.end())
         return op->emitError("waits for unknown instruction id ") << id;
-      indices.push_back(it->second);
+      auto where = when ? dyn_cast<StringAttr>(when[i]) : StringAttr();
+      if (where && !where.getValue().empty())
+        indices.push_back({{"on", it->second}, {"when", where.str()}});
+      else
+        indices.push_back(it->second);
     }
     inst["waits"] = indices;
   }

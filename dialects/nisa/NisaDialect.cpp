@@ -177,6 +177,28 @@ std::optional<AffineIndex> mlir::nisa::affineIndexOf(Value index) {
   return out;
 }
 
+std::optional<::neuron::runtime::SizeExpr::Kind>
+mlir::nisa::sizeFunctionOf(Operation *op) {
+  using Kind = ::neuron::runtime::SizeExpr::Kind;
+  if (isa_and_nonnull<arith::AddIOp>(op))
+    return Kind::Add;
+  if (isa_and_nonnull<arith::SubIOp>(op))
+    return Kind::Sub;
+  if (isa_and_nonnull<arith::MulIOp>(op))
+    return Kind::Mul;
+  if (isa_and_nonnull<arith::FloorDivSIOp, arith::DivSIOp>(op))
+    return Kind::FloorDiv;
+  if (isa_and_nonnull<arith::CeilDivSIOp>(op))
+    return Kind::CeilDiv;
+  if (isa_and_nonnull<arith::RemSIOp>(op))
+    return Kind::Mod;
+  if (isa_and_nonnull<arith::MinSIOp>(op))
+    return Kind::Min;
+  if (isa_and_nonnull<arith::MaxSIOp>(op))
+    return Kind::Max;
+  return std::nullopt;
+}
+
 SmallVector<int64_t> mlir::nisa::viewStrides(Operation *op) {
   SmallVector<int64_t> strides;
   for (OpFoldResult s : cast<memref::ReinterpretCastOp>(op).getMixedStrides())
@@ -241,6 +263,16 @@ LogicalResult NisaDialect::verifyOperationAttribute(Operation *op,
     auto id = dyn_cast<IntegerAttr>(attr.getValue());
     if (name == kIdAttrName && (!id || id.getInt() < 0))
       return op->emitError("'nisa.id' must be a non-negative integer");
+    return success();
+  }
+  if (name == kWaitWhenAttrName) {
+    auto when = dyn_cast<ArrayAttr>(attr.getValue());
+    auto waits = op->getAttrOfType<DenseI64ArrayAttr>(kWaitsAttrName);
+    if (!isa<InstructionOpInterface>(op) || !when || !waits ||
+        when.size() != waits.size() ||
+        !llvm::all_of(when, [](Attribute a) { return isa<StringAttr>(a); }))
+      return op->emitError("'nisa.wait_when' is one size expression (or \"\") "
+                           "per entry of nisa.waits");
     return success();
   }
   if (name == kSynchronizedAttrName) {

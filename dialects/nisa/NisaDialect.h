@@ -11,6 +11,7 @@
 #include "llvm/ADT/bit.h"
 
 #include "runtime/program/Program.h"
+#include "runtime/program/SizeExpr.h"
 
 #include "dialects/nisa/NisaDialect.h.inc"
 #include "dialects/nisa/NisaEnums.h.inc"
@@ -86,6 +87,9 @@ MemRefType withMemorySpace(MemRefType type, MemorySpace space);
 constexpr llvm::StringLiteral kAddressAttrName = "nisa.address";
 constexpr llvm::StringLiteral kIdAttrName = "nisa.id";
 constexpr llvm::StringLiteral kWaitsAttrName = "nisa.waits";
+/// Issue #16: per wait, the sizes at which it holds (a size expression,
+/// positive there; "" for every size).
+constexpr llvm::StringLiteral kWaitWhenAttrName = "nisa.wait_when";
 constexpr llvm::StringLiteral kSynchronizedAttrName = "nisa.synchronized";
 /// A kernel's choice of free addresses in nisa-allocate: "lowest" (the
 /// default) or "least_recent".
@@ -118,6 +122,11 @@ SmallVector<int64_t> viewStrides(Operation *reinterpretCast);
 
 /// Bytes one partition of an on-chip tile holds (bool: one byte).
 int64_t bytesPerPartition(MemRefType tile);
+
+/// The size-expression function (runtime/program/SizeExpr.h) an arith op on
+/// the indices of a size-generic kernel computes, or std::nullopt: sizes are
+/// non-negative, so divsi and remsi are floordiv and mod (issue #16).
+std::optional<::neuron::runtime::SizeExpr::Kind> sizeFunctionOf(Operation *op);
 } // namespace mlir::nisa
 
 #endif // DIALECTS_NISA_NISADIALECT_H

@@ -38,7 +38,10 @@ def Nisa_Dialect : Dialect {
     offset of the tile in every partition, from `nisa-allocate`), and, from
     `nisa-insert-sync`, `nisa.id` (i64, on an instruction), `nisa.waits`
     (array<i64>, on an instruction: ids whose earlier instances must have
-    completed before it issues) and `nisa.synchronized` (unit, on the kernel).
+    completed before it issues), `nisa.wait_when` (array of strings, one per
+    wait: in a size-generic kernel, the size expression positive at the
+    sizes where the wait holds, "" for every size) and `nisa.synchronized`
+    (unit, on the kernel).
   }];
   let useDefaultAttributePrinterParser = 1;
   let hasOperationAttrVerify = 1;

@@ -8,11 +8,19 @@
 // union over every iteration), so a wait may be stronger than needed but
 // never missing; the timing model re-checks this on every instance.
 //
+// A size-generic kernel (issue #16) has offsets, extents and loop counts
+// that are functions of its size parameter n. With one parameter, each
+// access's bounds are also summarized as functions of n, and two accesses
+// are apart when, for every n, one of them does not run or their ranges are
+// disjoint (SizeFunctions says how a finite window of sizes proves that).
+//
 //===----------------------------------------------------------------------===//
 
 #include "passes/Passes.h"
 
+#include "dialects/neuron/NeuronDialect.h"
 #include "dialects/nisa/NisaDialect.h"
+#include "runtime/program/Error.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -23,6 +31,10 @@
 #include "llvm/ADT/DenseMap.h"
 
 #include <limits>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <set>
 
 namespace mlir::neuron {
 #define GEN_PASS_DEF_NISAINSERTSYNC
@@ -30,6 +42,7 @@ namespace mlir::neuron {
 } // namespace mlir::neuron
 
 using namespace mlir;
+namespace rt = ::neuron::runtime;
 
 namespace {
 
@@ -116,6 +129,501 @@ bool apart(const Span &x, const Span &y) {
   return true;
 }
 
+/// An integer function of the size parameter n: constant + sum(coefficient *
+/// function), the functions being a SizeFunctions table's (issue #16).
+struct Linear {
+  int64_t constant = 0;
+  SmallVector<std::pair<int, int64_t>, 4> terms; // (function id, coefficient)
+
+  void add(int fn, int64_t coeff) {
+    for (auto &[f, c] : terms)
+      if (f == fn) {
+        c += coeff;
+        return;
+      }
+    terms.push_back({fn, coeff});
+  }
+};
+
+class SizeFunctions;
+
+/// An access of a size-generic kernel, as functions of its size parameter:
+/// the range it covers over every loop iteration (lo and hi, inclusive) and,
+/// in HBM, its rows (its columns do not depend on n), and the trip counts
+/// known at run time of the loops around it (it runs when all are positive).
+struct Sized {
+  const SizeFunctions *fns = nullptr;
+  Linear lo, hi;
+  bool boxed = false;
+  Linear rowLo, rowHi;
+  Span cols;
+  SmallVector<int, 2> counts;
+};
+
+/// The functions of the size parameter n (n >= min, up to max when known)
+/// that a kernel's accesses use, and how they decide "for every n".
+///
+/// Every expression of the size grammar is quasi-linear: from some `from`
+/// on, f(n + period) = f(n) + slope. Sums and constant multiples keep this
+/// (the least common period); floordiv, ceildiv and mod by a constant d
+/// stretch the period until its step is a multiple of d; min and max settle
+/// on one operand once their difference has moved past zero for good (or
+/// keep a periodic difference). With one period L and start N common to all
+/// functions, a condition "some g_i(n) >= 0" holds for every n when it holds
+/// at each n below N + L, and from N on through a g_i that does not fall
+/// (slope >= 0): g_i(n + kL) >= g_i(n). The window [min, N + L) is sampled
+/// once; a function that is not quasi-linear (a product of sizes) or whose
+/// window is too large is unknown, and conditions on it do not hold.
+class SizeFunctions {
+public:
+  SizeFunctions(Value param, std::string name, int64_t min,
+                std::optional<int64_t> max)
+      : param(param), name(std::move(name)), min(min), max(max) {}
+
+  /// The kernel's size parameter when it has exactly one (else nullptr).
+  static std::unique_ptr<SizeFunctions> of(func::FuncOp func) {
+    std::unique_ptr<SizeFunctions> out;
+    for (BlockArgument arg : func.getArguments()) {
+      auto size = func.getArgAttrOfType<DictionaryAttr>(
+          arg.getArgNumber(), mlir::neuron::kSizeAttrName);
+      if (!size || !arg.getType().isIndex())
+        continue;
+      auto argName = size.getAs<StringAttr>("name");
+      auto lo = size.getAs<IntegerAttr>("min");
+      if (out || !argName || !lo)
+        return nullptr;
+      std::optional<int64_t> hi;
+      if (auto attr = size.getAs<IntegerAttr>("max"))
+        hi = attr.getInt();
+      out =
+          std::make_unique<SizeFunctions>(arg, argName.str(), lo.getInt(), hi);
+    }
+    return out;
+  }
+
+  /// The id of the function of n that index `v` computes, or -1 (it
+  /// depends on a loop iv or on an op that is no size function).
+  int functionOf(Value v) {
+    auto [it, inserted] = byValue.try_emplace(v, -1);
+    if (inserted)
+      if (auto e = exprOf(v))
+        it->second = addFunction(std::move(*e));
+    return it->second;
+  }
+
+  /// The id of the trip count of `loop` (lower bound and step constant),
+  /// or -1; zero or negative where the loop does not run.
+  int tripCountOf(scf::ForOp loop, int64_t lb, int64_t step) {
+    auto [it, inserted] = byLoop.try_emplace(loop, -1);
+    if (inserted)
+      if (auto count = exprOf(loop.getUpperBound())) {
+        if (lb != 0)
+          count = rt::SizeExpr::binary(Kind::Sub, std::move(*count),
+                                       rt::SizeExpr::constant(lb));
+        if (step != 1)
+          count = rt::SizeExpr::binary(Kind::CeilDiv, std::move(*count),
+                                       rt::SizeExpr::constant(step));
+        it->second = addFunction(std::move(*count));
+      }
+    return it->second;
+  }
+
+  /// Keeps `s` (its samples are taken by sample()).
+  std::shared_ptr<const Sized> keep(Sized s) {
+    s.fns = this;
+    auto out = std::make_shared<Sized>(std::move(s));
+    kept.push_back(out);
+    return out;
+  }
+
+  /// Analyzes every function and samples them, and the kept accesses, over
+  /// the window.
+  void sample();
+
+  /// Whether, for every n, `x` or `y` does not run or they are apart.
+  bool apart(const Sized &x, const Sized &y) const;
+
+  /// Where `x` and `y` may meet, as a size expression positive at those
+  /// sizes (exactly: at the others one of them does not run or they are
+  /// apart); nullopt when they meet at every size of the window.
+  std::optional<rt::SizeExpr> whereTouching(const Sized &x,
+                                            const Sized &y) const;
+
+private:
+  using Kind = rt::SizeExpr::Kind;
+  struct QuasiLinear {
+    int64_t period = 1, from = 0, slope = 0;
+  };
+  /// A function's samples over the window and its slope over the period.
+  struct Samples {
+    std::vector<int64_t> values;
+    int64_t slope = 0;
+    bool known = false;
+  };
+
+  std::optional<rt::SizeExpr> exprOf(Value v) const {
+    if (auto c = v.getDefiningOp<arith::ConstantIndexOp>())
+      return rt::SizeExpr::constant(c.value());
+    if (v == param)
+      return rt::SizeExpr::param(name);
+    Operation *def = v.getDefiningOp();
+    auto kind = nisa::sizeFunctionOf(def);
+    if (!kind)
+      return std::nullopt;
+    auto l = exprOf(def->getOperand(0)), r = exprOf(def->getOperand(1));
+    if (!l || !r)
+      return std::nullopt;
+    return rt::SizeExpr::binary(*kind, std::move(*l), std::move(*r));
+  }
+
+  int addFunction(rt::SizeExpr e) {
+    exprs.push_back(std::move(e));
+    return (int)exprs.size() - 1;
+  }
+
+  std::optional<int64_t> evaluate(const rt::SizeExpr &e, int64_t n) const {
+    try {
+      return rt::evaluate(e, rt::SizeEnv{{name, n}});
+    } catch (const rt::Error &) {
+      return std::nullopt; // overflow, or a divisor that is not positive
+    }
+  }
+
+  std::optional<QuasiLinear> quasiLinear(const rt::SizeExpr &e) const;
+  /// `a` and `b` over one common period from one common start.
+  static std::optional<std::pair<QuasiLinear, QuasiLinear>>
+  common(QuasiLinear a, QuasiLinear b);
+  /// The samples of a kept access's bound.
+  Samples sampleLinear(const Linear &l) const;
+  rt::SizeExpr exprOf(const Linear &l) const;
+  /// The conditions "value >= 0" of which one holds where x and y are
+  /// apart, as functions of n.
+  /// `idle`: with "a loop around x or y does not run".
+  SmallVector<Linear, 8> apartConditions(const Sized &x, const Sized &y,
+                                         bool idle) const;
+
+  static constexpr int64_t kMaxWindow = 1 << 14;
+
+  Value param;
+  std::string name;
+  int64_t min;
+  std::optional<int64_t> max;
+  std::vector<rt::SizeExpr> exprs;
+  llvm::DenseMap<Value, int> byValue;
+  llvm::DenseMap<Operation *, int> byLoop;
+  std::vector<std::shared_ptr<Sized>> kept;
+
+  // After sample(): the window [min, min + windowSize), from `from` on
+  // checked for good (`tail`), and each function's and bound's samples.
+  int64_t windowSize = 0, from = 0;
+  bool tail = false;
+  std::vector<Samples> functions;
+  llvm::DenseMap<const Linear *, Samples> bounds;
+};
+
+std::optional<std::pair<SizeFunctions::QuasiLinear, SizeFunctions::QuasiLinear>>
+SizeFunctions::common(QuasiLinear a, QuasiLinear b) {
+  int64_t period = std::lcm(a.period, b.period);
+  if (period <= 0 || period > kMaxWindow)
+    return std::nullopt;
+  int64_t start = std::max(a.from, b.from);
+  for (QuasiLinear *q : {&a, &b}) {
+    if (__builtin_mul_overflow(q->slope, period / q->period, &q->slope))
+      return std::nullopt;
+    q->period = period;
+    q->from = start;
+  }
+  return std::pair(a, b);
+}
+
+std::optional<SizeFunctions::QuasiLinear>
+SizeFunctions::quasiLinear(const rt::SizeExpr &e) const {
+  switch (e.kind) {
+  case Kind::Const:
+    return QuasiLinear{1, min, 0};
+  case Kind::Param:
+    return QuasiLinear{1, min, 1};
+  case Kind::Neg: {
+    auto q = quasiLinear(e.operands[0]);
+    if (q)
+      q->slope = -q->slope;
+    return q;
+  }
+  default:
+    break;
+  }
+  auto l = quasiLinear(e.operands[0]), r = quasiLinear(e.operands[1]);
+  if (!l || !r)
+    return std::nullopt;
+  const rt::SizeExpr &rhs = e.operands[1];
+  switch (e.kind) {
+  case Kind::Add:
+  case Kind::Sub: {
+    auto c = common(*l, *r);
+    if (!c)
+      return std::nullopt;
+    QuasiLinear out = c->first;
+    if (e.kind == Kind::Add
+            ? __builtin_add_overflow(out.slope, c->second.slope, &out.slope)
+            : __builtin_sub_overflow(out.slope, c->second.slope, &out.slope))
+      return std::nullopt;
+    return out;
+  }
+  case Kind::Mul: {
+    // A constant times a function.
+    const rt::SizeExpr &lhs = e.operands[0];
+    QuasiLinear out = lhs.kind == Kind::Const ? *r : *l;
+    int64_t k = lhs.kind == Kind::Const ? lhs.value : rhs.value;
+    if (lhs.kind != Kind::Const && rhs.kind != Kind::Const)
+      return std::nullopt;
+    if (__builtin_mul_overflow(out.slope, k, &out.slope))
+      return std::nullopt;
+    return out;
+  }
+  case Kind::FloorDiv:
+  case Kind::CeilDiv:
+  case Kind::Mod: {
+    if (rhs.kind != Kind::Const || rhs.value <= 0)
+      return std::nullopt;
+    int64_t d = rhs.value;
+    // Periods until the step is a multiple of d.
+    int64_t stretch = d / std::gcd(l->slope, d);
+    QuasiLinear out = *l;
+    if (__builtin_mul_overflow(out.period, stretch, &out.period) ||
+        out.period > kMaxWindow)
+      return std::nullopt;
+    out.slope = e.kind == Kind::Mod ? 0 : l->slope * stretch / d;
+    return out;
+  }
+  case Kind::Min:
+  case Kind::Max: {
+    auto c = common(*l, *r);
+    if (!c)
+      return std::nullopt;
+    auto [a, b] = *c;
+    int64_t dslope = a.slope - b.slope;
+    if (dslope == 0)
+      return a; // a - b is periodic: so is the result minus either
+    // a - b moves by dslope a period: over one period from `from` find its
+    // extreme, then the periods until its sign is settled.
+    int64_t extreme = dslope < 0 ? std::numeric_limits<int64_t>::min()
+                                 : std::numeric_limits<int64_t>::max();
+    for (int64_t n = a.from; n < a.from + a.period; ++n) {
+      auto x = evaluate(e.operands[0], n), y = evaluate(e.operands[1], n);
+      if (!x || !y)
+        return std::nullopt;
+      extreme =
+          dslope < 0 ? std::max(extreme, *x - *y) : std::min(extreme, *x - *y);
+    }
+    // dslope < 0: a < b after k periods; dslope > 0: a >= b.
+    int64_t k = dslope < 0
+                    ? (extreme >= 0 ? extreme / -dslope + 1 : 0)
+                    : (extreme < 0 ? (-extreme + dslope - 1) / dslope : 0);
+    bool aWins = (dslope < 0) == (e.kind == Kind::Min);
+    QuasiLinear out = aWins ? a : b;
+    if (k > kMaxWindow / out.period)
+      return std::nullopt;
+    out.from += k * out.period;
+    return out;
+  }
+  default:
+    return std::nullopt;
+  }
+}
+
+void SizeFunctions::sample() {
+  std::vector<std::optional<QuasiLinear>> analyzed;
+  QuasiLinear all{1, min, 0};
+  for (const rt::SizeExpr &e : exprs) {
+    analyzed.push_back(quasiLinear(e));
+    if (!analyzed.back())
+      continue;
+    auto c = common(all, *analyzed.back());
+    if (!c) {
+      analyzed.back().reset();
+      continue;
+    }
+    all = c->first;
+  }
+  from = all.from;
+  int64_t end = from + all.period; // exclusive
+  tail = true;
+  if (max && *max < end) {
+    end = *max + 1;
+    tail = false;
+  }
+  windowSize = end - min;
+  functions.assign(exprs.size(), Samples{});
+  if (windowSize <= 0 || windowSize > kMaxWindow)
+    return;
+  for (auto [i, e] : llvm::enumerate(exprs)) {
+    if (!analyzed[i])
+      continue;
+    Samples &s = functions[i];
+    s.slope = analyzed[i]->slope * (all.period / analyzed[i]->period);
+    s.values.reserve(windowSize);
+    for (int64_t n = min; n < end; ++n) {
+      auto v = evaluate(e, n);
+      if (!v)
+        break;
+      s.values.push_back(*v);
+    }
+    s.known = (int64_t)s.values.size() == windowSize;
+  }
+  for (const auto &k : kept)
+    for (const Linear *l : {&k->lo, &k->hi, &k->rowLo, &k->rowHi})
+      bounds[l] = sampleLinear(*l);
+}
+
+SizeFunctions::Samples SizeFunctions::sampleLinear(const Linear &l) const {
+  Samples out;
+  out.values.assign(windowSize, l.constant);
+  for (auto [fn, coeff] : l.terms) {
+    const Samples &f = functions[fn];
+    if (!f.known)
+      return Samples{};
+    out.slope += coeff * f.slope;
+    for (int64_t w = 0; w < windowSize; ++w)
+      out.values[w] += coeff * f.values[w];
+  }
+  out.known = windowSize > 0;
+  return out;
+}
+
+rt::SizeExpr SizeFunctions::exprOf(const Linear &l) const {
+  std::optional<rt::SizeExpr> e;
+  for (auto [fn, coeff] : l.terms) {
+    if (coeff == 0)
+      continue;
+    rt::SizeExpr term =
+        coeff == 1 ? exprs[fn]
+                   : rt::SizeExpr::binary(
+                         Kind::Mul, rt::SizeExpr::constant(coeff), exprs[fn]);
+    e = e ? rt::SizeExpr::binary(Kind::Add, std::move(*e), std::move(term))
+          : std::move(term);
+  }
+  if (!e)
+    return rt::SizeExpr::constant(l.constant);
+  if (l.constant == 0)
+    return *e;
+  return rt::SizeExpr::binary(Kind::Add, std::move(*e),
+                              rt::SizeExpr::constant(l.constant));
+}
+
+SmallVector<Linear, 8> SizeFunctions::apartConditions(const Sized &x,
+                                                      const Sized &y,
+                                                      bool idle) const {
+  SmallVector<Linear, 8> out;
+  // a - b - 1 >= 0: b < a.
+  auto below = [&](const Linear &a, const Linear &b) {
+    Linear d = a;
+    d.constant -= b.constant + 1;
+    for (auto [fn, coeff] : b.terms)
+      d.add(fn, -coeff);
+    out.push_back(std::move(d));
+  };
+  below(y.lo, x.hi);
+  below(x.lo, y.hi);
+  below(x.lo, x.hi);
+  below(y.lo, y.hi);
+  if (x.boxed && y.boxed) {
+    below(y.rowLo, x.rowHi);
+    below(x.rowLo, y.rowHi);
+  }
+  for (int fn : llvm::concat<const int>(x.counts, y.counts)) {
+    if (!idle)
+      break;
+    Linear none;
+    none.add(fn, -1);
+    out.push_back(std::move(none));
+  }
+  return out;
+}
+
+std::optional<rt::SizeExpr> SizeFunctions::whereTouching(const Sized &x,
+                                                         const Sized &y) const {
+  if (windowSize <= 0 || windowSize > kMaxWindow)
+    return std::nullopt;
+  // The conditions on ranges that depend on n (an instance drops the
+  // waits on instructions that do not run, and constant ones never hold
+  // here).
+  SmallVector<Linear, 8> conditions;
+  for (Linear &l : apartConditions(x, y, /*idle=*/false))
+    if (llvm::any_of(l.terms, [](auto &t) { return t.second != 0; }))
+      conditions.push_back(std::move(l));
+  if (conditions.empty())
+    return std::nullopt;
+  // Worth a condition only if at some size of the window where both run
+  // they are apart.
+  auto runs = [&](int64_t w) {
+    return llvm::all_of(
+        llvm::concat<const int>(x.counts, y.counts), [&](int fn) {
+          return !functions[fn].known || functions[fn].values[w] > 0;
+        });
+  };
+  bool somewhereApart = false;
+  for (int64_t w = 0; w < windowSize && !somewhereApart; ++w)
+    somewhereApart = runs(w) && llvm::any_of(conditions, [&](const Linear &l) {
+                       int64_t v = l.constant;
+                       for (auto [fn, coeff] : l.terms) {
+                         if (!functions[fn].known)
+                           return false;
+                         v += coeff * functions[fn].values[w];
+                       }
+                       return v >= 0;
+                     });
+  if (!somewhereApart)
+    return std::nullopt;
+  // They meet only where every condition fails: -max(conditions) > 0.
+  rt::SizeExpr most = exprOf(conditions.front());
+  for (const Linear &l : ArrayRef(conditions).drop_front())
+    most = rt::SizeExpr::binary(Kind::Max, std::move(most), exprOf(l));
+  return rt::SizeExpr::binary(Kind::Sub, rt::SizeExpr::constant(0),
+                              std::move(most));
+}
+
+bool SizeFunctions::apart(const Sized &x, const Sized &y) const {
+  if (windowSize <= 0 || windowSize > kMaxWindow)
+    return false;
+  auto get = [&](const Linear &l) -> const Samples * {
+    auto it = bounds.find(&l);
+    return it != bounds.end() && it->second.known ? &it->second : nullptr;
+  };
+  // Conditions "a - b - 1 >= 0" (b < a), each from two bounds.
+  SmallVector<std::pair<const Samples *, const Samples *>, 8> below;
+  auto pair = [&](const Linear &a, const Linear &b) {
+    if (const Samples *sa = get(a), *sb = get(b); sa && sb)
+      below.push_back({sa, sb});
+  };
+  pair(y.lo, x.hi); // x before y
+  pair(x.lo, y.hi); // y before x
+  pair(x.lo, x.hi); // x is empty
+  pair(y.lo, y.hi);
+  if (x.boxed && y.boxed) {
+    pair(y.rowLo, x.rowHi);
+    pair(x.rowLo, y.rowHi);
+  }
+  // Conditions "count <= 0": a loop around x or y does not run.
+  SmallVector<const Samples *, 4> idle;
+  for (int fn : llvm::concat<const int>(x.counts, y.counts))
+    if (functions[fn].known)
+      idle.push_back(&functions[fn]);
+  for (int64_t w = 0; w < windowSize; ++w) {
+    // From `from` on, only a condition that stays true a period later.
+    bool settled = tail && min + w >= from;
+    bool holds = llvm::any_of(below, [&](auto &p) {
+      return p.first->values[w] - p.second->values[w] > 0 &&
+             (!settled || p.first->slope >= p.second->slope);
+    });
+    holds = holds || llvm::any_of(idle, [&](const Samples *c) {
+              return c->values[w] <= 0 && (!settled || c->slope <= 0);
+            });
+    if (!holds)
+      return false;
+  }
+  return true;
+}
+
 /// What one operand touches: a storage (an on-chip memory, or an HBM
 /// buffer) and, over every loop iteration, the bytes of each partition on
 /// chip or the elements in HBM: as one linear span, and in HBM also as a
@@ -130,6 +638,11 @@ struct Access {
   /// A size-generic kernel's offset part known at run time only (issue
   /// #16): (value, coefficient) terms; spans compare only over equal ones.
   SmallVector<std::pair<Value, int64_t>, 1> symbolic;
+  /// Where it may be, for RegionIndex: `linear`'s bounds, or the whole tile
+  /// when a symbolic part moves it.
+  int64_t regionLo = 0, regionHi = kUnbounded;
+  /// In a kernel with one size parameter, its range as functions of it.
+  std::shared_ptr<const Sized> sized;
 
   /// The spans a loop may move.
   SmallVector<const Span *, 3> spans() const {
@@ -140,11 +653,18 @@ struct Access {
 };
 
 bool apart(const Access &x, const Access &y) {
-  if (x.symbolic != y.symbolic)
-    return false;
-  if (apart(x.linear, y.linear))
+  if (x.symbolic == y.symbolic &&
+      (apart(x.linear, y.linear) ||
+       (x.boxed && y.boxed &&
+        (apart(x.rows, y.rows) || apart(x.cols, y.cols)))))
     return true;
-  return x.boxed && y.boxed && (apart(x.rows, y.rows) || apart(x.cols, y.cols));
+  // Columns do not depend on the sizes: apart in every iteration of the
+  // loop that moves them, whatever the sizes.
+  if (!x.sized || !y.sized)
+    return false;
+  if (x.sized->boxed && y.sized->boxed && apart(x.sized->cols, y.sized->cols))
+    return true;
+  return x.sized->fns->apart(*x.sized, *y.sized);
 }
 
 struct Instruction {
@@ -187,6 +707,9 @@ Access onChipAccess(MemRefType type, nisa::MemorySpace space,
     if (span && span->lo >= begin && span->hi < begin + bytes)
       access.linear = *span;
   }
+  // A symbolic part moves the view anywhere in its tile.
+  access.regionLo = symbolic.empty() ? access.linear.lo : begin;
+  access.regionHi = symbolic.empty() ? access.linear.hi : begin + bytes - 1;
   return access;
 }
 
@@ -213,9 +736,8 @@ Access hbmAccess(Value base, MemRefType type, bool write,
   int64_t row = type.getRank() > 1 ? type.getShape().back() : 0;
   // Rows and columns of a symbolic offset compare only if it moves whole
   // rows.
-  if (row <= 1 || llvm::any_of(symbolic, [&](auto &t) {
-        return t.second % row != 0;
-      }))
+  if (row <= 1 ||
+      llvm::any_of(symbolic, [&](auto &t) { return t.second % row != 0; }))
     return access;
   SmallVector<std::pair<Value, int64_t>, 2> rowTerms, colTerms;
   for (auto [iv, coeff] : offset->terms)
@@ -281,13 +803,166 @@ affineWithSymbols(Value index,
   return out;
 }
 
+/// Adds to [lo, hi] the range of `constant` + `symbolic` + `ivTerms` over
+/// every iteration of the ivs' loops, as functions of the size parameter;
+/// false when some part is not such a function.
+bool addIndexRange(SizeFunctions &fns, int64_t constant, Terms ivTerms,
+                   Terms symbolic, Linear &lo, Linear &hi) {
+  lo.constant += constant;
+  hi.constant += constant;
+  for (auto [v, coeff] : symbolic) {
+    int fn = fns.functionOf(v);
+    if (fn < 0)
+      return false;
+    lo.add(fn, coeff);
+    hi.add(fn, coeff);
+  }
+  for (auto [iv, coeff] : ivTerms) {
+    scf::ForOp loop = scf::getForInductionVarOwner(iv);
+    auto lb = nisa::affineIndexOf(loop.getLowerBound());
+    auto step = nisa::affineIndexOf(loop.getStep());
+    if (!lb || !step || !lb->terms.empty() || !step->terms.empty() ||
+        step->constant <= 0)
+      return false;
+    lo.constant += coeff * lb->constant;
+    hi.constant += coeff * lb->constant;
+    // The last iteration moves it by d * (count - 1).
+    int64_t d = coeff * step->constant;
+    Linear &moved = d > 0 ? hi : lo;
+    if (auto ub = getConstantIntValue(loop.getUpperBound())) {
+      int64_t count =
+          (*ub - lb->constant + step->constant - 1) / step->constant;
+      moved.constant += d * (std::max<int64_t>(count, 1) - 1);
+      continue;
+    }
+    int fn = fns.tripCountOf(loop, lb->constant, step->constant);
+    if (fn < 0)
+      return false;
+    moved.add(fn, d);
+    moved.constant -= d;
+  }
+  return true;
+}
+
+/// Adds sum((size - 1) * stride) over `dims` (a size known at run time, a
+/// function of the size parameter); false when one is not.
+bool addReach(SizeFunctions &fns, ArrayRef<OpFoldResult> sizes,
+              ArrayRef<int64_t> strides, Linear &hi) {
+  for (auto [size, stride] : llvm::zip(sizes, strides)) {
+    hi.constant -= stride;
+    if (auto c = getConstantIntValue(size)) {
+      hi.constant += *c * stride;
+      continue;
+    }
+    int fn = fns.functionOf(cast<Value>(size));
+    if (fn < 0)
+      return false;
+    hi.add(fn, stride);
+  }
+  return true;
+}
+
+Linear scaled(Linear l, int64_t k) {
+  l.constant *= k;
+  for (auto &t : l.terms)
+    t.second *= k;
+  return l;
+}
+
+/// A view's Sized form (issue #16): its offset (`offset` and `symbolic`),
+/// sizes and strides; nullptr when a part is no function of the size
+/// parameter. Without a view (`offset` empty), the whole tile or buffer.
+std::shared_ptr<const Sized>
+sizedAccess(SizeFunctions &fns, MemRefType type,
+            const std::optional<nisa::AffineIndex> &offset, Terms symbolic,
+            ArrayRef<OpFoldResult> sizes, ArrayRef<int64_t> strides,
+            IntegerAttr address, ArrayRef<int> counts) {
+  Sized out;
+  out.counts.assign(counts.begin(), counts.end());
+  bool onChip = nisa::getMemorySpace(type) != nisa::MemorySpace::hbm;
+  bool valid =
+      offset && llvm::none_of(strides, [](int64_t s) { return s < 0; });
+  if (onChip) {
+    // Bytes of one partition: the partition dim does not count, and views
+    // whose partition stride is not the tile's row cover all of it.
+    int64_t begin = address.getInt();
+    int64_t bytes = nisa::bytesPerPartition(type);
+    int64_t elt = std::max<int64_t>(1, type.getElementTypeBitWidth() / 8);
+    out.lo.constant = begin;
+    out.hi.constant = begin + bytes - 1;
+    if (!valid || strides.empty() || strides[0] * elt != bytes)
+      return fns.keep(std::move(out));
+    Linear lo, hi;
+    if (!addIndexRange(fns, offset->constant, offset->terms, symbolic, lo,
+                       hi) ||
+        !addReach(fns, sizes.drop_front(), strides.drop_front(), hi))
+      return nullptr;
+    out.lo = scaled(lo, elt);
+    out.lo.constant += begin;
+    out.hi = scaled(hi, elt);
+    out.hi.constant += begin + elt - 1;
+    return fns.keep(std::move(out));
+  }
+  out.hi.constant = kUnbounded;
+  if (!valid)
+    return fns.keep(std::move(out));
+  Linear lo, hi;
+  if (!addIndexRange(fns, offset->constant, offset->terms, symbolic, lo, hi) ||
+      !addReach(fns, sizes, strides, hi))
+    return nullptr;
+  out.lo = lo;
+  out.hi = hi;
+  // Rows x columns of the innermost dim, as hbmAccess, with the sizes known
+  // at run time on rows only: the columns are then the same for every size.
+  int64_t row = type.getRank() > 1 ? type.getShape().back() : 0;
+  if (row <= 1 || ShapedType::isDynamic(row) ||
+      llvm::any_of(symbolic, [&](auto &t) { return t.second % row != 0; }))
+    return fns.keep(std::move(out));
+  SmallVector<std::pair<Value, int64_t>, 2> rowTerms, colTerms, rowSymbolic;
+  for (auto [iv, coeff] : offset->terms)
+    (coeff % row == 0 ? rowTerms : colTerms)
+        .push_back({iv, coeff % row == 0 ? coeff / row : coeff});
+  for (auto [v, coeff] : symbolic)
+    rowSymbolic.push_back({v, coeff / row});
+  SmallVector<OpFoldResult> rowSizes;
+  SmallVector<int64_t> rowStrides;
+  int64_t colReach = 0;
+  for (auto [size, stride] : llvm::zip(sizes, strides)) {
+    if (stride % row == 0) {
+      rowSizes.push_back(size);
+      rowStrides.push_back(stride / row);
+      continue;
+    }
+    auto c = getConstantIntValue(size);
+    if (!c || stride >= row)
+      return fns.keep(std::move(out));
+    colReach += (*c - 1) * stride;
+  }
+  auto cols = spanOf(offset->constant % row, colTerms, colReach);
+  Linear rowLo, rowHi;
+  if (!cols || cols->lo < 0 || cols->hi >= row ||
+      !addIndexRange(fns, offset->constant / row, rowTerms, rowSymbolic, rowLo,
+                     rowHi) ||
+      !addReach(fns, rowSizes, rowStrides, rowHi))
+    return fns.keep(std::move(out));
+  out.boxed = true;
+  out.rowLo = rowLo;
+  out.rowHi = rowHi;
+  out.cols = *cols;
+  return fns.keep(std::move(out));
+}
+
 /// The storage and spans of a memref operand, or failure with a diagnostic.
+/// `fns`: the kernel's size parameter, if it has one, and `counts` the trip
+/// counts known at run time of the loops around `user`.
 FailureOr<Access> accessOf(Operation *user, Value v, bool write,
-                           MLIRContext *ctx) {
+                           MLIRContext *ctx, SizeFunctions *fns,
+                           ArrayRef<int> counts) {
   Value base = v;
-  std::optional<nisa::AffineIndex> offset;
+  std::optional<nisa::AffineIndex> offset, viewOffset;
   SmallVector<std::pair<Value, int64_t>, 1> symbolic;
   SmallVector<int64_t> sizes, strides;
+  SmallVector<OpFoldResult> mixedSizes;
   if (auto view = v.getDefiningOp<memref::ReinterpretCastOp>()) {
     base = view.getSource();
     OpFoldResult off = view.getMixedOffsets().front();
@@ -295,7 +970,9 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
       offset = nisa::AffineIndex{cast<IntegerAttr>(attr).getInt(), {}};
     else
       offset = affineWithSymbols(cast<Value>(off), symbolic);
+    viewOffset = offset;
     sizes.assign(view.getStaticSizes().begin(), view.getStaticSizes().end());
+    mixedSizes = view.getMixedSizes();
     strides = nisa::viewStrides(view);
     // A size known only at run time (issue #16): the whole tile or buffer,
     // whatever the sizes, so the waits hold for every instance.
@@ -305,17 +982,24 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
   }
   auto type = cast<MemRefType>(base.getType());
   nisa::MemorySpace space = nisa::getMemorySpace(type);
-  if (space == nisa::MemorySpace::hbm)
-    return hbmAccess(base, type, write, offset, sizes, strides, symbolic);
-  auto alloc = base.getDefiningOp<memref::AllocOp>();
-  auto address = alloc
-                     ? alloc->getAttrOfType<IntegerAttr>(nisa::kAddressAttrName)
-                     : IntegerAttr();
-  if (!address)
-    return user->emitOpError("reads or writes an on-chip tile without a "
-                             "nisa.address (run nisa-allocate first)");
-  return onChipAccess(type, space, address, write, offset, sizes, strides,
-                      symbolic, ctx);
+  IntegerAttr address;
+  FailureOr<Access> access = failure();
+  if (space == nisa::MemorySpace::hbm) {
+    access = hbmAccess(base, type, write, offset, sizes, strides, symbolic);
+  } else {
+    auto alloc = base.getDefiningOp<memref::AllocOp>();
+    address = alloc ? alloc->getAttrOfType<IntegerAttr>(nisa::kAddressAttrName)
+                    : IntegerAttr();
+    if (!address)
+      return user->emitOpError("reads or writes an on-chip tile without a "
+                               "nisa.address (run nisa-allocate first)");
+    access = onChipAccess(type, space, address, write, offset, sizes, strides,
+                          symbolic, ctx);
+  }
+  if (fns)
+    access->sized = sizedAccess(*fns, type, viewOffset, symbolic, mixedSizes,
+                                strides, address, counts);
+  return access;
 }
 
 /// An access that the innermost loop around its instruction moves by more
@@ -382,6 +1066,11 @@ bool needsWait(const Instruction &a, int64_t aIndex, const Instruction &b,
 struct Waits {
   std::vector<SmallVector<int64_t>> lists;
   std::vector<llvm::BitVector> sets;
+  /// Issue #16: the sizes at which wait (b, a) is needed, as a size
+  /// expression positive there; no entry: at every size. A wait that another
+  /// one's removal relies on (`pinned`) holds at every size.
+  std::map<std::pair<int64_t, int64_t>, rt::SizeExpr> when;
+  std::set<std::pair<int64_t, int64_t>> pinned;
   explicit Waits(int64_t n) : lists(n), sets(n, llvm::BitVector(n)) {}
   bool has(int64_t b, int64_t a) const { return sets[b].test(a); }
   void add(int64_t b, int64_t a) {
@@ -389,6 +1078,31 @@ struct Waits {
     sets[b].set(a);
   }
 };
+
+/// Issue #16: the sizes at which instances of `a` and `b` touch a common
+/// byte, one writing, as a size expression positive there; nullopt: at
+/// every size (or not known).
+std::optional<rt::SizeExpr> whereConflicting(const Instruction &a,
+                                             const Instruction &b) {
+  std::optional<rt::SizeExpr> where;
+  for (const Access &x : a.accesses)
+    for (const Access &y : b.accesses) {
+      if (&a == &b && &x == &y && movesWithInnermostLoop(a, x) &&
+          a.loops.size() == 1)
+        continue;
+      if (!touches(x, y))
+        continue;
+      if (!x.sized || !y.sized)
+        return std::nullopt;
+      auto pair = x.sized->fns->whereTouching(*x.sized, *y.sized);
+      if (!pair)
+        return std::nullopt;
+      where = where ? rt::SizeExpr::binary(rt::SizeExpr::Kind::Max,
+                                           std::move(*where), std::move(*pair))
+                    : std::move(*pair);
+    }
+  return where;
+}
 
 /// A loop whose body runs at least once: constant bounds, not empty.
 bool alwaysIterates(Operation *op) {
@@ -409,8 +1123,8 @@ bool alwaysIterates(Operation *op) {
 /// In both, c runs inside every loop around both a and b. Witnesses after
 /// b are used only once their waits are final (b runs in decreasing order
 /// in that case), so justifications never go round.
-bool covered(ArrayRef<Instruction> insts, const Waits &waits, int64_t a,
-             int64_t b, bool loopCarried) {
+bool covered(ArrayRef<Instruction> insts, Waits &waits, int64_t a, int64_t b,
+             bool loopCarried) {
   auto waitedFor = [&](int64_t c) {
     return c != a && c != b &&
            (waits.has(c, a) || queueOrdered(insts[a], insts[c]));
@@ -445,17 +1159,27 @@ bool covered(ArrayRef<Instruction> insts, const Waits &waits, int64_t a,
       return c < b && !(c < a && a < b);
     return c > b && b <= a && a < c && canPrecede(insts[c], c, insts[b], b);
   };
-  if (llvm::any_of(waits.lists[b], covers))
+  // The waits the removal relies on then hold at every size.
+  auto pin = [&](int64_t c) {
+    if (waits.has(b, c))
+      waits.pinned.insert({b, c});
+    if (waits.has(c, a))
+      waits.pinned.insert({c, a});
     return true;
+  };
+  auto it = llvm::find_if(waits.lists[b], covers);
+  if (it != waits.lists[b].end())
+    return pin(*it);
   // The nearest earlier instruction of b's own queue runs before b.
   int64_t c = insts[b].queuePredecessor;
-  return !loopCarried && c >= 0 && covers(c);
+  return !loopCarried && c >= 0 && covers(c) && pin(c);
 }
 
 /// The instructions of `func` in program order, with their accesses and
 /// enclosing loops (failure, with a diagnostic, on an access it cannot
 /// summarize).
-FailureOr<std::vector<Instruction>> collectInstructions(func::FuncOp func) {
+FailureOr<std::vector<Instruction>> collectInstructions(func::FuncOp func,
+                                                        SizeFunctions *fns) {
   MLIRContext *ctx = func.getContext();
   std::vector<Instruction> insts;
   WalkResult walk = func.walk<WalkOrder::PreOrder>([&](Operation *op) {
@@ -464,21 +1188,31 @@ FailureOr<std::vector<Instruction>> collectInstructions(func::FuncOp func) {
       return WalkResult::advance();
     Instruction inst{
         op, instruction.getIssuingEngine(), instruction.isDma(), {}, {}};
+    for (Operation *p = op->getParentOp(); p != func; p = p->getParentOp())
+      if (isa<scf::ForOp>(p))
+        inst.loops.push_back(p);
+    // The trip counts known at run time of the loops around it.
+    SmallVector<int, 2> counts;
+    for (Operation *p : fns ? inst.loops : SmallVector<Operation *, 4>{}) {
+      auto loop = cast<scf::ForOp>(p);
+      auto lb = getConstantIntValue(loop.getLowerBound());
+      auto step = getConstantIntValue(loop.getStep());
+      if (lb && step && *step > 0 && !getConstantIntValue(loop.getUpperBound()))
+        if (int fn = fns->tripCountOf(loop, *lb, *step); fn >= 0)
+          counts.push_back(fn);
+    }
     // Every written operand is a write (an activation's row sums as much
     // as its dst); index operands (an iota's offset) touch no memory.
     SmallVector<Value, 2> written = instruction.getWrittenOperands();
     for (Value operand : op->getOperands()) {
       if (!isa<MemRefType>(operand.getType()))
         continue;
-      auto access =
-          accessOf(op, operand, llvm::is_contained(written, operand), ctx);
+      auto access = accessOf(op, operand, llvm::is_contained(written, operand),
+                             ctx, fns, counts);
       if (failed(access))
         return WalkResult::interrupt();
       inst.accesses.push_back(*access);
     }
-    for (Operation *p = op->getParentOp(); p != func; p = p->getParentOp())
-      if (isa<scf::ForOp>(p))
-        inst.loops.push_back(p);
     insts.push_back(std::move(inst));
     return WalkResult::advance();
   });
@@ -537,8 +1271,8 @@ private:
   template <typename Fn> void forEachRegion(const Access &x, Fn &&fn) const {
     if (x.storage != sbuf && x.storage != psum)
       return fn(Region{x.storage, 0});
-    for (int64_t r = x.linear.lo / kRegionBytes;
-         r <= x.linear.hi / kRegionBytes; ++r)
+    for (int64_t r = x.regionLo / kRegionBytes; r <= x.regionHi / kRegionBytes;
+         ++r)
       fn(Region{x.storage, r});
   }
 
@@ -559,8 +1293,11 @@ Waits findWaits(const std::vector<Instruction> &insts, RegionIndex &regions) {
       regions.forEachSharing(x, [&](int64_t a) { seen[a] = b; });
     auto consider = [&](int64_t a) {
       if (seen[a] == b && needsWait(insts[a], a, insts[b], b) &&
-          !covered(insts, waits, a, b, /*loopCarried=*/false))
+          !covered(insts, waits, a, b, /*loopCarried=*/false)) {
         waits.add(b, a);
+        if (auto where = whereConflicting(insts[a], insts[b]))
+          waits.when.emplace(std::pair(b, a), std::move(*where));
+      }
     };
     for (int64_t a = b - 1; a >= 0; --a)
       consider(a);
@@ -592,6 +1329,21 @@ void annotate(func::FuncOp func, const std::vector<Instruction> &insts,
       op->removeAttr(nisa::kWaitsAttrName);
     else
       op->setAttr(nisa::kWaitsAttrName, DenseI64ArrayAttr::get(ctx, list));
+    // Issue #16: each wait's sizes ("" for every size), when some are not
+    // every size.
+    SmallVector<Attribute> when;
+    bool conditional = false;
+    for (int64_t a : list) {
+      auto it = waits.when.find({b, a});
+      bool sized = it != waits.when.end() && !waits.pinned.count({b, a});
+      conditional |= sized;
+      when.push_back(
+          StringAttr::get(ctx, sized ? rt::toString(it->second) : ""));
+    }
+    if (conditional)
+      op->setAttr(nisa::kWaitWhenAttrName, ArrayAttr::get(ctx, when));
+    else
+      op->removeAttr(nisa::kWaitWhenAttrName);
   }
   func->setAttr(nisa::kSynchronizedAttrName, UnitAttr::get(ctx));
 }
@@ -610,9 +1362,13 @@ struct NisaInsertSyncPass
 };
 
 LogicalResult NisaInsertSyncPass::synchronize(func::FuncOp func) {
-  FailureOr<std::vector<Instruction>> insts = collectInstructions(func);
+  std::unique_ptr<SizeFunctions> fns = SizeFunctions::of(func);
+  FailureOr<std::vector<Instruction>> insts =
+      collectInstructions(func, fns.get());
   if (failed(insts))
     return failure();
+  if (fns)
+    fns->sample();
   linkQueues(*insts);
   RegionIndex regions(&getContext(), *insts);
   Waits waits = findWaits(*insts, regions);

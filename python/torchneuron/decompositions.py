@@ -29,13 +29,16 @@ Ops core ATen keeps whole (:data:`OP_DECOMPOSITIONS`), as ops the device runs:
   ones over the depth taps, adaptive average pooling with unequal windows and 3-d average
   pooling as matmuls with window matrices, antialiased bilinear resizing likewise;
 - selection and counting: sorts longer than the select rounds take, up to 2048, by rank,
+  longer ones (up to 128K: top-p sampling over a vocabulary) by a bitonic network;
   ``histogram``/``histogramdd`` with eager's linspace edges, ``segment_reduce``,
   ``nonzero_static``, ``embedding_bag`` (sum, mean): compares with iotas, one-hot sums and
   matmuls; ``grid_sample`` (2-d, 3-d; float32) as gathers of pixel rows; sums over an empty
   dim; torch's chunked ``linear_cross_entropy`` ops (float32 inference);
 - the elementwise functions the engines have no instruction for:
   :mod:`torchneuron.elementwise_math`, and Bessel functions and Chebyshev polynomials:
-  :mod:`torchneuron.special_math`.
+  :mod:`torchneuron.special_math`;
+- matrix factorizations (Cholesky, LU, QR) and the solves, inverses and determinants built on
+  them: :mod:`torchneuron.linalg`.
 
 Training graphs (:data:`TRAINING_DECOMPOSITIONS`): backward ops that torch keeps whole, or
 decomposes into scatters and gathers by index, become device math here:
@@ -80,6 +83,7 @@ import torch._refs
 import torch.nn.functional as F
 
 from torchneuron.elementwise_math import ELEMENTWISE_DECOMPOSITIONS
+from torchneuron.linalg import LINALG_DECOMPOSITIONS
 from torchneuron.special_math import SPECIAL_DECOMPOSITIONS
 
 __all__ = [
@@ -1720,7 +1724,8 @@ def sort(
     equal ones at earlier positions, so the order is stable, as eager's CPU sort is. The
     sorted row then reads each place's element through a one-hot compare of the places with
     an iota and a max over the row (exact; -0.0 and NaN kept). n^2 compares per row on
-    VectorE; shorter rows stay whole for the importer's select rounds."""
+    VectorE; shorter rows stay whole for the importer's select rounds, and rows whose n^2
+    compares would spill to HBM go through :func:`_network_sort`."""
     if t.dim() == 0 or t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return NotImplemented
     if t.dtype != torch.float32 and not stable:
@@ -1733,7 +1738,10 @@ def sort(
     if not _known(t) or (n <= row and n * n <= work):
         return NotImplemented
     if t.numel() * n > _ONE_HOT_WORK:
-        return NotImplemented
+        if n > _MAX_NETWORK_SORT:
+            return NotImplemented
+        values, indices = _network_sort(t.movedim(dim, -1).to(torch.float32), descending)
+        return values.to(t.dtype).movedim(-1, dim), indices.movedim(-1, dim)
     x = t.movedim(dim, -1).to(torch.float32)  # exact; 16-bit [n, n] tiles overflow SBUF
     xi, xj = x.unsqueeze(-1), x.unsqueeze(-2)  # [..., i, 1] and [..., 1, j]
     ahead = xj > xi if descending else xj < xi
@@ -1747,6 +1755,61 @@ def sort(
     values = torch.where(onehot, x.unsqueeze(-2), -math.inf).amax(-1).to(t.dtype)
     indices = torch.where(onehot, place, -1).amax(-1)
     return values.movedim(-1, dim), indices.movedim(-1, dim)
+
+
+#: The longest row :func:`_network_sort` sorts (a vocabulary of 128K tokens: top-p sampling).
+_MAX_NETWORK_SORT = 1 << 17
+
+
+def _network_sort(x: torch.Tensor, descending: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bitonic sorting network along the last dim of float32 ``x``, for rows too long for
+    the rank sort's n^2 compares: n log^2 n / 2 compare-exchanges in log n (log n + 1) / 2
+    steps, each a whole-row VectorE select over the row viewed as [blocks, 2, d] (the pairs
+    d apart, no gather). Each element carries its position; an element goes before another
+    when its value does (NaN after every number, before when descending) or the values tie
+    and its position is smaller: the order is stable, as eager's CPU sort, whatever the
+    network does with ties. The row is padded to a power of two with positions past its end,
+    which go after everything."""
+    n = x.shape[-1]
+    size = 1 << max(n - 1, 1).bit_length()
+    lead = x.shape[:-1]
+    position = torch.arange(size, device=x.device, dtype=torch.float32).expand(*lead, size)
+    if size != n:
+        x = torch.cat([x, x.new_zeros((*lead, size - n))], -1)
+
+    def before(
+        a: torch.Tensor, ia: torch.Tensor, b: torch.Tensor, ib: torch.Tensor
+    ) -> torch.Tensor:
+        """Whether element (a, ia) goes before (b, ib)."""
+        nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+        ahead = (a > b) if descending else (a < b)
+        ahead = ahead | ((nan_a & ~nan_b) if descending else (nan_b & ~nan_a))
+        tie = (a == b) | (nan_a & nan_b)
+        order = ahead | (tie & (ia < ib))
+        if size == n:
+            return order
+        pad_a, pad_b = ia >= n, ib >= n
+        return torch.where(pad_a | pad_b, ~pad_a & (pad_b | (ia < ib)), order)
+
+    steps = size.bit_length() - 1
+    for stage in range(1, steps + 1):
+        block = 1 << stage
+        for d in (block >> j for j in range(1, stage + 1)):
+            pairs = x.reshape(*lead, size // (2 * d), 2, d)
+            places = position.reshape(*lead, size // (2 * d), 2, d)
+            a, b = pairs[..., 0, :], pairs[..., 1, :]
+            ia, ib = places[..., 0, :], places[..., 1, :]
+            # Pairs in a block of ``block`` elements whose block index is odd sort the other
+            # way: the bitonic sequences the next stage merges. Positions differ, so the
+            # order is strict: "a before b" is "not b before a".
+            first = torch.arange(size // (2 * d), device=x.device) * (2 * d)
+            reverse = ((first // block) % 2 == 1).unsqueeze(-1)
+            swap = before(b, ib, a, ia) ^ reverse
+            low, high = torch.where(swap, b, a), torch.where(swap, a, b)
+            ilow, ihigh = torch.where(swap, ib, ia), torch.where(swap, ia, ib)
+            x = torch.stack([low, high], -2).reshape(*lead, size)
+            position = torch.stack([ilow, ihigh], -2).reshape(*lead, size)
+    return x[..., :n], position[..., :n].to(torch.int64)
 
 
 _SEGMENT_IDENTITY = {"max": -math.inf, "min": math.inf, "sum": 0.0, "mean": 0.0, "prod": 1.0}
@@ -2694,6 +2757,7 @@ def _aten_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., object
     table.update(OP_DECOMPOSITIONS)
     table.update(ELEMENTWISE_DECOMPOSITIONS)
     table.update(SPECIAL_DECOMPOSITIONS)
+    table.update(LINALG_DECOMPOSITIONS)
     missing = [
         str(op)
         for op, _ in EXTRA_DECOMPOSITIONS

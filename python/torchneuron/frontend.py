@@ -3,26 +3,28 @@ steps applied in a fixed order, :data:`STEPS` (docs/ARCHITECTURE.md lists the sa
 is a function of a graph:
 
 1. ``specialize-sizes``, per call, graphs with symbolic sizes that do not compile size-generic
-   (:func:`torchneuron.backend.build_generic_graph` runs steps 3-9 with the symbols kept): the
+   (:func:`torchneuron.backend.build_generic_graph` runs steps 3-11 with the symbols kept): the
    call's sizes (:func:`torchneuron.specialize.specialize`, in :func:`specialize_call`).
 2. ``block-classes``, per call, graphs with a BlockMask or SDPA mask: each attention node's block
    classes in ``node.meta`` (:func:`torchneuron.flex.annotate`, in :func:`specialize_call`).
 3. ``random-ops``: :func:`torchneuron.rng.seed_random_ops`.
-4. ``as-strided-views``: :func:`torchneuron.rewrite.as_strided_views`.
-5. ``float32-scalar-inputs``: :func:`torchneuron.rewrite.float32_scalar_inputs`.
-6. ``check``: which nodes the importer lowers (:func:`torchneuron.partition.find_unsupported`:
+4. ``values-only-factorizations``: :func:`torchneuron.linalg.values_only_factorizations`.
+5. ``complex-as-pairs``: :func:`torchneuron.complex_math.complex_as_pairs`.
+6. ``as-strided-views``: :func:`torchneuron.rewrite.as_strided_views`.
+7. ``float32-scalar-inputs``: :func:`torchneuron.rewrite.float32_scalar_inputs`.
+8. ``check``: which nodes the importer lowers (:func:`torchneuron.partition.find_unsupported`:
    the whole graph leniently serialized for ``_C.check_graph``, each node once: the entries
-   are kept for step 9, :class:`torchneuron.fx_json.Written`).
-7. ``detach-block-masks``: attention nodes going to the device with known block classes drop
+   are kept for step 11, :class:`torchneuron.fx_json.Written`).
+9. ``detach-block-masks``: attention nodes going to the device with known block classes drop
    their BlockMask tensors (:func:`torchneuron.flex.detach_block_masks`).
-8. ``partition``: device regions become submodules, the rest stays eager
+10. ``partition``: device regions become submodules, the rest stays eager
    (:func:`torchneuron.partition.partition_graph`).
-9. ``serialize``: per region, its outputs deduplicated (:func:`dedupe_outputs`) and its document
-   assembled from the nodes and constants step 6 wrote, writing only what it could not reuse
+11. ``serialize``: per region, its outputs deduplicated (:func:`dedupe_outputs`) and its document
+   assembled from the nodes and constants step 8 wrote, writing only what it could not reuse
    (:func:`torchneuron.fx_json.serialize_graph`; SDPA calls in their FlexAttention form,
    :func:`torchneuron.sdpa.flex_form`).
 
-Steps 3-5 are :data:`REWRITES` (:func:`rewrite_graph`); :func:`lower` runs steps 3-9 on a copy of
+Steps 3-7 are :data:`REWRITES` (:func:`rewrite_graph`); :func:`lower` runs steps 3-11 on a copy of
 a static graph, and the backend compiles each region's document
 (:func:`torchneuron.backend.build_graph`).
 """
@@ -36,7 +38,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torchneuron import flex, fx_json, partition, rewrite, rng, specialize
+from torchneuron import complex_math, flex, fx_json, linalg, partition, rewrite, rng, specialize
 
 __all__ = [
     "REWRITES",
@@ -65,6 +67,8 @@ class Rewrite:
 #: does not carry.
 REWRITES: tuple[Rewrite, ...] = (
     Rewrite("random-ops", rng.seed_random_ops),
+    Rewrite("values-only-factorizations", linalg.values_only_factorizations),
+    Rewrite("complex-as-pairs", complex_math.complex_as_pairs),
     Rewrite("as-strided-views", rewrite.as_strided_views),
     Rewrite("float32-scalar-inputs", rewrite.float32_scalar_inputs),
 )
@@ -97,7 +101,7 @@ def specialize_call(
 
 
 def rewrite_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """Steps 3-5: :data:`REWRITES` applied to ``gm`` in order (in place); returns ``gm``."""
+    """Steps 3-7: :data:`REWRITES` applied to ``gm`` in order (in place); returns ``gm``."""
     for step in REWRITES:
         step.run(gm)
     return gm
@@ -131,7 +135,7 @@ def lower(
     *,
     symbolic: bool = False,
 ) -> Lowered:
-    """Steps 3-9 on a copy of the static graph ``gm`` (``gm`` is unchanged). ``name(prefix)``
+    """Steps 3-11 on a copy of the static graph ``gm`` (``gm`` is unchanged). ``name(prefix)``
     names each document (the check's, then each region's, in order); ``stage`` hears which
     step runs (a long compile's progress). ``symbolic``: ``gm`` keeps its symbolic sizes,
     written as size expressions (a size-generic compile, :mod:`torchneuron.sizes`)."""
@@ -159,8 +163,8 @@ def serialize_region(
     symbolic: bool = False,
     reuse: fx_json.Written | None = None,
 ) -> Region:
-    """Step 9 for one device region of a partitioned ``gm``: its document, named ``name``,
-    reusing the entries ``reuse`` holds (step 6's)."""
+    """Step 11 for one device region of a partitioned ``gm``: its document, named ``name``,
+    reusing the entries ``reuse`` holds (step 8's)."""
     sub = gm.get_submodule(submodule)
     assert isinstance(sub, torch.fx.GraphModule)
     output_map = dedupe_outputs(sub)

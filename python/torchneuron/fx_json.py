@@ -246,11 +246,17 @@ class Written:
     serialized once (:func:`serialize_graph_lenient` fills it, :func:`serialize_graph` reuses
     it): each ATen node's entry by node name, when the entry means the same in any document
     holding the node (its tensor arguments are referred to by their own names: no getitem of a
-    multi-result node, constant or inline scalar, no symbolic size), and each constant's entry
-    by tensor."""
+    multi-result node, constant or inline scalar, no symbolic size), with the names of its
+    arguments (a region whose partition was fused after its producer's receives a value under
+    the producer's getitem name, and must write the entry anew), and each constant's entry by
+    tensor."""
 
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nodes: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = field(default_factory=dict)
     constants: dict[int, tuple[torch.Tensor, dict[str, Any]]] = field(default_factory=dict)
+
+
+def _argument_names(node: torch.fx.Node) -> tuple[str, ...]:
+    return tuple(n.name for n in node.all_input_nodes)
 
 
 class _Writer:
@@ -401,8 +407,8 @@ class _Writer:
             self.fail(node, f"{_target_name(target)} is not an ATen operator")
             return
         reused = self.reuse.nodes.get(node.name) if self.reuse is not None else None
-        if reused is not None:
-            self.append_node(node, reused)
+        if reused is not None and reused[0] == _argument_names(node):
+            self.append_node(node, reused[1])
             return
         self.portable = self.sizes is None
         try:
@@ -423,7 +429,7 @@ class _Writer:
             return
         self.add_node(node, entry)
         if self.written is not None and self.portable:
-            self.written.nodes[node.name] = entry
+            self.written.nodes[node.name] = (_argument_names(node), entry)
 
     def add_node(self, node: torch.fx.Node, entry: dict[str, Any]) -> None:
         loc = source_location(node.meta.get("stack_trace"))

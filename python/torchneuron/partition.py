@@ -26,6 +26,7 @@ __all__ = [
     "PartitionResult",
     "find_unsupported",
     "is_compute",
+    "is_host_check",
     "is_op",
     "op_name",
     "partition_graph",
@@ -81,12 +82,35 @@ def is_compute(node: torch.fx.Node) -> bool:
 
 def is_op(node: torch.fx.Node) -> bool:
     """Whether a node is an operator call counted in the stats (not ``getitem``, a size
-    computation or the host drawing a random seed, :func:`rng.next_seed`)."""
+    computation, the host drawing a random seed (:func:`rng.next_seed`) or checking a
+    factorization's ``info`` (:func:`is_host_check`), or a complex tensor read as float pairs
+    and back)."""
     return (
         node.op == "call_function"
         and node.target is not operator.getitem
         and node.target not in fx_json.SCALAR_TARGETS
         and node.target is not rng.next_seed
+        and not is_host_check(node)
+        and node.target not in _COMPLEX_VIEWS
+    )
+
+
+#: The views between a complex tensor and its float32 pairs (:mod:`torchneuron.complex_math`):
+#: the same memory read as either, how a kernel takes and returns complex values.
+_COMPLEX_VIEWS = (torch.ops.aten.view_as_real.default, torch.ops.aten.view_as_complex.default)
+
+
+def is_host_check(node: torch.fx.Node) -> bool:
+    """``torch.linalg``'s check of a factorization's ``info`` (functionalized as
+    ``with_effects(token, _linalg_check_errors, info, ...)``): it raises on the host when a
+    matrix is singular or not positive definite, as torch does after the factorization on
+    every device (a CUDA ``linalg.inv`` synchronizes for it too). It reads a device result;
+    it is not device work."""
+    return (
+        node.op == "call_function"
+        and node.target is torch.ops.higher_order.with_effects
+        and len(node.args) > 1
+        and node.args[1] is torch.ops.aten._linalg_check_errors.default
     )
 
 

@@ -24,11 +24,45 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx
 
-__all__ = ["as_strided_views", "float32_scalar_inputs"]
+__all__ = ["as_strided_views", "float32_scalar_inputs", "splice"]
+
+
+def splice(
+    gm: torch.fx.GraphModule,
+    before: torch.fx.Node,
+    fn: Callable[..., Any],
+    inputs: Sequence[torch.fx.Node],
+) -> Any:
+    """``fn(*inputs)`` traced with the backend's decompositions and inserted into ``gm`` before
+    ``before``, its nodes located at ``before``'s Python line; returns what ``fn`` returns, as
+    nodes of ``gm``. Traced on zeros of the inputs' static shapes (a fake trace here would join
+    the compiler's fake mode and see symbolic sizes). None when the trace made tensor
+    constants, which would have to move into ``gm``."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchneuron.decompositions import neuron_decompositions
+
+    examples = []
+    for node in inputs:
+        value = node.meta["val"]
+        examples.append(torch.zeros(tuple(value.shape), dtype=value.dtype))
+    traced = make_fx(fn, decomposition_table=neuron_decompositions())(*examples)
+    if any(n.op == "get_attr" for n in traced.graph.nodes):
+        return None
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    existing = set(gm.graph.nodes)
+    with gm.graph.inserting_before(before):
+        result = gm.graph.graph_copy(traced.graph, dict(zip(placeholders, inputs, strict=True)))
+    for new in gm.graph.nodes:
+        if new not in existing:
+            new.meta["stack_trace"] = before.meta.get("stack_trace")
+    return result
 
 
 def _contiguous_strides(size: list[int]) -> list[int]:

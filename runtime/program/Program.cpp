@@ -895,11 +895,24 @@ Instruction Parser::parseInstruction(const json &value,
   }
   if (value.contains("waits")) {
     std::string waitsWhere = field(where, "waits");
-    inst.waits = asIntList(value["waits"], waitsWhere);
-    for (size_t i = 0; i < inst.waits.size(); ++i)
-      if (inst.waits[i] < 0)
-        fail(waitsWhere + "[" + std::to_string(i) + "]",
-             "must be a non-negative instruction index");
+    const json &waits = asArray(value["waits"], waitsWhere);
+    for (size_t i = 0; i < waits.size(); ++i) {
+      std::string itemWhere = waitsWhere + "[" + std::to_string(i) + "]";
+      // {"on": k, "when": size expression}: a wait at the sizes where the
+      // expression is positive (size-generic programs).
+      const json *on = &waits[i];
+      if (waits[i].is_object()) {
+        checkKeys(waits[i], {"on", "when"}, itemWhere);
+        on = &requireKey(waits[i], "on", itemWhere);
+        if (asSize(requireKey(waits[i], "when", itemWhere),
+                   field(itemWhere, "when")) <= 0)
+          continue;
+      }
+      int64_t k = asInt(*on, itemWhere);
+      if (k < 0)
+        fail(itemWhere, "must be a non-negative instruction index");
+      inst.waits.push_back(k);
+    }
   }
 
   AffineReader affine = [&](const json &item, const std::string &where) {

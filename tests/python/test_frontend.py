@@ -136,6 +136,24 @@ def test_regions_reuse_the_nodes_the_check_wrote(monkeypatch: pytest.MonkeyPatch
         assert region.document == fx_json.serialize_graph(sub, name="graph")
 
 
+def test_a_reused_entry_names_its_arguments_as_the_region_does() -> None:
+    """A region fused after its producer's receives the producer's value under the name of the
+    getitem of the producer's results: an entry the check wrote naming the value's own node is
+    written anew there."""
+    whole = traced(lambda x: aten.mm.default(x, aten.add.Tensor(x, 1)), torch.randn(4, 4))
+    written = fx_json.Written()
+    fx_json.serialize_graph_lenient(whole, "check", written=written)
+    assert "mm_default" in written.nodes
+
+    def region_of(x: torch.Tensor, getitem_3: torch.Tensor) -> torch.Tensor:
+        return aten.mm.default(x, getitem_3)
+
+    region = traced(region_of, torch.randn(4, 4), torch.randn(4, 4))
+    fresh = fx_json.serialize_graph(region, name="graph")
+    assert fresh["nodes"][0]["args"][1] == {"ref": "getitem_3"}
+    assert fx_json.serialize_graph(region, name="graph", reuse=written) == fresh
+
+
 def test_dedupe_outputs_returns_an_aliased_value_once() -> None:
     gm = traced(lambda x: (lambda y: (y, aten.alias.default(y), y * 2))(x + 1), torch.zeros(3))
     assert frontend.dedupe_outputs(gm) == [0, 0, 1]

@@ -94,3 +94,30 @@ def test_an_op_past_the_time_limit_is_a_crash(coverage: ModuleType) -> None:
     result = coverage.run_op(_Entry("slow", slow), torch.float32, timeout=1)
     assert result.cls == "crash", result
     assert "time limit" in result.detail
+
+
+class _TwoSamples(_Entry):
+    """Two samples: 12 float32 values, then 0-d ones."""
+
+    def sample_inputs(self, device: str, dtype: torch.dtype, **kw: Any) -> Iterator[Any]:
+        from torch.testing._internal.opinfo.core import SampleInput
+
+        yield from super().sample_inputs(device, dtype, **kw)
+        yield SampleInput(torch.tensor(3.0, dtype=dtype))
+
+
+def test_every_sample_counts_and_the_table_says_so(coverage: ModuleType, tmp_path: Path) -> None:
+    def wrong_on_0d(x: torch.Tensor) -> torch.Tensor:
+        # compiled, a 0-d input gets 1 added: only the second sample is wrong
+        shift = 1.0 if torch.compiler.is_compiling() and x.dim() == 0 else 0.0
+        return x.exp() + shift
+
+    entry = _TwoSamples("wrong_on_0d", wrong_on_0d)
+    first = coverage.run_op(entry, torch.float32, timeout=60, samples=1)
+    assert first.cls == "on_device", first
+    every = coverage.run_op(entry, torch.float32, timeout=60, samples=0)
+    assert every.cls == "wrong" and every.detail.startswith("sample 1:"), every
+    table = coverage.table([first, every], "float32", 0)
+    assert "| wrong_on_0d | on_device |  |" in table
+    assert "| wrong_on_0d | wrong |  |" in table
+    assert "every sample" in table

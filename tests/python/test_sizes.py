@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -244,12 +245,33 @@ def test_a_linear_over_rows_compiles_once_for_every_size(real_native: ModuleType
     assert (programs, recompiles) == (1, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue #16: +11..17% when the rest has 2+ tiles: nisa-insert-sync cannot tell the "
-    "GEMM's stores at run-time row offsets from the next op's loads, so those wait for all",
-)
+def test_a_size_generic_linear_has_no_race_at_any_size(
+    real_native: ModuleType, tmp_path: Path
+) -> None:
+    """The size-generic Linear's waits, some of which hold at some sizes only (``when``), leave
+    no race in the modeled schedule of its instance at any row count (the timing model's check
+    raises on a missing wait)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        _linear_silu(), backend="neuron", options={"cache": False, "dump_dir": str(tmp_path)}
+    )
+    x = torch.randn(300, 64)
+    torch._dynamo.mark_dynamic(x, 0)
+    with torch.no_grad():
+        compiled(x)
+    (path,) = tmp_path.glob("graph_*/06-program.json")
+    text = path.read_text()
+    assert '"when"' in text  # waits at some sizes only
+    kernel = real_native.load_program(text, "trn2")
+    ((name, lo, _),) = kernel.params
+    for rows in range(lo, 2200, 7):  # full blocks 0..4, rests of 1..4 tiles
+        kernel.instance({name: rows}).timeline()
+
+
 def test_a_linear_over_rows_takes_the_specialized_time(real_native: ModuleType) -> None:
+    """A size-generic Linear + SiLU takes within 5% of the specialized programs' modeled time:
+    nisa-insert-sync proves the GEMM's stores of full blocks, rest blocks and the short last
+    tile apart from each other and from the next op's loads of other rows, for every size."""
     layer = _linear_silu()
     generic, _, _ = _modeled_runs(False, _LINEAR_ROWS, layer)
     special, programs, recompiles = _modeled_runs(True, _LINEAR_ROWS, layer)

@@ -271,9 +271,8 @@ TEST_CASE("toJson round-trips", "[program]") {
 
 TEST_CASE("dma_copy's DGE mode parses, round-trips and is checked",
           "[program][reject]") {
-  std::string buffers =
-      buffer(0, "hbm", "input", "f32", "[128, 64]") + "," +
-      buffer(1, "sbuf", "scratch", "f32", "[128, 64]");
+  std::string buffers = buffer(0, "hbm", "input", "f32", "[128, 64]") + "," +
+                        buffer(1, "sbuf", "scratch", "f32", "[128, 64]");
   std::string src = view(0, "[128, 64]", "[64, 1]"),
               dst = view(1, "[128, 64]", "[64, 1]");
   auto copy = [&](const std::string &engine, const std::string &dge) {
@@ -1047,6 +1046,47 @@ TEST_CASE("size parameters are checked", "[program][sizes][reject]") {
   CHECK(
       contains(rejected(onChip.insert(1, R"("params": )" + one + ", "), &four),
                "an on-chip buffer's shape is static"));
+}
+
+TEST_CASE("a wait with a size expression holds where it is positive",
+          "[program][sizes][sync]") {
+  std::string copy = R"({"op": "dma_copy", "engine": "sync", "src": )" +
+                     view(0, "[1, 4]", "[4, 1]") + R"(, "dst": )" +
+                     view(1, "[1, 4]", "[4, 1]");
+  // #2 waits on #0 at every size, on #1 where s0 is odd.
+  auto programWith = [&](const std::string &waits) {
+    std::string json = explicitSync(programJson(
+        buffer(0, "hbm", "input", "f32", "[4, 4]") + "," +
+            buffer(1, "hbm", "output", "f32", "[4, 4]"),
+        "0", "1",
+        copy + "}, " + copy + "}, " + copy + R"(, "waits": )" + waits + "}"));
+    json.insert(1, R"("params": [{"name": "s0", "min": 1}], )");
+    return json;
+  };
+  std::string json = programWith(R"j([0, {"on": 1, "when": "mod(s0, 2)"}])j");
+  SizeEnv odd = {{"s0", 3}}, even = {{"s0", 4}};
+  CHECK(Program::parse(json, &odd).body[2].inst.waits ==
+        std::vector<int64_t>{0, 1});
+  CHECK(Program::parse(json, &even).body[2].inst.waits ==
+        std::vector<int64_t>{0});
+  // Only size-generic programs have them; the entry's fields are checked.
+  CHECK(contains(errorOf([&] { Program::parse(json); }),
+                 "size expression 'mod(s0, 2)' in a program without size "
+                 "parameters' values"));
+  CHECK(contains(
+      errorOf([&] { Program::parse(programWith(R"([{"on": 1}])"), &odd); }),
+      "'when'"));
+  CHECK(contains(errorOf([&] {
+                   Program::parse(programWith(R"([{"on": -1, "when": "1"}])"),
+                                  &odd);
+                 }),
+                 "must be a non-negative instruction index"));
+  CHECK(contains(errorOf([&] {
+                   Program::parse(
+                       programWith(R"([{"on": 1, "when": "1", "if": 2}])"),
+                       &odd);
+                 }),
+                 "if"));
 }
 
 TEST_CASE("an instance drops the loops it runs zero times and renumbers waits",

@@ -283,3 +283,101 @@ func.func @unallocated(%x: memref<128x4xf32>) attributes {nisa.kernel, nisa.num_
   nisa.dma_copy %x, %t : memref<128x4xf32>, memref<128x4xf32, #nisa.mem<sbuf>>
   return
 }
+
+// -----
+
+!t = memref<128x64xf32, #nisa.mem<sbuf>>
+
+// Size-generic (issue #16): the full tiles of rows [128 i, 128 i + 128),
+// i < floordiv(n, 128), are stored in a loop counted at run time, then the
+// last rows [n - mod(n, 128), n) in a store of mod(n, 128) rows. For every
+// n they are apart: the last store does not wait for the loop's. A load of
+// rows [0, 128) meets both: the loop's first store wherever the loop runs,
+// the last rows only where they start at 0 (n < 128), a wait at those sizes
+// (nisa.wait_when: where the expression is positive; "" at every size).
+// CHECK-LABEL: func.func @rows_known_at_run_time
+// CHECK: scf.for
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 1 : i64}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 2 : i64, nisa.wait_when = ["", "0 - max({{.*}})"], nisa.waits = array<i64: 0, 1>}
+func.func @rows_known_at_run_time(%x: memref<?x64xf32>, %y: memref<?x64xf32>, %n: index {neuron.size = {min = 1 : i64, name = "s0"}}) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c64 = arith.constant 64 : index
+  %c128 = arith.constant 128 : index
+  %c8192 = arith.constant 8192 : index
+  %t = memref.alloc() {nisa.address = 0 : i64} : !t
+  %u = memref.alloc() {nisa.address = 256 : i64} : !t
+  %w = memref.alloc() {nisa.address = 512 : i64} : !t
+  %full = arith.floordivsi %n, %c128 : index
+  scf.for %i = %c0 to %full step %c1 {
+    %o = arith.muli %i, %c8192 : index
+    %yv = memref.reinterpret_cast %y to offset: [%o], sizes: [128, 64], strides: [64, 1] : memref<?x64xf32> to memref<128x64xf32, strided<[64, 1], offset: ?>>
+    nisa.dma_copy %t, %yv : !t, memref<128x64xf32, strided<[64, 1], offset: ?>>
+  }
+  %rest = arith.remsi %n, %c128 : index
+  %start = arith.subi %n, %rest : index
+  %o2 = arith.muli %start, %c64 : index
+  %yv2 = memref.reinterpret_cast %y to offset: [%o2], sizes: [%rest, 64], strides: [64, 1] : memref<?x64xf32> to memref<?x64xf32, strided<[64, 1], offset: ?>>
+  %uv = memref.reinterpret_cast %u to offset: [0], sizes: [%rest, 64], strides: [64, 1] : !t to memref<?x64xf32, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>
+  nisa.dma_copy %uv, %yv2 : memref<?x64xf32, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>, memref<?x64xf32, strided<[64, 1], offset: ?>>
+  %y0 = memref.reinterpret_cast %y to offset: [0], sizes: [128, 64], strides: [64, 1] : memref<?x64xf32> to memref<128x64xf32, strided<[64, 1], offset: ?>>
+  nisa.dma_copy %y0, %w : memref<128x64xf32, strided<[64, 1], offset: ?>>, !t
+  return
+}
+
+// -----
+
+!t = memref<128x64xf32, #nisa.mem<sbuf>>
+
+// As above with the last rows starting one row early: they overlap the last
+// full tile, so the last store waits for the loop's.
+// CHECK-LABEL: func.func @rows_overlap
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 1 : i64, nisa.waits = array<i64: 0>}
+func.func @rows_overlap(%x: memref<?x64xf32>, %y: memref<?x64xf32>, %n: index {neuron.size = {min = 129 : i64, name = "s0"}}) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c64 = arith.constant 64 : index
+  %c128 = arith.constant 128 : index
+  %c8192 = arith.constant 8192 : index
+  %t = memref.alloc() {nisa.address = 0 : i64} : !t
+  %u = memref.alloc() {nisa.address = 256 : i64} : !t
+  %full = arith.floordivsi %n, %c128 : index
+  scf.for %i = %c0 to %full step %c1 {
+    %o = arith.muli %i, %c8192 : index
+    %yv = memref.reinterpret_cast %y to offset: [%o], sizes: [128, 64], strides: [64, 1] : memref<?x64xf32> to memref<128x64xf32, strided<[64, 1], offset: ?>>
+    nisa.dma_copy %t, %yv : !t, memref<128x64xf32, strided<[64, 1], offset: ?>>
+  }
+  %rest = arith.remsi %n, %c128 : index
+  %start = arith.subi %n, %rest : index
+  %early = arith.subi %start, %c1 : index
+  %more = arith.addi %rest, %c1 : index
+  %o2 = arith.muli %early, %c64 : index
+  %yv2 = memref.reinterpret_cast %y to offset: [%o2], sizes: [%more, 64], strides: [64, 1] : memref<?x64xf32> to memref<?x64xf32, strided<[64, 1], offset: ?>>
+  %uv = memref.reinterpret_cast %u to offset: [0], sizes: [%more, 64], strides: [64, 1] : !t to memref<?x64xf32, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>
+  nisa.dma_copy %uv, %yv2 : memref<?x64xf32, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>, memref<?x64xf32, strided<[64, 1], offset: ?>>
+  return
+}
+
+// -----
+
+!p = memref<128x1024xf32, #nisa.mem<sbuf>>
+
+// A view of a tile at an offset known at run time (slot mod(n, 2) of two
+// 2 KiB slots) may be anywhere in its tile: the read of that slot waits for
+// the write of slot 1 where n is odd, though the slot's constant part is
+// slot 0.
+// CHECK-LABEL: func.func @slot_known_at_run_time
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 1 : i64, nisa.wait_when = ["0 - max(2048*mod(s0, 2) + (-4096), (-2048)*mod(s0, 2))"], nisa.waits = array<i64: 0>}
+func.func @slot_known_at_run_time(%x: memref<128x512xf32>, %y: memref<128x512xf32>, %n: index {neuron.size = {min = 1 : i64, name = "s0"}}) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %c2 = arith.constant 2 : index
+  %c512 = arith.constant 512 : index
+  %p = memref.alloc() {nisa.address = 0 : i64} : !p
+  %s1 = memref.reinterpret_cast %p to offset: [512], sizes: [128, 512], strides: [1024, 1] : !p to memref<128x512xf32, strided<[1024, 1], offset: 512>, #nisa.mem<sbuf>>
+  nisa.dma_copy %x, %s1 : memref<128x512xf32>, memref<128x512xf32, strided<[1024, 1], offset: 512>, #nisa.mem<sbuf>>
+  %slot = arith.remsi %n, %c2 : index
+  %at = arith.muli %slot, %c512 : index
+  %sv = memref.reinterpret_cast %p to offset: [%at], sizes: [128, 512], strides: [1024, 1] : !p to memref<128x512xf32, strided<[1024, 1], offset: ?>, #nisa.mem<sbuf>>
+  nisa.dma_copy %sv, %y : memref<128x512xf32, strided<[1024, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x512xf32>
+  return
+}
