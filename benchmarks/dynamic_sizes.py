@@ -18,6 +18,10 @@ and what a size-generic program costs against the program specialized to one siz
   heads over 8 or 2 key heads, one query row), modeled device time per call from its one
   size-generic program and from the specialized ones.
 
+``--stand-in-attention`` replaces ``F.scaled_dot_product_attention`` by elementwise work (the
+layer: ``v * 2``; generate: ``q * 2``, its heads being grouped): the rest of the model, without the
+attention kernel, which the FlexAttention lowering makes size-generic on its own.
+
 Programs are counted by ``torchneuron.stats()["graphs_compiled"]`` with the persistent compile
 cache off (a cache hit compiles nothing). ``TORCHNEURON_VERBOSE=1`` prints why a graph is
 compiled per size.
@@ -26,8 +30,9 @@ compiled per size.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +137,8 @@ def modeled(lengths: Sequence[int]) -> None:
     print("decoder layer, modeled device us per call: size-generic vs specialized (target <= 5%)")
     for seq in lengths:
         (generic, programs), (special, _) = device_us(False, seq), device_us(True, seq)
-        how = "one program for both sizes" if programs == 1 else "NOT size-generic: per size"
+        # 0: the size-generic program of an earlier length served both (compiled once).
+        how = "one program for both sizes" if programs <= 1 else "NOT size-generic: per size"
         print(
             f"  seq {seq:5d}: {generic:9.1f} vs {special:9.1f}  ({generic / special - 1:+.1%}; "
             f"{how})"
@@ -209,20 +215,48 @@ def decode(lengths: Sequence[int]) -> None:
             print(f"  keys {n:5d}: {g:9.1f} vs {s:9.1f}  ({g / s - 1:+.1%})")
 
 
+@contextlib.contextmanager
+def _attention(stand_in: Callable[..., torch.Tensor] | None) -> Iterator[None]:
+    """F.scaled_dot_product_attention replaced by ``stand_in`` (if any) while in the block."""
+    functional = torch.nn.functional
+    original = functional.scaled_dot_product_attention
+    if stand_in is not None:
+        functional.scaled_dot_product_attention = stand_in  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = original
+
+
+def _values_doubled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any, **__: Any) -> Any:
+    return v * 2.0
+
+
+def _queries_doubled(q: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
+    return q * 2.0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
         "--only", choices=("generate", "sizes", "modeled", "linear", "decode"), default=None
     )
     parser.add_argument("--tokens", type=int, default=64, help="new tokens for generate")
+    parser.add_argument(
+        "--stand-in-attention", action="store_true", help="elementwise work instead of SDPA"
+    )
     args = parser.parse_args(argv)
+    stand_in = args.stand_in_attention
     ok = True
     if args.only in (None, "generate"):
-        ok &= generate(args.tokens)
+        with _attention(_queries_doubled if stand_in else None):
+            ok &= generate(args.tokens)
     if args.only in (None, "sizes"):
-        ok &= sizes([64, 96, 128, 130, 200, 256, 300, 384, 500, 512])
+        with _attention(_values_doubled if stand_in else None):
+            ok &= sizes([64, 96, 128, 130, 200, 256, 300, 384, 500, 512])
     if args.only in (None, "modeled"):
-        modeled([128, 384, 1000])
+        with _attention(_values_doubled if stand_in else None):
+            modeled([128, 384, 1000])
     if args.only in (None, "linear"):
         linear([5, 128, 300, 700, 1700])
     if args.only in (None, "decode"):

@@ -206,6 +206,7 @@ private:
 
   void importNode(const json &n);
   void placeholders(const json &n);
+  void stampDims(Value v, size_t i);
   Value importConstant(const json &c);
 
   const json *node = nullptr;
@@ -406,11 +407,9 @@ RankedTensorType Importer::resultType(size_t i) {
 
 Value Importer::splat(double value, RankedTensorType type) {
   if (!type.hasStaticShape()) {
-    // A constant has static sizes: one element per dynamic dim, broadcast.
-    SmallVector<int64_t> one(type.getShape());
-    for (int64_t &d : one)
-      if (ShapedType::isDynamic(d))
-        d = 1;
+    // A constant has static sizes: one element, broadcast (a splat along
+    // every dim, which a fused group takes as an immediate).
+    SmallVector<int64_t> one(type.getRank(), 1);
     return b.create<BroadcastOp>(currentLoc, type,
                                  splat(value, type.clone(one)));
   }
@@ -660,7 +659,27 @@ void Importer::importNode(const json &n) {
               "internal: shape mismatch for " + target);
       v = castTo(v, expected.getElementType());
     }
+    stampDims(v, i);
     values[{name, (int64_t)i}] = v;
+  }
+}
+
+/// A dynamic result's sizes as the document gives them, on the op that
+/// computes it (`neuron.dims`): the lowering cannot always tell them from
+/// the op's operands (a view that splits rows into [B, S]).
+void Importer::stampDims(Value v, size_t i) {
+  Operation *def = v.getDefiningOp();
+  if (cast<RankedTensorType>(v.getType()).hasStaticShape() || !def ||
+      def->getNumResults() != 1 || def->hasAttr(kDimsAttrName))
+    return;
+  auto it = shapes.find({node->at("name").get<std::string>(), (int64_t)i});
+  if (it == shapes.end())
+    return;
+  try {
+    if (AffineMapAttr dims = dimsAttr(*it->second, symbols, &ctx))
+      def->setAttr(kDimsAttrName, dims);
+  } catch (const Unsupported &) {
+    // min/max sizes: the lowering says what it cannot size.
   }
 }
 

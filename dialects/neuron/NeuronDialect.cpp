@@ -593,6 +593,17 @@ struct SinkTranspose : public OpRewritePattern<OpTy> {
         operands.push_back(t.getInput());
         continue;
       }
+      // A splat broadcast to sizes known only at run time (issue #16) is
+      // broadcast to the permuted ones.
+      if (auto bc = v.template getDefiningOp<BroadcastOp>();
+          bc && !bc.getType().hasStaticShape()) {
+        auto c = bc.getInput().template getDefiningOp<ConstantOp>();
+        if (!c || !isa<SplatElementsAttr>(c.getValue()))
+          return failure();
+        operands.push_back(rewriter.create<BroadcastOp>(
+            bc.getLoc(), bc.getType().clone(shape), bc.getInput()));
+        continue;
+      }
       auto constant = v.template getDefiningOp<ConstantOp>();
       auto splat = constant ? dyn_cast<SplatElementsAttr>(constant.getValue())
                             : SplatElementsAttr();
@@ -606,6 +617,16 @@ struct SinkTranspose : public OpRewritePattern<OpTy> {
     inner->setOperands(operands);
     inner->getResult(0).setType(
         RankedTensorType::get(shape, resultType.getElementType()));
+    // The importer's sizes of the result, permuted as its dims are.
+    if (auto dims = op->template getAttrOfType<AffineMapAttr>(kDimsAttrName)) {
+      AffineMap map = dims.getValue();
+      SmallVector<AffineExpr> permuted(map.getNumResults());
+      for (auto [i, p] : llvm::enumerate(*perm))
+        permuted[p] = map.getResult(i);
+      inner->setAttr(kDimsAttrName,
+                     AffineMapAttr::get(AffineMap::get(
+                         0, map.getNumSymbols(), permuted, op.getContext())));
+    }
     rewriter.replaceOpWithNewOp<TransposeOp>(op, resultType,
                                              inner->getResult(0), *perm);
     return success();

@@ -28,7 +28,9 @@ bool isPredicate(BinaryFn fn);
 /// Size-generic functions (issue #16): a size parameter is an `index`
 /// argument with {name, min, max} under kSizeAttrName; a tensor argument or
 /// result with dynamic dims has its sizes as an affine map from the size
-/// arguments (symbol i is the i-th of them) under kDimsAttrName.
+/// arguments (symbol i is the i-th of them) under kDimsAttrName, and so
+/// may an op with one dynamic result (the importer's, from the document;
+/// passes that change the result's type must change it too or drop it).
 constexpr llvm::StringLiteral kSizeAttrName = "neuron.size";
 constexpr llvm::StringLiteral kDimsAttrName = "neuron.dims";
 } // namespace mlir::neuron

@@ -48,6 +48,9 @@ public:
   /// LowerLayout.cpp.
   void lowerLayout(Operation *op);
   void lowerConcat(ConcatOp op);
+  /// The same over sizes known only at run time (issue #16).
+  LogicalResult lowerDynamicLayout(Operation *op);
+  LogicalResult lowerDynamicConcat(ConcatOp op);
   /// LowerGroup.cpp: a group of elementwise ops (GroupPlan.h).
   LogicalResult lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
                            ArrayRef<std::pair<Value, Value>> inputs,

@@ -62,7 +62,142 @@ reshapedStrides(ArrayRef<int64_t> shape, ArrayRef<int64_t> strides,
     return std::nullopt;
   return out;
 }
+/// reshapedStrides over a window with dynamic sizes (issue #16): each dim
+/// of the result is a run of the window's dims, a dynamic dim only ever
+/// itself (the one dynamic dim of each side: the element counts then make
+/// them equal); nullopt when a run would need a stride known at run time.
+std::optional<SmallVector<int64_t>>
+reshapedDynamicStrides(ArrayRef<int64_t> shape, ArrayRef<int64_t> strides,
+                       ArrayRef<int64_t> newShape) {
+  if (llvm::count_if(shape, ShapedType::isDynamic) != 1 ||
+      llvm::count_if(newShape, ShapedType::isDynamic) != 1)
+    return std::nullopt;
+  // A stride known only at run time (of a dim that is not 1) has no number
+  // to regroup with.
+  for (auto [d, st] : llvm::zip(shape, strides))
+    if (d != 1 && ShapedType::isDynamic(st))
+      return std::nullopt;
+  auto split = [](ArrayRef<int64_t> dims) {
+    auto at = llvm::find_if(dims, ShapedType::isDynamic) - dims.begin();
+    return std::pair(dims.take_front(at), dims.drop_front(at + 1));
+  };
+  auto [inOuter, inInner] = split(shape);
+  auto [outOuter, outInner] = split(newShape);
+  int64_t inAt = inOuter.size();
+  // The dims around the dynamic one reshape statically, each side alone.
+  auto outer = reshapedStrides(inOuter, strides.take_front(inAt), outOuter);
+  auto inner = reshapedStrides(inInner, strides.drop_front(inAt + 1), outInner);
+  if (!outer || !inner)
+    return std::nullopt;
+  SmallVector<int64_t> out(*outer);
+  out.push_back(strides[inAt]);
+  out.append(*inner);
+  return out;
+}
 } // namespace
+
+/// lowerLayout over sizes known only at run time: the same windows, their
+/// strides from the dims (TileBuilder::rowMajorWindow); a window whose
+/// copy would need a dim and its stride both at run time is refused.
+LogicalResult KernelLowering::lowerDynamicLayout(Operation *op) {
+  Value input = op->getOperand(0), result = op->getResult(0);
+  auto refuse = [&](const Twine &why) {
+    return emitError(op->getLoc())
+           << "not size-generic: " << op->getName() << ": " << why << " ("
+           << input.getType() << " -> " << result.getType() << ")";
+  };
+  for (int64_t d = 0; d < tensorType(result).getRank(); ++d)
+    if (tensorType(result).isDynamicDim(d) && !dimOf(result, d))
+      return refuse("the size of dim " + Twine(d) + " is not known");
+  Window in = windowOf(input);
+  auto inShape = tensorType(input).getShape();
+  auto outType = tensorType(result);
+  int64_t rank = outType.getRank();
+  Window out{in.buffer, in.offset, {}, {}};
+  auto dynamicAt = [&](int64_t d) {
+    return in.dynamicStrides.empty() ? Value() : in.dynamicStrides[d];
+  };
+  if (auto t = dyn_cast<TransposeOp>(op)) {
+    for (int64_t p : t.getPermutation()) {
+      out.strides.push_back(in.strides[p]);
+      out.dynamicStrides.push_back(dynamicAt(p));
+    }
+  } else if (isa<BroadcastOp>(op)) {
+    int64_t shift = rank - (int64_t)inShape.size();
+    out.strides.assign(rank, 0);
+    out.dynamicStrides.assign(rank, Value());
+    for (auto [i, d] : llvm::enumerate(inShape))
+      if (d != 1) {
+        out.strides[i + shift] = in.strides[i];
+        out.dynamicStrides[i + shift] = dynamicAt(i);
+      }
+  } else if (auto sl = dyn_cast<SliceOp>(op)) {
+    for (auto [i, st] : llvm::enumerate(in.strides)) {
+      int64_t offset = sl.getOffsets()[i], step = sl.getStrides()[i];
+      if (ShapedType::isDynamic(st) && (offset != 0 || step != 1))
+        return refuse("a slice along a dim whose stride is known only at "
+                      "run time");
+      if (!ShapedType::isDynamic(st))
+        out.offset += st * offset;
+      out.strides.push_back(ShapedType::isDynamic(st) ? st : st * step);
+      out.dynamicStrides.push_back(dynamicAt(i));
+    }
+  } else if (!isWindow(input)) {
+    // A contiguous buffer reshaped is the same buffer.
+    bind(result, in.buffer);
+    return success();
+  } else if (auto strides = reshapedDynamicStrides(inShape, in.strides,
+                                                   outType.getShape())) {
+    out.strides = *strides;
+  } else {
+    // Not a window: the input becomes contiguous first.
+    if (std::string why = whyNotCopyable(in, input); !why.empty())
+      return refuse(why);
+    bind(result, bufferOf(input));
+    return success();
+  }
+  if (llvm::all_of(out.dynamicStrides, [](Value v) { return !v; }))
+    out.dynamicStrides.clear();
+  if (std::string why = whyNotCopyable(out, result); !why.empty())
+    return refuse(why);
+  bindWindow(result, out, op->getLoc());
+  return success();
+}
+
+/// Concat over sizes known only at run time: each input copied into its
+/// place, at an offset the sizes before it give.
+LogicalResult KernelLowering::lowerDynamicConcat(ConcatOp op) {
+  Value result = op.getResult();
+  int64_t dim = op.getDim();
+  SmallVector<Value> values(op.getInputs());
+  values.push_back(result);
+  for (Value v : values)
+    for (int64_t d = 0; d < tensorType(v).getRank(); ++d)
+      if (tensorType(v).isDynamicDim(d) && !dimOf(v, d))
+        return emitError(op->getLoc())
+               << "not size-generic: " << op->getName() << ": the size of dim "
+               << d << " of " << v.getType() << " is not known";
+  Value out = resultBuffer(result);
+  Window dst = rowMajorWindow(result, out);
+  if (std::string why = whyNotCopyable(dst, result); !why.empty())
+    return emitError(op->getLoc())
+           << "not size-generic: " << op->getName() << ": " << why;
+  Value position = index(0);
+  for (Value input : op.getInputs()) {
+    Window src = windowOf(input);
+    // The input's place: the output's strides, its own sizes.
+    Window place = dst;
+    if (std::string why = whyNotCopyable(src, input); !why.empty())
+      return emitError(op->getLoc())
+             << "not size-generic: " << op->getName() << ": " << why;
+    if (!tensorType(input).hasStaticShape() ||
+        tensorType(input).getNumElements() > 0)
+      copyWindow(src, place, input,
+                 b.create<arith::MulIOp>(position, dst.stride(*this, dim)));
+    position = addOffsets(position, dimOf(input, dim));
+  }
+  return success();
+}
 
 /// Transpose, broadcast, slice and reshape move no data here: the result
 /// is a window of the input's buffer, copied only if a consumer needs it
@@ -127,13 +262,20 @@ struct ConstantPattern : OpTilePattern<ConstantPattern, ConstantOp> {
 };
 struct ViewPattern
     : OpTilePattern<ViewPattern, ReshapeOp, TransposeOp, BroadcastOp, SliceOp> {
+  bool isSizeGeneric(Operation *) const override { return true; }
   LogicalResult lowerOp(Operation *op, KernelLowering &k) const {
+    if (!tensorType(op->getOperand(0)).hasStaticShape() ||
+        !tensorType(op->getResult(0)).hasStaticShape())
+      return k.lowerDynamicLayout(op);
     k.lowerLayout(op);
     return success();
   }
 };
 struct ConcatPattern : OpTilePattern<ConcatPattern, ConcatOp> {
+  bool isSizeGeneric(Operation *) const override { return true; }
   LogicalResult lowerOp(ConcatOp op, KernelLowering &k) const {
+    if (!op.getType().hasStaticShape())
+      return k.lowerDynamicConcat(op);
     k.lowerConcat(op);
     return success();
   }

@@ -134,10 +134,17 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
   b.setLoc(ret.getLoc());
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     Value dst = entry->getArgument(numInputs + i);
-    if (!tensorType(v).hasStaticShape() && boundBuffer(v) != dst)
-      return emitError(ret.getLoc())
-             << "not size-generic: result " << i
-             << " is an input or a view of one (" << v.getType() << ")";
+    if (!tensorType(v).hasStaticShape()) {
+      // An input or a view of one, returned: copied into its output.
+      if (boundBuffer(v) == dst)
+        continue;
+      Window src = windowOf(v);
+      if (std::string why = whyNotCopyable(src, v); !why.empty())
+        return emitError(ret.getLoc()) << "not size-generic: result " << i
+                                       << " (" << v.getType() << "): " << why;
+      copyWindow(src, rowMajorWindow(v, dst), v);
+      continue;
+    }
     Value src = bufferOf(v);
     if (src == dst || tensorType(v).getNumElements() == 0)
       continue;

@@ -4,6 +4,7 @@
 #include "passes/tile/TileBuilder.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/ScopeExit.h"
 
 using namespace mlir;
 using namespace mlir::neuron;
@@ -73,27 +74,142 @@ Value TileBuilder::dimOf(Value tensor, int64_t d) {
   auto type = tensorType(tensor);
   if (!type.isDynamicDim(d))
     return index(type.getDimSize(d));
-  if (auto it = buffers.find(tensor); it != buffers.end())
-    return bufferDim(it->second, d);
-  if (auto it = destinations.find(tensor); it != destinations.end())
-    return bufferDim(it->second, d);
+  // A buffer tells its dims when it has this tensor's shape (a reshape
+  // aliases its input's buffer).
+  auto sameShape = [&](Value buffer) {
+    return cast<MemRefType>(buffer.getType()).getShape() == type.getShape();
+  };
+  if (auto it = buffers.find(tensor);
+      it != buffers.end() && sameShape(it->second))
+    if (Value v = bufferDim(it->second, d))
+      return v;
+  if (auto it = destinations.find(tensor);
+      it != destinations.end() && sameShape(it->second))
+    if (Value v = bufferDim(it->second, d))
+      return v;
+  // Inside a fused group: an argument is its operand.
+  if (auto arg = dyn_cast<BlockArgument>(tensor))
+    if (auto fusion = dyn_cast<FusionOp>(arg.getOwner()->getParentOp()))
+      return dimOf(fusion.getInputs()[arg.getArgNumber()], d);
   Operation *def = tensor.getDefiningOp();
+  if (!def)
+    return {};
+  if (auto fusion = dyn_cast<FusionOp>(def)) {
+    auto yield = cast<YieldOp>(fusion.getBody().front().getTerminator());
+    return dimOf(yield.getValues()[cast<OpResult>(tensor).getResultNumber()],
+                 d);
+  }
+  if (auto t = dyn_cast<TransposeOp>(def))
+    return dimOf(t.getInput(), t.getPermutation()[d]);
+  if (auto bc = dyn_cast<BroadcastOp>(def)) {
+    auto in = tensorType(bc.getInput());
+    int64_t shift = type.getRank() - in.getRank();
+    if (d >= shift && in.isDynamicDim(d - shift))
+      if (Value v = dimOf(bc.getInput(), d - shift))
+        return v;
+    if (Value v = stampedDim(def, d))
+      return v;
+    // Broadcast to what an elementwise user combines it with (once per
+    // broadcast: that may lead back here).
+    if (!resolving.insert(def).second)
+      return {};
+    auto done = llvm::make_scope_exit([&] { resolving.erase(def); });
+    for (Operation *user : def->getUsers()) {
+      if (!isa<UnaryOp, BinaryOp, SelectOp, CastOp>(user) ||
+          tensorType(user->getResult(0)).getShape() != type.getShape())
+        continue;
+      for (Value operand : user->getOperands())
+        if (operand != tensor && !operand.getDefiningOp<BroadcastOp>())
+          if (Value v = dimOf(operand, d))
+            return v;
+      if (Value v = stampedDim(user, d))
+        return v;
+    }
+    return {};
+  }
+  if (auto r = dyn_cast<ReshapeOp>(def)) {
+    if (Value v = reshapedDim(r, d))
+      return v;
+    return stampedDim(def, d);
+  }
+  if (auto c = dyn_cast<ConcatOp>(def)) {
+    if ((int64_t)c.getDim() != d)
+      return dimOf(c.getInputs().front(), d);
+    Value sum;
+    for (Value input : c.getInputs()) {
+      Value n = dimOf(input, d);
+      if (!n)
+        return {};
+      sum = sum ? b.create<arith::AddIOp>(sum, n).getResult() : n;
+    }
+    return sum;
+  }
   // Elementwise ops keep their operands' dims; a reduction keeps the
   // leading ones; a matmul's rows are its lhs's.
-  if (isa_and_nonnull<UnaryOp, BinaryOp, SelectOp, CastOp, FusionOp>(def)) {
+  if (isa<UnaryOp, BinaryOp, SelectOp, CastOp>(def)) {
     for (Value operand : def->getOperands()) {
       auto t = tensorType(operand);
       if (t.getRank() == type.getRank() && t.isDynamicDim(d))
         if (Value v = dimOf(operand, d))
           return v;
     }
-    return {};
   }
-  if (auto r = dyn_cast_or_null<ReduceOp>(def))
+  if (auto r = dyn_cast<ReduceOp>(def))
     return dimOf(r.getInput(), d);
-  if (auto m = dyn_cast_or_null<MatmulOp>(def))
+  if (auto m = dyn_cast<MatmulOp>(def))
     return d + 1 < type.getRank() ? dimOf(m.getLhs(), d) : dimOf(m.getRhs(), d);
-  return {};
+  return stampedDim(def, d);
+}
+
+/// Dim `d` of `op`'s result from the importer's sizes of it (the last
+/// resort: the operands tell it otherwise), if they fit its type.
+Value TileBuilder::stampedDim(Operation *op, int64_t d) {
+  auto dims = op->getAttrOfType<AffineMapAttr>(kDimsAttrName);
+  auto type = tensorType(op->getResult(0));
+  if (!dims || !entry || dims.getValue().getNumResults() != type.getRank())
+    return {};
+  for (auto [i, e] : llvm::enumerate(dims.getValue().getResults())) {
+    auto c = dyn_cast<AffineConstantExpr>(e);
+    if (type.isDynamicDim(i) == bool(c) ||
+        (c && c.getValue() != type.getDimSize(i)))
+      return {};
+  }
+  SmallVector<Value> sizes;
+  for (BlockArgument a : entry->getArguments())
+    if (a.getType().isIndex())
+      sizes.push_back(a);
+  if (dims.getValue().getNumSymbols() != sizes.size())
+    return {};
+  return sizeValue(dims.getValue().getResult(d), sizes);
+}
+
+/// A reshape's one dynamic dim from the element count: the product of the
+/// input's dynamic dims times its static ones over the result's static ones.
+Value TileBuilder::reshapedDim(ReshapeOp op, int64_t d) {
+  auto in = tensorType(op.getInput()), out = op.getType();
+  if (llvm::count_if(out.getShape(), ShapedType::isDynamic) != 1)
+    return {};
+  int64_t staticIn = 1, staticOut = 1;
+  Value dynamic;
+  for (int64_t i = 0; i < in.getRank(); ++i) {
+    if (!in.isDynamicDim(i)) {
+      staticIn *= in.getDimSize(i);
+      continue;
+    }
+    Value n = dimOf(op.getInput(), i);
+    if (!n)
+      return {};
+    dynamic = dynamic ? b.create<arith::MulIOp>(dynamic, n).getResult() : n;
+  }
+  for (int64_t i = 0; i < out.getRank(); ++i)
+    if (i != d)
+      staticOut *= out.getDimSize(i);
+  if (!dynamic || staticOut == 0)
+    return {};
+  if (staticIn % staticOut == 0)
+    return scale(dynamic, staticIn / staticOut);
+  return b.create<arith::FloorDivSIOp>(scale(dynamic, staticIn),
+                                       index(staticOut));
 }
 
 Value TileBuilder::bufferDim(Value buffer, int64_t d) {
@@ -244,7 +360,9 @@ Value TileBuilder::bufferOf(Value tensor) {
     LocScope at(b, lazy.loc);
     auto shape = tensorType(tensor).getShape();
     Value out = resultBuffer(tensor);
-    if (tensorType(tensor).getNumElements() == 0)
+    if (!tensorType(tensor).hasStaticShape())
+      copyWindow(lazy.window, rowMajorWindow(tensor, out), tensor);
+    else if (tensorType(tensor).getNumElements() == 0)
       ; // nothing to move
     else if (shape.empty())
       dma(view(lazy.window.buffer, index(lazy.window.offset), {1}, {1}),
@@ -278,7 +396,122 @@ TileBuilder::Window TileBuilder::windowOf(Value tensor) {
   if (auto it = lazyViews.find(tensor); it != lazyViews.end())
     return it->second.window;
   auto shape = tensorType(tensor).getShape();
+  if (!tensorType(tensor).hasStaticShape())
+    return rowMajorWindow(tensor, bufferOf(tensor));
   return {bufferOf(tensor), 0, contiguousStrides(shape)};
+}
+
+TileBuilder::Window TileBuilder::rowMajorWindow(Value tensor, Value buffer) {
+  auto type = tensorType(tensor);
+  int64_t rank = type.getRank();
+  Window w{buffer, 0, SmallVector<int64_t>(rank, 0), {}};
+  int64_t stride = 1;
+  Value dynamic; // the run-time factor of the stride, once a dim is dynamic
+  for (int64_t d = rank - 1; d >= 0; --d) {
+    if (type.getDimSize(d) != 1) {
+      if (!dynamic) {
+        w.strides[d] = stride;
+      } else {
+        w.strides[d] = ShapedType::kDynamic;
+        w.dynamicStrides.resize(rank);
+        w.dynamicStrides[d] = scale(dynamic, stride);
+      }
+    }
+    if (!type.isDynamicDim(d)) {
+      stride *= type.getDimSize(d);
+      continue;
+    }
+    Value n = dimOf(tensor, d);
+    if (!n) { // whyNotCopyable says so
+      w.strides[d] = ShapedType::kDynamic;
+      w.dynamicStrides.resize(rank);
+      return w;
+    }
+    dynamic = dynamic ? b.create<arith::MulIOp>(dynamic, n).getResult() : n;
+  }
+  return w;
+}
+
+SmallVector<OpFoldResult> TileBuilder::mixedShape(Value tensor) {
+  SmallVector<OpFoldResult> shape;
+  auto type = tensorType(tensor);
+  for (int64_t d = 0; d < type.getRank(); ++d)
+    shape.push_back(type.isDynamicDim(d) ? OpFoldResult(dimOf(tensor, d))
+                                         : b.getIndexAttr(type.getDimSize(d)));
+  return shape;
+}
+
+/// The copies of copyWindow unroll the dims whose stride is known only at
+/// run time; more than this many copies would bloat the program.
+static constexpr int64_t kMaxUnrolledCopies = 64;
+
+std::string TileBuilder::whyNotCopyable(const Window &window, Value tensor) {
+  auto type = tensorType(tensor);
+  Window dense = rowMajorWindow(tensor, window.buffer);
+  int64_t copies = 1;
+  for (int64_t d = 0; d < type.getRank(); ++d) {
+    if (type.isDynamicDim(d) && !dimOf(tensor, d))
+      return "the size of dim " + std::to_string(d) + " is not known";
+    bool dynamicStride = ShapedType::isDynamic(window.strides[d]) ||
+                         ShapedType::isDynamic(dense.strides[d]);
+    if (ShapedType::isDynamic(window.strides[d]) && !window.dynamicStrides[d])
+      return "the stride of dim " + std::to_string(d) + " is not known";
+    if (!dynamicStride)
+      continue;
+    if (type.isDynamicDim(d))
+      return "dim " + std::to_string(d) +
+             " and its stride are both known only at run time";
+    copies *= type.getDimSize(d);
+  }
+  if (copies > kMaxUnrolledCopies)
+    return "a copy in " + std::to_string(copies) +
+           " pieces (strides known only at run time)";
+  return "";
+}
+
+void TileBuilder::copyWindow(const Window &src, const Window &dst, Value tensor,
+                             Value dstOffset) {
+  auto type = tensorType(tensor);
+  int64_t rank = type.getRank();
+  SmallVector<OpFoldResult> sizes = mixedShape(tensor);
+  SmallVector<int64_t> unrolled, kept;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (ShapedType::isDynamic(src.strides[d]) ||
+        ShapedType::isDynamic(dst.strides[d]))
+      unrolled.push_back(d);
+    else if (type.getDimSize(d) != 1)
+      kept.push_back(d);
+  }
+  int64_t copies = 1;
+  for (int64_t d : unrolled)
+    copies *= type.getDimSize(d);
+  for (int64_t c = 0; c < copies; ++c) {
+    Value from = index(src.offset), to = index(dst.offset);
+    if (dstOffset)
+      to = addOffsets(to, dstOffset);
+    for (int64_t i = unrolled.size(), rest = c; i-- > 0;) {
+      int64_t d = unrolled[i], at = rest % type.getDimSize(d);
+      rest /= type.getDimSize(d);
+      if (at == 0)
+        continue;
+      from = addOffsets(from, scale(src.stride(*this, d), at));
+      to = addOffsets(to, scale(dst.stride(*this, d), at));
+    }
+    SmallVector<OpFoldResult> shape;
+    SmallVector<int64_t> srcStrides, dstStrides;
+    for (int64_t d : kept) {
+      shape.push_back(sizes[d]);
+      srcStrides.push_back(src.strides[d]);
+      dstStrides.push_back(dst.strides[d]);
+    }
+    if (shape.empty()) {
+      shape.push_back(b.getIndexAttr(1));
+      srcStrides.push_back(1);
+      dstStrides.push_back(1);
+    }
+    dma(view(src.buffer, from, shape, srcStrides),
+        view(dst.buffer, to, shape, dstStrides));
+  }
 }
 
 /// Runs `body(i)` for i in [0, count): once inline when count is 1, else

@@ -22,6 +22,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 namespace mlir::neuron {
 
@@ -111,6 +112,9 @@ public:
   /// Dim `d` of `tensor` as an index: a constant, or computed from the size
   /// arguments; null when the lowering cannot tell it from what it has.
   Value dimOf(Value tensor, int64_t d);
+  /// Dim `d` of a reshape's result, its only dynamic one.
+  Value reshapedDim(ReshapeOp op, int64_t d);
+  Value stampedDim(Operation *op, int64_t d);
   /// Dim `d` of an HBM buffer: its alloc's size operand, or its kernel
   /// argument's `neuron.dims` over the size arguments.
   Value bufferDim(Value buffer, int64_t d);
@@ -174,6 +178,17 @@ public:
     Value buffer;
     int64_t offset = 0;
     SmallVector<int64_t> strides;
+    /// Strides known only at run time (issue #16; kDynamic in `strides`),
+    /// null for the others; empty when there are none.
+    SmallVector<Value> dynamicStrides;
+    bool hasDynamicStrides() const {
+      return llvm::any_of(strides, ShapedType::isDynamic);
+    }
+    /// Stride `d` as an index value.
+    Value stride(TileBuilder &k, int64_t d) const {
+      return ShapedType::isDynamic(strides[d]) ? dynamicStrides[d]
+                                               : k.index(strides[d]);
+    }
   };
   static MemRefType hbmType(RankedTensorType t) {
     return MemRefType::get(t.getShape(), t.getElementType());
@@ -182,6 +197,18 @@ public:
   /// a constant materialized, on first use).
   Value bufferOf(Value tensor);
   Window windowOf(Value tensor);
+  /// A row-major window of `tensor` (dynamic sizes: strides from its dims;
+  /// size-1 dims stride 0).
+  Window rowMajorWindow(Value tensor, Value buffer);
+  /// Why a window of `tensor` with dynamic sizes cannot be copied by
+  /// copyWindow, or "" when it can.
+  std::string whyNotCopyable(const Window &window, Value tensor);
+  /// dst = src, windows of `tensor`'s dynamic sizes: one DMA per index of
+  /// the dims whose stride is known only at run time (unrolled).
+  void copyWindow(const Window &src, const Window &dst, Value tensor,
+                  Value dstOffset = {});
+  /// Dim sizes of `tensor`, run-time ones as index values.
+  SmallVector<OpFoldResult> mixedShape(Value tensor);
   /// The buffer a result is computed into: its output argument if the
   /// function returns it, else a new HBM buffer.
   Value resultBuffer(Value result);
@@ -218,6 +245,8 @@ private:
   };
   DenseMap<Value, LazyView> lazyViews;
   SmallVector<SmallVector<Value>> scopeTiles;
+  /// Broadcasts whose dims dimOf is looking for among their users.
+  llvm::SmallPtrSet<Operation *, 4> resolving;
   unsigned constantCount = 0;
 };
 

@@ -186,13 +186,21 @@ def _norm_softmax(x: torch.Tensor) -> torch.Tensor:
     return torch.softmax(h, -1)
 
 
+def _rows(rows: int) -> tuple[torch.Tensor, ...]:
+    x = torch.randn(rows, 64)
+    torch._dynamo.mark_dynamic(x, 0)
+    return (x,)
+
+
 def _modeled_runs(
     specialize: bool,
     sizes: tuple[int, ...],
-    fn: Callable[[torch.Tensor], torch.Tensor] = _norm_softmax,
+    fn: Callable[..., Any] = _norm_softmax,
+    inputs: Callable[[int], tuple[torch.Tensor, ...]] = _rows,
 ) -> tuple[list[float], int, int]:
-    """Modeled device ns of ``fn`` compiled with its rows dynamic, at each of ``sizes``
-    (checked against eager), and the programs compiled and recompiles."""
+    """Modeled device ns of ``fn`` compiled with a dynamic size, at each of ``sizes`` (its
+    ``inputs`` at that size, [size, 64] rows by default; checked against eager), and the
+    programs compiled and recompiles."""
     torch._dynamo.reset()
     compiled = torch.compile(
         fn,
@@ -201,13 +209,12 @@ def _modeled_runs(
     )
     before = torchneuron.stats()
     times = []
-    for rows in sizes:
-        x = torch.randn(rows, 64)
-        torch._dynamo.mark_dynamic(x, 0)
+    for size in sizes:
+        args = inputs(size)
         with torchneuron.profile() as prof, torch.no_grad():
-            out = compiled(x)
+            out = compiled(*args)
         with torch.no_grad():
-            torch.testing.assert_close(out, fn(x))
+            torch.testing.assert_close(out, fn(*args))
         times.append(prof.total_device_ns)
     after = torchneuron.stats()
     compiled_programs = after["graphs_compiled"] - before["graphs_compiled"]
@@ -399,3 +406,160 @@ def test_the_generic_attention_form_refuses_what_one_program_cannot_do() -> None
         sdpa._generic_form(q, k, None, True, None, grad)
     form = sdpa._generic_form(k, k, None, True, None, grad)
     assert form.blocks is not None and form.blocks.tolist() == [[[[1]]]]  # one class: partial
+
+
+class _DecoderLayer(torch.nn.Module):
+    """benchmarks/kernels.py's decoder layer (RMSNorm, q/k/v projections split into heads, an
+    output projection, a SiLU-gated MLP) with a stand-in for attention that is elementwise over
+    the heads (attention itself is the FlexAttention lowering's)."""
+
+    def __init__(self, hidden: int = 256, heads: int = 4, intermediate: int = 512) -> None:
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.norm = torch.nn.RMSNorm(hidden, eps=1e-6)
+        self.qkv = torch.nn.ModuleList(
+            torch.nn.Linear(hidden, hidden, bias=False) for _ in range(3)
+        )
+        self.o_proj = torch.nn.Linear(hidden, hidden, bias=False)
+        self.mlp_norm = torch.nn.RMSNorm(hidden, eps=1e-6)
+        self.gate = torch.nn.Linear(hidden, intermediate, bias=False)
+        self.up = torch.nn.Linear(hidden, intermediate, bias=False)
+        self.down = torch.nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        h = self.norm(x)
+        q, k, v = (p(h).view(b, s, -1, self.head_dim).transpose(1, 2) for p in self.qkv)
+        a = v * 2.0 + q * k
+        x = x + self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
+        m = self.mlp_norm(x)
+        return x + self.down(torch.nn.functional.silu(self.gate(m)) * self.up(m))
+
+
+def _decoder_layer() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return _DecoderLayer().eval()
+
+
+def _sequence(length: int) -> tuple[torch.Tensor, ...]:
+    x = torch.randn(1, length, 256)
+    torch._dynamo.mark_dynamic(x, 1)
+    return (x,)
+
+
+# A short tile, a full one, a rest of two tiles, and longer ones (rows are the sequence, and
+# 4 * length rows of 64 for the heads).
+_SEQUENCES = (5, 17, 128, 130, 300)
+
+
+def test_a_decoder_layer_compiles_once_for_every_sequence_length(
+    real_native: ModuleType,
+) -> None:
+    """Norms over [1, S, D], Linears on 3-d activations, heads split and joined by views and
+    transposes: one size-generic program for every sequence length, with eager's numbers."""
+    _, programs, recompiles = _modeled_runs(False, _SEQUENCES, _decoder_layer(), _sequence)
+    assert (programs, recompiles) == (1, 0)
+
+
+class _NormLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(256, eps=1e-6)
+        self.linear = torch.nn.Linear(256, 512)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.silu(self.linear(self.norm(x)))
+
+
+def _batch(n: int) -> tuple[torch.Tensor, ...]:
+    x = torch.randn(n, 7, 256)
+    torch._dynamo.mark_dynamic(x, 0)
+    return (x,)
+
+
+def _batch_and_sequence(n: int) -> tuple[torch.Tensor, ...]:
+    x = torch.randn(n, 2 * n + 1, 256)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.mark_dynamic(x, 1)
+    return (x,)
+
+
+@pytest.mark.parametrize(
+    ("fn", "inputs"),
+    [(_decoder_layer, _batch), (_NormLinear, _batch_and_sequence)],
+    ids=["decoder-layer-batch", "norm-linear-batch-and-sequence"],
+)
+def test_a_batch_known_at_run_time_compiles_once(
+    fn: Callable[[], torch.nn.Module],
+    inputs: Callable[[int], tuple[torch.Tensor, ...]],
+    real_native: ModuleType,
+) -> None:
+    """The batch dynamic too: a decoder layer over [B, 7, 256]; a norm and a Linear over
+    [B, S, 256] with both dynamic (rows B * S, split back into [B, S] by the importer's sizes of
+    the view)."""
+    torch.manual_seed(0)
+    _, programs, recompiles = _modeled_runs(False, (2, 3, 5, 9, 17), fn().eval(), inputs)
+    assert (programs, recompiles) == (1, 0)
+
+
+def _cache_update(
+    past_k: torch.Tensor, past_v: torch.Tensor, x: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step's KV cache update (Transformers' DynamicCache): the new token's keys and
+    values, split into heads, appended along the sequence; returned as attention would read
+    them."""
+    kv = (x @ w).view(1, 1, 2, 2, 32).permute(2, 0, 3, 1, 4)
+    k = torch.cat([past_k, kv[0]], dim=-2)
+    v = torch.cat([past_v, kv[1]], dim=-2)
+    return k, v * 0.5
+
+
+def _cache(length: int) -> tuple[torch.Tensor, ...]:
+    past_k, past_v = torch.randn(1, 2, length, 32), torch.randn(1, 2, length, 32)
+    torch._dynamo.mark_dynamic(past_k, 2)
+    torch._dynamo.mark_dynamic(past_v, 2)
+    torch.manual_seed(1)
+    return past_k, past_v, torch.randn(1, 1, 64), torch.randn(64, 128)
+
+
+def test_a_kv_cache_update_compiles_once_for_every_length(real_native: ModuleType) -> None:
+    """torch.cat along a sequence known only at run time: each input copied into its place."""
+    _, programs, recompiles = _modeled_runs(False, (3, 9, 64, 129, 300), _cache_update, _cache)
+    assert (programs, recompiles) == (1, 0)
+
+
+def test_a_llama_decode_step_without_attention_compiles_once(
+    real_native: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Transformers' Llama generate(): every decode step but its attention (the FlexAttention
+    lowering's; here an elementwise stand-in) is size-generic: rotary embeddings, the KV cache
+    updated by torch.cat along the cache length, heads, norms and MLPs. The prefill, the first
+    decode step (Dynamo's static try) and one program for every later length."""
+    import transformers as hf
+
+    def stand_in(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return q * 2.0
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", stand_in)
+    torch.manual_seed(0)
+    config = hf.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    model = hf.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 256, (1, 10))
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=12, do_sample=False)
+        torch._dynamo.reset()
+        model.forward = torch.compile(model.forward, backend="neuron", options={"cache": False})
+        before = torchneuron.stats()
+        actual = model.generate(ids, max_new_tokens=12, do_sample=False)
+    after = torchneuron.stats()
+    assert torch.equal(actual, expected)
+    assert after["graphs_compiled"] - before["graphs_compiled"] == 3
+    assert after["recompiles"] == before["recompiles"]

@@ -2,6 +2,10 @@
 
 // Identity layout ops and casts disappear; reshape chains collapse; a
 // broadcast of a splat is a splat.
+
+// The permuted sizes of @sink_transpose_dynamic's multiply (printed first).
+// CHECK: #[[DYNDIMS:.*]] = affine_map<()[s0] -> (s0, 4, 8)>
+
 // CHECK-LABEL: func.func @identities
 func.func @identities(%a: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<32xf32>, tensor<2x4xf32>) {
   // CHECK-NOT: neuron.transpose
@@ -36,6 +40,26 @@ func.func @sink_transpose(%x: tensor<4x8xf32>, %w: tensor<4x2xf32>) -> tensor<8x
   %e = neuron.unary exp %m : tensor<8x4xf32> -> tensor<8x4xf32>
   %r = neuron.matmul %e, %w : tensor<8x4xf32>, tensor<4x2xf32> -> tensor<8x2xf32>
   return %r : tensor<8x2xf32>
+}
+
+// Over sizes known only at run time (issue #16): a splat is a broadcast
+// constant, broadcast to the permuted sizes; the importer's sizes of the
+// result (neuron.dims) are permuted with it. The transposes there and back
+// are then windows of the result's buffer (a decoder layer's heads move no
+// data for elementwise work).
+// CHECK-LABEL: func.func @sink_transpose_dynamic
+// CHECK: %[[C:.*]] = neuron.constant dense<2.000000e+00> : tensor<1x1x1xf32>
+// CHECK: %[[B:.*]] = neuron.broadcast %[[C]] : tensor<1x1x1xf32> -> tensor<?x4x8xf32>
+// CHECK: %[[M:.*]] = neuron.binary mul %arg0, %[[B]] {neuron.dims = #[[DYNDIMS]]} : tensor<?x4x8xf32>, tensor<?x4x8xf32> -> tensor<?x4x8xf32>
+// CHECK: %[[T:.*]] = neuron.transpose %[[M]], [1, 0, 2]
+// CHECK: neuron.transpose %[[T]], [1, 0, 2]
+func.func @sink_transpose_dynamic(%x: tensor<?x4x8xf32>) -> tensor<?x4x8xf32> {
+  %t = neuron.transpose %x, [1, 0, 2] : tensor<?x4x8xf32> -> tensor<4x?x8xf32>
+  %c = neuron.constant dense<2.0> : tensor<1x1x1xf32>
+  %b = neuron.broadcast %c : tensor<1x1x1xf32> -> tensor<4x?x8xf32>
+  %m = neuron.binary mul %t, %b {neuron.dims = affine_map<()[s0] -> (4, s0, 8)>} : tensor<4x?x8xf32>, tensor<4x?x8xf32> -> tensor<4x?x8xf32>
+  %r = neuron.transpose %m, [1, 0, 2] : tensor<4x?x8xf32> -> tensor<?x4x8xf32>
+  return %r : tensor<?x4x8xf32>
 }
 
 // Different permutations, or an operand that is neither a transpose nor a

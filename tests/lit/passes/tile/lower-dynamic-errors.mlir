@@ -4,10 +4,30 @@
 // size-generic is refused at its location, never tiled for a wrong size:
 // the Python backend then compiles a specialization for the call's sizes.
 
-func.func @transpose(%a: tensor<?x4xf32> {neuron.dims = affine_map<()[s0] -> (s0, 4)>}, %n: index {neuron.size = {name = "s0", min = 1 : i64}}) -> tensor<4x?xf32> {
-  // expected-error @+1 {{not size-generic: neuron.transpose on dynamic sizes ('tensor<4x?xf32>')}}
-  %0 = neuron.transpose %a, [1, 0] : tensor<?x4xf32> -> tensor<4x?xf32>
-  return %0 : tensor<4x?xf32>
+// A transposed view whose copy would take one DMA per row of 100 (their
+// stride is known only at run time): refused where it is taken.
+func.func @transpose(%a: tensor<?x100xf32> {neuron.dims = affine_map<()[s0] -> (s0, 100)>}, %n: index {neuron.size = {name = "s0", min = 1 : i64}}) -> tensor<100x?xf32> {
+  // expected-error @+1 {{not size-generic: neuron.transpose: a copy in 100 pieces (strides known only at run time)}}
+  %0 = neuron.transpose %a, [1, 0] : tensor<?x100xf32> -> tensor<100x?xf32>
+  return %0 : tensor<100x?xf32>
+}
+
+// -----
+
+// Two dynamic dims out of one, with no sizes from the importer.
+func.func @split(%a: tensor<?x4xf32> {neuron.dims = affine_map<()[s0, s1] -> (s0 * s1, 4)>}, %m: index {neuron.size = {name = "s0", min = 1 : i64}}, %n: index {neuron.size = {name = "s1", min = 1 : i64}}) -> tensor<?x?x4xf32> {
+  // expected-error @+1 {{not size-generic: neuron.reshape: the size of dim 0 is not known}}
+  %0 = neuron.reshape %a : tensor<?x4xf32> -> tensor<?x?x4xf32>
+  return %0 : tensor<?x?x4xf32>
+}
+
+// -----
+
+// A copy over a dim whose size and stride are both known only at run time.
+func.func @transpose2(%a: tensor<?x?xf32> {neuron.dims = affine_map<()[s0, s1] -> (s0, s1)>}, %m: index {neuron.size = {name = "s0", min = 1 : i64}}, %n: index {neuron.size = {name = "s1", min = 1 : i64}}) -> (tensor<?x?xf32> {neuron.dims = affine_map<()[s0, s1] -> (s1, s0)>}) {
+  // expected-error @+1 {{not size-generic: neuron.transpose: dim 0 and its stride are both known only at run time}}
+  %0 = neuron.transpose %a, [1, 0] : tensor<?x?xf32> -> tensor<?x?xf32>
+  return %0 : tensor<?x?xf32>
 }
 
 // -----
@@ -40,4 +60,15 @@ func.func @matmul_batched_rows(%a: tensor<2x?x64xf32> {neuron.dims = affine_map<
   // expected-error @+1 {{not size-generic: neuron.matmul: batch dims with rows known only at run time}}
   %0 = neuron.matmul %a, %b : tensor<2x?x64xf32>, tensor<2x64x8xf32> -> tensor<2x?x8xf32>
   return %0 : tensor<2x?x8xf32>
+}
+
+// -----
+
+// A broadcast whose users tell its rows only through itself (no loop).
+func.func @broadcast_cycle(%x: tensor<?x4xf32> {neuron.dims = affine_map<()[s0] -> (s0, 4)>}, %w: tensor<4xf32>, %n: index {neuron.size = {name = "s0", min = 1 : i64}}) -> (tensor<?x4xf32> {neuron.dims = affine_map<()[s0] -> (s0, 4)>}) {
+  // expected-error @+1 {{not size-generic: neuron.broadcast: the size of dim 0 is not known ('tensor<4xf32>' -> 'tensor<?x4xf32>')}}
+  %b = neuron.broadcast %w : tensor<4xf32> -> tensor<?x4xf32>
+  %e = neuron.unary exp %b : tensor<?x4xf32> -> tensor<?x4xf32>
+  %y = neuron.binary add %b, %e : tensor<?x4xf32>, tensor<?x4xf32> -> tensor<?x4xf32>
+  return %y : tensor<?x4xf32>
 }
