@@ -1,7 +1,7 @@
 """Programs for every size (issue #16): how many programs a model compiles when its sizes change,
 and what a size-generic program costs against the program specialized to one size.
 
-    .venv/bin/python benchmarks/dynamic_sizes.py               # all three parts
+    .venv/bin/python benchmarks/dynamic_sizes.py               # every part
     .venv/bin/python benchmarks/dynamic_sizes.py --only generate
 
 - ``generate``: greedy ``generate()`` of a small Llama-style Transformers model with
@@ -14,6 +14,9 @@ and what a size-generic program costs against the program specialized to one siz
   (``options={"specialize_sizes": True}``): target within 5%.
 - ``linear``: a Linear(256, 512) + SiLU over a dynamic row count (a size-generic GEMM), modeled
   device time per call from its one size-generic program and from the specialized ones.
+- ``decode``: SDPA decoding against a KV cache of a dynamic length (bf16, head dim 64; 8 query
+  heads over 8 or 2 key heads, one query row), modeled device time per call from its one
+  size-generic program and from the specialized ones.
 
 ``--stand-in-attention`` replaces ``F.scaled_dot_product_attention`` by elementwise work (the
 layer: ``v * 2``; generate: ``q * 2``, its heads being grouped): the rest of the model, without the
@@ -172,6 +175,46 @@ def linear(rows: Sequence[int]) -> None:
         print(f"  rows {n:5d}: {g:9.1f} vs {s:9.1f}  ({g / s - 1:+.1%})")
 
 
+def decode(lengths: Sequence[int]) -> None:
+    def device_us(specialize: bool, kv_heads: int) -> tuple[list[float], int]:
+        torch._dynamo.reset()
+        options = {**OPTIONS, "specialize_sizes": specialize}
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, enable_gqa=kv_heads != 8
+            )
+
+        compiled = torch.compile(attend, backend="neuron", options=options)
+        torch.manual_seed(0)
+        q = torch.randn(1, 8, 1, 64, dtype=torch.bfloat16)
+        times = []
+
+        def run() -> None:
+            for n in lengths:
+                k, v = (torch.randn(1, kv_heads, n, 64, dtype=torch.bfloat16) for _ in "kv")
+                torch._dynamo.mark_dynamic(k, 2)
+                torch._dynamo.mark_dynamic(v, 2)
+                with torch.no_grad(), torchneuron.profile() as prof:
+                    compiled(q, k, v)
+                times.append(prof.total_device_ns / 1e3)
+
+        _, programs, _ = _compiles(run)
+        return times, programs
+
+    for kv_heads in (8, 2):
+        (generic, g_programs), (special, s_programs) = (
+            device_us(False, kv_heads),
+            device_us(True, kv_heads),
+        )
+        print(
+            f"decode attention, 8 query heads over {kv_heads} key heads, modeled device us per "
+            f"call: size-generic ({g_programs} programs) vs specialized ({s_programs} programs)"
+        )
+        for n, g, s in zip(lengths, generic, special, strict=True):
+            print(f"  keys {n:5d}: {g:9.1f} vs {s:9.1f}  ({g / s - 1:+.1%})")
+
+
 @contextlib.contextmanager
 def _attention(stand_in: Callable[..., torch.Tensor] | None) -> Iterator[None]:
     """F.scaled_dot_product_attention replaced by ``stand_in`` (if any) while in the block."""
@@ -195,7 +238,9 @@ def _queries_doubled(q: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--only", choices=("generate", "sizes", "modeled", "linear"), default=None)
+    parser.add_argument(
+        "--only", choices=("generate", "sizes", "modeled", "linear", "decode"), default=None
+    )
     parser.add_argument("--tokens", type=int, default=64, help="new tokens for generate")
     parser.add_argument(
         "--stand-in-attention", action="store_true", help="elementwise work instead of SDPA"
@@ -214,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             modeled([128, 384, 1000])
     if args.only in (None, "linear"):
         linear([5, 128, 300, 700, 1700])
+    if args.only in (None, "decode"):
+        decode([127, 128, 129, 300, 512, 700, 2100])
     return 0 if ok else 1
 
 

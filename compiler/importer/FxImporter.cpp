@@ -949,9 +949,12 @@ FlexOperands flexOperands(Importer &im) {
   f.blockSize = im.ints(im.kwarg("block_size"));
   require(f.blockSize.size() == 2 && f.blockSize[0] > 0 && f.blockSize[1] > 0,
           "block sizes must be positive");
-  auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
-  int64_t qBlocks = ceilDiv(qType.getDimSize(2), f.blockSize[0]);
-  int64_t kvBlocks = ceilDiv(kType.getDimSize(2), f.blockSize[1]);
+  // A length known at run time only has one class for all its blocks.
+  auto blocksOf = [](int64_t len, int64_t block) {
+    return ShapedType::isDynamic(len) ? 1 : (len + block - 1) / block;
+  };
+  int64_t qBlocks = blocksOf(qType.getDimSize(2), f.blockSize[0]);
+  int64_t kvBlocks = blocksOf(kType.getDimSize(2), f.blockSize[1]);
   auto i8 = IntegerType::get(&im.ctx, 8);
   const json &bj = im.kwarg("blocks");
   if (bj.is_null()) { // content unknown when compiled: every block partial

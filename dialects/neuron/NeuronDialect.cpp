@@ -512,12 +512,16 @@ static LogicalResult verifyAttention(OpTy op, Value outValue, Value lseValue) {
       !blocksType.getElementType().isInteger(8))
     return op.emitOpError("blocks must be a rank-4 i8 tensor");
   ArrayRef<int64_t> bs = blocksType.getShape();
-  auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  // A length known at run time only (issue #16): one class for its blocks.
+  auto blocksOf = [](int64_t len, int64_t block) {
+    return ShapedType::isDynamic(len) ? 1 : (len + block - 1) / block;
+  };
   if ((bs[0] != 1 && bs[0] != batch) || (bs[1] != 1 && bs[1] != heads) ||
-      bs[2] != ceilDiv(q.getDimSize(2), blockSize[0]) ||
-      bs[3] != ceilDiv(k.getDimSize(2), blockSize[1]))
+      bs[2] != blocksOf(q.getDimSize(2), blockSize[0]) ||
+      bs[3] != blocksOf(k.getDimSize(2), blockSize[1]))
     return op.emitOpError("blocks must be [1 or batch, 1 or heads, query "
-                          "blocks, key blocks] for block_size");
+                          "blocks, key blocks] for block_size (1 for a "
+                          "length known at run time)");
   for (APInt value : op.getBlocks().template getValues<APInt>())
     if (value.getSExtValue() < int64_t(flex::kFirstKind) ||
         value.getSExtValue() > int64_t(flex::kLastKind))

@@ -58,6 +58,9 @@ public:
       : k(k), b(k.b), unit(k.target.partitions), bwOp(op) {}
   /// The forward kernel (LowerFlexAttention.cpp).
   LogicalResult run();
+  /// The forward kernel over a key length known at run time only
+  /// (LowerFlexAttentionDynamic.cpp), or "not size-generic".
+  LogicalResult runDynamic();
   /// The backward kernel (LowerFlexAttentionBackward.cpp).
   LogicalResult runBackward();
 

@@ -1325,7 +1325,12 @@ namespace {
 /// The forward kernel builds with the function's TileBuilder alone.
 struct FlexAttentionPattern
     : OpTilePattern<FlexAttentionPattern, FlexAttentionOp> {
+  bool isSizeGeneric(Operation *) const override { return true; }
   LogicalResult lowerOp(FlexAttentionOp op, KernelLowering &k) const {
+    if (!tensorType(op.getQuery()).hasStaticShape() ||
+        !tensorType(op.getKey()).hasStaticShape() ||
+        !tensorType(op.getValue()).hasStaticShape())
+      return flex::FlexAttentionLowering(k, op).runDynamic();
     return flex::FlexAttentionLowering(k, op).run();
   }
 };

@@ -580,10 +580,11 @@ void TileBuilder::ifMore(Value count, int64_t first,
 void TileBuilder::forEachPipelinedDynamic(
     Value count, int64_t slots,
     llvm::function_ref<void(Value step, int64_t slot)> load,
-    llvm::function_ref<void(Value step, int64_t slot)> compute) {
+    llvm::function_ref<void(Value step, int64_t slot)> compute,
+    bool firstLoads) {
   int64_t ahead = slots - 1;
-  for (int64_t i = 0; i < ahead; ++i)
-    ifMore(count, i, [&] { load(index(i), i % slots); });
+  if (firstLoads)
+    pipelinedDynamicFirstLoads(count, slots, load);
   Value steady = b.create<arith::MaxSIOp>(
       b.create<arith::SubIOp>(count, index(ahead)), index(0));
   Value groups = b.create<arith::FloorDivSIOp>(steady, index(slots));
@@ -602,6 +603,13 @@ void TileBuilder::forEachPipelinedDynamic(
              [&] { load(addOffset(done, t + ahead), (t + ahead) % slots); });
       compute(addOffset(done, t), t % slots);
     });
+}
+
+void TileBuilder::pipelinedDynamicFirstLoads(
+    Value count, int64_t slots,
+    llvm::function_ref<void(Value step, int64_t slot)> load) {
+  for (int64_t i = 0; i < slots - 1; ++i)
+    ifMore(count, i, [&] { load(index(i), i % slots); });
 }
 
 /// How many buffers keep a stream of DMA transfers ahead of the work that

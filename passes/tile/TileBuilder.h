@@ -144,11 +144,16 @@ public:
                        llvm::function_ref<void(Value, int64_t)> body);
   /// forEachPipelined with a count known at run time (issue #16): the
   /// same order of loads and computes; the steps that do not fill a group
-  /// of `slots` run in loops of zero or one iteration.
+  /// of `slots` run in loops of zero or one iteration. `firstLoads` false:
+  /// the caller issued the loads of steps [0, slots - 1) earlier
+  /// (pipelinedDynamicFirstLoads), ahead of other work.
+  void forEachPipelinedDynamic(Value count, int64_t slots,
+                               llvm::function_ref<void(Value, int64_t)> load,
+                               llvm::function_ref<void(Value, int64_t)> compute,
+                               bool firstLoads = true);
   void
-  forEachPipelinedDynamic(Value count, int64_t slots,
-                          llvm::function_ref<void(Value, int64_t)> load,
-                          llvm::function_ref<void(Value, int64_t)> compute);
+  pipelinedDynamicFirstLoads(Value count, int64_t slots,
+                             llvm::function_ref<void(Value, int64_t)> load);
   /// A loop of one iteration if `count` > `first`, else none.
   void ifMore(Value count, int64_t first, llvm::function_ref<void()> body);
   int64_t streamSlots(double transferNs, double computeNs) const;

@@ -23,6 +23,12 @@ Block classes of a tensor mask are computed from its content when the graph is c
 BlockMask), so fully masked blocks are skipped and fully kept ones skip the mask. Past
 :data:`MAX_MASK_STRUCTURES` structures, further ones share a kernel whose blocks are all partial.
 
+A call whose query or key length is symbolic (``dynamic=True``, a KV cache growing by a token
+per call) is written for one program serving every length: one block class for all blocks
+(full; causal: partial, when the lengths are one symbol); a mask tensor over such a length is
+"not size-generic" and the graph is compiled per size. The key and value lengths are made one
+symbol when the call is routed (a guard on Dynamo's frame: SDPA requires them equal).
+
 Calls with ``dropout_p > 0``, inputs that are not 4-D, head dims above the partitions (128,
 :func:`~torchneuron.attention_blocks.head_dim_limit`) or (in training) an additive mask that
 requires grad keep the math path (a head dim that is symbolic when the graph is traced,
@@ -46,6 +52,7 @@ import torch.fx
 import torch.nn.functional as F
 
 from torchneuron.attention_blocks import BLOCKS_META, block_classes, head_dim_limit, unit
+from torchneuron.sizes import NotSizeGeneric
 
 __all__ = [
     "ATTENTION",
@@ -395,6 +402,22 @@ def _routable(call: dict[str, Any]) -> bool:
     )
 
 
+def _unify_lengths(key: torch.fx.Node, value: torch.fx.Node) -> bool:
+    """Make the key and value lengths one size: Dynamo gives each input's dynamic length a
+    symbol of its own, and SDPA requires them equal. The check is a guard on Dynamo's frame
+    (a call with lengths that differ is traced again and fails in eager SDPA, as uncompiled),
+    and makes one symbol of the two, so a size-generic program reads one length for both."""
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    k, v = key.meta["example_value"], value.meta["example_value"]
+    if _same(k.shape[2], v.shape[2]):
+        return True
+    if optimization_hint(k.shape[2]) != optimization_hint(v.shape[2]):
+        return False
+    torch._check(k.shape[2] == v.shape[2])
+    return True
+
+
 def route_attention(gm: torch.fx.GraphModule, training: bool = False) -> int:
     """Replace, in Dynamo's graph ``gm``, every SDPA call the FlexAttention kernel computes
     with ``torchneuron::attention`` or, when the graph may need gradients (:func:`needs_grad`),
@@ -412,6 +435,8 @@ def route_attention(gm: torch.fx.GraphModule, training: bool = False) -> int:
         if not _routable(call.arguments):
             continue
         a = call.arguments
+        if not _unify_lengths(a["key"], a["value"]):
+            continue  # lengths that differ: eager SDPA reports it
         mask = a["attn_mask"]
         if training and isinstance(mask, torch.fx.Node):
             m = mask.meta.get("example_value")
@@ -577,22 +602,27 @@ def _add_mask(score: Any, b: Any, h: Any, q: Any, kv: Any, mask: torch.Tensor) -
 
 
 def flex_form(node: torch.fx.Node) -> FlexForm:
-    """The FlexAttention form of a ``torchneuron::attention`` node whose ``meta["val"]`` have
-    concrete shapes. Block classes: from ``meta[BLOCKS_META]`` when the backend computed
-    them from the mask's content, from the shape without a mask, else ``None`` (all partial:
-    the mask_mod decides every entry)."""
+    """The FlexAttention form of a ``torchneuron::attention`` node (query or key lengths
+    known at run time only: :func:`_generic_form`). Block classes: from ``meta[BLOCKS_META]``
+    when the backend computed them from the mask's content, from the shape without a mask,
+    else ``None`` (all partial: the mask_mod decides every entry)."""
     q, k, _, mask, is_causal, scale, _ = node.args[:7]
     assert isinstance(q, torch.fx.Node) and isinstance(k, torch.fx.Node)
     qv, kv, vv = q.meta["val"], k.meta["val"], node.args[2].meta["val"]  # type: ignore[union-attr]
-    q_len, kv_len = int(qv.shape[-2]), int(kv.shape[-2])
     limit = head_dim_limit()
+    for dim in (qv.shape[-1], vv.shape[-1]):
+        if _static(dim) is None:
+            raise NotSizeGeneric("not size-generic: attention with a head dim known at run time")
     if int(qv.shape[-1]) > limit or int(vv.shape[-1]) > limit:
         raise ValueError(f"head dims above {limit} are not supported by the kernel")
+    q_len, kv_len = _static(qv.shape[-2]), _static(kv.shape[-2])
     score = torch.zeros((), dtype=qv.dtype)
     grad = torch.zeros((), dtype=torch.float32)
     blocks = node.meta.get(BLOCKS_META)
     # score_mod adds the mask at most: its gradient passes the score's through.
     identity_grad = _trace(_identity_grad, score, *_indices(), grad)
+    if q_len is None or kv_len is None:
+        return _generic_form(qv, kv, mask, bool(is_causal), scale, identity_grad)
     if mask is None:
         score_mod = _trace(_identity_score, score, *_indices())
         mask_mod = _trace(_causal_mask if is_causal else _noop_mask, *_indices())
@@ -613,6 +643,37 @@ def flex_form(node: torch.fx.Node) -> FlexForm:
     score_grad = _trace(_identity_grad_with, score, *_indices(), grad, example)
     mask_mod = _trace(_finite_mask, *_indices(), example)
     return FlexForm(_scale(scale, qv), score_mod, score_grad, mask_mod, (mask,), (mask,), blocks)
+
+
+def _generic_form(
+    qv: torch.Tensor,
+    kv: torch.Tensor,
+    mask: object,
+    is_causal: bool,
+    scale: object,
+    identity_grad: torch.fx.GraphModule,
+) -> FlexForm:
+    """The FlexAttention form of a call whose query or key length is known at run time only
+    (one program for every length, issue #16): one block class for every block, ``full``
+    without a mask, ``partial`` with the causal mask (the kernel bounds each query tile's keys
+    by the diagonal). A mask tensor over a dynamic length has no block classes known when the
+    program is compiled: :class:`~torchneuron.sizes.NotSizeGeneric` (compiled per size)."""
+    if mask is not None:
+        raise NotSizeGeneric(
+            "not size-generic: an SDPA attn_mask tensor with a query or key length known at "
+            "run time (its block classes depend on its content)"
+        )
+    if is_causal and not _same(qv.shape[-2], kv.shape[-2]):
+        raise NotSizeGeneric(
+            "not size-generic: is_causal with query and key lengths that may differ "
+            f"({qv.shape[-2]} and {kv.shape[-2]})"
+        )
+    codes = block_classes()
+    blocks = torch.full((1, 1, 1, 1), codes.partial if is_causal else codes.full, dtype=torch.int8)
+    score = torch.zeros((), dtype=qv.dtype)
+    score_mod = _trace(_identity_score, score, *_indices())
+    mask_mod = _trace(_causal_mask if is_causal else _noop_mask, *_indices())
+    return FlexForm(_scale(scale, qv), score_mod, identity_grad, mask_mod, (), (), blocks)
 
 
 def _scale(scale: object, query: torch.Tensor) -> float:
