@@ -20,15 +20,12 @@
 #include "runtime/exec/Gemm.h"
 #include "runtime/exec/Numerics.h"
 #include "runtime/exec/Philox.h"
+#include "runtime/exec/Transpose.h"
 #include "runtime/exec/WorkerPool.h"
 #include "runtime/target/Target.h"
 
 #include <Eigen/Core>
 #include <unsupported/Eigen/SpecialFunctions>
-
-#ifdef __AVX512BW__
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <array>
@@ -370,37 +367,6 @@ void copyRunBytes(const uint8_t *src, int64_t srcStride, uint8_t *dst,
   });
 }
 
-#ifdef __AVX512BW__
-/// Transposes a 32 x 32 block of 16-bit elements in registers: element
-/// (r, c) at src[r + c * srcCol] moves to dst[r * dstRow + c]. Five rounds
-/// each swap one bit of the row index with the same bit of the column index.
-void transpose32x32x16(const uint16_t *src, int64_t srcCol, uint16_t *dst,
-                       int64_t dstRow) {
-  __m512i v[32];
-  for (int c = 0; c < 32; ++c)
-    v[c] = _mm512_loadu_si512(src + c * srcCol);
-  for (int bit = 1; bit < 32; bit <<= 1) {
-    alignas(64) uint16_t low[32], high[32];
-    for (int j = 0; j < 32; ++j) {
-      bool set = j & bit;
-      low[j] = static_cast<uint16_t>(set ? 32 + j - bit : j);
-      high[j] = static_cast<uint16_t>(set ? 32 + j : j + bit);
-    }
-    __m512i lowIndex = _mm512_load_si512(low);
-    __m512i highIndex = _mm512_load_si512(high);
-    for (int i = 0; i < 32; ++i) {
-      if (i & bit)
-        continue;
-      __m512i a = v[i], b = v[i + bit];
-      v[i] = _mm512_permutex2var_epi16(a, lowIndex, b);
-      v[i + bit] = _mm512_permutex2var_epi16(a, highIndex, b);
-    }
-  }
-  for (int r = 0; r < 32; ++r)
-    _mm512_storeu_si512(dst + r * dstRow, v[r]);
-}
-#endif
-
 /// Copies a rows x cols block whose rows are contiguous on one side and
 /// whose columns on the other (a DMA transpose). Goes through an L1-resident
 /// tile, so that both sides move whole cache lines: walking either side
@@ -508,7 +474,8 @@ void fillRun(uint8_t *p, int64_t stride, int64_t n, const uint8_t *element,
 constexpr int64_t kLanes = 16; // one AVX-512 vector of floats (two AVX ones)
 using Block = Eigen::Array<float, kLanes, 1>;
 using BlockMap = Eigen::Map<Block>; // unaligned: loads anywhere
-/// max and min that return NaN when either operand is NaN (as torch.maximum does).
+/// max and min that return NaN when either operand is NaN (as torch.maximum
+/// does).
 using MaxOp = Eigen::internal::scalar_max_op<float, float, Eigen::PropagateNaN>;
 using MinOp = Eigen::internal::scalar_min_op<float, float, Eigen::PropagateNaN>;
 using ConstBlockMap = Eigen::Map<const Block>;
