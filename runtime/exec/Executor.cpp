@@ -384,32 +384,39 @@ void transposeBlock(const uint8_t *src, int64_t srcRow, int64_t srcCol,
       return base + index * sizeof(T);
     };
     T tile[kTile][kTile]; // [col][row]
-    for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
-      int64_t nr = std::min(kTile, rows - r0);
-      for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-        int64_t nc = std::min(kTile, cols - c0);
+    // Bands of kBand rows, each walked by 32 columns and then by rows: the 32
+    // lines a block reads along columns are read on along rows by the next
+    // blocks, instead of each band of 32 rows sweeping every column (on a
+    // transposing load from a weight, each line from another page).
+    constexpr int64_t kBand = 256;
+    for (int64_t band = 0; band < rows; band += kBand)
+      for (int64_t c0 = 0; c0 < cols; c0 += kTile)
+        for (int64_t r0 = band; r0 < std::min(rows, band + kBand);
+             r0 += kTile) {
+          int64_t nr = std::min(kTile, rows - r0);
+          int64_t nc = std::min(kTile, cols - c0);
 #ifdef __AVX512BW__
-        if constexpr (sizeof(T) == 2) {
-          if (nr == kTile && nc == kTile && srcRow == 1 && dstCol == 1) {
-            transpose32x32x16(
-                reinterpret_cast<const uint16_t *>(at(src, r0 + c0 * srcCol)),
-                srcCol, reinterpret_cast<uint16_t *>(at(dst, r0 * dstRow + c0)),
-                dstRow);
-            continue;
+          if constexpr (sizeof(T) == 2) {
+            if (nr == kTile && nc == kTile && srcRow == 1 && dstCol == 1) {
+              transpose32x32x16(
+                  reinterpret_cast<const uint16_t *>(at(src, r0 + c0 * srcCol)),
+                  srcCol,
+                  reinterpret_cast<uint16_t *>(at(dst, r0 * dstRow + c0)),
+                  dstRow);
+              continue;
+            }
           }
-        }
 #endif
-        for (int64_t c = 0; c < nc; ++c)
-          for (int64_t r = 0; r < nr; ++r)
-            std::memcpy(&tile[c][r],
-                        at(src, (r0 + r) * srcRow + (c0 + c) * srcCol),
-                        sizeof(T));
-        for (int64_t r = 0; r < nr; ++r)
           for (int64_t c = 0; c < nc; ++c)
-            std::memcpy(at(dst, (r0 + r) * dstRow + (c0 + c) * dstCol),
-                        &tile[c][r], sizeof(T));
-      }
-    }
+            for (int64_t r = 0; r < nr; ++r)
+              std::memcpy(&tile[c][r],
+                          at(src, (r0 + r) * srcRow + (c0 + c) * srcCol),
+                          sizeof(T));
+          for (int64_t r = 0; r < nr; ++r)
+            for (int64_t c = 0; c < nc; ++c)
+              std::memcpy(at(dst, (r0 + r) * dstRow + (c0 + c) * dstCol),
+                          &tile[c][r], sizeof(T));
+        }
   });
 }
 
