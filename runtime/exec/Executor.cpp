@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -839,6 +840,15 @@ struct Executor::Impl {
   uint64_t executed = 0;
   WorkerPool *pool = nullptr; // splits large instructions between threads
 
+  // The last bf16 matmul: when it ran (`executed`) and what it read and
+  // wrote, and the key under which its moving operand was packed.
+  struct LastMatmul {
+    uint64_t executed = ~uint64_t{0} - 1; // none in this run
+    StridedMatrix<uint16_t> moving;
+    int32_t dstBuffer = -1;
+    uint64_t key = 0;
+  } lastMatmul;
+
   // Collective instructions: the groups by index, and the handler of the
   // current run().
   std::vector<CollectiveGroup> groups;
@@ -1301,6 +1311,12 @@ void Executor::Impl::execGather(const CompiledInst &inst) {
   }
 }
 
+/// A key no executor in the process has used (Gemm.h's movingKey).
+static uint64_t newMovingKey() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 /// A 2-D view as a strided matrix, when its free dims walk one stride.
 template <typename T>
 std::optional<StridedMatrix<T>> matrixOf(const CompiledView &view,
@@ -1348,8 +1364,24 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
                      ? matrixOf<uint16_t>(mov, bases[mov.buffer], offsetOf(mov))
                      : std::nullopt;
   if (statBf16 && movBf16) {
-    columns = [&](int64_t begin, int64_t end) {
-      matmulBf16(*statBf16, *movBf16, out, ldOut, accumulate, begin, end);
+    // The moving operand is unchanged when the instruction just before was
+    // a matmul reading the same elements (it wrote only its own dst): the
+    // kernels may keep it packed.
+    bool sameMoving = executed == lastMatmul.executed + 1 &&
+                      movBf16->data == lastMatmul.moving.data &&
+                      movBf16->rows == lastMatmul.moving.rows &&
+                      movBf16->cols == lastMatmul.moving.cols &&
+                      movBf16->rowStride == lastMatmul.moving.rowStride &&
+                      movBf16->colStride == lastMatmul.moving.colStride &&
+                      lastMatmul.dstBuffer != mov.buffer;
+    if (!sameMoving)
+      lastMatmul.key = newMovingKey();
+    lastMatmul.executed = executed;
+    lastMatmul.moving = *movBf16;
+    lastMatmul.dstBuffer = dst.buffer;
+    uint64_t key = lastMatmul.key;
+    columns = [&, key](int64_t begin, int64_t end) {
+      matmulBf16(*statBf16, *movBf16, out, ldOut, accumulate, begin, end, key);
     };
   } else {
     float *s = scratch[0].data(), *mv = scratch[1].data();
@@ -1752,6 +1784,7 @@ void Executor::run(const std::vector<HostTensor> &inputs,
   bind(inputs, state.inputBuffers, "inputs");
   bind(outputs, state.outputBuffers, "outputs");
   state.executed = 0;
+  state.lastMatmul = {};
   state.execRange(0, state.nodes.size());
 }
 

@@ -236,16 +236,42 @@ void addTile(const float *tile, float *out, int64_t ldOut, int64_t rows,
   }
 }
 
+/// This thread's packed moving operand: which columns of which matrix, under
+/// which of the caller's keys.
+struct PackedMoving {
+  std::vector<uint32_t> data;
+  uint64_t key = 0;
+  StridedMatrix<uint16_t> source;
+  int64_t begin = 0, end = 0;
+  bool holds(uint64_t k, const StridedMatrix<uint16_t> &b, int64_t from,
+             int64_t to) const {
+    return k != 0 && k == key && b.data == source.data &&
+           b.rows == source.rows && b.cols == source.cols &&
+           b.rowStride == source.rowStride && b.colStride == source.colStride &&
+           from == begin && to == end;
+  }
+};
+
 void matmulBf16Amx(const StridedMatrix<uint16_t> &a,
                    const StridedMatrix<uint16_t> &b, float *out, int64_t ldOut,
-                   bool accumulate, int64_t begin, int64_t end) {
+                   bool accumulate, int64_t begin, int64_t end,
+                   uint64_t movingKey) {
   thread_local std::vector<uint16_t> packedA, gathered;
-  thread_local std::vector<uint32_t> packedB;
+  thread_local PackedMoving moving;
   int64_t m = a.cols, width = end - begin;
   int64_t kBlocks = (a.rows + kTileK - 1) / kTileK;
   int64_t mPad = (m + kTileRows - 1) / kTileRows * kTileRows;
   int64_t pairs = kBlocks * kTileK / 2; // per B panel, zero-padded
   packStationaryAmx(a, kBlocks, mPad, packedA);
+  // Consecutive instructions often share the moving operand (one weight
+  // tile against several stationary ones): pack it once.
+  if (!moving.holds(movingKey, b, begin, end)) {
+    packPairs(b, begin, width, kTileRows, moving.data, gathered, pairs);
+    moving.key = movingKey;
+    moving.source = b;
+    moving.begin = begin;
+    moving.end = end;
+  }
 
   // Loaded on every call: other code on this thread (oneDNN in PyTorch's
   // CPU kernels) configures the tiles its own way.
@@ -260,8 +286,8 @@ void matmulBf16Amx(const StridedMatrix<uint16_t> &a,
   for (int64_t j = 0; j < width; j += kBlock) {
     int64_t cols = std::min(kBlock, width - j);
     bool twoCols = cols > kTileRows;
-    packPairs(b, begin + j, cols, kTileRows, packedB, gathered, pairs);
-    const uint32_t *b0 = packedB.data(), *b1 = b0 + pairs * kTileRows;
+    const uint32_t *b0 = moving.data.data() + j / kTileRows * pairs * kTileRows;
+    const uint32_t *b1 = b0 + pairs * kTileRows;
     for (int64_t i = 0; i < m; i += kBlock) {
       bool twoRows = m - i > kTileRows;
       _tile_zero(0);
@@ -388,12 +414,13 @@ bool matmulBf16ColumnsIndependent() {
 
 void matmulBf16(Bf16Kernel kernel, const StridedMatrix<uint16_t> &a,
                 const StridedMatrix<uint16_t> &b, float *out, int64_t ldOut,
-                bool accumulate, int64_t begin, int64_t end) {
+                bool accumulate, int64_t begin, int64_t end,
+                uint64_t movingKey) {
   switch (kernel) {
   case Bf16Kernel::Amx:
 #if NEURON_HAS_AMX
     if (amxUsable())
-      return matmulBf16Amx(a, b, out, ldOut, accumulate, begin, end);
+      return matmulBf16Amx(a, b, out, ldOut, accumulate, begin, end, movingKey);
 #endif
     break;
   case Bf16Kernel::Dot:
@@ -417,8 +444,10 @@ void matmulBf16(Bf16Kernel kernel, const StridedMatrix<uint16_t> &a,
 
 void matmulBf16(const StridedMatrix<uint16_t> &a,
                 const StridedMatrix<uint16_t> &b, float *out, int64_t ldOut,
-                bool accumulate, int64_t begin, int64_t end) {
-  matmulBf16(bf16Kernels().front(), a, b, out, ldOut, accumulate, begin, end);
+                bool accumulate, int64_t begin, int64_t end,
+                uint64_t movingKey) {
+  matmulBf16(bf16Kernels().front(), a, b, out, ldOut, accumulate, begin, end,
+             movingKey);
 }
 
 } // namespace neuron::runtime

@@ -46,15 +46,19 @@ const char *bf16KernelName(Bf16Kernel kernel);
 const std::vector<Bf16Kernel> &bf16Kernels();
 
 /// The same as matmulF32 for bf16 operands given as bit patterns, on the
-/// fastest kernel.
+/// fastest kernel. A nonzero `movingKey` is the caller's promise that b
+/// holds the same values as in this thread's last call with that key and
+/// the same b and columns: the kernel may reuse its packed copy of b.
 void matmulBf16(const StridedMatrix<uint16_t> &a,
                 const StridedMatrix<uint16_t> &b, float *out, int64_t ldOut,
-                bool accumulate, int64_t begin, int64_t end);
+                bool accumulate, int64_t begin, int64_t end,
+                uint64_t movingKey = 0);
 
 /// The same on a given kernel (Error if it is not in bf16Kernels()).
 void matmulBf16(Bf16Kernel kernel, const StridedMatrix<uint16_t> &a,
                 const StridedMatrix<uint16_t> &b, float *out, int64_t ldOut,
-                bool accumulate, int64_t begin, int64_t end);
+                bool accumulate, int64_t begin, int64_t end,
+                uint64_t movingKey = 0);
 
 /// True when matmulBf16 computes each output column the same way whatever
 /// [begin, end) it is called with (the Amx and Dot kernels). Otherwise, as

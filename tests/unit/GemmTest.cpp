@@ -232,3 +232,36 @@ TEST_CASE("TORCHNEURON_HOST_THREADS must be a positive integer", "[pool]") {
   for (const char *bad : {"0", "-2", "", "two", "2x"})
     CHECK_THROWS_AS(parseHostThreads(bad), Error);
 }
+
+TEST_CASE("bf16 matmul reuses a packed moving operand only under its key",
+          "[gemm]") {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<double> dist(-2.0, 2.0);
+  auto random = [&] { return bf16Of(dist(rng)); };
+  Operand a = makeOperand(96, 40, 1, random);
+  Operand b = makeOperand(96, 70, 1, random);
+  Operand other = makeOperand(96, 70, 1, random);
+  for (Bf16Kernel kernel : bf16Kernels()) {
+    INFO("kernel " << bf16KernelName(kernel));
+    auto run = [&](const Operand &moving, uint64_t key) {
+      std::vector<float> out(40 * 70, 0.0f);
+      matmulBf16(kernel, a.matrix, moving.matrix, out.data(), 70, false, 0, 70,
+                 key);
+      return out;
+    };
+    std::vector<float> plain = run(b, 0);
+    CHECK(run(b, 1001) == plain);
+    CHECK(run(b, 1001) == plain); // packed copy reused: same bits
+    // Same key, another matrix: packed afresh.
+    CHECK(run(other, 1001) == run(other, 0));
+    // The same storage with new values under a new key: packed afresh.
+    Operand changed = b;
+    changed.matrix.data = changed.storage.data();
+    CHECK(run(changed, 1002) == plain);
+    for (uint16_t &v : changed.storage)
+      v = static_cast<uint16_t>(v ^ 0x8000); // negate
+    std::vector<float> negated = run(changed, 1003);
+    for (size_t i = 0; i < plain.size(); ++i)
+      REQUIRE(negated[i] == -plain[i]);
+  }
+}
