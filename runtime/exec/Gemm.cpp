@@ -25,6 +25,7 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -257,7 +258,10 @@ void matmulBf16Amx(const StridedMatrix<uint16_t> &a,
                    bool accumulate, int64_t begin, int64_t end,
                    uint64_t movingKey) {
   thread_local std::vector<uint16_t> packedA, gathered;
-  thread_local PackedMoving moving;
+  // Two column ranges: a thread that runs every chunk of an instruction
+  // (its peers busy elsewhere) keeps them all.
+  thread_local std::array<PackedMoving, 2> cache;
+  thread_local size_t lastUsed = 0;
   int64_t m = a.cols, width = end - begin;
   int64_t kBlocks = (a.rows + kTileK - 1) / kTileK;
   int64_t mPad = (m + kTileRows - 1) / kTileRows * kTileRows;
@@ -265,13 +269,20 @@ void matmulBf16Amx(const StridedMatrix<uint16_t> &a,
   packStationaryAmx(a, kBlocks, mPad, packedA);
   // Consecutive instructions often share the moving operand (one weight
   // tile against several stationary ones): pack it once.
-  if (!moving.holds(movingKey, b, begin, end)) {
+  size_t slot = cache[0].holds(movingKey, b, begin, end)   ? 0
+                : cache[1].holds(movingKey, b, begin, end) ? 1
+                                                           : 2;
+  if (slot == 2) { // Pack into the slot used longer ago.
+    slot = 1 - lastUsed;
+    PackedMoving &moving = cache[slot];
     packPairs(b, begin, width, kTileRows, moving.data, gathered, pairs);
     moving.key = movingKey;
     moving.source = b;
     moving.begin = begin;
     moving.end = end;
   }
+  lastUsed = slot;
+  const PackedMoving &moving = cache[slot];
 
   // Loaded on every call: other code on this thread (oneDNN in PyTorch's
   // CPU kernels) configures the tiles its own way.
