@@ -13,8 +13,8 @@ Every workload (bf16, ``torch.manual_seed(0)``, inputs ``torch.randn * 0.1``) is
 time, achieved TFLOP/s, the efficiency against the roofline, HBM traffic against its minimum,
 the engine that bounds the kernel, the host compile time and the ops that fell back to eager.
 The bf16 decoder layer also gets the sum of its per-op roofline times (from an ATen trace); it
-and a float32 layer get the host wall time of a compiled call against an eager one. A closing "targets" section checks the
-figures on trn2 against the performance targets of the issue.
+and a float32 layer get the host wall time of a compiled call against an eager one. A closing
+"targets" section checks the figures on trn2 against the performance targets of the issue.
 
 Every run's output is checked against eager PyTorch on CPU (float32 on the same bf16 values; a
 sample of 256 rows where rows are independent and there are more): a mismatch, or a workload
