@@ -7,9 +7,9 @@
 // Eigen on widened copies. All of them multiply bf16 values exactly and
 // accumulate in fp32. A TensorE instruction is small (K, M <= 128, N <= 512)
 // and its operands sit in SBUF in the chip's layout, so each kernel packs
-// them itself: a library GEMM's call and packing overhead would dominate at
-// this size (and Debian's oneDNN, the one library with an AMX bf16 GEMM,
-// brings its own thread pool).
+// them itself rather than paying a library GEMM's per-call setup and packing
+// on every instruction (Debian's oneDNN, the packaged library with an AMX
+// bf16 GEMM, also runs its own OpenMP threads beside the WorkerPool's).
 //
 //===----------------------------------------------------------------------===//
 
