@@ -20,18 +20,16 @@
 #include "runtime/exec/Gemm.h"
 #include "runtime/exec/Numerics.h"
 #include "runtime/exec/Philox.h"
+#include "runtime/exec/Transpose.h"
 #include "runtime/exec/WorkerPool.h"
 #include "runtime/target/Target.h"
 
 #include <Eigen/Core>
 #include <unsupported/Eigen/SpecialFunctions>
 
-#ifdef __AVX512BW__
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -370,37 +368,6 @@ void copyRunBytes(const uint8_t *src, int64_t srcStride, uint8_t *dst,
   });
 }
 
-#ifdef __AVX512BW__
-/// Transposes a 32 x 32 block of 16-bit elements in registers: element
-/// (r, c) at src[r + c * srcCol] moves to dst[r * dstRow + c]. Five rounds
-/// each swap one bit of the row index with the same bit of the column index.
-void transpose32x32x16(const uint16_t *src, int64_t srcCol, uint16_t *dst,
-                       int64_t dstRow) {
-  __m512i v[32];
-  for (int c = 0; c < 32; ++c)
-    v[c] = _mm512_loadu_si512(src + c * srcCol);
-  for (int bit = 1; bit < 32; bit <<= 1) {
-    alignas(64) uint16_t low[32], high[32];
-    for (int j = 0; j < 32; ++j) {
-      bool set = j & bit;
-      low[j] = static_cast<uint16_t>(set ? 32 + j - bit : j);
-      high[j] = static_cast<uint16_t>(set ? 32 + j : j + bit);
-    }
-    __m512i lowIndex = _mm512_load_si512(low);
-    __m512i highIndex = _mm512_load_si512(high);
-    for (int i = 0; i < 32; ++i) {
-      if (i & bit)
-        continue;
-      __m512i a = v[i], b = v[i + bit];
-      v[i] = _mm512_permutex2var_epi16(a, lowIndex, b);
-      v[i + bit] = _mm512_permutex2var_epi16(a, highIndex, b);
-    }
-  }
-  for (int r = 0; r < 32; ++r)
-    _mm512_storeu_si512(dst + r * dstRow, v[r]);
-}
-#endif
-
 /// Copies a rows x cols block whose rows are contiguous on one side and
 /// whose columns on the other (a DMA transpose). Goes through an L1-resident
 /// tile, so that both sides move whole cache lines: walking either side
@@ -418,32 +385,39 @@ void transposeBlock(const uint8_t *src, int64_t srcRow, int64_t srcCol,
       return base + index * sizeof(T);
     };
     T tile[kTile][kTile]; // [col][row]
-    for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
-      int64_t nr = std::min(kTile, rows - r0);
-      for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-        int64_t nc = std::min(kTile, cols - c0);
+    // Bands of kBand rows, each walked by 32 columns and then by rows: the 32
+    // lines a block reads along columns are read on along rows by the next
+    // blocks, instead of each band of 32 rows sweeping every column (on a
+    // transposing load from a weight, each line from another page).
+    constexpr int64_t kBand = 256;
+    for (int64_t band = 0; band < rows; band += kBand)
+      for (int64_t c0 = 0; c0 < cols; c0 += kTile)
+        for (int64_t r0 = band; r0 < std::min(rows, band + kBand);
+             r0 += kTile) {
+          int64_t nr = std::min(kTile, rows - r0);
+          int64_t nc = std::min(kTile, cols - c0);
 #ifdef __AVX512BW__
-        if constexpr (sizeof(T) == 2) {
-          if (nr == kTile && nc == kTile && srcRow == 1 && dstCol == 1) {
-            transpose32x32x16(
-                reinterpret_cast<const uint16_t *>(at(src, r0 + c0 * srcCol)),
-                srcCol, reinterpret_cast<uint16_t *>(at(dst, r0 * dstRow + c0)),
-                dstRow);
-            continue;
+          if constexpr (sizeof(T) == 2) {
+            if (nr == kTile && nc == kTile && srcRow == 1 && dstCol == 1) {
+              transpose32x32x16(
+                  reinterpret_cast<const uint16_t *>(at(src, r0 + c0 * srcCol)),
+                  srcCol,
+                  reinterpret_cast<uint16_t *>(at(dst, r0 * dstRow + c0)),
+                  dstRow);
+              continue;
+            }
           }
-        }
 #endif
-        for (int64_t c = 0; c < nc; ++c)
-          for (int64_t r = 0; r < nr; ++r)
-            std::memcpy(&tile[c][r],
-                        at(src, (r0 + r) * srcRow + (c0 + c) * srcCol),
-                        sizeof(T));
-        for (int64_t r = 0; r < nr; ++r)
           for (int64_t c = 0; c < nc; ++c)
-            std::memcpy(at(dst, (r0 + r) * dstRow + (c0 + c) * dstCol),
-                        &tile[c][r], sizeof(T));
-      }
-    }
+            for (int64_t r = 0; r < nr; ++r)
+              std::memcpy(&tile[c][r],
+                          at(src, (r0 + r) * srcRow + (c0 + c) * srcCol),
+                          sizeof(T));
+          for (int64_t r = 0; r < nr; ++r)
+            for (int64_t c = 0; c < nc; ++c)
+              std::memcpy(at(dst, (r0 + r) * dstRow + (c0 + c) * dstCol),
+                          &tile[c][r], sizeof(T));
+        }
   });
 }
 
@@ -508,7 +482,8 @@ void fillRun(uint8_t *p, int64_t stride, int64_t n, const uint8_t *element,
 constexpr int64_t kLanes = 16; // one AVX-512 vector of floats (two AVX ones)
 using Block = Eigen::Array<float, kLanes, 1>;
 using BlockMap = Eigen::Map<Block>; // unaligned: loads anywhere
-/// max and min that return NaN when either operand is NaN (as torch.maximum does).
+/// max and min that return NaN when either operand is NaN (as torch.maximum
+/// does).
 using MaxOp = Eigen::internal::scalar_max_op<float, float, Eigen::PropagateNaN>;
 using MinOp = Eigen::internal::scalar_min_op<float, float, Eigen::PropagateNaN>;
 using ConstBlockMap = Eigen::Map<const Block>;
@@ -864,6 +839,15 @@ struct Executor::Impl {
 
   uint64_t executed = 0;
   WorkerPool *pool = nullptr; // splits large instructions between threads
+
+  // The last bf16 matmul: when it ran (`executed`) and what it read and
+  // wrote, and the key under which its moving operand was packed.
+  struct LastMatmul {
+    uint64_t executed = ~uint64_t{0} - 1; // none in this run
+    StridedMatrix<uint16_t> moving;
+    int32_t dstBuffer = -1;
+    uint64_t key = 0;
+  } lastMatmul;
 
   // Collective instructions: the groups by index, and the handler of the
   // current run().
@@ -1327,6 +1311,12 @@ void Executor::Impl::execGather(const CompiledInst &inst) {
   }
 }
 
+/// A key no executor in the process has used (Gemm.h's movingKey).
+static uint64_t newMovingKey() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 /// A 2-D view as a strided matrix, when its free dims walk one stride.
 template <typename T>
 std::optional<StridedMatrix<T>> matrixOf(const CompiledView &view,
@@ -1374,8 +1364,24 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
                      ? matrixOf<uint16_t>(mov, bases[mov.buffer], offsetOf(mov))
                      : std::nullopt;
   if (statBf16 && movBf16) {
-    columns = [&](int64_t begin, int64_t end) {
-      matmulBf16(*statBf16, *movBf16, out, ldOut, accumulate, begin, end);
+    // The moving operand is unchanged when the instruction just before was
+    // a matmul reading the same elements (it wrote only its own dst): the
+    // kernels may keep it packed.
+    bool sameMoving = executed == lastMatmul.executed + 1 &&
+                      movBf16->data == lastMatmul.moving.data &&
+                      movBf16->rows == lastMatmul.moving.rows &&
+                      movBf16->cols == lastMatmul.moving.cols &&
+                      movBf16->rowStride == lastMatmul.moving.rowStride &&
+                      movBf16->colStride == lastMatmul.moving.colStride &&
+                      lastMatmul.dstBuffer != mov.buffer;
+    if (!sameMoving)
+      lastMatmul.key = newMovingKey();
+    lastMatmul.executed = executed;
+    lastMatmul.moving = *movBf16;
+    lastMatmul.dstBuffer = dst.buffer;
+    uint64_t key = lastMatmul.key;
+    columns = [&, key](int64_t begin, int64_t end) {
+      matmulBf16(*statBf16, *movBf16, out, ldOut, accumulate, begin, end, key);
     };
   } else {
     float *s = scratch[0].data(), *mv = scratch[1].data();
@@ -1778,6 +1784,7 @@ void Executor::run(const std::vector<HostTensor> &inputs,
   bind(inputs, state.inputBuffers, "inputs");
   bind(outputs, state.outputBuffers, "outputs");
   state.executed = 0;
+  state.lastMatmul = {};
   state.execRange(0, state.nodes.size());
 }
 

@@ -1,15 +1,20 @@
 //===- Gemm.cpp - TensorE matrix multiply on the host ---------------------===//
 //
 // fp32 operands go to Eigen's GEMM. bf16 operands, nearly every matmul of a
-// real model, use AVX512-BF16 dot products where the build has them: they
-// multiply pairs of bf16 values exactly and accumulate in fp32 at twice the
-// rate of fp32 FMAs. No library on Debian 12 and 13 offers a bf16 GEMM
-// (Eigen 3.4 has none, Debian's OpenBLAS is built without sbgemm), so the
-// packing and the 8 x 32 register tile are written here.
+// real model, use the CPU's AMX tiles where the build and the CPU have them
+// (a 16 x 16 x 32 bf16 product per instruction, several times the AVX-512
+// rate), else AVX512-BF16 dot products (twice the rate of fp32 FMAs), else
+// Eigen on widened copies. All of them multiply bf16 values exactly and
+// accumulate in fp32. A TensorE instruction is small (K, M <= 128, N <= 512)
+// and its operands sit in SBUF in the chip's layout, so each kernel packs
+// them itself rather than paying a library GEMM's per-call setup and packing
+// on every instruction (Debian's oneDNN, the packaged library with an AMX
+// bf16 GEMM, also runs its own OpenMP threads beside the WorkerPool's).
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/exec/Gemm.h"
+#include "runtime/program/Error.h"
 
 // Eigen evaluates products with m + n + k below this threshold coefficient
 // by coefficient, vectorized from the first 64-byte-aligned output element:
@@ -20,7 +25,9 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -28,6 +35,18 @@
 #define NEURON_HAS_BF16_DOT 1
 #else
 #define NEURON_HAS_BF16_DOT 0
+#endif
+
+// The AMX kernel packs with the AVX-512 code above.
+#if NEURON_HAS_BF16_DOT && defined(__AMX_TILE__) && defined(__AMX_BF16__) &&   \
+    defined(__linux__)
+#include "runtime/exec/Transpose.h"
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define NEURON_HAS_AMX 1
+#else
+#define NEURON_HAS_AMX 0
 #endif
 
 namespace neuron::runtime {
@@ -65,13 +84,15 @@ void packRowPair(const uint16_t *row0, const uint16_t *row1, int64_t count,
 
 /// Packs a[k, i] (rows k, columns i in [begin, begin + width)) as pairs of
 /// consecutive k, for `lanes` columns per panel:
-/// packed[panel][k / 2][lane] = a[k + 1, i] << 16 | a[k, i], zero-padded.
+/// packed[panel][k / 2][lane] = a[k + 1, i] << 16 | a[k, i], zero-padded
+/// (to `paddedPairs` pairs per panel, if more than the rows need).
 void packPairs(const StridedMatrix<uint16_t> &a, int64_t begin, int64_t width,
                int64_t lanes, std::vector<uint32_t> &packed,
-               std::vector<uint16_t> &gathered) {
+               std::vector<uint16_t> &gathered, int64_t paddedPairs = 0) {
   int64_t pairs = (a.rows + 1) / 2;
+  int64_t stride = std::max(pairs, paddedPairs); // pairs per panel
   int64_t panels = (width + lanes - 1) / lanes;
-  packed.resize(static_cast<size_t>(panels * pairs * lanes));
+  packed.resize(static_cast<size_t>(panels * stride * lanes));
   gathered.resize(static_cast<size_t>(2 * width));
   // Row pairs outermost: each source row is read once, front to back.
   for (int64_t p = 0; p < pairs; ++p) {
@@ -89,9 +110,12 @@ void packPairs(const StridedMatrix<uint16_t> &a, int64_t begin, int64_t width,
       int64_t first = panel * lanes;
       packRowPair(rows[0] + first, rows[1] ? rows[1] + first : nullptr,
                   std::min(lanes, width - first), lanes,
-                  packed.data() + (panel * pairs + p) * lanes);
+                  packed.data() + (panel * stride + p) * lanes);
     }
   }
+  for (int64_t panel = 0; panel < panels && stride > pairs; ++panel)
+    std::fill_n(packed.data() + (panel * stride + pairs) * lanes,
+                (stride - pairs) * lanes, 0u);
 }
 
 /// out[rows, cols] (+)= the kMr x kNr tile of packed a and b.
@@ -138,7 +162,195 @@ void matmulBf16Dot(const StridedMatrix<uint16_t> &a,
            std::min(kNr, width - j), accumulate);
 }
 
-#else
+#if NEURON_HAS_AMX
+
+// AMX: eight tile registers of 16 rows x 64 bytes. Tiles 0-3 accumulate a
+// 32 x 32 block of fp32 outputs, 4-5 hold 32 output rows' K values (A: 16
+// rows x 32 bf16), 6-7 the K values of 32 output columns as pairs (B: 16
+// pairs of K x 16 columns). One TDPBF16PS multiplies 16 x 16 x 32.
+constexpr int64_t kTileRows = 16; // output rows or columns per tile
+constexpr int64_t kTileK = 32;    // K values per tile product
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t startRow = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colBytes[16] = {};
+  uint8_t rows[16] = {};
+};
+
+/// True when the CPU has AMX-TILE and AMX-BF16 and Linux lets this process
+/// use the tile state (it is off until a process asks, and a kernel older
+/// than 5.16 cannot grant it).
+bool amxUsable() {
+  static const bool usable = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx))
+      return false;
+    constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24;
+    if ((edx & kAmxBf16) == 0 || (edx & kAmxTile) == 0)
+      return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return usable;
+}
+
+/// Packs a[k, i] for AMX A tiles: packed[kb][i][c] = a[kb * 32 + c, i] for
+/// mPad rows i, zero beyond a's rows and columns. Tile (i0, kb) then starts
+/// at packed[kb][i0] with a 64-byte row pitch.
+void packStationaryAmx(const StridedMatrix<uint16_t> &a, int64_t kBlocks,
+                       int64_t mPad, std::vector<uint16_t> &packed) {
+  packed.resize(static_cast<size_t>(kBlocks * mPad * kTileK));
+  for (int64_t kb = 0; kb < kBlocks; ++kb) {
+    int64_t k0 = kb * kTileK;
+    uint16_t *block = packed.data() + kb * mPad * kTileK;
+    for (int64_t i0 = 0; i0 < mPad; i0 += kTileK) {
+      if (a.colStride == 1 && k0 + kTileK <= a.rows && i0 + kTileK <= a.cols) {
+        // Element (i, k) at a[k * rowStride + i] -> block[i * 32 + k].
+        transpose32x32x16(a.data + k0 * a.rowStride + i0, a.rowStride,
+                          block + i0 * kTileK, kTileK);
+        continue;
+      }
+      for (int64_t i = i0; i < std::min(mPad, i0 + kTileK); ++i)
+        for (int64_t c = 0; c < kTileK; ++c) {
+          int64_t k = k0 + c;
+          block[i * kTileK + c] =
+              k < a.rows && i < a.cols
+                  ? a.data[k * a.rowStride + i * a.colStride]
+                  : uint16_t{0};
+        }
+    }
+  }
+}
+
+/// out[rows, cols] (+)= an accumulator tile stored at `tile` (16 x 16).
+void addTile(const float *tile, float *out, int64_t ldOut, int64_t rows,
+             int64_t cols, bool accumulate) {
+  __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1u);
+  for (int64_t r = 0; r < rows; ++r) {
+    __m512 v = _mm512_load_ps(tile + r * kTileRows);
+    float *o = out + r * ldOut;
+    if (accumulate)
+      v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, o), v);
+    _mm512_mask_storeu_ps(o, mask, v);
+  }
+}
+
+/// This thread's packed moving operand: which columns of which matrix, under
+/// which of the caller's keys.
+struct PackedMoving {
+  std::vector<uint32_t> data;
+  uint64_t key = 0;
+  StridedMatrix<uint16_t> source;
+  int64_t begin = 0, end = 0;
+  bool holds(uint64_t k, const StridedMatrix<uint16_t> &b, int64_t from,
+             int64_t to) const {
+    return k != 0 && k == key && b.data == source.data &&
+           b.rows == source.rows && b.cols == source.cols &&
+           b.rowStride == source.rowStride && b.colStride == source.colStride &&
+           from == begin && to == end;
+  }
+};
+
+void matmulBf16Amx(const StridedMatrix<uint16_t> &a,
+                   const StridedMatrix<uint16_t> &b, float *out, int64_t ldOut,
+                   bool accumulate, int64_t begin, int64_t end,
+                   uint64_t movingKey) {
+  thread_local std::vector<uint16_t> packedA, gathered;
+  // Two column ranges: a thread that runs every chunk of an instruction
+  // (its peers busy elsewhere) keeps them all.
+  thread_local std::array<PackedMoving, 2> cache;
+  thread_local size_t lastUsed = 0;
+  int64_t m = a.cols, width = end - begin;
+  int64_t kBlocks = (a.rows + kTileK - 1) / kTileK;
+  int64_t mPad = (m + kTileRows - 1) / kTileRows * kTileRows;
+  int64_t pairs = kBlocks * kTileK / 2; // per B panel, zero-padded
+  packStationaryAmx(a, kBlocks, mPad, packedA);
+  // Consecutive instructions often share the moving operand (one weight
+  // tile against several stationary ones): pack it once.
+  size_t slot = cache[0].holds(movingKey, b, begin, end)   ? 0
+                : cache[1].holds(movingKey, b, begin, end) ? 1
+                                                           : 2;
+  if (slot == 2) { // Pack into the slot used longer ago.
+    slot = 1 - lastUsed;
+    PackedMoving &moving = cache[slot];
+    packPairs(b, begin, width, kTileRows, moving.data, gathered, pairs);
+    moving.key = movingKey;
+    moving.source = b;
+    moving.begin = begin;
+    moving.end = end;
+  }
+  lastUsed = slot;
+  const PackedMoving &moving = cache[slot];
+
+  // Loaded on every call: other code on this thread (oneDNN in PyTorch's
+  // CPU kernels) configures the tiles its own way.
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = kTileRows;
+    config.colBytes[t] = 64;
+  }
+  _tile_loadconfig(&config);
+  alignas(64) float tile[kTileRows * kTileRows];
+  constexpr int64_t kBlock = 2 * kTileRows; // outputs per side of a block
+  for (int64_t j = 0; j < width; j += kBlock) {
+    int64_t cols = std::min(kBlock, width - j);
+    bool twoCols = cols > kTileRows;
+    const uint32_t *b0 = moving.data.data() + j / kTileRows * pairs * kTileRows;
+    const uint32_t *b1 = b0 + pairs * kTileRows;
+    for (int64_t i = 0; i < m; i += kBlock) {
+      bool twoRows = m - i > kTileRows;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t kb = 0; kb < kBlocks; ++kb) {
+        const uint16_t *a0 = packedA.data() + (kb * mPad + i) * kTileK;
+        int64_t bOffset = kb * kTileK / 2 * kTileRows;
+        _tile_loadd(4, a0, 64);
+        _tile_loadd(6, b0 + bOffset, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (twoCols) {
+          _tile_loadd(7, b1 + bOffset, 64);
+          _tile_dpbf16ps(1, 4, 7);
+        }
+        if (twoRows) {
+          _tile_loadd(5, a0 + kTileRows * kTileK, 64);
+          _tile_dpbf16ps(2, 5, 6);
+          if (twoCols)
+            _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      // Each instruction's sums are added to out as a whole, as the PE
+      // array adds its column sums into PSUM.
+      float *o = out + i * ldOut + begin + j;
+      int64_t rows0 = std::min(kTileRows, m - i), rows1 = m - i - rows0;
+      int64_t cols0 = std::min(kTileRows, cols), cols1 = cols - cols0;
+      _tile_stored(0, tile, 64);
+      addTile(tile, o, ldOut, rows0, cols0, accumulate);
+      if (twoCols) {
+        _tile_stored(1, tile, 64);
+        addTile(tile, o + kTileRows, ldOut, rows0, cols1, accumulate);
+      }
+      if (twoRows) {
+        int64_t rows = std::min(kTileRows, rows1);
+        _tile_stored(2, tile, 64);
+        addTile(tile, o + kTileRows * ldOut, ldOut, rows, cols0, accumulate);
+        if (twoCols) {
+          _tile_stored(3, tile, 64);
+          addTile(tile, o + kTileRows * ldOut + kTileRows, ldOut, rows, cols1,
+                  accumulate);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
+#endif // NEURON_HAS_AMX
+
+#endif // NEURON_HAS_BF16_DOT
 
 /// Widens columns [begin, end) of a bf16 matrix into a dense fp32 one.
 void widen(const StridedMatrix<uint16_t> &x, int64_t begin, int64_t end,
@@ -152,8 +364,6 @@ void widen(const StridedMatrix<uint16_t> &x, int64_t begin, int64_t end,
       std::memcpy(&out[r * cols + c], &bits, sizeof(float));
     }
 }
-
-#endif // NEURON_HAS_BF16_DOT
 
 } // namespace
 
@@ -181,22 +391,74 @@ void matmulF32(const StridedMatrix<float> &a, const StridedMatrix<float> &b,
            Map(bData, b.rows, end - begin, Stride(b.rowStride, b.colStride)));
 }
 
-bool matmulBf16ColumnsIndependent() { return NEURON_HAS_BF16_DOT; }
+const char *bf16KernelName(Bf16Kernel kernel) {
+  switch (kernel) {
+  case Bf16Kernel::Amx:
+    return "amx-bf16";
+  case Bf16Kernel::Dot:
+    return "avx512-bf16";
+  case Bf16Kernel::Widened:
+    return "fp32";
+  }
+  return "?";
+}
+
+const std::vector<Bf16Kernel> &bf16Kernels() {
+  static const std::vector<Bf16Kernel> kernels = [] {
+    std::vector<Bf16Kernel> out;
+#if NEURON_HAS_AMX
+    if (amxUsable())
+      out.push_back(Bf16Kernel::Amx);
+#endif
+#if NEURON_HAS_BF16_DOT
+    out.push_back(Bf16Kernel::Dot);
+#endif
+    out.push_back(Bf16Kernel::Widened);
+    return out;
+  }();
+  return kernels;
+}
+
+bool matmulBf16ColumnsIndependent() {
+  return bf16Kernels().front() != Bf16Kernel::Widened;
+}
+
+void matmulBf16(Bf16Kernel kernel, const StridedMatrix<uint16_t> &a,
+                const StridedMatrix<uint16_t> &b, float *out, int64_t ldOut,
+                bool accumulate, int64_t begin, int64_t end,
+                uint64_t movingKey) {
+  switch (kernel) {
+  case Bf16Kernel::Amx:
+#if NEURON_HAS_AMX
+    if (amxUsable())
+      return matmulBf16Amx(a, b, out, ldOut, accumulate, begin, end, movingKey);
+#endif
+    break;
+  case Bf16Kernel::Dot:
+#if NEURON_HAS_BF16_DOT
+    return matmulBf16Dot(a, b, out, ldOut, accumulate, begin, end);
+#endif
+    break;
+  case Bf16Kernel::Widened: {
+    thread_local std::vector<float> wideA, wideB;
+    widen(a, 0, a.cols, wideA);
+    widen(b, begin, end, wideB);
+    int64_t width = end - begin;
+    return matmulF32({wideA.data(), a.rows, a.cols, a.cols, 1},
+                     {wideB.data(), b.rows, width, width, 1}, out + begin,
+                     ldOut, accumulate, 0, width);
+  }
+  }
+  throw Error(std::string("the host cannot run the ") + bf16KernelName(kernel) +
+              " matmul kernel");
+}
 
 void matmulBf16(const StridedMatrix<uint16_t> &a,
                 const StridedMatrix<uint16_t> &b, float *out, int64_t ldOut,
-                bool accumulate, int64_t begin, int64_t end) {
-#if NEURON_HAS_BF16_DOT
-  matmulBf16Dot(a, b, out, ldOut, accumulate, begin, end);
-#else
-  thread_local std::vector<float> wideA, wideB;
-  widen(a, 0, a.cols, wideA);
-  widen(b, begin, end, wideB);
-  int64_t width = end - begin;
-  matmulF32({wideA.data(), a.rows, a.cols, a.cols, 1},
-            {wideB.data(), b.rows, width, width, 1}, out + begin, ldOut,
-            accumulate, 0, width);
-#endif
+                bool accumulate, int64_t begin, int64_t end,
+                uint64_t movingKey) {
+  matmulBf16(bf16Kernels().front(), a, b, out, ldOut, accumulate, begin, end,
+             movingKey);
 }
 
 } // namespace neuron::runtime

@@ -36,22 +36,38 @@ struct WorkerPool::State {
   std::vector<std::thread> workers;
   pid_t owner = getpid();
 
-  // The task in flight; written before `generation` is bumped.
+  // The task in flight. Chunks are claimed under `mutex`, so a worker that
+  // wakes late finds every chunk taken (next == count) and claims nothing:
+  // the caller never waits for a worker to show up, only for chunks a
+  // worker has claimed and not finished (on a loaded machine a worker may
+  // not be scheduled for milliseconds).
   const std::function<void(int64_t)> *fn = nullptr;
   int64_t count = 0;
-  std::atomic<int64_t> next{0};
-  std::atomic<int> busy{0}; // workers still on the current task
+  int64_t next = 0;
+  std::atomic<int64_t> done{0};
 
   std::atomic<uint64_t> generation{0};
-  std::mutex mutex; // guards sleeping workers' wake-ups and `stopping`
+  std::mutex mutex; // guards the task, wake-ups and `stopping`
   std::condition_variable wake;
   bool stopping = false;
 
   std::atomic<bool> running{false}; // one run() at a time
 
+  /// Runs chunks of the current task until none is left to claim.
   void work() {
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < count;)
-      (*fn)(i);
+    while (true) {
+      const std::function<void(int64_t)> *task;
+      int64_t i;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (next >= count)
+          return;
+        i = next++;
+        task = fn;
+      }
+      (*task)(i);
+      done.fetch_add(1, std::memory_order_release);
+    }
   }
 
   void workerLoop() {
@@ -72,7 +88,6 @@ struct WorkerPool::State {
       }
       seen = generation.load(std::memory_order_acquire);
       work();
-      busy.fetch_sub(1, std::memory_order_release);
     }
   }
 };
@@ -120,17 +135,18 @@ void WorkerPool::run(int64_t count, const std::function<void(int64_t)> &fn) {
       fn(i);
     return;
   }
-  s.fn = &fn;
-  s.count = count;
-  s.next.store(0, std::memory_order_relaxed);
-  s.busy.store(numThreads - 1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(s.mutex);
+    s.fn = &fn;
+    s.count = count;
+    s.next = 0;
+    s.done.store(0, std::memory_order_relaxed);
     s.generation.fetch_add(1, std::memory_order_release);
   }
   s.wake.notify_all();
   s.work();
-  while (s.busy.load(std::memory_order_acquire) != 0)
+  // Only chunks a worker has claimed can still be running.
+  while (s.done.load(std::memory_order_acquire) != count)
     NEURON_SPIN_PAUSE();
   s.running.store(false, std::memory_order_release);
 }

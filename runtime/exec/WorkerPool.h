@@ -1,9 +1,11 @@
 //===- WorkerPool.h - Host threads for large instructions -------*- C++ -*-===//
 //
 // The executor runs a program's instructions in order, one at a time; a
-// large matmul or DMA copy is split into chunks that the host threads share.
-// Chunk 0's thread is the caller's. Instructions arrive microseconds apart,
-// so workers spin briefly between chunks of work before they sleep.
+// large matmul or DMA copy is split into chunks that the host threads share:
+// the caller's thread and the workers claim chunks as they come, so a worker
+// the system has not scheduled delays nothing. Instructions arrive
+// microseconds apart, so workers spin briefly between tasks before they
+// sleep.
 //
 //===----------------------------------------------------------------------===//
 

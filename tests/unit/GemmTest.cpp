@@ -6,9 +6,12 @@
 #include "runtime/program/Error.h"
 #include "tests/unit/CatchCompat.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 using namespace neuron::runtime;
@@ -43,13 +46,15 @@ Operand makeOperand(int64_t rows, int64_t cols, int64_t colStride,
 /// fp64 sum of the exact products within fp32 accumulation error (plus the
 /// K * 2^-126 the dot-product instructions may flush), and the columns
 /// outside the range untouched.
-void checkMatmul(const Operand &a, const Operand &b, bool accumulate,
-                 int64_t begin, int64_t end, double initial) {
+void checkMatmul(Bf16Kernel kernel, const Operand &a, const Operand &b,
+                 bool accumulate, int64_t begin, int64_t end, double initial) {
+  INFO("kernel " << bf16KernelName(kernel));
   int64_t k = a.matrix.rows, m = a.matrix.cols, n = b.matrix.cols;
   int64_t ld = n + 5;
   std::vector<float> out(static_cast<size_t>(m * ld),
                          static_cast<float>(initial));
-  matmulBf16(a.matrix, b.matrix, out.data(), ld, accumulate, begin, end);
+  matmulBf16(kernel, a.matrix, b.matrix, out.data(), ld, accumulate, begin,
+             end);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < ld; ++j) {
       float got = out[i * ld + j];
@@ -81,18 +86,57 @@ TEST_CASE("bf16 matmul sums exact products in fp32", "[gemm]") {
   struct Shape {
     int64_t k, m, n;
   };
-  // Full tiles, and every kind of edge: odd K, partial 8-row and 32-column
-  // register tiles, single elements.
-  for (Shape s : {Shape{128, 128, 512}, Shape{7, 5, 3}, Shape{33, 17, 70},
-                  Shape{1, 1, 1}, Shape{128, 9, 33}}) {
-    for (int64_t colStride : {1, 2}) {
-      Operand a = makeOperand(s.k, s.m, colStride, random);
-      Operand b = makeOperand(s.k, s.n, colStride, random);
-      checkMatmul(a, b, false, 0, s.n, 0.0);
-      checkMatmul(a, b, true, 0, s.n, 0.75);
-      if (s.n > 40) // A column range starting mid-way, as a thread's share.
-        checkMatmul(a, b, true, 32, s.n - 3, -1.5);
+  // Full tiles, and every kind of edge: odd K, K past a 32-value AMX block,
+  // partial 8- and 16-row and 16- and 32-column register and AMX tiles,
+  // single elements.
+  for (Bf16Kernel kernel : bf16Kernels())
+    for (Shape s :
+         {Shape{128, 128, 512}, Shape{7, 5, 3}, Shape{33, 17, 70},
+          Shape{1, 1, 1}, Shape{128, 9, 33}, Shape{64, 32, 32},
+          Shape{95, 48, 17}, Shape{31, 33, 49}, Shape{160, 100, 96}}) {
+      for (int64_t colStride : {1, 2}) {
+        Operand a = makeOperand(s.k, s.m, colStride, random);
+        Operand b = makeOperand(s.k, s.n, colStride, random);
+        checkMatmul(kernel, a, b, false, 0, s.n, 0.0);
+        checkMatmul(kernel, a, b, true, 0, s.n, 0.75);
+        if (s.n > 40) // A column range starting mid-way, as a thread's share.
+          checkMatmul(kernel, a, b, true, 32, s.n - 3, -1.5);
+        if (s.n > 20) // One that starts inside a 16-column tile.
+          checkMatmul(kernel, a, b, false, 7, s.n - 1, 0.0);
+      }
     }
+}
+
+TEST_CASE("the bf16 matmul kernels are listed fastest first", "[gemm]") {
+  const std::vector<Bf16Kernel> &kernels = bf16Kernels();
+  REQUIRE(!kernels.empty());
+  CHECK(kernels.back() == Bf16Kernel::Widened);
+  CHECK(std::is_sorted(kernels.begin(), kernels.end()));
+  CHECK(matmulBf16ColumnsIndependent() ==
+        (kernels.front() != Bf16Kernel::Widened));
+}
+
+TEST_CASE("bf16 matmul columns do not depend on the column range", "[gemm]") {
+  // Threads split a matmul by columns: each column's bits must be the same
+  // whichever range computes it (and wherever the output lives).
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<double> dist(-2.0, 2.0);
+  auto random = [&] { return bf16Of(dist(rng)); };
+  Operand a = makeOperand(128, 40, 1, random);
+  Operand b = makeOperand(128, 200, 1, random);
+  for (Bf16Kernel kernel : bf16Kernels()) {
+    if (kernel == Bf16Kernel::Widened)
+      continue; // Eigen blocks by width: callers cut it by shape.
+    INFO("kernel " << bf16KernelName(kernel));
+    std::vector<float> whole(40 * 200, 0.5f), parts(40 * 203, 0.5f);
+    matmulBf16(kernel, a.matrix, b.matrix, whole.data(), 200, true, 0, 200);
+    for (auto [begin, end] :
+         {std::pair<int64_t, int64_t>{0, 64}, {64, 77}, {77, 160}, {160, 200}})
+      matmulBf16(kernel, a.matrix, b.matrix, parts.data() + 3, 203, true, begin,
+                 end);
+    for (int64_t i = 0; i < 40; ++i)
+      for (int64_t j = 0; j < 200; ++j)
+        REQUIRE(whole[i * 200 + j] == parts[i * 203 + 3 + j]);
   }
 }
 
@@ -103,15 +147,18 @@ TEST_CASE("bf16 matmul is exact where fp32 sums are", "[gemm]") {
   auto random = [&] { return bf16Of(dist(rng)); };
   Operand a = makeOperand(65, 19, 1, random);
   Operand b = makeOperand(65, 45, 1, random);
-  std::vector<float> out(19 * 45, 2.0f);
-  matmulBf16(a.matrix, b.matrix, out.data(), 45, true, 0, 45);
-  for (int64_t i = 0; i < 19; ++i)
-    for (int64_t j = 0; j < 45; ++j) {
-      double ref = 2.0;
-      for (int64_t p = 0; p < 65; ++p)
-        ref += a.at(p, i) * b.at(p, j);
-      REQUIRE(out[i * 45 + j] == ref);
-    }
+  for (Bf16Kernel kernel : bf16Kernels()) {
+    INFO("kernel " << bf16KernelName(kernel));
+    std::vector<float> out(19 * 45, 2.0f);
+    matmulBf16(kernel, a.matrix, b.matrix, out.data(), 45, true, 0, 45);
+    for (int64_t i = 0; i < 19; ++i)
+      for (int64_t j = 0; j < 45; ++j) {
+        double ref = 2.0;
+        for (int64_t p = 0; p < 65; ++p)
+          ref += a.at(p, i) * b.at(p, j);
+        REQUIRE(out[i * 45 + j] == ref);
+      }
+  }
 }
 
 TEST_CASE("bf16 matmul with subnormal inputs stays within K * 2^-126",
@@ -134,7 +181,8 @@ TEST_CASE("bf16 matmul with subnormal inputs stays within K * 2^-126",
   };
   Operand a = makeOperand(128, 16, 1, mixed);
   Operand b = makeOperand(128, 64, 1, mixed);
-  checkMatmul(a, b, false, 0, 64, 0.0);
+  for (Bf16Kernel kernel : bf16Kernels())
+    checkMatmul(kernel, a, b, false, 0, 64, 0.0);
 }
 
 TEST_CASE("fp32 matmul on column ranges", "[gemm]") {
@@ -183,4 +231,51 @@ TEST_CASE("TORCHNEURON_HOST_THREADS must be a positive integer", "[pool]") {
   CHECK(parseHostThreads("3") == 3);
   for (const char *bad : {"0", "-2", "", "two", "2x"})
     CHECK_THROWS_AS(parseHostThreads(bad), Error);
+}
+
+TEST_CASE("bf16 matmul reuses a packed moving operand only under its key",
+          "[gemm]") {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<double> dist(-2.0, 2.0);
+  auto random = [&] { return bf16Of(dist(rng)); };
+  Operand a = makeOperand(96, 40, 1, random);
+  Operand b = makeOperand(96, 70, 1, random);
+  Operand other = makeOperand(96, 70, 1, random);
+  for (Bf16Kernel kernel : bf16Kernels()) {
+    INFO("kernel " << bf16KernelName(kernel));
+    auto run = [&](const Operand &moving, uint64_t key) {
+      std::vector<float> out(40 * 70, 0.0f);
+      matmulBf16(kernel, a.matrix, moving.matrix, out.data(), 70, false, 0, 70,
+                 key);
+      return out;
+    };
+    std::vector<float> plain = run(b, 0);
+    CHECK(run(b, 1001) == plain);
+    CHECK(run(b, 1001) == plain); // packed copy reused: same bits
+    // Same key, another matrix: packed afresh.
+    CHECK(run(other, 1001) == run(other, 0));
+    // The same storage with new values under a new key: packed afresh.
+    Operand changed = b;
+    changed.matrix.data = changed.storage.data();
+    CHECK(run(changed, 1002) == plain);
+    for (uint16_t &v : changed.storage)
+      v = static_cast<uint16_t>(v ^ 0x8000); // negate
+    std::vector<float> negated = run(changed, 1003);
+    for (size_t i = 0; i < plain.size(); ++i)
+      REQUIRE(negated[i] == -plain[i]);
+    if (kernel == Bf16Kernel::Widened)
+      continue; // Its columns depend on the range (see above).
+    // One key, column ranges in turn, more than a thread keeps (a thread
+    // running every chunk of the instructions): the same bits.
+    std::vector<float> parts(40 * 70, 0.0f);
+    for (int round = 0; round < 2; ++round)
+      for (auto [from, to] : {std::pair<int64_t, int64_t>{0, 32},
+                              {32, 64},
+                              {64, 70},
+                              {0, 32},
+                              {32, 64}})
+        matmulBf16(kernel, a.matrix, b.matrix, parts.data(), 70, false, from,
+                   to, 2001);
+    CHECK(parts == plain);
+  }
 }
