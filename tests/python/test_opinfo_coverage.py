@@ -121,3 +121,31 @@ def test_every_sample_counts_and_the_table_says_so(coverage: ModuleType, tmp_pat
     assert "| wrong_on_0d | on_device |  |" in table
     assert "| wrong_on_0d | wrong |  |" in table
     assert "every sample" in table
+
+
+class _Accumulation(_Entry):
+    """float16 values added into one place: eager rounds each partial sum to float16."""
+
+    def supported_dtypes(self, device: str) -> set[torch.dtype]:
+        return {torch.float16}
+
+    def sample_inputs(self, device: str, dtype: torch.dtype, **kw: Any) -> Iterator[Any]:
+        from torch.testing._internal.opinfo.core import SampleInput
+
+        torch.manual_seed(0)
+        values = torch.rand(200, dtype=dtype) + 1
+        yield SampleInput(torch.zeros(1, dtype=dtype), args=(values,))
+
+
+def test_a_16bit_result_closer_to_exact_than_eagers_is_not_wrong(coverage: ModuleType) -> None:
+    def accumulate(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        index = torch.zeros(values.shape[0], dtype=torch.int64)
+        return torch.index_put(x, (index,), values, accumulate=True)
+
+    def off(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return accumulate(x, values) + (4.0 if torch.compiler.is_compiling() else 0.0)
+
+    result = coverage.run_op(_Accumulation("accumulate", accumulate), torch.float16, timeout=60)
+    assert result.cls == "on_device", result
+    wrong = coverage.run_op(_Accumulation("off", off), torch.float16, timeout=60)
+    assert wrong.cls == "wrong", wrong
