@@ -8,8 +8,9 @@ inputs; times only, no numbers checked), per 128 rows, two buffer slots per tile
 - stats "vector": bn_stats (8 chunks of 512) and bn_aggr on VectorE, rstd and -mean*rstd on
   [P, 1] columns, the normalize pass on ScalarE (an activation with scale_col=rstd and
   bias=-mean*rstd), then y * w and + b (tensor_tensor with a full [P, D] operand);
-- stats "scalar" (the compiler's form today): the row sums of x and x^2 as ScalarE
-  activations that accumulate, then (x - mean) * w and t * rstd + b (scalar_tensor_tensor);
+- stats "scalar" (one of the compiler's splits; it alternates splits over steps): the row
+  sums of x and x^2 as ScalarE activations that accumulate, then (x - mean) * w and
+  t * rstd + b (scalar_tensor_tensor);
 
 - stats "scalar+psum": as "scalar", with w broadcast once into PSUM by TensorE (a matmul of
   a ones row by w's row per bank), so the VectorE pass that reads it streams one input
@@ -85,7 +86,7 @@ def _scalar_stats(
 def kernel(mul_engine: str, add_engine: str, inner: str, stats_on: str) -> str:
     """The kernel's nisa text. `stats_on` "vector": bn_stats/bn_aggr, a ScalarE normalize,
     then y * w on `mul_engine` and + b on `add_engine`; "scalar": the row sums of x and x^2 as
-    ScalarE activations that accumulate (the compiler's form today), then
+    ScalarE activations that accumulate (the compiler's split), then
     (x - mean) * w and t * rstd + b as scalar_tensor_tensor on those engines. y and t are
     held in `inner` (f32 or bf16)."""
     tile = lambda dt: _sbuf(f"{PARTS}x{COLS}", dt)  # noqa: E731

@@ -6,6 +6,7 @@
 
 #include "llvm/ADT/STLExtras.h"
 
+#include <cmath>
 #include <limits>
 
 using namespace mlir;
@@ -206,8 +207,10 @@ void GroupPlan::findIntermediates(ArrayRef<Operation *> ops) {
     if (rowSumOf.count(op) && isa<FloatType>(storage) &&
         llvm::all_of(v.getUsers(), [&](Operation *u) {
           return u == rowSumOf.lookup(op).getOperation();
-        }))
+        })) {
       storage = BFloat16Type::get(op->getContext());
+      unread.insert(v);
+    }
     intermediates.push_back({v, storage});
   }
   // Constants in the group that the plan holds as tensors load like inputs.
@@ -272,8 +275,38 @@ int64_t GroupPlan::heldBytes() const {
     if (streamed.insert(v).second)
       total += numSlots * slotWidth(v) * bytes(elt(v));
   for (auto [v, storage] : intermediates)
-    total += innerSlots * slotWidth(v) * bytes(storage);
+    if (!sharedUnread || !unread.contains(v))
+      total += innerSlots * slotWidth(v) * bytes(storage);
+  if (sharedUnread)
+    for (Type t : unreadTypes())
+      total += cols * bytes(t);
   return total;
+}
+
+Type GroupPlan::tileType(Value v) const {
+  if (auto c = v.getDefiningOp<CastOp>();
+      c && folded.contains(c) && bytes(elt(c.getInput())) < bytes(elt(v)))
+    return tileType(c.getInput());
+  if (Value narrowed = narrowedBy.lookup(v))
+    return elt(narrowed);
+  for (auto [value, storage] : intermediates)
+    if (value == v)
+      return storage;
+  return elt(v);
+}
+
+SmallVector<Type> GroupPlan::unreadTypes() const {
+  SmallVector<Type> types;
+  auto add = [&](Type t) {
+    if (!llvm::is_contained(types, t))
+      types.push_back(t);
+  };
+  for (auto [v, storage] : intermediates)
+    if (unread.contains(v))
+      add(storage);
+  for (Operation *op : scalarSums)
+    add(tileType(op->getOperand(0)));
+  return types;
 }
 
 void GroupPlan::chooseSlots(ArrayRef<Operation *> ops, ArrayRef<Value> inputs,
@@ -344,11 +377,232 @@ FailureOr<GroupPlan> GroupPlan::decide(ArrayRef<Operation *> ops,
   llvm::DenseSet<Operation *> unassigned(plan.folded.begin(),
                                          plan.folded.end());
   unassigned.insert(plan.summed.begin(), plan.summed.end());
-  plan.engines = assignEngines(
-      target, ops, unassigned, plan.activations, plan.scalarSums,
-      [&](Operation *op) { return plan.instructionOf(op); }, plan.fusion,
-      plan.cols);
+  plan.choosePsumColumns(ops, unassigned, target);
+  auto readsPsum = [&](Operation *op) { return bool(plan.psumColumnOf(op)); };
+  EngineBudget budget;
+  budget.readsPsum = readsPsum;
+  budget.stepDmaNs = plan.stepDmaNs(inputs, target);
+  budget.maxPeriod = plan.maxPeriod(target, knobs);
+  auto assign = [&] {
+    plan.engines = assignEngines(
+        target, ops, unassigned, plan.activations, plan.scalarSums,
+        [&](Operation *op) { return plan.instructionOf(op); }, plan.fusion,
+        plan.cols, budget, &plan.stages);
+  };
+  assign();
+  // Copies in PSUM are for groups whose engines bound them: a group whose
+  // steps all take one split keeps its columns in SBUF (and its split).
+  if (plan.engines.size() == 1 && !plan.psumColumns.empty()) {
+    plan.psumColumns.clear();
+    assign();
+  }
+  if (int64_t period = plan.engines.size(); period > 1) {
+    plan.setPeriod(period);
+    plan.findRowAffines(ops);
+  }
+  plan.dropUnreadPsumColumns(ops);
   return plan;
+}
+
+/// The longest period (up to three steps) the group's engines may
+/// alternate over: a static group by rows with at least two periods of
+/// steps, whose loaded and stored tiles fit 2 * period slots (a period's
+/// loads go to the slots the previous period read) within the stream
+/// share of SBUF, and whose period of steps' scratch tiles (ScalarE's row
+/// sums) fit beside them.
+int64_t GroupPlan::maxPeriod(const ::neuron::target::Target &target,
+                             const NeuronLowerToNisaOptions &knobs) {
+  if (!fusion.byRows || fusion.dynamicRows)
+    return 1;
+  int64_t streamBytes = 0;
+  llvm::DenseSet<Value> streamed;
+  for (Value v : loaded)
+    if ((rep(v) == Rep::Full || rep(v) == Rep::Row) &&
+        streamed.insert(v).second)
+      streamBytes += slotWidth(v) * bytes(elt(v));
+  for (Value v : outputList)
+    if (streamed.insert(v).second)
+      streamBytes += slotWidth(v) * bytes(elt(v));
+  int64_t best = 1;
+  for (int64_t period = 3; period > 1 && best == 1; --period) {
+    GroupPlan trial = *this;
+    trial.setPeriod(period);
+    if (steps >= 2 * period &&
+        trial.numSlots * streamBytes <=
+            target.sbufBytesPerPartition * knobs.streamSbufPercent / 100 &&
+        trial.heldBytes() <= target.sbufBytesPerPartition)
+      best = period;
+  }
+  return best;
+}
+
+/// Steps alternating over `period` splits: a period of steps is emitted at
+/// a time, its loads into the other period's slots (2 * period slots), each
+/// of its steps with intermediates of its own (period inner slots), the
+/// unread ones sharing a tile.
+void GroupPlan::setPeriod(int64_t period) {
+  numSlots = 2 * period;
+  innerSlots = period;
+  sharedUnread = true;
+}
+
+/// rsqrt(var * (1/D) + eps) and the like on a row: one activation whose
+/// scale and immediate bias are the splats, rounded as the separate
+/// instructions round (after the product, after the sum). Only in
+/// alternating plans, where the [P, 1] instructions ScalarE saves count.
+void GroupPlan::findRowAffines(ArrayRef<Operation *> ops) {
+  llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
+  // The splat operand of `bin` (an op of the group computing a row in
+  // f32, used only by `user`) with fn, and its other operand.
+  auto splatStep =
+      [&](Value v, BinaryFn fn,
+          Operation *user) -> std::optional<std::pair<Value, double>> {
+    auto bin = v.getDefiningOp<BinaryOp>();
+    if (!bin || bin.getFn() != fn || !members.contains(bin) ||
+        folded.contains(bin) || onlyUse(v) != user || rep(v) != Rep::Row ||
+        !elt(v).isF32())
+      return std::nullopt;
+    for (auto [mine, other] : {std::pair(bin.getLhs(), bin.getRhs()),
+                               std::pair(bin.getRhs(), bin.getLhs())})
+      if (rep(other) == Rep::Splat && rep(mine) == Rep::Row)
+        return std::pair(mine, fusion.splats.lookup(other));
+    return std::nullopt;
+  };
+  for (Operation *op : scalarSums) {
+    Value v = op->getResult(0);
+    while (Operation *user = onlyUse(v)) {
+      if (!isa<ReshapeOp>(user))
+        break;
+      v = user->getResult(0);
+    }
+    auto mul = dyn_cast_or_null<BinaryOp>(onlyUse(v));
+    if (!mul || mul.getFn() != BinaryFn::mul || !members.contains(mul) ||
+        folded.contains(mul) || rep(mul.getResult()) != Rep::Row ||
+        !elt(mul.getResult()).isF32())
+      continue;
+    Value other = mul.getLhs() == v ? mul.getRhs() : mul.getLhs();
+    int exponent;
+    if (rep(other) != Rep::Splat ||
+        std::frexp(fusion.splats.lookup(other), &exponent) != 0.5)
+      continue; // not a power of two: scaling each element would round
+    scaledSumOf[op] = {mul, fusion.splats.lookup(other)};
+  }
+  for (Operation *op : ops) {
+    auto u = dyn_cast<UnaryOp>(op);
+    if (!u || biasOf.count(op) || rowSumOf.count(op) ||
+        rep(u.getResult()) != Rep::Row)
+      continue;
+    Affine affine{u.getInput()};
+    SmallVector<Operation *> absorbed;
+    if (auto add = splatStep(affine.input, BinaryFn::add, op)) {
+      absorbed.push_back(affine.input.getDefiningOp());
+      affine.bias = add->second;
+      affine.input = add->first;
+    }
+    Operation *user = absorbed.empty() ? op : absorbed.back();
+    if (auto mul = splatStep(affine.input, BinaryFn::mul, user)) {
+      absorbed.push_back(affine.input.getDefiningOp());
+      affine.scale = mul->second;
+      affine.input = mul->first;
+    }
+    if (absorbed.empty())
+      continue;
+    affineOf[op] = affine;
+    folded.insert(absorbed.begin(), absorbed.end());
+  }
+}
+
+Value GroupPlan::columnOf(Value v) const {
+  while (Operation *def = v.getDefiningOp()) {
+    bool widening = isa<CastOp>(def) && folded.contains(def) &&
+                    typeOf(def->getResult(0)).getElementTypeBitWidth() >
+                        typeOf(def->getOperand(0)).getElementTypeBitWidth();
+    if (!isa<BroadcastOp, ReshapeOp>(def) && !widening)
+      break;
+    v = def->getOperand(0);
+  }
+  return rep(v) == Rep::Col ? v : Value();
+}
+
+/// The column vectors a two-input ALU instruction streams beside a full
+/// tile without VectorE's 16-bit one-pass mode (an fp32 operand or
+/// result): a copy in PSUM makes VectorE stream it once, where the columns
+/// fit in PSUM (the group has no other PSUM tiles). By rows and static
+/// only: a size-generic group keeps its columns in SBUF.
+void GroupPlan::choosePsumColumns(ArrayRef<Operation *> ops,
+                                  const llvm::DenseSet<Operation *> &unassigned,
+                                  const ::neuron::target::Target &target) {
+  using ::neuron::runtime::Opcode;
+  if (!fusion.byRows || fusion.dynamicRows)
+    return;
+  int64_t room = target.psumBytesPerPartition;
+  for (Operation *op : ops) {
+    if (unassigned.contains(op) || isa<ConstantOp, BroadcastOp, ReshapeOp>(op))
+      continue;
+    Opcode opcode = instructionOf(op);
+    if (opcode != Opcode::TensorTensor && opcode != Opcode::ScalarTensorTensor)
+      continue;
+    bool all16 = llvm::all_of(op->getResults(), [](Value v) {
+      return typeOf(v).getElementTypeBitWidth() == 16;
+    });
+    for (Value v : op->getOperands())
+      all16 &= !heldAsTile(rep(v)) || typeOf(v).getElementTypeBitWidth() == 16;
+    if (all16)
+      continue;
+    for (Value v : op->getOperands()) {
+      Value column = columnOf(v);
+      if (!column || psumColumns.contains(column))
+        continue;
+      int64_t need = cols * bytes(elt(column));
+      if (need <= room) {
+        psumColumns.insert(column);
+        room -= need;
+      }
+      break; // one input in PSUM per instruction
+    }
+  }
+}
+
+void GroupPlan::dropUnreadPsumColumns(ArrayRef<Operation *> ops) {
+  llvm::DenseSet<Value> read;
+  for (const auto &phase : engines)
+    for (Operation *op : ops)
+      if (phase.lookup(op) == nisa::Engine::vector && phase.count(op))
+        if (Value column = psumColumnOf(op))
+          read.insert(column);
+  psumColumns = std::move(read);
+}
+
+Value GroupPlan::psumColumnOf(Operation *op) const {
+  using ::neuron::runtime::Opcode;
+  if (psumColumns.empty() || !isa<BinaryOp>(op))
+    return Value();
+  Opcode opcode = instructionOf(op);
+  if (opcode != Opcode::TensorTensor && opcode != Opcode::ScalarTensorTensor)
+    return Value();
+  for (Value v : op->getOperands())
+    if (Value column = columnOf(v); column && psumColumns.contains(column))
+      return column;
+  return Value();
+}
+
+/// The DMA time of one step of P rows: its loads and stores over the DMA
+/// engines, by the cost model.
+double GroupPlan::stepDmaNs(ArrayRef<Value> inputs,
+                            const ::neuron::target::Target &target) const {
+  const ::neuron::target::CostModel costModel(target);
+  double ns = 0;
+  auto moved = [&](Value v) {
+    double rowBytes = double(slotWidth(v) * bytes(elt(v)));
+    ns += costModel.dmaTransferNs(target.partitions * rowBytes, rowBytes,
+                                  target.partitions);
+  };
+  for (Value v : inputs)
+    if (rep(v) == Rep::Full || rep(v) == Rep::Row)
+      moved(v);
+  for (Value v : outputList)
+    moved(v);
+  return ns / target.dmaEngines;
 }
 
 namespace {
@@ -362,9 +616,11 @@ public:
       const llvm::DenseSet<Operation *> &activations,
       const llvm::DenseSet<Operation *> &scalarSums,
       llvm::function_ref<::neuron::runtime::Opcode(Operation *)> instructionOf,
-      const FusionPlan &plan, int64_t cols)
+      const FusionPlan &plan, int64_t cols,
+      llvm::function_ref<bool(Operation *)> readsPsum)
       : costModel(target), activations(activations), scalarSums(scalarSums),
-        instructionOf(instructionOf), plan(plan), cols(cols) {}
+        instructionOf(instructionOf), plan(plan), cols(cols),
+        readsPsum(readsPsum) {}
 
   bool allowed(Operation *op, nisa::Engine e) const {
     if (e == nisa::Engine::scalar && scalarSums.contains(op))
@@ -392,6 +648,9 @@ public:
     shape.streamed = activations.contains(op) || opcode == Opcode::Activation
                          ? 1
                          : int(streamed.size());
+    // VectorE reads a column vector's copy in PSUM.
+    if (e == nisa::Engine::vector && shape.streamed == 2 && readsPsum(op))
+      shape.streamedInPsum = 1;
     return costModel.computeNs(opcode, nisa::toProgram(e), shape);
   }
 
@@ -406,40 +665,111 @@ private:
   llvm::function_ref<::neuron::runtime::Opcode(Operation *)> instructionOf;
   const FusionPlan &plan;
   int64_t cols;
+  llvm::function_ref<bool(Operation *)> readsPsum;
 };
 
-/// Over every order of the three engines and two cut points of `work`,
-/// the split whose busiest engine has the least work, into `best` (left as
-/// it is if no split is allowed).
-void bestSplit(ArrayRef<Operation *> work, const EngineCosts &costs,
-               llvm::DenseMap<Operation *, nisa::Engine> &best) {
-  using nisa::Engine;
-  double bestLoad = std::numeric_limits<double>::infinity();
-  const Engine all[3] = {Engine::vector, Engine::gpsimd, Engine::scalar};
+/// One way to run a step's chain of instructions: engine order[0] for
+/// work[0, cut1), order[1] for [cut1, cut2), order[2] for the rest, and
+/// each engine's time (ns) in load (by kEngines' index).
+struct Split {
+  nisa::Engine order[3];
+  size_t cut1, cut2;
+  double load[3];
+
+  double worst() const { return std::max({load[0], load[1], load[2]}); }
+  bool dominates(const Split &o) const {
+    return load[0] <= o.load[0] && load[1] <= o.load[1] && load[2] <= o.load[2];
+  }
+};
+
+const nisa::Engine kEngines[3] = {nisa::Engine::vector, nisa::Engine::gpsimd,
+                                  nisa::Engine::scalar};
+
+/// Every order of the three engines and two cut points of `work` whose
+/// instructions each run on an engine that may issue them.
+SmallVector<Split> allSplits(ArrayRef<Operation *> work,
+                             const EngineCosts &costs) {
+  SmallVector<Split> splits;
   size_t n = work.size();
   for (int a = 0; a < 3; ++a)
     for (int b2 = 0; b2 < 3; ++b2)
       for (int c = 0; c < 3; ++c) {
         if (a == b2 || a == c || b2 == c)
           continue;
-        Engine order[3] = {all[a], all[b2], all[c]};
+        int index[3] = {a, b2, c};
         for (size_t cut1 = 0; cut1 <= n; ++cut1)
           for (size_t cut2 = cut1; cut2 <= n; ++cut2) {
-            double load[3] = {0, 0, 0};
+            Split split{{kEngines[a], kEngines[b2], kEngines[c]},
+                        cut1,
+                        cut2,
+                        {0, 0, 0}};
             bool ok = true;
             for (size_t i = 0; i < n && ok; ++i) {
               int seg = i < cut1 ? 0 : i < cut2 ? 1 : 2;
-              ok = costs.allowed(work[i], order[seg]);
-              load[seg] += costs.cost(work[i], order[seg]);
+              ok = costs.allowed(work[i], split.order[seg]);
+              split.load[index[seg]] += costs.cost(work[i], split.order[seg]);
             }
-            double worst = std::max({load[0], load[1], load[2]});
-            if (!ok || worst >= bestLoad)
-              continue;
-            bestLoad = worst;
-            for (size_t i = 0; i < n; ++i)
-              best[work[i]] = order[i < cut1 ? 0 : i < cut2 ? 1 : 2];
+            if (ok)
+              splits.push_back(split);
           }
       }
+  return splits;
+}
+
+void apply(const Split &split, ArrayRef<Operation *> work,
+           llvm::DenseMap<Operation *, nisa::Engine> &engines) {
+  for (size_t i = 0; i < work.size(); ++i)
+    engines[work[i]] = split.order[i < split.cut1 ? 0 : i < split.cut2 ? 1 : 2];
+}
+
+/// The splits for steps 0, 1, ... of a period: the one split whose busiest
+/// engine has the least work, unless that engine has more work per step
+/// than the step's DMA (it bounds the group) and steps taking different
+/// splits in turn (a period of up to three) spread the work better.
+SmallVector<const Split *> bestSchedule(ArrayRef<Split> splits,
+                                        const EngineBudget &budget) {
+  const Split *single = nullptr;
+  for (const Split &split : splits)
+    if (!single || split.worst() < single->worst())
+      single = &split;
+  SmallVector<const Split *> best;
+  if (!single)
+    return best;
+  best.push_back(single);
+  int64_t maxPeriod = std::min<int64_t>(budget.maxPeriod, 3);
+  if (maxPeriod < 2 || single->worst() <= budget.stepDmaNs)
+    return best;
+  // Only splits no other beats on every engine can be in the best period.
+  SmallVector<const Split *> front;
+  for (const Split &split : splits) {
+    bool dominated = llvm::any_of(splits, [&](const Split &o) {
+      return o.dominates(split) && (!split.dominates(o) || &o < &split);
+    });
+    if (!dominated)
+      front.push_back(&split);
+  }
+  double bestPerStep = single->worst();
+  size_t n = front.size();
+  auto consider = [&](ArrayRef<const Split *> period) {
+    double load[3] = {0, 0, 0};
+    for (const Split *split : period)
+      for (int e = 0; e < 3; ++e)
+        load[e] += split->load[e];
+    double perStep = std::max({load[0], load[1], load[2]}) / period.size();
+    if (perStep < bestPerStep) {
+      bestPerStep = perStep;
+      best.assign(period.begin(), period.end());
+    }
+  };
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = i; j < n; ++j)
+      consider({front[i], front[j]});
+  if (maxPeriod >= 3)
+    for (size_t i = 0; i < n; ++i)
+      for (size_t j = i; j < n; ++j)
+        for (size_t k = j; k < n; ++k)
+          consider({front[i], front[j], front[k]});
+  return best;
 }
 } // namespace
 
@@ -451,30 +781,54 @@ void bestSplit(ArrayRef<Operation *> work, const EngineCosts &costs,
 /// engine that may issue it: InstructionSet.def), the one whose busiest
 /// engine has the least work, by the target's clocks; if none fits, ALU ops
 /// stay on VectorE. Row sums in `scalarSums` may also go to ScalarE, as an
-/// identity activation that accumulates.
-llvm::DenseMap<Operation *, nisa::Engine> mlir::neuron::assignEngines(
+/// identity activation that accumulates. When even that engine has more
+/// work than a step's DMA, steps may take different splits in turn, so
+/// that each engine's work averaged over the period is least.
+SmallVector<llvm::DenseMap<Operation *, nisa::Engine>, 1>
+mlir::neuron::assignEngines(
     const ::neuron::target::Target &target, ArrayRef<Operation *> ops,
     const llvm::DenseSet<Operation *> &folded,
     const llvm::DenseSet<Operation *> &activations,
     const llvm::DenseSet<Operation *> &scalarSums,
     llvm::function_ref<::neuron::runtime::Opcode(Operation *)> instructionOf,
-    const FusionPlan &plan, int64_t cols) {
+    const FusionPlan &plan, int64_t cols, const EngineBudget &budget,
+    SmallVectorImpl<llvm::DenseMap<Operation *, int>> *stages) {
   using nisa::Engine;
   SmallVector<Operation *> work;
   for (Operation *op : ops)
     if (!isa<ConstantOp, BroadcastOp, ReshapeOp>(op) && !folded.contains(op))
       work.push_back(op);
-  llvm::DenseMap<Operation *, Engine> best;
+  llvm::DenseMap<Operation *, Engine> fallback;
   for (Operation *op : work)
-    best[op] = isa<UnaryOp>(op) || activations.contains(op) ? Engine::scalar
-                                                            : Engine::vector;
+    fallback[op] = isa<UnaryOp>(op) || activations.contains(op)
+                       ? Engine::scalar
+                       : Engine::vector;
   // Orders of up to three engines and two cut points: cubic in the
   // instructions, so long groups keep the default.
+  if (stages)
+    stages->assign(1, {});
   if (work.size() > 24)
-    return best;
-  bestSplit(
-      work,
-      EngineCosts(target, activations, scalarSums, instructionOf, plan, cols),
-      best);
-  return best;
+    return {fallback};
+  auto readsPsum = [&](Operation *op) {
+    return budget.readsPsum && budget.readsPsum(op);
+  };
+  EngineCosts costs(target, activations, scalarSums, instructionOf, plan, cols,
+                    readsPsum);
+  SmallVector<Split> splits = allSplits(work, costs);
+  SmallVector<const Split *> schedule = bestSchedule(splits, budget);
+  if (schedule.empty())
+    return {fallback};
+  SmallVector<llvm::DenseMap<Operation *, Engine>, 1> engines;
+  if (stages)
+    stages->clear();
+  for (const Split *split : schedule) {
+    engines.push_back(fallback);
+    apply(*split, work, engines.back());
+    if (stages) {
+      stages->emplace_back();
+      for (size_t i = 0; i < work.size(); ++i)
+        stages->back()[work[i]] = i < split->cut1 ? 0 : i < split->cut2 ? 1 : 2;
+    }
+  }
+  return engines;
 }

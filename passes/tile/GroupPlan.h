@@ -46,12 +46,31 @@ struct GroupPlan {
   llvm::DenseMap<Value, Value> narrowedBy;
   /// A unary (or square) -> the add/sub of a row it takes as its bias.
   llvm::DenseMap<Operation *, Operation *> biasOf;
+  /// In alternating plans, a unary of a row r * c + d (c, d splats) -> r,
+  /// c and d, which its activation takes as its scale and immediate bias
+  /// (the multiply and add become no instructions of their own).
+  struct Affine {
+    Value input;
+    double scale = 1, bias = 0;
+  };
+  llvm::DenseMap<Operation *, Affine> affineOf;
+  /// In alternating plans, a row sum ScalarE may compute whose one use is a
+  /// multiply by a power of two (a mean) -> that multiply and the factor: a
+  /// step that sums it on ScalarE scales as it sums (exactly) and has no
+  /// multiply instruction.
+  llvm::DenseMap<Operation *, std::pair<Operation *, double>> scaledSumOf;
 
   /// The values the group stores, in order, and as a set.
   SmallVector<Value> outputList;
   llvm::DenseSet<Value> outputs;
   /// The intermediates that get a tile, and the type they are stored in.
   SmallVector<std::pair<Value, Type>> intermediates;
+  /// Intermediates whose elements nothing reads (an activation kept for the
+  /// row sums it accumulates).
+  llvm::DenseSet<Value> unread;
+  /// Steps alternating over a period write the unread intermediates and
+  /// ScalarE's row-sum scratch to one tile per element type, shared by all.
+  bool sharedUnread = false;
   /// The values loaded: the group's inputs, then the constants it holds as
   /// tensors.
   SmallVector<Value> loaded;
@@ -63,14 +82,41 @@ struct GroupPlan {
 
   /// Row sums ScalarE computes as an identity activation that accumulates.
   llvm::DenseSet<Operation *> scalarSums;
-  /// The engine of each op's instruction.
-  llvm::DenseMap<Operation *, nisa::Engine> engines;
+  /// Column vectors also copied once into PSUM, where VectorE reads them: a
+  /// two-input VectorE instruction with one input in PSUM streams once.
+  llvm::DenseSet<Value> psumColumns;
+  /// The engine of each op's instruction, per step: step i takes
+  /// engines[i % engines.size()] (more than one when alternating the
+  /// engines over steps unloads the engine that bounds every step).
+  SmallVector<llvm::DenseMap<Operation *, nisa::Engine>, 1> engines;
+
+  /// Per step likewise, the segment (0 to 2) of its split each instruction
+  /// is in: alternating steps are emitted segment by segment.
+  SmallVector<llvm::DenseMap<Operation *, int>, 1> stages;
+
+  /// The engine of `op`'s instruction in step `step`.
+  nisa::Engine engineOf(Operation *op, int64_t step) const {
+    return engines[step % int64_t(engines.size())].lookup(op);
+  }
+  int stageOf(Operation *op, int64_t step) const {
+    return stages[step % int64_t(stages.size())].lookup(op);
+  }
 
   Rep rep(Value v) const { return fusion.rep(v); }
   /// Columns a value takes in a step's tile: 1 for a row.
   int64_t slotWidth(Value v) const { return rep(v) == Rep::Row ? 1 : cols; }
   /// The instruction `op` becomes (ops folded or summed become none).
   ::neuron::runtime::Opcode instructionOf(Operation *op) const;
+  /// The column vector (a loaded value) `v` reads through broadcasts,
+  /// reshapes and folded widening casts, or null.
+  Value columnOf(Value v) const;
+  /// The column `op`'s instruction reads from PSUM on VectorE, or null.
+  Value psumColumnOf(Operation *op) const;
+  /// The element type of the tile `v` is held in (a folded widening cast
+  /// reads its input's tile).
+  Type tileType(Value v) const;
+  /// The element types of the shared tiles of unread values (sharedUnread).
+  SmallVector<Type> unreadTypes() const;
 
   /// Plans `ops` (in program order) reading `inputs` and storing `outputs`
   /// with tiles of at most `knobs.freeTileBytes` per partition, rotating
@@ -91,24 +137,46 @@ private:
                    const llvm::DenseSet<Operation *> &members);
   void findSquareBiases(const llvm::DenseSet<Operation *> &members);
   void findScaled(ArrayRef<Operation *> ops);
+  void findRowAffines(ArrayRef<Operation *> ops);
   void findIntermediates(ArrayRef<Operation *> ops);
   void layOut(ArrayRef<Value> inputs, int64_t width,
               const ::neuron::target::Target &target,
               const NeuronLowerToNisaOptions &knobs);
   int64_t heldBytes() const;
+  int64_t maxPeriod(const ::neuron::target::Target &target,
+                    const NeuronLowerToNisaOptions &knobs);
+  void setPeriod(int64_t period);
   void chooseSlots(ArrayRef<Operation *> ops, ArrayRef<Value> inputs,
                    const ::neuron::target::Target &target,
                    const NeuronLowerToNisaOptions &knobs);
+  void choosePsumColumns(ArrayRef<Operation *> ops,
+                         const llvm::DenseSet<Operation *> &unassigned,
+                         const ::neuron::target::Target &target);
+  void dropUnreadPsumColumns(ArrayRef<Operation *> ops);
+  double stepDmaNs(ArrayRef<Value> inputs,
+                   const ::neuron::target::Target &target) const;
 };
 
-/// Engines for a group's instructions (GroupPlan.cpp).
-llvm::DenseMap<Operation *, nisa::Engine> assignEngines(
+/// What assignEngines weighs beside the ops: the step's DMA time (an
+/// engine with less work per step does not bound the group), which
+/// instructions read a column from PSUM on VectorE, and the most steps a
+/// schedule may alternate over.
+struct EngineBudget {
+  double stepDmaNs = 0;
+  llvm::function_ref<bool(Operation *)> readsPsum = {};
+  int64_t maxPeriod = 1;
+};
+
+/// Engines for a group's instructions, per step (GroupPlan.cpp); with
+/// `stages`, each instruction's segment of its step's split.
+SmallVector<llvm::DenseMap<Operation *, nisa::Engine>, 1> assignEngines(
     const ::neuron::target::Target &target, ArrayRef<Operation *> ops,
     const llvm::DenseSet<Operation *> &folded,
     const llvm::DenseSet<Operation *> &activations,
     const llvm::DenseSet<Operation *> &scalarSums,
     llvm::function_ref<::neuron::runtime::Opcode(Operation *)> instructionOf,
-    const FusionPlan &plan, int64_t cols);
+    const FusionPlan &plan, int64_t cols, const EngineBudget &budget = {},
+    SmallVectorImpl<llvm::DenseMap<Operation *, int>> *stages = nullptr);
 
 } // namespace mlir::neuron
 

@@ -11,6 +11,10 @@
 #include "passes/tile/KernelLowering.h"
 #include "passes/tile/TilePattern.h"
 
+#include "runtime/target/Cost.h"
+
+#include <limits>
+
 using namespace mlir;
 using namespace mlir::neuron;
 
@@ -38,6 +42,8 @@ private:
     /// A size-generic group's last step: the rows its DMAs move (the
     /// compute runs on whole tiles; rows past these are never stored).
     Value dmaRows = {};
+    /// Ops another instruction of this step computed (plan.scaledSumOf).
+    llvm::DenseSet<Operation *> absorbed = {};
 
     Value tileOf(Value v) const { return tiles.lookup(v); }
   };
@@ -45,16 +51,30 @@ private:
   static Type elt(Value v) { return tensorType(v).getElementType(); }
   static int64_t bytes(Type t) { return (t.getIntOrFloatBitWidth() + 7) / 8; }
   bool fullish(Value v) const { return heldAsTile(plan.rep(v)); }
-  nisa::Engine engineOf(Operation *op) const { return plan.engines.lookup(op); }
+  nisa::Engine engineOf(const Step &st, Operation *op) const {
+    return plan.engineOf(op, st.slotIndex);
+  }
 
   void allocate();
   void loadColumn(Value v, Value buffer);
+  void loadColumns();
+  void copyToPsum(Value v);
+  Value tensorOperand(const Step &st, Operation *op, Value v) const;
   void step(Phase phase, Value base, int64_t rows, int64_t stepCols,
             int64_t slotIndex, Value dmaRows = {});
+  Step prepare(Phase phase, Value base, int64_t rows, int64_t stepCols,
+               int64_t slotIndex, Value dmaRows = {});
+  void computeOps(MutableArrayRef<Step> steps, int stage);
+  void store(Step &st);
+  void emitAlternating();
+  Value moved(const Step &st, Value tile) {
+    return st.dmaRows ? k.withRows(tile, st.dmaRows) : tile;
+  }
   void emitDynamic(Value rows);
   Value slot(const Step &st, Value v);
   Value window(const Step &st, Value v, Value buffer);
   Value dstFor(const Step &st, Value v);
+  Value discardTile(const Step &st, Type t);
   Value asTile(const Step &st, Value v, bool rowResult);
   std::pair<Value, Value> rowSums(Step &st, Operation *op);
   std::pair<Value, Value> biasedSource(const Step &st, Operation *op,
@@ -70,8 +90,11 @@ private:
   ArrayRef<std::pair<Value, Value>> inputs, outputs;
   int64_t p;
   llvm::DenseMap<Value, Value> slots, columns;
-  llvm::DenseMap<Value, Value> inner; // intermediate -> its two-slot tile
+  llvm::DenseMap<Value, Value> psumCopies; // column -> its copy in PSUM
+  llvm::DenseMap<Type, Value> discards;    // plan.unreadTypes() -> tile
+  llvm::DenseMap<Value, Value> inner;      // intermediate -> its two-slot tile
   SmallVector<std::pair<Value, Value>> loaded;
+  SmallVector<std::pair<Value, Value>> columnBuffers; // Col inputs
 };
 
 void GroupEmitter::allocate() {
@@ -89,7 +112,11 @@ void GroupEmitter::allocate() {
     if (rep == Rep::Full || rep == Rep::Row)
       slots[v] =
           k.tile(MemorySpace::sbuf, {p, numSlots * plan.slotWidth(v)}, elt(v));
-    if (rep == Rep::Col)
+    // Alternating steps load their columns after the first period's rows:
+    // the rows' statistics do not need them.
+    if (rep == Rep::Col && plan.engines.size() > 1)
+      columnBuffers.push_back({v, buffer});
+    else if (rep == Rep::Col)
       loadColumn(v, buffer);
   }
   for (auto [v, buffer] : outputs)
@@ -97,8 +124,19 @@ void GroupEmitter::allocate() {
       slots[v] =
           k.tile(MemorySpace::sbuf, {p, numSlots * plan.slotWidth(v)}, elt(v));
   for (auto [v, storage] : plan.intermediates)
-    inner[v] = k.tile(MemorySpace::sbuf,
-                      {p, plan.innerSlots * plan.slotWidth(v)}, storage);
+    if (!plan.sharedUnread || !plan.unread.contains(v))
+      inner[v] = k.tile(MemorySpace::sbuf,
+                        {p, plan.innerSlots * plan.slotWidth(v)}, storage);
+  if (plan.sharedUnread)
+    for (Type t : plan.unreadTypes())
+      discards[t] = k.tile(MemorySpace::sbuf, {p, plan.cols}, t);
+}
+
+/// A tile of `t` whose elements nothing reads: the shared one, or a new one.
+Value GroupEmitter::discardTile(const Step &st, Type t) {
+  if (Value shared = discards.lookup(t))
+    return k.view(shared, k.index(0), {st.rows, st.cols}, {plan.cols, 1});
+  return k.tile(MemorySpace::sbuf, {st.rows, st.cols}, t);
 }
 
 /// One row broadcast to every partition, loaded once. A long row goes to
@@ -120,6 +158,52 @@ void GroupEmitter::loadColumn(Value v, Value buffer) {
     k.dma(k.view(buffer, k.index(0), {p, cols}, {0, 1}), t);
   }
   columns[v] = t;
+}
+
+void GroupEmitter::loadColumns() {
+  for (auto [v, buffer] : columnBuffers) {
+    loadColumn(v, buffer);
+    if (plan.psumColumns.contains(v))
+      copyToPsum(v);
+  }
+}
+
+/// A column VectorE reads from PSUM: copied there once, by the engine the
+/// cost model finds fastest among those that write PSUM (GpSimd cannot).
+void GroupEmitter::copyToPsum(Value v) {
+  using ::neuron::runtime::Opcode;
+  const ::neuron::target::CostModel costModel(k.target);
+  ::neuron::target::ComputeShape shape;
+  shape.elements = double(plan.cols);
+  shape.streamed = 1;
+  shape.all16Bit = bytes(elt(v)) == 2;
+  shape.dstInPsum = true;
+  nisa::Engine best = nisa::Engine::vector;
+  double bestNs = std::numeric_limits<double>::infinity();
+  for (nisa::Engine e : {nisa::Engine::vector, nisa::Engine::scalar}) {
+    if (!nisa::canIssue(Opcode::Copy, e))
+      continue;
+    double ns = costModel.computeNs(Opcode::Copy, nisa::toProgram(e), shape);
+    if (ns < bestNs) {
+      bestNs = ns;
+      best = e;
+    }
+  }
+  Value t = k.tile(MemorySpace::psum, {p, plan.cols}, elt(v));
+  b.create<nisa::CopyOp>(columns[v], t, best);
+  psumCopies[v] = t;
+}
+
+/// A tensor operand of `op`'s instruction: a column's copy in PSUM where
+/// the plan has VectorE read it there, else its tile.
+Value GroupEmitter::tensorOperand(const Step &st, Operation *op,
+                                  Value v) const {
+  Value column = plan.columnOf(v);
+  if (!column || engineOf(st, op) != nisa::Engine::vector ||
+      plan.psumColumnOf(op) != column)
+    return st.tileOf(v);
+  return k.view(psumCopies.lookup(column), k.index(0), {st.rows, st.cols},
+                {plan.cols, 1});
 }
 
 Value GroupEmitter::slot(const Step &st, Value v) {
@@ -152,6 +236,8 @@ Value GroupEmitter::dstFor(const Step &st, Value v) {
   if (Value narrowed = plan.narrowedBy.lookup(v);
       narrowed && plan.outputs.contains(narrowed))
     return slot(st, narrowed);
+  if (plan.sharedUnread && plan.unread.contains(v))
+    return discardTile(st, plan.tileType(v));
   int64_t width = plan.slotWidth(v), innerSlots = plan.innerSlots;
   return k.view(inner.lookup(v), k.index(st.slotIndex % innerSlots * width),
                 {st.rows, width == 1 ? 1 : st.cols}, {innerSlots * width, 1});
@@ -198,7 +284,8 @@ std::pair<Value, Value> GroupEmitter::biasedSource(const Step &st,
   if (bin.getFn() == BinaryFn::sub) {
     Value negated = k.tile(MemorySpace::sbuf, {st.rows, 1}, b.getF32Type());
     b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, bias, negated,
-                                   Value(), APFloat(-1.0), false, engineOf(op));
+                                   Value(), APFloat(-1.0), false,
+                                   engineOf(st, op));
     bias = negated;
   }
   return {st.tileOf(bin.getLhs()), bias};
@@ -216,8 +303,8 @@ void GroupEmitter::emitBinary(Step &st, BinaryOp bin, Value dst) {
     Value w = innerOnLeft ? bin.getRhs() : bin.getLhs();
     b.create<nisa::ScalarTensorTensorOp>(
         aluFor(inner.getFn()), aluFor(bin.getFn()), st.tileOf(inner.getLhs()),
-        st.tileOf(w), dst, st.tileOf(inner.getRhs()), APFloat(0.0),
-        engineOf(op));
+        tensorOperand(st, op, w), dst, st.tileOf(inner.getRhs()), APFloat(0.0),
+        engineOf(st, op));
     return;
   }
   nisa::AluOp alu = aluFor(bin.getFn());
@@ -228,38 +315,49 @@ void GroupEmitter::emitBinary(Step &st, BinaryOp bin, Value dst) {
     double imm = fusion.splats.lookup(reverse ? l : r);
     b.create<nisa::TensorScalarOp>(alu, st.tileOf(reverse ? r : l), dst,
                                    Value(), APFloat(imm), reverse,
-                                   engineOf(op));
+                                   engineOf(st, op));
   } else if (fullish(l) != fullish(r)) {
     // A row broadcast against a full tile: a per-partition scalar.
     bool reverse = !fullish(l);
     b.create<nisa::TensorScalarOp>(alu, st.tileOf(reverse ? r : l), dst,
                                    st.tileOf(reverse ? l : r), APFloat(0.0),
-                                   reverse, engineOf(op));
+                                   reverse, engineOf(st, op));
   } else {
-    b.create<nisa::TensorTensorOp>(alu, st.tileOf(l), st.tileOf(r), dst,
-                                   engineOf(op));
+    b.create<nisa::TensorTensorOp>(alu, tensorOperand(st, op, l),
+                                   tensorOperand(st, op, r), dst,
+                                   engineOf(st, op));
   }
 }
 
 /// The instruction of one op of the group, writing `dst`.
 void GroupEmitter::emitOp(Step &st, Operation *op, Value dst) {
   if (plan.activations.contains(op)) {
-    auto [src, bias] = biasedSource(st, op, op->getOperand(0));
+    // (x - m)^2 as (m - x)^2, the same number: -x with m as the bias, so
+    // m needs no negating first.
+    auto shift = cast_or_null<BinaryOp>(plan.biasOf.lookup(op));
+    bool flip = shift && shift.getFn() == BinaryFn::sub;
+    auto [src, bias] =
+        flip ? std::pair(st.tileOf(shift.getLhs()), st.tileOf(shift.getRhs()))
+             : biasedSource(st, op, op->getOperand(0));
     auto [acc, narrow] = rowSums(st, op);
     b.create<nisa::ActivationOp>(src, dst, bias, Value(), acc,
-                                 nisa::ActivationFn::square, APFloat(1.0),
-                                 APFloat(0.0));
+                                 nisa::ActivationFn::square,
+                                 APFloat(flip ? -1.0 : 1.0), APFloat(0.0));
     if (narrow)
       b.create<nisa::CopyOp>(acc, narrow, nisa::Engine::gpsimd);
     return;
   }
   if (auto u = dyn_cast<UnaryOp>(op)) {
-    // exp(x - m) with m a row: the row rides along as the bias.
+    // exp(x - m) with m a row: the row rides along as the bias;
+    // rsqrt(r * c + d): the splats are its scale and immediate bias.
     auto [src, bias] = biasedSource(st, op, u.getInput());
     auto [acc, narrow] = rowSums(st, op);
+    GroupPlan::Affine affine = plan.affineOf.lookup(op);
+    if (affine.input)
+      src = st.tileOf(affine.input);
     b.create<nisa::ActivationOp>(src, dst, bias, Value(), acc,
-                                 activationFor(u.getFn()), APFloat(1.0),
-                                 APFloat(0.0));
+                                 activationFor(u.getFn()),
+                                 APFloat(affine.scale), APFloat(affine.bias));
     if (narrow)
       b.create<nisa::CopyOp>(acc, narrow, nisa::Engine::gpsimd);
   } else if (auto bin = dyn_cast<BinaryOp>(op)) {
@@ -269,26 +367,34 @@ void GroupEmitter::emitOp(Step &st, Operation *op, Value dst) {
     Value c = asTile(st, sel.getCond(), rowResult);
     Value t = asTile(st, sel.getOnTrue(), rowResult);
     Value f = asTile(st, sel.getOnFalse(), rowResult);
-    b.create<nisa::SelectOp>(c, t, f, dst, engineOf(op));
+    b.create<nisa::SelectOp>(c, t, f, dst, engineOf(st, op));
   } else if (auto c = dyn_cast<CastOp>(op)) {
-    b.create<nisa::CopyOp>(st.tileOf(c.getInput()), dst, engineOf(op));
+    b.create<nisa::CopyOp>(st.tileOf(c.getInput()), dst, engineOf(st, op));
   } else if (auto r = dyn_cast<ReduceOp>(op);
-             r && engineOf(op) == nisa::Engine::scalar) {
-    // identity(x) written to a scratch tile, its fp32 row sums kept.
+             r && engineOf(st, op) == nisa::Engine::scalar) {
+    // identity(x) written to a scratch tile, its fp32 row sums kept; a
+    // mean's power-of-two factor applied as it sums.
     Value src = st.tileOf(r.getInput());
-    Value scratch = k.tile(MemorySpace::sbuf, {st.rows, st.cols},
-                           cast<MemRefType>(src.getType()).getElementType());
+    Value scratch =
+        discardTile(st, cast<MemRefType>(src.getType()).getElementType());
+    double scale = 1.0;
+    if (auto [mul, factor] = plan.scaledSumOf.lookup(op); mul) {
+      dst = dstFor(st, mul->getResult(0));
+      st.tiles[mul->getResult(0)] = dst;
+      st.absorbed.insert(mul);
+      scale = factor;
+    }
     bool f32 = cast<MemRefType>(dst.getType()).getElementType().isF32();
     Value acc =
         f32 ? dst : k.tile(MemorySpace::sbuf, {st.rows, 1}, b.getF32Type());
     b.create<nisa::ActivationOp>(src, scratch, Value(), Value(), acc,
-                                 nisa::ActivationFn::identity, APFloat(1.0),
+                                 nisa::ActivationFn::identity, APFloat(scale),
                                  APFloat(0.0));
     if (!f32)
       b.create<nisa::CopyOp>(acc, dst, nisa::Engine::gpsimd);
   } else if (auto r = dyn_cast<ReduceOp>(op)) {
     b.create<nisa::TensorReduceOp>(aluFor(r.getFn()), st.tileOf(r.getInput()),
-                                   dst, engineOf(op));
+                                   dst, engineOf(st, op));
   }
 }
 
@@ -296,28 +402,43 @@ void GroupEmitter::emitOp(Step &st, Operation *op, Value dst) {
 void GroupEmitter::step(Phase phase, Value base, int64_t rows, int64_t stepCols,
                         int64_t slotIndex, Value dmaRows) {
   TileBuilder::TileScope scope(k);
+  Step st = prepare(phase, base, rows, stepCols, slotIndex, dmaRows);
+  if (phase == Phase::Load)
+    return;
+  computeOps(MutableArrayRef<Step>(st), -1);
+  store(st);
+}
+
+/// A step's tiles of the loaded values, and in the load phase its loads.
+GroupEmitter::Step GroupEmitter::prepare(Phase phase, Value base, int64_t rows,
+                                         int64_t stepCols, int64_t slotIndex,
+                                         Value dmaRows) {
   Step st{base, rows, stepCols, slotIndex, {}, dmaRows};
-  auto moved = [&](Value tile) {
-    return dmaRows ? k.withRows(tile, dmaRows) : tile;
-  };
   for (auto [v, buffer] : loaded) {
     switch (plan.rep(v)) {
     case Rep::Full:
     case Rep::Row:
       st.tiles[v] = slot(st, v);
       if (phase == Phase::Load)
-        k.dma(window(st, v, buffer), moved(st.tiles[v]));
+        k.dma(window(st, v, buffer), moved(st, st.tiles[v]));
       break;
     case Rep::Col:
-      st.tiles[v] =
-          k.view(columns[v], k.index(0), {rows, stepCols}, {plan.cols, 1});
+      if (Value column = columns.lookup(v)) // not yet loaded: not read yet
+        st.tiles[v] =
+            k.view(column, k.index(0), {rows, stepCols}, {plan.cols, 1});
       break;
     case Rep::Splat:
       break;
     }
   }
-  if (phase == Phase::Load)
-    return;
+  return st;
+}
+
+/// The instructions of steps in segment `stage` of their splits (every one
+/// when `stage` < 0), op by op and, for each, step by step: consecutive
+/// instructions on an engine's queue then belong to different steps and
+/// do not wait for each other.
+void GroupEmitter::computeOps(MutableArrayRef<Step> steps, int stage) {
   for (Operation *op : ops) {
     b.setLoc(op->getLoc());
     if (isa<ConstantOp>(op))
@@ -325,18 +446,102 @@ void GroupEmitter::step(Phase phase, Value base, int64_t rows, int64_t stepCols,
     Value result = op->getResult(0);
     if (plan.summed.contains(op))
       continue; // its activation wrote it
-    if (isa<BroadcastOp, ReshapeOp>(op) || plan.folded.contains(op)) {
-      st.tiles[result] = st.tileOf(op->getOperand(0));
-      continue;
+    for (Step &st : steps) {
+      if (isa<BroadcastOp, ReshapeOp>(op) || plan.folded.contains(op)) {
+        st.tiles[result] = st.tileOf(op->getOperand(0));
+        continue;
+      }
+      if ((stage >= 0 && plan.stageOf(op, st.slotIndex) != stage) ||
+          st.absorbed.contains(op))
+        continue;
+      Value dst = dstFor(st, result);
+      st.tiles[result] = dst;
+      emitOp(st, op, dst);
     }
-    Value dst = dstFor(st, result);
-    st.tiles[result] = dst;
-    emitOp(st, op, dst);
   }
+}
+
+void GroupEmitter::store(Step &st) {
   for (auto [v, buffer] : outputs) {
     b.setLoc(v.getLoc());
-    k.dma(moved(st.tileOf(v)), window(st, v, buffer));
+    k.dma(moved(st, st.tileOf(v)), window(st, v, buffer));
   }
+}
+
+/// Steps whose engines alternate over a period of R splits: R steps at a
+/// time (a period), their instructions emitted segment by segment (each
+/// engine's queue then takes a later step's first segment before an
+/// earlier step's last, and no engine waits on another's backlog). Before
+/// each period's compute: the loads of the next period, into the slots the
+/// previous one read (2R slots), then the previous period's stores, so
+/// that the DMA queues never hold the loads behind its last step.
+void GroupEmitter::emitAlternating() {
+  int64_t period = plan.engines.size(), numSlots = plan.numSlots;
+  int64_t cols = plan.cols;
+  int64_t full = fusion.numRows / p, rem = fusion.numRows % p;
+  int64_t count = full + (rem ? 1 : 0);
+  int64_t groups = (count + period - 1) / period;
+  auto rowsOf = [&](int64_t s) { return s < full ? p : rem; };
+  // A period's steps: (first row, rows, slot index).
+  using StepAt = std::tuple<Value, int64_t, int64_t>;
+  auto staticGroup = [&](int64_t g) {
+    SmallVector<StepAt> steps;
+    for (int64_t s = g * period; s < std::min(count, (g + 1) * period); ++s)
+      steps.push_back({k.index(s * p), rowsOf(s), s % numSlots});
+    return steps;
+  };
+  // Period g's steps when g = first + 2 * it + h (it a loop index).
+  auto loopGroup = [&](Value it, int64_t first, int64_t h) {
+    SmallVector<StepAt> steps;
+    for (int64_t j = 0; j < period; ++j) {
+      Value s = k.addOffset(k.scale(it, 2 * period), (first + h) * period + j);
+      steps.push_back({k.scale(s, p), p, ((first + h) % 2) * period + j});
+    }
+    return steps;
+  };
+  auto load = [&](ArrayRef<StepAt> steps) {
+    for (auto [base, rows, slotIndex] : steps) {
+      TileBuilder::TileScope scope(k);
+      prepare(Phase::Load, base, rows, cols, slotIndex);
+    }
+  };
+  auto storeAll = [&](ArrayRef<StepAt> steps) {
+    for (auto [base, rows, slotIndex] : steps) {
+      Step st{base, rows, cols, slotIndex, {}, {}};
+      for (auto [v, buffer] : outputs)
+        st.tiles[v] = slot(st, v);
+      store(st);
+    }
+  };
+  auto compute = [&](ArrayRef<StepAt> steps) {
+    TileBuilder::TileScope scope(k);
+    SmallVector<Step> sts;
+    for (auto [base, rows, slotIndex] : steps)
+      sts.push_back(prepare(Phase::Compute, base, rows, cols, slotIndex));
+    for (int stage = 0; stage < 3; ++stage)
+      computeOps(sts, stage);
+  };
+  load(staticGroup(0));
+  loadColumns();
+  load(staticGroup(1));
+  compute(staticGroup(0));
+  // Periods g >= 1 whose next period is whole, two per iteration (their
+  // slots are then constants); the rest one by one.
+  int64_t looped = std::max<int64_t>(0, full / period - 2) / 2 * 2;
+  k.forEach(looped / 2, [&](Value it) {
+    for (int64_t h = 0; h < 2; ++h) {
+      load(loopGroup(it, 2, h));
+      storeAll(loopGroup(it, 0, h));
+      compute(loopGroup(it, 1, h));
+    }
+  });
+  for (int64_t g = 1 + looped; g < groups; ++g) {
+    if (g + 1 < groups)
+      load(staticGroup(g + 1));
+    storeAll(staticGroup(g - 1));
+    compute(staticGroup(g));
+  }
+  storeAll(staticGroup(groups - 1));
 }
 
 /// A group of `rows` rows known at run time (issue #16): the full steps
@@ -385,6 +590,8 @@ void GroupEmitter::emit(Value rows) {
   };
   if (fusion.dynamicRows)
     return emitDynamic(rows);
+  if (plan.engines.size() > 1)
+    return emitAlternating();
   if (fusion.byRows) {
     int64_t full = fusion.numRows / p, rem = fusion.numRows % p;
     run(full, p, p);

@@ -506,6 +506,58 @@ def test_training_backward_runs_on_the_device(real_native: ModuleType) -> None:
     assert s["ops_on_device"] > forward["ops_on_device"]
 
 
+# LayerNorm as models write it, large enough (8 steps of 128 rows) that its engines alternate
+# over steps and VectorE reads w and b from PSUM (issue #19); the rows are not a multiple of
+# 128, so the last period has a short step. (rows, hidden, form)
+LAYER_NORM_FORMS = {
+    "affine-bf16": (1000, 4096, "affine"),
+    "float32-upcast": (1000, 4096, "upcast"),
+    "no-affine": (800, 4096, "plain"),
+    "bert-768": (1000, 768, "bert"),
+    "vit-1024": (900, 1024, "bert"),
+    "float32": (800, 2048, "float32"),
+}
+
+
+@pytest.mark.parametrize("form", list(LAYER_NORM_FORMS))
+def test_layer_norm_forms_match_eager(real_native: ModuleType, form: str) -> None:
+    rows, hidden, kind = LAYER_NORM_FORMS[form]
+    g = torch.Generator().manual_seed(0)
+    dtype = torch.float32 if kind == "float32" else torch.bfloat16
+    # A mean well away from 0, so that the variance is of x - mean.
+    x = (torch.randn(rows, hidden, generator=g) * 2 + 3).to(dtype)
+    w = (torch.randn(hidden, generator=g) * 0.5 + 1).to(dtype)
+    b = torch.randn(hidden, generator=g).to(dtype)
+    if kind == "plain":
+        module = torch.nn.LayerNorm(hidden, elementwise_affine=False)
+        fn: Any = module
+    elif kind == "bert":
+        module = torch.nn.LayerNorm(hidden, eps=1e-12).to(dtype)
+        with torch.no_grad():
+            module.weight.copy_(w)
+            module.bias.copy_(b)
+        fn = module
+    elif kind == "upcast":
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            return F.layer_norm(x.float(), (hidden,), w.float(), b.float()).to(x.dtype)
+
+    else:
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            return F.layer_norm(x, (hidden,), w, b)
+
+    with torch.no_grad():
+        got = torch.compile(fn, backend=neuron_backend)(x)
+        eps = 1e-12 if kind == "bert" else 1e-5
+        affine = () if kind == "plain" else (w.float(), b.float())
+        want = F.layer_norm(x.float(), (hidden,), *affine, eps=eps).to(dtype)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert torchneuron.stats()["kernels_run"] == 1
+    tol = F32 if dtype == torch.float32 else {"atol": 1.6e-2, "rtol": 1.6e-2}
+    torch.testing.assert_close(got, want, **tol)
+
+
 def test_target_selection(real_native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.available_targets() == list(real_native.targets()) == ["trn2", "trn3"]
     assert config.resolve_target(None) == "trn2"

@@ -141,8 +141,8 @@ void checkEnginesCanIssue(const Group &g) {
         plan.folded.contains(op) || plan.summed.contains(op))
       continue;
     INFO(op->getName().getStringRef().str());
-    REQUIRE(plan.engines.count(op));
-    nisa::Engine engine = plan.engines.lookup(op);
+    REQUIRE(plan.engines.front().count(op));
+    nisa::Engine engine = plan.engines.front().lookup(op);
     // A row sum on ScalarE is an identity activation that accumulates.
     Opcode instruction =
         engine == nisa::Engine::scalar && plan.scalarSums.contains(op)
@@ -175,7 +175,7 @@ TEST_CASE("softmax: casts, x - max and the row sum fold into exp",
   CHECK(plan.instructionOf(g.op("exp")) == Opcode::Activation);
   CHECK(plan.instructionOf(g.op("div")) == Opcode::TensorScalar);
   CHECK(plan.instructionOf(g.op("max")) == Opcode::TensorReduce);
-  CHECK(plan.engines.lookup(g.op("exp")) == nisa::Engine::scalar);
+  CHECK(plan.engines.front().lookup(g.op("exp")) == nisa::Engine::scalar);
   checkEnginesCanIssue(g);
 
   // By rows: a row of 64 per partition, two steps of 128 rows, each

@@ -1,4 +1,5 @@
 // RUN: neuron-opt %s --neuron-fuse-elementwise --neuron-lower-to-nisa | FileCheck %s
+// RUN: neuron-opt %s --neuron-fuse-elementwise --neuron-lower-to-nisa | FileCheck %s --check-prefix=ALT
 
 // LayerNorm as the backend decomposes it, on a square input (rows as long
 // as the weight): the weight and bias casts join the group as column
@@ -16,6 +17,33 @@
 // CHECK-NOT: nisa.tensor_scalar subtract
 // CHECK: nisa.scalar_tensor_tensor subtract, multiply
 // CHECK: nisa.scalar_tensor_tensor multiply, add
+// Its engines alternate over a period of three steps (issue #19): no one
+// split of the statistics (two ScalarE passes) and the two affine passes
+// keeps every engine within a step's DMA time. w and b are also copied into
+// PSUM, where VectorE reads them beside the float32 operand in one pass
+// (GpSimd, which cannot reach PSUM, reads them in SBUF). One step of the
+// period sums its rows on GpSimd, the others on ScalarE; the square of
+// x - mean is that of -x + mean (no negated mean); a mean summed on ScalarE
+// scales by 1/D as it sums, and rsqrt(var / D + eps) is one activation. A
+// period's steps are emitted segment by segment, op by op across its steps.
+// ALT-LABEL: func.func @layer_norm
+// ALT: nisa.copy {{.*}} : memref<128x4096xbf16, #nisa.mem<sbuf>>, memref<128x4096xbf16, #nisa.mem<psum>>
+// ALT: nisa.copy {{.*}} : memref<128x4096xbf16, #nisa.mem<sbuf>>, memref<128x4096xbf16, #nisa.mem<psum>>
+// ALT: scf.for
+// ALT: nisa.tensor_reduce add {{.*}} {engine = #nisa.engine<gpsimd>} : memref<128x4096xbf16
+// ALT: nisa.activation identity {{.*}} accumulate %{{[^ ]*}} {scale = 2.44140625E-4 : f64}
+// ALT-NOT: nisa.tensor_scalar
+// ALT: nisa.activation identity {{.*}} accumulate %{{[^ ]*}} {scale = 2.44140625E-4 : f64}
+// ALT: nisa.activation square %{{.*}}, %{{.*}} bias %{{.*}} accumulate %{{.*}} {scale = -1.000000e+00 : f64}
+// ALT-NOT: nisa.tensor_scalar
+// ALT: nisa.activation square
+// ALT-NOT: nisa.tensor_scalar
+// ALT: nisa.activation square
+// ALT: nisa.activation rsqrt %{{[^ ]*}}, %{{[^ ]*}} {bias_imm = 9.9999997473787516E-6 : f64, scale = 2.44140625E-4 : f64}
+// ALT: nisa.scalar_tensor_tensor subtract, multiply {{.*}} {engine = #nisa.engine<gpsimd>} : {{.*}}, memref<128x4096xbf16, strided<[4096, 1], offset: ?>, #nisa.mem<sbuf>>
+// ALT: nisa.scalar_tensor_tensor subtract, multiply %{{[^{]*}} : {{.*}}, memref<128x4096xbf16, strided<[4096, 1], offset: ?>, #nisa.mem<psum>>
+// ALT: nisa.scalar_tensor_tensor multiply, add {{.*}} {engine = #nisa.engine<gpsimd>} : {{.*}}, memref<128x4096xbf16, strided<[4096, 1], offset: ?>, #nisa.mem<sbuf>>
+// ALT: nisa.scalar_tensor_tensor multiply, add %{{[^{]*}} : memref<128x4096xf32, {{.*}}, memref<128x4096xbf16, strided<[4096, 1], offset: ?>, #nisa.mem<psum>>
 func.func @layer_norm(%arg0: tensor<4096x4096xbf16>, %arg1: tensor<4096xbf16>, %arg2: tensor<4096xbf16>) -> tensor<4096x4096xbf16> {
   %0 = neuron.constant dense<9.99999974E-6> : tensor<4096x1xf32>
   %1 = neuron.constant dense<2.44140625E-4> : tensor<4096x1xf32>
@@ -55,6 +83,10 @@ func.func @layer_norm(%arg0: tensor<4096x4096xbf16>, %arg1: tensor<4096xbf16>, %
 // CHECK: nisa.activation square {{.*}} accumulate
 // CHECK-NOT: nisa.tensor_tensor
 // CHECK: nisa.scalar_tensor_tensor multiply, multiply {{.*}} : memref<128x256xbf16, {{.*}}>, memref<128x256xbf16, {{.*}}>, memref<128x256xbf16
+// Two steps: one split, nothing in PSUM.
+// ALT-LABEL: func.func @llama_rms_norm
+// ALT-NOT: psum
+// ALT: return
 func.func @llama_rms_norm(%arg0: tensor<256x256xbf16>, %arg1: tensor<256xbf16>) -> tensor<256x256xbf16> {
   %0 = neuron.constant dense<9.99999997E-7> : tensor<256x1xf32>
   %1 = neuron.constant dense<3.906250e-03> : tensor<256x1xf32>
