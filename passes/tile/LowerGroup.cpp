@@ -74,6 +74,7 @@ private:
   Value slot(const Step &st, Value v);
   Value window(const Step &st, Value v, Value buffer);
   Value dstFor(const Step &st, Value v);
+  Value heldTile(const Step &st, Value v);
   Value discardTile(const Step &st, Type t);
   Value asTile(const Step &st, Value v, bool rowResult);
   std::pair<Value, Value> rowSums(Step &st, Operation *op);
@@ -130,6 +131,26 @@ void GroupEmitter::allocate() {
   if (plan.sharedUnread)
     for (Type t : plan.unreadTypes())
       discards[t] = k.tile(MemorySpace::sbuf, {p, plan.cols}, t);
+}
+
+/// The tile a step's compute left `v` in, found again from the step's slot
+/// (an alternating period stores after later periods' code, so not from
+/// its SSA values): as computeOps maps them, a broadcast, reshape or folded
+/// op holds its operand's tile (an output reshaping a row sum is stored
+/// from the sum's inner tile, not from its own slot, which nothing wrote).
+Value GroupEmitter::heldTile(const Step &st, Value v) {
+  while (Operation *def = v.getDefiningOp()) {
+    if (!llvm::is_contained(ops, def) ||
+        !(isa<BroadcastOp, ReshapeOp>(def) || plan.folded.contains(def)))
+      break;
+    v = def->getOperand(0);
+  }
+  if (llvm::none_of(loaded, [&](auto l) { return l.first == v; }))
+    return dstFor(st, v);
+  if (plan.rep(v) == Rep::Col) // as prepare views it
+    return k.view(columns.lookup(v), k.index(0), {st.rows, st.cols},
+                  {plan.cols, 1});
+  return slot(st, v);
 }
 
 /// A tile of `t` whose elements nothing reads: the shared one, or a new one.
@@ -509,7 +530,7 @@ void GroupEmitter::emitAlternating() {
     for (auto [base, rows, slotIndex] : steps) {
       Step st{base, rows, cols, slotIndex, {}, {}};
       for (auto [v, buffer] : outputs)
-        st.tiles[v] = slot(st, v);
+        st.tiles[v] = heldTile(st, v);
       store(st);
     }
   };

@@ -558,6 +558,29 @@ def test_layer_norm_forms_match_eager(real_native: ModuleType, form: str) -> Non
     torch.testing.assert_close(got, want, **tol)
 
 
+def test_rank_sort_row_sum_stored_reshaped_matches_eager(real_native: ModuleType) -> None:
+    """A fused group whose engines alternate over steps and whose output reshapes a row sum
+    (the ranks of a [2, 300, 300] compare): the output is stored from the sum's tile, which the
+    alternating periods once lost (they stored the reshape's own slot, never written, and the
+    one-hot select after it gave -inf at 598 of 600 places)."""
+
+    def values(x: torch.Tensor) -> torch.Tensor:  # decompositions.sort's rank sort, descending
+        xi, xj = x.unsqueeze(-1), x.unsqueeze(-2)
+        nan_i, nan_j = torch.isnan(xi), torch.isnan(xj)
+        ahead = (xj > xi) | (nan_j & ~nan_i)
+        same = (xj == xi) | (nan_i & nan_j)
+        place = torch.arange(x.shape[-1])
+        earlier = place.unsqueeze(0) < place.unsqueeze(1)
+        rank = (ahead | (same & earlier)).sum(-1)
+        onehot = rank.unsqueeze(-2) == place.unsqueeze(-1)
+        return torch.where(onehot, x.unsqueeze(-2), float("-inf")).amax(-1)
+
+    x = torch.randn(2, 300, generator=torch.Generator().manual_seed(1))
+    got = torch.compile(values, backend=neuron_backend)(x)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    torch.testing.assert_close(got, values(x), rtol=0, atol=0)
+
+
 def test_target_selection(real_native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.available_targets() == list(real_native.targets()) == ["trn2", "trn3"]
     assert config.resolve_target(None) == "trn2"
