@@ -143,13 +143,13 @@ def _ndim(node: torch.fx.Node) -> int:
 
 
 def _handle(
-    node: torch.fx.Node, pairs: dict[torch.fx.Node, torch.fx.Node]
+    node: torch.fx.Node, paired: set[torch.fx.Node]
 ) -> tuple[Callable[..., torch.Tensor], list[torch.fx.Node]] | None:
-    """How to compute ``node`` on pairs: a function of tensors and the nodes it takes (pair
-    nodes for complex arguments), or None when this op is not handled."""
+    """How to compute ``node`` on pairs: a function of tensors and the nodes it takes (those in
+    ``paired`` are read in their pair form), or None when this op is not handled."""
     target, args, kwargs = node.target, node.args, node.kwargs
     source = args[0] if args and isinstance(args[0], torch.fx.Node) else None
-    pair = pairs.get(source) if source is not None else None
+    pair = source if source in paired else None
     if target is _aten._fft_r2c.default and source is not None:
         n = max(source.meta["val"].shape[d] for d in args[1]) if args[1] else 0
         if n > MAX_POINTS:
@@ -227,13 +227,12 @@ def _handle(
     if target in (_aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor) and isinstance(
         other, torch.fx.Node
     ):
-        other_pair = pairs.get(other)
-        if other_pair is None or len(args) > 2 or kwargs:
+        if other not in paired or len(args) > 2 or kwargs:
             return None
         if target is _aten.mul.Tensor:
-            return (lambda a, b: _pair(*_multiply(a, b))), [pair, other_pair]
+            return (lambda a, b: _pair(*_multiply(a, b))), [pair, other]
         sign = 1.0 if target is _aten.add.Tensor else -1.0
-        return (lambda a, b: a + sign * b), [pair, other_pair]
+        return (lambda a, b: a + sign * b), [pair, other]
     return None
 
 
@@ -253,27 +252,27 @@ def complex_as_pairs(gm: torch.fx.GraphModule) -> int:
     if not complex_nodes:
         return 0
     # Plan first: leave the graph as it is unless every complex node is handled.
-    pairs: dict[torch.fx.Node, torch.fx.Node] = {}
+    paired: set[torch.fx.Node] = set()  # nodes that have a pair form once rewritten
     planned: list[tuple[torch.fx.Node, Callable[..., torch.Tensor], list[torch.fx.Node]]] = []
     for node in gm.graph.nodes:
         if node.op == "placeholder" and _is_complex(node.meta.get("val")):
-            pairs[node] = node
+            paired.add(node)
             continue
         if node.op != "call_function":
             continue
         takes_complex = any(_is_complex(a.meta.get("val")) for a in node.all_input_nodes)
         if not (_is_complex(node.meta.get("val")) or takes_complex):
             continue
-        how = _handle(node, pairs)
+        how = _handle(node, paired)
         if how is None:
             return 0
         planned.append((node, *how))
-        pairs[node] = node  # a marker: this node has a pair form once rewritten
+        paired.add(node)
     # Rewrite: complex inputs through view_as_real, each planned node as its pair form, and
     # complex values the rest of the graph reads through view_as_complex.
     made: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in gm.graph.nodes:
-        if node.op == "placeholder" and node in pairs:
+        if node.op == "placeholder" and node in paired:
             with gm.graph.inserting_after(node):
                 view = gm.graph.call_function(_aten.view_as_real.default, (node,))
             view.meta["val"] = torch.view_as_real(node.meta["val"])
