@@ -21,6 +21,8 @@ if ((${#missing[@]})); then
 fi
 
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+# Paths relative to the checkout: another clone or worktree hits the same cache entries.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}"
 if [ ! -f build-sanitize/build.ninja ]; then
   cmake -G Ninja -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_COMPILER=clang-19 -DCMAKE_CXX_COMPILER=clang++-19 \

@@ -45,6 +45,8 @@ stamp() {
   stat -c '%n %Y' build/python/torchneuron/_C*.so build/python/torchneuron/_device*.so build/python/torchneuron/_distributed*.so build/bin/* 2>/dev/null || true
 }
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+# Paths relative to the checkout: another clone or worktree hits the same cache entries.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}"
 if [ -f build/build.ninja ] && [ -f build/.install-stamp ]; then
   ninja -C build >/dev/null || { ninja -C build >&2; exit 1; }
   [ "$(stamp | sha1sum | cut -d' ' -f1)" = "$(cat build/.install-stamp)" ] && exit 0
