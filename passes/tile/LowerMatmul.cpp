@@ -89,7 +89,8 @@ private:
   void lowerFullBlocks(const Bases &base, int64_t fullBlocks);
   void lowerBlock(const Bases &base, Value m0, int64_t rows, const Panel &panel,
                   std::optional<NextPanel> next, int64_t maxPieces);
-  /// B slots that hide a load behind the matmuls of the steps before it.
+  /// B slots that hide a load behind the matmuls of the steps before it,
+  /// and the group's stores behind those of the next group's first steps.
   int64_t bSlotsFor(int64_t blockTiles) const;
   void lowerGroup(const Bases &base, const Block &blk, Value g, int64_t set,
                   int64_t cols, bool first, bool prefetches);
@@ -362,7 +363,27 @@ int64_t GemmLowering::bSlotsFor(int64_t blockTiles) const {
       costModel.cyclesToNs(
           ::neuron::runtime::Engine::Tensor,
           costModel.matmulCycles(double(mTile), double(nTile), inElt.isF32()));
-  return k.streamSlots(loadNs, stepNs);
+  // At each N group's end its stores (a tile's rows per M tile) enter the
+  // DMA queues ahead of the next group's first B loads: enough more slots
+  // that the loads already in flight cover them.
+  int64_t outBytes = std::max<int64_t>(1, outType.getElementTypeBitWidth() / 8);
+  double storeNs =
+      blockTiles *
+      costModel.dmaTransferNs(double(mTile * nGroup * outBytes),
+                              double(nGroup * outBytes), double(mTile)) /
+      k.target.dmaEngines;
+  // (No more than a group has K steps: it would not load further ahead.)
+  int64_t base = k.streamSlots(loadNs, stepNs);
+  int64_t need = std::max(
+      base, std::min(kTiles, base + (int64_t)std::ceil(storeNs /
+                                                       std::max(stepNs, 1.0))));
+  // Slots that divide the K steps rotate the same way in every group, so a
+  // group's first loads never wait on a slot the last group still reads.
+  int64_t fullK = kDim / kTile;
+  for (int64_t slots = need; slots <= std::min(2 * need, fullK); ++slots)
+    if (fullK % slots == 0)
+      return slots;
+  return need;
 }
 
 void GemmLowering::lowerBlock(const Bases &base, Value m0, int64_t rows,
