@@ -263,10 +263,14 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
                    {tail, idx(rows)}, {psumCols, 1}));
       });
 
+    // S^T into SBUF on ScalarE (VectorE reads at most one PSUM operand).
     // Max per (partition, row) over the column groups: halve their count
     // (an odd middle group is compared twice: max is idempotent).
-    Value src = psum;
-    int64_t srcAt = 2 * set * bank, srcW = psumCols;
+    b.create<nisa::CopyOp>(
+        sAll, k.view(d, k.index(0), {unit, n * rows}, {sW, 1}),
+        nisa::Engine::scalar);
+    Value src = d;
+    int64_t srcAt = 0, srcW = sW;
     for (int64_t m = n; m > 1;) {
       int64_t h = m / 2;
       b.create<nisa::TensorTensorOp>(
@@ -302,8 +306,7 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply,
                                    ps(set, 1, maxBCol, unit, rows), maxS,
                                    Value(), APFloat(scale), false);
-    scalarTensorTensor(k.view(psum, k.index(2 * set * bank), {unit, n, rows},
-                              {psumCols, rows, 1}),
+    scalarTensorTensor(k.view(d, k.index(0), {unit, n, rows}, {sW, rows, 1}),
                        Value(), scale, nisa::AluOp::multiply,
                        k.view(maxS, k.index(0), {unit, n, rows}, {rows, 0, 1}),
                        nisa::AluOp::subtract,
