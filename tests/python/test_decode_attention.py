@@ -23,7 +23,10 @@ def _decode_matmuls(dump: Path, rows: int) -> int:
     """S^T matmuls of the decode kernel in the lowered IR: a [dim, 128] K^T chunk stationary,
     the key head's [dim, rows] Q^T moving, into [128, rows] of PSUM."""
     text = "\n".join(p.read_text() for p in dump.rglob("*nisa*.mlir"))
-    pattern = rf"nisa\.matmul[^\n]*: memref<\d+x128x[bf]\w+[^\n]*memref<\d+x{rows}x[bf]\w+[^\n]*memref<128x{rows}xf32"
+    pattern = (
+        rf"nisa\.matmul[^\n]*: memref<\d+x128x[bf]\w+[^\n]*"
+        rf"memref<\d+x{rows}x[bf]\w+[^\n]*memref<128x{rows}xf32"
+    )
     return len(re.findall(pattern, text))
 
 
