@@ -50,6 +50,10 @@ struct Operand {
   int64_t offset = 0, elements = 0;
 };
 
+/// Whether runDecode lowers `op`: static shapes, plain scores, no mask,
+/// at most 128 query rows per key head, at least 512 keys.
+bool isDecodeAttention(FlexAttentionOp op);
+
 class FlexAttentionLowering {
 public:
   FlexAttentionLowering(TileBuilder &k, FlexAttentionOp op)
@@ -63,6 +67,10 @@ public:
   LogicalResult runDynamic();
   /// The backward kernel (LowerFlexAttentionBackward.cpp).
   LogicalResult runBackward();
+  /// The forward kernel for a few query rows per key head against a long
+  /// key cache, keys on the partitions (LowerDecodeAttention.cpp); for the
+  /// ops isDecodeAttention accepts.
+  LogicalResult runDecode();
 
 private:
   /// Where a key step is: loop indices (index values) and static sizes.
@@ -101,6 +109,9 @@ private:
                        o.getBlocks(), o.getScoreBuffers(), o.getMaskBuffers());
   }
   void makeConstants(int64_t cols);
+  /// The decode kernel over `kvLen` keys (an index: a constant, or a size
+  /// known at run time for runDynamic), after setUp.
+  LogicalResult decodeKernel(Value kvLen);
   // The forward kernel's plan and tiles.
   void planPsum(bool tables);
   LogicalResult planSbuf();

@@ -1331,6 +1331,8 @@ struct FlexAttentionPattern
         !tensorType(op.getKey()).hasStaticShape() ||
         !tensorType(op.getValue()).hasStaticShape())
       return flex::FlexAttentionLowering(k, op).runDynamic();
+    if (flex::isDecodeAttention(op))
+      return flex::FlexAttentionLowering(k, op).runDecode();
     return flex::FlexAttentionLowering(k, op).run();
   }
 };

@@ -1,0 +1,437 @@
+//===- LowerDecodeAttention.cpp - flash-decoding for a few query rows -----===//
+//
+// The forward kernel of a neuron.flex_attention with a few query rows per key
+// head (decode: query length 1-8, every query head of a GQA group) against a
+// long key cache, made to read the cache once at the DMA's rate (issue #19),
+// for a static key length and for one known at run time (runDynamic).
+// The flash-attention kernel puts the query rows on the partitions and the
+// keys on the free axis: with four rows per key head VectorE and ScalarE
+// work on 4 of 128 partitions, and every key step waits on the one running
+// max of those rows. Here the keys go on the partitions instead:
+//  - a key head's keys stream through SBUF in full blocks of `chunks` x 128
+//    keys, key `first + p * chunks + c` on partition p (each partition reads
+//    one contiguous run of K and of V), counted at run time and loaded
+//    kSlots - 1 blocks ahead; the rest (length mod a block) is one more
+//    block, loaded first, of chunk-major chunks and a tail on the first
+//    partitions, whose missing keys keep -huge scores;
+//  - per chunk S^T = K Q^T [128 keys, rows] into one PSUM bank (K^T chunk
+//    stationary, the key head's Q^T moving), all chunks side by side;
+//  - the block's max per query row: a max tree over the chunks on VectorE,
+//    then across the partitions by a TensorE transpose and a row reduce,
+//    rounded to bf16 so that broadcasting it back to every partition (a
+//    matmul of ones by diag(max)) is exact;
+//  - P^T = exp(scale * S^T - scale * max) in one VectorE and one ScalarE pass
+//    over the block; O = P V and the row sums (P times a ones column)
+//    accumulate in PSUM over the chunks, P^T chunks stationary;
+//  - the blocks of a key head combine by log-sum-exp (flash-decoding):
+//    running -max, row sums and O in fp32, each rescaled by exp(m_old -
+//    m_new) and the block's by exp(m_block - m_new). No block waits on
+//    another's softmax, so the engines pipeline across blocks, and the next
+//    key head's first blocks load under this one's (key heads unrolled).
+//===----------------------------------------------------------------------===//
+
+#include "passes/flex_attention/FlexAttentionLowering.h"
+
+#include <limits>
+
+namespace mlir::neuron::flex {
+
+namespace {
+constexpr int64_t kSlots = 3; // blocks in flight: one computing, two loading
+constexpr int64_t kMaxRows = 128;
+constexpr int64_t kMaxChunks = 32; // 8 KiB of K and of V per partition
+} // namespace
+
+bool isDecodeAttention(FlexAttentionOp op) {
+  auto qType = tensorType(op.getQuery()), kType = tensorType(op.getKey()),
+       vType = tensorType(op.getValue());
+  if (!qType.hasStaticShape() || !kType.hasStaticShape() ||
+      !vType.hasStaticShape() || !op.getScoreBuffers().empty() ||
+      !op.getMaskBuffers().empty() || op.getScale().convertToDouble() <= 0)
+    return false;
+  Block &scoreBody = op.getScoreMod().front();
+  if (cast<YieldOp>(scoreBody.getTerminator()).getValues()[0] !=
+      scoreBody.getArgument(0))
+    return false;
+  // Every block full (or a mask_mod that keeps everything): no mask.
+  bool maskTrivial = false;
+  Value keep =
+      cast<YieldOp>(op.getMaskMod().front().getTerminator()).getValues()[0];
+  if (auto c = keep.getDefiningOp<ConstantOp>())
+    if (auto attr = dyn_cast<DenseElementsAttr>(c.getValue()))
+      maskTrivial = attr.isSplat() && attr.getSplatValue<bool>();
+  if (!maskTrivial)
+    for (APInt v : op.getBlocks().getValues<APInt>())
+      if (v.getSExtValue() != (int64_t)Kind::full)
+        return false;
+  int64_t heads = qType.getDimSize(1), kvHeads = kType.getDimSize(1);
+  if (kvHeads == 0 || heads % kvHeads)
+    return false;
+  int64_t rows = heads / kvHeads * qType.getDimSize(2);
+  // Keys on the partitions pay off against a cache of several chunks.
+  return rows >= 1 && rows <= kMaxRows && kType.getDimSize(2) >= 512 &&
+         qType.getDimSize(3) <= 128 && vType.getDimSize(3) <= 128 &&
+         kType.getDimSize(2) == vType.getDimSize(2);
+}
+
+LogicalResult FlexAttentionLowering::runDecode() {
+  if (::mlir::failed(setUp(op)))
+    return failure();
+  return decodeKernel(k.index(kvLen));
+}
+
+LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
+  const int64_t rows = group * qLen; // Q^T columns: head g's rows g*qLen+i
+  std::tie(out, outStrides) = resultLayout(op.getOut());
+  if (!op.getLse().use_empty()) {
+    lse = k.resultBuffer(op.getLse());
+    lseStrides = contiguousStrides(tensorType(op.getLse()).getShape());
+  }
+  auto idx = [&](int64_t v) -> OpFoldResult { return b.getIndexAttr(v); };
+
+  // A key head's keys: full blocks of `chunks` x 128 keys (p-major), then
+  // the rest (length mod the block) as a block of chunk-major chunks and a
+  // tail on the first partitions. S^T of a block and its tail column group
+  // fill at most a PSUM bank.
+  const int64_t chunks = std::min(kMaxChunks, bank / rows - 1);
+  const int64_t groups = chunks + 1; // S^T column groups of a block
+  const int64_t blockKeys = chunks * unit;
+  Value fullBlocks = b.create<arith::FloorDivSIOp>(kvLenV, k.index(blockKeys));
+  Value restKeys = b.create<arith::RemSIOp>(kvLenV, k.index(blockKeys));
+  Value restChunks = b.create<arith::FloorDivSIOp>(restKeys, k.index(unit));
+  Value tail = b.create<arith::RemSIOp>(restKeys, k.index(unit));
+  Value restAt = k.scale(fullBlocks, blockKeys);
+
+  TileBuilder::TileScope scope(k);
+  // Constants: the identity (transposes, diag(max)), ones.
+  Value diff = k.tile(MemorySpace::sbuf, {unit, unit}, f32);
+  b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
+                         b.getDenseF64ArrayAttr({-1.0}));
+  ident = k.tile(MemorySpace::sbuf, {unit, unit}, inElt);
+  b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
+                                 APFloat(0.0), false);
+  Value ones = k.tile(MemorySpace::sbuf, {unit, unit}, inElt);
+  b.create<nisa::MemsetOp>(ones, APFloat(1.0));
+
+  // SBUF per head slot (two: the next key head loads while this one
+  // computes): full blocks' K^T [dim, chunks x 128] ((c, p) order) and V
+  // [128, chunks x vDim] in kSlots stream slots; the rest block's K^T (keys
+  // in order) and V; Q^T.
+  const int64_t streams = 2 * kSlots;
+  const int64_t kW = chunks * unit, vW = chunks * vDim;
+  Value kTs = k.tile(MemorySpace::sbuf, {dim, streams * kW}, inElt);
+  Value vs = k.tile(MemorySpace::sbuf, {unit, streams * vW}, inElt);
+  // Tiles of their own for the rest: nisa-insert-sync takes a view with a
+  // run-time extent as its whole tile.
+  Value kTRest[2], vRest[2];
+  for (int64_t i = 0; i < 2; ++i) {
+    kTRest[i] = k.tile(MemorySpace::sbuf, {dim, groups * unit}, inElt);
+    vRest[i] = k.tile(MemorySpace::sbuf, {unit, groups * vDim}, inElt);
+  }
+  Value qTs = k.tile(MemorySpace::sbuf, {dim, 2 * rows}, inElt);
+  // PSUM: per set (full blocks by stream slot, and the rest block) a bank
+  // of S^T and one of O, max^T, the broadcast max and the row sums.
+  constexpr int64_t sets = kSlots + 1, restSet = kSlots;
+  psumCols = 2 * sets * bank;
+  psum = k.tile(MemorySpace::psum, {unit, psumCols}, f32);
+  const int64_t oCol = 0, maxTCol = vDim, maxBCol = vDim + unit,
+                lCol = vDim + unit + rows;
+  auto ps = [&](int64_t set, int64_t bankIdx, int64_t at, int64_t parts,
+                int64_t n) {
+    return k.view(psum, k.index((2 * set + bankIdx) * bank + at), {parts, n},
+                  {psumCols, 1});
+  };
+  // The softmax's tiles, per set where a block's outlive the next one's.
+  const int64_t sW = groups * rows, treeW = (groups + 1) / 2 * rows;
+  Value tree = k.tile(MemorySpace::sbuf, {unit, treeW}, f32);
+  Value maxB = k.tile(MemorySpace::sbuf, {unit, sets * rows}, inElt);
+  Value maxR = k.tile(MemorySpace::sbuf, {rows, sets}, f32);
+  Value diag = k.tile(MemorySpace::sbuf, {rows, sets * rows}, inElt);
+  Value maxS = k.tile(MemorySpace::sbuf, {unit, rows}, f32);
+  Value d = k.tile(MemorySpace::sbuf, {unit, sW}, f32);
+  Value pTs = k.tile(MemorySpace::sbuf, {unit, sets * sW}, inElt);
+  // A key head's running state, per head slot: -max, the row sums, O; and
+  // a block's -max, -max', the two rescale factors, O and l rescaled.
+  Value negms = k.tile(MemorySpace::sbuf, {rows, 2}, f32);
+  Value ls = k.tile(MemorySpace::sbuf, {rows, 2}, f32);
+  Value os = k.tile(MemorySpace::sbuf, {rows, 2 * vDim}, f32);
+  Value factors = k.tile(MemorySpace::sbuf, {rows, 4}, f32);
+  Value scaled = k.tile(MemorySpace::sbuf, {rows, vDim + 1}, f32);
+  Value oOuts = k.tile(MemorySpace::sbuf, {rows, 2 * vDim}, inElt);
+  Value lt = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
+  auto col = [&](Value t, int64_t width, int64_t at) {
+    return k.view(t, k.index(at), {rows, 1}, {width, 1});
+  };
+
+  // Loads on ScalarE's queue (a trigger, no DGE hold); K^T first, so the
+  // scores start while V is still coming.
+  auto load = [&](Value src, Value dst) {
+    b.create<nisa::DmaCopyOp>(src, dst, nisa::Engine::scalar);
+  };
+  int64_t hs = 0; // the key head's slot
+  Value kBase, vBase;
+  const int64_t ks = key.strides[2], vst = value.strides[2];
+  auto headBase = [&](const TileBuilder::Window &w, int64_t bi, int64_t h,
+                      int64_t perHead) {
+    return k.addOffset(k.addOffsets(k.scale(w.stride(k, 0), bi),
+                                    k.scale(w.stride(k, 1), h * perHead)),
+                       w.offset);
+  };
+  auto setHead = [&](int64_t headIdx) {
+    hs = headIdx % 2;
+    kBase = headBase(key, headIdx / kvHeads, headIdx % kvHeads, 1);
+    vBase = headBase(value, headIdx / kvHeads, headIdx % kvHeads, 1);
+  };
+  auto loadFull = [&](Value j, int64_t slot) {
+    Value first = k.scale(j, blockKeys);
+    int64_t at = hs * kSlots + slot;
+    load(k.view(key.buffer, k.addOffsets(kBase, k.scale(first, ks)),
+                {dim, chunks, unit}, {key.strides[3], ks, chunks * ks}),
+         k.view(kTs, k.index(at * kW), {dim, chunks, unit},
+                {streams * kW, unit, 1}));
+    load(k.view(value.buffer, k.addOffsets(vBase, k.scale(first, vst)),
+                {unit, chunks, vDim}, {chunks * vst, vst, value.strides[3]}),
+         k.view(vs, k.index(at * vW), {unit, chunks, vDim},
+                {streams * vW, vDim, 1}));
+  };
+  auto loadRest = [&] {
+    load(k.view(key.buffer, k.addOffsets(kBase, k.scale(restAt, ks)),
+                {idx(dim), restKeys}, {key.strides[3], ks}),
+         k.view(kTRest[hs], k.index(0), {idx(dim), restKeys},
+                {groups * unit, 1}));
+    Value vAt = k.addOffsets(vBase, k.scale(restAt, vst));
+    k.ifMore(restChunks, 0, [&] {
+      load(k.view(value.buffer, vAt, {idx(unit), restChunks, idx(vDim)},
+                  {vst, unit * vst, value.strides[3]}),
+           k.view(vRest[hs], k.index(0), {idx(unit), restChunks, idx(vDim)},
+                  {groups * vDim, vDim, 1}));
+    });
+    k.ifMore(tail, 0, [&] {
+      load(k.view(value.buffer,
+                  k.addOffsets(vAt, k.scale(restChunks, unit * vst)),
+                  {tail, idx(vDim)}, {vst, value.strides[3]}),
+           k.view(vRest[hs], k.scale(restChunks, vDim), {tail, idx(vDim)},
+                  {groups * vDim, 1}));
+    });
+  };
+
+  // One block into PSUM set `set`: a full one from stream slot `slot`, or
+  // the rest (slot < 0), whose missing chunks and tail partitions keep
+  // -huge scores (exp gives 0) and whose matmuls run where keys are.
+  auto block = [&](int64_t set, int64_t slot) {
+    bool rest = slot < 0;
+    int64_t n = rest ? groups : chunks; // S^T column groups
+    int64_t at = hs * kSlots + slot;
+    Value qT = k.view(qTs, k.index(hs * rows), {dim, rows}, {2 * rows, 1});
+    auto kChunk = [&](int64_t c) {
+      return rest ? k.view(kTRest[hs], k.index(c * unit), {dim, unit},
+                           {groups * unit, 1})
+                  : k.view(kTs, k.index(at * kW + c * unit), {dim, unit},
+                           {streams * kW, 1});
+    };
+    auto vChunk = [&](int64_t c) {
+      return rest ? k.view(vRest[hs], k.index(c * vDim), {unit, vDim},
+                           {groups * vDim, 1})
+                  : k.view(vs, k.index(at * vW + c * vDim), {unit, vDim},
+                           {streams * vW, 1});
+    };
+    // Chunk c's body, for a rest block only when it has chunk c.
+    auto eachChunk = [&](llvm::function_ref<void(int64_t)> body) {
+      for (int64_t c = 0; c < chunks; ++c) {
+        if (rest)
+          k.ifMore(restChunks, c, [&] { body(c); });
+        else
+          body(c);
+      }
+    };
+    Value sAll =
+        k.view(psum, k.index(2 * set * bank), {unit, n * rows}, {psumCols, 1});
+    if (rest)
+      b.create<nisa::MemsetOp>(sAll,
+                               APFloat(-std::numeric_limits<float>::max() / 2));
+    // S^T, chunk c in columns [c * rows, + rows) of the bank.
+    eachChunk([&](int64_t c) {
+      b.create<nisa::MatmulOp>(kChunk(c), qT, ps(set, 0, c * rows, unit, rows));
+    });
+    if (rest)
+      k.ifMore(tail, 0, [&] {
+        b.create<nisa::MatmulOp>(
+            k.view(kTRest[hs], k.scale(restChunks, unit), {idx(dim), tail},
+                   {groups * unit, 1}),
+            qT,
+            k.view(psum, k.index((2 * set) * bank + chunks * rows),
+                   {tail, idx(rows)}, {psumCols, 1}));
+      });
+
+    // S^T into SBUF on ScalarE (VectorE reads at most one PSUM operand).
+    // Max per (partition, row) over the column groups: halve their count
+    // (an odd middle group is compared twice: max is idempotent).
+    b.create<nisa::CopyOp>(
+        sAll, k.view(d, k.index(0), {unit, n * rows}, {sW, 1}),
+        nisa::Engine::scalar);
+    Value src = d;
+    int64_t srcAt = 0, srcW = sW;
+    for (int64_t m = n; m > 1;) {
+      int64_t h = m / 2;
+      b.create<nisa::TensorTensorOp>(
+          nisa::AluOp::max,
+          k.view(src, k.index(srcAt), {unit, h * rows}, {srcW, 1}),
+          k.view(src, k.index(srcAt + (m - h) * rows), {unit, h * rows},
+                 {srcW, 1}),
+          k.view(tree, k.index(0), {unit, h * rows}, {treeW, 1}));
+      src = tree;
+      srcAt = 0;
+      srcW = treeW;
+      m -= h;
+    }
+    Value maxRows =
+        k.view(maxB, k.index(set * rows), {unit, rows}, {sets * rows, 1});
+    b.create<nisa::CopyOp>(k.view(src, k.index(srcAt), {unit, rows}, {srcW, 1}),
+                           maxRows);
+    // Across the partitions: max^T [rows, 128], its row max M (a bf16
+    // value), diag(M), then ones^T diag(M): M on every partition.
+    b.create<nisa::MatmulOp>(maxRows, ident, ps(set, 1, maxTCol, rows, unit));
+    Value m = col(maxR, sets, set);
+    b.create<nisa::TensorReduceOp>(nisa::AluOp::max,
+                                   ps(set, 1, maxTCol, rows, unit), m);
+    Value dg =
+        k.view(diag, k.index(set * rows), {rows, rows}, {sets * rows, 1});
+    b.create<nisa::TensorScalarOp>(
+        nisa::AluOp::multiply,
+        k.view(ident, k.index(0), {rows, rows}, {unit, 1}), dg, m, APFloat(0.0),
+        false);
+    b.create<nisa::MatmulOp>(k.view(ones, k.index(0), {rows, unit}, {unit, 1}),
+                             dg, ps(set, 1, maxBCol, unit, rows));
+    // scale * M on every partition; P^T = exp(scale * S^T - scale * M).
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply,
+                                   ps(set, 1, maxBCol, unit, rows), maxS,
+                                   Value(), APFloat(scale), false);
+    scalarTensorTensor(k.view(d, k.index(0), {unit, n, rows}, {sW, rows, 1}),
+                       Value(), scale, nisa::AluOp::multiply,
+                       k.view(maxS, k.index(0), {unit, n, rows}, {rows, 0, 1}),
+                       nisa::AluOp::subtract,
+                       k.view(d, k.index(0), {unit, n, rows}, {sW, rows, 1}),
+                       nisa::Engine::vector);
+    b.create<nisa::ActivationOp>(
+        k.view(d, k.index(0), {unit, n * rows}, {sW, 1}),
+        k.view(pTs, k.index(set * sW), {unit, n * rows}, {sets * sW, 1}),
+        Value(), nisa::ActivationFn::exp, APFloat(1.0), APFloat(0.0));
+    // O = P V and the row sums l = P 1, accumulated over the chunks.
+    Value oPs = ps(set, 1, oCol, rows, vDim), lPs = ps(set, 1, lCol, rows, 1);
+    if (rest) {
+      b.create<nisa::MemsetOp>(oPs, APFloat(0.0));
+      b.create<nisa::MemsetOp>(lPs, APFloat(0.0));
+    }
+    auto pv = [&](Value p, Value v, Value one, bool accumulate) {
+      auto mo = b.create<nisa::MatmulOp>(p, v, oPs);
+      auto ml = b.create<nisa::MatmulOp>(p, one, lPs);
+      mo.setAccumulate(accumulate);
+      ml.setAccumulate(accumulate);
+    };
+    eachChunk([&](int64_t c) {
+      pv(k.view(pTs, k.index(set * sW + c * rows), {unit, rows},
+                {sets * sW, 1}),
+         vChunk(c), k.view(ones, k.index(0), {unit, 1}, {unit, 1}),
+         rest || c > 0);
+    });
+    if (rest)
+      k.ifMore(tail, 0, [&] {
+        pv(k.view(pTs, k.index(set * sW + chunks * rows), {tail, idx(rows)},
+                  {sets * sW, 1}),
+           k.view(vRest[hs], k.scale(restChunks, vDim), {tail, idx(vDim)},
+                  {groups * vDim, 1}),
+           k.view(ones, k.index(0), {tail, idx(1)}, {unit, 1}), true);
+      });
+
+    // Combine with the key head's state by log-sum-exp: -m' = min(-m_b,
+    // -m), O = O exp(m - m') + O_b exp(m_b - m'), l likewise.
+    Value negm = col(negms, 2, hs), l = col(ls, 2, hs);
+    Value o = k.view(os, k.index(hs * vDim), {rows, vDim}, {2 * vDim, 1});
+    Value mb = col(factors, 4, 0), next = col(factors, 4, 1),
+          alpha = col(factors, 4, 2), beta = col(factors, 4, 3);
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, m, mb, Value(),
+                                   APFloat(-scale), false);
+    b.create<nisa::TensorTensorOp>(nisa::AluOp::min, mb, negm, next,
+                                   nisa::Engine::gpsimd);
+    b.create<nisa::ActivationOp>(negm, alpha, next, nisa::ActivationFn::exp,
+                                 APFloat(-1.0), APFloat(0.0));
+    b.create<nisa::ActivationOp>(mb, beta, next, nisa::ActivationFn::exp,
+                                 APFloat(-1.0), APFloat(0.0));
+    b.create<nisa::CopyOp>(next, negm, nisa::Engine::gpsimd);
+    Value oB = k.view(scaled, k.index(0), {rows, vDim}, {vDim + 1, 1});
+    Value lB = k.view(scaled, k.index(vDim), {rows, 1}, {vDim + 1, 1});
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, oPs, oB, beta,
+                                   APFloat(0.0), false);
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, lPs, lB, beta,
+                                   APFloat(0.0), false);
+    scalarTensorTensor(o, alpha, 0.0, nisa::AluOp::multiply, oB,
+                       nisa::AluOp::add, o, nisa::Engine::gpsimd);
+    scalarTensorTensor(l, alpha, 0.0, nisa::AluOp::multiply, lB,
+                       nisa::AluOp::add, l, nisa::Engine::gpsimd);
+  };
+
+  // What a key head needs before its blocks: Q^T, its state, the rest
+  // block and the first full blocks. Emitted before the previous head's
+  // blocks, so its loads run under them.
+  auto prologue = [&](int64_t headIdx) {
+    setHead(headIdx);
+    int64_t bi = headIdx / kvHeads, hk = headIdx % kvHeads;
+    load(k.view(q.buffer, headBase(q, bi, hk, group), {dim, group, qLen},
+                {q.strides[3], q.strides[1], q.strides[2]}),
+         k.view(qTs, k.index(hs * rows), {dim, group, qLen},
+                {2 * rows, qLen, 1}));
+    b.create<nisa::MemsetOp>(col(negms, 2, hs),
+                             APFloat(std::numeric_limits<float>::max()));
+    b.create<nisa::MemsetOp>(col(ls, 2, hs), APFloat(0.0));
+    b.create<nisa::MemsetOp>(
+        k.view(os, k.index(hs * vDim), {rows, vDim}, {2 * vDim, 1}),
+        APFloat(0.0));
+    k.ifMore(restKeys, 0, loadRest);
+    k.pipelinedDynamicFirstLoads(fullBlocks, kSlots, loadFull);
+  };
+  // The key head's blocks (the rest, loaded first, then the full ones)
+  // and results: out = O / l; lse = log(l) + max.
+  auto body = [&](int64_t headIdx) {
+    setHead(headIdx);
+    int64_t bi = headIdx / kvHeads, hk = headIdx % kvHeads;
+    k.ifMore(restKeys, 0, [&] { block(restSet, -1); });
+    k.forEachPipelinedDynamic(
+        fullBlocks, kSlots, loadFull,
+        [&](Value, int64_t slot) { block(slot, slot); },
+        /*firstLoads=*/false);
+    Value l = col(ls, 2, hs);
+    Value oOut = k.view(oOuts, k.index(hs * vDim), {rows, vDim}, {2 * vDim, 1});
+    b.create<nisa::TensorScalarOp>(
+        nisa::AluOp::divide,
+        k.view(os, k.index(hs * vDim), {rows, vDim}, {2 * vDim, 1}), oOut, l,
+        APFloat(0.0), false, nisa::Engine::gpsimd);
+    // The query heads' rows in one store when they are evenly spaced.
+    bool oneStore = qLen == 1 || outStrides[1] == qLen * outStrides[2];
+    int64_t rowStride = qLen == 1 ? outStrides[1] : outStrides[2];
+    for (int64_t g = 0; g < (oneStore ? 1 : group); ++g) {
+      int64_t n = oneStore ? rows : qLen;
+      int64_t to = bi * outStrides[0] + (hk * group + g) * outStrides[1];
+      k.dma(k.view(oOuts, k.index(g * qLen * 2 * vDim + hs * vDim), {n, vDim},
+                   {2 * vDim, 1}),
+            k.view(out, k.index(to), {n, vDim}, {rowStride, 1}));
+    }
+    if (!lse)
+      return;
+    b.create<nisa::ActivationOp>(l, lt, Value(), nisa::ActivationFn::log,
+                                 APFloat(1.0), APFloat(0.0));
+    b.create<nisa::TensorTensorOp>(nisa::AluOp::subtract, lt, col(negms, 2, hs),
+                                   lt, nisa::Engine::gpsimd);
+    int64_t to = bi * lseStrides[0] + hk * group * lseStrides[1];
+    k.dma(lt, k.view(lse, k.index(to), {rows, 1}, {lseStrides[2], 1}));
+  };
+  int64_t headsAll = batch * kvHeads;
+  prologue(0);
+  for (int64_t headIdx = 0; headIdx < headsAll; ++headIdx) {
+    if (headIdx + 1 < headsAll)
+      prologue(headIdx + 1);
+    body(headIdx);
+  }
+  return success();
+}
+
+} // namespace mlir::neuron::flex

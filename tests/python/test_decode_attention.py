@@ -1,0 +1,65 @@
+"""Decode attention (issue #19): a few query rows per key head against a long KV cache run on
+the flash-decoding kernel (passes/flex_attention/LowerDecodeAttention.cpp: keys on the
+partitions, blocks of keys combined by log-sum-exp). Golden checks against eager SDPA on CPU,
+and that the lowering is the decode kernel's (its S^T = K Q^T matmuls write [128 keys, rows]
+of PSUM, which the flash-attention kernel never does)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchneuron
+
+# fp32 scores and softmax on the device; bf16 rounds P before P @ V on TensorE.
+TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
+
+
+def _decode_matmuls(dump: Path, rows: int) -> int:
+    """S^T matmuls of the decode kernel in the lowered IR: a [dim, 128] K^T chunk stationary,
+    the key head's [dim, rows] Q^T moving, into [128, rows] of PSUM."""
+    text = "\n".join(p.read_text() for p in dump.rglob("*nisa*.mlir"))
+    pattern = (
+        rf"nisa\.matmul[^\n]*: memref<\d+x128x[bf]\w+[^\n]*"
+        rf"memref<\d+x{rows}x[bf]\w+[^\n]*memref<128x{rows}xf32"
+    )
+    return len(re.findall(pattern, text))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    ("q_heads", "kv_heads", "q_len", "kv_len"),
+    [
+        (8, 2, 1, 4096),  # GQA, one new token
+        (4, 4, 1, 1000),  # MHA, a cache length that is no multiple of 128
+        (8, 2, 4, 700),  # speculative rows
+        (8, 2, 8, 5000),  # 32 rows per key head: two blocks of keys, and a tail
+        (4, 1, 8, 9000),  # three blocks combined by log-sum-exp
+    ],
+)
+def test_decode_attention_matches_eager(
+    tmp_path: Path, dtype: torch.dtype, q_heads: int, kv_heads: int, q_len: int, kv_len: int
+) -> None:
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, q_heads, q_len, 64, generator=g).to(dtype)
+    k = (3 * torch.randn(2, kv_heads, kv_len, 64, generator=g)).to(dtype)
+    v = torch.randn(2, kv_heads, kv_len, 64, generator=g).to(dtype)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=q_heads != kv_heads)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        attend, backend="neuron", fullgraph=True, options={"dump_dir": str(tmp_path)}
+    )
+    with torch.no_grad():
+        out = compiled(q, k, v)
+        ref = attend(q.float(), k.float(), v.float())
+    assert torchneuron.stats()["ops_fallback"] == {}
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+    assert _decode_matmuls(tmp_path, q_heads // kv_heads * q_len) > 0
