@@ -5,7 +5,7 @@
 
 // A causal mask over query and key lengths of two sizes.
 // CHECK: error: not size-generic: neuron.flex_attention: a causal mask over query and key lengths not known to be one size
-func.func @lengths(%q: tensor<1x1x?x64xf32> {neuron.dims = affine_map<()[s0, s1] -> (1, 1, s0, 64)>}, %k: tensor<1x1x?x64xf32> {neuron.dims = affine_map<()[s0, s1] -> (1, 1, s1, 64)>}, %v: tensor<1x1x?x64xf32> {neuron.dims = affine_map<()[s0, s1] -> (1, 1, s1, 64)>}, %n: index {neuron.size = {name = "s0", min = 1 : i64}}, %m: index {neuron.size = {name = "s1", min = 1 : i64}}) -> tensor<1x1x?x64xf32> {
+func.func @lengths(%q: tensor<1x1x?x64xf32> {neuron.dims = affine_map<()[s0, s1] -> (1, 1, s0, 64)>}, %k: tensor<1x1x?x64xf32> {neuron.dims = affine_map<()[s0, s1] -> (1, 1, s1, 64)>}, %v: tensor<1x1x?x64xf32> {neuron.dims = affine_map<()[s0, s1] -> (1, 1, s1, 64)>}, %n: index {neuron.size = {name = "s0", min = 1 : i64}}, %s1: index {neuron.size = {name = "s1", min = 1 : i64}}) -> tensor<1x1x?x64xf32> {
   %o, %l = neuron.flex_attention %q, %k, %v {block_size = array<i64: 128, 128>, blocks = dense<1> : tensor<1x1x1x1xi8>, scale = 1.250000e-01 : f64} : tensor<1x1x?x64xf32>, tensor<1x1x?x64xf32>, tensor<1x1x?x64xf32> -> tensor<1x1x?x64xf32>, tensor<1x1x?xf32>
     score_mod {
     ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
