@@ -466,6 +466,11 @@ def test_prefill_without_a_mask_compiles_once(real_native: ModuleType) -> None:
     assert _prefill_runs((5, 129, 700), 2, 2, causal=False) == (1, 0)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue #16: the forward's logits_to_keep slice (modeling_utils, hidden_states[:, "
+    "slice(-0, None)]) is a slice along a dynamic dim, not size-generic yet; its attention is",
+)
 def test_a_llama_forward_compiles_once_for_every_prompt_length(real_native: ModuleType) -> None:
     """Transformers' Llama (sdpa attention, its own causal mask path: no padding, so SDPA's
     is_causal) compiled with dynamic=True: one program for every prompt length, with eager's
