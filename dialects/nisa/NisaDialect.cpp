@@ -177,6 +177,35 @@ std::optional<AffineIndex> mlir::nisa::affineIndexOf(Value index) {
   return out;
 }
 
+/// Whether `index` is a size expression: index constants and the kernel's
+/// index arguments (its sizes) under the arith ops sizeFunctionOf names; no
+/// loop iv.
+static bool isSizeExpression(Value index) {
+  if (auto arg = dyn_cast<BlockArgument>(index))
+    return isa<FunctionOpInterface>(arg.getOwner()->getParentOp());
+  Operation *def = index.getDefiningOp();
+  if (isa_and_nonnull<arith::ConstantIndexOp>(def))
+    return true;
+  return mlir::nisa::sizeFunctionOf(def) &&
+         llvm::all_of(def->getOperands(), isSizeExpression);
+}
+
+/// Whether an iota's or rand's offset has the program's affine form: a sum
+/// of scf.for ivs times constants and size expressions (a size-generic
+/// kernel's; docs/PROGRAM_FORMAT.md).
+static bool isOffsetForm(Value index) {
+  if (mlir::nisa::affineIndexOf(index) || isSizeExpression(index))
+    return true;
+  if (auto add = index.getDefiningOp<arith::AddIOp>())
+    return isOffsetForm(add.getLhs()) && isOffsetForm(add.getRhs());
+  if (auto mul = index.getDefiningOp<arith::MulIOp>())
+    for (auto [x, c] : {std::pair(mul.getLhs(), mul.getRhs()),
+                        std::pair(mul.getRhs(), mul.getLhs())})
+      if (c.getDefiningOp<arith::ConstantIndexOp>())
+        return isOffsetForm(x);
+  return false;
+}
+
 std::optional<::neuron::runtime::SizeExpr::Kind>
 mlir::nisa::sizeFunctionOf(Operation *op) {
   using Kind = ::neuron::runtime::SizeExpr::Kind;
@@ -613,9 +642,10 @@ LogicalResult IotaOp::verify() {
   if ((int64_t)getMultipliers().size() != memrefType(getDst()).getRank() - 1)
     return emitOpError("needs one multiplier per free dim");
   // The program format stores the offset as an affine form, like a view's.
-  if (getOffset() && !affineIndexOf(getOffset()))
+  if (getOffset() && !isOffsetForm(getOffset()))
     return emitOpError("offset must be built from index constants, "
-                       "arith.addi, arith.muli by a constant and scf.for ivs");
+                       "arith.addi, arith.muli by a constant, scf.for ivs "
+                       "and size expressions");
   return success();
 }
 
@@ -634,9 +664,10 @@ LogicalResult RandOp::verify() {
     return emitOpError("needs one multiplier per free dim");
   if (getStream() < 0 || getStream() > 0xFFFFFFFFll)
     return emitOpError("stream must fit in 32 unsigned bits");
-  if (getOffset() && !affineIndexOf(getOffset()))
+  if (getOffset() && !isOffsetForm(getOffset()))
     return emitOpError("offset must be built from index constants, "
-                       "arith.addi, arith.muli by a constant and scf.for ivs");
+                       "arith.addi, arith.muli by a constant, scf.for ivs "
+                       "and size expressions");
   return success();
 }
 

@@ -54,6 +54,23 @@ struct Operand {
 /// at most 128 query rows per key head, at least 512 keys.
 bool isDecodeAttention(FlexAttentionOp op);
 
+/// Whether two index values compute one number: the same value, or the
+/// same arith op on operands that are (sizes are built per use, so equal
+/// lengths are equal trees of arith ops over the size arguments).
+inline bool sameIndex(Value a, Value b) {
+  if (a == b)
+    return true;
+  Operation *x = a.getDefiningOp(), *y = b.getDefiningOp();
+  if (!x || !y || x->getName() != y->getName() ||
+      x->getAttrDictionary() != y->getAttrDictionary() ||
+      x->getNumOperands() != y->getNumOperands() ||
+      !isa<arith::ArithDialect>(x->getDialect()))
+    return false;
+  return llvm::all_of(
+      llvm::zip(x->getOperands(), y->getOperands()),
+      [](auto p) { return sameIndex(std::get<0>(p), std::get<1>(p)); });
+}
+
 class FlexAttentionLowering {
 public:
   FlexAttentionLowering(TileBuilder &k, FlexAttentionOp op)
@@ -65,6 +82,9 @@ public:
   /// The forward kernel over a key length known at run time only
   /// (LowerFlexAttentionDynamic.cpp), or "not size-generic".
   LogicalResult runDynamic();
+  /// The forward kernel over a query length known at run time only
+  /// (LowerFlexAttentionPrefillDynamic.cpp: prefill), or "not size-generic".
+  LogicalResult runPrefillDynamic();
   /// The backward kernel (LowerFlexAttentionBackward.cpp).
   LogicalResult runBackward();
   /// The forward kernel for a few query rows per key head against a long

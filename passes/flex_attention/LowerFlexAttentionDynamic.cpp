@@ -15,25 +15,6 @@
 
 namespace mlir::neuron::flex {
 
-namespace {
-/// Whether two index values compute one number: the same value, or the
-/// same arith op on operands that are (sizes are built per use, so equal
-/// lengths are equal trees of arith ops over the size arguments).
-bool sameIndex(Value a, Value b) {
-  if (a == b)
-    return true;
-  Operation *x = a.getDefiningOp(), *y = b.getDefiningOp();
-  if (!x || !y || x->getName() != y->getName() ||
-      x->getAttrDictionary() != y->getAttrDictionary() ||
-      x->getNumOperands() != y->getNumOperands() ||
-      !isa<arith::ArithDialect>(x->getDialect()))
-    return false;
-  return llvm::all_of(
-      llvm::zip(x->getOperands(), y->getOperands()),
-      [](auto p) { return sameIndex(std::get<0>(p), std::get<1>(p)); });
-}
-} // namespace
-
 LogicalResult FlexAttentionLowering::runDynamic() {
   auto refuse = [&](const Twine &why) {
     return emitError(op.getLoc())
@@ -48,8 +29,7 @@ LogicalResult FlexAttentionLowering::runDynamic() {
         return refuse(Twine("a batch, head or head-dim size of the ") + what +
                       " known at run time");
   if (qType.isDynamicDim(2))
-    return refuse("a query length known at run time (only the key length "
-                  "may be)");
+    return runPrefillDynamic();
   if (!op.getScoreBuffers().empty() || !op.getMaskBuffers().empty())
     return refuse("modifiers that capture tensors");
   if (::mlir::failed(setUp(op)))

@@ -156,6 +156,9 @@ Value TileBuilder::dimOf(Value tensor, int64_t d) {
   }
   if (auto r = dyn_cast<ReduceOp>(def))
     return dimOf(r.getInput(), d);
+  // Attention's output and log-sum-exp have the query's batch, heads, rows.
+  if (auto a = dyn_cast<FlexAttentionOp>(def); a && d < 3)
+    return dimOf(a.getQuery(), d);
   if (auto m = dyn_cast<MatmulOp>(def))
     return d + 1 < type.getRank() ? dimOf(m.getLhs(), d) : dimOf(m.getRhs(), d);
   return stampedDim(def, d);

@@ -532,7 +532,7 @@ class _Writer:
                 outputs = _result_specs(node.meta.get("val"))
                 tensors = (*node.args[:3], *node.args[7:10])
             else:
-                out = tensor_spec(_first(node.meta.get("val")))
+                out = tensor_spec(_first(node.meta.get("val")), self.sizes)
                 outputs = [out, {"dtype": "float32", "shape": out["shape"][:-1]}]
                 tensors = node.args[:3]
             entry = self.flex_entry(

@@ -401,6 +401,102 @@ def test_the_generic_attention_form_refuses_what_one_program_cannot_do() -> None
     assert form.blocks is not None and form.blocks.tolist() == [[[[1]]]]  # one class: partial
 
 
+def _prefill_runs(
+    lengths: tuple[int, ...], q_heads: int, kv_heads: int, causal: bool = True
+) -> tuple[int, int]:
+    """SDPA over query, key and value whose sequence length is dynamic (a prompt; the heads of
+    one input, so their lengths are one size, as a layer's projections), at each of
+    ``lengths`` checked against eager; the programs compiled and recompiles."""
+    torch._dynamo.reset()
+
+    def attend(qkv: torch.Tensor) -> torch.Tensor:
+        split = qkv.split([q_heads, kv_heads, kv_heads], dim=2)
+        q, k, v = (x.transpose(1, 2) * 0.5 for x in split)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, enable_gqa=q_heads != kv_heads
+        )
+
+    compiled = torch.compile(attend, backend="neuron", options={"cache": False})
+    torch.manual_seed(0)
+    before = torchneuron.stats()
+    for n in lengths:
+        qkv = torch.randn(1, n, q_heads + 2 * kv_heads, 64)
+        torch._dynamo.mark_dynamic(qkv, 1)
+        with torch.no_grad():
+            out = compiled(qkv)
+        torch.testing.assert_close(out, attend(qkv), atol=2e-5, rtol=2e-5)
+    after = torchneuron.stats()
+    return after["graphs_compiled"] - before["graphs_compiled"], (
+        after["recompiles"] - before["recompiles"]
+    )
+
+
+# Within the first query tile, one tile, a short second one, three tiles; then past the
+# tiles whose keys are resident (8 x 128 rows): a short tile reading a short streamed step,
+# and tiles streaming a full 512-key step and a short one.
+_PROMPTS = (127, 128, 129, 300, 1100, 1700)
+
+
+@pytest.mark.parametrize(("q_heads", "kv_heads"), [(2, 2), (4, 2)], ids=["mha", "gqa"])
+def test_causal_prefill_compiles_once_for_every_length(
+    real_native: ModuleType, q_heads: int, kv_heads: int
+) -> None:
+    """Causal SDPA over a prompt of a dynamic length (issue #16): one size-generic program
+    (query tiles up to their diagonal, the later ones streaming their keys) serves every length
+    with eager's numbers."""
+    assert _prefill_runs(_PROMPTS, q_heads, kv_heads) == (1, 0)
+
+
+def test_a_one_token_prompt_is_dynamos_specialization(real_native: ModuleType) -> None:
+    """Dynamo specializes a size of 1 (its guards keep dynamic sizes >= 2): a one-token
+    prompt after longer ones is a graph of its own (a second program, not a recompile of
+    the first), with eager's numbers."""
+    assert _prefill_runs((127, 300, 1), 4, 2) == (2, 0)
+
+
+def test_prefill_without_a_mask_compiles_once(real_native: ModuleType) -> None:
+    """Non-causal SDPA over a dynamic length (every key streamed, no mask)."""
+    assert _prefill_runs((5, 129, 700), 2, 2, causal=False) == (1, 0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue #16: the forward's logits_to_keep slice (modeling_utils, hidden_states[:, "
+    "slice(-0, None)]) is a slice along a dynamic dim, not size-generic yet; its attention is",
+)
+def test_a_llama_forward_compiles_once_for_every_prompt_length(real_native: ModuleType) -> None:
+    """Transformers' Llama (sdpa attention, its own causal mask path: no padding, so SDPA's
+    is_causal) compiled with dynamic=True: one program for every prompt length, with eager's
+    logits."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    config = hf.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        attn_implementation="sdpa",
+    )
+    model = hf.LlamaForCausalLM(config).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="neuron", dynamic=True, options={"cache": False})
+    before = torchneuron.stats()
+    for n in (127, 128, 129, 300):
+        ids = torch.randint(0, 256, (1, n))
+        with torch.no_grad():
+            got = compiled(ids).logits
+            want = model(ids).logits
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    after = torchneuron.stats()
+    assert after["graphs_compiled"] - before["graphs_compiled"] == 1
+    assert after["recompiles"] == before["recompiles"]
+    assert after["ops_fallback"] == before["ops_fallback"]
+
+
 class _DecoderLayer(torch.nn.Module):
     """benchmarks/kernels.py's decoder layer (RMSNorm, q/k/v projections split into heads, an
     output projection, a SiLU-gated MLP) with a stand-in for attention that is elementwise over

@@ -397,9 +397,16 @@ func.func @iota_multipliers(%a: memref<4x4xf32, #nisa.mem<sbuf>>) {
 
 // -----
 
-func.func @iota_offset_argument(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %o: index) {
-  // expected-error @+1 {{offset must be built from index constants, arith.addi, arith.muli by a constant and scf.for ivs}}
-  nisa.iota %a offset %o {base = 0.0, channel_multiplier = 1.0, multipliers = array<f64: 1.0>} : memref<4x4xf32, #nisa.mem<sbuf>>
+func.func @iota_offset_iv_times_size(%a: memref<4x4xf32, #nisa.mem<sbuf>>, %n: index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  scf.for %i = %c0 to %c4 step %c1 {
+    // A size is a term of its own, never an iv's coefficient.
+    %o = arith.muli %i, %n : index
+    // expected-error @+1 {{offset must be built from index constants, arith.addi, arith.muli by a constant, scf.for ivs and size expressions}}
+    nisa.iota %a offset %o {base = 0.0, channel_multiplier = 1.0, multipliers = array<f64: 1.0>} : memref<4x4xf32, #nisa.mem<sbuf>>
+  }
   return
 }
 
