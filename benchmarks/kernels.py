@@ -123,6 +123,20 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> tor
     return torch._grouped_mm(x, w, offs=offsets)
 
 
+def fp8_gemm(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor
+) -> torch.Tensor:
+    """A float8 Linear as TorchAO's rowwise recipe runs it: fp8 operands, per-row scales."""
+    return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
+
+
+def fp8_gemm_float32(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor
+) -> torch.Tensor:
+    """``fp8_gemm`` in float32 on the same (upcast) values: its eager reference."""
+    return a @ b * scale_a * scale_b
+
+
 def elementwise_chain(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (x * torch.sigmoid(x) + y) * 0.5
 
@@ -228,6 +242,11 @@ class Built:
     flops: float
     state: tuple[torch.Tensor, ...] = ()
     module: nn.Module | None = None
+    # The peak (a key of target_peaks: "flops" is bf16's, "fp8_flops" FP8's) the efficiency
+    # is against, and the float32 function of the eager reference when ``fn`` cannot take
+    # float32 inputs.
+    peak: str = "flops"
+    reference_fn: Callable[..., Any] | None = None
     # Inputs whose dim 0 indexes independent rows of the output (row i of the output reads
     # row i of each of them and all of every other input): the eager reference may be
     # computed on a sample of rows. Empty: the reference is computed in full.
@@ -273,6 +292,31 @@ def workloads(small: bool) -> list[Workload]:
     gemm(4096, 4096, 4096)
     gemm(4096, 4096, 128)
     gemm(1, 4096, 4096)  # decode-shaped: one row of activations against a weight
+
+    # FP8: torch._scaled_mm of float8_e4m3fn operands with rowwise scales, bf16 out, B
+    # column-major (a Linear's weight), against the FP8 (double_row) peak.
+    def build_fp8_gemm(m: int = s(4096), n: int = s(4096), k: int = s(4096)) -> Built:
+        a = torch.randn(m, k).to(torch.float8_e4m3fn)
+        b = torch.randn(n, k).to(torch.float8_e4m3fn).t()
+        scale_a = torch.rand(m, 1) * 0.01 + 0.01
+        scale_b = torch.rand(1, n) * 0.01 + 0.01
+        return Built(
+            fn=fp8_gemm,
+            inputs=(a, b, scale_a, scale_b),
+            flops=2.0 * m * n * k,
+            row_inputs=(0, 2),
+            peak="fp8_flops",
+            reference_fn=fp8_gemm_float32,
+        )
+
+    out.append(
+        Workload(
+            "fp8 gemm 4096x4096x4096",
+            f"fp8 gemm {s(4096)}x{s(4096)}x{s(4096)}",
+            "gemm",
+            build_fp8_gemm,
+        )
+    )
 
     r, c = s(4096), s(4096)  # 16M elements at full size
     out.append(
@@ -707,6 +751,7 @@ def eager_reference(built: Built, rows: torch.Tensor | None) -> list[torch.Tenso
         for i, t in enumerate(built.inputs)
     ]
     fn = built.fn if built.module is None else copy.deepcopy(built.module).float()
+    fn = built.reference_fn or fn
     with torch.no_grad():
         # Floating inputs in float32; integer ones (indices, offsets) as they are.
         return _vals(fn(*(t.float() if t.is_floating_point() else t for t in inputs)))
@@ -814,7 +859,7 @@ def measure(
         fallback=fallback_delta(before["ops_fallback"], after["ops_fallback"]),
         finite=all(bool(torch.isfinite(t).all()) for t in outs if t.is_floating_point()),
         check=reference.check(outs),
-        peak_flops=peaks["flops"],
+        peak_flops=peaks[built.peak],
         peak_hbm=peaks["hbm_bytes"],
     )
     return row, compiled
@@ -843,7 +888,8 @@ LEGEND = """\
 columns:
   device us   modeled device time of one call (sum over its kernels), microseconds
   TFLOP/s     useful FLOPs (matmuls; causal attention counted half) / modeled time
-  efficiency  compute-bound ("TE"): achieved FLOP/s as % of the TensorE bf16 peak of one core;
+  efficiency  compute-bound ("TE"): achieved FLOP/s as % of the TensorE peak of one core (bf16;
+              fp8 workloads: the FP8 double_row peak, 2x bf16);
               memory-bound ("DMA"): roofline time / modeled time, where roofline time =
               max(FLOPs / peak FLOP/s, min bytes / peak HBM bytes/s); compute-bound when the
               FLOPs term is the larger
@@ -1014,6 +1060,11 @@ def report_targets(rows: list[Row], small: bool) -> None:
             )
         ),
         (
+            "fp8 gemm 4096x4096x4096",
+            ">= 85% of the FP8 peak",
+            lambda r: ((p := 100 * r.tflops * 1e12 / r.peak_flops) >= 85, f"{p:.1f}%"),
+        ),
+        (
             "moe grouped gemm 2048x1024x2048 (8 experts)",
             ">= 80% of TensorE peak",
             lambda r: ((p := 100 * r.tflops * 1e12 / r.peak_flops) >= 80, f"{p:.1f}%"),
@@ -1084,6 +1135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p = native().target_peaks(t)
         print(
             f"{t}: TensorE peak {p['flops'] / 1e12:.1f} TFLOP/s (bf16), "
+            f"{p['fp8_flops'] / 1e12:.1f} (fp8), "
             f"HBM peak {p['hbm_bytes'] / 1e9:.1f} GB/s per core"
         )
     print()

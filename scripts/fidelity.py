@@ -61,6 +61,7 @@ SOURCES: dict[str, tuple[str, str]] = {
         "general/nki/api/generated/nki.isa.nc_matmul",
     ),
     "S24": ("NKI Library (aws-neuron/nki-library @ d2ad3a5)", ""),
+    "S29": ("NKI deep dive: MXFP matmul", "nki/deep-dives/mxfp-matmul"),
     "S31": ("torchtitan PR #2382: peak BF16 TFLOPS for Trainium", ""),
     "S32": ("Third-party blogs (lower authority): junjietang.dev, Autocomp", ""),
 }

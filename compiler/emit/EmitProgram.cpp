@@ -134,6 +134,10 @@ std::optional<rt::DType> dtypeOf(Type t) {
     return rt::DType::BF16;
   if (t.isF16())
     return rt::DType::F16;
+  if (t.isFloat8E4M3FN())
+    return rt::DType::F8E4M3FN;
+  if (t.isFloat8E5M2())
+    return rt::DType::F8E5M2;
   if (t.isInteger(1))
     return rt::DType::Bool;
   if (t.isUnsignedInteger(8))

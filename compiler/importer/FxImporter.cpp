@@ -346,6 +346,10 @@ Type Importer::elementType(const std::string &dtype) const {
     return BFloat16Type::get(c);
   if (dtype == "float16")
     return Float16Type::get(c);
+  if (dtype == "float8_e4m3fn")
+    return Float8E4M3FNType::get(c);
+  if (dtype == "float8_e5m2")
+    return Float8E5M2Type::get(c);
   if (dtype == "int64")
     return IntegerType::get(c, 64);
   if (dtype == "int32")
@@ -1293,6 +1297,59 @@ Values addmmHandler(Importer &im) {
   if (!beta.is_null() && im.number(beta) != 1.0)
     bias = im.binary(BinaryFn::mul, bias, im.splat(im.number(beta), pt), pt);
   return {im.binary(BinaryFn::add, bias, prod, pt)};
+}
+
+/// torch._scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result,
+/// out_dtype, use_fast_accum): fp8 operands, float32 scales either
+/// tensorwise (one element) or rowwise ([M, 1] for scale_a, [1, N] for
+/// scale_b); use_fast_accum changes nothing (TensorE always sums in fp32).
+Values scaledMmHandler(Importer &im) {
+  Value a = im.tensor(im.param(0, "self")), c = im.tensor(im.param(1, "mat2"));
+  auto at = cast<RankedTensorType>(a.getType());
+  auto ct = cast<RankedTensorType>(c.getType());
+  auto isFp8 = [](Type t) { return isa<Float8E4M3FNType, Float8E5M2Type>(t); };
+  require(at.getRank() == 2 && ct.getRank() == 2,
+          "_scaled_mm takes 2-d operands");
+  require(isFp8(at.getElementType()) && isFp8(ct.getElementType()),
+          "_scaled_mm takes float8_e4m3fn or float8_e5m2 operands");
+  int64_t m = at.getDimSize(0), n = ct.getDimSize(1);
+  auto shapeText = [](RankedTensorType t) {
+    std::string s = "[";
+    for (int64_t i = 0; i < t.getRank(); ++i)
+      s += (i ? ", " : "") + std::to_string(t.getDimSize(i));
+    return s + "]";
+  };
+  // A scale as the vector neuron.scaled_matmul takes: [1] or [size].
+  auto scale = [&](const char *name, size_t index, ArrayRef<int64_t> rowwise,
+                   int64_t size) {
+    Value s = im.tensor(im.param(index, name));
+    auto st = cast<RankedTensorType>(s.getType());
+    require(st.getElementType().isF32(),
+            std::string("_scaled_mm: ") + name + " must be float32");
+    if (st.getNumElements() == 1)
+      return im.reshape(s, {1});
+    require(st.getShape() == rowwise,
+            std::string("_scaled_mm: ") + name + " of shape " + shapeText(st) +
+                " is not a supported scale layout (tensorwise: one element; "
+                "rowwise: [" +
+                std::to_string(rowwise[0]) + ", " + std::to_string(rowwise[1]) +
+                "])");
+    return im.reshape(s, {size});
+  };
+  Value rowScale = scale("scale_a", 2, {m, 1}, m);
+  Value colScale = scale("scale_b", 3, {1, n}, n);
+  Value bias;
+  if (const json &b = im.param(4, "bias"); !b.is_null()) {
+    bias = im.tensor(b);
+    require(cast<RankedTensorType>(bias.getType()).getShape() ==
+                ArrayRef<int64_t>{n},
+            "_scaled_mm: bias must be [N]");
+  }
+  require(im.param(5, "scale_result").is_null(),
+          "_scaled_mm with scale_result (an fp8 output's scale) is not "
+          "supported");
+  return {im.b.create<ScaledMatmulOp>(im.loc(), im.resultType(), a, c, rowScale,
+                                      colScale, bias)};
 }
 
 Values permuteHandler(Importer &im) {
@@ -2246,6 +2303,7 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.mm.default"] = matmulHandler;
     t["aten.bmm.default"] = matmulHandler;
     t["aten.addmm.default"] = addmmHandler;
+    t["aten._scaled_mm.default"] = scaledMmHandler;
 
     t["aten.sum.dim_IntList"] = with(reduceHandler, ReduceFn::sum);
     t["aten.sum.default"] = t["aten.sum.dim_IntList"];

@@ -139,6 +139,33 @@ LogicalResult MatmulOp::verify() {
   return success();
 }
 
+LogicalResult ScaledMatmulOp::verify() {
+  auto lhs = tensorType(getLhs()), rhs = tensorType(getRhs()), out = getType();
+  if (lhs.getRank() != 2 || rhs.getRank() != 2 || out.getRank() != 2)
+    return emitOpError("operands and result must be 2-d");
+  int64_t m = lhs.getDimSize(0), n = rhs.getDimSize(1);
+  if (lhs.getDimSize(1) != rhs.getDimSize(0))
+    return emitOpError("contraction sizes differ: ")
+           << lhs.getDimSize(1) << " vs " << rhs.getDimSize(0);
+  if (out.getDimSize(0) != m || out.getDimSize(1) != n)
+    return emitOpError("result must be [M, N] = [") << m << ", " << n << "]";
+  auto checkVector = [&](Value v, int64_t size, bool one,
+                         const char *name) -> LogicalResult {
+    auto t = tensorType(v);
+    if (t.getRank() != 1 ||
+        !(t.getDimSize(0) == size || (one && t.getDimSize(0) == 1)))
+      return emitOpError(name) << " must be [" << size << "]"
+                               << (one ? " or [1]" : "") << ", got " << t;
+    return success();
+  };
+  if (failed(checkVector(getRowScale(), m, true, "row_scale")) ||
+      failed(checkVector(getColScale(), n, true, "col_scale")))
+    return failure();
+  if (getBias() && failed(checkVector(getBias(), n, false, "bias")))
+    return failure();
+  return success();
+}
+
 LogicalResult ReduceOp::verify() {
   auto in = tensorType(getInput());
   int64_t count = getCount();

@@ -38,8 +38,10 @@ class Neuron_Op<string mnemonic, list<Trait> traits = []>
 
 // Element types the device handles. Integers and booleans exist for indices
 // and masks; arithmetic runs on the engines' fp32 datapath.
-def Neuron_Float : AnyTypeOf<[F32, BF16, F16]>;
-def Neuron_Element : AnyTypeOf<[F32, BF16, F16, I1, I8, I32, I64, UI8]>;
+// fp8 (OCP float8_e4m3fn, float8_e5m2) is a storage and TensorE input type.
+def Neuron_Float : AnyTypeOf<[F32, BF16, F16, F8E4M3FN, F8E5M2]>;
+def Neuron_Element : AnyTypeOf<[F32, BF16, F16, F8E4M3FN, F8E5M2, I1, I8, I32,
+                                I64, UI8]>;
 def Neuron_Tensor : RankedTensorOf<[Neuron_Element]>;
 def Neuron_IndexTensor : RankedTensorOf<[I32, I64]>;
 
@@ -167,6 +169,29 @@ def Neuron_MatmulOp : Neuron_Op<"matmul"> {
   let results = (outs RankedTensorOf<[Neuron_Float]>:$result);
   let assemblyFormat = [{
     $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Neuron_ScaledMatmulOp : Neuron_Op<"scaled_matmul"> {
+  let summary = "fp8 [M,K] x [K,N] with per-row and per-column scales and a bias";
+  let description = [{
+    torch._scaled_mm: result[m, n] = (sum_k lhs[m, k] * rhs[k, n])
+    * row_scale[m] * col_scale[n] + bias[n], in fp32 (fp8 products are exact,
+    the sum accumulates in fp32) and rounded once to the result type. A scale
+    of one element applies to every row (column): torch's tensorwise scale;
+    M (N) elements, its rowwise scale. The operands may mix the fp8 formats.
+  }];
+  let arguments = (ins RankedTensorOf<[F8E4M3FN, F8E5M2]>:$lhs,
+                   RankedTensorOf<[F8E4M3FN, F8E5M2]>:$rhs,
+                   RankedTensorOf<[F32]>:$row_scale,
+                   RankedTensorOf<[F32]>:$col_scale,
+                   Optional<RankedTensorOf<[Neuron_Float]>>:$bias);
+  let results = (outs RankedTensorOf<[Neuron_Float]>:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `scales` $row_scale `,` $col_scale (`bias` $bias^)? attr-dict
+    `:` type($lhs) `,` type($rhs) `,` type($row_scale) `,` type($col_scale)
+    (`,` type($bias)^)? `->` type($result)
   }];
   let hasVerifier = 1;
 }

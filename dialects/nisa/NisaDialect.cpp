@@ -414,8 +414,13 @@ LogicalResult DmaGatherOp::verify() {
 LogicalResult MatmulOp::verify() {
   MemRefType s = memrefType(getStationary()), m = memrefType(getMoving()),
              d = memrefType(getDst());
-  if (s.getRank() != 2 || m.getRank() != 2 || d.getRank() != 2)
-    return emitOpError("operands must be 2-d tiles");
+  int64_t operandRank = getDoubleRow() ? 3 : 2;
+  if (s.getRank() != operandRank || m.getRank() != operandRank ||
+      d.getRank() != 2)
+    return emitOpError(getDoubleRow()
+                           ? "double_row operands must be [K, R, M] and "
+                             "[K, R, N], the destination 2-d"
+                           : "operands must be 2-d tiles");
   if (getMemorySpace(s) != MemorySpace::sbuf ||
       getMemorySpace(m) != MemorySpace::sbuf)
     return emitOpError("stationary and moving operands must be in SBUF");
@@ -423,8 +428,11 @@ LogicalResult MatmulOp::verify() {
     return emitOpError("destination must be in PSUM");
   if (!d.getElementType().isF32())
     return emitOpError("PSUM accumulates in f32");
-  if (s.getElementType() != m.getElementType())
-    return emitOpError("stationary and moving must have the same dtype");
+  auto isFp8 = [](Type t) { return isa<Float8E4M3FNType, Float8E5M2Type>(t); };
+  bool fp8 = isFp8(s.getElementType()) && isFp8(m.getElementType());
+  if (s.getElementType() != m.getElementType() && !fp8)
+    return emitOpError("stationary and moving must have the same dtype "
+                       "(or both be fp8)");
   // The PE array multiplies floating-point numbers only (fp8, bf16, fp16,
   // fp32 in its tf32/fp32 modes), whatever the chip.
   if (!isa<FloatType>(s.getElementType()) ||
@@ -434,7 +442,19 @@ LogicalResult MatmulOp::verify() {
   const auto *target = lookupTarget(*this);
   if (!target)
     return failure();
-  int64_t k = s.getDimSize(0), mSize = s.getDimSize(1), n = m.getDimSize(1);
+  if (getDoubleRow()) {
+    if (!fp8)
+      return emitOpError("double_row takes fp8 operands, not ")
+             << s.getElementType() << " and " << m.getElementType();
+    int64_t rows = target->matmulFp8KFactor();
+    if (rows < 2)
+      return emitOpError("target '") << target->name << "' has no double_row";
+    if (s.getDimSize(1) != rows || m.getDimSize(1) != rows)
+      return emitOpError("double_row operands must have ")
+             << rows << " rows per partition (dim 1)";
+  }
+  int64_t k = s.getDimSize(0), mSize = s.getShape().back(),
+          n = m.getShape().back();
   if (m.getDimSize(0) != k)
     return emitOpError("contraction (partition) sizes differ: ")
            << k << " vs " << m.getDimSize(0);

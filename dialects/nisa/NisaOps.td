@@ -141,9 +141,16 @@ def Nisa_DmaGatherOp : Nisa_Op<"dma_gather"> {
 
 def Nisa_MatmulOp : Nisa_Op<"matmul"> {
   let summary = "dst[M,N] (+)= stationary[K,M]^T @ moving[K,N] into PSUM";
+  let description = [{
+    With `double_row` (NKI's `perf_mode=double_row`, fp8 operands only) the
+    operands are [K, R, M] and [K, R, N], R the target's
+    matmul_fp8_k_factor: the contraction runs over K x R rows in the time of
+    a K-row matmul. Operand dtypes may differ only between the fp8 formats
+    (E4M3 with E5M2).
+  }];
   // dst is read too when the matmul accumulates into it.
   let arguments = (ins Nisa_In:$stationary, Nisa_In:$moving,
-                   Nisa_InOut:$dst, UnitAttr:$accumulate);
+                   Nisa_InOut:$dst, UnitAttr:$accumulate, UnitAttr:$double_row);
   let assemblyFormat = [{
     $stationary `,` $moving `,` $dst attr-dict `:` type($stationary) `,` type($moving) `,` type($dst)
   }];

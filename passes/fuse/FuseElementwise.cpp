@@ -39,14 +39,13 @@ bool isFusible(Operation *op) {
 
 bool computes(Operation *op) { return !isa<BroadcastOp, ReshapeOp>(op); }
 
-/// bf16/f16 -> f32: free in a group (lowerGroup folds it).
+/// bf16/f16/fp8 -> f32: free in a group (lowerGroup folds it).
 bool widens(Operation *op) {
   auto c = dyn_cast<CastOp>(op);
   if (!c)
     return false;
   Type from = cast<RankedTensorType>(c.getInput().getType()).getElementType();
-  return (from.isBF16() || from.isF16()) &&
-         c.getType().getElementType().isF32();
+  return isExactWidening(from, c.getType().getElementType());
 }
 
 using Group = SmallVector<Operation *>;

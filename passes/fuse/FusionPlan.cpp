@@ -358,6 +358,11 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
   return plan;
 }
 
+bool mlir::neuron::isExactWidening(Type from, Type to) {
+  return isa<FloatType>(from) && from.getIntOrFloatBitWidth() < 32 &&
+         to.isF32();
+}
+
 bool mlir::neuron::isTensorESum(Operation *op) {
   auto r = dyn_cast<ReduceOp>(op);
   if (!r || r.getFn() != ReduceFn::sum)

@@ -62,6 +62,10 @@ bool isColumnSum(Operation *op);
 /// float type its matmuls take (products with 1 exact, fp32 accumulation).
 bool isTensorESum(Operation *op);
 
+/// A cast from a float narrower than f32 (bf16, f16, fp8) to f32: exact, so
+/// free in a group (the engines widen every operand they read).
+bool isExactWidening(Type from, Type to);
+
 /// The splat value of a constant tensor, if it is one.
 std::optional<double> splatValueOf(Value tensor);
 

@@ -88,7 +88,7 @@ void GroupPlan::findCastAndBiasFolds(
       Type from = typeOf(c.getInput()).getElementType();
       Type to = c.getType().getElementType();
       Operation *producer = c.getInput().getDefiningOp();
-      if ((from.isBF16() || from.isF16()) && to.isF32()) {
+      if (isExactWidening(from, to)) {
         folded.insert(op);
       } else if (from.isF32() && isa<FloatType>(to) && producer &&
                  members.contains(producer) &&

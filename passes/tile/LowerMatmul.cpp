@@ -1,7 +1,8 @@
 //===- LowerMatmul.cpp - neuron.matmul as a blocked GEMM ------------------===//
 //
 // GEMM on TensorE: A^T panels resident in SBUF, B streamed, sums in PSUM
-// (GemmLowering says how).
+// (GemmLowering says how); neuron.scaled_matmul is the same GEMM with its
+// scales and bias applied as the sums leave PSUM.
 //
 //===----------------------------------------------------------------------===//
 
@@ -23,12 +24,26 @@ namespace {
 ///    feeding every M tile of the block;
 ///  - each (M tile, 512-column N tile) accumulates over K in its own PSUM
 ///    bank; two sets of banks alternate between N groups, so TensorE fills
-///    one set while ScalarE and VectorE evict the other.
+///    one set while ScalarE and VectorE evict the other;
+///  - fp8 operands on a chip with FP8 double_row (matmul_fp8_k_factor R):
+///    one matmul contracts R consecutive K tiles, read where they already
+///    sit (R panel columns blk.rows apart, R adjacent B slots).
 /// One member per level of the loop nest: batch, M block, N group, K step.
 class GemmLowering {
 public:
+  /// What the eviction applies besides the rounding to the output dtype
+  /// (neuron.scaled_matmul): fp32 scales of each row and each column, a
+  /// bias of each column. Windows of 1-d tensors of one element, or of M
+  /// (row scale) or N elements; `bias.buffer` is null without a bias.
+  struct Epilogue {
+    TileBuilder::Window rowScale, colScale, bias;
+    bool rowwise, colwise;
+    Type biasElt;
+  };
   /// `rows`: M when only known at run time (issue #16), else null.
-  GemmLowering(KernelLowering &k, MatmulOp op, Value rows = {});
+  GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue, Value result,
+               Value rows = {},
+               std::optional<Epilogue> epilogue = std::nullopt);
   /// One loop per batch dim (windows may stride them any way), a GEMM in
   /// each.
   void lower();
@@ -59,7 +74,10 @@ private:
   /// never stored).
   Value lastRows;
   /// An M block's on-chip state: B tiles rotating over `bSlots`, two PSUM
-  /// bank sets and two output staging sets alternating between N groups.
+  /// bank sets and two output staging sets alternating between N groups;
+  /// with an epilogue, each M tile's row scale (times a single column
+  /// scale) as a [P, 1] column, and per N group set the column scales and
+  /// bias broadcast over the partitions.
   struct Block {
     Value m0;
     int64_t rows, tiles;
@@ -68,6 +86,7 @@ private:
     int64_t maxPieces;
     int64_t bSlots;
     Value moving, acc, staged;
+    Value rowScales, colScales, bias, scaled;
   };
   /// One N group of a block: columns [n0, n0 + cols), in bank set `set`.
   struct Group {
@@ -94,10 +113,25 @@ private:
   int64_t bSlotsFor(int64_t blockTiles) const;
   void lowerGroup(const Bases &base, const Block &blk, Value g, int64_t set,
                   int64_t cols, bool first, bool prefetches);
-  /// K step `kIdx` of a group: load its B tile into `slot`, a matmul per
-  /// (M tile, N tile) into its bank (`first` starts the sums).
+  /// K step `kIdx` of a group: load its B tile into `slot`, then a matmul
+  /// per (M tile, N tile) into its bank (`first` starts the sums) over the
+  /// last `tilesPerMatmul` K tiles (0: none yet, the next step's matmul
+  /// takes this tile; R: a double_row matmul over this tile and the R - 1
+  /// before it, in the slots before `slot`).
   void kStep(const Bases &base, const Block &blk, const Group &grp, Value kIdx,
-             int64_t slot, int64_t kt, bool first);
+             int64_t slot, int64_t kt, bool first, int64_t tilesPerMatmul);
+  /// The tiles the matmul of step `i` of `count` consecutive full K steps
+  /// (the first at an even K tile and slot) takes: R at the end of each
+  /// whole group of R, 0 before it; 1 for steps past the last whole group.
+  int64_t tilesAt(int64_t i, int64_t count) const;
+  /// Loads the epilogue's row scales of the block (times a one-element
+  /// column scale).
+  void loadRowScales(const Block &blk);
+  /// Loads the epilogue's column scales and bias of a group into its set.
+  void loadColumnOperands(const Block &blk, const Group &grp);
+  /// PSUM bank -> `part` (the output dtype), through the epilogue if any.
+  void evictBank(const Block &blk, const Group &grp, int64_t mi, int64_t ni,
+                 int64_t mt, int64_t nt, Value part);
   /// The full K steps in rounds of bSlots, spreading the next panel's
   /// pieces over the first rounds.
   void fullKSteps(const Bases &base, const Block &blk, const Group &grp,
@@ -119,34 +153,44 @@ private:
   TileBuilder::Window a, bw;
   Value lhs, rhs, out;
   int64_t aRow, aCol, bRow, bCol;
-  Type inElt, outElt, f32;
+  Type inElt, rhsElt, outElt, f32;
   int64_t eltBytes;
+  /// K tiles one matmul contracts (FP8 double_row: matmul_fp8_k_factor).
+  int64_t kTilesPerMatmul;
+  std::optional<Epilogue> epilogue;
   int64_t kTile, mTile, nTile, banksPerSet, kTiles, kRows;
   int64_t mTiles, nTiles, mBlock, nGroup;
   Value mRows;
 };
 
-GemmLowering::GemmLowering(KernelLowering &k, MatmulOp op, Value rows)
-    : k(k), lhsType(tensorType(op.getLhs())), rhsType(tensorType(op.getRhs())),
-      outType(op.getType()), mRows(rows) {
+GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
+                           Value result, Value rows,
+                           std::optional<Epilogue> epilogue)
+    : k(k), lhsType(tensorType(lhsValue)), rhsType(tensorType(rhsValue)),
+      outType(tensorType(result)), epilogue(std::move(epilogue)), mRows(rows) {
   const auto &target = k.target;
   rank = lhsType.getRank();
   m = lhsType.getDimSize(rank - 2);
   kDim = lhsType.getDimSize(rank - 1);
   n = rhsType.getDimSize(rank - 1);
-  a = k.windowOf(op.getLhs());
-  bw = k.windowOf(op.getRhs());
+  a = k.windowOf(lhsValue);
+  bw = k.windowOf(rhsValue);
   lhs = a.buffer;
   rhs = bw.buffer;
   aRow = a.strides[rank - 2];
   aCol = a.strides[rank - 1];
   bRow = bw.strides[rank - 2];
   bCol = bw.strides[rank - 1];
-  out = k.resultBuffer(op.getResult());
+  out = k.resultBuffer(result);
   inElt = lhsType.getElementType();
+  rhsElt = rhsType.getElementType();
   outElt = outType.getElementType();
   f32 = k.b.getF32Type();
   eltBytes = std::max<int64_t>(1, lhsType.getElementTypeBitWidth() / 8);
+  auto isFp8 = [](Type t) { return isa<Float8E4M3FNType, Float8E5M2Type>(t); };
+  kTilesPerMatmul = isFp8(inElt) && isFp8(rhsType.getElementType())
+                        ? std::max<int64_t>(1, target.matmulFp8KFactor())
+                        : 1;
 
   kTile = target.matmulMaxK;
   mTile = target.matmulMaxStationaryFree;
@@ -362,7 +406,8 @@ int64_t GemmLowering::bSlotsFor(int64_t blockTiles) const {
       blockTiles * nTiles *
       costModel.cyclesToNs(
           ::neuron::runtime::Engine::Tensor,
-          costModel.matmulCycles(double(mTile), double(nTile), inElt.isF32()));
+          costModel.matmulCycles(double(mTile), double(nTile), inElt.isF32())) /
+      kTilesPerMatmul;
   // At each N group's end its stores (a tile's rows per M tile) enter the
   // DMA queues ahead of the next group's first B loads: enough more slots
   // that the loads already in flight cover them.
@@ -377,13 +422,23 @@ int64_t GemmLowering::bSlotsFor(int64_t blockTiles) const {
   int64_t need = std::max(
       base, std::min(kTiles, base + (int64_t)std::ceil(storeNs /
                                                        std::max(stepNs, 1.0))));
-  // Slots that divide the K steps rotate the same way in every group, so a
-  // group's first loads never wait on a slot the last group still reads.
-  int64_t fullK = kDim / kTile;
-  for (int64_t slots = need; slots <= std::min(2 * need, fullK); ++slots)
+  // Whole groups of double_row tiles in each round of slots; slots that
+  // divide the K steps rotate the same way in every group, so a group's
+  // first loads never wait on a slot the last group still reads.
+  int64_t r = kTilesPerMatmul, fullK = kDim / kTile;
+  auto whole = [&](int64_t slots) { return (slots + r - 1) / r * r; };
+  for (int64_t slots = whole(need); slots <= std::min(2 * need, fullK);
+       slots += r)
     if (fullK % slots == 0)
       return slots;
-  return need;
+  return whole(need);
+}
+
+int64_t GemmLowering::tilesAt(int64_t i, int64_t count) const {
+  int64_t r = kTilesPerMatmul;
+  if (i / r * r + r > count)
+    return 1;
+  return i % r == r - 1 ? r : 0;
 }
 
 void GemmLowering::lowerBlock(const Bases &base, Value m0, int64_t rows,
@@ -392,10 +447,21 @@ void GemmLowering::lowerBlock(const Bases &base, Value m0, int64_t rows,
   TileBuilder::TileScope blockScope(k);
   Block blk{m0, rows, (rows + mTile - 1) / mTile, panel, next, maxPieces};
   blk.bSlots = bSlotsFor(blk.tiles);
-  blk.moving = k.tile(MemorySpace::sbuf, {kRows, blk.bSlots * nGroup}, inElt);
+  blk.moving = k.tile(MemorySpace::sbuf, {kRows, blk.bSlots * nGroup}, rhsElt);
   blk.acc = k.tile(MemorySpace::psum, {mTile, 2 * banksPerSet * nTile}, f32);
   blk.staged =
       k.tile(MemorySpace::sbuf, {mTile, 2 * blk.tiles * nGroup}, outElt);
+  if (epilogue) {
+    blk.rowScales = k.tile(MemorySpace::sbuf, {mTile, blk.tiles}, f32);
+    if (epilogue->colwise)
+      blk.colScales = k.tile(MemorySpace::sbuf, {mTile, 2 * nGroup}, f32);
+    if (epilogue->bias.buffer)
+      blk.bias =
+          k.tile(MemorySpace::sbuf, {mTile, 2 * nGroup}, epilogue->biasElt);
+    if (epilogue->colwise && epilogue->bias.buffer)
+      blk.scaled = k.tile(MemorySpace::sbuf, {mTile, nTile}, f32);
+    loadRowScales(blk);
+  }
   int64_t groups = n / nGroup;
   if (groups > 0)
     lowerGroup(base, blk, k.index(0), 0, nGroup, true, true);
@@ -421,36 +487,55 @@ void GemmLowering::lowerGroup(const Bases &base, const Block &blk, Value g,
                               int64_t set, int64_t cols, bool first,
                               bool prefetches) {
   Group grp{g, k.scale(g, nGroup), set, cols, (cols + nTile - 1) / nTile};
+  if (epilogue)
+    loadColumnOperands(blk, grp);
   fullKSteps(base, blk, grp, first, prefetches);
   int64_t fullK = kDim / kTile;
   if (kDim % kTile)
     kStep(base, blk, grp, k.index(fullK), fullK % blk.bSlots, kDim % kTile,
-          fullK == 0);
+          fullK == 0, 1);
   evictGroup(base, blk, grp);
 }
 
 void GemmLowering::kStep(const Bases &base, const Block &blk, const Group &grp,
-                         Value kIdx, int64_t slot, int64_t kt, bool first) {
+                         Value kIdx, int64_t slot, int64_t kt, bool first,
+                         int64_t tilesPerMatmul) {
   Value src = k.addOffsets(k.addOffsets(base.rhs, k.scale(kIdx, kTile * bRow)),
                            k.scale(grp.n0, bCol));
   Value bTile = k.view(blk.moving, k.index(slot * nGroup), {kt, grp.cols},
                        {blk.bSlots * nGroup, 1});
   k.dma(k.view(rhs, src, {kt, grp.cols}, {bRow, bCol}), bTile);
+  if (tilesPerMatmul == 0)
+    return;
+  // The matmul's first K tile and its slot.
+  int64_t back = tilesPerMatmul - 1;
+  Value kFirst = k.addOffset(kIdx, -back);
+  int64_t slot0 = slot - back;
+  bool doubleRow = tilesPerMatmul > 1;
+  auto operand = [&](Value buffer, Value at, int64_t free, int64_t tileStride,
+                     int64_t partitionStride) {
+    if (doubleRow)
+      return k.view(buffer, at, {kt, tilesPerMatmul, free},
+                    {partitionStride, tileStride, 1});
+    return k.view(buffer, at, {kt, free}, {partitionStride, 1});
+  };
   for (int64_t mi = 0; mi < blk.tiles; ++mi) {
     int64_t mt = std::min(mTile, blk.rows - mi * mTile);
-    Value stationary =
-        k.view(blk.panel.buffer,
-               k.addOffsets(blk.panel.at,
-                            k.addOffset(k.scale(kIdx, blk.rows), mi * mTile)),
-               {kt, mt}, {blk.panel.stride, 1});
+    Value stationary = operand(
+        blk.panel.buffer,
+        k.addOffsets(blk.panel.at,
+                     k.addOffset(k.scale(kFirst, blk.rows), mi * mTile)),
+        mt, blk.rows, blk.panel.stride);
     for (int64_t ni = 0; ni < grp.tiles; ++ni) {
       int64_t nt = std::min(nTile, grp.cols - ni * nTile);
-      Value mov = k.view(blk.moving, k.index(slot * nGroup + ni * nTile),
-                         {kt, nt}, {blk.bSlots * nGroup, 1});
+      Value mov = operand(blk.moving, k.index(slot0 * nGroup + ni * nTile), nt,
+                          nGroup, blk.bSlots * nGroup);
       auto mm = k.b.create<nisa::MatmulOp>(stationary, mov,
                                            bank(blk, grp, mi, ni, mt, nt));
       if (!first)
         mm.setAccumulate(true);
+      if (doubleRow)
+        mm.setDoubleRow(true);
     }
   }
 }
@@ -466,10 +551,13 @@ void GemmLowering::fullKSteps(const Bases &base, const Block &blk,
   int64_t pieces = std::min(blk.maxPieces, rounds);
   while (pieces > 1 && (!llvm::isPowerOf2_64(pieces) || blk.rows % pieces))
     --pieces;
+  // A step's matmul starts the sums when its first tile is tile 0.
   auto round = [&](Value r, bool firstRound) {
-    for (int64_t i = 0; i < bSlots; ++i)
+    for (int64_t i = 0; i < bSlots; ++i) {
+      int64_t tiles = tilesAt(i, bSlots);
       kStep(base, blk, grp, k.addOffset(k.scale(r, bSlots), i), i, kTile,
-            firstRound && i == 0);
+            firstRound && i + 1 == tiles, tiles);
+    }
     if (prefetches && pieces > 1)
       prefetch(base, blk, grp.g, first, r, pieces);
   };
@@ -484,10 +572,12 @@ void GemmLowering::fullKSteps(const Bases &base, const Block &blk,
     for (int64_t i = 0; i < bSlots; ++i)
       kStep(base, blk, grp,
             k.addOffset(k.scale(k.addOffset(r, spread), bSlots), i), i, kTile,
-            false);
+            false, tilesAt(i, bSlots));
   });
-  for (int64_t s = rounds * bSlots; s < fullK; ++s)
-    kStep(base, blk, grp, k.index(s), s % bSlots, kTile, s == 0);
+  for (int64_t s = rounds * bSlots; s < fullK; ++s) {
+    int64_t tiles = tilesAt(s - rounds * bSlots, fullK - rounds * bSlots);
+    kStep(base, blk, grp, k.index(s), s % bSlots, kTile, s + 1 == tiles, tiles);
+  }
 }
 
 void GemmLowering::evictGroup(const Bases &base, const Block &blk,
@@ -502,9 +592,7 @@ void GemmLowering::evictGroup(const Bases &base, const Block &blk,
       Value part = k.view(
           blk.staged, k.index((grp.set * blk.tiles + mi) * nGroup + ni * nTile),
           {mt, nt}, {2 * blk.tiles * nGroup, 1});
-      auto engine = (mi * grp.tiles + ni) % 2 ? nisa::Engine::scalar
-                                              : nisa::Engine::vector;
-      k.b.create<nisa::CopyOp>(bank(blk, grp, mi, ni, mt, nt), part, engine);
+      evictBank(blk, grp, mi, ni, mt, nt, part);
     }
     Value dst = k.addOffsets(
         k.addOffsets(base.out, k.scale(k.addOffset(blk.m0, mi * mTile), n)),
@@ -518,6 +606,92 @@ void GemmLowering::evictGroup(const Bases &base, const Block &blk,
     // it would hold up the next group's B loads.
     k.b.create<nisa::DmaCopyOp>(stage, dstView, nisa::Engine::scalar);
   }
+}
+
+void GemmLowering::evictBank(const Block &blk, const Group &grp, int64_t mi,
+                             int64_t ni, int64_t mt, int64_t nt, Value part) {
+  Value acc = bank(blk, grp, mi, ni, mt, nt);
+  // Banks alternate between VectorE and ScalarE where either can do it.
+  bool onScalar = (mi * grp.tiles + ni) % 2;
+  if (!epilogue) {
+    k.b.create<nisa::CopyOp>(
+        acc, part, onScalar ? nisa::Engine::scalar : nisa::Engine::vector);
+    return;
+  }
+  Value rowScale = k.view(blk.rowScales, k.index(mi), {mt, 1}, {blk.tiles, 1});
+  auto columns = [&](Value tile) {
+    return k.view(tile, k.index(grp.set * nGroup + ni * nTile), {mt, nt},
+                  {2 * nGroup, 1});
+  };
+  if (!blk.colScales && !blk.bias) {
+    if (onScalar)
+      k.b.create<nisa::ActivationOp>(acc, part, Value(), rowScale, Value(),
+                                     nisa::ActivationFn::identity, APFloat(1.0),
+                                     APFloat(0.0));
+    else
+      k.b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, acc, part,
+                                       rowScale, APFloat(0.0), false,
+                                       nisa::Engine::vector);
+    return;
+  }
+  // (acc * row scale) * column scales, or + bias; both: the scaled sums in
+  // fp32, then the bias on GpSimd (SBUF only), off VectorE's queue.
+  Value scaledDst =
+      blk.scaled ? k.view(blk.scaled, k.index(0), {mt, nt}, {nTile, 1}) : part;
+  k.b.create<nisa::ScalarTensorTensorOp>(
+      nisa::AluOp::multiply,
+      blk.colScales ? nisa::AluOp::multiply : nisa::AluOp::add, acc,
+      columns(blk.colScales ? blk.colScales : blk.bias), scaledDst, rowScale,
+      APFloat(0.0), nisa::Engine::vector);
+  if (blk.scaled)
+    k.b.create<nisa::TensorTensorOp>(nisa::AluOp::add, scaledDst,
+                                     columns(blk.bias), part,
+                                     nisa::Engine::gpsimd);
+}
+
+void GemmLowering::loadRowScales(const Block &blk) {
+  const Epilogue &ep = *epilogue;
+  // [rows, 1] of a vector from element `at`; a one-element vector is
+  // broadcast (stride 0) over the rows.
+  auto column = [&](const TileBuilder::Window &w, bool whole, Value at,
+                    int64_t rows) {
+    if (!whole)
+      return k.view(w.buffer, k.index(w.offset), {rows, 1}, {0, 1});
+    return k.view(w.buffer, k.addOffset(k.scale(at, w.strides[0]), w.offset),
+                  {rows, 1}, {w.strides[0], 1});
+  };
+  Value single;
+  if (!ep.colwise)
+    single = k.tile(MemorySpace::sbuf, {mTile, 1}, f32);
+  for (int64_t mi = 0; mi < blk.tiles; ++mi) {
+    int64_t mt = std::min(mTile, blk.rows - mi * mTile);
+    Value col = k.view(blk.rowScales, k.index(mi), {mt, 1}, {blk.tiles, 1});
+    k.dma(column(ep.rowScale, ep.rowwise, k.addOffset(blk.m0, mi * mTile), mt),
+          col);
+    if (ep.colwise)
+      continue;
+    // A tensorwise column scale folds into the row scales.
+    Value one = k.view(single, k.index(0), {mt, 1}, {1, 1});
+    k.dma(column(ep.colScale, false, Value(), mt), one);
+    k.b.create<nisa::TensorTensorOp>(nisa::AluOp::multiply, col, one, col,
+                                     nisa::Engine::vector);
+  }
+}
+
+void GemmLowering::loadColumnOperands(const Block &blk, const Group &grp) {
+  const Epilogue &ep = *epilogue;
+  auto load = [&](const TileBuilder::Window &w, Value tile) {
+    // The group's columns, the same row on every partition.
+    Value src =
+        k.view(w.buffer, k.addOffset(k.scale(grp.n0, w.strides[0]), w.offset),
+               {mTile, grp.cols}, {0, w.strides[0]});
+    k.dma(src, k.view(tile, k.index(grp.set * nGroup), {mTile, grp.cols},
+                      {2 * nGroup, 1}));
+  };
+  if (blk.colScales)
+    load(ep.colScale, blk.colScales);
+  if (blk.bias)
+    load(ep.bias, blk.bias);
 }
 
 struct MatmulPattern : OpTilePattern<MatmulPattern, MatmulOp> {
@@ -554,18 +728,44 @@ struct MatmulPattern : OpTilePattern<MatmulPattern, MatmulOp> {
     Value rows = k.dimOf(op.getLhs(), rank - 2);
     if (!rows || !k.dimOf(op.getResult(), rank - 2))
       return refuse("the row count is not known");
-    GemmLowering(k, op, rows).lower();
+    GemmLowering(k, op.getLhs(), op.getRhs(), op.getResult(), rows).lower();
+    return success();
+  }
+};
+
+struct ScaledMatmulPattern
+    : OpTilePattern<ScaledMatmulPattern, ScaledMatmulOp> {
+  LogicalResult lowerOp(ScaledMatmulOp op, KernelLowering &k) const {
+    if (tensorType(op.getLhs()).getShape().back() == 0)
+      return op->emitOpError("has an empty contraction");
+    GemmLowering::Epilogue ep;
+    ep.rowScale = k.windowOf(op.getRowScale());
+    ep.colScale = k.windowOf(op.getColScale());
+    ep.rowwise = tensorType(op.getRowScale()).getDimSize(0) ==
+                 tensorType(op.getLhs()).getDimSize(0);
+    ep.colwise = tensorType(op.getColScale()).getDimSize(0) ==
+                 tensorType(op.getRhs()).getDimSize(1);
+    // One row (column): its single element is the tensorwise scale.
+    ep.rowwise &= tensorType(op.getRowScale()).getDimSize(0) > 1;
+    ep.colwise &= tensorType(op.getColScale()).getDimSize(0) > 1;
+    if (op.getBias()) {
+      ep.bias = k.windowOf(op.getBias());
+      ep.biasElt = tensorType(op.getBias()).getElementType();
+    }
+    GemmLowering(k, op.getLhs(), op.getRhs(), op.getResult(), Value(), ep)
+        .lower();
     return success();
   }
 };
 } // namespace
 
 void KernelLowering::lowerMatmul(MatmulOp op) {
-  GemmLowering(*this, op).lower();
+  GemmLowering(*this, op.getLhs(), op.getRhs(), op.getResult()).lower();
 }
 
 void populateMatmulPatterns(TilePatternSet &patterns) {
   patterns.push_back(std::make_unique<MatmulPattern>());
+  patterns.push_back(std::make_unique<ScaledMatmulPattern>());
 }
 
 } // namespace mlir::neuron

@@ -38,10 +38,16 @@ struct CompileFailure : std::runtime_error {
 /// torch dtype names (as the FX document writes them) <-> program dtypes.
 const std::map<std::string, runtime::DType> &torchDTypes() {
   static const std::map<std::string, runtime::DType> names = {
-      {"float32", runtime::DType::F32}, {"bfloat16", runtime::DType::BF16},
-      {"float16", runtime::DType::F16}, {"int32", runtime::DType::I32},
-      {"int64", runtime::DType::I64},   {"int8", runtime::DType::I8},
-      {"uint8", runtime::DType::U8},    {"bool", runtime::DType::Bool}};
+      {"float32", runtime::DType::F32},
+      {"bfloat16", runtime::DType::BF16},
+      {"float16", runtime::DType::F16},
+      {"int32", runtime::DType::I32},
+      {"int64", runtime::DType::I64},
+      {"int8", runtime::DType::I8},
+      {"uint8", runtime::DType::U8},
+      {"bool", runtime::DType::Bool},
+      {"float8_e4m3fn", runtime::DType::F8E4M3FN},
+      {"float8_e5m2", runtime::DType::F8E5M2}};
   return names;
 }
 
@@ -230,10 +236,16 @@ PYBIND11_MODULE(_C, m) {
         const target::Target &t = target::getTarget(name);
         py::dict d;
         d["flops"] = t.peakFlopsPerSecond();
+        d["fp8_flops"] = t.peakFlopsPerSecond() * t.matmulFp8KFactor();
+        if (t.hasFigure("matmul_mx_k_factor"))
+          d["mxfp8_flops"] =
+              t.peakFlopsPerSecond() * t.value("matmul_mx_k_factor");
         d["hbm_bytes"] = t.peakHbmBytesPerSecond();
         return d;
       },
-      py::arg("target"), "Peak bf16 FLOP/s and HBM bytes/s of one core.");
+      py::arg("target"),
+      "Peak bf16 (and fp8, MXFP8 where the chip has it) FLOP/s and HBM "
+      "bytes/s of one core.");
 
   m.def(
       "target_memory",

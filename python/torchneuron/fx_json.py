@@ -40,6 +40,7 @@ __all__ = [
     "fetch_attr",
     "serialize_graph",
     "serialize_graph_lenient",
+    "numpy_storage_dtype",
     "source_location",
     "tensor_from_constant",
     "tensor_spec",
@@ -60,6 +61,8 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.int8: "int8",
     torch.uint8: "uint8",
     torch.bool: "bool",
+    torch.float8_e4m3fn: "float8_e4m3fn",
+    torch.float8_e5m2: "float8_e5m2",
 }
 _DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
@@ -196,10 +199,18 @@ def _tensor_bytes(tensor: torch.Tensor) -> bytes:
     if isinstance(tensor, FakeTensor) or tensor.device.type == "meta":
         raise _Unencodable("constant has no data (fake or meta tensor)")
     t = tensor.detach().to("cpu").contiguous()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
+    t = t.view(numpy_storage_dtype(t.dtype))
     array = t.numpy()
     return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def numpy_storage_dtype(dtype: torch.dtype) -> torch.dtype:
+    """A dtype numpy holds with the same bytes (bf16 and fp8 have no numpy dtype)."""
+    if dtype == torch.bfloat16:
+        return torch.int16
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return torch.uint8
+    return dtype
 
 
 def constant_entry(name: str, tensor: torch.Tensor) -> dict[str, Any]:
@@ -215,12 +226,10 @@ def tensor_from_constant(entry: Mapping[str, Any]) -> torch.Tensor:
 
     dtype = dtype_from_name(entry["dtype"])
     raw = base64.b64decode(entry["data"])
-    storage_dtype = torch.int16 if dtype == torch.bfloat16 else dtype
+    storage_dtype = numpy_storage_dtype(dtype)
     np_dtype = torch.empty((), dtype=storage_dtype).numpy().dtype.newbyteorder("<")
     array = np.frombuffer(raw, dtype=np_dtype).astype(np_dtype.newbyteorder("="))
-    tensor = torch.from_numpy(array.copy()).view(storage_dtype)
-    if dtype == torch.bfloat16:
-        tensor = tensor.view(torch.bfloat16)
+    tensor = torch.from_numpy(array.copy()).view(storage_dtype).view(dtype)
     return tensor.reshape(entry["shape"])
 
 

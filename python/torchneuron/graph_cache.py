@@ -190,8 +190,7 @@ def _tensor_digest(tensor: torch.Tensor) -> str:
     if isinstance(tensor, FakeTensor) or tensor.device.type == "meta":
         raise Unkeyable("a tensor constant without data")
     t = tensor.detach().to("cpu").contiguous()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
+    t = t.view(fx_json.numpy_storage_dtype(t.dtype))
     try:
         data = t.numpy().tobytes()
     except (TypeError, RuntimeError) as e:

@@ -58,6 +58,10 @@ std::optional<runtime::DType> programDType(at::ScalarType t) {
     return runtime::DType::U8;
   case at::kBool:
     return runtime::DType::Bool;
+  case at::kFloat8_e4m3fn:
+    return runtime::DType::F8E4M3FN;
+  case at::kFloat8_e5m2:
+    return runtime::DType::F8E5M2;
   default:
     return std::nullopt;
   }
@@ -81,6 +85,10 @@ at::ScalarType torchDType(runtime::DType t) {
     return at::kByte;
   case runtime::DType::Bool:
     return at::kBool;
+  case runtime::DType::F8E4M3FN:
+    return at::kFloat8_e4m3fn;
+  case runtime::DType::F8E5M2:
+    return at::kFloat8_e5m2;
   }
   return at::kFloat;
 }

@@ -1332,16 +1332,24 @@ std::optional<StridedMatrix<T>> matrixOf(const CompiledView &view,
                           free.rank ? free.strides[0] : 1};
 }
 
-// dst[M, N] = (accumulate ? dst : 0) + stationary[K, M]^T @ moving[K, N].
-// Operands hold bf16/f16/f32 values widened exactly; products of 16-bit
-// inputs are exact in fp32 and the sums accumulate in fp32. Large matmuls
-// are split by output columns between the host threads, without changing
-// any output's bits.
+// dst[M, N] = (accumulate ? dst : 0) + stationary[K, M]^T @ moving[K, N]
+// (double_row: [K, R, M] and [K, R, N], the K x R rows contracted).
+// Operands hold fp8/bf16/f16/f32 values widened exactly; products of 8- and
+// 16-bit inputs are exact in fp32 and the sums accumulate in fp32. Large
+// matmuls are split by output columns between the host threads, without
+// changing any output's bits.
 void Executor::Impl::execMatmul(const CompiledInst &inst) {
   const CompiledView &stat = inst.views[RoleStationary];
   const CompiledView &mov = inst.views[RoleMoving];
   const CompiledView &dst = inst.views[RoleDst];
   int64_t k = stat.rows, m = stat.cols, n = mov.cols;
+  if (inst.attrs.doubleRow) {
+    // Loaded row-major, [K, R, M] is the [K * R, M] matrix (row k * R + r),
+    // and the moving operand's rows pair with the same (k, r).
+    k *= stat.shape[1];
+    m /= stat.shape[1];
+    n /= mov.shape[1];
+  }
   bool accumulate = inst.attrs.accumulate;
   // PSUM holds fp32 rows: multiply into them in place.
   bool inPlace = dst.dtype == DType::F32 && dst.shape.size() == 2 &&

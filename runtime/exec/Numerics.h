@@ -2,9 +2,10 @@
 //
 // How the engines read and write each dtype (PROGRAM_FORMAT.md, "Numerics"):
 // every operand is widened to fp32 exactly (integers converted), results are
-// rounded on store: round-to-nearest-even for bf16/f16 with NaN kept NaN,
-// truncation toward zero with saturation for integers (NaN stores 0), and
-// value != 0 for bool.
+// rounded on store: round-to-nearest-even for bf16/f16/fp8 with NaN kept NaN
+// (fp8 overflow as torch's CPU casts do it: f8e4m3fn saturates, f8e5m2 goes
+// to infinity), truncation toward zero with saturation for integers (NaN stores
+// 0), and value != 0 for bool.
 //
 //===----------------------------------------------------------------------===//
 
@@ -86,6 +87,78 @@ inline float f16BitsToF32(uint16_t bits) {
   return bitsToFloat(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
+/// fp32 -> OCP float8_e4m3fn (bias 7, no infinity, 0x7f/0xff NaN, max 448)
+/// with round-to-nearest-even, including subnormals, exactly as torch's
+/// c10::Float8_e4m3fn: finite values past 448 (after rounding) and
+/// infinities saturate to +-448, NaN stores NaN with its sign.
+inline uint8_t f32ToF8E4M3FNBits(float value) {
+  uint32_t bits = floatBits(value);
+  uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  uint32_t magnitude = bits & 0x7fffffffu;
+  uint8_t out;
+  if (magnitude > 0x7f800000u) {
+    out = 0x7f;
+  } else if (magnitude >= 0x43f00000u) { // >= 480: rounds past 448
+    out = 0x7e;
+  } else if (magnitude < 0x3c800000u) { // < 2^-6: subnormal (or zero)
+    // Adding 2^14 (whose fp32 ulp is 2^-9, the smallest subnormal) aligns
+    // the 3 mantissa bits at the bottom of the float, as f32ToF16Bits does;
+    // the FPU's own RNE rounds.
+    float aligned = bitsToFloat(magnitude) + bitsToFloat(141u << 23);
+    out = static_cast<uint8_t>(floatBits(aligned) - (141u << 23));
+  } else {
+    uint32_t mantissaOdd = (magnitude >> 20) & 1u;
+    magnitude +=
+        (static_cast<uint32_t>(7 - 127) << 23) + 0x7ffffu + mantissaOdd;
+    out = static_cast<uint8_t>(magnitude >> 20);
+    if (out == 0x7f) // 464 <= x < 480 rounds up into the NaN encoding
+      out = 0x7e;
+  }
+  return static_cast<uint8_t>(out | sign);
+}
+
+inline float f8E4M3FNBitsToF32(uint8_t bits) {
+  uint32_t sign = static_cast<uint32_t>(bits & 0x80u) << 24;
+  uint32_t exponent = (bits >> 3) & 0xfu;
+  uint32_t mantissa = bits & 0x7u;
+  if (exponent == 0xf && mantissa == 0x7)
+    return bitsToFloat(sign | 0x7fc00000u);
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-9 is exact in fp32.
+    float magnitude = static_cast<float>(mantissa) * 0.001953125f;
+    return sign ? -magnitude : magnitude;
+  }
+  return bitsToFloat(sign | ((exponent + 120u) << 23) | (mantissa << 20));
+}
+
+/// fp32 -> OCP float8_e5m2 (IEEE-style, bias 15, max 57344) with
+/// round-to-nearest-even, including subnormals, exactly as torch's
+/// c10::Float8_e5m2: values >= 61440 round to infinity, NaN stays NaN.
+inline uint8_t f32ToF8E5M2Bits(float value) {
+  uint32_t bits = floatBits(value);
+  uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  uint32_t magnitude = bits & 0x7fffffffu;
+  uint8_t out;
+  if (magnitude >= 0x47800000u) { // >= 65536, inf or NaN
+    out = magnitude > 0x7f800000u ? 0x7f : 0x7c;
+  } else if (magnitude < 0x38800000u) { // < 2^-14: subnormal (or zero)
+    // 2^7's fp32 ulp is 2^-16, the smallest subnormal.
+    float aligned = bitsToFloat(magnitude) + bitsToFloat(134u << 23);
+    out = static_cast<uint8_t>(floatBits(aligned) - (134u << 23));
+  } else {
+    uint32_t mantissaOdd = (magnitude >> 21) & 1u;
+    magnitude +=
+        (static_cast<uint32_t>(15 - 127) << 23) + 0xfffffu + mantissaOdd;
+    out = static_cast<uint8_t>(magnitude >> 21); // may carry into infinity
+  }
+  return static_cast<uint8_t>(out | sign);
+}
+
+/// float8_e5m2 is the top byte of an IEEE binary16.
+inline float f8E5M2BitsToF32(uint8_t bits) {
+  return f16BitsToF32(static_cast<uint16_t>(bits << 8));
+}
+
 /// Truncation toward zero with saturation; NaN stores 0.
 template <typename IntT> inline IntT f32ToInt(float value) {
   if (std::isnan(value))
@@ -134,6 +207,16 @@ template <> struct DTypeTraits<DType::F16> {
   using Storage = uint16_t;
   static float load(Storage v) { return f16BitsToF32(v); }
   static Storage store(float v) { return f32ToF16Bits(v); }
+};
+template <> struct DTypeTraits<DType::F8E4M3FN> {
+  using Storage = uint8_t;
+  static float load(Storage v) { return f8E4M3FNBitsToF32(v); }
+  static Storage store(float v) { return f32ToF8E4M3FNBits(v); }
+};
+template <> struct DTypeTraits<DType::F8E5M2> {
+  using Storage = uint8_t;
+  static float load(Storage v) { return f8E5M2BitsToF32(v); }
+  static Storage store(float v) { return f32ToF8E5M2Bits(v); }
 };
 template <> struct DTypeTraits<DType::I32> {
   using Storage = int32_t;
@@ -185,6 +268,10 @@ inline decltype(auto) dispatchDType(DType dtype, Fn &&fn) {
     return fn(DTypeTag<DType::I8>{});
   case DType::U8:
     return fn(DTypeTag<DType::U8>{});
+  case DType::F8E4M3FN:
+    return fn(DTypeTag<DType::F8E4M3FN>{});
+  case DType::F8E5M2:
+    return fn(DTypeTag<DType::F8E5M2>{});
   case DType::Bool:
     break;
   }

@@ -17,6 +17,8 @@ int64_t dtypeSize(DType dtype) {
   case DType::I8:
   case DType::U8:
   case DType::Bool:
+  case DType::F8E4M3FN:
+  case DType::F8E5M2:
     return 1;
   }
   return 0;
@@ -40,6 +42,10 @@ const char *dtypeName(DType dtype) {
     return "u8";
   case DType::Bool:
     return "bool";
+  case DType::F8E4M3FN:
+    return "f8e4m3fn";
+  case DType::F8E5M2:
+    return "f8e5m2";
   }
   return "?";
 }
@@ -52,7 +58,12 @@ std::optional<DType> parseDType(std::string_view name) {
 }
 
 bool isFloatDType(DType dtype) {
-  return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
+  return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16 ||
+         isFloat8DType(dtype);
+}
+
+bool isFloat8DType(DType dtype) {
+  return dtype == DType::F8E4M3FN || dtype == DType::F8E5M2;
 }
 
 bool isIntegerDType(DType dtype) {

@@ -398,7 +398,7 @@ OpSpec makeOpSpec(Opcode op) {
   case Opcode::DmaGather:
     return {op, {"table", "indices", "dst"}, {}};
   case Opcode::Matmul:
-    return {op, {"stationary", "moving", "dst"}, {"accumulate"}};
+    return {op, {"stationary", "moving", "dst"}, {"accumulate", "double_row"}};
   case Opcode::Activation:
     return {op,
             {"src", "dst", "func"},
@@ -1478,11 +1478,31 @@ void Verifier::verifyInstruction(const Instruction &inst,
     for (const char *fieldName : {"stationary", "moving"})
       if (!isFloatDType(buffers.at(fieldName)->dtype))
         failInst(inst, std::string("'") + fieldName +
-                           "' must be f32, bf16 or f16, got " +
+                           "' must be f32, bf16, f16 or fp8, got " +
                            dtypeName(buffers.at(fieldName)->dtype));
-    int64_t k = stat.shape[0];
-    int64_t m = product(stat.shape, 1);
-    int64_t n = product(mov.shape, 1);
+    if (inst.doubleRow) {
+      bool fp8 = isFloat8DType(buffers.at("stationary")->dtype) &&
+                 isFloat8DType(buffers.at("moving")->dtype);
+      int64_t rows = target.matmulFp8KFactor();
+      if (!fp8)
+        failInst(inst, "double_row takes fp8 operands");
+      if (rows < 2)
+        failInst(inst, "target '" + target.name + "' has no double_row");
+      if (stat.shape.size() < 3 || mov.shape.size() < 3 ||
+          stat.shape[1] != rows || mov.shape[1] != rows)
+        failInst(inst, "double_row operands must be [K, " +
+                           std::to_string(rows) + ", M] and [K, " +
+                           std::to_string(rows) + ", N], got " +
+                           shapeString(stat.shape) + " and " +
+                           shapeString(mov.shape));
+    } else if (buffers.at("stationary")->dtype != buffers.at("moving")->dtype &&
+               !(isFloat8DType(buffers.at("stationary")->dtype) &&
+                 isFloat8DType(buffers.at("moving")->dtype))) {
+      failInst(inst, "'stationary' and 'moving' must have the same dtype "
+                     "(or both be fp8)");
+    }
+    MatmulShape mm = matmulShape(inst);
+    int64_t k = mm.k, m = mm.m, n = mm.n;
     if (mov.shape[0] != k)
       failInst(inst, "contraction mismatch: 'stationary' is " +
                          shapeString(stat.shape) + " but 'moving' is " +
@@ -1828,6 +1848,20 @@ std::string Program::toJson() const {
   }
   doc["body"] = nodesJson(body);
   return doc.dump();
+}
+
+MatmulShape matmulShape(const Instruction &inst) {
+  const View &stat = *inst.stationary, &mov = *inst.moving;
+  MatmulShape s;
+  size_t free = 1;
+  if (inst.doubleRow) {
+    s.rowsPerPartition = stat.shape.size() > 1 ? stat.shape[1] : 1;
+    free = 2;
+  }
+  s.k = stat.shape.empty() ? 0 : stat.shape[0];
+  s.m = product(stat.shape, free);
+  s.n = product(mov.shape, free);
+  return s;
 }
 
 } // namespace neuron::runtime

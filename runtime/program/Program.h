@@ -222,6 +222,9 @@ struct Instruction {
 
   // Attributes (file names in comments).
   bool accumulate = false;          // "accumulate" (matmul)
+  /// "double_row" (matmul, fp8 operands): stationary [K, R, M] and moving
+  /// [K, R, N] contract over K x R rows (NKI's perf_mode=double_row).
+  bool doubleRow = false;
   /// "dge": "hwdge" (dma_copy on sync or scalar): the hardware DGE block
   /// generates its descriptors at issue (S15). Default "none": descriptors
   /// precomputed with the program; a copy issued by gpsimd is software DGE.
@@ -262,6 +265,16 @@ struct Instruction {
   /// written: dst and reduce_res are, every other operand is read.
   static bool writes(std::string_view field);
 };
+
+/// The sizes of a matmul instruction: contraction rows per partition
+/// (double_row: the operands' dim 1, else 1), K in partitions, and the
+/// stationary (M) and moving (N) free sizes.
+struct MatmulShape {
+  int64_t k = 0, rowsPerPartition = 1, m = 0, n = 0;
+  /// The contraction length: k x rowsPerPartition.
+  int64_t contraction() const { return k * rowsPerPartition; }
+};
+MatmulShape matmulShape(const Instruction &inst);
 
 /// An operand field of instructions (InstructionSet.def).
 struct OperandField {

@@ -311,6 +311,12 @@ double Target::peakFlopsPerSecond() const {
   return 2.0 * partitions * matmulMaxStationaryFree * tensorClockGHz * 1e9;
 }
 
+int64_t Target::matmulFp8KFactor() const {
+  return hasFigure("matmul_fp8_k_factor")
+             ? static_cast<int64_t>(value("matmul_fp8_k_factor"))
+             : 1;
+}
+
 double Target::peakHbmBytesPerSecond() const {
   double dma = dmaEngines * dmaBytesPerNsPerEngine;
   double hbm = hbmChipBytesPerNs / value("hbm_sharing_cores");

@@ -105,6 +105,10 @@ struct Target {
   /// Dense bf16 TensorE peak of one core: a partitions x stationary-free PE
   /// array, 2 FLOPs per MAC per cycle.
   double peakFlopsPerSecond() const;
+  /// Contraction rows one TensorE instruction takes per partition for fp8
+  /// operands (FP8 double_row: 2), 1 on a target without such a mode; the
+  /// FP8 peak is peakFlopsPerSecond() times this.
+  int64_t matmulFp8KFactor() const;
   /// The core's HBM roofline: its DMA engines, capped by its HBM share.
   double peakHbmBytesPerSecond() const;
 };

@@ -739,9 +739,12 @@ private:
   void costMatmul(const Instruction &inst, StaticInst &si) {
     const Params &p = params;
     const View &stat = *inst.stationary, &mov = *inst.moving;
-    double k = static_cast<double>(stat.shape[0]);
-    double m = static_cast<double>(freeElements(stat.shape));
-    double n = static_cast<double>(freeElements(mov.shape));
+    // A double_row matmul contracts over R rows per partition in the
+    // cycles of one [D S6, S11].
+    MatmulShape shape = matmulShape(inst);
+    double k = static_cast<double>(shape.contraction());
+    double m = static_cast<double>(shape.m);
+    double n = static_cast<double>(shape.n);
     bool fp32 =
         bufferOf(stat).dtype == DType::F32 || bufferOf(mov).dtype == DType::F32;
     si.costNs =

@@ -20,7 +20,7 @@ ATTENTION_SHORT = [
     str(BENCHMARKS / "attention.py"),
     *("--seq", "256", "--heads", "2", "--targets", "trn2", "--backward"),
 ]
-WORKLOADS = 20  # benchmarks/kernels.py's workloads, each run on trn2 and trn3
+WORKLOADS = 23  # benchmarks/kernels.py's workloads, each run on trn2 and trn3
 
 # Runs a script on a wrong device (kernel outputs off by one).
 WRONG_DEVICE = str(Path(__file__).resolve().parent / "wrong_device.py")

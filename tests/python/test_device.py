@@ -265,7 +265,11 @@ def test_non_contiguous_operands() -> None:
     x = torch.randn(6, 8)
     y = torch.randn(8, 6)
     xn, yn = x.to("neuron"), y.to("neuron")
-    _same(xn.t() @ yn.t(), x.t() @ y.t())
+    # fp32 sums in the device's order, not the host BLAS's (bitwise equal only where the two
+    # orders happen to agree, which depends on the host CPU's kernels).
+    product = xn.t() @ yn.t()
+    assert product.device.type == "neuron"
+    torch.testing.assert_close(product.cpu(), x.t() @ y.t(), rtol=1e-6, atol=1e-6)
     _same((xn[:, ::2] + yn.t()[:, 1::2]).sum(0), (x[:, ::2] + y.t()[:, 1::2]).sum(0))
     _same(torch.cat([xn, yn.t()], dim=1), torch.cat([x, y.t()], dim=1))
 

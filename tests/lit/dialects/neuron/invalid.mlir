@@ -397,3 +397,59 @@ func.func @topk_type(%a: tensor<4x8xf32>) {
   %v, %i = neuron.topk %a {k = 2, largest = true} : tensor<4x8xf32> -> tensor<4x2xbf16>, tensor<4x2xi64>
   return
 }
+
+// -----
+
+func.func @scaled_matmul_contraction(%a: tensor<4x8xf8E4M3FN>, %b: tensor<6x3xf8E4M3FN>, %s: tensor<1xf32>) {
+  // expected-error @+1 {{contraction sizes differ: 8 vs 6}}
+  %0 = neuron.scaled_matmul %a, %b scales %s, %s : tensor<4x8xf8E4M3FN>, tensor<6x3xf8E4M3FN>, tensor<1xf32>, tensor<1xf32> -> tensor<4x3xbf16>
+  return
+}
+
+// -----
+
+func.func @scaled_matmul_result(%a: tensor<4x8xf8E4M3FN>, %b: tensor<8x3xf8E5M2>, %s: tensor<1xf32>) {
+  // expected-error @+1 {{result must be [M, N] = [4, 3]}}
+  %0 = neuron.scaled_matmul %a, %b scales %s, %s : tensor<4x8xf8E4M3FN>, tensor<8x3xf8E5M2>, tensor<1xf32>, tensor<1xf32> -> tensor<3x4xbf16>
+  return
+}
+
+// -----
+
+func.func @scaled_matmul_rank(%a: tensor<2x4x8xf8E4M3FN>, %b: tensor<2x8x3xf8E4M3FN>, %s: tensor<1xf32>) {
+  // expected-error @+1 {{operands and result must be 2-d}}
+  %0 = neuron.scaled_matmul %a, %b scales %s, %s : tensor<2x4x8xf8E4M3FN>, tensor<2x8x3xf8E4M3FN>, tensor<1xf32>, tensor<1xf32> -> tensor<2x4x3xbf16>
+  return
+}
+
+// -----
+
+func.func @scaled_matmul_row_scale(%a: tensor<4x8xf8E4M3FN>, %b: tensor<8x3xf8E4M3FN>, %r: tensor<3xf32>, %s: tensor<1xf32>) {
+  // expected-error @+1 {{row_scale must be [4] or [1], got 'tensor<3xf32>'}}
+  %0 = neuron.scaled_matmul %a, %b scales %r, %s : tensor<4x8xf8E4M3FN>, tensor<8x3xf8E4M3FN>, tensor<3xf32>, tensor<1xf32> -> tensor<4x3xbf16>
+  return
+}
+
+// -----
+
+func.func @scaled_matmul_col_scale(%a: tensor<4x8xf8E4M3FN>, %b: tensor<8x3xf8E4M3FN>, %c: tensor<4xf32>, %s: tensor<1xf32>) {
+  // expected-error @+1 {{col_scale must be [3] or [1], got 'tensor<4xf32>'}}
+  %0 = neuron.scaled_matmul %a, %b scales %s, %c : tensor<4x8xf8E4M3FN>, tensor<8x3xf8E4M3FN>, tensor<1xf32>, tensor<4xf32> -> tensor<4x3xbf16>
+  return
+}
+
+// -----
+
+func.func @scaled_matmul_bias(%a: tensor<4x8xf8E4M3FN>, %b: tensor<8x3xf8E4M3FN>, %s: tensor<1xf32>, %bias: tensor<1xbf16>) {
+  // expected-error @+1 {{bias must be [3], got 'tensor<1xbf16>'}}
+  %0 = neuron.scaled_matmul %a, %b scales %s, %s bias %bias : tensor<4x8xf8E4M3FN>, tensor<8x3xf8E4M3FN>, tensor<1xf32>, tensor<1xf32>, tensor<1xbf16> -> tensor<4x3xbf16>
+  return
+}
+
+// -----
+
+func.func @scaled_matmul_bf16(%a: tensor<4x8xbf16>, %s: tensor<1xf32>) {
+  // expected-error @+1 {{operand #0 must be ranked tensor of f8E4M3FN type or f8E5M2 type values}}
+  %0 = neuron.scaled_matmul %a, %a scales %s, %s : tensor<4x8xbf16>, tensor<4x8xbf16>, tensor<1xf32>, tensor<1xf32> -> tensor<4x4xbf16>
+  return
+}

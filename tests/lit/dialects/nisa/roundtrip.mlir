@@ -18,6 +18,11 @@ func.func @instructions(%in: memref<128x64xf32>, %out: memref<128x64xf32>,
   nisa.dma_gather %in[%idx], %b : memref<128x64xf32>, memref<128x1xi32, #nisa.mem<sbuf>>, !sb
   // CHECK: nisa.matmul {{.*}} {accumulate}
   nisa.matmul %st, %st, %ps {accumulate} : memref<128x64xbf16, #nisa.mem<sbuf>>, memref<128x64xbf16, #nisa.mem<sbuf>>, memref<64x64xf32, #nisa.mem<psum>>
+  // An FP8 double_row matmul, E4M3 stationary with E5M2 moving.
+  %s8 = memref.alloc() : memref<128x2x64xf8E4M3FN, #nisa.mem<sbuf>>
+  %m8 = memref.alloc() : memref<128x2x64xf8E5M2, #nisa.mem<sbuf>>
+  // CHECK: nisa.matmul {{.*}} {double_row} : memref<128x2x64xf8E4M3FN, #nisa.mem<sbuf>>, memref<128x2x64xf8E5M2
+  nisa.matmul %s8, %m8, %ps {double_row} : memref<128x2x64xf8E4M3FN, #nisa.mem<sbuf>>, memref<128x2x64xf8E5M2, #nisa.mem<sbuf>>, memref<64x64xf32, #nisa.mem<psum>>
   // CHECK: nisa.activation exp {{.*}} bias
   nisa.activation exp %a, %b bias %c {scale = 2.0 : f64} : !sb, !sb, !col
   // CHECK: nisa.tensor_tensor add

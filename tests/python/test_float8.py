@@ -1,0 +1,213 @@
+"""FP8 on the device: float8_e4m3fn and float8_e5m2 casts (bit for bit against eager PyTorch's
+CPU casts, exhaustively) and ``torch._scaled_mm`` against eager.
+
+Casts are compared as bits: every one of the 256 fp8 patterns widened to float32 and bfloat16,
+every one of the 65536 bfloat16 patterns narrowed to fp8, and float32 values around every fp8
+rounding boundary (each representable value, each midpoint and its float32 neighbours, the
+overflow thresholds, infinities, NaNs of both signs and the subnormal range).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchneuron
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _device(fn: object) -> object:
+    return torch.compile(fn, backend="neuron", fullgraph=True)
+
+
+def _assert_on_device() -> None:
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {}
+    assert stats["kernels_run"] >= 1
+
+
+def _all_fp8(dtype: torch.dtype) -> torch.Tensor:
+    return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype)
+
+
+def _boundary_values(dtype: torch.dtype) -> torch.Tensor:
+    """float32 values at and around every rounding decision of a cast to `dtype`."""
+    values = _all_fp8(dtype).float()
+    finite = values[values.isfinite()].unique()  # sorted
+    mids = (finite[1:] + finite[:-1]) / 2  # exact in float32: fp8 has 3 or 2 mantissa bits
+    top = finite[-1]
+    beyond = torch.tensor([top * 1.0625, top * 1.125, top * 1.5, top * 2, 3.0e38])
+    base = torch.cat([finite, mids, beyond, -beyond, finite * 0.75, finite * 1.25])
+    up = torch.nextafter(base, torch.full_like(base, float("inf")))
+    down = torch.nextafter(base, torch.full_like(base, float("-inf")))
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), -float("nan"), 0.0, -0.0])
+    subnormal = torch.linspace(-(2.0**-5), 2.0**-5, 4001)
+    return torch.cat([base, up, down, special, subnormal])
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16)
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+@pytest.mark.parametrize("wide", [torch.float32, torch.bfloat16], ids=str)
+def test_widen_every_pattern(dtype: torch.dtype, wide: torch.dtype) -> None:
+    x = _all_fp8(dtype)
+    got = _device(lambda t: t.to(wide))(x)
+    want = x.to(wide)
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    wide_bits = torch.int32 if wide == torch.float32 else torch.int16
+    assert torch.equal(got[~nan].view(wide_bits), want[~nan].view(wide_bits))
+    _assert_on_device()
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_narrow_every_bf16_pattern(dtype: torch.dtype) -> None:
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    got = _device(lambda t: t.to(dtype))(x)
+    assert torch.equal(_bits(got), _bits(x.to(dtype)))
+    _assert_on_device()
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_narrow_float32_at_rounding_boundaries(dtype: torch.dtype) -> None:
+    x = _boundary_values(dtype)
+    got = _device(lambda t: t.to(dtype))(x)
+    want = x.to(dtype)
+    mismatch = (_bits(got) != _bits(want)).nonzero().flatten()
+    assert mismatch.numel() == 0, [
+        (x[i].item(), hex(_bits(got)[i].item()), hex(_bits(want)[i].item())) for i in mismatch[:8]
+    ]
+    _assert_on_device()
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_round_trip_through_arithmetic(dtype: torch.dtype) -> None:
+    # An fp8 input widened, computed on, narrowed again: a quantize/dequantize pair.
+    x = torch.randn(64, 96).to(dtype)
+    scale = torch.tensor(0.37)
+
+    def qdq(t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return (t.float() * s).to(dtype)
+
+    got = _device(qdq)(x, scale)
+    assert torch.equal(_bits(got), _bits(qdq(x, scale)))
+    _assert_on_device()
+
+
+# ----------------------------------------------------------------------------------------------
+# torch._scaled_mm
+# ----------------------------------------------------------------------------------------------
+
+
+def _fp8_operands(
+    m: int, k: int, n: int, a_dtype: torch.dtype, b_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    a = (torch.randn(m, k) * 2).to(a_dtype)
+    # b column-major, as torch._scaled_mm wants it on GPUs (and Linear weights are stored).
+    b = (torch.randn(n, k) * 2).to(b_dtype).t()
+    return a, b
+
+
+def _scales(kind: str, m: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if kind == "tensorwise":
+        return torch.tensor(0.75), torch.tensor(1.5)
+    return torch.rand(m, 1) + 0.5, torch.rand(1, n) + 0.5
+
+
+def _assert_close_to_eager(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if want.dtype == torch.float32:
+        # fp8 products are exact and both sum in fp32, in different orders: a few ulps of
+        # the sums' magnitude.
+        atol = 1e-5 * float(want.abs().mean())
+        torch.testing.assert_close(got, want, atol=atol, rtol=1e-5)
+    else:
+        # One rounding apart; near zero (a bias cancelling the product) eager's bf16 rounding
+        # of an intermediate shows as an absolute error of the terms' magnitude.
+        atol = 2**-8 * float(want.float().abs().mean())
+        torch.testing.assert_close(got, want, atol=atol, rtol=2**-7)
+
+
+@pytest.mark.parametrize("kind", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
+def test_scaled_mm(kind: str, out_dtype: torch.dtype, bias: bool) -> None:
+    # K = 320: a double_row pair of K tiles, then a partial one; M and N not multiples of
+    # the tiles.
+    m, k, n = 200, 320, 700
+    a, b = _fp8_operands(m, k, n, torch.float8_e4m3fn, torch.float8_e4m3fn)
+    scale_a, scale_b = _scales(kind, m, n)
+    extra = {"bias": torch.randn(n).to(out_dtype)} if bias else {}
+
+    def fn(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(a, b, sa, sb, out_dtype=out_dtype, **extra)
+
+    _assert_close_to_eager(_device(fn)(a, b, scale_a, scale_b), fn(a, b, scale_a, scale_b))
+    _assert_on_device()
+
+
+def test_scaled_mm_mixed_formats_large_k() -> None:
+    # E4M3 activations against E5M2 gradients (float8 training's backward), K = 1024: four
+    # double_row matmuls per bank.
+    m, k, n = 256, 1024, 384
+    a, b = _fp8_operands(m, k, n, torch.float8_e4m3fn, torch.float8_e5m2)
+    scale_a, scale_b = _scales("rowwise", m, n)
+
+    def fn(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
+
+    _assert_close_to_eager(_device(fn)(a, b, scale_a, scale_b), fn(a, b, scale_a, scale_b))
+    _assert_on_device()
+
+
+def test_scaled_mm_dynamic_quantization() -> None:
+    # The whole float8 dynamic recipe in one graph: per-row amax scales computed on the device,
+    # the casts to fp8, then the scaled matmul.
+    x = torch.randn(128, 256, dtype=torch.bfloat16)
+    w = torch.randn(192, 256, dtype=torch.bfloat16)
+    fp8_max = torch.finfo(torch.float8_e4m3fn).max
+
+    def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xs = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / fp8_max
+        ws = w.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / fp8_max
+        xq = (x.float() / xs).to(torch.float8_e4m3fn)
+        wq = (w.float() / ws).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(xq, wq.t(), xs, ws.t(), out_dtype=torch.bfloat16)
+
+    _assert_close_to_eager(_device(linear)(x, w), linear(x, w))
+    _assert_on_device()
+
+
+def test_scaled_mm_blockwise_scales_are_refused_as_eager_refuses_them() -> None:
+    # Blockwise scales (one per 128 elements of K): PyTorch's CPU _scaled_mm refuses them, and
+    # so does the compiled call, with the same message, at trace time.
+    m, k, n = 128, 256, 128
+    a, b = _fp8_operands(m, k, n, torch.float8_e4m3fn, torch.float8_e4m3fn)
+    scale_a, scale_b = torch.rand(m, k // 128), torch.rand(k // 128, n)
+
+    def fn(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
+
+    for call in (fn, _device(fn)):
+        with pytest.raises(Exception, match="Invalid scaling configuration"):
+            call(a, b, scale_a, scale_b)
+
+
+def test_scaled_mm_with_output_scale_falls_back() -> None:
+    # scale_result (an fp8 output's scale) is not lowered: the op stays in eager PyTorch,
+    # counted, and the answer is eager's.
+    m, k, n = 128, 256, 128
+    a, b = _fp8_operands(m, k, n, torch.float8_e4m3fn, torch.float8_e4m3fn)
+    one = torch.tensor(1.0)
+
+    def fn(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(
+            a, b, s, s, scale_result=s * 2, out_dtype=torch.float8_e4m3fn
+        ).float()
+
+    got = _device(fn)(a, b, one)
+    assert torch.equal(got, fn(a, b, one))
+    assert torchneuron.stats()["ops_fallback"] == {"aten._scaled_mm.default": 1}
