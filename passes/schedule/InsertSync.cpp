@@ -158,6 +158,9 @@ struct Sized {
   Linear rowLo, rowHi;
   Span cols;
   SmallVector<int, 2> counts;
+  /// After SizeFunctions::sample(): the window's sizes at which every loop
+  /// around it runs (or whose trip count is unknown).
+  llvm::BitVector running;
 };
 
 /// The functions of the size parameter n (n >= min, up to max when known)
@@ -259,6 +262,8 @@ private:
     std::vector<int64_t> values;
     int64_t slope = 0;
     bool known = false;
+    /// A kept bound's least and greatest sample.
+    int64_t least = 0, greatest = 0;
   };
 
   std::optional<rt::SizeExpr> exprOf(Value v) const {
@@ -295,6 +300,10 @@ private:
   common(QuasiLinear a, QuasiLinear b);
   /// The samples of a kept access's bound.
   Samples sampleLinear(const Linear &l) const;
+  /// The known samples of the conditions "first - second - 1 >= 0" (second
+  /// below first) of which one holds where `x` and `y` are apart.
+  using SamplePair = std::pair<const Samples *, const Samples *>;
+  SmallVector<SamplePair, 6> belowSamples(const Sized &x, const Sized &y) const;
   rt::SizeExpr exprOf(const Linear &l) const;
   /// The conditions "value >= 0" of which one holds where x and y are
   /// apart, as functions of n.
@@ -470,9 +479,16 @@ void SizeFunctions::sample() {
     }
     s.known = (int64_t)s.values.size() == windowSize;
   }
-  for (const auto &k : kept)
+  for (const auto &k : kept) {
     for (const Linear *l : {&k->lo, &k->hi, &k->rowLo, &k->rowHi})
       bounds[l] = sampleLinear(*l);
+    k->running = llvm::BitVector(windowSize, true);
+    for (int fn : k->counts)
+      if (functions[fn].known)
+        for (int64_t w = 0; w < windowSize; ++w)
+          if (functions[fn].values[w] <= 0)
+            k->running.reset(w);
+  }
 }
 
 SizeFunctions::Samples SizeFunctions::sampleLinear(const Linear &l) const {
@@ -487,6 +503,12 @@ SizeFunctions::Samples SizeFunctions::sampleLinear(const Linear &l) const {
       out.values[w] += coeff * f.values[w];
   }
   out.known = windowSize > 0;
+  if (out.known) {
+    auto [least, greatest] =
+        std::minmax_element(out.values.begin(), out.values.end());
+    out.least = *least;
+    out.greatest = *greatest;
+  }
   return out;
 }
 
@@ -554,25 +576,25 @@ std::optional<rt::SizeExpr> SizeFunctions::whereTouching(const Sized &x,
   if (conditions.empty())
     return std::nullopt;
   // Worth a condition only if at some size of the window where both run
-  // they are apart.
-  auto runs = [&](int64_t w) {
-    return llvm::all_of(
-        llvm::concat<const int>(x.counts, y.counts), [&](int fn) {
-          return !functions[fn].known || functions[fn].values[w] > 0;
-        });
+  // they are apart: not when no bound ever passes the other.
+  if (llvm::none_of(belowSamples(x, y), [](const SamplePair &p) {
+        return p.first->greatest - p.second->least > 0;
+      }))
+    return std::nullopt;
+  llvm::BitVector bothRun = x.running;
+  bothRun &= y.running;
+  auto apartAt = [&](int64_t w) {
+    return llvm::any_of(conditions, [&](const Linear &l) {
+      int64_t v = l.constant;
+      for (auto [fn, coeff] : l.terms) {
+        if (!functions[fn].known)
+          return false;
+        v += coeff * functions[fn].values[w];
+      }
+      return v >= 0;
+    });
   };
-  bool somewhereApart = false;
-  for (int64_t w = 0; w < windowSize && !somewhereApart; ++w)
-    somewhereApart = runs(w) && llvm::any_of(conditions, [&](const Linear &l) {
-                       int64_t v = l.constant;
-                       for (auto [fn, coeff] : l.terms) {
-                         if (!functions[fn].known)
-                           return false;
-                         v += coeff * functions[fn].values[w];
-                       }
-                       return v >= 0;
-                     });
-  if (!somewhereApart)
+  if (llvm::none_of(bothRun.set_bits(), apartAt))
     return std::nullopt;
   // They meet only where every condition fails: -max(conditions) > 0.
   rt::SizeExpr most = exprOf(conditions.front());
@@ -582,15 +604,13 @@ std::optional<rt::SizeExpr> SizeFunctions::whereTouching(const Sized &x,
                               std::move(most));
 }
 
-bool SizeFunctions::apart(const Sized &x, const Sized &y) const {
-  if (windowSize <= 0 || windowSize > kMaxWindow)
-    return false;
+SmallVector<SizeFunctions::SamplePair, 6>
+SizeFunctions::belowSamples(const Sized &x, const Sized &y) const {
+  SmallVector<SamplePair, 6> below;
   auto get = [&](const Linear &l) -> const Samples * {
     auto it = bounds.find(&l);
     return it != bounds.end() && it->second.known ? &it->second : nullptr;
   };
-  // Conditions "a - b - 1 >= 0" (b < a), each from two bounds.
-  SmallVector<std::pair<const Samples *, const Samples *>, 8> below;
   auto pair = [&](const Linear &a, const Linear &b) {
     if (const Samples *sa = get(a), *sb = get(b); sa && sb)
       below.push_back({sa, sb});
@@ -603,12 +623,29 @@ bool SizeFunctions::apart(const Sized &x, const Sized &y) const {
     pair(y.rowLo, x.rowHi);
     pair(x.rowLo, y.rowHi);
   }
+  return below;
+}
+
+bool SizeFunctions::apart(const Sized &x, const Sized &y) const {
+  if (windowSize <= 0 || windowSize > kMaxWindow)
+    return false;
+  SmallVector<SamplePair, 6> below = belowSamples(x, y);
+  // Most accesses that are apart are so by one condition at every size: a
+  // bound's least sample beyond the other's greatest (and, past `from`, not
+  // closing in) settles that without a pass over the window.
+  if (llvm::any_of(below, [&](auto &p) {
+        return p.first->least - p.second->greatest > 0 &&
+               (!tail || p.first->slope >= p.second->slope);
+      }))
+    return true;
   // Conditions "count <= 0": a loop around x or y does not run.
   SmallVector<const Samples *, 4> idle;
   for (int fn : llvm::concat<const int>(x.counts, y.counts))
     if (functions[fn].known)
       idle.push_back(&functions[fn]);
-  for (int64_t w = 0; w < windowSize; ++w) {
+  // From the largest size down: there every loop runs, so accesses that
+  // meet at all meet there, and the scan stops at once.
+  for (int64_t w = windowSize - 1; w >= 0; --w) {
     // From `from` on, only a condition that stays true a period later.
     bool settled = tail && min + w >= from;
     bool holds = llvm::any_of(below, [&](auto &p) {
