@@ -8,7 +8,7 @@ It is compiled with ``torch.compile(backend="neuron")`` under ``TORCHNEURON_CHEC
 kernel's modeled timeline is computed and checked for missing waits) and run under
 ``torchneuron.profile()``; its outputs and gradients are compared with eager PyTorch.
 
-    scripts/fuzz.py --n 200 --seed 0          # the slice CI runs (tests/python/test_fuzz.py)
+    scripts/fuzz.py --n 100 --seed 0          # the slice CI runs (tests/python/test_fuzz.py)
     scripts/fuzz.py --n 10000 --seed 7        # a long run
 
 A verdict per program: ``ok``, ``mismatch`` (the device is further from a float64 reference than

@@ -37,7 +37,9 @@ ctest --test-dir build --output-on-failure
 ctest_rc=$?
 
 echo "== pytest"
-.venv/bin/python -m pytest -q -p no:cacheprovider tests/python "$@"
+# One worker per core (pytest-xdist): every test compiles and runs its own programs, in its own
+# temporary directories, so they are independent.
+.venv/bin/python -m pytest -q -p no:cacheprovider -n auto tests/python "$@"
 pytest_rc=$?
 
 if [ $ruff_rc -ne 0 ] || [ $ctest_rc -ne 0 ] || [ $pytest_rc -ne 0 ]; then
