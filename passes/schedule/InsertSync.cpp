@@ -730,12 +730,18 @@ Access onChipAccess(MemRefType type, nisa::MemorySpace space,
   int64_t elt = std::max<int64_t>(1, type.getElementTypeBitWidth() / 8);
   Access access{storage, write, whole(begin, begin + bytes - 1)};
   access.symbolic.assign(symbolic.begin(), symbolic.end());
-  // A view whose partition stride is the tile's row covers, in every
-  // partition, the bytes its free dims reach from its offset.
-  if (offset && !strides.empty() && strides[0] * elt == bytes) {
+  // A view with a dim whose stride is the tile's row (its partition dim:
+  // dim 0, or another in a transposing DMA's view) covers, in every
+  // partition, the bytes its other dims reach from its offset.
+  size_t partitionDim = 0;
+  while (partitionDim < strides.size() &&
+         strides[partitionDim] * elt != bytes)
+    ++partitionDim;
+  if (offset && partitionDim < strides.size()) {
     int64_t reach = 0;
-    for (size_t d = 1; d < sizes.size(); ++d)
-      reach += (sizes[d] - 1) * strides[d];
+    for (size_t d = 0; d < sizes.size(); ++d)
+      if (d != partitionDim)
+        reach += (sizes[d] - 1) * strides[d];
     SmallVector<std::pair<Value, int64_t>, 2> byteTerms;
     for (auto [iv, coeff] : offset->terms)
       byteTerms.push_back({iv, coeff * elt});

@@ -381,3 +381,26 @@ func.func @slot_known_at_run_time(%x: memref<128x512xf32>, %y: memref<128x512xf3
   nisa.dma_copy %sv, %y : memref<128x512xf32, strided<[1024, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x512xf32>
   return
 }
+
+// -----
+
+// A transposing view (its partition dim is dim 1: stride = the tile's row)
+// of the second half of a tile, read by an SBUF-to-SBUF DMA, covers only
+// those bytes of every partition: the write into the first half need not
+// wait for it; a write into the second half does.
+// CHECK-LABEL: func.func @transposed_slot
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.activation {{.*}} {nisa.id = 1 : i64}
+// CHECK: nisa.activation {{.*}} {nisa.id = 2 : i64, nisa.waits = array<i64: 0>}
+func.func @transposed_slot() attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %t = memref.alloc() {nisa.address = 0 : i64} : memref<128x128xf32, #nisa.mem<sbuf>>
+  %u = memref.alloc() {nisa.address = 512 : i64} : memref<64x128xf32, #nisa.mem<sbuf>>
+  %v = memref.alloc() {nisa.address = 1024 : i64} : memref<128x64xf32, #nisa.mem<sbuf>>
+  %s0 = memref.reinterpret_cast %t to offset: [0], sizes: [128, 64], strides: [128, 1] : memref<128x128xf32, #nisa.mem<sbuf>> to memref<128x64xf32, strided<[128, 1]>, #nisa.mem<sbuf>>
+  %s1 = memref.reinterpret_cast %t to offset: [64], sizes: [128, 64], strides: [128, 1] : memref<128x128xf32, #nisa.mem<sbuf>> to memref<128x64xf32, strided<[128, 1], offset: 64>, #nisa.mem<sbuf>>
+  %s1t = memref.reinterpret_cast %t to offset: [64], sizes: [64, 128], strides: [1, 128] : memref<128x128xf32, #nisa.mem<sbuf>> to memref<64x128xf32, strided<[1, 128], offset: 64>, #nisa.mem<sbuf>>
+  nisa.dma_copy %s1t, %u : memref<64x128xf32, strided<[1, 128], offset: 64>, #nisa.mem<sbuf>>, memref<64x128xf32, #nisa.mem<sbuf>>
+  nisa.activation exp %v, %s0 : memref<128x64xf32, #nisa.mem<sbuf>>, memref<128x64xf32, strided<[128, 1]>, #nisa.mem<sbuf>>
+  nisa.activation exp %v, %s1 : memref<128x64xf32, #nisa.mem<sbuf>>, memref<128x64xf32, strided<[128, 1], offset: 64>, #nisa.mem<sbuf>>
+  return
+}
