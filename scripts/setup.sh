@@ -52,6 +52,9 @@ if [ -f build/build.ninja ] && [ -f build/.install-stamp ]; then
   ninja -C build >/dev/null || { ninja -C build >&2; exit 1; }
   [ "$(stamp | sha1sum | cut -d' ' -f1)" = "$(cat build/.install-stamp)" ] && exit 0
 fi
+# Debian's CMake (installed above), not whatever `cmake` comes first on PATH: a pyenv shim there
+# has failed to run inside pip's build ("Could not find CMake with version >=3.20").
+export CMAKE_EXECUTABLE="${CMAKE_EXECUTABLE:-/usr/bin/cmake}"
 say "building (ninja in build/, installed into .venv; the first build takes a few minutes)"
 "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps \
   -e . >&2
