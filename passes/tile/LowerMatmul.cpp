@@ -105,18 +105,20 @@ private:
   void lowerBatchDynamic(const Bases &base);
   void lowerFullBlocksDynamic(const Bases &base, Value fullBlocks);
   /// A^T rows [m0, m0 + rows) into `panel`: the full K tiles
-  /// (loadPanelTiles), then one transfer for the partial tile.
+  /// (loadPanelTiles), then the K tail (a double_row group, or a partial
+  /// tile).
   void loadPanel(const Bases &base, Value m0, int64_t rows, Value panel,
                  Value panelAt, int64_t panelStride, Value moved = {});
   /// Rows [r0, r0 + count) (null r0: 0) of full K tiles [t0, t0 + tiles)
   /// (t0 a whole number of double_row groups) of a panel of `rows` rows:
   /// `src` is A's element (row r0, K t0 * kTile), `at` the panel column of
-  /// tile t0's row 0. One transfer for the whole double_row groups ([k in tile,
-  /// group, row of A, row in group], or R-major), one for the other tiles
-  /// ([k in tile, tile, row of A]).
+  /// tile t0's row 0. One transfer for the whole double_row groups ([k in
+  /// tile, group, row of A, row in group], or R-major), one for the other
+  /// tiles ([k in tile, tile, row of A]). `partitions`: one group on fewer
+  /// partitions (the K tail).
   void loadPanelTiles(Value src, Value panel, Value at, int64_t stride,
                       int64_t rows, Value r0, int64_t count, int64_t tiles,
-                      Value moved);
+                      Value moved, std::optional<int64_t> partitions = {});
   /// k.view, with dim `rowsDim`'s size `moved` when known only at run time.
   Value viewMoving(Value base, Value at, ArrayRef<int64_t> shape,
                    ArrayRef<int64_t> strides, size_t rowsDim, Value moved);
@@ -180,6 +182,12 @@ private:
   /// contiguous in memory) rather than R-major.
   int64_t kTilesPerMatmul;
   bool interleaveA, interleaveB;
+  /// The K tiles of the full K steps, and the K values after them: one
+  /// last step, a double_row group on tailK / R partitions when fp8 and
+  /// whole (`tailGrouped`: no fp8 element then moves alone), else a
+  /// partial tile.
+  int64_t fullK, tailK;
+  bool tailGrouped;
   std::optional<Epilogue> epilogue;
   int64_t kTile, mTile, nTile, banksPerSet, kTiles, kRows;
   int64_t mTiles, nTiles, mBlock, nGroup;
@@ -222,8 +230,14 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
   nTile = std::min(target.matmulMaxMovingFree,
                    target.psumBankBytes / 4); // fp32 per bank
   banksPerSet = std::max<int64_t>(1, target.psumBanks / 2);
-  kTiles = (kDim + kTile - 1) / kTile;
   kRows = std::min(kDim, kTile);
+  int64_t grouped = kDim / kTile / kTilesPerMatmul * kTilesPerMatmul;
+  tailGrouped = kTilesPerMatmul > 1 && kDim > grouped * kTile &&
+                (kDim - grouped * kTile) % kTilesPerMatmul == 0;
+  fullK = tailGrouped ? grouped : kDim / kTile;
+  tailK = kDim - fullK * kTile;
+  // Panel columns per row of A: a tile's each (a grouped tail takes R).
+  kTiles = fullK + (tailGrouped ? kTilesPerMatmul : tailK > 0);
   // M tiles per block: as many as PSUM and the panel budget allow (two
   // panels over gemm-panel-sbuf-percent of SBUF would crowd out the streams).
   // Blocks of a size-generic GEMM are sized as a large M's.
@@ -276,20 +290,26 @@ void GemmLowering::loadPanel(const Bases &base, Value m0, int64_t rows,
                              Value moved) {
   Value rows0 = k.addOffsets(base.lhs, k.scale(m0, aRow));
   // The panel's layout is that of `rows` rows; a short block moves `moved`.
-  if (int64_t full = kDim / kTile)
+  if (fullK)
     loadPanelTiles(rows0, panel, panelAt, panelStride, rows, Value(), rows,
-                   full, moved);
-  if (int64_t kt = kDim % kTile)
-    k.dma(viewMoving(lhs, k.addOffset(rows0, kDim / kTile * kTile * aCol),
-                     {kt, rows}, {aCol, aRow}, 1, moved),
-          viewMoving(panel, k.addOffset(panelAt, kDim / kTile * rows),
-                     {kt, rows}, {panelStride, 1}, 1, moved));
+                   fullK, moved);
+  if (tailGrouped)
+    loadPanelTiles(k.addOffset(rows0, fullK * kTile * aCol), panel,
+                   k.addOffset(panelAt, fullK * rows), panelStride, rows,
+                   Value(), rows, kTilesPerMatmul, moved,
+                   tailK / kTilesPerMatmul);
+  else if (tailK)
+    k.dma(viewMoving(lhs, k.addOffset(rows0, fullK * kTile * aCol),
+                     {tailK, rows}, {aCol, aRow}, 1, moved),
+          viewMoving(panel, k.addOffset(panelAt, fullK * rows), {tailK, rows},
+                     {panelStride, 1}, 1, moved));
 }
 
 void GemmLowering::loadPanelTiles(Value src, Value panel, Value at,
                                   int64_t stride, int64_t rows, Value r0,
-                                  int64_t count, int64_t tiles, Value moved) {
-  int64_t r = kTilesPerMatmul;
+                                  int64_t count, int64_t tiles, Value moved,
+                                  std::optional<int64_t> partitions) {
+  int64_t r = kTilesPerMatmul, kt = partitions.value_or(kTile);
   int64_t grouped = r > 1 ? tiles / r * r : 0;
   // Column of row r0 in a panel `offset` columns past `at`.
   auto column = [&](int64_t offset, int64_t rowColumns) {
@@ -299,14 +319,14 @@ void GemmLowering::loadPanelTiles(Value src, Value panel, Value at,
   if (int64_t groups = grouped / r) {
     Value dst = column(0, interleaveA ? r : 1);
     if (interleaveA)
-      k.dma(viewMoving(lhs, src, {kTile, groups, count, r},
+      k.dma(viewMoving(lhs, src, {kt, groups, count, r},
                        {r * aCol, kTile * r * aCol, aRow, aCol}, 2, moved),
-            viewMoving(panel, dst, {kTile, groups, count, r},
+            viewMoving(panel, dst, {kt, groups, count, r},
                        {stride, r * rows, r, 1}, 2, moved));
     else
-      k.dma(viewMoving(lhs, src, {kTile, groups, r, count},
+      k.dma(viewMoving(lhs, src, {kt, groups, r, count},
                        {r * aCol, kTile * r * aCol, aCol, aRow}, 3, moved),
-            viewMoving(panel, dst, {kTile, groups, r, count},
+            viewMoving(panel, dst, {kt, groups, r, count},
                        {stride, r * rows, rows, 1}, 3, moved));
   }
   if (int64_t single = tiles - grouped)
@@ -331,7 +351,7 @@ Value GemmLowering::viewMoving(Value base, Value at, ArrayRef<int64_t> shape,
 
 int64_t GemmLowering::panelChunk() const {
   int64_t groups = n / nGroup;
-  if (groups < 2 || kDim % kTile || kTiles % groups)
+  if (groups < 2 || tailK || kTiles % groups)
     return 0;
   int64_t chunk = kTiles / groups;
   return chunk % kTilesPerMatmul ? 0 : chunk;
@@ -487,7 +507,7 @@ int64_t GemmLowering::bSlotsFor(int64_t blockTiles) const {
   // Whole groups of double_row tiles in each round of slots; slots that
   // divide the K steps rotate the same way in every group, so a group's
   // first loads never wait on a slot the last group still reads.
-  int64_t r = kTilesPerMatmul, fullK = kDim / kTile;
+  int64_t r = kTilesPerMatmul;
   auto whole = [&](int64_t slots) { return (slots + r - 1) / r * r; };
   for (int64_t slots = whole(need); slots <= std::min(2 * need, fullK);
        slots += r)
@@ -552,10 +572,11 @@ void GemmLowering::lowerGroup(const Bases &base, const Block &blk, Value g,
   if (epilogue)
     loadColumnOperands(blk, grp);
   fullKSteps(base, blk, grp, first, prefetches);
-  int64_t fullK = kDim / kTile;
-  if (kDim % kTile)
-    kStep(base, blk, grp, k.index(fullK), fullK % blk.bSlots, kDim % kTile,
-          fullK == 0, 1);
+  // The tail: a double_row group's last step, or a partial tile.
+  int64_t r = tailGrouped ? kTilesPerMatmul : 1;
+  if (tailK)
+    kStep(base, blk, grp, k.index(fullK + r - 1), fullK % blk.bSlots + r - 1,
+          tailK / r, fullK == 0, r);
   evictGroup(base, blk, grp);
 }
 
@@ -625,7 +646,6 @@ void GemmLowering::kStep(const Bases &base, const Block &blk, const Group &grp,
 
 void GemmLowering::fullKSteps(const Bases &base, const Block &blk,
                               const Group &grp, bool first, bool prefetches) {
-  int64_t fullK = kDim / kTile;
   int64_t bSlots = blk.bSlots;
   // Full k steps in rounds of bSlots (static slots): round 0 peeled (its
   // first step starts the sums), the others in one loop; round r loads
