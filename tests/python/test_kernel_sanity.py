@@ -132,7 +132,9 @@ def test_fp8_gemm_loads_its_operands_by_dma_transposes_of_pairs(real_native: Mod
     w = torch.randn(n, k).to(torch.float8_e4m3fn)
     scale_a, scale_b = torch.rand(m, 1) + 0.5, torch.rand(1, n) + 0.5
 
-    def linear(a: torch.Tensor, w: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    def linear(
+        a: torch.Tensor, w: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor
+    ) -> torch.Tensor:
         return torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16)
 
     kernel, share, out = _profile(linear, a, w, scale_a, scale_b)
