@@ -124,17 +124,19 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> tor
 
 
 def fp8_gemm(
-    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor
+    a: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor
 ) -> torch.Tensor:
-    """A float8 Linear as TorchAO's rowwise recipe runs it: fp8 operands, per-row scales."""
-    return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
+    """A float8 Linear as TorchAO's rowwise recipe runs it: fp8 activations and weight [N, K],
+    the weight transposed in the graph (column-major B, as ``torch._scaled_mm`` wants it),
+    per-row scales."""
+    return torch._scaled_mm(a, w.t(), scale_a, scale_b, out_dtype=torch.bfloat16)
 
 
 def fp8_gemm_float32(
-    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor
+    a: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor
 ) -> torch.Tensor:
     """``fp8_gemm`` in float32 on the same (upcast) values: its eager reference."""
-    return a @ b * scale_a * scale_b
+    return a @ w.t() * scale_a * scale_b
 
 
 def elementwise_chain(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -294,15 +296,16 @@ def workloads(small: bool) -> list[Workload]:
     gemm(1, 4096, 4096)  # decode-shaped: one row of activations against a weight
 
     # FP8: torch._scaled_mm of float8_e4m3fn operands with rowwise scales, bf16 out, B
-    # column-major (a Linear's weight), against the FP8 (double_row) peak.
+    # column-major (a Linear's weight [N, K], transposed in the graph: a transposed input
+    # would reach the kernel made contiguous by the host), against the FP8 (double_row) peak.
     def build_fp8_gemm(m: int = s(4096), n: int = s(4096), k: int = s(4096)) -> Built:
         a = torch.randn(m, k).to(torch.float8_e4m3fn)
-        b = torch.randn(n, k).to(torch.float8_e4m3fn).t()
+        w = torch.randn(n, k).to(torch.float8_e4m3fn)
         scale_a = torch.rand(m, 1) * 0.01 + 0.01
         scale_b = torch.rand(1, n) * 0.01 + 0.01
         return Built(
             fn=fp8_gemm,
-            inputs=(a, b, scale_a, scale_b),
+            inputs=(a, w, scale_a, scale_b),
             flops=2.0 * m * n * k,
             row_inputs=(0, 2),
             peak="fp8_flops",

@@ -26,8 +26,13 @@ namespace {
 ///    bank; two sets of banks alternate between N groups, so TensorE fills
 ///    one set while ScalarE and VectorE evict the other;
 ///  - fp8 operands on a chip with FP8 double_row (matmul_fp8_k_factor R):
-///    one matmul contracts R consecutive K tiles, read where they already
-///    sit (R panel columns blk.rows apart, R adjacent B slots).
+///    one matmul contracts a group of R consecutive K tiles, held in R
+///    adjacent panel columns (B slots). Value R * p + r of a group sits on
+///    partition p, row r: an operand contiguous along K (A of a Linear, and
+///    its weight as B) then loads by DMA transposes of R-byte units, R fp8
+///    values of K at once, its R rows interleaved in SBUF; an operand
+///    strided along K loads each row as a contiguous run, its rows a tile's
+///    columns apart.
 /// One member per level of the loop nest: batch, M block, N group, K step.
 class GemmLowering {
 public:
@@ -99,10 +104,27 @@ private:
   /// then the last rows as a block of 1..mTiles tiles, its last one short.
   void lowerBatchDynamic(const Bases &base);
   void lowerFullBlocksDynamic(const Bases &base, Value fullBlocks);
-  /// A^T rows [m0, m0 + rows) into `panel`: one transfer for the full K
-  /// tiles ([k in tile, tile, row of A]), one for the partial tile.
+  /// A^T rows [m0, m0 + rows) into `panel`: the full K tiles
+  /// (loadPanelTiles), then the K tail (a double_row group, or a partial
+  /// tile).
   void loadPanel(const Bases &base, Value m0, int64_t rows, Value panel,
                  Value panelAt, int64_t panelStride, Value moved = {});
+  /// Rows [r0, r0 + count) (null r0: 0) of full K tiles [t0, t0 + tiles)
+  /// (t0 a whole number of double_row groups) of a panel of `rows` rows:
+  /// `src` is A's element (row r0, K t0 * kTile), `at` the panel column of
+  /// tile t0's row 0. One transfer for the whole double_row groups ([k in
+  /// tile, group, row of A, row in group], or R-major), one for the other
+  /// tiles ([k in tile, tile, row of A]). `partitions`: one group on fewer
+  /// partitions (the K tail).
+  void loadPanelTiles(Value src, Value panel, Value at, int64_t stride,
+                      int64_t rows, Value r0, int64_t count, int64_t tiles,
+                      Value moved, std::optional<int64_t> partitions = {});
+  /// k.view, with dim `rowsDim`'s size `moved` when known only at run time.
+  Value viewMoving(Value base, Value at, ArrayRef<int64_t> shape,
+                   ArrayRef<int64_t> strides, size_t rowsDim, Value moved);
+  /// K tiles of the next panel each N group loads, when the groups divide
+  /// the (full, whole double_row group) K tiles evenly; else 0.
+  int64_t panelChunk() const;
   /// The full M blocks, their panels alternating between two slots, each
   /// loading the next one's.
   void lowerFullBlocks(const Bases &base, int64_t fullBlocks);
@@ -113,11 +135,11 @@ private:
   int64_t bSlotsFor(int64_t blockTiles) const;
   void lowerGroup(const Bases &base, const Block &blk, Value g, int64_t set,
                   int64_t cols, bool first, bool prefetches);
-  /// K step `kIdx` of a group: load its B tile into `slot`, then a matmul
-  /// per (M tile, N tile) into its bank (`first` starts the sums) over the
-  /// last `tilesPerMatmul` K tiles (0: none yet, the next step's matmul
-  /// takes this tile; R: a double_row matmul over this tile and the R - 1
-  /// before it, in the slots before `slot`).
+  /// K step `kIdx` of a group: a matmul per (M tile, N tile) into its bank
+  /// (`first` starts the sums) over the last `tilesPerMatmul` K tiles,
+  /// after loading their B tiles (0: none yet, the next step's matmul takes
+  /// this tile; R: a double_row matmul over this tile and the R - 1 before
+  /// it, loaded together into `slot` and the slots before it).
   void kStep(const Bases &base, const Block &blk, const Group &grp, Value kIdx,
              int64_t slot, int64_t kt, bool first, int64_t tilesPerMatmul);
   /// The tiles the matmul of step `i` of `count` consecutive full K steps
@@ -155,8 +177,17 @@ private:
   int64_t aRow, aCol, bRow, bCol;
   Type inElt, rhsElt, outElt, f32;
   int64_t eltBytes;
-  /// K tiles one matmul contracts (FP8 double_row: matmul_fp8_k_factor).
+  /// K tiles one matmul contracts (FP8 double_row: matmul_fp8_k_factor),
+  /// and whether A's (B's) whole double_row groups sit interleaved (K
+  /// contiguous in memory) rather than R-major.
   int64_t kTilesPerMatmul;
+  bool interleaveA, interleaveB;
+  /// The K tiles of the full K steps, and the K values after them: one
+  /// last step, a double_row group on tailK / R partitions when fp8 and
+  /// whole (`tailGrouped`: no fp8 element then moves alone), else a
+  /// partial tile.
+  int64_t fullK, tailK;
+  bool tailGrouped;
   std::optional<Epilogue> epilogue;
   int64_t kTile, mTile, nTile, banksPerSet, kTiles, kRows;
   int64_t mTiles, nTiles, mBlock, nGroup;
@@ -191,14 +222,22 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
   kTilesPerMatmul = isFp8(inElt) && isFp8(rhsType.getElementType())
                         ? std::max<int64_t>(1, target.matmulFp8KFactor())
                         : 1;
+  interleaveA = kTilesPerMatmul > 1 && aCol == 1;
+  interleaveB = kTilesPerMatmul > 1 && bRow == 1;
 
   kTile = target.matmulMaxK;
   mTile = target.matmulMaxStationaryFree;
   nTile = std::min(target.matmulMaxMovingFree,
                    target.psumBankBytes / 4); // fp32 per bank
   banksPerSet = std::max<int64_t>(1, target.psumBanks / 2);
-  kTiles = (kDim + kTile - 1) / kTile;
   kRows = std::min(kDim, kTile);
+  int64_t grouped = kDim / kTile / kTilesPerMatmul * kTilesPerMatmul;
+  tailGrouped = kTilesPerMatmul > 1 && kDim > grouped * kTile &&
+                (kDim - grouped * kTile) % kTilesPerMatmul == 0;
+  fullK = tailGrouped ? grouped : kDim / kTile;
+  tailK = kDim - fullK * kTile;
+  // Panel columns per row of A: a tile's each (a grouped tail takes R).
+  kTiles = fullK + (tailGrouped ? kTilesPerMatmul : tailK > 0);
   // M tiles per block: as many as PSUM and the panel budget allow (two
   // panels over gemm-panel-sbuf-percent of SBUF would crowd out the streams).
   // Blocks of a size-generic GEMM are sized as a large M's.
@@ -251,24 +290,71 @@ void GemmLowering::loadPanel(const Bases &base, Value m0, int64_t rows,
                              Value moved) {
   Value rows0 = k.addOffsets(base.lhs, k.scale(m0, aRow));
   // The panel's layout is that of `rows` rows; a short block moves `moved`.
-  auto view = [&](Value base, Value at, ArrayRef<int64_t> shape,
-                  ArrayRef<int64_t> strides) {
-    if (!moved)
-      return k.view(base, at, shape, strides);
-    SmallVector<OpFoldResult> sizes;
-    for (int64_t s : shape.drop_back())
-      sizes.push_back(k.b.getIndexAttr(s));
-    sizes.push_back(moved);
-    return k.view(base, at, sizes, strides);
+  if (fullK)
+    loadPanelTiles(rows0, panel, panelAt, panelStride, rows, Value(), rows,
+                   fullK, moved);
+  if (tailGrouped)
+    loadPanelTiles(k.addOffset(rows0, fullK * kTile * aCol), panel,
+                   k.addOffset(panelAt, fullK * rows), panelStride, rows,
+                   Value(), rows, kTilesPerMatmul, moved,
+                   tailK / kTilesPerMatmul);
+  else if (tailK)
+    k.dma(viewMoving(lhs, k.addOffset(rows0, fullK * kTile * aCol),
+                     {tailK, rows}, {aCol, aRow}, 1, moved),
+          viewMoving(panel, k.addOffset(panelAt, fullK * rows), {tailK, rows},
+                     {panelStride, 1}, 1, moved));
+}
+
+void GemmLowering::loadPanelTiles(Value src, Value panel, Value at,
+                                  int64_t stride, int64_t rows, Value r0,
+                                  int64_t count, int64_t tiles, Value moved,
+                                  std::optional<int64_t> partitions) {
+  int64_t r = kTilesPerMatmul, kt = partitions.value_or(kTile);
+  int64_t grouped = r > 1 ? tiles / r * r : 0;
+  // Column of row r0 in a panel `offset` columns past `at`.
+  auto column = [&](int64_t offset, int64_t rowColumns) {
+    Value c = k.addOffset(at, offset);
+    return r0 ? k.addOffsets(c, k.scale(r0, rowColumns)) : c;
   };
-  if (int64_t full = kDim / kTile)
-    k.dma(view(lhs, rows0, {kTile, full, rows}, {aCol, kTile * aCol, aRow}),
-          view(panel, panelAt, {kTile, full, rows}, {panelStride, rows, 1}));
-  if (int64_t kt = kDim % kTile)
-    k.dma(view(lhs, k.addOffset(rows0, kDim / kTile * kTile * aCol), {kt, rows},
-               {aCol, aRow}),
-          view(panel, k.addOffset(panelAt, kDim / kTile * rows), {kt, rows},
-               {panelStride, 1}));
+  if (int64_t groups = grouped / r) {
+    Value dst = column(0, interleaveA ? r : 1);
+    if (interleaveA)
+      k.dma(viewMoving(lhs, src, {kt, groups, count, r},
+                       {r * aCol, kTile * r * aCol, aRow, aCol}, 2, moved),
+            viewMoving(panel, dst, {kt, groups, count, r},
+                       {stride, r * rows, r, 1}, 2, moved));
+    else
+      k.dma(viewMoving(lhs, src, {kt, groups, r, count},
+                       {r * aCol, kTile * r * aCol, aCol, aRow}, 3, moved),
+            viewMoving(panel, dst, {kt, groups, r, count},
+                       {stride, r * rows, rows, 1}, 3, moved));
+  }
+  if (int64_t single = tiles - grouped)
+    k.dma(viewMoving(lhs, k.addOffset(src, grouped * kTile * aCol),
+                     {kTile, single, count}, {aCol, kTile * aCol, aRow}, 2,
+                     moved),
+          viewMoving(panel, column(grouped * rows, 1), {kTile, single, count},
+                     {stride, rows, 1}, 2, moved));
+}
+
+Value GemmLowering::viewMoving(Value base, Value at, ArrayRef<int64_t> shape,
+                               ArrayRef<int64_t> strides, size_t rowsDim,
+                               Value moved) {
+  if (!moved)
+    return k.view(base, at, shape, strides);
+  SmallVector<OpFoldResult> sizes;
+  for (int64_t s : shape)
+    sizes.push_back(k.b.getIndexAttr(s));
+  sizes[rowsDim] = moved;
+  return k.view(base, at, sizes, strides);
+}
+
+int64_t GemmLowering::panelChunk() const {
+  int64_t groups = n / nGroup;
+  if (groups < 2 || tailK || kTiles % groups)
+    return 0;
+  int64_t chunk = kTiles / groups;
+  return chunk % kTilesPerMatmul ? 0 : chunk;
 }
 
 void GemmLowering::lowerBatchDynamic(const Bases &base) {
@@ -312,9 +398,8 @@ void GemmLowering::lowerFullBlocksDynamic(const Bases &base, Value fullBlocks) {
   k.ifMore(fullBlocks, 0, [&] {
     loadPanel(base, k.index(0), mBlock, buffer, k.index(0), stride);
   });
-  int64_t groups = n / nGroup;
-  bool chunked = groups >= 2 && kDim % kTile == 0 && kTiles % groups == 0;
-  int64_t chunk = chunked ? kTiles / groups : 0;
+  int64_t chunk = panelChunk();
+  bool chunked = chunk > 0;
   auto block = [&](Value i, int64_t slot) {
     lowerBlock(base, k.scale(i, mBlock), mBlock,
                {buffer, k.index(slot * panelCols), stride},
@@ -352,9 +437,8 @@ void GemmLowering::lowerFullBlocks(const Bases &base, int64_t fullBlocks) {
   loadPanel(base, k.scale(firstBlock, mBlock), mBlock, buffer, at(0), stride);
   // Spread over the N groups, a K chunk per group, when they divide K
   // evenly: the DMA engines then never serve a whole panel at once.
-  int64_t groups = n / nGroup;
-  bool chunked = groups >= 2 && kDim % kTile == 0 && kTiles % groups == 0;
-  int64_t chunk = chunked ? kTiles / groups : 0;
+  int64_t chunk = panelChunk();
+  bool chunked = chunk > 0;
   k.forEachRotating(0, fullBlocks - 1, panelSlots, [&](Value i, int64_t slot) {
     lowerBlock(base, k.scale(i, mBlock), mBlock, {buffer, at(slot), stride},
                NextPanel{i, slot, buffer, panelSlots, panelCols, stride,
@@ -384,11 +468,9 @@ void GemmLowering::prefetch(const Bases &base, const Block &blk, Value g,
   Value src =
       k.addOffsets(k.addOffsets(base.lhs, k.scale(k.addOffsets(m0, r0), aRow)),
                    k.scale(g, next.chunk * kTile * aCol));
-  k.dma(k.view(lhs, src, {kTile, next.chunk, rows}, {aCol, kTile * aCol, aRow}),
-        k.view(next.buffer,
-               k.addOffsets(k.addOffsets(at(), k.scale(g, next.chunk * mBlock)),
-                            r0),
-               {kTile, next.chunk, rows}, {next.stride, mBlock, 1}));
+  loadPanelTiles(src, next.buffer,
+                 k.addOffsets(at(), k.scale(g, next.chunk * mBlock)),
+                 next.stride, mBlock, r0, rows, next.chunk, Value());
 }
 
 int64_t GemmLowering::bSlotsFor(int64_t blockTiles) const {
@@ -425,7 +507,7 @@ int64_t GemmLowering::bSlotsFor(int64_t blockTiles) const {
   // Whole groups of double_row tiles in each round of slots; slots that
   // divide the K steps rotate the same way in every group, so a group's
   // first loads never wait on a slot the last group still reads.
-  int64_t r = kTilesPerMatmul, fullK = kDim / kTile;
+  int64_t r = kTilesPerMatmul;
   auto whole = [&](int64_t slots) { return (slots + r - 1) / r * r; };
   for (int64_t slots = whole(need); slots <= std::min(2 * need, fullK);
        slots += r)
@@ -490,46 +572,68 @@ void GemmLowering::lowerGroup(const Bases &base, const Block &blk, Value g,
   if (epilogue)
     loadColumnOperands(blk, grp);
   fullKSteps(base, blk, grp, first, prefetches);
-  int64_t fullK = kDim / kTile;
-  if (kDim % kTile)
-    kStep(base, blk, grp, k.index(fullK), fullK % blk.bSlots, kDim % kTile,
-          fullK == 0, 1);
+  // The tail: a double_row group's last step, or a partial tile.
+  int64_t r = tailGrouped ? kTilesPerMatmul : 1;
+  if (tailK)
+    kStep(base, blk, grp, k.index(fullK + r - 1), fullK % blk.bSlots + r - 1,
+          tailK / r, fullK == 0, r);
   evictGroup(base, blk, grp);
 }
 
 void GemmLowering::kStep(const Bases &base, const Block &blk, const Group &grp,
                          Value kIdx, int64_t slot, int64_t kt, bool first,
                          int64_t tilesPerMatmul) {
-  Value src = k.addOffsets(k.addOffsets(base.rhs, k.scale(kIdx, kTile * bRow)),
-                           k.scale(grp.n0, bCol));
-  Value bTile = k.view(blk.moving, k.index(slot * nGroup), {kt, grp.cols},
-                       {blk.bSlots * nGroup, 1});
-  k.dma(k.view(rhs, src, {kt, grp.cols}, {bRow, bCol}), bTile);
+  // A double_row group's tiles load with its last step, into its slots.
   if (tilesPerMatmul == 0)
     return;
   // The matmul's first K tile and its slot.
-  int64_t back = tilesPerMatmul - 1;
+  int64_t r = tilesPerMatmul, back = r - 1;
   Value kFirst = k.addOffset(kIdx, -back);
   int64_t slot0 = slot - back;
-  bool doubleRow = tilesPerMatmul > 1;
-  auto operand = [&](Value buffer, Value at, int64_t free, int64_t tileStride,
-                     int64_t partitionStride) {
-    if (doubleRow)
-      return k.view(buffer, at, {kt, tilesPerMatmul, free},
-                    {partitionStride, tileStride, 1});
-    return k.view(buffer, at, {kt, free}, {partitionStride, 1});
+  bool doubleRow = r > 1;
+  int64_t slotStride = blk.bSlots * nGroup;
+  Value src =
+      k.addOffsets(k.addOffsets(base.rhs, k.scale(kFirst, kTile * bRow)),
+                   k.scale(grp.n0, bCol));
+  // [k in tile, column], or a group's [k in tile, column, row in group]
+  // (interleaved) or [k in tile, row in group, column].
+  SmallVector<int64_t> shape{kt, grp.cols}, srcStrides{bRow, bCol},
+      dstStrides{slotStride, 1};
+  if (doubleRow && interleaveB) {
+    shape = {kt, grp.cols, r};
+    srcStrides = {r * bRow, bCol, bRow};
+    dstStrides = {slotStride, r, 1};
+  } else if (doubleRow) {
+    shape = {kt, r, grp.cols};
+    srcStrides = {r * bRow, bRow, bCol};
+    dstStrides = {slotStride, nGroup, 1};
+  }
+  Value bTiles = k.view(blk.moving, k.index(slot0 * nGroup), shape, dstStrides);
+  k.dma(k.view(rhs, src, shape, srcStrides), bTiles);
+  // [K, free] or double_row's [K, R, free]: row r of a group a tile's
+  // columns (`tileCols`) apart, or interleaved.
+  auto operand = [&](Value buffer, Value at, int64_t free, int64_t tileCols,
+                     bool interleaved, int64_t partitionStride) {
+    if (!doubleRow)
+      return k.view(buffer, at, {kt, free}, {partitionStride, 1});
+    if (interleaved)
+      return k.view(buffer, at, {kt, r, free}, {partitionStride, 1, r});
+    return k.view(buffer, at, {kt, r, free}, {partitionStride, tileCols, 1});
   };
+  int64_t aStep = doubleRow && interleaveA ? r : 1;
+  int64_t bStep = doubleRow && interleaveB ? r : 1;
   for (int64_t mi = 0; mi < blk.tiles; ++mi) {
     int64_t mt = std::min(mTile, blk.rows - mi * mTile);
     Value stationary = operand(
         blk.panel.buffer,
-        k.addOffsets(blk.panel.at,
-                     k.addOffset(k.scale(kFirst, blk.rows), mi * mTile)),
-        mt, blk.rows, blk.panel.stride);
+        k.addOffsets(blk.panel.at, k.addOffset(k.scale(kFirst, blk.rows),
+                                               mi * mTile * aStep)),
+        mt, blk.rows, interleaveA, blk.panel.stride);
     for (int64_t ni = 0; ni < grp.tiles; ++ni) {
       int64_t nt = std::min(nTile, grp.cols - ni * nTile);
-      Value mov = operand(blk.moving, k.index(slot0 * nGroup + ni * nTile), nt,
-                          nGroup, blk.bSlots * nGroup);
+      Value mov =
+          operand(blk.moving, k.index(slot0 * nGroup + ni * nTile * bStep), nt,
+                  nGroup, interleaveB, slotStride);
       auto mm = k.b.create<nisa::MatmulOp>(stationary, mov,
                                            bank(blk, grp, mi, ni, mt, nt));
       if (!first)
@@ -542,7 +646,6 @@ void GemmLowering::kStep(const Bases &base, const Block &blk, const Group &grp,
 
 void GemmLowering::fullKSteps(const Bases &base, const Block &blk,
                               const Group &grp, bool first, bool prefetches) {
-  int64_t fullK = kDim / kTile;
   int64_t bSlots = blk.bSlots;
   // Full k steps in rounds of bSlots (static slots): round 0 peeled (its
   // first step starts the sums), the others in one loop; round r loads

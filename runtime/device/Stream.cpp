@@ -167,7 +167,7 @@ std::optional<PlannedCopy> planCopy(const at::Tensor &src,
     work.durationNs = t.dmaFixedLatencyNs + link;
   } else { // read and write HBM, through the core's DMA engines
     // One descriptor per run both sides have contiguous. A transpose of 2-
-    // or 4-byte elements (runs of one element on one side) goes through SBUF
+    // or 4-byte units (runs of one unit on one side) goes through SBUF
     // instead, as a kernel would move it: a transposing DMA in [D S6], then a
     // contiguous store; element-sized descriptors would cost far more.
     int64_t srcRun = contiguousRun(src), dstRun = contiguousRun(dst);
@@ -175,8 +175,8 @@ std::optional<PlannedCopy> planCopy(const at::Tensor &src,
     const target::CostModel cost(t);
     double rate = static_cast<double>(t.dmaEngines) * t.dmaBytesPerNsPerEngine;
     double dma;
-    if (src.element_size() == size && (size == 2 || size == 4) &&
-        std::min(srcRun, dstRun) == 1 && std::max(srcRun, dstRun) > 1) {
+    if (src.element_size() == size &&
+        target::CostModel::isDmaTranspose(size, srcRun, dstRun)) {
       dma = n / (static_cast<double>(t.dmaEngines) *
                  cost.dmaTransposeBytesPerNs(false)) +
             n / rate;

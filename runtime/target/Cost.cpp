@@ -149,4 +149,13 @@ double CostModel::dmaTransposeBytesPerNs(bool fromSbuf) const {
                                     : transposeEfficiencyFromHbm_);
 }
 
+bool CostModel::isDmaTranspose(int64_t eltBytes, int64_t srcRun,
+                               int64_t dstRun) {
+  int64_t unit = std::min(srcRun, dstRun);
+  int64_t unitBytes = unit * eltBytes;
+  // Units of one 2- or 4-byte element, or of 2 or 4 one-byte elements.
+  return (unit == 1 || eltBytes == 1) && (unitBytes == 2 || unitBytes == 4) &&
+         std::max(srcRun, dstRun) > unit;
+}
+
 } // namespace neuron::target

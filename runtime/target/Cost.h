@@ -95,6 +95,11 @@ public:
                        double descriptors) const;
   /// One engine's rate (bytes/ns) for a transposing DMA into SBUF.
   double dmaTransposeBytesPerNs(bool fromSbuf) const;
+  /// Whether a copy whose sides are contiguous over `srcRun` and `dstRun`
+  /// elements of `eltBytes` is a DMA transpose [D S6]: one side walks units
+  /// the other has contiguous, the units 2 or 4 bytes. The DMA moves units,
+  /// not values: fp8 elements in pairs or fours are 2- or 4-byte units.
+  static bool isDmaTranspose(int64_t eltBytes, int64_t srcRun, int64_t dstRun);
 
 private:
   const Target *target_;

@@ -899,12 +899,11 @@ private:
       si.rows = std::max<int64_t>(1, mapped->shape[0]);
     double rows = static_cast<double>(si.rows);
 
-    // DMA transpose [D S6]: one side walks elements the other has
-    // contiguous, 2- or 4-byte elements, into SBUF.
-    bool transpose =
-        !gather && srcSize == dstSize && (srcSize == 2 || srcSize == 4) &&
-        dstBuf.isOnChip() && !hasBroadcast(src) && !hasBroadcast(dst) &&
-        std::min(srcRun, dstRun) == 1 && std::max(srcRun, dstRun) > 1;
+    // DMA transpose [D S6] into SBUF: one side walks 2- or 4-byte units
+    // (elements, or fp8 pairs) the other has contiguous.
+    bool transpose = !gather && srcSize == dstSize && dstBuf.isOnChip() &&
+                     !hasBroadcast(src) && !hasBroadcast(dst) &&
+                     p.cost.isDmaTranspose(srcSize, srcRun, dstRun);
     if (transpose) {
       si.perRowNs =
           bytes / rows / p.cost.dmaTransposeBytesPerNs(srcBuf.isOnChip());

@@ -163,6 +163,42 @@ def test_scaled_mm_mixed_formats_large_k() -> None:
     _assert_on_device()
 
 
+@pytest.mark.parametrize("kind", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize(
+    ("m", "k", "n"),
+    [(1000, 512, 384), (16, 512, 256), (128, 208, 128)],
+    ids=["m1000", "decode_m16", "k208"],
+)
+def test_scaled_mm_linear_forms(kind: str, m: int, k: int, n: int) -> None:
+    # The weight [N, K] transposed in the graph, as a float8 Linear calls it: both operands
+    # contiguous along K, loaded in pairs of K values per double_row group. M not a multiple
+    # of 128, a decode-sized M, and K = 208: no whole group, one group on 104 partitions.
+    a = (torch.randn(m, k) * 2).to(torch.float8_e4m3fn)
+    w = (torch.randn(n, k) * 2).to(torch.float8_e4m3fn)
+    scale_a, scale_b = _scales(kind, m, n)
+
+    def fn(a: torch.Tensor, w: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16)
+
+    _assert_close_to_eager(_device(fn)(a, w, scale_a, scale_b), fn(a, w, scale_a, scale_b))
+    _assert_on_device()
+
+
+def test_scaled_mm_row_major_b() -> None:
+    # B contiguous [K, N] (strided along K): a double_row group's two rows per partition load as
+    # contiguous runs, while A's pairs are interleaved; K = 384, one group and one on 64
+    # partitions.
+    a = (torch.randn(256, 384) * 2).to(torch.float8_e5m2)
+    b = (torch.randn(384, 200) * 2).to(torch.float8_e4m3fn)
+    scale = torch.tensor(0.5)
+
+    def fn(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(a, b, s, s, out_dtype=torch.float32)
+
+    _assert_close_to_eager(_device(fn)(a, b, scale), fn(a, b, scale))
+    _assert_on_device()
+
+
 def test_scaled_mm_dynamic_quantization() -> None:
     # The whole float8 dynamic recipe in one graph: per-row amax scales computed on the device,
     # the casts to fp8, then the scaled matmul.

@@ -141,6 +141,24 @@ TEST_CASE("DMA transfers pay a descriptor overhead large chunks hide",
         rate * t.value("dma_transpose_efficiency_sbuf_to_sbuf"));
 }
 
+TEST_CASE("a DMA transposes 2- and 4-byte units, fp8 in pairs or fours",
+          "[cost]") {
+  // One side walks single 2- or 4-byte elements the other has contiguous.
+  CHECK(CostModel::isDmaTranspose(2, 1, 128));
+  CHECK(CostModel::isDmaTranspose(4, 512, 1));
+  // fp8 alone is no transpose: one element per descriptor.
+  CHECK_FALSE(CostModel::isDmaTranspose(1, 1, 128));
+  // fp8 pairs and fours are 2- and 4-byte units; eights are not.
+  CHECK(CostModel::isDmaTranspose(1, 2, 256));
+  CHECK(CostModel::isDmaTranspose(1, 1024, 4));
+  CHECK_FALSE(CostModel::isDmaTranspose(1, 8, 256));
+  // Wider elements in runs, and copies contiguous the same way on both
+  // sides, are plain transfers.
+  CHECK_FALSE(CostModel::isDmaTranspose(2, 2, 128));
+  CHECK_FALSE(CostModel::isDmaTranspose(2, 1, 1));
+  CHECK_FALSE(CostModel::isDmaTranspose(1, 2, 2));
+}
+
 TEST_CASE("a figure out of range is an error naming it", "[cost]") {
   Target t = getTarget("trn2");
   t.figures["engine_min_ii_cycles"].value = -1;
