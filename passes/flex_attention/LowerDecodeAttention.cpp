@@ -39,7 +39,10 @@ namespace mlir::neuron::flex {
 namespace {
 constexpr int64_t kSlots = 4; // blocks in flight: one computing, three loading
 constexpr int64_t kMaxRows = 128;
-constexpr int64_t kMaxChunks = 32; // 8 KiB of K and of V per partition
+// A block's K^T (128 keys per chunk) takes at most 8 KiB per partition: 32
+// chunks in bf16, 16 in fp32 (K^T and V of 2 x kSlots blocks and the two
+// rest blocks then fit in SBUF).
+constexpr int64_t kMaxBlockBytes = 8192;
 } // namespace
 
 bool isDecodeAttention(FlexAttentionOp op) {
@@ -94,7 +97,8 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   // tail on the first partitions. S^T of a block fills at most a PSUM bank:
   // the rest block's chunk c goes to column group c + 1, its tail to group
   // 0 (it has fewer than `chunks` whole chunks).
-  const int64_t chunks = std::min(kMaxChunks, bank / rows);
+  const int64_t chunks = std::min(
+      kMaxBlockBytes * 8 / (unit * inElt.getIntOrFloatBitWidth()), bank / rows);
   const int64_t blockKeys = chunks * unit;
   Value fullBlocks = b.create<arith::FloorDivSIOp>(kvLenV, k.index(blockKeys));
   Value restKeys = b.create<arith::RemSIOp>(kvLenV, k.index(blockKeys));
@@ -115,22 +119,27 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   Value negOnes = k.tile(MemorySpace::sbuf, {rows, unit}, inElt);
   b.create<nisa::MemsetOp>(negOnes, APFloat(-1.0));
 
+  // Every buffer that blocks or key heads take turns with is a tile of its
+  // own: nisa-insert-sync orders two accesses of one tile whose element
+  // ranges overlap, and views of columns of a wider tile all overlap.
+  auto tiles = [&](int64_t n, MemorySpace space, ArrayRef<int64_t> shape,
+                   Type elt) {
+    SmallVector<Value> all;
+    for (int64_t i = 0; i < n; ++i)
+      all.push_back(k.tile(space, shape, elt));
+    return all;
+  };
   // SBUF per head slot (two: the next key head loads while this one
   // computes): full blocks' K^T [dim, chunks x 128] ((c, p) order) and V
   // [128, chunks x vDim] in kSlots stream slots; the rest block's K^T (keys
   // in order) and V; Q^T.
   const int64_t streams = 2 * kSlots;
   const int64_t kW = chunks * unit, vW = chunks * vDim;
-  Value kTs = k.tile(MemorySpace::sbuf, {dim, streams * kW}, inElt);
-  Value vs = k.tile(MemorySpace::sbuf, {unit, streams * vW}, inElt);
-  // Tiles of their own for the rest: nisa-insert-sync takes a view with a
-  // run-time extent as its whole tile.
-  Value kTRest[2], vRest[2];
-  for (int64_t i = 0; i < 2; ++i) {
-    kTRest[i] = k.tile(MemorySpace::sbuf, {dim, kW}, inElt);
-    vRest[i] = k.tile(MemorySpace::sbuf, {unit, vW}, inElt);
-  }
-  Value qTs = k.tile(MemorySpace::sbuf, {dim, 2 * rows}, inElt);
+  auto kTs = tiles(streams, MemorySpace::sbuf, {dim, kW}, inElt);
+  auto vs = tiles(streams, MemorySpace::sbuf, {unit, vW}, inElt);
+  auto kTRest = tiles(2, MemorySpace::sbuf, {dim, kW}, inElt);
+  auto vRest = tiles(2, MemorySpace::sbuf, {unit, vW}, inElt);
+  auto qTs = tiles(2, MemorySpace::sbuf, {dim, rows}, inElt);
   // PSUM: per set a bank of S^T and one of O, max^T and the row sums. A key
   // head slot has two sets, which its blocks alternate: the rest block, then
   // full blocks by stream slot (kSlots is even). So the scores of the next
@@ -138,35 +147,35 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   // block being finished.
   constexpr int64_t sets = 4;
   static_assert(kSlots % 2 == 0, "blocks alternate two PSUM sets");
-  psumCols = 2 * sets * bank;
-  psum = k.tile(MemorySpace::psum, {unit, psumCols}, f32);
+  auto sBanks = tiles(sets, MemorySpace::psum, {unit, bank}, f32);
+  auto mBanks = tiles(sets, MemorySpace::psum, {unit, bank}, f32);
   const int64_t oCol = 0, maxTCol = vDim, lCol = vDim + unit;
   auto ps = [&](int64_t set, int64_t bankIdx, int64_t at, int64_t parts,
                 int64_t n) {
-    return k.view(psum, k.index((2 * set + bankIdx) * bank + at), {parts, n},
-                  {psumCols, 1});
+    return k.view((bankIdx ? mBanks : sBanks)[set], k.index(at), {parts, n},
+                  {bank, 1});
   };
   // The softmax's tiles, per set where a block's outlive the next one's.
   const int64_t sW = chunks * rows, treeW = (chunks + 1) / 2 * rows;
   Value tree = k.tile(MemorySpace::sbuf, {unit, 2 * treeW}, inElt);
-  Value maxB = k.tile(MemorySpace::sbuf, {unit, sets * rows}, inElt);
-  Value maxR = k.tile(MemorySpace::sbuf, {rows, sets}, f32);
+  auto maxB = tiles(sets, MemorySpace::sbuf, {unit, rows}, inElt);
+  auto maxR = tiles(sets, MemorySpace::sbuf, {rows, 1}, f32);
   // diag(M) over as many column groups (dividing `chunks`) as fit 128
   // columns: a short VectorE pass, and few matmuls to add it to S^T.
   int64_t dgGroups = std::min(chunks, std::max<int64_t>(1, unit / rows));
   while (chunks % dgGroups)
     --dgGroups;
   const int64_t dgW = dgGroups * rows;
-  Value diag = k.tile(MemorySpace::sbuf, {rows, sets * dgW}, inElt);
-  Value pTs = k.tile(MemorySpace::sbuf, {unit, sets * sW}, inElt);
+  auto diag = tiles(sets, MemorySpace::sbuf, {rows, dgW}, inElt);
+  auto pTs = tiles(sets, MemorySpace::sbuf, {unit, sW}, inElt);
   // A key head's running state, per head slot: -max, the row sums, O; and
   // a block's -max, -max', the two rescale factors, O and l rescaled.
-  Value negms = k.tile(MemorySpace::sbuf, {rows, 2}, f32);
-  Value ls = k.tile(MemorySpace::sbuf, {rows, 2}, f32);
-  Value os = k.tile(MemorySpace::sbuf, {rows, 2 * vDim}, f32);
+  auto negms = tiles(2, MemorySpace::sbuf, {rows, 1}, f32);
+  auto ls = tiles(2, MemorySpace::sbuf, {rows, 1}, f32);
+  auto os = tiles(2, MemorySpace::sbuf, {rows, vDim}, f32);
   Value factors = k.tile(MemorySpace::sbuf, {rows, 4}, f32);
   Value scaled = k.tile(MemorySpace::sbuf, {rows, vDim + 1}, f32);
-  Value oOuts = k.tile(MemorySpace::sbuf, {rows, 2 * vDim}, inElt);
+  auto oOuts = tiles(2, MemorySpace::sbuf, {rows, vDim}, inElt);
   Value lt = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
   auto col = [&](Value t, int64_t width, int64_t at) {
     return k.view(t, k.index(at), {rows, 1}, {width, 1});
@@ -200,12 +209,10 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     int64_t at = hs * kSlots + slot;
     load(k.view(key.buffer, k.addOffsets(kBase, k.scale(first, ks)),
                 {dim, chunks, unit}, {key.strides[3], ks, chunks * ks}),
-         k.view(kTs, k.index(at * kW), {dim, chunks, unit},
-                {streams * kW, unit, 1}));
+         k.view(kTs[at], k.index(0), {dim, chunks, unit}, {kW, unit, 1}));
     load(k.view(value.buffer, k.addOffsets(vBase, k.scale(first, vst)),
                 {unit, chunks, vDim}, {chunks * vst, vst, value.strides[3]}),
-         k.view(vs, k.index(at * vW), {unit, chunks, vDim},
-                {streams * vW, vDim, 1}));
+         k.view(vs[at], k.index(0), {unit, chunks, vDim}, {vW, vDim, 1}));
   };
   auto loadRest = [&] {
     load(k.view(key.buffer, k.addOffsets(kBase, k.scale(restAt, ks)),
@@ -235,16 +242,16 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   // the previous one's softmax runs on the other engines.
   auto setOf = [&](int64_t slot) { return 2 * hs + (slot < 0 ? 1 : slot % 2); };
   auto kChunk = [&](int64_t slot, int64_t c) {
-    return slot < 0 ? k.view(kTRest[hs], k.index(c * unit), {dim, unit},
-                             {kW, 1})
-                    : k.view(kTs, k.index((hs * kSlots + slot) * kW + c * unit),
-                             {dim, unit}, {streams * kW, 1});
+    return slot < 0
+               ? k.view(kTRest[hs], k.index(c * unit), {dim, unit}, {kW, 1})
+               : k.view(kTs[hs * kSlots + slot], k.index(c * unit), {dim, unit},
+                        {kW, 1});
   };
   auto vChunk = [&](int64_t slot, int64_t c) {
-    return slot < 0 ? k.view(vRest[hs], k.index(c * vDim), {unit, vDim},
-                             {vW, 1})
-                    : k.view(vs, k.index((hs * kSlots + slot) * vW + c * vDim),
-                             {unit, vDim}, {streams * vW, 1});
+    return slot < 0
+               ? k.view(vRest[hs], k.index(c * vDim), {unit, vDim}, {vW, 1})
+               : k.view(vs[hs * kSlots + slot], k.index(c * vDim), {unit, vDim},
+                        {vW, 1});
   };
   // Chunk c's body (its column group), for a rest block only when it has
   // chunk c; then the rest block's tail (group 0).
@@ -262,7 +269,7 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   auto groupOf = [&](int64_t slot, int64_t c) { return slot < 0 ? c + 1 : c; };
   auto scores = [&](int64_t slot) {
     int64_t set = setOf(slot);
-    Value qT = k.view(qTs, k.index(hs * rows), {dim, rows}, {2 * rows, 1});
+    Value qT = qTs[hs];
     Value sAll = ps(set, 0, 0, unit, sW);
     if (slot < 0)
       b.create<nisa::MemsetOp>(sAll,
@@ -279,8 +286,7 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
               k.view(kTRest[hs], k.scale(restChunks, unit), {idx(dim), tail},
                      {kW, 1}),
               qT,
-              k.view(psum, k.index(2 * set * bank), {tail, idx(rows)},
-                     {psumCols, 1}));
+              k.view(sBanks[set], k.index(0), {tail, idx(rows)}, {bank, 1}));
         });
   };
   auto maxTree = [&](int64_t slot) {
@@ -290,16 +296,15 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     // idempotent) between the two halves of `tree`: first the leading
     // groups from PSUM against the trailing ones copied by ScalarE (VectorE
     // reads one PSUM operand); the last level onto maxRows.
-    Value maxRows =
-        k.view(maxB, k.index(set * rows), {unit, rows}, {sets * rows, 1});
+    Value maxRows = maxB[set];
     auto groupsView = [&](Value t, int64_t at, int64_t n, int64_t width) {
       return k.view(t, k.index(at), {unit, n * rows}, {width, 1});
     };
     int64_t m = chunks, h = m / 2, n = m - h;
-    b.create<nisa::CopyOp>(
-        groupsView(psum, 2 * set * bank + h * rows, n, psumCols),
-        groupsView(tree, 0, n, 2 * treeW), nisa::Engine::scalar);
-    Value a = groupsView(psum, 2 * set * bank, n, psumCols);
+    b.create<nisa::CopyOp>(groupsView(sBanks[set], h * rows, n, bank),
+                           groupsView(tree, 0, n, 2 * treeW),
+                           nisa::Engine::scalar);
+    Value a = groupsView(sBanks[set], 0, n, bank);
     Value bOp = groupsView(tree, 0, n, 2 * treeW);
     for (int64_t half = 1;; half ^= 1) {
       Value dst = n == 1 ? maxRows : groupsView(tree, half * treeW, n, 2 * treeW);
@@ -317,22 +322,20 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     bool rest = slot < 0;
     int64_t set = setOf(slot);
     Value sAll = ps(set, 0, 0, unit, sW);
-    Value maxRows =
-        k.view(maxB, k.index(set * rows), {unit, rows}, {sets * rows, 1});
+    Value maxRows = maxB[set];
     // Across the partitions: max^T [rows, 128], its row max M (a bf16
     // value), diag(M) repeated over `dgGroups` column groups, then -1s^T
     // times it added to S^T: S^T - M in every group, exact in fp32.
     b.create<nisa::MatmulOp>(maxRows, ident, ps(set, 1, maxTCol, rows, unit));
-    Value m = col(maxR, sets, set);
+    Value m = maxR[set];
     b.create<nisa::TensorReduceOp>(nisa::AluOp::max,
                                    ps(set, 1, maxTCol, rows, unit), m);
-    Value dg = k.view(diag, k.index(set * dgW), {rows, dgW}, {sets * dgW, 1});
+    Value dg = diag[set];
     b.create<nisa::TensorScalarOp>(
         nisa::AluOp::multiply,
         k.view(ident, k.index(0), {rows, dgGroups, rows}, {unit, 0, 1}),
-        k.view(diag, k.index(set * dgW), {rows, dgGroups, rows},
-               {sets * dgW, rows, 1}),
-        m, APFloat(0.0), false);
+        k.view(dg, k.index(0), {rows, dgGroups, rows}, {dgW, rows, 1}), m,
+        APFloat(0.0), false);
     for (int64_t g = 0; g < chunks; g += dgGroups)
       b.create<nisa::MatmulOp>(negOnes, dg, ps(set, 0, g * rows, unit, dgW))
           .setAccumulate(true);
@@ -342,11 +345,10 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     int64_t expParts = sW >= 256 ? 2 : 1, partW = sW / expParts;
     for (int64_t e = 0; e < expParts; ++e)
       b.create<nisa::ActivationOp>(
-          ps(set, 0, e * partW, unit, e + 1 == expParts ? sW - e * partW
-                                                         : partW),
-          k.view(pTs, k.index(set * sW + e * partW),
-                 {unit, e + 1 == expParts ? sW - e * partW : partW},
-                 {sets * sW, 1}),
+          ps(set, 0, e * partW, unit,
+             e + 1 == expParts ? sW - e * partW : partW),
+          k.view(pTs[set], k.index(e * partW),
+                 {unit, e + 1 == expParts ? sW - e * partW : partW}, {sW, 1}),
           Value(), nisa::ActivationFn::exp, APFloat(scale), APFloat(0.0));
     // O = P V and the row sums l = P 1, accumulated over the chunks.
     Value oPs = ps(set, 1, oCol, rows, vDim), lPs = ps(set, 1, lCol, rows, 1);
@@ -363,12 +365,12 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     eachChunk(
         slot,
         [&](int64_t c) {
-          pv(k.view(pTs, k.index(set * sW + groupOf(slot, c) * rows),
-                    {unit, rows}, {sets * sW, 1}),
+          pv(k.view(pTs[set], k.index(groupOf(slot, c) * rows), {unit, rows},
+                    {sW, 1}),
              vChunk(slot, c), ones, rest || c > 0);
         },
         [&] {
-          pv(k.view(pTs, k.index(set * sW), {tail, idx(rows)}, {sets * sW, 1}),
+          pv(k.view(pTs[set], k.index(0), {tail, idx(rows)}, {sW, 1}),
              k.view(vRest[hs], k.scale(restChunks, vDim), {tail, idx(vDim)},
                     {vW, 1}),
              k.view(ones, k.index(0), {tail, idx(1)}, {1, 1}), true);
@@ -376,8 +378,7 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
 
     // Combine with the key head's state by log-sum-exp: -m' = min(-m_b,
     // -m), O = O exp(m - m') + O_b exp(m_b - m'), l likewise.
-    Value negm = col(negms, 2, hs), l = col(ls, 2, hs);
-    Value o = k.view(os, k.index(hs * vDim), {rows, vDim}, {2 * vDim, 1});
+    Value negm = negms[hs], l = ls[hs], o = os[hs];
     Value mb = col(factors, 4, 0), next = col(factors, 4, 1),
           alpha = col(factors, 4, 2), beta = col(factors, 4, 3);
     b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, m, mb, Value(),
@@ -441,14 +442,11 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     int64_t bi = headIdx / kvHeads, hk = headIdx % kvHeads;
     load(k.view(q.buffer, headBase(q, bi, hk, group), {dim, group, qLen},
                 {q.strides[3], q.strides[1], q.strides[2]}),
-         k.view(qTs, k.index(hs * rows), {dim, group, qLen},
-                {2 * rows, qLen, 1}));
-    b.create<nisa::MemsetOp>(col(negms, 2, hs),
+         k.view(qTs[hs], k.index(0), {dim, group, qLen}, {rows, qLen, 1}));
+    b.create<nisa::MemsetOp>(negms[hs],
                              APFloat(std::numeric_limits<float>::max()));
-    b.create<nisa::MemsetOp>(col(ls, 2, hs), APFloat(0.0));
-    b.create<nisa::MemsetOp>(
-        k.view(os, k.index(hs * vDim), {rows, vDim}, {2 * vDim, 1}),
-        APFloat(0.0));
+    b.create<nisa::MemsetOp>(ls[hs], APFloat(0.0));
+    b.create<nisa::MemsetOp>(os[hs], APFloat(0.0));
     k.ifMore(restKeys, 0, loadRest);
     k.pipelinedDynamicFirstLoads(fullBlocks, kSlots, loadFull);
   };
@@ -466,37 +464,34 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     });
     k.forEachPipelinedDynamic(
         fullBlocks, kSlots, loadFull,
-        [&](Value j, int64_t slot) {
-          Value after =
-              b.create<arith::SubIOp>(fullBlocks, k.addOffset(j, 1));
+        [&](Value, int64_t slot, Value after) {
           finishBefore(slot, [&](llvm::function_ref<void(int64_t)> stage) {
-            k.ifMore(after, 0, [&] { stage((slot + 1) % kSlots); });
+            int64_t nextSlot = (slot + 1) % kSlots;
+            if (!after)
+              return stage(nextSlot);
+            k.ifMore(after, 0, [&] { stage(nextSlot); });
             ifNone(after, [&] { firstBlock(headIdx + 1, stage); });
           });
         },
         /*firstLoads=*/false);
-    Value l = col(ls, 2, hs);
-    Value oOut = k.view(oOuts, k.index(hs * vDim), {rows, vDim}, {2 * vDim, 1});
-    b.create<nisa::TensorScalarOp>(
-        nisa::AluOp::divide,
-        k.view(os, k.index(hs * vDim), {rows, vDim}, {2 * vDim, 1}), oOut, l,
-        APFloat(0.0), false, nisa::Engine::gpsimd);
+    Value l = ls[hs], oOut = oOuts[hs];
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::divide, os[hs], oOut, l,
+                                   APFloat(0.0), false, nisa::Engine::gpsimd);
     // The query heads' rows in one store when they are evenly spaced.
     bool oneStore = qLen == 1 || outStrides[1] == qLen * outStrides[2];
     int64_t rowStride = qLen == 1 ? outStrides[1] : outStrides[2];
     for (int64_t g = 0; g < (oneStore ? 1 : group); ++g) {
       int64_t n = oneStore ? rows : qLen;
       int64_t to = bi * outStrides[0] + (hk * group + g) * outStrides[1];
-      store(k.view(oOuts, k.index(g * qLen * 2 * vDim + hs * vDim), {n, vDim},
-                   {2 * vDim, 1}),
+      store(k.view(oOut, k.index(g * qLen * vDim), {n, vDim}, {vDim, 1}),
             k.view(out, k.index(to), {n, vDim}, {rowStride, 1}));
     }
     if (!lse)
       return;
     b.create<nisa::ActivationOp>(l, lt, Value(), nisa::ActivationFn::log,
                                  APFloat(1.0), APFloat(0.0));
-    b.create<nisa::TensorTensorOp>(nisa::AluOp::subtract, lt, col(negms, 2, hs),
-                                   lt, nisa::Engine::gpsimd);
+    b.create<nisa::TensorTensorOp>(nisa::AluOp::subtract, lt, negms[hs], lt,
+                                   nisa::Engine::gpsimd);
     int64_t to = bi * lseStrides[0] + hk * group * lseStrides[1];
     store(lt, k.view(lse, k.index(to), {rows, 1}, {lseStrides[2], 1}));
   };
