@@ -16,18 +16,21 @@
 //    partitions, whose missing keys keep -huge scores;
 //  - per chunk S^T = K Q^T [128 keys, rows] into one PSUM bank (K^T chunk
 //    stationary, the key head's Q^T moving), all chunks side by side;
-//  - the block's max per query row: a max tree over the chunks on VectorE,
-//    then across the partitions by a TensorE transpose and a row reduce,
-//    rounded to bf16 so that broadcasting it back to every partition (a
-//    matmul of ones by diag(max)) is exact;
-//  - P^T = exp(scale * S^T - scale * max) in one VectorE and one ScalarE pass
-//    over the block; O = P V and the row sums (P times a ones column)
-//    accumulate in PSUM over the chunks, P^T chunks stationary;
+//  - the block's max per query row: a bf16 max tree over the chunks on
+//    VectorE (its first level reads PSUM), then across the partitions by a
+//    TensorE transpose and a row reduce; the max M, a bf16 value, is
+//    subtracted in PSUM by a matmul adding -1s^T diag(M) to S^T (exact);
+//  - P^T = exp(scale * (S^T - M)) on ScalarE, reading PSUM; O = P V and the
+//    row sums (P times a ones column) accumulate in PSUM over the chunks,
+//    P^T chunks stationary;
 //  - the blocks of a key head combine by log-sum-exp (flash-decoding):
 //    running -max, row sums and O in fp32, each rescaled by exp(m_old -
 //    m_new) and the block's by exp(m_block - m_new). No block waits on
-//    another's softmax, so the engines pipeline across blocks, and the next
-//    key head's first blocks load under this one's (key heads unrolled).
+//    another's softmax, and a block is finished after the next block's
+//    scores (the next key head's first block after a head's last), so the
+//    in-order TensorE and VectorE queues work on the next block while this
+//    one's exp runs; the next key head's first blocks load under this
+//    one's (key heads unrolled).
 //===----------------------------------------------------------------------===//
 
 #include "passes/flex_attention/FlexAttentionLowering.h"
@@ -120,8 +123,8 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   b.create<nisa::MemsetOp>(negOnes, APFloat(-1.0));
 
   // Every buffer that blocks or key heads take turns with is a tile of its
-  // own: nisa-insert-sync orders two accesses of one tile whose element
-  // ranges overlap, and views of columns of a wider tile all overlap.
+  // own (the rest blocks' must be: nisa-insert-sync takes a view with a
+  // run-time extent as its whole tile).
   auto tiles = [&](int64_t n, MemorySpace space, ArrayRef<int64_t> shape,
                    Type elt) {
     SmallVector<Value> all;
