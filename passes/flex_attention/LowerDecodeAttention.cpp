@@ -16,18 +16,21 @@
 //    partitions, whose missing keys keep -huge scores;
 //  - per chunk S^T = K Q^T [128 keys, rows] into one PSUM bank (K^T chunk
 //    stationary, the key head's Q^T moving), all chunks side by side;
-//  - the block's max per query row: a max tree over the chunks on VectorE,
-//    then across the partitions by a TensorE transpose and a row reduce,
-//    rounded to bf16 so that broadcasting it back to every partition (a
-//    matmul of ones by diag(max)) is exact;
-//  - P^T = exp(scale * S^T - scale * max) in one VectorE and one ScalarE pass
-//    over the block; O = P V and the row sums (P times a ones column)
-//    accumulate in PSUM over the chunks, P^T chunks stationary;
+//  - the block's max per query row: a bf16 max tree over the chunks on
+//    VectorE (its first level reads PSUM), then across the partitions by a
+//    TensorE transpose and a row reduce; the max M, a bf16 value, is
+//    subtracted in PSUM by a matmul adding -1s^T diag(M) to S^T (exact);
+//  - P^T = exp(scale * (S^T - M)) on ScalarE, reading PSUM; O = P V and the
+//    row sums (P times a ones column) accumulate in PSUM over the chunks,
+//    P^T chunks stationary;
 //  - the blocks of a key head combine by log-sum-exp (flash-decoding):
 //    running -max, row sums and O in fp32, each rescaled by exp(m_old -
 //    m_new) and the block's by exp(m_block - m_new). No block waits on
-//    another's softmax, so the engines pipeline across blocks, and the next
-//    key head's first blocks load under this one's (key heads unrolled).
+//    another's softmax, and a block is finished after the next block's
+//    scores (the next key head's first block after a head's last), so the
+//    in-order TensorE and VectorE queues work on the next block while this
+//    one's exp runs; the next key head's first blocks load under this
+//    one's (key heads unrolled).
 //===----------------------------------------------------------------------===//
 
 #include "passes/flex_attention/FlexAttentionLowering.h"
@@ -37,9 +40,12 @@
 namespace mlir::neuron::flex {
 
 namespace {
-constexpr int64_t kSlots = 3; // blocks in flight: one computing, two loading
+constexpr int64_t kSlots = 4; // blocks in flight: one computing, three loading
 constexpr int64_t kMaxRows = 128;
-constexpr int64_t kMaxChunks = 32; // 8 KiB of K and of V per partition
+// A block's K^T (128 keys per chunk) takes at most 8 KiB per partition: 32
+// chunks in bf16, 16 in fp32 (K^T and V of 2 x kSlots blocks and the two
+// rest blocks then fit in SBUF).
+constexpr int64_t kMaxBlockBytes = 8192;
 } // namespace
 
 bool isDecodeAttention(FlexAttentionOp op) {
@@ -91,10 +97,11 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
 
   // A key head's keys: full blocks of `chunks` x 128 keys (p-major), then
   // the rest (length mod the block) as a block of chunk-major chunks and a
-  // tail on the first partitions. S^T of a block and its tail column group
-  // fill at most a PSUM bank.
-  const int64_t chunks = std::min(kMaxChunks, bank / rows - 1);
-  const int64_t groups = chunks + 1; // S^T column groups of a block
+  // tail on the first partitions. S^T of a block fills at most a PSUM bank:
+  // the rest block's chunk c goes to column group c + 1, its tail to group
+  // 0 (it has fewer than `chunks` whole chunks).
+  const int64_t chunks = std::min(
+      kMaxBlockBytes * 8 / (unit * inElt.getIntOrFloatBitWidth()), bank / rows);
   const int64_t blockKeys = chunks * unit;
   Value fullBlocks = b.create<arith::FloorDivSIOp>(kvLenV, k.index(blockKeys));
   Value restKeys = b.create<arith::RemSIOp>(kvLenV, k.index(blockKeys));
@@ -103,71 +110,89 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   Value restAt = k.scale(fullBlocks, blockKeys);
 
   TileBuilder::TileScope scope(k);
-  // Constants: the identity (transposes, diag(max)), ones.
+  // Constants: the identity (transposes, diag(max)), ones and -1s.
   Value diff = k.tile(MemorySpace::sbuf, {unit, unit}, f32);
   b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
                          b.getDenseF64ArrayAttr({-1.0}));
   ident = k.tile(MemorySpace::sbuf, {unit, unit}, inElt);
   b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
                                  APFloat(0.0), false);
-  Value ones = k.tile(MemorySpace::sbuf, {unit, unit}, inElt);
+  Value ones = k.tile(MemorySpace::sbuf, {unit, 1}, inElt);
   b.create<nisa::MemsetOp>(ones, APFloat(1.0));
+  Value negOnes = k.tile(MemorySpace::sbuf, {rows, unit}, inElt);
+  b.create<nisa::MemsetOp>(negOnes, APFloat(-1.0));
 
+  // Every buffer that blocks or key heads take turns with is a tile of its
+  // own (the rest blocks' must be: nisa-insert-sync takes a view with a
+  // run-time extent as its whole tile).
+  auto tiles = [&](int64_t n, MemorySpace space, ArrayRef<int64_t> shape,
+                   Type elt) {
+    SmallVector<Value> all;
+    for (int64_t i = 0; i < n; ++i)
+      all.push_back(k.tile(space, shape, elt));
+    return all;
+  };
   // SBUF per head slot (two: the next key head loads while this one
   // computes): full blocks' K^T [dim, chunks x 128] ((c, p) order) and V
   // [128, chunks x vDim] in kSlots stream slots; the rest block's K^T (keys
   // in order) and V; Q^T.
   const int64_t streams = 2 * kSlots;
   const int64_t kW = chunks * unit, vW = chunks * vDim;
-  Value kTs = k.tile(MemorySpace::sbuf, {dim, streams * kW}, inElt);
-  Value vs = k.tile(MemorySpace::sbuf, {unit, streams * vW}, inElt);
-  // Tiles of their own for the rest: nisa-insert-sync takes a view with a
-  // run-time extent as its whole tile.
-  Value kTRest[2], vRest[2];
-  for (int64_t i = 0; i < 2; ++i) {
-    kTRest[i] = k.tile(MemorySpace::sbuf, {dim, groups * unit}, inElt);
-    vRest[i] = k.tile(MemorySpace::sbuf, {unit, groups * vDim}, inElt);
-  }
-  Value qTs = k.tile(MemorySpace::sbuf, {dim, 2 * rows}, inElt);
-  // PSUM: per set (full blocks by stream slot, and the rest block) a bank
-  // of S^T and one of O, max^T, the broadcast max and the row sums.
-  constexpr int64_t sets = kSlots + 1, restSet = kSlots;
-  psumCols = 2 * sets * bank;
-  psum = k.tile(MemorySpace::psum, {unit, psumCols}, f32);
-  const int64_t oCol = 0, maxTCol = vDim, maxBCol = vDim + unit,
-                lCol = vDim + unit + rows;
+  auto kTs = tiles(streams, MemorySpace::sbuf, {dim, kW}, inElt);
+  auto vs = tiles(streams, MemorySpace::sbuf, {unit, vW}, inElt);
+  auto kTRest = tiles(2, MemorySpace::sbuf, {dim, kW}, inElt);
+  auto vRest = tiles(2, MemorySpace::sbuf, {unit, vW}, inElt);
+  auto qTs = tiles(2, MemorySpace::sbuf, {dim, rows}, inElt);
+  // PSUM: per set a bank of S^T and one of O, max^T and the row sums. A key
+  // head slot has two sets, which its blocks alternate: the rest block, then
+  // full blocks by stream slot (kSlots is even). So the scores of the next
+  // block, in this key head or the next one, never share a set with the
+  // block being finished.
+  constexpr int64_t sets = 4;
+  static_assert(kSlots % 2 == 0, "blocks alternate two PSUM sets");
+  auto sBanks = tiles(sets, MemorySpace::psum, {unit, bank}, f32);
+  auto mBanks = tiles(sets, MemorySpace::psum, {unit, bank}, f32);
+  const int64_t oCol = 0, maxTCol = vDim, lCol = vDim + unit;
   auto ps = [&](int64_t set, int64_t bankIdx, int64_t at, int64_t parts,
                 int64_t n) {
-    return k.view(psum, k.index((2 * set + bankIdx) * bank + at), {parts, n},
-                  {psumCols, 1});
+    return k.view((bankIdx ? mBanks : sBanks)[set], k.index(at), {parts, n},
+                  {bank, 1});
   };
   // The softmax's tiles, per set where a block's outlive the next one's.
-  const int64_t sW = groups * rows, treeW = (groups + 1) / 2 * rows;
-  Value tree = k.tile(MemorySpace::sbuf, {unit, treeW}, f32);
-  Value maxB = k.tile(MemorySpace::sbuf, {unit, sets * rows}, inElt);
-  Value maxR = k.tile(MemorySpace::sbuf, {rows, sets}, f32);
-  Value diag = k.tile(MemorySpace::sbuf, {rows, sets * rows}, inElt);
-  Value maxS = k.tile(MemorySpace::sbuf, {unit, rows}, f32);
-  Value d = k.tile(MemorySpace::sbuf, {unit, sW}, f32);
-  Value pTs = k.tile(MemorySpace::sbuf, {unit, sets * sW}, inElt);
+  const int64_t sW = chunks * rows, treeW = (chunks + 1) / 2 * rows;
+  Value tree = k.tile(MemorySpace::sbuf, {unit, 2 * treeW}, inElt);
+  auto maxB = tiles(sets, MemorySpace::sbuf, {unit, rows}, inElt);
+  auto maxR = tiles(sets, MemorySpace::sbuf, {rows, 1}, f32);
+  // diag(M) over as many column groups (dividing `chunks`) as fit 128
+  // columns: a short VectorE pass, and few matmuls to add it to S^T.
+  int64_t dgGroups = std::min(chunks, std::max<int64_t>(1, unit / rows));
+  while (chunks % dgGroups)
+    --dgGroups;
+  const int64_t dgW = dgGroups * rows;
+  auto diag = tiles(sets, MemorySpace::sbuf, {rows, dgW}, inElt);
+  auto pTs = tiles(sets, MemorySpace::sbuf, {unit, sW}, inElt);
   // A key head's running state, per head slot: -max, the row sums, O; and
   // a block's -max, -max', the two rescale factors, O and l rescaled.
-  Value negms = k.tile(MemorySpace::sbuf, {rows, 2}, f32);
-  Value ls = k.tile(MemorySpace::sbuf, {rows, 2}, f32);
-  Value os = k.tile(MemorySpace::sbuf, {rows, 2 * vDim}, f32);
+  auto negms = tiles(2, MemorySpace::sbuf, {rows, 1}, f32);
+  auto ls = tiles(2, MemorySpace::sbuf, {rows, 1}, f32);
+  auto os = tiles(2, MemorySpace::sbuf, {rows, vDim}, f32);
   Value factors = k.tile(MemorySpace::sbuf, {rows, 4}, f32);
   Value scaled = k.tile(MemorySpace::sbuf, {rows, vDim + 1}, f32);
-  Value oOuts = k.tile(MemorySpace::sbuf, {rows, 2 * vDim}, inElt);
+  auto oOuts = tiles(2, MemorySpace::sbuf, {rows, vDim}, inElt);
   Value lt = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
   auto col = [&](Value t, int64_t width, int64_t at) {
     return k.view(t, k.index(at), {rows, 1}, {width, 1});
   };
 
-  // Loads on ScalarE's queue (a trigger, no DGE hold); K^T first, so the
-  // scores start while V is still coming.
-  auto load = [&](Value src, Value dst) {
+  // Loads on SyncE's queue, which waits on nothing but free slots (on
+  // ScalarE's they would wait behind the exps of the blocks before);
+  // stores on ScalarE's, behind the head's work. K^T first, so the scores
+  // start while V is still coming.
+  auto load = [&](Value src, Value dst) { k.dma(src, dst); };
+  auto store = [&](Value src, Value dst) {
     b.create<nisa::DmaCopyOp>(src, dst, nisa::Engine::scalar);
   };
+  const int64_t headsAll = batch * kvHeads;
   int64_t hs = 0; // the key head's slot
   Value kBase, vBase;
   const int64_t ks = key.strides[2], vst = value.strides[2];
@@ -187,135 +212,147 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     int64_t at = hs * kSlots + slot;
     load(k.view(key.buffer, k.addOffsets(kBase, k.scale(first, ks)),
                 {dim, chunks, unit}, {key.strides[3], ks, chunks * ks}),
-         k.view(kTs, k.index(at * kW), {dim, chunks, unit},
-                {streams * kW, unit, 1}));
+         k.view(kTs[at], k.index(0), {dim, chunks, unit}, {kW, unit, 1}));
     load(k.view(value.buffer, k.addOffsets(vBase, k.scale(first, vst)),
                 {unit, chunks, vDim}, {chunks * vst, vst, value.strides[3]}),
-         k.view(vs, k.index(at * vW), {unit, chunks, vDim},
-                {streams * vW, vDim, 1}));
+         k.view(vs[at], k.index(0), {unit, chunks, vDim}, {vW, vDim, 1}));
   };
   auto loadRest = [&] {
     load(k.view(key.buffer, k.addOffsets(kBase, k.scale(restAt, ks)),
                 {idx(dim), restKeys}, {key.strides[3], ks}),
-         k.view(kTRest[hs], k.index(0), {idx(dim), restKeys},
-                {groups * unit, 1}));
+         k.view(kTRest[hs], k.index(0), {idx(dim), restKeys}, {kW, 1}));
     Value vAt = k.addOffsets(vBase, k.scale(restAt, vst));
     k.ifMore(restChunks, 0, [&] {
       load(k.view(value.buffer, vAt, {idx(unit), restChunks, idx(vDim)},
                   {vst, unit * vst, value.strides[3]}),
            k.view(vRest[hs], k.index(0), {idx(unit), restChunks, idx(vDim)},
-                  {groups * vDim, vDim, 1}));
+                  {vW, vDim, 1}));
     });
     k.ifMore(tail, 0, [&] {
       load(k.view(value.buffer,
                   k.addOffsets(vAt, k.scale(restChunks, unit * vst)),
                   {tail, idx(vDim)}, {vst, value.strides[3]}),
            k.view(vRest[hs], k.scale(restChunks, vDim), {tail, idx(vDim)},
-                  {groups * vDim, 1}));
+                  {vW, 1}));
     });
   };
 
-  // One block into PSUM set `set`: a full one from stream slot `slot`, or
-  // the rest (slot < 0), whose missing chunks and tail partitions keep
-  // -huge scores (exp gives 0) and whose matmuls run where keys are.
-  auto block = [&](int64_t set, int64_t slot) {
-    bool rest = slot < 0;
-    int64_t n = rest ? groups : chunks; // S^T column groups
-    int64_t at = hs * kSlots + slot;
-    Value qT = k.view(qTs, k.index(hs * rows), {dim, rows}, {2 * rows, 1});
-    auto kChunk = [&](int64_t c) {
-      return rest ? k.view(kTRest[hs], k.index(c * unit), {dim, unit},
-                           {groups * unit, 1})
-                  : k.view(kTs, k.index(at * kW + c * unit), {dim, unit},
-                           {streams * kW, 1});
-    };
-    auto vChunk = [&](int64_t c) {
-      return rest ? k.view(vRest[hs], k.index(c * vDim), {unit, vDim},
-                           {groups * vDim, 1})
-                  : k.view(vs, k.index(at * vW + c * vDim), {unit, vDim},
-                           {streams * vW, 1});
-    };
-    // Chunk c's body, for a rest block only when it has chunk c.
-    auto eachChunk = [&](llvm::function_ref<void(int64_t)> body) {
-      for (int64_t c = 0; c < chunks; ++c) {
-        if (rest)
-          k.ifMore(restChunks, c, [&] { body(c); });
-        else
-          body(c);
-      }
-    };
-    Value sAll =
-        k.view(psum, k.index(2 * set * bank), {unit, n * rows}, {psumCols, 1});
-    if (rest)
+  // A block is a full one from stream slot `slot`, or the rest (slot < 0),
+  // whose missing chunks and tail partitions keep -huge scores (exp gives
+  // 0) and whose matmuls run where keys are. Its work comes in two stages:
+  // scores() (S^T and its max per partition) is issued before the previous
+  // block's finish(), so TensorE and VectorE work on the next block while
+  // the previous one's softmax runs on the other engines.
+  auto setOf = [&](int64_t slot) { return 2 * hs + (slot < 0 ? 1 : slot % 2); };
+  auto kChunk = [&](int64_t slot, int64_t c) {
+    return slot < 0
+               ? k.view(kTRest[hs], k.index(c * unit), {dim, unit}, {kW, 1})
+               : k.view(kTs[hs * kSlots + slot], k.index(c * unit), {dim, unit},
+                        {kW, 1});
+  };
+  auto vChunk = [&](int64_t slot, int64_t c) {
+    return slot < 0
+               ? k.view(vRest[hs], k.index(c * vDim), {unit, vDim}, {vW, 1})
+               : k.view(vs[hs * kSlots + slot], k.index(c * vDim), {unit, vDim},
+                        {vW, 1});
+  };
+  // Chunk c's body (its column group), for a rest block only when it has
+  // chunk c; then the rest block's tail (group 0).
+  auto eachChunk = [&](int64_t slot, llvm::function_ref<void(int64_t)> body,
+                       llvm::function_ref<void()> tailBody) {
+    if (slot >= 0) {
+      for (int64_t c = 0; c < chunks; ++c)
+        body(c);
+      return;
+    }
+    for (int64_t c = 0; c + 1 < chunks; ++c)
+      k.ifMore(restChunks, c, [&] { body(c); });
+    k.ifMore(tail, 0, tailBody);
+  };
+  auto groupOf = [&](int64_t slot, int64_t c) { return slot < 0 ? c + 1 : c; };
+  auto scores = [&](int64_t slot) {
+    int64_t set = setOf(slot);
+    Value qT = qTs[hs];
+    Value sAll = ps(set, 0, 0, unit, sW);
+    if (slot < 0)
       b.create<nisa::MemsetOp>(sAll,
                                APFloat(-std::numeric_limits<float>::max() / 2));
-    // S^T, chunk c in columns [c * rows, + rows) of the bank.
-    eachChunk([&](int64_t c) {
-      b.create<nisa::MatmulOp>(kChunk(c), qT, ps(set, 0, c * rows, unit, rows));
-    });
-    if (rest)
-      k.ifMore(tail, 0, [&] {
-        b.create<nisa::MatmulOp>(
-            k.view(kTRest[hs], k.scale(restChunks, unit), {idx(dim), tail},
-                   {groups * unit, 1}),
-            qT,
-            k.view(psum, k.index((2 * set) * bank + chunks * rows),
-                   {tail, idx(rows)}, {psumCols, 1}));
-      });
-
-    // S^T into SBUF on ScalarE (VectorE reads at most one PSUM operand).
-    // Max per (partition, row) over the column groups: halve their count
-    // (an odd middle group is compared twice: max is idempotent).
-    b.create<nisa::CopyOp>(
-        sAll, k.view(d, k.index(0), {unit, n * rows}, {sW, 1}),
-        nisa::Engine::scalar);
-    Value src = d;
-    int64_t srcAt = 0, srcW = sW;
-    for (int64_t m = n; m > 1;) {
-      int64_t h = m / 2;
-      b.create<nisa::TensorTensorOp>(
-          nisa::AluOp::max,
-          k.view(src, k.index(srcAt), {unit, h * rows}, {srcW, 1}),
-          k.view(src, k.index(srcAt + (m - h) * rows), {unit, h * rows},
-                 {srcW, 1}),
-          k.view(tree, k.index(0), {unit, h * rows}, {treeW, 1}));
-      src = tree;
-      srcAt = 0;
-      srcW = treeW;
-      m -= h;
+    eachChunk(
+        slot,
+        [&](int64_t c) {
+          b.create<nisa::MatmulOp>(kChunk(slot, c), qT,
+                                   ps(set, 0, groupOf(slot, c) * rows, unit,
+                                      rows));
+        },
+        [&] {
+          b.create<nisa::MatmulOp>(
+              k.view(kTRest[hs], k.scale(restChunks, unit), {idx(dim), tail},
+                     {kW, 1}),
+              qT,
+              k.view(sBanks[set], k.index(0), {tail, idx(rows)}, {bank, 1}));
+        });
+  };
+  auto maxTree = [&](int64_t slot) {
+    int64_t set = setOf(slot);
+    // Max per (partition, row) over the column groups in bf16, halving
+    // their count (an odd middle group is compared twice: max is
+    // idempotent) between the two halves of `tree`: first the leading
+    // groups from PSUM against the trailing ones copied by ScalarE (VectorE
+    // reads one PSUM operand); the last level onto maxRows.
+    Value maxRows = maxB[set];
+    auto groupsView = [&](Value t, int64_t at, int64_t n, int64_t width) {
+      return k.view(t, k.index(at), {unit, n * rows}, {width, 1});
+    };
+    int64_t m = chunks, h = m / 2, n = m - h;
+    b.create<nisa::CopyOp>(groupsView(sBanks[set], h * rows, n, bank),
+                           groupsView(tree, 0, n, 2 * treeW),
+                           nisa::Engine::scalar);
+    Value a = groupsView(sBanks[set], 0, n, bank);
+    Value bOp = groupsView(tree, 0, n, 2 * treeW);
+    for (int64_t half = 1;; half ^= 1) {
+      Value dst = n == 1 ? maxRows : groupsView(tree, half * treeW, n, 2 * treeW);
+      b.create<nisa::TensorTensorOp>(nisa::AluOp::max, a, bOp, dst);
+      if (n == 1)
+        break;
+      m = n;
+      h = m / 2;
+      n = m - h;
+      a = groupsView(tree, half * treeW, n, 2 * treeW);
+      bOp = groupsView(tree, half * treeW + h * rows, n, 2 * treeW);
     }
-    Value maxRows =
-        k.view(maxB, k.index(set * rows), {unit, rows}, {sets * rows, 1});
-    b.create<nisa::CopyOp>(k.view(src, k.index(srcAt), {unit, rows}, {srcW, 1}),
-                           maxRows);
+  };
+  auto finish = [&](int64_t slot, llvm::function_ref<void()> between) {
+    bool rest = slot < 0;
+    int64_t set = setOf(slot);
+    Value sAll = ps(set, 0, 0, unit, sW);
+    Value maxRows = maxB[set];
     // Across the partitions: max^T [rows, 128], its row max M (a bf16
-    // value), diag(M), then ones^T diag(M): M on every partition.
+    // value), diag(M) repeated over `dgGroups` column groups, then -1s^T
+    // times it added to S^T: S^T - M in every group, exact in fp32.
     b.create<nisa::MatmulOp>(maxRows, ident, ps(set, 1, maxTCol, rows, unit));
-    Value m = col(maxR, sets, set);
+    Value m = maxR[set];
     b.create<nisa::TensorReduceOp>(nisa::AluOp::max,
                                    ps(set, 1, maxTCol, rows, unit), m);
-    Value dg =
-        k.view(diag, k.index(set * rows), {rows, rows}, {sets * rows, 1});
+    Value dg = diag[set];
     b.create<nisa::TensorScalarOp>(
         nisa::AluOp::multiply,
-        k.view(ident, k.index(0), {rows, rows}, {unit, 1}), dg, m, APFloat(0.0),
-        false);
-    b.create<nisa::MatmulOp>(k.view(ones, k.index(0), {rows, unit}, {unit, 1}),
-                             dg, ps(set, 1, maxBCol, unit, rows));
-    // scale * M on every partition; P^T = exp(scale * S^T - scale * M).
-    b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply,
-                                   ps(set, 1, maxBCol, unit, rows), maxS,
-                                   Value(), APFloat(scale), false);
-    scalarTensorTensor(k.view(d, k.index(0), {unit, n, rows}, {sW, rows, 1}),
-                       Value(), scale, nisa::AluOp::multiply,
-                       k.view(maxS, k.index(0), {unit, n, rows}, {rows, 0, 1}),
-                       nisa::AluOp::subtract,
-                       k.view(d, k.index(0), {unit, n, rows}, {sW, rows, 1}),
-                       nisa::Engine::vector);
-    b.create<nisa::ActivationOp>(
-        k.view(d, k.index(0), {unit, n * rows}, {sW, 1}),
-        k.view(pTs, k.index(set * sW), {unit, n * rows}, {sets * sW, 1}),
-        Value(), nisa::ActivationFn::exp, APFloat(1.0), APFloat(0.0));
+        k.view(ident, k.index(0), {rows, dgGroups, rows}, {unit, 0, 1}),
+        k.view(dg, k.index(0), {rows, dgGroups, rows}, {dgW, rows, 1}), m,
+        APFloat(0.0), false);
+    for (int64_t g = 0; g < chunks; g += dgGroups)
+      b.create<nisa::MatmulOp>(negOnes, dg, ps(set, 0, g * rows, unit, dgW))
+          .setAccumulate(true);
+    between();
+    // P^T = exp(scale * (S^T - M)), read from PSUM, in two halves when
+    // long, so that P V starts on the first while ScalarE does the second.
+    int64_t expParts = sW >= 256 ? 2 : 1, partW = sW / expParts;
+    for (int64_t e = 0; e < expParts; ++e)
+      b.create<nisa::ActivationOp>(
+          ps(set, 0, e * partW, unit,
+             e + 1 == expParts ? sW - e * partW : partW),
+          k.view(pTs[set], k.index(e * partW),
+                 {unit, e + 1 == expParts ? sW - e * partW : partW}, {sW, 1}),
+          Value(), nisa::ActivationFn::exp, APFloat(scale), APFloat(0.0));
     // O = P V and the row sums l = P 1, accumulated over the chunks.
     Value oPs = ps(set, 1, oCol, rows, vDim), lPs = ps(set, 1, lCol, rows, 1);
     if (rest) {
@@ -328,25 +365,23 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
       mo.setAccumulate(accumulate);
       ml.setAccumulate(accumulate);
     };
-    eachChunk([&](int64_t c) {
-      pv(k.view(pTs, k.index(set * sW + c * rows), {unit, rows},
-                {sets * sW, 1}),
-         vChunk(c), k.view(ones, k.index(0), {unit, 1}, {unit, 1}),
-         rest || c > 0);
-    });
-    if (rest)
-      k.ifMore(tail, 0, [&] {
-        pv(k.view(pTs, k.index(set * sW + chunks * rows), {tail, idx(rows)},
-                  {sets * sW, 1}),
-           k.view(vRest[hs], k.scale(restChunks, vDim), {tail, idx(vDim)},
-                  {groups * vDim, 1}),
-           k.view(ones, k.index(0), {tail, idx(1)}, {unit, 1}), true);
-      });
+    eachChunk(
+        slot,
+        [&](int64_t c) {
+          pv(k.view(pTs[set], k.index(groupOf(slot, c) * rows), {unit, rows},
+                    {sW, 1}),
+             vChunk(slot, c), ones, rest || c > 0);
+        },
+        [&] {
+          pv(k.view(pTs[set], k.index(0), {tail, idx(rows)}, {sW, 1}),
+             k.view(vRest[hs], k.scale(restChunks, vDim), {tail, idx(vDim)},
+                    {vW, 1}),
+             k.view(ones, k.index(0), {tail, idx(1)}, {1, 1}), true);
+        });
 
     // Combine with the key head's state by log-sum-exp: -m' = min(-m_b,
     // -m), O = O exp(m - m') + O_b exp(m_b - m'), l likewise.
-    Value negm = col(negms, 2, hs), l = col(ls, 2, hs);
-    Value o = k.view(os, k.index(hs * vDim), {rows, vDim}, {2 * vDim, 1});
+    Value negm = negms[hs], l = ls[hs], o = os[hs];
     Value mb = col(factors, 4, 0), next = col(factors, 4, 1),
           alpha = col(factors, 4, 2), beta = col(factors, 4, 3);
     b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, m, mb, Value(),
@@ -370,6 +405,38 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
                        nisa::AluOp::add, l, nisa::Engine::gpsimd);
   };
 
+  // `body` once if `count` is 0 (a loop of zero or one iteration).
+  auto ifNone = [&](Value count, llvm::function_ref<void()> body) {
+    Value some = b.create<arith::MinSIOp>(
+        b.create<arith::MaxSIOp>(count, k.index(0)), k.index(1));
+    k.ifMore(b.create<arith::SubIOp>(k.index(1), some), 0, body);
+  };
+  // `stage` of key head `headIdx`'s first block (the rest, else full
+  // block 0), if there is such a head.
+  auto firstBlock = [&](int64_t headIdx,
+                        llvm::function_ref<void(int64_t)> stage) {
+    if (headIdx >= headsAll)
+      return;
+    // The stages read only the head slot's tiles: no other state to set
+    // (the head's base offsets would be defined inside this region).
+    int64_t current = hs;
+    hs = headIdx % 2;
+    k.ifMore(restKeys, 0, [&] { stage(-1); });
+    ifNone(restKeys, [&] { k.ifMore(fullBlocks, 0, [&] { stage(0); }); });
+    hs = current;
+  };
+  // Finishes a block between the next one's stages: TensorE computes the
+  // next scores before this block's max^T, P V and row sums, VectorE the
+  // next max tree after this block's max and diag(M), so neither waits on
+  // the other's work of the same block.
+  auto finishBefore = [&](int64_t slot,
+                          llvm::function_ref<void(
+                              llvm::function_ref<void(int64_t)>)>
+                              next) {
+    next(scores);
+    finish(slot, [&] { next(maxTree); });
+  };
+
   // What a key head needs before its blocks: Q^T, its state, the rest
   // block and the first full blocks. Emitted before the previous head's
   // blocks, so its loads run under them.
@@ -378,54 +445,62 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     int64_t bi = headIdx / kvHeads, hk = headIdx % kvHeads;
     load(k.view(q.buffer, headBase(q, bi, hk, group), {dim, group, qLen},
                 {q.strides[3], q.strides[1], q.strides[2]}),
-         k.view(qTs, k.index(hs * rows), {dim, group, qLen},
-                {2 * rows, qLen, 1}));
-    b.create<nisa::MemsetOp>(col(negms, 2, hs),
+         k.view(qTs[hs], k.index(0), {dim, group, qLen}, {rows, qLen, 1}));
+    b.create<nisa::MemsetOp>(negms[hs],
                              APFloat(std::numeric_limits<float>::max()));
-    b.create<nisa::MemsetOp>(col(ls, 2, hs), APFloat(0.0));
-    b.create<nisa::MemsetOp>(
-        k.view(os, k.index(hs * vDim), {rows, vDim}, {2 * vDim, 1}),
-        APFloat(0.0));
+    b.create<nisa::MemsetOp>(ls[hs], APFloat(0.0));
+    b.create<nisa::MemsetOp>(os[hs], APFloat(0.0));
     k.ifMore(restKeys, 0, loadRest);
     k.pipelinedDynamicFirstLoads(fullBlocks, kSlots, loadFull);
   };
-  // The key head's blocks (the rest, loaded first, then the full ones)
-  // and results: out = O / l; lse = log(l) + max.
+  // The key head's blocks (the rest, loaded first, then the full ones),
+  // each finished after the next block's scores (the next key head's first
+  // block after the last), and results: out = O / l; lse = log(l) + max.
   auto body = [&](int64_t headIdx) {
     setHead(headIdx);
     int64_t bi = headIdx / kvHeads, hk = headIdx % kvHeads;
-    k.ifMore(restKeys, 0, [&] { block(restSet, -1); });
+    k.ifMore(restKeys, 0, [&] {
+      finishBefore(-1, [&](llvm::function_ref<void(int64_t)> stage) {
+        k.ifMore(fullBlocks, 0, [&] { stage(0); });
+        ifNone(fullBlocks, [&] { firstBlock(headIdx + 1, stage); });
+      });
+    });
     k.forEachPipelinedDynamic(
         fullBlocks, kSlots, loadFull,
-        [&](Value, int64_t slot) { block(slot, slot); },
+        [&](Value, int64_t slot, Value after) {
+          finishBefore(slot, [&](llvm::function_ref<void(int64_t)> stage) {
+            int64_t nextSlot = (slot + 1) % kSlots;
+            if (!after)
+              return stage(nextSlot);
+            k.ifMore(after, 0, [&] { stage(nextSlot); });
+            ifNone(after, [&] { firstBlock(headIdx + 1, stage); });
+          });
+        },
         /*firstLoads=*/false);
-    Value l = col(ls, 2, hs);
-    Value oOut = k.view(oOuts, k.index(hs * vDim), {rows, vDim}, {2 * vDim, 1});
-    b.create<nisa::TensorScalarOp>(
-        nisa::AluOp::divide,
-        k.view(os, k.index(hs * vDim), {rows, vDim}, {2 * vDim, 1}), oOut, l,
-        APFloat(0.0), false, nisa::Engine::gpsimd);
+    Value l = ls[hs], oOut = oOuts[hs];
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::divide, os[hs], oOut, l,
+                                   APFloat(0.0), false, nisa::Engine::gpsimd);
     // The query heads' rows in one store when they are evenly spaced.
     bool oneStore = qLen == 1 || outStrides[1] == qLen * outStrides[2];
     int64_t rowStride = qLen == 1 ? outStrides[1] : outStrides[2];
     for (int64_t g = 0; g < (oneStore ? 1 : group); ++g) {
       int64_t n = oneStore ? rows : qLen;
       int64_t to = bi * outStrides[0] + (hk * group + g) * outStrides[1];
-      k.dma(k.view(oOuts, k.index(g * qLen * 2 * vDim + hs * vDim), {n, vDim},
-                   {2 * vDim, 1}),
+      store(k.view(oOut, k.index(g * qLen * vDim), {n, vDim}, {vDim, 1}),
             k.view(out, k.index(to), {n, vDim}, {rowStride, 1}));
     }
     if (!lse)
       return;
     b.create<nisa::ActivationOp>(l, lt, Value(), nisa::ActivationFn::log,
                                  APFloat(1.0), APFloat(0.0));
-    b.create<nisa::TensorTensorOp>(nisa::AluOp::subtract, lt, col(negms, 2, hs),
-                                   lt, nisa::Engine::gpsimd);
+    b.create<nisa::TensorTensorOp>(nisa::AluOp::subtract, lt, negms[hs], lt,
+                                   nisa::Engine::gpsimd);
     int64_t to = bi * lseStrides[0] + hk * group * lseStrides[1];
-    k.dma(lt, k.view(lse, k.index(to), {rows, 1}, {lseStrides[2], 1}));
+    store(lt, k.view(lse, k.index(to), {rows, 1}, {lseStrides[2], 1}));
   };
-  int64_t headsAll = batch * kvHeads;
   prologue(0);
+  firstBlock(0, scores);
+  firstBlock(0, maxTree);
   for (int64_t headIdx = 0; headIdx < headsAll; ++headIdx) {
     if (headIdx + 1 < headsAll)
       prologue(headIdx + 1);

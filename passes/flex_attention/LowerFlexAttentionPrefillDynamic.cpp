@@ -435,7 +435,7 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
                     {unit, maxUnits, vDim},
                     {slots * maxUnits * vDim, vDim, 1}));
       };
-      auto compute = [&](Value j, int64_t s) {
+      auto compute = [&](Value j, int64_t s, Value) {
         KeyStep ks;
         ks.keys = idx(width);
         ks.kT = k.view(kStream, k.index(s * width), {dim, width},

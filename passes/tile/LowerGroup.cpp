@@ -576,7 +576,7 @@ void GroupEmitter::emitDynamic(Value rows) {
       [&](Value i, int64_t slot) {
         step(Phase::Load, k.scale(i, p), p, cols, slot);
       },
-      [&](Value i, int64_t slot) {
+      [&](Value i, int64_t slot, Value) {
         step(Phase::Compute, k.scale(i, p), p, cols, slot);
       });
   Value rem = b.create<arith::RemSIOp>(rows, k.index(p));

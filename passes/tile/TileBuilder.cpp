@@ -583,7 +583,7 @@ void TileBuilder::ifMore(Value count, int64_t first,
 void TileBuilder::forEachPipelinedDynamic(
     Value count, int64_t slots,
     llvm::function_ref<void(Value step, int64_t slot)> load,
-    llvm::function_ref<void(Value step, int64_t slot)> compute,
+    llvm::function_ref<void(Value step, int64_t slot, Value after)> compute,
     bool firstLoads) {
   int64_t ahead = slots - 1;
   if (firstLoads)
@@ -595,7 +595,7 @@ void TileBuilder::forEachPipelinedDynamic(
     Value start = scale(group, slots);
     for (int64_t i = 0; i < slots; ++i) {
       load(addOffset(start, i + ahead), (i + ahead) % slots);
-      compute(addOffset(start, i), i);
+      compute(addOffset(start, i), i, Value());
     }
   });
   Value done = scale(groups, slots);
@@ -604,7 +604,8 @@ void TileBuilder::forEachPipelinedDynamic(
     ifMore(left, t, [&] {
       ifMore(left, t + ahead,
              [&] { load(addOffset(done, t + ahead), (t + ahead) % slots); });
-      compute(addOffset(done, t), t % slots);
+      compute(addOffset(done, t), t % slots,
+              b.create<arith::SubIOp>(left, index(t + 1)));
     });
 }
 

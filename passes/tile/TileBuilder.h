@@ -146,11 +146,13 @@ public:
   /// same order of loads and computes; the steps that do not fill a group
   /// of `slots` run in loops of zero or one iteration. `firstLoads` false:
   /// the caller issued the loads of steps [0, slots - 1) earlier
-  /// (pipelinedDynamicFirstLoads), ahead of other work.
-  void forEachPipelinedDynamic(Value count, int64_t slots,
-                               llvm::function_ref<void(Value, int64_t)> load,
-                               llvm::function_ref<void(Value, int64_t)> compute,
-                               bool firstLoads = true);
+  /// (pipelinedDynamicFirstLoads), ahead of other work. `compute(step,
+  /// slot, after)`: `after` counts the steps that follow as a value of the
+  /// size arguments, null in the loop, where slots - 1 or more follow.
+  void forEachPipelinedDynamic(
+      Value count, int64_t slots, llvm::function_ref<void(Value, int64_t)> load,
+      llvm::function_ref<void(Value, int64_t, Value)> compute,
+      bool firstLoads = true);
   void
   pipelinedDynamicFirstLoads(Value count, int64_t slots,
                              llvm::function_ref<void(Value, int64_t)> load);
