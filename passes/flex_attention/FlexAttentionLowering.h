@@ -128,6 +128,8 @@ private:
                        o.getScale().convertToDouble(), o.getBlockSize(),
                        o.getBlocks(), o.getScoreBuffers(), o.getMaskBuffers());
   }
+  /// `ident`, the identity for TensorE transposes ((p - j) == 0).
+  void makeIdentity();
   void makeConstants(int64_t cols);
   /// The decode kernel over `kvLen` keys (an index: a constant, or a size
   /// known at run time for runDynamic), after setUp.

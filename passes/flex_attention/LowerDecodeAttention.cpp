@@ -111,12 +111,7 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
 
   TileBuilder::TileScope scope(k);
   // Constants: the identity (transposes, diag(max)), ones and -1s.
-  Value diff = k.tile(MemorySpace::sbuf, {unit, unit}, f32);
-  b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
-                         b.getDenseF64ArrayAttr({-1.0}));
-  ident = k.tile(MemorySpace::sbuf, {unit, unit}, inElt);
-  b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
-                                 APFloat(0.0), false);
+  makeIdentity();
   Value ones = k.tile(MemorySpace::sbuf, {unit, 1}, inElt);
   b.create<nisa::MemsetOp>(ones, APFloat(1.0));
   Value negOnes = k.tile(MemorySpace::sbuf, {rows, unit}, inElt);
