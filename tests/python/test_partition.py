@@ -52,6 +52,27 @@ def test_everything_supported_is_one_region() -> None:
     torch.testing.assert_close(gm(*MLP_ARGS)[0], mlp(*MLP_ARGS))
 
 
+def two_outputs(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two unrelated computations, one with a multi-output op."""
+    values, indices = torch.sort(x)
+    return values * 2, torch.tanh(y) + indices.float()
+
+
+def test_all_supported_shortcut_matches_the_partitioner() -> None:
+    """A graph whose every op is supported skips CapabilityBasedPartitioner's quadratic search;
+    its one partition must be exactly the partitioner's, horizontal fusion included."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+
+    for fn, args in ((mlp, MLP_ARGS), (two_outputs, (torch.randn(6), torch.randn(6)))):
+        gm = aten_graph(fn, *args)
+        support = partition._Support({})
+        expected = CapabilityBasedPartitioner(
+            gm, support, allows_single_node_partition=True
+        ).propose_partitions()
+        got = partition._propose_partitions(gm, support)
+        assert [list(p.nodes) for p in got] == [list(p.nodes) for p in expected]
+
+
 def test_unsupported_op_splits_the_graph_and_stays_eager() -> None:
     gm = aten_graph(mlp, *MLP_ARGS)
     (gelu,) = names_of(gm, "aten.gelu.default")
