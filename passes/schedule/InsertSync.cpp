@@ -776,6 +776,10 @@ Access hbmAccess(Value base, MemRefType type, bool write,
     reach += (size - 1) * stride;
   if (auto span = spanOf(offset->constant, offset->terms, reach))
     access.linear = *span;
+  if (symbolic.empty()) {
+    access.regionLo = access.linear.lo;
+    access.regionHi = access.linear.hi;
+  }
   int64_t row = type.getRank() > 1 ? type.getShape().back() : 0;
   // Rows and columns of a symbolic offset compare only if it moves whole
   // rows.
@@ -1204,10 +1208,9 @@ bool covered(ArrayRef<Instruction> insts, Waits &waits, int64_t a, int64_t b,
   };
   // The waits the removal relies on then hold at every size.
   auto pin = [&](int64_t c) {
-    if (waits.has(b, c))
-      waits.pinned.insert({b, c});
-    if (waits.has(c, a))
-      waits.pinned.insert({c, a});
+    for (std::pair<int64_t, int64_t> wait : {std::pair(b, c), std::pair(c, a)})
+      if (waits.when.count(wait))
+        waits.pinned.insert(wait);
     return true;
   };
   auto it = llvm::find_if(waits.lists[b], covers);
@@ -1277,11 +1280,16 @@ void linkQueues(std::vector<Instruction> &insts) {
   }
 }
 
-/// Only instructions that touch a common region can conflict: an HBM
-/// buffer is one region, the on-chip memories are cut into 1 KiB of a
-/// partition (their spans are always bounded; half a PSUM bank, so that
-/// the slots of a bank are apart). The instructions touching each region,
-/// in program order.
+/// Only instructions that touch a common region can conflict. Each memory
+/// is cut into fine regions (64 bytes of an on-chip partition, 512 elements
+/// of an HBM buffer) grouped into coarse ones (1 KiB of a partition, half a
+/// PSUM bank so that the slots of a bank are apart; a whole HBM buffer). An
+/// access reaching at most 16 fine regions is listed under each and under
+/// its coarse regions' `kAll` lists; a wider one (or one a size moves) under
+/// its coarse regions' `kWide` and `kAll` lists. A narrow access then meets
+/// the accesses of its fine regions and the wide ones of its coarse regions,
+/// a wide one all those of its coarse regions: small tiles packed into one
+/// KiB do not all meet, and a large tile is listed a few times only.
 class RegionIndex {
 public:
   RegionIndex(MLIRContext *ctx, const std::vector<Instruction> &insts)
@@ -1291,7 +1299,7 @@ public:
                  .getAsOpaquePointer()) {
     for (int64_t b = 0; b < (int64_t)insts.size(); ++b)
       for (const Access &x : insts[b].accesses)
-        forEachRegion(x, [&](Region r) {
+        forEachRegion(x, /*listed=*/true, [&](Region r) {
           SmallVector<int64_t> &users = byRegion[r];
           if (users.empty() || users.back() != b)
             users.push_back(b);
@@ -1301,22 +1309,42 @@ public:
   /// Calls `fn` with every instruction sharing a region with `x` (an
   /// instruction may come more than once).
   template <typename Fn> void forEachSharing(const Access &x, Fn &&fn) {
-    forEachRegion(x, [&](Region r) {
-      for (int64_t a : byRegion[r])
-        fn(a);
+    forEachRegion(x, /*listed=*/false, [&](Region r) {
+      auto it = byRegion.find(r);
+      if (it != byRegion.end())
+        for (int64_t a : it->second)
+          fn(a);
     });
   }
 
 private:
-  static constexpr int64_t kRegionBytes = 1024;
+  static constexpr int64_t kFinePerAccess = 16;
+  enum List : int64_t { kFine, kWide, kAll };
   using Region = std::pair<const void *, int64_t>;
 
-  template <typename Fn> void forEachRegion(const Access &x, Fn &&fn) const {
-    if (x.storage != sbuf && x.storage != psum)
-      return fn(Region{x.storage, 0});
-    for (int64_t r = x.regionLo / kRegionBytes; r <= x.regionHi / kRegionBytes;
-         ++r)
-      fn(Region{x.storage, r});
+  /// The regions `x` is listed under (`listed`), or whose lists it meets.
+  template <typename Fn>
+  void forEachRegion(const Access &x, bool listed, Fn &&fn) const {
+    bool onChip = x.storage == sbuf || x.storage == psum;
+    int64_t fine = onChip ? 64 : 512, coarse = onChip ? 1024 : 0;
+    auto region = [&](int64_t index, List list) {
+      return Region{x.storage, index * 3 + list};
+    };
+    int64_t lo = x.regionLo, hi = x.regionHi;
+    auto forEachCoarse = [&](List list) {
+      if (!coarse)
+        return fn(region(0, list));
+      for (int64_t c = lo / coarse; c <= hi / coarse; ++c)
+        fn(region(c, list));
+    };
+    if (lo < 0 || hi / fine - lo / fine >= kFinePerAccess) {
+      if (listed)
+        forEachCoarse(kWide);
+      return forEachCoarse(kAll);
+    }
+    forEachCoarse(listed ? kAll : kWide);
+    for (int64_t f = lo / fine; f <= hi / fine; ++f)
+      fn(region(f, kFine));
   }
 
   const void *sbuf, *psum;
@@ -1328,24 +1356,26 @@ private:
 /// later witness in a shared loop, in reverse order.
 Waits findWaits(const std::vector<Instruction> &insts, RegionIndex &regions) {
   int64_t n = insts.size();
-  // Instructions sharing a region with b, marked by stamping b.
-  std::vector<int64_t> seen(n, -1);
+  // The instructions sharing a region with b.
+  llvm::BitVector sharing(n);
   Waits waits(n);
+  auto consider = [&](int64_t a, int64_t b) {
+    if (needsWait(insts[a], a, insts[b], b) &&
+        !covered(insts, waits, a, b, /*loopCarried=*/false)) {
+      waits.add(b, a);
+      if (auto where = whereConflicting(insts[a], insts[b]))
+        waits.when.emplace(std::pair(b, a), std::move(*where));
+    }
+  };
   for (int64_t b = 0; b < n; ++b) {
+    sharing.reset();
     for (const Access &x : insts[b].accesses)
-      regions.forEachSharing(x, [&](int64_t a) { seen[a] = b; });
-    auto consider = [&](int64_t a) {
-      if (seen[a] == b && needsWait(insts[a], a, insts[b], b) &&
-          !covered(insts, waits, a, b, /*loopCarried=*/false)) {
-        waits.add(b, a);
-        if (auto where = whereConflicting(insts[a], insts[b]))
-          waits.when.emplace(std::pair(b, a), std::move(*where));
-      }
-    };
-    for (int64_t a = b - 1; a >= 0; --a)
-      consider(a);
-    for (int64_t a = b; a < n; ++a)
-      consider(a);
+      regions.forEachSharing(x, [&](int64_t a) { sharing.set(a); });
+    // The closest earlier first, then b and the later ones in order.
+    for (int a = sharing.find_prev(b); a >= 0; a = sharing.find_prev(a))
+      consider(a, b);
+    for (int a = sharing.find_first_in(b, n); a >= 0; a = sharing.find_next(a))
+      consider(a, b);
   }
   for (int64_t b = n - 1; b >= 0; --b)
     llvm::erase_if(waits.lists[b], [&](int64_t a) {

@@ -404,3 +404,30 @@ func.func @transposed_slot() attributes {nisa.kernel, nisa.num_inputs = 0 : i64}
   nisa.activation exp %v, %s1 : memref<128x64xf32, #nisa.mem<sbuf>>, memref<128x64xf32, strided<[128, 1], offset: 64>, #nisa.mem<sbuf>>
   return
 }
+// -----
+
+!n = memref<128x2xf32, #nisa.mem<sbuf>>
+!w = memref<128x512xf32, #nisa.mem<sbuf>>
+
+// Accesses meet through the region index whatever their widths: a tile of
+// 8 bytes a partition inside a 2 KiB one, and an HBM slice of 256 elements
+// inside a whole buffer. Each pair below touches a common byte, so each
+// later instruction waits for the earlier one.
+// CHECK-LABEL: func.func @narrow_and_wide
+// CHECK: nisa.dma_copy %[[Y:.*]], %[[W:.*]] {nisa.id = 0 : i64}
+// CHECK: nisa.activation {{ *}}exp %[[N:.*]], %[[N]] {nisa.id = 1 : i64, nisa.waits = array<i64: 0>}
+// CHECK: nisa.dma_copy %[[W]], %[[H:.*]] {nisa.id = 2 : i64, nisa.waits = array<i64: 1>}
+// CHECK: nisa.dma_copy %[[N]], %[[HV:.*]] {nisa.id = 3 : i64, nisa.waits = array<i64: 0, 2>}
+// CHECK: nisa.dma_copy %[[H]], %[[Y]] {nisa.id = 4 : i64, nisa.waits = array<i64: 3>}
+func.func @narrow_and_wide(%y: memref<128x512xf32>, %h: memref<128x512xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %c0 = arith.constant 0 : index
+  %w = memref.alloc() {nisa.address = 0 : i64} : !w
+  %n = memref.alloc() {nisa.address = 1536 : i64} : !n
+  nisa.dma_copy %y, %w : memref<128x512xf32>, !w
+  nisa.activation exp %n, %n : !n, !n
+  nisa.dma_copy %w, %h : !w, memref<128x512xf32>
+  %hv = memref.reinterpret_cast %h to offset: [%c0], sizes: [128, 2], strides: [2, 1] : memref<128x512xf32> to memref<128x2xf32, strided<[2, 1], offset: ?>>
+  nisa.dma_copy %n, %hv : !n, memref<128x2xf32, strided<[2, 1], offset: ?>>
+  nisa.dma_copy %h, %y : memref<128x512xf32>, memref<128x512xf32>
+  return
+}
