@@ -31,13 +31,18 @@
 // every step is alike.
 //
 // Heads are unrolled (a head's rows start at a multiple of S); the next key
-// head's resident keys load while this one computes.
+// head's resident keys load while this one computes. The prefix tiles are
+// software-pipelined across tiles and heads: each step's scores are issued
+// before the previous step's P V, with banks, scratch and state of their own
+// (the engines run their queues in order), and each tile's Q^T loads while
+// the tile before it computes.
 //===----------------------------------------------------------------------===//
 
 #include "passes/flex_attention/FlexAttentionLowering.h"
 
 #include <functional>
 #include <limits>
+#include <optional>
 
 namespace mlir::neuron::flex {
 
@@ -188,10 +193,21 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
     b.create<nisa::TensorScalarOp>(nisa::AluOp::min, causalBias, causalBias,
                                    Value(), APFloat(0.0), false,
                                    nisa::Engine::gpsimd);
+    // In the inputs' type (its values, multiples of 2^20 up to 127 * 2^20,
+    // are exact in bf16 and fp32, not in fp16), TensorE adds it to the
+    // scores in PSUM (I^T bias, accumulating): VectorE is the busier engine.
+    if (!inElt.isF16()) {
+      Value wide = causalBias;
+      causalBias = k.tile(MemorySpace::sbuf, {unit, unit}, inElt);
+      b.create<nisa::CopyOp>(wide, causalBias, nisa::Engine::gpsimd);
+    }
   }
   // Tiles of their own per role: nisa-insert-sync takes a view with a
   // run-time extent as its whole tile.
-  Value scoreBanks[2], restBank, oPsum;
+  // Score banks 0 and 1 for the prefix tiles' steps, 2 and 3 for the later
+  // tiles': a prefix step whose accumulation is still to be issued (below)
+  // shares nothing with what comes between.
+  Value scoreBanks[4], restBank, oPsum;
   for (Value &t : scoreBanks)
     t = k.tile(MemorySpace::psum, {unit, bank}, f32);
   restBank = k.tile(MemorySpace::psum, {unit, bank}, f32);
@@ -213,17 +229,16 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
   SmallVector<Value> vRest;
   for (int64_t u = 0; u < maxUnits; ++u)
     vRest.push_back(k.tile(MemorySpace::sbuf, {unit, vDim}, inElt));
-  // Per query tile (two sets: consecutive tiles overlap): Q^T and the
-  // softmax state (-max, the next step's -max, alpha, l, O, the output).
+  // Per query tile (two sets per kind: consecutive tiles overlap): Q^T and
+  // the softmax state (-max, the next step's -max, l, O, the output).
   struct State {
-    Value qT, negm, next, alpha, l, o, oOut;
+    Value qT, negm, next, l, o, oOut;
   };
-  State sets[2];
+  State sets[4]; // 0, 1: prefix tiles; 2, 3: the later ones
   for (State &s : sets) {
     s.qT = k.tile(MemorySpace::sbuf, {dim, unit}, inElt);
     s.negm = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
     s.next = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
-    s.alpha = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
     s.l = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
     s.o = k.tile(MemorySpace::sbuf, {unit, vDim}, f32);
     s.oOut = k.tile(MemorySpace::sbuf, {unit, vDim}, inElt);
@@ -271,18 +286,85 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
     Value diagBias; // added to the last unit's scores
     Value iotaAt;   // kMaskScale * (first query - first key): iota mask
     Value sTile;
+    int64_t scratch = 0; // its set of scratch tiles (below)
   };
-  auto step = [&](const State &st, OpFoldResult rows, const KeyStep &ks) {
-    TileBuilder::TileScope stepScope(k);
+  // Scratch tiles per score bank (and the last streamed step's): a step
+  // whose scores go to the other bank need not wait for this one's readers
+  // of them, so consecutive steps (and query tiles) overlap.
+  struct Scratch {
+    Value max, sums, alpha, p, pT, mask;
+  };
+  Scratch scratches[5]; // one per score bank, and the last streamed step's
+  for (Scratch &t : scratches) {
+    t.max = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
+    t.sums = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
+    t.alpha = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
+    t.p = k.tile(MemorySpace::sbuf, {unit, width}, inElt);
+    t.pT = k.tile(MemorySpace::sbuf, {unit, width}, inElt);
+    if (causal)
+      t.mask = k.tile(MemorySpace::sbuf, {unit, width}, f32);
+  }
+  // A key step in two halves of two phases each, so that the next step's
+  // scores can be issued between this one's (each engine runs its
+  // instructions in order): `scores` 0: S = Q K^T and the running max, 1:
+  // P = exp(S - max) with its row sums, alpha and l; `accumulate` 0: P^T to
+  // SBUF, 1: O = O * alpha + P V.
+  auto scores = [&](const State &st, OpFoldResult rows, const KeyStep &ks,
+                    int phase) {
+    const Scratch &scratch = scratches[ks.scratch];
     auto col = [&](Value t) { return rowsView(t, rows, 1); };
-    Value negm = col(st.negm), next = col(st.next), alphaT = col(st.alpha);
+    Value negm = col(st.negm), next = col(st.next), alphaT = col(scratch.alpha);
     Value qT = k.view(st.qT, k.index(0), {idx(dim), rows}, {unit, 1});
+    Value s = k.view(ks.sTile, k.index(0), {rows, ks.keys}, {bank, 1});
+    Value mt = col(scratch.max);
+    if (phase == 1) {
+      Value p = k.view(scratch.p, k.index(0), {rows, ks.keys}, {width, 1});
+      Value sums = col(scratch.sums);
+      b.create<nisa::ActivationOp>(s, p, next, Value(), sums,
+                                   nisa::ActivationFn::exp, APFloat(scale),
+                                   APFloat(0.0));
+      b.create<nisa::ActivationOp>(negm, alphaT, next, nisa::ActivationFn::exp,
+                                   APFloat(-1.0), APFloat(0.0));
+      Value l = col(st.l);
+      scalarTensorTensor(l, alphaT, 0.0, nisa::AluOp::multiply, sums,
+                         nisa::AluOp::add, l, nisa::Engine::gpsimd);
+      b.create<nisa::CopyOp>(next, negm, nisa::Engine::gpsimd);
+      return;
+    }
+    b.create<nisa::MatmulOp>(qT, ks.kT, s);
+    if (ks.diagBias) {
+      int64_t at = (ks.staticUnits - 1) * unit;
+      Value part =
+          k.view(ks.sTile, k.index(at), {rows, ks.lastUnitKeys}, {bank, 1});
+      Value bias =
+          k.view(ks.diagBias, k.index(0), {rows, ks.lastUnitKeys}, {unit, 1});
+      if (inElt.isF16())
+        b.create<nisa::TensorTensorOp>(nisa::AluOp::add, part, bias, part);
+      else
+        b.create<nisa::MatmulOp>(
+             k.view(ident, k.index(0), {rows, rows}, {unit, 1}), bias, part)
+            .setAccumulate(true);
+    }
+    if (ks.iotaAt) {
+      Value vv = k.view(scratch.mask, k.index(0), {rows, ks.keys}, {width, 1});
+      b.create<nisa::IotaOp>(vv, ks.iotaAt, APFloat(0.0), APFloat(kMaskScale),
+                             ArrayRef<double>{-kMaskScale});
+      scalarTensorTensor(vv, Value(), 0.0, nisa::AluOp::min, s,
+                         nisa::AluOp::add, s, nisa::Engine::vector);
+    }
+    b.create<nisa::TensorReduceOp>(nisa::AluOp::max, s, mt);
+    // -max' = min(-scale * max(row), -max); alpha = exp(max - max').
+    scalarTensorTensor(mt, Value(), -scale, nisa::AluOp::multiply, negm,
+                       nisa::AluOp::min, next, nisa::Engine::gpsimd);
+  };
+  auto accumulate = [&](const State &st, OpFoldResult rows, const KeyStep &ks,
+                        int phase) {
+    const Scratch &scratch = scratches[ks.scratch];
     auto unitKeys = [&](int64_t u) -> OpFoldResult {
       if (ks.units)
         return b
             .create<arith::MinSIOp>(
-                b.create<arith::SubIOp>(rest, k.index(u * unit)),
-                k.index(unit))
+                b.create<arith::SubIOp>(rest, k.index(u * unit)), k.index(unit))
             .getResult();
       if (u + 1 == ks.staticUnits && ks.lastUnitKeys)
         return ks.lastUnitKeys;
@@ -297,74 +379,48 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
         k.ifMore(ks.units, u, [&] { body(u, unitKeys(u)); });
       }
     };
-    Value s = k.view(ks.sTile, k.index(0), {rows, ks.keys}, {bank, 1});
-    b.create<nisa::MatmulOp>(qT, ks.kT, s);
-    if (ks.diagBias) {
-      int64_t at = (ks.staticUnits - 1) * unit;
-      Value part = k.view(ks.sTile, k.index(at), {rows, ks.lastUnitKeys},
-                          {bank, 1});
-      b.create<nisa::TensorTensorOp>(
-          nisa::AluOp::add, part,
-          k.view(ks.diagBias, k.index(0), {rows, ks.lastUnitKeys}, {unit, 1}),
-          part);
-    }
-    if (ks.iotaAt) {
-      Value v = k.tile(MemorySpace::sbuf, {unit, width}, f32);
-      Value vv = k.view(v, k.index(0), {rows, ks.keys}, {width, 1});
-      b.create<nisa::IotaOp>(vv, ks.iotaAt, APFloat(0.0), APFloat(kMaskScale),
-                             ArrayRef<double>{-kMaskScale});
-      scalarTensorTensor(vv, Value(), 0.0, nisa::AluOp::min, s,
-                         nisa::AluOp::add, s, nisa::Engine::vector);
-    }
-    Value mt = col(k.tile(MemorySpace::sbuf, {unit, 1}, f32));
-    b.create<nisa::TensorReduceOp>(nisa::AluOp::max, s, mt);
-    // -max' = min(-scale * max(row), -max); alpha = exp(max - max').
-    scalarTensorTensor(mt, Value(), -scale, nisa::AluOp::multiply, negm,
-                       nisa::AluOp::min, next, nisa::Engine::gpsimd);
-    Value pFull = k.tile(MemorySpace::sbuf, {unit, width}, inElt);
-    Value p = k.view(pFull, k.index(0), {rows, ks.keys}, {width, 1});
-    Value sums = col(k.tile(MemorySpace::sbuf, {unit, 1}, f32));
-    b.create<nisa::ActivationOp>(s, p, next, Value(), sums,
-                                 nisa::ActivationFn::exp, APFloat(scale),
-                                 APFloat(0.0));
-    b.create<nisa::ActivationOp>(negm, alphaT, next, nisa::ActivationFn::exp,
-                                 APFloat(-1.0), APFloat(0.0));
-    Value l = col(st.l);
-    scalarTensorTensor(l, alphaT, 0.0, nisa::AluOp::multiply, sums,
-                       nisa::AluOp::add, l, nisa::Engine::gpsimd);
-    b.create<nisa::CopyOp>(next, negm, nisa::Engine::gpsimd);
     // P^T a unit at a time into the scores' bank (exp has read them), unit u
     // at column u * 128; then to SBUF and O += P^T^T V.
-    Value identRows = k.view(ident, k.index(0), {rows, rows}, {unit, 1});
-    eachUnit([&](int64_t u, OpFoldResult n) {
-      b.create<nisa::MatmulOp>(
-          k.view(pFull, k.index(u * unit), {rows, n}, {width, 1}), identRows,
-          k.view(ks.sTile, k.index(u * unit), {n, rows}, {bank, 1}));
-    });
-    Value pT = k.tile(MemorySpace::sbuf, {unit, width}, inElt);
-    eachUnit([&](int64_t u, OpFoldResult n) {
-      b.create<nisa::CopyOp>(
-          k.view(ks.sTile, k.index(u * unit), {n, rows}, {bank, 1}),
-          k.view(pT, k.index(u * unit), {n, rows}, {width, 1}),
-          u % 2 ? nisa::Engine::vector : nisa::Engine::scalar);
-    });
+    if (phase == 0) {
+      Value identRows = k.view(ident, k.index(0), {rows, rows}, {unit, 1});
+      eachUnit([&](int64_t u, OpFoldResult n) {
+        b.create<nisa::MatmulOp>(
+            k.view(scratch.p, k.index(u * unit), {rows, n}, {width, 1}),
+            identRows,
+            k.view(ks.sTile, k.index(u * unit), {n, rows}, {bank, 1}));
+      });
+      eachUnit([&](int64_t u, OpFoldResult n) {
+        b.create<nisa::CopyOp>(
+            k.view(ks.sTile, k.index(u * unit), {n, rows}, {bank, 1}),
+            k.view(scratch.pT, k.index(u * unit), {n, rows}, {width, 1}),
+            nisa::Engine::scalar);
+      });
+      return;
+    }
     Value oPs = k.view(oPsum, k.index(0), {rows, idx(vDim)}, {vDim, 1});
     eachUnit([&](int64_t u, OpFoldResult n) {
       auto mm = b.create<nisa::MatmulOp>(
-          k.view(pT, k.index(u * unit), {n, rows}, {width, 1}), ks.vOf(u, n),
-          oPs);
+          k.view(scratch.pT, k.index(u * unit), {n, rows}, {width, 1}),
+          ks.vOf(u, n), oPs);
       if (u > 0)
         mm.setAccumulate(true);
     });
     Value o = rowsView(st.o, rows, vDim);
-    scalarTensorTensor(o, alphaT, 0.0, nisa::AluOp::multiply, oPs,
-                       nisa::AluOp::add, o, nisa::Engine::vector);
+    scalarTensorTensor(o, rowsView(scratch.alpha, rows, 1), 0.0,
+                       nisa::AluOp::multiply, oPs, nisa::AluOp::add, o,
+                       nisa::Engine::vector);
+  };
+  auto step = [&](const State &st, OpFoldResult rows, const KeyStep &ks) {
+    for (int phase : {0, 1})
+      scores(st, rows, ks, phase);
+    for (int phase : {0, 1})
+      accumulate(st, rows, ks, phase);
   };
 
   // Resident keys: units [first, first + n) of the key head slot, the last
   // one of `lastKeys` keys when given (a diagonal).
   auto residentStep = [&](int64_t slot, int64_t first, int64_t n,
-                          Value lastKeys, int64_t parity) {
+                          Value lastKeys, int64_t bankIdx) {
     KeyStep ks;
     OpFoldResult keys = idx(n * unit);
     if (lastKeys) {
@@ -380,37 +436,60 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
       return k.view(vRes[slot], k.index((first + u) * vDim), {nk, idx(vDim)},
                     {prefix * vDim, 1});
     };
-    ks.sTile = scoreBanks[parity];
+    ks.sTile = scoreBanks[bankIdx];
+    ks.scratch = bankIdx;
     return ks;
   };
 
-  // A query tile: rows [q0, q0 + rows) of head (bi, h), with state set
-  // `set`; `diagonal` >= 0: a prefix tile (its keys end at its diagonal).
   int64_t bi = 0, h = 0, slot = 0;
-  auto queryTile = [&](Value q0, OpFoldResult rows, int64_t diagonal,
-                       int64_t set) {
-    // A prefix tile's rows are a run-time number.
-    Value diagKeys = diagonal >= 0 ? cast<Value>(rows) : Value();
-    const State &st = sets[set];
+  // Q^T of rows [q0, q0 + rows) of head (bi, h) into state set `set`.
+  auto loadQuery = [&](Value q0, OpFoldResult rows, int64_t set) {
     Value qAt = k.addOffsets(headBase(q.offset, qHeadStride, bi, h),
                              k.scale(q0, q.strides[2]));
     load(k.view(q.buffer, qAt, {idx(dim), rows}, {q.strides[3], q.strides[2]}),
-         k.view(st.qT, k.index(0), {idx(dim), rows}, {unit, 1}));
+         k.view(sets[set].qT, k.index(0), {idx(dim), rows}, {unit, 1}));
+  };
+  // A query tile's state before its first key step, and its output after
+  // its last: out = O / l.
+  // (GpSimd's: VectorE is the busier engine.)
+  auto startTile = [&](const State &st, OpFoldResult rows) {
+    auto gpsimd = nisa::Engine::gpsimd;
     b.create<nisa::MemsetOp>(rowsView(st.negm, rows, 1),
-                             APFloat(std::numeric_limits<float>::max()));
-    b.create<nisa::MemsetOp>(rowsView(st.l, rows, 1), APFloat(0.0));
-    b.create<nisa::MemsetOp>(rowsView(st.o, rows, vDim), APFloat(0.0));
-    int64_t parity = 0;
-    // Resident units: up to the diagonal (prefix tiles), else all.
-    int64_t units = diagonal >= 0 ? diagonal + 1 : prefix;
-    for (int64_t first = 0; first < units; first += maxUnits) {
-      int64_t n = std::min(maxUnits, units - first);
-      bool diag = diagonal >= 0 && first + n == units;
+                             APFloat(double(std::numeric_limits<float>::max())),
+                             gpsimd);
+    b.create<nisa::MemsetOp>(rowsView(st.l, rows, 1), APFloat(0.0), gpsimd);
+    b.create<nisa::MemsetOp>(rowsView(st.o, rows, vDim), APFloat(0.0), gpsimd);
+  };
+  auto finishTile = [&](Value q0, OpFoldResult rows, const State &st,
+                        int64_t bi, int64_t h) {
+    Value oOut = rowsView(st.oOut, rows, vDim);
+    b.create<nisa::TensorScalarOp>(
+        nisa::AluOp::divide, rowsView(st.o, rows, vDim), oOut,
+        rowsView(st.l, rows, 1), APFloat(0.0), false, nisa::Engine::gpsimd);
+    Value to = k.addOffsets(headBase(0, outHeadStride, bi, h),
+                            k.scale(q0, outW.strides[2]));
+    k.dma(oOut, k.view(out, to, {rows, idx(vDim)},
+                       {outW.strides[2], outW.strides[3]}));
+  };
+  // A query tile after the prefix ones: rows [q0, q0 + rows) of head
+  // (bi, h), with state set `set` (its Q^T loaded): every resident key,
+  // then the streamed ones.
+  // The later tiles' parity of score banks: it alternates across steps and
+  // tiles, so a step's scores need not wait for the last step's transposes
+  // out of the same bank.
+  int64_t nextBank = 0;
+  auto queryTile = [&](Value q0, OpFoldResult rows, int64_t set) {
+    const State &st = sets[set];
+    startTile(st, rows);
+    int64_t parity = nextBank;
+    for (int64_t first = 0; first < prefix; first += maxUnits) {
       step(st, rows,
-           residentStep(slot, first, n, diag ? diagKeys : Value(), parity));
+           residentStep(slot, first, std::min(maxUnits, prefix - first),
+                        Value(), 2 + parity));
       parity ^= 1;
     }
-    if (diagonal < 0) {
+    nextBank = parity;
+    {
       // Streamed keys: the full steps, then the last ones.
       // kMaskScale * (q0 - first key), the first key's negation `negK0`
       // built without a subtraction: an iota offset is a sum of terms.
@@ -446,7 +525,8 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
                         {unit, vDim}, {slots * maxUnits * vDim, 1});
         };
         ks.iotaAt = iotaAt(k.addOffset(k.scale(j, -width), -resident));
-        ks.sTile = scoreBanks[(parity + s) % 2];
+        ks.sTile = scoreBanks[2 + (parity + s) % 2];
+        ks.scratch = 2 + (parity + s) % 2;
         step(st, rows, ks);
       };
       k.forEachPipelinedDynamic(fullSteps, slots, loadStep, compute);
@@ -475,20 +555,11 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
         ks.iotaAt =
             iotaAt(k.addOffset(k.scale(fullSteps, -width), -resident));
         ks.sTile = restBank;
+        ks.scratch = 4;
         step(st, rows, ks);
       });
     }
-    // out = O / l.
-    TileBuilder::TileScope finish(k);
-    Value oOut = rowsView(st.oOut, rows, vDim);
-    b.create<nisa::TensorScalarOp>(nisa::AluOp::divide,
-                                   rowsView(st.o, rows, vDim), oOut,
-                                   rowsView(st.l, rows, 1), APFloat(0.0), false,
-                                   nisa::Engine::gpsimd);
-    Value to = k.addOffsets(headBase(0, outHeadStride, bi, h),
-                            k.scale(q0, outW.strides[2]));
-    k.dma(oOut,
-          k.view(out, to, {rows, idx(vDim)}, {outW.strides[2], outW.strides[3]}));
+    finishTile(q0, rows, st, bi, h);
   };
 
   // Key head `headIdx`'s resident keys: [0, min(S, resident)).
@@ -526,11 +597,44 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
     });
   };
 
+  // Prefix tiles, each if the query has it, its keys up to its diagonal,
+  // pipelined across tiles and heads: a tile's Q^T loads while the tile
+  // before it computes (a load's latency outlasts a short tile), and each
+  // step's scores are issued before the step before it accumulates P V.
+  SmallVector<Value> rowsOf;
+  for (int64_t t = 0; t < prefix; ++t)
+    rowsOf.push_back(minI(sub(qLenV, k.index(t * unit)), k.index(unit)));
+  struct Pending {
+    int64_t tile, set, bi, h;
+    KeyStep ks;
+    bool last;
+  };
+  std::optional<Pending> pending;
+  // The pending step's accumulate phase `phase`.
+  auto flush = [&](int phase) {
+    if (!pending)
+      return;
+    Pending p = *pending;
+    k.ifMore(qTilesV, p.tile, [&] {
+      accumulate(sets[p.set], rowsOf[p.tile], p.ks, phase);
+      if (p.last && phase == 1)
+        finishTile(k.index(p.tile * unit), rowsOf[p.tile], sets[p.set], p.bi,
+                   p.h);
+    });
+  };
+  int64_t prefixSet = 0, prefixBank = 0;
+
   int64_t kvHeadsAll = batch * kvHeads;
   loadResident(0);
   for (int64_t headIdx = 0; headIdx < kvHeadsAll; ++headIdx) {
-    if (headIdx + 1 < kvHeadsAll)
-      loadResident(headIdx + 1);
+    // The next key head's resident keys go to the slot of the one before
+    // this: once that head's pending step is issued.
+    bool nextLoaded = headIdx + 1 == kvHeadsAll;
+    auto loadNext = [&] {
+      if (!nextLoaded)
+        loadResident(headIdx + 1);
+      nextLoaded = true;
+    };
     slot = headIdx % 2;
     bi = headIdx / kvHeads;
     int64_t hk = headIdx % kvHeads;
@@ -538,28 +642,56 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
     vBase = headBase(value.offset, vHeadStride, bi, hk);
     for (int64_t g = 0; g < group; ++g) {
       h = hk * group + g;
-      // Prefix tiles, each if the query has it.
-      for (int64_t t = 0; t < prefix; ++t)
-        k.ifMore(qTilesV, t, [&] {
-          Value rows = minI(sub(qLenV, k.index(t * unit)), k.index(unit));
-          queryTile(k.index(t * unit), rows, t, t % 2);
-        });
+      if (prefix)
+        k.ifMore(qTilesV, 0,
+                 [&] { loadQuery(k.index(0), rowsOf[0], prefixSet); });
+      for (int64_t t = 0; t < prefix; ++t) {
+        int64_t set = prefixSet;
+        prefixSet ^= 1;
+        if (t + 1 < prefix)
+          k.ifMore(qTilesV, t + 1, [&] {
+            loadQuery(k.index((t + 1) * unit), rowsOf[t + 1], prefixSet);
+          });
+        int64_t units = t + 1;
+        for (int64_t first = 0; first < units; first += maxUnits) {
+          int64_t n = std::min(maxUnits, units - first);
+          bool last = first + n == units;
+          KeyStep ks = residentStep(slot, first, n, last ? rowsOf[t] : Value(),
+                                    prefixBank);
+          prefixBank ^= 1;
+          for (int phase : {0, 1}) {
+            k.ifMore(qTilesV, t, [&] {
+              if (first == 0 && phase == 0)
+                startTile(sets[set], rowsOf[t]);
+              scores(sets[set], rowsOf[t], ks, phase);
+            });
+            flush(phase);
+          }
+          pending = Pending{t, set, bi, h, ks, last};
+          loadNext();
+        }
+      }
+      loadNext();
       // The full tiles after them, then the short last one if it is not a
       // prefix tile.
       k.forEachDynamic(maxI(sub(qFull, k.index(prefix)), k.index(0)),
                        [&](Value i) {
-                         queryTile(k.scale(k.addOffset(i, prefix), unit),
-                                   idx(unit), -1, 0);
+                         Value q0 = k.scale(k.addOffset(i, prefix), unit);
+                         loadQuery(q0, idx(unit), 2);
+                         queryTile(q0, idx(unit), 2);
                        });
       Value lastTile = b.create<arith::MulIOp>(
           minI(maxI(k.addOffset(sub(qFull, k.index(prefix)), 1), k.index(0)),
                one),
           minI(qRest, one));
       k.forEachDynamic(lastTile, [&](Value) {
-        queryTile(k.scale(qFull, unit), qRest, -1, 1);
+        loadQuery(k.scale(qFull, unit), qRest, 3);
+        queryTile(k.scale(qFull, unit), qRest, 3);
       });
     }
   }
+  for (int phase : {0, 1})
+    flush(phase);
   return success();
 }
 
