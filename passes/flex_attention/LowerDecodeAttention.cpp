@@ -479,7 +479,8 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
       next(maxTree);
     else
       soft(slot, [&] { next(maxTree); });
-    next(softStage);
+    if (oneBlock) // no empty regions where no head is eager
+      next(softStage);
     pvCombine(slot);
   };
 
@@ -556,7 +557,8 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   prologueK(0);
   firstBlock(0, scores);
   firstBlock(0, maxTree);
-  firstBlock(0, softStage);
+  if (oneBlock)
+    firstBlock(0, softStage);
   if (!oneBlock)
     prologueV(0);
   for (int64_t headIdx = 0; headIdx < headsAll; ++headIdx) {
