@@ -30,7 +30,10 @@
 //    scores (the next key head's first block after a head's last), so the
 //    in-order TensorE and VectorE queues work on the next block while this
 //    one's exp runs; the next key head's first blocks load under this
-//    one's (key heads unrolled).
+//    one's (key heads unrolled), K^T before V. With exactly one
+//    full block per key head (a static cache) a head's V loads after the
+//    next head's K^T, so that only P V, the combine and the store follow
+//    the last transfer.
 //===----------------------------------------------------------------------===//
 
 #include "passes/flex_attention/FlexAttentionLowering.h"
@@ -103,6 +106,15 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   const int64_t chunks = std::min(
       kMaxBlockBytes * 8 / (unit * inElt.getIntOrFloatBitWidth()), bank / rows);
   const int64_t blockKeys = chunks * unit;
+  // A static cache of one full block per key head: a head's loads can run
+  // ahead only into the next head's, so the kernel is ordered for that (the
+  // V of a head after the next head's K^T, and the last head's softmax
+  // before the previous head's P V and its V in two transfers): after the
+  // last byte only P V of half a block, the combine and the store remain.
+  // (Shorter caches are bound by latency, not by the loads; a run-time
+  // choice of this order made the size-generic program slower.)
+  std::optional<int64_t> staticKeys = getConstantIntValue(kvLenV);
+  const bool oneBlock = staticKeys && *staticKeys == blockKeys;
   Value fullBlocks = b.create<arith::FloorDivSIOp>(kvLenV, k.index(blockKeys));
   Value restKeys = b.create<arith::RemSIOp>(kvLenV, k.index(blockKeys));
   Value restChunks = b.create<arith::FloorDivSIOp>(restKeys, k.index(unit));
@@ -202,20 +214,39 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     kBase = headBase(key, headIdx / kvHeads, headIdx % kvHeads, 1);
     vBase = headBase(value, headIdx / kvHeads, headIdx % kvHeads, 1);
   };
-  auto loadFull = [&](Value j, int64_t slot) {
+  auto loadFullK = [&](Value j, int64_t slot) {
     Value first = k.scale(j, blockKeys);
-    int64_t at = hs * kSlots + slot;
     load(k.view(key.buffer, k.addOffsets(kBase, k.scale(first, ks)),
                 {dim, chunks, unit}, {key.strides[3], ks, chunks * ks}),
-         k.view(kTs[at], k.index(0), {dim, chunks, unit}, {kW, unit, 1}));
-    load(k.view(value.buffer, k.addOffsets(vBase, k.scale(first, vst)),
-                {unit, chunks, vDim}, {chunks * vst, vst, value.strides[3]}),
-         k.view(vs[at], k.index(0), {unit, chunks, vDim}, {vW, vDim, 1}));
+         k.view(kTs[hs * kSlots + slot], k.index(0), {dim, chunks, unit},
+                {kW, unit, 1}));
   };
-  auto loadRest = [&] {
+  // V of a full block in `parts` transfers of its chunks (P V of a chunk
+  // waits only for its part).
+  int64_t vParts = 1;
+  auto loadFullV = [&](Value j, int64_t slot) {
+    Value first = k.scale(j, blockKeys);
+    int64_t per = chunks / vParts;
+    for (int64_t part = 0; part < vParts; ++part) {
+      int64_t n = part + 1 == vParts ? chunks - part * per : per;
+      load(k.view(value.buffer,
+                  k.addOffsets(vBase,
+                               k.scale(k.addOffset(first, part * per), vst)),
+                  {unit, n, vDim}, {chunks * vst, vst, value.strides[3]}),
+           k.view(vs[hs * kSlots + slot], k.index(part * per * vDim),
+                  {unit, n, vDim}, {vW, vDim, 1}));
+    }
+  };
+  auto loadFull = [&](Value j, int64_t slot) {
+    loadFullK(j, slot);
+    loadFullV(j, slot);
+  };
+  auto loadRestK = [&] {
     load(k.view(key.buffer, k.addOffsets(kBase, k.scale(restAt, ks)),
                 {idx(dim), restKeys}, {key.strides[3], ks}),
          k.view(kTRest[hs], k.index(0), {idx(dim), restKeys}, {kW, 1}));
+  };
+  auto loadRestV = [&] {
     Value vAt = k.addOffsets(vBase, k.scale(restAt, vst));
     k.ifMore(restChunks, 0, [&] {
       load(k.view(value.buffer, vAt, {idx(unit), restChunks, idx(vDim)},
@@ -316,10 +347,8 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
       bOp = groupsView(tree, half * treeW + h * rows, n, 2 * treeW);
     }
   };
-  auto finish = [&](int64_t slot, llvm::function_ref<void()> between) {
-    bool rest = slot < 0;
+  auto soft = [&](int64_t slot, llvm::function_ref<void()> between) {
     int64_t set = setOf(slot);
-    Value sAll = ps(set, 0, 0, unit, sW);
     Value maxRows = maxB[set];
     // Across the partitions: max^T [rows, 128], its row max M (a bf16
     // value), diag(M) repeated over `dgGroups` column groups, then -1s^T
@@ -348,6 +377,11 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
           k.view(pTs[set], k.index(e * partW),
                  {unit, e + 1 == expParts ? sW - e * partW : partW}, {sW, 1}),
           Value(), nisa::ActivationFn::exp, APFloat(scale), APFloat(0.0));
+  };
+  auto pvCombine = [&](int64_t slot) {
+    bool rest = slot < 0;
+    int64_t set = setOf(slot);
+    Value m = maxR[set];
     // O = P V and the row sums l = P 1, accumulated over the chunks.
     Value oPs = ps(set, 1, oCol, rows, vDim), lPs = ps(set, 1, lCol, rows, 1);
     if (rest) {
@@ -406,6 +440,8 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
         b.create<arith::MaxSIOp>(count, k.index(0)), k.index(1));
     k.ifMore(b.create<arith::SubIOp>(k.index(1), some), 0, body);
   };
+  int64_t headNow = 0;   // the key head whose blocks are being finished
+  int64_t stageHead = 0; // the key head of the block a stage is for
   // `stage` of key head `headIdx`'s first block (the rest, else full
   // block 0), if there is such a head.
   auto firstBlock = [&](int64_t headIdx,
@@ -414,28 +450,47 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
       return;
     // The stages read only the head slot's tiles: no other state to set
     // (the head's base offsets would be defined inside this region).
-    int64_t current = hs;
+    int64_t current = hs, currentHead = stageHead;
     hs = headIdx % 2;
+    stageHead = headIdx;
     k.ifMore(restKeys, 0, [&] { stage(-1); });
     ifNone(restKeys, [&] { k.ifMore(fullBlocks, 0, [&] { stage(0); }); });
     hs = current;
+    stageHead = currentHead;
+  };
+  // The last head's block of a one-block cache has its softmax (soft) done
+  // as the next block, before the previous head's P V: its K^T comes well
+  // before the V that P V waits for.
+  auto softStage = [&](int64_t slot) {
+    if (stageHead == headsAll - 1)
+      if (oneBlock)
+        soft(slot, [] {});
   };
   // Finishes a block between the next one's stages: TensorE computes the
   // next scores before this block's max^T, P V and row sums, VectorE the
   // next max tree after this block's max and diag(M), so neither waits on
-  // the other's work of the same block.
+  // the other's work of the same block (unless its soft already ran).
   auto finishBefore = [&](int64_t slot,
                           llvm::function_ref<void(
                               llvm::function_ref<void(int64_t)>)>
                               next) {
     next(scores);
-    finish(slot, [&] { next(maxTree); });
+    if (oneBlock && headNow == headsAll - 1)
+      next(maxTree);
+    else
+      soft(slot, [&] { next(maxTree); });
+    if (oneBlock) // no empty regions where no head is eager
+      next(softStage);
+    pvCombine(slot);
   };
 
   // What a key head needs before its blocks: Q^T, its state, the rest
-  // block and the first full blocks. Emitted before the previous head's
-  // blocks, so its loads run under them.
-  auto prologue = [&](int64_t headIdx) {
+  // block's and the first full blocks' K^T (prologueK), then their V
+  // (prologueV). Emitted before the previous head's blocks, so the loads
+  // run under them; a head's V after the next head's K^T, so the scores,
+  // max and exp of a head's last blocks run while their V still loads and
+  // only P V, the combine and the store follow the last transfer.
+  auto prologueK = [&](int64_t headIdx) {
     setHead(headIdx);
     int64_t bi = headIdx / kvHeads, hk = headIdx % kvHeads;
     load(k.view(q.buffer, headBase(q, bi, hk, group), {dim, group, qLen},
@@ -445,14 +500,20 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
                              APFloat(std::numeric_limits<float>::max()));
     b.create<nisa::MemsetOp>(ls[hs], APFloat(0.0));
     b.create<nisa::MemsetOp>(os[hs], APFloat(0.0));
-    k.ifMore(restKeys, 0, loadRest);
-    k.pipelinedDynamicFirstLoads(fullBlocks, kSlots, loadFull);
+    k.ifMore(restKeys, 0, loadRestK);
+    k.pipelinedDynamicFirstLoads(fullBlocks, kSlots, loadFullK);
+  };
+  auto prologueV = [&](int64_t headIdx) {
+    setHead(headIdx);
+    k.ifMore(restKeys, 0, loadRestV);
+    k.pipelinedDynamicFirstLoads(fullBlocks, kSlots, loadFullV);
   };
   // The key head's blocks (the rest, loaded first, then the full ones),
   // each finished after the next block's scores (the next key head's first
   // block after the last), and results: out = O / l; lse = log(l) + max.
   auto body = [&](int64_t headIdx) {
     setHead(headIdx);
+    headNow = stageHead = headIdx;
     int64_t bi = headIdx / kvHeads, hk = headIdx % kvHeads;
     k.ifMore(restKeys, 0, [&] {
       finishBefore(-1, [&](llvm::function_ref<void(int64_t)> stage) {
@@ -493,12 +554,23 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     int64_t to = bi * lseStrides[0] + hk * group * lseStrides[1];
     store(lt, k.view(lse, k.index(to), {rows, 1}, {lseStrides[2], 1}));
   };
-  prologue(0);
+  prologueK(0);
   firstBlock(0, scores);
   firstBlock(0, maxTree);
+  if (oneBlock)
+    firstBlock(0, softStage);
+  if (!oneBlock)
+    prologueV(0);
   for (int64_t headIdx = 0; headIdx < headsAll; ++headIdx) {
-    if (headIdx + 1 < headsAll)
-      prologue(headIdx + 1);
+    if (headIdx + 1 < headsAll) {
+      prologueK(headIdx + 1);
+      if (!oneBlock)
+        prologueV(headIdx + 1);
+    }
+    if (oneBlock) {
+      vParts = headIdx + 1 == headsAll && chunks % 2 == 0 ? 2 : 1;
+      prologueV(headIdx);
+    }
     body(headIdx);
   }
   return success();
