@@ -246,6 +246,7 @@ private:
   };
   std::optional<Cursor> cursor(const RoundAt &at, int64_t lane, int64_t s,
                                int64_t par);
+  std::pair<int64_t, int64_t> peChunksOf(int64_t lane) const;
   int64_t dmaChunks(const Cursor &c) const;
   /// The step's columns in pBuf and pTBuf (per lane and parity).
   int64_t slotOf(const Cursor &c) const {

@@ -1024,26 +1024,42 @@ FlexAttentionLowering::cursor(const RoundAt &at, int64_t lane, int64_t s,
   return c;
 }
 
-/// How many of a step's 128-key chunks of P DMAs transpose SBUF to SBUF
-/// (the first ones, all full): all but the last chunk. TensorE transposes
-/// that one and ScalarE evicts it. All on TensorE would spend a third of
-/// its time on transposes, and the evictions more than VectorE's max and
-/// ScalarE's exp leave those engines; all by DMA would make the DMA queues
-/// the bound (a transposing SBUF-to-SBUF DMA runs at half the DMA rate).
-int64_t FlexAttentionLowering::dmaChunks(const Cursor &c) const {
-  return (c.at.width + unit - 1) / unit - 1;
+/// How many 128-key chunks of P a lane's TensorE transposes (the last
+/// ones of a step), and where in the transpose bank: the bank's chunks
+/// shared out over the lanes, the first lanes one more.
+std::pair<int64_t, int64_t>
+FlexAttentionLowering::peChunksOf(int64_t lane) const {
+  int64_t per = std::max<int64_t>(1, bank / unit);
+  if (lanes >= per)
+    return {1, lane};
+  int64_t base = per / lanes, extra = per % lanes;
+  return {base + (lane < extra ? 1 : 0), lane * base + std::min(lane, extra)};
 }
 
-/// P^T of a step's last chunk by TensorE into its lane's columns of the
+/// How many of a step's 128-key chunks of P DMAs transpose SBUF to SBUF:
+/// the first ones (all full), all but the lane's TensorE chunks. All on
+/// TensorE would spend a third of its time on transposes, and the
+/// evictions more than VectorE's max and ScalarE's exp leave those
+/// engines; all by DMA would make the DMA queues the bound (a transposing
+/// SBUF-to-SBUF DMA runs at half the DMA rate).
+int64_t FlexAttentionLowering::dmaChunks(const Cursor &c) const {
+  return std::max<int64_t>(0, (c.at.width + unit - 1) / unit -
+                                  peChunksOf(c.lane).first);
+}
+
+/// P^T of a step's last chunks by TensorE into its lane's columns of the
 /// transpose bank.
 void FlexAttentionLowering::transposeP(const Cursor &c) {
-  int64_t rows = c.at.rows, i = dmaChunks(c);
-  int64_t keys = c.at.width - i * unit;
-  b.create<nisa::MatmulOp>(k.view(pBuf, k.index(slotOf(c) + i * unit),
-                                  {rows, keys}, {2 * lanes * bank, 1}),
-                           k.view(ident, k.index(0), {rows, rows}, {unit, 1}),
-                           k.view(psum, k.index(pTBank * bank + c.lane * unit),
-                                  {keys, rows}, {psumCols, 1}));
+  int64_t rows = c.at.rows, at = peChunksOf(c.lane).second;
+  for (int64_t i = dmaChunks(c); i * unit < c.at.width; ++i) {
+    int64_t keys = std::min(unit, c.at.width - i * unit);
+    b.create<nisa::MatmulOp>(
+        k.view(pBuf, k.index(slotOf(c) + i * unit), {rows, keys},
+               {2 * lanes * bank, 1}),
+        k.view(ident, k.index(0), {rows, rows}, {unit, 1}),
+        k.view(psum, k.index(pTBank * bank + (at + i - dmaChunks(c)) * unit),
+               {keys, rows}, {psumCols, 1}));
+  }
 }
 
 /// P^T of the step's first dmaChunks chunks by one SBUF-to-SBUF
@@ -1059,15 +1075,27 @@ void FlexAttentionLowering::dmaTransposeP(const Cursor &c) {
                             nisa::Engine::scalar);
 }
 
-/// TensorE's chunk of P^T from PSUM to the step's P^T slot (by ScalarE:
-/// VectorE has the max and O's rescale), the matmul input of P V.
+/// TensorE's chunks of P^T from PSUM to the step's P^T slot (by ScalarE:
+/// VectorE has the max and O's rescale), the matmul input of P V. A last
+/// chunk of fewer keys leaves rows of P^T unwritten: not read.
 void FlexAttentionLowering::evictPT(const Cursor &c) {
-  int64_t rows = c.at.rows, i = dmaChunks(c);
-  int64_t keys = c.at.width - i * unit;
-  b.create<nisa::CopyOp>(k.view(psum, k.index(pTBank * bank + c.lane * unit),
-                                {keys, rows}, {psumCols, 1}),
-                         k.view(pTBuf, k.index(slotOf(c) + i * rows),
-                                {keys, rows}, {2 * lanes * bank, 1}),
+  int64_t rows = c.at.rows, first = dmaChunks(c);
+  int64_t n = (c.at.width + unit - 1) / unit - first;
+  int64_t keys = std::min(unit, c.at.width - first * unit);
+  int64_t at = peChunksOf(c.lane).second;
+  if (n == 1) {
+    b.create<nisa::CopyOp>(k.view(psum, k.index(pTBank * bank + at * unit),
+                                  {keys, rows}, {psumCols, 1}),
+                           k.view(pTBuf, k.index(slotOf(c) + first * rows),
+                                  {keys, rows}, {2 * lanes * bank, 1}),
+                           nisa::Engine::scalar);
+    return;
+  }
+  // Chunk j is unit columns from the last in PSUM, rows in P^T.
+  b.create<nisa::CopyOp>(k.view(psum, k.index(pTBank * bank + at * unit),
+                                {keys, n, rows}, {psumCols, unit, 1}),
+                         k.view(pTBuf, k.index(slotOf(c) + first * rows),
+                                {keys, n, rows}, {2 * lanes * bank, rows, 1}),
                          nisa::Engine::scalar);
 }
 
