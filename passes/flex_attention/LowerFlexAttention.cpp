@@ -661,15 +661,20 @@ void FlexAttentionLowering::planPsum(bool tables) {
 
 /// SBUF: per key-head slot K^T, V and (resident) Q^T of its query heads.
 /// Two slots let the next key head load while this one computes; resident
-/// Q^T saves a load in front of every query tile. The rest of the kernel's
-/// tiles fit beyond attention-sbuf-percent.
+/// Q^T saves a load in front of every query tile. They take up to
+/// attention-sbuf-percent; the rest of the kernel's tiles fit beyond.
 LogicalResult FlexAttentionLowering::planSbuf() {
   auto qType = tensorType(op.getQuery());
   int64_t elt = std::max<int64_t>(1, qType.getElementTypeBitWidth() / 8);
   int64_t kvBytes = (kvLen + kvUnits * vDim) * elt;
   int64_t qBytes = group * qLen * elt;
-  int64_t budget =
-      k.target.sbufBytesPerPartition * k.knobs.attentionSbufPercent / 100;
+  // P and P^T per lane and parity (allocateTiles) outlive the rounds: with
+  // them and a quarter of SBUF for the other tiles (scores, modifiers),
+  // what is left bounds the resident operands too (a small SBUF, fp32).
+  int64_t sbuf = k.target.sbufBytesPerPartition;
+  int64_t pipelineBytes = 2 * 2 * lanes * bank * elt;
+  int64_t budget = std::min(sbuf * k.knobs.attentionSbufPercent / 100,
+                            sbuf - sbuf / 4 - pipelineBytes);
   std::pair<int64_t, bool> choices[] = {
       {2, true}, {1, true}, {2, false}, {1, false}};
   auto choice = llvm::find_if(choices, [&](const std::pair<int64_t, bool> &c) {
