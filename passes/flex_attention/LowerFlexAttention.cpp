@@ -968,6 +968,11 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
     for (int64_t i = 0; i < lanes; ++i)
       if (auto c = cursor(at, i, 0, 0); c && c->step->keys.partial())
         maskBias(*c);
+  // Step r + 2's first: GpSimd has it done while it waits for this round's
+  // maxima, not in front of the next round's.
+  for (int64_t i = 0; i < lanes; ++i)
+    if (auto c = cursor(at, i, r + 2, parity); c && c->step->keys.partial())
+      maskBias(*c);
   for (auto &c : next)
     if (c) {
       if (c->step->first && !qResident)
@@ -999,9 +1004,6 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
   for (auto &c : next)
     if (c && !c->step->first)
       rescaleFactor(*c);
-  for (int64_t i = 0; i < lanes; ++i)
-    if (auto c = cursor(at, i, r + 2, parity); c && c->step->keys.partial())
-      maskBias(*c);
 }
 
 /// Step `s` of `lane` in round `at.r` (none past the lane's ends), with
