@@ -246,9 +246,16 @@ private:
   };
   std::optional<Cursor> cursor(const RoundAt &at, int64_t lane, int64_t s,
                                int64_t par);
-  void transposeP(const Cursor &c, Value p);
-  Value evictPT(const Cursor &c);
-  void accumulateO(const Cursor &c, Value pT);
+  std::pair<int64_t, int64_t> peChunksOf(int64_t lane) const;
+  int64_t dmaChunks(const Cursor &c) const;
+  /// The step's columns in pBuf and pTBuf (per lane and parity).
+  int64_t slotOf(const Cursor &c) const {
+    return (2 * c.lane + c.parity) * bank;
+  }
+  void transposeP(const Cursor &c);
+  void dmaTransposeP(const Cursor &c);
+  void evictPT(const Cursor &c);
+  void accumulateO(const Cursor &c);
   Value queryT(const Cursor &c, Value qTHead);
   void startTile(const Cursor &c);
   void scores(const Cursor &c, Value qTs);
@@ -256,7 +263,7 @@ private:
   void emitRowMax(const Cursor &c, Value src);
   void maskBias(const Cursor &c);
   Value biasOf(const Cursor &c, int64_t offset, int64_t cols);
-  Value probabilities(const Cursor &c);
+  void probabilities(const Cursor &c);
   void rescaleFactor(const Cursor &c);
   void finishTile(const Cursor &c);
   void storeLseParts(const Step &at, Value sums, Value negMax);
@@ -324,21 +331,26 @@ private:
   // `lanes` query tiles run interleaved stage by stage, so one tile's
   // softmax overlaps another's matmuls. Per lane, buffers of consecutive
   // key steps alternate (parity) and so do the states of consecutive query
-  // tiles (set). PSUM: per lane two score banks (P^T goes into the bank of
-  // the scores it came from) and vDim columns for O.
+  // tiles (set). PSUM: per lane two score banks, vDim columns for O and
+  // 128 for its TensorE-transposed chunk of P^T.
   int64_t lanes = 1;
   Value psum;
   int64_t psumCols = 0;
   // With captured tensors: a PSUM bank and anti-identities (by size) that
   // flip windows read backwards.
   int64_t miscBank = 0;
+  int64_t pTBank = 0; // TensorE's chunk of P^T, `unit` columns per lane
   DenseMap<int64_t, Value> antiIdentity;
   Value ident, negInf, zeros, negmInit;
   Value negm, alpha;        // [128, lanes x 2 parities]
   Value l, o, oOut;         // per lane x 2 sets
   Value lseSums, lseNegMax; // [128, query tiles] of the head, for its lse
   Value expSrc;             // [128, lanes x 2 parities x bank]
-  Value maskBiases;         // [128, lanes x 2 parities x bank]
+  // P and P^T of a key step, [128, lanes x 2 parities x bank] each: P^T
+  // is read a round after P is computed (its DMA-transposed chunks land
+  // then), so both outlive the round.
+  Value pBuf, pTBuf;
+  Value maskBiases; // [128, lanes x 2 parities x bank]
   // K^T [dim, slots x keys], V [128, slots x units x vDim] and, when
   // `qResident`, Q^T of the key head's query heads [dim, slots x group x
   // queries].

@@ -5,17 +5,18 @@
 //    DMAs) and V stay in SBUF; the next key head's load while this one
 //    computes;
 //  - per query head: its 128-row query tiles run in up to attention-lanes
-//    lanes (a pass option, 3 by default), interleaved stage by stage, each
-//    one key step ahead (the scores and -max of step r + 1 before P, P^T
-//    and P V of step r); each query tile's key tiles are up to 512 keys
-//    of the blocks the BlockMask keeps. Fully masked blocks are never
-//    visited; full blocks skip mask_mod;
+//    lanes (a pass option, 3 by default), interleaved stage by stage, in a
+//    three-step pipeline (round r: P V of step r - 1, the scores and -max
+//    of step r + 1, P and P^T of step r); each query tile's key tiles are
+//    up to 512 keys of the blocks the BlockMask keeps. Fully masked blocks
+//    are never visited; full blocks skip mask_mod;
 //  - per key step: S = Q K^T in a PSUM bank; plain scores are masked in
 //    place by a 0 / -inf bias GpSimd computes two steps ahead, score_mod and
 //    mask_mod otherwise run as engine instructions on the tile (indices from
 //    iota, captured tensors by DMA); the online softmax keeps -max and the
 //    row sums in fp32, P = exp(S - max) on ScalarE summing its rows as it
-//    goes; P^T on TensorE into the scores' bank; O = O * alpha + P V.
+//    goes; P^T half by SBUF-to-SBUF transposing DMAs, half on TensorE into
+//    the scores' bank; O = O * alpha + P V a round later.
 //===----------------------------------------------------------------------===//
 
 #include "passes/flex_attention/FlexAttentionLowering.h"
@@ -639,32 +640,41 @@ LogicalResult FlexAttentionLowering::run() {
 }
 
 /// Lanes: as many as attention-lanes asks and PSUM holds. A lane needs two
-/// PSUM banks for scores (P^T reuses the bank of the scores it came from)
-/// and vDim columns of a bank for O; captured tensors, one more bank.
+/// PSUM banks for scores, vDim columns of a bank for O and 128 columns for
+/// its TensorE-transposed chunk of P^T (apart from the scores, so the next
+/// scores need not wait for its eviction); captured tensors, one more bank.
 void FlexAttentionLowering::planPsum(bool tables) {
   int64_t outsPerBank = std::max<int64_t>(1, bank / vDim);
+  int64_t chunksPerBank = std::max<int64_t>(1, bank / unit);
   auto psumBanksFor = [&](int64_t n) {
-    return 2 * n + (n + outsPerBank - 1) / outsPerBank;
+    return 2 * n + (n + outsPerBank - 1) / outsPerBank +
+           (n + chunksPerBank - 1) / chunksPerBank;
   };
   int64_t extra = tables ? 1 : 0;
   for (lanes = k.knobs.attentionLanes;
        lanes > 1 && psumBanksFor(lanes) + extra > k.target.psumBanks;)
     --lanes;
+  pTBank = 2 * lanes + (lanes + outsPerBank - 1) / outsPerBank;
   miscBank = psumBanksFor(lanes);
   psumCols = (miscBank + extra) * bank;
 }
 
 /// SBUF: per key-head slot K^T, V and (resident) Q^T of its query heads.
 /// Two slots let the next key head load while this one computes; resident
-/// Q^T saves a load in front of every query tile. The rest of the kernel's
-/// tiles fit beyond attention-sbuf-percent.
+/// Q^T saves a load in front of every query tile. They take up to
+/// attention-sbuf-percent; the rest of the kernel's tiles fit beyond.
 LogicalResult FlexAttentionLowering::planSbuf() {
   auto qType = tensorType(op.getQuery());
   int64_t elt = std::max<int64_t>(1, qType.getElementTypeBitWidth() / 8);
   int64_t kvBytes = (kvLen + kvUnits * vDim) * elt;
   int64_t qBytes = group * qLen * elt;
-  int64_t budget =
-      k.target.sbufBytesPerPartition * k.knobs.attentionSbufPercent / 100;
+  // P and P^T per lane and parity (allocateTiles) outlive the rounds: with
+  // them and a quarter of SBUF for the other tiles (scores, modifiers),
+  // what is left bounds the resident operands too (a small SBUF, fp32).
+  int64_t sbuf = k.target.sbufBytesPerPartition;
+  int64_t pipelineBytes = 2 * 2 * lanes * bank * elt;
+  int64_t budget = std::min(sbuf * k.knobs.attentionSbufPercent / 100,
+                            sbuf - sbuf / 4 - pipelineBytes);
   std::pair<int64_t, bool> choices[] = {
       {2, true}, {1, true}, {2, false}, {1, false}};
   auto choice = llvm::find_if(choices, [&](const std::pair<int64_t, bool> &c) {
@@ -703,6 +713,8 @@ void FlexAttentionLowering::allocateTiles(bool tables) {
   o = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * vDim}, f32);
   oOut = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * vDim}, inElt);
   expSrc = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, f32);
+  pBuf = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, inElt);
+  pTBuf = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, inElt);
   maskBiases = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, f32);
   kTStride = kvSlots * kvUnits * unit;
   vSStride = kvSlots * kvUnits * vDim;
@@ -788,11 +800,12 @@ bool FlexAttentionLowering::sameRound(ArrayRef<Lane> lanes, int64_t r,
                                       int64_t r2, int64_t qShift) const {
   for (const Lane &lane : lanes) {
     int64_t n = lane.size();
-    for (int64_t s : {r, r + 1, r + 2}) {
+    for (int64_t s : {r - 1, r, r + 1, r + 2}) {
       int64_t s2 = s + (r2 - r);
-      if ((s < n) != (s2 < n))
+      bool in = s >= 0 && s < n, in2 = s2 >= 0 && s2 < n;
+      if (in != in2)
         return false;
-      if (s >= n)
+      if (!in)
         continue;
       const LaneStep &a = lane[s], &c = lane[s2];
       int64_t unitShift = qShift ? 0 : (r2 - r) * a.keys.units;
@@ -858,9 +871,9 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
       at.rows = std::min(unit, qLen - t * unit);
       emptyTile(at);
     }
-    // Round r computes the scores of step r + 1 and finishes step r of
-    // every lane. Rounds that repeat with shifted keys run in loops, and so
-    // do periods of rounds that repeat for later query tiles.
+    // Round r computes the scores of step r + 1, P of step r and P V of
+    // step r - 1 of every lane. Rounds that repeat with shifted keys run in
+    // loops, and so do periods of rounds that repeat for later query tiles.
     int64_t rounds = 0;
     for (const Lane &lane : streams)
       rounds = std::max<int64_t>(rounds, lane.size());
@@ -896,6 +909,9 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
       emitRounds(r, r + len, Value());
       r += len;
     }
+    // The last steps' P V.
+    round(head, qTHead, streams, rounds, k.index(rounds), rounds % 2, Value(),
+          false);
     if (lse)
       finishLse(head);
   };
@@ -928,18 +944,21 @@ void FlexAttentionLowering::emptyTile(const Step &at) {
   storeLseParts(at, zero, zero);
 }
 
-/// Round r of a query head: every lane's scores and -max of step r + 1,
-/// then its step r: P, P^T, O += P V, and the query tile's output after its
-/// last step. Stages run lane by lane so the engines overlap the lanes.
-/// In a loop (`affine`), round r is the template and `rIdx` the round;
-/// `qShift` (query tiles) moves every query tile (in a loop over periods).
+/// Round r of a query head: every lane's O += P V of step r - 1 (and the
+/// query tile's output after its last step), the scores and -max of step
+/// r + 1, then P and P^T of step r. P V waits a round for P^T: the DMA
+/// transposes' latency. Stages run lane by lane so the engines overlap the
+/// lanes. In a loop (`affine`), round r is the template and `rIdx` the
+/// round; `qShift` (query tiles) moves every query tile (in a loop over
+/// periods).
 void FlexAttentionLowering::round(const Step &head, Value qTHead,
                                   ArrayRef<Lane> streams, int64_t r, Value rIdx,
                                   int64_t parity, Value qShift, bool affine) {
   TileBuilder::TileScope scope(k);
   RoundAt at{head, streams, r, rIdx, qShift, affine};
-  SmallVector<std::optional<Cursor>> next, cur;
+  SmallVector<std::optional<Cursor>> prev, next, cur;
   for (int64_t i = 0; i < lanes; ++i) {
+    prev.push_back(cursor(at, i, r - 1, 1 - parity));
     next.push_back(cursor(at, i, r + 1, 1 - parity));
     cur.push_back(cursor(at, i, r, parity));
   }
@@ -949,6 +968,11 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
     for (int64_t i = 0; i < lanes; ++i)
       if (auto c = cursor(at, i, 0, 0); c && c->step->keys.partial())
         maskBias(*c);
+  // Step r + 2's first: GpSimd has it done while it waits for this round's
+  // maxima, not in front of the next round's.
+  for (int64_t i = 0; i < lanes; ++i)
+    if (auto c = cursor(at, i, r + 2, parity); c && c->step->keys.partial())
+      maskBias(*c);
   for (auto &c : next)
     if (c) {
       if (c->step->first && !qResident)
@@ -958,28 +982,28 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
   for (auto &c : next)
     if (c)
       rowMax(*c);
-  SmallVector<Value> ps(lanes), pTs(lanes);
+  for (auto &c : cur)
+    if (c) {
+      probabilities(*c);
+      dmaTransposeP(*c);
+    }
+  // Lane by lane, P V of the step before (its DMA-transposed chunks came
+  // a lane's exp earlier than the next lane's) and the TensorE transpose.
+  for (int64_t i = 0; i < lanes; ++i) {
+    if (prev[i])
+      accumulateO(*prev[i]);
+    if (cur[i])
+      transposeP(*cur[i]);
+  }
   for (auto &c : cur)
     if (c)
-      ps[c->lane] = probabilities(*c);
-  for (auto &c : cur)
-    if (c)
-      transposeP(*c, ps[c->lane]);
-  for (auto &c : cur)
-    if (c)
-      pTs[c->lane] = evictPT(*c);
-  for (auto &c : cur)
-    if (c)
-      accumulateO(*c, pTs[c->lane]);
-  for (auto &c : cur)
+      evictPT(*c);
+  for (auto &c : prev)
     if (c && c->step->last)
       finishTile(*c);
   for (auto &c : next)
     if (c && !c->step->first)
       rescaleFactor(*c);
-  for (int64_t i = 0; i < lanes; ++i)
-    if (auto c = cursor(at, i, r + 2, parity); c && c->step->keys.partial())
-      maskBias(*c);
 }
 
 /// Step `s` of `lane` in round `at.r` (none past the lane's ends), with
@@ -1007,44 +1031,83 @@ FlexAttentionLowering::cursor(const RoundAt &at, int64_t lane, int64_t s,
   return c;
 }
 
-/// P^T a 128-key chunk at a time into the bank of the step's scores (exp
-/// has read them).
-void FlexAttentionLowering::transposeP(const Cursor &c, Value p) {
-  int64_t rows = c.at.rows, width = c.at.width;
-  for (int64_t i = 0; i * unit < width; ++i) {
-    int64_t keys = std::min(unit, width - i * unit);
+/// How many 128-key chunks of P a lane's TensorE transposes (the last
+/// ones of a step), and where in the transpose bank: the bank's chunks
+/// shared out over the lanes, the first lanes one more.
+std::pair<int64_t, int64_t>
+FlexAttentionLowering::peChunksOf(int64_t lane) const {
+  int64_t per = std::max<int64_t>(1, bank / unit);
+  if (lanes >= per)
+    return {1, lane};
+  int64_t base = per / lanes, extra = per % lanes;
+  return {base + (lane < extra ? 1 : 0), lane * base + std::min(lane, extra)};
+}
+
+/// How many of a step's 128-key chunks of P DMAs transpose SBUF to SBUF:
+/// the first ones (all full), all but the lane's TensorE chunks. All on
+/// TensorE would spend a third of its time on transposes, and the
+/// evictions more than VectorE's max and ScalarE's exp leave those
+/// engines; all by DMA would make the DMA queues the bound (a transposing
+/// SBUF-to-SBUF DMA runs at half the DMA rate).
+int64_t FlexAttentionLowering::dmaChunks(const Cursor &c) const {
+  return std::max<int64_t>(0, (c.at.width + unit - 1) / unit -
+                                  peChunksOf(c.lane).first);
+}
+
+/// P^T of a step's last chunks by TensorE into its lane's columns of the
+/// transpose bank.
+void FlexAttentionLowering::transposeP(const Cursor &c) {
+  int64_t rows = c.at.rows, at = peChunksOf(c.lane).second;
+  for (int64_t i = dmaChunks(c); i * unit < c.at.width; ++i) {
+    int64_t keys = std::min(unit, c.at.width - i * unit);
     b.create<nisa::MatmulOp>(
-        k.view(p, k.index(i * unit), {rows, keys}, {width, 1}),
+        k.view(pBuf, k.index(slotOf(c) + i * unit), {rows, keys},
+               {2 * lanes * bank, 1}),
         k.view(ident, k.index(0), {rows, rows}, {unit, 1}),
-        k.view(psum, k.index(scoreBankOf(c) * bank + i * rows), {keys, rows},
-               {psumCols, 1}));
+        k.view(psum, k.index(pTBank * bank + (at + i - dmaChunks(c)) * unit),
+               {keys, rows}, {psumCols, 1}));
   }
 }
 
-/// P^T from PSUM to an SBUF tile, the matmul input of P V.
-Value FlexAttentionLowering::evictPT(const Cursor &c) {
-  int64_t rows = c.at.rows, units = c.step->keys.units;
-  int64_t keys = std::min(unit, c.at.width);
-  Value pT = k.tile(MemorySpace::sbuf, {unit, units * rows}, inElt);
-  // A last chunk of fewer keys leaves rows of P^T unwritten: not read.
-  // ScalarE copies all but the last of four chunks, VectorE that one: it
-  // balances their loads (VectorE has the max and O's rescale).
-  int64_t onScalar = units < 4 ? units : units - 1;
-  auto copy = [&](int64_t from, int64_t n, nisa::Engine engine) {
-    b.create<nisa::CopyOp>(
-        k.view(psum, k.index(scoreBankOf(c) * bank + from * rows),
-               {keys, n * rows}, {psumCols, 1}),
-        k.view(pT, k.index(from * rows), {keys, n * rows}, {units * rows, 1}),
-        engine);
-  };
-  copy(0, onScalar, nisa::Engine::scalar);
-  if (onScalar < units)
-    copy(onScalar, units - onScalar, nisa::Engine::vector);
-  return pT;
+/// P^T of the step's first dmaChunks chunks by one SBUF-to-SBUF
+/// transposing DMA, triggered from ScalarE's queue right after exp wrote P.
+void FlexAttentionLowering::dmaTransposeP(const Cursor &c) {
+  int64_t rows = c.at.rows, n = dmaChunks(c);
+  if (n == 0)
+    return;
+  b.create<nisa::DmaCopyOp>(k.view(pBuf, k.index(slotOf(c)), {unit, n, rows},
+                                   {1, unit, 2 * lanes * bank}),
+                            k.view(pTBuf, k.index(slotOf(c)), {unit, n, rows},
+                                   {2 * lanes * bank, rows, 1}),
+                            nisa::Engine::scalar);
+}
+
+/// TensorE's chunks of P^T from PSUM to the step's P^T slot (by ScalarE:
+/// VectorE has the max and O's rescale), the matmul input of P V. A last
+/// chunk of fewer keys leaves rows of P^T unwritten: not read.
+void FlexAttentionLowering::evictPT(const Cursor &c) {
+  int64_t rows = c.at.rows, first = dmaChunks(c);
+  int64_t n = (c.at.width + unit - 1) / unit - first;
+  int64_t keys = std::min(unit, c.at.width - first * unit);
+  int64_t at = peChunksOf(c.lane).second;
+  if (n == 1) {
+    b.create<nisa::CopyOp>(k.view(psum, k.index(pTBank * bank + at * unit),
+                                  {keys, rows}, {psumCols, 1}),
+                           k.view(pTBuf, k.index(slotOf(c) + first * rows),
+                                  {keys, rows}, {2 * lanes * bank, 1}),
+                           nisa::Engine::scalar);
+    return;
+  }
+  // Chunk j is unit columns from the last in PSUM, rows in P^T.
+  b.create<nisa::CopyOp>(k.view(psum, k.index(pTBank * bank + at * unit),
+                                {keys, n, rows}, {psumCols, unit, 1}),
+                         k.view(pTBuf, k.index(slotOf(c) + first * rows),
+                                {keys, n, rows}, {2 * lanes * bank, rows, 1}),
+                         nisa::Engine::scalar);
 }
 
 /// O = O * alpha + P V (O = P V on the query tile's first key step).
-void FlexAttentionLowering::accumulateO(const Cursor &c, Value pT) {
+void FlexAttentionLowering::accumulateO(const Cursor &c) {
   int64_t rows = c.at.rows, width = c.at.width;
   const LaneStep &step = *c.step;
   int64_t outsPerBank = std::max<int64_t>(1, bank / vDim);
@@ -1054,8 +1117,8 @@ void FlexAttentionLowering::accumulateO(const Cursor &c, Value pT) {
                      {rows, vDim}, {psumCols, 1});
   for (int64_t i = 0; i * unit < width; ++i) {
     int64_t keys = std::min(unit, width - i * unit);
-    Value stationary = k.view(pT, k.index(i * rows), {keys, rows},
-                              {step.keys.units * rows, 1});
+    Value stationary = k.view(pTBuf, k.index(slotOf(c) + i * rows),
+                              {keys, rows}, {2 * lanes * bank, 1});
     Value moving = k.view(vS,
                           k.addOffset(k.scale(c.at.unit, vDim),
                                       kvSlot * kvUnits * vDim + i * vDim),
@@ -1223,12 +1286,15 @@ void FlexAttentionLowering::emitRowMax(const Cursor &c, Value src) {
                      negmOf(c.lane, c.parity, rows), nisa::Engine::gpsimd);
 }
 
-/// P = exp(S - max) on ScalarE with its fp32 row sums; l = l * alpha + sums
-/// (the sums themselves at a query tile's first step).
-Value FlexAttentionLowering::probabilities(const Cursor &c) {
+/// P = exp(S - max) on ScalarE with its fp32 row sums, into the step's
+/// pBuf slot; l = l * alpha + sums (the sums themselves at a query tile's
+/// first step). After a query tile's last step l and -max are final: their
+/// lse parts are kept now, before a later step reuses the -max column.
+void FlexAttentionLowering::probabilities(const Cursor &c) {
   int64_t rows = c.at.rows;
   const LaneStep &step = *c.step;
-  Value p = k.tile(MemorySpace::sbuf, {rows, c.at.width}, inElt);
+  Value p = k.view(pBuf, k.index(slotOf(c)), {rows, c.at.width},
+                   {2 * lanes * bank, 1});
   Value ls = column(l, 2 * c.lane + step.set, rows);
   Value sums = step.first ? ls : k.tile(MemorySpace::sbuf, {rows, 1}, f32);
   b.create<nisa::ActivationOp>(expSource(c), p, negmOf(c.lane, c.parity, rows),
@@ -1238,7 +1304,8 @@ Value FlexAttentionLowering::probabilities(const Cursor &c) {
     scalarTensorTensor(ls, column(alpha, 2 * c.lane + c.parity, rows), 0.0,
                        nisa::AluOp::multiply, sums, nisa::AluOp::add, ls,
                        nisa::Engine::gpsimd);
-  return p;
+  if (lse && step.last)
+    storeLseParts(c.at, ls, negmOf(c.lane, c.parity, rows));
 }
 
 /// alpha = exp(max_old - max_new) rescales what came before this step.
@@ -1251,8 +1318,8 @@ void FlexAttentionLowering::rescaleFactor(const Cursor &c) {
                                APFloat(0.0));
 }
 
-/// out = O / max(l, tiny) (a fully masked row has O = 0 and l = 0) and
-/// lse = max + log(l) (-inf for such a row), stored. All in SBUF: GpSimd
+/// out = O / max(l, tiny) (a fully masked row has O = 0 and l = 0),
+/// stored (lse's parts were kept by probabilities). All in SBUF: GpSimd
 /// computes it, off VectorE.
 void FlexAttentionLowering::finishTile(const Cursor &c) {
   const Step &at = c.at;
@@ -1272,8 +1339,6 @@ void FlexAttentionLowering::finishTile(const Cursor &c) {
                                               k.scale(at.head, outStrides[1])),
                                  k.scale(at.q0, outStrides[2]));
   k.dma(res, k.view(out, outOffset, {rows, vDim}, {outStrides[2], 1}));
-  if (lse)
-    storeLseParts(at, ls, negmOf(c.lane, c.parity, rows));
 }
 
 /// A query tile's row sums and -max into column at.qTile of lseSums and

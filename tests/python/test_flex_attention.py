@@ -301,3 +301,34 @@ def test_the_kernels_unit_is_the_targets_partitions(
         monkeypatch.undo()
         for cached in caches:
             cached.cache_clear()
+
+
+def test_causal_kernel_share_of_the_tensor_peak() -> None:
+    # Causal S=2048, 2 heads, d=128, bf16 on trn2: per 512-key step VectorE's max and rescale
+    # take 666 ns against TensorE's 427 ns of useful work; P^T mostly by transposing DMAs keeps
+    # TensorE and ScalarE off the transposes and their evictions, and the diagonal steps' mask
+    # is built while GpSimd waits for a round's maxima. 29.1% of the peak with every transpose
+    # on TensorE and the mask built at a round's end; 33.4% now (modeled, deterministic).
+    s = 2048
+    q, k, v = (
+        torch.randn(1, 2, s, 128, generator=torch.Generator().manual_seed(i)).bfloat16()
+        for i in range(3)
+    )
+    mask = create_block_mask(causal, None, None, s, s, device="cpu")
+    f = torch.compile(
+        lambda q, k, v: flex_attention(q, k, v, block_mask=mask),
+        backend="neuron",
+        options={"target": "trn2"},
+    )
+    with torch.no_grad(), torchneuron.profile() as prof:
+        got = f(q, k, v)
+    (kernel,) = prof.kernels
+    useful = 4 * 2 * 128 * s * (s + 1) / 2  # unmasked (query, key) pairs
+    peak_flops_per_ns = 128 * 128 * 2 * 2.4
+    assert useful / kernel["device_ns"] / peak_flops_per_ns >= 0.32
+    torch.testing.assert_close(
+        got.float(),
+        flex_attention(q.float(), k.float(), v.float(), block_mask=mask),
+        atol=3e-2,
+        rtol=3e-2,
+    )

@@ -44,33 +44,36 @@ def test_flash_attention_forward_d128_is_softmax_bound(real_native: ModuleType) 
     kernel, share, out = _profile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, k, v)
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
-    # Matmul FLOPs: QK^T and PV (4 * S^2 * d per head) plus the transposes of P on TensorE
-    # (a PE transpose is a matmul with an identity: 2 * S^2 * d more).
+    # Matmul FLOPs: QK^T and PV (4 * S^2 * d per head) plus the transposes of P that TensorE
+    # does (a PE transpose is a matmul with an identity): one or two of a 512-key step's four
+    # 128-key chunks, i.e. 1/8 or 1/4 of the useful FLOPs; DMAs transpose the others.
     useful = 4 * 2 * 2048 * 2048 * 128
-    assert kernel["flops"] == useful * 3 // 2
+    assert useful * 9 // 8 <= kernel["flops"] <= useful * 5 // 4, kernel["flops"] / useful
     utilization = useful / kernel["device_ns"] / PEAK_FLOPS_PER_NS
-    # Per block of 128 queries x 128 keys (bf16, d = 128), trn2:
-    # - TensorE: QK^T, the transpose of P and PV, each 128 moving columns at II = max(N, 64)
-    #   = 128 cycles [D S5]: 384 cycles at 2.4 GHz = 160 ns, of which 107 ns are the block's
-    #   useful 4 * 128^3 FLOPs at peak. So useful utilisation is at most 107 / 160 = 0.67.
-    # - Softmax: the row max over the fp32 scores in PSUM (VectorE, N = 128 cycles at 0.96 GHz
-    #   = 133 ns [D S5]), exp over them (ScalarE, max(64, N) = 128 cycles at 1.2 GHz = 107 ns
-    #   [D S5, S6]) and evicting P^T from PSUM (16-bit, N/2: 67 ns [D S6]) all read PSUM, which
-    #   GpSimd cannot [D S5]: 307 ns on VectorE and ScalarE, 153 ns each if perfectly split,
-    #   already within 5% of TensorE's 160 ns before the running output's rescale (another
-    #   ~67-133 ns, GpSimd may take it). The split cannot be perfect (max, exp, transpose are
-    #   a chain per block, pipelined one key step deep), so the busiest softmax engine bounds
-    #   the kernel, as trainium.md 6.5 expects of attention at d = 128; TensorE or DMA never.
-    # - The floor: trainium.md 6.5 expects about 25-35% of peak on hardware, anchored by a
-    #   third-party hand-tuned kernel at ~27% [S32]; below 0.25 the model would be slower than
-    #   that kernel on real hardware.
-    assert kernel["bound"] in {"vector", "scalar", "gpsimd"}, kernel["bound"]
-    assert 0.25 <= utilization <= 0.67, utilization
-    # Pipelined one key step ahead, TensorE overlaps the softmax: busy, but less than the bound.
-    assert 0.4 <= share["tensor"] < share[kernel["bound"]], share
-    # K and V stream once per query tile group: 2 x 2048 x 128 x 2 B per head per pass, a few
-    # MB against ~250 us of compute: DMA is far from busy.
-    assert share["dma"] < 0.5, share
+    # Per step of 128 queries x 512 keys (bf16, d = 128), trn2:
+    # - TensorE: QK^T and PV, 512 moving columns each at II = max(N, 64) [D S5], and the
+    #   transposes of one or two 128-key chunks of P (128 cycles each): 1152-1280 cycles at
+    #   2.4 GHz = 480-533 ns, of which 427 ns are the step's useful FLOPs at peak.
+    # - VectorE: the row max over the fp32 scores in PSUM (N = 512 cycles at 0.96 GHz = 533 ns
+    #   [D S5]) and the running output's rescale (128 fp32 columns, one input in PSUM: 133 ns):
+    #   666 ns. GpSimd cannot read PSUM [D S5], ScalarE has no max: so 427 / 666 = 0.64 of the
+    #   peak at most.
+    # - ScalarE: exp over the scores (512 cycles at 1.2 GHz = 427 ns [D S5, S6]), evicting the
+    #   TensorE-transposed chunks (107 ns each), the rescale factor and the DMA triggers:
+    #   640-750 ns.
+    # - DMA: the other two or three chunks of P by SBUF-to-SBUF transposing DMAs, at half the
+    #   DMA rate [D S6]: 178 ns per chunk over the 16 engines, 356-534 ns.
+    # So VectorE or ScalarE bounds the kernel (trainium.md 6.5 expects attention at d = 128 to
+    # be softmax-bound). The floor: above what the kernel reached with every transpose on
+    # TensorE (0.42: TensorE and the PSUM evictions of P^T took VectorE and ScalarE past the
+    # step's 666 ns); trainium.md 6.5 expects about 25-35% of peak on hardware [S32].
+    assert kernel["bound"] in {"vector", "scalar"}, kernel["bound"]
+    assert 0.45 <= utilization <= 0.64, utilization
+    # Pipelined (scores a step ahead, P V a step behind), TensorE overlaps the softmax and the
+    # DMA transposes: busy, but less than the bound. The DMA queues carry the transposes (at
+    # most 534 of the bound's 666 ns per step) and the loads and stores (a few MB).
+    assert 0.5 <= share["tensor"] < share[kernel["bound"]], share
+    assert share["dma"] <= 0.8, share
 
 
 def test_gemm_at_the_roofline_knee_keeps_tensor_and_dma_busy(real_native: ModuleType) -> None:

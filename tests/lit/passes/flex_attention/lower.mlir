@@ -6,9 +6,10 @@
 // and skips unit 1 (masked); query tile 1 sees unit 0 (full) and unit 1
 // (partial), one key step of 256 keys that masks its second unit only. The
 // tiles run in lanes, interleaved, longest first. Matmuls: per key step
-// S = QK^T (2), per unit P^T and PV (3 + 3): 8. mask_mod (iota indices and
-// a select) runs on the 2 partial units only.
-// MATMULS: 8
+// S = QK^T (2), per unit PV (3), and the TensorE transposes of P: a step's
+// last 128-key chunk (2); a DMA transposes tile 1's first chunk: 7.
+// mask_mod (iota indices and a select) runs on the 2 partial units only.
+// MATMULS: 7
 // SELECTS: 2
 
 // CHECK-LABEL: func.func @causal
