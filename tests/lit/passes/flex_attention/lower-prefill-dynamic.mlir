@@ -15,12 +15,16 @@
 // CHECK-DAG: %[[FULL:.*]] = arith.floordivsi %arg4, %c128 : index
 // CHECK-DAG: %[[REST:.*]] = arith.remsi %arg4, %c128 : index
 // CHECK-DAG: %[[TILES:.*]] = arith.ceildivsi %arg4, %c128 : index
-// A prefix tile: its rows a size expression, the diagonal unit masked.
-// CHECK: scf.for
+// A prefix tile: its rows a size expression, the diagonal unit's bias added
+// to the scores in PSUM by an accumulating matmul; its steps' halves in loops
+// of their own (zero or one iteration), so that the next step's are issued
+// between them.
 // CHECK: %[[ROWS:.*]] = arith.minsi %arg4, %c128 : index
+// CHECK: scf.for
 // CHECK: nisa.matmul {{.*}} : memref<64x?xf32{{.*}}>, memref<64x?xf32{{.*}}>, memref<?x?xf32{{.*}}psum
-// CHECK: nisa.tensor_tensor add
-// CHECK: nisa.tensor_reduce max
+// CHECK: nisa.matmul {{.*}} {accumulate}
+// CHECK-NEXT: nisa.tensor_reduce max
+// CHECK: scf.for
 // CHECK: nisa.activation exp
 // The full tiles past the first 8, counted at run time, their streamed keys
 // masked by an iota of q - kv.
