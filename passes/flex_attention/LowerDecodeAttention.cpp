@@ -301,8 +301,8 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     Value qT = qTs[hs];
     Value sAll = ps(set, 0, 0, unit, sW);
     if (slot < 0)
-      b.create<nisa::MemsetOp>(sAll,
-                               APFloat(-std::numeric_limits<float>::max() / 2));
+      b.create<nisa::MemsetOp>(
+          sAll, APFloat(double(-std::numeric_limits<float>::max() / 2)));
     eachChunk(
         slot,
         [&](int64_t c) {
@@ -496,8 +496,8 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     load(k.view(q.buffer, headBase(q, bi, hk, group), {dim, group, qLen},
                 {q.strides[3], q.strides[1], q.strides[2]}),
          k.view(qTs[hs], k.index(0), {dim, group, qLen}, {rows, qLen, 1}));
-    b.create<nisa::MemsetOp>(negms[hs],
-                             APFloat(std::numeric_limits<float>::max()));
+    b.create<nisa::MemsetOp>(
+        negms[hs], APFloat(double(std::numeric_limits<float>::max())));
     b.create<nisa::MemsetOp>(ls[hs], APFloat(0.0));
     b.create<nisa::MemsetOp>(os[hs], APFloat(0.0));
     k.ifMore(restKeys, 0, loadRestK);

@@ -513,8 +513,8 @@ void FlexAttentionLowering::makeIdentity() {
 void FlexAttentionLowering::makeConstants(int64_t cols) {
   makeIdentity();
   negInf = k.tile(MemorySpace::sbuf, {unit, cols}, f32);
-  b.create<nisa::MemsetOp>(negInf,
-                           APFloat(-std::numeric_limits<float>::infinity()));
+  b.create<nisa::MemsetOp>(
+      negInf, APFloat(double(-std::numeric_limits<float>::infinity())));
   zeros = k.tile(MemorySpace::sbuf, {unit, cols}, f32);
   b.create<nisa::MemsetOp>(zeros, APFloat(0.0));
 }
@@ -696,7 +696,7 @@ void FlexAttentionLowering::allocateTiles(bool tables) {
   // never NaN.
   negmInit = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
   b.create<nisa::MemsetOp>(negmInit,
-                           APFloat(std::numeric_limits<float>::max()));
+                           APFloat(double(std::numeric_limits<float>::max())));
   psum = k.tile(MemorySpace::psum, {unit, psumCols}, f32);
   if (tables)
     makeAntiIdentities();
@@ -1326,9 +1326,10 @@ void FlexAttentionLowering::finishTile(const Cursor &c) {
   int64_t rows = at.rows, at2 = 2 * c.lane + c.step->set;
   Value ls = column(l, at2, rows);
   Value lc = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
-  b.create<nisa::TensorScalarOp>(nisa::AluOp::max, ls, lc, Value(),
-                                 APFloat(std::numeric_limits<float>::min()),
-                                 false, nisa::Engine::gpsimd);
+  b.create<nisa::TensorScalarOp>(
+      nisa::AluOp::max, ls, lc, Value(),
+      APFloat(double(std::numeric_limits<float>::min())), false,
+      nisa::Engine::gpsimd);
   Value res =
       k.view(oOut, k.index(at2 * vDim), {rows, vDim}, {2 * lanes * vDim, 1});
   b.create<nisa::TensorScalarOp>(

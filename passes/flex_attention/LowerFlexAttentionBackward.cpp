@@ -366,9 +366,10 @@ void FlexAttentionLowering::lseAndDelta(Value batchIdx, Value h, int64_t t) {
         lse);
   b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, lse, lse, Value(),
                                  APFloat(-1.0), false, nisa::Engine::gpsimd);
-  b.create<nisa::TensorScalarOp>(nisa::AluOp::min, lse, col(bw.negLse), Value(),
-                                 APFloat(std::numeric_limits<float>::max()),
-                                 false, nisa::Engine::gpsimd);
+  b.create<nisa::TensorScalarOp>(
+      nisa::AluOp::min, lse, col(bw.negLse), Value(),
+      APFloat(double(std::numeric_limits<float>::max())), false,
+      nisa::Engine::gpsimd);
   Value prod = k.tile(MemorySpace::sbuf, {rows, vDim}, f32);
   auto rowsOf = [&](Value tile) {
     return k.view(tile, k.index(local * vDim), {rows, vDim},

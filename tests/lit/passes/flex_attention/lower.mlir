@@ -1,6 +1,7 @@
 // RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | FileCheck %s
 // RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | sed -n '/@causal/,/@relative_bias/p' | grep -c "nisa.matmul" | FileCheck %s --check-prefix=MATMULS
 // RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | sed -n '/@causal/,/@relative_bias/p' | grep -c "nisa.select" | FileCheck %s --check-prefix=SELECTS
+// RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | neuron-opt | FileCheck %s --check-prefix=ROUNDTRIP
 
 // Causal blocks of a 256-row sequence: query tile 0 sees key unit 0 (partial)
 // and skips unit 1 (masked); query tile 1 sees unit 0 (full) and unit 1
@@ -122,3 +123,9 @@ func.func @with_lse(%q: tensor<1x1x256x64xf32>, %k: tensor<1x1x256x64xf32>, %v: 
     }
   return %o, %l : tensor<1x1x256x64xf32>, tensor<1x1x256xf32>
 }
+
+// The constants' memsets print as f64 values that parse back to themselves:
+// -inf, and fp32's largest finite value (an fp32 APFloat in an f64
+// attribute printed as 0xFF800000, which reads back as a denormal double).
+// ROUNDTRIP: nisa.memset %{{.*}}, 0xFFF0000000000000
+// ROUNDTRIP: nisa.memset %{{.*}}, 3.4028234663852886E+38
