@@ -33,16 +33,16 @@
 // Heads are unrolled (a head's rows start at a multiple of S); the next key
 // head's resident keys load while this one computes. The prefix tiles are
 // software-pipelined across tiles and heads: each step's scores are issued
-// before the previous step's P V, with banks, scratch and state of their own
-// (the engines run their queues in order), and each tile's Q^T loads while
-// the tile before it computes.
+// before the P V of the steps two before it, with banks, scratch and state of
+// their own (the engines run their queues in order), and each tile's Q^T loads
+// while the tile before it computes.
 //===----------------------------------------------------------------------===//
 
 #include "passes/flex_attention/FlexAttentionLowering.h"
 
+#include <deque>
 #include <functional>
 #include <limits>
-#include <optional>
 
 namespace mlir::neuron::flex {
 
@@ -204,10 +204,10 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
   }
   // Tiles of their own per role: nisa-insert-sync takes a view with a
   // run-time extent as its whole tile.
-  // Score banks 0 and 1 for the prefix tiles' steps, 2 and 3 for the later
+  // Score banks 0 to 2 for the prefix tiles' steps, 3 and 4 for the later
   // tiles': a prefix step whose accumulation is still to be issued (below)
   // shares nothing with what comes between.
-  Value scoreBanks[4], restBank, oPsum;
+  Value scoreBanks[5], restBank, oPsum;
   for (Value &t : scoreBanks)
     t = k.tile(MemorySpace::psum, {unit, bank}, f32);
   restBank = k.tile(MemorySpace::psum, {unit, bank}, f32);
@@ -234,7 +234,7 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
   struct State {
     Value qT, negm, next, l, o, oOut;
   };
-  State sets[4]; // 0, 1: prefix tiles; 2, 3: the later ones
+  State sets[5]; // 0 to 2: prefix tiles; 3, 4: the later ones
   for (State &s : sets) {
     s.qT = k.tile(MemorySpace::sbuf, {dim, unit}, inElt);
     s.negm = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
@@ -294,7 +294,7 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
   struct Scratch {
     Value max, sums, alpha, p, pT, mask;
   };
-  Scratch scratches[5]; // one per score bank, and the last streamed step's
+  Scratch scratches[6]; // one per score bank, and the last streamed step's
   for (Scratch &t : scratches) {
     t.max = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
     t.sums = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
@@ -485,7 +485,7 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
     for (int64_t first = 0; first < prefix; first += maxUnits) {
       step(st, rows,
            residentStep(slot, first, std::min(maxUnits, prefix - first),
-                        Value(), 2 + parity));
+                        Value(), 3 + parity));
       parity ^= 1;
     }
     nextBank = parity;
@@ -525,8 +525,8 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
                         {unit, vDim}, {slots * maxUnits * vDim, 1});
         };
         ks.iotaAt = iotaAt(k.addOffset(k.scale(j, -width), -resident));
-        ks.sTile = scoreBanks[2 + (parity + s) % 2];
-        ks.scratch = 2 + (parity + s) % 2;
+        ks.sTile = scoreBanks[3 + (parity + s) % 2];
+        ks.scratch = 3 + (parity + s) % 2;
         step(st, rows, ks);
       };
       k.forEachPipelinedDynamic(fullSteps, slots, loadStep, compute);
@@ -555,7 +555,7 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
         ks.iotaAt =
             iotaAt(k.addOffset(k.scale(fullSteps, -width), -resident));
         ks.sTile = restBank;
-        ks.scratch = 4;
+        ks.scratch = 5;
         step(st, rows, ks);
       });
     }
@@ -600,27 +600,34 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
   // Prefix tiles, each if the query has it, its keys up to its diagonal,
   // pipelined across tiles and heads: a tile's Q^T loads while the tile
   // before it computes (a load's latency outlasts a short tile), and each
-  // step's scores are issued before the step before it accumulates P V.
+  // step's scores are issued before the steps `kLag` before it accumulate
+  // P V (banks, scratch and state sets rotate over kLag + 1).
   SmallVector<Value> rowsOf;
   for (int64_t t = 0; t < prefix; ++t)
     rowsOf.push_back(minI(sub(qLenV, k.index(t * unit)), k.index(unit)));
+  constexpr int64_t kLag = 2;
   struct Pending {
-    int64_t tile, set, bi, h;
+    int64_t tile, set, head, bi, h;
     KeyStep ks;
     bool last;
   };
-  std::optional<Pending> pending;
-  // The pending step's accumulate phase `phase`.
+  std::deque<Pending> pending;
+  // The oldest pending step's accumulate phase `phase` (done: off the list).
   auto flush = [&](int phase) {
-    if (!pending)
-      return;
-    Pending p = *pending;
+    const Pending &p = pending.front();
     k.ifMore(qTilesV, p.tile, [&] {
       accumulate(sets[p.set], rowsOf[p.tile], p.ks, phase);
       if (p.last && phase == 1)
         finishTile(k.index(p.tile * unit), rowsOf[p.tile], sets[p.set], p.bi,
                    p.h);
     });
+    if (phase == 1)
+      pending.pop_front();
+  };
+  auto flushOlderThan = [&](int64_t head) {
+    while (!pending.empty() && pending.front().head < head)
+      for (int phase : {0, 1})
+        flush(phase);
   };
   int64_t prefixSet = 0, prefixBank = 0;
 
@@ -628,11 +635,14 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
   loadResident(0);
   for (int64_t headIdx = 0; headIdx < kvHeadsAll; ++headIdx) {
     // The next key head's resident keys go to the slot of the one before
-    // this: once that head's pending step is issued.
+    // this: once that head's pending steps are issued (`drain`: now).
     bool nextLoaded = headIdx + 1 == kvHeadsAll;
-    auto loadNext = [&] {
-      if (!nextLoaded)
-        loadResident(headIdx + 1);
+    auto loadNext = [&](bool drain) {
+      if (drain)
+        flushOlderThan(headIdx);
+      if (nextLoaded || (!pending.empty() && pending.front().head < headIdx))
+        return;
+      loadResident(headIdx + 1);
       nextLoaded = true;
     };
     slot = headIdx % 2;
@@ -647,7 +657,7 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
                  [&] { loadQuery(k.index(0), rowsOf[0], prefixSet); });
       for (int64_t t = 0; t < prefix; ++t) {
         int64_t set = prefixSet;
-        prefixSet ^= 1;
+        prefixSet = (prefixSet + 1) % (kLag + 1);
         if (t + 1 < prefix)
           k.ifMore(qTilesV, t + 1, [&] {
             loadQuery(k.index((t + 1) * unit), rowsOf[t + 1], prefixSet);
@@ -658,40 +668,41 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
           bool last = first + n == units;
           KeyStep ks = residentStep(slot, first, n, last ? rowsOf[t] : Value(),
                                     prefixBank);
-          prefixBank ^= 1;
+          prefixBank = (prefixBank + 1) % (kLag + 1);
+          bool full = (int64_t)pending.size() == kLag;
           for (int phase : {0, 1}) {
             k.ifMore(qTilesV, t, [&] {
               if (first == 0 && phase == 0)
                 startTile(sets[set], rowsOf[t]);
               scores(sets[set], rowsOf[t], ks, phase);
             });
-            flush(phase);
+            if (full)
+              flush(phase);
           }
-          pending = Pending{t, set, bi, h, ks, last};
-          loadNext();
+          pending.push_back(Pending{t, set, headIdx, bi, h, ks, last});
+          loadNext(/*drain=*/false);
         }
       }
-      loadNext();
+      loadNext(/*drain=*/true);
       // The full tiles after them, then the short last one if it is not a
       // prefix tile.
       k.forEachDynamic(maxI(sub(qFull, k.index(prefix)), k.index(0)),
                        [&](Value i) {
                          Value q0 = k.scale(k.addOffset(i, prefix), unit);
-                         loadQuery(q0, idx(unit), 2);
-                         queryTile(q0, idx(unit), 2);
+                         loadQuery(q0, idx(unit), 3);
+                         queryTile(q0, idx(unit), 3);
                        });
       Value lastTile = b.create<arith::MulIOp>(
           minI(maxI(k.addOffset(sub(qFull, k.index(prefix)), 1), k.index(0)),
                one),
           minI(qRest, one));
       k.forEachDynamic(lastTile, [&](Value) {
-        loadQuery(k.scale(qFull, unit), qRest, 3);
-        queryTile(k.scale(qFull, unit), qRest, 3);
+        loadQuery(k.scale(qFull, unit), qRest, 4);
+        queryTile(k.scale(qFull, unit), qRest, 4);
       });
     }
   }
-  for (int phase : {0, 1})
-    flush(phase);
+  flushOlderThan(kvHeadsAll);
   return success();
 }
 

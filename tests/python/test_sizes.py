@@ -487,7 +487,7 @@ def _prefill_device_us(specialize: bool, seq: int) -> float:
 def test_causal_prefill_takes_at_most_the_specialized_time(real_native: ModuleType) -> None:
     """The size-generic prefill program's modeled time in a layer's form is within 5% of the
     program specialized to the length (issue #16): its query tiles are software-pipelined,
-    each step's scores issued before the step before it accumulates (15% slower before)."""
+    each step's scores issued before the two steps before it accumulate (15% slower before)."""
     generic, special = _prefill_device_us(False, 384), _prefill_device_us(True, 384)
     assert generic / special - 1 <= 0.05, (generic, special)
 
