@@ -204,10 +204,12 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
   }
   // Tiles of their own per role: nisa-insert-sync takes a view with a
   // run-time extent as its whole tile.
-  // Score banks 0 to 2 for the prefix tiles' steps, 3 and 4 for the later
-  // tiles': a prefix step whose accumulation is still to be issued (below)
-  // shares nothing with what comes between.
-  Value scoreBanks[5], restBank, oPsum;
+  // The prefix tiles' steps (below) are issued kLag steps ahead of their
+  // accumulation, so they rotate over kLag + 1 score banks, scratch sets and
+  // state sets; the later tiles' two follow (index kLater on), so that a
+  // pending prefix step shares nothing with what comes between.
+  constexpr int64_t kLag = 2, kLater = kLag + 1;
+  Value scoreBanks[kLater + 2], restBank, oPsum;
   for (Value &t : scoreBanks)
     t = k.tile(MemorySpace::psum, {unit, bank}, f32);
   restBank = k.tile(MemorySpace::psum, {unit, bank}, f32);
@@ -234,7 +236,7 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
   struct State {
     Value qT, negm, next, l, o, oOut;
   };
-  State sets[5]; // 0 to 2: prefix tiles; 3, 4: the later ones
+  State sets[kLater + 2];
   for (State &s : sets) {
     s.qT = k.tile(MemorySpace::sbuf, {dim, unit}, inElt);
     s.negm = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
@@ -294,14 +296,18 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
   struct Scratch {
     Value max, sums, alpha, p, pT, mask;
   };
-  Scratch scratches[6]; // one per score bank, and the last streamed step's
-  for (Scratch &t : scratches) {
+  // One per score bank, and the last streamed step's (kRestScratch); only
+  // streamed steps (the later tiles') are masked by an iota.
+  constexpr int64_t kRestScratch = kLater + 2;
+  Scratch scratches[kRestScratch + 1];
+  for (int64_t i = 0; i <= kRestScratch; ++i) {
+    Scratch &t = scratches[i];
     t.max = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
     t.sums = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
     t.alpha = k.tile(MemorySpace::sbuf, {unit, 1}, f32);
     t.p = k.tile(MemorySpace::sbuf, {unit, width}, inElt);
     t.pT = k.tile(MemorySpace::sbuf, {unit, width}, inElt);
-    if (causal)
+    if (causal && i >= kLater)
       t.mask = k.tile(MemorySpace::sbuf, {unit, width}, f32);
   }
   // A key step in two halves of two phases each, so that the next step's
@@ -449,9 +455,8 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
     load(k.view(q.buffer, qAt, {idx(dim), rows}, {q.strides[3], q.strides[2]}),
          k.view(sets[set].qT, k.index(0), {idx(dim), rows}, {unit, 1}));
   };
-  // A query tile's state before its first key step, and its output after
-  // its last: out = O / l.
-  // (GpSimd's: VectorE is the busier engine.)
+  // A query tile's state before its first key step (set on GpSimd: VectorE
+  // is the busier engine), and its output after its last: out = O / l.
   auto startTile = [&](const State &st, OpFoldResult rows) {
     auto gpsimd = nisa::Engine::gpsimd;
     b.create<nisa::MemsetOp>(rowsView(st.negm, rows, 1),
@@ -471,13 +476,13 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
     k.dma(oOut, k.view(out, to, {rows, idx(vDim)},
                        {outW.strides[2], outW.strides[3]}));
   };
-  // A query tile after the prefix ones: rows [q0, q0 + rows) of head
-  // (bi, h), with state set `set` (its Q^T loaded): every resident key,
-  // then the streamed ones.
   // The later tiles' parity of score banks: it alternates across steps and
   // tiles, so a step's scores need not wait for the last step's transposes
   // out of the same bank.
   int64_t nextBank = 0;
+  // A query tile after the prefix ones: rows [q0, q0 + rows) of head
+  // (bi, h), with state set `set` (its Q^T loaded): every resident key,
+  // then the streamed ones.
   auto queryTile = [&](Value q0, OpFoldResult rows, int64_t set) {
     const State &st = sets[set];
     startTile(st, rows);
@@ -485,80 +490,76 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
     for (int64_t first = 0; first < prefix; first += maxUnits) {
       step(st, rows,
            residentStep(slot, first, std::min(maxUnits, prefix - first),
-                        Value(), 3 + parity));
+                        Value(), kLater + parity));
       parity ^= 1;
     }
     nextBank = parity;
-    {
-      // Streamed keys: the full steps, then the last ones.
-      // kMaskScale * (q0 - first key), the first key's negation `negK0`
-      // built without a subtraction: an iota offset is a sum of terms.
-      auto iotaAt = [&](Value negK0) -> Value {
-        if (!causal)
-          return Value();
-        return k.scale(k.addOffsets(q0, negK0), (int64_t)kMaskScale);
+    // Streamed keys: the full steps, then the last ones.
+    // kMaskScale * (q0 - first key), the first key's negation `negK0`
+    // built without a subtraction: an iota offset is a sum of terms.
+    auto iotaAt = [&](Value negK0) -> Value {
+      if (!causal)
+        return Value();
+      return k.scale(k.addOffsets(q0, negK0), (int64_t)kMaskScale);
+    };
+    auto loadStep = [&](Value j, int64_t s) {
+      Value first = k.addOffset(k.scale(j, width), resident);
+      load(k.view(key.buffer,
+                  k.addOffsets(kBase, k.scale(first, key.strides[2])),
+                  {dim, width}, {key.strides[3], key.strides[2]}),
+           k.view(kStream, k.index(s * width), {dim, width},
+                  {slots * width, 1}));
+      load(
+          k.view(value.buffer,
+                 k.addOffsets(vBase, k.scale(first, value.strides[2])),
+                 {unit, maxUnits, vDim},
+                 {value.strides[2], unit * value.strides[2], value.strides[3]}),
+          k.view(vStream, k.index(s * maxUnits * vDim), {unit, maxUnits, vDim},
+                 {slots * maxUnits * vDim, vDim, 1}));
+    };
+    auto compute = [&](Value j, int64_t s, Value) {
+      KeyStep ks;
+      ks.keys = idx(width);
+      ks.kT =
+          k.view(kStream, k.index(s * width), {dim, width}, {slots * width, 1});
+      ks.staticUnits = maxUnits;
+      ks.vOf = [&, s](int64_t u, OpFoldResult) {
+        return k.view(vStream, k.index((s * maxUnits + u) * vDim), {unit, vDim},
+                      {slots * maxUnits * vDim, 1});
       };
-      auto loadStep = [&](Value j, int64_t s) {
-        Value first = k.addOffset(k.scale(j, width), resident);
-        load(k.view(key.buffer,
-                    k.addOffsets(kBase, k.scale(first, key.strides[2])),
-                    {dim, width}, {key.strides[3], key.strides[2]}),
-             k.view(kStream, k.index(s * width), {dim, width},
-                    {slots * width, 1}));
-        load(k.view(value.buffer,
-                    k.addOffsets(vBase, k.scale(first, value.strides[2])),
-                    {unit, maxUnits, vDim},
-                    {value.strides[2], unit * value.strides[2],
-                     value.strides[3]}),
-             k.view(vStream, k.index(s * maxUnits * vDim),
-                    {unit, maxUnits, vDim},
-                    {slots * maxUnits * vDim, vDim, 1}));
+      ks.iotaAt = iotaAt(k.addOffset(k.scale(j, -width), -resident));
+      ks.scratch = kLater + (parity + s) % 2;
+      ks.sTile = scoreBanks[ks.scratch];
+      step(st, rows, ks);
+    };
+    k.forEachPipelinedDynamic(fullSteps, slots, loadStep, compute);
+    k.ifMore(rest, 0, [&] {
+      load(k.view(key.buffer,
+                  k.addOffsets(kBase, k.scale(restAt, key.strides[2])),
+                  {idx(dim), rest}, {key.strides[3], key.strides[2]}),
+           k.view(kRest, k.index(0), {idx(dim), rest}, {width, 1}));
+      for (int64_t u = 0; u < maxUnits; ++u)
+        k.ifMore(restUnits, u, [&] {
+          Value n = minI(sub(rest, k.index(u * unit)), k.index(unit));
+          Value from = k.addOffsets(
+              vBase, k.scale(k.addOffset(restAt, u * unit), value.strides[2]));
+          load(k.view(value.buffer, from, {n, idx(vDim)},
+                      {value.strides[2], value.strides[3]}),
+               k.view(vRest[u], k.index(0), {n, idx(vDim)}, {vDim, 1}));
+        });
+      KeyStep ks;
+      ks.keys = rest;
+      ks.kT = k.view(kRest, k.index(0), {idx(dim), rest}, {width, 1});
+      ks.units = restUnits;
+      ks.staticUnits = maxUnits;
+      ks.vOf = [&](int64_t u, OpFoldResult n) {
+        return k.view(vRest[u], k.index(0), {n, idx(vDim)}, {vDim, 1});
       };
-      auto compute = [&](Value j, int64_t s, Value) {
-        KeyStep ks;
-        ks.keys = idx(width);
-        ks.kT = k.view(kStream, k.index(s * width), {dim, width},
-                       {slots * width, 1});
-        ks.staticUnits = maxUnits;
-        ks.vOf = [&, s](int64_t u, OpFoldResult) {
-          return k.view(vStream, k.index((s * maxUnits + u) * vDim),
-                        {unit, vDim}, {slots * maxUnits * vDim, 1});
-        };
-        ks.iotaAt = iotaAt(k.addOffset(k.scale(j, -width), -resident));
-        ks.sTile = scoreBanks[3 + (parity + s) % 2];
-        ks.scratch = 3 + (parity + s) % 2;
-        step(st, rows, ks);
-      };
-      k.forEachPipelinedDynamic(fullSteps, slots, loadStep, compute);
-      k.ifMore(rest, 0, [&] {
-        load(k.view(key.buffer,
-                    k.addOffsets(kBase, k.scale(restAt, key.strides[2])),
-                    {idx(dim), rest}, {key.strides[3], key.strides[2]}),
-             k.view(kRest, k.index(0), {idx(dim), rest}, {width, 1}));
-        for (int64_t u = 0; u < maxUnits; ++u)
-          k.ifMore(restUnits, u, [&] {
-            Value n = minI(sub(rest, k.index(u * unit)), k.index(unit));
-            Value from = k.addOffsets(
-                vBase, k.scale(k.addOffset(restAt, u * unit), value.strides[2]));
-            load(k.view(value.buffer, from, {n, idx(vDim)},
-                        {value.strides[2], value.strides[3]}),
-                 k.view(vRest[u], k.index(0), {n, idx(vDim)}, {vDim, 1}));
-          });
-        KeyStep ks;
-        ks.keys = rest;
-        ks.kT = k.view(kRest, k.index(0), {idx(dim), rest}, {width, 1});
-        ks.units = restUnits;
-        ks.staticUnits = maxUnits;
-        ks.vOf = [&](int64_t u, OpFoldResult n) {
-          return k.view(vRest[u], k.index(0), {n, idx(vDim)}, {vDim, 1});
-        };
-        ks.iotaAt =
-            iotaAt(k.addOffset(k.scale(fullSteps, -width), -resident));
-        ks.sTile = restBank;
-        ks.scratch = 5;
-        step(st, rows, ks);
-      });
-    }
+      ks.iotaAt = iotaAt(k.addOffset(k.scale(fullSteps, -width), -resident));
+      ks.sTile = restBank;
+      ks.scratch = kRestScratch;
+      step(st, rows, ks);
+    });
     finishTile(q0, rows, st, bi, h);
   };
 
@@ -605,7 +606,6 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
   SmallVector<Value> rowsOf;
   for (int64_t t = 0; t < prefix; ++t)
     rowsOf.push_back(minI(sub(qLenV, k.index(t * unit)), k.index(unit)));
-  constexpr int64_t kLag = 2;
   struct Pending {
     int64_t tile, set, head, bi, h;
     KeyStep ks;
@@ -689,16 +689,16 @@ LogicalResult FlexAttentionLowering::runPrefillDynamic() {
       k.forEachDynamic(maxI(sub(qFull, k.index(prefix)), k.index(0)),
                        [&](Value i) {
                          Value q0 = k.scale(k.addOffset(i, prefix), unit);
-                         loadQuery(q0, idx(unit), 3);
-                         queryTile(q0, idx(unit), 3);
+                         loadQuery(q0, idx(unit), kLater);
+                         queryTile(q0, idx(unit), kLater);
                        });
       Value lastTile = b.create<arith::MulIOp>(
           minI(maxI(k.addOffset(sub(qFull, k.index(prefix)), 1), k.index(0)),
                one),
           minI(qRest, one));
       k.forEachDynamic(lastTile, [&](Value) {
-        loadQuery(k.scale(qFull, unit), qRest, 4);
-        queryTile(k.scale(qFull, unit), qRest, 4);
+        loadQuery(k.scale(qFull, unit), qRest, kLater + 1);
+        queryTile(k.scale(qFull, unit), qRest, kLater + 1);
       });
     }
   }
