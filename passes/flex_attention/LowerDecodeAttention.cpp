@@ -462,9 +462,8 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   // as the next block, before the previous head's P V: its K^T comes well
   // before the V that P V waits for.
   auto softStage = [&](int64_t slot) {
-    if (stageHead == headsAll - 1)
-      if (oneBlock)
-        soft(slot, [] {});
+    if (oneBlock && stageHead == headsAll - 1)
+      soft(slot, [] {});
   };
   // Finishes a block between the next one's stages: TensorE computes the
   // next scores before this block's max^T, P V and row sums, VectorE the
