@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Brings a fresh Debian 12/13 machine to a built, installed TorchNeuron, and is
 # quick (a no-op ninja check) when everything is already in place.
-#   Debian packages: MLIR/LLVM 19, nlohmann_json, Catch2, Eigen, ninja, ccache, cmake
+#   Debian packages: MLIR/LLVM 19, nlohmann_json, simdjson, Catch2, Eigen, ninja, ccache, cmake
 #   .venv:           torch==2.13.0 (CPU wheel; always pinned), test tools, build tools
 #   build/:          the CMake build, installed into .venv as an editable package
 set -euo pipefail
@@ -11,7 +11,7 @@ cd "$ROOT"
 say() { echo "[setup] $*" >&2; }
 
 APT_PACKAGES=(libmlir-19-dev mlir-19-tools llvm-19-dev llvm-19-tools nlohmann-json3-dev
-              catch2 libeigen3-dev ninja-build ccache cmake g++)
+              libsimdjson-dev catch2 libeigen3-dev ninja-build ccache cmake g++)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

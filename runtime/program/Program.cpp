@@ -5,6 +5,7 @@
 #include "runtime/target/Target.h"
 
 #include <nlohmann/json.hpp>
+#include <simdjson.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +15,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
+#include <unordered_map>
 
 namespace neuron::runtime {
 
@@ -296,98 +299,209 @@ std::optional<std::vector<uint8_t>> decodeBase64(const std::string &text) {
 // Parser
 //===----------------------------------------------------------------------===//
 
-[[noreturn]] void fail(const std::string &where, const std::string &what) {
-  throw Error(where + ": " + what);
-}
+/// A value of a program document being read. Programs are read with simdjson
+/// and written with nlohmann_json: a compile-cache hit loads every program of
+/// the graph, and building nlohmann's DOM took three quarters of a load.
+struct Json {
+  Json(simdjson::dom::element element) : element(element) {}
 
-std::string typeName(const json &value) { return value.type_name(); }
-
-void checkKeys(const json &object, const std::set<std::string> &allowed,
-               const std::string &where) {
-  for (auto it = object.begin(); it != object.end(); ++it)
-    if (!allowed.count(it.key()))
-      fail(where, "unknown field '" + it.key() + "'");
-}
-
-const json &requireKey(const json &object, const char *key,
-                       const std::string &where) {
-  auto it = object.find(key);
-  if (it == object.end())
-    fail(where, std::string("missing field '") + key + "'");
-  return *it;
-}
-
-int64_t asInt(const json &value, const std::string &where) {
-  if (value.is_number_unsigned()) {
-    if (value.get<uint64_t>() >
-        static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      fail(where, "integer out of range");
-    return static_cast<int64_t>(value.get<uint64_t>());
+  bool is_object() const { return element.is_object(); }
+  bool is_string() const { return element.is_string(); }
+  bool is_null() const { return element.is_null(); }
+  /// The object's fields (empty for any other value).
+  simdjson::dom::object members() const {
+    simdjson::dom::object object;
+    if (element.get_object().get(object))
+      return {};
+    return object;
   }
-  if (!value.is_number_integer())
-    fail(where, "expected an integer, got " + typeName(value));
-  return value.get<int64_t>();
+  /// The object's field `key`, if it is an object that has one.
+  std::optional<Json> find(std::string_view key) const {
+    simdjson::dom::element value;
+    if (element.at_key(key).get(value))
+      return std::nullopt;
+    return Json(value);
+  }
+  bool contains(std::string_view key) const { return find(key).has_value(); }
+  /// The field `key`, which the caller has checked is there.
+  Json operator[](std::string_view key) const { return *find(key); }
+  /// The type's name in errors (the names JSON Schema uses).
+  const char *typeName() const {
+    switch (element.type()) {
+    case simdjson::dom::element_type::ARRAY:
+      return "array";
+    case simdjson::dom::element_type::OBJECT:
+      return "object";
+    case simdjson::dom::element_type::STRING:
+      return "string";
+    case simdjson::dom::element_type::BOOL:
+      return "boolean";
+    case simdjson::dom::element_type::NULL_VALUE:
+      return "null";
+    default:
+      return "number";
+    }
+  }
+  std::string dump() const { return simdjson::minify(element); }
+
+  simdjson::dom::element element;
+};
+
+/// Where a value sits in the program document, for error messages: a chain
+/// of pieces that live on the parser's stack, spelled out only when an error
+/// is reported (spelling it for every value cost more than the parse).
+class Where {
+public:
+  /// A top-level place: "program", "buffers", "body".
+  explicit Where(const char *root) : pre(root) {}
+  /// `<this> field '<key>'`.
+  Where field(std::string_view key) const {
+    return Where(this, " field '", key, "'");
+  }
+  /// `<this>[<i>]`.
+  Where index(size_t i) const {
+    Where item(this, "[", {}, "]");
+    item.number = i;
+    return item;
+  }
+  /// `<this><pre><text><post>`.
+  Where append(const char *pre, std::string_view text = {},
+               const char *post = "") const {
+    return Where(this, pre, text, post);
+  }
+  std::string str() const {
+    std::string out = parent ? parent->str() : std::string();
+    out += pre;
+    out += text;
+    if (number)
+      out += std::to_string(*number);
+    return out + post;
+  }
+
+private:
+  Where(const Where *parent, const char *pre, std::string_view text,
+        const char *post)
+      : parent(parent), pre(pre), text(text), post(post) {}
+
+  const Where *parent = nullptr;
+  const char *pre;
+  std::string_view text;
+  const char *post = "";
+  std::optional<size_t> number;
+};
+
+[[noreturn]] void fail(const Where &where, const std::string &what) {
+  throw Error(where.str() + ": " + what);
+}
+
+std::string typeName(const Json &value) { return value.typeName(); }
+
+template <typename Keys>
+void checkKeysIn(const Json &object, const Keys &allowed, const Where &where) {
+  for (simdjson::dom::key_value_pair member : object.members())
+    if (std::find(allowed.begin(), allowed.end(), member.key) == allowed.end())
+      fail(where, "unknown field '" + std::string(member.key) + "'");
+}
+
+void checkKeys(const Json &object,
+               std::initializer_list<std::string_view> allowed,
+               const Where &where) {
+  checkKeysIn(object, allowed, where);
+}
+
+Json requireKey(const Json &object, std::string_view key, const Where &where) {
+  std::optional<Json> value = object.find(key);
+  if (!value)
+    fail(where, "missing field '" + std::string(key) + "'");
+  return *value;
+}
+
+int64_t asInt(const Json &value, const Where &where) {
+  int64_t result;
+  if (!value.element.get_int64().get(result))
+    return result;
+  if (value.element.is_uint64())
+    fail(where, "integer out of range");
+  fail(where, "expected an integer, got " + typeName(value));
 }
 
 /// A JSON number, or {"float": "inf" | "-inf" | "nan"} for the values JSON
 /// cannot spell (same encoding as FX_GRAPH_FORMAT.md).
-double asNumber(const json &value, const std::string &where) {
-  if (value.is_number())
-    return value.get<double>();
-  if (value.is_object() && value.size() == 1 && value.contains("float") &&
-      value["float"].is_string()) {
-    std::string text = value["float"].get<std::string>();
-    if (text == "inf")
-      return std::numeric_limits<double>::infinity();
-    if (text == "-inf")
-      return -std::numeric_limits<double>::infinity();
-    if (text == "nan")
-      return std::numeric_limits<double>::quiet_NaN();
-  }
+double asNumber(const Json &value, const Where &where) {
+  double result;
+  if (value.element.is_number() && !value.element.get_double().get(result))
+    return result;
+  std::string_view text;
+  if (value.is_object() && value.members().size() == 1)
+    if (std::optional<Json> spelled = value.find("float"))
+      if (!spelled->element.get_string().get(text)) {
+        if (text == "inf")
+          return std::numeric_limits<double>::infinity();
+        if (text == "-inf")
+          return -std::numeric_limits<double>::infinity();
+        if (text == "nan")
+          return std::numeric_limits<double>::quiet_NaN();
+      }
   fail(where, "expected a number or {\"float\": \"inf\"|\"-inf\"|\"nan\"}, "
               "got " +
                   value.dump());
 }
 
-bool asBool(const json &value, const std::string &where) {
-  if (!value.is_boolean())
+bool asBool(const Json &value, const Where &where) {
+  bool result;
+  if (value.element.get_bool().get(result))
     fail(where, "expected a boolean, got " + typeName(value));
-  return value.get<bool>();
+  return result;
 }
 
-std::string asString(const json &value, const std::string &where) {
-  if (!value.is_string())
+std::string asString(const Json &value, const Where &where) {
+  std::string_view result;
+  if (value.element.get_string().get(result))
     fail(where, "expected a string, got " + typeName(value));
-  return value.get<std::string>();
+  return std::string(result);
 }
 
-const json &asArray(const json &value, const std::string &where) {
-  if (!value.is_array())
+/// The elements of an array, in order (simdjson's arrays are walked, not
+/// indexed).
+std::vector<Json> asArray(const Json &value, const Where &where) {
+  simdjson::dom::array array;
+  if (value.element.get_array().get(array))
     fail(where, "expected an array, got " + typeName(value));
-  return value;
+  std::vector<Json> items;
+  items.reserve(array.size());
+  for (simdjson::dom::element item : array)
+    items.emplace_back(item);
+  return items;
 }
 
-void requireObject(const json &value, const std::string &where) {
+void requireObject(const Json &value, const Where &where) {
   if (!value.is_object())
     fail(where, "expected an object, got " + typeName(value));
 }
 
-std::vector<int64_t> asIntList(const json &value, const std::string &where) {
+std::vector<int64_t> asIntList(const Json &value, const Where &where) {
   std::vector<int64_t> result;
-  const json &array = asArray(value, where);
+  const std::vector<Json> array = asArray(value, where);
   for (size_t i = 0; i < array.size(); ++i)
-    result.push_back(asInt(array[i], where + "[" + std::to_string(i) + "]"));
+    result.push_back(asInt(array[i], where.index(i)));
   return result;
 }
 
-std::string field(const std::string &where, const char *key) {
-  return where + " field '" + key + "'";
-}
+Where field(const Where &where, const char *key) { return where.field(key); }
 
 struct OpSpec {
   Opcode op;
-  std::set<std::string> required;
-  std::set<std::string> optional;
+  std::vector<std::string_view> required;
+  std::vector<std::string_view> optional;
+  /// Every field the op may have: op, engine, loc, waits, required, optional.
+  std::vector<std::string_view> allowed;
+
+  bool takes(std::string_view name) const {
+    auto in = [&](const std::vector<std::string_view> &names) {
+      return std::find(names.begin(), names.end(), name) != names.end();
+    };
+    return in(required) || in(optional);
+  }
 };
 
 /// The fields of each instruction besides op, engine, loc and waits.
@@ -436,8 +550,15 @@ OpSpec makeOpSpec(Opcode op) {
 const OpSpec &opSpec(Opcode op) {
   static const std::vector<OpSpec> specs = [] {
     std::vector<OpSpec> all;
-    for (Opcode each : kAllOpcodes)
-      all.push_back(makeOpSpec(each));
+    for (Opcode each : kAllOpcodes) {
+      OpSpec spec = makeOpSpec(each);
+      spec.allowed = {"op", "engine", "loc", "waits"};
+      spec.allowed.insert(spec.allowed.end(), spec.required.begin(),
+                          spec.required.end());
+      spec.allowed.insert(spec.allowed.end(), spec.optional.begin(),
+                          spec.optional.end());
+      all.push_back(std::move(spec));
+    }
     return all;
   }();
   return specs.at(static_cast<size_t>(op));
@@ -450,10 +571,9 @@ template <AttributeKind K>
 using KindTag = std::integral_constant<AttributeKind, K>;
 using AK = AttributeKind;
 /// Reads an affine index: the parser's, which evaluates size expressions.
-using AffineReader =
-    std::function<AffineExpr(const json &, const std::string &)>;
+using AffineReader = std::function<AffineExpr(const Json &, const Where &)>;
 
-AluOp parseAluOpValue(const json &value, const std::string &where) {
+AluOp parseAluOpValue(const Json &value, const Where &where) {
   std::string name = asString(value, where);
   // PROGRAM_FORMAT.md spells the product reduction "mul".
   std::optional<AluOp> op =
@@ -463,68 +583,87 @@ AluOp parseAluOpValue(const json &value, const std::string &where) {
   return *op;
 }
 
-void readAttribute(KindTag<AK::Bool>, bool &out, const json &value,
-                   const std::string &where, const AffineReader &affine) {
+void readAttribute(KindTag<AK::Bool>, bool &out, const Json &value,
+                   const Where &where, const AffineReader &affine) {
   out = asBool(value, where);
 }
-void readAttribute(KindTag<AK::Number>, double &out, const json &value,
-                   const std::string &where, const AffineReader &affine) {
+void readAttribute(KindTag<AK::Number>, double &out, const Json &value,
+                   const Where &where, const AffineReader &affine) {
   out = asNumber(value, where);
 }
 void readAttribute(KindTag<AK::Immediate>, std::optional<double> &out,
-                   const json &value, const std::string &where,
+                   const Json &value, const Where &where,
                    const AffineReader &affine) {
   out = asNumber(value, where);
 }
-void readAttribute(KindTag<AK::Int>, int64_t &out, const json &value,
-                   const std::string &where, const AffineReader &affine) {
+void readAttribute(KindTag<AK::Int>, int64_t &out, const Json &value,
+                   const Where &where, const AffineReader &affine) {
   out = asInt(value, where);
 }
-void readAttribute(KindTag<AK::Group>, int64_t &out, const json &value,
-                   const std::string &where, const AffineReader &affine) {
+void readAttribute(KindTag<AK::Group>, int64_t &out, const Json &value,
+                   const Where &where, const AffineReader &affine) {
   out = asInt(value, where);
 }
 void readAttribute(KindTag<AK::NumberList>, std::vector<double> &out,
-                   const json &value, const std::string &where,
+                   const Json &value, const Where &where,
                    const AffineReader &affine) {
-  const json &array = asArray(value, where);
+  const std::vector<Json> array = asArray(value, where);
   out.clear();
   for (size_t i = 0; i < array.size(); ++i)
-    out.push_back(asNumber(array[i], where + "[" + std::to_string(i) + "]"));
+    out.push_back(asNumber(array[i], where.index(i)));
 }
 void readAttribute(KindTag<AK::Affine>, std::optional<AffineExpr> &out,
-                   const json &value, const std::string &where,
+                   const Json &value, const Where &where,
                    const AffineReader &affine) {
   out = affine(value, where);
 }
-void readAttribute(KindTag<AK::ActFunc>, ActFunc &out, const json &value,
-                   const std::string &where, const AffineReader &affine) {
+void readAttribute(KindTag<AK::ActFunc>, ActFunc &out, const Json &value,
+                   const Where &where, const AffineReader &affine) {
   std::string name = asString(value, where);
   std::optional<ActFunc> func = parseActFunc(name);
   if (!func)
     fail(where, "unknown activation function '" + name + "'");
   out = *func;
 }
-void readAttribute(KindTag<AK::AluOp>, AluOp &out, const json &value,
-                   const std::string &where, const AffineReader &affine) {
+void readAttribute(KindTag<AK::AluOp>, AluOp &out, const Json &value,
+                   const Where &where, const AffineReader &affine) {
   out = parseAluOpValue(value, where);
 }
-void readAttribute(KindTag<AK::Collective>, Collective &out, const json &value,
-                   const std::string &where, const AffineReader &affine) {
+void readAttribute(KindTag<AK::Collective>, Collective &out, const Json &value,
+                   const Where &where, const AffineReader &affine) {
   std::string name = asString(value, where);
   std::optional<Collective> kind = parseCollective(name);
   if (!kind)
     fail(where, "unknown collective '" + name + "'");
   out = *kind;
 }
-void readAttribute(KindTag<AK::Dge>, bool &out, const json &value,
-                   const std::string &where, const AffineReader &affine) {
+void readAttribute(KindTag<AK::Dge>, bool &out, const Json &value,
+                   const Where &where, const AffineReader &affine) {
   std::string mode = asString(value, where);
   if (mode != "none" && mode != "hwdge")
     fail(where, "must be \"none\" or \"hwdge\" (software DGE is a "
                 "dma_copy issued by gpsimd), got '" +
                     mode + "'");
   out = mode == "hwdge";
+}
+
+/// Reads one attribute into its Instruction member.
+using AttributeReader = void (*)(Instruction &, const Json &, const Where &,
+                                 const AffineReader &);
+
+/// The reader of the attribute spelled `key` (null for op, engine, loc, waits
+/// and the operands, which parseInstruction reads itself).
+AttributeReader findAttributeReader(std::string_view key) {
+  static const std::unordered_map<std::string_view, AttributeReader> readers = {
+#define NEURON_ATTRIBUTE(Member, Spelling, Kind, Source)                       \
+  {Spelling, [](Instruction &inst, const Json &value, const Where &where,      \
+                const AffineReader &affine) {                                  \
+     readAttribute(KindTag<AK::Kind>(), inst.Member, value, where, affine);    \
+   }},
+#include "runtime/program/InstructionSet.def"
+  };
+  auto it = readers.find(key);
+  return it == readers.end() ? nullptr : it->second;
 }
 
 /// Removes the loops an instance of a size-generic program runs zero times
@@ -575,38 +714,37 @@ public:
   /// `sizes`: the values of a size-generic program's parameters (null for a
   /// static program, whose integers are all literals).
   explicit Parser(const SizeEnv *sizes) : sizes(sizes) {}
-  Program parseDocument(const json &doc);
-  std::vector<SizeParam> parseParams(const json &value) const;
+  Program parseDocument(const Json &doc);
+  std::vector<SizeParam> parseParams(const Json &value) const;
 
 private:
   const SizeEnv *sizes;
 
   /// An integer that may be a size expression (PROGRAM_FORMAT.md, "Size
   /// parameters"), evaluated with `sizes`.
-  int64_t asSize(const json &value, const std::string &where) const;
-  std::vector<int64_t> asSizeList(const json &value,
-                                  const std::string &where) const;
-  AffineExpr parseAffine(const json &value, const std::string &where);
-  View parseView(const json &value, const std::string &where);
-  Buffer parseBuffer(const json &value, const std::string &where);
-  std::vector<Node> parseNodes(const json &value, const std::string &where,
+  int64_t asSize(const Json &value, const Where &where) const;
+  std::vector<int64_t> asSizeList(const Json &value, const Where &where) const;
+  AffineExpr parseAffine(const Json &value, const Where &where);
+  View parseView(const Json &value, const Where &where);
+  Buffer parseBuffer(const Json &value, const Where &where);
+  std::vector<Node> parseNodes(const Json &value, const Where &where,
                                int depth);
-  Instruction parseInstruction(const json &value, const std::string &where);
+  Instruction parseInstruction(const Json &value, const Where &where);
 };
 
 /// {"const": c, "terms": [[iv, coeff], ...]}, both fields optional.
-AffineExpr Parser::parseAffine(const json &value, const std::string &where) {
+AffineExpr Parser::parseAffine(const Json &value, const Where &where) {
   requireObject(value, where);
   checkKeys(value, {"const", "terms"}, where);
   AffineExpr expr;
   if (value.contains("const"))
     expr.constant = asSize(value["const"], field(where, "const"));
   if (value.contains("terms")) {
-    std::string termsWhere = field(where, "terms");
-    const json &terms = asArray(value["terms"], termsWhere);
+    Where termsWhere = field(where, "terms");
+    const std::vector<Json> terms = asArray(value["terms"], termsWhere);
     for (size_t i = 0; i < terms.size(); ++i) {
-      std::string termWhere = termsWhere + "[" + std::to_string(i) + "]";
-      const json &term = asArray(terms[i], termWhere);
+      Where termWhere = termsWhere.index(i);
+      const std::vector<Json> term = asArray(terms[i], termWhere);
       if (term.size() != 2)
         fail(termWhere, "a term is [iv, coeff]");
       expr.terms.emplace_back(asInt(term[0], termWhere),
@@ -616,7 +754,7 @@ AffineExpr Parser::parseAffine(const json &value, const std::string &where) {
   return expr;
 }
 
-View Parser::parseView(const json &value, const std::string &where) {
+View Parser::parseView(const Json &value, const Where &where) {
   requireObject(value, where);
   checkKeys(value, {"buf", "offset", "shape", "strides"}, where);
   View view;
@@ -630,10 +768,10 @@ View Parser::parseView(const json &value, const std::string &where) {
   return view;
 }
 
-int64_t Parser::asSize(const json &value, const std::string &where) const {
+int64_t Parser::asSize(const Json &value, const Where &where) const {
   if (!value.is_string())
     return asInt(value, where);
-  std::string text = value.get<std::string>();
+  std::string text = asString(value, where);
   if (!sizes)
     fail(where, "size expression '" + text +
                     "' in a program without size parameters' values");
@@ -644,23 +782,23 @@ int64_t Parser::asSize(const json &value, const std::string &where) const {
   }
 }
 
-std::vector<int64_t> Parser::asSizeList(const json &value,
-                                        const std::string &where) const {
+std::vector<int64_t> Parser::asSizeList(const Json &value,
+                                        const Where &where) const {
   std::vector<int64_t> result;
-  const json &array = asArray(value, where);
+  const std::vector<Json> array = asArray(value, where);
   for (size_t i = 0; i < array.size(); ++i)
-    result.push_back(asSize(array[i], where + "[" + std::to_string(i) + "]"));
+    result.push_back(asSize(array[i], where.index(i)));
   return result;
 }
 
 /// "params": [{"name": "s0", "min": 1, "max": 4096}, ...]; with `sizes`, each
 /// must be given and in its range, and `sizes` names no other.
-std::vector<SizeParam> Parser::parseParams(const json &value) const {
-  const std::string where = "params";
-  const json &array = asArray(value, where);
+std::vector<SizeParam> Parser::parseParams(const Json &value) const {
+  const Where where("params");
+  const std::vector<Json> array = asArray(value, where);
   std::vector<SizeParam> params;
   for (size_t i = 0; i < array.size(); ++i) {
-    std::string paramWhere = where + "[" + std::to_string(i) + "]";
+    Where paramWhere = where.index(i);
     requireObject(array[i], paramWhere);
     checkKeys(array[i], {"name", "min", "max"}, paramWhere);
     SizeParam param;
@@ -699,8 +837,8 @@ std::vector<SizeParam> Parser::parseParams(const json &value) const {
   return params;
 }
 
-Program Parser::parseDocument(const json &doc) {
-  const std::string where = "program";
+Program Parser::parseDocument(const Json &doc) {
+  const Where where("program");
   requireObject(doc, where);
   checkKeys(doc,
             {"format", "version", "name", "target", "sync", "params", "buffers",
@@ -711,8 +849,8 @@ Program Parser::parseDocument(const json &doc) {
   if (format != kProgramFormat)
     fail(field(where, "format"), "expected '" + std::string(kProgramFormat) +
                                      "', got '" + format + "'");
-  const json &versionValue = requireKey(doc, "version", where);
-  if (!versionValue.is_number_integer() ||
+  const Json versionValue = requireKey(doc, "version", where);
+  if (!versionValue.element.is_int64() ||
       asInt(versionValue, field(where, "version")) != kProgramVersion)
     fail(field(where, "version"), "unsupported version " + versionValue.dump() +
                                       " (this runtime reads version " +
@@ -739,11 +877,11 @@ Program Parser::parseDocument(const json &doc) {
   else if (sizes && !sizes->empty())
     fail(where, "size values given for a program without size parameters");
 
-  const json &buffers =
+  const std::vector<Json> buffers =
       asArray(requireKey(doc, "buffers", where), field(where, "buffers"));
+  const Where buffersWhere("buffers");
   for (size_t i = 0; i < buffers.size(); ++i)
-    program.buffers.push_back(
-        parseBuffer(buffers[i], "buffers[" + std::to_string(i) + "]"));
+    program.buffers.push_back(parseBuffer(buffers[i], buffersWhere.index(i)));
 
   program.inputs =
       asIntList(requireKey(doc, "inputs", where), field(where, "inputs"));
@@ -751,16 +889,19 @@ Program Parser::parseDocument(const json &doc) {
       asIntList(requireKey(doc, "outputs", where), field(where, "outputs"));
 
   if (doc.contains("locations")) {
-    const json &locs = asArray(doc["locations"], field(where, "locations"));
+    const std::vector<Json> locs =
+        asArray(doc["locations"], field(where, "locations"));
     for (size_t i = 0; i < locs.size(); ++i)
       program.locations.push_back(
-          asString(locs[i], "locations[" + std::to_string(i) + "]"));
+          asString(locs[i], Where("locations").index(i)));
   }
 
   if (doc.contains("groups")) {
-    const json &groups = asArray(doc["groups"], field(where, "groups"));
+    const std::vector<Json> groups =
+        asArray(doc["groups"], field(where, "groups"));
+    const Where groupsWhere("groups");
     for (size_t i = 0; i < groups.size(); ++i) {
-      std::string groupWhere = "groups[" + std::to_string(i) + "]";
+      Where groupWhere = groupsWhere.index(i);
       requireObject(groups[i], groupWhere);
       checkKeys(groups[i], {"name", "ranks"}, groupWhere);
       CollectiveGroup group;
@@ -772,13 +913,13 @@ Program Parser::parseDocument(const json &doc) {
     }
   }
 
-  program.body = parseNodes(requireKey(doc, "body", where), "body", 0);
+  program.body = parseNodes(requireKey(doc, "body", where), Where("body"), 0);
   if (!program.params.empty())
     dropEmptyLoops(program);
   return program;
 }
 
-Buffer Parser::parseBuffer(const json &value, const std::string &where) {
+Buffer Parser::parseBuffer(const Json &value, const Where &where) {
   requireObject(value, where);
   checkKeys(value,
             {"id", "name", "space", "kind", "dtype", "shape", "data", "splat",
@@ -810,10 +951,10 @@ Buffer Parser::parseBuffer(const json &value, const std::string &where) {
     fail(field(where, "dtype"), "unknown dtype '" + dtype + "'");
   buffer.dtype = *parsedDType;
 
-  const json &shape = requireKey(value, "shape", where);
+  Json shape = requireKey(value, "shape", where);
   buffer.shape = asSizeList(shape, field(where, "shape"));
-  if (buffer.isOnChip() && shape.is_array())
-    for (const json &dim : shape)
+  if (buffer.isOnChip())
+    for (const Json &dim : asArray(shape, field(where, "shape")))
       if (dim.is_string())
         fail(field(where, "shape"), "an on-chip buffer's shape is static "
                                     "(sized for the parameters' maxima)");
@@ -835,16 +976,16 @@ Buffer Parser::parseBuffer(const json &value, const std::string &where) {
   return buffer;
 }
 
-std::vector<Node> Parser::parseNodes(const json &value,
-                                     const std::string &where, int depth) {
+std::vector<Node> Parser::parseNodes(const Json &value, const Where &where,
+                                     int depth) {
   if (depth > kMaxLoopDepth)
     fail(where, "loops nested deeper than " + std::to_string(kMaxLoopDepth));
-  const json &array = asArray(value, where);
+  const std::vector<Json> array = asArray(value, where);
   std::vector<Node> nodes;
   nodes.reserve(array.size());
   for (size_t i = 0; i < array.size(); ++i) {
-    std::string nodeWhere = where + "[" + std::to_string(i) + "]";
-    const json &item = array[i];
+    Where nodeWhere = where.index(i);
+    const Json &item = array[i];
     requireObject(item, nodeWhere);
     if (item.contains("loop")) {
       checkKeys(item, {"loop", "count", "body"}, nodeWhere);
@@ -852,7 +993,7 @@ std::vector<Node> Parser::parseNodes(const json &value,
       int64_t count = asSize(requireKey(item, "count", nodeWhere),
                              field(nodeWhere, "count"));
       std::vector<Node> body = parseNodes(requireKey(item, "body", nodeWhere),
-                                          nodeWhere + ".body", depth + 1);
+                                          nodeWhere.append(".body"), depth + 1);
       nodes.push_back(Node::makeLoop(id, count, std::move(body)));
     } else if (item.contains("op")) {
       nodes.push_back(Node::makeInstruction(parseInstruction(item, nodeWhere)));
@@ -863,23 +1004,20 @@ std::vector<Node> Parser::parseNodes(const json &value,
   return nodes;
 }
 
-Instruction Parser::parseInstruction(const json &value,
-                                     const std::string &nodeWhere) {
+Instruction Parser::parseInstruction(const Json &value,
+                                     const Where &nodeWhere) {
   Instruction inst;
   std::string opName = asString(value["op"], field(nodeWhere, "op"));
   std::optional<Opcode> op = parseOpcode(opName);
   if (!op)
     fail(field(nodeWhere, "op"), "unknown op '" + opName + "'");
   inst.op = *op;
-  std::string where = nodeWhere + " (" + opName + ")";
+  Where where = nodeWhere.append(" (", opName, ")");
 
   const OpSpec &spec = opSpec(inst.op);
-  std::set<std::string> allowed = {"op", "engine", "loc", "waits"};
-  allowed.insert(spec.required.begin(), spec.required.end());
-  allowed.insert(spec.optional.begin(), spec.optional.end());
-  checkKeys(value, allowed, where);
-  for (const std::string &key : spec.required)
-    requireKey(value, key.c_str(), where);
+  checkKeysIn(value, spec.allowed, where);
+  for (std::string_view key : spec.required)
+    requireKey(value, key, where);
 
   std::string engine =
       asString(requireKey(value, "engine", where), field(where, "engine"));
@@ -894,42 +1032,36 @@ Instruction Parser::parseInstruction(const json &value,
       fail(field(where, "loc"), "must be a non-negative index");
   }
   if (value.contains("waits")) {
-    std::string waitsWhere = field(where, "waits");
-    const json &waits = asArray(value["waits"], waitsWhere);
+    Where waitsWhere = field(where, "waits");
+    const std::vector<Json> waits = asArray(value["waits"], waitsWhere);
     for (size_t i = 0; i < waits.size(); ++i) {
-      std::string itemWhere = waitsWhere + "[" + std::to_string(i) + "]";
+      Where itemWhere = waitsWhere.index(i);
       // {"on": k, "when": size expression}: a wait at the sizes where the
       // expression is positive (size-generic programs).
-      const json *on = &waits[i];
+      Json on = waits[i];
       if (waits[i].is_object()) {
         checkKeys(waits[i], {"on", "when"}, itemWhere);
-        on = &requireKey(waits[i], "on", itemWhere);
+        on = requireKey(waits[i], "on", itemWhere);
         if (asSize(requireKey(waits[i], "when", itemWhere),
                    field(itemWhere, "when")) <= 0)
           continue;
       }
-      int64_t k = asInt(*on, itemWhere);
+      int64_t k = asInt(on, itemWhere);
       if (k < 0)
         fail(itemWhere, "must be a non-negative instruction index");
       inst.waits.push_back(k);
     }
   }
 
-  AffineReader affine = [&](const json &item, const std::string &where) {
+  AffineReader affine = [&](const Json &item, const Where &where) {
     return parseAffine(item, where);
   };
-  for (auto it = value.begin(); it != value.end(); ++it) {
-    const std::string &key = it.key();
-    const json &item = it.value();
-    std::string keyWhere = field(where, key.c_str());
-    if (const OperandField *operand = findOperandField(key)) {
-      inst.*(operand->member) = parseView(item, keyWhere);
-      continue;
-    }
-#define NEURON_ATTRIBUTE(Member, Spelling, Kind, Source)                       \
-  if (key == Spelling)                                                         \
-    readAttribute(KindTag<AK::Kind>(), inst.Member, item, keyWhere, affine);
-#include "runtime/program/InstructionSet.def"
+  for (simdjson::dom::key_value_pair member : value.members()) {
+    Where keyWhere = where.field(member.key);
+    if (const OperandField *operand = findOperandField(member.key))
+      inst.*(operand->member) = parseView(member.value, keyWhere);
+    else if (AttributeReader read = findAttributeReader(member.key))
+      read(inst, member.value, keyWhere, affine);
   }
   return inst;
 }
@@ -938,31 +1070,29 @@ Instruction Parser::parseInstruction(const json &value,
 
 namespace {
 
-json parseProgramJson(const std::string &text) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception &e) {
-    throw Error(std::string("malformed program JSON: ") + e.what());
-  }
+/// The document `text`, which lives as long as `parser`.
+Json parseProgramJson(simdjson::dom::parser &parser, const std::string &text) {
+  simdjson::dom::element doc;
+  if (simdjson::error_code error = parser.parse(text).get(doc))
+    throw Error(std::string("malformed program JSON: ") +
+                simdjson::error_message(error));
+  return doc;
 }
 
 } // namespace
 
 Program Program::parse(const std::string &text, const SizeEnv *sizes) {
-  json doc = parseProgramJson(text);
-  try {
-    return Parser(sizes).parseDocument(doc);
-  } catch (const json::exception &e) {
-    // Defensive: every access above is type-checked first.
-    throw Error(std::string("malformed program: ") + e.what());
-  }
+  simdjson::dom::parser parser;
+  return Parser(sizes).parseDocument(parseProgramJson(parser, text));
 }
 
 std::vector<SizeParam> Program::readParams(const std::string &text) {
-  json doc = parseProgramJson(text);
-  if (!doc.is_object() || !doc.contains("params"))
-    return {};
-  return Parser(nullptr).parseParams(doc["params"]);
+  simdjson::dom::parser parser;
+  Json doc = parseProgramJson(parser, text);
+  std::optional<Json> params =
+      doc.is_object() ? doc.find("params") : std::nullopt;
+  return params ? Parser(nullptr).parseParams(*params)
+                : std::vector<SizeParam>{};
 }
 
 Program Program::loadFile(const std::string &path) {
@@ -1378,11 +1508,11 @@ void Verifier::verifyInstruction(const Instruction &inst,
   for (const auto &[fieldName, view] : inst.operands())
     views[fieldName] = view;
   for (const auto &[fieldName, view] : views)
-    if (!spec.required.count(fieldName) && !spec.optional.count(fieldName))
+    if (!spec.takes(fieldName))
       failInst(inst, "unexpected operand '" + fieldName + "'");
-  for (const std::string &key : spec.required)
-    if (findOperandField(key) && !views.count(key))
-      failInst(inst, "missing operand '" + key + "'");
+  for (std::string_view key : spec.required)
+    if (findOperandField(key) && !views.count(std::string(key)))
+      failInst(inst, "missing operand '" + std::string(key) + "'");
   // The one attribute that names loops: verified below for iota and rand.
   if (inst.offset && inst.op != Opcode::Iota && inst.op != Opcode::Rand)
     failInst(inst, "unexpected field 'offset'");
@@ -1785,11 +1915,8 @@ json instructionJson(const Instruction &inst) {
     out[fieldName] = viewJson(*view);
   // Every attribute the op's spec lists, by the table.
   const OpSpec &spec = opSpec(inst.op);
-  auto takes = [&](const char *name) {
-    return spec.required.count(name) || spec.optional.count(name);
-  };
 #define NEURON_ATTRIBUTE(Member, Spelling, Kind, Source)                       \
-  if (takes(Spelling))                                                         \
+  if (spec.takes(Spelling))                                                    \
     if (std::optional<json> value =                                            \
             attributeJson(KindTag<AK::Kind>(), inst.Member))                   \
       out[Spelling] = std::move(*value);
