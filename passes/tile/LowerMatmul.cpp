@@ -52,6 +52,10 @@ public:
   /// One loop per batch dim (windows may stride them any way), a GEMM in
   /// each.
   void lower();
+  /// neuron.grouped_matmul: group g's rows [ends[g-1], ends[g]) times rhs[g]
+  /// as a GEMM of a row count known at run time (no work for an empty
+  /// group), then zeros in the rows after the last group.
+  void lowerGrouped(ValueRange ends);
 
 private:
   /// Element offsets of one batch's A, B and output.
@@ -203,15 +207,16 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
   rank = lhsType.getRank();
   m = lhsType.getDimSize(rank - 2);
   kDim = lhsType.getDimSize(rank - 1);
-  n = rhsType.getDimSize(rank - 1);
+  int64_t rhsRank = rhsType.getRank(); // a grouped GEMM's has one more dim
+  n = rhsType.getDimSize(rhsRank - 1);
   a = k.windowOf(lhsValue);
   bw = k.windowOf(rhsValue);
   lhs = a.buffer;
   rhs = bw.buffer;
   aRow = a.strides[rank - 2];
   aCol = a.strides[rank - 1];
-  bRow = bw.strides[rank - 2];
-  bCol = bw.strides[rank - 1];
+  bRow = bw.strides[rhsRank - 2];
+  bCol = bw.strides[rhsRank - 1];
   out = k.resultBuffer(result);
   inElt = lhsType.getElementType();
   rhsElt = rhsType.getElementType();
@@ -269,6 +274,43 @@ void GemmLowering::lower() {
         });
       };
   batches(0, k.index(a.offset), k.index(bw.offset), k.index(0));
+}
+
+void GemmLowering::lowerGrouped(ValueRange ends) {
+  auto &b = k.b;
+  Value start = k.index(0);
+  for (auto [g, end] : llvm::enumerate(ends)) {
+    mRows = b.create<arith::SubIOp>(end, start);
+    lowerBatchDynamic({k.addOffset(k.scale(start, aRow), a.offset),
+                       k.index(bw.offset + (int64_t)g * bw.strides[0]),
+                       k.scale(start, n)});
+    start = end;
+  }
+  mRows = {};
+  // torch leaves the rows after the last group unspecified; they are zeros,
+  // as the per-group loop of Transformers' fallback leaves them.
+  TileBuilder::TileScope scope(k);
+  int64_t eltOut = std::max<int64_t>(1, outType.getElementTypeBitWidth() / 8);
+  int64_t cols = std::min<int64_t>(n, k.tileBytes / eltOut);
+  Value zeros = k.tile(MemorySpace::sbuf, {mTile, cols}, outElt);
+  Value rest = b.create<arith::SubIOp>(k.index(m), start);
+  k.ifMore(rest, 0, [&] {
+    b.create<nisa::MemsetOp>(zeros, APFloat(0.0f));
+    auto store = [&](Value r0, OpFoldResult rows) {
+      for (int64_t c = 0; c < n; c += cols) {
+        int64_t w = std::min(cols, n - c);
+        Value at = k.addOffset(k.scale(k.addOffsets(start, r0), n), c);
+        k.dma(k.view(zeros, k.index(0), {rows, b.getIndexAttr(w)}, {cols, 1}),
+              k.view(out, at, {rows, b.getIndexAttr(w)}, {n, 1}));
+      }
+    };
+    k.forEachDynamic(
+        b.create<arith::FloorDivSIOp>(rest, k.index(mTile)),
+        [&](Value i) { store(k.scale(i, mTile), b.getIndexAttr(mTile)); });
+    Value tail = b.create<arith::RemSIOp>(rest, k.index(mTile));
+    k.ifMore(tail, 0,
+             [&] { store(b.create<arith::SubIOp>(rest, tail), tail); });
+  });
 }
 
 void GemmLowering::lowerBatch(const Bases &base) {
@@ -836,6 +878,30 @@ struct MatmulPattern : OpTilePattern<MatmulPattern, MatmulOp> {
   }
 };
 
+struct GroupedMatmulPattern
+    : OpTilePattern<GroupedMatmulPattern, GroupedMatmulOp> {
+  bool isSizeGeneric(Operation *) const override { return true; }
+  LogicalResult lowerOp(GroupedMatmulOp op, KernelLowering &k) const {
+    if (!tensorType(op.getLhs()).hasStaticShape() ||
+        !tensorType(op.getRhs()).hasStaticShape())
+      return emitError(op->getLoc())
+             << "not size-generic: " << op->getName()
+             << ": operand sizes known only at run time";
+    if (tensorType(op.getLhs()).getShape().back() == 0)
+      return op->emitOpError("has an empty contraction");
+    // Rows are addressed from the group's first at run time: a row-major
+    // lhs (a transposed one would need strides of the row count).
+    RankedTensorType lhsType = tensorType(op.getLhs());
+    if (k.windowOf(op.getLhs()).strides !=
+        SmallVector<int64_t>{lhsType.getDimSize(1), 1})
+      return emitError(op->getLoc())
+             << op->getName() << ": the rows are a strided view";
+    GemmLowering(k, op.getLhs(), op.getRhs(), op.getResult(), k.index(0))
+        .lowerGrouped(op.getEnds());
+    return success();
+  }
+};
+
 struct ScaledMatmulPattern
     : OpTilePattern<ScaledMatmulPattern, ScaledMatmulOp> {
   LogicalResult lowerOp(ScaledMatmulOp op, KernelLowering &k) const {
@@ -869,6 +935,7 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
 void populateMatmulPatterns(TilePatternSet &patterns) {
   patterns.push_back(std::make_unique<MatmulPattern>());
   patterns.push_back(std::make_unique<ScaledMatmulPattern>());
+  patterns.push_back(std::make_unique<GroupedMatmulPattern>());
 }
 
 } // namespace mlir::neuron
