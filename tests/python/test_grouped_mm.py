@@ -98,9 +98,11 @@ def test_decreasing_offsets_are_an_error() -> None:
 def test_grouped_mm_counts_only_each_groups_work() -> None:
     """The MoE workload of benchmarks/kernels.py (2048 tokens over 8 experts, 1024 -> 2048,
     bf16, trn2) with a fixed uneven routing: TensorE's modeled FLOPs are those of each group's
-    128-row tiles (its last tile's unused rows included: at most 1.25x the useful FLOPs here;
-    the masked decomposition counted 8x), and the kernel reaches at least 40% of the TensorE
-    peak (8.3% before; the figure is benchmarks/kernels.py --only moe)."""
+    128-row tiles (its last tile's unused rows included: 1.25x the useful FLOPs here; the
+    masked decomposition counted 8x), and the kernel reaches at least 60% of the TensorE peak
+    (63.1% modeled, deterministic; 8.3% before, 45.7% with each group as the blocked GEMM,
+    which streams the weights once per 512 rows; benchmarks/kernels.py --only moe has the
+    figures)."""
     counts = [380, 130, 250, 120, 520, 128, 260, 260]  # 20 tiles of 128 rows for 16 used
     ends = torch.cumsum(torch.tensor(counts), 0).to(torch.int32)
     g = torch.Generator().manual_seed(2)
@@ -114,9 +116,9 @@ def test_grouped_mm_counts_only_each_groups_work() -> None:
         out = compiled(x, w, ends)
     (kernel,) = prof.kernels
     useful = 2.0 * 2048 * 1024 * 2048
-    assert useful <= kernel["flops"] <= 1.25 * useful
+    assert kernel["flops"] == 1.25 * useful
     peak_flops_per_ns = native().target_peaks("trn2")["flops"] / 1e9
-    assert useful / kernel["device_ns"] / peak_flops_per_ns >= 0.4
+    assert useful / kernel["device_ns"] / peak_flops_per_ns >= 0.6
     rows = torch.randint(0, 2048, (64,), generator=g)
     want = _reference(x, w, ends.tolist())[rows]
     torch.testing.assert_close(out[rows].float(), want, atol=0.5, rtol=2e-2)
