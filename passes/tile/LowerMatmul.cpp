@@ -935,6 +935,16 @@ public:
                  b.getF32Type());
     staged =
         k.tile(MemorySpace::sbuf, {tileRows, kStageSlots * panelCols}, outElt);
+    if (transposedTailRows(0)) {
+      transT = k.tile(MemorySpace::sbuf, {tileRows, panelCols}, outElt);
+      Value diff =
+          k.tile(MemorySpace::sbuf, {tileRows, tileRows}, b.getF32Type());
+      b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
+                             b.getDenseF64ArrayAttr({-1.0}));
+      ident = k.tile(MemorySpace::sbuf, {tileRows, tileRows}, outElt);
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
+                                     APFloat(0.0), false);
+    }
     SmallVector<Value> starts{k.index(0)}, counts;
     for (Value end : ends) {
       counts.push_back(b.create<arith::SubIOp>(end, starts.back()));
@@ -960,8 +970,16 @@ public:
       Value rows = counts[g];
       Value full = b.create<arith::FloorDivSIOp>(rows, k.index(tileRows));
       Value tail = b.create<arith::RemSIOp>(rows, k.index(tileRows));
-      k.ifMore(tail, 0,
-               [&] { computeTile(s, starts[g], full, tail, kStageSlots - 1); });
+      k.ifMore(tail, 0, [&] {
+        int64_t most = transposedTailRows(s);
+        if (!most)
+          return computeTile(s, starts[g], full, tail, kStageSlots - 1);
+        k.ifMore(b.create<arith::SubIOp>(k.index(most + 1), tail), 0,
+                 [&] { computeTailTransposed(s, starts[g], full, tail); });
+        k.ifMore(b.create<arith::SubIOp>(tail, k.index(most)), 0, [&] {
+          computeTile(s, starts[g], full, tail, kStageSlots - 1);
+        });
+      });
       k.forEachPipelinedDynamic(
           full, kStageSlots - 1, [](Value, int64_t) {},
           [&](Value i, int64_t slot, Value) {
@@ -1088,6 +1106,97 @@ private:
         k.view(out, dst, shape, {n, 1}), nisa::Engine::scalar);
   }
 
+  /// The most rows of a group's short last tile that compute transposed
+  /// (computeTailTransposed) in under 90% of the TensorE time of a whole
+  /// tile (the margin: its two evictions per chunk), by the target's cost
+  /// model; 0 where none do or it does not apply.
+  int64_t transposedTailRows(int64_t s) const {
+    int64_t width = cols(s), chunks = width / tileRows;
+    if (width % tileRows || outElt != inElt)
+      return 0;
+    const ::neuron::target::CostModel cost(k.target);
+    bool f32 = inElt.isF32();
+    auto matmul = [&](int64_t stationary, int64_t moving) {
+      return cost.matmulCycles(double(stationary), double(moving), f32) +
+             cost.loadStationaryCycles(double(stationary));
+    };
+    double whole = 0;
+    for (int64_t c = 0; c < width; c += bankCols)
+      whole += kTiles * matmul(tileRows, std::min(bankCols, width - c));
+    int64_t most = 0;
+    for (int64_t r = 1; r < tileRows; ++r)
+      if (kTiles * chunks * matmul(tileRows, r) + chunks * matmul(r, tileRows) <
+          0.9 * whole)
+        most = r;
+    return most;
+  }
+
+  /// A short last tile of `rows` rows computed transposed: per 128-column
+  /// chunk of the panel, out^T [column, row] = w^T x^T with the weights
+  /// stationary and the rows moving, so TensorE's time follows the rows,
+  /// not the tile; each chunk rounded once to the output dtype, transposed
+  /// back on TensorE (an exact product with the identity) and stored.
+  void computeTailTransposed(int64_t s, Value start, Value full, Value rows) {
+    auto &b = k.b;
+    int64_t g = s / panels, width = cols(s), chunks = width / tileRows;
+    int64_t accStride = 2 * panelBanks * bankCols;
+    int64_t stageStride = kStageSlots * panelCols;
+    Value col0 = k.scale(full, tileRows);
+    // Chunk c's sums in PSUM slot 1, four to a bank; its transpose after
+    // them, in the same columns.
+    auto sums = [&](int64_t c, OpFoldResult p, OpFoldResult f) {
+      return k.view(acc, k.index(panelBanks * bankCols + c * tileRows), {p, f},
+                    {accStride, 1});
+    };
+    OpFoldResult whole = b.getIndexAttr(tileRows);
+    for (int64_t kt = 0; kt < kTiles; ++kt) {
+      Value moving =
+          k.view(rowsT[g % 2], k.addOffset(col0, kt * slotRows),
+                 {b.getIndexAttr(kTile), rows}, {kTiles * slotRows, 1});
+      for (int64_t c = 0; c < chunks; ++c) {
+        Value stationary =
+            k.view(weights,
+                   k.index(((s % 2) * kTiles + kt) * panelCols + c * tileRows),
+                   {kTile, tileRows}, {2 * kTiles * panelCols, 1});
+        auto mm =
+            b.create<nisa::MatmulOp>(stationary, moving, sums(c, whole, rows));
+        if (kt > 0)
+          mm.setAccumulate(true);
+      }
+    }
+    // The rest moves whole 128 x 128 chunks (the rows past `rows` are never
+    // stored): no cost that the rows would save, and views the
+    // synchronisation can tell apart.
+    auto chunkT = [&](int64_t c) {
+      return k.view(transT, k.index(c * tileRows), {tileRows, tileRows},
+                    {panelCols, 1});
+    };
+    auto sumsOf = [&](int64_t c) {
+      return k.view(acc, k.index(panelBanks * bankCols + c * tileRows),
+                    {tileRows, tileRows}, {accStride, 1});
+    };
+    for (int64_t c = 0; c < chunks; ++c)
+      b.create<nisa::CopyOp>(sumsOf(c), chunkT(c),
+                             c % 2 ? nisa::Engine::scalar
+                                   : nisa::Engine::vector);
+    for (int64_t c = 0; c < chunks; ++c)
+      b.create<nisa::MatmulOp>(chunkT(c), ident, sumsOf(c));
+    for (int64_t c = 0; c < chunks; ++c) {
+      Value part =
+          k.view(staged, k.index((kStageSlots - 1) * panelCols + c * tileRows),
+                 {tileRows, tileRows}, {stageStride, 1});
+      b.create<nisa::CopyOp>(
+          sumsOf(c), part, c % 2 ? nisa::Engine::scalar : nisa::Engine::vector);
+    }
+    SmallVector<OpFoldResult> shape{rows, b.getIndexAttr(width)};
+    Value dst = k.addOffset(k.scale(k.addOffsets(start, col0), n),
+                            (s % panels) * panelCols);
+    b.create<nisa::DmaCopyOp>(
+        k.view(staged, k.index((kStageSlots - 1) * panelCols), shape,
+               {stageStride, 1}),
+        k.view(out, dst, shape, {n, 1}), nisa::Engine::scalar);
+  }
+
   void zeroRest(Value start) {
     auto &b = k.b;
     int64_t eltOut = std::max<int64_t>(1, outElt.getIntOrFloatBitWidth() / 8);
@@ -1122,7 +1231,7 @@ private:
   int64_t m, n, kTile, kTiles, tileRows, slotRows, bankCols, panelBanks,
       panelCols, panels;
   Type inElt, outElt;
-  Value weights, rowsT[2], acc, staged;
+  Value weights, rowsT[2], acc, staged, transT, ident;
 };
 
 struct GroupedMatmulPattern

@@ -67,6 +67,24 @@ def test_grouped_mm_matches_eager_for_every_routing_with_one_program() -> None:
     assert stats["launch_reads"] == len(ROUTINGS)  # the offsets, once per call
 
 
+def test_short_last_tiles_compute_transposed() -> None:
+    """With K = 1024 a group's last tile of a few rows computes transposed (the weights
+    stationary, its rows moving, transposed back on TensorE), so TensorE counts about its
+    rows' FLOPs, not a whole tile's; and it matches eager, as do longer tails (whole tiles)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(330, 1024, generator=g).bfloat16()
+    w = torch.randn(4, 1024, 256, generator=g).bfloat16()
+    ends = [5, 133, 200, 330]  # tails of 5, none, 67 and 2 rows
+    torch._dynamo.reset()
+    compiled = torch.compile(_grouped, backend="neuron", fullgraph=True, options={"cache": False})
+    with torch.no_grad(), torchneuron.profile() as prof:
+        out = compiled(x, w, torch.tensor(ends, dtype=torch.int32))
+    torch.testing.assert_close(out.float(), _reference(x, w, ends), atol=0.5, rtol=1e-2)
+    whole_tiles = 2.0 * 128 * 1024 * 256 * 5
+    (kernel,) = prof.kernels
+    assert kernel["flops"] < 0.8 * whole_tiles
+
+
 def test_offsets_computed_in_the_graph_take_the_masked_decomposition() -> None:
     """The kernel binds the groups' rows from an input's values; offsets the graph computes
     (a router's cumsum) keep the masked form, on the device, and still match."""
@@ -97,12 +115,12 @@ def test_decreasing_offsets_are_an_error() -> None:
 
 def test_grouped_mm_counts_only_each_groups_work() -> None:
     """The MoE workload of benchmarks/kernels.py (2048 tokens over 8 experts, 1024 -> 2048,
-    bf16, trn2) with a fixed uneven routing: TensorE's modeled FLOPs are those of each group's
-    128-row tiles (its last tile's unused rows included: 1.25x the useful FLOPs here; the
-    masked decomposition counted 8x), and the kernel reaches at least 60% of the TensorE peak
-    (63.1% modeled, deterministic; 8.3% before, 45.7% with each group as the blocked GEMM,
-    which streams the weights once per 512 rows; benchmarks/kernels.py --only moe has the
-    figures)."""
+    bf16, trn2) with a fixed uneven routing: TensorE's modeled FLOPs are about the useful ones
+    (1.04x: a group's last tile computes all 128 rows when it has more than 92, only its own
+    below; whole 128-row tiles counted 1.25x here, the masked decomposition 8x), and the
+    kernel reaches at least 60% of the TensorE peak (63.4% modeled, deterministic; 8.3%
+    before, 45.7% with each group as the blocked GEMM, which streams the weights once per 512
+    rows; benchmarks/kernels.py --only moe has the figures)."""
     counts = [380, 130, 250, 120, 520, 128, 260, 260]  # 20 tiles of 128 rows for 16 used
     ends = torch.cumsum(torch.tensor(counts), 0).to(torch.int32)
     g = torch.Generator().manual_seed(2)
@@ -116,7 +134,7 @@ def test_grouped_mm_counts_only_each_groups_work() -> None:
         out = compiled(x, w, ends)
     (kernel,) = prof.kernels
     useful = 2.0 * 2048 * 1024 * 2048
-    assert kernel["flops"] == 1.25 * useful
+    assert useful <= kernel["flops"] <= 1.05 * useful
     peak_flops_per_ns = native().target_peaks("trn2")["flops"] / 1e9
     assert useful / kernel["device_ns"] / peak_flops_per_ns >= 0.6
     rows = torch.randint(0, 2048, (64,), generator=g)
