@@ -165,15 +165,15 @@ class GenericDeviceKernel(torch.nn.Module):
         sizes: dict[str, int] = {}
         for name, (position, index) in self.element_bindings.items():
             if position not in values:
-                values[position] = [int(v) for v in args[position].reshape(-1).tolist()]
+                row = [int(v) for v in args[position].reshape(-1).tolist()]
                 STATS.record_launch_read()
-            row = values[position]
-            if any(b < a for a, b in itertools.pairwise(row)):
-                raise RuntimeError(
-                    f"{self.graph_name}: offsets {row} decrease (they must be cumulative "
-                    "row ends of groups)"
-                )
-            sizes[name] = row[index]
+                if any(b < a for a, b in itertools.pairwise(row)):
+                    raise RuntimeError(
+                        f"{self.graph_name}: offsets {row} decrease (they must be cumulative "
+                        "row ends of groups)"
+                    )
+                values[position] = row
+            sizes[name] = values[position][index]
         return sizes
 
     def forward(self, *args: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
