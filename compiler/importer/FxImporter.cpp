@@ -139,6 +139,16 @@ public:
     const json &v = param(i, name);
     return v.is_boolean() && v.get<bool>();
   }
+  /// The index argument of size parameter `name`, null when the document
+  /// has none of that name.
+  Value symbolValue(const std::string &name) {
+    auto it = symbols.find(name);
+    if (it == symbols.end())
+      return {};
+    Block *block = b.getInsertionBlock();
+    unsigned first = block->getNumArguments() - symbols.size();
+    return block->getArgument(first + it->second);
+  }
   size_t numResults() const { return node->value("outputs", json::array()).size(); }
   Location loc() const { return currentLoc; }
   const json &current() const { return *node; }
@@ -1352,6 +1362,32 @@ Values scaledMmHandler(Importer &im) {
                                       colScale, bias)};
 }
 
+/// torch._grouped_mm(self, mat2, offs, bias, out_dtype) with rows in groups:
+/// [M, K] x [G, K, N]. The offsets' values are size parameters the document
+/// names `<offs>__end<g>` (fx_json.py binds them from the offsets input at
+/// each call), so the program serves every routing.
+Values groupedMmHandler(Importer &im) {
+  Value a = im.tensor(im.param(0, "self")), w = im.tensor(im.param(1, "mat2"));
+  auto at = cast<RankedTensorType>(a.getType());
+  auto wt = cast<RankedTensorType>(w.getType());
+  require(at.getRank() == 2 && wt.getRank() == 3,
+          "_grouped_mm: only [M, K] x [G, K, N] (rows in groups)");
+  require(at.getElementType() == wt.getElementType(),
+          "_grouped_mm: operands of different dtypes");
+  require(im.param(3, "bias").is_null(), "_grouped_mm with a bias");
+  const json &offs = im.param(2, "offs");
+  require(im.isTensor(offs), "_grouped_mm without offsets");
+  std::string base = offs.at("ref").get<std::string>();
+  SmallVector<Value> ends;
+  for (int64_t g = 0; g < wt.getDimSize(0); ++g) {
+    Value end = im.symbolValue(base + "__end" + std::to_string(g));
+    require(bool(end), "_grouped_mm: offsets that are not a kernel input "
+                       "(their values bind the groups' row counts)");
+    ends.push_back(end);
+  }
+  return {im.b.create<GroupedMatmulOp>(im.loc(), im.resultType(), a, w, ends)};
+}
+
 Values permuteHandler(Importer &im) {
   Value x = im.tensor(im.arg(0));
   int64_t rank = cast<RankedTensorType>(x.getType()).getRank();
@@ -2304,6 +2340,7 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.bmm.default"] = matmulHandler;
     t["aten.addmm.default"] = addmmHandler;
     t["aten._scaled_mm.default"] = scaledMmHandler;
+    t["aten._grouped_mm.default"] = groupedMmHandler;
 
     t["aten.sum.dim_IntList"] = with(reduceHandler, ReduceFn::sum);
     t["aten.sum.default"] = t["aten.sum.dim_IntList"];

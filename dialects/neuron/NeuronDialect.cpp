@@ -166,6 +166,23 @@ LogicalResult ScaledMatmulOp::verify() {
   return success();
 }
 
+LogicalResult GroupedMatmulOp::verify() {
+  auto lhs = tensorType(getLhs()), rhs = tensorType(getRhs()), out = getType();
+  if (lhs.getRank() != 2 || rhs.getRank() != 3 || out.getRank() != 2)
+    return emitOpError("takes [M, K] x [G, K, N] -> [M, N]");
+  if (lhs.getDimSize(1) != rhs.getDimSize(1))
+    return emitOpError("contraction sizes differ: ")
+           << lhs.getDimSize(1) << " vs " << rhs.getDimSize(1);
+  if (out.getDimSize(0) != lhs.getDimSize(0) ||
+      out.getDimSize(1) != rhs.getDimSize(2))
+    return emitOpError("result must be [M, N] = [")
+           << lhs.getDimSize(0) << ", " << rhs.getDimSize(2) << "]";
+  if ((int64_t)getEnds().size() != rhs.getDimSize(0))
+    return emitOpError("needs one row end per group: ")
+           << getEnds().size() << " for " << rhs.getDimSize(0) << " groups";
+  return success();
+}
+
 LogicalResult ReduceOp::verify() {
   auto in = tensorType(getInput());
   int64_t count = getCount();

@@ -196,6 +196,26 @@ def Neuron_ScaledMatmulOp : Neuron_Op<"scaled_matmul"> {
   let hasVerifier = 1;
 }
 
+def Neuron_GroupedMatmulOp : Neuron_Op<"grouped_matmul"> {
+  let summary = "[M,K] rows in groups x [G,K,N] -> [M,N] (torch._grouped_mm)";
+  let description = [{
+    Rows [ends[g-1], ends[g]) of lhs (ends[-1] = 0) times rhs[g], fp32
+    accumulation; rows from ends[G-1] on are zeros. `ends` are size
+    parameters of the function (the offsets tensor's values, bound when the
+    program is launched), so one program serves every routing and each
+    group does only its own rows' work.
+  }];
+  let arguments = (ins RankedTensorOf<[Neuron_Float]>:$lhs,
+                   RankedTensorOf<[Neuron_Float]>:$rhs,
+                   Variadic<Index>:$ends);
+  let results = (outs RankedTensorOf<[Neuron_Float]>:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs `ends` `(` $ends `)` attr-dict `:` type($lhs) `,` type($rhs)
+    `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 def Neuron_ReduceOp : Neuron_Op<"reduce"> {
   let summary = "reduction over the innermost `count` dims";
   let description = [{

@@ -52,6 +52,10 @@ public:
   /// One loop per batch dim (windows may stride them any way), a GEMM in
   /// each.
   void lower();
+  /// neuron.grouped_matmul: group g's rows [ends[g-1], ends[g]) times rhs[g]
+  /// as a GEMM of a row count known at run time (no work for an empty
+  /// group), then zeros in the rows after the last group.
+  void lowerGrouped(ValueRange ends);
 
 private:
   /// Element offsets of one batch's A, B and output.
@@ -203,15 +207,16 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
   rank = lhsType.getRank();
   m = lhsType.getDimSize(rank - 2);
   kDim = lhsType.getDimSize(rank - 1);
-  n = rhsType.getDimSize(rank - 1);
+  int64_t rhsRank = rhsType.getRank(); // a grouped GEMM's has one more dim
+  n = rhsType.getDimSize(rhsRank - 1);
   a = k.windowOf(lhsValue);
   bw = k.windowOf(rhsValue);
   lhs = a.buffer;
   rhs = bw.buffer;
   aRow = a.strides[rank - 2];
   aCol = a.strides[rank - 1];
-  bRow = bw.strides[rank - 2];
-  bCol = bw.strides[rank - 1];
+  bRow = bw.strides[rhsRank - 2];
+  bCol = bw.strides[rhsRank - 1];
   out = k.resultBuffer(result);
   inElt = lhsType.getElementType();
   rhsElt = rhsType.getElementType();
@@ -269,6 +274,43 @@ void GemmLowering::lower() {
         });
       };
   batches(0, k.index(a.offset), k.index(bw.offset), k.index(0));
+}
+
+void GemmLowering::lowerGrouped(ValueRange ends) {
+  auto &b = k.b;
+  Value start = k.index(0);
+  for (auto [g, end] : llvm::enumerate(ends)) {
+    mRows = b.create<arith::SubIOp>(end, start);
+    lowerBatchDynamic({k.addOffset(k.scale(start, aRow), a.offset),
+                       k.index(bw.offset + (int64_t)g * bw.strides[0]),
+                       k.scale(start, n)});
+    start = end;
+  }
+  mRows = {};
+  // torch leaves the rows after the last group unspecified; they are zeros,
+  // as the per-group loop of Transformers' fallback leaves them.
+  TileBuilder::TileScope scope(k);
+  int64_t eltOut = std::max<int64_t>(1, outType.getElementTypeBitWidth() / 8);
+  int64_t cols = std::min<int64_t>(n, k.tileBytes / eltOut);
+  Value zeros = k.tile(MemorySpace::sbuf, {mTile, cols}, outElt);
+  Value rest = b.create<arith::SubIOp>(k.index(m), start);
+  k.ifMore(rest, 0, [&] {
+    b.create<nisa::MemsetOp>(zeros, APFloat(0.0f));
+    auto store = [&](Value r0, OpFoldResult rows) {
+      for (int64_t c = 0; c < n; c += cols) {
+        int64_t w = std::min(cols, n - c);
+        Value at = k.addOffset(k.scale(k.addOffsets(start, r0), n), c);
+        k.dma(k.view(zeros, k.index(0), {rows, b.getIndexAttr(w)}, {cols, 1}),
+              k.view(out, at, {rows, b.getIndexAttr(w)}, {n, 1}));
+      }
+    };
+    k.forEachDynamic(
+        b.create<arith::FloorDivSIOp>(rest, k.index(mTile)),
+        [&](Value i) { store(k.scale(i, mTile), b.getIndexAttr(mTile)); });
+    Value tail = b.create<arith::RemSIOp>(rest, k.index(mTile));
+    k.ifMore(tail, 0,
+             [&] { store(b.create<arith::SubIOp>(rest, tail), tail); });
+  });
 }
 
 void GemmLowering::lowerBatch(const Bases &base) {
@@ -836,6 +878,390 @@ struct MatmulPattern : OpTilePattern<MatmulPattern, MatmulOp> {
   }
 };
 
+/// neuron.grouped_matmul with each group's rows and weights resident in
+/// SBUF: the group's x^T, [K in tile, K tile, row], by one DMA transpose of
+/// its rows, and its weights, [K in tile, K tile, column], in panels of up
+/// to a PSUM bank set's columns, in runs of a panel's columns. The next
+/// group's rows and the next panel's weights load while this panel computes
+/// (nothing for an empty group), after this group's in program order, which
+/// is the DMA queues' priority. Each panel goes over the group's rows in
+/// 128-row tiles counted at run time, its short last tile first (it stores
+/// only its rows; the compute runs on the whole tile): per 512-column PSUM
+/// bank the K tiles accumulated with the tile stationary, evicted by
+/// VectorE and ScalarE in turn, and the tile's panel stored whole. Each
+/// group reads its weights once, where the blocked GEMM streams them once
+/// per 512 rows, in runs of 512 columns.
+class GroupedGemm {
+public:
+  GroupedGemm(KernelLowering &k, GroupedMatmulOp op)
+      : k(k), a(k.windowOf(op.getLhs())), w(k.windowOf(op.getRhs())),
+        out(k.resultBuffer(op.getResult())), ends(op.getEnds()) {
+    auto lhsType = tensorType(op.getLhs());
+    m = lhsType.getDimSize(0);
+    n = tensorType(op.getRhs()).getDimSize(2);
+    inElt = lhsType.getElementType();
+    outElt = tensorType(op.getResult()).getElementType();
+    Shape shape = shapeOf(k, op);
+    kTile = shape.kTile;
+    kTiles = shape.kTiles;
+    tileRows = shape.tileRows;
+    slotRows = shape.slotRows;
+    bankCols = shape.bankCols;
+    panelBanks = shape.panelBanks;
+    panelCols = shape.panelCols;
+    panels = (n + panelCols - 1) / panelCols;
+  }
+
+  /// Whether two groups' rows and two panels' weights fit in SBUF (with
+  /// room for the staging) and K is whole tiles; the blocked GEMM takes the
+  /// others.
+  static bool applies(KernelLowering &k, GroupedMatmulOp op) {
+    auto lhsType = tensorType(op.getLhs());
+    Shape shape = shapeOf(k, op);
+    int64_t bytes = std::max<int64_t>(1, lhsType.getElementTypeBitWidth() / 8);
+    return lhsType.getDimSize(1) % shape.kTile == 0 && fits(k, shape, bytes) &&
+           k.windowOf(op.getRhs()).strides.back() == 1;
+  }
+
+  void lower() {
+    auto &b = k.b;
+    TileBuilder::TileScope scope(k);
+    weights = k.tile(MemorySpace::sbuf, {kTile, 2 * kTiles * panelCols}, inElt);
+    // Two tiles, not two slots of one: a transfer of a run-time row count
+    // may write anywhere in its tile as the synchronisation sees it.
+    for (Value &t : rowsT)
+      t = k.tile(MemorySpace::sbuf, {kTile, kTiles * slotRows}, inElt);
+    acc = k.tile(MemorySpace::psum, {tileRows, 2 * panelBanks * bankCols},
+                 b.getF32Type());
+    staged =
+        k.tile(MemorySpace::sbuf, {tileRows, kStageSlots * panelCols}, outElt);
+    if (transposedTailRows(0)) {
+      transT = k.tile(MemorySpace::sbuf, {tileRows, panelCols}, outElt);
+      Value diff =
+          k.tile(MemorySpace::sbuf, {tileRows, tileRows}, b.getF32Type());
+      b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
+                             b.getDenseF64ArrayAttr({-1.0}));
+      ident = k.tile(MemorySpace::sbuf, {tileRows, tileRows}, outElt);
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
+                                     APFloat(0.0), false);
+    }
+    SmallVector<Value> starts{k.index(0)}, counts;
+    for (Value end : ends) {
+      counts.push_back(b.create<arith::SubIOp>(end, starts.back()));
+      starts.push_back(end);
+    }
+    int64_t steps = (int64_t)ends.size() * panels;
+    // Panel step s = group * panels + panel: its weights in slot s % 2, the
+    // group's rows in tile group % 2. The next panel's loads (with the next
+    // group's rows) are issued before this panel computes.
+    auto load = [&](int64_t s) {
+      int64_t g = s / panels;
+      k.ifMore(counts[g], 0, [&] {
+        if (s % panels == 0)
+          loadRows(g, starts[g], counts[g]);
+        loadWeights(s);
+      });
+    };
+    load(0);
+    for (int64_t s = 0; s < steps; ++s) {
+      if (s + 1 < steps)
+        load(s + 1);
+      int64_t g = s / panels;
+      Value rows = counts[g];
+      Value full = b.create<arith::FloorDivSIOp>(rows, k.index(tileRows));
+      Value tail = b.create<arith::RemSIOp>(rows, k.index(tileRows));
+      k.ifMore(tail, 0, [&] {
+        int64_t most = transposedTailRows(s);
+        if (!most)
+          return computeTile(s, starts[g], full, tail, kStageSlots - 1);
+        k.ifMore(b.create<arith::SubIOp>(k.index(most + 1), tail), 0,
+                 [&] { computeTailTransposed(s, starts[g], full, tail); });
+        k.ifMore(b.create<arith::SubIOp>(tail, k.index(most)), 0, [&] {
+          computeTile(s, starts[g], full, tail, kStageSlots - 1);
+        });
+      });
+      k.forEachPipelinedDynamic(
+          full, kStageSlots - 1, [](Value, int64_t) {},
+          [&](Value i, int64_t slot, Value) {
+            computeTile(s, starts[g], i, Value(), slot);
+          });
+    }
+    // torch leaves the rows after the last group unspecified; they are
+    // zeros, as the per-group loop of Transformers' fallback leaves them.
+    zeroRest(starts.back());
+  }
+
+private:
+  /// Output staging slots: a tile's store has the lowest priority of the
+  /// DMAs in flight (the next group's loads precede it in program order),
+  /// so stores may trail the compute by a few tiles. The last is the short
+  /// tile's; its PSUM slot is odd, so the first full tile's is free.
+  static constexpr int64_t kStageSlots = 5;
+
+  struct Shape {
+    int64_t kTile, kTiles, tileRows, slotRows, bankCols, panelBanks, panelCols;
+  };
+  /// Whether two panels of weights, two groups' rows and the staging fit
+  /// in SBUF with an eighth of it left to other tiles. (Three panels of
+  /// weights, the next panel's load two ahead, were slower: the loads then
+  /// precede more of the stores, which wait behind them.)
+  static bool fits(KernelLowering &k, const Shape &s, int64_t bytes) {
+    int64_t resident = (2 * s.kTiles * (s.panelCols + s.slotRows) +
+                        kStageSlots * s.panelCols) *
+                       bytes;
+    return resident <= k.target.sbufBytesPerPartition * 7 / 8;
+  }
+
+  static Shape shapeOf(KernelLowering &k, GroupedMatmulOp op) {
+    const auto &t = k.target;
+    Shape s;
+    s.kTile = t.matmulMaxK;
+    s.kTiles = tensorType(op.getLhs()).getDimSize(1) / s.kTile;
+    s.tileRows = t.matmulMaxStationaryFree;
+    // A group's rows, the last tile whole.
+    int64_t m = tensorType(op.getLhs()).getDimSize(0);
+    s.slotRows = (m + s.tileRows - 1) / s.tileRows * s.tileRows;
+    s.bankCols = std::min(t.matmulMaxMovingFree, t.psumBankBytes / 4);
+    s.panelBanks = std::max<int64_t>(1, t.psumBanks / 2);
+    s.panelCols = std::min(tensorType(op.getRhs()).getDimSize(2),
+                           s.panelBanks * s.bankCols);
+    s.panelBanks = (s.panelCols + s.bankCols - 1) / s.bankCols;
+    return s;
+  }
+
+  int64_t cols(int64_t s) const {
+    return std::min(panelCols, n - (s % panels) * panelCols);
+  }
+
+  void loadWeights(int64_t s) {
+    int64_t g = s / panels, c0 = (s % panels) * panelCols, width = cols(s);
+    int64_t bRow = w.strides[1];
+    // One transfer per K tile: the first matmuls wait for theirs only.
+    for (int64_t kt = 0; kt < kTiles; ++kt) {
+      Value src = k.index(w.offset + g * w.strides[0] + kt * kTile * bRow + c0);
+      Value dst = k.index(((s % 2) * kTiles + kt) * panelCols);
+      k.dma(k.view(w.buffer, src, {kTile, width}, {bRow, 1}),
+            k.view(weights, dst, {kTile, width}, {2 * kTiles * panelCols, 1}));
+    }
+  }
+
+  /// x^T of group g's `rows` rows from `start` into tile g % 2.
+  void loadRows(int64_t g, Value start, Value rows) {
+    SmallVector<OpFoldResult> shape{k.b.getIndexAttr(kTile),
+                                    k.b.getIndexAttr(kTiles), rows};
+    Value src = k.addOffset(k.scale(start, a.strides[0]), a.offset);
+    k.dma(k.view(a.buffer, src, shape, {1, kTile, a.strides[0]}),
+          k.view(rowsT[g % 2], k.index(0), shape,
+                 {kTiles * slotRows, slotRows, 1}));
+  }
+
+  /// Row tile `tile` of panel step s's group, which starts at row `start`:
+  /// `rows` rows of it when not null, in PSUM slot `slot` % 2 and staging
+  /// slot `slot`.
+  void computeTile(int64_t s, Value start, Value tile, Value rows,
+                   int64_t slot) {
+    auto &b = k.b;
+    int64_t g = s / panels, psumSlot = slot % 2;
+    int64_t width = cols(s), banks = (width + bankCols - 1) / bankCols;
+    int64_t accStride = 2 * panelBanks * bankCols;
+    int64_t stageStride = kStageSlots * panelCols;
+    Value col0 = k.scale(tile, tileRows);
+    auto bank = [&](int64_t nb) {
+      int64_t nt = std::min(bankCols, width - nb * bankCols);
+      return k.view(acc, k.index((psumSlot * panelBanks + nb) * bankCols),
+                    {tileRows, nt}, {accStride, 1});
+    };
+    // K tiles outermost: a panel's first matmuls need its first weights
+    // transfer only.
+    for (int64_t kt = 0; kt < kTiles; ++kt) {
+      Value stationary = k.view(rowsT[g % 2], k.addOffset(col0, kt * slotRows),
+                                {kTile, tileRows}, {kTiles * slotRows, 1});
+      for (int64_t nb = 0; nb < banks; ++nb) {
+        int64_t nt = std::min(bankCols, width - nb * bankCols);
+        Value moving =
+            k.view(weights,
+                   k.index(((s % 2) * kTiles + kt) * panelCols + nb * bankCols),
+                   {kTile, nt}, {2 * kTiles * panelCols, 1});
+        auto mm = b.create<nisa::MatmulOp>(stationary, moving, bank(nb));
+        if (kt > 0)
+          mm.setAccumulate(true);
+      }
+    }
+    for (int64_t nb = 0; nb < banks; ++nb) {
+      int64_t nt = std::min(bankCols, width - nb * bankCols);
+      Value part = k.view(staged, k.index(slot * panelCols + nb * bankCols),
+                          {tileRows, nt}, {stageStride, 1});
+      b.create<nisa::CopyOp>(
+          bank(nb), part, nb % 2 ? nisa::Engine::scalar : nisa::Engine::vector);
+    }
+    SmallVector<OpFoldResult> shape{b.getIndexAttr(tileRows),
+                                    b.getIndexAttr(width)};
+    if (rows)
+      shape[0] = rows;
+    Value dst = k.addOffset(k.scale(k.addOffsets(start, col0), n),
+                            (s % panels) * panelCols);
+    // From ScalarE's queue: on SyncE's a store would hold up the loads.
+    b.create<nisa::DmaCopyOp>(
+        k.view(staged, k.index(slot * panelCols), shape, {stageStride, 1}),
+        k.view(out, dst, shape, {n, 1}), nisa::Engine::scalar);
+  }
+
+  /// The most rows of a group's short last tile that compute transposed
+  /// (computeTailTransposed) in under 90% of the TensorE time of a whole
+  /// tile (the margin: its two evictions per chunk), by the target's cost
+  /// model; 0 where none do or it does not apply.
+  int64_t transposedTailRows(int64_t s) const {
+    int64_t width = cols(s), chunks = width / tileRows;
+    if (width % tileRows || outElt != inElt)
+      return 0;
+    const ::neuron::target::CostModel cost(k.target);
+    bool f32 = inElt.isF32();
+    auto matmul = [&](int64_t stationary, int64_t moving) {
+      return cost.matmulCycles(double(stationary), double(moving), f32) +
+             cost.loadStationaryCycles(double(stationary));
+    };
+    double whole = 0;
+    for (int64_t c = 0; c < width; c += bankCols)
+      whole += kTiles * matmul(tileRows, std::min(bankCols, width - c));
+    int64_t most = 0;
+    for (int64_t r = 1; r < tileRows; ++r)
+      if (kTiles * chunks * matmul(tileRows, r) + chunks * matmul(r, tileRows) <
+          0.9 * whole)
+        most = r;
+    return most;
+  }
+
+  /// A short last tile of `rows` rows computed transposed: per 128-column
+  /// chunk of the panel, out^T [column, row] = w^T x^T with the weights
+  /// stationary and the rows moving, so TensorE's time follows the rows,
+  /// not the tile; each chunk rounded once to the output dtype, transposed
+  /// back on TensorE (an exact product with the identity) and stored.
+  void computeTailTransposed(int64_t s, Value start, Value full, Value rows) {
+    auto &b = k.b;
+    int64_t g = s / panels, width = cols(s), chunks = width / tileRows;
+    int64_t accStride = 2 * panelBanks * bankCols;
+    int64_t stageStride = kStageSlots * panelCols;
+    Value col0 = k.scale(full, tileRows);
+    // Chunk c's sums in PSUM slot 1, four to a bank; its transpose after
+    // them, in the same columns.
+    auto sums = [&](int64_t c, OpFoldResult p, OpFoldResult f) {
+      return k.view(acc, k.index(panelBanks * bankCols + c * tileRows), {p, f},
+                    {accStride, 1});
+    };
+    OpFoldResult whole = b.getIndexAttr(tileRows);
+    for (int64_t kt = 0; kt < kTiles; ++kt) {
+      Value moving =
+          k.view(rowsT[g % 2], k.addOffset(col0, kt * slotRows),
+                 {b.getIndexAttr(kTile), rows}, {kTiles * slotRows, 1});
+      for (int64_t c = 0; c < chunks; ++c) {
+        Value stationary =
+            k.view(weights,
+                   k.index(((s % 2) * kTiles + kt) * panelCols + c * tileRows),
+                   {kTile, tileRows}, {2 * kTiles * panelCols, 1});
+        auto mm =
+            b.create<nisa::MatmulOp>(stationary, moving, sums(c, whole, rows));
+        if (kt > 0)
+          mm.setAccumulate(true);
+      }
+    }
+    // The rest moves whole 128 x 128 chunks (the rows past `rows` are never
+    // stored): no cost that the rows would save, and views the
+    // synchronisation can tell apart.
+    auto chunkT = [&](int64_t c) {
+      return k.view(transT, k.index(c * tileRows), {tileRows, tileRows},
+                    {panelCols, 1});
+    };
+    auto sumsOf = [&](int64_t c) {
+      return k.view(acc, k.index(panelBanks * bankCols + c * tileRows),
+                    {tileRows, tileRows}, {accStride, 1});
+    };
+    for (int64_t c = 0; c < chunks; ++c)
+      b.create<nisa::CopyOp>(sumsOf(c), chunkT(c),
+                             c % 2 ? nisa::Engine::scalar
+                                   : nisa::Engine::vector);
+    for (int64_t c = 0; c < chunks; ++c)
+      b.create<nisa::MatmulOp>(chunkT(c), ident, sumsOf(c));
+    for (int64_t c = 0; c < chunks; ++c) {
+      Value part =
+          k.view(staged, k.index((kStageSlots - 1) * panelCols + c * tileRows),
+                 {tileRows, tileRows}, {stageStride, 1});
+      b.create<nisa::CopyOp>(
+          sumsOf(c), part, c % 2 ? nisa::Engine::scalar : nisa::Engine::vector);
+    }
+    SmallVector<OpFoldResult> shape{rows, b.getIndexAttr(width)};
+    Value dst = k.addOffset(k.scale(k.addOffsets(start, col0), n),
+                            (s % panels) * panelCols);
+    b.create<nisa::DmaCopyOp>(
+        k.view(staged, k.index((kStageSlots - 1) * panelCols), shape,
+               {stageStride, 1}),
+        k.view(out, dst, shape, {n, 1}), nisa::Engine::scalar);
+  }
+
+  void zeroRest(Value start) {
+    auto &b = k.b;
+    int64_t eltOut = std::max<int64_t>(1, outElt.getIntOrFloatBitWidth() / 8);
+    int64_t width = std::min<int64_t>(n, k.tileBytes / eltOut);
+    Value zeros = k.tile(MemorySpace::sbuf, {tileRows, width}, outElt);
+    Value rest = b.create<arith::SubIOp>(k.index(m), start);
+    k.ifMore(rest, 0, [&] {
+      b.create<nisa::MemsetOp>(zeros, APFloat(0.0f));
+      auto store = [&](Value r0, OpFoldResult rows) {
+        for (int64_t c = 0; c < n; c += width) {
+          int64_t wd = std::min(width, n - c);
+          Value at = k.addOffset(k.scale(k.addOffsets(start, r0), n), c);
+          k.dma(
+              k.view(zeros, k.index(0), {rows, b.getIndexAttr(wd)}, {width, 1}),
+              k.view(out, at, {rows, b.getIndexAttr(wd)}, {n, 1}));
+        }
+      };
+      k.forEachDynamic(b.create<arith::FloorDivSIOp>(rest, k.index(tileRows)),
+                       [&](Value i) {
+                         store(k.scale(i, tileRows), b.getIndexAttr(tileRows));
+                       });
+      Value tail = b.create<arith::RemSIOp>(rest, k.index(tileRows));
+      k.ifMore(tail, 0,
+               [&] { store(b.create<arith::SubIOp>(rest, tail), tail); });
+    });
+  }
+
+  KernelLowering &k;
+  TileBuilder::Window a, w;
+  Value out;
+  ValueRange ends;
+  int64_t m, n, kTile, kTiles, tileRows, slotRows, bankCols, panelBanks,
+      panelCols, panels;
+  Type inElt, outElt;
+  Value weights, rowsT[2], acc, staged, transT, ident;
+};
+
+struct GroupedMatmulPattern
+    : OpTilePattern<GroupedMatmulPattern, GroupedMatmulOp> {
+  bool isSizeGeneric(Operation *) const override { return true; }
+  LogicalResult lowerOp(GroupedMatmulOp op, KernelLowering &k) const {
+    if (!tensorType(op.getLhs()).hasStaticShape() ||
+        !tensorType(op.getRhs()).hasStaticShape())
+      return emitError(op->getLoc())
+             << "not size-generic: " << op->getName()
+             << ": operand sizes known only at run time";
+    if (tensorType(op.getLhs()).getShape().back() == 0)
+      return op->emitOpError("has an empty contraction");
+    // Rows are addressed from the group's first at run time: a row-major
+    // lhs (a transposed one would need strides of the row count).
+    RankedTensorType lhsType = tensorType(op.getLhs());
+    if (k.windowOf(op.getLhs()).strides !=
+        SmallVector<int64_t>{lhsType.getDimSize(1), 1})
+      return emitError(op->getLoc())
+             << op->getName() << ": the rows are a strided view";
+    if (GroupedGemm::applies(k, op)) {
+      GroupedGemm(k, op).lower();
+      return success();
+    }
+    GemmLowering(k, op.getLhs(), op.getRhs(), op.getResult(), k.index(0))
+        .lowerGrouped(op.getEnds());
+    return success();
+  }
+};
+
 struct ScaledMatmulPattern
     : OpTilePattern<ScaledMatmulPattern, ScaledMatmulOp> {
   LogicalResult lowerOp(ScaledMatmulOp op, KernelLowering &k) const {
@@ -869,6 +1295,7 @@ void KernelLowering::lowerMatmul(MatmulOp op) {
 void populateMatmulPatterns(TilePatternSet &patterns) {
   patterns.push_back(std::make_unique<MatmulPattern>());
   patterns.push_back(std::make_unique<ScaledMatmulPattern>());
+  patterns.push_back(std::make_unique<GroupedMatmulPattern>());
 }
 
 } // namespace mlir::neuron

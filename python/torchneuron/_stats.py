@@ -19,6 +19,9 @@ class Stats:
     ops_fallback: Counter[str] = field(default_factory=Counter)
     kernels_run: int = 0
     recompiles: int = 0
+    # Calls whose kernel read size parameters from a tensor's values when launched (a grouped
+    # GEMM's offsets): on the chip, loading them into registers for dynamic loop bounds.
+    launch_reads: int = 0
     compile_seconds: float = 0.0
     cache_hits: int = 0
     cache_misses: int = 0
@@ -42,6 +45,7 @@ class Stats:
                 "ops_fallback": dict(fallback),
                 "kernels_run": self.kernels_run + _eager_kernel_runs(),
                 "recompiles": self.recompiles,
+                "launch_reads": self.launch_reads,
                 "compile_seconds": self.compile_seconds,
                 "cache_hits": self.cache_hits,
                 "cache_misses": self.cache_misses,
@@ -54,6 +58,7 @@ class Stats:
             self.ops_fallback = Counter()
             self.kernels_run = 0
             self.recompiles = 0
+            self.launch_reads = 0
             self.compile_seconds = 0.0
             self.cache_hits = 0
             self.cache_misses = 0
@@ -106,6 +111,10 @@ class Stats:
     def record_kernel_run(self) -> None:
         with self.lock:
             self.kernels_run += 1
+
+    def record_launch_read(self) -> None:
+        with self.lock:
+            self.launch_reads += 1
 
     def record_recompile(self) -> None:
         with self.lock:

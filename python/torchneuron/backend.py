@@ -39,7 +39,11 @@ from torchneuron import (
 )
 from torchneuron._native import Kernel, native
 from torchneuron._stats import STATS
-from torchneuron.decompositions import math_attention, neuron_decompositions
+from torchneuron.decompositions import (
+    grouped_mm_kernel,
+    math_attention,
+    neuron_decompositions,
+)
 from torchneuron.kernel import DeviceKernel, GenericDeviceKernel
 from torchneuron.progress import Progress
 from torchneuron.sizes import NotSizeGeneric, no_size_guards
@@ -98,8 +102,11 @@ def neuron_backend(
         inference_compiler=neuron_compiler,
         decompositions=neuron_decompositions(),
     )
-    sdpa.route_attention(gm, training=sdpa.needs_grad(gm, example_inputs))
-    with math_attention():  # forward and backward graphs are traced in this call
+    training = sdpa.needs_grad(gm, example_inputs)
+    sdpa.route_attention(gm, training=training)
+    # Forward and backward graphs are traced in this call. Training keeps the masked grouped
+    # GEMM: its backward's weight gradients (K in groups) have no kernel yet.
+    with math_attention(), grouped_mm_kernel(not training):
         return aot(gm, example_inputs)
 
 
@@ -183,7 +190,19 @@ def _build_graph(
         doc = region.document
         kernel, fresh = _compile_shared(doc, target, dump, cache)
         compiled += fresh
-        kernel_module = DeviceKernel(kernel, doc["name"], region.returns_tuple, region.output_map)
+        kernel_module: torch.nn.Module
+        if isinstance(kernel, native().GenericKernel):
+            # Static sizes, but parameters bound at each call from an input's values (a
+            # grouped GEMM's offsets).
+            sub = work.get_submodule(region.submodule)
+            assert isinstance(sub, torch.fx.GraphModule)
+            kernel_module = GenericDeviceKernel(
+                kernel, doc["name"], region.returns_tuple, region.output_map, sub, doc
+            )
+        else:
+            kernel_module = DeviceKernel(
+                kernel, doc["name"], region.returns_tuple, region.output_map
+            )
         setattr(work, region.submodule, kernel_module)
     if cache is not None and key is not None:
         graph_cache.store(cache, key, gm, work, lowered.ops_on_device, lowered.fallback)

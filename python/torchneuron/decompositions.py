@@ -89,6 +89,9 @@ from torchneuron.special_math import SPECIAL_DECOMPOSITIONS
 __all__ = [
     "EXTRA_DECOMPOSITIONS",
     "TRAINING_DECOMPOSITIONS",
+    "grouped_mm_kernel",
+    "grouped_mm_masked",
+    "is_grouped_mm_kernel_form",
     "math_attention",
     "neuron_decompositions",
 ]
@@ -1058,7 +1061,68 @@ def _group_masks(offs: torch.Tensor, length: int, like: torch.Tensor) -> torch.T
     return (group.unsqueeze(0) == ids.unsqueeze(1)).to(like.dtype)
 
 
+#: Whether ``_grouped_mm`` of rows in groups stays one op for the grouped-GEMM kernel
+#: (:func:`grouped_mm_kernel`).
+_GROUPED_MM_KERNEL: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "torchneuron_grouped_mm_kernel", default=False
+)
+
+#: Groups the grouped-GEMM kernel takes: its program holds one GEMM per group.
+GROUPED_MM_KERNEL_MAX_GROUPS = 64
+
+
+@contextlib.contextmanager
+def grouped_mm_kernel(enabled: bool = True) -> Iterator[None]:
+    """While tracing (``aot_autograd``): ``torch._grouped_mm`` of [M, K] rows in groups by
+    [G, K, N] stays one op (:func:`is_grouped_mm_kernel_form`), which the compiler lowers to a
+    grouped GEMM whose per-group row counts are the offsets' values, bound when the program is
+    launched (``neuron.grouped_matmul``); :func:`torchneuron.rewrite.grouped_mm_offsets`
+    decomposes the ones whose offsets are not a graph input."""
+    token = _GROUPED_MM_KERNEL.set(enabled)
+    try:
+        yield
+    finally:
+        _GROUPED_MM_KERNEL.reset(token)
+
+
+def is_grouped_mm_kernel_form(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: object,
+    bias: object = None,
+    out_dtype: torch.dtype | None = None,
+) -> bool:
+    """Whether the grouped-GEMM kernel computes this ``_grouped_mm``: rows of a 2-d ``a`` in
+    groups times a 3-d ``b`` of one float dtype, int32 offsets, no bias, at most
+    :data:`GROUPED_MM_KERNEL_MAX_GROUPS` groups."""
+    return (
+        isinstance(offs, torch.Tensor)
+        and offs.dtype == torch.int32
+        and a.dim() == 2
+        and b.dim() == 3
+        and bias is None
+        and out_dtype in (None, a.dtype)
+        and a.dtype == b.dtype
+        and a.dtype in (torch.bfloat16, torch.float16, torch.float32)
+        and b.shape[0] <= GROUPED_MM_KERNEL_MAX_GROUPS
+    )
+
+
 def grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> object:
+    """``torch._grouped_mm``: left as it is for the grouped-GEMM kernel inside
+    :func:`grouped_mm_kernel`, else :func:`grouped_mm_masked`."""
+    if _GROUPED_MM_KERNEL.get() and is_grouped_mm_kernel_form(a, b, offs, bias, out_dtype):
+        return NotImplemented
+    return grouped_mm_masked(a, b, offs, bias, out_dtype)
+
+
+def grouped_mm_masked(
     a: torch.Tensor,
     b: torch.Tensor,
     offs: torch.Tensor | None = None,
@@ -1070,11 +1134,10 @@ def grouped_mm(
     one GEMM of the rows, each spread over the groups' K blocks with zeros outside its own,
     against every group's weights stacked along K.
 
-    Group boundaries come from data, and a kernel's shape cannot, so this does the groups'
-    work ``groups`` times over (benchmarks/kernels.py's MoE workload: 1.6 ms where the NKI
-    kernel of torchneuron.kernels, built for known group sizes, takes 0.26 ms): right for the
-    expert counts of small models, and the place for a grouped-GEMM kernel whose trip counts
-    come from the offsets at run time."""
+    This does the groups' work ``groups`` times over (benchmarks/kernels.py's MoE workload on
+    trn2: 1525 us where the grouped-GEMM kernel takes 184.5 us): what training graphs and
+    offsets computed in the graph get (:func:`grouped_mm_kernel` says which take the
+    kernel)."""
     if out_dtype not in (None, a.dtype) or a.dtype != b.dtype:
         return NotImplemented
     if offs is None:
@@ -1103,7 +1166,7 @@ def transformers_grouped_mm(
 ) -> torch.Tensor:
     """Transformers' ``grouped_mm_fallback`` op: ``x`` (S, K) rows in groups, ``weight``
     (E, K, N); rows past the last group are zeros (as its loop leaves them)."""
-    return grouped_mm(x, weight, offs)  # type: ignore[return-value]
+    return grouped_mm_masked(x, weight, offs)  # type: ignore[return-value]
 
 
 def transformers_grouped_mm_backward(
@@ -1111,8 +1174,8 @@ def transformers_grouped_mm_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Its backward: the input's gradient row groups times the weights transposed, and each
     expert's weight gradient its rows of ``x`` transposed times theirs of ``grad``."""
-    grad_x = grouped_mm(grad, weight.transpose(1, 2), offs)
-    grad_w = grouped_mm(x.t(), grad, offs)
+    grad_x = grouped_mm_masked(grad, weight.transpose(1, 2), offs)
+    grad_w = grouped_mm_masked(x.t(), grad, offs)
     return grad_x, grad_w  # type: ignore[return-value]
 
 

@@ -3,7 +3,7 @@ steps applied in a fixed order, :data:`STEPS` (docs/ARCHITECTURE.md lists the sa
 is a function of a graph:
 
 1. ``specialize-sizes``, per call, graphs with symbolic sizes that do not compile size-generic
-   (:func:`torchneuron.backend.build_generic_graph` runs steps 3-11 with the symbols kept): the
+   (:func:`torchneuron.backend.build_generic_graph` runs steps 3-12 with the symbols kept): the
    call's sizes (:func:`torchneuron.specialize.specialize`, in :func:`specialize_call`).
 2. ``block-classes``, per call, graphs with a BlockMask or SDPA mask: each attention node's block
    classes in ``node.meta`` (:func:`torchneuron.flex.annotate`, in :func:`specialize_call`).
@@ -12,19 +12,20 @@ is a function of a graph:
 5. ``complex-as-pairs``: :func:`torchneuron.complex_math.complex_as_pairs`.
 6. ``as-strided-views``: :func:`torchneuron.rewrite.as_strided_views`.
 7. ``float32-scalar-inputs``: :func:`torchneuron.rewrite.float32_scalar_inputs`.
-8. ``check``: which nodes the importer lowers (:func:`torchneuron.partition.find_unsupported`:
+8. ``grouped-mm-offsets``: :func:`torchneuron.rewrite.grouped_mm_offsets`.
+9. ``check``: which nodes the importer lowers (:func:`torchneuron.partition.find_unsupported`:
    the whole graph leniently serialized for ``_C.check_graph``, each node once: the entries
-   are kept for step 11, :class:`torchneuron.fx_json.Written`).
-9. ``detach-block-masks``: attention nodes going to the device with known block classes drop
+   are kept for step 12, :class:`torchneuron.fx_json.Written`).
+10. ``detach-block-masks``: attention nodes going to the device with known block classes drop
    their BlockMask tensors (:func:`torchneuron.flex.detach_block_masks`).
-10. ``partition``: device regions become submodules, the rest stays eager
+11. ``partition``: device regions become submodules, the rest stays eager
    (:func:`torchneuron.partition.partition_graph`).
-11. ``serialize``: per region, its outputs deduplicated (:func:`dedupe_outputs`) and its document
+12. ``serialize``: per region, its outputs deduplicated (:func:`dedupe_outputs`) and its document
    assembled from the nodes and constants step 8 wrote, writing only what it could not reuse
    (:func:`torchneuron.fx_json.serialize_graph`; SDPA calls in their FlexAttention form,
    :func:`torchneuron.sdpa.flex_form`).
 
-Steps 3-7 are :data:`REWRITES` (:func:`rewrite_graph`); :func:`lower` runs steps 3-11 on a copy of
+Steps 3-8 are :data:`REWRITES` (:func:`rewrite_graph`); :func:`lower` runs steps 3-12 on a copy of
 a static graph, and the backend compiles each region's document
 (:func:`torchneuron.backend.build_graph`).
 """
@@ -71,6 +72,7 @@ REWRITES: tuple[Rewrite, ...] = (
     Rewrite("complex-as-pairs", complex_math.complex_as_pairs),
     Rewrite("as-strided-views", rewrite.as_strided_views),
     Rewrite("float32-scalar-inputs", rewrite.float32_scalar_inputs),
+    Rewrite("grouped-mm-offsets", rewrite.grouped_mm_offsets),
 )
 
 #: Every step's name, in the order the front end applies them (the module docstring says what

@@ -285,6 +285,9 @@ class _Writer:
         self.portable = True  # the entry being written refers to values by name only
         # A symbolic document's size symbols; None: every size must be concrete.
         self.sizes = SizeSymbols() if symbolic else None
+        # Parameters bound from an input's values when the program is launched: a grouped
+        # GEMM's row ends, the offsets (name -> symbol entry with "element_of").
+        self.value_symbols: dict[str, dict[str, Any]] = {}
         self.name = name
         self.lenient = lenient
         self.constant_inputs = dict(constants or {})
@@ -415,6 +418,8 @@ class _Writer:
         if not isinstance(target, torch._ops.OpOverload):
             self.fail(node, f"{_target_name(target)} is not an ATen operator")
             return
+        if target is torch.ops.aten._grouped_mm.default:
+            self.grouped_mm_ends(node)
         reused = self.reuse.nodes.get(node.name) if self.reuse is not None else None
         if reused is not None and reused[0] == _argument_names(node):
             self.append_node(node, reused[1])
@@ -439,6 +444,31 @@ class _Writer:
         self.add_node(node, entry)
         if self.written is not None and self.portable:
             self.written.nodes[node.name] = (_argument_names(node), entry)
+
+    def grouped_mm_ends(self, node: torch.fx.Node) -> None:
+        """The parameters ``<offsets>__end<g>`` of a ``_grouped_mm`` whose offsets are an
+        input: the importer's ``neuron.grouped_matmul`` counts each group's rows from them,
+        and the call binds them from the offsets' values. Other offsets get none (the
+        importer then says why it cannot take the node)."""
+        offs = node.args[2] if len(node.args) > 2 else node.kwargs.get("offs")
+        ref = self.refs.get(offs) if isinstance(offs, torch.fx.Node) else None
+        if ref is None or "index" in ref:
+            return
+        name = ref["ref"]
+        if not any(i["name"] == name for i in self.inputs + self.extra_inputs):
+            return
+        a, b = node.args[0], node.args[1]
+        if not (_is_node(a) and _is_node(b)):
+            return
+        rows, groups = a.meta["val"].shape[0], b.meta["val"].shape[0]
+        for g in range(int(groups)):
+            symbol = f"{name}__end{g}"
+            self.value_symbols[symbol] = {
+                "name": symbol,
+                "min": 0,
+                "max": rows if isinstance(rows, int) else None,
+                "element_of": [name, g],
+            }
 
     def add_node(self, node: torch.fx.Node, entry: dict[str, Any]) -> None:
         loc = source_location(node.meta.get("stack_trace"))
@@ -700,8 +730,10 @@ class _Writer:
             "nodes": self.nodes,
             "outputs": self.outputs,
         }
-        if self.sizes is not None and self.sizes.ranges:
-            doc["symbols"] = self.sizes.entries()
+        symbols = self.sizes.entries() if self.sizes is not None else []
+        symbols += list(self.value_symbols.values())
+        if symbols:
+            doc["symbols"] = symbols
         return doc
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -150,14 +151,38 @@ class GenericDeviceKernel(torch.nn.Module):
         self.returns_tuple = returns_tuple
         self.output_map = output_map
         self.names = [p[0] for p in kernel.params]
-        self.tensor_args, self.bindings = _size_bindings(region, document, self.names)
+        self.element_bindings = _element_bindings(region, document)
+        self.tensor_args, self.bindings = _size_bindings(
+            region, document, [n for n in self.names if n not in self.element_bindings]
+        )
         self.instances: OrderedDict[tuple[int, ...], DeviceKernel] = OrderedDict()
+
+    def _read_values(self, args: Sequence[Any]) -> dict[str, int]:
+        """The parameters bound from an input's values (a grouped GEMM's row ends, the
+        offsets): each such input read once per call, as the chip loads them into registers
+        for its loop bounds. Offsets must not decrease (the ranges check the rest)."""
+        values: dict[int, list[int]] = {}
+        sizes: dict[str, int] = {}
+        for name, (position, index) in self.element_bindings.items():
+            if position not in values:
+                row = [int(v) for v in args[position].reshape(-1).tolist()]
+                STATS.record_launch_read()
+                if any(b < a for a, b in itertools.pairwise(row)):
+                    raise RuntimeError(
+                        f"{self.graph_name}: offsets {row} decrease (they must be cumulative "
+                        "row ends of groups)"
+                    )
+                values[position] = row
+            sizes[name] = values[position][index]
+        return sizes
 
     def forward(self, *args: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
         sizes: dict[str, int] = {}
         for position, dim, name in self.bindings:
             arg = args[position]
             sizes[name] = int(arg.shape[dim]) if dim is not None else int(arg)
+        if self.element_bindings:
+            sizes.update(self._read_values(args))
         key = tuple(sizes[n] for n in self.names)
         instance = self.instances.get(key)
         if instance is None:
@@ -173,6 +198,24 @@ class GenericDeviceKernel(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.graph_name}, sizes={self.names}, instances={len(self.instances)}"
+
+
+def _element_bindings(
+    region: torch.fx.GraphModule, document: dict[str, Any]
+) -> dict[str, tuple[int, int]]:
+    """Parameters the document binds to an element of an input (``element_of``: [input name,
+    index]): name -> (argument position, index)."""
+    positions = {
+        n.name: i for i, n in enumerate(n for n in region.graph.nodes if n.op == "placeholder")
+    }
+    out: dict[str, tuple[int, int]] = {}
+    for sym in document.get("symbols", []):
+        if "element_of" in sym:
+            source, index = sym["element_of"]
+            if source not in positions:
+                raise NotSizeGeneric(f"{sym['name']} reads {source}, not an argument")
+            out[sym["name"]] = (positions[source], int(index))
+    return out
 
 
 def _size_bindings(

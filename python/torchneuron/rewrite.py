@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.fx
 
-__all__ = ["as_strided_views", "float32_scalar_inputs", "splice"]
+__all__ = ["as_strided_views", "float32_scalar_inputs", "grouped_mm_offsets", "splice"]
 
 
 def splice(
@@ -207,3 +207,38 @@ def float32_scalar_inputs(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return count
+
+
+def grouped_mm_offsets(gm: torch.fx.GraphModule) -> int:
+    """``_grouped_mm`` nodes left for the grouped-GEMM kernel
+    (:func:`torchneuron.decompositions.grouped_mm_kernel`) whose offsets are not a graph input
+    become the masked decomposition: the kernel binds each group's rows from the offsets'
+    values when it is launched, so they must come from outside the graph (offsets computed in
+    it, e.g. a router's ``cumsum``, would be a kernel's output). A node the trace cannot
+    splice stays, and the partitioner leaves it in eager PyTorch (counted)."""
+    from torchneuron.decompositions import grouped_mm_masked
+
+    changed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten._grouped_mm.default:
+            continue
+        offs = node.args[2] if len(node.args) > 2 else node.kwargs.get("offs")
+        if isinstance(offs, torch.fx.Node) and offs.op == "placeholder":
+            continue
+        a, b = node.args[0], node.args[1]
+        if not (isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node)):
+            continue
+        inputs = [a, b] + ([offs] if isinstance(offs, torch.fx.Node) else [])
+        try:
+            result = splice(gm, node, lambda x, w, *o: grouped_mm_masked(x, w, *o), inputs)
+        except Exception:  # noqa: BLE001 - symbolic sizes: the node stays (counted fallback)
+            continue
+        if result is None:
+            continue
+        node.replace_all_uses_with(result)
+        gm.graph.erase_node(node)
+        changed += 1
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return changed

@@ -87,6 +87,7 @@ def test_stats_is_a_copy_and_reset_clears_it(real_native: ModuleType) -> None:
         "ops_fallback": {},
         "kernels_run": 0,
         "recompiles": 0,
+        "launch_reads": 0,
         "compile_seconds": 0.0,
         "cache_hits": 0,
         "cache_misses": 0,

@@ -453,3 +453,27 @@ func.func @scaled_matmul_bf16(%a: tensor<4x8xbf16>, %s: tensor<1xf32>) {
   %0 = neuron.scaled_matmul %a, %a scales %s, %s : tensor<4x8xbf16>, tensor<4x8xbf16>, tensor<1xf32>, tensor<1xf32> -> tensor<4x4xbf16>
   return
 }
+
+// -----
+
+func.func @grouped_matmul_ends(%x: tensor<16x8xf32>, %w: tensor<3x8x4xf32>, %e0: index, %e1: index) {
+  // expected-error @+1 {{needs one row end per group: 2 for 3 groups}}
+  %0 = neuron.grouped_matmul %x, %w ends(%e0, %e1) : tensor<16x8xf32>, tensor<3x8x4xf32> -> tensor<16x4xf32>
+  return
+}
+
+// -----
+
+func.func @grouped_matmul_contraction(%x: tensor<16x8xf32>, %w: tensor<1x9x4xf32>, %e0: index) {
+  // expected-error @+1 {{contraction sizes differ: 8 vs 9}}
+  %0 = neuron.grouped_matmul %x, %w ends(%e0) : tensor<16x8xf32>, tensor<1x9x4xf32> -> tensor<16x4xf32>
+  return
+}
+
+// -----
+
+func.func @grouped_matmul_rank(%x: tensor<16x8xf32>, %w: tensor<8x4xf32>, %e0: index) {
+  // expected-error @+1 {{takes [M, K] x [G, K, N] -> [M, N]}}
+  %0 = neuron.grouped_matmul %x, %w ends(%e0) : tensor<16x8xf32>, tensor<8x4xf32> -> tensor<16x4xf32>
+  return
+}

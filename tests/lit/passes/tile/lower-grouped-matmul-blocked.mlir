@@ -1,0 +1,22 @@
+// RUN: neuron-opt %s --neuron-lower-to-nisa --canonicalize --cse | FileCheck %s
+
+// torch._grouped_mm of rows in groups (lower-grouped-matmul.mlir has the
+// kernel for K of whole tiles).
+// With K not whole tiles, each group is the blocked GEMM over a run-time
+// row count: its rows and outputs addressed from its start, its weights
+// from its index.
+
+// CHECK-LABEL: func.func @narrow_k(
+// CHECK: arith.floordivsi %arg4, %c512 : index
+// CHECK: nisa.matmul
+// CHECK: %[[N1:.*]] = arith.subi %arg5, %arg4 : index
+// CHECK: arith.floordivsi %[[N1]], %c512 : index
+// CHECK: memref.reinterpret_cast %arg1 to offset: [%c4096]
+// CHECK: nisa.matmul
+
+func.func @narrow_k(%x: tensor<300x64xbf16>, %w: tensor<2x64x64xbf16>, %offs: tensor<2xi32>,
+                    %e0: index {neuron.size = {name = "offs__end0", min = 0 : i64, max = 300 : i64}},
+                    %e1: index {neuron.size = {name = "offs__end1", min = 0 : i64, max = 300 : i64}}) -> tensor<300x64xbf16> {
+  %y = neuron.grouped_matmul %x, %w ends(%e0, %e1) : tensor<300x64xbf16>, tensor<2x64x64xbf16> -> tensor<300x64xbf16>
+  return %y : tensor<300x64xbf16>
+}
