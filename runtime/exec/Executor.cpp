@@ -408,6 +408,22 @@ void transposeBlock(const uint8_t *src, int64_t srcRow, int64_t srcCol,
             }
           }
 #endif
+#ifdef __AVX__
+          if constexpr (sizeof(T) == 4) {
+            // fp32 weights loaded transposed: 8 x 8 blocks in registers.
+            if (nr == kTile && nc == kTile && srcRow == 1 && dstCol == 1) {
+              for (int64_t c = 0; c < kTile; c += 8)
+                for (int64_t r = 0; r < kTile; r += 8)
+                  transpose8x8x32(reinterpret_cast<const uint32_t *>(
+                                      at(src, r0 + r + (c0 + c) * srcCol)),
+                                  srcCol,
+                                  reinterpret_cast<uint32_t *>(
+                                      at(dst, (r0 + r) * dstRow + c0 + c)),
+                                  dstRow);
+              continue;
+            }
+          }
+#endif
           for (int64_t c = 0; c < nc; ++c)
             for (int64_t r = 0; r < nr; ++r)
               std::memcpy(&tile[c][r],

@@ -294,6 +294,45 @@ TEST_CASE("large copies and transposes are split between threads",
     }
 }
 
+TEST_CASE("4-byte transposing loads keep every bit on awkward shapes",
+          "[exec][dma]") {
+  // Whole 8 x 8 and 32 x 32 blocks go through registers, the rest element
+  // by element: odd sizes, a padded source pitch, partial tiles, and a copy
+  // large enough to be split between threads mid-tile (100 rows).
+  std::mt19937 rng(7);
+  struct Shape {
+    int64_t rows, cols, pitch; // dst [rows, cols]; src [cols, pitch]
+  };
+  for (Shape s : {Shape{70, 45, 73}, Shape{128, 100, 128}, Shape{33, 97, 40},
+                  Shape{64, 64, 64}, Shape{100, 250, 103}, Shape{8, 8, 9}}) {
+    INFO("rows " << s.rows << " cols " << s.cols << " pitch " << s.pitch);
+    // Raw bit patterns: NaN payloads, infinities, subnormals, -0.
+    Tensor in = Tensor::zeros(DType::F32, {s.cols, s.pitch});
+    for (size_t i = 0; i < in.size(); ++i) {
+      uint32_t bits = rng();
+      std::memcpy(in.bytes.data() + 4 * i, &bits, 4);
+    }
+    Tensor out = Tensor::zeros(DType::F32, {s.rows, s.cols});
+    std::string dstShape = shapeJson({s.rows, s.cols});
+    std::string json = programJson(
+        buffer(0, "hbm", "input", "f32", shapeJson({s.cols, s.pitch})) + "," +
+            buffer(1, "hbm", "output", "f32", dstShape) + "," +
+            buffer(2, "sbuf", "scratch", "f32", dstShape),
+        "0", "1",
+        R"({"op": "dma_copy", "engine": "sync", "src": )" +
+            view(0, dstShape, shapeJson({1, s.pitch})) + R"(, "dst": )" +
+            full(2, {s.rows, s.cols}) +
+            R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+            full(2, {s.rows, s.cols}) + R"(, "dst": )" +
+            full(1, {s.rows, s.cols}) + "}");
+    run(json, {&in}, {&out});
+    for (int64_t r = 0; r < s.rows; ++r)
+      for (int64_t c = 0; c < s.cols; ++c)
+        REQUIRE(out.raw<uint32_t>(r * s.cols + c) ==
+                in.raw<uint32_t>(c * s.pitch + r));
+  }
+}
+
 TEST_CASE("loops evaluate affine offsets", "[exec][loop]") {
   Tensor in = Tensor::zeros(DType::F32, {4, 8});
   for (size_t i = 0; i < 32; ++i)
