@@ -1410,8 +1410,22 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
   } else {
     float *s = scratch[0].data(), *mv = scratch[1].data();
     load(stat, s);
-    load(mov, mv);
+    // Each chunk gathers its own columns of a moving operand with
+    // contiguous fp32 rows (the larger operand: gathered on the caller's
+    // thread it left the others idle), into the same places as load().
+    std::optional<StridedMatrix<float>> movRows;
+    if (mov.dtype == DType::F32 && !inst.attrs.doubleRow)
+      movRows = matrixOf<float>(mov, bases[mov.buffer], offsetOf(mov));
+    if (movRows && movRows->colStride != 1)
+      movRows.reset();
+    if (!movRows)
+      load(mov, mv);
     columns = [&, s, mv](int64_t begin, int64_t end) {
+      if (movRows)
+        for (int64_t row = 0; row < k; ++row)
+          std::memcpy(mv + row * n + begin,
+                      movRows->data + row * movRows->rowStride + begin,
+                      (end - begin) * sizeof(float));
       matmulF32({s, k, m, m, 1}, {mv, k, n, n, 1}, out, ldOut, accumulate,
                 begin, end);
     };
