@@ -1420,7 +1420,8 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
       movRows.reset();
     if (!movRows)
       load(mov, mv);
-    columns = [&, s, mv](int64_t begin, int64_t end) {
+    // movRows by value: this block ends before the chunks run.
+    columns = [&, s, mv, movRows](int64_t begin, int64_t end) {
       if (movRows)
         for (int64_t row = 0; row < k; ++row)
           std::memcpy(mv + row * n + begin,
