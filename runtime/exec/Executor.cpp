@@ -408,6 +408,22 @@ void transposeBlock(const uint8_t *src, int64_t srcRow, int64_t srcCol,
             }
           }
 #endif
+#ifdef __AVX__
+          if constexpr (sizeof(T) == 4) {
+            // fp32 weights loaded transposed: 8 x 8 blocks in registers.
+            if (nr == kTile && nc == kTile && srcRow == 1 && dstCol == 1) {
+              for (int64_t c = 0; c < kTile; c += 8)
+                for (int64_t r = 0; r < kTile; r += 8)
+                  transpose8x8x32(reinterpret_cast<const uint32_t *>(
+                                      at(src, r0 + r + (c0 + c) * srcCol)),
+                                  srcCol,
+                                  reinterpret_cast<uint32_t *>(
+                                      at(dst, (r0 + r) * dstRow + c0 + c)),
+                                  dstRow);
+              continue;
+            }
+          }
+#endif
           for (int64_t c = 0; c < nc; ++c)
             for (int64_t r = 0; r < nr; ++r)
               std::memcpy(&tile[c][r],
@@ -1394,8 +1410,23 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
   } else {
     float *s = scratch[0].data(), *mv = scratch[1].data();
     load(stat, s);
-    load(mov, mv);
-    columns = [&, s, mv](int64_t begin, int64_t end) {
+    // Each chunk gathers its own columns of a moving operand with
+    // contiguous fp32 rows (the larger operand: gathered on the caller's
+    // thread it left the others idle), into the same places as load().
+    std::optional<StridedMatrix<float>> movRows;
+    if (mov.dtype == DType::F32 && !inst.attrs.doubleRow)
+      movRows = matrixOf<float>(mov, bases[mov.buffer], offsetOf(mov));
+    if (movRows && movRows->colStride != 1)
+      movRows.reset();
+    if (!movRows)
+      load(mov, mv);
+    // movRows by value: this block ends before the chunks run.
+    columns = [&, s, mv, movRows](int64_t begin, int64_t end) {
+      if (movRows)
+        for (int64_t row = 0; row < k; ++row)
+          std::memcpy(mv + row * n + begin,
+                      movRows->data + row * movRows->rowStride + begin,
+                      (end - begin) * sizeof(float));
       matmulF32({s, k, m, m, 1}, {mv, k, n, n, 1}, out, ldOut, accumulate,
                 begin, end);
     };

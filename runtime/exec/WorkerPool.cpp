@@ -30,6 +30,10 @@ namespace {
 /// little more than the gap between two large instructions.
 constexpr std::chrono::microseconds kSpinTime{200};
 
+/// How many pauses the caller spins for its workers' last chunks before it
+/// yields its core (a few microseconds: a chunk is tens of microseconds).
+constexpr int kWaitSpins = 1 << 12;
+
 } // namespace
 
 struct WorkerPool::State {
@@ -145,9 +149,16 @@ void WorkerPool::run(int64_t count, const std::function<void(int64_t)> &fn) {
   }
   s.wake.notify_all();
   s.work();
-  // Only chunks a worker has claimed can still be running.
-  while (s.done.load(std::memory_order_acquire) != count)
-    NEURON_SPIN_PAUSE();
+  // Only chunks a worker has claimed can still be running. A worker the
+  // system has preempted may hold one for a whole time slice: after a short
+  // spin, give up the core, which may be the one it waits for.
+  for (int spins = 0; s.done.load(std::memory_order_acquire) != count;
+       ++spins) {
+    if (spins < kWaitSpins)
+      NEURON_SPIN_PAUSE();
+    else
+      std::this_thread::yield();
+  }
   s.running.store(false, std::memory_order_release);
 }
 

@@ -294,6 +294,45 @@ TEST_CASE("large copies and transposes are split between threads",
     }
 }
 
+TEST_CASE("4-byte transposing loads keep every bit on awkward shapes",
+          "[exec][dma]") {
+  // Whole 8 x 8 and 32 x 32 blocks go through registers, the rest element
+  // by element: odd sizes, a padded source pitch, partial tiles, and a copy
+  // large enough to be split between threads mid-tile (100 rows).
+  std::mt19937 rng(7);
+  struct Shape {
+    int64_t rows, cols, pitch; // dst [rows, cols]; src [cols, pitch]
+  };
+  for (Shape s : {Shape{70, 45, 73}, Shape{128, 100, 128}, Shape{33, 97, 40},
+                  Shape{64, 64, 64}, Shape{100, 250, 103}, Shape{8, 8, 9}}) {
+    INFO("rows " << s.rows << " cols " << s.cols << " pitch " << s.pitch);
+    // Raw bit patterns: NaN payloads, infinities, subnormals, -0.
+    Tensor in = Tensor::zeros(DType::F32, {s.cols, s.pitch});
+    for (size_t i = 0; i < in.size(); ++i) {
+      uint32_t bits = rng();
+      std::memcpy(in.bytes.data() + 4 * i, &bits, 4);
+    }
+    Tensor out = Tensor::zeros(DType::F32, {s.rows, s.cols});
+    std::string dstShape = shapeJson({s.rows, s.cols});
+    std::string json = programJson(
+        buffer(0, "hbm", "input", "f32", shapeJson({s.cols, s.pitch})) + "," +
+            buffer(1, "hbm", "output", "f32", dstShape) + "," +
+            buffer(2, "sbuf", "scratch", "f32", dstShape),
+        "0", "1",
+        R"({"op": "dma_copy", "engine": "sync", "src": )" +
+            view(0, dstShape, shapeJson({1, s.pitch})) + R"(, "dst": )" +
+            full(2, {s.rows, s.cols}) +
+            R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+            full(2, {s.rows, s.cols}) + R"(, "dst": )" +
+            full(1, {s.rows, s.cols}) + "}");
+    run(json, {&in}, {&out});
+    for (int64_t r = 0; r < s.rows; ++r)
+      for (int64_t c = 0; c < s.cols; ++c)
+        REQUIRE(out.raw<uint32_t>(r * s.cols + c) ==
+                in.raw<uint32_t>(c * s.pitch + r));
+  }
+}
+
 TEST_CASE("loops evaluate affine offsets", "[exec][loop]") {
   Tensor in = Tensor::zeros(DType::F32, {4, 8});
   for (size_t i = 0; i < 32; ++i)
@@ -1672,6 +1711,59 @@ TEST_CASE("results do not depend on host addresses or thread counts",
         CHECK(differingWords(got[i], reference[i]) == 0);
       }
     }
+  }
+}
+
+TEST_CASE("fp32 matmul: the same bits from any layout of the moving operand",
+          "[exec][matmul][determinism]") {
+  // A moving operand with contiguous rows is gathered by each thread's
+  // chunk of columns; a strided one on the caller's thread before the
+  // product. Both must give the bits of the same product, on shapes split
+  // between threads (K * M * N >= 2^21) with partial register tiles and
+  // chunks, and on one too small to split.
+  std::mt19937 rng(37);
+  struct Shape {
+    int64_t k, m, n;
+  };
+  for (Shape s : {Shape{128, 128, 512}, Shape{128, 77, 333},
+                  Shape{100, 128, 257}, Shape{128, 128, 129}, Shape{7, 5, 3}}) {
+    INFO("k " << s.k << " m " << s.m << " n " << s.n);
+    Tensor stat = randomTensor(rng, {s.k, s.m});
+    Tensor mov = randomTensor(rng, {s.k, s.n});
+    std::vector<Tensor> outs(4, Tensor::zeros(DType::F32, {s.m, s.n}));
+    int64_t pitch = s.n + 5;
+    std::string dense = shapeJson({s.k, s.n});
+    std::string pitched = view(110, dense, shapeJson({pitch, 1}));
+    std::string strided = view(111, dense, shapeJson({2 * s.n, 2}));
+    std::string body;
+    for (int i = 0; i < 2; ++i) { // contiguous rows, then every other column
+      const std::string &moving = i == 0 ? pitched : strided;
+      body += R"({"op": "dma_copy", "engine": "sync", "src": )" +
+              full(101, {s.k, s.n}) + R"(, "dst": )" + moving + "}, " +
+              matmulNode(full(100, {s.k, s.m}), moving, full(300, {s.m, s.n}),
+                         false) +
+              R"(, {"op": "dma_copy", "engine": "sync", "src": )" +
+              full(300, {s.m, s.n}) + R"(, "dst": )" +
+              full(200 + 2 * i, {s.m, s.n}) + "}, " +
+              matmulNode(full(100, {s.k, s.m}), moving, full(300, {s.m, s.n}),
+                         true) +
+              R"(, {"op": "dma_copy", "engine": "sync", "src": )" +
+              full(300, {s.m, s.n}) + R"(, "dst": )" +
+              full(201 + 2 * i, {s.m, s.n}) + (i == 0 ? "}, " : "}");
+    }
+    std::vector<TileArg> outArgs(4, {"f32", {s.m, s.n}});
+    std::string json = tileProgram(
+        {{"f32", {s.k, s.m}}, {"f32", {s.k, s.n}}}, outArgs, body,
+        buffer(110, "sbuf", "scratch", "f32", shapeJson({s.k, pitch})) + ", " +
+            buffer(111, "sbuf", "scratch", "f32", shapeJson({s.k, 2 * s.n})) +
+            ", " +
+            buffer(300, "psum", "scratch", "f32", shapeJson({s.m, s.n})));
+    run(json, {&stat, &mov}, {&outs[0], &outs[1], &outs[2], &outs[3]});
+    CHECK(differingWords(outs[0].bytes, outs[2].bytes) == 0);
+    CHECK(differingWords(outs[1].bytes, outs[3].bytes) == 0);
+    // Not all zeros: the products ran.
+    CHECK(outs[1].at(0) != 0.0f);
+    CHECK(outs[1].at(0) == 2.0f * outs[0].at(0));
   }
 }
 
