@@ -48,6 +48,12 @@ void require(bool condition, const std::string &reason) {
     unsupported(reason);
 }
 
+/// Whether `type` has no elements whatever its sizes (a dynamic dim is at
+/// least 1: getNumElements() of a dynamic shape is meaningless).
+bool isEmpty(RankedTensorType type) {
+  return llvm::is_contained(type.getShape(), 0);
+}
+
 /// Integer field `key` of `object`, or `fallback` when it is absent. Any
 /// other number is refused: nlohmann converts a float with a C++ cast, which
 /// is undefined when it is out of range (found by tests/fuzz/FuzzFxImport).
@@ -1421,10 +1427,22 @@ Values sliceHandler(Importer &im) {
   auto type = cast<RankedTensorType>(x.getType());
   int64_t rank = type.getRank();
   int64_t dim = im.dimParam(1, rank);
-  require(!type.isDynamicDim(dim),
-          "not size-generic: a slice along a dynamic dim");
+  const json &startArg = im.param(2, "start"), &endArg = im.param(3, "end"),
+             &stepArg = im.param(4, "step");
+  if (type.isDynamicDim(dim)) {
+    // All of a dynamic dim (`x[:, 0:]`, Transformers' `logits_to_keep=0`) is
+    // the tensor itself; any other part of it has a run-time offset or size.
+    auto isInt = [](const json &v, int64_t value) {
+      return v.is_number_integer() && v.get<int64_t>() == value;
+    };
+    bool toTheEnd = endArg.is_null() || (endArg.is_number_integer() &&
+                                         endArg.get<int64_t>() >= (1LL << 62));
+    require((startArg.is_null() || isInt(startArg, 0)) && toTheEnd &&
+                (stepArg.is_null() || isInt(stepArg, 1)),
+            "not size-generic: a slice along a dynamic dim");
+    return {x};
+  }
   int64_t size = type.getDimSize(dim);
-  const json &startArg = im.param(2, "start"), &stepArg = im.param(4, "step");
   int64_t start = startArg.is_null() ? 0 : im.integer(startArg);
   int64_t step = stepArg.is_null() ? 1 : im.integer(stepArg);
   require(step > 0, "slice step must be positive");
@@ -1432,7 +1450,7 @@ Values sliceHandler(Importer &im) {
     start += size;
   start = std::clamp<int64_t>(start, 0, size);
   RankedTensorType out = im.resultType();
-  if (out.getNumElements() == 0)
+  if (isEmpty(out))
     start = 0;
   SmallVector<int64_t> offsets(rank, 0), strides(rank, 1);
   offsets[dim] = start;
@@ -1471,7 +1489,7 @@ Values catHandler(Importer &im) {
     Value v = im.castTo(im.tensor(t), out.getElementType());
     auto vt = cast<RankedTensorType>(v.getType());
     // Legacy cat accepts 1-d empty tensors next to anything.
-    if (vt.getNumElements() == 0 && vt.getRank() != out.getRank())
+    if (isEmpty(vt) && vt.getRank() != out.getRank())
       continue;
     inputs.push_back(v);
   }
@@ -1495,9 +1513,12 @@ Values arangeHandler(Importer &im) {
     if (!im.arg(2).is_null() && !im.arg(2).is_object())
       step = im.number(im.arg(2));
   }
+  require(
+      out.hasStaticShape(),
+      "not size-generic: torch.arange over a length known only at run time");
   int64_t n = out.getNumElements();
   Type elt = out.getElementType();
-  // The program is static: index sequences are folded to constants.
+  // Index sequences are folded to constants.
   SmallVector<Attribute> elements;
   for (int64_t i = 0; i < n; ++i) {
     double v = start + step * (double)i;
