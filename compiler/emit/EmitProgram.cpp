@@ -58,6 +58,13 @@ struct Size {
     if (b.isConstant() && b.constant == (fn == "+" || fn == "-" ? 0 : 1) &&
         fn != "mod" && fn != "min" && fn != "max")
       return a;
+    // 0 + x and 1 * x are x; 0 * x is 0.
+    if (a.isConstant() && a.constant == (fn == "+" ? 0 : 1) &&
+        (fn == "+" || fn == "*"))
+      return b;
+    if (fn == "*" && ((a.isConstant() && a.constant == 0) ||
+                      (b.isConstant() && b.constant == 0)))
+      return of(0);
     std::string text = fn.size() == 1
                            ? "(" + a.text() + fn + b.text() + ")"
                            : fn + "(" + a.text() + "," + b.text() + ")";
@@ -74,7 +81,9 @@ struct Size {
 
 struct Affine {
   int64_t constant = 0;
-  std::vector<std::pair<int, int64_t>> terms; // (loop id, coefficient)
+  /// (loop id, coefficient): a number, or a size expression (a loop over a
+  /// dim whose stride is known only at run time).
+  std::vector<std::pair<int, Size>> terms;
   /// A part that is an expression over the params (empty: none).
   std::string symbolic;
 
@@ -85,33 +94,55 @@ struct Affine {
       r.symbolic = r.symbolic.empty()
                        ? o.symbolic
                        : "(" + r.symbolic + "+" + o.symbolic + ")";
-    for (auto [id, c] : o.terms) {
+    for (const auto &[id, c] : o.terms) {
       auto it = llvm::find_if(r.terms, [&](auto &t) { return t.first == id; });
-      if (it != r.terms.end())
-        it->second += c;
-      else
+      if (it == r.terms.end())
         r.terms.push_back({id, c});
+      else if (it->second.isConstant() && c.isConstant())
+        it->second.constant += c.constant;
+      else
+        it->second = Size::combine("+", it->second, c);
     }
     return r;
   }
   Affine operator*(int64_t k) const {
     Affine r = *this;
     r.constant *= k;
-    for (auto &t : r.terms)
-      t.second *= k;
+    for (auto &t : r.terms) {
+      if (t.second.isConstant())
+        t.second.constant *= k;
+      else
+        t.second = Size::combine("*", t.second, Size::of(k));
+    }
     if (!r.symbolic.empty())
       r.symbolic = "(" + r.symbolic + "*" + std::to_string(k) + ")";
     return r;
   }
+  /// This times a size expression.
+  Affine operator*(const Size &k) const {
+    if (k.isConstant())
+      return *this * k.constant;
+    Affine r;
+    for (const auto &[id, c] : terms)
+      r.terms.push_back({id, Size::combine("*", c, k)});
+    Size rest = Size::of(constant);
+    if (!symbolic.empty())
+      rest = Size::combine("+", Size{0, symbolic}, rest);
+    rest = Size::combine("*", rest, k);
+    r.constant = rest.constant;
+    r.symbolic = rest.expr;
+    return r;
+  }
   bool isConstant() const {
-    return symbolic.empty() &&
-           llvm::all_of(terms, [](auto &t) { return t.second == 0; });
+    return symbolic.empty() && llvm::all_of(terms, [](auto &t) {
+             return t.second.isConstant() && t.second.constant == 0;
+           });
   }
   json toJson() const {
     json t = json::array();
-    for (auto [id, c] : terms)
-      if (c != 0)
-        t.push_back({id, c});
+    for (const auto &[id, c] : terms)
+      if (!c.isConstant() || c.constant != 0)
+        t.push_back({id, c.toJson()});
     json c = constant;
     if (!symbolic.empty())
       c = constant == 0 ? symbolic
@@ -217,6 +248,8 @@ private:
                                                 Attribute attr, bool hasScalar);
   FailureOr<Affine> affineOf(Value v, Operation *user);
   FailureOr<Size> sizeOf(Value v, Operation *user);
+  /// Whether sizeOf reads `v` (constants and params combined by arith).
+  bool isSizeValue(Value v);
   FailureOr<json> shapeOf(Value base, MemRefType type);
   FailureOr<json> viewOf(Value v, Operation *user);
   FailureOr<int> addBuffer(Value base, rt::BufferKind kind, StringRef name);
@@ -389,6 +422,18 @@ FailureOr<Size> ProgramEmitter::sizeOf(Value v, Operation *user) {
   return Size::combine(fn, *l, *r);
 }
 
+bool ProgramEmitter::isSizeValue(Value v) {
+  if (v.getDefiningOp<arith::ConstantIndexOp>() || params.count(v))
+    return true;
+  Operation *def = v.getDefiningOp();
+  auto kind = nisa::sizeFunctionOf(def);
+  using Kind = rt::SizeExpr::Kind;
+  if (!kind || *kind == Kind::Const || *kind == Kind::Param ||
+      *kind == Kind::Neg)
+    return false;
+  return isSizeValue(def->getOperand(0)) && isSizeValue(def->getOperand(1));
+}
+
 FailureOr<Affine> ProgramEmitter::affineOf(Value v, Operation *user) {
   std::optional<nisa::AffineIndex> index = nisa::affineIndexOf(v);
   if (!index && !params.empty()) {
@@ -402,13 +447,22 @@ FailureOr<Affine> ProgramEmitter::affineOf(Value v, Operation *user) {
     }
     if (auto mul = v.getDefiningOp<arith::MulIOp>())
       for (auto [x, c] : {std::pair(mul.getLhs(), mul.getRhs()),
-                          std::pair(mul.getRhs(), mul.getLhs())})
+                          std::pair(mul.getRhs(), mul.getLhs())}) {
         if (auto k = c.getDefiningOp<arith::ConstantIndexOp>()) {
           auto a = affineOf(x, user);
           if (failed(a))
             return failure();
           return *a * k.value();
         }
+        // A loop iv times a stride known only at run time.
+        if (!isSizeValue(x) && isSizeValue(c)) {
+          auto a = affineOf(x, user);
+          auto k = sizeOf(c, user);
+          if (failed(a) || failed(k))
+            return failure();
+          return *a * *k;
+        }
+      }
     auto size = sizeOf(v, user);
     if (failed(size))
       return failure();
@@ -558,7 +612,7 @@ LogicalResult ProgramEmitter::emitLoop(scf::ForOp loop, json &out) {
                 .toJson();
   Affine iv;
   iv.constant = lb->constant;
-  iv.terms.push_back({id, step->constant});
+  iv.terms.push_back({id, Size::of(step->constant)});
   ivs[loop.getInductionVar()] = iv;
   json body = json::array();
   if (failed(emitBlock(*loop.getBody(), body)))

@@ -156,6 +156,11 @@ Value TileBuilder::dimOf(Value tensor, int64_t d) {
   }
   if (auto r = dyn_cast<ReduceOp>(def))
     return dimOf(r.getInput(), d);
+  // A slice cuts static dims only: a dynamic one is its input's, whole.
+  if (auto s = dyn_cast<SliceOp>(def); s && s.getOffsets()[d] == 0 &&
+                                       s.getStrides()[d] == 1 &&
+                                       tensorType(s.getInput()).isDynamicDim(d))
+    return dimOf(s.getInput(), d);
   // Attention's output and log-sum-exp have the query's batch, heads, rows.
   if (auto a = dyn_cast<FlexAttentionOp>(def); a && d < 3)
     return dimOf(a.getQuery(), d);
@@ -451,7 +456,7 @@ static constexpr int64_t kMaxUnrolledCopies = 64;
 std::string TileBuilder::whyNotCopyable(const Window &window, Value tensor) {
   auto type = tensorType(tensor);
   Window dense = rowMajorWindow(tensor, window.buffer);
-  int64_t copies = 1;
+  int64_t copies = 1, looped = -1;
   for (int64_t d = 0; d < type.getRank(); ++d) {
     if (type.isDynamicDim(d) && !dimOf(tensor, d))
       return "the size of dim " + std::to_string(d) + " is not known";
@@ -461,10 +466,16 @@ std::string TileBuilder::whyNotCopyable(const Window &window, Value tensor) {
       return "the stride of dim " + std::to_string(d) + " is not known";
     if (!dynamicStride)
       continue;
-    if (type.isDynamicDim(d))
-      return "dim " + std::to_string(d) +
-             " and its stride are both known only at run time";
-    copies *= type.getDimSize(d);
+    // copyWindow unrolls a dim whose stride is known only at run time, or
+    // loops over one whose size is too (two such loops would copy an
+    // element at a time: a transpose of two run-time sizes).
+    if (!type.isDynamicDim(d))
+      copies *= type.getDimSize(d);
+    else if (looped >= 0)
+      return "dims " + std::to_string(looped) + " and " + std::to_string(d) +
+             " and their strides are all known only at run time";
+    else
+      looped = d;
   }
   if (copies > kMaxUnrolledCopies)
     return "a copy in " + std::to_string(copies) +
@@ -477,21 +488,35 @@ void TileBuilder::copyWindow(const Window &src, const Window &dst, Value tensor,
   auto type = tensorType(tensor);
   int64_t rank = type.getRank();
   SmallVector<OpFoldResult> sizes = mixedShape(tensor);
-  SmallVector<int64_t> unrolled, kept;
+  SmallVector<int64_t> looped, unrolled, kept;
   for (int64_t d = 0; d < rank; ++d) {
     if (ShapedType::isDynamic(src.strides[d]) ||
         ShapedType::isDynamic(dst.strides[d]))
-      unrolled.push_back(d);
+      (type.isDynamicDim(d) ? looped : unrolled).push_back(d);
     else if (type.getDimSize(d) != 1)
       kept.push_back(d);
+  }
+  Value first = index(src.offset), firstTo = index(dst.offset);
+  if (dstOffset)
+    firstTo = addOffsets(firstTo, dstOffset);
+  // A dim whose size and stride are both known only at run time (the batch
+  // of a permuted [batch, seq, ...] view; whyNotCopyable allows one): a
+  // loop over it.
+  OpBuilder::InsertionGuard guard(b);
+  for (int64_t d : looped) {
+    auto loop = b.create<scf::ForOp>(index(0), dimOf(tensor, d), index(1));
+    b.setInsertionPoint(loop.getBody()->getTerminator());
+    Value iv = loop.getInductionVar();
+    first =
+        addOffsets(first, b.create<arith::MulIOp>(iv, src.stride(*this, d)));
+    firstTo =
+        addOffsets(firstTo, b.create<arith::MulIOp>(iv, dst.stride(*this, d)));
   }
   int64_t copies = 1;
   for (int64_t d : unrolled)
     copies *= type.getDimSize(d);
   for (int64_t c = 0; c < copies; ++c) {
-    Value from = index(src.offset), to = index(dst.offset);
-    if (dstOffset)
-      to = addOffsets(to, dstOffset);
+    Value from = first, to = firstTo;
     for (int64_t i = unrolled.size(), rest = c; i-- > 0;) {
       int64_t d = unrolled[i], at = rest % type.getDimSize(d);
       rest /= type.getDimSize(d);

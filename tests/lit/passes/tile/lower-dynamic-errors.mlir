@@ -23,9 +23,9 @@ func.func @split(%a: tensor<?x4xf32> {neuron.dims = affine_map<()[s0, s1] -> (s0
 
 // -----
 
-// A copy over a dim whose size and stride are both known only at run time.
+// A copy over two dims whose sizes and strides are known only at run time.
 func.func @transpose2(%a: tensor<?x?xf32> {neuron.dims = affine_map<()[s0, s1] -> (s0, s1)>}, %m: index {neuron.size = {name = "s0", min = 1 : i64}}, %n: index {neuron.size = {name = "s1", min = 1 : i64}}) -> (tensor<?x?xf32> {neuron.dims = affine_map<()[s0, s1] -> (s1, s0)>}) {
-  // expected-error @+1 {{not size-generic: neuron.transpose: dim 0 and its stride are both known only at run time}}
+  // expected-error @+1 {{not size-generic: neuron.transpose: dims 0 and 1 and their strides are all known only at run time}}
   %0 = neuron.transpose %a, [1, 0] : tensor<?x?xf32> -> tensor<?x?xf32>
   return %0 : tensor<?x?xf32>
 }

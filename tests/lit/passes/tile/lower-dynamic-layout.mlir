@@ -120,3 +120,26 @@ func.func @there_and_back(%x: tensor<1x?x128xf32> {neuron.dims = affine_map<()[s
   %r = neuron.reshape %b : tensor<1x?x2x64xf32> -> tensor<?x128xf32>
   return %r : tensor<?x128xf32>
 }
+
+// -----
+
+// Heads of a batch and a sequence both known only at run time: the batch's
+// stride is too, so the copy loops over the batch (s0), two [s1, 64] DMAs a
+// step, their offsets the loop's counter times run-time strides.
+// CHECK-LABEL: func.func @batch_heads(
+// CHECK: scf.for %[[B:.*]] = %c0 to %arg2 step %c1
+// CHECK-COUNT-2: nisa.dma_copy
+// CHECK-NOT: nisa.dma_copy
+// CHECK: }
+// PROGRAM: "dst":{"buf":2,"offset":{"const":0,"terms":{{\[\[0,"\(s1\*128\)"\]\]}}},"shape":["s1",64],"strides":[64,1]}
+// PROGRAM-SAME: "src":{"buf":0,"offset":{"const":0,"terms":{{\[\[0,"\(s1\*128\)"\]\]}}},"shape":["s1",64],"strides":[128,1]}
+// PROGRAM-SAME: "dst":{"buf":2,"offset":{"const":"(s1*64)","terms":{{\[\[0,"\(s1\*128\)"\]\]}}}
+// PROGRAM-SAME: "src":{"buf":0,"offset":{"const":64,"terms":{{\[\[0,"\(s1\*128\)"\]\]}}}
+// PROGRAM-SAME: "count":"s0"
+// PROGRAM-SAME: "name":"batch_heads"
+func.func @batch_heads(%x: tensor<?x?x128xf32> {neuron.dims = affine_map<()[s0, s1] -> (s0, s1, 128)>}, %m: index {neuron.size = {name = "s0", min = 1 : i64}}, %n: index {neuron.size = {name = "s1", min = 1 : i64}}) -> (tensor<?x2x?x64xf32> {neuron.dims = affine_map<()[s0, s1] -> (s0, 2, s1, 64)>}) {
+  %v = neuron.reshape %x {neuron.dims = affine_map<()[s0, s1] -> (s0, s1, 2, 64)>} : tensor<?x?x128xf32> -> tensor<?x?x2x64xf32>
+  %t = neuron.transpose %v, [0, 2, 1, 3] {neuron.dims = affine_map<()[s0, s1] -> (s0, 2, s1, 64)>} : tensor<?x?x2x64xf32> -> tensor<?x2x?x64xf32>
+  %d = neuron.binary add %t, %t : tensor<?x2x?x64xf32>, tensor<?x2x?x64xf32> -> tensor<?x2x?x64xf32>
+  return %d : tensor<?x2x?x64xf32>
+}
