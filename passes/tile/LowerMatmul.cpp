@@ -276,23 +276,16 @@ void GemmLowering::lower() {
   batches(0, k.index(a.offset), k.index(bw.offset), k.index(0));
 }
 
-void GemmLowering::lowerGrouped(ValueRange ends) {
+/// Rows [start, m) of the grouped GEMM's [m, n] output, after the last
+/// group: torch leaves them unspecified; they are zeros, as the per-group
+/// loop of Transformers' fallback leaves them. Stored `tileRows` at a time.
+static void zeroRowsFrom(KernelLowering &k, Value out, Value start, int64_t m,
+                         int64_t n, int64_t tileRows, Type outElt) {
   auto &b = k.b;
-  Value start = k.index(0);
-  for (auto [g, end] : llvm::enumerate(ends)) {
-    mRows = b.create<arith::SubIOp>(end, start);
-    lowerBatchDynamic({k.addOffset(k.scale(start, aRow), a.offset),
-                       k.index(bw.offset + (int64_t)g * bw.strides[0]),
-                       k.scale(start, n)});
-    start = end;
-  }
-  mRows = {};
-  // torch leaves the rows after the last group unspecified; they are zeros,
-  // as the per-group loop of Transformers' fallback leaves them.
   TileBuilder::TileScope scope(k);
-  int64_t eltOut = std::max<int64_t>(1, outType.getElementTypeBitWidth() / 8);
+  int64_t eltOut = std::max<int64_t>(1, outElt.getIntOrFloatBitWidth() / 8);
   int64_t cols = std::min<int64_t>(n, k.tileBytes / eltOut);
-  Value zeros = k.tile(MemorySpace::sbuf, {mTile, cols}, outElt);
+  Value zeros = k.tile(MemorySpace::sbuf, {tileRows, cols}, outElt);
   Value rest = b.create<arith::SubIOp>(k.index(m), start);
   k.ifMore(rest, 0, [&] {
     b.create<nisa::MemsetOp>(zeros, APFloat(0.0f));
@@ -304,13 +297,28 @@ void GemmLowering::lowerGrouped(ValueRange ends) {
               k.view(out, at, {rows, b.getIndexAttr(w)}, {n, 1}));
       }
     };
-    k.forEachDynamic(
-        b.create<arith::FloorDivSIOp>(rest, k.index(mTile)),
-        [&](Value i) { store(k.scale(i, mTile), b.getIndexAttr(mTile)); });
-    Value tail = b.create<arith::RemSIOp>(rest, k.index(mTile));
+    k.forEachDynamic(b.create<arith::FloorDivSIOp>(rest, k.index(tileRows)),
+                     [&](Value i) {
+                       store(k.scale(i, tileRows), b.getIndexAttr(tileRows));
+                     });
+    Value tail = b.create<arith::RemSIOp>(rest, k.index(tileRows));
     k.ifMore(tail, 0,
              [&] { store(b.create<arith::SubIOp>(rest, tail), tail); });
   });
+}
+
+void GemmLowering::lowerGrouped(ValueRange ends) {
+  auto &b = k.b;
+  Value start = k.index(0);
+  for (auto [g, end] : llvm::enumerate(ends)) {
+    mRows = b.create<arith::SubIOp>(end, start);
+    lowerBatchDynamic({k.addOffset(k.scale(start, aRow), a.offset),
+                       k.index(bw.offset + (int64_t)g * bw.strides[0]),
+                       k.scale(start, n)});
+    start = end;
+  }
+  mRows = {};
+  zeroRowsFrom(k, out, start, m, n, mTile, outElt);
 }
 
 void GemmLowering::lowerBatch(const Bases &base) {
@@ -986,9 +994,7 @@ public:
             computeTile(s, starts[g], i, Value(), slot);
           });
     }
-    // torch leaves the rows after the last group unspecified; they are
-    // zeros, as the per-group loop of Transformers' fallback leaves them.
-    zeroRest(starts.back());
+    zeroRowsFrom(k, out, starts.back(), m, n, tileRows, outElt);
   }
 
 private:
@@ -1195,33 +1201,6 @@ private:
         k.view(staged, k.index((kStageSlots - 1) * panelCols), shape,
                {stageStride, 1}),
         k.view(out, dst, shape, {n, 1}), nisa::Engine::scalar);
-  }
-
-  void zeroRest(Value start) {
-    auto &b = k.b;
-    int64_t eltOut = std::max<int64_t>(1, outElt.getIntOrFloatBitWidth() / 8);
-    int64_t width = std::min<int64_t>(n, k.tileBytes / eltOut);
-    Value zeros = k.tile(MemorySpace::sbuf, {tileRows, width}, outElt);
-    Value rest = b.create<arith::SubIOp>(k.index(m), start);
-    k.ifMore(rest, 0, [&] {
-      b.create<nisa::MemsetOp>(zeros, APFloat(0.0f));
-      auto store = [&](Value r0, OpFoldResult rows) {
-        for (int64_t c = 0; c < n; c += width) {
-          int64_t wd = std::min(width, n - c);
-          Value at = k.addOffset(k.scale(k.addOffsets(start, r0), n), c);
-          k.dma(
-              k.view(zeros, k.index(0), {rows, b.getIndexAttr(wd)}, {width, 1}),
-              k.view(out, at, {rows, b.getIndexAttr(wd)}, {n, 1}));
-        }
-      };
-      k.forEachDynamic(b.create<arith::FloorDivSIOp>(rest, k.index(tileRows)),
-                       [&](Value i) {
-                         store(k.scale(i, tileRows), b.getIndexAttr(tileRows));
-                       });
-      Value tail = b.create<arith::RemSIOp>(rest, k.index(tileRows));
-      k.ifMore(tail, 0,
-               [&] { store(b.create<arith::SubIOp>(rest, tail), tail); });
-    });
   }
 
   KernelLowering &k;
