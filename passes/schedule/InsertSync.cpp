@@ -1269,7 +1269,7 @@ FailureOr<std::vector<Instruction>> collectInstructions(func::FuncOp func,
 
 /// Each compute instruction's nearest earlier one on its queue.
 void linkQueues(std::vector<Instruction> &insts) {
-  int64_t lastOnQueue[5] = {-1, -1, -1, -1, -1};
+  SmallVector<int64_t, 8> lastOnQueue(nisa::getMaxEnumValForEngine() + 1, -1);
   for (int64_t b = 0; b < (int64_t)insts.size(); ++b) {
     Instruction &inst = insts[b];
     if (inst.dma)
@@ -1290,6 +1290,10 @@ void linkQueues(std::vector<Instruction> &insts) {
 /// the accesses of its fine regions and the wide ones of its coarse regions,
 /// a wide one all those of its coarse regions: small tiles packed into one
 /// KiB do not all meet, and a large tile is listed a few times only.
+/// Each region's lists are kept per queue and for reads and writes apart: a
+/// compute instruction never waits for its own queue, and a read only for
+/// writes (a decoder layer's GEMMs' matmuls meet in PSUM banks, and their
+/// weights' loads in one HBM buffer: most of the pairs otherwise).
 class RegionIndex {
 public:
   RegionIndex(MLIRContext *ctx, const std::vector<Instruction> &insts)
@@ -1300,27 +1304,48 @@ public:
     for (int64_t b = 0; b < (int64_t)insts.size(); ++b)
       for (const Access &x : insts[b].accesses)
         forEachRegion(x, /*listed=*/true, [&](Region r) {
-          SmallVector<int64_t> &users = byRegion[r];
+          SmallVector<int64_t> &users =
+              byRegion[listOf(r, queueOf(insts[b]), x.write)];
           if (users.empty() || users.back() != b)
             users.push_back(b);
         });
   }
 
-  /// Calls `fn` with every instruction sharing a region with `x` (an
-  /// instruction may come more than once).
-  template <typename Fn> void forEachSharing(const Access &x, Fn &&fn) {
+  /// Calls `fn` with every instruction that may conflict with `x`, an
+  /// access of `inst`, in a region they share: not the compute instructions
+  /// of its own queue, and only writers when `x` reads (an instruction may
+  /// come more than once).
+  template <typename Fn>
+  void forEachSharing(const Instruction &inst, const Access &x, Fn &&fn) {
+    int64_t own = queueOf(inst);
     forEachRegion(x, /*listed=*/false, [&](Region r) {
-      auto it = byRegion.find(r);
-      if (it != byRegion.end())
-        for (int64_t a : it->second)
-          fn(a);
+      for (int64_t q = 0; q < kQueues; ++q) {
+        if (q == own && !inst.dma)
+          continue;
+        for (bool write : {false, true}) {
+          if (!write && !x.write)
+            continue;
+          auto it = byRegion.find(listOf(r, q, write));
+          if (it != byRegion.end())
+            for (int64_t a : it->second)
+              fn(a);
+        }
+      }
     });
   }
 
 private:
+  /// DMAs (one list: they wait for each other), then each compute queue.
+  static constexpr int64_t kQueues = 1 + nisa::getMaxEnumValForEngine() + 1;
+  static int64_t queueOf(const Instruction &inst) {
+    return inst.dma ? 0 : 1 + (int64_t)inst.engine;
+  }
   static constexpr int64_t kFinePerAccess = 16;
   enum List : int64_t { kFine, kWide, kAll };
   using Region = std::pair<const void *, int64_t>;
+  static Region listOf(Region r, int64_t queue, bool write) {
+    return {r.first, (r.second * kQueues + queue) * 2 + write};
+  }
 
   /// The regions `x` is listed under (`listed`), or whose lists it meets.
   template <typename Fn>
@@ -1359,18 +1384,41 @@ Waits findWaits(const std::vector<Instruction> &insts, RegionIndex &regions) {
   // The instructions sharing a region with b.
   llvm::BitVector sharing(n);
   Waits waits(n);
+  // A witness for (a, b) is an earlier c that b waits for (or b's queue
+  // predecessor) and that waited for a or follows it on a's queue. What
+  // those c waited for, and their queues, rule most pairs out at once (a
+  // matmul reading a panel waits for each of its many loads: scanning its
+  // waits for every new one was most of the pass).
+  llvm::BitVector reach(n);
+  uint32_t queuesReached = 0;
+  auto reached = [&](int64_t c) {
+    reach |= waits.sets[c];
+    if (!insts[c].dma)
+      queuesReached |= 1u << (unsigned)insts[c].engine;
+  };
+  auto mayBeCovered = [&](int64_t a) {
+    return reach.test(a) ||
+           (!insts[a].dma && (queuesReached >> (unsigned)insts[a].engine) & 1);
+  };
   auto consider = [&](int64_t a, int64_t b) {
     if (needsWait(insts[a], a, insts[b], b) &&
-        !covered(insts, waits, a, b, /*loopCarried=*/false)) {
+        (!mayBeCovered(a) ||
+         !covered(insts, waits, a, b, /*loopCarried=*/false))) {
       waits.add(b, a);
+      if (a < b)
+        reached(a);
       if (auto where = whereConflicting(insts[a], insts[b]))
         waits.when.emplace(std::pair(b, a), std::move(*where));
     }
   };
   for (int64_t b = 0; b < n; ++b) {
+    reach.reset();
+    queuesReached = 0;
+    if (insts[b].queuePredecessor >= 0)
+      reached(insts[b].queuePredecessor);
     sharing.reset();
     for (const Access &x : insts[b].accesses)
-      regions.forEachSharing(x, [&](int64_t a) { sharing.set(a); });
+      regions.forEachSharing(insts[b], x, [&](int64_t a) { sharing.set(a); });
     // The closest earlier first, then b and the later ones in order.
     for (int a = sharing.find_prev(b); a >= 0; a = sharing.find_prev(a))
       consider(a, b);
