@@ -496,9 +496,9 @@ void TileBuilder::copyWindow(const Window &src, const Window &dst, Value tensor,
     else if (type.getDimSize(d) != 1)
       kept.push_back(d);
   }
-  Value first = index(src.offset), firstTo = index(dst.offset);
+  Value srcBase = index(src.offset), dstBase = index(dst.offset);
   if (dstOffset)
-    firstTo = addOffsets(firstTo, dstOffset);
+    dstBase = addOffsets(dstBase, dstOffset);
   // A dim whose size and stride are both known only at run time (the batch
   // of a permuted [batch, seq, ...] view; whyNotCopyable allows one): a
   // loop over it.
@@ -507,16 +507,16 @@ void TileBuilder::copyWindow(const Window &src, const Window &dst, Value tensor,
     auto loop = b.create<scf::ForOp>(index(0), dimOf(tensor, d), index(1));
     b.setInsertionPoint(loop.getBody()->getTerminator());
     Value iv = loop.getInductionVar();
-    first =
-        addOffsets(first, b.create<arith::MulIOp>(iv, src.stride(*this, d)));
-    firstTo =
-        addOffsets(firstTo, b.create<arith::MulIOp>(iv, dst.stride(*this, d)));
+    srcBase =
+        addOffsets(srcBase, b.create<arith::MulIOp>(iv, src.stride(*this, d)));
+    dstBase =
+        addOffsets(dstBase, b.create<arith::MulIOp>(iv, dst.stride(*this, d)));
   }
   int64_t copies = 1;
   for (int64_t d : unrolled)
     copies *= type.getDimSize(d);
   for (int64_t c = 0; c < copies; ++c) {
-    Value from = first, to = firstTo;
+    Value from = srcBase, to = dstBase;
     for (int64_t i = unrolled.size(), rest = c; i-- > 0;) {
       int64_t d = unrolled[i], at = rest % type.getDimSize(d);
       rest /= type.getDimSize(d);
