@@ -248,8 +248,8 @@ private:
                                                 Attribute attr, bool hasScalar);
   FailureOr<Affine> affineOf(Value v, Operation *user);
   FailureOr<Size> sizeOf(Value v, Operation *user);
-  /// Whether sizeOf reads `v` (constants and params combined by arith).
-  bool isSizeValue(Value v);
+  /// `v` as a size: constants and params combined by arith ops, else none.
+  std::optional<Size> sizeExprOf(Value v);
   FailureOr<json> shapeOf(Value base, MemRefType type);
   FailureOr<json> viewOf(Value v, Operation *user);
   FailureOr<int> addBuffer(Value base, rt::BufferKind kind, StringRef name);
@@ -374,7 +374,7 @@ FailureOr<json> ProgramEmitter::shapeOf(Value base, MemRefType type) {
 /// An index of a size-generic kernel: constants and size arguments combined
 /// by arith ops (sizes are non-negative, so divsi and remsi are floordiv
 /// and mod).
-FailureOr<Size> ProgramEmitter::sizeOf(Value v, Operation *user) {
+std::optional<Size> ProgramEmitter::sizeExprOf(Value v) {
   if (auto c = v.getDefiningOp<arith::ConstantIndexOp>())
     return Size::of(c.value());
   if (auto it = params.find(v); it != params.end())
@@ -413,25 +413,19 @@ FailureOr<Size> ProgramEmitter::sizeOf(Value v, Operation *user) {
     break;
   }
   if (!fn)
-    return user->emitError("index is neither a constant nor a size "
-                           "expression of the kernel's params");
-  auto l = sizeOf(def->getOperand(0), user);
-  auto r = sizeOf(def->getOperand(1), user);
-  if (failed(l) || failed(r))
-    return failure();
+    return std::nullopt;
+  auto l = sizeExprOf(def->getOperand(0));
+  auto r = sizeExprOf(def->getOperand(1));
+  if (!l || !r)
+    return std::nullopt;
   return Size::combine(fn, *l, *r);
 }
 
-bool ProgramEmitter::isSizeValue(Value v) {
-  if (v.getDefiningOp<arith::ConstantIndexOp>() || params.count(v))
-    return true;
-  Operation *def = v.getDefiningOp();
-  auto kind = nisa::sizeFunctionOf(def);
-  using Kind = rt::SizeExpr::Kind;
-  if (!kind || *kind == Kind::Const || *kind == Kind::Param ||
-      *kind == Kind::Neg)
-    return false;
-  return isSizeValue(def->getOperand(0)) && isSizeValue(def->getOperand(1));
+FailureOr<Size> ProgramEmitter::sizeOf(Value v, Operation *user) {
+  if (std::optional<Size> size = sizeExprOf(v))
+    return *size;
+  return user->emitError("index is neither a constant nor a size "
+                         "expression of the kernel's params");
 }
 
 FailureOr<Affine> ProgramEmitter::affineOf(Value v, Operation *user) {
@@ -455,10 +449,9 @@ FailureOr<Affine> ProgramEmitter::affineOf(Value v, Operation *user) {
           return *a * k.value();
         }
         // A loop iv times a stride known only at run time.
-        if (!isSizeValue(x) && isSizeValue(c)) {
+        if (std::optional<Size> k = sizeExprOf(c); k && !sizeExprOf(x)) {
           auto a = affineOf(x, user);
-          auto k = sizeOf(c, user);
-          if (failed(a) || failed(k))
+          if (failed(a))
             return failure();
           return *a * *k;
         }
