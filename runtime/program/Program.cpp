@@ -326,7 +326,7 @@ struct Json {
   /// The field `key`, which the caller has checked is there.
   Json operator[](std::string_view key) const { return *find(key); }
   /// The type's name in errors (the names JSON Schema uses).
-  const char *typeName() const {
+  std::string typeName() const {
     switch (element.type()) {
     case simdjson::dom::element_type::ARRAY:
       return "array";
@@ -394,8 +394,6 @@ private:
   throw Error(where.str() + ": " + what);
 }
 
-std::string typeName(const Json &value) { return value.typeName(); }
-
 template <typename Keys>
 void checkKeysIn(const Json &object, const Keys &allowed, const Where &where) {
   for (simdjson::dom::key_value_pair member : object.members())
@@ -422,7 +420,7 @@ int64_t asInt(const Json &value, const Where &where) {
     return result;
   if (value.element.is_uint64())
     fail(where, "integer out of range");
-  fail(where, "expected an integer, got " + typeName(value));
+  fail(where, "expected an integer, got " + value.typeName());
 }
 
 /// A JSON number, or {"float": "inf" | "-inf" | "nan"} for the values JSON
@@ -450,14 +448,14 @@ double asNumber(const Json &value, const Where &where) {
 bool asBool(const Json &value, const Where &where) {
   bool result;
   if (value.element.get_bool().get(result))
-    fail(where, "expected a boolean, got " + typeName(value));
+    fail(where, "expected a boolean, got " + value.typeName());
   return result;
 }
 
 std::string asString(const Json &value, const Where &where) {
   std::string_view result;
   if (value.element.get_string().get(result))
-    fail(where, "expected a string, got " + typeName(value));
+    fail(where, "expected a string, got " + value.typeName());
   return std::string(result);
 }
 
@@ -466,7 +464,7 @@ std::string asString(const Json &value, const Where &where) {
 std::vector<Json> asArray(const Json &value, const Where &where) {
   simdjson::dom::array array;
   if (value.element.get_array().get(array))
-    fail(where, "expected an array, got " + typeName(value));
+    fail(where, "expected an array, got " + value.typeName());
   std::vector<Json> items;
   items.reserve(array.size());
   for (simdjson::dom::element item : array)
@@ -476,7 +474,7 @@ std::vector<Json> asArray(const Json &value, const Where &where) {
 
 void requireObject(const Json &value, const Where &where) {
   if (!value.is_object())
-    fail(where, "expected an object, got " + typeName(value));
+    fail(where, "expected an object, got " + value.typeName());
 }
 
 std::vector<int64_t> asIntList(const Json &value, const Where &where) {
@@ -486,8 +484,6 @@ std::vector<int64_t> asIntList(const Json &value, const Where &where) {
     result.push_back(asInt(array[i], where.index(i)));
   return result;
 }
-
-Where field(const Where &where, const char *key) { return where.field(key); }
 
 struct OpSpec {
   Opcode op;
@@ -738,9 +734,9 @@ AffineExpr Parser::parseAffine(const Json &value, const Where &where) {
   checkKeys(value, {"const", "terms"}, where);
   AffineExpr expr;
   if (value.contains("const"))
-    expr.constant = asSize(value["const"], field(where, "const"));
+    expr.constant = asSize(value["const"], where.field("const"));
   if (value.contains("terms")) {
-    Where termsWhere = field(where, "terms");
+    Where termsWhere = where.field("terms");
     const std::vector<Json> terms = asArray(value["terms"], termsWhere);
     for (size_t i = 0; i < terms.size(); ++i) {
       Where termWhere = termsWhere.index(i);
@@ -758,13 +754,13 @@ View Parser::parseView(const Json &value, const Where &where) {
   requireObject(value, where);
   checkKeys(value, {"buf", "offset", "shape", "strides"}, where);
   View view;
-  view.buffer = asInt(requireKey(value, "buf", where), field(where, "buf"));
+  view.buffer = asInt(requireKey(value, "buf", where), where.field("buf"));
   view.shape =
-      asSizeList(requireKey(value, "shape", where), field(where, "shape"));
+      asSizeList(requireKey(value, "shape", where), where.field("shape"));
   view.strides =
-      asSizeList(requireKey(value, "strides", where), field(where, "strides"));
+      asSizeList(requireKey(value, "strides", where), where.field("strides"));
   if (value.contains("offset"))
-    view.offset = parseAffine(value["offset"], field(where, "offset"));
+    view.offset = parseAffine(value["offset"], where.field("offset"));
   return view;
 }
 
@@ -803,16 +799,16 @@ std::vector<SizeParam> Parser::parseParams(const Json &value) const {
     checkKeys(array[i], {"name", "min", "max"}, paramWhere);
     SizeParam param;
     param.name = asString(requireKey(array[i], "name", paramWhere),
-                          field(paramWhere, "name"));
+                          paramWhere.field("name"));
     if (!isSizeParamName(param.name))
-      fail(field(paramWhere, "name"), "'" + param.name + "' is not a name");
+      fail(paramWhere.field("name"), "'" + param.name + "' is not a name");
     for (const SizeParam &other : params)
       if (other.name == param.name)
-        fail(field(paramWhere, "name"), "duplicate '" + param.name + "'");
+        fail(paramWhere.field("name"), "duplicate '" + param.name + "'");
     if (array[i].contains("min"))
-      param.min = asInt(array[i]["min"], field(paramWhere, "min"));
+      param.min = asInt(array[i]["min"], paramWhere.field("min"));
     if (array[i].contains("max") && !array[i]["max"].is_null())
-      param.max = asInt(array[i]["max"], field(paramWhere, "max"));
+      param.max = asInt(array[i]["max"], paramWhere.field("max"));
     if (param.max && *param.max < param.min)
       fail(paramWhere, "max is below min");
     params.push_back(std::move(param));
@@ -845,28 +841,28 @@ Program Parser::parseDocument(const Json &doc) {
              "inputs", "outputs", "locations", "groups", "body"},
             where);
   std::string format =
-      asString(requireKey(doc, "format", where), field(where, "format"));
+      asString(requireKey(doc, "format", where), where.field("format"));
   if (format != kProgramFormat)
-    fail(field(where, "format"), "expected '" + std::string(kProgramFormat) +
-                                     "', got '" + format + "'");
+    fail(where.field("format"), "expected '" + std::string(kProgramFormat) +
+                                    "', got '" + format + "'");
   const Json versionValue = requireKey(doc, "version", where);
   if (!versionValue.element.is_int64() ||
-      asInt(versionValue, field(where, "version")) != kProgramVersion)
-    fail(field(where, "version"), "unsupported version " + versionValue.dump() +
-                                      " (this runtime reads version " +
-                                      std::to_string(kProgramVersion) + ")");
+      asInt(versionValue, where.field("version")) != kProgramVersion)
+    fail(where.field("version"), "unsupported version " + versionValue.dump() +
+                                     " (this runtime reads version " +
+                                     std::to_string(kProgramVersion) + ")");
 
   Program program;
   program.version = kProgramVersion;
   if (doc.contains("name"))
-    program.name = asString(doc["name"], field(where, "name"));
+    program.name = asString(doc["name"], where.field("name"));
   program.target =
-      asString(requireKey(doc, "target", where), field(where, "target"));
+      asString(requireKey(doc, "target", where), where.field("target"));
   if (doc.contains("sync")) {
     // Derived sync is spelled by leaving the field out.
-    std::string sync = asString(doc["sync"], field(where, "sync"));
+    std::string sync = asString(doc["sync"], where.field("sync"));
     if (sync != "explicit")
-      fail(field(where, "sync"),
+      fail(where.field("sync"),
            "expected \"explicit\" (omit the field for derived sync), got '" +
                sync + "'");
     program.explicitSync = true;
@@ -878,19 +874,19 @@ Program Parser::parseDocument(const Json &doc) {
     fail(where, "size values given for a program without size parameters");
 
   const std::vector<Json> buffers =
-      asArray(requireKey(doc, "buffers", where), field(where, "buffers"));
+      asArray(requireKey(doc, "buffers", where), where.field("buffers"));
   const Where buffersWhere("buffers");
   for (size_t i = 0; i < buffers.size(); ++i)
     program.buffers.push_back(parseBuffer(buffers[i], buffersWhere.index(i)));
 
   program.inputs =
-      asIntList(requireKey(doc, "inputs", where), field(where, "inputs"));
+      asIntList(requireKey(doc, "inputs", where), where.field("inputs"));
   program.outputs =
-      asIntList(requireKey(doc, "outputs", where), field(where, "outputs"));
+      asIntList(requireKey(doc, "outputs", where), where.field("outputs"));
 
   if (doc.contains("locations")) {
     const std::vector<Json> locs =
-        asArray(doc["locations"], field(where, "locations"));
+        asArray(doc["locations"], where.field("locations"));
     for (size_t i = 0; i < locs.size(); ++i)
       program.locations.push_back(
           asString(locs[i], Where("locations").index(i)));
@@ -898,7 +894,7 @@ Program Parser::parseDocument(const Json &doc) {
 
   if (doc.contains("groups")) {
     const std::vector<Json> groups =
-        asArray(doc["groups"], field(where, "groups"));
+        asArray(doc["groups"], where.field("groups"));
     const Where groupsWhere("groups");
     for (size_t i = 0; i < groups.size(); ++i) {
       Where groupWhere = groupsWhere.index(i);
@@ -906,9 +902,9 @@ Program Parser::parseDocument(const Json &doc) {
       checkKeys(groups[i], {"name", "ranks"}, groupWhere);
       CollectiveGroup group;
       group.name = asString(requireKey(groups[i], "name", groupWhere),
-                            field(groupWhere, "name"));
+                            groupWhere.field("name"));
       group.ranks = asIntList(requireKey(groups[i], "ranks", groupWhere),
-                              field(groupWhere, "ranks"));
+                              groupWhere.field("ranks"));
       program.groups.push_back(std::move(group));
     }
   }
@@ -926,52 +922,52 @@ Buffer Parser::parseBuffer(const Json &value, const Where &where) {
              "address"},
             where);
   Buffer buffer;
-  buffer.id = asInt(requireKey(value, "id", where), field(where, "id"));
+  buffer.id = asInt(requireKey(value, "id", where), where.field("id"));
   if (value.contains("name"))
-    buffer.name = asString(value["name"], field(where, "name"));
+    buffer.name = asString(value["name"], where.field("name"));
 
   std::string space =
-      asString(requireKey(value, "space", where), field(where, "space"));
+      asString(requireKey(value, "space", where), where.field("space"));
   std::optional<Space> parsedSpace = parseSpace(space);
   if (!parsedSpace)
-    fail(field(where, "space"), "unknown space '" + space + "'");
+    fail(where.field("space"), "unknown space '" + space + "'");
   buffer.space = *parsedSpace;
 
   std::string kind =
-      asString(requireKey(value, "kind", where), field(where, "kind"));
+      asString(requireKey(value, "kind", where), where.field("kind"));
   std::optional<BufferKind> parsedKind = parseBufferKind(kind);
   if (!parsedKind)
-    fail(field(where, "kind"), "unknown kind '" + kind + "'");
+    fail(where.field("kind"), "unknown kind '" + kind + "'");
   buffer.kind = *parsedKind;
 
   std::string dtype =
-      asString(requireKey(value, "dtype", where), field(where, "dtype"));
+      asString(requireKey(value, "dtype", where), where.field("dtype"));
   std::optional<DType> parsedDType = parseDType(dtype);
   if (!parsedDType)
-    fail(field(where, "dtype"), "unknown dtype '" + dtype + "'");
+    fail(where.field("dtype"), "unknown dtype '" + dtype + "'");
   buffer.dtype = *parsedDType;
 
   Json shape = requireKey(value, "shape", where);
-  buffer.shape = asSizeList(shape, field(where, "shape"));
+  buffer.shape = asSizeList(shape, where.field("shape"));
   if (buffer.isOnChip())
-    for (const Json &dim : asArray(shape, field(where, "shape")))
+    for (const Json &dim : asArray(shape, where.field("shape")))
       if (dim.is_string())
-        fail(field(where, "shape"), "an on-chip buffer's shape is static "
-                                    "(sized for the parameters' maxima)");
+        fail(where.field("shape"), "an on-chip buffer's shape is static "
+                                   "(sized for the parameters' maxima)");
 
   if (value.contains("data")) {
-    std::string text = asString(value["data"], field(where, "data"));
+    std::string text = asString(value["data"], where.field("data"));
     std::optional<std::vector<uint8_t>> bytes = decodeBase64(text);
     if (!bytes)
-      fail(field(where, "data"), "invalid base64");
+      fail(where.field("data"), "invalid base64");
     buffer.data = std::move(*bytes);
   }
   if (value.contains("splat"))
-    buffer.splat = asNumber(value["splat"], field(where, "splat"));
+    buffer.splat = asNumber(value["splat"], where.field("splat"));
   if (value.contains("address")) {
-    buffer.address = asInt(value["address"], field(where, "address"));
+    buffer.address = asInt(value["address"], where.field("address"));
     if (*buffer.address < 0)
-      fail(field(where, "address"), "must be a non-negative byte offset");
+      fail(where.field("address"), "must be a non-negative byte offset");
   }
   return buffer;
 }
@@ -989,9 +985,9 @@ std::vector<Node> Parser::parseNodes(const Json &value, const Where &where,
     requireObject(item, nodeWhere);
     if (item.contains("loop")) {
       checkKeys(item, {"loop", "count", "body"}, nodeWhere);
-      int64_t id = asInt(item["loop"], field(nodeWhere, "loop"));
+      int64_t id = asInt(item["loop"], nodeWhere.field("loop"));
       int64_t count = asSize(requireKey(item, "count", nodeWhere),
-                             field(nodeWhere, "count"));
+                             nodeWhere.field("count"));
       std::vector<Node> body = parseNodes(requireKey(item, "body", nodeWhere),
                                           nodeWhere.append(".body"), depth + 1);
       nodes.push_back(Node::makeLoop(id, count, std::move(body)));
@@ -1007,10 +1003,10 @@ std::vector<Node> Parser::parseNodes(const Json &value, const Where &where,
 Instruction Parser::parseInstruction(const Json &value,
                                      const Where &nodeWhere) {
   Instruction inst;
-  std::string opName = asString(value["op"], field(nodeWhere, "op"));
+  std::string opName = asString(value["op"], nodeWhere.field("op"));
   std::optional<Opcode> op = parseOpcode(opName);
   if (!op)
-    fail(field(nodeWhere, "op"), "unknown op '" + opName + "'");
+    fail(nodeWhere.field("op"), "unknown op '" + opName + "'");
   inst.op = *op;
   Where where = nodeWhere.append(" (", opName, ")");
 
@@ -1020,19 +1016,19 @@ Instruction Parser::parseInstruction(const Json &value,
     requireKey(value, key, where);
 
   std::string engine =
-      asString(requireKey(value, "engine", where), field(where, "engine"));
+      asString(requireKey(value, "engine", where), where.field("engine"));
   std::optional<Engine> parsedEngine = parseEngine(engine);
   if (!parsedEngine)
-    fail(field(where, "engine"), "unknown engine '" + engine + "'");
+    fail(where.field("engine"), "unknown engine '" + engine + "'");
   inst.engine = *parsedEngine;
 
   if (value.contains("loc")) {
-    inst.loc = asInt(value["loc"], field(where, "loc"));
+    inst.loc = asInt(value["loc"], where.field("loc"));
     if (inst.loc < 0)
-      fail(field(where, "loc"), "must be a non-negative index");
+      fail(where.field("loc"), "must be a non-negative index");
   }
   if (value.contains("waits")) {
-    Where waitsWhere = field(where, "waits");
+    Where waitsWhere = where.field("waits");
     const std::vector<Json> waits = asArray(value["waits"], waitsWhere);
     for (size_t i = 0; i < waits.size(); ++i) {
       Where itemWhere = waitsWhere.index(i);
@@ -1043,7 +1039,7 @@ Instruction Parser::parseInstruction(const Json &value,
         checkKeys(waits[i], {"on", "when"}, itemWhere);
         on = requireKey(waits[i], "on", itemWhere);
         if (asSize(requireKey(waits[i], "when", itemWhere),
-                   field(itemWhere, "when")) <= 0)
+                   itemWhere.field("when")) <= 0)
           continue;
       }
       int64_t k = asInt(on, itemWhere);
