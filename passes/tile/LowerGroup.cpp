@@ -44,6 +44,9 @@ private:
     Value dmaRows = {};
     /// Ops another instruction of this step computed (plan.scaledSumOf).
     llvm::DenseSet<Operation *> absorbed = {};
+    /// The first of the step's `cols` columns within the group's row (a
+    /// step split by columns: computeLastPeriod).
+    int64_t col0 = 0;
 
     Value tileOf(Value v) const { return tiles.lookup(v); }
   };
@@ -64,9 +67,12 @@ private:
             int64_t slotIndex, Value dmaRows = {});
   Step prepare(Phase phase, Value base, int64_t rows, int64_t stepCols,
                int64_t slotIndex, Value dmaRows = {});
-  void computeOps(MutableArrayRef<Step> steps, int stage);
-  void store(Step &st);
+  void computeOps(MutableArrayRef<Step> steps, int stage,
+                  llvm::function_ref<bool(Operation *)> emits = {});
+  void store(Step &st, llvm::function_ref<bool(Value)> stores = {});
   void emitAlternating();
+  void computeLastPeriod(MutableArrayRef<Step> steps);
+  Step columnsOf(const Step &st, int64_t col0, int64_t cols);
   Value moved(const Step &st, Value tile) {
     return st.dmaRows ? k.withRows(tile, st.dmaRows) : tile;
   }
@@ -148,7 +154,7 @@ Value GroupEmitter::heldTile(const Step &st, Value v) {
   if (llvm::none_of(loaded, [&](auto l) { return l.first == v; }))
     return dstFor(st, v);
   if (plan.rep(v) == Rep::Col) // as prepare views it
-    return k.view(columns.lookup(v), k.index(0), {st.rows, st.cols},
+    return k.view(columns.lookup(v), k.index(st.col0), {st.rows, st.cols},
                   {plan.cols, 1});
   return slot(st, v);
 }
@@ -156,7 +162,7 @@ Value GroupEmitter::heldTile(const Step &st, Value v) {
 /// A tile of `t` whose elements nothing reads: the shared one, or a new one.
 Value GroupEmitter::discardTile(const Step &st, Type t) {
   if (Value shared = discards.lookup(t))
-    return k.view(shared, k.index(0), {st.rows, st.cols}, {plan.cols, 1});
+    return k.view(shared, k.index(st.col0), {st.rows, st.cols}, {plan.cols, 1});
   return k.tile(MemorySpace::sbuf, {st.rows, st.cols}, t);
 }
 
@@ -223,13 +229,14 @@ Value GroupEmitter::tensorOperand(const Step &st, Operation *op,
   if (!column || engineOf(st, op) != nisa::Engine::vector ||
       plan.psumColumnOf(op) != column)
     return st.tileOf(v);
-  return k.view(psumCopies.lookup(column), k.index(0), {st.rows, st.cols},
+  return k.view(psumCopies.lookup(column), k.index(st.col0), {st.rows, st.cols},
                 {plan.cols, 1});
 }
 
 Value GroupEmitter::slot(const Step &st, Value v) {
   int64_t width = plan.slotWidth(v), numSlots = plan.numSlots;
-  return k.view(slots[v], k.index(st.slotIndex % numSlots * width),
+  int64_t col0 = width == 1 ? 0 : st.col0;
+  return k.view(slots[v], k.index(st.slotIndex % numSlots * width + col0),
                 {st.rows, width == 1 ? 1 : st.cols}, {numSlots * width, 1});
 }
 
@@ -244,9 +251,9 @@ Value GroupEmitter::window(const Step &st, Value v, Value buffer) {
       window = k.view(buffer, st.base, {st.rows, 1}, {1, 1});
   } else {
     int64_t stride = fusion.byRows ? fusion.numCols : st.cols;
-    window = k.view(buffer,
-                    fusion.byRows ? k.scale(st.base, fusion.numCols) : st.base,
-                    {st.rows, st.cols}, {stride, 1});
+    Value at = fusion.byRows ? k.scale(st.base, fusion.numCols) : st.base;
+    window = k.view(buffer, k.addOffset(at, st.col0), {st.rows, st.cols},
+                    {stride, 1});
   }
   return st.dmaRows ? k.withRows(window, st.dmaRows) : window;
 }
@@ -260,7 +267,9 @@ Value GroupEmitter::dstFor(const Step &st, Value v) {
   if (plan.sharedUnread && plan.unread.contains(v))
     return discardTile(st, plan.tileType(v));
   int64_t width = plan.slotWidth(v), innerSlots = plan.innerSlots;
-  return k.view(inner.lookup(v), k.index(st.slotIndex % innerSlots * width),
+  int64_t col0 = width == 1 ? 0 : st.col0;
+  return k.view(inner.lookup(v),
+                k.index(st.slotIndex % innerSlots * width + col0),
                 {st.rows, width == 1 ? 1 : st.cols}, {innerSlots * width, 1});
 }
 
@@ -456,10 +465,11 @@ GroupEmitter::Step GroupEmitter::prepare(Phase phase, Value base, int64_t rows,
 }
 
 /// The instructions of steps in segment `stage` of their splits (every one
-/// when `stage` < 0), op by op and, for each, step by step: consecutive
-/// instructions on an engine's queue then belong to different steps and
-/// do not wait for each other.
-void GroupEmitter::computeOps(MutableArrayRef<Step> steps, int stage) {
+/// when `stage` < 0), of the ops `emits` accepts (all when null), op by op
+/// and, for each, step by step: consecutive instructions on an engine's
+/// queue then belong to different steps and do not wait for each other.
+void GroupEmitter::computeOps(MutableArrayRef<Step> steps, int stage,
+                              llvm::function_ref<bool(Operation *)> emits) {
   for (Operation *op : ops) {
     b.setLoc(op->getLoc());
     if (isa<ConstantOp>(op))
@@ -473,7 +483,7 @@ void GroupEmitter::computeOps(MutableArrayRef<Step> steps, int stage) {
         continue;
       }
       if ((stage >= 0 && plan.stageOf(op, st.slotIndex) != stage) ||
-          st.absorbed.contains(op))
+          st.absorbed.contains(op) || (emits && !emits(op)))
         continue;
       Value dst = dstFor(st, result);
       st.tiles[result] = dst;
@@ -482,8 +492,11 @@ void GroupEmitter::computeOps(MutableArrayRef<Step> steps, int stage) {
   }
 }
 
-void GroupEmitter::store(Step &st) {
+/// The step's outputs (those `stores` accepts, all when null).
+void GroupEmitter::store(Step &st, llvm::function_ref<bool(Value)> stores) {
   for (auto [v, buffer] : outputs) {
+    if (stores && !stores(v))
+      continue;
     b.setLoc(v.getLoc());
     k.dma(moved(st, st.tileOf(v)), window(st, v, buffer));
   }
@@ -534,17 +547,21 @@ void GroupEmitter::emitAlternating() {
       store(st);
     }
   };
-  auto compute = [&](ArrayRef<StepAt> steps) {
+  auto compute = [&](ArrayRef<StepAt> steps, bool last = false) {
     TileBuilder::TileScope scope(k);
     SmallVector<Step> sts;
     for (auto [base, rows, slotIndex] : steps)
       sts.push_back(prepare(Phase::Compute, base, rows, cols, slotIndex));
+    if (last)
+      return computeLastPeriod(sts);
     for (int stage = 0; stage < 3; ++stage)
       computeOps(sts, stage);
   };
   load(staticGroup(0));
   loadColumns();
   load(staticGroup(1));
+  if (groups == 1)
+    return compute(staticGroup(0), /*last=*/true);
   compute(staticGroup(0));
   // Periods g >= 1 whose next period is whole, two per iteration (their
   // slots are then constants); the rest one by one.
@@ -560,9 +577,69 @@ void GroupEmitter::emitAlternating() {
     if (g + 1 < groups)
       load(staticGroup(g + 1));
     storeAll(staticGroup(g - 1));
-    compute(staticGroup(g));
+    compute(staticGroup(g), /*last=*/g + 1 == groups);
   }
-  storeAll(staticGroup(groups - 1));
+}
+
+/// The last period's compute and stores. Nothing follows its stores, so
+/// they are its drain: its ops after the last row statistic (elementwise
+/// on whole rows) and its stores go by column chunks, the first chunks'
+/// stores overlapping the later chunks' compute.
+void GroupEmitter::computeLastPeriod(MutableArrayRef<Step> steps) {
+  llvm::DenseSet<Operation *> tail;
+  for (Operation *op : llvm::reverse(ops)) {
+    if (plan.rep(op->getResult(0)) == Rep::Row)
+      break;
+    tail.insert(op);
+  }
+  // Two chunks, when each chunk's store of every output outlasts a
+  // transfer's fixed latency (else the latency is all a split adds).
+  int64_t storeBytes = 0;
+  for (auto [v, buffer] : outputs)
+    if (plan.rep(v) != Rep::Row)
+      storeBytes += p * plan.cols * bytes(elt(v));
+  double chunkStoreNs =
+      storeBytes / 2.0 / (k.target.peakHbmBytesPerSecond() * 1e-9);
+  int64_t chunks = 2;
+  if (tail.empty() || plan.cols % chunks != 0 ||
+      chunkStoreNs <= k.target.dmaFixedLatencyNs)
+    chunks = 1;
+  auto inTail = [&](Operation *op) { return tail.contains(op); };
+  auto isRow = [&](Value v) { return plan.rep(v) == Rep::Row; };
+  for (int stage = 0; stage < 3; ++stage)
+    computeOps(steps, stage,
+               [&](Operation *op) { return chunks == 1 || !inTail(op); });
+  if (chunks == 1) {
+    for (Step &st : steps)
+      store(st);
+    return;
+  }
+  for (Step &st : steps)
+    store(st, isRow);
+  int64_t width = plan.cols / chunks;
+  for (int64_t c = 0; c < chunks; ++c) {
+    SmallVector<Step> parts;
+    for (const Step &st : steps)
+      parts.push_back(columnsOf(st, c * width, width));
+    computeOps(parts, -1, inTail);
+    for (Step &part : parts)
+      store(part, [&](Value v) { return !isRow(v); });
+  }
+}
+
+/// `st` narrowed to `cols` columns from `col0`: its tiles of whole rows
+/// narrowed likewise.
+GroupEmitter::Step GroupEmitter::columnsOf(const Step &st, int64_t col0,
+                                           int64_t cols) {
+  Step part = st;
+  part.col0 = st.col0 + col0;
+  part.cols = cols;
+  for (auto &[v, tile] : part.tiles) {
+    auto type = tile ? dyn_cast<MemRefType>(tile.getType()) : MemRefType();
+    if (type && type.getRank() == 2 && type.getDimSize(1) == st.cols)
+      tile = k.withColumns(tile, col0, cols);
+  }
+  return part;
 }
 
 /// A group of `rows` rows known at run time (issue #16): the full steps

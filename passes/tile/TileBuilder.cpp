@@ -70,6 +70,20 @@ Value TileBuilder::withRows(Value tileView, Value rows) {
   return view(tileView, index(0), shape, contiguousStrides(type.getShape()));
 }
 
+Value TileBuilder::withColumns(Value tileView, int64_t col0, int64_t cols) {
+  if (auto rc = tileView.getDefiningOp<memref::ReinterpretCastOp>()) {
+    SmallVector<OpFoldResult> shape = rc.getMixedSizes();
+    shape[1] = b.getIndexAttr(cols);
+    Value offset = getValueOrCreateConstantIndexOp(
+        b, b.getLoc(), rc.getMixedOffsets().front());
+    return view(rc.getSource(), addOffset(offset, col0), shape,
+                nisa::viewStrides(rc));
+  }
+  auto type = cast<MemRefType>(tileView.getType());
+  return view(tileView, index(col0), {type.getDimSize(0), cols},
+              contiguousStrides(type.getShape()));
+}
+
 Value TileBuilder::dimOf(Value tensor, int64_t d) {
   auto type = tensorType(tensor);
   if (!type.isDynamicDim(d))

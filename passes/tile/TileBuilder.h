@@ -103,6 +103,9 @@ public:
   /// `tileView` (a view or a whole tile) with its first dim `rows`: the
   /// part of a step's tile a shortened last step moves.
   Value withRows(Value tileView, Value rows);
+  /// `tileView` (a view or a whole tile, 2-D) narrowed to `cols` columns
+  /// from column `col0`.
+  Value withColumns(Value tileView, int64_t col0, int64_t cols);
   Value rowView(Value base, Value offset, int64_t rows, int64_t cols,
                 int64_t rowStride) {
     return view(base, offset, {rows, cols}, {rowStride, 1});
