@@ -2272,12 +2272,11 @@ const std::unordered_map<std::string, Handler> &handlers() {
     un("aten.trunc.default", UnaryFn::trunc);
     un("aten.log1p.default", UnaryFn::log1p);
     un("aten.expm1.default", UnaryFn::expm1);
-    t["aten.exp2.default"] = [](Importer &im) { // 2^x = e^(x ln 2)
+    // 2^x as pow, not e^(x ln 2): exact at integers (a power-of-two scale).
+    t["aten.exp2.default"] = [](Importer &im) {
       RankedTensorType type = im.resultType();
       Value x = im.operandAs(im.arg(0), type.getElementType(), type.getShape());
-      return Values{im.unary(
-          UnaryFn::exp,
-          im.binary(BinaryFn::mul, x, im.splat(std::log(2.0), type), type))};
+      return Values{im.binary(BinaryFn::pow, im.splat(2.0, type), x, type)};
     };
     un("aten.logical_not.default", UnaryFn::logical_not);
     t["aten.gelu.default"] = geluHandler;

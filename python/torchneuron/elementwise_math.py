@@ -15,8 +15,9 @@ elementwise chain. Accuracy: a few float32 ulp over the whole domain, within the
   no cancellation near 1) are built on it.
 - ``asinh``, ``acosh``, ``atanh``, ``sinh``, ``cosh``, ``tan``: their logarithmic and
   exponential forms, through ``log1p``/``expm1`` near 0 where the plain forms cancel.
-- ``copysign``, ``fmax``/``fmin``, ``hypot`` (scaled: no overflow), ``log2``/``log10``,
-  ``round(decimals=)``: selects and arithmetic.
+- ``copysign``, ``fmax``/``fmin``, ``hypot`` (scaled: no overflow), ``log10``,
+  ``round(decimals=)``: selects and arithmetic; ``log2`` splits off the exponent (below), so
+  a power of two gives its exponent exactly.
 - ``lgamma``, ``digamma``, ``polygamma``: the recurrence shifts the argument to >= 8 (20
   for polygamma's Hurwitz zeta), where Stirling's / the asymptotic / Euler-Maclaurin series
   converge to float32 precision in four terms; x <= 0 by reflection formulas.
@@ -161,7 +162,14 @@ def _hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _log2(x: torch.Tensor) -> torch.Tensor:
-    return torch.log(x) * (1.0 / math.log(2.0))
+    """log2 of x = 2^(e-1) * m, m in [1, 2): (e - 1) + log(m) / ln 2, so a power of two gives
+    its exponent exactly (``floor(log2(x))`` of a scale, as TorchAO rounds scales to powers
+    of two) and large |log2| lose no precision to the scaled log's rounding."""
+    a = torch.where((x > 0) & (x < math.inf), x, 1.0)
+    e = _exponent(a)
+    m = _scaled(a, 1 - e)
+    exact = (e - 1) + torch.log(m) * (1.0 / math.log(2.0))
+    return torch.where((x > 0) & (x < math.inf), exact, torch.log(x) * (1.0 / math.log(2.0)))
 
 
 def _log10(x: torch.Tensor) -> torch.Tensor:
