@@ -26,10 +26,11 @@ fi
 
 PY="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
-# transformers: the tests run its models as users write them (it does not pull a torch).
+# transformers, torchao: the tests run their models and float8 recipes as users write them
+# (neither pulls a torch).
 # pytest-xdist: scripts/test.sh runs the tests on every core.
 PIP_PACKAGES=(torch==2.13.0 numpy expecttest pytest pytest-xdist==3.8.0 pybind11 scikit-build-core
-  ruff pyarrow transformers==5.24.0)
+  ruff pyarrow transformers==5.24.0 torchao==0.18.0)
 # The stamp holds the package list, so adding a package reinstalls.
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.deps-ok" 2>/dev/null)" != "${PIP_PACKAGES[*]}" ]; then
   say "setting up $VENV (torch==2.13.0 CPU wheel and test tools)"

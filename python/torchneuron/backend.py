@@ -11,8 +11,6 @@ document per region), and each device region is compiled into one kernel.
 from __future__ import annotations
 
 import itertools
-import logging
-import sys
 import tempfile
 import threading
 import time
@@ -50,7 +48,6 @@ from torchneuron.sizes import NotSizeGeneric, no_size_guards
 
 __all__ = ["SpecializingGraph", "build_graph", "compile_aten_graph", "neuron_backend"]
 
-log = logging.getLogger("torchneuron")
 
 _graph_ids = itertools.count()
 
@@ -459,24 +456,15 @@ def _why_recompiled(previous: tuple[Any, Any], key: tuple[Any, Any]) -> str:
     return ", ".join(changes) or "new call signature"
 
 
-def _tell(message: str) -> None:
-    """``message`` on stderr with ``TORCHNEURON_VERBOSE=1`` (unless the ``torchneuron`` logger
-    shows INFO), else to the logger at INFO."""
-    if config.verbose() and not log.isEnabledFor(logging.INFO):
-        print(message, file=sys.stderr)
-    else:
-        log.info(message)
-
-
 def _report_recompile(why: str) -> None:
-    _tell(
+    config.tell(
         f"torchneuron: compiling a graph again, for this call's {why}: this graph's kernel "
         "programs are built for one set of sizes (stats()['recompiles'] counts these)"
     )
 
 
 def _report_not_size_generic(why: str) -> None:
-    _tell(
+    config.tell(
         "torchneuron: a graph with symbolic sizes is compiled for each call's sizes, not once "
         f"for all: {why}"
     )
@@ -489,4 +477,4 @@ def _report_fallback(fallback: Sequence[partition.FallbackNode]) -> None:
         [f"torchneuron: {len(fallback)} op(s) run in eager PyTorch:"]
         + [f"  {f.describe()}" for f in fallback]
     )
-    _tell(message)
+    config.tell(message)

@@ -19,7 +19,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -37,6 +39,7 @@ __all__ = [
     "check",
     "dump_dir",
     "resolve_target",
+    "tell",
     "verbose",
 ]
 
@@ -84,6 +87,16 @@ def _flag(name: str) -> bool:
 
 def verbose() -> bool:
     return _flag(VERBOSE_ENV)
+
+
+def tell(message: str) -> None:
+    """``message`` on stderr with ``TORCHNEURON_VERBOSE=1`` (unless the ``torchneuron`` logger
+    shows INFO), else to the logger at INFO."""
+    log = logging.getLogger("torchneuron")
+    if verbose() and not log.isEnabledFor(logging.INFO):
+        print(message, file=sys.stderr)
+    else:
+        log.info(message)
 
 
 def check() -> bool:

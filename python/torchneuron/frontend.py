@@ -3,7 +3,7 @@ steps applied in a fixed order, :data:`STEPS` (docs/ARCHITECTURE.md lists the sa
 is a function of a graph:
 
 1. ``specialize-sizes``, per call, graphs with symbolic sizes that do not compile size-generic
-   (:func:`torchneuron.backend.build_generic_graph` runs steps 3-12 with the symbols kept): the
+   (:func:`torchneuron.backend.build_generic_graph` runs steps 3-13 with the symbols kept): the
    call's sizes (:func:`torchneuron.specialize.specialize`, in :func:`specialize_call`).
 2. ``block-classes``, per call, graphs with a BlockMask or SDPA mask: each attention node's block
    classes in ``node.meta`` (:func:`torchneuron.flex.annotate`, in :func:`specialize_call`).
@@ -12,20 +12,21 @@ is a function of a graph:
 5. ``complex-as-pairs``: :func:`torchneuron.complex_math.complex_as_pairs`.
 6. ``as-strided-views``: :func:`torchneuron.rewrite.as_strided_views`.
 7. ``float32-scalar-inputs``: :func:`torchneuron.rewrite.float32_scalar_inputs`.
-8. ``grouped-mm-offsets``: :func:`torchneuron.rewrite.grouped_mm_offsets`.
-9. ``check``: which nodes the importer lowers (:func:`torchneuron.partition.find_unsupported`:
+8. ``float64-in-float32``: :func:`torchneuron.rewrite.float64_in_float32`.
+9. ``grouped-mm-offsets``: :func:`torchneuron.rewrite.grouped_mm_offsets`.
+10. ``check``: which nodes the importer lowers (:func:`torchneuron.partition.find_unsupported`:
    the whole graph leniently serialized for ``_C.check_graph``, each node once: the entries
-   are kept for step 12, :class:`torchneuron.fx_json.Written`).
-10. ``detach-block-masks``: attention nodes going to the device with known block classes drop
+   are kept for step 13, :class:`torchneuron.fx_json.Written`).
+11. ``detach-block-masks``: attention nodes going to the device with known block classes drop
    their BlockMask tensors (:func:`torchneuron.flex.detach_block_masks`).
-11. ``partition``: device regions become submodules, the rest stays eager
+12. ``partition``: device regions become submodules, the rest stays eager
    (:func:`torchneuron.partition.partition_graph`).
-12. ``serialize``: per region, its outputs deduplicated (:func:`dedupe_outputs`) and its document
-   assembled from the nodes and constants step 8 wrote, writing only what it could not reuse
+13. ``serialize``: per region, its outputs deduplicated (:func:`dedupe_outputs`) and its document
+   assembled from the nodes and constants step 10 wrote, writing only what it could not reuse
    (:func:`torchneuron.fx_json.serialize_graph`; SDPA calls in their FlexAttention form,
    :func:`torchneuron.sdpa.flex_form`).
 
-Steps 3-8 are :data:`REWRITES` (:func:`rewrite_graph`); :func:`lower` runs steps 3-12 on a copy of
+Steps 3-9 are :data:`REWRITES` (:func:`rewrite_graph`); :func:`lower` runs steps 3-13 on a copy of
 a static graph, and the backend compiles each region's document
 (:func:`torchneuron.backend.build_graph`).
 """
@@ -72,6 +73,7 @@ REWRITES: tuple[Rewrite, ...] = (
     Rewrite("complex-as-pairs", complex_math.complex_as_pairs),
     Rewrite("as-strided-views", rewrite.as_strided_views),
     Rewrite("float32-scalar-inputs", rewrite.float32_scalar_inputs),
+    Rewrite("float64-in-float32", rewrite.float64_in_float32),
     Rewrite("grouped-mm-offsets", rewrite.grouped_mm_offsets),
 )
 
@@ -103,7 +105,7 @@ def specialize_call(
 
 
 def rewrite_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """Steps 3-7: :data:`REWRITES` applied to ``gm`` in order (in place); returns ``gm``."""
+    """Steps 3-9: :data:`REWRITES` applied to ``gm`` in order (in place); returns ``gm``."""
     for step in REWRITES:
         step.run(gm)
     return gm
@@ -137,7 +139,7 @@ def lower(
     *,
     symbolic: bool = False,
 ) -> Lowered:
-    """Steps 3-11 on a copy of the static graph ``gm`` (``gm`` is unchanged). ``name(prefix)``
+    """Steps 3-12 on a copy of the static graph ``gm`` (``gm`` is unchanged). ``name(prefix)``
     names each document (the check's, then each region's, in order); ``stage`` hears which
     step runs (a long compile's progress). ``symbolic``: ``gm`` keeps its symbolic sizes,
     written as size expressions (a size-generic compile, :mod:`torchneuron.sizes`)."""
@@ -166,7 +168,7 @@ def serialize_region(
     reuse: fx_json.Written | None = None,
 ) -> Region:
     """Step 11 for one device region of a partitioned ``gm``: its document, named ``name``,
-    reusing the entries ``reuse`` holds (step 8's)."""
+    reusing the entries ``reuse`` holds (step 10's)."""
     sub = gm.get_submodule(submodule)
     assert isinstance(sub, torch.fx.GraphModule)
     output_map = dedupe_outputs(sub)

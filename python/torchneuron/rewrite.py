@@ -15,6 +15,12 @@ not carry, written as ops that say it explicitly.
   (possibly through float64 first) enters the kernel as float32: the host rounds it, as the
   conversion would, and the device, which has no float64, never sees it
   (:func:`float32_scalar_inputs`; :class:`torchneuron.kernel.DeviceKernel` converts).
+- Float64 arithmetic on values converted to float64 inside the graph, whose results the graph
+  only converts back to a narrower float (TorchAO's float8 scales: ``amax.to(float64)``,
+  ``clamp``, ``max / amax``, ``.to(float32)``), runs in float32: the device has no 64-bit
+  floats (the Neuron compiler likewise computes float64 in float32). The result can differ
+  from eager's in the last bit of the float32 it is rounded to; each such graph says how
+  many ops with ``TORCHNEURON_VERBOSE=1`` (:func:`float64_in_float32`).
 
 Random ops are rewritten next to their device op, in :func:`torchneuron.rng.seed_random_ops`
 (the first of the front end's rewrites).
@@ -30,7 +36,15 @@ from typing import Any
 import torch
 import torch.fx
 
-__all__ = ["as_strided_views", "float32_scalar_inputs", "grouped_mm_offsets", "splice"]
+from torchneuron import config, fx_json
+
+__all__ = [
+    "as_strided_views",
+    "float32_scalar_inputs",
+    "float64_in_float32",
+    "grouped_mm_offsets",
+    "splice",
+]
 
 
 def splice(
@@ -206,6 +220,95 @@ def float32_scalar_inputs(gm: torch.fx.GraphModule) -> int:
     if count:
         gm.graph.lint()
         gm.recompile()
+    return count
+
+
+_NARROW_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _converted_to(node: torch.fx.Node) -> torch.dtype | None:
+    """The dtype a conversion node (``_to_copy`` with only a dtype, or
+    ``convert_element_type``) converts to; None for any other node."""
+    if node.op != "call_function":
+        return None
+    if node.target is _CONVERT:
+        dtype = node.args[1]
+        return dtype if isinstance(dtype, torch.dtype) else None
+    if node.target is torch.ops.aten._to_copy.default and set(node.kwargs) <= {"dtype"}:
+        dtype = node.kwargs.get("dtype")
+        return dtype if isinstance(dtype, torch.dtype) else None
+    return None
+
+
+def _is_float64(node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and value.dtype == torch.float64
+
+
+def _float64_island(start: torch.fx.Node, seen: set[torch.fx.Node]) -> list[torch.fx.Node] | None:
+    """The float64 nodes connected to ``start`` through float64 values, when they compute
+    only what the graph converts back to a narrower float: each is an op (not a graph input),
+    reads float64 only from the island, and is used only in it or by a conversion to float32,
+    bfloat16 or float16. None otherwise."""
+    island: list[torch.fx.Node] = []
+    pending = [start]
+    ok = True
+    while pending:
+        node = pending.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        island.append(node)
+        ok &= node.op == "call_function"
+        for arg in node.all_input_nodes:
+            if _is_float64(arg):
+                pending.append(arg)
+            elif isinstance(arg.meta.get("val"), (tuple, list)):
+                ok = False  # an element of a multi-output op's results
+        for user in node.users:
+            if _is_float64(user):
+                pending.append(user)
+            elif _converted_to(user) not in _NARROW_FLOATS:
+                ok = False
+    return island if ok else None
+
+
+def _source(node: torch.fx.Node) -> dict[str, Any] | None:
+    return fx_json.source_location(node.meta.get("stack_trace"))
+
+
+def float64_in_float32(gm: torch.fx.GraphModule) -> int:
+    """Run float64 islands (:func:`_float64_island`) in float32, in place: their values'
+    metadata and the float64 they convert to or create become float32. Returns how many nodes
+    changed."""
+    count = 0
+    seen: set[torch.fx.Node] = set()
+    changed: list[torch.fx.Node] = []
+    for node in list(gm.graph.nodes):
+        if node in seen or not _is_float64(node):
+            continue
+        island = _float64_island(node, seen)
+        if island is None:
+            continue
+        for member in island:
+            member.meta["val"] = member.meta["val"].to(torch.float32)
+            member.args = tuple(torch.float32 if a == torch.float64 else a for a in member.args)
+            member.kwargs = {
+                k: torch.float32 if v == torch.float64 else v for k, v in member.kwargs.items()
+            }
+        changed += island
+        count += len(island)
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+        where = sorted(
+            {f"{loc['file']}:{loc['line']}" for n in changed if (loc := _source(n)) is not None}
+        )
+        config.tell(
+            f"torchneuron: {count} float64 op(s) computed in float32 (the device has no "
+            "64-bit floats; their results are converted to float32 or narrower)"
+            + "".join(f"\n  {w}" for w in where)
+        )
     return count
 
 

@@ -9,6 +9,8 @@ overflow thresholds, infinities, NaNs of both signs and the subnormal range).
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -247,3 +249,69 @@ def test_scaled_mm_with_output_scale_falls_back() -> None:
     got = _device(fn)(a, b, one)
     assert torch.equal(got, fn(a, b, one))
     assert torchneuron.stats()["ops_fallback"] == {"aten._scaled_mm.default": 1}
+
+
+def test_power_of_two_scales_are_exact() -> None:
+    # exp2(floor(log2(s))): how TorchAO's rowwise recipe rounds its scales down to powers of
+    # two. log2 must give a power of two's exponent exactly and exp2 an integer's power
+    # exactly, or a scale comes out twice as large (every element of its row then differs).
+    powers = 2.0 ** torch.arange(-126, 128, dtype=torch.float32)
+    s = torch.cat([powers, powers * (1 - 2.0**-24), powers[1:] * 1.5, torch.rand(4096) * 1e4])
+
+    def round_down(s: torch.Tensor) -> torch.Tensor:
+        return torch.exp2(torch.floor(torch.log2(s)))
+
+    assert torch.equal(_device(round_down)(s), round_down(s))
+    _assert_on_device()
+
+
+def _torchao_mlp(bias: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(256, 512, bias=bias), torch.nn.ReLU(), torch.nn.Linear(512, 256)
+    ).bfloat16()
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_torchao_float8_training_runs_on_the_device(recipe: str) -> None:
+    # TorchAO's float8 training as its README writes it: every Linear converted, the model
+    # compiled; forward and backward (amax scales, casts, _scaled_mm in each direction) are
+    # one device graph each, nothing left to eager PyTorch. The float64 scale arithmetic runs
+    # in float32 (tensorwise: a scale can differ from eager's in its last float32 bit).
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    model = _torchao_mlp(bias=True)
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe))
+    reference = copy.deepcopy(model)
+    x = torch.randn(128, 256, dtype=torch.bfloat16)
+    got = torch.compile(model, backend="neuron")(x)
+    want = reference(x)
+    got.float().square().sum().backward()
+    want.float().square().sum().backward()
+    stats = torchneuron.stats()
+    assert stats["ops_fallback"] == {}
+    assert stats["graphs_compiled"] == stats["kernels_run"] == 2
+    pairs = [(got, want)] + [
+        (p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters(), strict=True)
+    ]
+    for a, b in pairs:
+        assert a is not None and b is not None
+        if recipe == "rowwise":  # power-of-two scales: the same fp8 values, bit for bit
+            assert torch.equal(a, b)
+        else:  # a scale one bit apart flips a few fp8 roundings (e5m2 gradients: 2 bits)
+            diff, top = (a - b).float().abs(), b.float().abs().max()
+            assert (diff > 0.01 * top).float().mean() < 1e-3
+            assert diff.max() <= 0.05 * top
+
+
+def test_torchao_float8_weight_only_inference() -> None:
+    from torchao.quantization import Float8WeightOnlyConfig, quantize_
+
+    model = _torchao_mlp(bias=True).eval()
+    quantize_(model, Float8WeightOnlyConfig())
+    x = torch.randn(64, 256, dtype=torch.bfloat16)
+    with torch.no_grad():
+        got = torch.compile(model, backend="neuron")(x)
+        want = model(x)
+    _assert_close_to_eager(got, want)
+    _assert_on_device()

@@ -69,6 +69,25 @@ def test_float32_scalar_inputs_step_drops_the_float64_round_trip() -> None:
     assert [n.args[1] for n in gm.graph.nodes if n.target is convert] == [torch.float32]
 
 
+def test_float64_in_float32_step_runs_a_float64_scale_in_float32() -> None:
+    # TorchAO's tensorwise scale: the device has no float64.
+    def scale(amax: torch.Tensor) -> torch.Tensor:
+        return (448.0 / torch.clamp(amax.to(torch.float64), min=1e-12)).to(torch.float32)
+
+    gm = aten_graph(scale, torch.ones(()))
+    assert step("float64-in-float32").run(gm) >= 3
+    dtypes = {n.meta["val"].dtype for n in gm.graph.nodes if n.op == "call_function"}
+    assert torch.float64 not in dtypes
+    amax = torch.tensor(3.7)
+    torch.testing.assert_close(gm(amax)[0], scale(amax), atol=0, rtol=2.0**-23)
+
+
+def test_float64_in_float32_step_keeps_float64_that_leaves_the_graph() -> None:
+    gm = aten_graph(lambda x: x.to(torch.float64) * 2, torch.ones(3))
+    assert step("float64-in-float32").run(gm) == 0
+    assert gm.graph.output_node().args[0][0].meta["val"].dtype == torch.float64
+
+
 def test_rewrite_graph_applies_every_rewrite_in_order() -> None:
     gm = traced(
         lambda x: aten.rand_like.default(aten.as_strided.default(x, [16], [1])), torch.zeros(4, 4)
