@@ -55,20 +55,34 @@ def splice(
 ) -> Any:
     """``fn(*inputs)`` traced with the backend's decompositions and inserted into ``gm`` before
     ``before``, its nodes located at ``before``'s Python line; returns what ``fn`` returns, as
-    nodes of ``gm``. Traced on zeros of the inputs' static shapes (a fake trace here would join
-    the compiler's fake mode and see symbolic sizes). None when the trace made tensor
-    constants, which would have to move into ``gm``."""
+    nodes of ``gm``. Traced on meta tensors of the inputs' static shapes, which compute
+    nothing (a fake trace here would join the compiler's fake mode and see symbolic sizes;
+    zeros on the CPU would compute: a grouped GEMM's masked form took minutes), or on zeros
+    when an op of ``fn`` has no meta kernel. None when the trace made tensor constants, which
+    would have to move into ``gm``."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from torchneuron.decompositions import neuron_decompositions
 
-    examples = []
-    for node in inputs:
-        value = node.meta["val"]
-        examples.append(torch.zeros(tuple(value.shape), dtype=value.dtype))
-    traced = make_fx(fn, decomposition_table=neuron_decompositions())(*examples)
+    def trace(device: str) -> torch.fx.GraphModule:
+        examples = [
+            torch.zeros(tuple(n.meta["val"].shape), dtype=n.meta["val"].dtype, device=device)
+            for n in inputs
+        ]
+        return make_fx(fn, decomposition_table=neuron_decompositions())(*examples)
+
+    try:
+        traced = trace("meta")
+    except Exception:  # noqa: BLE001 - an op without a meta kernel: trace on zeros
+        traced = trace("cpu")
     if any(n.op == "get_attr" for n in traced.graph.nodes):
         return None
+    for n in traced.graph.nodes:  # the graph's values are CPU tensors, as the rest of gm's
+        value = n.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.device.type == "meta":
+            n.meta["val"] = torch.empty_strided(
+                value.shape, value.stride(), dtype=value.dtype, device="cpu"
+            )
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     existing = set(gm.graph.nodes)
     with gm.graph.inserting_before(before):
