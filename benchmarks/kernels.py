@@ -649,6 +649,8 @@ def op_costs(gm: torch.fx.GraphModule) -> list[OpCost]:
             mats = [a.meta["val"] for a in node.args if isinstance(a, torch.fx.Node)]
             first = mats[-2]  # addmm/baddbmm: (bias, a, b); mm/bmm: (a, b)
             flops = 2.0 * outs[0].numel() * first.shape[-1]
+        elif name == "_grouped_mm" and outs:  # rows in groups: each row times its group's
+            flops = 2.0 * outs[0].numel() * node.args[0].meta["val"].shape[-1]
         elif "attention" in name or "scaled_dot_product" in name:
             args = _bound_args(node)
             q, k = args["query"].meta["val"], args["key"].meta["val"]
