@@ -710,6 +710,8 @@ struct Instruction {
   bool dma;
   SmallVector<Access, 4> accesses;
   SmallVector<Operation *, 4> loops; // enclosing scf.for ops
+  /// Per loop, whether its body runs at least once (alwaysIterates).
+  SmallVector<bool, 4> loopIterates;
   /// The nearest earlier compute instruction of the same queue, or -1.
   int64_t queuePredecessor = -1;
 };
@@ -1195,9 +1197,11 @@ bool covered(ArrayRef<Instruction> insts, Waits &waits, int64_t a, int64_t b,
   // trip count known only at run time) may never run: a wait on it is then
   // met at once and says nothing of `a`.
   auto runsBeforeB = [&](int64_t c) {
-    return llvm::all_of(insts[c].loops, [&](Operation *loop) {
-      return llvm::is_contained(insts[b].loops, loop) || alwaysIterates(loop);
-    });
+    for (auto [loop, iterates] :
+         llvm::zip_equal(insts[c].loops, insts[c].loopIterates))
+      if (!iterates && !llvm::is_contained(insts[b].loops, loop))
+        return false;
+    return true;
   };
   auto covers = [&](int64_t c) {
     if (!waitedFor(c) || !insideSharedLoops(c) || !runsBeforeB(c))
@@ -1235,8 +1239,10 @@ FailureOr<std::vector<Instruction>> collectInstructions(func::FuncOp func,
     Instruction inst{
         op, instruction.getIssuingEngine(), instruction.isDma(), {}, {}};
     for (Operation *p = op->getParentOp(); p != func; p = p->getParentOp())
-      if (isa<scf::ForOp>(p))
+      if (isa<scf::ForOp>(p)) {
         inst.loops.push_back(p);
+        inst.loopIterates.push_back(alwaysIterates(p));
+      }
     // The trip counts known at run time of the loops around it.
     SmallVector<int, 2> counts;
     for (Operation *p : fns ? inst.loops : SmallVector<Operation *, 4>{}) {
