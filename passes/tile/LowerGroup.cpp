@@ -583,8 +583,8 @@ void GroupEmitter::emitAlternating() {
 
 /// The last period's compute and stores. Nothing follows its stores, so
 /// they are its drain: its ops after the last row statistic (elementwise
-/// on whole rows) and its stores go by column chunks, the first chunks'
-/// stores overlapping the later chunks' compute.
+/// on whole rows) and its stores go by column halves, the first half's
+/// stores overlapping the second half's compute.
 void GroupEmitter::computeLastPeriod(MutableArrayRef<Step> steps) {
   llvm::DenseSet<Operation *> tail;
   for (Operation *op : llvm::reverse(ops)) {
@@ -592,35 +592,33 @@ void GroupEmitter::computeLastPeriod(MutableArrayRef<Step> steps) {
       break;
     tail.insert(op);
   }
-  // Two chunks, when each chunk's store of every output outlasts a
+  // Column halves, when each half's store of every output outlasts a
   // transfer's fixed latency (else the latency is all a split adds).
   int64_t storeBytes = 0;
   for (auto [v, buffer] : outputs)
     if (plan.rep(v) != Rep::Row)
       storeBytes += p * plan.cols * bytes(elt(v));
-  double chunkStoreNs =
+  double halfStoreNs =
       storeBytes / 2.0 / (k.target.peakHbmBytesPerSecond() * 1e-9);
-  int64_t chunks = 2;
-  if (tail.empty() || plan.cols % chunks != 0 ||
-      chunkStoreNs <= k.target.dmaFixedLatencyNs)
-    chunks = 1;
-  auto inTail = [&](Operation *op) { return tail.contains(op); };
-  auto isRow = [&](Value v) { return plan.rep(v) == Rep::Row; };
-  for (int stage = 0; stage < 3; ++stage)
-    computeOps(steps, stage,
-               [&](Operation *op) { return chunks == 1 || !inTail(op); });
-  if (chunks == 1) {
+  if (tail.empty() || plan.cols % 2 != 0 ||
+      halfStoreNs <= k.target.dmaFixedLatencyNs) {
+    for (int stage = 0; stage < 3; ++stage)
+      computeOps(steps, stage);
     for (Step &st : steps)
       store(st);
     return;
   }
+  auto inTail = [&](Operation *op) { return tail.contains(op); };
+  auto isRow = [&](Value v) { return plan.rep(v) == Rep::Row; };
+  for (int stage = 0; stage < 3; ++stage)
+    computeOps(steps, stage, [&](Operation *op) { return !inTail(op); });
   for (Step &st : steps)
     store(st, isRow);
-  int64_t width = plan.cols / chunks;
-  for (int64_t c = 0; c < chunks; ++c) {
+  int64_t width = plan.cols / 2;
+  for (int64_t half = 0; half < 2; ++half) {
     SmallVector<Step> parts;
     for (const Step &st : steps)
-      parts.push_back(columnsOf(st, c * width, width));
+      parts.push_back(columnsOf(st, half * width, width));
     computeOps(parts, -1, inTail);
     for (Step &part : parts)
       store(part, [&](Value v) { return !isRow(v); });
