@@ -41,6 +41,7 @@ __all__ = [
     "serialize_graph",
     "serialize_graph_lenient",
     "numpy_storage_dtype",
+    "source_line",
     "source_location",
     "tensor_from_constant",
     "tensor_spec",
@@ -191,6 +192,12 @@ def source_location(stack_trace: str | None) -> dict[str, Any] | None:
     user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
     file, line = (user or frames)[-1]
     return {"file": file, "line": line, "col": 0}
+
+
+def source_line(node: torch.fx.Node) -> str | None:
+    """``file:line`` of a node's :func:`source_location`, or None."""
+    loc = source_location(node.meta.get("stack_trace"))
+    return f"{loc['file']}:{loc['line']}" if loc else None
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:

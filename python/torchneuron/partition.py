@@ -115,11 +115,6 @@ def is_host_check(node: torch.fx.Node) -> bool:
     )
 
 
-def _loc(node: torch.fx.Node) -> str | None:
-    loc = fx_json.source_location(node.meta.get("stack_trace"))
-    return f"{loc['file']}:{loc['line']}" if loc else None
-
-
 class _Support(OperatorSupportBase):
     def __init__(self, unsupported: Mapping[str, str]) -> None:
         self.unsupported = unsupported
@@ -199,7 +194,9 @@ def partition_graph(
             reason = _VIEW_ONLY
         else:
             reason = "its input comes from an unsupported operator result"
-        result.fallback.append(FallbackNode(node.name, op_name(node.target), reason, _loc(node)))
+        result.fallback.append(
+            FallbackNode(node.name, op_name(node.target), reason, fx_json.source_line(node))
+        )
 
     if partitions:
         fuse_by_partitions(gm, [p.nodes for p in partitions], prefix=DEVICE_PREFIX)

@@ -287,15 +287,10 @@ def _float64_island(start: torch.fx.Node, seen: set[torch.fx.Node]) -> list[torc
     return island if ok else None
 
 
-def _source(node: torch.fx.Node) -> dict[str, Any] | None:
-    return fx_json.source_location(node.meta.get("stack_trace"))
-
-
 def float64_in_float32(gm: torch.fx.GraphModule) -> int:
     """Run float64 islands (:func:`_float64_island`) in float32, in place: their values'
     metadata and the float64 they convert to or create become float32. Returns how many nodes
     changed."""
-    count = 0
     seen: set[torch.fx.Node] = set()
     changed: list[torch.fx.Node] = []
     for node in list(gm.graph.nodes):
@@ -311,19 +306,16 @@ def float64_in_float32(gm: torch.fx.GraphModule) -> int:
                 k: torch.float32 if v == torch.float64 else v for k, v in member.kwargs.items()
             }
         changed += island
-        count += len(island)
-    if count:
+    if changed:
         gm.graph.lint()
         gm.recompile()
-        where = sorted(
-            {f"{loc['file']}:{loc['line']}" for n in changed if (loc := _source(n)) is not None}
-        )
+        where = sorted({line for n in changed if (line := fx_json.source_line(n)) is not None})
         config.tell(
-            f"torchneuron: {count} float64 op(s) computed in float32 (the device has no "
+            f"torchneuron: {len(changed)} float64 op(s) computed in float32 (the device has no "
             "64-bit floats; their results are converted to float32 or narrower)"
             + "".join(f"\n  {w}" for w in where)
         )
-    return count
+    return len(changed)
 
 
 def grouped_mm_offsets(gm: torch.fx.GraphModule) -> int:
