@@ -414,12 +414,13 @@ LogicalResult DmaGatherOp::verify() {
 LogicalResult MatmulOp::verify() {
   MemRefType s = memrefType(getStationary()), m = memrefType(getMoving()),
              d = memrefType(getDst());
-  int64_t operandRank = getDoubleRow() ? 3 : 2;
+  bool mx = getStationaryScale() || getMovingScale();
+  int64_t operandRank = getDoubleRow() || mx ? 3 : 2;
   if (s.getRank() != operandRank || m.getRank() != operandRank ||
       d.getRank() != 2)
-    return emitOpError(getDoubleRow()
-                           ? "double_row operands must be [K, R, M] and "
-                             "[K, R, N], the destination 2-d"
+    return emitOpError(operandRank == 3
+                           ? "double_row and MX operands must be [K, R, M] "
+                             "and [K, R, N], the destination 2-d"
                            : "operands must be 2-d tiles");
   if (getMemorySpace(s) != MemorySpace::sbuf ||
       getMemorySpace(m) != MemorySpace::sbuf)
@@ -442,16 +443,44 @@ LogicalResult MatmulOp::verify() {
   const auto *target = lookupTarget(*this);
   if (!target)
     return failure();
-  if (getDoubleRow()) {
+  if (getDoubleRow() || mx) {
+    StringRef mode = mx ? "an MX matmul" : "double_row";
+    if (getDoubleRow() && mx)
+      return emitOpError("double_row and MX scales exclude each other");
     if (!fp8)
-      return emitOpError("double_row takes fp8 operands, not ")
-             << s.getElementType() << " and " << m.getElementType();
-    int64_t rows = target->matmulFp8KFactor();
+      return emitOpError(mode)
+             << " takes fp8 operands, not " << s.getElementType() << " and "
+             << m.getElementType();
+    int64_t rows = mx ? target->matmulMxKFactor() : target->matmulFp8KFactor();
     if (rows < 2)
-      return emitOpError("target '") << target->name << "' has no double_row";
+      return emitOpError("target '")
+             << target->name << "' has no " << (mx ? "MX matmul" : mode);
     if (s.getDimSize(1) != rows || m.getDimSize(1) != rows)
-      return emitOpError("double_row operands must have ")
-             << rows << " rows per partition (dim 1)";
+      return emitOpError(mode)
+             << " operands must have " << rows << " rows per partition (dim 1)";
+  }
+  if (mx) {
+    // [D S11, S29] one scale per 32 values: 8 partitions x 4 rows.
+    if (!getStationaryScale() || !getMovingScale())
+      return emitOpError("an MX matmul takes both scales");
+    int64_t k = s.getDimSize(0);
+    if (k % 32)
+      return emitOpError("an MX matmul contracts a multiple of 32 "
+                         "partitions, not ")
+             << k;
+    for (auto [scale, free] :
+         {std::pair{getStationaryScale(), s.getShape().back()},
+          std::pair{getMovingScale(), m.getShape().back()}}) {
+      MemRefType t = memrefType(scale);
+      if (getMemorySpace(t) != MemorySpace::sbuf ||
+          !t.getElementType().isUnsignedInteger(8))
+        return emitOpError("MX scales must be ui8 tiles in SBUF");
+      if (t.getRank() != 2 || t.getDimSize(0) != k / 8 ||
+          t.getDimSize(1) != free)
+        return emitOpError("MX scales must be [")
+               << k / 8 << ", " << free << "] (one per 8 partitions), got "
+               << t;
+    }
   }
   int64_t k = s.getDimSize(0), mSize = s.getShape().back(),
           n = m.getShape().back();

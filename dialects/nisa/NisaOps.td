@@ -139,7 +139,7 @@ def Nisa_DmaGatherOp : Nisa_Op<"dma_gather"> {
 // TensorE
 //===----------------------------------------------------------------------===//
 
-def Nisa_MatmulOp : Nisa_Op<"matmul"> {
+def Nisa_MatmulOp : Nisa_Op<"matmul", [AttrSizedOperandSegments]> {
   let summary = "dst[M,N] (+)= stationary[K,M]^T @ moving[K,N] into PSUM";
   let description = [{
     With `double_row` (NKI's `perf_mode=double_row`, fp8 operands only) the
@@ -147,13 +147,30 @@ def Nisa_MatmulOp : Nisa_Op<"matmul"> {
     matmul_fp8_k_factor: the contraction runs over K x R rows in the time of
     a K-row matmul. Operand dtypes may differ only between the fp8 formats
     (E4M3 with E5M2).
+
+    With `scales` it is an MX matmul (NKI's `nc_matmul_mx`, NC-v4): fp8
+    operands [K, R, M] and [K, R, N], R the target's matmul_mx_k_factor (R
+    values of K packed per partition, NKI's x4 types), times their E8M0
+    scales, u8 [K / 8, M] and [K / 8, N]: row j scales the values on
+    partitions [8j, 8j + 8), 32 values per scale. K is a multiple of 32.
   }];
   // dst is read too when the matmul accumulates into it.
   let arguments = (ins Nisa_In:$stationary, Nisa_In:$moving,
-                   Nisa_InOut:$dst, UnitAttr:$accumulate, UnitAttr:$double_row);
+                   Nisa_InOut:$dst, Nisa_OptIn:$stationary_scale,
+                   Nisa_OptIn:$moving_scale, UnitAttr:$accumulate,
+                   UnitAttr:$double_row);
   let assemblyFormat = [{
-    $stationary `,` $moving `,` $dst attr-dict `:` type($stationary) `,` type($moving) `,` type($dst)
+    $stationary `,` $moving `,` $dst
+    (`scales` $stationary_scale^ `,` $moving_scale)? attr-dict `:`
+    type($stationary) `,` type($moving) `,` type($dst)
+    (`,` type($stationary_scale)^ `,` type($moving_scale))?
   }];
+  let builders = [
+    OpBuilder<(ins "Value":$stationary, "Value":$moving, "Value":$dst), [{
+      build($_builder, $_state, stationary, moving, dst,
+            /*stationary_scale=*/Value(), /*moving_scale=*/Value());
+    }]>
+  ];
 }
 
 //===----------------------------------------------------------------------===//

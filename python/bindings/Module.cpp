@@ -237,9 +237,8 @@ PYBIND11_MODULE(_C, m) {
         py::dict d;
         d["flops"] = t.peakFlopsPerSecond();
         d["fp8_flops"] = t.peakFlopsPerSecond() * t.matmulFp8KFactor();
-        if (t.hasFigure("matmul_mx_k_factor"))
-          d["mxfp8_flops"] =
-              t.peakFlopsPerSecond() * t.value("matmul_mx_k_factor");
+        if (int64_t mx = t.matmulMxKFactor())
+          d["mxfp8_flops"] = t.peakFlopsPerSecond() * mx;
         d["hbm_bytes"] = t.peakHbmBytesPerSecond();
         return d;
       },

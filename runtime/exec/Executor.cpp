@@ -777,6 +777,8 @@ enum Role {
   RoleIndices,
   RoleStationary,
   RoleMoving,
+  RoleStationaryScale,
+  RoleMovingScale,
   RoleA,
   RoleB,
   RoleBias,
@@ -984,11 +986,24 @@ void Executor::Impl::compileNodes(const std::vector<Node> &body,
     const Instruction &inst = node.inst;
     CompiledInst compiled;
     compiled.attrs = inst;
-    const std::optional<View> *operands[NumRoles] = {
-        &inst.dst,        &inst.src,      &inst.table,     &inst.indices,
-        &inst.stationary, &inst.moving,   &inst.a,         &inst.b,
-        &inst.bias,       &inst.scalar,   &inst.pred,      &inst.onTrue,
-        &inst.onFalse,    &inst.scaleCol, &inst.reduceRes, &inst.seed};
+    const std::optional<View> *operands[NumRoles] = {&inst.dst,
+                                                     &inst.src,
+                                                     &inst.table,
+                                                     &inst.indices,
+                                                     &inst.stationary,
+                                                     &inst.moving,
+                                                     &inst.stationaryScale,
+                                                     &inst.movingScale,
+                                                     &inst.a,
+                                                     &inst.b,
+                                                     &inst.bias,
+                                                     &inst.scalar,
+                                                     &inst.pred,
+                                                     &inst.onTrue,
+                                                     &inst.onFalse,
+                                                     &inst.scaleCol,
+                                                     &inst.reduceRes,
+                                                     &inst.seed};
     for (int role = 0; role < NumRoles; ++role) {
       const std::optional<View> &view = *operands[role];
       if (!view)
@@ -1061,6 +1076,8 @@ void Executor::Impl::allocate(const Program &program) {
       grow(0, v[RoleStationary].numElements);
       grow(1, v[RoleMoving].numElements);
       grow(2, v[RoleDst].numElements);
+      grow(3,
+           v[RoleStationaryScale].numElements + v[RoleMovingScale].numElements);
       break;
     case Opcode::Activation:
       grow(0, v[RoleSrc].numElements);
@@ -1349,7 +1366,9 @@ std::optional<StridedMatrix<T>> matrixOf(const CompiledView &view,
 }
 
 // dst[M, N] = (accumulate ? dst : 0) + stationary[K, M]^T @ moving[K, N]
-// (double_row: [K, R, M] and [K, R, N], the K x R rows contracted).
+// (double_row: [K, R, M] and [K, R, N], the K x R rows contracted; MX: the
+// same with each value times 2^(scale - 127), its E8M0 scale that of its
+// group of 8 partitions, and NaN for the scale 255).
 // Operands hold fp8/bf16/f16/f32 values widened exactly; products of 8- and
 // 16-bit inputs are exact in fp32 and the sums accumulate in fp32. Large
 // matmuls are split by output columns between the host threads, without
@@ -1359,7 +1378,8 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
   const CompiledView &mov = inst.views[RoleMoving];
   const CompiledView &dst = inst.views[RoleDst];
   int64_t k = stat.rows, m = stat.cols, n = mov.cols;
-  if (inst.attrs.doubleRow) {
+  bool mx = inst.views[RoleStationaryScale].present;
+  if (inst.attrs.doubleRow || mx) {
     // Loaded row-major, [K, R, M] is the [K * R, M] matrix (row k * R + r),
     // and the moving operand's rows pair with the same (k, r).
     k *= stat.shape[1];
@@ -1420,6 +1440,26 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
       movRows.reset();
     if (!movRows)
       load(mov, mv);
+    if (mx) {
+      // Scaled by a power of two, an fp8 value stays exact in fp32 (short of
+      // fp32's range), so the products are those of the dequantized values.
+      int64_t rows = stat.shape[1];
+      auto scaleRows = [&](const CompiledView &scaleView, float *values,
+                           int64_t cols, float *scales) {
+        load(scaleView, scales);
+        for (int64_t row = 0; row < k; ++row) {
+          const float *exps = scales + row / rows / 8 * cols;
+          float *line = values + row * cols;
+          for (int64_t c = 0; c < cols; ++c)
+            line[c] *= exps[c] == 255.0f
+                           ? std::numeric_limits<float>::quiet_NaN()
+                           : std::ldexp(1.0f, int(exps[c]) - 127);
+        }
+      };
+      float *scales = scratch[3].data();
+      scaleRows(inst.views[RoleStationaryScale], s, m, scales);
+      scaleRows(inst.views[RoleMovingScale], mv, n, scales);
+    }
     // movRows by value: this block ends before the chunks run.
     columns = [&, s, mv, movRows](int64_t begin, int64_t end) {
       if (movRows)

@@ -508,7 +508,9 @@ OpSpec makeOpSpec(Opcode op) {
   case Opcode::DmaGather:
     return {op, {"table", "indices", "dst"}, {}};
   case Opcode::Matmul:
-    return {op, {"stationary", "moving", "dst"}, {"accumulate", "double_row"}};
+    return {op,
+            {"stationary", "moving", "dst"},
+            {"accumulate", "double_row", "stationary_scale", "moving_scale"}};
   case Opcode::Activation:
     return {op,
             {"src", "dst", "func"},
@@ -1606,26 +1608,57 @@ void Verifier::verifyInstruction(const Instruction &inst,
         failInst(inst, std::string("'") + fieldName +
                            "' must be f32, bf16, f16 or fp8, got " +
                            dtypeName(buffers.at(fieldName)->dtype));
-    if (inst.doubleRow) {
+    bool mx = inst.stationaryScale || inst.movingScale;
+    if (inst.doubleRow || mx) {
+      std::string mode = mx ? "an MX matmul" : "double_row";
       bool fp8 = isFloat8DType(buffers.at("stationary")->dtype) &&
                  isFloat8DType(buffers.at("moving")->dtype);
-      int64_t rows = target.matmulFp8KFactor();
+      int64_t rows = mx ? target.matmulMxKFactor() : target.matmulFp8KFactor();
+      if (inst.doubleRow && mx)
+        failInst(inst, "double_row and MX scales exclude each other");
       if (!fp8)
-        failInst(inst, "double_row takes fp8 operands");
+        failInst(inst, mode + " takes fp8 operands");
       if (rows < 2)
-        failInst(inst, "target '" + target.name + "' has no double_row");
+        failInst(inst, "target '" + target.name + "' has no " +
+                           (mx ? "MX matmul" : "double_row"));
       if (stat.shape.size() < 3 || mov.shape.size() < 3 ||
           stat.shape[1] != rows || mov.shape[1] != rows)
-        failInst(inst, "double_row operands must be [K, " +
-                           std::to_string(rows) + ", M] and [K, " +
-                           std::to_string(rows) + ", N], got " +
-                           shapeString(stat.shape) + " and " +
+        failInst(inst, mode + " operands must be [K, " + std::to_string(rows) +
+                           ", M] and [K, " + std::to_string(rows) +
+                           ", N], got " + shapeString(stat.shape) + " and " +
                            shapeString(mov.shape));
     } else if (buffers.at("stationary")->dtype != buffers.at("moving")->dtype &&
                !(isFloat8DType(buffers.at("stationary")->dtype) &&
                  isFloat8DType(buffers.at("moving")->dtype))) {
       failInst(inst, "'stationary' and 'moving' must have the same dtype "
                      "(or both be fp8)");
+    }
+    if (mx) {
+      // [D S11, S29] a scale per 32 values: 8 partitions x 4 rows; K in
+      // partitions a multiple of 32.
+      if (!inst.stationaryScale || !inst.movingScale)
+        failInst(inst, "an MX matmul takes both 'stationary_scale' and "
+                       "'moving_scale'");
+      int64_t k = stat.shape[0];
+      if (k % 32)
+        failInst(inst, "an MX matmul contracts a multiple of 32 partitions, "
+                       "not " +
+                           std::to_string(k));
+      for (auto [fieldName, scale, operand] :
+           {std::tuple{"stationary_scale", &*inst.stationaryScale, &stat},
+            std::tuple{"moving_scale", &*inst.movingScale, &mov}}) {
+        const Buffer &buffer = *buffers.at(fieldName);
+        if (buffer.space != Space::SBUF || buffer.dtype != DType::U8)
+          failInst(inst,
+                   std::string("'") + fieldName + "' must be a u8 sbuf buffer");
+        if (scale->shape.size() != 2 || scale->shape[0] != k / 8 ||
+            scale->shape[1] != operand->shape.back())
+          failInst(inst, std::string("'") + fieldName + "' must be [" +
+                             std::to_string(k / 8) + ", " +
+                             std::to_string(operand->shape.back()) +
+                             "] (a scale per 8 partitions), got " +
+                             shapeString(scale->shape));
+      }
     }
     MatmulShape mm = matmulShape(inst);
     int64_t k = mm.k, m = mm.m, n = mm.n;
@@ -1977,7 +2010,7 @@ MatmulShape matmulShape(const Instruction &inst) {
   const View &stat = *inst.stationary, &mov = *inst.moving;
   MatmulShape s;
   size_t free = 1;
-  if (inst.doubleRow) {
+  if (inst.doubleRow || inst.stationaryScale) {
     s.rowsPerPartition = stat.shape.size() > 1 ? stat.shape[1] : 1;
     free = 2;
   }

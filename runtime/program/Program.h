@@ -209,6 +209,12 @@ struct Instruction {
   std::optional<View> src, dst;
   std::optional<View> table, indices;     // dma_gather
   std::optional<View> stationary, moving; // matmul
+  /// "stationary_scale", "moving_scale" (matmul, both or neither): an MX
+  /// matmul (NKI's nc_matmul_mx, NC-v4). The fp8 operands are [K, R, M] and
+  /// [K, R, N] (R: the target's matmul_mx_k_factor, R values of K packed per
+  /// partition); the scales are u8 [K / 8, M] and [K / 8, N], the E8M0
+  /// exponent of each group of 8 partitions x R values.
+  std::optional<View> stationaryScale, movingScale;
   std::optional<View> a, b;               // (scalar_)tensor_tensor
   std::optional<View> bias;               // activation
   std::optional<View> scaleCol;           // "scale_col" (activation)
@@ -267,7 +273,7 @@ struct Instruction {
 };
 
 /// The sizes of a matmul instruction: contraction rows per partition
-/// (double_row: the operands' dim 1, else 1), K in partitions, and the
+/// (double_row and MX: the operands' dim 1, else 1), K in partitions, and the
 /// stationary (M) and moving (N) free sizes.
 struct MatmulShape {
   int64_t k = 0, rowsPerPartition = 1, m = 0, n = 0;

@@ -317,6 +317,12 @@ int64_t Target::matmulFp8KFactor() const {
              : 1;
 }
 
+int64_t Target::matmulMxKFactor() const {
+  return hasFigure("matmul_mx_k_factor")
+             ? static_cast<int64_t>(value("matmul_mx_k_factor"))
+             : 0;
+}
+
 double Target::peakHbmBytesPerSecond() const {
   double dma = dmaEngines * dmaBytesPerNsPerEngine;
   double hbm = hbmChipBytesPerNs / value("hbm_sharing_cores");

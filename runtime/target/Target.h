@@ -109,6 +109,10 @@ struct Target {
   /// operands (FP8 double_row: 2), 1 on a target without such a mode; the
   /// FP8 peak is peakFlopsPerSecond() times this.
   int64_t matmulFp8KFactor() const;
+  /// Contraction rows per partition of an MX matmul (MXFP8 quad mode: 4),
+  /// 0 on a target without MX; the MXFP8 peak is peakFlopsPerSecond() times
+  /// this.
+  int64_t matmulMxKFactor() const;
   /// The core's HBM roofline: its DMA engines, capped by its HBM share.
   double peakHbmBytesPerSecond() const;
 };

@@ -731,6 +731,46 @@ TEST_CASE("activation columns, iota offsets and scalar_tensor_tensor are "
                   "shape mismatch");
 }
 
+TEST_CASE("MX matmuls are checked", "[program][reject]") {
+  // fp8 [K, 4, F] operands with u8 [K / 8, F] scales, on trn3 (NC-v4) only.
+  std::string tiles = kInOut + "," +
+                      buffer(2, "sbuf", "scratch", "f8e4m3fn", "[128, 256]") +
+                      "," + buffer(3, "psum", "scratch", "f32", "[64, 64]") +
+                      "," + buffer(4, "sbuf", "scratch", "u8", "[32, 64]") +
+                      "," + buffer(5, "sbuf", "scratch", "f32", "[16, 64]");
+  auto mx = [&](const std::string &k, const std::string &scale,
+                const std::string &moving) {
+    std::string operand = view(2, "[" + k + ", 4, 64]", "[256, 1, 4]");
+    std::string body = R"({"op": "matmul", "engine": "tensor",
+        "stationary": )" + operand +
+                       R"(, "moving": )" + operand + R"(, "dst": )" +
+                       view(3, "[64, 64]", "[64, 1]") +
+                       R"(, "stationary_scale": )" + scale + moving + "}";
+    return [tiles, body](const std::string &target) {
+      return programJson(tiles, "0", "1", body, target);
+    };
+  };
+  std::string scales = view(4, "[16, 64]", "[64, 1]");
+  std::string both = R"(, "moving_scale": )" + scales;
+  REQUIRE_NOTHROW(Program::parse(mx("128", scales, both)("trn3"))
+                      .verify(neuron::target::getTarget("trn3")));
+  requireRejected(mx("128", scales, both)("trn2"),
+                  "target 'trn2' has no MX matmul");
+  requireRejected(mx("128", scales, "")("trn3"),
+                  "takes both 'stationary_scale' and 'moving_scale'");
+  requireRejected(mx("16", view(4, "[2, 64]", "[64, 1]"),
+                     R"(, "moving_scale": )" + view(4, "[2, 64]", "[64, 1]"))(
+                      "trn3"),
+                  "multiple of 32 partitions, not 16");
+  std::string f32Scales = view(5, "[16, 64]", "[64, 1]");
+  requireRejected(
+      mx("128", f32Scales, R"(, "moving_scale": )" + f32Scales)("trn3"),
+      "'stationary_scale' must be a u8 sbuf buffer");
+  std::string tall = view(4, "[32, 64]", "[64, 1]");
+  requireRejected(mx("128", tall, R"(, "moving_scale": )" + tall)("trn3"),
+                  "must be [16, 64] (a scale per 8 partitions)");
+}
+
 TEST_CASE("buffers, arguments and loops are checked", "[program][reject]") {
   std::string copy =
       copyInOut(view(0, "[4, 8]", "[8, 1]"), view(1, "[4, 8]", "[8, 1]"));

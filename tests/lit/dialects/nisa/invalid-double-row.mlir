@@ -3,7 +3,7 @@
 // FP8 double_row matmuls (nisa.matmul {double_row}): [K, 2, M] x [K, 2, N].
 
 func.func @double_row_rank(%s: memref<128x64xf8E4M3FN, #nisa.mem<sbuf>>, %d: memref<64x64xf32, #nisa.mem<psum>>) {
-  // expected-error @+1 {{double_row operands must be [K, R, M] and [K, R, N], the destination 2-d}}
+  // expected-error @+1 {{double_row and MX operands must be [K, R, M] and [K, R, N], the destination 2-d}}
   nisa.matmul %s, %s, %d {double_row} : memref<128x64xf8E4M3FN, #nisa.mem<sbuf>>, memref<128x64xf8E4M3FN, #nisa.mem<sbuf>>, memref<64x64xf32, #nisa.mem<psum>>
   return
 }
