@@ -139,6 +139,14 @@ def fp8_gemm_float32(
     return a @ w.t() * scale_a * scale_b
 
 
+def mxfp8_gemm_float32(
+    a: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor
+) -> torch.Tensor:
+    """``fp8_gemm`` with MX block scales in float32 (E8M0 scales upcast to their powers of
+    two): each 32 values of K times their scale."""
+    return (a * scale_a.repeat_interleave(32, 1)) @ (w * scale_b.repeat_interleave(32, 1)).t()
+
+
 def elementwise_chain(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (x * torch.sigmoid(x) + y) * 0.5
 
@@ -261,6 +269,7 @@ class Workload:
     name: str  # the sizes actually run (differs from key under --small)
     kind: str  # "gemm" | "memory" | "mlp" | "decoder"
     build: Callable[[], Built]
+    chips: tuple[str, ...] = ()  # the targets that have what it needs (empty: every one)
 
 
 def randn(*shape: int, dtype: torch.dtype = DTYPE) -> torch.Tensor:
@@ -318,6 +327,34 @@ def workloads(small: bool) -> list[Workload]:
             f"fp8 gemm {s(4096)}x{s(4096)}x{s(4096)}",
             "gemm",
             build_fp8_gemm,
+        )
+    )
+
+    # MXFP8 (OCP microscaling): the same call with float8_e8m0fnu scales of each 32 values of
+    # K ([M, K / 32] and [N, K / 32]), on trn3's MX TensorE mode (4x bf16), against its peak.
+    def build_mxfp8_gemm(m: int = s(4096), n: int = s(4096), k: int = s(4096)) -> Built:
+        def scales(rows: int) -> torch.Tensor:
+            exponents = torch.randint(120, 130, (rows, k // 32), dtype=torch.uint8)
+            return exponents.view(torch.float8_e8m0fnu)
+
+        a = torch.randn(m, k).to(torch.float8_e4m3fn)
+        w = torch.randn(n, k).to(torch.float8_e4m3fn)
+        return Built(
+            fn=fp8_gemm,
+            inputs=(a, w, scales(m), scales(n)),
+            flops=2.0 * m * n * k,
+            row_inputs=(0, 2),
+            peak="mxfp8_flops",
+            reference_fn=mxfp8_gemm_float32,
+        )
+
+    out.append(
+        Workload(
+            "mxfp8 gemm 4096x4096x4096",
+            f"mxfp8 gemm {s(4096)}x{s(4096)}x{s(4096)}",
+            "gemm",
+            build_mxfp8_gemm,
+            chips=("trn3",),
         )
     )
 
@@ -894,7 +931,7 @@ columns:
   device us   modeled device time of one call (sum over its kernels), microseconds
   TFLOP/s     useful FLOPs (matmuls; causal attention counted half) / modeled time
   efficiency  compute-bound ("TE"): achieved FLOP/s as % of the TensorE peak of one core (bf16;
-              fp8 workloads: the FP8 double_row peak, 2x bf16);
+              fp8 workloads: the FP8 double_row peak, 2x bf16; mxfp8: the MX peak, 4x);
               memory-bound ("DMA"): roofline time / modeled time, where roofline time =
               max(FLOPs / peak FLOP/s, min bytes / peak HBM bytes/s); compute-bound when the
               FLOPs term is the larger
@@ -976,7 +1013,12 @@ def report_targets(rows: list[Row], small: bool) -> None:
     print("\ntargets (the issue's, on trn2):")
     if small:
         print("  (--small: sizes are / 8, so these figures are not the issue's workloads)")
-    by_key = {r.workload.key: r for r in rows if r.target == "trn2"}
+    # trn2's row, or the only chip's for a workload that needs another (MXFP8: trn3).
+    by_key = {
+        r.workload.key: r
+        for r in rows
+        if r.target == (r.workload.chips[0] if r.workload.chips else "trn2")
+    }
     checks: list[tuple[str, str, Callable[[Row], tuple[bool, str]]]] = [
         (
             "gemm 4096x4096x4096",
@@ -1070,6 +1112,11 @@ def report_targets(rows: list[Row], small: bool) -> None:
             lambda r: ((p := 100 * r.tflops * 1e12 / r.peak_flops) >= 85, f"{p:.1f}%"),
         ),
         (
+            "mxfp8 gemm 4096x4096x4096",
+            ">= 85% of the MXFP8 peak (trn3)",
+            lambda r: ((p := 100 * r.tflops * 1e12 / r.peak_flops) >= 85, f"{p:.1f}%"),
+        ),
+        (
             "moe grouped gemm 2048x1024x2048 (8 experts)",
             ">= 80% of TensorE peak",
             lambda r: ((p := 100 * r.tflops * 1e12 / r.peak_flops) >= 80, f"{p:.1f}%"),
@@ -1141,7 +1188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{t}: TensorE peak {p['flops'] / 1e12:.1f} TFLOP/s (bf16), "
             f"{p['fp8_flops'] / 1e12:.1f} (fp8), "
-            f"HBM peak {p['hbm_bytes'] / 1e9:.1f} GB/s per core"
+            + (f"{p['mxfp8_flops'] / 1e12:.1f} (mxfp8), " if "mxfp8_flops" in p else "")
+            + f"HBM peak {p['hbm_bytes'] / 1e9:.1f} GB/s per core"
         )
     print()
     header = fmt_row([name for name, _, _ in COLUMNS])
@@ -1159,6 +1207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         costs = trace_costs(built) if bf16_layer else None
         eager_wall: float | None = None
         for target in targets:
+            if w.chips and target not in w.chips:
+                print(f"{w.name:<30s} {target:<5s} skipped: runs on {', '.join(w.chips)} only")
+                continue
             print(f"compiling {w.name} for {target}...", file=sys.stderr, flush=True)
             start = time.perf_counter()
             try:

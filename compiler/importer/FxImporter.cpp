@@ -232,6 +232,14 @@ private:
   std::map<std::pair<std::string, int64_t>, const json *> shapes;
   std::set<std::pair<std::string, int64_t>> used;
   std::map<std::string, std::string> hostReasons; // unusable inputs -> why
+  /// Values of dtype float8_e8m0fnu: ui8 tensors of E8M0 bits, which only
+  /// torch._scaled_mm reads (as MX scales); anything else would take them
+  /// for integers.
+  std::set<std::string> e8m0Values;
+  void noteE8m0(const std::string &name, const json &spec) {
+    if (spec.is_object() && spec.value("dtype", "") == "float8_e8m0fnu")
+      e8m0Values.insert(name);
+  }
   void collectUses(const json &v) {
     if (v.is_object() && v.contains("ref"))
       used.insert({v.at("ref").get<std::string>(), intField(v, "index", 0)});
@@ -374,6 +382,10 @@ Type Importer::elementType(const std::string &dtype) const {
     return IntegerType::get(c, 8);
   if (dtype == "uint8")
     return IntegerType::get(c, 8, IntegerType::Unsigned);
+  // E8M0 scales as their bits (MLIR 19 has no such float type); only
+  // _scaled_mm reads them (Importer::e8m0Values).
+  if (dtype == "float8_e8m0fnu")
+    return IntegerType::get(c, 8, IntegerType::Unsigned);
   if (dtype == "bool")
     return IntegerType::get(c, 1);
   unsupported("dtype " + dtype + " is not supported by the device");
@@ -391,6 +403,11 @@ Value Importer::tensor(const json &v) {
     unsupported("depends on '" + name + "', which stays on the host" +
                 (why == hostReasons.end() ? "" : " (" + why->second + ")"));
   }
+  if (e8m0Values.count(name) && node &&
+      node->at("target") != "aten._scaled_mm.default")
+    unsupported("reads '" + name +
+                "', a float8_e8m0fnu tensor: the device takes those only as "
+                "torch._scaled_mm's MX block scales");
   return it->second;
 }
 
@@ -817,6 +834,7 @@ func::FuncOp Importer::createFunction(ModuleOp module, const json &doc,
     const json &in = doc.at("inputs").at(i);
     if (AffineMapAttr dims = inputs.dims[arg])
       func.setArgAttr(arg, kDimsAttrName, dims);
+    noteE8m0(in.at("name").get<std::string>(), in);
     values[{in.at("name").get<std::string>(), 0}] = block->getArgument(arg++);
   }
   for (auto [i, attr] : llvm::enumerate(symbolAttrs))
@@ -829,6 +847,7 @@ LogicalResult Importer::importBody(const json &doc,
                                    bool stopAtFirst) {
   for (const json &c : doc.value("constants", json::array())) {
     std::string name = c.at("name").get<std::string>();
+    noteE8m0(name, c);
     try {
       values[{name, 0}] = importConstant(c);
     } catch (const Unsupported &u) {
@@ -842,8 +861,10 @@ LogicalResult Importer::importBody(const json &doc,
     std::string name = n.at("name").get<std::string>();
     if (auto outs = n.find("outputs"); outs != n.end() && outs->is_array())
       for (auto [i, o] : llvm::enumerate(*outs))
-        if (o.is_object() && o.contains("shape"))
+        if (o.is_object() && o.contains("shape")) {
           shapes[{name, (int64_t)i}] = &o.at("shape");
+          noteE8m0(name, o);
+        }
     try {
       importNode(n);
     } catch (const Unsupported &u) {
@@ -1318,7 +1339,8 @@ Values addmmHandler(Importer &im) {
 /// torch._scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result,
 /// out_dtype, use_fast_accum): fp8 operands, float32 scales either
 /// tensorwise (one element) or rowwise ([M, 1] for scale_a, [1, N] for
-/// scale_b); use_fast_accum changes nothing (TensorE always sums in fp32).
+/// scale_b) or MX block scales (float8_e8m0fnu); use_fast_accum changes
+/// nothing (TensorE always sums in fp32).
 Values scaledMmHandler(Importer &im) {
   Value a = im.tensor(im.param(0, "self")), c = im.tensor(im.param(1, "mat2"));
   auto at = cast<RankedTensorType>(a.getType());
@@ -1352,6 +1374,40 @@ Values scaledMmHandler(Importer &im) {
                 "])");
     return im.reshape(s, {size});
   };
+  require(im.param(5, "scale_result").is_null(),
+          "_scaled_mm with scale_result (an fp8 output's scale) is not "
+          "supported");
+  // MX (OCP MXFP8): e8m0 scales of each 32 values of K, [M, K / 32] for
+  // self and [N, K / 32] for mat2 (a row of each per row of A and column of
+  // B, as MXTensor keeps them; not cuBLAS's swizzled layout).
+  Value scaleA = im.tensor(im.param(2, "scale_a"));
+  Value scaleB = im.tensor(im.param(3, "scale_b"));
+  auto isE8m0 = [](Value v) {
+    return cast<RankedTensorType>(v.getType())
+        .getElementType()
+        .isUnsignedInteger(8);
+  };
+  if (isE8m0(scaleA) || isE8m0(scaleB)) {
+    int64_t k = at.getDimSize(1);
+    require(k % 32 == 0, "_scaled_mm with MX block scales needs K a multiple "
+                         "of 32, not " +
+                             std::to_string(k));
+    for (auto [s, rows, name] :
+         {std::tuple{scaleA, m, "scale_a"}, std::tuple{scaleB, n, "scale_b"}}) {
+      auto st = cast<RankedTensorType>(s.getType());
+      require(isE8m0(s) && st.getShape() == ArrayRef<int64_t>{rows, k / 32},
+              std::string("_scaled_mm: ") + name + " of shape " +
+                  shapeText(st) +
+                  " is not a supported MX block-scale layout (float8_e8m0fnu "
+                  "[" +
+                  std::to_string(rows) + ", " + std::to_string(k / 32) +
+                  "], one scale per 32 values of K)");
+    }
+    require(im.param(4, "bias").is_null(),
+            "_scaled_mm with MX block scales and a bias is not supported");
+    return {im.b.create<ScaledMatmulOp>(im.loc(), im.resultType(), a, c, scaleA,
+                                        scaleB, Value())};
+  }
   Value rowScale = scale("scale_a", 2, {m, 1}, m);
   Value colScale = scale("scale_b", 3, {1, n}, n);
   Value bias;
@@ -1361,9 +1417,6 @@ Values scaledMmHandler(Importer &im) {
                 ArrayRef<int64_t>{n},
             "_scaled_mm: bias must be [N]");
   }
-  require(im.param(5, "scale_result").is_null(),
-          "_scaled_mm with scale_result (an fp8 output's scale) is not "
-          "supported");
   return {im.b.create<ScaledMatmulOp>(im.loc(), im.resultType(), a, c, rowScale,
                                       colScale, bias)};
 }

@@ -158,6 +158,23 @@ LogicalResult ScaledMatmulOp::verify() {
                                << (one ? " or [1]" : "") << ", got " << t;
     return success();
   };
+  if (hasBlockScales()) {
+    int64_t k = lhs.getDimSize(1);
+    if (k % 32)
+      return emitOpError("MX block scales need K a multiple of 32, not ") << k;
+    for (auto [scale, rows, name] :
+         {std::tuple{getRowScale(), m, "row_scale"},
+          std::tuple{getColScale(), n, "col_scale"}}) {
+      auto t = tensorType(scale);
+      if (!t.getElementType().isUnsignedInteger(8) || t.getRank() != 2 ||
+          t.getDimSize(0) != rows || t.getDimSize(1) != k / 32)
+        return emitOpError(name) << " must be ui8 [" << rows << ", " << k / 32
+                                 << "] (MX block scales), got " << t;
+    }
+    if (getBias())
+      return emitOpError("takes no bias with MX block scales");
+    return success();
+  }
   if (failed(checkVector(getRowScale(), m, true, "row_scale")) ||
       failed(checkVector(getColScale(), n, true, "col_scale")))
     return failure();

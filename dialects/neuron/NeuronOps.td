@@ -181,17 +181,30 @@ def Neuron_ScaledMatmulOp : Neuron_Op<"scaled_matmul"> {
     the sum accumulates in fp32) and rounded once to the result type. A scale
     of one element applies to every row (column): torch's tensorwise scale;
     M (N) elements, its rowwise scale. The operands may mix the fp8 formats.
+
+    MX block scales (OCP MXFP8, torch's e8m0 scales, held as ui8): row_scale
+    [M, K / 32] and col_scale [N, K / 32], the E8M0 exponent of each 32
+    consecutive values of K of a row of lhs (column of rhs): result[m, n] =
+    sum_k lhs[m, k] 2^(row_scale[m, k / 32] - 127) rhs[k, n]
+    2^(col_scale[n, k / 32] - 127); 255 is NaN. No bias then.
   }];
   let arguments = (ins RankedTensorOf<[F8E4M3FN, F8E5M2]>:$lhs,
                    RankedTensorOf<[F8E4M3FN, F8E5M2]>:$rhs,
-                   RankedTensorOf<[F32]>:$row_scale,
-                   RankedTensorOf<[F32]>:$col_scale,
+                   RankedTensorOf<[F32, UI8]>:$row_scale,
+                   RankedTensorOf<[F32, UI8]>:$col_scale,
                    Optional<RankedTensorOf<[Neuron_Float]>>:$bias);
   let results = (outs RankedTensorOf<[Neuron_Float]>:$result);
   let assemblyFormat = [{
     $lhs `,` $rhs `scales` $row_scale `,` $col_scale (`bias` $bias^)? attr-dict
     `:` type($lhs) `,` type($rhs) `,` type($row_scale) `,` type($col_scale)
     (`,` type($bias)^)? `->` type($result)
+  }];
+  let extraClassDeclaration = [{
+    /// MX block scales (ui8) rather than fp32 tensorwise / rowwise ones.
+    bool hasBlockScales() {
+      return !getRowScale().getType().getElementType().isF32() ||
+             !getColScale().getType().getElementType().isF32();
+    }
   }];
   let hasVerifier = 1;
 }

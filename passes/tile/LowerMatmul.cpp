@@ -17,6 +17,11 @@ namespace mlir::neuron {
 
 namespace {
 
+/// Values of K per MX scale (OCP MXFP8: 32), and the SBUF bytes per
+/// partition an MX GEMM gives each operand's scales.
+constexpr int64_t kMxBlock = 32;
+constexpr int64_t kMxScaleBytes = 32 * 1024;
+
 /// GEMM, with the operand reuse that keeps TensorE fed:
 ///  - an M block of up to four 128-row tiles keeps its A^T panel (all of K)
 ///    in SBUF, loaded once by DMA transposes;
@@ -45,10 +50,15 @@ public:
     bool rowwise, colwise;
     Type biasElt;
   };
+  /// MX block scales (neuron.scaled_matmul with E8M0 scales): windows of
+  /// the ui8 [M, K / 32] and [N, K / 32] tensors.
+  struct BlockScales {
+    TileBuilder::Window a, b;
+  };
   /// `rows`: M when only known at run time (issue #16), else null.
   GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue, Value result,
-               Value rows = {},
-               std::optional<Epilogue> epilogue = std::nullopt);
+               Value rows = {}, std::optional<Epilogue> epilogue = std::nullopt,
+               std::optional<BlockScales> blockScales = std::nullopt);
   /// One loop per batch dim (windows may stride them any way), a GEMM in
   /// each.
   void lower();
@@ -103,7 +113,22 @@ private:
     int64_t set, cols, tiles;
   };
 
-  void lowerBatch(const Bases &base);
+  /// The GEMM of rows [0, rows) of A from `base`.
+  void lowerBatch(const Bases &base, int64_t rows);
+  /// With MX block scales: B's scales on chip once, then the GEMM in row
+  /// chunks, each after its A scales.
+  void lowerMx(const Bases &base);
+  /// Rows [r0, r0 + rows) of a [rows, K / 32] scale tensor into `panel`, a
+  /// [groupsPerMatmul, matmuls * cols] tile: the scales of the matmul over
+  /// K group q (kTile * R values of K) in columns [q * cols, q * cols +
+  /// rows), one partition per scale, as the MX matmul takes them.
+  void loadScales(const TileBuilder::Window &src, int64_t r0, int64_t rows,
+                  Value panel, int64_t cols);
+  /// An MX matmul's scale operands: those of K group kFirst / R (`free`
+  /// columns from `col` of a panel of `cols` columns per group) on the
+  /// matmul's `partitions` / 8 rows.
+  Value scaleView(Value panel, int64_t cols, Value kFirst, Value col,
+                  int64_t partitions, int64_t free);
   /// lowerBatch with M known at run time: full blocks counted at run time,
   /// then the last rows as a block of 1..mTiles tiles, its last one short.
   void lowerBatchDynamic(const Bases &base);
@@ -193,6 +218,11 @@ private:
   int64_t fullK, tailK;
   bool tailGrouped;
   std::optional<Epilogue> epilogue;
+  /// MX: the scales, and on chip the B panel ([groupsPerMatmul, K groups *
+  /// scaleColsB]) and the A panel of the current row chunk.
+  std::optional<BlockScales> blockScales;
+  Value scalesA, scalesB;
+  int64_t scaleColsA = 0, scaleColsB = 0;
   int64_t kTile, mTile, nTile, banksPerSet, kTiles, kRows;
   int64_t mTiles, nTiles, mBlock, nGroup;
   Value mRows;
@@ -200,9 +230,11 @@ private:
 
 GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
                            Value result, Value rows,
-                           std::optional<Epilogue> epilogue)
+                           std::optional<Epilogue> epilogue,
+                           std::optional<BlockScales> blockScales)
     : k(k), lhsType(tensorType(lhsValue)), rhsType(tensorType(rhsValue)),
-      outType(tensorType(result)), epilogue(std::move(epilogue)), mRows(rows) {
+      outType(tensorType(result)), epilogue(std::move(epilogue)),
+      blockScales(std::move(blockScales)), mRows(rows) {
   const auto &target = k.target;
   rank = lhsType.getRank();
   m = lhsType.getDimSize(rank - 2);
@@ -224,7 +256,8 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
   f32 = k.b.getF32Type();
   eltBytes = std::max<int64_t>(1, lhsType.getElementTypeBitWidth() / 8);
   auto isFp8 = [](Type t) { return isa<Float8E4M3FNType, Float8E5M2Type>(t); };
-  kTilesPerMatmul = isFp8(inElt) && isFp8(rhsType.getElementType())
+  kTilesPerMatmul = this->blockScales ? target.matmulMxKFactor()
+                    : isFp8(inElt) && isFp8(rhsType.getElementType())
                         ? std::max<int64_t>(1, target.matmulFp8KFactor())
                         : 1;
   interleaveA = kTilesPerMatmul > 1 && aCol == 1;
@@ -265,8 +298,9 @@ void GemmLowering::lower() {
   std::function<void(int64_t, Value, Value, Value)> batches =
       [&](int64_t d, Value lo, Value ro, Value oo) {
         if (d == rank - 2)
-          return mRows ? lowerBatchDynamic({lo, ro, oo})
-                       : lowerBatch({lo, ro, oo});
+          return mRows         ? lowerBatchDynamic({lo, ro, oo})
+                 : blockScales ? lowerMx({lo, ro, oo})
+                               : lowerBatch({lo, ro, oo}, m);
         k.forEach(outType.getDimSize(d), [&](Value i) {
           batches(d + 1, k.addOffsets(lo, k.scale(i, a.strides[d])),
                   k.addOffsets(ro, k.scale(i, bw.strides[d])),
@@ -321,11 +355,11 @@ void GemmLowering::lowerGrouped(ValueRange ends) {
   zeroRowsFrom(k, out, start, m, n, mTile, outElt);
 }
 
-void GemmLowering::lowerBatch(const Bases &base) {
-  int64_t fullBlocks = m / mBlock;
+void GemmLowering::lowerBatch(const Bases &base, int64_t rows) {
+  int64_t fullBlocks = rows / mBlock;
   if (fullBlocks > 0)
     lowerFullBlocks(base, fullBlocks);
-  if (int64_t rest = m % mBlock) {
+  if (int64_t rest = rows % mBlock) {
     TileBuilder::TileScope panels(k);
     Value buffer = k.tile(MemorySpace::sbuf, {kRows, kTiles * rest}, inElt);
     Value m0 = k.index(fullBlocks * mBlock);
@@ -333,6 +367,94 @@ void GemmLowering::lowerBatch(const Bases &base) {
     lowerBlock(base, m0, rest, {buffer, k.index(0), kTiles * rest},
                std::nullopt, 1);
   }
+}
+
+void GemmLowering::lowerMx(const Bases &base) {
+  TileBuilder::TileScope scope(k);
+  int64_t r = kTilesPerMatmul, groups = kTiles / r;
+  int64_t perMatmul = kTile * r / kMxBlock;
+  Type u8 = k.b.getIntegerType(8, /*isSigned=*/false);
+  // Columns per K group a multiple of R: kFirst * cols / R is then the
+  // group's first column, an affine offset.
+  scaleColsB = llvm::alignTo(n, r);
+  scalesB = k.tile(MemorySpace::sbuf, {perMatmul, groups * scaleColsB}, u8);
+  loadScales(blockScales->b, 0, n, scalesB, scaleColsB);
+  // Row chunks whose A scales fit kMxScaleBytes per partition; B streams
+  // once per M block anyway, so a chunk costs only its pipeline's fill.
+  int64_t chunk =
+      std::max<int64_t>(mBlock, kMxScaleBytes / groups / mBlock * mBlock);
+  for (int64_t r0 = 0; r0 < m; r0 += chunk) {
+    TileBuilder::TileScope rowScope(k);
+    int64_t rows = std::min(chunk, m - r0);
+    scaleColsA = llvm::alignTo(rows, r);
+    scalesA = k.tile(MemorySpace::sbuf, {perMatmul, groups * scaleColsA}, u8);
+    loadScales(blockScales->a, r0, rows, scalesA, scaleColsA);
+    lowerBatch({k.addOffset(base.lhs, r0 * aRow), base.rhs,
+                k.addOffset(base.out, r0 * n)},
+               rows);
+  }
+}
+
+void GemmLowering::loadScales(const TileBuilder::Window &src, int64_t r0,
+                              int64_t rows, Value panel, int64_t cols) {
+  auto &b = k.b;
+  TileBuilder::TileScope scope(k);
+  int64_t groups = kDim / kMxBlock, r = kTilesPerMatmul;
+  int64_t perMatmul = kTile * r / kMxBlock;
+  int64_t panelStride = kTiles / r * cols, rowStride = src.strides[0];
+  int64_t chunks = (groups + kTile - 1) / kTile, stagedStride = chunks * rows;
+  Type u8 = b.getIntegerType(8, /*isSigned=*/false), bf16 = b.getBF16Type();
+  // The DMA transposes 2- and 4-byte units only: a u8 transpose would move
+  // one byte per descriptor. So 128 rows at a time load as they are, widen
+  // to bf16 (exact), transpose on TensorE (a product with the identity) and
+  // narrow back; then one SBUF-to-SBUF transfer per K group puts each
+  // group's scales on the partitions of its matmul.
+  Value raw = k.tile(MemorySpace::sbuf, {kTile, groups}, u8);
+  Value wide = k.tile(MemorySpace::sbuf, {kTile, groups}, bf16);
+  Value diff = k.tile(MemorySpace::sbuf, {kTile, kTile}, b.getF32Type());
+  b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
+                         b.getDenseF64ArrayAttr({-1.0}));
+  Value ident = k.tile(MemorySpace::sbuf, {kTile, kTile}, bf16);
+  b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
+                                 APFloat(0.0), false);
+  Value staged = k.tile(MemorySpace::sbuf, {kTile, stagedStride}, u8);
+  Value sums = k.tile(MemorySpace::psum, {kTile, 2 * kTile}, b.getF32Type());
+  for (int64_t c = 0; c * kTile < rows; ++c) {
+    int64_t rc = std::min(kTile, rows - c * kTile);
+    k.dma(k.view(src.buffer, k.index(src.offset + (r0 + c * kTile) * rowStride),
+                 {rc, groups}, {rowStride, 1}),
+          k.view(raw, k.index(0), {rc, groups}, {groups, 1}));
+    b.create<nisa::CopyOp>(k.view(raw, k.index(0), {rc, groups}, {groups, 1}),
+                           k.view(wide, k.index(0), {rc, groups}, {groups, 1}),
+                           nisa::Engine::vector);
+    for (int64_t gc = 0; gc < chunks; ++gc) {
+      int64_t gw = std::min(kTile, groups - gc * kTile);
+      Value t =
+          k.view(sums, k.index((c % 2) * kTile), {gw, rc}, {2 * kTile, 1});
+      b.create<nisa::MatmulOp>(
+          k.view(wide, k.index(gc * kTile), {rc, gw}, {groups, 1}),
+          k.view(ident, k.index(0), {rc, rc}, {kTile, 1}), t);
+      b.create<nisa::CopyOp>(t,
+                             k.view(staged, k.index(gc * rows + c * kTile),
+                                    {gw, rc}, {stagedStride, 1}),
+                             c % 2 ? nisa::Engine::scalar
+                                   : nisa::Engine::vector);
+    }
+  }
+  for (int64_t g = 0; g < groups; g += perMatmul) {
+    int64_t gw = std::min(perMatmul, groups - g);
+    k.dma(k.view(staged, k.index((g % kTile) * stagedStride + g / kTile * rows),
+                 {gw, rows}, {stagedStride, 1}),
+          k.view(panel, k.index(g / perMatmul * cols), {gw, rows},
+                 {panelStride, 1}));
+  }
+}
+
+Value GemmLowering::scaleView(Value panel, int64_t cols, Value kFirst,
+                              Value col, int64_t partitions, int64_t free) {
+  int64_t r = kTilesPerMatmul;
+  return k.view(panel, k.addOffsets(k.scale(kFirst, cols / r), col),
+                {partitions / 8, free}, {kTiles / r * cols, 1});
 }
 
 void GemmLowering::loadPanel(const Bases &base, Value m0, int64_t rows,
@@ -684,11 +806,18 @@ void GemmLowering::kStep(const Bases &base, const Block &blk, const Group &grp,
       Value mov =
           operand(blk.moving, k.index(slot0 * nGroup + ni * nTile * bStep), nt,
                   nGroup, interleaveB, slotStride);
-      auto mm = k.b.create<nisa::MatmulOp>(stationary, mov,
-                                           bank(blk, grp, mi, ni, mt, nt));
+      Value statScale, movScale;
+      if (blockScales) {
+        statScale = scaleView(scalesA, scaleColsA, kFirst,
+                              k.addOffset(blk.m0, mi * mTile), kt, mt);
+        movScale = scaleView(scalesB, scaleColsB, kFirst,
+                             k.addOffset(grp.n0, ni * nTile), kt, nt);
+      }
+      auto mm = k.b.create<nisa::MatmulOp>(
+          stationary, mov, bank(blk, grp, mi, ni, mt, nt), statScale, movScale);
       if (!first)
         mm.setAccumulate(true);
-      if (doubleRow)
+      if (doubleRow && !blockScales)
         mm.setDoubleRow(true);
     }
   }
@@ -1244,8 +1373,36 @@ struct GroupedMatmulPattern
 struct ScaledMatmulPattern
     : OpTilePattern<ScaledMatmulPattern, ScaledMatmulOp> {
   LogicalResult lowerOp(ScaledMatmulOp op, KernelLowering &k) const {
-    if (tensorType(op.getLhs()).getShape().back() == 0)
+    int64_t kDim = tensorType(op.getLhs()).getShape().back();
+    if (kDim == 0)
       return op->emitOpError("has an empty contraction");
+    if (op.hasBlockScales()) {
+      int64_t r = k.target.matmulMxKFactor();
+      if (r < 2)
+        return op->emitOpError("MX block scales need TensorE's MX mode "
+                               "(NeuronCore-v4, trn3); target '")
+               << k.target.name << "' has none";
+      // An MX matmul contracts whole 32-partition quadrants of R values.
+      if (kDim % (32 * r))
+        return op->emitOpError("MX on TensorE needs K a multiple of ")
+               << 32 * r << ", not " << kDim;
+      int64_t n = tensorType(op.getRhs()).getDimSize(1);
+      int64_t matmuls =
+          (kDim + k.target.matmulMaxK * r - 1) / (k.target.matmulMaxK * r);
+      if (matmuls * llvm::alignTo(n, r) > 3 * kMxScaleBytes)
+        return op->emitOpError("MX: B's scales (")
+               << n << " columns x " << matmuls
+               << " K groups) exceed the SBUF the kernel keeps for them";
+      GemmLowering::BlockScales scales{k.windowOf(op.getRowScale()),
+                                       k.windowOf(op.getColScale())};
+      for (auto *w : {&scales.a, &scales.b})
+        if (w->hasDynamicStrides() || w->strides[1] != 1)
+          return op->emitOpError("MX scales must have contiguous rows");
+      GemmLowering(k, op.getLhs(), op.getRhs(), op.getResult(), Value(),
+                   std::nullopt, scales)
+          .lower();
+      return success();
+    }
     GemmLowering::Epilogue ep;
     ep.rowScale = k.windowOf(op.getRowScale());
     ep.colScale = k.windowOf(op.getColScale());

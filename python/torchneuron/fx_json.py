@@ -64,6 +64,7 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.bool: "bool",
     torch.float8_e4m3fn: "float8_e4m3fn",
     torch.float8_e5m2: "float8_e5m2",
+    torch.float8_e8m0fnu: "float8_e8m0fnu",  # MX block scales (torch._scaled_mm)
 }
 _DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
@@ -215,7 +216,7 @@ def numpy_storage_dtype(dtype: torch.dtype) -> torch.dtype:
     """A dtype numpy holds with the same bytes (bf16 and fp8 have no numpy dtype)."""
     if dtype == torch.bfloat16:
         return torch.int16
-    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu):
         return torch.uint8
     return dtype
 

@@ -72,6 +72,8 @@ class DeviceKernel(torch.nn.Module):
         for i, (arg, (dtype, shape)) in enumerate(zip(args, self.input_specs, strict=True)):
             if arg.dtype == torch.float64 and dtype == torch.float32 and arg.dim() == 0:
                 arg = arg.to(dtype)  # a Python float Dynamo passed as a tensor (rewrite.py)
+            if arg.dtype == torch.float8_e8m0fnu and dtype == torch.uint8:
+                arg = arg.view(torch.uint8)  # MX scales: the program holds their E8M0 bits
             if arg.dtype != dtype or tuple(arg.shape) != shape:
                 raise RuntimeError(
                     f"{self.graph_name}: input {i} is {arg.dtype}{list(arg.shape)}, "

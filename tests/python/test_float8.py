@@ -234,6 +234,92 @@ def test_scaled_mm_blockwise_scales_are_refused_as_eager_refuses_them() -> None:
             call(a, b, scale_a, scale_b)
 
 
+def _mx_operands(
+    m: int, k: int, n: int, wdtype: torch.dtype = torch.float8_e4m3fn
+) -> tuple[torch.Tensor, ...]:
+    """MXFP8 operands: a [M, K] and a weight [N, K] in fp8, their E8M0 scales of each 32
+    values of K ([M, K / 32], [N, K / 32]) between 2^-9 and 2^8."""
+    g = torch.Generator().manual_seed(m * k + n)
+    a = torch.randn(m, k, generator=g).to(torch.float8_e4m3fn)
+    w = torch.randn(n, k, generator=g).to(wdtype)
+
+    def scales(rows: int) -> torch.Tensor:
+        bits = torch.randint(118, 136, (rows, k // 32), generator=g, dtype=torch.uint8)
+        return bits.view(torch.float8_e8m0fnu)
+
+    return a, w, scales(m), scales(n)
+
+
+def _mx_mm(a: torch.Tensor, w: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    return torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16)
+
+
+def _mx_reference(
+    a: torch.Tensor, w: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor
+) -> torch.Tensor:
+    """Each value times its block's power of two, the products summed in float64."""
+    da = a.double() * sa.double().repeat_interleave(32, 1)
+    dw = w.double() * sb.double().repeat_interleave(32, 1)
+    return da @ dw.t()
+
+
+def _mx_on_trn3(*tensors: torch.Tensor) -> torch.Tensor:
+    # On the neuron device: PyTorch's CPU meta kernel wants cuBLAS's swizzled scale sizes.
+    mm = torch.compile(_mx_mm, backend="neuron", fullgraph=True, options={"target": "trn3"})
+    return mm(*(t.to("neuron") for t in tensors)).cpu()
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "wdtype"),
+    [
+        (128, 512, 128, torch.float8_e4m3fn),  # one MX matmul per tile
+        (200, 640, 300, torch.float8_e5m2),  # a 128-value K tail; partial M and N tiles
+        (64, 4608, 96, torch.float8_e4m3fn),  # 144 scales per row: two transposes of them
+    ],
+)
+def test_scaled_mm_mx_block_scales_on_trn3(m: int, k: int, n: int, wdtype: torch.dtype) -> None:
+    operands = _mx_operands(m, k, n, wdtype)
+    got = _mx_on_trn3(*operands)
+    want = _mx_reference(*operands)
+    # fp8 products scaled by powers of two are exact; fp32 sums, one bf16 rounding.
+    assert torch.allclose(got.double(), want, rtol=2**-8, atol=1e-6 * float(want.abs().max()))
+    _assert_on_device()
+
+
+def test_scaled_mm_mx_nan_scale() -> None:
+    # E8M0's 255 is NaN: the rows (columns) it scales come out NaN, the others do not.
+    a, w, sa, sb = _mx_operands(128, 512, 128)
+    sa = sa.view(torch.uint8).clone()
+    sa[3, 5] = 255
+    got = _mx_on_trn3(a, w, sa.view(torch.float8_e8m0fnu), sb)
+    assert got[3].isnan().all()
+    assert not got[torch.arange(128) != 3].isnan().any()
+
+
+def test_scaled_mm_mx_needs_trn3_and_whole_quadrants() -> None:
+    # trn2's TensorE has no MX mode; an MX matmul contracts 32-partition multiples of 4 values.
+    a, w, sa, sb = (t.to("neuron") for t in _mx_operands(128, 512, 128))
+    with pytest.raises(Exception, match=r"MX block scales need TensorE's MX mode.*'trn2'"):
+        torch.compile(_mx_mm, backend="neuron", options={"target": "trn2"})(a, w, sa, sb)
+    torch._dynamo.reset()
+    a, w, sa, sb = (t.to("neuron") for t in _mx_operands(128, 96, 128))
+    with pytest.raises(Exception, match="MX on TensorE needs K a multiple of 128, not 96"):
+        torch.compile(_mx_mm, backend="neuron", options={"target": "trn3"})(a, w, sa, sb)
+
+
+def test_e8m0_read_as_numbers_falls_back() -> None:
+    # E8M0 values are powers of two, held as their bits: only _scaled_mm reads them on the
+    # device; anything else stays in eager PyTorch, counted, with eager's answer.
+    s = torch.randint(100, 150, (8, 4), dtype=torch.uint8).view(torch.float8_e8m0fnu)
+
+    def fn(s: torch.Tensor) -> torch.Tensor:
+        return s.float() * 3
+
+    got = _device(fn)(s)
+    assert torch.equal(got, fn(s))
+    assert torchneuron.stats()["ops_fallback"] != {}
+
+
 def test_scaled_mm_with_output_scale_falls_back() -> None:
     # scale_result (an fp8 output's scale) is not lowered: the op stays in eager PyTorch,
     # counted, and the answer is eager's.

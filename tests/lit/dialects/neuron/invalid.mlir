@@ -477,3 +477,35 @@ func.func @grouped_matmul_rank(%x: tensor<16x8xf32>, %w: tensor<8x4xf32>, %e0: i
   %0 = neuron.grouped_matmul %x, %w ends(%e0) : tensor<16x8xf32>, tensor<8x4xf32> -> tensor<16x4xf32>
   return
 }
+
+// -----
+
+func.func @scaled_matmul_mx_k(%a: tensor<4x48xf8E4M3FN>, %b: tensor<48x3xf8E4M3FN>, %r: tensor<4x1xui8>, %c: tensor<3x1xui8>) {
+  // expected-error @+1 {{MX block scales need K a multiple of 32, not 48}}
+  %0 = neuron.scaled_matmul %a, %b scales %r, %c : tensor<4x48xf8E4M3FN>, tensor<48x3xf8E4M3FN>, tensor<4x1xui8>, tensor<3x1xui8> -> tensor<4x3xbf16>
+  return
+}
+
+// -----
+
+func.func @scaled_matmul_mx_shape(%a: tensor<4x64xf8E4M3FN>, %b: tensor<64x3xf8E4M3FN>, %r: tensor<4x2xui8>, %c: tensor<2x3xui8>) {
+  // expected-error @+1 {{col_scale must be ui8 [3, 2] (MX block scales), got 'tensor<2x3xui8>'}}
+  %0 = neuron.scaled_matmul %a, %b scales %r, %c : tensor<4x64xf8E4M3FN>, tensor<64x3xf8E4M3FN>, tensor<4x2xui8>, tensor<2x3xui8> -> tensor<4x3xbf16>
+  return
+}
+
+// -----
+
+func.func @scaled_matmul_mx_mixed(%a: tensor<4x64xf8E4M3FN>, %b: tensor<64x3xf8E4M3FN>, %r: tensor<4x2xui8>, %c: tensor<3xf32>) {
+  // expected-error @+1 {{col_scale must be ui8 [3, 2] (MX block scales), got 'tensor<3xf32>'}}
+  %0 = neuron.scaled_matmul %a, %b scales %r, %c : tensor<4x64xf8E4M3FN>, tensor<64x3xf8E4M3FN>, tensor<4x2xui8>, tensor<3xf32> -> tensor<4x3xbf16>
+  return
+}
+
+// -----
+
+func.func @scaled_matmul_mx_bias(%a: tensor<4x64xf8E4M3FN>, %b: tensor<64x3xf8E4M3FN>, %r: tensor<4x2xui8>, %c: tensor<3x2xui8>, %bias: tensor<3xbf16>) {
+  // expected-error @+1 {{takes no bias with MX block scales}}
+  %0 = neuron.scaled_matmul %a, %b scales %r, %c bias %bias : tensor<4x64xf8E4M3FN>, tensor<64x3xf8E4M3FN>, tensor<4x2xui8>, tensor<3x2xui8>, tensor<3xbf16> -> tensor<4x3xbf16>
+  return
+}
