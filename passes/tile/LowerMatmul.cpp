@@ -79,14 +79,15 @@ private:
     int64_t stride;
   };
   /// The panel of the next M block, loaded while this block computes: into
-  /// slot `slot + 1` of `slots`, whole or a K chunk per N group.
+  /// slot `slot + 1` of `slots`, whole, a K chunk per N group, or else
+  /// (rowPieces > 1) a piece of its rows per N group.
   struct NextPanel {
     Value block;
     int64_t slot;
     Value buffer;
     int64_t slots, cols, stride;
     bool chunked;
-    int64_t chunk;
+    int64_t chunk, rowPieces;
   };
   /// A block of a size-generic GEMM's last rows: its last tile moves only
   /// `lastRows` rows (the compute runs on the whole tile; rows past them are
@@ -154,6 +155,9 @@ private:
   /// K tiles of the next panel each N group loads, when the groups divide
   /// the (full, whole double_row group) K tiles evenly; else 0.
   int64_t panelChunk() const;
+  /// Without K chunks: N groups that each load mBlock / pieces rows of the
+  /// next panel when they divide it (and K has no tail); else 1.
+  int64_t panelRowPieces() const;
   /// The full M blocks, their panels alternating between two slots, each
   /// loading the next one's.
   void lowerFullBlocks(const Bases &base, int64_t fullBlocks);
@@ -223,7 +227,9 @@ private:
   std::optional<BlockScales> blockScales;
   Value scalesA, scalesB;
   int64_t scaleColsA = 0, scaleColsB = 0;
-  int64_t kTile, mTile, nTile, banksPerSet, kTiles, kRows;
+  /// accsPerSet: the (M tile, N tile) accumulators of a PSUM bank set, an
+  /// nTile-column slot each.
+  int64_t kTile, mTile, nTile, accsPerSet, kTiles, kRows;
   int64_t mTiles, nTiles, mBlock, nGroup;
   Value mRows;
 };
@@ -265,9 +271,14 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
 
   kTile = target.matmulMaxK;
   mTile = target.matmulMaxStationaryFree;
-  nTile = std::min(target.matmulMaxMovingFree,
-                   target.psumBankBytes / 4); // fp32 per bank
-  banksPerSet = std::max<int64_t>(1, target.psumBanks / 2);
+  int64_t bankCols = target.psumBankBytes / 4; // fp32 per bank
+  nTile = std::min(target.matmulMaxMovingFree, bankCols);
+  // MX: TensorE runs 4x bf16's rate, faster than the B stream of an M block
+  // of one bank per M tile (a pass over B per 512 rows) can feed it;
+  // half-bank accumulators double the block's rows, halving B's passes.
+  if (this->blockScales)
+    nTile = bankCols / 2;
+  accsPerSet = std::max<int64_t>(1, target.psumBanks / 2) * (bankCols / nTile);
   kRows = std::min(kDim, kTile);
   int64_t grouped = kDim / kTile / kTilesPerMatmul * kTilesPerMatmul;
   tailGrouped = kTilesPerMatmul > 1 && kDim > grouped * kTile &&
@@ -279,8 +290,8 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
   // M tiles per block: as many as PSUM and the panel budget allow (two
   // panels over gemm-panel-sbuf-percent of SBUF would crowd out the streams).
   // Blocks of a size-generic GEMM are sized as a large M's.
-  int64_t mTilesTotal = mRows ? banksPerSet : (m + mTile - 1) / mTile;
-  mTiles = std::min<int64_t>(mTilesTotal, banksPerSet);
+  int64_t mTilesTotal = mRows ? accsPerSet : (m + mTile - 1) / mTile;
+  mTiles = std::min<int64_t>(mTilesTotal, accsPerSet);
   while (mTiles > 1 &&
          2 * kTiles * mTiles * mTile * eltBytes >
              target.sbufBytesPerPartition * k.knobs.gemmPanelSbufPercent / 100)
@@ -288,7 +299,7 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
   // N tiles per B transfer: fill the bank set the M tiles leave free.
   int64_t nTilesTotal = (n + nTile - 1) / nTile;
   nTiles = std::max<int64_t>(
-      1, std::min<int64_t>(nTilesTotal, banksPerSet / mTiles));
+      1, std::min<int64_t>(nTilesTotal, accsPerSet / mTiles));
   mBlock = mTiles * mTile;
   nGroup = std::min(n, nTiles * nTile);
 }
@@ -403,14 +414,18 @@ void GemmLowering::loadScales(const TileBuilder::Window &src, int64_t r0,
   int64_t perMatmul = kTile * r / kMxBlock;
   int64_t panelStride = kTiles / r * cols, rowStride = src.strides[0];
   int64_t chunks = (groups + kTile - 1) / kTile, stagedStride = chunks * rows;
-  Type u8 = b.getIntegerType(8, /*isSigned=*/false), bf16 = b.getBF16Type();
   // The DMA transposes 2- and 4-byte units only: a u8 transpose would move
-  // one byte per descriptor. So 128 rows at a time load as they are, widen
-  // to bf16 (exact), transpose on TensorE (a product with the identity) and
+  // one byte per descriptor. So the rows load as they are (partition p
+  // holding rows [p * slots, p * slots + slots) of the whole 128-row
+  // blocks, one run each, then the rest on their own partitions), widen to
+  // bf16 (exact), transpose on TensorE (a product with the identity) and
   // narrow back; then one SBUF-to-SBUF transfer per K group puts each
   // group's scales on the partitions of its matmul.
-  Value raw = k.tile(MemorySpace::sbuf, {kTile, groups}, u8);
-  Value wide = k.tile(MemorySpace::sbuf, {kTile, groups}, bf16);
+  int64_t slots = rows / kTile, full = slots * kTile, rest = rows - full;
+  int64_t rawCols = (slots + (rest > 0)) * groups;
+  Type u8 = b.getIntegerType(8, /*isSigned=*/false), bf16 = b.getBF16Type();
+  Value raw = k.tile(MemorySpace::sbuf, {kTile, rawCols}, u8);
+  Value wide = k.tile(MemorySpace::sbuf, {kTile, rawCols}, bf16);
   Value diff = k.tile(MemorySpace::sbuf, {kTile, kTile}, b.getF32Type());
   b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
                          b.getDenseF64ArrayAttr({-1.0}));
@@ -418,35 +433,80 @@ void GemmLowering::loadScales(const TileBuilder::Window &src, int64_t r0,
   b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
                                  APFloat(0.0), false);
   Value staged = k.tile(MemorySpace::sbuf, {kTile, stagedStride}, u8);
-  Value sums = k.tile(MemorySpace::psum, {kTile, 2 * kTile}, b.getF32Type());
-  for (int64_t c = 0; c * kTile < rows; ++c) {
-    int64_t rc = std::min(kTile, rows - c * kTile);
-    k.dma(k.view(src.buffer, k.index(src.offset + (r0 + c * kTile) * rowStride),
-                 {rc, groups}, {rowStride, 1}),
-          k.view(raw, k.index(0), {rc, groups}, {groups, 1}));
-    b.create<nisa::CopyOp>(k.view(raw, k.index(0), {rc, groups}, {groups, 1}),
-                           k.view(wide, k.index(0), {rc, groups}, {groups, 1}),
-                           nisa::Engine::vector);
-    for (int64_t gc = 0; gc < chunks; ++gc) {
+  constexpr int64_t kSums = 8; // transposes in flight
+  Value sums =
+      k.tile(MemorySpace::psum, {kTile, kSums * kTile}, b.getF32Type());
+  // Widened in pieces over three engines, each piece's transposes free to
+  // start when it is done.
+  int64_t pieces = 0;
+  auto widen = [&](int64_t col, int64_t partitions, int64_t width) {
+    constexpr nisa::Engine engines[] = {
+        nisa::Engine::vector, nisa::Engine::gpsimd, nisa::Engine::scalar};
+    int64_t step = std::max<int64_t>(groups, width / 6 / groups * groups);
+    for (int64_t c = 0; c < width; c += step, ++pieces) {
+      int64_t w = std::min(step, width - c);
+      b.create<nisa::CopyOp>(
+          k.view(raw, k.index(col + c), {partitions, w}, {rawCols, 1}),
+          k.view(wide, k.index(col + c), {partitions, w}, {rawCols, 1}),
+          engines[pieces % 3]);
+    }
+  };
+  if (slots) {
+    k.dma(k.view(src.buffer, k.index(src.offset + r0 * rowStride),
+                 {kTile, slots, groups}, {slots * rowStride, rowStride, 1}),
+          k.view(raw, k.index(0), {kTile, slots, groups},
+                 {rawCols, groups, 1}));
+    widen(0, kTile, slots * groups);
+  }
+  if (rest) {
+    k.dma(k.view(src.buffer, k.index(src.offset + (r0 + full) * rowStride),
+                 {rest, groups}, {rowStride, 1}),
+          k.view(raw, k.index(slots * groups), {rest, groups}, {rawCols, 1}));
+    widen(slots * groups, rest, groups);
+  }
+  // Slot s's transpose: row p * slots + s of the whole blocks in column p
+  // (the rest: row full + p).
+  int64_t transposes = 0;
+  for (int64_t slot = 0; slot < slots + (rest > 0); ++slot) {
+    bool whole = slot < slots;
+    int64_t pc = whole ? kTile : rest;
+    for (int64_t gc = 0; gc < chunks; ++gc, ++transposes) {
       int64_t gw = std::min(kTile, groups - gc * kTile);
-      Value t =
-          k.view(sums, k.index((c % 2) * kTile), {gw, rc}, {2 * kTile, 1});
+      Value t = k.view(sums, k.index(transposes % kSums * kTile), {gw, pc},
+                       {kSums * kTile, 1});
       b.create<nisa::MatmulOp>(
-          k.view(wide, k.index(gc * kTile), {rc, gw}, {groups, 1}),
-          k.view(ident, k.index(0), {rc, rc}, {kTile, 1}), t);
-      b.create<nisa::CopyOp>(t,
-                             k.view(staged, k.index(gc * rows + c * kTile),
-                                    {gw, rc}, {stagedStride, 1}),
-                             c % 2 ? nisa::Engine::scalar
-                                   : nisa::Engine::vector);
+          k.view(wide, k.index(slot * groups + gc * kTile), {pc, gw},
+                 {rawCols, 1}),
+          k.view(ident, k.index(0), {pc, pc}, {kTile, 1}), t);
+      Value dst =
+          whole ? k.view(staged, k.index(gc * rows + slot), {gw, pc},
+                         {stagedStride, slots})
+                : k.view(staged, k.index(gc * rows + full), {gw, pc},
+                         {stagedStride, 1});
+      b.create<nisa::CopyOp>(t, dst,
+                             transposes % 2 ? nisa::Engine::scalar
+                                            : nisa::Engine::vector);
     }
   }
-  for (int64_t g = 0; g < groups; g += perMatmul) {
-    int64_t gw = std::min(perMatmul, groups - g);
-    k.dma(k.view(staged, k.index((g % kTile) * stagedStride + g / kTile * rows),
-                 {gw, rows}, {stagedStride, 1}),
-          k.view(panel, k.index(g / perMatmul * cols), {gw, rows},
-                 {panelStride, 1}));
+  // Per 128 groups: its whole K groups in one transfer (the panel's
+  // partitions outermost, so that it spreads over the DMA engines), then a
+  // short last one.
+  for (int64_t g0 = 0; g0 < groups; g0 += kTile) {
+    int64_t gw = std::min(kTile, groups - g0), whole = gw / perMatmul;
+    auto at = [&](int64_t g) {
+      return k.index((g % kTile) * stagedStride + g / kTile * rows);
+    };
+    if (whole)
+      k.dma(k.view(staged, at(g0), {perMatmul, whole, rows},
+                   {stagedStride, perMatmul * stagedStride, 1}),
+            k.view(panel, k.index(g0 / perMatmul * cols),
+                   {perMatmul, whole, rows}, {panelStride, cols, 1}));
+    if (int64_t last = gw - whole * perMatmul) {
+      int64_t g = g0 + whole * perMatmul;
+      k.dma(k.view(staged, at(g), {last, rows}, {stagedStride, 1}),
+            k.view(panel, k.index(g / perMatmul * cols), {last, rows},
+                   {panelStride, 1}));
+    }
   }
 }
 
@@ -529,6 +589,11 @@ int64_t GemmLowering::panelChunk() const {
   return chunk % kTilesPerMatmul ? 0 : chunk;
 }
 
+int64_t GemmLowering::panelRowPieces() const {
+  int64_t groups = n / nGroup;
+  return groups >= 2 && !tailK && mBlock % groups == 0 ? groups : 1;
+}
+
 void GemmLowering::lowerBatchDynamic(const Bases &base) {
   auto &b = k.b;
   Value fullBlocks = b.create<arith::FloorDivSIOp>(mRows, k.index(mBlock));
@@ -575,7 +640,8 @@ void GemmLowering::lowerFullBlocksDynamic(const Bases &base, Value fullBlocks) {
   auto block = [&](Value i, int64_t slot) {
     lowerBlock(base, k.scale(i, mBlock), mBlock,
                {buffer, k.index(slot * panelCols), stride},
-               NextPanel{i, slot, buffer, 2, panelCols, stride, chunked, chunk},
+               NextPanel{i, slot, buffer, 2, panelCols, stride, chunked, chunk,
+                         panelRowPieces()},
                chunked ? mBlock : 1);
   };
   Value steady = b.create<arith::MaxSIOp>(
@@ -614,7 +680,7 @@ void GemmLowering::lowerFullBlocks(const Bases &base, int64_t fullBlocks) {
   k.forEachRotating(0, fullBlocks - 1, panelSlots, [&](Value i, int64_t slot) {
     lowerBlock(base, k.scale(i, mBlock), mBlock, {buffer, at(slot), stride},
                NextPanel{i, slot, buffer, panelSlots, panelCols, stride,
-                         chunked, chunk},
+                         chunked, chunk, panelRowPieces()},
                chunked ? mBlock : 1);
   });
   int64_t last = fullBlocks - 1;
@@ -630,6 +696,14 @@ void GemmLowering::prefetch(const Bases &base, const Block &blk, Value g,
   Value m0 = k.scale(k.addOffset(next.block, 1), mBlock);
   int64_t slot = (next.slot + 1) % next.slots;
   auto at = [&] { return k.index(slot * next.cols); };
+  if (!next.chunked && next.rowPieces > 1) {
+    int64_t rows = mBlock / next.rowPieces;
+    Value r0 = k.scale(g, rows);
+    loadPanelTiles(k.addOffsets(base.lhs, k.scale(k.addOffsets(m0, r0), aRow)),
+                   next.buffer, at(), next.stride, mBlock, r0, rows, fullK,
+                   Value());
+    return;
+  }
   if (!next.chunked) {
     if (first)
       loadPanel(base, m0, mBlock, next.buffer, at(), next.stride);
@@ -702,7 +776,7 @@ void GemmLowering::lowerBlock(const Bases &base, Value m0, int64_t rows,
   Block blk{m0, rows, (rows + mTile - 1) / mTile, panel, next, maxPieces};
   blk.bSlots = bSlotsFor(blk.tiles);
   blk.moving = k.tile(MemorySpace::sbuf, {kRows, blk.bSlots * nGroup}, rhsElt);
-  blk.acc = k.tile(MemorySpace::psum, {mTile, 2 * banksPerSet * nTile}, f32);
+  blk.acc = k.tile(MemorySpace::psum, {mTile, 2 * accsPerSet * nTile}, f32);
   blk.staged =
       k.tile(MemorySpace::sbuf, {mTile, 2 * blk.tiles * nGroup}, outElt);
   if (epilogue) {
@@ -732,9 +806,9 @@ void GemmLowering::lowerBlock(const Bases &base, Value m0, int64_t rows,
 
 Value GemmLowering::bank(const Block &blk, const Group &grp, int64_t mi,
                          int64_t ni, int64_t rows, int64_t width) {
-  int64_t col = (grp.set * banksPerSet + mi * grp.tiles + ni) * nTile;
+  int64_t col = (grp.set * accsPerSet + mi * grp.tiles + ni) * nTile;
   return k.view(blk.acc, k.index(col), {rows, width},
-                {2 * banksPerSet * nTile, 1});
+                {2 * accsPerSet * nTile, 1});
 }
 
 void GemmLowering::lowerGroup(const Bases &base, const Block &blk, Value g,

@@ -4,17 +4,20 @@
 
 // MX block scales on trn3: each matmul contracts 512 values of K (value
 // 4p + r on partition p, row r) with the E8M0 scales of its 16 groups of 32
-// on 16 partitions. The scales ([rows, K / 32] in HBM) load 128 rows at a
-// time as they are, widen to bf16, transpose on TensorE against the identity
-// and narrow back to ui8; one SBUF-to-SBUF transfer per K group puts each
-// group's scales on the partitions of its matmul. K = 640: a group of 512,
-// then one of 128 on 32 partitions (4 scale rows).
+// on 16 partitions. The scales ([rows, K / 32] in HBM) load as they are,
+// partition p holding rows 2p and 2p + 1 of B's 256 in one run, widen to
+// bf16 (in pieces over VectorE and GpSimd), transpose on TensorE against the
+// identity (row 2p + s of slot s in column p: a stride-2 narrowing copy back
+// to ui8); one SBUF-to-SBUF transfer puts each whole K group's scales on the
+// partitions of its matmul, one more the last group's. K = 640: a group of
+// 512, then one of 128 on 32 partitions (4 scale rows).
 // CHECK-LABEL: func.func @mx
-// CHECK: nisa.dma_copy {{.*}} : memref<128x20xui8, strided<[20, 1], offset: ?>>, memref<128x20xui8, strided<[20, 1], offset: ?>, #nisa.mem<sbuf>>
-// CHECK: nisa.copy {{.*}} : memref<128x20xui8, strided<[20, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x20xbf16
-// CHECK: nisa.matmul {{.*}} : memref<128x20xbf16, strided<[20, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x128xbf16, strided<[128, 1], offset: ?>, #nisa.mem<sbuf>>, memref<20x128xf32
-// CHECK: nisa.copy {{.*}} : memref<20x128xf32, strided<[256, 1], offset: ?>, #nisa.mem<psum>>, memref<20x128xui8
-// CHECK: nisa.dma_copy {{.*}} : memref<16x256xui8, strided<[256, 1], offset: ?>, #nisa.mem<sbuf>>, memref<16x256xui8, strided<[512, 1], offset: ?>, #nisa.mem<sbuf>>
+// CHECK: nisa.dma_copy {{.*}} : memref<128x2x20xui8, strided<[40, 20, 1], offset: ?>>, memref<128x2x20xui8, strided<[40, 20, 1], offset: ?>, #nisa.mem<sbuf>>
+// CHECK: nisa.copy {{.*}} : memref<128x20xui8, strided<[40, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x20xbf16
+// CHECK: nisa.copy {{.*}} {engine = #nisa.engine<gpsimd>} : memref<128x20xui8, strided<[40, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x20xbf16
+// CHECK: nisa.matmul {{.*}} : memref<128x20xbf16, strided<[40, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x128xbf16, strided<[128, 1], offset: ?>, #nisa.mem<sbuf>>, memref<20x128xf32
+// CHECK: nisa.copy {{.*}} : memref<20x128xf32, strided<[1024, 1], offset: ?>, #nisa.mem<psum>>, memref<20x128xui8, strided<[256, 2], offset: ?>, #nisa.mem<sbuf>>
+// CHECK: nisa.dma_copy {{.*}} : memref<16x1x256xui8, strided<[256, 4096, 1], offset: ?>, #nisa.mem<sbuf>>, memref<16x1x256xui8, strided<[512, 256, 1], offset: ?>, #nisa.mem<sbuf>>
 // CHECK: nisa.dma_copy {{.*}} : memref<4x256xui8, strided<[256, 1], offset: ?>, #nisa.mem<sbuf>>, memref<4x256xui8, strided<[512, 1], offset: ?>, #nisa.mem<sbuf>>
 // CHECK: nisa.matmul {{.*}} scales {{.*}} : memref<128x4x128xf8E4M3FN, strided<[1024, 1, 4], offset: ?>, #nisa.mem<sbuf>>, memref<128x4x256xf8E4M3FN, strided<[2048, 1, 4], offset: ?>, #nisa.mem<sbuf>>, memref<128x256xf32, strided<[4096, 1], offset: ?>, #nisa.mem<psum>>, memref<16x128xui8, strided<[256, 1], offset: ?>, #nisa.mem<sbuf>>, memref<16x256xui8, strided<[512, 1], offset: ?>, #nisa.mem<sbuf>>
 // CHECK: nisa.matmul {{.*}} scales {{.*}} {accumulate} : memref<32x4x128xf8E4M3FN, strided<[1024, 1, 4], offset: ?>, #nisa.mem<sbuf>>, memref<32x4x256xf8E4M3FN, strided<[2048, 1, 4], offset: ?>, #nisa.mem<sbuf>>, memref<128x256xf32, strided<[4096, 1], offset: ?>, #nisa.mem<psum>>, memref<4x128xui8, strided<[256, 1], offset: ?>, #nisa.mem<sbuf>>, memref<4x256xui8, strided<[512, 1], offset: ?>, #nisa.mem<sbuf>>
