@@ -404,7 +404,8 @@ Value Importer::tensor(const json &v) {
                 (why == hostReasons.end() ? "" : " (" + why->second + ")"));
   }
   if (e8m0Values.count(name) && node &&
-      node->at("target") != "aten._scaled_mm.default")
+      node->at("target") != "aten._scaled_mm.default" &&
+      node->at("target") != "aten._scaled_mm_v2.default")
     unsupported("reads '" + name +
                 "', a float8_e8m0fnu tensor: the device takes those only as "
                 "torch._scaled_mm's MX block scales");
@@ -1336,89 +1337,142 @@ Values addmmHandler(Importer &im) {
   return {im.binary(BinaryFn::add, bias, prod, pt)};
 }
 
-/// torch._scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result,
-/// out_dtype, use_fast_accum): fp8 operands, float32 scales either
-/// tensorwise (one element) or rowwise ([M, 1] for scale_a, [1, N] for
-/// scale_b) or MX block scales (float8_e8m0fnu); use_fast_accum changes
-/// nothing (TensorE always sums in fp32).
-Values scaledMmHandler(Importer &im) {
-  Value a = im.tensor(im.param(0, "self")), c = im.tensor(im.param(1, "mat2"));
+/// neuron.scaled_matmul of fp8 a [M, K] and c [K, N] as torch._scaled_mm and
+/// _scaled_mm_v2 (`op`, in messages) define it: float32 scales tensorwise (one
+/// element) or rowwise (M for a, N for c), or MX block scales
+/// (float8_e8m0fnu, one per 32 values of K: [M, K / 32] for a and [N, K / 32]
+/// for c, as MXTensor keeps them, not cuBLAS's swizzled layout); a bias [N]
+/// (not with MX). use_fast_accum changes nothing (TensorE sums in fp32).
+static Value scaledMatmul(Importer &im, const std::string &op, Value a, Value c,
+                          Value scaleA, Value scaleB, const json &biasArg) {
   auto at = cast<RankedTensorType>(a.getType());
   auto ct = cast<RankedTensorType>(c.getType());
   auto isFp8 = [](Type t) { return isa<Float8E4M3FNType, Float8E5M2Type>(t); };
-  require(at.getRank() == 2 && ct.getRank() == 2,
-          "_scaled_mm takes 2-d operands");
+  require(at.getRank() == 2 && ct.getRank() == 2, op + " takes 2-d operands");
   require(isFp8(at.getElementType()) && isFp8(ct.getElementType()),
-          "_scaled_mm takes float8_e4m3fn or float8_e5m2 operands");
-  int64_t m = at.getDimSize(0), n = ct.getDimSize(1);
+          op + " takes float8_e4m3fn or float8_e5m2 operands");
+  int64_t m = at.getDimSize(0), k = at.getDimSize(1), n = ct.getDimSize(1);
   auto shapeText = [](RankedTensorType t) {
     std::string s = "[";
     for (int64_t i = 0; i < t.getRank(); ++i)
       s += (i ? ", " : "") + std::to_string(t.getDimSize(i));
     return s + "]";
   };
-  // A scale as the vector neuron.scaled_matmul takes: [1] or [size].
-  auto scale = [&](const char *name, size_t index, ArrayRef<int64_t> rowwise,
-                   int64_t size) {
-    Value s = im.tensor(im.param(index, name));
-    auto st = cast<RankedTensorType>(s.getType());
-    require(st.getElementType().isF32(),
-            std::string("_scaled_mm: ") + name + " must be float32");
-    if (st.getNumElements() == 1)
-      return im.reshape(s, {1});
-    require(st.getShape() == rowwise,
-            std::string("_scaled_mm: ") + name + " of shape " + shapeText(st) +
-                " is not a supported scale layout (tensorwise: one element; "
-                "rowwise: [" +
-                std::to_string(rowwise[0]) + ", " + std::to_string(rowwise[1]) +
-                "])");
-    return im.reshape(s, {size});
-  };
-  require(im.param(5, "scale_result").is_null(),
-          "_scaled_mm with scale_result (an fp8 output's scale) is not "
-          "supported");
-  // MX (OCP MXFP8): e8m0 scales of each 32 values of K, [M, K / 32] for
-  // self and [N, K / 32] for mat2 (a row of each per row of A and column of
-  // B, as MXTensor keeps them; not cuBLAS's swizzled layout).
-  Value scaleA = im.tensor(im.param(2, "scale_a"));
-  Value scaleB = im.tensor(im.param(3, "scale_b"));
   auto isE8m0 = [](Value v) {
     return cast<RankedTensorType>(v.getType())
         .getElementType()
         .isUnsignedInteger(8);
   };
   if (isE8m0(scaleA) || isE8m0(scaleB)) {
-    int64_t k = at.getDimSize(1);
-    require(k % 32 == 0, "_scaled_mm with MX block scales needs K a multiple "
-                         "of 32, not " +
+    require(k % 32 == 0, op +
+                             " with MX block scales needs K a multiple of "
+                             "32, not " +
                              std::to_string(k));
     for (auto [s, rows, name] :
          {std::tuple{scaleA, m, "scale_a"}, std::tuple{scaleB, n, "scale_b"}}) {
       auto st = cast<RankedTensorType>(s.getType());
       require(isE8m0(s) && st.getShape() == ArrayRef<int64_t>{rows, k / 32},
-              std::string("_scaled_mm: ") + name + " of shape " +
-                  shapeText(st) +
+              op + ": " + name + " of shape " + shapeText(st) +
                   " is not a supported MX block-scale layout (float8_e8m0fnu "
                   "[" +
                   std::to_string(rows) + ", " + std::to_string(k / 32) +
                   "], one scale per 32 values of K)");
     }
-    require(im.param(4, "bias").is_null(),
-            "_scaled_mm with MX block scales and a bias is not supported");
-    return {im.b.create<ScaledMatmulOp>(im.loc(), im.resultType(), a, c, scaleA,
-                                        scaleB, Value())};
+    require(biasArg.is_null(),
+            op + " with MX block scales and a bias is not supported");
+    return im.b.create<ScaledMatmulOp>(im.loc(), im.resultType(), a, c, scaleA,
+                                       scaleB, Value());
   }
-  Value rowScale = scale("scale_a", 2, {m, 1}, m);
-  Value colScale = scale("scale_b", 3, {1, n}, n);
+  // A scale as the vector neuron.scaled_matmul takes: [1] or [size].
+  auto vector = [&](Value s, const char *name, int64_t size) {
+    auto st = cast<RankedTensorType>(s.getType());
+    require(st.getElementType().isF32(), op + ": " + name + " must be float32");
+    if (st.getNumElements() == 1)
+      return im.reshape(s, {1});
+    require(st.getNumElements() == size &&
+                llvm::count_if(st.getShape(),
+                               [](int64_t d) { return d != 1; }) == 1,
+            op + ": " + name + " of shape " + shapeText(st) +
+                " is not a supported scale layout (tensorwise: one element; "
+                "rowwise: " +
+                std::to_string(size) + " elements)");
+    return im.reshape(s, {size});
+  };
+  Value rowScale = vector(scaleA, "scale_a", m);
+  Value colScale = vector(scaleB, "scale_b", n);
   Value bias;
-  if (const json &b = im.param(4, "bias"); !b.is_null()) {
-    bias = im.tensor(b);
+  if (!biasArg.is_null()) {
+    bias = im.tensor(biasArg);
     require(cast<RankedTensorType>(bias.getType()).getShape() ==
                 ArrayRef<int64_t>{n},
-            "_scaled_mm: bias must be [N]");
+            op + ": bias must be [N]");
   }
-  return {im.b.create<ScaledMatmulOp>(im.loc(), im.resultType(), a, c, rowScale,
-                                      colScale, bias)};
+  return im.b.create<ScaledMatmulOp>(im.loc(), im.resultType(), a, c, rowScale,
+                                     colScale, bias);
+}
+
+/// torch._scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result,
+/// out_dtype, use_fast_accum): scaledMatmul's forms, without scale_result.
+Values scaledMmHandler(Importer &im) {
+  require(im.param(5, "scale_result").is_null(),
+          "_scaled_mm with scale_result (an fp8 output's scale) is not "
+          "supported");
+  return {scaledMatmul(im, "_scaled_mm", im.tensor(im.param(0, "self")),
+                       im.tensor(im.param(1, "mat2")),
+                       im.tensor(im.param(2, "scale_a")),
+                       im.tensor(im.param(3, "scale_b")), im.param(4, "bias"))};
+}
+
+/// torch.nn.functional.scaled_mm's op, _scaled_mm_v2(self, mat2, scale_a[],
+/// recipe_a[], swizzle_a[], scale_b[], recipe_b[], swizzle_b[], bias,
+/// out_dtype, contraction_dim, use_fast_accum): one scale per operand whose
+/// recipe (torch's ScalingType) is TensorWise, RowWise or BlockWise1x32,
+/// unswizzled; scaledMatmul's forms.
+Values scaledMmV2Handler(Importer &im) {
+  enum Recipe : int64_t { TensorWise = 0, RowWise = 1, BlockWise1x32 = 3 };
+  const char *op = "scaled_mm";
+  auto one = [&](size_t scaleIndex, const char *scaleName, size_t recipeIndex,
+                 const char *recipeName, size_t swizzleIndex,
+                 const char *swizzleName) {
+    const json &scales = im.param(scaleIndex, scaleName);
+    std::vector<int64_t> recipes = im.ints(im.param(recipeIndex, recipeName));
+    std::vector<int64_t> swizzles =
+        im.ints(im.param(swizzleIndex, swizzleName));
+    require(scales.is_array() && scales.size() == 1 && recipes.size() == 1,
+            std::string(op) + ": " + scaleName +
+                " with more than one scale (nested scaling) is not supported");
+    require(swizzles.empty() || (swizzles.size() == 1 && swizzles[0] == 0),
+            std::string(op) + ": " + scaleName +
+                " swizzled (SWIZZLE_32_4_4, cuBLAS's layout) is not "
+                "supported; pass NO_SWIZZLE scales [rows, K / 32]");
+    Value s = im.tensor(scales[0]);
+    bool e8m0 = cast<RankedTensorType>(s.getType())
+                    .getElementType()
+                    .isUnsignedInteger(8);
+    int64_t recipe = recipes[0];
+    require(recipe == TensorWise || recipe == RowWise ||
+                recipe == BlockWise1x32,
+            std::string(op) + ": " + recipeName + " " + std::to_string(recipe) +
+                " is not supported (TensorWise, RowWise, BlockWise1x32)");
+    require((recipe == BlockWise1x32) == e8m0,
+            std::string(op) + ": " + scaleName +
+                (e8m0 ? " is float8_e8m0fnu, which only BlockWise1x32 takes"
+                      : " must be float8_e8m0fnu for BlockWise1x32"));
+    require(recipe != TensorWise ||
+                cast<RankedTensorType>(s.getType()).getNumElements() == 1,
+            std::string(op) + ": a TensorWise " + scaleName +
+                " has one element");
+    return s;
+  };
+  Value scaleA = one(2, "scale_a", 3, "recipe_a", 4, "swizzle_a");
+  Value scaleB = one(5, "scale_b", 6, "recipe_b", 7, "swizzle_b");
+  const json &dims = im.param(10, "contraction_dim");
+  require(dims.is_null() || im.ints(dims).empty() ||
+              im.ints(dims) == std::vector<int64_t>{1, 0},
+          std::string(op) + ": only contraction_dim (1, 0) is supported");
+  return {scaledMatmul(im, op, im.tensor(im.param(0, "self")),
+                       im.tensor(im.param(1, "mat2")), scaleA, scaleB,
+                       im.param(8, "bias"))};
 }
 
 /// torch._grouped_mm(self, mat2, offs, bias, out_dtype) with rows in groups:
@@ -2413,6 +2467,7 @@ const std::unordered_map<std::string, Handler> &handlers() {
     t["aten.bmm.default"] = matmulHandler;
     t["aten.addmm.default"] = addmmHandler;
     t["aten._scaled_mm.default"] = scaledMmHandler;
+    t["aten._scaled_mm_v2.default"] = scaledMmV2Handler;
     t["aten._grouped_mm.default"] = groupedMmHandler;
 
     t["aten.sum.dim_IntList"] = with(reduceHandler, ReduceFn::sum);

@@ -286,6 +286,42 @@ def test_scaled_mm_mx_block_scales_on_trn3(m: int, k: int, n: int, wdtype: torch
     _assert_on_device()
 
 
+def test_functional_scaled_mm_mx_on_trn3() -> None:
+    # torch.nn.functional.scaled_mm (aten._scaled_mm_v2): BlockWise1x32 recipes, unswizzled.
+    from torch.nn.functional import ScalingType, SwizzleType
+
+    def mm(a: torch.Tensor, w: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+        block, plain = ScalingType.BlockWise1x32, SwizzleType.NO_SWIZZLE
+        return torch.nn.functional.scaled_mm(
+            a, w.t(), sa, block, sb, block, swizzle_a=plain, swizzle_b=plain
+        )
+
+    operands = _mx_operands(200, 640, 300)
+    compiled = torch.compile(mm, backend="neuron", fullgraph=True, options={"target": "trn3"})
+    got = compiled(*(t.to("neuron") for t in operands)).cpu()
+    want = _mx_reference(*operands)
+    assert torch.allclose(got.double(), want, rtol=2**-8, atol=1e-6 * float(want.abs().max()))
+    _assert_on_device()
+
+
+@pytest.mark.parametrize("kind", ["tensorwise", "rowwise"])
+def test_functional_scaled_mm_matches_eager(kind: str) -> None:
+    from torch.nn.functional import ScalingType
+
+    m, k, n = 64, 256, 96
+    a, b = _fp8_operands(m, k, n, torch.float8_e4m3fn, torch.float8_e4m3fn)
+    if kind == "tensorwise":
+        recipe, sa, sb = ScalingType.TensorWise, torch.tensor(0.5), torch.tensor(2.0)
+    else:
+        recipe, sa, sb = ScalingType.RowWise, torch.rand(m, 1) + 0.5, torch.rand(1, n) + 0.5
+
+    def mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_mm(a, b, sa, recipe, sb, recipe)
+
+    _assert_close_to_eager(_device(mm)(a, b, sa, sb), mm(a, b, sa, sb))
+    _assert_on_device()
+
+
 def test_scaled_mm_mx_nan_scale() -> None:
     # E8M0's 255 is NaN: the rows (columns) it scales come out NaN, the others do not.
     a, w, sa, sb = _mx_operands(128, 512, 128)
