@@ -23,10 +23,12 @@ PEAK_FLOPS_PER_NS = 128 * 128 * 2 * 2.4  # bf16 TensorE: 78.6 TFLOPS [Dv S6]
 KNEE = 214.0  # FLOP/B: 78.6 TFLOPS over 368 GB/s of DMA [Dv S6, S8]
 
 
-def _profile(fn: Any, *args: torch.Tensor) -> tuple[dict[str, Any], dict[str, float], torch.Tensor]:
+def _profile(
+    fn: Any, *args: torch.Tensor, target: str = "trn2"
+) -> tuple[dict[str, Any], dict[str, float], torch.Tensor]:
     """The one kernel `fn` compiles to (run once, profiled) and its busy share per resource."""
     torchneuron.reset_stats()
-    compiled = torch.compile(fn, backend="neuron", options={"target": "trn2"})
+    compiled = torch.compile(fn, backend="neuron", options={"target": target})
     with torch.no_grad():
         compiled(*args)  # compile outside the profile
         with torchneuron.profile() as prof:
@@ -153,6 +155,42 @@ def test_fp8_gemm_loads_its_operands_by_dma_transposes_of_pairs(real_native: Mod
     utilization = kernel["flops"] / kernel["device_ns"] / (2 * PEAK_FLOPS_PER_NS)
     assert utilization >= 0.85, utilization
     assert share["dma"] < share["tensor"], share
+
+
+def test_mxfp8_gemm_is_tensor_bound_reading_b_once_per_1024_rows(real_native: ModuleType) -> None:
+    # MXFP8 on trn3 (E8M0 scales of each 32 values of K): TensorE at 4x bf16's rate. An M
+    # block of one PSUM bank per 128-row tile (512 rows) reads B once per 512 rows, which at
+    # that rate the DMA engines cannot hide (66% of the MX peak, DMA-bound, at 4096^3); MX
+    # accumulators of half a bank make the blocks 1024 rows.
+    torch.manual_seed(0)
+    m, k, n = 2048, 4096, 2048
+    a = torch.randn(m, k).to(torch.float8_e4m3fn)
+    w = torch.randn(n, k).to(torch.float8_e4m3fn)
+
+    def scales(rows: int) -> torch.Tensor:
+        bits = torch.randint(120, 130, (rows, k // 32), dtype=torch.uint8)
+        return bits.view(torch.float8_e8m0fnu)
+
+    sa, sb = scales(m), scales(n)
+
+    def linear(
+        a: torch.Tensor, w: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor
+    ) -> torch.Tensor:
+        return torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16)
+
+    kernel, share, out = _profile(linear, a, w, sa, sb, target="trn3")
+    ref = (a.float() * sa.float().repeat_interleave(32, 1)) @ (
+        w.float() * sb.float().repeat_interleave(32, 1)
+    ).t()
+    torch.testing.assert_close(out.float(), ref, atol=1e-3 * float(ref.abs().max()), rtol=2e-2)
+    assert kernel["bound"] == "tensor", kernel["bound"]
+    # A and its scales once, B twice (two 1024-row blocks), its scales once, the bf16 output.
+    once = m * k + m * k // 32 + n * k // 32 + 2 * m * n
+    assert kernel["hbm_bytes"] <= once + 2 * n * k + 4096, kernel["hbm_bytes"]
+    # 109 us of MX matmuls; the start (both operands' scales transposed on TensorE, the first
+    # A panel) takes about 30 us before the first one: 75% at this size (88% at 4096^3).
+    utilization = kernel["flops"] / kernel["device_ns"] / (4 * PEAK_FLOPS_PER_NS)
+    assert utilization >= 0.7, utilization
 
 
 def test_pure_dma_copy_is_bound_by_the_cores_hbm_share(real_native: ModuleType) -> None:
