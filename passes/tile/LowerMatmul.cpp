@@ -119,15 +119,22 @@ private:
   /// With MX block scales: B's scales on chip once, then the GEMM in row
   /// chunks, each after its A scales.
   void lowerMx(const Bases &base);
-  /// Rows [r0, r0 + rows) of a [rows, K / 32] scale tensor into `panel`, a
-  /// [groupsPerMatmul, matmuls * cols] tile: the scales of the matmul over
-  /// K group q (kTile * R values of K) in columns [q * cols, q * cols +
-  /// rows), one partition per scale, as the MX matmul takes them.
+  /// Whether the scales of all K fit the partitions, one per partition
+  /// (K <= 4096): a scale panel is then their transpose, [K / 32, cols], a
+  /// matmul's scales starting on partition 4 * kFirst. Else the panel is
+  /// [groupsPerMatmul, matmuls * cols], matmul q's scales in columns
+  /// [q * cols, q * cols + cols) of the same 16 partitions (an affine view
+  /// whatever q; the partition of a scale 128 groups on would not be).
+  bool scalesByGroup() const { return kDim / kMxBlock <= kTile; }
+  /// A scale panel of `cols` columns per K group (a multiple of R).
+  Value scalePanel(int64_t cols);
+  /// Rows [r0, r0 + rows) of a [rows, K / 32] scale tensor into `panel`
+  /// (scalePanel's layout), as the MX matmuls take them.
   void loadScales(const TileBuilder::Window &src, int64_t r0, int64_t rows,
                   Value panel, int64_t cols);
-  /// An MX matmul's scale operands: those of K group kFirst / R (`free`
-  /// columns from `col` of a panel of `cols` columns per group) on the
-  /// matmul's `partitions` / 8 rows.
+  /// An MX matmul's scale operands: those of the K group from K tile
+  /// kFirst (`free` columns from `col` of a panel of `cols` columns per
+  /// group) on the matmul's `partitions` / 8 rows.
   Value scaleView(Value panel, int64_t cols, Value kFirst, Value col,
                   int64_t partitions, int64_t free);
   /// lowerBatch with M known at run time: full blocks counted at run time,
@@ -222,8 +229,9 @@ private:
   int64_t fullK, tailK;
   bool tailGrouped;
   std::optional<Epilogue> epilogue;
-  /// MX: the scales, and on chip the B panel ([groupsPerMatmul, K groups *
-  /// scaleColsB]) and the A panel of the current row chunk.
+  /// MX: the scales, and on chip B's panel and that of the current row
+  /// chunk of A (scalePanel), of scaleColsB and scaleColsA columns per K
+  /// group.
   std::optional<BlockScales> blockScales;
   Value scalesA, scalesB;
   int64_t scaleColsA = 0, scaleColsB = 0;
@@ -383,12 +391,10 @@ void GemmLowering::lowerBatch(const Bases &base, int64_t rows) {
 void GemmLowering::lowerMx(const Bases &base) {
   TileBuilder::TileScope scope(k);
   int64_t r = kTilesPerMatmul, groups = kTiles / r;
-  int64_t perMatmul = kTile * r / kMxBlock;
-  Type u8 = k.b.getIntegerType(8, /*isSigned=*/false);
   // Columns per K group a multiple of R: kFirst * cols / R is then the
   // group's first column, an affine offset.
   scaleColsB = llvm::alignTo(n, r);
-  scalesB = k.tile(MemorySpace::sbuf, {perMatmul, groups * scaleColsB}, u8);
+  scalesB = scalePanel(scaleColsB);
   loadScales(blockScales->b, 0, n, scalesB, scaleColsB);
   // Row chunks whose A scales fit kMxScaleBytes per partition; B streams
   // once per M block anyway, so a chunk costs only its pipeline's fill.
@@ -398,12 +404,21 @@ void GemmLowering::lowerMx(const Bases &base) {
     TileBuilder::TileScope rowScope(k);
     int64_t rows = std::min(chunk, m - r0);
     scaleColsA = llvm::alignTo(rows, r);
-    scalesA = k.tile(MemorySpace::sbuf, {perMatmul, groups * scaleColsA}, u8);
+    scalesA = scalePanel(scaleColsA);
     loadScales(blockScales->a, r0, rows, scalesA, scaleColsA);
     lowerBatch({k.addOffset(base.lhs, r0 * aRow), base.rhs,
                 k.addOffset(base.out, r0 * n)},
                rows);
   }
+}
+
+Value GemmLowering::scalePanel(int64_t cols) {
+  Type u8 = k.b.getIntegerType(8, /*isSigned=*/false);
+  int64_t r = kTilesPerMatmul;
+  if (scalesByGroup())
+    return k.tile(MemorySpace::sbuf, {kDim / kMxBlock, cols}, u8);
+  return k.tile(MemorySpace::sbuf, {kTile * r / kMxBlock, kTiles / r * cols},
+                u8);
 }
 
 void GemmLowering::loadScales(const TileBuilder::Window &src, int64_t r0,
@@ -413,7 +428,8 @@ void GemmLowering::loadScales(const TileBuilder::Window &src, int64_t r0,
   int64_t groups = kDim / kMxBlock, r = kTilesPerMatmul;
   int64_t perMatmul = kTile * r / kMxBlock;
   int64_t panelStride = kTiles / r * cols, rowStride = src.strides[0];
-  int64_t chunks = (groups + kTile - 1) / kTile, stagedStride = chunks * rows;
+  int64_t chunks = (groups + kTile - 1) / kTile;
+  bool direct = scalesByGroup();
   // The DMA transposes 2- and 4-byte units only: a u8 transpose would move
   // one byte per descriptor. So the rows load as they are (partition p
   // holding rows [p * slots, p * slots + slots) of the whole 128-row
@@ -432,7 +448,11 @@ void GemmLowering::loadScales(const TileBuilder::Window &src, int64_t r0,
   Value ident = k.tile(MemorySpace::sbuf, {kTile, kTile}, bf16);
   b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
                                  APFloat(0.0), false);
-  Value staged = k.tile(MemorySpace::sbuf, {kTile, stagedStride}, u8);
+  // The transposes' layout: group g on partition g % 128, row n in column
+  // g / 128 * rows + n; the panel itself when it is that (scalesByGroup).
+  int64_t stagedStride = direct ? cols : chunks * rows;
+  Value staged =
+      direct ? panel : k.tile(MemorySpace::sbuf, {kTile, stagedStride}, u8);
   constexpr int64_t kSums = 8; // transposes in flight
   Value sums =
       k.tile(MemorySpace::psum, {kTile, kSums * kTile}, b.getF32Type());
@@ -488,6 +508,8 @@ void GemmLowering::loadScales(const TileBuilder::Window &src, int64_t r0,
                                             : nisa::Engine::vector);
     }
   }
+  if (direct)
+    return;
   // Per 128 groups: its whole K groups in one transfer (the panel's
   // partitions outermost, so that it spreads over the DMA engines), then a
   // short last one.
@@ -496,16 +518,22 @@ void GemmLowering::loadScales(const TileBuilder::Window &src, int64_t r0,
     auto at = [&](int64_t g) {
       return k.index((g % kTile) * stagedStride + g / kTile * rows);
     };
+    // From ScalarE's queue: they wait for the transposes, and on SyncE's
+    // they would hold up the A panel's loads behind them.
     if (whole)
-      k.dma(k.view(staged, at(g0), {perMatmul, whole, rows},
-                   {stagedStride, perMatmul * stagedStride, 1}),
-            k.view(panel, k.index(g0 / perMatmul * cols),
-                   {perMatmul, whole, rows}, {panelStride, cols, 1}));
+      b.create<nisa::DmaCopyOp>(
+          k.view(staged, at(g0), {perMatmul, whole, rows},
+                 {stagedStride, perMatmul * stagedStride, 1}),
+          k.view(panel, k.index(g0 / perMatmul * cols),
+                 {perMatmul, whole, rows}, {panelStride, cols, 1}),
+          nisa::Engine::scalar);
     if (int64_t last = gw - whole * perMatmul) {
       int64_t g = g0 + whole * perMatmul;
-      k.dma(k.view(staged, at(g), {last, rows}, {stagedStride, 1}),
-            k.view(panel, k.index(g / perMatmul * cols), {last, rows},
-                   {panelStride, 1}));
+      b.create<nisa::DmaCopyOp>(
+          k.view(staged, at(g), {last, rows}, {stagedStride, 1}),
+          k.view(panel, k.index(g / perMatmul * cols), {last, rows},
+                 {panelStride, 1}),
+          nisa::Engine::scalar);
     }
   }
 }
@@ -513,6 +541,10 @@ void GemmLowering::loadScales(const TileBuilder::Window &src, int64_t r0,
 Value GemmLowering::scaleView(Value panel, int64_t cols, Value kFirst,
                               Value col, int64_t partitions, int64_t free) {
   int64_t r = kTilesPerMatmul;
+  if (scalesByGroup())
+    return k.view(panel,
+                  k.addOffsets(k.scale(kFirst, kTile / kMxBlock * cols), col),
+                  {partitions / 8, free}, {cols, 1});
   return k.view(panel, k.addOffsets(k.scale(kFirst, cols / r), col),
                 {partitions / 8, free}, {kTiles / r * cols, 1});
 }
