@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import math
 import operator
 import sys
@@ -348,15 +349,18 @@ def workloads(small: bool) -> list[Workload]:
             reference_fn=mxfp8_gemm_float32,
         )
 
-    out.append(
-        Workload(
-            "mxfp8 gemm 4096x4096x4096",
-            f"mxfp8 gemm {s(4096)}x{s(4096)}x{s(4096)}",
-            "gemm",
-            build_mxfp8_gemm,
-            chips=("trn3",),
+    # 4096^3, and Llama-3-8B's MLP down projection (K = 14336: more scales per row than the
+    # partitions).
+    for m, n, k in ((4096, 4096, 4096), (4096, 4096, 14336)):
+        out.append(
+            Workload(
+                f"mxfp8 gemm {m}x{n}x{k}",
+                f"mxfp8 gemm {s(m)}x{s(n)}x{s(k)}",
+                "gemm",
+                functools.partial(build_mxfp8_gemm, s(m), s(n), s(k)),
+                chips=("trn3",),
+            )
         )
-    )
 
     r, c = s(4096), s(4096)  # 16M elements at full size
     out.append(

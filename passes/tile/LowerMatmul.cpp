@@ -22,6 +22,34 @@ namespace {
 constexpr int64_t kMxBlock = 32;
 constexpr int64_t kMxScaleBytes = 32 * 1024;
 
+/// Bytes per partition of an MX scale panel (GemmLowering::scalePanel) of
+/// `cols` columns per 128 scale groups, for a contraction of `kDim`.
+int64_t mxScalePanelBytes(const ::neuron::target::Target &target, int64_t kDim,
+                          int64_t cols) {
+  int64_t groups = kDim / kMxBlock;
+  return (groups + target.matmulMaxK - 1) / target.matmulMaxK * cols;
+}
+
+/// The value of an index built from constants by TileBuilder's arithmetic.
+std::optional<int64_t> constantIndex(Value v) {
+  if (auto c = v.getDefiningOp<arith::ConstantIndexOp>())
+    return c.value();
+  auto both = [](Operation *op) -> std::optional<std::pair<int64_t, int64_t>> {
+    auto a = constantIndex(op->getOperand(0)),
+         b = constantIndex(op->getOperand(1));
+    if (!a || !b)
+      return std::nullopt;
+    return std::pair{*a, *b};
+  };
+  if (auto add = v.getDefiningOp<arith::AddIOp>())
+    if (auto ab = both(add))
+      return ab->first + ab->second;
+  if (auto mul = v.getDefiningOp<arith::MulIOp>())
+    if (auto ab = both(mul))
+      return ab->first * ab->second;
+  return std::nullopt;
+}
+
 /// GEMM, with the operand reuse that keeps TensorE fed:
 ///  - an M block of up to four 128-row tiles keeps its A^T panel (all of K)
 ///    in SBUF, loaded once by DMA transposes;
@@ -119,22 +147,20 @@ private:
   /// With MX block scales: B's scales on chip once, then the GEMM in row
   /// chunks, each after its A scales.
   void lowerMx(const Bases &base);
-  /// Whether the scales of all K fit the partitions, one per partition
-  /// (K <= 4096): a scale panel is then their transpose, [K / 32, cols], a
-  /// matmul's scales starting on partition 4 * kFirst. Else the panel is
-  /// [groupsPerMatmul, matmuls * cols], matmul q's scales in columns
-  /// [q * cols, q * cols + cols) of the same 16 partitions (an affine view
-  /// whatever q; the partition of a scale 128 groups on would not be).
-  bool scalesByGroup() const { return kDim / kMxBlock <= kTile; }
-  /// A scale panel of `cols` columns per K group (a multiple of R).
+  /// A scale panel of `cols` columns per 128 scale groups: the transpose of the
+  /// scales, group g on partition g % 128 in the columns from (g / 128) * cols.
+  /// A matmul's 16 groups from K tile kFirst then start on partition 4 * kFirst
+  /// % 128: an affine offset while K <= 4096 (one block of columns), beyond it
+  /// one the K loop must know (unrolledK).
   Value scalePanel(int64_t cols);
+  bool unrolledK() const { return blockScales && kDim / kMxBlock > kTile; }
   /// Rows [r0, r0 + rows) of a [rows, K / 32] scale tensor into `panel`
   /// (scalePanel's layout), as the MX matmuls take them.
   void loadScales(const TileBuilder::Window &src, int64_t r0, int64_t rows,
                   Value panel, int64_t cols);
   /// An MX matmul's scale operands: those of the K group from K tile
-  /// kFirst (`free` columns from `col` of a panel of `cols` columns per
-  /// group) on the matmul's `partitions` / 8 rows.
+  /// kFirst (`free` columns from `col` of a panel of `cols` columns per 128
+  /// groups) on the matmul's `partitions` / 8 rows.
   Value scaleView(Value panel, int64_t cols, Value kFirst, Value col,
                   int64_t partitions, int64_t free);
   /// lowerBatch with M known at run time: full blocks counted at run time,
@@ -300,9 +326,14 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
   // Blocks of a size-generic GEMM are sized as a large M's.
   int64_t mTilesTotal = mRows ? accsPerSet : (m + mTile - 1) / mTile;
   mTiles = std::min<int64_t>(mTilesTotal, accsPerSet);
-  while (mTiles > 1 &&
-         2 * kTiles * mTiles * mTile * eltBytes >
-             target.sbufBytesPerPartition * k.knobs.gemmPanelSbufPercent / 100)
+  // MX: B's scales and a row chunk's of A's come out of the panels' share.
+  int64_t panelBudget =
+      target.sbufBytesPerPartition * k.knobs.gemmPanelSbufPercent / 100 -
+      (this->blockScales
+           ? mxScalePanelBytes(target, kDim, n) +
+                 std::min(kMxScaleBytes, mxScalePanelBytes(target, kDim, m))
+           : 0);
+  while (mTiles > 1 && 2 * kTiles * mTiles * mTile * eltBytes > panelBudget)
     --mTiles;
   // N tiles per B transfer: fill the bank set the M tiles leave free.
   int64_t nTilesTotal = (n + nTile - 1) / nTile;
@@ -390,20 +421,18 @@ void GemmLowering::lowerBatch(const Bases &base, int64_t rows) {
 
 void GemmLowering::lowerMx(const Bases &base) {
   TileBuilder::TileScope scope(k);
-  int64_t r = kTilesPerMatmul, groups = kTiles / r;
-  // Columns per K group a multiple of R: kFirst * cols / R is then the
-  // group's first column, an affine offset.
-  scaleColsB = llvm::alignTo(n, r);
+  scaleColsB = n;
   scalesB = scalePanel(scaleColsB);
   loadScales(blockScales->b, 0, n, scalesB, scaleColsB);
   // Row chunks whose A scales fit kMxScaleBytes per partition; B streams
   // once per M block anyway, so a chunk costs only its pipeline's fill.
+  int64_t blocks = mxScalePanelBytes(k.target, kDim, 1);
   int64_t chunk =
-      std::max<int64_t>(mBlock, kMxScaleBytes / groups / mBlock * mBlock);
+      std::max<int64_t>(mBlock, kMxScaleBytes / blocks / mBlock * mBlock);
   for (int64_t r0 = 0; r0 < m; r0 += chunk) {
     TileBuilder::TileScope rowScope(k);
     int64_t rows = std::min(chunk, m - r0);
-    scaleColsA = llvm::alignTo(rows, r);
+    scaleColsA = rows;
     scalesA = scalePanel(scaleColsA);
     loadScales(blockScales->a, r0, rows, scalesA, scaleColsA);
     lowerBatch({k.addOffset(base.lhs, r0 * aRow), base.rhs,
@@ -413,30 +442,25 @@ void GemmLowering::lowerMx(const Bases &base) {
 }
 
 Value GemmLowering::scalePanel(int64_t cols) {
-  Type u8 = k.b.getIntegerType(8, /*isSigned=*/false);
-  int64_t r = kTilesPerMatmul;
-  if (scalesByGroup())
-    return k.tile(MemorySpace::sbuf, {kDim / kMxBlock, cols}, u8);
-  return k.tile(MemorySpace::sbuf, {kTile * r / kMxBlock, kTiles / r * cols},
-                u8);
+  int64_t groups = kDim / kMxBlock;
+  return k.tile(
+      MemorySpace::sbuf,
+      {std::min(groups, kTile), mxScalePanelBytes(k.target, kDim, cols)},
+      k.b.getIntegerType(8, /*isSigned=*/false));
 }
 
 void GemmLowering::loadScales(const TileBuilder::Window &src, int64_t r0,
                               int64_t rows, Value panel, int64_t cols) {
   auto &b = k.b;
   TileBuilder::TileScope scope(k);
-  int64_t groups = kDim / kMxBlock, r = kTilesPerMatmul;
-  int64_t perMatmul = kTile * r / kMxBlock;
-  int64_t panelStride = kTiles / r * cols, rowStride = src.strides[0];
-  int64_t chunks = (groups + kTile - 1) / kTile;
-  bool direct = scalesByGroup();
+  int64_t groups = kDim / kMxBlock, rowStride = src.strides[0];
+  int64_t chunks = (groups + kTile - 1) / kTile, panelStride = chunks * cols;
   // The DMA transposes 2- and 4-byte units only: a u8 transpose would move
   // one byte per descriptor. So the rows load as they are (partition p
   // holding rows [p * slots, p * slots + slots) of the whole 128-row
   // blocks, one run each, then the rest on their own partitions), widen to
   // bf16 (exact), transpose on TensorE (a product with the identity) and
-  // narrow back; then one SBUF-to-SBUF transfer per K group puts each
-  // group's scales on the partitions of its matmul.
+  // narrow back into the panel.
   int64_t slots = rows / kTile, full = slots * kTile, rest = rows - full;
   int64_t rawCols = (slots + (rest > 0)) * groups;
   Type u8 = b.getIntegerType(8, /*isSigned=*/false), bf16 = b.getBF16Type();
@@ -448,11 +472,6 @@ void GemmLowering::loadScales(const TileBuilder::Window &src, int64_t r0,
   Value ident = k.tile(MemorySpace::sbuf, {kTile, kTile}, bf16);
   b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
                                  APFloat(0.0), false);
-  // The transposes' layout: group g on partition g % 128, row n in column
-  // g / 128 * rows + n; the panel itself when it is that (scalesByGroup).
-  int64_t stagedStride = direct ? cols : chunks * rows;
-  Value staged =
-      direct ? panel : k.tile(MemorySpace::sbuf, {kTile, stagedStride}, u8);
   constexpr int64_t kSums = 8; // transposes in flight
   Value sums =
       k.tile(MemorySpace::psum, {kTile, kSums * kTile}, b.getF32Type());
@@ -498,55 +517,31 @@ void GemmLowering::loadScales(const TileBuilder::Window &src, int64_t r0,
           k.view(wide, k.index(slot * groups + gc * kTile), {pc, gw},
                  {rawCols, 1}),
           k.view(ident, k.index(0), {pc, pc}, {kTile, 1}), t);
-      Value dst =
-          whole ? k.view(staged, k.index(gc * rows + slot), {gw, pc},
-                         {stagedStride, slots})
-                : k.view(staged, k.index(gc * rows + full), {gw, pc},
-                         {stagedStride, 1});
+      Value dst = whole ? k.view(panel, k.index(gc * cols + slot), {gw, pc},
+                                 {panelStride, slots})
+                        : k.view(panel, k.index(gc * cols + full), {gw, pc},
+                                 {panelStride, 1});
       b.create<nisa::CopyOp>(t, dst,
                              transposes % 2 ? nisa::Engine::scalar
                                             : nisa::Engine::vector);
-    }
-  }
-  if (direct)
-    return;
-  // Per 128 groups: its whole K groups in one transfer (the panel's
-  // partitions outermost, so that it spreads over the DMA engines), then a
-  // short last one.
-  for (int64_t g0 = 0; g0 < groups; g0 += kTile) {
-    int64_t gw = std::min(kTile, groups - g0), whole = gw / perMatmul;
-    auto at = [&](int64_t g) {
-      return k.index((g % kTile) * stagedStride + g / kTile * rows);
-    };
-    // From ScalarE's queue: they wait for the transposes, and on SyncE's
-    // they would hold up the A panel's loads behind them.
-    if (whole)
-      b.create<nisa::DmaCopyOp>(
-          k.view(staged, at(g0), {perMatmul, whole, rows},
-                 {stagedStride, perMatmul * stagedStride, 1}),
-          k.view(panel, k.index(g0 / perMatmul * cols),
-                 {perMatmul, whole, rows}, {panelStride, cols, 1}),
-          nisa::Engine::scalar);
-    if (int64_t last = gw - whole * perMatmul) {
-      int64_t g = g0 + whole * perMatmul;
-      b.create<nisa::DmaCopyOp>(
-          k.view(staged, at(g), {last, rows}, {stagedStride, 1}),
-          k.view(panel, k.index(g / perMatmul * cols), {last, rows},
-                 {panelStride, 1}),
-          nisa::Engine::scalar);
     }
   }
 }
 
 Value GemmLowering::scaleView(Value panel, int64_t cols, Value kFirst,
                               Value col, int64_t partitions, int64_t free) {
-  int64_t r = kTilesPerMatmul;
-  if (scalesByGroup())
-    return k.view(panel,
-                  k.addOffsets(k.scale(kFirst, kTile / kMxBlock * cols), col),
-                  {partitions / 8, free}, {cols, 1});
-  return k.view(panel, k.addOffsets(k.scale(kFirst, cols / r), col),
-                {partitions / 8, free}, {kTiles / r * cols, 1});
+  int64_t groups = kDim / kMxBlock, perTile = kTile / kMxBlock;
+  int64_t stride = (groups + kTile - 1) / kTile * cols;
+  Value at;
+  if (!unrolledK()) {
+    at = k.addOffsets(k.scale(kFirst, perTile * stride), col);
+  } else {
+    std::optional<int64_t> tile = constantIndex(kFirst);
+    assert(tile && "an unrolled K loop's K tiles are constants");
+    int64_t g = *tile * perTile;
+    at = k.addOffset(col, g % kTile * stride + g / kTile * cols);
+  }
+  return k.view(panel, at, {partitions / 8, free}, {stride, 1});
 }
 
 void GemmLowering::loadPanel(const Bases &base, Value m0, int64_t rows,
@@ -949,14 +944,21 @@ void GemmLowering::fullKSteps(const Bases &base, const Block &blk,
     if (prefetches && pieces > 1)
       prefetch(base, blk, grp.g, first, r, pieces);
   };
+  // Unrolled when the MX scales' partitions follow K (unrolledK).
+  auto forEachRound = [&](int64_t count, llvm::function_ref<void(Value)> body) {
+    if (!unrolledK())
+      return k.forEach(count, body);
+    for (int64_t r = 0; r < count; ++r)
+      body(k.index(r));
+  };
   if (rounds > 0)
     round(k.index(0), true);
   if (prefetches && pieces <= 1)
     prefetch(base, blk, grp.g, first, k.index(0), 1);
-  k.forEach(std::max<int64_t>(pieces, 1) - 1,
-            [&](Value r) { round(k.addOffset(r, 1), false); });
+  forEachRound(std::max<int64_t>(pieces, 1) - 1,
+               [&](Value r) { round(k.addOffset(r, 1), false); });
   int64_t spread = std::max<int64_t>(pieces, 1);
-  k.forEach(rounds - spread, [&](Value r) {
+  forEachRound(rounds - spread, [&](Value r) {
     for (int64_t i = 0; i < bSlots; ++i)
       kStep(base, blk, grp,
             k.addOffset(k.scale(k.addOffset(r, spread), bSlots), i), i, kTile,
@@ -1492,13 +1494,14 @@ struct ScaledMatmulPattern
       if (kDim % (32 * r))
         return op->emitOpError("MX on TensorE needs K a multiple of ")
                << 32 * r << ", not " << kDim;
+      // B's scales stay on chip: up to half of SBUF (K <= 4096 takes N
+      // bytes per partition, more K as many times as 512 values divide it).
       int64_t n = tensorType(op.getRhs()).getDimSize(1);
-      int64_t matmuls =
-          (kDim + k.target.matmulMaxK * r - 1) / (k.target.matmulMaxK * r);
-      if (matmuls * llvm::alignTo(n, r) > 3 * kMxScaleBytes)
-        return op->emitOpError("MX: B's scales (")
-               << n << " columns x " << matmuls
-               << " K groups) exceed the SBUF the kernel keeps for them";
+      if (mxScalePanelBytes(k.target, kDim, n) >
+          k.target.sbufBytesPerPartition / 2)
+        return op->emitOpError("MX: B's scales for K = ")
+               << kDim << " and N = " << n
+               << " do not fit half of SBUF, where the kernel keeps them";
       GemmLowering::BlockScales scales{k.windowOf(op.getRowScale()),
                                        k.windowOf(op.getColScale())};
       for (auto *w : {&scales.a, &scales.b})

@@ -20,8 +20,8 @@ ATTENTION_SHORT = [
     str(BENCHMARKS / "attention.py"),
     *("--seq", "256", "--heads", "2", "--targets", "trn2", "--backward"),
 ]
-WORKLOADS = 24  # benchmarks/kernels.py's workloads, each run on trn2 and trn3
-TRN3_ONLY = 1  # of them, those trn2 lacks the hardware for (MXFP8)
+WORKLOADS = 25  # benchmarks/kernels.py's workloads, each run on trn2 and trn3
+TRN3_ONLY = 2  # of them, those trn2 lacks the hardware for (MXFP8)
 
 # Runs a script on a wrong device (kernel outputs off by one).
 WRONG_DEVICE = str(Path(__file__).resolve().parent / "wrong_device.py")
