@@ -18,7 +18,7 @@ namespace mlir::neuron {
 namespace {
 
 /// Values of K per MX scale (OCP MXFP8: 32), and the SBUF bytes per
-/// partition an MX GEMM gives each operand's scales.
+/// partition an MX GEMM gives a row chunk of A's scales.
 constexpr int64_t kMxBlock = 32;
 constexpr int64_t kMxScaleBytes = 32 * 1024;
 
@@ -256,8 +256,8 @@ private:
   bool tailGrouped;
   std::optional<Epilogue> epilogue;
   /// MX: the scales, and on chip B's panel and that of the current row
-  /// chunk of A (scalePanel), of scaleColsB and scaleColsA columns per K
-  /// group.
+  /// chunk of A (scalePanel), of scaleColsB (N) and scaleColsA (the chunk's
+  /// rows) columns per 128 scale groups.
   std::optional<BlockScales> blockScales;
   Value scalesA, scalesB;
   int64_t scaleColsA = 0, scaleColsB = 0;
