@@ -326,13 +326,17 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
   // Blocks of a size-generic GEMM are sized as a large M's.
   int64_t mTilesTotal = mRows ? accsPerSet : (m + mTile - 1) / mTile;
   mTiles = std::min<int64_t>(mTilesTotal, accsPerSet);
-  // MX: B's scales and a row chunk's of A's come out of the panels' share.
+  // MX: B's scales and a row chunk's of A's stay on chip too; the panels
+  // keep their share unless that leaves the scales and the streams less
+  // than a quarter of SBUF.
   int64_t panelBudget =
-      target.sbufBytesPerPartition * k.knobs.gemmPanelSbufPercent / 100 -
-      (this->blockScales
-           ? mxScalePanelBytes(target, kDim, n) +
-                 std::min(kMxScaleBytes, mxScalePanelBytes(target, kDim, m))
-           : 0);
+      target.sbufBytesPerPartition * k.knobs.gemmPanelSbufPercent / 100;
+  if (this->blockScales)
+    panelBudget =
+        std::min(panelBudget, target.sbufBytesPerPartition * 3 / 4 -
+                                  mxScalePanelBytes(target, kDim, n) -
+                                  std::min(kMxScaleBytes,
+                                           mxScalePanelBytes(target, kDim, m)));
   while (mTiles > 1 && 2 * kTiles * mTiles * mTile * eltBytes > panelBudget)
     --mTiles;
   // N tiles per B transfer: fill the bank set the M tiles leave free.
