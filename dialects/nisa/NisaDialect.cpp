@@ -468,6 +468,7 @@ LogicalResult MatmulOp::verify() {
       return emitOpError("an MX matmul contracts a multiple of 32 "
                          "partitions, not ")
              << k;
+    int64_t perScale = neuron::target::kMxBlock / s.getDimSize(1);
     for (auto [scale, free] :
          {std::pair{getStationaryScale(), s.getShape().back()},
           std::pair{getMovingScale(), m.getShape().back()}}) {
@@ -475,11 +476,11 @@ LogicalResult MatmulOp::verify() {
       if (getMemorySpace(t) != MemorySpace::sbuf ||
           !t.getElementType().isUnsignedInteger(8))
         return emitOpError("MX scales must be ui8 tiles in SBUF");
-      if (t.getRank() != 2 || t.getDimSize(0) != k / 8 ||
+      if (t.getRank() != 2 || t.getDimSize(0) != k / perScale ||
           t.getDimSize(1) != free)
         return emitOpError("MX scales must be [")
-               << k / 8 << ", " << free << "] (one per 8 partitions), got "
-               << t;
+               << k / perScale << ", " << free << "] (one per " << perScale
+               << " partitions), got " << t;
     }
   }
   int64_t k = s.getDimSize(0), mSize = s.getShape().back(),

@@ -17,9 +17,8 @@ namespace mlir::neuron {
 
 namespace {
 
-/// Values of K per MX scale (OCP MXFP8: 32), and the SBUF bytes per
-/// partition an MX GEMM gives a row chunk of A's scales.
-constexpr int64_t kMxBlock = 32;
+using ::neuron::target::kMxBlock;
+/// The SBUF bytes per partition an MX GEMM gives a row chunk of A's scales.
 constexpr int64_t kMxScaleBytes = 32 * 1024;
 
 /// Bytes per partition of an MX scale panel (GemmLowering::scalePanel) of
@@ -545,7 +544,8 @@ Value GemmLowering::scaleView(Value panel, int64_t cols, Value kFirst,
     int64_t g = *tile * perTile;
     at = k.addOffset(col, g % kTile * stride + g / kTile * cols);
   }
-  return k.view(panel, at, {partitions / 8, free}, {stride, 1});
+  return k.view(panel, at, {partitions * kTilesPerMatmul / kMxBlock, free},
+                {stride, 1});
 }
 
 void GemmLowering::loadPanel(const Bases &base, Value m0, int64_t rows,

@@ -1443,17 +1443,22 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
     if (mx) {
       // Scaled by a power of two, an fp8 value stays exact in fp32 (short of
       // fp32's range), so the products are those of the dequantized values.
-      int64_t rows = stat.shape[1];
+      // Row p * R + r is value p * R + r of K: its scale is row / kMxBlock.
+      static const std::array<float, 256> powers = [] {
+        std::array<float, 256> table{};
+        for (int e = 0; e < 255; ++e)
+          table[e] = std::ldexp(1.0f, e - 127);
+        table[255] = std::numeric_limits<float>::quiet_NaN();
+        return table;
+      }();
       auto scaleRows = [&](const CompiledView &scaleView, float *values,
                            int64_t cols, float *scales) {
         load(scaleView, scales);
         for (int64_t row = 0; row < k; ++row) {
-          const float *exps = scales + row / rows / 8 * cols;
+          const float *exps = scales + row / neuron::target::kMxBlock * cols;
           float *line = values + row * cols;
           for (int64_t c = 0; c < cols; ++c)
-            line[c] *= exps[c] == 255.0f
-                           ? std::numeric_limits<float>::quiet_NaN()
-                           : std::ldexp(1.0f, int(exps[c]) - 127);
+            line[c] *= powers[static_cast<uint8_t>(exps[c])];
         }
       };
       float *scales = scratch[3].data();

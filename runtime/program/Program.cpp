@@ -1651,13 +1651,14 @@ void Verifier::verifyInstruction(const Instruction &inst,
         if (buffer.space != Space::SBUF || buffer.dtype != DType::U8)
           failInst(inst,
                    std::string("'") + fieldName + "' must be a u8 sbuf buffer");
-        if (scale->shape.size() != 2 || scale->shape[0] != k / 8 ||
+        int64_t perScale = neuron::target::kMxBlock / stat.shape[1];
+        if (scale->shape.size() != 2 || scale->shape[0] != k / perScale ||
             scale->shape[1] != operand->shape.back())
           failInst(inst, std::string("'") + fieldName + "' must be [" +
-                             std::to_string(k / 8) + ", " +
+                             std::to_string(k / perScale) + ", " +
                              std::to_string(operand->shape.back()) +
-                             "] (a scale per 8 partitions), got " +
-                             shapeString(scale->shape));
+                             "] (a scale per " + std::to_string(perScale) +
+                             " partitions), got " + shapeString(scale->shape));
       }
     }
     MatmulShape mm = matmulShape(inst);

@@ -117,6 +117,11 @@ struct Target {
   double peakHbmBytesPerSecond() const;
 };
 
+/// OCP MX: the values of K that share one E8M0 scale. An MX matmul packs
+/// matmulMxKFactor() of them per partition, so a scale covers kMxBlock /
+/// matmulMxKFactor() partitions (NKI: 8 x 4 values).
+inline constexpr int64_t kMxBlock = 32;
+
 /// Parses a target data file. `origin` names the file in error messages.
 /// Throws neuron::runtime::Error on malformed JSON, a missing required
 /// figure, a figure without "kind" or "source" (or a fitted one without
