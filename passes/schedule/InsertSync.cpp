@@ -792,14 +792,19 @@ Access hbmAccess(Value base, MemRefType type, bool write,
   for (auto [iv, coeff] : offset->terms)
     (coeff % row == 0 ? rowTerms : colTerms)
         .push_back({iv, coeff % row == 0 ? coeff / row : coeff});
-  int64_t rowReach = 0, colReach = 0;
+  int64_t rowReach = 0, colReach = 0, rowStep = 0, rowDims = 0;
   for (auto [size, stride] : llvm::zip(sizes, strides)) {
-    if (stride % row == 0)
+    if (stride % row == 0) {
       rowReach += (size - 1) * (stride / row);
-    else if (stride < row)
+      if (size > 1) {
+        rowStep = stride / row;
+        ++rowDims;
+      }
+    } else if (stride < row) {
       colReach += (size - 1) * stride;
-    else
+    } else {
       return access;
+    }
   }
   auto rows = spanOf(offset->constant / row, rowTerms, rowReach);
   auto cols = spanOf(offset->constant % row, colTerms, colReach);
@@ -807,6 +812,14 @@ Access hbmAccess(Value base, MemRefType type, bool write,
     access.boxed = true;
     access.rows = *rows;
     access.cols = *cols;
+    // Rows one dim steps through, every rowStep-th: views of interleaved
+    // rows (e.g. one query head's rows of a [B, L, H, D] result) are apart
+    // when their first rows differ modulo the step.
+    if (rowTerms.empty() && rowDims == 1 && rowStep > 1) {
+      access.rows.period = rowStep;
+      access.rows.phase = access.rows.lo % rowStep;
+      access.rows.extent = 0;
+    }
   }
   return access;
 }

@@ -167,25 +167,39 @@ struct Params {
 /// an on-chip buffer, one run of the innermost dim in HBM),
 /// and the span [l0, l1] of the buffer's flattened elements (bytes when
 /// addressed) the access reaches, which is what separates views that wrap
-/// rows. Spans compare only within one buffer.
+/// rows. Spans compare only within one buffer. In HBM the rows may be every
+/// rs-th one from r0 (a view of interleaved rows, as nisa-insert-sync sees
+/// it: one query head's rows of a [B, L, H, D] result).
 struct Box {
   int64_t r0, r1, c0, c1; // inclusive
   int64_t l0, l1;         // inclusive
+  int64_t rs = 1;         // row step
 };
+
+/// Whether `a` and `b` have rows in common: always, unless both step over
+/// rows alike from different phases.
+inline bool rowsInterleave(const Box &a, const Box &b) {
+  return a.rs > 1 && a.rs == b.rs && (a.r0 - b.r0) % a.rs != 0;
+}
 
 inline bool overlaps(const Box &a, const Box &b, bool sameBuffer) {
   return a.r0 <= b.r1 && b.r0 <= a.r1 && a.c0 <= b.c1 && b.c0 <= a.c1 &&
-         (!sameBuffer || (a.l0 <= b.l1 && b.l0 <= a.l1));
+         (!sameBuffer || (a.l0 <= b.l1 && b.l0 <= a.l1)) &&
+         !rowsInterleave(a, b);
 }
 
 inline bool containsBox(const Box &outer, const Box &inner) {
   return outer.r0 <= inner.r0 && inner.r1 <= outer.r1 && outer.c0 <= inner.c0 &&
-         inner.c1 <= outer.c1 && outer.l0 <= inner.l0 && inner.l1 <= outer.l1;
+         inner.c1 <= outer.c1 && outer.l0 <= inner.l0 && inner.l1 <= outer.l1 &&
+         (outer.rs == 1 ||
+          (inner.rs == outer.rs && (inner.r0 - outer.r0) % outer.rs == 0));
 }
 
 inline Box unionBox(const Box &a, const Box &b) {
+  bool samePhase = a.rs == b.rs && (a.r0 - b.r0) % a.rs == 0;
   return {std::min(a.r0, b.r0), std::max(a.r1, b.r1), std::min(a.c0, b.c0),
-          std::max(a.c1, b.c1), std::min(a.l0, b.l0), std::max(a.l1, b.l1)};
+          std::max(a.c1, b.c1), std::min(a.l0, b.l0), std::max(a.l1, b.l1),
+          samePhase ? a.rs : 1};
 }
 
 constexpr uint8_t kMergedUnit = 0xff; // summary of merged records
@@ -402,6 +416,7 @@ struct Operand {
   int64_t rowExtent = 0, colExtent = 0, totalExtent = 0;
   int64_t linearExtent = 0; // to the last element (byte when addressed)
   bool separable = true;
+  int64_t rowStep = 1; // in HBM, a view's one row-moving dim's step
   /// Added to box columns: for addressed buffers, whose boxes are in bytes,
   /// the address; 0 otherwise.
   int64_t colBase = 0;
@@ -648,19 +663,24 @@ private:
       rowSize = buffer.shape.back();
     }
     op.rowSize = std::max<int64_t>(rowSize, 1);
+    int rowDims = 0;
     for (size_t d = 0; d < view.shape.size(); ++d) {
       int64_t n = view.shape[d] - 1, s = view.strides[d];
       if (n == 0 || s == 0)
         continue;
       op.totalExtent += n * s;
-      if (s % op.rowSize == 0)
+      if (s % op.rowSize == 0) {
         op.rowExtent += n * (s / op.rowSize);
-      else if (s < op.rowSize)
+        op.rowStep = s / op.rowSize;
+        ++rowDims;
+      } else if (s < op.rowSize)
         op.colExtent += n * s;
       else
         op.separable = false;
     }
     op.linearExtent = op.totalExtent;
+    if (rowDims != 1 || buffer.address)
+      op.rowStep = 1;
     if (buffer.address) {
       // Rows are partitions and columns bytes of the space, so the boxes of
       // buffers that share bytes (their aliases) compare. Scaled here, the
@@ -1032,7 +1052,8 @@ private:
     if (op.separable) {
       int64_t r = offset / rowSize, c = offset - r * rowSize;
       if (c + op.colExtent < rowSize)
-        return {r, r + op.rowExtent, base + c, base + c + op.colExtent, l0, l1};
+        return {r,  r + op.rowExtent, base + c, base + c + op.colExtent, l0,
+                l1, op.rowStep};
     }
     return {offset / rowSize,
             (offset + op.totalExtent) / rowSize,

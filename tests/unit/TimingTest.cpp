@@ -1255,6 +1255,34 @@ TEST_CASE("writes to disjoint columns of an HBM buffer need no wait",
   CHECK(errorOf([&] { run(strided("[0]")); }) == "<no error>");
 }
 
+TEST_CASE("writes to interleaved rows of an HBM buffer need no wait",
+          "[timing][sync]") {
+  // One query head's rows of a [B, L, H, D] attention result are every H-th
+  // row: the stores of two heads (first rows 0 and 1, step 4) share no row,
+  // as nisa-insert-sync decides. Stores from one phase (first rows 0 and 4)
+  // meet in row 4; steps that differ (rows 1 and 3 against 0 and 4) compare
+  // by their rows' spans, as in the pass.
+  std::string buffers = buffer(0, "hbm", "input", "f32", "[2, 64]") + "," +
+                        buffer(1, "hbm", "output", "f32", "[3, 4, 64]");
+  std::string src = view(0, "[2, 64]", "[64, 1]");
+  auto program = [&](int64_t firstRow, int64_t step, const std::string &waits) {
+    return explicitSync(programJson(
+        buffers, "0", "1",
+        dma(src, view(1, "[2, 64]", "[256, 1]", 0)) + "," +
+            withWaits(dma(src, view(1, "[2, 64]", "[" + str(64 * step) + ", 1]",
+                                    64 * firstRow)),
+                      waits)));
+  };
+  CHECK(errorOf([&] { run(program(1, 4, "[]")); }) == "<no error>");
+  CHECK(errorOf([&] { run(program(3, 4, "[]")); }) == "<no error>");
+  CHECK(contains(errorOf([&] { run(program(4, 4, "[]")); }),
+                 "missing synchronisation: instruction 1 (dma_copy on sync) "
+                 "writes hbm buffer 1 ('b1') written by instruction 0"));
+  CHECK(contains(errorOf([&] { run(program(1, 2, "[]")); }),
+                 "missing synchronisation: instruction 1"));
+  CHECK(errorOf([&] { run(program(4, 4, "[0]")); }) == "<no error>");
+}
+
 TEST_CASE("an activation's row sums are a write the waits must order",
           "[timing][sync]") {
   // Instruction 0 (ScalarE) writes exp(x) and its row sums; 1 (VectorE)

@@ -142,6 +142,30 @@ func.func @hbm_cat_pieces(%x: memref<4x33x48xf32>, %h: memref<4x33x144xf32>) att
 
 // -----
 
+// Interleaved rows: one query head's rows of a [B, L, H, D] result are every
+// H-th row of the buffer, so the stores of different heads (different first
+// rows modulo the step) are apart and need no wait; a store from the same
+// phase (rows 4 and 8 after rows 0 and 4) meets its first, and one stepping
+// by another amount (rows 0 and 2) the views whose span it meets.
+// CHECK-LABEL: func.func @interleaved_rows
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 1 : i64}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 2 : i64, nisa.waits = array<i64: 0>}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 3 : i64, nisa.waits = array<i64: 0, 1>}
+func.func @interleaved_rows(%x: memref<2x64xf32>, %h: memref<3x4x64xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %h0 = memref.reinterpret_cast %h to offset: [0], sizes: [2, 64], strides: [256, 1] : memref<3x4x64xf32> to memref<2x64xf32, strided<[256, 1]>>
+  %h1 = memref.reinterpret_cast %h to offset: [64], sizes: [2, 64], strides: [256, 1] : memref<3x4x64xf32> to memref<2x64xf32, strided<[256, 1], offset: 64>>
+  %h0again = memref.reinterpret_cast %h to offset: [256], sizes: [2, 64], strides: [256, 1] : memref<3x4x64xf32> to memref<2x64xf32, strided<[256, 1], offset: 256>>
+  %pairs = memref.reinterpret_cast %h to offset: [0], sizes: [2, 64], strides: [128, 1] : memref<3x4x64xf32> to memref<2x64xf32, strided<[128, 1]>>
+  nisa.dma_copy %x, %h0 : memref<2x64xf32>, memref<2x64xf32, strided<[256, 1]>>
+  nisa.dma_copy %x, %h1 : memref<2x64xf32>, memref<2x64xf32, strided<[256, 1], offset: 64>>
+  nisa.dma_copy %x, %h0again : memref<2x64xf32>, memref<2x64xf32, strided<[256, 1], offset: 256>>
+  nisa.dma_copy %x, %pairs : memref<2x64xf32>, memref<2x64xf32, strided<[128, 1]>>
+  return
+}
+
+// -----
+
 // Views into the two halves of one tile (double buffering) are disjoint
 // bytes of every partition: the load into the second half need not wait
 // for the reader of the first. A reader of the whole tile waits for both.
