@@ -235,6 +235,15 @@ void KernelLowering::lowerLayout(Operation *op) {
     }
     out.strides = *strides;
   }
+  // A window over all of its buffer in row-major order is that buffer (the
+  // [B, L, H, D] result of an attention kernel seen through its transpose).
+  if (out.offset == 0 && out.strides == contiguousStrides(outType.getShape()) &&
+      cast<MemRefType>(out.buffer.getType()).hasStaticShape() &&
+      cast<MemRefType>(out.buffer.getType()).getNumElements() ==
+          outType.getNumElements()) {
+    bind(result, out.buffer);
+    return;
+  }
   bindWindow(result, out, op->getLoc());
 }
 

@@ -19,6 +19,8 @@
 #include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/STLExtras.h"
 
+#include <numeric>
+
 namespace mlir::neuron {
 #define GEN_PASS_DEF_NEURONLOWERTONISA
 #include "passes/Passes.h.inc"
@@ -148,11 +150,11 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
     Value src = bufferOf(v);
     if (src == dst || tensorType(v).getNumElements() == 0)
       continue;
-    auto shape = tensorType(v).getShape();
-    SmallVector<int64_t> dims(shape);
-    if (dims.empty())
-      dims.push_back(1);
-    auto strides = contiguousStrides(dims);
+    // Both sides are contiguous: copied as rows that spread over the DMA
+    // engines (an HBM-to-HBM transfer splits by its leading dim).
+    int64_t n = tensorType(v).getNumElements();
+    int64_t rows = std::gcd(n, (int64_t)target.partitions);
+    SmallVector<int64_t> dims{rows, n / rows}, strides{n / rows, 1};
     dma(view(src, index(0), dims, strides), view(dst, index(0), dims, strides));
   }
   b.create<func::ReturnOp>();
