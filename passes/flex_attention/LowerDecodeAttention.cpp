@@ -145,8 +145,28 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   // in order) and V; Q^T.
   const int64_t streams = 2 * kSlots;
   const int64_t kW = chunks * unit, vW = chunks * vDim;
+  // Block pairs: a block's V is `chunks` keys of vDim values per partition,
+  // one DMA descriptor each; below the size that hides a descriptor's
+  // overhead, two blocks share their keys' partitions, key `first + p * 2 *
+  // chunks + half * chunks + c` being block `half`'s chunk c on partition
+  // p, so that their V loads as one transfer of twice the run. The keys of
+  // a block may be any of the head's: the softmax combines blocks by
+  // log-sum-exp, whatever keys they hold. With a static cache only, where
+  // which block is left without a partner is known: block 0 when the count
+  // is odd (`pairOff`), then blocks (pairOff + 2i, pairOff + 2i + 1).
+  static_assert(kSlots % 2 == 0, "block pairs are pairs of stream slots");
+  const int64_t staticFull = staticKeys ? *staticKeys / blockKeys : 0;
+  const bool pairs =
+      staticFull >= 2 &&
+      chunks * vDim * inElt.getIntOrFloatBitWidth() / 8 <
+          (int64_t)k.target.value("dma_descriptor_overhead_hidden_bytes");
+  const int64_t pairOff = staticFull % 2;
+  // A block's half of its pair (from its stream slot: kSlots is even).
+  auto halfOf = [&](int64_t slot) { return (slot + kSlots - pairOff) % 2; };
+  const int64_t pairW = pairs ? 2 * vW : vW;
   auto kTs = tiles(streams, MemorySpace::sbuf, {dim, kW}, inElt);
-  auto vs = tiles(streams, MemorySpace::sbuf, {unit, vW}, inElt);
+  auto vs = tiles(pairs ? streams / 2 : streams, MemorySpace::sbuf,
+                  {unit, pairW}, inElt);
   auto kTRest = tiles(2, MemorySpace::sbuf, {dim, kW}, inElt);
   auto vRest = tiles(2, MemorySpace::sbuf, {unit, vW}, inElt);
   auto qTs = tiles(2, MemorySpace::sbuf, {dim, rows}, inElt);
@@ -186,6 +206,46 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   Value factors = k.tile(MemorySpace::sbuf, {rows, 4}, f32);
   Value scaled = k.tile(MemorySpace::sbuf, {rows, vDim + 1}, f32);
   auto oOuts = tiles(2, MemorySpace::sbuf, {rows, vDim}, inElt);
+  // Gathered output: a key head's rows store from `rows` partitions, so on
+  // `rows` / 8 of the 16 DMA engines, between the loads that every engine
+  // carries. When the result is the heads' rows in order and fills whole
+  // partitions, the heads before the last are instead moved onto all 128
+  // partitions (`perPart` consecutive rows each) by TensorE: a 0/1
+  // selection matrix as stationary, the head's O as moving, accumulated in
+  // PSUM (exact: one bf16 value per element); one store after the last
+  // head. `select` holds sel[r, j] = (j == r + selFirst): the selection
+  // for head h and row residue e is its view at column selFirst - h * rows
+  // + e, every perPart-th column. Residue e accumulates in the free columns
+  // at the end of set e's second bank.
+  const int64_t headsAll = batch * kvHeads, allRows = headsAll * rows;
+  const int64_t perPart = allRows / unit;
+  const bool gather =
+      headsAll > 1 && allRows % unit == 0 && perPart <= sets &&
+      rows % perPart == 0 && bank - vDim > lCol &&
+      outStrides == contiguousStrides(tensorType(op.getOut()).getShape());
+  const int64_t selFirst = allRows - rows, selW = allRows + selFirst;
+  Value select, gathered;
+  if (gather) {
+    Value diffs = k.tile(MemorySpace::sbuf, {rows, selW}, f32);
+    b.create<nisa::IotaOp>(diffs, APFloat(double(-selFirst)), APFloat(-1.0),
+                           b.getDenseF64ArrayAttr({1.0}));
+    select = k.tile(MemorySpace::sbuf, {rows, selW}, inElt);
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diffs, select, Value(),
+                                   APFloat(0.0), false);
+    gathered = k.tile(MemorySpace::sbuf, {unit, perPart * vDim}, inElt);
+  }
+  auto gatherAcc = [&](int64_t e, int64_t parts) {
+    return ps(e, 1, bank - vDim, parts, vDim);
+  };
+  // Adds head `headIdx`'s O (in oOuts) to the gathered rows.
+  auto gatherHead = [&](int64_t headIdx) {
+    for (int64_t e = 0; e < perPart; ++e)
+      b.create<nisa::MatmulOp>(k.view(select,
+                                      k.index(selFirst - headIdx * rows + e),
+                                      {rows, unit}, {selW, perPart}),
+                               oOuts[headIdx % 2], gatherAcc(e, unit))
+          .setAccumulate(headIdx > 0);
+  };
   Value lt = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
   auto col = [&](Value t, int64_t width, int64_t at) {
     return k.view(t, k.index(at), {rows, 1}, {width, 1});
@@ -199,7 +259,6 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   auto store = [&](Value src, Value dst) {
     b.create<nisa::DmaCopyOp>(src, dst, nisa::Engine::scalar);
   };
-  const int64_t headsAll = batch * kvHeads;
   int64_t hs = 0; // the key head's slot
   Value kBase, vBase;
   const int64_t ks = key.strides[2], vst = value.strides[2];
@@ -209,33 +268,69 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
                                     k.scale(w.stride(k, 1), h * perHead)),
                        w.offset);
   };
+  // The last key head's V loads in two transfers per block or pair (P V
+  // of a chunk waits only for its part): after the last byte only P V of
+  // the last half remains.
+  int64_t vParts = 1;
   auto setHead = [&](int64_t headIdx) {
     hs = headIdx % 2;
+    vParts = headIdx + 1 == headsAll && staticFull >= 1 &&
+                     staticFull < kSlots && chunks % 2 == 0
+                 ? 2
+                 : 1;
     kBase = headBase(key, headIdx / kvHeads, headIdx % kvHeads, 1);
     vBase = headBase(value, headIdx / kvHeads, headIdx % kvHeads, 1);
   };
-  auto loadFullK = [&](Value j, int64_t slot) {
-    Value first = k.scale(j, blockKeys);
-    load(k.view(key.buffer, k.addOffsets(kBase, k.scale(first, ks)),
-                {dim, chunks, unit}, {key.strides[3], ks, chunks * ks}),
-         k.view(kTs[hs * kSlots + slot], k.index(0), {dim, chunks, unit},
-                {kW, unit, 1}));
+  // Slot `slot`'s V: its tile and its column in it.
+  auto vTileOf = [&](int64_t slot) {
+    if (!pairs)
+      return vs[hs * kSlots + slot];
+    return vs[(hs * kSlots + (slot + kSlots - pairOff) % kSlots) / 2];
   };
-  // V of a full block in `parts` transfers of its chunks (P V of a chunk
-  // waits only for its part).
-  int64_t vParts = 1;
-  auto loadFullV = [&](Value j, int64_t slot) {
+  auto vColOf = [&](int64_t slot) { return pairs ? halfOf(slot) * vW : 0; };
+  // `body` once if `count` is 0 (a loop of zero or one iteration).
+  auto ifNone = [&](Value count, llvm::function_ref<void()> body) {
+    Value some = b.create<arith::MinSIOp>(
+        b.create<arith::MaxSIOp>(count, k.index(0)), k.index(1));
+    k.ifMore(b.create<arith::SubIOp>(k.index(1), some), 0, body);
+  };
+  // Whether block j has a partner (the unpaired block 0 is among the
+  // first loads, whose j is a constant).
+  auto paired = [&](Value j) {
+    return pairs && !(pairOff && getConstantIntValue(j) == 0);
+  };
+  auto loadFullK = [&](Value j, int64_t slot) {
+    auto loadK = [&](Value first, int64_t stride) {
+      load(k.view(key.buffer, k.addOffsets(kBase, k.scale(first, ks)),
+                  {dim, chunks, unit}, {key.strides[3], ks, stride * ks}),
+           k.view(kTs[hs * kSlots + slot], k.index(0), {dim, chunks, unit},
+                  {kW, unit, 1}));
+    };
     Value first = k.scale(j, blockKeys);
-    int64_t per = chunks / vParts;
+    if (!paired(j))
+      return loadK(first, chunks);
+    loadK(k.addOffset(first, halfOf(slot) * (chunks - blockKeys)), 2 * chunks);
+  };
+  // The V of `blocks` blocks from key `first` into slot `slot`'s columns.
+  auto loadV = [&](Value first, int64_t slot, int64_t blocks) {
+    int64_t all = blocks * chunks, per = all / vParts;
     for (int64_t part = 0; part < vParts; ++part) {
-      int64_t n = part + 1 == vParts ? chunks - part * per : per;
+      int64_t n = part + 1 == vParts ? all - part * per : per;
       load(k.view(value.buffer,
                   k.addOffsets(vBase,
                                k.scale(k.addOffset(first, part * per), vst)),
-                  {unit, n, vDim}, {chunks * vst, vst, value.strides[3]}),
-           k.view(vs[hs * kSlots + slot], k.index(part * per * vDim),
-                  {unit, n, vDim}, {vW, vDim, 1}));
+                  {unit, n, vDim}, {all * vst, vst, value.strides[3]}),
+           k.view(vTileOf(slot), k.index(vColOf(slot) + part * per * vDim),
+                  {unit, n, vDim}, {pairW, vDim, 1}));
     }
+  };
+  // A pair's V loads with its second block's loads.
+  auto loadFullV = [&](Value j, int64_t slot) {
+    Value first = k.scale(j, blockKeys);
+    if (!paired(j))
+      return loadV(first, slot, 1);
+    if (halfOf(slot) == 1)
+      loadV(k.addOffset(first, -blockKeys), (slot + kSlots - 1) % kSlots, 2);
   };
   auto loadFull = [&](Value j, int64_t slot) {
     loadFullK(j, slot);
@@ -279,8 +374,8 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   auto vChunk = [&](int64_t slot, int64_t c) {
     return slot < 0
                ? k.view(vRest[hs], k.index(c * vDim), {unit, vDim}, {vW, 1})
-               : k.view(vs[hs * kSlots + slot], k.index(c * vDim), {unit, vDim},
-                        {vW, 1});
+               : k.view(vTileOf(slot), k.index(vColOf(slot) + c * vDim),
+                        {unit, vDim}, {pairW, 1});
   };
   // Chunk c's body (its column group), for a rest block only when it has
   // chunk c; then the rest block's tail (group 0).
@@ -434,12 +529,6 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
                        nisa::AluOp::add, l, nisa::Engine::gpsimd);
   };
 
-  // `body` once if `count` is 0 (a loop of zero or one iteration).
-  auto ifNone = [&](Value count, llvm::function_ref<void()> body) {
-    Value some = b.create<arith::MinSIOp>(
-        b.create<arith::MaxSIOp>(count, k.index(0)), k.index(1));
-    k.ifMore(b.create<arith::SubIOp>(k.index(1), some), 0, body);
-  };
   int64_t headNow = 0;   // the key head whose blocks are being finished
   int64_t stageHead = 0; // the key head of the block a stage is for
   // `stage` of key head `headIdx`'s first block (the rest, else full
@@ -535,10 +624,29 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     Value l = ls[hs], oOut = oOuts[hs];
     b.create<nisa::TensorScalarOp>(nisa::AluOp::divide, os[hs], oOut, l,
                                    APFloat(0.0), false, nisa::Engine::gpsimd);
-    // The query heads' rows in one store when they are evenly spaced.
+    // The previous head's rows join the gathered ones a head late, so that
+    // TensorE does not wait for its combine; after the last head all of
+    // them are stored at once.
+    if (gather && headIdx > 0)
+      gatherHead(headIdx - 1);
+    if (gather && headIdx + 1 == headsAll) {
+      int64_t parts = (allRows - rows) / perPart, w = perPart * vDim;
+      for (int64_t e = 0; e < perPart; ++e)
+        b.create<nisa::CopyOp>(
+            gatherAcc(e, parts),
+            k.view(gathered, k.index(e * vDim), {parts, vDim}, {w, 1}),
+            nisa::Engine::vector);
+      store(k.view(gathered, k.index(0), {parts, w}, {w, 1}),
+            k.view(out, k.index(0), {parts, w}, {w, 1}));
+    }
+    // The query heads' rows in one store when they are evenly spaced (none
+    // when gathered).
     bool oneStore = qLen == 1 || outStrides[1] == qLen * outStrides[2];
     int64_t rowStride = qLen == 1 ? outStrides[1] : outStrides[2];
-    for (int64_t g = 0; g < (oneStore ? 1 : group); ++g) {
+    int64_t stores = gather && headIdx + 1 < headsAll ? 0
+                     : oneStore                       ? 1
+                                                      : group;
+    for (int64_t g = 0; g < stores; ++g) {
       int64_t n = oneStore ? rows : qLen;
       int64_t to = bi * outStrides[0] + (hk * group + g) * outStrides[1];
       store(k.view(oOut, k.index(g * qLen * vDim), {n, vDim}, {vDim, 1}),
@@ -566,10 +674,8 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
       if (!oneBlock)
         prologueV(headIdx + 1);
     }
-    if (oneBlock) {
-      vParts = headIdx + 1 == headsAll && chunks % 2 == 0 ? 2 : 1;
+    if (oneBlock)
       prologueV(headIdx);
-    }
     body(headIdx);
   }
   return success();
