@@ -208,42 +208,95 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
   auto oOuts = tiles(2, MemorySpace::sbuf, {rows, vDim}, inElt);
   // Gathered output: a key head's rows store from `rows` partitions, so on
   // `rows` / 8 of the 16 DMA engines, between the loads that every engine
-  // carries. When the result is the heads' rows in order and fills whole
-  // partitions, the heads before the last are instead moved onto all 128
-  // partitions (`perPart` consecutive rows each) by TensorE: a 0/1
-  // selection matrix as stationary, the head's O as moving, accumulated in
-  // PSUM (exact: one bf16 value per element); one store after the last
-  // head. `select` holds sel[r, j] = (j == r + selFirst): the selection
-  // for head h and row residue e is its view at column selFirst - h * rows
-  // + e, every perPart-th column. Residue e accumulates in the free columns
-  // at the end of set e's second bank.
+  // carries. When the heads' rows fill whole partitions of the result (of
+  // rows of vDim values, in any order of heads and tokens: [B, H, L, D], or
+  // [B, L, H, D] as attention layers read it), each head is instead moved
+  // onto their partitions, `perPart` consecutive result rows each, by
+  // TensorE: a 0/1 selection matrix as stationary, the head's O as moving,
+  // accumulated in PSUM (exact: one value per element); one store at the
+  // end. Head h's row r is result row base(h) + f(r), f(g * qLen + i) = (g
+  // * outStrides[1] + i * outStrides[2]) / vDim: the selection of residue e
+  // (rows with f(r) = e mod perPart) is the view at column maxBase -
+  // base(h) / perPart of select_e[r, j] = (j == (f(r) - e) / perPart +
+  // maxBase), which no j meets where f(r) - e is not a multiple. Residue e
+  // accumulates in the free columns at the end of set e's second bank.
   const int64_t headsAll = batch * kvHeads, allRows = headsAll * rows;
   const int64_t perPart = allRows / unit;
-  const bool gather =
-      headsAll > 1 && allRows % unit == 0 && perPart <= sets &&
-      rows % perPart == 0 && bank - vDim > lCol &&
-      outStrides == contiguousStrides(tensorType(op.getOut()).getShape());
-  const int64_t selFirst = allRows - rows, selW = allRows + selFirst;
-  Value select, gathered;
+  auto rowsOf = [&](int64_t stride) { return stride / vDim; };
+  auto baseOf = [&](int64_t headIdx) {
+    return rowsOf((headIdx / kvHeads) * outStrides[0] +
+                  (headIdx % kvHeads) * group * outStrides[1]);
+  };
+  auto rowOf = [&](int64_t r) {
+    return rowsOf(r / qLen * outStrides[1] + r % qLen * outStrides[2]);
+  };
+  bool gather = headsAll > 1 && allRows % unit == 0 && perPart <= sets &&
+                bank - vDim > lCol && outStrides[3] == 1 &&
+                llvm::all_of(ArrayRef<int64_t>(outStrides).take_front(3),
+                             [&](int64_t s) { return s % vDim == 0; });
+  // Every result row exactly once; a head's rows from a partition's start.
+  std::vector<bool> seen(gather ? allRows : 0);
+  for (int64_t h = 0; gather && h < headsAll; ++h) {
+    gather = baseOf(h) % perPart == 0;
+    for (int64_t r = 0; gather && r < rows; ++r) {
+      int64_t row = baseOf(h) + rowOf(r);
+      gather = row >= 0 && row < allRows && !seen[row];
+      if (gather)
+        seen[row] = true;
+    }
+  }
+  int64_t maxBase = 0;
+  for (int64_t h = 0; gather && h < headsAll; ++h)
+    maxBase = std::max(maxBase, baseOf(h) / perPart);
+  // When the last head's rows end the result in order, it is stored as it
+  // is, at the same time as the others: its gather would follow its
+  // combine, before the one store.
+  bool lastAlone = gather && baseOf(headsAll - 1) + rows == allRows;
+  for (int64_t r = 0; lastAlone && r < rows; ++r)
+    lastAlone = rowOf(r) == r;
+  const int64_t selW = maxBase + unit;
+  SmallVector<Value> selects;
+  Value gathered;
   if (gather) {
-    Value diffs = k.tile(MemorySpace::sbuf, {rows, selW}, f32);
-    b.create<nisa::IotaOp>(diffs, APFloat(double(-selFirst)), APFloat(-1.0),
+    // f(r) from the partition index: i = p mod qLen, g = (p - i) / qLen.
+    Value p = k.tile(MemorySpace::sbuf, {rows, 1}, f32),
+          i = k.tile(MemorySpace::sbuf, {rows, 1}, f32),
+          f = k.tile(MemorySpace::sbuf, {rows, 1}, f32),
+          fe = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
+    b.create<nisa::IotaOp>(p, APFloat(0.0), APFloat(1.0),
+                           b.getDenseF64ArrayAttr({0.0}));
+    auto unary = [&](nisa::AluOp alu, Value src, Value dst, double imm) {
+      b.create<nisa::TensorScalarOp>(alu, src, dst, Value(), APFloat(imm),
+                                     false);
+    };
+    unary(nisa::AluOp::mod, p, i, qLen);
+    b.create<nisa::TensorTensorOp>(nisa::AluOp::subtract, p, i, f);
+    unary(nisa::AluOp::divide, f, f, qLen);
+    unary(nisa::AluOp::multiply, f, f, rowsOf(outStrides[1]));
+    unary(nisa::AluOp::multiply, i, i, rowsOf(outStrides[2]));
+    b.create<nisa::TensorTensorOp>(nisa::AluOp::add, f, i, f);
+    Value cols = k.tile(MemorySpace::sbuf, {rows, selW}, f32);
+    b.create<nisa::IotaOp>(cols, APFloat(0.0), APFloat(0.0),
                            b.getDenseF64ArrayAttr({1.0}));
-    select = k.tile(MemorySpace::sbuf, {rows, selW}, inElt);
-    b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diffs, select, Value(),
-                                   APFloat(0.0), false);
+    for (int64_t e = 0; e < perPart; ++e) {
+      unary(nisa::AluOp::subtract, f, fe, e);
+      unary(nisa::AluOp::divide, fe, fe, perPart);
+      unary(nisa::AluOp::add, fe, fe, maxBase);
+      Value diff = k.tile(MemorySpace::sbuf, {rows, selW}, f32);
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::subtract, cols, diff, fe,
+                                     APFloat(0.0), false);
+      selects.push_back(k.tile(MemorySpace::sbuf, {rows, selW}, inElt));
+      unary(nisa::AluOp::eq, diff, selects.back(), 0.0);
+    }
     gathered = k.tile(MemorySpace::sbuf, {unit, perPart * vDim}, inElt);
   }
-  auto gatherAcc = [&](int64_t e, int64_t parts) {
-    return ps(e, 1, bank - vDim, parts, vDim);
-  };
   // Adds head `headIdx`'s O (in oOuts) to the gathered rows.
   auto gatherHead = [&](int64_t headIdx) {
     for (int64_t e = 0; e < perPart; ++e)
-      b.create<nisa::MatmulOp>(k.view(select,
-                                      k.index(selFirst - headIdx * rows + e),
-                                      {rows, unit}, {selW, perPart}),
-                               oOuts[headIdx % 2], gatherAcc(e, unit))
+      b.create<nisa::MatmulOp>(
+           k.view(selects[e], k.index(maxBase - baseOf(headIdx) / perPart),
+                  {rows, unit}, {selW, 1}),
+           oOuts[headIdx % 2], ps(e, 1, bank - vDim, unit, vDim))
           .setAccumulate(headIdx > 0);
   };
   Value lt = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
@@ -624,28 +677,29 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     Value l = ls[hs], oOut = oOuts[hs];
     b.create<nisa::TensorScalarOp>(nisa::AluOp::divide, os[hs], oOut, l,
                                    APFloat(0.0), false, nisa::Engine::gpsimd);
-    // The previous head's rows join the gathered ones a head late, so that
-    // TensorE does not wait for its combine; after the last head all of
-    // them are stored at once.
+    // A head's rows join the gathered ones a head late, so that TensorE
+    // does not wait for its combine; after the last head, all are stored.
     if (gather && headIdx > 0)
       gatherHead(headIdx - 1);
     if (gather && headIdx + 1 == headsAll) {
-      int64_t parts = (allRows - rows) / perPart, w = perPart * vDim;
+      if (!lastAlone)
+        gatherHead(headIdx);
+      int64_t w = perPart * vDim,
+              parts = lastAlone ? baseOf(headIdx) / perPart : unit;
       for (int64_t e = 0; e < perPart; ++e)
         b.create<nisa::CopyOp>(
-            gatherAcc(e, parts),
+            ps(e, 1, bank - vDim, parts, vDim),
             k.view(gathered, k.index(e * vDim), {parts, vDim}, {w, 1}),
             nisa::Engine::vector);
       store(k.view(gathered, k.index(0), {parts, w}, {w, 1}),
             k.view(out, k.index(0), {parts, w}, {w, 1}));
     }
-    // The query heads' rows in one store when they are evenly spaced (none
-    // when gathered).
+    // Else the query heads' rows in one store when they are evenly spaced.
     bool oneStore = qLen == 1 || outStrides[1] == qLen * outStrides[2];
     int64_t rowStride = qLen == 1 ? outStrides[1] : outStrides[2];
-    int64_t stores = gather && headIdx + 1 < headsAll ? 0
-                     : oneStore                       ? 1
-                                                      : group;
+    int64_t stores = gather && !(lastAlone && headIdx + 1 == headsAll) ? 0
+                     : oneStore                                        ? 1
+                                                                       : group;
     for (int64_t g = 0; g < stores; ++g) {
       int64_t n = oneStore ? rows : qLen;
       int64_t to = bi * outStrides[0] + (hk * group + g) * outStrides[1];

@@ -534,9 +534,13 @@ FlexAttentionLowering::resultLayout(Value result) {
       });
   if (!headsInner)
     return {k.resultBuffer(result), contiguousStrides(shape)};
-  Value buffer = b.create<memref::AllocOp>(
-      MemRefType::get({shape[0], shape[2], shape[1], shape[3]},
-                      tensorType(result).getElementType()));
+  // A returned transpose is written straight into its output.
+  Value transposed = result.getUsers().begin()->getResult(0);
+  Value buffer = result.hasOneUse() && k.hasDestination(transposed)
+                     ? k.resultBuffer(transposed)
+                     : b.create<memref::AllocOp>(MemRefType::get(
+                           {shape[0], shape[2], shape[1], shape[3]},
+                           tensorType(result).getElementType()));
   int64_t rowStride = shape[1] * shape[3];
   SmallVector<int64_t> strides{shape[2] * rowStride, shape[3], rowStride, 1};
   k.bindWindow(result, {buffer, 0, strides}, result.getLoc());
