@@ -495,7 +495,9 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
       bOp = groupsView(tree, half * treeW + h * rows, n, 2 * treeW);
     }
   };
-  auto soft = [&](int64_t slot, llvm::function_ref<void()> between) {
+  // The softmax of a block in two parts: its max M and diag(M) (softMax),
+  // then S^T - M and the exp (softExp; `between` before the exp).
+  auto softMax = [&](int64_t slot) {
     int64_t set = setOf(slot);
     Value maxRows = maxB[set];
     // Across the partitions: max^T [rows, 128], its row max M (a bf16
@@ -511,6 +513,10 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
         k.view(ident, k.index(0), {rows, dgGroups, rows}, {unit, 0, 1}),
         k.view(dg, k.index(0), {rows, dgGroups, rows}, {dgW, rows, 1}), m,
         APFloat(0.0), false);
+  };
+  auto softExp = [&](int64_t slot, llvm::function_ref<void()> between) {
+    int64_t set = setOf(slot);
+    Value dg = diag[set];
     for (int64_t g = 0; g < chunks; g += dgGroups)
       b.create<nisa::MatmulOp>(negOnes, dg, ps(set, 0, g * rows, unit, dgW))
           .setAccumulate(true);
@@ -526,7 +532,14 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
                  {unit, e + 1 == expParts ? sW - e * partW : partW}, {sW, 1}),
           Value(), nisa::ActivationFn::exp, APFloat(scale), APFloat(0.0));
   };
-  auto pvCombine = [&](int64_t slot) {
+  auto soft = [&](int64_t slot, llvm::function_ref<void()> between) {
+    softMax(slot);
+    softExp(slot, between);
+  };
+  // `midway` runs between the P V matmuls of the first and the second half
+  // of the chunks, `afterPV` after them (a full block's only).
+  auto pvCombine = [&](int64_t slot, llvm::function_ref<void()> midway,
+                       llvm::function_ref<void()> afterPV) {
     bool rest = slot < 0;
     int64_t set = setOf(slot);
     Value m = maxR[set];
@@ -545,6 +558,8 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     eachChunk(
         slot,
         [&](int64_t c) {
+          if (c == chunks / 2 && !rest)
+            midway();
           pv(k.view(pTs[set], k.index(groupOf(slot, c) * rows), {unit, rows},
                     {sW, 1}),
              vChunk(slot, c), ones, rest || c > 0);
@@ -555,6 +570,8 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
                     {vW, 1}),
              k.view(ones, k.index(0), {tail, idx(1)}, {1, 1}), true);
         });
+    if (!rest)
+      afterPV();
 
     // Combine with the key head's state by log-sum-exp: -m' = min(-m_b,
     // -m), O = O exp(m - m') + O_b exp(m_b - m'), l likewise.
@@ -607,6 +624,30 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     if (oneBlock && stageHead == headsAll - 1)
       soft(slot, [] {});
   };
+  // The gathered rows, into the result: all but the last head's when it is
+  // stored alone.
+  bool gatheredEarly = false;
+  auto storeGathered = [&] {
+    int64_t w = perPart * vDim,
+            parts = lastAlone ? baseOf(headsAll - 1) / perPart : unit;
+    for (int64_t e = 0; e < perPart; ++e)
+      b.create<nisa::CopyOp>(
+          ps(e, 1, bank - vDim, parts, vDim),
+          k.view(gathered, k.index(e * vDim), {parts, vDim}, {w, 1}),
+          nisa::Engine::vector);
+    store(k.view(gathered, k.index(0), {parts, w}, {w, 1}),
+          k.view(out, k.index(0), {parts, w}, {w, 1}));
+  };
+  // With a static cache of whole blocks that the prologue loads, how many
+  // blocks the last key head has from the one in `slot` on (0 otherwise).
+  const bool tailKnown = staticKeys && *staticKeys % blockKeys == 0 &&
+                         staticFull >= 2 && staticFull < kSlots;
+  auto lastBlocks = [&](int64_t slot) -> int64_t {
+    return tailKnown && headNow == headsAll - 1 && slot >= 0 &&
+                   slot < staticFull
+               ? staticFull - slot
+               : 0;
+  };
   // Finishes a block between the next one's stages: TensorE computes the
   // next scores before this block's max^T, P V and row sums, VectorE the
   // next max tree after this block's max and diag(M), so neither waits on
@@ -616,13 +657,27 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
                               llvm::function_ref<void(int64_t)>)>
                               next) {
     next(scores);
-    if (oneBlock && headNow == headsAll - 1)
+    if ((oneBlock || lastBlocks(slot) == 1) && headNow == headsAll - 1)
       next(maxTree);
     else
       soft(slot, [&] { next(maxTree); });
     if (oneBlock) // no empty regions where no head is eager
       next(softStage);
-    pvCombine(slot);
+    if (lastBlocks(slot) != 2)
+      return pvCombine(slot, [] {}, [] {});
+    // The last block's softmax runs under this one's P V: its max after
+    // the first half of the chunks, its exp after the second. The heads
+    // before the last are stored then, while TensorE waits for that exp.
+    pvCombine(
+        slot, [&] { next(softMax); },
+        [&] {
+          next([&](int64_t s) { softExp(s, [] {}); });
+          if (gather && lastAlone) {
+            gatherHead(headNow - 1);
+            storeGathered();
+            gatheredEarly = true;
+          }
+        });
   };
 
   // What a key head needs before its blocks: Q^T, its state, the rest
@@ -679,20 +734,12 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
                                    APFloat(0.0), false, nisa::Engine::gpsimd);
     // A head's rows join the gathered ones a head late, so that TensorE
     // does not wait for its combine; after the last head, all are stored.
-    if (gather && headIdx > 0)
+    if (gather && headIdx > 0 && !gatheredEarly)
       gatherHead(headIdx - 1);
-    if (gather && headIdx + 1 == headsAll) {
+    if (gather && headIdx + 1 == headsAll && !gatheredEarly) {
       if (!lastAlone)
         gatherHead(headIdx);
-      int64_t w = perPart * vDim,
-              parts = lastAlone ? baseOf(headIdx) / perPart : unit;
-      for (int64_t e = 0; e < perPart; ++e)
-        b.create<nisa::CopyOp>(
-            ps(e, 1, bank - vDim, parts, vDim),
-            k.view(gathered, k.index(e * vDim), {parts, vDim}, {w, 1}),
-            nisa::Engine::vector);
-      store(k.view(gathered, k.index(0), {parts, w}, {w, 1}),
-            k.view(out, k.index(0), {parts, w}, {w, 1}));
+      storeGathered();
     }
     // Else the query heads' rows in one store when they are evenly spaced.
     bool oneStore = qLen == 1 || outStrides[1] == qLen * outStrides[2];

@@ -105,23 +105,24 @@ def _decode_hbm_share(q_heads: int, kv_heads: int, tokens: int, heads_inner: boo
 
 def test_eight_token_decode_streams_the_cache_near_the_dma_rate() -> None:
     """8 new tokens of 32 query heads over 8 key heads (32 rows per key head) against a
-    4096-token cache: the modeled HBM time is at least 82% of the kernel's modeled time (78%
+    4096-token cache: the modeled HBM time is at least 84% of the kernel's modeled time (78%
     while every key head's output was stored from its 32 partitions, on 4 of the 16 DMA
-    engines, between the loads, and a block's V came in 4 KiB runs per partition; 27% when
-    every block's softmax ran as VectorE passes over its [128, 16 x 32] scores).
+    engines, between the loads, a block's V came in 4 KiB runs per partition and the last
+    block's softmax waited for the P V before it; 27% when every block's softmax ran as VectorE
+    passes over its [128, 16 x 32] scores).
     benchmarks/kernels.py --only "decode attention" has the figures."""
-    assert _decode_hbm_share(32, 8, 8) >= 0.82
+    assert _decode_hbm_share(32, 8, 8) >= 0.84
 
 
 def test_eight_token_decode_in_the_layout_attention_layers_read() -> None:
     """The same decode with its result transposed to [batch, tokens, heads, dim], as
     Hugging Face attention layers read it (written in that layout, each query head's rows every
-    32nd row of the result): the modeled HBM time is at least 82% of the kernel's, as in the
+    32nd row of the result): the modeled HBM time is at least 83% of the kernel's, as in the
     other layout (45% while the stores of a key head's query heads, whose rows interleave,
     waited for one another and, in ScalarE's queue, held up the exps behind them; 80% while
     they were 4 stores of 8 partitions per key head, and the result was copied into the output
     after the kernel had written it)."""
-    assert _decode_hbm_share(32, 8, 8, heads_inner=True) >= 0.82
+    assert _decode_hbm_share(32, 8, 8, heads_inner=True) >= 0.83
 
 
 def test_one_token_decode_streams_the_cache_near_the_dma_rate() -> None:

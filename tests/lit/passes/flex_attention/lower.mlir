@@ -80,10 +80,13 @@ func.func @relative_bias(%q: tensor<1x1x256x64xf32>, %k: tensor<1x1x256x64xf32>,
 
 // An output read only through transpose(1, 2) is written in the layout the
 // transpose gives, [B, L, H, D]: each query tile's rows are stored H * D = 128
-// apart, and the transposed result is already contiguous.
+// apart, and the transposed result is already contiguous. Returned, it is
+// written straight into the kernel's output.
 // CHECK-LABEL: func.func @heads_inner
-// CHECK: memref.alloc() : memref<1x256x2x64xf32>
-// CHECK: nisa.dma_copy %{{.*}}, %{{.*}} : memref<128x64xf32, {{.*}}#nisa.mem<sbuf>>, memref<128x64xf32, strided<[128, 1], offset: ?>>
+// CHECK-SAME: %[[OUT:arg3]]: memref<1x256x2x64xf32>
+// CHECK-NOT: memref.alloc() : memref<1x256x2x64xf32>
+// CHECK: %[[ROWS:.*]] = memref.reinterpret_cast %[[OUT]] to offset: [%{{.*}}], sizes: [128, 64], strides: [128, 1]
+// CHECK: nisa.dma_copy %{{.*}}, %[[ROWS]] : memref<128x64xf32, {{.*}}#nisa.mem<sbuf>>, memref<128x64xf32, strided<[128, 1], offset: ?>>
 func.func @heads_inner(%q: tensor<1x2x256x64xf32>, %k: tensor<1x2x256x64xf32>, %v: tensor<1x2x256x64xf32>) -> tensor<1x256x2x64xf32> {
   %o, %l = neuron.flex_attention %q, %k, %v {block_size = array<i64: 128, 128>, blocks = dense<[[[[2, 2], [2, 2]]]]> : tensor<1x1x2x2xi8>, scale = 1.250000e-01 : f64} : tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32>, tensor<1x2x256x64xf32> -> tensor<1x2x256x64xf32>, tensor<1x2x256xf32>
     score_mod {
