@@ -33,7 +33,10 @@
 //    one's (key heads unrolled), K^T before V. With exactly one
 //    full block per key head (a static cache) a head's V loads after the
 //    next head's K^T, so that only P V, the combine and the store follow
-//    the last transfer.
+//    the last transfer;
+//  - with a static cache, two blocks share their keys' partitions so that
+//    their V loads in runs of twice the length, and the heads' outputs are
+//    gathered onto all partitions by TensorE for one store at the end.
 //===----------------------------------------------------------------------===//
 
 #include "passes/flex_attention/FlexAttentionLowering.h"
@@ -321,9 +324,11 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
                                     k.scale(w.stride(k, 1), h * perHead)),
                        w.offset);
   };
-  // The last key head's V loads in two transfers per block or pair (P V
-  // of a chunk waits only for its part): after the last byte only P V of
-  // the last half remains.
+  // With a static cache whose blocks the prologue loads, the last key
+  // head's V loads in two transfers per block or pair (P V of a chunk
+  // waits only for its part): after the last byte only P V of the last
+  // half remains. (With more blocks the halved runs cost more than this
+  // saves.)
   int64_t vParts = 1;
   auto setHead = [&](int64_t headIdx) {
     hs = headIdx % 2;
