@@ -346,12 +346,6 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
     return vs[(hs * kSlots + (slot + kSlots - pairOff) % kSlots) / 2];
   };
   auto vColOf = [&](int64_t slot) { return pairs ? halfOf(slot) * vW : 0; };
-  // `body` once if `count` is 0 (a loop of zero or one iteration).
-  auto ifNone = [&](Value count, llvm::function_ref<void()> body) {
-    Value some = b.create<arith::MinSIOp>(
-        b.create<arith::MaxSIOp>(count, k.index(0)), k.index(1));
-    k.ifMore(b.create<arith::SubIOp>(k.index(1), some), 0, body);
-  };
   // Whether block j has a partner (the unpaired block 0 is among the
   // first loads, whose j is a constant).
   auto paired = [&](Value j) {
@@ -604,6 +598,12 @@ LogicalResult FlexAttentionLowering::decodeKernel(Value kvLenV) {
                        nisa::AluOp::add, l, nisa::Engine::gpsimd);
   };
 
+  // `body` once if `count` is 0 (a loop of zero or one iteration).
+  auto ifNone = [&](Value count, llvm::function_ref<void()> body) {
+    Value some = b.create<arith::MinSIOp>(
+        b.create<arith::MaxSIOp>(count, k.index(0)), k.index(1));
+    k.ifMore(b.create<arith::SubIOp>(k.index(1), some), 0, body);
+  };
   int64_t headNow = 0;   // the key head whose blocks are being finished
   int64_t stageHead = 0; // the key head of the block a stage is for
   // `stage` of key head `headIdx`'s first block (the rest, else full
