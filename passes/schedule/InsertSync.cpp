@@ -1208,11 +1208,15 @@ bool covered(ArrayRef<Instruction> insts, Waits &waits, int64_t a, int64_t b,
   };
   // A witness in a loop that does not hold b and may run no iteration (a
   // trip count known only at run time) may never run: a wait on it is then
-  // met at once and says nothing of `a`.
+  // met at once and says nothing of `a`. Unless the loop holds `a` too and
+  // c follows a in its body: `a` runs only in its iterations, and c after
+  // it in each, so c's latest instance follows a's (a grouped GEMM's
+  // matmuls otherwise waited for every eviction of every group before).
   auto runsBeforeB = [&](int64_t c) {
     for (auto [loop, iterates] :
          llvm::zip_equal(insts[c].loops, insts[c].loopIterates))
-      if (!iterates && !llvm::is_contained(insts[b].loops, loop))
+      if (!iterates && !llvm::is_contained(insts[b].loops, loop) &&
+          !(a < c && llvm::is_contained(insts[a].loops, loop)))
         return false;
     return true;
   };

@@ -455,3 +455,55 @@ func.func @narrow_and_wide(%y: memref<128x512xf32>, %h: memref<128x512xf32>) att
   nisa.dma_copy %h, %y : memref<128x512xf32>, memref<128x512xf32>
   return
 }
+
+// -----
+
+!t = memref<128x64xf32, #nisa.mem<sbuf>>
+
+// A loop counted at run time may run no iteration: a wait on an instruction
+// in it may then be met at once, so it stands for no earlier instruction
+// outside the loop (@witness_outside: GpSimd reads %t, written by 0, and
+// %u, written by 1 in the loop after 0 on VectorE's queue: it waits for
+// both). It stands for one before it in the loop's body (@witness_in_loop):
+// when the loop runs no iteration neither ran, else its last instance came
+// after theirs; waiting for 1 covers 0.
+// CHECK-LABEL: func.func @witness_outside
+// CHECK: nisa.tensor_tensor {{.*}} nisa.id = 2 : i64, nisa.waits = array<i64: 0, 1>}
+func.func @witness_outside(%n: index {neuron.size = {min = 1 : i64, name = "s0"}}) attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %s = memref.alloc() {nisa.address = 0 : i64} : !t
+  %t = memref.alloc() {nisa.address = 256 : i64} : !t
+  %u = memref.alloc() {nisa.address = 512 : i64} : !t
+  %w = memref.alloc() {nisa.address = 768 : i64} : !t
+  nisa.copy %s, %t : !t, !t
+  scf.for %i = %c0 to %n step %c1 {
+    nisa.copy %s, %u : !t, !t
+  }
+  nisa.tensor_tensor add %t, %u, %w {engine = #nisa.engine<gpsimd>} : !t, !t, !t
+  return
+}
+
+// -----
+
+!t = memref<128x64xf32, #nisa.mem<sbuf>>
+
+// CHECK-LABEL: func.func @witness_in_loop
+// CHECK: scf.for
+// CHECK: nisa.copy {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.copy {{.*}} {nisa.id = 1 : i64}
+// CHECK: nisa.tensor_tensor {{.*}} nisa.id = 2 : i64, nisa.waits = array<i64: 1>}
+func.func @witness_in_loop(%n: index {neuron.size = {min = 1 : i64, name = "s0"}}) attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %s = memref.alloc() {nisa.address = 0 : i64} : !t
+  %t = memref.alloc() {nisa.address = 256 : i64} : !t
+  %u = memref.alloc() {nisa.address = 512 : i64} : !t
+  %w = memref.alloc() {nisa.address = 768 : i64} : !t
+  scf.for %i = %c0 to %n step %c1 {
+    nisa.copy %s, %t : !t, !t
+    nisa.copy %s, %u : !t, !t
+  }
+  nisa.tensor_tensor add %t, %u, %w {engine = #nisa.engine<gpsimd>} : !t, !t, !t
+  return
+}
