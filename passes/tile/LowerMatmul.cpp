@@ -1127,19 +1127,20 @@ struct MatmulPattern : OpTilePattern<MatmulPattern, MatmulOp> {
   }
 };
 
-/// neuron.grouped_matmul with each group's rows and weights resident in
-/// SBUF: the group's x^T, [K in tile, K tile, row], by one DMA transpose of
-/// its rows, and its weights, [K in tile, K tile, column], in panels of up
-/// to a PSUM bank set's columns, in runs of a panel's columns. The next
+/// neuron.grouped_matmul with each group's rows and weights resident in SBUF:
+/// the group's x^T, [K in tile, K tile, row], by one DMA transpose of its rows,
+/// and its weights, [K in tile, K tile, column], in panels of up to a PSUM bank
+/// set's columns, in runs of a panel's columns (by DMA transposes when they are
+/// a transposed [G, N, K], as Transformers keeps its experts'). The next
 /// group's rows and the next panel's weights load while this panel computes
-/// (nothing for an empty group), after this group's in program order, which
-/// is the DMA queues' priority. Each panel goes over the group's rows in
-/// 128-row tiles counted at run time, its short last tile first (it stores
-/// only its rows; the compute runs on the whole tile): per 512-column PSUM
-/// bank the K tiles accumulated with the tile stationary, evicted by
-/// VectorE and ScalarE in turn, and the tile's panel stored whole. Each
-/// group reads its weights once, where the blocked GEMM streams them once
-/// per 512 rows, in runs of 512 columns.
+/// (nothing for an empty group), after this group's in program order, which is
+/// the DMA queues' priority. Each panel goes over the group's rows in 128-row
+/// tiles counted at run time, its short last tile first (it stores only its
+/// rows; the compute runs on the whole tile): per 512-column PSUM bank the K
+/// tiles accumulated with the tile stationary, evicted by VectorE and ScalarE
+/// in turn, and the tile's panel stored whole. Each group reads its weights
+/// once, where the blocked GEMM streams them once per 512 rows, in runs of 512
+/// columns.
 class GroupedGemm {
 public:
   GroupedGemm(KernelLowering &k, GroupedMatmulOp op)
@@ -1168,8 +1169,10 @@ public:
     auto lhsType = tensorType(op.getLhs());
     Shape shape = shapeOf(k, op);
     int64_t bytes = std::max<int64_t>(1, lhsType.getElementTypeBitWidth() / 8);
+    // Weights in rows of columns, or of K (loaded by DMA transposes).
+    ArrayRef<int64_t> strides = k.windowOf(op.getRhs()).strides;
     return lhsType.getDimSize(1) % shape.kTile == 0 && fits(k, shape, bytes) &&
-           k.windowOf(op.getRhs()).strides.back() == 1;
+           (strides[2] == 1 || strides[1] == 1);
   }
 
   void lower() {
@@ -1282,12 +1285,13 @@ private:
 
   void loadWeights(int64_t s) {
     int64_t g = s / panels, c0 = (s % panels) * panelCols, width = cols(s);
-    int64_t bRow = w.strides[1];
+    int64_t bRow = w.strides[1], bCol = w.strides[2];
     // One transfer per K tile: the first matmuls wait for theirs only.
     for (int64_t kt = 0; kt < kTiles; ++kt) {
-      Value src = k.index(w.offset + g * w.strides[0] + kt * kTile * bRow + c0);
+      Value src = k.index(w.offset + g * w.strides[0] + kt * kTile * bRow +
+                          c0 * bCol);
       Value dst = k.index(((s % 2) * kTiles + kt) * panelCols);
-      k.dma(k.view(w.buffer, src, {kTile, width}, {bRow, 1}),
+      k.dma(k.view(w.buffer, src, {kTile, width}, {bRow, bCol}),
             k.view(weights, dst, {kTile, width}, {2 * kTiles * panelCols, 1}));
     }
   }
