@@ -457,13 +457,16 @@ class _Writer:
         """The parameters ``<offsets>__end<g>`` of a ``_grouped_mm`` whose offsets are an
         input: the importer's ``neuron.grouped_matmul`` counts each group's rows from them,
         and the call binds them from the offsets' values. Other offsets get none (the
-        importer then says why it cannot take the node)."""
+        importer then says why it cannot take the node), except in the whole graph's check:
+        offsets computed there become an input of the GEMM's region (the partitioner cuts
+        their computation into a region before it)."""
         offs = node.args[2] if len(node.args) > 2 else node.kwargs.get("offs")
         ref = self.refs.get(offs) if isinstance(offs, torch.fx.Node) else None
         if ref is None or "index" in ref:
             return
         name = ref["ref"]
-        if not any(i["name"] == name for i in self.inputs + self.extra_inputs):
+        inputs = self.inputs + self.extra_inputs
+        if not self.lenient and not any(i["name"] == name for i in inputs):
             return
         a, b = node.args[0], node.args[1]
         if not (_is_node(a) and _is_node(b)):

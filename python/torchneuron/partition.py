@@ -175,7 +175,10 @@ def partition_graph(
     )
     support = _Support(reasons)
     partitions: list[Partition] = [
-        p for p in _propose_partitions(gm, support) if any(is_compute(n) for n in p.nodes)
+        p
+        for proposed in _propose_partitions(gm, support)
+        for p in _cut_at_grouped_mm_offsets(proposed)
+        if any(is_compute(n) for n in p.nodes)
     ]
     on_device = {n for p in partitions for n in p.nodes}
 
@@ -219,6 +222,38 @@ def _propose_partitions(gm: torch.fx.GraphModule, support: _Support) -> list[Par
         return [Partition(id=0, nodes=ops)] if ops else []
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     return partitioner.propose_partitions()
+
+
+def _cut_at_grouped_mm_offsets(partition: Partition) -> list[Partition]:
+    """``partition``, or its nodes in two partitions when it computes the offsets of a
+    ``_grouped_mm`` it holds (a router's ``cumsum``): first those the offsets depend on, then
+    the rest. The grouped-GEMM kernel binds each group's rows from the offsets' values when it
+    is launched (:func:`torchneuron.decompositions.grouped_mm_kernel`), so they must be an
+    input of its region. Neither part depends on the other's nodes through a third partition
+    (the whole made no cycle), so each is a region."""
+    nodes = set(partition.nodes)
+    offsets = [
+        offs
+        for n in partition.nodes
+        if n.target is torch.ops.aten._grouped_mm.default
+        and (offs := n.args[2] if len(n.args) > 2 else n.kwargs.get("offs")) in nodes
+    ]
+    if not offsets:
+        return [partition]
+    first: set[torch.fx.Node] = set()
+    stack = list(offsets)
+    while stack:
+        node = stack.pop()
+        if node in nodes and node not in first:
+            first.add(node)
+            stack.extend(node.all_input_nodes)
+    # A multi-output node's items go where it goes (a region returns them, not its tuple).
+    first |= {n for n in nodes if n.target is operator.getitem and n.args[0] in first}
+    # The offsets' own part may hold a grouped GEMM whose offsets it computes too.
+    return [
+        *_cut_at_grouped_mm_offsets(Partition(nodes=[n for n in partition.nodes if n in first])),
+        Partition(nodes=[n for n in partition.nodes if n not in first]),
+    ]
 
 
 def _is_kernel_call(node: torch.fx.Node) -> bool:

@@ -320,11 +320,12 @@ def float64_in_float32(gm: torch.fx.GraphModule) -> int:
 
 def grouped_mm_offsets(gm: torch.fx.GraphModule) -> int:
     """``_grouped_mm`` nodes left for the grouped-GEMM kernel
-    (:func:`torchneuron.decompositions.grouped_mm_kernel`) whose offsets are not a graph input
-    become the masked decomposition: the kernel binds each group's rows from the offsets'
-    values when it is launched, so they must come from outside the graph (offsets computed in
-    it, e.g. a router's ``cumsum``, would be a kernel's output). A node the trace cannot
-    splice stays, and the partitioner leaves it in eager PyTorch (counted)."""
+    (:func:`torchneuron.decompositions.grouped_mm_kernel`) whose offsets are a constant become
+    the masked decomposition: the kernel binds each group's rows from the offsets' values when
+    it is launched, so they must be an input of its region. Offsets computed in the graph (a
+    router's ``cumsum``) are: the partitioner cuts their computation into a region before the
+    GEMM's (:func:`torchneuron.partition.partition_graph`). A node the trace cannot splice
+    stays, and the partitioner leaves it in eager PyTorch (counted)."""
     from torchneuron.decompositions import grouped_mm_masked
 
     changed = 0
@@ -332,7 +333,7 @@ def grouped_mm_offsets(gm: torch.fx.GraphModule) -> int:
         if node.op != "call_function" or node.target is not torch.ops.aten._grouped_mm.default:
             continue
         offs = node.args[2] if len(node.args) > 2 else node.kwargs.get("offs")
-        if isinstance(offs, torch.fx.Node) and offs.op == "placeholder":
+        if isinstance(offs, torch.fx.Node) and offs.op in ("placeholder", "call_function"):
             continue
         a, b = node.args[0], node.args[1]
         if not (isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node)):

@@ -85,9 +85,11 @@ def test_short_last_tiles_compute_transposed() -> None:
     assert kernel["flops"] < 0.8 * whole_tiles
 
 
-def test_offsets_computed_in_the_graph_take_the_masked_decomposition() -> None:
+def test_offsets_computed_in_the_graph_take_the_kernel() -> None:
     """The kernel binds the groups' rows from an input's values; offsets the graph computes
-    (a router's cumsum) keep the masked form, on the device, and still match."""
+    (a router's cumsum) are computed in a region of their own, which the kernel's region
+    reads: no eager fallback, the offsets read once at the GEMM's launch, and TensorE counts
+    about the useful FLOPs (the masked decomposition, taken before, counts every group's)."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(200, 128, generator=g).bfloat16()
     w = torch.randn(3, 128, 64, generator=g).bfloat16()
@@ -98,11 +100,13 @@ def test_offsets_computed_in_the_graph_take_the_masked_decomposition() -> None:
 
     torch._dynamo.reset()
     torchneuron.reset_stats()
-    with torch.no_grad():
+    with torch.no_grad(), torchneuron.profile() as prof:
         out = torch.compile(fn, backend="neuron", fullgraph=True)(x, w, counts)
     torch.testing.assert_close(out.float(), _reference(x, w, [70, 70, 200]), atol=0.3, rtol=2e-2)
     stats = torchneuron.stats()
-    assert stats["ops_fallback"] == {} and stats["launch_reads"] == 0
+    assert stats["ops_fallback"] == {} and stats["launch_reads"] == 1
+    assert len(prof.kernels) == 2  # the cumsum, then the grouped GEMM
+    assert sum(k["flops"] for k in prof.kernels) < 2 * 2.0 * 200 * 128 * 64
 
 
 def test_decreasing_offsets_are_an_error() -> None:
