@@ -1014,6 +1014,24 @@ sizedAccess(SizeFunctions &fns, MemRefType type,
   return fns.keep(std::move(out));
 }
 
+/// An upper bound (at least 1) of a size known at run time, when its
+/// definition gives one: a constant, a remainder by a constant, a minimum.
+std::optional<int64_t> upperBound(OpFoldResult size) {
+  if (auto c = getConstantIntValue(size))
+    return std::max<int64_t>(*c, 1);
+  Operation *def = cast<Value>(size).getDefiningOp();
+  if (isa_and_nonnull<arith::RemSIOp, arith::RemUIOp>(def))
+    if (auto d = getConstantIntValue(def->getOperand(1)); d && *d > 0)
+      return std::max<int64_t>(*d - 1, 1);
+  if (isa_and_nonnull<arith::MinSIOp, arith::MinUIOp>(def)) {
+    auto l = upperBound(def->getOperand(0)), r = upperBound(def->getOperand(1));
+    if (l && r)
+      return std::min(*l, *r);
+    return l ? l : r;
+  }
+  return std::nullopt;
+}
+
 /// The storage and spans of a memref operand, or failure with a diagnostic.
 /// `fns`: the kernel's size parameter, if it has one, and `counts` the trip
 /// counts known at run time of the loops around `user`.
@@ -1036,8 +1054,12 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
     sizes.assign(view.getStaticSizes().begin(), view.getStaticSizes().end());
     mixedSizes = view.getMixedSizes();
     strides = nisa::viewStrides(view);
-    // A size known only at run time (issue #16): the whole tile or buffer,
-    // whatever the sizes, so the waits hold for every instance.
+    // A size known only at run time (issue #16) reaches as far as its bound
+    // (a remainder's, as a group's last rows); without one, the whole tile
+    // or buffer, whatever the sizes, so the waits hold for every instance.
+    for (auto [size, mixed] : llvm::zip(sizes, mixedSizes))
+      if (ShapedType::isDynamic(size))
+        size = upperBound(mixed).value_or(ShapedType::kDynamic);
     if (llvm::any_of(strides, [](int64_t s) { return s < 0; }) ||
         llvm::any_of(sizes, ShapedType::isDynamic))
       offset.reset();

@@ -507,3 +507,30 @@ func.func @witness_in_loop(%n: index {neuron.size = {min = 1 : i64, name = "s0"}
   nisa.tensor_tensor add %t, %u, %w {engine = #nisa.engine<gpsimd>} : !t, !t, !t
   return
 }
+
+// -----
+
+!t = memref<128x256xf32, #nisa.mem<sbuf>>
+
+// A size known at run time reaches as far as its bound when its definition
+// gives one: a remainder by 128 writes at most 127 columns, apart from
+// columns [128, 256) (with two size parameters, so no size functions: the
+// bound alone). A size without a bound covers the whole tile.
+// CHECK-LABEL: func.func @bounded_size
+// CHECK: nisa.memset {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.copy {{.*}} nisa.id = 1 : i64}
+// CHECK: nisa.memset {{.*}} {nisa.id = 2 : i64, nisa.waits = array<i64: 1>}
+func.func @bounded_size(%n: index {neuron.size = {min = 1 : i64, name = "s0"}}, %m: index {neuron.size = {min = 1 : i64, name = "s1"}}) attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %c128 = arith.constant 128 : index
+  %t = memref.alloc() {nisa.address = 0 : i64} : !t
+  %u = memref.alloc() {nisa.address = 1024 : i64} : !t
+  %r = arith.remsi %n, %c128 : index
+  %head = memref.reinterpret_cast %t to offset: [0], sizes: [128, %r], strides: [256, 1] : !t to memref<128x?xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
+  nisa.memset %head, 0.0 : memref<128x?xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
+  %tail = memref.reinterpret_cast %t to offset: [128], sizes: [128, 128], strides: [256, 1] : !t to memref<128x128xf32, strided<[256, 1], offset: 128>, #nisa.mem<sbuf>>
+  %v = memref.reinterpret_cast %u to offset: [0], sizes: [128, 128], strides: [256, 1] : !t to memref<128x128xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
+  nisa.copy %tail, %v {engine = #nisa.engine<scalar>} : memref<128x128xf32, strided<[256, 1], offset: 128>, #nisa.mem<sbuf>>, memref<128x128xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
+  %any = memref.reinterpret_cast %t to offset: [0], sizes: [128, %n], strides: [256, 1] : !t to memref<128x?xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
+  nisa.memset %any, 1.0 : memref<128x?xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
+  return
+}
