@@ -1015,20 +1015,34 @@ sizedAccess(SizeFunctions &fns, MemRefType type,
 }
 
 /// An upper bound (at least 1) of a size known at run time, when its
-/// definition gives one: a constant, a remainder by a constant, a minimum.
+/// definition gives one: a constant, a remainder by a constant, a minimum,
+/// or a maximum, sum or quotient of bounded terms.
 std::optional<int64_t> upperBound(OpFoldResult size) {
   if (auto c = getConstantIntValue(size))
     return std::max<int64_t>(*c, 1);
   Operation *def = cast<Value>(size).getDefiningOp();
-  if (isa_and_nonnull<arith::RemSIOp, arith::RemUIOp>(def))
-    if (auto d = getConstantIntValue(def->getOperand(1)); d && *d > 0)
-      return std::max<int64_t>(*d - 1, 1);
-  if (isa_and_nonnull<arith::MinSIOp, arith::MinUIOp>(def)) {
+  if (!def)
+    return std::nullopt;
+  std::optional<int64_t> c =
+      def->getNumOperands() == 2 ? getConstantIntValue(def->getOperand(1))
+                                 : std::nullopt;
+  if (isa<arith::RemSIOp, arith::RemUIOp>(def) && c && *c > 0)
+    return std::max<int64_t>(*c - 1, 1);
+  if (isa<arith::MinSIOp, arith::MinUIOp>(def)) {
     auto l = upperBound(def->getOperand(0)), r = upperBound(def->getOperand(1));
     if (l && r)
       return std::min(*l, *r);
     return l ? l : r;
   }
+  if (isa<arith::MaxSIOp, arith::AddIOp>(def)) {
+    auto l = upperBound(def->getOperand(0)), r = upperBound(def->getOperand(1));
+    if (!l || !r)
+      return std::nullopt;
+    return isa<arith::MaxSIOp>(def) ? std::max(*l, *r) : *l + *r;
+  }
+  if (isa<arith::FloorDivSIOp, arith::DivUIOp>(def) && c && *c > 0)
+    if (auto l = upperBound(def->getOperand(0)))
+      return std::max<int64_t>(*l / *c, 1);
   return std::nullopt;
 }
 
@@ -1057,9 +1071,19 @@ FailureOr<Access> accessOf(Operation *user, Value v, bool write,
     // A size known only at run time (issue #16) reaches as far as its bound
     // (a remainder's, as a group's last rows); without one, the whole tile
     // or buffer, whatever the sizes, so the waits hold for every instance.
-    for (auto [size, mixed] : llvm::zip(sizes, mixedSizes))
+    // On chip the partitions a view spans do not count (the spans are bytes
+    // of a partition): their number may be anything.
+    auto baseType = cast<MemRefType>(base.getType());
+    int64_t partitionStride =
+        nisa::getMemorySpace(baseType) == nisa::MemorySpace::hbm
+            ? 0
+            : nisa::bytesPerPartition(baseType) /
+                  std::max<int64_t>(1, baseType.getElementTypeBitWidth() / 8);
+    for (auto [size, mixed, stride] : llvm::zip(sizes, mixedSizes, strides))
       if (ShapedType::isDynamic(size))
-        size = upperBound(mixed).value_or(ShapedType::kDynamic);
+        size = stride == partitionStride
+                   ? 1
+                   : upperBound(mixed).value_or(ShapedType::kDynamic);
     if (llvm::any_of(strides, [](int64_t s) { return s < 0; }) ||
         llvm::any_of(sizes, ShapedType::isDynamic))
       offset.reset();

@@ -534,3 +534,31 @@ func.func @bounded_size(%n: index {neuron.size = {min = 1 : i64, name = "s0"}}, 
   nisa.memset %any, 1.0 : memref<128x?xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
   return
 }
+
+// -----
+
+!t = memref<128x256xf32, #nisa.mem<sbuf>>
+
+// On chip, how many partitions a view spans (known at run time here) does
+// not move its bytes in a partition: columns [0, 128) of %n partitions are
+// apart from columns [128, 256). A sum of bounded terms is bounded: %n mod
+// 64 + 64 columns reach at most column 127. (The two memsets meet.)
+// CHECK-LABEL: func.func @dynamic_partitions
+// CHECK: nisa.memset {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.memset {{.*}} nisa.id = 1 : i64, nisa.waits = array<i64: 0>}
+// CHECK: nisa.copy {{.*}} nisa.id = 2 : i64}
+func.func @dynamic_partitions(%n: index {neuron.size = {min = 1 : i64, name = "s0"}}, %m: index {neuron.size = {min = 1 : i64, name = "s1"}}) attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %c64 = arith.constant 64 : index
+  %t = memref.alloc() {nisa.address = 0 : i64} : !t
+  %u = memref.alloc() {nisa.address = 1024 : i64} : !t
+  %rows = memref.reinterpret_cast %t to offset: [0], sizes: [%n, 128], strides: [256, 1] : !t to memref<?x128xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
+  nisa.memset %rows, 0.0 : memref<?x128xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
+  %r = arith.remsi %n, %c64 : index
+  %w = arith.addi %r, %c64 : index
+  %cols = memref.reinterpret_cast %t to offset: [0], sizes: [128, %w], strides: [256, 1] : !t to memref<128x?xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
+  nisa.memset %cols, 0.0 {engine = #nisa.engine<gpsimd>} : memref<128x?xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
+  %tail = memref.reinterpret_cast %t to offset: [128], sizes: [128, 128], strides: [256, 1] : !t to memref<128x128xf32, strided<[256, 1], offset: 128>, #nisa.mem<sbuf>>
+  %v = memref.reinterpret_cast %u to offset: [0], sizes: [128, 128], strides: [256, 1] : !t to memref<128x128xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
+  nisa.copy %tail, %v {engine = #nisa.engine<scalar>} : memref<128x128xf32, strided<[256, 1], offset: 128>, #nisa.mem<sbuf>>, memref<128x128xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
+  return
+}
