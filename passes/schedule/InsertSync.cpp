@@ -1023,8 +1023,8 @@ std::optional<int64_t> upperBound(OpFoldResult size) {
   Operation *def = cast<Value>(size).getDefiningOp();
   if (!def)
     return std::nullopt;
-  std::optional<int64_t> c =
-      def->getNumOperands() == 2 ? getConstantIntValue(def->getOperand(1))
+  std::optional<int64_t> c = def->getNumOperands() == 2
+                                 ? getConstantIntValue(def->getOperand(1))
                                  : std::nullopt;
   if (isa<arith::RemSIOp, arith::RemUIOp>(def) && c && *c > 0)
     return std::max<int64_t>(*c - 1, 1);
