@@ -1077,8 +1077,8 @@ def grouped_mm_kernel(enabled: bool = True) -> Iterator[None]:
     [G, K, N] stays one op (:func:`is_grouped_mm_kernel_form`), which the compiler lowers to a
     grouped GEMM whose per-group row counts are the offsets' values, bound when the program is
     launched (``neuron.grouped_matmul``); :func:`torchneuron.rewrite.grouped_mm_offsets`
-    decomposes the ones whose offsets are a constant (the partitioner puts offsets the graph
-    computes in a region before the GEMM's)."""
+    decomposes the ones whose offsets are a constant (the partitioner puts the GEMM in a region
+    of its own, so offsets the graph computes are an input of it)."""
     token = _GROUPED_MM_KERNEL.set(enabled)
     try:
         yield

@@ -458,8 +458,8 @@ class _Writer:
         input: the importer's ``neuron.grouped_matmul`` counts each group's rows from them,
         and the call binds them from the offsets' values. Other offsets get none (the
         importer then says why it cannot take the node), except in the whole graph's check:
-        offsets computed there become an input of the GEMM's region (the partitioner cuts
-        their computation into a region before it)."""
+        offsets computed there become an input of the GEMM's region (the partitioner puts
+        the GEMM in a region of its own)."""
         offs = node.args[2] if len(node.args) > 2 else node.kwargs.get("offs")
         ref = self.refs.get(offs) if isinstance(offs, torch.fx.Node) else None
         if ref is None or "index" in ref:

@@ -177,7 +177,7 @@ def partition_graph(
     partitions: list[Partition] = [
         p
         for proposed in _propose_partitions(gm, support)
-        for p in _cut_at_grouped_mm_offsets(proposed)
+        for p in _isolate_grouped_gemms(proposed)
         if any(is_compute(n) for n in p.nodes)
     ]
     on_device = {n for p in partitions for n in p.nodes}
@@ -224,18 +224,17 @@ def _propose_partitions(gm: torch.fx.GraphModule, support: _Support) -> list[Par
     return partitioner.propose_partitions()
 
 
-def _cut_at_grouped_mm_offsets(partition: Partition) -> list[Partition]:
-    """``partition``, or its nodes in several partitions when it computes the offsets of a
-    ``_grouped_mm`` it holds (a router's ``cumsum``): what the GEMM depends on, the GEMM alone,
-    then the rest, each cut again. The grouped-GEMM kernel binds each group's rows from the
-    offsets' values when it is launched
-    (:func:`torchneuron.decompositions.grouped_mm_kernel`), so they must be an input of its
-    region; and alone in it, its loops over groups that may be empty do not make every later
-    instruction of the kernel wait for each of theirs (nisa-insert-sync took 72 s on a 2048-token
-    Mixtral block otherwise). No part depends on another's nodes through a third partition
-    (the whole made no cycle), so each is a region."""
+def _isolate_grouped_gemms(partition: Partition) -> list[Partition]:
+    """``partition``, or its nodes in several partitions when it holds a ``_grouped_mm`` and
+    more: what the GEMM depends on, the GEMM alone (with the views only it reads), then the
+    rest, each cut again. The grouped-GEMM kernel binds each group's rows from its offsets'
+    values when it is launched (:func:`torchneuron.decompositions.grouped_mm_kernel`), so
+    offsets the graph computes (a router's ``cumsum``) must come from another region; and its
+    loops over groups, any of which may be empty, would make every later instruction of a
+    kernel it shared wait for each of theirs (nisa-insert-sync took 72 s on a 2048-token
+    Mixtral block). No part depends on another's nodes through a third partition (the whole
+    made no cycle), so each is a region."""
     nodes = set(partition.nodes)
-
     gemm = next(
         (n for n in partition.nodes if n.target is torch.ops.aten._grouped_mm.default), None
     )
@@ -266,9 +265,9 @@ def _cut_at_grouped_mm_offsets(partition: Partition) -> list[Partition]:
     before |= {n for n in nodes if n.target is operator.getitem and n.args[0] in before}
     after = [n for n in partition.nodes if n not in before and n not in own]
     return [
-        *_cut_at_grouped_mm_offsets(Partition(nodes=[n for n in partition.nodes if n in before])),
+        *_isolate_grouped_gemms(Partition(nodes=[n for n in partition.nodes if n in before])),
         Partition(nodes=[n for n in partition.nodes if n in own]),
-        *_cut_at_grouped_mm_offsets(Partition(nodes=after)),
+        *_isolate_grouped_gemms(Partition(nodes=after)),
     ]
 
 

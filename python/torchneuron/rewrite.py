@@ -323,8 +323,8 @@ def grouped_mm_offsets(gm: torch.fx.GraphModule) -> int:
     (:func:`torchneuron.decompositions.grouped_mm_kernel`) whose offsets are a constant become
     the masked decomposition: the kernel binds each group's rows from the offsets' values when
     it is launched, so they must be an input of its region. Offsets computed in the graph (a
-    router's ``cumsum``) are: the partitioner cuts their computation into a region before the
-    GEMM's (:func:`torchneuron.partition.partition_graph`). A node the trace cannot splice
+    router's ``cumsum``) are: the partitioner puts the GEMM in a region of its own
+    (:func:`torchneuron.partition.partition_graph`). A node the trace cannot splice
     stays, and the partitioner leaves it in eager PyTorch (counted)."""
     from torchneuron.decompositions import grouped_mm_masked
 
