@@ -184,6 +184,7 @@ public:
                    Type computeElt, ArrayRef<int64_t> shape);
   Value operandAs(const json &v, Type elt, ArrayRef<int64_t> shape);
   Value reduce(ReduceFn fn, Value v, std::vector<int64_t> dims, bool keepdim);
+  Value sumOfSlices(ReduceFn fn, Value v, ArrayRef<bool> reduced);
   Value matmul(Value lhs, Value rhs);
   Type promote(const json &a, const json &b) const;
 
@@ -561,6 +562,45 @@ Value Importer::binaryArgs(BinaryFn fn, const json &lhs, const json &rhs,
   return binary(fn, l, r, RankedTensorType::get(shape, outElt));
 }
 
+/// A sum over one dim of a few slices with larger dims after it (an MoE
+/// layer's top-k sum over [tokens, k, hidden]) as adds of its slices, where
+/// moving the dim innermost would transpose the whole tensor; null when the
+/// reduction is not one. Float sums of more than two slices only in float32
+/// (each add rounds, a reduction once).
+Value Importer::sumOfSlices(ReduceFn fn, Value v, ArrayRef<bool> reduced) {
+  constexpr int64_t kMostSlices = 8;
+  auto type = cast<RankedTensorType>(v.getType());
+  int64_t rank = type.getRank();
+  if (fn != ReduceFn::sum || llvm::count(reduced, true) != 1)
+    return Value();
+  int64_t dim = llvm::find(reduced, true) - reduced.begin();
+  int64_t n = type.getDimSize(dim);
+  int64_t inner = 1;
+  for (int64_t i = dim + 1; i < rank; ++i)
+    inner *= type.getDimSize(i);
+  Type elt = type.getElementType();
+  if (inner <= 1 || n < 2 || n > kMostSlices ||
+      (isa<FloatType>(elt) && n > 2 && !elt.isF32()) || elt.isInteger(1))
+    return Value();
+  SmallVector<int64_t> shape(type.getShape()), kept;
+  shape[dim] = 1;
+  for (int64_t i = 0; i < rank; ++i)
+    if (i != dim)
+      kept.push_back(type.getDimSize(i));
+  auto keptType = type.clone(kept);
+  Value sum;
+  for (int64_t i = 0; i < n; ++i) {
+    SmallVector<int64_t> offsets(rank, 0), strides(rank, 1);
+    offsets[dim] = i;
+    Value s = b.create<SliceOp>(currentLoc, type.clone(shape), v,
+                                b.getDenseI64ArrayAttr(offsets),
+                                b.getDenseI64ArrayAttr(strides));
+    s = reshape(s, kept);
+    sum = sum ? binary(BinaryFn::add, sum, s, keptType) : s;
+  }
+  return sum;
+}
+
 Value Importer::reduce(ReduceFn fn, Value v, std::vector<int64_t> dims,
                        bool keepdim) {
   auto type = cast<RankedTensorType>(v.getType());
@@ -592,9 +632,12 @@ Value Importer::reduce(ReduceFn fn, Value v, std::vector<int64_t> dims,
     require(!reduced[i] || type.getDimSize(i) > 0,
             "reduction over an empty dimension");
   }
-  Value t = transpose(v, perm);
-  Value r = b.create<ReduceOp>(currentLoc, type.clone(keptShape), fn, t,
-                               (uint64_t)count);
+  Value r = sumOfSlices(fn, v, reduced);
+  if (!r) {
+    Value t = transpose(v, perm);
+    r = b.create<ReduceOp>(currentLoc, type.clone(keptShape), fn, t,
+                           (uint64_t)count);
+  }
   if (!keepdim)
     return r;
   SmallVector<int64_t> shape;
