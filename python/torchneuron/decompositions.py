@@ -778,16 +778,23 @@ def index_put(
     rows = x.reshape(rows_n, -1)
     flat = flat.reshape(-1)
     vals = v.reshape(flat.numel(), -1)
-    hit = flat.unsqueeze(1) == torch.arange(rows_n, device=t.device)
-    if not accumulate:
-        numbered = torch.where(hit, torch.arange(flat.numel(), device=t.device).unsqueeze(1), -1)
-        hit = hit & (numbered == numbered.amax(0, keepdim=True))
-    mm = torch.float32 if not t.is_floating_point() else vals.dtype
-    placed = torch.matmul(hit.to(mm).t(), vals.to(mm))
     if accumulate:
-        out = rows + placed.to(t.dtype)
+        hit = flat.unsqueeze(1) == torch.arange(rows_n, device=t.device)
+        mm = torch.float32 if not t.is_floating_point() else vals.dtype
+        out = rows + torch.matmul(hit.to(mm).t(), vals.to(mm)).to(t.dtype)
     else:
-        out = torch.where(hit.any(0).unsqueeze(1), placed.to(t.dtype), rows)
+        # Each row's last write: the number of the last index that hits it (-1: none), a
+        # reduction along each row of [rows, indices] comparisons, then that index's values
+        # gathered (exact in any dtype). In int32 where the counts fit: half the bytes of
+        # int64 per comparison tile, which then stays on chip for longer rows.
+        small = max(rows_n, flat.numel()) < 2**31
+        kind = torch.int32 if small else torch.int64
+        written = flat.to(kind).unsqueeze(0)
+        hits = torch.arange(rows_n, device=t.device, dtype=kind).unsqueeze(1) == written
+        numbers = torch.arange(flat.numel(), device=t.device, dtype=kind).unsqueeze(0)
+        last = torch.where(hits, numbers, -1).amax(1)
+        placed = torch.index_select(vals, 0, last.clamp(min=0))
+        out = torch.where((last >= 0).unsqueeze(1), placed, rows)
     return out.reshape(x.shape).movedim(moved[1], moved[0])
 
 
