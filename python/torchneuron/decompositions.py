@@ -23,7 +23,7 @@ Ops core ATen keeps whole (:data:`OP_DECOMPOSITIONS`), as ops the device runs:
   position holding it;
 - indexing: ``index_put`` (any leading block of index tensors, overwrite or accumulate),
   ``put``, ``scatter_reduce``, ``index_reduce``, ``masked_scatter``, ``searchsorted``: one-hot
-  compares with an iota, selects, reductions and TensorE matmuls; ``as_strided_copy`` and
+  compares with an iota, selects, reductions, gathers and TensorE matmuls; ``as_strided_copy`` and
   ``as_strided_scatter`` of a contiguous tensor: a gather or put at iota-computed positions;
 - pooling and convolution: 3-d convolutions (and transposed ones, float32) as sums of 2-d
   ones over the depth taps, adaptive average pooling with unequal windows and 3-d average
@@ -725,12 +725,12 @@ def index_put(
 ) -> object:
     """``t[..., i0, i1, ...] = values`` (or ``+=`` with ``accumulate``: index_select's and
     index_add's backward) for one block of integer index tensors after whole dims: the
-    indexed dims flattened to rows, each index tuple a row number, and a one-hot(rows)^T @
-    values matmul on TensorE (like the embedding gradient) instead of a scatter. Without
-    ``accumulate`` a row written twice keeps the last write, as PyTorch's CPU kernel does
-    (for a sequential scatter): the one-hot keeps only the last hit of each row. A bool mask
-    with one value is a select. Other forms (masks with many values, indices apart) stay
-    eager."""
+    indexed dims flattened to rows, each index tuple a row number. With ``accumulate``, a
+    one-hot(rows)^T @ values matmul on TensorE (like the embedding gradient) instead of a
+    scatter-add. Without, a row written twice keeps the last write, as PyTorch's CPU kernel
+    does (for a sequential scatter): per row the last index tuple that hits it, then its
+    values gathered. A bool mask with one value is a select. Other forms (masks with many
+    values, indices apart) stay eager."""
     if not indices:
         return NotImplemented
     lead = 0
