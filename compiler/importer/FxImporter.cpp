@@ -562,13 +562,13 @@ Value Importer::binaryArgs(BinaryFn fn, const json &lhs, const json &rhs,
   return binary(fn, l, r, RankedTensorType::get(shape, outElt));
 }
 
-/// A sum over one dim of a few slices with larger dims after it (an MoE
+/// A sum over one dim of up to 4 slices with larger dims after it (an MoE
 /// layer's top-k sum over [tokens, k, hidden]) as adds of its slices, where
 /// moving the dim innermost would transpose the whole tensor; null when the
 /// reduction is not one. Float sums of more than two slices only in float32
 /// (each add rounds, a reduction once).
 Value Importer::sumOfSlices(ReduceFn fn, Value v, ArrayRef<bool> reduced) {
-  constexpr int64_t kMostSlices = 8;
+  constexpr int64_t kMostSlices = 4; // more: the column sum on TensorE wins
   auto type = cast<RankedTensorType>(v.getType());
   int64_t rank = type.getRank();
   if (fn != ReduceFn::sum || llvm::count(reduced, true) != 1)
