@@ -1820,6 +1820,46 @@ Values indexHandler(Importer &im) {
   return {result};
 }
 
+/// aten.index_put in the row form the decompositions leave it in
+/// (decompositions.index_put): input[idx] = values (+= with accumulate) with
+/// one integer index tensor on dim 0, values broadcast to idx.shape ++
+/// input.shape[1:]. Negative indices count from the end. An indirect DMA
+/// writes the rows (neuron.scatter).
+Values indexPutHandler(Importer &im) {
+  RankedTensorType out = im.resultType();
+  Value input = im.tensor(im.arg(0));
+  const json &list = im.arg(1);
+  require(list.is_array() && list.size() == 1 && im.isTensor(list[0]),
+          "index_put with one index tensor on dim 0 (the decompositions "
+          "bring the others to this form)");
+  require(out.getRank() >= 1, "index_put into a 0-d tensor");
+  Value idx = im.tensor(list[0]);
+  auto idxType = cast<RankedTensorType>(idx.getType());
+  require(idxType.getElementType().isSignlessInteger() &&
+              !idxType.getElementType().isInteger(1),
+          "index_put by a boolean mask");
+  auto i64 = IntegerType::get(&im.ctx, 64);
+  auto indexType = RankedTensorType::get(idxType.getShape(), i64);
+  idx = im.castTo(idx, i64);
+  Value negative =
+      im.binary(BinaryFn::lt, idx, im.splat(0, indexType),
+                RankedTensorType::get(idxType.getShape(), im.b.getI1Type()));
+  Value wrapped = im.binary(BinaryFn::add, idx,
+                            im.splat(out.getDimSize(0), indexType), indexType);
+  idx = im.b.create<SelectOp>(im.loc(), indexType, negative, wrapped, idx);
+  SmallVector<int64_t> valuesShape(idxType.getShape());
+  llvm::append_range(valuesShape, out.getShape().drop_front());
+  Value values = im.operandAs(im.arg(2), out.getElementType(), valuesShape);
+  auto scatter = im.b.create<ScatterOp>(
+      im.loc(), out, im.castTo(input, out.getElementType()), idx, values);
+  if (im.flag(3, "accumulate")) {
+    require(!out.getElementType().isInteger(1),
+            "index_put accumulating booleans");
+    scatter.setAccumulate(true);
+  }
+  return {scatter.getResult()};
+}
+
 /// The cumulative sum (aten.cumsum): the `dtype` argument, or integers and
 /// booleans widening to int64, is the result type; the input is converted
 /// first where PyTorch converts it (booleans, another float type).
@@ -2597,6 +2637,7 @@ const std::unordered_map<std::string, Handler> &handlers() {
     };
     t["torchneuron.philox_rand.default"] = philoxRandHandler;
     t["aten.index.Tensor"] = indexHandler;
+    t["aten.index_put.default"] = indexPutHandler;
     t["aten.cumsum.default"] = cumsumHandler;
     t["aten.topk.default"] = topkHandler;
     t["aten.sort.default"] = [](Importer &im) {

@@ -388,6 +388,23 @@ LogicalResult GatherOp::verify() {
   return success();
 }
 
+LogicalResult ScatterOp::verify() {
+  auto input = tensorType(getInput()), idx = tensorType(getIndices()),
+       values = tensorType(getValues());
+  if (input.getRank() < 1)
+    return emitOpError("input must have rank >= 1");
+  llvm::SmallVector<int64_t> expect(idx.getShape());
+  llvm::append_range(expect, input.getShape().drop_front());
+  if (values.getShape() != ArrayRef<int64_t>(expect))
+    return emitOpError("values shape must be indices.shape ++ "
+                       "input.shape[1:]");
+  if (values.getElementType() != input.getElementType() || getType() != input)
+    return emitOpError("values and result must have the input's type");
+  if (isI1(input.getElementType()) && getAccumulate())
+    return emitOpError("accumulate adds numbers, not i1");
+  return success();
+}
+
 LogicalResult CumsumOp::verify() {
   RankedTensorType in = tensorType(getInput()), out = getType();
   if (in.getShape() != out.getShape())

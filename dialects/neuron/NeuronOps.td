@@ -311,6 +311,23 @@ def Neuron_GatherOp : Neuron_Op<"gather"> {
   let hasVerifier = 1;
 }
 
+def Neuron_ScatterOp : Neuron_Op<"scatter"> {
+  let summary = "`input` with rows replaced (or added to) by index (index_put)";
+  let description = [{
+    result = input; result[indices[i], :] = values[i, :] (+= with
+    `accumulate`), where values.shape is indices.shape ++ input.shape[1:].
+    Repeated indices: the last write wins, or every value is added. Indices
+    out of range are a runtime error on the device, as in PyTorch.
+  }];
+  let arguments = (ins Neuron_Tensor:$input, Neuron_IndexTensor:$indices,
+                   Neuron_Tensor:$values, UnitAttr:$accumulate);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = [{
+    $input `[` $indices `]` `,` $values attr-dict `:` type($input) `,` type($indices) `,` type($values) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Scans and selection
 //===----------------------------------------------------------------------===//

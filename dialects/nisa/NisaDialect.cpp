@@ -407,6 +407,23 @@ LogicalResult DmaGatherOp::verify() {
   return success();
 }
 
+LogicalResult DmaScatterOp::verify() {
+  MemRefType src = memrefType(getSrc()), dst = memrefType(getDst());
+  if (getMemorySpace(dst) != MemorySpace::hbm)
+    return emitOpError("destination must be in HBM");
+  if (failed(verifyTile(*this, getIndices(), "indices", false)) ||
+      failed(verifyTile(*this, getSrc(), "source", false)))
+    return failure();
+  if (!memrefType(getIndices()).getElementType().isSignlessInteger())
+    return emitOpError("indices must be integers");
+  if (failed(verifyColumn(*this, getIndices(), getSrc(), "indices")))
+    return failure();
+  if (dst.getRank() != 2 || src.getRank() != 2 ||
+      dst.getDimSize(1) != src.getDimSize(1))
+    return emitOpError("source [P, D] and destination [V, D] must agree on D");
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // TensorE
 //===----------------------------------------------------------------------===//

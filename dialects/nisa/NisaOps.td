@@ -135,6 +135,22 @@ def Nisa_DmaGatherOp : Nisa_Op<"dma_gather"> {
   }];
 }
 
+def Nisa_DmaScatterOp : Nisa_Op<"dma_scatter"> {
+  let summary = "indirect DMA: dst[indices[p], :] = src[p, :] (or +=)";
+  let description = [{
+    Rows of `dst` (in HBM) written by index: the rows no index names keep
+    their values. With `accumulate` each row is read, added to in fp32 and
+    rounded back (NKI's dma_compute read-add-write). Repeated indices: rows
+    go in partition order, the last write wins (PyTorch leaves the order of
+    an overwriting index_put undefined).
+  }];
+  let arguments = (ins Nisa_In:$src, Nisa_In:$indices, Nisa_InOut:$dst,
+                   UnitAttr:$accumulate);
+  let assemblyFormat = [{
+    $src `,` $dst `[` $indices `]` attr-dict `:` type($src) `,` type($dst) `,` type($indices)
+  }];
+}
+
 //===----------------------------------------------------------------------===//
 // TensorE
 //===----------------------------------------------------------------------===//

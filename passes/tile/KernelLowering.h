@@ -62,6 +62,7 @@ public:
   void lowerReduce(ReduceOp op);
   /// LowerGather.cpp.
   void lowerGather(GatherOp op);
+  void lowerScatter(ScatterOp op);
   /// LowerRand.cpp.
   void lowerRand(RandOp op);
   /// LowerScan.cpp.

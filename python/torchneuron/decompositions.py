@@ -55,9 +55,10 @@ decomposes into scatters and gathers by index, become device math here:
   (max pooling recomputes which element was each window's first maximum, as PyTorch's CPU kernel
   picks it, so ``max_pool2d_with_indices`` needs no indices on the device);
 - ``slice_scatter`` (a sliced view's backward): a concat of the untouched parts and the slice;
-- ``embedding_dense_backward`` and ``index_put`` with ``accumulate`` (index_select's
-  backward): one-hot(indices)^T @ grad, a TensorE matmul instead of a scatter-add; without
-  ``accumulate``, a row maximum finds each position's last writer, then a gather;
+- ``index_put`` brought to rows of a 2-D table written by a 1-D index, which the device
+  writes by indirect DMA (``neuron.scatter``); with ``accumulate`` (index_select's backward)
+  into a small table, and ``embedding_dense_backward``, one-hot(indices)^T @ grad, a TensorE
+  matmul instead of a scatter-add;
 - mixture-of-experts routing: ``histc`` (token counts per expert) as a one-hot sum;
   ``_grouped_mm`` and Transformers' ``grouped_mm_fallback`` (and its backward) as every
   group's matmul masked to the group's rows; ``copy`` (cache updates) as a cast + broadcast;
@@ -725,14 +726,18 @@ def index_put(
 ) -> object:
     """``t[..., i0, i1, ...] = values`` (or ``+=`` with ``accumulate``: index_select's and
     index_add's backward) for one block of integer index tensors after whole dims: the
-    indexed dims flattened to rows, each index tuple a row number. With ``accumulate``, a
-    one-hot(rows)^T @ values matmul on TensorE (like the embedding gradient) instead of a
-    scatter-add. Without, a row written twice keeps the last write, as PyTorch's CPU kernel
-    does (for a sequential scatter): per row the last index tuple that hits it, then its
-    values gathered. A bool mask with one value is a select. Other forms (masks with many
-    values, indices apart) stay eager."""
+    indexed dims flattened to rows, each index tuple a row number, and the rows written by
+    index (``index_put`` of a 2-D table by a 1-D index, which the device runs as an
+    indirect DMA; a row written twice keeps the last write, as PyTorch's CPU kernel does).
+    With ``accumulate`` into a small table, a one-hot(rows)^T @ values matmul on TensorE
+    instead (see :func:`_scatter_add_wins`). A bool mask with one value is a select. Other
+    forms (masks with many values, indices apart) stay eager."""
     if not indices:
         return NotImplemented
+    if _is_row_put(t, indices, values) and (
+        not accumulate or _scatter_add_wins(t.shape[0], t.shape[1])
+    ):
+        return NotImplemented  # the device's own form: rows written by indirect DMA
     lead = 0
     while lead < len(indices) and indices[lead] is None:
         lead += 1
@@ -778,24 +783,39 @@ def index_put(
     rows = x.reshape(rows_n, -1)
     flat = flat.reshape(-1)
     vals = v.reshape(flat.numel(), -1)
-    if accumulate:
+    if accumulate and not _scatter_add_wins(rows_n, rows.shape[1]):
         hit = flat.unsqueeze(1) == torch.arange(rows_n, device=t.device)
         mm = torch.float32 if not t.is_floating_point() else vals.dtype
         out = rows + torch.matmul(hit.to(mm).t(), vals.to(mm)).to(t.dtype)
     else:
-        # Each row's last write: the number of the last index that hits it (-1: none), a
-        # reduction along each row of [rows, indices] comparisons, then that index's values
-        # gathered (exact in any dtype). In int32 where the counts fit: half the bytes of
-        # int64 per comparison tile, which then stays on chip for longer rows.
-        small = max(rows_n, flat.numel()) < 2**31
-        kind = torch.int32 if small else torch.int64
-        written = flat.to(kind).unsqueeze(0)
-        hits = torch.arange(rows_n, device=t.device, dtype=kind).unsqueeze(1) == written
-        numbers = torch.arange(flat.numel(), device=t.device, dtype=kind).unsqueeze(0)
-        last = torch.where(hits, numbers, -1).amax(1)
-        placed = torch.index_select(vals, 0, last.clamp(min=0))
-        out = torch.where((last >= 0).unsqueeze(1), placed, rows)
+        out = _aten.index_put.default(rows, [flat], vals, accumulate)
     return out.reshape(x.shape).movedim(moved[1], moved[0])
+
+
+def _is_row_put(
+    t: torch.Tensor, indices: Sequence[torch.Tensor | None], values: torch.Tensor
+) -> bool:
+    """Whether ``t[idx] = values`` is the row form the device runs as an indirect DMA
+    (``neuron.scatter``): a 2-D table, one 1-D integer index, one row of values per index.
+    Of repeated indices the last write wins (PyTorch's CPU kernel; undefined on others)."""
+    idx = indices[0] if len(indices) == 1 else None
+    return (
+        idx is not None
+        and idx.dim() == 1
+        and idx.dtype in (torch.int32, torch.int64)
+        and t.dim() == 2
+        and t.dtype != torch.bool
+        and values.dtype == t.dtype
+        and tuple(values.shape) == (idx.shape[0], t.shape[1])
+    )
+
+
+def _scatter_add_wins(rows: int, width: int) -> bool:
+    """Whether adding rows by index is faster as a DMA scatter-add (a descriptor per row,
+    ~50 ns of GpSimd each) than as a one-hot [indices, rows] matmul on TensorE (2 x rows x
+    width FLOPs per index, ~0.013 ns per FLOP at the bf16 peak): tables of more than about
+    2M elements (an embedding's gradient), not the few rows of a router's counts."""
+    return rows * width >= 1 << 21
 
 
 def _masked_put(

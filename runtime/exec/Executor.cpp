@@ -918,7 +918,9 @@ struct Executor::Impl {
   void execCopy(const CompiledInst &inst);
   void copyRuns(const CompiledInst &inst, const PairPattern &pattern,
                 int64_t srcStart, int64_t dstStart);
+  const int64_t *loadTableIndices(const CompiledInst &inst, int64_t rows);
   void execGather(const CompiledInst &inst);
+  void execScatter(const CompiledInst &inst);
   void execMatmul(const CompiledInst &inst);
   void execActivation(const CompiledInst &inst);
   void activationRows(const CompiledInst &inst, int64_t r0, int64_t r1);
@@ -1120,6 +1122,7 @@ void Executor::Impl::allocate(const Program &program) {
       indexNeed = std::max(indexNeed, v[RoleSeed].numElements);
       break;
     case Opcode::DmaGather:
+    case Opcode::DmaScatter:
       indexNeed = std::max(indexNeed, v[RoleIndices].numElements);
       break;
     case Opcode::DmaCopy:
@@ -1189,6 +1192,8 @@ void Executor::Impl::exec(const CompiledInst &inst) {
     return execCopy(inst);
   case Opcode::DmaGather:
     return execGather(inst);
+  case Opcode::DmaScatter:
+    return execScatter(inst);
   case Opcode::Matmul:
     return execMatmul(inst);
   case Opcode::Activation:
@@ -1312,35 +1317,85 @@ void Executor::Impl::copyRuns(const CompiledInst &inst,
       });
 }
 
-// dst[p, :] = table[indices[p], :].
-void Executor::Impl::execGather(const CompiledInst &inst) {
-  const CompiledView &table = inst.views[RoleTable];
+/// An indirect DMA's indices, loaded into indexScratch and checked against
+/// the `rows` of its table.
+const int64_t *Executor::Impl::loadTableIndices(const CompiledInst &inst,
+                                                int64_t rows) {
   const CompiledView &indices = inst.views[RoleIndices];
-  const CompiledView &dst = inst.views[RoleDst];
   int64_t *index = indexScratch.data();
   loadIndices(indices.dtype, indices.pattern, bases[indices.buffer],
               offsetOf(indices), index);
-
-  int64_t rows = table.shape[0], width = table.shape[1];
-  int64_t tableOff = offsetOf(table), dstOff = offsetOf(dst);
-  const uint8_t *tableBase = bases[table.buffer];
-  uint8_t *dstBase = bases[dst.buffer];
   for (int64_t p = 0; p < indices.rows; ++p) {
     if (index[p] < 0 || index[p] >= rows)
       throw Error(inst.name + ": index " + std::to_string(index[p]) +
                   " at partition " + std::to_string(p) +
                   " is out of range [0, " + std::to_string(rows) + ")");
   }
-  for (int64_t p = 0; p < indices.rows; ++p) {
-    const uint8_t *from = tableBase + (tableOff + index[p] * table.strides[0]) *
-                                          table.elementSize;
-    uint8_t *to = dstBase + (dstOff + p * dst.strides[0]) * dst.elementSize;
-    if (table.dtype == dst.dtype)
-      copyRunBytes(from, table.strides[1], to, dst.strides[1], width,
-                   dst.elementSize);
-    else
-      convertRun(table.dtype, from, table.strides[1], dst.dtype, to,
-                 dst.strides[1], width);
+  return index;
+}
+
+/// Copies one row of `width` elements between views (casting if needed).
+static void copyRow(const CompiledView &from, const uint8_t *src,
+                    const CompiledView &to, uint8_t *dst, int64_t width) {
+  if (from.dtype == to.dtype)
+    copyRunBytes(src, from.strides[1], dst, to.strides[1], width,
+                 to.elementSize);
+  else
+    convertRun(from.dtype, src, from.strides[1], to.dtype, dst, to.strides[1],
+               width);
+}
+
+// dst[p, :] = table[indices[p], :].
+void Executor::Impl::execGather(const CompiledInst &inst) {
+  const CompiledView &table = inst.views[RoleTable];
+  const CompiledView &dst = inst.views[RoleDst];
+  const int64_t *index = loadTableIndices(inst, table.shape[0]);
+  int64_t tableOff = offsetOf(table), dstOff = offsetOf(dst);
+  const uint8_t *tableBase = bases[table.buffer];
+  uint8_t *dstBase = bases[dst.buffer];
+  for (int64_t p = 0; p < inst.views[RoleIndices].rows; ++p)
+    copyRow(table,
+            tableBase +
+                (tableOff + index[p] * table.strides[0]) * table.elementSize,
+            dst, dstBase + (dstOff + p * dst.strides[0]) * dst.elementSize,
+            table.shape[1]);
+}
+
+// dst[indices[p], :] = src[p, :], or += with accumulate (DMA compute's
+// read-add-write: the sum in fp32, rounded to dst's dtype per row). Rows go
+// in partition order, so of repeated indices the last write wins (PyTorch
+// leaves that case undefined without accumulate) and sums are sequential.
+void Executor::Impl::execScatter(const CompiledInst &inst) {
+  const CompiledView &src = inst.views[RoleSrc];
+  const CompiledView &dst = inst.views[RoleDst];
+  const int64_t *index = loadTableIndices(inst, dst.shape[0]);
+  int64_t width = dst.shape[1];
+  int64_t srcOff = offsetOf(src), dstOff = offsetOf(dst);
+  const uint8_t *srcBase = bases[src.buffer];
+  uint8_t *dstBase = bases[dst.buffer];
+  std::vector<float> sum, addend;
+  if (inst.attrs.accumulate) {
+    sum.resize(width);
+    addend.resize(width);
+  }
+  for (int64_t p = 0; p < inst.views[RoleIndices].rows; ++p) {
+    const uint8_t *from =
+        srcBase + (srcOff + p * src.strides[0]) * src.elementSize;
+    uint8_t *to =
+        dstBase + (dstOff + index[p] * dst.strides[0]) * dst.elementSize;
+    if (!inst.attrs.accumulate) {
+      copyRow(src, from, dst, to, width);
+      continue;
+    }
+    dispatchDType(src.dtype, [&](auto tag) {
+      loadRun<decltype(tag)::value>(from, src.strides[1], width, addend.data());
+    });
+    dispatchDType(dst.dtype, [&](auto tag) {
+      loadRun<decltype(tag)::value>(to, dst.strides[1], width, sum.data());
+      for (int64_t i = 0; i < width; ++i)
+        sum[i] += addend[i];
+      storeRun<decltype(tag)::value>(sum.data(), to, dst.strides[1], width);
+    });
   }
 }
 

@@ -507,6 +507,8 @@ OpSpec makeOpSpec(Opcode op) {
     return {op, {"src", "dst"}, {"dge"}};
   case Opcode::DmaGather:
     return {op, {"table", "indices", "dst"}, {}};
+  case Opcode::DmaScatter:
+    return {op, {"src", "indices", "dst"}, {"accumulate"}};
   case Opcode::Matmul:
     return {op,
             {"stationary", "moving", "dst"},
@@ -1580,10 +1582,18 @@ void Verifier::verifyInstruction(const Instruction &inst,
   case Opcode::Copy:
     sameShape("src", "dst");
     break;
-  case Opcode::DmaGather: {
-    const View &table = *inst.table, &indices = *inst.indices;
+  case Opcode::DmaGather:
+  case Opcode::DmaScatter: {
+    // One side is the table [V, D] rows are picked from (gather) or written
+    // to (scatter), the other holds one row per index.
+    bool gather = inst.op == Opcode::DmaGather;
+    const char *tableName = gather ? "table" : "dst";
+    const char *rowsName = gather ? "dst" : "src";
+    const View &table = gather ? *inst.table : dst, &rows = *views.at(rowsName),
+               &indices = *inst.indices;
     if (table.shape.size() != 2)
-      failInst(inst, "'table' must be [V, D], got " + shapeString(table.shape));
+      failInst(inst, std::string("'") + tableName + "' must be [V, D], got " +
+                         shapeString(table.shape));
     if (indices.shape.size() != 2 || indices.shape[1] != 1)
       failInst(inst,
                "'indices' must be [P, 1], got " + shapeString(indices.shape));
@@ -1591,9 +1601,10 @@ void Verifier::verifyInstruction(const Instruction &inst,
       failInst(inst, std::string("'indices' must have an integer dtype, got ") +
                          dtypeName(buffers.at("indices")->dtype));
     std::vector<int64_t> expected = {indices.shape[0], table.shape[1]};
-    if (dst.shape != expected)
-      failInst(inst, "'dst' must be " + shapeString(expected) + ", got " +
-                         shapeString(dst.shape));
+    if (rows.shape != expected)
+      failInst(inst, std::string("'") + rowsName + "' must be " +
+                         shapeString(expected) + ", got " +
+                         shapeString(rows.shape));
     break;
   }
   case Opcode::Matmul: {

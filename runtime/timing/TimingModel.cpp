@@ -730,6 +730,7 @@ private:
     switch (inst.op) {
     case Opcode::DmaCopy:
     case Opcode::DmaGather:
+    case Opcode::DmaScatter:
       costDma(inst, si);
       break;
     case Opcode::Matmul:
@@ -804,6 +805,7 @@ private:
       break;
     case Opcode::DmaCopy:
     case Opcode::DmaGather:
+    case Opcode::DmaScatter:
     case Opcode::Matmul:
     case Opcode::Collective:
       break; // costed by costDma and costMatmul
@@ -872,20 +874,31 @@ private:
     si.isDma = true;
     const View &dst = *inst.dst;
     const Buffer &dstBuf = bufferOf(dst);
+    // Indirect DMAs address rows of an HBM table by index: the table side's
+    // chunks never span two rows, nor the other side's.
     bool gather = inst.op == Opcode::DmaGather;
+    bool scatter = inst.op == Opcode::DmaScatter;
     const View &src = gather ? *inst.table : *inst.src;
     const Buffer &srcBuf = bufferOf(src);
 
-    double elements = static_cast<double>(dst.numElements());
+    // The side holding one row per index moves every element (a scatter's
+    // table has rows it does not touch).
+    const View &moved = scatter ? src : dst;
+    double elements = static_cast<double>(moved.numElements());
     int64_t srcSize = dtypeSize(srcBuf.dtype),
             dstSize = dtypeSize(dstBuf.dtype);
     double bytes = elements * static_cast<double>(std::max(srcSize, dstSize));
+    // A scatter's accumulate reads each destination row before writing it
+    // (DMA compute's read-add-write): twice the bytes through the engines.
+    bool readsDst = scatter && inst.accumulate;
 
     // Descriptors: contiguous chunks common to both sides.
     int64_t srcRun = contiguousRun(src, srcBuf.isOnChip() || gather);
-    int64_t dstRun = contiguousRun(dst, dstBuf.isOnChip());
-    if (gather) // gathered rows are scattered: a chunk never spans two rows
+    int64_t dstRun = contiguousRun(dst, dstBuf.isOnChip() || scatter);
+    if (gather)
       dstRun = std::min<int64_t>(dstRun, freeElements(dst.shape));
+    if (scatter)
+      srcRun = std::min<int64_t>(srcRun, freeElements(src.shape));
     int64_t chunk = std::max<int64_t>(1, std::min(srcRun, dstRun));
     double chunkBytes = static_cast<double>(chunk) *
                         static_cast<double>(std::max(srcSize, dstSize));
@@ -914,32 +927,38 @@ private:
       operandOfMapped = operandIndexOf(src);
     }
     si.partitionOperand = operandOfMapped;
-    si.rows = dst.shape.empty() ? 1 : std::max<int64_t>(1, dst.shape[0]);
+    si.rows = moved.shape.empty() ? 1 : std::max<int64_t>(1, moved.shape[0]);
     if (mapped)
       si.rows = std::max<int64_t>(1, mapped->shape[0]);
     double rows = static_cast<double>(si.rows);
 
     // DMA transpose [D S6] into SBUF: one side walks 2- or 4-byte units
     // (elements, or fp8 pairs) the other has contiguous.
-    bool transpose = !gather && srcSize == dstSize && dstBuf.isOnChip() &&
-                     !hasBroadcast(src) && !hasBroadcast(dst) &&
+    bool transpose = !gather && !scatter && srcSize == dstSize &&
+                     dstBuf.isOnChip() && !hasBroadcast(src) &&
+                     !hasBroadcast(dst) &&
                      p.cost.isDmaTranspose(srcSize, srcRun, dstRun);
     if (transpose) {
       si.perRowNs =
           bytes / rows / p.cost.dmaTransposeBytesPerNs(srcBuf.isOnChip());
     } else {
-      si.perRowNs = p.cost.dmaTransferNs(bytes, chunkBytes, descriptors) / rows;
+      si.perRowNs =
+          p.cost.dmaTransferNs(readsDst ? 2 * bytes : bytes, chunkBytes,
+                               readsDst ? 2 * descriptors : descriptors) /
+          rows;
     }
 
     // HBM traffic.
     if (!srcBuf.isOnChip())
       si.hbmRead += elements * static_cast<double>(srcSize);
-    if (gather && !bufferOf(*inst.indices).isOnChip())
+    if ((gather || scatter) && !bufferOf(*inst.indices).isOnChip())
       si.hbmRead +=
           static_cast<double>(inst.indices->numElements()) *
           static_cast<double>(dtypeSize(bufferOf(*inst.indices).dtype));
     if (!dstBuf.isOnChip())
       si.hbmWritten += elements * static_cast<double>(dstSize);
+    if (readsDst && !dstBuf.isOnChip())
+      si.hbmRead += elements * static_cast<double>(dstSize);
     si.hbmNs = (si.hbmRead + si.hbmWritten) / p.hbmBytesPerNs;
     si.dmaBytes = bytes;
 
@@ -958,7 +977,7 @@ private:
           si.unit == TimingUnit::Sync ? p.hwdgeIssueNs : p.dmaTriggerNs;
     } else {
       si.triggerNs = p.dmaTriggerNs;
-      if (gather)
+      if (gather || scatter)
         si.descriptorGenNs = swdge;
     }
   }

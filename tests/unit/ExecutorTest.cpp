@@ -1401,6 +1401,52 @@ TEST_CASE("dma_gather reads rows by index and rejects bad indices",
   CHECK(out.at(4) == table.at(12));
 }
 
+TEST_CASE("dma_scatter writes or adds rows by index", "[exec][gather]") {
+  // dst starts as the input table; rows 4 and 1 are written, row 4 twice:
+  // the last write wins, or with accumulate both add (rounded to bf16 per
+  // row, as eager PyTorch's sequential index_put does).
+  std::vector<double> start;
+  for (int i = 0; i < 12; ++i)
+    start.push_back(i);
+  Tensor table = Tensor::of(DType::BF16, {6, 2}, start);
+  Tensor indices = Tensor::of(DType::I32, {3, 1}, {4, 1, 4});
+  Tensor values = Tensor::of(DType::BF16, {3, 2}, {256, 0.5, -3, 7, 1, 2});
+  for (bool accumulate : {false, true}) {
+    INFO("accumulate " << accumulate);
+    Tensor out = Tensor::zeros(DType::BF16, {6, 2});
+    std::string json = programJson(
+        buffer(0, "hbm", "input", "bf16", "[6, 2]") + "," +
+            buffer(1, "hbm", "input", "i32", "[3, 1]") + "," +
+            buffer(2, "hbm", "input", "bf16", "[3, 2]") + "," +
+            buffer(3, "hbm", "output", "bf16", "[6, 2]") + "," +
+            buffer(4, "sbuf", "scratch", "i32", "[3, 1]") + "," +
+            buffer(5, "sbuf", "scratch", "bf16", "[3, 2]"),
+        "0, 1, 2", "3",
+        R"({"op": "dma_copy", "engine": "sync", "src": )" + full(0, {6, 2}) +
+            R"(, "dst": )" + full(3, {6, 2}) +
+            R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+            full(1, {3, 1}) + R"(, "dst": )" + full(4, {3, 1}) +
+            R"(}, {"op": "dma_copy", "engine": "sync", "src": )" +
+            full(2, {3, 2}) + R"(, "dst": )" + full(5, {3, 2}) +
+            R"(}, {"op": "dma_scatter", "engine": "gpsimd", "accumulate": )" +
+            (accumulate ? "true" : "false") + R"(, "src": )" + full(5, {3, 2}) +
+            R"(, "indices": )" + full(4, {3, 1}) + R"(, "dst": )" +
+            full(3, {6, 2}) + "}");
+    run(json, {&table, &indices, &values}, {&out});
+    std::vector<double> want = start;
+    if (accumulate) {
+      // 8 + 256 = 264, then + 1 = 265 rounds to 264 in bf16 (8 bits).
+      want[8] = 264, want[9] = 9 + 0.5 + 2, want[2] = 2 - 3, want[3] = 3 + 7;
+    } else {
+      want[8] = 1, want[9] = 2, want[2] = -3, want[3] = 7;
+    }
+    for (int i = 0; i < 12; ++i) {
+      INFO("element " << i);
+      CHECK(out.at(i) == want[i]);
+    }
+  }
+}
+
 TEST_CASE("constants come from base64 data or a splat", "[exec][constant]") {
   float data[4] = {1.5f, -2.0f, 3.25f, 1e-3f};
   std::string buffers =

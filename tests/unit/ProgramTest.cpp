@@ -565,6 +565,13 @@ TEST_CASE("shape, dtype, space and engine rules are checked",
                                     view(2, "[4, 1]", "[8, 1]") +
                                     R"(, "dst": )" + t + "}"),
                   "integer dtype");
+  // A scatter's source holds one row of the table's width per index.
+  requireRejected(
+      simple(tiles, R"({"op": "dma_scatter", "engine": "gpsimd",
+      "src": )" + view(2, "[2, 8]", "[8, 1]") +
+                        R"(, "indices": )" + view(4, "[4, 1]", "[8, 1]") +
+                        R"(, "dst": )" + view(1, "[4, 8]", "[8, 1]") + "}"),
+      "'src' must be [4, 8], got [2, 8]");
   // tensor_scalar needs exactly one scalar source.
   requireRejected(simple(tiles, R"({"op": "tensor_scalar", "engine": "vector",
       "alu_op": "add", "src": )" + t +

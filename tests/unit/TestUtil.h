@@ -155,6 +155,10 @@ inline std::string sampleProgram(neuron::runtime::Opcode op,
     fields = R"("table": )" + full(0) + R"(, "indices": )" + indices +
              R"(, "dst": )" + full(1);
     break;
+  case Opcode::DmaScatter:
+    fields = R"("src": )" + full(1) + R"(, "indices": )" + indices +
+             R"(, "dst": )" + full(7);
+    break;
   case Opcode::Matmul:
     fields = R"("accumulate": false, "stationary": )" + full(1) +
              R"(, "moving": )" + full(2) + R"(, "dst": )" +

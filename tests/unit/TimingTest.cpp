@@ -774,6 +774,33 @@ TEST_CASE("gathers generate descriptors on GpSimd", "[timing][dma]") {
   CHECK(tl.hbmBytesRead == 128 * 256 * 2);
 }
 
+TEST_CASE("scatters cost the rows they write, not the table", "[timing][dma]") {
+  // A scatter of 128 rows into a 1000-row table: descriptors and bytes of
+  // the 128 rows; with accumulate each row is read first as well.
+  const Target &t = getTarget("trn2");
+  std::string buffers = buffer(0, "hbm", "output", "bf16", "[1000, 256]") +
+                        "," + buffer(1, "sbuf", "scratch", "i32", "[128, 1]") +
+                        "," +
+                        buffer(2, "sbuf", "scratch", "bf16", "[128, 256]");
+  for (bool accumulate : {false, true}) {
+    INFO("accumulate " << accumulate);
+    std::string scatter =
+        R"({"op": "dma_scatter", "engine": "gpsimd", "accumulate": )" +
+        std::string(accumulate ? "true" : "false") + R"(, "src": )" +
+        tile(2, 128, 256, 256) + R"(, "indices": )" + tile(1, 128, 1, 1) +
+        R"(, "dst": )" + tile(0, 1000, 256, 256) + "}";
+    Timeline tl = run(programJson(buffers, "", "0", scatter), true);
+    checkPhysical(tl, t);
+    REQUIRE(tl.events.size() == 2);
+    CHECK(tl.events[0].unit == TimingUnit::GpSimd);
+    CHECK(tl.events[0].endNs - tl.events[0].startNs ==
+          Approx(t.value("dma_swdge_issue_ns") +
+                 128 * t.value("dma_swdge_per_descriptor_ns")));
+    CHECK(tl.hbmBytesWritten == 128 * 256 * 2);
+    CHECK(tl.hbmBytesRead == (accumulate ? 128 * 256 * 2 : 0));
+  }
+}
+
 //===----------------------------------------------------------------------===//
 // Dependences
 //===----------------------------------------------------------------------===//

@@ -312,6 +312,38 @@ func.func @gather_type(%t: tensor<8x4xf32>, %i: tensor<3xi64>) {
 
 // -----
 
+func.func @scatter_rank(%t: tensor<f32>, %i: tensor<3xi64>, %v: tensor<3xf32>) {
+  // expected-error @+1 {{input must have rank >= 1}}
+  %0 = neuron.scatter %t[%i], %v : tensor<f32>, tensor<3xi64>, tensor<3xf32> -> tensor<f32>
+  return
+}
+
+// -----
+
+func.func @scatter_shape(%t: tensor<8x4xf32>, %i: tensor<3xi64>, %v: tensor<3x8xf32>) {
+  // expected-error @+1 {{values shape must be indices.shape ++ input.shape[1:]}}
+  %0 = neuron.scatter %t[%i], %v : tensor<8x4xf32>, tensor<3xi64>, tensor<3x8xf32> -> tensor<8x4xf32>
+  return
+}
+
+// -----
+
+func.func @scatter_type(%t: tensor<8x4xf32>, %i: tensor<3xi64>, %v: tensor<3x4xbf16>) {
+  // expected-error @+1 {{values and result must have the input's type}}
+  %0 = neuron.scatter %t[%i], %v : tensor<8x4xf32>, tensor<3xi64>, tensor<3x4xbf16> -> tensor<8x4xf32>
+  return
+}
+
+// -----
+
+func.func @scatter_bool(%t: tensor<8x4xi1>, %i: tensor<3xi64>, %v: tensor<3x4xi1>) {
+  // expected-error @+1 {{accumulate adds numbers, not i1}}
+  %0 = neuron.scatter %t[%i], %v {accumulate} : tensor<8x4xi1>, tensor<3xi64>, tensor<3x4xi1> -> tensor<8x4xi1>
+  return
+}
+
+// -----
+
 func.func @rand_seed(%s: tensor<3xi32>) {
   // expected-error @+1 {{seed must be a tensor<2xi32> (the Philox key)}}
   %0 = neuron.rand %s : tensor<3xi32> -> tensor<4xf32>

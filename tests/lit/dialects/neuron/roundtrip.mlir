@@ -29,6 +29,8 @@ func.func @ops(%a: tensor<4x8xf32>, %b: tensor<8x16xf32>, %c: tensor<4x8xi1>,
   %cc = neuron.concat %a, %a {dim = 1} : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x16xf32>
   // CHECK: neuron.gather
   %g = neuron.gather %b[%i] : tensor<8x16xf32>, tensor<3xi64> -> tensor<3x16xf32>
+  // CHECK: neuron.scatter {{.*}} {accumulate} : tensor<8x16xf32>, tensor<3xi64>, tensor<3x16xf32> -> tensor<8x16xf32>
+  %sc = neuron.scatter %b[%i], %g {accumulate} : tensor<8x16xf32>, tensor<3xi64>, tensor<3x16xf32> -> tensor<8x16xf32>
   // CHECK: neuron.cumsum {{.*}} {dim = 1 : i64} : tensor<4x8xf32> -> tensor<4x8xf32>
   %cs = neuron.cumsum %a {dim = 1} : tensor<4x8xf32> -> tensor<4x8xf32>
   // CHECK: neuron.topk {{.*}} {k = 2 : i64, largest = false} : tensor<4x8xf32> -> tensor<4x2xf32>, tensor<4x2xi64>

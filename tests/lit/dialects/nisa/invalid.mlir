@@ -66,6 +66,46 @@ func.func @gather_width(%t: memref<8x4xf32>, %i: memref<4x1xi32, #nisa.mem<sbuf>
 
 // -----
 
+func.func @scatter_dst(%s: memref<4x4xf32, #nisa.mem<sbuf>>, %i: memref<4x1xi32, #nisa.mem<sbuf>>, %d: memref<8x4xf32, #nisa.mem<sbuf>>) {
+  // expected-error @+1 {{destination must be in HBM}}
+  nisa.dma_scatter %s, %d[%i] : memref<4x4xf32, #nisa.mem<sbuf>>, memref<8x4xf32, #nisa.mem<sbuf>>, memref<4x1xi32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @scatter_source(%s: memref<4x4xf32>, %i: memref<4x1xi32, #nisa.mem<sbuf>>, %d: memref<8x4xf32>) {
+  // expected-error @+1 {{source must be in SBUF or PSUM, not HBM}}
+  nisa.dma_scatter %s, %d[%i] : memref<4x4xf32>, memref<8x4xf32>, memref<4x1xi32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @scatter_index_type(%s: memref<4x4xf32, #nisa.mem<sbuf>>, %i: memref<4x1xf32, #nisa.mem<sbuf>>, %d: memref<8x4xf32>) {
+  // expected-error @+1 {{indices must be integers}}
+  nisa.dma_scatter %s, %d[%i] : memref<4x4xf32, #nisa.mem<sbuf>>, memref<8x4xf32>, memref<4x1xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @scatter_column(%s: memref<4x4xf32, #nisa.mem<sbuf>>, %i: memref<3x1xi32, #nisa.mem<sbuf>>, %d: memref<8x4xf32>) {
+  // expected-error @+1 {{indices must be a [P, 1] column}}
+  nisa.dma_scatter %s, %d[%i] : memref<4x4xf32, #nisa.mem<sbuf>>, memref<8x4xf32>, memref<3x1xi32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+func.func @scatter_width(%s: memref<4x4xf32, #nisa.mem<sbuf>>, %i: memref<4x1xi32, #nisa.mem<sbuf>>, %d: memref<8x5xf32>) {
+  // expected-error @+1 {{must agree on D}}
+  nisa.dma_scatter %s, %d[%i] : memref<4x4xf32, #nisa.mem<sbuf>>, memref<8x5xf32>, memref<4x1xi32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
 func.func @matmul_rank(%s: memref<4xbf16, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<psum>>) {
   // expected-error @+1 {{operands must be 2-d tiles}}
   nisa.matmul %s, %s, %d : memref<4xbf16, #nisa.mem<sbuf>>, memref<4xbf16, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<psum>>

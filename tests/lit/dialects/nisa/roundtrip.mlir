@@ -16,6 +16,8 @@ func.func @instructions(%in: memref<128x64xf32>, %out: memref<128x64xf32>,
   nisa.dma_copy %in, %a : memref<128x64xf32>, !sb
   // CHECK: nisa.dma_gather
   nisa.dma_gather %in[%idx], %b : memref<128x64xf32>, memref<128x1xi32, #nisa.mem<sbuf>>, !sb
+  // CHECK: nisa.dma_scatter {{.*}} {accumulate}
+  nisa.dma_scatter %b, %in[%idx] {accumulate} : !sb, memref<128x64xf32>, memref<128x1xi32, #nisa.mem<sbuf>>
   // CHECK: nisa.matmul {{.*}} {accumulate}
   nisa.matmul %st, %st, %ps {accumulate} : memref<128x64xbf16, #nisa.mem<sbuf>>, memref<128x64xbf16, #nisa.mem<sbuf>>, memref<64x64xf32, #nisa.mem<psum>>
   // An FP8 double_row matmul, E4M3 stationary with E5M2 moving.

@@ -105,6 +105,19 @@ func.func @gather(%t: tensor<10x16xf32>, %i: tensor<3xi64>) -> tensor<3x16xf32> 
   return %g : tensor<3x16xf32>
 }
 
+// A scatter copies its input to the result, then writes each 128 rows of
+// values (here 130: two steps) by index; accumulate carries through.
+// CHECK-LABEL: func.func @scatter
+// CHECK: nisa.dma_copy {{.*}} : memref<10x16xf32, {{.*}}>, memref<10x16xf32
+// CHECK: nisa.dma_copy {{.*}} memref<128x1xi64, #nisa.mem<sbuf>>
+// CHECK: nisa.dma_copy {{.*}} memref<128x16xf32, #nisa.mem<sbuf>>
+// CHECK: nisa.dma_scatter {{.*}} {accumulate} : memref<128x16xf32, #nisa.mem<sbuf>>
+// CHECK: nisa.dma_scatter {{.*}} {accumulate} : memref<2x16xf32, #nisa.mem<sbuf>>
+func.func @scatter(%t: tensor<10x16xf32>, %i: tensor<130xi64>, %v: tensor<130x16xf32>) -> tensor<10x16xf32> {
+  %s = neuron.scatter %t[%i], %v {accumulate} : tensor<10x16xf32>, tensor<130xi64>, tensor<130x16xf32> -> tensor<10x16xf32>
+  return %s : tensor<10x16xf32>
+}
+
 // Random numbers: the seed is broadcast to every partition by one DMA; 301
 // elements are one [128, 2] tile numbered p * 2 + i from 0, then 22 rows of
 // 2 from 256, then a row of 1 from 300; each goes to HBM row-major.
