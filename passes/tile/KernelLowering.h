@@ -63,6 +63,11 @@ public:
   /// LowerGather.cpp.
   void lowerGather(GatherOp op);
   void lowerScatter(ScatterOp op);
+  /// body(first row, indices [rt, 1], first column, rows tile [rt, ct]);
+  /// with `source`, the tile holds those rows of it.
+  using IndexedRowsBody = llvm::function_ref<void(Value, Value, Value, Value)>;
+  void forEachIndexedRows(Value idx, int64_t rows, int64_t width, Type elt,
+                          Value source, IndexedRowsBody body);
   /// LowerRand.cpp.
   void lowerRand(RandOp op);
   /// LowerScan.cpp.

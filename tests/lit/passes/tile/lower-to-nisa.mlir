@@ -98,7 +98,10 @@ func.func @layout(%x: tensor<4x8xf32>, %v: tensor<8xf32>) -> (tensor<8x4xf32>, t
 }
 
 // CHECK-LABEL: func.func @gather
-// CHECK: nisa.dma_copy {{.*}} memref<3x1xi64, #nisa.mem<sbuf>>
+// CHECK: memref.alloc() : memref<3x1xi64, #nisa.mem<sbuf>>
+// CHECK-NEXT: memref.alloc() : memref<3x16xf32, #nisa.mem<sbuf>>
+// CHECK-NOT: memref.alloc
+// CHECK: nisa.dma_copy {{.*}} memref<3x1xi64, {{.*}}#nisa.mem<sbuf>>
 // CHECK: nisa.dma_gather
 func.func @gather(%t: tensor<10x16xf32>, %i: tensor<3xi64>) -> tensor<3x16xf32> {
   %g = neuron.gather %t[%i] : tensor<10x16xf32>, tensor<3xi64> -> tensor<3x16xf32>
@@ -106,13 +109,20 @@ func.func @gather(%t: tensor<10x16xf32>, %i: tensor<3xi64>) -> tensor<3x16xf32> 
 }
 
 // A scatter copies its input to the result, then writes each 128 rows of
-// values (here 130: two steps) by index; accumulate carries through.
+// values (here 130: two steps) by index; accumulate carries through. The
+// steps' tiles rotate (one pair each here), so that a step's load does not
+// wait for the previous step's scatter.
 // CHECK-LABEL: func.func @scatter
 // CHECK: nisa.dma_copy {{.*}} : memref<10x16xf32, {{.*}}>, memref<10x16xf32
-// CHECK: nisa.dma_copy {{.*}} memref<128x1xi64, #nisa.mem<sbuf>>
-// CHECK: nisa.dma_copy {{.*}} memref<128x16xf32, #nisa.mem<sbuf>>
-// CHECK: nisa.dma_scatter {{.*}} {accumulate} : memref<128x16xf32, #nisa.mem<sbuf>>
-// CHECK: nisa.dma_scatter {{.*}} {accumulate} : memref<2x16xf32, #nisa.mem<sbuf>>
+// CHECK: %[[I0:.*]] = memref.alloc() : memref<128x1xi64, #nisa.mem<sbuf>>
+// CHECK: %[[V0:.*]] = memref.alloc() : memref<128x16xf32, #nisa.mem<sbuf>>
+// CHECK: %[[I1:.*]] = memref.alloc() : memref<128x1xi64, #nisa.mem<sbuf>>
+// CHECK: %[[V1:.*]] = memref.alloc() : memref<128x16xf32, #nisa.mem<sbuf>>
+// CHECK-NOT: memref.alloc
+// CHECK: memref.reinterpret_cast %[[V0]]
+// CHECK: nisa.dma_scatter {{.*}} {accumulate} : memref<128x16xf32, {{.*}}#nisa.mem<sbuf>>
+// CHECK: memref.reinterpret_cast %[[V1]]
+// CHECK: nisa.dma_scatter {{.*}} {accumulate} : memref<2x16xf32, {{.*}}#nisa.mem<sbuf>>
 func.func @scatter(%t: tensor<10x16xf32>, %i: tensor<130xi64>, %v: tensor<130x16xf32>) -> tensor<10x16xf32> {
   %s = neuron.scatter %t[%i], %v {accumulate} : tensor<10x16xf32>, tensor<130xi64>, tensor<130x16xf32> -> tensor<10x16xf32>
   return %s : tensor<10x16xf32>
