@@ -712,6 +712,111 @@ struct SinkTranspose : public OpRewritePattern<OpTy> {
 };
 } // namespace
 
+namespace {
+/// Whether every use of `v` is a slice, or an op HoistSlice moves slices
+/// above whose every use is (recursively).
+bool onlySliced(Value v) {
+  return llvm::all_of(v.getUsers(), [](Operation *user) {
+    if (isa<SliceOp>(user))
+      return true;
+    return isa<UnaryOp, BinaryOp, CastOp, SelectOp, BroadcastOp, ReshapeOp>(
+               user) &&
+           user->getNumResults() == 1 && onlySliced(user->getResult(0));
+  });
+}
+
+/// slice(elementwise(x, y)) -> elementwise(slice(x), slice(y)), likewise
+/// through a broadcast and a reshape that splits one dim, when every use of
+/// the producer is sliced: the slices of a tensor that only slices read
+/// (a sum over a small dim, importer's sumOfSlices) then reach the values
+/// computed before it, and the elementwise ops fuse with the slices'
+/// consumer instead of materializing the whole tensor for them.
+struct HoistSlice : public OpRewritePattern<SliceOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(SliceOp slice,
+                                PatternRewriter &rewriter) const override {
+    Operation *def = slice.getInput().getDefiningOp();
+    if (!def || def->getNumResults() != 1 ||
+        !tensorType(def->getResult(0)).hasStaticShape() ||
+        !onlySliced(def->getResult(0)))
+      return failure();
+    Location loc = slice.getLoc();
+    ArrayRef<int64_t> offsets = slice.getOffsets(),
+                      strides = slice.getStrides();
+    ArrayRef<int64_t> shape = slice.getType().getShape();
+    auto sliceOf = [&](Value v, ArrayRef<int64_t> o, ArrayRef<int64_t> st,
+                       ArrayRef<int64_t> sh) -> Value {
+      auto type = RankedTensorType::get(sh, tensorType(v).getElementType());
+      return rewriter.create<SliceOp>(loc, type, v, o, st);
+    };
+    auto sliced = slice.getType();
+    if (isa<UnaryOp, BinaryOp, CastOp, SelectOp>(def)) {
+      auto defShape = tensorType(def->getResult(0)).getShape();
+      SmallVector<Value> operands;
+      for (Value v : def->getOperands()) {
+        if (tensorType(v).getShape() != defShape)
+          return failure();
+        operands.push_back(sliceOf(v, offsets, strides, shape));
+      }
+      Operation *inner = rewriter.clone(*def);
+      inner->setOperands(operands);
+      inner->getResult(0).setType(
+          sliced.clone(tensorType(def->getResult(0)).getElementType()));
+      inner->removeAttr(kDimsAttrName);
+      rewriter.replaceOp(slice, inner->getResult(0));
+      return success();
+    }
+    if (auto b = dyn_cast<BroadcastOp>(def)) {
+      // Trailing dims aligned: an expanded (size-1) input dim stays whole.
+      auto in = tensorType(b.getInput());
+      int64_t lead = sliced.getRank() - in.getRank();
+      SmallVector<int64_t> o, st, sh;
+      for (int64_t j = 0; j < in.getRank(); ++j) {
+        bool expanded =
+            in.getDimSize(j) == 1 && b.getType().getDimSize(j + lead) != 1;
+        o.push_back(expanded ? 0 : offsets[j + lead]);
+        st.push_back(expanded ? 1 : strides[j + lead]);
+        sh.push_back(expanded ? 1 : shape[j + lead]);
+      }
+      rewriter.replaceOpWithNewOp<BroadcastOp>(
+          slice, sliced, sliceOf(b.getInput(), o, st, sh));
+      return success();
+    }
+    if (auto r = dyn_cast<ReshapeOp>(def)) {
+      // [..., A * B, ...] -> [..., A, B, ...] with one element taken of B:
+      // every B-th element of the input dim.
+      auto in = tensorType(r.getInput()), out = r.getType();
+      if (!in.hasStaticShape() || out.getRank() != in.getRank() + 1)
+        return failure();
+      int64_t d = 0;
+      while (d < in.getRank() && in.getDimSize(d) == out.getDimSize(d))
+        ++d;
+      if (d == in.getRank() ||
+          in.getDimSize(d) != out.getDimSize(d) * out.getDimSize(d + 1) ||
+          in.getShape().drop_front(d + 1) != out.getShape().drop_front(d + 2) ||
+          shape[d + 1] != 1)
+        return failure();
+      int64_t inner = out.getDimSize(d + 1);
+      SmallVector<int64_t> o(offsets), st(strides), sh(shape);
+      o[d] = offsets[d] * inner + offsets[d + 1];
+      st[d] = strides[d] * inner;
+      o.erase(o.begin() + d + 1);
+      st.erase(st.begin() + d + 1);
+      sh.erase(sh.begin() + d + 1);
+      rewriter.replaceOpWithNewOp<ReshapeOp>(slice, sliced,
+                                             sliceOf(r.getInput(), o, st, sh));
+      return success();
+    }
+    return failure();
+  }
+};
+} // namespace
+
+void SliceOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                          MLIRContext *context) {
+  patterns.add<HoistSlice>(context);
+}
 void UnaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                           MLIRContext *context) {
   patterns.add<SinkTranspose<UnaryOp>>(context);

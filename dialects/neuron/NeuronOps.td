@@ -286,6 +286,7 @@ def Neuron_SliceOp : Neuron_Op<"slice"> {
   }];
   let hasVerifier = 1;
   let hasFolder = 1;
+  let hasCanonicalizer = 1;
 }
 
 def Neuron_ConcatOp : Neuron_Op<"concat"> {

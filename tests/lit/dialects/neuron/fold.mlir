@@ -83,3 +83,38 @@ func.func @dynamic_splat() -> tensor<?x4xf32> {
   %b = neuron.broadcast %k : tensor<1x4xf32> -> tensor<?x4xf32>
   return %b : tensor<?x4xf32>
 }
+
+// Slices of a tensor only slices read move above the ops that compute it
+// (the top-2 sum of an MoE layer: [4096, 1024] -> [2048, 2, 1024], summed
+// over the 2): a reshape that splits a dim takes every second row, a
+// broadcast slices its input's non-expanded dims, elementwise ops slice
+// their operands; the whole product is never computed.
+// CHECK-LABEL: func.func @hoist_slices
+// CHECK-NOT: tensor<8x2x3xf32>
+// CHECK-DAG: neuron.slice %arg0 {offsets = array<i64: 0, 0>, strides = array<i64: 2, 1>} : tensor<8x3xbf16> -> tensor<4x3xbf16>
+// CHECK-DAG: neuron.slice %arg0 {offsets = array<i64: 1, 0>, strides = array<i64: 2, 1>} : tensor<8x3xbf16> -> tensor<4x3xbf16>
+// CHECK-DAG: neuron.slice %arg1 {offsets = array<i64: 1, 0>, strides = array<i64: 2, 1>} : tensor<8x1xf32> -> tensor<4x1xf32>
+// CHECK: neuron.binary add {{.*}} : tensor<4x3xf32>, tensor<4x3xf32> -> tensor<4x3xf32>
+func.func @hoist_slices(%x: tensor<8x3xbf16>, %w: tensor<8x1xf32>) -> tensor<4x3xf32> {
+  %c = neuron.cast %x : tensor<8x3xbf16> -> tensor<8x3xf32>
+  %b = neuron.broadcast %w : tensor<8x1xf32> -> tensor<8x3xf32>
+  %m = neuron.binary mul %c, %b : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %r = neuron.reshape %m : tensor<8x3xf32> -> tensor<4x2x3xf32>
+  %s0 = neuron.slice %r {offsets = array<i64: 0, 0, 0>, strides = array<i64: 1, 1, 1>} : tensor<4x2x3xf32> -> tensor<4x1x3xf32>
+  %s1 = neuron.slice %r {offsets = array<i64: 0, 1, 0>, strides = array<i64: 1, 1, 1>} : tensor<4x2x3xf32> -> tensor<4x1x3xf32>
+  %a0 = neuron.reshape %s0 : tensor<4x1x3xf32> -> tensor<4x3xf32>
+  %a1 = neuron.reshape %s1 : tensor<4x1x3xf32> -> tensor<4x3xf32>
+  %sum = neuron.binary add %a0, %a1 : tensor<4x3xf32>, tensor<4x3xf32> -> tensor<4x3xf32>
+  return %sum : tensor<4x3xf32>
+}
+
+// A producer with another use keeps its slices: moving them would compute
+// the sliced elements twice.
+// CHECK-LABEL: func.func @keep_slices
+// CHECK: %[[M:.*]] = neuron.binary mul %arg0, %arg0
+// CHECK: neuron.slice %[[M]]
+func.func @keep_slices(%x: tensor<8x3xf32>) -> (tensor<4x3xf32>, tensor<8x3xf32>) {
+  %m = neuron.binary mul %x, %x : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %s = neuron.slice %m {offsets = array<i64: 0, 0>, strides = array<i64: 2, 1>} : tensor<8x3xf32> -> tensor<4x3xf32>
+  return %s, %m : tensor<4x3xf32>, tensor<8x3xf32>
+}
