@@ -75,6 +75,7 @@ REWRITES: tuple[Rewrite, ...] = (
     Rewrite("float32-scalar-inputs", rewrite.float32_scalar_inputs),
     Rewrite("float64-in-float32", rewrite.float64_in_float32),
     Rewrite("grouped-mm-offsets", rewrite.grouped_mm_offsets),
+    Rewrite("unsort-by-scatter", rewrite.unsort_by_scatter),
 )
 
 #: Every step's name, in the order the front end applies them (the module docstring says what

@@ -29,6 +29,7 @@ Random ops are rewritten next to their device op, in :func:`torchneuron.rng.seed
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,6 +45,7 @@ __all__ = [
     "float64_in_float32",
     "grouped_mm_offsets",
     "splice",
+    "unsort_by_scatter",
 ]
 
 
@@ -352,3 +354,192 @@ def grouped_mm_offsets(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return changed
+
+
+_aten = torch.ops.aten
+#: Ops whose result holds their input's elements in the same row-major order.
+_SAME_ORDER = (
+    _aten.view.default,
+    _aten.reshape.default,
+    _aten._unsafe_view.default,
+    _aten.alias.default,
+    _aten.unsqueeze.default,
+    _aten.squeeze.dim,
+    _aten.squeeze.default,
+)
+#: Allocations whose elements PyTorch leaves undefined.
+_UNINITIALIZED = (
+    _aten.empty.memory_format,
+    _aten.empty_permuted.default,
+    _aten.empty_like.default,
+    _aten.empty_strided.default,
+    _aten.new_empty.default,
+)
+
+
+def _static_shape(node: object) -> tuple[int, ...] | None:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or not all(isinstance(d, int) for d in value.shape):
+        return None
+    return tuple(value.shape)
+
+
+def _flat_base(node: object) -> object:
+    """The node whose elements ``node`` holds in the same row-major order: through views,
+    identity permutes and expands to the same shape."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        source = node.args[0] if node.args else None
+        if node.target in _SAME_ORDER:
+            node = source
+        elif node.target is _aten.permute.default and list(node.args[1]) == list(
+            range(len(node.args[1]))
+        ):
+            node = source
+        elif node.target is _aten.expand.default and _static_shape(node) == _static_shape(source):
+            node = source
+        else:
+            break
+    return node
+
+
+def _unwrapped(index: object) -> object:
+    """An index without the wrap of negative entries (``where(i < 0, i + n, i)``, as
+    ``index_put``'s decomposition writes it), through views."""
+    node = _flat_base(index)
+    if isinstance(node, torch.fx.Node) and node.target is _aten.where.self:
+        cond, wrapped, plain = node.args
+        if (
+            isinstance(cond, torch.fx.Node)
+            and cond.target is _aten.lt.Scalar
+            and cond.args == (plain, 0)
+            and isinstance(wrapped, torch.fx.Node)
+            and wrapped.target is _aten.add.Tensor
+            and wrapped.args[0] is plain
+        ):
+            return _flat_base(plain)
+    return node
+
+
+def _is_iota(node: object, n: int) -> bool:
+    """Whether ``node`` is ``arange(n)`` of an integer dtype (through views)."""
+    node = _flat_base(node)
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return False
+    args = list(node.args)
+    if node.target is _aten.arange.default:
+        args = [0, *args[:1], 1]
+    elif node.target is _aten.arange.start:
+        args = [*args[:2], 1]
+    elif node.target is _aten.arange.start_step:
+        args = [*args, 1][:3]  # step defaults to 1
+    else:
+        return False
+    value = node.meta.get("val")
+    return (
+        args[:3] == [0, n, 1]
+        and isinstance(value, torch.Tensor)
+        and not value.dtype.is_floating_point
+    )
+
+
+def _inverse_index(put: object, n: int) -> torch.fx.Node | None:
+    """The index ``q`` when ``put`` is ``empty[q] = arange(n)`` with n rows of one element: the
+    inverse of q (of repeated entries, the last; rows q misses are undefined). None otherwise."""
+    if not (
+        isinstance(put, torch.fx.Node)
+        and put.target is _aten.index_put.default
+        and not (put.args[3] if len(put.args) > 3 else put.kwargs.get("accumulate", False))
+    ):
+        return None
+    table, indices, values = put.args[:3]
+    shape = _static_shape(table)
+    if shape is None or math.prod(shape) != n or shape[0] != n or len(indices) != 1:
+        return None
+    index = indices[0]
+    uninitialized = getattr(_flat_base(table), "target", None) in _UNINITIALIZED
+    if not uninitialized or _static_shape(index) != (n,) or not _is_iota(values, n):
+        return None
+    return index
+
+
+def _row_factor(factor: object, index: torch.fx.Node, n: int) -> torch.fx.Node | None:
+    """``b`` when ``factor`` is ``b[index]`` of a 1-D ``b`` of length n shaped [n, 1, ...]
+    (one factor per row, as a router's weights), ``index`` compared without its wrap."""
+    shape = _static_shape(factor)
+    if shape is None or not shape or shape[0] != n or math.prod(shape) != n:
+        return None
+    gathered = _flat_base(factor)
+    if not (
+        isinstance(gathered, torch.fx.Node)
+        and gathered.target is _aten.index.Tensor
+        and len(gathered.args[1]) == 1
+        and _unwrapped(gathered.args[1][0]) is _unwrapped(index)
+        and _static_shape(gathered.args[0]) == (n,)
+    ):
+        return None
+    return gathered.args[0]
+
+
+def _placed(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``rows`` written to rows ``index`` of a new tensor."""
+    return torch.zeros_like(rows).index_put((index,), rows)
+
+
+def _placed_times(
+    rows: torch.Tensor,
+    index: torch.Tensor,
+    factor: torch.Tensor,
+    shape: tuple[int, ...],
+    first: bool,
+) -> torch.Tensor:
+    """:func:`_placed` times ``factor`` shaped ``shape`` (in the original product's order)."""
+    placed, w = _placed(rows, index), factor.reshape(shape)
+    return placed * w if first else w * placed
+
+
+def unsort_by_scatter(gm: torch.fx.GraphModule) -> int:
+    """``x[inv]`` where ``inv`` is the inverse of an index ``q`` (``inv = empty; inv[q] =
+    arange(n)``: how Transformers' MoE layers put the expert-sorted rows back in token order)
+    becomes ``x``'s rows written to rows ``q`` (``out[q] = x``: one indirect DMA of the rows,
+    where computing ``inv`` and then gathering made two, a descriptor per row each). Equal
+    for every row ``q`` names (of repeated entries the last, both ways); eager leaves the
+    others undefined. A per-row factor gathered by the same ``q`` (``x = y * w[q][:, None]``,
+    the router weights) moves after the scatter, as ``w`` in token order, so that it is not
+    gathered at all. Returns how many."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not _aten.index.Tensor:
+            continue
+        x, indices = node.args[0], node.args[1]
+        shape = _static_shape(x)
+        if shape is None or not shape or len(indices) != 1 or indices[0] is None:
+            continue
+        n = shape[0]
+        if _static_shape(indices[0]) != (n,):
+            continue
+        q = _inverse_index(_flat_base(indices[0]), n)
+        if q is None:
+            continue
+        rows, factor, first = x, None, True
+        if isinstance(x, torch.fx.Node) and x.target is _aten.mul.Tensor and len(x.args) == 2:
+            for position, (y, w) in enumerate((x.args, x.args[::-1])):
+                b = _row_factor(w, q, n)
+                if b is not None and _static_shape(y) == shape:
+                    rows, factor, first = y, (b, _static_shape(w)), position == 0
+                    break
+        if factor is None:
+            result = splice(gm, node, _placed, [rows, q])
+        else:
+            b, w_shape = factor
+            scaled = functools.partial(_placed_times, shape=w_shape, first=first)
+            result = splice(gm, node, scaled, [rows, q, b])
+        if result is None:
+            continue
+        node.replace_all_uses_with(result)
+        gm.graph.erase_node(node)
+        count += 1
+    if count:
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+    return count

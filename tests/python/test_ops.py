@@ -1159,6 +1159,47 @@ def test_index_put_writes_rows_by_indirect_dma() -> None:
     assert prof.total_device_ns < 0.5e6
 
 
+def test_unsort_by_inverse_permutation_is_one_scatter() -> None:
+    """Transformers' MoE layers put expert-sorted rows back in token order through the
+    inverse permutation (``inv[perm] = arange(n)``, then ``rows[inv]``), with the router
+    weights gathered by ``perm`` and multiplied in before: on the device the rows are
+    written to rows ``perm`` by one indirect DMA and the weights multiply after it, in token
+    order (``rewrite.unsort_by_scatter``): no gather is left. An inverse built on a tensor
+    with values, or an index with repeats, keeps eager's meaning."""
+
+    def unsort(x: torch.Tensor, keys: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        _, perm = torch.sort(keys, stable=True)
+        scaled = x[perm] * w[perm].unsqueeze(-1)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.size(0))
+        return scaled[inv].view(-1, 2, x.shape[1]).sum(dim=1)
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 32, generator=g).bfloat16()
+    keys = torch.randint(0, 8, (64,), generator=g)
+    w = torch.rand(64, generator=g)
+    torch._dynamo.reset()
+    with torchneuron.profile() as prof:
+        got = torch.compile(unsort, backend="neuron", fullgraph=True)(x, keys, w)
+    torch.testing.assert_close(got, unsort(x, keys, w))
+    names = _instructions(prof)
+    assert "dma_scatter" in names and "dma_gather" in names  # x[perm] stays a gather
+    gathers = sum(
+        n == "dma_gather" for r in prof._runs if r.kernel for n in r.kernel.instruction_names
+    )
+    assert gathers == 1  # only x[perm]: neither w[perm] nor scaled[inv]
+
+    def filled(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        inv = torch.full_like(idx, 3)  # rows idx misses keep 3: not an inverse
+        inv[idx] = torch.arange(idx.size(0))
+        return x[inv]
+
+    idx = torch.tensor([5, 1, 5, 0, 2, 7, 7, 6])
+    torch._dynamo.reset()
+    got = torch.compile(filled, backend="neuron", fullgraph=True)(x[:8], idx)
+    assert torch.equal(got, filled(x[:8], idx))
+
+
 def test_index_put_accumulate_into_a_large_table_is_a_scatter_add() -> None:
     """``index_put(..., accumulate=True)`` into an embedding-sized table adds rows by
     index (``dma_scatter`` with accumulate: a read-add-write per row in fp32, rounded to the
