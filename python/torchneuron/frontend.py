@@ -3,7 +3,7 @@ steps applied in a fixed order, :data:`STEPS` (docs/ARCHITECTURE.md lists the sa
 is a function of a graph:
 
 1. ``specialize-sizes``, per call, graphs with symbolic sizes that do not compile size-generic
-   (:func:`torchneuron.backend.build_generic_graph` runs steps 3-13 with the symbols kept): the
+   (:func:`torchneuron.backend.build_generic_graph` runs steps 3-14 with the symbols kept): the
    call's sizes (:func:`torchneuron.specialize.specialize`, in :func:`specialize_call`).
 2. ``block-classes``, per call, graphs with a BlockMask or SDPA mask: each attention node's block
    classes in ``node.meta`` (:func:`torchneuron.flex.annotate`, in :func:`specialize_call`).
@@ -14,19 +14,20 @@ is a function of a graph:
 7. ``float32-scalar-inputs``: :func:`torchneuron.rewrite.float32_scalar_inputs`.
 8. ``float64-in-float32``: :func:`torchneuron.rewrite.float64_in_float32`.
 9. ``grouped-mm-offsets``: :func:`torchneuron.rewrite.grouped_mm_offsets`.
-10. ``check``: which nodes the importer lowers (:func:`torchneuron.partition.find_unsupported`:
+10. ``unsort-by-scatter``: :func:`torchneuron.rewrite.unsort_by_scatter`.
+11. ``check``: which nodes the importer lowers (:func:`torchneuron.partition.find_unsupported`:
    the whole graph leniently serialized for ``_C.check_graph``, each node once: the entries
-   are kept for step 13, :class:`torchneuron.fx_json.Written`).
-11. ``detach-block-masks``: attention nodes going to the device with known block classes drop
+   are kept for step 14, :class:`torchneuron.fx_json.Written`).
+12. ``detach-block-masks``: attention nodes going to the device with known block classes drop
    their BlockMask tensors (:func:`torchneuron.flex.detach_block_masks`).
-12. ``partition``: device regions become submodules, the rest stays eager
+13. ``partition``: device regions become submodules, the rest stays eager
    (:func:`torchneuron.partition.partition_graph`).
-13. ``serialize``: per region, its outputs deduplicated (:func:`dedupe_outputs`) and its document
-   assembled from the nodes and constants step 10 wrote, writing only what it could not reuse
+14. ``serialize``: per region, its outputs deduplicated (:func:`dedupe_outputs`) and its document
+   assembled from the nodes and constants step 11 wrote, writing only what it could not reuse
    (:func:`torchneuron.fx_json.serialize_graph`; SDPA calls in their FlexAttention form,
    :func:`torchneuron.sdpa.flex_form`).
 
-Steps 3-9 are :data:`REWRITES` (:func:`rewrite_graph`); :func:`lower` runs steps 3-13 on a copy of
+Steps 3-10 are :data:`REWRITES` (:func:`rewrite_graph`); :func:`lower` runs steps 3-14 on a copy of
 a static graph, and the backend compiles each region's document
 (:func:`torchneuron.backend.build_graph`).
 """
@@ -106,7 +107,7 @@ def specialize_call(
 
 
 def rewrite_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """Steps 3-9: :data:`REWRITES` applied to ``gm`` in order (in place); returns ``gm``."""
+    """Steps 3-10: :data:`REWRITES` applied to ``gm`` in order (in place); returns ``gm``."""
     for step in REWRITES:
         step.run(gm)
     return gm
@@ -140,7 +141,7 @@ def lower(
     *,
     symbolic: bool = False,
 ) -> Lowered:
-    """Steps 3-12 on a copy of the static graph ``gm`` (``gm`` is unchanged). ``name(prefix)``
+    """Steps 3-13 on a copy of the static graph ``gm`` (``gm`` is unchanged). ``name(prefix)``
     names each document (the check's, then each region's, in order); ``stage`` hears which
     step runs (a long compile's progress). ``symbolic``: ``gm`` keeps its symbolic sizes,
     written as size expressions (a size-generic compile, :mod:`torchneuron.sizes`)."""
@@ -169,7 +170,7 @@ def serialize_region(
     reuse: fx_json.Written | None = None,
 ) -> Region:
     """Step 11 for one device region of a partitioned ``gm``: its document, named ``name``,
-    reusing the entries ``reuse`` holds (step 10's)."""
+    reusing the entries ``reuse`` holds (step 11's)."""
     sub = gm.get_submodule(submodule)
     assert isinstance(sub, torch.fx.GraphModule)
     output_map = dedupe_outputs(sub)
