@@ -57,7 +57,7 @@ decomposes into scatters and gathers by index, become device math here:
 - ``slice_scatter`` (a sliced view's backward): a concat of the untouched parts and the slice;
 - ``index_put`` brought to rows of a 2-D table written by a 1-D index, which the device
   writes by indirect DMA (``neuron.scatter``); with ``accumulate`` (index_select's backward)
-  into a small table, and ``embedding_dense_backward``, one-hot(indices)^T @ grad, a TensorE
+  and ``embedding_dense_backward`` into a small table, one-hot(indices)^T @ grad, a TensorE
   matmul instead of a scatter-add;
 - mixture-of-experts routing: ``histc`` (token counts per expert) as a one-hot sum;
   ``_grouped_mm`` and Transformers' ``grouped_mm_fallback`` (and its backward) as every
@@ -703,19 +703,26 @@ def embedding_dense_backward(
     padding_idx: int,
     scale_grad_by_freq: bool,
 ) -> object:
-    """one_hot(indices)^T @ grad: a matmul on TensorE instead of a scatter-add (0/1 times
-    the gradient is exact in any dtype; PSUM accumulates in fp32, one rounding at the end).
-    The one-hot is a [tokens, vocab] tensor in HBM and the matmul costs as much as an output
-    projection onto the vocabulary: right for small vocabularies; large ones want a DMA
-    scatter-add (``dma_compute``), which the device does not model yet."""
+    """Each token's gradient row added to its row of the table: a DMA scatter-add into a
+    large table (``index_put`` with accumulate: rows added in index order, rounded per add,
+    as eager's kernel does), or for a small one one_hot(indices)^T @ grad, a matmul on
+    TensorE (0/1 times the gradient is exact in any dtype; PSUM accumulates in fp32, one
+    rounding at the end), which costs as much as an output projection onto the vocabulary
+    (see :func:`_scatter_add_wins`). Tokens at ``padding_idx`` add nothing."""
     if scale_grad_by_freq:
         return NotImplemented
     flat = indices.reshape(-1)
+    g = grad.reshape(flat.numel(), -1)
+    shape = (num_weights, *grad.shape[indices.dim() :])
+    if _scatter_add_wins(num_weights, g.shape[1]):
+        if padding_idx >= 0:
+            g = torch.where((flat != padding_idx).unsqueeze(1), g, 0)
+        table = torch.zeros(num_weights, g.shape[1], dtype=g.dtype, device=g.device)
+        return _aten.index_put.default(table, [flat], g, True).reshape(shape)
     hit = flat.unsqueeze(1) == torch.arange(num_weights, device=flat.device)
     if padding_idx >= 0:
         hit = hit & (flat != padding_idx).unsqueeze(1)
-    g = grad.reshape(flat.numel(), -1)
-    return torch.matmul(hit.to(g.dtype).t(), g).reshape(num_weights, *grad.shape[indices.dim() :])
+    return torch.matmul(hit.to(g.dtype).t(), g).reshape(shape)
 
 
 def index_put(

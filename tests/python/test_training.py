@@ -254,6 +254,33 @@ def test_gradients_match_eager(
     _grad_check(fn, *inputs(), dtype=dtype)
 
 
+def test_large_embedding_gradient_is_a_scatter_add(real_native: ModuleType) -> None:
+    """The gradient of a vocabulary-sized embedding adds each token's row into the table by
+    indirect DMA (``dma_scatter`` with accumulate), rows in token order and rounded per add:
+    bit-identical to eager's bf16 kernel, repeated tokens and ``padding_idx`` included. A
+    one-hot matmul would cost 2 x tokens x vocab x hidden FLOPs (an output projection)."""
+    vocab, hidden = 4096, 512
+    w = (_randn(vocab, hidden) * 0.1).bfloat16().requires_grad_()
+    ids = torch.randint(0, vocab, (2, 96), generator=torch.Generator().manual_seed(2))
+    ids[0, ::5] = 7  # one token many times
+    ids[1, ::3] = 3  # padding: no gradient
+    ref = w.detach().clone().requires_grad_()
+
+    def fn(table: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return F.embedding(i, table, padding_idx=3)
+
+    g = _randn(2, 96, hidden, seed=4).bfloat16()
+    torch._dynamo.reset()
+    with torchneuron.profile() as prof:
+        torch.compile(fn, backend="neuron")(w, ids).backward(g)
+    fn(ref, ids).backward(g)
+    assert w.grad is not None and ref.grad is not None
+    assert torch.equal(w.grad, ref.grad)
+    names = {n for r in prof._runs if r.kernel for n in r.kernel.instruction_names}
+    assert "dma_scatter" in names and "matmul" not in names
+    assert torchneuron.stats()["ops_fallback"] == {}
+
+
 def test_unsupported_backward_is_a_counted_fallback(real_native: ModuleType) -> None:
     # 3-d transposed convolution's backward has no lowering (its forward is 2-d transposed
     # convolutions, decompositions.py): it stays eager, counted, and the gradients are right.
