@@ -390,38 +390,36 @@ LogicalResult DmaCopyOp::verify() {
   return success();
 }
 
-LogicalResult DmaGatherOp::verify() {
-  MemRefType table = memrefType(getTable()), dst = memrefType(getDst());
-  if (getMemorySpace(table) != MemorySpace::hbm)
-    return emitOpError("table must be in HBM");
-  if (failed(verifyTile(*this, getIndices(), "indices", false)) ||
-      failed(verifyTile(*this, getDst(), "destination", false)))
+/// An indirect DMA: `table` [V, D] in HBM, one row of `rows` (an SBUF tile
+/// [P, D]) per index of the [P, 1] integer column `indices`.
+static LogicalResult verifyIndirectDma(Operation *op, Value table,
+                                       StringRef tableName, Value rows,
+                                       StringRef rowsName, Value indices) {
+  MemRefType t = memrefType(table), r = memrefType(rows);
+  if (getMemorySpace(t) != MemorySpace::hbm)
+    return op->emitOpError(tableName) << " must be in HBM";
+  if (failed(verifyTile(op, indices, "indices", false)) ||
+      failed(verifyTile(op, rows, rowsName, false)))
     return failure();
-  if (!memrefType(getIndices()).getElementType().isSignlessInteger())
-    return emitOpError("indices must be integers");
-  if (failed(verifyColumn(*this, getIndices(), getDst(), "indices")))
+  if (!memrefType(indices).getElementType().isSignlessInteger())
+    return op->emitOpError("indices must be integers");
+  if (failed(verifyColumn(op, indices, rows, "indices")))
     return failure();
-  if (table.getRank() != 2 || dst.getRank() != 2 ||
-      table.getDimSize(1) != dst.getDimSize(1))
-    return emitOpError("table [V, D] and destination [P, D] must agree on D");
+  if (t.getRank() != 2 || r.getRank() != 2 ||
+      t.getDimSize(1) != r.getDimSize(1))
+    return op->emitOpError(tableName)
+           << " [V, D] and " << rowsName << " [P, D] must agree on D";
   return success();
 }
 
+LogicalResult DmaGatherOp::verify() {
+  return verifyIndirectDma(*this, getTable(), "table", getDst(), "destination",
+                           getIndices());
+}
+
 LogicalResult DmaScatterOp::verify() {
-  MemRefType src = memrefType(getSrc()), dst = memrefType(getDst());
-  if (getMemorySpace(dst) != MemorySpace::hbm)
-    return emitOpError("destination must be in HBM");
-  if (failed(verifyTile(*this, getIndices(), "indices", false)) ||
-      failed(verifyTile(*this, getSrc(), "source", false)))
-    return failure();
-  if (!memrefType(getIndices()).getElementType().isSignlessInteger())
-    return emitOpError("indices must be integers");
-  if (failed(verifyColumn(*this, getIndices(), getSrc(), "indices")))
-    return failure();
-  if (dst.getRank() != 2 || src.getRank() != 2 ||
-      dst.getDimSize(1) != src.getDimSize(1))
-    return emitOpError("source [P, D] and destination [V, D] must agree on D");
-  return success();
+  return verifyIndirectDma(*this, getDst(), "destination", getSrc(), "source",
+                           getIndices());
 }
 
 //===----------------------------------------------------------------------===//

@@ -28,9 +28,9 @@ void KernelLowering::forEachIndexedRows(Value idx, int64_t rows, int64_t width,
   int64_t parts = std::min<int64_t>(rows, target.partitions);
   int64_t slots = std::min<int64_t>(3, (rows + parts - 1) / parts);
   int64_t eltBytes = std::max<int64_t>(1, elt.getIntOrFloatBitWidth() / 8);
-  // Rows land in SBUF; keep each chunk within a few tiles' bytes.
+  // Rows land in SBUF; the slots together keep within a few tiles' bytes.
   int64_t chunk =
-      std::min(width, std::max<int64_t>(1, 4 * tileBytes / eltBytes));
+      std::min(width, std::max<int64_t>(1, 4 * tileBytes / slots / eltBytes));
   // Source rows that fit one chunk load ahead with their indices.
   bool rowsAhead = source && chunk == width;
   Type idxElt = cast<MemRefType>(idx.getType()).getElementType();
