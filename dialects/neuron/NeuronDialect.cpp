@@ -328,7 +328,11 @@ LogicalResult SliceOp::verify() {
   return success();
 }
 
-OpFoldResult SliceOp::fold(FoldAdaptor) {
+OpFoldResult SliceOp::fold(FoldAdaptor adaptor) {
+  // A slice of a splat (HoistSlice moves slices onto constants) is one.
+  if (auto splat = dyn_cast_or_null<SplatElementsAttr>(adaptor.getInput());
+      splat && getType().hasStaticShape())
+    return SplatElementsAttr::get(getType(), splat.getSplatValue<Attribute>());
   if (getInput().getType() != getType())
     return {};
   for (auto [o, s] : llvm::zip(getOffsets(), getStrides()))

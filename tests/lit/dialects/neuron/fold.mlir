@@ -118,3 +118,13 @@ func.func @keep_slices(%x: tensor<8x3xf32>) -> (tensor<4x3xf32>, tensor<8x3xf32>
   %s = neuron.slice %m {offsets = array<i64: 0, 0>, strides = array<i64: 2, 1>} : tensor<8x3xf32> -> tensor<4x3xf32>
   return %s, %m : tensor<4x3xf32>, tensor<8x3xf32>
 }
+
+// A slice of a splat is a smaller splat.
+// CHECK-LABEL: func.func @slice_splat
+// CHECK: neuron.constant dense<2.000000e+00> : tensor<4x3xf32>
+// CHECK-NOT: neuron.slice
+func.func @slice_splat() -> tensor<4x3xf32> {
+  %k = neuron.constant dense<2.0> : tensor<8x3xf32>
+  %s = neuron.slice %k {offsets = array<i64: 1, 0>, strides = array<i64: 2, 1>} : tensor<8x3xf32> -> tensor<4x3xf32>
+  return %s : tensor<4x3xf32>
+}
