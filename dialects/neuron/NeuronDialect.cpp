@@ -717,16 +717,39 @@ struct SinkTranspose : public OpRewritePattern<OpTy> {
 } // namespace
 
 namespace {
+/// Ops HoistSlice moves slices above.
+bool hoists(Operation *op) {
+  return op &&
+         isa<UnaryOp, BinaryOp, CastOp, SelectOp, BroadcastOp, ReshapeOp>(op);
+}
+
 /// Whether every use of `v` is a slice, or an op HoistSlice moves slices
-/// above whose every use is (recursively).
-bool onlySliced(Value v) {
-  return llvm::all_of(v.getUsers(), [](Operation *user) {
-    if (isa<SliceOp>(user))
-      return true;
-    return isa<UnaryOp, BinaryOp, CastOp, SelectOp, BroadcastOp, ReshapeOp>(
-               user) &&
-           user->getNumResults() == 1 && onlySliced(user->getResult(0));
+/// above whose every use is (recursively; `seen` memoizes).
+bool onlySliced(Value v, llvm::SmallDenseMap<Value, bool> &seen) {
+  if (auto it = seen.find(v); it != seen.end())
+    return it->second;
+  bool sliced = llvm::all_of(v.getUsers(), [&](Operation *user) {
+    return isa<SliceOp>(user) || (hoists(user) && user->getNumResults() == 1 &&
+                                  onlySliced(user->getResult(0), seen));
   });
+  return seen[v] = sliced;
+}
+
+/// Whether the slices HoistSlice would put on `op`'s operands stay as many
+/// as the slices of its result: its operands are distinct, and one another
+/// hoisting op computes has no other user than `op` and slices (moved up
+/// from `op` before). A square, or two paths to one value, would double
+/// them at every such op on the way up.
+bool slicesStayFew(Operation *op) {
+  llvm::SmallDenseSet<Value, 4> operands;
+  for (Value v : op->getOperands())
+    if (!operands.insert(v).second ||
+        (hoists(v.getDefiningOp()) &&
+         !llvm::all_of(v.getUsers(), [&](Operation *user) {
+           return user == op || isa<SliceOp>(user);
+         })))
+      return false;
+  return true;
 }
 
 /// slice(elementwise(x, y)) -> elementwise(slice(x), slice(y)), likewise
@@ -741,9 +764,10 @@ struct HoistSlice : public OpRewritePattern<SliceOp> {
   LogicalResult matchAndRewrite(SliceOp slice,
                                 PatternRewriter &rewriter) const override {
     Operation *def = slice.getInput().getDefiningOp();
-    if (!def || def->getNumResults() != 1 ||
+    llvm::SmallDenseMap<Value, bool> seen;
+    if (!def || def->getNumResults() != 1 || !slicesStayFew(def) ||
         !tensorType(def->getResult(0)).hasStaticShape() ||
-        !onlySliced(def->getResult(0)))
+        !onlySliced(def->getResult(0), seen))
       return failure();
     Location loc = slice.getLoc();
     ArrayRef<int64_t> offsets = slice.getOffsets(),

@@ -128,3 +128,55 @@ func.func @slice_splat() -> tensor<4x3xf32> {
   %s = neuron.slice %k {offsets = array<i64: 1, 0>, strides = array<i64: 2, 1>} : tensor<8x3xf32> -> tensor<4x3xf32>
   return %s : tensor<4x3xf32>
 }
+
+// A slice stays below an op that uses one value twice (a square): moving it
+// up would double the slices at each such op (2^40 here).
+// CHECK-LABEL: func.func @keep_slice_of_squares
+// CHECK-COUNT-40: neuron.binary mul
+// CHECK-NEXT: neuron.slice
+// CHECK-NOT: neuron.slice
+func.func @keep_slice_of_squares(%x: tensor<8x3xf32>) -> tensor<4x3xf32> {
+  %c = neuron.cast %x : tensor<8x3xf32> -> tensor<8x3xf32>
+  %a1 = neuron.binary mul %c, %c : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a2 = neuron.binary mul %a1, %a1 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a3 = neuron.binary mul %a2, %a2 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a4 = neuron.binary mul %a3, %a3 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a5 = neuron.binary mul %a4, %a4 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a6 = neuron.binary mul %a5, %a5 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a7 = neuron.binary mul %a6, %a6 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a8 = neuron.binary mul %a7, %a7 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a9 = neuron.binary mul %a8, %a8 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a10 = neuron.binary mul %a9, %a9 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a11 = neuron.binary mul %a10, %a10 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a12 = neuron.binary mul %a11, %a11 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a13 = neuron.binary mul %a12, %a12 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a14 = neuron.binary mul %a13, %a13 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a15 = neuron.binary mul %a14, %a14 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a16 = neuron.binary mul %a15, %a15 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a17 = neuron.binary mul %a16, %a16 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a18 = neuron.binary mul %a17, %a17 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a19 = neuron.binary mul %a18, %a18 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a20 = neuron.binary mul %a19, %a19 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a21 = neuron.binary mul %a20, %a20 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a22 = neuron.binary mul %a21, %a21 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a23 = neuron.binary mul %a22, %a22 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a24 = neuron.binary mul %a23, %a23 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a25 = neuron.binary mul %a24, %a24 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a26 = neuron.binary mul %a25, %a25 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a27 = neuron.binary mul %a26, %a26 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a28 = neuron.binary mul %a27, %a27 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a29 = neuron.binary mul %a28, %a28 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a30 = neuron.binary mul %a29, %a29 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a31 = neuron.binary mul %a30, %a30 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a32 = neuron.binary mul %a31, %a31 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a33 = neuron.binary mul %a32, %a32 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a34 = neuron.binary mul %a33, %a33 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a35 = neuron.binary mul %a34, %a34 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a36 = neuron.binary mul %a35, %a35 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a37 = neuron.binary mul %a36, %a36 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a38 = neuron.binary mul %a37, %a37 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a39 = neuron.binary mul %a38, %a38 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %a40 = neuron.binary mul %a39, %a39 : tensor<8x3xf32>, tensor<8x3xf32> -> tensor<8x3xf32>
+  %s = neuron.slice %a40 {offsets = array<i64: 0, 0>, strides = array<i64: 2, 1>} : tensor<8x3xf32> -> tensor<4x3xf32>
+  return %s : tensor<4x3xf32>
+}
