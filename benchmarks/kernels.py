@@ -13,7 +13,8 @@ Every workload (bf16, ``torch.manual_seed(0)``, inputs ``torch.randn * 0.1``) is
 time, achieved TFLOP/s, the efficiency against the roofline, HBM traffic against its minimum,
 the engine that bounds the kernel, the host compile time and the ops that fell back to eager.
 The bf16 decoder layer also gets the sum of its per-op roofline times (from an ATen trace); it
-and a float32 layer get the host wall time of a compiled call against an eager one. A closing
+and a float32 layer get the host wall time of a compiled call against an eager one (the
+fastest of up to 3 calls each). A closing
 "targets" section checks the figures on trn2 against the performance targets of the issue.
 
 Every run's output is checked against eager PyTorch on CPU (float32 on the same bf16 values; a
@@ -724,12 +725,16 @@ def trace_costs(built: Built) -> list[OpCost]:
     return op_costs(gm)
 
 
-def wall(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> float:
-    """Host wall time of one call ``fn(*inputs)``, in seconds."""
+def wall(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], budget_s: float = 5.0) -> float:
+    """Host wall time of a call ``fn(*inputs)``, in seconds: the fastest of up to 3 calls, as
+    many as fit in ``budget_s`` (a shared host's noise only ever adds time)."""
+    times: list[float] = []
     with torch.no_grad():
-        start = time.perf_counter()
-        fn(*inputs)
-        return time.perf_counter() - start
+        while len(times) < 3 and (not times or sum(times) + min(times) <= budget_s):
+            start = time.perf_counter()
+            fn(*inputs)
+            times.append(time.perf_counter() - start)
+    return min(times)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1007,8 +1012,8 @@ def notes(r: Row) -> list[str]:
     if "compiled_wall_s" in r.extra:
         c, e = r.extra["compiled_wall_s"], r.extra["eager_wall_s"]
         lines.append(
-            f"    host wall of one call: compiled {c:.2f} s, eager {e:.2f} s; "
-            f"runtime/eager wall = {c / e:.2f}x"
+            f"    host wall of a call (best of up to 3 in 5 s): compiled {c:.2f} s, "
+            f"eager {e:.2f} s; runtime/eager wall = {c / e:.2f}x"
         )
     return lines
 
