@@ -858,14 +858,19 @@ struct Executor::Impl {
   uint64_t executed = 0;
   WorkerPool *pool = nullptr; // splits large instructions between threads
 
-  // The last bf16 matmul: when it ran (`executed`) and what it read and
-  // wrote, and the key under which its moving operand was packed.
+  // The last matmul that read its moving operand in place: when it ran
+  // (`executed`) and what it read and wrote, and the key under which its
+  // moving operand was packed.
   struct LastMatmul {
     uint64_t executed = ~uint64_t{0} - 1; // none in this run
-    StridedMatrix<uint16_t> moving;
+    const void *moving = nullptr;
+    int64_t elementBytes = 0, rows = 0, cols = 0, rowStride = 0, colStride = 0;
     int32_t dstBuffer = -1;
     uint64_t key = 0;
   } lastMatmul;
+  template <typename T>
+  uint64_t movingKey(const StridedMatrix<T> &moving, int32_t movBuffer,
+                     int32_t dstBuffer);
 
   // Collective instructions: the groups by index, and the handler of the
   // current run().
@@ -1405,6 +1410,32 @@ static uint64_t newMovingKey() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
+// The moving operand is unchanged when the instruction just before was a
+// matmul reading the same elements (it wrote only its own dst): the kernels
+// may keep it packed under the same key.
+template <typename T>
+uint64_t Executor::Impl::movingKey(const StridedMatrix<T> &moving,
+                                   int32_t movBuffer, int32_t dstBuffer) {
+  bool same =
+      executed == lastMatmul.executed + 1 && lastMatmul.moving == moving.data &&
+      lastMatmul.elementBytes == int64_t{sizeof(T)} &&
+      lastMatmul.rows == moving.rows && lastMatmul.cols == moving.cols &&
+      lastMatmul.rowStride == moving.rowStride &&
+      lastMatmul.colStride == moving.colStride &&
+      lastMatmul.dstBuffer != movBuffer;
+  if (!same)
+    lastMatmul.key = newMovingKey();
+  lastMatmul.executed = executed;
+  lastMatmul.moving = moving.data;
+  lastMatmul.elementBytes = sizeof(T);
+  lastMatmul.rows = moving.rows;
+  lastMatmul.cols = moving.cols;
+  lastMatmul.rowStride = moving.rowStride;
+  lastMatmul.colStride = moving.colStride;
+  lastMatmul.dstBuffer = dstBuffer;
+  return lastMatmul.key;
+}
+
 /// A 2-D view as a strided matrix, when its free dims walk one stride.
 template <typename T>
 std::optional<StridedMatrix<T>> matrixOf(const CompiledView &view,
@@ -1463,36 +1494,25 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
                      ? matrixOf<uint16_t>(mov, bases[mov.buffer], offsetOf(mov))
                      : std::nullopt;
   if (statBf16 && movBf16) {
-    // The moving operand is unchanged when the instruction just before was
-    // a matmul reading the same elements (it wrote only its own dst): the
-    // kernels may keep it packed.
-    bool sameMoving = executed == lastMatmul.executed + 1 &&
-                      movBf16->data == lastMatmul.moving.data &&
-                      movBf16->rows == lastMatmul.moving.rows &&
-                      movBf16->cols == lastMatmul.moving.cols &&
-                      movBf16->rowStride == lastMatmul.moving.rowStride &&
-                      movBf16->colStride == lastMatmul.moving.colStride &&
-                      lastMatmul.dstBuffer != mov.buffer;
-    if (!sameMoving)
-      lastMatmul.key = newMovingKey();
-    lastMatmul.executed = executed;
-    lastMatmul.moving = *movBf16;
-    lastMatmul.dstBuffer = dst.buffer;
-    uint64_t key = lastMatmul.key;
+    uint64_t key = movingKey(*movBf16, mov.buffer, dst.buffer);
     columns = [&, key](int64_t begin, int64_t end) {
       matmulBf16(*statBf16, *movBf16, out, ldOut, accumulate, begin, end, key);
     };
   } else {
     float *s = scratch[0].data(), *mv = scratch[1].data();
-    load(stat, s);
-    // Each chunk gathers its own columns of a moving operand with
-    // contiguous fp32 rows (the larger operand: gathered on the caller's
-    // thread it left the others idle), into the same places as load().
-    std::optional<StridedMatrix<float>> movRows;
+    // fp32 operands with contiguous rows are read in place (loaded on the
+    // caller's thread they left the others idle): each chunk packs them.
+    std::optional<StridedMatrix<float>> statRows, movRows;
+    if (stat.dtype == DType::F32 && !inst.attrs.doubleRow)
+      statRows = matrixOf<float>(stat, bases[stat.buffer], offsetOf(stat));
     if (mov.dtype == DType::F32 && !inst.attrs.doubleRow)
       movRows = matrixOf<float>(mov, bases[mov.buffer], offsetOf(mov));
+    if (statRows && statRows->colStride != 1)
+      statRows.reset();
     if (movRows && movRows->colStride != 1)
       movRows.reset();
+    if (!statRows)
+      load(stat, s);
     if (!movRows)
       load(mov, mv);
     if (mx) {
@@ -1521,25 +1541,27 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
       scaleRows(inst.views[RoleMovingScale], mv, n, scales);
     }
     // movRows by value: this block ends before the chunks run.
-    columns = [&, s, mv, movRows](int64_t begin, int64_t end) {
-      if (movRows)
-        for (int64_t row = 0; row < k; ++row)
-          std::memcpy(mv + row * n + begin,
-                      movRows->data + row * movRows->rowStride + begin,
-                      (end - begin) * sizeof(float));
-      matmulF32({s, k, m, m, 1}, {mv, k, n, n, 1}, out, ldOut, accumulate,
-                begin, end);
+    StridedMatrix<float> stationary =
+        statRows ? *statRows : StridedMatrix<float>{s, k, m, m, 1};
+    StridedMatrix<float> moving =
+        movRows ? *movRows : StridedMatrix<float>{mv, k, n, n, 1};
+    // A moving operand loaded into scratch is new on every instruction.
+    uint64_t key = movRows ? movingKey(*movRows, mov.buffer, dst.buffer) : 0;
+    columns = [&, stationary, moving, key](int64_t begin, int64_t end) {
+      matmulF32(stationary, moving, out, ldOut, accumulate, begin, end, key);
     };
   }
   // Chunks of whole register tiles; small matmuls stay on the caller's
-  // thread, where the hand-off would cost more than it saves. The bf16 dot
-  // kernel computes a column the same way whatever chunk it is in: one chunk
-  // per thread. Eigen's fp32 GEMM blocks each call by its width (and turns a
-  // one-column call into a GEMV), so that a column's sums would change with
-  // the number of threads: there the chunks depend on the shape alone.
+  // thread, where the hand-off would cost more than it saves. The vector
+  // kernels compute a column the same way whatever chunk it is in: one chunk
+  // per thread. Eigen's fp32 GEMM (a portable build's) blocks each call by
+  // its width (and turns a one-column call into a GEMV), so that a column's
+  // sums would change with the number of threads: there the chunks depend on
+  // the shape alone.
   constexpr int64_t kMinSplitMacs = 1 << 21, kColumnAlign = 32;
   constexpr int64_t kShapeChunks = 8, kMinShapeChunkWidth = 128;
-  bool anyChunks = statBf16 && movBf16 && matmulBf16ColumnsIndependent();
+  bool anyChunks = statBf16 && movBf16 ? matmulBf16ColumnsIndependent()
+                                       : matmulF32ColumnsIndependent();
   int64_t width = n;
   if (k * m * n >= kMinSplitMacs) {
     int64_t chunks = anyChunks ? pool->threads() : kShapeChunks;

@@ -1,12 +1,13 @@
 //===- Gemm.cpp - TensorE matrix multiply on the host ---------------------===//
 //
-// fp32 operands go to Eigen's GEMM. bf16 operands, nearly every matmul of a
-// real model, use the CPU's AMX tiles where the build and the CPU have them
-// (a 16 x 16 x 32 bf16 product per instruction, several times the AVX-512
+// fp32 operands go to an FMA kernel on AVX2 or AVX-512 registers (Eigen's
+// GEMM in a portable build). bf16 operands, nearly every matmul of a real
+// model, use the CPU's AMX tiles where the build and the CPU have them (a
+// 16 x 16 x 32 bf16 product per instruction, several times the AVX-512
 // rate), else AVX512-BF16 dot products (twice the rate of fp32 FMAs), else
-// Eigen on widened copies. All of them multiply bf16 values exactly and
-// accumulate in fp32. A TensorE instruction is small (K, M <= 128, N <= 512)
-// and its operands sit in SBUF in the chip's layout, so each kernel packs
+// the fp32 kernel on widened values. All of them multiply bf16 values exactly
+// and accumulate in fp32. A TensorE instruction is small (K, M <= 128, N <=
+// 512) and its operands sit in SBUF in the chip's layout, so each kernel packs
 // them itself rather than paying a library GEMM's per-call setup and packing
 // on every instruction (Debian's oneDNN, the packaged library with an AMX
 // bf16 GEMM, also runs its own OpenMP threads beside the WorkerPool's).
@@ -28,10 +29,18 @@
 #include <array>
 #include <cstring>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#define NEURON_HAS_F32_TILES 1
+#else
+#define NEURON_HAS_F32_TILES 0
+#endif
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define NEURON_HAS_BF16_DOT 1
 #else
 #define NEURON_HAS_BF16_DOT 0
@@ -56,6 +65,195 @@ namespace {
 using RowMatrix =
     Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using OutMap = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
+
+/// This thread's packed copies of moving operands. Consecutive instructions
+/// often share the moving operand (one weight tile against several
+/// stationary ones): it is packed once. Two column ranges are kept, so that a
+/// thread that runs every chunk of an instruction (its peers busy elsewhere)
+/// keeps them all.
+template <typename Packed> class MovingCache {
+public:
+  /// Columns [begin, end) of b as `pack` packs them: this thread's copy
+  /// packed under the same nonzero key (Gemm.h's movingKey), else packed now.
+  template <typename T, typename Pack>
+  const std::vector<Packed> &get(uint64_t key, const StridedMatrix<T> &b,
+                                 int64_t begin, int64_t end, Pack pack) {
+    Source source{key,         b.data,      b.rows, b.cols,
+                  b.rowStride, b.colStride, begin,  end};
+    size_t slot = key == 0                    ? 2
+                  : slots[0].source == source ? 0
+                  : slots[1].source == source ? 1
+                                              : 2;
+    if (slot == 2) { // Pack into the slot used longer ago.
+      slot = 1 - lastUsed;
+      pack(slots[slot].data);
+      slots[slot].source = source;
+    }
+    lastUsed = slot;
+    return slots[slot].data;
+  }
+
+private:
+  struct Source {
+    uint64_t key = 0;
+    const void *data = nullptr;
+    int64_t rows = 0, cols = 0, rowStride = 0, colStride = 0;
+    int64_t begin = 0, end = 0;
+    bool operator==(const Source &o) const {
+      return key == o.key && data == o.data && rows == o.rows &&
+             cols == o.cols && rowStride == o.rowStride &&
+             colStride == o.colStride && begin == o.begin && end == o.end;
+    }
+  };
+  struct Slot {
+    std::vector<Packed> data;
+    Source source;
+  };
+  std::array<Slot, 2> slots;
+  size_t lastUsed = 0;
+};
+
+#if NEURON_HAS_F32_TILES
+
+// The fp32 kernel: an output tile of kF32Mr rows x two vectors of columns
+// in registers, each sum formed by FMAs in K order from zero and then added
+// to out. Every output's arithmetic is the same whatever tile or column
+// range it falls in, so callers may split the columns between threads.
+#if defined(__AVX512F__)
+using F32Vec = __m512;
+constexpr int64_t kF32Lanes = 16, kF32Mr = 8; // 16 of 32 registers sum
+inline F32Vec vzero() { return _mm512_setzero_ps(); }
+inline F32Vec vsplat(float v) { return _mm512_set1_ps(v); }
+inline F32Vec vload(const float *p) { return _mm512_loadu_ps(p); }
+inline void vstore(float *p, F32Vec v) { _mm512_storeu_ps(p, v); }
+inline F32Vec vadd(F32Vec a, F32Vec b) { return _mm512_add_ps(a, b); }
+inline F32Vec vfma(F32Vec a, F32Vec b, F32Vec c) {
+  return _mm512_fmadd_ps(a, b, c);
+}
+#else
+using F32Vec = __m256;
+constexpr int64_t kF32Lanes = 8, kF32Mr = 6; // 12 of 16 registers sum
+inline F32Vec vzero() { return _mm256_setzero_ps(); }
+inline F32Vec vsplat(float v) { return _mm256_set1_ps(v); }
+inline F32Vec vload(const float *p) { return _mm256_loadu_ps(p); }
+inline void vstore(float *p, F32Vec v) { _mm256_storeu_ps(p, v); }
+inline F32Vec vadd(F32Vec a, F32Vec b) { return _mm256_add_ps(a, b); }
+inline F32Vec vfma(F32Vec a, F32Vec b, F32Vec c) {
+  return _mm256_fmadd_ps(a, b, c);
+}
+#endif
+constexpr int64_t kF32Nr = 2 * kF32Lanes;
+
+/// Columns [begin, end) of x as fp32 rows with unit column step: x itself
+/// when it has them, else converted into `dense`.
+template <typename T, typename ToFloat>
+StridedMatrix<float> denseRows(const StridedMatrix<T> &x, int64_t begin,
+                               int64_t end, ToFloat toFloat,
+                               std::vector<float> &dense) {
+  if constexpr (std::is_same_v<T, float>)
+    if (x.colStride == 1)
+      return {x.data + begin, x.rows, end - begin, x.rowStride, 1};
+  int64_t cols = end - begin;
+  dense.resize(static_cast<size_t>(x.rows * cols));
+  for (int64_t r = 0; r < x.rows; ++r) {
+    const T *row = x.data + r * x.rowStride + begin * x.colStride;
+    for (int64_t c = 0; c < cols; ++c)
+      dense[r * cols + c] = toFloat(row[c * x.colStride]);
+  }
+  return {dense.data(), x.rows, cols, cols, 1};
+}
+
+/// Packs dense rows x[K, cols] as panels of `Lanes` columns read front to
+/// back by a tile, packed[panel][k][lane] = x[k, panel * Lanes + lane], zero
+/// beyond cols. (In place, a tile's K rows of one panel, a power-of-two
+/// stride apart, would fall in a few L1 sets and evict each other.)
+template <int64_t Lanes>
+void packPanels(const StridedMatrix<float> &x, std::vector<float> &packed) {
+  int64_t k = x.rows, cols = x.cols, full = cols / Lanes;
+  int64_t panels = (cols + Lanes - 1) / Lanes;
+  packed.resize(static_cast<size_t>(panels * k * Lanes));
+  for (int64_t p = 0; p < k; ++p) {
+    const float *row = x.data + p * x.rowStride;
+    for (int64_t panel = 0; panel < full; ++panel) // A constant size: inlined.
+      std::memcpy(packed.data() + (panel * k + p) * Lanes, row + panel * Lanes,
+                  Lanes * sizeof(float));
+    if (full < panels) {
+      float *dst = packed.data() + (full * k + p) * Lanes;
+      int64_t rest = cols - full * Lanes;
+      std::copy_n(row + full * Lanes, rest, dst);
+      std::fill(dst + rest, dst + Lanes, 0.0f);
+    }
+  }
+}
+
+/// out[Rows, cols] (+)= one tile of packed a (kF32Mr lanes) and b (kF32Nr).
+template <int64_t Rows>
+void f32Tile(int64_t k, const float *a, const float *b, float *out,
+             int64_t ldOut, int64_t cols, bool accumulate) {
+  F32Vec acc[Rows][2];
+  for (auto &row : acc)
+    row[0] = row[1] = vzero();
+  for (int64_t p = 0; p < k; ++p) {
+    F32Vec b0 = vload(b + p * kF32Nr), b1 = vload(b + p * kF32Nr + kF32Lanes);
+    for (int64_t i = 0; i < Rows; ++i) {
+      F32Vec ai = vsplat(a[p * kF32Mr + i]);
+      acc[i][0] = vfma(ai, b0, acc[i][0]);
+      acc[i][1] = vfma(ai, b1, acc[i][1]);
+    }
+  }
+  for (int64_t i = 0; i < Rows; ++i) {
+    float *o = out + i * ldOut;
+    if (cols == kF32Nr) {
+      for (int64_t half = 0; half < 2; ++half) {
+        F32Vec v = acc[i][half];
+        if (accumulate)
+          v = vadd(vload(o + half * kF32Lanes), v);
+        vstore(o + half * kF32Lanes, v);
+      }
+      continue;
+    }
+    float sums[kF32Nr];
+    vstore(sums, acc[i][0]);
+    vstore(sums + kF32Lanes, acc[i][1]);
+    for (int64_t c = 0; c < cols; ++c)
+      o[c] = accumulate ? o[c] + sums[c] : sums[c];
+  }
+}
+
+using F32TileFn = void (*)(int64_t, const float *, const float *, float *,
+                           int64_t, int64_t, bool);
+
+template <size_t... Rows>
+constexpr std::array<F32TileFn, sizeof...(Rows)>
+f32Tiles(std::index_sequence<Rows...>) {
+  return {&f32Tile<static_cast<int64_t>(Rows) + 1>...};
+}
+
+/// matmulF32's contract on operands of any element type `toFloat` widens.
+template <typename T, typename ToFloat>
+void matmulTiles(const StridedMatrix<T> &a, const StridedMatrix<T> &b,
+                 ToFloat toFloat, float *out, int64_t ldOut, bool accumulate,
+                 int64_t begin, int64_t end, uint64_t movingKey) {
+  static constexpr auto tiles =
+      f32Tiles(std::make_index_sequence<static_cast<size_t>(kF32Mr)>());
+  thread_local std::vector<float> dense, packedA;
+  thread_local MovingCache<float> cache;
+  packPanels<kF32Mr>(denseRows(a, 0, a.cols, toFloat, dense), packedA);
+  const std::vector<float> &packedB =
+      cache.get(movingKey, b, begin, end, [&](std::vector<float> &packed) {
+        packPanels<kF32Nr>(denseRows(b, begin, end, toFloat, dense), packed);
+      });
+  int64_t k = a.rows, m = a.cols, width = end - begin;
+  // A panel of b stays in L1 while every row panel of a streams past it.
+  for (int64_t j = 0; j < width; j += kF32Nr)
+    for (int64_t i = 0; i < m; i += kF32Mr)
+      tiles[std::min(kF32Mr, m - i) - 1](
+          k, packedA.data() + i * k, packedB.data() + j * k,
+          out + i * ldOut + begin + j, ldOut, std::min(kF32Nr, width - j),
+          accumulate);
+}
+
+#endif // NEURON_HAS_F32_TILES
 
 #if NEURON_HAS_BF16_DOT
 
@@ -237,52 +435,21 @@ void addTile(const float *tile, float *out, int64_t ldOut, int64_t rows,
   }
 }
 
-/// This thread's packed moving operand: which columns of which matrix, under
-/// which of the caller's keys.
-struct PackedMoving {
-  std::vector<uint32_t> data;
-  uint64_t key = 0;
-  StridedMatrix<uint16_t> source;
-  int64_t begin = 0, end = 0;
-  bool holds(uint64_t k, const StridedMatrix<uint16_t> &b, int64_t from,
-             int64_t to) const {
-    return k != 0 && k == key && b.data == source.data &&
-           b.rows == source.rows && b.cols == source.cols &&
-           b.rowStride == source.rowStride && b.colStride == source.colStride &&
-           from == begin && to == end;
-  }
-};
-
 void matmulBf16Amx(const StridedMatrix<uint16_t> &a,
                    const StridedMatrix<uint16_t> &b, float *out, int64_t ldOut,
                    bool accumulate, int64_t begin, int64_t end,
                    uint64_t movingKey) {
   thread_local std::vector<uint16_t> packedA, gathered;
-  // Two column ranges: a thread that runs every chunk of an instruction
-  // (its peers busy elsewhere) keeps them all.
-  thread_local std::array<PackedMoving, 2> cache;
-  thread_local size_t lastUsed = 0;
+  thread_local MovingCache<uint32_t> cache;
   int64_t m = a.cols, width = end - begin;
   int64_t kBlocks = (a.rows + kTileK - 1) / kTileK;
   int64_t mPad = (m + kTileRows - 1) / kTileRows * kTileRows;
   int64_t pairs = kBlocks * kTileK / 2; // per B panel, zero-padded
   packStationaryAmx(a, kBlocks, mPad, packedA);
-  // Consecutive instructions often share the moving operand (one weight
-  // tile against several stationary ones): pack it once.
-  size_t slot = cache[0].holds(movingKey, b, begin, end)   ? 0
-                : cache[1].holds(movingKey, b, begin, end) ? 1
-                                                           : 2;
-  if (slot == 2) { // Pack into the slot used longer ago.
-    slot = 1 - lastUsed;
-    PackedMoving &moving = cache[slot];
-    packPairs(b, begin, width, kTileRows, moving.data, gathered, pairs);
-    moving.key = movingKey;
-    moving.source = b;
-    moving.begin = begin;
-    moving.end = end;
-  }
-  lastUsed = slot;
-  const PackedMoving &moving = cache[slot];
+  const std::vector<uint32_t> &moving =
+      cache.get(movingKey, b, begin, end, [&](std::vector<uint32_t> &packed) {
+        packPairs(b, begin, width, kTileRows, packed, gathered, pairs);
+      });
 
   // Loaded on every call: other code on this thread (oneDNN in PyTorch's
   // CPU kernels) configures the tiles its own way.
@@ -297,7 +464,7 @@ void matmulBf16Amx(const StridedMatrix<uint16_t> &a,
   for (int64_t j = 0; j < width; j += kBlock) {
     int64_t cols = std::min(kBlock, width - j);
     bool twoCols = cols > kTileRows;
-    const uint32_t *b0 = moving.data.data() + j / kTileRows * pairs * kTileRows;
+    const uint32_t *b0 = moving.data() + j / kTileRows * pairs * kTileRows;
     const uint32_t *b1 = b0 + pairs * kTileRows;
     for (int64_t i = 0; i < m; i += kBlock) {
       bool twoRows = m - i > kTileRows;
@@ -352,6 +519,7 @@ void matmulBf16Amx(const StridedMatrix<uint16_t> &a,
 
 #endif // NEURON_HAS_BF16_DOT
 
+#if !NEURON_HAS_F32_TILES
 /// Widens columns [begin, end) of a bf16 matrix into a dense fp32 one.
 void widen(const StridedMatrix<uint16_t> &x, int64_t begin, int64_t end,
            std::vector<float> &out) {
@@ -364,12 +532,19 @@ void widen(const StridedMatrix<uint16_t> &x, int64_t begin, int64_t end,
       std::memcpy(&out[r * cols + c], &bits, sizeof(float));
     }
 }
+#endif
 
 } // namespace
 
 void matmulF32(const StridedMatrix<float> &a, const StridedMatrix<float> &b,
                float *out, int64_t ldOut, bool accumulate, int64_t begin,
-               int64_t end) {
+               int64_t end, uint64_t movingKey) {
+#if NEURON_HAS_F32_TILES
+  matmulTiles(
+      a, b, [](float v) { return v; }, out, ldOut, accumulate, begin, end,
+      movingKey);
+#else
+  (void)movingKey; // Eigen packs on every call.
   OutMap result(out + begin, a.cols, end - begin, Eigen::OuterStride<>(ldOut));
   auto multiply = [&](const auto &lhs, const auto &rhs) {
     if (accumulate)
@@ -389,6 +564,7 @@ void matmulF32(const StridedMatrix<float> &a, const StridedMatrix<float> &b,
   using Map = Eigen::Map<const RowMatrix, 0, Stride>;
   multiply(Map(a.data, a.rows, a.cols, Stride(a.rowStride, a.colStride)),
            Map(bData, b.rows, end - begin, Stride(b.rowStride, b.colStride)));
+#endif
 }
 
 const char *bf16KernelName(Bf16Kernel kernel) {
@@ -419,8 +595,11 @@ const std::vector<Bf16Kernel> &bf16Kernels() {
   return kernels;
 }
 
+bool matmulF32ColumnsIndependent() { return NEURON_HAS_F32_TILES; }
+
 bool matmulBf16ColumnsIndependent() {
-  return bf16Kernels().front() != Bf16Kernel::Widened;
+  return bf16Kernels().front() != Bf16Kernel::Widened ||
+         matmulF32ColumnsIndependent();
 }
 
 void matmulBf16(Bf16Kernel kernel, const StridedMatrix<uint16_t> &a,
@@ -440,6 +619,16 @@ void matmulBf16(Bf16Kernel kernel, const StridedMatrix<uint16_t> &a,
 #endif
     break;
   case Bf16Kernel::Widened: {
+#if NEURON_HAS_F32_TILES
+    auto widen = [](uint16_t bits) {
+      uint32_t wide = static_cast<uint32_t>(bits) << 16;
+      float value;
+      std::memcpy(&value, &wide, sizeof(value));
+      return value;
+    };
+    return matmulTiles(a, b, widen, out, ldOut, accumulate, begin, end,
+                       movingKey);
+#else
     thread_local std::vector<float> wideA, wideB;
     widen(a, 0, a.cols, wideA);
     widen(b, begin, end, wideB);
@@ -447,6 +636,7 @@ void matmulBf16(Bf16Kernel kernel, const StridedMatrix<uint16_t> &a,
     return matmulF32({wideA.data(), a.rows, a.cols, a.cols, 1},
                      {wideB.data(), b.rows, width, width, 1}, out + begin,
                      ldOut, accumulate, 0, width);
+#endif
   }
   }
   throw Error(std::string("the host cannot run the ") + bf16KernelName(kernel) +

@@ -113,7 +113,8 @@ TEST_CASE("the bf16 matmul kernels are listed fastest first", "[gemm]") {
   CHECK(kernels.back() == Bf16Kernel::Widened);
   CHECK(std::is_sorted(kernels.begin(), kernels.end()));
   CHECK(matmulBf16ColumnsIndependent() ==
-        (kernels.front() != Bf16Kernel::Widened));
+        (kernels.front() != Bf16Kernel::Widened ||
+         matmulF32ColumnsIndependent()));
 }
 
 TEST_CASE("bf16 matmul columns do not depend on the column range", "[gemm]") {
@@ -125,7 +126,7 @@ TEST_CASE("bf16 matmul columns do not depend on the column range", "[gemm]") {
   Operand a = makeOperand(128, 40, 1, random);
   Operand b = makeOperand(128, 200, 1, random);
   for (Bf16Kernel kernel : bf16Kernels()) {
-    if (kernel == Bf16Kernel::Widened)
+    if (kernel == Bf16Kernel::Widened && !matmulF32ColumnsIndependent())
       continue; // Eigen blocks by width: callers cut it by shape.
     INFO("kernel " << bf16KernelName(kernel));
     std::vector<float> whole(40 * 200, 0.5f), parts(40 * 203, 0.5f);
@@ -186,28 +187,55 @@ TEST_CASE("bf16 matmul with subnormal inputs stays within K * 2^-126",
 }
 
 TEST_CASE("fp32 matmul on column ranges", "[gemm]") {
-  const int64_t k = 20, m = 6, n = 50;
-  std::mt19937 rng(8);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> a(k * m), b(k * n * 2);
+  // Row and column counts on and off the register tiles' multiples.
+  const int64_t shapes[][3] = {{20, 6, 50}, {130, 19, 70}, {128, 128, 64}};
+  for (const auto &[k, m, n] : shapes) {
+    INFO("k " << k << " m " << m << " n " << n);
+    std::mt19937 rng(8);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<float> a(k * m), b(k * n * 2);
+    for (float &v : a)
+      v = dist(rng);
+    for (float &v : b)
+      v = dist(rng);
+    for (int64_t colStride : {1, 2}) {
+      std::vector<float> out(m * n, 1.0f);
+      StridedMatrix<float> lhs{a.data(), k, m, m, 1};
+      StridedMatrix<float> rhs{b.data(), k, n, n * colStride, colStride};
+      matmulF32(lhs, rhs, out.data(), n, true, 10, 40);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double ref = 1.0;
+          if (j >= 10 && j < 40)
+            for (int64_t p = 0; p < k; ++p)
+              ref +=
+                  double(a[p * m + i]) * b[p * n * colStride + j * colStride];
+          REQUIRE(std::fabs(out[i * n + j] - ref) <= 1e-5 * k);
+        }
+    }
+  }
+}
+
+TEST_CASE("fp32 matmul columns do not depend on the column range", "[gemm]") {
+  if (!matmulF32ColumnsIndependent())
+    return; // Eigen (a portable build's) blocks by width.
+  const int64_t k = 128, m = 21, n = 100;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  std::vector<float> a(k * m), b(k * n);
   for (float &v : a)
     v = dist(rng);
   for (float &v : b)
     v = dist(rng);
-  for (int64_t colStride : {1, 2}) {
-    std::vector<float> out(m * n, 1.0f);
-    StridedMatrix<float> lhs{a.data(), k, m, m, 1};
-    StridedMatrix<float> rhs{b.data(), k, n, n * colStride, colStride};
-    matmulF32(lhs, rhs, out.data(), n, true, 10, 40);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        double ref = 1.0;
-        if (j >= 10 && j < 40)
-          for (int64_t p = 0; p < k; ++p)
-            ref += double(a[p * m + i]) * b[p * n * colStride + j * colStride];
-        REQUIRE(std::fabs(out[i * n + j] - ref) <= 1e-5);
-      }
-  }
+  StridedMatrix<float> lhs{a.data(), k, m, m, 1}, rhs{b.data(), k, n, n, 1};
+  std::vector<float> whole(m * n, 0.5f), parts(m * (n + 3), 0.5f);
+  matmulF32(lhs, rhs, whole.data(), n, true, 0, n);
+  for (auto [begin, end] :
+       {std::pair<int64_t, int64_t>{0, 16}, {16, 33}, {33, 96}, {96, 100}})
+    matmulF32(lhs, rhs, parts.data() + 3, n + 3, true, begin, end);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      REQUIRE(whole[i * n + j] == parts[i * (n + 3) + 3 + j]);
 }
 
 TEST_CASE("the worker pool runs every chunk once", "[pool]") {
@@ -263,7 +291,7 @@ TEST_CASE("bf16 matmul reuses a packed moving operand only under its key",
     std::vector<float> negated = run(changed, 1003);
     for (size_t i = 0; i < plain.size(); ++i)
       REQUIRE(negated[i] == -plain[i]);
-    if (kernel == Bf16Kernel::Widened)
+    if (kernel == Bf16Kernel::Widened && !matmulF32ColumnsIndependent())
       continue; // Its columns depend on the range (see above).
     // One key, column ranges in turn, more than a thread keeps (a thread
     // running every chunk of the instructions): the same bits.
@@ -278,4 +306,40 @@ TEST_CASE("bf16 matmul reuses a packed moving operand only under its key",
                    to, 2001);
     CHECK(parts == plain);
   }
+}
+
+TEST_CASE("fp32 matmul reuses a packed moving operand only under its key",
+          "[gemm]") {
+  const int64_t k = 64, m = 13, n = 45;
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  std::vector<float> a(k * m), b(k * n);
+  for (float &v : a)
+    v = dist(rng);
+  for (float &v : b)
+    v = dist(rng);
+  auto run = [&](uint64_t key, int64_t from, int64_t to) {
+    std::vector<float> out(m * n, 0.0f);
+    matmulF32({a.data(), k, m, m, 1}, {b.data(), k, n, n, 1}, out.data(), n,
+              false, from, to, key);
+    return out;
+  };
+  std::vector<float> plain = run(0, 0, n);
+  CHECK(run(7001, 0, n) == plain);
+  CHECK(run(7001, 0, n) == plain); // packed copy reused: same bits
+  // Other columns under the same key: packed for those columns (the same
+  // bits where columns do not depend on the range).
+  std::vector<float> tail = run(7001, 16, n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 16; j < n; ++j)
+      if (matmulF32ColumnsIndependent())
+        REQUIRE(tail[i * n + j] == plain[i * n + j]);
+      else
+        REQUIRE(std::fabs(tail[i * n + j] - plain[i * n + j]) <= 1e-4f);
+  // The same storage with new values under a new key: packed afresh.
+  for (float &v : b)
+    v = -v;
+  std::vector<float> negated = run(7002, 0, n);
+  for (size_t i = 0; i < plain.size(); ++i)
+    REQUIRE(negated[i] == -plain[i]);
 }
