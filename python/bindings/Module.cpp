@@ -227,7 +227,12 @@ py::object compileToKernel(const std::string &targetName,
 PYBIND11_MODULE(_C, m) {
   m.doc() = "TorchNeuron compiler pipeline and engine-model runtime";
   py::register_exception<CompileFailure>(m, "CompileError", PyExc_RuntimeError);
-  py::register_exception<runtime::Error>(m, "DeviceError", PyExc_RuntimeError);
+  auto deviceError = py::register_exception<runtime::Error>(m, "DeviceError",
+                                                            PyExc_RuntimeError);
+  // Registered after its base, so that it is the translation tried first.
+  py::register_exception<runtime::IndexError>(
+      m, "DeviceIndexError",
+      py::make_tuple(deviceError, py::handle(PyExc_IndexError)));
 
   m.def("targets", &target::targetNames, "Names of the available targets.");
   m.def(

@@ -22,6 +22,7 @@
 #include "runtime/device/Profiler.h"
 #include "runtime/device/Stream.h"
 #include "runtime/exec/Executor.h"
+#include "runtime/program/Error.h"
 #include "runtime/program/Program.h"
 #include "runtime/target/Target.h"
 
@@ -520,7 +521,11 @@ bool runEagerKernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   }
   {
     std::lock_guard<std::mutex> lock(entry->runMutex);
-    entry->executor->run(in, out);
+    try {
+      entry->executor->run(in, out);
+    } catch (const runtime::IndexError &e) {
+      TORCH_CHECK_INDEX(false, e.what()); // IndexError, as eager raises
+    }
   }
   for (size_t j = 0; j < k.outputs.size(); ++j)
     if (written[j].defined())

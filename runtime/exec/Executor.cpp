@@ -1332,9 +1332,9 @@ const int64_t *Executor::Impl::loadTableIndices(const CompiledInst &inst,
               offsetOf(indices), index);
   for (int64_t p = 0; p < indices.rows; ++p) {
     if (index[p] < 0 || index[p] >= rows)
-      throw Error(inst.name + ": index " + std::to_string(index[p]) +
-                  " at partition " + std::to_string(p) +
-                  " is out of range [0, " + std::to_string(rows) + ")");
+      throw IndexError(inst.name + ": index " + std::to_string(index[p]) +
+                       " at partition " + std::to_string(p) +
+                       " is out of range [0, " + std::to_string(rows) + ")");
   }
   return index;
 }

@@ -127,6 +127,15 @@ def test_scans_selection_and_indexing_run_as_device_kernels(
     assert eager.counts()["runs"] > before
 
 
+def test_an_out_of_range_index_is_an_index_error() -> None:
+    # As eager raises for the same index; the device's message names the instruction.
+    table, index = _randn(100, 16), torch.tensor([1, 5, 100])
+    with pytest.raises(IndexError):
+        table[index]
+    with pytest.raises(IndexError, match=r"index 100 .*out of range \[0, 100\)"):
+        table.to("neuron")[index.to("neuron")]
+
+
 def test_non_contiguous_zero_dim_and_bf16_inputs() -> None:
     a, b = _randn(8, 6), _randn(6, 8)
     torchneuron.reset_stats()

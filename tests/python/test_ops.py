@@ -1163,6 +1163,33 @@ def test_index_put_writes_rows_by_indirect_dma() -> None:
     assert prof.total_device_ns < 0.5e6
 
 
+def test_out_of_range_row_index_is_an_index_error() -> None:
+    """A gathered or written row outside its table raises what eager raises (IndexError),
+    as the device's own error (``DeviceError``: the instruction and the user's line), not a
+    crash or a silent read."""
+    table = torch.randn(100, 16)
+
+    def lookup(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return t[idx] * 2
+
+    def put(t: torch.Tensor, idx: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        t[idx] = v
+        return t
+
+    idx = torch.tensor([1, 5, 100])
+    with pytest.raises(IndexError):
+        lookup(table, idx)  # eager's meaning
+    torch._dynamo.reset()
+    with pytest.raises(IndexError, match=r"index 100 .*out of range \[0, 100\)") as info:
+        torch.compile(lookup, backend="neuron", fullgraph=True)(table, idx)
+    assert isinstance(info.value, torchneuron._C.DeviceError)
+    assert "test_ops.py" in str(info.value)  # the user's line
+    torch._dynamo.reset()
+    with pytest.raises(IndexError, match="index 100"):
+        torch.compile(put, backend="neuron", fullgraph=True)(table, idx, torch.randn(3, 16))
+
+
 def test_unsort_by_inverse_permutation_is_one_scatter() -> None:
     """Transformers' MoE layers put expert-sorted rows back in token order through the
     inverse permutation (``inv[perm] = arange(n)``, then ``rows[inv]``), with the router
