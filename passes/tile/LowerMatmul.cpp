@@ -1178,7 +1178,8 @@ public:
   void lower() {
     auto &b = k.b;
     TileBuilder::TileScope scope(k);
-    weights = k.tile(MemorySpace::sbuf, {kTile, 2 * kTiles * panelCols}, inElt);
+    weights = k.tile(MemorySpace::sbuf,
+                     {kTile, kWeightSlots * kTiles * panelCols}, inElt);
     // Two tiles, not two slots of one: a transfer of a run-time row count
     // may write anywhere in its tile as the synchronisation sees it.
     for (Value &t : rowsT)
@@ -1188,7 +1189,8 @@ public:
     staged =
         k.tile(MemorySpace::sbuf, {tileRows, kStageSlots * panelCols}, outElt);
     if (transposedTailRows(0)) {
-      transT = k.tile(MemorySpace::sbuf, {tileRows, panelCols}, outElt);
+      transT =
+          k.tile(MemorySpace::sbuf, {tileRows, panelBanks * bankCols}, outElt);
       Value diff =
           k.tile(MemorySpace::sbuf, {tileRows, tileRows}, b.getF32Type());
       b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
@@ -1203,9 +1205,9 @@ public:
       starts.push_back(end);
     }
     int64_t steps = (int64_t)ends.size() * panels;
-    // Panel step s = group * panels + panel: its weights in slot s % 2, the
-    // group's rows in tile group % 2. The next panel's loads (with the next
-    // group's rows) are issued before this panel computes.
+    // Panel step s = group * panels + panel: its weights in slot s %
+    // kWeightSlots, the group's rows in tile group % 2. The next panel's loads
+    // (with the next group's rows) are issued before this panel computes.
     auto load = [&](int64_t s) {
       int64_t g = s / panels;
       k.ifMore(counts[g], 0, [&] {
@@ -1222,18 +1224,37 @@ public:
       Value rows = counts[g];
       Value full = b.create<arith::FloorDivSIOp>(rows, k.index(tileRows));
       Value tail = b.create<arith::RemSIOp>(rows, k.index(tileRows));
-      k.ifMore(tail, 0, [&] {
+      // Where the tail computes transposed with the whole tile before it,
+      // that tile leaves the whole ones and no tail is left alone (below 0).
+      Value whole = full, alone = tail;
+      if (int64_t most = mergedTailRows(s)) {
+        auto atMostOne = [&](Value v) {
+          return b.create<arith::MinSIOp>(
+              b.create<arith::MaxSIOp>(v, k.index(0)), k.index(1));
+        };
+        Value fits =
+            atMostOne(b.create<arith::SubIOp>(k.index(most + 1), tail));
+        Value merged = b.create<arith::MinSIOp>(
+            b.create<arith::MinSIOp>(atMostOne(tail), fits), atMostOne(full));
+        whole = b.create<arith::SubIOp>(full, merged);
+        alone = b.create<arith::SubIOp>(tail, k.scale(merged, tileRows));
+        k.ifMore(merged, 0, [&] {
+          computeTailTransposed(s, starts[g], whole,
+                                k.addOffset(tail, tileRows), kMergedBlocks);
+        });
+      }
+      k.ifMore(alone, 0, [&] {
         int64_t most = transposedTailRows(s);
         if (!most)
           return computeTile(s, starts[g], full, tail, kStageSlots - 1);
         k.ifMore(b.create<arith::SubIOp>(k.index(most + 1), tail), 0,
-                 [&] { computeTailTransposed(s, starts[g], full, tail); });
+                 [&] { computeTailTransposed(s, starts[g], full, tail, 1); });
         k.ifMore(b.create<arith::SubIOp>(tail, k.index(most)), 0, [&] {
           computeTile(s, starts[g], full, tail, kStageSlots - 1);
         });
       });
       k.forEachPipelinedDynamic(
-          full, kStageSlots - 1, [](Value, int64_t) {},
+          whole, kStageSlots - 1, [](Value, int64_t) {},
           [&](Value i, int64_t slot, Value) {
             computeTile(s, starts[g], i, Value(), slot);
           });
@@ -1247,6 +1268,11 @@ private:
   /// so stores may trail the compute by a few tiles. The last is the short
   /// tile's; its PSUM slot is odd, so the first full tile's is free.
   static constexpr int64_t kStageSlots = 5;
+  /// Panels of weights resident: this panel's and the next one's.
+  static constexpr int64_t kWeightSlots = 2;
+  /// The tiles of rows a merged tail computes transposed: the last whole
+  /// tile and the tail (staging slots kStageSlots - 2 and - 1).
+  static constexpr int64_t kMergedBlocks = 2;
 
   struct Shape {
     int64_t kTile, kTiles, tileRows, slotRows, bankCols, panelBanks, panelCols;
@@ -1254,10 +1280,11 @@ private:
   /// Whether two panels of weights, two groups' rows and the staging fit
   /// in SBUF with an eighth of it left to other tiles. (Three panels of
   /// weights, the next panel's load two ahead, were slower: the loads then
-  /// precede more of the stores, which wait behind them.)
+  /// precede more of the stores, which wait behind them, and a large
+  /// group's slot holds up the weights two groups on.)
   static bool fits(KernelLowering &k, const Shape &s, int64_t bytes) {
-    int64_t resident = (2 * s.kTiles * (s.panelCols + s.slotRows) +
-                        kStageSlots * s.panelCols) *
+    int64_t resident = (kWeightSlots * s.kTiles * s.panelCols +
+                        2 * s.kTiles * s.slotRows + kStageSlots * s.panelCols) *
                        bytes;
     return resident <= k.target.sbufBytesPerPartition * 7 / 8;
   }
@@ -1283,6 +1310,14 @@ private:
     return std::min(panelCols, n - (s % panels) * panelCols);
   }
 
+  /// Columns [col, col + width) of K tile kt of panel step s's weights.
+  Value weightsAt(int64_t s, int64_t kt, int64_t col, int64_t width) {
+    int64_t stride = kWeightSlots * kTiles * panelCols;
+    return k.view(weights,
+                  k.index(((s % kWeightSlots) * kTiles + kt) * panelCols + col),
+                  {kTile, width}, {stride, 1});
+  }
+
   void loadWeights(int64_t s) {
     int64_t g = s / panels, c0 = (s % panels) * panelCols, width = cols(s);
     int64_t bRow = w.strides[1], bCol = w.strides[2];
@@ -1290,9 +1325,8 @@ private:
     for (int64_t kt = 0; kt < kTiles; ++kt) {
       Value src = k.index(w.offset + g * w.strides[0] + kt * kTile * bRow +
                           c0 * bCol);
-      Value dst = k.index(((s % 2) * kTiles + kt) * panelCols);
       k.dma(k.view(w.buffer, src, {kTile, width}, {bRow, bCol}),
-            k.view(weights, dst, {kTile, width}, {2 * kTiles * panelCols, 1}));
+            weightsAt(s, kt, 0, width));
     }
   }
 
@@ -1329,11 +1363,8 @@ private:
                                 {kTile, tileRows}, {kTiles * slotRows, 1});
       for (int64_t nb = 0; nb < banks; ++nb) {
         int64_t nt = std::min(bankCols, width - nb * bankCols);
-        Value moving =
-            k.view(weights,
-                   k.index(((s % 2) * kTiles + kt) * panelCols + nb * bankCols),
-                   {kTile, nt}, {2 * kTiles * panelCols, 1});
-        auto mm = b.create<nisa::MatmulOp>(stationary, moving, bank(nb));
+        auto mm = b.create<nisa::MatmulOp>(
+            stationary, weightsAt(s, kt, nb * bankCols, nt), bank(nb));
         if (kt > 0)
           mm.setAccumulate(true);
       }
@@ -1357,95 +1388,146 @@ private:
         k.view(out, dst, shape, {n, 1}), nisa::Engine::scalar);
   }
 
-  /// The most rows of a group's short last tile that compute transposed
-  /// (computeTailTransposed) in under 90% of the TensorE time of a whole
-  /// tile (the margin: its two evictions per chunk), by the target's cost
-  /// model; 0 where none do or it does not apply.
-  int64_t transposedTailRows(int64_t s) const {
-    int64_t width = cols(s), chunks = width / tileRows;
-    if (width % tileRows || outElt != inElt)
-      return 0;
+  /// TensorE cycles of panel step s's work on `rows` rows, by the
+  /// target's cost model (each matmul's LoadStationary counted): a whole
+  /// 128-row tile (`transposed` false), or the rows computed transposed
+  /// (computeTailTransposed, up to kMergedBlocks tiles of them).
+  double tensorCycles(int64_t s, int64_t rows, bool transposed) const {
     const ::neuron::target::CostModel cost(k.target);
     bool f32 = inElt.isF32();
     auto matmul = [&](int64_t stationary, int64_t moving) {
       return cost.matmulCycles(double(stationary), double(moving), f32) +
              cost.loadStationaryCycles(double(stationary));
     };
-    double whole = 0;
-    for (int64_t c = 0; c < width; c += bankCols)
-      whole += kTiles * matmul(tileRows, std::min(bankCols, width - c));
+    int64_t width = cols(s), chunks = width / tileRows;
+    double cycles = 0;
+    if (!transposed) {
+      for (int64_t c = 0; c < width; c += bankCols)
+        cycles += kTiles * matmul(tileRows, std::min(bankCols, width - c));
+      return cycles;
+    }
+    cycles = kTiles * chunks * matmul(tileRows, rows);
+    for (int64_t r = rows; r > 0; r -= tileRows) // the transposes back
+      cycles += chunks * matmul(std::min(r, tileRows), tileRows);
+    return cycles;
+  }
+
+  /// The most rows of a group's short last tile that compute transposed
+  /// in under 90% of the TensorE time of a whole tile (the margin: its two
+  /// evictions per chunk); 0 where none do or it does not apply.
+  int64_t transposedTailRows(int64_t s) const {
+    if (cols(s) % tileRows || outElt != inElt)
+      return 0;
+    double whole = tensorCycles(s, tileRows, false);
     int64_t most = 0;
     for (int64_t r = 1; r < tileRows; ++r)
-      if (kTiles * chunks * matmul(tileRows, r) + chunks * matmul(r, tileRows) <
-          0.9 * whole)
+      if (tensorCycles(s, r, true) < 0.9 * whole)
         most = r;
     return most;
   }
 
-  /// A short last tile of `rows` rows computed transposed: per 128-column
-  /// chunk of the panel, out^T [column, row] = w^T x^T with the weights
-  /// stationary and the rows moving, so TensorE's time follows the rows,
-  /// not the tile; each chunk rounded once to the output dtype, transposed
-  /// back on TensorE (an exact product with the identity) and stored.
-  void computeTailTransposed(int64_t s, Value start, Value full, Value rows) {
+  /// The most rows of a short last tile that compute transposed together
+  /// with the whole tile before it (`tileRows` + r rows moving) in less
+  /// TensorE time than the two apart: a tail of a few rows, which alone
+  /// pays TensorE's minimum moving size for every matmul. Evictions are
+  /// two per chunk either way. 0 where none do.
+  int64_t mergedTailRows(int64_t s) const {
+    int64_t most = transposedTailRows(s), merged = 0;
+    if (!most)
+      return 0;
+    double whole = tensorCycles(s, tileRows, false);
+    for (int64_t r = 1; r <= most; ++r)
+      if (tensorCycles(s, tileRows + r, true) <
+          whole + tensorCycles(s, r, true))
+        merged = r;
+    return merged;
+  }
+
+  /// `rows` rows from tile `tile` of panel step s's group (at most
+  /// `blocks` tiles of them) computed transposed: per 128-column chunk of
+  /// the panel, out^T [column, row] = w^T x^T with the weights stationary
+  /// and the rows moving, so TensorE's time follows the rows, not whole
+  /// tiles; each chunk rounded once to the output dtype, transposed back
+  /// on TensorE a 128-row block at a time (an exact product with the
+  /// identity) and stored. The chunks' sums take PSUM slot 1 in passes of
+  /// as many chunks as it holds.
+  void computeTailTransposed(int64_t s, Value start, Value tile, Value rows,
+                             int64_t blocks) {
     auto &b = k.b;
     int64_t g = s / panels, width = cols(s), chunks = width / tileRows;
     int64_t accStride = 2 * panelBanks * bankCols;
     int64_t stageStride = kStageSlots * panelCols;
-    Value col0 = k.scale(full, tileRows);
-    // Chunk c's sums in PSUM slot 1, four to a bank; its transpose after
-    // them, in the same columns.
-    auto sums = [&](int64_t c, OpFoldResult p, OpFoldResult f) {
-      return k.view(acc, k.index(panelBanks * bankCols + c * tileRows), {p, f},
-                    {accStride, 1});
-    };
-    OpFoldResult whole = b.getIndexAttr(tileRows);
-    for (int64_t kt = 0; kt < kTiles; ++kt) {
-      Value moving =
-          k.view(rowsT[g % 2], k.addOffset(col0, kt * slotRows),
-                 {b.getIndexAttr(kTile), rows}, {kTiles * slotRows, 1});
-      for (int64_t c = 0; c < chunks; ++c) {
-        Value stationary =
-            k.view(weights,
-                   k.index(((s % 2) * kTiles + kt) * panelCols + c * tileRows),
-                   {kTile, tileRows}, {2 * kTiles * panelCols, 1});
-        auto mm =
-            b.create<nisa::MatmulOp>(stationary, moving, sums(c, whole, rows));
-        if (kt > 0)
-          mm.setAccumulate(true);
-      }
-    }
-    // The rest moves whole 128 x 128 chunks (the rows past `rows` are never
-    // stored): no cost that the rows would save, and views the
+    int64_t span = blocks * tileRows; // a chunk's columns in PSUM and transT
+    int64_t perPass = panelBanks * bankCols / span;
+    Value col0 = k.scale(tile, tileRows);
+    // Chunk c's sums, [column, row], at column c * span of PSUM slot 1 (c
+    // counted in its pass); their transposes after them, in the same
+    // columns. The rest moves whole 128 x span chunks (the rows past `rows`
+    // are never stored): no cost that the rows would save, and views the
     // synchronisation can tell apart.
-    auto chunkT = [&](int64_t c) {
-      return k.view(transT, k.index(c * tileRows), {tileRows, tileRows},
-                    {panelCols, 1});
+    auto sums = [&](int64_t c, OpFoldResult f) {
+      return k.view(acc, k.index(panelBanks * bankCols + c * span),
+                    {b.getIndexAttr(tileRows), f}, {accStride, 1});
     };
-    auto sumsOf = [&](int64_t c) {
-      return k.view(acc, k.index(panelBanks * bankCols + c * tileRows),
+    auto sumsBlock = [&](int64_t c, int64_t blk) {
+      return k.view(acc,
+                    k.index(panelBanks * bankCols + c * span + blk * tileRows),
                     {tileRows, tileRows}, {accStride, 1});
     };
-    for (int64_t c = 0; c < chunks; ++c)
-      b.create<nisa::CopyOp>(sumsOf(c), chunkT(c),
-                             c % 2 ? nisa::Engine::scalar
-                                   : nisa::Engine::vector);
-    for (int64_t c = 0; c < chunks; ++c)
-      b.create<nisa::MatmulOp>(chunkT(c), ident, sumsOf(c));
-    for (int64_t c = 0; c < chunks; ++c) {
-      Value part =
-          k.view(staged, k.index((kStageSlots - 1) * panelCols + c * tileRows),
-                 {tileRows, tileRows}, {stageStride, 1});
-      b.create<nisa::CopyOp>(
-          sumsOf(c), part, c % 2 ? nisa::Engine::scalar : nisa::Engine::vector);
+    auto transposed = [&](int64_t c, OpFoldResult f) {
+      return k.view(transT, k.index(c * span), {b.getIndexAttr(tileRows), f},
+                    {panelBanks * bankCols, 1});
+    };
+    for (int64_t first = 0; first < chunks; first += perPass) {
+      int64_t count = std::min(perPass, chunks - first);
+      for (int64_t kt = 0; kt < kTiles; ++kt) {
+        Value moving =
+            k.view(rowsT[g % 2], k.addOffset(col0, kt * slotRows),
+                   {b.getIndexAttr(kTile), rows}, {kTiles * slotRows, 1});
+        for (int64_t c = 0; c < count; ++c) {
+          Value stationary = weightsAt(s, kt, (first + c) * tileRows, tileRows);
+          auto mm = b.create<nisa::MatmulOp>(stationary, moving, sums(c, rows));
+          if (kt > 0)
+            mm.setAccumulate(true);
+        }
+      }
+      auto engine = [](int64_t i) {
+        return i % 2 ? nisa::Engine::scalar : nisa::Engine::vector;
+      };
+      OpFoldResult whole = b.getIndexAttr(span);
+      for (int64_t c = 0; c < count; ++c)
+        b.create<nisa::CopyOp>(sums(c, whole), transposed(c, whole), engine(c));
+      for (int64_t c = 0; c < count; ++c)
+        for (int64_t blk = 0; blk < blocks; ++blk) {
+          Value rowsBlock =
+              k.view(transT, k.index(c * span + blk * tileRows),
+                     {tileRows, tileRows}, {panelBanks * bankCols, 1});
+          b.create<nisa::MatmulOp>(rowsBlock, ident, sumsBlock(c, blk));
+        }
+      // Block blk of the rows in staging slot kStageSlots - blocks + blk.
+      for (int64_t c = 0; c < count; ++c)
+        for (int64_t blk = 0; blk < blocks; ++blk) {
+          int64_t slot = kStageSlots - blocks + blk;
+          Value part =
+              k.view(staged, k.index(slot * panelCols + (first + c) * tileRows),
+                     {tileRows, tileRows}, {stageStride, 1});
+          b.create<nisa::CopyOp>(sumsBlock(c, blk), part,
+                                 engine(c * blocks + blk));
+        }
     }
-    SmallVector<OpFoldResult> shape{rows, b.getIndexAttr(width)};
-    Value dst = k.addOffset(k.scale(k.addOffsets(start, col0), n),
-                            (s % panels) * panelCols);
-    b.create<nisa::DmaCopyOp>(
-        k.view(staged, k.index((kStageSlots - 1) * panelCols), shape,
-               {stageStride, 1}),
-        k.view(out, dst, shape, {n, 1}), nisa::Engine::scalar);
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      OpFoldResult blockRows =
+          blk + 1 < blocks ? OpFoldResult(b.getIndexAttr(tileRows))
+                           : OpFoldResult(k.addOffset(rows, -blk * tileRows));
+      SmallVector<OpFoldResult> shape{blockRows, b.getIndexAttr(width)};
+      Value dst = k.addOffset(
+          k.scale(k.addOffset(k.addOffsets(start, col0), blk * tileRows), n),
+          (s % panels) * panelCols);
+      int64_t slot = kStageSlots - blocks + blk;
+      b.create<nisa::DmaCopyOp>(
+          k.view(staged, k.index(slot * panelCols), shape, {stageStride, 1}),
+          k.view(out, dst, shape, {n, 1}), nisa::Engine::scalar);
+    }
   }
 
   KernelLowering &k;

@@ -70,12 +70,14 @@ def test_grouped_mm_matches_eager_for_every_routing_with_one_program() -> None:
 
 def test_short_last_tiles_compute_transposed() -> None:
     """With K = 1024 a group's last tile of a few rows computes transposed (the weights
-    stationary, its rows moving, transposed back on TensorE), so TensorE counts about its
-    rows' FLOPs, not a whole tile's; and it matches eager, as do longer tails (whole tiles)."""
+    stationary, its rows moving, transposed back on TensorE), alone or, after a whole tile,
+    with that tile (130 rows: two blocks transposed back and stored), so TensorE counts about
+    its rows' FLOPs, not a whole tile's; and it matches eager, as do longer tails (whole
+    tiles)."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(330, 1024, generator=g).bfloat16()
     w = torch.randn(4, 1024, 256, generator=g).bfloat16()
-    ends = [5, 133, 200, 330]  # tails of 5, none, 67 and 2 rows
+    ends = [5, 133, 200, 330]  # tails of 5, none, 67 and 2 rows (after a whole tile)
     torch._dynamo.reset()
     compiled = torch.compile(_grouped, backend="neuron", fullgraph=True, options={"cache": False})
     with torch.no_grad(), torchneuron.profile() as prof:
@@ -121,11 +123,13 @@ def test_decreasing_offsets_are_an_error() -> None:
 def test_grouped_mm_counts_only_each_groups_work() -> None:
     """The MoE workload of benchmarks/kernels.py (2048 tokens over 8 experts, 1024 -> 2048,
     bf16, trn2) with a fixed uneven routing: TensorE's modeled FLOPs are about the useful ones
-    (1.04x: a group's last tile computes all 128 rows when it has more than 92, only its own
-    below; whole 128-row tiles counted 1.25x here, the masked decomposition 8x), and the
-    kernel reaches at least 60% of the TensorE peak (63.4% modeled, deterministic; 8.3%
-    before, 45.7% with each group as the blocked GEMM, which streams the weights once per 512
-    rows; benchmarks/kernels.py --only moe has the figures)."""
+    (1.07x: a group's last tile computes all 128 rows when it has more than 72, only its own
+    below, transposed, and a tail of up to 51 rows with the whole tile before it, so that it
+    does not pay TensorE's least moving size; the transposes back count; whole 128-row tiles
+    counted 1.25x here, the masked decomposition 8x), and the kernel reaches at least 65% of
+    the TensorE peak (67.7% modeled, deterministic; 63.4% with short tails alone, 8.3% before
+    the kernel, 45.7% with each group as the blocked GEMM, which streams the weights once per
+    512 rows; benchmarks/kernels.py --only moe has the figures)."""
     counts = [380, 130, 250, 120, 520, 128, 260, 260]  # 20 tiles of 128 rows for 16 used
     ends = torch.cumsum(torch.tensor(counts), 0).to(torch.int32)
     g = torch.Generator().manual_seed(2)
@@ -139,9 +143,9 @@ def test_grouped_mm_counts_only_each_groups_work() -> None:
         out = compiled(x, w, ends)
     (kernel,) = prof.kernels
     useful = 2.0 * 2048 * 1024 * 2048
-    assert useful <= kernel["flops"] <= 1.05 * useful
+    assert useful <= kernel["flops"] <= 1.08 * useful
     peak_flops_per_ns = native().target_peaks("trn2")["flops"] / 1e9
-    assert useful / kernel["device_ns"] / peak_flops_per_ns >= 0.6
+    assert useful / kernel["device_ns"] / peak_flops_per_ns >= 0.65
     rows = torch.randint(0, 2048, (64,), generator=g)
     want = _reference(x, w, ends.tolist())[rows]
     torch.testing.assert_close(out[rows].float(), want, atol=0.5, rtol=2e-2)
