@@ -294,7 +294,8 @@ bool outputsStorable(const FusionPlan &plan, ArrayRef<Value> outputs,
 
 std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
                                               ArrayRef<Value> outputs,
-                                              std::string &reason) {
+                                              std::string &reason,
+                                              int64_t rowLength) {
   FusionPlan plan;
   auto fail = [&](const Twine &why) -> std::optional<FusionPlan> {
     reason = why.str();
@@ -331,6 +332,11 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
       if (!isa<ConstantOp>(op) && op->getNumResults() == 1)
         full = std::max(full, numElements(op->getResult(0)));
     plan.numCols = full;
+    if (rowLength > 0 && full > rowLength && full % rowLength == 0) {
+      plan.byRows = true;
+      plan.numCols = rowLength;
+      plan.numRows = full / rowLength;
+    }
   }
   if (full == 0)
     return fail("empty tensors");

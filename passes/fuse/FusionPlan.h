@@ -43,11 +43,14 @@ struct FusionPlan {
   Rep rep(Value v) const { return reps.lookup(v); }
 
   /// Plans `ops` (in program order); operands they do not define are the
-  /// group's inputs and `outputs` the values it must store. On failure,
-  /// returns std::nullopt and says why in `reason`.
+  /// group's inputs and `outputs` the values it must store. `rowLength`
+  /// (when not 0): a group of whole tensors only goes by rows of that many
+  /// elements, not flat (inputs read through windows of those rows). On
+  /// failure, returns std::nullopt and says why in `reason`.
   static std::optional<FusionPlan> analyze(ArrayRef<Operation *> ops,
                                            ArrayRef<Value> outputs,
-                                           std::string &reason);
+                                           std::string &reason,
+                                           int64_t rowLength = 0);
 };
 
 /// A sum over the leading dims of a tensor (the importer writes it as a

@@ -345,9 +345,9 @@ FailureOr<GroupPlan> GroupPlan::decide(ArrayRef<Operation *> ops,
                                        ArrayRef<Value> outputValues,
                                        const ::neuron::target::Target &target,
                                        const NeuronLowerToNisaOptions &knobs,
-                                       std::string &reason) {
+                                       std::string &reason, int64_t rowLength) {
   std::optional<FusionPlan> fusion =
-      FusionPlan::analyze(ops, outputValues, reason);
+      FusionPlan::analyze(ops, outputValues, reason, rowLength);
   if (!fusion)
     return failure();
   GroupPlan plan;
@@ -359,6 +359,10 @@ FailureOr<GroupPlan> GroupPlan::decide(ArrayRef<Operation *> ops,
   plan.loaded.assign(inputs.begin(), inputs.end());
   plan.findIntermediates(ops);
   plan.chooseSlots(ops, inputs, target, knobs);
+  if (rowLength && plan.heldBytes() > target.sbufBytesPerPartition) {
+    reason = "rows of " + std::to_string(rowLength) + " do not fit in SBUF";
+    return failure();
+  }
 
   // Row sums of a full tile no activation computes: VectorE's tensor_reduce
   // or ScalarE's identity activation accumulating (ScalarE's clock is

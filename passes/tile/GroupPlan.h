@@ -120,11 +120,13 @@ struct GroupPlan {
 
   /// Plans `ops` (in program order) reading `inputs` and storing `outputs`
   /// with tiles of at most `knobs.freeTileBytes` per partition, rotating
-  /// over the slots `knobs` allow; on failure says why in `reason`.
+  /// over the slots `knobs` allow (`rowLength`: FusionPlan::analyze's, the
+  /// plan refused if its rows do not fit); on failure says why in `reason`.
   static FailureOr<GroupPlan>
   decide(ArrayRef<Operation *> ops, ArrayRef<Value> inputs,
          ArrayRef<Value> outputs, const ::neuron::target::Target &target,
-         const NeuronLowerToNisaOptions &knobs, std::string &reason);
+         const NeuronLowerToNisaOptions &knobs, std::string &reason,
+         int64_t rowLength = 0);
 
 private:
   /// The one user of `v` when it has one and is not a group output (what a

@@ -52,9 +52,11 @@ public:
   LogicalResult lowerDynamicLayout(Operation *op);
   LogicalResult lowerDynamicConcat(ConcatOp op);
   /// LowerGroup.cpp: a group of elementwise ops (GroupPlan.h).
+  /// `operands`: each input of the group with the tensor it reads (null
+  /// for a splat); `results`: each output with the result it stores.
   LogicalResult lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
-                           ArrayRef<std::pair<Value, Value>> inputs,
-                           ArrayRef<std::pair<Value, Value>> outputs);
+                           ArrayRef<std::pair<Value, Value>> operands,
+                           ArrayRef<std::pair<Value, Value>> results);
   LogicalResult lowerFusion(FusionOp fusion);
   /// LowerMatmul.cpp.
   void lowerMatmul(MatmulOp op);

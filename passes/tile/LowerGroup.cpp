@@ -24,9 +24,10 @@ class GroupEmitter {
 public:
   GroupEmitter(TileBuilder &k, const GroupPlan &plan, ArrayRef<Operation *> ops,
                ArrayRef<std::pair<Value, Value>> inputs,
-               ArrayRef<std::pair<Value, Value>> outputs)
+               ArrayRef<std::pair<Value, Value>> outputs,
+               const llvm::DenseMap<Value, TileBuilder::RowWindow> &windows)
       : k(k), b(k.b), plan(plan), fusion(plan.fusion), ops(ops), inputs(inputs),
-        outputs(outputs), p(k.target.partitions) {}
+        outputs(outputs), windows(windows), p(k.target.partitions) {}
 
   /// Everything: tiles, then the steps; `rows`: a size-generic group's.
   void emit(Value rows = {});
@@ -95,6 +96,8 @@ private:
   const FusionPlan &fusion;
   ArrayRef<Operation *> ops;
   ArrayRef<std::pair<Value, Value>> inputs, outputs;
+  /// Inputs read in place from windows of rows (KernelLowering::lowerGroup).
+  const llvm::DenseMap<Value, TileBuilder::RowWindow> &windows;
   int64_t p;
   llvm::DenseMap<Value, Value> slots, columns;
   llvm::DenseMap<Value, Value> psumCopies; // column -> its copy in PSUM
@@ -249,6 +252,12 @@ Value GroupEmitter::window(const Step &st, Value v, Value buffer) {
       window = k.view(buffer, k.index(0), {st.rows, 1}, {0, 1});
     else
       window = k.view(buffer, st.base, {st.rows, 1}, {1, 1});
+  } else if (auto w = windows.find(v); w != windows.end()) {
+    const TileBuilder::RowWindow &rw = w->second;
+    window =
+        k.view(buffer,
+               k.addOffset(k.scale(st.base, rw.rowStride), rw.offset + st.col0),
+               {st.rows, st.cols}, {rw.rowStride, 1});
   } else {
     int64_t stride = fusion.byRows ? fusion.numCols : st.cols;
     Value at = fusion.byRows ? k.scale(st.base, fusion.numCols) : st.base;
@@ -708,22 +717,57 @@ void GroupEmitter::emit(Value rows) {
 
 LogicalResult
 KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
-                           ArrayRef<std::pair<Value, Value>> inputs,
-                           ArrayRef<std::pair<Value, Value>> outputs) {
+                           ArrayRef<std::pair<Value, Value>> operands,
+                           ArrayRef<std::pair<Value, Value>> results) {
   SmallVector<Value> inputValues, outputValues;
-  for (auto [v, buffer] : inputs)
+  for (auto [v, tensor] : operands)
     inputValues.push_back(v);
-  for (auto [v, buffer] : outputs)
+  for (auto [v, result] : results)
     outputValues.push_back(v);
-  std::string reason;
-  FailureOr<GroupPlan> plan =
-      GroupPlan::decide(ops, inputValues, outputValues, target, knobs, reason);
   bool dynamic = !tensorType(anchor->getResult(0)).hasStaticShape();
+  // Inputs that are windows of rows of a wider buffer (column slices, such
+  // as `chunk`'s halves), of one row length, are read in place when the
+  // group can go by those rows; the others, and these otherwise, are read
+  // contiguous (a window copied first).
+  llvm::DenseMap<Value, RowWindow> windows;
+  int64_t rowLength = 0;
+  for (auto [v, tensor] : operands) {
+    std::optional<RowWindow> w = tensor && !dynamic
+                                     ? rowWindow(tensor, target.partitions)
+                                     : std::nullopt;
+    if (w && (!rowLength || w->rowLength == rowLength)) {
+      rowLength = w->rowLength;
+      windows[v] = *w;
+    }
+  }
+  std::string reason;
+  FailureOr<GroupPlan> plan = GroupPlan::decide(
+      ops, inputValues, outputValues, target, knobs, reason, rowLength);
+  if (rowLength && (failed(plan) || !plan->fusion.byRows ||
+                    plan->fusion.numCols != rowLength)) {
+    windows.clear();
+    plan = GroupPlan::decide(ops, inputValues, outputValues, target, knobs,
+                             reason);
+  }
   if (failed(plan) && dynamic)
     return emitError(anchor->getLoc())
            << "not size-generic: " << anchor->getName() << ": " << reason;
   if (failed(plan))
     return anchor->emitOpError("cannot be tiled as one group: ") << reason;
+  SmallVector<std::pair<Value, Value>> inputs;
+  for (auto [v, tensor] : operands) {
+    auto w = windows.find(v);
+    if (w != windows.end() && plan->fusion.rep(v) == Rep::Full) {
+      inputs.push_back({v, w->second.buffer});
+      continue;
+    }
+    if (w != windows.end())
+      windows.erase(w);
+    inputs.push_back({v, tensor ? bufferOf(tensor) : Value()});
+  }
+  SmallVector<std::pair<Value, Value>> outputs;
+  for (auto [v, result] : results)
+    outputs.push_back({v, resultBuffer(result)});
   // A size-generic group's rows: the dynamic dims' product times what the
   // static ones add to a row of numCols.
   Value rows;
@@ -749,7 +793,7 @@ KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
              << ": a row spans dynamic dims";
     rows = scale(rows, staticPart / plan->fusion.numCols);
   }
-  GroupEmitter(*this, *plan, ops, inputs, outputs).emit(rows);
+  GroupEmitter(*this, *plan, ops, inputs, outputs, windows).emit(rows);
   return success();
 }
 
@@ -760,12 +804,12 @@ LogicalResult KernelLowering::lowerFusion(FusionOp fusion) {
     ops.push_back(&op);
   SmallVector<std::pair<Value, Value>> inputs, outputs;
   for (auto [arg, operand] : llvm::zip(body.getArguments(), fusion.getInputs()))
-    inputs.push_back({arg, bufferOf(operand)});
+    inputs.push_back({arg, operand});
   auto yield = cast<YieldOp>(body.getTerminator());
   for (auto [v, result] : llvm::zip(yield.getValues(), fusion.getResults())) {
     if (isa<BlockArgument>(v))
       return fusion.emitOpError("yields an input unchanged");
-    outputs.push_back({v, resultBuffer(result)});
+    outputs.push_back({v, result});
   }
   return lowerGroup(fusion, ops, inputs, outputs);
 }
@@ -793,10 +837,9 @@ struct ElementwisePattern
       return failure();
     SmallVector<std::pair<Value, Value>> inputs;
     for (Value operand : op->getOperands())
-      inputs.push_back(
-          {operand, splatValueOf(operand) ? Value() : k.bufferOf(operand)});
+      inputs.push_back({operand, splatValueOf(operand) ? Value() : operand});
     Value result = op->getResult(0);
-    return k.lowerGroup(op, op, inputs, {{result, k.resultBuffer(result)}});
+    return k.lowerGroup(op, op, inputs, {{result, result}});
   }
 };
 

@@ -414,6 +414,35 @@ Value TileBuilder::bufferOf(Value tensor) {
   return buffer;
 }
 
+std::optional<TileBuilder::RowWindow> TileBuilder::rowWindow(Value tensor,
+                                                             int64_t minRows) {
+  auto type = tensorType(tensor);
+  if (!isWindow(tensor) || !type.hasStaticShape() || type.getRank() < 2)
+    return std::nullopt;
+  Window w = windowOf(tensor);
+  ArrayRef<int64_t> shape = type.getShape();
+  int64_t cols = shape.back(), rows = type.getNumElements() / cols;
+  if (w.strides.back() != 1 || rows < minRows)
+    return std::nullopt;
+  // The leading dims must be one run of rows: each dim's stride the next
+  // one's times its size (dims of one element aside), rows that do not
+  // overlap (no broadcast).
+  std::optional<int64_t> rowStride;
+  int64_t next = 0;
+  for (int64_t d = type.getRank() - 2; d >= 0; --d) {
+    if (shape[d] == 1)
+      continue;
+    if (!rowStride)
+      rowStride = next = w.strides[d];
+    else if (w.strides[d] != next)
+      return std::nullopt;
+    next *= shape[d];
+  }
+  if (!rowStride || *rowStride < cols)
+    return std::nullopt;
+  return RowWindow{w.buffer, w.offset, *rowStride, cols};
+}
+
 TileBuilder::Window TileBuilder::windowOf(Value tensor) {
   if (auto it = lazyViews.find(tensor); it != lazyViews.end())
     return it->second.window;

@@ -231,6 +231,15 @@ public:
     lazyViews.try_emplace(result, LazyView{std::move(window), loc});
   }
   bool isWindow(Value tensor) const { return lazyViews.count(tensor); }
+  /// A window that is rows of its buffer: element (r, c) of the tensor as
+  /// [R, C] (C its last dim) at offset + r * rowStride + c.
+  struct RowWindow {
+    Value buffer;
+    int64_t offset, rowStride, rowLength;
+  };
+  /// `tensor` as a RowWindow when it is a window of static shape with at
+  /// least `minRows` rows apart (a column slice, such as `chunk`'s halves).
+  std::optional<RowWindow> rowWindow(Value tensor, int64_t minRows);
 
   /// Where the constants materialized on first use go.
   void setEntry(Block *block) { entry = block; }

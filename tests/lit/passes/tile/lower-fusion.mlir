@@ -75,3 +75,46 @@ func.func @rms_norm(%x: tensor<256x512xbf16>, %w: tensor<512xbf16>) -> tensor<25
   }
   return %r : tensor<256x512xbf16>
 }
+
+// The halves of `chunk` (column slices: rows of 256 elements, 512 apart)
+// feeding a SwiGLU are read in place: the group goes by rows of 256 and
+// loads each half's tile through its window (row stride 512, the second
+// half at offset 256), with no copy of either half first.
+// CHECK-LABEL: func.func @swiglu_halves
+// CHECK-NOT: memref.alloc() : memref<256x256xbf16>
+// CHECK: memref.reinterpret_cast %arg0 to offset: [%{{.*}}], sizes: [128, 256], strides: [512, 1]
+// CHECK: nisa.dma_copy
+// CHECK: memref.reinterpret_cast %arg0 to offset: [%{{.*}}], sizes: [128, 256], strides: [512, 1]
+// CHECK: nisa.dma_copy
+// CHECK: nisa.activation
+// CHECK: return
+func.func @swiglu_halves(%x: tensor<256x512xbf16>) -> tensor<256x256xbf16> {
+  %g = neuron.slice %x {offsets = array<i64: 0, 0>, strides = array<i64: 1, 1>} : tensor<256x512xbf16> -> tensor<256x256xbf16>
+  %u = neuron.slice %x {offsets = array<i64: 0, 256>, strides = array<i64: 1, 1>} : tensor<256x512xbf16> -> tensor<256x256xbf16>
+  %r = neuron.fusion(%g, %u) : (tensor<256x256xbf16>, tensor<256x256xbf16>) -> tensor<256x256xbf16> {
+  ^bb0(%a: tensor<256x256xbf16>, %b: tensor<256x256xbf16>):
+    %w = neuron.cast %a : tensor<256x256xbf16> -> tensor<256x256xf32>
+    %s = neuron.unary sigmoid %w : tensor<256x256xf32> -> tensor<256x256xf32>
+    %m = neuron.binary mul %w, %s : tensor<256x256xf32>, tensor<256x256xf32> -> tensor<256x256xf32>
+    %n = neuron.cast %m : tensor<256x256xf32> -> tensor<256x256xbf16>
+    %y = neuron.binary mul %n, %b : tensor<256x256xbf16>, tensor<256x256xbf16> -> tensor<256x256xbf16>
+    neuron.yield %y : tensor<256x256xbf16>
+  }
+  return %r : tensor<256x256xbf16>
+}
+
+// A window whose rows overlap (a row broadcast down the columns) is not
+// rows of its buffer: it is copied contiguous first, as before.
+// CHECK-LABEL: func.func @broadcast_window
+// CHECK: memref.alloc() : memref<256x256xf32>
+// CHECK: nisa.dma_copy {{.*}} : memref<256x256xf32, strided<[?, 1], {{.*}}>>, memref<256x256xf32, strided<[256, 1], {{.*}}>>
+// CHECK: return
+func.func @broadcast_window(%v: tensor<256xf32>, %x: tensor<256x256xf32>) -> tensor<256x256xf32> {
+  %b = neuron.broadcast %v : tensor<256xf32> -> tensor<256x256xf32>
+  %r = neuron.fusion(%b, %x) : (tensor<256x256xf32>, tensor<256x256xf32>) -> tensor<256x256xf32> {
+  ^bb0(%a: tensor<256x256xf32>, %c: tensor<256x256xf32>):
+    %y = neuron.binary add %a, %c : tensor<256x256xf32>, tensor<256x256xf32> -> tensor<256x256xf32>
+    neuron.yield %y : tensor<256x256xf32>
+  }
+  return %r : tensor<256x256xf32>
+}
