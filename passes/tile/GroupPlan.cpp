@@ -311,7 +311,8 @@ SmallVector<Type> GroupPlan::unreadTypes() const {
 
 void GroupPlan::chooseSlots(ArrayRef<Operation *> ops, ArrayRef<Value> inputs,
                             const ::neuron::target::Target &target,
-                            const NeuronLowerToNisaOptions &knobs) {
+                            const NeuronLowerToNisaOptions &knobs,
+                            int64_t maxCols) {
   int64_t p = target.partitions;
   int64_t widest = 1;
   for (Operation *op : ops)
@@ -321,6 +322,8 @@ void GroupPlan::chooseSlots(ArrayRef<Operation *> ops, ArrayRef<Value> inputs,
   int64_t width = fusion.numCols;
   if (!fusion.byRows) {
     int64_t freeMax = std::max<int64_t>(1, knobs.freeTileBytes / widest);
+    if (maxCols)
+      freeMax = std::min(freeMax, maxCols);
     width = width >= p * freeMax ? freeMax : std::max<int64_t>(1, width / p);
   }
   layOut(inputs, width, target, knobs);
@@ -345,7 +348,8 @@ FailureOr<GroupPlan> GroupPlan::decide(ArrayRef<Operation *> ops,
                                        ArrayRef<Value> outputValues,
                                        const ::neuron::target::Target &target,
                                        const NeuronLowerToNisaOptions &knobs,
-                                       std::string &reason, int64_t rowLength) {
+                                       std::string &reason, int64_t rowLength,
+                                       int64_t maxCols) {
   std::optional<FusionPlan> fusion =
       FusionPlan::analyze(ops, outputValues, reason, rowLength);
   if (!fusion)
@@ -358,7 +362,7 @@ FailureOr<GroupPlan> GroupPlan::decide(ArrayRef<Operation *> ops,
   plan.findScaled(ops);
   plan.loaded.assign(inputs.begin(), inputs.end());
   plan.findIntermediates(ops);
-  plan.chooseSlots(ops, inputs, target, knobs);
+  plan.chooseSlots(ops, inputs, target, knobs, maxCols);
   if (rowLength && plan.heldBytes() > target.sbufBytesPerPartition) {
     reason = "rows of " + std::to_string(rowLength) + " do not fit in SBUF";
     return failure();

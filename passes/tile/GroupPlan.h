@@ -121,12 +121,13 @@ struct GroupPlan {
   /// Plans `ops` (in program order) reading `inputs` and storing `outputs`
   /// with tiles of at most `knobs.freeTileBytes` per partition, rotating
   /// over the slots `knobs` allow (`rowLength`: FusionPlan::analyze's, the
-  /// plan refused if its rows do not fit); on failure says why in `reason`.
+  /// plan refused if its rows do not fit; `maxCols`, when not 0: a flat
+  /// plan's tiles at most that wide); on failure says why in `reason`.
   static FailureOr<GroupPlan>
   decide(ArrayRef<Operation *> ops, ArrayRef<Value> inputs,
          ArrayRef<Value> outputs, const ::neuron::target::Target &target,
          const NeuronLowerToNisaOptions &knobs, std::string &reason,
-         int64_t rowLength = 0);
+         int64_t rowLength = 0, int64_t maxCols = 0);
 
 private:
   /// The one user of `v` when it has one and is not a group output (what a
@@ -150,7 +151,7 @@ private:
   void setPeriod(int64_t period);
   void chooseSlots(ArrayRef<Operation *> ops, ArrayRef<Value> inputs,
                    const ::neuron::target::Target &target,
-                   const NeuronLowerToNisaOptions &knobs);
+                   const NeuronLowerToNisaOptions &knobs, int64_t maxCols);
   void choosePsumColumns(ArrayRef<Operation *> ops,
                          const llvm::DenseSet<Operation *> &unassigned,
                          const ::neuron::target::Target &target);

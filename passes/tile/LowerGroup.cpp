@@ -25,7 +25,7 @@ public:
   GroupEmitter(TileBuilder &k, const GroupPlan &plan, ArrayRef<Operation *> ops,
                ArrayRef<std::pair<Value, Value>> inputs,
                ArrayRef<std::pair<Value, Value>> outputs,
-               const llvm::DenseMap<Value, TileBuilder::RowWindow> &windows)
+               const llvm::DenseMap<Value, TileBuilder::GroupWindow> &windows)
       : k(k), b(k.b), plan(plan), fusion(plan.fusion), ops(ops), inputs(inputs),
         outputs(outputs), windows(windows), p(k.target.partitions) {}
 
@@ -97,7 +97,7 @@ private:
   ArrayRef<Operation *> ops;
   ArrayRef<std::pair<Value, Value>> inputs, outputs;
   /// Inputs read in place from windows of rows (KernelLowering::lowerGroup).
-  const llvm::DenseMap<Value, TileBuilder::RowWindow> &windows;
+  const llvm::DenseMap<Value, TileBuilder::GroupWindow> &windows;
   int64_t p;
   llvm::DenseMap<Value, Value> slots, columns;
   llvm::DenseMap<Value, Value> psumCopies; // column -> its copy in PSUM
@@ -252,8 +252,13 @@ Value GroupEmitter::window(const Step &st, Value v, Value buffer) {
       window = k.view(buffer, k.index(0), {st.rows, 1}, {0, 1});
     else
       window = k.view(buffer, st.base, {st.rows, 1}, {1, 1});
-  } else if (auto w = windows.find(v); w != windows.end()) {
-    const TileBuilder::RowWindow &rw = w->second;
+  } else if (auto w = windows.find(v); w != windows.end() && w->second.period) {
+    // Each step is one repeat of the block (lowerGroup).
+    int64_t stride = fusion.byRows ? fusion.numCols : st.cols;
+    window = k.view(buffer, k.index(w->second.offset + st.col0),
+                    {st.rows, st.cols}, {stride, 1});
+  } else if (w != windows.end()) {
+    const TileBuilder::GroupWindow &rw = w->second;
     window =
         k.view(buffer,
                k.addOffset(k.scale(st.base, rw.rowStride), rw.offset + st.col0),
@@ -729,12 +734,18 @@ KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   // as `chunk`'s halves), of one row length, are read in place when the
   // group can go by those rows; the others, and these otherwise, are read
   // contiguous (a window copied first).
-  llvm::DenseMap<Value, RowWindow> windows;
+  llvm::DenseMap<Value, GroupWindow> windows;
   int64_t rowLength = 0;
+  // Rows of fewer bytes than a DMA moves well per partition (rotate_half's
+  // halves) are copied: by rows, the group would store its tiles in rows as
+  // short too.
   for (auto [v, tensor] : operands) {
-    std::optional<RowWindow> w = tensor && !dynamic
-                                     ? rowWindow(tensor, target.partitions)
-                                     : std::nullopt;
+    std::optional<GroupWindow> w = tensor && !dynamic
+                                       ? rowWindow(tensor, target.partitions)
+                                       : std::nullopt;
+    if (w && w->rowLength * tensorType(tensor).getElementTypeBitWidth() / 8 <
+                 target.dmaPreferredBytesPerPartition)
+      continue;
     if (w && (!rowLength || w->rowLength == rowLength)) {
       rowLength = w->rowLength;
       windows[v] = *w;
@@ -754,6 +765,36 @@ KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
            << "not size-generic: " << anchor->getName() << ": " << reason;
   if (failed(plan))
     return anchor->emitOpError("cannot be tiled as one group: ") << reason;
+  // Windows that repeat a block (a broadcast over leading dims) are read in
+  // place when each step is one repeat (p rows of the plan's columns the
+  // block's size: its offset then does not depend on the step); a flat
+  // plan's tiles narrow to the block where it is smaller, if its rows per
+  // partition still make DMAs that move well (else it is copied).
+  SmallVector<std::pair<Value, GroupWindow>> repeats;
+  for (auto [v, tensor] : operands)
+    if (tensor && !dynamic && !windows.count(v))
+      if (std::optional<GroupWindow> w = repeatWindow(tensor);
+          w && w->period / target.partitions *
+                       tensorType(tensor).getElementTypeBitWidth() / 8 >=
+                   target.dmaPreferredBytesPerPartition)
+        repeats.push_back({v, *w});
+  int64_t p = target.partitions;
+  auto stepOf = [&](const GroupPlan &g) {
+    return p * (g.fusion.byRows ? g.fusion.numCols : g.cols);
+  };
+  if (!repeats.empty() && !plan->fusion.byRows) {
+    int64_t period = repeats.front().second.period;
+    if (period % p == 0 && period < stepOf(*plan)) {
+      FailureOr<GroupPlan> narrowed =
+          GroupPlan::decide(ops, inputValues, outputValues, target, knobs,
+                            reason, rowLength, period / p);
+      if (succeeded(narrowed) && stepOf(*narrowed) == period)
+        plan = std::move(narrowed);
+    }
+  }
+  for (auto &[v, w] : repeats)
+    if (w.period == stepOf(*plan))
+      windows[v] = w;
   SmallVector<std::pair<Value, Value>> inputs;
   for (auto [v, tensor] : operands) {
     auto w = windows.find(v);

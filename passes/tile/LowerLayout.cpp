@@ -254,11 +254,17 @@ void KernelLowering::lowerConcat(ConcatOp op) {
   int64_t position = 0;
   for (Value input : op.getInputs()) {
     auto inType = tensorType(input);
+    // A window whose rows run along its last dim (a slice: rotate_half's
+    // halves) copies straight into its place; other windows (a transpose,
+    // which bufferOf moves through SBUF) become contiguous first.
+    Window in =
+        isWindow(input) && windowOf(input).strides.back() == 1
+            ? windowOf(input)
+            : Window{bufferOf(input), 0, contiguousStrides(inType.getShape())};
     if (inType.getNumElements() > 0)
-      dma(view(bufferOf(input), index(0), inType.getShape(),
-               contiguousStrides(inType.getShape())),
-          view(out, index(position * outStrides[op.getDim()]),
-               inType.getShape(), outStrides));
+      copyMerged(in.buffer, in.offset, in.strides, out,
+                 index(position * outStrides[op.getDim()]), outStrides,
+                 inType.getShape());
     position += inType.getDimSize(op.getDim());
   }
 }

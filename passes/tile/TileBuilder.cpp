@@ -390,9 +390,8 @@ Value TileBuilder::bufferOf(Value tensor) {
       dma(view(lazy.window.buffer, index(lazy.window.offset), {1}, {1}),
           view(out, index(0), {1}, {1}));
     else if (!transposeThroughSbuf(lazy.window, shape, out))
-      dma(view(lazy.window.buffer, index(lazy.window.offset), shape,
-               lazy.window.strides),
-          view(out, index(0), shape, contiguousStrides(shape)));
+      copyMerged(lazy.window.buffer, lazy.window.offset, lazy.window.strides,
+                 out, index(0), contiguousStrides(shape), shape);
     return out;
   }
   // Constants are materialized on first use: splats feeding tensor_scalar
@@ -414,8 +413,8 @@ Value TileBuilder::bufferOf(Value tensor) {
   return buffer;
 }
 
-std::optional<TileBuilder::RowWindow> TileBuilder::rowWindow(Value tensor,
-                                                             int64_t minRows) {
+std::optional<TileBuilder::GroupWindow>
+TileBuilder::rowWindow(Value tensor, int64_t minRows) {
   auto type = tensorType(tensor);
   if (!isWindow(tensor) || !type.hasStaticShape() || type.getRank() < 2)
     return std::nullopt;
@@ -440,7 +439,59 @@ std::optional<TileBuilder::RowWindow> TileBuilder::rowWindow(Value tensor,
   }
   if (!rowStride || *rowStride < cols)
     return std::nullopt;
-  return RowWindow{w.buffer, w.offset, *rowStride, cols};
+  return GroupWindow{w.buffer, w.offset, *rowStride, cols};
+}
+
+std::optional<TileBuilder::GroupWindow>
+TileBuilder::repeatWindow(Value tensor) {
+  auto type = tensorType(tensor);
+  if (!isWindow(tensor) || !type.hasStaticShape())
+    return std::nullopt;
+  Window w = windowOf(tensor);
+  ArrayRef<int64_t> shape = type.getShape();
+  // Innermost dims contiguous (the block), then only broadcast dims.
+  int64_t d = type.getRank() - 1, block = 1;
+  for (; d >= 0 && (shape[d] == 1 || w.strides[d] == block); --d)
+    block *= shape[d];
+  bool repeats = false;
+  for (; d >= 0; --d) {
+    if (shape[d] != 1 && w.strides[d] != 0)
+      return std::nullopt;
+    repeats |= shape[d] != 1;
+  }
+  if (!repeats)
+    return std::nullopt;
+  return GroupWindow{w.buffer, w.offset, 0, 0, block};
+}
+
+void TileBuilder::copyMerged(Value src, int64_t srcOffset,
+                             ArrayRef<int64_t> srcStrides, Value dst,
+                             Value dstOffset, ArrayRef<int64_t> dstStrides,
+                             ArrayRef<int64_t> shape) {
+  // Innermost first: each dim merges into the one inside it when both
+  // sides' strides run on from it.
+  SmallVector<int64_t> sizes, from, to;
+  for (int64_t d = (int64_t)shape.size() - 1; d >= 0; --d) {
+    if (shape[d] == 1)
+      continue;
+    if (!sizes.empty() && srcStrides[d] == from.back() * sizes.back() &&
+        dstStrides[d] == to.back() * sizes.back()) {
+      sizes.back() *= shape[d];
+      continue;
+    }
+    sizes.push_back(shape[d]);
+    from.push_back(srcStrides[d]);
+    to.push_back(dstStrides[d]);
+  }
+  if (sizes.empty()) {
+    sizes = {1};
+    from = to = {1};
+  }
+  std::reverse(sizes.begin(), sizes.end());
+  std::reverse(from.begin(), from.end());
+  std::reverse(to.begin(), to.end());
+  dma(view(src, index(srcOffset), sizes, from),
+      view(dst, dstOffset, sizes, to));
 }
 
 TileBuilder::Window TileBuilder::windowOf(Value tensor) {

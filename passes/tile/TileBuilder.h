@@ -167,6 +167,13 @@ public:
                         llvm::function_ref<void(Value, int64_t)> compute);
 
   void dma(Value src, Value dst) { b.create<nisa::DmaCopyOp>(src, dst); }
+  /// One DMA of `shape` elements between two windows of HBM buffers, its
+  /// dims of one element dropped and the dims merged where both sides run
+  /// on across them: an HBM-to-HBM copy splits over the DMA engines by its
+  /// leading dim, so a [1, H, L, D] window copies as H * L rows of D.
+  void copyMerged(Value src, int64_t srcOffset, ArrayRef<int64_t> srcStrides,
+                  Value dst, Value dstOffset, ArrayRef<int64_t> dstStrides,
+                  ArrayRef<int64_t> shape);
   Value load(Value base, Value offset, int64_t rows, int64_t cols,
              int64_t rowStride) {
     auto elt = cast<MemRefType>(base.getType()).getElementType();
@@ -231,15 +238,22 @@ public:
     lazyViews.try_emplace(result, LazyView{std::move(window), loc});
   }
   bool isWindow(Value tensor) const { return lazyViews.count(tensor); }
-  /// A window that is rows of its buffer: element (r, c) of the tensor as
-  /// [R, C] (C its last dim) at offset + r * rowStride + c.
-  struct RowWindow {
+  /// A window a group of elementwise ops reads in place: rows of its
+  /// buffer (rowStride > 0), element (r, c) of the tensor as [R, C] (C its
+  /// last dim, rowLength) at offset + r * rowStride + c; or a block
+  /// repeated (period > 0), element e of the flat tensor at
+  /// offset + e mod period.
+  struct GroupWindow {
     Value buffer;
-    int64_t offset, rowStride, rowLength;
+    int64_t offset = 0, rowStride = 0, rowLength = 0, period = 0;
   };
-  /// `tensor` as a RowWindow when it is a window of static shape with at
-  /// least `minRows` rows apart (a column slice, such as `chunk`'s halves).
-  std::optional<RowWindow> rowWindow(Value tensor, int64_t minRows);
+  /// `tensor` as rows when it is a window of static shape with at least
+  /// `minRows` rows apart (a column slice, such as `chunk`'s halves).
+  std::optional<GroupWindow> rowWindow(Value tensor, int64_t minRows);
+  /// `tensor` as a repeated block when it is a window of static shape that
+  /// broadcasts a contiguous block over its leading dims (rotary cos/sin
+  /// over the heads).
+  std::optional<GroupWindow> repeatWindow(Value tensor);
 
   /// Where the constants materialized on first use go.
   void setEntry(Block *block) { entry = block; }

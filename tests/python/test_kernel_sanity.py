@@ -227,3 +227,33 @@ def test_swiglu_of_chunk_halves_reads_each_input_byte_once(real_native: ModuleTy
     assert kernel["hbm_bytes"] == minimum, kernel["hbm_bytes"] / minimum
     assert kernel["bound"] in ("dma", "hbm"), kernel["bound"]
     assert share["dma"] >= 0.8, share
+
+
+def test_rotary_embedding_as_llama_writes_it_reads_its_inputs_in_place(
+    real_native: ModuleType,
+) -> None:
+    """Rotary embeddings as Transformers' Llama writes them (``q * cos + rotate_half(q) * sin``,
+    cos and sin unsqueezed over the heads, rotate_half a concat of negated slices): cos and sin
+    are read in place by every head's tiles, not broadcast into copies, rotate_half's lower
+    half is copied straight into the concat, and each copy spreads over the DMA engines
+    (a [1, H, L, D] copy was one row for one engine). 32 heads x 2048 x 128: 9.1 ms -> 0.73
+    ms, 13x -> 9x q's bytes."""
+
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def rope(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return q * cos + rotate_half(q) * sin
+
+    q = torch.randn(1, 8, 1024, 128, dtype=torch.bfloat16)
+    cos, sin = torch.randn(2, 1, 1024, 128, dtype=torch.bfloat16).unbind(0)
+    kernel, share, out = _profile(rope, q, cos, sin)
+    torch.testing.assert_close(out, rope(q, cos, sin), atol=0, rtol=0)
+    # In units of q's bytes: the upper half copied and negated (2), the concat of it and the
+    # lower half read in place (2), the fused multiply-add reading q, the concat, cos and sin
+    # for every head's tiles and writing the output (5): 9 (13 before).
+    q_bytes = q.numel() * 2
+    assert kernel["hbm_bytes"] <= 9 * q_bytes, kernel["hbm_bytes"] / q_bytes
+    assert kernel["bound"] in ("dma", "hbm"), kernel["bound"]

@@ -76,31 +76,68 @@ func.func @rms_norm(%x: tensor<256x512xbf16>, %w: tensor<512xbf16>) -> tensor<25
   return %r : tensor<256x512xbf16>
 }
 
-// The halves of `chunk` (column slices: rows of 256 elements, 512 apart)
-// feeding a SwiGLU are read in place: the group goes by rows of 256 and
-// loads each half's tile through its window (row stride 512, the second
-// half at offset 256), with no copy of either half first.
+// The halves of `chunk` (column slices: rows of 1024 elements, 2048 apart)
+// feeding a SwiGLU are read in place: the group goes by rows of 1024 and
+// loads each half's tile through its window (row stride 2048, the second
+// half at offset 1024), with no copy of either half first. (Rows shorter
+// than a DMA moves well per partition, 2 KiB, are copied: the group would
+// store in rows as short.)
 // CHECK-LABEL: func.func @swiglu_halves
-// CHECK-NOT: memref.alloc() : memref<256x256xbf16>
-// CHECK: memref.reinterpret_cast %arg0 to offset: [%{{.*}}], sizes: [128, 256], strides: [512, 1]
+// CHECK-NOT: memref.alloc() : memref<256x1024xbf16>
+// CHECK: memref.reinterpret_cast %arg0 to offset: [%{{.*}}], sizes: [128, 1024], strides: [2048, 1]
 // CHECK: nisa.dma_copy
-// CHECK: memref.reinterpret_cast %arg0 to offset: [%{{.*}}], sizes: [128, 256], strides: [512, 1]
+// CHECK: memref.reinterpret_cast %arg0 to offset: [%{{.*}}], sizes: [128, 1024], strides: [2048, 1]
 // CHECK: nisa.dma_copy
 // CHECK: nisa.activation
 // CHECK: return
-func.func @swiglu_halves(%x: tensor<256x512xbf16>) -> tensor<256x256xbf16> {
-  %g = neuron.slice %x {offsets = array<i64: 0, 0>, strides = array<i64: 1, 1>} : tensor<256x512xbf16> -> tensor<256x256xbf16>
-  %u = neuron.slice %x {offsets = array<i64: 0, 256>, strides = array<i64: 1, 1>} : tensor<256x512xbf16> -> tensor<256x256xbf16>
-  %r = neuron.fusion(%g, %u) : (tensor<256x256xbf16>, tensor<256x256xbf16>) -> tensor<256x256xbf16> {
-  ^bb0(%a: tensor<256x256xbf16>, %b: tensor<256x256xbf16>):
-    %w = neuron.cast %a : tensor<256x256xbf16> -> tensor<256x256xf32>
-    %s = neuron.unary sigmoid %w : tensor<256x256xf32> -> tensor<256x256xf32>
-    %m = neuron.binary mul %w, %s : tensor<256x256xf32>, tensor<256x256xf32> -> tensor<256x256xf32>
-    %n = neuron.cast %m : tensor<256x256xf32> -> tensor<256x256xbf16>
-    %y = neuron.binary mul %n, %b : tensor<256x256xbf16>, tensor<256x256xbf16> -> tensor<256x256xbf16>
-    neuron.yield %y : tensor<256x256xbf16>
+func.func @swiglu_halves(%x: tensor<256x2048xbf16>) -> tensor<256x1024xbf16> {
+  %g = neuron.slice %x {offsets = array<i64: 0, 0>, strides = array<i64: 1, 1>} : tensor<256x2048xbf16> -> tensor<256x1024xbf16>
+  %u = neuron.slice %x {offsets = array<i64: 0, 1024>, strides = array<i64: 1, 1>} : tensor<256x2048xbf16> -> tensor<256x1024xbf16>
+  %r = neuron.fusion(%g, %u) : (tensor<256x1024xbf16>, tensor<256x1024xbf16>) -> tensor<256x1024xbf16> {
+  ^bb0(%a: tensor<256x1024xbf16>, %b: tensor<256x1024xbf16>):
+    %w = neuron.cast %a : tensor<256x1024xbf16> -> tensor<256x1024xf32>
+    %s = neuron.unary sigmoid %w : tensor<256x1024xf32> -> tensor<256x1024xf32>
+    %m = neuron.binary mul %w, %s : tensor<256x1024xf32>, tensor<256x1024xf32> -> tensor<256x1024xf32>
+    %n = neuron.cast %m : tensor<256x1024xf32> -> tensor<256x1024xbf16>
+    %y = neuron.binary mul %n, %b : tensor<256x1024xbf16>, tensor<256x1024xbf16> -> tensor<256x1024xbf16>
+    neuron.yield %y : tensor<256x1024xbf16>
   }
-  return %r : tensor<256x256xbf16>
+  return %r : tensor<256x1024xbf16>
+}
+
+// Rotary cos broadcast over the heads ([1, 1, 1024, 128] seen as
+// [1, 4, 1024, 128]) is read in place: the flat group's tiles narrow to one
+// repeat of the block (128 partitions of 1024), so every step reads the
+// block at the same offset; nothing is materialized. (Blocks of less than
+// 2 KiB per partition are copied: the DMAs would move too little.)
+// CHECK-LABEL: func.func @rotary_cos
+// CHECK-NOT: memref.alloc() : memref<1x4x1024x128xbf16>
+// CHECK: memref.reinterpret_cast %arg1 to offset: [%c0{{.*}}], sizes: [128, 1024], strides: [1024, 1]
+// CHECK: return
+func.func @rotary_cos(%q: tensor<1x4x1024x128xbf16>, %cos: tensor<1x1x1024x128xbf16>) -> tensor<1x4x1024x128xbf16> {
+  %c = neuron.broadcast %cos : tensor<1x1x1024x128xbf16> -> tensor<1x4x1024x128xbf16>
+  %r = neuron.fusion(%q, %c) : (tensor<1x4x1024x128xbf16>, tensor<1x4x1024x128xbf16>) -> tensor<1x4x1024x128xbf16> {
+  ^bb0(%a: tensor<1x4x1024x128xbf16>, %b: tensor<1x4x1024x128xbf16>):
+    %y = neuron.binary mul %a, %b : tensor<1x4x1024x128xbf16>, tensor<1x4x1024x128xbf16> -> tensor<1x4x1024x128xbf16>
+    neuron.yield %y : tensor<1x4x1024x128xbf16>
+  }
+  return %r : tensor<1x4x1024x128xbf16>
+}
+
+// A concat of slices copies each window straight into its place (dims
+// merged: [1, 4, 256, 64] as 1024 rows of 64), with no copy of the slice.
+// CHECK-LABEL: func.func @concat_halves
+// CHECK-NOT: memref.alloc() : memref<1x4x256x64xbf16>
+// CHECK: memref.reinterpret_cast %arg0 to offset: [%c64{{.*}}], sizes: [1024, 64], strides: [128, 1]
+// CHECK: nisa.dma_copy
+// CHECK: memref.reinterpret_cast %arg0 to offset: [%c0{{.*}}], sizes: [1024, 64], strides: [128, 1]
+// CHECK: nisa.dma_copy
+// CHECK: return
+func.func @concat_halves(%x: tensor<1x4x256x128xbf16>) -> tensor<1x4x256x128xbf16> {
+  %lo = neuron.slice %x {offsets = array<i64: 0, 0, 0, 0>, strides = array<i64: 1, 1, 1, 1>} : tensor<1x4x256x128xbf16> -> tensor<1x4x256x64xbf16>
+  %hi = neuron.slice %x {offsets = array<i64: 0, 0, 0, 64>, strides = array<i64: 1, 1, 1, 1>} : tensor<1x4x256x128xbf16> -> tensor<1x4x256x64xbf16>
+  %r = neuron.concat %hi, %lo {dim = 3 : i64} : tensor<1x4x256x64xbf16>, tensor<1x4x256x64xbf16> -> tensor<1x4x256x128xbf16>
+  return %r : tensor<1x4x256x128xbf16>
 }
 
 // A window whose rows overlap (a row broadcast down the columns) is not
