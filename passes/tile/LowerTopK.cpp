@@ -58,35 +58,63 @@ void KernelLowering::lowerTopK(TopKOp op) {
   Value none = filled(double(n));
   Value takenValue = filled(taken);
 
-  forTiles(rows, p, [&](Value r0, int64_t rt) {
-    TileScope s(*this);
-    auto rowsOf = [&](Value t) { return view(t, index(0), {rt, n}, {n, 1}); };
-    Value w = tile(MemorySpace::sbuf, {rt, n}, f32);
-    dma(view(in, scale(r0, n), {rt, n}, {n, 1}), w);
-    Value alive = tile(MemorySpace::sbuf, {rt, n}, f32);
-    b.create<nisa::CopyOp>(rowsOf(iota), alive, nisa::Engine::gpsimd);
-    Value eq = tile(MemorySpace::sbuf, {rt, n}, f32);
-    Value candidates = tile(MemorySpace::sbuf, {rt, n}, f32);
-    Value values = tile(MemorySpace::sbuf, {rt, k}, f32);
-    Value indices = tile(MemorySpace::sbuf, {rt, k}, f32);
+  // The row tiles' working tiles in sets that the tiles take in turn: the
+  // next tile's rows load while this one's rounds run (one set where two
+  // would not leave half of SBUF, as for rows of thousands).
+  struct Set {
+    Value w, alive, eq, candidates, values, indices;
+  };
+  int64_t perSet = (4 * n + 2 * k) * 4, constants = 3 * n * 4;
+  int64_t slots =
+      constants + 2 * perSet <= target.sbufBytesPerPartition / 2 ? 2 : 1;
+  SmallVector<Set, 2> sets;
+  for (int64_t i = 0; i < slots; ++i) {
+    auto rowTile = [&](int64_t cols) {
+      return tile(MemorySpace::sbuf, {p, cols}, f32);
+    };
+    sets.push_back({rowTile(n), rowTile(n), rowTile(n), rowTile(n), rowTile(k),
+                    rowTile(k)});
+  }
+  auto rowsOf = [&](Value t, int64_t rt) {
+    int64_t cols = cast<MemRefType>(t.getType()).getShape()[1];
+    return view(t, index(0), {rt, cols}, {cols, 1});
+  };
+  auto load = [&](Value r0, int64_t rt, const Set &set) {
+    dma(view(in, scale(r0, n), {rt, n}, {n, 1}), rowsOf(set.w, rt));
+  };
+  auto compute = [&](Value r0, int64_t rt, const Set &set) {
+    Value w = rowsOf(set.w, rt), alive = rowsOf(set.alive, rt);
+    Value eq = rowsOf(set.eq, rt), candidates = rowsOf(set.candidates, rt);
+    b.create<nisa::CopyOp>(rowsOf(iota, rt), alive, nisa::Engine::gpsimd);
     forEach(k, [&](Value r) {
-      Value m = view(values, r, {rt, 1}, {k, 1});
-      Value at = view(indices, r, {rt, 1}, {k, 1});
+      Value m = view(set.values, r, {rt, 1}, {k, 1});
+      Value at = view(set.indices, r, {rt, 1}, {k, 1});
       b.create<nisa::TensorReduceOp>(extreme, w, m);
       b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, w, eq, m, APFloat(0.0),
                                      false);
-      b.create<nisa::SelectOp>(eq, alive, rowsOf(none), candidates);
+      b.create<nisa::SelectOp>(eq, alive, rowsOf(none, rt), candidates);
       b.create<nisa::TensorReduceOp>(nisa::AluOp::min, candidates, at);
-      b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, rowsOf(iota), eq, at,
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, rowsOf(iota, rt), eq, at,
                                      APFloat(0.0), false);
-      b.create<nisa::SelectOp>(eq, rowsOf(takenValue), w, w);
+      b.create<nisa::SelectOp>(eq, rowsOf(takenValue, rt), w, w);
       // Off the chain of the next round's reduction: GpSimd.
-      b.create<nisa::SelectOp>(eq, rowsOf(none), alive, alive,
+      b.create<nisa::SelectOp>(eq, rowsOf(none, rt), alive, alive,
                                nisa::Engine::gpsimd);
     });
-    dma(values, view(outValues, scale(r0, k), {rt, k}, {k, 1}));
-    dma(indices, view(outIndices, scale(r0, k), {rt, k}, {k, 1}));
-  });
+    dma(rowsOf(set.values, rt), view(outValues, scale(r0, k), {rt, k}, {k, 1}));
+    dma(rowsOf(set.indices, rt),
+        view(outIndices, scale(r0, k), {rt, k}, {k, 1}));
+  };
+  int64_t full = rows / p, rem = rows % p;
+  forEachPipelined(
+      full, slots,
+      [&](Value t, int64_t slot) { load(scale(t, p), p, sets[slot]); },
+      [&](Value t, int64_t slot) { compute(scale(t, p), p, sets[slot]); });
+  if (rem) {
+    const Set &set = sets[full % slots];
+    load(index(full * p), rem, set);
+    compute(index(full * p), rem, set);
+  }
 }
 
 namespace {

@@ -81,11 +81,29 @@ func.func @cumsum_bf16(%x: tensor<2x5x8xbf16>) -> tensor<2x5x8xbf16> {
 // CHECK: nisa.select
 // CHECK: nisa.select {{.*}}engine = #nisa.engine<gpsimd>
 // CHECK: }
-// CHECK: nisa.dma_copy {{.*}} : memref<6x2xf32, #nisa.mem<sbuf>>, memref<6x2xbf16
-// CHECK: nisa.dma_copy {{.*}} : memref<6x2xf32, #nisa.mem<sbuf>>, memref<6x2xi64
+// CHECK: nisa.dma_copy {{.*}} : memref<6x2xf32, {{.*}}#nisa.mem<sbuf>>, memref<6x2xbf16
+// CHECK: nisa.dma_copy {{.*}} : memref<6x2xf32, {{.*}}#nisa.mem<sbuf>>, memref<6x2xi64
 func.func @topk(%x: tensor<6x8xbf16>) -> (tensor<6x2xbf16>, tensor<6x2xi64>) {
   %v, %i = neuron.topk %x {k = 2, largest = true} : tensor<6x8xbf16> -> tensor<6x2xbf16>, tensor<6x2xi64>
   return %v, %i : tensor<6x2xbf16>, tensor<6x2xi64>
+}
+
+// More rows than partitions: the tiles take two sets of working tiles in
+// turn, so the second tile's rows load before the first tile's rounds;
+// the last 44 rows after.
+// CHECK-LABEL: func.func @topk_tiles
+// CHECK: nisa.dma_copy {{.*}} : memref<128x8xbf16, {{.*}}>, memref<128x8xf32, {{.*}}#nisa.mem<sbuf>>
+// CHECK-NOT: nisa.tensor_reduce
+// CHECK: nisa.dma_copy {{.*}} : memref<128x8xbf16, {{.*}}>, memref<128x8xf32, {{.*}}#nisa.mem<sbuf>>
+// CHECK: nisa.tensor_reduce max
+// CHECK: nisa.dma_copy {{.*}} : memref<128x2xf32, {{.*}}#nisa.mem<sbuf>>, memref<128x2xi64
+// CHECK: nisa.tensor_reduce max
+// CHECK: nisa.dma_copy {{.*}} : memref<44x8xbf16, {{.*}}>, memref<44x8xf32, {{.*}}#nisa.mem<sbuf>>
+// CHECK: nisa.tensor_reduce max
+// CHECK: nisa.dma_copy {{.*}} : memref<44x2xf32, {{.*}}#nisa.mem<sbuf>>, memref<44x2xi64
+func.func @topk_tiles(%x: tensor<300x8xbf16>) -> (tensor<300x2xbf16>, tensor<300x2xi64>) {
+  %v, %i = neuron.topk %x {k = 2, largest = true} : tensor<300x8xbf16> -> tensor<300x2xbf16>, tensor<300x2xi64>
+  return %v, %i : tensor<300x2xbf16>, tensor<300x2xi64>
 }
 
 // smallest first: min reductions, +inf for taken elements.
