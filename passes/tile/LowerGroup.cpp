@@ -96,7 +96,7 @@ private:
   const FusionPlan &fusion;
   ArrayRef<Operation *> ops;
   ArrayRef<std::pair<Value, Value>> inputs, outputs;
-  /// Inputs read in place from windows of rows (KernelLowering::lowerGroup).
+  /// Inputs read in place from windows (KernelLowering::lowerGroup).
   const llvm::DenseMap<Value, TileBuilder::GroupWindow> &windows;
   int64_t p;
   llvm::DenseMap<Value, Value> slots, columns;
@@ -733,12 +733,11 @@ KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   // Inputs that are windows of rows of a wider buffer (column slices, such
   // as `chunk`'s halves), of one row length, are read in place when the
   // group can go by those rows; the others, and these otherwise, are read
-  // contiguous (a window copied first).
+  // contiguous (a window copied first). Rows of fewer bytes than a DMA
+  // moves well per partition (rotate_half's halves) are copied: by rows,
+  // the group would store its tiles in rows as short.
   llvm::DenseMap<Value, GroupWindow> windows;
   int64_t rowLength = 0;
-  // Rows of fewer bytes than a DMA moves well per partition (rotate_half's
-  // halves) are copied: by rows, the group would store its tiles in rows as
-  // short too.
   for (auto [v, tensor] : operands) {
     std::optional<GroupWindow> w = tensor && !dynamic
                                        ? rowWindow(tensor, target.partitions)
@@ -770,15 +769,15 @@ KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
   // block's size: its offset then does not depend on the step); a flat
   // plan's tiles narrow to the block where it is smaller, if its rows per
   // partition still make DMAs that move well (else it is copied).
+  const int64_t p = target.partitions;
   SmallVector<std::pair<Value, GroupWindow>> repeats;
   for (auto [v, tensor] : operands)
     if (tensor && !dynamic && !windows.count(v))
       if (std::optional<GroupWindow> w = repeatWindow(tensor);
-          w && w->period / target.partitions *
-                       tensorType(tensor).getElementTypeBitWidth() / 8 >=
-                   target.dmaPreferredBytesPerPartition)
+          w &&
+          w->period / p * tensorType(tensor).getElementTypeBitWidth() / 8 >=
+              target.dmaPreferredBytesPerPartition)
         repeats.push_back({v, *w});
-  int64_t p = target.partitions;
   auto stepOf = [&](const GroupPlan &g) {
     return p * (g.fusion.byRows ? g.fusion.numCols : g.cols);
   };
