@@ -1464,20 +1464,16 @@ private:
     // counted in its pass); their transposes after them, in the same
     // columns. The rest moves whole 128 x span chunks (the rows past `rows`
     // are never stored): no cost that the rows would save, and views the
-    // synchronisation can tell apart.
-    auto sums = [&](int64_t c, OpFoldResult f) {
-      return k.view(acc, k.index(panelBanks * bankCols + c * span),
+    // synchronisation can tell apart. `f` columns from column `col`:
+    auto sums = [&](int64_t col, OpFoldResult f) {
+      return k.view(acc, k.index(panelBanks * bankCols + col),
                     {b.getIndexAttr(tileRows), f}, {accStride, 1});
     };
-    auto sumsBlock = [&](int64_t c, int64_t blk) {
-      return k.view(acc,
-                    k.index(panelBanks * bankCols + c * span + blk * tileRows),
-                    {tileRows, tileRows}, {accStride, 1});
-    };
-    auto transposed = [&](int64_t c, OpFoldResult f) {
-      return k.view(transT, k.index(c * span), {b.getIndexAttr(tileRows), f},
+    auto transposed = [&](int64_t col, OpFoldResult f) {
+      return k.view(transT, k.index(col), {b.getIndexAttr(tileRows), f},
                     {panelBanks * bankCols, 1});
     };
+    OpFoldResult whole = b.getIndexAttr(span), block = b.getIndexAttr(tileRows);
     for (int64_t first = 0; first < chunks; first += perPass) {
       int64_t count = std::min(perPass, chunks - first);
       for (int64_t kt = 0; kt < kTiles; ++kt) {
@@ -1486,7 +1482,8 @@ private:
                    {b.getIndexAttr(kTile), rows}, {kTiles * slotRows, 1});
         for (int64_t c = 0; c < count; ++c) {
           Value stationary = weightsAt(s, kt, (first + c) * tileRows, tileRows);
-          auto mm = b.create<nisa::MatmulOp>(stationary, moving, sums(c, rows));
+          auto mm = b.create<nisa::MatmulOp>(stationary, moving,
+                                             sums(c * span, rows));
           if (kt > 0)
             mm.setAccumulate(true);
         }
@@ -1494,16 +1491,13 @@ private:
       auto engine = [](int64_t i) {
         return i % 2 ? nisa::Engine::scalar : nisa::Engine::vector;
       };
-      OpFoldResult whole = b.getIndexAttr(span);
       for (int64_t c = 0; c < count; ++c)
-        b.create<nisa::CopyOp>(sums(c, whole), transposed(c, whole), engine(c));
+        b.create<nisa::CopyOp>(sums(c * span, whole),
+                               transposed(c * span, whole), engine(c));
       for (int64_t c = 0; c < count; ++c)
-        for (int64_t blk = 0; blk < blocks; ++blk) {
-          Value rowsBlock =
-              k.view(transT, k.index(c * span + blk * tileRows),
-                     {tileRows, tileRows}, {panelBanks * bankCols, 1});
-          b.create<nisa::MatmulOp>(rowsBlock, ident, sumsBlock(c, blk));
-        }
+        for (int64_t col = c * span; col < (c + 1) * span; col += tileRows)
+          b.create<nisa::MatmulOp>(transposed(col, block), ident,
+                                   sums(col, block));
       // Block blk of the rows in staging slot kStageSlots - blocks + blk.
       for (int64_t c = 0; c < count; ++c)
         for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -1511,7 +1505,7 @@ private:
           Value part =
               k.view(staged, k.index(slot * panelCols + (first + c) * tileRows),
                      {tileRows, tileRows}, {stageStride, 1});
-          b.create<nisa::CopyOp>(sumsBlock(c, blk), part,
+          b.create<nisa::CopyOp>(sums(c * span + blk * tileRows, block), part,
                                  engine(c * blocks + blk));
         }
     }
