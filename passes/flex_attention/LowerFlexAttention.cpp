@@ -447,37 +447,62 @@ Operand FlexAttentionLowering::aluOperand(nisa::AluOp alu, const Operand &l,
 /// never wait behind the output stores.
 void FlexAttentionLowering::loadHead(Value batchIdx, Value kvHead,
                                      int64_t slot) {
+  loadUnits({batchIdx, kvHead, slot}, k.index(0), 0,
+            std::max(kvUnits, (qLen + unit - 1) / unit));
+}
+
+/// Key units [first, first + count) of a key head's V and K^T and the same
+/// query tiles of its query heads' Q^T (resident), into `slot`. `first` is
+/// static (`firstStatic`, the ranges clipped to the lengths) or, with
+/// `firstStatic` -1, a loop index over units that are whole in all three.
+void FlexAttentionLowering::loadUnits(const HeadLoad &at, Value first,
+                                      int64_t firstStatic, int64_t count) {
   auto load = [&](Value src, Value to) {
     b.create<nisa::DmaCopyOp>(src, to, nisa::Engine::scalar);
   };
-  auto base = [&](const TileBuilder::Window &w, Value head) {
-    return k.addOffsets(k.addOffset(k.scale(batchIdx, w.strides[0]), w.offset),
-                        k.scale(head, w.strides[1]));
+  auto base = [&](const TileBuilder::Window &w, Value head, int64_t rowStride) {
+    return k.addOffsets(
+        k.addOffsets(k.addOffset(k.scale(at.batch, w.strides[0]), w.offset),
+                     k.scale(head, w.strides[1])),
+        k.scale(first, unit * rowStride));
   };
-  Value vBase = base(value, kvHead);
+  // Rows of [first unit, + count units) within `len` (all when dynamic).
+  auto rowsIn = [&](int64_t len) {
+    if (firstStatic < 0)
+      return count * unit;
+    return std::clamp<int64_t>(len - firstStatic * unit, 0, count * unit);
+  };
   int64_t vs = value.strides[2], vd = value.strides[3];
-  int64_t fullUnits = kvLen / unit, rest = kvLen % unit;
-  int64_t vAt = slot * kvUnits * vDim;
-  if (fullUnits)
-    load(
-        k.view(value.buffer, vBase, {unit, fullUnits, vDim},
-               {vs, unit * vs, vd}),
-        k.view(vS, k.index(vAt), {unit, fullUnits, vDim}, {vSStride, vDim, 1}));
+  int64_t vRows = rowsIn(kvLen), whole = vRows / unit, rest = vRows % unit;
+  Value vBase = base(value, at.kvHead, vs);
+  Value vAt = k.addOffset(k.scale(first, vDim), at.slot * kvUnits * vDim);
+  if (whole)
+    load(k.view(value.buffer, vBase, {unit, whole, vDim}, {vs, unit * vs, vd}),
+         k.view(vS, vAt, {unit, whole, vDim}, {vSStride, vDim, 1}));
   if (rest)
-    load(k.view(value.buffer, k.addOffset(vBase, fullUnits * unit * vs),
+    load(k.view(value.buffer, k.addOffset(vBase, whole * unit * vs),
                 {rest, vDim}, {vs, vd}),
-         k.view(vS, k.index(vAt + fullUnits * vDim), {rest, vDim},
+         k.view(vS, k.addOffset(vAt, whole * vDim), {rest, vDim},
                 {vSStride, 1}));
-  load(k.view(key.buffer, base(key, kvHead), {dim, kvLen},
-              {key.strides[3], key.strides[2]}),
-       k.view(kT, k.index(slot * kvUnits * unit), {dim, kvLen}, {kTStride, 1}));
-  if (!qResident)
+  int64_t kRows = rowsIn(kvLen);
+  if (kRows)
+    load(k.view(key.buffer, base(key, at.kvHead, key.strides[2]),
+                {dim, kRows}, {key.strides[3], key.strides[2]}),
+         k.view(kT,
+                k.addOffset(k.scale(first, unit), at.slot * kvUnits * unit),
+                {dim, kRows}, {kTStride, 1}));
+  int64_t qRows = rowsIn(qLen);
+  if (!qResident || !qRows)
     return;
   for (int64_t g = 0; g < group; ++g)
-    load(k.view(q.buffer, base(q, k.addOffset(k.scale(kvHead, group), g)),
-                {dim, qLen}, {q.strides[3], q.strides[2]}),
-         k.view(qT, k.index((slot * group + g) * qLen), {dim, qLen},
-                {qTStride, 1}));
+    load(k.view(q.buffer,
+                base(q, k.addOffset(k.scale(at.kvHead, group), g),
+                     q.strides[2]),
+                {dim, qRows}, {q.strides[3], q.strides[2]}),
+         k.view(qT,
+                k.addOffset(k.scale(first, unit),
+                            (at.slot * group + g) * qLen),
+                {dim, qRows}, {qTStride, 1}));
 }
 
 /// Captured tensors as flat tables: their buffers, contiguous (a strided
@@ -753,8 +778,8 @@ void FlexAttentionLowering::emitBatches() {
       }
       loadHead(batchIdx, k.index(0), 0);
       k.forEachRotating(0, kvHeads - 1, 2, [&](Value h, int64_t slot) {
-        loadHead(batchIdx, k.addOffset(h, 1), 1 - slot);
-        queryHeads(batchIdx, h, bm, slot);
+        HeadLoad next{batchIdx, k.addOffset(h, 1), 1 - slot};
+        queryHeads(batchIdx, h, bm, slot, &next);
       });
       queryHeads(batchIdx, k.index(kvHeads - 1), bm, (kvHeads - 1) % 2);
     };
@@ -855,11 +880,15 @@ FlexAttentionLowering::periodAt(ArrayRef<Lane> lanes, int64_t r,
   return {};
 }
 
-/// The query heads of one key head, against its K^T and V in `slot`.
+/// The query heads of one key head, against its K^T and V in `slot`; with
+/// `next`, the next key head loads in pieces during the first query head's
+/// rounds. Loaded whole in front, its transfer (15 us at S = 4096, V's
+/// 256-byte rows) would hold the DMA queues, which serve in program order,
+/// and the first rounds' P^T transposes would wait behind it.
 void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
-                                       int64_t slot) {
+                                       int64_t slot, const HeadLoad *next) {
   bool perHead = blocksShape[1] != 1;
-  auto body = [&](Value g, int64_t hm) {
+  auto body = [&](Value g, int64_t hm, const HeadLoad *load) {
     Step head;
     head.batch = batchIdx;
     head.head = k.addOffsets(k.scale(kvHead, group), g);
@@ -881,38 +910,72 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
     int64_t rounds = 0;
     for (const Lane &lane : streams)
       rounds = std::max<int64_t>(rounds, lane.size());
-    auto emitRounds = [&](int64_t from, int64_t to, Value qShift) {
+    PieceSchedule pieces(load, rounds, pieceCount(), wholePieces());
+    // `before(i)` runs before round i unrolled and before a loop from
+    // round i; loops issue pieces round by round with `loadsInLoops`.
+    auto emitRounds = [&](int64_t from, int64_t to, Value qShift,
+                          llvm::function_ref<void(int64_t)> before,
+                          bool loadsInLoops) {
       for (int64_t r = from; r < to;) {
         int64_t len = 1;
         while (r + len < to && sameRound(streams, r, r + len, 0))
           ++len;
+        before(r);
         if (len >= 4) {
+          int64_t per = loadsInLoops ? pieces.perStep(r + len, len) : 0;
+          int64_t firstPiece = pieces.issued;
           k.forEachRotating(r, len, 2, [&](Value idx, int64_t parity) {
+            if (per)
+              loadUnits(*load,
+                        k.addOffset(k.scale(idx, per), firstPiece - r * per),
+                        -1, per);
             round(head, qTHead, streams, r, idx, parity, qShift, true);
           });
+          pieces.issued += per * len;
         } else {
-          for (int64_t i = r; i < r + len; ++i)
+          for (int64_t i = r; i < r + len; ++i) {
+            if (i > r)
+              before(i);
             round(head, qTHead, streams, i, k.index(i), i % 2, qShift, false);
+          }
         }
         r += len;
       }
     };
+    auto issueDue = [&](int64_t i) { issuePieces(pieces, i); };
     round(head, qTHead, streams, -1, Value(), 1, Value(), false);
     for (int64_t r = 0; r < rounds;) {
       Period period = periodAt(streams, r, rounds);
       if (period.count) {
+        // `per` pieces an iteration, spread over its rounds.
+        int64_t end = r + period.count * period.rounds;
+        issuePieces(pieces, r);
+        int64_t per = pieces.perStep(end, period.count);
+        int64_t firstPiece = pieces.issued;
         k.forEach(period.count, [&](Value m) {
-          emitRounds(r, r + period.rounds, k.scale(m, period.tiles));
+          int64_t done = 0;
+          auto before = [&](int64_t i) {
+            int64_t due = std::min(per, (i - r) * per / period.rounds + 1);
+            for (; done < due; ++done)
+              loadUnits(*load,
+                        k.addOffset(k.scale(m, per), firstPiece + done), -1,
+                        1);
+          };
+          emitRounds(r, r + period.rounds, k.scale(m, period.tiles), before,
+                     false);
+          before(r + period.rounds);
         });
-        r += period.count * period.rounds;
+        pieces.issued += per * period.count;
+        r = end;
         continue;
       }
       int64_t len = 1;
       while (r + len < rounds && sameRound(streams, r, r + len, 0))
         ++len;
-      emitRounds(r, r + len, Value());
+      emitRounds(r, r + len, Value(), issueDue, true);
       r += len;
     }
+    issuePieces(pieces, rounds + 1);
     // The last steps' P V.
     round(head, qTHead, streams, rounds, k.index(rounds), rounds % 2, Value(),
           false);
@@ -921,14 +984,36 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
   };
   kvSlot = slot;
   if (!perHead) {
-    k.forEach(group, [&](Value g) { body(g, 0); });
+    int64_t from = 0;
+    if (next)
+      body(k.index(from++), 0, next);
+    if (from < group)
+      k.forEach(group - from, [&](Value g) {
+        body(k.addOffset(g, from), 0, nullptr);
+      });
   } else {
     // Per-head structures: the key heads are unrolled, so is this.
     std::optional<int64_t> kvh = getConstantIntValue(kvHead);
     assert(kvh && "per-head block masks unroll the key heads");
     for (int64_t g = 0; g < group; ++g)
-      body(k.index(g), *kvh * group + g);
+      body(k.index(g), *kvh * group + g, g == 0 ? next : nullptr);
   }
+}
+
+/// Pieces of a head load: one key unit (and query tile) each.
+int64_t FlexAttentionLowering::pieceCount() const {
+  return std::max(kvUnits, (qLen + unit - 1) / unit);
+}
+
+/// The first pieces, whole in V, K^T and Q^T: loops may index them.
+int64_t FlexAttentionLowering::wholePieces() const {
+  return qResident ? std::min(kvLen, qLen) / unit : kvLen / unit;
+}
+
+/// Issues (unrolled) the pieces due before round r.
+void FlexAttentionLowering::issuePieces(PieceSchedule &s, int64_t r) {
+  for (int64_t due = s.dueBefore(r); s.issued < due; ++s.issued)
+    loadUnits(*s.load, k.index(s.issued), s.issued, 1);
 }
 
 /// A query tile whose keys are all masked: out = 0 and lse = -inf.

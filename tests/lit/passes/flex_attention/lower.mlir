@@ -1,6 +1,7 @@
 // RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | FileCheck %s
 // RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | sed -n '/@causal/,/@relative_bias/p' | grep -c "nisa.matmul" | FileCheck %s --check-prefix=MATMULS
 // RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | sed -n '/@causal/,/@relative_bias/p' | grep -c "nisa.select" | FileCheck %s --check-prefix=SELECTS
+// RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | sed -n '/@next_head_in_pieces/,$p' | grep -c "nisa.dma_copy.*memref<128x1x64xf32, strided<\[64, 8192, 1\]" | FileCheck %s --check-prefix=PIECES
 // RUN: neuron-opt %s --neuron-lower-to-nisa=target=trn2 | neuron-opt | FileCheck %s --check-prefix=ROUNDTRIP
 
 // Causal blocks of a 256-row sequence: query tile 0 sees key unit 0 (partial)
@@ -132,3 +133,32 @@ func.func @with_lse(%q: tensor<1x1x256x64xf32>, %k: tensor<1x1x256x64xf32>, %v: 
 // attribute printed as 0xFF800000, which reads back as a denormal double).
 // ROUNDTRIP: nisa.memset %{{.*}}, 0xFFF0000000000000
 // ROUNDTRIP: nisa.memset %{{.*}}, 3.4028234663852886E+38
+
+// Four key heads: the first loads whole, and each next one in pieces of one
+// key unit (V rows, K^T and Q^T columns) spread over the rounds of the head
+// before it (8 pieces in 6 rounds: two in front of round 0), so no load
+// holds the DMA queues in front of the rounds' P^T transposes. 3 heads x 8.
+// PIECES: 24
+// CHECK-LABEL: func.func @next_head_in_pieces
+// CHECK: nisa.dma_copy {{.*}} : memref<128x8x64xf32, strided<[64, 8192, 1], offset: ?>>
+// CHECK: nisa.dma_copy {{.*}} : memref<64x1024xf32, strided<[1, 64], offset: ?>>
+// CHECK: nisa.dma_copy {{.*}} : memref<64x1024xf32, strided<[1, 64], offset: ?>>
+// CHECK-COUNT-3: nisa.matmul {{.*}}memref<128x512xf32, strided<[4096, 1], offset: ?>, #nisa.mem<psum>>
+// CHECK-COUNT-2: nisa.dma_copy {{.*}} : memref<128x1x64xf32, strided<[64, 8192, 1], offset: ?>>
+// CHECK-COUNT-3: nisa.matmul {{.*}}memref<128x512xf32, strided<[4096, 1], offset: ?>, #nisa.mem<psum>>
+// CHECK: nisa.dma_copy {{.*}} : memref<128x1x64xf32, strided<[64, 8192, 1], offset: ?>>
+// CHECK: nisa.dma_copy {{.*}} : memref<64x128xf32, strided<[1, 64], offset: ?>>
+// CHECK: nisa.dma_copy {{.*}} : memref<64x128xf32, strided<[1, 64], offset: ?>>
+// CHECK-COUNT-3: nisa.matmul {{.*}}memref<128x512xf32, strided<[4096, 1], offset: ?>, #nisa.mem<psum>>
+func.func @next_head_in_pieces(%q: tensor<1x4x1024x64xf32>, %k: tensor<1x4x1024x64xf32>, %v: tensor<1x4x1024x64xf32>) -> tensor<1x4x1024x64xf32> {
+  %o, %l = neuron.flex_attention %q, %k, %v {block_size = array<i64: 128, 128>, blocks = dense<2> : tensor<1x1x8x8xi8>, scale = 1.250000e-01 : f64} : tensor<1x4x1024x64xf32>, tensor<1x4x1024x64xf32>, tensor<1x4x1024x64xf32> -> tensor<1x4x1024x64xf32>, tensor<1x4x1024xf32>
+    score_mod {
+    ^bb0(%s: tensor<f32>, %bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      neuron.yield %s : tensor<f32>
+    } mask_mod {
+    ^bb0(%bi: tensor<i32>, %hi: tensor<i32>, %qi: tensor<i32>, %kvi: tensor<i32>):
+      %m = neuron.constant dense<true> : tensor<i1>
+      neuron.yield %m : tensor<i1>
+    }
+  return %o : tensor<1x4x1024x64xf32>
+}
