@@ -247,8 +247,7 @@ private:
         : load(load), pieces(load ? pieces : 0), whole(whole),
           end(std::max<int64_t>(1, rounds)) {}
     int64_t dueBefore(int64_t r) const {
-      return std::clamp<int64_t>(((r + 1) * pieces + end - 1) / end, 0,
-                                 pieces);
+      return std::clamp<int64_t>(((r + 1) * pieces + end - 1) / end, 0, pieces);
     }
     /// Pieces an iteration of a loop of `steps` up to round `to` (those
     /// due before it issued), none unless whole pieces divide evenly.

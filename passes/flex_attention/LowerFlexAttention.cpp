@@ -486,23 +486,21 @@ void FlexAttentionLowering::loadUnits(const HeadLoad &at, Value first,
                 {vSStride, 1}));
   int64_t kRows = rowsIn(kvLen);
   if (kRows)
-    load(k.view(key.buffer, base(key, at.kvHead, key.strides[2]),
-                {dim, kRows}, {key.strides[3], key.strides[2]}),
-         k.view(kT,
-                k.addOffset(k.scale(first, unit), at.slot * kvUnits * unit),
+    load(k.view(key.buffer, base(key, at.kvHead, key.strides[2]), {dim, kRows},
+                {key.strides[3], key.strides[2]}),
+         k.view(kT, k.addOffset(k.scale(first, unit), at.slot * kvUnits * unit),
                 {dim, kRows}, {kTStride, 1}));
   int64_t qRows = rowsIn(qLen);
   if (!qResident || !qRows)
     return;
   for (int64_t g = 0; g < group; ++g)
-    load(k.view(q.buffer,
-                base(q, k.addOffset(k.scale(at.kvHead, group), g),
-                     q.strides[2]),
-                {dim, qRows}, {q.strides[3], q.strides[2]}),
-         k.view(qT,
-                k.addOffset(k.scale(first, unit),
-                            (at.slot * group + g) * qLen),
-                {dim, qRows}, {qTStride, 1}));
+    load(
+        k.view(q.buffer,
+               base(q, k.addOffset(k.scale(at.kvHead, group), g), q.strides[2]),
+               {dim, qRows}, {q.strides[3], q.strides[2]}),
+        k.view(qT,
+               k.addOffset(k.scale(first, unit), (at.slot * group + g) * qLen),
+               {dim, qRows}, {qTStride, 1}));
 }
 
 /// Captured tensors as flat tables: their buffers, contiguous (a strided
@@ -957,9 +955,8 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
           auto before = [&](int64_t i) {
             int64_t due = std::min(per, (i - r) * per / period.rounds + 1);
             for (; done < due; ++done)
-              loadUnits(*load,
-                        k.addOffset(k.scale(m, per), firstPiece + done), -1,
-                        1);
+              loadUnits(*load, k.addOffset(k.scale(m, per), firstPiece + done),
+                        -1, 1);
           };
           emitRounds(r, r + period.rounds, k.scale(m, period.tiles), before,
                      false);
@@ -988,9 +985,8 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
     if (next)
       body(k.index(from++), 0, next);
     if (from < group)
-      k.forEach(group - from, [&](Value g) {
-        body(k.addOffset(g, from), 0, nullptr);
-      });
+      k.forEach(group - from,
+                [&](Value g) { body(k.addOffset(g, from), 0, nullptr); });
   } else {
     // Per-head structures: the key heads are unrolled, so is this.
     std::optional<int64_t> kvh = getConstantIntValue(kvHead);
