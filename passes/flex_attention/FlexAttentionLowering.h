@@ -296,6 +296,9 @@ private:
   void emitRowMax(const Cursor &c, Value src);
   void maskBias(const Cursor &c);
   Value biasOf(const Cursor &c, int64_t offset, int64_t cols);
+  std::optional<int64_t> staticDelta(const Cursor &c, int64_t offset);
+  std::optional<Value> cachedMask(const Cursor &c, int64_t offset,
+                                  int64_t cols);
   void probabilities(const Cursor &c);
   void rescaleFactor(const Cursor &c);
   void finishTile(const Cursor &c);
@@ -384,6 +387,16 @@ private:
   // then), so both outlive the round.
   Value pBuf, pTBuf;
   Value maskBiases; // [128, lanes x 2 parities x bank]
+  // Biases of a mask of q - kv alone, one per static q0 - kv0 and shape.
+  static constexpr int64_t kMaskCacheCols = 1024;
+  struct CachedMask {
+    int64_t delta, rows, cols, col;
+  };
+  Value maskCache;
+  SmallVector<CachedMask> cachedMasks;
+  int64_t maskCacheUsed = 0;
+  std::optional<bool> maskShiftInvariant;
+  SmallVectorImpl<Affine> *affineLog = nullptr; // iota's affines, when set
   // K^T [dim, slots x keys], V [128, slots x units x vDim] and, when
   // `qResident`, Q^T of the key head's query heads [dim, slots x group x
   // queries].

@@ -162,6 +162,8 @@ Value FlexAttentionLowering::gatherWindow(Value buffer, Value first,
 Value FlexAttentionLowering::iota(const Affine &a, const Step &at,
                                   bool asFull) {
   bool full = asFull || a.ckv != 0;
+  if (affineLog)
+    affineLog->push_back(a);
   Value t = k.tile(MemorySpace::sbuf, {at.rows, full ? at.width : 1}, f32);
   b.create<nisa::IotaOp>(t, indexValue(a, at), APFloat((double)a.c0),
                          APFloat((double)a.cq),
@@ -401,6 +403,20 @@ FailureOr<Operand> FlexAttentionLowering::binaryOperand(BinaryOp bin, Operand l,
   }
   if (l.kind == Operand::imm && r.kind == Operand::imm)
     return failAt(bin, "computes with constants only (fold it in Python)");
+  // Indices compared: (l - r) against 0, one iota, and a mask of q - kv
+  // (q >= kv) reads only indices of q - kv (maskBias caches it).
+  bool compare = fn == BinaryFn::eq || fn == BinaryFn::ne ||
+                 fn == BinaryFn::lt || fn == BinaryFn::le ||
+                 fn == BinaryFn::gt || fn == BinaryFn::ge;
+  if (isInt && compare && l.kind == Operand::index &&
+      r.kind == Operand::index) {
+    Affine x = l.affine, y = r.affine;
+    Operand diff, zero;
+    diff.kind = Operand::index;
+    diff.affine = {x.c0 - y.c0, x.cb - y.cb, x.ch - y.ch, x.cq - y.cq,
+                   x.ckv - y.ckv};
+    return aluOperand(aluFor(fn), diff, zero, at);
+  }
   return aluOperand(aluFor(fn), l, r, at);
 }
 
@@ -695,11 +711,12 @@ LogicalResult FlexAttentionLowering::planSbuf() {
   int64_t elt = std::max<int64_t>(1, qType.getElementTypeBitWidth() / 8);
   int64_t kvBytes = (kvLen + kvUnits * vDim) * elt;
   int64_t qBytes = group * qLen * elt;
-  // P and P^T per lane and parity (allocateTiles) outlive the rounds: with
-  // them and a quarter of SBUF for the other tiles (scores, modifiers),
-  // what is left bounds the resident operands too (a small SBUF, fp32).
+  // P and P^T per lane and parity (allocateTiles) and the mask cache
+  // outlive the rounds: with them and a quarter of SBUF for the other tiles
+  // (scores, modifiers), what is left bounds the resident operands too (a
+  // small SBUF, fp32).
   int64_t sbuf = k.target.sbufBytesPerPartition;
-  int64_t pipelineBytes = 2 * 2 * lanes * bank * elt;
+  int64_t pipelineBytes = 2 * 2 * lanes * bank * elt + kMaskCacheCols * 4;
   int64_t budget = std::min(sbuf * k.knobs.attentionSbufPercent / 100,
                             sbuf - sbuf / 4 - pipelineBytes);
   std::pair<int64_t, bool> choices[] = {
@@ -743,6 +760,8 @@ void FlexAttentionLowering::allocateTiles(bool tables) {
   pBuf = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, inElt);
   pTBuf = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, inElt);
   maskBiases = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, f32);
+  if (!maskTrivial && op.getMaskBuffers().empty())
+    maskCache = k.tile(MemorySpace::sbuf, {unit, kMaskCacheCols}, f32);
   kTStride = kvSlots * kvUnits * unit;
   vSStride = kvSlots * kvUnits * vDim;
   kT = k.tile(MemorySpace::sbuf, {dim, kTStride}, inElt);
@@ -1324,17 +1343,36 @@ void FlexAttentionLowering::rowMax(const Cursor &c) {
   emitRowMax(c, dst);
 }
 
-/// The mask of a step's partial units as a 0 / -inf bias (GpSimd).
+/// The mask of a step's partial units as a 0 / -inf bias (GpSimd). A mask
+/// of q - kv alone (causal, sliding windows: every index it reads has no
+/// batch or head term and opposite q and kv terms) is the same for every
+/// unit at one static q0 - kv0: it is computed once, into `maskCache`.
 void FlexAttentionLowering::maskBias(const Cursor &c) {
   for (auto [offset, count] : c.step->keys.partialRuns) {
     Step sub = c.at;
     sub.unit = k.addOffset(c.at.unit, offset);
     sub.width = std::min(count * unit, c.at.width - offset * unit);
-    Value bias = biasOf(c, offset, sub.width);
+    if (cachedMask(c, offset, sub.width))
+      continue;
+    SmallVector<Affine> affines;
+    affineLog = &affines;
     FailureOr<Operand> r = modifier(op.getMaskMod(), maskArgs, sub);
+    affineLog = nullptr;
     if (::mlir::failed(r)) {
       failed = true;
       return;
+    }
+    if (!maskShiftInvariant)
+      maskShiftInvariant = llvm::all_of(affines, [](const Affine &a) {
+        return a.cb == 0 && a.ch == 0 && a.cq + a.ckv == 0;
+      });
+    Value bias = biasOf(c, offset, sub.width);
+    std::optional<int64_t> delta = staticDelta(c, offset);
+    if (maskCache && *maskShiftInvariant && delta &&
+        maskCacheUsed + sub.width <= kMaskCacheCols) {
+      cachedMasks.push_back({*delta, sub.rows, sub.width, maskCacheUsed});
+      maskCacheUsed += sub.width;
+      bias = *cachedMask(c, offset, sub.width);
     }
     if (r->kind == Operand::imm) {
       b.create<nisa::MemsetOp>(
@@ -1351,9 +1389,36 @@ void FlexAttentionLowering::maskBias(const Cursor &c) {
   }
 }
 
+/// q0 - kv0 of the unit `offset` units into a step, when both are static
+/// (unrolled rounds).
+std::optional<int64_t> FlexAttentionLowering::staticDelta(const Cursor &c,
+                                                          int64_t offset) {
+  std::optional<int64_t> q0 = getConstantIntValue(c.at.q0);
+  std::optional<int64_t> u = getConstantIntValue(c.at.unit);
+  if (!q0 || !u)
+    return std::nullopt;
+  return *q0 - (*u + offset) * unit;
+}
+
+/// The cached bias of a step's partial run, if computed already.
+std::optional<Value> FlexAttentionLowering::cachedMask(const Cursor &c,
+                                                       int64_t offset,
+                                                       int64_t cols) {
+  std::optional<int64_t> delta = staticDelta(c, offset);
+  if (!maskShiftInvariant || !*maskShiftInvariant || !delta)
+    return std::nullopt;
+  for (const CachedMask &m : cachedMasks)
+    if (m.delta == *delta && m.rows == c.at.rows && m.cols == cols)
+      return k.view(maskCache, k.index(m.col), {m.rows, cols},
+                    {kMaskCacheCols, 1});
+  return std::nullopt;
+}
+
 /// Columns [offset units, + cols) of a step's mask bias.
 Value FlexAttentionLowering::biasOf(const Cursor &c, int64_t offset,
                                     int64_t cols) {
+  if (std::optional<Value> cached = cachedMask(c, offset, cols))
+    return *cached;
   return k.view(maskBiases,
                 k.index((2 * c.lane + c.parity) * bank + offset * unit),
                 {c.at.rows, cols}, {2 * lanes * bank, 1});

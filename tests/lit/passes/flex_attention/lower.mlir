@@ -10,21 +10,20 @@
 // tiles run in lanes, interleaved, longest first. Matmuls: per key step
 // S = QK^T (2), per unit PV (3), and the TensorE transposes of P: a step's
 // last 128-key chunk (2); a DMA transposes tile 1's first chunk: 7.
-// mask_mod (iota indices and a select) runs on the 2 partial units only.
+// mask_mod runs once: q >= kv reads q - kv alone, and both partial units are
+// at q0 - kv0 = 0, so they share one cached bias.
 // MATMULS: 7
-// SELECTS: 2
+// SELECTS: 1
 
 // CHECK-LABEL: func.func @causal
 // CHECK: nisa.iota %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 1.000000e+00 : f64, multipliers = array<f64: -1.000000e+00>}
 // V, then K^T and Q^T by transposing DMAs.
 // CHECK-COUNT-3: nisa.dma_copy
-// mask_mod of both lanes' first steps, ahead of their scores, on GpSimd: kv
-// index (a row) and q index (a column) by iota, q >= kv, a 0 / -inf bias.
-// CHECK: nisa.iota %{{.*}} offset %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 0.000000e+00 : f64, multipliers = array<f64: 1.000000e+00>}
-// CHECK: nisa.iota %{{.*}} offset %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 1.000000e+00 : f64, multipliers = array<f64: 0.000000e+00>}
+// mask_mod of the first partial unit, ahead of its scores, on GpSimd: q - kv
+// by one iota, >= 0, a 0 / -inf bias into the mask cache (no more selects).
+// CHECK: nisa.iota %{{.*}} offset %{{.*}} {base = 0.000000e+00 : f64, channel_multiplier = 1.000000e+00 : f64, multipliers = array<f64: -1.000000e+00>}
 // CHECK: nisa.tensor_scalar ge {{.*}}engine = #nisa.engine<gpsimd>
-// CHECK: nisa.select {{.*}}engine = #nisa.engine<gpsimd>
-// CHECK: nisa.select {{.*}}engine = #nisa.engine<gpsimd>
+// CHECK: nisa.select {{.*}} : {{.*}}, memref<128x128xf32, strided<[1024, 1], offset: ?>, #nisa.mem<sbuf>>
 // The first round: both lanes' scores (query tile 0: 128 keys, tile 1: 256),
 // each partial unit's bias added in place in PSUM, then the max over all the
 // step's keys.
