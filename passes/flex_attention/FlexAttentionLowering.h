@@ -238,9 +238,7 @@ private:
   };
   /// A head load spread over a query head's `end` rounds: round r issues
   /// the pieces up to (r + 1) * pieces / end, in key order, which is the
-  /// order the next head's first rounds need them. Loops issue `perStep`
-  /// pieces an iteration (pieces before `whole` only, so that their
-  /// offsets are affine in the loop index).
+  /// order the next head's first rounds need them (loops: loopPieces).
   struct PieceSchedule {
     PieceSchedule(const HeadLoad *load, int64_t rounds, int64_t pieces,
                   int64_t whole)
@@ -248,12 +246,6 @@ private:
           end(std::max<int64_t>(1, rounds)) {}
     int64_t dueBefore(int64_t r) const {
       return std::clamp<int64_t>(((r + 1) * pieces + end - 1) / end, 0, pieces);
-    }
-    /// Pieces an iteration of a loop of `steps` up to round `to` (those
-    /// due before it issued), none unless whole pieces divide evenly.
-    int64_t perStep(int64_t to, int64_t steps) const {
-      int64_t per = (dueBefore(to) - issued) / steps;
-      return issued + per * steps <= whole ? per : 0;
     }
     const HeadLoad *load;
     int64_t pieces, whole, end, issued = 0;
@@ -264,6 +256,7 @@ private:
   int64_t pieceCount() const;
   int64_t wholePieces() const;
   void issuePieces(PieceSchedule &s, int64_t r);
+  int64_t loopPieces(PieceSchedule &s, int64_t to, int64_t steps);
   void queryHeads(Value batchIdx, Value kvHead, int64_t bm, int64_t slot,
                   const HeadLoad *next = nullptr);
   void emptyTile(const Step &at);

@@ -939,8 +939,8 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
           ++len;
         before(r);
         if (len >= 4) {
-          int64_t per = loadsInLoops ? pieces.perStep(r + len, len) : 0;
           int64_t firstPiece = pieces.issued;
+          int64_t per = loadsInLoops ? loopPieces(pieces, r + len, len) : 0;
           k.forEachRotating(r, len, 2, [&](Value idx, int64_t parity) {
             if (per)
               loadUnits(*load,
@@ -948,7 +948,6 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
                         -1, per);
             round(head, qTHead, streams, r, idx, parity, qShift, true);
           });
-          pieces.issued += per * len;
         } else {
           for (int64_t i = r; i < r + len; ++i) {
             if (i > r)
@@ -967,8 +966,8 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
         // `per` pieces an iteration, spread over its rounds.
         int64_t end = r + period.count * period.rounds;
         issuePieces(pieces, r);
-        int64_t per = pieces.perStep(end, period.count);
         int64_t firstPiece = pieces.issued;
+        int64_t per = loopPieces(pieces, end, period.count);
         k.forEach(period.count, [&](Value m) {
           int64_t done = 0;
           auto before = [&](int64_t i) {
@@ -981,7 +980,6 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
                      false);
           before(r + period.rounds);
         });
-        pieces.issued += per * period.count;
         r = end;
         continue;
       }
@@ -1029,6 +1027,20 @@ int64_t FlexAttentionLowering::wholePieces() const {
 void FlexAttentionLowering::issuePieces(PieceSchedule &s, int64_t r) {
   for (int64_t due = s.dueBefore(r); s.issued < due; ++s.issued)
     loadUnits(*s.load, k.index(s.issued), s.issued, 1);
+}
+
+/// The pieces due before round `to` for a loop of `steps` iterations from
+/// the next one: `per` an iteration (the loop issues pieces [issued, issued
+/// + per * steps), whole ones, affine in its index); the others are issued
+/// now, early rather than after the loop. Returns per; all count as issued.
+int64_t FlexAttentionLowering::loopPieces(PieceSchedule &s, int64_t to,
+                                          int64_t steps) {
+  int64_t due = s.dueBefore(to);
+  int64_t per = std::max<int64_t>(0, std::min(due, s.whole) - s.issued) / steps;
+  for (int64_t i = s.issued + per * steps; i < due; ++i)
+    loadUnits(*s.load, k.index(i), i, 1);
+  s.issued = std::max(s.issued, due);
+  return per;
 }
 
 /// A query tile whose keys are all masked: out = 0 and lse = -inf.
