@@ -327,7 +327,10 @@ private:
   int64_t windowSize = 0, from = 0;
   bool tail = false;
   std::vector<Samples> functions;
-  llvm::DenseMap<const Linear *, Samples> bounds;
+  /// Each kept bound's samples, shared by equal bounds (unrolled code
+  /// repeats them: one copy each would take window x 8 bytes per bound).
+  llvm::DenseMap<const Linear *, const Samples *> bounds;
+  std::map<SmallVector<int64_t, 9>, Samples> boundSamples;
 };
 
 std::optional<std::pair<SizeFunctions::QuasiLinear, SizeFunctions::QuasiLinear>>
@@ -480,8 +483,15 @@ void SizeFunctions::sample() {
     s.known = (int64_t)s.values.size() == windowSize;
   }
   for (const auto &k : kept) {
-    for (const Linear *l : {&k->lo, &k->hi, &k->rowLo, &k->rowHi})
-      bounds[l] = sampleLinear(*l);
+    for (const Linear *l : {&k->lo, &k->hi, &k->rowLo, &k->rowHi}) {
+      SmallVector<int64_t, 9> key{l->constant};
+      for (auto [fn, coeff] : l->terms)
+        key.append({fn, coeff});
+      auto [it, fresh] = boundSamples.try_emplace(std::move(key));
+      if (fresh)
+        it->second = sampleLinear(*l);
+      bounds[l] = &it->second;
+    }
     k->running = llvm::BitVector(windowSize, true);
     for (int fn : k->counts)
       if (functions[fn].known)
@@ -609,7 +619,7 @@ SizeFunctions::belowSamples(const Sized &x, const Sized &y) const {
   SmallVector<SamplePair, 6> below;
   auto get = [&](const Linear &l) -> const Samples * {
     auto it = bounds.find(&l);
-    return it != bounds.end() && it->second.known ? &it->second : nullptr;
+    return it != bounds.end() && it->second->known ? it->second : nullptr;
   };
   auto pair = [&](const Linear &a, const Linear &b) {
     if (const Samples *sa = get(a), *sb = get(b); sa && sb)
