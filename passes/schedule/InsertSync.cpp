@@ -29,6 +29,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/BitVector.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/SparseBitVector.h"
 
 #include <limits>
 #include <map>
@@ -1180,16 +1181,18 @@ bool needsWait(const Instruction &a, int64_t aIndex, const Instruction &b,
          conflict(a, b);
 }
 
-/// The waits of every instruction, as lists and as bit sets for lookup.
+/// The waits of every instruction, as lists and as bit sets for lookup
+/// (sparse: an instruction waits for a few, and dense sets would be
+/// instructions squared bits).
 struct Waits {
   std::vector<SmallVector<int64_t>> lists;
-  std::vector<llvm::BitVector> sets;
+  std::vector<llvm::SparseBitVector<>> sets;
   /// Issue #16: the sizes at which wait (b, a) is needed, as a size
   /// expression positive there; no entry: at every size. A wait that another
   /// one's removal relies on (`pinned`) holds at every size.
   std::map<std::pair<int64_t, int64_t>, rt::SizeExpr> when;
   std::set<std::pair<int64_t, int64_t>> pinned;
-  explicit Waits(int64_t n) : lists(n), sets(n, llvm::BitVector(n)) {}
+  explicit Waits(int64_t n) : lists(n), sets(n) {}
   bool has(int64_t b, int64_t a) const { return sets[b].test(a); }
   void add(int64_t b, int64_t a) {
     lists[b].push_back(a);
@@ -1471,7 +1474,8 @@ Waits findWaits(const std::vector<Instruction> &insts, RegionIndex &regions) {
   llvm::BitVector reach(n);
   uint32_t queuesReached = 0;
   auto reached = [&](int64_t c) {
-    reach |= waits.sets[c];
+    for (unsigned a : waits.sets[c])
+      reach.set(a);
     if (!insts[c].dma)
       queuesReached |= 1u << (unsigned)insts[c].engine;
   };
