@@ -295,6 +295,8 @@ private:
   void probabilities(const Cursor &c);
   void rescaleFactor(const Cursor &c);
   void finishTile(const Cursor &c);
+  void storeTiles(const RoundAt &at, int64_t r, int64_t parity);
+  void storeTile(const Cursor &c);
   void storeLseParts(const Step &at, Value sums, Value negMax);
   void finishLse(const Step &head);
 

@@ -846,7 +846,8 @@ bool FlexAttentionLowering::sameRound(ArrayRef<Lane> lanes, int64_t r,
                                       int64_t r2, int64_t qShift) const {
   for (const Lane &lane : lanes) {
     int64_t n = lane.size();
-    for (int64_t s : {r - 1, r, r + 1, r + 2}) {
+    // Steps r - 3 (a lane's delayed output store: storeTiles) to r + 2.
+    for (int64_t s = r - 3; s <= r + 2; ++s) {
       int64_t s2 = s + (r2 - r);
       bool in = s >= 0 && s < n, in2 = s2 >= 0 && s2 < n;
       if (in != in2)
@@ -990,9 +991,14 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
       r += len;
     }
     issuePieces(pieces, rounds + 1);
-    // The last steps' P V.
+    // The last steps' P V, and the outputs stores delayed past them.
     round(head, qTHead, streams, rounds, k.index(rounds), rounds % 2, Value(),
           false);
+    for (int64_t r = rounds + 1; r <= rounds + 2; ++r) {
+      TileBuilder::TileScope scope(k);
+      RoundAt at{head, streams, r, k.index(r), Value(), false};
+      storeTiles(at, r, r % 2);
+    }
     if (lse)
       finishLse(head);
   };
@@ -1114,6 +1120,7 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
   for (auto &c : cur)
     if (c)
       evictPT(*c);
+  storeTiles(at, r, parity);
   for (auto &c : prev)
     if (c && c->step->last)
       finishTile(*c);
@@ -1498,10 +1505,37 @@ void FlexAttentionLowering::finishTile(const Cursor &c) {
       nisa::AluOp::divide,
       k.view(o, k.index(at2 * vDim), {rows, vDim}, {2 * lanes * vDim, 1}), res,
       lc, APFloat(0.0), false, nisa::Engine::gpsimd);
+  if (c.lane == 0)
+    storeTile(c);
+}
+
+/// The outputs of the query tiles lane i >= 1 finished d = min(i, 2)
+/// rounds ago (its step r - 1 - d was the tile's last; lane 0 stores in
+/// finishTile): the lanes end their tiles in one round, and their stores at
+/// once held the DMA queues in front of the next rounds' P^T transposes.
+/// Emitted before this round's finishTile, which may reuse a lane's output
+/// slot two tiles (rounds) on.
+void FlexAttentionLowering::storeTiles(const RoundAt &at, int64_t r,
+                                       int64_t parity) {
+  for (int64_t i = 1; i < lanes; ++i) {
+    int64_t s = r - 1 - std::min<int64_t>(i, 2);
+    std::optional<Cursor> c =
+        cursor(at, i, s, (r - s) % 2 == 0 ? parity : 1 - parity);
+    if (c && c->step->last)
+      storeTile(*c);
+  }
+}
+
+/// A finished query tile's output (finishTile's) to HBM.
+void FlexAttentionLowering::storeTile(const Cursor &c) {
+  const Step &at = c.at;
+  int64_t at2 = 2 * c.lane + c.step->set;
+  Value res =
+      k.view(oOut, k.index(at2 * vDim), {at.rows, vDim}, {2 * lanes * vDim, 1});
   Value outOffset = k.addOffsets(k.addOffsets(k.scale(at.batch, outStrides[0]),
                                               k.scale(at.head, outStrides[1])),
                                  k.scale(at.q0, outStrides[2]));
-  k.dma(res, k.view(out, outOffset, {rows, vDim}, {outStrides[2], 1}));
+  k.dma(res, k.view(out, outOffset, {at.rows, vDim}, {outStrides[2], 1}));
 }
 
 /// A query tile's row sums and -max into column at.qTile of lseSums and

@@ -149,6 +149,17 @@ func.func @with_lse(%q: tensor<1x1x256x64xf32>, %k: tensor<1x1x256x64xf32>, %v: 
 // CHECK: nisa.dma_copy {{.*}} : memref<64x128xf32, strided<[1, 64], offset: ?>>
 // CHECK: nisa.dma_copy {{.*}} : memref<64x128xf32, strided<[1, 64], offset: ?>>
 // CHECK-COUNT-3: nisa.matmul {{.*}}memref<128x512xf32, strided<[4096, 1], offset: ?>, #nisa.mem<psum>>
+// The three lanes end their first query tiles in one round: lane 0 stores
+// its output there, lanes 1 and 2 a round and two later (three stores at
+// once held the DMA queues in front of the next rounds' P^T transposes).
+// CHECK: nisa.tensor_scalar divide
+// CHECK: nisa.dma_copy {{.*}} : memref<128x64xf32, strided<[384, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x64xf32, strided<[64, 1], offset: ?>>
+// CHECK: nisa.tensor_scalar divide
+// CHECK-NOT: nisa.dma_copy {{.*}}, memref<128x64xf32, strided<[64, 1], offset: ?>>
+// CHECK: nisa.tensor_scalar divide
+// CHECK-NOT: nisa.dma_copy {{.*}}, memref<128x64xf32, strided<[64, 1], offset: ?>>
+// CHECK: nisa.matmul {{.*}}memref<128x512xf32, strided<[4096, 1], offset: ?>, #nisa.mem<psum>>
+// CHECK: nisa.dma_copy {{.*}}, memref<128x64xf32, strided<[64, 1], offset: ?>>
 func.func @next_head_in_pieces(%q: tensor<1x4x1024x64xf32>, %k: tensor<1x4x1024x64xf32>, %v: tensor<1x4x1024x64xf32>) -> tensor<1x4x1024x64xf32> {
   %o, %l = neuron.flex_attention %q, %k, %v {block_size = array<i64: 128, 128>, blocks = dense<2> : tensor<1x1x8x8xi8>, scale = 1.250000e-01 : f64} : tensor<1x4x1024x64xf32>, tensor<1x4x1024x64xf32>, tensor<1x4x1024x64xf32> -> tensor<1x4x1024x64xf32>, tensor<1x4x1024xf32>
     score_mod {
