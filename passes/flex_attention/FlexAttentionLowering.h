@@ -295,8 +295,12 @@ private:
   void probabilities(const Cursor &c);
   void rescaleFactor(const Cursor &c);
   void finishTile(const Cursor &c);
+  /// Rounds a lane's output store may trail its finishTile (storeTiles):
+  /// a lane reuses an output slot two tiles on, at the earliest two rounds.
+  static constexpr int64_t kMaxStoreDelay = 2;
   void storeTiles(const RoundAt &at, int64_t r, int64_t parity);
   void storeTile(const Cursor &c);
+  Value outputOf(const Cursor &c);
   void storeLseParts(const Step &at, Value sums, Value negMax);
   void finishLse(const Step &head);
 

@@ -846,8 +846,8 @@ bool FlexAttentionLowering::sameRound(ArrayRef<Lane> lanes, int64_t r,
                                       int64_t r2, int64_t qShift) const {
   for (const Lane &lane : lanes) {
     int64_t n = lane.size();
-    // Steps r - 3 (a lane's delayed output store: storeTiles) to r + 2.
-    for (int64_t s = r - 3; s <= r + 2; ++s) {
+    // Steps r - 1 - kMaxStoreDelay (storeTiles) to r + 2.
+    for (int64_t s = r - 1 - kMaxStoreDelay; s <= r + 2; ++s) {
       int64_t s2 = s + (r2 - r);
       bool in = s >= 0 && s < n, in2 = s2 >= 0 && s2 < n;
       if (in != in2)
@@ -994,7 +994,7 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
     // The last steps' P V, and the outputs stores delayed past them.
     round(head, qTHead, streams, rounds, k.index(rounds), rounds % 2, Value(),
           false);
-    for (int64_t r = rounds + 1; r <= rounds + 2; ++r) {
+    for (int64_t r = rounds + 1; r <= rounds + kMaxStoreDelay; ++r) {
       TileBuilder::TileScope scope(k);
       RoundAt at{head, streams, r, k.index(r), Value(), false};
       storeTiles(at, r, r % 2);
@@ -1499,26 +1499,24 @@ void FlexAttentionLowering::finishTile(const Cursor &c) {
       nisa::AluOp::max, ls, lc, Value(),
       APFloat(double(std::numeric_limits<float>::min())), false,
       nisa::Engine::gpsimd);
-  Value res =
-      k.view(oOut, k.index(at2 * vDim), {rows, vDim}, {2 * lanes * vDim, 1});
   b.create<nisa::TensorScalarOp>(
       nisa::AluOp::divide,
-      k.view(o, k.index(at2 * vDim), {rows, vDim}, {2 * lanes * vDim, 1}), res,
-      lc, APFloat(0.0), false, nisa::Engine::gpsimd);
+      k.view(o, k.index(at2 * vDim), {rows, vDim}, {2 * lanes * vDim, 1}),
+      outputOf(c), lc, APFloat(0.0), false, nisa::Engine::gpsimd);
   if (c.lane == 0)
     storeTile(c);
 }
 
-/// The outputs of the query tiles lane i >= 1 finished d = min(i, 2)
-/// rounds ago (its step r - 1 - d was the tile's last; lane 0 stores in
-/// finishTile): the lanes end their tiles in one round, and their stores at
-/// once held the DMA queues in front of the next rounds' P^T transposes.
-/// Emitted before this round's finishTile, which may reuse a lane's output
-/// slot two tiles (rounds) on.
+/// The outputs of the query tiles lane i >= 1 finished d = min(i,
+/// kMaxStoreDelay) rounds ago (its step r - 1 - d was the tile's last; lane 0
+/// stores in finishTile): the lanes end their tiles in one round, and their
+/// stores at once held the DMA queues in front of the next rounds' P^T
+/// transposes. Emitted before this round's finishTile, which may reuse a lane's
+/// output slot two tiles (rounds) on.
 void FlexAttentionLowering::storeTiles(const RoundAt &at, int64_t r,
                                        int64_t parity) {
   for (int64_t i = 1; i < lanes; ++i) {
-    int64_t s = r - 1 - std::min<int64_t>(i, 2);
+    int64_t s = r - 1 - std::min(i, kMaxStoreDelay);
     std::optional<Cursor> c =
         cursor(at, i, s, (r - s) % 2 == 0 ? parity : 1 - parity);
     if (c && c->step->last)
@@ -1526,16 +1524,21 @@ void FlexAttentionLowering::storeTiles(const RoundAt &at, int64_t r,
   }
 }
 
+/// A query tile's output in SBUF: its lane and state set's slot of oOut.
+Value FlexAttentionLowering::outputOf(const Cursor &c) {
+  int64_t at2 = 2 * c.lane + c.step->set;
+  return k.view(oOut, k.index(at2 * vDim), {c.at.rows, vDim},
+                {2 * lanes * vDim, 1});
+}
+
 /// A finished query tile's output (finishTile's) to HBM.
 void FlexAttentionLowering::storeTile(const Cursor &c) {
   const Step &at = c.at;
-  int64_t at2 = 2 * c.lane + c.step->set;
-  Value res =
-      k.view(oOut, k.index(at2 * vDim), {at.rows, vDim}, {2 * lanes * vDim, 1});
   Value outOffset = k.addOffsets(k.addOffsets(k.scale(at.batch, outStrides[0]),
                                               k.scale(at.head, outStrides[1])),
                                  k.scale(at.q0, outStrides[2]));
-  k.dma(res, k.view(out, outOffset, {at.rows, vDim}, {outStrides[2], 1}));
+  k.dma(outputOf(c),
+        k.view(out, outOffset, {at.rows, vDim}, {outStrides[2], 1}));
 }
 
 /// A query tile's row sums and -max into column at.qTile of lseSums and
