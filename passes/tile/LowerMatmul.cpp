@@ -1130,14 +1130,16 @@ struct MatmulPattern : OpTilePattern<MatmulPattern, MatmulOp> {
 /// neuron.grouped_matmul with each group's rows and weights resident in SBUF:
 /// the group's x^T, [K in tile, K tile, row], by one DMA transpose of its rows,
 /// and its weights, [K in tile, K tile, column], in panels of up to a PSUM bank
-/// set's columns, in runs of a panel's columns (by DMA transposes when they are
-/// a transposed [G, N, K], as Transformers keeps its experts'). The next
-/// group's rows and the next panel's weights load while this panel computes
-/// (nothing for an empty group), after this group's in program order, which is
-/// the DMA queues' priority. Each panel goes over the group's rows in 128-row
-/// tiles counted at run time, its short last tile first (it stores only its
-/// rows; the compute runs on the whole tile): per 512-column PSUM bank the K
-/// tiles accumulated with the tile stationary, evicted by VectorE and ScalarE
+/// set's columns (by DMA transposes when they are a transposed [G, N, K], as
+/// Transformers keeps its experts'). K tile kt holds K row p * kTiles + kt on
+/// partition p (any order of K sums the same products): a partition's rows of
+/// several K tiles are one run of a row-major panel, so weights load in runs
+/// long enough to hide the DMA's per-descriptor cost. The next group's rows
+/// load while this group computes, and the weights up to two panels ahead
+/// (nothing for an empty group). Each panel goes over the group's rows in
+/// 128-row tiles counted at run time, its short last tile first (it stores only
+/// its rows; the compute runs on the whole tile): per 512-column PSUM bank the
+/// K tiles accumulated with the tile stationary, evicted by VectorE and ScalarE
 /// in turn, and the tile's panel stored whole. Each group reads its weights
 /// once, where the blocked GEMM streams them once per 512 rows, in runs of 512
 /// columns.
@@ -1159,19 +1161,18 @@ public:
     bankCols = shape.bankCols;
     panelBanks = shape.panelBanks;
     panelCols = shape.panelCols;
+    weightSlots = shape.weightSlots;
     panels = (n + panelCols - 1) / panelCols;
   }
 
   /// Whether two groups' rows and two panels' weights fit in SBUF (with
-  /// room for the staging) and K is whole tiles; the blocked GEMM takes the
-  /// others.
+  /// the staging) and K is whole tiles; the blocked GEMM takes the others.
   static bool applies(KernelLowering &k, GroupedMatmulOp op) {
     auto lhsType = tensorType(op.getLhs());
     Shape shape = shapeOf(k, op);
-    int64_t bytes = std::max<int64_t>(1, lhsType.getElementTypeBitWidth() / 8);
     // Weights in rows of columns, or of K (loaded by DMA transposes).
     ArrayRef<int64_t> strides = k.windowOf(op.getRhs()).strides;
-    return lhsType.getDimSize(1) % shape.kTile == 0 && fits(k, shape, bytes) &&
+    return lhsType.getDimSize(1) % shape.kTile == 0 && shape.weightSlots &&
            (strides[2] == 1 || strides[1] == 1);
   }
 
@@ -1179,7 +1180,7 @@ public:
     auto &b = k.b;
     TileBuilder::TileScope scope(k);
     weights = k.tile(MemorySpace::sbuf,
-                     {kTile, kWeightSlots * kTiles * panelCols}, inElt);
+                     {kTile, weightSlots * kTiles * panelCols}, inElt);
     // Two tiles, not two slots of one: a transfer of a run-time row count
     // may write anywhere in its tile as the synchronisation sees it.
     for (Value &t : rowsT)
@@ -1206,20 +1207,24 @@ public:
     }
     int64_t steps = (int64_t)ends.size() * panels;
     // Panel step s = group * panels + panel: its weights in slot s %
-    // kWeightSlots, the group's rows in tile group % 2. The next panel's loads
-    // (with the next group's rows) are issued before this panel computes.
-    auto load = [&](int64_t s) {
-      int64_t g = s / panels;
-      k.ifMore(counts[g], 0, [&] {
-        if (s % panels == 0)
-          loadRows(g, starts[g], counts[g]);
-        loadWeights(s);
-      });
+    // weightSlots, the group's rows in tile group % 2. The next group's rows
+    // load before this group's last panel computes; a panel's weights,
+    // weightSlots - 1 steps ahead, after it: the DMA queues serve transfers in
+    // program order, and loads issued ahead of a panel's stores would hold
+    // them up while the weights run further ahead.
+    auto rowsOf = [&](int64_t g) {
+      k.ifMore(counts[g], 0, [&] { loadRows(g, starts[g], counts[g]); });
     };
-    load(0);
+    auto weightsOf = [&](int64_t s) {
+      if (s < steps)
+        k.ifMore(counts[s / panels], 0, [&] { loadWeights(s); });
+    };
+    rowsOf(0);
+    for (int64_t s = 0; s + 1 < weightSlots; ++s)
+      weightsOf(s);
     for (int64_t s = 0; s < steps; ++s) {
-      if (s + 1 < steps)
-        load(s + 1);
+      if ((s + 1) % panels == 0 && s + 1 < steps)
+        rowsOf((s + 1) / panels);
       int64_t g = s / panels;
       Value rows = counts[g];
       Value full = b.create<arith::FloorDivSIOp>(rows, k.index(tileRows));
@@ -1258,6 +1263,7 @@ public:
           [&](Value i, int64_t slot, Value) {
             computeTile(s, starts[g], i, Value(), slot);
           });
+      weightsOf(s + weightSlots - 1);
     }
     zeroRowsFrom(k, out, starts.back(), m, n, tileRows, outElt);
   }
@@ -1268,25 +1274,28 @@ private:
   /// so stores may trail the compute by a few tiles. The last is the short
   /// tile's; its PSUM slot is odd, so the first full tile's is free.
   static constexpr int64_t kStageSlots = 5;
-  /// Panels of weights resident: this panel's and the next one's.
-  static constexpr int64_t kWeightSlots = 2;
   /// The tiles of rows a merged tail computes transposed: the last whole
   /// tile and the tail (staging slots kStageSlots - 2 and - 1).
   static constexpr int64_t kMergedBlocks = 2;
 
   struct Shape {
     int64_t kTile, kTiles, tileRows, slotRows, bankCols, panelBanks, panelCols;
+    /// Panels of weights resident (0: two do not fit): three where they fit,
+    /// so a large group's compute leaves the DMA two panels to load.
+    int64_t weightSlots;
   };
-  /// Whether two panels of weights, two groups' rows and the staging fit
-  /// in SBUF with an eighth of it left to other tiles. (Three panels of
-  /// weights, the next panel's load two ahead, were slower: the loads then
-  /// precede more of the stores, which wait behind them, and a large
-  /// group's slot holds up the weights two groups on.)
-  static bool fits(KernelLowering &k, const Shape &s, int64_t bytes) {
-    int64_t resident = (kWeightSlots * s.kTiles * s.panelCols +
-                        2 * s.kTiles * s.slotRows + kStageSlots * s.panelCols) *
-                       bytes;
-    return resident <= k.target.sbufBytesPerPartition * 7 / 8;
+  /// SBUF bytes per partition of lower()'s tiles: the weights' slots, two
+  /// groups' rows, the staging, the transposed tails' block, identity and
+  /// its iota, and the zeros of the rows after the last group.
+  static int64_t sbufBytes(KernelLowering &k, const Shape &s, int64_t inBytes,
+                           int64_t outBytes) {
+    return (s.weightSlots * s.kTiles * s.panelCols +
+            2 * s.kTiles * s.slotRows) *
+               inBytes +
+           (kStageSlots * s.panelCols + s.panelBanks * s.bankCols +
+            s.tileRows) *
+               outBytes +
+           s.tileRows * 4 + k.tileBytes;
   }
 
   static Shape shapeOf(KernelLowering &k, GroupedMatmulOp op) {
@@ -1303,6 +1312,14 @@ private:
     s.panelCols = std::min(tensorType(op.getRhs()).getDimSize(2),
                            s.panelBanks * s.bankCols);
     s.panelBanks = (s.panelCols + s.bankCols - 1) / s.bankCols;
+    auto bytes = [](Value v) {
+      return std::max<int64_t>(1, tensorType(v).getElementTypeBitWidth() / 8);
+    };
+    for (s.weightSlots = 3; s.weightSlots >= 2; --s.weightSlots)
+      if (sbufBytes(k, s, bytes(op.getLhs()), bytes(op.getResult())) <=
+          t.sbufBytesPerPartition)
+        return s;
+    s.weightSlots = 0;
     return s;
   }
 
@@ -1310,32 +1327,56 @@ private:
     return std::min(panelCols, n - (s % panels) * panelCols);
   }
 
-  /// Columns [col, col + width) of K tile kt of panel step s's weights.
-  Value weightsAt(int64_t s, int64_t kt, int64_t col, int64_t width) {
-    int64_t stride = kWeightSlots * kTiles * panelCols;
-    return k.view(weights,
-                  k.index(((s % kWeightSlots) * kTiles + kt) * panelCols + col),
-                  {kTile, width}, {stride, 1});
+  /// Columns [col, col + width) of K tile kt of panel step s's weights,
+  /// and of the `tiles` - 1 K tiles after it when `tiles` is set.
+  Value weightsAt(int64_t s, int64_t kt, int64_t col, int64_t width,
+                  std::optional<int64_t> tiles = std::nullopt) {
+    int64_t stride = weightSlots * kTiles * panelCols;
+    Value at = k.index(((s % weightSlots) * kTiles + kt) * panelCols + col);
+    if (tiles)
+      return k.view(weights, at, {kTile, *tiles, width},
+                    {stride, panelCols, 1});
+    return k.view(weights, at, {kTile, width}, {stride, 1});
+  }
+
+  /// K tiles a weights transfer moves: the fewest whose runs (a
+  /// partition's consecutive rows of K) hide the DMA's per-descriptor cost,
+  /// so the first matmuls wait for little more than their own tiles.
+  int64_t tilesPerTransfer(int64_t s) const {
+    int64_t width = cols(s), eltBytes = inElt.getIntOrFloatBitWidth() / 8;
+    if (w.strides[2] != 1 || width * w.strides[2] != w.strides[1])
+      return 1; // runs of one row at most
+    const ::neuron::target::CostModel cost(k.target);
+    auto nsPerByte = [&](int64_t tiles) {
+      double run = double(tiles * width * eltBytes);
+      return cost.dmaTransferNs(run, run, 1) / run;
+    };
+    for (int64_t tiles = 1; tiles < kTiles; ++tiles)
+      if (kTiles % tiles == 0 && nsPerByte(tiles) <= nsPerByte(kTiles))
+        return tiles;
+    return kTiles;
   }
 
   void loadWeights(int64_t s) {
     int64_t g = s / panels, c0 = (s % panels) * panelCols, width = cols(s);
     int64_t bRow = w.strides[1], bCol = w.strides[2];
-    // One transfer per K tile: the first matmuls wait for theirs only.
-    for (int64_t kt = 0; kt < kTiles; ++kt) {
-      Value src = k.index(w.offset + g * w.strides[0] + kt * kTile * bRow +
-                          c0 * bCol);
-      k.dma(k.view(w.buffer, src, {kTile, width}, {bRow, bCol}),
-            weightsAt(s, kt, 0, width));
+    int64_t per = tilesPerTransfer(s);
+    // A transfer's K tiles are a run of rows on each partition.
+    for (int64_t kt = 0; kt < kTiles; kt += per) {
+      Value src = k.index(w.offset + g * w.strides[0] + kt * bRow + c0 * bCol);
+      k.dma(k.view(w.buffer, src, {kTile, per, width},
+                   {kTiles * bRow, bRow, bCol}),
+            weightsAt(s, kt, 0, width, per));
     }
   }
 
-  /// x^T of group g's `rows` rows from `start` into tile g % 2.
+  /// x^T of group g's `rows` rows from `start` into tile g % 2, K in the
+  /// weights' order.
   void loadRows(int64_t g, Value start, Value rows) {
     SmallVector<OpFoldResult> shape{k.b.getIndexAttr(kTile),
                                     k.b.getIndexAttr(kTiles), rows};
     Value src = k.addOffset(k.scale(start, a.strides[0]), a.offset);
-    k.dma(k.view(a.buffer, src, shape, {1, kTile, a.strides[0]}),
+    k.dma(k.view(a.buffer, src, shape, {kTiles, 1, a.strides[0]}),
           k.view(rowsT[g % 2], k.index(0), shape,
                  {kTiles * slotRows, slotRows, 1}));
   }
@@ -1529,7 +1570,7 @@ private:
   Value out;
   ValueRange ends;
   int64_t m, n, kTile, kTiles, tileRows, slotRows, bankCols, panelBanks,
-      panelCols, panels;
+      panelCols, panels, weightSlots;
   Type inElt, outElt;
   Value weights, rowsT[2], acc, staged, transT, ident;
 };

@@ -126,10 +126,11 @@ def test_grouped_mm_counts_only_each_groups_work() -> None:
     (1.07x: a group's last tile computes all 128 rows when it has more than 72, only its own
     below, transposed, and a tail of up to 51 rows with the whole tile before it, so that it
     does not pay TensorE's least moving size; the transposes back count; whole 128-row tiles
-    counted 1.25x here, the masked decomposition 8x), and the kernel reaches at least 65% of
-    the TensorE peak (67.7% modeled, deterministic; 63.4% with short tails alone, 8.3% before
-    the kernel, 45.7% with each group as the blocked GEMM, which streams the weights once per
-    512 rows; benchmarks/kernels.py --only moe has the figures)."""
+    counted 1.25x here, the masked decomposition 8x), and the kernel reaches at least 70% of
+    the TensorE peak (72.2% modeled, deterministic; 67.7% with two slots of weights, each
+    loaded in runs of one row of K, 63.4% with short tails alone, 8.3% before the kernel,
+    45.7% with each group as the blocked GEMM, which streams the weights once per 512 rows;
+    benchmarks/kernels.py --only moe has the figures)."""
     counts = [380, 130, 250, 120, 520, 128, 260, 260]  # 20 tiles of 128 rows for 16 used
     ends = torch.cumsum(torch.tensor(counts), 0).to(torch.int32)
     g = torch.Generator().manual_seed(2)
@@ -145,7 +146,7 @@ def test_grouped_mm_counts_only_each_groups_work() -> None:
     useful = 2.0 * 2048 * 1024 * 2048
     assert useful <= kernel["flops"] <= 1.08 * useful
     peak_flops_per_ns = native().target_peaks("trn2")["flops"] / 1e9
-    assert useful / kernel["device_ns"] / peak_flops_per_ns >= 0.65
+    assert useful / kernel["device_ns"] / peak_flops_per_ns >= 0.70
     rows = torch.randint(0, 2048, (64,), generator=g)
     want = _reference(x, w, ends.tolist())[rows]
     torch.testing.assert_close(out[rows].float(), want, atol=0.5, rtol=2e-2)

@@ -1,4 +1,5 @@
 // RUN: neuron-opt %s --neuron-lower-to-nisa --canonicalize --cse | FileCheck %s
+// RUN: neuron-opt %s --neuron-lower-to-nisa --canonicalize --cse --nisa-allocate | FileCheck %s --check-prefix=ALLOC
 
 // torch._grouped_mm of rows in groups (lower-grouped-matmul.mlir has the
 // kernel for K of whole tiles).
@@ -19,4 +20,20 @@ func.func @narrow_k(%x: tensor<300x64xbf16>, %w: tensor<2x64x64xbf16>, %offs: te
                     %e1: index {neuron.size = {name = "offs__end1", min = 0 : i64, max = 300 : i64}}) -> tensor<300x64xbf16> {
   %y = neuron.grouped_matmul %x, %w ends(%e0, %e1) : tensor<300x64xbf16>, tensor<2x64x64xbf16> -> tensor<300x64xbf16>
   return %y : tensor<300x64xbf16>
+}
+
+// With more rows than two groups' x^T fit in SBUF (4096 x 2048: 128 KiB a
+// partition each), the blocked GEMM too, which allocates.
+// CHECK-LABEL: func.func @many_rows(
+// CHECK-NOT: memref<128x65536xbf16
+// CHECK: arith.floordivsi %arg4, %c512 : index
+// CHECK: nisa.matmul
+// ALLOC-LABEL: func.func @many_rows(
+// ALLOC: nisa.address
+
+func.func @many_rows(%x: tensor<4096x2048xbf16>, %w: tensor<2x2048x64xbf16>, %offs: tensor<2xi32>,
+                     %e0: index {neuron.size = {name = "offs__end0", min = 0 : i64, max = 4096 : i64}},
+                     %e1: index {neuron.size = {name = "offs__end1", min = 0 : i64, max = 4096 : i64}}) -> tensor<4096x64xbf16> {
+  %y = neuron.grouped_matmul %x, %w ends(%e0, %e1) : tensor<4096x2048xbf16>, tensor<2x2048x64xbf16> -> tensor<4096x64xbf16>
+  return %y : tensor<4096x64xbf16>
 }
