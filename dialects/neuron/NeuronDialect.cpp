@@ -421,6 +421,21 @@ LogicalResult CumsumOp::verify() {
   return success();
 }
 
+LogicalResult RotaryOp::verify() {
+  RankedTensorType x = tensorType(getX()), out = getType();
+  for (Value v : {getCos(), getSin()})
+    if (tensorType(v) != x)
+      return emitOpError("cos and sin must have x's type ") << x;
+  if (out != x)
+    return emitOpError("result must have x's type");
+  if (!isa<FloatType>(x.getElementType()))
+    return emitOpError("rotates floats");
+  if (x.getRank() < 1 || ShapedType::isDynamic(x.getShape().back()) ||
+      x.getShape().back() % 2)
+    return emitOpError("the last dim must be of an even static size");
+  return success();
+}
+
 LogicalResult TopKOp::verify() {
   RankedTensorType in = tensorType(getInput());
   if (in.getRank() < 1)
@@ -841,6 +856,82 @@ struct HoistSlice : public OpRewritePattern<SliceOp> {
 };
 } // namespace
 
+namespace {
+/// The x of rotate_half(x) = concat(-x[..., h:], x[..., :h]) along the last
+/// dim (of 2h), as Transformers writes it; null for anything else.
+Value rotatedHalves(Value v) {
+  auto cat = v.getDefiningOp<ConcatOp>();
+  if (!cat || cat.getInputs().size() != 2 ||
+      cat.getDim() != cat.getType().getRank() - 1)
+    return {};
+  auto neg = cat.getInputs()[0].getDefiningOp<UnaryOp>();
+  if (!neg || neg.getFn() != UnaryFn::neg)
+    return {};
+  auto hi = neg.getInput().getDefiningOp<SliceOp>();
+  auto lo = cat.getInputs()[1].getDefiningOp<SliceOp>();
+  if (!hi || !lo || hi.getInput() != lo.getInput())
+    return {};
+  Value x = lo.getInput();
+  ArrayRef<int64_t> shape = tensorType(x).getShape();
+  int64_t last = shape.size() - 1, half = shape[last] / 2;
+  // [..., h:] and [..., :h]: whole in every other dim, unit strides.
+  auto halfAt = [&](SliceOp s, int64_t offset) {
+    ArrayRef<int64_t> sliced = tensorType(s.getResult()).getShape();
+    for (int64_t d = 0; d <= last; ++d)
+      if (s.getStrides()[d] != 1 ||
+          s.getOffsets()[d] != (d == last ? offset : 0) ||
+          sliced[d] != (d == last ? half : shape[d]))
+        return false;
+    return true;
+  };
+  if (shape[last] % 2 || !halfAt(hi, half) || !halfAt(lo, 0))
+    return {};
+  return x;
+}
+
+/// x * cos + rotate_half(x) * sin (either order of each product and of the
+/// sum), all of one static type: one neuron.rotary.
+struct FormRotary : public OpRewritePattern<BinaryOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(BinaryOp add,
+                                PatternRewriter &rewriter) const override {
+    RankedTensorType type = add.getType();
+    if (add.getFn() != BinaryFn::add || !type.hasStaticShape() ||
+        !isa<FloatType>(type.getElementType()) || type.getRank() < 1 ||
+        type.getShape().back() > kMaxRotaryDim)
+      return failure();
+    // The two operands of a product of `type`, or nullopt.
+    auto factors = [&](Value v) -> std::optional<std::pair<Value, Value>> {
+      auto mul = v.getDefiningOp<BinaryOp>();
+      if (!mul || mul.getFn() != BinaryFn::mul ||
+          tensorType(mul.getLhs()) != type || tensorType(mul.getRhs()) != type)
+        return std::nullopt;
+      return std::pair(mul.getLhs(), mul.getRhs());
+    };
+    for (auto [plain, rotated] : {std::pair(add.getLhs(), add.getRhs()),
+                                  std::pair(add.getRhs(), add.getLhs())}) {
+      auto p = factors(plain), r = factors(rotated);
+      if (!p || !r)
+        continue;
+      for (auto [rot, sin] : {*r, std::pair(r->second, r->first)}) {
+        Value x = rotatedHalves(rot);
+        if (!x)
+          continue;
+        Value cos = p->first == x    ? p->second
+                    : p->second == x ? p->first
+                                     : Value();
+        if (!cos)
+          continue;
+        rewriter.replaceOpWithNewOp<RotaryOp>(add, type, x, cos, sin);
+        return success();
+      }
+    }
+    return failure();
+  }
+};
+} // namespace
+
 void SliceOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                           MLIRContext *context) {
   patterns.add<HoistSlice>(context);
@@ -851,7 +942,7 @@ void UnaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
 }
 void BinaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                            MLIRContext *context) {
-  patterns.add<SinkTranspose<BinaryOp>>(context);
+  patterns.add<SinkTranspose<BinaryOp>, FormRotary>(context);
 }
 void CastOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                          MLIRContext *context) {

@@ -33,6 +33,11 @@ bool isPredicate(BinaryFn fn);
 /// passes that change the result's type must change it too or drop it).
 constexpr llvm::StringLiteral kSizeAttrName = "neuron.size";
 constexpr llvm::StringLiteral kDimsAttrName = "neuron.dims";
+
+/// The longest rotated dim canonicalization makes a neuron.rotary of (heads
+/// of RoPE are 64 to 256): its lowering keeps twelve rows of it per
+/// partition on chip.
+constexpr int64_t kMaxRotaryDim = 1024;
 } // namespace mlir::neuron
 
 #endif // DIALECTS_NEURON_NEURONDIALECT_H

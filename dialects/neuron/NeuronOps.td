@@ -348,6 +348,28 @@ def Neuron_CumsumOp : Neuron_Op<"cumsum"> {
   let hasVerifier = 1;
 }
 
+def Neuron_RotaryOp : Neuron_Op<"rotary"> {
+  let summary = "rotary position embedding: x * cos + rotate_half(x) * sin";
+  let description = [{
+    RoPE as Transformers' Llama family writes it (`apply_rotary_pos_emb`):
+    rotate_half(x) = concat(-x[..., h:], x[..., :h]) along the last dim, of
+    2h elements. `cos` and `sin` have x's shape (usually broadcasts over the
+    heads, which stay strided views). Both products are rounded to the
+    result type, then their sum, as eager PyTorch computes the expression.
+    Canonicalization forms it from that expression (BinaryOp's patterns);
+    its lowering reads x once and each cos/sin position once per block of
+    heads, where the expression's concat of the halves copied x through
+    HBM first.
+  }];
+  let arguments = (ins Neuron_Tensor:$x, Neuron_Tensor:$cos,
+                   Neuron_Tensor:$sin);
+  let results = (outs Neuron_Tensor:$result);
+  let assemblyFormat = [{
+    $x `,` $cos `,` $sin attr-dict `:` type($x) `,` type($cos) `,` type($sin) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 def Neuron_TopKOp : Neuron_Op<"topk"> {
   let summary = "the k largest (or smallest) elements along the last dim, and where they are";
   let description = [{

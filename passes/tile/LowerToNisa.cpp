@@ -171,6 +171,7 @@ void populateLowerToNisaPatterns(TilePatternSet &patterns) {
   populateGatherPatterns(patterns);
   populateScanPatterns(patterns);
   populateTopKPatterns(patterns);
+  populateRotaryPatterns(patterns);
   populateRandPatterns(patterns);
   populateCollectivePatterns(patterns);
   populateFlexAttentionPatterns(patterns);

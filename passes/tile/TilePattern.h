@@ -75,6 +75,8 @@ void populateRandPatterns(TilePatternSet &patterns);
 void populateScanPatterns(TilePatternSet &patterns);
 /// LowerTopK.cpp.
 void populateTopKPatterns(TilePatternSet &patterns);
+/// LowerRotary.cpp: rotary position embeddings.
+void populateRotaryPatterns(TilePatternSet &patterns);
 /// LowerCollective.cpp.
 void populateCollectivePatterns(TilePatternSet &patterns);
 /// passes/flex_attention/LowerFlexAttention.cpp.

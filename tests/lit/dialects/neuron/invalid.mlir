@@ -541,3 +541,35 @@ func.func @scaled_matmul_mx_bias(%a: tensor<4x64xf8E4M3FN>, %b: tensor<64x3xf8E4
   %0 = neuron.scaled_matmul %a, %b scales %r, %c bias %bias : tensor<4x64xf8E4M3FN>, tensor<64x3xf8E4M3FN>, tensor<4x2xui8>, tensor<3x2xui8>, tensor<3xbf16> -> tensor<4x3xbf16>
   return
 }
+
+// -----
+
+func.func @rotary_table_type(%x: tensor<4x8xbf16>, %c: tensor<4x8xf32>) {
+  // expected-error @+1 {{cos and sin must have x's type}}
+  %0 = neuron.rotary %x, %c, %c : tensor<4x8xbf16>, tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xbf16>
+  return
+}
+
+// -----
+
+func.func @rotary_odd(%x: tensor<4x7xf32>) {
+  // expected-error @+1 {{the last dim must be of an even static size}}
+  %0 = neuron.rotary %x, %x, %x : tensor<4x7xf32>, tensor<4x7xf32>, tensor<4x7xf32> -> tensor<4x7xf32>
+  return
+}
+
+// -----
+
+func.func @rotary_result(%x: tensor<4x8xf32>) {
+  // expected-error @+1 {{result must have x's type}}
+  %0 = neuron.rotary %x, %x, %x : tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xbf16>
+  return
+}
+
+// -----
+
+func.func @rotary_ints(%x: tensor<4x8xi32>) {
+  // expected-error @+1 {{rotates floats}}
+  %0 = neuron.rotary %x, %x, %x : tensor<4x8xi32>, tensor<4x8xi32>, tensor<4x8xi32> -> tensor<4x8xi32>
+  return
+}

@@ -42,3 +42,11 @@ func.func @yields_input(%x: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
   }
   return %r#0, %r#1 : tensor<4xf32>, tensor<4xf32>
 }
+
+// -----
+
+func.func @rotary_too_wide(%x: tensor<4x2048xf32>) -> tensor<4x2048xf32> {
+  // expected-error @+1 {{rotates dims of up to 1024 elements}}
+  %0 = neuron.rotary %x, %x, %x : tensor<4x2048xf32>, tensor<4x2048xf32>, tensor<4x2048xf32> -> tensor<4x2048xf32>
+  return %0 : tensor<4x2048xf32>
+}
