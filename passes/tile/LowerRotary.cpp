@@ -29,6 +29,9 @@
 #include "passes/tile/KernelLowering.h"
 #include "passes/tile/TilePattern.h"
 
+#include <memory>
+#include <numeric>
+
 namespace mlir::neuron {
 
 namespace {
@@ -54,7 +57,6 @@ public:
     int64_t rank = shape.size();
     dim = shape.back();
     half = dim / 2;
-    out = {k.resultBuffer(op.getResult()), 0, contiguousStrides(shape)};
     elt = type.getElementType();
     eltBytes = std::max<int64_t>(1, elt.getIntOrFloatBitWidth() / 8);
     auto tablesVary = [&](int64_t d) {
@@ -96,22 +98,42 @@ public:
         loopedDims.push_back(d);
     across = size(acrossDim);
     shared = size(sharedDim);
+    out = outputWindow(op.getResult());
+    // A tile's middle dims in the output's memory order (x's where the
+    // kernel allocates it), so stores move runs as long as the output's: the
+    // r indices of the across dim inner (as [B, H, L, D]) or the shared
+    // block inner (as [B, L, H, D], a projection's heads split).
+    acrossInner =
+        sharedDim < 0 || acrossDim < 0 ||
+        std::abs(out.strides[acrossDim]) <= std::abs(out.strides[sharedDim]);
   }
 
   void lower() {
     const int64_t p = k.target.partitions;
-    // r indices per partition: runs of up to the DMA's saturating size.
-    perPartition = 1;
-    while (perPartition * 2 * p <= across &&
-           perPartition * 2 * dim * eltBytes <=
-               k.target.dmaSaturationBytesPerPartition)
-      perPartition *= 2;
-    // A shared block: the most indices that divide the dim within a
-    // streamed tile.
-    sharedPerTile = 1;
-    for (int64_t h = 1; h <= shared; ++h)
-      if (shared % h == 0 && h * perPartition * dim * eltBytes <= k.tileBytes)
-        sharedPerTile = h;
+    // r indices per partition and a shared block of `sharedPerTile` within
+    // a streamed tile, the inner of the two as large as it may be: a tile's
+    // runs are r * D elements (acrossInner), else sharedPerTile * D.
+    int64_t rowBytes = dim * eltBytes;
+    auto blockFor = [&](int64_t r) {
+      int64_t best = 1;
+      for (int64_t h = 1; h <= shared; ++h)
+        if (shared % h == 0 && h * r * rowBytes <= k.tileBytes)
+          best = h;
+      return best;
+    };
+    auto growR = [&](int64_t limitBytes) {
+      perPartition = 1;
+      while (perPartition * 2 * p <= across &&
+             perPartition * 2 * rowBytes <= limitBytes)
+        perPartition *= 2;
+    };
+    if (acrossInner) {
+      growR(k.target.dmaSaturationBytesPerPartition);
+      sharedPerTile = blockFor(perPartition);
+    } else {
+      sharedPerTile = blockFor(1);
+      growR(k.tileBytes / sharedPerTile);
+    }
     RotaryStrides xs = byRole(x.strides), cs = byRole(cos.strides),
                   ss = byRole(sin.strides), os = byRole(out.strides);
 
@@ -131,9 +153,10 @@ public:
     int64_t width = sharedPerTile * perPartition * dim;
     for (Value *t : {&xTiles, &firstTiles, &secondTiles, &outTiles})
       *t = k.tile(MemorySpace::sbuf, {p, kSlots * width}, elt);
-    // Two slots: a block's tables load while the block before computes.
-    cosTiles = k.tile(MemorySpace::sbuf, {p, 2 * perPartition * dim}, elt);
-    sinTiles = k.tile(MemorySpace::sbuf, {p, 2 * perPartition * dim}, elt);
+    // A slot per block of the across dim in flight (a block may be one
+    // step).
+    cosTiles = k.tile(MemorySpace::sbuf, {p, kSlots * perPartition * dim}, elt);
+    sinTiles = k.tile(MemorySpace::sbuf, {p, kSlots * perPartition * dim}, elt);
 
     int64_t loops = 1;
     for (int64_t d : loopedDims)
@@ -151,12 +174,13 @@ public:
         oo += at * os.looped[i];
       }
       for (const AcrossBlock &blk : blocks) {
-        Where w{blk, xo, oo, xs, os, blockIndex++ % 2};
-        loadTable(w, cos, cosTiles, co, cs);
-        loadTable(w, sin, sinTiles, so, ss);
-        sharedBlocks(w, shared / sharedPerTile);
+        auto w = std::make_shared<Where>(
+            Where{blk, xo, co, so, oo, xs, cs, ss, os, blockIndex++ % kSlots});
+        for (int64_t c = 0; c < shared / sharedPerTile; ++c)
+          steps.push_back({w, c});
       }
     }
+    emitSteps();
   }
 
 private:
@@ -165,12 +189,18 @@ private:
   static constexpr int64_t kSlots = 3;
 
   /// A block of the across dim at one looped index: its element offsets in
-  /// x and the output, their strides, and the slot of its cos and sin.
+  /// x, cos, sin and the output, their strides, and the slot of its cos and
+  /// sin.
   struct Where {
     AcrossBlock blk;
-    int64_t xOffset, outOffset;
-    RotaryStrides xs, os;
+    int64_t xOffset, cosOffset, sinOffset, outOffset;
+    RotaryStrides xs, cs, ss, os;
     int64_t table;
+  };
+  /// One tile: shared block `chunk` of an across block.
+  struct Step {
+    std::shared_ptr<Where> w;
+    int64_t chunk;
   };
 
   RotaryStrides byRole(ArrayRef<int64_t> strides) const {
@@ -183,39 +213,83 @@ private:
     return s;
   }
 
-  /// [parts, shared, r, D] of a tensor from `offset`, at shared block
-  /// `chunk` (null: the first index).
+  /// The output in x's memory order where the kernel allocates it (a
+  /// returned tensor goes to its output argument, row-major): stores then
+  /// move runs as long as the loads do.
+  Window outputWindow(Value result) {
+    if (k.hasDestination(result))
+      return {k.resultBuffer(result), 0, contiguousStrides(shape), {}};
+    SmallVector<int64_t> order(shape.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) {
+      return std::abs(x.strides[a]) > std::abs(x.strides[c]);
+    });
+    SmallVector<int64_t> physical;
+    for (int64_t d : order)
+      physical.push_back(shape[d]);
+    SmallVector<int64_t> physicalStrides = contiguousStrides(physical);
+    SmallVector<int64_t> strides(shape.size());
+    for (auto [i, d] : llvm::enumerate(order))
+      strides[d] = physicalStrides[i];
+    Value buffer = b.create<memref::AllocOp>(TileBuilder::hbmType(
+        RankedTensorType::get(physical, type.getElementType())));
+    Window w{buffer, 0, strides, {}};
+    k.bindWindow(result, w, result.getLoc());
+    return w;
+  }
+
+  /// A view [parts, middle dims, cols] from `start`: the shared block of
+  /// `sharedCount` and the r indices of the across dim in the tile's order
+  /// (acrossInner), with these strides.
+  Value view(Value buffer, Value start, const AcrossBlock &blk,
+             int64_t sharedCount, int64_t cols, int64_t partStride,
+             int64_t sharedStride, int64_t acrossStride, int64_t colStride) {
+    SmallVector<int64_t> sizes{blk.parts}, strides{partStride};
+    std::pair<int64_t, int64_t> sharedPart{sharedCount, sharedStride},
+        acrossPart{blk.perPartition, acrossStride};
+    for (auto [n, st] : acrossInner ? std::array{sharedPart, acrossPart}
+                                    : std::array{acrossPart, sharedPart}) {
+      sizes.push_back(n);
+      strides.push_back(st);
+    }
+    sizes.push_back(cols);
+    strides.push_back(colStride);
+    return k.view(buffer, start, sizes, strides);
+  }
+
+  /// A tensor's rows of block `blk` from `offset`, at shared block `chunk`
+  /// (null: the first index).
   Value hbmView(const Window &t, int64_t offset, const RotaryStrides &s,
                 const AcrossBlock &blk, Value chunk, int64_t sharedCount) {
     Value start = k.index(offset + blk.first * s.across);
     if (chunk)
       start = k.addOffsets(start, k.scale(chunk, sharedPerTile * s.shared));
-    return k.view(t.buffer, start,
-                  {blk.parts, sharedCount, blk.perPartition, dim},
-                  {blk.perPartition * s.across, s.shared, s.across, s.d});
+    return view(t.buffer, start, blk, sharedCount, dim,
+                blk.perPartition * s.across, s.shared, s.across, s.d);
   }
 
-  /// Columns [col, col + cols) of each row of D in slot `slot` of `tiles`
-  /// as [parts, shared block, r, cols]: a working tile (x, the products,
-  /// the output), or cos or sin, read with a zero stride over the block.
+  /// Columns [col, col + cols) of each row of D in slot `slot` of `tiles`:
+  /// a working tile (x, the products, the output), or cos or sin ([P, r,
+  /// D] a slot, read with a zero stride over the shared block).
   Value slotView(Value tiles, const AcrossBlock &blk, int64_t slot, int64_t col,
                  int64_t cols) {
     bool table = tiles == cosTiles || tiles == sinTiles;
     int64_t rowWidth = (table ? 1 : sharedPerTile) * perPartition * dim;
     int64_t slots = cast<MemRefType>(tiles.getType()).getShape()[1] / rowWidth;
-    return k.view(
-        tiles, k.index(slot * rowWidth + col),
-        {blk.parts, sharedPerTile, blk.perPartition, cols},
-        {slots * rowWidth, table ? 0 : blk.perPartition * dim, dim, 1});
+    int64_t sharedStride = table         ? 0
+                           : acrossInner ? blk.perPartition * dim
+                                         : dim;
+    int64_t acrossStride = table || acrossInner ? dim : sharedPerTile * dim;
+    return view(tiles, k.index(slot * rowWidth + col), blk, sharedPerTile, cols,
+                slots * rowWidth, sharedStride, acrossStride, 1);
   }
 
   void loadTable(const Where &w, const Window &t, Value tiles, int64_t offset,
                  const RotaryStrides &s) {
     int64_t rowWidth = perPartition * dim;
     k.dma(hbmView(t, offset, s, w.blk, Value(), 1),
-          k.view(tiles, k.index(w.table * rowWidth),
-                 {w.blk.parts, 1, w.blk.perPartition, dim},
-                 {2 * rowWidth, 0, dim, 1}));
+          view(tiles, k.index(w.table * rowWidth), w.blk, 1, dim,
+               kSlots * rowWidth, 0, dim, 1));
   }
 
   void load(const Where &w, Value chunk, int64_t slot) {
@@ -223,28 +297,34 @@ private:
           slotView(xTiles, w.blk, slot, 0, dim));
   }
 
-  /// The shared blocks of one across block, software-pipelined: step i
-  /// loads block i + 2, takes block i's products and block i - 1's sums, so
-  /// each engine's queue holds work that does not wait for the other's
-  /// latest (VectorE's sums wait for GpSimd's products).
-  void sharedBlocks(const Where &w, int64_t count) {
-    auto stepAt = [&](Value i, int64_t slot, bool loads, bool sums) {
-      if (loads)
-        load(w, k.addOffset(i, 2), (slot + 2) % kSlots);
-      products(w, slot);
-      if (sums)
-        sumAndStore(w, k.addOffset(i, -1), (slot + kSlots - 1) % kSlots);
+  /// The steps in order, software-pipelined: step i loads step i + 2 (and
+  /// its across block's cos and sin with its first step), takes step i's
+  /// products and step i - 1's sums, so each engine's queue holds work that
+  /// does not wait for the other's latest (VectorE's sums wait for GpSimd's
+  /// products), across blocks of both dims.
+  void emitSteps() {
+    int64_t n = steps.size();
+    auto loadStep = [&](int64_t i) {
+      const Where &w = *steps[i].w;
+      if (steps[i].chunk == 0) {
+        loadTable(w, cos, cosTiles, w.cosOffset, w.cs);
+        loadTable(w, sin, sinTiles, w.sinOffset, w.ss);
+      }
+      load(w, k.index(steps[i].chunk), i % kSlots);
     };
-    for (int64_t i = 0; i < std::min<int64_t>(2, count); ++i)
-      load(w, k.index(i), i);
-    stepAt(k.index(0), 0, count > 2, false);
-    int64_t steady = std::max<int64_t>(0, count - 3);
-    k.forEachRotating(1, steady, kSlots, [&](Value i, int64_t slot) {
-      stepAt(i, slot, true, true);
-    });
-    for (int64_t i = 1 + steady; i < count; ++i)
-      stepAt(k.index(i), i % kSlots, i + 2 < count, true);
-    sumAndStore(w, k.index(count - 1), (count - 1) % kSlots);
+    for (int64_t i = 0; i < std::min<int64_t>(2, n); ++i)
+      loadStep(i);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + 2 < n)
+        loadStep(i + 2);
+      products(*steps[i].w, i % kSlots);
+      if (i > 0)
+        sumAndStore(*steps[i - 1].w, k.index(steps[i - 1].chunk),
+                    (i - 1) % kSlots);
+    }
+    if (n)
+      sumAndStore(*steps[n - 1].w, k.index(steps[n - 1].chunk),
+                  (n - 1) % kSlots);
   }
 
   void products(const Where &w, int64_t slot) {
@@ -298,7 +378,9 @@ private:
   SmallVector<int64_t> loopedDims;
   int64_t across = 1, shared = 1;
   int64_t perPartition = 1, sharedPerTile = 1;
+  bool acrossInner = true;
   Value xTiles, firstTiles, secondTiles, outTiles, cosTiles, sinTiles;
+  SmallVector<Step> steps;
 };
 
 struct RotaryPattern : OpTilePattern<RotaryPattern, RotaryOp> {
