@@ -29,7 +29,6 @@
 #include "passes/tile/KernelLowering.h"
 #include "passes/tile/TilePattern.h"
 
-#include <memory>
 #include <numeric>
 
 namespace mlir::neuron {
@@ -134,8 +133,10 @@ public:
       sharedPerTile = blockFor(1);
       growR(k.tileBytes / sharedPerTile);
     }
-    RotaryStrides xs = byRole(x.strides), cs = byRole(cos.strides),
-                  ss = byRole(sin.strides), os = byRole(out.strides);
+    xs = byRole(x.strides);
+    cs = byRole(cos.strides);
+    ss = byRole(sin.strides);
+    os = byRole(out.strides);
 
     SmallVector<AcrossBlock> blocks;
     int64_t step = p * perPartition, full = across / step;
@@ -174,8 +175,7 @@ public:
         oo += at * os.looped[i];
       }
       for (const AcrossBlock &blk : blocks) {
-        auto w = std::make_shared<Where>(
-            Where{blk, xo, co, so, oo, xs, cs, ss, os, blockIndex++ % kSlots});
+        Where w{blk, xo, co, so, oo, blockIndex++ % kSlots};
         for (int64_t c = 0; c < shared / sharedPerTile; ++c)
           steps.push_back({w, c});
       }
@@ -189,17 +189,15 @@ private:
   static constexpr int64_t kSlots = 3;
 
   /// A block of the across dim at one looped index: its element offsets in
-  /// x, cos, sin and the output, their strides, and the slot of its cos and
-  /// sin.
+  /// x, cos, sin and the output, and the slot of its cos and sin.
   struct Where {
     AcrossBlock blk;
     int64_t xOffset, cosOffset, sinOffset, outOffset;
-    RotaryStrides xs, cs, ss, os;
     int64_t table;
   };
   /// One tile: shared block `chunk` of an across block.
   struct Step {
-    std::shared_ptr<Where> w;
+    Where w;
     int64_t chunk;
   };
 
@@ -257,14 +255,12 @@ private:
     return k.view(buffer, start, sizes, strides);
   }
 
-  /// A tensor's rows of block `blk` from `offset`, at shared block `chunk`
-  /// (null: the first index).
+  /// A tensor's rows of block `blk` from `offset`, at shared block `chunk`.
   Value hbmView(const Window &t, int64_t offset, const RotaryStrides &s,
-                const AcrossBlock &blk, Value chunk, int64_t sharedCount) {
-    Value start = k.index(offset + blk.first * s.across);
-    if (chunk)
-      start = k.addOffsets(start, k.scale(chunk, sharedPerTile * s.shared));
-    return view(t.buffer, start, blk, sharedCount, dim,
+                const AcrossBlock &blk, int64_t chunk, int64_t sharedCount) {
+    int64_t start =
+        offset + blk.first * s.across + chunk * sharedPerTile * s.shared;
+    return view(t.buffer, k.index(start), blk, sharedCount, dim,
                 blk.perPartition * s.across, s.shared, s.across, s.d);
   }
 
@@ -287,13 +283,13 @@ private:
   void loadTable(const Where &w, const Window &t, Value tiles, int64_t offset,
                  const RotaryStrides &s) {
     int64_t rowWidth = perPartition * dim;
-    k.dma(hbmView(t, offset, s, w.blk, Value(), 1),
+    k.dma(hbmView(t, offset, s, w.blk, 0, 1),
           view(tiles, k.index(w.table * rowWidth), w.blk, 1, dim,
                kSlots * rowWidth, 0, dim, 1));
   }
 
-  void load(const Where &w, Value chunk, int64_t slot) {
-    k.dma(hbmView(x, w.xOffset, w.xs, w.blk, chunk, sharedPerTile),
+  void load(const Where &w, int64_t chunk, int64_t slot) {
+    k.dma(hbmView(x, w.xOffset, xs, w.blk, chunk, sharedPerTile),
           slotView(xTiles, w.blk, slot, 0, dim));
   }
 
@@ -305,26 +301,24 @@ private:
   void emitSteps() {
     int64_t n = steps.size();
     auto loadStep = [&](int64_t i) {
-      const Where &w = *steps[i].w;
+      const Where &w = steps[i].w;
       if (steps[i].chunk == 0) {
-        loadTable(w, cos, cosTiles, w.cosOffset, w.cs);
-        loadTable(w, sin, sinTiles, w.sinOffset, w.ss);
+        loadTable(w, cos, cosTiles, w.cosOffset, cs);
+        loadTable(w, sin, sinTiles, w.sinOffset, ss);
       }
-      load(w, k.index(steps[i].chunk), i % kSlots);
+      load(w, steps[i].chunk, i % kSlots);
     };
     for (int64_t i = 0; i < std::min<int64_t>(2, n); ++i)
       loadStep(i);
     for (int64_t i = 0; i < n; ++i) {
       if (i + 2 < n)
         loadStep(i + 2);
-      products(*steps[i].w, i % kSlots);
+      products(steps[i].w, i % kSlots);
       if (i > 0)
-        sumAndStore(*steps[i - 1].w, k.index(steps[i - 1].chunk),
-                    (i - 1) % kSlots);
+        sumAndStore(steps[i - 1].w, steps[i - 1].chunk, (i - 1) % kSlots);
     }
     if (n)
-      sumAndStore(*steps[n - 1].w, k.index(steps[n - 1].chunk),
-                  (n - 1) % kSlots);
+      sumAndStore(steps[n - 1].w, steps[n - 1].chunk, (n - 1) % kSlots);
   }
 
   void products(const Where &w, int64_t slot) {
@@ -344,7 +338,7 @@ private:
         slotView(secondTiles, blk, slot, half, half), nisa::Engine::gpsimd);
   }
 
-  void sumAndStore(const Where &w, Value chunk, int64_t slot) {
+  void sumAndStore(const Where &w, int64_t chunk, int64_t slot) {
     using nisa::AluOp;
     const AcrossBlock &blk = w.blk;
     b.create<nisa::TensorTensorOp>(
@@ -362,7 +356,7 @@ private:
     // From ScalarE's queue: SyncE's carries the loads ahead.
     b.create<nisa::DmaCopyOp>(
         slotView(outTiles, blk, slot, 0, dim),
-        hbmView(out, w.outOffset, w.os, blk, chunk, sharedPerTile),
+        hbmView(out, w.outOffset, os, blk, chunk, sharedPerTile),
         nisa::Engine::scalar);
   }
 
@@ -378,6 +372,8 @@ private:
   SmallVector<int64_t> loopedDims;
   int64_t across = 1, shared = 1;
   int64_t perPartition = 1, sharedPerTile = 1;
+  /// x's, cos's, sin's and the output's strides by role.
+  RotaryStrides xs, cs, ss, os;
   bool acrossInner = true;
   Value xTiles, firstTiles, secondTiles, outTiles, cosTiles, sinTiles;
   SmallVector<Step> steps;
