@@ -65,7 +65,8 @@ def NeuronLowerToNisa : Pass<"neuron-lower-to-nisa", "mlir::ModuleOp"> {
            /*default=*/"50",
            "Share of SBUF (percent per partition) the two resident A^T "
            "panels of a GEMM's M block may take (50: the B stream and the "
-           "staged outputs keep the rest)">,
+           "staged outputs keep the rest; three quarters where this share "
+           "holds a block of one M tile only)">,
     Option<"attentionLanes", "attention-lanes", "int64_t", /*default=*/"3",
            "Most query tiles a flash-attention kernel interleaves, PSUM "
            "permitting (3: one tile's softmax overlaps the others' matmuls)">,

@@ -324,7 +324,6 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
   // panels over gemm-panel-sbuf-percent of SBUF would crowd out the streams).
   // Blocks of a size-generic GEMM are sized as a large M's.
   int64_t mTilesTotal = mRows ? accsPerSet : (m + mTile - 1) / mTile;
-  mTiles = std::min<int64_t>(mTilesTotal, accsPerSet);
   // MX: B's scales and a row chunk's of A's stay on chip too; the panels
   // keep their share unless that leaves the scales and the streams less
   // than a quarter of SBUF.
@@ -336,8 +335,18 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
                                   mxScalePanelBytes(target, kDim, n) -
                                   std::min(kMxScaleBytes,
                                            mxScalePanelBytes(target, kDim, m)));
-  while (mTiles > 1 && 2 * kTiles * mTiles * mTile * eltBytes > panelBudget)
-    --mTiles;
+  auto fitTiles = [&](int64_t budget) {
+    int64_t tiles = std::min<int64_t>(mTilesTotal, accsPerSet);
+    while (tiles > 1 && 2 * kTiles * tiles * mTile * eltBytes > budget)
+      --tiles;
+    return tiles;
+  };
+  mTiles = fitTiles(panelBudget);
+  // A block of one M tile streams all of B again for every 128 rows (a
+  // long K, as an MLP's down projection: 14336): the panels may then take
+  // three quarters of SBUF, which halves B's traffic or better.
+  if (mTiles == 1 && !this->blockScales)
+    mTiles = fitTiles(target.sbufBytesPerPartition * 3 / 4);
   // N tiles per B transfer: fill the bank set the M tiles leave free.
   int64_t nTilesTotal = (n + nTile - 1) / nTile;
   nTiles = std::max<int64_t>(
