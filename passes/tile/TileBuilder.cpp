@@ -490,6 +490,22 @@ void TileBuilder::copyMerged(Value src, int64_t srcOffset,
   std::reverse(sizes.begin(), sizes.end());
   std::reverse(from.begin(), from.end());
   std::reverse(to.begin(), to.end());
+  // The DMA engines share an HBM-to-HBM copy by its leading dim's rows, a
+  // partition's share of them each: a copy of few long runs (a KV cache's
+  // heads, appended to by torch.cat) would go to a few engines. A run of a
+  // partition's rows' worth of pieces of at least a well-moving size leads
+  // instead (the order of a copy's dims is free: both sides take it).
+  int64_t rows = target.partitions, run = sizes.back();
+  int64_t bytes = std::max<int64_t>(
+      1, cast<MemRefType>(src.getType()).getElementTypeBitWidth() / 8);
+  if (sizes.size() >= 2 && sizes.front() < rows && from.back() == 1 &&
+      to.back() == 1 && run % rows == 0 &&
+      run / rows * bytes >= target.dmaPreferredBytesPerPartition) {
+    sizes.back() = run / rows;
+    sizes.insert(sizes.begin(), rows);
+    from.insert(from.begin(), run / rows);
+    to.insert(to.begin(), run / rows);
+  }
   dma(view(src, index(srcOffset), sizes, from),
       view(dst, dstOffset, sizes, to));
 }

@@ -140,6 +140,21 @@ func.func @concat_halves(%x: tensor<1x4x256x128xbf16>) -> tensor<1x4x256x128xbf1
   return %r : tensor<1x4x256x128xbf16>
 }
 
+// A KV cache's append (torch.cat along the positions): each head's 2048
+// rows are one run on both sides, but 8 runs would give the copy to one
+// DMA engine (the engines share an HBM-to-HBM copy by its leading dim's
+// rows, 8 apiece): the copy leads with 128 pieces of each run (4 KiB
+// each), so all 16 engines take a share. The new row, 8 runs of 256 bytes,
+// stays as it is.
+// CHECK-LABEL: func.func @kv_append
+// CHECK: memref.reinterpret_cast %arg0 to offset: [%c0{{.*}}], sizes: [128, 8, 2048], strides: [2048, 262144, 1]
+// CHECK: nisa.dma_copy
+// CHECK: memref.reinterpret_cast %arg1 to offset: [%c0{{.*}}], sizes: [8, 128], strides: [128, 1]
+func.func @kv_append(%cache: tensor<1x8x2048x128xbf16>, %new: tensor<1x8x1x128xbf16>) -> tensor<1x8x2049x128xbf16> {
+  %y = neuron.concat %cache, %new {dim = 2 : i64} : tensor<1x8x2048x128xbf16>, tensor<1x8x1x128xbf16> -> tensor<1x8x2049x128xbf16>
+  return %y : tensor<1x8x2049x128xbf16>
+}
+
 // A window whose rows overlap (a row broadcast down the columns) is not
 // rows of its buffer: it is copied contiguous first, as before.
 // CHECK-LABEL: func.func @broadcast_window
