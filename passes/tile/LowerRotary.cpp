@@ -11,12 +11,13 @@
 //    the longest other dim cos and sin do not vary over (the heads, which
 //    a broadcast gives a zero stride);
 //  - looped: the rest, one tile after another.
-// A tile [P, shared block, r, D] moves runs of r * D elements where the
-// across dim is consecutive in memory (x as [B, H, L, D] and the row-major
-// output), so descriptors stay long. cos and sin load once per block of the
-// across dim and every shared block reads them through a zero stride on
-// chip. Per tile, five instructions on x's tile and two scratch tiles of
-// its type:
+// A tile holds [P, shared block, r, D] or [P, r, shared block, D], in the
+// output's memory order (x's where the kernel allocates the output), so its
+// DMAs move runs of r * D elements (x as [B, H, L, D]) or of the block's
+// heads (x a projection's heads split, [B, L, H, D] in memory). cos and sin
+// load once per block of the across dim and every shared block reads them
+// through a zero stride on chip. The tiles form one software pipeline. Per
+// tile, five instructions on x's tile and two scratch tiles of its type:
 //   t1 = x * cos                                             VectorE
 //   t2[.., :h] = x[.., h:] * sin[.., :h]; t2[.., h:] = x[.., :h] * sin[.., h:]
 //                                                            GpSimd
