@@ -163,6 +163,7 @@ public:
     int64_t loops = 1;
     for (int64_t d : loopedDims)
       loops *= shape[d];
+    SmallVector<Step> steps;
     int64_t blockIndex = 0;
     for (int64_t l = 0; l < loops; ++l) {
       // Element offsets of looped index l in x, cos, sin and the output.
@@ -181,7 +182,7 @@ public:
           steps.push_back({w, c});
       }
     }
-    emitSteps();
+    emitSteps(steps);
   }
 
 private:
@@ -299,7 +300,7 @@ private:
   /// products and step i - 1's sums, so each engine's queue holds work that
   /// does not wait for the other's latest (VectorE's sums wait for GpSimd's
   /// products), across blocks of both dims.
-  void emitSteps() {
+  void emitSteps(ArrayRef<Step> steps) {
     int64_t n = steps.size();
     auto loadStep = [&](int64_t i) {
       const Where &w = steps[i].w;
@@ -377,7 +378,6 @@ private:
   RotaryStrides xs, cs, ss, os;
   bool acrossInner = true;
   Value xTiles, firstTiles, secondTiles, outTiles, cosTiles, sinTiles;
-  SmallVector<Step> steps;
 };
 
 struct RotaryPattern : OpTilePattern<RotaryPattern, RotaryOp> {
