@@ -85,7 +85,8 @@ template <typename T> struct CacheLineAllocator {
 };
 
 /// A packed operand: the layout a kernel reads, in whole vectors.
-template <typename T> using PackedVector = std::vector<T, CacheLineAllocator<T>>;
+template <typename T>
+using PackedVector = std::vector<T, CacheLineAllocator<T>>;
 
 using RowMatrix =
     Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -102,7 +103,7 @@ public:
   /// packed under the same nonzero key (Gemm.h's movingKey), else packed now.
   template <typename T, typename Pack>
   const PackedVector<Packed> &get(uint64_t key, const StridedMatrix<T> &b,
-                                 int64_t begin, int64_t end, Pack pack) {
+                                  int64_t begin, int64_t end, Pack pack) {
     Source source{key,         b.data,      b.rows, b.cols,
                   b.rowStride, b.colStride, begin,  end};
     size_t slot = key == 0                    ? 2
@@ -297,7 +298,8 @@ inline __m512i rowPair16(const uint16_t *row0, const uint16_t *row1,
     if (row1)
       hi = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(row1));
   } else {
-    auto mask = static_cast<__mmask16>((1u << std::max<int64_t>(count, 0)) - 1u);
+    auto mask =
+        static_cast<__mmask16>((1u << std::max<int64_t>(count, 0)) - 1u);
     lo = _mm256_maskz_loadu_epi16(mask, row0);
     if (row1)
       hi = _mm256_maskz_loadu_epi16(mask, row1);
@@ -336,8 +338,8 @@ void packPairs(const StridedMatrix<uint16_t> &a, int64_t begin, int64_t width,
       }
     }
     for (int64_t c = 0; c < panels * lanes; c += 16) {
-      __m512i pair = rowPair16(rows[0] + c, rows[1] ? rows[1] + c : nullptr,
-                               width - c);
+      __m512i pair =
+          rowPair16(rows[0] + c, rows[1] ? rows[1] + c : nullptr, width - c);
       uint32_t *dst = out + ((c / lanes) * stride + p) * lanes + c % lanes;
       if (lanes % 16 == 0) {
         _mm512_storeu_si512(dst, pair);
