@@ -1469,6 +1469,24 @@ TEST_CASE("constants come from base64 data or a splat", "[exec][constant]") {
   }
 }
 
+TEST_CASE("internal buffers start zeroed, small or huge-page mapped",
+          "[exec][constant]") {
+  // 16 floats come from the heap, 1 Mi floats (4 MiB) from a mapping on
+  // huge-page boundaries: both read as zero before anything writes them.
+  for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {
+    INFO(n << " elements");
+    std::string buffers = buffer(0, "hbm", "internal", "f32", shapeJson({n})) +
+                          "," + buffer(1, "hbm", "output", "f32", "[4]");
+    std::string body = R"({"op": "dma_copy", "engine": "sync", "src": )" +
+                       view(0, "[4]", "[1]", n - 4) + R"(, "dst": )" +
+                       full(1, {4}) + "}";
+    Tensor out = Tensor::of(DType::F32, {4}, {1, 2, 3, 4});
+    run(programJson(buffers, "", "1", body), {}, {&out});
+    for (int i = 0; i < 4; ++i)
+      CHECK(out.at(i) == 0.0f);
+  }
+}
+
 TEST_CASE("run() checks its arguments", "[exec][run]") {
   std::string json =
       programJson(buffer(0, "hbm", "input", "f32", "[4, 8]") + "," +
