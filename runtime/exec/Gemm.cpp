@@ -320,8 +320,8 @@ void packPairs(const StridedMatrix<uint16_t> &a, int64_t begin, int64_t width,
   int64_t panels = (width + lanes - 1) / lanes;
   packed.resize(static_cast<size_t>(panels * stride * lanes));
   gathered.resize(static_cast<size_t>(2 * width));
-  // Plain pointers: through the thread-local vectors every store would
-  // look their data up again.
+  // Plain pointers: inlined into a kernel, the vectors are its thread-locals,
+  // and each store through them looked the thread-local storage up again.
   uint32_t *out = packed.data();
   uint16_t *runs = gathered.data();
   // Row pairs outermost: each source row is read once, front to back, 16
