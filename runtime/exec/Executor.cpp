@@ -827,38 +827,41 @@ struct CompiledInst {
   std::string name; // "instruction #N (op at loc)" for errors
 };
 
-/// Zeroed host memory for one program buffer. Large buffers are mapped on
-/// huge-page boundaries and marked for transparent huge pages: an SBUF
-/// operand's partitions lie a partition's bytes apart, each on its own 4 KiB
-/// page, and the TLB misses of reading them took a quarter of a bf16 decoder
-/// layer's host wall. Pages are zero until touched either way, so large HBM
-/// temporaries cost nothing until written. Small ones start on a cache line.
+/// Zeroed host memory for one program buffer. Buffers from 128 KiB are
+/// mapped (as malloc would), so their pages are zero until touched and large
+/// HBM temporaries cost nothing until written; those from 2 MiB on huge-page
+/// boundaries, marked for transparent huge pages: an SBUF operand's
+/// partitions lie a partition's bytes apart, each on its own 4 KiB page, and
+/// the TLB misses of reading them took a quarter of a bf16 decoder layer's
+/// host wall. Smaller ones start on a cache line.
 class HostBlock {
 public:
   HostBlock() = default;
   explicit HostBlock(size_t size) {
 #if defined(__linux__)
-    if (size >= kHugePage) {
-      size_t mapped = (size + kHugePage - 1) / kHugePage * kHugePage;
-      void *p = mmap(nullptr, mapped + kHugePage, PROT_READ | PROT_WRITE,
+    if (size >= kMapped) {
+      bool huge = size >= kHugePage;
+      size_t align = huge ? kHugePage : 1; // mmap aligns to pages
+      size_t mapped =
+          huge ? (size + kHugePage - 1) / kHugePage * kHugePage : size;
+      void *p = mmap(nullptr, mapped + align - 1, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED)
         throw std::bad_alloc();
       // Keep the aligned part of the mapping, return the rest.
       auto *raw = static_cast<uint8_t *>(p);
-      auto address = reinterpret_cast<uintptr_t>(raw);
-      size_t head = (kHugePage - address % kHugePage) % kHugePage;
+      size_t head = (align - reinterpret_cast<uintptr_t>(raw) % align) % align;
       if (head)
         munmap(raw, head);
-      if (kHugePage - head)
-        munmap(raw + head + mapped, kHugePage - head);
+      if (align - 1 - head)
+        munmap(raw + head + mapped, align - 1 - head);
       data = raw + head;
       bytes = mapped;
-      madvise(data, bytes, MADV_HUGEPAGE); // advice: failure is harmless
+      if (huge)
+        madvise(data, bytes, MADV_HUGEPAGE); // advice: failure is harmless
       return;
     }
 #endif
-    // Cache-line aligned, as the kernels read rows in whole vectors.
     size_t padded = (std::max<size_t>(size, 1) + kLine - 1) / kLine * kLine;
     data = static_cast<uint8_t *>(std::aligned_alloc(kLine, padded));
     if (!data)
@@ -887,7 +890,8 @@ public:
   uint8_t *get() const { return data; }
 
 private:
-  static constexpr size_t kHugePage = size_t{2} << 20, kLine = 64;
+  static constexpr size_t kLine = 64, kMapped = size_t{128} << 10,
+                          kHugePage = size_t{2} << 20;
   uint8_t *data = nullptr;
   size_t bytes = 0; // mapped bytes; 0: from aligned_alloc
 };

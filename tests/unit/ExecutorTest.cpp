@@ -1469,11 +1469,12 @@ TEST_CASE("constants come from base64 data or a splat", "[exec][constant]") {
   }
 }
 
-TEST_CASE("internal buffers start zeroed, small or huge-page mapped",
+TEST_CASE("internal buffers start zeroed, from the heap or mapped",
           "[exec][constant]") {
-  // 16 floats come from the heap, 1 Mi floats (4 MiB) from a mapping on
-  // huge-page boundaries: both read as zero before anything writes them.
-  for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {
+  // 16 floats come from the heap, 64 Ki (256 KiB) from a mapping, 1 Mi
+  // (4 MiB) from one on huge-page boundaries: each reads as zero before
+  // anything writes it.
+  for (int64_t n : {int64_t{16}, int64_t{1} << 16, int64_t{1} << 20}) {
     INFO(n << " elements");
     std::string buffers = buffer(0, "hbm", "internal", "f32", shapeJson({n})) +
                           "," + buffer(1, "hbm", "output", "f32", "[4]");
