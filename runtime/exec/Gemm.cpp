@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <new>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -63,30 +62,12 @@ namespace neuron::runtime {
 
 namespace {
 
-/// Allocates on cache-line boundaries. The kernels read packed operands in
-/// whole vectors, and a vector across two lines costs two loads (malloc
-/// aligns to 16 bytes: a bf16 decoder layer on one host thread took 3.1-3.3 s
-/// against 3.05-3.1 s aligned).
-template <typename T> struct CacheLineAllocator {
-  using value_type = T;
-  static constexpr std::align_val_t kAlign{64};
-  CacheLineAllocator() = default;
-  template <typename U> CacheLineAllocator(const CacheLineAllocator<U> &) {}
-  T *allocate(size_t n) {
-    return static_cast<T *>(::operator new(n * sizeof(T), kAlign));
-  }
-  void deallocate(T *p, size_t) { ::operator delete(p, kAlign); }
-  template <typename U> bool operator==(const CacheLineAllocator<U> &) const {
-    return true;
-  }
-  template <typename U> bool operator!=(const CacheLineAllocator<U> &) const {
-    return false;
-  }
-};
-
-/// A packed operand: the layout a kernel reads, in whole vectors.
+/// A packed operand: the layout a kernel reads, in whole vectors. Eigen's
+/// allocator aligns to the widest vector the build uses, so no vector load
+/// straddles two cache lines (with malloc's 16-byte alignment a bf16 decoder
+/// layer on one host thread took 3.1-3.3 s, aligned 3.05-3.1 s).
 template <typename T>
-using PackedVector = std::vector<T, CacheLineAllocator<T>>;
+using PackedVector = std::vector<T, Eigen::aligned_allocator<T>>;
 
 using RowMatrix =
     Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
