@@ -840,21 +840,24 @@ public:
   explicit HostBlock(size_t size) {
 #if defined(__linux__)
     if (size >= kMapped) {
+      // A huge mapping is whole huge pages, with a huge page of slack to
+      // start on a boundary (mmap itself aligns to pages).
       bool huge = size >= kHugePage;
-      size_t align = huge ? kHugePage : 1; // mmap aligns to pages
       size_t mapped =
           huge ? (size + kHugePage - 1) / kHugePage * kHugePage : size;
-      void *p = mmap(nullptr, mapped + align - 1, PROT_READ | PROT_WRITE,
+      size_t slack = huge ? kHugePage : 0;
+      void *p = mmap(nullptr, mapped + slack, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED)
         throw std::bad_alloc();
-      // Keep the aligned part of the mapping, return the rest.
+      // Keep the aligned part of the mapping, return the slack around it.
       auto *raw = static_cast<uint8_t *>(p);
-      size_t head = (align - reinterpret_cast<uintptr_t>(raw) % align) % align;
+      auto address = reinterpret_cast<uintptr_t>(raw);
+      size_t head = huge ? (kHugePage - address % kHugePage) % kHugePage : 0;
       if (head)
         munmap(raw, head);
-      if (align - 1 - head)
-        munmap(raw + head + mapped, align - 1 - head);
+      if (slack - head)
+        munmap(raw + head + mapped, slack - head);
       data = raw + head;
       bytes = mapped;
       if (huge)
