@@ -714,6 +714,26 @@ LogicalResult IotaOp::verify() {
   return success();
 }
 
+LogicalResult NGatherOp::verify() {
+  if (failed(verifyTile(*this, getSrc(), "source", false)) ||
+      failed(verifyTile(*this, getIndices(), "indices", false)) ||
+      failed(verifyTile(*this, getDst(), "destination", false)))
+    return failure();
+  MemRefType src = memrefType(getSrc()), idx = memrefType(getIndices()),
+             dst = memrefType(getDst());
+  if (idx.getDimSize(0) != src.getDimSize(0) ||
+      dst.getDimSize(0) != src.getDimSize(0))
+    return emitOpError("source, indices and destination must have one "
+                       "partition count");
+  if (!idx.getElementType().isSignlessInteger(32))
+    return emitOpError("indices must be i32");
+  if (dst.getElementType() != src.getElementType())
+    return emitOpError("destination must have the source's element type");
+  if (idx.getNumElements() != dst.getNumElements())
+    return emitOpError("needs one index per destination element");
+  return success();
+}
+
 LogicalResult RandOp::verify() {
   if (failed(verifyTile(*this, getDst(), "destination", false)) ||
       failed(verifyTile(*this, getSeed(), "seed", false)))

@@ -351,6 +351,21 @@ def Nisa_IotaOp : Nisa_Op<"iota"> {
   ];
 }
 
+def Nisa_NGatherOp : Nisa_Op<"n_gather"> {
+  let summary = "GpSimd: dst[p, j] = src[p, indices[p, j]] within each partition";
+  let description = [{
+    NKI's nc_n_gather: each partition gathers from its own elements of `src`
+    (its free dims flattened, row-major) by the i32 `indices` (NKI's
+    uint32), whose free elements (row-major) number the destination's. All three
+    tiles in SBUF (GpSimd cannot reach PSUM), `dst` of `src`'s element type.
+    An index outside [0, free elements of `src`) is a runtime error.
+  }];
+  let arguments = (ins Nisa_In:$src, Nisa_In:$indices, Nisa_Out:$dst);
+  let assemblyFormat = [{
+    $src `[` $indices `]` `,` $dst attr-dict `:` type($src) `,` type($indices) `,` type($dst)
+  }];
+}
+
 def Nisa_RandOp : Nisa_Op<"rand"> {
   let summary = "GpSimd: dst[p, i...] = Philox4x32-10 uniform in [0, 1) of element offset + p * channel_multiplier + sum(i_k * multipliers[k])";
   let description = [{

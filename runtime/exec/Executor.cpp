@@ -1011,6 +1011,7 @@ struct Executor::Impl {
   void execIota(const CompiledInst &inst);
   void execMemset(const CompiledInst &inst);
   void execRand(const CompiledInst &inst);
+  void execNGather(const CompiledInst &inst);
   void execCollective(const CompiledInst &inst);
 };
 
@@ -1200,6 +1201,7 @@ void Executor::Impl::allocate(const Program &program) {
       break;
     case Opcode::DmaGather:
     case Opcode::DmaScatter:
+    case Opcode::NGather:
       indexNeed = std::max(indexNeed, v[RoleIndices].numElements);
       break;
     case Opcode::DmaCopy:
@@ -1291,6 +1293,8 @@ void Executor::Impl::exec(const CompiledInst &inst) {
     return execMemset(inst);
   case Opcode::Rand:
     return execRand(inst);
+  case Opcode::NGather:
+    return execNGather(inst);
   case Opcode::Collective:
     return execCollective(inst);
   }
@@ -1470,6 +1474,56 @@ void Executor::Impl::execScatter(const CompiledInst &inst) {
       storeRun<decltype(tag)::value>(sum.data(), to, dst.strides[1], width);
     });
   }
+}
+
+/// Element offsets (from the partition's first) of a view's free elements in
+/// row-major order.
+static std::vector<int64_t> freeOffsets(const CompiledView &view) {
+  std::vector<int64_t> out(static_cast<size_t>(view.cols));
+  std::vector<int64_t> at(view.shape.size(), 0);
+  for (int64_t j = 0, offset = 0; j < view.cols; ++j) {
+    out[j] = offset;
+    for (size_t d = view.shape.size(); d-- > 1;) {
+      offset += view.strides[d];
+      if (++at[d] < view.shape[d])
+        break;
+      offset -= at[d] * view.strides[d];
+      at[d] = 0;
+    }
+  }
+  return out;
+}
+
+// dst[p, j] = src[p, indices[p, j]]: each partition gathers from its own
+// free elements (NKI's nc_n_gather), src's and dst's free dims flattened
+// row-major.
+void Executor::Impl::execNGather(const CompiledInst &inst) {
+  const CompiledView &src = inst.views[RoleSrc], &dst = inst.views[RoleDst];
+  const CompiledView &indices = inst.views[RoleIndices];
+  int64_t *index = indexScratch.data();
+  loadIndices(indices.dtype, indices.pattern, bases[indices.buffer],
+              offsetOf(indices), index);
+  std::vector<int64_t> from = freeOffsets(src), to = freeOffsets(dst);
+  int64_t srcOff = offsetOf(src), dstOff = offsetOf(dst);
+  dispatchSize(src.elementSize, [&](auto tag) {
+    using T = decltype(tag);
+    const T *srcBase = reinterpret_cast<const T *>(bases[src.buffer]);
+    T *dstBase = reinterpret_cast<T *>(bases[dst.buffer]);
+    for (int64_t p = 0; p < dst.rows; ++p) {
+      const T *row = srcBase + srcOff + p * src.strides[0];
+      T *out = dstBase + dstOff + p * dst.strides[0];
+      const int64_t *picks = index + p * dst.cols;
+      for (int64_t j = 0; j < dst.cols; ++j) {
+        int64_t i = picks[j];
+        if (i < 0 || i >= src.cols)
+          throw IndexError(inst.name + ": index " + std::to_string(i) +
+                           " at partition " + std::to_string(p) +
+                           " is out of range [0, " + std::to_string(src.cols) +
+                           ")");
+        out[to[j]] = row[from[i]];
+      }
+    }
+  });
 }
 
 /// A key no executor in the process has used (Gemm.h's movingKey).

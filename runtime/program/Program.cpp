@@ -541,6 +541,8 @@ OpSpec makeOpSpec(Opcode op) {
             {"offset", "stream", "channel_multiplier", "multipliers"}};
   case Opcode::Copy:
     return {op, {"src", "dst"}, {}};
+  case Opcode::NGather:
+    return {op, {"src", "indices", "dst"}, {}};
   case Opcode::Collective:
     return {op, {"src", "dst", "kind", "group"}, {"alu_op"}};
   }
@@ -1769,6 +1771,25 @@ void Verifier::verifyInstruction(const Instruction &inst,
     break;
   case Opcode::Memset:
     break;
+  case Opcode::NGather: {
+    const View &src = *inst.src, &indices = *inst.indices;
+    if (src.shape.empty() || indices.shape.empty() || dst.shape.empty() ||
+        src.shape[0] != dst.shape[0] || indices.shape[0] != dst.shape[0])
+      failInst(inst, "'src' " + shapeString(src.shape) + ", 'indices' " +
+                         shapeString(indices.shape) + " and 'dst' " +
+                         shapeString(dst.shape) +
+                         " must have one partition count");
+    if (buffers.at("indices")->dtype != DType::I32)
+      failInst(inst, std::string("'indices' must be i32, got ") +
+                         dtypeName(buffers.at("indices")->dtype));
+    if (buffers.at("src")->dtype != dstBuffer.dtype)
+      failInst(inst, "'src' and 'dst' must have one dtype");
+    if (product(indices.shape, 1) != product(dst.shape, 1))
+      failInst(inst, "'indices' " + shapeString(indices.shape) +
+                         " must have one element per element of 'dst' " +
+                         shapeString(dst.shape));
+    break;
+  }
   case Opcode::Collective:
     verifyCollective(inst, buffers);
     break;

@@ -48,6 +48,7 @@ CostModel::CostModel(const Target &t) : target_(&t) {
 
   minIICycles_ = nonNegative("engine_min_ii_cycles");
   bnAggrCyclesPerTriple_ = positive("vector_bn_aggr_cycles_per_triple");
+  gatherCyclesPerElement_ = positive("gpsimd_gather_cycles_per_element");
   dependentOverheadCycles_[int(Engine::Vector)] =
       nonNegative("vector_dependent_overhead_cycles");
   // [Dv] a dependent 1-element ScalarE chain issues every
@@ -116,6 +117,10 @@ double CostModel::computeCycles(Opcode op, Engine engine,
   // tensor_reduce; no 16-bit perf mode, as it computes in fp32 S11].
   if (op == Opcode::BnAggr)
     streamCycles = bnAggrCyclesPerTriple_ * s.elements / 3;
+  // [E] n_gather: GpSimd gathers cost max(MIN_II, 2N) for N gathered
+  // elements per partition.
+  if (op == Opcode::NGather)
+    streamCycles = gatherCyclesPerElement_ * s.elements;
   // [D S5] an innermost stride past stride_penalty_bytes halves the port.
   if (s.widestStrideBytes > stridePenaltyBytes_)
     streamCycles *= stridePenaltyFactor_;

@@ -113,6 +113,7 @@ private:
   double minIICycles_ = 0;
   double dependentOverheadCycles_[kNumEngines] = {};
   double bnAggrCyclesPerTriple_ = 0;
+  double gatherCyclesPerElement_ = 0;
   double vectorPerfSpeedup_ = 0;
   double vectorPerfStridedSpeedup_ = 0;
   double scalarPerfSpeedup_ = 0;

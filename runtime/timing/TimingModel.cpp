@@ -748,6 +748,7 @@ private:
     case Opcode::Memset:
     case Opcode::Copy:
     case Opcode::Rand:
+    case Opcode::NGather:
       costCompute(inst, si);
       break;
     case Opcode::Collective:
@@ -798,6 +799,9 @@ private:
     case Opcode::BnAggr:
     case Opcode::Copy:
       streamed = {&*inst.src};
+      break;
+    case Opcode::NGather: // src is read at random, not streamed
+      streamed = {&*inst.indices};
       break;
     case Opcode::Iota:
     case Opcode::Memset:

@@ -73,6 +73,19 @@ TEST_CASE("bn_stats streams its source, bn_aggr costs 13 cycles a triple",
   }
 }
 
+TEST_CASE("n_gather costs 2 GpSimd cycles an element, at least MIN_II",
+          "[cost]") {
+  for (const char *name : {"trn2", "trn3"}) {
+    const Target &t = getTarget(name);
+    CostModel cost(t);
+    CHECK(cost.computeCycles(Opcode::NGather, Engine::GpSimd,
+                             shape(128, 1, false)) == 256);
+    CHECK(cost.computeCycles(Opcode::NGather, Engine::GpSimd,
+                             shape(16, 1, true)) ==
+          t.value("engine_min_ii_cycles"));
+  }
+}
+
 TEST_CASE("16-bit perf modes follow the target", "[cost]") {
   for (const char *name : {"trn2", "trn3"}) {
     const Target &t = getTarget(name);

@@ -1401,6 +1401,38 @@ TEST_CASE("dma_gather reads rows by index and rejects bad indices",
   CHECK(out.at(4) == table.at(12));
 }
 
+TEST_CASE("n_gather picks each partition's own elements and rejects bad "
+          "indices",
+          "[exec][gather]") {
+  // Partition p holds 10p + 0..7 as a [2, 4] free block; dst [3, 5] is
+  // src[p, idx[p, j]] over the flattened block, with repeats and any order.
+  std::vector<double> values;
+  for (int p = 0; p < 3; ++p)
+    for (int i = 0; i < 8; ++i)
+      values.push_back(10 * p + i);
+  Tensor src = Tensor::of(DType::BF16, {3, 2, 4}, values);
+  std::vector<double> picks = {7, 0, 3, 3, 5, 1, 1, 6, 2, 0, 4, 7, 7, 0, 2};
+  Tensor indices = Tensor::of(DType::I32, {3, 5}, picks);
+  Tensor out = Tensor::zeros(DType::BF16, {3, 5});
+  std::string json = tileProgram(
+      {{"bf16", {3, 2, 4}}, {"i32", {3, 5}}}, {{"bf16", {3, 5}}},
+      R"({"op": "n_gather", "engine": "gpsimd", "src": )" +
+          full(100, {3, 2, 4}) + R"(, "indices": )" + full(101, {3, 5}) +
+          R"(, "dst": )" + full(200, {3, 5}) + "}");
+  run(json, {&src, &indices}, {&out});
+  for (int p = 0; p < 3; ++p)
+    for (int j = 0; j < 5; ++j)
+      CHECK(out.at(p * 5 + j) == 10 * p + picks[p * 5 + j]);
+
+  for (int32_t bad : {8, -1}) {
+    std::memcpy(indices.bytes.data() + 4 * 6, &bad, 4);
+    std::string message = errorOf([&] { run(json, {&src, &indices}, {&out}); });
+    INFO(message);
+    CHECK(contains(message, "index " + std::to_string(bad) +
+                                " at partition 1 is out of range [0, 8)"));
+  }
+}
+
 TEST_CASE("dma_scatter writes or adds rows by index", "[exec][gather]") {
   // dst starts as the input table; rows 4 and 1 are written, row 4 twice:
   // the last write wins, or with accumulate both add (rounded to bf16 per

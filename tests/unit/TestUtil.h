@@ -209,6 +209,10 @@ inline std::string sampleProgram(neuron::runtime::Opcode op,
     fields = R"("channel_multiplier": 64, "multipliers": [1], "seed": )" +
              seed + R"(, "dst": )" + full(3);
     break;
+  case Opcode::NGather:
+    fields = R"("src": )" + full(1) + R"(, "indices": )" + seed +
+             R"(, "dst": )" + view(3, "[128, 2]", "[64, 1]");
+    break;
   case Opcode::Collective:
     fields = R"("kind": "all_reduce", "alu_op": "add", "group": 0, "src": )" +
              full(0) + R"(, "dst": )" + full(7);

@@ -48,6 +48,10 @@ func.func @instructions(%in: memref<128x64xf32>, %out: memref<128x64xf32>,
   nisa.memset %a, 0.0 : !sb
   // CHECK: nisa.iota
   nisa.iota %a {base = 0.0, channel_multiplier = 64.0, multipliers = array<f64: 1.0>} : !sb
+  // CHECK: nisa.n_gather %{{.*}}[%{{.*}}], %{{.*}} : memref<128x64xf32, #nisa.mem<sbuf>>, memref<128x8xi32, #nisa.mem<sbuf>>, memref<128x8xf32, #nisa.mem<sbuf>>
+  %picks = memref.alloc() : memref<128x8xi32, #nisa.mem<sbuf>>
+  %picked = memref.alloc() : memref<128x8xf32, #nisa.mem<sbuf>>
+  nisa.n_gather %a[%picks], %picked : !sb, memref<128x8xi32, #nisa.mem<sbuf>>, memref<128x8xf32, #nisa.mem<sbuf>>
   // CHECK: nisa.rand %{{.*}}, %{{.*}} {channel_multiplier = 6.400000e+01 : f64, multipliers = array<f64: 1.000000e+00>, stream = 2 : i64} : memref<128x64xf32, #nisa.mem<sbuf>>, memref<128x2xi32, #nisa.mem<sbuf>>
   %key = memref.alloc() : memref<128x2xi32, #nisa.mem<sbuf>>
   nisa.rand %a, %key {stream = 2, channel_multiplier = 64.0, multipliers = array<f64: 1.0>} : !sb, memref<128x2xi32, #nisa.mem<sbuf>>
