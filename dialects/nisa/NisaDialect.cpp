@@ -474,6 +474,11 @@ LogicalResult MatmulOp::verify() {
       return emitOpError(mode)
              << " operands must have " << rows << " rows per partition (dim 1)";
   }
+  if (getIsTranspose() && (getDoubleRow() || mx || getAccumulate() ||
+                           m.getDimSize(0) != m.getDimSize(1)))
+    return emitOpError("an is_transpose matmul takes a square moving "
+                       "identity [K, K], without accumulate, double_row or "
+                       "scales");
   if (mx) {
     // [D S11, S29] one scale per 32 values: 8 partitions x 4 rows.
     if (!getStationaryScale() || !getMovingScale())

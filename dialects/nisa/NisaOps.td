@@ -169,12 +169,17 @@ def Nisa_MatmulOp : Nisa_Op<"matmul", [AttrSizedOperandSegments]> {
     values of K packed per partition, NKI's x4 types), times their E8M0
     scales, u8 [K / 8, M] and [K / 8, N]: row j scales the values on
     partitions [8j, 8j + 8), 32 values per scale. K is a multiple of 32.
+
+    With `is_transpose` (NKI's, bit-accurate from NC-v3 on) the engine moves
+    rather than multiplies: dst[M, K] = stationary^T exactly, NaN and
+    infinities included, the moving operand the [K, K] identity it streams
+    (costed as a matmul with it).
   }];
   // dst is read too when the matmul accumulates into it.
   let arguments = (ins Nisa_In:$stationary, Nisa_In:$moving,
                    Nisa_InOut:$dst, Nisa_OptIn:$stationary_scale,
                    Nisa_OptIn:$moving_scale, UnitAttr:$accumulate,
-                   UnitAttr:$double_row);
+                   UnitAttr:$double_row, UnitAttr:$is_transpose);
   let assemblyFormat = [{
     $stationary `,` $moving `,` $dst
     (`scales` $stationary_scale^ `,` $moving_scale)? attr-dict `:`

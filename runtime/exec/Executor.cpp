@@ -1594,6 +1594,16 @@ void Executor::Impl::execMatmul(const CompiledInst &inst) {
     m /= stat.shape[1];
     n /= mov.shape[1];
   }
+  if (inst.attrs.isTranspose) {
+    // The engine moves the values: dst[i, j] = stationary[j, i], bit for bit.
+    float *s = scratch[0].data(), *t = scratch[2].data();
+    load(stat, s);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < k; ++j)
+        t[i * k + j] = s[j * m + i];
+    store(dst, t);
+    return;
+  }
   bool accumulate = inst.attrs.accumulate;
   // PSUM holds fp32 rows: multiply into them in place.
   bool inPlace = dst.dtype == DType::F32 && dst.shape.size() == 2 &&

@@ -512,7 +512,8 @@ OpSpec makeOpSpec(Opcode op) {
   case Opcode::Matmul:
     return {op,
             {"stationary", "moving", "dst"},
-            {"accumulate", "double_row", "stationary_scale", "moving_scale"}};
+            {"accumulate", "double_row", "is_transpose", "stationary_scale",
+             "moving_scale"}};
   case Opcode::Activation:
     return {op,
             {"src", "dst", "func"},
@@ -1676,6 +1677,11 @@ void Verifier::verifyInstruction(const Instruction &inst,
     }
     MatmulShape mm = matmulShape(inst);
     int64_t k = mm.k, m = mm.m, n = mm.n;
+    if (inst.isTranspose &&
+        (inst.doubleRow || mx || inst.accumulate || mov.shape.size() != 2 ||
+         mov.shape[1] != mov.shape[0]))
+      failInst(inst, "an is_transpose matmul takes a square moving identity "
+                     "[K, K], without accumulate, double_row or scales");
     if (mov.shape[0] != k)
       failInst(inst, "contraction mismatch: 'stationary' is " +
                          shapeString(stat.shape) + " but 'moving' is " +

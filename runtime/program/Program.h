@@ -231,6 +231,10 @@ struct Instruction {
   /// "double_row" (matmul, fp8 operands): stationary [K, R, M] and moving
   /// [K, R, N] contract over K x R rows (NKI's perf_mode=double_row).
   bool doubleRow = false;
+  /// "is_transpose" (matmul): dst = stationary^T exactly, moving the [K, K]
+  /// identity the engine streams (NKI's is_transpose: bit-accurate, NaN and
+  /// infinities too, from NC-v3 on).
+  bool isTranspose = false;
   /// "dge": "hwdge" (dma_copy on sync or scalar): the hardware DGE block
   /// generates its descriptors at issue (S15). Default "none": descriptors
   /// precomputed with the program; a copy issued by gpsimd is software DGE.

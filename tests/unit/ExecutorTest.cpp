@@ -467,6 +467,33 @@ TEST_CASE("matmul multiplies bf16 exactly and accumulates in fp32",
   CHECK(worst < 1e-6);
 }
 
+TEST_CASE("an is_transpose matmul moves values bit for bit", "[exec][matmul]") {
+  // A product with the identity would turn inf * 0 into NaN; the engine's
+  // transpose mode keeps infinities, NaN and -0 (the moving identity is
+  // only streamed: the executor does not read it).
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> values = {1.5, -inf, 3, inf, std::nan(""), -0.0};
+  Tensor x = Tensor::of(DType::BF16, {2, 3}, values);
+  Tensor out = Tensor::zeros(DType::F32, {3, 2});
+  std::string json = tileProgram(
+      {{"bf16", {2, 3}}}, {{"f32", {3, 2}}},
+      R"({"op": "matmul", "engine": "tensor", "is_transpose": true, )"
+      R"("stationary": )" +
+          full(100, {2, 3}) + R"(, "moving": )" + full(101, {2, 2}) +
+          R"(, "dst": )" + full(102, {3, 2}) +
+          R"(}, {"op": "copy", "engine": "vector", "src": )" +
+          full(102, {3, 2}) + R"(, "dst": )" + full(200, {3, 2}) + "}",
+      buffer(101, "sbuf", "scratch", "bf16", "[2, 2]") + ", " +
+          buffer(102, "psum", "scratch", "f32", "[3, 2]"));
+  run(json, {&x}, {&out});
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 2; ++j) {
+      float want = x.at(j * 3 + i), got = out.at(i * 2 + j);
+      INFO("element " << i << ", " << j);
+      CHECK(std::memcmp(&want, &got, 4) == 0);
+    }
+}
+
 TEST_CASE("matmul sums beyond bf16 precision exactly", "[exec][matmul]") {
   // 1 + 127 * 2^-10 needs 11 mantissa bits: exact in fp32 whatever the
   // summation order, not representable in bf16.

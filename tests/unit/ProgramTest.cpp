@@ -619,6 +619,35 @@ TEST_CASE("shape, dtype, space and engine rules are checked",
       "multipliers": [1], "dst": )" +
                                     t + "}"),
                   "missing field 'seed'");
+  // n_gather: i32 indices, one per destination element, one dtype.
+  auto nGather = [&](const std::string &src, const std::string &indices,
+                     const std::string &dst) {
+    return simple(tiles, R"({"op": "n_gather", "engine": "gpsimd", "src": )" +
+                             src + R"(, "indices": )" + indices +
+                             R"(, "dst": )" + dst + "}");
+  };
+  std::string picks = view(4, "[4, 4]", "[8, 1]");
+  REQUIRE_NOTHROW(Program::parse(nGather(t, picks, half))
+                      .verify(neuron::target::getTarget("trn2")));
+  requireRejected(nGather(t, half, half), "'indices' must be i32");
+  requireRejected(nGather(t, picks, t), "one element per element of 'dst'");
+  requireRejected(nGather(t, picks, view(4, "[4, 4]", "[8, 1]")), "one dtype");
+  requireRejected(nGather(view(2, "[2, 8]", "[8, 1]"), picks, half),
+                  "one partition count");
+  // An is_transpose matmul streams a square identity, nothing else.
+  auto transpose = [&](const std::string &moving, const std::string &extra) {
+    return simple(tiles, R"({"op": "matmul", "engine": "tensor", )" + extra +
+                             R"("is_transpose": true, "stationary": )" +
+                             view(2, "[4, 4]", "[8, 1]") + R"(, "moving": )" +
+                             moving + R"(, "dst": )" +
+                             view(3, "[4, 4]", "[8, 1]") + "}");
+  };
+  REQUIRE_NOTHROW(Program::parse(transpose(half, ""))
+                      .verify(neuron::target::getTarget("trn2")));
+  requireRejected(transpose(view(2, "[4, 8]", "[8, 1]"), ""),
+                  "square moving identity");
+  requireRejected(transpose(half, R"("accumulate": true, )"),
+                  "without accumulate");
   requireRejected(simple(tiles, R"({"op": "memset", "engine": "vector",
       "dst": )" + t + "}"),
                   "missing field 'value'");

@@ -45,3 +45,20 @@ func.func @gather_count(%s: memref<128x64xbf16, #nisa.mem<sbuf>>, %i: memref<128
   nisa.n_gather %s[%i], %d : memref<128x64xbf16, #nisa.mem<sbuf>>, memref<128x4xi32, #nisa.mem<sbuf>>, memref<128x8xbf16, #nisa.mem<sbuf>>
   return
 }
+
+// -----
+
+// TensorE's transpose mode (is_transpose) streams a square identity.
+func.func @transpose_not_square(%s: memref<128x64xbf16, #nisa.mem<sbuf>>, %i: memref<128x64xbf16, #nisa.mem<sbuf>>, %d: memref<64x64xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{an is_transpose matmul takes a square moving identity [K, K], without accumulate, double_row or scales}}
+  nisa.matmul %s, %i, %d {is_transpose} : memref<128x64xbf16, #nisa.mem<sbuf>>, memref<128x64xbf16, #nisa.mem<sbuf>>, memref<64x64xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+func.func @transpose_accumulate(%s: memref<128x64xbf16, #nisa.mem<sbuf>>, %i: memref<128x128xbf16, #nisa.mem<sbuf>>, %d: memref<64x128xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{an is_transpose matmul takes a square moving identity}}
+  nisa.matmul %s, %i, %d {is_transpose, accumulate} : memref<128x64xbf16, #nisa.mem<sbuf>>, memref<128x128xbf16, #nisa.mem<sbuf>>, memref<64x128xf32, #nisa.mem<psum>>
+  return
+}

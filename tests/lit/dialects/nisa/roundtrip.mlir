@@ -20,6 +20,10 @@ func.func @instructions(%in: memref<128x64xf32>, %out: memref<128x64xf32>,
   nisa.dma_scatter %b, %in[%idx] {accumulate} : !sb, memref<128x64xf32>, memref<128x1xi32, #nisa.mem<sbuf>>
   // CHECK: nisa.matmul {{.*}} {accumulate}
   nisa.matmul %st, %st, %ps {accumulate} : memref<128x64xbf16, #nisa.mem<sbuf>>, memref<128x64xbf16, #nisa.mem<sbuf>>, memref<64x64xf32, #nisa.mem<psum>>
+  // CHECK: nisa.matmul {{.*}} {is_transpose}
+  %id = memref.alloc() : memref<128x128xbf16, #nisa.mem<sbuf>>
+  %pt = memref.alloc() : memref<64x128xf32, #nisa.mem<psum>>
+  nisa.matmul %st, %id, %pt {is_transpose} : memref<128x64xbf16, #nisa.mem<sbuf>>, memref<128x128xbf16, #nisa.mem<sbuf>>, memref<64x128xf32, #nisa.mem<psum>>
   // An FP8 double_row matmul, E4M3 stationary with E5M2 moving.
   %s8 = memref.alloc() : memref<128x2x64xf8E4M3FN, #nisa.mem<sbuf>>
   %m8 = memref.alloc() : memref<128x2x64xf8E5M2, #nisa.mem<sbuf>>
