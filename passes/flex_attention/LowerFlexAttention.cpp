@@ -539,14 +539,7 @@ SmallVector<Operand> FlexAttentionLowering::tableOperands(ValueRange buffers) {
   return tables;
 }
 
-void FlexAttentionLowering::makeIdentity() {
-  Value diff = k.tile(MemorySpace::sbuf, {unit, unit}, f32);
-  b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
-                         b.getDenseF64ArrayAttr({-1.0}));
-  ident = k.tile(MemorySpace::sbuf, {unit, unit}, inElt);
-  b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
-                                 APFloat(0.0), false);
-}
+void FlexAttentionLowering::makeIdentity() { ident = k.identity(unit, inElt); }
 
 /// The identity, and 0 and -inf tiles of `cols` columns for masks.
 void FlexAttentionLowering::makeConstants(int64_t cols) {

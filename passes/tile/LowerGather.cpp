@@ -1,15 +1,18 @@
-//===- LowerGather.cpp - neuron.gather and neuron.scatter as indirect DMA ===//
+//===- LowerGather.cpp - neuron.gather and neuron.scatter -----------------===//
 //
 // Rows of a table gathered by index: the indices loaded per 128 rows, each
-// chunk of the gathered rows brought into SBUF by dma_gather and stored.
-// Rows written by index (scatter): the input copied to the result, then per
-// 128 rows the indices and each chunk of the values loaded and written (or
-// added) into the result's rows by dma_scatter.
+// chunk of the gathered rows brought into SBUF by dma_gather and stored. A
+// table that fits SBUF transposed, gathered often enough to pay for loading
+// it (MoE dispatch: tokens sorted by expert), is gathered within partitions
+// instead (partitionGather). Rows written by index (scatter): the input
+// copied to the result, then per 128 rows the indices and each chunk of the
+// values loaded and written (or added) into the result's rows by dma_scatter.
 //
 //===----------------------------------------------------------------------===//
 
 #include "passes/tile/KernelLowering.h"
 #include "passes/tile/TilePattern.h"
+#include "runtime/target/Cost.h"
 
 namespace mlir::neuron {
 
@@ -73,12 +76,172 @@ void KernelLowering::forEachIndexedRows(Value idx, int64_t rows, int64_t width,
   }
 }
 
+namespace {
+/// A gather from a table held transposed in SBUF, [feature, row] in tiles
+/// of 128 features: per 128 indices, broadcast to every partition (as i32),
+/// GpSimd's n_gather picks each feature tile's rows, TensorE transposes
+/// them back (is_transpose: bit for bit), VectorE and ScalarE move
+/// them from PSUM and one DMA stores the whole rows. GpSimd spends 2
+/// cycles an element where software DGE spends ~50 ns a row.
+class PartitionGather {
+public:
+  PartitionGather(KernelLowering &k, GatherOp op)
+      : k(k), b(k.b), p(k.target.partitions) {
+    auto tableType = tensorType(op.getTable());
+    elt = tableType.getElementType();
+    vocab = tableType.getDimSize(0);
+    width = product(tableType.getShape().drop_front());
+    count = tensorType(op.getIndices()).getNumElements();
+    idxElt = tensorType(op.getIndices()).getElementType();
+    featureTiles = (width + p - 1) / p;
+    eltBytes = std::max<int64_t>(1, elt.getIntOrFloatBitWidth() / 8);
+    chunkCols =
+        std::min<int64_t>(width, k.target.psumBankBytes / 4 * kBanksPerChunk);
+  }
+
+  /// Whether the table fits SBUF transposed (with the steps' tiles) and the
+  /// gather pays: a step of rows at least (fewer cost software DGE little),
+  /// and the table's transposing load or GpSimd's gathers take less time
+  /// than software DGE's descriptors.
+  bool pays() const {
+    bool floats = isa<BFloat16Type, Float16Type, Float32Type>(elt);
+    if (!floats || vocab > (int64_t(1) << 24) || count < p || width == 0)
+      return false; // TensorE transposes floats; indices pass through fp32
+    int64_t perStep =
+        kSlots * (p * (8 + 4) + featureTiles * p * eltBytes + width * eltBytes);
+    int64_t bytes = featureTiles * vocab * eltBytes + perStep + p * (4 + 4);
+    if (bytes > k.target.sbufBytesPerPartition / 2)
+      return false;
+    const ::neuron::target::CostModel cost(k.target);
+    double steps = double((count + p - 1) / p);
+    ::neuron::target::ComputeShape gather;
+    gather.elements = double(std::min(count, p));
+    gather.streamed = 1;
+    double gatherNs = steps * double(featureTiles) *
+                      cost.computeNs(::neuron::runtime::Opcode::NGather,
+                                     ::neuron::runtime::Engine::GpSimd, gather);
+    double loadNs = double(vocab * width * eltBytes) /
+                    (cost.dmaTransposeBytesPerNs(false) * k.target.dmaEngines);
+    // The DMA gather's chunks of columns (forEachIndexedRows), a descriptor
+    // a row each.
+    int64_t chunk =
+        std::min(width, std::max<int64_t>(1, 4 * k.tileBytes / 3 / eltBytes));
+    double chunks = double((width + chunk - 1) / chunk);
+    double swdgeNs =
+        steps * chunks * cost.swdgeNs(0) +
+        double(count) * chunks * (cost.swdgeNs(1) - cost.swdgeNs(0));
+    return std::max(gatherNs, loadNs) < swdgeNs;
+  }
+
+  void lower(Value table, Value idx, Value out) {
+    KernelLowering::TileScope scope(k);
+    // The table transposed: feature tile f's rows at columns [f * vocab,
+    // + vocab), one transposing DMA each, issued after the first step's
+    // indices (the DMA queues serve transfers in program order).
+    Value tableT = k.tile(MemorySpace::sbuf, {p, featureTiles * vocab}, elt);
+    bool tableLoaded = false;
+    auto loadTable = [&] {
+      for (int64_t f = 0; f < featureTiles; ++f)
+        k.dma(k.view(table, k.index(f * p), {features(f), vocab}, {1, width}),
+              k.view(tableT, k.index(f * vocab), {features(f), vocab},
+                     {featureTiles * vocab, 1}));
+      tableLoaded = true;
+    };
+    Value ident = k.identity(p, elt);
+    Type i32 = b.getIntegerType(32);
+    SmallVector<Value> wide, narrow, picked, rows, sums;
+    for (int64_t s = 0; s < kSlots; ++s) {
+      if (idxElt != i32)
+        wide.push_back(k.tile(MemorySpace::sbuf, {p, p}, idxElt));
+      narrow.push_back(k.tile(MemorySpace::sbuf, {p, p}, i32));
+      picked.push_back(k.tile(MemorySpace::sbuf, {p, featureTiles * p}, elt));
+      rows.push_back(k.tile(MemorySpace::sbuf, {p, width}, elt));
+      sums.push_back(k.tile(MemorySpace::psum, {p, chunkCols}, b.getF32Type()));
+    }
+    // Step i: indices [i * p, + n), on every partition.
+    auto load = [&](Value r0, int64_t n, int64_t slot) {
+      Value into = idxElt == i32 ? narrow[slot] : wide[slot];
+      k.dma(k.view(idx, r0, {p, n}, {0, 1}),
+            k.view(into, k.index(0), {p, n}, {p, 1}));
+      if (idxElt != i32)
+        b.create<nisa::CopyOp>(
+            k.view(wide[slot], k.index(0), {p, n}, {p, 1}),
+            k.view(narrow[slot], k.index(0), {p, n}, {p, 1}));
+      if (!tableLoaded)
+        loadTable();
+    };
+    auto compute = [&](Value r0, int64_t n, int64_t slot) {
+      for (int64_t f = 0; f < featureTiles; ++f) {
+        int64_t fw = features(f);
+        b.create<nisa::NGatherOp>(
+            k.view(tableT, k.index(f * vocab), {fw, vocab},
+                   {featureTiles * vocab, 1}),
+            k.view(narrow[slot], k.index(0), {fw, n}, {p, 1}),
+            k.view(picked[slot], k.index(f * n), {fw, n},
+                   {featureTiles * p, 1}));
+      }
+      // Per chunk of columns (PSUM banks), the feature tiles transposed
+      // back into it, then out to the rows tile a bank at a time, by
+      // VectorE and ScalarE in turn.
+      int64_t bankCols = k.target.psumBankBytes / 4, evictions = 0;
+      for (int64_t c0 = 0; c0 < width; c0 += chunkCols) {
+        int64_t cols = std::min(chunkCols, width - c0);
+        for (int64_t f = c0 / p; f * p < c0 + cols; ++f) {
+          int64_t fw = features(f);
+          auto mm = b.create<nisa::MatmulOp>(
+              k.view(picked[slot], k.index(f * n), {fw, n},
+                     {featureTiles * p, 1}),
+              k.view(ident, k.index(0), {fw, fw}, {p, 1}),
+              k.view(sums[slot], k.index(f * p - c0), {n, fw}, {chunkCols, 1}));
+          mm.setIsTranspose(true); // exact for NaN and infinities too
+        }
+        for (int64_t b0 = 0; b0 < cols; b0 += bankCols, ++evictions) {
+          int64_t bc = std::min(bankCols, cols - b0);
+          b.create<nisa::CopyOp>(
+              k.view(sums[slot], k.index(b0), {n, bc}, {chunkCols, 1}),
+              k.view(rows[slot], k.index(c0 + b0), {n, bc}, {width, 1}),
+              evictions % 2 ? nisa::Engine::scalar : nisa::Engine::vector);
+        }
+      }
+      // From ScalarE's queue: on SyncE's the store would hold up the next
+      // steps' index loads.
+      b.create<nisa::DmaCopyOp>(
+          k.view(rows[slot], k.index(0), {n, width}, {width, 1}),
+          k.view(out, k.scale(r0, width), {n, width}, {width, 1}),
+          nisa::Engine::scalar);
+    };
+    int64_t full = count / p;
+    k.forEachPipelined(
+        full, kSlots,
+        [&](Value i, int64_t slot) { load(k.scale(i, p), p, slot); },
+        [&](Value i, int64_t slot) { compute(k.scale(i, p), p, slot); });
+    if (int64_t rest = count % p) {
+      load(k.index(full * p), rest, full % kSlots);
+      compute(k.index(full * p), rest, full % kSlots);
+    }
+  }
+
+private:
+  static constexpr int64_t kSlots = 2;
+  static constexpr int64_t kBanksPerChunk = 2;
+  int64_t features(int64_t f) const { return std::min(p, width - f * p); }
+
+  KernelLowering &k;
+  ImplicitLocOpBuilder &b;
+  int64_t p;
+  Type elt, idxElt;
+  int64_t vocab, width, count, featureTiles, eltBytes, chunkCols;
+};
+} // namespace
+
 void KernelLowering::lowerGather(GatherOp op) {
   auto tableType = tensorType(op.getTable());
   int64_t width = product(tableType.getShape().drop_front());
   int64_t vocab = tableType.getDimSize(0);
   Value table = bufferOf(op.getTable());
   Value out = resultBuffer(op.getResult());
+  if (PartitionGather gather(*this, op); gather.pays())
+    return gather.lower(table, bufferOf(op.getIndices()), out);
   forEachIndexedRows(
       bufferOf(op.getIndices()), tensorType(op.getIndices()).getNumElements(),
       width, tableType.getElementType(), Value(),

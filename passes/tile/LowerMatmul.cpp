@@ -478,12 +478,7 @@ void GemmLowering::loadScales(const TileBuilder::Window &src, int64_t r0,
   Type u8 = b.getIntegerType(8, /*isSigned=*/false), bf16 = b.getBF16Type();
   Value raw = k.tile(MemorySpace::sbuf, {kTile, rawCols}, u8);
   Value wide = k.tile(MemorySpace::sbuf, {kTile, rawCols}, bf16);
-  Value diff = k.tile(MemorySpace::sbuf, {kTile, kTile}, b.getF32Type());
-  b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
-                         b.getDenseF64ArrayAttr({-1.0}));
-  Value ident = k.tile(MemorySpace::sbuf, {kTile, kTile}, bf16);
-  b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
-                                 APFloat(0.0), false);
+  Value ident = k.identity(kTile, bf16);
   constexpr int64_t kSums = 8; // transposes in flight
   Value sums =
       k.tile(MemorySpace::psum, {kTile, kSums * kTile}, b.getF32Type());
@@ -1201,13 +1196,7 @@ public:
     if (transposedTailRows(0)) {
       transT =
           k.tile(MemorySpace::sbuf, {tileRows, panelBanks * bankCols}, outElt);
-      Value diff =
-          k.tile(MemorySpace::sbuf, {tileRows, tileRows}, b.getF32Type());
-      b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
-                             b.getDenseF64ArrayAttr({-1.0}));
-      ident = k.tile(MemorySpace::sbuf, {tileRows, tileRows}, outElt);
-      b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
-                                     APFloat(0.0), false);
+      ident = k.identity(tileRows, outElt);
     }
     SmallVector<Value> starts{k.index(0)}, counts;
     for (Value end : ends) {
@@ -1547,7 +1536,8 @@ private:
       for (int64_t c = 0; c < count; ++c)
         for (int64_t col = c * span; col < (c + 1) * span; col += tileRows)
           b.create<nisa::MatmulOp>(transposed(col, block), ident,
-                                   sums(col, block));
+                                   sums(col, block))
+              .setIsTranspose(true); // infinite sums stay infinite
       // Block blk of the rows in staging slot kStageSlots - blocks + blk.
       for (int64_t c = 0; c < count; ++c)
         for (int64_t blk = 0; blk < blocks; ++blk) {

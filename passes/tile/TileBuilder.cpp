@@ -296,6 +296,16 @@ Value TileBuilder::tile(MemorySpace space, ArrayRef<int64_t> shape,
   return t;
 }
 
+Value TileBuilder::identity(int64_t n, Type elementType) {
+  Value diff = tile(MemorySpace::sbuf, {n, n}, b.getF32Type());
+  b.create<nisa::IotaOp>(diff, APFloat(0.0), APFloat(1.0),
+                         b.getDenseF64ArrayAttr({-1.0}));
+  Value ident = tile(MemorySpace::sbuf, {n, n}, elementType);
+  b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, diff, ident, Value(),
+                                 APFloat(0.0), false);
+  return ident;
+}
+
 void TileBuilder::forTiles(int64_t total, int64_t tileSize, TileBody body) {
   int64_t full = total / tileSize, rem = total % tileSize;
   if (full == 1) {

@@ -129,6 +129,9 @@ public:
   // --- tiles and loops ----------------------------------------------------
   /// An on-chip tile, released at the end of the enclosing TileScope.
   Value tile(MemorySpace space, ArrayRef<int64_t> shape, Type elementType);
+  /// The [n, n] identity (p - j == 0) in `elementType`: TensorE transposes
+  /// a tile as its product with it.
+  Value identity(int64_t n, Type elementType);
   struct TileScope {
     TileBuilder &k;
     explicit TileScope(TileBuilder &k) : k(k) { k.scopeTiles.emplace_back(); }

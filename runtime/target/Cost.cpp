@@ -76,6 +76,8 @@ CostModel::CostModel(const Target &t) : target_(&t) {
       positive("dma_transpose_efficiency_hbm_to_sbuf");
   transposeEfficiencyFromSbuf_ =
       positive("dma_transpose_efficiency_sbuf_to_sbuf");
+  swdgeIssueNs_ = nonNegative("dma_swdge_issue_ns");
+  swdgePerDescriptorNs_ = nonNegative("dma_swdge_per_descriptor_ns");
 }
 
 double CostModel::clockGHz(Engine engine) const {

@@ -95,6 +95,11 @@ public:
                        double descriptors) const;
   /// One engine's rate (bytes/ns) for a transposing DMA into SBUF.
   double dmaTransposeBytesPerNs(bool fromSbuf) const;
+  /// GpSimd's time generating the descriptors of a software-DGE transfer
+  /// (an indirect DMA, or a copy GpSimd's queue triggers).
+  double swdgeNs(double descriptors) const {
+    return swdgeIssueNs_ + swdgePerDescriptorNs_ * descriptors;
+  }
   /// Whether a copy whose sides are contiguous over `srcRun` and `dstRun`
   /// elements of `eltBytes` is a DMA transpose [D S6]: one side walks units
   /// the other has contiguous, the units 2 or 4 bytes. The DMA moves units,
@@ -124,6 +129,8 @@ private:
   double descriptorOverheadNs_ = 0;
   double descriptorHiddenBytes_ = 0;
   double transposeEfficiencyFromHbm_ = 0;
+  double swdgeIssueNs_ = 0;
+  double swdgePerDescriptorNs_ = 0;
   double transposeEfficiencyFromSbuf_ = 0;
 };
 

@@ -92,8 +92,6 @@ struct Params {
   double dmaFixedLatencyNs = 0;
   double dmaTriggerNs = 0;
   double hwdgeIssueNs = 0;
-  double swdgeIssueNs = 0;
-  double swdgePerDescriptorNs = 0;
   double hbmBytesPerNs = 0;
 
   double semaphoreLatencyNs = 0;
@@ -146,8 +144,6 @@ struct Params {
     dmaFixedLatencyNs = nonNegative("dma_fixed_latency_ns");
     dmaTriggerNs = nonNegative("dma_trigger_ns");
     hwdgeIssueNs = nonNegative("dma_hwdge_issue_ns");
-    swdgeIssueNs = nonNegative("dma_swdge_issue_ns");
-    swdgePerDescriptorNs = nonNegative("dma_swdge_per_descriptor_ns");
     hbmBytesPerNs = t.hbmChipBytesPerNs / positive("hbm_sharing_cores");
 
     semaphoreLatencyNs = nonNegative("semaphore_latency_ns");
@@ -968,7 +964,7 @@ private:
 
     // Issue: a sequencer trigger with precomputed descriptors, or software
     // descriptor generation on GpSimd (gathers, and GpSimd-issued copies).
-    double swdge = p.swdgeIssueNs + p.swdgePerDescriptorNs * descriptors;
+    double swdge = p.cost.swdgeNs(descriptors);
     if (si.unit == TimingUnit::GpSimd) {
       si.triggerNs = swdge;
     } else if (inst.hwdge) {

@@ -86,6 +86,14 @@ def test_short_last_tiles_compute_transposed() -> None:
     whole_tiles = 2.0 * 128 * 1024 * 256 * 5
     (kernel,) = prof.kernels
     assert kernel["flops"] < 0.8 * whole_tiles
+    # An infinite input row stays infinite through the transposes back (TensorE's
+    # transpose mode, not a product with the identity, whose 0 * inf is NaN).
+    x[3, 7] = x[201, 9] = float("inf")
+    w = w.abs()
+    out = compiled(x, w, torch.tensor(ends, dtype=torch.int32)).float()
+    want = _reference(x, w, ends)
+    assert torch.isinf(want[3]).any() and torch.isinf(want[201]).any()
+    torch.testing.assert_close(out, want, atol=0.5, rtol=1e-2, equal_nan=True)
 
 
 def test_offsets_computed_in_the_graph_take_the_kernel() -> None:

@@ -1190,6 +1190,69 @@ def test_out_of_range_row_index_is_an_index_error() -> None:
         torch.compile(put, backend="neuron", fullgraph=True)(table, idx, torch.randn(3, 16))
 
 
+@pytest.mark.parametrize(
+    ("rows", "width", "index_shape", "dtype", "index_dtype"),
+    [
+        (2048, 1024, (4096,), torch.bfloat16, torch.int64),  # Mixtral's MoE dispatch
+        (300, 200, (10, 77), torch.float32, torch.int64),  # features and steps not whole
+        (64, 130, (300,), torch.float16, torch.int32),
+    ],
+    ids=["moe_dispatch", "f32_ragged", "f16_i32_index"],
+)
+def test_gathers_that_pay_run_within_partitions(
+    rows: int,
+    width: int,
+    index_shape: tuple[int, ...],
+    dtype: torch.dtype,
+    index_dtype: torch.dtype,
+) -> None:
+    """A table that fits SBUF transposed, gathered often enough (MoE dispatch: each token's
+    row once per expert it is routed to), is gathered by GpSimd within partitions
+    (``n_gather``) and transposed back on TensorE (its transpose mode), bit for bit:
+    infinities and NaN too (max-pooling gathers a padding of -inf)."""
+
+    def lookup(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return t[idx]
+
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(rows, width, generator=g).to(dtype)
+    table[1, 0], table[2, 1], table[3, 2] = float("inf"), float("-inf"), float("nan")
+    idx = torch.randint(-rows, rows, index_shape, generator=g).to(index_dtype)
+    idx.view(-1)[:3] = torch.tensor([1, 2, 3])
+    torch._dynamo.reset()
+    with torchneuron.profile() as prof:
+        got = torch.compile(lookup, backend="neuron", fullgraph=True)(table, idx)
+    torch.testing.assert_close(got, lookup(table, idx), rtol=0, atol=0, equal_nan=True)
+    assert "n_gather" in _instructions(prof) and "dma_gather" not in _instructions(prof)
+
+
+def test_a_few_rows_of_a_large_table_stay_an_indirect_dma() -> None:
+    """Loading the table would cost more than the descriptors of three rows."""
+    table = torch.randn(2048, 1024, dtype=torch.bfloat16)
+    idx = torch.tensor([5, 0, 2047])
+    torch._dynamo.reset()
+    with torchneuron.profile() as prof:
+        got = torch.compile(lambda t, i: t[i], backend="neuron", fullgraph=True)(table, idx)
+    assert torch.equal(got, table[idx])
+    assert "dma_gather" in _instructions(prof) and "n_gather" not in _instructions(prof)
+
+
+def test_a_bad_index_of_a_gather_within_partitions_is_an_index_error() -> None:
+    """As test_out_of_range_row_index_is_an_index_error, on n_gather's path."""
+    table = torch.randn(256, 256)
+    idx = torch.randint(0, 256, (2048,))
+    idx[1000] = 256
+
+    def lookup(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return t[idx] * 2
+
+    torch._dynamo.reset()
+    with pytest.raises(IndexError, match=r"index 256 .*out of range \[0, 256\)") as info:
+        torch.compile(lookup, backend="neuron", fullgraph=True)(table, idx)
+    assert isinstance(info.value, torchneuron._C.DeviceError)
+    assert "test_ops.py" in str(info.value)
+
+
 def test_unsort_by_inverse_permutation_is_one_scatter() -> None:
     """Transformers' MoE layers put expert-sorted rows back in token order through the
     inverse permutation (``inv[perm] = arange(n)``, then ``rows[inv]``), with the router
