@@ -254,16 +254,45 @@ void KernelLowering::lowerGather(GatherOp op) {
       });
 }
 
+/// The value of a splat float constant (torch.zeros, full), if `tensor` is
+/// one.
+static std::optional<double> splatValue(Value tensor) {
+  auto constant = tensor.getDefiningOp<ConstantOp>();
+  auto splat =
+      constant ? dyn_cast<SplatElementsAttr>(constant.getValue()) : nullptr;
+  if (!splat || !isa<FloatType>(splat.getElementType()))
+    return std::nullopt;
+  return splat.getSplatValue<APFloat>().convertToDouble();
+}
+
 void KernelLowering::lowerScatter(ScatterOp op) {
   auto inputType = tensorType(op.getInput());
   int64_t width = product(inputType.getShape().drop_front());
   int64_t vocab = inputType.getDimSize(0);
   Value values = bufferOf(op.getValues());
   Value out = resultBuffer(op.getResult());
-  // The rows no index names keep the input's values: one HBM-to-HBM copy,
-  // which every scatter below waits for (they write the whole table).
-  dma(view(bufferOf(op.getInput()), index(0), {vocab, width}, {width, 1}),
-      view(out, index(0), {vocab, width}, {width, 1}));
+  // The rows no index names keep the input's values, which every scatter
+  // below waits for (they write the whole table): a splat (torch.zeros) is
+  // stored from one tile set to it, half the HBM traffic of copying it;
+  // anything else is one HBM-to-HBM copy.
+  if (std::optional<double> value = splatValue(op.getInput())) {
+    TileScope scope(*this);
+    Type elt = inputType.getElementType();
+    int64_t rows = std::min<int64_t>(vocab, target.partitions);
+    int64_t eltBytes = std::max<int64_t>(1, elt.getIntOrFloatBitWidth() / 8);
+    int64_t cols = std::min(width, std::max<int64_t>(1, tileBytes / eltBytes));
+    Value fill = tile(MemorySpace::sbuf, {rows, cols}, elt);
+    b.create<nisa::MemsetOp>(fill, APFloat(*value));
+    forTiles(vocab, rows, [&](Value r0, int64_t rt) {
+      forTiles(width, cols, [&](Value c0, int64_t ct) {
+        dma(view(fill, index(0), {rt, ct}, {cols, 1}),
+            view(out, addOffsets(scale(r0, width), c0), {rt, ct}, {width, 1}));
+      });
+    });
+  } else {
+    dma(view(bufferOf(op.getInput()), index(0), {vocab, width}, {width, 1}),
+        view(out, index(0), {vocab, width}, {width, 1}));
+  }
   forEachIndexedRows(
       bufferOf(op.getIndices()), tensorType(op.getIndices()).getNumElements(),
       width, inputType.getElementType(), values,

@@ -1315,6 +1315,17 @@ def test_index_put_accumulate_into_a_large_table_is_a_scatter_add() -> None:
     assert torch.equal(got, add(t, idx, v))
     assert "dma_scatter" in _instructions(prof)
 
+    # Into zeros the graph creates (an MoE combine): the table's rows are stored from a
+    # tile set to zero, not copied from a constant.
+    def add_to_zeros(idx: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return add(torch.zeros(4096, 1024, dtype=v.dtype), idx, v)
+
+    torch._dynamo.reset()
+    with torchneuron.profile() as prof:
+        got = torch.compile(add_to_zeros, backend="neuron", fullgraph=True)(idx, v)
+    assert torch.equal(got, add_to_zeros(idx, v))
+    assert {"dma_scatter", "memset"} <= _instructions(prof)
+
     small = torch.zeros(8, 4)
     idx8 = torch.tensor([1, 7, 1, 0])
     v8 = torch.randn(4, 4, generator=g)

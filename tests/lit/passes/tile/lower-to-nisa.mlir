@@ -156,6 +156,23 @@ func.func @scatter(%t: tensor<10x16xf32>, %i: tensor<130xi64>, %v: tensor<130x16
   return %s : tensor<10x16xf32>
 }
 
+// Into a splat (torch.zeros(...).index_add_): the result's rows are stored
+// from one tile set to it (300 rows: blocks of 128, 128 and 44), not copied
+// from a constant in HBM.
+// CHECK-LABEL: func.func @scatter_into_zeros
+// CHECK: memref.alloc() : memref<128x16xf32, #nisa.mem<sbuf>>
+// CHECK-NEXT: nisa.memset {{.*}}, 0.000000e+00
+// CHECK: scf.for
+// CHECK: nisa.dma_copy {{.*}} : memref<128x16xf32, {{.*}}#nisa.mem<sbuf>>, memref<128x16xf32
+// CHECK: nisa.dma_copy {{.*}} : memref<44x16xf32, {{.*}}#nisa.mem<sbuf>>, memref<44x16xf32
+// CHECK-NOT: memref.get_global
+// CHECK: nisa.dma_scatter
+func.func @scatter_into_zeros(%i: tensor<8xi64>, %v: tensor<8x16xf32>) -> tensor<300x16xf32> {
+  %z = neuron.constant dense<0.0> : tensor<300x16xf32>
+  %s = neuron.scatter %z[%i], %v {accumulate} : tensor<300x16xf32>, tensor<8xi64>, tensor<8x16xf32> -> tensor<300x16xf32>
+  return %s : tensor<300x16xf32>
+}
+
 // Random numbers: the seed is broadcast to every partition by one DMA; 301
 // elements are one [128, 2] tile numbered p * 2 + i from 0, then 22 rows of
 // 2 from 256, then a row of 1 from 300; each goes to HBM row-major.
