@@ -78,7 +78,7 @@ void KernelLowering::forEachIndexedRows(Value idx, int64_t rows, int64_t width,
 
 namespace {
 /// A gather from a table held transposed in SBUF, [feature, row] in tiles
-/// of 128 features: per 128 indices, broadcast to every partition (as i32),
+/// of 128 features: per 128 indices, spread to every partition (as i32),
 /// GpSimd's n_gather picks each feature tile's rows, TensorE transposes
 /// them back (is_transpose: bit for bit), VectorE and ScalarE move
 /// them from PSUM and one DMA stores the whole rows. GpSimd spends 2
@@ -100,16 +100,17 @@ public:
   }
 
   /// Whether the table fits SBUF transposed (with the steps' tiles) and the
-  /// gather pays: a step of rows at least (fewer cost software DGE little),
-  /// and the table's transposing load or GpSimd's gathers take less time
-  /// than software DGE's descriptors.
+  /// gather pays: the table's transposing load or GpSimd's gathers take less
+  /// time than software DGE's descriptors.
   bool pays() const {
     bool floats = isa<BFloat16Type, Float16Type, Float32Type>(elt);
-    if (!floats || vocab > (int64_t(1) << 24) || count < p || width == 0)
+    if (!floats || vocab > (int64_t(1) << 24) || count == 0 || width == 0)
       return false; // TensorE transposes floats; indices pass through fp32
-    int64_t perStep =
-        kSlots * (p * (8 + 4) + featureTiles * p * eltBytes + width * eltBytes);
-    int64_t bytes = featureTiles * vocab * eltBytes + perStep + p * (4 + 4);
+    // Per slot: the indices (at most 8 bytes), as f32 and as i32, the
+    // gathered features and the rows; once: the identity, its iota and ones.
+    int64_t perStep = kSlots * (p * (8 + 4 + 4) + featureTiles * p * eltBytes +
+                                width * eltBytes);
+    int64_t bytes = featureTiles * vocab * eltBytes + perStep + p * (4 + 4 + 4);
     if (bytes > k.target.sbufBytesPerPartition / 2)
       return false;
     const ::neuron::target::CostModel cost(k.target);
@@ -148,25 +149,32 @@ public:
       tableLoaded = true;
     };
     Value ident = k.identity(p, elt);
-    Type i32 = b.getIntegerType(32);
-    SmallVector<Value> wide, narrow, picked, rows, sums;
+    Type i32 = b.getIntegerType(32), f32 = b.getF32Type();
+    Value ones = k.tile(MemorySpace::sbuf, {1, p}, f32);
+    b.create<nisa::MemsetOp>(ones, APFloat(1.0));
+    SmallVector<Value> line, lineF32, spread, narrow, picked, rows, sums;
     for (int64_t s = 0; s < kSlots; ++s) {
-      if (idxElt != i32)
-        wide.push_back(k.tile(MemorySpace::sbuf, {p, p}, idxElt));
+      line.push_back(k.tile(MemorySpace::sbuf, {1, p}, idxElt));
+      lineF32.push_back(k.tile(MemorySpace::sbuf, {1, p}, f32));
+      spread.push_back(k.tile(MemorySpace::psum, {p, p}, f32));
       narrow.push_back(k.tile(MemorySpace::sbuf, {p, p}, i32));
       picked.push_back(k.tile(MemorySpace::sbuf, {p, featureTiles * p}, elt));
       rows.push_back(k.tile(MemorySpace::sbuf, {p, width}, elt));
-      sums.push_back(k.tile(MemorySpace::psum, {p, chunkCols}, b.getF32Type()));
+      sums.push_back(k.tile(MemorySpace::psum, {p, chunkCols}, f32));
     }
-    // Step i: indices [i * p, + n), on every partition.
+    // Step i: indices [i * p, + n) in one partition's run, then on every
+    // partition by a product with a ones row (K = 1: exact below 2^24, and
+    // an index out of range stays out of it), as i32: a broadcasting DMA
+    // would read them from HBM once per partition.
     auto load = [&](Value r0, int64_t n, int64_t slot) {
-      Value into = idxElt == i32 ? narrow[slot] : wide[slot];
-      k.dma(k.view(idx, r0, {p, n}, {0, 1}),
-            k.view(into, k.index(0), {p, n}, {p, 1}));
-      if (idxElt != i32)
-        b.create<nisa::CopyOp>(
-            k.view(wide[slot], k.index(0), {p, n}, {p, 1}),
-            k.view(narrow[slot], k.index(0), {p, n}, {p, 1}));
+      auto head = [&](Value t) {
+        return k.view(t, k.index(0), {1, n}, {p, 1});
+      };
+      auto all = [&](Value t) { return k.view(t, k.index(0), {p, n}, {p, 1}); };
+      k.dma(k.view(idx, r0, {1, n}, {n, 1}), head(line[slot]));
+      b.create<nisa::CopyOp>(head(line[slot]), head(lineF32[slot]));
+      b.create<nisa::MatmulOp>(ones, head(lineF32[slot]), all(spread[slot]));
+      b.create<nisa::CopyOp>(all(spread[slot]), all(narrow[slot]));
       if (!tableLoaded)
         loadTable();
     };

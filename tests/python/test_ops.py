@@ -1276,10 +1276,14 @@ def test_unsort_by_inverse_permutation_is_one_scatter() -> None:
     with torchneuron.profile() as prof:
         got = torch.compile(unsort, backend="neuron", fullgraph=True)(x, keys, w)
     torch.testing.assert_close(got, unsort(x, keys, w))
+    # x[perm] stays a gather (of a table this small, within partitions: one n_gather).
     names = _instructions(prof)
-    assert "dma_scatter" in names and "dma_gather" in names  # x[perm] stays a gather
+    assert "dma_scatter" in names and "n_gather" in names
     gathers = sum(
-        n == "dma_gather" for r in prof._runs if r.kernel for n in r.kernel.instruction_names
+        n in ("dma_gather", "n_gather")
+        for r in prof._runs
+        if r.kernel
+        for n in r.kernel.instruction_names
     )
     assert gathers == 1  # only x[perm]: neither w[perm] nor scaled[inv]
 
