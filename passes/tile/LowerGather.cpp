@@ -4,7 +4,7 @@
 // chunk of the gathered rows brought into SBUF by dma_gather and stored. A
 // table that fits SBUF transposed, gathered often enough to pay for loading
 // it (MoE dispatch: tokens sorted by expert), is gathered within partitions
-// instead (partitionGather). Rows written by index (scatter): the input
+// instead (PartitionGather). Rows written by index (scatter): the input
 // copied to the result, then per 128 rows the indices and each chunk of the
 // values loaded and written (or added) into the result's rows by dma_scatter.
 //
@@ -104,7 +104,8 @@ public:
   /// time than software DGE's descriptors.
   bool pays() const {
     bool floats = isa<BFloat16Type, Float16Type, Float32Type>(elt);
-    if (!floats || vocab > (int64_t(1) << 24) || count == 0 || width == 0)
+    if (!floats || vocab == 0 || vocab > (int64_t(1) << 24) || count == 0 ||
+        width == 0)
       return false; // TensorE transposes floats; indices pass through fp32
     // Per slot: the indices (at most 8 bytes), as f32 and as i32, the
     // gathered features and the rows; once: the identity, its iota and ones.
@@ -283,7 +284,8 @@ void KernelLowering::lowerScatter(ScatterOp op) {
   // below waits for (they write the whole table): a splat (torch.zeros) is
   // stored from one tile set to it, half the HBM traffic of copying it;
   // anything else is one HBM-to-HBM copy.
-  if (std::optional<double> value = splatValue(op.getInput())) {
+  std::optional<double> value = splatValue(op.getInput());
+  if (value && vocab > 0 && width > 0) {
     TileScope scope(*this);
     Type elt = inputType.getElementType();
     int64_t rows = std::min<int64_t>(vocab, target.partitions);
