@@ -1,8 +1,8 @@
 """NKI API forms the published tutorials use, one test each (our own kernels): nt.tensor
 specs, NKI's benchmark/profile/baremetal wrappers and their files, par_dim block tiles,
 per-partition activation scales, NumPy reductions as ALU ops, multi-core SPMD grids,
-bn_stats/bn_aggr and tensor_tensor_scan, loop variables modulo a number, PSUM block tensors
-larger than PSUM and hand allocation (mod_alloc), all checked against NumPy."""
+bn_stats/bn_aggr, tensor_tensor_scan and nc_n_gather, loop variables modulo a number, PSUM
+block tensors larger than PSUM and hand allocation (mod_alloc), all checked against NumPy."""
 
 from __future__ import annotations
 
@@ -163,6 +163,38 @@ def test_bn_stats_and_bn_aggr(cols: int) -> None:
     got = nki.simulate_kernel(mean_var, x)
     np.testing.assert_allclose(got[:, 0], x.mean(1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got[:, 1], x.var(1), rtol=1e-4, atol=1e-5)
+
+
+@nki.jit
+def gather_in_partitions(x, idx):
+    """Each row of x picks its own elements by its row of idx (GpSimd, within SBUF)."""
+    out = nl.ndarray(idx.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nisa.nc_n_gather(nl.load(x), nl.load(idx)))
+    return out
+
+
+def test_nc_n_gather_picks_within_each_partition() -> None:
+    x = rand(128, 8, 5)  # free axes flattened: 40 elements a partition
+    idx = RNG.integers(0, 40, size=(128, 17)).astype(np.int32)
+    got = nki.simulate_kernel(gather_in_partitions, x, idx)
+    np.testing.assert_array_equal(got, np.take_along_axis(x.reshape(128, 40), idx, axis=1))
+    idx[3, 4] = 40
+    with pytest.raises(IndexError, match="out of range"):
+        nki.simulate_kernel(gather_in_partitions, x, idx)
+
+
+@nki.jit
+def masked_gather(x, idx):
+    out = nl.ndarray(idx.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    i_p = nl.arange(128)[:, None]
+    nl.store(out, value=nisa.nc_n_gather(nl.load(x), nl.load(idx), mask=(i_p < 64)))
+    return out
+
+
+def test_nc_n_gather_refuses_a_mask() -> None:
+    idx = np.zeros((128, 4), np.int32)
+    with pytest.raises(Exception, match="takes no mask"):
+        nki.simulate_kernel(masked_gather, rand(128, 8), idx)
 
 
 @nki.jit

@@ -1648,6 +1648,8 @@ class _Renderer:
         for i, p in enumerate(parts):
             sep = "" if i == 0 else (" " if names[i][0] else ", ")
             text += sep + p
+        if instr.op == "n_gather":  # nisa.n_gather %data[%indices], %dst
+            text = f"{parts[0]}[{parts[1]}], {parts[2]}"
         attrs_d = dict(instr.attrs)
         if instr.op == "memset":  # its value is positional: nisa.memset %dst, 0.0
             text += ", " + attrs_d.pop("value").split(" :")[0]

@@ -33,6 +33,7 @@ _WRITTEN = {
     "tensor_reduce": 1,
     "bn_stats": 1,
     "bn_aggr": 1,
+    "n_gather": 2,
     "memset": 0,
     "iota": 0,
 }

@@ -441,6 +441,33 @@ def bn_stats(*args: Any, **kwargs: Any) -> Any:
 
 
 @_maskable
+def nc_n_gather(*args: Any, **kwargs: Any) -> Any:
+    """Each partition's elements of ``data`` (its free axes flattened) picked by that
+    partition's ``indices`` on GpSimd, within SBUF (NKI's ``nc_n_gather``):
+    ``nc_n_gather(data, indices)`` or ``nc_n_gather(dst, data, indices)``; the result has the
+    indices' shape and the data's dtype. Indices are int32 tiles here (NKI's are uint32: the
+    values are the same below 2^31); one out of range is an error when the kernel runs."""
+    if _ir.current().mask is not None:  # it would clip the data the indices address
+        raise error("nisa.nc_n_gather takes no mask=: slice its indices and dst instead")
+    dst, rest = _split_dst(args, kwargs, len([a for a in args if _is_tile(a)]) == 3)
+    data = nl._on_chip(_arg(kwargs, "data", rest), "nisa.nc_n_gather's data")
+    indices = nl._on_chip(_arg(kwargs, "indices", rest), "nisa.nc_n_gather's indices")
+    if indices.dtype != _ir.INT32:
+        raise error(f"nisa.nc_n_gather: indices must be an int32 tile, got {indices.dtype}")
+    if data.shape[0] != indices.shape[0]:
+        raise error(
+            f"nisa.nc_n_gather: data {list(data.shape)} and indices {list(indices.shape)} "
+            "must have one partition count"
+        )
+    out = nl._new(indices.shape, data.dtype)
+    _emit("n_gather", [("", data.view), ("", indices.view), ("", out.view)], 2)
+    if dst is None:
+        return out
+    _write(dst, out, "nc_n_gather")
+    return None
+
+
+@_maskable
 def bn_aggr(*args: Any, **kwargs: Any) -> Any:
     """Combine ``bn_stats`` results ([P, 6k]: k of them side by side) into a [P, 2] fp32 tile
     of (mean, variance) per partition (VectorE's ``bn_aggr``)."""
@@ -582,7 +609,6 @@ _NOT_YET = {
     "select_reduce",
     "sequence_bounds",
     "tensor_partition_reduce",
-    "nc_n_gather",
     "exponential",
     "rng",
     "rand2",
