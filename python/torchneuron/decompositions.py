@@ -25,6 +25,7 @@ Ops core ATen keeps whole (:data:`OP_DECOMPOSITIONS`), as ops the device runs:
   ``put``, ``scatter_reduce``, ``index_reduce``, ``masked_scatter``, ``searchsorted``: one-hot
   compares with an iota, selects, reductions, gathers and TensorE matmuls; ``as_strided_copy`` and
   ``as_strided_scatter`` of a contiguous tensor: a gather or put at iota-computed positions;
+  ``index_add`` in bfloat16/float16 summed in float32 and rounded once, as eager's kernel;
 - pooling and convolution: 3-d convolutions (and transposed ones, float32) as sums of 2-d
   ones over the depth taps, adaptive average pooling with unequal windows and 3-d average
   pooling as matmuls with window matrices, antialiased bilinear resizing likewise;
@@ -2627,6 +2628,26 @@ def index_reduce(
     return _one_hot_reduce(x, hit, values.to(t.dtype), reduce, include_self).movedim(-1, dim)
 
 
+def index_add(
+    t: torch.Tensor,
+    dim: int,
+    index: torch.Tensor,
+    source: torch.Tensor,
+    *,
+    alpha: float = 1,
+) -> object:
+    """``t.index_add(dim, index, source)``. In bfloat16 or float16 with ``alpha`` 1 it sums as
+    eager's CPU kernel does: in float32, every addition to a position (repeated indices
+    included) before one rounding; PyTorch's decomposition (``index_put`` with accumulate)
+    rounds each addition (a row of 50 additions came out 2.0 away). With another ``alpha``
+    eager rounds each addition too: the decomposition as it is."""
+    from torch._decomp.decompositions import index_add as functional
+
+    if t.dtype not in (torch.bfloat16, torch.float16) or alpha != 1:
+        return functional(t, dim, index, source, alpha=alpha)
+    return functional(t.float(), dim, index, source.float()).to(t.dtype)
+
+
 def signbit(t: torch.Tensor) -> object:
     """x < 0, or -0 (whose reciprocal is -inf)."""
     if not t.is_floating_point():
@@ -2645,6 +2666,7 @@ def angle(t: torch.Tensor) -> object:
 #: Ops core ATen keeps whole, as ops the device runs (each returns ``NotImplemented`` where it
 #: does not apply; those calls stay eager and are counted).
 OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
+    _aten.index_add.default: index_add,
     _aten.native_layer_norm.default: native_layer_norm,
     _aten.native_layer_norm_backward.default: native_layer_norm_backward,
     _aten._grouped_mm.default: grouped_mm,

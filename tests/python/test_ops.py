@@ -1340,6 +1340,29 @@ def test_index_put_accumulate_into_a_large_table_is_a_scatter_add() -> None:
     assert "dma_scatter" not in _instructions(prof) and "matmul" in _instructions(prof)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=_id)
+def test_index_add_sums_repeats_as_eager_does(dtype: torch.dtype) -> None:
+    """Eager's ``index_add_`` in bfloat16/float16 sums every addition to a position in
+    float32 and rounds once (``index_put`` with accumulate rounds each: a position added to
+    50 times came out 2.0 away). As eager on the device, along any dim, for a small table
+    (a one-hot matmul) and a large one (rows added by indirect DMA)."""
+
+    def add(t: torch.Tensor, idx: torch.Tensor, v: torch.Tensor, dim: int) -> torch.Tensor:
+        return t.index_add(dim, idx, v)
+
+    g = torch.Generator().manual_seed(3)
+    for rows, dim in ((64, 0), (64, 1), (4096, 0)):
+        t = torch.randn(rows, 33, generator=g).to(dtype) * 10
+        idx = torch.randint(0, t.shape[dim], (1000,), generator=g)
+        idx[::3] = 2  # one position added to 300+ times
+        shape = (1000, 33) if dim == 0 else (rows, 1000)
+        v = torch.randn(*shape, generator=g).to(dtype)
+        torch._dynamo.reset()
+        got = torch.compile(add, backend="neuron", fullgraph=True)(t, idx, v, dim)
+        assert torch.equal(got, add(t, idx, v, dim)), (rows, dim)
+        assert torchneuron.stats()["ops_fallback"] == {}
+
+
 def test_as_strided_copy_and_scatter_run_on_the_device() -> None:
     """Windows that overlap (a stride smaller than the window; copies only), skip elements,
     start at an offset and repeat (stride 0), in one graph: gathers and puts at iota-computed
