@@ -70,6 +70,12 @@ public:
   using IndexedRowsBody = llvm::function_ref<void(Value, Value, Value, Value)>;
   void forEachIndexedRows(Value idx, int64_t rows, int64_t width, Type elt,
                           Value source, IndexedRowsBody body);
+  /// forEachIndexedRows' steps: rows per step, rotating slots, columns per
+  /// chunk (an indirect DMA moves a chunk of each row per descriptor).
+  struct IndexedRows {
+    int64_t parts, slots, chunk;
+  };
+  IndexedRows indexedRows(int64_t rows, int64_t width, Type elt) const;
   /// LowerRand.cpp.
   void lowerRand(RandOp op);
   /// LowerScan.cpp.

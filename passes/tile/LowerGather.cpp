@@ -23,17 +23,24 @@ namespace mlir::neuron {
 /// generates descriptors back to back: a step's load never waits on SyncE's
 /// queue behind the store of the step before (gather), nor its indirect DMA
 /// for a load queued behind such a wait.
-void KernelLowering::forEachIndexedRows(Value idx, int64_t rows, int64_t width,
-                                        Type elt, Value source,
-                                        IndexedRowsBody body) {
-  if (rows == 0 || width == 0)
-    return;
+KernelLowering::IndexedRows
+KernelLowering::indexedRows(int64_t rows, int64_t width, Type elt) const {
   int64_t parts = std::min<int64_t>(rows, target.partitions);
   int64_t slots = std::min<int64_t>(3, (rows + parts - 1) / parts);
   int64_t eltBytes = std::max<int64_t>(1, elt.getIntOrFloatBitWidth() / 8);
   // Rows land in SBUF; the slots together keep within a few tiles' bytes.
   int64_t chunk =
       std::min(width, std::max<int64_t>(1, 4 * tileBytes / slots / eltBytes));
+  return {parts, slots, chunk};
+}
+
+void KernelLowering::forEachIndexedRows(Value idx, int64_t rows, int64_t width,
+                                        Type elt, Value source,
+                                        IndexedRowsBody body) {
+  if (rows == 0 || width == 0)
+    return;
+  IndexedRows shape = indexedRows(rows, width, elt);
+  int64_t parts = shape.parts, slots = shape.slots, chunk = shape.chunk;
   // Source rows that fit one chunk load ahead with their indices.
   bool rowsAhead = source && chunk == width;
   Type idxElt = cast<MemRefType>(idx.getType()).getElementType();
@@ -118,16 +125,13 @@ public:
     double steps = double((count + p - 1) / p);
     ::neuron::target::ComputeShape gather;
     gather.elements = double(std::min(count, p));
-    gather.streamed = 1;
     double gatherNs = steps * double(featureTiles) *
                       cost.computeNs(::neuron::runtime::Opcode::NGather,
                                      ::neuron::runtime::Engine::GpSimd, gather);
     double loadNs = double(vocab * width * eltBytes) /
                     (cost.dmaTransposeBytesPerNs(false) * k.target.dmaEngines);
-    // The DMA gather's chunks of columns (forEachIndexedRows), a descriptor
-    // a row each.
-    int64_t chunk =
-        std::min(width, std::max<int64_t>(1, 4 * k.tileBytes / 3 / eltBytes));
+    // The DMA gather's chunks of columns, a descriptor a row each.
+    int64_t chunk = k.indexedRows(count, width, elt).chunk;
     double chunks = double((width + chunk - 1) / chunk);
     double swdgeNs =
         steps * chunks * cost.swdgeNs(0) +
@@ -263,17 +267,6 @@ void KernelLowering::lowerGather(GatherOp op) {
       });
 }
 
-/// The value of a splat float constant (torch.zeros, full), if `tensor` is
-/// one.
-static std::optional<double> splatValue(Value tensor) {
-  auto constant = tensor.getDefiningOp<ConstantOp>();
-  auto splat =
-      constant ? dyn_cast<SplatElementsAttr>(constant.getValue()) : nullptr;
-  if (!splat || !isa<FloatType>(splat.getElementType()))
-    return std::nullopt;
-  return splat.getSplatValue<APFloat>().convertToDouble();
-}
-
 void KernelLowering::lowerScatter(ScatterOp op) {
   auto inputType = tensorType(op.getInput());
   int64_t width = product(inputType.getShape().drop_front());
@@ -284,10 +277,11 @@ void KernelLowering::lowerScatter(ScatterOp op) {
   // below waits for (they write the whole table): a splat (torch.zeros) is
   // stored from one tile set to it, half the HBM traffic of copying it;
   // anything else is one HBM-to-HBM copy.
-  std::optional<double> value = splatValue(op.getInput());
-  if (value && vocab > 0 && width > 0) {
+  // (Float tables: a memset's value is an f64.)
+  Type elt = inputType.getElementType();
+  std::optional<double> value = splatValueOf(op.getInput());
+  if (value && isa<FloatType>(elt) && vocab > 0 && width > 0) {
     TileScope scope(*this);
-    Type elt = inputType.getElementType();
     int64_t rows = std::min<int64_t>(vocab, target.partitions);
     int64_t eltBytes = std::max<int64_t>(1, elt.getIntOrFloatBitWidth() / 8);
     int64_t cols = std::min(width, std::max<int64_t>(1, tileBytes / eltBytes));
