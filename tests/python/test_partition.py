@@ -146,6 +146,30 @@ def test_view_only_region_stays_eager_and_is_reported() -> None:
     torch.testing.assert_close(gm(x)[0], f(x))
 
 
+def test_outputs_that_view_an_input_are_made_on_the_host() -> None:
+    """A router returns ``x.view(-1, h)`` beside its logits: as the region's output it
+    would be a full copy on the device; the outer graph makes it from the input."""
+
+    def router(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = x.view(-1, x.shape[-1])
+        return flat, flat @ w.t()
+
+    args = (torch.randn(2, 4, 8), torch.randn(3, 8))
+    gm = aten_graph(router, *args)
+    result = partition.partition_graph(gm, set())
+    (name,) = result.device_submodules
+    sub = gm.get_submodule(name)
+    assert isinstance(sub, torch.fx.GraphModule)
+    returned = sub.graph.output_node().args[0]
+    assert isinstance(returned, tuple) and len(returned) == 1  # the product only
+    assert eager_targets(gm) == ["aten.view.default"]
+    assert result.fallback == []  # a view on the host is not work left to eager
+    got = gm(*args)
+    assert got[0].data_ptr() == args[0].data_ptr()  # an alias, as eager returns
+    for g, want in zip(got, router(*args), strict=True):
+        torch.testing.assert_close(g, want)
+
+
 def test_constants_move_into_the_region() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return x * torch.tensor([1.0, 2.0, 3.0])
