@@ -82,6 +82,12 @@ public:
   void lowerCumsum(CumsumOp op);
   /// LowerTopK.cpp.
   void lowerTopK(TopKOp op);
+  /// The leading rows of `op` that fold several to a partition, lowered
+  /// with the rounds' [P, n] constants; returns how many (0 when rows are
+  /// too few or too long to fold).
+  int64_t lowerFoldedTopK(TopKOp op, Value iota, Value none, Value takenValue);
+  /// Elements of a partition's folded rows.
+  static constexpr int64_t kFoldedTopKElements = 512;
   /// LowerCollective.cpp.
   void lowerCollective(CollectiveOp op);
 

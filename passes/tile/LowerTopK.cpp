@@ -18,6 +18,14 @@
 // (top-2 of 8..64 experts, top-8 of 256; argsort of a few dozen) needs more
 // instructions than k rounds do. The importer keeps larger sorts eager.
 //
+// Short rows fold several to a partition ([P, R, n] tiles, R * n <= 512):
+// each instruction then serves R rows where it served one, and paid its
+// fixed cost for a few elements (a Mixtral router's top-2 of 8 over 2048
+// tokens took 224 instructions of 8 elements each). The reductions along n
+// are then trees of log2(n) tensor_tensor ops on strided views (the
+// engines' tensor_reduce folds every free axis), and m and idx are read
+// broadcast along n (stride 0).
+//
 //===----------------------------------------------------------------------===//
 
 #include "passes/tile/KernelLowering.h"
@@ -57,6 +65,9 @@ void KernelLowering::lowerTopK(TopKOp op) {
                          ArrayRef<double>{1.0});
   Value none = filled(double(n));
   Value takenValue = filled(taken);
+  int64_t first = lowerFoldedTopK(op, iota, none, takenValue);
+  if (first == rows)
+    return;
 
   // The row tiles' working tiles in sets that the tiles take in turn: the
   // next tile's rows load while this one's rounds run (one set where two
@@ -105,16 +116,109 @@ void KernelLowering::lowerTopK(TopKOp op) {
     dma(rowsOf(set.indices, rt),
         view(outIndices, scale(r0, k), {rt, k}, {k, 1}));
   };
-  int64_t full = rows / p, rem = rows % p;
+  int64_t left = rows - first, full = left / p, rem = left % p;
   forEachPipelined(
       full, slots,
-      [&](Value t, int64_t slot) { load(scale(t, p), p, sets[slot]); },
-      [&](Value t, int64_t slot) { compute(scale(t, p), p, sets[slot]); });
+      [&](Value t, int64_t slot) {
+        load(addOffset(scale(t, p), first), p, sets[slot]);
+      },
+      [&](Value t, int64_t slot) {
+        compute(addOffset(scale(t, p), first), p, sets[slot]);
+      });
   if (rem) {
     const Set &set = sets[full % slots];
-    load(index(full * p), rem, set);
-    compute(index(full * p), rem, set);
+    load(index(first + full * p), rem, set);
+    compute(index(first + full * p), rem, set);
   }
+}
+
+int64_t KernelLowering::lowerFoldedTopK(TopKOp op, Value iota, Value none,
+                                        Value takenValue) {
+  auto inType = tensorType(op.getInput());
+  int64_t n = inType.getShape().back();
+  int64_t rows = product(inType.getShape().drop_back());
+  int64_t k = op.getK();
+  const int64_t p = target.partitions;
+  int64_t fold = std::min(rows / p, kFoldedTopKElements / n);
+  if (n < 2 || fold < 2)
+    return 0;
+  int64_t block = p * fold, blocks = rows / block;
+  Value in = bufferOf(op.getInput());
+  Value outValues = resultBuffer(op.getValues());
+  Value outIndices = resultBuffer(op.getIndices());
+  nisa::AluOp extreme = op.getLargest() ? nisa::AluOp::max : nisa::AluOp::min;
+
+  Type f32 = b.getF32Type();
+  TileScope scope(*this);
+  int64_t half = (n + 1) / 2;
+  auto folded = [&](int64_t cols) {
+    return tile(MemorySpace::sbuf, {p, fold * cols}, f32);
+  };
+  Value w = folded(n), alive = folded(n), eq = folded(n);
+  Value candidates = folded(n), values = folded(k), indices = folded(k);
+  Value tree = tile(MemorySpace::sbuf, {p, 2 * fold * half}, f32);
+  // [P, fold, width] views: `width` elements from `at` of each of a
+  // partition's rows, `stride` apart.
+  auto rowsOf = [&](Value t, int64_t partitionStride, int64_t at, int64_t width,
+                    int64_t stride) {
+    return view(t, index(at), {p, fold, width}, {partitionStride, stride, 1});
+  };
+  auto whole = [&](Value t) { return rowsOf(t, fold * n, 0, n, n); };
+  // A [P, n] constant read again for every row; a round's column of values
+  // or indices read along n.
+  auto everyRow = [&](Value t) {
+    return view(t, index(0), {p, fold, n}, {n, 0, 1});
+  };
+  auto alongRow = [&](Value t, Value r) {
+    return view(t, r, {p, fold, n}, {fold * k, k, 0});
+  };
+  // Column r of values or indices = op over n of `src` (a folded tile),
+  // halving the width each level (an odd middle element meets itself: max
+  // and min are idempotent) between the two halves of `tree`.
+  auto reduceRows = [&](nisa::AluOp alu, Value src, Value columns, Value r) {
+    Value from = src;
+    int64_t partitionStride = fold * n, base = 0, stride = n, width = n;
+    for (int64_t side = 0;; side ^= 1) {
+      int64_t h = (width + 1) / 2;
+      Value lo = rowsOf(from, partitionStride, base, h, stride);
+      Value hi = rowsOf(from, partitionStride, base + width - h, h, stride);
+      if (h == 1) {
+        b.create<nisa::TensorTensorOp>(
+            alu, lo, hi, view(columns, r, {p, fold, 1}, {fold * k, k, 1}));
+        return;
+      }
+      from = tree;
+      partitionStride = 2 * fold * half;
+      base = side * fold * half;
+      stride = half;
+      width = h;
+      b.create<nisa::TensorTensorOp>(
+          alu, lo, hi, rowsOf(tree, partitionStride, base, h, stride));
+    }
+  };
+  forEach(blocks, [&](Value blockIndex) {
+    Value r0 = scale(blockIndex, block);
+    dma(view(in, scale(r0, n), {p, fold * n}, {fold * n, 1}), w);
+    b.create<nisa::CopyOp>(everyRow(iota), whole(alive), nisa::Engine::gpsimd);
+    forEach(k, [&](Value r) {
+      reduceRows(extreme, w, values, r);
+      b.create<nisa::TensorTensorOp>(nisa::AluOp::eq, whole(w),
+                                     alongRow(values, r), whole(eq));
+      b.create<nisa::SelectOp>(whole(eq), whole(alive), everyRow(none),
+                               whole(candidates));
+      reduceRows(nisa::AluOp::min, candidates, indices, r);
+      b.create<nisa::TensorTensorOp>(nisa::AluOp::eq, everyRow(iota),
+                                     alongRow(indices, r), whole(eq));
+      b.create<nisa::SelectOp>(whole(eq), everyRow(takenValue), whole(w),
+                               whole(w));
+      // Off the chain of the next round's reduction: GpSimd.
+      b.create<nisa::SelectOp>(whole(eq), everyRow(none), whole(alive),
+                               whole(alive), nisa::Engine::gpsimd);
+    });
+    dma(values, view(outValues, scale(r0, k), {p, fold * k}, {fold * k, 1}));
+    dma(indices, view(outIndices, scale(r0, k), {p, fold * k}, {fold * k, 1}));
+  });
+  return blocks * block;
 }
 
 namespace {

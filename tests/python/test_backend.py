@@ -582,6 +582,33 @@ def test_rank_sort_row_sum_stored_reshaped_matches_eager(real_native: ModuleType
     torch.testing.assert_close(got, values(x), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(
+    ("rows", "n", "k", "largest", "dtype"),
+    [
+        (2048, 8, 2, True, torch.bfloat16),  # a Mixtral router: 16 rows to a partition
+        (300, 5, 5, False, torch.float32),  # a sort; 256 rows folded, 44 one to a partition
+        (1100, 64, 8, True, torch.float32),  # eight to a partition, then 76 rows
+    ],
+)
+def test_topk_of_short_rows_matches_eager(
+    real_native: ModuleType, rows: int, n: int, k: int, largest: bool, dtype: torch.dtype
+) -> None:
+    """Short rows fold several to a partition (trees of tensor_tensor along each row, the
+    round's extreme read back along it): values and positions as eager's, rows past the
+    folded blocks included. Distinct values per row: eager's order among ties is its own."""
+    g = torch.Generator().manual_seed(rows)
+    x = (torch.rand(rows, n, generator=g).argsort(-1).to(dtype) - n / 2) * 0.25
+
+    def top(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.topk(t, k, dim=-1, largest=largest)
+
+    got = torch.compile(top, backend=neuron_backend)(x)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    want = top(x)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    assert torch.equal(got[1], want[1])
+
+
 def test_target_selection(real_native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.available_targets() == list(real_native.targets()) == ["trn2", "trn3"]
     assert config.resolve_target(None) == "trn2"

@@ -88,20 +88,49 @@ func.func @topk(%x: tensor<6x8xbf16>) -> (tensor<6x2xbf16>, tensor<6x2xi64>) {
   return %v, %i : tensor<6x2xbf16>, tensor<6x2xi64>
 }
 
-// More rows than partitions: the tiles take two sets of working tiles in
-// turn, so the second tile's rows load before the first tile's rounds;
-// the last 44 rows after.
+// More rows than partitions, rows too long to fold: the tiles take two sets
+// of working tiles in turn, so the second tile's rows load before the first
+// tile's rounds; the last 44 rows after.
 // CHECK-LABEL: func.func @topk_tiles
-// CHECK: nisa.dma_copy {{.*}} : memref<128x8xbf16, {{.*}}>, memref<128x8xf32, {{.*}}#nisa.mem<sbuf>>
+// CHECK: nisa.dma_copy {{.*}} : memref<128x300xbf16, {{.*}}>, memref<128x300xf32, {{.*}}#nisa.mem<sbuf>>
 // CHECK-NOT: nisa.tensor_reduce
-// CHECK: nisa.dma_copy {{.*}} : memref<128x8xbf16, {{.*}}>, memref<128x8xf32, {{.*}}#nisa.mem<sbuf>>
+// CHECK: nisa.dma_copy {{.*}} : memref<128x300xbf16, {{.*}}>, memref<128x300xf32, {{.*}}#nisa.mem<sbuf>>
 // CHECK: nisa.tensor_reduce max
 // CHECK: nisa.dma_copy {{.*}} : memref<128x2xf32, {{.*}}#nisa.mem<sbuf>>, memref<128x2xi64
 // CHECK: nisa.tensor_reduce max
-// CHECK: nisa.dma_copy {{.*}} : memref<44x8xbf16, {{.*}}>, memref<44x8xf32, {{.*}}#nisa.mem<sbuf>>
+// CHECK: nisa.dma_copy {{.*}} : memref<44x300xbf16, {{.*}}>, memref<44x300xf32, {{.*}}#nisa.mem<sbuf>>
 // CHECK: nisa.tensor_reduce max
 // CHECK: nisa.dma_copy {{.*}} : memref<44x2xf32, {{.*}}#nisa.mem<sbuf>>, memref<44x2xi64
-func.func @topk_tiles(%x: tensor<300x8xbf16>) -> (tensor<300x2xbf16>, tensor<300x2xi64>) {
+func.func @topk_tiles(%x: tensor<300x300xbf16>) -> (tensor<300x2xbf16>, tensor<300x2xi64>) {
+  %v, %i = neuron.topk %x {k = 2, largest = true} : tensor<300x300xbf16> -> tensor<300x2xbf16>, tensor<300x2xi64>
+  return %v, %i : tensor<300x2xbf16>, tensor<300x2xi64>
+}
+
+// Short rows fold two to a partition for the first 256: one load of
+// [128, 2 * 8], the reductions along each row as trees of tensor_tensor
+// (widths 4, 2, 1; the last onto the round's column), the round's column
+// read along the row (stride 0), the [P, 8] constants read for each row
+// (stride 0, a run-time stride in the types); then the last 44 rows one
+// to a partition.
+// CHECK-LABEL: func.func @topk_folded
+// CHECK: nisa.dma_copy {{.*}} : memref<128x16xbf16, {{.*}}>, memref<128x16xf32, #nisa.mem<sbuf>>
+// CHECK: nisa.copy {{.*}} : memref<128x2x8xf32, strided<[8, ?, 1]{{.*}}>, memref<128x2x8xf32, strided<[16, 8, 1]
+// CHECK: scf.for
+// CHECK: nisa.tensor_tensor max {{.*}} : memref<128x2x4xf32, strided<[16, 8, 1]{{.*}}, memref<128x2x4xf32, strided<[16, 8, 1]{{.*}}, memref<128x2x4xf32, strided<[16, 4, 1]
+// CHECK: nisa.tensor_tensor max {{.*}} : memref<128x2x2xf32
+// CHECK: nisa.tensor_tensor max {{.*}} : memref<128x2x1xf32, {{.*}}, memref<128x2x1xf32, {{.*}}, memref<128x2x1xf32, strided<[4, 2, 1]
+// CHECK: nisa.tensor_tensor eq {{.*}} : memref<128x2x8xf32, strided<[16, 8, 1]{{.*}}, memref<128x2x8xf32, strided<[4, 2, ?]
+// CHECK: nisa.select
+// CHECK-COUNT-3: nisa.tensor_tensor min
+// CHECK: nisa.tensor_tensor eq
+// CHECK: nisa.select
+// CHECK: nisa.select {{.*}}engine = #nisa.engine<gpsimd>
+// CHECK: }
+// CHECK: nisa.dma_copy {{.*}} : memref<128x4xf32, #nisa.mem<sbuf>>, memref<128x4xbf16
+// CHECK: nisa.dma_copy {{.*}} : memref<128x4xf32, #nisa.mem<sbuf>>, memref<128x4xi64
+// CHECK: nisa.dma_copy {{.*}} : memref<44x8xbf16, {{.*}}>, memref<44x8xf32
+// CHECK: nisa.tensor_reduce max
+func.func @topk_folded(%x: tensor<300x8xbf16>) -> (tensor<300x2xbf16>, tensor<300x2xi64>) {
   %v, %i = neuron.topk %x {k = 2, largest = true} : tensor<300x8xbf16> -> tensor<300x2xbf16>, tensor<300x2xi64>
   return %v, %i : tensor<300x2xbf16>, tensor<300x2xi64>
 }
