@@ -127,14 +127,16 @@ def NisaAllocate : Pass<"nisa-allocate", "mlir::ModuleOp"> {
     Gives each on-chip `memref.alloc` of a kernel a `nisa.address`: its byte
     offset inside every partition. A tile is live from its alloc to its last
     use (a use inside a loop keeps it live to the end of that loop); tiles
-    whose lifetimes overlap get disjoint byte ranges, dead ranges are reused
-    first-fit; a kernel with `nisa.reuse = "least_recent"` (NKI kernels)
-    takes never-used bytes first, then those freed longest ago, so a new
-    tile's writes need not wait for the readers of the tile that just died
-    at the same address. PSUM tiles that fit in one bank never straddle two (a matmul
-    accumulates within a bank). Tiles that already carry an address keep it.
-    Fails, naming the tile, only when the tiles live at one point exceed
-    the target's SBUF or PSUM bytes per partition.
+    whose lifetimes overlap get disjoint byte ranges. A new tile takes
+    never-used bytes first, then those freed longest ago, so its writes need
+    not wait for the readers of the tile that just died at the same address;
+    where that fragments memory so that some tile finds no room, the kernel
+    is placed first-fit (lowest free address) instead. `nisa.reuse =
+    "least_recent"` or `"lowest"` on a kernel asks for one of the two. PSUM
+    tiles that fit in one bank never straddle two (a matmul accumulates
+    within a bank). Tiles that already carry an address keep it. Fails,
+    naming the tile, only when the tiles live at one point exceed the
+    target's SBUF or PSUM bytes per partition.
 
     Before:
     ```mlir

@@ -91,8 +91,8 @@ constexpr llvm::StringLiteral kWaitsAttrName = "nisa.waits";
 /// positive there; "" for every size).
 constexpr llvm::StringLiteral kWaitWhenAttrName = "nisa.wait_when";
 constexpr llvm::StringLiteral kSynchronizedAttrName = "nisa.synchronized";
-/// A kernel's choice of free addresses in nisa-allocate: "lowest" (the
-/// default) or "least_recent".
+/// A kernel's choice of free addresses in nisa-allocate: "least_recent" or
+/// "lowest" (without it: least recent, lowest where that does not fit).
 constexpr llvm::StringLiteral kReuseAttrName = "nisa.reuse";
 
 /// The runtime's value of a dialect enum: both are generated from

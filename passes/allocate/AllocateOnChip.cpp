@@ -2,11 +2,14 @@
 //
 // Linear scan over tile lifetimes in program order: a tile is live from its
 // alloc to the end of the outermost op, in the alloc's block, that holds its
-// last use, directly or through a view of it. Each new tile takes the lowest
-// byte range not used by a live tile of the same memory; a kernel marked
-// `nisa.reuse = "least_recent"` instead takes, of the ranges that fit, the
-// one whose earlier tiles died longest ago (so a load into a new tile does
-// not wait for the instructions still reading the tile that just died there).
+// last use, directly or through a view of it. Each new tile takes, of the
+// byte ranges not used by a live tile of the same memory, the one whose
+// earlier tiles died longest ago (never-used bytes first): a load into a new
+// tile then does not wait for the instructions still reading the tile that
+// just died there (a Mixtral block's grouped GEMMs loaded each expert's rows
+// only once the previous expert's last matmul had read its own). When that
+// leaves no room (fragmentation), the lowest free range instead, which packs
+// tighter. A kernel's `nisa.reuse` ("least_recent", "lowest") asks for one.
 //
 //===----------------------------------------------------------------------===//
 
@@ -145,6 +148,12 @@ struct NisaAllocatePass
   }
 };
 
+/// The tile of `place` that found no room, and the live tiles it met.
+struct NoRoom {
+  const Tile *tile = nullptr;
+  SmallVector<const Tile *> live;
+};
+
 /// The on-chip tiles of `func` in program order, each live from its alloc
 /// to the last op (of the alloc's block) that uses it or a view of it;
 /// failure, with a diagnostic, on a tile of no static shape.
@@ -201,17 +210,13 @@ LogicalResult noRoom(const Tile &tile, ArrayRef<const Tile *> sameSpace) {
          << " (the lowering must split this work into smaller tiles)";
 }
 
-LogicalResult
-NisaAllocatePass::allocate(func::FuncOp func,
-                           const ::neuron::target::Target &target) {
-  FailureOr<std::vector<Tile>> collected = collectTiles(func);
-  if (failed(collected))
-    return failure();
-  std::vector<Tile> &tiles = *collected;
-
+/// Addresses for `tiles` (those without one), each taking the range freed
+/// longest ago (`leastRecent`) or the lowest; on failure, the tile that
+/// found no room.
+std::optional<NoRoom> place(std::vector<Tile> &tiles,
+                            const ::neuron::target::Target &target,
+                            bool leastRecent) {
   Allocator allocator(target);
-  auto reuse = func->getAttrOfType<StringAttr>(nisa::kReuseAttrName);
-  bool leastRecent = reuse && reuse.getValue() == "least_recent";
   // Per memory: when each byte range was last freed (newer ranges replace
   // the older ones they cover, so the list stays about as long as the
   // number of distinct tile placements).
@@ -241,14 +246,39 @@ NisaAllocatePass::allocate(func::FuncOp func,
           tile, sameSpace,
           leastRecent ? &freed[static_cast<unsigned>(tile.space)] : nullptr);
       if (tile.address < 0)
-        return noRoom(tile, sameSpace);
-      tile.alloc->setAttr(
-          nisa::kAddressAttrName,
-          IntegerAttr::get(IntegerType::get(&getContext(), 64), tile.address));
+        return NoRoom{&tile, sameSpace};
     }
     live.push_back(&tile);
   }
-  return success();
+  return std::nullopt;
+}
+
+LogicalResult
+NisaAllocatePass::allocate(func::FuncOp func,
+                           const ::neuron::target::Target &target) {
+  FailureOr<std::vector<Tile>> collected = collectTiles(func);
+  if (failed(collected))
+    return failure();
+  auto reuse = func->getAttrOfType<StringAttr>(nisa::kReuseAttrName);
+  SmallVector<bool, 2> policies; // least recent, then lowest
+  if (!reuse || reuse.getValue() == "least_recent")
+    policies.push_back(true);
+  if (!reuse || reuse.getValue() == "lowest")
+    policies.push_back(false);
+  std::vector<Tile> tiles;
+  std::optional<NoRoom> failure;
+  for (bool leastRecent : policies) {
+    tiles = *collected;
+    failure = place(tiles, target, leastRecent);
+    if (failure)
+      continue;
+    for (const Tile &tile : tiles)
+      tile.alloc->setAttr(
+          nisa::kAddressAttrName,
+          IntegerAttr::get(IntegerType::get(&getContext(), 64), tile.address));
+    return success();
+  }
+  return noRoom(*failure->tile, failure->live);
 }
 
 } // namespace

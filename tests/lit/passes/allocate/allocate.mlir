@@ -1,11 +1,12 @@
 // RUN: neuron-opt %s --nisa-allocate --split-input-file --verify-diagnostics | FileCheck %s
 
-// Tiles live at once get disjoint byte ranges; a dead tile's range is
-// reused by the next one (first fit, lowest address).
+// Tiles live at once get disjoint byte ranges; a new tile takes bytes no
+// tile used before it over those a tile just freed (whose readers may still
+// run: its first write would wait for them).
 // CHECK-LABEL: func.func @reuse
 // CHECK: %[[A:.*]] = memref.alloc() {nisa.address = 0 : i64} : memref<128x512xf32, #nisa.mem<sbuf>>
 // CHECK: %[[B:.*]] = memref.alloc() {nisa.address = 2048 : i64} : memref<128x512xbf16, #nisa.mem<sbuf>>
-// CHECK: %[[C:.*]] = memref.alloc() {nisa.address = 0 : i64} : memref<128x16xf32, #nisa.mem<sbuf>>
+// CHECK: %[[C:.*]] = memref.alloc() {nisa.address = 3072 : i64} : memref<128x16xf32, #nisa.mem<sbuf>>
 func.func @reuse(%x: memref<128x512xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
   %a = memref.alloc() : memref<128x512xf32, #nisa.mem<sbuf>>
   %b = memref.alloc() : memref<128x512xbf16, #nisa.mem<sbuf>>
@@ -14,6 +15,49 @@ func.func @reuse(%x: memref<128x512xf32>) attributes {nisa.kernel, nisa.num_inpu
   memref.dealloc %a : memref<128x512xf32, #nisa.mem<sbuf>>
   %c = memref.alloc() : memref<128x16xf32, #nisa.mem<sbuf>>
   nisa.memset %c, 0.0 : memref<128x16xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+// nisa.reuse = "lowest": first fit, the lowest free address (a dead tile's
+// range is reused at once).
+// CHECK-LABEL: func.func @reuse_lowest
+// CHECK: memref.alloc() {nisa.address = 0 : i64} : memref<128x512xf32, #nisa.mem<sbuf>>
+// CHECK: memref.alloc() {nisa.address = 2048 : i64} : memref<128x512xbf16, #nisa.mem<sbuf>>
+// CHECK: memref.alloc() {nisa.address = 0 : i64} : memref<128x16xf32, #nisa.mem<sbuf>>
+func.func @reuse_lowest(%x: memref<128x512xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64, nisa.reuse = "lowest"} {
+  %a = memref.alloc() : memref<128x512xf32, #nisa.mem<sbuf>>
+  %b = memref.alloc() : memref<128x512xbf16, #nisa.mem<sbuf>>
+  nisa.dma_copy %x, %a : memref<128x512xf32>, memref<128x512xf32, #nisa.mem<sbuf>>
+  nisa.copy %a, %b : memref<128x512xf32, #nisa.mem<sbuf>>, memref<128x512xbf16, #nisa.mem<sbuf>>
+  memref.dealloc %a : memref<128x512xf32, #nisa.mem<sbuf>>
+  %c = memref.alloc() : memref<128x16xf32, #nisa.mem<sbuf>>
+  nisa.memset %c, 0.0 : memref<128x16xf32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
+// Where placing by least recent use fragments SBUF (208 KiB on trn2: %c on
+// never-used bytes at 128 KiB leaves no 140 KiB run for %d), the kernel is
+// placed lowest first instead: %c at 0, %d right after it.
+// CHECK-LABEL: func.func @fragmented
+// CHECK: memref.alloc() {nisa.address = 0 : i64} : memref<128x16384xf32
+// CHECK: memref.alloc() {nisa.address = 65536 : i64} : memref<128x16384xf32
+// CHECK: memref.alloc() {nisa.address = 0 : i64} : memref<128x8192xf32
+// CHECK: memref.alloc() {nisa.address = 32768 : i64} : memref<128x35840xf32
+func.func @fragmented(%x: memref<128x16384xf32>) attributes {nisa.kernel, nisa.num_inputs = 1 : i64} {
+  %a = memref.alloc() : memref<128x16384xf32, #nisa.mem<sbuf>>
+  nisa.dma_copy %x, %a : memref<128x16384xf32>, memref<128x16384xf32, #nisa.mem<sbuf>>
+  %b = memref.alloc() : memref<128x16384xf32, #nisa.mem<sbuf>>
+  nisa.copy %a, %b : memref<128x16384xf32, #nisa.mem<sbuf>>, memref<128x16384xf32, #nisa.mem<sbuf>>
+  %c = memref.alloc() : memref<128x8192xf32, #nisa.mem<sbuf>>
+  nisa.memset %c, 0.0 : memref<128x8192xf32, #nisa.mem<sbuf>>
+  nisa.dma_copy %b, %x : memref<128x16384xf32, #nisa.mem<sbuf>>, memref<128x16384xf32>
+  %d = memref.alloc() : memref<128x35840xf32, #nisa.mem<sbuf>>
+  nisa.memset %d, 0.0 : memref<128x35840xf32, #nisa.mem<sbuf>>
+  nisa.memset %c, 1.0 : memref<128x8192xf32, #nisa.mem<sbuf>>
   return
 }
 
