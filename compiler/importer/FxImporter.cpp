@@ -1860,6 +1860,26 @@ Values indexPutHandler(Importer &im) {
   return {scatter.getResult()};
 }
 
+/// torchneuron.unpermute_rows(rows, perm): out[perm[i]] = rows[i], perm a
+/// permutation of the rows (python/torchneuron/rewrite.py puts it where the
+/// graph inverts a sort's indices to put its rows back).
+Values unpermuteRowsHandler(Importer &im) {
+  RankedTensorType out = im.resultType();
+  Value rows = im.tensor(im.arg(0));
+  Value perm = im.tensor(im.arg(1));
+  auto permType = cast<RankedTensorType>(perm.getType());
+  require(out.getRank() >= 1 && permType.getRank() == 1 &&
+              permType.getDimSize(0) == out.getDimSize(0) &&
+              permType.getElementType().isSignlessInteger() &&
+              !permType.getElementType().isInteger(1),
+          "unpermute_rows takes one integer index per row");
+  perm = im.castTo(perm, IntegerType::get(&im.ctx, 64));
+  rows = im.castTo(rows, out.getElementType());
+  auto scatter = im.b.create<ScatterOp>(im.loc(), out, rows, perm, rows);
+  scatter.setPermutation(true);
+  return {scatter.getResult()};
+}
+
 /// The cumulative sum (aten.cumsum): the `dtype` argument, or integers and
 /// booleans widening to int64, is the result type; the input is converted
 /// first where PyTorch converts it (booleans, another float type).
@@ -2636,6 +2656,7 @@ const std::unordered_map<std::string, Handler> &handlers() {
       return Values{im.binary(BinaryFn::mul, g, d, type)};
     };
     t["torchneuron.philox_rand.default"] = philoxRandHandler;
+    t["torchneuron.unpermute_rows.default"] = unpermuteRowsHandler;
     t["aten.index.Tensor"] = indexHandler;
     t["aten.index_put.default"] = indexPutHandler;
     t["aten.cumsum.default"] = cumsumHandler;

@@ -406,6 +406,10 @@ LogicalResult ScatterOp::verify() {
     return emitOpError("values and result must have the input's type");
   if (isI1(input.getElementType()) && getAccumulate())
     return emitOpError("accumulate adds numbers, not i1");
+  if (getPermutation() && (getAccumulate() || idx.getRank() != 1 ||
+                           idx.getDimSize(0) != input.getDimSize(0)))
+    return emitOpError("a permutation writes each of the input's rows once: "
+                       "one index per row, without accumulate");
   return success();
 }
 

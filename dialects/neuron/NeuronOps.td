@@ -318,10 +318,15 @@ def Neuron_ScatterOp : Neuron_Op<"scatter"> {
     result = input; result[indices[i], :] = values[i, :] (+= with
     `accumulate`), where values.shape is indices.shape ++ input.shape[1:].
     Repeated indices: the last write wins, or every value is added. Indices
-    out of range are a runtime error on the device, as in PyTorch.
+    out of range are a runtime error on the device, as in PyTorch. With
+    `permutation` the indices are a permutation of the input's rows (a
+    sort's indices, torchneuron.unpermute_rows): every row is written once,
+    so the input is never read and the writes need no order among
+    themselves; a repeated index is a runtime error.
   }];
   let arguments = (ins Neuron_Tensor:$input, Neuron_IndexTensor:$indices,
-                   Neuron_Tensor:$values, UnitAttr:$accumulate);
+                   Neuron_Tensor:$values, UnitAttr:$accumulate,
+                   UnitAttr:$permutation);
   let results = (outs Neuron_Tensor:$result);
   let assemblyFormat = [{
     $input `[` $indices `]` `,` $values attr-dict `:` type($input) `,` type($indices) `,` type($values) `->` type($result)

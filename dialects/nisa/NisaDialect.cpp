@@ -418,6 +418,8 @@ LogicalResult DmaGatherOp::verify() {
 }
 
 LogicalResult DmaScatterOp::verify() {
+  if (getDisjoint() && getAccumulate())
+    return emitOpError("disjoint scatters overwrite rows: no accumulate");
   return verifyIndirectDma(*this, getDst(), "destination", getSrc(), "source",
                            getIndices());
 }

@@ -142,10 +142,13 @@ def Nisa_DmaScatterOp : Nisa_Op<"dma_scatter"> {
     their values. With `accumulate` each row is read, added to in fp32 and
     rounded back (NKI's dma_compute read-add-write). Repeated indices: rows
     go in partition order, the last write wins (PyTorch leaves the order of
-    an overwriting index_put undefined).
+    an overwriting index_put undefined). With `disjoint`, no row it writes
+    is written by another instruction of the kernel marked so (their
+    indices are parts of one permutation): they need no order among
+    themselves, and a row written twice is a runtime error.
   }];
   let arguments = (ins Nisa_In:$src, Nisa_In:$indices, Nisa_InOut:$dst,
-                   UnitAttr:$accumulate);
+                   UnitAttr:$accumulate, UnitAttr:$disjoint);
   let assemblyFormat = [{
     $src `,` $dst `[` $indices `]` attr-dict `:` type($src) `,` type($dst) `,` type($indices)
   }];

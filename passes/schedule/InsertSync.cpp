@@ -691,6 +691,9 @@ struct Access {
   int64_t regionLo = 0, regionHi = kUnbounded;
   /// In a kernel with one size parameter, its range as functions of it.
   std::shared_ptr<const Sized> sized;
+  /// A disjoint scatter's rows (nisa.dma_scatter `disjoint`): the rows of
+  /// another such write are never its own.
+  bool disjointRows = false;
 
   /// The spans a loop may move.
   SmallVector<const Span *, 3> spans() const {
@@ -1133,7 +1136,8 @@ bool movesWithInnermostLoop(const Instruction &inst, const Access &x) {
 }
 
 bool touches(const Access &x, const Access &y) {
-  return (x.write || y.write) && x.storage == y.storage && !apart(x, y);
+  return (x.write || y.write) && x.storage == y.storage &&
+         !(x.disjointRows && y.disjointRows) && !apart(x, y);
 }
 
 /// Whether instances of `a` and `b` touch a common byte, one writing.
@@ -1335,10 +1339,12 @@ FailureOr<std::vector<Instruction>> collectInstructions(func::FuncOp func,
     for (Value operand : op->getOperands()) {
       if (!isa<MemRefType>(operand.getType()))
         continue;
-      auto access = accessOf(op, operand, llvm::is_contained(written, operand),
-                             ctx, fns, counts);
+      bool writes = llvm::is_contained(written, operand);
+      auto access = accessOf(op, operand, writes, ctx, fns, counts);
       if (failed(access))
         return WalkResult::interrupt();
+      auto scatter = dyn_cast<nisa::DmaScatterOp>(op);
+      access->disjointRows = writes && scatter && scatter.getDisjoint();
       inst.accesses.push_back(*access);
     }
     insts.push_back(std::move(inst));

@@ -273,6 +273,22 @@ void KernelLowering::lowerScatter(ScatterOp op) {
   int64_t vocab = inputType.getDimSize(0);
   Value values = bufferOf(op.getValues());
   Value out = resultBuffer(op.getResult());
+  auto scatterRows = [&] {
+    forEachIndexedRows(
+        bufferOf(op.getIndices()), tensorType(op.getIndices()).getNumElements(),
+        width, inputType.getElementType(), values,
+        [&](Value, Value indices, Value c0, Value rowsTile) {
+          auto shape = cast<MemRefType>(rowsTile.getType()).getShape();
+          auto scatter = b.create<nisa::DmaScatterOp>(
+              rowsTile, indices, view(out, c0, {vocab, shape[1]}, {width, 1}),
+              op.getAccumulate());
+          scatter.setDisjoint(op.getPermutation());
+        });
+  };
+  // A permutation writes every row, each once: nothing to initialize, and
+  // the scatters need no order among themselves.
+  if (op.getPermutation())
+    return scatterRows();
   // The rows no index names keep the input's values, which every scatter
   // below waits for (they write the whole table): a splat (torch.zeros) is
   // stored from one tile set to it, half the HBM traffic of copying it;
@@ -297,15 +313,7 @@ void KernelLowering::lowerScatter(ScatterOp op) {
     dma(view(bufferOf(op.getInput()), index(0), {vocab, width}, {width, 1}),
         view(out, index(0), {vocab, width}, {width, 1}));
   }
-  forEachIndexedRows(
-      bufferOf(op.getIndices()), tensorType(op.getIndices()).getNumElements(),
-      width, inputType.getElementType(), values,
-      [&](Value, Value indices, Value c0, Value rowsTile) {
-        auto shape = cast<MemRefType>(rowsTile.getType()).getShape();
-        b.create<nisa::DmaScatterOp>(
-            rowsTile, indices, view(out, c0, {vocab, shape[1]}, {width, 1}),
-            op.getAccumulate());
-      });
+  scatterRows();
 }
 
 namespace {

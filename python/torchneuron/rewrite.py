@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,6 +46,7 @@ __all__ = [
     "float64_in_float32",
     "grouped_mm_offsets",
     "splice",
+    "unpermute_rows",
     "unsort_by_scatter",
 ]
 
@@ -480,8 +482,40 @@ def _row_factor(factor: object, index: torch.fx.Node, n: int) -> torch.fx.Node |
     return gathered.args[0]
 
 
-def _placed(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``rows`` written to rows ``index`` of a new tensor."""
+@torch.library.custom_op("torchneuron::unpermute_rows", mutates_args=())
+def unpermute_rows(rows: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """``out[perm[i]] = rows[i]``, where ``perm`` holds each row number of ``rows`` once (the
+    indices of a sort): every row of ``out`` is written once, so the device needs neither to
+    initialize ``out`` nor to order the writes (``neuron.scatter {permutation}``; a repeated
+    index is a runtime error there). Eager: ``index_put`` into zeros."""
+    return torch.zeros_like(rows).index_put((perm,), rows)
+
+
+@unpermute_rows.register_fake
+def _unpermute_rows_fake(rows: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(rows)
+
+
+def _is_permutation(index: object, n: int) -> bool:
+    """Whether ``index`` holds each of 0..n-1 once: the indices of a sort of n elements."""
+    node = _flat_base(_unwrapped(index))
+    if not (
+        isinstance(node, torch.fx.Node)
+        and node.target is operator.getitem
+        and node.args[1] == 1
+        and isinstance(node.args[0], torch.fx.Node)
+    ):
+        return False
+    sort = node.args[0]
+    return sort.target in (_aten.sort.default, _aten.sort.stable) and _static_shape(
+        sort.args[0]
+    ) == (n,)
+
+
+def _placed(rows: torch.Tensor, index: torch.Tensor, permutation: bool) -> torch.Tensor:
+    """``rows`` written to rows ``index`` of a new tensor (``index`` a permutation: every row)."""
+    if permutation:
+        return torch.ops.torchneuron.unpermute_rows(rows, index)
     return torch.zeros_like(rows).index_put((index,), rows)
 
 
@@ -491,9 +525,10 @@ def _placed_times(
     factor: torch.Tensor,
     shape: tuple[int, ...],
     first: bool,
+    permutation: bool,
 ) -> torch.Tensor:
     """:func:`_placed` times ``factor`` shaped ``shape`` (in the original product's order)."""
-    placed, w = _placed(rows, index), factor.reshape(shape)
+    placed, w = _placed(rows, index, permutation), factor.reshape(shape)
     return placed * w if first else w * placed
 
 
@@ -505,7 +540,9 @@ def unsort_by_scatter(gm: torch.fx.GraphModule) -> int:
     for every row ``q`` names (of repeated entries the last, both ways); eager leaves the
     others undefined. A per-row factor gathered by the same ``q`` (``x = y * w[q][:, None]``,
     the router weights) moves after the scatter, as ``w`` in token order, so that it is not
-    gathered at all. Returns how many."""
+    gathered at all. Where ``q`` is a sort's indices (a permutation: Transformers' ``perm``),
+    the scatter is :func:`unpermute_rows`, which writes every row once in any order. Returns
+    how many."""
     count = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not _aten.index.Tensor:
@@ -527,11 +564,15 @@ def unsort_by_scatter(gm: torch.fx.GraphModule) -> int:
                 if b is not None and _static_shape(y) == shape:
                     rows, factor, first = y, (b, _static_shape(w)), position == 0
                     break
+        permutation = _is_permutation(q, n)
         if factor is None:
-            result = splice(gm, node, _placed, [rows, q])
+            placed = functools.partial(_placed, permutation=permutation)
+            result = splice(gm, node, placed, [rows, q])
         else:
             b, w_shape = factor
-            scaled = functools.partial(_placed_times, shape=w_shape, first=first)
+            scaled = functools.partial(
+                _placed_times, shape=w_shape, first=first, permutation=permutation
+            )
             result = splice(gm, node, scaled, [rows, q, b])
         if result is None:
             continue

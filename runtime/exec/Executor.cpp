@@ -39,6 +39,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <utility>
 
 #if defined(__linux__)
@@ -921,6 +922,9 @@ struct Executor::Impl {
   std::vector<CompiledInst> insts;
   std::vector<ExecNode> nodes;
   std::vector<int64_t> ivs; // current value of each loop slot
+  /// The rows disjoint scatters wrote in this run (their first bytes): the
+  /// program promised each is written once.
+  std::unordered_set<const uint8_t *> disjointRows;
 
   // fp32 scratch, sized once for the largest instruction.
   std::array<std::vector<float>, 4> scratch;
@@ -1460,6 +1464,10 @@ void Executor::Impl::execScatter(const CompiledInst &inst) {
         srcBase + (srcOff + p * src.strides[0]) * src.elementSize;
     uint8_t *to =
         dstBase + (dstOff + index[p] * dst.strides[0]) * dst.elementSize;
+    if (inst.attrs.disjoint && !disjointRows.insert(to).second)
+      throw Error(inst.name + ": row " + std::to_string(index[p]) +
+                  " written twice, though the disjoint scatters' indices "
+                  "were promised to be a permutation");
     if (!inst.attrs.accumulate) {
       copyRow(src, from, dst, to, width);
       continue;
@@ -2078,6 +2086,7 @@ void Executor::run(const std::vector<HostTensor> &inputs,
   bind(outputs, state.outputBuffers, "outputs");
   state.executed = 0;
   state.lastMatmul = {};
+  state.disjointRows.clear();
   state.execRange(0, state.nodes.size());
 }
 

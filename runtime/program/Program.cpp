@@ -508,7 +508,7 @@ OpSpec makeOpSpec(Opcode op) {
   case Opcode::DmaGather:
     return {op, {"table", "indices", "dst"}, {}};
   case Opcode::DmaScatter:
-    return {op, {"src", "indices", "dst"}, {"accumulate"}};
+    return {op, {"src", "indices", "dst"}, {"accumulate", "disjoint"}};
   case Opcode::Matmul:
     return {op,
             {"stationary", "moving", "dst"},
@@ -1608,6 +1608,8 @@ void Verifier::verifyInstruction(const Instruction &inst,
       failInst(inst, std::string("'") + rowsName + "' must be " +
                          shapeString(expected) + ", got " +
                          shapeString(rows.shape));
+    if (inst.disjoint && inst.accumulate)
+      failInst(inst, "'disjoint' scatters overwrite rows: no 'accumulate'");
     break;
   }
   case Opcode::Matmul: {

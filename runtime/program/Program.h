@@ -235,6 +235,10 @@ struct Instruction {
   /// identity the engine streams (NKI's is_transpose: bit-accurate, NaN and
   /// infinities too, from NC-v3 on).
   bool isTranspose = false;
+  /// "disjoint" (dma_scatter): no row it writes is written by another
+  /// disjoint scatter of the program (parts of one permutation): no order
+  /// among them; a row written twice in a run is an error.
+  bool disjoint = false;
   /// "dge": "hwdge" (dma_copy on sync or scalar): the hardware DGE block
   /// generates its descriptors at issue (S15). Default "none": descriptors
   /// precomputed with the program; a copy issued by gpsimd is software DGE.

@@ -210,6 +210,8 @@ struct Access {
   int32_t node; // static instruction index (-1 for merged summaries)
   uint8_t unit; // TimingUnit, or kMergedUnit
   bool write;
+  /// A disjoint scatter's rows: never another disjoint scatter's.
+  bool disjointRows = false;
 };
 
 /// Most events reserved up front (about 1 GB of InstructionTiming).
@@ -457,6 +459,7 @@ struct StaticInst {
 
   // DMA.
   bool isDma = false;
+  bool disjointRows = false;  // a disjoint dma_scatter: its writes
   double triggerNs = 0;       // on the issuing queue
   double descriptorGenNs = 0; // on GpSimd, after the trigger (gathers only)
   double dgeNs = 0; // hardware DGE: descriptors ready this long after issue
@@ -872,6 +875,7 @@ private:
   void costDma(const Instruction &inst, StaticInst &si) {
     const Params &p = params;
     si.isDma = true;
+    si.disjointRows = inst.disjoint;
     const View &dst = *inst.dst;
     const Buffer &dstBuf = bufferOf(dst);
     // Indirect DMAs address rows of an HBM table by index: the table side's
@@ -1091,7 +1095,8 @@ private:
   /// `a` makes `old` redundant: every later access that conflicts with `old`
   /// conflicts with `a` and waits at least as long for it.
   bool dominates(const Access &a, const Access &old) const {
-    if (!a.write && old.write)
+    // A later disjoint scatter may conflict with `old` and not with `a`.
+    if ((!a.write && old.write) || (a.disjointRows && !old.disjointRows))
       return false;
     if (!containsBox(a.box, old.box))
       return false;
@@ -1132,6 +1137,7 @@ private:
         continue;
       }
       s.box = unionBox(s.box, a.box);
+      s.disjointRows = s.disjointRows && a.disjointRows;
       s.end = std::max(s.end, a.end);
       s.ready = std::max(s.ready, a.ready);
     }
@@ -1191,7 +1197,8 @@ private:
     for (uint32_t i = si.numReads; i < numOps; ++i)
       for (int32_t key : m.aliases[ops[i].key])
         for (const Access &a : records[key]) {
-          if (!overlaps(a.box, boxes[i], key == ops[i].key))
+          if (!overlaps(a.box, boxes[i], key == ops[i].key) ||
+              (si.disjointRows && a.disjointRows))
             continue;
           if constexpr (Explicit)
             hazards.note(si, a, true, key, boxes[i]);
@@ -1229,8 +1236,8 @@ private:
           record(ops[i].key,
                  Access{boxes[i], end, end, seq, node, transferUnit, false});
       for (uint32_t i = si.numReads; i < numOps; ++i)
-        record(ops[i].key,
-               Access{boxes[i], end, end, seq, node, transferUnit, true});
+        record(ops[i].key, Access{boxes[i], end, end, seq, node, transferUnit,
+                                  true, si.disjointRows});
       return;
     }
 

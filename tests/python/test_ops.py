@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -1126,6 +1127,34 @@ def _instructions(prof: torchneuron.profile) -> set[str]:
     return {n for r in prof._runs if r.kernel for n in r.kernel.instruction_names}
 
 
+def _scatters(prof: torchneuron.profile) -> list[dict[str, Any]]:
+    """The dma_scatter instructions of the profiled kernels' programs."""
+    found: list[dict[str, Any]] = []
+
+    def walk(items: list[dict[str, Any]]) -> None:
+        for item in items:
+            if "op" not in item:
+                walk(item["body"])
+            elif item["op"] == "dma_scatter":
+                found.append(item)
+
+    for r in prof._runs:
+        if r.kernel:
+            walk(json.loads(r.kernel.program_json)["body"])
+    return found
+
+
+def test_unpermute_rows_in_eager_pytorch() -> None:
+    """The op the unsort rewrite leaves for a sort's indices runs on the CPU too (a graph
+    that keeps it eager): out[perm[i]] = rows[i]."""
+    rows = torch.arange(12.0).reshape(4, 3)
+    perm = torch.tensor([2, 0, 3, 1])
+    got = torch.ops.torchneuron.unpermute_rows(rows, perm)
+    want = torch.empty_like(rows)
+    want[perm] = rows
+    assert torch.equal(got, want)
+
+
 def test_index_put_writes_rows_by_indirect_dma() -> None:
     """``t[idx] = v`` without accumulate: rows written by index (``dma_scatter``), each
     row's last write winning (as PyTorch's CPU kernel does; rows go in index order). The
@@ -1286,6 +1315,25 @@ def test_unsort_by_inverse_permutation_is_one_scatter() -> None:
         for n in r.kernel.instruction_names
     )
     assert gathers == 1  # only x[perm]: neither w[perm] nor scaled[inv]
+    # perm is a sort's: every row is written once (torchneuron.unpermute_rows), so the
+    # output is not filled first and the scatters are disjoint (no waits among them).
+    scatters = _scatters(prof)
+    assert scatters and all(s.get("disjoint") for s in scatters)
+
+    def given(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        inv = torch.empty_like(q)
+        inv[q] = torch.arange(q.size(0))
+        return x[inv]
+
+    # An inverse of an index the graph does not know to be a permutation: an ordered
+    # scatter over the zero-filled output (of repeated entries, the last wins).
+    q = torch.randperm(64, generator=g)
+    torch._dynamo.reset()
+    with torchneuron.profile() as prof:
+        got = torch.compile(given, backend="neuron", fullgraph=True)(x, q)
+    assert torch.equal(got, given(x, q))
+    scatters = _scatters(prof)
+    assert scatters and not any(s.get("disjoint") for s in scatters)
 
     def filled(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         inv = torch.full_like(idx, 3)  # rows idx misses keep 3: not an inverse

@@ -1506,6 +1506,51 @@ TEST_CASE("dma_scatter writes or adds rows by index", "[exec][gather]") {
   }
 }
 
+TEST_CASE("disjoint scatters write each row once", "[exec][gather]") {
+  // Two disjoint scatters of two rows each into a 4-row table: a
+  // permutation writes every row; indices that repeat across them are an
+  // error, where plain scatters would let the last write win.
+  auto program = [](bool disjoint) {
+    std::string flag = disjoint ? "true" : "false";
+    auto load = [](int from, int to, std::vector<int64_t> shape) {
+      return R"({"op": "dma_copy", "engine": "sync", "src": )" +
+             full(from, shape) + R"(, "dst": )" + full(to, shape) + "}";
+    };
+    return programJson(
+        buffer(0, "hbm", "input", "i32", "[4, 1]") + "," +
+            buffer(1, "hbm", "input", "bf16", "[4, 2]") + "," +
+            buffer(2, "sbuf", "scratch", "bf16", "[4, 2]") + "," +
+            buffer(3, "hbm", "output", "bf16", "[4, 2]") + "," +
+            buffer(4, "sbuf", "scratch", "i32", "[4, 1]"),
+        "0, 1", "3",
+        load(0, 4, {4, 1}) + "," + load(1, 2, {4, 2}) + "," +
+            R"({"op": "dma_scatter", "engine": "gpsimd", "disjoint": )" + flag +
+            R"(, "src": )" + view(2, "[2, 2]", "[2, 1]") + R"(, "indices": )" +
+            view(4, "[2, 1]", "[1, 1]") + R"(, "dst": )" + full(3, {4, 2}) +
+            "}" +
+            R"(, {"op": "dma_scatter", "engine": "gpsimd", "disjoint": )" +
+            flag + R"(, "src": )" + view(2, "[2, 2]", "[2, 1]", 4) +
+            R"(, "indices": )" + view(4, "[2, 1]", "[1, 1]", 2) +
+            R"(, "dst": )" + full(3, {4, 2}) + "}");
+  };
+  Tensor rows = Tensor::of(DType::BF16, {4, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+  Tensor out = Tensor::zeros(DType::BF16, {4, 2});
+  Tensor perm = Tensor::of(DType::I32, {4, 1}, {2, 0, 3, 1});
+  run(program(true), {&perm, &rows}, {&out});
+  std::vector<double> want = {3, 4, 7, 8, 1, 2, 5, 6};
+  for (int i = 0; i < 8; ++i)
+    CHECK(out.at(i) == want[i]);
+  // Row 2 named by both scatters.
+  Tensor repeated = Tensor::of(DType::I32, {4, 1}, {2, 0, 2, 1});
+  std::string message =
+      errorOf([&] { run(program(true), {&repeated, &rows}, {&out}); });
+  INFO(message);
+  CHECK(contains(message, "row 2 written twice"));
+  // The same program without the promise: the last write wins.
+  run(program(false), {&repeated, &rows}, {&out});
+  CHECK(out.at(4) == 5);
+}
+
 TEST_CASE("constants come from base64 data or a splat", "[exec][constant]") {
   float data[4] = {1.5f, -2.0f, 3.25f, 1e-3f};
   std::string buffers =

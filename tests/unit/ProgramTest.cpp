@@ -572,6 +572,14 @@ TEST_CASE("shape, dtype, space and engine rules are checked",
                         R"(, "indices": )" + view(4, "[4, 1]", "[8, 1]") +
                         R"(, "dst": )" + view(1, "[4, 8]", "[8, 1]") + "}"),
       "'src' must be [4, 8], got [2, 8]");
+  // Disjoint scatters overwrite rows.
+  requireRejected(
+      simple(tiles, R"({"op": "dma_scatter", "engine": "gpsimd",
+      "disjoint": true, "accumulate": true, "src": )" +
+                        view(2, "[4, 8]", "[8, 1]") + R"(, "indices": )" +
+                        view(4, "[4, 1]", "[8, 1]") + R"(, "dst": )" +
+                        view(1, "[4, 8]", "[8, 1]") + "}"),
+      "'disjoint' scatters overwrite rows");
   // tensor_scalar needs exactly one scalar source.
   requireRejected(simple(tiles, R"({"op": "tensor_scalar", "engine": "vector",
       "alu_op": "add", "src": )" + t +

@@ -801,6 +801,37 @@ TEST_CASE("scatters cost the rows they write, not the table", "[timing][dma]") {
   }
 }
 
+TEST_CASE("disjoint scatters do not wait for each other", "[timing][dma]") {
+  // Two scatters of 128 rows into one table: each may write a row of the
+  // other, so the second waits for the first's rows to land before GpSimd
+  // generates its descriptors; disjoint ones (parts of one permutation)
+  // only queue behind it on GpSimd.
+  std::string buffers = buffer(0, "hbm", "output", "bf16", "[1000, 256]") +
+                        "," + buffer(1, "sbuf", "scratch", "i32", "[128, 1]") +
+                        "," +
+                        buffer(2, "sbuf", "scratch", "bf16", "[128, 256]");
+  for (bool disjoint : {false, true}) {
+    INFO("disjoint " << disjoint);
+    std::string scatter =
+        R"({"op": "dma_scatter", "engine": "gpsimd", "disjoint": )" +
+        std::string(disjoint ? "true" : "false") + R"(, "src": )" +
+        tile(2, 128, 256, 256) + R"(, "indices": )" + tile(1, 128, 1, 1) +
+        R"(, "dst": )" + tile(0, 1000, 256, 256) + "}";
+    Timeline tl =
+        run(programJson(buffers, "", "0", scatter + "," + scatter), true);
+    REQUIRE(tl.events.size() == 4);
+    std::vector<const InstructionTiming *> gpsimd, dma;
+    for (const InstructionTiming &e : tl.events)
+      (e.unit == TimingUnit::GpSimd ? gpsimd : dma).push_back(&e);
+    REQUIRE(gpsimd.size() == 2);
+    REQUIRE(dma.size() == 2);
+    if (disjoint)
+      CHECK(gpsimd[1]->startNs == Approx(gpsimd[0]->endNs));
+    else
+      CHECK(gpsimd[1]->startNs > dma[0]->endNs);
+  }
+}
+
 //===----------------------------------------------------------------------===//
 // Dependences
 //===----------------------------------------------------------------------===//

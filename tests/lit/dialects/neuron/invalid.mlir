@@ -344,6 +344,22 @@ func.func @scatter_bool(%t: tensor<8x4xi1>, %i: tensor<3xi64>, %v: tensor<3x4xi1
 
 // -----
 
+func.func @scatter_permutation_accumulates(%t: tensor<3x4xf32>, %i: tensor<3xi64>, %v: tensor<3x4xf32>) {
+  // expected-error @+1 {{a permutation writes each of the input's rows once: one index per row, without accumulate}}
+  %0 = neuron.scatter %t[%i], %v {accumulate, permutation} : tensor<3x4xf32>, tensor<3xi64>, tensor<3x4xf32> -> tensor<3x4xf32>
+  return
+}
+
+// -----
+
+func.func @scatter_permutation_rows(%t: tensor<8x4xf32>, %i: tensor<3xi64>, %v: tensor<3x4xf32>) {
+  // expected-error @+1 {{a permutation writes each of the input's rows once: one index per row, without accumulate}}
+  %0 = neuron.scatter %t[%i], %v {permutation} : tensor<8x4xf32>, tensor<3xi64>, tensor<3x4xf32> -> tensor<8x4xf32>
+  return
+}
+
+// -----
+
 func.func @rand_seed(%s: tensor<3xi32>) {
   // expected-error @+1 {{seed must be a tensor<2xi32> (the Philox key)}}
   %0 = neuron.rand %s : tensor<3xi32> -> tensor<4xf32>

@@ -74,6 +74,14 @@ func.func @scatter_dst(%s: memref<4x4xf32, #nisa.mem<sbuf>>, %i: memref<4x1xi32,
 
 // -----
 
+func.func @scatter_disjoint_accumulates(%s: memref<4x4xf32, #nisa.mem<sbuf>>, %i: memref<4x1xi32, #nisa.mem<sbuf>>, %d: memref<8x4xf32>) {
+  // expected-error @+1 {{disjoint scatters overwrite rows: no accumulate}}
+  nisa.dma_scatter %s, %d[%i] {accumulate, disjoint} : memref<4x4xf32, #nisa.mem<sbuf>>, memref<8x4xf32>, memref<4x1xi32, #nisa.mem<sbuf>>
+  return
+}
+
+// -----
+
 func.func @scatter_source(%s: memref<4x4xf32>, %i: memref<4x1xi32, #nisa.mem<sbuf>>, %d: memref<8x4xf32>) {
   // expected-error @+1 {{source must be in SBUF or PSUM, not HBM}}
   nisa.dma_scatter %s, %d[%i] : memref<4x4xf32>, memref<8x4xf32>, memref<4x1xi32, #nisa.mem<sbuf>>

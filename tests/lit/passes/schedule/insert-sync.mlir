@@ -562,3 +562,30 @@ func.func @dynamic_partitions(%n: index {neuron.size = {min = 1 : i64, name = "s
   nisa.copy %tail, %v {engine = #nisa.engine<scalar>} : memref<128x128xf32, strided<[256, 1], offset: 128>, #nisa.mem<sbuf>>, memref<128x128xf32, strided<[256, 1]>, #nisa.mem<sbuf>>
   return
 }
+
+// -----
+
+!r = memref<128x16xf32, #nisa.mem<sbuf>>
+!i = memref<128x1xi32, #nisa.mem<sbuf>>
+
+// Scatters into one table may write the same row: the second waits for the
+// first (WAW). Disjoint ones (parts of one permutation) do not wait for
+// each other; a load of the table waits for both.
+// CHECK-LABEL: func.func @disjoint_scatters
+// CHECK: nisa.dma_scatter {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.dma_scatter {{.*}} {nisa.id = 1 : i64, nisa.waits = array<i64: 0>}
+// CHECK: nisa.dma_scatter {{.*}} {disjoint, nisa.id = 2 : i64} :
+// CHECK: nisa.dma_scatter {{.*}} {disjoint, nisa.id = 3 : i64} :
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 4 : i64, nisa.waits = array<i64: 2, 3>}
+func.func @disjoint_scatters(%t: memref<256x16xf32>, %u: memref<256x16xf32>) attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %rows = memref.alloc() {nisa.address = 0 : i64} : !r
+  %idx = memref.alloc() {nisa.address = 64 : i64} : !i
+  %back = memref.alloc() {nisa.address = 128 : i64} : !r
+  nisa.dma_scatter %rows, %t[%idx] : !r, memref<256x16xf32>, !i
+  nisa.dma_scatter %rows, %t[%idx] : !r, memref<256x16xf32>, !i
+  nisa.dma_scatter %rows, %u[%idx] {disjoint} : !r, memref<256x16xf32>, !i
+  nisa.dma_scatter %rows, %u[%idx] {disjoint} : !r, memref<256x16xf32>, !i
+  %view = memref.reinterpret_cast %u to offset: [0], sizes: [128, 16], strides: [16, 1] : memref<256x16xf32> to memref<128x16xf32, strided<[16, 1]>>
+  nisa.dma_copy %view, %back : memref<128x16xf32, strided<[16, 1]>>, !r
+  return
+}

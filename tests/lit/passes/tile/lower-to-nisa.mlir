@@ -177,6 +177,19 @@ func.func @scatter_into_zeros(%i: tensor<8xi64>, %v: tensor<8x16xf32>) -> tensor
   return %s : tensor<300x16xf32>
 }
 
+// A permutation (torchneuron.unpermute_rows) writes every row once: no copy
+// or fill of the input first, and its scatters are disjoint (no order
+// among them).
+// CHECK-LABEL: func.func @scatter_permutation
+// CHECK-NOT: nisa.memset
+// CHECK-NOT: nisa.dma_copy {{.*}} : memref<130x16xf32, {{.*}}>, memref<130x16xf32
+// CHECK: nisa.dma_scatter {{.*}} {disjoint} : memref<128x16xf32, {{.*}}#nisa.mem<sbuf>>
+// CHECK: nisa.dma_scatter {{.*}} {disjoint} : memref<2x16xf32, {{.*}}#nisa.mem<sbuf>>
+func.func @scatter_permutation(%i: tensor<130xi64>, %v: tensor<130x16xf32>) -> tensor<130x16xf32> {
+  %s = neuron.scatter %v[%i], %v {permutation} : tensor<130x16xf32>, tensor<130xi64>, tensor<130x16xf32> -> tensor<130x16xf32>
+  return %s : tensor<130x16xf32>
+}
+
 // Random numbers: the seed is broadcast to every partition by one DMA; 301
 // elements are one [128, 2] tile numbered p * 2 + i from 0, then 22 rows of
 // 2 from 256, then a row of 1 from 300; each goes to HBM row-major.
