@@ -82,10 +82,21 @@ public:
   void lowerCumsum(CumsumOp op);
   /// LowerTopK.cpp.
   void lowerTopK(TopKOp op);
-  /// The leading rows of `op` that fold several to a partition, lowered
-  /// with the rounds' [P, n] constants; returns how many (0 when rows are
-  /// too few or too long to fold).
-  int64_t lowerFoldedTopK(TopKOp op, Value iota, Value none, Value takenValue);
+  /// lowerTopK's [P, n] constants: column numbers, "taken" (2n), the value
+  /// of a taken element, +inf (what a NaN is loaded as), NaN; and how far a
+  /// NaN's column number is shifted (-n or n).
+  struct TopKConstants {
+    Value iota, none, taken, inf, nan;
+    double nanShift = 0;
+  };
+  /// The leading rows of `op` that fold several to a partition; returns how
+  /// many (0 when rows are too few or too long to fold).
+  int64_t lowerFoldedTopK(TopKOp op, const TopKConstants &c);
+  /// After the rounds: the picks whose column numbers are a NaN's shifted
+  /// ones get their column back and NaN as the value (`scratch` as wide as
+  /// `values`, `nan` read over it).
+  void restoreNaNs(const TopKConstants &c, int64_t n, Value values,
+                   Value indices, Value scratch, Value nan);
   /// Elements of a partition's folded rows.
   static constexpr int64_t kFoldedTopKElements = 512;
   /// LowerCollective.cpp.

@@ -6,13 +6,18 @@
 //
 //   m   = reduce max (min) of w                       VectorE  -> values[:, r]
 //   eq  = w == m
-//   idx = reduce min of (eq ? alive : n)              VectorE  -> indices[:, r]
-//   hit = iota == idx
-//   w   = hit ? -inf (+inf) : w;  alive = hit ? n : alive
+//   idx = reduce min of (eq ? alive : 2n)             VectorE  -> indices[:, r]
+//   hit = alive == idx
+//   w   = hit ? -inf (+inf) : w;  alive = hit ? 2n : alive
 //
-// where `alive` is the column number of every element not taken yet (n once
+// where `alive` is the column number of every element not taken yet (2n once
 // taken), so the lowest untaken position among equal values wins: ties come
-// out in position order, and k = n is a stable sort. Seven passes over the
+// out in position order, and k = n is a stable sort. NaN is the largest
+// value, as in PyTorch: loaded, it becomes +inf and its column number is
+// moved past the others' (n + j for the smallest, j - n for the largest), so
+// of equal values a NaN is taken last (first); a number picked outside
+// [0, n) is a NaN's, put back (its column, and NaN for the value) after the
+// rounds. Seven passes over the
 // row per round: O(k n) per row, against a bitonic network's
 // O(n log^2 n) compare-exchange passes, which for the sizes models use
 // (top-2 of 8..64 experts, top-8 of 256; argsort of a few dozen) needs more
@@ -60,14 +65,20 @@ void KernelLowering::lowerTopK(TopKOp op) {
     b.create<nisa::MemsetOp>(t, APFloat(value), nisa::Engine::gpsimd);
     return t;
   };
-  Value iota = tile(MemorySpace::sbuf, {p, n}, f32);
-  b.create<nisa::IotaOp>(iota, APFloat(0.0), APFloat(0.0),
+  TopKConstants c;
+  c.iota = tile(MemorySpace::sbuf, {p, n}, f32);
+  b.create<nisa::IotaOp>(c.iota, APFloat(0.0), APFloat(0.0),
                          ArrayRef<double>{1.0});
-  Value none = filled(double(n));
-  Value takenValue = filled(taken);
-  int64_t first = lowerFoldedTopK(op, iota, none, takenValue);
+  c.none = filled(double(2 * n));
+  c.taken = filled(taken);
+  c.inf = largest ? filled(std::numeric_limits<double>::infinity()) : c.taken;
+  c.nan = tile(MemorySpace::sbuf, {p, n}, f32);
+  b.create<nisa::TensorTensorOp>(nisa::AluOp::subtract, c.inf, c.inf, c.nan);
+  c.nanShift = double(largest ? -n : n);
+  int64_t first = lowerFoldedTopK(op, c);
   if (first == rows)
     return;
+  Value iota = c.iota, none = c.none, takenValue = c.taken;
 
   // The row tiles' working tiles in sets that the tiles take in turn: the
   // next tile's rows load while this one's rounds run (one set where two
@@ -75,7 +86,7 @@ void KernelLowering::lowerTopK(TopKOp op) {
   struct Set {
     Value w, alive, eq, candidates, values, indices;
   };
-  int64_t perSet = (4 * n + 2 * k) * 4, constants = 3 * n * 4;
+  int64_t perSet = (4 * n + 2 * k) * 4, constants = 5 * n * 4;
   int64_t slots =
       constants + 2 * perSet <= target.sbufBytesPerPartition / 2 ? 2 : 1;
   SmallVector<Set, 2> sets;
@@ -96,7 +107,12 @@ void KernelLowering::lowerTopK(TopKOp op) {
   auto compute = [&](Value r0, int64_t rt, const Set &set) {
     Value w = rowsOf(set.w, rt), alive = rowsOf(set.alive, rt);
     Value eq = rowsOf(set.eq, rt), candidates = rowsOf(set.candidates, rt);
-    b.create<nisa::CopyOp>(rowsOf(iota, rt), alive, nisa::Engine::gpsimd);
+    // NaN: +inf, its column number shifted past the others'.
+    b.create<nisa::TensorTensorOp>(nisa::AluOp::ne, w, w, eq);
+    b.create<nisa::SelectOp>(eq, rowsOf(c.inf, rt), w, w);
+    b.create<nisa::ScalarTensorTensorOp>(
+        nisa::AluOp::multiply, nisa::AluOp::add, eq, rowsOf(iota, rt), alive,
+        Value(), APFloat(c.nanShift), nisa::Engine::gpsimd);
     forEach(k, [&](Value r) {
       Value m = view(set.values, r, {rt, 1}, {k, 1});
       Value at = view(set.indices, r, {rt, 1}, {k, 1});
@@ -105,13 +121,18 @@ void KernelLowering::lowerTopK(TopKOp op) {
                                      false);
       b.create<nisa::SelectOp>(eq, alive, rowsOf(none, rt), candidates);
       b.create<nisa::TensorReduceOp>(nisa::AluOp::min, candidates, at);
-      b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, rowsOf(iota, rt), eq, at,
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, alive, eq, at,
                                      APFloat(0.0), false);
       b.create<nisa::SelectOp>(eq, rowsOf(takenValue, rt), w, w);
       // Off the chain of the next round's reduction: GpSimd.
       b.create<nisa::SelectOp>(eq, rowsOf(none, rt), alive, alive,
                                nisa::Engine::gpsimd);
     });
+    auto kCols = [&](Value t, int64_t stride) {
+      return view(t, index(0), {rt, k}, {stride, 1});
+    };
+    restoreNaNs(c, n, kCols(set.values, k), kCols(set.indices, k),
+                kCols(set.candidates, n), kCols(c.nan, n));
     dma(rowsOf(set.values, rt), view(outValues, scale(r0, k), {rt, k}, {k, 1}));
     dma(rowsOf(set.indices, rt),
         view(outIndices, scale(r0, k), {rt, k}, {k, 1}));
@@ -132,8 +153,22 @@ void KernelLowering::lowerTopK(TopKOp op) {
   }
 }
 
-int64_t KernelLowering::lowerFoldedTopK(TopKOp op, Value iota, Value none,
-                                        Value takenValue) {
+void KernelLowering::restoreNaNs(const TopKConstants &c, int64_t n,
+                                 Value values, Value indices, Value scratch,
+                                 Value nan) {
+  // A NaN's shifted column is outside [0, n): below 0 (largest first), or
+  // n and above.
+  bool below = c.nanShift < 0;
+  b.create<nisa::TensorScalarOp>(below ? nisa::AluOp::lt : nisa::AluOp::ge,
+                                 indices, scratch, Value(),
+                                 APFloat(below ? 0.0 : double(n)), false);
+  b.create<nisa::ScalarTensorTensorOp>(
+      nisa::AluOp::multiply, nisa::AluOp::add, scratch, indices, indices,
+      Value(), APFloat(-c.nanShift), nisa::Engine::gpsimd);
+  b.create<nisa::SelectOp>(scratch, nan, values, values);
+}
+
+int64_t KernelLowering::lowerFoldedTopK(TopKOp op, const TopKConstants &c) {
   auto inType = tensorType(op.getInput());
   int64_t n = inType.getShape().back();
   int64_t rows = product(inType.getShape().drop_back());
@@ -199,22 +234,32 @@ int64_t KernelLowering::lowerFoldedTopK(TopKOp op, Value iota, Value none,
   forEach(blocks, [&](Value blockIndex) {
     Value r0 = scale(blockIndex, block);
     dma(view(in, scale(r0, n), {p, fold * n}, {fold * n, 1}), w);
-    b.create<nisa::CopyOp>(everyRow(iota), whole(alive), nisa::Engine::gpsimd);
+    b.create<nisa::TensorTensorOp>(nisa::AluOp::ne, whole(w), whole(w),
+                                   whole(eq));
+    b.create<nisa::SelectOp>(whole(eq), everyRow(c.inf), whole(w), whole(w));
+    b.create<nisa::ScalarTensorTensorOp>(
+        nisa::AluOp::multiply, nisa::AluOp::add, whole(eq), everyRow(c.iota),
+        whole(alive), Value(), APFloat(c.nanShift), nisa::Engine::gpsimd);
     forEach(k, [&](Value r) {
       reduceRows(extreme, w, values, r);
       b.create<nisa::TensorTensorOp>(nisa::AluOp::eq, whole(w),
                                      alongRow(values, r), whole(eq));
-      b.create<nisa::SelectOp>(whole(eq), whole(alive), everyRow(none),
+      b.create<nisa::SelectOp>(whole(eq), whole(alive), everyRow(c.none),
                                whole(candidates));
       reduceRows(nisa::AluOp::min, candidates, indices, r);
-      b.create<nisa::TensorTensorOp>(nisa::AluOp::eq, everyRow(iota),
+      b.create<nisa::TensorTensorOp>(nisa::AluOp::eq, whole(alive),
                                      alongRow(indices, r), whole(eq));
-      b.create<nisa::SelectOp>(whole(eq), everyRow(takenValue), whole(w),
+      b.create<nisa::SelectOp>(whole(eq), everyRow(c.taken), whole(w),
                                whole(w));
       // Off the chain of the next round's reduction: GpSimd.
-      b.create<nisa::SelectOp>(whole(eq), everyRow(none), whole(alive),
+      b.create<nisa::SelectOp>(whole(eq), everyRow(c.none), whole(alive),
                                whole(alive), nisa::Engine::gpsimd);
     });
+    auto kCols = [&](Value t, int64_t stride) {
+      return rowsOf(t, fold * stride, 0, k, stride);
+    };
+    restoreNaNs(c, n, kCols(values, k), kCols(indices, k), kCols(candidates, n),
+                view(c.nan, index(0), {p, fold, k}, {n, 0, 1}));
     dma(values, view(outValues, scale(r0, k), {p, fold * k}, {fold * k, 1}));
     dma(indices, view(outIndices, scale(r0, k), {p, fold * k}, {fold * k, 1}));
   });

@@ -609,6 +609,34 @@ def test_topk_of_short_rows_matches_eager(
     assert torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize(("rows", "n"), [(300, 5), (40, 6)])  # folded, and one row a partition
+def test_topk_treats_nan_as_the_largest_value(
+    real_native: ModuleType, rows: int, n: int, largest: bool
+) -> None:
+    """As PyTorch: NaN comes before +inf from the largest and after it from the smallest, its
+    value NaN and its position in the row (the rounds compare with ==, which NaN never
+    passes: they took it as +inf, with its column number moved past the others'). Equal
+    picks (NaNs among themselves) may come in another order than eager's."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(rows, n, generator=g)
+    nan, inf = float("nan"), float("inf")
+    x[3, 1] = x[3, 3] = nan
+    x[3, 0] = inf
+    x[7, 2], x[7, 4] = nan, -inf
+    x[9] = nan
+    x[-1, 0] = nan
+
+    def top(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.topk(t, 3, dim=-1, largest=largest)
+
+    values, indices = torch.compile(top, backend=neuron_backend)(x)
+    want, _ = top(x)
+    torch.testing.assert_close(values, want, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(x.gather(-1, indices), values, rtol=0, atol=0, equal_nan=True)
+    assert all(len(set(r)) == 3 for r in indices.tolist())
+
+
 def test_target_selection(real_native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.available_targets() == list(real_native.targets()) == ["trn2", "trn3"]
     assert config.resolve_target(None) == "trn2"

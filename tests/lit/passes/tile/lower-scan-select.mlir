@@ -65,13 +65,20 @@ func.func @cumsum_bf16(%x: tensor<2x5x8xbf16>) -> tensor<2x5x8xbf16> {
   return %c : tensor<2x5x8xbf16>
 }
 
-// top-2 of 8: rows on partitions, two rounds in a loop of
-// reduce max -> values[:, r], eq, select, reduce min -> indices[:, r],
-// eq against the iota, and the two selects that retire the winner.
+// top-2 of 8: rows on partitions. A NaN loads as +inf, its column number
+// shifted by -8 (largest first: ahead of an equal +inf); two rounds in a
+// loop of reduce max -> values[:, r], eq, select, reduce min -> indices[:, r],
+// eq against the column numbers, and the two selects that retire the
+// winner; then picks below column 0 (NaNs) get their column back and NaN.
 // CHECK-LABEL: func.func @topk
 // CHECK: nisa.iota
-// CHECK: nisa.memset {{.*}} 8.000000e+00
+// CHECK: nisa.memset {{.*}} 1.600000e+01
 // CHECK: nisa.memset {{.*}} 0xFFF0000000000000
+// CHECK: nisa.memset {{.*}} 0x7FF0000000000000
+// CHECK: nisa.tensor_tensor subtract %[[INF:.*]], %[[INF]], %[[NAN:.*]] :
+// CHECK: nisa.tensor_tensor ne
+// CHECK: nisa.select
+// CHECK: nisa.scalar_tensor_tensor multiply, add {{.*}} {engine = #nisa.engine<gpsimd>, imm = -8.000000e+00 : f64}
 // CHECK: scf.for
 // CHECK: nisa.tensor_reduce max
 // CHECK: nisa.tensor_scalar eq
@@ -81,6 +88,9 @@ func.func @cumsum_bf16(%x: tensor<2x5x8xbf16>) -> tensor<2x5x8xbf16> {
 // CHECK: nisa.select
 // CHECK: nisa.select {{.*}}engine = #nisa.engine<gpsimd>
 // CHECK: }
+// CHECK: nisa.tensor_scalar lt %{{[a-z_0-9]*}}, %{{[a-z_0-9]*}} : memref<6x2xf32
+// CHECK: nisa.scalar_tensor_tensor multiply, add {{.*}} {engine = #nisa.engine<gpsimd>, imm = 8.000000e+00 : f64}
+// CHECK: nisa.select
 // CHECK: nisa.dma_copy {{.*}} : memref<6x2xf32, {{.*}}#nisa.mem<sbuf>>, memref<6x2xbf16
 // CHECK: nisa.dma_copy {{.*}} : memref<6x2xf32, {{.*}}#nisa.mem<sbuf>>, memref<6x2xi64
 func.func @topk(%x: tensor<6x8xbf16>) -> (tensor<6x2xbf16>, tensor<6x2xi64>) {
@@ -114,7 +124,7 @@ func.func @topk_tiles(%x: tensor<300x300xbf16>) -> (tensor<300x2xbf16>, tensor<3
 // to a partition.
 // CHECK-LABEL: func.func @topk_folded
 // CHECK: nisa.dma_copy {{.*}} : memref<128x16xbf16, {{.*}}>, memref<128x16xf32, #nisa.mem<sbuf>>
-// CHECK: nisa.copy {{.*}} : memref<128x2x8xf32, strided<[8, ?, 1]{{.*}}>, memref<128x2x8xf32, strided<[16, 8, 1]
+// CHECK: nisa.scalar_tensor_tensor multiply, add {{.*}} : memref<128x2x8xf32, strided<[16, 8, 1]{{.*}}>, memref<128x2x8xf32, strided<[8, ?, 1]{{.*}}>, memref<128x2x8xf32, strided<[16, 8, 1]
 // CHECK: scf.for
 // CHECK: nisa.tensor_tensor max {{.*}} : memref<128x2x4xf32, strided<[16, 8, 1]{{.*}}, memref<128x2x4xf32, strided<[16, 8, 1]{{.*}}, memref<128x2x4xf32, strided<[16, 4, 1]
 // CHECK: nisa.tensor_tensor max {{.*}} : memref<128x2x2xf32
