@@ -128,6 +128,29 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
     if (def && !isa<ConstantOp, ReshapeOp>(def) && !hasDestination(v))
       setDestination(v, entry->getArgument(numInputs + i));
   }
+  // So are those a returned reshape reads (a Linear's [B * L, N] product
+  // returned as [B, L, N]; a router's top-k indices flattened): into the
+  // output seen in their shape, which views address as the output itself
+  // (TileBuilder::view). Otherwise the output was a copy of them, HBM to HBM.
+  DenseMap<Value, Value> writtenThrough; // returned reshape -> what it reads
+  for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+    Value x = v;
+    while (auto reshape = x.getDefiningOp<ReshapeOp>())
+      x = reshape.getInput();
+    Operation *def = x.getDefiningOp();
+    if (x == v || !def ||
+        isa<ConstantOp, TransposeOp, BroadcastOp, SliceOp>(def) ||
+        hasDestination(x) || !tensorType(v).hasStaticShape() ||
+        !tensorType(x).hasStaticShape())
+      continue;
+    Value out = entry->getArgument(numInputs + i);
+    auto shape = tensorType(x).getShape();
+    auto alias = b.create<memref::ReinterpretCastOp>(
+        MemRefType::get(shape, tensorType(x).getElementType()), out, 0, shape,
+        contiguousStrides(shape));
+    setDestination(x, alias);
+    writtenThrough[v] = x;
+  }
 
   for (Operation &op : body.without_terminator())
     if (failed(lower(&op)))
@@ -147,6 +170,11 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
       copyWindow(src, rowMajorWindow(v, dst), v);
       continue;
     }
+    // Computed into the output through its reshape (a layout op's window is
+    // materialized elsewhere: then copied as any other).
+    if (Value x = writtenThrough.lookup(v);
+        x && isBound(x) && unreshaped(boundBuffer(x)) == dst)
+      continue;
     Value src = bufferOf(v);
     if (src == dst || tensorType(v).getNumElements() == 0)
       continue;

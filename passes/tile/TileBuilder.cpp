@@ -9,8 +9,17 @@
 using namespace mlir;
 using namespace mlir::neuron;
 
+Value mlir::neuron::unreshaped(Value base) {
+  auto rc = base.getDefiningOp<memref::ReinterpretCastOp>();
+  if (!rc || !isa<BlockArgument>(rc.getSource()) ||
+      !rc.getType().getLayout().isIdentity())
+    return base;
+  return rc.getSource();
+}
+
 Value TileBuilder::view(Value base, Value offset, ArrayRef<int64_t> shape,
                         ArrayRef<int64_t> strides) {
+  base = unreshaped(base);
   auto baseType = cast<MemRefType>(base.getType());
   // A zero (broadcast) stride is a constant operand: the strided layout
   // syntax has no zero, and the IR must print and parse back.
@@ -50,7 +59,7 @@ Value TileBuilder::view(Value base, Value offset, ArrayRef<OpFoldResult> shape,
     return rc;
   // view() gave every size as an attribute; a dynamic one is an operand.
   auto result = b.create<memref::ReinterpretCastOp>(
-      rc.getType(), base, rc.getMixedOffsets().front(), shape,
+      rc.getType(), rc.getSource(), rc.getMixedOffsets().front(), shape,
       rc.getMixedStrides());
   rc.erase();
   return result;

@@ -37,6 +37,12 @@ inline int64_t product(ArrayRef<int64_t> dims) {
   return n;
 }
 
+/// The kernel argument `base` shows in another shape (a contiguous
+/// reinterpret_cast from its first element: an output that a returned
+/// reshape's operand is computed into), else `base`. A view's offset and
+/// strides address the argument unchanged, and views are taken of buffers.
+Value unreshaped(Value base);
+
 inline SmallVector<int64_t> contiguousStrides(ArrayRef<int64_t> shape) {
   SmallVector<int64_t> strides(shape.size(), 1);
   for (int64_t i = (int64_t)shape.size() - 2; i >= 0; --i)

@@ -582,6 +582,33 @@ def test_rank_sort_row_sum_stored_reshaped_matches_eager(real_native: ModuleType
     torch.testing.assert_close(got, values(x), rtol=0, atol=0)
 
 
+def test_a_returned_reshape_is_computed_into_the_output(real_native: ModuleType) -> None:
+    """A Linear on [B, L, K] returns its [B * L, N] product as [B, L, N] (and a router its
+    top-k indices flattened): the kernel writes the product straight into that output, with
+    no HBM-to-HBM copy of it after the GEMM."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 512, bias=False)
+    x = torch.randn(2, 128, 256)
+    with torch.no_grad(), torchneuron.profile() as prof:
+        got = torch.compile(linear, backend=neuron_backend)(x)
+        want = linear(x)
+    torch.testing.assert_close(got, want, **F32)
+    (run,) = prof._runs
+    program = json.loads(run.kernel.program_json)
+    hbm = {b["id"] for b in program["buffers"] if b["space"] == "hbm"}
+
+    def copies(items: list[dict[str, Any]]) -> int:
+        found = 0
+        for item in items:
+            if "op" not in item:
+                found += copies(item["body"])
+            elif item["op"] == "dma_copy":
+                found += item["src"]["buf"] in hbm and item["dst"]["buf"] in hbm
+        return found
+
+    assert copies(program["body"]) == 0
+
+
 @pytest.mark.parametrize(
     ("rows", "n", "k", "largest", "dtype"),
     [

@@ -273,7 +273,8 @@ def test_ddp_all_reduce_overlaps_the_backward(collectives: list[dict[str, Any]])
         # Serialized, the backward would take alone + sum(comm); overlapped, all but the
         # buckets' tail hides behind the compute.
         assert ddp < alone + sum(comm) - 0.5 * sum(comm[:-1])
-        assert ddp >= max(alone, sum(comm))
+        # Fully hidden, the same time summed in another order: equal to rounding.
+        assert ddp >= max(alone, sum(comm)) * (1 - 1e-12)
 
 
 def test_a_rank_that_dies_makes_the_other_raise(tmp_path: Path) -> None:

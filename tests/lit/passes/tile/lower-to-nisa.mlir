@@ -190,6 +190,34 @@ func.func @scatter_permutation(%i: tensor<130xi64>, %v: tensor<130x16xf32>) -> t
   return %s : tensor<130x16xf32>
 }
 
+// A returned reshape of a computed result (a Linear's product returned as
+// [B, L, N]): the product is stored straight into the output, its views
+// taken of the output argument itself; no copy HBM to HBM after it.
+// CHECK-LABEL: func.func @returned_reshape
+// CHECK-NOT: memref.alloc() : memref<256x128xbf16>
+// CHECK: memref.reinterpret_cast %arg2 to offset: [%{{.*}}], sizes: [128, 128], strides: [128, 1] : memref<2x128x128xbf16>
+// CHECK: memref.reinterpret_cast %arg2 to offset: [%{{.*}}], sizes: [128, 128], strides: [128, 1] : memref<2x128x128xbf16>
+// CHECK-NEXT: nisa.dma_copy
+// CHECK-NOT: nisa.dma_copy
+// CHECK: return
+func.func @returned_reshape(%a: tensor<256x64xbf16>, %w: tensor<64x128xbf16>) -> tensor<2x128x128xbf16> {
+  %m = neuron.matmul %a, %w : tensor<256x64xbf16>, tensor<64x128xbf16> -> tensor<256x128xbf16>
+  %r = neuron.reshape %m : tensor<256x128xbf16> -> tensor<2x128x128xbf16>
+  return %r : tensor<2x128x128xbf16>
+}
+
+// Returned both as itself and reshaped: computed into its own output, copied
+// into the reshaped one.
+// CHECK-LABEL: func.func @returned_twice
+// CHECK: memref.reinterpret_cast %arg2 to offset: [%{{.*}}], sizes: [128, 128]
+// CHECK: memref.reinterpret_cast %arg3 to offset: [%{{.*}}], sizes: [128, 256]
+// CHECK: nisa.dma_copy {{.*}} : memref<128x256xbf16, strided<[256, 1], offset: ?>>, memref<128x256xbf16, strided<[256, 1], offset: ?>>
+func.func @returned_twice(%a: tensor<256x64xbf16>, %w: tensor<64x128xbf16>) -> (tensor<256x128xbf16>, tensor<2x128x128xbf16>) {
+  %m = neuron.matmul %a, %w : tensor<256x64xbf16>, tensor<64x128xbf16> -> tensor<256x128xbf16>
+  %r = neuron.reshape %m : tensor<256x128xbf16> -> tensor<2x128x128xbf16>
+  return %m, %r : tensor<256x128xbf16>, tensor<2x128x128xbf16>
+}
+
 // Random numbers: the seed is broadcast to every partition by one DMA; 301
 // elements are one [128, 2] tile numbered p * 2 + i from 0, then 22 rows of
 // 2 from 256, then a row of 1 from 300; each goes to HBM row-major.
