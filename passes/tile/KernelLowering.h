@@ -92,6 +92,10 @@ public:
   /// The leading rows of `op` that fold several to a partition; returns how
   /// many (0 when rows are too few or too long to fold).
   int64_t lowerFoldedTopK(TopKOp op, const TopKConstants &c);
+  /// Before the rounds: each NaN of `w` becomes +inf (`inf`), and `alive`
+  /// the column numbers (`iota`), a NaN's shifted by c.nanShift.
+  void loadNaNsAsInf(const TopKConstants &c, Value w, Value scratch,
+                     Value alive, Value inf, Value iota);
   /// After the rounds: the picks whose column numbers are a NaN's shifted
   /// ones get their column back and NaN as the value (`scratch` as wide as
   /// `values`, `nan` read over it).

@@ -36,6 +36,20 @@ static bool hasDynamicDims(Type t) {
   return shaped && !shaped.hasStaticShape();
 }
 
+/// Whether `w` holds static `tensor` row-major from the first element of
+/// `buffer` (or of the kernel argument `buffer` seen in another shape).
+static bool isRowMajorIn(const TileBuilder::Window &w, Value tensor,
+                         Value buffer) {
+  if (unreshaped(w.buffer) != buffer || w.offset != 0 || w.hasDynamicStrides())
+    return false;
+  auto shape = tensorType(tensor).getShape();
+  SmallVector<int64_t> rowMajor = contiguousStrides(shape);
+  for (auto [d, size] : llvm::enumerate(shape))
+    if (size != 1 && w.strides[d] != rowMajor[d])
+      return false;
+  return true;
+}
+
 /// The driver: each op, in program order, to the pattern of its family.
 LogicalResult KernelLowering::lower(Operation *op) {
   b.setLoc(op->getLoc());
@@ -132,24 +146,20 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
   // returned as [B, L, N]; a router's top-k indices flattened): into the
   // output seen in their shape, which views address as the output itself
   // (TileBuilder::view). Otherwise the output was a copy of them, HBM to HBM.
-  DenseMap<Value, Value> writtenThrough; // returned reshape -> what it reads
   for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
     Value x = v;
     while (auto reshape = x.getDefiningOp<ReshapeOp>())
       x = reshape.getInput();
     Operation *def = x.getDefiningOp();
-    if (x == v || !def ||
-        isa<ConstantOp, TransposeOp, BroadcastOp, SliceOp>(def) ||
-        hasDestination(x) || !tensorType(v).hasStaticShape() ||
-        !tensorType(x).hasStaticShape())
+    if (x == v || !def || isa<ConstantOp>(def) || hasDestination(x) ||
+        !tensorType(v).hasStaticShape() || !tensorType(x).hasStaticShape())
       continue;
-    Value out = entry->getArgument(numInputs + i);
     auto shape = tensorType(x).getShape();
-    auto alias = b.create<memref::ReinterpretCastOp>(
-        MemRefType::get(shape, tensorType(x).getElementType()), out, 0, shape,
-        contiguousStrides(shape));
-    setDestination(x, alias);
-    writtenThrough[v] = x;
+    setDestination(x,
+                   b.create<memref::ReinterpretCastOp>(
+                       MemRefType::get(shape, tensorType(x).getElementType()),
+                       entry->getArgument(numInputs + i), 0, shape,
+                       contiguousStrides(shape)));
   }
 
   for (Operation &op : body.without_terminator())
@@ -170,14 +180,12 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
       copyWindow(src, rowMajorWindow(v, dst), v);
       continue;
     }
-    // Computed into the output through its reshape (a layout op's window is
-    // materialized elsewhere: then copied as any other).
-    if (Value x = writtenThrough.lookup(v);
-        x && isBound(x) && unreshaped(boundBuffer(x)) == dst)
+    // Already in the output, row-major (computed into it, or through a
+    // reshape into it seen in another shape).
+    if (isRowMajorIn(windowOf(v), v, dst) ||
+        tensorType(v).getNumElements() == 0)
       continue;
     Value src = bufferOf(v);
-    if (src == dst || tensorType(v).getNumElements() == 0)
-      continue;
     // Both sides are contiguous: copied as rows that spread over the DMA
     // engines (an HBM-to-HBM transfer splits by its leading dim).
     int64_t n = tensorType(v).getNumElements();

@@ -78,7 +78,6 @@ void KernelLowering::lowerTopK(TopKOp op) {
   int64_t first = lowerFoldedTopK(op, c);
   if (first == rows)
     return;
-  Value iota = c.iota, none = c.none, takenValue = c.taken;
 
   // The row tiles' working tiles in sets that the tiles take in turn: the
   // next tile's rows load while this one's rounds run (one set where two
@@ -107,25 +106,20 @@ void KernelLowering::lowerTopK(TopKOp op) {
   auto compute = [&](Value r0, int64_t rt, const Set &set) {
     Value w = rowsOf(set.w, rt), alive = rowsOf(set.alive, rt);
     Value eq = rowsOf(set.eq, rt), candidates = rowsOf(set.candidates, rt);
-    // NaN: +inf, its column number shifted past the others'.
-    b.create<nisa::TensorTensorOp>(nisa::AluOp::ne, w, w, eq);
-    b.create<nisa::SelectOp>(eq, rowsOf(c.inf, rt), w, w);
-    b.create<nisa::ScalarTensorTensorOp>(
-        nisa::AluOp::multiply, nisa::AluOp::add, eq, rowsOf(iota, rt), alive,
-        Value(), APFloat(c.nanShift), nisa::Engine::gpsimd);
+    loadNaNsAsInf(c, w, eq, alive, rowsOf(c.inf, rt), rowsOf(c.iota, rt));
     forEach(k, [&](Value r) {
       Value m = view(set.values, r, {rt, 1}, {k, 1});
       Value at = view(set.indices, r, {rt, 1}, {k, 1});
       b.create<nisa::TensorReduceOp>(extreme, w, m);
       b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, w, eq, m, APFloat(0.0),
                                      false);
-      b.create<nisa::SelectOp>(eq, alive, rowsOf(none, rt), candidates);
+      b.create<nisa::SelectOp>(eq, alive, rowsOf(c.none, rt), candidates);
       b.create<nisa::TensorReduceOp>(nisa::AluOp::min, candidates, at);
       b.create<nisa::TensorScalarOp>(nisa::AluOp::eq, alive, eq, at,
                                      APFloat(0.0), false);
-      b.create<nisa::SelectOp>(eq, rowsOf(takenValue, rt), w, w);
+      b.create<nisa::SelectOp>(eq, rowsOf(c.taken, rt), w, w);
       // Off the chain of the next round's reduction: GpSimd.
-      b.create<nisa::SelectOp>(eq, rowsOf(none, rt), alive, alive,
+      b.create<nisa::SelectOp>(eq, rowsOf(c.none, rt), alive, alive,
                                nisa::Engine::gpsimd);
     });
     auto kCols = [&](Value t, int64_t stride) {
@@ -151,6 +145,16 @@ void KernelLowering::lowerTopK(TopKOp op) {
     load(index(first + full * p), rem, set);
     compute(index(first + full * p), rem, set);
   }
+}
+
+void KernelLowering::loadNaNsAsInf(const TopKConstants &c, Value w,
+                                   Value scratch, Value alive, Value inf,
+                                   Value iota) {
+  b.create<nisa::TensorTensorOp>(nisa::AluOp::ne, w, w, scratch);
+  b.create<nisa::SelectOp>(scratch, inf, w, w);
+  b.create<nisa::ScalarTensorTensorOp>(
+      nisa::AluOp::multiply, nisa::AluOp::add, scratch, iota, alive, Value(),
+      APFloat(c.nanShift), nisa::Engine::gpsimd);
 }
 
 void KernelLowering::restoreNaNs(const TopKConstants &c, int64_t n,
@@ -234,12 +238,8 @@ int64_t KernelLowering::lowerFoldedTopK(TopKOp op, const TopKConstants &c) {
   forEach(blocks, [&](Value blockIndex) {
     Value r0 = scale(blockIndex, block);
     dma(view(in, scale(r0, n), {p, fold * n}, {fold * n, 1}), w);
-    b.create<nisa::TensorTensorOp>(nisa::AluOp::ne, whole(w), whole(w),
-                                   whole(eq));
-    b.create<nisa::SelectOp>(whole(eq), everyRow(c.inf), whole(w), whole(w));
-    b.create<nisa::ScalarTensorTensorOp>(
-        nisa::AluOp::multiply, nisa::AluOp::add, whole(eq), everyRow(c.iota),
-        whole(alive), Value(), APFloat(c.nanShift), nisa::Engine::gpsimd);
+    loadNaNsAsInf(c, whole(w), whole(eq), whole(alive), everyRow(c.inf),
+                  everyRow(c.iota));
     forEach(k, [&](Value r) {
       reduceRows(extreme, w, values, r);
       b.create<nisa::TensorTensorOp>(nisa::AluOp::eq, whole(w),
