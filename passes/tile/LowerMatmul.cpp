@@ -1146,7 +1146,9 @@ struct MatmulPattern : OpTilePattern<MatmulPattern, MatmulOp> {
 /// K tiles accumulated with the tile stationary, evicted by VectorE and ScalarE
 /// in turn, and the tile's panel stored whole. Each group reads its weights
 /// once, where the blocked GEMM streams them once per 512 rows, in runs of 512
-/// columns.
+/// columns. Where two tiles of all m rows do not fit (an MoE layer's routed
+/// rows), a group's rows tile holds a chunk of them: a larger group goes
+/// through its rows a chunk at a time under each panel of its weights.
 class GroupedGemm {
 public:
   GroupedGemm(KernelLowering &k, GroupedMatmulOp op)
@@ -1169,8 +1171,9 @@ public:
     panels = (n + panelCols - 1) / panelCols;
   }
 
-  /// Whether two groups' rows and two panels' weights fit in SBUF (with
-  /// the staging) and K is whole tiles; the blocked GEMM takes the others.
+  /// Whether two groups' rows (or chunks of them) and two panels' weights
+  /// fit in SBUF (with the staging) and K is whole tiles; the blocked GEMM
+  /// takes the others.
   static bool applies(KernelLowering &k, GroupedMatmulOp op) {
     auto lhsType = tensorType(op.getLhs());
     Shape shape = shapeOf(k, op);
@@ -1211,7 +1214,8 @@ public:
     // program order, and loads issued ahead of a panel's stores would hold
     // them up while the weights run further ahead.
     auto rowsOf = [&](int64_t g) {
-      k.ifMore(counts[g], 0, [&] { loadRows(g, starts[g], counts[g]); });
+      k.ifMore(counts[g], 0,
+               [&] { loadRows(g, starts[g], firstChunk(counts[g])); });
     };
     auto weightsOf = [&](int64_t s) {
       if (s < steps)
@@ -1224,49 +1228,90 @@ public:
       if ((s + 1) % panels == 0 && s + 1 < steps)
         rowsOf((s + 1) / panels);
       int64_t g = s / panels;
-      Value rows = counts[g];
-      Value full = b.create<arith::FloorDivSIOp>(rows, k.index(tileRows));
-      Value tail = b.create<arith::RemSIOp>(rows, k.index(tileRows));
-      // Where the tail computes transposed with the whole tile before it,
-      // that tile leaves the whole ones and no tail is left alone (below 0).
-      Value whole = full, alone = tail;
-      if (int64_t most = mergedTailRows(s)) {
-        auto atMostOne = [&](Value v) {
-          return b.create<arith::MinSIOp>(
-              b.create<arith::MaxSIOp>(v, k.index(0)), k.index(1));
-        };
-        Value fits =
-            atMostOne(b.create<arith::SubIOp>(k.index(most + 1), tail));
-        Value merged = b.create<arith::MinSIOp>(
-            b.create<arith::MinSIOp>(atMostOne(tail), fits), atMostOne(full));
-        whole = b.create<arith::SubIOp>(full, merged);
-        alone = b.create<arith::SubIOp>(tail, k.scale(merged, tileRows));
-        k.ifMore(merged, 0, [&] {
-          computeTailTransposed(s, starts[g], whole,
-                                k.addOffset(tail, tileRows), kMergedBlocks);
+      if (!chunked()) {
+        computeRows(s, starts[g], counts[g]);
+      } else {
+        // A group of more rows than its tile holds goes through them a
+        // chunk at a time, its first chunk (loaded ahead) the short one:
+        // then the rest are whole chunks, in a loop (a transfer's row count
+        // is a size expression, not a loop's). A later panel needs the first
+        // chunk again.
+        Value rows = counts[g], chunk = k.index(slotRows);
+        Value first = firstChunk(rows);
+        Value wholeChunks = b.create<arith::FloorDivSIOp>(
+            b.create<arith::SubIOp>(rows, first), chunk);
+        if (s % panels)
+          k.ifMore(wholeChunks, 0, [&] { loadRows(g, starts[g], first); });
+        computeRows(s, starts[g], first);
+        k.forEachDynamic(wholeChunks, [&](Value c) {
+          Value start = k.addOffsets(k.addOffsets(starts[g], first),
+                                     k.scale(c, slotRows));
+          loadRows(g, start, chunk);
+          computeRows(s, start, chunk);
         });
       }
-      k.ifMore(alone, 0, [&] {
-        int64_t most = transposedTailRows(s);
-        if (!most)
-          return computeTile(s, starts[g], full, tail, kStageSlots - 1);
-        k.ifMore(b.create<arith::SubIOp>(k.index(most + 1), tail), 0,
-                 [&] { computeTailTransposed(s, starts[g], full, tail, 1); });
-        k.ifMore(b.create<arith::SubIOp>(tail, k.index(most)), 0, [&] {
-          computeTile(s, starts[g], full, tail, kStageSlots - 1);
-        });
-      });
-      k.forEachPipelinedDynamic(
-          whole, kStageSlots - 1, [](Value, int64_t) {},
-          [&](Value i, int64_t slot, Value) {
-            computeTile(s, starts[g], i, Value(), slot);
-          });
       weightsOf(s + weightSlots - 1);
     }
     zeroRowsFrom(k, out, starts.back(), m, n, tileRows, outElt);
   }
 
 private:
+  /// Whether a group's rows may be more than its rows tile holds.
+  bool chunked() const { return slotRows < m; }
+  /// The rows of a group's first chunk: all of them, or those a whole
+  /// number of chunks after it leave (1 to slotRows).
+  Value firstChunk(Value rows) {
+    if (!chunked())
+      return rows;
+    auto &b = k.b;
+    Value before = b.create<arith::FloorDivSIOp>(
+        b.create<arith::MaxSIOp>(k.addOffset(rows, -1), k.index(0)),
+        k.index(slotRows));
+    return b.create<arith::SubIOp>(rows, k.scale(before, slotRows));
+  }
+
+  /// Panel step s on `rows` rows from `start` (x^T of them in the group's
+  /// rows tile from its column 0): the whole 128-row tiles, and the short
+  /// last one first (it stores only its rows; the compute runs on the whole
+  /// tile), transposed where that saves TensorE time.
+  void computeRows(int64_t s, Value start, Value rows) {
+    auto &b = k.b;
+    Value full = b.create<arith::FloorDivSIOp>(rows, k.index(tileRows));
+    Value tail = b.create<arith::RemSIOp>(rows, k.index(tileRows));
+    // Where the tail computes transposed with the whole tile before it,
+    // that tile leaves the whole ones and no tail is left alone (below 0).
+    Value whole = full, alone = tail;
+    if (int64_t most = mergedTailRows(s)) {
+      auto atMostOne = [&](Value v) {
+        return b.create<arith::MinSIOp>(b.create<arith::MaxSIOp>(v, k.index(0)),
+                                        k.index(1));
+      };
+      Value fits = atMostOne(b.create<arith::SubIOp>(k.index(most + 1), tail));
+      Value merged = b.create<arith::MinSIOp>(
+          b.create<arith::MinSIOp>(atMostOne(tail), fits), atMostOne(full));
+      whole = b.create<arith::SubIOp>(full, merged);
+      alone = b.create<arith::SubIOp>(tail, k.scale(merged, tileRows));
+      k.ifMore(merged, 0, [&] {
+        computeTailTransposed(s, start, whole, k.addOffset(tail, tileRows),
+                              kMergedBlocks);
+      });
+    }
+    k.ifMore(alone, 0, [&] {
+      int64_t most = transposedTailRows(s);
+      if (!most)
+        return computeTile(s, start, full, tail, kStageSlots - 1);
+      k.ifMore(b.create<arith::SubIOp>(k.index(most + 1), tail), 0,
+               [&] { computeTailTransposed(s, start, full, tail, 1); });
+      k.ifMore(b.create<arith::SubIOp>(tail, k.index(most)), 0,
+               [&] { computeTile(s, start, full, tail, kStageSlots - 1); });
+    });
+    k.forEachPipelinedDynamic(
+        whole, kStageSlots - 1, [](Value, int64_t) {},
+        [&](Value i, int64_t slot, Value) {
+          computeTile(s, start, i, Value(), slot);
+        });
+  }
+
   /// Output staging slots: a tile's store has the lowest priority of the
   /// DMAs in flight (the next group's loads precede it in program order),
   /// so stores may trail the compute by a few tiles. The last is the short
@@ -1275,6 +1320,10 @@ private:
   /// The tiles of rows a merged tail computes transposed: the last whole
   /// tile and the tail (staging slots kStageSlots - 2 and - 1).
   static constexpr int64_t kMergedBlocks = 2;
+  /// The fewest rows of a chunk (a multiple of 128): smaller chunks would
+  /// load a large group's rows again for each panel in little pieces; the
+  /// blocked GEMM takes a shape whose chunks would be smaller.
+  static constexpr int64_t kMinChunkRows = 512;
 
   struct Shape {
     int64_t kTile, kTiles, tileRows, slotRows, bankCols, panelBanks, panelCols;
@@ -1302,9 +1351,8 @@ private:
     s.kTile = t.matmulMaxK;
     s.kTiles = tensorType(op.getLhs()).getDimSize(1) / s.kTile;
     s.tileRows = t.matmulMaxStationaryFree;
-    // A group's rows, the last tile whole.
     int64_t m = tensorType(op.getLhs()).getDimSize(0);
-    s.slotRows = (m + s.tileRows - 1) / s.tileRows * s.tileRows;
+    int64_t allRows = (m + s.tileRows - 1) / s.tileRows * s.tileRows;
     s.bankCols = std::min(t.matmulMaxMovingFree, t.psumBankBytes / 4);
     s.panelBanks = std::max<int64_t>(1, t.psumBanks / 2);
     s.panelCols = std::min(tensorType(op.getRhs()).getDimSize(2),
@@ -1313,10 +1361,22 @@ private:
     auto bytes = [](Value v) {
       return std::max<int64_t>(1, tensorType(v).getElementTypeBitWidth() / 8);
     };
-    for (s.weightSlots = 3; s.weightSlots >= 2; --s.weightSlots)
-      if (sbufBytes(k, s, bytes(op.getLhs()), bytes(op.getResult())) <=
-          t.sbufBytesPerPartition)
-        return s;
+    // A group's rows on chip at once: all m rows where they fit (with two
+    // slots of weights if not three: a chunk loads ahead of its group only
+    // when it is the group's first), else the most that do in whole tiles,
+    // at least kMinChunkRows, through which a larger group goes in chunks.
+    auto fits = [&] {
+      return sbufBytes(k, s, bytes(op.getLhs()), bytes(op.getResult())) <=
+             t.sbufBytesPerPartition;
+    };
+    for (bool chunks : {false, true})
+      for (s.weightSlots = 3; s.weightSlots >= 2; --s.weightSlots) {
+        s.slotRows = allRows;
+        while (chunks && s.slotRows > kMinChunkRows && !fits())
+          s.slotRows -= s.tileRows;
+        if (fits())
+          return s;
+      }
     s.weightSlots = 0;
     return s;
   }

@@ -23,10 +23,18 @@ func.func @narrow_k(%x: tensor<300x64xbf16>, %w: tensor<2x64x64xbf16>, %offs: te
 }
 
 // With more rows than two groups' x^T fit in SBUF (4096 x 2048: 128 KiB a
-// partition each), the blocked GEMM too, which allocates.
+// partition each), the kernel for K of whole tiles still: each group's rows
+// tile holds 2944 rows, and a larger group goes through its rows in chunks,
+// the first what whole chunks leave, then a loop over whole chunks, each
+// loaded into the group's tile and computed.
 // CHECK-LABEL: func.func @many_rows(
-// CHECK-NOT: memref<128x65536xbf16
-// CHECK: arith.floordivsi %arg4, %c512 : index
+// CHECK-COUNT-2: memref.alloc() : memref<128x47104xbf16, #nisa.mem<sbuf>>
+// CHECK: %[[DONE:.*]] = arith.muli %arg{{[0-9]+}}, %c2944 : index
+// CHECK-NEXT: %[[ROW:.*]] = arith.addi %{{.*}}, %[[DONE]] : index
+// CHECK-NEXT: %[[AT:.*]] = arith.muli %[[ROW]], %c2048 : index
+// CHECK-NEXT: %[[TO:.*]] = memref.reinterpret_cast %alloc_0 to offset: [%c0], sizes: [128, 16, %c2944]
+// CHECK-NEXT: %[[FROM:.*]] = memref.reinterpret_cast %arg0 to offset: [%[[AT]]], sizes: [128, 16, %c2944]
+// CHECK-NEXT: nisa.dma_copy %[[FROM]], %[[TO]]
 // CHECK: nisa.matmul
 // ALLOC-LABEL: func.func @many_rows(
 // ALLOC: nisa.address
