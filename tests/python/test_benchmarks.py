@@ -20,7 +20,7 @@ ATTENTION_SHORT = [
     str(BENCHMARKS / "attention.py"),
     *("--seq", "256", "--heads", "2", "--targets", "trn2", "--backward"),
 ]
-WORKLOADS = 26  # benchmarks/kernels.py's workloads, each run on trn2 and trn3
+WORKLOADS = 27  # benchmarks/kernels.py's workloads, each run on trn2 and trn3
 TRN3_ONLY = 2  # of them, those trn2 lacks the hardware for (MXFP8)
 
 # Runs a script on a wrong device (kernel outputs off by one).
