@@ -1322,7 +1322,7 @@ private:
   static constexpr int64_t kMergedBlocks = 2;
   /// The fewest rows of a chunk (a multiple of 128): smaller chunks would
   /// load a large group's rows again for each panel in little pieces; the
-  /// blocked GEMM takes a shape whose chunks would be smaller.
+  /// blocked GEMM takes a shape whose chunks would be smaller (shapeOf).
   static constexpr int64_t kMinChunkRows = 512;
 
   struct Shape {
@@ -1364,15 +1364,21 @@ private:
     // A group's rows on chip at once: all m rows where they fit (with two
     // slots of weights if not three: a chunk loads ahead of its group only
     // when it is the group's first), else the most that do in whole tiles,
-    // at least kMinChunkRows, through which a larger group goes in chunks.
+    // through which a larger group goes in chunks: at least kMinChunkRows
+    // and a group's rows on average (groups of several chunks wait for each
+    // chunk's load; the blocked GEMM hides its loads).
     auto fits = [&] {
       return sbufBytes(k, s, bytes(op.getLhs()), bytes(op.getResult())) <=
              t.sbufBytesPerPartition;
     };
+    int64_t groups = tensorType(op.getRhs()).getDimSize(0);
+    int64_t average = (m + groups - 1) / groups;
+    int64_t least = std::max(kMinChunkRows, (average + s.tileRows - 1) /
+                                                s.tileRows * s.tileRows);
     for (bool chunks : {false, true})
       for (s.weightSlots = 3; s.weightSlots >= 2; --s.weightSlots) {
         s.slotRows = allRows;
-        while (chunks && s.slotRows > kMinChunkRows && !fits())
+        while (chunks && s.slotRows > least && !fits())
           s.slotRows -= s.tileRows;
         if (fits())
           return s;

@@ -45,3 +45,19 @@ func.func @many_rows(%x: tensor<4096x2048xbf16>, %w: tensor<2x2048x64xbf16>, %of
   %y = neuron.grouped_matmul %x, %w ends(%e0, %e1) : tensor<4096x2048xbf16>, tensor<2x2048x64xbf16> -> tensor<4096x64xbf16>
   return %y : tensor<4096x64xbf16>
 }
+
+// Where a chunk would hold fewer rows than a group has on average (4096 rows
+// over 2 groups, 2048 -> 1024: three panels of weights leave room for 1280
+// rows), a group would wait for the load of most of its chunks: the blocked
+// GEMM, which hides its loads.
+// CHECK-LABEL: func.func @large_groups(
+// CHECK-NOT: nisa.matmul
+// CHECK: arith.floordivsi %arg4, %c512 : index
+// CHECK: nisa.matmul
+
+func.func @large_groups(%x: tensor<4096x2048xbf16>, %w: tensor<2x2048x1024xbf16>, %offs: tensor<2xi32>,
+                        %e0: index {neuron.size = {name = "offs__end0", min = 0 : i64, max = 4096 : i64}},
+                        %e1: index {neuron.size = {name = "offs__end1", min = 0 : i64, max = 4096 : i64}}) -> tensor<4096x1024xbf16> {
+  %y = neuron.grouped_matmul %x, %w ends(%e0, %e1) : tensor<4096x2048xbf16>, tensor<2x2048x1024xbf16> -> tensor<4096x1024xbf16>
+  return %y : tensor<4096x1024xbf16>
+}
