@@ -89,7 +89,9 @@ namespace {
 /// GpSimd's n_gather picks each feature tile's rows, TensorE transposes
 /// them back (is_transpose: bit for bit), VectorE and ScalarE move
 /// them from PSUM and one DMA stores the whole rows. GpSimd spends 2
-/// cycles an element where software DGE spends ~50 ns a row.
+/// cycles an element where software DGE spends ~50 ns a row. A table too
+/// large for SBUF goes in passes over its feature tiles, as many at once as
+/// fit, each pass storing its columns of every row.
 class PartitionGather {
 public:
   PartitionGather(KernelLowering &k, GatherOp op)
@@ -104,23 +106,29 @@ public:
     eltBytes = std::max<int64_t>(1, elt.getIntOrFloatBitWidth() / 8);
     chunkCols =
         std::min<int64_t>(width, k.target.psumBankBytes / 4 * kBanksPerChunk);
+    // Feature tiles on chip at once: all that fit in half of SBUF, with the
+    // steps' tiles (per slot the indices, at most 8 bytes, as f32 and as
+    // i32, a pass's gathered features and its columns of the rows; once
+    // the identity, its iota and ones).
+    for (passTiles = featureTiles; passTiles > 0; --passTiles) {
+      int64_t perStep =
+          kSlots * (p * (8 + 4 + 4) + 2 * passTiles * p * eltBytes);
+      int64_t bytes = passTiles * vocab * eltBytes + perStep + p * (4 + 4 + 4);
+      if (bytes <= k.target.sbufBytesPerPartition / 2)
+        break;
+    }
+    passCols = std::min(width, passTiles * p);
   }
 
-  /// Whether the table fits SBUF transposed (with the steps' tiles) and the
-  /// gather pays: the table's transposing load or GpSimd's gathers take less
-  /// time than software DGE's descriptors.
+  /// Whether a feature tile of the table fits SBUF transposed (with the
+  /// steps' tiles) and the gather pays: the table's transposing load (and in
+  /// passes, the rows' extra store descriptors) or GpSimd's gathers take
+  /// less time than software DGE's descriptors.
   bool pays() const {
     bool floats = isa<BFloat16Type, Float16Type, Float32Type>(elt);
     if (!floats || vocab == 0 || vocab > (int64_t(1) << 24) || count == 0 ||
-        width == 0)
+        width == 0 || passTiles == 0)
       return false; // TensorE transposes floats; indices pass through fp32
-    // Per slot: the indices (at most 8 bytes), as f32 and as i32, the
-    // gathered features and the rows; once: the identity, its iota and ones.
-    int64_t perStep = kSlots * (p * (8 + 4 + 4) + featureTiles * p * eltBytes +
-                                width * eltBytes);
-    int64_t bytes = featureTiles * vocab * eltBytes + perStep + p * (4 + 4 + 4);
-    if (bytes > k.target.sbufBytesPerPartition / 2)
-      return false;
     const ::neuron::target::CostModel cost(k.target);
     double steps = double((count + p - 1) / p);
     ::neuron::target::ComputeShape gather;
@@ -130,6 +138,11 @@ public:
                                      ::neuron::runtime::Engine::GpSimd, gather);
     double loadNs = double(vocab * width * eltBytes) /
                     (cost.dmaTransposeBytesPerNs(false) * k.target.dmaEngines);
+    // In passes, each row is stored in as many runs, a descriptor each.
+    if (int64_t passes = (featureTiles + passTiles - 1) / passTiles; passes > 1)
+      loadNs += double(count * passes) *
+                cost.dmaTransferNs(0, double(passTiles * p * eltBytes), 1) /
+                double(k.target.dmaEngines);
     // The DMA gather's chunks of columns, a descriptor a row each.
     int64_t chunk = k.indexedRows(count, width, elt).chunk;
     double chunks = double((width + chunk - 1) / chunk);
@@ -141,32 +154,40 @@ public:
 
   void lower(Value table, Value idx, Value out) {
     KernelLowering::TileScope scope(k);
-    // The table transposed: feature tile f's rows at columns [f * vocab,
-    // + vocab), one transposing DMA each, issued after the first step's
-    // indices (the DMA queues serve transfers in program order).
-    Value tableT = k.tile(MemorySpace::sbuf, {p, featureTiles * vocab}, elt);
-    bool tableLoaded = false;
-    auto loadTable = [&] {
-      for (int64_t f = 0; f < featureTiles; ++f)
-        k.dma(k.view(table, k.index(f * p), {features(f), vocab}, {1, width}),
-              k.view(tableT, k.index(f * vocab), {features(f), vocab},
-                     {featureTiles * vocab, 1}));
-      tableLoaded = true;
-    };
-    Value ident = k.identity(p, elt);
+    // A pass's feature tiles of the table transposed: tile f's rows at
+    // columns [f * vocab, + vocab), one transposing DMA each, issued after
+    // the pass's first step's indices (the DMA queues serve transfers in
+    // program order).
+    tableT = k.tile(MemorySpace::sbuf, {p, passTiles * vocab}, elt);
+    ident = k.identity(p, elt);
     Type i32 = b.getIntegerType(32), f32 = b.getF32Type();
-    Value ones = k.tile(MemorySpace::sbuf, {1, p}, f32);
+    ones = k.tile(MemorySpace::sbuf, {1, p}, f32);
     b.create<nisa::MemsetOp>(ones, APFloat(1.0));
-    SmallVector<Value> line, lineF32, spread, narrow, picked, rows, sums;
     for (int64_t s = 0; s < kSlots; ++s) {
       line.push_back(k.tile(MemorySpace::sbuf, {1, p}, idxElt));
       lineF32.push_back(k.tile(MemorySpace::sbuf, {1, p}, f32));
       spread.push_back(k.tile(MemorySpace::psum, {p, p}, f32));
       narrow.push_back(k.tile(MemorySpace::sbuf, {p, p}, i32));
-      picked.push_back(k.tile(MemorySpace::sbuf, {p, featureTiles * p}, elt));
-      rows.push_back(k.tile(MemorySpace::sbuf, {p, width}, elt));
+      picked.push_back(k.tile(MemorySpace::sbuf, {p, passTiles * p}, elt));
+      rows.push_back(k.tile(MemorySpace::sbuf, {p, passCols}, elt));
       sums.push_back(k.tile(MemorySpace::psum, {p, chunkCols}, f32));
     }
+    for (int64_t f0 = 0; f0 < featureTiles; f0 += passTiles)
+      pass(table, idx, out, f0, std::min(featureTiles, f0 + passTiles));
+  }
+
+private:
+  /// Feature tiles [f0, f1): their columns of every gathered row.
+  void pass(Value table, Value idx, Value out, int64_t f0, int64_t f1) {
+    int64_t c0 = f0 * p, cols = std::min(width, f1 * p) - c0;
+    bool tableLoaded = false;
+    auto loadTable = [&] {
+      for (int64_t f = f0; f < f1; ++f)
+        k.dma(k.view(table, k.index(f * p), {features(f), vocab}, {1, width}),
+              k.view(tableT, k.index((f - f0) * vocab), {features(f), vocab},
+                     {passTiles * vocab, 1}));
+      tableLoaded = true;
+    };
     // Step i: indices [i * p, + n) in one partition's run, then on every
     // partition by a product with a ones row (K = 1: exact below 2^24, and
     // an index out of range stays out of it), as i32: a broadcasting DMA
@@ -184,43 +205,45 @@ public:
         loadTable();
     };
     auto compute = [&](Value r0, int64_t n, int64_t slot) {
-      for (int64_t f = 0; f < featureTiles; ++f) {
+      for (int64_t f = f0; f < f1; ++f) {
         int64_t fw = features(f);
         b.create<nisa::NGatherOp>(
-            k.view(tableT, k.index(f * vocab), {fw, vocab},
-                   {featureTiles * vocab, 1}),
+            k.view(tableT, k.index((f - f0) * vocab), {fw, vocab},
+                   {passTiles * vocab, 1}),
             k.view(narrow[slot], k.index(0), {fw, n}, {p, 1}),
-            k.view(picked[slot], k.index(f * n), {fw, n},
-                   {featureTiles * p, 1}));
+            k.view(picked[slot], k.index((f - f0) * n), {fw, n},
+                   {passTiles * p, 1}));
       }
       // Per chunk of columns (PSUM banks), the feature tiles transposed
       // back into it, then out to the rows tile a bank at a time, by
       // VectorE and ScalarE in turn.
       int64_t bankCols = k.target.psumBankBytes / 4, evictions = 0;
-      for (int64_t c0 = 0; c0 < width; c0 += chunkCols) {
-        int64_t cols = std::min(chunkCols, width - c0);
-        for (int64_t f = c0 / p; f * p < c0 + cols; ++f) {
+      for (int64_t cc = 0; cc < cols; cc += chunkCols) {
+        int64_t chunk = std::min(chunkCols, cols - cc);
+        for (int64_t f = f0 + cc / p; f * p < c0 + cc + chunk; ++f) {
           int64_t fw = features(f);
           auto mm = b.create<nisa::MatmulOp>(
-              k.view(picked[slot], k.index(f * n), {fw, n},
-                     {featureTiles * p, 1}),
+              k.view(picked[slot], k.index((f - f0) * n), {fw, n},
+                     {passTiles * p, 1}),
               k.view(ident, k.index(0), {fw, fw}, {p, 1}),
-              k.view(sums[slot], k.index(f * p - c0), {n, fw}, {chunkCols, 1}));
+              k.view(sums[slot], k.index(f * p - c0 - cc), {n, fw},
+                     {chunkCols, 1}));
           mm.setIsTranspose(true); // exact for NaN and infinities too
         }
-        for (int64_t b0 = 0; b0 < cols; b0 += bankCols, ++evictions) {
-          int64_t bc = std::min(bankCols, cols - b0);
+        for (int64_t b0 = 0; b0 < chunk; b0 += bankCols, ++evictions) {
+          int64_t bc = std::min(bankCols, chunk - b0);
           b.create<nisa::CopyOp>(
               k.view(sums[slot], k.index(b0), {n, bc}, {chunkCols, 1}),
-              k.view(rows[slot], k.index(c0 + b0), {n, bc}, {width, 1}),
+              k.view(rows[slot], k.index(cc + b0), {n, bc}, {passCols, 1}),
               evictions % 2 ? nisa::Engine::scalar : nisa::Engine::vector);
         }
       }
       // From ScalarE's queue: on SyncE's the store would hold up the next
       // steps' index loads.
       b.create<nisa::DmaCopyOp>(
-          k.view(rows[slot], k.index(0), {n, width}, {width, 1}),
-          k.view(out, k.scale(r0, width), {n, width}, {width, 1}),
+          k.view(rows[slot], k.index(0), {n, cols}, {passCols, 1}),
+          k.view(out, k.addOffset(k.scale(r0, width), c0), {n, cols},
+                 {width, 1}),
           nisa::Engine::scalar);
     };
     int64_t full = count / p;
@@ -234,7 +257,6 @@ public:
     }
   }
 
-private:
   static constexpr int64_t kSlots = 2;
   static constexpr int64_t kBanksPerChunk = 2;
   int64_t features(int64_t f) const { return std::min(p, width - f * p); }
@@ -244,6 +266,13 @@ private:
   int64_t p;
   Type elt, idxElt;
   int64_t vocab, width, count, featureTiles, eltBytes, chunkCols;
+  /// Feature tiles a pass holds on chip (0: not one fits), and their columns.
+  int64_t passTiles, passCols;
+  /// lower()'s tiles: the table's pass, the identity and a ones row; per
+  /// slot the indices (as loaded, f32, spread over the partitions in PSUM,
+  /// i32), the gathered features, the rows and their PSUM chunk.
+  Value tableT, ident, ones;
+  SmallVector<Value> line, lineF32, spread, narrow, picked, rows, sums;
 };
 } // namespace
 

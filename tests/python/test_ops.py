@@ -1225,8 +1225,12 @@ def test_out_of_range_row_index_is_an_index_error() -> None:
         (2048, 1024, (4096,), torch.bfloat16, torch.int64),  # Mixtral's MoE dispatch
         (300, 200, (10, 77), torch.float32, torch.int64),  # features and steps not whole
         (64, 130, (300,), torch.float16, torch.int32),
+        # Tables SBUF holds transposed only in part: passes of feature tiles (8192 tokens'
+        # dispatch: 4 of 8 tiles a pass; 2, then 1 of 44 features).
+        (8192, 1024, (16384,), torch.bfloat16, torch.int64),
+        (12000, 300, (5000,), torch.float32, torch.int32),
     ],
-    ids=["moe_dispatch", "f32_ragged", "f16_i32_index"],
+    ids=["moe_dispatch", "f32_ragged", "f16_i32_index", "moe_dispatch_8k", "f32_passes"],
 )
 def test_gathers_that_pay_run_within_partitions(
     rows: int,
