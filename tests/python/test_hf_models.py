@@ -78,6 +78,21 @@ FAMILIES: dict[str, tuple[Callable[[], Any], Callable[[], dict[str, torch.Tensor
         _ids,
         "logits",
     ),
+    # Top-8 routing (Qwen3-MoE, OLMoE, DeepSeek-V3's shape): the weighted sum over 8 slices.
+    "qwen3_moe_top8": (
+        lambda: hf.Qwen3MoeForCausalLM(
+            hf.Qwen3MoeConfig(
+                **LM,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                num_experts=16,
+                num_experts_per_tok=8,
+                moe_intermediate_size=64,
+            )
+        ),
+        _ids,
+        "logits",
+    ),
     "deepseek_v3_mla_moe": (
         lambda: hf.DeepseekV3ForCausalLM(
             hf.DeepseekV3Config(

@@ -1259,6 +1259,25 @@ def test_gathers_that_pay_run_within_partitions(
     assert "n_gather" in _instructions(prof) and "dma_gather" not in _instructions(prof)
 
 
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_a_top_k_sum_adds_its_slices(k: int) -> None:
+    """An MoE layer's weighted top-k sum over [tokens, k, hidden] (top-8 in Qwen3-MoE, OLMoE
+    and DeepSeek-V3) adds its k slices, bf16 ones in float32 rounded once as eager's sum:
+    no transpose of the tensor and no column sums on TensorE (Qwen3-MoE's top-8 sum at 1024
+    tokens took 3.1 ms modeled that way, 0.58 ms with the unsort it shares a kernel with)."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(1024, k, 512, generator=g).bfloat16()
+    torch._dynamo.reset()
+    with torchneuron.profile() as prof:
+        got = torch.compile(lambda t: t.sum(1), backend="neuron", fullgraph=True)(x)
+    want = x.float().sum(1)
+    torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=1e-6)
+    assert "matmul" not in _instructions(prof)
+    # k + 1 MB of bf16 moved, 2.8 us a MB at the HBM peak (k = 8: 94 us modeled, the adds'
+    # float32 partial sums through HBM; k = 2: 27 us).
+    assert prof.total_device_ns < 15e3 * (k + 1)
+
+
 def test_a_few_rows_of_a_large_table_stay_an_indirect_dma() -> None:
     """Loading the table would cost more than the descriptors of three rows."""
     table = torch.randn(2048, 1024, dtype=torch.bfloat16)
