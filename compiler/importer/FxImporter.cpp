@@ -586,13 +586,13 @@ Value Importer::sumOfSlices(ReduceFn fn, Value v, ArrayRef<bool> reduced) {
   for (int64_t i = 0; i < dim; ++i)
     perOuter |= type.isDynamicDim(i) || type.getDimSize(i) > 1;
   Type elt = type.getElementType();
-  bool narrowFloat = isa<FloatType>(elt) && elt.getIntOrFloatBitWidth() < 32;
-  int64_t most = perOuter ? 8 : 4;
-  if (inner <= 1 || n < 2 || n > most || elt.isInteger(1) ||
-      (isa<FloatType>(elt) && n > 2 && !elt.isF32() &&
-       !(perOuter && narrowFloat)))
+  // Floats of more than two slices add in float32.
+  bool inF32 = isa<FloatType>(elt) && n > 2;
+  bool narrow = inF32 && elt.getIntOrFloatBitWidth() < 32;
+  if (inner <= 1 || n < 2 || n > (perOuter ? 8 : 4) || elt.isInteger(1) ||
+      (inF32 && !elt.isF32() && !(perOuter && narrow)))
     return Value();
-  Type addElt = narrowFloat && n > 2 ? b.getF32Type() : elt;
+  Type addElt = inF32 ? b.getF32Type() : elt;
   SmallVector<int64_t> shape(type.getShape()), kept;
   shape[dim] = 1;
   for (int64_t i = 0; i < rank; ++i)
