@@ -936,6 +936,51 @@ struct FormRotary : public OpRewritePattern<BinaryOp> {
 };
 } // namespace
 
+namespace {
+/// A broadcast along interior dims whose innermost expanded dims run to the
+/// end ([C, 1, 1] -> [N, C, H, W]: BatchNorm's per-channel values, a conv's
+/// bias, torchvision's mean and std) -> a broadcast to the values of each
+/// row ([N, C, 1, 1], small), then one along the rows. A fusion group tiles
+/// the second as a [rows, 1] column; the interior one it cannot tile, and
+/// a consumer would read it materialized, as large as the result.
+struct SplitInteriorBroadcast : public OpRewritePattern<BroadcastOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(BroadcastOp op,
+                                PatternRewriter &rewriter) const override {
+    auto in = tensorType(op.getInput());
+    RankedTensorType out = op.getType();
+    if (!in.hasStaticShape() || !out.hasStaticShape())
+      return failure();
+    int64_t rank = out.getRank(), shift = rank - in.getRank();
+    auto expanded = [&](int64_t i) {
+      int64_t inDim = i < shift ? 1 : in.getDimSize(i - shift);
+      return inDim == 1 && out.getDimSize(i) != 1;
+    };
+    // The trailing run: dims from `first` on are expanded or of size 1.
+    int64_t first = rank;
+    while (first > 0 && (expanded(first - 1) || out.getDimSize(first - 1) == 1))
+      --first;
+    bool expandsRun = false, expandsBefore = false;
+    for (int64_t i = 0; i < rank; ++i)
+      (i < first ? expandsBefore : expandsRun) |= expanded(i);
+    if (!expandsRun || !expandsBefore)
+      return failure();
+    SmallVector<int64_t> rowShape(out.getShape());
+    for (int64_t i = first; i < rank; ++i)
+      rowShape[i] = 1;
+    Value rows = rewriter.create<BroadcastOp>(op.getLoc(), out.clone(rowShape),
+                                              op.getInput());
+    rewriter.replaceOpWithNewOp<BroadcastOp>(op, out, rows);
+    return success();
+  }
+};
+} // namespace
+
+void BroadcastOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                              MLIRContext *context) {
+  patterns.add<SplitInteriorBroadcast>(context);
+}
 void SliceOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                           MLIRContext *context) {
   patterns.add<HoistSlice>(context);

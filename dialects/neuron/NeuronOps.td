@@ -254,6 +254,7 @@ def Neuron_BroadcastOp : Neuron_Op<"broadcast"> {
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
   let hasFolder = 1;
+  let hasCanonicalizer = 1;
 }
 
 def Neuron_TransposeOp : Neuron_Op<"transpose"> {

@@ -237,12 +237,14 @@ void GroupPlan::layOut(ArrayRef<Value> inputs, int64_t width,
     int64_t rem = plan.numCols % (p * cols);
     steps = plan.numCols / (p * cols) + (rem / cols > 0) + (rem % cols > 0);
   }
-  // Per slot, about a tile of every input and output (bits rounded up
-  // per column: an over-estimate kept so that programs stay as they were).
+  // Per slot, a tile of every input and output, a row's value one column
+  // (bits rounded up per column: an over-estimate kept so that programs
+  // stay as they were).
   int64_t streamBytes = 0;
   for (Value v : inputs)
     if (plan.rep(v) == Rep::Full || plan.rep(v) == Rep::Row) // not loaded once
-      streamBytes += cols * (typeOf(v).getElementTypeBitWidth() + 7) / 8;
+      streamBytes +=
+          slotWidth(v) * (typeOf(v).getElementTypeBitWidth() + 7) / 8;
   for (Value v : outputList)
     streamBytes += cols * (typeOf(v).getElementTypeBitWidth() + 7) / 8;
   numSlots = std::min<int64_t>(steps, knobs.streamSlots);

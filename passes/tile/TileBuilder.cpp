@@ -349,10 +349,118 @@ Value TileBuilder::resultBuffer(Value result) {
   return buffer;
 }
 
-/// A transposed window ([..., R, C] reading rows contiguously, columns
-/// strided) of 2- or 4-byte elements, made contiguous as a chip would: each
-/// [128, C-chunk] tile loaded into SBUF by a transposing DMA, then stored
-/// whole. One HBM-to-HBM DMA would move it one element per descriptor.
+/// `shape` and a window's `strides` with the dims of one element dropped
+/// and each dim merged into the one inside it where the strides run on:
+/// the fewest dims that address the same elements in the same order (a
+/// contiguous destination runs on wherever the window does).
+static std::pair<SmallVector<int64_t>, SmallVector<int64_t>>
+mergedRuns(ArrayRef<int64_t> shape, ArrayRef<int64_t> strides) {
+  SmallVector<int64_t> sizes, from;
+  for (int64_t d = (int64_t)shape.size() - 1; d >= 0; --d) {
+    if (shape[d] == 1)
+      continue;
+    if (!sizes.empty() && strides[d] == from.back() * sizes.back()) {
+      sizes.back() *= shape[d];
+      continue;
+    }
+    sizes.push_back(shape[d]);
+    from.push_back(strides[d]);
+  }
+  std::reverse(sizes.begin(), sizes.end());
+  std::reverse(from.begin(), from.end());
+  return {sizes, from};
+}
+
+/// A window (dims merged: mergedRuns) whose innermost dim is a broadcast
+/// (stride 0: a row's max expanded along the row, a per-channel [C, 1, 1]
+/// value expanded over [N, C, H, W] where the canonicalizer did not split
+/// it) made contiguous as a chip would: per 128 values of the innermost dim
+/// that varies (or fewer, each over several partitions), the values
+/// loaded as a column, expanded along the free dim once on VectorE and
+/// stored to every place that repeats them (the broadcast dim in chunks,
+/// the outer broadcast dims) by one DMA whose source repeats the chunk. One
+/// HBM-to-HBM DMA would write an element per descriptor.
+bool TileBuilder::broadcastThroughSbuf(const Window &window,
+                                       ArrayRef<int64_t> shape, Value out) {
+  int64_t rank = shape.size();
+  if (rank == 0 || window.strides.back() != 0)
+    return false;
+  SmallVector<int64_t> dense = contiguousStrides(shape);
+  int64_t run = shape.back(), p = target.partitions;
+  // The innermost varying dim goes on the partitions, the other varying
+  // dims are loops around its tiles, the broadcast ones repeats in a store.
+  SmallVector<int64_t> varying, repeated;
+  for (int64_t d = rank - 2; d >= 0; --d)
+    (window.strides[d] ? varying : repeated).push_back(d);
+  int64_t parts = varying.empty() ? 1 : shape[varying.front()];
+  int64_t partFrom = varying.empty() ? 1 : window.strides[varying.front()];
+  int64_t partTo = varying.empty() ? run : dense[varying.front()];
+  // Fewer values than partitions (32 rows' max, 3 channels) each take
+  // `split` partitions, a segment of the run apiece, where the values'
+  // runs are adjacent in the result (the DMAs share a store by partitions).
+  int64_t split = 1;
+  if (partTo == run)
+    for (int64_t q = std::min(run, p / parts); q > 1 && split == 1; --q)
+      if (run % q == 0)
+        split = q;
+  int64_t segment = run / split;
+  Type elt = cast<MemRefType>(window.buffer.getType()).getElementType();
+  int64_t eltBytes = std::max<int64_t>(1, elt.getIntOrFloatBitWidth() / 8);
+  int64_t chunk = std::min(segment, std::max<int64_t>(1, tileBytes / eltBytes));
+  // The store: [partitions, repeated dims..., chunks, chunk], the source
+  // repeating the expanded chunk along all but its partitions.
+  auto store = [&](Value expanded, Value dst, int64_t rows, int64_t chunks,
+                   int64_t width) {
+    SmallVector<int64_t> storeShape{rows}, srcStrides{chunk},
+        dstStrides{partTo / split};
+    for (int64_t d : repeated) {
+      storeShape.push_back(shape[d]);
+      srcStrides.push_back(0);
+      dstStrides.push_back(dense[d]);
+    }
+    storeShape.append({chunks, width});
+    srcStrides.append({0, 1});
+    dstStrides.append({chunk, 1});
+    dma(view(expanded, index(0), storeShape, srcStrides),
+        view(out, dst, storeShape, dstStrides));
+  };
+  std::function<void(size_t, Value, Value)> outer = [&](size_t i, Value src,
+                                                        Value dst) {
+    if (i < varying.size()) {
+      int64_t d = varying[i];
+      forEach(shape[d], [&](Value iv) {
+        outer(i + 1, addOffsets(src, scale(iv, window.strides[d])),
+              addOffsets(dst, scale(iv, dense[d])));
+      });
+      return;
+    }
+    forTiles(parts, p / split, [&](Value v0, int64_t vt) {
+      TileScope scope(*this);
+      int64_t rows = vt * split;
+      Value column = tile(MemorySpace::sbuf, {rows, 1}, elt);
+      dma(view(window.buffer, addOffsets(src, scale(v0, partFrom)),
+               {vt, split, 1}, {partFrom, 0, 1}),
+          view(column, index(0), {vt, split, 1}, {split, 1, 1}));
+      Value expanded = tile(MemorySpace::sbuf, {rows, chunk}, elt);
+      b.create<nisa::CopyOp>(view(column, index(0), {rows, chunk}, {1, 0}),
+                             expanded);
+      Value at = addOffsets(dst, scale(v0, partTo));
+      if (segment / chunk)
+        store(expanded, at, rows, segment / chunk, chunk);
+      if (segment % chunk)
+        store(expanded, addOffset(at, segment / chunk * chunk), rows, 1,
+              segment % chunk);
+    });
+  };
+  outer(1, index(window.offset), index(0));
+  return true;
+}
+
+/// A transposed window (dims merged: mergedRuns; [..., R, C] reading rows
+/// contiguously, columns strided) of 2- or 4-byte elements, made contiguous as
+/// a chip would: each [128, C-chunk] tile loaded into SBUF by a transposing
+/// DMA, then stored whole. One HBM-to-HBM DMA would move it one element per
+/// descriptor.
 bool TileBuilder::transposeThroughSbuf(const Window &window,
                                        ArrayRef<int64_t> shape, Value out) {
   int64_t rank = shape.size();
@@ -377,16 +485,31 @@ bool TileBuilder::transposeThroughSbuf(const Window &window,
       from += (rest % shape[d]) * window.strides[d];
       rest /= shape[d];
     }
-    int64_t to = m * rows * cols;
-    forTiles(rows, target.partitions, [&](Value r0, int64_t rt) {
-      forTiles(cols, chunk, [&](Value c0, int64_t ct) {
+    int64_t to = m * rows * cols, p = target.partitions;
+    // Whole 128-row blocks several to a transfer (a transfer's fixed cost
+    // is paid per tile: [3136, 256] in 128-row tiles took 4x a copy), then
+    // the rows left.
+    forTiles(cols, chunk, [&](Value c0, int64_t ct) {
+      int64_t perTile = std::max<int64_t>(1, chunk / ct);
+      forTiles(rows / p, perTile, [&](Value b0, int64_t blocks) {
+        TileScope scope(*this);
+        Value t = tile(MemorySpace::sbuf, {p, blocks * ct}, elt);
+        Value src =
+            addOffsets(addOffset(scale(b0, p), from), scale(c0, colStride));
+        dma(view(window.buffer, src, {p, blocks, ct}, {1, p, colStride}),
+            view(t, index(0), {p, blocks, ct}, {blocks * ct, ct, 1}));
+        Value dst = addOffsets(addOffset(scale(b0, p * cols), to), c0);
+        dma(view(t, index(0), {p, blocks, ct}, {blocks * ct, ct, 1}),
+            view(out, dst, {p, blocks, ct}, {cols, p * cols, 1}));
+      });
+      if (int64_t rt = rows % p) {
         TileScope scope(*this);
         Value t = tile(MemorySpace::sbuf, {rt, ct}, elt);
-        Value src = addOffsets(addOffset(r0, from), scale(c0, colStride));
+        int64_t r0 = rows - rt;
+        Value src = addOffset(scale(c0, colStride), from + r0);
         dma(view(window.buffer, src, {rt, ct}, {1, colStride}), t);
-        Value dst = addOffsets(addOffset(scale(r0, cols), to), c0);
-        dma(t, view(out, dst, {rt, ct}, {cols, 1}));
-      });
+        dma(t, view(out, addOffset(c0, to + r0 * cols), {rt, ct}, {cols, 1}));
+      }
     });
   }
   return true;
@@ -408,7 +531,12 @@ Value TileBuilder::bufferOf(Value tensor) {
     else if (shape.empty())
       dma(view(lazy.window.buffer, index(lazy.window.offset), {1}, {1}),
           view(out, index(0), {1}, {1}));
-    else if (!transposeThroughSbuf(lazy.window, shape, out))
+    else if (auto [sizes, strides] = mergedRuns(shape, lazy.window.strides);
+             !broadcastThroughSbuf(
+                 {lazy.window.buffer, lazy.window.offset, strides}, sizes,
+                 out) &&
+             !transposeThroughSbuf(
+                 {lazy.window.buffer, lazy.window.offset, strides}, sizes, out))
       copyMerged(lazy.window.buffer, lazy.window.offset, lazy.window.strides,
                  out, index(0), contiguousStrides(shape), shape);
     return out;

@@ -268,6 +268,8 @@ public:
   void setEntry(Block *block) { entry = block; }
 
 private:
+  bool broadcastThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
+                            Value out);
   bool transposeThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
                             Value out);
 

@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -848,3 +849,102 @@ def test_a_transpose_made_contiguous_goes_through_sbuf(
     _, copy_ns = modeled(lambda t: t + 0)
     assert transpose_ns < 4 * copy_ns, (transpose_ns, copy_ns)
     assert torchneuron.stats()["ops_fallback"] == {}
+
+
+def _modeled(fn: Any, *args: torch.Tensor) -> tuple[torch.Tensor, float, float]:
+    """fn compiled and run once: its result, modeled device time and HBM bytes."""
+    torch._dynamo.reset()
+    with torchneuron.profile() as prof:
+        out = torch.compile(fn, backend="neuron")(*args)
+    return out, prof.total_device_ns, sum(k["hbm_bytes"] for k in prof.kernels)
+
+
+def test_a_permute_of_dims_that_merge_goes_through_sbuf(real_native: ModuleType) -> None:
+    # NCHW -> NHWC (ConvNeXt's LayerNorm2d): H and W are one run of the input, so it is 8
+    # transposes of [C, H * W], not 8 * 56 of [C, W] (those went HBM to HBM, an element per
+    # descriptor: 387 ms for the LayerNorm2d of [8, 256, 56, 56]).
+    x = torch.randn(8, 256, 56, 56, dtype=torch.bfloat16)
+    out, permute_ns, _ = _modeled(lambda t: t.permute(0, 2, 3, 1).contiguous(), x)
+    assert torch.equal(out, x.permute(0, 2, 3, 1).contiguous())
+    back, back_ns, _ = _modeled(lambda t: t.permute(0, 3, 1, 2).contiguous(), out)
+    assert torch.equal(back, x)
+    _, copy_ns, _ = _modeled(lambda t: t + 0, x)
+    assert permute_ns < 4 * copy_ns and back_ns < 4 * copy_ns, (permute_ns, back_ns, copy_ns)
+
+
+@pytest.mark.parametrize(
+    ("build", "shape"),
+    [
+        (lambda v: v[:, None].expand(32, 50000), (32,)),  # a row's value along the row
+        (lambda v: v.view(1, 3, 1, 1).expand(16, 3, 224, 224), (3,)),  # channels over images
+        (lambda v: v[None, :, None].expand(4, 200, 300), (200,)),
+        (lambda v: v.expand(2, 3, 1000), ()),  # one value everywhere
+    ],
+    ids=["rows", "channels", "interior", "scalar"],
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int64])
+def test_a_broadcast_made_contiguous_goes_through_sbuf(
+    build: Callable[[torch.Tensor], torch.Tensor],
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    real_native: ModuleType,
+) -> None:
+    # Expanded on chip once per 128 values and stored to every place that repeats them: one
+    # HBM-to-HBM DMA with a zero stride innermost wrote an element per descriptor (a [32, 1]
+    # max expanded over 128256 columns: ~30 ms).
+    v = (torch.randn(shape) * 100).to(dtype)
+    out, expand_ns, _ = _modeled(lambda t: build(t).contiguous(), v)
+    want = build(v).contiguous()
+    assert torch.equal(out, want)
+    _, copy_ns, _ = _modeled(lambda t: t + 0, want)
+    assert expand_ns < 2 * copy_ns, (expand_ns, copy_ns)
+
+
+class _Normalize(torch.nn.Module):
+    """torchvision's transforms.Normalize on a batch: per-channel mean and std."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]))
+        self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean[None, :, None, None]) / self.std[None, :, None, None]
+
+
+@pytest.mark.parametrize(
+    ("make", "shape"),
+    [
+        (lambda: torch.nn.BatchNorm2d(256).eval(), (8, 256, 56, 56)),
+        (
+            lambda: torch.nn.Sequential(torch.nn.BatchNorm2d(64).eval(), torch.nn.ReLU()),
+            (8, 64, 56, 56),
+        ),
+        (_Normalize, (16, 3, 64, 64)),
+    ],
+    ids=["batchnorm", "batchnorm-relu", "normalize"],
+)
+def test_per_channel_values_broadcast_along_rows(
+    make: Callable[[], torch.nn.Module], shape: tuple[int, ...], real_native: ModuleType
+) -> None:
+    # [C, 1, 1] over [N, C, H, W] expands interior dims: fusion tiled none of it and each
+    # per-channel value was materialized as large as x (BatchNorm2d of [8, 256, 56, 56]:
+    # 775 ms, 13x the bytes). Split into [N, C, 1, 1] and a broadcast along rows of H * W,
+    # one group reads x once and writes the result once.
+    torch.manual_seed(0)
+    model = make()
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-1, 1)
+    model = model.to(torch.bfloat16)
+    x = torch.randn(shape, dtype=torch.bfloat16)
+    with torch.no_grad():
+        out, ns, hbm = _modeled(model, x)
+        want = model(x)
+    torch.testing.assert_close(out.float(), want.float(), atol=3e-2, rtol=2e-2)
+    assert hbm <= 1.05 * 2 * x.numel() * x.element_size(), hbm
+    _, copy_ns, _ = _modeled(lambda t: t + 0, x)
+    assert ns < 2.5 * copy_ns, (ns, copy_ns)

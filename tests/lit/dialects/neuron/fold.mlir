@@ -180,3 +180,29 @@ func.func @keep_slice_of_squares(%x: tensor<8x3xf32>) -> tensor<4x3xf32> {
   %s = neuron.slice %a40 {offsets = array<i64: 0, 0>, strides = array<i64: 2, 1>} : tensor<8x3xf32> -> tensor<4x3xf32>
   return %s : tensor<4x3xf32>
 }
+
+// A broadcast along interior dims whose innermost expanded dims run to the
+// end (BatchNorm's [C, 1, 1] over [N, C, H, W]) splits into a broadcast to
+// the values of each row and one along the rows, which a fusion group holds
+// as a [rows, 1] column. One that already expands only a suffix or only a
+// prefix stays, as does one whose last dim is not expanded.
+// CHECK-LABEL: func.func @split_interior_broadcast
+// CHECK: %[[ROWS:.*]] = neuron.broadcast %arg0 : tensor<16x1x1xf32> -> tensor<2x16x1x1xf32>
+// CHECK: %[[FULL:.*]] = neuron.broadcast %[[ROWS]] : tensor<2x16x1x1xf32> -> tensor<2x16x5x7xf32>
+// CHECK: %[[ROWS3:.*]] = neuron.broadcast %arg1 : tensor<1x16x1xf32> -> tensor<3x16x1xf32>
+// CHECK: neuron.broadcast %[[ROWS3]] : tensor<3x16x1xf32> -> tensor<3x16x9xf32>
+// CHECK: neuron.broadcast %arg0 : tensor<16x1x1xf32> -> tensor<16x5x7xf32>
+// CHECK: neuron.broadcast %arg2 : tensor<16xf32> -> tensor<4x16xf32>
+// CHECK: neuron.broadcast %arg3 : tensor<2x1x7xf32> -> tensor<2x5x7xf32>
+// CHECK-NOT: neuron.broadcast
+func.func @split_interior_broadcast(%w: tensor<16x1x1xf32>, %v: tensor<1x16x1xf32>,
+                                    %r: tensor<16xf32>, %m: tensor<2x1x7xf32>)
+    -> (tensor<2x16x5x7xf32>, tensor<3x16x9xf32>, tensor<16x5x7xf32>,
+        tensor<4x16xf32>, tensor<2x5x7xf32>) {
+  %0 = neuron.broadcast %w : tensor<16x1x1xf32> -> tensor<2x16x5x7xf32>
+  %1 = neuron.broadcast %v : tensor<1x16x1xf32> -> tensor<3x16x9xf32>
+  %2 = neuron.broadcast %w : tensor<16x1x1xf32> -> tensor<16x5x7xf32>
+  %3 = neuron.broadcast %r : tensor<16xf32> -> tensor<4x16xf32>
+  %4 = neuron.broadcast %m : tensor<2x1x7xf32> -> tensor<2x5x7xf32>
+  return %0, %1, %2, %3, %4 : tensor<2x16x5x7xf32>, tensor<3x16x9xf32>, tensor<16x5x7xf32>, tensor<4x16xf32>, tensor<2x5x7xf32>
+}
