@@ -1716,6 +1716,9 @@ Values gatherRowsHandler(Importer &im, Value table, Value indices) {
   return {im.b.create<GatherOp>(im.loc(), out, table, indices)};
 }
 
+/// Integers the engines' fp32 arithmetic holds exactly: below 2^24.
+constexpr int64_t kExactIntegers = int64_t(1) << 24;
+
 /// table[..., i_0, ..., i_{j-1}, ...] with integer index tensors (of one
 /// broadcast shape) on the adjacent dims [first, first + j): the indexed dims
 /// move to the front and flatten into the rows of a table, the indices into
@@ -1732,8 +1735,28 @@ Value gatherDims(Importer &im, Value table, int64_t first,
   auto i64 = IntegerType::get(&im.ctx, 64);
   auto indexType = RankedTensorType::get(indexShape, i64);
   auto predType = RankedTensorType::get(indexShape, im.b.getI1Type());
-  Value row;
   int64_t stride = 1;
+  for (int64_t k = 0; k < count; ++k)
+    stride *= shape[first + k];
+  // The engines compute in fp32: integers are exact below 2^24. A row
+  // number beyond (x[arange(B), labels] of B x V logits) is found in two
+  // gathers: of blocks of `block` rows (block | the last indexed dim, so
+  // the block's number and the row within it are exact), then of the row
+  // within each gathered block.
+  int64_t block = 1, picks = 1;
+  for (int64_t d : indexShape)
+    picks *= d;
+  if (count > 1 && stride > kExactIntegers) {
+    int64_t last = shape[first + count - 1];
+    while (stride / block > kExactIntegers && last % (2 * block) == 0)
+      block *= 2;
+    require(stride / block <= kExactIntegers && picks * block <= kExactIntegers,
+            "indexing " + std::to_string(stride) +
+                " positions: row numbers past 2^24 are not exact on the "
+                "engines");
+  }
+  Value row, within;
+  int64_t at = 1;
   for (int64_t k = count - 1; k >= 0; --k) {
     int64_t size = shape[first + k];
     Value idx = im.broadcastTo(im.castTo(indices[k], i64), indexShape);
@@ -1744,11 +1767,19 @@ Value gatherDims(Importer &im, Value table, int64_t first,
           im.binary(BinaryFn::add, idx, im.splat(size, indexType), indexType);
       idx = im.b.create<SelectOp>(im.loc(), indexType, negative, wrapped, idx);
     }
-    if (stride != 1)
-      idx =
-          im.binary(BinaryFn::mul, idx, im.splat(stride, indexType), indexType);
+    if (k == count - 1 && block > 1) {
+      // idx = block * (idx / block) + within: the row within its block.
+      within = im.binary(BinaryFn::remainder, idx, im.splat(block, indexType),
+                         indexType);
+      idx = im.binary(BinaryFn::div,
+                      im.binary(BinaryFn::sub, idx, within, indexType),
+                      im.splat(block, indexType), indexType);
+    } else if (at / block != 1) {
+      idx = im.binary(BinaryFn::mul, idx, im.splat(at / block, indexType),
+                      indexType);
+    }
     row = row ? im.binary(BinaryFn::add, row, idx, indexType) : idx;
-    stride *= size;
+    at *= size;
   }
   SmallVector<int64_t> perm, rows = {stride};
   for (int64_t d = first; d < first + count; ++d)
@@ -1761,8 +1792,31 @@ Value gatherDims(Importer &im, Value table, int64_t first,
   Value flat = im.reshape(im.transpose(table, perm), rows);
   SmallVector<int64_t> gathered(indexShape);
   llvm::append_range(gathered, ArrayRef<int64_t>(rows).drop_front());
-  Value result =
-      im.b.create<GatherOp>(im.loc(), tableType.clone(gathered), flat, row);
+  Value result;
+  if (block == 1) {
+    result =
+        im.b.create<GatherOp>(im.loc(), tableType.clone(gathered), flat, row);
+  } else {
+    // Blocks of `block` rows, then in the [picks * block] rows they make,
+    // pick p's row p * block + within.
+    SmallVector<int64_t> blocks = {stride / block, block},
+                         blockRows(indexShape);
+    llvm::append_range(blocks, ArrayRef<int64_t>(rows).drop_front());
+    llvm::append_range(blockRows, ArrayRef<int64_t>(blocks).drop_front());
+    Value chosen = im.b.create<GatherOp>(im.loc(), tableType.clone(blockRows),
+                                         im.reshape(flat, blocks), row);
+    SmallVector<int64_t> pickedRows = {picks * block};
+    llvm::append_range(pickedRows, ArrayRef<int64_t>(rows).drop_front());
+    SmallVector<int64_t> starts;
+    for (int64_t p = 0; p < picks; ++p)
+      starts.push_back(p * block);
+    Value first = im.b.create<ConstantOp>(
+        im.loc(), indexType,
+        DenseElementsAttr::get(indexType, ArrayRef<int64_t>(starts)));
+    result = im.b.create<GatherOp>(
+        im.loc(), tableType.clone(gathered), im.reshape(chosen, pickedRows),
+        im.binary(BinaryFn::add, first, within, indexType));
+  }
   if (first == 0)
     return result;
   // [index..., before..., after...] -> [before..., index..., after...]

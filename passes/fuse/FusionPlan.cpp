@@ -290,6 +290,44 @@ bool outputsStorable(const FusionPlan &plan, ArrayRef<Value> outputs,
   return true;
 }
 
+/// A row longer than kFoldedRowBytes of the group's widest values that it
+/// reduces nothing along, held as the fewest rows of numCols / rowFold that
+/// are within it (rowFold a power of two dividing the row and the 128 rows
+/// of a tile, so a tile holds whole rows' pieces): every value of such a
+/// group is full-size or a row's (no column vectors, whose values would
+/// differ between a row's pieces), and no row value is stored.
+constexpr int64_t kFoldedRowBytes = 16384;
+constexpr int64_t kMaxRowFold = 128;
+
+void foldLongRows(FusionPlan &plan, ArrayRef<Operation *> ops,
+                  int64_t rowLength) {
+  if (!plan.byRows || plan.dynamicRows || rowLength)
+    return;
+  int64_t widest = 1;
+  for (Operation *op : ops) {
+    if (isa<ReduceOp>(op))
+      return;
+    SmallVector<Value> values(op->getOperands());
+    llvm::append_range(values, op->getResults());
+    for (Value v : values) {
+      if (plan.reps.count(v) && plan.rep(v) == Rep::Col)
+        return;
+      widest = std::max<int64_t>(
+          widest,
+          cast<RankedTensorType>(v.getType()).getElementTypeBitWidth() / 8);
+    }
+  }
+  int64_t fold = 1;
+  while (plan.numCols / fold * widest > kFoldedRowBytes && fold < kMaxRowFold &&
+         plan.numCols % (2 * fold) == 0)
+    fold *= 2;
+  if (plan.numCols / fold * widest > kFoldedRowBytes)
+    return;
+  plan.rowFold = fold;
+  plan.numCols /= fold;
+  plan.numRows *= fold;
+}
+
 } // namespace
 
 std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
@@ -361,6 +399,7 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
   }
   if (!outputsStorable(plan, outputs, full))
     return fail("an output would have to materialize a broadcast");
+  foldLongRows(plan, ops, rowLength);
   return plan;
 }
 

@@ -37,6 +37,10 @@ struct FusionPlan {
   /// byRows with a row count known at run time (issue #16): numRows is a
   /// stand-in, the lowering computes the rows from the size arguments.
   bool dynamicRows = false;
+  /// byRows: each row of the group's tensors is this many rows of numCols
+  /// (a row too long for SBUF in a group that reduces none: BatchNorm's
+  /// rows of 112 x 112); a row value repeats over as many rows of the plan.
+  int64_t rowFold = 1;
   llvm::DenseMap<Value, Rep> reps;
   llvm::DenseMap<Value, double> splats;
 

@@ -261,13 +261,25 @@ void GroupPlan::layOut(ArrayRef<Value> inputs, int64_t width,
     innerSlots = 1;
 }
 
+/// Per partition, what a row input loaded once may take.
+static constexpr int64_t kPreloadedRowBytes = 2048;
+
+bool GroupPlan::preloaded(Value v) const {
+  return rep(v) == Rep::Row && fusion.byRows && !fusion.dynamicRows &&
+         typeOf(v).getNumElements() > 1 &&
+         steps * bytes(elt(v)) <= kPreloadedRowBytes &&
+         llvm::is_contained(loaded, v);
+}
+
 /// What the group's tiles take per partition (they are all live at once).
 int64_t GroupPlan::heldBytes() const {
   int64_t total = 0;
   llvm::DenseSet<Value> streamed;
   for (Value v : loaded) {
     Rep r = rep(v);
-    if (r == Rep::Full || r == Rep::Row)
+    if (preloaded(v))
+      total += steps * bytes(elt(v));
+    else if (r == Rep::Full || r == Rep::Row)
       total += numSlots * slotWidth(v) * bytes(elt(v));
     else if (r == Rep::Col)
       total += cols * bytes(elt(v));

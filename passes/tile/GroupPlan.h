@@ -105,6 +105,10 @@ struct GroupPlan {
   Rep rep(Value v) const { return fusion.rep(v); }
   /// Columns a value takes in a step's tile: 1 for a row.
   int64_t slotWidth(Value v) const { return rep(v) == Rep::Row ? 1 : cols; }
+  /// Whether the row input `v` is loaded once before the steps, a column per
+  /// step ([P, steps]; BatchNorm's per-channel values): loaded per step, each
+  /// small load would wait for the step that last read its slot.
+  bool preloaded(Value v) const;
   /// The instruction `op` becomes (ops folded or summed become none).
   ::neuron::runtime::Opcode instructionOf(Operation *op) const;
   /// The column vector (a loaded value) `v` reads through broadcasts,

@@ -80,6 +80,8 @@ private:
   void emitDynamic(Value rows);
   Value slot(const Step &st, Value v);
   Value window(const Step &st, Value v, Value buffer);
+  void preloadRow(Value v, Value buffer);
+  void loadFoldedRow(const Step &st, Value v, Value buffer);
   Value dstFor(const Step &st, Value v);
   Value heldTile(const Step &st, Value v);
   Value discardTile(const Step &st, Type t);
@@ -100,6 +102,7 @@ private:
   const llvm::DenseMap<Value, TileBuilder::GroupWindow> &windows;
   int64_t p;
   llvm::DenseMap<Value, Value> slots, columns;
+  llvm::DenseMap<Value, Value> preloadedRows; // GroupPlan::preloaded -> tile
   llvm::DenseMap<Value, Value> psumCopies; // column -> its copy in PSUM
   llvm::DenseMap<Type, Value> discards;    // plan.unreadTypes() -> tile
   llvm::DenseMap<Value, Value> inner;      // intermediate -> its two-slot tile
@@ -119,7 +122,9 @@ void GroupEmitter::allocate() {
     // A splat the plan holds as a tensor needs its constant buffer.
     Value buffer = given || rep == Rep::Splat ? given : k.bufferOf(v);
     loaded.push_back({v, buffer});
-    if (rep == Rep::Full || rep == Rep::Row)
+    if (plan.preloaded(v))
+      preloadRow(v, buffer);
+    else if (rep == Rep::Full || rep == Rep::Row)
       slots[v] =
           k.tile(MemorySpace::sbuf, {p, numSlots * plan.slotWidth(v)}, elt(v));
     // Alternating steps load their columns after the first period's rows:
@@ -453,6 +458,36 @@ void GroupEmitter::step(Phase phase, Value base, int64_t rows, int64_t stepCols,
   store(st);
 }
 
+/// A row input loaded once (GroupPlan::preloaded): step s's values in
+/// column s, one row of the group's tensors over rowFold partitions when
+/// its rows are folded (FusionPlan::rowFold). The last step's rows, if
+/// fewer, apart (a transfer of whole steps would read past the values).
+void GroupEmitter::preloadRow(Value v, Value buffer) {
+  int64_t steps = plan.steps, fold = fusion.rowFold, perStep = p / fold;
+  Value all = k.tile(MemorySpace::sbuf, {p, steps}, elt(v));
+  int64_t full = fusion.numRows / p, rem = fusion.numRows % p;
+  if (full)
+    k.dma(k.view(buffer, k.index(0), {perStep, fold, full}, {1, 0, perStep}),
+          k.view(all, k.index(0), {perStep, fold, full},
+                 {fold * steps, steps, 1}));
+  if (rem)
+    k.dma(k.view(buffer, k.index(full * perStep), {rem / fold, fold, 1},
+                 {1, 0, 1}),
+          k.view(all, k.index(full), {rem / fold, fold, 1},
+                 {fold * steps, steps, 1}));
+  preloadedRows[v] = all;
+}
+
+/// A row input of a group whose rows are folded, loaded per step: the
+/// value of each of the step's rows of the tensors, over rowFold partitions.
+void GroupEmitter::loadFoldedRow(const Step &st, Value v, Value buffer) {
+  int64_t fold = fusion.rowFold, numSlots = plan.numSlots;
+  k.dma(k.view(buffer, k.divideExactly(st.base, fold),
+               {st.rows / fold, fold, 1}, {1, 0, 1}),
+        k.view(slots[v], k.index(st.slotIndex % numSlots),
+               {st.rows / fold, fold, 1}, {fold * numSlots, numSlots, 1}));
+}
+
 /// A step's tiles of the loaded values, and in the load phase its loads.
 GroupEmitter::Step GroupEmitter::prepare(Phase phase, Value base, int64_t rows,
                                          int64_t stepCols, int64_t slotIndex,
@@ -462,8 +497,16 @@ GroupEmitter::Step GroupEmitter::prepare(Phase phase, Value base, int64_t rows,
     switch (plan.rep(v)) {
     case Rep::Full:
     case Rep::Row:
+      if (Value all = preloadedRows.lookup(v)) {
+        st.tiles[v] = k.view(all, k.divideExactly(st.base, p), {rows, 1},
+                             {plan.steps, 1});
+        break;
+      }
       st.tiles[v] = slot(st, v);
-      if (phase == Phase::Load)
+      if (phase == Phase::Load && plan.rep(v) == Rep::Row &&
+          fusion.rowFold > 1 && tensorType(v).getNumElements() > 1)
+        loadFoldedRow(st, v, buffer);
+      else if (phase == Phase::Load)
         k.dma(window(st, v, buffer), moved(st, st.tiles[v]));
       break;
     case Rep::Col:

@@ -98,6 +98,24 @@ public:
       return v;
     return b.create<arith::MulIOp>(v, index(c));
   }
+  /// v / d for an index that d divides, kept affine in the loop ivs (a
+  /// program's indices are): constants, sums and multiples of d divided
+  /// term by term.
+  Value divideExactly(Value v, int64_t d) {
+    if (d == 1)
+      return v;
+    if (auto c = v.getDefiningOp<arith::ConstantIndexOp>();
+        c && c.value() % d == 0)
+      return index(c.value() / d);
+    if (auto add = v.getDefiningOp<arith::AddIOp>())
+      return addOffsets(divideExactly(add.getLhs(), d),
+                        divideExactly(add.getRhs(), d));
+    if (auto mul = v.getDefiningOp<arith::MulIOp>())
+      if (auto c = mul.getRhs().getDefiningOp<arith::ConstantIndexOp>();
+          c && c.value() % d == 0)
+        return scale(mul.getLhs(), c.value() / d);
+    return b.create<arith::FloorDivSIOp>(v, index(d));
+  }
 
   /// An access pattern into a base buffer: element offset, static sizes and
   /// strides. Operands of every instruction are built this way.

@@ -1226,15 +1226,26 @@ def _along_last(t: torch.Tensor, index: torch.Tensor, dim: int) -> bool:
     )
 
 
+# Rows at least this long gather by position (an indirect DMA per element) rather than by a
+# one-hot pass over every element: cross-entropy's pick of one logit per vocabulary row.
+_GATHER_BY_POSITION_COLS = 1024
+
+
 def gather(t: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = False) -> object:
     """Compare with an iota (one-hot), select and sum: ``t[..., index[..., k]]`` (integer
     tables too: the one nonzero term of each sum is exact in the engines' fp32 below 2**24).
     For the few columns models gather from (top-k weights, token types) the one-hot pass is
-    cheaper than an indirect DMA per element."""
+    cheaper than an indirect DMA per element; from long rows (a vocabulary's logits) the
+    elements are picked by row and position (advanced indexing: a gather of elements)."""
     dim = dim % max(t.dim(), 1)
     if t.dtype == torch.bool or not _along_last(t, index, dim):
         return NotImplemented
     x, idx = t.movedim(dim, -1), index.movedim(dim, -1)
+    if x.shape[-1] >= _GATHER_BY_POSITION_COLS and idx.numel() > 0:
+        rows = x.reshape(-1, x.shape[-1])
+        at = idx.reshape(rows.shape[0], -1)
+        row = torch.arange(rows.shape[0], device=t.device).unsqueeze(-1)
+        return rows[row, at].reshape(idx.shape).movedim(-1, dim)
     hit = idx.unsqueeze(-1) == torch.arange(x.shape[-1], device=t.device)
     picked = torch.where(hit, x.unsqueeze(-2), 0).sum(-1, dtype=t.dtype)
     return picked.movedim(-1, dim)

@@ -918,7 +918,7 @@ class _Normalize(torch.nn.Module):
         (lambda: torch.nn.BatchNorm2d(256).eval(), (8, 256, 56, 56)),
         (
             lambda: torch.nn.Sequential(torch.nn.BatchNorm2d(64).eval(), torch.nn.ReLU()),
-            (8, 64, 56, 56),
+            (8, 64, 112, 112),  # rows of 12544 elements: folded into 4 rows each
         ),
         (_Normalize, (16, 3, 64, 64)),
     ],
@@ -930,7 +930,8 @@ def test_per_channel_values_broadcast_along_rows(
     # [C, 1, 1] over [N, C, H, W] expands interior dims: fusion tiled none of it and each
     # per-channel value was materialized as large as x (BatchNorm2d of [8, 256, 56, 56]:
     # 775 ms, 13x the bytes). Split into [N, C, 1, 1] and a broadcast along rows of H * W,
-    # one group reads x once and writes the result once.
+    # one group reads x once and writes the result once; rows too long for SBUF (ResNet's
+    # stem, 112 x 112) fold into several rows each, the per-channel values repeating.
     torch.manual_seed(0)
     model = make()
     for m in model.modules():

@@ -1192,6 +1192,60 @@ def test_index_put_writes_rows_by_indirect_dma() -> None:
     assert prof.total_device_ns < 0.5e6
 
 
+def test_indexing_past_2_24_positions_picks_exact_rows() -> None:
+    """``logits[arange(B), labels]`` over B x V past 2^24 positions: the engines' fp32
+    arithmetic holds integers exactly only below 2^24, so a row number computed as
+    ``b * V + label`` was off by a few rows (2801 of 4096 picks wrong at 4096 x 32000). It
+    is found in two gathers: a block of 128 rows by an exact block number, then the row
+    within it. Where no block makes both numbers exact (an odd last dim), the index falls
+    back to eager, counted."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(600, 32000, generator=g).to(torch.bfloat16)  # 19.2M positions
+    labels = torch.randint(0, 32000, (600,), generator=g)
+    labels[:3] = torch.tensor([0, 31999, 31872])  # a block's first and last rows
+
+    def pick(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return x[torch.arange(x.shape[0]), i]
+
+    torch._dynamo.reset()
+    got = torch.compile(pick, backend="neuron", fullgraph=True)(logits, labels)
+    assert torch.equal(got, pick(logits, labels))
+    assert torchneuron.stats()["ops_fallback"] == {}
+
+    # Middle dims of 17.2M positions, blocks of 4 rows (2100 = 4 * 525), negative indices.
+    table = torch.randn(2, 8200, 2100, generator=g).to(torch.bfloat16)
+    i = torch.randint(0, 8200, (50,), generator=g)
+    j = torch.randint(-2100, 2100, (50,), generator=g)
+    torch._dynamo.reset()
+    got = torch.compile(lambda t, a, b: t[:, a, b], backend="neuron", fullgraph=True)(table, i, j)
+    assert torch.equal(got, table[:, i, j])
+    assert torchneuron.stats()["ops_fallback"] == {}
+
+    odd = torch.randn(16400, 1025, generator=g)
+    rows = torch.randint(0, 16400, (8,), generator=g)
+    cols = torch.randint(0, 1025, (8,), generator=g)
+    torch._dynamo.reset()
+    got = torch.compile(lambda t, a, b: t[a, b] * 2, backend="neuron")(odd, rows, cols)
+    assert torch.equal(got, odd[rows, cols] * 2)
+    assert torchneuron.stats()["ops_fallback"].get("aten.index.Tensor") == 1
+
+
+def test_a_gather_from_long_rows_picks_by_position() -> None:
+    """``torch.gather`` of a few elements per long row (cross-entropy's logit of each label)
+    picks them by row and position, not by a one-hot pass over every element (which read all
+    of ``x`` and, over rows too long for a fused group, wrote [rows, 1, V] int64 masks)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(600, 32000, generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, 32000, (600, 2), generator=g)
+    torch._dynamo.reset()
+    with torchneuron.profile() as prof:
+        got = torch.compile(lambda t, i: torch.gather(t, 1, i), backend="neuron")(x, idx)
+    assert torch.equal(got, torch.gather(x, 1, idx))
+    assert torchneuron.stats()["ops_fallback"] == {}
+    hbm = sum(k["hbm_bytes"] for k in prof.kernels)
+    assert hbm < 0.1 * x.numel() * x.element_size(), hbm
+
+
 def test_out_of_range_row_index_is_an_index_error() -> None:
     """A gathered or written row outside its table raises what eager raises (IndexError),
     as the device's own error (``DeviceError``: the instruction and the user's line), not a

@@ -170,3 +170,26 @@ func.func @broadcast_window(%v: tensor<256xf32>, %x: tensor<256x256xf32>) -> ten
   }
   return %r : tensor<256x256xf32>
 }
+
+// Per-channel values over rows too long for SBUF (BatchNorm over 112 x 112
+// in float32: 49 KiB a row) in a group that reduces nothing: each row folds
+// into 4 rows of 3136 (tiles of [128, 3136]), and the channel values load
+// once before the steps, [128, steps], each of the 64 channels over 4
+// partitions (a stride-0 dim in the load), each step reading its column.
+// CHECK-LABEL: func.func @folded_rows
+// CHECK: memref.alloc() : memref<128x2xf32, #nisa.mem<sbuf>>
+// CHECK: memref.reinterpret_cast %arg1 to offset: [%{{.*}}], sizes: [32, 4, 2], strides: [1, %{{.*}}, 32]
+// CHECK: nisa.dma_copy
+// CHECK: nisa.dma_copy {{.*}} : memref<128x3136xf32
+// CHECK: nisa.tensor_scalar multiply {{.*}} scalar {{.*}} : memref<128x3136xf32
+// CHECK-NOT: nisa.dma_copy {{.*}} memref<128x1xf32
+func.func @folded_rows(%x: tensor<64x12544xf32>, %w: tensor<64xf32>) -> tensor<64x12544xf32> {
+  %r = neuron.fusion(%x, %w) : (tensor<64x12544xf32>, tensor<64xf32>) -> tensor<64x12544xf32> {
+  ^bb0(%a: tensor<64x12544xf32>, %c: tensor<64xf32>):
+    %r1 = neuron.reshape %c : tensor<64xf32> -> tensor<64x1xf32>
+    %b = neuron.broadcast %r1 : tensor<64x1xf32> -> tensor<64x12544xf32>
+    %y = neuron.binary mul %a, %b : tensor<64x12544xf32>, tensor<64x12544xf32> -> tensor<64x12544xf32>
+    neuron.yield %y : tensor<64x12544xf32>
+  }
+  return %r : tensor<64x12544xf32>
+}
