@@ -2292,16 +2292,71 @@ def _cumulative_extreme(largest: bool) -> Callable[..., object]:
     return scan
 
 
+# The bytes of a row a fused group holds per partition (the fusion's row-bytes). Longer rows
+# (a vocabulary's logits) that a reduction runs along go in blocks that fit.
+_ROW_BYTES = 16384
+
+
+def _row_blocks(n: int, element_bytes: int = 4) -> int | None:
+    """The fewest blocks (a power of two) an ``n``-element row splits into evenly, each within
+    ``_ROW_BYTES`` of ``element_bytes`` elements; None when the row fits whole or no such
+    split exists."""
+    most = _ROW_BYTES // element_bytes
+    blocks = 1
+    while n // blocks > most and n % (2 * blocks) == 0:
+        blocks *= 2
+    return blocks if blocks > 1 and n // blocks <= most else None
+
+
+def _softmax(log: bool) -> Callable[..., object]:
+    def softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> object:
+        """Softmax (``log``: log-softmax) as PyTorch decomposes it, over rows too long for a
+        fused group (a vocabulary's) in blocks: each block's max and sum of exponentials,
+        then the row's; the row's values broadcast to each block first ([..., blocks, 1]),
+        so that every group goes by rows of a block (one row broadcast over a whole long
+        row would have materialized every intermediate at float32)."""
+        from torch._decomp import decompositions as torch_decompositions
+
+        dim = dim % max(x.dim(), 1)
+        blocks = _row_blocks(x.shape[dim]) if x.dim() else None
+        if blocks is None:
+            whole = torch_decompositions._log_softmax if log else torch_decompositions._softmax
+            return whole(x, dim, half_to_float)
+        out_dtype = torch.float32 if half_to_float else x.dtype
+        xt = x.movedim(dim, -1)
+        lead = xt.shape[:-1]
+        xb = xt.reshape(*lead, blocks, xt.shape[-1] // blocks)
+        # The max in x's dtype (exact), the rest in float32 by type promotion of each use
+        # (one cast of x read by every pass would be stored at float32 for the others).
+        m = xb.amax(-1, keepdim=True).amax(-2, keepdim=True).to(torch.float32)
+        m = m.expand(*lead, blocks, 1)
+        s = torch.exp(xb - m).sum(-1, keepdim=True).sum(-2, keepdim=True)
+        s = s.expand(*lead, blocks, 1)
+        out = xb - (m + torch.log(s)) if log else torch.exp(xb - m) / s
+        return out.reshape(xt.shape).to(out_dtype).movedim(-1, dim)
+
+    return softmax
+
+
 def _dim_extreme(largest: bool) -> Callable[..., object]:
     def reduce(t: torch.Tensor, dim: int, keepdim: bool = False) -> object:
         """(max/min along ``dim``, the first position holding it): amax, then the smallest
-        position where the element equals it (a NaN is the extreme, as in eager)."""
+        position where the element equals it (a NaN is the extreme, as in eager). Rows too
+        long for a fused group go in blocks: each block's extreme and first position, then
+        the first block holding the row's extreme and its position there."""
         if t.dim() == 0:
             return t.clone(), torch.zeros((), dtype=torch.int64, device=t.device)
         if t.dtype == torch.bool:
             return NotImplemented
         dim = dim % t.dim()
         n = t.shape[dim]
+        if (blocks := _row_blocks(n, torch.int64.itemsize)) is not None:  # positions
+            xb = t.movedim(dim, -1).reshape(*t.movedim(dim, -1).shape[:-1], blocks, n // blocks)
+            block_values, block_firsts = reduce(xb, -1)  # type: ignore[misc]
+            v, b = reduce(block_values, -1, True)  # type: ignore[misc]
+            first = b * (n // blocks) + torch.gather(block_firsts, -1, b)
+            v, first = v.movedim(-1, dim), first.movedim(-1, dim)
+            return (v, first) if keepdim else (v.squeeze(dim), first.squeeze(dim))
         m = (torch.amax if largest else torch.amin)(t, dim, keepdim=True)
         shape = [1] * t.dim()
         shape[dim] = n
@@ -2690,6 +2745,8 @@ OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.logcumsumexp.default: logcumsumexp,
     _aten.cummax.default: _cumulative_extreme(largest=True),
     _aten.cummin.default: _cumulative_extreme(largest=False),
+    _aten._softmax.default: _softmax(log=False),
+    _aten._log_softmax.default: _softmax(log=True),
     _aten.max.dim: _dim_extreme(largest=True),
     _aten.min.dim: _dim_extreme(largest=False),
     _aten.argmax.default: _arg_extreme(largest=True),
