@@ -937,6 +937,116 @@ struct FormRotary : public OpRewritePattern<BinaryOp> {
 } // namespace
 
 namespace {
+/// GELU's tanh approximation written out, as GPT-2's NewGELUActivation,
+/// BLOOM's and FastGELU write it (0.5 * x * (1 + tanh(sqrt(2 / pi) * (x +
+/// 0.044715 * x^3))), in any arrangement): one neuron.unary gelu_tanh, a
+/// single activation instead of eight instructions per tile. Recognized by
+/// value: an expression of one tensor x, splat constants, add, sub, mul,
+/// div, pow and one tanh, each intermediate used once, that equals GELU's
+/// tanh form at points over [-6, 6] (within the rounding of its constants
+/// to x's dtype: eager rounds every step to it).
+struct FormGeluTanh : public OpRewritePattern<BinaryOp> {
+  using OpRewritePattern::OpRewritePattern;
+  static constexpr int kMostOps = 16;
+
+  static std::optional<double> splat(Value v) {
+    auto c = v.getDefiningOp<ConstantOp>();
+    auto attr =
+        c ? dyn_cast<SplatElementsAttr>(c.getValue()) : SplatElementsAttr();
+    if (!attr || !isa<FloatType>(attr.getElementType()))
+      return std::nullopt;
+    return attr.getSplatValue<APFloat>().convertToDouble();
+  }
+
+  /// The ops of the expression rooted at `v` (inner ones used only in it),
+  /// its one tensor leaf in `x`; false if it is not such an expression.
+  static bool collect(Value v, bool root, Value &x, int &ops, int &tanhs) {
+    if (splat(v))
+      return true;
+    Operation *def = v.getDefiningOp();
+    bool inner = def && (isa<BinaryOp>(def) || isa<UnaryOp>(def)) &&
+                 (root || v.hasOneUse());
+    if (!inner || (x && v == x)) {
+      if (x && x != v)
+        return false;
+      x = v;
+      return true;
+    }
+    if (++ops > kMostOps)
+      return false;
+    if (auto u = dyn_cast<UnaryOp>(def)) {
+      if (u.getFn() == UnaryFn::tanh)
+        ++tanhs;
+      else if (u.getFn() != UnaryFn::neg)
+        return false;
+      return collect(u.getInput(), false, x, ops, tanhs);
+    }
+    auto b = cast<BinaryOp>(def);
+    switch (b.getFn()) {
+    case BinaryFn::add:
+    case BinaryFn::sub:
+    case BinaryFn::mul:
+    case BinaryFn::div:
+    case BinaryFn::pow:
+      break;
+    default:
+      return false;
+    }
+    return collect(b.getLhs(), false, x, ops, tanhs) &&
+           collect(b.getRhs(), false, x, ops, tanhs);
+  }
+
+  static double eval(Value v, Value x, double at) {
+    if (v == x)
+      return at;
+    if (auto c = splat(v))
+      return *c;
+    if (auto u = v.getDefiningOp<UnaryOp>()) {
+      double in = eval(u.getInput(), x, at);
+      return u.getFn() == UnaryFn::tanh ? std::tanh(in) : -in;
+    }
+    auto b = v.getDefiningOp<BinaryOp>();
+    double l = eval(b.getLhs(), x, at), r = eval(b.getRhs(), x, at);
+    switch (b.getFn()) {
+    case BinaryFn::add:
+      return l + r;
+    case BinaryFn::sub:
+      return l - r;
+    case BinaryFn::mul:
+      return l * r;
+    case BinaryFn::div:
+      return l / r;
+    default:
+      return std::pow(l, r);
+    }
+  }
+
+  LogicalResult matchAndRewrite(BinaryOp op,
+                                PatternRewriter &rewriter) const override {
+    Value x;
+    int ops = 0, tanhs = 0;
+    if (op.getFn() != BinaryFn::mul ||
+        !collect(op.getResult(), true, x, ops, tanhs) || tanhs != 1 || !x ||
+        x.getType() != op.getType() ||
+        !isa<FloatType>(op.getType().getElementType()))
+      return failure();
+    for (int i = -24; i <= 24; ++i) {
+      double at = i / 4.0;
+      double want =
+          0.5 * at *
+          (1 + std::tanh(0.7978845608028654 * (at + 0.044715 * at * at * at)));
+      if (std::abs(eval(op.getResult(), x, at) - want) >
+          0.01 * std::abs(want) + 1e-3)
+        return failure();
+    }
+    rewriter.replaceOpWithNewOp<UnaryOp>(op, op.getType(), UnaryFn::gelu_tanh,
+                                         x);
+    return success();
+  }
+};
+} // namespace
+
+namespace {
 /// A broadcast along interior dims whose innermost expanded dims run to the
 /// end ([C, 1, 1] -> [N, C, H, W]: BatchNorm's per-channel values, a conv's
 /// bias, torchvision's mean and std) -> a broadcast to the values of each
@@ -991,7 +1101,7 @@ void UnaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
 }
 void BinaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                            MLIRContext *context) {
-  patterns.add<SinkTranspose<BinaryOp>, FormRotary>(context);
+  patterns.add<SinkTranspose<BinaryOp>, FormRotary, FormGeluTanh>(context);
 }
 void CastOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                          MLIRContext *context) {

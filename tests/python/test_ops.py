@@ -1293,6 +1293,30 @@ def test_reductions_along_long_rows_go_in_blocks(
         assert hbm < passes * x.numel() * x.element_size() + 1.2 * out_bytes, hbm
 
 
+@pytest.mark.parametrize("name", ["gelu_new", "gelu_fast", "gelu_python_tanh", "gelu_accurate"])
+def test_gelu_tanh_written_out_is_one_activation(name: str) -> None:
+    """Transformers' GELU tanh approximations written as formulas (GPT-2's gelu_new and the
+    others: 8 elementwise ops, at 4x the DMA roofline) are recognized by value and run as one
+    gelu_tanh activation: as fast as a copy, within bf16 rounding of eager (which rounds
+    every step of the formula to bf16)."""
+    from transformers.activations import ACT2FN
+
+    act = ACT2FN[name]
+    x = torch.randn(1024, 4096, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16) * 3
+
+    def modeled(fn: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, float]:
+        torch._dynamo.reset()
+        with torch.no_grad(), torchneuron.profile() as prof:
+            out = torch.compile(fn, backend="neuron")(x)
+        return out, prof.total_device_ns
+
+    got, ns = modeled(act)
+    _, copy_ns = modeled(lambda t: t + 0)
+    torch.testing.assert_close(got.float(), act(x).float(), atol=2e-2, rtol=2e-2)
+    assert ns < 1.2 * copy_ns, (ns, copy_ns)
+    assert torchneuron.stats()["ops_fallback"] == {}
+
+
 def test_out_of_range_row_index_is_an_index_error() -> None:
     """A gathered or written row outside its table raises what eager raises (IndexError),
     as the device's own error (``DeviceError``: the instruction and the user's line), not a
