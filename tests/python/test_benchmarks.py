@@ -82,3 +82,11 @@ def test_kernel_library_benchmark_runs_and_checks_answers() -> None:
     assert rc == 0, out
     rows = [line for line in out.splitlines() if re.search(r"\d+\.\d+ +\d+\.\d+ +\d+\.\d+", line)]
     assert len(rows) == 4, out
+
+
+def test_model_forms_benchmark_runs_and_checks_answers() -> None:
+    only = "batchnorm2d eval,argmax,gelu_new,embedding"
+    rc, out = _finish(_start([str(BENCHMARKS / "model_forms.py"), "--only", only]))
+    assert rc == 0, out
+    rows = [line for line in out.splitlines() if re.search(r"\d+\.\d+% +\d+\.\d+", line)]
+    assert len(rows) == 4, out
