@@ -120,6 +120,7 @@ struct FusePass
     return plan->numCols * widest <= rowBytes && held <= groupBytes;
   }
 
+  std::vector<Group> formGroups(Block &block);
   void fuseBlock(Block &block);
   void materialize(ArrayRef<Operation *> group);
 
@@ -131,7 +132,28 @@ struct FusePass
   }
 };
 
-void FusePass::fuseBlock(Block &block) {
+/// A value computed for free from values computed before it: a widening
+/// cast (the engines read 16-bit floats as fp32), or a reshape of one.
+static bool isFree(Value v) {
+  Operation *def = v.getDefiningOp();
+  if (def && isa<ReshapeOp>(def))
+    return isFree(def->getOperand(0));
+  return def && widens(def);
+}
+
+/// Clones `v`'s free chain (isFree) before `user`, returning the copy.
+static Value cloneFreeChain(Value v, Operation *user) {
+  Operation *def = v.getDefiningOp();
+  Value input = def->getOperand(0);
+  if (isa<ReshapeOp>(def))
+    input = cloneFreeChain(input, user);
+  OpBuilder b(user);
+  Operation *copy = b.clone(*def);
+  copy->setOperand(0, input);
+  return copy->getResult(0);
+}
+
+std::vector<Group> FusePass::formGroups(Block &block) {
   std::vector<Group> groups;
   llvm::DenseMap<Operation *, size_t> groupOf;
   for (Operation &opRef : block) {
@@ -169,6 +191,34 @@ void FusePass::fuseBlock(Block &block) {
       continue;
     groups.push_back({op});
     groupOf[op] = groups.size() - 1;
+  }
+  return groups;
+}
+
+/// A group's output that is free (isFree: an upcast x a long row's softmax
+/// reads in three groups) would be stored at float32 for the other groups
+/// to read: each of them gets its own copy of the cast instead (then the
+/// groups are formed again), which its group computes for free. Within one
+/// group a cast stays shared (the norms' fused square reads it once).
+void FusePass::fuseBlock(Block &block) {
+  std::vector<Group> groups = formGroups(block);
+  bool copied = false;
+  for (Group &group : groups) {
+    llvm::SmallPtrSet<Operation *, 16> members(group.begin(), group.end());
+    for (Value out : outputsOf(group))
+      if (isFree(out))
+        for (OpOperand &use : llvm::make_early_inc_range(out.getUses()))
+          if (!members.contains(use.getOwner()) && isFusible(use.getOwner())) {
+            use.set(cloneFreeChain(out, use.getOwner()));
+            copied = true;
+          }
+  }
+  if (copied) {
+    // The chains nothing reads any more, users before producers.
+    for (Operation &op : llvm::make_early_inc_range(llvm::reverse(block)))
+      if (op.getNumResults() == 1 && isFree(op.getResult(0)) && op.use_empty())
+        op.erase();
+    groups = formGroups(block);
   }
   for (Group &group : groups) {
     // Layout ops whose results the group could only store materialized

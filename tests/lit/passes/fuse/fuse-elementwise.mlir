@@ -148,3 +148,28 @@ func.func @column_sums(%g: tensor<2x8x256xf32>, %x: tensor<2x8x256xf32>) -> tens
   %s = neuron.binary add %wc, %bc : tensor<256xbf16>, tensor<256xbf16> -> tensor<256xbf16>
   return %s : tensor<256xbf16>
 }
+
+// -----
+
+// An upcast read by groups of different row lengths (a long row's softmax
+// in blocks: the blocks' max by rows of 4, the exponentials by rows of 4
+// after a broadcast to each block) is not stored at float32 by the first
+// group for the second: each reads x in bf16 and widens it for free.
+// CHECK-LABEL: func.func @upcast_read_by_two_groups
+// CHECK: neuron.fusion(%arg0) : (tensor<8x16xbf16>) -> tensor<8x4x1xf32>
+// CHECK: neuron.fusion(%{{.*}}, %arg0) : (tensor<8x4x1xf32>, tensor<8x16xbf16>) -> tensor<8x4x4xf32>
+// CHECK-NOT: tensor<8x16xf32>) ->
+func.func @upcast_read_by_two_groups(%x: tensor<8x16xbf16>) -> tensor<8x4x4xf32> {
+  %f = neuron.cast %x : tensor<8x16xbf16> -> tensor<8x16xf32>
+  %xb = neuron.reshape %f : tensor<8x16xf32> -> tensor<8x4x4xf32>
+  %m = neuron.reduce max %xb {count = 1} : tensor<8x4x4xf32> -> tensor<8x4xf32>
+  %m1 = neuron.reshape %m : tensor<8x4xf32> -> tensor<8x4x1xf32>
+  %t = neuron.transpose %m1, [0, 2, 1] : tensor<8x4x1xf32> -> tensor<8x1x4xf32>
+  %mm = neuron.reduce max %t {count = 1} : tensor<8x1x4xf32> -> tensor<8x1xf32>
+  %mr = neuron.reshape %mm : tensor<8x1xf32> -> tensor<8x1x1xf32>
+  %mk = neuron.broadcast %mr : tensor<8x1x1xf32> -> tensor<8x4x1xf32>
+  %b = neuron.broadcast %mk : tensor<8x4x1xf32> -> tensor<8x4x4xf32>
+  %d = neuron.binary sub %xb, %b : tensor<8x4x4xf32>, tensor<8x4x4xf32> -> tensor<8x4x4xf32>
+  %e = neuron.unary exp %d : tensor<8x4x4xf32> -> tensor<8x4x4xf32>
+  return %e : tensor<8x4x4xf32>
+}
