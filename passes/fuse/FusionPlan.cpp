@@ -295,17 +295,21 @@ bool outputsStorable(const FusionPlan &plan, ArrayRef<Value> outputs,
 /// are within it (rowFold a power of two dividing the row and the 128 rows
 /// of a tile, so a tile holds whole rows' pieces): every value of such a
 /// group is full-size or a row's (no column vectors, whose values would
-/// differ between a row's pieces), and no row value is stored.
+/// differ between a row's pieces), and its row values are inputs (or their
+/// broadcasts and reshapes), so that none is an output, while the group
+/// grows (outputs unknown) or once it is whole.
 constexpr int64_t kFoldedRowBytes = 16384;
 constexpr int64_t kMaxRowFold = 128;
 
 void foldLongRows(FusionPlan &plan, ArrayRef<Operation *> ops,
-                  int64_t rowLength) {
-  if (!plan.byRows || plan.dynamicRows || rowLength)
+                  ArrayRef<Value> outputs, int64_t rowLength) {
+  if (!plan.byRows || plan.dynamicRows || rowLength ||
+      llvm::any_of(outputs, [&](Value v) { return plan.rep(v) != Rep::Full; }))
     return;
   int64_t widest = 1;
   for (Operation *op : ops) {
-    if (isa<ReduceOp>(op))
+    if (isa<ReduceOp>(op) || (!isa<BroadcastOp, ReshapeOp, ConstantOp>(op) &&
+                              plan.rep(op->getResult(0)) == Rep::Row))
       return;
     SmallVector<Value> values(op->getOperands());
     llvm::append_range(values, op->getResults());
@@ -399,7 +403,7 @@ std::optional<FusionPlan> FusionPlan::analyze(ArrayRef<Operation *> ops,
   }
   if (!outputsStorable(plan, outputs, full))
     return fail("an output would have to materialize a broadcast");
-  foldLongRows(plan, ops, rowLength);
+  foldLongRows(plan, ops, outputs, rowLength);
   return plan;
 }
 

@@ -912,6 +912,19 @@ class _Normalize(torch.nn.Module):
         return (x - self.mean[None, :, None, None]) / self.std[None, :, None, None]
 
 
+def test_group_norm_over_long_groups_matches_eager(real_native: ModuleType) -> None:
+    # Stable Diffusion's UNet: 32 groups of 10 channels x 64 x 64. Its mean-subtracting group
+    # also stores the per-group mean (a row value): such a group must not fold its rows (a
+    # folded plan stored the 64 means as 64 x 8 rows, past the buffer: a DeviceError).
+    torch.manual_seed(0)
+    norm = torch.nn.GroupNorm(32, 320).to(torch.bfloat16)
+    x = torch.randn(2, 320, 64, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        out, _, _ = _modeled(norm, x)
+        want = norm(x)
+    torch.testing.assert_close(out.float(), want.float(), atol=3e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize(
     ("make", "shape"),
     [
