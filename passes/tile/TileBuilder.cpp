@@ -456,6 +456,90 @@ bool TileBuilder::broadcastThroughSbuf(const Window &window,
   return true;
 }
 
+/// A window (dims merged: mergedRuns) whose innermost dim is strided (every
+/// s-th element: a max-pool's shifted windows with stride 2, x[..., ::2])
+/// made contiguous as a chip would: the dim outside the rows on the
+/// partitions, each partition loading the whole stretch its rows span by one
+/// contiguous run (in chunks of rows where it would not fit), VectorE
+/// picking the rows' elements out of it, and each partition's rows stored
+/// whole (they are contiguous in the result); the dims further out are
+/// loops. One HBM-to-HBM DMA would move an element per descriptor (the
+/// 3 x 3 max-pool of ResNet's stem: 27.8 ms).
+static constexpr int64_t kMostStretchPerKept = 8;
+/// Fewer elements move as one HBM-to-HBM DMA in about the time of the three
+/// instructions through SBUF.
+static constexpr int64_t kLeastStridedElements = 4096;
+
+bool TileBuilder::stridedThroughSbuf(const Window &window,
+                                     ArrayRef<int64_t> shape, Value out) {
+  int64_t rank = shape.size();
+  int64_t step = rank ? window.strides.back() : 0;
+  if (rank == 0 || step <= 1 || shape.back() < 2 ||
+      ShapedType::getNumElements(shape) < kLeastStridedElements)
+    return false;
+  int64_t cols = shape.back(), span = (cols - 1) * step + 1;
+  int64_t rows = rank >= 2 ? shape[rank - 2] : 1;
+  int64_t rowFrom = rank >= 2 ? window.strides[rank - 2] : span;
+  Type elt = cast<MemRefType>(window.buffer.getType()).getElementType();
+  int64_t eltBytes = std::max<int64_t>(1, elt.getIntOrFloatBitWidth() / 8);
+  // Alone in the kernel: a quarter of SBUF's partition per stretch.
+  int64_t most =
+      std::max(tileBytes, target.sbufBytesPerPartition / 4) / eltBytes;
+  if (rowFrom <= 0 || span > most)
+    return false;
+  int64_t chunk = std::min(rows, (most - span) / rowFrom + 1);
+  // A stretch mostly of elements no row takes (a ViT's patches, 14 of each
+  // 224-element image row) would read many times the bytes it keeps.
+  if (chunk * cols * kMostStretchPerKept < (chunk - 1) * rowFrom + span)
+    return false;
+  SmallVector<int64_t> dense = contiguousStrides(shape);
+  int64_t parts = rank >= 3 ? shape[rank - 3] : 1;
+  int64_t partFrom = rank >= 3 ? window.strides[rank - 3] : 0;
+  int64_t partTo = rank >= 3 ? dense[rank - 3] : 0;
+  if (rank == 2) {
+    // One run of rows (the dims outside merged into it): the partitions
+    // take equal shares of it, each a stretch.
+    while (rows % chunk)
+      --chunk;
+    parts = rows / chunk;
+    partFrom = chunk * rowFrom;
+    partTo = chunk * cols;
+    rows = chunk;
+  }
+  std::function<void(int64_t, Value, Value)> loops = [&](int64_t d, Value src,
+                                                         Value dst) {
+    if (d >= 0) {
+      forEach(shape[d], [&](Value iv) {
+        loops(d - 1, addOffsets(src, scale(iv, window.strides[d])),
+              addOffsets(dst, scale(iv, dense[d])));
+      });
+      return;
+    }
+    forTiles(rows, chunk, [&](Value r0, int64_t rt) {
+      int64_t stretch = (rt - 1) * rowFrom + span;
+      forTiles(parts, target.partitions, [&](Value p0, int64_t pt) {
+        TileScope scope(*this);
+        Value loaded = tile(MemorySpace::sbuf, {pt, stretch}, elt);
+        Value packed = tile(MemorySpace::sbuf, {pt, rt * cols}, elt);
+        Value from = addOffsets(addOffsets(src, scale(p0, partFrom)),
+                                scale(r0, rowFrom));
+        dma(view(window.buffer, from, {pt, stretch},
+                 {std::max<int64_t>(partFrom, 1), 1}),
+            loaded);
+        b.create<nisa::CopyOp>(
+            view(loaded, index(0), {pt, rt, cols}, {stretch, rowFrom, step}),
+            view(packed, index(0), {pt, rt, cols}, {rt * cols, cols, 1}));
+        Value to =
+            addOffsets(addOffsets(dst, scale(p0, partTo)), scale(r0, cols));
+        dma(packed,
+            view(out, to, {pt, rt * cols}, {std::max<int64_t>(partTo, 1), 1}));
+      });
+    });
+  };
+  loops(rank - 4, index(window.offset), index(0));
+  return true;
+}
+
 /// A transposed window (dims merged: mergedRuns; [..., R, C] reading rows
 /// contiguously, columns strided) of 2- or 4-byte elements, made contiguous as
 /// a chip would: each [128, C-chunk] tile loaded into SBUF by a transposing
@@ -536,6 +620,9 @@ Value TileBuilder::bufferOf(Value tensor) {
                  {lazy.window.buffer, lazy.window.offset, strides}, sizes,
                  out) &&
              !transposeThroughSbuf(
+                 {lazy.window.buffer, lazy.window.offset, strides}, sizes,
+                 out) &&
+             !stridedThroughSbuf(
                  {lazy.window.buffer, lazy.window.offset, strides}, sizes, out))
       copyMerged(lazy.window.buffer, lazy.window.offset, lazy.window.strides,
                  out, index(0), contiguousStrides(shape), shape);

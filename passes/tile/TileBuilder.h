@@ -290,6 +290,8 @@ private:
                             Value out);
   bool transposeThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
                             Value out);
+  bool stridedThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
+                          Value out);
 
   ModuleOp module;
   Block *entry = nullptr;
