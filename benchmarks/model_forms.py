@@ -183,6 +183,11 @@ def forms() -> list[Form]:
         Form(
             "layernorm2d [8,256,56,56]", LayerNorm2d(256).to(BF16), lambda: [randn(8, 256, 56, 56)]
         ),
+        Form(
+            "max pool 3x3 s2 [8,64,112,112]",
+            nn.MaxPool2d(3, 2, 1),
+            lambda: [randn(8, 64, 112, 112)],
+        ),
         Form("mean pool [8,4096,1024]", lambda x: x.mean(1), lambda: [randn(8, 4096, 1024)]),
         Form("argmax [32,128256]", lambda x: x.argmax(-1), lambda: [randn(32, 128256)]),
         Form("softmax [32,128256]", lambda x: torch.softmax(x, -1), lambda: [randn(32, 128256)]),
