@@ -206,3 +206,45 @@ func.func @split_interior_broadcast(%w: tensor<16x1x1xf32>, %v: tensor<1x16x1xf3
   %4 = neuron.broadcast %m : tensor<2x1x7xf32> -> tensor<2x5x7xf32>
   return %0, %1, %2, %3, %4 : tensor<2x16x5x7xf32>, tensor<3x16x9xf32>, tensor<16x5x7xf32>, tensor<4x16xf32>, tensor<2x5x7xf32>
 }
+
+// BatchNorm in eval as PyTorch decomposes it, ((x - mean) * invstd) * weight
+// + bias per channel: x * S + T, S and T computed on the [4, 1] values (two
+// passes over x's elements instead of four). A chain of two stays; a link
+// whose value is also used elsewhere ends the chain.
+// CHECK-LABEL: func.func @affine_chain
+// CHECK-DAG: %[[S:.*]] = neuron.binary mul %arg2, %arg3 : tensor<4x1xf32>
+// CHECK-DAG: %[[N:.*]] = neuron.unary neg %arg1 : tensor<4x1xf32>
+// CHECK: neuron.binary mul %arg0, %{{.*}} : tensor<4x16xf32>
+// CHECK: neuron.binary add %{{.*}}, %{{.*}} : tensor<4x16xf32>
+// CHECK-NOT: neuron.binary sub {{.*}} : tensor<4x16xf32>
+// CHECK: return
+func.func @affine_chain(%x: tensor<4x16xf32>, %m: tensor<4x1xf32>, %s: tensor<4x1xf32>,
+                        %w: tensor<4x1xf32>, %b: tensor<4x1xf32>) -> tensor<4x16xf32> {
+  %bm = neuron.broadcast %m : tensor<4x1xf32> -> tensor<4x16xf32>
+  %bs = neuron.broadcast %s : tensor<4x1xf32> -> tensor<4x16xf32>
+  %bw = neuron.broadcast %w : tensor<4x1xf32> -> tensor<4x16xf32>
+  %bb = neuron.broadcast %b : tensor<4x1xf32> -> tensor<4x16xf32>
+  %0 = neuron.binary sub %x, %bm : tensor<4x16xf32>, tensor<4x16xf32> -> tensor<4x16xf32>
+  %1 = neuron.binary mul %0, %bs : tensor<4x16xf32>, tensor<4x16xf32> -> tensor<4x16xf32>
+  %2 = neuron.binary mul %1, %bw : tensor<4x16xf32>, tensor<4x16xf32> -> tensor<4x16xf32>
+  %3 = neuron.binary add %2, %bb : tensor<4x16xf32>, tensor<4x16xf32> -> tensor<4x16xf32>
+  return %3 : tensor<4x16xf32>
+}
+
+// CHECK-LABEL: func.func @affine_chain_stays
+// CHECK: neuron.binary sub %arg0
+// CHECK: neuron.binary mul
+// CHECK: neuron.binary sub %arg0
+// CHECK: neuron.binary mul
+// CHECK: neuron.binary add
+func.func @affine_chain_stays(%x: tensor<4x16xf32>, %m: tensor<4x1xf32>, %s: tensor<4x1xf32>)
+    -> (tensor<4x16xf32>, tensor<4x16xf32>, tensor<4x16xf32>) {
+  %bm = neuron.broadcast %m : tensor<4x1xf32> -> tensor<4x16xf32>
+  %bs = neuron.broadcast %s : tensor<4x1xf32> -> tensor<4x16xf32>
+  %0 = neuron.binary sub %x, %bm : tensor<4x16xf32>, tensor<4x16xf32> -> tensor<4x16xf32>
+  %1 = neuron.binary mul %0, %bs : tensor<4x16xf32>, tensor<4x16xf32> -> tensor<4x16xf32>
+  %2 = neuron.binary sub %x, %bs : tensor<4x16xf32>, tensor<4x16xf32> -> tensor<4x16xf32>
+  %3 = neuron.binary mul %2, %bm : tensor<4x16xf32>, tensor<4x16xf32> -> tensor<4x16xf32>
+  %4 = neuron.binary add %3, %bs : tensor<4x16xf32>, tensor<4x16xf32> -> tensor<4x16xf32>
+  return %1, %2, %4 : tensor<4x16xf32>, tensor<4x16xf32>, tensor<4x16xf32>
+}
