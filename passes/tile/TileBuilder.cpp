@@ -456,6 +456,13 @@ bool TileBuilder::broadcastThroughSbuf(const Window &window,
   return true;
 }
 
+/// A stretch loaded for a strided window may take at most this many times
+/// the elements its rows keep.
+static constexpr int64_t kMostStretchPerKept = 8;
+/// Fewer elements move as one HBM-to-HBM DMA in about the time of the three
+/// instructions through SBUF.
+static constexpr int64_t kLeastStridedElements = 4096;
+
 /// A window (dims merged: mergedRuns) whose innermost dim is strided (every
 /// s-th element: a max-pool's shifted windows with stride 2, x[..., ::2])
 /// made contiguous as a chip would: the dim outside the rows on the
@@ -465,11 +472,6 @@ bool TileBuilder::broadcastThroughSbuf(const Window &window,
 /// whole (they are contiguous in the result); the dims further out are
 /// loops. One HBM-to-HBM DMA would move an element per descriptor (the
 /// 3 x 3 max-pool of ResNet's stem: 27.8 ms).
-static constexpr int64_t kMostStretchPerKept = 8;
-/// Fewer elements move as one HBM-to-HBM DMA in about the time of the three
-/// instructions through SBUF.
-static constexpr int64_t kLeastStridedElements = 4096;
-
 bool TileBuilder::stridedThroughSbuf(const Window &window,
                                      ArrayRef<int64_t> shape, Value out) {
   int64_t rank = shape.size();
@@ -523,9 +525,8 @@ bool TileBuilder::stridedThroughSbuf(const Window &window,
         Value packed = tile(MemorySpace::sbuf, {pt, rt * cols}, elt);
         Value from = addOffsets(addOffsets(src, scale(p0, partFrom)),
                                 scale(r0, rowFrom));
-        dma(view(window.buffer, from, {pt, stretch},
-                 {std::max<int64_t>(partFrom, 1), 1}),
-            loaded);
+        // (partFrom is 0 where the partitions' dim is a broadcast.)
+        dma(view(window.buffer, from, {pt, stretch}, {partFrom, 1}), loaded);
         b.create<nisa::CopyOp>(
             view(loaded, index(0), {pt, rt, cols}, {stretch, rowFrom, step}),
             view(packed, index(0), {pt, rt, cols}, {rt * cols, cols, 1}));

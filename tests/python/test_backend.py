@@ -886,6 +886,15 @@ def test_a_strided_slice_made_contiguous_goes_through_sbuf(real_native: ModuleTy
     _, copy_ns, _ = _modeled(lambda t: t + 0, x)
     assert slice_ns < 3 * copy_ns, (slice_ns, copy_ns)
     assert pool_ns < 20 * copy_ns, (pool_ns, copy_ns)
+    # Partitions over a broadcast dim read the same stretch each; one run of rows (the outer
+    # dims merged into it) splits into equal shares.
+    v = torch.randn(64, 200)
+    for fn in (
+        lambda t: t[None].expand(3, 64, 200)[..., ::2].contiguous(),
+        lambda t: t[:, 1::3].contiguous(),
+    ):
+        out, _, _ = _modeled(fn, v)
+        assert torch.equal(out, fn(v))
 
 
 @pytest.mark.parametrize(
