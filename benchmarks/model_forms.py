@@ -1,15 +1,17 @@
-"""Memory-bound forms as models write them, each against its roofline: the norms, activations
-and per-channel math of Hugging Face and torchvision-style code, and reductions along a
-vocabulary's rows. A form far below its roofline is a cliff users fall off without knowing.
+"""Forms as models write them, each against its roofline: the norms, activations and
+per-channel math of Hugging Face and torchvision-style code, reductions along a vocabulary's
+rows, and vision's convolutions. A form far below its roofline is a cliff users fall off
+without knowing.
 
     .venv/bin/python benchmarks/model_forms.py                  # every form, trn2
     .venv/bin/python benchmarks/model_forms.py --only batchnorm,argmax --target trn3
 
 Each form compiles with ``torch.compile(backend="neuron")``, runs once under the profiler and
 prints the modeled device time, the roofline (minimum bytes, every input read once and every
-output written once, at the HBM peak), their ratio, the HBM bytes moved against that minimum,
-the kernel count, the ops left to eager PyTorch, and the worst error relative to eager
-PyTorch on the same values (the process exits 1 if any form is off by more than 5%).
+output written once, at the HBM peak; for a convolution the longer of that and its FLOPs at
+the TensorE peak), their ratio, the HBM bytes moved against that minimum, the kernel count,
+the ops left to eager PyTorch, and the worst error relative to eager PyTorch on the same
+values (the process exits 1 if any form is off by more than 5%).
 """
 
 from __future__ import annotations
@@ -135,6 +137,9 @@ class Form:
     # The least bytes when not every input is read whole (a gather's table): else inputs,
     # parameters and outputs, each once.
     least_bytes: Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], int] | None = None
+    # Matmul FLOPs (convolutions): the roofline is then the longer of them at the TensorE
+    # peak and the bytes at the HBM peak.
+    flops: float = 0.0
 
 
 def forms() -> list[Form]:
@@ -196,6 +201,24 @@ def forms() -> list[Form]:
             lambda x, y: F.cross_entropy(x.float(), y),
             lambda: [randn(t, 32000), torch.randint(0, 32000, (t,))],
         ),
+        # Vision: a ResNet 3 x 3 convolution, a ViT's patch embedding, a UNet's upsampling.
+        Form(
+            "conv 3x3 64->64 [8,64,56,56]",
+            nn.Conv2d(64, 64, 3, padding=1, bias=False).to(BF16),
+            lambda: [randn(8, 64, 56, 56)],
+            flops=2.0 * 8 * 56 * 56 * 64 * 64 * 9,
+        ),
+        Form(
+            "vit patch embed 16x16 [8,3,224,224]",
+            nn.Conv2d(3, 768, 16, 16).to(BF16),
+            lambda: [randn(8, 3, 224, 224)],
+            flops=2.0 * 8 * 196 * 768 * 768,
+        ),
+        Form(
+            "upsample nearest 2x [2,320,32,32]",
+            nn.Upsample(scale_factor=2, mode="nearest"),
+            lambda: [randn(2, 320, 32, 32)],
+        ),
         Form(
             "embedding 4096 of 32000x4096",
             nn.Embedding(32000, h).to(BF16),
@@ -241,7 +264,7 @@ def measure(form: Form, target: str) -> bool:
         least = form.least_bytes(inputs, want)
     else:
         least = unique_bytes([*inputs, *params, *want])
-    roofline_ns = 1e9 * least / peaks["hbm_bytes"]
+    roofline_ns = 1e9 * max(least / peaks["hbm_bytes"], form.flops / peaks["flops"])
     device_ns = prof.total_device_ns
     hbm = sum(k["hbm_bytes"] for k in prof.kernels)
     print(
