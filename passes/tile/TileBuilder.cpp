@@ -371,6 +371,67 @@ mergedRuns(ArrayRef<int64_t> shape, ArrayRef<int64_t> strides) {
   return {sizes, from};
 }
 
+/// A window (dims merged: mergedRuns) of rows that repeat their values in
+/// short runs (nearest upsampling's [R, 2, W, 2] of x's [R, W] rows, a
+/// repeat_interleave): each partition loads k of x's rows as one run,
+/// VectorE expands them (the broadcast dims read at stride 0), and the
+/// expanded rows are stored whole. broadcastThroughSbuf would give each
+/// value a partition and store runs of a few elements.
+bool TileBuilder::expandThroughSbuf(const Window &window,
+                                    ArrayRef<int64_t> shape, Value out) {
+  int64_t rank = shape.size();
+  if (rank < 2 || window.strides[0] <= 0 || window.strides.back() != 0)
+    return false;
+  Type elt = cast<MemRefType>(window.buffer.getType()).getElementType();
+  int64_t eltBytes = std::max<int64_t>(1, elt.getIntOrFloatBitWidth() / 8);
+  if (shape.back() * eltBytes >= target.dmaPreferredBytesPerPartition)
+    return false; // runs long enough for broadcastThroughSbuf's stores
+  // The varying dims inside a row must be one run of the source.
+  SmallVector<int64_t> inner(shape.drop_front()), from(rank - 1, 0);
+  int64_t kept = 1;
+  for (int64_t d = rank - 1; d >= 1; --d) {
+    if (window.strides[d] == 0)
+      continue;
+    if (window.strides[d] != kept)
+      return false;
+    from[d - 1] = kept;
+    kept *= shape[d];
+  }
+  int64_t wide = ShapedType::getNumElements(inner);
+  int64_t most =
+      std::max(tileBytes, target.sbufBytesPerPartition / 4) / eltBytes;
+  if (wide > most)
+    return false;
+  int64_t rows = shape[0], rowFrom = window.strides[0], p = target.partitions;
+  int64_t per = std::max<int64_t>(1, std::min(most / wide, rows / p));
+  // pt partitions of k rows each from row r0.
+  auto expand = [&](Value r0, int64_t pt, int64_t k) {
+    TileScope scope(*this);
+    Value loaded = tile(MemorySpace::sbuf, {pt, k * kept}, elt);
+    Value expanded = tile(MemorySpace::sbuf, {pt, k * wide}, elt);
+    dma(view(window.buffer, addOffset(scale(r0, rowFrom), window.offset),
+             {pt, k, kept}, {k * rowFrom, rowFrom, 1}),
+        view(loaded, index(0), {pt, k, kept}, {k * kept, kept, 1}));
+    SmallVector<int64_t> dims{pt, k}, srcStrides{k * kept, kept},
+        dstStrides{k * wide, wide};
+    SmallVector<int64_t> dense = contiguousStrides(inner);
+    for (auto [size, stride, to] : llvm::zip(inner, from, dense)) {
+      dims.push_back(size);
+      srcStrides.push_back(stride);
+      dstStrides.push_back(to);
+    }
+    b.create<nisa::CopyOp>(view(loaded, index(0), dims, srcStrides),
+                           view(expanded, index(0), dims, dstStrides));
+    dma(expanded, view(out, scale(r0, wide), {pt, k * wide}, {k * wide, 1}));
+  };
+  int64_t block = p * per, full = rows / block;
+  forTiles(full * block, block, [&](Value r0, int64_t) { expand(r0, p, per); });
+  forTiles(rows - full * block, p, [&](Value r0, int64_t rt) {
+    expand(addOffset(r0, full * block), rt, 1);
+  });
+  return true;
+}
+
 /// A window (dims merged: mergedRuns) whose innermost dim is a broadcast
 /// (stride 0: a row's max expanded along the row, a per-channel [C, 1, 1]
 /// value expanded over [N, C, H, W] where the canonicalizer did not split
@@ -617,6 +678,9 @@ Value TileBuilder::bufferOf(Value tensor) {
       dma(view(lazy.window.buffer, index(lazy.window.offset), {1}, {1}),
           view(out, index(0), {1}, {1}));
     else if (auto [sizes, strides] = mergedRuns(shape, lazy.window.strides);
+             !expandThroughSbuf(
+                 {lazy.window.buffer, lazy.window.offset, strides}, sizes,
+                 out) &&
              !broadcastThroughSbuf(
                  {lazy.window.buffer, lazy.window.offset, strides}, sizes,
                  out) &&

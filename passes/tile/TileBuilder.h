@@ -286,6 +286,8 @@ public:
   void setEntry(Block *block) { entry = block; }
 
 private:
+  bool expandThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
+                         Value out);
   bool broadcastThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
                             Value out);
   bool transposeThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
