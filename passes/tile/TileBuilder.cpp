@@ -349,6 +349,21 @@ Value TileBuilder::resultBuffer(Value result) {
   return buffer;
 }
 
+void TileBuilder::forEachIndex(ArrayRef<int64_t> dims, ArrayRef<int64_t> shape,
+                               ArrayRef<int64_t> srcStrides,
+                               ArrayRef<int64_t> dstStrides, Value src,
+                               Value dst,
+                               llvm::function_ref<void(Value, Value)> body) {
+  if (dims.empty())
+    return body(src, dst);
+  int64_t d = dims.front();
+  forEach(shape[d], [&](Value iv) {
+    forEachIndex(dims.drop_front(), shape, srcStrides, dstStrides,
+                 addOffsets(src, scale(iv, srcStrides[d])),
+                 addOffsets(dst, scale(iv, dstStrides[d])), body);
+  });
+}
+
 /// `shape` and a window's `strides` with the dims of one element dropped
 /// and each dim merged into the one inside it where the strides run on:
 /// the fewest dims that address the same elements in the same order (a
@@ -485,35 +500,29 @@ bool TileBuilder::broadcastThroughSbuf(const Window &window,
     dma(view(expanded, index(0), storeShape, srcStrides),
         view(out, dst, storeShape, dstStrides));
   };
-  std::function<void(size_t, Value, Value)> outer = [&](size_t i, Value src,
-                                                        Value dst) {
-    if (i < varying.size()) {
-      int64_t d = varying[i];
-      forEach(shape[d], [&](Value iv) {
-        outer(i + 1, addOffsets(src, scale(iv, window.strides[d])),
-              addOffsets(dst, scale(iv, dense[d])));
-      });
-      return;
-    }
-    forTiles(parts, p / split, [&](Value v0, int64_t vt) {
-      TileScope scope(*this);
-      int64_t rows = vt * split;
-      Value column = tile(MemorySpace::sbuf, {rows, 1}, elt);
-      dma(view(window.buffer, addOffsets(src, scale(v0, partFrom)),
-               {vt, split, 1}, {partFrom, 0, 1}),
-          view(column, index(0), {vt, split, 1}, {split, 1, 1}));
-      Value expanded = tile(MemorySpace::sbuf, {rows, chunk}, elt);
-      b.create<nisa::CopyOp>(view(column, index(0), {rows, chunk}, {1, 0}),
-                             expanded);
-      Value at = addOffsets(dst, scale(v0, partTo));
-      if (segment / chunk)
-        store(expanded, at, rows, segment / chunk, chunk);
-      if (segment % chunk)
-        store(expanded, addOffset(at, segment / chunk * chunk), rows, 1,
-              segment % chunk);
-    });
-  };
-  outer(1, index(window.offset), index(0));
+  // The other varying dims: loops around the partition tiles.
+  ArrayRef<int64_t> loops =
+      varying.empty() ? ArrayRef<int64_t>() : ArrayRef(varying).drop_front();
+  forEachIndex(loops, shape, window.strides, dense, index(window.offset),
+               index(0), [&](Value src, Value dst) {
+                 forTiles(parts, p / split, [&](Value v0, int64_t vt) {
+                   TileScope scope(*this);
+                   int64_t rows = vt * split;
+                   Value column = tile(MemorySpace::sbuf, {rows, 1}, elt);
+                   dma(view(window.buffer, addOffsets(src, scale(v0, partFrom)),
+                            {vt, split, 1}, {partFrom, 0, 1}),
+                       view(column, index(0), {vt, split, 1}, {split, 1, 1}));
+                   Value expanded = tile(MemorySpace::sbuf, {rows, chunk}, elt);
+                   b.create<nisa::CopyOp>(
+                       view(column, index(0), {rows, chunk}, {1, 0}), expanded);
+                   Value at = addOffsets(dst, scale(v0, partTo));
+                   if (segment / chunk)
+                     store(expanded, at, rows, segment / chunk, chunk);
+                   if (segment % chunk)
+                     store(expanded, addOffset(at, segment / chunk * chunk),
+                           rows, 1, segment % chunk);
+                 });
+               });
   return true;
 }
 
@@ -569,36 +578,34 @@ bool TileBuilder::stridedThroughSbuf(const Window &window,
     partTo = chunk * cols;
     rows = chunk;
   }
-  std::function<void(int64_t, Value, Value)> loops = [&](int64_t d, Value src,
-                                                         Value dst) {
-    if (d >= 0) {
-      forEach(shape[d], [&](Value iv) {
-        loops(d - 1, addOffsets(src, scale(iv, window.strides[d])),
-              addOffsets(dst, scale(iv, dense[d])));
+  // The dims outside the partitions' dim: loops around the tiles.
+  SmallVector<int64_t> loops =
+      llvm::to_vector(llvm::seq<int64_t>(0, std::max<int64_t>(rank - 3, 0)));
+  forEachIndex(
+      loops, shape, window.strides, dense, index(window.offset), index(0),
+      [&](Value src, Value dst) {
+        forTiles(rows, chunk, [&](Value r0, int64_t rt) {
+          int64_t stretch = (rt - 1) * rowFrom + span;
+          forTiles(parts, target.partitions, [&](Value p0, int64_t pt) {
+            TileScope scope(*this);
+            Value loaded = tile(MemorySpace::sbuf, {pt, stretch}, elt);
+            Value packed = tile(MemorySpace::sbuf, {pt, rt * cols}, elt);
+            Value from = addOffsets(addOffsets(src, scale(p0, partFrom)),
+                                    scale(r0, rowFrom));
+            // (partFrom is 0 where the partitions' dim is a broadcast.)
+            dma(view(window.buffer, from, {pt, stretch}, {partFrom, 1}),
+                loaded);
+            b.create<nisa::CopyOp>(
+                view(loaded, index(0), {pt, rt, cols},
+                     {stretch, rowFrom, step}),
+                view(packed, index(0), {pt, rt, cols}, {rt * cols, cols, 1}));
+            Value to =
+                addOffsets(addOffsets(dst, scale(p0, partTo)), scale(r0, cols));
+            dma(packed, view(out, to, {pt, rt * cols},
+                             {std::max<int64_t>(partTo, 1), 1}));
+          });
+        });
       });
-      return;
-    }
-    forTiles(rows, chunk, [&](Value r0, int64_t rt) {
-      int64_t stretch = (rt - 1) * rowFrom + span;
-      forTiles(parts, target.partitions, [&](Value p0, int64_t pt) {
-        TileScope scope(*this);
-        Value loaded = tile(MemorySpace::sbuf, {pt, stretch}, elt);
-        Value packed = tile(MemorySpace::sbuf, {pt, rt * cols}, elt);
-        Value from = addOffsets(addOffsets(src, scale(p0, partFrom)),
-                                scale(r0, rowFrom));
-        // (partFrom is 0 where the partitions' dim is a broadcast.)
-        dma(view(window.buffer, from, {pt, stretch}, {partFrom, 1}), loaded);
-        b.create<nisa::CopyOp>(
-            view(loaded, index(0), {pt, rt, cols}, {stretch, rowFrom, step}),
-            view(packed, index(0), {pt, rt, cols}, {rt * cols, cols, 1}));
-        Value to =
-            addOffsets(addOffsets(dst, scale(p0, partTo)), scale(r0, cols));
-        dma(packed,
-            view(out, to, {pt, rt * cols}, {std::max<int64_t>(partTo, 1), 1}));
-      });
-    });
-  };
-  loops(rank - 4, index(window.offset), index(0));
   return true;
 }
 

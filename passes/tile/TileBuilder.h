@@ -98,9 +98,9 @@ public:
       return v;
     return b.create<arith::MulIOp>(v, index(c));
   }
-  /// v / d for an index that d divides, kept affine in the loop ivs (a
-  /// program's indices are): constants, sums and multiples of d divided
-  /// term by term.
+  /// v / d for an index each of whose terms d divides (a step's first row),
+  /// kept affine in the loop ivs (a program's indices are): constants, sums
+  /// and multiples of d divided term by term.
   Value divideExactly(Value v, int64_t d) {
     if (d == 1)
       return v;
@@ -286,6 +286,12 @@ public:
   void setEntry(Block *block) { entry = block; }
 
 private:
+  /// body(src, dst) for every index of `dims` (outermost first, a loop
+  /// each), src and dst advanced by the dims' strides on each side.
+  void forEachIndex(ArrayRef<int64_t> dims, ArrayRef<int64_t> shape,
+                    ArrayRef<int64_t> srcStrides, ArrayRef<int64_t> dstStrides,
+                    Value src, Value dst,
+                    llvm::function_ref<void(Value, Value)> body);
   bool expandThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
                          Value out);
   bool broadcastThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
