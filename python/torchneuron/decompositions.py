@@ -2351,7 +2351,8 @@ def _dim_extreme(largest: bool) -> Callable[..., object]:
         dim = dim % t.dim()
         n = t.shape[dim]
         if (blocks := _row_blocks(n, torch.int64.itemsize)) is not None:  # positions
-            xb = t.movedim(dim, -1).reshape(*t.movedim(dim, -1).shape[:-1], blocks, n // blocks)
+            xt = t.movedim(dim, -1)
+            xb = xt.reshape(*xt.shape[:-1], blocks, n // blocks)
             block_values, block_firsts = reduce(xb, -1)  # type: ignore[misc]
             v, b = reduce(block_values, -1, True)  # type: ignore[misc]
             first = b * (n // blocks) + torch.gather(block_firsts, -1, b)
