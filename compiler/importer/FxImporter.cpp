@@ -2257,11 +2257,43 @@ Value depthwiseConvolution(Importer &im, Value x, Value w,
   return im.castTo(y, elt);
 }
 
+/// The fewest input channels a convolution of more than one tap takes the
+/// direct kernel with: each tap is then a matmul contracting the channels,
+/// where im2col contracts channels x taps at once (a 3-channel 7 x 7 stem
+/// would give TensorE 49 matmuls of 3 rows instead of 2 of 128).
+constexpr int64_t kDirectConvMinChannels = 8;
+
+/// neuron.conv2d, TensorE's direct convolution, for one group of at least
+/// kDirectConvMinChannels channels and more than one tap, where its kernel
+/// keeps the image and weights on chip; null otherwise.
+Value directConvolution(Importer &im, Value x, Value w, int64_t groups,
+                        std::array<int64_t, 2> stride,
+                        std::array<int64_t, 2> padding,
+                        std::array<int64_t, 2> dilation,
+                        std::array<int64_t, 2> outSize) {
+  auto xt = cast<RankedTensorType>(x.getType());
+  auto wt = cast<RankedTensorType>(w.getType());
+  if (groups != 1 || xt.getDimSize(1) < kDirectConvMinChannels ||
+      wt.getDimSize(2) * wt.getDimSize(3) == 1 || !xt.hasStaticShape())
+    return {};
+  auto type = RankedTensorType::get(
+      {xt.getDimSize(0), wt.getDimSize(0), outSize[0], outSize[1]},
+      xt.getElementType());
+  auto conv = im.b.create<Conv2dOp>(
+      im.loc(), type, x, w, im.b.getDenseI64ArrayAttr(stride),
+      im.b.getDenseI64ArrayAttr(padding), im.b.getDenseI64ArrayAttr(dilation));
+  if (conv.layout().residentBytes <= kConvResidentBudget)
+    return conv;
+  conv.erase();
+  return {};
+}
+
 /// 1-d and 2-d convolutions, grouped or not (a 1-d one as a 2-d one of unit
-/// height). Ungrouped: one im2col matmul on TensorE. Grouped: the same
-/// matmul batched over groups, [N, G, O/G, C/G*K] x [N, G, C/G*K, HoWo], so
-/// each group contracts only its own channels (a block-diagonal weight would
-/// multiply G times the zeros). Depthwise: VectorE (depthwiseConvolution).
+/// height). Ungrouped: the direct kernel (directConvolution) or one im2col
+/// matmul. Grouped: the same matmul batched over groups, [N, G, O/G, C/G*K] x
+/// [N, G, C/G*K, HoWo], so each group contracts only its own channels (a
+/// block-diagonal weight would multiply G times the zeros). Depthwise: VectorE
+/// (depthwiseConvolution).
 Values convolutionHandler(Importer &im) {
   Value x = im.tensor(im.arg(0)), w = im.tensor(im.arg(1));
   RankedTensorType out = im.resultType();
@@ -2307,6 +2339,9 @@ Values convolutionHandler(Importer &im) {
                                          outSize, elt));
   int64_t cg = c / groups, og = o / groups;
   int64_t ckk = cg * kh * kw, hw = outSize[0] * outSize[1];
+  if (Value direct = directConvolution(im, x, w, groups, stride, padding,
+                                       dilation, outSize))
+    return withBias(direct);
   Value patches;
   bool patchify =
       stride[0] == kh && stride[1] == kw && padding[0] == 0 &&

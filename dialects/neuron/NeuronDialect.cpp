@@ -200,6 +200,81 @@ LogicalResult GroupedMatmulOp::verify() {
   return success();
 }
 
+LogicalResult Conv2dOp::verify() {
+  auto in = tensorType(getInput()), w = tensorType(getWeight()),
+       out = getType();
+  if (in.getRank() != 4 || w.getRank() != 4 || out.getRank() != 4)
+    return emitOpError("takes [N, C, H, W] x [O, C, kh, kw] -> [N, O, Ho, Wo]");
+  if (!in.hasStaticShape() || !w.hasStaticShape() || !out.hasStaticShape())
+    return emitOpError("needs static shapes");
+  if (in.getElementType() != w.getElementType() ||
+      in.getElementType() != out.getElementType())
+    return emitOpError("input, weight and result must share an element type");
+  for (ArrayRef<int64_t> attr : {getStride(), getPadding(), getDilation()})
+    if (attr.size() != 2)
+      return emitOpError("stride, padding and dilation take (height, width)");
+  if (in.getDimSize(1) != w.getDimSize(1))
+    return emitOpError("input channels differ: ")
+           << in.getDimSize(1) << " vs the weight's " << w.getDimSize(1);
+  SmallVector<int64_t> expected{in.getDimSize(0), w.getDimSize(0)};
+  for (int d = 0; d < 2; ++d) {
+    int64_t s = getStride()[d], p = getPadding()[d], dil = getDilation()[d];
+    if (s < 1 || p < 0 || dil < 1)
+      return emitOpError("needs stride and dilation >= 1, padding >= 0");
+    int64_t span = dil * (w.getDimSize(2 + d) - 1) + 1;
+    int64_t padded = in.getDimSize(2 + d) + 2 * p;
+    if (span > padded || w.getDimSize(2 + d) < 1)
+      return emitOpError("kernel does not fit the padded input");
+    expected.push_back((padded - span) / s + 1);
+  }
+  if (out.getShape() != ArrayRef<int64_t>(expected))
+    return emitOpError("result must be [")
+           << expected[0] << ", " << expected[1] << ", " << expected[2] << ", "
+           << expected[3] << "]";
+  return success();
+}
+
+ConvLayout Conv2dOp::layout() {
+  auto in = tensorType(getInput()), w = tensorType(getWeight()),
+       out = getType();
+  int64_t n = in.getDimSize(0), c = in.getDimSize(1), h = in.getDimSize(2),
+          wd = in.getDimSize(3);
+  int64_t o = w.getDimSize(0), kh = w.getDimSize(2), kw = w.getDimSize(3);
+  int64_t ho = out.getDimSize(2), wo = out.getDimSize(3);
+  int64_t hp = h + 2 * getPadding()[0], wp = wd + 2 * getPadding()[1];
+  ConvLayout l;
+  l.cTiles = (c + kConvTile - 1) / kConvTile;
+  l.oTiles = (o + kConvTile - 1) / kConvTile;
+  l.copies = std::min(kw, std::max<int64_t>(1, kConvTile / c));
+  l.tapGroups = kh * ((kw + l.copies - 1) / l.copies);
+  l.images = 1;
+  for (int64_t b = 2; b <= n; ++b)
+    if (n % b == 0 && b * ho * wo <= kConvTileColumns)
+      l.images = b;
+  l.lead = (l.copies - 1) * getDilation()[1];
+  l.plane = l.lead + hp * wp;
+  l.rowsPerTile = std::max<int64_t>(1, std::min(ho, kConvTileColumns / wo));
+  l.chunkCols = std::min(wo, kConvTileColumns);
+  int64_t eltBytes = in.getElementTypeBitWidth() / 8;
+  bool padded = getPadding()[0] || getPadding()[1];
+  // An image slot: the padded planes and (where it pads) them as loaded.
+  int64_t imageSlot = l.images * l.cTiles * (l.plane + (padded ? h * wd : 0));
+  int64_t weights = (l.cTiles * kh * kw + l.copies - 1) * o;
+  int64_t packed = l.copies > 1 ? l.tapGroups * o : 0;
+  int64_t raw = c * kh * kw;
+  int64_t staged = kConvStageSlots * kConvTileColumns;
+  // The transposes' identity and the fp32 iota it is made from.
+  int64_t identity = kConvTile * (eltBytes + 4) / eltBytes;
+  int64_t rest = eltBytes * (weights + packed + raw + staged + identity);
+  // A third image slot where it fits: a load's DMAs and GpSimd copy then
+  // run two groups ahead of TensorE.
+  bool third = n / l.images >= 3 &&
+               rest + 3 * eltBytes * imageSlot <= kConvResidentBudget;
+  l.imageSlots = third ? 3 : 2;
+  l.residentBytes = rest + l.imageSlots * eltBytes * imageSlot;
+  return l;
+}
+
 LogicalResult ReduceOp::verify() {
   auto in = tensorType(getInput());
   int64_t count = getCount();

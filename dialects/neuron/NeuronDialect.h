@@ -18,6 +18,42 @@
 #define GET_ATTRDEF_CLASSES
 #include "dialects/neuron/NeuronAttrs.h.inc"
 
+namespace mlir::neuron {
+/// neuron.conv2d's direct kernel (passes/tile/LowerConvolution.cpp) lays
+/// out its tiles by these: channels per tile (the partitions of every
+/// target), output positions per tile (a PSUM bank of fp32 sums), output
+/// tiles staged for their stores. The importer forms a conv2d only where
+/// the resident bytes stay within kConvResidentBudget (half of the
+/// smallest target's SBUF partition).
+constexpr int64_t kConvTile = 128;
+constexpr int64_t kConvTileColumns = 512;
+constexpr int64_t kConvStageSlots = 8;
+constexpr int64_t kConvResidentBudget = 96 * 1024;
+
+/// How the direct kernel holds a neuron.conv2d on chip (Conv2dOp::layout).
+struct ConvLayout {
+  /// 128-channel tiles of the input and of the output.
+  int64_t cTiles, oTiles;
+  /// Copies of the image stacked on the partitions (C <= 64 only), copy r
+  /// shifted by r tap columns, so one matmul contracts `copies` taps of a
+  /// kernel row; the matmuls per output tile and channel tile: kh x
+  /// ceil(kw / copies) tap groups.
+  int64_t copies, tapGroups;
+  /// Images whose outputs share a PSUM tile (small images; it divides N).
+  int64_t images;
+  /// Elements of one channel's padded image in SBUF: `lead` elements of
+  /// slack in front (where the shifted copies start), then hp * wp.
+  int64_t lead, plane;
+  /// Image tiles the loads rotate over.
+  int64_t imageSlots;
+  /// Output rows per tile (all of them when images > 1), and columns per
+  /// tile: Wo, or a bank's worth of one row's.
+  int64_t rowsPerTile, chunkCols;
+  /// SBUF bytes per partition of the kernel's tiles.
+  int64_t residentBytes;
+};
+} // namespace mlir::neuron
+
 #define GET_OP_CLASSES
 #include "dialects/neuron/NeuronOps.h.inc"
 
@@ -38,6 +74,7 @@ constexpr llvm::StringLiteral kDimsAttrName = "neuron.dims";
 /// of RoPE are 64 to 256): its lowering keeps twelve rows of it per
 /// partition on chip.
 constexpr int64_t kMaxRotaryDim = 1024;
+
 } // namespace mlir::neuron
 
 #endif // DIALECTS_NEURON_NEURONDIALECT_H

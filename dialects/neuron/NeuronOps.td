@@ -229,6 +229,36 @@ def Neuron_GroupedMatmulOp : Neuron_Op<"grouped_matmul"> {
   let hasVerifier = 1;
 }
 
+def Neuron_Conv2dOp : Neuron_Op<"conv2d"> {
+  let summary = "2-d convolution [N,C,H,W] x [O,C,kh,kw] -> [N,O,Ho,Wo], fp32 accumulation";
+  let description = [{
+    out[n, o, y, x] = sum over c, i, j of weight[o, c, i, j] *
+    input[n, c, y * stride[0] + i * dilation[0] - padding[0],
+             x * stride[1] + j * dilation[1] - padding[1]]
+    (zero outside the input), the products exact in fp32 and summed in fp32,
+    rounded once to the result type: aten.convolution with one group.
+    Lowered as a direct convolution on TensorE (each kernel tap a matmul of
+    the weights by a shifted window of the image held in SBUF, the taps
+    accumulating in PSUM), where im2col would write and read kh * kw copies
+    of the input through HBM. The importer forms it only where the kernel
+    keeps the image and weights on chip (`layout`).
+  }];
+  let arguments = (ins RankedTensorOf<[Neuron_Float]>:$input,
+                   RankedTensorOf<[Neuron_Float]>:$weight,
+                   DenseI64ArrayAttr:$stride, DenseI64ArrayAttr:$padding,
+                   DenseI64ArrayAttr:$dilation);
+  let results = (outs RankedTensorOf<[Neuron_Float]>:$result);
+  let assemblyFormat = [{
+    $input `,` $weight `stride` $stride `padding` $padding `dilation`
+    $dilation attr-dict `:` type($input) `,` type($weight) `->` type($result)
+  }];
+  let extraClassDeclaration = [{
+    /// How the direct kernel lays out the image, weights and sums.
+    ConvLayout layout();
+  }];
+  let hasVerifier = 1;
+}
+
 def Neuron_ReduceOp : Neuron_Op<"reduce"> {
   let summary = "reduction over the innermost `count` dims";
   let description = [{

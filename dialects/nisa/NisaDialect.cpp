@@ -433,8 +433,12 @@ LogicalResult MatmulOp::verify() {
              d = memrefType(getDst());
   bool mx = getStationaryScale() || getMovingScale();
   int64_t operandRank = getDoubleRow() || mx ? 3 : 2;
-  if (s.getRank() != operandRank || m.getRank() != operandRank ||
-      d.getRank() != 2)
+  // A plain matmul's moving operand may have up to three free dims (a
+  // convolution's window: images, rows, columns), N their product.
+  bool plain = operandRank == 2 && !getIsTranspose();
+  bool movingOk = m.getRank() == operandRank ||
+                  (plain && m.getRank() >= 2 && m.getRank() <= 4);
+  if (s.getRank() != operandRank || !movingOk || d.getRank() != 2)
     return emitOpError(operandRank == 3
                            ? "double_row and MX operands must be [K, R, M] "
                              "and [K, R, N], the destination 2-d"
@@ -507,6 +511,10 @@ LogicalResult MatmulOp::verify() {
   }
   int64_t k = s.getDimSize(0), mSize = s.getShape().back(),
           n = m.getShape().back();
+  if (plain && m.getRank() > 2)
+    n = llvm::any_of(m.getShape(), ShapedType::isDynamic)
+            ? ShapedType::kDynamic
+            : m.getNumElements() / m.getDimSize(0);
   if (m.getDimSize(0) != k)
     return emitOpError("contraction (partition) sizes differ: ")
            << k << " vs " << m.getDimSize(0);

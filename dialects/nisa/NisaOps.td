@@ -161,6 +161,9 @@ def Nisa_DmaScatterOp : Nisa_Op<"dma_scatter"> {
 def Nisa_MatmulOp : Nisa_Op<"matmul", [AttrSizedOperandSegments]> {
   let summary = "dst[M,N] (+)= stationary[K,M]^T @ moving[K,N] into PSUM";
   let description = [{
+    The moving operand may have up to three free dims, [K, N1, N2, N3] (a
+    convolution's window: images, rows, columns), N their product.
+
     With `double_row` (NKI's `perf_mode=double_row`, fp8 operands only) the
     operands are [K, R, M] and [K, R, N], R the target's
     matmul_fp8_k_factor: the contraction runs over K x R rows in the time of

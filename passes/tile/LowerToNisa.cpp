@@ -203,6 +203,7 @@ void populateLowerToNisaPatterns(TilePatternSet &patterns) {
   populateLayoutPatterns(patterns);
   populateElementwiseGroupPatterns(patterns);
   populateMatmulPatterns(patterns);
+  populateConvolutionPatterns(patterns);
   populateReducePatterns(patterns);
   populateGatherPatterns(patterns);
   populateScanPatterns(patterns);

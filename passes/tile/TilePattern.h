@@ -62,6 +62,8 @@ using TilePatternSet = SmallVector<std::unique_ptr<TilePattern>>;
 void populateElementwiseGroupPatterns(TilePatternSet &patterns);
 /// LowerMatmul.cpp.
 void populateMatmulPatterns(TilePatternSet &patterns);
+/// LowerConvolution.cpp: neuron.conv2d.
+void populateConvolutionPatterns(TilePatternSet &patterns);
 /// LowerReduce.cpp (with LowerColumnSum.cpp).
 void populateReducePatterns(TilePatternSet &patterns);
 /// LowerLayout.cpp: constants, views (reshape, transpose, broadcast, slice)

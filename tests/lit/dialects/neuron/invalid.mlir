@@ -589,3 +589,67 @@ func.func @rotary_ints(%x: tensor<4x8xi32>) {
   %0 = neuron.rotary %x, %x, %x : tensor<4x8xi32>, tensor<4x8xi32>, tensor<4x8xi32> -> tensor<4x8xi32>
   return
 }
+
+// -----
+
+func.func @conv2d_rank(%x: tensor<8x4x4xf32>, %w: tensor<3x8x3x3xf32>) {
+  // expected-error @+1 {{takes [N, C, H, W] x [O, C, kh, kw] -> [N, O, Ho, Wo]}}
+  %0 = neuron.conv2d %x, %w stride [1, 1] padding [1, 1] dilation [1, 1] : tensor<8x4x4xf32>, tensor<3x8x3x3xf32> -> tensor<1x3x4x4xf32>
+  return
+}
+
+// -----
+
+func.func @conv2d_dynamic(%x: tensor<?x8x4x4xf32>, %w: tensor<3x8x3x3xf32>) {
+  // expected-error @+1 {{needs static shapes}}
+  %0 = neuron.conv2d %x, %w stride [1, 1] padding [1, 1] dilation [1, 1] : tensor<?x8x4x4xf32>, tensor<3x8x3x3xf32> -> tensor<1x3x4x4xf32>
+  return
+}
+
+// -----
+
+func.func @conv2d_types(%x: tensor<1x8x4x4xbf16>, %w: tensor<3x8x3x3xf32>) {
+  // expected-error @+1 {{input, weight and result must share an element type}}
+  %0 = neuron.conv2d %x, %w stride [1, 1] padding [1, 1] dilation [1, 1] : tensor<1x8x4x4xbf16>, tensor<3x8x3x3xf32> -> tensor<1x3x4x4xf32>
+  return
+}
+
+// -----
+
+func.func @conv2d_params(%x: tensor<1x8x4x4xf32>, %w: tensor<3x8x3x3xf32>) {
+  // expected-error @+1 {{stride, padding and dilation take (height, width)}}
+  %0 = neuron.conv2d %x, %w stride [1] padding [1, 1] dilation [1, 1] : tensor<1x8x4x4xf32>, tensor<3x8x3x3xf32> -> tensor<1x3x4x4xf32>
+  return
+}
+
+// -----
+
+func.func @conv2d_channels(%x: tensor<1x8x4x4xf32>, %w: tensor<3x7x3x3xf32>) {
+  // expected-error @+1 {{input channels differ: 8 vs the weight's 7}}
+  %0 = neuron.conv2d %x, %w stride [1, 1] padding [1, 1] dilation [1, 1] : tensor<1x8x4x4xf32>, tensor<3x7x3x3xf32> -> tensor<1x3x4x4xf32>
+  return
+}
+
+// -----
+
+func.func @conv2d_stride(%x: tensor<1x8x4x4xf32>, %w: tensor<3x8x3x3xf32>) {
+  // expected-error @+1 {{needs stride and dilation >= 1, padding >= 0}}
+  %0 = neuron.conv2d %x, %w stride [0, 1] padding [1, 1] dilation [1, 1] : tensor<1x8x4x4xf32>, tensor<3x8x3x3xf32> -> tensor<1x3x4x4xf32>
+  return
+}
+
+// -----
+
+func.func @conv2d_kernel(%x: tensor<1x8x4x4xf32>, %w: tensor<3x8x3x3xf32>) {
+  // expected-error @+1 {{kernel does not fit the padded input}}
+  %0 = neuron.conv2d %x, %w stride [1, 1] padding [0, 0] dilation [2, 2] : tensor<1x8x4x4xf32>, tensor<3x8x3x3xf32> -> tensor<1x3x1x1xf32>
+  return
+}
+
+// -----
+
+func.func @conv2d_result(%x: tensor<1x8x4x4xf32>, %w: tensor<3x8x3x3xf32>) {
+  // expected-error @+1 {{result must be [1, 3, 2, 4]}}
+  %0 = neuron.conv2d %x, %w stride [2, 1] padding [1, 1] dilation [1, 1] : tensor<1x8x4x4xf32>, tensor<3x8x3x3xf32> -> tensor<1x3x4x4xf32>
+  return
+}

@@ -122,6 +122,33 @@ func.func @matmul_rank(%s: memref<4xbf16, #nisa.mem<sbuf>>, %d: memref<4x4xf32, 
 
 // -----
 
+// A moving operand of more than three free dims.
+func.func @matmul_moving_rank(%s: memref<4x4xbf16, #nisa.mem<sbuf>>, %m: memref<4x1x2x2x1xbf16, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{operands must be 2-d tiles}}
+  nisa.matmul %s, %m, %d : memref<4x4xbf16, #nisa.mem<sbuf>>, memref<4x1x2x2x1xbf16, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+// An is_transpose matmul's moving operand is its [K, K] identity.
+func.func @transpose_moving_rank(%s: memref<4x4xbf16, #nisa.mem<sbuf>>, %m: memref<4x2x2xbf16, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{operands must be 2-d tiles}}
+  nisa.matmul %s, %m, %d {is_transpose} : memref<4x4xbf16, #nisa.mem<sbuf>>, memref<4x2x2xbf16, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
+// N is the product of the moving operand's free dims.
+func.func @matmul_window_size(%s: memref<4x4xbf16, #nisa.mem<sbuf>>, %m: memref<4x2x3xbf16, #nisa.mem<sbuf>>, %d: memref<4x4xf32, #nisa.mem<psum>>) {
+  // expected-error @+1 {{destination must be [M, N] = [4, 6]}}
+  nisa.matmul %s, %m, %d : memref<4x4xbf16, #nisa.mem<sbuf>>, memref<4x2x3xbf16, #nisa.mem<sbuf>>, memref<4x4xf32, #nisa.mem<psum>>
+  return
+}
+
+// -----
+
 func.func @matmul_sbuf(%s: memref<4x4xbf16>, %d: memref<4x4xf32, #nisa.mem<psum>>) {
   // expected-error @+1 {{stationary and moving operands must be in SBUF}}
   nisa.matmul %s, %s, %d : memref<4x4xbf16>, memref<4x4xbf16>, memref<4x4xf32, #nisa.mem<psum>>

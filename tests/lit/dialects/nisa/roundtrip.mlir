@@ -20,6 +20,10 @@ func.func @instructions(%in: memref<128x64xf32>, %out: memref<128x64xf32>,
   nisa.dma_scatter %b, %in[%idx] {accumulate} : !sb, memref<128x64xf32>, memref<128x1xi32, #nisa.mem<sbuf>>
   // CHECK: nisa.matmul {{.*}} {accumulate}
   nisa.matmul %st, %st, %ps {accumulate} : memref<128x64xbf16, #nisa.mem<sbuf>>, memref<128x64xbf16, #nisa.mem<sbuf>>, memref<64x64xf32, #nisa.mem<psum>>
+  // A convolution's window: [K, images, rows, columns], N their product.
+  // CHECK: nisa.matmul {{.*}} : memref<128x64xbf16, #nisa.mem<sbuf>>, memref<128x2x4x8xbf16, #nisa.mem<sbuf>>, memref<64x64xf32, #nisa.mem<psum>>
+  %win = memref.alloc() : memref<128x2x4x8xbf16, #nisa.mem<sbuf>>
+  nisa.matmul %st, %win, %ps : memref<128x64xbf16, #nisa.mem<sbuf>>, memref<128x2x4x8xbf16, #nisa.mem<sbuf>>, memref<64x64xf32, #nisa.mem<psum>>
   // CHECK: nisa.matmul {{.*}} {is_transpose}
   %id = memref.alloc() : memref<128x128xbf16, #nisa.mem<sbuf>>
   %pt = memref.alloc() : memref<64x128xf32, #nisa.mem<psum>>

@@ -1,0 +1,368 @@
+//===- LowerConvolution.cpp - neuron.conv2d as a direct convolution -------===//
+//
+// A convolution on TensorE without im2col: the image stays in SBUF (zero
+// padded, its channels on the partitions) and each kernel tap is a matmul of
+// that tap's weights, [C, O] stationary, by the window of the image the tap
+// sees, moving as a [C, rows, columns] access pattern (strided for a strided
+// convolution). The taps and channel tiles accumulate in one PSUM bank per
+// 128 output channels and up to 512 output positions. im2col wrote and read
+// kh * kw shifted copies of the input through HBM in runs of one image row.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/tile/KernelLowering.h"
+#include "passes/tile/TilePattern.h"
+
+namespace mlir::neuron {
+
+namespace {
+
+/// The kernel, per group of `images` images (the next groups' loads in
+/// flight while this one computes): load each image's channels, a
+/// 128-channel tile per partition block, in one DMA of whole rows (long
+/// runs), and where the convolution pads, copy them on GpSimd into the
+/// interior of a tile of the padded size whose border stays zero. Channels
+/// of C <= 64 load `copies` times onto the partitions, copy r shifted back
+/// by r tap columns, so the window of tap (i, j) on copy r is that of tap
+/// (i, j + r) and one matmul contracts several taps. Then for each tile of
+/// output positions (whole output rows up to a PSUM bank, or a bank's
+/// columns of one row) and each 128 output channels, cTiles x tapGroups
+/// accumulating matmuls, one eviction (VectorE and ScalarE in turn) and
+/// one store. The weights load once, as rows of [O, C * kh * kw], and go
+/// to [C, O] per tap by TensorE transposes (and to the copies' partitions
+/// by DMA).
+class DirectConv {
+public:
+  DirectConv(KernelLowering &k, Conv2dOp op)
+      : k(k), x(k.bufferOf(op.getInput())), w(k.bufferOf(op.getWeight())),
+        out(k.resultBuffer(op.getResult())), stride(op.getStride()),
+        padding(op.getPadding()), dilation(op.getDilation()), l(op.layout()) {
+    auto in = tensorType(op.getInput()), wt = tensorType(op.getWeight());
+    auto res = tensorType(op.getResult());
+    n = in.getDimSize(0);
+    c = in.getDimSize(1);
+    h = in.getDimSize(2);
+    wd = in.getDimSize(3);
+    o = wt.getDimSize(0);
+    kh = wt.getDimSize(2);
+    kw = wt.getDimSize(3);
+    ho = res.getDimSize(2);
+    wo = res.getDimSize(3);
+    elt = in.getElementType();
+    wp = wd + 2 * padding[1];
+    taps = kh * kw;
+    padded = padding[0] || padding[1];
+    chunks = (wo + l.chunkCols - 1) / l.chunkCols;
+    planes = l.images * l.cTiles;
+    // PSUM banks (and staging slots) per set, a bank per output tile, and
+    // sets in turn, at least four banks in all: a set's next eviction waits
+    // for its store, whose DMA takes ~1.3 us to start.
+    banksPerSet = std::min(l.oTiles, kConvStageSlots / 2);
+    sets = std::max<int64_t>(2, kConvStageSlots / 2 / banksPerSet);
+  }
+
+  void lower() {
+    TileScope scope(k);
+    weights = k.tile(MemorySpace::sbuf, {kConvTile, weightsRow()}, elt);
+    if (l.copies > 1)
+      packed = k.tile(MemorySpace::sbuf, {kConvTile, l.tapGroups * o}, elt);
+    for (int64_t i = 0; i < l.imageSlots; ++i) {
+      image.push_back(
+          k.tile(MemorySpace::sbuf, {kConvTile, planes * l.plane}, elt));
+      if (padded)
+        loaded.push_back(
+            k.tile(MemorySpace::sbuf, {kConvTile, planes * h * wd}, elt));
+    }
+    acc = k.tile(MemorySpace::psum, {kConvTile, accStride()}, k.b.getF32Type());
+    staged = k.tile(MemorySpace::sbuf, {kConvTile, accStride()}, elt);
+    if (padded)
+      for (Value t : image)
+        zeroBorders(t);
+    loadWeights();
+    // Group i + ahead loads while group i computes; its copies' DMA is
+    // issued a step later than its load, when SyncE's queue (which waits
+    // in order) no longer has to wait for the GpSimd copy it reads.
+    int64_t count = n / l.images, slots = l.imageSlots;
+    int64_t ahead = std::min(slots - 1, count);
+    for (int64_t i = 0; i < ahead; ++i)
+      loadImages(k.index(i), i);
+    copyImages(0);
+    k.forEachRotating(0, count - ahead, slots, [&](Value i, int64_t slot) {
+      loadImages(k.addOffset(i, ahead), (slot + ahead) % slots);
+      copyImages((slot + 1) % slots);
+      computeImages(i, slot);
+    });
+    for (int64_t i = count - ahead; i < count; ++i) {
+      if (i + 1 < count)
+        copyImages((i + 1) % slots);
+      computeImages(k.index(i), i % slots);
+    }
+  }
+
+private:
+  using TileScope = TileBuilder::TileScope;
+
+  int64_t accStride() const { return sets * banksPerSet * kConvTileColumns; }
+  int64_t rowLength() const { return planes * l.plane; }
+  /// Where copy r's padded image starts in its plane.
+  int64_t copyStart(int64_t r) const { return l.lead - r * dilation[1]; }
+  /// Partitions of channel tile ct (one copy).
+  int64_t channels(int64_t ct) const {
+    return std::min(kConvTile, c - ct * kConvTile);
+  }
+
+  /// Zeroes what is padding in every plane of `t` (the copies take theirs
+  /// from copy 0's): the stretch before the interior's first row, the side
+  /// borders between its rows (a row's right border runs on into the next
+  /// one's left) and the stretch after it. Written once: each image writes
+  /// only the interior.
+  void zeroBorders(Value t) {
+    int64_t first = l.lead + padding[0] * wp + padding[1];
+    int64_t last = l.lead + (padding[0] + h - 1) * wp + padding[1] + wd;
+    auto zero = [&](int64_t from, ArrayRef<int64_t> shape,
+                    ArrayRef<int64_t> strides) {
+      SmallVector<int64_t> s{kConvTile, planes}, st{rowLength(), l.plane};
+      s.append(shape.begin(), shape.end());
+      st.append(strides.begin(), strides.end());
+      k.b.create<nisa::MemsetOp>(k.view(t, k.index(from), s, st), APFloat(0.0),
+                                 nisa::Engine::gpsimd);
+    };
+    zero(0, {first}, {1});
+    if (padding[1] && h > 1)
+      zero(first + wd, {h - 1, 2 * padding[1]}, {wp, 1});
+    if (l.plane > last)
+      zero(last, {l.plane - last}, {1});
+  }
+
+  /// weights[cc, (ct * taps + t) * o + oo] = w[oo, ct * 128 + cc, t]: per
+  /// 128 output channels, their rows of w (contiguous) by one DMA, then
+  /// each (channel tile, tap) block transposed on TensorE into PSUM and
+  /// copied out (exact: the values are the weights'). With copies, tap
+  /// group g's weights [r * c + cc, g * o + oo] are those of its taps.
+  void loadWeights() {
+    TileScope scope(k);
+    auto &b = k.b;
+    int64_t rowLen = c * taps;
+    Value raw = k.tile(MemorySpace::sbuf, {kConvTile, rowLen}, elt);
+    Value ident = k.identity(kConvTile, elt);
+    int64_t perBank = kConvTileColumns / kConvTile;
+    int64_t block = 0;
+    for (int64_t ot = 0; ot < l.oTiles; ++ot) {
+      int64_t oRows = std::min(kConvTile, o - ot * kConvTile);
+      k.dma(
+          k.rowView(w, k.index(ot * kConvTile * rowLen), oRows, rowLen, rowLen),
+          k.view(raw, k.index(0), {oRows, rowLen}, {rowLen, 1}));
+      for (int64_t ct = 0; ct < l.cTiles; ++ct)
+        for (int64_t t = 0; t < taps; ++t, ++block) {
+          // Blocks go through the PSUM banks in turn, a bank holding
+          // perBank of them side by side.
+          int64_t col = (block % (sets * banksPerSet * perBank)) * kConvTile;
+          Value sums = k.view(acc, k.index(col), {channels(ct), oRows},
+                              {accStride(), 1});
+          b.create<nisa::MatmulOp>(
+               k.view(raw, k.index(ct * kConvTile * taps + t),
+                      {oRows, channels(ct)}, {rowLen, taps}),
+               k.view(ident, k.index(0), {oRows, oRows}, {kConvTile, 1}), sums)
+              .setIsTranspose(true);
+          b.create<nisa::CopyOp>(sums, tapWeights(ct, t, ot, oRows),
+                                 block % 2 ? nisa::Engine::scalar
+                                           : nisa::Engine::vector);
+        }
+    }
+    if (l.copies == 1)
+      return;
+    // Copy r's rows of tap group (i, jg) are tap (i, jg * copies + r)'s
+    // weights. Past the kernel's last column a group's rows hold the next
+    // row's taps (or the tile's spare columns), which its matmul does not
+    // contract.
+    int64_t groupsPerRow = l.tapGroups / kh;
+    for (int64_t r = 0; r < l.copies; ++r)
+      k.dma(k.view(weights, k.index(r * o), {c, kh, groupsPerRow, o},
+                   {weightsRow(), kw * o, l.copies * o, 1}),
+            k.view(packed, k.index(r * c * l.tapGroups * o),
+                   {c, kh, groupsPerRow, o},
+                   {l.tapGroups * o, groupsPerRow * o, o, 1}));
+  }
+
+  /// Columns of the weights tile: a tap's [C, O] per channel tile and tap,
+  /// and spare taps' room the copies' groups read past the last one.
+  int64_t weightsRow() const { return (l.cTiles * taps + l.copies - 1) * o; }
+
+  /// `body(group, i, j, used)` for each tap group: taps (i, j) to (i, j +
+  /// used - 1).
+  void forEachTapGroup(
+      llvm::function_ref<void(int64_t, int64_t, int64_t, int64_t)> body) {
+    int64_t g = 0;
+    for (int64_t i = 0; i < kh; ++i)
+      for (int64_t j = 0; j < kw; j += l.copies, ++g)
+        body(g, i, j, std::min(l.copies, kw - j));
+  }
+
+  /// The [C, O] weights of tap t for channel tile ct and output tile ot
+  /// (`oRows` of them).
+  Value tapWeights(int64_t ct, int64_t t, int64_t ot, int64_t oRows) {
+    return k.view(weights, k.index((ct * taps + t) * o + ot * kConvTile),
+                  {channels(ct), oRows}, {weightsRow(), 1});
+  }
+  /// Those of tap group g's first `used` taps, a tap's on its copy's
+  /// partitions.
+  Value groupWeights(int64_t g, int64_t ot, int64_t oRows, int64_t used) {
+    return k.view(packed, k.index(g * o + ot * kConvTile), {used * c, oRows},
+                  {l.tapGroups * o, 1});
+  }
+
+  /// The images of group `group` into image tile `slot`: [copy r's channel,
+  /// (b * cTiles + ct) * plane + copyStart(r) + row * wp + column], the
+  /// interior from (padding[0], padding[1]).
+  void loadImages(Value group, int64_t slot) {
+    int64_t hw = h * wd, interior = l.lead + padding[0] * wp + padding[1];
+    Value first = k.scale(group, l.images * c * hw);
+    for (int64_t ct = 0; ct < l.cTiles; ++ct) {
+      int64_t rows = channels(ct);
+      // [channel, image, position] of the group's images.
+      Value src = k.view(x, k.addOffset(first, ct * kConvTile * hw),
+                         {rows, l.images, hw}, {hw, c * hw, 1});
+      int64_t at = ct * l.plane + interior;
+      if (!padded) {
+        k.dma(src, k.view(image[slot], k.index(at), {rows, l.images, hw},
+                          {rowLength(), l.cTiles * l.plane, 1}));
+        continue;
+      }
+      int64_t from = ct * hw;
+      k.dma(src, k.view(loaded[slot], k.index(from), {rows, l.images, hw},
+                        {planes * hw, l.cTiles * hw, 1}));
+      k.b.create<nisa::CopyOp>(
+          k.view(loaded[slot], k.index(from), {rows, l.images, h, wd},
+                 {planes * hw, l.cTiles * hw, wd, 1}),
+          k.view(image[slot], k.index(at), {rows, l.images, h, wd},
+                 {rowLength(), l.cTiles * l.plane, wp, 1}),
+          nisa::Engine::gpsimd);
+    }
+  }
+
+  /// The copies of image tile `slot`: each plane of copy 0 (padding
+  /// included) moved whole to copy r's partitions, r tap columns further
+  /// back.
+  void copyImages(int64_t slot) {
+    int64_t padded = l.plane - l.lead;
+    for (int64_t r = 1; r < l.copies; ++r)
+      k.dma(k.view(image[slot], k.index(l.lead), {c, planes, padded},
+                   {rowLength(), l.plane, 1}),
+            k.view(image[slot], k.index(r * c * rowLength() + copyStart(r)),
+                   {c, planes, padded}, {rowLength(), l.plane, 1}));
+  }
+
+  /// Every tile of the output positions of image group `group`.
+  void computeImages(Value group, int64_t slot) {
+    if (chunks == 1) {
+      int64_t full = ho / l.rowsPerTile, rest = ho % l.rowsPerTile;
+      k.forEachRotating(0, full, sets, [&](Value i, int64_t set) {
+        computeTile(group, slot, k.scale(i, l.rowsPerTile), l.rowsPerTile, 0,
+                    wo, set);
+      });
+      if (rest)
+        computeTile(group, slot, k.index(full * l.rowsPerTile), rest, 0, wo,
+                    full % sets);
+      return;
+    }
+    // One row in chunks of a bank's columns; consecutive tiles take the
+    // sets in turn across rows too.
+    k.forEachRotating(0, ho, sets, [&](Value row, int64_t rowSet) {
+      for (int64_t ch = 0; ch < chunks; ++ch)
+        computeTile(group, slot, row, 1, ch * l.chunkCols,
+                    std::min(l.chunkCols, wo - ch * l.chunkCols),
+                    (rowSet * chunks + ch) % sets);
+    });
+  }
+
+  /// Output rows [row0, row0 + rows) x columns [col0, col0 + cols) of the
+  /// group's images, in PSUM bank set `set`.
+  void computeTile(Value group, int64_t slot, Value row0, int64_t rows,
+                   int64_t col0, int64_t cols, int64_t set) {
+    auto &b = k.b;
+    int64_t positions = l.images * rows * cols;
+    // The window of tap (i, j) starts at padded row row0 * s + i * d and
+    // column col0 * s + j * d.
+    Value firstRow = k.scale(row0, stride[0] * wp);
+    for (int64_t ot = 0; ot < l.oTiles; ++ot) {
+      int64_t oRows = std::min(kConvTile, o - ot * kConvTile);
+      int64_t bank = set * banksPerSet + ot % banksPerSet;
+      Value sums = k.view(acc, k.index(bank * kConvTileColumns),
+                          {oRows, positions}, {accStride(), 1});
+      bool first = true;
+      for (int64_t ct = 0; ct < l.cTiles; ++ct)
+        forEachTapGroup([&](int64_t g, int64_t i, int64_t j, int64_t used) {
+          Value at = k.addOffset(firstRow,
+                                 ct * l.plane + l.lead + i * dilation[0] * wp +
+                                     col0 * stride[1] + j * dilation[1]);
+          Value window = k.view(
+              image[slot], at, {used * channels(ct), l.images, rows, cols},
+              {rowLength(), l.cTiles * l.plane, stride[0] * wp, stride[1]});
+          Value stationary = l.copies > 1
+                                 ? groupWeights(g, ot, oRows, used)
+                                 : tapWeights(ct, i * kw + j, ot, oRows);
+          auto mm = b.create<nisa::MatmulOp>(stationary, window, sums);
+          if (!first)
+            mm.setAccumulate(true);
+          first = false;
+        });
+      Value part = k.view(staged, k.index(bank * kConvTileColumns),
+                          {oRows, positions}, {accStride(), 1});
+      b.create<nisa::CopyOp>(sums, part,
+                             (set + ot) % 2 ? nisa::Engine::scalar
+                                            : nisa::Engine::vector);
+      // out[image, ot * 128 + oo, row0 + r, col0 + cc]: a run of rows *
+      // cols per channel and image where the tile is whole rows.
+      Value dst = k.addOffsets(
+          k.scale(group, l.images * o * ho * wo),
+          k.addOffset(k.scale(row0, wo), ot * kConvTile * ho * wo + col0));
+      // From ScalarE's queue: on SyncE's a store would hold up the loads.
+      b.create<nisa::DmaCopyOp>(k.view(staged, k.index(bank * kConvTileColumns),
+                                       {oRows, l.images, rows, cols},
+                                       {accStride(), rows * cols, cols, 1}),
+                                k.view(out, dst, {oRows, l.images, rows, cols},
+                                       {ho * wo, o * ho * wo, wo, 1}),
+                                nisa::Engine::scalar);
+    }
+  }
+
+  KernelLowering &k;
+  Value x, w, out;
+  ArrayRef<int64_t> stride, padding, dilation;
+  ConvLayout l;
+  int64_t n, c, h, wd, o, kh, kw, ho, wo, wp, taps, chunks, planes, banksPerSet,
+      sets;
+  bool padded;
+  Type elt;
+  Value weights, packed, acc, staged;
+  /// Per image slot, the image padded and (where it pads) as loaded:
+  /// separate tiles, not slots of one, which the synchronisation tells
+  /// apart.
+  SmallVector<Value, 3> image, loaded;
+};
+
+struct Conv2dPattern : OpTilePattern<Conv2dPattern, Conv2dOp> {
+  LogicalResult lowerOp(Conv2dOp op, KernelLowering &k) const {
+    const auto &t = k.target;
+    if (t.partitions < kConvTile || t.psumBankBytes / 4 < kConvTileColumns ||
+        t.matmulMaxMovingFree < kConvTileColumns)
+      return op->emitOpError("the direct convolution needs ")
+             << kConvTile << " partitions and PSUM banks of "
+             << kConvTileColumns << " fp32 sums";
+    int64_t resident = op.layout().residentBytes;
+    if (resident + k.tileBytes > t.sbufBytesPerPartition)
+      return op->emitOpError("keeps ")
+             << resident << " bytes per partition resident, more "
+             << "than target '" << t.name << "' has";
+    DirectConv(k, op).lower();
+    return success();
+  }
+};
+
+} // namespace
+
+void populateConvolutionPatterns(TilePatternSet &patterns) {
+  patterns.push_back(std::make_unique<Conv2dPattern>());
+}
+
+} // namespace mlir::neuron

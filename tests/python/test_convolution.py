@@ -1,0 +1,153 @@
+"""Convolutions on TensorE's direct kernel (``neuron.conv2d``, passes/tile/LowerConvolution.cpp):
+golden checks against eager over the shapes its layout distinguishes, and its modeled time and
+HBM traffic, which im2col's kh x kw copies of the input through HBM would fail."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+from torch import nn
+
+import torchneuron
+from torchneuron._native import native
+
+F32 = torch.float32
+BF16 = torch.bfloat16
+
+
+def _modeled(fn: Any, *args: torch.Tensor) -> tuple[torch.Tensor, float, float]:
+    """fn compiled and run once: its result, modeled device time and HBM bytes."""
+    torch._dynamo.reset()
+    with torchneuron.profile() as prof:
+        out = torch.compile(fn, backend="neuron")(*args)
+    return out, prof.total_device_ns, sum(k["hbm_bytes"] for k in prof.kernels)
+
+
+# (N, C, H, W, O, kernel, stride, padding, dilation): what the layout tells apart.
+SHAPES = [
+    # 64 channels: two copies of the image on the partitions, two taps a matmul; images
+    # of 14 x 14 share a PSUM tile (two of them).
+    (2, 64, 14, 14, 64, 3, 1, 1, 1),
+    # Three copies (C = 33: 99 partitions), stride and dilation 2, more than one output tile.
+    (2, 33, 17, 13, 300, 3, 2, 2, 2),
+    # C and O past one 128-channel tile, neither a multiple of it; stride 2.
+    (1, 192, 9, 11, 200, 3, 2, 1, 1),
+    (2, 130, 8, 8, 129, 3, 1, 1, 1),
+    # A 3 x 1 kernel (one tap a row: no copies), asymmetric padding.
+    (2, 48, 10, 9, 50, (3, 1), 1, (1, 0), 1),
+    # No padding (the image loads straight into its tile), with copies.
+    (1, 8, 6, 7, 8, 3, 1, 0, 1),
+    # 5 x 5, five images of 7 x 7 sharing a tile (N = 5: a divisor of N).
+    (5, 16, 7, 7, 16, 5, 1, 2, 1),
+    # Rows longer than a PSUM bank: one row a tile, in chunks (a 1-d convolution as Whisper's
+    # encoder starts with, and its strided second one).
+    (1, 80, 1, 1200, 384, (1, 3), 1, (0, 1), 1),
+    (1, 384, 1, 1200, 384, (1, 3), (1, 2), (0, 1), 1),
+]
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:5])))
+def test_direct_convolution_matches_eager(shape: tuple[Any, ...], dtype: torch.dtype) -> None:
+    n, c, h, w, o, kernel, stride, padding, dilation = shape
+    kh, kw = kernel if isinstance(kernel, tuple) else (kernel, kernel)
+    torch.manual_seed(0)
+    x = torch.randn(n, c, h, w, dtype=dtype)
+    weight = (torch.randn(o, c, kh, kw) / (c * kh * kw) ** 0.5).to(dtype)
+    bias = torch.randn(o, dtype=dtype)
+
+    def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation)
+
+    before = torchneuron.stats()["kernels_run"]
+    torch._dynamo.reset()
+    got = torch.compile(conv, backend="neuron", fullgraph=True)(x, weight, bias)
+    assert torchneuron.stats()["kernels_run"] > before
+    # The products are exact and summed in float32, rounded once: the float64 result rounded
+    # to the dtype, up to the order of the float32 sums.
+    want = conv(x.double(), weight.double(), bias.double())
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == F32 else dict(atol=1e-2, rtol=8e-3)
+    torch.testing.assert_close(got.double(), want, **tol)
+
+
+def test_padding_stays_zero_and_non_finite_values_stay_where_they_are() -> None:
+    # The padded border is zeroed once and each image writes only the interior; an infinity
+    # or NaN reaches only the outputs whose windows hold it.
+    x = torch.randn(3, 64, 9, 9)
+    x[0, 5, 0, 0] = float("inf")
+    x[2, 7, 8, 8] = float("nan")
+    weight = torch.randn(64, 64, 3, 3).abs()
+    got = torch.compile(lambda a, b: F.conv2d(a, b, padding=1), backend="neuron")(x, weight)
+    want = F.conv2d(x, weight, padding=1)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(got[finite], want[finite], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "shape, share",
+    [
+        # ResNet's stages (3 x 3, batch 8, bf16): C = 64 uses half the PE array's rows even
+        # with two taps a matmul, 128 and more all of them.
+        ((8, 64, 56, 56, 64, 1), 0.15),
+        ((8, 128, 28, 28, 128, 1), 0.6),
+        ((8, 256, 14, 14, 256, 1), 0.5),
+        ((8, 128, 56, 56, 128, 2), 0.3),
+    ],
+    ids=["64@56", "128@28", "256@14", "128@56s2"],
+)
+def test_direct_convolution_reads_the_input_once_at_a_share_of_the_tensor_peak(
+    shape: tuple[int, ...], share: float
+) -> None:
+    # im2col wrote and read nine shifted copies of the input through HBM in runs of one
+    # image row: 1053 us for the first of these (2.2% of the TensorE peak), now ~118 us.
+    n, c, h, w, o, stride = shape
+    torch.manual_seed(0)
+    conv = nn.Conv2d(c, o, 3, stride=stride, padding=1, bias=False).to(BF16)
+    x = torch.randn(n, c, h, w, dtype=BF16)
+    with torch.no_grad():
+        out, ns, hbm = _modeled(conv, x)
+        want = conv(x)
+    torch.testing.assert_close(out.float(), want.float(), atol=2e-2, rtol=2e-2)
+    minimum = sum(t.numel() * t.element_size() for t in (x, conv.weight, out))
+    assert hbm <= 1.02 * minimum, (hbm, minimum)
+    flops = 2.0 * out.numel() * c * 9
+    peak_flops_per_ns = native().target_peaks("trn2")["flops"] / 1e9
+    assert flops / peak_flops_per_ns / ns >= share, flops / peak_flops_per_ns / ns
+
+
+def test_resnet_basic_block_trains_like_eager() -> None:
+    # torchvision's BasicBlock: the forward convolutions take the direct kernel inside the
+    # training graph, their gradients im2col's (convolution_backward).
+    class BasicBlock(nn.Module):
+        def __init__(self, channels: int) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(channels)
+            self.relu = nn.ReLU(inplace=True)
+            self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(channels)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            return self.relu(out + x)
+
+    torch.manual_seed(0)
+    model = BasicBlock(32)
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 32, 12, 12)
+    fallbacks = dict(torchneuron.stats()["ops_fallback"])
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="neuron")
+    for fn in (compiled, reference):
+        fn(x).square().mean().backward()
+    assert torchneuron.stats()["ops_fallback"] == fallbacks
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-3, msg=name)

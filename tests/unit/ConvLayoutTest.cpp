@@ -1,0 +1,105 @@
+//===- ConvLayoutTest.cpp - neuron.conv2d's on-chip layout ----------------===//
+//
+// Conv2dOp::layout alone: what the direct kernel stacks on the partitions,
+// which images share a PSUM tile, and the SBUF it keeps resident, which
+// the importer compares with kConvResidentBudget.
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialects/neuron/NeuronDialect.h"
+
+#include "compiler/Registration.h"
+#include "tests/unit/CatchCompat.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Parser/Parser.h"
+
+#include <string>
+
+using namespace mlir;
+using namespace mlir::neuron;
+
+namespace {
+
+/// The layout of `conv2d x : [n, c, h, w], weight [o, c, k, k]` in bf16.
+ConvLayout layoutOf(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                    int64_t k, int64_t stride, int64_t pad) {
+  MLIRContext context;
+  DialectRegistry registry;
+  ::neuron::compiler::registerDialects(registry);
+  context.appendDialectRegistry(registry);
+  context.loadAllAvailableDialects();
+  auto dims = [](std::initializer_list<int64_t> d) {
+    std::string s;
+    for (int64_t v : d)
+      s += std::to_string(v) + "x";
+    return "tensor<" + s + "bf16>";
+  };
+  int64_t ho = (h + 2 * pad - k) / stride + 1,
+          wo = (w + 2 * pad - k) / stride + 1;
+  std::string x = dims({n, c, h, w}), wt = dims({o, c, k, k}),
+              y = dims({n, o, ho, wo});
+  std::string s = std::to_string(stride), p = std::to_string(pad);
+  std::string body = "func.func @f(%x: " + x + ", %w: " + wt + ") -> " + y +
+                     " {\n  %0 = neuron.conv2d %x, %w stride [" + s + ", " + s +
+                     "] padding [" + p + ", " + p + "] dilation [1, 1] : " + x +
+                     ", " + wt + " -> " + y + "\n  return %0 : " + y + "\n}\n";
+  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(body, &context);
+  REQUIRE(module);
+  Conv2dOp conv;
+  module->walk([&](Conv2dOp op) { conv = op; });
+  REQUIRE(conv);
+  return conv.layout();
+}
+
+} // namespace
+
+TEST_CASE("64 channels stack two copies, two taps a matmul", "[conv-layout]") {
+  ConvLayout l = layoutOf(8, 64, 56, 56, 64, 3, 1, 1);
+  CHECK(l.cTiles == 1);
+  CHECK(l.copies == 2);
+  CHECK(l.tapGroups == 6); // (i, 0..1) and (i, 2) for each kernel row
+  CHECK(l.images == 1);    // 56 x 56 outputs fill bank after bank
+  CHECK(l.lead == 1);
+  CHECK(l.plane == 1 + 58 * 58);
+  CHECK(l.rowsPerTile == 9); // 9 x 56 = 504 of a bank's 512 columns
+  CHECK(l.imageSlots == 3);
+  CHECK(l.residentBytes <= kConvResidentBudget);
+}
+
+TEST_CASE("Wide channels take no copies; small images share a tile",
+          "[conv-layout]") {
+  ConvLayout l = layoutOf(8, 512, 7, 7, 512, 3, 1, 1);
+  CHECK(l.cTiles == 4);
+  CHECK(l.oTiles == 4);
+  CHECK(l.copies == 1);
+  CHECK(l.tapGroups == 9);
+  CHECK(l.images == 8); // 8 x 49 positions in one bank
+  CHECK(l.rowsPerTile == 7);
+  CHECK(l.imageSlots == 2); // one group of images
+  // The weights dominate: 4 channel tiles x 9 taps x 512 outputs, bf16.
+  CHECK(l.residentBytes > 4 * 9 * 512 * 2);
+}
+
+TEST_CASE("Few channels stack up to a kernel row of copies", "[conv-layout]") {
+  ConvLayout l = layoutOf(2, 16, 20, 20, 16, 5, 1, 2);
+  CHECK(l.copies == 5);
+  CHECK(l.tapGroups == 5); // one matmul per kernel row
+  CHECK(l.lead == 4);
+  CHECK(l.images == 1); // 400 positions: two images would not fit a bank
+}
+
+TEST_CASE("Rows longer than a bank go one row a tile, in chunks",
+          "[conv-layout]") {
+  ConvLayout l = layoutOf(1, 80, 1, 3000, 384, 1, 1, 0);
+  CHECK(l.rowsPerTile == 1);
+  CHECK(l.chunkCols == 512);
+}
+
+TEST_CASE("An image too large for SBUF exceeds the importer's budget",
+          "[conv-layout]") {
+  ConvLayout l = layoutOf(1, 64, 300, 300, 64, 3, 1, 1);
+  CHECK(l.residentBytes > kConvResidentBudget);
+}
