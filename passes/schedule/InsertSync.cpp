@@ -683,6 +683,8 @@ struct Access {
   Span linear;
   bool boxed = false;
   Span rows, cols;
+  /// An on-chip operand's partitions, where its offset says which.
+  Span partitions;
   /// A size-generic kernel's offset part known at run time only (issue
   /// #16): (value, coefficient) terms; spans compare only over equal ones.
   SmallVector<std::pair<Value, int64_t>, 1> symbolic;
@@ -705,7 +707,7 @@ struct Access {
 
 bool apart(const Access &x, const Access &y) {
   if (x.symbolic == y.symbolic &&
-      (apart(x.linear, y.linear) ||
+      (apart(x.linear, y.linear) || apart(x.partitions, y.partitions) ||
        (x.boxed && y.boxed &&
         (apart(x.rows, y.rows) || apart(x.cols, y.cols)))))
     return true;
@@ -761,8 +763,19 @@ Access onChipAccess(MemRefType type, nisa::MemorySpace space,
     SmallVector<std::pair<Value, int64_t>, 2> byteTerms;
     for (auto [iv, coeff] : offset->terms)
       byteTerms.push_back({iv, coeff * elt});
-    auto span = spanOf(begin + offset->constant * elt, byteTerms,
-                       (reach + 1) * elt - 1);
+    // A constant offset of whole rows starts the view on a later partition
+    // (the stacked copies of a convolution's image): it covers the bytes
+    // from the rest of its offset on partitions [first, first + size).
+    int64_t rowElts = bytes / elt, constant = offset->constant;
+    bool rowsMove = llvm::any_of(
+        offset->terms, [&](auto &t) { return std::abs(t.second) >= rowElts; });
+    if (!rowsMove && constant >= 0 && symbolic.empty()) {
+      int64_t first = constant / rowElts;
+      access.partitions = whole(first, first + sizes[partitionDim] - 1);
+      constant %= rowElts;
+    }
+    auto span =
+        spanOf(begin + constant * elt, byteTerms, (reach + 1) * elt - 1);
     if (span && span->lo >= begin && span->hi < begin + bytes)
       access.linear = *span;
   }

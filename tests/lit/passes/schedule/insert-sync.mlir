@@ -589,3 +589,36 @@ func.func @disjoint_scatters(%t: memref<256x16xf32>, %u: memref<256x16xf32>) att
   nisa.dma_copy %view, %back : memref<128x16xf32, strided<[16, 1]>>, !r
   return
 }
+
+// -----
+
+!t = memref<128x64xbf16, #nisa.mem<sbuf>>
+
+// Views starting on later partitions (a constant offset of whole rows: a
+// convolution's stacked copies of its image) cover only their partitions:
+// loads into partitions [0, 8) and [8, 16) at the same bytes need no order;
+// one into [4, 12) waits for both, and a matmul reading [0, 16) for it.
+// CHECK-LABEL: func.func @partition_blocks
+// CHECK: nisa.dma_copy %arg1, {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.dma_copy %arg0, {{.*}} {nisa.id = 1 : i64}
+// CHECK: nisa.dma_copy %arg0, {{.*}} {nisa.id = 2 : i64}
+// CHECK: nisa.dma_copy %arg0, {{.*}} {nisa.id = 3 : i64, nisa.waits = array<i64: 1, 2>}
+// CHECK: nisa.matmul {{.*}} {nisa.id = 4 : i64, nisa.waits = array<i64: 0, 3>}
+func.func @partition_blocks(%x: memref<8x64xbf16>, %w: memref<16x16xbf16>) attributes {nisa.kernel, nisa.num_inputs = 2 : i64} {
+  %c0 = arith.constant 0 : index
+  %c256 = arith.constant 256 : index
+  %c512 = arith.constant 512 : index
+  %t = memref.alloc() {nisa.address = 0 : i64} : !t
+  %s = memref.alloc() {nisa.address = 128 : i64} : memref<16x16xbf16, #nisa.mem<sbuf>>
+  %p = memref.alloc() {nisa.address = 0 : i64} : memref<16x64xf32, #nisa.mem<psum>>
+  nisa.dma_copy %w, %s : memref<16x16xbf16>, memref<16x16xbf16, #nisa.mem<sbuf>>
+  %a = memref.reinterpret_cast %t to offset: [%c0], sizes: [8, 64], strides: [64, 1] : !t to memref<8x64xbf16, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>
+  %b = memref.reinterpret_cast %t to offset: [%c512], sizes: [8, 64], strides: [64, 1] : !t to memref<8x64xbf16, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>
+  %c = memref.reinterpret_cast %t to offset: [%c256], sizes: [8, 64], strides: [64, 1] : !t to memref<8x64xbf16, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>
+  %m = memref.reinterpret_cast %t to offset: [%c0], sizes: [16, 64], strides: [64, 1] : !t to memref<16x64xbf16, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>
+  nisa.dma_copy %x, %a : memref<8x64xbf16>, memref<8x64xbf16, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>
+  nisa.dma_copy %x, %b : memref<8x64xbf16>, memref<8x64xbf16, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>
+  nisa.dma_copy %x, %c : memref<8x64xbf16>, memref<8x64xbf16, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>
+  nisa.matmul %s, %m, %p : memref<16x16xbf16, #nisa.mem<sbuf>>, memref<16x64xbf16, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>, memref<16x64xf32, #nisa.mem<psum>>
+  return
+}
