@@ -201,12 +201,43 @@ def forms() -> list[Form]:
             lambda x, y: F.cross_entropy(x.float(), y),
             lambda: [randn(t, 32000), torch.randint(0, 32000, (t,))],
         ),
-        # Vision: a ResNet 3 x 3 convolution, a ViT's patch embedding, a UNet's upsampling.
+        # Vision: ResNet's convolutions (its stem, a 3 x 3 of each stage), a ViT's patch
+        # embedding, a UNet's upsampling.
+        Form(
+            "resnet stem 7x7 s2 [8,3,224,224]",
+            nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False).to(BF16),
+            lambda: [randn(8, 3, 224, 224)],
+            flops=2.0 * 8 * 112 * 112 * 64 * 3 * 49,
+        ),
         Form(
             "conv 3x3 64->64 [8,64,56,56]",
             nn.Conv2d(64, 64, 3, padding=1, bias=False).to(BF16),
             lambda: [randn(8, 64, 56, 56)],
             flops=2.0 * 8 * 56 * 56 * 64 * 64 * 9,
+        ),
+        Form(
+            "conv 3x3 128->128 [8,128,28,28]",
+            nn.Conv2d(128, 128, 3, padding=1, bias=False).to(BF16),
+            lambda: [randn(8, 128, 28, 28)],
+            flops=2.0 * 8 * 28 * 28 * 128 * 128 * 9,
+        ),
+        Form(
+            "conv 3x3 s2 128->128 [8,128,56,56]",
+            nn.Conv2d(128, 128, 3, stride=2, padding=1, bias=False).to(BF16),
+            lambda: [randn(8, 128, 56, 56)],
+            flops=2.0 * 8 * 28 * 28 * 128 * 128 * 9,
+        ),
+        Form(
+            "conv 3x3 256->256 [8,256,14,14]",
+            nn.Conv2d(256, 256, 3, padding=1, bias=False).to(BF16),
+            lambda: [randn(8, 256, 14, 14)],
+            flops=2.0 * 8 * 14 * 14 * 256 * 256 * 9,
+        ),
+        Form(
+            "conv 3x3 512->512 [8,512,7,7]",
+            nn.Conv2d(512, 512, 3, padding=1, bias=False).to(BF16),
+            lambda: [randn(8, 512, 7, 7)],
+            flops=2.0 * 8 * 7 * 7 * 512 * 512 * 9,
         ),
         Form(
             "vit patch embed 16x16 [8,3,224,224]",

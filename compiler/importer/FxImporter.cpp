@@ -2258,31 +2258,34 @@ Value depthwiseConvolution(Importer &im, Value x, Value w,
 }
 
 /// The fewest input channels a convolution of more than one tap takes the
-/// direct kernel with: each tap is then a matmul contracting the channels,
-/// where im2col contracts channels x taps at once (a 3-channel 7 x 7 stem
-/// would give TensorE 49 matmuls of 3 rows instead of 2 of 128).
+/// direct kernel with (strided rows aside): each tap is then a matmul
+/// contracting the channels, where im2col contracts channels x taps at once.
 constexpr int64_t kDirectConvMinChannels = 8;
 
-/// neuron.conv2d, TensorE's direct convolution, for one group of at least
-/// kDirectConvMinChannels channels and more than one tap, where its kernel
-/// keeps the image and weights on chip; null otherwise.
-Value directConvolution(Importer &im, Value x, Value w, int64_t groups,
-                        std::array<int64_t, 2> stride,
+/// neuron.conv2d, TensorE's direct convolution, for one group and more than
+/// one tap, of at least kDirectConvMinChannels channels or with strided rows
+/// (whose kernel rows the kernel stacks on the partitions: a 3-channel stem
+/// or a ViT's patch embedding), where its kernel keeps the image and weights
+/// on chip; null otherwise.
+Value directConvolution(Importer &im, Value x, Value w, Value bias,
+                        int64_t groups, std::array<int64_t, 2> stride,
                         std::array<int64_t, 2> padding,
                         std::array<int64_t, 2> dilation,
                         std::array<int64_t, 2> outSize) {
   auto xt = cast<RankedTensorType>(x.getType());
   auto wt = cast<RankedTensorType>(w.getType());
-  if (groups != 1 || xt.getDimSize(1) < kDirectConvMinChannels ||
-      wt.getDimSize(2) * wt.getDimSize(3) == 1 || !xt.hasStaticShape())
+  if (groups != 1 || wt.getDimSize(2) * wt.getDimSize(3) == 1 ||
+      !xt.hasStaticShape())
     return {};
   auto type = RankedTensorType::get(
       {xt.getDimSize(0), wt.getDimSize(0), outSize[0], outSize[1]},
       xt.getElementType());
   auto conv = im.b.create<Conv2dOp>(
-      im.loc(), type, x, w, im.b.getDenseI64ArrayAttr(stride),
+      im.loc(), type, x, w, bias, im.b.getDenseI64ArrayAttr(stride),
       im.b.getDenseI64ArrayAttr(padding), im.b.getDenseI64ArrayAttr(dilation));
-  if (conv.layout().residentBytes <= kConvResidentBudget)
+  ConvLayout layout = conv.layout();
+  if ((xt.getDimSize(1) >= kDirectConvMinChannels || layout.rowStacked) &&
+      layout.residentBytes <= kConvResidentBudget)
     return conv;
   conv.erase();
   return {};
@@ -2339,9 +2342,12 @@ Values convolutionHandler(Importer &im) {
                                          outSize, elt));
   int64_t cg = c / groups, og = o / groups;
   int64_t ckk = cg * kh * kw, hw = outSize[0] * outSize[1];
-  if (Value direct = directConvolution(im, x, w, groups, stride, padding,
+  // Its bias is added to the sums as they leave PSUM.
+  Value bias =
+      im.isTensor(im.arg(2)) ? im.castTo(im.tensor(im.arg(2)), elt) : Value();
+  if (Value direct = directConvolution(im, x, w, bias, groups, stride, padding,
                                        dilation, outSize))
-    return withBias(direct);
+    return {im.reshape(direct, out.getShape())};
   Value patches;
   bool patchify =
       stride[0] == kh && stride[1] == kw && padding[0] == 0 &&

@@ -216,6 +216,13 @@ LogicalResult Conv2dOp::verify() {
   if (in.getDimSize(1) != w.getDimSize(1))
     return emitOpError("input channels differ: ")
            << in.getDimSize(1) << " vs the weight's " << w.getDimSize(1);
+  if (getBias()) {
+    auto bias = tensorType(getBias());
+    if (bias.getRank() != 1 || bias.getDimSize(0) != w.getDimSize(0) ||
+        bias.getElementType() != in.getElementType())
+      return emitOpError("bias must be [")
+             << w.getDimSize(0) << "] of the input's element type";
+  }
   SmallVector<int64_t> expected{in.getDimSize(0), w.getDimSize(0)};
   for (int d = 0; d < 2; ++d) {
     int64_t s = getStride()[d], p = getPadding()[d], dil = getDilation()[d];
@@ -245,27 +252,40 @@ ConvLayout Conv2dOp::layout() {
   ConvLayout l;
   l.cTiles = (c + kConvTile - 1) / kConvTile;
   l.oTiles = (o + kConvTile - 1) / kConvTile;
-  l.copies = std::min(kw, std::max<int64_t>(1, kConvTile / c));
-  l.tapGroups = kh * ((kw + l.copies - 1) / l.copies);
+  // Few channels stacked take a DMA engine's partitions each, so that the
+  // copies load over as many engines.
+  l.copyParts = c < kConvCopyPartitions && kh * kConvCopyPartitions <= kConvTile
+                    ? kConvCopyPartitions
+                    : c;
+  l.rowStacked = getStride()[0] > 1 && kh > 1 && kh * l.copyParts <= kConvTile;
+  if (!l.rowStacked)
+    l.copyParts = c;
+  l.copies =
+      l.rowStacked ? kh : std::min(kw, std::max<int64_t>(1, kConvTile / c));
+  l.tapGroups = l.rowStacked ? kw : kh * ((kw + l.copies - 1) / l.copies);
   l.images = 1;
   for (int64_t b = 2; b <= n; ++b)
     if (n % b == 0 && b * ho * wo <= kConvTileColumns)
       l.images = b;
-  l.lead = (l.copies - 1) * getDilation()[1];
-  l.plane = l.lead + hp * wp;
+  l.lead = l.rowStacked ? 0 : (l.copies - 1) * getDilation()[1];
+  l.plane = l.lead + (l.rowStacked ? ho : hp) * wp;
   l.rowsPerTile = std::max<int64_t>(1, std::min(ho, kConvTileColumns / wo));
   l.chunkCols = std::min(wo, kConvTileColumns);
   int64_t eltBytes = in.getElementTypeBitWidth() / 8;
   bool padded = getPadding()[0] || getPadding()[1];
-  // An image slot: the padded planes and (where it pads) them as loaded.
-  int64_t imageSlot = l.images * l.cTiles * (l.plane + (padded ? h * wd : 0));
-  int64_t weights = (l.cTiles * kh * kw + l.copies - 1) * o;
-  int64_t packed = l.copies > 1 ? l.tapGroups * o : 0;
-  int64_t raw = c * kh * kw;
+  // An image slot: the padded planes and (where it pads a whole image)
+  // them as loaded.
+  int64_t loaded = padded && !l.rowStacked ? h * wd : 0;
+  int64_t imageSlot = l.images * l.cTiles * (l.plane + loaded);
+  int64_t weights = l.cTiles * l.tapGroups * o;
+  // The rows of w as loaded, and reordered for the copies.
+  int64_t raw = (c + (l.copies > 1 ? l.copyParts : 0)) * kh * kw;
   int64_t staged = kConvStageSlots * kConvTileColumns;
+  // The bias of each output channel as an fp32 column per output tile.
+  int64_t bias = getBias() ? l.oTiles * 4 / eltBytes : 0;
   // The transposes' identity and the fp32 iota it is made from.
   int64_t identity = kConvTile * (eltBytes + 4) / eltBytes;
-  int64_t rest = eltBytes * (weights + packed + raw + staged + identity);
+  int64_t rest = eltBytes * (weights + raw + staged + identity + bias);
   // A third image slot where it fits: a load's DMAs and GpSimd copy then
   // run two groups ahead of TensorE.
   bool third = n / l.images >= 3 &&

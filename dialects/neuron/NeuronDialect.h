@@ -23,12 +23,17 @@ namespace mlir::neuron {
 /// out its tiles by these: channels per tile (the partitions of every
 /// target), output positions per tile (a PSUM bank of fp32 sums), output
 /// tiles staged for their stores. The importer forms a conv2d only where
-/// the resident bytes stay within kConvResidentBudget (half of the
-/// smallest target's SBUF partition).
+/// the resident bytes stay within kConvResidentBudget (three quarters of
+/// the smallest target's SBUF partition: the kernel's tiles are all that
+/// is live while it runs).
 constexpr int64_t kConvTile = 128;
 constexpr int64_t kConvTileColumns = 512;
 constexpr int64_t kConvStageSlots = 8;
-constexpr int64_t kConvResidentBudget = 96 * 1024;
+constexpr int64_t kConvResidentBudget = 160 * 1024;
+/// The partitions a DMA engine serves on every target
+/// (dma_partitions_per_engine): a row-stacked copy of fewer channels takes
+/// that many, its DMAs then spread over the engines.
+constexpr int64_t kConvCopyPartitions = 8;
 
 /// How the direct kernel holds a neuron.conv2d on chip (Conv2dOp::layout).
 struct ConvLayout {
@@ -37,12 +42,20 @@ struct ConvLayout {
   /// Copies of the image stacked on the partitions (C <= 64 only), copy r
   /// shifted by r tap columns, so one matmul contracts `copies` taps of a
   /// kernel row; the matmuls per output tile and channel tile: kh x
-  /// ceil(kw / copies) tap groups.
+  /// ceil(kw / copies) tap groups. Row-stacked (strided rows, C * kh <=
+  /// 128: a stem, a ViT's patch embedding): copy r holds only the padded
+  /// rows kernel row r reads, y * stride + r * dilation for each output row
+  /// y, loaded so from HBM, and a tap group is a kernel column.
+  bool rowStacked;
   int64_t copies, tapGroups;
+  /// Partitions per copy: C, or kConvCopyPartitions row-stacked where C
+  /// is fewer (the partitions past C hold zeros).
+  int64_t copyParts;
   /// Images whose outputs share a PSUM tile (small images; it divides N).
   int64_t images;
   /// Elements of one channel's padded image in SBUF: `lead` elements of
-  /// slack in front (where the shifted copies start), then hp * wp.
+  /// slack in front (where the shifted copies start), then hp * wp (Ho *
+  /// wp row-stacked).
   int64_t lead, plane;
   /// Image tiles the loads rotate over.
   int64_t imageSlots;

@@ -235,8 +235,9 @@ def Neuron_Conv2dOp : Neuron_Op<"conv2d"> {
     out[n, o, y, x] = sum over c, i, j of weight[o, c, i, j] *
     input[n, c, y * stride[0] + i * dilation[0] - padding[0],
              x * stride[1] + j * dilation[1] - padding[1]]
-    (zero outside the input), the products exact in fp32 and summed in fp32,
-    rounded once to the result type: aten.convolution with one group.
+    (zero outside the input), plus bias[o] when given, the products exact in
+    fp32 and summed in fp32, rounded once to the result type:
+    aten.convolution with one group.
     Lowered as a direct convolution on TensorE (each kernel tap a matmul of
     the weights by a shifted window of the image held in SBUF, the taps
     accumulating in PSUM), where im2col would write and read kh * kw copies
@@ -245,12 +246,14 @@ def Neuron_Conv2dOp : Neuron_Op<"conv2d"> {
   }];
   let arguments = (ins RankedTensorOf<[Neuron_Float]>:$input,
                    RankedTensorOf<[Neuron_Float]>:$weight,
+                   Optional<RankedTensorOf<[Neuron_Float]>>:$bias,
                    DenseI64ArrayAttr:$stride, DenseI64ArrayAttr:$padding,
                    DenseI64ArrayAttr:$dilation);
   let results = (outs RankedTensorOf<[Neuron_Float]>:$result);
   let assemblyFormat = [{
-    $input `,` $weight `stride` $stride `padding` $padding `dilation`
-    $dilation attr-dict `:` type($input) `,` type($weight) `->` type($result)
+    $input `,` $weight (`bias` $bias^)? `stride` $stride `padding` $padding
+    `dilation` $dilation attr-dict `:` type($input) `,` type($weight)
+    (`,` type($bias)^)? `->` type($result)
   }];
   let extraClassDeclaration = [{
     /// How the direct kernel lays out the image, weights and sums.

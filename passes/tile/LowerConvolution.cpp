@@ -35,8 +35,10 @@ class DirectConv {
 public:
   DirectConv(KernelLowering &k, Conv2dOp op)
       : k(k), x(k.bufferOf(op.getInput())), w(k.bufferOf(op.getWeight())),
-        out(k.resultBuffer(op.getResult())), stride(op.getStride()),
-        padding(op.getPadding()), dilation(op.getDilation()), l(op.layout()) {
+        out(k.resultBuffer(op.getResult())),
+        bias(op.getBias() ? k.bufferOf(op.getBias()) : Value()),
+        stride(op.getStride()), padding(op.getPadding()),
+        dilation(op.getDilation()), l(op.layout()) {
     auto in = tensorType(op.getInput()), wt = tensorType(op.getWeight());
     auto res = tensorType(op.getResult());
     n = in.getDimSize(0);
@@ -64,21 +66,45 @@ public:
   void lower() {
     TileScope scope(k);
     weights = k.tile(MemorySpace::sbuf, {kConvTile, weightsRow()}, elt);
-    if (l.copies > 1)
-      packed = k.tile(MemorySpace::sbuf, {kConvTile, l.tapGroups * o}, elt);
     for (int64_t i = 0; i < l.imageSlots; ++i) {
       image.push_back(
           k.tile(MemorySpace::sbuf, {kConvTile, planes * l.plane}, elt));
-      if (padded)
+      if (padded && !l.rowStacked)
         loaded.push_back(
             k.tile(MemorySpace::sbuf, {kConvTile, planes * h * wd}, elt));
     }
     acc = k.tile(MemorySpace::psum, {kConvTile, accStride()}, k.b.getF32Type());
     staged = k.tile(MemorySpace::sbuf, {kConvTile, accStride()}, elt);
-    if (padded)
-      for (Value t : image)
-        zeroBorders(t);
+    // A copy's partitions past the channels (a DMA engine's worth for
+    // few channels) contract zeros: the tile is zeroed whole, once per
+    // slot, on GpSimd and VectorE in turn.
+    if (l.copyParts > c)
+      for (auto [i, t] : llvm::enumerate(image))
+        k.b.create<nisa::MemsetOp>(t, APFloat(0.0),
+                                   i % 2 ? nisa::Engine::vector
+                                         : nisa::Engine::gpsimd);
+    else if (padded)
+      for (Value t : image) {
+        if (!l.rowStacked) {
+          zeroBorders(t, 0, kConvTile, padding[0], padding[0] + h);
+          continue;
+        }
+        for (int64_t r = 0; r < l.copies; ++r) {
+          auto [first, end] = stackedRows(r);
+          zeroBorders(t, r * c, c, first, end);
+        }
+      }
     loadWeights();
+    if (bias) {
+      // Each output tile's bias as an fp32 column (the DMA widens it).
+      biasColumns =
+          k.tile(MemorySpace::sbuf, {kConvTile, l.oTiles}, k.b.getF32Type());
+      for (int64_t ot = 0; ot < l.oTiles; ++ot) {
+        int64_t oRows = std::min(kConvTile, o - ot * kConvTile);
+        k.dma(k.view(bias, k.index(ot * kConvTile), {oRows, 1}, {1, 1}),
+              k.view(biasColumns, k.index(ot), {oRows, 1}, {l.oTiles, 1}));
+      }
+    }
     // Group i + ahead loads while group i computes; its copies' DMA is
     // issued a step later than its load, when SyncE's queue (which waits
     // in order) no longer has to wait for the GpSimd copy it reads.
@@ -111,39 +137,63 @@ private:
     return std::min(kConvTile, c - ct * kConvTile);
   }
 
-  /// Zeroes what is padding in every plane of `t` (the copies take theirs
-  /// from copy 0's): the stretch before the interior's first row, the side
+  /// Zeroes what is padding in every plane of `t` on `parts` partitions
+  /// from `part0`, whose interior is rows [rowBegin, rowEnd) of the plane
+  /// (the copies of a plane take theirs from copy 0's; a row-stacked copy
+  /// has its own): the stretch before the interior's first row, the side
   /// borders between its rows (a row's right border runs on into the next
   /// one's left) and the stretch after it. Written once: each image writes
   /// only the interior.
-  void zeroBorders(Value t) {
-    int64_t first = l.lead + padding[0] * wp + padding[1];
-    int64_t last = l.lead + (padding[0] + h - 1) * wp + padding[1] + wd;
+  void zeroBorders(Value t, int64_t part0, int64_t parts, int64_t rowBegin,
+                   int64_t rowEnd) {
+    int64_t rows = std::max<int64_t>(0, rowEnd - rowBegin);
+    int64_t first = l.lead + rowBegin * wp + (rows ? padding[1] : 0);
+    int64_t last = rows ? l.lead + (rowEnd - 1) * wp + padding[1] + wd : first;
     auto zero = [&](int64_t from, ArrayRef<int64_t> shape,
                     ArrayRef<int64_t> strides) {
-      SmallVector<int64_t> s{kConvTile, planes}, st{rowLength(), l.plane};
+      SmallVector<int64_t> s{parts, planes}, st{rowLength(), l.plane};
       s.append(shape.begin(), shape.end());
       st.append(strides.begin(), strides.end());
-      k.b.create<nisa::MemsetOp>(k.view(t, k.index(from), s, st), APFloat(0.0),
+      Value at = k.index(part0 * rowLength() + from);
+      k.b.create<nisa::MemsetOp>(k.view(t, at, s, st), APFloat(0.0),
                                  nisa::Engine::gpsimd);
     };
-    zero(0, {first}, {1});
-    if (padding[1] && h > 1)
-      zero(first + wd, {h - 1, 2 * padding[1]}, {wp, 1});
+    if (first)
+      zero(0, {first}, {1});
+    if (padding[1] && rows > 1)
+      zero(first + wd, {rows - 1, 2 * padding[1]}, {wp, 1});
     if (l.plane > last)
       zero(last, {l.plane - last}, {1});
   }
 
-  /// weights[cc, (ct * taps + t) * o + oo] = w[oo, ct * 128 + cc, t]: per
-  /// 128 output channels, their rows of w (contiguous) by one DMA, then
-  /// each (channel tile, tap) block transposed on TensorE into PSUM and
-  /// copied out (exact: the values are the weights'). With copies, tap
-  /// group g's weights [r * c + cc, g * o + oo] are those of its taps.
+  /// Row-stacked: the rows of copy r's plane that hold image rows, [first,
+  /// end): plane row y is image row y * stride + r * dilation - padding.
+  std::pair<int64_t, int64_t> stackedRows(int64_t r) const {
+    int64_t shift = padding[0] - r * dilation[0]; // image row = s * y - shift
+    int64_t first = shift > 0 ? (shift + stride[0] - 1) / stride[0] : 0;
+    int64_t end = std::min(ho, (h - 1 + shift) / stride[0] + 1);
+    return {first, std::max(first, end)};
+  }
+
+  /// The weights of tap group g of channel tile ct, [copy r's channel,
+  /// (ct * tapGroups + g) * o + oo] = w[oo, ct * 128 + channel, tap r of
+  /// the group]: per 128 output channels, their rows of w (contiguous) by
+  /// one DMA; with copies, reordered on GpSimd so that a group's taps'
+  /// channels are one run, in the copies' order; then each group's block
+  /// transposed on TensorE into PSUM and copied out (exact: the values are
+  /// the weights').
   void loadWeights() {
     TileScope scope(k);
     auto &b = k.b;
-    int64_t rowLen = c * taps;
+    int64_t rowLen = c * taps, cp = l.copyParts, orderedLen = cp * taps;
     Value raw = k.tile(MemorySpace::sbuf, {kConvTile, rowLen}, elt);
+    Value ordered = raw;
+    if (l.copies > 1) {
+      ordered = k.tile(MemorySpace::sbuf, {kConvTile, orderedLen}, elt);
+      // A copy's partitions past the channels contract zeros.
+      if (cp > c)
+        b.create<nisa::MemsetOp>(ordered, APFloat(0.0), nisa::Engine::gpsimd);
+    }
     Value ident = k.identity(kConvTile, elt);
     int64_t perBank = kConvTileColumns / kConvTile;
     int64_t block = 0;
@@ -152,63 +202,79 @@ private:
       k.dma(
           k.rowView(w, k.index(ot * kConvTile * rowLen), oRows, rowLen, rowLen),
           k.view(raw, k.index(0), {oRows, rowLen}, {rowLen, 1}));
+      if (l.copies > 1) {
+        // [o, i, j, c] for column copies, [o, j, i, c] row-stacked.
+        int64_t outer = l.rowStacked ? kw : kh, inner = l.rowStacked ? kh : kw;
+        int64_t outerStride = l.rowStacked ? 1 : kw;
+        int64_t innerStride = l.rowStacked ? kw : 1;
+        SmallVector<int64_t> shape{oRows, outer, inner, c};
+        b.create<nisa::CopyOp>(
+            k.view(raw, k.index(0), shape,
+                   {rowLen, outerStride, innerStride, taps}),
+            k.view(ordered, k.index(0), shape, {orderedLen, inner * cp, cp, 1}),
+            nisa::Engine::gpsimd);
+      }
       for (int64_t ct = 0; ct < l.cTiles; ++ct)
-        for (int64_t t = 0; t < taps; ++t, ++block) {
+        forEachTapGroup([&](int64_t g, int64_t i, int64_t j, int64_t used) {
+          int64_t rows = groupParts(ct, used);
           // Blocks go through the PSUM banks in turn, a bank holding
           // perBank of them side by side.
           int64_t col = (block % (sets * banksPerSet * perBank)) * kConvTile;
-          Value sums = k.view(acc, k.index(col), {channels(ct), oRows},
-                              {accStride(), 1});
+          Value sums =
+              k.view(acc, k.index(col), {rows, oRows}, {accStride(), 1});
+          Value taps =
+              l.copies > 1
+                  ? k.view(ordered, k.index(groupStart(g, i, j)), {oRows, rows},
+                           {orderedLen, 1})
+                  : k.view(raw,
+                           k.index(ct * kConvTile * this->taps + i * kw + j),
+                           {oRows, rows}, {rowLen, this->taps});
           b.create<nisa::MatmulOp>(
-               k.view(raw, k.index(ct * kConvTile * taps + t),
-                      {oRows, channels(ct)}, {rowLen, taps}),
-               k.view(ident, k.index(0), {oRows, oRows}, {kConvTile, 1}), sums)
+               taps, k.view(ident, k.index(0), {oRows, oRows}, {kConvTile, 1}),
+               sums)
               .setIsTranspose(true);
-          b.create<nisa::CopyOp>(sums, tapWeights(ct, t, ot, oRows),
+          b.create<nisa::CopyOp>(sums, groupWeights(ct, g, ot, oRows, used),
                                  block % 2 ? nisa::Engine::scalar
                                            : nisa::Engine::vector);
-        }
+          ++block;
+        });
     }
-    if (l.copies == 1)
-      return;
-    // Copy r's rows of tap group (i, jg) are tap (i, jg * copies + r)'s
-    // weights. Past the kernel's last column a group's rows hold the next
-    // row's taps (or the tile's spare columns), which its matmul does not
-    // contract.
-    int64_t groupsPerRow = l.tapGroups / kh;
-    for (int64_t r = 0; r < l.copies; ++r)
-      k.dma(k.view(weights, k.index(r * o), {c, kh, groupsPerRow, o},
-                   {weightsRow(), kw * o, l.copies * o, 1}),
-            k.view(packed, k.index(r * c * l.tapGroups * o),
-                   {c, kh, groupsPerRow, o},
-                   {l.tapGroups * o, groupsPerRow * o, o, 1}));
   }
 
-  /// Columns of the weights tile: a tap's [C, O] per channel tile and tap,
-  /// and spare taps' room the copies' groups read past the last one.
-  int64_t weightsRow() const { return (l.cTiles * taps + l.copies - 1) * o; }
+  /// Where tap group g (taps from (i, j)) starts in the reordered weights.
+  int64_t groupStart(int64_t g, int64_t i, int64_t j) const {
+    return (l.rowStacked ? g * kh : i * kw + j) * l.copyParts;
+  }
+  /// The partitions tap group g of channel tile ct contracts: `used`
+  /// copies', or one channel tile's.
+  int64_t groupParts(int64_t ct, int64_t used) const {
+    return l.copies > 1 ? used * l.copyParts : channels(ct);
+  }
+
+  /// Columns of the weights tile: [C, O] per channel tile and tap group.
+  int64_t weightsRow() const { return l.cTiles * l.tapGroups * o; }
 
   /// `body(group, i, j, used)` for each tap group: taps (i, j) to (i, j +
-  /// used - 1).
+  /// used - 1), or row-stacked, (i, j) to (i + used - 1, j).
   void forEachTapGroup(
       llvm::function_ref<void(int64_t, int64_t, int64_t, int64_t)> body) {
+    if (l.rowStacked) {
+      for (int64_t j = 0; j < kw; ++j)
+        body(j, 0, j, kh);
+      return;
+    }
     int64_t g = 0;
     for (int64_t i = 0; i < kh; ++i)
       for (int64_t j = 0; j < kw; j += l.copies, ++g)
         body(g, i, j, std::min(l.copies, kw - j));
   }
 
-  /// The [C, O] weights of tap t for channel tile ct and output tile ot
-  /// (`oRows` of them).
-  Value tapWeights(int64_t ct, int64_t t, int64_t ot, int64_t oRows) {
-    return k.view(weights, k.index((ct * taps + t) * o + ot * kConvTile),
-                  {channels(ct), oRows}, {weightsRow(), 1});
-  }
-  /// Those of tap group g's first `used` taps, a tap's on its copy's
-  /// partitions.
-  Value groupWeights(int64_t g, int64_t ot, int64_t oRows, int64_t used) {
-    return k.view(packed, k.index(g * o + ot * kConvTile), {used * c, oRows},
-                  {l.tapGroups * o, 1});
+  /// The stationary weights of tap group g of channel tile ct and output
+  /// tile ot (`oRows` of them): [used copies' channels, oRows].
+  Value groupWeights(int64_t ct, int64_t g, int64_t ot, int64_t oRows,
+                     int64_t used) {
+    return k.view(weights, k.index((ct * l.tapGroups + g) * o + ot * kConvTile),
+                  {groupParts(ct, used), oRows}, {weightsRow(), 1});
   }
 
   /// The images of group `group` into image tile `slot`: [copy r's channel,
@@ -217,6 +283,23 @@ private:
   void loadImages(Value group, int64_t slot) {
     int64_t hw = h * wd, interior = l.lead + padding[0] * wp + padding[1];
     Value first = k.scale(group, l.images * c * hw);
+    if (l.rowStacked) {
+      // Copy r: the image rows kernel row r reads, one run each.
+      for (int64_t r = 0; r < l.copies; ++r) {
+        auto [y0, y1] = stackedRows(r);
+        if (y0 == y1)
+          continue;
+        int64_t row = y0 * stride[0] + r * dilation[0] - padding[0];
+        SmallVector<int64_t> shape{c, l.images, y1 - y0, wd};
+        k.dma(k.view(x, k.addOffset(first, row * wd), shape,
+                     {hw, c * hw, stride[0] * wd, 1}),
+              k.view(
+                  image[slot],
+                  k.index(r * l.copyParts * rowLength() + y0 * wp + padding[1]),
+                  shape, {rowLength(), l.plane, wp, 1}));
+      }
+      return;
+    }
     for (int64_t ct = 0; ct < l.cTiles; ++ct) {
       int64_t rows = channels(ct);
       // [channel, image, position] of the group's images.
@@ -244,6 +327,8 @@ private:
   /// included) moved whole to copy r's partitions, r tap columns further
   /// back.
   void copyImages(int64_t slot) {
+    if (l.rowStacked)
+      return;
     int64_t padded = l.plane - l.lead;
     for (int64_t r = 1; r < l.copies; ++r)
       k.dma(k.view(image[slot], k.index(l.lead), {c, planes, padded},
@@ -282,8 +367,10 @@ private:
     auto &b = k.b;
     int64_t positions = l.images * rows * cols;
     // The window of tap (i, j) starts at padded row row0 * s + i * d and
-    // column col0 * s + j * d.
-    Value firstRow = k.scale(row0, stride[0] * wp);
+    // column col0 * s + j * d; a row-stacked plane holds only the rows its
+    // kernel row reads, one per output row.
+    int64_t rowStep = l.rowStacked ? wp : stride[0] * wp;
+    Value firstRow = k.scale(row0, rowStep);
     for (int64_t ot = 0; ot < l.oTiles; ++ot) {
       int64_t oRows = std::min(kConvTile, o - ot * kConvTile);
       int64_t bank = set * banksPerSet + ot % banksPerSet;
@@ -296,21 +383,17 @@ private:
                                  ct * l.plane + l.lead + i * dilation[0] * wp +
                                      col0 * stride[1] + j * dilation[1]);
           Value window = k.view(
-              image[slot], at, {used * channels(ct), l.images, rows, cols},
-              {rowLength(), l.cTiles * l.plane, stride[0] * wp, stride[1]});
-          Value stationary = l.copies > 1
-                                 ? groupWeights(g, ot, oRows, used)
-                                 : tapWeights(ct, i * kw + j, ot, oRows);
-          auto mm = b.create<nisa::MatmulOp>(stationary, window, sums);
+              image[slot], at, {groupParts(ct, used), l.images, rows, cols},
+              {rowLength(), l.cTiles * l.plane, rowStep, stride[1]});
+          auto mm = b.create<nisa::MatmulOp>(
+              groupWeights(ct, g, ot, oRows, used), window, sums);
           if (!first)
             mm.setAccumulate(true);
           first = false;
         });
       Value part = k.view(staged, k.index(bank * kConvTileColumns),
                           {oRows, positions}, {accStride(), 1});
-      b.create<nisa::CopyOp>(sums, part,
-                             (set + ot) % 2 ? nisa::Engine::scalar
-                                            : nisa::Engine::vector);
+      evict(sums, part, ot, oRows, (set + ot) % 2);
       // out[image, ot * 128 + oo, row0 + r, col0 + cc]: a run of rows *
       // cols per channel and image where the tile is whole rows.
       Value dst = k.addOffsets(
@@ -326,15 +409,34 @@ private:
     }
   }
 
+  /// PSUM's sums of output tile ot into `part`, plus the bias where there
+  /// is one, rounded once; on ScalarE or VectorE.
+  void evict(Value sums, Value part, int64_t ot, int64_t oRows, bool scalar) {
+    auto &b = k.b;
+    if (!bias) {
+      b.create<nisa::CopyOp>(
+          sums, part, scalar ? nisa::Engine::scalar : nisa::Engine::vector);
+      return;
+    }
+    Value column = k.view(biasColumns, k.index(ot), {oRows, 1}, {l.oTiles, 1});
+    if (scalar)
+      b.create<nisa::ActivationOp>(sums, part, column,
+                                   nisa::ActivationFn::identity, APFloat(1.0),
+                                   APFloat(0.0));
+    else
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::add, sums, part, column,
+                                     APFloat(0.0), false);
+  }
+
   KernelLowering &k;
-  Value x, w, out;
+  Value x, w, out, bias;
   ArrayRef<int64_t> stride, padding, dilation;
   ConvLayout l;
   int64_t n, c, h, wd, o, kh, kw, ho, wo, wp, taps, chunks, planes, banksPerSet,
       sets;
   bool padded;
   Type elt;
-  Value weights, packed, acc, staged;
+  Value weights, acc, staged, biasColumns;
   /// Per image slot, the image padded and (where it pads) as loaded:
   /// separate tiles, not slots of one, which the synchronisation tells
   /// apart.

@@ -59,7 +59,9 @@ ConvLayout layoutOf(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
 TEST_CASE("64 channels stack two copies, two taps a matmul", "[conv-layout]") {
   ConvLayout l = layoutOf(8, 64, 56, 56, 64, 3, 1, 1);
   CHECK(l.cTiles == 1);
+  CHECK(!l.rowStacked);
   CHECK(l.copies == 2);
+  CHECK(l.copyParts == 64);
   CHECK(l.tapGroups == 6); // (i, 0..1) and (i, 2) for each kernel row
   CHECK(l.images == 1);    // 56 x 56 outputs fill bank after bank
   CHECK(l.lead == 1);
@@ -89,6 +91,29 @@ TEST_CASE("Few channels stack up to a kernel row of copies", "[conv-layout]") {
   CHECK(l.tapGroups == 5); // one matmul per kernel row
   CHECK(l.lead == 4);
   CHECK(l.images == 1); // 400 positions: two images would not fit a bank
+}
+
+TEST_CASE("A strided stem stacks its kernel rows, a DMA engine's "
+          "partitions each",
+          "[conv-layout]") {
+  ConvLayout l = layoutOf(8, 3, 224, 224, 64, 7, 2, 3);
+  CHECK(l.rowStacked);
+  CHECK(l.copies == 7);
+  CHECK(l.copyParts == 8); // 56 partitions, over 7 DMA engines
+  CHECK(l.tapGroups == 7); // one matmul per kernel column
+  CHECK(l.lead == 0);
+  CHECK(l.plane == 112 * 230); // the rows kernel row r reads, padded
+  CHECK(l.residentBytes <= kConvResidentBudget);
+}
+
+TEST_CASE("A ViT's patch embedding stacks its 16 kernel rows",
+          "[conv-layout]") {
+  ConvLayout l = layoutOf(8, 3, 224, 224, 768, 16, 16, 0);
+  CHECK(l.rowStacked);
+  CHECK(l.copies * l.copyParts == 128);
+  CHECK(l.tapGroups == 16);
+  CHECK(l.images == 2); // 2 x 196 patches in a bank
+  CHECK(l.plane == 14 * 224);
 }
 
 TEST_CASE("Rows longer than a bank go one row a tile, in chunks",

@@ -653,3 +653,11 @@ func.func @conv2d_result(%x: tensor<1x8x4x4xf32>, %w: tensor<3x8x3x3xf32>) {
   %0 = neuron.conv2d %x, %w stride [2, 1] padding [1, 1] dilation [1, 1] : tensor<1x8x4x4xf32>, tensor<3x8x3x3xf32> -> tensor<1x3x4x4xf32>
   return
 }
+
+// -----
+
+func.func @conv2d_bias(%x: tensor<1x8x4x4xf32>, %w: tensor<3x8x3x3xf32>, %b: tensor<4xf32>) {
+  // expected-error @+1 {{bias must be [3] of the input's element type}}
+  %0 = neuron.conv2d %x, %w bias %b stride [1, 1] padding [1, 1] dilation [1, 1] : tensor<1x8x4x4xf32>, tensor<3x8x3x3xf32>, tensor<4xf32> -> tensor<1x3x4x4xf32>
+  return
+}

@@ -1,19 +1,19 @@
 // RUN: neuron-opt %s --neuron-lower-to-nisa --canonicalize --cse | FileCheck %s
 
 // neuron.conv2d as a direct convolution: the weights load as rows of
-// [O, C * 9] and go to [C, O] per tap by TensorE transposes; the image, zero
-// padded, stays in SBUF, and each tap (group) is a matmul of its weights by
-// the window the tap sees, a [C, images, rows, columns] access pattern.
+// [O, C * kh * kw] and go to [C, O] per tap group by TensorE transposes; the
+// image, zero padded, stays in SBUF, and each tap group is a matmul of its
+// weights by the window it sees, a [K, images, rows, columns] access pattern.
 //
 // 64 channels: two copies of the image on the partitions, copy 1 one tap
 // column further back (a plane of 1 + 8 * 8 elements: one element of lead),
 // so a matmul contracts taps (i, 0) and (i, 1) on 128 partitions and tap
-// (i, 2) alone on 64; the packed weights of copy 1 come from copy 0's by DMA.
-// Both 6 x 6 images share one PSUM tile (72 positions).
+// (i, 2) alone on 64; the weights are reordered on GpSimd to [o, i, j, c]
+// so that a group's taps are one run. Both 6 x 6 images share one PSUM tile
+// (72 positions).
 
 // CHECK-LABEL: func.func @conv(
-// CHECK-DAG: %[[W:.*]] = memref.alloc() : memref<128x640xbf16, #nisa.mem<sbuf>>
-// CHECK-DAG: %[[PACKED:.*]] = memref.alloc() : memref<128x384xbf16, #nisa.mem<sbuf>>
+// CHECK-DAG: memref.alloc() : memref<128x384xbf16, #nisa.mem<sbuf>>
 // CHECK-DAG: %[[IMG:.*]] = memref.alloc() : memref<128x130xbf16, #nisa.mem<sbuf>>
 // CHECK-DAG: %[[LOADED:.*]] = memref.alloc() : memref<128x72xbf16, #nisa.mem<sbuf>>
 // The border: before the first row, between rows, after the last.
@@ -22,11 +22,11 @@
 // CHECK: memref.reinterpret_cast %[[IMG]] to offset: [%c16], sizes: [128, 2, 5, 2], strides: [130, 65, 8, 1]
 // CHECK: memref.reinterpret_cast %[[IMG]] to offset: [%c56], sizes: [128, 2, 9], strides: [130, 65, 1]
 // CHECK: %[[RAW:.*]] = memref.alloc() : memref<128x576xbf16, #nisa.mem<sbuf>>
+// CHECK: %[[ORDERED:.*]] = memref.alloc() : memref<128x576xbf16, #nisa.mem<sbuf>>
 // CHECK: nisa.dma_copy %{{.*}}, %{{.*}} : memref<64x576xbf16, strided<[576, 1], offset: ?>>, memref<64x576xbf16
-// CHECK: %[[TAP0:.*]] = memref.reinterpret_cast %[[RAW]] to offset: [%c0], sizes: [64, 64], strides: [576, 9]
-// CHECK: nisa.matmul %[[TAP0]], %{{.*}}, %{{.*}} {is_transpose}
-// CHECK: %[[FROM1:.*]] = memref.reinterpret_cast %[[W]] to offset: [%c64], sizes: [64, 3, 2, 64], strides: [640, 192, 128, 1]
-// CHECK: nisa.dma_copy %[[FROM1]], %{{.*}} : memref<64x3x2x64xbf16, strided<[640, 192, 128, 1], offset: ?>, #nisa.mem<sbuf>>, memref<64x3x2x64xbf16, strided<[384, 128, 64, 1], offset: ?>, #nisa.mem<sbuf>>
+// CHECK: nisa.copy %{{.*}}, %{{.*}} {engine = #nisa.engine<gpsimd>} : memref<64x3x3x64xbf16, strided<[576, 3, 1, 9], offset: ?>, #nisa.mem<sbuf>>, memref<64x3x3x64xbf16, strided<[576, 192, 64, 1], offset: ?>, #nisa.mem<sbuf>>
+// CHECK: %[[PAIR:.*]] = memref.reinterpret_cast %[[ORDERED]] to offset: [%c0], sizes: [64, 128], strides: [576, 1]
+// CHECK: nisa.matmul %[[PAIR]], %{{.*}}, %{{.*}} {is_transpose} : {{.*}}, memref<128x64xf32
 // CHECK: %[[X:.*]] = memref.reinterpret_cast %arg0 to offset: [%c0], sizes: [64, 2, 36], strides: [36, 2304, 1]
 // CHECK: nisa.dma_copy %[[X]], %{{.*}} : memref<64x2x36xbf16
 // CHECK: %[[INTERIOR:.*]] = memref.reinterpret_cast %[[IMG]] to offset: [%c10], sizes: [64, 2, 6, 6], strides: [130, 65, 8, 1]
@@ -36,8 +36,7 @@
 // CHECK: nisa.dma_copy %[[COPY0]], %[[COPY1]]
 // CHECK: %[[SUMS:.*]] = memref.reinterpret_cast %{{.*}} to offset: [%c0], sizes: [64, 72], strides: [2048, 1]
 // CHECK: %[[WIN0:.*]] = memref.reinterpret_cast %[[IMG]] to offset: [%c1], sizes: [128, 2, 6, 6], strides: [130, 65, 8, 1]
-// CHECK: %[[G0:.*]] = memref.reinterpret_cast %[[PACKED]] to offset: [%c0], sizes: [128, 64], strides: [384, 1]
-// CHECK: nisa.matmul %[[G0]], %[[WIN0]], %[[SUMS]] :
+// CHECK: nisa.matmul %{{.*}}, %[[WIN0]], %[[SUMS]] : memref<128x64xbf16, strided<[384, 1], offset: ?>, #nisa.mem<sbuf>>
 // CHECK: %[[WIN1:.*]] = memref.reinterpret_cast %[[IMG]] to offset: [%c3], sizes: [64, 2, 6, 6], strides: [130, 65, 8, 1]
 // CHECK: nisa.matmul %{{.*}}, %[[WIN1]], %[[SUMS]] {accumulate}
 // CHECK-COUNT-4: nisa.matmul {{.*}} {accumulate}
@@ -51,9 +50,10 @@ func.func @conv(%x: tensor<2x64x6x6xbf16>, %w: tensor<64x64x3x3xbf16>) -> tensor
 
 // 192 channels in two tiles (128 and 64), 200 outputs in two; stride 2,
 // no padding: the image loads straight into its tile, each window strides
-// two rows (22 elements) and two columns.
+// two rows (22 elements) and two columns; one transpose per tap.
 
 // CHECK-LABEL: func.func @conv_strided(
+// CHECK: nisa.matmul %{{.*}}, %{{.*}}, %{{.*}} {is_transpose} : memref<128x128xf32, strided<[1728, 9], offset: ?>
 // CHECK: nisa.dma_copy %{{.*}}, %{{.*}} : memref<128x1x99xf32, strided<[99, 19008, 1], offset: ?>>, memref<128x1x99xf32, strided<[198, 198, 1], offset: ?>, #nisa.mem<sbuf>>
 // CHECK: nisa.dma_copy %{{.*}}, %{{.*}} : memref<64x1x99xf32, strided<[99, 19008, 1], offset: ?>>, memref<64x1x99xf32, strided<[198, 198, 1], offset: ?>, #nisa.mem<sbuf>>
 // CHECK: nisa.matmul %{{.*}}, %{{.*}}, %[[S:.*]] : memref<128x128xf32, {{.*}}>, memref<128x1x4x5xf32, strided<[198, 198, 22, 2], offset: ?>, #nisa.mem<sbuf>>, memref<128x20xf32
@@ -63,4 +63,50 @@ func.func @conv(%x: tensor<2x64x6x6xbf16>, %w: tensor<64x64x3x3xbf16>) -> tensor
 func.func @conv_strided(%x: tensor<1x192x9x11xf32>, %w: tensor<200x192x3x3xf32>) -> tensor<1x200x4x5xf32> {
   %0 = neuron.conv2d %x, %w stride [2, 2] padding [0, 0] dilation [1, 1] : tensor<1x192x9x11xf32>, tensor<200x192x3x3xf32> -> tensor<1x200x4x5xf32>
   return %0 : tensor<1x200x4x5xf32>
+}
+
+// A ResNet-style stem (3 channels, 7 x 7, stride 2, padding 3): the kernel
+// rows stack, copy r holding only the rows kernel row r reads (row
+// 2 * y + r - 3 of the image on plane row y), loaded from HBM in runs of
+// one image row; each copy takes a DMA engine's 8 partitions (zeros past
+// its 3 channels, the tiles zeroed whole on GpSimd and VectorE in turn).
+// One matmul per kernel column contracts its 7 taps on 56 partitions.
+
+// CHECK-LABEL: func.func @stem(
+// CHECK: %[[IMG:.*]] = memref.alloc() : memref<128x352xbf16, #nisa.mem<sbuf>>
+// CHECK: %[[IMG1:.*]] = memref.alloc() : memref<128x352xbf16, #nisa.mem<sbuf>>
+// CHECK: nisa.memset %[[IMG]], 0.000000e+00 {engine = #nisa.engine<gpsimd>}
+// CHECK: nisa.memset %[[IMG1]], 0.000000e+00 :
+// CHECK: nisa.copy %{{.*}}, %{{.*}} {engine = #nisa.engine<gpsimd>} : memref<8x7x7x3xbf16, strided<[147, 1, 7, 49], offset: ?>, #nisa.mem<sbuf>>, memref<8x7x7x3xbf16, strided<[392, 56, 8, 1], offset: ?>, #nisa.mem<sbuf>>
+// CHECK-COUNT-7: nisa.matmul {{.*}} {is_transpose} : memref<8x56xbf16
+// CHECK: %[[R0:.*]] = memref.reinterpret_cast %[[IMG]] to offset: [%c47], sizes: [3, 2, 6, 16], strides: [352, 176, 22, 1]
+// CHECK: %[[X0:.*]] = memref.reinterpret_cast %arg0 to offset: [%c16], sizes: [3, 2, 6, 16], strides: [256, 768, 32, 1]
+// CHECK: nisa.dma_copy %[[X0]], %[[R0]]
+// CHECK: %[[R1:.*]] = memref.reinterpret_cast %[[IMG]] to offset: [%c2841], sizes: [3, 2, 7, 16], strides: [352, 176, 22, 1]
+// CHECK: %[[X1:.*]] = memref.reinterpret_cast %arg0 to offset: [%c0], sizes: [3, 2, 7, 16], strides: [256, 768, 32, 1]
+// CHECK: nisa.dma_copy %[[X1]], %[[R1]]
+// CHECK-COUNT-5: nisa.dma_copy
+// CHECK: %[[WIN:.*]] = memref.reinterpret_cast %[[IMG]] to offset: [%c0], sizes: [56, 2, 8, 8], strides: [352, 176, 22, 2]
+// CHECK: nisa.matmul %{{.*}}, %[[WIN]], %[[SUMS:.*]] : memref<56x8xbf16
+// CHECK-COUNT-6: nisa.matmul {{.*}}, %[[SUMS]] {accumulate} : memref<56x8xbf16
+func.func @stem(%x: tensor<2x3x16x16xbf16>, %w: tensor<8x3x7x7xbf16>) -> tensor<2x8x8x8xbf16> {
+  %0 = neuron.conv2d %x, %w stride [2, 2] padding [3, 3] dilation [1, 1] : tensor<2x3x16x16xbf16>, tensor<8x3x7x7xbf16> -> tensor<2x8x8x8xbf16>
+  return %0 : tensor<2x8x8x8xbf16>
+}
+
+// With a bias, each output tile's is loaded once as an fp32 column (the
+// DMA widens it) and added to the sums as they leave PSUM: on VectorE as a
+// per-partition scalar, on ScalarE as the activation's bias.
+
+// CHECK-LABEL: func.func @conv_bias(
+// CHECK: %[[COLS:.*]] = memref.alloc() : memref<128x2xf32, #nisa.mem<sbuf>>
+// CHECK: %[[B0:.*]] = memref.reinterpret_cast %[[COLS]] to offset: [%c0], sizes: [128, 1], strides: [2, 1]
+// CHECK: nisa.dma_copy %{{.*}}, %[[B0]] : memref<128x1xbf16, strided<[1, 1], offset: ?>>, memref<128x1xf32
+// CHECK: %[[B1:.*]] = memref.reinterpret_cast %[[COLS]] to offset: [%c1], sizes: [72, 1], strides: [2, 1]
+// CHECK: nisa.dma_copy %{{.*}}, %[[B1]] : memref<72x1xbf16, strided<[1, 1], offset: ?>>, memref<72x1xf32
+// CHECK: nisa.tensor_scalar  add %{{.*}}, %{{.*}} scalar %[[B0]] : memref<128x64xf32
+// CHECK: nisa.activation identity %{{.*}}, %{{.*}} bias %[[B1]] : memref<72x64xf32
+func.func @conv_bias(%x: tensor<1x64x8x8xbf16>, %w: tensor<200x64x3x3xbf16>, %b: tensor<200xbf16>) -> tensor<1x200x8x8xbf16> {
+  %0 = neuron.conv2d %x, %w bias %b stride [1, 1] padding [1, 1] dilation [1, 1] : tensor<1x64x8x8xbf16>, tensor<200x64x3x3xbf16>, tensor<200xbf16> -> tensor<1x200x8x8xbf16>
+  return %0 : tensor<1x200x8x8xbf16>
 }
