@@ -683,6 +683,9 @@ struct Access {
   Span linear;
   bool boxed = false;
   Span rows, cols;
+  /// The same with rows of an HBM buffer's last two dims.
+  bool planeBoxed = false;
+  Span planeRows, planeCols;
   /// An on-chip operand's partitions, where its offset says which.
   Span partitions;
   /// A size-generic kernel's offset part known at run time only (issue
@@ -698,10 +701,13 @@ struct Access {
   bool disjointRows = false;
 
   /// The spans a loop may move.
-  SmallVector<const Span *, 3> spans() const {
+  SmallVector<const Span *, 5> spans() const {
+    SmallVector<const Span *, 5> all{&linear};
     if (boxed)
-      return {&linear, &rows, &cols};
-    return {&linear};
+      all.append({&rows, &cols});
+    if (planeBoxed)
+      all.append({&planeRows, &planeCols});
+    return all;
   }
 };
 
@@ -709,7 +715,9 @@ bool apart(const Access &x, const Access &y) {
   if (x.symbolic == y.symbolic &&
       (apart(x.linear, y.linear) || apart(x.partitions, y.partitions) ||
        (x.boxed && y.boxed &&
-        (apart(x.rows, y.rows) || apart(x.cols, y.cols)))))
+        (apart(x.rows, y.rows) || apart(x.cols, y.cols))) ||
+       (x.planeBoxed && y.planeBoxed &&
+        (apart(x.planeRows, y.planeRows) || apart(x.planeCols, y.planeCols)))))
     return true;
   // Columns do not depend on the sizes: apart in every iteration of the
   // loop that moves them, whatever the sizes.
@@ -785,9 +793,53 @@ Access onChipAccess(MemRefType type, nisa::MemorySpace space,
   return access;
 }
 
+/// The rows and columns an HBM view reaches, rows of `row` elements, when
+/// no term or stride wraps a row.
+std::optional<std::pair<Span, Span>>
+boxOf(const nisa::AffineIndex &offset, ArrayRef<int64_t> sizes,
+      ArrayRef<int64_t> strides, ArrayRef<std::pair<Value, int64_t>> symbolic,
+      int64_t row) {
+  // Rows and columns of a symbolic offset compare only if it moves whole
+  // rows.
+  if (row <= 1 ||
+      llvm::any_of(symbolic, [&](auto &t) { return t.second % row != 0; }))
+    return std::nullopt;
+  SmallVector<std::pair<Value, int64_t>, 2> rowTerms, colTerms;
+  for (auto [iv, coeff] : offset.terms)
+    (coeff % row == 0 ? rowTerms : colTerms)
+        .push_back({iv, coeff % row == 0 ? coeff / row : coeff});
+  int64_t rowReach = 0, colReach = 0, rowStep = 0, rowDims = 0;
+  for (auto [size, stride] : llvm::zip(sizes, strides)) {
+    if (stride % row == 0) {
+      rowReach += (size - 1) * (stride / row);
+      if (size > 1) {
+        rowStep = stride / row;
+        ++rowDims;
+      }
+    } else if (stride < row) {
+      colReach += (size - 1) * stride;
+    } else {
+      return std::nullopt;
+    }
+  }
+  auto rows = spanOf(offset.constant / row, rowTerms, rowReach);
+  auto cols = spanOf(offset.constant % row, colTerms, colReach);
+  if (!rows || !cols || cols->lo < 0 || cols->hi >= row)
+    return std::nullopt;
+  // Rows one dim steps through, every rowStep-th: views of interleaved
+  // rows (e.g. one query head's rows of a [B, L, H, D] result) are apart
+  // when their first rows differ modulo the step.
+  if (rowTerms.empty() && rowDims == 1 && rowStep > 1) {
+    rows->period = rowStep;
+    rows->phase = rows->lo % rowStep;
+    rows->extent = 0;
+  }
+  return std::pair{*rows, *cols};
+}
+
 /// An HBM operand: its buffer, the elements it reaches as one span and,
 /// when no term or stride wraps a row, as rows x columns of the innermost
-/// dim.
+/// dim, and of the last two.
 Access hbmAccess(Value base, MemRefType type, bool write,
                  const std::optional<nisa::AffineIndex> &offset,
                  ArrayRef<int64_t> sizes, ArrayRef<int64_t> strides,
@@ -809,45 +861,22 @@ Access hbmAccess(Value base, MemRefType type, bool write,
     access.regionLo = access.linear.lo;
     access.regionHi = access.linear.hi;
   }
-  int64_t row = type.getRank() > 1 ? type.getShape().back() : 0;
-  // Rows and columns of a symbolic offset compare only if it moves whole
-  // rows.
-  if (row <= 1 ||
-      llvm::any_of(symbolic, [&](auto &t) { return t.second % row != 0; }))
-    return access;
-  SmallVector<std::pair<Value, int64_t>, 2> rowTerms, colTerms;
-  for (auto [iv, coeff] : offset->terms)
-    (coeff % row == 0 ? rowTerms : colTerms)
-        .push_back({iv, coeff % row == 0 ? coeff / row : coeff});
-  int64_t rowReach = 0, colReach = 0, rowStep = 0, rowDims = 0;
-  for (auto [size, stride] : llvm::zip(sizes, strides)) {
-    if (stride % row == 0) {
-      rowReach += (size - 1) * (stride / row);
-      if (size > 1) {
-        rowStep = stride / row;
-        ++rowDims;
-      }
-    } else if (stride < row) {
-      colReach += (size - 1) * stride;
-    } else {
-      return access;
+  int64_t rank = type.getRank();
+  if (rank > 1)
+    if (auto box =
+            boxOf(*offset, sizes, strides, symbolic, type.getShape().back())) {
+      access.boxed = true;
+      std::tie(access.rows, access.cols) = *box;
     }
-  }
-  auto rows = spanOf(offset->constant / row, rowTerms, rowReach);
-  auto cols = spanOf(offset->constant % row, colTerms, colReach);
-  if (rows && cols && cols->lo >= 0 && cols->hi < row) {
-    access.boxed = true;
-    access.rows = *rows;
-    access.cols = *cols;
-    // Rows one dim steps through, every rowStep-th: views of interleaved
-    // rows (e.g. one query head's rows of a [B, L, H, D] result) are apart
-    // when their first rows differ modulo the step.
-    if (rowTerms.empty() && rowDims == 1 && rowStep > 1) {
-      access.rows.period = rowStep;
-      access.rows.phase = access.rows.lo % rowStep;
-      access.rows.extent = 0;
+  // The same over rows of the last two dims (a [N, O, H, W] result stored
+  // a block of channels and of whole rows of H at a time).
+  if (rank > 2 && !ShapedType::isDynamic(type.getShape()[rank - 2]) &&
+      !ShapedType::isDynamic(type.getShape().back()))
+    if (auto box = boxOf(*offset, sizes, strides, symbolic,
+                         type.getShape()[rank - 2] * type.getShape().back())) {
+      access.planeBoxed = true;
+      std::tie(access.planeRows, access.planeCols) = *box;
     }
-  }
   return access;
 }
 

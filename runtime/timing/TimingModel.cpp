@@ -170,7 +170,19 @@ struct Box {
   int64_t r0, r1, c0, c1; // inclusive
   int64_t l0, l1;         // inclusive
   int64_t rs = 1;         // row step
+  /// In HBM, the same rectangle over rows of the buffer's last two dims
+  /// (as nisa-insert-sync also compares them: a block of channels and whole
+  /// rows of H of a [N, O, H, W] result), where the view has one.
+  bool plane = false;
+  int64_t pr0 = 0, pr1 = 0, pc0 = 0, pc1 = 0;
+  int64_t prs = 1; // plane row step, as rs
 };
+
+inline bool planesApart(const Box &a, const Box &b) {
+  return a.plane && b.plane &&
+         (a.pr1 < b.pr0 || b.pr1 < a.pr0 || a.pc1 < b.pc0 || b.pc1 < a.pc0 ||
+          (a.prs > 1 && a.prs == b.prs && (a.pr0 - b.pr0) % a.prs != 0));
+}
 
 /// Whether `a` and `b` have rows in common: always, unless both step over
 /// rows alike from different phases.
@@ -181,21 +193,35 @@ inline bool rowsInterleave(const Box &a, const Box &b) {
 inline bool overlaps(const Box &a, const Box &b, bool sameBuffer) {
   return a.r0 <= b.r1 && b.r0 <= a.r1 && a.c0 <= b.c1 && b.c0 <= a.c1 &&
          (!sameBuffer || (a.l0 <= b.l1 && b.l0 <= a.l1)) &&
-         !rowsInterleave(a, b);
+         !rowsInterleave(a, b) && !planesApart(a, b);
 }
 
 inline bool containsBox(const Box &outer, const Box &inner) {
   return outer.r0 <= inner.r0 && inner.r1 <= outer.r1 && outer.c0 <= inner.c0 &&
          inner.c1 <= outer.c1 && outer.l0 <= inner.l0 && inner.l1 <= outer.l1 &&
          (outer.rs == 1 ||
-          (inner.rs == outer.rs && (inner.r0 - outer.r0) % outer.rs == 0));
+          (inner.rs == outer.rs && (inner.r0 - outer.r0) % outer.rs == 0)) &&
+         (!outer.plane ||
+          (inner.plane && outer.pr0 <= inner.pr0 && inner.pr1 <= outer.pr1 &&
+           outer.pc0 <= inner.pc0 && inner.pc1 <= outer.pc1 &&
+           (outer.prs == 1 || (inner.prs == outer.prs &&
+                               (inner.pr0 - outer.pr0) % outer.prs == 0))));
 }
 
 inline Box unionBox(const Box &a, const Box &b) {
   bool samePhase = a.rs == b.rs && (a.r0 - b.r0) % a.rs == 0;
-  return {std::min(a.r0, b.r0), std::max(a.r1, b.r1), std::min(a.c0, b.c0),
-          std::max(a.c1, b.c1), std::min(a.l0, b.l0), std::max(a.l1, b.l1),
-          samePhase ? a.rs : 1};
+  Box u{std::min(a.r0, b.r0), std::max(a.r1, b.r1), std::min(a.c0, b.c0),
+        std::max(a.c1, b.c1), std::min(a.l0, b.l0), std::max(a.l1, b.l1),
+        samePhase ? a.rs : 1};
+  if (a.plane && b.plane) {
+    u.plane = true;
+    u.pr0 = std::min(a.pr0, b.pr0);
+    u.pr1 = std::max(a.pr1, b.pr1);
+    u.pc0 = std::min(a.pc0, b.pc0);
+    u.pc1 = std::max(a.pc1, b.pc1);
+    u.prs = a.prs == b.prs && (a.pr0 - b.pr0) % a.prs == 0 ? a.prs : 1;
+  }
+  return u;
 }
 
 constexpr uint8_t kMergedUnit = 0xff; // summary of merged records
@@ -415,6 +441,9 @@ struct Operand {
   int64_t linearExtent = 0; // to the last element (byte when addressed)
   bool separable = true;
   int64_t rowStep = 1; // in HBM, a view's one row-moving dim's step
+  /// In HBM, rows of the last two dims (Box::plane): 0 when not compared.
+  int64_t planeRowSize = 0, planeRowExtent = 0, planeColExtent = 0;
+  int64_t planeRowStep = 1;
   /// Added to box columns: for addressed buffers, whose boxes are in bytes,
   /// the address; 0 otherwise.
   int64_t colBase = 0;
@@ -680,6 +709,30 @@ private:
     op.linearExtent = op.totalExtent;
     if (rowDims != 1 || buffer.address)
       op.rowStep = 1;
+    size_t rank = buffer.shape.size();
+    if (!buffer.address && rank > 2 && buffer.shape[rank - 2] > 0 &&
+        buffer.shape[rank - 1] > 0) {
+      int64_t planeRow = buffer.shape[rank - 2] * buffer.shape[rank - 1];
+      bool separable = planeRow > 1;
+      int planeRowDims = 0;
+      for (size_t d = 0; d < view.shape.size() && separable; ++d) {
+        int64_t n = view.shape[d] - 1, s = view.strides[d];
+        if (n == 0 || s == 0)
+          continue;
+        if (s % planeRow == 0) {
+          op.planeRowExtent += n * (s / planeRow);
+          op.planeRowStep = s / planeRow;
+          ++planeRowDims;
+        } else if (s < planeRow)
+          op.planeColExtent += n * s;
+        else
+          separable = false;
+      }
+      if (separable)
+        op.planeRowSize = planeRow;
+      if (planeRowDims != 1)
+        op.planeRowStep = 1;
+    }
     if (buffer.address) {
       // Rows are partitions and columns bytes of the space, so the boxes of
       // buffers that share bytes (their aliases) compare. Scaled here, the
@@ -1072,18 +1125,30 @@ private:
       offset += m.terms[t].coeff * ivs[m.terms[t].slot];
     const int64_t rowSize = op.rowSize, base = op.colBase;
     const int64_t l0 = offset, l1 = offset + op.linearExtent;
-    if (op.separable) {
-      int64_t r = offset / rowSize, c = offset - r * rowSize;
-      if (c + op.colExtent < rowSize)
-        return {r,  r + op.rowExtent, base + c, base + c + op.colExtent, l0,
-                l1, op.rowStep};
-    }
-    return {offset / rowSize,
+    Box box{offset / rowSize,
             (offset + op.totalExtent) / rowSize,
             base,
             base + rowSize - 1,
             l0,
             l1};
+    if (op.separable) {
+      int64_t r = offset / rowSize, c = offset - r * rowSize;
+      if (c + op.colExtent < rowSize)
+        box = {r,  r + op.rowExtent, base + c, base + c + op.colExtent, l0,
+               l1, op.rowStep};
+    }
+    if (int64_t planeRow = op.planeRowSize) {
+      int64_t r = offset / planeRow, c = offset - r * planeRow;
+      if (c + op.planeColExtent < planeRow) {
+        box.plane = true;
+        box.pr0 = r;
+        box.pr1 = r + op.planeRowExtent;
+        box.pc0 = c;
+        box.pc1 = c + op.planeColExtent;
+        box.prs = op.planeRowStep;
+      }
+    }
+    return box;
   }
 
   /// When an earlier access stops blocking a consumer on `unit`: its queue

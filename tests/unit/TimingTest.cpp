@@ -1318,8 +1318,11 @@ TEST_CASE("writes to interleaved rows of an HBM buffer need no wait",
   // One query head's rows of a [B, L, H, D] attention result are every H-th
   // row: the stores of two heads (first rows 0 and 1, step 4) share no row,
   // as nisa-insert-sync decides. Stores from one phase (first rows 0 and 4)
-  // meet in row 4; steps that differ (rows 1 and 3 against 0 and 4) compare
-  // by their rows' spans, as in the pass.
+  // meet in row 4. Steps that differ compare by their rows' spans, as in the
+  // pass, and by their rectangles over rows of the last two dims: rows 2 and
+  // 4 meet rows 0 and 4; rows 1 and 3 are columns 64-127 and 192-255 of the
+  // first [4, 64] plane, where rows 0 and 4 are columns 0-63 of the first
+  // two.
   std::string buffers = buffer(0, "hbm", "input", "f32", "[2, 64]") + "," +
                         buffer(1, "hbm", "output", "f32", "[3, 4, 64]");
   std::string src = view(0, "[2, 64]", "[64, 1]");
@@ -1336,9 +1339,31 @@ TEST_CASE("writes to interleaved rows of an HBM buffer need no wait",
   CHECK(contains(errorOf([&] { run(program(4, 4, "[]")); }),
                  "missing synchronisation: instruction 1 (dma_copy on sync) "
                  "writes hbm buffer 1 ('b1') written by instruction 0"));
-  CHECK(contains(errorOf([&] { run(program(1, 2, "[]")); }),
+  CHECK(contains(errorOf([&] { run(program(2, 2, "[]")); }),
                  "missing synchronisation: instruction 1"));
+  CHECK(errorOf([&] { run(program(1, 2, "[]")); }) == "<no error>");
   CHECK(errorOf([&] { run(program(4, 4, "[0]")); }) == "<no error>");
+}
+
+TEST_CASE("writes to interleaved planes of an HBM buffer need no wait",
+          "[timing][sync]") {
+  // Rows of a [3, 3, 2, 4] buffer's last two dims (planes of 8): a view of
+  // every third plane from plane 0 and one from plane 1 share no element
+  // (im2col's tap slices of [N, C, taps, H, W] patches); from plane 3 it
+  // meets plane 3.
+  std::string buffers = buffer(0, "hbm", "input", "f32", "[2, 8]") + "," +
+                        buffer(1, "hbm", "output", "f32", "[3, 3, 2, 4]");
+  std::string src = view(0, "[2, 8]", "[8, 1]");
+  auto program = [&](int64_t firstPlane) {
+    return explicitSync(programJson(
+        buffers, "0", "1",
+        dma(src, view(1, "[2, 8]", "[24, 1]", 0)) + "," +
+            withWaits(dma(src, view(1, "[2, 8]", "[24, 1]", 8 * firstPlane)),
+                      "[]")));
+  };
+  CHECK(errorOf([&] { run(program(1)); }) == "<no error>");
+  CHECK(contains(errorOf([&] { run(program(3)); }),
+                 "missing synchronisation: instruction 1"));
 }
 
 TEST_CASE("an activation's row sums are a write the waits must order",

@@ -622,3 +622,30 @@ func.func @partition_blocks(%x: memref<8x64xbf16>, %w: memref<16x16xbf16>) attri
   nisa.matmul %s, %m, %p : memref<16x16xbf16, #nisa.mem<sbuf>>, memref<16x64xbf16, strided<[64, 1], offset: ?>, #nisa.mem<sbuf>>, memref<16x64xf32, #nisa.mem<psum>>
   return
 }
+
+// -----
+
+!s = memref<64x448xbf16, #nisa.mem<sbuf>>
+
+// Stores of a [N, O, H, W] result a block of channels and four whole rows
+// of H at a time (a convolution's output tiles) reach every channel's rows:
+// as rows of W they overlap, as rows of H x W (the last two dims) they are
+// columns [0, 448) and [448, 896) of the same channels, apart. A store of
+// rows 3 to 6 meets both.
+// CHECK-LABEL: func.func @plane_blocks
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 0 : i64}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 1 : i64}
+// CHECK: nisa.dma_copy {{.*}} {nisa.id = 2 : i64, nisa.waits = array<i64: 0, 1>}
+func.func @plane_blocks(%y: memref<1x64x112x112xbf16>) attributes {nisa.kernel, nisa.num_inputs = 0 : i64} {
+  %c0 = arith.constant 0 : index
+  %c336 = arith.constant 336 : index
+  %c448 = arith.constant 448 : index
+  %t = memref.alloc() {nisa.address = 0 : i64} : !s
+  %a = memref.reinterpret_cast %y to offset: [%c0], sizes: [64, 448], strides: [12544, 1] : memref<1x64x112x112xbf16> to memref<64x448xbf16, strided<[12544, 1], offset: ?>>
+  %b = memref.reinterpret_cast %y to offset: [%c448], sizes: [64, 448], strides: [12544, 1] : memref<1x64x112x112xbf16> to memref<64x448xbf16, strided<[12544, 1], offset: ?>>
+  %c = memref.reinterpret_cast %y to offset: [%c336], sizes: [64, 448], strides: [12544, 1] : memref<1x64x112x112xbf16> to memref<64x448xbf16, strided<[12544, 1], offset: ?>>
+  nisa.dma_copy %t, %a : !s, memref<64x448xbf16, strided<[12544, 1], offset: ?>>
+  nisa.dma_copy %t, %b : !s, memref<64x448xbf16, strided<[12544, 1], offset: ?>>
+  nisa.dma_copy %t, %c : !s, memref<64x448xbf16, strided<[12544, 1], offset: ?>>
+  return
+}
