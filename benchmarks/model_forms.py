@@ -146,6 +146,26 @@ def forms() -> list[Form]:
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, dtype=BF16)
 
+    def conv(
+        name: str,
+        c: int,
+        o: int,
+        size: int,
+        kernel: int,
+        stride: int = 1,
+        padding: int = 0,
+        bias: bool = False,
+    ) -> Form:
+        """nn.Conv2d over a batch of 8 square images, its FLOPs the roofline's."""
+        out = (size + 2 * padding - kernel) // stride + 1
+        module = nn.Conv2d(c, o, kernel, stride=stride, padding=padding, bias=bias)
+        return Form(
+            name,
+            module.to(BF16),
+            lambda: [randn(8, c, size, size)],
+            flops=2.0 * 8 * out * out * o * c * kernel * kernel,
+        )
+
     t, h = 4096, 4096
     return [
         Form("llama rmsnorm 4096x4096", LlamaRMSNorm(h).to(BF16), lambda: [randn(t, h)]),
@@ -203,48 +223,13 @@ def forms() -> list[Form]:
         ),
         # Vision: ResNet's convolutions (its stem, a 3 x 3 of each stage), a ViT's patch
         # embedding, a UNet's upsampling.
-        Form(
-            "resnet stem 7x7 s2 [8,3,224,224]",
-            nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False).to(BF16),
-            lambda: [randn(8, 3, 224, 224)],
-            flops=2.0 * 8 * 112 * 112 * 64 * 3 * 49,
-        ),
-        Form(
-            "conv 3x3 64->64 [8,64,56,56]",
-            nn.Conv2d(64, 64, 3, padding=1, bias=False).to(BF16),
-            lambda: [randn(8, 64, 56, 56)],
-            flops=2.0 * 8 * 56 * 56 * 64 * 64 * 9,
-        ),
-        Form(
-            "conv 3x3 128->128 [8,128,28,28]",
-            nn.Conv2d(128, 128, 3, padding=1, bias=False).to(BF16),
-            lambda: [randn(8, 128, 28, 28)],
-            flops=2.0 * 8 * 28 * 28 * 128 * 128 * 9,
-        ),
-        Form(
-            "conv 3x3 s2 128->128 [8,128,56,56]",
-            nn.Conv2d(128, 128, 3, stride=2, padding=1, bias=False).to(BF16),
-            lambda: [randn(8, 128, 56, 56)],
-            flops=2.0 * 8 * 28 * 28 * 128 * 128 * 9,
-        ),
-        Form(
-            "conv 3x3 256->256 [8,256,14,14]",
-            nn.Conv2d(256, 256, 3, padding=1, bias=False).to(BF16),
-            lambda: [randn(8, 256, 14, 14)],
-            flops=2.0 * 8 * 14 * 14 * 256 * 256 * 9,
-        ),
-        Form(
-            "conv 3x3 512->512 [8,512,7,7]",
-            nn.Conv2d(512, 512, 3, padding=1, bias=False).to(BF16),
-            lambda: [randn(8, 512, 7, 7)],
-            flops=2.0 * 8 * 7 * 7 * 512 * 512 * 9,
-        ),
-        Form(
-            "vit patch embed 16x16 [8,3,224,224]",
-            nn.Conv2d(3, 768, 16, 16).to(BF16),
-            lambda: [randn(8, 3, 224, 224)],
-            flops=2.0 * 8 * 196 * 768 * 768,
-        ),
+        conv("resnet stem 7x7 s2 [8,3,224,224]", 3, 64, 224, 7, stride=2, padding=3),
+        conv("conv 3x3 64->64 [8,64,56,56]", 64, 64, 56, 3, padding=1),
+        conv("conv 3x3 128->128 [8,128,28,28]", 128, 128, 28, 3, padding=1),
+        conv("conv 3x3 s2 128->128 [8,128,56,56]", 128, 128, 56, 3, stride=2, padding=1),
+        conv("conv 3x3 256->256 [8,256,14,14]", 256, 256, 14, 3, padding=1),
+        conv("conv 3x3 512->512 [8,512,7,7]", 512, 512, 7, 3, padding=1),
+        conv("vit patch embed 16x16 [8,3,224,224]", 3, 768, 224, 16, stride=16, bias=True),
         Form(
             "upsample nearest 2x [2,320,32,32]",
             nn.Upsample(scale_factor=2, mode="nearest"),

@@ -257,12 +257,16 @@ ConvLayout Conv2dOp::layout() {
   l.copyParts = c < kConvCopyPartitions && kh * kConvCopyPartitions <= kConvTile
                     ? kConvCopyPartitions
                     : c;
-  l.rowStacked = getStride()[0] > 1 && kh > 1 && kh * l.copyParts <= kConvTile;
+  l.rowStacked = kh > 1 && kh * l.copyParts <= kConvTile &&
+                 (getStride()[0] > 1 || c < kConvCopyPartitions);
   if (!l.rowStacked)
     l.copyParts = c;
-  l.copies =
-      l.rowStacked ? kh : std::min(kw, std::max<int64_t>(1, kConvTile / c));
-  l.tapGroups = l.rowStacked ? kw : kh * ((kw + l.copies - 1) / l.copies);
+  // Row-stacked: the kernel rows, and as many column shifts of them as fit.
+  l.colCopies = l.rowStacked ? std::min(kw, kConvTile / (kh * l.copyParts)) : 1;
+  l.copies = l.rowStacked ? kh * l.colCopies
+                          : std::min(kw, std::max<int64_t>(1, kConvTile / c));
+  l.tapGroups = l.rowStacked ? (kw + l.colCopies - 1) / l.colCopies
+                             : kh * ((kw + l.copies - 1) / l.copies);
   l.images = 1;
   for (int64_t b = 2; b <= n; ++b)
     if (n % b == 0 && b * ho * wo <= kConvTileColumns)

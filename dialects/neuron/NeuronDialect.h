@@ -42,12 +42,15 @@ struct ConvLayout {
   /// Copies of the image stacked on the partitions (C <= 64 only), copy r
   /// shifted by r tap columns, so one matmul contracts `copies` taps of a
   /// kernel row; the matmuls per output tile and channel tile: kh x
-  /// ceil(kw / copies) tap groups. Row-stacked (strided rows, C * kh <=
-  /// 128: a stem, a ViT's patch embedding): copy r holds only the padded
-  /// rows kernel row r reads, y * stride + r * dilation for each output row
-  /// y, loaded so from HBM, and a tap group is a kernel column.
+  /// ceil(kw / copies) tap groups. Row-stacked (strided rows or fewer than
+  /// kConvCopyPartitions channels, kh x copyParts <= 128: a stem, a ViT's
+  /// patch embedding, an RGB input layer): copy (r, q) holds only the
+  /// padded rows kernel row r reads, y * stride + r * dilation for each
+  /// output row y, shifted back q tap columns, loaded so from HBM, on
+  /// partitions (q * kh + r) * copyParts; a tap group is colCopies kernel
+  /// columns.
   bool rowStacked;
-  int64_t copies, tapGroups;
+  int64_t copies, tapGroups, colCopies;
   /// Partitions per copy: C, or kConvCopyPartitions row-stacked where C
   /// is fewer (the partitions past C hold zeros).
   int64_t copyParts;

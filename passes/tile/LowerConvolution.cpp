@@ -86,13 +86,16 @@ public:
     else if (padded)
       for (Value t : image) {
         if (!l.rowStacked) {
-          zeroBorders(t, 0, kConvTile, padding[0], padding[0] + h);
+          zeroBorders(t, 0, kConvTile, padding[0], padding[0] + h, padding[1],
+                      wd);
           continue;
         }
-        for (int64_t r = 0; r < l.copies; ++r) {
-          auto [first, end] = stackedRows(r);
-          zeroBorders(t, r * c, c, first, end);
-        }
+        for (int64_t q = 0; q < l.colCopies; ++q)
+          for (int64_t r = 0; r < kh; ++r) {
+            auto [first, end] = stackedRows(r);
+            auto [left, width] = stackedColumns(q);
+            zeroBorders(t, (q * kh + r) * c, c, first, end, left, width);
+          }
       }
     loadWeights();
     if (bias) {
@@ -138,17 +141,17 @@ private:
   }
 
   /// Zeroes what is padding in every plane of `t` on `parts` partitions
-  /// from `part0`, whose interior is rows [rowBegin, rowEnd) of the plane
-  /// (the copies of a plane take theirs from copy 0's; a row-stacked copy
-  /// has its own): the stretch before the interior's first row, the side
-  /// borders between its rows (a row's right border runs on into the next
-  /// one's left) and the stretch after it. Written once: each image writes
-  /// only the interior.
+  /// from `part0`, whose interior is columns [left, left + width) of rows
+  /// [rowBegin, rowEnd) of the plane (the copies of a plane take theirs
+  /// from copy 0's; a row-stacked copy has its own): the stretch before the
+  /// interior's first row, the side borders between its rows (a row's right
+  /// border runs on into the next one's left) and the stretch after it.
+  /// Written once: each image writes only the interior.
   void zeroBorders(Value t, int64_t part0, int64_t parts, int64_t rowBegin,
-                   int64_t rowEnd) {
+                   int64_t rowEnd, int64_t left, int64_t width) {
     int64_t rows = std::max<int64_t>(0, rowEnd - rowBegin);
-    int64_t first = l.lead + rowBegin * wp + (rows ? padding[1] : 0);
-    int64_t last = rows ? l.lead + (rowEnd - 1) * wp + padding[1] + wd : first;
+    int64_t first = l.lead + rowBegin * wp + (rows ? left : 0);
+    int64_t last = rows ? l.lead + (rowEnd - 1) * wp + left + width : first;
     auto zero = [&](int64_t from, ArrayRef<int64_t> shape,
                     ArrayRef<int64_t> strides) {
       SmallVector<int64_t> s{parts, planes}, st{rowLength(), l.plane};
@@ -160,8 +163,8 @@ private:
     };
     if (first)
       zero(0, {first}, {1});
-    if (padding[1] && rows > 1)
-      zero(first + wd, {rows - 1, 2 * padding[1]}, {wp, 1});
+    if (width < wp && rows > 1)
+      zero(first + width, {rows - 1, wp - width}, {wp, 1});
     if (l.plane > last)
       zero(last, {l.plane - last}, {1});
   }
@@ -173,6 +176,14 @@ private:
     int64_t first = shift > 0 ? (shift + stride[0] - 1) / stride[0] : 0;
     int64_t end = std::min(ho, (h - 1 + shift) / stride[0] + 1);
     return {first, std::max(first, end)};
+  }
+
+  /// Row-stacked: where copy column q's image columns are in its plane
+  /// rows (shifted back q tap columns, those before the plane cut), and
+  /// how many: [left, left + width).
+  std::pair<int64_t, int64_t> stackedColumns(int64_t q) const {
+    int64_t shift = q * dilation[1] - padding[1];
+    return {std::max<int64_t>(0, -shift), wd - std::max<int64_t>(0, shift)};
   }
 
   /// The weights of tap group g of channel tile ct, [copy r's channel,
@@ -243,7 +254,7 @@ private:
 
   /// Where tap group g (taps from (i, j)) starts in the reordered weights.
   int64_t groupStart(int64_t g, int64_t i, int64_t j) const {
-    return (l.rowStacked ? g * kh : i * kw + j) * l.copyParts;
+    return (l.rowStacked ? j * kh : i * kw + j) * l.copyParts;
   }
   /// The partitions tap group g of channel tile ct contracts: `used`
   /// copies', or one channel tile's.
@@ -259,8 +270,8 @@ private:
   void forEachTapGroup(
       llvm::function_ref<void(int64_t, int64_t, int64_t, int64_t)> body) {
     if (l.rowStacked) {
-      for (int64_t j = 0; j < kw; ++j)
-        body(j, 0, j, kh);
+      for (int64_t j = 0, g = 0; j < kw; j += l.colCopies, ++g)
+        body(g, 0, j, std::min(l.colCopies, kw - j) * kh);
       return;
     }
     int64_t g = 0;
@@ -284,20 +295,24 @@ private:
     int64_t hw = h * wd, interior = l.lead + padding[0] * wp + padding[1];
     Value first = k.scale(group, l.images * c * hw);
     if (l.rowStacked) {
-      // Copy r: the image rows kernel row r reads, one run each.
-      for (int64_t r = 0; r < l.copies; ++r) {
-        auto [y0, y1] = stackedRows(r);
-        if (y0 == y1)
-          continue;
-        int64_t row = y0 * stride[0] + r * dilation[0] - padding[0];
-        SmallVector<int64_t> shape{c, l.images, y1 - y0, wd};
-        k.dma(k.view(x, k.addOffset(first, row * wd), shape,
-                     {hw, c * hw, stride[0] * wd, 1}),
-              k.view(
-                  image[slot],
-                  k.index(r * l.copyParts * rowLength() + y0 * wp + padding[1]),
-                  shape, {rowLength(), l.plane, wp, 1}));
-      }
+      // Copy (r, q): the image rows kernel row r reads, one run each,
+      // shifted back q tap columns.
+      for (int64_t q = 0; q < l.colCopies; ++q)
+        for (int64_t r = 0; r < kh; ++r) {
+          auto [y0, y1] = stackedRows(r);
+          auto [left, width] = stackedColumns(q);
+          if (y0 == y1 || width <= 0)
+            continue;
+          int64_t row = y0 * stride[0] + r * dilation[0] - padding[0];
+          int64_t col = wd - width; // the columns cut
+          SmallVector<int64_t> shape{c, l.images, y1 - y0, width};
+          int64_t part = (q * kh + r) * l.copyParts;
+          k.dma(k.view(x, k.addOffset(first, row * wd + col), shape,
+                       {hw, c * hw, stride[0] * wd, 1}),
+                k.view(image[slot],
+                       k.index(part * rowLength() + y0 * wp + left), shape,
+                       {rowLength(), l.plane, wp, 1}));
+        }
       return;
     }
     for (int64_t ct = 0; ct < l.cTiles; ++ct) {

@@ -98,9 +98,10 @@ TEST_CASE("A strided stem stacks its kernel rows, a DMA engine's "
           "[conv-layout]") {
   ConvLayout l = layoutOf(8, 3, 224, 224, 64, 7, 2, 3);
   CHECK(l.rowStacked);
-  CHECK(l.copies == 7);
-  CHECK(l.copyParts == 8); // 56 partitions, over 7 DMA engines
-  CHECK(l.tapGroups == 7); // one matmul per kernel column
+  CHECK(l.copyParts == 8); // 56 partitions a column shift, 7 DMA engines
+  CHECK(l.colCopies == 2); // and two column shifts: 112 partitions
+  CHECK(l.copies == 14);
+  CHECK(l.tapGroups == 4); // kernel columns 0-1, 2-3, 4-5, 6
   CHECK(l.lead == 0);
   CHECK(l.plane == 112 * 230); // the rows kernel row r reads, padded
   CHECK(l.residentBytes <= kConvResidentBudget);
@@ -114,6 +115,15 @@ TEST_CASE("A ViT's patch embedding stacks its 16 kernel rows",
   CHECK(l.tapGroups == 16);
   CHECK(l.images == 2); // 2 x 196 patches in a bank
   CHECK(l.plane == 14 * 224);
+}
+
+TEST_CASE("An RGB input layer stacks rows and columns at stride 1",
+          "[conv-layout]") {
+  ConvLayout l = layoutOf(2, 4, 64, 64, 320, 3, 1, 1);
+  CHECK(l.rowStacked);
+  CHECK(l.colCopies == 3);
+  CHECK(l.tapGroups == 1); // all nine taps in one matmul of 72 partitions
+  CHECK(l.plane == 64 * 66);
 }
 
 TEST_CASE("Rows longer than a bank go one row a tile, in chunks",
