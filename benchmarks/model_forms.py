@@ -155,15 +155,16 @@ def forms() -> list[Form]:
         stride: int = 1,
         padding: int = 0,
         bias: bool = False,
+        batch: int = 8,
     ) -> Form:
-        """nn.Conv2d over a batch of 8 square images, its FLOPs the roofline's."""
+        """nn.Conv2d over a batch of square images, its FLOPs the roofline's."""
         out = (size + 2 * padding - kernel) // stride + 1
         module = nn.Conv2d(c, o, kernel, stride=stride, padding=padding, bias=bias)
         return Form(
             name,
             module.to(BF16),
-            lambda: [randn(8, c, size, size)],
-            flops=2.0 * 8 * out * out * o * c * kernel * kernel,
+            lambda: [randn(batch, c, size, size)],
+            flops=2.0 * batch * out * out * o * c * kernel * kernel,
         )
 
     t, h = 4096, 4096
@@ -222,7 +223,7 @@ def forms() -> list[Form]:
             lambda: [randn(t, 32000), torch.randint(0, 32000, (t,))],
         ),
         # Vision: ResNet's convolutions (its stem, a 3 x 3 of each stage), a ViT's patch
-        # embedding, a UNet's upsampling.
+        # embedding, Stable Diffusion's, a UNet's upsampling.
         conv("resnet stem 7x7 s2 [8,3,224,224]", 3, 64, 224, 7, stride=2, padding=3),
         conv("conv 3x3 64->64 [8,64,56,56]", 64, 64, 56, 3, padding=1),
         conv("conv 3x3 128->128 [8,128,28,28]", 128, 128, 28, 3, padding=1),
@@ -230,6 +231,9 @@ def forms() -> list[Form]:
         conv("conv 3x3 256->256 [8,256,14,14]", 256, 256, 14, 3, padding=1),
         conv("conv 3x3 512->512 [8,512,7,7]", 512, 512, 7, 3, padding=1),
         conv("vit patch embed 16x16 [8,3,224,224]", 3, 768, 224, 16, stride=16, bias=True),
+        # Stable Diffusion's UNet: conv_in over the 4 latent channels, a 1280-channel 3 x 3.
+        conv("sd conv_in 4->320 [2,4,64,64]", 4, 320, 64, 3, padding=1, bias=True, batch=2),
+        conv("sd conv 1280 [2,1280,8,8]", 1280, 1280, 8, 3, padding=1, bias=True, batch=2),
         Form(
             "upsample nearest 2x [2,320,32,32]",
             nn.Upsample(scale_factor=2, mode="nearest"),

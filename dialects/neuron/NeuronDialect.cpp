@@ -281,7 +281,6 @@ ConvLayout Conv2dOp::layout() {
   // them as loaded.
   int64_t loaded = padded && !l.rowStacked ? h * wd : 0;
   int64_t imageSlot = l.images * l.cTiles * (l.plane + loaded);
-  int64_t weights = l.cTiles * l.tapGroups * o;
   // The rows of w as loaded, and reordered for the copies.
   int64_t raw = (c + (l.copies > 1 ? l.copyParts : 0)) * kh * kw;
   int64_t staged = kConvStageSlots * kConvTileColumns;
@@ -289,7 +288,18 @@ ConvLayout Conv2dOp::layout() {
   int64_t bias = getBias() ? l.oTiles * 4 / eltBytes : 0;
   // The transposes' identity and the fp32 iota it is made from.
   int64_t identity = kConvTile * (eltBytes + 4) / eltBytes;
-  int64_t rest = eltBytes * (weights + raw + staged + identity + bias);
+  int64_t rest = eltBytes * (raw + staged + identity + bias);
+  // The weights of a panel of output tiles: all of them where they fit
+  // beside two image slots, else the most that do (the images then load
+  // once per panel).
+  auto weights = [&](int64_t panel) {
+    return eltBytes * l.cTiles * l.tapGroups * std::min(o, panel * kConvTile);
+  };
+  l.oPanel = l.oTiles;
+  while (l.oPanel > 1 && rest + weights(l.oPanel) + 2 * eltBytes * imageSlot >
+                             kConvResidentBudget)
+    --l.oPanel;
+  rest += weights(l.oPanel);
   // A third image slot where it fits: a load's DMAs and GpSimd copy then
   // run two groups ahead of TensorE.
   bool third = n / l.images >= 3 &&

@@ -37,8 +37,10 @@ constexpr int64_t kConvCopyPartitions = 8;
 
 /// How the direct kernel holds a neuron.conv2d on chip (Conv2dOp::layout).
 struct ConvLayout {
-  /// 128-channel tiles of the input and of the output.
-  int64_t cTiles, oTiles;
+  /// 128-channel tiles of the input and of the output, and the output
+  /// tiles whose weights are on chip at once (a panel; all of them unless
+  /// the weights do not fit: each panel's then load in turn).
+  int64_t cTiles, oTiles, oPanel;
   /// Copies of the image stacked on the partitions (C <= 64 only), copy r
   /// shifted by r tap columns, so one matmul contracts `copies` taps of a
   /// kernel row; the matmuls per output tile and channel tile: kh x

@@ -59,7 +59,7 @@ public:
     // PSUM banks (and staging slots) per set, a bank per output tile, and
     // sets in turn, at least four banks in all: a set's next eviction waits
     // for its store, whose DMA takes ~1.3 us to start.
-    banksPerSet = std::min(l.oTiles, kConvStageSlots / 2);
+    banksPerSet = std::min(l.oPanel, kConvStageSlots / 2);
     sets = std::max<int64_t>(2, kConvStageSlots / 2 / banksPerSet);
   }
 
@@ -97,7 +97,6 @@ public:
             zeroBorders(t, (q * kh + r) * c, c, first, end, left, width);
           }
       }
-    loadWeights();
     if (bias) {
       // Each output tile's bias as an fp32 column (the DMA widens it).
       biasColumns =
@@ -108,9 +107,21 @@ public:
               k.view(biasColumns, k.index(ot), {oRows, 1}, {l.oTiles, 1}));
       }
     }
-    // Group i + ahead loads while group i computes; its copies' DMA is
-    // issued a step later than its load, when SyncE's queue (which waits
-    // in order) no longer has to wait for the GpSimd copy it reads.
+    for (panelBegin = 0; panelBegin < l.oTiles; panelBegin += l.oPanel) {
+      panelEnd = std::min(l.oTiles, panelBegin + l.oPanel);
+      loadWeights();
+      convolvePanel();
+    }
+  }
+
+private:
+  using TileScope = TileBuilder::TileScope;
+
+  /// Every image's output channels of the panel's output tiles. Group i +
+  /// ahead loads while group i computes; its copies' DMA is issued a step
+  /// later than its load, when SyncE's queue (which waits in order) no
+  /// longer has to wait for the GpSimd copy it reads.
+  void convolvePanel() {
     int64_t count = n / l.images, slots = l.imageSlots;
     int64_t ahead = std::min(slots - 1, count);
     for (int64_t i = 0; i < ahead; ++i)
@@ -127,9 +138,6 @@ public:
       computeImages(k.index(i), i % slots);
     }
   }
-
-private:
-  using TileScope = TileBuilder::TileScope;
 
   int64_t accStride() const { return sets * banksPerSet * kConvTileColumns; }
   int64_t rowLength() const { return planes * l.plane; }
@@ -208,7 +216,7 @@ private:
     Value ident = k.identity(kConvTile, elt);
     int64_t perBank = kConvTileColumns / kConvTile;
     int64_t block = 0;
-    for (int64_t ot = 0; ot < l.oTiles; ++ot) {
+    for (int64_t ot = panelBegin; ot < panelEnd; ++ot) {
       int64_t oRows = std::min(kConvTile, o - ot * kConvTile);
       k.dma(
           k.rowView(w, k.index(ot * kConvTile * rowLen), oRows, rowLen, rowLen),
@@ -263,7 +271,9 @@ private:
   }
 
   /// Columns of the weights tile: [C, O] per channel tile and tap group.
-  int64_t weightsRow() const { return l.cTiles * l.tapGroups * o; }
+  int64_t weightsRow() const { return l.cTiles * l.tapGroups * panelColumns(); }
+  /// Output channels of a panel (the last may have fewer).
+  int64_t panelColumns() const { return std::min(o, l.oPanel * kConvTile); }
 
   /// `body(group, i, j, used)` for each tap group: taps (i, j) to (i, j +
   /// used - 1), or row-stacked, (i, j) to (i + used - 1, j).
@@ -284,8 +294,10 @@ private:
   /// tile ot (`oRows` of them): [used copies' channels, oRows].
   Value groupWeights(int64_t ct, int64_t g, int64_t ot, int64_t oRows,
                      int64_t used) {
-    return k.view(weights, k.index((ct * l.tapGroups + g) * o + ot * kConvTile),
-                  {groupParts(ct, used), oRows}, {weightsRow(), 1});
+    int64_t column =
+        (ct * l.tapGroups + g) * panelColumns() + (ot - panelBegin) * kConvTile;
+    return k.view(weights, k.index(column), {groupParts(ct, used), oRows},
+                  {weightsRow(), 1});
   }
 
   /// The images of group `group` into image tile `slot`: [copy r's channel,
@@ -386,9 +398,9 @@ private:
     // kernel row reads, one per output row.
     int64_t rowStep = l.rowStacked ? wp : stride[0] * wp;
     Value firstRow = k.scale(row0, rowStep);
-    for (int64_t ot = 0; ot < l.oTiles; ++ot) {
+    for (int64_t ot = panelBegin; ot < panelEnd; ++ot) {
       int64_t oRows = std::min(kConvTile, o - ot * kConvTile);
-      int64_t bank = set * banksPerSet + ot % banksPerSet;
+      int64_t bank = set * banksPerSet + (ot - panelBegin) % banksPerSet;
       Value sums = k.view(acc, k.index(bank * kConvTileColumns),
                           {oRows, positions}, {accStride(), 1});
       bool first = true;
@@ -449,6 +461,8 @@ private:
   ConvLayout l;
   int64_t n, c, h, wd, o, kh, kw, ho, wo, wp, taps, chunks, planes, banksPerSet,
       sets;
+  /// The output tiles [panelBegin, panelEnd) whose weights are on chip.
+  int64_t panelBegin = 0, panelEnd = 0;
   bool padded;
   Type elt;
   Value weights, acc, staged, biasColumns;

@@ -48,6 +48,8 @@ SHAPES = [
     # C and O past one 128-channel tile, neither a multiple of it; stride 2.
     (1, 192, 9, 11, 200, 3, 2, 1, 1),
     (2, 130, 8, 8, 129, 3, 1, 1, 1),
+    # Weights too large for SBUF (1280 -> 1024 channels): panels of output tiles in turn.
+    (1, 1280, 4, 4, 1024, 3, 1, 1, 1),
     # A 3 x 1 kernel (one tap a row: no copies), asymmetric padding.
     (2, 48, 10, 9, 50, (3, 1), 1, (1, 0), 1),
     # No padding (the image loads straight into its tile), with copies.
@@ -141,10 +143,12 @@ def test_direct_convolution_reads_the_input_once_at_a_share_of_the_tensor_peak(
         ((8, 3, 224, 224, 768, 16, 16, 0), 0.2),
         # Stable Diffusion's conv_in over its 4 latent channels, stride 1 (im2col: 306 us).
         ((2, 4, 64, 64, 320, 3, 1, 1), 0.035),
+        # Its 1280-channel 3 x 3, 29 MB of weights in panels (im2col: 1058 us, 4.5%).
+        ((2, 1280, 8, 8, 1280, 3, 1, 1), 0.15),
     ],
-    ids=["stem", "patch16", "latent-conv-in"],
+    ids=["stem", "patch16", "latent-conv-in", "weight-panels"],
 )
-def test_few_channel_convolutions_stack_their_kernel_rows(
+def test_input_layers_and_large_weights_take_the_direct_kernel(
     shape: tuple[int, ...], share: float
 ) -> None:
     n, c, h, w, o, k, stride, padding = shape

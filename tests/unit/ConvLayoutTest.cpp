@@ -133,6 +133,17 @@ TEST_CASE("Rows longer than a bank go one row a tile, in chunks",
   CHECK(l.chunkCols == 512);
 }
 
+TEST_CASE("Weights too large for SBUF go in panels of output tiles",
+          "[conv-layout]") {
+  // Stable Diffusion's 1280-channel 3 x 3: 29 MB of weights.
+  ConvLayout l = layoutOf(2, 1280, 8, 8, 1280, 3, 1, 1);
+  CHECK(l.oTiles == 10);
+  CHECK(l.oPanel >= 1);
+  CHECK(l.oPanel < l.oTiles);
+  CHECK(l.residentBytes <= kConvResidentBudget);
+  CHECK(layoutOf(8, 512, 7, 7, 512, 3, 1, 1).oPanel == 4); // all of them
+}
+
 TEST_CASE("An image too large for SBUF exceeds the importer's budget",
           "[conv-layout]") {
   ConvLayout l = layoutOf(1, 64, 300, 300, 64, 3, 1, 1);
