@@ -3,9 +3,9 @@
 // A convolution on TensorE without im2col: the image stays in SBUF (zero
 // padded, its channels on the partitions) and each kernel tap is a matmul of
 // that tap's weights, [C, O] stationary, by the window of the image the tap
-// sees, moving as a [C, rows, columns] access pattern (strided for a strided
-// convolution). The taps and channel tiles accumulate in one PSUM bank per
-// 128 output channels and up to 512 output positions. im2col wrote and read
+// sees, moving as a [C, images, rows, columns] access pattern (strided for a
+// strided convolution). The taps and channel tiles accumulate in one PSUM bank
+// per 128 output channels and up to 512 output positions. im2col wrote and read
 // kh * kw shifted copies of the input through HBM in runs of one image row.
 //
 //===----------------------------------------------------------------------===//
@@ -17,20 +17,24 @@ namespace mlir::neuron {
 
 namespace {
 
-/// The kernel, per group of `images` images (the next groups' loads in
-/// flight while this one computes): load each image's channels, a
-/// 128-channel tile per partition block, in one DMA of whole rows (long
-/// runs), and where the convolution pads, copy them on GpSimd into the
-/// interior of a tile of the padded size whose border stays zero. Channels
-/// of C <= 64 load `copies` times onto the partitions, copy r shifted back
-/// by r tap columns, so the window of tap (i, j) on copy r is that of tap
-/// (i, j + r) and one matmul contracts several taps. Then for each tile of
-/// output positions (whole output rows up to a PSUM bank, or a bank's
-/// columns of one row) and each 128 output channels, cTiles x tapGroups
-/// accumulating matmuls, one eviction (VectorE and ScalarE in turn) and
-/// one store. The weights load once, as rows of [O, C * kh * kw], and go
-/// to [C, O] per tap by TensorE transposes (and to the copies' partitions
-/// by DMA).
+/// The kernel (ConvLayout says how it holds the convolution on chip), per
+/// panel of output tiles whose weights fit (all of them, mostly): load the
+/// panel's weights, as rows of [O, C * kh * kw], reorder them on GpSimd
+/// where taps share a matmul, and turn them to [C, O] per tap group by
+/// TensorE transposes; then per group of `images` images (the next groups'
+/// loads in flight while this one computes) load each image's channels,
+/// and for each tile of output positions (whole output rows up to a PSUM
+/// bank, or a bank's columns of one row) and each 128 output channels,
+/// cTiles x tapGroups accumulating matmuls, one eviction (VectorE and
+/// ScalarE in turn, the bias added) and one store. An image loads in one
+/// of three ways: a 128-channel tile per partition block in one DMA of
+/// whole rows, copied on GpSimd into the interior of a tile of the padded
+/// size whose border stays zero; the same, then `copies` times onto the
+/// partitions by SBUF-to-SBUF DMAs, copy r shifted back by r tap columns
+/// (the window of tap (i, j) on copy r is that of tap (i, j + r), so one
+/// matmul contracts several taps); or row-stacked, each copy (r, q) the
+/// image rows kernel row r reads, shifted back q tap columns, straight
+/// from HBM.
 class DirectConv {
 public:
   DirectConv(KernelLowering &k, Conv2dOp op)
@@ -181,8 +185,9 @@ private:
   /// end): plane row y is image row y * stride + r * dilation - padding.
   std::pair<int64_t, int64_t> stackedRows(int64_t r) const {
     int64_t shift = padding[0] - r * dilation[0]; // image row = s * y - shift
-    int64_t first = shift > 0 ? (shift + stride[0] - 1) / stride[0] : 0;
-    int64_t end = std::min(ho, (h - 1 + shift) / stride[0] + 1);
+    int64_t first = shift > 0 ? llvm::divideCeilSigned(shift, stride[0]) : 0;
+    int64_t end =
+        std::min(ho, llvm::divideFloorSigned(h - 1 + shift, stride[0]) + 1);
     return {first, std::max(first, end)};
   }
 

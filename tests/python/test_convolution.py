@@ -45,6 +45,8 @@ SHAPES = [
     (2, 3, 30, 28, 16, 3, 1, 1, 1),
     (1, 3, 17, 19, 7, (5, 3), 1, (2, 1), (1, 2)),
     (2, 2, 20, 21, 8, 5, 1, 4, 2),
+    # A kernel row that reads only padding (image rows 2 on of a 2-row image).
+    (1, 4, 2, 5, 3, (6, 1), 2, (3, 0), 1),
     # C and O past one 128-channel tile, neither a multiple of it; stride 2.
     (1, 192, 9, 11, 200, 3, 2, 1, 1),
     (2, 130, 8, 8, 129, 3, 1, 1, 1),
