@@ -2258,15 +2258,16 @@ Value depthwiseConvolution(Importer &im, Value x, Value w,
 }
 
 /// The fewest input channels a convolution of more than one tap takes the
-/// direct kernel with (strided rows aside): each tap is then a matmul
-/// contracting the channels, where im2col contracts channels x taps at once.
+/// direct kernel with, unless its kernel rows stack on the partitions: each
+/// tap is then a matmul contracting the channels, where im2col contracts
+/// channels x taps at once.
 constexpr int64_t kDirectConvMinChannels = 8;
 
 /// neuron.conv2d, TensorE's direct convolution, for one group and more than
-/// one tap, of at least kDirectConvMinChannels channels or with strided rows
-/// (whose kernel rows the kernel stacks on the partitions: a 3-channel stem
-/// or a ViT's patch embedding), where its kernel keeps the image and weights
-/// on chip; null otherwise.
+/// one tap, of at least kDirectConvMinChannels channels or whose kernel rows
+/// the kernel stacks (ConvLayout::rowStacked: a 3-channel stem, a ViT's
+/// patch embedding, an RGB or latent input layer), where its layout fits
+/// kConvResidentBudget; null otherwise.
 Value directConvolution(Importer &im, Value x, Value w, Value bias,
                         int64_t groups, std::array<int64_t, 2> stride,
                         std::array<int64_t, 2> padding,
