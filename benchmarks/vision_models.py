@@ -1,0 +1,122 @@
+"""Whole vision models as torchvision-style code writes them, on the device: a ResNet-18
+(BatchNorm, ReLU, max-pool, downsampling 1 x 1 convolutions) and a ViT-Tiny (a 16 x 16 patch
+embedding, two ``nn.TransformerEncoderLayer``), eval mode, random weights.
+
+    .venv/bin/python benchmarks/vision_models.py [--batch 2] [--target trn3]
+
+Each compiles with ``torch.compile(backend="neuron")``, runs once under the profiler and
+prints the modeled device time, the ops left to eager PyTorch and the worst error relative
+to eager on the same values (the process exits 1 past 5% or on any fallback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchneuron
+
+
+class BasicBlock(nn.Module):
+    """torchvision's ResNet BasicBlock."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample: nn.Module | None = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return F.relu(out + identity)
+
+
+class ResNet18(nn.Module):
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(64),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, 2, 1),
+        )
+        widths = [(64, 64, 1), (64, 128, 2), (128, 256, 2), (256, 512, 2)]
+        self.layers = nn.Sequential(
+            *[
+                block
+                for cin, cout, stride in widths
+                for block in (BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1))
+            ]
+        )
+        self.fc = nn.Linear(512, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class ViTTiny(nn.Module):
+    def __init__(self, dim: int = 192, depth: int = 2, classes: int = 1000) -> None:
+        super().__init__()
+        self.patch_embed = nn.Conv2d(3, dim, 16, 16)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.pos_embed = nn.Parameter(torch.randn(1, 197, dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(
+            dim, 3, 4 * dim, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + self.pos_embed
+        return self.head(self.encoder(x)[:, 0])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--target", default="trn2")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    cases = [
+        ("resnet18 bf16", ResNet18(), torch.bfloat16),
+        ("resnet18 f32", ResNet18(), torch.float32),
+        ("vit-tiny bf16", ViTTiny(), torch.bfloat16),
+    ]
+    print(f"{'model':16s} {'device us':>10s} {'rel err':>9s}  fallbacks")
+    ok = True
+    for name, model, dtype in cases:
+        model = model.eval().to(dtype)
+        x = torch.randn(args.batch, 3, 224, 224, dtype=dtype)
+        torch._dynamo.reset()
+        before = dict(torchneuron.stats()["ops_fallback"])
+        compiled = torch.compile(
+            model, backend="neuron", options={"target": args.target, "cache": False}
+        )
+        with torch.no_grad(), torchneuron.profile() as prof:
+            got = compiled(x)
+        with torch.no_grad():
+            want = model(x)
+        after = torchneuron.stats()["ops_fallback"]
+        fallbacks = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+        err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+        ok &= err <= 0.05 and not fallbacks
+        print(f"{name:16s} {prof.total_device_ns / 1e3:10.1f} {err:9.1e}  {fallbacks or '-'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
