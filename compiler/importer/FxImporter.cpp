@@ -2388,6 +2388,34 @@ Values convolutionHandler(Importer &im) {
   return withBias(y);
 }
 
+/// x without the symmetric padding of `fill` (concats of splat constants,
+/// as constant_pad_nd imports) around its last two dims, that padding added
+/// to `pad`: pooling takes it as its own, where the padded copy went through
+/// HBM an element per descriptor.
+Value unpadded(Value x, double fill, std::array<int64_t, 2> &pad) {
+  int64_t rank = cast<RankedTensorType>(x.getType()).getRank();
+  auto isFill = [&](Value v) {
+    auto c = v.getDefiningOp<ConstantOp>();
+    auto dense = c ? dyn_cast<DenseElementsAttr>(c.getValue()) : nullptr;
+    return dense && dense.isSplat() && isa<FloatType>(dense.getElementType()) &&
+           dense.getSplatValue<APFloat>().convertToDouble() == fill;
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    auto cat = x.getDefiningOp<ConcatOp>();
+    if (!cat || cat.getInputs().size() != 3)
+      break;
+    int64_t dim = cat.getDim();
+    Value before = cat.getInputs()[0], after = cat.getInputs()[2];
+    int64_t amount = cast<RankedTensorType>(before.getType()).getDimSize(dim);
+    if (dim < rank - 2 || !isFill(before) || !isFill(after) ||
+        cast<RankedTensorType>(after.getType()).getDimSize(dim) != amount)
+      break;
+    pad[dim - (rank - 2)] += amount;
+    x = cat.getInputs()[1];
+  }
+  return x;
+}
+
 Values poolHandler(Importer &im, bool isMax) {
   Value x = im.tensor(im.arg(0));
   RankedTensorType out = im.resultType();
@@ -2415,6 +2443,32 @@ Values poolHandler(Importer &im, bool isMax) {
   }
   Type elt = out.getElementType();
   x = im.castTo(x, elt);
+  double divisor = 1.0;
+  if (!isMax) {
+    const json &over = im.param(6, "divisor_override");
+    divisor = over.is_null() ? double(kernel[0] * kernel[1]) : im.number(over);
+  }
+  // Every window in SBUF where the planes fit (neuron.pool2d), else as
+  // slices of the padded input.
+  if (xt.getRank() >= 3 && xt.hasStaticShape()) {
+    // The padding folded in where the planes then fit, else as it comes.
+    std::array<int64_t, 2> inner = padding;
+    Value source = unpadded(x, isMax ? -INFINITY : 0.0, inner);
+    for (auto [input, pad] :
+         {std::pair{source, inner}, std::pair{x, padding}}) {
+      auto pool = im.b.create<Pool2dOp>(
+          im.loc(), out, input, isMax ? ReduceFn::max : ReduceFn::sum,
+          im.b.getDenseI64ArrayAttr(kernel), im.b.getDenseI64ArrayAttr(stride),
+          im.b.getDenseI64ArrayAttr(pad), im.b.getDenseI64ArrayAttr(dilation),
+          APFloat(1.0 / divisor));
+      if (pool.residentBytes() <= kConvResidentBudget) {
+        if (isMax && im.numResults() == 2) // never read (checked above)
+          return {pool, im.splat(0, im.resultType(1))};
+        return {pool};
+      }
+      pool.erase();
+    }
+  }
   Value xp = padSpatial(im, x, padding, isMax ? -INFINITY : 0.0);
   RankedTensorType acc = out;
   Value result;
@@ -2425,12 +2479,9 @@ Values poolHandler(Importer &im, bool isMax) {
                                   win, acc)
                       : win;
     }
-  if (!isMax) {
-    const json &divisor = im.param(6, "divisor_override");
-    double d = divisor.is_null() ? double(kernel[0] * kernel[1])
-                                 : im.number(divisor);
-    result = im.binary(BinaryFn::mul, result, im.splat(1.0 / d, acc), acc);
-  }
+  if (!isMax)
+    result =
+        im.binary(BinaryFn::mul, result, im.splat(1.0 / divisor, acc), acc);
   if (isMax && im.numResults() == 2) {
     // Index result stand-in: never read (checked above).
     RankedTensorType idx = im.resultType(1);

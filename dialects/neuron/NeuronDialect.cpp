@@ -309,6 +309,51 @@ ConvLayout Conv2dOp::layout() {
   return l;
 }
 
+LogicalResult Pool2dOp::verify() {
+  auto in = tensorType(getInput()), out = getType();
+  if (in.getRank() < 3 || out.getRank() != in.getRank())
+    return emitOpError("takes [..., H, W] -> [..., Ho, Wo]");
+  if (!in.hasStaticShape() || !out.hasStaticShape())
+    return emitOpError("needs static shapes");
+  if (in.getElementType() != out.getElementType())
+    return emitOpError("result element type must equal the input's");
+  if (getFn() != ReduceFn::max && getFn() != ReduceFn::sum)
+    return emitOpError("takes max or sum windows");
+  for (ArrayRef<int64_t> attr :
+       {getKernel(), getStride(), getPadding(), getDilation()})
+    if (attr.size() != 2)
+      return emitOpError(
+          "kernel, stride, padding and dilation take (height, width)");
+  int64_t rank = in.getRank();
+  SmallVector<int64_t> expected(in.getShape().drop_back(2));
+  for (int d = 0; d < 2; ++d) {
+    int64_t k = getKernel()[d], s = getStride()[d], p = getPadding()[d],
+            dil = getDilation()[d];
+    if (k < 1 || s < 1 || p < 0 || dil < 1)
+      return emitOpError(
+          "needs kernel, stride and dilation >= 1, padding >= 0");
+    int64_t span = dil * (k - 1) + 1;
+    int64_t padded = in.getDimSize(rank - 2 + d) + 2 * p;
+    if (span > padded)
+      return emitOpError("window does not fit the padded input");
+    expected.push_back((padded - span) / s + 1);
+  }
+  if (out.getShape() != ArrayRef<int64_t>(expected))
+    return emitOpError("result shape must be the windows' ");
+  return success();
+}
+
+int64_t Pool2dOp::residentBytes() {
+  auto in = tensorType(getInput()), out = getType();
+  int64_t rank = in.getRank();
+  int64_t h = in.getDimSize(rank - 2), w = in.getDimSize(rank - 1);
+  int64_t hp = h + 2 * getPadding()[0], wp = w + 2 * getPadding()[1];
+  int64_t outPlane = out.getDimSize(rank - 2) * out.getDimSize(rank - 1);
+  int64_t eltBytes = in.getElementTypeBitWidth() / 8;
+  bool padded = getPadding()[0] || getPadding()[1];
+  return 2 * (eltBytes * (hp * wp + (padded ? h * w : 0)) + 2 * 4 * outPlane);
+}
+
 LogicalResult ReduceOp::verify() {
   auto in = tensorType(getInput());
   int64_t count = getCount();

@@ -262,6 +262,35 @@ def Neuron_Conv2dOp : Neuron_Op<"conv2d"> {
   let hasVerifier = 1;
 }
 
+def Neuron_Pool2dOp : Neuron_Op<"pool2d"> {
+  let summary = "max or sum over 2-d windows, times a scale (max/avg_pool2d)";
+  let description = [{
+    out[..., y, x] = scale * fn over (i, j) < kernel of input[..., y *
+    stride[0] + i * dilation[0] - padding[0], x * stride[1] + j *
+    dilation[1] - padding[1]], positions outside the input being fn's
+    identity (-inf for max, 0 for sum); `fn` is max or sum, accumulated in
+    fp32 and rounded once (avg_pool2d: sum with scale 1 / divisor). The
+    lowering keeps 128 images' planes (the dims before the last two) in
+    SBUF at a time and takes each window as an access pattern of them.
+  }];
+  let arguments = (ins RankedTensorOf<[Neuron_Float]>:$input,
+                   Neuron_ReduceFnAttr:$fn, DenseI64ArrayAttr:$kernel,
+                   DenseI64ArrayAttr:$stride, DenseI64ArrayAttr:$padding,
+                   DenseI64ArrayAttr:$dilation,
+                   DefaultValuedAttr<F64Attr, "1.0">:$scale);
+  let results = (outs RankedTensorOf<[Neuron_Float]>:$result);
+  let assemblyFormat = [{
+    $fn $input `kernel` $kernel `stride` $stride `padding` $padding
+    `dilation` $dilation attr-dict `:` type($input) `->` type($result)
+  }];
+  let extraClassDeclaration = [{
+    /// SBUF bytes per partition its lowering keeps: two slots of a plane as
+    /// loaded and padded, and of two fp32 partial results.
+    int64_t residentBytes();
+  }];
+  let hasVerifier = 1;
+}
+
 def Neuron_ReduceOp : Neuron_Op<"reduce"> {
   let summary = "reduction over the innermost `count` dims";
   let description = [{

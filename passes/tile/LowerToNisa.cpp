@@ -204,6 +204,7 @@ void populateLowerToNisaPatterns(TilePatternSet &patterns) {
   populateElementwiseGroupPatterns(patterns);
   populateMatmulPatterns(patterns);
   populateConvolutionPatterns(patterns);
+  populatePoolPatterns(patterns);
   populateReducePatterns(patterns);
   populateGatherPatterns(patterns);
   populateScanPatterns(patterns);

@@ -64,6 +64,8 @@ void populateElementwiseGroupPatterns(TilePatternSet &patterns);
 void populateMatmulPatterns(TilePatternSet &patterns);
 /// LowerConvolution.cpp: neuron.conv2d.
 void populateConvolutionPatterns(TilePatternSet &patterns);
+/// LowerPool.cpp: neuron.pool2d.
+void populatePoolPatterns(TilePatternSet &patterns);
 /// LowerReduce.cpp (with LowerColumnSum.cpp).
 void populateReducePatterns(TilePatternSet &patterns);
 /// LowerLayout.cpp: constants, views (reshape, transpose, broadcast, slice)

@@ -661,3 +661,67 @@ func.func @conv2d_bias(%x: tensor<1x8x4x4xf32>, %w: tensor<3x8x3x3xf32>, %b: ten
   %0 = neuron.conv2d %x, %w bias %b stride [1, 1] padding [1, 1] dilation [1, 1] : tensor<1x8x4x4xf32>, tensor<3x8x3x3xf32>, tensor<4xf32> -> tensor<1x3x4x4xf32>
   return
 }
+
+// -----
+
+func.func @pool2d_rank(%x: tensor<8x8xf32>) {
+  // expected-error @+1 {{takes [..., H, W] -> [..., Ho, Wo]}}
+  %0 = neuron.pool2d max %x kernel [2, 2] stride [2, 2] padding [0, 0] dilation [1, 1] : tensor<8x8xf32> -> tensor<4x4xf32>
+  return
+}
+
+// -----
+
+func.func @pool2d_dynamic(%x: tensor<?x8x8xf32>) {
+  // expected-error @+1 {{needs static shapes}}
+  %0 = neuron.pool2d max %x kernel [2, 2] stride [2, 2] padding [0, 0] dilation [1, 1] : tensor<?x8x8xf32> -> tensor<?x4x4xf32>
+  return
+}
+
+// -----
+
+func.func @pool2d_type(%x: tensor<1x8x8xf32>) {
+  // expected-error @+1 {{result element type must equal the input's}}
+  %0 = neuron.pool2d max %x kernel [2, 2] stride [2, 2] padding [0, 0] dilation [1, 1] : tensor<1x8x8xf32> -> tensor<1x4x4xbf16>
+  return
+}
+
+// -----
+
+func.func @pool2d_fn(%x: tensor<1x8x8xf32>) {
+  // expected-error @+1 {{takes max or sum windows}}
+  %0 = neuron.pool2d prod %x kernel [2, 2] stride [2, 2] padding [0, 0] dilation [1, 1] : tensor<1x8x8xf32> -> tensor<1x4x4xf32>
+  return
+}
+
+// -----
+
+func.func @pool2d_params(%x: tensor<1x8x8xf32>) {
+  // expected-error @+1 {{kernel, stride, padding and dilation take (height, width)}}
+  %0 = neuron.pool2d max %x kernel [2] stride [2, 2] padding [0, 0] dilation [1, 1] : tensor<1x8x8xf32> -> tensor<1x4x4xf32>
+  return
+}
+
+// -----
+
+func.func @pool2d_stride(%x: tensor<1x8x8xf32>) {
+  // expected-error @+1 {{needs kernel, stride and dilation >= 1, padding >= 0}}
+  %0 = neuron.pool2d max %x kernel [2, 2] stride [0, 2] padding [0, 0] dilation [1, 1] : tensor<1x8x8xf32> -> tensor<1x4x4xf32>
+  return
+}
+
+// -----
+
+func.func @pool2d_window(%x: tensor<1x2x8xf32>) {
+  // expected-error @+1 {{window does not fit the padded input}}
+  %0 = neuron.pool2d max %x kernel [3, 2] stride [1, 2] padding [0, 0] dilation [1, 1] : tensor<1x2x8xf32> -> tensor<1x1x4xf32>
+  return
+}
+
+// -----
+
+func.func @pool2d_result(%x: tensor<1x8x8xf32>) {
+  // expected-error @+1 {{result shape must be the windows'}}
+  %0 = neuron.pool2d max %x kernel [2, 2] stride [2, 2] padding [0, 0] dilation [1, 1] : tensor<1x8x8xf32> -> tensor<1x4x5xf32>
+  return
+}
