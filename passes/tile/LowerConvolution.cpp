@@ -155,30 +155,13 @@ private:
   /// Zeroes what is padding in every plane of `t` on `parts` partitions
   /// from `part0`, whose interior is columns [left, left + width) of rows
   /// [rowBegin, rowEnd) of the plane (the copies of a plane take theirs
-  /// from copy 0's; a row-stacked copy has its own): the stretch before the
-  /// interior's first row, the side borders between its rows (a row's right
-  /// border runs on into the next one's left) and the stretch after it.
-  /// Written once: each image writes only the interior.
+  /// from copy 0's; a row-stacked copy has its own).
   void zeroBorders(Value t, int64_t part0, int64_t parts, int64_t rowBegin,
                    int64_t rowEnd, int64_t left, int64_t width) {
-    int64_t rows = std::max<int64_t>(0, rowEnd - rowBegin);
-    int64_t first = l.lead + rowBegin * wp + (rows ? left : 0);
-    int64_t last = rows ? l.lead + (rowEnd - 1) * wp + left + width : first;
-    auto zero = [&](int64_t from, ArrayRef<int64_t> shape,
-                    ArrayRef<int64_t> strides) {
-      SmallVector<int64_t> s{parts, planes}, st{rowLength(), l.plane};
-      s.append(shape.begin(), shape.end());
-      st.append(strides.begin(), strides.end());
-      Value at = k.index(part0 * rowLength() + from);
-      k.b.create<nisa::MemsetOp>(k.view(t, at, s, st), APFloat(0.0),
-                                 nisa::Engine::gpsimd);
-    };
-    if (first)
-      zero(0, {first}, {1});
-    if (width < wp && rows > 1)
-      zero(first + width, {rows - 1, wp - width}, {wp, 1});
-    if (l.plane > last)
-      zero(last, {l.plane - last}, {1});
+    k.fillBorders(t,
+                  {part0, parts, planes, l.plane, l.lead, wp, rowBegin, rowEnd,
+                   left, width},
+                  0.0);
   }
 
   /// Row-stacked: the rows of copy r's plane that hold image rows, [first,

@@ -48,7 +48,10 @@ public:
       image[s] = k.tile(MemorySpace::sbuf, {kPlanes, hp * wp}, elt);
       if (padded) {
         loaded[s] = k.tile(MemorySpace::sbuf, {kPlanes, h * w}, elt);
-        fillBorders(image[s]);
+        k.fillBorders(image[s],
+                      {0, kPlanes, 1, hp * wp, 0, wp, padding[0],
+                       padding[0] + h, padding[1], w},
+                      identity);
       }
       for (Value &acc : partial[s])
         acc = k.tile(MemorySpace::sbuf, {kPlanes, ho * wo}, k.b.getF32Type());
@@ -67,26 +70,6 @@ public:
 private:
   using TileScope = TileBuilder::TileScope;
   static constexpr int64_t kPlanes = 128, kSlots = 2;
-
-  /// fn's identity before, between and after the interior's rows.
-  void fillBorders(Value t) {
-    int64_t first = padding[0] * wp + padding[1];
-    int64_t last = (padding[0] + h - 1) * wp + padding[1] + w;
-    auto fill = [&](int64_t from, ArrayRef<int64_t> shape,
-                    ArrayRef<int64_t> strides) {
-      SmallVector<int64_t> s{kPlanes}, st{hp * wp};
-      s.append(shape.begin(), shape.end());
-      st.append(strides.begin(), strides.end());
-      k.b.create<nisa::MemsetOp>(k.view(t, k.index(from), s, st),
-                                 APFloat(identity), nisa::Engine::gpsimd);
-    };
-    if (first)
-      fill(0, {first}, {1});
-    if (padding[1] && h > 1)
-      fill(first + w, {h - 1, 2 * padding[1]}, {wp, 1});
-    if (hp * wp > last)
-      fill(last, {hp * wp - last}, {1});
-  }
 
   void load(Value step, int64_t slot, int64_t parts) {
     Value src =

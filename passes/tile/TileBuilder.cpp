@@ -315,6 +315,29 @@ Value TileBuilder::identity(int64_t n, Type elementType) {
   return ident;
 }
 
+void TileBuilder::fillBorders(Value tile, const Borders &p, double value) {
+  int64_t partition = cast<MemRefType>(tile.getType()).getShape()[1];
+  int64_t rows = std::max<int64_t>(0, p.rowEnd - p.rowBegin);
+  int64_t first = p.start + p.rowBegin * p.rowLength + (rows ? p.left : 0);
+  int64_t last =
+      rows ? p.start + (p.rowEnd - 1) * p.rowLength + p.left + p.width : first;
+  auto fill = [&](int64_t from, ArrayRef<int64_t> shape,
+                  ArrayRef<int64_t> strides) {
+    SmallVector<int64_t> sizes{p.parts, p.planes}, steps{partition, p.plane};
+    sizes.append(shape.begin(), shape.end());
+    steps.append(strides.begin(), strides.end());
+    b.create<nisa::MemsetOp>(
+        view(tile, index(p.part0 * partition + from), sizes, steps),
+        APFloat(value), nisa::Engine::gpsimd);
+  };
+  if (first)
+    fill(0, {first}, {1});
+  if (p.width < p.rowLength && rows > 1)
+    fill(first + p.width, {rows - 1, p.rowLength - p.width}, {p.rowLength, 1});
+  if (p.plane > last)
+    fill(last, {p.plane - last}, {1});
+}
+
 void TileBuilder::forTiles(int64_t total, int64_t tileSize, TileBody body) {
   int64_t full = total / tileSize, rem = total % tileSize;
   if (full == 1) {

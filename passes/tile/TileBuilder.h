@@ -193,6 +193,21 @@ public:
                         llvm::function_ref<void(Value, int64_t)> load,
                         llvm::function_ref<void(Value, int64_t)> compute);
 
+  /// Where the padding is in each plane of an on-chip tile: `planes`
+  /// planes of `plane` elements side by side in each of `parts` partitions
+  /// from `part0`; a plane's interior is columns [left, left + width) of its
+  /// rows [rowBegin, rowEnd), rows of `rowLength` elements from its element
+  /// `start`.
+  struct Borders {
+    int64_t part0, parts, planes, plane, start, rowLength, rowBegin, rowEnd,
+        left, width;
+  };
+  /// `value` (GpSimd) before the interior's first row, between its rows (a
+  /// row's right border runs on into the next one's left) and after its
+  /// last: a padded image's border, written once where each image writes
+  /// only the interior.
+  void fillBorders(Value tile, const Borders &borders, double value);
+
   void dma(Value src, Value dst) { b.create<nisa::DmaCopyOp>(src, dst); }
   /// One DMA of `shape` elements between two windows of HBM buffers, its
   /// dims of one element dropped and the dims merged where both sides run

@@ -9,9 +9,9 @@
 // CHECK-LABEL: func.func @max_pool(
 // CHECK: %[[IMG:.*]] = memref.alloc() : memref<128x100xbf16, #nisa.mem<sbuf>>
 // CHECK: %[[LOADED:.*]] = memref.alloc() : memref<128x64xbf16, #nisa.mem<sbuf>>
-// CHECK: nisa.memset %{{.*}}, 0xFFF0000000000000 {engine = #nisa.engine<gpsimd>} : memref<128x11xbf16
-// CHECK: nisa.memset %{{.*}}, 0xFFF0000000000000 {engine = #nisa.engine<gpsimd>} : memref<128x7x2xbf16
-// CHECK: nisa.memset %{{.*}}, 0xFFF0000000000000 {engine = #nisa.engine<gpsimd>} : memref<128x11xbf16
+// CHECK: nisa.memset %{{.*}}, 0xFFF0000000000000 {engine = #nisa.engine<gpsimd>} : memref<128x1x11xbf16
+// CHECK: nisa.memset %{{.*}}, 0xFFF0000000000000 {engine = #nisa.engine<gpsimd>} : memref<128x1x7x2xbf16
+// CHECK: nisa.memset %{{.*}}, 0xFFF0000000000000 {engine = #nisa.engine<gpsimd>} : memref<128x1x11xbf16
 // CHECK: nisa.dma_copy %{{.*}}, %{{.*}} : memref<128x64xbf16, strided<[64, 1], offset: ?>>, memref<128x64xbf16
 // CHECK: %[[INTERIOR:.*]] = memref.reinterpret_cast %[[IMG]] to offset: [%c11], sizes: [128, 8, 8], strides: [100, 10, 1]
 // CHECK: nisa.copy %{{.*}}, %[[INTERIOR]] {engine = #nisa.engine<gpsimd>}
