@@ -773,19 +773,21 @@ Access onChipAccess(MemRefType type, nisa::MemorySpace space,
       byteTerms.push_back({iv, coeff * elt});
     // A constant offset of whole rows starts the view on a later partition
     // (the stacked copies of a convolution's image): it covers the bytes
-    // from the rest of its offset on partitions [first, first + size).
+    // from the rest of its offset on partitions [first, first + size), if
+    // those stay within a partition over every iteration.
     int64_t rowElts = bytes / elt, constant = offset->constant;
-    bool rowsMove = llvm::any_of(
-        offset->terms, [&](auto &t) { return std::abs(t.second) >= rowElts; });
-    if (!rowsMove && constant >= 0 && symbolic.empty()) {
+    Span partitions = access.partitions;
+    if (constant >= 0 && symbolic.empty()) {
       int64_t first = constant / rowElts;
-      access.partitions = whole(first, first + sizes[partitionDim] - 1);
+      partitions = whole(first, first + sizes[partitionDim] - 1);
       constant %= rowElts;
     }
     auto span =
         spanOf(begin + constant * elt, byteTerms, (reach + 1) * elt - 1);
-    if (span && span->lo >= begin && span->hi < begin + bytes)
+    if (span && span->lo >= begin && span->hi < begin + bytes) {
       access.linear = *span;
+      access.partitions = partitions;
+    }
   }
   // A symbolic part moves the view anywhere in its tile.
   access.regionLo = symbolic.empty() ? access.linear.lo : begin;

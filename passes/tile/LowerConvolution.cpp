@@ -229,16 +229,15 @@ private:
           int64_t col = (block % (sets * banksPerSet * perBank)) * kConvTile;
           Value sums =
               k.view(acc, k.index(col), {rows, oRows}, {accStride(), 1});
-          Value taps =
+          Value groupTaps =
               l.copies > 1
                   ? k.view(ordered, k.index(groupStart(g, i, j)), {oRows, rows},
                            {orderedLen, 1})
-                  : k.view(raw,
-                           k.index(ct * kConvTile * this->taps + i * kw + j),
-                           {oRows, rows}, {rowLen, this->taps});
+                  : k.view(raw, k.index(ct * kConvTile * taps + i * kw + j),
+                           {oRows, rows}, {rowLen, taps});
           b.create<nisa::MatmulOp>(
-               taps, k.view(ident, k.index(0), {oRows, oRows}, {kConvTile, 1}),
-               sums)
+               groupTaps,
+               k.view(ident, k.index(0), {oRows, oRows}, {kConvTile, 1}), sums)
               .setIsTranspose(true);
           b.create<nisa::CopyOp>(sums, groupWeights(ct, g, ot, oRows, used),
                                  block % 2 ? nisa::Engine::scalar
@@ -344,12 +343,12 @@ private:
   void copyImages(int64_t slot) {
     if (l.rowStacked)
       return;
-    int64_t padded = l.plane - l.lead;
+    int64_t paddedPlane = l.plane - l.lead;
     for (int64_t r = 1; r < l.copies; ++r)
-      k.dma(k.view(image[slot], k.index(l.lead), {c, planes, padded},
+      k.dma(k.view(image[slot], k.index(l.lead), {c, planes, paddedPlane},
                    {rowLength(), l.plane, 1}),
             k.view(image[slot], k.index(r * c * rowLength() + copyStart(r)),
-                   {c, planes, padded}, {rowLength(), l.plane, 1}));
+                   {c, planes, paddedPlane}, {rowLength(), l.plane, 1}));
   }
 
   /// Every tile of the output positions of image group `group`.

@@ -40,27 +40,29 @@ public:
     wp = w + 2 * padding[1];
     padded = padding[0] || padding[1];
     elt = in.getElementType();
+    stepPlanes = k.target.partitions;
   }
 
   void lower() {
     TileScope scope(k);
     for (int64_t s = 0; s < kSlots; ++s) {
-      image[s] = k.tile(MemorySpace::sbuf, {kPlanes, hp * wp}, elt);
+      image[s] = k.tile(MemorySpace::sbuf, {stepPlanes, hp * wp}, elt);
       if (padded) {
-        loaded[s] = k.tile(MemorySpace::sbuf, {kPlanes, h * w}, elt);
+        loaded[s] = k.tile(MemorySpace::sbuf, {stepPlanes, h * w}, elt);
         k.fillBorders(image[s],
-                      {0, kPlanes, 1, hp * wp, 0, wp, padding[0],
+                      {0, stepPlanes, 1, hp * wp, 0, wp, padding[0],
                        padding[0] + h, padding[1], w},
                       identity);
       }
       for (Value &acc : partial[s])
-        acc = k.tile(MemorySpace::sbuf, {kPlanes, ho * wo}, k.b.getF32Type());
+        acc =
+            k.tile(MemorySpace::sbuf, {stepPlanes, ho * wo}, k.b.getF32Type());
     }
-    int64_t full = planes / kPlanes, rest = planes % kPlanes;
+    int64_t full = planes / stepPlanes, rest = planes % stepPlanes;
     k.forEachPipelined(
         full, kSlots,
-        [&](Value step, int64_t slot) { load(step, slot, kPlanes); },
-        [&](Value step, int64_t slot) { compute(step, slot, kPlanes); });
+        [&](Value step, int64_t slot) { load(step, slot, stepPlanes); },
+        [&](Value step, int64_t slot) { compute(step, slot, stepPlanes); });
     if (rest) {
       load(k.index(full), full % kSlots, rest);
       compute(k.index(full), full % kSlots, rest);
@@ -69,11 +71,11 @@ public:
 
 private:
   using TileScope = TileBuilder::TileScope;
-  static constexpr int64_t kPlanes = 128, kSlots = 2;
+  static constexpr int64_t kSlots = 2;
 
   void load(Value step, int64_t slot, int64_t parts) {
-    Value src =
-        k.view(x, k.scale(step, kPlanes * h * w), {parts, h * w}, {h * w, 1});
+    Value src = k.view(x, k.scale(step, stepPlanes * h * w), {parts, h * w},
+                       {h * w, 1});
     if (!padded) {
       k.dma(src, k.view(image[slot], k.index(0), {parts, h * w}, {hp * wp, 1}));
       return;
@@ -117,7 +119,7 @@ private:
     // From ScalarE's queue: on SyncE's a store would hold up the loads.
     b.create<nisa::DmaCopyOp>(
         k.view(partial[slot][0], k.index(0), {parts, ho * wo}, {ho * wo, 1}),
-        k.view(out, k.scale(step, kPlanes * ho * wo), {parts, ho * wo},
+        k.view(out, k.scale(step, stepPlanes * ho * wo), {parts, ho * wo},
                {ho * wo, 1}),
         nisa::Engine::scalar);
   }
@@ -128,7 +130,8 @@ private:
   double scale;
   nisa::AluOp alu;
   double identity;
-  int64_t planes, h, w, ho, wo, hp, wp;
+  /// Planes a step: one a partition.
+  int64_t planes, stepPlanes, h, w, ho, wo, hp, wp;
   bool padded;
   Type elt;
   Value image[kSlots], loaded[kSlots], partial[kSlots][2];
