@@ -231,9 +231,13 @@ def forms() -> list[Form]:
         conv("conv 3x3 256->256 [8,256,14,14]", 256, 256, 14, 3, padding=1),
         conv("conv 3x3 512->512 [8,512,7,7]", 512, 512, 7, 3, padding=1),
         conv("vit patch embed 16x16 [8,3,224,224]", 3, 768, 224, 16, stride=16, bias=True),
+        conv("vgg conv1 3->64 [8,3,224,224]", 3, 64, 224, 3, padding=1, bias=True),
         # Stable Diffusion's UNet: conv_in over the 4 latent channels, a 1280-channel 3 x 3.
         conv("sd conv_in 4->320 [2,4,64,64]", 4, 320, 64, 3, padding=1, bias=True, batch=2),
         conv("sd conv 1280 [2,1280,8,8]", 1280, 1280, 8, 3, padding=1, bias=True, batch=2),
+        # Its VAE decoder: images larger than SBUF, which go through in bands of rows.
+        conv("sd vae conv 512 [1,512,64,64]", 512, 512, 64, 3, padding=1, bias=True, batch=1),
+        conv("sd vae conv 128 [1,128,256,256]", 128, 128, 256, 3, padding=1, bias=True, batch=1),
         Form(
             "upsample nearest 2x [2,320,32,32]",
             nn.Upsample(scale_factor=2, mode="nearest"),

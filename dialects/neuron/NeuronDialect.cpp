@@ -272,15 +272,28 @@ ConvLayout Conv2dOp::layout() {
     if (n % b == 0 && b * ho * wo <= kConvTileColumns)
       l.images = b;
   l.lead = l.rowStacked ? 0 : (l.copies - 1) * getDilation()[1];
-  l.plane = l.lead + (l.rowStacked ? ho : hp) * wp;
   l.rowsPerTile = std::max<int64_t>(1, std::min(ho, kConvTileColumns / wo));
   l.chunkCols = std::min(wo, kConvTileColumns);
   int64_t eltBytes = in.getElementTypeBitWidth() / 8;
   bool padded = getPadding()[0] || getPadding()[1];
+  // A band of `rows` output rows: its plane's padded rows (all hp for a
+  // whole image) and the image rows it loads.
+  int64_t span = (kh - 1) * getDilation()[0] + 1;
+  auto setBand = [&](int64_t rows) {
+    l.bandRows = rows;
+    l.bands = (ho + rows - 1) / rows;
+    l.bandIn = l.rowStacked   ? rows
+               : l.bands == 1 ? hp
+                              : (rows - 1) * getStride()[0] + span;
+    l.loadedRows = l.bands == 1 ? h : std::min(h, l.bandIn);
+    l.plane = l.lead + l.bandIn * wp;
+  };
   // An image slot: the padded planes and (where it pads a whole image)
   // them as loaded.
-  int64_t loaded = padded && !l.rowStacked ? h * wd : 0;
-  int64_t imageSlot = l.images * l.cTiles * (l.plane + loaded);
+  auto imageSlot = [&] {
+    int64_t loaded = padded && !l.rowStacked ? l.loadedRows * wd : 0;
+    return l.images * l.cTiles * (l.plane + loaded);
+  };
   // The rows of w as loaded, and reordered for the copies.
   int64_t raw = (c + (l.copies > 1 ? l.copyParts : 0)) * kh * kw;
   int64_t staged = kConvStageSlots * kConvTileColumns;
@@ -291,21 +304,41 @@ ConvLayout Conv2dOp::layout() {
   int64_t rest = eltBytes * (raw + staged + identity + bias);
   // The weights of a panel of output tiles: all of them where they fit
   // beside two image slots, else the most that do (the images then load
-  // once per panel).
+  // once per panel); a single image in bands of whole tiles of output rows
+  // where the whole does not fit beside them, the fewest bands that do.
   auto weights = [&](int64_t panel) {
     return eltBytes * l.cTiles * l.tapGroups * std::min(o, panel * kConvTile);
   };
-  l.oPanel = l.oTiles;
-  while (l.oPanel > 1 && rest + weights(l.oPanel) + 2 * eltBytes * imageSlot >
-                             kConvResidentBudget)
-    --l.oPanel;
+  auto fits = [&](int64_t panel, int64_t slots) {
+    return rest + weights(panel) + slots * eltBytes * imageSlot() <=
+           kConvResidentBudget;
+  };
+  auto fitBands = [&](int64_t panel) {
+    setBand(ho);
+    if (fits(panel, 2) || l.images > 1)
+      return;
+    for (int64_t count = 2; count <= ho; ++count) {
+      int64_t rows = llvm::alignTo((ho + count - 1) / count, l.rowsPerTile);
+      if (rows >= l.bandRows)
+        continue;
+      setBand(rows);
+      if (fits(panel, 2))
+        return;
+    }
+  };
+  for (l.oPanel = l.oTiles;; --l.oPanel) {
+    fitBands(l.oPanel);
+    if (l.oPanel == 1 || fits(l.oPanel, 2))
+      break;
+  }
   rest += weights(l.oPanel);
   // A third image slot where it fits: a load's DMAs and GpSimd copy then
   // run two groups ahead of TensorE.
-  bool third = n / l.images >= 3 &&
-               rest + 3 * eltBytes * imageSlot <= kConvResidentBudget;
+  int64_t slot = imageSlot();
+  bool third = n / l.images * l.bands >= 3 &&
+               rest + 3 * eltBytes * slot <= kConvResidentBudget;
   l.imageSlots = third ? 3 : 2;
-  l.residentBytes = rest + l.imageSlots * eltBytes * imageSlot;
+  l.residentBytes = rest + l.imageSlots * eltBytes * slot;
   return l;
 }
 

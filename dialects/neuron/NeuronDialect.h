@@ -67,6 +67,12 @@ struct ConvLayout {
   /// Output rows per tile (all of them when images > 1), and columns per
   /// tile: Wo, or a bank's worth of one row's.
   int64_t rowsPerTile, chunkCols;
+  /// An image too large for SBUF goes through in bands of output rows
+  /// (`bands` of `bandRows`, the last may have fewer; one band of all Ho
+  /// rows otherwise), each loading the input rows its windows read: a
+  /// band's plane holds `bandIn` padded rows (a row-stacked one, one row
+  /// per output row), `loadedRows` image rows as loaded where it pads.
+  int64_t bands, bandRows, bandIn, loadedRows;
   /// SBUF bytes per partition of the kernel's tiles.
   int64_t residentBytes;
 };

@@ -13,6 +13,8 @@
 #include "passes/tile/KernelLowering.h"
 #include "passes/tile/TilePattern.h"
 
+#include <numeric>
+
 namespace mlir::neuron {
 
 namespace {
@@ -34,7 +36,8 @@ namespace {
 /// (the window of tap (i, j) on copy r is that of tap (i, j + r), so one
 /// matmul contracts several taps); or row-stacked, each copy (r, q) the
 /// image rows kernel row r reads, shifted back q tap columns, straight
-/// from HBM.
+/// from HBM. An image too large for SBUF goes through in bands of output
+/// rows (ConvLayout::bands), each loading the input rows its windows read.
 class DirectConv {
 public:
   DirectConv(KernelLowering &k, Conv2dOp op)
@@ -74,8 +77,8 @@ public:
       image.push_back(
           k.tile(MemorySpace::sbuf, {kConvTile, planes * l.plane}, elt));
       if (padded && !l.rowStacked)
-        loaded.push_back(
-            k.tile(MemorySpace::sbuf, {kConvTile, planes * h * wd}, elt));
+        loaded.push_back(k.tile(MemorySpace::sbuf,
+                                {kConvTile, planes * l.loadedRows * wd}, elt));
     }
     acc = k.tile(MemorySpace::psum, {kConvTile, accStride()}, k.b.getF32Type());
     staged = k.tile(MemorySpace::sbuf, {kConvTile, accStride()}, elt);
@@ -88,15 +91,22 @@ public:
                                    i % 2 ? nisa::Engine::vector
                                          : nisa::Engine::gpsimd);
     else if (padded)
+      // Bands zero their rows of padding as they load (a slot holds other
+      // bands' rows there before).
       for (Value t : image) {
         if (!l.rowStacked) {
-          zeroBorders(t, 0, kConvTile, padding[0], padding[0] + h, padding[1],
-                      wd);
+          if (l.bands == 1)
+            zeroBorders(t, 0, kConvTile, padding[0], padding[0] + h, padding[1],
+                        wd);
+          else
+            zeroBorders(t, 0, kConvTile, 0, l.bandIn, padding[1], wd);
           continue;
         }
         for (int64_t q = 0; q < l.colCopies; ++q)
           for (int64_t r = 0; r < kh; ++r) {
-            auto [first, end] = stackedRows(r);
+            auto [first, end] =
+                l.bands == 1 ? stackedRows(r, 0)
+                             : std::pair<int64_t, int64_t>{0, l.bandRows};
             auto [left, width] = stackedColumns(q);
             zeroBorders(t, (q * kh + r) * c, c, first, end, left, width);
           }
@@ -127,20 +137,58 @@ private:
   /// longer has to wait for the GpSimd copy it reads.
   void convolvePanel() {
     int64_t count = n / l.images, slots = l.imageSlots;
+    if (l.bands > 1) {
+      convolveBands();
+      return;
+    }
     int64_t ahead = std::min(slots - 1, count);
     for (int64_t i = 0; i < ahead; ++i)
-      loadImages(k.index(i), i);
+      loadImages(k.index(i), 0, i);
     copyImages(0);
     k.forEachRotating(0, count - ahead, slots, [&](Value i, int64_t slot) {
-      loadImages(k.addOffset(i, ahead), (slot + ahead) % slots);
+      loadImages(k.addOffset(i, ahead), 0, (slot + ahead) % slots);
       copyImages((slot + 1) % slots);
-      computeImages(i, slot);
+      computeImages(i, 0, slot);
     });
     for (int64_t i = count - ahead; i < count; ++i) {
       if (i + 1 < count)
         copyImages((i + 1) % slots);
-      computeImages(k.index(i), i % slots);
+      computeImages(k.index(i), 0, i % slots);
     }
+  }
+
+  /// The same over the bands of each image (one image a group): band t of
+  /// the whole sequence, image t / bands, into slot t % slots, band t +
+  /// ahead loading while band t computes. The images run in a loop whose
+  /// body holds their bands, unrolled over as many images as the slots
+  /// take to come round to the same one.
+  void convolveBands() {
+    int64_t bands = l.bands, slots = l.imageSlots;
+    int64_t total = n * bands, ahead = std::min(slots - 1, total);
+    auto imageOf = [&](Value i, int64_t t) {
+      return k.addOffset(i, t / bands);
+    };
+    for (int64_t t = 0; t < ahead; ++t)
+      loadImages(k.index(t / bands), t % bands, t % slots);
+    copyImages(0);
+    // Band b of image i: t = i * bands + b; its loads are for t + ahead,
+    // within the sequence for every image but the last (ahead <= bands).
+    auto bandsOf = [&](Value i, int64_t phase, bool last) {
+      for (int64_t b = 0; b < bands; ++b) {
+        int64_t t = phase * bands + b;
+        if (!last || b + ahead < bands)
+          loadImages(imageOf(i, b + ahead), (b + ahead) % bands,
+                     (t + ahead) % slots);
+        if (!last || b + 1 < bands)
+          copyImages((t + 1) % slots);
+        computeImages(i, b, t % slots);
+      }
+    };
+    int64_t period = slots / std::gcd(bands, slots);
+    k.forEachRotating(0, n - 1, period, [&](Value i, int64_t phase) {
+      bandsOf(i, phase, false);
+    });
+    bandsOf(k.index(n - 1), (n - 1) % period, true);
   }
 
   int64_t accStride() const { return sets * banksPerSet * kConvTileColumns; }
@@ -164,14 +212,39 @@ private:
                   0.0);
   }
 
-  /// Row-stacked: the rows of copy r's plane that hold image rows, [first,
-  /// end): plane row y is image row y * stride + r * dilation - padding.
-  std::pair<int64_t, int64_t> stackedRows(int64_t r) const {
+  /// Row-stacked: the rows of copy r's plane in band `band` that hold
+  /// image rows, [first, end): plane row y is output row y0 + y, image row
+  /// (y0 + y) * stride + r * dilation - padding.
+  std::pair<int64_t, int64_t> stackedRows(int64_t r, int64_t band) const {
+    auto [y0, y1] = bandOutput(band);
     int64_t shift = padding[0] - r * dilation[0]; // image row = s * y - shift
-    int64_t first = shift > 0 ? llvm::divideCeilSigned(shift, stride[0]) : 0;
+    int64_t first =
+        std::max(y0, shift > 0 ? llvm::divideCeilSigned(shift, stride[0]) : 0);
     int64_t end =
-        std::min(ho, llvm::divideFloorSigned(h - 1 + shift, stride[0]) + 1);
-    return {first, std::max(first, end)};
+        std::min(y1, llvm::divideFloorSigned(h - 1 + shift, stride[0]) + 1);
+    return {first - y0, std::max(first, end) - y0};
+  }
+
+  /// The output rows of a band, [y0, y1).
+  std::pair<int64_t, int64_t> bandOutput(int64_t band) const {
+    int64_t y0 = band * l.bandRows;
+    return {y0, std::min(ho, y0 + l.bandRows)};
+  }
+
+  /// Zeroes plane rows [first, end) of channel tile ct's planes on
+  /// partitions [part0, part0 + parts) (rows a band reads as padding, a slot
+  /// having held image rows there).
+  void zeroRows(Value t, int64_t part0, int64_t parts, int64_t ct,
+                int64_t first, int64_t end) {
+    if (first >= end)
+      return;
+    k.b.create<nisa::MemsetOp>(
+        k.view(
+            t,
+            k.index(part0 * rowLength() + ct * l.plane + l.lead + first * wp),
+            {parts, l.images, (end - first) * wp},
+            {rowLength(), l.cTiles * l.plane, 1}),
+        APFloat(0.0), nisa::Engine::gpsimd);
   }
 
   /// Row-stacked: where copy column q's image columns are in its plane
@@ -287,51 +360,73 @@ private:
                   {weightsRow(), 1});
   }
 
-  /// The images of group `group` into image tile `slot`: [copy r's channel,
-  /// (b * cTiles + ct) * plane + copyStart(r) + row * wp + column], the
-  /// interior from (padding[0], padding[1]).
-  void loadImages(Value group, int64_t slot) {
-    int64_t hw = h * wd, interior = l.lead + padding[0] * wp + padding[1];
+  /// Band `band` of the images of group `group` into image tile `slot`:
+  /// [copy r's channel, (b * cTiles + ct) * plane + copyStart(r) + row * wp +
+  /// column], the interior from (padding[0], padding[1]) of a whole image;
+  /// a band's plane starts at padded row y0 * stride.
+  void loadImages(Value group, int64_t band, int64_t slot) {
+    int64_t hw = h * wd;
     Value first = k.scale(group, l.images * c * hw);
     if (l.rowStacked) {
       // Copy (r, q): the image rows kernel row r reads, one run each,
       // shifted back q tap columns.
+      int64_t y0 = bandOutput(band).first;
       for (int64_t q = 0; q < l.colCopies; ++q)
         for (int64_t r = 0; r < kh; ++r) {
-          auto [y0, y1] = stackedRows(r);
+          auto [y, yEnd] = stackedRows(r, band);
           auto [left, width] = stackedColumns(q);
-          if (y0 == y1 || width <= 0)
-            continue;
-          int64_t row = y0 * stride[0] + r * dilation[0] - padding[0];
-          int64_t col = wd - width; // the columns cut
-          SmallVector<int64_t> shape{c, l.images, y1 - y0, width};
           int64_t part = (q * kh + r) * l.copyParts;
+          if (l.bands > 1) {
+            zeroRows(image[slot], part, c, 0, 0, y);
+            zeroRows(image[slot], part, c, 0, yEnd,
+                     bandOutput(band).second - y0);
+          }
+          if (y == yEnd || width <= 0)
+            continue;
+          int64_t row = (y0 + y) * stride[0] + r * dilation[0] - padding[0];
+          int64_t col = wd - width; // the columns cut
+          SmallVector<int64_t> shape{c, l.images, yEnd - y, width};
           k.dma(k.view(x, k.addOffset(first, row * wd + col), shape,
                        {hw, c * hw, stride[0] * wd, 1}),
-                k.view(image[slot],
-                       k.index(part * rowLength() + y0 * wp + left), shape,
-                       {rowLength(), l.plane, wp, 1}));
+                k.view(image[slot], k.index(part * rowLength() + y * wp + left),
+                       shape, {rowLength(), l.plane, wp, 1}));
         }
       return;
     }
+    // Plane rows [top, bottom) hold image rows from `imageRow`; a band's
+    // others are padding.
+    auto [y0, y1] = bandOutput(band);
+    int64_t planeRow0 = y0 * stride[0];
+    int64_t rowsIn =
+        l.bands == 1 ? l.bandIn
+                     : (y1 - y0 - 1) * stride[0] + (kh - 1) * dilation[0] + 1;
+    int64_t top = std::max<int64_t>(0, padding[0] - planeRow0);
+    int64_t bottom = std::min(rowsIn, h + padding[0] - planeRow0);
+    int64_t imageRow = planeRow0 + top - padding[0], rows = bottom - top;
+    int64_t run = rows * wd;
     for (int64_t ct = 0; ct < l.cTiles; ++ct) {
-      int64_t rows = channels(ct);
-      // [channel, image, position] of the group's images.
-      Value src = k.view(x, k.addOffset(first, ct * kConvTile * hw),
-                         {rows, l.images, hw}, {hw, c * hw, 1});
-      int64_t at = ct * l.plane + interior;
+      int64_t parts = channels(ct);
+      if (l.bands > 1) {
+        zeroRows(image[slot], 0, parts, ct, 0, top);
+        zeroRows(image[slot], 0, parts, ct, bottom, rowsIn);
+      }
+      // [channel, image, position] of the group's images' rows.
+      Value src =
+          k.view(x, k.addOffset(first, ct * kConvTile * hw + imageRow * wd),
+                 {parts, l.images, run}, {hw, c * hw, 1});
+      int64_t at = ct * l.plane + l.lead + top * wp + padding[1];
       if (!padded) {
-        k.dma(src, k.view(image[slot], k.index(at), {rows, l.images, hw},
+        k.dma(src, k.view(image[slot], k.index(at), {parts, l.images, run},
                           {rowLength(), l.cTiles * l.plane, 1}));
         continue;
       }
-      int64_t from = ct * hw;
-      k.dma(src, k.view(loaded[slot], k.index(from), {rows, l.images, hw},
-                        {planes * hw, l.cTiles * hw, 1}));
+      int64_t loadedPlane = l.loadedRows * wd, from = ct * loadedPlane;
+      k.dma(src, k.view(loaded[slot], k.index(from), {parts, l.images, run},
+                        {planes * loadedPlane, l.cTiles * loadedPlane, 1}));
       k.b.create<nisa::CopyOp>(
-          k.view(loaded[slot], k.index(from), {rows, l.images, h, wd},
-                 {planes * hw, l.cTiles * hw, wd, 1}),
-          k.view(image[slot], k.index(at), {rows, l.images, h, wd},
+          k.view(loaded[slot], k.index(from), {parts, l.images, rows, wd},
+                 {planes * loadedPlane, l.cTiles * loadedPlane, wd, 1}),
+          k.view(image[slot], k.index(at), {parts, l.images, rows, wd},
                  {rowLength(), l.cTiles * l.plane, wp, 1}),
           nisa::Engine::gpsimd);
     }
@@ -351,33 +446,39 @@ private:
                    {c, planes, paddedPlane}, {rowLength(), l.plane, 1}));
   }
 
-  /// Every tile of the output positions of image group `group`.
-  void computeImages(Value group, int64_t slot) {
+  /// Every tile of the output positions of band `band` of image group
+  /// `group`.
+  void computeImages(Value group, int64_t band, int64_t slot) {
+    auto [y0, y1] = bandOutput(band);
+    int64_t bandRows = y1 - y0;
+    auto tile = [&](Value row, int64_t rows, int64_t col0, int64_t cols,
+                    int64_t set) {
+      computeTile(group, slot, row, y0, rows, col0, cols, set);
+    };
     if (chunks == 1) {
-      int64_t full = ho / l.rowsPerTile, rest = ho % l.rowsPerTile;
+      int64_t full = bandRows / l.rowsPerTile, rest = bandRows % l.rowsPerTile;
       k.forEachRotating(0, full, sets, [&](Value i, int64_t set) {
-        computeTile(group, slot, k.scale(i, l.rowsPerTile), l.rowsPerTile, 0,
-                    wo, set);
+        tile(k.scale(i, l.rowsPerTile), l.rowsPerTile, 0, wo, set);
       });
       if (rest)
-        computeTile(group, slot, k.index(full * l.rowsPerTile), rest, 0, wo,
-                    full % sets);
+        tile(k.index(full * l.rowsPerTile), rest, 0, wo, full % sets);
       return;
     }
     // One row in chunks of a bank's columns; consecutive tiles take the
     // sets in turn across rows too.
-    k.forEachRotating(0, ho, sets, [&](Value row, int64_t rowSet) {
+    k.forEachRotating(0, bandRows, sets, [&](Value row, int64_t rowSet) {
       for (int64_t ch = 0; ch < chunks; ++ch)
-        computeTile(group, slot, row, 1, ch * l.chunkCols,
-                    std::min(l.chunkCols, wo - ch * l.chunkCols),
-                    (rowSet * chunks + ch) % sets);
+        tile(row, 1, ch * l.chunkCols,
+             std::min(l.chunkCols, wo - ch * l.chunkCols),
+             (rowSet * chunks + ch) % sets);
     });
   }
 
-  /// Output rows [row0, row0 + rows) x columns [col0, col0 + cols) of the
-  /// group's images, in PSUM bank set `set`.
-  void computeTile(Value group, int64_t slot, Value row0, int64_t rows,
-                   int64_t col0, int64_t cols, int64_t set) {
+  /// Output rows [y0 + row0, y0 + row0 + rows) x columns [col0, col0 +
+  /// cols) of the group's images (rows from row0 of the band in `slot`), in
+  /// PSUM bank set `set`.
+  void computeTile(Value group, int64_t slot, Value row0, int64_t y0,
+                   int64_t rows, int64_t col0, int64_t cols, int64_t set) {
     auto &b = k.b;
     int64_t positions = l.images * rows * cols;
     // The window of tap (i, j) starts at padded row row0 * s + i * d and
@@ -410,9 +511,10 @@ private:
       evict(sums, part, ot, oRows, (set + ot) % 2);
       // out[image, ot * 128 + oo, row0 + r, col0 + cc]: a run of rows *
       // cols per channel and image where the tile is whole rows.
-      Value dst = k.addOffsets(
-          k.scale(group, l.images * o * ho * wo),
-          k.addOffset(k.scale(row0, wo), ot * kConvTile * ho * wo + col0));
+      Value dst =
+          k.addOffsets(k.scale(group, l.images * o * ho * wo),
+                       k.addOffset(k.scale(row0, wo),
+                                   ot * kConvTile * ho * wo + y0 * wo + col0));
       // From ScalarE's queue: on SyncE's a store would hold up the loads.
       b.create<nisa::DmaCopyOp>(k.view(staged, k.index(bank * kConvTileColumns),
                                        {oRows, l.images, rows, cols},

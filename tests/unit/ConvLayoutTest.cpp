@@ -144,8 +144,50 @@ TEST_CASE("Weights too large for SBUF go in panels of output tiles",
   CHECK(layoutOf(8, 512, 7, 7, 512, 3, 1, 1).oPanel == 4); // all of them
 }
 
-TEST_CASE("An image too large for SBUF exceeds the importer's budget",
+TEST_CASE("A whole image is one band", "[conv-layout]") {
+  ConvLayout l = layoutOf(8, 64, 56, 56, 64, 3, 1, 1);
+  CHECK(l.bands == 1);
+  CHECK(l.bandRows == 56);
+  CHECK(l.bandIn == 58); // every padded row
+  CHECK(l.loadedRows == 56);
+}
+
+TEST_CASE("An image too large for SBUF goes through in bands of rows",
           "[conv-layout]") {
-  ConvLayout l = layoutOf(1, 64, 300, 300, 64, 3, 1, 1);
+  // Stable Diffusion's VAE decoder: 128 channels at 256 x 256.
+  ConvLayout l = layoutOf(1, 128, 256, 256, 128, 3, 1, 1);
+  CHECK(l.bands > 1);
+  CHECK(l.bandRows % l.rowsPerTile == 0); // whole tiles of output rows
+  CHECK(l.bands * l.bandRows >= 256);
+  CHECK((l.bands - 1) * l.bandRows < 256);
+  CHECK(l.bandIn == l.bandRows + 2); // the rows its windows read
+  CHECK(l.loadedRows == l.bandIn);
+  CHECK(l.oPanel == l.oTiles);
+  CHECK(l.residentBytes <= kConvResidentBudget);
+  // The fewest bands that fit: 2 x 514 x 2 bytes per padded row of a slot
+  // beside 13.3 KB of weights and staging leave 73 rows, so 4 bands of 64
+  // (3 of 86 would not fit).
+  CHECK(l.bands == 4);
+  CHECK(l.bandRows == 64);
+  // Strided: a band of r output rows reads (r - 1) * 2 + 3 rows.
+  ConvLayout s = layoutOf(1, 128, 300, 300, 128, 3, 2, 1);
+  CHECK(s.bands > 1);
+  CHECK(s.bandIn == (s.bandRows - 1) * 2 + 3);
+  CHECK(s.residentBytes <= kConvResidentBudget);
+}
+
+TEST_CASE("Row-stacked bands hold one row per output row", "[conv-layout]") {
+  // VGG's first layer: 3 channels at 224 x 224, stride 1.
+  ConvLayout l = layoutOf(8, 3, 224, 224, 64, 3, 1, 1);
+  CHECK(l.rowStacked);
+  CHECK(l.bands > 1);
+  CHECK(l.bandIn == l.bandRows);
+  CHECK(l.residentBytes <= kConvResidentBudget);
+}
+
+TEST_CASE("A row too long for SBUF exceeds the importer's budget",
+          "[conv-layout]") {
+  ConvLayout l = layoutOf(1, 512, 4, 60000, 64, 3, 1, 1);
+  CHECK(l.bandRows == 1);
   CHECK(l.residentBytes > kConvResidentBudget);
 }

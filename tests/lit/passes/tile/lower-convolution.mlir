@@ -117,3 +117,34 @@ func.func @conv_bias(%x: tensor<1x64x8x8xbf16>, %w: tensor<200x64x3x3xbf16>, %b:
   %0 = neuron.conv2d %x, %w bias %b stride [1, 1] padding [1, 1] dilation [1, 1] : tensor<1x64x8x8xbf16>, tensor<200x64x3x3xbf16>, tensor<200xbf16> -> tensor<1x200x8x8xbf16>
   return %0 : tensor<1x200x8x8xbf16>
 }
+
+// An image too large for SBUF (two 130 x 300 bf16 planes per slot beside
+// the weights) goes through in three bands of 44, 44 and 42 output rows.
+// A band's plane holds the 46 padded rows its windows read (column borders
+// zeroed once per slot); band 0 zeroes its top row of padding, the last
+// band its bottom one, each loads its image rows in one run per channel
+// (rows 0-44, 43-88, 87-129), and band 1's outputs store from row 44.
+
+// CHECK-LABEL: func.func @conv_bands(
+// CHECK: %[[IMG:.*]] = memref.alloc() : memref<128x13892xbf16, #nisa.mem<sbuf>>
+// CHECK: %[[LOADED:.*]] = memref.alloc() : memref<128x13800xbf16, #nisa.mem<sbuf>>
+// CHECK: %[[TOP:.*]] = memref.reinterpret_cast %[[IMG]] to offset: [%c0], sizes: [128, 1, 302], strides: [13892, 13892, 1]
+// CHECK: nisa.memset %[[TOP]], 0.000000e+00
+// CHECK: %[[B0:.*]] = memref.reinterpret_cast %arg0 to offset: [%c0], sizes: [128, 1, 13500], strides: [39000, 4992000, 1]
+// CHECK: nisa.dma_copy %[[B0]], %{{.*}} : memref<128x1x13500xbf16
+// CHECK: %[[IN0:.*]] = memref.reinterpret_cast %[[IMG]] to offset: [%c303], sizes: [128, 1, 45, 300], strides: [13892, 13892, 302, 1]
+// CHECK: nisa.copy %{{.*}}, %[[IN0]] {engine = #nisa.engine<gpsimd>}
+// CHECK: %[[B1:.*]] = memref.reinterpret_cast %arg0 to offset: [%c12900], sizes: [128, 1, 13800], strides: [39000, 4992000, 1]
+// CHECK: nisa.dma_copy %[[B1]], %{{.*}} : memref<128x1x13800xbf16
+// CHECK: scf.for
+// CHECK: %[[BOTTOM:.*]] = memref.reinterpret_cast %[[IMG]] to offset: [%c12986], sizes: [128, 1, 302], strides: [13892, 13892, 1]
+// CHECK: nisa.memset %[[BOTTOM]], 0.000000e+00
+// CHECK: %[[B2:.*]] = memref.reinterpret_cast %arg0 to offset: [%c26100], sizes: [128, 1, 12900], strides: [39000, 4992000, 1]
+// CHECK: nisa.dma_copy %[[B2]], %{{.*}} : memref<128x1x12900xbf16
+// CHECK: scf.for
+// CHECK: arith.addi %{{.*}}, %c13200 : index
+// CHECK: nisa.dma_copy %{{.*}}, %{{.*}} {engine = #nisa.engine<scalar>} : memref<128x1x1x300xbf16
+func.func @conv_bands(%x: tensor<1x128x130x300xbf16>, %w: tensor<128x128x3x3xbf16>) -> tensor<1x128x130x300xbf16> {
+  %0 = neuron.conv2d %x, %w stride [1, 1] padding [1, 1] dilation [1, 1] : tensor<1x128x130x300xbf16>, tensor<128x128x3x3xbf16> -> tensor<1x128x130x300xbf16>
+  return %0 : tensor<1x128x130x300xbf16>
+}

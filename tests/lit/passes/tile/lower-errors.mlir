@@ -54,9 +54,10 @@ func.func @rotary_too_wide(%x: tensor<4x2048xf32>) -> tensor<4x2048xf32> {
 // -----
 
 // The importer forms a conv2d only where its layout fits; one written by
-// hand that does not is refused, not allocated past SBUF.
-func.func @conv2d_too_large(%x: tensor<1x64x300x300xbf16>, %w: tensor<64x64x3x3xbf16>) -> tensor<1x64x300x300xbf16> {
+// hand that does not (rows too long for even one-row bands) is refused,
+// not allocated past SBUF.
+func.func @conv2d_too_large(%x: tensor<1x512x4x60000xbf16>, %w: tensor<64x512x3x3xbf16>) -> tensor<1x64x4x60000xbf16> {
   // expected-error @+1 {{bytes per partition resident, more than target 'trn2' has}}
-  %y = neuron.conv2d %x, %w stride [1, 1] padding [1, 1] dilation [1, 1] : tensor<1x64x300x300xbf16>, tensor<64x64x3x3xbf16> -> tensor<1x64x300x300xbf16>
-  return %y : tensor<1x64x300x300xbf16>
+  %y = neuron.conv2d %x, %w stride [1, 1] padding [1, 1] dilation [1, 1] : tensor<1x512x4x60000xbf16>, tensor<64x512x3x3xbf16> -> tensor<1x64x4x60000xbf16>
+  return %y : tensor<1x64x4x60000xbf16>
 }
