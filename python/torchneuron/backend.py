@@ -40,6 +40,7 @@ from torchneuron._stats import STATS
 from torchneuron.decompositions import (
     grouped_mm_kernel,
     math_attention,
+    nearest_resizing,
     neuron_decompositions,
 )
 from torchneuron.kernel import DeviceKernel, GenericDeviceKernel
@@ -101,6 +102,7 @@ def neuron_backend(
     )
     training = sdpa.needs_grad(gm, example_inputs)
     sdpa.route_attention(gm, training=training)
+    nearest_resizing(gm)
     # Forward and backward graphs are traced in this call. Training keeps the masked grouped
     # GEMM: its backward's weight gradients (K in groups) have no kernel yet.
     with math_attention(), grouped_mm_kernel(not training):

@@ -78,10 +78,11 @@ import itertools
 import math
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch._refs
+import torch.fx
 import torch.nn.functional as F
 
 from torchneuron.elementwise_math import ELEMENTWISE_DECOMPOSITIONS
@@ -2108,6 +2109,122 @@ def _antialias_weights(
     return weights / torch.where(total == 0, 1.0, total)
 
 
+def _nearest_repeats(
+    x: torch.Tensor, output_size: Sequence[int] | None, scales: Sequence[float | None]
+) -> tuple[int, ...] | None:
+    """How many times nearest resizing repeats each input position along the last
+    ``len(scales)`` dims, where it repeats each one a power-of-two number of times (the
+    source index ``floor(dst * scale)`` is then exact in float, as PyTorch computes it, and
+    the same for ``nearest-exact``); None otherwise."""
+    dims = len(scales)
+    sizes = x.shape[-dims:]
+    if output_size is None:
+        if any(s is None for s in scales):
+            return None
+        output_size = [int(n * s) for n, s in zip(sizes, scales, strict=True)]  # type: ignore[operator]
+    if len(output_size) != dims:
+        return None
+    repeats = []
+    for n, out, scale in zip(sizes, output_size, scales, strict=True):
+        if not isinstance(n, int) or not isinstance(out, int) or n <= 0 or out % n:
+            return None
+        r = out // n
+        if r & (r - 1) or (scale is not None and scale != r):
+            return None
+        repeats.append(r)
+    return tuple(repeats)
+
+
+def repeat_blocks(x: torch.Tensor, repeats: Sequence[int]) -> torch.Tensor:
+    """Each position of ``x``'s last ``len(repeats)`` dims repeated into a block (nearest
+    resizing by whole factors) as an expand and a reshape, which the device expands on chip
+    in runs."""
+    lead = list(x.shape[: x.dim() - len(repeats)])
+    sizes = x.shape[len(lead) :]
+    blocks = x
+    for i in range(len(repeats)):  # [..., n0, 1, n1, 1, ...]
+        blocks = blocks.unsqueeze(len(lead) + 2 * i + 1)
+    shape = [d for n, r in zip(sizes, repeats, strict=True) for d in (n, r)]
+    out = [n * r for n, r in zip(sizes, repeats, strict=True)]
+    return blocks.expand(*lead, *shape).reshape(*lead, *out)
+
+
+def upsample_nearest(
+    x: torch.Tensor, output_size: Sequence[int] | None, scales: Sequence[float | None]
+) -> object:
+    """Nearest resizing by whole factors (a UNet's or an FPN's 2x) as :func:`repeat_blocks`:
+    PyTorch's decomposition gathers every output element by a computed index."""
+    repeats = _nearest_repeats(x, output_size, scales)
+    if repeats is None or x.dim() < len(scales) + 1:
+        return NotImplemented
+    return repeat_blocks(x, repeats)
+
+
+def nearest_resizing(gm: torch.fx.GraphModule) -> int:
+    """``F.interpolate`` in ``nearest`` or ``nearest-exact`` mode by whole power-of-two
+    factors, in Dynamo's graph before ``aot_autograd`` traces it, as :func:`repeat_blocks`:
+    its ATen ops (``upsample_nearest2d.vec``) are composite and decompose to an index gather
+    before the decomposition table is consulted. Returns how many calls it rewrote."""
+    import inspect
+
+    signature = inspect.signature(F.interpolate)
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not F.interpolate:
+            continue
+        args = signature.bind(*node.args, **node.kwargs).arguments
+        x = args["input"]
+        value = x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
+        if args.get("mode", "nearest") not in ("nearest", "nearest-exact") or not isinstance(
+            value, torch.Tensor
+        ):
+            continue
+        dims = value.dim() - 2
+        size, factor = args.get("size"), args.get("scale_factor")
+        if dims < 1 or not all(isinstance(n, int) for n in value.shape):
+            continue
+        output_size: list[Any] | None = None
+        scales: list[Any] = [None] * dims
+        if size is not None:
+            output_size = [size] * dims if isinstance(size, int) else list(size)
+        elif factor is not None:
+            factors = list(factor) if isinstance(factor, (list, tuple)) else [factor] * dims
+            if len(factors) != dims or not all(isinstance(f, (int, float)) for f in factors):
+                continue
+            output_size = [math.floor(n * f) for n, f in zip(value.shape[2:], factors, strict=True)]
+            if not args.get("recompute_scale_factor"):
+                scales = [float(f) for f in factors]
+        if output_size is None or len(output_size) != dims:
+            continue
+        repeats = _nearest_repeats(value, output_size, scales)
+        if repeats is None:
+            continue
+        with gm.graph.inserting_before(node):
+            blocks = gm.graph.call_function(repeat_blocks, (x, repeats))
+        blocks.meta = dict(node.meta)
+        node.replace_all_uses_with(blocks)
+        gm.graph.erase_node(node)
+        count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
+def _nearest(dims: int, vec: bool) -> Callable[..., object]:
+    """``upsample_nearest{dims}d`` (and ``_upsample_nearest_exact``): the ``.vec`` overload
+    takes a list of scale factors, the default one a scale per dim, trailing ones omitted."""
+
+    def upsample(x: torch.Tensor, output_size: Sequence[int] | None, *rest: object) -> object:
+        if vec:
+            factors = cast("Sequence[float] | None", rest[0] if rest else None)
+            scales = list(factors) if factors is not None else [None] * dims
+        else:
+            scales = list(cast("Sequence[float | None]", rest)) + [None] * (dims - len(rest))
+        return upsample_nearest(x, output_size, scales)
+
+    return upsample
+
+
 def upsample_bilinear2d_aa(
     x: torch.Tensor,
     output_size: Sequence[int],
@@ -2788,6 +2905,16 @@ OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.grid_sampler_2d.default: grid_sampler,
     _aten.grid_sampler_3d.default: grid_sampler,
     _aten._upsample_bilinear2d_aa.default: upsample_bilinear2d_aa,
+    **{
+        op: _nearest(dims, vec)
+        for dims, ops in (
+            (1, (_aten.upsample_nearest1d, _aten._upsample_nearest_exact1d)),
+            (2, (_aten.upsample_nearest2d, _aten._upsample_nearest_exact2d)),
+            (3, (_aten.upsample_nearest3d, _aten._upsample_nearest_exact3d)),
+        )
+        for packet in ops
+        for op, vec in ((packet.default, False), (packet.vec, True))
+    },
     _aten._embedding_bag_forward_only.default: embedding_bag_forward_only,
     _aten.histogram.bin_ct: histogram,
     _aten.histogram.bins_tensor: histogram_edges,
