@@ -239,6 +239,16 @@ def forms() -> list[Form]:
         conv("sd vae conv 512 [1,512,64,64]", 512, 512, 64, 3, padding=1, bias=True, batch=1),
         conv("sd vae conv 128 [1,128,256,256]", 128, 128, 256, 3, padding=1, bias=True, batch=1),
         Form(
+            "sd groupnorm(32) [2,320,64,64]",
+            nn.GroupNorm(32, 320).to(BF16),
+            lambda: [randn(2, 320, 64, 64)],
+        ),
+        Form(
+            "sd groupnorm + silu [2,640,32,32]",
+            nn.Sequential(nn.GroupNorm(32, 640), nn.SiLU()).to(BF16),
+            lambda: [randn(2, 640, 32, 32)],
+        ),
+        Form(
             "upsample nearest 2x [2,320,32,32]",
             nn.Upsample(scale_factor=2, mode="nearest"),
             lambda: [randn(2, 320, 32, 32)],

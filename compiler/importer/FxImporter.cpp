@@ -2490,6 +2490,35 @@ Values poolHandler(Importer &im, bool isMax) {
   return {result};
 }
 
+/// `native_group_norm(input, weight, bias, N, C, HxW, group, eps)`: one
+/// neuron.group_norm. The decomposition table keeps it whole only where its
+/// groups have at most kGroupNormMaxChannels channels (else it is the
+/// reductions and elementwise ops it decomposes to).
+Values groupNormHandler(Importer &im) {
+  Value x = im.tensor(im.arg(0));
+  RankedTensorType out = im.resultType(0);
+  auto xt = cast<RankedTensorType>(x.getType());
+  require(xt.getRank() >= 2 && xt.hasStaticShape(),
+          "group_norm of a static [N, C, ...] input");
+  int64_t groups = im.integer(im.arg(6));
+  require(groups >= 1 && xt.getDimSize(1) % groups == 0 &&
+              xt.getDimSize(1) / groups <= kGroupNormMaxChannels,
+          "group_norm with more than 128 channels per group");
+  Type elt = out.getElementType();
+  x = im.castTo(x, elt);
+  auto optional = [&](int i) {
+    return im.isTensor(im.arg(i)) ? im.castTo(im.tensor(im.arg(i)), elt)
+                                  : Value();
+  };
+  auto op = im.b.create<GroupNormOp>(
+      im.loc(), TypeRange{out, im.resultType(1), im.resultType(2)}, x,
+      optional(1), optional(2), im.b.getI64IntegerAttr(groups),
+      im.b.getF64FloatAttr(im.number(im.arg(7))));
+  if (failed(mlir::verify(op, /*verifyRecursively=*/false)))
+    unsupported("the group_norm call is malformed (see the diagnostic)");
+  return {op.getResult(), op.getMean(), op.getRstd()};
+}
+
 Values constantPadHandler(Importer &im) {
   Value x = im.tensor(im.arg(0));
   RankedTensorType out = im.resultType();
@@ -2803,6 +2832,7 @@ const std::unordered_map<std::string, Handler> &handlers() {
                                   im.resultType().getShape())};
     };
     t["aten.avg_pool2d.default"] = with(poolHandler, false);
+    t["aten.native_group_norm.default"] = groupNormHandler;
     t["higher_order.flex_attention"] = flexAttentionHandler;
     t["higher_order.flex_attention_backward"] = flexAttentionBackwardHandler;
     t["aten.tanh_backward.default"] = [](Importer &im) { // g * (1 - y^2)

@@ -342,6 +342,27 @@ ConvLayout Conv2dOp::layout() {
   return l;
 }
 
+LogicalResult GroupNormOp::verify() {
+  auto in = tensorType(getInput());
+  if (in.getRank() < 2 || !in.hasStaticShape())
+    return emitOpError("takes a static [N, C, ...] input");
+  int64_t n = in.getDimSize(0), c = in.getDimSize(1), g = getGroups();
+  if (g < 1 || c % g != 0)
+    return emitOpError("needs groups dividing the ") << c << " channels";
+  if (c / g > kGroupNormMaxChannels)
+    return emitOpError("takes at most ")
+           << kGroupNormMaxChannels << " channels per group";
+  if (tensorType(getResult()) != in)
+    return emitOpError("result type must equal the input's");
+  for (Value v : {getWeight(), getBias()})
+    if (v && tensorType(v).getShape() != ArrayRef<int64_t>{c})
+      return emitOpError("weight and bias are [C]");
+  for (Value v : {getMean(), getRstd()})
+    if (tensorType(v).getShape() != ArrayRef<int64_t>{n, g})
+      return emitOpError("mean and rstd are [N, groups]");
+  return success();
+}
+
 LogicalResult Pool2dOp::verify() {
   auto in = tensorType(getInput()), out = getType();
   if (in.getRank() < 3 || out.getRank() != in.getRank())

@@ -94,6 +94,10 @@ bool isPredicate(BinaryFn fn);
 constexpr llvm::StringLiteral kSizeAttrName = "neuron.size";
 constexpr llvm::StringLiteral kDimsAttrName = "neuron.dims";
 
+/// Channels per group of a neuron.group_norm: a step of its lowering holds
+/// whole groups on the partitions.
+constexpr int64_t kGroupNormMaxChannels = 128;
+
 /// The longest rotated dim canonicalization makes a neuron.rotary of (heads
 /// of RoPE are 64 to 256): its lowering keeps twelve rows of it per
 /// partition on chip.

@@ -262,6 +262,32 @@ def Neuron_Conv2dOp : Neuron_Op<"conv2d"> {
   let hasVerifier = 1;
 }
 
+def Neuron_GroupNormOp : Neuron_Op<"group_norm", [AttrSizedOperandSegments]> {
+  let summary = "group normalization of [N, C, ...] (aten.native_group_norm)";
+  let description = [{
+    Per image n and group g of `groups` consecutive channels: mean and
+    population variance over the group's channels and positions in fp32,
+    rstd = 1 / sqrt(variance + eps), and
+    out[n, c, ...] = (input - mean) * rstd * weight[c] + bias[c] (weight
+    and bias optional) computed in fp32 and rounded once; `mean` and `rstd`
+    are [N, groups]. Channels per group are at most 128 (the partitions of
+    one step of the lowering, which combines a group's rows on TensorE).
+  }];
+  let arguments = (ins RankedTensorOf<[Neuron_Float]>:$input,
+                   Optional<RankedTensorOf<[Neuron_Float]>>:$weight,
+                   Optional<RankedTensorOf<[Neuron_Float]>>:$bias,
+                   I64Attr:$groups, F64Attr:$eps);
+  let results = (outs RankedTensorOf<[Neuron_Float]>:$result,
+                      RankedTensorOf<[Neuron_Float]>:$mean,
+                      RankedTensorOf<[Neuron_Float]>:$rstd);
+  let assemblyFormat = [{
+    $input (`weight` $weight^)? (`bias` $bias^)? `groups` $groups `eps` $eps
+    attr-dict `:` type($input) (`,` type($weight)^)? (`,` type($bias)^)?
+    `->` type($result) `,` type($mean) `,` type($rstd)
+  }];
+  let hasVerifier = 1;
+}
+
 def Neuron_Pool2dOp : Neuron_Op<"pool2d"> {
   let summary = "max or sum over 2-d windows, times a scale (max/avg_pool2d)";
   let description = [{

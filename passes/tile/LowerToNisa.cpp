@@ -205,6 +205,7 @@ void populateLowerToNisaPatterns(TilePatternSet &patterns) {
   populateMatmulPatterns(patterns);
   populateConvolutionPatterns(patterns);
   populatePoolPatterns(patterns);
+  populateGroupNormPatterns(patterns);
   populateReducePatterns(patterns);
   populateGatherPatterns(patterns);
   populateScanPatterns(patterns);

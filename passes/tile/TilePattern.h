@@ -66,6 +66,8 @@ void populateMatmulPatterns(TilePatternSet &patterns);
 void populateConvolutionPatterns(TilePatternSet &patterns);
 /// LowerPool.cpp: neuron.pool2d.
 void populatePoolPatterns(TilePatternSet &patterns);
+/// LowerGroupNorm.cpp: neuron.group_norm.
+void populateGroupNormPatterns(TilePatternSet &patterns);
 /// LowerReduce.cpp (with LowerColumnSum.cpp).
 void populateReducePatterns(TilePatternSet &patterns);
 /// LowerLayout.cpp: constants, views (reshape, transpose, broadcast, slice)

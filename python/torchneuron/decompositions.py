@@ -2109,6 +2109,41 @@ def _antialias_weights(
     return weights / torch.where(total == 0, 1.0, total)
 
 
+#: Channels per group the device's group norm takes (``kGroupNormMaxChannels`` in
+#: dialects/neuron/NeuronDialect.h: a step of its lowering holds whole groups on the
+#: partitions).
+GROUP_NORM_MAX_CHANNELS = 128
+
+
+def group_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    n: int,
+    c: int,
+    inner: int,
+    groups: int,
+    eps: float,
+) -> object:
+    """``native_group_norm`` stays whole for the device's kernel (``neuron.group_norm``, one
+    pass over the input where a step's rows fit SBUF) where a group has at most
+    :data:`GROUP_NORM_MAX_CHANNELS` channels; otherwise PyTorch's decomposition (its
+    reductions over rows longer than SBUF wrote float32 copies of the input through HBM)."""
+    whole = (
+        x.dim() >= 2
+        and _known(x)
+        and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and all(t is None or t.dtype == x.dtype for t in (weight, bias))
+        and isinstance(groups, int)
+        and groups >= 1
+        and x.shape[1] % groups == 0
+        and x.shape[1] // groups <= GROUP_NORM_MAX_CHANNELS
+    )
+    if whole:
+        return NotImplemented
+    return torch._refs.native_group_norm(x, weight, bias, n, c, inner, groups, eps)
+
+
 def _nearest_repeats(
     x: torch.Tensor, output_size: Sequence[int] | None, scales: Sequence[float | None]
 ) -> tuple[int, ...] | None:
@@ -2905,6 +2940,7 @@ OP_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., object]] = {
     _aten.grid_sampler_2d.default: grid_sampler,
     _aten.grid_sampler_3d.default: grid_sampler,
     _aten._upsample_bilinear2d_aa.default: upsample_bilinear2d_aa,
+    _aten.native_group_norm.default: group_norm,
     **{
         op: _nearest(dims, vec)
         for dims, ops in (

@@ -966,11 +966,13 @@ class _Normalize(torch.nn.Module):
 
 
 def test_group_norm_over_long_groups_matches_eager(real_native: ModuleType) -> None:
-    # Stable Diffusion's UNet: 32 groups of 10 channels x 64 x 64. Its mean-subtracting group
-    # also stores the per-group mean (a row value): such a group must not fold its rows (a
-    # folded plan stored the 64 means as 64 x 8 rows, past the buffer: a DeviceError).
+    # Groups of 160 channels x 64 x 64, more than the device's group norm takes (128
+    # channels a group): PyTorch's decomposition. Its mean-subtracting group also stores the
+    # per-group mean (a row value): such a group must not fold its rows (a folded plan stored
+    # Stable Diffusion's 64 means, 32 groups of 10 channels, as 64 x 8 rows, past the
+    # buffer: a DeviceError).
     torch.manual_seed(0)
-    norm = torch.nn.GroupNorm(32, 320).to(torch.bfloat16)
+    norm = torch.nn.GroupNorm(2, 320).to(torch.bfloat16)
     x = torch.randn(2, 320, 64, 64, dtype=torch.bfloat16)
     with torch.no_grad():
         out, _, _ = _modeled(norm, x)

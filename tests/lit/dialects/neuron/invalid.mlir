@@ -725,3 +725,60 @@ func.func @pool2d_result(%x: tensor<1x8x8xf32>) {
   %0 = neuron.pool2d max %x kernel [2, 2] stride [2, 2] padding [0, 0] dilation [1, 1] : tensor<1x8x8xf32> -> tensor<1x4x5xf32>
   return
 }
+
+// -----
+
+func.func @group_norm_rank(%x: tensor<8xf32>) {
+  // expected-error @+1 {{takes a static [N, C, ...] input}}
+  %0:3 = neuron.group_norm %x groups 2 eps 1.0e-5 : tensor<8xf32> -> tensor<8xf32>, tensor<1x2xf32>, tensor<1x2xf32>
+  return
+}
+
+// -----
+
+func.func @group_norm_dynamic(%x: tensor<?x8x4xf32>) {
+  // expected-error @+1 {{takes a static [N, C, ...] input}}
+  %0:3 = neuron.group_norm %x groups 2 eps 1.0e-5 : tensor<?x8x4xf32> -> tensor<?x8x4xf32>, tensor<?x2xf32>, tensor<?x2xf32>
+  return
+}
+
+// -----
+
+func.func @group_norm_groups(%x: tensor<1x8x4xf32>) {
+  // expected-error @+1 {{needs groups dividing the 8 channels}}
+  %0:3 = neuron.group_norm %x groups 3 eps 1.0e-5 : tensor<1x8x4xf32> -> tensor<1x8x4xf32>, tensor<1x3xf32>, tensor<1x3xf32>
+  return
+}
+
+// -----
+
+func.func @group_norm_wide_groups(%x: tensor<1x256x4xf32>) {
+  // expected-error @+1 {{takes at most 128 channels per group}}
+  %0:3 = neuron.group_norm %x groups 1 eps 1.0e-5 : tensor<1x256x4xf32> -> tensor<1x256x4xf32>, tensor<1x1xf32>, tensor<1x1xf32>
+  return
+}
+
+// -----
+
+func.func @group_norm_type(%x: tensor<1x8x4xf32>) {
+  // expected-error @+1 {{result type must equal the input's}}
+  %0:3 = neuron.group_norm %x groups 2 eps 1.0e-5 : tensor<1x8x4xf32> -> tensor<1x8x4xbf16>, tensor<1x2xf32>, tensor<1x2xf32>
+  return
+}
+
+// -----
+
+func.func @group_norm_weight(%x: tensor<1x8x4xf32>, %w: tensor<4xf32>) {
+  // expected-error @+1 {{weight and bias are [C]}}
+  %0:3 = neuron.group_norm %x weight %w groups 2 eps 1.0e-5 : tensor<1x8x4xf32>, tensor<4xf32> -> tensor<1x8x4xf32>, tensor<1x2xf32>, tensor<1x2xf32>
+  return
+}
+
+// -----
+
+func.func @group_norm_stats(%x: tensor<1x8x4xf32>) {
+  // expected-error @+1 {{mean and rstd are [N, groups]}}
+  %0:3 = neuron.group_norm %x groups 2 eps 1.0e-5 : tensor<1x8x4xf32> -> tensor<1x8x4xf32>, tensor<2xf32>, tensor<1x2xf32>
+  return
+}
+
