@@ -2513,7 +2513,7 @@ Values groupNormHandler(Importer &im) {
   auto op = im.b.create<GroupNormOp>(
       im.loc(), TypeRange{out, im.resultType(1), im.resultType(2)}, x,
       optional(1), optional(2), im.b.getI64IntegerAttr(groups),
-      im.b.getF64FloatAttr(im.number(im.arg(7))));
+      im.b.getF64FloatAttr(im.number(im.arg(7))), /*silu=*/nullptr);
   if (failed(mlir::verify(op, /*verifyRecursively=*/false)))
     unsupported("the group_norm call is malformed (see the diagnostic)");
   return {op.getResult(), op.getMean(), op.getRstd()};

@@ -1406,11 +1406,59 @@ void UnaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                           MLIRContext *context) {
   patterns.add<SinkTranspose<UnaryOp>>(context);
 }
+/// SiLU of a group norm's result, v * sigmoid(v) with v the result or its
+/// widening cast (then cast back), where nothing else reads them: the group
+/// norm with `silu` (its ScalarE pass computes it at no cost, where it was an
+/// elementwise pass of its own over the result).
+struct FoldGroupNormSilu : public OpRewritePattern<BinaryOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(BinaryOp mul,
+                                PatternRewriter &rewriter) const override {
+    if (mul.getFn() != BinaryFn::mul)
+      return failure();
+    for (auto [v, s] : {std::pair(mul.getLhs(), mul.getRhs()),
+                        std::pair(mul.getRhs(), mul.getLhs())}) {
+      auto sigmoid = s.getDefiningOp<UnaryOp>();
+      if (!sigmoid || sigmoid.getFn() != UnaryFn::sigmoid ||
+          sigmoid.getInput() != v || !sigmoid->hasOneUse())
+        continue;
+      // v: the group norm's result, or its cast (read only by that).
+      auto widen = v.getDefiningOp<CastOp>();
+      Value y = widen ? widen.getInput() : v;
+      auto norm = y.getDefiningOp<GroupNormOp>();
+      if (!norm || norm.getSilu() || y != norm.getResult() ||
+          (widen && !y.hasOneUse()))
+        continue;
+      if (!llvm::all_of(v.getUsers(),
+                        [&](Operation *u) { return u == sigmoid || u == mul; }))
+        continue;
+      // The product back at the result's type: it, or its one cast back.
+      Operation *replaced = mul;
+      if (mul.getType() != tensorType(y)) {
+        auto narrow = dyn_cast<CastOp>(*mul->getUsers().begin());
+        if (!mul->hasOneUse() || !narrow || narrow.getType() != tensorType(y))
+          continue;
+        replaced = narrow;
+      }
+      rewriter.setInsertionPoint(norm);
+      auto fused = rewriter.create<GroupNormOp>(
+          norm.getLoc(), norm->getResultTypes(), norm.getInput(),
+          norm.getWeight(), norm.getBias(), norm.getGroupsAttr(),
+          norm.getEpsAttr(), rewriter.getUnitAttr());
+      rewriter.replaceOp(replaced, fused.getResult());
+      rewriter.replaceAllUsesWith(norm.getMean(), fused.getMean());
+      rewriter.replaceAllUsesWith(norm.getRstd(), fused.getRstd());
+      return success();
+    }
+    return failure();
+  }
+};
+
 void BinaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                            MLIRContext *context) {
-  patterns
-      .add<SinkTranspose<BinaryOp>, FormRotary, FormGeluTanh, FoldAffineChain>(
-          context);
+  patterns.add<SinkTranspose<BinaryOp>, FormRotary, FormGeluTanh,
+               FoldAffineChain, FoldGroupNormSilu>(context);
 }
 void CastOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                          MLIRContext *context) {

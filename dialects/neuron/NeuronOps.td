@@ -269,14 +269,16 @@ def Neuron_GroupNormOp : Neuron_Op<"group_norm", [AttrSizedOperandSegments]> {
     population variance over the group's channels and positions in fp32,
     rstd = 1 / sqrt(variance + eps), and
     out[n, c, ...] = (input - mean) * rstd * weight[c] + bias[c] (weight
-    and bias optional) computed in fp32 and rounded once; `mean` and `rstd`
-    are [N, groups]. Channels per group are at most 128 (the partitions of
-    one step of the lowering, which combines a group's rows on TensorE).
+    and bias optional) computed in fp32 and rounded once (with `silu`, the
+    SiLU of that: a UNet's GroupNorm then SiLU, folded by canonicalization);
+    `mean` and `rstd` are [N, groups]. Channels per group are at most 128
+    (the partitions of one step of the lowering, which combines a group's
+    rows on TensorE).
   }];
   let arguments = (ins RankedTensorOf<[Neuron_Float]>:$input,
                    Optional<RankedTensorOf<[Neuron_Float]>>:$weight,
                    Optional<RankedTensorOf<[Neuron_Float]>>:$bias,
-                   I64Attr:$groups, F64Attr:$eps);
+                   I64Attr:$groups, F64Attr:$eps, UnitAttr:$silu);
   let results = (outs RankedTensorOf<[Neuron_Float]>:$result,
                       RankedTensorOf<[Neuron_Float]>:$mean,
                       RankedTensorOf<[Neuron_Float]>:$rstd);

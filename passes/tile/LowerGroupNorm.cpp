@@ -32,9 +32,10 @@ public:
       : k(k), x(k.bufferOf(op.getInput())),
         weight(op.getWeight() ? k.bufferOf(op.getWeight()) : Value()),
         bias(op.getBias() ? k.bufferOf(op.getBias()) : Value()),
-        out(k.resultBuffer(op.getResult())),
-        mean(k.resultBuffer(op.getMean())), rstd(k.resultBuffer(op.getRstd())),
-        eps(op.getEps().convertToDouble()) {
+        out(k.resultBuffer(op.getResult())), mean(k.resultBuffer(op.getMean())),
+        rstd(k.resultBuffer(op.getRstd())), eps(op.getEps().convertToDouble()),
+        fn(op.getSilu() ? nisa::ActivationFn::silu
+                        : nisa::ActivationFn::identity) {
     auto in = tensorType(op.getInput());
     elt = in.getElementType();
     n = in.getDimSize(0);
@@ -212,9 +213,20 @@ private:
         nisa::Engine::vector);
     Value variances = psumCols(slot, 2, g, 1);
     b.create<nisa::MatmulOp>(m, spread, variances);
-    b.create<nisa::ActivationOp>(variances, smallCol(slot, GroupRstd, g),
-                                 Value(), nisa::ActivationFn::rsqrt,
-                                 APFloat(1.0), APFloat(eps));
+    // rstd = (variance + eps) ^ -0.5: ScalarE's rsqrt, or with SiLU (whose
+    // activation table ScalarE would otherwise switch to and from at every
+    // step) two VectorE instructions.
+    Value rstdCol = smallCol(slot, GroupRstd, g);
+    if (fn == nisa::ActivationFn::identity) {
+      b.create<nisa::ActivationOp>(variances, rstdCol, Value(),
+                                   nisa::ActivationFn::rsqrt, APFloat(1.0),
+                                   APFloat(eps));
+    } else {
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::add, variances, rstdCol,
+                                     Value(), APFloat(eps), false);
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::pow, rstdCol, rstdCol,
+                                     Value(), APFloat(-0.5), false);
+    }
     // mean and rstd are [N, groups]: the step's groups are a run of each.
     Value at = k.addOffset(k.scale(image, groups), j * groupsPerStep);
     // From ScalarE's queue, after its rsqrt: on SyncE's, the stores would
@@ -250,9 +262,8 @@ private:
     int64_t r = rowsOf(j);
     Value t = rowTile(slot, j, width);
     k.b.create<nisa::ActivationOp>(t, t, smallCol(statsSlot, Shift, r),
-                                   smallCol(statsSlot, Scale, r), Value(),
-                                   nisa::ActivationFn::identity, APFloat(1.0),
-                                   APFloat(0.0));
+                                   smallCol(statsSlot, Scale, r), Value(), fn,
+                                   APFloat(1.0), APFloat(0.0));
     k.b.create<nisa::DmaCopyOp>(t, rowsIn(out, image, j, col0, width),
                                 nisa::Engine::scalar);
   }
@@ -351,6 +362,8 @@ private:
   KernelLowering &k;
   Value x, weight, bias, out, mean, rstd;
   double eps;
+  /// Identity, or SiLU folded in.
+  nisa::ActivationFn fn;
   Type elt;
   int64_t n, c, hw, groups, cg, groupsPerStep, stepRows, steps, bnMax, cols,
       chunks, statsCols;

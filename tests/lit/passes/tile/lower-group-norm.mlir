@@ -63,3 +63,17 @@ func.func @group_norm_chunks(%x: tensor<1x6x200x200xf32>) -> tensor<1x6x200x200x
   %0:3 = neuron.group_norm %x groups 2 eps 1.0e-5 : tensor<1x6x200x200xf32> -> tensor<1x6x200x200xf32>, tensor<1x2xf32>, tensor<1x2xf32>
   return %0#0 : tensor<1x6x200x200xf32>
 }
+
+// With SiLU folded in, the rows' pass is ScalarE's silu(x * scale + shift);
+// rstd is then (variance + eps) ^ -0.5 on VectorE, so that ScalarE keeps the
+// one activation table.
+
+// CHECK-LABEL: func.func @group_norm_silu(
+// CHECK-NOT: nisa.activation rsqrt
+// CHECK: nisa.tensor_scalar add %{{.*}}, %[[RSTD:.*]] {imm = 1.000000e-05 : f64}
+// CHECK: nisa.tensor_scalar pow %[[RSTD]], %[[RSTD]] {imm = -5.000000e-01 : f64}
+// CHECK: nisa.activation silu %[[ROWS:.*]], %[[ROWS]] bias %{{.*}} scale_col %{{.*}} : memref<12x16xbf16
+func.func @group_norm_silu(%x: tensor<1x12x4x4xbf16>) -> tensor<1x12x4x4xbf16> {
+  %0:3 = neuron.group_norm %x groups 4 eps 1.0e-5 {silu} : tensor<1x12x4x4xbf16> -> tensor<1x12x4x4xbf16>, tensor<1x4xbf16>, tensor<1x4xbf16>
+  return %0#0 : tensor<1x12x4x4xbf16>
+}
