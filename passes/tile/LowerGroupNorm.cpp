@@ -42,29 +42,44 @@ public:
     c = in.getDimSize(1);
     hw = product(in.getShape().drop_front(2));
     groups = op.getGroups();
-    cg = c / groups;
-    groupsPerStep = std::min(groups, k.target.partitions / cg);
-    stepRows = groupsPerStep * cg;
+    int64_t cg = c / groups;
+    int64_t eltBytes = in.getElementTypeBitWidth() / 8;
+    // Channels a partition row: one, or where a channel's positions are few
+    // (a DMA of few bytes a partition, steps of little work each), the
+    // fewest of a group's that make kMinRowBytes and fit, at most
+    // kMaxPerRow (each its own ScalarE instructions).
+    perRow = 1;
+    for (int64_t d = 1; d <= std::min(cg, kMaxPerRow); ++d)
+      if (cg % d == 0 && kMinSlots * d * hw * eltBytes <= kRowBudget) {
+        perRow = d;
+        if (d * hw * eltBytes >= kMinRowBytes)
+          break;
+      }
+    rowLen = perRow * hw;
+    partsPerGroup = cg / perRow;
+    groupsPerStep = std::min(groups, k.target.partitions / partsPerGroup);
+    stepRows = groupsPerStep * partsPerGroup;
     steps = (groups + groupsPerStep - 1) / groupsPerStep;
     bnMax = static_cast<int64_t>(k.target.value("bn_stats_max_free_elements"));
-    int64_t eltBytes = in.getElementTypeBitWidth() / 8;
     // Columns a chunk: the whole row where kMinSlots of them fit
     // kRowBudget; then as many slots as fit, up to kMaxSlots.
-    cols = hw;
-    if (kMinSlots * hw * eltBytes > kRowBudget)
+    cols = rowLen;
+    if (kMinSlots * rowLen * eltBytes > kRowBudget)
       cols = std::max<int64_t>(bnMax, kRowBudget / (kMinSlots * eltBytes) /
                                           bnMax * bnMax);
     slots = std::clamp<int64_t>(kRowBudget / (cols * eltBytes), kMinSlots,
                                 kMaxSlots);
-    chunks = (hw + cols - 1) / cols;
+    chunks = (rowLen + cols - 1) / cols;
     statsCols = 6 * ((cols + bnMax - 1) / bnMax);
+    smallCols = Scale + 3 * perRow;
   }
 
   /// SBUF bytes per partition the kernel keeps: the row tiles, their
   /// statistics, a chunked row's per chunk, and [rows, 1] values.
   int64_t residentBytes() const {
-    return kRowBudget + 4 * (slots * (statsCols + kSmallCols) + 3 * chunks +
-                             2 * steps + 2 * groupsPerStep + 2 * stepRows);
+    return kRowBudget +
+           4 * (slots * (statsCols + smallCols) + 3 * chunks +
+                3 * steps * perRow + 2 * groupsPerStep + 2 * stepRows);
   }
 
   void lower() {
@@ -73,7 +88,7 @@ public:
     for (int64_t s = 0; s < slots; ++s) {
       rows.push_back(k.tile(MemorySpace::sbuf, {stepRows, cols}, elt));
       stats.push_back(k.tile(MemorySpace::sbuf, {stepRows, statsCols}, f32));
-      small.push_back(k.tile(MemorySpace::sbuf, {stepRows, kSmallCols}, f32));
+      small.push_back(k.tile(MemorySpace::sbuf, {stepRows, smallCols}, f32));
     }
     if (chunks > 1)
       triples = k.tile(MemorySpace::sbuf, {stepRows, 3 * chunks}, f32);
@@ -97,17 +112,22 @@ private:
   static constexpr int64_t kMinSlots = 3, kMaxSlots = 8;
   /// SBUF bytes per partition the row tiles may take.
   static constexpr int64_t kRowBudget = 96 * 1024;
-  /// Per slot, fp32 columns of [rows, 1] values (small) and PSUM sums.
-  static constexpr int64_t kSmallCols = 8, kPsumCols = 8;
-  /// Small's columns: a row's mean and variance, its variance plus its
-  /// mean's squared deviation, its group's mean and rstd, scale and shift.
-  enum Small { RowMean, RowVar, RowSpread, GroupMean, GroupRstd, Scale, NegScale, Shift };
+  /// A partition row's bytes the channels a row reach where they can, and
+  /// the most channels a row.
+  static constexpr int64_t kMinRowBytes = 4096, kMaxPerRow = 8;
+  /// Per slot, fp32 PSUM columns of sums.
+  static constexpr int64_t kPsumCols = 8;
+  /// Per slot, small's fp32 columns: a row's mean and variance, its
+  /// variance plus its mean's squared deviation; its group's mean and rstd
+  /// (groups on the partitions); then perRow columns each of scale, -scale
+  /// and shift (one a channel).
+  enum Small { RowMean, RowVar, RowSpread, GroupMean, GroupRstd, Scale };
 
   /// Rows and groups of step j (the last may have fewer groups).
   int64_t groupsOf(int64_t j) const {
     return std::min(groupsPerStep, groups - j * groupsPerStep);
   }
-  int64_t rowsOf(int64_t j) const { return groupsOf(j) * cg; }
+  int64_t rowsOf(int64_t j) const { return groupsOf(j) * partsPerGroup; }
 
   Value column(Value t, int64_t col, int64_t rows) {
     int64_t width = cast<MemRefType>(t.getType()).getShape()[1];
@@ -116,15 +136,20 @@ private:
   Value smallCol(int64_t slot, int64_t col, int64_t rows) {
     return column(small[slot], col, rows);
   }
+  /// The perRow columns of scale (block 0), -scale (1) or shift (2).
+  Value smallBlock(int64_t slot, int64_t block, int64_t rows) {
+    return k.view(small[slot], k.index(Scale + block * perRow), {rows, perRow},
+                  {smallCols, 1});
+  }
   Value psumCols(int64_t slot, int64_t col, int64_t rows, int64_t width) {
     return k.view(psum, k.index(slot * kPsumCols + col), {rows, width},
                   {slots * kPsumCols, 1});
   }
 
-  /// member[p, g] = 1 / cg where row p is in group g (p / cg == g), so
-  /// that a matmul by it averages each group's rows, and memberT[g, p] = 1,
-  /// which hands each row its group's value: from iota's p - cg * g,
-  /// 0 <= v < cg.
+  /// member[p, g] = 1 / n where row p is in group g (p / n == g, n rows a
+  /// group), so that a matmul by it averages each group's rows, and
+  /// memberT[g, p] = 1, which hands each row its group's value: from iota's
+  /// p - n * g, 0 <= v < n.
   void makeMembership() {
     auto f32 = k.b.getF32Type();
     auto build = [&](int64_t rows, int64_t width, double partStep,
@@ -137,36 +162,48 @@ private:
       k.b.create<nisa::TensorScalarOp>(nisa::AluOp::ge, v, lo, Value(),
                                        APFloat(0.0), false);
       k.b.create<nisa::TensorScalarOp>(nisa::AluOp::lt, v, m, Value(),
-                                       APFloat(double(cg)), false);
+                                       APFloat(double(partsPerGroup)), false);
       k.b.create<nisa::ScalarTensorTensorOp>(
           nisa::AluOp::multiply, nisa::AluOp::multiply, lo, m, m, Value(),
           APFloat(value), nisa::Engine::vector);
       return m;
     };
-    member = build(stepRows, groupsPerStep, 1.0, -double(cg), 1.0 / cg);
-    memberT = build(groupsPerStep, stepRows, -double(cg), 1.0, 1.0);
+    double n = double(partsPerGroup);
+    member = build(stepRows, groupsPerStep, 1.0, -n, 1.0 / n);
+    memberT = build(groupsPerStep, stepRows, -n, 1.0, 1.0);
   }
 
-  /// Per step, the weight and bias of its rows' channels as fp32 columns
-  /// (the DMA widens them).
+  /// Per step, the weight and bias of its rows' channels as fp32, perRow
+  /// columns a step (the DMA widens them); without a weight, ones.
   void loadAffine() {
     auto f32 = k.b.getF32Type();
     for (auto [buffer, tile] : {std::pair{weight, &weightCols},
                                 std::pair{bias, &biasCols}}) {
-      if (!buffer)
+      if (!buffer && tile == &biasCols)
         continue;
-      *tile = k.tile(MemorySpace::sbuf, {stepRows, steps}, f32);
+      *tile = k.tile(MemorySpace::sbuf, {stepRows, steps * perRow}, f32);
+      if (!buffer) {
+        k.b.create<nisa::MemsetOp>(*tile, APFloat(1.0), nisa::Engine::gpsimd);
+        continue;
+      }
       for (int64_t j = 0; j < steps; ++j)
-        k.dma(k.view(buffer, k.index(j * stepRows), {rowsOf(j), 1}, {1, 1}),
-              column(*tile, j, rowsOf(j)));
+        k.dma(k.view(buffer, k.index(j * stepRows * perRow),
+                     {rowsOf(j), perRow}, {perRow, 1}),
+              affine(*tile, j));
     }
+  }
+  /// Step j's perRow columns of weightCols or biasCols.
+  Value affine(Value tile, int64_t j) {
+    return k.view(tile, k.index(j * perRow), {rowsOf(j), perRow},
+                  {steps * perRow, 1});
   }
 
   /// Columns [col0, col0 + width) of step j's rows of `image`.
   Value rowsIn(Value buffer, Value image, int64_t j, int64_t col0,
                int64_t width) {
-    Value first = k.addOffset(k.scale(image, c * hw), j * stepRows * hw + col0);
-    return k.view(buffer, first, {rowsOf(j), width}, {hw, 1});
+    Value first =
+        k.addOffset(k.scale(image, c * hw), j * stepRows * rowLen + col0);
+    return k.view(buffer, first, {rowsOf(j), width}, {rowLen, 1});
   }
   Value rowTile(int64_t slot, int64_t j, int64_t width) {
     return k.view(rows[slot], k.index(0), {rowsOf(j), width}, {cols, 1});
@@ -184,7 +221,7 @@ private:
           k.view(stats[statsSlot], k.index(used), {r, 6}, {statsCols, 1}));
     k.b.create<nisa::BnAggrOp>(
         k.view(stats[statsSlot], k.index(0), {r, used}, {statsCols, 1}),
-        k.view(small[statsSlot], k.index(RowMean), {r, 2}, {kSmallCols, 1}));
+        k.view(small[statsSlot], k.index(RowMean), {r, 2}, {smallCols, 1}));
   }
 
   /// From the rows' statistics in `slot`: each group's mean and rstd (kept
@@ -236,35 +273,42 @@ private:
       b.create<nisa::DmaCopyOp>(smallCol(slot, col, g),
                                 k.view(buffer, at, {g, 1}, {1, 1}),
                                 nisa::Engine::scalar);
-    // Each row's mean and rstd, then on ScalarE (which normalizes next)
-    // scale = rstd * weight and shift = bias - mean * scale.
+    // Each row's group's mean and rstd, then on ScalarE (which normalizes
+    // next) per channel scale = rstd * weight, -scale and shift = bias -
+    // mean * scale.
     Value rowMean = psumCols(slot, 4, r, 1), rowRstd = psumCols(slot, 5, r, 1);
-    b.create<nisa::MatmulOp>(mt,
-                             k.view(small[slot], k.index(GroupMean), {g, 2},
-                                    {kSmallCols, 1}),
-                             psumCols(slot, 4, r, 2));
-    Value w = weightCols ? column(weightCols, j, r) : Value();
-    Value negScale = smallCol(slot, NegScale, r);
-    for (auto [dst, sign] : {std::pair{smallCol(slot, Scale, r), 1.0},
-                             std::pair{negScale, -1.0}})
-      b.create<nisa::ActivationOp>(rowRstd, dst, Value(), w, Value(),
-                                   nisa::ActivationFn::identity,
-                                   APFloat(sign), APFloat(0.0));
-    b.create<nisa::ActivationOp>(
-        rowMean, smallCol(slot, Shift, r),
-        biasCols ? column(biasCols, j, r) : Value(), negScale, Value(),
-        nisa::ActivationFn::identity, APFloat(1.0), APFloat(0.0));
+    b.create<nisa::MatmulOp>(
+        mt, k.view(small[slot], k.index(GroupMean), {g, 2}, {smallCols, 1}),
+        psumCols(slot, 4, r, 2));
+    for (auto [block, sign] : {std::pair{0, 1.0}, std::pair{1, -1.0}})
+      b.create<nisa::ActivationOp>(
+          affine(weightCols, j), smallBlock(slot, block, r), Value(), rowRstd,
+          Value(), nisa::ActivationFn::identity, APFloat(sign), APFloat(0.0));
+    for (int64_t i = 0; i < perRow; ++i)
+      b.create<nisa::ActivationOp>(
+          rowMean, smallCol(slot, Scale + 2 * perRow + i, r),
+          biasCols ? k.view(biasCols, k.index(j * perRow + i), {r, 1},
+                            {steps * perRow, 1})
+                   : Value(),
+          smallCol(slot, Scale + perRow + i, r), Value(),
+          nisa::ActivationFn::identity, APFloat(1.0), APFloat(0.0));
   }
 
-  /// x * scale + shift of the rows in `slot`, in place, and their store.
+  /// x * scale + shift of the rows in `slot`, in place, a channel of each
+  /// row at a time, and their store.
   void normalize(Value image, int64_t j, int64_t slot, int64_t statsSlot,
                  int64_t col0, int64_t width) {
     int64_t r = rowsOf(j);
-    Value t = rowTile(slot, j, width);
-    k.b.create<nisa::ActivationOp>(t, t, smallCol(statsSlot, Shift, r),
-                                   smallCol(statsSlot, Scale, r), Value(), fn,
-                                   APFloat(1.0), APFloat(0.0));
-    k.b.create<nisa::DmaCopyOp>(t, rowsIn(out, image, j, col0, width),
+    for (int64_t i = 0; i < perRow; ++i) {
+      int64_t len = perRow == 1 ? width : hw;
+      Value t = k.view(rows[slot], k.index(i * hw), {r, len}, {cols, 1});
+      k.b.create<nisa::ActivationOp>(
+          t, t, smallCol(statsSlot, Scale + 2 * perRow + i, r),
+          smallCol(statsSlot, Scale + i, r), Value(), fn, APFloat(1.0),
+          APFloat(0.0));
+    }
+    k.b.create<nisa::DmaCopyOp>(rowTile(slot, j, width),
+                                rowsIn(out, image, j, col0, width),
                                 nisa::Engine::scalar);
   }
 
@@ -280,11 +324,11 @@ private:
       return std::pair{k.addOffset(image, (j + d) / steps), (j + d) % steps};
     };
     auto load = [&](Value image, int64_t j, int64_t slot) {
-      k.dma(rowsIn(x, image, j, 0, hw), rowTile(slot, j, hw));
+      k.dma(rowsIn(x, image, j, 0, rowLen), rowTile(slot, j, rowLen));
     };
     for (int64_t t = 0; t < std::min(ahead, total); ++t)
       load(k.index(t / steps), t % steps, t % slots);
-    rowStats(0, 0, 0, hw);
+    rowStats(0, 0, 0, rowLen);
     // `left`: the steps of the sequence from this image's first on.
     auto stepsOf = [&](Value image, int64_t phase, int64_t left) {
       for (int64_t j = 0; j < steps; ++j) {
@@ -295,8 +339,8 @@ private:
         }
         groupStats(image, j, slot);
         if (left - j > 1)
-          rowStats((t + 1) % slots, (t + 1) % slots, (j + 1) % steps, hw);
-        normalize(image, j, slot, slot, 0, hw);
+          rowStats((t + 1) % slots, (t + 1) % slots, (j + 1) % steps, rowLen);
+        normalize(image, j, slot, slot, 0, rowLen);
       }
     };
     int64_t period = slots / std::gcd(steps, slots);
@@ -319,7 +363,7 @@ private:
     auto &b = k.b;
     int64_t r = rowsOf(j);
     auto load = [&](int64_t q) {
-      int64_t width = std::min(cols, hw - q * cols);
+      int64_t width = std::min(cols, rowLen - q * cols);
       k.dma(rowsIn(x, image, j, q * cols, width),
             rowTile(q % slots, j, width));
     };
@@ -330,7 +374,7 @@ private:
     for (int64_t q = 0; q < chunks; ++q) {
       if (q + 1 < chunks)
         load(q + 1);
-      int64_t width = std::min(cols, hw - q * cols);
+      int64_t width = std::min(cols, rowLen - q * cols);
       rowStats(q % slots, 0, j, width);
       b.create<nisa::MemsetOp>(triple(q, 0), APFloat(double(width)),
                                nisa::Engine::gpsimd);
@@ -343,15 +387,16 @@ private:
     }
     b.create<nisa::BnAggrOp>(
         k.view(triples, k.index(0), {r, 3 * chunks}, {3 * chunks, 1}),
-        k.view(small[0], k.index(RowMean), {r, 2}, {kSmallCols, 1}));
+        k.view(small[0], k.index(RowMean), {r, 2}, {smallCols, 1}));
     groupStats(image, j, 0);
     // The chunks again, from the next slot on.
     for (int64_t q = 0; q < chunks; ++q) {
-      int64_t slot = (chunks + q) % slots, width = std::min(cols, hw - q * cols);
+      int64_t slot = (chunks + q) % slots;
+      int64_t width = std::min(cols, rowLen - q * cols);
       if (q == 0)
         k.dma(rowsIn(x, image, j, 0, width), rowTile(slot, j, width));
       if (q + 1 < chunks) {
-        int64_t nextWidth = std::min(cols, hw - (q + 1) * cols);
+        int64_t nextWidth = std::min(cols, rowLen - (q + 1) * cols);
         k.dma(rowsIn(x, image, j, (q + 1) * cols, nextWidth),
               rowTile((chunks + q + 1) % slots, j, nextWidth));
       }
@@ -365,8 +410,11 @@ private:
   /// Identity, or SiLU folded in.
   nisa::ActivationFn fn;
   Type elt;
-  int64_t n, c, hw, groups, cg, groupsPerStep, stepRows, steps, bnMax, cols,
-      chunks, statsCols;
+  /// Channels a partition row (rowLen elements: perRow x hw), rows a
+  /// group.
+  int64_t perRow, rowLen, partsPerGroup, smallCols;
+  int64_t n, c, hw, groups, groupsPerStep, stepRows, steps, bnMax, cols, chunks,
+      statsCols;
   int64_t slots;
   SmallVector<Value, kMaxSlots> rows, stats, small;
   Value psum, member, memberT, weightCols, biasCols, triples;
