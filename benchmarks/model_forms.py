@@ -156,15 +156,16 @@ def forms() -> list[Form]:
         padding: int = 0,
         bias: bool = False,
         batch: int = 8,
+        groups: int = 1,
     ) -> Form:
         """nn.Conv2d over a batch of square images, its FLOPs the roofline's."""
         out = (size + 2 * padding - kernel) // stride + 1
-        module = nn.Conv2d(c, o, kernel, stride=stride, padding=padding, bias=bias)
+        module = nn.Conv2d(c, o, kernel, stride, padding, bias=bias, groups=groups)
         return Form(
             name,
             module.to(BF16),
             lambda: [randn(batch, c, size, size)],
-            flops=2.0 * batch * out * out * o * c * kernel * kernel,
+            flops=2.0 * batch * out * out * o * c // groups * kernel * kernel,
         )
 
     t, h = 4096, 4096
@@ -232,6 +233,9 @@ def forms() -> list[Form]:
         conv("conv 3x3 512->512 [8,512,7,7]", 512, 512, 7, 3, padding=1),
         conv("vit patch embed 16x16 [8,3,224,224]", 3, 768, 224, 16, stride=16, bias=True),
         conv("vgg conv1 3->64 [8,3,224,224]", 3, 64, 224, 3, padding=1, bias=True),
+        # Depthwise: ConvNeXt's 7 x 7, MobileNetV2's 3 x 3.
+        conv("convnext dwconv 7x7 [8,96,56,56]", 96, 96, 56, 7, padding=3, bias=True, groups=96),
+        conv("mobilenet dwconv 3x3 [8,144,56,56]", 144, 144, 56, 3, padding=1, groups=144),
         # Stable Diffusion's UNet: conv_in over the 4 latent channels, a 1280-channel 3 x 3.
         conv("sd conv_in 4->320 [2,4,64,64]", 4, 320, 64, 3, padding=1, bias=True, batch=2),
         conv("sd conv 1280 [2,1280,8,8]", 1280, 1280, 8, 3, padding=1, bias=True, batch=2),

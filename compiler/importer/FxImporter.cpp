@@ -2275,7 +2275,10 @@ Value directConvolution(Importer &im, Value x, Value w, Value bias,
                         std::array<int64_t, 2> outSize) {
   auto xt = cast<RankedTensorType>(x.getType());
   auto wt = cast<RankedTensorType>(w.getType());
-  if (groups != 1 || wt.getDimSize(2) * wt.getDimSize(3) == 1 ||
+  // Depthwise: groups = C = O (one weight a channel and tap).
+  bool depthwise = groups > 1 && groups == xt.getDimSize(1) &&
+                   wt.getDimSize(0) == groups && wt.getDimSize(1) == 1;
+  if ((groups != 1 && !depthwise) || wt.getDimSize(2) * wt.getDimSize(3) == 1 ||
       !xt.hasStaticShape())
     return {};
   auto type = RankedTensorType::get(
@@ -2283,7 +2286,8 @@ Value directConvolution(Importer &im, Value x, Value w, Value bias,
       xt.getElementType());
   auto conv = im.b.create<Conv2dOp>(
       im.loc(), type, x, w, bias, im.b.getDenseI64ArrayAttr(stride),
-      im.b.getDenseI64ArrayAttr(padding), im.b.getDenseI64ArrayAttr(dilation));
+      im.b.getDenseI64ArrayAttr(padding), im.b.getDenseI64ArrayAttr(dilation),
+      depthwise ? im.b.getUnitAttr() : nullptr);
   ConvLayout layout = conv.layout();
   if ((xt.getDimSize(1) >= kDirectConvMinChannels || layout.rowStacked) &&
       layout.residentBytes <= kConvResidentBudget)
@@ -2293,9 +2297,10 @@ Value directConvolution(Importer &im, Value x, Value w, Value bias,
 }
 
 /// 1-d and 2-d convolutions, grouped or not (a 1-d one as a 2-d one of unit
-/// height). Ungrouped: the direct kernel (directConvolution) or one im2col
-/// matmul. Grouped: the same matmul batched over groups, [N, G, O/G, C/G*K] x
-/// [N, G, C/G*K, HoWo], so each group contracts only its own channels (a
+/// height). Ungrouped or depthwise (groups = C = O): the direct kernel
+/// (directConvolution) where it fits; else ungrouped, one im2col matmul.
+/// Grouped: the same matmul batched over groups, [N, G, O/G, C/G*K] x [N, G,
+/// C/G*K, HoWo], so each group contracts only its own channels (a
 /// block-diagonal weight would multiply G times the zeros). Depthwise: VectorE
 /// (depthwiseConvolution).
 Values convolutionHandler(Importer &im) {
@@ -2338,17 +2343,17 @@ Values convolutionHandler(Importer &im) {
     }
     return {im.reshape(y, out.getShape())};
   };
-  if (groups > 1 && groups == c)
-    return withBias(depthwiseConvolution(im, x, w, stride, padding, dilation,
-                                         outSize, elt));
-  int64_t cg = c / groups, og = o / groups;
-  int64_t ckk = cg * kh * kw, hw = outSize[0] * outSize[1];
-  // Its bias is added to the sums as they leave PSUM.
+  // The direct kernel's bias is added to the sums as they leave PSUM.
   Value bias =
       im.isTensor(im.arg(2)) ? im.castTo(im.tensor(im.arg(2)), elt) : Value();
   if (Value direct = directConvolution(im, x, w, bias, groups, stride, padding,
                                        dilation, outSize))
     return {im.reshape(direct, out.getShape())};
+  if (groups > 1 && groups == c)
+    return withBias(depthwiseConvolution(im, x, w, stride, padding, dilation,
+                                         outSize, elt));
+  int64_t cg = c / groups, og = o / groups;
+  int64_t ckk = cg * kh * kw, hw = outSize[0] * outSize[1];
   Value patches;
   bool patchify =
       stride[0] == kh && stride[1] == kw && padding[0] == 0 &&

@@ -213,9 +213,14 @@ LogicalResult Conv2dOp::verify() {
   for (ArrayRef<int64_t> attr : {getStride(), getPadding(), getDilation()})
     if (attr.size() != 2)
       return emitOpError("stride, padding and dilation take (height, width)");
-  if (in.getDimSize(1) != w.getDimSize(1))
+  if (getDepthwise()) {
+    if (w.getDimSize(1) != 1 || w.getDimSize(0) != in.getDimSize(1))
+      return emitOpError("depthwise takes [C, 1, kh, kw] weights for ")
+             << in.getDimSize(1) << " channels";
+  } else if (in.getDimSize(1) != w.getDimSize(1)) {
     return emitOpError("input channels differ: ")
            << in.getDimSize(1) << " vs the weight's " << w.getDimSize(1);
+  }
   if (getBias()) {
     auto bias = tensorType(getBias());
     if (bias.getRank() != 1 || bias.getDimSize(0) != w.getDimSize(0) ||
@@ -294,8 +299,11 @@ ConvLayout Conv2dOp::layout() {
     int64_t loaded = padded && !l.rowStacked ? l.loadedRows * wd : 0;
     return l.images * l.cTiles * (l.plane + loaded);
   };
-  // The rows of w as loaded, and reordered for the copies.
-  int64_t raw = (c + (l.copies > 1 ? l.copyParts : 0)) * kh * kw;
+  // The rows of w as loaded, and reordered for the copies (depthwise: each
+  // copy's channels' taps on its partitions).
+  int64_t raw = getDepthwise()
+                    ? kh * kw
+                    : (c + (l.copies > 1 ? l.copyParts : 0)) * kh * kw;
   int64_t staged = kConvStageSlots * kConvTileColumns;
   // The bias of each output channel as an fp32 column per output tile.
   int64_t bias = getBias() ? l.oTiles * 4 / eltBytes : 0;
@@ -306,8 +314,11 @@ ConvLayout Conv2dOp::layout() {
   // beside two image slots, else the most that do (the images then load
   // once per panel); a single image in bands of whole tiles of output rows
   // where the whole does not fit beside them, the fewest bands that do.
+  // Depthwise: an output tile's only from its own channel tile.
+  int64_t weightTiles = getDepthwise() ? 1 : l.cTiles;
   auto weights = [&](int64_t panel) {
-    return eltBytes * l.cTiles * l.tapGroups * std::min(o, panel * kConvTile);
+    return eltBytes * weightTiles * l.tapGroups *
+           std::min(o, panel * kConvTile);
   };
   auto fits = [&](int64_t panel, int64_t slots) {
     return rest + weights(panel) + slots * eltBytes * imageSlot() <=

@@ -243,12 +243,16 @@ def Neuron_Conv2dOp : Neuron_Op<"conv2d"> {
     accumulating in PSUM), where im2col would write and read kh * kw copies
     of the input through HBM. The importer forms it only where the kernel
     keeps the image and weights on chip (`layout`).
+    With `depthwise` (aten.convolution with groups = C = O), weight is
+    [C, 1, kh, kw] and out[n, c] sums only input channel c: each tap's
+    stationary is diagonal, one 128-channel tile of the output a tile of
+    the input.
   }];
   let arguments = (ins RankedTensorOf<[Neuron_Float]>:$input,
                    RankedTensorOf<[Neuron_Float]>:$weight,
                    Optional<RankedTensorOf<[Neuron_Float]>>:$bias,
                    DenseI64ArrayAttr:$stride, DenseI64ArrayAttr:$padding,
-                   DenseI64ArrayAttr:$dilation);
+                   DenseI64ArrayAttr:$dilation, UnitAttr:$depthwise);
   let results = (outs RankedTensorOf<[Neuron_Float]>:$result);
   let assemblyFormat = [{
     $input `,` $weight (`bias` $bias^)? `stride` $stride `padding` $padding

@@ -45,7 +45,8 @@ public:
         out(k.resultBuffer(op.getResult())),
         bias(op.getBias() ? k.bufferOf(op.getBias()) : Value()),
         stride(op.getStride()), padding(op.getPadding()),
-        dilation(op.getDilation()), l(op.layout()) {
+        dilation(op.getDilation()), depthwise(op.getDepthwise()),
+        l(op.layout()) {
     auto in = tensorType(op.getInput()), wt = tensorType(op.getWeight());
     auto res = tensorType(op.getResult());
     n = in.getDimSize(0);
@@ -123,7 +124,10 @@ public:
     }
     for (panelBegin = 0; panelBegin < l.oTiles; panelBegin += l.oPanel) {
       panelEnd = std::min(l.oTiles, panelBegin + l.oPanel);
-      loadWeights();
+      if (depthwise)
+        loadDepthwiseWeights();
+      else
+        loadWeights();
       convolvePanel();
     }
   }
@@ -320,6 +324,49 @@ private:
     }
   }
 
+  /// Depthwise, each tap group's stationary [copies' channels, oRows]:
+  /// diagonal, copy u's block w[channel, tap u of the group] times the
+  /// identity (a view of it at row and column u * copyParts), the rest
+  /// zero. w's rows (channels, their taps along the free axis) load once per
+  /// copy onto its partitions.
+  void loadDepthwiseWeights() {
+    TileScope scope(k);
+    auto &b = k.b;
+    int64_t cp = l.copyParts, copies = l.copies > 1 ? l.copies : 1;
+    // A copy's partitions past the channels contract zeros.
+    if (cp > c)
+      b.create<nisa::MemsetOp>(weights, APFloat(0.0), nisa::Engine::gpsimd);
+    Value raw = k.tile(MemorySpace::sbuf, {kConvTile, taps}, elt);
+    Value ident = k.identity(kConvTile, elt);
+    int64_t instruction = 0;
+    for (int64_t ot = panelBegin; ot < panelEnd; ++ot) {
+      int64_t oRows = std::min(kConvTile, o - ot * kConvTile);
+      for (int64_t u = 0; u < copies; ++u)
+        k.dma(
+            k.view(w, k.index(ot * kConvTile * taps), {oRows, taps}, {taps, 1}),
+            k.view(raw, k.index(u * cp * taps), {oRows, taps}, {taps, 1}));
+      forEachTapGroup([&](int64_t g, int64_t i, int64_t j, int64_t used) {
+        int64_t column = groupColumn(ot, g, ot);
+        for (int64_t u = 0; u < (l.copies > 1 ? used : 1); ++u) {
+          // Copy u's tap: row-stacked, kernel row u % kh of column shift
+          // u / kh; else column j + u of row i.
+          int64_t ti = l.rowStacked ? u % kh : i;
+          int64_t tj = j + (l.rowStacked ? u / kh : u);
+          b.create<nisa::TensorScalarOp>(
+              nisa::AluOp::multiply,
+              k.view(ident, k.index(u * cp * kConvTile + u * cp),
+                     {oRows, oRows}, {kConvTile, 1}),
+              k.view(weights, k.index(u * cp * weightsRow() + column),
+                     {oRows, oRows}, {weightsRow(), 1}),
+              k.view(raw, k.index(u * cp * taps + ti * kw + tj), {oRows, 1},
+                     {taps, 1}),
+              APFloat(0.0), false,
+              instruction++ % 2 ? nisa::Engine::gpsimd : nisa::Engine::vector);
+        }
+      });
+    }
+  }
+
   /// Where tap group g (taps from (i, j)) starts in the reordered weights.
   int64_t groupStart(int64_t g, int64_t i, int64_t j) const {
     return (l.rowStacked ? j * kh : i * kw + j) * l.copyParts;
@@ -330,8 +377,11 @@ private:
     return l.copies > 1 ? used * l.copyParts : channels(ct);
   }
 
-  /// Columns of the weights tile: [C, O] per channel tile and tap group.
-  int64_t weightsRow() const { return l.cTiles * l.tapGroups * panelColumns(); }
+  /// Columns of the weights tile: [C, O] per channel tile and tap group
+  /// (depthwise: per tap group, each output tile's from its own channels).
+  int64_t weightsRow() const {
+    return (depthwise ? 1 : l.cTiles) * l.tapGroups * panelColumns();
+  }
   /// Output channels of a panel (the last may have fewer).
   int64_t panelColumns() const { return std::min(o, l.oPanel * kConvTile); }
 
@@ -354,10 +404,13 @@ private:
   /// tile ot (`oRows` of them): [used copies' channels, oRows].
   Value groupWeights(int64_t ct, int64_t g, int64_t ot, int64_t oRows,
                      int64_t used) {
-    int64_t column =
-        (ct * l.tapGroups + g) * panelColumns() + (ot - panelBegin) * kConvTile;
-    return k.view(weights, k.index(column), {groupParts(ct, used), oRows},
-                  {weightsRow(), 1});
+    return k.view(weights, k.index(groupColumn(ct, g, ot)),
+                  {groupParts(ct, used), oRows}, {weightsRow(), 1});
+  }
+  /// Where groupWeights' block starts in the weights tile's rows.
+  int64_t groupColumn(int64_t ct, int64_t g, int64_t ot) const {
+    return ((depthwise ? 0 : ct) * l.tapGroups + g) * panelColumns() +
+           (ot - panelBegin) * kConvTile;
   }
 
   /// Band `band` of the images of group `group` into image tile `slot`:
@@ -492,7 +545,9 @@ private:
       Value sums = k.view(acc, k.index(bank * kConvTileColumns),
                           {oRows, positions}, {accStride(), 1});
       bool first = true;
-      for (int64_t ct = 0; ct < l.cTiles; ++ct)
+      for (int64_t ct = 0; ct < l.cTiles; ++ct) {
+        if (depthwise && ct != ot)
+          continue;
         forEachTapGroup([&](int64_t g, int64_t i, int64_t j, int64_t used) {
           Value at = k.addOffset(firstRow,
                                  ct * l.plane + l.lead + i * dilation[0] * wp +
@@ -506,6 +561,7 @@ private:
             mm.setAccumulate(true);
           first = false;
         });
+      }
       Value part = k.view(staged, k.index(bank * kConvTileColumns),
                           {oRows, positions}, {accStride(), 1});
       evict(sums, part, ot, oRows, (set + ot) % 2);
@@ -547,6 +603,8 @@ private:
   KernelLowering &k;
   Value x, w, out, bias;
   ArrayRef<int64_t> stride, padding, dilation;
+  /// Each output tile from its own channel tile, diagonal stationaries.
+  bool depthwise;
   ConvLayout l;
   int64_t n, c, h, wd, o, kh, kw, ho, wo, wp, taps, chunks, planes, banksPerSet,
       sets;

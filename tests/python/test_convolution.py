@@ -296,6 +296,71 @@ def test_max_pooling_reads_its_input_once() -> None:
     assert ns < 3 * copy_ns, (ns, copy_ns)
 
 
+# Depthwise (groups = C = O): (N, C, H, W, kernel, stride, padding, dilation).
+DEPTHWISE = [
+    # ConvNeXt's 7 x 7 (one tap a matmul, a diagonal stationary).
+    (2, 96, 14, 14, 7, 1, 3, 1),
+    # MobileNet's stride-2 3 x 3 over 144 channels (two channel tiles), with copies of
+    # 40 channels' kernel rows stacked (stride 2, 40 x 3 <= 128 partitions), and of 32
+    # channels' columns (stride 1).
+    (2, 144, 15, 15, 3, 2, 1, 1),
+    (1, 40, 12, 12, 3, 2, 1, 1),
+    (1, 32, 9, 11, 3, 1, 1, 1),
+    # Few channels (a DMA engine's 8 partitions a copy), dilated; 200 channels.
+    (2, 5, 10, 10, 3, 1, 2, 2),
+    (1, 200, 8, 8, 5, 1, 2, 1),
+]
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", DEPTHWISE, ids=lambda s: "x".join(map(str, s[:5])))
+def test_depthwise_convolution_matches_eager(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    n, c, h, w, k, stride, padding, dilation = shape
+    torch.manual_seed(0)
+    x = torch.randn(n, c, h, w, dtype=dtype)
+    weight = (torch.randn(c, 1, k, k) / k).to(dtype)
+    bias = torch.randn(c, dtype=dtype)
+
+    def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups=c)
+
+    torch._dynamo.reset()
+    got = torch.compile(conv, backend="neuron", fullgraph=True)(x, weight, bias)
+    want = conv(x.double(), weight.double(), bias.double())
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == F32 else dict(atol=1e-2, rtol=8e-3)
+    torch.testing.assert_close(got.double(), want, **tol)
+
+
+def test_depthwise_with_a_channel_multiplier_matches_eager() -> None:
+    # Two outputs a channel (groups = C, O = 2C): VectorE's multiply-adds, not the direct
+    # kernel.
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 16, 3, padding=1, groups=8)
+    x = torch.randn(2, 8, 7, 7)
+    with torch.no_grad():
+        got, _, _ = _modeled(conv, x)
+        want = conv(x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_depthwise_convolution_takes_tensor_engine_taps() -> None:
+    # ConvNeXt's 7 x 7 depthwise over [8, 96, 56, 56] bf16: VectorE's multiply-adds over
+    # shifted windows copied through HBM took 9.66 ms (188x the bytes); each tap is now a
+    # matmul by a diagonal stationary over the image held in SBUF (522 us, TensorE-bound:
+    # a diagonal uses one PE column in 128).
+    torch.manual_seed(0)
+    conv = nn.Conv2d(96, 96, 7, padding=3, groups=96).to(BF16)
+    x = torch.randn(8, 96, 56, 56, dtype=BF16)
+    with torch.no_grad():
+        out, ns, hbm = _modeled(conv, x)
+        want = conv(x)
+    torch.testing.assert_close(out.float(), want.float(), atol=2e-2, rtol=2e-2)
+    tensors = (x, conv.weight, conv.bias, out)
+    minimum = sum(t.numel() * t.element_size() for t in tensors)
+    assert hbm <= 1.02 * minimum, (hbm, minimum)
+    assert ns <= 700e3, ns
+
+
 NEAREST = [
     # (input shape, interpolate arguments)
     ((2, 8, 5, 7), dict(scale_factor=2)),  # nn.Upsample(scale_factor=2), a UNet's

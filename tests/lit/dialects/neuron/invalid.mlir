@@ -782,3 +782,11 @@ func.func @group_norm_stats(%x: tensor<1x8x4xf32>) {
   return
 }
 
+
+// -----
+
+func.func @conv2d_depthwise_weight(%x: tensor<1x8x6x6xf32>, %w: tensor<8x2x3x3xf32>) {
+  // expected-error @+1 {{depthwise takes [C, 1, kh, kw] weights for 8 channels}}
+  %0 = neuron.conv2d %x, %w stride [1, 1] padding [1, 1] dilation [1, 1] {depthwise} : tensor<1x8x6x6xf32>, tensor<8x2x3x3xf32> -> tensor<1x8x6x6xf32>
+  return
+}

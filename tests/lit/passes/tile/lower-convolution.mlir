@@ -148,3 +148,33 @@ func.func @conv_bands(%x: tensor<1x128x130x300xbf16>, %w: tensor<128x128x3x3xbf1
   %0 = neuron.conv2d %x, %w stride [1, 1] padding [1, 1] dilation [1, 1] : tensor<1x128x130x300xbf16>, tensor<128x128x3x3xbf16> -> tensor<1x128x130x300xbf16>
   return %0 : tensor<1x128x130x300xbf16>
 }
+
+// Depthwise (each channel its own 3 x 3): the stationary of a tap group is
+// diagonal, copy u's block (rows 32u on) w[channel, tap (i, u)] times the
+// identity's block at row and column 32u; w's rows (a channel's nine taps
+// along the free axis) load once onto each copy's partitions. The windows
+// and matmuls are the dense kernel's.
+
+// CHECK-LABEL: func.func @conv_depthwise(
+// CHECK: %[[W:.*]] = memref.alloc() : memref<128x96xbf16, #nisa.mem<sbuf>>
+// CHECK: %[[RAW:.*]] = memref.alloc() : memref<128x9xbf16, #nisa.mem<sbuf>>
+// CHECK: %[[ID:.*]] = memref.alloc() : memref<128x128xbf16, #nisa.mem<sbuf>>
+// CHECK: %[[TAPS:.*]] = memref.reinterpret_cast %arg1 to offset: [%c0], sizes: [32, 9], strides: [9, 1]
+// CHECK: nisa.dma_copy %[[TAPS]], %{{.*}} : memref<32x9xbf16
+// CHECK: %[[COPY1:.*]] = memref.reinterpret_cast %[[RAW]] to offset: [%c288], sizes: [32, 9], strides: [9, 1]
+// CHECK: nisa.dma_copy %[[TAPS]], %[[COPY1]]
+// CHECK: %[[W00:.*]] = memref.reinterpret_cast %[[RAW]] to offset: [%c0], sizes: [32, 1], strides: [9, 1]
+// CHECK: %[[B0:.*]] = memref.reinterpret_cast %[[W]] to offset: [%c0], sizes: [32, 32], strides: [96, 1]
+// CHECK: %[[I0:.*]] = memref.reinterpret_cast %[[ID]] to offset: [%c0], sizes: [32, 32], strides: [128, 1]
+// CHECK: nisa.tensor_scalar multiply %[[I0]], %[[B0]] scalar %[[W00]]
+// CHECK: %[[W01:.*]] = memref.reinterpret_cast %[[RAW]] to offset: [%c289], sizes: [32, 1], strides: [9, 1]
+// CHECK: %[[B1:.*]] = memref.reinterpret_cast %[[W]] to offset: [%c3072], sizes: [32, 32], strides: [96, 1]
+// CHECK: %[[I1:.*]] = memref.reinterpret_cast %[[ID]] to offset: [%c4128], sizes: [32, 32], strides: [128, 1]
+// CHECK: nisa.tensor_scalar multiply %[[I1]], %[[B1]] scalar %[[W01]] {engine = #nisa.engine<gpsimd>}
+// CHECK-COUNT-7: nisa.tensor_scalar multiply
+// CHECK: nisa.matmul %{{.*}}, %{{.*}}, %[[S:.*]] : memref<96x32xbf16, strided<[96, 1], offset: ?>, #nisa.mem<sbuf>>, memref<96x1x6x6xbf16
+// CHECK-COUNT-2: nisa.matmul {{.*}}, %[[S]] {accumulate} : memref<96x32xbf16
+func.func @conv_depthwise(%x: tensor<1x32x6x6xbf16>, %w: tensor<32x1x3x3xbf16>) -> tensor<1x32x6x6xbf16> {
+  %0 = neuron.conv2d %x, %w stride [1, 1] padding [1, 1] dilation [1, 1] {depthwise} : tensor<1x32x6x6xbf16>, tensor<32x1x3x3xbf16> -> tensor<1x32x6x6xbf16>
+  return %0 : tensor<1x32x6x6xbf16>
+}
