@@ -227,6 +227,14 @@ def forms() -> list[Form]:
         # embedding, Stable Diffusion's, a UNet's upsampling.
         conv("resnet stem 7x7 s2 [8,3,224,224]", 3, 64, 224, 7, stride=2, padding=3),
         conv("conv 3x3 64->64 [8,64,56,56]", 64, 64, 56, 3, padding=1),
+        Form(
+            "conv 3x3 + bn + relu [8,64,56,56]",
+            nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, bias=False), batchnorm(64), nn.ReLU())
+            .eval()
+            .to(BF16),
+            lambda: [randn(8, 64, 56, 56)],
+            flops=2.0 * 8 * 56 * 56 * 64 * 64 * 9,
+        ),
         conv("conv 3x3 128->128 [8,128,28,28]", 128, 128, 28, 3, padding=1),
         conv("conv 3x3 s2 128->128 [8,128,56,56]", 128, 128, 56, 3, stride=2, padding=1),
         conv("conv 3x3 256->256 [8,256,14,14]", 256, 256, 14, 3, padding=1),

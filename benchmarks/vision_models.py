@@ -1,6 +1,9 @@
 """Whole vision models as torchvision-style code writes them, on the device: a ResNet-18
-(BatchNorm, ReLU, max-pool, downsampling 1 x 1 convolutions) and a ViT-Tiny (a 16 x 16 patch
-embedding, two ``nn.TransformerEncoderLayer``), eval mode, random weights.
+(BatchNorm, ReLU, max-pool, downsampling 1 x 1 convolutions), a ViT-Tiny (a 16 x 16 patch
+embedding, two ``nn.TransformerEncoderLayer``), a MobileNetV2 (inverted residuals: depthwise
+3 x 3 convolutions, ReLU6) and a ConvNeXt with Tiny's widths and one block a stage (7 x 7
+depthwise convolutions, LayerNorm over channels after a permute, GELU), eval mode, random
+weights.
 
     .venv/bin/python benchmarks/vision_models.py [--batch 2] [--target trn3]
 
@@ -85,6 +88,115 @@ class ViTTiny(nn.Module):
         return self.head(self.encoder(x)[:, 0])
 
 
+class InvertedResidual(nn.Module):
+    """torchvision's MobileNetV2 block: 1 x 1 expansion, 3 x 3 depthwise, 1 x 1 projection."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = cin * expand
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers += [nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6()]
+        layers += [
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden),
+            nn.ReLU6(),
+            nn.Conv2d(hidden, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        ]
+        self.conv = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.residual else self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1)]
+        settings += [(6, 160, 3, 2), (6, 320, 1, 1)]
+        layers: list[nn.Module] = [
+            nn.Conv2d(3, 32, 3, 2, 1, bias=False),
+            nn.BatchNorm2d(32),
+            nn.ReLU6(),
+        ]
+        cin = 32
+        for t, c, n, s in settings:
+            for i in range(n):
+                layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
+                cin = c
+        layers += [nn.Conv2d(cin, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.ReLU6()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(1280, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """torchvision's: a LayerNorm over the channels of NCHW."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.permute(0, 2, 3, 1)
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class CNBlock(nn.Module):
+    """torchvision's ConvNeXt block (eval: no stochastic depth)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.block = nn.Sequential(
+            nn.Conv2d(dim, dim, 7, padding=3, groups=dim),
+            Permute([0, 2, 3, 1]),
+            nn.LayerNorm(dim, eps=1e-6),
+            nn.Linear(dim, 4 * dim),
+            nn.GELU(),
+            nn.Linear(4 * dim, dim),
+            Permute([0, 3, 1, 2]),
+        )
+        self.layer_scale = nn.Parameter(torch.full((dim, 1, 1), 1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.layer_scale * self.block(x)
+
+
+class Permute(nn.Module):
+    def __init__(self, dims: list[int]) -> None:
+        super().__init__()
+        self.dims = dims
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.permute(x, self.dims)
+
+
+class ConvNeXt(nn.Module):
+    """ConvNeXt-Tiny's widths, one block a stage (Tiny has 3, 3, 9, 3)."""
+
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        dims = [96, 192, 384, 768]
+        layers: list[nn.Module] = [
+            nn.Sequential(nn.Conv2d(3, dims[0], 4, 4), LayerNorm2d(dims[0], eps=1e-6))
+        ]
+        for i, dim in enumerate(dims):
+            layers.append(CNBlock(dim))
+            if i + 1 < len(dims):
+                layers.append(
+                    nn.Sequential(LayerNorm2d(dim, eps=1e-6), nn.Conv2d(dim, dims[i + 1], 2, 2))
+                )
+        self.features = nn.Sequential(*layers)
+        self.norm = LayerNorm2d(dims[-1], eps=1e-6)
+        self.head = nn.Linear(dims[-1], classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.adaptive_avg_pool2d(self.norm(self.features(x)), 1)
+        return self.head(torch.flatten(x, 1))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=2)
@@ -95,8 +207,10 @@ def main() -> int:
         ("resnet18 bf16", ResNet18(), torch.bfloat16),
         ("resnet18 f32", ResNet18(), torch.float32),
         ("vit-tiny bf16", ViTTiny(), torch.bfloat16),
+        ("mobilenet-v2 bf16", MobileNetV2(), torch.bfloat16),
+        ("convnext bf16", ConvNeXt(), torch.bfloat16),
     ]
-    print(f"{'model':16s} {'device us':>10s} {'rel err':>9s}  fallbacks")
+    print(f"{'model':18s} {'device us':>10s} {'rel err':>9s}  fallbacks")
     ok = True
     for name, model, dtype in cases:
         model = model.eval().to(dtype)
@@ -114,7 +228,7 @@ def main() -> int:
         fallbacks = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
         err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
         ok &= err <= 0.05 and not fallbacks
-        print(f"{name:16s} {prof.total_device_ns / 1e3:10.1f} {err:9.1e}  {fallbacks or '-'}")
+        print(f"{name:18s} {prof.total_device_ns / 1e3:10.1f} {err:9.1e}  {fallbacks or '-'}")
     return 0 if ok else 1
 
 

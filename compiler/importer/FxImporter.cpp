@@ -2285,9 +2285,10 @@ Value directConvolution(Importer &im, Value x, Value w, Value bias,
       {xt.getDimSize(0), wt.getDimSize(0), outSize[0], outSize[1]},
       xt.getElementType());
   auto conv = im.b.create<Conv2dOp>(
-      im.loc(), type, x, w, bias, im.b.getDenseI64ArrayAttr(stride),
-      im.b.getDenseI64ArrayAttr(padding), im.b.getDenseI64ArrayAttr(dilation),
-      depthwise ? im.b.getUnitAttr() : nullptr);
+      im.loc(), type, x, w, bias, /*scale=*/Value(),
+      im.b.getDenseI64ArrayAttr(stride), im.b.getDenseI64ArrayAttr(padding),
+      im.b.getDenseI64ArrayAttr(dilation),
+      depthwise ? im.b.getUnitAttr() : nullptr, /*relu=*/nullptr);
   ConvLayout layout = conv.layout();
   if ((xt.getDimSize(1) >= kDirectConvMinChannels || layout.rowStacked) &&
       layout.residentBytes <= kConvResidentBudget)

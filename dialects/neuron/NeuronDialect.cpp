@@ -224,10 +224,17 @@ LogicalResult Conv2dOp::verify() {
   if (getBias()) {
     auto bias = tensorType(getBias());
     if (bias.getRank() != 1 || bias.getDimSize(0) != w.getDimSize(0) ||
-        bias.getElementType() != in.getElementType())
+        (bias.getElementType() != in.getElementType() &&
+         !bias.getElementType().isF32()))
       return emitOpError("bias must be [")
-             << w.getDimSize(0) << "] of the input's element type";
+             << w.getDimSize(0) << "] of the input's element type or f32";
   }
+  // A scale comes with a bias (the fold makes both; the types of a scale
+  // alone would print as the bias's).
+  if (getScale() && (!getBias() || tensorType(getScale()).getShape() !=
+                                       ArrayRef<int64_t>{w.getDimSize(0)}))
+    return emitOpError("scale must be [")
+           << w.getDimSize(0) << "], with a bias";
   SmallVector<int64_t> expected{in.getDimSize(0), w.getDimSize(0)};
   for (int d = 0; d < 2; ++d) {
     int64_t s = getStride()[d], p = getPadding()[d], dil = getDilation()[d];
@@ -305,8 +312,10 @@ ConvLayout Conv2dOp::layout() {
                     ? kh * kw
                     : (c + (l.copies > 1 ? l.copyParts : 0)) * kh * kw;
   int64_t staged = kConvStageSlots * kConvTileColumns;
-  // The bias of each output channel as an fp32 column per output tile.
-  int64_t bias = getBias() ? l.oTiles * 4 / eltBytes : 0;
+  // The bias and scale of each output channel as fp32 columns per output
+  // tile.
+  int64_t bias =
+      ((getBias() ? 1 : 0) + (getScale() ? 1 : 0)) * l.oTiles * 4 / eltBytes;
   // The transposes' identity and the fp32 iota it is made from.
   int64_t identity = kConvTile * (eltBytes + 4) / eltBytes;
   int64_t rest = eltBytes * (raw + staged + identity + bias);
@@ -1413,9 +1422,176 @@ void SliceOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                           MLIRContext *context) {
   patterns.add<HoistSlice>(context);
 }
+/// Whether v holds the same values at every index of its first dim: built
+/// from broadcasts that add or expand it, constants and elementwise ops.
+static bool sameAlongFirstDim(Value v, int depth = 0) {
+  auto type = tensorType(v);
+  if (type.getRank() == 0 || type.getDimSize(0) == 1)
+    return true;
+  if (depth > 32)
+    return false;
+  Operation *def = v.getDefiningOp();
+  if (auto b = dyn_cast_or_null<BroadcastOp>(def)) {
+    auto in = tensorType(b.getInput());
+    if (in.getRank() < type.getRank() || in.getDimSize(0) == 1)
+      return true;
+    return sameAlongFirstDim(b.getInput(), depth + 1);
+  }
+  if (auto c = dyn_cast_or_null<ConstantOp>(def))
+    if (auto attr = dyn_cast<DenseElementsAttr>(c.getValue()))
+      return attr.isSplat();
+  if (isa_and_nonnull<UnaryOp, CastOp, BinaryOp>(def))
+    return llvm::all_of(def->getOperands(), [&](Value o) {
+      return sameAlongFirstDim(o, depth + 1);
+    });
+  return false;
+}
+
+/// Whether v is computed from `target` (up to a depth).
+static bool computedFrom(Value v, Value target, int depth = 0) {
+  if (v == target)
+    return true;
+  Operation *def = v.getDefiningOp();
+  if (!def || depth > 32)
+    return !def ? false : true;
+  return llvm::any_of(def->getOperands(), [&](Value o) {
+    return computedFrom(o, target, depth + 1);
+  });
+}
+
+/// A [N, O, H, W] value broadcast from per-channel values ([O, 1, 1] or
+/// [N, O, 1, 1] the same for every image) not computed from `conv`: those
+/// values; null otherwise.
+static Value perChannel(Value full, Value conv) {
+  auto b = full.getDefiningOp<BroadcastOp>();
+  if (!b)
+    return {};
+  Value small = b.getInput();
+  auto type = tensorType(small);
+  int64_t o = tensorType(conv).getDimSize(1);
+  ArrayRef<int64_t> dims = type.getShape();
+  if (!type.hasStaticShape() || dims.size() < 3 || dims.size() > 4 ||
+      dims[dims.size() - 3] != o || dims[dims.size() - 2] != 1 ||
+      dims.back() != 1 || (dims.size() == 4 && !sameAlongFirstDim(small)) ||
+      computedFrom(small, conv))
+    return {};
+  return small;
+}
+
+/// perChannel's values as [O] f32 (the first image's).
+static Value asChannels(Value small, PatternRewriter &rewriter, Location loc) {
+  auto type = tensorType(small);
+  ArrayRef<int64_t> dims = type.getShape();
+  int64_t o = dims[dims.size() - 3];
+  if (dims.size() == 4 && dims[0] != 1)
+    small = rewriter.create<SliceOp>(
+        loc, RankedTensorType::get({1, o, 1, 1}, type.getElementType()), small,
+        rewriter.getDenseI64ArrayAttr({0, 0, 0, 0}),
+        rewriter.getDenseI64ArrayAttr({1, 1, 1, 1}));
+  small = rewriter.create<ReshapeOp>(
+      loc, RankedTensorType::get({o}, type.getElementType()), small);
+  if (!type.getElementType().isF32())
+    small = rewriter.create<CastOp>(
+        loc, RankedTensorType::get({o}, rewriter.getF32Type()), small);
+  return small;
+}
+
+/// A convolution's result times per-channel values plus per-channel values
+/// (a BatchNorm in eval mode, as canonicalization leaves it: x * S + T, x
+/// the result or its widening cast, then cast back), or plus them alone,
+/// read nowhere else: the convolution with that scale and bias (bias' = T +
+/// bias * S), applied to its sums as they leave PSUM in fp32, rounded once.
+struct FoldConvAffine : public OpRewritePattern<BinaryOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(BinaryOp add,
+                                PatternRewriter &rewriter) const override {
+    if (add.getFn() != BinaryFn::add || !add->hasOneUse())
+      return failure();
+    for (auto [prod, shiftFull] : {std::pair(add.getLhs(), add.getRhs()),
+                                   std::pair(add.getRhs(), add.getLhs())}) {
+      // x * S, or x alone (S none).
+      SmallVector<std::pair<Value, Value>, 2> factors{{prod, Value()}};
+      if (auto mul = prod.getDefiningOp<BinaryOp>();
+          mul && mul.getFn() == BinaryFn::mul && mul->hasOneUse())
+        factors = {{mul.getLhs(), mul.getRhs()}, {mul.getRhs(), mul.getLhs()}};
+      for (auto [v, scaleFull] : factors) {
+        if (succeeded(fold(add, v, scaleFull, shiftFull, rewriter)))
+          return success();
+      }
+    }
+    return failure();
+  }
+
+  LogicalResult fold(BinaryOp add, Value v, Value scaleFull, Value shiftFull,
+                     PatternRewriter &rewriter) const {
+    auto widen = v.getDefiningOp<CastOp>();
+    Value y = widen ? widen.getInput() : v;
+    auto conv = y.getDefiningOp<Conv2dOp>();
+    if (!conv || conv.getRelu() || (scaleFull && conv.getScale()) ||
+        !y.hasOneUse() || (widen && !v.hasOneUse()))
+      return failure();
+    // The sum back at the convolution's type: it, or its one cast.
+    Operation *replaced = add;
+    if (add.getType() != conv.getType()) {
+      auto narrow = dyn_cast<CastOp>(*add->getUsers().begin());
+      if (!narrow || narrow.getType() != conv.getType())
+        return failure();
+      replaced = narrow;
+    }
+    Value scaleSmall = scaleFull ? perChannel(scaleFull, y) : Value();
+    Value shiftSmall = perChannel(shiftFull, y);
+    if ((scaleFull && !scaleSmall) || !shiftSmall)
+      return failure();
+    Location loc = add.getLoc();
+    rewriter.setInsertionPoint(replaced);
+    Value scale =
+        scaleSmall ? asChannels(scaleSmall, rewriter, loc) : conv.getScale();
+    Value shift = asChannels(shiftSmall, rewriter, loc);
+    if (Value bias = conv.getBias()) {
+      auto f32 = RankedTensorType::get(tensorType(bias).getShape(),
+                                       rewriter.getF32Type());
+      Value b32 = bias;
+      if (tensorType(bias) != f32)
+        b32 = rewriter.create<CastOp>(loc, f32, bias);
+      if (scaleSmall)
+        b32 = rewriter.create<BinaryOp>(loc, f32, BinaryFn::mul, b32, scale);
+      shift = rewriter.create<BinaryOp>(loc, f32, BinaryFn::add, b32, shift);
+    }
+    auto fused = rewriter.create<Conv2dOp>(
+        conv.getLoc(), conv.getType(), conv.getInput(), conv.getWeight(), shift,
+        scale, conv.getStrideAttr(), conv.getPaddingAttr(),
+        conv.getDilationAttr(), conv.getDepthwiseAttr(), UnitAttr());
+    rewriter.replaceOp(replaced, fused.getResult());
+    return success();
+  }
+};
+
+/// max(0, .) of a convolution's result read nowhere else: the convolution
+/// with relu, applied as its sums leave PSUM.
+struct FoldConvRelu : public OpRewritePattern<UnaryOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(UnaryOp relu,
+                                PatternRewriter &rewriter) const override {
+    auto conv = relu.getInput().getDefiningOp<Conv2dOp>();
+    if (relu.getFn() != UnaryFn::relu || !conv || conv.getRelu() ||
+        !relu.getInput().hasOneUse() || relu.getType() != conv.getType())
+      return failure();
+    rewriter.setInsertionPoint(relu);
+    auto fused = rewriter.create<Conv2dOp>(
+        conv.getLoc(), conv.getType(), conv.getInput(), conv.getWeight(),
+        conv.getBias(), conv.getScale(), conv.getStrideAttr(),
+        conv.getPaddingAttr(), conv.getDilationAttr(), conv.getDepthwiseAttr(),
+        rewriter.getUnitAttr());
+    rewriter.replaceOp(relu, fused.getResult());
+    return success();
+  }
+};
+
 void UnaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                           MLIRContext *context) {
-  patterns.add<SinkTranspose<UnaryOp>>(context);
+  patterns.add<SinkTranspose<UnaryOp>, FoldConvRelu>(context);
 }
 /// SiLU of a group norm's result, v * sigmoid(v) with v the result or its
 /// widening cast (then cast back), where nothing else reads them: the group
@@ -1469,7 +1645,7 @@ struct FoldGroupNormSilu : public OpRewritePattern<BinaryOp> {
 void BinaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                            MLIRContext *context) {
   patterns.add<SinkTranspose<BinaryOp>, FormRotary, FormGeluTanh,
-               FoldAffineChain, FoldGroupNormSilu>(context);
+               FoldAffineChain, FoldGroupNormSilu, FoldConvAffine>(context);
 }
 void CastOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                          MLIRContext *context) {

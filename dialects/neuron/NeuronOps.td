@@ -229,7 +229,7 @@ def Neuron_GroupedMatmulOp : Neuron_Op<"grouped_matmul"> {
   let hasVerifier = 1;
 }
 
-def Neuron_Conv2dOp : Neuron_Op<"conv2d"> {
+def Neuron_Conv2dOp : Neuron_Op<"conv2d", [AttrSizedOperandSegments]> {
   let summary = "2-d convolution [N,C,H,W] x [O,C,kh,kw] -> [N,O,Ho,Wo], fp32 accumulation";
   let description = [{
     out[n, o, y, x] = sum over c, i, j of weight[o, c, i, j] *
@@ -247,17 +247,23 @@ def Neuron_Conv2dOp : Neuron_Op<"conv2d"> {
     [C, 1, kh, kw] and out[n, c] sums only input channel c: each tap's
     stationary is diagonal, one 128-channel tile of the output a tile of
     the input.
+    An epilogue folded by canonicalization (a BatchNorm in eval mode and
+    the activation after it): `scale` ([O], f32) multiplies the sums before
+    the bias is added, and `relu` takes max(0, .) of that, in fp32, rounded
+    once.
   }];
   let arguments = (ins RankedTensorOf<[Neuron_Float]>:$input,
                    RankedTensorOf<[Neuron_Float]>:$weight,
                    Optional<RankedTensorOf<[Neuron_Float]>>:$bias,
+                   Optional<RankedTensorOf<[F32]>>:$scale,
                    DenseI64ArrayAttr:$stride, DenseI64ArrayAttr:$padding,
-                   DenseI64ArrayAttr:$dilation, UnitAttr:$depthwise);
+                   DenseI64ArrayAttr:$dilation, UnitAttr:$depthwise,
+                   UnitAttr:$relu);
   let results = (outs RankedTensorOf<[Neuron_Float]>:$result);
   let assemblyFormat = [{
-    $input `,` $weight (`bias` $bias^)? `stride` $stride `padding` $padding
-    `dilation` $dilation attr-dict `:` type($input) `,` type($weight)
-    (`,` type($bias)^)? `->` type($result)
+    $input `,` $weight (`bias` $bias^)? (`scale` $scale^)? `stride` $stride
+    `padding` $padding `dilation` $dilation attr-dict `:` type($input) `,`
+    type($weight) (`,` type($bias)^)? (`,` type($scale)^)? `->` type($result)
   }];
   let extraClassDeclaration = [{
     /// How the direct kernel lays out the image, weights and sums.

@@ -44,9 +44,10 @@ public:
       : k(k), x(k.bufferOf(op.getInput())), w(k.bufferOf(op.getWeight())),
         out(k.resultBuffer(op.getResult())),
         bias(op.getBias() ? k.bufferOf(op.getBias()) : Value()),
+        scale(op.getScale() ? k.bufferOf(op.getScale()) : Value()),
         stride(op.getStride()), padding(op.getPadding()),
         dilation(op.getDilation()), depthwise(op.getDepthwise()),
-        l(op.layout()) {
+        relu(op.getRelu()), l(op.layout()) {
     auto in = tensorType(op.getInput()), wt = tensorType(op.getWeight());
     auto res = tensorType(op.getResult());
     n = in.getDimSize(0);
@@ -112,14 +113,17 @@ public:
             zeroBorders(t, (q * kh + r) * c, c, first, end, left, width);
           }
       }
-    if (bias) {
-      // Each output tile's bias as an fp32 column (the DMA widens it).
-      biasColumns =
-          k.tile(MemorySpace::sbuf, {kConvTile, l.oTiles}, k.b.getF32Type());
+    // Each output tile's bias and scale as fp32 columns (the DMA widens
+    // them).
+    for (auto [from, to] :
+         {std::pair{bias, &biasColumns}, std::pair{scale, &scaleColumns}}) {
+      if (!from)
+        continue;
+      *to = k.tile(MemorySpace::sbuf, {kConvTile, l.oTiles}, k.b.getF32Type());
       for (int64_t ot = 0; ot < l.oTiles; ++ot) {
         int64_t oRows = std::min(kConvTile, o - ot * kConvTile);
-        k.dma(k.view(bias, k.index(ot * kConvTile), {oRows, 1}, {1, 1}),
-              k.view(biasColumns, k.index(ot), {oRows, 1}, {l.oTiles, 1}));
+        k.dma(k.view(from, k.index(ot * kConvTile), {oRows, 1}, {1, 1}),
+              k.view(*to, k.index(ot), {oRows, 1}, {l.oTiles, 1}));
       }
     }
     for (panelBegin = 0; panelBegin < l.oTiles; panelBegin += l.oPanel) {
@@ -581,30 +585,53 @@ private:
     }
   }
 
-  /// PSUM's sums of output tile ot into `part`, plus the bias where there
-  /// is one, rounded once; on ScalarE or VectorE.
+  /// PSUM's sums of output tile ot into `part`, times the scale and plus
+  /// the bias where there are, through the relu where there is one, rounded
+  /// once; on ScalarE (one instruction) or VectorE.
   void evict(Value sums, Value part, int64_t ot, int64_t oRows, bool scalar) {
     auto &b = k.b;
-    if (!bias) {
-      b.create<nisa::CopyOp>(
-          sums, part, scalar ? nisa::Engine::scalar : nisa::Engine::vector);
+    auto columnOf = [&](Value t) {
+      return t ? k.view(t, k.index(ot), {oRows, 1}, {l.oTiles, 1}) : Value();
+    };
+    Value biasCol = columnOf(biasColumns), scaleCol = columnOf(scaleColumns);
+    if (scalar) {
+      if (!biasCol && !scaleCol && !relu) {
+        b.create<nisa::CopyOp>(sums, part, nisa::Engine::scalar);
+        return;
+      }
+      b.create<nisa::ActivationOp>(sums, part, biasCol, scaleCol, Value(),
+                                   relu ? nisa::ActivationFn::relu
+                                        : nisa::ActivationFn::identity,
+                                   APFloat(1.0), APFloat(0.0));
       return;
     }
-    Value column = k.view(biasColumns, k.index(ot), {oRows, 1}, {l.oTiles, 1});
-    if (scalar)
-      b.create<nisa::ActivationOp>(sums, part, column,
-                                   nisa::ActivationFn::identity, APFloat(1.0),
-                                   APFloat(0.0));
+    // VectorE: sums * scale + bias in one instruction (the bias a column
+    // read at every position), rounded into `part`; then max(0, .) there
+    // (the same as before rounding: rounding keeps order and 0).
+    auto shape = cast<MemRefType>(sums.getType()).getShape();
+    if (scaleCol && biasCol)
+      b.create<nisa::ScalarTensorTensorOp>(
+          nisa::AluOp::multiply, nisa::AluOp::add, sums,
+          k.view(biasColumns, k.index(ot), shape, {l.oTiles, 0}), part,
+          scaleCol, APFloat(0.0), nisa::Engine::vector);
+    else if (scaleCol || biasCol)
+      b.create<nisa::TensorScalarOp>(
+          scaleCol ? nisa::AluOp::multiply : nisa::AluOp::add, sums, part,
+          scaleCol ? scaleCol : biasCol, APFloat(0.0), false);
     else
-      b.create<nisa::TensorScalarOp>(nisa::AluOp::add, sums, part, column,
+      b.create<nisa::CopyOp>(sums, part, nisa::Engine::vector);
+    if (relu)
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::max, part, part, Value(),
                                      APFloat(0.0), false);
   }
 
   KernelLowering &k;
-  Value x, w, out, bias;
+  Value x, w, out, bias, scale;
   ArrayRef<int64_t> stride, padding, dilation;
   /// Each output tile from its own channel tile, diagonal stationaries.
   bool depthwise;
+  /// max(0, .) as the sums leave PSUM.
+  bool relu;
   ConvLayout l;
   int64_t n, c, h, wd, o, kh, kw, ho, wo, wp, taps, chunks, planes, banksPerSet,
       sets;
@@ -612,7 +639,7 @@ private:
   int64_t panelBegin = 0, panelEnd = 0;
   bool padded;
   Type elt;
-  Value weights, acc, staged, biasColumns;
+  Value weights, acc, staged, biasColumns, scaleColumns;
   /// Per image slot, the image padded and (where it pads) as loaded:
   /// separate tiles, not slots of one, which the synchronisation tells
   /// apart.

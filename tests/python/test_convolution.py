@@ -206,6 +206,34 @@ def test_images_larger_than_sbuf_go_through_in_bands(shape: tuple[int, ...], sha
         assert hbm <= 1.05 * minimum, (hbm, minimum)
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["plain", "bias"])
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+def test_conv_batchnorm_relu_leave_psum_together(dtype: torch.dtype, bias: bool) -> None:
+    # An eval BatchNorm and a ReLU after a convolution fold into it (scale, bias, relu as
+    # the sums leave PSUM, rounded once): the output is written once, not normalized and
+    # clamped in passes of their own over it.
+    torch.manual_seed(0)
+    block = nn.Sequential(
+        nn.Conv2d(16, 24, 3, padding=1, bias=bias), nn.BatchNorm2d(24), nn.ReLU()
+    ).eval()
+    with torch.no_grad():
+        block[1].running_mean.normal_()
+        block[1].running_var.uniform_(0.5, 2.0)
+        block[1].weight.normal_()
+        block[1].bias.normal_()
+    block = block.to(dtype)
+    x = torch.randn(2, 16, 48, 48, dtype=dtype)
+    with torch.no_grad():
+        got, _, hbm = _modeled(block, x)
+        want = copy.deepcopy(block).double()(x.double())
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == F32 else dict(atol=2e-2, rtol=8e-3)
+    torch.testing.assert_close(got.double(), want, **tol)
+    # The input, weights and output once (2.4x without the fold: the output written, read
+    # and written again), plus the per-channel values' small computations.
+    minimum = sum(t.numel() * t.element_size() for t in (x, block[0].weight, got))
+    assert hbm <= 1.2 * minimum, (hbm, minimum)
+
+
 def test_resnet_basic_block_trains_like_eager() -> None:
     # torchvision's BasicBlock: the forward convolutions take the direct kernel inside the
     # training graph, their gradients im2col's (convolution_backward).

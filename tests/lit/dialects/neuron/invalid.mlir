@@ -790,3 +790,11 @@ func.func @conv2d_depthwise_weight(%x: tensor<1x8x6x6xf32>, %w: tensor<8x2x3x3xf
   %0 = neuron.conv2d %x, %w stride [1, 1] padding [1, 1] dilation [1, 1] {depthwise} : tensor<1x8x6x6xf32>, tensor<8x2x3x3xf32> -> tensor<1x8x6x6xf32>
   return
 }
+
+// -----
+
+func.func @conv2d_scale(%x: tensor<1x8x6x6xf32>, %w: tensor<4x8x3x3xf32>, %b: tensor<4xf32>, %s: tensor<8xf32>) {
+  // expected-error @+1 {{scale must be [4], with a bias}}
+  %0 = neuron.conv2d %x, %w bias %b scale %s stride [1, 1] padding [1, 1] dilation [1, 1] : tensor<1x8x6x6xf32>, tensor<4x8x3x3xf32>, tensor<4xf32>, tensor<8xf32> -> tensor<1x4x6x6xf32>
+  return
+}

@@ -178,3 +178,18 @@ func.func @conv_depthwise(%x: tensor<1x32x6x6xbf16>, %w: tensor<32x1x3x3xbf16>) 
   %0 = neuron.conv2d %x, %w stride [1, 1] padding [1, 1] dilation [1, 1] {depthwise} : tensor<1x32x6x6xbf16>, tensor<32x1x3x3xbf16> -> tensor<1x32x6x6xbf16>
   return %0 : tensor<1x32x6x6xbf16>
 }
+
+// An epilogue folded in (a BatchNorm in eval mode and a ReLU): the sums
+// leave PSUM as relu(sums * scale + bias), per output channel, in one
+// ScalarE activation; on VectorE as one scalar_tensor_tensor (the bias
+// column read at every position: a zero stride) into the staged tile, then
+// max(0, .) there.
+
+// CHECK-LABEL: func.func @conv_epilogue(
+// CHECK: nisa.scalar_tensor_tensor multiply, add %{{.*}}, %{{.*}}, %[[PART:.*]] scalar %{{.*}} : memref<64x504xf32, strided<[2048, 1], offset: ?>, #nisa.mem<psum>>, memref<64x504xf32, strided<[1, ?], offset: ?>, #nisa.mem<sbuf>>, memref<64x504xbf16
+// CHECK: nisa.tensor_scalar max %[[PART]], %[[PART]] : memref<64x504xbf16
+// CHECK: nisa.activation relu %{{.*}}, %{{.*}} bias %{{.*}} scale_col %{{.*}} : memref<64x72xf32, strided<[2048, 1], offset: ?>, #nisa.mem<psum>>, memref<64x72xbf16
+func.func @conv_epilogue(%x: tensor<1x64x24x24xbf16>, %w: tensor<64x64x3x3xbf16>, %b: tensor<64xf32>, %s: tensor<64xf32>) -> tensor<1x64x24x24xbf16> {
+  %0 = neuron.conv2d %x, %w bias %b scale %s stride [1, 1] padding [1, 1] dilation [1, 1] {relu} : tensor<1x64x24x24xbf16>, tensor<64x64x3x3xbf16>, tensor<64xf32>, tensor<64xf32> -> tensor<1x64x24x24xbf16>
+  return %0 : tensor<1x64x24x24xbf16>
+}
