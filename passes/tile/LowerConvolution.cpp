@@ -38,6 +38,9 @@ namespace {
 /// image rows kernel row r reads, shifted back q tap columns, straight
 /// from HBM. An image too large for SBUF goes through in bands of output
 /// rows (ConvLayout::bands), each loading the input rows its windows read.
+/// Depthwise, each tap's stationary is diagonal and an output tile sums only
+/// its own channel tile. A folded epilogue (scale, bias, relu) is applied as
+/// the sums leave PSUM.
 class DirectConv {
 public:
   DirectConv(KernelLowering &k, Conv2dOp op)

@@ -113,32 +113,28 @@ def test_group_norm_trains_like_eager() -> None:
         torch.testing.assert_close(p.grad, q.grad, atol=1e-3, rtol=1e-4)
 
 
-def test_group_norm_reads_its_input_once() -> None:
-    # Stable Diffusion's GroupNorm(32, 320) over [2, 320, 64, 64] bf16: decomposed, 433 us
-    # (6.7% of its roofline, 6x the bytes: float32 copies of the input through HBM).
+@pytest.mark.parametrize(
+    "make, shape, share",
+    [
+        # Stable Diffusion's GroupNorm(32, 320) over [2, 320, 64, 64] bf16: decomposed,
+        # 433 us (6.7% of its roofline, 6x the bytes: float32 copies of the input through
+        # HBM); now 47.5 us.
+        (lambda: nn.GroupNorm(32, 320), (2, 320, 64, 64), 0.5),
+        # GroupNorm(32, 640) then SiLU over [2, 640, 32, 32]: decomposed, 226.7 us; the SiLU
+        # a pass of its own after the kernel, 2x the bytes (55.4 us); now 32.0 us.
+        (lambda: nn.Sequential(nn.GroupNorm(32, 640), nn.SiLU()), (2, 640, 32, 32), 0.35),
+    ],
+    ids=["unet-64", "unet-32-silu"],
+)
+def test_group_norm_reads_its_input_once(make: Any, shape: tuple[int, ...], share: float) -> None:
     torch.manual_seed(0)
-    norm = nn.GroupNorm(32, 320).to(BF16)
-    x = torch.randn(2, 320, 64, 64, dtype=BF16)
-    with torch.no_grad():
-        out, ns, hbm = _modeled(norm, x)
-        want = norm(x)
-    torch.testing.assert_close(out.float(), want.float(), atol=3e-2, rtol=8e-3)
-    minimum = 2 * x.numel() * x.element_size()
-    assert hbm <= 1.02 * minimum, (hbm, minimum)
-    roofline = 1e9 * minimum / native().target_peaks("trn2")["hbm_bytes"]
-    assert roofline / ns >= 0.5, roofline / ns
-
-
-def test_group_norm_and_silu_read_their_input_once() -> None:
-    # GroupNorm(32, 640) then SiLU over [2, 640, 32, 32] bf16: decomposed, 226.7 us; the
-    # SiLU as a pass of its own after the kernel, 2x the bytes (55.4 us).
-    torch.manual_seed(0)
-    block = nn.Sequential(nn.GroupNorm(32, 640), nn.SiLU()).to(BF16)
-    x = torch.randn(2, 640, 32, 32, dtype=BF16)
+    block = make().to(BF16)
+    x = torch.randn(*shape, dtype=BF16)
     with torch.no_grad():
         out, ns, hbm = _modeled(block, x)
         want = block(x)
     torch.testing.assert_close(out.float(), want.float(), atol=3e-2, rtol=1.6e-2)
     minimum = 2 * x.numel() * x.element_size()
     assert hbm <= 1.02 * minimum, (hbm, minimum)
-    assert ns <= 45e3, ns
+    roofline = 1e9 * minimum / native().target_peaks("trn2")["hbm_bytes"]
+    assert roofline / ns >= share, roofline / ns
