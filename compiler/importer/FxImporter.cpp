@@ -2302,8 +2302,9 @@ Value directConvolution(Importer &im, Value x, Value w, Value bias,
 /// (directConvolution) where it fits; else ungrouped, one im2col matmul.
 /// Grouped: the same matmul batched over groups, [N, G, O/G, C/G*K] x [N, G,
 /// C/G*K, HoWo], so each group contracts only its own channels (a
-/// block-diagonal weight would multiply G times the zeros). Depthwise: VectorE
-/// (depthwiseConvolution).
+/// block-diagonal weight would multiply G times the zeros). Depthwise that
+/// the direct kernel does not take (a channel multiplier, too large):
+/// VectorE (depthwiseConvolution).
 Values convolutionHandler(Importer &im) {
   Value x = im.tensor(im.arg(0)), w = im.tensor(im.arg(1));
   RankedTensorType out = im.resultType();

@@ -1447,13 +1447,15 @@ static bool sameAlongFirstDim(Value v, int depth = 0) {
   return false;
 }
 
-/// Whether v is computed from `target` (up to a depth).
+/// Whether v is computed from `target` (past a depth, assumed so).
 static bool computedFrom(Value v, Value target, int depth = 0) {
   if (v == target)
     return true;
   Operation *def = v.getDefiningOp();
-  if (!def || depth > 32)
-    return !def ? false : true;
+  if (!def)
+    return false;
+  if (depth > 32)
+    return true;
   return llvm::any_of(def->getOperands(), [&](Value o) {
     return computedFrom(o, target, depth + 1);
   });
