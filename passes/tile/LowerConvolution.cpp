@@ -13,8 +13,6 @@
 #include "passes/tile/KernelLowering.h"
 #include "passes/tile/TilePattern.h"
 
-#include <numeric>
-
 namespace mlir::neuron {
 
 namespace {
@@ -142,64 +140,29 @@ public:
 private:
   using TileScope = TileBuilder::TileScope;
 
-  /// Every image's output channels of the panel's output tiles. Group i +
-  /// ahead loads while group i computes; its copies' DMA is issued a step
-  /// later than its load, when SyncE's queue (which waits in order) no
-  /// longer has to wait for the GpSimd copy it reads.
+  /// Every image's output channels of the panel's output tiles, a group of
+  /// images (or a band of one) a step: step t + ahead loads while step t
+  /// computes; its copies' DMA is issued a step later than its load, when
+  /// SyncE's queue (which waits in order) no longer has to wait for the
+  /// GpSimd copy it reads.
   void convolvePanel() {
-    int64_t count = n / l.images, slots = l.imageSlots;
-    if (l.bands > 1) {
-      convolveBands();
-      return;
-    }
-    int64_t ahead = std::min(slots - 1, count);
-    for (int64_t i = 0; i < ahead; ++i)
-      loadImages(k.index(i), 0, i);
-    copyImages(0);
-    k.forEachRotating(0, count - ahead, slots, [&](Value i, int64_t slot) {
-      loadImages(k.addOffset(i, ahead), 0, (slot + ahead) % slots);
-      copyImages((slot + 1) % slots);
-      computeImages(i, 0, slot);
-    });
-    for (int64_t i = count - ahead; i < count; ++i) {
-      if (i + 1 < count)
-        copyImages((i + 1) % slots);
-      computeImages(k.index(i), 0, i % slots);
-    }
-  }
-
-  /// The same over the bands of each image (one image a group): band t of
-  /// the whole sequence, image t / bands, into slot t % slots, band t +
-  /// ahead loading while band t computes. The images run in a loop whose
-  /// body holds their bands, unrolled over as many images as the slots
-  /// take to come round to the same one.
-  void convolveBands() {
-    int64_t bands = l.bands, slots = l.imageSlots;
-    int64_t total = n * bands, ahead = std::min(slots - 1, total);
-    auto imageOf = [&](Value i, int64_t t) {
-      return k.addOffset(i, t / bands);
-    };
+    // Step t: band j of image group i (one band a group but for a single
+    // image too large for SBUF).
+    int64_t per = l.bands, total = n / l.images * per, slots = l.imageSlots;
+    int64_t ahead = std::min(slots - 1, total);
     for (int64_t t = 0; t < ahead; ++t)
-      loadImages(k.index(t / bands), t % bands, t % slots);
+      loadImages(k.index(t / per), t % per, t % slots);
     copyImages(0);
-    // Band b of image i: t = i * bands + b; its loads are for t + ahead,
-    // within the sequence for every image but the last (ahead <= bands).
-    auto bandsOf = [&](Value i, int64_t phase, bool last) {
-      for (int64_t b = 0; b < bands; ++b) {
-        int64_t t = phase * bands + b;
-        if (!last || b + ahead < bands)
-          loadImages(imageOf(i, b + ahead), (b + ahead) % bands,
-                     (t + ahead) % slots);
-        if (!last || b + 1 < bands)
-          copyImages((t + 1) % slots);
-        computeImages(i, b, t % slots);
-      }
-    };
-    int64_t period = slots / std::gcd(bands, slots);
-    k.forEachRotating(0, n - 1, period, [&](Value i, int64_t phase) {
-      bandsOf(i, phase, false);
-    });
-    bandsOf(k.index(n - 1), (n - 1) % period, true);
+    k.forEachStep(total / per, per, slots, ahead,
+                  [&](Value i, int64_t j, int64_t slot, int64_t left) {
+                    if (left > ahead) {
+                      auto [i2, j2] = k.stepAfter(i, j, per, ahead);
+                      loadImages(i2, j2, (slot + ahead) % slots);
+                    }
+                    if (left > 1)
+                      copyImages((slot + 1) % slots);
+                    computeImages(i, j, slot);
+                  });
   }
 
   int64_t accStride() const { return sets * banksPerSet * kConvTileColumns; }

@@ -19,9 +19,6 @@
 #include "passes/tile/KernelLowering.h"
 #include "passes/tile/TilePattern.h"
 
-#include <limits>
-#include <numeric>
-
 namespace mlir::neuron {
 
 namespace {
@@ -314,45 +311,27 @@ private:
 
   /// Rows that fit: step t = image * steps + j in slot t % slots; step t +
   /// 1's statistics and step t + ahead's load are issued before step t's
-  /// normalization. The images run in a loop whose body holds their steps,
-  /// unrolled over as many images as the slots take to come round to the
-  /// same one.
+  /// normalization (TileBuilder::forEachStep).
   void pipelined() {
-    int64_t ahead = slots - 2, total = n * steps;
-    // Step t + d of the sequence, for step j of `image`.
-    auto later = [&](Value image, int64_t j, int64_t d) {
-      return std::pair{k.addOffset(image, (j + d) / steps), (j + d) % steps};
-    };
+    int64_t ahead = slots - 2;
     auto load = [&](Value image, int64_t j, int64_t slot) {
       k.dma(rowsIn(x, image, j, 0, rowLen), rowTile(slot, j, rowLen));
     };
-    for (int64_t t = 0; t < std::min(ahead, total); ++t)
+    for (int64_t t = 0; t < std::min(ahead, n * steps); ++t)
       load(k.index(t / steps), t % steps, t % slots);
     rowStats(0, 0, 0, rowLen);
-    // `left`: the steps of the sequence from this image's first on.
-    auto stepsOf = [&](Value image, int64_t phase, int64_t left) {
-      for (int64_t j = 0; j < steps; ++j) {
-        int64_t t = phase * steps + j, slot = t % slots;
-        if (left - j > ahead) {
-          auto [image2, j2] = later(image, j, ahead);
-          load(image2, j2, (t + ahead) % slots);
-        }
-        groupStats(image, j, slot);
-        if (left - j > 1)
-          rowStats((t + 1) % slots, (t + 1) % slots, (j + 1) % steps, rowLen);
-        normalize(image, j, slot, slot, 0, rowLen);
-      }
-    };
-    int64_t period = slots / std::gcd(steps, slots);
-    // Images whose steps all load ahead within the sequence run in the
-    // loop; the last ones (the loads stop `ahead` steps before the end)
-    // after.
-    int64_t tail = std::min(n, (ahead + steps - 1) / steps);
-    k.forEachRotating(0, n - tail, period, [&](Value image, int64_t phase) {
-      stepsOf(image, phase, std::numeric_limits<int64_t>::max());
-    });
-    for (int64_t i = n - tail; i < n; ++i)
-      stepsOf(k.index(i), i % period, (n - i) * steps);
+    k.forEachStep(n, steps, slots, ahead,
+                  [&](Value image, int64_t j, int64_t slot, int64_t left) {
+                    if (left > ahead) {
+                      auto [image2, j2] = k.stepAfter(image, j, steps, ahead);
+                      load(image2, j2, (slot + ahead) % slots);
+                    }
+                    groupStats(image, j, slot);
+                    if (left > 1)
+                      rowStats((slot + 1) % slots, (slot + 1) % slots,
+                               (j + 1) % steps, rowLen);
+                    normalize(image, j, slot, slot, 0, rowLen);
+                  });
   }
 
   /// Rows longer than a chunk: each chunk's mean and variance, as the

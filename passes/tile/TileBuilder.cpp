@@ -6,6 +6,9 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/ScopeExit.h"
 
+#include <limits>
+#include <numeric>
+
 using namespace mlir;
 using namespace mlir::neuron;
 
@@ -1008,6 +1011,21 @@ void TileBuilder::forEachRotating(
   });
   for (int64_t i = count / slots * slots; i < count; ++i)
     body(index(first + i), (first + i) % slots);
+}
+
+void TileBuilder::forEachStep(
+    int64_t count, int64_t per, int64_t slots, int64_t ahead,
+    llvm::function_ref<void(Value, int64_t, int64_t, int64_t)> body) {
+  int64_t period = slots / std::gcd(per, slots);
+  int64_t tail = std::min(count, (ahead + per - 1) / per);
+  forEachRotating(0, count - tail, period, [&](Value i, int64_t phase) {
+    for (int64_t j = 0; j < per; ++j)
+      body(i, j, (phase * per + j) % slots,
+           std::numeric_limits<int64_t>::max());
+  });
+  for (int64_t i = count - tail; i < count; ++i)
+    for (int64_t j = 0; j < per; ++j)
+      body(index(i), j, (i * per + j) % slots, (count - i) * per - j);
 }
 
 /// Steps [0, count) of a stream whose loads go to buffer step % slots:

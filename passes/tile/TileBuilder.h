@@ -172,6 +172,21 @@ public:
   void forEach(int64_t count, llvm::function_ref<void(Value)> body);
   void forEachRotating(int64_t first, int64_t count, int64_t slots,
                        llvm::function_ref<void(Value, int64_t)> body);
+  /// A sequence of `count` x `per` steps (step t = i * per + j, in slot t %
+  /// slots) whose step t issues work for step t + ahead: a loop over i whose
+  /// body unrolls its `per` steps (over as many i as the slots take to come
+  /// round to the same one), then unrolled the last i, whose steps reach
+  /// within `ahead` of the end. `body(i, j, slot, left)` gets the steps of
+  /// the sequence from this one on (more than `ahead` in the loop);
+  /// stepAfter gives a later step's i and j.
+  void forEachStep(
+      int64_t count, int64_t per, int64_t slots, int64_t ahead,
+      llvm::function_ref<void(Value i, int64_t j, int64_t slot, int64_t left)>
+          body);
+  std::pair<Value, int64_t> stepAfter(Value i, int64_t j, int64_t per,
+                                      int64_t d) {
+    return {addOffset(i, (j + d) / per), (j + d) % per};
+  }
   /// forEachPipelined with a count known at run time (issue #16): the
   /// same order of loads and computes; the steps that do not fill a group
   /// of `slots` run in loops of zero or one iteration. `firstLoads` false:
