@@ -386,6 +386,13 @@ private:
   // then), so both outlive the round.
   Value pBuf, pTBuf;
   Value maskBiases; // [128, lanes x 2 parities x bank]
+  /// Plain scores in bf16 or fp32 (f16 cannot hold the scale) take their
+  /// mask as a TensorE matmul accumulating into the scores' bank.
+  bool maskOnTensorE() const {
+    return scaleOnExp && !maskTrivial && (inElt.isBF16() || inElt.isF32());
+  }
+  static constexpr double kTensorMaskScale = 0x1p64;
+  Value maskIdentity, maskFill; // kTensorMaskScale I; -kTensorMaskScale
   // Biases of a mask of q - kv alone, one per static q0 - kv0 and shape.
   static constexpr int64_t kMaskCacheCols = 1024;
   struct CachedMask {

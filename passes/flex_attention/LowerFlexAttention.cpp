@@ -752,9 +752,20 @@ void FlexAttentionLowering::allocateTiles(bool tables) {
   expSrc = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, f32);
   pBuf = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, inElt);
   pTBuf = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, inElt);
-  maskBiases = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, f32);
+  Type maskElt = f32;
+  if (maskOnTensorE()) {
+    // c I against biases of 0 / -c: a masked score's product overflows
+    // fp32 to -inf (c^2 = 2^128) and every other product is an exact 0.
+    maskElt = inElt;
+    maskIdentity = k.tile(MemorySpace::sbuf, {unit, unit}, inElt);
+    b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, ident, maskIdentity,
+                                   Value(), APFloat(kTensorMaskScale), false);
+    maskFill = k.tile(MemorySpace::sbuf, {unit, bank}, f32);
+    b.create<nisa::MemsetOp>(maskFill, APFloat(-kTensorMaskScale));
+  }
+  maskBiases = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, maskElt);
   if (!maskTrivial && op.getMaskBuffers().empty())
-    maskCache = k.tile(MemorySpace::sbuf, {unit, kMaskCacheCols}, f32);
+    maskCache = k.tile(MemorySpace::sbuf, {unit, kMaskCacheCols}, maskElt);
   kTStride = kvSlots * kvUnits * unit;
   vSStride = kvSlots * kvUnits * vDim;
   kT = k.tile(MemorySpace::sbuf, {dim, kTStride}, inElt);
@@ -1309,6 +1320,20 @@ void FlexAttentionLowering::scores(const Cursor &c, Value qTs) {
       k.view(kT, k.addOffset(k.scale(c.at.unit, unit), kvSlot * kvUnits * unit),
              {dim, c.at.width}, {kTStride, 1}),
       scoresOf(c));
+  if (!maskOnTensorE())
+    return;
+  // The partial units' mask added in PSUM by TensorE (c I times the bias):
+  // VectorE, the kernel's bound, then only takes the max.
+  int64_t rows = c.at.rows;
+  for (auto [offset, count] : c.step->keys.partialRuns) {
+    int64_t cols = std::min(count * unit, c.at.width - offset * unit);
+    b.create<nisa::MatmulOp>(
+         k.view(maskIdentity, k.index(0), {rows, rows}, {unit, 1}),
+         biasOf(c, offset, cols),
+         k.view(psum, k.index(scoreBankOf(c) * bank + offset * unit),
+                {rows, cols}, {psumCols, 1}))
+        .setAccumulate(true);
+  }
 }
 
 /// score_mod and the mask on the step's scores (into expSource), then the
@@ -1320,6 +1345,8 @@ void FlexAttentionLowering::rowMax(const Cursor &c) {
   Value s = scoresOf(c), dst = expSource(c);
   if (scaleOnExp) {
     for (auto [offset, count] : c.step->keys.partialRuns) {
+      if (maskOnTensorE())
+        break; // added by scores()
       int64_t cols = std::min(count * unit, width - offset * unit);
       Value part = k.view(psum, k.index(scoreBankOf(c) * bank + offset * unit),
                           {rows, cols}, {psumCols, 1});
@@ -1387,17 +1414,17 @@ void FlexAttentionLowering::maskBias(const Cursor &c) {
       bias = *cachedMask(c, offset, sub.width);
     }
     if (r->kind == Operand::imm) {
-      b.create<nisa::MemsetOp>(
-          bias,
-          APFloat(r->value != 0.0 ? 0.0
-                                  : -std::numeric_limits<float>::infinity()));
+      double masked = maskOnTensorE() ? -kTensorMaskScale
+                                      : -std::numeric_limits<float>::infinity();
+      b.create<nisa::MemsetOp>(bias, APFloat(r->value != 0.0 ? 0.0 : masked));
       continue;
     }
     auto full = [&](Value t) {
       return k.view(t, k.index(0), {sub.rows, sub.width}, {bank, 1});
     };
     b.create<nisa::SelectOp>(materialize(*r, sub, true), full(zeros),
-                             full(negInf), bias, nisa::Engine::gpsimd);
+                             full(maskOnTensorE() ? maskFill : negInf), bias,
+                             nisa::Engine::gpsimd);
   }
 }
 
@@ -1470,14 +1497,16 @@ void FlexAttentionLowering::probabilities(const Cursor &c) {
     storeLseParts(c.at, ls, negmOf(c.lane, c.parity, rows));
 }
 
-/// alpha = exp(max_old - max_new) rescales what came before this step.
+/// alpha = exp(max_old - max_new) rescales what came before this step,
+/// as e^x on GpSimd: ScalarE's exps and VectorE's max bound the kernel.
 void FlexAttentionLowering::rescaleFactor(const Cursor &c) {
   int64_t rows = c.at.rows;
-  b.create<nisa::ActivationOp>(negmOf(c.lane, 1 - c.parity, rows),
-                               column(alpha, 2 * c.lane + c.parity, rows),
-                               negmOf(c.lane, c.parity, rows),
-                               nisa::ActivationFn::exp, APFloat(-1.0),
-                               APFloat(0.0));
+  Value a = column(alpha, 2 * c.lane + c.parity, rows);
+  b.create<nisa::TensorTensorOp>(
+      nisa::AluOp::subtract, negmOf(c.lane, c.parity, rows),
+      negmOf(c.lane, 1 - c.parity, rows), a, nisa::Engine::gpsimd);
+  b.create<nisa::TensorScalarOp>(nisa::AluOp::pow, a, a, Value(), APFloat(M_E),
+                                 /*reverse=*/true, nisa::Engine::gpsimd);
 }
 
 /// out = O / max(l, tiny) (a fully masked row has O = 0 and l = 0),

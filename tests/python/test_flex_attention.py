@@ -309,7 +309,9 @@ def test_causal_kernel_share_of_the_tensor_peak() -> None:
     # take 666 ns against TensorE's 427 ns of useful work; P^T mostly by transposing DMAs keeps
     # TensorE and ScalarE off the transposes and their evictions, and the diagonal steps' mask
     # is built while GpSimd waits for a round's maxima. 29.1% of the peak with every transpose
-    # on TensorE and the mask built at a round's end; 33.4% now (modeled, deterministic).
+    # on TensorE and the mask built at a round's end; 36.1% with the diagonal units' mask added
+    # by VectorE and the rescale factors exps on ScalarE; 37.7% now, the mask accumulated onto
+    # the scores by TensorE and the factors e^x on GpSimd (modeled, deterministic).
     s = 2048
     q, k, v = (
         torch.randn(1, 2, s, 128, generator=torch.Generator().manual_seed(i)).bfloat16()
@@ -326,7 +328,7 @@ def test_causal_kernel_share_of_the_tensor_peak() -> None:
     (kernel,) = prof.kernels
     useful = 4 * 2 * 128 * s * (s + 1) / 2  # unmasked (query, key) pairs
     peak_flops_per_ns = native().target_peaks("trn2")["flops"] / 1e9
-    assert useful / kernel["device_ns"] / peak_flops_per_ns >= 0.32
+    assert useful / kernel["device_ns"] / peak_flops_per_ns >= 0.37
     torch.testing.assert_close(
         got.float(),
         flex_attention(q.float(), k.float(), v.float(), block_mask=mask),
