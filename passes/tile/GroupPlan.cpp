@@ -239,14 +239,16 @@ void GroupPlan::layOut(ArrayRef<Value> inputs, int64_t width,
   }
   // Per slot, a tile of every input and output, a row's value one column
   // (bits rounded up per column: an over-estimate kept so that programs
-  // stay as they were).
+  // stay as they were). A row's statistics stored per step (a block's max
+  // and sum of exponentials) take a column each: counted whole rows, they
+  // held a long row's loads to two slots.
   int64_t streamBytes = 0;
   for (Value v : inputs)
     if (plan.rep(v) == Rep::Full || plan.rep(v) == Rep::Row) // not loaded once
       streamBytes +=
           slotWidth(v) * (typeOf(v).getElementTypeBitWidth() + 7) / 8;
   for (Value v : outputList)
-    streamBytes += cols * (typeOf(v).getElementTypeBitWidth() + 7) / 8;
+    streamBytes += slotWidth(v) * (typeOf(v).getElementTypeBitWidth() + 7) / 8;
   numSlots = std::min<int64_t>(steps, knobs.streamSlots);
   while (numSlots > 1 && numSlots * streamBytes > target.sbufBytesPerPartition *
                                                       knobs.streamSbufPercent /
