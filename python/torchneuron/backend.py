@@ -44,6 +44,7 @@ from torchneuron.decompositions import (
     neuron_decompositions,
 )
 from torchneuron.kernel import DeviceKernel, GenericDeviceKernel
+from torchneuron.losses import cross_entropy_rows
 from torchneuron.progress import Progress
 from torchneuron.sizes import NotSizeGeneric, no_size_guards
 
@@ -103,6 +104,7 @@ def neuron_backend(
     training = sdpa.needs_grad(gm, example_inputs)
     sdpa.route_attention(gm, training=training)
     nearest_resizing(gm)
+    cross_entropy_rows(gm)
     # Forward and backward graphs are traced in this call. Training keeps the masked grouped
     # GEMM: its backward's weight gradients (K in groups) have no kernel yet.
     with math_attention(), grouped_mm_kernel(not training):
