@@ -1418,6 +1418,58 @@ void BroadcastOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                               MLIRContext *context) {
   patterns.add<SplitInteriorBroadcast>(context);
 }
+/// A reduction over dims of size 1 is its input reshaped (each result is
+/// the one element it reduces): the gradient of a gather of one element
+/// per row sums a one-hot over its size-1 index dim, which as a reduction
+/// went through a transpose and an instruction per element.
+struct ReduceOfSingletons : public OpRewritePattern<ReduceOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(ReduceOp op,
+                                PatternRewriter &rewriter) const override {
+    auto in = tensorType(op.getInput());
+    auto out = tensorType(op.getResult());
+    if (!in.hasStaticShape() || !out.hasStaticShape() ||
+        in.getElementType() != out.getElementType())
+      return failure();
+    ArrayRef<int64_t> shape = in.getShape();
+    if (llvm::any_of(shape.take_back(op.getCount()),
+                     [](int64_t d) { return d != 1; }))
+      return failure();
+    rewriter.replaceOpWithNewOp<ReshapeOp>(op, out, op.getInput());
+    return success();
+  }
+};
+
+/// A transpose that moves only dims of size 1 keeps the elements' order: a
+/// reshape, which costs no data movement.
+struct TransposeOfSingletons : public OpRewritePattern<TransposeOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(TransposeOp op,
+                                PatternRewriter &rewriter) const override {
+    auto in = tensorType(op.getInput());
+    if (!in.hasStaticShape())
+      return failure();
+    int64_t last = -1;
+    for (int64_t p : op.getPermutation()) {
+      if (in.getDimSize(p) == 1)
+        continue;
+      if (p < last)
+        return failure();
+      last = p;
+    }
+    rewriter.replaceOpWithNewOp<ReshapeOp>(op, op.getType(), op.getInput());
+    return success();
+  }
+};
+
+void ReduceOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                           MLIRContext *context) {
+  patterns.add<ReduceOfSingletons>(context);
+}
+void TransposeOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
+                                              MLIRContext *context) {
+  patterns.add<TransposeOfSingletons>(context);
+}
 void SliceOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                           MLIRContext *context) {
   patterns.add<HoistSlice>(context);

@@ -341,6 +341,7 @@ def Neuron_ReduceOp : Neuron_Op<"reduce"> {
   let results = (outs Neuron_Tensor:$result);
   let assemblyFormat = "$fn $input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
+  let hasCanonicalizer = 1;
 }
 
 //===----------------------------------------------------------------------===//
@@ -366,6 +367,7 @@ def Neuron_TransposeOp : Neuron_Op<"transpose"> {
   }];
   let hasVerifier = 1;
   let hasFolder = 1;
+  let hasCanonicalizer = 1;
 }
 
 def Neuron_ReshapeOp : Neuron_Op<"reshape"> {

@@ -248,3 +248,25 @@ func.func @affine_chain_stays(%x: tensor<4x16xf32>, %m: tensor<4x1xf32>, %s: ten
   %4 = neuron.binary add %3, %bs : tensor<4x16xf32>, tensor<4x16xf32> -> tensor<4x16xf32>
   return %1, %2, %4 : tensor<4x16xf32>, tensor<4x16xf32>, tensor<4x16xf32>
 }
+
+// A reduction over dims of size 1 and a transpose that moves only dims of
+// size 1 are reshapes (gather's gradient sums its one-hot over a size-1
+// index dim).
+// CHECK-LABEL: func.func @singletons
+func.func @singletons(%a: tensor<4x1x8xf32>, %b: tensor<4x8x1x1xf32>) -> (tensor<4x8x1xf32>, tensor<4x8xf32>, tensor<4x2xf32>) {
+  // CHECK-NOT: neuron.transpose
+  // CHECK-NOT: neuron.reduce
+  // CHECK: %[[T:.*]] = neuron.reshape %arg0 : tensor<4x1x8xf32> -> tensor<4x8x1xf32>
+  // CHECK: %[[R:.*]] = neuron.reshape %arg1 : tensor<4x8x1x1xf32> -> tensor<4x8xf32>
+  %t = neuron.transpose %a, [0, 2, 1] : tensor<4x1x8xf32> -> tensor<4x8x1xf32>
+  %r = neuron.reduce sum %b {count = 2 : i64} : tensor<4x8x1x1xf32> -> tensor<4x8xf32>
+  // Transposes that reorder dims of more than one element, and reductions over
+  // them, stay.
+  // CHECK: neuron.transpose %arg0, [2, 1, 0]
+  // CHECK: neuron.reduce max
+  %u = neuron.transpose %a, [2, 1, 0] : tensor<4x1x8xf32> -> tensor<8x1x4xf32>
+  %m = neuron.reduce max %u {count = 2 : i64} : tensor<8x1x4xf32> -> tensor<8xf32>
+  %s = neuron.reshape %m : tensor<8xf32> -> tensor<4x2xf32>
+  // CHECK: return %[[T]], %[[R]]
+  return %t, %r, %s : tensor<4x8x1xf32>, tensor<4x8xf32>, tensor<4x2xf32>
+}
