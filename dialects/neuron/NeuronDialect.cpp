@@ -421,11 +421,11 @@ int64_t Pool2dOp::residentBytes() {
   auto in = tensorType(getInput()), out = getType();
   int64_t rank = in.getRank();
   int64_t h = in.getDimSize(rank - 2), w = in.getDimSize(rank - 1);
-  int64_t hp = h + 2 * getPadding()[0], wp = w + 2 * getPadding()[1];
   int64_t outPlane = out.getDimSize(rank - 2) * out.getDimSize(rank - 1);
   int64_t eltBytes = in.getElementTypeBitWidth() / 8;
-  bool padded = getPadding()[0] || getPadding()[1];
-  return 2 * (eltBytes * (hp * wp + (padded ? h * w : 0)) + 2 * 4 * outPlane);
+  // Two slots of a plane and two partial results (fp32 at most): padding
+  // is never materialized (LowerPool.cpp).
+  return 2 * (eltBytes * h * w + 2 * 4 * outPlane);
 }
 
 LogicalResult ReduceOp::verify() {

@@ -322,8 +322,8 @@ def Neuron_Pool2dOp : Neuron_Op<"pool2d"> {
     `dilation` $dilation attr-dict `:` type($input) `->` type($result)
   }];
   let extraClassDeclaration = [{
-    /// SBUF bytes per partition its lowering keeps: two slots of a plane as
-    /// loaded and padded, and of two fp32 partial results.
+    /// SBUF bytes per partition its lowering keeps: two slots of a plane and
+    /// of two partial results (fp32 at most).
     int64_t residentBytes();
   }];
   let hasVerifier = 1;

@@ -1,25 +1,29 @@
 //===- LowerPool.cpp - neuron.pool2d: windows taken in SBUF ---------------===//
 //
 // Max and average pooling with the planes on the partitions: 128 planes
-// (an image's channel each) load at a time, padded in SBUF, and each window
-// offset is one VectorE or GpSimd instruction over a strided access pattern
-// of all of them. As slices, each of the kh x kw windows was a strided copy
-// through HBM before an elementwise pass read them all again.
+// (an image's channel each) load at a time, and each window offset is one
+// VectorE or GpSimd instruction over a strided access pattern of all of
+// them. As slices, each of the kh x kw windows was a strided copy through
+// HBM before an elementwise pass read them all again.
 //
 //===----------------------------------------------------------------------===//
 
 #include "passes/tile/KernelLowering.h"
 #include "passes/tile/TilePattern.h"
+#include "runtime/target/Cost.h"
 
 namespace mlir::neuron {
 
 namespace {
 
 /// Per step of 128 planes (the next step's load in flight while this one
-/// computes): one DMA of their rows, where the pooling pads a GpSimd copy
-/// into the interior of a plane whose border holds fn's identity, then the
-/// window offsets in turn on VectorE (even ones) and GpSimd (odd ones) into
-/// two fp32 partial results, combined, scaled and stored (the DMA rounds).
+/// computes): one DMA of their rows, then the window offsets (taps) on
+/// VectorE and GpSimd, each engine into a partial result of its own,
+/// combined, scaled and stored (the DMA rounds). A tap reads only the
+/// outputs whose window position is inside the plane, a sub-rectangle of
+/// them: padding is never materialized (its values, -inf or 0, change no
+/// result). Max pooling keeps 16-bit partials (a max is exact in them:
+/// VectorE streams 16-bit operands at twice fp32's rate); sums are fp32.
 class WindowPool {
 public:
   WindowPool(KernelLowering &k, Pool2dOp op)
@@ -36,27 +40,22 @@ public:
     w = in.getDimSize(rank - 1);
     ho = res.getDimSize(rank - 2);
     wo = res.getDimSize(rank - 1);
-    hp = h + 2 * padding[0];
-    wp = w + 2 * padding[1];
-    padded = padding[0] || padding[1];
     elt = in.getElementType();
+    accElt = op.getFn() == ReduceFn::max && elt.getIntOrFloatBitWidth() == 16
+                 ? elt
+                 : k.b.getF32Type();
     stepPlanes = k.target.partitions;
+    planTaps();
   }
 
   void lower() {
     TileScope scope(k);
     for (int64_t s = 0; s < kSlots; ++s) {
-      image[s] = k.tile(MemorySpace::sbuf, {stepPlanes, hp * wp}, elt);
-      if (padded) {
-        loaded[s] = k.tile(MemorySpace::sbuf, {stepPlanes, h * w}, elt);
-        k.fillBorders(image[s],
-                      {0, stepPlanes, 1, hp * wp, 0, wp, padding[0],
-                       padding[0] + h, padding[1], w},
-                      identity);
-      }
-      for (Value &acc : partial[s])
-        acc =
-            k.tile(MemorySpace::sbuf, {stepPlanes, ho * wo}, k.b.getF32Type());
+      image[s] = k.tile(MemorySpace::sbuf, {stepPlanes, h * w}, elt);
+      for (int64_t e = 0; e < kEngines; ++e)
+        if (used[e])
+          partial[s][e] =
+              k.tile(MemorySpace::sbuf, {stepPlanes, ho * wo}, accElt);
     }
     int64_t full = planes / stepPlanes, rest = planes % stepPlanes;
     k.forEachPipelined(
@@ -71,57 +70,126 @@ public:
 
 private:
   using TileScope = TileBuilder::TileScope;
-  static constexpr int64_t kSlots = 2;
+  static constexpr int64_t kSlots = 2, kEngines = 2;
+  static constexpr nisa::Engine kEngineOf[kEngines] = {nisa::Engine::vector,
+                                                       nisa::Engine::gpsimd};
+
+  /// A window offset (i, j) and the outputs [row0, row1) x [col0, col1)
+  /// whose window position at that offset is inside the plane.
+  struct Tap {
+    int64_t i, j, row0, row1, col0, col1;
+    int64_t outputs() const { return (row1 - row0) * (col1 - col0); }
+  };
+
+  /// The outputs [first, last) along one dim whose input index o * s - p +
+  /// t * d lies in [0, n).
+  static std::pair<int64_t, int64_t>
+  inside(int64_t t, int64_t s, int64_t p, int64_t d, int64_t n, int64_t outs) {
+    int64_t off = t * d - p; // input index of output 0
+    int64_t first = off >= 0 ? 0 : (-off + s - 1) / s;
+    int64_t last = off >= n ? 0 : std::min(outs, (n - 1 - off) / s + 1);
+    return {first, std::max(first, last)};
+  }
+
+  /// Each engine's taps in order, by the target's costs (the one of less
+  /// work so far takes the next tap, VectorE's work counting the partials'
+  /// combination); each engine's first tap covers every output and copies
+  /// (the others accumulate), else its partial starts as the identity (a
+  /// memset).
+  void planTaps() {
+    SmallVector<Tap> taps;
+    for (int64_t i = 0; i < kernel[0]; ++i)
+      for (int64_t j = 0; j < kernel[1]; ++j) {
+        auto [r0, r1] = inside(i, stride[0], padding[0], dilation[0], h, ho);
+        auto [c0, c1] = inside(j, stride[1], padding[1], dilation[1], w, wo);
+        if (r1 > r0 && c1 > c0)
+          taps.push_back({i, j, r0, r1, c0, c1});
+      }
+    // Whole taps first: the engines' partials start from them.
+    llvm::stable_sort(taps, [&](const Tap &a, const Tap &b) {
+      return a.outputs() > b.outputs();
+    });
+    const ::neuron::target::CostModel cost(k.target);
+    bool all16 = accElt.getIntOrFloatBitWidth() == 16;
+    auto ns = [&](int64_t e, const Tap &t, bool first) {
+      ::neuron::target::ComputeShape shape;
+      shape.elements = double(t.outputs());
+      shape.streamed = first ? 1 : 2;
+      shape.all16Bit = all16;
+      shape.contiguous = stride[1] == 1;
+      return cost.computeNs(first ? ::neuron::runtime::Opcode::Copy
+                                  : ::neuron::runtime::Opcode::TensorTensor,
+                            nisa::toProgram(kEngineOf[e]), shape);
+    };
+    // VectorE also combines the partials (when GpSimd has one).
+    Tap all{0, 0, 0, ho, 0, wo};
+    double load[kEngines] = {taps.size() > 1 ? ns(0, all, false) : 0, 0};
+    for (const Tap &t : taps) {
+      bool whole = t.outputs() == ho * wo;
+      int64_t best = 0;
+      double bestNs = 0;
+      for (int64_t e = 0; e < kEngines; ++e) {
+        bool first = tapsOf[e].empty() && whole;
+        double done = load[e] + ns(e, t, first);
+        if (e == 0 || done < bestNs) {
+          best = e;
+          bestNs = done;
+        }
+      }
+      if (tapsOf[best].empty() && !whole)
+        initialized[best] = true; // a memset, then this tap accumulates
+      load[best] = bestNs;
+      tapsOf[best].push_back(t);
+      used[best] = true;
+    }
+  }
 
   void load(Value step, int64_t slot, int64_t parts) {
-    Value src = k.view(x, k.scale(step, stepPlanes * h * w), {parts, h * w},
-                       {h * w, 1});
-    if (!padded) {
-      k.dma(src, k.view(image[slot], k.index(0), {parts, h * w}, {hp * wp, 1}));
-      return;
-    }
-    k.dma(src, k.view(loaded[slot], k.index(0), {parts, h * w}, {h * w, 1}));
-    k.b.create<nisa::CopyOp>(
-        k.view(loaded[slot], k.index(0), {parts, h, w}, {h * w, w, 1}),
-        k.view(image[slot], k.index(padding[0] * wp + padding[1]),
-               {parts, h, w}, {hp * wp, wp, 1}),
-        nisa::Engine::gpsimd);
+    k.dma(k.view(x, k.scale(step, stepPlanes * h * w), {parts, h * w},
+                 {h * w, 1}),
+          k.view(image[slot], k.index(0), {parts, h * w}, {h * w, 1}));
   }
 
   void compute(Value step, int64_t slot, int64_t parts) {
     auto &b = k.b;
-    auto acc = [&](int64_t which) {
-      return k.view(partial[slot][which], k.index(0), {parts, ho, wo},
+    auto outputs = [&](int64_t e, const Tap &t) {
+      return k.view(partial[slot][e], k.index(t.row0 * wo + t.col0),
+                    {parts, t.row1 - t.row0, t.col1 - t.col0},
                     {ho * wo, wo, 1});
     };
-    int64_t t = 0;
-    for (int64_t i = 0; i < kernel[0]; ++i)
-      for (int64_t j = 0; j < kernel[1]; ++j, ++t) {
-        Value window =
-            k.view(image[slot], k.index(i * dilation[0] * wp + j * dilation[1]),
-                   {parts, ho, wo}, {hp * wp, stride[0] * wp, stride[1]});
-        // Even offsets on VectorE, odd ones on GpSimd, each into its own
-        // partial result.
-        nisa::Engine engine =
-            t % 2 ? nisa::Engine::gpsimd : nisa::Engine::vector;
-        Value into = acc(t % 2);
-        if (t < 2)
-          b.create<nisa::CopyOp>(window, into, engine);
+    for (int64_t e = 0; e < kEngines; ++e) {
+      if (initialized[e])
+        b.create<nisa::MemsetOp>(k.view(partial[slot][e], k.index(0),
+                                        {parts, ho * wo}, {ho * wo, 1}),
+                                 APFloat(identity), kEngineOf[e]);
+      for (auto [n, t] : llvm::enumerate(tapsOf[e])) {
+        int64_t r = t.row0 * stride[0] - padding[0] + t.i * dilation[0];
+        int64_t c = t.col0 * stride[1] - padding[1] + t.j * dilation[1];
+        Value window = k.view(image[slot], k.index(r * w + c),
+                              {parts, t.row1 - t.row0, t.col1 - t.col0},
+                              {h * w, stride[0] * w, stride[1]});
+        Value into = outputs(e, t);
+        if (n == 0 && !initialized[e])
+          b.create<nisa::CopyOp>(window, into, kEngineOf[e]);
         else
-          b.create<nisa::TensorTensorOp>(alu, into, window, into, engine);
+          b.create<nisa::TensorTensorOp>(alu, into, window, into, kEngineOf[e]);
       }
-    if (t > 1)
-      b.create<nisa::TensorTensorOp>(alu, acc(0), acc(1), acc(0),
-                                     nisa::Engine::vector);
+    }
+    Value result = k.view(partial[slot][used[0] ? 0 : 1], k.index(0),
+                          {parts, ho * wo}, {ho * wo, 1});
+    if (used[0] && used[1])
+      b.create<nisa::TensorTensorOp>(
+          alu, result,
+          k.view(partial[slot][1], k.index(0), {parts, ho * wo}, {ho * wo, 1}),
+          result, nisa::Engine::vector);
     if (scale != 1.0)
-      b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, acc(0), acc(0),
+      b.create<nisa::TensorScalarOp>(nisa::AluOp::multiply, result, result,
                                      Value(), APFloat(scale), false);
     // From ScalarE's queue: on SyncE's a store would hold up the loads.
-    b.create<nisa::DmaCopyOp>(
-        k.view(partial[slot][0], k.index(0), {parts, ho * wo}, {ho * wo, 1}),
-        k.view(out, k.scale(step, stepPlanes * ho * wo), {parts, ho * wo},
-               {ho * wo, 1}),
-        nisa::Engine::scalar);
+    b.create<nisa::DmaCopyOp>(result,
+                              k.view(out, k.scale(step, stepPlanes * ho * wo),
+                                     {parts, ho * wo}, {ho * wo, 1}),
+                              nisa::Engine::scalar);
   }
 
   KernelLowering &k;
@@ -131,10 +199,14 @@ private:
   nisa::AluOp alu;
   double identity;
   /// Planes a step: one a partition.
-  int64_t planes, stepPlanes, h, w, ho, wo, hp, wp;
-  bool padded;
-  Type elt;
-  Value image[kSlots], loaded[kSlots], partial[kSlots][2];
+  int64_t planes, stepPlanes, h, w, ho, wo;
+  Type elt, accElt;
+  SmallVector<Tap> tapsOf[kEngines];
+  bool used[kEngines] = {false, false};
+  /// Whether an engine's partial starts as a memset of the identity (no tap
+  /// covers every output to copy first).
+  bool initialized[kEngines] = {false, false};
+  Value image[kSlots], partial[kSlots][kEngines];
 };
 
 struct Pool2dPattern : OpTilePattern<Pool2dPattern, Pool2dOp> {

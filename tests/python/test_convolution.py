@@ -311,7 +311,9 @@ def test_max_pooling_reads_its_input_once() -> None:
     # ResNet's 3 x 3, stride 2 max-pool over [8, 64, 112, 112]: its -inf padding (a
     # constant_pad_nd before the pooling) folds into the kernel's border, and the nine
     # windows are access patterns of the planes in SBUF. As strided copies through HBM:
-    # 1158.6 us and 14x the bytes; now 172 us at the minimum bytes.
+    # 1158.6 us and 14x the bytes; at the minimum bytes, 172 us with fp32 partials and a
+    # padded copy of each step's planes; 90.5 us with bf16 partials and each tap over the
+    # outputs its window position lies inside.
     x = torch.randn(8, 64, 112, 112, dtype=BF16)
     pool = nn.MaxPool2d(3, 2, 1)
     with torch.no_grad():
@@ -319,9 +321,10 @@ def test_max_pooling_reads_its_input_once() -> None:
     assert torch.equal(out, pool(x))
     minimum = (x.numel() + out.numel()) * x.element_size()
     assert hbm <= 1.02 * minimum, (hbm, minimum)
-    # VectorE and GpSimd take the windows: ~2.4x a copy of x (the windows as copies: 16x).
+    # VectorE and GpSimd take the windows: ~1.2x a copy of x (2.4x with fp32 partials and
+    # the padded copy; the windows as copies: 16x).
     _, copy_ns, _ = _modeled(lambda t: t + 0, x)
-    assert ns < 3 * copy_ns, (ns, copy_ns)
+    assert ns < 1.5 * copy_ns, (ns, copy_ns)
 
 
 # Depthwise (groups = C = O): (N, C, H, W, kernel, stride, padding, dilation).
