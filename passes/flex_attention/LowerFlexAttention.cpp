@@ -1344,9 +1344,10 @@ void FlexAttentionLowering::rowMax(const Cursor &c) {
   int64_t rows = at.rows, width = at.width;
   Value s = scoresOf(c), dst = expSource(c);
   if (scaleOnExp) {
+    // The partial units' bias in place, unless scores() accumulated it.
     for (auto [offset, count] : c.step->keys.partialRuns) {
       if (maskOnTensorE())
-        break; // added by scores()
+        continue;
       int64_t cols = std::min(count * unit, width - offset * unit);
       Value part = k.view(psum, k.index(scoreBankOf(c) * bank + offset * unit),
                           {rows, cols}, {psumCols, 1});

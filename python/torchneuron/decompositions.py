@@ -2234,15 +2234,28 @@ def nearest_resizing(gm: torch.fx.GraphModule) -> int:
         repeats = _nearest_repeats(value, output_size, scales)
         if repeats is None:
             continue
-        with gm.graph.inserting_before(node):
-            blocks = gm.graph.call_function(repeat_blocks, (x, repeats))
-        blocks.meta = dict(node.meta)
-        node.replace_all_uses_with(blocks)
-        gm.graph.erase_node(node)
+        replace_call(gm, node, repeat_blocks, (x, repeats))
         count += 1
     if count:
         gm.recompile()
     return count
+
+
+def replace_call(
+    gm: torch.fx.GraphModule,
+    node: torch.fx.Node,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None = None,
+) -> torch.fx.Node:
+    """A Dynamo-graph rewrite's step: ``node`` replaced by a call of ``fn``, which keeps its
+    metadata (example value, source line)."""
+    with gm.graph.inserting_before(node):
+        call = gm.graph.call_function(fn, args, kwargs)
+    call.meta = dict(node.meta)
+    node.replace_all_uses_with(call)
+    gm.graph.erase_node(node)
+    return call
 
 
 def _nearest(dims: int, vec: bool) -> Callable[..., object]:

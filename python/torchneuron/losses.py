@@ -27,6 +27,8 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from torchneuron.decompositions import replace_call
+
 # The most bytes per partition a block of a row takes in float32: a fused group's row
 # (FuseElementwise's row-bytes).
 _BLOCK_BYTES = 16384
@@ -222,11 +224,7 @@ def cross_entropy_rows(gm: torch.fx.GraphModule) -> int:
             "label_smoothing": float(args.get("label_smoothing", 0.0)),
             "gather_from": _widened_from(x),
         }
-        with gm.graph.inserting_before(node):
-            fused = gm.graph.call_function(fused_cross_entropy, (x, target), kwargs)
-        fused.meta = dict(node.meta)
-        node.replace_all_uses_with(fused)
-        gm.graph.erase_node(node)
+        replace_call(gm, node, fused_cross_entropy, (x, target), kwargs)
         count += 1
     if count:
         gm.recompile()
