@@ -420,10 +420,9 @@ FailureOr<GroupPlan> GroupPlan::decide(ArrayRef<Operation *> ops,
     plan.psumColumns.clear();
     assign();
   }
-  if (int64_t period = plan.engines.size(); period > 1) {
+  if (int64_t period = plan.engines.size(); period > 1)
     plan.setPeriod(period);
-    plan.findRowAffines(ops);
-  }
+  plan.findRowAffines(ops);
   plan.dropUnreadPsumColumns(ops);
   return plan;
 }
@@ -472,8 +471,9 @@ void GroupPlan::setPeriod(int64_t period) {
 
 /// rsqrt(var * (1/D) + eps) and the like on a row: one activation whose
 /// scale and immediate bias are the splats, rounded as the separate
-/// instructions round (after the product, after the sum). Only in
-/// alternating plans, where the [P, 1] instructions ScalarE saves count.
+/// instructions round (after the product, after the sum). Each [P, 1]
+/// instruction saved is a fixed cost a step: Qwen3's q/k norm over rows of
+/// 128 spent three of them per 128 rows on ScalarE, its bound.
 void GroupPlan::findRowAffines(ArrayRef<Operation *> ops) {
   llvm::DenseSet<Operation *> members(ops.begin(), ops.end());
   // The splat operand of `bin` (an op of the group computing a row in

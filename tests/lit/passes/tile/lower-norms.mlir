@@ -115,3 +115,30 @@ func.func @llama_rms_norm(%arg0: tensor<256x256xbf16>, %arg1: tensor<256xbf16>) 
   %13 = neuron.binary  mul %12, %11 : tensor<256x256xbf16>, tensor<256x256xbf16> -> tensor<256x256xbf16>
   return %13 : tensor<256x256xbf16>
 }
+
+// Qwen3's q/k norm (Llama's RMSNorm in float32 over rows of 128): one plan
+// for every step, whose rsqrt(sum / 128 + eps) is one ScalarE activation
+// too. Its three [P, 1] instructions a step had bound the kernel on ScalarE
+// (804 -> 691 us for [1, 4096, 32, 128]).
+// CHECK-LABEL: func.func @short_rows_rms_norm
+// CHECK: nisa.activation square
+// CHECK-NOT: nisa.tensor_scalar
+// CHECK: nisa.activation rsqrt %{{[^ ]*}}, %{{[^ ]*}} {bias_imm = 9.9999999747524271E-7 : f64, scale = 7.812500e-03 : f64}
+// CHECK: nisa.scalar_tensor_tensor multiply, multiply
+func.func @short_rows_rms_norm(%x: tensor<1024x128xbf16>, %w: tensor<128xbf16>) -> tensor<1024x128xbf16> {
+  %inv = neuron.constant dense<7.812500e-03> : tensor<1024x1xf32>
+  %eps = neuron.constant dense<9.99999997E-7> : tensor<1024x1xf32>
+  %h = neuron.cast %x : tensor<1024x128xbf16> -> tensor<1024x128xf32>
+  %sq = neuron.binary mul %h, %h : tensor<1024x128xf32>, tensor<1024x128xf32> -> tensor<1024x128xf32>
+  %s = neuron.reduce sum %sq {count = 1} : tensor<1024x128xf32> -> tensor<1024xf32>
+  %s1 = neuron.reshape %s : tensor<1024xf32> -> tensor<1024x1xf32>
+  %m = neuron.binary mul %s1, %inv : tensor<1024x1xf32>, tensor<1024x1xf32> -> tensor<1024x1xf32>
+  %e = neuron.binary add %m, %eps : tensor<1024x1xf32>, tensor<1024x1xf32> -> tensor<1024x1xf32>
+  %rs = neuron.unary rsqrt %e : tensor<1024x1xf32> -> tensor<1024x1xf32>
+  %b = neuron.broadcast %rs : tensor<1024x1xf32> -> tensor<1024x128xf32>
+  %n = neuron.binary mul %h, %b : tensor<1024x128xf32>, tensor<1024x128xf32> -> tensor<1024x128xf32>
+  %nb = neuron.cast %n : tensor<1024x128xf32> -> tensor<1024x128xbf16>
+  %gb = neuron.broadcast %w : tensor<128xbf16> -> tensor<1024x128xbf16>
+  %y = neuron.binary mul %gb, %nb : tensor<1024x128xbf16>, tensor<1024x128xbf16> -> tensor<1024x128xbf16>
+  return %y : tensor<1024x128xbf16>
+}
