@@ -79,6 +79,9 @@ struct GroupPlan {
   // partition; flat: [P, cols] tiles); loaded and stored tiles rotate over
   // `numSlots` slots, intermediates over `innerSlots`.
   int64_t cols = 0, steps = 0, numSlots = 0, innerSlots = 0;
+  /// Steps whose rows one DMA moves (LowerGroup's batched steps: short
+  /// rows, p * batch consecutive ones a transfer); numSlots is 2 * batch.
+  int64_t batch = 1;
 
   /// Row sums ScalarE computes as an identity activation that accumulates.
   llvm::DenseSet<Operation *> scalarSums;
@@ -121,6 +124,8 @@ struct GroupPlan {
   Type tileType(Value v) const;
   /// The element types of the shared tiles of unread values (sharedUnread).
   SmallVector<Type> unreadTypes() const;
+  /// SBUF bytes per partition of the group's tiles (all live at once).
+  int64_t heldBytes() const;
 
   /// Plans `ops` (in program order) reading `inputs` and storing `outputs`
   /// with tiles of at most `knobs.freeTileBytes` per partition, rotating
@@ -149,7 +154,6 @@ private:
   void layOut(ArrayRef<Value> inputs, int64_t width,
               const ::neuron::target::Target &target,
               const NeuronLowerToNisaOptions &knobs);
-  int64_t heldBytes() const;
   int64_t maxPeriod(const ::neuron::target::Target &target,
                     const NeuronLowerToNisaOptions &knobs);
   void setPeriod(int64_t period);

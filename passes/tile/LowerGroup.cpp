@@ -78,6 +78,8 @@ private:
     return st.dmaRows ? k.withRows(tile, st.dmaRows) : tile;
   }
   void emitDynamic(Value rows);
+  void emitBatched();
+  Value batchWindow(Value v, Value buffer, Value batchIdx);
   Value slot(const Step &st, Value v);
   Value window(const Step &st, Value v, Value buffer);
   void preloadRow(Value v, Value buffer);
@@ -720,6 +722,59 @@ void GroupEmitter::emitDynamic(Value rows) {
   });
 }
 
+/// Batch b's rows of `v` in HBM: p * batch consecutive rows, partition q
+/// holding rows q * batch to q * batch + batch - 1 (one run of them), so a
+/// batch moves in one DMA of runs of batch rows. Step j of the batch takes
+/// the j-th row of every partition's run: rows need not be consecutive
+/// within a step, only the same for its loads and stores.
+Value GroupEmitter::batchWindow(Value v, Value buffer, Value batchIdx) {
+  int64_t batch = plan.batch, width = plan.slotWidth(v);
+  Value at = k.scale(batchIdx, p * batch * width);
+  if (plan.rep(v) == Rep::Row && tensorType(v).hasStaticShape() &&
+      tensorType(v).getNumElements() == 1)
+    return k.view(buffer, k.index(0), {p, batch}, {0, 0});
+  return k.view(buffer, at, {p, batch * width}, {batch * width, 1});
+}
+
+/// Rows too short for a step's DMAs to hide their fixed cost (Qwen3's q/k
+/// norm over rows of 128: 32 KB a transfer) go in batches of steps: one
+/// load and one store per value a batch, the steps' compute as emit()'s,
+/// two batches' slots in turn (the next batch loads while this one
+/// computes). The rows past the last whole batch go as emit()'s steps.
+void GroupEmitter::emitBatched() {
+  int64_t batch = plan.batch, numSlots = plan.numSlots, cols = plan.cols;
+  int64_t batches = fusion.numRows / (p * batch);
+  auto slotsOf = [&](Value v, int64_t half) {
+    int64_t width = plan.slotWidth(v);
+    return k.view(slots[v], k.index(half * batch * width), {p, batch * width},
+                  {numSlots * width, 1});
+  };
+  k.forEachPipelined(
+      batches, 2,
+      [&](Value bIdx, int64_t half) {
+        for (auto [v, buffer] : loaded)
+          if (plan.rep(v) == Rep::Full || plan.rep(v) == Rep::Row)
+            k.dma(batchWindow(v, buffer, bIdx), slotsOf(v, half));
+      },
+      [&](Value bIdx, int64_t half) {
+        for (int64_t j = 0; j < batch; ++j) {
+          TileBuilder::TileScope scope(k);
+          Step st = prepare(Phase::Compute, Value(), p, cols, half * batch + j);
+          computeOps(MutableArrayRef<Step>(st), -1);
+        }
+        for (auto [v, buffer] : outputs) {
+          b.setLoc(v.getLoc());
+          k.dma(slotsOf(v, half), batchWindow(v, buffer, bIdx));
+        }
+      });
+  int64_t done = batches * p * batch;
+  for (int64_t base = done, i = 0; base < fusion.numRows; base += p, ++i) {
+    int64_t rows = std::min(p, fusion.numRows - base);
+    step(Phase::Load, k.index(base), rows, cols, i % numSlots);
+    step(Phase::Compute, k.index(base), rows, cols, i % numSlots);
+  }
+}
+
 void GroupEmitter::emit(Value rows) {
   TileBuilder::TileScope groupScope(k);
   allocate();
@@ -745,6 +800,8 @@ void GroupEmitter::emit(Value rows) {
     return emitDynamic(rows);
   if (plan.engines.size() > 1)
     return emitAlternating();
+  if (plan.batch > 1)
+    return emitBatched();
   if (fusion.byRows) {
     int64_t full = fusion.numRows / p, rem = fusion.numRows % p;
     run(full, p, p);
@@ -762,6 +819,49 @@ void GroupEmitter::emit(Value rows) {
 }
 
 } // namespace
+
+/// The steps a DMA moves (GroupEmitter::emitBatched): where a step's row of
+/// every loaded and stored tile is shorter than a DMA moves well per
+/// partition, the fewest (a power of two, up to kMaxBatch) that reach it,
+/// for a static group by rows whose steps all take one plan, that reads
+/// no window in place or row loaded once, and whose outputs are tiles its
+/// ops compute (stored from their slots); else 1.
+static int64_t
+batchOf(const GroupPlan &plan, ArrayRef<Operation *> ops,
+        ArrayRef<std::pair<Value, Value>> outputs,
+        const llvm::DenseMap<Value, TileBuilder::GroupWindow> &windows,
+        const ::neuron::target::Target &target) {
+  constexpr int64_t kMaxBatch = 8;
+  const FusionPlan &f = plan.fusion;
+  if (!f.byRows || f.dynamicRows || f.rowFold != 1 ||
+      plan.engines.size() != 1 || !windows.empty() ||
+      llvm::any_of(plan.loaded, [&](Value v) { return plan.preloaded(v); }))
+    return 1;
+  int64_t rowBytes = 0;
+  auto widen = [&](Value v) {
+    if (plan.rep(v) == Rep::Full)
+      rowBytes = std::max<int64_t>(
+          rowBytes,
+          plan.cols * ((tensorType(v).getElementTypeBitWidth() + 7) / 8));
+  };
+  llvm::for_each(plan.loaded, widen);
+  for (auto [v, buffer] : outputs) {
+    Operation *def = v.getDefiningOp();
+    if (plan.rep(v) != Rep::Full || !def || !llvm::is_contained(ops, def) ||
+        isa<BroadcastOp, ReshapeOp>(def) || plan.folded.contains(def))
+      return 1;
+    widen(v);
+  }
+  int64_t batch = 1;
+  while (batch < kMaxBatch &&
+         batch * rowBytes < target.dmaPreferredBytesPerPartition)
+    batch *= 2;
+  if (batch == 1 || f.numRows < 2 * target.partitions * batch)
+    return 1;
+  GroupPlan trial = plan;
+  trial.numSlots = 2 * batch;
+  return trial.heldBytes() <= target.sbufBytesPerPartition ? batch : 1;
+}
 
 LogicalResult
 KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
@@ -876,6 +976,9 @@ KernelLowering::lowerGroup(Operation *anchor, ArrayRef<Operation *> ops,
              << ": a row spans dynamic dims";
     rows = scale(rows, staticPart / plan->fusion.numCols);
   }
+  plan->batch = batchOf(*plan, ops, outputs, windows, target);
+  if (plan->batch > 1)
+    plan->numSlots = 2 * plan->batch;
   GroupEmitter(*this, *plan, ops, inputs, outputs, windows).emit(rows);
   return success();
 }
