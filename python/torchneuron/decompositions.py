@@ -2462,15 +2462,16 @@ def _cumulative_extreme(largest: bool) -> Callable[..., object]:
 _ROW_BYTES = 16384
 
 
-def _row_blocks(n: int, element_bytes: int = 4) -> int | None:
-    """The fewest blocks (a power of two) an ``n``-element row splits into evenly, each within
-    ``_ROW_BYTES`` of ``element_bytes`` elements; None when the row fits whole or no such
-    split exists."""
+def row_blocks(n: int, element_bytes: int = 4) -> int | None:
+    """The fewest blocks an ``n``-element row splits into evenly, each within ``_ROW_BYTES``
+    of ``element_bytes`` elements and at least a quarter of that (shorter blocks would pay
+    more per-step costs than the split saves); any divisor, so GPT-2's 50257 classes go as
+    29 blocks of 1733. None when the row fits whole or no such split exists."""
     most = _ROW_BYTES // element_bytes
-    blocks = 1
-    while n // blocks > most and n % (2 * blocks) == 0:
-        blocks *= 2
-    return blocks if blocks > 1 and n // blocks <= most else None
+    if n <= most:
+        return None
+    fewest = -(-n // most)
+    return next((b for b in range(fewest, n // (most // 4) + 1) if n % b == 0), None)
 
 
 def _softmax(log: bool) -> Callable[..., object]:
@@ -2483,7 +2484,7 @@ def _softmax(log: bool) -> Callable[..., object]:
         from torch._decomp import decompositions as torch_decompositions
 
         dim = dim % max(x.dim(), 1)
-        blocks = _row_blocks(x.shape[dim]) if x.dim() else None
+        blocks = row_blocks(x.shape[dim]) if x.dim() else None
         if blocks is None:
             whole = torch_decompositions._log_softmax if log else torch_decompositions._softmax
             return whole(x, dim, half_to_float)
@@ -2515,7 +2516,7 @@ def _dim_extreme(largest: bool) -> Callable[..., object]:
             return NotImplemented
         dim = dim % t.dim()
         n = t.shape[dim]
-        if (blocks := _row_blocks(n, torch.int64.itemsize)) is not None:  # positions
+        if (blocks := row_blocks(n, torch.int64.itemsize)) is not None:  # positions
             xt = t.movedim(dim, -1)
             xb = xt.reshape(*xt.shape[:-1], blocks, n // blocks)
             block_values, block_firsts = reduce(xb, -1)  # type: ignore[misc]
@@ -3008,14 +3009,10 @@ def _chunked_loss(
     round differently."""
     if not (x.dtype == w.dtype == acc_dtype == torch.float32) or w.dim() != 2:
         return None
-    logits = F.linear(x, w, b)
-    return F.cross_entropy(
-        logits,
-        target,
-        weight=weight,
-        ignore_index=ignore_index,
-        reduction=reduction,
-        label_smoothing=label_smoothing,
+    from torchneuron.losses import fused_cross_entropy  # losses imports this module
+
+    return fused_cross_entropy(
+        F.linear(x, w, b), target, weight, ignore_index, reduction, label_smoothing
     )
 
 

@@ -27,18 +27,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from torchneuron.decompositions import replace_call
-
-# The most bytes per partition a block of a row takes in float32: a fused group's row
-# (FuseElementwise's row-bytes).
-_BLOCK_BYTES = 16384
-
-
-def _blocks(n: int) -> int:
-    """The fewest blocks a row of ``n`` classes splits into evenly, each within
-    ``_BLOCK_BYTES`` of float32 (1 when none does: the row stays whole)."""
-    most = _BLOCK_BYTES // 4
-    return next((b for b in range(1, n + 1) if n % b == 0 and n // b <= most), 1)
+from torchneuron.decompositions import replace_call, row_blocks
 
 
 class _RowTerms(torch.autograd.Function):
@@ -60,7 +49,7 @@ class _RowTerms(torch.autograd.Function):
         with_sum: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         lead, n = x.shape[:-1], x.shape[-1]
-        blocks = _blocks(n)
+        blocks = row_blocks(n) or 1  # a fused group's row each
         xb = x.float().reshape(*lead, blocks, n // blocks)
         # The maxima clamped to float32's range: a block of -inf sums to 0, and a +inf
         # gives +inf (torch.logsumexp's results).
@@ -89,7 +78,7 @@ class _RowTerms(torch.autograd.Function):
     ) -> tuple[torch.Tensor, None, None, None]:
         x, local, lse, weight = ctx.saved_tensors
         lead, n = x.shape[:-1], x.shape[-1]
-        blocks = _blocks(n)
+        blocks = row_blocks(n) or 1  # a fused group's row each
         width = n // blocks
         xb = x.float().reshape(*lead, blocks, width)
 
