@@ -46,16 +46,16 @@ struct GroupPlan {
   llvm::DenseMap<Value, Value> narrowedBy;
   /// A unary (or square) -> the add/sub of a row it takes as its bias.
   llvm::DenseMap<Operation *, Operation *> biasOf;
-  /// In alternating plans, a unary of a row r * c + d (c, d splats) -> r,
-  /// c and d, which its activation takes as its scale and immediate bias
-  /// (the multiply and add become no instructions of their own).
+  /// A unary of a row r * c + d (c, d splats) -> r, c and d, which its
+  /// activation takes as its scale and immediate bias (the multiply and add
+  /// become no instructions of their own).
   struct Affine {
     Value input;
     double scale = 1, bias = 0;
   };
   llvm::DenseMap<Operation *, Affine> affineOf;
-  /// In alternating plans, a row sum ScalarE may compute whose one use is a
-  /// multiply by a power of two (a mean) -> that multiply and the factor: a
+  /// A row sum ScalarE may compute whose one use is a multiply by a power
+  /// of two (a mean) -> that multiply and the factor: a
   /// step that sums it on ScalarE scales as it sums (exactly) and has no
   /// multiply instruction.
   llvm::DenseMap<Operation *, std::pair<Operation *, double>> scaledSumOf;

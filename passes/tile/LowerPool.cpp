@@ -53,7 +53,7 @@ public:
     for (int64_t s = 0; s < kSlots; ++s) {
       image[s] = k.tile(MemorySpace::sbuf, {stepPlanes, h * w}, elt);
       for (int64_t e = 0; e < kEngines; ++e)
-        if (used[e])
+        if (used(e))
           partial[s][e] =
               k.tile(MemorySpace::sbuf, {stepPlanes, ho * wo}, accElt);
     }
@@ -73,6 +73,8 @@ private:
   static constexpr int64_t kSlots = 2, kEngines = 2;
   static constexpr nisa::Engine kEngineOf[kEngines] = {nisa::Engine::vector,
                                                        nisa::Engine::gpsimd};
+
+  bool used(int64_t e) const { return !tapsOf[e].empty(); }
 
   /// A window offset (i, j) and the outputs [row0, row1) x [col0, col1)
   /// whose window position at that offset is inside the plane.
@@ -140,7 +142,6 @@ private:
         initialized[best] = true; // a memset, then this tap accumulates
       load[best] = bestNs;
       tapsOf[best].push_back(t);
-      used[best] = true;
     }
   }
 
@@ -175,9 +176,9 @@ private:
           b.create<nisa::TensorTensorOp>(alu, into, window, into, kEngineOf[e]);
       }
     }
-    Value result = k.view(partial[slot][used[0] ? 0 : 1], k.index(0),
+    Value result = k.view(partial[slot][used(0) ? 0 : 1], k.index(0),
                           {parts, ho * wo}, {ho * wo, 1});
-    if (used[0] && used[1])
+    if (used(0) && used(1))
       b.create<nisa::TensorTensorOp>(
           alu, result,
           k.view(partial[slot][1], k.index(0), {parts, ho * wo}, {ho * wo, 1}),
@@ -202,7 +203,6 @@ private:
   int64_t planes, stepPlanes, h, w, ho, wo;
   Type elt, accElt;
   SmallVector<Tap> tapsOf[kEngines];
-  bool used[kEngines] = {false, false};
   /// Whether an engine's partial starts as a memset of the identity (no tap
   /// covers every output to copy first).
   bool initialized[kEngines] = {false, false};
