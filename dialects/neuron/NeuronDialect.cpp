@@ -496,9 +496,19 @@ LogicalResult TransposeOp::verify() {
 }
 
 OpFoldResult TransposeOp::fold(FoldAdaptor) {
+  // A transpose of a transpose is one (a permute and its inverse, as
+  // around a channels-last LayerNorm, none).
+  auto inner = getInput().getDefiningOp<TransposeOp>();
+  if (inner) {
+    SmallVector<int64_t> composed;
+    for (int64_t p : getPermutation())
+      composed.push_back(inner.getPermutation()[p]);
+    setPermutation(composed);
+    getInputMutable().assign(inner.getInput());
+  }
   for (auto [i, p] : llvm::enumerate(getPermutation()))
     if ((int64_t)i != p)
-      return {};
+      return inner ? getResult() : OpFoldResult();
   return getInput();
 }
 

@@ -24,6 +24,20 @@ func.func @identities(%a: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<32xf32>, 
   return %s, %r2, %b : tensor<4x8xf32>, tensor<32xf32>, tensor<2x4xf32>
 }
 
+// A transpose of a transpose is one transpose of the first's input, none
+// where the permutations cancel (the permutes around a channels-last
+// LayerNorm of a channels-first tensor).
+// CHECK-LABEL: func.func @transpose_of_transpose
+// CHECK: %[[T:.*]] = neuron.transpose %arg0, [2, 0, 1] : tensor<2x3x4xf32> -> tensor<4x2x3xf32>
+// CHECK-NOT: neuron.transpose
+// CHECK: return %arg0, %[[T]]
+func.func @transpose_of_transpose(%a: tensor<2x3x4xf32>) -> (tensor<2x3x4xf32>, tensor<4x2x3xf32>) {
+  %t = neuron.transpose %a, [0, 2, 1] : tensor<2x3x4xf32> -> tensor<2x4x3xf32>
+  %back = neuron.transpose %t, [0, 2, 1] : tensor<2x4x3xf32> -> tensor<2x3x4xf32>
+  %other = neuron.transpose %t, [1, 0, 2] : tensor<2x4x3xf32> -> tensor<4x2x3xf32>
+  return %back, %other : tensor<2x3x4xf32>, tensor<4x2x3xf32>
+}
+
 // A transpose sinks below elementwise ops whose other operands are splats
 // or the same transpose, so it reaches the matmul that reads it through a
 // strided window instead of being copied for the elementwise op.
@@ -45,14 +59,13 @@ func.func @sink_transpose(%x: tensor<4x8xf32>, %w: tensor<4x2xf32>) -> tensor<8x
 // Over sizes known only at run time (issue #16): a splat is a broadcast
 // constant, broadcast to the permuted sizes; the importer's sizes of the
 // result (neuron.dims) are permuted with it. The transposes there and back
-// are then windows of the result's buffer (a decoder layer's heads move no
-// data for elementwise work).
+// then cancel (a decoder layer's heads move no data for elementwise work).
 // CHECK-LABEL: func.func @sink_transpose_dynamic
 // CHECK: %[[C:.*]] = neuron.constant dense<2.000000e+00> : tensor<1x1x1xf32>
 // CHECK: %[[B:.*]] = neuron.broadcast %[[C]] : tensor<1x1x1xf32> -> tensor<?x4x8xf32>
 // CHECK: %[[M:.*]] = neuron.binary mul %arg0, %[[B]] {neuron.dims = #[[DYNDIMS]]} : tensor<?x4x8xf32>, tensor<?x4x8xf32> -> tensor<?x4x8xf32>
-// CHECK: %[[T:.*]] = neuron.transpose %[[M]], [1, 0, 2]
-// CHECK: neuron.transpose %[[T]], [1, 0, 2]
+// CHECK-NOT: neuron.transpose
+// CHECK: return %[[M]]
 func.func @sink_transpose_dynamic(%x: tensor<?x4x8xf32>) -> tensor<?x4x8xf32> {
   %t = neuron.transpose %x, [1, 0, 2] : tensor<?x4x8xf32> -> tensor<4x?x8xf32>
   %c = neuron.constant dense<2.0> : tensor<1x1x1xf32>
