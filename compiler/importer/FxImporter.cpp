@@ -2526,6 +2526,31 @@ Values groupNormHandler(Importer &im) {
   return {op.getResult(), op.getMean(), op.getRstd()};
 }
 
+/// `torchneuron::channel_norm(input, weight, bias, eps)`: the
+/// decomposition of a LayerNorm over the channels of a channels-first
+/// tensor (python/torchneuron/norms.py).
+Values channelNormHandler(Importer &im) {
+  Value x = im.tensor(im.arg(0));
+  RankedTensorType out = im.resultType(0);
+  auto xt = cast<RankedTensorType>(x.getType());
+  require(xt.getRank() >= 3 && xt.hasStaticShape(),
+          "channel_norm of a static [N, C, ...] input");
+  require(xt.getDimSize(1) <= kChannelNormMaxChannels,
+          "channel_norm with more than 1024 channels");
+  Type elt = out.getElementType();
+  x = im.castTo(x, elt);
+  auto optional = [&](int i) {
+    return im.isTensor(im.arg(i)) ? im.castTo(im.tensor(im.arg(i)), elt)
+                                  : Value();
+  };
+  auto op = im.b.create<ChannelNormOp>(
+      im.loc(), TypeRange{out, im.resultType(1), im.resultType(2)}, x,
+      optional(1), optional(2), im.b.getF64FloatAttr(im.number(im.arg(3))));
+  if (failed(mlir::verify(op, /*verifyRecursively=*/false)))
+    unsupported("the channel_norm call is malformed (see the diagnostic)");
+  return {op.getResult(), op.getMean(), op.getRstd()};
+}
+
 Values constantPadHandler(Importer &im) {
   Value x = im.tensor(im.arg(0));
   RankedTensorType out = im.resultType();
@@ -2852,6 +2877,7 @@ const std::unordered_map<std::string, Handler> &handlers() {
     };
     t["torchneuron.philox_rand.default"] = philoxRandHandler;
     t["torchneuron.unpermute_rows.default"] = unpermuteRowsHandler;
+    t["torchneuron.channel_norm.default"] = channelNormHandler;
     t["aten.index.Tensor"] = indexHandler;
     t["aten.index_put.default"] = indexPutHandler;
     t["aten.cumsum.default"] = cumsumHandler;

@@ -383,6 +383,27 @@ LogicalResult GroupNormOp::verify() {
   return success();
 }
 
+LogicalResult ChannelNormOp::verify() {
+  auto in = tensorType(getInput());
+  if (in.getRank() < 3 || !in.hasStaticShape())
+    return emitOpError("takes a static [N, C, ...] input of rank 3 or more");
+  int64_t c = in.getDimSize(1);
+  if (c < 1 || c > kChannelNormMaxChannels)
+    return emitOpError("takes 1 to ")
+           << kChannelNormMaxChannels << " channels, not " << c;
+  if (tensorType(getResult()) != in)
+    return emitOpError("result type must equal the input's");
+  for (Value v : {getWeight(), getBias()})
+    if (v && tensorType(v) != RankedTensorType::get({c}, in.getElementType()))
+      return emitOpError("weight and bias are [C] of the input's type");
+  SmallVector<int64_t> stats(in.getShape());
+  stats[1] = 1;
+  for (Value v : {getMean(), getRstd()})
+    if (tensorType(v).getShape() != ArrayRef<int64_t>(stats))
+      return emitOpError("mean and rstd are [N, 1, ...]");
+  return success();
+}
+
 LogicalResult Pool2dOp::verify() {
   auto in = tensorType(getInput()), out = getType();
   if (in.getRank() < 3 || out.getRank() != in.getRank())

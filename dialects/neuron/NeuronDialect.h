@@ -97,6 +97,9 @@ constexpr llvm::StringLiteral kDimsAttrName = "neuron.dims";
 /// Channels per group of a neuron.group_norm: a step of its lowering holds
 /// whole groups on the partitions.
 constexpr int64_t kGroupNormMaxChannels = 128;
+/// Channels of a neuron.channel_norm: its lowering multiplies each
+/// position's channels by a C x C matrix on TensorE.
+constexpr int64_t kChannelNormMaxChannels = 1024;
 
 /// The longest rotated dim canonicalization makes a neuron.rotary of (heads
 /// of RoPE are 64 to 256): its lowering keeps twelve rows of it per

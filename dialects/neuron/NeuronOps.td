@@ -300,6 +300,34 @@ def Neuron_GroupNormOp : Neuron_Op<"group_norm", [AttrSizedOperandSegments]> {
   let hasVerifier = 1;
 }
 
+def Neuron_ChannelNormOp : Neuron_Op<"channel_norm", [AttrSizedOperandSegments]> {
+  let summary = "layer normalization over the channels of [N, C, ...] at each position";
+  let description = [{
+    A LayerNorm over dim 1 (ConvNeXt's LayerNorm2d, `F.layer_norm` of the
+    channels-last view of a channels-first tensor): per image n and
+    position, the mean and population variance of the C channels in fp32,
+    rstd = 1 / sqrt(variance + eps), and
+    out[n, c, ...] = (input - mean) * rstd * weight[c] + bias[c] (weight
+    and bias optional), computed in fp32 and rounded once (the squared
+    deviations of a 16-bit input summed from bf16); `mean` and `rstd` are
+    [N, 1, ...]. At most 1024 channels (the lowering combines the channels
+    on TensorE, C x C products a position).
+  }];
+  let arguments = (ins RankedTensorOf<[Neuron_Float]>:$input,
+                   Optional<RankedTensorOf<[Neuron_Float]>>:$weight,
+                   Optional<RankedTensorOf<[Neuron_Float]>>:$bias,
+                   F64Attr:$eps);
+  let results = (outs RankedTensorOf<[Neuron_Float]>:$result,
+                      RankedTensorOf<[F32]>:$mean,
+                      RankedTensorOf<[F32]>:$rstd);
+  let assemblyFormat = [{
+    $input (`weight` $weight^)? (`bias` $bias^)? `eps` $eps
+    attr-dict `:` type($input) (`,` type($weight)^)? (`,` type($bias)^)?
+    `->` type($result) `,` type($mean) `,` type($rstd)
+  }];
+  let hasVerifier = 1;
+}
+
 def Neuron_Pool2dOp : Neuron_Op<"pool2d"> {
   let summary = "max or sum over 2-d windows, times a scale (max/avg_pool2d)";
   let description = [{

@@ -206,6 +206,7 @@ void populateLowerToNisaPatterns(TilePatternSet &patterns) {
   populateConvolutionPatterns(patterns);
   populatePoolPatterns(patterns);
   populateGroupNormPatterns(patterns);
+  populateChannelNormPatterns(patterns);
   populateReducePatterns(patterns);
   populateGatherPatterns(patterns);
   populateScanPatterns(patterns);

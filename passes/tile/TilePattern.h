@@ -68,6 +68,8 @@ void populateConvolutionPatterns(TilePatternSet &patterns);
 void populatePoolPatterns(TilePatternSet &patterns);
 /// LowerGroupNorm.cpp: neuron.group_norm.
 void populateGroupNormPatterns(TilePatternSet &patterns);
+/// LowerChannelNorm.cpp: neuron.channel_norm.
+void populateChannelNormPatterns(TilePatternSet &patterns);
 /// LowerReduce.cpp (with LowerColumnSum.cpp).
 void populateReducePatterns(TilePatternSet &patterns);
 /// LowerLayout.cpp: constants, views (reshape, transpose, broadcast, slice)

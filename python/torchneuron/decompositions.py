@@ -87,6 +87,7 @@ import torch.nn.functional as F
 
 from torchneuron.elementwise_math import ELEMENTWISE_DECOMPOSITIONS
 from torchneuron.linalg import LINALG_DECOMPOSITIONS
+from torchneuron.norms import channels_last_layer_norm
 from torchneuron.special_math import SPECIAL_DECOMPOSITIONS
 
 __all__ = [
@@ -1450,6 +1451,12 @@ def native_layer_norm(
     scalar (``scalar_tensor_tensor``), where ``((x - mean) * rstd) * w + b`` takes three."""
     if x.is_complex() or len(normalized_shape) < 1:  # torch's reference says what is wrong
         return torch._refs.native_layer_norm(x, normalized_shape, weight, bias, eps)
+    over_channels = channels_last_layer_norm(x, normalized_shape, weight, bias, eps)
+    if over_channels is not None:
+        out, mean, rstd = over_channels
+        if x.device.type in ("cpu", "mtia"):
+            mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
+        return out, mean, rstd
     dims = list(range(x.dim() - len(normalized_shape), x.dim()))
     acc = x.to(_accumulation_dtype(x))
     var, mean = torch.var_mean(acc, dim=dims, correction=0, keepdim=True)

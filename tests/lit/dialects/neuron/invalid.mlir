@@ -785,6 +785,54 @@ func.func @group_norm_stats(%x: tensor<1x8x4xf32>) {
 
 // -----
 
+func.func @channel_norm_rank(%x: tensor<2x8xf32>) {
+  // expected-error @+1 {{takes a static [N, C, ...] input of rank 3 or more}}
+  %0:3 = neuron.channel_norm %x eps 1.0e-5 : tensor<2x8xf32> -> tensor<2x8xf32>, tensor<2x1xf32>, tensor<2x1xf32>
+  return
+}
+
+// -----
+
+func.func @channel_norm_dynamic(%x: tensor<?x8x4xf32>) {
+  // expected-error @+1 {{takes a static [N, C, ...] input of rank 3 or more}}
+  %0:3 = neuron.channel_norm %x eps 1.0e-5 : tensor<?x8x4xf32> -> tensor<?x8x4xf32>, tensor<?x1x4xf32>, tensor<?x1x4xf32>
+  return
+}
+
+// -----
+
+func.func @channel_norm_wide(%x: tensor<1x1025x4xf32>) {
+  // expected-error @+1 {{takes 1 to 1024 channels, not 1025}}
+  %0:3 = neuron.channel_norm %x eps 1.0e-5 : tensor<1x1025x4xf32> -> tensor<1x1025x4xf32>, tensor<1x1x4xf32>, tensor<1x1x4xf32>
+  return
+}
+
+// -----
+
+func.func @channel_norm_type(%x: tensor<1x8x4xf32>) {
+  // expected-error @+1 {{result type must equal the input's}}
+  %0:3 = neuron.channel_norm %x eps 1.0e-5 : tensor<1x8x4xf32> -> tensor<1x8x4xbf16>, tensor<1x1x4xf32>, tensor<1x1x4xf32>
+  return
+}
+
+// -----
+
+func.func @channel_norm_weight(%x: tensor<1x8x4xbf16>, %w: tensor<8xf32>) {
+  // expected-error @+1 {{weight and bias are [C] of the input's type}}
+  %0:3 = neuron.channel_norm %x weight %w eps 1.0e-5 : tensor<1x8x4xbf16>, tensor<8xf32> -> tensor<1x8x4xbf16>, tensor<1x1x4xf32>, tensor<1x1x4xf32>
+  return
+}
+
+// -----
+
+func.func @channel_norm_stats(%x: tensor<1x8x4xf32>) {
+  // expected-error @+1 {{mean and rstd are [N, 1, ...]}}
+  %0:3 = neuron.channel_norm %x eps 1.0e-5 : tensor<1x8x4xf32> -> tensor<1x8x4xf32>, tensor<1x4xf32>, tensor<1x1x4xf32>
+  return
+}
+
+// -----
+
 func.func @conv2d_depthwise_weight(%x: tensor<1x8x6x6xf32>, %w: tensor<8x2x3x3xf32>) {
   // expected-error @+1 {{depthwise takes [C, 1, kh, kw] weights for 8 channels}}
   %0 = neuron.conv2d %x, %w stride [1, 1] padding [1, 1] dilation [1, 1] {depthwise} : tensor<1x8x6x6xf32>, tensor<8x2x3x3xf32> -> tensor<1x8x6x6xf32>

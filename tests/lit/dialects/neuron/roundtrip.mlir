@@ -48,6 +48,10 @@ func.func @ops(%a: tensor<4x8xf32>, %b: tensor<8x16xf32>, %c: tensor<4x8xi1>,
   %gn:3 = neuron.group_norm %img4 weight %gw bias %gw groups 4 eps 1.0e-5 : tensor<1x8x4x6xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<1x8x4x6xf32>, tensor<1x4xf32>, tensor<1x4xf32>
   // CHECK: neuron.group_norm {{.*}} groups 2 eps 0.000000e+00 : tensor<1x8x4x6xf32> -> tensor<1x8x4x6xf32>, tensor<1x2xf32>, tensor<1x2xf32>
   %gn2:3 = neuron.group_norm %img4 groups 2 eps 0.0 : tensor<1x8x4x6xf32> -> tensor<1x8x4x6xf32>, tensor<1x2xf32>, tensor<1x2xf32>
+  // CHECK: neuron.channel_norm {{.*}} weight {{.*}} bias {{.*}} eps 9.9999999999999995E-7 : tensor<1x8x4x6xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<1x8x4x6xf32>, tensor<1x1x4x6xf32>, tensor<1x1x4x6xf32>
+  %cn:3 = neuron.channel_norm %img4 weight %gw bias %gw eps 1.0e-6 : tensor<1x8x4x6xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<1x8x4x6xf32>, tensor<1x1x4x6xf32>, tensor<1x1x4x6xf32>
+  // CHECK: neuron.channel_norm {{.*}} eps 0.000000e+00 : tensor<1x8x4x6xf32> -> tensor<1x8x4x6xf32>, tensor<1x1x4x6xf32>, tensor<1x1x4x6xf32>
+  %cn2:3 = neuron.channel_norm %img4 eps 0.0 : tensor<1x8x4x6xf32> -> tensor<1x8x4x6xf32>, tensor<1x1x4x6xf32>, tensor<1x1x4x6xf32>
   // CHECK: neuron.conv2d {{.*}} bias {{.*}} scale {{.*}} stride [1, 1] padding [1, 1] dilation [1, 1] {relu} : tensor<1x8x4x6xf32>, tensor<3x8x3x3xf32>, tensor<3xf32>, tensor<3xf32> -> tensor<1x3x4x6xf32>
   %csc = neuron.constant dense<2.0> : tensor<3xf32>
   %cep = neuron.conv2d %img4, %kern bias %csc scale %csc stride [1, 1] padding [1, 1] dilation [1, 1] {relu} : tensor<1x8x4x6xf32>, tensor<3x8x3x3xf32>, tensor<3xf32>, tensor<3xf32> -> tensor<1x3x4x6xf32>
