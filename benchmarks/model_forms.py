@@ -68,6 +68,25 @@ class LayerNorm2d(nn.LayerNorm):
         return x.permute(0, 3, 1, 2)
 
 
+class ChannelsFirstLayerNorm(nn.Module):
+    """Transformers' ConvNextLayerNorm(data_format="channels_first") (SAM's LayerNorm2d too):
+    the moments over dim 1 written out, in float32, then the affine."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(dim))
+        self.bias = nn.Parameter(torch.randn(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        x = ((x - u) / torch.sqrt(s + self.eps)).to(dtype)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
 class UpcastLayerNorm(nn.Module):
     """A LayerNorm run in float32 on a bf16 input, cast back."""
 
@@ -209,6 +228,11 @@ def forms() -> list[Form]:
         Form("normalize [16,3,224,224]", Normalize(), lambda: [randn(16, 3, 224, 224)]),
         Form(
             "layernorm2d [8,256,56,56]", LayerNorm2d(256).to(BF16), lambda: [randn(8, 256, 56, 56)]
+        ),
+        Form(
+            "hf channels_first layernorm [8,96,56,56]",
+            ChannelsFirstLayerNorm(96).to(BF16),
+            lambda: [randn(8, 96, 56, 56)],
         ),
         Form(
             "max pool 3x3 s2 [8,64,112,112]",

@@ -1727,10 +1727,207 @@ struct FoldGroupNormSilu : public OpRewritePattern<BinaryOp> {
   }
 };
 
+/// The channels-first LayerNorm as ConvNeXt's reference code (and
+/// Transformers' ConvNextLayerNorm, SAM's) writes it: u = x.mean(1,
+/// keepdim=True), s = (x - u).pow(2).mean(1, keepdim=True), then
+/// (x - u) / sqrt(s + eps), or times rsqrt(s + eps): one neuron.channel_norm
+/// of x, or of the source of x's widening cast where the result is only cast
+/// back to it. Decomposed, each mean over dim 1 read a transposed copy of x
+/// through HBM (15x the bytes).
+struct FormChannelNorm : public OpRewritePattern<BinaryOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  static std::optional<double> splat(Value v) {
+    auto c = v.getDefiningOp<ConstantOp>();
+    auto attr =
+        c ? dyn_cast<SplatElementsAttr>(c.getValue()) : SplatElementsAttr();
+    if (!attr || !isa<FloatType>(attr.getElementType()))
+      return std::nullopt;
+    return attr.getSplatValue<APFloat>().convertToDouble();
+  }
+
+  /// The x of a mean over dim 1 as the importer writes it: the sum over the
+  /// last dim of x transposed to [N, ..., C], reshaped to [N, 1, ...], times
+  /// 1 / C.
+  static Value meanOver(Value m) {
+    auto mul = m.getDefiningOp<BinaryOp>();
+    if (!mul || mul.getFn() != BinaryFn::mul)
+      return {};
+    for (auto [r, c] : {std::pair(mul.getLhs(), mul.getRhs()),
+                        std::pair(mul.getRhs(), mul.getLhs())}) {
+      auto reshape = r.getDefiningOp<ReshapeOp>();
+      auto reduce =
+          reshape ? reshape.getInput().getDefiningOp<ReduceOp>() : ReduceOp();
+      auto t = reduce ? reduce.getInput().getDefiningOp<TransposeOp>()
+                      : TransposeOp();
+      std::optional<double> factor = splat(c);
+      if (!t || reduce.getFn() != ReduceFn::sum || reduce.getCount() != 1 ||
+          !factor)
+        continue;
+      ArrayRef<int64_t> perm = t.getPermutation();
+      int64_t rank = perm.size();
+      bool channelsLast = rank >= 3 && perm[0] == 0 && perm[rank - 1] == 1;
+      for (int64_t i = 1; channelsLast && i + 1 < rank; ++i)
+        channelsLast = perm[i] == i + 1;
+      Value x = t.getInput();
+      auto type = tensorType(x);
+      if (!channelsLast || !type.hasStaticShape())
+        continue;
+      SmallVector<int64_t> kept(type.getShape());
+      kept[1] = 1;
+      if (tensorType(m).getShape() != ArrayRef<int64_t>(kept) ||
+          std::abs(*factor * double(type.getDimSize(1)) - 1.0) > 1e-6)
+        continue;
+      return x;
+    }
+    return {};
+  }
+
+  /// x - u with u a mean of x over dim 1 (broadcast back): its u.
+  static Value deviationMean(Value d, Value x) {
+    auto sub = d.getDefiningOp<BinaryOp>();
+    auto b = sub && sub.getFn() == BinaryFn::sub && sub.getLhs() == x
+                 ? sub.getRhs().getDefiningOp<BroadcastOp>()
+                 : BroadcastOp();
+    if (!b || meanOver(b.getInput()) != x)
+      return {};
+    return b.getInput();
+  }
+
+  /// s + eps with s the mean over dim 1 of (x - u)^2: its eps.
+  static std::optional<double> varianceEps(Value v, Value x) {
+    auto add = v.getDefiningOp<BinaryOp>();
+    if (!add || add.getFn() != BinaryFn::add)
+      return std::nullopt;
+    for (auto [s, e] : {std::pair(add.getLhs(), add.getRhs()),
+                        std::pair(add.getRhs(), add.getLhs())}) {
+      std::optional<double> eps = splat(e);
+      Value sq = meanOver(s);
+      auto square = sq ? sq.getDefiningOp<BinaryOp>() : BinaryOp();
+      if (eps && square && square.getFn() == BinaryFn::mul &&
+          square.getLhs() == square.getRhs() &&
+          deviationMean(square.getLhs(), x))
+        return eps;
+    }
+    return std::nullopt;
+  }
+
+  LogicalResult matchAndRewrite(BinaryOp root,
+                                PatternRewriter &rewriter) const override {
+    bool divides = root.getFn() == BinaryFn::div;
+    if (!divides && root.getFn() != BinaryFn::mul)
+      return failure();
+    for (auto [d, scaleFull] : {std::pair(root.getLhs(), root.getRhs()),
+                                std::pair(root.getRhs(), root.getLhs())}) {
+      if (divides && d != root.getLhs())
+        break;
+      auto sub = d.getDefiningOp<BinaryOp>();
+      Value x = sub ? sub.getLhs() : Value();
+      auto b = scaleFull.getDefiningOp<BroadcastOp>();
+      auto root2 = b ? b.getInput().getDefiningOp<UnaryOp>() : UnaryOp();
+      if (!x || !deviationMean(d, x) || !root2 ||
+          root2.getFn() != (divides ? UnaryFn::sqrt : UnaryFn::rsqrt))
+        continue;
+      std::optional<double> eps = varianceEps(root2.getInput(), x);
+      auto type = tensorType(x);
+      if (!eps || type.getRank() < 3 || type.getDimSize(1) < 2 ||
+          type.getDimSize(1) > kChannelNormMaxChannels ||
+          root.getType() != type)
+        continue;
+      // Of x's narrower source where the result is only cast back to it.
+      Operation *replaced = root;
+      auto widen = x.getDefiningOp<CastOp>();
+      if (widen && root->hasOneUse())
+        if (auto narrow = dyn_cast<CastOp>(*root->getUsers().begin());
+            narrow && narrow.getType() == tensorType(widen.getInput()) &&
+            isa<FloatType>(narrow.getType().getElementType())) {
+          x = widen.getInput();
+          replaced = narrow;
+        }
+      auto in = tensorType(x);
+      SmallVector<int64_t> statsShape(in.getShape());
+      statsShape[1] = 1;
+      auto stats = RankedTensorType::get(statsShape, rewriter.getF32Type());
+      rewriter.setInsertionPoint(replaced);
+      auto norm = rewriter.create<ChannelNormOp>(
+          root.getLoc(), TypeRange{in, stats, stats}, x, Value(), Value(),
+          rewriter.getF64FloatAttr(*eps));
+      rewriter.replaceOp(replaced, norm.getResult());
+      return success();
+    }
+    return failure();
+  }
+};
+
+/// A channel norm's result times per-channel values, then plus per-channel
+/// values (or not), read nowhere else: the norm with that weight (and
+/// bias), applied in fp32 and rounded once (Transformers' channels-first
+/// LayerNorm applies weight[:, None, None] and bias[:, None, None] after the
+/// norm: a pass over the result of its own).
+struct FoldChannelNormAffine : public OpRewritePattern<BinaryOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  /// perChannel's values as [C] of the norm's dtype.
+  static Value channels(Value small, PatternRewriter &rewriter, Location loc) {
+    auto type = tensorType(small);
+    ArrayRef<int64_t> dims = type.getShape();
+    int64_t c = dims[dims.size() - 3];
+    if (dims.size() == 4 && dims[0] != 1)
+      small = rewriter.create<SliceOp>(
+          loc, RankedTensorType::get({1, c, 1, 1}, type.getElementType()),
+          small, rewriter.getDenseI64ArrayAttr({0, 0, 0, 0}),
+          rewriter.getDenseI64ArrayAttr({1, 1, 1, 1}));
+    return rewriter.create<ReshapeOp>(
+        loc, RankedTensorType::get({c}, type.getElementType()), small);
+  }
+
+  LogicalResult matchAndRewrite(BinaryOp mul,
+                                PatternRewriter &rewriter) const override {
+    if (mul.getFn() != BinaryFn::mul)
+      return failure();
+    for (auto [y, full] : {std::pair(mul.getLhs(), mul.getRhs()),
+                           std::pair(mul.getRhs(), mul.getLhs())}) {
+      auto norm = y.getDefiningOp<ChannelNormOp>();
+      if (!norm || y != norm.getResult() || !y.hasOneUse() ||
+          norm.getWeight() || norm.getBias() || !norm.getMean().use_empty() ||
+          !norm.getRstd().use_empty() || tensorType(y).getRank() != 4 ||
+          mul.getType() != tensorType(y))
+        continue;
+      Type elt = tensorType(y).getElementType();
+      Value weight = perChannel(full, y);
+      if (!weight || tensorType(weight).getElementType() != elt)
+        continue;
+      Operation *replaced = mul;
+      Value bias;
+      if (mul->hasOneUse())
+        if (auto add = dyn_cast<BinaryOp>(*mul->getUsers().begin());
+            add && add.getFn() == BinaryFn::add &&
+            add.getType() == mul.getType())
+          for (Value other : {add.getLhs(), add.getRhs()})
+            if (other != mul.getResult())
+              if (Value b = perChannel(other, y);
+                  b && tensorType(b).getElementType() == elt) {
+                bias = b;
+                replaced = add;
+              }
+      rewriter.setInsertionPoint(replaced);
+      Location loc = norm.getLoc();
+      auto fused = rewriter.create<ChannelNormOp>(
+          loc, norm->getResultTypes(), norm.getInput(),
+          channels(weight, rewriter, loc),
+          bias ? channels(bias, rewriter, loc) : Value(), norm.getEpsAttr());
+      rewriter.replaceOp(replaced, fused.getResult());
+      return success();
+    }
+    return failure();
+  }
+};
+
 void BinaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                            MLIRContext *context) {
   patterns.add<SinkTranspose<BinaryOp>, FormRotary, FormGeluTanh,
-               FoldAffineChain, FoldGroupNormSilu, FoldConvAffine>(context);
+               FoldAffineChain, FoldGroupNormSilu, FoldConvAffine,
+               FormChannelNorm, FoldChannelNormAffine>(context);
 }
 void CastOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                          MLIRContext *context) {

@@ -1,6 +1,7 @@
 """LayerNorm over the channels of a channels-first tensor (ConvNeXt's LayerNorm2d) as one
-kernel, ``neuron.channel_norm`` (torchneuron.norms): golden checks against eager PyTorch, the
-forms models write, gradients, and the HBM bytes and time of ConvNeXt's first stage."""
+kernel, ``neuron.channel_norm`` (torchneuron.norms, and the written-out moments canonicalization
+recognizes): golden checks against eager PyTorch, the forms models write, gradients, and the
+HBM bytes and time of ConvNeXt's first stage."""
 
 from __future__ import annotations
 
@@ -111,6 +112,50 @@ def test_forms(case: str) -> None:
         torch.testing.assert_close(got, fn(x), **TOL[torch.float32])
     if case != "timm-eps":  # whose channels-last result is a transposing copy of the norm's
         assert moved_bytes(prof) <= 1.1 * 2 * x.numel() * 4 + 1024, moved_bytes(prof) / x.numel()
+
+
+class ChannelsFirstLayerNorm(nn.Module):
+    """ConvNeXt's reference code's (Transformers' ConvNextLayerNorm and SAM's LayerNorm2d
+    copy it): the moments over dim 1 written out."""
+
+    def __init__(self, channels: int, form: str) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(2)
+        self.weight = nn.Parameter(torch.randn(channels, generator=g))
+        self.bias = nn.Parameter(torch.randn(channels, generator=g))
+        self.form = form
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        if self.form == "upcast":  # Transformers' later versions
+            x = x.float()
+        u = x.mean(1, keepdim=True)
+        if self.form == "var":
+            s = x.var(dim=1, keepdim=True, unbiased=False)
+        else:
+            s = (x - u).pow(2).mean(1, keepdim=True)
+        if self.form == "rsqrt":
+            x = (x - u) * torch.rsqrt(s + 1e-6)
+        else:
+            x = (x - u) / torch.sqrt(s + 1e-6)
+        x = x.to(dtype)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+@pytest.mark.parametrize("form", ["reference", "upcast", "var", "rsqrt"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_written_out_forms(form: str, dtype: torch.dtype) -> None:
+    # Decomposed, each mean over dim 1 read a transposed copy through HBM: 15x the bytes.
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 64, 9, 10, generator=g) * 2 + 1).to(dtype)
+    m = ChannelsFirstLayerNorm(64, form).to(dtype)
+    got, prof = profiled(m, x)
+    with torch.no_grad():
+        # bf16: against the same math in float32 (eager rounds every step to bf16)
+        want = m.float()(x.float()).to(dtype)
+    torch.testing.assert_close(got, want, **TOL[dtype])
+    least = 2 * x.numel() * x.element_size() + 2 * 64 * x.element_size()
+    assert moved_bytes(prof) <= 1.05 * least, moved_bytes(prof) / least
 
 
 def test_other_layer_norms_keep_their_rows() -> None:
