@@ -185,7 +185,11 @@ LogicalResult KernelLowering::lowerFunction(func::FuncOp func) {
     if (isRowMajorIn(windowOf(v), v, dst) ||
         tensorType(v).getNumElements() == 0)
       continue;
+    // A view materialized now, into its destination (a returned transpose):
+    // there already.
     Value src = bufferOf(v);
+    if (src == dst)
+      continue;
     // Both sides are contiguous: copied as rows that spread over the DMA
     // engines (an HBM-to-HBM transfer splits by its leading dim).
     int64_t n = tensorType(v).getNumElements();

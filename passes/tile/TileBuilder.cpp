@@ -639,7 +639,9 @@ bool TileBuilder::stridedThroughSbuf(const Window &window,
 /// contiguously, columns strided) of 2- or 4-byte elements, made contiguous as
 /// a chip would: each [128, C-chunk] tile loaded into SBUF by a transposing
 /// DMA, then stored whole. One HBM-to-HBM DMA would move it one element per
-/// descriptor.
+/// descriptor. The tiles rotate over kTransposeSlots buffers, each load issued
+/// two tiles ahead of its store, so loads and stores overlap (one buffer
+/// serialized them: a transpose took twice its DMA time).
 bool TileBuilder::transposeThroughSbuf(const Window &window,
                                        ArrayRef<int64_t> shape, Value out) {
   int64_t rank = shape.size();
@@ -656,40 +658,63 @@ bool TileBuilder::transposeThroughSbuf(const Window &window,
   int64_t matrices = 1;
   for (int64_t d = 0; d < rank - 2; ++d)
     matrices *= shape[d];
-  if (matrices > 64) // each is its own loop nest: keep programs small
-    return false;
+  // A tile: `parts` x `blocks` consecutive rows, `blocks` a partition (whole
+  // 128-row blocks several to a transfer, since a transfer's fixed cost is
+  // paid per tile: [3136, 256] in 128-row tiles took 4x a copy; then the
+  // rows left), by `width` columns, from element `src` of the window and to
+  // element `dst` of the output: a partition stores a run of whole rows
+  // (a row a partition, block after block, stored [3136, 96] in 192-byte
+  // runs).
+  struct Tile {
+    int64_t src, dst, parts, blocks, width;
+  };
+  SmallVector<Tile> tiles;
+  int64_t p = target.partitions;
   for (int64_t m = 0; m < matrices; ++m) {
     int64_t from = window.offset, rest = m;
     for (int64_t d = rank - 3; d >= 0; --d) {
       from += (rest % shape[d]) * window.strides[d];
       rest /= shape[d];
     }
-    int64_t to = m * rows * cols, p = target.partitions;
-    // Whole 128-row blocks several to a transfer (a transfer's fixed cost
-    // is paid per tile: [3136, 256] in 128-row tiles took 4x a copy), then
-    // the rows left.
-    forTiles(cols, chunk, [&](Value c0, int64_t ct) {
-      int64_t perTile = std::max<int64_t>(1, chunk / ct);
-      forTiles(rows / p, perTile, [&](Value b0, int64_t blocks) {
-        TileScope scope(*this);
-        Value t = tile(MemorySpace::sbuf, {p, blocks * ct}, elt);
-        Value src =
-            addOffsets(addOffset(scale(b0, p), from), scale(c0, colStride));
-        dma(view(window.buffer, src, {p, blocks, ct}, {1, p, colStride}),
-            view(t, index(0), {p, blocks, ct}, {blocks * ct, ct, 1}));
-        Value dst = addOffsets(addOffset(scale(b0, p * cols), to), c0);
-        dma(view(t, index(0), {p, blocks, ct}, {blocks * ct, ct, 1}),
-            view(out, dst, {p, blocks, ct}, {cols, p * cols, 1}));
-      });
-      if (int64_t rt = rows % p) {
-        TileScope scope(*this);
-        Value t = tile(MemorySpace::sbuf, {rt, ct}, elt);
-        int64_t r0 = rows - rt;
-        Value src = addOffset(scale(c0, colStride), from + r0);
-        dma(view(window.buffer, src, {rt, ct}, {1, colStride}), t);
-        dma(t, view(out, addOffset(c0, to + r0 * cols), {rt, ct}, {cols, 1}));
-      }
-    });
+    int64_t to = m * rows * cols;
+    for (int64_t c0 = 0; c0 < cols; c0 += chunk) {
+      int64_t width = std::min(chunk, cols - c0);
+      int64_t perTile = std::max<int64_t>(1, chunk / width);
+      for (int64_t b0 = 0; b0 < rows / p; b0 += perTile)
+        tiles.push_back({from + b0 * p + c0 * colStride,
+                         to + b0 * p * cols + c0, p,
+                         std::min(perTile, rows / p - b0), width});
+      if (int64_t rt = rows % p)
+        tiles.push_back({from + (rows - rt) + c0 * colStride,
+                         to + (rows - rt) * cols + c0, rt, 1, width});
+    }
+  }
+  if (tiles.size() > kMaxTransposeTiles) // each unrolled: keep programs small
+    return false;
+  TileScope scope(*this);
+  SmallVector<Value, kTransposeSlots> slots;
+  for (int64_t i = 0; i < std::min<int64_t>(kTransposeSlots, tiles.size()); ++i)
+    slots.push_back(tile(MemorySpace::sbuf, {p, chunk}, elt));
+  auto tileView = [&](int64_t i) {
+    const Tile &t = tiles[i];
+    return view(slots[i % slots.size()], index(0), {t.parts, t.blocks, t.width},
+                {chunk, t.width, 1});
+  };
+  auto load = [&](int64_t i) {
+    const Tile &t = tiles[i];
+    dma(view(window.buffer, index(t.src), {t.parts, t.blocks, t.width},
+             {t.blocks, 1, colStride}),
+        tileView(i));
+  };
+  int64_t ahead = std::min<int64_t>(slots.size() - 1, tiles.size());
+  for (int64_t i = 0; i < ahead; ++i)
+    load(i);
+  for (int64_t i = 0; i < (int64_t)tiles.size(); ++i) {
+    if (i + ahead < (int64_t)tiles.size())
+      load(i + ahead);
+    const Tile &t = tiles[i];
+    dma(tileView(i), view(out, index(t.dst), {t.parts, t.blocks, t.width},
+                          {t.blocks * cols, cols, 1}));
   }
   return true;
 }

@@ -328,6 +328,8 @@ private:
                             Value out);
   bool transposeThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
                             Value out);
+  /// transposeThroughSbuf's rotating buffers and most (unrolled) tiles.
+  static constexpr int64_t kTransposeSlots = 3, kMaxTransposeTiles = 256;
   bool stridedThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
                           Value out);
 

@@ -827,36 +827,39 @@ def test_a_value_returned_twice_is_written_once(compile_calls: list[CompileCall]
     assert len(forward["outputs"]) == 1, forward["outputs"]
 
 
-@pytest.mark.parametrize(
-    ("shape", "dtype"),
-    [((130, 257), torch.float32), ((3, 129, 64), torch.bfloat16), ((2, 200, 300), torch.float32)],
-    ids=["f32-odd", "bf16-batched", "f32-batched"],
-)
-def test_a_transpose_made_contiguous_goes_through_sbuf(
-    shape: tuple[int, ...], dtype: torch.dtype, real_native: ModuleType
-) -> None:
-    # One HBM-to-HBM DMA would move it one element per descriptor (1024x1024 bf16: 1973 us);
-    # through SBUF by transposing DMAs it costs about what a contiguous copy does.
-    x = torch.randn(shape).to(dtype)
-
-    def modeled(fn: Any) -> tuple[torch.Tensor, float]:
-        with torchneuron.profile() as prof:
-            out = torch.compile(fn, backend="neuron")(x)
-        return out, prof.total_device_ns
-
-    transposed, transpose_ns = modeled(lambda t: t.transpose(-1, -2).contiguous())
-    assert torch.equal(transposed, x.transpose(-1, -2).contiguous())
-    _, copy_ns = modeled(lambda t: t + 0)
-    assert transpose_ns < 4 * copy_ns, (transpose_ns, copy_ns)
-    assert torchneuron.stats()["ops_fallback"] == {}
-
-
 def _modeled(fn: Any, *args: torch.Tensor) -> tuple[torch.Tensor, float, float]:
     """fn compiled and run once: its result, modeled device time and HBM bytes."""
     torch._dynamo.reset()
     with torchneuron.profile() as prof:
         out = torch.compile(fn, backend="neuron")(*args)
     return out, prof.total_device_ns, sum(k["hbm_bytes"] for k in prof.kernels)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [
+        ((130, 257), torch.float32),
+        ((3, 129, 64), torch.bfloat16),
+        ((2, 200, 300), torch.float32),
+        ((2, 3136, 96), torch.bfloat16),
+    ],
+    ids=["f32-odd", "bf16-batched", "f32-batched", "bf16-narrow-rows"],
+)
+def test_a_transpose_made_contiguous_goes_through_sbuf(
+    shape: tuple[int, ...], dtype: torch.dtype, real_native: ModuleType
+) -> None:
+    # One HBM-to-HBM DMA would move it one element per descriptor (1024x1024 bf16: 1973 us);
+    # through SBUF by transposing DMAs it costs about what a contiguous copy does. The tiles
+    # rotate over buffers (one buffer serialized loads and stores), a partition stores a run of
+    # whole rows ([2, 3136, 96] stored 192-byte runs: 2.0x a copy, now 0.6x), and the result,
+    # made contiguous in its output, is not copied onto itself (2x the bytes).
+    x = torch.randn(shape).to(dtype)
+    transposed, transpose_ns, moved = _modeled(lambda t: t.transpose(-1, -2).contiguous(), x)
+    assert torch.equal(transposed, x.transpose(-1, -2).contiguous())
+    _, copy_ns, _ = _modeled(lambda t: t + 0, x)
+    assert transpose_ns < 1.3 * copy_ns, (transpose_ns, copy_ns)
+    assert moved <= 1.01 * 2 * x.numel() * x.element_size(), moved / x.numel()
+    assert torchneuron.stats()["ops_fallback"] == {}
 
 
 def test_a_permute_of_dims_that_merge_goes_through_sbuf(real_native: ModuleType) -> None:
@@ -869,7 +872,7 @@ def test_a_permute_of_dims_that_merge_goes_through_sbuf(real_native: ModuleType)
     back, back_ns, _ = _modeled(lambda t: t.permute(0, 3, 1, 2).contiguous(), out)
     assert torch.equal(back, x)
     _, copy_ns, _ = _modeled(lambda t: t + 0, x)
-    assert permute_ns < 4 * copy_ns and back_ns < 4 * copy_ns, (permute_ns, back_ns, copy_ns)
+    assert permute_ns < 1.6 * copy_ns and back_ns < 1.6 * copy_ns, (permute_ns, back_ns, copy_ns)
 
 
 def test_a_strided_slice_made_contiguous_goes_through_sbuf(real_native: ModuleType) -> None:

@@ -77,14 +77,18 @@ func.func @reduce(%x: tensor<128x6144xf32>) -> tensor<128xf32> {
 
 // Layout ops move no data until a consumer needs contiguous data; here the
 // results are returned, so each is one strided DMA into its output, except
-// the transpose: a transposing DMA into an SBUF tile, then a contiguous store
-// (one HBM-to-HBM DMA would move it an element per descriptor).
+// the transpose: a transposing DMA into an SBUF tile (rows x rows a
+// partition x columns), then a contiguous store (one HBM-to-HBM DMA would
+// move it an element per descriptor), and no copy of the output onto itself
+// after.
 // CHECK-LABEL: func.func @layout
-// CHECK: %[[T:.*]] = memref.alloc() : memref<8x4xf32, #nisa.mem<sbuf>>
-// CHECK: %[[SRC:.*]] = memref.reinterpret_cast %{{.*}} to offset: [%{{.*}}], sizes: [8, 4], strides: [1, 8]
+// CHECK: %[[SLOT:.*]] = memref.alloc() : memref<128x2048xf32, #nisa.mem<sbuf>>
+// CHECK: %[[T:.*]] = memref.reinterpret_cast %[[SLOT]] to offset: [%{{.*}}], sizes: [8, 1, 4], strides: [2048, 4, 1]
+// CHECK: %[[SRC:.*]] = memref.reinterpret_cast %arg0 to offset: [%{{.*}}], sizes: [8, 1, 4], strides: [1, 1, 8]
 // CHECK: nisa.dma_copy %[[SRC]], %[[T]]
-// CHECK: %[[DST:.*]] = memref.reinterpret_cast %arg2 to offset: [%{{.*}}], sizes: [8, 4], strides: [4, 1]
-// CHECK: nisa.dma_copy %[[T]], %[[DST]]
+// CHECK: %[[DST:.*]] = memref.reinterpret_cast %arg2 to offset: [%{{.*}}], sizes: [8, 1, 4], strides: [4, 4, 1]
+// CHECK: nisa.dma_copy %{{.*}}, %[[DST]]
+// CHECK-NOT: reinterpret_cast %arg2
 // A broadcast's zero stride is a constant operand (strided layouts cannot
 // spell zero), so the IR prints and parses back.
 // CHECK: sizes: [3, 8], strides: [%c0{{.*}}, 1] : memref<8xf32> to memref<3x8xf32, strided<[?, 1], offset: ?>>
