@@ -136,7 +136,28 @@ LogicalResult MatmulOp::verify() {
            << l[rank - 1] << " vs " << r[rank - 2];
   if (o[rank - 2] != l[rank - 2] || o[rank - 1] != r[rank - 1])
     return emitOpError("result must be [..., M, N]");
+  if (getBias() && (tensorType(getBias()).getRank() != 1 ||
+                    tensorType(getBias()).getDimSize(0) != o[rank - 1]))
+    return emitOpError("bias must be [N]");
+  if (std::optional<UnaryFn> fn = getEpilogue(); fn && !isMatmulEpilogue(*fn))
+    return emitOpError("epilogue must be an activation (relu, gelu, "
+                       "gelu_tanh, silu, sigmoid, tanh), not ")
+           << stringifyUnaryFn(*fn);
   return success();
+}
+
+bool mlir::neuron::isMatmulEpilogue(UnaryFn fn) {
+  switch (fn) {
+  case UnaryFn::relu:
+  case UnaryFn::gelu:
+  case UnaryFn::gelu_tanh:
+  case UnaryFn::silu:
+  case UnaryFn::sigmoid:
+  case UnaryFn::tanh:
+    return true;
+  default:
+    return false;
+  }
 }
 
 LogicalResult ScaledMatmulOp::verify() {
@@ -1674,9 +1695,151 @@ struct FoldConvRelu : public OpRewritePattern<UnaryOp> {
   }
 };
 
+/// The matmul whose result `v` is, or a reshape of it that keeps its
+/// columns (a Linear over [B, S, K] as [B * S, K] rows), where the matmul's
+/// result is read only by it (what reads `v` is the caller's to check).
+static MatmulOp soleMatmulOf(Value v) {
+  if (auto reshape = v.getDefiningOp<ReshapeOp>()) {
+    auto in = tensorType(reshape.getInput()), out = tensorType(v);
+    if (!in.hasStaticShape() || !out.hasStaticShape() || in.getRank() < 1 ||
+        out.getRank() < 1 || in.getShape().back() != out.getShape().back())
+      return {};
+    v = reshape.getInput();
+    if (!v.hasOneUse())
+      return {};
+  }
+  auto mm = v.getDefiningOp<MatmulOp>();
+  if (!mm || !isa<FloatType>(mm.getType().getElementType()))
+    return {};
+  return mm;
+}
+
+/// `mm` rebuilt with `bias` and `epilogue` (at `at`, where both dominate),
+/// seen in `type` (a reshape of it when that is another shape).
+static Value rebuildMatmul(PatternRewriter &rewriter, Operation *at,
+                           MatmulOp mm, Value bias, UnaryFnAttr epilogue,
+                           Type type) {
+  rewriter.setInsertionPoint(at);
+  Value out = rewriter.create<MatmulOp>(mm.getLoc(), mm.getType(), mm.getLhs(),
+                                        mm.getRhs(), bias, epilogue);
+  if (out.getType() != type)
+    out = rewriter.create<ReshapeOp>(at->getLoc(), type, out);
+  return out;
+}
+
+/// A matmul's sums plus a bias per column (a Linear's, broadcast along the
+/// rows), where nothing else reads the sums: the matmul with that bias,
+/// added to the fp32 sums as they leave PSUM and rounded once (a pass of
+/// its own over the result, twice its bytes, otherwise).
+struct FoldMatmulBias : public OpRewritePattern<BinaryOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(BinaryOp add,
+                                PatternRewriter &rewriter) const override {
+    if (add.getFn() != BinaryFn::add)
+      return failure();
+    for (auto [v, full] : {std::pair(add.getLhs(), add.getRhs()),
+                           std::pair(add.getRhs(), add.getLhs())}) {
+      MatmulOp mm = v.hasOneUse() ? soleMatmulOf(v) : MatmulOp();
+      auto b = full.getDefiningOp<BroadcastOp>();
+      if (!mm || mm.getBias() || mm.getEpilogue() || !b ||
+          add.getType() != tensorType(v))
+        continue;
+      // The bias: [N], or [1, ..., 1, N].
+      Value bias = b.getInput();
+      auto type = tensorType(bias);
+      int64_t n = mm.getType().getShape().back();
+      if (!type.hasStaticShape() || type.getRank() < 1 ||
+          type.getShape().back() != n || type.getNumElements() != n ||
+          !isa<FloatType>(type.getElementType()))
+        continue;
+      if (type.getRank() != 1) {
+        rewriter.setInsertionPoint(add);
+        bias = rewriter.create<ReshapeOp>(
+            add.getLoc(), RankedTensorType::get({n}, type.getElementType()),
+            bias);
+      }
+      rewriter.replaceOp(add, rebuildMatmul(rewriter, add, mm, bias,
+                                            UnaryFnAttr(), add.getType()));
+      return success();
+    }
+    return failure();
+  }
+};
+
+/// An activation of a matmul's sums (after its bias, if folded in), where
+/// nothing else reads them: the matmul with that epilogue, ScalarE applying
+/// it to the fp32 sums as they leave PSUM (the activation after a Linear:
+/// BERT's and GPT-2's GELU, a ReLU), rounded once.
+struct FoldMatmulActivation : public OpRewritePattern<UnaryOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(UnaryOp act,
+                                PatternRewriter &rewriter) const override {
+    if (!isMatmulEpilogue(act.getFn()))
+      return failure();
+    Value v = act.getInput();
+    MatmulOp mm = v.hasOneUse() ? soleMatmulOf(v) : MatmulOp();
+    if (!mm || mm.getEpilogue() || act.getType() != tensorType(v))
+      return failure();
+    rewriter.replaceOp(
+        act, rebuildMatmul(rewriter, act, mm, mm.getBias(),
+                           UnaryFnAttr::get(act.getContext(), act.getFn()),
+                           act.getType()));
+    return success();
+  }
+};
+
+/// v * sigmoid(v) (SiLU, as the importer writes it) of a matmul's sums or
+/// their widening cast (the product then cast back), read nowhere else: the
+/// matmul with a silu epilogue.
+struct FoldMatmulSilu : public OpRewritePattern<BinaryOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(BinaryOp mul,
+                                PatternRewriter &rewriter) const override {
+    if (mul.getFn() != BinaryFn::mul)
+      return failure();
+    for (auto [v, s] : {std::pair(mul.getLhs(), mul.getRhs()),
+                        std::pair(mul.getRhs(), mul.getLhs())}) {
+      auto sigmoid = s.getDefiningOp<UnaryOp>();
+      if (!sigmoid || sigmoid.getFn() != UnaryFn::sigmoid ||
+          sigmoid.getInput() != v || !sigmoid->hasOneUse() ||
+          !llvm::all_of(v.getUsers(),
+                        [&](Operation *u) { return u == sigmoid || u == mul; }))
+        continue;
+      // v: the sums, or their widening cast (the product then cast back).
+      auto widen = v.getDefiningOp<CastOp>();
+      Value y = widen ? widen.getInput() : v;
+      MatmulOp mm = !widen || y.hasOneUse() ? soleMatmulOf(y) : MatmulOp();
+      if (!mm || mm.getEpilogue())
+        continue;
+      Operation *replaced = mul;
+      if (widen) {
+        auto narrow = mul->hasOneUse()
+                          ? dyn_cast<CastOp>(*mul->getUsers().begin())
+                          : CastOp();
+        if (!narrow || narrow.getType() != tensorType(y))
+          continue;
+        replaced = narrow;
+      } else if (mul.getType() != tensorType(v)) {
+        continue;
+      }
+      rewriter.replaceOp(
+          replaced,
+          rebuildMatmul(rewriter, replaced, mm, mm.getBias(),
+                        UnaryFnAttr::get(mul.getContext(), UnaryFn::silu),
+                        tensorType(y)));
+      return success();
+    }
+    return failure();
+  }
+};
+
 void UnaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                           MLIRContext *context) {
-  patterns.add<SinkTranspose<UnaryOp>, FoldConvRelu>(context);
+  patterns.add<SinkTranspose<UnaryOp>, FoldConvRelu, FoldMatmulActivation>(
+      context);
 }
 /// SiLU of a group norm's result, v * sigmoid(v) with v the result or its
 /// widening cast (then cast back), where nothing else reads them: the group
@@ -1925,9 +2088,10 @@ struct FoldChannelNormAffine : public OpRewritePattern<BinaryOp> {
 
 void BinaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                            MLIRContext *context) {
-  patterns.add<SinkTranspose<BinaryOp>, FormRotary, FormGeluTanh,
-               FoldAffineChain, FoldGroupNormSilu, FoldConvAffine,
-               FormChannelNorm, FoldChannelNormAffine>(context);
+  patterns
+      .add<SinkTranspose<BinaryOp>, FormRotary, FormGeluTanh, FoldAffineChain,
+           FoldGroupNormSilu, FoldConvAffine, FormChannelNorm,
+           FoldChannelNormAffine, FoldMatmulBias, FoldMatmulSilu>(context);
 }
 void CastOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                          MLIRContext *context) {

@@ -97,6 +97,9 @@ constexpr llvm::StringLiteral kDimsAttrName = "neuron.dims";
 /// Channels per group of a neuron.group_norm: a step of its lowering holds
 /// whole groups on the partitions.
 constexpr int64_t kGroupNormMaxChannels = 128;
+/// Whether `fn` may be a neuron.matmul's epilogue: an activation ScalarE
+/// applies as the sums leave PSUM.
+bool isMatmulEpilogue(UnaryFn fn);
 /// Channels of a neuron.channel_norm: its lowering multiplies each
 /// position's channels by a C x C matrix on TensorE.
 constexpr int64_t kChannelNormMaxChannels = 1024;

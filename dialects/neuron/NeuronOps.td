@@ -164,12 +164,29 @@ def Neuron_CastOp : Neuron_Op<"cast"> {
 
 def Neuron_MatmulOp : Neuron_Op<"matmul"> {
   let summary = "[B...,M,K] x [B...,K,N] -> [B...,M,N], fp32 accumulation";
+  let description = [{
+    With `bias` ([N]) and/or `epilogue` (an activation: relu, gelu,
+    gelu_tanh, silu, sigmoid or tanh), result = epilogue(lhs @ rhs + bias)
+    computed in fp32 from the fp32 sums and rounded once: a Linear's bias
+    and the activation after it, applied as the sums leave PSUM
+    (canonicalization folds them in) rather than as a pass of their own
+    over the result.
+  }];
   let arguments = (ins RankedTensorOf<[Neuron_Float]>:$lhs,
-                   RankedTensorOf<[Neuron_Float]>:$rhs);
+                   RankedTensorOf<[Neuron_Float]>:$rhs,
+                   Optional<RankedTensorOf<[Neuron_Float]>>:$bias,
+                   OptionalAttr<Neuron_UnaryFnAttr>:$epilogue);
   let results = (outs RankedTensorOf<[Neuron_Float]>:$result);
   let assemblyFormat = [{
-    $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+    $lhs `,` $rhs (`bias` $bias^)? attr-dict `:` type($lhs) `,` type($rhs)
+    (`,` type($bias)^)? `->` type($result)
   }];
+  let builders = [
+    OpBuilder<(ins "Type":$result, "Value":$lhs, "Value":$rhs), [{
+      build($_builder, $_state, result, lhs, rhs, /*bias=*/Value(),
+            /*epilogue=*/nullptr);
+    }]>
+  ];
   let hasVerifier = 1;
 }
 

@@ -72,10 +72,13 @@ public:
   /// (neuron.scaled_matmul): fp32 scales of each row and each column, a
   /// bias of each column. Windows of 1-d tensors of one element, or of M
   /// (row scale) or N elements; `bias.buffer` is null without a bias.
+  /// Without scales (`scaled` false: a neuron.matmul's Linear epilogue),
+  /// the bias and then `act` on ScalarE.
   struct Epilogue {
     TileBuilder::Window rowScale, colScale, bias;
-    bool rowwise, colwise;
+    bool rowwise = false, colwise = false, scaled = true;
     Type biasElt;
+    std::optional<nisa::ActivationFn> act;
   };
   /// MX block scales (neuron.scaled_matmul with E8M0 scales): windows of
   /// the ui8 [M, K / 32] and [N, K / 32] tensors.
@@ -254,6 +257,13 @@ private:
   int64_t fullK, tailK;
   bool tailGrouped;
   std::optional<Epilogue> epilogue;
+  /// A Linear epilogue's bias broadcast over the partitions, fp32 [mTile,
+  /// N], loaded once for the whole GEMM (loaded for each N group of each
+  /// block, its 128 copies read from HBM came to the bytes of a block's
+  /// output).
+  Value residentBias;
+  static constexpr int64_t kResidentBiasBytes = 16 * 1024;
+  void broadcastBias();
   /// MX: the scales, and on chip B's panel and that of the current row
   /// chunk of A (scalePanel), of scaleColsB (N) and scaleColsA (the chunk's
   /// rows) columns per 128 scale groups.
@@ -355,7 +365,20 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
   nGroup = std::min(n, nTiles * nTile);
 }
 
+/// residentBias: one DMA broadcasting the bias over the partitions (and
+/// widening it to fp32) for the whole GEMM.
+void GemmLowering::broadcastBias() {
+  const TileBuilder::Window &w = epilogue->bias;
+  residentBias = k.tile(MemorySpace::sbuf, {mTile, n}, f32);
+  k.dma(k.view(w.buffer, k.index(w.offset), {mTile, n}, {0, w.strides[0]}),
+        residentBias);
+}
+
 void GemmLowering::lower() {
+  TileBuilder::TileScope scope(k);
+  if (epilogue && !epilogue->scaled && epilogue->bias.buffer &&
+      n * 4 <= kResidentBiasBytes)
+    broadcastBias();
   auto outStrides = contiguousStrides(outType.getShape());
   std::function<void(int64_t, Value, Value, Value)> batches =
       [&](int64_t d, Value lo, Value ro, Value oo) {
@@ -815,15 +838,17 @@ void GemmLowering::lowerBlock(const Bases &base, Value m0, int64_t rows,
   blk.staged =
       k.tile(MemorySpace::sbuf, {mTile, 2 * blk.tiles * nGroup}, outElt);
   if (epilogue) {
-    blk.rowScales = k.tile(MemorySpace::sbuf, {mTile, blk.tiles}, f32);
+    if (epilogue->scaled)
+      blk.rowScales = k.tile(MemorySpace::sbuf, {mTile, blk.tiles}, f32);
     if (epilogue->colwise)
       blk.colScales = k.tile(MemorySpace::sbuf, {mTile, 2 * nGroup}, f32);
-    if (epilogue->bias.buffer)
+    if (epilogue->bias.buffer && !residentBias)
       blk.bias =
           k.tile(MemorySpace::sbuf, {mTile, 2 * nGroup}, epilogue->biasElt);
-    if (epilogue->colwise && epilogue->bias.buffer)
+    if ((epilogue->colwise || epilogue->act) && epilogue->bias.buffer)
       blk.scaled = k.tile(MemorySpace::sbuf, {mTile, nTile}, f32);
-    loadRowScales(blk);
+    if (epilogue->scaled)
+      loadRowScales(blk);
   }
   int64_t groups = n / nGroup;
   if (groups > 0)
@@ -1016,11 +1041,31 @@ void GemmLowering::evictBank(const Block &blk, const Group &grp, int64_t mi,
         acc, part, onScalar ? nisa::Engine::scalar : nisa::Engine::vector);
     return;
   }
-  Value rowScale = k.view(blk.rowScales, k.index(mi), {mt, 1}, {blk.tiles, 1});
   auto columns = [&](Value tile) {
     return k.view(tile, k.index(grp.set * nGroup + ni * nTile), {mt, nt},
                   {2 * nGroup, 1});
   };
+  if (!epilogue->scaled) {
+    // A Linear's bias (VectorE: ScalarE's bias is a column, this a row),
+    // then its activation (ScalarE), both on the fp32 sums.
+    Value sums = acc;
+    if (epilogue->bias.buffer) {
+      sums = epilogue->act
+                 ? k.view(blk.scaled, k.index(0), {mt, nt}, {nTile, 1})
+                 : part;
+      Value bias = residentBias
+                       ? k.view(residentBias, k.addOffset(grp.n0, ni * nTile),
+                                {mt, nt}, {n, 1})
+                       : columns(blk.bias);
+      k.b.create<nisa::TensorTensorOp>(nisa::AluOp::add, acc, bias, sums,
+                                       nisa::Engine::vector);
+    }
+    if (epilogue->act)
+      k.b.create<nisa::ActivationOp>(sums, part, Value(), *epilogue->act,
+                                     APFloat(1.0), APFloat(0.0));
+    return;
+  }
+  Value rowScale = k.view(blk.rowScales, k.index(mi), {mt, 1}, {blk.tiles, 1});
   if (!blk.colScales && !blk.bias) {
     if (onScalar)
       k.b.create<nisa::ActivationOp>(acc, part, Value(), rowScale, Value(),
@@ -1092,6 +1137,22 @@ void GemmLowering::loadColumnOperands(const Block &blk, const Group &grp) {
     load(ep.bias, blk.bias);
 }
 
+/// A neuron.matmul's bias and activation, applied as the sums leave PSUM.
+static std::optional<GemmLowering::Epilogue> linearEpilogue(MatmulOp op,
+                                                            TileBuilder &k) {
+  if (!op.getBias() && !op.getEpilogue())
+    return std::nullopt;
+  GemmLowering::Epilogue ep;
+  ep.scaled = false;
+  if (op.getBias()) {
+    ep.bias = k.windowOf(op.getBias());
+    ep.biasElt = tensorType(op.getBias()).getElementType();
+  }
+  if (std::optional<UnaryFn> fn = op.getEpilogue())
+    ep.act = activationFor(*fn);
+  return ep;
+}
+
 struct MatmulPattern : OpTilePattern<MatmulPattern, MatmulOp> {
   bool isSizeGeneric(Operation *) const override { return true; }
   LogicalResult lowerOp(MatmulOp op, KernelLowering &k) const {
@@ -1126,7 +1187,9 @@ struct MatmulPattern : OpTilePattern<MatmulPattern, MatmulOp> {
     Value rows = k.dimOf(op.getLhs(), rank - 2);
     if (!rows || !k.dimOf(op.getResult(), rank - 2))
       return refuse("the row count is not known");
-    GemmLowering(k, op.getLhs(), op.getRhs(), op.getResult(), rows).lower();
+    GemmLowering(k, op.getLhs(), op.getRhs(), op.getResult(), rows,
+                 linearEpilogue(op, k))
+        .lower();
     return success();
   }
 };
@@ -1724,7 +1787,9 @@ struct ScaledMatmulPattern
 } // namespace
 
 void KernelLowering::lowerMatmul(MatmulOp op) {
-  GemmLowering(*this, op.getLhs(), op.getRhs(), op.getResult()).lower();
+  GemmLowering(*this, op.getLhs(), op.getRhs(), op.getResult(), Value(),
+               linearEpilogue(op, *this))
+      .lower();
 }
 
 void populateMatmulPatterns(TilePatternSet &patterns) {

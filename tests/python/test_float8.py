@@ -435,5 +435,15 @@ def test_torchao_float8_weight_only_inference() -> None:
     with torch.no_grad():
         got = torch.compile(model, backend="neuron")(x)
         want = model(x)
-    _assert_close_to_eager(got, want)
+        # The device adds each Linear's bias to its float32 sums and rounds once (the matmul's
+        # epilogue); eager on the CPU rounds the product to bf16 first, then adds the bias. So
+        # both are held to the float32 computation with the same dequantized weights: the
+        # device as close to it as eager.
+        w1, w2 = (model[i].weight.dequantize().float() for i in (0, 2))
+        b1, b2 = (model[i].bias.float() for i in (0, 2))
+        exact = torch.relu(x.float() @ w1.t() + b1) @ w2.t() + b2
+    device_err = float((got.float() - exact).abs().max())
+    eager_err = float((want.float() - exact).abs().max())
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert device_err <= 1.25 * eager_err, (device_err, eager_err)
     _assert_on_device()

@@ -257,10 +257,14 @@ def test_a_size_generic_linear_has_no_race_at_any_size(
 ) -> None:
     """The size-generic Linear's waits, some of which hold at some sizes only (``when``), leave
     no race in the modeled schedule of its instance at any row count (the timing model's check
-    raises on a missing wait)."""
+    raises on a missing wait). An exp after it (not an epilogue the GEMM applies) reads its
+    rows in a kernel of its own."""
     torch._dynamo.reset()
+    layer = _linear_silu()
     compiled = torch.compile(
-        _linear_silu(), backend="neuron", options={"cache": False, "dump_dir": str(tmp_path)}
+        lambda x: torch.exp(layer(x)),
+        backend="neuron",
+        options={"cache": False, "dump_dir": str(tmp_path)},
     )
     x = torch.randn(300, 64)
     torch._dynamo.mark_dynamic(x, 0)

@@ -112,6 +112,22 @@ func.func @matmul_batch(%a: tensor<2x4x8xf32>, %b: tensor<3x8x2xf32>) {
 
 // -----
 
+func.func @matmul_bias(%a: tensor<4x8xf32>, %b: tensor<8x2xf32>, %c: tensor<4xf32>) {
+  // expected-error @+1 {{bias must be [N]}}
+  %0 = neuron.matmul %a, %b bias %c : tensor<4x8xf32>, tensor<8x2xf32>, tensor<4xf32> -> tensor<4x2xf32>
+  return
+}
+
+// -----
+
+func.func @matmul_epilogue(%a: tensor<4x8xf32>, %b: tensor<8x2xf32>) {
+  // expected-error @+1 {{epilogue must be an activation (relu, gelu, gelu_tanh, silu, sigmoid, tanh), not exp}}
+  %0 = neuron.matmul %a, %b {epilogue = #neuron<unary_fn exp>} : tensor<4x8xf32>, tensor<8x2xf32> -> tensor<4x2xf32>
+  return
+}
+
+// -----
+
 func.func @matmul_k(%a: tensor<4x8xf32>, %b: tensor<7x2xf32>) {
   // expected-error @+1 {{contraction sizes differ: 8 vs 7}}
   %0 = neuron.matmul %a, %b : tensor<4x8xf32>, tensor<7x2xf32> -> tensor<4x2xf32>

@@ -37,6 +37,9 @@ func.func @ops(%a: tensor<4x8xf32>, %b: tensor<8x16xf32>, %c: tensor<4x8xi1>,
   %tv, %ti = neuron.topk %a {k = 2, largest = false} : tensor<4x8xf32> -> tensor<4x2xf32>, tensor<4x2xi64>
   // CHECK: neuron.matmul
   %m = neuron.matmul %a, %b : tensor<4x8xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
+  // CHECK: neuron.matmul %{{.*}}, %{{.*}} bias %{{.*}} {epilogue = #neuron<unary_fn gelu>} : tensor<4x8xf32>, tensor<8x16xf32>, tensor<16xf32> -> tensor<4x16xf32>
+  %bias = neuron.constant dense<0.5> : tensor<16xf32>
+  %mb = neuron.matmul %a, %b bias %bias {epilogue = #neuron<unary_fn gelu>} : tensor<4x8xf32>, tensor<8x16xf32>, tensor<16xf32> -> tensor<4x16xf32>
   // CHECK: neuron.conv2d {{.*}} stride [2, 1] padding [1, 0] dilation [1, 2] : tensor<1x8x4x6xf32>, tensor<3x8x3x3xf32> -> tensor<1x3x2x2xf32>
   %img4 = neuron.constant dense<2.0> : tensor<1x8x4x6xf32>
   %kern = neuron.constant dense<1.0> : tensor<3x8x3x3xf32>

@@ -1,0 +1,59 @@
+// RUN: neuron-opt %s --canonicalize | FileCheck %s
+
+// A Linear's bias (a row broadcast over the sums' rows) and the activation
+// after it, where nothing else reads the sums, fold into the matmul: its
+// eviction from PSUM applies them to the fp32 sums, rounded once. Through a
+// reshape that keeps the columns (a Linear over [B, S, K] as [B * S, K]).
+// CHECK-LABEL: func.func @linear_gelu
+// CHECK: %[[M:.*]] = neuron.matmul %arg0, %arg1 bias %arg2 {epilogue = #neuron<unary_fn gelu>} : tensor<6x8xbf16>, tensor<8x4xbf16>, tensor<4xbf16> -> tensor<6x4xbf16>
+// CHECK: %[[R:.*]] = neuron.reshape %[[M]] : tensor<6x4xbf16> -> tensor<2x3x4xbf16>
+// CHECK-NOT: neuron.binary
+// CHECK-NOT: neuron.unary
+// CHECK: return %[[R]]
+func.func @linear_gelu(%x: tensor<6x8xbf16>, %w: tensor<8x4xbf16>, %b: tensor<4xbf16>) -> tensor<2x3x4xbf16> {
+  %m = neuron.matmul %x, %w : tensor<6x8xbf16>, tensor<8x4xbf16> -> tensor<6x4xbf16>
+  %r = neuron.reshape %m : tensor<6x4xbf16> -> tensor<2x3x4xbf16>
+  %bb = neuron.broadcast %b : tensor<4xbf16> -> tensor<2x3x4xbf16>
+  %a = neuron.binary add %bb, %r : tensor<2x3x4xbf16>, tensor<2x3x4xbf16> -> tensor<2x3x4xbf16>
+  %g = neuron.unary gelu %a : tensor<2x3x4xbf16> -> tensor<2x3x4xbf16>
+  return %g : tensor<2x3x4xbf16>
+}
+
+// SiLU as the importer writes it, on the widened sums and cast back.
+// CHECK-LABEL: func.func @silu
+// CHECK: %[[M:.*]] = neuron.matmul %arg0, %arg1 {epilogue = #neuron<unary_fn silu>} : tensor<2x8xbf16>, tensor<8x4xbf16> -> tensor<2x4xbf16>
+// CHECK-NEXT: return %[[M]]
+func.func @silu(%x: tensor<2x8xbf16>, %w: tensor<8x4xbf16>) -> tensor<2x4xbf16> {
+  %m = neuron.matmul %x, %w : tensor<2x8xbf16>, tensor<8x4xbf16> -> tensor<2x4xbf16>
+  %c = neuron.cast %m : tensor<2x4xbf16> -> tensor<2x4xf32>
+  %s = neuron.unary sigmoid %c : tensor<2x4xf32> -> tensor<2x4xf32>
+  %p = neuron.binary mul %c, %s : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4xf32>
+  %n = neuron.cast %p : tensor<2x4xf32> -> tensor<2x4xbf16>
+  return %n : tensor<2x4xbf16>
+}
+
+// Not folded: sums read elsewhere too (a training forward saves them), a
+// bias per row rather than per column, an activation that is not one
+// (exp), and an epilogue already there (a second activation stays).
+// CHECK-LABEL: func.func @kept
+// CHECK: %[[M:.*]] = neuron.matmul %arg0, %arg1 : tensor<2x8xf32>, tensor<8x4xf32> -> tensor<2x4xf32>
+// CHECK: neuron.binary add %[[M]]
+// CHECK: %[[M2:.*]] = neuron.matmul %arg0, %arg1 : tensor<2x8xf32>, tensor<8x4xf32> -> tensor<2x4xf32>
+// CHECK: neuron.binary add %[[M2]]
+// CHECK: %[[M3:.*]] = neuron.matmul %arg0, %arg1 : tensor<2x8xf32>, tensor<8x4xf32> -> tensor<2x4xf32>
+// CHECK: neuron.unary exp %[[M3]]
+// CHECK: %[[M4:.*]] = neuron.matmul %arg0, %arg1 {epilogue = #neuron<unary_fn relu>}
+// CHECK: neuron.unary tanh %[[M4]]
+func.func @kept(%x: tensor<2x8xf32>, %w: tensor<8x4xf32>, %b: tensor<4xf32>, %rows: tensor<2x1xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>) {
+  %m = neuron.matmul %x, %w : tensor<2x8xf32>, tensor<8x4xf32> -> tensor<2x4xf32>
+  %bb = neuron.broadcast %b : tensor<4xf32> -> tensor<2x4xf32>
+  %a = neuron.binary add %m, %bb : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4xf32>
+  %m2 = neuron.matmul %x, %w : tensor<2x8xf32>, tensor<8x4xf32> -> tensor<2x4xf32>
+  %rb = neuron.broadcast %rows : tensor<2x1xf32> -> tensor<2x4xf32>
+  %a2 = neuron.binary add %m2, %rb : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4xf32>
+  %m3 = neuron.matmul %x, %w : tensor<2x8xf32>, tensor<8x4xf32> -> tensor<2x4xf32>
+  %e = neuron.unary exp %m3 : tensor<2x4xf32> -> tensor<2x4xf32>
+  %m4 = neuron.matmul %x, %w {epilogue = #neuron<unary_fn relu>} : tensor<2x8xf32>, tensor<8x4xf32> -> tensor<2x4xf32>
+  %t = neuron.unary tanh %m4 : tensor<2x4xf32> -> tensor<2x4xf32>
+  return %a, %m, %a2, %e, %t : tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>
+}
