@@ -110,6 +110,10 @@ public:
     return a.is_null() ? kwarg(name) : a;
   }
   bool isTensor(const json &v) const { return v.is_object() && v.contains("ref"); }
+  /// Argument i cast to `elt`, or null when it is None (an optional weight).
+  Value optionalTensor(int i, Type elt) {
+    return isTensor(arg(i)) ? castTo(tensor(arg(i)), elt) : Value();
+  }
   Value tensor(const json &v);
   int64_t integer(const json &v) const {
     if (v.is_object() && v.contains("size"))
@@ -2513,13 +2517,10 @@ Values groupNormHandler(Importer &im) {
           "group_norm with more than 128 channels per group");
   Type elt = out.getElementType();
   x = im.castTo(x, elt);
-  auto optional = [&](int i) {
-    return im.isTensor(im.arg(i)) ? im.castTo(im.tensor(im.arg(i)), elt)
-                                  : Value();
-  };
   auto op = im.b.create<GroupNormOp>(
       im.loc(), TypeRange{out, im.resultType(1), im.resultType(2)}, x,
-      optional(1), optional(2), im.b.getI64IntegerAttr(groups),
+      im.optionalTensor(1, elt), im.optionalTensor(2, elt),
+      im.b.getI64IntegerAttr(groups),
       im.b.getF64FloatAttr(im.number(im.arg(7))), /*silu=*/nullptr);
   if (failed(mlir::verify(op, /*verifyRecursively=*/false)))
     unsupported("the group_norm call is malformed (see the diagnostic)");
@@ -2539,13 +2540,10 @@ Values channelNormHandler(Importer &im) {
           "channel_norm with more than 1024 channels");
   Type elt = out.getElementType();
   x = im.castTo(x, elt);
-  auto optional = [&](int i) {
-    return im.isTensor(im.arg(i)) ? im.castTo(im.tensor(im.arg(i)), elt)
-                                  : Value();
-  };
   auto op = im.b.create<ChannelNormOp>(
       im.loc(), TypeRange{out, im.resultType(1), im.resultType(2)}, x,
-      optional(1), optional(2), im.b.getF64FloatAttr(im.number(im.arg(3))));
+      im.optionalTensor(1, elt), im.optionalTensor(2, elt),
+      im.b.getF64FloatAttr(im.number(im.arg(3))));
   if (failed(mlir::verify(op, /*verifyRecursively=*/false)))
     unsupported("the channel_norm call is malformed (see the diagnostic)");
   return {op.getResult(), op.getMean(), op.getRstd()};

@@ -59,6 +59,16 @@ static RankedTensorType tensorType(Value v) {
 
 static bool isI1(Type t) { return t.isInteger(1); }
 
+/// The value of a float splat constant.
+static std::optional<double> splat(Value v) {
+  auto c = v.getDefiningOp<ConstantOp>();
+  auto attr =
+      c ? dyn_cast<SplatElementsAttr>(c.getValue()) : SplatElementsAttr();
+  if (!attr || !isa<FloatType>(attr.getElementType()))
+    return std::nullopt;
+  return attr.getSplatValue<APFloat>().convertToDouble();
+}
+
 //===----------------------------------------------------------------------===//
 // Sources
 //===----------------------------------------------------------------------===//
@@ -1229,15 +1239,6 @@ struct FormGeluTanh : public OpRewritePattern<BinaryOp> {
   using OpRewritePattern::OpRewritePattern;
   static constexpr int kMostOps = 16;
 
-  static std::optional<double> splat(Value v) {
-    auto c = v.getDefiningOp<ConstantOp>();
-    auto attr =
-        c ? dyn_cast<SplatElementsAttr>(c.getValue()) : SplatElementsAttr();
-    if (!attr || !isa<FloatType>(attr.getElementType()))
-      return std::nullopt;
-    return attr.getSplatValue<APFloat>().convertToDouble();
-  }
-
   /// The ops of the expression rooted at `v` (inner ones used only in it),
   /// its one tensor leaf in `x`; false if it is not such an expression.
   static bool collect(Value v, bool root, Value &x, int &ops, int &tanhs) {
@@ -1790,49 +1791,60 @@ struct FoldMatmulActivation : public OpRewritePattern<UnaryOp> {
   }
 };
 
-/// v * sigmoid(v) (SiLU, as the importer writes it) of a matmul's sums or
-/// their widening cast (the product then cast back), read nowhere else: the
-/// matmul with a silu epilogue.
+/// SiLU as the importer writes it: `mul` = v * sigmoid(v), v a value y or
+/// its widening cast (the product then cast back to y's type), where the
+/// sigmoid and v are read only by the product (and y only by a cast v).
+struct Silu {
+  Value y;
+  /// What SiLU(y) replaces: the product, or its cast back.
+  Operation *replaced;
+};
+static std::optional<Silu> siluOf(BinaryOp mul) {
+  if (mul.getFn() != BinaryFn::mul)
+    return std::nullopt;
+  for (auto [v, s] : {std::pair(mul.getLhs(), mul.getRhs()),
+                      std::pair(mul.getRhs(), mul.getLhs())}) {
+    auto sigmoid = s.getDefiningOp<UnaryOp>();
+    if (!sigmoid || sigmoid.getFn() != UnaryFn::sigmoid ||
+        sigmoid.getInput() != v || !sigmoid->hasOneUse() ||
+        !llvm::all_of(v.getUsers(),
+                      [&](Operation *u) { return u == sigmoid || u == mul; }))
+      continue;
+    auto widen = v.getDefiningOp<CastOp>();
+    Value y = widen ? widen.getInput() : v;
+    if (widen && !y.hasOneUse())
+      continue;
+    Operation *replaced = mul;
+    if (mul.getType() != tensorType(y)) {
+      auto narrow = mul->hasOneUse()
+                        ? dyn_cast<CastOp>(*mul->getUsers().begin())
+                        : CastOp();
+      if (!narrow || narrow.getType() != tensorType(y))
+        continue;
+      replaced = narrow;
+    }
+    return Silu{y, replaced};
+  }
+  return std::nullopt;
+}
+
+/// SiLU of a matmul's sums, read nowhere else: the matmul with a silu
+/// epilogue.
 struct FoldMatmulSilu : public OpRewritePattern<BinaryOp> {
   using OpRewritePattern::OpRewritePattern;
 
   LogicalResult matchAndRewrite(BinaryOp mul,
                                 PatternRewriter &rewriter) const override {
-    if (mul.getFn() != BinaryFn::mul)
+    std::optional<Silu> silu = siluOf(mul);
+    MatmulOp mm = silu ? soleMatmulOf(silu->y) : MatmulOp();
+    if (!mm || mm.getEpilogue())
       return failure();
-    for (auto [v, s] : {std::pair(mul.getLhs(), mul.getRhs()),
-                        std::pair(mul.getRhs(), mul.getLhs())}) {
-      auto sigmoid = s.getDefiningOp<UnaryOp>();
-      if (!sigmoid || sigmoid.getFn() != UnaryFn::sigmoid ||
-          sigmoid.getInput() != v || !sigmoid->hasOneUse() ||
-          !llvm::all_of(v.getUsers(),
-                        [&](Operation *u) { return u == sigmoid || u == mul; }))
-        continue;
-      // v: the sums, or their widening cast (the product then cast back).
-      auto widen = v.getDefiningOp<CastOp>();
-      Value y = widen ? widen.getInput() : v;
-      MatmulOp mm = !widen || y.hasOneUse() ? soleMatmulOf(y) : MatmulOp();
-      if (!mm || mm.getEpilogue())
-        continue;
-      Operation *replaced = mul;
-      if (widen) {
-        auto narrow = mul->hasOneUse()
-                          ? dyn_cast<CastOp>(*mul->getUsers().begin())
-                          : CastOp();
-        if (!narrow || narrow.getType() != tensorType(y))
-          continue;
-        replaced = narrow;
-      } else if (mul.getType() != tensorType(v)) {
-        continue;
-      }
-      rewriter.replaceOp(
-          replaced,
-          rebuildMatmul(rewriter, replaced, mm, mm.getBias(),
-                        UnaryFnAttr::get(mul.getContext(), UnaryFn::silu),
-                        tensorType(y)));
-      return success();
-    }
-    return failure();
+    rewriter.replaceOp(
+        silu->replaced,
+        rebuildMatmul(rewriter, silu->replaced, mm, mm.getBias(),
+                      UnaryFnAttr::get(mul.getContext(), UnaryFn::silu),
+                      tensorType(silu->y)));
+    return success();
   }
 };
 
@@ -1850,43 +1862,19 @@ struct FoldGroupNormSilu : public OpRewritePattern<BinaryOp> {
 
   LogicalResult matchAndRewrite(BinaryOp mul,
                                 PatternRewriter &rewriter) const override {
-    if (mul.getFn() != BinaryFn::mul)
+    std::optional<Silu> silu = siluOf(mul);
+    auto norm = silu ? silu->y.getDefiningOp<GroupNormOp>() : GroupNormOp();
+    if (!norm || norm.getSilu() || silu->y != norm.getResult())
       return failure();
-    for (auto [v, s] : {std::pair(mul.getLhs(), mul.getRhs()),
-                        std::pair(mul.getRhs(), mul.getLhs())}) {
-      auto sigmoid = s.getDefiningOp<UnaryOp>();
-      if (!sigmoid || sigmoid.getFn() != UnaryFn::sigmoid ||
-          sigmoid.getInput() != v || !sigmoid->hasOneUse())
-        continue;
-      // v: the group norm's result, or its cast (read only by that).
-      auto widen = v.getDefiningOp<CastOp>();
-      Value y = widen ? widen.getInput() : v;
-      auto norm = y.getDefiningOp<GroupNormOp>();
-      if (!norm || norm.getSilu() || y != norm.getResult() ||
-          (widen && !y.hasOneUse()))
-        continue;
-      if (!llvm::all_of(v.getUsers(),
-                        [&](Operation *u) { return u == sigmoid || u == mul; }))
-        continue;
-      // The product back at the result's type: it, or its one cast back.
-      Operation *replaced = mul;
-      if (mul.getType() != tensorType(y)) {
-        auto narrow = dyn_cast<CastOp>(*mul->getUsers().begin());
-        if (!mul->hasOneUse() || !narrow || narrow.getType() != tensorType(y))
-          continue;
-        replaced = narrow;
-      }
-      rewriter.setInsertionPoint(norm);
-      auto fused = rewriter.create<GroupNormOp>(
-          norm.getLoc(), norm->getResultTypes(), norm.getInput(),
-          norm.getWeight(), norm.getBias(), norm.getGroupsAttr(),
-          norm.getEpsAttr(), rewriter.getUnitAttr());
-      rewriter.replaceOp(replaced, fused.getResult());
-      rewriter.replaceAllUsesWith(norm.getMean(), fused.getMean());
-      rewriter.replaceAllUsesWith(norm.getRstd(), fused.getRstd());
-      return success();
-    }
-    return failure();
+    rewriter.setInsertionPoint(norm);
+    auto fused = rewriter.create<GroupNormOp>(
+        norm.getLoc(), norm->getResultTypes(), norm.getInput(),
+        norm.getWeight(), norm.getBias(), norm.getGroupsAttr(),
+        norm.getEpsAttr(), rewriter.getUnitAttr());
+    rewriter.replaceOp(silu->replaced, fused.getResult());
+    rewriter.replaceAllUsesWith(norm.getMean(), fused.getMean());
+    rewriter.replaceAllUsesWith(norm.getRstd(), fused.getRstd());
+    return success();
   }
 };
 
@@ -1899,15 +1887,6 @@ struct FoldGroupNormSilu : public OpRewritePattern<BinaryOp> {
 /// through HBM (15x the bytes).
 struct FormChannelNorm : public OpRewritePattern<BinaryOp> {
   using OpRewritePattern::OpRewritePattern;
-
-  static std::optional<double> splat(Value v) {
-    auto c = v.getDefiningOp<ConstantOp>();
-    auto attr =
-        c ? dyn_cast<SplatElementsAttr>(c.getValue()) : SplatElementsAttr();
-    if (!attr || !isa<FloatType>(attr.getElementType()))
-      return std::nullopt;
-    return attr.getSplatValue<APFloat>().convertToDouble();
-  }
 
   /// The x of a mean over dim 1 as the importer writes it: the sum over the
   /// last dim of x transposed to [N, ..., C], reshaped to [N, 1, ...], times
