@@ -18,11 +18,11 @@
 //    once into the input's tile, which is stored.
 // Per chunk of two channel tiles: TensorE 6 matmuls, ScalarE 3 passes,
 // VectorE 2, GpSimd 2, each under the chunk's DMA time for 16-bit inputs.
-// Blocks of positions (whole images where they fit) load a few blocks ahead;
-// the chunks are pipelined in two stages, D and d^2 of the next chunk
-// issued before V, R and y of this one, with two sets of PSUM and SBUF
-// buffers in turn. Decomposed, the norm read a transposed float32 copy of
-// the input through HBM (8x the bytes).
+// Blocks of positions (whole images where they fit) load two blocks ahead;
+// the chunks go through 2 to 4 sets of PSUM and SBUF buffers in turn, D and
+// d^2 of a chunk issued sets - 1 chunks ahead of its V, R and y (a chunk's
+// D is held until y reads it). Decomposed, the norm read a transposed
+// float32 copy of the input through HBM (8x the bytes).
 //
 //===----------------------------------------------------------------------===//
 
@@ -88,12 +88,15 @@ public:
            residentBytes() + k.tileBytes <= k.target.sbufBytesPerPartition;
   }
 
+  /// The block slots, each set's squares, R, scaled rows and statistics
+  /// rows, the [128, 128] constants (-J, the identity, up to three diagonal
+  /// parts; ones), the affine columns and the ones column.
   int64_t residentBytes() const {
     int64_t eltBytes = elt.getIntOrFloatBitWidth() / 8;
     int64_t sqBytes = sqElt.getIntOrFloatBitWidth() / 8;
     return kSlots * tiles * width * eltBytes +
            sets * chunkMax * (tiles * (sqBytes + 4) + 4 + (withStats ? 8 : 0)) +
-           parts * (2 * eltBytes + sqBytes + 2 * eltBytes) + 8 * tiles + 8;
+           parts * (5 * eltBytes + sqBytes) + 8 * tiles + eltBytes;
   }
 
   void lower() {
