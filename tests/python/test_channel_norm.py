@@ -212,3 +212,24 @@ def test_convnext_stage_norm_at_the_roofline() -> None:
     assert moved_bytes(prof) <= 1.01 * least, moved_bytes(prof) / least
     roofline = 1e9 * least / native().target_peaks("trn2")["hbm_bytes"]
     assert roofline / prof.total_device_ns >= 0.75, roofline / prof.total_device_ns
+
+
+def test_transformers_convnext_matches_eager() -> None:
+    # Transformers' ConvNextModel as users load it (random weights, a small config): its
+    # ConvNextLayerNorm permutes channels-first tensors around F.layer_norm (the embeddings'
+    # and downsampling layers'), its blocks normalize channels-last rows, and its Linears'
+    # bias and GELU are the matmuls' epilogue. All on the device.
+    from transformers import ConvNextConfig, ConvNextModel
+
+    torch.manual_seed(0)
+    config = ConvNextConfig(depths=[1, 1, 1, 1], hidden_sizes=[24, 48, 96, 192])
+    model = ConvNextModel(config).eval()
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    before = torchneuron.stats()["ops_fallback"]
+    with torch.no_grad():
+        got = torch.compile(model, backend="neuron")(x)
+        want = model(x)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, **TOL[torch.float32])
+    torch.testing.assert_close(got.pooler_output, want.pooler_output, **TOL[torch.float32])
+    assert torchneuron.stats()["ops_fallback"] == before
