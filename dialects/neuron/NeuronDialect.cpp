@@ -149,6 +149,12 @@ LogicalResult MatmulOp::verify() {
   if (getBias() && (tensorType(getBias()).getRank() != 1 ||
                     tensorType(getBias()).getDimSize(0) != o[rank - 1]))
     return emitOpError("bias must be [N]");
+  for (Value v : {getRowScale(), getRowShift()})
+    if (v && (tensorType(v).getRank() != 1 ||
+              tensorType(v).getDimSize(0) != o[rank - 2]))
+      return emitOpError("row_scale and row_shift must be [M]");
+  if (getBias() && (getRowScale() || getRowShift()))
+    return emitOpError("takes a row affine or a column bias, not both");
   if (std::optional<UnaryFn> fn = getEpilogue(); fn && !isMatmulEpilogue(*fn))
     return emitOpError("epilogue must be an activation (relu, gelu, "
                        "gelu_tanh, silu, sigmoid, tanh), not ")
@@ -1603,6 +1609,55 @@ static Value asChannels(Value small, PatternRewriter &rewriter, Location loc) {
   return small;
 }
 
+/// The matmul whose result `v` is, or a reshape of it (for a per-column
+/// bias, one that keeps the columns: a Linear over [B, S, K] as [B * S, K]
+/// rows), where the matmul's result is read only by it (what reads `v` is
+/// the caller's to check).
+static MatmulOp soleMatmulOf(Value v, bool keepColumns = false) {
+  if (auto reshape = v.getDefiningOp<ReshapeOp>()) {
+    auto in = tensorType(reshape.getInput()), out = tensorType(v);
+    if (!in.hasStaticShape() || !out.hasStaticShape() || in.getRank() < 1 ||
+        out.getRank() < 1 ||
+        (keepColumns && in.getShape().back() != out.getShape().back()))
+      return {};
+    v = reshape.getInput();
+    if (!v.hasOneUse())
+      return {};
+  }
+  auto mm = v.getDefiningOp<MatmulOp>();
+  if (!mm || !isa<FloatType>(mm.getType().getElementType()))
+    return {};
+  return mm;
+}
+
+/// A neuron.matmul's epilogue: its operands and attributes after the sums.
+struct MatmulEpilogue {
+  Value bias, rowScale, rowShift;
+  UnaryFnAttr act;
+  FloatAttr clampMax;
+
+  static MatmulEpilogue of(MatmulOp mm) {
+    return {mm.getBias(), mm.getRowScale(), mm.getRowShift(),
+            mm.getEpilogueAttr(), mm.getClampMaxAttr()};
+  }
+  bool empty() const {
+    return !bias && !rowScale && !rowShift && !act && !clampMax;
+  }
+};
+
+/// `mm` rebuilt with epilogue `ep` (at `at`, where its values dominate),
+/// seen in `type` (a reshape of it when that is another shape).
+static Value rebuildMatmul(PatternRewriter &rewriter, Operation *at,
+                           MatmulOp mm, const MatmulEpilogue &ep, Type type) {
+  rewriter.setInsertionPoint(at);
+  Value out = rewriter.create<MatmulOp>(mm.getLoc(), mm.getType(), mm.getLhs(),
+                                        mm.getRhs(), ep.bias, ep.rowScale,
+                                        ep.rowShift, ep.act, ep.clampMax);
+  if (out.getType() != type)
+    out = rewriter.create<ReshapeOp>(at->getLoc(), type, out);
+  return out;
+}
+
 /// A convolution's result times per-channel values plus per-channel values
 /// (a BatchNorm in eval mode, as canonicalization leaves it: x * S + T, x
 /// the result or its widening cast, then cast back), or plus them alone,
@@ -1630,19 +1685,41 @@ struct FoldConvAffine : public OpRewritePattern<BinaryOp> {
     return failure();
   }
 
+  /// A pointwise convolution as the importer writes it, [O, C] weights
+  /// times each image's [C, H * W] (a batched matmul, channels-first out),
+  /// its result reshaped to [N, O, H, W]: the matmul, whose rows are the
+  /// channels.
+  static MatmulOp channelsFirstMatmulOf(Value y) {
+    auto reshape = y.getDefiningOp<ReshapeOp>();
+    auto mm =
+        reshape ? reshape.getInput().getDefiningOp<MatmulOp>() : MatmulOp();
+    // No epilogue yet, or a row affine alone (a second one composes).
+    if (!mm || !mm->hasOneUse() || mm.getBias() || mm.getEpilogue() ||
+        mm.getClampMax())
+      return {};
+    auto out = mm.getType(), in = tensorType(y);
+    if (out.getRank() != 3 || in.getRank() != 4 || !in.hasStaticShape() ||
+        in.getDimSize(0) != out.getDimSize(0) ||
+        in.getDimSize(1) != out.getDimSize(1))
+      return {};
+    return mm;
+  }
+
   LogicalResult fold(BinaryOp add, Value v, Value scaleFull, Value shiftFull,
                      PatternRewriter &rewriter) const {
     auto widen = v.getDefiningOp<CastOp>();
     Value y = widen ? widen.getInput() : v;
     auto conv = y.getDefiningOp<Conv2dOp>();
-    if (!conv || conv.getRelu() || (scaleFull && conv.getScale()) ||
+    MatmulOp mm = conv ? MatmulOp() : channelsFirstMatmulOf(y);
+    if ((!conv && !mm) ||
+        (conv && (conv.getRelu() || (scaleFull && conv.getScale()))) ||
         !y.hasOneUse() || (widen && !v.hasOneUse()))
       return failure();
-    // The sum back at the convolution's type: it, or its one cast.
+    // The sum back at the result's type: it, or its one cast.
     Operation *replaced = add;
-    if (add.getType() != conv.getType()) {
+    if (add.getType() != tensorType(y)) {
       auto narrow = dyn_cast<CastOp>(*add->getUsers().begin());
-      if (!narrow || narrow.getType() != conv.getType())
+      if (!narrow || narrow.getType() != tensorType(y))
         return failure();
       replaced = narrow;
     }
@@ -1652,6 +1729,29 @@ struct FoldConvAffine : public OpRewritePattern<BinaryOp> {
       return failure();
     Location loc = add.getLoc();
     rewriter.setInsertionPoint(replaced);
+    if (mm) {
+      // (x * S0 + T0) * S + T: x * (S0 * S) + (T0 * S + T).
+      MatmulEpilogue ep = MatmulEpilogue::of(mm);
+      auto f32 = RankedTensorType::get({tensorType(y).getDimSize(1)},
+                                       rewriter.getF32Type());
+      auto mul = [&](Value a, Value b) -> Value {
+        if (!a || !b)
+          return a ? a : b;
+        return rewriter.create<BinaryOp>(loc, f32, BinaryFn::mul, a, b);
+      };
+      Value scale =
+          scaleSmall ? asChannels(scaleSmall, rewriter, loc) : Value();
+      Value shift = asChannels(shiftSmall, rewriter, loc);
+      if (ep.rowShift)
+        shift = rewriter.create<BinaryOp>(
+            loc, f32, BinaryFn::add,
+            scale ? mul(ep.rowShift, scale) : ep.rowShift, shift);
+      ep.rowScale = mul(ep.rowScale, scale);
+      ep.rowShift = shift;
+      rewriter.replaceOp(
+          replaced, rebuildMatmul(rewriter, replaced, mm, ep, tensorType(y)));
+      return success();
+    }
     Value scale =
         scaleSmall ? asChannels(scaleSmall, rewriter, loc) : conv.getScale();
     Value shift = asChannels(shiftSmall, rewriter, loc);
@@ -1696,38 +1796,6 @@ struct FoldConvRelu : public OpRewritePattern<UnaryOp> {
   }
 };
 
-/// The matmul whose result `v` is, or a reshape of it that keeps its
-/// columns (a Linear over [B, S, K] as [B * S, K] rows), where the matmul's
-/// result is read only by it (what reads `v` is the caller's to check).
-static MatmulOp soleMatmulOf(Value v) {
-  if (auto reshape = v.getDefiningOp<ReshapeOp>()) {
-    auto in = tensorType(reshape.getInput()), out = tensorType(v);
-    if (!in.hasStaticShape() || !out.hasStaticShape() || in.getRank() < 1 ||
-        out.getRank() < 1 || in.getShape().back() != out.getShape().back())
-      return {};
-    v = reshape.getInput();
-    if (!v.hasOneUse())
-      return {};
-  }
-  auto mm = v.getDefiningOp<MatmulOp>();
-  if (!mm || !isa<FloatType>(mm.getType().getElementType()))
-    return {};
-  return mm;
-}
-
-/// `mm` rebuilt with `bias` and `epilogue` (at `at`, where both dominate),
-/// seen in `type` (a reshape of it when that is another shape).
-static Value rebuildMatmul(PatternRewriter &rewriter, Operation *at,
-                           MatmulOp mm, Value bias, UnaryFnAttr epilogue,
-                           Type type) {
-  rewriter.setInsertionPoint(at);
-  Value out = rewriter.create<MatmulOp>(mm.getLoc(), mm.getType(), mm.getLhs(),
-                                        mm.getRhs(), bias, epilogue);
-  if (out.getType() != type)
-    out = rewriter.create<ReshapeOp>(at->getLoc(), type, out);
-  return out;
-}
-
 /// A matmul's sums plus a bias per column (a Linear's, broadcast along the
 /// rows), where nothing else reads the sums: the matmul with that bias,
 /// added to the fp32 sums as they leave PSUM and rounded once (a pass of
@@ -1741,9 +1809,9 @@ struct FoldMatmulBias : public OpRewritePattern<BinaryOp> {
       return failure();
     for (auto [v, full] : {std::pair(add.getLhs(), add.getRhs()),
                            std::pair(add.getRhs(), add.getLhs())}) {
-      MatmulOp mm = v.hasOneUse() ? soleMatmulOf(v) : MatmulOp();
+      MatmulOp mm = v.hasOneUse() ? soleMatmulOf(v, true) : MatmulOp();
       auto b = full.getDefiningOp<BroadcastOp>();
-      if (!mm || mm.getBias() || mm.getEpilogue() || !b ||
+      if (!mm || !MatmulEpilogue::of(mm).empty() || !b ||
           add.getType() != tensorType(v))
         continue;
       // The bias: [N], or [1, ..., 1, N].
@@ -1760,8 +1828,10 @@ struct FoldMatmulBias : public OpRewritePattern<BinaryOp> {
             add.getLoc(), RankedTensorType::get({n}, type.getElementType()),
             bias);
       }
-      rewriter.replaceOp(add, rebuildMatmul(rewriter, add, mm, bias,
-                                            UnaryFnAttr(), add.getType()));
+      MatmulEpilogue ep;
+      ep.bias = bias;
+      rewriter.replaceOp(add,
+                         rebuildMatmul(rewriter, add, mm, ep, add.getType()));
       return success();
     }
     return failure();
@@ -1781,12 +1851,13 @@ struct FoldMatmulActivation : public OpRewritePattern<UnaryOp> {
       return failure();
     Value v = act.getInput();
     MatmulOp mm = v.hasOneUse() ? soleMatmulOf(v) : MatmulOp();
-    if (!mm || mm.getEpilogue() || act.getType() != tensorType(v))
+    if (!mm || mm.getEpilogue() || mm.getClampMax() ||
+        act.getType() != tensorType(v))
       return failure();
-    rewriter.replaceOp(
-        act, rebuildMatmul(rewriter, act, mm, mm.getBias(),
-                           UnaryFnAttr::get(act.getContext(), act.getFn()),
-                           act.getType()));
+    MatmulEpilogue ep = MatmulEpilogue::of(mm);
+    ep.act = UnaryFnAttr::get(act.getContext(), act.getFn());
+    rewriter.replaceOp(act,
+                       rebuildMatmul(rewriter, act, mm, ep, act.getType()));
     return success();
   }
 };
@@ -1837,13 +1908,13 @@ struct FoldMatmulSilu : public OpRewritePattern<BinaryOp> {
                                 PatternRewriter &rewriter) const override {
     std::optional<Silu> silu = siluOf(mul);
     MatmulOp mm = silu ? soleMatmulOf(silu->y) : MatmulOp();
-    if (!mm || mm.getEpilogue())
+    if (!mm || mm.getEpilogue() || mm.getClampMax())
       return failure();
+    MatmulEpilogue ep = MatmulEpilogue::of(mm);
+    ep.act = UnaryFnAttr::get(mul.getContext(), UnaryFn::silu);
     rewriter.replaceOp(
         silu->replaced,
-        rebuildMatmul(rewriter, silu->replaced, mm, mm.getBias(),
-                      UnaryFnAttr::get(mul.getContext(), UnaryFn::silu),
-                      tensorType(silu->y)));
+        rebuildMatmul(rewriter, silu->replaced, mm, ep, tensorType(silu->y)));
     return success();
   }
 };
@@ -2065,12 +2136,44 @@ struct FoldChannelNormAffine : public OpRewritePattern<BinaryOp> {
   }
 };
 
+/// max(y, 0), then min(., c), of a matmul's sums read nowhere else (clamp's
+/// decomposition: a MobileNet's ReLU6): relu, then clamp_max, in the
+/// matmul's epilogue.
+struct FoldMatmulClamp : public OpRewritePattern<BinaryOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(BinaryOp op,
+                                PatternRewriter &rewriter) const override {
+    bool isMax = op.getFn() == BinaryFn::max;
+    if (!isMax && op.getFn() != BinaryFn::min)
+      return failure();
+    for (auto [v, c] : {std::pair(op.getLhs(), op.getRhs()),
+                        std::pair(op.getRhs(), op.getLhs())}) {
+      std::optional<double> bound = splat(c);
+      MatmulOp mm = bound && v.hasOneUse() ? soleMatmulOf(v) : MatmulOp();
+      if (!mm || op.getType() != tensorType(v) || mm.getClampMax())
+        continue;
+      MatmulEpilogue ep = MatmulEpilogue::of(mm);
+      if (isMax) {
+        if (*bound != 0.0 || ep.act)
+          continue;
+        ep.act = UnaryFnAttr::get(op.getContext(), UnaryFn::relu);
+      } else {
+        ep.clampMax = rewriter.getF64FloatAttr(*bound);
+      }
+      rewriter.replaceOp(op, rebuildMatmul(rewriter, op, mm, ep, op.getType()));
+      return success();
+    }
+    return failure();
+  }
+};
+
 void BinaryOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                            MLIRContext *context) {
-  patterns
-      .add<SinkTranspose<BinaryOp>, FormRotary, FormGeluTanh, FoldAffineChain,
-           FoldGroupNormSilu, FoldConvAffine, FormChannelNorm,
-           FoldChannelNormAffine, FoldMatmulBias, FoldMatmulSilu>(context);
+  patterns.add<SinkTranspose<BinaryOp>, FormRotary, FormGeluTanh,
+               FoldAffineChain, FoldGroupNormSilu, FoldConvAffine,
+               FormChannelNorm, FoldChannelNormAffine, FoldMatmulBias,
+               FoldMatmulSilu, FoldMatmulClamp>(context);
 }
 void CastOp::getCanonicalizationPatterns(RewritePatternSet &patterns,
                                          MLIRContext *context) {

@@ -162,29 +162,39 @@ def Neuron_CastOp : Neuron_Op<"cast"> {
 // Contractions and reductions
 //===----------------------------------------------------------------------===//
 
-def Neuron_MatmulOp : Neuron_Op<"matmul"> {
+def Neuron_MatmulOp : Neuron_Op<"matmul", [AttrSizedOperandSegments]> {
   let summary = "[B...,M,K] x [B...,K,N] -> [B...,M,N], fp32 accumulation";
   let description = [{
-    With `bias` ([N]) and/or `epilogue` (an activation: relu, gelu,
-    gelu_tanh, silu, sigmoid or tanh), result = epilogue(lhs @ rhs + bias)
-    computed in fp32 from the fp32 sums and rounded once: a Linear's bias
-    and the activation after it, applied as the sums leave PSUM
-    (canonicalization folds them in) rather than as a pass of their own
-    over the result.
+    With an epilogue, result = min(epilogue(lhs @ rhs * row_scale[m] +
+    row_shift[m] + bias[n]), clamp_max), each part optional, computed in
+    fp32 from the fp32 sums and rounded once: a Linear's bias and the
+    activation after it (relu, gelu, gelu_tanh, silu, sigmoid or tanh), or a
+    pointwise convolution's BatchNorm (per output channel: the rows of a
+    channels-first batched matmul) and ReLU6, applied as the sums leave PSUM
+    (canonicalization folds them in) rather than as passes of their own over
+    the result. A row affine and a column bias are not both given.
   }];
   let arguments = (ins RankedTensorOf<[Neuron_Float]>:$lhs,
                    RankedTensorOf<[Neuron_Float]>:$rhs,
                    Optional<RankedTensorOf<[Neuron_Float]>>:$bias,
-                   OptionalAttr<Neuron_UnaryFnAttr>:$epilogue);
+                   Optional<RankedTensorOf<[F32]>>:$row_scale,
+                   Optional<RankedTensorOf<[F32]>>:$row_shift,
+                   OptionalAttr<Neuron_UnaryFnAttr>:$epilogue,
+                   OptionalAttr<F64Attr>:$clamp_max);
   let results = (outs RankedTensorOf<[Neuron_Float]>:$result);
+  // Each epilogue operand with its type (several optional trailing types
+  // would not parse back unambiguously).
   let assemblyFormat = [{
-    $lhs `,` $rhs (`bias` $bias^)? attr-dict `:` type($lhs) `,` type($rhs)
-    (`,` type($bias)^)? `->` type($result)
+    $lhs `,` $rhs (`bias` `(` $bias^ `:` type($bias) `)`)?
+    (`row_scale` `(` $row_scale^ `:` type($row_scale) `)`)?
+    (`row_shift` `(` $row_shift^ `:` type($row_shift) `)`)?
+    attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
   }];
   let builders = [
     OpBuilder<(ins "Type":$result, "Value":$lhs, "Value":$rhs), [{
       build($_builder, $_state, result, lhs, rhs, /*bias=*/Value(),
-            /*epilogue=*/nullptr);
+            /*row_scale=*/Value(), /*row_shift=*/Value(),
+            /*epilogue=*/nullptr, /*clamp_max=*/nullptr);
     }]>
   ];
   let hasVerifier = 1;

@@ -72,13 +72,16 @@ public:
   /// (neuron.scaled_matmul): fp32 scales of each row and each column, a
   /// bias of each column. Windows of 1-d tensors of one element, or of M
   /// (row scale) or N elements; `bias.buffer` is null without a bias.
-  /// Without scales (`scaled` false: a neuron.matmul's Linear epilogue),
-  /// the bias and then `act` on ScalarE.
+  /// Without scales (`scaled` false: a neuron.matmul's epilogue), the
+  /// column bias or a row affine (`rowScale` if `rowwise`, `rowShift` if
+  /// `rowShifted`: [M] f32), then `act`, then min(., clampMax).
   struct Epilogue {
-    TileBuilder::Window rowScale, colScale, bias;
-    bool rowwise = false, colwise = false, scaled = true;
+    TileBuilder::Window rowScale, colScale, bias, rowShift;
+    bool rowwise = false, colwise = false, scaled = true, rowShifted = false;
     Type biasElt;
     std::optional<nisa::ActivationFn> act;
+    std::optional<double> clampMax;
+    bool rowAffine() const { return !scaled && (rowwise || rowShifted); }
   };
   /// MX block scales (neuron.scaled_matmul with E8M0 scales): windows of
   /// the ui8 [M, K / 32] and [N, K / 32] tensors.
@@ -136,7 +139,7 @@ private:
     int64_t maxPieces;
     int64_t bSlots;
     Value moving, acc, staged;
-    Value rowScales, colScales, bias, scaled;
+    Value rowScales, colScales, bias, scaled, rowShifts;
   };
   /// One N group of a block: columns [n0, n0 + cols), in bank set `set`.
   struct Group {
@@ -217,6 +220,7 @@ private:
   /// Loads the epilogue's row scales of the block (times a one-element
   /// column scale).
   void loadRowScales(const Block &blk);
+  void loadRowAffine(const Block &blk);
   /// Loads the epilogue's column scales and bias of a group into its set.
   void loadColumnOperands(const Block &blk, const Group &grp);
   /// PSUM bank -> `part` (the output dtype), through the epilogue if any.
@@ -838,8 +842,10 @@ void GemmLowering::lowerBlock(const Bases &base, Value m0, int64_t rows,
   blk.staged =
       k.tile(MemorySpace::sbuf, {mTile, 2 * blk.tiles * nGroup}, outElt);
   if (epilogue) {
-    if (epilogue->scaled)
+    if (epilogue->scaled || epilogue->rowwise)
       blk.rowScales = k.tile(MemorySpace::sbuf, {mTile, blk.tiles}, f32);
+    if (epilogue->rowShifted)
+      blk.rowShifts = k.tile(MemorySpace::sbuf, {mTile, blk.tiles}, f32);
     if (epilogue->colwise)
       blk.colScales = k.tile(MemorySpace::sbuf, {mTile, 2 * nGroup}, f32);
     if (epilogue->bias.buffer && !residentBias)
@@ -849,6 +855,8 @@ void GemmLowering::lowerBlock(const Bases &base, Value m0, int64_t rows,
       blk.scaled = k.tile(MemorySpace::sbuf, {mTile, nTile}, f32);
     if (epilogue->scaled)
       loadRowScales(blk);
+    if (epilogue->rowAffine())
+      loadRowAffine(blk);
   }
   int64_t groups = n / nGroup;
   if (groups > 0)
@@ -1045,6 +1053,27 @@ void GemmLowering::evictBank(const Block &blk, const Group &grp, int64_t mi,
     return k.view(tile, k.index(grp.set * nGroup + ni * nTile), {mt, nt},
                   {2 * nGroup, 1});
   };
+  auto clamp = [&] {
+    if (epilogue->clampMax)
+      k.b.create<nisa::TensorScalarOp>(nisa::AluOp::min, part, part, Value(),
+                                       APFloat(*epilogue->clampMax), false,
+                                       nisa::Engine::gpsimd);
+  };
+  if (epilogue->rowAffine()) {
+    // A channel's scale and shift are a row's: ScalarE's scale and bias
+    // columns, with the activation, in one pass from PSUM.
+    auto col = [&](Value tile, bool present) {
+      return present ? k.view(tile, k.index(mi), {mt, 1}, {blk.tiles, 1})
+                     : Value();
+    };
+    k.b.create<nisa::ActivationOp>(
+        acc, part, col(blk.rowShifts, epilogue->rowShifted),
+        col(blk.rowScales, epilogue->rowwise), Value(),
+        epilogue->act.value_or(nisa::ActivationFn::identity), APFloat(1.0),
+        APFloat(0.0));
+    clamp();
+    return;
+  }
   if (!epilogue->scaled) {
     // A Linear's bias (VectorE: ScalarE's bias is a column, this a row),
     // then its activation (ScalarE), both on the fp32 sums.
@@ -1063,6 +1092,9 @@ void GemmLowering::evictBank(const Block &blk, const Group &grp, int64_t mi,
     if (epilogue->act)
       k.b.create<nisa::ActivationOp>(sums, part, Value(), *epilogue->act,
                                      APFloat(1.0), APFloat(0.0));
+    else if (!epilogue->bias.buffer)
+      k.b.create<nisa::CopyOp>(acc, part, nisa::Engine::vector);
+    clamp();
     return;
   }
   Value rowScale = k.view(blk.rowScales, k.index(mi), {mt, 1}, {blk.tiles, 1});
@@ -1121,6 +1153,24 @@ void GemmLowering::loadRowScales(const Block &blk) {
   }
 }
 
+/// A row affine's [M] scales and shifts, a column per M tile of the block.
+void GemmLowering::loadRowAffine(const Block &blk) {
+  const Epilogue &ep = *epilogue;
+  for (auto [w, tile, present] :
+       {std::tuple{ep.rowScale, blk.rowScales, ep.rowwise},
+        std::tuple{ep.rowShift, blk.rowShifts, ep.rowShifted}}) {
+    if (!present)
+      continue;
+    for (int64_t mi = 0; mi < blk.tiles; ++mi) {
+      int64_t mt = std::min(mTile, blk.rows - mi * mTile);
+      Value at = k.addOffset(
+          k.scale(k.addOffset(blk.m0, mi * mTile), w.strides[0]), w.offset);
+      k.dma(k.view(w.buffer, at, {mt, 1}, {w.strides[0], 1}),
+            k.view(tile, k.index(mi), {mt, 1}, {blk.tiles, 1}));
+    }
+  }
+}
+
 void GemmLowering::loadColumnOperands(const Block &blk, const Group &grp) {
   const Epilogue &ep = *epilogue;
   auto load = [&](const TileBuilder::Window &w, Value tile) {
@@ -1140,7 +1190,8 @@ void GemmLowering::loadColumnOperands(const Block &blk, const Group &grp) {
 /// A neuron.matmul's bias and activation, applied as the sums leave PSUM.
 static std::optional<GemmLowering::Epilogue> linearEpilogue(MatmulOp op,
                                                             TileBuilder &k) {
-  if (!op.getBias() && !op.getEpilogue())
+  if (!op.getBias() && !op.getEpilogue() && !op.getRowScale() &&
+      !op.getRowShift() && !op.getClampMax())
     return std::nullopt;
   GemmLowering::Epilogue ep;
   ep.scaled = false;
@@ -1148,8 +1199,18 @@ static std::optional<GemmLowering::Epilogue> linearEpilogue(MatmulOp op,
     ep.bias = k.windowOf(op.getBias());
     ep.biasElt = tensorType(op.getBias()).getElementType();
   }
+  if (Value v = op.getRowScale()) {
+    ep.rowScale = k.windowOf(v);
+    ep.rowwise = true;
+  }
+  if (Value v = op.getRowShift()) {
+    ep.rowShift = k.windowOf(v);
+    ep.rowShifted = true;
+  }
   if (std::optional<UnaryFn> fn = op.getEpilogue())
     ep.act = activationFor(*fn);
+  if (std::optional<APFloat> c = op.getClampMax())
+    ep.clampMax = c->convertToDouble();
   return ep;
 }
 

@@ -114,7 +114,23 @@ func.func @matmul_batch(%a: tensor<2x4x8xf32>, %b: tensor<3x8x2xf32>) {
 
 func.func @matmul_bias(%a: tensor<4x8xf32>, %b: tensor<8x2xf32>, %c: tensor<4xf32>) {
   // expected-error @+1 {{bias must be [N]}}
-  %0 = neuron.matmul %a, %b bias %c : tensor<4x8xf32>, tensor<8x2xf32>, tensor<4xf32> -> tensor<4x2xf32>
+  %0 = neuron.matmul %a, %b bias(%c : tensor<4xf32>) : tensor<4x8xf32>, tensor<8x2xf32> -> tensor<4x2xf32>
+  return
+}
+
+// -----
+
+func.func @matmul_row_scale(%a: tensor<4x8xf32>, %b: tensor<8x2xf32>, %s: tensor<2xf32>) {
+  // expected-error @+1 {{row_scale and row_shift must be [M]}}
+  %0 = neuron.matmul %a, %b row_scale(%s : tensor<2xf32>) : tensor<4x8xf32>, tensor<8x2xf32> -> tensor<4x2xf32>
+  return
+}
+
+// -----
+
+func.func @matmul_row_and_column(%a: tensor<4x8xf32>, %b: tensor<8x2xf32>, %c: tensor<2xf32>, %s: tensor<4xf32>) {
+  // expected-error @+1 {{takes a row affine or a column bias, not both}}
+  %0 = neuron.matmul %a, %b bias(%c : tensor<2xf32>) row_shift(%s : tensor<4xf32>) : tensor<4x8xf32>, tensor<8x2xf32> -> tensor<4x2xf32>
   return
 }
 

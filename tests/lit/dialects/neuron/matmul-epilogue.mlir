@@ -5,7 +5,7 @@
 // eviction from PSUM applies them to the fp32 sums, rounded once. Through a
 // reshape that keeps the columns (a Linear over [B, S, K] as [B * S, K]).
 // CHECK-LABEL: func.func @linear_gelu
-// CHECK: %[[M:.*]] = neuron.matmul %arg0, %arg1 bias %arg2 {epilogue = #neuron<unary_fn gelu>} : tensor<6x8xbf16>, tensor<8x4xbf16>, tensor<4xbf16> -> tensor<6x4xbf16>
+// CHECK: %[[M:.*]] = neuron.matmul %arg0, %arg1 bias(%arg2 : tensor<4xbf16>) {epilogue = #neuron<unary_fn gelu>} : tensor<6x8xbf16>, tensor<8x4xbf16> -> tensor<6x4xbf16>
 // CHECK: %[[R:.*]] = neuron.reshape %[[M]] : tensor<6x4xbf16> -> tensor<2x3x4xbf16>
 // CHECK-NOT: neuron.binary
 // CHECK-NOT: neuron.unary
@@ -56,4 +56,40 @@ func.func @kept(%x: tensor<2x8xf32>, %w: tensor<8x4xf32>, %b: tensor<4xf32>, %ro
   %m4 = neuron.matmul %x, %w {epilogue = #neuron<unary_fn relu>} : tensor<2x8xf32>, tensor<8x4xf32> -> tensor<2x4xf32>
   %t = neuron.unary tanh %m4 : tensor<2x4xf32> -> tensor<2x4xf32>
   return %a, %m, %a2, %e, %t : tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>
+}
+
+// A pointwise convolution as the importer writes it (the weights broadcast
+// over the images, each image's [C, H * W]: the channels are the rows) with
+// a BatchNorm (x * S + T per channel, in f32 on the widened sums, cast back)
+// and ReLU6 (max with 0, min with 6): a row affine, relu and clamp_max.
+// CHECK-LABEL: func.func @pointwise_bn_relu6
+// CHECK: %[[M:.*]] = neuron.matmul %{{.*}}, %{{.*}} row_scale(%{{.*}} : tensor<6xf32>) row_shift(%{{.*}} : tensor<6xf32>) {clamp_max = 6.000000e+00 : f64, epilogue = #neuron<unary_fn relu>} : tensor<2x6x4xbf16>, tensor<2x4x9xbf16> -> tensor<2x6x9xbf16>
+// CHECK: %[[R:.*]] = neuron.reshape %[[M]] : tensor<2x6x9xbf16> -> tensor<2x6x3x3xbf16>
+// CHECK-NOT: neuron.binary {{.*}} tensor<2x6x3x3x
+// CHECK: return %[[R]]
+func.func @pointwise_bn_relu6(%w: tensor<6x4xbf16>, %x: tensor<2x4x9xbf16>, %s: tensor<6x1x1xf32>, %t: tensor<6x1x1xf32>) -> tensor<2x6x3x3xbf16> {
+  %wb = neuron.broadcast %w : tensor<6x4xbf16> -> tensor<2x6x4xbf16>
+  %m = neuron.matmul %wb, %x : tensor<2x6x4xbf16>, tensor<2x4x9xbf16> -> tensor<2x6x9xbf16>
+  %r = neuron.reshape %m : tensor<2x6x9xbf16> -> tensor<2x6x3x3xbf16>
+  %c = neuron.cast %r : tensor<2x6x3x3xbf16> -> tensor<2x6x3x3xf32>
+  %sb = neuron.broadcast %s : tensor<6x1x1xf32> -> tensor<2x6x3x3xf32>
+  %p = neuron.binary mul %c, %sb : tensor<2x6x3x3xf32>, tensor<2x6x3x3xf32> -> tensor<2x6x3x3xf32>
+  %tb = neuron.broadcast %t : tensor<6x1x1xf32> -> tensor<2x6x3x3xf32>
+  %a = neuron.binary add %p, %tb : tensor<2x6x3x3xf32>, tensor<2x6x3x3xf32> -> tensor<2x6x3x3xf32>
+  %n = neuron.cast %a : tensor<2x6x3x3xf32> -> tensor<2x6x3x3xbf16>
+  %zero = neuron.constant dense<0.0> : tensor<2x6x3x3xbf16>
+  %six = neuron.constant dense<6.0> : tensor<2x6x3x3xbf16>
+  %lo = neuron.binary max %n, %zero : tensor<2x6x3x3xbf16>, tensor<2x6x3x3xbf16> -> tensor<2x6x3x3xbf16>
+  %hi = neuron.binary min %lo, %six : tensor<2x6x3x3xbf16>, tensor<2x6x3x3xbf16> -> tensor<2x6x3x3xbf16>
+  return %hi : tensor<2x6x3x3xbf16>
+}
+
+// A max with something other than 0 is not a relu.
+// CHECK-LABEL: func.func @max_one
+// CHECK: neuron.binary max
+func.func @max_one(%x: tensor<2x8xf32>, %w: tensor<8x4xf32>) -> tensor<2x4xf32> {
+  %m = neuron.matmul %x, %w : tensor<2x8xf32>, tensor<8x4xf32> -> tensor<2x4xf32>
+  %one = neuron.constant dense<1.0> : tensor<2x4xf32>
+  %r = neuron.binary max %m, %one : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4xf32>
+  return %r : tensor<2x4xf32>
 }

@@ -37,9 +37,12 @@ func.func @ops(%a: tensor<4x8xf32>, %b: tensor<8x16xf32>, %c: tensor<4x8xi1>,
   %tv, %ti = neuron.topk %a {k = 2, largest = false} : tensor<4x8xf32> -> tensor<4x2xf32>, tensor<4x2xi64>
   // CHECK: neuron.matmul
   %m = neuron.matmul %a, %b : tensor<4x8xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
-  // CHECK: neuron.matmul %{{.*}}, %{{.*}} bias %{{.*}} {epilogue = #neuron<unary_fn gelu>} : tensor<4x8xf32>, tensor<8x16xf32>, tensor<16xf32> -> tensor<4x16xf32>
+  // CHECK: neuron.matmul %{{.*}}, %{{.*}} bias(%{{.*}} : tensor<16xf32>) {epilogue = #neuron<unary_fn gelu>} : tensor<4x8xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
   %bias = neuron.constant dense<0.5> : tensor<16xf32>
-  %mb = neuron.matmul %a, %b bias %bias {epilogue = #neuron<unary_fn gelu>} : tensor<4x8xf32>, tensor<8x16xf32>, tensor<16xf32> -> tensor<4x16xf32>
+  %mb = neuron.matmul %a, %b bias(%bias : tensor<16xf32>) {epilogue = #neuron<unary_fn gelu>} : tensor<4x8xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
+  // CHECK: neuron.matmul %{{.*}}, %{{.*}} row_scale(%{{.*}} : tensor<4xf32>) row_shift(%{{.*}} : tensor<4xf32>) {clamp_max = 6.000000e+00 : f64} : tensor<4x8xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
+  %rows = neuron.constant dense<0.5> : tensor<4xf32>
+  %mr = neuron.matmul %a, %b row_scale(%rows : tensor<4xf32>) row_shift(%rows : tensor<4xf32>) {clamp_max = 6.0 : f64} : tensor<4x8xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
   // CHECK: neuron.conv2d {{.*}} stride [2, 1] padding [1, 0] dilation [1, 2] : tensor<1x8x4x6xf32>, tensor<3x8x3x3xf32> -> tensor<1x3x2x2xf32>
   %img4 = neuron.constant dense<2.0> : tensor<1x8x4x6xf32>
   %kern = neuron.constant dense<1.0> : tensor<3x8x3x3xf32>

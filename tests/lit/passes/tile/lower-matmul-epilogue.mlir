@@ -14,7 +14,7 @@
 // CHECK: nisa.activation gelu %[[PRE]], %{{.*}} : memref<128x384xf32, {{.*}}>, memref<128x384xbf16
 // CHECK-NOT: nisa.copy
 func.func @linear_gelu(%x: tensor<256x64xbf16>, %w: tensor<64x384xbf16>, %b: tensor<384xbf16>) -> tensor<256x384xbf16> {
-  %m = neuron.matmul %x, %w bias %b {epilogue = #neuron<unary_fn gelu>} : tensor<256x64xbf16>, tensor<64x384xbf16>, tensor<384xbf16> -> tensor<256x384xbf16>
+  %m = neuron.matmul %x, %w bias(%b : tensor<384xbf16>) {epilogue = #neuron<unary_fn gelu>} : tensor<256x64xbf16>, tensor<64x384xbf16> -> tensor<256x384xbf16>
   return %m : tensor<256x384xbf16>
 }
 
@@ -27,10 +27,23 @@ func.func @linear_gelu(%x: tensor<256x64xbf16>, %w: tensor<64x384xbf16>, %b: ten
 // CHECK: nisa.activation relu %{{.*}}, %{{.*}} : memref<128x384xf32, {{.*}}#nisa.mem<psum>>, memref<128x384xbf16
 // CHECK-NOT: nisa.tensor_tensor
 func.func @bias_only(%x: tensor<128x64xf32>, %w: tensor<64x384xf32>, %b: tensor<384xf32>) -> tensor<128x384xf32> {
-  %m = neuron.matmul %x, %w bias %b : tensor<128x64xf32>, tensor<64x384xf32>, tensor<384xf32> -> tensor<128x384xf32>
+  %m = neuron.matmul %x, %w bias(%b : tensor<384xf32>) : tensor<128x64xf32>, tensor<64x384xf32> -> tensor<128x384xf32>
   return %m : tensor<128x384xf32>
 }
 func.func @relu_only(%x: tensor<128x64xbf16>, %w: tensor<64x384xbf16>) -> tensor<128x384xbf16> {
   %m = neuron.matmul %x, %w {epilogue = #neuron<unary_fn relu>} : tensor<128x64xbf16>, tensor<64x384xbf16> -> tensor<128x384xbf16>
   return %m : tensor<128x384xbf16>
+}
+
+// A row affine (a pointwise convolution's BatchNorm: the channels are the
+// rows) is ScalarE's scale and bias columns, loaded a column per row tile,
+// with the relu in the same pass from PSUM; clamp_max a min on GpSimd.
+// CHECK-LABEL: func.func @row_affine_relu6
+// CHECK: nisa.dma_copy %{{.*}}, %{{.*}} : memref<128x1xf32, strided<[1, 1], offset: ?>>, memref<128x1xf32
+// CHECK: nisa.dma_copy %{{.*}}, %{{.*}} : memref<128x1xf32, strided<[1, 1], offset: ?>>, memref<128x1xf32
+// CHECK: nisa.activation relu %{{.*}}, %[[OUT:[^ ]*]] bias %{{.*}} scale_col %{{.*}} : memref<128x384xf32, {{.*}}#nisa.mem<psum>>, memref<128x384xbf16
+// CHECK: nisa.tensor_scalar min %[[OUT]], %[[OUT]] {engine = #nisa.engine<gpsimd>, imm = 6.000000e+00 : f64}
+func.func @row_affine_relu6(%w: tensor<2x128x64xbf16>, %x: tensor<2x64x384xbf16>, %s: tensor<128xf32>, %t: tensor<128xf32>) -> tensor<2x128x384xbf16> {
+  %m = neuron.matmul %w, %x row_scale(%s : tensor<128xf32>) row_shift(%t : tensor<128xf32>) {clamp_max = 6.0 : f64, epilogue = #neuron<unary_fn relu>} : tensor<2x128x64xbf16>, tensor<2x64x384xbf16> -> tensor<2x128x384xbf16>
+  return %m : tensor<2x128x384xbf16>
 }
