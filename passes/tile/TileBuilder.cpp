@@ -641,7 +641,8 @@ bool TileBuilder::stridedThroughSbuf(const Window &window,
 /// DMA, then stored whole. One HBM-to-HBM DMA would move it one element per
 /// descriptor. The tiles rotate over kTransposeSlots buffers, each load issued
 /// two tiles ahead of its store, so loads and stores overlap (one buffer
-/// serialized them: a transpose took twice its DMA time).
+/// serialized them: a transpose took twice its DMA time); past
+/// kMaxTransposeTiles, in loops over runs of like tiles.
 bool TileBuilder::transposeThroughSbuf(const Window &window,
                                        ArrayRef<int64_t> shape, Value out) {
   int64_t rank = shape.size();
@@ -689,32 +690,60 @@ bool TileBuilder::transposeThroughSbuf(const Window &window,
                          to + (rows - rt) * cols + c0, rt, 1, width});
     }
   }
-  if (tiles.size() > kMaxTransposeTiles) // each unrolled: keep programs small
-    return false;
   TileScope scope(*this);
   SmallVector<Value, kTransposeSlots> slots;
   for (int64_t i = 0; i < std::min<int64_t>(kTransposeSlots, tiles.size()); ++i)
     slots.push_back(tile(MemorySpace::sbuf, {p, chunk}, elt));
-  auto tileView = [&](int64_t i) {
-    const Tile &t = tiles[i];
-    return view(slots[i % slots.size()], index(0), {t.parts, t.blocks, t.width},
-                {chunk, t.width, 1});
-  };
-  auto load = [&](int64_t i) {
-    const Tile &t = tiles[i];
-    dma(view(window.buffer, index(t.src), {t.parts, t.blocks, t.width},
+  // Tile t's load and store at element offsets src and dst, in `slot`.
+  auto load = [&](const Tile &t, Value src, int64_t slot) {
+    dma(view(window.buffer, src, {t.parts, t.blocks, t.width},
              {t.blocks, 1, colStride}),
-        tileView(i));
+        view(slots[slot], index(0), {t.parts, t.blocks, t.width},
+             {chunk, t.width, 1}));
   };
-  int64_t ahead = std::min<int64_t>(slots.size() - 1, tiles.size());
-  for (int64_t i = 0; i < ahead; ++i)
-    load(i);
-  for (int64_t i = 0; i < (int64_t)tiles.size(); ++i) {
-    if (i + ahead < (int64_t)tiles.size())
-      load(i + ahead);
+  auto store = [&](const Tile &t, Value dst, int64_t slot) {
+    dma(view(slots[slot], index(0), {t.parts, t.blocks, t.width},
+             {chunk, t.width, 1}),
+        view(out, dst, {t.parts, t.blocks, t.width},
+             {t.blocks * cols, cols, 1}));
+  };
+  if (tiles.size() <= kMaxTransposeTiles) {
+    // Unrolled, the loads running across matrices and column chunks.
+    int64_t n = tiles.size(), ahead = std::min<int64_t>(slots.size() - 1, n);
+    for (int64_t i = 0; i < ahead; ++i)
+      load(tiles[i], index(tiles[i].src), i % slots.size());
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + ahead < n)
+        load(tiles[i + ahead], index(tiles[i + ahead].src),
+             (i + ahead) % slots.size());
+      store(tiles[i], index(tiles[i].dst), i % slots.size());
+    }
+    return true;
+  }
+  // Too many to unroll (a program of each): runs of like tiles evenly
+  // apart (a column chunk's whole-block tiles) pipelined in loops.
+  for (size_t i = 0; i < tiles.size();) {
     const Tile &t = tiles[i];
-    dma(tileView(i), view(out, index(t.dst), {t.parts, t.blocks, t.width},
-                          {t.blocks * cols, cols, 1}));
+    size_t j = i + 1;
+    int64_t srcStep = 0, dstStep = 0;
+    if (j < tiles.size()) {
+      srcStep = tiles[j].src - t.src;
+      dstStep = tiles[j].dst - t.dst;
+    }
+    while (j < tiles.size() && tiles[j].parts == t.parts &&
+           tiles[j].blocks == t.blocks && tiles[j].width == t.width &&
+           tiles[j].src - tiles[j - 1].src == srcStep &&
+           tiles[j].dst - tiles[j - 1].dst == dstStep)
+      ++j;
+    forEachPipelined(
+        j - i, slots.size(),
+        [&](Value step, int64_t slot) {
+          load(t, addOffset(scale(step, srcStep), t.src), slot);
+        },
+        [&](Value step, int64_t slot) {
+          store(t, addOffset(scale(step, dstStep), t.dst), slot);
+        });
+    i = j;
   }
   return true;
 }

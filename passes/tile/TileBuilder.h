@@ -328,7 +328,7 @@ private:
                             Value out);
   bool transposeThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
                             Value out);
-  /// transposeThroughSbuf's rotating buffers and most (unrolled) tiles.
+  /// transposeThroughSbuf's rotating buffers and most tiles it unrolls.
   static constexpr int64_t kTransposeSlots = 3, kMaxTransposeTiles = 256;
   bool stridedThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
                           Value out);

@@ -256,3 +256,16 @@ func.func @empty(%x: tensor<4x0xf32>) -> tensor<4x0xf32> {
   %e = neuron.unary exp %x : tensor<4x0xf32> -> tensor<4x0xf32>
   return %e : tensor<4x0xf32>
 }
+
+// A transpose of more tiles than unroll (2 x 2 column chunks x 128 blocks):
+// each run of like tiles a loop, its loads two tiles ahead of its stores.
+// CHECK-LABEL: func.func @big_transpose
+// CHECK: nisa.dma_copy %{{.*}}, %{{.*}} : memref<128x1x4096xbf16, strided<[1, 1, 16384], offset: ?>>, memref<128x1x4096xbf16
+// CHECK: nisa.dma_copy %{{.*}}, %{{.*}} : memref<128x1x4096xbf16, strided<[1, 1, 16384], offset: ?>>, memref<128x1x4096xbf16
+// CHECK: scf.for
+// CHECK: nisa.dma_copy %{{.*}}, %{{.*}} : memref<128x1x4096xbf16, strided<[1, 1, 16384], offset: ?>>, memref<128x1x4096xbf16
+// CHECK: nisa.dma_copy %{{.*}}, %{{.*}} : memref<128x1x4096xbf16, strided<[4096, 4096, 1], offset: ?>, #nisa.mem<sbuf>>, memref<128x1x4096xbf16, strided<[8192, 8192, 1], offset: ?>>
+func.func @big_transpose(%x: tensor<2x8192x16384xbf16>) -> tensor<2x16384x8192xbf16> {
+  %t = neuron.transpose %x, [0, 2, 1] : tensor<2x8192x16384xbf16> -> tensor<2x16384x8192xbf16>
+  return %t : tensor<2x16384x8192xbf16>
+}
