@@ -1624,10 +1624,7 @@ static MatmulOp soleMatmulOf(Value v, bool keepColumns = false) {
     if (!v.hasOneUse())
       return {};
   }
-  auto mm = v.getDefiningOp<MatmulOp>();
-  if (!mm || !isa<FloatType>(mm.getType().getElementType()))
-    return {};
-  return mm;
+  return v.getDefiningOp<MatmulOp>();
 }
 
 /// A neuron.matmul's epilogue: its operands and attributes after the sums.
@@ -1663,6 +1660,8 @@ static Value rebuildMatmul(PatternRewriter &rewriter, Operation *at,
 /// the result or its widening cast, then cast back), or plus them alone,
 /// read nowhere else: the convolution with that scale and bias (bias' = T +
 /// bias * S), applied to its sums as they leave PSUM in fp32, rounded once.
+/// A pointwise convolution written as a channels-first batched matmul takes
+/// them as its row scale and shift (composing with those it has).
 struct FoldConvAffine : public OpRewritePattern<BinaryOp> {
   using OpRewritePattern::OpRewritePattern;
 
@@ -1690,12 +1689,9 @@ struct FoldConvAffine : public OpRewritePattern<BinaryOp> {
   /// its result reshaped to [N, O, H, W]: the matmul, whose rows are the
   /// channels.
   static MatmulOp channelsFirstMatmulOf(Value y) {
-    auto reshape = y.getDefiningOp<ReshapeOp>();
-    auto mm =
-        reshape ? reshape.getInput().getDefiningOp<MatmulOp>() : MatmulOp();
+    MatmulOp mm = soleMatmulOf(y);
     // No epilogue yet, or a row affine alone (a second one composes).
-    if (!mm || !mm->hasOneUse() || mm.getBias() || mm.getEpilogue() ||
-        mm.getClampMax())
+    if (!mm || mm.getBias() || mm.getEpilogue() || mm.getClampMax())
       return {};
     auto out = mm.getType(), in = tensorType(y);
     if (out.getRank() != 3 || in.getRank() != 4 || !in.hasStaticShape() ||
@@ -1743,9 +1739,8 @@ struct FoldConvAffine : public OpRewritePattern<BinaryOp> {
           scaleSmall ? asChannels(scaleSmall, rewriter, loc) : Value();
       Value shift = asChannels(shiftSmall, rewriter, loc);
       if (ep.rowShift)
-        shift = rewriter.create<BinaryOp>(
-            loc, f32, BinaryFn::add,
-            scale ? mul(ep.rowShift, scale) : ep.rowShift, shift);
+        shift = rewriter.create<BinaryOp>(loc, f32, BinaryFn::add,
+                                          mul(ep.rowShift, scale), shift);
       ep.rowScale = mul(ep.rowScale, scale);
       ep.rowShift = shift;
       rewriter.replaceOp(

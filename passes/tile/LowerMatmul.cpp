@@ -73,15 +73,17 @@ public:
   /// bias of each column. Windows of 1-d tensors of one element, or of M
   /// (row scale) or N elements; `bias.buffer` is null without a bias.
   /// Without scales (`scaled` false: a neuron.matmul's epilogue), the
-  /// column bias or a row affine (`rowScale` if `rowwise`, `rowShift` if
-  /// `rowShifted`: [M] f32), then `act`, then min(., clampMax).
+  /// column bias or a row affine (`rowScale`, `rowShift`: [M] f32, each
+  /// optional), then `act`, then min(., clampMax).
   struct Epilogue {
     TileBuilder::Window rowScale, colScale, bias, rowShift;
-    bool rowwise = false, colwise = false, scaled = true, rowShifted = false;
+    bool rowwise = false, colwise = false, scaled = true;
     Type biasElt;
     std::optional<nisa::ActivationFn> act;
     std::optional<double> clampMax;
-    bool rowAffine() const { return !scaled && (rowwise || rowShifted); }
+    bool rowAffine() const {
+      return !scaled && (rowScale.buffer || rowShift.buffer);
+    }
   };
   /// MX block scales (neuron.scaled_matmul with E8M0 scales): windows of
   /// the ui8 [M, K / 32] and [N, K / 32] tensors.
@@ -842,9 +844,9 @@ void GemmLowering::lowerBlock(const Bases &base, Value m0, int64_t rows,
   blk.staged =
       k.tile(MemorySpace::sbuf, {mTile, 2 * blk.tiles * nGroup}, outElt);
   if (epilogue) {
-    if (epilogue->scaled || epilogue->rowwise)
+    if (epilogue->rowScale.buffer)
       blk.rowScales = k.tile(MemorySpace::sbuf, {mTile, blk.tiles}, f32);
-    if (epilogue->rowShifted)
+    if (epilogue->rowShift.buffer)
       blk.rowShifts = k.tile(MemorySpace::sbuf, {mTile, blk.tiles}, f32);
     if (epilogue->colwise)
       blk.colScales = k.tile(MemorySpace::sbuf, {mTile, 2 * nGroup}, f32);
@@ -1062,13 +1064,12 @@ void GemmLowering::evictBank(const Block &blk, const Group &grp, int64_t mi,
   if (epilogue->rowAffine()) {
     // A channel's scale and shift are a row's: ScalarE's scale and bias
     // columns, with the activation, in one pass from PSUM.
-    auto col = [&](Value tile, bool present) {
-      return present ? k.view(tile, k.index(mi), {mt, 1}, {blk.tiles, 1})
-                     : Value();
+    auto col = [&](Value tile) {
+      return tile ? k.view(tile, k.index(mi), {mt, 1}, {blk.tiles, 1})
+                  : Value();
     };
     k.b.create<nisa::ActivationOp>(
-        acc, part, col(blk.rowShifts, epilogue->rowShifted),
-        col(blk.rowScales, epilogue->rowwise), Value(),
+        acc, part, col(blk.rowShifts), col(blk.rowScales), Value(),
         epilogue->act.value_or(nisa::ActivationFn::identity), APFloat(1.0),
         APFloat(0.0));
     clamp();
@@ -1156,10 +1157,9 @@ void GemmLowering::loadRowScales(const Block &blk) {
 /// A row affine's [M] scales and shifts, a column per M tile of the block.
 void GemmLowering::loadRowAffine(const Block &blk) {
   const Epilogue &ep = *epilogue;
-  for (auto [w, tile, present] :
-       {std::tuple{ep.rowScale, blk.rowScales, ep.rowwise},
-        std::tuple{ep.rowShift, blk.rowShifts, ep.rowShifted}}) {
-    if (!present)
+  for (auto [w, tile] : {std::pair{ep.rowScale, blk.rowScales},
+                         std::pair{ep.rowShift, blk.rowShifts}}) {
+    if (!tile)
       continue;
     for (int64_t mi = 0; mi < blk.tiles; ++mi) {
       int64_t mt = std::min(mTile, blk.rows - mi * mTile);
@@ -1187,7 +1187,8 @@ void GemmLowering::loadColumnOperands(const Block &blk, const Group &grp) {
     load(ep.bias, blk.bias);
 }
 
-/// A neuron.matmul's bias and activation, applied as the sums leave PSUM.
+/// A neuron.matmul's epilogue (bias or row affine, activation, clamp),
+/// applied as the sums leave PSUM.
 static std::optional<GemmLowering::Epilogue> linearEpilogue(MatmulOp op,
                                                             TileBuilder &k) {
   if (!op.getBias() && !op.getEpilogue() && !op.getRowScale() &&
@@ -1199,14 +1200,10 @@ static std::optional<GemmLowering::Epilogue> linearEpilogue(MatmulOp op,
     ep.bias = k.windowOf(op.getBias());
     ep.biasElt = tensorType(op.getBias()).getElementType();
   }
-  if (Value v = op.getRowScale()) {
+  if (Value v = op.getRowScale())
     ep.rowScale = k.windowOf(v);
-    ep.rowwise = true;
-  }
-  if (Value v = op.getRowShift()) {
+  if (Value v = op.getRowShift())
     ep.rowShift = k.windowOf(v);
-    ep.rowShifted = true;
-  }
   if (std::optional<UnaryFn> fn = op.getEpilogue())
     ep.act = activationFor(*fn);
   if (std::optional<APFloat> c = op.getClampMax())

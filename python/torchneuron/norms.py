@@ -25,10 +25,6 @@ __all__ = ["CHANNEL_NORM_MAX_CHANNELS", "channel_norm", "channels_last_layer_nor
 CHANNEL_NORM_MAX_CHANNELS = 1024
 
 
-def _stats_shape(x: torch.Tensor) -> list[int]:
-    return [x.shape[0], 1, *x.shape[2:]]
-
-
 @torch.library.custom_op("torchneuron::channel_norm", mutates_args=())
 def channel_norm(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
@@ -51,7 +47,7 @@ def channel_norm(
 def _channel_norm_fake(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    stats = _stats_shape(x)
+    stats = [x.shape[0], 1, *x.shape[2:]]
     return (
         torch.empty_like(x, memory_format=torch.contiguous_format),
         x.new_empty(stats, dtype=torch.float32),
@@ -74,8 +70,7 @@ def channels_last_layer_norm(
         x.dim() < 3
         or len(normalized_shape) != 1
         or x.dtype not in (torch.float32, torch.bfloat16, torch.float16)
-        or not 1 <= x.shape[-1] <= CHANNEL_NORM_MAX_CHANNELS
-        or x.shape[-1] == 1
+        or not 2 <= x.shape[-1] <= CHANNEL_NORM_MAX_CHANNELS
         or x.numel() == 0
         or any(t is not None and (t.dtype != x.dtype or t.dim() != 1) for t in (weight, bias))
     ):
