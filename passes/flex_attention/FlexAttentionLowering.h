@@ -100,15 +100,21 @@ private:
     Value qTile;       // its query tile (forward kernel)
     Value unit;        // first key unit (`unit` keys)
     int64_t rows = 0, width = 0;
+    int64_t kvSlot = 0; // the SBUF slot of its key head's K^T and V
   };
 
   /// A key step in a lane's stream: key tile `keys` of query tile `q`.
   struct LaneStep {
     int64_t q;
     KvTile keys;
-    int64_t set;      // the query tile's state set (alternates in a lane)
+    int64_t set;      // the query tile's state set (laneStreams)
     bool first, last; // the query tile's first / last key step
   };
+  /// Sets of a lane's query-tile state (O, l, the output, Q^T): its tiles
+  /// alternate over the first two, its last takes the third, so that a
+  /// query head's first tile and the last of the head before never share
+  /// one (fuseHeads).
+  static constexpr int64_t kSets = 3;
   using Lane = SmallVector<LaneStep>;
 
   /// A lane's step during emission: which, where, and its buffer parity.
@@ -258,10 +264,13 @@ private:
   void issuePieces(PieceSchedule &s, int64_t r);
   int64_t loopPieces(PieceSchedule &s, int64_t to, int64_t steps);
   void queryHeads(Value batchIdx, Value kvHead, int64_t bm, int64_t slot,
-                  const HeadLoad *next = nullptr);
+                  const HeadLoad *next = nullptr, bool afterHead = false);
+  static int64_t roundsOf(ArrayRef<Lane> streams);
+  bool fusibleHeads(ArrayRef<Lane> streams) const;
+  void finishHead(const Step &head, ArrayRef<Lane> streams, int64_t from);
+  void storesAfter(const Step &head, ArrayRef<Lane> streams, int64_t rounds,
+                   bool withLse);
   void emptyTile(const Step &at);
-  void round(const Step &head, Value qTHead, ArrayRef<Lane> lanes, int64_t r,
-             Value rIdx, int64_t parity, Value qShift, bool affine);
   /// What locates a round's key steps (round's arguments).
   struct RoundAt {
     const Step &head;
@@ -270,6 +279,9 @@ private:
     Value rIdx, qShift;
     bool affine;
   };
+  void round(const Step &head, Value qTHead, ArrayRef<Lane> lanes, int64_t r,
+             Value rIdx, int64_t parity, Value qShift, bool affine,
+             const RoundAt *finishing = nullptr);
   std::optional<Cursor> cursor(const RoundAt &at, int64_t lane, int64_t s,
                                int64_t par);
   std::pair<int64_t, int64_t> peChunksOf(int64_t lane) const;
@@ -410,7 +422,10 @@ private:
   Value kT, vS, qT;
   int64_t kTStride = 0, vSStride = 0, qTStride = 0;
   Value qLaneT;       // per query tile Q^T when not resident
-  int64_t kvSlot = 0; // the slot of the key head being computed
+  // Whether a query head's last round runs in the next query head's first
+  // (emitBatches): the steps of both then keep the engines busy where each
+  // alone would leave them waiting on its pipeline's fill or drain.
+  bool fuseHeads = false;
 };
 
 } // namespace flex

@@ -739,7 +739,7 @@ void FlexAttentionLowering::allocateTiles(bool tables) {
     makeAntiIdentities();
   negm = k.tile(MemorySpace::sbuf, {unit, 2 * lanes}, f32);
   alpha = k.tile(MemorySpace::sbuf, {unit, 2 * lanes}, f32);
-  l = k.tile(MemorySpace::sbuf, {unit, 2 * lanes}, f32);
+  l = k.tile(MemorySpace::sbuf, {unit, kSets * lanes}, f32);
   if (lse) {
     // Each query tile of a head leaves its row sums and -max here; their
     // logs are taken once per head (finishLse): ScalarE would otherwise
@@ -747,8 +747,8 @@ void FlexAttentionLowering::allocateTiles(bool tables) {
     lseSums = k.tile(MemorySpace::sbuf, {unit, qTiles}, f32);
     lseNegMax = k.tile(MemorySpace::sbuf, {unit, qTiles}, f32);
   }
-  o = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * vDim}, f32);
-  oOut = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * vDim}, inElt);
+  o = k.tile(MemorySpace::sbuf, {unit, kSets * lanes * vDim}, f32);
+  oOut = k.tile(MemorySpace::sbuf, {unit, kSets * lanes * vDim}, inElt);
   expSrc = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, f32);
   pBuf = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, inElt);
   pTBuf = k.tile(MemorySpace::sbuf, {unit, 2 * lanes * bank}, inElt);
@@ -774,16 +774,21 @@ void FlexAttentionLowering::allocateTiles(bool tables) {
     qTStride = kvSlots * group * qLen;
     qT = k.tile(MemorySpace::sbuf, {dim, qTStride}, inElt);
   } else {
-    qLaneT = k.tile(MemorySpace::sbuf, {dim, 2 * lanes * unit}, inElt);
+    qLaneT = k.tile(MemorySpace::sbuf, {dim, kSets * lanes * unit}, inElt);
   }
 }
 
 /// Batches and key heads with one block structure run in loops (per-head
 /// structures unroll the heads); the next key head loads while this one
-/// computes.
+/// computes. With two slots each query head's last round runs in the next
+/// one's first (fuseHeads): the key heads' loop starts at the second, whose
+/// first round finishes the first's.
 void FlexAttentionLowering::emitBatches() {
   bool perBatch = blocksShape[0] != 1, perHead = blocksShape[1] != 1;
   for (int64_t bm = 0; bm < blocksShape[0]; ++bm) {
+    SmallVector<int64_t> empty;
+    SmallVector<Lane> streams = laneStreams(unitKinds(bm, 0), empty);
+    fuseHeads = !perHead && kvSlots == 2 && fusibleHeads(streams);
     auto batchBody = [&](Value batchIdx) {
       if (perHead || kvSlots == 1) {
         auto each = [&](Value h) {
@@ -798,11 +803,24 @@ void FlexAttentionLowering::emitBatches() {
         return;
       }
       loadHead(batchIdx, k.index(0), 0);
-      k.forEachRotating(0, kvHeads - 1, 2, [&](Value h, int64_t slot) {
-        HeadLoad next{batchIdx, k.addOffset(h, 1), 1 - slot};
-        queryHeads(batchIdx, h, bm, slot, &next);
-      });
-      queryHeads(batchIdx, k.index(kvHeads - 1), bm, (kvHeads - 1) % 2);
+      HeadLoad second{batchIdx, k.index(1), 1};
+      queryHeads(batchIdx, k.index(0), bm, 0, kvHeads > 1 ? &second : nullptr);
+      k.forEachRotating(1, std::max<int64_t>(0, kvHeads - 2), 2,
+                        [&](Value h, int64_t slot) {
+                          HeadLoad next{batchIdx, k.addOffset(h, 1), 1 - slot};
+                          queryHeads(batchIdx, h, bm, slot, &next, true);
+                        });
+      if (kvHeads > 1)
+        queryHeads(batchIdx, k.index(kvHeads - 1), bm, (kvHeads - 1) % 2,
+                   nullptr, true);
+      if (!fuseHeads)
+        return;
+      // The batch's last query head's last two rounds.
+      Step last;
+      last.batch = batchIdx;
+      last.head = k.index(kvHeads * group - 1);
+      last.kvSlot = (kvHeads - 1) % 2;
+      finishHead(last, streams, roundsOf(streams) - 1);
     };
     if (perBatch)
       batchBody(k.index(bm));
@@ -839,7 +857,32 @@ FlexAttentionLowering::laneStreams(ArrayRef<SmallVector<Kind>> kinds,
     for (size_t i = 0; i < tiles.size(); ++i)
       lane.push_back({t, tiles[i], set, i == 0, i + 1 == tiles.size()});
   }
+  for (Lane &lane : streams)
+    for (LaneStep &step : llvm::reverse(lane)) {
+      if (step.q != lane.back().q)
+        break;
+      step.set = kSets - 1;
+    }
   return streams;
+}
+
+int64_t FlexAttentionLowering::roundsOf(ArrayRef<Lane> streams) {
+  int64_t rounds = 0;
+  for (const Lane &lane : streams)
+    rounds = std::max<int64_t>(rounds, lane.size());
+  return rounds;
+}
+
+/// Whether query heads of `streams` may run as one stream (fuseHeads): at
+/// least two rounds, an even count of them (a step's buffer parity is its
+/// round's), and no lane of one query tile (which would follow itself in
+/// its set).
+bool FlexAttentionLowering::fusibleHeads(ArrayRef<Lane> streams) const {
+  int64_t rounds = roundsOf(streams);
+  return rounds >= 2 && rounds % 2 == 0 &&
+         llvm::all_of(streams, [](const Lane &lane) {
+           return lane.empty() || lane.front().q != lane.back().q;
+         });
 }
 
 /// Whether round r2 does what round r does, either in the same query tiles
@@ -906,14 +949,20 @@ FlexAttentionLowering::periodAt(ArrayRef<Lane> lanes, int64_t r,
 /// `next`, the next key head loads in pieces during the first query head's
 /// rounds. Loaded whole in front, its transfer (15 us at S = 4096, V's
 /// 256-byte rows) would hold the DMA queues, which serve in program order,
-/// and the first rounds' P^T transposes would wait behind it.
+/// and the first rounds' P^T transposes would wait behind it. With
+/// fuseHeads each query head leaves its last round to the next one's first
+/// (the previous key head's last query head's to the first: `afterHead`).
 void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
-                                       int64_t slot, const HeadLoad *next) {
+                                       int64_t slot, const HeadLoad *next,
+                                       bool afterHead) {
   bool perHead = blocksShape[1] != 1;
-  auto body = [&](Value g, int64_t hm, const HeadLoad *load) {
+  // `previous`: the query head before this one is unfinished.
+  auto body = [&](Value g, int64_t hm, const HeadLoad *load, bool previous) {
+    previous &= fuseHeads;
     Step head;
     head.batch = batchIdx;
     head.head = k.addOffsets(k.scale(kvHead, group), g);
+    head.kvSlot = slot;
     Value qTHead = qResident
                        ? k.addOffset(k.scale(g, qLen), slot * group * qLen)
                        : Value();
@@ -929,9 +978,7 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
     // Round r computes the scores of step r + 1, P of step r and P V of
     // step r - 1 of every lane. Rounds that repeat with shifted keys run in
     // loops, and so do periods of rounds that repeat for later query tiles.
-    int64_t rounds = 0;
-    for (const Lane &lane : streams)
-      rounds = std::max<int64_t>(rounds, lane.size());
+    int64_t rounds = roundsOf(streams);
     PieceSchedule pieces(load, rounds, pieceCount(), wholePieces());
     // `before(i)` runs before round i unrolled and before a loop from
     // round i; loops issue pieces round by round with `loadsInLoops`.
@@ -964,15 +1011,39 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
       }
     };
     auto issueDue = [&](int64_t i) { issuePieces(pieces, i); };
-    round(head, qTHead, streams, -1, Value(), 1, Value(), false);
-    for (int64_t r = 0; r < rounds;) {
-      Period period = periodAt(streams, r, rounds);
+    // With fuseHeads the query head before (of the key head before at g =
+    // 0) ends in this head's first two rounds, its rounds R - 1 and R with
+    // this one's -1 and 0: one stream of steps, as if its lanes went on into
+    // this head's (fusibleHeads: the parities and state sets line up).
+    int64_t first = 0, end = fuseHeads ? rounds - 1 : rounds;
+    if (previous) {
+      Step before = head;
+      before.head = k.addOffset(head.head, -1);
+      std::optional<int64_t> g0 = getConstantIntValue(g);
+      before.kvSlot = g0 && *g0 == 0 ? 1 - slot : slot;
+      RoundAt penultimate{before,  streams, rounds - 1, k.index(rounds - 1),
+                          Value(), false};
+      round(head, qTHead, streams, -1, Value(), 1, Value(), false,
+            &penultimate);
+      // Its lse parts are in (step R - 1's exps): their logs before this
+      // head's first exps write its own.
+      if (lse)
+        finishLse(before);
+      RoundAt last{before, streams, rounds, k.index(rounds), Value(), false};
+      round(head, qTHead, streams, 0, k.index(0), 0, Value(), false, &last);
+      storesAfter(before, streams, rounds, /*withLse=*/false);
+      first = 1;
+    } else {
+      round(head, qTHead, streams, -1, Value(), 1, Value(), false);
+    }
+    for (int64_t r = first; r < end;) {
+      Period period = periodAt(streams, r, end);
       if (period.count) {
         // `per` pieces an iteration, spread over its rounds.
-        int64_t end = r + period.count * period.rounds;
+        int64_t periodsEnd = r + period.count * period.rounds;
         issuePieces(pieces, r);
         int64_t firstPiece = pieces.issued;
-        int64_t per = loopPieces(pieces, end, period.count);
+        int64_t per = loopPieces(pieces, periodsEnd, period.count);
         k.forEach(period.count, [&](Value m) {
           int64_t done = 0;
           auto before = [&](int64_t i) {
@@ -985,42 +1056,56 @@ void FlexAttentionLowering::queryHeads(Value batchIdx, Value kvHead, int64_t bm,
                      false);
           before(r + period.rounds);
         });
-        r = end;
+        r = periodsEnd;
         continue;
       }
       int64_t len = 1;
-      while (r + len < rounds && sameRound(streams, r, r + len, 0))
+      while (r + len < end && sameRound(streams, r, r + len, 0))
         ++len;
       emitRounds(r, r + len, Value(), issueDue, true);
       r += len;
     }
     issuePieces(pieces, rounds + 1);
-    // The last steps' P V, and the outputs stores delayed past them.
-    round(head, qTHead, streams, rounds, k.index(rounds), rounds % 2, Value(),
-          false);
-    for (int64_t r = rounds + 1; r <= rounds + kMaxStoreDelay; ++r) {
-      TileBuilder::TileScope scope(k);
-      RoundAt at{head, streams, r, k.index(r), Value(), false};
-      storeTiles(at, r, r % 2);
-    }
-    if (lse)
-      finishLse(head);
+    if (!fuseHeads)
+      finishHead(head, streams, rounds);
   };
-  kvSlot = slot;
   if (!perHead) {
     int64_t from = 0;
-    if (next)
-      body(k.index(from++), 0, next);
+    if (next || fuseHeads)
+      body(k.index(from++), 0, next, afterHead);
     if (from < group)
       k.forEach(group - from,
-                [&](Value g) { body(k.addOffset(g, from), 0, nullptr); });
+                [&](Value g) { body(k.addOffset(g, from), 0, nullptr, true); });
   } else {
     // Per-head structures: the key heads are unrolled, so is this.
     std::optional<int64_t> kvh = getConstantIntValue(kvHead);
     assert(kvh && "per-head block masks unroll the key heads");
     for (int64_t g = 0; g < group; ++g)
-      body(k.index(g), *kvh * group + g, g == 0 ? next : nullptr);
+      body(k.index(g), *kvh * group + g, g == 0 ? next : nullptr, false);
   }
+}
+
+/// The rounds of a query head from `from` to its last (P V of its last
+/// steps), then the stores after them.
+void FlexAttentionLowering::finishHead(const Step &head, ArrayRef<Lane> streams,
+                                       int64_t from) {
+  int64_t rounds = roundsOf(streams);
+  for (int64_t r = from; r <= rounds; ++r)
+    round(head, Value(), streams, r, k.index(r), r % 2, Value(), false);
+  storesAfter(head, streams, rounds, bool(lse));
+}
+
+/// The output stores delayed past a query head's last round, and its lse.
+void FlexAttentionLowering::storesAfter(const Step &head,
+                                        ArrayRef<Lane> streams, int64_t rounds,
+                                        bool withLse) {
+  for (int64_t r = rounds + 1; r <= rounds + kMaxStoreDelay; ++r) {
+    TileBuilder::TileScope scope(k);
+    RoundAt at{head, streams, r, k.index(r), Value(), false};
+    storeTiles(at, r, r % 2);
+  }
+  if (withLse)
+    finishLse(head);
 }
 
 /// Pieces of a head load: one key unit (and query tile) each.
@@ -1076,17 +1161,27 @@ void FlexAttentionLowering::emptyTile(const Step &at) {
 /// transposes' latency. Stages run lane by lane so the engines overlap the
 /// lanes. In a loop (`affine`), round r is the template and `rIdx` the
 /// round; `qShift` (query tiles) moves every query tile (in a loop over
-/// periods).
+/// periods). With `finishing` (a round of the query head before, of this
+/// round's parity: fuseHeads) the round is also that one: its last steps'
+/// P and P V run with this head's first scores.
 void FlexAttentionLowering::round(const Step &head, Value qTHead,
                                   ArrayRef<Lane> streams, int64_t r, Value rIdx,
-                                  int64_t parity, Value qShift, bool affine) {
+                                  int64_t parity, Value qShift, bool affine,
+                                  const RoundAt *finishing) {
   TileBuilder::TileScope scope(k);
   RoundAt at{head, streams, r, rIdx, qShift, affine};
+  // A lane's step s of this head, or else of the finishing one.
+  auto either = [&](int64_t lane, int64_t s, int64_t par) {
+    std::optional<Cursor> c = cursor(at, lane, s, par);
+    if (!c && finishing)
+      c = cursor(*finishing, lane, s - r + finishing->r, par);
+    return c;
+  };
   SmallVector<std::optional<Cursor>> prev, next, cur;
   for (int64_t i = 0; i < lanes; ++i) {
-    prev.push_back(cursor(at, i, r - 1, 1 - parity));
+    prev.push_back(either(i, r - 1, 1 - parity));
     next.push_back(cursor(at, i, r + 1, 1 - parity));
-    cur.push_back(cursor(at, i, r, parity));
+    cur.push_back(either(i, r, parity));
   }
   // mask_mod depends on indices only: GpSimd computes it two steps ahead,
   // so the masking never waits for it.
@@ -1125,6 +1220,8 @@ void FlexAttentionLowering::round(const Step &head, Value qTHead,
     if (c)
       evictPT(*c);
   storeTiles(at, r, parity);
+  if (finishing)
+    storeTiles(*finishing, finishing->r, parity);
   for (auto &c : prev)
     if (c && c->step->last)
       finishTile(*c);
@@ -1248,14 +1345,14 @@ void FlexAttentionLowering::accumulateO(const Cursor &c) {
                               {keys, rows}, {2 * lanes * bank, 1});
     Value moving = k.view(vS,
                           k.addOffset(k.scale(c.at.unit, vDim),
-                                      kvSlot * kvUnits * vDim + i * vDim),
+                                      c.at.kvSlot * kvUnits * vDim + i * vDim),
                           {keys, vDim}, {vSStride, 1});
     auto mm = b.create<nisa::MatmulOp>(stationary, moving, oPs);
     if (i > 0)
       mm.setAccumulate(true);
   }
-  Value os = k.view(o, k.index((2 * c.lane + step.set) * vDim), {rows, vDim},
-                    {2 * lanes * vDim, 1});
+  Value os = k.view(o, k.index((kSets * c.lane + step.set) * vDim),
+                    {rows, vDim}, {kSets * lanes * vDim, 1});
   if (step.first)
     b.create<nisa::CopyOp>(oPs, os, nisa::Engine::vector);
   else
@@ -1298,8 +1395,8 @@ Value FlexAttentionLowering::queryT(const Cursor &c, Value qTHead) {
   if (qResident)
     return k.view(qT, k.addOffsets(qTHead, c.at.q0), {dim, c.at.rows},
                   {qTStride, 1});
-  return k.view(qLaneT, k.index((2 * c.lane + c.step->set) * unit),
-                {dim, c.at.rows}, {2 * lanes * unit, 1});
+  return k.view(qLaneT, k.index((kSets * c.lane + c.step->set) * unit),
+                {dim, c.at.rows}, {kSets * lanes * unit, 1});
 }
 
 /// Q^T of a query tile when Q is not resident: a transposing DMA.
@@ -1315,11 +1412,12 @@ void FlexAttentionLowering::startTile(const Cursor &c) {
 
 /// S = Q K^T of the cursor's step into its score bank.
 void FlexAttentionLowering::scores(const Cursor &c, Value qTs) {
-  b.create<nisa::MatmulOp>(
-      qTs,
-      k.view(kT, k.addOffset(k.scale(c.at.unit, unit), kvSlot * kvUnits * unit),
-             {dim, c.at.width}, {kTStride, 1}),
-      scoresOf(c));
+  b.create<nisa::MatmulOp>(qTs,
+                           k.view(kT,
+                                  k.addOffset(k.scale(c.at.unit, unit),
+                                              c.at.kvSlot * kvUnits * unit),
+                                  {dim, c.at.width}, {kTStride, 1}),
+                           scoresOf(c));
   if (!maskOnTensorE())
     return;
   // The partial units' mask added in PSUM by TensorE (c I times the bias):
@@ -1485,7 +1583,7 @@ void FlexAttentionLowering::probabilities(const Cursor &c) {
   const LaneStep &step = *c.step;
   Value p = k.view(pBuf, k.index(slotOf(c)), {rows, c.at.width},
                    {2 * lanes * bank, 1});
-  Value ls = column(l, 2 * c.lane + step.set, rows);
+  Value ls = column(l, kSets * c.lane + step.set, rows);
   Value sums = step.first ? ls : k.tile(MemorySpace::sbuf, {rows, 1}, f32);
   b.create<nisa::ActivationOp>(expSource(c), p, negmOf(c.lane, c.parity, rows),
                                Value(), sums, nisa::ActivationFn::exp,
@@ -1515,7 +1613,7 @@ void FlexAttentionLowering::rescaleFactor(const Cursor &c) {
 /// computes it, off VectorE.
 void FlexAttentionLowering::finishTile(const Cursor &c) {
   const Step &at = c.at;
-  int64_t rows = at.rows, at2 = 2 * c.lane + c.step->set;
+  int64_t rows = at.rows, at2 = kSets * c.lane + c.step->set;
   Value ls = column(l, at2, rows);
   Value lc = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
   b.create<nisa::TensorScalarOp>(
@@ -1524,7 +1622,7 @@ void FlexAttentionLowering::finishTile(const Cursor &c) {
       nisa::Engine::gpsimd);
   b.create<nisa::TensorScalarOp>(
       nisa::AluOp::divide,
-      k.view(o, k.index(at2 * vDim), {rows, vDim}, {2 * lanes * vDim, 1}),
+      k.view(o, k.index(at2 * vDim), {rows, vDim}, {kSets * lanes * vDim, 1}),
       outputOf(c), lc, APFloat(0.0), false, nisa::Engine::gpsimd);
   if (c.lane == 0)
     storeTile(c);
@@ -1549,9 +1647,9 @@ void FlexAttentionLowering::storeTiles(const RoundAt &at, int64_t r,
 
 /// A query tile's output in SBUF: its lane and state set's slot of oOut.
 Value FlexAttentionLowering::outputOf(const Cursor &c) {
-  int64_t at2 = 2 * c.lane + c.step->set;
+  int64_t at2 = kSets * c.lane + c.step->set;
   return k.view(oOut, k.index(at2 * vDim), {c.at.rows, vDim},
-                {2 * lanes * vDim, 1});
+                {kSets * lanes * vDim, 1});
 }
 
 /// A finished query tile's output (finishTile's) to HBM.
