@@ -120,10 +120,10 @@ def call_dependent(gm: torch.fx.GraphModule) -> bool:
 
 @dataclass(frozen=True)
 class BlockMaskArgs:
-    """The parts of a BlockMask tuple the device kernel uses (tensors as graph nodes)."""
+    """The parts of a BlockMask tuple the device kernel uses (tensors as graph nodes). Its
+    sequence lengths are not among them: they may be symbolic (a graph Dynamo traced with
+    dynamic sizes), and each call's come from its query and key."""
 
-    q_len: int
-    kv_len: int
     kv_num_blocks: object
     kv_indices: object
     full_kv_num_blocks: object | None
@@ -151,10 +151,9 @@ def parse_block_mask(block_mask: Sequence[object]) -> BlockMaskArgs:
     if first_tensor is None:
         problem = f"{len(block_mask)} entries"
     else:
-        q_len, kv_len = block_mask[0], block_mask[1]
         q_block, kv_block = block_mask[-3], block_mask[-2]
-        if not all(isinstance(v, int) for v in (q_len, kv_len, q_block, kv_block)):
-            problem = "sequence lengths or block sizes are not integers"
+        if not all(isinstance(v, int) for v in (q_block, kv_block)):
+            problem = "block sizes are not integers"
     if problem is not None:
         raise ValueError(
             f"unknown FlexAttention BlockMask layout ({problem}) in torch {torch.__version__}; "
@@ -162,8 +161,6 @@ def parse_block_mask(block_mask: Sequence[object]) -> BlockMaskArgs:
         )
     t = block_mask[first_tensor : first_tensor + 4]
     return BlockMaskArgs(
-        q_len=int(q_len),  # type: ignore[call-overload]
-        kv_len=int(kv_len),  # type: ignore[call-overload]
         kv_num_blocks=t[0],
         kv_indices=t[1],
         full_kv_num_blocks=t[2],
@@ -215,7 +212,10 @@ class BlockMaskValues:
         self.gm = gm
         wanted: list[torch.fx.Node] = []
         for node in flex_nodes(gm):
-            mask = parse_block_mask(block_mask_of(node))
+            try:
+                mask = parse_block_mask(block_mask_of(node))
+            except ValueError:
+                continue  # the node stays in eager PyTorch, counted, with the reason (fx_json)
             wanted += [t for t in mask.tensors() if isinstance(t, torch.fx.Node)]
         self.attention_masks = _masked_attention(gm)
         wanted += [m for _, m in self.attention_masks]
@@ -289,7 +289,10 @@ def annotate(gm: torch.fx.GraphModule, values: dict[str, torch.Tensor]) -> None:
                 int(key.meta["val"].shape[-2]),
             )
     for node in flex_nodes(gm):
-        mask = parse_block_mask(block_mask_of(node))
+        try:
+            mask = parse_block_mask(block_mask_of(node))
+        except ValueError:
+            continue  # as in BlockMaskValues
         tensors = [
             values.get(t.name) if isinstance(t, torch.fx.Node) else None for t in mask.tensors()
         ]

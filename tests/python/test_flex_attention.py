@@ -368,3 +368,19 @@ def test_query_heads_share_the_pipeline() -> None:
     torch.testing.assert_close(
         got.float(), flex_attention(q.float(), k.float(), v.float()), atol=3e-2, rtol=3e-2
     )
+
+
+def test_block_mask_over_several_lengths() -> None:
+    # From the second length on Dynamo traces with symbolic sizes: the BlockMask's sequence
+    # lengths are then graph inputs, each call's kernel is compiled for its lengths (the
+    # backend had refused the graph: "sequence lengths ... are not integers").
+    attend = torch.compile(
+        lambda q, k, v, m: flex_attention(q, k, v, block_mask=m), backend="neuron"
+    )
+    for s in (256, 384, 200):
+        q, k, v = qkv(1, 2, s, 32, torch.float32)
+        mask = block_mask(causal, s)
+        torch.testing.assert_close(
+            attend(q, k, v, mask), flex_attention(q, k, v, block_mask=mask), atol=2e-5, rtol=2e-5
+        )
+    assert torchneuron.stats()["ops_fallback"] == {}
