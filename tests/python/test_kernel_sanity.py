@@ -73,9 +73,11 @@ def test_flash_attention_forward_d128_is_softmax_bound(real_native: ModuleType) 
     assert 0.45 <= utilization <= 0.64, utilization
     # Pipelined (scores a step ahead, P V a step behind), TensorE overlaps the softmax and the
     # DMA transposes: busy, but less than the bound. The DMA queues carry the transposes (at
-    # most 534 of the bound's 666 ns per step) and the loads and stores (a few MB).
+    # most 534 of the bound's 666 ns per step) and the loads and stores (a few MB; 0.81 of
+    # the time since the two heads share one pipeline, whose fill and drain no longer
+    # lengthen the kernel).
     assert 0.5 <= share["tensor"] < share[kernel["bound"]], share
-    assert share["dma"] <= 0.8, share
+    assert share["dma"] <= 0.85, share
 
 
 def test_gemm_at_the_roofline_knee_keeps_tensor_and_dma_busy(real_native: ModuleType) -> None:
