@@ -140,6 +140,11 @@ private:
     std::optional<NextPanel> next;
     int64_t maxPieces;
     int64_t bSlots;
+    /// Each N group's B tiles load during the group before (a group of up
+    /// to kAheadSteps K steps, a small K: a group's B loads would otherwise
+    /// follow the group before's stores in program order, and its matmuls
+    /// wait for them, the engines taking turns).
+    bool bAhead = false;
     Value moving, acc, staged;
     Value rowScales, colScales, bias, scaled, rowShifts;
   };
@@ -206,15 +211,29 @@ private:
   /// B slots that hide a load behind the matmuls of the steps before it,
   /// and the group's stores behind those of the next group's first steps.
   int64_t bSlotsFor(int64_t blockTiles) const;
+  /// N group g (columns from g * nGroup, `cols` of them) in bank set `set`;
+  /// with `bAhead`, also the B tiles of the next group, of `nextCols`
+  /// columns (0: none), into the other set's slots.
   void lowerGroup(const Bases &base, const Block &blk, Value g, int64_t set,
-                  int64_t cols, bool first, bool prefetches);
+                  int64_t cols, bool first, bool prefetches,
+                  int64_t nextCols = 0);
+  /// The K steps of an N group with `bAhead` (at most kAheadSteps), their B
+  /// tiles in slots `set * stepsPerGroup()` on, loaded by loadGroupB.
+  static constexpr int64_t kAheadSteps = 4;
+  int64_t stepsPerGroup() const { return fullK + (tailK > 0); }
+  void loadGroupB(const Bases &base, const Block &blk, const Group &grp);
+  /// The B tiles of K step `kFirst` (and the tilesPerMatmul - 1 after it)
+  /// of a group into `slot0` on.
+  void loadB(const Bases &base, const Block &blk, const Group &grp,
+             Value kFirst, int64_t slot0, int64_t kt, int64_t tilesPerMatmul);
   /// K step `kIdx` of a group: a matmul per (M tile, N tile) into its bank
   /// (`first` starts the sums) over the last `tilesPerMatmul` K tiles,
   /// after loading their B tiles (0: none yet, the next step's matmul takes
   /// this tile; R: a double_row matmul over this tile and the R - 1 before
   /// it, loaded together into `slot` and the slots before it).
   void kStep(const Bases &base, const Block &blk, const Group &grp, Value kIdx,
-             int64_t slot, int64_t kt, bool first, int64_t tilesPerMatmul);
+             int64_t slot, int64_t kt, bool first, int64_t tilesPerMatmul,
+             bool load = true);
   /// The tiles the matmul of step `i` of `count` consecutive full K steps
   /// (the first at an even K tile and slot) takes: R at the end of each
   /// whole group of R, 0 before it; 1 for steps past the last whole group.
@@ -838,7 +857,9 @@ void GemmLowering::lowerBlock(const Bases &base, Value m0, int64_t rows,
                               int64_t maxPieces) {
   TileBuilder::TileScope blockScope(k);
   Block blk{m0, rows, (rows + mTile - 1) / mTile, panel, next, maxPieces};
-  blk.bSlots = bSlotsFor(blk.tiles);
+  blk.bAhead = n > nGroup && stepsPerGroup() <= kAheadSteps &&
+               kTilesPerMatmul == 1 && !blockScales;
+  blk.bSlots = blk.bAhead ? 2 * stepsPerGroup() : bSlotsFor(blk.tiles);
   blk.moving = k.tile(MemorySpace::sbuf, {kRows, blk.bSlots * nGroup}, rhsElt);
   blk.acc = k.tile(MemorySpace::psum, {mTile, 2 * accsPerSet * nTile}, f32);
   blk.staged =
@@ -861,6 +882,26 @@ void GemmLowering::lowerBlock(const Bases &base, Value m0, int64_t rows,
       loadRowAffine(blk);
   }
   int64_t groups = n / nGroup;
+  if (blk.bAhead) {
+    // Group i loads group i + 1's B: the last full group the remainder's,
+    // so it leaves the loop.
+    int64_t rest = n % nGroup;
+    auto colsOf = [&](int64_t g) { return g < groups ? nGroup : rest; };
+    loadGroupB(base, blk,
+               Group{k.index(0), k.index(0), 0, colsOf(0),
+                     (colsOf(0) + nTile - 1) / nTile});
+    int64_t total = groups + (rest > 0);
+    lowerGroup(base, blk, k.index(0), 0, colsOf(0), true, true, colsOf(1));
+    k.forEachRotating(1, std::max<int64_t>(groups - 2, 0), 2,
+                      [&](Value g, int64_t set) {
+                        lowerGroup(base, blk, g, set, nGroup, false, true,
+                                   nGroup);
+                      });
+    for (int64_t g = std::max<int64_t>(groups - 1, 1); g < total; ++g)
+      lowerGroup(base, blk, k.index(g), g % 2, colsOf(g), false, g < groups,
+                 g + 1 < total ? colsOf(g + 1) : 0);
+    return;
+  }
   if (groups > 0)
     lowerGroup(base, blk, k.index(0), 0, nGroup, true, true);
   else
@@ -883,10 +924,29 @@ Value GemmLowering::bank(const Block &blk, const Group &grp, int64_t mi,
 
 void GemmLowering::lowerGroup(const Bases &base, const Block &blk, Value g,
                               int64_t set, int64_t cols, bool first,
-                              bool prefetches) {
+                              bool prefetches, int64_t nextCols) {
   Group grp{g, k.scale(g, nGroup), set, cols, (cols + nTile - 1) / nTile};
   if (epilogue)
     loadColumnOperands(blk, grp);
+  if (blk.bAhead) {
+    if (nextCols) {
+      Value next = k.addOffset(g, 1);
+      loadGroupB(base, blk,
+                 Group{next, k.scale(next, nGroup), 1 - set, nextCols,
+                       (nextCols + nTile - 1) / nTile});
+    }
+    int64_t slot0 = set * stepsPerGroup();
+    for (int64_t s = 0; s < fullK; ++s)
+      kStep(base, blk, grp, k.index(s), slot0 + s, kTile, s == 0, 1,
+            /*load=*/false);
+    if (prefetches)
+      prefetch(base, blk, grp.g, first, k.index(0), 1);
+    if (tailK)
+      kStep(base, blk, grp, k.index(fullK), slot0 + fullK, tailK, fullK == 0,
+            1, /*load=*/false);
+    evictGroup(base, blk, grp);
+    return;
+  }
   fullKSteps(base, blk, grp, first, prefetches);
   // The tail: a double_row group's last step, or a partial tile.
   int64_t r = tailGrouped ? kTilesPerMatmul : 1;
@@ -896,16 +956,17 @@ void GemmLowering::lowerGroup(const Bases &base, const Block &blk, Value g,
   evictGroup(base, blk, grp);
 }
 
-void GemmLowering::kStep(const Bases &base, const Block &blk, const Group &grp,
-                         Value kIdx, int64_t slot, int64_t kt, bool first,
-                         int64_t tilesPerMatmul) {
-  // A double_row group's tiles load with its last step, into its slots.
-  if (tilesPerMatmul == 0)
-    return;
-  // The matmul's first K tile and its slot.
-  int64_t r = tilesPerMatmul, back = r - 1;
-  Value kFirst = k.addOffset(kIdx, -back);
-  int64_t slot0 = slot - back;
+void GemmLowering::loadGroupB(const Bases &base, const Block &blk,
+                              const Group &grp) {
+  int64_t slot0 = grp.set * stepsPerGroup();
+  for (int64_t s = 0; s < stepsPerGroup(); ++s)
+    loadB(base, blk, grp, k.index(s), slot0 + s, s < fullK ? kTile : tailK, 1);
+}
+
+void GemmLowering::loadB(const Bases &base, const Block &blk,
+                         const Group &grp, Value kFirst, int64_t slot0,
+                         int64_t kt, int64_t tilesPerMatmul) {
+  int64_t r = tilesPerMatmul;
   bool doubleRow = r > 1;
   int64_t slotStride = blk.bSlots * nGroup;
   Value src =
@@ -926,6 +987,22 @@ void GemmLowering::kStep(const Bases &base, const Block &blk, const Group &grp,
   }
   Value bTiles = k.view(blk.moving, k.index(slot0 * nGroup), shape, dstStrides);
   k.dma(k.view(rhs, src, shape, srcStrides), bTiles);
+}
+
+void GemmLowering::kStep(const Bases &base, const Block &blk, const Group &grp,
+                         Value kIdx, int64_t slot, int64_t kt, bool first,
+                         int64_t tilesPerMatmul, bool load) {
+  // A double_row group's tiles load with its last step, into its slots.
+  if (tilesPerMatmul == 0)
+    return;
+  // The matmul's first K tile and its slot.
+  int64_t r = tilesPerMatmul, back = r - 1;
+  Value kFirst = k.addOffset(kIdx, -back);
+  int64_t slot0 = slot - back;
+  bool doubleRow = r > 1;
+  int64_t slotStride = blk.bSlots * nGroup;
+  if (load)
+    loadB(base, blk, grp, kFirst, slot0, kt, r);
   // [K, free] or double_row's [K, R, free]: row r of a group a tile's
   // columns (`tileCols`) apart, or interleaved.
   auto operand = [&](Value buffer, Value at, int64_t free, int64_t tileCols,
