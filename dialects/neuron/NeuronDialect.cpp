@@ -1572,8 +1572,9 @@ static bool computedFrom(Value v, Value target, int depth = 0) {
   });
 }
 
-/// A [N, O, H, W] value broadcast from per-channel values ([O, 1, 1] or
-/// [N, O, 1, 1] the same for every image) not computed from `conv`: those
+/// A [N, O, H, W] (or [N, O, P]: a channels-first batched matmul's) value
+/// broadcast from per-channel values ([O, 1, 1] or [N, O, 1, 1] the same
+/// for every image; [O, 1] or [N, O, 1]) not computed from `conv`: those
 /// values; null otherwise.
 static Value perChannel(Value full, Value conv) {
   auto b = full.getDefiningOp<BroadcastOp>();
@@ -1581,26 +1582,35 @@ static Value perChannel(Value full, Value conv) {
     return {};
   Value small = b.getInput();
   auto type = tensorType(small);
-  int64_t o = tensorType(conv).getDimSize(1);
+  auto convType = tensorType(conv);
+  int64_t o = convType.getDimSize(1), ones = convType.getRank() - 2;
   ArrayRef<int64_t> dims = type.getShape();
-  if (!type.hasStaticShape() || dims.size() < 3 || dims.size() > 4 ||
-      dims[dims.size() - 3] != o || dims[dims.size() - 2] != 1 ||
-      dims.back() != 1 || (dims.size() == 4 && !sameAlongFirstDim(small)) ||
+  int64_t rank = dims.size();
+  if (!type.hasStaticShape() || ones < 1 || rank < ones + 1 ||
+      rank > ones + 2 || dims[rank - ones - 1] != o ||
+      llvm::any_of(
+          dims.take_back(ones), [](int64_t d) { return d != 1; }) ||
+      (rank == ones + 2 && !sameAlongFirstDim(small)) ||
       computedFrom(small, conv))
     return {};
   return small;
 }
 
-/// perChannel's values as [O] f32 (the first image's).
-static Value asChannels(Value small, PatternRewriter &rewriter, Location loc) {
+/// perChannel's values (of a result of rank `rank`) as [O] f32 (the first
+/// image's).
+static Value asChannels(Value small, PatternRewriter &rewriter, Location loc,
+                        int64_t rank = 4) {
   auto type = tensorType(small);
   ArrayRef<int64_t> dims = type.getShape();
-  int64_t o = dims[dims.size() - 3];
-  if (dims.size() == 4 && dims[0] != 1)
+  int64_t ones = rank - 2, o = dims[dims.size() - ones - 1];
+  if ((int64_t)dims.size() == rank && dims[0] != 1) {
+    SmallVector<int64_t> shape(rank, 1), zeros(rank, 0);
+    shape[1] = o;
     small = rewriter.create<SliceOp>(
-        loc, RankedTensorType::get({1, o, 1, 1}, type.getElementType()), small,
-        rewriter.getDenseI64ArrayAttr({0, 0, 0, 0}),
-        rewriter.getDenseI64ArrayAttr({1, 1, 1, 1}));
+        loc, RankedTensorType::get(shape, type.getElementType()), small,
+        rewriter.getDenseI64ArrayAttr(zeros),
+        rewriter.getDenseI64ArrayAttr(SmallVector<int64_t>(rank, 1)));
+  }
   small = rewriter.create<ReshapeOp>(
       loc, RankedTensorType::get({o}, type.getElementType()), small);
   if (!type.getElementType().isF32())
@@ -1686,7 +1696,7 @@ struct FoldConvAffine : public OpRewritePattern<BinaryOp> {
 
   /// A pointwise convolution as the importer writes it, [O, C] weights
   /// times each image's [C, H * W] (a batched matmul, channels-first out),
-  /// its result reshaped to [N, O, H, W]: the matmul, whose rows are the
+  /// or its result reshaped to [N, O, H, W]: the matmul, whose rows are the
   /// channels.
   static MatmulOp channelsFirstMatmulOf(Value y) {
     MatmulOp mm = soleMatmulOf(y);
@@ -1694,8 +1704,8 @@ struct FoldConvAffine : public OpRewritePattern<BinaryOp> {
     if (!mm || mm.getBias() || mm.getEpilogue() || mm.getClampMax())
       return {};
     auto out = mm.getType(), in = tensorType(y);
-    if (out.getRank() != 3 || in.getRank() != 4 || !in.hasStaticShape() ||
-        in.getDimSize(0) != out.getDimSize(0) ||
+    if (out.getRank() != 3 || (in.getRank() != 4 && in != out) ||
+        !in.hasStaticShape() || in.getDimSize(0) != out.getDimSize(0) ||
         in.getDimSize(1) != out.getDimSize(1))
       return {};
     return mm;
@@ -1735,9 +1745,10 @@ struct FoldConvAffine : public OpRewritePattern<BinaryOp> {
           return a ? a : b;
         return rewriter.create<BinaryOp>(loc, f32, BinaryFn::mul, a, b);
       };
+      int64_t rank = tensorType(y).getRank();
       Value scale =
-          scaleSmall ? asChannels(scaleSmall, rewriter, loc) : Value();
-      Value shift = asChannels(shiftSmall, rewriter, loc);
+          scaleSmall ? asChannels(scaleSmall, rewriter, loc, rank) : Value();
+      Value shift = asChannels(shiftSmall, rewriter, loc, rank);
       if (ep.rowShift)
         shift = rewriter.create<BinaryOp>(loc, f32, BinaryFn::add,
                                           mul(ep.rowShift, scale), shift);

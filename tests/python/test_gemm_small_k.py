@@ -41,14 +41,20 @@ def test_small_k_matmul(shape: tuple[int, int, int], dtype: torch.dtype) -> None
     torch.testing.assert_close(out.double(), want, atol=tol * k**0.5, rtol=tol)
 
 
-def test_pointwise_convolution_with_bias() -> None:
+@pytest.mark.parametrize("act", [F.relu6, F.gelu, F.silu])
+def test_pointwise_convolution_with_bias(act: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    # The convolution's bias (added to the batched matmul's [N, O, H * W]) and the
+    # activation are the matmul's row shift and epilogue: no pass of their own over the
+    # result (93.8 us for 96 -> 384 with GELU before, 39.4 now; bytes 2.6x the minimum).
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 24, 56, 56, generator=g).bfloat16()
     w = torch.randn(144, 24, 1, 1, generator=g).bfloat16()
     b = torch.randn(144, generator=g).bfloat16()
-    out, _ = compiled(lambda x: F.relu6(F.conv2d(x, w, b)), x)
-    want = F.relu6(F.conv2d(x.float(), w.float(), b.float()))
+    out, prof = compiled(lambda x: act(F.conv2d(x, w, b)), x)
+    want = act(F.conv2d(x.float(), w.float(), b.float()))
     torch.testing.assert_close(out.float(), want, atol=5e-2, rtol=2e-2)
+    least = 2 * (x.numel() + w.numel() + b.numel() + out.numel())
+    assert sum(k["hbm_bytes"] for k in prof.kernels) <= 1.1 * least
 
 
 def test_pointwise_convolution_keeps_the_dma_busy() -> None:

@@ -93,3 +93,34 @@ func.func @max_one(%x: tensor<2x8xf32>, %w: tensor<8x4xf32>) -> tensor<2x4xf32> 
   %r = neuron.binary max %m, %one : tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4xf32>
   return %r : tensor<2x4xf32>
 }
+
+// A pointwise convolution's own bias, added by the importer to the batched
+// matmul's [N, O, H * W] before the reshape back ([1, O, 1] broadcast), and
+// the GELU after it: a row shift (f32) and the epilogue.
+// CHECK-LABEL: func.func @pointwise_bias_gelu
+// CHECK: %[[B:.*]] = neuron.cast %{{.*}} : tensor<6xbf16> -> tensor<6xf32>
+// CHECK: %[[M:.*]] = neuron.matmul %{{.*}}, %{{.*}} row_shift(%[[B]] : tensor<6xf32>) {epilogue = #neuron<unary_fn gelu>} : tensor<2x6x4xbf16>, tensor<2x4x9xbf16> -> tensor<2x6x9xbf16>
+// CHECK-NOT: neuron.binary
+// CHECK-NOT: neuron.unary
+// CHECK: return
+func.func @pointwise_bias_gelu(%w: tensor<6x4xbf16>, %x: tensor<2x4x9xbf16>, %b: tensor<6xbf16>) -> tensor<2x6x3x3xbf16> {
+  %wb = neuron.broadcast %w : tensor<6x4xbf16> -> tensor<2x6x4xbf16>
+  %m = neuron.matmul %wb, %x : tensor<2x6x4xbf16>, tensor<2x4x9xbf16> -> tensor<2x6x9xbf16>
+  %b1 = neuron.reshape %b : tensor<6xbf16> -> tensor<1x6x1xbf16>
+  %b2 = neuron.broadcast %b1 : tensor<1x6x1xbf16> -> tensor<2x6x1xbf16>
+  %b3 = neuron.broadcast %b2 : tensor<2x6x1xbf16> -> tensor<2x6x9xbf16>
+  %a = neuron.binary add %m, %b3 : tensor<2x6x9xbf16>, tensor<2x6x9xbf16> -> tensor<2x6x9xbf16>
+  %r = neuron.reshape %a : tensor<2x6x9xbf16> -> tensor<2x6x3x3xbf16>
+  %g = neuron.unary gelu %r : tensor<2x6x3x3xbf16> -> tensor<2x6x3x3xbf16>
+  return %g : tensor<2x6x3x3xbf16>
+}
+
+// A bias that differs between the batch's matrices is not a row shift.
+// CHECK-LABEL: func.func @batched_bias_per_matrix
+// CHECK: neuron.binary add
+func.func @batched_bias_per_matrix(%w: tensor<2x6x4xbf16>, %x: tensor<2x4x9xbf16>, %b: tensor<2x6x1xbf16>) -> tensor<2x6x9xbf16> {
+  %m = neuron.matmul %w, %x : tensor<2x6x4xbf16>, tensor<2x4x9xbf16> -> tensor<2x6x9xbf16>
+  %b3 = neuron.broadcast %b : tensor<2x6x1xbf16> -> tensor<2x6x9xbf16>
+  %a = neuron.binary add %m, %b3 : tensor<2x6x9xbf16>, tensor<2x6x9xbf16> -> tensor<2x6x9xbf16>
+  return %a : tensor<2x6x9xbf16>
+}
