@@ -151,3 +151,44 @@ def test_linear_clamps(act: nn.Module) -> None:
     got, _ = profiled(lambda x: act(lin(x)), x)
     with torch.no_grad():
         torch.testing.assert_close(got, act(lin(x)), atol=1e-5, rtol=1e-5)
+
+
+class ConvNeXtMlp(nn.Module):
+    """ConvNeXt's block after its depthwise convolution and norm: channels-last Linears
+    between permutes (torchvision's; Transformers' with a per-channel layer scale)."""
+
+    def __init__(self, dim: int, layer_scale: bool) -> None:
+        super().__init__()
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.rand(dim)) if layer_scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.pwconv2(F.gelu(self.pwconv1(x.permute(0, 2, 3, 1))))
+        if self.gamma is not None:
+            y = self.gamma * y
+        return x + y.permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("layer_scale", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_convnext_linears_run_channels_first(layer_scale: bool, dtype: torch.dtype) -> None:
+    # The Linears become channels-first pointwise matmuls (each image's [C, H * W]), so the
+    # permutes cancel: the bytes are x read by the first matmul and by the residual add,
+    # the hidden [B, 4C, H, W] and the second matmul's result each written and read once,
+    # the output and the weights (the second Linear's result went through a transposing
+    # pass of its own before: 1.38x these, 1.54x with the scale; a torchvision ConvNeXt-T
+    # block at 56 x 56, batch 2, bf16: 306.2 -> 241.9 us).
+    g = torch.Generator().manual_seed(0)
+    mlp = ConvNeXtMlp(32, layer_scale).to(dtype)
+    x = torch.randn(2, 32, 24, 24, generator=g).to(dtype)
+    got, prof = profiled(mlp, x)
+    with torch.no_grad():
+        want = mlp(x)
+    tol = {"atol": 3e-2, "rtol": 3e-2} if dtype == torch.bfloat16 else {"atol": 1e-4, "rtol": 1e-4}
+    torch.testing.assert_close(got, want, **tol)
+    hidden = 2 * 4 * 32 * 24 * 24
+    weights = sum(p.numel() for p in mlp.parameters())
+    least = (5 * x.numel() + 2 * hidden + weights) * x.element_size()
+    assert moved_bytes(prof) <= 1.08 * least, moved_bytes(prof) / least
+    assert torchneuron.stats()["ops_fallback"] == {}

@@ -124,3 +124,90 @@ func.func @batched_bias_per_matrix(%w: tensor<2x6x4xbf16>, %x: tensor<2x4x9xbf16
   %a = neuron.binary add %m, %b3 : tensor<2x6x9xbf16>, tensor<2x6x9xbf16> -> tensor<2x6x9xbf16>
   return %a : tensor<2x6x9xbf16>
 }
+
+// ConvNeXt's block MLP as torchvision writes it: permute to channels-last,
+// Linear, GELU, Linear, permute back. Both Linears become channels-first
+// pointwise matmuls (each image's [C, H * W]; biases as f32 row shifts, the
+// GELU the first one's epilogue), and no transpose is left.
+// CHECK-LABEL: func.func @channels_first_linears
+// CHECK-NOT: neuron.transpose
+// CHECK: %[[X:.*]] = neuron.reshape %arg0 : tensor<2x4x32x32xbf16> -> tensor<2x4x1024xbf16>
+// CHECK: %[[H:.*]] = neuron.matmul %{{.*}}, %[[X]] row_shift(%{{.*}} : tensor<8xf32>) {epilogue = #neuron<unary_fn gelu>} : tensor<2x8x4xbf16>, tensor<2x4x1024xbf16> -> tensor<2x8x1024xbf16>
+// CHECK: %[[Y:.*]] = neuron.matmul %{{.*}}, %[[H]] row_shift(%{{.*}} : tensor<4xf32>) : tensor<2x4x8xbf16>, tensor<2x8x1024xbf16> -> tensor<2x4x1024xbf16>
+// CHECK: %[[R:.*]] = neuron.reshape %[[Y]] : tensor<2x4x1024xbf16> -> tensor<2x4x32x32xbf16>
+// CHECK-NOT: neuron.transpose
+// CHECK: return %[[R]]
+func.func @channels_first_linears(%x: tensor<2x4x32x32xbf16>, %w1: tensor<8x4xbf16>, %b1: tensor<8xbf16>, %w2: tensor<4x8xbf16>, %b2: tensor<4xbf16>) -> tensor<2x4x32x32xbf16> {
+  %t = neuron.transpose %x, [0, 2, 3, 1] : tensor<2x4x32x32xbf16> -> tensor<2x32x32x4xbf16>
+  %w1t = neuron.transpose %w1, [1, 0] : tensor<8x4xbf16> -> tensor<4x8xbf16>
+  %r = neuron.reshape %t : tensor<2x32x32x4xbf16> -> tensor<2048x4xbf16>
+  %m1 = neuron.matmul %r, %w1t : tensor<2048x4xbf16>, tensor<4x8xbf16> -> tensor<2048x8xbf16>
+  %m1r = neuron.reshape %m1 : tensor<2048x8xbf16> -> tensor<2x32x32x8xbf16>
+  %b1b = neuron.broadcast %b1 : tensor<8xbf16> -> tensor<2x32x32x8xbf16>
+  %a1 = neuron.binary add %m1r, %b1b : tensor<2x32x32x8xbf16>, tensor<2x32x32x8xbf16> -> tensor<2x32x32x8xbf16>
+  %g = neuron.unary gelu %a1 : tensor<2x32x32x8xbf16> -> tensor<2x32x32x8xbf16>
+  %gr = neuron.reshape %g : tensor<2x32x32x8xbf16> -> tensor<2048x8xbf16>
+  %w2t = neuron.transpose %w2, [1, 0] : tensor<4x8xbf16> -> tensor<8x4xbf16>
+  %m2 = neuron.matmul %gr, %w2t : tensor<2048x8xbf16>, tensor<8x4xbf16> -> tensor<2048x4xbf16>
+  %b2b = neuron.broadcast %b2 : tensor<4xbf16> -> tensor<2048x4xbf16>
+  %a2 = neuron.binary add %b2b, %m2 : tensor<2048x4xbf16>, tensor<2048x4xbf16> -> tensor<2048x4xbf16>
+  %a2r = neuron.reshape %a2 : tensor<2048x4xbf16> -> tensor<2x32x32x4xbf16>
+  %back = neuron.transpose %a2r, [0, 3, 1, 2] : tensor<2x32x32x4xbf16> -> tensor<2x4x32x32xbf16>
+  return %back : tensor<2x4x32x32xbf16>
+}
+
+// Transformers' ConvNextLayer scales the last Linear's result per channel
+// before permuting back: the row scale, the bias times it the row shift.
+// CHECK-LABEL: func.func @channels_first_layer_scale
+// CHECK-NOT: neuron.transpose
+// CHECK: %[[B:.*]] = neuron.cast %arg3 : tensor<4xbf16> -> tensor<4xf32>
+// CHECK: %[[S:.*]] = neuron.cast %arg4 : tensor<4xbf16> -> tensor<4xf32>
+// CHECK: %[[T:.*]] = neuron.binary mul %[[B]], %[[S]] : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>
+// CHECK: neuron.matmul %{{.*}}, %{{.*}} row_scale(%[[S]] : tensor<4xf32>) row_shift(%[[T]] : tensor<4xf32>) : tensor<2x4x8xbf16>, tensor<2x8x1024xbf16> -> tensor<2x4x1024xbf16>
+// CHECK-NOT: neuron.transpose
+func.func @channels_first_layer_scale(%x: tensor<2x4x32x32xbf16>, %w1: tensor<8x4xbf16>, %w2: tensor<4x8xbf16>, %b2: tensor<4xbf16>, %s: tensor<4xbf16>) -> tensor<2x4x32x32xbf16> {
+  %t = neuron.transpose %x, [0, 2, 3, 1] : tensor<2x4x32x32xbf16> -> tensor<2x32x32x4xbf16>
+  %w1t = neuron.transpose %w1, [1, 0] : tensor<8x4xbf16> -> tensor<4x8xbf16>
+  %r = neuron.reshape %t : tensor<2x32x32x4xbf16> -> tensor<2048x4xbf16>
+  %m1 = neuron.matmul %r, %w1t : tensor<2048x4xbf16>, tensor<4x8xbf16> -> tensor<2048x8xbf16>
+  %g = neuron.unary gelu %m1 : tensor<2048x8xbf16> -> tensor<2048x8xbf16>
+  %w2t = neuron.transpose %w2, [1, 0] : tensor<4x8xbf16> -> tensor<8x4xbf16>
+  %m2 = neuron.matmul %g, %w2t : tensor<2048x8xbf16>, tensor<8x4xbf16> -> tensor<2048x4xbf16>
+  %b2b = neuron.broadcast %b2 : tensor<4xbf16> -> tensor<2048x4xbf16>
+  %a2 = neuron.binary add %m2, %b2b : tensor<2048x4xbf16>, tensor<2048x4xbf16> -> tensor<2048x4xbf16>
+  %a2r = neuron.reshape %a2 : tensor<2048x4xbf16> -> tensor<2x32x32x4xbf16>
+  %sb = neuron.broadcast %s : tensor<4xbf16> -> tensor<2x32x32x4xbf16>
+  %sc = neuron.binary mul %sb, %a2r : tensor<2x32x32x4xbf16>, tensor<2x32x32x4xbf16> -> tensor<2x32x32x4xbf16>
+  %back = neuron.transpose %sc, [0, 3, 1, 2] : tensor<2x32x32x4xbf16> -> tensor<2x4x32x32xbf16>
+  return %back : tensor<2x4x32x32xbf16>
+}
+
+// Fewer positions an image than a matmul's 512 moving columns: the Linears
+// stay channels-last (the weights would be a stationary operand reloaded
+// for a few columns, once per image).
+// CHECK-LABEL: func.func @channels_last_small_images
+// CHECK: neuron.matmul {{.*}} : tensor<128x4xbf16>, tensor<4x8xbf16> -> tensor<128x8xbf16>
+// CHECK: neuron.transpose {{.*}}[0, 3, 1, 2]
+func.func @channels_last_small_images(%x: tensor<2x4x8x8xbf16>, %w1: tensor<8x4xbf16>) -> tensor<2x8x8x8xbf16> {
+  %t = neuron.transpose %x, [0, 2, 3, 1] : tensor<2x4x8x8xbf16> -> tensor<2x8x8x4xbf16>
+  %w1t = neuron.transpose %w1, [1, 0] : tensor<8x4xbf16> -> tensor<4x8xbf16>
+  %r = neuron.reshape %t : tensor<2x8x8x4xbf16> -> tensor<128x4xbf16>
+  %m1 = neuron.matmul %r, %w1t : tensor<128x4xbf16>, tensor<4x8xbf16> -> tensor<128x8xbf16>
+  %m1r = neuron.reshape %m1 : tensor<128x8xbf16> -> tensor<2x8x8x8xbf16>
+  %back = neuron.transpose %m1r, [0, 3, 1, 2] : tensor<2x8x8x8xbf16> -> tensor<2x8x8x8xbf16>
+  return %back : tensor<2x8x8x8xbf16>
+}
+
+// A Linear whose channels-last result is also read elsewhere keeps it.
+// CHECK-LABEL: func.func @channels_last_result_read_twice
+// CHECK: neuron.matmul {{.*}} -> tensor<2048x8xbf16>
+// CHECK: neuron.transpose {{.*}}[0, 3, 1, 2]
+func.func @channels_last_result_read_twice(%x: tensor<2x4x32x32xbf16>, %w1: tensor<8x4xbf16>) -> (tensor<2x8x32x32xbf16>, tensor<2048x8xbf16>) {
+  %t = neuron.transpose %x, [0, 2, 3, 1] : tensor<2x4x32x32xbf16> -> tensor<2x32x32x4xbf16>
+  %w1t = neuron.transpose %w1, [1, 0] : tensor<8x4xbf16> -> tensor<4x8xbf16>
+  %r = neuron.reshape %t : tensor<2x32x32x4xbf16> -> tensor<2048x4xbf16>
+  %m1 = neuron.matmul %r, %w1t : tensor<2048x4xbf16>, tensor<4x8xbf16> -> tensor<2048x8xbf16>
+  %m1r = neuron.reshape %m1 : tensor<2048x8xbf16> -> tensor<2x32x32x8xbf16>
+  %back = neuron.transpose %m1r, [0, 3, 1, 2] : tensor<2x32x32x8xbf16> -> tensor<2x8x32x32xbf16>
+  return %back, %m1 : tensor<2x8x32x32xbf16>, tensor<2048x8xbf16>
+}
