@@ -299,6 +299,14 @@ private:
   /// nTile-column slot each.
   int64_t kTile, mTile, nTile, accsPerSet, kTiles, kRows;
   int64_t mTiles, nTiles, mBlock, nGroup;
+  /// Whether all of B stays in SBUF for the batch (`bAll`: K tile kt's rows
+  /// from column kt * n), loaded once: B small beside the panels and the
+  /// staging, and M more than one block, which would stream it again for
+  /// each (and a block's B loads, behind the block before's stores in the
+  /// DMA queues, would hold up its matmuls).
+  bool residentB = false;
+  Value bAll;
+  void loadAllB(const Bases &base);
   Value mRows;
 };
 
@@ -388,6 +396,32 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
       1, std::min<int64_t>(nTilesTotal, accsPerSet / mTiles));
   mBlock = mTiles * mTile;
   nGroup = std::min(n, nTiles * nTile);
+  int64_t sbuf = target.sbufBytesPerPartition;
+  int64_t rhsBytes = std::max<int64_t>(1, rhsType.getElementTypeBitWidth() / 8);
+  int64_t outBytes = std::max<int64_t>(1, outType.getElementTypeBitWidth() / 8);
+  int64_t bBytes = kTiles * n * rhsBytes;
+  int64_t others =
+      2 * kTiles * mBlock * eltBytes + 2 * mTiles * nGroup * outBytes;
+  residentB = !this->blockScales && kTilesPerMatmul == 1 &&
+              (mRows || m > mBlock) && bBytes <= sbuf / 4 &&
+              bBytes + others <= sbuf - sbuf / 8;
+}
+
+void GemmLowering::loadAllB(const Bases &base) {
+  bAll = k.tile(MemorySpace::sbuf, {kRows, kTiles * n}, rhsElt);
+  auto load = [&] {
+    for (int64_t kt = 0; kt < kTiles; ++kt) {
+      int64_t rows = kt < fullK ? kTile : tailK;
+      Value src = k.addOffset(base.rhs, kt * kTile * bRow);
+      k.dma(k.view(rhs, src, {rows, n}, {bRow, bCol}),
+            k.view(bAll, k.index(kt * n), {rows, n}, {kTiles * n, 1}));
+    }
+  };
+  // Rows known at run time may be none (an empty group): nothing to load.
+  if (mRows)
+    k.ifMore(mRows, 0, load);
+  else
+    load();
 }
 
 /// residentBias: one DMA broadcasting the bias over the partitions (and
@@ -466,6 +500,9 @@ void GemmLowering::lowerGrouped(ValueRange ends) {
 }
 
 void GemmLowering::lowerBatch(const Bases &base, int64_t rows) {
+  TileBuilder::TileScope scope(k);
+  if (residentB)
+    loadAllB(base);
   int64_t fullBlocks = rows / mBlock;
   if (fullBlocks > 0)
     lowerFullBlocks(base, fullBlocks);
@@ -679,6 +716,9 @@ int64_t GemmLowering::panelRowPieces() const {
 
 void GemmLowering::lowerBatchDynamic(const Bases &base) {
   auto &b = k.b;
+  TileBuilder::TileScope scope(k);
+  if (residentB)
+    loadAllB(base);
   Value fullBlocks = b.create<arith::FloorDivSIOp>(mRows, k.index(mBlock));
   lowerFullBlocksDynamic(base, fullBlocks);
   Value rest = b.create<arith::RemSIOp>(mRows, k.index(mBlock));
@@ -857,10 +897,12 @@ void GemmLowering::lowerBlock(const Bases &base, Value m0, int64_t rows,
                               int64_t maxPieces) {
   TileBuilder::TileScope blockScope(k);
   Block blk{m0, rows, (rows + mTile - 1) / mTile, panel, next, maxPieces};
-  blk.bAhead = n > nGroup && stepsPerGroup() <= kAheadSteps &&
+  blk.bAhead = !residentB && n > nGroup && stepsPerGroup() <= kAheadSteps &&
                kTilesPerMatmul == 1 && !blockScales;
   blk.bSlots = blk.bAhead ? 2 * stepsPerGroup() : bSlotsFor(blk.tiles);
-  blk.moving = k.tile(MemorySpace::sbuf, {kRows, blk.bSlots * nGroup}, rhsElt);
+  if (!residentB)
+    blk.moving =
+        k.tile(MemorySpace::sbuf, {kRows, blk.bSlots * nGroup}, rhsElt);
   blk.acc = k.tile(MemorySpace::psum, {mTile, 2 * accsPerSet * nTile}, f32);
   blk.staged =
       k.tile(MemorySpace::sbuf, {mTile, 2 * blk.tiles * nGroup}, outElt);
@@ -1001,7 +1043,7 @@ void GemmLowering::kStep(const Bases &base, const Block &blk, const Group &grp,
   int64_t slot0 = slot - back;
   bool doubleRow = r > 1;
   int64_t slotStride = blk.bSlots * nGroup;
-  if (load)
+  if (load && !residentB)
     loadB(base, blk, grp, kFirst, slot0, kt, r);
   // [K, free] or double_row's [K, R, free]: row r of a group a tile's
   // columns (`tileCols`) apart, or interleaved.
@@ -1024,9 +1066,14 @@ void GemmLowering::kStep(const Bases &base, const Block &blk, const Group &grp,
         mt, blk.rows, interleaveA, blk.panel.stride);
     for (int64_t ni = 0; ni < grp.tiles; ++ni) {
       int64_t nt = std::min(nTile, grp.cols - ni * nTile);
-      Value mov =
-          operand(blk.moving, k.index(slot0 * nGroup + ni * nTile * bStep), nt,
-                  nGroup, interleaveB, slotStride);
+      Value mov = residentB
+                      ? k.view(bAll,
+                               k.addOffsets(k.scale(kFirst, n),
+                                            k.addOffset(grp.n0, ni * nTile)),
+                               {kt, nt}, {kTiles * n, 1})
+                      : operand(blk.moving,
+                                k.index(slot0 * nGroup + ni * nTile * bStep),
+                                nt, nGroup, interleaveB, slotStride);
       Value statScale, movScale;
       if (blockScales) {
         statScale = scaleView(scalesA, scaleColsA, kFirst,

@@ -254,3 +254,22 @@ def test_a_grouped_gemm_runs_in_a_kernel_of_its_own() -> None:
     assert gemm["flops"] > 0 and before["flops"] < 100 and after["flops"] < 100
     # x * 2 read and written; the weights only by the GEMM.
     assert before["hbm_bytes"] < 2 * x.numel() * 2 + 1024
+
+
+def test_empty_groups_load_no_weights() -> None:
+    # K = 96 (not whole 128-row tiles): each group is the blocked GEMM over its run-time rows,
+    # its weights loaded once for all its row blocks, and not at all for an empty group.
+    ends = torch.tensor([0, 0, 513, 513, 600], dtype=torch.int32)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(600, 96, generator=g).bfloat16()
+    w = torch.randn(5, 96, 256, generator=g).bfloat16()
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        _grouped, backend="neuron", fullgraph=True, options={"target": "trn2", "cache": False}
+    )
+    with torch.no_grad(), torchneuron.profile() as prof:
+        out = compiled(x, w, ends)
+    torch.testing.assert_close(out.float(), _reference(x, w, ends.tolist()), atol=0.25, rtol=2e-2)
+    (kernel,) = prof.kernels
+    used = 2 * (x.numel() + 2 * w[0].numel() + out.numel())  # groups 2 and 4's weights
+    assert kernel["hbm_bytes"] <= 1.05 * used, kernel["hbm_bytes"] / used

@@ -5,14 +5,14 @@
 // kernel for K of whole tiles).
 // With K not whole tiles, each group is the blocked GEMM over a run-time
 // row count: its rows and outputs addressed from its start, its weights
-// from its index.
+// from its index, loaded once for all its row blocks when it has rows.
 
 // CHECK-LABEL: func.func @narrow_k(
 // CHECK: arith.floordivsi %arg4, %c512 : index
 // CHECK: nisa.matmul
 // CHECK: %[[N1:.*]] = arith.subi %arg5, %arg4 : index
-// CHECK: arith.floordivsi %[[N1]], %c512 : index
 // CHECK: memref.reinterpret_cast %arg1 to offset: [%c4096]
+// CHECK: arith.floordivsi %[[N1]], %c512 : index
 // CHECK: nisa.matmul
 
 func.func @narrow_k(%x: tensor<300x64xbf16>, %w: tensor<2x64x64xbf16>, %offs: tensor<2xi32>,
