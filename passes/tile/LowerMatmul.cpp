@@ -306,6 +306,9 @@ private:
   /// DMA queues, would hold up its matmuls).
   bool residentB = false;
   Value bAll;
+  /// B's loads for the batch at `bPending`, issued after the first panel's
+  /// (loadPanel): ahead of it, the first matmul would wait for all of B.
+  std::optional<Bases> bPending;
   void loadAllB(const Bases &base);
   Value mRows;
 };
@@ -408,14 +411,18 @@ GemmLowering::GemmLowering(KernelLowering &k, Value lhsValue, Value rhsValue,
 }
 
 void GemmLowering::loadAllB(const Bases &base) {
-  bAll = k.tile(MemorySpace::sbuf, {kRows, kTiles * n}, rhsElt);
+  // In the order the first M block reads it, N group by N group, so its
+  // first matmuls wait for their own tiles only.
   auto load = [&] {
-    for (int64_t kt = 0; kt < kTiles; ++kt) {
-      int64_t rows = kt < fullK ? kTile : tailK;
-      Value src = k.addOffset(base.rhs, kt * kTile * bRow);
-      k.dma(k.view(rhs, src, {rows, n}, {bRow, bCol}),
-            k.view(bAll, k.index(kt * n), {rows, n}, {kTiles * n, 1}));
-    }
+    for (int64_t n0 = 0; n0 < n; n0 += nGroup)
+      for (int64_t kt = 0; kt < kTiles; ++kt) {
+        int64_t rows = kt < fullK ? kTile : tailK;
+        int64_t cols = std::min(nGroup, n - n0);
+        Value src = k.addOffset(base.rhs, kt * kTile * bRow + n0 * bCol);
+        k.dma(
+            k.view(rhs, src, {rows, cols}, {bRow, bCol}),
+            k.view(bAll, k.index(kt * n + n0), {rows, cols}, {kTiles * n, 1}));
+      }
   };
   // Rows known at run time may be none (an empty group): nothing to load.
   if (mRows)
@@ -501,8 +508,10 @@ void GemmLowering::lowerGrouped(ValueRange ends) {
 
 void GemmLowering::lowerBatch(const Bases &base, int64_t rows) {
   TileBuilder::TileScope scope(k);
-  if (residentB)
-    loadAllB(base);
+  if (residentB) {
+    bAll = k.tile(MemorySpace::sbuf, {kRows, kTiles * n}, rhsElt);
+    bPending = base;
+  }
   int64_t fullBlocks = rows / mBlock;
   if (fullBlocks > 0)
     lowerFullBlocks(base, fullBlocks);
@@ -655,6 +664,10 @@ void GemmLowering::loadPanel(const Bases &base, Value m0, int64_t rows,
                      {tailK, rows}, {aCol, aRow}, 1, moved),
           viewMoving(panel, k.addOffset(panelAt, fullK * rows), {tailK, rows},
                      {panelStride, 1}, 1, moved));
+  if (bPending) {
+    loadAllB(*bPending);
+    bPending.reset();
+  }
 }
 
 void GemmLowering::loadPanelTiles(Value src, Value panel, Value at,
@@ -717,8 +730,10 @@ int64_t GemmLowering::panelRowPieces() const {
 void GemmLowering::lowerBatchDynamic(const Bases &base) {
   auto &b = k.b;
   TileBuilder::TileScope scope(k);
-  if (residentB)
+  if (residentB) {
+    bAll = k.tile(MemorySpace::sbuf, {kRows, kTiles * n}, rhsElt);
     loadAllB(base);
+  }
   Value fullBlocks = b.create<arith::FloorDivSIOp>(mRows, k.index(mBlock));
   lowerFullBlocksDynamic(base, fullBlocks);
   Value rest = b.create<arith::RemSIOp>(mRows, k.index(mBlock));
