@@ -197,6 +197,24 @@ class ConvNeXt(nn.Module):
         return self.head(torch.flatten(x, 1))
 
 
+def relative_error(y: torch.Tensor, reference: torch.Tensor) -> float:
+    """The worst element's error over the largest reference value."""
+    return ((y.float() - reference).abs().max() / reference.abs().max()).item()
+
+
+def calibrate(model: nn.Module, x: torch.Tensor) -> nn.Module:
+    """Sets each BatchNorm's running statistics to those of `x`'s activations (one training
+    step's with momentum 1): with the default init and identity statistics a deep network's
+    activations shrink block by block (MobileNetV2's features reach ~1e-8, its logits are its
+    classifier's bias, and a comparison with eager checks nothing)."""
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    for m in norms:
+        m.momentum = 1.0
+    with torch.no_grad():
+        model.train()(x.float())
+    return model.eval()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=2)
@@ -210,11 +228,18 @@ def main() -> int:
         ("mobilenet-v2 bf16", MobileNetV2(), torch.bfloat16),
         ("convnext bf16", ConvNeXt(), torch.bfloat16),
     ]
-    print(f"{'model':18s} {'device us':>10s} {'rel err':>9s}  fallbacks")
+    # rel err: the worst element's error against float32 eager (the same weights), over the
+    # largest output; eager's own at the dtype bounds what a bf16 run can reach (MobileNetV2's
+    # 17 blocks: ~0.13), so the check allows twice it, or 0.05.
+    print(f"{'model':18s} {'device us':>10s} {'rel err':>9s} {'eager':>9s}  fallbacks")
     ok = True
     for name, model, dtype in cases:
-        model = model.eval().to(dtype)
-        x = torch.randn(args.batch, 3, 224, 224, dtype=dtype)
+        x = torch.randn(args.batch, 3, 224, 224)
+        model = calibrate(model, x)
+        with torch.no_grad():
+            reference = model(x)
+        model = model.to(dtype)
+        x = x.to(dtype)
         torch._dynamo.reset()
         before = dict(torchneuron.stats()["ops_fallback"])
         compiled = torch.compile(
@@ -223,12 +248,15 @@ def main() -> int:
         with torch.no_grad(), torchneuron.profile() as prof:
             got = compiled(x)
         with torch.no_grad():
-            want = model(x)
+            eager = model(x)
         after = torchneuron.stats()["ops_fallback"]
         fallbacks = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
-        err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-        ok &= err <= 0.05 and not fallbacks
-        print(f"{name:18s} {prof.total_device_ns / 1e3:10.1f} {err:9.1e}  {fallbacks or '-'}")
+        err, eager_err = relative_error(got, reference), relative_error(eager, reference)
+        ok &= err <= max(0.05, 2 * eager_err) and not fallbacks
+        print(
+            f"{name:18s} {prof.total_device_ns / 1e3:10.1f} {err:9.1e} {eager_err:9.1e}"
+            f"  {fallbacks or '-'}"
+        )
     return 0 if ok else 1
 
 
