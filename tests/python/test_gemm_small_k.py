@@ -23,20 +23,31 @@ def compiled(fn: Callable[..., Any], *args: torch.Tensor) -> tuple[torch.Tensor,
     return out, prof
 
 
-# (M, K, N): one K step (a partial one), one and a partial, three, four; N groups of 2048
-# columns with and without a remainder group; M of one and of several tiles.
-SHAPES = [(300, 96, 4100), (128, 200, 2500), (512, 384, 4160), (130, 512, 6144), (64, 128, 2049)]
+# (M, K, N, B as a Linear's weight: read transposed). Small K: one K step (a partial one),
+# one and a partial, three, four; N groups of 2048 columns with and without a remainder
+# group; M of one and of several tiles. Small B over more rows than an M block: all of B
+# stays in SBUF.
+SHAPES = [
+    (300, 96, 4100, False),
+    (128, 200, 2500, False),
+    (512, 384, 4160, False),
+    (130, 512, 6144, False),
+    (64, 128, 2049, False),
+    (6272, 96, 384, True),
+    (3000, 200, 300, True),
+    (2048, 1024, 128, True),
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_small_k_matmul(shape: tuple[int, int, int], dtype: torch.dtype) -> None:
-    m, k, n = shape
+def test_matmul(shape: tuple[int, int, int, bool], dtype: torch.dtype) -> None:
+    m, k, n, linear = shape
     g = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=g).to(dtype)
-    b = torch.randn(k, n, generator=g).to(dtype)
-    out, _ = compiled(lambda a, b: a @ b, a, b)
-    want = a.double() @ b.double()
+    b = torch.randn(*((n, k) if linear else (k, n)), generator=g).to(dtype)
+    out, _ = compiled(lambda a: F.linear(a, b) if linear else a @ b, a)
+    want = a.double() @ (b.double().t() if linear else b.double())
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.double(), want, atol=tol * k**0.5, rtol=tol)
 
@@ -68,23 +79,6 @@ def test_pointwise_convolution_keeps_the_dma_busy() -> None:
     out, prof = compiled(lambda x: F.conv2d(x, w), x)
     assert prof.total_device_ns <= 45_000, prof.total_device_ns
     torch.testing.assert_close(out.float(), F.conv2d(x.float(), w.float()), atol=5e-2, rtol=2e-2)
-
-
-# (M, K, N) of more rows than an M block, B small: all of B stays in SBUF.
-RESIDENT = [(6272, 96, 384), (3000, 200, 300), (2048, 1024, 128)]
-
-
-@pytest.mark.parametrize("shape", RESIDENT)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_linear_with_a_small_weight(shape: tuple[int, int, int], dtype: torch.dtype) -> None:
-    m, k, n = shape
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(m, k, generator=g).to(dtype)
-    w = torch.randn(n, k, generator=g).to(dtype)  # a Linear's: B read transposed
-    out, _ = compiled(lambda x: F.linear(x, w), x)
-    want = x.double() @ w.double().t()
-    tol = 1e-4 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(out.double(), want, atol=tol * k**0.5, rtol=tol)
 
 
 def test_small_b_is_read_once() -> None:

@@ -8,6 +8,8 @@ every row."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,19 @@ from torchneuron._native import native
 
 def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     return torch._grouped_mm(x, w, offs=offs)
+
+
+def _profiled(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """The grouped GEMM compiled for trn2 and run once under the profiler: its output and
+    its one kernel's record."""
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        _grouped, backend="neuron", fullgraph=True, options={"target": "trn2", "cache": False}
+    )
+    with torch.no_grad(), torchneuron.profile() as prof:
+        out = compiled(x, w, ends)
+    (kernel,) = prof.kernels
+    return out, kernel
 
 
 def _reference(x: torch.Tensor, w: torch.Tensor, ends: list[int]) -> torch.Tensor:
@@ -144,13 +159,7 @@ def test_grouped_mm_counts_only_each_groups_work() -> None:
     g = torch.Generator().manual_seed(2)
     x = torch.randn(2048, 1024, generator=g).bfloat16()
     w = torch.randn(8, 1024, 2048, generator=g).bfloat16()
-    torch._dynamo.reset()
-    compiled = torch.compile(
-        _grouped, backend="neuron", fullgraph=True, options={"target": "trn2", "cache": False}
-    )
-    with torch.no_grad(), torchneuron.profile() as prof:
-        out = compiled(x, w, ends)
-    (kernel,) = prof.kernels
+    out, kernel = _profiled(x, w, ends)
     useful = 2.0 * 2048 * 1024 * 2048
     assert useful <= kernel["flops"] <= 1.08 * useful
     peak_flops_per_ns = native().target_peaks("trn2")["flops"] / 1e9
@@ -263,13 +272,7 @@ def test_empty_groups_load_no_weights() -> None:
     g = torch.Generator().manual_seed(5)
     x = torch.randn(600, 96, generator=g).bfloat16()
     w = torch.randn(5, 96, 256, generator=g).bfloat16()
-    torch._dynamo.reset()
-    compiled = torch.compile(
-        _grouped, backend="neuron", fullgraph=True, options={"target": "trn2", "cache": False}
-    )
-    with torch.no_grad(), torchneuron.profile() as prof:
-        out = compiled(x, w, ends)
+    out, kernel = _profiled(x, w, ends)
     torch.testing.assert_close(out.float(), _reference(x, w, ends.tolist()), atol=0.25, rtol=2e-2)
-    (kernel,) = prof.kernels
     used = 2 * (x.numel() + 2 * w[0].numel() + out.numel())  # groups 2 and 4's weights
     assert kernel["hbm_bytes"] <= 1.05 * used, kernel["hbm_bytes"] / used
