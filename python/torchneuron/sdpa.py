@@ -418,11 +418,160 @@ def _unify_lengths(key: torch.fx.Node, value: torch.fx.Node) -> bool:
     return True
 
 
+_MHA = F.multi_head_attention_forward
+_MHA_PARAMS = inspect.signature(_MHA)
+_ENCODER_LAYER = torch._transformer_encoder_layer_fwd
+
+
+def _emitter(graph: torch.fx.Graph, fake_mode: Any) -> Callable[..., torch.fx.Node]:
+    """``emit(target, *args, method=False)``: a call node with its ``example_value`` (what
+    :func:`route_attention` reads), computed on the fake tensors of Dynamo's graph."""
+
+    def emit(target: Any, *args: Any, method: bool = False) -> torch.fx.Node:
+        n = graph.call_method(target, args) if method else graph.call_function(target, args)
+        fake = torch.fx.node.map_arg(args, lambda x: x.meta["example_value"])
+        with fake_mode:
+            n.meta["example_value"] = (
+                getattr(fake[0], target)(*fake[1:]) if method else target(*fake)
+            )
+        return n
+
+    return emit
+
+
+def _self_attention(
+    emit: Callable[..., torch.fx.Node],
+    x: torch.fx.Node,
+    shape: tuple[int, int, int],
+    heads: int,
+    weights: tuple[Any, Any, Any, Any],
+    is_causal: bool,
+    batch_first: bool,
+) -> torch.fx.Node:
+    """Packed input projection, the heads, SDPA and the output projection of `x` ([L, N, E],
+    or [N, L, E] with `batch_first`), as nn.MultiheadAttention computes them."""
+    in_w, in_b, out_w, out_b = weights
+    first, second, dim = shape
+    length, batch = (second, first) if batch_first else (first, second)
+    head_dim = dim // heads
+    packed = emit(F.linear, x, in_w, in_b)
+
+    def heads_of(i: int) -> torch.fx.Node:
+        part = emit(operator.getitem, packed, (Ellipsis, slice(i * dim, (i + 1) * dim)))
+        if batch_first:  # [N, L, E] -> [N, H, L, D]
+            part = emit("reshape", part, batch, length, heads, head_dim, method=True)
+            return emit("transpose", part, 1, 2, method=True)
+        part = emit("reshape", part, length, batch * heads, head_dim, method=True)
+        part = emit("transpose", part, 0, 1, method=True)
+        return emit("reshape", part, batch, heads, length, head_dim, method=True)
+
+    out = emit(_SDPA, heads_of(0), heads_of(1), heads_of(2), None, 0.0, is_causal)
+    out = emit("permute", out, *((0, 2, 1, 3) if batch_first else (2, 0, 1, 3)), method=True)
+    out = emit("reshape", out, first * second, dim, method=True)
+    out = emit(F.linear, out, out_w, out_b)
+    return emit("reshape", out, first, second, dim, method=True)
+
+
+def _static_3d(x: Any) -> tuple[int, int, int] | None:
+    val = x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() != 3:
+        return None
+    if not all(isinstance(d, int) for d in val.shape):
+        return None
+    return tuple(val.shape)  # type: ignore[return-value]
+
+
+def _write_out_multi_head_attention(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``'s, which Dynamo keeps
+    whole: torchvision's ViT, ``nn.TransformerEncoderLayer`` with an odd head count) written
+    out as it computes a self-attention whose weights are not returned: the packed input
+    projection, the heads, SDPA and the output projection. Its SDPA then reaches
+    :func:`route_attention`, where ``aot_autograd`` would have traced it into float32 math.
+    Other forms (cross-attention, padding masks, attention masks without ``is_causal``, added
+    key biases, dropout) stay."""
+    try:
+        call = _MHA_PARAMS.bind(*node.args, **node.kwargs)
+    except TypeError:
+        return False
+    call.apply_defaults()
+    a = call.arguments
+    query, heads = a["query"], a["num_heads"]
+    shape = _static_3d(query)
+    if (
+        shape is None
+        or not isinstance(heads, int)
+        or shape[2] % heads
+        or not all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
+        or a["need_weights"]
+        or not (query is a["key"] is a["value"])
+        or any(a[k] is not None for k in ("bias_k", "bias_v", "key_padding_mask"))
+        or any(a[k] is not None for k in ("static_k", "static_v"))
+        or a["add_zero_attn"]
+        or a["use_separate_proj_weight"]
+        or (a["training"] and a["dropout_p"] != 0)
+        # is_causal needs the (causal) mask it then ignores; eager reports its absence.
+        or (a["attn_mask"] is None) == bool(a["is_causal"])
+    ):
+        return False
+    emit = _emitter(gm.graph, query.meta["example_value"].fake_mode)
+    weights = (a["in_proj_weight"], a["in_proj_bias"], a["out_proj_weight"], a["out_proj_bias"])
+    with gm.graph.inserting_before(node):
+        out = _self_attention(emit, query, shape, heads, weights, bool(a["is_causal"]), False)
+    for user in list(node.users):
+        user.replace_all_uses_with(out)
+        gm.graph.erase_node(user)
+    gm.graph.erase_node(node)
+    return True
+
+
+def _write_out_encoder_layer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """``torch._transformer_encoder_layer_fwd``, ``nn.TransformerEncoderLayer``'s fast path in
+    inference (batch first, an even head count, no mask: a fallback to eager PyTorch for the
+    whole layer otherwise), written out: its self-attention as
+    :func:`_write_out_multi_head_attention`'s, the layer norms and the feed-forward."""
+    args = list(node.args) + [None] * (20 - len(node.args))
+    (src, dim, heads, in_w, in_b, out_w, out_b, use_gelu, norm_first, eps) = args[:10]
+    n1w, n1b, n2w, n2b, f1w, f1b, f2w, f2b, mask = args[10:19]
+    shape = _static_3d(src)
+    if node.kwargs or shape is None or mask is not None or not isinstance(heads, int):
+        return False
+    if shape[2] != dim or dim % heads:
+        return False
+    emit = _emitter(gm.graph, src.meta["example_value"].fake_mode)
+
+    def norm(x: torch.fx.Node, w: Any, b: Any) -> torch.fx.Node:
+        return emit(F.layer_norm, x, (dim,), w, b, eps)
+
+    def attention(x: torch.fx.Node) -> torch.fx.Node:
+        return _self_attention(emit, x, shape, heads, (in_w, in_b, out_w, out_b), False, True)
+
+    def feed_forward(x: torch.fx.Node) -> torch.fx.Node:
+        hidden = emit(F.gelu if use_gelu else F.relu, emit(F.linear, x, f1w, f1b))
+        return emit(F.linear, hidden, f2w, f2b)
+
+    with gm.graph.inserting_before(node):
+        if norm_first:
+            x = emit(operator.add, src, attention(norm(src, n1w, n1b)))
+            out = emit(operator.add, x, feed_forward(norm(x, n2w, n2b)))
+        else:
+            x = norm(emit(operator.add, src, attention(src)), n1w, n1b)
+            out = norm(emit(operator.add, x, feed_forward(x)), n2w, n2b)
+    node.replace_all_uses_with(out)
+    gm.graph.erase_node(node)
+    return True
+
+
 def route_attention(gm: torch.fx.GraphModule, training: bool = False) -> int:
     """Replace, in Dynamo's graph ``gm``, every SDPA call the FlexAttention kernel computes
     with ``torchneuron::attention`` or, when the graph may need gradients (:func:`needs_grad`),
     ``torchneuron::attention_fwd`` (whose backward is ``attention_bwd``, the FlexAttention
-    backward kernel); returns how many."""
+    backward kernel); returns how many. ``nn.MultiheadAttention``'s self-attention and
+    ``nn.TransformerEncoderLayer``'s fast path are written out around their SDPA first."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is _MHA:
+            _write_out_multi_head_attention(gm, node)
+        elif node.op == "call_function" and node.target is _ENCODER_LAYER:
+            _write_out_encoder_layer(gm, node)
     routed = 0
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target is not _SDPA:

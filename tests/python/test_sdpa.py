@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from graph_capture import CompileCall
 
@@ -494,3 +495,74 @@ def test_eager_attention_backward_op_matches_autograd(case: str) -> None:
     expected = torch.autograd.grad(ref, leaves, grad_out)
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads", [3, 4])
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transformer_encoder_layer_runs_on_the_flex_kernel(
+    compile_calls: list[CompileCall], dtype: torch.dtype, norm_first: bool, heads: int
+) -> None:
+    # In inference nn.TransformerEncoderLayer calls nn.MultiheadAttention's functional form
+    # (an odd head count), which Dynamo keeps whole and aot_autograd traced into float32
+    # math, or its fused fast path (an even one: a fallback to eager PyTorch for the whole
+    # layer). Both are written out around SDPA, so the attention is the FlexAttention
+    # kernel: a ViT-Tiny layer over [2, 197, 192] bf16 348.6 -> 120.5 us (modeled, trn2).
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(
+        96, heads, 128, dropout=0.1, activation="gelu", batch_first=True, norm_first=norm_first
+    )
+    layer = layer.eval().to(dtype)
+    x = torch.randn(2, 70, 96).to(dtype)
+    with torch.no_grad():
+        out = torch.compile(layer, backend="neuron")(x)
+        ref = layer(x)
+    tol = TOL[dtype] if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert len(flex_nodes(compile_calls)) == 1
+    assert not math_targets(compile_calls)
+
+
+def test_multihead_attention_trains_causal_on_the_flex_kernels(
+    compile_calls: list[CompileCall],
+) -> None:
+    # Sequence-first, train mode without dropout, a causal mask with is_causal: SDPA's causal
+    # attention forward and backward; the gradients match eager.
+    torch.manual_seed(1)
+    mha = nn.MultiheadAttention(32, 4)
+    mask = nn.Transformer.generate_square_subsequent_mask(40)
+    x = torch.randn(40, 3, 32, requires_grad=True)
+
+    def attend(x: torch.Tensor) -> torch.Tensor:
+        return mha(x, x, x, need_weights=False, attn_mask=mask, is_causal=True)[0]
+
+    out = torch.compile(attend, backend="neuron")(x)
+    out.square().sum().backward()
+    grads = [x.grad.clone()] + [p.grad.clone() for p in mha.parameters()]
+    x.grad = None
+    mha.zero_grad()
+    attend(x).square().sum().backward()
+    for got, want in zip(grads, [x.grad] + [p.grad for p in mha.parameters()], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    targets = [n["target"] for c in compile_calls for n in c.document["nodes"]]
+    assert targets.count(FLEX) == 1 and targets.count(FLEX + "_backward") == 1, targets
+
+
+def test_multihead_attention_with_a_padding_mask_keeps_its_path(
+    compile_calls: list[CompileCall],
+) -> None:
+    # A key padding mask (merged into the attention mask by MHA) is not written out: the
+    # functional form stays, traced into its math, and matches eager.
+    torch.manual_seed(2)
+    mha = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    x = torch.randn(2, 20, 32)
+    pad = torch.zeros(2, 20, dtype=torch.bool)
+    pad[1, 15:] = True
+    with torch.no_grad():
+        out = torch.compile(
+            lambda x: mha(x, x, x, key_padding_mask=pad, need_weights=False)[0], backend="neuron"
+        )(x)
+        ref = mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert flex_nodes(compile_calls) == []
