@@ -439,25 +439,48 @@ def _emitter(graph: torch.fx.Graph, fake_mode: Any) -> Callable[..., torch.fx.No
     return emit
 
 
-def _self_attention(
+def _attention(
     emit: Callable[..., torch.fx.Node],
-    x: torch.fx.Node,
-    shape: tuple[int, int, int],
+    inputs: tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node],
+    shapes: tuple[tuple[int, int, int], tuple[int, int, int]],
     heads: int,
     weights: tuple[Any, Any, Any, Any],
+    mask: torch.fx.Node | None,
     is_causal: bool,
     batch_first: bool,
 ) -> torch.fx.Node:
-    """Packed input projection, the heads, SDPA and the output projection of `x` ([L, N, E],
-    or [N, L, E] with `batch_first`), as nn.MultiheadAttention computes them."""
+    """nn.MultiheadAttention's computation of query, key and value ([L, N, E], or [N, L, E]
+    with `batch_first`; `shapes`: the query's and the key's): the packed input projection (one
+    matmul for a self-attention, else the packed weights' rows of each), the heads, SDPA with
+    `mask` ([N, H, L, S] or broadcast to it, SDPA's meaning) and the output projection."""
+    query, key, value = inputs
     in_w, in_b, out_w, out_b = weights
-    first, second, dim = shape
-    length, batch = (second, first) if batch_first else (first, second)
+    (first, second, dim), key_shape = shapes
     head_dim = dim // heads
-    packed = emit(F.linear, x, in_w, in_b)
 
-    def heads_of(i: int) -> torch.fx.Node:
-        part = emit(operator.getitem, packed, (Ellipsis, slice(i * dim, (i + 1) * dim)))
+    def rows(t: Any, i: int, count: int) -> Any:
+        return None if t is None else emit(operator.getitem, t, slice(i * dim, (i + count) * dim))
+
+    def parts(x: torch.fx.Node, i: int, count: int) -> list[torch.fx.Node]:
+        packed = emit(
+            F.linear,
+            x,
+            *((in_w, in_b) if count == 3 else (rows(in_w, i, count), rows(in_b, i, count))),
+        )
+        return [
+            emit(operator.getitem, packed, (Ellipsis, slice(j * dim, (j + 1) * dim)))
+            for j in range(count)
+        ]
+
+    if query is key is value:
+        q, k, v = parts(query, 0, 3)
+    elif key is value:
+        (q,), (k, v) = parts(query, 0, 1), parts(key, 1, 2)
+    else:
+        (q,), (k,), (v,) = parts(query, 0, 1), parts(key, 1, 1), parts(value, 2, 1)
+
+    def heads_of(part: torch.fx.Node, shape: tuple[int, int, int]) -> torch.fx.Node:
+        length, batch = (shape[1], shape[0]) if batch_first else (shape[0], shape[1])
         if batch_first:  # [N, L, E] -> [N, H, L, D]
             part = emit("reshape", part, batch, length, heads, head_dim, method=True)
             return emit("transpose", part, 1, 2, method=True)
@@ -465,7 +488,15 @@ def _self_attention(
         part = emit("transpose", part, 0, 1, method=True)
         return emit("reshape", part, batch, heads, length, head_dim, method=True)
 
-    out = emit(_SDPA, heads_of(0), heads_of(1), heads_of(2), None, 0.0, is_causal)
+    out = emit(
+        _SDPA,
+        heads_of(q, shapes[0]),
+        heads_of(k, key_shape),
+        heads_of(v, key_shape),
+        mask,
+        0.0,
+        is_causal,
+    )
     out = emit("permute", out, *((0, 2, 1, 3) if batch_first else (2, 0, 1, 3)), method=True)
     out = emit("reshape", out, first * second, dim, method=True)
     out = emit(F.linear, out, out_w, out_b)
@@ -483,40 +514,66 @@ def _static_3d(x: Any) -> tuple[int, int, int] | None:
 
 def _write_out_multi_head_attention(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``'s, which Dynamo keeps
-    whole: torchvision's ViT, ``nn.TransformerEncoderLayer`` with an odd head count) written
-    out as it computes a self-attention whose weights are not returned: the packed input
-    projection, the heads, SDPA and the output projection. Its SDPA then reaches
-    :func:`route_attention`, where ``aot_autograd`` would have traced it into float32 math.
-    Other forms (cross-attention, padding masks, attention masks without ``is_causal``, added
-    key biases, dropout) stay."""
+    whole: torchvision's ViT, ``nn.Transformer``'s layers) written out as it computes an
+    attention whose weights are not returned: the input projections, the heads, SDPA (with
+    the attention mask, a boolean one inverted: MHA masks where SDPA keeps) and the output
+    projection. Its SDPA then reaches :func:`route_attention`, where ``aot_autograd`` would
+    have traced it into float32 math. Key padding masks, added key biases, separate
+    projection weights and dropout stay."""
     try:
         call = _MHA_PARAMS.bind(*node.args, **node.kwargs)
     except TypeError:
         return False
     call.apply_defaults()
     a = call.arguments
-    query, heads = a["query"], a["num_heads"]
-    shape = _static_3d(query)
+    query, key, value, heads = a["query"], a["key"], a["value"], a["num_heads"]
+    shape, key_shape = _static_3d(query), _static_3d(key)
     if (
         shape is None
+        or key_shape is None
+        or _static_3d(value) != key_shape
+        or key_shape[1] != shape[1]
+        or key_shape[2] != shape[2]
         or not isinstance(heads, int)
         or shape[2] % heads
         or not all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
         or a["need_weights"]
-        or not (query is a["key"] is a["value"])
         or any(a[k] is not None for k in ("bias_k", "bias_v", "key_padding_mask"))
         or any(a[k] is not None for k in ("static_k", "static_v"))
         or a["add_zero_attn"]
         or a["use_separate_proj_weight"]
         or (a["training"] and a["dropout_p"] != 0)
         # is_causal needs the (causal) mask it then ignores; eager reports its absence.
-        or (a["attn_mask"] is None) == bool(a["is_causal"])
+        or (a["is_causal"] and a["attn_mask"] is None)
     ):
         return False
-    emit = _emitter(gm.graph, query.meta["example_value"].fake_mode)
+    fake = query.meta["example_value"]
+    emit = _emitter(gm.graph, fake.fake_mode)
+    mask = None if a["is_causal"] else a["attn_mask"]
+    batch, length, src = shape[1], shape[0], key_shape[0]
+    if mask is not None:
+        m = mask.meta.get("example_value") if isinstance(mask, torch.fx.Node) else None
+        if not isinstance(m, torch.Tensor) or (m.dtype != torch.bool and m.dtype != fake.dtype):
+            return False
+        if tuple(m.shape) not in ((length, src), (batch * heads, length, src)):
+            return False
     weights = (a["in_proj_weight"], a["in_proj_bias"], a["out_proj_weight"], a["out_proj_bias"])
     with gm.graph.inserting_before(node):
-        out = _self_attention(emit, query, shape, heads, weights, bool(a["is_causal"]), False)
+        if mask is not None:
+            if mask.meta["example_value"].dim() == 3:
+                mask = emit("reshape", mask, batch, heads, length, src, method=True)
+            if mask.meta["example_value"].dtype == torch.bool:
+                mask = emit(torch.logical_not, mask)
+        out = _attention(
+            emit,
+            (query, key, value),
+            (shape, key_shape),
+            heads,
+            weights,
+            mask,
+            bool(a["is_causal"]),
+            False,
+        )
     for user in list(node.users):
         user.replace_all_uses_with(out)
         gm.graph.erase_node(user)
@@ -543,7 +600,8 @@ def _write_out_encoder_layer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> b
         return emit(F.layer_norm, x, (dim,), w, b, eps)
 
     def attention(x: torch.fx.Node) -> torch.fx.Node:
-        return _self_attention(emit, x, shape, heads, (in_w, in_b, out_w, out_b), False, True)
+        weights = (in_w, in_b, out_w, out_b)
+        return _attention(emit, (x, x, x), (shape, shape), heads, weights, None, False, True)
 
     def feed_forward(x: torch.fx.Node) -> torch.fx.Node:
         hidden = emit(F.gelu if use_gelu else F.relu, emit(F.linear, x, f1w, f1b))

@@ -566,3 +566,31 @@ def test_multihead_attention_with_a_padding_mask_keeps_its_path(
         ref = mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     assert flex_nodes(compile_calls) == []
+
+
+@pytest.mark.parametrize("case", ["packed kv", "separate k v", "bool mask", "float 3-d mask"])
+def test_multihead_cross_attention_and_masks_run_on_the_flex_kernel(
+    compile_calls: list[CompileCall], case: str
+) -> None:
+    # Cross-attention (nn.TransformerDecoderLayer's over the memory, DETR's) projects the
+    # query and the keys and values by the packed weights' rows; MHA's attention masks are
+    # SDPA's (a boolean one inverted: MHA masks where it is True, SDPA keeps).
+    torch.manual_seed(3)
+    mha = nn.MultiheadAttention(64, 4).eval()
+    q, kv, v = torch.randn(30, 2, 64), torch.randn(45, 2, 64), torch.randn(45, 2, 64)
+    mask = {
+        "bool mask": torch.rand(30, 45) > 0.7,
+        "float 3-d mask": torch.randn(8, 30, 45),
+    }.get(case)
+    value = v if case == "separate k v" else kv
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return mha(q, k, v, attn_mask=mask, need_weights=False)[0]
+
+    with torch.no_grad():
+        out = torch.compile(attend, backend="neuron")(q, kv, value)
+        ref = attend(q, kv, value)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert len(flex_nodes(compile_calls)) == 1
+    assert not math_targets(compile_calls)
