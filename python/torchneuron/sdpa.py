@@ -439,7 +439,7 @@ def _emitter(graph: torch.fx.Graph, fake_mode: Any) -> Callable[..., torch.fx.No
     return emit
 
 
-def _attention(
+def _multi_head_attention(
     emit: Callable[..., torch.fx.Node],
     inputs: tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node],
     shapes: tuple[tuple[int, int, int], tuple[int, int, int]],
@@ -564,7 +564,7 @@ def _write_out_multi_head_attention(gm: torch.fx.GraphModule, node: torch.fx.Nod
                 mask = emit("reshape", mask, batch, heads, length, src, method=True)
             if mask.meta["example_value"].dtype == torch.bool:
                 mask = emit(torch.logical_not, mask)
-        out = _attention(
+        out = _multi_head_attention(
             emit,
             (query, key, value),
             (shape, key_shape),
@@ -601,7 +601,9 @@ def _write_out_encoder_layer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> b
 
     def attention(x: torch.fx.Node) -> torch.fx.Node:
         weights = (in_w, in_b, out_w, out_b)
-        return _attention(emit, (x, x, x), (shape, shape), heads, weights, None, False, True)
+        return _multi_head_attention(
+            emit, (x, x, x), (shape, shape), heads, weights, None, False, True
+        )
 
     def feed_forward(x: torch.fx.Node) -> torch.fx.Node:
         hidden = emit(F.gelu if use_gelu else F.relu, emit(F.linear, x, f1w, f1b))
