@@ -514,12 +514,13 @@ def _static_3d(x: Any) -> tuple[int, int, int] | None:
 
 def _write_out_multi_head_attention(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``'s, which Dynamo keeps
-    whole: torchvision's ViT, ``nn.Transformer``'s layers) written out as it computes an
-    attention whose weights are not returned: the input projections, the heads, SDPA (with
-    the attention mask, a boolean one inverted: MHA masks where SDPA keeps) and the output
-    projection. Its SDPA then reaches :func:`route_attention`, where ``aot_autograd`` would
-    have traced it into float32 math. Key padding masks, added key biases, separate
-    projection weights and dropout stay."""
+    whole: torchvision's ViT, ``nn.Transformer``'s layers, DETR's) written out as it
+    computes an attention whose weights are not read (``need_weights`` or not): the input
+    projections, the heads, SDPA (with the attention mask or else the key padding mask, a
+    boolean one inverted: MHA masks where SDPA keeps) and the output projection. Its SDPA then
+    reaches :func:`route_attention`, where ``aot_autograd`` would have traced it into float32
+    math. Both masks at once, added key biases, separate projection weights and dropout
+    stay."""
     try:
         call = _MHA_PARAMS.bind(*node.args, **node.kwargs)
     except TypeError:
@@ -537,9 +538,8 @@ def _write_out_multi_head_attention(gm: torch.fx.GraphModule, node: torch.fx.Nod
         or not isinstance(heads, int)
         or shape[2] % heads
         or not all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
-        or a["need_weights"]
-        or any(a[k] is not None for k in ("bias_k", "bias_v", "key_padding_mask"))
-        or any(a[k] is not None for k in ("static_k", "static_v"))
+        or any(a[k] is not None for k in ("bias_k", "bias_v", "static_k", "static_v"))
+        or (a["key_padding_mask"] is not None and (a["attn_mask"] is not None or a["is_causal"]))
         or a["add_zero_attn"]
         or a["use_separate_proj_weight"]
         or (a["training"] and a["dropout_p"] != 0)
@@ -549,18 +549,24 @@ def _write_out_multi_head_attention(gm: torch.fx.GraphModule, node: torch.fx.Nod
         return False
     fake = query.meta["example_value"]
     emit = _emitter(gm.graph, fake.fake_mode)
-    mask = None if a["is_causal"] else a["attn_mask"]
+    padding = a["key_padding_mask"]
+    mask = padding if padding is not None else None if a["is_causal"] else a["attn_mask"]
     batch, length, src = shape[1], shape[0], key_shape[0]
+    shapes = (
+        [(batch, src)] if padding is not None else [(length, src), (batch * heads, length, src)]
+    )
     if mask is not None:
         m = mask.meta.get("example_value") if isinstance(mask, torch.fx.Node) else None
         if not isinstance(m, torch.Tensor) or (m.dtype != torch.bool and m.dtype != fake.dtype):
             return False
-        if tuple(m.shape) not in ((length, src), (batch * heads, length, src)):
+        if tuple(m.shape) not in shapes:
             return False
     weights = (a["in_proj_weight"], a["in_proj_bias"], a["out_proj_weight"], a["out_proj_bias"])
     with gm.graph.inserting_before(node):
         if mask is not None:
-            if mask.meta["example_value"].dim() == 3:
+            if padding is not None:  # [N, S] -> [N, 1, 1, S]
+                mask = emit("reshape", mask, batch, 1, 1, src, method=True)
+            elif mask.meta["example_value"].dim() == 3:
                 mask = emit("reshape", mask, batch, heads, length, src, method=True)
             if mask.meta["example_value"].dtype == torch.bool:
                 mask = emit(torch.logical_not, mask)

@@ -568,13 +568,18 @@ def test_multihead_attention_with_a_padding_mask_keeps_its_path(
     assert flex_nodes(compile_calls) == []
 
 
-@pytest.mark.parametrize("case", ["packed kv", "separate k v", "bool mask", "float 3-d mask"])
+@pytest.mark.parametrize(
+    "case",
+    ["packed kv", "separate k v", "bool mask", "float 3-d mask", "padding mask", "weights unread"],
+)
 def test_multihead_cross_attention_and_masks_run_on_the_flex_kernel(
     compile_calls: list[CompileCall], case: str
 ) -> None:
     # Cross-attention (nn.TransformerDecoderLayer's over the memory, DETR's) projects the
-    # query and the keys and values by the packed weights' rows; MHA's attention masks are
-    # SDPA's (a boolean one inverted: MHA masks where it is True, SDPA keeps).
+    # query and the keys and values by the packed weights' rows; MHA's attention mask, or its
+    # key padding mask ([N, S]: [N, 1, 1, S]), is SDPA's (a boolean one inverted: MHA masks
+    # where it is True, SDPA keeps). `mha(q, k, v)[0]` (need_weights by default) never reads
+    # the weights: the same kernel.
     torch.manual_seed(3)
     mha = nn.MultiheadAttention(64, 4).eval()
     q, kv, v = torch.randn(30, 2, 64), torch.randn(45, 2, 64), torch.randn(45, 2, 64)
@@ -582,10 +587,15 @@ def test_multihead_cross_attention_and_masks_run_on_the_flex_kernel(
         "bool mask": torch.rand(30, 45) > 0.7,
         "float 3-d mask": torch.randn(8, 30, 45),
     }.get(case)
+    padding = None
+    if case == "padding mask":
+        padding = torch.zeros(2, 45, dtype=torch.bool)
+        padding[1, 30:] = True
     value = v if case == "separate k v" else kv
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return mha(q, k, v, attn_mask=mask, need_weights=False)[0]
+        need = case == "weights unread"
+        return mha(q, k, v, attn_mask=mask, key_padding_mask=padding, need_weights=need)[0]
 
     with torch.no_grad():
         out = torch.compile(attend, backend="neuron")(q, kv, value)
