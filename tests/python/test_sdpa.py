@@ -549,21 +549,24 @@ def test_multihead_attention_trains_causal_on_the_flex_kernels(
     assert targets.count(FLEX) == 1 and targets.count(FLEX + "_backward") == 1, targets
 
 
-def test_multihead_attention_with_a_padding_mask_keeps_its_path(
+def test_multihead_attention_with_both_masks_keeps_its_path(
     compile_calls: list[CompileCall],
 ) -> None:
-    # A key padding mask (merged into the attention mask by MHA) is not written out: the
-    # functional form stays, traced into its math, and matches eager.
+    # An attention mask and a key padding mask at once (merged by MHA) are not written out:
+    # the functional form stays, traced into its math, and matches eager.
     torch.manual_seed(2)
     mha = nn.MultiheadAttention(32, 4, batch_first=True).eval()
     x = torch.randn(2, 20, 32)
     pad = torch.zeros(2, 20, dtype=torch.bool)
     pad[1, 15:] = True
+    causal = nn.Transformer.generate_square_subsequent_mask(20)
+
+    def attend(x: torch.Tensor) -> torch.Tensor:
+        return mha(x, x, x, attn_mask=causal, key_padding_mask=pad, need_weights=False)[0]
+
     with torch.no_grad():
-        out = torch.compile(
-            lambda x: mha(x, x, x, key_padding_mask=pad, need_weights=False)[0], backend="neuron"
-        )(x)
-        ref = mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+        out = torch.compile(attend, backend="neuron")(x)
+        ref = attend(x)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     assert flex_nodes(compile_calls) == []
 
