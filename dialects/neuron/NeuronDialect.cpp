@@ -1592,10 +1592,10 @@ static Value perChannel(Value full, Value conv) {
   return small;
 }
 
-/// perChannel's values (of a result of rank `rank`) as [O] f32 (the first
-/// image's).
-static Value asChannels(Value small, PatternRewriter &rewriter, Location loc,
-                        int64_t rank = 4) {
+/// perChannel's values (of a result of rank `rank`: [N, O] and rank - 2 ones
+/// after) as [O] (the first image's), in their element type.
+static Value channelValues(Value small, PatternRewriter &rewriter, Location loc,
+                           int64_t rank = 4) {
   auto type = tensorType(small);
   ArrayRef<int64_t> dims = type.getShape();
   int64_t ones = rank - 2, o = dims[dims.size() - ones - 1];
@@ -1607,12 +1607,18 @@ static Value asChannels(Value small, PatternRewriter &rewriter, Location loc,
         rewriter.getDenseI64ArrayAttr(zeros),
         rewriter.getDenseI64ArrayAttr(SmallVector<int64_t>(rank, 1)));
   }
-  small = rewriter.create<ReshapeOp>(
+  return rewriter.create<ReshapeOp>(
       loc, RankedTensorType::get({o}, type.getElementType()), small);
-  if (!type.getElementType().isF32())
-    small = rewriter.create<CastOp>(
-        loc, RankedTensorType::get({o}, rewriter.getF32Type()), small);
-  return small;
+}
+
+/// channelValues in f32.
+static Value asChannels(Value small, PatternRewriter &rewriter, Location loc,
+                        int64_t rank = 4) {
+  Value v = channelValues(small, rewriter, loc, rank);
+  auto type = tensorType(v);
+  if (type.getElementType().isF32())
+    return v;
+  return rewriter.create<CastOp>(loc, type.clone(rewriter.getF32Type()), v);
 }
 
 /// The matmul whose result `v` is, or a reshape of it (for a per-column
@@ -2083,19 +2089,6 @@ struct FoldChannelNormAffine : public OpRewritePattern<BinaryOp> {
   using OpRewritePattern::OpRewritePattern;
 
   /// perChannel's values as [C] of the norm's dtype.
-  static Value channels(Value small, PatternRewriter &rewriter, Location loc) {
-    auto type = tensorType(small);
-    ArrayRef<int64_t> dims = type.getShape();
-    int64_t c = dims[dims.size() - 3];
-    if (dims.size() == 4 && dims[0] != 1)
-      small = rewriter.create<SliceOp>(
-          loc, RankedTensorType::get({1, c, 1, 1}, type.getElementType()),
-          small, rewriter.getDenseI64ArrayAttr({0, 0, 0, 0}),
-          rewriter.getDenseI64ArrayAttr({1, 1, 1, 1}));
-    return rewriter.create<ReshapeOp>(
-        loc, RankedTensorType::get({c}, type.getElementType()), small);
-  }
-
   LogicalResult matchAndRewrite(BinaryOp mul,
                                 PatternRewriter &rewriter) const override {
     if (mul.getFn() != BinaryFn::mul)
@@ -2129,8 +2122,9 @@ struct FoldChannelNormAffine : public OpRewritePattern<BinaryOp> {
       Location loc = norm.getLoc();
       auto fused = rewriter.create<ChannelNormOp>(
           loc, norm->getResultTypes(), norm.getInput(),
-          channels(weight, rewriter, loc),
-          bias ? channels(bias, rewriter, loc) : Value(), norm.getEpsAttr());
+          channelValues(weight, rewriter, loc),
+          bias ? channelValues(bias, rewriter, loc) : Value(),
+          norm.getEpsAttr());
       rewriter.replaceOp(replaced, fused.getResult());
       return success();
     }
@@ -2286,16 +2280,9 @@ struct ChannelsFirstLinears : public OpRewritePattern<TransposeOp> {
     Location loc = back.getLoc();
     rewriter.setInsertionPoint(back);
     auto f32 = rewriter.getF32Type();
-    auto toF32 = [&](Value t, int64_t count) -> Value {
-      auto type = RankedTensorType::get({count}, f32);
-      if (tensorType(t).getShape() != ArrayRef<int64_t>{count})
-        t = rewriter.create<ReshapeOp>(
-            loc, RankedTensorType::get({count}, tensorType(t).getElementType()),
-            t);
-      return tensorType(t).getElementType().isF32()
-                 ? t
-                 : rewriter.create<CastOp>(loc, type, t).getResult();
-    };
+    // A bias ([O]) or layer scale ([..., O]): values per channel of a [rows,
+    // O] result.
+    auto toF32 = [&](Value t) { return asChannels(t, rewriter, loc, 2); };
     // Each image's [C, H * W], through the chain.
     Value cur = rewriter.create<ReshapeOp>(
         loc,
@@ -2324,9 +2311,9 @@ struct ChannelsFirstLinears : public OpRewritePattern<TransposeOp> {
       ep.act = mm.getEpilogueAttr();
       ep.clampMax = mm.getClampMaxAttr();
       if (mm.getBias())
-        ep.rowShift = toF32(mm.getBias(), o);
+        ep.rowShift = toF32(mm.getBias());
       if (scale && i + 1 == chain.size()) {
-        ep.rowScale = toF32(scale, o);
+        ep.rowScale = toF32(scale);
         if (ep.rowShift)
           ep.rowShift = rewriter.create<BinaryOp>(
               loc, RankedTensorType::get({o}, f32), BinaryFn::mul, ep.rowShift,
