@@ -115,6 +115,11 @@ private:
   /// query head's first tile and the last of the head before never share
   /// one (fuseHeads).
   static constexpr int64_t kSets = 3;
+  /// The column (in units of its width) of a step's query-tile state set in
+  /// the per-lane state tiles (l, O, the output, Q^T).
+  static int64_t stateColumn(int64_t lane, const LaneStep &step) {
+    return kSets * lane + step.set;
+  }
   using Lane = SmallVector<LaneStep>;
 
   /// A lane's step during emission: which, where, and its buffer parity.

@@ -1351,8 +1351,8 @@ void FlexAttentionLowering::accumulateO(const Cursor &c) {
     if (i > 0)
       mm.setAccumulate(true);
   }
-  Value os = k.view(o, k.index((kSets * c.lane + step.set) * vDim),
-                    {rows, vDim}, {kSets * lanes * vDim, 1});
+  Value os = k.view(o, k.index((stateColumn(c.lane, step))*vDim), {rows, vDim},
+                    {kSets * lanes * vDim, 1});
   if (step.first)
     b.create<nisa::CopyOp>(oPs, os, nisa::Engine::vector);
   else
@@ -1395,7 +1395,7 @@ Value FlexAttentionLowering::queryT(const Cursor &c, Value qTHead) {
   if (qResident)
     return k.view(qT, k.addOffsets(qTHead, c.at.q0), {dim, c.at.rows},
                   {qTStride, 1});
-  return k.view(qLaneT, k.index((kSets * c.lane + c.step->set) * unit),
+  return k.view(qLaneT, k.index((stateColumn(c.lane, *c.step))*unit),
                 {dim, c.at.rows}, {kSets * lanes * unit, 1});
 }
 
@@ -1583,7 +1583,7 @@ void FlexAttentionLowering::probabilities(const Cursor &c) {
   const LaneStep &step = *c.step;
   Value p = k.view(pBuf, k.index(slotOf(c)), {rows, c.at.width},
                    {2 * lanes * bank, 1});
-  Value ls = column(l, kSets * c.lane + step.set, rows);
+  Value ls = column(l, stateColumn(c.lane, step), rows);
   Value sums = step.first ? ls : k.tile(MemorySpace::sbuf, {rows, 1}, f32);
   b.create<nisa::ActivationOp>(expSource(c), p, negmOf(c.lane, c.parity, rows),
                                Value(), sums, nisa::ActivationFn::exp,
@@ -1613,7 +1613,7 @@ void FlexAttentionLowering::rescaleFactor(const Cursor &c) {
 /// computes it, off VectorE.
 void FlexAttentionLowering::finishTile(const Cursor &c) {
   const Step &at = c.at;
-  int64_t rows = at.rows, at2 = kSets * c.lane + c.step->set;
+  int64_t rows = at.rows, at2 = stateColumn(c.lane, *c.step);
   Value ls = column(l, at2, rows);
   Value lc = k.tile(MemorySpace::sbuf, {rows, 1}, f32);
   b.create<nisa::TensorScalarOp>(
@@ -1647,7 +1647,7 @@ void FlexAttentionLowering::storeTiles(const RoundAt &at, int64_t r,
 
 /// A query tile's output in SBUF: its lane and state set's slot of oOut.
 Value FlexAttentionLowering::outputOf(const Cursor &c) {
-  int64_t at2 = kSets * c.lane + c.step->set;
+  int64_t at2 = stateColumn(c.lane, *c.step);
   return k.view(oOut, k.index(at2 * vDim), {c.at.rows, vDim},
                 {kSets * lanes * vDim, 1});
 }
