@@ -9,11 +9,21 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-__all__ = ["BLOCKS_META", "BlockClasses", "block_classes", "head_dim_limit", "unit"]
+__all__ = [
+    "BLOCKS_META",
+    "MASK_FORM_META",
+    "BlockClasses",
+    "block_classes",
+    "head_dim_limit",
+    "unit",
+]
 
 #: ``node.meta`` key of an attention node's block classes: ``int8 [B or 1, H or 1, query
 #: blocks, key blocks]``, one :class:`BlockClasses` code per block.
 BLOCKS_META = "neuron_flex_blocks"
+#: ``node.meta`` key of a routed SDPA call's mask form, read from the mask's content when the
+#: call is specialized (:func:`torchneuron.sdpa.mask_form`).
+MASK_FORM_META = "neuron_mask_form"
 
 
 class BlockClasses(NamedTuple):

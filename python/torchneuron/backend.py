@@ -52,6 +52,7 @@ __all__ = ["SpecializingGraph", "build_graph", "compile_aten_graph", "neuron_bac
 
 
 _graph_ids = itertools.count()
+sdpa.trace_transformer_modules()
 
 
 def neuron_backend(

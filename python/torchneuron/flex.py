@@ -24,7 +24,7 @@ import torch
 import torch.fx
 
 from torchneuron import sdpa
-from torchneuron.attention_blocks import BLOCKS_META
+from torchneuron.attention_blocks import BLOCKS_META, MASK_FORM_META
 from torchneuron.attention_blocks import block_classes as block_class_codes
 
 __all__ = [
@@ -110,6 +110,17 @@ def _masked_attention(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, tor
         for n in gm.graph.nodes
         if sdpa.is_attention(n) and isinstance(n.args[3], torch.fx.Node)
     ]
+
+
+#: Suffix of the name under which :class:`BlockMaskValues` keeps an SDPA mask's form.
+_FORM = "/form"
+
+
+def _lengths(node: torch.fx.Node) -> tuple[int, int]:
+    """The query and key lengths of a routed SDPA call (static where it has a mask)."""
+    query, key = node.args[0], node.args[1]
+    assert isinstance(query, torch.fx.Node) and isinstance(key, torch.fx.Node)
+    return int(query.meta["val"].shape[-2]), int(key.meta["val"].shape[-2])
 
 
 def call_dependent(gm: torch.fx.GraphModule) -> bool:
@@ -257,12 +268,14 @@ class BlockMaskValues:
             value = env[mask]
             assert isinstance(value, torch.Tensor)
             classes = sdpa.mask_block_classes(value)
-            structure = (node.name, tuple(classes.shape), classes.numpy().tobytes())
+            form = sdpa.mask_form(value, *_lengths(node))
+            structure = (node.name, tuple(classes.shape), classes.numpy().tobytes(), form)
             if structure not in self.structures:
                 if len(self.structures) >= sdpa.MAX_MASK_STRUCTURES:
                     continue
                 self.structures.add(structure)
             values[node.name] = classes
+            values[node.name + _FORM] = torch.tensor(form, dtype=torch.int8)
         if self.constant:
             self.cached = values
         return values
@@ -281,13 +294,8 @@ def annotate(gm: torch.fx.GraphModule, values: dict[str, torch.Tensor]) -> None:
     ``values`` (by node name), and of each routed SDPA call whose mask's classes are."""
     for node, _ in _masked_attention(gm):
         if node.name in values:
-            query, key = node.args[0], node.args[1]
-            assert isinstance(query, torch.fx.Node) and isinstance(key, torch.fx.Node)
-            node.meta[BLOCKS_META] = sdpa.expand_block_classes(
-                values[node.name],
-                int(query.meta["val"].shape[-2]),
-                int(key.meta["val"].shape[-2]),
-            )
+            node.meta[BLOCKS_META] = sdpa.expand_block_classes(values[node.name], *_lengths(node))
+            node.meta[MASK_FORM_META] = int(values[node.name + _FORM])
     for node in flex_nodes(gm):
         try:
             mask = parse_block_mask(block_mask_of(node))

@@ -41,7 +41,7 @@ import torch.fx
 from torchneuron import cache, config, fx_json, nki_op
 from torchneuron._native import native
 from torchneuron._stats import STATS
-from torchneuron.attention_blocks import BLOCKS_META
+from torchneuron.attention_blocks import BLOCKS_META, MASK_FORM_META
 from torchneuron.kernel import DeviceKernel
 from torchneuron.partition import FallbackNode
 
@@ -252,6 +252,7 @@ def _graph_lines(gm: torch.fx.GraphModule) -> list[Any]:
                 _spec(node.meta.get("val")),
                 _location(node.meta.get("stack_trace")),
                 None if blocks is None else [list(blocks.shape), _tensor_digest(blocks)],
+                node.meta.get(MASK_FORM_META),
             ]
         )
     return lines

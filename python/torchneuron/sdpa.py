@@ -22,6 +22,8 @@ Block classes of a tensor mask are computed from its content when the graph is c
 (:func:`mask_block_classes`; the backend compiles one kernel per block structure, like for a
 BlockMask), so fully masked blocks are skipped and fully kept ones skip the mask. Past
 :data:`MAX_MASK_STRUCTURES` structures, further ones share a kernel whose blocks are all partial.
+So is the mask's form (:func:`mask_form`): a causal mask (``generate_square_subsequent_mask``)
+is computed as ``is_causal`` is, not read; a float mask of only 0 and -inf only masks.
 
 A call whose query or key length is symbolic (``dynamic=True``, a KV cache growing by a token
 per call) is written for one program serving every length: one block class for all blocks
@@ -51,13 +53,20 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from torchneuron.attention_blocks import BLOCKS_META, block_classes, head_dim_limit, unit
+from torchneuron.attention_blocks import (
+    BLOCKS_META,
+    MASK_FORM_META,
+    block_classes,
+    head_dim_limit,
+    unit,
+)
 from torchneuron.sizes import NotSizeGeneric
 
 __all__ = [
     "ATTENTION",
     "ATTENTION_BWD",
     "ATTENTION_FWD",
+    "MASK_FORMS",
     "MAX_MASK_STRUCTURES",
     "FlexForm",
     "causal_block_classes",
@@ -65,9 +74,61 @@ __all__ = [
     "flex_form",
     "is_attention",
     "mask_block_classes",
+    "mask_form",
     "needs_grad",
     "route_attention",
+    "trace_transformer_modules",
 ]
+
+
+def trace_transformer_modules() -> None:
+    """Let Dynamo trace ``nn.TransformerEncoder``, ``nn.TransformerDecoder`` and
+    ``nn.Transformer`` whole where two of their steps break the graph in the caller's frame,
+    which leaves the whole module to eager PyTorch:
+
+    - given a mask and no ``is_causal``, the encoder and decoder compare the mask with a causal
+      one (``torch.nn.modules.transformer._detect_is_causal_mask``) and branch on the result, a
+      bool of data (as PyTorch's language-modelling tutorial calls them: ``encoder(src,
+      src_mask)``). In traced code the mask is applied as given instead, the same attention
+      (its block classes are read from its content when the graph is called);
+    - a float attention mask with a boolean padding mask (PyTorch's translation tutorial) or
+      the other way round makes ``torch.nn.functional._canonical_mask`` warn that mixed types
+      are deprecated, and Dynamo cannot trace ``warnings.warn``. Traced, the masks are made
+      float as eager makes them, without the warning (eager PyTorch still gives it).
+
+    Done once, when the backend loads: Dynamo's substitutes are process-wide. Substitutes
+    registered before (by the user) are kept.
+    """
+    from torch.nn.modules import transformer
+
+    def detect_is_causal_mask(
+        mask: torch.Tensor | None, is_causal: bool | None = None, size: int | None = None
+    ) -> bool:
+        return is_causal is True
+
+    def canonical_mask(
+        mask: torch.Tensor | None,
+        mask_name: str,
+        other_type: torch.dtype | None,
+        other_name: str,
+        target_type: torch.dtype,
+        check_other: bool = True,
+    ) -> torch.Tensor | None:
+        if mask is None or mask.is_floating_point():
+            return mask
+        if mask.dtype != torch.bool:
+            raise AssertionError(f"only bool and floating types of {mask_name} are supported")
+        return torch.zeros_like(mask, dtype=target_type).masked_fill_(mask, float("-inf"))
+
+    for original, substitute in (
+        (transformer._detect_is_causal_mask, detect_is_causal_mask),
+        (F._canonical_mask, canonical_mask),
+    ):
+        try:
+            torch.compiler.substitute_in_graph(original)(substitute)
+        except ValueError:  # already substituted
+            pass
+
 
 #: Distinct block structures of SDPA masks a compiled graph gets kernels for; masks with other
 #: structures share one kernel that treats every block as partial.
@@ -503,6 +564,13 @@ def _multi_head_attention(
     return emit("reshape", out, first, second, dim, method=True)
 
 
+def _broadcasts_to(shape: Any, full: tuple[int, ...]) -> bool:
+    try:
+        return torch.broadcast_shapes(tuple(shape), full) == full
+    except RuntimeError:
+        return False
+
+
 def _static_3d(x: Any) -> tuple[int, int, int] | None:
     val = x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
     if not isinstance(val, torch.Tensor) or val.dim() != 3:
@@ -512,6 +580,25 @@ def _static_3d(x: Any) -> tuple[int, int, int] | None:
     return tuple(val.shape)  # type: ignore[return-value]
 
 
+def _mha_mask(
+    emit: Callable[..., torch.fx.Node], *masks: torch.fx.Node | None
+) -> torch.fx.Node | None:
+    """SDPA's mask for MHA's masks (boolean ones mask where True, float ones add; each 4-D or
+    broadcast to it), combined as MHA adds them."""
+    present = [m for m in masks if m is not None]
+    if not present:
+        return None
+    flags = [m for m in present if m.meta["example_value"].dtype == torch.bool]
+    if len(flags) == len(present):  # SDPA keeps where True
+        masked = functools.reduce(lambda x, y: emit(torch.logical_or, x, y), flags)
+        return emit(torch.logical_not, masked)
+    floats = [m for m in present if m.meta["example_value"].dtype != torch.bool]
+    added = functools.reduce(lambda x, y: emit(operator.add, x, y), floats)
+    for flag in flags:
+        added = emit(torch.where, flag, float("-inf"), added)
+    return added
+
+
 def _write_out_multi_head_attention(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``'s, which Dynamo keeps
     whole: torchvision's ViT, ``nn.Transformer``'s layers, DETR's) written out as it
@@ -519,8 +606,8 @@ def _write_out_multi_head_attention(gm: torch.fx.GraphModule, node: torch.fx.Nod
     projections, the heads, SDPA (with the attention mask or else the key padding mask, a
     boolean one inverted: MHA masks where SDPA keeps) and the output projection. Its SDPA then
     reaches :func:`route_attention`, where ``aot_autograd`` would have traced it into float32
-    math. Both masks at once, added key biases, separate projection weights and dropout
-    stay."""
+    math. With both masks, the key padding mask masks too (as MHA adds them). Added key
+    biases, separate projection weights and dropout stay."""
     try:
         call = _MHA_PARAMS.bind(*node.args, **node.kwargs)
     except TypeError:
@@ -539,7 +626,6 @@ def _write_out_multi_head_attention(gm: torch.fx.GraphModule, node: torch.fx.Nod
         or shape[2] % heads
         or not all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
         or any(a[k] is not None for k in ("bias_k", "bias_v", "static_k", "static_v"))
-        or (a["key_padding_mask"] is not None and (a["attn_mask"] is not None or a["is_causal"]))
         or a["add_zero_attn"]
         or a["use_separate_proj_weight"]
         or (a["training"] and a["dropout_p"] != 0)
@@ -549,27 +635,28 @@ def _write_out_multi_head_attention(gm: torch.fx.GraphModule, node: torch.fx.Nod
         return False
     fake = query.meta["example_value"]
     emit = _emitter(gm.graph, fake.fake_mode)
-    padding = a["key_padding_mask"]
-    mask = padding if padding is not None else None if a["is_causal"] else a["attn_mask"]
     batch, length, src = shape[1], shape[0], key_shape[0]
-    shapes = (
-        [(batch, src)] if padding is not None else [(length, src), (batch * heads, length, src)]
-    )
-    if mask is not None:
-        m = mask.meta.get("example_value") if isinstance(mask, torch.fx.Node) else None
+    padding = a["key_padding_mask"]
+    # is_causal stands for the mask only without a padding mask (then MHA adds them).
+    attn = None if a["is_causal"] and padding is None else a["attn_mask"]
+    for m, shapes in (
+        (padding, [(batch, src)]),
+        (attn, [(length, src), (batch * heads, length, src)]),
+    ):
+        if m is None:
+            continue
+        m = m.meta.get("example_value") if isinstance(m, torch.fx.Node) else None
         if not isinstance(m, torch.Tensor) or (m.dtype != torch.bool and m.dtype != fake.dtype):
             return False
         if tuple(m.shape) not in shapes:
             return False
     weights = (a["in_proj_weight"], a["in_proj_bias"], a["out_proj_weight"], a["out_proj_bias"])
     with gm.graph.inserting_before(node):
-        if mask is not None:
-            if padding is not None:  # [N, S] -> [N, 1, 1, S]
-                mask = emit("reshape", mask, batch, 1, 1, src, method=True)
-            elif mask.meta["example_value"].dim() == 3:
-                mask = emit("reshape", mask, batch, heads, length, src, method=True)
-            if mask.meta["example_value"].dtype == torch.bool:
-                mask = emit(torch.logical_not, mask)
+        if padding is not None:  # [N, S] -> [N, 1, 1, S]
+            padding = emit("reshape", padding, batch, 1, 1, src, method=True)
+        if attn is not None and attn.meta["example_value"].dim() == 3:
+            attn = emit("reshape", attn, batch, heads, length, src, method=True)
+        mask = _mha_mask(emit, attn, padding)
         out = _multi_head_attention(
             emit,
             (query, key, value),
@@ -577,7 +664,7 @@ def _write_out_multi_head_attention(gm: torch.fx.GraphModule, node: torch.fx.Nod
             heads,
             weights,
             mask,
-            bool(a["is_causal"]),
+            bool(a["is_causal"]) and attn is None,
             False,
         )
     for user in list(node.users):
@@ -589,18 +676,30 @@ def _write_out_multi_head_attention(gm: torch.fx.GraphModule, node: torch.fx.Nod
 
 def _write_out_encoder_layer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """``torch._transformer_encoder_layer_fwd``, ``nn.TransformerEncoderLayer``'s fast path in
-    inference (batch first, an even head count, no mask: a fallback to eager PyTorch for the
-    whole layer otherwise), written out: its self-attention as
-    :func:`_write_out_multi_head_attention`'s, the layer norms and the feed-forward."""
+    inference (batch first, an even head count: a fallback to eager PyTorch for the whole layer
+    otherwise), written out: its self-attention as :func:`_write_out_multi_head_attention`'s,
+    the layer norms and the feed-forward. Its mask is ``merge_masks``': the key padding mask
+    ([N, S], mask type 1) or the attention mask with it added ([N, H, L, S] or broadcast to
+    it); a float one additive (eager's fast path gives NaN for values other than 0 and -inf;
+    this is the layer's slow path), a boolean one masking where True."""
     args = list(node.args) + [None] * (20 - len(node.args))
     (src, dim, heads, in_w, in_b, out_w, out_b, use_gelu, norm_first, eps) = args[:10]
-    n1w, n1b, n2w, n2b, f1w, f1b, f2w, f2b, mask = args[10:19]
+    n1w, n1b, n2w, n2b, f1w, f1b, f2w, f2b, mask, mask_type = args[10:20]
     shape = _static_3d(src)
-    if node.kwargs or shape is None or mask is not None or not isinstance(heads, int):
+    if node.kwargs or shape is None or not isinstance(heads, int):
         return False
     if shape[2] != dim or dim % heads:
         return False
-    emit = _emitter(gm.graph, src.meta["example_value"].fake_mode)
+    fake = src.meta["example_value"]
+    if mask is not None:
+        m = mask.meta.get("example_value") if isinstance(mask, torch.fx.Node) else None
+        if not isinstance(m, torch.Tensor) or m.dtype not in (torch.bool, fake.dtype):
+            return False
+        batch, length = shape[0], shape[1]
+        padding = mask_type == 1 and tuple(m.shape) == (batch, length)
+        if not padding and not _broadcasts_to(m.shape, (batch, heads, length, length)):
+            return False
+    emit = _emitter(gm.graph, fake.fake_mode)
 
     def norm(x: torch.fx.Node, w: Any, b: Any) -> torch.fx.Node:
         return emit(F.layer_norm, x, (dim,), w, b, eps)
@@ -608,7 +707,7 @@ def _write_out_encoder_layer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> b
     def attention(x: torch.fx.Node) -> torch.fx.Node:
         weights = (in_w, in_b, out_w, out_b)
         return _multi_head_attention(
-            emit, (x, x, x), (shape, shape), heads, weights, None, False, True
+            emit, (x, x, x), (shape, shape), heads, weights, mask, False, True
         )
 
     def feed_forward(x: torch.fx.Node) -> torch.fx.Node:
@@ -616,6 +715,9 @@ def _write_out_encoder_layer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> b
         return emit(F.linear, hidden, f2w, f2b)
 
     with gm.graph.inserting_before(node):
+        if mask is not None and padding:  # [N, S] -> [N, 1, 1, S]
+            mask = emit("reshape", mask, shape[0], 1, 1, shape[1], method=True)
+        mask = _mha_mask(emit, mask)
         if norm_first:
             x = emit(operator.add, src, attention(norm(src, n1w, n1b)))
             out = emit(operator.add, x, feed_forward(norm(x, n2w, n2b)))
@@ -735,6 +837,27 @@ def mask_block_classes(mask: torch.Tensor, block: int | None = None) -> torch.Te
     return classes.to(torch.int8).contiguous()
 
 
+#: How a routed SDPA call applies its mask (:func:`mask_form`), by code.
+MASK_FORMS = ("given", "finite", "causal")
+
+
+def mask_form(mask: torch.Tensor, q_len: int, kv_len: int) -> int:
+    """The :data:`MASK_FORMS` code of an SDPA mask for a call of these lengths, from its
+    content: ``causal`` where every [b, h] slice keeps exactly ``q_idx >= kv_idx`` (a float
+    mask 0 there: ``nn.Transformer.generate_square_subsequent_mask``), which the kernel computes
+    instead of reading the mask; ``finite`` where a float mask holds only 0 and -inf, which
+    then only masks (nothing to add: the boolean mask's cost); else ``given``."""
+    m = mask.detach().to("cpu")
+    kept = m if m.dtype == torch.bool else m != float("-inf")
+    if m.dtype != torch.bool and not bool((m[kept] == 0).all()):
+        return MASK_FORMS.index("given")
+    if tuple(m.shape[-2:]) == (q_len, kv_len):
+        causal = torch.ones(q_len, kv_len, dtype=torch.bool).tril()
+        if bool((kept == causal).all()):
+            return MASK_FORMS.index("causal")
+    return MASK_FORMS.index("given" if m.dtype == torch.bool else "finite")
+
+
 def expand_block_classes(classes: torch.Tensor, q_len: int, kv_len: int) -> torch.Tensor:
     """:func:`mask_block_classes` of a mask broadcast along the query or key rows, for a call
     with these lengths: ``[B or 1, H or 1, query blocks, key blocks]``."""
@@ -838,6 +961,9 @@ def flex_form(node: torch.fx.Node) -> FlexForm:
     identity_grad = _trace(_identity_grad, score, *_indices(), grad)
     if q_len is None or kv_len is None:
         return _generic_form(qv, kv, mask, bool(is_causal), scale, identity_grad)
+    form = MASK_FORMS[node.meta.get(MASK_FORM_META, 0)]
+    if form == "causal":  # the mask is not read
+        mask, is_causal = None, True
     if mask is None:
         score_mod = _trace(_identity_score, score, *_indices())
         mask_mod = _trace(_causal_mask if is_causal else _noop_mask, *_indices())
@@ -850,9 +976,10 @@ def flex_form(node: torch.fx.Node) -> FlexForm:
     assert isinstance(mask, torch.fx.Node)
     mv = mask.meta["val"]
     example = torch.zeros(tuple(int(s) for s in mv.shape), dtype=mv.dtype)
-    if mv.dtype == torch.bool:
+    if mv.dtype == torch.bool or form == "finite":
         score_mod = _trace(_identity_score, score, *_indices())
-        mask_mod = _trace(_bool_mask, *_indices(), example)
+        keeps = _bool_mask if mv.dtype == torch.bool else _finite_mask
+        mask_mod = _trace(keeps, *_indices(), example)
         return FlexForm(_scale(scale, qv), score_mod, identity_grad, mask_mod, (), (mask,), blocks)
     score_mod = _trace(_add_mask, score, *_indices(), example)
     score_grad = _trace(_identity_grad_with, score, *_indices(), grad, example)

@@ -20,7 +20,13 @@ from graph_capture import CompileCall
 
 import torchneuron
 from torchneuron.attention_blocks import block_classes
-from torchneuron.sdpa import causal_block_classes, expand_block_classes, mask_block_classes
+from torchneuron.sdpa import (
+    MASK_FORMS,
+    causal_block_classes,
+    expand_block_classes,
+    mask_block_classes,
+    mask_form,
+)
 
 # As in test_flex_attention.py: fp32 scores and softmax on the device; bf16 rounds P before
 # P @ V on TensorE where eager keeps fp32.
@@ -140,6 +146,61 @@ def test_additive_mask_with_inf(compile_calls: list[CompileCall]) -> None:
     mask[..., 5, :] = float("-inf")
     node = run(compile_calls, *qkv(1, 2, 256, 32, torch.float32), mask)
     assert blocks_of(node).tolist() == [[[[PARTIAL, MASKED], [FULL, MASKED]]]]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["float", "bool"])
+def test_a_causal_mask_is_computed_not_read(
+    compile_calls: list[CompileCall], dtype: torch.dtype, kind: str
+) -> None:
+    # nn.Transformer.generate_square_subsequent_mask, or its boolean form: the kernel computes
+    # q_idx >= kv_idx as for is_causal instead of reading the mask ([4, 8, 1024, 64] bf16:
+    # 358.1 us as with is_causal; the float mask added and read was 1164.5 us, modeled trn2).
+    mask = torch.ones(200, 200, dtype=torch.bool).tril()
+    if kind == "float":
+        mask = nn.Transformer.generate_square_subsequent_mask(200).to(dtype)
+    node = run(compile_calls, *qkv(2, 2, 200, 32, dtype), mask)
+    assert node["kwargs"]["mask_buffers"] == node["kwargs"]["score_buffers"] == []
+    assert torch.equal(blocks_of(node), causal_block_classes(200, 200))
+
+
+def test_a_float_mask_of_zeros_and_inf_only_masks(compile_calls: list[CompileCall]) -> None:
+    # Padding as a float mask (0 kept, -inf masked): read as a boolean one, nothing added.
+    keep = torch.rand(2, 1, 200, 300, generator=torch.Generator().manual_seed(4)) > 0.3
+    mask = torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    node = run(compile_calls, *qkv(2, 2, 200, 32, torch.float32, kv_len=300), mask)
+    assert node["kwargs"]["mask_buffers"] and not node["kwargs"]["score_buffers"]
+
+
+def test_a_mask_whose_form_changes_gets_its_own_kernel(compile_calls: list[CompileCall]) -> None:
+    # The same block classes (one entry of a diagonal block differs), another form: the
+    # causal kernel would ignore the entry.
+    causal = nn.Transformer.generate_square_subsequent_mask(256)
+    other = causal.clone()
+    other[5, 2] = float("-inf")
+    q, k, v = qkv(1, 2, 256, 32, torch.float32)
+    attend = torch.compile(F.scaled_dot_product_attention, backend="neuron")
+    with torch.no_grad():
+        for mask in (causal, other, causal):
+            ref = F.scaled_dot_product_attention(q, k, v, mask)
+            torch.testing.assert_close(attend(q, k, v, mask), ref, atol=2e-5, rtol=2e-5)
+    assert torch.equal(mask_block_classes(causal), mask_block_classes(other))
+    assert torchneuron.stats()["graphs_compiled"] == 2
+
+
+def test_mask_forms() -> None:
+    given, finite, causal = (MASK_FORMS.index(f) for f in ("given", "finite", "causal"))
+    tril = torch.ones(6, 8, dtype=torch.bool).tril()  # top-left aligned, as SDPA's is_causal
+    additive = torch.zeros(6, 8).masked_fill(~tril, float("-inf"))
+    assert mask_form(tril, 6, 8) == mask_form(additive, 6, 8) == causal
+    assert mask_form(tril.expand(2, 3, 6, 8), 6, 8) == causal
+    differs = tril.repeat(2, 1, 1, 1)
+    differs[1, 0, 5, 7] = True
+    assert mask_form(differs, 6, 8) == given
+    assert mask_form(additive.roll(1, 1), 6, 8) == finite
+    assert mask_form(additive + 0.5, 6, 8) == given
+    assert mask_form(tril[-1:], 6, 8) == given  # [1, 8], broadcast over the queries
+    assert mask_form(torch.zeros(1, 8), 6, 8) == finite
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -549,26 +610,113 @@ def test_multihead_attention_trains_causal_on_the_flex_kernels(
     assert targets.count(FLEX) == 1 and targets.count(FLEX + "_backward") == 1, targets
 
 
-def test_multihead_attention_with_both_masks_keeps_its_path(
-    compile_calls: list[CompileCall],
+@pytest.mark.parametrize("masks", ["bool and bool", "float and bool", "causal and padding"])
+def test_multihead_attention_with_both_masks_runs_on_the_flex_kernel(
+    compile_calls: list[CompileCall], masks: str
 ) -> None:
-    # An attention mask and a key padding mask at once (merged by MHA) are not written out:
-    # the functional form stays, traced into its math, and matches eager.
+    # An attention mask and a key padding mask at once: MHA adds them (booleans as -inf),
+    # is_causal then stands for nothing (the mask is applied). SDPA's mask is their sum.
     torch.manual_seed(2)
     mha = nn.MultiheadAttention(32, 4, batch_first=True).eval()
     x = torch.randn(2, 20, 32)
     pad = torch.zeros(2, 20, dtype=torch.bool)
     pad[1, 15:] = True
     causal = torch.ones(20, 20, dtype=torch.bool).triu(1)  # MHA's: True masks
+    if masks != "bool and bool":
+        causal = nn.Transformer.generate_square_subsequent_mask(20)
+    is_causal = masks == "causal and padding"
 
     def attend(x: torch.Tensor) -> torch.Tensor:
-        return mha(x, x, x, attn_mask=causal, key_padding_mask=pad, need_weights=False)[0]
+        return mha(
+            x,
+            x,
+            x,
+            attn_mask=causal,
+            key_padding_mask=pad,
+            need_weights=False,
+            is_causal=is_causal,
+        )[0]
 
     with torch.no_grad():
-        out = torch.compile(attend, backend="neuron")(x)
+        out = torch.compile(attend, backend="neuron", fullgraph=True)(x)
         ref = attend(x)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    assert flex_nodes(compile_calls) == []
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert len(flex_nodes(compile_calls)) == 1
+    assert not math_targets(compile_calls)
+
+
+@pytest.mark.parametrize("masks", ["causal", "bool", "padding", "causal and padding"])
+def test_transformer_encoder_layer_fast_path_with_masks(
+    compile_calls: list[CompileCall], masks: str
+) -> None:
+    # Batch first, an even head count, inference: the layer's fused fast path with
+    # merge_masks' mask ([N, S] padding, or [N, H, L, S]): a fallback to eager PyTorch for
+    # the whole layer unless written out.
+    torch.manual_seed(4)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True).eval()
+    x = torch.randn(2, 40, 64)
+    pad = torch.zeros(2, 40, dtype=torch.bool)
+    pad[0, 33:] = True
+    kwargs: dict[str, torch.Tensor] = {}
+    if "causal" in masks:
+        kwargs["src_mask"] = nn.Transformer.generate_square_subsequent_mask(40)
+    if masks == "bool":
+        kwargs["src_mask"] = torch.rand(40, 40) > 0.8
+    if "padding" in masks:  # a float one: mixed types are deprecated
+        kwargs["src_key_padding_mask"] = torch.zeros(2, 40).masked_fill(pad, float("-inf"))
+    with torch.no_grad():
+        out = torch.compile(layer, backend="neuron", fullgraph=True)(x, **kwargs)
+        ref = layer(x, **kwargs)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert len(flex_nodes(compile_calls)) == 1
+
+
+def test_transformer_encoder_with_a_mask_compiles_whole(
+    compile_calls: list[CompileCall],
+) -> None:
+    # PyTorch's language-modelling tutorial: `encoder(src, src_mask)`, sequence first, a
+    # float causal mask and no is_causal. The encoder compares the mask with a causal one and
+    # branches on the result (a graph break in the caller: the whole encoder ran in eager
+    # PyTorch); traced, the mask is applied as given.
+    torch.manual_seed(5)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    src = torch.randn(35, 2, 64)
+    mask = nn.Transformer.generate_square_subsequent_mask(35)
+    for train in (False, True):
+        encoder.train(train)
+        with torch.set_grad_enabled(train):
+            out = torch.compile(encoder, backend="neuron", fullgraph=True)(src, mask)
+            torch.testing.assert_close(out, encoder(src, mask), atol=1e-5, rtol=1e-5)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert len(flex_nodes(compile_calls)) == 4  # two layers, in each mode
+
+
+def test_transformer_with_mixed_mask_types_compiles_whole(
+    compile_calls: list[CompileCall],
+) -> None:
+    # PyTorch's translation tutorial: float attention masks with boolean padding masks. Both
+    # modules warn that mixed types are deprecated (warnings.warn: a graph break in the
+    # caller, the whole model in eager PyTorch).
+    torch.manual_seed(6)
+    model = nn.Transformer(64, 4, 1, 1, 128, dropout=0.0).eval()
+    src, tgt = torch.randn(30, 2, 64), torch.randn(12, 2, 64)
+    src_pad = torch.zeros(2, 30, dtype=torch.bool)
+    src_pad[1, 24:] = True
+    masks = {
+        "src_mask": torch.zeros(30, 30),
+        "tgt_mask": nn.Transformer.generate_square_subsequent_mask(12),
+        "src_key_padding_mask": src_pad,
+        "tgt_key_padding_mask": torch.zeros(2, 12, dtype=torch.bool),
+        "memory_key_padding_mask": src_pad,
+    }
+    with torch.no_grad():
+        out = torch.compile(model, backend="neuron", fullgraph=True)(src, tgt, **masks)
+        torch.testing.assert_close(out, model(src, tgt, **masks), atol=1e-5, rtol=1e-5)
+    assert torchneuron.stats()["ops_fallback"] == {}
+    assert len(flex_nodes(compile_calls)) == 3  # encoder, decoder self and cross attention
 
 
 @pytest.mark.parametrize(
