@@ -2,6 +2,7 @@
 //--------------------===//
 
 #include "passes/tile/TileBuilder.h"
+#include "runtime/target/Cost.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/ScopeExit.h"
@@ -635,6 +636,115 @@ bool TileBuilder::stridedThroughSbuf(const Window &window,
   return true;
 }
 
+/// permuteThroughSbuf: SBUF bytes a partition's rows take, per buffer.
+static constexpr int64_t kPermuteBytesPerPartition = 16 * 1024;
+/// permuteThroughSbuf: the most DMAs it emits (all unrolled).
+static constexpr int64_t kMostPermuteDmas = 512;
+
+/// A permuted window (dims merged: mergedRuns) of 2- or 4-byte elements whose
+/// innermost dim is strided, as pixel_shuffle, a ViT's patchify or DiT's
+/// unpatchify leave it: one HBM-to-HBM DMA would move it an element per
+/// descriptor, and transposeThroughSbuf takes its [..., R, C] matrices one by
+/// one (a pixel shuffle's are [16, 2]: a DMA each). Here the output is rows of
+/// its dims after some dim d; each partition gathers `per` consecutive rows
+/// in output order by a transposing load (its source side walks elements,
+/// its SBUF side is contiguous), and a tile of partitions stores them as one
+/// run each. Of the dims d and the rows per partition, the cheapest by the
+/// target's DMA costs; not taken unless it beats the direct copy twice over.
+bool TileBuilder::permuteThroughSbuf(const Window &window,
+                                     ArrayRef<int64_t> shape, Value out) {
+  int64_t rank = shape.size();
+  Type elt = cast<MemRefType>(window.buffer.getType()).getElementType();
+  int64_t eltBytes = elt.getIntOrFloatBitWidth() / 8;
+  if (rank < 2 || (eltBytes != 2 && eltBytes != 4) ||
+      window.strides.back() == 1)
+    return false;
+  const ::neuron::target::CostModel cost(target);
+  int64_t p = target.partitions, engines = target.dmaEngines;
+  int64_t perEngine = std::max<int64_t>(1, p / engines);
+  double bytes = double(ShapedType::getNumElements(shape) * eltBytes);
+  auto spread = [&](int64_t partitions) {
+    return double(std::min<int64_t>(
+        engines, (std::min(partitions, p) + perEngine - 1) / perEngine));
+  };
+  // The direct copy: a descriptor per element, over every engine at best.
+  double best =
+      0.5 *
+      cost.dmaTransferNs(bytes, double(eltBytes), bytes / double(eltBytes)) /
+      double(engines);
+  int64_t dim = -1, per = 0;
+  int64_t row = ShapedType::getNumElements(shape);
+  for (int64_t d = 0; d + 1 < rank; ++d) {
+    row /= shape[d]; // elements of the dims after d
+    int64_t outer = ShapedType::getNumElements(shape.take_front(d));
+    for (int64_t k = 1; k <= shape[d]; ++k) {
+      if (shape[d] % k || k * row * eltBytes > kPermuteBytesPerPartition)
+        continue;
+      int64_t groups = outer * (shape[d] / k); // a partition's rows each
+      int64_t tiles = (groups + p - 1) / p;
+      if (2 * tiles + outer > kMostPermuteDmas) // stores, loads
+        continue;
+      double ns = (bytes / cost.dmaTransposeBytesPerNs(false) +
+                   cost.dmaTransferNs(bytes, double(k * row * eltBytes),
+                                      double(groups))) /
+                  spread(groups);
+      if (ns < best) {
+        best = ns;
+        dim = d;
+        per = k;
+      }
+    }
+  }
+  if (dim < 0)
+    return false;
+  row = ShapedType::getNumElements(shape.drop_front(dim + 1));
+  int64_t inDim = shape[dim] / per; // groups along dim `dim`
+  int64_t groups = ShapedType::getNumElements(shape.take_front(dim)) * inDim;
+  int64_t width = per * row;
+  // A group's source view: `per` rows along dim `dim`, then the row dims.
+  SmallVector<int64_t> rowShape{per}, rowStrides{window.strides[dim]};
+  for (int64_t d = dim + 1; d < rank; ++d) {
+    rowShape.push_back(shape[d]);
+    rowStrides.push_back(window.strides[d]);
+  }
+  auto groupOffset = [&](int64_t g) {
+    int64_t offset = window.offset + (g % inDim) * per * window.strides[dim];
+    for (int64_t d = dim - 1, rest = g / inDim; d >= 0; --d) {
+      offset += (rest % shape[d]) * window.strides[d];
+      rest /= shape[d];
+    }
+    return offset;
+  };
+  TileScope scope(*this);
+  int64_t tiles = (groups + p - 1) / p;
+  SmallVector<Value, kTransposeSlots> slots;
+  for (int64_t i = 0; i < std::min(kTransposeSlots, tiles); ++i)
+    slots.push_back(tile(MemorySpace::sbuf, {std::min(p, groups), width}, elt));
+  for (int64_t t = 0; t < tiles; ++t) {
+    Value slot = slots[t % slots.size()];
+    int64_t first = t * p, count = std::min(p, groups - first);
+    // Loads: a run of groups with the same outer index each.
+    for (int64_t g = first; g < first + count;) {
+      int64_t run = std::min(first + count - g, inDim - g % inDim);
+      SmallVector<int64_t> srcShape{run}, srcStrides{per * window.strides[dim]};
+      srcShape.append(rowShape);
+      srcStrides.append(rowStrides);
+      SmallVector<int64_t> dstShape{run}, dstStrides{width};
+      for (int64_t i = 0, n = rowShape.size(); i < n; ++i) {
+        dstShape.push_back(rowShape[i]);
+        dstStrides.push_back(ShapedType::getNumElements(
+            ArrayRef<int64_t>(rowShape).drop_front(i + 1)));
+      }
+      dma(view(window.buffer, index(groupOffset(g)), srcShape, srcStrides),
+          view(slot, index((g - first) * width), dstShape, dstStrides));
+      g += run;
+    }
+    dma(view(slot, index(0), {count, width}, {width, 1}),
+        view(out, index(first * width), {count, width}, {width, 1}));
+  }
+  return true;
+}
+
 /// A transposed window (dims merged: mergedRuns; [..., R, C] reading rows
 /// contiguously, columns strided) of 2- or 4-byte elements, made contiguous as
 /// a chip would: each [128, C-chunk] tile loaded into SBUF by a transposing
@@ -771,6 +881,9 @@ Value TileBuilder::bufferOf(Value tensor) {
              !broadcastThroughSbuf(
                  {lazy.window.buffer, lazy.window.offset, strides}, sizes,
                  out) &&
+             !permuteThroughSbuf(
+                 {lazy.window.buffer, lazy.window.offset, strides}, sizes,
+                 out) &&
              !transposeThroughSbuf(
                  {lazy.window.buffer, lazy.window.offset, strides}, sizes,
                  out) &&
@@ -891,6 +1004,14 @@ void TileBuilder::copyMerged(Value src, int64_t srcOffset,
     sizes.insert(sizes.begin(), rows);
     from.insert(from.begin(), run / rows);
     to.insert(to.begin(), run / rows);
+  } else if (sizes.size() >= 3 && sizes.front() < rows) {
+    // Else the longest dim outside the innermost leads, when longer than the
+    // leading one (a [B, S, H, D] -> [B, H, S, D] transpose: S).
+    auto longest = std::max_element(sizes.begin(), sizes.end() - 1);
+    int64_t d = longest - sizes.begin();
+    std::rotate(sizes.begin(), longest, longest + 1);
+    std::rotate(from.begin(), from.begin() + d, from.begin() + d + 1);
+    std::rotate(to.begin(), to.begin() + d, to.begin() + d + 1);
   }
   dma(view(src, index(srcOffset), sizes, from),
       view(dst, dstOffset, sizes, to));

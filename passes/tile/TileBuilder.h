@@ -332,6 +332,8 @@ private:
   static constexpr int64_t kTransposeSlots = 3, kMaxTransposeTiles = 256;
   bool stridedThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
                           Value out);
+  bool permuteThroughSbuf(const Window &window, ArrayRef<int64_t> shape,
+                          Value out);
 
   ModuleOp module;
   Block *entry = nullptr;
