@@ -656,8 +656,9 @@ bool TileBuilder::permuteThroughSbuf(const Window &window,
   int64_t rank = shape.size();
   Type elt = cast<MemRefType>(window.buffer.getType()).getElementType();
   int64_t eltBytes = elt.getIntOrFloatBitWidth() / 8;
+  // (A broadcast innermost, stride 0, is no transposing load.)
   if (rank < 2 || (eltBytes != 2 && eltBytes != 4) ||
-      window.strides.back() == 1)
+      window.strides.back() == 1 || window.strides.back() == 0)
     return false;
   const ::neuron::target::CostModel cost(target);
   int64_t p = target.partitions, engines = target.dmaEngines;
