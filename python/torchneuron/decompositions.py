@@ -50,7 +50,8 @@ decomposes into scatters and gathers by index, become device math here:
   summed back onto the input's positions window by window (col2im). Depthwise convolutions
   use VectorE multiply-accumulates per tap instead, as their forward does;
 - transposed convolution (forward, in every graph): the input gradient of the ordinary
-  convolution it is the adjoint of, col2im(weight^T x x);
+  convolution it is the adjoint of; with one group one ordinary convolution of its output's
+  phases (positions modulo the stride) and a permute, else col2im(weight^T x x);
 - ``_weight_norm_interface_backward`` (weight norm's backward): reductions and elementwise math;
 - pooling backward: each window position's share of the gradient, summed back the same way
   (max pooling recomputes which element was each window's first maximum, as PyTorch's CPU kernel
@@ -166,6 +167,24 @@ def _window(
     ]
 
 
+def _place(
+    part: torch.Tensor, i: int, j: int, stride: Pair, dilation: Pair, padded: Pair
+) -> torch.Tensor:
+    """Inverse of :func:`_window`: ``part[..., Ho, Wo]`` at the positions kernel position
+    ``(i, j)`` reads in a ``[..., Hp, Wp]`` input, zeros elsewhere (zero insertion by
+    pad + reshape, then a pad to the window's offset)."""
+    ho, wo = part.shape[-2:]
+    if stride[1] > 1:
+        part = F.pad(part.unsqueeze(-1), (0, stride[1] - 1)).flatten(-2)
+        part = part[..., : (wo - 1) * stride[1] + 1]
+    if stride[0] > 1:
+        part = F.pad(part.unsqueeze(-2), (0, 0, 0, stride[0] - 1)).flatten(-3, -2)
+        part = part[..., : (ho - 1) * stride[0] + 1, :]
+    h0, w0 = i * dilation[0], j * dilation[1]
+    h, w = part.shape[-2:]
+    return F.pad(part, (w0, padded[1] - w0 - w, h0, padded[0] - h0 - h))
+
+
 def _windows_fit(
     size: Pair, padding: Pair, kernel: Pair, stride: Pair, dilation: Pair, out: Pair
 ) -> bool:
@@ -189,41 +208,14 @@ def _sum_back(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """col2im: every kernel position's ``[..., Ho, Wo]`` share summed onto the input's
-    positions (in fp32 for 16-bit types), the padding cropped. By phase: the padded input's
-    positions ``(a, b)`` modulo the stride take the kernel positions ``(i, j)`` whose offsets
-    ``i * dilation`` are ``a`` modulo it (and ``j``'s ``b``), each share shifted by
-    ``i * dilation // stride`` rows on that phase's grid. So the sums are of shifted planes at
-    the shares' resolution, and one permute (as pixel_shuffle's) interleaves the phases.
-    Placing each share into the whole grid by zero insertion wrote every stride-th element, an
-    element a descriptor: a [8, 256, 32, 32] transposed convolution of kernel 2, stride 2 took
-    18.6 ms modeled."""
-    (sh, sw), (dh, dw) = stride, dilation
+    positions (in fp32 for 16-bit types), the padding cropped."""
     padded = (size[0] + 2 * padding[0], size[1] + 2 * padding[1])
-    rows, cols = -(-padded[0] // sh), -(-padded[1] // sw)  # a phase's grid
-    phases: dict[tuple[int, int], torch.Tensor] = {}
+    total: torch.Tensor | None = None
     for i, j, part in parts:
-        (qi, a), (qj, b) = divmod(i * dh, sh), divmod(j * dw, sw)
-        ho, wo = part.shape[-2:]
-        pads = (qj, cols - qj - wo, qi, rows - qi - ho)
-        placed = F.pad(part, pads) if any(pads) else part
-        if (a, b) in phases:  # a sum (one share is moved as it is)
-            acc = _accumulation_dtype(part)
-            placed = placed.to(acc) + phases[a, b].to(acc)
-        phases[a, b] = placed
-    any_phase = max(phases.values(), key=lambda t: t.element_size())  # the widest dtype
-    grids = [
-        phases[a, b].to(any_phase.dtype) if (a, b) in phases else torch.zeros_like(any_phase)
-        for a in range(sh)
-        for b in range(sw)
-    ]
-    if len(grids) == 1:
-        whole = grids[0]
-    else:  # [sh * sw, ..., rows, cols] -> [..., rows, sh, cols, sw]
-        lead = any_phase.dim() - 2
-        stacked = torch.stack(grids).reshape(sh, sw, *any_phase.shape)
-        order = (*range(2, 2 + lead), 2 + lead, 0, 3 + lead, 1)
-        whole = stacked.permute(order).reshape(*any_phase.shape[:-2], rows * sh, cols * sw)
-    cropped = whole[..., padding[0] : padding[0] + size[0], padding[1] : padding[1] + size[1]]
+        placed = _place(part.to(_accumulation_dtype(part)), i, j, stride, dilation, padded)
+        total = placed if total is None else total + placed
+    assert total is not None
+    cropped = total[..., padding[0] : padding[0] + size[0], padding[1] : padding[1] + size[1]]
     return cropped.to(dtype)
 
 
@@ -265,8 +257,6 @@ def _input_grad(
             (i, j, (gm * wm[:, :, :, i * kw + j]).sum(2)) for i in range(kh) for j in range(kw)
         ]
         return _sum_back(parts, stride, dilation, size, padding, dtype)
-    if groups == 1:
-        return _phase_convolution(g, weight, size, stride, padding, dilation).to(dtype)
     og, ckk = o // groups, cg * kh * kw
     wt = weight.reshape(groups, og, ckk).transpose(1, 2)
     cols = torch.matmul(wt, g.reshape(n, groups, og, ho * wo))
@@ -278,15 +268,15 @@ def _input_grad(
 def _phase_convolution(
     g: torch.Tensor, weight: torch.Tensor, size: Pair, stride: Pair, padding: Pair, dilation: Pair
 ) -> torch.Tensor:
-    """col2im(weight^T x g) (``weight`` ``[O, C, kh, kw]``, one group) as one ordinary
-    convolution (sub-pixel convolution): the padded input's positions ``(a, b)`` modulo the
-    stride (its phases) take the kernel positions whose offsets ``i * dilation`` are ``a``
-    modulo it, each shifted by ``i * dilation // stride`` on that phase's grid: a correlation
-    of ``g`` with those taps. The phases that take any are output channels of one
-    convolution (summed in PSUM, rounded once, as eager's), interleaved by one permute (as
-    pixel_shuffle's). col2im's per-position shares, each placed into the grid, were several
-    passes over it ([8, 128, 32, 32] through a kernel 4, stride 2 transposed convolution:
-    38.8 ms modeled)."""
+    """A transposed convolution of ``g`` (col2im(weight^T x g), ``weight`` ``[O, C, kh, kw]``,
+    one group) as one ordinary convolution (sub-pixel convolution): the padded output's
+    positions ``(a, b)`` modulo the stride (its phases) take the kernel positions whose
+    offsets ``i * dilation`` are ``a`` modulo it, each shifted by ``i * dilation // stride`` on
+    that phase's grid: a correlation of ``g`` with those taps. The phases that take any are
+    output channels of one convolution (summed in PSUM, rounded once, as eager's),
+    interleaved by one permute (as pixel_shuffle's). col2im placed each kernel position's
+    share by zero insertion ([8, 128, 32, 32] through a kernel 4, stride 2 transposed
+    convolution: 38.8 ms modeled)."""
     n, o, ho, wo = g.shape
     c, kh, kw = weight.shape[1:]
     (sh, sw), (dh, dw) = stride, dilation
@@ -423,8 +413,10 @@ def transposed_convolution(
     groups: int,
 ) -> object:
     """A transposed convolution is the input gradient of an ordinary one (its adjoint):
-    col2im(weight^T x x) on TensorE, as :func:`convolution_backward` computes it; ordinary
-    convolutions are the importer's."""
+    with one group, one ordinary convolution of its phases (:func:`_phase_convolution`), else
+    col2im(weight^T x x) on TensorE, as :func:`convolution_backward` computes it (its input
+    gradients keep col2im: as phases, ResNet-18's training step failed to compile, its max-pool
+    backward's fused group outgrowing SBUF); ordinary convolutions are the importer's."""
     if not transposed or x.dim() not in (3, 4) or weight.dim() != x.dim():
         return NotImplemented
     s, p, d = _conv_params(x, stride, padding, dilation)
@@ -443,8 +435,11 @@ def transposed_convolution(
     # inputs multiply in float32: a 16-bit matmul would round every window position's share
     # before the shares are summed (several ulps off eager's one rounding, in OpInfo's bf16
     # samples 0.07 at magnitude 5).
-    acc = x.dtype if groups == 1 else _accumulation_dtype(x)  # one group: one rounding
-    y = _input_grad(x.to(acc), weight.to(acc), (size[0], size[1]), s, p, d, groups, x.dtype)
+    if groups == 1:
+        y = _phase_convolution(x, weight, (size[0], size[1]), s, p, d)
+    else:
+        acc = _accumulation_dtype(x)
+        y = _input_grad(x.to(acc), weight.to(acc), (size[0], size[1]), s, p, d, groups, x.dtype)
     if bias is not None:
         y = y + bias.to(y.dtype).reshape(1, -1, 1, 1)
     return y.squeeze(2) if one_d else y
@@ -1650,9 +1645,9 @@ def col2im(
     padding: Sequence[int],
     stride: Sequence[int],
 ) -> object:
-    """``F.fold``: each block's kernel positions summed onto the output's positions, by phase
-    as a convolution's input gradient is (:func:`_sum_back`). Core ATen scatters every
-    element by a computed index ([8, 256, 1024] into 64 x 64: 622.4 us, 25x a copy)."""
+    """``F.fold``: each block's kernel positions summed onto the output's positions (col2im,
+    :func:`_sum_back`), or one permute where the blocks tile the output. Core ATen scatters
+    every element by a computed index ([8, 256, 1024] into 64 x 64: 622.4 us, 25x a copy)."""
     batched = cols.dim() == 3
     cols = cols if batched else cols.unsqueeze(0)
     size = _pair(output_size, (1, 1))

@@ -483,7 +483,7 @@ def test_unfold_and_fold_move_blocks(
 ) -> None:
     # nn.Unfold / nn.Fold: core ATen gathered or scattered every element by a computed index
     # ([8, 64, 64, 64] into 2 x 2 blocks: 135.5 us bf16; folded back 622.4 us); now 31.1 us
-    # each. Fold sums overlapping blocks by phase, as a convolution's input gradient.
+    # each. An overlapping fold places each block's share (col2im).
     blocks = {
         (8, 64, 64, 64): dict(kernel_size=2, stride=2),
         (8, 256, 1024): dict(output_size=(64, 64), kernel_size=2, stride=2),
