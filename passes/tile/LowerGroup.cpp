@@ -48,6 +48,10 @@ private:
     /// The first of the step's `cols` columns within the group's row (a
     /// step split by columns: computeLastPeriod).
     int64_t col0 = 0;
+    /// asTile's tiles of row and splat operands (and whether of a row
+    /// result), made once a step: nine selects of one constant (a max-pool
+    /// backward's) each held a tile of it, beyond what the plan counts.
+    mutable llvm::DenseMap<std::pair<Value, int>, Value> operandTiles = {};
 
     Value tileOf(Value v) const { return tiles.lookup(v); }
   };
@@ -300,8 +304,10 @@ Value GroupEmitter::asTile(const Step &st, Value v, bool rowResult) {
   Rep rep = plan.rep(v);
   if (heldAsTile(rep) || (rowResult && rep == Rep::Row))
     return st.tileOf(v);
-  Value t =
-      k.tile(MemorySpace::sbuf, {st.rows, rowResult ? 1 : st.cols}, elt(v));
+  Value &t = st.operandTiles[{v, int(rowResult)}];
+  if (t)
+    return t;
+  t = k.tile(MemorySpace::sbuf, {st.rows, rowResult ? 1 : st.cols}, elt(v));
   double fill = rep == Rep::Splat ? fusion.splats.lookup(v) : 0.0;
   b.create<nisa::MemsetOp>(t, APFloat(fill));
   if (rep == Rep::Row)

@@ -327,15 +327,11 @@ def test_max_pooling_reads_its_input_once() -> None:
     assert ns < 1.5 * copy_ns, (ns, copy_ns)
 
 
-@pytest.mark.xfail(
-    raises=RuntimeError,  # the extension's CompileError, from the backward's compile
-    strict=True,
-    reason="the fused group of the nine windows' first-maximum selection outgrows SBUF",
-)
 def test_max_pooling_backward_of_resnets_stem_compiles() -> None:
-    # ResNet's stem max-pool trained alone: its backward fails to compile ('memref.alloc'
-    # needs 4096 bytes per partition of SBUF but 67 live tiles already use 208896). The fusion
-    # should split the group; this test passes when it does.
+    # ResNet's stem max-pool trained alone. Its backward's nine selects of one constant each
+    # held a tile of it, beyond what the group's plan counted: 'memref.alloc' needed 4096 bytes
+    # per partition of SBUF but 67 live tiles already used 208896. One tile a step now; the
+    # shares summed by phase: 3929.4 us modeled (65.2 ms placing each share by zero insertion).
     x = torch.randn(8, 64, 112, 112, dtype=BF16, requires_grad=True)
     pool = nn.MaxPool2d(3, 2, 1)
     torch._dynamo.reset()
@@ -343,8 +339,11 @@ def test_max_pooling_backward_of_resnets_stem_compiles() -> None:
     grad = torch.randn_like(out)
     (got,) = torch.autograd.grad(out, x, grad)
     leaf = x.detach().requires_grad_()
-    (want,) = torch.autograd.grad(pool(leaf), leaf, grad)
-    assert torch.equal(got, want)
+    (eager,) = torch.autograd.grad(pool(leaf), leaf, grad)
+    wide = x.detach().float().requires_grad_()
+    (exact,) = torch.autograd.grad(pool(wide), wide, grad.float())
+    err, eager_err = (got.float() - exact).abs().max(), (eager.float() - exact).abs().max()
+    assert err <= eager_err, (err, eager_err)  # summed in fp32, rounded once
 
 
 # Depthwise (groups = C = O): (N, C, H, W, kernel, stride, padding, dilation).
@@ -503,7 +502,7 @@ def test_unfold_and_fold_move_blocks(
 ) -> None:
     # nn.Unfold / nn.Fold: core ATen gathered or scattered every element by a computed index
     # ([8, 64, 64, 64] into 2 x 2 blocks: 135.5 us bf16; folded back 622.4 us); now 31.1 us
-    # each. An overlapping fold places each block's share (col2im).
+    # each. An overlapping fold sums the blocks' shares by phase (col2im).
     blocks = {
         (8, 64, 64, 64): dict(kernel_size=2, stride=2),
         (8, 256, 1024): dict(output_size=(64, 64), kernel_size=2, stride=2),
