@@ -697,6 +697,8 @@ GroupEmitter::Step GroupEmitter::columnsOf(const Step &st, int64_t col0,
   Step part = st;
   part.col0 = st.col0 + col0;
   part.cols = cols;
+  part.operandTiles
+      .clear(); // of the whole step's width: the part makes its own
   for (auto &[v, tile] : part.tiles) {
     auto type = tile ? dyn_cast<MemRefType>(tile.getType()) : MemRefType();
     if (type && type.getRank() == 2 && type.getDimSize(1) == st.cols)
