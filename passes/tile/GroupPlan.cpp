@@ -213,6 +213,17 @@ void GroupPlan::findIntermediates(ArrayRef<Operation *> ops) {
     }
     intermediates.push_back({v, storage});
   }
+  for (Operation *op : ops)
+    if (auto sel = dyn_cast<SelectOp>(op)) {
+      bool rowResult = rep(sel.getResult()) == Rep::Row;
+      for (Value v : sel->getOperands()) {
+        Rep r = rep(v);
+        std::pair<Value, bool> tile{v, rowResult};
+        if (!heldAsTile(r) && !(rowResult && r == Rep::Row) &&
+            !llvm::is_contained(operandTiles, tile))
+          operandTiles.push_back(tile);
+      }
+    }
   // Constants in the group that the plan holds as tensors load like inputs.
   for (Operation *op : ops)
     if (isa<ConstantOp>(op) && fusion.reps.count(op->getResult(0)))
@@ -296,6 +307,8 @@ int64_t GroupPlan::heldBytes() const {
   if (sharedUnread)
     for (Type t : unreadTypes())
       total += cols * bytes(t);
+  for (auto [v, rowResult] : operandTiles)
+    total += (rowResult ? 1 : cols) * bytes(elt(v));
   return total;
 }
 

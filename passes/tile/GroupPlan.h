@@ -71,6 +71,10 @@ struct GroupPlan {
   /// Steps alternating over a period write the unread intermediates and
   /// ScalarE's row-sum scratch to one tile per element type, shared by all.
   bool sharedUnread = false;
+  /// A select's row and splat operands, which the lowering makes tiles of
+  /// (one a step per operand and result kind), and whether of a row result
+  /// (a column, else a step's columns).
+  SmallVector<std::pair<Value, bool>> operandTiles;
   /// The values loaded: the group's inputs, then the constants it holds as
   /// tensors.
   SmallVector<Value> loaded;

@@ -49,8 +49,7 @@ private:
     /// step split by columns: computeLastPeriod).
     int64_t col0 = 0;
     /// asTile's tiles of row and splat operands (and whether of a row
-    /// result), made once a step: nine selects of one constant (a max-pool
-    /// backward's) each held a tile of it, beyond what the plan counts.
+    /// result), made once a step, as GroupPlan::operandTiles counts them.
     mutable llvm::DenseMap<std::pair<Value, int>, Value> operandTiles = {};
 
     Value tileOf(Value v) const { return tiles.lookup(v); }
