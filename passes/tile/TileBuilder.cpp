@@ -678,8 +678,9 @@ bool TileBuilder::permuteThroughSbuf(const Window &window,
   for (int64_t d = 0; d + 1 < rank; ++d) {
     row /= shape[d]; // elements of the dims after d
     int64_t outer = ShapedType::getNumElements(shape.take_front(d));
-    for (int64_t k = 1; k <= shape[d]; ++k) {
-      if (shape[d] % k || k * row * eltBytes > kPermuteBytesPerPartition)
+    int64_t most = kPermuteBytesPerPartition / (row * eltBytes);
+    for (int64_t k = 1; k <= std::min(shape[d], most); ++k) {
+      if (shape[d] % k)
         continue;
       int64_t groups = outer * (shape[d] / k); // a partition's rows each
       int64_t tiles = (groups + p - 1) / p;
