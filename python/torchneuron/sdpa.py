@@ -815,6 +815,12 @@ def _units(x: torch.Tensor, dim: int, block: int, fill: bool) -> torch.Tensor:
     return x.unflatten(dim, (-1, block))
 
 
+def _kept(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An SDPA mask on the host, and where it lets a key through (``True``, or not ``-inf``)."""
+    m = mask.detach().to("cpu")
+    return m, m if m.dtype == torch.bool else m != float("-inf")
+
+
 def mask_block_classes(mask: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """``int8 [B or 1, H or 1, query blocks or 1, key blocks or 1]`` of an SDPA mask (any
     rank up to 4, broadcast dimensions of size 1 stay 1) in blocks of ``block`` (default: the
@@ -823,9 +829,8 @@ def mask_block_classes(mask: torch.Tensor, block: int | None = None) -> torch.Te
     partial otherwise."""
     size = unit() if block is None else block
     codes = block_classes()
-    m = mask.detach().to("cpu")
-    m = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))
-    kept = m if m.dtype == torch.bool else m != float("-inf")
+    _, kept = _kept(mask)
+    kept = kept.reshape((1,) * (4 - kept.dim()) + tuple(kept.shape))
 
     def reduce(fill: bool, fn: Callable[..., torch.Tensor]) -> torch.Tensor:
         units = _units(_units(kept, 3, size, fill), 2, size, fill)
@@ -847,9 +852,8 @@ def mask_form(mask: torch.Tensor, q_len: int, kv_len: int) -> int:
     mask 0 there: ``nn.Transformer.generate_square_subsequent_mask``), which the kernel computes
     instead of reading the mask; ``finite`` where a float mask holds only 0 and -inf, which
     then only masks (nothing to add: the boolean mask's cost); else ``given``."""
-    m = mask.detach().to("cpu")
-    kept = m if m.dtype == torch.bool else m != float("-inf")
-    if m.dtype != torch.bool and not bool((m[kept] == 0).all()):
+    m, kept = _kept(mask)
+    if m.dtype != torch.bool and not bool(((m == 0) | ~kept).all()):
         return MASK_FORMS.index("given")
     if tuple(m.shape[-2:]) == (q_len, kv_len):
         causal = torch.ones(q_len, kv_len, dtype=torch.bool).tril()
