@@ -1615,13 +1615,6 @@ def flip(t: torch.Tensor, dims: Sequence[int]) -> object:
     return out.clone() if out is t else out
 
 
-def _unfolded_size(size: Pair, k: Pair, d: Pair, p: Pair, s: Pair) -> Pair:
-    return (
-        (size[0] + 2 * p[0] - d[0] * (k[0] - 1) - 1) // s[0] + 1,
-        (size[1] + 2 * p[1] - d[1] * (k[1] - 1) - 1) // s[1] + 1,
-    )
-
-
 def im2col(
     x: torch.Tensor,
     kernel_size: Sequence[int],
@@ -1638,7 +1631,10 @@ def im2col(
     n, c, h, w = x.shape
     k, d = _pair(kernel_size, (1, 1)), _pair(dilation, (1, 1))
     p, s = _pair(padding, (0, 0)), _pair(stride, (1, 1))
-    out = _unfolded_size((h, w), k, d, p, s)
+    out = (
+        _pool_size(h, k[0], s[0], p[0], d[0], False),
+        _pool_size(w, k[1], s[1], p[1], d[1], False),
+    )
     if k == s and d == (1, 1) and p == (0, 0) and (h, w) == (out[0] * k[0], out[1] * k[1]):
         cols = x.reshape(n, c, out[0], k[0], out[1], k[1]).permute(0, 1, 3, 5, 2, 4)
     else:
@@ -1665,7 +1661,10 @@ def col2im(
     size = _pair(output_size, (1, 1))
     k, d = _pair(kernel_size, (1, 1)), _pair(dilation, (1, 1))
     p, s = _pair(padding, (0, 0)), _pair(stride, (1, 1))
-    out = _unfolded_size(size, k, d, p, s)
+    out = (
+        _pool_size(size[0], k[0], s[0], p[0], d[0], False),
+        _pool_size(size[1], k[1], s[1], p[1], d[1], False),
+    )
     n, rows, blocks = cols.shape
     if rows % (k[0] * k[1]) or blocks != out[0] * out[1]:
         return NotImplemented  # eager PyTorch reports the mismatch
