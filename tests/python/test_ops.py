@@ -1090,6 +1090,33 @@ def test_every_bessel_and_polynomial_decomposition_matches_float64() -> None:
         _check_special(name, fn, args, table[op](*args))
 
 
+# Where a formula cancels: the executor's sigmoid was off by 6.6e-4 relatively at x = -8.8
+# (Eigen's logistic()), its erf overshot 1 near x = 4 so that erfc = 1 - erf turned
+# negative, and atanh near -1 and log2 just below 1 lost 4e-5.
+CANCELLING = [
+    ("sigmoid", torch.sigmoid, torch.linspace(-30.0, -4.0, 40001)),
+    ("silu", torch.nn.functional.silu, torch.linspace(-30.0, -4.0, 40001)),
+    ("erfc", torch.special.erfc, torch.linspace(-9.0, 9.0, 40001)),
+    ("atanh", torch.atanh, torch.logspace(-6.0, 0.0, 40001) - 1.0),
+    ("log2", torch.log2, torch.linspace(0.99, 1.01, 40001)),
+]
+
+
+@pytest.mark.parametrize(("name", "fn", "x"), CANCELLING, ids=[c[0] for c in CANCELLING])
+def test_functions_keep_float32_precision_where_their_formulas_cancel(
+    name: str, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+) -> None:
+    got = fn(x.to("neuron")).cpu().double()
+    torch.testing.assert_close(
+        got, fn(x.double()), rtol=2e-6, atol=0.0, msg=lambda m: f"{name}: {m}"
+    )
+
+
+def test_erf_stays_within_its_range() -> None:
+    got = torch.erf(torch.linspace(-6.0, 6.0, 40001).to("neuron")).cpu()
+    assert got.abs().max().item() == 1.0
+
+
 @pytest.mark.parametrize(
     ("x", "dim", "index"),
     [
