@@ -51,6 +51,9 @@ public:
   /// The same over sizes known only at run time (issue #16).
   LogicalResult lowerDynamicLayout(Operation *op);
   LogicalResult lowerDynamicConcat(ConcatOp op);
+  /// lowerConcat's path through SBUF for short rows; false where it does
+  /// not apply.
+  bool concatThroughSbuf(ConcatOp op);
   /// LowerGroup.cpp: a group of elementwise ops (GroupPlan.h).
   /// `operands`: each input of the group with the tensor it reads (null
   /// for a splat); `results`: each output with the result it stores.

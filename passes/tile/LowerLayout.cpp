@@ -10,6 +10,7 @@
 
 #include "passes/tile/KernelLowering.h"
 #include "passes/tile/TilePattern.h"
+#include "runtime/target/Cost.h"
 
 namespace mlir::neuron {
 
@@ -247,7 +248,196 @@ void KernelLowering::lowerLayout(Operation *op) {
   bindWindow(result, out, op->getLoc());
 }
 
+namespace {
+/// SBUF bytes a partition's output rows take in concatThroughSbuf.
+constexpr int64_t kConcatBytesPerPartition = 16 * 1024;
+/// The longest output row concatThroughSbuf assembles: longer rows copy
+/// straight, each input's part of a row a run long enough.
+constexpr int64_t kConcatRowBytes = 4096;
+/// The most tiles it unrolls.
+constexpr int64_t kMostConcatTiles = 64;
+
+/// The float value every element of a splat constant holds.
+std::optional<double> splatValue(Value tensor) {
+  auto constant = tensor.getDefiningOp<ConstantOp>();
+  auto dense =
+      constant ? dyn_cast<DenseFPElementsAttr>(constant.getValue()) : nullptr;
+  if (!dense || !dense.isSplat())
+    return std::nullopt;
+  return dense.getSplatValue<APFloat>().convertToDouble();
+}
+
+/// The stride between the rows of a window seen as [rows, cols]: the dims
+/// before `dim` rows, those from `dim` on a contiguous run (a row), when the
+/// row dims merge into one stride.
+std::optional<int64_t> rowStrideOf(const TileBuilder::Window &w,
+                                   ArrayRef<int64_t> shape, int64_t dim) {
+  int64_t rank = shape.size();
+  if (w.hasDynamicStrides())
+    return std::nullopt;
+  int64_t inner = 1;
+  for (int64_t d = rank - 1; d >= dim; inner *= shape[d--])
+    if (shape[d] != 1 && w.strides[d] != inner)
+      return std::nullopt;
+  std::optional<int64_t> stride;
+  for (int64_t d = dim - 1, outer = 1; d >= 0; outer *= shape[d--]) {
+    if (shape[d] == 1)
+      continue;
+    if (!stride)
+      stride = w.strides[d];
+    if (w.strides[d] != *stride * outer)
+      return std::nullopt;
+  }
+  return stride.value_or(inner);
+}
+} // namespace
+
+/// A concat of short rows (the dims from the concat dim on: a padded image's
+/// rows, or its planes) assembled in SBUF: a partition takes a run of whole
+/// output rows; each input's part of them loads into a staging tile in one
+/// run (a splat, a padding's zeros, is set there instead), an engine copy
+/// puts it in its columns, and the rows store in one run a partition. Copied
+/// into place straight, each input's part of a row was a DMA descriptor of
+/// its own: the zeros of a padding two bytes each, 6.4x a copy's time for
+/// F.pad(x, (1, 1)) of [8, 64, 56, 56] bf16. Float elements of at most 4
+/// bytes only: an engine copies through fp32.
+bool KernelLowering::concatThroughSbuf(ConcatOp op) {
+  auto outType = op.getType();
+  Type elt = outType.getElementType();
+  int64_t dim = op.getDim();
+  if (dim < 1 || !isa<FloatType>(elt) || elt.getIntOrFloatBitWidth() > 32 ||
+      elt.getIntOrFloatBitWidth() < 16)
+    return false;
+  int64_t eltBytes = elt.getIntOrFloatBitWidth() / 8;
+  // [rows, width]: the dims before `dim`, and those from it on.
+  int64_t rows = ShapedType::getNumElements(outType.getShape().take_front(dim));
+  int64_t width =
+      ShapedType::getNumElements(outType.getShape().drop_front(dim));
+  int64_t p = target.partitions;
+  if (width * eltBytes > kConcatRowBytes || rows < p)
+    return false;
+  int64_t perPartition =
+      std::max<int64_t>(1, kConcatBytesPerPartition / (width * eltBytes));
+  // Tiles of `parts` partitions of `each` rows: whole ones, then the rest
+  // in fewer rows a partition.
+  struct Tile {
+    int64_t first, parts, each;
+  };
+  SmallVector<Tile> tiles;
+  for (int64_t first = 0; first < rows;) {
+    int64_t left = rows - first;
+    int64_t each = std::min(perPartition, (left + p - 1) / p);
+    int64_t parts = std::min(p, left / each);
+    tiles.push_back({first, parts, each});
+    first += parts * each;
+  }
+  if ((int64_t)tiles.size() > kMostConcatTiles)
+    return false;
+  // Each input as rows (a splat as its value; a window whose rows do not
+  // merge is made contiguous).
+  struct Part {
+    Value input;
+    int64_t col = 0, cols = 0;
+    std::optional<double> splat;
+    Window source;
+    int64_t rowStride = 0;
+  };
+  SmallVector<Part> parts;
+  int64_t col = 0;
+  for (Value input : op.getInputs()) {
+    auto inType = tensorType(input);
+    Part part;
+    part.input = input;
+    part.col = col;
+    part.cols = ShapedType::getNumElements(inType.getShape().drop_front(dim));
+    part.splat = splatValue(input);
+    col += part.cols;
+    if (!part.cols)
+      continue;
+    if (!part.splat && isWindow(input)) {
+      part.source = windowOf(input);
+      part.rowStride =
+          rowStrideOf(part.source, inType.getShape(), dim).value_or(0);
+    }
+    parts.push_back(std::move(part));
+  }
+  // Worth it where the DMA time falls by half: straight, a descriptor per
+  // input's part of a row; staged, a run a partition for contiguous inputs
+  // and the stores (rows of a window still load a descriptor each), plus
+  // the latency of a transfer more on the way (a small concat, the rotary
+  // frequencies' [2048, 128] f32, was 13 us slower staged).
+  const ::neuron::target::CostModel cost(target);
+  int64_t runs = 0; // of the loads of contiguous rows and of the stores
+  for (const Tile &tl : tiles)
+    runs += tl.parts;
+  double direct = 0, throughSbuf = cost.dmaTransferNs(
+                         double(rows * width * eltBytes),
+                         double(perPartition * width * eltBytes), double(runs));
+  for (const Part &part : parts) {
+    double bytes = double(rows * part.cols * eltBytes);
+    double row = double(part.cols * eltBytes);
+    direct += cost.dmaTransferNs(bytes, row, double(rows));
+    if (part.splat)
+      continue;
+    throughSbuf += part.rowStride && part.rowStride != part.cols
+                       ? cost.dmaTransferNs(bytes, row, double(rows))
+                       : cost.dmaTransferNs(bytes, double(perPartition) * row,
+                                            double(runs));
+  }
+  double engines = double(target.dmaEngines);
+  if (throughSbuf / engines + 2 * target.dmaFixedLatencyNs >=
+      0.5 * direct / engines)
+    return false;
+  for (Part &part : parts)
+    if (!part.splat && !part.rowStride) {
+      part.source = {bufferOf(part.input), 0,
+                     contiguousStrides(tensorType(part.input).getShape())};
+      part.rowStride = part.cols;
+    }
+  Value out = resultBuffer(op.getResult());
+  TileScope scope(*this);
+  constexpr int64_t kSlots = 2; // a tile's loads beside the last one's store
+  Value assembled[kSlots], staged[kSlots];
+  for (int64_t s = 0; s < kSlots; ++s) {
+    assembled[s] =
+        tile(MemorySpace::sbuf, {std::min(p, rows), perPartition * width}, elt);
+    staged[s] =
+        tile(MemorySpace::sbuf, {std::min(p, rows), perPartition * width}, elt);
+  }
+  int64_t copies = 0;
+  for (auto [t, tl] : llvm::enumerate(tiles)) {
+    Value whole = assembled[t % kSlots], stage = staged[t % kSlots];
+    int64_t pitch = perPartition * width; // a partition's elements
+    for (const Part &part : parts) {
+      Value place = view(whole, index(part.col), {tl.parts, tl.each, part.cols},
+                         {pitch, width, 1});
+      nisa::Engine engine =
+          copies++ % 2 ? nisa::Engine::gpsimd : nisa::Engine::vector;
+      if (part.splat) {
+        b.create<nisa::MemsetOp>(place, APFloat(*part.splat), engine);
+        continue;
+      }
+      // Staged densely at the part's columns times `each`: one run a
+      // partition when the input's rows are contiguous.
+      Value dense = view(stage, index(tl.each * part.col),
+                         {tl.parts, tl.each, part.cols}, {pitch, part.cols, 1});
+      dma(view(part.source.buffer,
+               index(part.source.offset + tl.first * part.rowStride),
+               {tl.parts, tl.each, part.cols},
+               {tl.each * part.rowStride, part.rowStride, 1}),
+          dense);
+      b.create<nisa::CopyOp>(dense, place, engine);
+    }
+    dma(view(whole, index(0), {tl.parts, tl.each * width}, {pitch, 1}),
+        view(out, index(tl.first * width), {tl.parts, tl.each * width},
+             {tl.each * width, 1}));
+  }
+  return true;
+}
+
 void KernelLowering::lowerConcat(ConcatOp op) {
+  if (concatThroughSbuf(op))
+    return;
   auto outType = op.getType();
   SmallVector<int64_t> outStrides = contiguousStrides(outType.getShape());
   Value out = resultBuffer(op.getResult());
