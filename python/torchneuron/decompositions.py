@@ -360,14 +360,30 @@ def _weight_grad(
         # Channels last, a position's patch one row in (i, j, c) order: the windows
         # concatenate along their channels into the rows the matmul reads (im2col's
         # [C * kh * kw, positions] went through HBM twice more, stacked then transposed:
-        # 964 -> 632 us for a 3 x 3 convolution over [8, 64, 56, 56] bf16).
-        windows = [
-            _window(xp, i, j, stride, dilation, (ho, wo)).permute(0, 2, 3, 1)
-            for i in range(kh)
-            for j in range(kw)
-        ]
-        patches = torch.cat(windows, dim=-1).reshape(n * ho * wo, kh * kw * c)
-        gm = g.permute(1, 0, 2, 3).reshape(o, n * ho * wo)
+        # 964 -> 540 us for a 3 x 3 convolution over [8, 64, 56, 56] bf16).
+        if tuple(stride) == (1, 1):
+            # Positions over the whole padded grid (g zero past its own): window (i, j) is
+            # the padded image's rows from i * Wp + j on, one run (rows past an image's
+            # meet g's zeros), not a copy of its own.
+            hp, wp = xp.shape[2:]
+            rows = n * hp * wp
+            tail = dilation[0] * (kh - 1) * wp + dilation[1] * (kw - 1)
+            xh = F.pad(xp.permute(0, 2, 3, 1).reshape(rows, c), (0, 0, 0, tail))
+            windows = [
+                xh[dilation[0] * i * wp + dilation[1] * j :][:rows]
+                for i in range(kh)
+                for j in range(kw)
+            ]
+            g = F.pad(g, (0, wp - wo, 0, hp - ho))
+        else:
+            rows = n * ho * wo
+            windows = [
+                _window(xp, i, j, stride, dilation, (ho, wo)).permute(0, 2, 3, 1).reshape(rows, c)
+                for i in range(kh)
+                for j in range(kw)
+            ]
+        patches = torch.cat(windows, dim=-1)
+        gm = g.permute(1, 0, 2, 3).reshape(o, rows)
         return (gm @ patches).reshape(o, kh, kw, c).permute(0, 3, 1, 2).contiguous()
     windows = [
         _window(xp, i, j, stride, dilation, (ho, wo)).unsqueeze(2)

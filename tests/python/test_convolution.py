@@ -521,6 +521,37 @@ def test_weight_gradients_read_channels_last_patches(
 
 
 @pytest.mark.parametrize(
+    ("shape", "kernel", "stride", "padding", "dilation"),
+    [
+        ((2, 16, 13, 11), (3, 3), 1, (2, 2), 2),  # positions over the padded grid, dilated
+        ((2, 8, 9, 10), (2, 3), 1, (0, 1), 1),  # rectangular, unpadded rows
+        ((3, 5, 6, 17), (5, 1), 1, (2, 0), 1),
+        ((2, 6, 15, 14), (3, 3), 2, 1, 1),  # a window of its own per tap
+        ((2, 6, 15, 14), (3, 2), (2, 1), (1, 0), (1, 2)),
+    ],
+    ids=["dilated", "rectangular", "tall", "stride2", "mixed"],
+)
+def test_weight_gradients_of_any_geometry_match_float64(
+    shape: tuple[int, ...], kernel: tuple[int, int], stride: Any, padding: Any, dilation: Any
+) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    w = torch.randn(7, shape[1], *kernel, requires_grad=True)
+
+    def conv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, w, stride=stride, padding=padding, dilation=dilation)
+
+    torch._dynamo.reset()
+    y = torch.compile(conv, backend="neuron")(x, w)
+    g = torch.randn_like(y)
+    y.backward(g)
+    want = torch.nn.grad.conv2d_weight(
+        x.double(), w.shape, g.double(), stride=stride, padding=padding, dilation=dilation
+    )
+    torch.testing.assert_close(w.grad.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max())
+
+
+@pytest.mark.parametrize(
     ("op", "shape", "most"),
     [
         ("unfold", (8, 64, 64, 64), 2),  # blocks that tile the input: one permute
