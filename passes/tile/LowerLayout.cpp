@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "passes/fuse/FusionPlan.h"
 #include "passes/tile/KernelLowering.h"
 #include "passes/tile/TilePattern.h"
 #include "runtime/target/Cost.h"
@@ -256,40 +257,6 @@ constexpr int64_t kConcatBytesPerPartition = 16 * 1024;
 constexpr int64_t kConcatRowBytes = 4096;
 /// The most tiles it unrolls.
 constexpr int64_t kMostConcatTiles = 64;
-
-/// The float value every element of a splat constant holds.
-std::optional<double> splatValue(Value tensor) {
-  auto constant = tensor.getDefiningOp<ConstantOp>();
-  auto dense =
-      constant ? dyn_cast<DenseFPElementsAttr>(constant.getValue()) : nullptr;
-  if (!dense || !dense.isSplat())
-    return std::nullopt;
-  return dense.getSplatValue<APFloat>().convertToDouble();
-}
-
-/// The stride between the rows of a window seen as [rows, cols]: the dims
-/// before `dim` rows, those from `dim` on a contiguous run (a row), when the
-/// row dims merge into one stride.
-std::optional<int64_t> rowStrideOf(const TileBuilder::Window &w,
-                                   ArrayRef<int64_t> shape, int64_t dim) {
-  int64_t rank = shape.size();
-  if (w.hasDynamicStrides())
-    return std::nullopt;
-  int64_t inner = 1;
-  for (int64_t d = rank - 1; d >= dim; inner *= shape[d--])
-    if (shape[d] != 1 && w.strides[d] != inner)
-      return std::nullopt;
-  std::optional<int64_t> stride;
-  for (int64_t d = dim - 1, outer = 1; d >= 0; outer *= shape[d--]) {
-    if (shape[d] == 1)
-      continue;
-    if (!stride)
-      stride = w.strides[d];
-    if (w.strides[d] != *stride * outer)
-      return std::nullopt;
-  }
-  return stride.value_or(inner);
-}
 } // namespace
 
 /// A concat of short rows (the dims from the concat dim on: a padded image's
@@ -339,8 +306,7 @@ bool KernelLowering::concatThroughSbuf(ConcatOp op) {
     Value input;
     int64_t col = 0, cols = 0;
     std::optional<double> splat;
-    Window source;
-    int64_t rowStride = 0;
+    std::optional<GroupWindow> source;
   };
   SmallVector<Part> parts;
   int64_t col = 0;
@@ -350,15 +316,12 @@ bool KernelLowering::concatThroughSbuf(ConcatOp op) {
     part.input = input;
     part.col = col;
     part.cols = ShapedType::getNumElements(inType.getShape().drop_front(dim));
-    part.splat = splatValue(input);
+    part.splat = splatValueOf(input);
     col += part.cols;
     if (!part.cols)
       continue;
-    if (!part.splat && isWindow(input)) {
-      part.source = windowOf(input);
-      part.rowStride =
-          rowStrideOf(part.source, inType.getShape(), dim).value_or(0);
-    }
+    if (!part.splat)
+      part.source = rowWindow(input, 0, inType.getRank() - dim);
     parts.push_back(std::move(part));
   }
   // Worth it where the DMA time falls by half: straight, a descriptor per
@@ -379,7 +342,7 @@ bool KernelLowering::concatThroughSbuf(ConcatOp op) {
     direct += cost.dmaTransferNs(bytes, row, double(rows));
     if (part.splat)
       continue;
-    throughSbuf += part.rowStride && part.rowStride != part.cols
+    throughSbuf += part.source && part.source->rowStride != part.cols
                        ? cost.dmaTransferNs(bytes, row, double(rows))
                        : cost.dmaTransferNs(bytes, double(perPartition) * row,
                                             double(runs));
@@ -389,11 +352,8 @@ bool KernelLowering::concatThroughSbuf(ConcatOp op) {
       0.5 * direct / engines)
     return false;
   for (Part &part : parts)
-    if (!part.splat && !part.rowStride) {
-      part.source = {bufferOf(part.input), 0,
-                     contiguousStrides(tensorType(part.input).getShape())};
-      part.rowStride = part.cols;
-    }
+    if (!part.splat && !part.source)
+      part.source = GroupWindow{bufferOf(part.input), 0, part.cols, part.cols};
   Value out = resultBuffer(op.getResult());
   TileScope scope(*this);
   constexpr int64_t kSlots = 2; // a tile's loads beside the last one's store
@@ -421,10 +381,10 @@ bool KernelLowering::concatThroughSbuf(ConcatOp op) {
       // partition when the input's rows are contiguous.
       Value dense = view(stage, index(tl.each * part.col),
                          {tl.parts, tl.each, part.cols}, {pitch, part.cols, 1});
-      dma(view(part.source.buffer,
-               index(part.source.offset + tl.first * part.rowStride),
+      const GroupWindow &src = *part.source;
+      dma(view(src.buffer, index(src.offset + tl.first * src.rowStride),
                {tl.parts, tl.each, part.cols},
-               {tl.each * part.rowStride, part.rowStride, 1}),
+               {tl.each * src.rowStride, src.rowStride, 1}),
           dense);
       b.create<nisa::CopyOp>(dense, place, engine);
     }

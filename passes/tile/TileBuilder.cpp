@@ -915,21 +915,28 @@ Value TileBuilder::bufferOf(Value tensor) {
 }
 
 std::optional<TileBuilder::GroupWindow>
-TileBuilder::rowWindow(Value tensor, int64_t minRows) {
+TileBuilder::rowWindow(Value tensor, int64_t minRows, int64_t rowDims) {
   auto type = tensorType(tensor);
-  if (!isWindow(tensor) || !type.hasStaticShape() || type.getRank() < 2)
+  int64_t rank = type.getRank();
+  if (!isWindow(tensor) || !type.hasStaticShape() || rank <= rowDims)
     return std::nullopt;
   Window w = windowOf(tensor);
   ArrayRef<int64_t> shape = type.getShape();
-  int64_t cols = shape.back(), rows = type.getNumElements() / cols;
-  if (w.strides.back() != 1 || rows < minRows)
+  int64_t cols = ShapedType::getNumElements(shape.take_back(rowDims));
+  int64_t rows = ShapedType::getNumElements(shape.drop_back(rowDims));
+  if (rows < minRows || cols == 0)
     return std::nullopt;
+  // A row's dims contiguous (dims of one element aside).
+  for (int64_t d = rank - 1, inner = 1; d >= rank - rowDims;
+       inner *= shape[d--])
+    if (shape[d] != 1 && w.strides[d] != inner)
+      return std::nullopt;
   // The leading dims must be one run of rows: each dim's stride the next
   // one's times its size (dims of one element aside), rows that do not
   // overlap (no broadcast).
   std::optional<int64_t> rowStride;
   int64_t next = 0;
-  for (int64_t d = type.getRank() - 2; d >= 0; --d) {
+  for (int64_t d = rank - rowDims - 1; d >= 0; --d) {
     if (shape[d] == 1)
       continue;
     if (!rowStride)

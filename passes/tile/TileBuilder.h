@@ -305,8 +305,10 @@ public:
     int64_t offset = 0, rowStride = 0, rowLength = 0, period = 0;
   };
   /// `tensor` as rows when it is a window of static shape with at least
-  /// `minRows` rows apart (a column slice, such as `chunk`'s halves).
-  std::optional<GroupWindow> rowWindow(Value tensor, int64_t minRows);
+  /// `minRows` rows apart (a column slice, such as `chunk`'s halves); a row
+  /// is its last `rowDims` dims, contiguous.
+  std::optional<GroupWindow> rowWindow(Value tensor, int64_t minRows,
+                                       int64_t rowDims = 1);
   /// `tensor` as a repeated block when it is a window of static shape that
   /// broadcasts a contiguous block over its leading dims (rotary cos/sin
   /// over the heads).

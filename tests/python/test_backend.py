@@ -926,13 +926,17 @@ def test_a_permute_with_a_strided_innermost_dim_goes_through_sbuf(
         (lambda t: F.pad(t, (1, 1, 1, 1)), (8, 512, 7, 7), torch.bfloat16, 3.0),
         (lambda t: F.pad(t, (0, 3), value=-2.5), (4096, 29), torch.float32, 1.5),
         # Rows of a window and of a computed tensor, and planes (dim -2): values only.
-        (lambda t: torch.cat([t[..., 1:], t[..., :1] * 2], -1), (256, 64, 40), torch.float16, 0),
-        (lambda t: torch.cat([t, t * 3, t[:, :2]], -2), (1024, 3, 20), torch.float32, 0),
+        (lambda t: torch.cat([t[..., 1:], t[..., :1] * 2], -1), (256, 64, 40), torch.float16, None),
+        (lambda t: torch.cat([t, t * 3, t[:, :2]], -2), (1024, 3, 20), torch.float32, None),
     ],
     ids=["pad-columns", "pad-small-planes", "pad-value-f32", "f16-window", "planes-dim1"],
 )
 def test_a_concat_of_short_rows_goes_through_sbuf(
-    fn: Any, shape: tuple[int, ...], dtype: torch.dtype, most: float, real_native: ModuleType
+    fn: Any,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    most: float | None,
+    real_native: ModuleType,
 ) -> None:
     # Each input's part of an output row was a DMA descriptor of its own, a padding's zeros
     # two bytes each: F.pad(x, (1, 1)) of [8, 64, 56, 56] bf16 took 170.9 us, 6.4x a copy of
